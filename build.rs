@@ -1,0 +1,171 @@
+//! Generates the ggml bindings from the ggml tree this plugin is built against, records that tree's
+//! version and commit, and links `libggml-base`.
+//!
+//! ggml's backend tables change without an API-version bump, so the bindings are never committed:
+//! they are regenerated here from the exact headers of the tree being built (architecture §3).
+//!
+//! Inputs (environment):
+//! * `GGML_HSA_GGML_DIR`: the ggml source tree (with `include/` and `src/`). Default: the tree that
+//!   `scripts/llama-cpp.sh build` unpacks into its cache.
+//! * `GGML_HSA_GGML_LIB_DIR`: the directory holding `libggml-base.so`. Default: that cache's
+//!   `build/bin`.
+//! * `GGML_HSA_GGML_VERSION`, `GGML_HSA_GGML_COMMIT`: what `ggml_version()`/`ggml_commit()` of the
+//!   library will return. Default: asked of the `libggml-base.so` in the lib dir.
+//! * `GGML_HSA_RPATH`: `0` to leave the lib dir out of the run path (installed builds).
+
+use std::env;
+use std::ffi::CStr;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const HOW_TO_GET_GGML: &str = "run `scripts/llama-cpp.sh build` (fetches and builds the pinned \
+     llama.cpp), or set GGML_HSA_GGML_DIR to a ggml source tree (the directory with include/ and \
+     src/) and GGML_HSA_GGML_LIB_DIR to the directory holding its libggml-base.so";
+
+fn main() {
+    for var in [
+        "GGML_HSA_GGML_DIR",
+        "GGML_HSA_GGML_LIB_DIR",
+        "GGML_HSA_GGML_VERSION",
+        "GGML_HSA_GGML_COMMIT",
+        "GGML_HSA_RPATH",
+        "GGML_HSA_BUILD_CACHE",
+        "XDG_CACHE_HOME",
+        "HOME",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    println!("cargo:rerun-if-changed=scripts/llama-cpp.pin");
+    println!("cargo:rerun-if-changed=build.rs");
+
+    let default_root = default_llama_root();
+    let ggml_dir = env::var_os("GGML_HSA_GGML_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| default_root.join("src/ggml"));
+    let lib_dir = env::var_os("GGML_HSA_GGML_LIB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| default_root.join("build/bin"));
+
+    let include_dir = ggml_dir.join("include");
+    let private_dir = ggml_dir.join("src");
+    let headers = [
+        include_dir.join("ggml.h"),
+        include_dir.join("ggml-backend.h"),
+        private_dir.join("ggml-backend-impl.h"),
+    ];
+    for header in &headers {
+        if !header.is_file() {
+            fail(&format!(
+                "the ggml source tree is missing: {} does not exist.\n  To get it, {HOW_TO_GET_GGML}.",
+                header.display()
+            ));
+        }
+        println!("cargo:rerun-if-changed={}", header.display());
+    }
+
+    let base_lib = lib_dir.join("libggml-base.so");
+    if !base_lib.exists() {
+        fail(&format!(
+            "libggml-base is missing: {} does not exist.\n  To get it, {HOW_TO_GET_GGML}.",
+            base_lib.display()
+        ));
+    }
+
+    generate_bindings(&headers, &include_dir, &private_dir);
+    record_ggml_identity(&base_lib);
+
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    println!("cargo:rustc-link-lib=dylib=ggml-base");
+    if env::var("GGML_HSA_RPATH").as_deref() != Ok("0") {
+        // Lets test binaries and a plugin used from the build tree find libggml-base. When ggml has
+        // already loaded it (the plugin case) the loaded copy is used, as for ggml's own backends.
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    }
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libggml-hsa.so");
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("\nerror: ggml-hsa build: {message}\n");
+    std::process::exit(1);
+}
+
+/// The directory `scripts/llama-cpp.sh` uses for the pinned tree; kept in step with that script.
+fn default_llama_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let pin = fs::read_to_string(manifest_dir.join("scripts/llama-cpp.pin"))
+        .unwrap_or_else(|e| fail(&format!("cannot read scripts/llama-cpp.pin: {e}")));
+    let version = pin
+        .lines()
+        .find_map(|line| line.strip_prefix("LLAMA_CPP_PYTHON_VERSION="))
+        .map(str::trim)
+        .unwrap_or_else(|| fail("scripts/llama-cpp.pin has no LLAMA_CPP_PYTHON_VERSION"));
+    let cache = env::var_os("GGML_HSA_BUILD_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            env::var_os("XDG_CACHE_HOME")
+                .filter(|v| !v.is_empty())
+                .map(|x| PathBuf::from(x).join("ggml-hsa-build"))
+        })
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ggml-hsa-build")))
+        .unwrap_or_else(|| fail("neither GGML_HSA_BUILD_CACHE, XDG_CACHE_HOME nor HOME is set"));
+    cache.join(format!("llama-cpp-python-{version}"))
+}
+
+fn generate_bindings(headers: &[PathBuf], include_dir: &Path, private_dir: &Path) {
+    let wrapper: String = headers
+        .iter()
+        .map(|h| format!("#include \"{}\"\n", h.display()))
+        .collect();
+    let bindings = bindgen::Builder::default()
+        .header_contents("ggml_hsa_wrapper.h", &wrapper)
+        .clang_arg(format!("-I{}", include_dir.display()))
+        .clang_arg(format!("-I{}", private_dir.display()))
+        .allowlist_item("ggml_.*|GGML_.*")
+        // Plain constants with the C names (GGML_OP_ADD, ...): values coming from C are never
+        // turned into Rust enums, so a value this build does not know cannot be undefined
+        // behaviour.
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
+        .layout_tests(true)
+        .derive_default(true)
+        .generate_comments(false)
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+        .generate()
+        .unwrap_or_else(|e| fail(&format!("bindgen failed on the ggml headers: {e}")));
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo")).join("ggml_sys.rs");
+    bindings
+        .write_to_file(&out)
+        .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", out.display())));
+}
+
+/// Records the version and commit of the ggml being linked, so that the plugin can refuse to run
+/// inside a different ggml (whose tables may be laid out differently).
+fn record_ggml_identity(base_lib: &Path) {
+    let (version, commit) = match (
+        env::var("GGML_HSA_GGML_VERSION"),
+        env::var("GGML_HSA_GGML_COMMIT"),
+    ) {
+        (Ok(v), Ok(c)) => (v, c),
+        _ => query_ggml_identity(base_lib),
+    };
+    println!("cargo:rustc-env=GGML_HSA_BUILT_GGML_VERSION={version}");
+    println!("cargo:rustc-env=GGML_HSA_BUILT_GGML_COMMIT={commit}");
+}
+
+fn query_ggml_identity(base_lib: &Path) -> (String, String) {
+    type StrFn = unsafe extern "C" fn() -> *const std::ffi::c_char;
+    // SAFETY: loading libggml-base runs no initialisers beyond the C++ runtime's; it is the library
+    // the plugin links against, built for this host.
+    let lib = unsafe { libloading::Library::new(base_lib) }
+        .unwrap_or_else(|e| fail(&format!("cannot load {}: {e}", base_lib.display())));
+    let call = |name: &[u8]| -> String {
+        // SAFETY: ggml_version/ggml_commit are `const char *(void)` in ggml.h.
+        let f = unsafe { lib.get::<StrFn>(name) }
+            .unwrap_or_else(|e| fail(&format!("{}: {e}", base_lib.display())));
+        // SAFETY: both return pointers to static NUL-terminated strings.
+        unsafe { CStr::from_ptr(f()) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    (call(b"ggml_version\0"), call(b"ggml_commit\0"))
+}

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Fetch, verify, unpack and build the pinned upstream llama.cpp (ggml) that this project plugs into.
+#
+#   scripts/llama-cpp.sh fetch               download the sdist, check its sha256, unpack it
+#   scripts/llama-cpp.sh build [TARGET...]   fetch, configure once, build only TARGETs
+#                                            (default: ggml-base ggml-cpu test-backend-ops)
+#   scripts/llama-cpp.sh env                 print `export` lines for build.rs and the tests
+#   scripts/llama-cpp.sh path [src|ggml|build|bin]
+#
+# Everything lives outside the repository, keyed by the pinned version:
+#   ${GGML_HSA_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ggml-hsa-build}/llama-cpp-python-<version>/
+#     sdist.tar.gz   src/ (= vendor/llama.cpp)   build/ (CMake/Ninja tree; binaries in build/bin)
+# It works from an empty cache and installs its own system dependencies when they are missing.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=/dev/null
+. <(grep -E '^[A-Z0-9_]+=' "$here/llama-cpp.pin")
+version=$LLAMA_CPP_PYTHON_VERSION
+sha256=$LLAMA_CPP_PYTHON_SHA256
+
+cache_root=${GGML_HSA_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ggml-hsa-build}
+root=$cache_root/llama-cpp-python-$version
+src=$root/src
+build=$root/build
+
+log() { printf '[llama-cpp] %s\n' "$*" >&2; }
+die() { printf '[llama-cpp] error: %s\n' "$*" >&2; exit 1; }
+
+ensure_tools() {
+    local missing=()
+    command -v cmake >/dev/null || missing+=(cmake)
+    command -v ninja >/dev/null || missing+=(ninja-build)
+    command -v g++ >/dev/null || missing+=(g++)
+    # bindgen (build.rs) needs libclang.
+    ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || [ -n "${LIBCLANG_PATH:-}" ] || missing+=(libclang-dev)
+    if [ ${#missing[@]} -gt 0 ]; then
+        command -v apt-get >/dev/null || die "missing tools: ${missing[*]} (install them; no apt-get here)"
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        log "installing ${missing[*]}"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+fetch() {
+    if [ -f "$src/.complete" ]; then
+        return 0
+    fi
+    mkdir -p "$root"
+    local tarball=$root/sdist.tar.gz
+    if [ ! -f "$tarball" ] || ! echo "$sha256  $tarball" | sha256sum -c --status; then
+        local dl
+        dl=$(mktemp -d "$root/download.XXXXXX")
+        log "downloading llama-cpp-python==$version (sdist)"
+        python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+            "llama-cpp-python==$version" -d "$dl" || die "pip download failed"
+        local got
+        got=$(find "$dl" -maxdepth 1 -name 'llama_cpp_python-*.tar.gz' | head -n1)
+        [ -n "$got" ] || die "pip download produced no sdist in $dl"
+        echo "$sha256  $got" | sha256sum -c --status ||
+            die "sha256 mismatch for $got: expected $sha256, got $(sha256sum "$got" | cut -d' ' -f1)"
+        mv "$got" "$tarball"
+        rm -rf "$dl"
+    fi
+    log "unpacking vendor/llama.cpp"
+    local tmp
+    tmp=$(mktemp -d "$root/unpack.XXXXXX")
+    tar -xzf "$tarball" -C "$tmp" --strip-components=3 "llama_cpp_python-$version/vendor/llama.cpp"
+    [ -f "$tmp/ggml/include/ggml-backend.h" ] || die "the sdist has no vendor/llama.cpp/ggml tree"
+    rm -rf "$src"
+    mv "$tmp" "$src"
+    touch "$src/.complete"
+}
+
+configure() {
+    [ -f "$build/build.ninja" ] && return 0
+    log "configuring $build"
+    # The tree is not a git checkout, so ggml_commit() reports "unknown"; GIT_CEILING_DIRECTORIES
+    # keeps git from picking up an enclosing repository's commit instead.
+    GIT_CEILING_DIRECTORIES=$root cmake -S "$src" -B "$build" -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF \
+        -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=ON \
+        -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+        -DLLAMA_OPENSSL=OFF >"$root/configure.log" 2>&1 ||
+        { tail -n 30 "$root/configure.log" >&2; die "cmake configure failed (log: $root/configure.log)"; }
+}
+
+build_targets() {
+    local targets=("$@")
+    [ ${#targets[@]} -gt 0 ] || targets=(ggml-base ggml-cpu test-backend-ops)
+    log "building ${targets[*]}"
+    cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >"$root/build.log" 2>&1 ||
+        { tail -n 40 "$root/build.log" >&2; die "build failed (log: $root/build.log)"; }
+}
+
+print_env() {
+    cat <<ENV
+export GGML_HSA_GGML_DIR='$src/ggml'
+export GGML_HSA_GGML_LIB_DIR='$build/bin'
+export LLAMA_CPP_DIR='$src'
+export LLAMA_CPP_BIN='$build/bin'
+ENV
+}
+
+cmd=${1:-build}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+    fetch) ensure_tools; fetch ;;
+    build) ensure_tools; fetch; configure; build_targets "$@" ;;
+    env) print_env ;;
+    path)
+        case "${1:-}" in
+            src) echo "$src" ;; ggml) echo "$src/ggml" ;; build) echo "$build" ;; bin) echo "$build/bin" ;;
+            *) die "usage: $0 path src|ggml|build|bin" ;;
+        esac ;;
+    *) die "unknown command '$cmd' (fetch|build|env|path)" ;;
+esac

@@ -1,0 +1,198 @@
+//! The exported C API: the public functions of `include/ggml-hsa.h` (generated from this file by
+//! cbindgen) and the two symbols of a ggml dynamic backend, `ggml_backend_init` and
+//! `ggml_backend_score`. Every function goes through the panic guard.
+
+use std::ffi::{c_char, c_void};
+
+use super::guard::guard;
+use super::sys::{
+    ggml_backend_buffer_type_t, ggml_backend_reg_t, ggml_backend_t, ggml_guid, ggml_guid_matches,
+};
+use super::{log, platform, reg};
+
+/// The backend's name: the registry is `HSA`, devices are `HSA0`, `HSA1`, ...
+pub const GGML_HSA_NAME: &str = "HSA";
+
+/// The most NPUs one process uses (lower it with the `GGML_HSA_MAX_DEVICES` environment variable).
+pub const GGML_HSA_MAX_DEVICES: i32 = 16;
+
+/// Identifies backends (streams) created by this library.
+static GUID: ggml_guid = [
+    0x5e, 0x1b, 0x7c, 0x43, 0x9a, 0x0d, 0x4e, 0x6f, 0xb2, 0x88, 0x31, 0xc4, 0x0f, 0x7a, 0xd9, 0x26,
+];
+
+fn no_device(api: &str, device: i32) {
+    let platform = platform();
+    let count = platform.device_count();
+    let why = platform
+        .unavailable
+        .as_deref()
+        .unwrap_or("index out of range");
+    log::error(&format!(
+        "{api}: no HSA device {device} ({count} device(s): {why})"
+    ));
+}
+
+/// Creates a backend (stream) on NPU `device`. NULL when there is no such device.
+#[no_mangle]
+pub extern "C" fn ggml_backend_hsa_init(device: i32) -> ggml_backend_t {
+    guard("ggml_backend_hsa_init", std::ptr::null_mut(), || {
+        no_device("ggml_backend_hsa_init", device);
+        std::ptr::null_mut()
+    })
+}
+
+/// Whether `backend` was created by this library.
+///
+/// # Safety
+/// `backend` is NULL or a valid ggml backend.
+#[no_mangle]
+pub unsafe extern "C" fn ggml_backend_is_hsa(backend: ggml_backend_t) -> bool {
+    guard("ggml_backend_is_hsa", false, || {
+        if backend.is_null() {
+            return false;
+        }
+        // SAFETY: the caller passes a valid backend, whose guid points to 16 bytes.
+        unsafe { ggml_guid_matches((*backend).guid, (&GUID as *const ggml_guid).cast_mut()) }
+    })
+}
+
+/// The buffer type of NPU memory for `device`. NULL when there is no such device.
+#[no_mangle]
+pub extern "C" fn ggml_backend_hsa_buffer_type(device: i32) -> ggml_backend_buffer_type_t {
+    guard("ggml_backend_hsa_buffer_type", std::ptr::null_mut(), || {
+        no_device("ggml_backend_hsa_buffer_type", device);
+        std::ptr::null_mut()
+    })
+}
+
+/// A host buffer type for fast transfers to the NPU. NULL when there is no device.
+#[no_mangle]
+pub extern "C" fn ggml_backend_hsa_host_buffer_type() -> ggml_backend_buffer_type_t {
+    guard(
+        "ggml_backend_hsa_host_buffer_type",
+        std::ptr::null_mut(),
+        || {
+            no_device("ggml_backend_hsa_host_buffer_type", 0);
+            std::ptr::null_mut()
+        },
+    )
+}
+
+/// The number of NPUs the backend exposes (0 without a usable HSA runtime).
+#[no_mangle]
+pub extern "C" fn ggml_backend_hsa_get_device_count() -> i32 {
+    guard("ggml_backend_hsa_get_device_count", 0, || {
+        platform().device_count() as i32
+    })
+}
+
+/// Writes the description of `device` (its agent name, `aie2` or `aie2p`) as a NUL-terminated
+/// string of at most `description_size` bytes; an empty string when there is no such device.
+///
+/// # Safety
+/// `description` is NULL or points to `description_size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ggml_backend_hsa_get_device_description(
+    device: i32,
+    description: *mut c_char,
+    description_size: usize,
+) {
+    guard("ggml_backend_hsa_get_device_description", (), || {
+        if description.is_null() || description_size == 0 {
+            return;
+        }
+        no_device("ggml_backend_hsa_get_device_description", device);
+        // SAFETY: the caller provides at least one writable byte.
+        unsafe { *description = 0 };
+    })
+}
+
+/// Writes the free and total memory of `device` in bytes; 0 and 0 when there is no such device.
+///
+/// # Safety
+/// `free` and `total` are NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ggml_backend_hsa_get_device_memory(
+    device: i32,
+    free: *mut usize,
+    total: *mut usize,
+) {
+    guard("ggml_backend_hsa_get_device_memory", (), || {
+        no_device("ggml_backend_hsa_get_device_memory", device);
+        for out in [free, total] {
+            if !out.is_null() {
+                // SAFETY: the caller passes NULL or a writable size_t.
+                unsafe { *out = 0 };
+            }
+        }
+    })
+}
+
+/// Pins a host buffer for the NPU. Not supported: XDNA NPUs reach only memory allocated from
+/// their own HSA pools (ROCR refuses to map other memory for AIE agents), so this returns false
+/// and the caller keeps using the buffer as plain host memory.
+#[no_mangle]
+pub extern "C" fn ggml_backend_hsa_register_host_buffer(buffer: *mut c_void, size: usize) -> bool {
+    guard("ggml_backend_hsa_register_host_buffer", false, || {
+        log::debug(&format!(
+            "register_host_buffer({buffer:p}, {size}): not supported by XDNA NPUs; the buffer \
+             stays plain host memory"
+        ));
+        false
+    })
+}
+
+/// Undoes [`ggml_backend_hsa_register_host_buffer`]; nothing is ever registered, so a no-op.
+#[no_mangle]
+pub extern "C" fn ggml_backend_hsa_unregister_host_buffer(buffer: *mut c_void) {
+    guard("ggml_backend_hsa_unregister_host_buffer", (), || {
+        log::debug(&format!(
+            "unregister_host_buffer({buffer:p}): nothing registered"
+        ));
+    })
+}
+
+/// The `HSA` backend registry.
+#[no_mangle]
+pub extern "C" fn ggml_backend_hsa_reg() -> ggml_backend_reg_t {
+    guard("ggml_backend_hsa_reg", std::ptr::null_mut(), reg::reg)
+}
+
+/// Entry point of a ggml dynamic backend: the same registry every time, or NULL when this plugin
+/// was built for another ggml.
+#[no_mangle]
+pub extern "C" fn ggml_backend_init() -> ggml_backend_reg_t {
+    guard(
+        "ggml_backend_init",
+        std::ptr::null_mut(),
+        || match super::ggml_compatible() {
+            Ok(()) => reg::reg(),
+            Err(_) => std::ptr::null_mut(),
+        },
+    )
+}
+
+/// ggml's loader asks this before `ggml_backend_init`: 0 means "do not load here" (no usable NPU,
+/// or a plugin built for another ggml); the reason is logged once.
+#[no_mangle]
+pub extern "C" fn ggml_backend_score() -> i32 {
+    guard("ggml_backend_score", 0, || {
+        if super::ggml_compatible().is_err() || platform().device_count() == 0 {
+            0
+        } else {
+            1
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_constants_match_the_code() {
+        assert_eq!(GGML_HSA_MAX_DEVICES as usize, crate::config::MAX_DEVICES);
+        assert_eq!(GGML_HSA_NAME.as_bytes(), reg::REG_NAME.to_bytes());
+    }
+}

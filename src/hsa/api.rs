@@ -1,0 +1,102 @@
+//! The HSA symbol table, declared once.
+//!
+//! Each entry names a C function and its Rust function-pointer type. Required symbols must all be
+//! present or the runtime is refused with an error naming the first missing one; optional symbols
+//! become `Option`s that callers check (newer ROCR entry points, for example).
+
+use std::path::{Path, PathBuf};
+
+use libloading::Library;
+
+use super::error::HsaError;
+use super::sys::*;
+
+macro_rules! hsa_symbols {
+    (
+        required { $($req:ident: $req_ty:ty,)* }
+        optional { $($opt:ident: $opt_ty:ty,)* }
+    ) => {
+        /// Function pointers resolved from one loaded `libhsa-runtime64`.
+        #[derive(Debug)]
+        pub struct HsaApi {
+            /// The file (or soname) the symbols came from.
+            pub library: PathBuf,
+            $(pub $req: $req_ty,)*
+            $(pub $opt: Option<$opt_ty>,)*
+        }
+
+        impl HsaApi {
+            /// Names of the required symbols, in declaration order.
+            pub const REQUIRED: &'static [&'static str] = &[$(stringify!($req)),*];
+            /// Names of the optional symbols, in declaration order.
+            pub const OPTIONAL: &'static [&'static str] = &[$(stringify!($opt)),*];
+
+            /// Resolves every symbol of the table from `lib`.
+            ///
+            /// # Safety
+            /// `lib` must be an HSA runtime whose exported functions have the signatures declared
+            /// in [`super::sys`], and it must never be unloaded while the table is in use.
+            pub unsafe fn resolve(lib: &Library, library: &Path) -> Result<HsaApi, HsaError> {
+                Ok(HsaApi {
+                    library: library.to_owned(),
+                    $($req: {
+                        // SAFETY: the caller guarantees the declared signature; the pointer is
+                        // copied out and stays valid because the library is never unloaded.
+                        let symbol = unsafe {
+                            lib.get::<$req_ty>(concat!(stringify!($req), "\0").as_bytes())
+                        };
+                        *symbol.map_err(|e| HsaError::MissingSymbol {
+                            library: library.to_owned(),
+                            symbol: stringify!($req),
+                            reason: e.to_string(),
+                        })?
+                    },)*
+                    $($opt: {
+                        // SAFETY: as above.
+                        let symbol = unsafe {
+                            lib.get::<$opt_ty>(concat!(stringify!($opt), "\0").as_bytes())
+                        };
+                        symbol.ok().map(|s| *s)
+                    },)*
+                })
+            }
+        }
+    };
+}
+
+hsa_symbols! {
+    required {
+        hsa_init: hsa_init_fn,
+        hsa_status_string: hsa_status_string_fn,
+        hsa_iterate_agents: hsa_iterate_agents_fn,
+        hsa_agent_get_info: hsa_agent_get_info_fn,
+    }
+    optional {
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_the_c_names() {
+        assert_eq!(HsaApi::REQUIRED[0], "hsa_init");
+        assert!(HsaApi::REQUIRED.contains(&"hsa_agent_get_info"));
+    }
+
+    #[test]
+    fn a_library_without_hsa_reports_the_first_missing_symbol() {
+        // libm is loadable everywhere and exports none of the HSA functions.
+        // SAFETY: loading libm runs no initialisers of consequence.
+        let lib = unsafe { Library::new("libm.so.6") }.unwrap();
+        // SAFETY: resolution fails at the first symbol, so no pointer is ever used.
+        let err = unsafe { HsaApi::resolve(&lib, Path::new("libm.so.6")) }.unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("libm.so.6 is not a usable HSA runtime"),
+            "{text}"
+        );
+        assert!(text.contains("`hsa_init`"), "{text}");
+    }
+}

@@ -1,0 +1,18 @@
+//! The HSA runtime (`libhsa-runtime64`), loaded at run time with libloading. The only module
+//! besides `ffi` that contains unsafe code: it calls the runtime's C functions.
+//!
+//! * [`sys`]: types and constants from the documented ABI.
+//! * [`api`]: the symbol table (required and optional functions).
+//! * [`loader`]: where the library is searched for.
+//! * [`runtime`]: the process-wide runtime and agent discovery.
+//! * [`status`], [`error`]: status names and typed errors.
+
+pub mod api;
+pub mod error;
+pub mod loader;
+pub mod runtime;
+pub mod status;
+pub mod sys;
+
+pub use error::HsaError;
+pub use runtime::{AgentDesc, Runtime};
