@@ -72,6 +72,15 @@ fn main() {
     }
 
     generate_bindings(&headers, &include_dir, &private_dir);
+    // For the integration tests: the C header check and the runs of the pinned test-backend-ops.
+    println!(
+        "cargo:rustc-env=GGML_HSA_GGML_INCLUDE_DIR={}",
+        include_dir.display()
+    );
+    println!(
+        "cargo:rustc-env=GGML_HSA_GGML_LIB_DIR={}",
+        lib_dir.display()
+    );
     record_ggml_identity(&base_lib);
 
     println!("cargo:rustc-link-search=native={}", lib_dir.display());

@@ -10,7 +10,8 @@ use super::sys::{
 };
 use super::{log, platform, reg};
 
-/// The backend's name: the registry is `HSA`, devices are `HSA0`, `HSA1`, ...
+/// The backend's name: the registry is `HSA`, devices are `HSA0`, `HSA1`, ... (declared in the
+/// header through `cbindgen.toml`, which cannot export string constants).
 pub const GGML_HSA_NAME: &str = "HSA";
 
 /// The most NPUs one process uses (lower it with the `GGML_HSA_MAX_DEVICES` environment variable).
@@ -143,7 +144,7 @@ pub extern "C" fn ggml_backend_hsa_register_host_buffer(buffer: *mut c_void, siz
     })
 }
 
-/// Undoes [`ggml_backend_hsa_register_host_buffer`]; nothing is ever registered, so a no-op.
+/// Undoes `ggml_backend_hsa_register_host_buffer`; nothing is ever registered, so a no-op.
 #[no_mangle]
 pub extern "C" fn ggml_backend_hsa_unregister_host_buffer(buffer: *mut c_void) {
     guard("ggml_backend_hsa_unregister_host_buffer", (), || {

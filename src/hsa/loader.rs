@@ -1,8 +1,9 @@
 //! Finding and opening `libhsa-runtime64` at run time.
 //!
 //! Search order (architecture §4):
-//! 1. `GGML_HSA_LIBHSA_PATH`: a file, or a directory holding the library. When it is set, it is
-//!    the only place tried: a user who names a runtime gets that runtime or a clear error.
+//! 1. `GGML_HSA_LIBHSA_PATH`: a file, a directory holding the library, or a bare library name
+//!    (no `/`) for the dynamic linker to find. When it is set, it is the only place tried: a user
+//!    who names a runtime gets that runtime or a clear error.
 //! 2. The ROCR that CMake found (`hsa-runtime64_DIR`), passed to the build as
 //!    `GGML_HSA_ROCR_LIB_DIR`.
 //! 3. `$ROCM_PATH/lib`, then `/opt/rocm/lib`.
@@ -24,8 +25,8 @@ const SONAMES: [&str; 2] = ["libhsa-runtime64.so.1", "libhsa-runtime64.so"];
 pub enum Candidate {
     /// A file path: skipped (and reported) when it does not exist.
     File(PathBuf),
-    /// A bare soname, resolved by the dynamic linker.
-    Soname(&'static str),
+    /// A bare library name, resolved by the dynamic linker.
+    Name(String),
 }
 
 /// The search list for the given inputs (see the module documentation).
@@ -38,6 +39,8 @@ pub fn candidates(
     if let Some(path) = explicit {
         return if path.is_dir() {
             in_dir(path).to_vec()
+        } else if path.components().count() == 1 && !path.exists() {
+            vec![Candidate::Name(path.to_string_lossy().into_owned())]
         } else {
             vec![Candidate::File(path.to_owned())]
         };
@@ -50,7 +53,7 @@ pub fn candidates(
         list.extend(in_dir(&root.join("lib")));
     }
     list.extend(in_dir(Path::new("/opt/rocm/lib")));
-    list.extend(SONAMES.map(Candidate::Soname));
+    list.extend(SONAMES.map(|name| Candidate::Name(name.to_owned())));
     list
 }
 
@@ -78,7 +81,7 @@ pub fn open(candidates: &[Candidate]) -> Result<(ManuallyDrop<Library>, PathBuf)
                 }
                 (path.as_os_str().to_owned(), path.clone())
             }
-            Candidate::Soname(name) => ((*name).into(), PathBuf::from(name)),
+            Candidate::Name(name) => (name.into(), PathBuf::from(name)),
         };
         // SAFETY: loading a shared library runs its initialisers. The candidates are the HSA
         // runtime the user or the system designates; nothing else is loaded.
@@ -111,7 +114,7 @@ mod tests {
         list.iter()
             .map(|c| match c {
                 Candidate::File(p) => p.display().to_string(),
-                Candidate::Soname(s) => s.to_string(),
+                Candidate::Name(s) => s.clone(),
             })
             .collect()
     }
@@ -147,6 +150,12 @@ mod tests {
     }
 
     #[test]
+    fn an_explicit_bare_name_goes_to_the_dynamic_linker() {
+        let list = candidates(Some(Path::new("libhsa-sim.so.1")), None, None);
+        assert_eq!(list, [Candidate::Name("libhsa-sim.so.1".into())]);
+    }
+
+    #[test]
     fn an_explicit_directory_is_searched_for_both_names() {
         let dir = std::env::temp_dir();
         let list = candidates(Some(&dir), None, None);
@@ -167,7 +176,7 @@ mod tests {
         let list = [
             Candidate::File(dir.join("missing.so")),
             Candidate::File(garbage.clone()),
-            Candidate::Soname("libggml-hsa-test-no-such-library.so.7"),
+            Candidate::Name("libggml-hsa-test-no-such-library.so.7".into()),
         ];
         let err = open(&list).unwrap_err();
         let HsaError::Load { attempts } = &err else {

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Runs every check of the project, on a fresh machine too: installs what is missing (system
+# packages, rustfmt/clippy, the pinned llama.cpp built by scripts/llama-cpp.sh), then runs
+#   rustfmt --check, clippy -D warnings, cargo test (unit, ABI, header drift, C/C++ header check,
+#   test-backend-ops runs against the plugin), and a release build with its link check.
+# Ends with one line `N passed, N failed` over all suites; exits non-zero if anything failed.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+log() { printf '\n[test] %s\n' "$*"; }
+passed=0
+failed=0
+failures=()
+
+apt_install() {
+    local missing=()
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    command -v apt-get >/dev/null || { echo "missing packages: ${missing[*]}" >&2; return 1; }
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    log "installing ${missing[*]}"
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# A check that counts as one case.
+check() {
+    local name=$1
+    shift
+    log "$name: $*"
+    if "$@"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        failures+=("$name")
+    fi
+}
+
+# --- setup: everything a fresh machine lacks ---------------------------------------------------
+# Debian's ROCm runtime: a real libhsa-runtime64 without any device, for the zero-device test.
+apt_install libhsa-runtime64-1 && export GGML_HSA_REQUIRE_ROCR=1
+rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops || { echo "0 passed, 1 failed"; exit 1; }
+eval "$(scripts/llama-cpp.sh env)"
+
+# --- checks ----------------------------------------------------------------------------------
+check rustfmt cargo fmt --all --check
+check clippy cargo clippy --workspace --all-targets --locked -- -D warnings
+
+log "cargo test --workspace --locked"
+test_log=$(mktemp)
+cargo test --workspace --locked 2>&1 | tee "$test_log"
+test_status=${PIPESTATUS[0]}
+read -r t_passed t_failed < <(awk '/^test result:/ {
+        for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i }
+    } END { print p + 0, f + 0 }' "$test_log")
+passed=$((passed + t_passed))
+failed=$((failed + t_failed))
+if [ "$test_status" -ne 0 ] && [ "$t_failed" -eq 0 ]; then
+    # cargo failed before or outside a test (a build error): count it.
+    failed=$((failed + 1))
+    failures+=("cargo test (exit $test_status)")
+elif [ "$t_failed" -ne 0 ]; then
+    failures+=("cargo test: $(grep -E '^test .* FAILED$' "$test_log" | sed 's/^test //; s/ \.\.\. FAILED$//' | paste -sd, -)")
+fi
+rm -f "$test_log"
+
+release_links_ggml_base() {
+    cargo build --release --locked -p ggml-hsa &&
+        readelf -d target/release/libggml_hsa.so | grep -q 'NEEDED.*\[libggml-base\.so\.0\]'
+}
+check "release build links libggml-base.so.0" release_links_ggml_base
+
+# --- summary ---------------------------------------------------------------------------------
+echo
+[ ${#failures[@]} -eq 0 ] || printf 'failed: %s\n' "${failures[@]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

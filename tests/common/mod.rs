@@ -1,0 +1,52 @@
+//! Shared by the integration tests: where the built plugin and the pinned llama.cpp binaries are,
+//! and a strict reading of test-backend-ops' output.
+#![allow(dead_code)]
+
+pub mod test_backend_ops;
+
+use std::path::PathBuf;
+
+/// The cdylib cargo built for this test run. `cargo test` writes it to `target/<profile>/deps/`,
+/// next to the test executable, and does not refresh the copy in `target/<profile>/`.
+pub fn plugin_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let path = exe.with_file_name("libggml_hsa.so");
+    assert!(
+        path.is_file(),
+        "the plugin {} was not built",
+        path.display()
+    );
+    path
+}
+
+/// The directory with the pinned llama.cpp's binaries (`LLAMA_CPP_BIN`, else the one the crate was
+/// linked against, where scripts/llama-cpp.sh builds test-backend-ops).
+pub fn llama_bin_dir() -> PathBuf {
+    std::env::var_os("LLAMA_CPP_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("GGML_HSA_GGML_LIB_DIR")))
+}
+
+/// A llama.cpp program, which must exist (build it with `scripts/llama-cpp.sh build`).
+pub fn llama_program(name: &str) -> PathBuf {
+    let path = llama_bin_dir().join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run `scripts/llama-cpp.sh build` first",
+        path.display()
+    );
+    path
+}
+
+/// The ggml public headers the crate was built against.
+pub fn ggml_include_dir() -> PathBuf {
+    PathBuf::from(env!("GGML_HSA_GGML_INCLUDE_DIR"))
+}
+
+/// A fresh scratch directory for one test.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ggml-hsa-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}

@@ -1,0 +1,133 @@
+//! Runs ggml's `test-backend-ops` and reads its output strictly.
+//!
+//! test-backend-ops exits 0 when the requested backend does not exist (`-b HSA0` with no such
+//! device is "skipped", and skipped counts as passed) and when it ran no case (`0/0 tests
+//! passed`). A check that expects cases to run must therefore read the output, not the exit code:
+//! [`Report::expect_cases`] fails on both.
+
+use std::path::Path;
+use std::process::Command;
+
+/// What one run printed, as far as the verdict is concerned.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub exit_code: Option<i32>,
+    /// `Backend i/n: <device>` was printed: the device existed and was tested.
+    pub device_tested: bool,
+    /// From `K/N tests passed` of that device.
+    pub passed: u64,
+    pub total: u64,
+    /// Cases reported `not supported`.
+    pub not_supported: u64,
+    /// Lines of the `Failing tests:` block.
+    pub failing: Vec<String>,
+    /// Everything printed (stdout then stderr), without colour codes.
+    pub output: String,
+}
+
+impl Report {
+    /// Reads the output of a run that was asked to test `device`.
+    pub fn parse(output: &str, exit_code: Option<i32>, device: &str) -> Report {
+        let output = strip_ansi(output);
+        let mut report = Report {
+            exit_code,
+            ..Report::default()
+        };
+        let mut in_device = false;
+        let mut in_failing = false;
+        for line in output.lines() {
+            let trimmed = line.trim();
+            if let Some((index, name)) = trimmed
+                .strip_prefix("Backend ")
+                .and_then(|rest| rest.split_once(": "))
+            {
+                // "Backend 2/2: HSA0" opens a device section; "Backend HSA: OK" closes it.
+                in_device = index.contains('/') && name == device;
+                report.device_tested |= in_device;
+                in_failing = false;
+                continue;
+            }
+            if !in_device {
+                continue;
+            }
+            if trimmed.ends_with("tests passed") {
+                if let Some((k, n)) = trimmed
+                    .split_whitespace()
+                    .next()
+                    .and_then(|ratio| ratio.split_once('/'))
+                {
+                    report.passed = k.parse().unwrap_or(0);
+                    report.total = n.parse().unwrap_or(0);
+                }
+                in_failing = false;
+            } else if trimmed == "Failing tests:" {
+                in_failing = true;
+            } else if in_failing && !trimmed.is_empty() {
+                report.failing.push(trimmed.to_owned());
+            } else if trimmed.contains(": not supported [") {
+                report.not_supported += 1;
+            }
+        }
+        report.output = output;
+        report
+    }
+
+    /// `Ok` only if the device was tested, ran at least one case, every case passed and the
+    /// program exited 0.
+    pub fn expect_cases(&self, device: &str) -> Result<(), String> {
+        if !self.device_tested {
+            return Err(format!(
+                "backend {device} not found: no `Backend i/n: {device}` line"
+            ));
+        }
+        if self.total == 0 {
+            return Err(format!("{device} ran no test case (0/0 tests passed)"));
+        }
+        if self.passed != self.total || !self.failing.is_empty() {
+            return Err(format!(
+                "{device}: {}/{} tests passed; failing: {:?}",
+                self.passed, self.total, self.failing
+            ));
+        }
+        if self.exit_code != Some(0) {
+            return Err(format!("test-backend-ops exited with {:?}", self.exit_code));
+        }
+        Ok(())
+    }
+}
+
+/// Runs `test-backend-ops` with `args` and extra environment, and reads its output for `device`.
+pub fn run(program: &Path, args: &[&str], env: &[(&str, &str)], device: &str) -> Report {
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Report::parse(&text, out.status.code(), device)
+}
+
+/// Removes ANSI colour sequences (test-backend-ops colours OK and FAIL).
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
