@@ -70,8 +70,24 @@ hsa_symbols! {
         hsa_status_string: hsa_status_string_fn,
         hsa_iterate_agents: hsa_iterate_agents_fn,
         hsa_agent_get_info: hsa_agent_get_info_fn,
+        hsa_amd_agent_iterate_memory_pools: hsa_amd_agent_iterate_memory_pools_fn,
+        hsa_amd_memory_pool_get_info: hsa_amd_memory_pool_get_info_fn,
+        hsa_amd_memory_pool_allocate: hsa_amd_memory_pool_allocate_fn,
+        hsa_amd_memory_pool_free: hsa_amd_memory_pool_free_fn,
+        hsa_queue_create: hsa_queue_create_fn,
+        hsa_queue_destroy: hsa_queue_destroy_fn,
+        hsa_queue_load_read_index_scacquire: hsa_queue_index_fn,
+        hsa_queue_load_write_index_relaxed: hsa_queue_index_fn,
+        hsa_queue_add_write_index_relaxed: hsa_queue_add_index_fn,
+        hsa_signal_create: hsa_signal_create_fn,
+        hsa_signal_destroy: hsa_signal_destroy_fn,
+        hsa_signal_store_screlease: hsa_signal_store_fn,
+        hsa_signal_load_scacquire: hsa_signal_load_fn,
+        hsa_signal_wait_scacquire: hsa_signal_wait_fn,
     }
     optional {
+        // Only used to probe the packet ABI and to convert wait timeouts.
+        hsa_system_get_info: hsa_system_get_info_fn,
     }
 }
 

@@ -4,13 +4,18 @@
 //! * [`sys`]: types and constants from the documented ABI.
 //! * [`api`]: the symbol table (required and optional functions).
 //! * [`loader`]: where the library is searched for.
+//! * [`packet`]: the AIE dispatch packet generations, one module each.
 //! * [`runtime`]: the process-wide runtime and agent discovery.
 //! * [`status`], [`error`]: status names and typed errors.
 
 pub mod api;
 pub mod error;
 pub mod loader;
+pub mod memory;
+pub mod packet;
+pub mod queue;
 pub mod runtime;
+pub mod signal;
 pub mod status;
 pub mod sys;
 

@@ -59,8 +59,13 @@ impl Runtime {
         &self.api.library
     }
 
+    /// The resolved symbol table.
+    pub(super) fn api(&self) -> &HsaApi {
+        &self.api
+    }
+
     /// Turns a status into `Ok` or a typed error carrying the runtime's description.
-    fn check(&self, call: &'static str, status: hsa_status_t) -> Result<(), HsaError> {
+    pub(super) fn check(&self, call: &'static str, status: hsa_status_t) -> Result<(), HsaError> {
         if status == HSA_STATUS_SUCCESS || status == HSA_STATUS_INFO_BREAK {
             return Ok(());
         }
@@ -88,10 +93,7 @@ impl Runtime {
     /// Every agent the runtime reports, in its order.
     pub fn agents(&self) -> Result<Vec<AgentDesc>, HsaError> {
         let mut handles = Vec::new();
-        self.iterate_agents(|agent| {
-            handles.push(agent);
-            HSA_STATUS_SUCCESS
-        })?;
+        self.iterate_agents(|agent| handles.push(agent))?;
         handles
             .into_iter()
             .map(|agent| {
@@ -116,7 +118,7 @@ impl Runtime {
     }
 
     fn agent_device_type(&self, agent: hsa_agent_t) -> Result<hsa_device_type_t, HsaError> {
-        let mut device_type: hsa_device_type_t = -1;
+        let mut device_type: hsa_device_type_t = u32::MAX;
         // SAFETY: HSA_AGENT_INFO_DEVICE writes one 32-bit enum.
         let rc = unsafe {
             (self.api.hsa_agent_get_info)(
@@ -129,48 +131,75 @@ impl Runtime {
         Ok(device_type)
     }
 
-    /// Calls `visit` for each agent. A panic inside `visit` stops the iteration and becomes an
-    /// error instead of unwinding through the runtime's C frames.
-    fn iterate_agents(
+    /// Calls `visit` for each agent.
+    fn iterate_agents(&self, visit: impl FnMut(hsa_agent_t)) -> Result<(), HsaError> {
+        let iterate = self.api.hsa_iterate_agents;
+        iterate_handles("hsa_iterate_agents", visit, |callback, data| {
+            // SAFETY: callback matches the agent-callback type and `data` outlives the call.
+            unsafe { iterate(Some(callback), data) }
+        })
+        .and_then(|rc| self.check("hsa_iterate_agents", rc))
+    }
+
+    /// Calls `visit` for each memory pool of `agent`.
+    pub(super) fn iterate_pools(
         &self,
-        mut visit: impl FnMut(hsa_agent_t) -> hsa_status_t,
+        agent: hsa_agent_t,
+        visit: impl FnMut(hsa_amd_memory_pool_t),
     ) -> Result<(), HsaError> {
-        struct State<'a> {
-            visit: &'a mut dyn FnMut(hsa_agent_t) -> hsa_status_t,
-            panic: Option<String>,
-        }
-        unsafe extern "C" fn trampoline(agent: hsa_agent_t, data: *mut c_void) -> hsa_status_t {
-            // SAFETY: `data` is the `State` passed to hsa_iterate_agents below, alive and not
-            // otherwise borrowed for the duration of the call.
-            let state = unsafe { &mut *data.cast::<State<'_>>() };
-            match catch_unwind(AssertUnwindSafe(|| (state.visit)(agent))) {
-                Ok(status) => status,
-                Err(payload) => {
-                    state.panic = Some(
-                        payload
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| payload.downcast_ref::<String>().cloned())
-                            .unwrap_or_default(),
-                    );
-                    HSA_STATUS_ERROR
-                }
+        let iterate = self.api.hsa_amd_agent_iterate_memory_pools;
+        iterate_handles(
+            "hsa_amd_agent_iterate_memory_pools",
+            visit,
+            |callback, data| {
+                // SAFETY: callback matches the pool-callback type and `data` outlives the call.
+                unsafe { iterate(agent, Some(callback), data) }
+            },
+        )
+        .and_then(|rc| self.check("hsa_amd_agent_iterate_memory_pools", rc))
+    }
+}
+
+/// Runs an HSA iteration (`call` invokes the C function with a callback and its data pointer) and
+/// hands each handle to `visit`. A panic in `visit` stops the iteration and becomes an error
+/// instead of unwinding through the runtime's C frames.
+fn iterate_handles<H: Copy>(
+    name: &'static str,
+    mut visit: impl FnMut(H),
+    call: impl FnOnce(unsafe extern "C" fn(H, *mut c_void) -> hsa_status_t, *mut c_void) -> hsa_status_t,
+) -> Result<hsa_status_t, HsaError> {
+    struct State<'a, H> {
+        visit: &'a mut dyn FnMut(H),
+        panic: Option<String>,
+    }
+    unsafe extern "C" fn trampoline<H>(handle: H, data: *mut c_void) -> hsa_status_t {
+        // SAFETY: `data` is the `State<H>` passed to the iteration below, alive and not otherwise
+        // borrowed for the duration of the call.
+        let state = unsafe { &mut *data.cast::<State<'_, H>>() };
+        match catch_unwind(AssertUnwindSafe(|| (state.visit)(handle))) {
+            Ok(()) => HSA_STATUS_SUCCESS,
+            Err(payload) => {
+                state.panic = Some(
+                    payload
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                        .unwrap_or_default(),
+                );
+                HSA_STATUS_ERROR
             }
         }
-        let mut state = State {
-            visit: &mut visit,
-            panic: None,
-        };
-        // SAFETY: the trampoline matches the callback type and `state` outlives the call.
-        let rc = unsafe {
-            (self.api.hsa_iterate_agents)(trampoline, (&mut state as *mut State<'_>).cast())
-        };
-        if let Some(message) = state.panic {
-            return Err(HsaError::CallbackPanic {
-                call: "hsa_iterate_agents",
-                message,
-            });
-        }
-        self.check("hsa_iterate_agents", rc)
+    }
+    let mut state = State {
+        visit: &mut visit,
+        panic: None,
+    };
+    let rc = call(trampoline::<H>, (&mut state as *mut State<'_, H>).cast());
+    match state.panic {
+        Some(message) => Err(HsaError::CallbackPanic {
+            call: name,
+            message,
+        }),
+        None => Ok(rc),
     }
 }

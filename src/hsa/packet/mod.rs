@@ -1,0 +1,140 @@
+//! AIE dispatch packets. ROCR's packet ABI for AIE agents has changed several times without a way
+//! to query it, so each generation is its own module behind one trait, [`PacketFormat`], and the
+//! backend chooses one explicitly (`GGML_HSA_PACKET_ABI`).
+//!
+//! | ABI | packet | format byte | completion signal | instruction size |
+//! |---|---|---|---|---|
+//! | `a1` | ERT (`hsa_amd_aie_ert_packet_t`) + START_CU payload | 3 | none | dwords |
+//! | `a2` | same | 3 | at offset 48 | dwords |
+//! | `a3` | same | 200 | at offset 48 | dwords |
+//! | `b` | 64-byte AIE kernel dispatch + kernarg array | header READY, opcode KMQ, count 24 | at offset 8 | bytes |
+//!
+//! ROCR rewrites part of an ERT payload while submitting it, so the argument memory is filled anew
+//! for every dispatch; nothing here keeps it between dispatches.
+
+mod a1;
+mod a2;
+mod a3;
+mod b;
+mod ert;
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::sys::hsa_signal_t;
+
+/// One generation of ROCR's AIE packet ABI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PacketAbi {
+    A1,
+    A2,
+    A3,
+    B,
+}
+
+impl PacketAbi {
+    pub const ALL: [PacketAbi; 4] = [PacketAbi::A1, PacketAbi::A2, PacketAbi::A3, PacketAbi::B];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PacketAbi::A1 => "a1",
+            PacketAbi::A2 => "a2",
+            PacketAbi::A3 => "a3",
+            PacketAbi::B => "b",
+        }
+    }
+
+    /// The encoder of this generation.
+    pub fn format(self) -> &'static dyn PacketFormat {
+        match self {
+            PacketAbi::A1 => &a1::A1,
+            PacketAbi::A2 => &a2::A2,
+            PacketAbi::A3 => &a3::A3,
+            PacketAbi::B => &b::B,
+        }
+    }
+}
+
+impl fmt::Display for PacketAbi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PacketAbi {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PacketAbi::ALL
+            .into_iter()
+            .find(|abi| abi.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("unknown packet ABI {s:?} (expected auto, a1, a2, a3 or b)"))
+    }
+}
+
+/// A buffer the kernel reads or writes: its device-visible address and size in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Operand {
+    pub addr: u64,
+    pub size: u64,
+}
+
+/// One kernel launch: the PDI and instruction stream (both in the dev heap) and the operands,
+/// inputs first, output last.
+#[derive(Debug, Clone, Copy)]
+pub struct Dispatch<'a> {
+    pub pdi_addr: u64,
+    pub insts_addr: u64,
+    /// Size of the instruction stream in bytes (a multiple of 4).
+    pub insts_bytes: u64,
+    pub operands: &'a [Operand],
+}
+
+/// Why a dispatch cannot be encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    #[error("the instruction stream is {0} bytes, not a multiple of 4")]
+    UnalignedInstructions(u64),
+    #[error("{0} operands do not fit one packet (at most {1})")]
+    TooManyOperands(usize, usize),
+    #[error("operand {index} is {size} bytes; this packet ABI carries sizes in 32 bits")]
+    OperandTooLarge { index: usize, size: u64 },
+    #[error("argument memory of {got} bytes is smaller than the {need} bytes required")]
+    ArgsTooSmall { got: usize, need: usize },
+}
+
+/// An encoder for one packet generation.
+pub trait PacketFormat: Sync + fmt::Debug {
+    fn abi(&self) -> PacketAbi;
+
+    /// Bytes of per-dispatch argument memory (ERT payload or kernarg array) for `operands`.
+    fn args_bytes(&self, operands: usize) -> usize;
+
+    /// Whether the runtime decrements the packet's completion signal when it completes.
+    fn signals_completion(&self) -> bool;
+
+    /// Fills `args` (host memory at device address `args_addr`, from the kernarg pool) and returns
+    /// the 64-byte packet to write into the queue ring.
+    fn encode(
+        &self,
+        dispatch: &Dispatch<'_>,
+        args: &mut [u8],
+        args_addr: u64,
+        completion: hsa_signal_t,
+    ) -> Result<[u8; 64], EncodeError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_in_any_case() {
+        for abi in PacketAbi::ALL {
+            assert_eq!(abi.name().parse::<PacketAbi>(), Ok(abi));
+            assert_eq!(abi.name().to_uppercase().parse::<PacketAbi>(), Ok(abi));
+            assert_eq!(abi.format().abi(), abi);
+        }
+        assert!("c".parse::<PacketAbi>().unwrap_err().contains("\"c\""));
+    }
+}

@@ -1,0 +1,106 @@
+//! RAII HSA signals with bounded waits.
+
+use std::time::{Duration, Instant};
+
+use super::error::HsaError;
+use super::runtime::Runtime;
+use super::sys::*;
+
+/// A signal, destroyed on drop.
+#[derive(Debug)]
+pub struct Signal {
+    runtime: &'static Runtime,
+    handle: hsa_signal_t,
+}
+
+impl Signal {
+    pub fn handle(&self) -> hsa_signal_t {
+        self.handle
+    }
+
+    pub fn store(&self, value: hsa_signal_value_t) {
+        // SAFETY: the handle is a live signal of this runtime.
+        unsafe { (self.runtime.api().hsa_signal_store_screlease)(self.handle, value) }
+    }
+
+    pub fn load(&self) -> hsa_signal_value_t {
+        // SAFETY: the handle is a live signal of this runtime.
+        unsafe { (self.runtime.api().hsa_signal_load_scacquire)(self.handle) }
+    }
+
+    /// Waits until the value equals `value` or `timeout` passes; returns the last value seen.
+    /// The runtime's wait may return early (the HSA spec allows it), hence the loop, and its
+    /// timeout is only a hint, hence the deadline kept here.
+    pub fn wait_eq(
+        &self,
+        value: hsa_signal_value_t,
+        timeout: Duration,
+    ) -> Result<(), hsa_signal_value_t> {
+        let deadline = Instant::now() + timeout;
+        let slice_ticks = self.runtime.ticks_per_ms();
+        loop {
+            // SAFETY: the handle is a live signal of this runtime.
+            let seen = unsafe {
+                (self.runtime.api().hsa_signal_wait_scacquire)(
+                    self.handle,
+                    HSA_SIGNAL_CONDITION_EQ,
+                    value,
+                    slice_ticks,
+                    HSA_WAIT_STATE_BLOCKED,
+                )
+            };
+            if seen == value {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(seen);
+            }
+        }
+    }
+}
+
+impl Drop for Signal {
+    fn drop(&mut self) {
+        // SAFETY: the handle is a live signal of this runtime, destroyed exactly once here.
+        let _ = unsafe { (self.runtime.api().hsa_signal_destroy)(self.handle) };
+    }
+}
+
+impl Runtime {
+    /// A signal any agent may wait on, starting at `initial`.
+    pub fn signal(&'static self, initial: hsa_signal_value_t) -> Result<Signal, HsaError> {
+        let mut handle = hsa_signal_t::default();
+        // SAFETY: no consumer list (any agent may wait); `handle` is valid for the write.
+        let rc =
+            unsafe { (self.api().hsa_signal_create)(initial, 0, std::ptr::null(), &mut handle) };
+        self.check("hsa_signal_create", rc)?;
+        Ok(Signal {
+            runtime: self,
+            handle,
+        })
+    }
+
+    /// System timestamp ticks per millisecond (for wait hints); 1 ms at 1 GHz when unknown.
+    fn ticks_per_ms(&self) -> u64 {
+        let Some(get_info) = self.api().hsa_system_get_info else {
+            return 1_000_000;
+        };
+        let mut freq: u64 = 0;
+        // SAFETY: HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY writes one u64.
+        let rc = unsafe {
+            get_info(
+                HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY,
+                (&mut freq as *mut u64).cast(),
+            )
+        };
+        if rc == HSA_STATUS_SUCCESS && freq >= 1000 {
+            freq / 1000
+        } else {
+            1_000_000
+        }
+    }
+}
+
+/// Default bound on waiting for the device: generous for any single batch of kernels, short
+/// enough that a hung device fails the graph instead of the process.
+pub const DEVICE_TIMEOUT: Duration = Duration::from_secs(10);

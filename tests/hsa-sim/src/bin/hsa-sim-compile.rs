@@ -1,0 +1,111 @@
+//! hsa-sim-compile: the simulator's kernel compiler (protocol 1).
+//!
+//! ```text
+//! hsa-sim-compile capabilities
+//! hsa-sim-compile compile --request <req.json> --output-dir <dir>
+//! ```
+//! Exit codes: 0 success, 1 bad input (usage, unreadable or malformed request, I/O error),
+//! 2 well-formed but unsupported request (one-line reason on stderr).
+
+use hsa_runtime64::image::{self, DescError, KernelDesc};
+use hsa_runtime64::ops::{self, Op};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: hsa-sim-compile capabilities\n       \
+                     hsa-sim-compile compile --request <req.json> --output-dir <dir>";
+
+fn capabilities() -> serde_json::Value {
+    let types: Vec<&str> = ops::TYPES.iter().map(|t| t.name()).collect();
+    let ops: Vec<serde_json::Value> = Op::all_names()
+        .into_iter()
+        .filter_map(|name| Op::from_name(name).map(|op| (name, op)))
+        .map(|(name, op)| {
+            json!({
+                "op": name,
+                "inputs": op.arity(),
+                "types": types,
+                "broadcast": matches!(op, Op::Binary(_)),
+                "noncontiguous": true,
+                "op_params": op.params_doc(),
+            })
+        })
+        .collect();
+    json!({
+        "protocol": 1,
+        "compiler": "hsa-sim-compile",
+        "version": env!("CARGO_PKG_VERSION"),
+        "archs": ops::ARCHS,
+        "image_format": "HSASIMK1",
+        "types_note": "every operand may independently be any listed type; computed in f32, rounded on store",
+        "ops": ops,
+    })
+}
+
+/// Writes `bytes` to `dir/name` through a temporary file and a rename.
+fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, dir.join(name)).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+fn compile(request: &Path, out_dir: &Path) -> Result<(), (u8, String)> {
+    let text = std::fs::read_to_string(request)
+        .map_err(|e| (1, format!("cannot read request {}: {e}", request.display())))?;
+    let desc = KernelDesc::parse_json(&text).map_err(|e| (1, e.to_string()))?;
+    match desc.validate() {
+        Ok(_) => {}
+        Err(e @ DescError::Invalid(_)) => return Err((1, e.to_string())),
+        Err(e @ DescError::Unsupported(_)) => return Err((2, e.to_string())),
+    }
+    std::fs::create_dir_all(out_dir)
+        .map_err(|e| (1, format!("cannot create {}: {e}", out_dir.display())))?;
+    let pdi = image::encode_image(&desc);
+    let insts = image::encode_insts(&pdi);
+    write_atomic(out_dir, &format!("{}.pdi", desc.name), &pdi)
+        .and_then(|_| write_atomic(out_dir, &format!("{}_insts.bin", desc.name), &insts))
+        .map_err(|e| (1, format!("cannot write to {}: {e}", out_dir.display())))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("capabilities") if args.len() == 1 => {
+            println!("{}", capabilities());
+            ExitCode::SUCCESS
+        }
+        Some("compile") => {
+            let mut request: Option<PathBuf> = None;
+            let mut out_dir: Option<PathBuf> = None;
+            let mut it = args[1..].iter();
+            while let Some(a) = it.next() {
+                match a.as_str() {
+                    "--request" => request = it.next().map(PathBuf::from),
+                    "--output-dir" => out_dir = it.next().map(PathBuf::from),
+                    other => {
+                        eprintln!("hsa-sim-compile: unknown argument {other:?}\n{USAGE}");
+                        return ExitCode::from(1);
+                    }
+                }
+            }
+            let (Some(request), Some(out_dir)) = (request, out_dir) else {
+                eprintln!("hsa-sim-compile: compile needs --request and --output-dir\n{USAGE}");
+                return ExitCode::from(1);
+            };
+            match compile(&request, &out_dir) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err((code, msg)) => {
+                    eprintln!("hsa-sim-compile: {msg}");
+                    ExitCode::from(code)
+                }
+            }
+        }
+        _ => {
+            eprintln!("{USAGE}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! Counters, written as JSON to `HSA_SIM_COUNTERS` after every doorbell (atomic rewrite) and at
+//! the last `hsa_shut_down`.
+
+use crate::config::PacketAbi;
+use serde::Serialize;
+use std::io::Write;
+use std::path::Path;
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Counters {
+    /// Packet ABI the simulator speaks ("a1", "a2", "a3", "b").
+    pub packet_abi: String,
+    /// Doorbell stores on queue doorbell signals.
+    pub doorbells: u64,
+    /// Packets consumed (read index advanced past them), valid or not.
+    pub packets: u64,
+    /// START_CU packets executed successfully.
+    pub dispatches: u64,
+    /// Command chains submitted (consecutive START_CUs behind one doorbell, split at the
+    /// 4 KiB chain-buffer capacity).
+    pub chains: u64,
+    /// PDIs loaded (first use of a PDI allocation on a queue).
+    pub pdi_loads: u64,
+    /// Hardware-context (re)builds; every PDI load rebuilds the queue's context.
+    pub context_rebuilds: u64,
+    /// Bytes read from operands by executed kernels.
+    pub bytes_read: u64,
+    /// Bytes written to outputs by executed kernels.
+    pub bytes_written: u64,
+    /// Arithmetic operations of executed kernels (model input).
+    pub flops: u64,
+    /// Packets or doorbells that reported an error (callback and/or completion signal).
+    pub dispatch_errors: u64,
+    /// Faults injected through HSA_SIM_* variables.
+    pub injected_faults: u64,
+    /// Simulated device time in nanoseconds (cost model).
+    pub device_time_ns: u64,
+    /// Last error message, empty if none.
+    pub last_error: String,
+}
+
+impl Counters {
+    pub fn new(abi: PacketAbi) -> Counters {
+        Counters {
+            packet_abi: abi.name().to_string(),
+            ..Counters::default()
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|_| "{}".to_string())
+    }
+}
+
+/// Writes `text` to `path` through a temporary file in the same directory and a rename, so a
+/// reader never sees a partial file.
+pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
+    static WRITER: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+    let _serialise = WRITER.lock();
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "counters".to_string());
+    let tmp = path.with_file_name(format!(".{file_name}.tmp.{}", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.write_all(b"\n")?;
+    }
+    std::fs::rename(&tmp, path)
+}

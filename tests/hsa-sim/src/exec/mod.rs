@@ -1,0 +1,156 @@
+//! The executor: runs a kernel description over operand memory with ggml's reference semantics.
+//! Every operand is copied in, computed in f32, rounded on store to the output type, and copied
+//! back, so outputs may alias inputs (ggml's in-place ops) without undefined behaviour.
+
+mod elem;
+mod unary;
+
+pub use elem::{bf16_from_f32, bf16_to_f32};
+pub use unary::unary_f32;
+
+use crate::image::{KernelDesc, TensorDesc};
+use crate::ops::{BinaryOp, Op};
+
+/// One operand: `len` bytes at `addr`, all inside one live allocation.
+#[derive(Clone, Copy, Debug)]
+pub struct OperandMem {
+    pub addr: usize,
+    pub len: usize,
+}
+
+/// What one execution moved and computed (cost-model inputs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecStats {
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub flops: u64,
+}
+
+/// A tensor's bytes copied out of device memory.
+struct Buf<'a> {
+    t: &'a TensorDesc,
+    bytes: Vec<u8>,
+}
+
+impl Buf<'_> {
+    fn offset(&self, i: [i64; 4]) -> usize {
+        (0..4).map(|d| (i[d] * self.t.nb[d]) as usize).sum()
+    }
+
+    fn get(&self, i: [i64; 4]) -> f32 {
+        elem::load(self.t.ty, &self.bytes, self.offset(i))
+    }
+
+    fn set(&mut self, i: [i64; 4], v: f32) {
+        let off = self.offset(i);
+        elem::store(self.t.ty, &mut self.bytes, off, v);
+    }
+}
+
+/// Calls `f` for every index of `ne`, innermost dimension fastest.
+fn for_each_index(ne: [i64; 4], mut f: impl FnMut([i64; 4])) {
+    for i3 in 0..ne[3] {
+        for i2 in 0..ne[2] {
+            for i1 in 0..ne[1] {
+                for i0 in 0..ne[0] {
+                    f([i0, i1, i2, i3]);
+                }
+            }
+        }
+    }
+}
+
+/// Runs `desc` (already validated, `op` its parsed op) over `operands` (inputs in order, then
+/// the output).
+///
+/// # Safety
+/// Every operand range `[addr, addr + len)` must be valid for reads and writes for the duration
+/// of the call (the caller resolves them in the allocation table and holds its lock), and `len`
+/// must be at least the tensor's extent.
+pub unsafe fn execute(
+    desc: &KernelDesc,
+    op: Op,
+    operands: &[OperandMem],
+) -> Result<ExecStats, String> {
+    let n_in = desc.inputs.len();
+    if operands.len() != n_in + 1 {
+        return Err(format!(
+            "kernel {} takes {} operands (inputs then output), packet has {}",
+            desc.name,
+            n_in + 1,
+            operands.len()
+        ));
+    }
+    let tensors: Vec<&TensorDesc> = desc.inputs.iter().chain([&desc.output]).collect();
+    let mut bufs = Vec::with_capacity(tensors.len());
+    for (t, m) in tensors.iter().zip(operands) {
+        let ext = t.extent() as usize;
+        if ext > m.len {
+            return Err(format!(
+                "operand of {} bytes is smaller than its tensor's extent {ext}",
+                m.len
+            ));
+        }
+        let mut bytes = vec![0u8; ext];
+        // SAFETY: the caller guarantees [addr, addr+len) is readable and ext <= len; `bytes` is
+        // a distinct buffer of exactly ext bytes.
+        unsafe { std::ptr::copy_nonoverlapping(m.addr as *const u8, bytes.as_mut_ptr(), ext) };
+        bufs.push(Buf { t, bytes });
+    }
+    let mut out = bufs.pop().ok_or("no output operand")?;
+    let ne = out.t.ne;
+    let n = out.t.nelements();
+    match op {
+        Op::Binary(b) => {
+            let (s0, s1) = (&bufs[0], &bufs[1]);
+            let ne1 = s1.t.ne;
+            let f: fn(f32, f32) -> f32 = match b {
+                BinaryOp::Add => |x, y| x + y,
+                BinaryOp::Sub => |x, y| x - y,
+                BinaryOp::Mul => |x, y| x * y,
+                BinaryOp::Div => |x, y| x / y,
+            };
+            for_each_index(ne, |i| {
+                let j = [i[0] % ne1[0], i[1] % ne1[1], i[2] % ne1[2], i[3] % ne1[3]];
+                out.set(i, f(s0.get(i), s1.get(j)));
+            });
+        }
+        Op::Unary(u) => {
+            let s0 = &bufs[0];
+            for_each_index(ne, |i| out.set(i, unary_f32(u, s0.get(i))));
+        }
+        Op::Scale => {
+            let s = f32::from_bits(desc.op_params[0] as u32);
+            let b = f32::from_bits(desc.op_params[1] as u32);
+            let s0 = &bufs[0];
+            for_each_index(ne, |i| out.set(i, s0.get(i) * s + b));
+        }
+        Op::Clamp => {
+            let lo = f32::from_bits(desc.op_params[0] as u32);
+            let hi = f32::from_bits(desc.op_params[1] as u32);
+            let s0 = &bufs[0];
+            // ggml: MAX(MIN(x, max), min) with C's comparison-based MIN/MAX.
+            for_each_index(ne, |i| {
+                let x = s0.get(i);
+                let m = if x < hi { x } else { hi };
+                out.set(i, if m > lo { m } else { lo });
+            });
+        }
+    }
+    let dst = operands[n_in];
+    // SAFETY: the caller guarantees [dst.addr, dst.addr+dst.len) is writable and the output's
+    // extent (out.bytes.len()) is <= dst.len (checked above); `out.bytes` is a distinct Vec.
+    unsafe {
+        std::ptr::copy_nonoverlapping(out.bytes.as_ptr(), dst.addr as *mut u8, out.bytes.len())
+    };
+    let bytes_read = desc
+        .inputs
+        .iter()
+        .map(|t| t.nelements() * t.ty.size() as u64)
+        .sum();
+    Ok(ExecStats {
+        bytes_read,
+        bytes_written: n * desc.output.ty.size() as u64,
+        flops: n * op.flops_per_element(),
+    })
+}

@@ -1,0 +1,304 @@
+//! Simulator kernel images (the PDI files the simulator's compiler writes) and instruction
+//! streams (`<name>_insts.bin`).
+//!
+//! Image: `"HSASIMK1"` (8 bytes) | format version u32 LE (= 1) | payload length u32 LE |
+//! payload (UTF-8 JSON, a [`KernelDesc`]).
+//!
+//! Instruction stream: 8 little-endian u32 words:
+//! `[0x4d495348 "HSIM", 0x31534e49 "INS1", version = 1, word count = 8,
+//!   payload hash low, payload hash high, payload length, 0]`,
+//! where the hash is FNV-1a 64 of the image payload bytes, so the runtime can check that an
+//! instruction stream belongs to the PDI it is dispatched with.
+
+use crate::ops::{DType, Op};
+use serde::{Deserialize, Serialize};
+
+pub const IMAGE_MAGIC: &[u8; 8] = b"HSASIMK1";
+pub const IMAGE_FORMAT_VERSION: u32 = 1;
+pub const IMAGE_HEADER_LEN: usize = 16;
+/// Largest payload accepted (sanity bound).
+pub const MAX_PAYLOAD_LEN: usize = 1 << 20;
+
+pub const INSTS_MAGIC0: u32 = u32::from_le_bytes(*b"HSIM");
+pub const INSTS_MAGIC1: u32 = u32::from_le_bytes(*b"INS1");
+pub const INSTS_VERSION: u32 = 1;
+pub const INSTS_WORDS: usize = 8;
+
+/// A tensor operand: ggml's ne (elements per dim) and nb (byte strides) plus the element type.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorDesc {
+    pub ne: [i64; 4],
+    pub nb: [i64; 4],
+    #[serde(rename = "type")]
+    pub ty: DType,
+}
+
+impl TensorDesc {
+    /// A contiguous tensor of this shape.
+    pub fn contiguous(ne: [i64; 4], ty: DType) -> TensorDesc {
+        let s = ty.size() as i64;
+        let nb = [s, s * ne[0], s * ne[0] * ne[1], s * ne[0] * ne[1] * ne[2]];
+        TensorDesc { ne, nb, ty }
+    }
+
+    pub fn nelements(&self) -> u64 {
+        self.ne.iter().map(|&n| n.max(0) as u64).product()
+    }
+
+    /// Bytes spanned from the first to one past the last element (0 if empty).
+    pub fn extent(&self) -> u64 {
+        if self.nelements() == 0 {
+            return 0;
+        }
+        let mut last = 0u64;
+        for d in 0..4 {
+            last = last.saturating_add((self.ne[d] as u64 - 1).saturating_mul(self.nb[d] as u64));
+        }
+        last.saturating_add(self.ty.size() as u64)
+    }
+}
+
+/// The kernel description: the compile request and the image payload are the same JSON.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelDesc {
+    pub name: String,
+    pub arch: String,
+    pub op: String,
+    /// Up to 16 i32 (missing entries are 0); always written as 16.
+    #[serde(default, deserialize_with = "de_params")]
+    pub op_params: [i32; 16],
+    pub inputs: Vec<TensorDesc>,
+    pub output: TensorDesc,
+}
+
+fn de_params<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[i32; 16], D::Error> {
+    let v: Vec<i32> = Vec::deserialize(d)?;
+    if v.len() > 16 {
+        return Err(serde::de::Error::custom(format!(
+            "op_params has {} entries, at most 16 allowed",
+            v.len()
+        )));
+    }
+    let mut out = [0i32; 16];
+    out[..v.len()].copy_from_slice(&v);
+    Ok(out)
+}
+
+/// Why a description cannot be compiled.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DescError {
+    /// Malformed or inconsistent request (compiler exit code 1).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// Well-formed but not implemented (compiler exit code 2).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+impl KernelDesc {
+    pub fn parse_json(text: &str) -> Result<KernelDesc, DescError> {
+        serde_json::from_str(text).map_err(|e| DescError::Invalid(e.to_string()))
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Checks the description and returns its op.
+    pub fn validate(&self) -> Result<Op, DescError> {
+        let inv = |m: String| Err(DescError::Invalid(m));
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 200
+            && !self.name.starts_with('.')
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+        if !name_ok {
+            return inv(format!(
+                "name {:?} must be 1-200 characters of [A-Za-z0-9_.-], not starting with '.'",
+                self.name
+            ));
+        }
+        let tensors = self.inputs.iter().chain(std::iter::once(&self.output));
+        for (i, t) in tensors.enumerate() {
+            if t.ne.iter().any(|&n| n < 0) || t.nb.iter().any(|&n| n < 0) {
+                return inv(format!("tensor {i}: ne and nb must be non-negative"));
+            }
+            if t.ne.iter().any(|&n| n > (1 << 40)) || t.nb.iter().any(|&n| n > (1 << 48)) {
+                return inv(format!("tensor {i}: ne or nb out of range"));
+            }
+        }
+        let Some(op) = Op::from_name(&self.op) else {
+            return Err(DescError::Unsupported(format!("op {:?}", self.op)));
+        };
+        if self.inputs.len() != op.arity() {
+            return inv(format!(
+                "op {} takes {} input(s), request has {}",
+                self.op,
+                op.arity(),
+                self.inputs.len()
+            ));
+        }
+        let src0 = &self.inputs[0];
+        if self.output.ne != src0.ne {
+            return inv(format!(
+                "output ne {:?} differs from inputs[0] ne {:?}",
+                self.output.ne, src0.ne
+            ));
+        }
+        if let Some(src1) = self.inputs.get(1) {
+            for d in 0..4 {
+                let (a, b) = (src0.ne[d], src1.ne[d]);
+                let ok = if b == 0 { a == 0 } else { a % b == 0 };
+                if !ok {
+                    return inv(format!(
+                        "inputs[1] ne {:?} cannot be repeated over inputs[0] ne {:?}",
+                        src1.ne, src0.ne
+                    ));
+                }
+            }
+        }
+        if !crate::ops::ARCHS.contains(&self.arch.as_str()) {
+            return Err(DescError::Unsupported(format!("arch {:?}", self.arch)));
+        }
+        for t in self.inputs.iter().chain(std::iter::once(&self.output)) {
+            if !t.ty.is_supported() {
+                return Err(DescError::Unsupported(format!(
+                    "type {} for op {}",
+                    t.ty.name(),
+                    self.op
+                )));
+            }
+        }
+        Ok(op)
+    }
+}
+
+/// FNV-1a, 64-bit.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Builds the image bytes for a description.
+pub fn encode_image(desc: &KernelDesc) -> Vec<u8> {
+    let payload = desc.to_json().into_bytes();
+    let mut out = Vec::with_capacity(IMAGE_HEADER_LEN + payload.len());
+    out.extend_from_slice(IMAGE_MAGIC);
+    out.extend_from_slice(&IMAGE_FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// Builds the instruction stream that belongs to `image`.
+pub fn encode_insts(image: &[u8]) -> Vec<u8> {
+    let payload = &image[IMAGE_HEADER_LEN.min(image.len())..];
+    let h = fnv1a64(payload);
+    let words = [
+        INSTS_MAGIC0,
+        INSTS_MAGIC1,
+        INSTS_VERSION,
+        INSTS_WORDS as u32,
+        h as u32,
+        (h >> 32) as u32,
+        payload.len() as u32,
+        0,
+    ];
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// Reads the payload length from an image header; the full image is this many bytes plus 16.
+pub fn image_len_from_header(header: &[u8]) -> Result<usize, String> {
+    if header.len() < IMAGE_HEADER_LEN {
+        return Err("PDI is shorter than the 16-byte simulator image header".into());
+    }
+    if &header[..8] != IMAGE_MAGIC {
+        return Err(format!(
+            "PDI is not a simulator kernel image (magic {:02x?}, expected \"HSASIMK1\"); \
+             the simulator only runs PDIs written by hsa-sim-compile",
+            &header[..8]
+        ));
+    }
+    let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
+    if version != IMAGE_FORMAT_VERSION {
+        return Err(format!(
+            "simulator image format version {version} is not supported (expected {IMAGE_FORMAT_VERSION})"
+        ));
+    }
+    let len = u32::from_le_bytes([header[12], header[13], header[14], header[15]]) as usize;
+    if len == 0 || len > MAX_PAYLOAD_LEN {
+        return Err(format!(
+            "simulator image payload length {len} is out of range"
+        ));
+    }
+    Ok(IMAGE_HEADER_LEN + len)
+}
+
+/// Parses a complete image (header + payload) and validates its description.
+pub fn parse_image(image: &[u8]) -> Result<(KernelDesc, Op), String> {
+    let total = image_len_from_header(image)?;
+    if image.len() < total {
+        return Err(format!(
+            "simulator image is truncated: {} bytes, header says {total}",
+            image.len()
+        ));
+    }
+    let payload = &image[IMAGE_HEADER_LEN..total];
+    let text = std::str::from_utf8(payload)
+        .map_err(|_| "simulator image payload is not UTF-8".to_string())?;
+    let desc = KernelDesc::parse_json(text).map_err(|e| format!("simulator image payload: {e}"))?;
+    let op = desc
+        .validate()
+        .map_err(|e| format!("simulator image payload: {e}"))?;
+    Ok((desc, op))
+}
+
+/// Checks that `insts` (the bytes the packet designates) is the stream for `image`.
+pub fn check_insts(insts: &[u8], image: &[u8]) -> Result<(), String> {
+    if insts.len() % 4 != 0 || insts.len() < INSTS_WORDS * 4 {
+        return Err(format!(
+            "instruction stream of {} bytes is not a simulator stream ({} bytes expected)",
+            insts.len(),
+            INSTS_WORDS * 4
+        ));
+    }
+    let w = |i: usize| {
+        u32::from_le_bytes([
+            insts[4 * i],
+            insts[4 * i + 1],
+            insts[4 * i + 2],
+            insts[4 * i + 3],
+        ])
+    };
+    if w(0) != INSTS_MAGIC0 || w(1) != INSTS_MAGIC1 {
+        return Err("instruction stream has no simulator magic (\"HSIMINS1\")".into());
+    }
+    if w(2) != INSTS_VERSION {
+        return Err(format!(
+            "instruction stream version {} is not supported",
+            w(2)
+        ));
+    }
+    if w(3) as usize * 4 != insts.len() {
+        return Err(format!(
+            "instruction size {} bytes does not match the stream's own length {} bytes \
+             (A-generation packets give the size in dwords, B in bytes)",
+            insts.len(),
+            w(3) as usize * 4
+        ));
+    }
+    let payload = &image[IMAGE_HEADER_LEN.min(image.len())..];
+    let h = fnv1a64(payload);
+    if w(4) != h as u32 || w(5) != (h >> 32) as u32 || w(6) as usize != payload.len() {
+        return Err("instruction stream does not belong to this PDI (payload hash differs)".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,208 @@
+//! Allocation table. Every pool allocation is real, zeroed, page-aligned host memory (the NPU
+//! shares system memory) rounded up to 4096 bytes, and is recorded so that any address inside it
+//! (an interior pointer) resolves to `(base, size, pool)`, the way ROCR resolves packet VAs to
+//! XDNA buffer objects.
+
+use crate::consts::PAGE_SIZE;
+use std::alloc::Layout;
+use std::collections::BTreeMap;
+
+/// One live allocation.
+#[derive(Debug)]
+pub struct Allocation {
+    /// Unique for the lifetime of the runtime instance; never reused (unlike ROCR's BO handles).
+    pub id: u64,
+    pub base: usize,
+    /// Rounded size in bytes.
+    pub size: usize,
+    /// Index of the pool in the topology.
+    pub pool: usize,
+    /// Runtime-internal allocations (queue rings) are not client allocations and cannot be freed
+    /// through `hsa_amd_memory_pool_free`.
+    pub internal: bool,
+}
+
+impl Allocation {
+    pub fn end(&self) -> usize {
+        self.base + self.size
+    }
+}
+
+/// Why an allocation failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AllocError {
+    OutOfResources,
+}
+
+#[derive(Debug, Default)]
+pub struct MemoryTable {
+    by_base: BTreeMap<usize, Allocation>,
+    /// Bytes in use per pool index.
+    used: BTreeMap<usize, usize>,
+    next_id: u64,
+}
+
+/// Rounds up to the page size; `None` on overflow.
+pub fn round_to_page(size: usize) -> Option<usize> {
+    size.checked_add(PAGE_SIZE - 1)
+        .map(|s| s & !(PAGE_SIZE - 1))
+}
+
+impl MemoryTable {
+    /// Allocates `size` bytes (already validated non-zero) in `pool`, whose capacity is `limit`.
+    /// `avoid_insts_alias` (dev heap) places the block so that no address in it equals its own
+    /// instruction device address (see [`aliases_device_address`]).
+    pub fn allocate(
+        &mut self,
+        pool: usize,
+        size: usize,
+        limit: usize,
+        internal: bool,
+        avoid_insts_alias: bool,
+    ) -> Result<usize, AllocError> {
+        let rounded = round_to_page(size).ok_or(AllocError::OutOfResources)?;
+        let used = self.used.get(&pool).copied().unwrap_or(0);
+        if rounded > limit || used + rounded > limit {
+            return Err(AllocError::OutOfResources);
+        }
+        let layout =
+            Layout::from_size_align(rounded, PAGE_SIZE).map_err(|_| AllocError::OutOfResources)?;
+        let ptr = alloc_block(layout, avoid_insts_alias)?;
+        self.next_id += 1;
+        let base = ptr as usize;
+        self.by_base.insert(
+            base,
+            Allocation {
+                id: self.next_id,
+                base,
+                size: rounded,
+                pool,
+                internal,
+            },
+        );
+        *self.used.entry(pool).or_insert(0) += rounded;
+        Ok(base)
+    }
+
+    /// Frees the allocation whose base is `base`. Returns false if `base` is not the exact base
+    /// of a live (non-internal unless `internal` is set) allocation.
+    pub fn free(&mut self, base: usize, internal: bool) -> bool {
+        match self.by_base.get(&base) {
+            Some(a) if a.internal == internal => {}
+            _ => return false,
+        }
+        let Some(a) = self.by_base.remove(&base) else {
+            return false;
+        };
+        if let Some(u) = self.used.get_mut(&a.pool) {
+            *u -= a.size;
+        }
+        release(&a);
+        true
+    }
+
+    /// The allocation containing `addr` (base or interior pointer).
+    pub fn lookup(&self, addr: usize) -> Option<&Allocation> {
+        let (_, a) = self.by_base.range(..=addr).next_back()?;
+        (addr < a.end()).then_some(a)
+    }
+
+    /// The allocation containing the whole byte range `[addr, addr + len)`, if any.
+    pub fn lookup_range(&self, addr: usize, len: usize) -> Option<&Allocation> {
+        let a = self.lookup(addr)?;
+        let end = addr.checked_add(len)?;
+        (end <= a.end()).then_some(a)
+    }
+
+    /// Bytes in use in `pool`.
+    pub fn used(&self, pool: usize) -> usize {
+        self.used.get(&pool).copied().unwrap_or(0)
+    }
+
+    /// Number of live allocations (client and internal).
+    pub fn len(&self) -> usize {
+        self.by_base.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_base.is_empty()
+    }
+
+    /// Copies `len` bytes at `addr` out of a live allocation; `None` if the range is not
+    /// entirely inside one allocation.
+    pub fn read(&self, addr: usize, len: usize) -> Option<Vec<u8>> {
+        self.lookup_range(addr, len)?;
+        let mut out = vec![0u8; len];
+        // SAFETY: [addr, addr+len) lies inside a live allocation owned by this table (checked
+        // above), and `out` is a distinct Vec of exactly `len` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), len) };
+        Some(out)
+    }
+
+    /// Writes `bytes` at `addr` inside a live allocation; false if out of bounds.
+    pub fn write(&self, addr: usize, bytes: &[u8]) -> bool {
+        if self.lookup_range(addr, bytes.len()).is_none() {
+            return false;
+        }
+        // SAFETY: the destination range lies inside a live allocation owned by this table
+        // (checked above); the source is a distinct Rust slice.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
+        true
+    }
+}
+
+/// True if some address in `[base, base + len)` has low 32 bits equal to its instruction device
+/// address `0x04000000 | (va & 0x02FFFFFF)`, i.e. low word in 0x04000000..=0x04FFFFFF or
+/// 0x06000000..=0x06FFFFFF. For such an address the runtime's rewrite of payload `data[2]` would
+/// be a no-op and a reused payload would go unnoticed, so the dev heap never hands them out.
+pub fn aliases_device_address(base: usize, len: usize) -> bool {
+    let (lo, hi) = (base as u64, base as u64 + len as u64 - 1);
+    let window = lo & !0xFFFF_FFFF;
+    [window, window + (1 << 32)].iter().any(|w| {
+        [(0x0400_0000u64, 0x04FF_FFFFu64), (0x0600_0000, 0x06FF_FFFF)]
+            .iter()
+            .any(|(a, b)| lo <= w + b && w + a <= hi)
+    })
+}
+
+/// Allocates a zeroed block; with `avoid_insts_alias`, retries (keeping the rejected blocks
+/// until done) until the block does not alias instruction device addresses.
+fn alloc_block(layout: Layout, avoid_insts_alias: bool) -> Result<*mut u8, AllocError> {
+    let mut rejected: Vec<*mut u8> = Vec::new();
+    let mut result = Err(AllocError::OutOfResources);
+    for _ in 0..16 {
+        // SAFETY: the layout has a non-zero size (at least one page).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            break;
+        }
+        if avoid_insts_alias && aliases_device_address(ptr as usize, layout.size()) {
+            rejected.push(ptr);
+            continue;
+        }
+        result = Ok(ptr);
+        break;
+    }
+    for p in rejected {
+        // SAFETY: p was returned by alloc_zeroed with `layout` above and never handed out.
+        unsafe { std::alloc::dealloc(p, layout) };
+    }
+    result
+}
+
+fn release(a: &Allocation) {
+    if let Ok(layout) = Layout::from_size_align(a.size, PAGE_SIZE) {
+        // SAFETY: `a.base` was returned by `alloc_zeroed` with exactly this layout and is removed
+        // from the table before being released, so it is freed once.
+        unsafe { std::alloc::dealloc(a.base as *mut u8, layout) };
+    }
+}
+
+impl Drop for MemoryTable {
+    fn drop(&mut self) {
+        for a in self.by_base.values() {
+            release(a);
+        }
+        self.by_base.clear();
+    }
+}

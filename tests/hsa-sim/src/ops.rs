@@ -1,0 +1,183 @@
+//! The op catalogue: exactly the ops and element types the executor implements. The compiler's
+//! `capabilities` output and its request validation are generated from this table.
+
+use serde::{Deserialize, Serialize};
+
+/// Element types of tensor descriptors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    F16,
+    Bf16,
+    I8,
+    I16,
+    I32,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::Bf16 | DType::I16 => 2,
+            DType::I8 => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+            DType::I8 => "i8",
+            DType::I16 => "i16",
+            DType::I32 => "i32",
+        }
+    }
+
+    /// Types the executor computes with (in f32, rounding on store).
+    pub fn is_supported(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::Bf16)
+    }
+}
+
+/// Element-wise binary ops (ggml broadcasting of src1 over src0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+/// Element-wise unary ops (ggml's GGML_OP_UNARY kinds plus SQR, SQRT, LOG, SIN, COS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnaryOp {
+    Abs,
+    Sgn,
+    Neg,
+    Step,
+    Tanh,
+    Elu,
+    Relu,
+    Sigmoid,
+    Gelu,
+    GeluQuick,
+    Silu,
+    Hardswish,
+    Hardsigmoid,
+    Exp,
+    GeluErf,
+    Floor,
+    Ceil,
+    Round,
+    Trunc,
+    Sqr,
+    Sqrt,
+    Log,
+    Sin,
+    Cos,
+}
+
+/// Every op the executor knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Binary(BinaryOp),
+    Unary(UnaryOp),
+    /// y = s*x + b with s = f32 bits of op_params[0], b = f32 bits of op_params[1].
+    Scale,
+    /// y = max(min(x, hi), lo) with lo = op_params[0], hi = op_params[1] (f32 bits).
+    Clamp,
+}
+
+const BINARY: &[(&str, BinaryOp)] = &[
+    ("ADD", BinaryOp::Add),
+    ("SUB", BinaryOp::Sub),
+    ("MUL", BinaryOp::Mul),
+    ("DIV", BinaryOp::Div),
+];
+
+const UNARY: &[(&str, UnaryOp)] = &[
+    ("ABS", UnaryOp::Abs),
+    ("SGN", UnaryOp::Sgn),
+    ("NEG", UnaryOp::Neg),
+    ("STEP", UnaryOp::Step),
+    ("TANH", UnaryOp::Tanh),
+    ("ELU", UnaryOp::Elu),
+    ("RELU", UnaryOp::Relu),
+    ("SIGMOID", UnaryOp::Sigmoid),
+    ("GELU", UnaryOp::Gelu),
+    ("GELU_QUICK", UnaryOp::GeluQuick),
+    ("SILU", UnaryOp::Silu),
+    ("HARDSWISH", UnaryOp::Hardswish),
+    ("HARDSIGMOID", UnaryOp::Hardsigmoid),
+    ("EXP", UnaryOp::Exp),
+    ("GELU_ERF", UnaryOp::GeluErf),
+    ("FLOOR", UnaryOp::Floor),
+    ("CEIL", UnaryOp::Ceil),
+    ("ROUND", UnaryOp::Round),
+    ("TRUNC", UnaryOp::Trunc),
+    ("SQR", UnaryOp::Sqr),
+    ("SQRT", UnaryOp::Sqrt),
+    ("LOG", UnaryOp::Log),
+    ("SIN", UnaryOp::Sin),
+    ("COS", UnaryOp::Cos),
+];
+
+/// Architectures the compiler targets.
+pub const ARCHS: &[&str] = &["aie2", "aie2p"];
+
+/// Element types every op accepts, for every operand independently.
+pub const TYPES: &[DType] = &[DType::F32, DType::F16, DType::Bf16];
+
+impl Op {
+    pub fn from_name(name: &str) -> Option<Op> {
+        if let Some((_, b)) = BINARY.iter().find(|(n, _)| *n == name) {
+            return Some(Op::Binary(*b));
+        }
+        if let Some((_, u)) = UNARY.iter().find(|(n, _)| *n == name) {
+            return Some(Op::Unary(*u));
+        }
+        match name {
+            "SCALE" => Some(Op::Scale),
+            "CLAMP" => Some(Op::Clamp),
+            _ => None,
+        }
+    }
+
+    /// Number of input tensors.
+    pub fn arity(self) -> usize {
+        match self {
+            Op::Binary(_) => 2,
+            _ => 1,
+        }
+    }
+
+    /// Every op name, in catalogue order.
+    pub fn all_names() -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = BINARY.iter().map(|(n, _)| *n).collect();
+        v.extend(UNARY.iter().map(|(n, _)| *n));
+        v.push("SCALE");
+        v.push("CLAMP");
+        v
+    }
+
+    /// Arithmetic operations per output element (cost-model input).
+    pub fn flops_per_element(self) -> u64 {
+        match self {
+            Op::Binary(_) => 1,
+            Op::Scale | Op::Clamp => 2,
+            Op::Unary(UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::GeluQuick | UnaryOp::Silu) => 8,
+            Op::Unary(_) => 2,
+        }
+    }
+
+    /// What op_params means for this op (for the capabilities listing).
+    pub fn params_doc(self) -> &'static str {
+        match self {
+            Op::Scale => "op_params[0] = scale, op_params[1] = bias (f32 bit patterns); y = scale*x + bias",
+            Op::Clamp => "op_params[0] = min, op_params[1] = max (f32 bit patterns); y = max(min(x, max), min)",
+            _ => "unused",
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! AIE packet ABIs. Each generation is its own module; all of them decode a 64-byte ring slot
+//! into the same [`Command`] (PDI, instruction stream, operands, completion signal), which the
+//! queue then resolves, validates and executes.
+
+pub mod a1;
+pub mod a2;
+pub mod a3;
+pub mod b;
+mod ert;
+
+use crate::agents::Topology;
+use crate::config::PacketAbi;
+use crate::consts::*;
+use crate::memory::MemoryTable;
+
+/// One buffer operand as the packet gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Operand {
+    pub addr: u64,
+    pub size: u64,
+}
+
+/// A decoded START_CU / kernel dispatch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Command {
+    pub pdi_addr: u64,
+    pub insts_addr: u64,
+    /// Instruction stream length in bytes (A packets carry dwords; converted here).
+    pub insts_bytes: u64,
+    /// Inputs in order, then the output.
+    pub operands: Vec<Operand>,
+    /// Completion signal handle, 0 = none (always 0 for A1).
+    pub completion_signal: u64,
+    /// Address of the payload word `data[2]` (A generations), which ROCR overwrites with the
+    /// instruction buffer's device address once the instruction VA has been resolved.
+    pub insts_word_addr: Option<usize>,
+}
+
+/// A packet the selected ABI refuses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PacketError {
+    pub status: Status,
+    pub msg: String,
+}
+
+impl PacketError {
+    pub fn format(msg: impl Into<String>) -> PacketError {
+        PacketError {
+            status: HSA_STATUS_ERROR_INVALID_PACKET_FORMAT,
+            msg: msg.into(),
+        }
+    }
+
+    pub fn allocation(msg: impl Into<String>) -> PacketError {
+        PacketError {
+            status: HSA_STATUS_ERROR_INVALID_ALLOCATION,
+            msg: msg.into(),
+        }
+    }
+}
+
+/// What decoding may read besides the slot: the allocation table and which pools are AIE pools.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeCtx<'a> {
+    pub mem: &'a MemoryTable,
+    pub topo: &'a Topology,
+}
+
+impl DecodeCtx<'_> {
+    /// Copies `[addr, addr+len)` if it lies inside one AIE pool allocation.
+    pub fn read_aie(&self, what: &str, addr: u64, len: usize) -> Result<Vec<u8>, PacketError> {
+        let a = self.mem.lookup_range(addr as usize, len).ok_or_else(|| {
+            PacketError::allocation(format!(
+                "{what} at {addr:#x} ({len} bytes) is not inside a live AIE pool allocation"
+            ))
+        })?;
+        if !self.topo.pools[a.pool].kind.is_aie() {
+            return Err(PacketError::allocation(format!(
+                "{what} at {addr:#x} lies in a CPU-agent allocation; the NPU only reaches AIE pool memory"
+            )));
+        }
+        self.mem
+            .read(addr as usize, len)
+            .ok_or_else(|| PacketError::allocation(format!("{what} at {addr:#x} is unreadable")))
+    }
+}
+
+/// One packet ABI generation.
+pub trait PacketFormat: Send + Sync + std::fmt::Debug {
+    fn abi(&self) -> PacketAbi;
+    /// Decodes and validates one ring slot.
+    fn decode(&self, slot: &[u8; PACKET_SIZE], ctx: &DecodeCtx) -> Result<Command, PacketError>;
+    /// The completion signal field of a slot as this ABI reads it (0 if the ABI has none).
+    fn completion_signal_field(&self, slot: &[u8; PACKET_SIZE]) -> u64;
+    /// `HSA_AMD_SYSTEM_INFO_EXT_VERSION_MINOR` of the ROCR generation (1.x).
+    fn ext_version_minor(&self) -> u16;
+}
+
+/// The format object for a generation.
+pub fn format_for(abi: PacketAbi) -> &'static dyn PacketFormat {
+    match abi {
+        PacketAbi::A1 => &a1::A1,
+        PacketAbi::A2 => &a2::A2,
+        PacketAbi::A3 => &a3::A3,
+        PacketAbi::B => &b::B,
+    }
+}
+
+pub(crate) fn u16_at(b: &[u8], off: usize) -> u16 {
+    u16::from_le_bytes([b[off], b[off + 1]])
+}
+
+pub(crate) fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+pub(crate) fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(w)
+}
