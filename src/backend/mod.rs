@@ -104,7 +104,7 @@ mod tests {
     use super::*;
     use crate::hsa::sys::{hsa_agent_t, HSA_DEVICE_TYPE_CPU, HSA_DEVICE_TYPE_GPU};
 
-    fn agent(handle: u64, name: &str, device_type: i32) -> AgentDesc {
+    fn agent(handle: u64, name: &str, device_type: u32) -> AgentDesc {
         AgentDesc {
             agent: hsa_agent_t { handle },
             name: name.into(),
