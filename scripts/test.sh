@@ -50,6 +50,9 @@ eval "$(scripts/llama-cpp.sh env)"
 check rustfmt cargo fmt --all --check
 check clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 
+# The simulator's runtime and compiler are used by the backend's tests as separate artifacts.
+check "build (workspace)" cargo build --workspace --locked
+
 log "cargo test --workspace --locked"
 test_log=$(mktemp)
 cargo test --workspace --locked 2>&1 | tee "$test_log"

@@ -50,3 +50,24 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("create scratch dir");
     dir
 }
+
+/// A build output of the hsa-sim workspace member (`libhsa_runtime64.so`, `hsa-sim-compile`),
+/// preferring the copy cargo refreshed for this run (`deps/`) over the uplifted one.
+pub fn sim_artifact(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps dir");
+    let candidates = [
+        deps.join(name),
+        deps.parent().expect("profile dir").join(name),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} is missing next to {}: build the simulator first (cargo build --workspace)",
+                deps.display()
+            )
+        })
+}
