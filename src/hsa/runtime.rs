@@ -18,6 +18,8 @@ use super::sys::*;
 #[derive(Debug)]
 pub struct Runtime {
     api: HsaApi,
+    /// System timestamp ticks per millisecond, for wait hints (read once at open).
+    pub(super) ticks_per_ms: u64,
 }
 
 /// What an agent reports about itself.
@@ -46,12 +48,36 @@ impl Runtime {
         // SAFETY: the library was found by the HSA search and is never unloaded (ManuallyDrop,
         // kept for the process lifetime by the caller's static).
         let api = unsafe { HsaApi::resolve(&library, &path) }?;
-        let runtime = Runtime { api };
+        let mut runtime = Runtime {
+            api,
+            ticks_per_ms: 0,
+        };
         // SAFETY: hsa_init takes no arguments; it is reference counted and safe to call once per
         // process here.
         let status = unsafe { (runtime.api.hsa_init)() };
         runtime.check("hsa_init", status)?;
+        runtime.ticks_per_ms = runtime.query_ticks_per_ms();
         Ok(runtime)
+    }
+
+    /// System timestamp ticks per millisecond; 1 ms at 1 GHz when the runtime cannot say.
+    fn query_ticks_per_ms(&self) -> u64 {
+        let Some(get_info) = self.api.hsa_system_get_info else {
+            return 1_000_000;
+        };
+        let mut freq: u64 = 0;
+        // SAFETY: HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY writes one u64.
+        let rc = unsafe {
+            get_info(
+                HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY,
+                (&mut freq as *mut u64).cast(),
+            )
+        };
+        if rc == HSA_STATUS_SUCCESS && freq >= 1000 {
+            freq / 1000
+        } else {
+            1_000_000
+        }
     }
 
     /// The library the runtime was loaded from.

@@ -37,7 +37,7 @@ impl Signal {
         timeout: Duration,
     ) -> Result<(), hsa_signal_value_t> {
         let deadline = Instant::now() + timeout;
-        let slice_ticks = self.runtime.ticks_per_ms();
+        let slice_ticks = self.runtime.ticks_per_ms;
         loop {
             // SAFETY: the handle is a live signal of this runtime.
             let seen = unsafe {
@@ -78,26 +78,6 @@ impl Runtime {
             runtime: self,
             handle,
         })
-    }
-
-    /// System timestamp ticks per millisecond (for wait hints); 1 ms at 1 GHz when unknown.
-    fn ticks_per_ms(&self) -> u64 {
-        let Some(get_info) = self.api().hsa_system_get_info else {
-            return 1_000_000;
-        };
-        let mut freq: u64 = 0;
-        // SAFETY: HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY writes one u64.
-        let rc = unsafe {
-            get_info(
-                HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY,
-                (&mut freq as *mut u64).cast(),
-            )
-        };
-        if rc == HSA_STATUS_SUCCESS && freq >= 1000 {
-            freq / 1000
-        } else {
-            1_000_000
-        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! hsa_iterate_agents, hsa_agent_get_info.
 
-use super::{put, put_str, with_rt, HsaAgent};
+use super::{put, put_str, visit_each, with_rt, HsaAgent};
 use crate::consts::*;
 use crate::runtime;
 use std::ffi::c_void;
@@ -21,15 +21,8 @@ pub unsafe extern "C" fn hsa_iterate_agents(
             return HSA_STATUS_ERROR_INVALID_ARGUMENT;
         };
         let handles: Vec<u64> = rt.topo.agents.iter().map(|a| a.handle).collect();
-        for h in handles {
-            // SAFETY: cb is the client's callback with the documented signature; no runtime
-            // lock is held while it runs.
-            let s = unsafe { cb(HsaAgent { handle: h }, data) };
-            if s != HSA_STATUS_SUCCESS {
-                return s;
-            }
-        }
-        HSA_STATUS_SUCCESS
+        // SAFETY: cb is the client's callback with the documented signature.
+        unsafe { visit_each(handles, |handle| HsaAgent { handle }, cb, data) }
     })
 }
 

@@ -1,6 +1,6 @@
 //! Memory pools: iterate, get_info, allocate, free, allow_access.
 
-use super::{agent::agent_index, put, with_rt, HsaAgent, HsaPool};
+use super::{agent::agent_index, put, visit_each, with_rt, HsaAgent, HsaPool};
 use crate::consts::*;
 use std::ffi::c_void;
 
@@ -27,15 +27,8 @@ pub unsafe extern "C" fn hsa_amd_agent_iterate_memory_pools(
             .iter()
             .map(|&p| rt.topo.pools[p].handle)
             .collect();
-        for h in handles {
-            // SAFETY: cb is the client's callback with the documented signature; no runtime
-            // lock is held while it runs.
-            let s = unsafe { cb(HsaPool { handle: h }, data) };
-            if s != HSA_STATUS_SUCCESS {
-                return s;
-            }
-        }
-        HSA_STATUS_SUCCESS
+        // SAFETY: cb is the client's callback with the documented signature.
+        unsafe { visit_each(handles, |handle| HsaPool { handle }, cb, data) }
     })
 }
 

@@ -52,6 +52,28 @@ pub(crate) fn with_rt(f: impl FnOnce(&Runtime) -> Status) -> Status {
     })
 }
 
+/// Hands each handle to the client's iteration callback, as `hsa_iterate_agents` and
+/// `hsa_amd_agent_iterate_memory_pools` do: a status other than SUCCESS stops the walk and is
+/// returned.
+///
+/// # Safety
+/// `cb` must be the client's callback of that signature and `data` its user pointer.
+pub(crate) unsafe fn visit_each<H>(
+    handles: Vec<u64>,
+    wrap: fn(u64) -> H,
+    cb: unsafe extern "C" fn(H, *mut c_void) -> Status,
+    data: *mut c_void,
+) -> Status {
+    for h in handles {
+        // SAFETY: guaranteed by the caller; no runtime lock is held while the callback runs.
+        let s = unsafe { cb(wrap(h), data) };
+        if s != HSA_STATUS_SUCCESS {
+            return s;
+        }
+    }
+    HSA_STATUS_SUCCESS
+}
+
 /// Writes `v` to the client's attribute storage.
 ///
 /// # Safety
