@@ -6,6 +6,8 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use crate::hsa::packet::PacketAbi;
+
 /// The most devices the backend exposes (`GGML_HSA_MAX_DEVICES` in `ggml-hsa.h`).
 pub const MAX_DEVICES: usize = 16;
 
@@ -17,8 +19,33 @@ pub struct Config {
     pub libhsa_path: Option<PathBuf>,
     /// `GGML_HSA_MAX_DEVICES`: how many NPUs to expose, 1..=16. Default 16.
     pub max_devices: usize,
+    /// `GGML_HSA_PACKET_ABI`: the AIE packet generation to speak; `None` (`auto`, the default)
+    /// probes the runtime.
+    pub packet_abi: Option<PacketAbi>,
+    /// `GGML_HSA_KERNEL_DIR`: precompiled kernels (`<dir>/<arch>/<name>.pdi`), searched first.
+    pub kernel_dir: Option<PathBuf>,
+    /// Where JIT-compiled kernels are cached: `GGML_HSA_KERNEL_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/ggml`, else `$HOME/.cache/ggml`, else `/tmp/ggml/ggml-hsa`.
+    pub cache_dir: PathBuf,
+    /// The JIT compiler's command line (`GGML_HSA_JIT_COMPILER`, default
+    /// [`DEFAULT_JIT_COMPILER`]); `None` when JIT compilation was disabled at build time.
+    pub jit_compiler: Option<String>,
+    /// `GGML_HSA_JIT_VERBOSE`: log the compiler's output for every compile.
+    pub jit_verbose: bool,
     /// What was wrong with the environment, to be logged once.
     pub warnings: Vec<String>,
+}
+
+/// The kernel compiler used when `GGML_HSA_JIT_COMPILER` is unset: the project's IRON package.
+pub const DEFAULT_JIT_COMPILER: &str = "python3 -m ggml_hsa_iron";
+
+/// Whether this build may compile kernels at run time (CMake `GGML_HSA_JIT_COMPILE`, passed to
+/// cargo as the environment variable of the same name; on unless it is `OFF`/`0`/`false`/`no`).
+pub fn jit_enabled_at_build() -> bool {
+    !matches!(
+        option_env!("GGML_HSA_JIT_COMPILE").map(parse_bool),
+        Some(Some(false))
+    )
 }
 
 /// `1`, `true`, `yes`, `on` (any case) are true; `0`, `false`, `no`, `off` and the empty string are
@@ -65,10 +92,64 @@ impl Config {
             },
         };
 
+        let mut flag = |name: &str| match lookup(name) {
+            None => false,
+            Some(v) => parse_bool(&v).unwrap_or_else(|| {
+                warnings.push(format!(
+                    "{name}={v:?} is not a boolean (1/true/yes/on or 0/false/no/off); using off"
+                ));
+                false
+            }),
+        };
+        let jit_verbose = flag("GGML_HSA_JIT_VERBOSE");
+
+        let packet_abi = match lookup("GGML_HSA_PACKET_ABI") {
+            None => None,
+            Some(v) if v.trim().is_empty() || v.trim().eq_ignore_ascii_case("auto") => None,
+            Some(v) => match v.parse::<PacketAbi>() {
+                Ok(abi) => Some(abi),
+                Err(e) => {
+                    warnings.push(format!("GGML_HSA_PACKET_ABI: {e}; using auto"));
+                    None
+                }
+            },
+        };
+
+        let kernel_dir = lookup("GGML_HSA_KERNEL_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .filter(|dir| {
+                let ok = dir.is_dir();
+                if !ok {
+                    warnings.push(format!(
+                        "GGML_HSA_KERNEL_DIR={} is not a directory; no precompiled kernels are used",
+                        dir.display()
+                    ));
+                }
+                ok
+            });
+
+        let non_empty = |name: &str| lookup(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let cache_dir = non_empty("GGML_HSA_KERNEL_CACHE_DIR")
+            .or_else(|| non_empty("XDG_CACHE_HOME").map(|d| d.join("ggml")))
+            .or_else(|| non_empty("HOME").map(|d| d.join(".cache").join("ggml")))
+            .unwrap_or_else(|| PathBuf::from("/tmp/ggml/ggml-hsa"));
+
+        let jit_compiler = jit_enabled_at_build().then(|| {
+            lookup("GGML_HSA_JIT_COMPILER")
+                .filter(|v| !v.trim().is_empty())
+                .unwrap_or_else(|| DEFAULT_JIT_COMPILER.to_owned())
+        });
+
         Config {
             enable_log,
             libhsa_path,
             max_devices,
+            packet_abi,
+            kernel_dir,
+            cache_dir,
+            jit_compiler,
+            jit_verbose,
             warnings,
         }
     }
@@ -110,7 +191,49 @@ mod tests {
         assert_eq!(c.enable_log, cfg!(debug_assertions));
         assert_eq!(c.libhsa_path, None);
         assert_eq!(c.max_devices, MAX_DEVICES);
+        assert_eq!(c.packet_abi, None);
+        assert_eq!(c.kernel_dir, None);
+        assert_eq!(c.cache_dir, PathBuf::from("/tmp/ggml/ggml-hsa"));
+        assert_eq!(c.jit_compiler.as_deref(), Some(DEFAULT_JIT_COMPILER));
+        assert!(!c.jit_verbose);
         assert!(c.warnings.is_empty());
+    }
+
+    #[test]
+    fn kernel_locations_and_packet_abi() {
+        let c = config(&[
+            ("HOME", "/home/u"),
+            ("GGML_HSA_PACKET_ABI", "B"),
+            ("GGML_HSA_JIT_COMPILER", "/x/cc --flag"),
+            ("GGML_HSA_JIT_VERBOSE", "yes"),
+            ("GGML_HSA_KERNEL_DIR", "/"),
+        ]);
+        assert_eq!(c.packet_abi, Some(PacketAbi::B));
+        assert_eq!(c.cache_dir, PathBuf::from("/home/u/.cache/ggml"));
+        assert_eq!(c.jit_compiler.as_deref(), Some("/x/cc --flag"));
+        assert!(c.jit_verbose);
+        assert_eq!(c.kernel_dir, Some(PathBuf::from("/")));
+        let c = config(&[("HOME", "/home/u"), ("XDG_CACHE_HOME", "/xdg")]);
+        assert_eq!(c.cache_dir, PathBuf::from("/xdg/ggml"));
+        let c = config(&[
+            ("XDG_CACHE_HOME", "/xdg"),
+            ("GGML_HSA_KERNEL_CACHE_DIR", "/k"),
+        ]);
+        assert_eq!(c.cache_dir, PathBuf::from("/k"));
+        assert_eq!(config(&[("GGML_HSA_PACKET_ABI", "Auto")]).packet_abi, None);
+    }
+
+    #[test]
+    fn bad_kernel_settings_warn() {
+        let c = config(&[
+            ("GGML_HSA_PACKET_ABI", "c"),
+            ("GGML_HSA_KERNEL_DIR", "/nonexistent/kernels"),
+            ("GGML_HSA_JIT_VERBOSE", "very"),
+        ]);
+        assert_eq!(c.packet_abi, None);
+        assert_eq!(c.kernel_dir, None);
+        assert_eq!(c.warnings.len(), 3, "{:?}", c.warnings);
+        assert!(c.warnings.iter().any(|w| w.contains("not a directory")));
     }
 
     #[test]

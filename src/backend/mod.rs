@@ -1,8 +1,15 @@
-//! Safe Rust above the HSA layer: which NPUs this process can use, and (as device support lands)
-//! the devices, buffers and streams ggml drives.
+//! Safe Rust above the HSA layer: the NPUs this process uses ([`Platform`]), each one a
+//! [`Device`] with its pools and kernels, and the [`Stream`]s that execute graphs on them.
+
+pub mod device;
+pub mod stream;
+
+pub use device::Device;
+pub use stream::{HostMemory, Stream};
 
 use crate::config::Config;
-use crate::hsa::{self, sys::HSA_DEVICE_TYPE_AIE, AgentDesc};
+use crate::hsa::packet::PacketAbi;
+use crate::hsa::{self, sys::HSA_DEVICE_TYPE_AIE, AgentDesc, Runtime};
 use crate::kernels::Arch;
 
 /// An NPU agent the backend can drive.
@@ -15,8 +22,10 @@ pub struct Npu {
 /// What discovery found, once per process.
 #[derive(Debug)]
 pub struct Platform {
-    /// Usable NPUs, at most `GGML_HSA_MAX_DEVICES`.
-    pub npus: Vec<Npu>,
+    /// The devices exposed to ggml (`HSA0`, ...), at most `GGML_HSA_MAX_DEVICES`.
+    pub devices: Vec<Device>,
+    /// The packet ABI the devices speak, and how it was chosen.
+    pub packet_abi: Option<(PacketAbi, String)>,
     /// Why the backend has no device, when it has none.
     pub unavailable: Option<String>,
     /// Things worth a warning (skipped agents, bad environment values).
@@ -24,51 +33,78 @@ pub struct Platform {
 }
 
 impl Platform {
-    /// Loads the HSA runtime named by `config` (or found by the default search) and lists its NPUs.
+    /// Loads the HSA runtime named by `config` (or found by the default search) and opens its
+    /// NPUs.
     pub fn discover(config: &Config) -> Platform {
-        let mut warnings = config.warnings.clone();
-        let agents = hsa::runtime::get(config.libhsa_path.as_deref())
-            .map_err(ToString::to_string)
-            .and_then(|rt| rt.agents().map_err(|e| e.to_string()));
-        let (npus, unavailable) = match agents {
-            Err(reason) => (Vec::new(), Some(reason)),
-            Ok(agents) => {
-                let (npus, skipped) = select_npus(&agents, config.max_devices);
-                warnings.extend(skipped);
-                let unavailable = if npus.is_empty() {
-                    Some(format!(
-                        "the HSA runtime reports no AIE agent named aie2 or aie2p ({} agent(s): {})",
-                        agents.len(),
-                        agents
-                            .iter()
-                            .map(|a| a.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                } else {
-                    Some(format!(
-                        "found {} NPU(s) ({}), but device support is not implemented in this \
-                         build yet",
-                        npus.len(),
-                        npus.iter()
-                            .map(|n| n.arch.name())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                };
-                (npus, unavailable)
+        let mut platform = Platform {
+            devices: Vec::new(),
+            packet_abi: None,
+            unavailable: None,
+            warnings: config.warnings.clone(),
+        };
+        let runtime = match hsa::runtime::get(config.libhsa_path.as_deref()) {
+            Ok(rt) => rt,
+            Err(e) => {
+                platform.unavailable = Some(e.to_string());
+                return platform;
             }
         };
-        Platform {
-            npus,
-            unavailable,
-            warnings,
+        let agents = match runtime.agents() {
+            Ok(agents) => agents,
+            Err(e) => {
+                platform.unavailable = Some(e.to_string());
+                return platform;
+            }
+        };
+        let (npus, skipped) = select_npus(&agents, config.max_devices);
+        platform.warnings.extend(skipped);
+        if npus.is_empty() {
+            platform.unavailable = Some(format!(
+                "the HSA runtime {} reports no AIE agent named aie2 or aie2p ({} agent(s): {})",
+                runtime.library().display(),
+                agents.len(),
+                agents
+                    .iter()
+                    .map(|a| a.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            return platform;
         }
+        let (abi, why) = choose_packet_abi(runtime, config);
+        for npu in npus {
+            let index = platform.devices.len();
+            match Device::open(index, npu, runtime, abi, config) {
+                Ok(device) => platform.devices.push(device),
+                Err(e) => platform.warnings.push(format!("skipping an NPU: {e}")),
+            }
+        }
+        if platform.devices.is_empty() {
+            platform.unavailable = Some("no NPU could be opened (see the warnings above)".into());
+        }
+        platform.packet_abi = Some((abi, why));
+        platform
     }
 
-    /// Devices exposed to ggml. None yet: this build discovers NPUs but cannot drive them.
+    /// Devices exposed to ggml.
     pub fn device_count(&self) -> usize {
-        0
+        self.devices.len()
+    }
+}
+
+/// The packet ABI from `GGML_HSA_PACKET_ABI`, or probed (`auto`), with a note of how it was chosen.
+fn choose_packet_abi(runtime: &Runtime, config: &Config) -> (PacketAbi, String) {
+    match config.packet_abi {
+        Some(abi) => (abi, "set by GGML_HSA_PACKET_ABI".into()),
+        None => {
+            let minor = runtime.interface_minor();
+            let abi = PacketAbi::from_interface_minor(minor);
+            let why = match minor {
+                Some(m) => format!("auto: the runtime reports AMD interface minor version {m}"),
+                None => "auto: the runtime does not report its interface version".into(),
+            };
+            (abi, why)
+        }
     }
 }
 

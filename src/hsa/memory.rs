@@ -105,6 +105,61 @@ impl PoolAlloc {
         // SAFETY: as above, and `&mut self` makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.size) }
     }
+
+    fn check_range(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(OutOfBounds {
+                offset,
+                len,
+                size: self.size,
+            }),
+        }
+    }
+
+    /// Copies `data` to `offset`. Shared access: callers that write overlapping ranges from
+    /// several threads at once get unspecified bytes, as with any shared device memory.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
+        self.check_range(offset, data.len())?;
+        // SAFETY: the range lies inside the allocation (checked above); `data` is a separate Rust
+        // slice, so the regions do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        };
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes from `offset` into `out`.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<(), OutOfBounds> {
+        self.check_range(offset, out.len())?;
+        // SAFETY: the range lies inside the allocation (checked above); `out` is a separate Rust
+        // slice, so the regions do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Sets `len` bytes from `offset` to `value`.
+    pub fn fill_at(&self, offset: usize, len: usize, value: u8) -> Result<(), OutOfBounds> {
+        self.check_range(offset, len)?;
+        // SAFETY: the range lies inside the allocation (checked above).
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(offset), value, len) };
+        Ok(())
+    }
+}
+
+/// An access outside an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{len} bytes at offset {offset} are outside the {size}-byte allocation")]
+pub struct OutOfBounds {
+    pub offset: usize,
+    pub len: usize,
+    pub size: usize,
 }
 
 impl Drop for PoolAlloc {

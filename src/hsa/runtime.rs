@@ -80,6 +80,22 @@ impl Runtime {
         }
     }
 
+    /// `HSA_AMD_INTERFACE_VERSION_MINOR` of the runtime (`hsa_system_get_info(0x208)`, a
+    /// `uint16_t`), or `None` when the runtime does not say.
+    pub fn interface_minor(&self) -> Option<u16> {
+        let get_info = self.api.hsa_system_get_info?;
+        // 8 zeroed bytes: older runtimes write 16 bits, a careless one might write more.
+        let mut value: u64 = 0;
+        // SAFETY: the attribute writes a uint16_t; `value` has room for 8 bytes.
+        let rc = unsafe {
+            get_info(
+                HSA_AMD_SYSTEM_INFO_EXT_VERSION_MINOR,
+                (&mut value as *mut u64).cast(),
+            )
+        };
+        (rc == HSA_STATUS_SUCCESS).then_some(value as u16)
+    }
+
     /// The library the runtime was loaded from.
     pub fn library(&self) -> &Path {
         &self.api.library

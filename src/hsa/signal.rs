@@ -29,13 +29,37 @@ impl Signal {
     }
 
     /// Waits until the value equals `value` or `timeout` passes; returns the last value seen.
-    /// The runtime's wait may return early (the HSA spec allows it), hence the loop, and its
-    /// timeout is only a hint, hence the deadline kept here.
     pub fn wait_eq(
         &self,
         value: hsa_signal_value_t,
         timeout: Duration,
     ) -> Result<(), hsa_signal_value_t> {
+        self.wait(HSA_SIGNAL_CONDITION_EQ, value, timeout)
+            .map(|_| ())
+    }
+
+    /// Waits until the value drops below `value` (a completion count reaching 0, or the -1 a
+    /// runtime stores on error) or `timeout` passes. Returns the value seen.
+    pub fn wait_below(
+        &self,
+        value: hsa_signal_value_t,
+        timeout: Duration,
+    ) -> Result<hsa_signal_value_t, hsa_signal_value_t> {
+        self.wait(HSA_SIGNAL_CONDITION_LT, value, timeout)
+    }
+
+    /// The runtime's wait may return early (the HSA spec allows it), hence the loop, and its
+    /// timeout is only a hint, hence the deadline kept here.
+    fn wait(
+        &self,
+        condition: hsa_signal_condition_t,
+        value: hsa_signal_value_t,
+        timeout: Duration,
+    ) -> Result<hsa_signal_value_t, hsa_signal_value_t> {
+        let met = |seen: hsa_signal_value_t| match condition {
+            HSA_SIGNAL_CONDITION_LT => seen < value,
+            _ => seen == value,
+        };
         let deadline = Instant::now() + timeout;
         let slice_ticks = self.runtime.ticks_per_ms;
         loop {
@@ -43,14 +67,14 @@ impl Signal {
             let seen = unsafe {
                 (self.runtime.api().hsa_signal_wait_scacquire)(
                     self.handle,
-                    HSA_SIGNAL_CONDITION_EQ,
+                    condition,
                     value,
                     slice_ticks,
                     HSA_WAIT_STATE_BLOCKED,
                 )
             };
-            if seen == value {
-                return Ok(());
+            if met(seen) {
+                return Ok(seen);
             }
             if Instant::now() >= deadline {
                 return Err(seen);

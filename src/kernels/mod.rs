@@ -4,7 +4,15 @@
 //! Kernel files live under `<root>/<arch>/`, so the architecture is the first thing the store
 //! knows about a device.
 
+pub mod compiler;
+pub mod desc;
+pub mod store;
+
 use std::fmt;
+
+pub use compiler::{Capabilities, Compiler};
+pub use desc::{KernelDesc, Layout};
+pub use store::{KernelError, KernelFiles, KernelStore};
 
 /// An NPU architecture, as an HSA AIE agent names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,6 +1,14 @@
 //! Per-op planning: which ggml ops and type/layout combinations a device runs, and the tensor
-//! transforms (type conversion, making layouts contiguous, flattening element-wise ops) that map a
-//! ggml node onto a kernel. Nothing here touches ggml pointers; it works on descriptors copied out
-//! by `ffi`.
+//! transforms (flattening element-wise ops, choosing host-side copies) that map a ggml node onto a
+//! kernel. Nothing here touches ggml pointers; it works on descriptors copied out by `ffi`.
 //!
-//! This build has no device support yet, so no op is planned (see README, "Status").
+//! * [`tensor`]: the descriptors (types, tensors, ops, nodes).
+//! * [`plan`]: the support rules and the plan of one node.
+//! * [`host`]: the ops that run on the host (type-converting copies).
+
+pub mod host;
+pub mod plan;
+pub mod tensor;
+
+pub use plan::{plan, Plan};
+pub use tensor::{BinaryOp, DType, Memory, Node, Op, Tensor, UnaryOp};

@@ -44,6 +44,26 @@ impl PacketAbi {
         }
     }
 
+    /// The generation `auto` picks for a runtime reporting `HSA_AMD_INTERFACE_VERSION_MINOR` =
+    /// `minor` (`None`: the runtime does not report it). The runtime has no query for its AIE
+    /// packet ABI; this mapping is inferred from the ROCR versions studied (minor 11 spoke A1, 20
+    /// A3, 21 the 64-byte dispatch packet B; A2 lies between 11 and 20) and is documented as such:
+    ///
+    /// | minor | ABI |
+    /// |---|---|
+    /// | unknown or ≤ 11 | `a1` |
+    /// | 12 to 19 | `a2` |
+    /// | 20 | `a3` |
+    /// | ≥ 21 | `b` |
+    pub fn from_interface_minor(minor: Option<u16>) -> PacketAbi {
+        match minor {
+            None | Some(0..=11) => PacketAbi::A1,
+            Some(12..=19) => PacketAbi::A2,
+            Some(20) => PacketAbi::A3,
+            Some(_) => PacketAbi::B,
+        }
+    }
+
     /// The encoder of this generation.
     pub fn format(self) -> &'static dyn PacketFormat {
         match self {
@@ -136,5 +156,16 @@ mod tests {
             assert_eq!(abi.format().abi(), abi);
         }
         assert!("c".parse::<PacketAbi>().unwrap_err().contains("\"c\""));
+    }
+
+    #[test]
+    fn auto_maps_the_interface_version() {
+        let pick = PacketAbi::from_interface_minor;
+        assert_eq!(pick(None), PacketAbi::A1);
+        assert_eq!(pick(Some(11)), PacketAbi::A1);
+        assert_eq!(pick(Some(12)), PacketAbi::A2);
+        assert_eq!(pick(Some(20)), PacketAbi::A3);
+        assert_eq!(pick(Some(21)), PacketAbi::B);
+        assert_eq!(pick(Some(30)), PacketAbi::B);
     }
 }

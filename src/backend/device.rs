@@ -1,0 +1,169 @@
+//! One NPU as a ggml device: its pools, packet ABI, kernel store and the kernels loaded into its
+//! dev heap.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::Npu;
+use crate::config::Config;
+use crate::hsa::memory::{select_pools, AgentPools, PoolAlloc};
+use crate::hsa::packet::PacketAbi;
+use crate::hsa::{HsaError, Runtime};
+use crate::kernels::{Compiler, KernelDesc, KernelStore};
+use crate::ops::{self, Node, Plan};
+
+/// Tensor alignment inside a buffer. The NPU's DMA engines address 32-bit words; 64 bytes keeps
+/// every tensor on its own cache line without wasting much on small tensors.
+pub const TENSOR_ALIGNMENT: usize = 64;
+
+/// A kernel resident in the device's dev heap.
+#[derive(Debug)]
+pub struct LoadedKernel {
+    pub name: String,
+    pub pdi: PoolAlloc,
+    pub insts: PoolAlloc,
+    /// Length of the instruction stream (the allocation may be rounded up).
+    pub insts_bytes: u64,
+}
+
+/// Why a device operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error(transparent)]
+    Hsa(#[from] HsaError),
+    #[error(transparent)]
+    Kernel(#[from] crate::kernels::KernelError),
+    #[error("kernel {name}: {reason}")]
+    KernelLoad { name: String, reason: String },
+}
+
+/// An NPU the backend drives.
+#[derive(Debug)]
+pub struct Device {
+    pub index: usize,
+    /// `HSA0`, `HSA1`, ...
+    pub name: String,
+    pub npu: Npu,
+    pub packet_abi: PacketAbi,
+    pub(crate) runtime: &'static Runtime,
+    pub(crate) pools: AgentPools,
+    store: KernelStore,
+    loaded: Mutex<HashMap<String, Arc<LoadedKernel>>>,
+}
+
+impl Device {
+    /// Opens device `index` on `npu`: finds its pools and sets up its kernel store.
+    pub fn open(
+        index: usize,
+        npu: Npu,
+        runtime: &'static Runtime,
+        packet_abi: PacketAbi,
+        config: &Config,
+    ) -> Result<Device, String> {
+        let pools = runtime
+            .pools(npu.agent.agent)
+            .map_err(|e| e.to_string())
+            .and_then(|p| select_pools(&p))
+            .map_err(|e| format!("agent '{}': {e}", npu.agent.name))?;
+        let store = KernelStore::new(
+            npu.arch,
+            config.kernel_dir.clone(),
+            config.cache_dir.clone(),
+            config.jit_compiler.as_deref().and_then(Compiler::new),
+            config.jit_verbose,
+        );
+        Ok(Device {
+            index,
+            name: format!("HSA{index}"),
+            npu,
+            packet_abi,
+            runtime,
+            pools,
+            store,
+            loaded: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The agent's name (`aie2`, `aie2p`): the device description.
+    pub fn description(&self) -> &str {
+        &self.npu.agent.name
+    }
+
+    /// Free and total bytes for tensors. The data pool is system memory shared with the host, so
+    /// the total is the pool size the runtime reports and the free part is bounded by what the
+    /// system has available now.
+    pub fn memory(&self) -> (usize, usize) {
+        let total = self.pools.data.size;
+        let free = available_system_memory().map_or(total, |avail| avail.min(total));
+        (free, total)
+    }
+
+    /// The largest single buffer.
+    pub fn max_buffer_size(&self) -> usize {
+        match self.pools.data.alloc_max {
+            0 => self.pools.data.size,
+            max => max,
+        }
+    }
+
+    /// A tensor buffer of `size` bytes in the data pool.
+    pub fn alloc_buffer(&self, size: usize) -> Result<PoolAlloc, HsaError> {
+        self.runtime.allocate(self.pools.data.pool, size.max(1))
+    }
+
+    /// Whether this device runs `node`. Cheap, and never compiles: the answer comes from the
+    /// op rules and the kernel store (files on disk, the compiler's declared capabilities).
+    pub fn supports(&self, node: &Node) -> Result<(), String> {
+        match ops::plan(node)? {
+            Plan::Skip | Plan::Host(_) => Ok(()),
+            Plan::Kernel { desc, .. } => self.store.supports(&desc),
+        }
+    }
+
+    /// The kernel for `desc`, loading it into the dev heap (and compiling it) on first use.
+    pub fn kernel(&self, desc: &KernelDesc) -> Result<Arc<LoadedKernel>, DeviceError> {
+        let name = desc.canonical_name();
+        if let Some(k) = self.loaded.lock().get(&name) {
+            return Ok(k.clone());
+        }
+        let files = self.store.load(desc)?;
+        let load = |bytes: &[u8]| -> Result<PoolAlloc, DeviceError> {
+            let alloc = self
+                .runtime
+                .allocate(self.pools.dev_heap.pool, bytes.len())?;
+            alloc
+                .write_at(0, bytes)
+                .map_err(|e| DeviceError::KernelLoad {
+                    name: name.clone(),
+                    reason: e.to_string(),
+                })?;
+            Ok(alloc)
+        };
+        let kernel = Arc::new(LoadedKernel {
+            name: name.clone(),
+            pdi: load(&files.pdi)?,
+            insts: load(&files.insts)?,
+            insts_bytes: files.insts.len() as u64,
+        });
+        Ok(self.loaded.lock().entry(name).or_insert(kernel).clone())
+    }
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in bytes.
+fn available_system_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_available_memory_on_linux() {
+        let avail = super::available_system_memory().expect("/proc/meminfo has MemAvailable");
+        assert!(avail > 1 << 20);
+    }
+}

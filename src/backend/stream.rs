@@ -1,0 +1,342 @@
+//! A backend stream: one HSA queue on a device, executing graphs.
+//!
+//! Consecutive kernel nodes are encoded into the queue ring and submitted behind one doorbell (at
+//! most [`MAX_PACKETS_PER_DOORBELL`]); ROCR turns them into one command chain. Host-side nodes run
+//! immediately when they touch nothing a pending kernel reads or writes, and otherwise wait for
+//! the pending batch first, so the device is only waited for where a result is needed.
+//!
+//! ROCR keeps at most [`MAX_PDIS_PER_QUEUE`] distinct PDIs per queue and fails the next one; a
+//! stream about to exceed that submits what it has and starts a fresh queue.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::device::{Device, DeviceError, LoadedKernel};
+use crate::hsa::memory::PoolAlloc;
+use crate::hsa::packet::{Dispatch, Operand};
+use crate::hsa::queue::{Queue, SubmitError, QUEUE_SIZE};
+use crate::hsa::signal::{Signal, DEVICE_TIMEOUT};
+use crate::ops::host::HostOp;
+use crate::ops::{self, Memory, Node, Plan, Tensor};
+
+/// Packets behind one doorbell: half the ring, and below the ~40 commands ROCR fits into one
+/// command chain.
+pub const MAX_PACKETS_PER_DOORBELL: usize = 32;
+/// Distinct PDIs ROCR caches per queue.
+pub const MAX_PDIS_PER_QUEUE: usize = 32;
+/// Operands one kernel may take (inputs plus output).
+pub const MAX_OPERANDS: usize = 8;
+
+const _: () = assert!(MAX_PACKETS_PER_DOORBELL as u32 <= QUEUE_SIZE);
+
+/// Runs host-side ops: implemented by `ffi`, which owns access to ggml's tensor memory.
+pub trait HostMemory {
+    fn run(&mut self, op: &HostOp) -> Result<(), String>;
+}
+
+/// Why a graph failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ComputeError {
+    #[error("node {index} ({op}): {reason}")]
+    Node {
+        index: usize,
+        op: &'static str,
+        reason: String,
+    },
+    #[error("node {index} ({op}): {source}")]
+    Device {
+        index: usize,
+        op: &'static str,
+        source: DeviceError,
+    },
+    #[error("submitting {packets} kernel(s): {source}")]
+    Submit { packets: usize, source: SubmitError },
+    #[error("submitting {packets} kernel(s): {reason}")]
+    Completion { packets: usize, reason: String },
+    #[error("creating a queue: {0}")]
+    Queue(DeviceError),
+}
+
+/// What a stream has done, for logs and benchmarks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StreamStats {
+    pub graphs: u64,
+    pub doorbells: u64,
+    pub packets: u64,
+    pub host_ops: u64,
+    pub queue_rebuilds: u64,
+}
+
+/// A byte range `[start, end)` of a pending kernel's operand.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    start: u64,
+    end: u64,
+    written: bool,
+}
+
+#[derive(Debug)]
+pub struct Stream {
+    device: &'static Device,
+    /// `None` after a failed submission: the next one creates a fresh queue.
+    queue: Option<Queue>,
+    completion: crate::hsa::signal::Signal,
+    args: PoolAlloc,
+    args_stride: usize,
+    resident_pdis: HashSet<u64>,
+    batch: Vec<[u8; 64]>,
+    batch_kernels: Vec<Arc<LoadedKernel>>,
+    pending: Vec<Pending>,
+    stats: StreamStats,
+}
+
+impl Stream {
+    pub fn new(device: &'static Device) -> Result<Stream, DeviceError> {
+        let format = device.packet_abi.format();
+        let args_stride = format.args_bytes(MAX_OPERANDS).next_multiple_of(64);
+        let rt = device.runtime;
+        Ok(Stream {
+            device,
+            queue: Some(rt.queue(device.npu.agent.agent)?),
+            completion: rt.signal(0)?,
+            args: rt.allocate(
+                device.pools.kernarg.pool,
+                args_stride * MAX_PACKETS_PER_DOORBELL,
+            )?,
+            args_stride,
+            resident_pdis: HashSet::new(),
+            batch: Vec::new(),
+            batch_kernels: Vec::new(),
+            pending: Vec::new(),
+            stats: StreamStats::default(),
+        })
+    }
+
+    pub fn device(&self) -> &'static Device {
+        self.device
+    }
+
+    pub fn stats(&self) -> StreamStats {
+        self.stats
+    }
+
+    /// Executes `nodes` in order. On error the graph stops; kernels already submitted have run.
+    pub fn compute(
+        &mut self,
+        nodes: &[Node],
+        host: &mut dyn HostMemory,
+    ) -> Result<(), ComputeError> {
+        self.stats.graphs += 1;
+        let node_error = |index: usize, node: &Node, reason: String| ComputeError::Node {
+            index,
+            op: node.op.name(),
+            reason,
+        };
+        let plans = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| ops::plan(n).map_err(|r| node_error(i, n, r)))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Every kernel is loaded (compiled if need be) before anything runs, so a missing kernel
+        // fails the graph without leaving it half computed.
+        let mut kernels = Vec::with_capacity(plans.len());
+        for (i, plan) in plans.iter().enumerate() {
+            kernels.push(match plan {
+                Plan::Kernel { desc, .. } => {
+                    Some(
+                        self.device
+                            .kernel(desc)
+                            .map_err(|source| ComputeError::Device {
+                                index: i,
+                                op: nodes[i].op.name(),
+                                source,
+                            })?,
+                    )
+                }
+                _ => None,
+            });
+        }
+        let result =
+            plans
+                .iter()
+                .zip(kernels)
+                .enumerate()
+                .try_for_each(|(i, (plan, kernel))| match (plan, kernel) {
+                    (Plan::Kernel { operands, .. }, Some(kernel)) => {
+                        self.enqueue(kernel, operands).map_err(|e| match e {
+                            Enqueue::Submit(e) => e,
+                            Enqueue::Operand(reason) => node_error(i, &nodes[i], reason),
+                        })
+                    }
+                    (Plan::Host(op), _) => self.host(op, host).map_err(|e| match e {
+                        Enqueue::Submit(e) => e,
+                        Enqueue::Operand(reason) => node_error(i, &nodes[i], reason),
+                    }),
+                    _ => Ok(()),
+                });
+        let flushed = self.flush();
+        result.and(flushed)
+    }
+
+    /// Waits for everything submitted. Submissions are synchronous, so only a pending batch can
+    /// be outstanding (and only between nodes of one graph).
+    pub fn synchronize(&mut self) -> Result<(), ComputeError> {
+        self.flush()
+    }
+
+    fn host(&mut self, op: &HostOp, host: &mut dyn HostMemory) -> Result<(), Enqueue> {
+        let (src, dst) = op.tensors();
+        for t in [src, dst] {
+            if matches!(t.memory, Memory::Unallocated) {
+                return Err(Enqueue::Operand(
+                    "a tensor of a host op has no memory".into(),
+                ));
+            }
+        }
+        let hazard = self.pending.iter().any(|p| {
+            let overlaps = |t: &Tensor| t.addr < p.end && p.start < t.addr + t.bytes;
+            (p.written && overlaps(src)) || overlaps(dst)
+        });
+        if hazard {
+            self.flush().map_err(Enqueue::Submit)?;
+        }
+        self.stats.host_ops += 1;
+        host.run(op).map_err(Enqueue::Operand)
+    }
+
+    fn enqueue(&mut self, kernel: Arc<LoadedKernel>, tensors: &[Tensor]) -> Result<(), Enqueue> {
+        if tensors.len() > MAX_OPERANDS {
+            return Err(Enqueue::Operand(format!(
+                "{} operands, at most {MAX_OPERANDS}",
+                tensors.len()
+            )));
+        }
+        if let Some(t) = tensors
+            .iter()
+            .find(|t| !matches!(t.memory, Memory::Device(_)))
+        {
+            return Err(Enqueue::Operand(format!(
+                "an operand is not in NPU memory ({:?}); kernels only reach buffers of this \
+                 backend",
+                t.memory
+            )));
+        }
+        let pdi = kernel.pdi.device_addr();
+        if !self.resident_pdis.contains(&pdi) && self.resident_pdis.len() == MAX_PDIS_PER_QUEUE {
+            // The queue's PDI cache is full: submit what refers to it and start a fresh queue.
+            self.flush().map_err(Enqueue::Submit)?;
+            self.queue = None;
+            self.resident_pdis.clear();
+            self.stats.queue_rebuilds += 1;
+        }
+        let operands: Vec<Operand> = tensors
+            .iter()
+            .map(|t| Operand {
+                addr: t.addr,
+                size: t.bytes,
+            })
+            .collect();
+        let slot = self.batch.len();
+        let stride = self.args_stride;
+        let args_addr = self.args.device_addr() + (slot * stride) as u64;
+        let args = &mut self.args.as_mut_slice()[slot * stride..(slot + 1) * stride];
+        let packet = self
+            .device
+            .packet_abi
+            .format()
+            .encode(
+                &Dispatch {
+                    pdi_addr: pdi,
+                    insts_addr: kernel.insts.device_addr(),
+                    insts_bytes: kernel.insts_bytes,
+                    operands: &operands,
+                },
+                args,
+                args_addr,
+                self.completion.handle(),
+            )
+            .map_err(|e| Enqueue::Operand(format!("kernel {}: {e}", kernel.name)))?;
+        self.resident_pdis.insert(pdi);
+        self.batch.push(packet);
+        self.batch_kernels.push(kernel);
+        let last = tensors.len() - 1;
+        self.pending
+            .extend(tensors.iter().enumerate().map(|(i, t)| Pending {
+                start: t.addr,
+                end: t.addr + t.bytes,
+                written: i == last,
+            }));
+        if self.batch.len() == MAX_PACKETS_PER_DOORBELL {
+            self.flush().map_err(Enqueue::Submit)?;
+        }
+        Ok(())
+    }
+
+    /// Submits the pending batch behind one doorbell and waits for it.
+    fn flush(&mut self) -> Result<(), ComputeError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let packets = self.batch.len();
+        let result = self.submit();
+        self.batch.clear();
+        self.batch_kernels.clear();
+        self.pending.clear();
+        if result.is_err() {
+            // The queue may be in an error state; the next submission gets a fresh one.
+            self.queue = None;
+            self.resident_pdis.clear();
+        }
+        self.stats.doorbells += 1;
+        self.stats.packets += packets as u64;
+        result
+    }
+
+    fn submit(&mut self) -> Result<(), ComputeError> {
+        let packets = self.batch.len();
+        if self.queue.is_none() {
+            let queue = self
+                .device
+                .runtime
+                .queue(self.device.npu.agent.agent)
+                .map_err(|e| ComputeError::Queue(e.into()))?;
+            self.queue = Some(queue);
+        }
+        let queue = self.queue.as_mut().expect("created above");
+        let signals = self.device.packet_abi.format().signals_completion();
+        if signals {
+            self.completion.store(packets as i64);
+        }
+        queue
+            .submit(&self.batch)
+            .map_err(|source| ComputeError::Submit { packets, source })?;
+        if signals {
+            wait_completion(&self.completion, packets)?;
+        }
+        Ok(())
+    }
+}
+
+fn wait_completion(signal: &Signal, packets: usize) -> Result<(), ComputeError> {
+    match signal.wait_below(1, DEVICE_TIMEOUT) {
+        Ok(0) => Ok(()),
+        Ok(value) => Err(ComputeError::Completion {
+            packets,
+            reason: format!("the runtime set the completion signal to {value} (a failed kernel)"),
+        }),
+        Err(value) => Err(ComputeError::Completion {
+            packets,
+            reason: format!(
+                "no completion after {DEVICE_TIMEOUT:?} ({value} kernel(s) still pending)"
+            ),
+        }),
+    }
+}
+
+/// Failure while adding one node to the batch.
+enum Enqueue {
+    /// The node itself cannot run.
+    Operand(String),
+    /// Submitting the batch before it failed.
+    Submit(ComputeError),
+}

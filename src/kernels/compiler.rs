@@ -1,0 +1,244 @@
+//! The JIT kernel compiler: an external program spoken to through a small protocol (protocol 1,
+//! documented in `docs/kernel-compiler-protocol.md`):
+//!
+//! * `<compiler> capabilities` prints one JSON object: the archs, ops and types it compiles;
+//! * `<compiler> compile --request <file.json> --output-dir <dir>` writes `<dir>/<name>.pdi` and
+//!   `<dir>/<name>_insts.bin`; exit 2 means "well-formed but unsupported", anything else non-zero
+//!   is a failure.
+//!
+//! The compiler's output is always captured, so it never reaches the application's stdout; it is
+//! shown in the log when a compile fails (or with `GGML_HSA_JIT_VERBOSE`).
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use serde::Deserialize;
+
+use super::desc::KernelDesc;
+use super::Arch;
+
+/// What the compiler says it can build.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Capabilities {
+    pub protocol: u32,
+    #[serde(default)]
+    pub compiler: String,
+    pub archs: Vec<String>,
+    pub ops: Vec<OpCapability>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct OpCapability {
+    pub op: String,
+    pub inputs: usize,
+    pub types: Vec<String>,
+    /// Whether a second input smaller than the first is repeated over it (ggml broadcasting).
+    #[serde(default)]
+    pub broadcast: bool,
+    /// Whether operands may be strided views.
+    #[serde(default)]
+    pub noncontiguous: bool,
+}
+
+impl Capabilities {
+    pub fn parse(json: &str) -> Result<Capabilities, String> {
+        let caps: Capabilities = serde_json::from_str(json)
+            .map_err(|e| format!("the compiler's capabilities are not valid JSON: {e}"))?;
+        if caps.protocol != 1 {
+            return Err(format!(
+                "the compiler speaks protocol {}, this backend protocol 1",
+                caps.protocol
+            ));
+        }
+        Ok(caps)
+    }
+
+    /// `Ok` when the compiler declares it can build `desc` for `arch`; otherwise why not.
+    pub fn check(&self, arch: Arch, desc: &KernelDesc) -> Result<(), String> {
+        if !self.archs.iter().any(|a| a == arch.name()) {
+            return Err(format!("the compiler does not target {arch}"));
+        }
+        let op = self
+            .ops
+            .iter()
+            .find(|o| o.op == desc.op)
+            .ok_or_else(|| format!("the compiler has no {} kernel", desc.op))?;
+        if op.inputs != desc.inputs.len() {
+            return Err(format!(
+                "{} takes {} inputs in the compiler, {} here",
+                desc.op,
+                op.inputs,
+                desc.inputs.len()
+            ));
+        }
+        for t in desc.inputs.iter().chain([&desc.output]) {
+            if !op.types.contains(&t.dtype) {
+                return Err(format!("{} is not compiled for type {}", desc.op, t.dtype));
+            }
+        }
+        if !op.broadcast && desc.inputs.iter().any(|t| t.ne != desc.output.ne) {
+            return Err(format!("{} kernels do not broadcast", desc.op));
+        }
+        if !op.noncontiguous {
+            let dense = |t: &super::desc::Layout| {
+                super::desc::Layout::contiguous(&t.dtype, t.nb[0], t.ne).nb == t.nb
+            };
+            if !desc.inputs.iter().chain([&desc.output]).all(dense) {
+                return Err(format!("{} kernels need contiguous operands", desc.op));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a compile did not produce a kernel.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompileError {
+    #[error("the compiler cannot build this kernel: {0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The compiler command line (`GGML_HSA_JIT_COMPILER`, split on whitespace).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compiler {
+    pub argv: Vec<String>,
+}
+
+impl Compiler {
+    pub fn new(command_line: &str) -> Option<Compiler> {
+        let argv: Vec<String> = command_line.split_whitespace().map(String::from).collect();
+        (!argv.is_empty()).then_some(Compiler { argv })
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    fn run(&self, cmd: &mut Command) -> Result<Output, String> {
+        cmd.output().map_err(|e| {
+            format!(
+                "cannot run the kernel compiler `{}`: {e}",
+                self.argv.join(" ")
+            )
+        })
+    }
+
+    /// Asks the compiler what it can build.
+    pub fn capabilities(&self) -> Result<Capabilities, String> {
+        let out = self.run(self.command().arg("capabilities"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "`{} capabilities` failed ({}): {}",
+                self.argv.join(" "),
+                out.status,
+                captured(&out)
+            ));
+        }
+        Capabilities::parse(&String::from_utf8_lossy(&out.stdout))
+    }
+
+    /// Compiles the request in `request_file` into `out_dir`. Returns the compiler's captured
+    /// output on success (for verbose logging).
+    pub fn compile(&self, request_file: &Path, out_dir: &Path) -> Result<String, CompileError> {
+        let out = self
+            .run(
+                self.command()
+                    .arg("compile")
+                    .arg("--request")
+                    .arg(request_file)
+                    .arg("--output-dir")
+                    .arg(out_dir),
+            )
+            .map_err(CompileError::Failed)?;
+        let text = captured(&out);
+        match out.status.code() {
+            Some(0) => Ok(text),
+            Some(2) => Err(CompileError::Unsupported(text)),
+            _ => Err(CompileError::Failed(format!(
+                "the kernel compiler failed ({}): {text}",
+                out.status
+            ))),
+        }
+    }
+}
+
+/// The compiler's stdout and stderr, trimmed, as one string.
+fn captured(out: &Output) -> String {
+    let mut text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !err.trim().is_empty() {
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(err.trim());
+    }
+    if text.is_empty() {
+        text.push_str("(no output)");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::desc::Layout;
+    use super::*;
+
+    const CAPS: &str = r#"{"protocol": 1, "compiler": "t", "archs": ["aie2p"], "ops": [
+        {"op": "ADD", "inputs": 2, "types": ["f32", "bf16"], "broadcast": true},
+        {"op": "RELU", "inputs": 1, "types": ["f32"], "noncontiguous": false}]}"#;
+
+    fn desc(op: &str, n_inputs: usize, dtype: &str) -> KernelDesc {
+        let t = Layout::contiguous(dtype, 4, [8, 2, 1, 1]);
+        KernelDesc {
+            op: op.into(),
+            op_params: vec![],
+            inputs: vec![t.clone(); n_inputs],
+            output: t,
+        }
+    }
+
+    #[test]
+    fn declared_ops_types_and_layouts_are_honoured() {
+        let caps = Capabilities::parse(CAPS).unwrap();
+        assert_eq!(caps.check(Arch::Aie2p, &desc("ADD", 2, "f32")), Ok(()));
+        assert!(caps.check(Arch::Aie2, &desc("ADD", 2, "f32")).is_err());
+        assert!(caps.check(Arch::Aie2p, &desc("ADD", 2, "f16")).is_err());
+        assert!(caps.check(Arch::Aie2p, &desc("SUB", 2, "f32")).is_err());
+        assert!(caps.check(Arch::Aie2p, &desc("ADD", 1, "f32")).is_err());
+        let mut relu = desc("RELU", 1, "f32");
+        assert_eq!(caps.check(Arch::Aie2p, &relu), Ok(()));
+        relu.inputs[0].nb = [64, 4, 64, 64];
+        assert!(caps
+            .check(Arch::Aie2p, &relu)
+            .unwrap_err()
+            .contains("contiguous"));
+        let mut bcast = desc("RELU", 1, "f32");
+        bcast.inputs[0].ne = [8, 1, 1, 1];
+        assert!(caps
+            .check(Arch::Aie2p, &bcast)
+            .unwrap_err()
+            .contains("broadcast"));
+    }
+
+    #[test]
+    fn bad_capabilities_are_reported() {
+        assert!(Capabilities::parse("nope").unwrap_err().contains("JSON"));
+        let v2 = CAPS.replace("\"protocol\": 1", "\"protocol\": 2");
+        assert!(Capabilities::parse(&v2).unwrap_err().contains("protocol 2"));
+    }
+
+    #[test]
+    fn a_missing_compiler_is_a_clear_error() {
+        let c = Compiler::new("/nonexistent/ggml-hsa-compiler --x").unwrap();
+        let err = c.capabilities().unwrap_err();
+        assert!(err.contains("/nonexistent/ggml-hsa-compiler --x"), "{err}");
+        assert!(Compiler::new("   ").is_none());
+    }
+}

@@ -1,0 +1,203 @@
+//! Kernel descriptions: what one kernel computes (op, parameters, operand layouts), the compile
+//! request sent to the JIT compiler, and the canonical kernel name derived from it.
+//!
+//! A description is made after the planner's transforms (element-wise ops on contiguous data are
+//! flattened to one dimension), so one kernel serves every shape with the same element count.
+
+use serde::{Deserialize, Serialize};
+
+use super::Arch;
+
+/// One operand of a kernel: element type, elements per dimension and byte strides (ggml's
+/// `ne`/`nb`, dimension 0 first).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Layout {
+    #[serde(rename = "type")]
+    pub dtype: String,
+    pub ne: [i64; 4],
+    pub nb: [u64; 4],
+}
+
+impl Layout {
+    /// A dense row-major layout of `ne` elements of `elem_size` bytes.
+    pub fn contiguous(dtype: &str, elem_size: u64, ne: [i64; 4]) -> Layout {
+        let mut nb = [elem_size; 4];
+        for d in 1..4 {
+            nb[d] = nb[d - 1] * ne[d - 1].max(1) as u64;
+        }
+        Layout {
+            dtype: dtype.to_owned(),
+            ne,
+            nb,
+        }
+    }
+
+    fn is_dense(&self) -> bool {
+        let mut expect = self.nb[0];
+        for d in 0..4 {
+            if self.ne[d] != 1 && self.nb[d] != expect {
+                return false;
+            }
+            expect *= self.ne[d].max(1) as u64;
+        }
+        true
+    }
+
+    /// `f32_8x3` (trailing dimensions of 1 dropped), plus `_s4x64x192x192` for strided layouts.
+    fn name_part(&self) -> String {
+        let dims = self
+            .ne
+            .iter()
+            .rposition(|&n| n != 1)
+            .map_or(1, |last| last + 1);
+        let ne: Vec<String> = self.ne[..dims].iter().map(i64::to_string).collect();
+        let mut part = format!("{}_{}", self.dtype, ne.join("x"));
+        if !self.is_dense() {
+            let nb: Vec<String> = self.nb.iter().map(u64::to_string).collect();
+            part.push_str(&format!("_s{}", nb.join("x")));
+        }
+        part
+    }
+}
+
+/// What one kernel computes. Serialised (with `name` and `arch`) it is the compile request of the
+/// compiler protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KernelDesc {
+    /// The op as the compiler protocol names it: `ADD`, `GELU`, `SCALE`, ...
+    pub op: String,
+    /// ggml's op parameters as i32 words (trailing zeros may be omitted).
+    pub op_params: Vec<i32>,
+    pub inputs: Vec<Layout>,
+    pub output: Layout,
+}
+
+/// Longest canonical name; longer descriptions end in a hash of the full name instead.
+const MAX_NAME: usize = 160;
+
+#[derive(Serialize)]
+struct Request<'a> {
+    name: &'a str,
+    arch: &'a str,
+    op: &'a str,
+    op_params: &'a [i32],
+    inputs: &'a [Layout],
+    output: &'a Layout,
+}
+
+impl KernelDesc {
+    /// The canonical kernel name: `<op>-<input>...-<output>[-p<params>]`, each operand as
+    /// `<type>_<ne0>x<ne1>...` (plus `_s<strides>` when strided), op parameters as hex words with
+    /// trailing zeros dropped. Stable across runs, builds and machines; file-name safe
+    /// (`[a-z0-9_x-]`). Names longer than 160 characters keep their first 143 characters and end
+    /// in `-h` + the FNV-1a-64 hash of the full name.
+    pub fn canonical_name(&self) -> String {
+        let mut parts = vec![self.op.to_ascii_lowercase()];
+        parts.extend(self.inputs.iter().map(Layout::name_part));
+        parts.push(self.output.name_part());
+        let used = self
+            .op_params
+            .iter()
+            .rposition(|&p| p != 0)
+            .map_or(0, |last| last + 1);
+        if used > 0 {
+            let words: Vec<String> = self.op_params[..used]
+                .iter()
+                .map(|p| format!("{:x}", *p as u32))
+                .collect();
+            parts.push(format!("p{}", words.join("_")));
+        }
+        let name = parts.join("-");
+        if name.len() <= MAX_NAME {
+            return name;
+        }
+        let hash = format!("-h{:016x}", fnv1a64(name.as_bytes()));
+        format!("{}{hash}", &name[..MAX_NAME - hash.len()])
+    }
+
+    /// The compile request (protocol 1) for `arch`, as JSON.
+    pub fn request_json(&self, arch: Arch) -> String {
+        let name = self.canonical_name();
+        serde_json::to_string(&Request {
+            name: &name,
+            arch: arch.name(),
+            op: &self.op,
+            op_params: &self.op_params,
+            inputs: &self.inputs,
+            output: &self.output,
+        })
+        .expect("kernel descriptions always serialise")
+    }
+}
+
+/// FNV-1a, 64 bits: a fixed, documented hash (std's hasher may change between Rust releases).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn add(ne: [i64; 4]) -> KernelDesc {
+        let t = Layout::contiguous("f32", 4, ne);
+        KernelDesc {
+            op: "ADD".into(),
+            op_params: vec![],
+            inputs: vec![t.clone(), t.clone()],
+            output: t,
+        }
+    }
+
+    #[test]
+    fn names_are_readable_and_stable() {
+        assert_eq!(
+            add([4096, 1, 1, 1]).canonical_name(),
+            "add-f32_4096-f32_4096-f32_4096"
+        );
+        let mut d = add([8, 3, 1, 1]);
+        d.inputs[1] = Layout::contiguous("bf16", 2, [8, 1, 1, 1]);
+        d.op_params = vec![0x3f80_0000, 0, 0];
+        assert_eq!(d.canonical_name(), "add-f32_8x3-bf16_8-f32_8x3-p3f800000");
+        // A transposed input carries its strides.
+        d.inputs[0].nb = [12, 4, 96, 96];
+        assert_eq!(
+            d.canonical_name(),
+            "add-f32_8x3_s12x4x96x96-bf16_8-f32_8x3-p3f800000"
+        );
+    }
+
+    #[test]
+    fn long_names_end_in_a_hash_and_stay_distinct() {
+        let mut a = add([1, 2, 3, 4]);
+        a.op_params = (1..16).collect();
+        a.inputs.extend(std::iter::repeat_n(a.output.clone(), 12));
+        let mut b = a.clone();
+        b.op_params[14] = 99;
+        let (na, nb) = (a.canonical_name(), b.canonical_name());
+        assert_eq!(na.len(), MAX_NAME);
+        assert_ne!(na, nb);
+        assert!(na.contains("-h"));
+        assert!(na
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"_-".contains(&c)));
+    }
+
+    #[test]
+    fn fnv_matches_the_published_test_vectors() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn the_request_is_the_protocol_json() {
+        let json = add([4, 1, 1, 1]).request_json(Arch::Aie2);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["name"], "add-f32_4-f32_4-f32_4");
+        assert_eq!(v["arch"], "aie2");
+        assert_eq!(v["inputs"][0]["type"], "f32");
+        assert_eq!(v["output"]["nb"][1], 16);
+    }
+}

@@ -1,0 +1,225 @@
+//! The plan of one graph node: nothing to do, a host-side op, or one kernel.
+//!
+//! Rules (what `supports_op` answers before asking the kernel store):
+//! * `NONE`, `VIEW`, `RESHAPE`, `PERMUTE`, `TRANSPOSE` and empty outputs: nothing to compute.
+//! * `DUP`, `CPY`, `CONT`: host-side copies between f32, f16 and bf16 (any layout), or between
+//!   equal types stored one element at a time. The NPU shares system memory, so the host reads
+//!   and writes the tensors in place.
+//! * `ADD`, `SUB`, `MUL`, `DIV`: one kernel; the second input is repeated over the first (ggml
+//!   broadcasting); output shape = first input's shape.
+//! * Unary ops (the seed list plus `SQR`, `SQRT`, `LOG`, `SIN`, `COS`), `SCALE`, `CLAMP`: one
+//!   kernel, output shape = input shape.
+//!
+//! Element-wise kernels on contiguous operands of the same shape are flattened to one dimension,
+//! so one kernel serves every shape with the same number of elements.
+
+use super::host::HostOp;
+use super::tensor::{Node, Op, Tensor};
+use crate::kernels::{KernelDesc, Layout};
+
+/// What a node needs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    /// Nothing to compute (layout-only ops, empty tensors).
+    Skip,
+    /// Runs on the host.
+    Host(HostOp),
+    /// One kernel: its description, and the tensors bound to its operands (inputs in the
+    /// kernel's order, then the output).
+    Kernel {
+        desc: KernelDesc,
+        operands: Vec<Tensor>,
+    },
+}
+
+/// Plans `node`, or says why this backend cannot run it.
+pub fn plan(node: &Node) -> Result<Plan, String> {
+    if matches!(node.op, Op::Layout) || node.dst.is_empty() {
+        return Ok(Plan::Skip);
+    }
+    let src = |i: usize| {
+        node.src
+            .get(i)
+            .ok_or_else(|| format!("{} has no input {i}", node.op.name()))
+    };
+    match node.op {
+        Op::Layout => Ok(Plan::Skip),
+        Op::Dup | Op::Cpy | Op::Cont => HostOp::convert(src(0)?, &node.dst).map(Plan::Host),
+        Op::Binary(op) => {
+            let (a, b) = (src(0)?, src(1)?);
+            if !a.same_shape(&node.dst) {
+                return Err(format!(
+                    "{}: the output shape differs from input 0",
+                    op.name()
+                ));
+            }
+            if !b.can_repeat_to(a) {
+                return Err(format!(
+                    "{}: input 1 cannot be repeated over input 0",
+                    op.name()
+                ));
+            }
+            elementwise(op.name(), Vec::new(), &[a, b], &node.dst)
+        }
+        Op::Unary(op) => {
+            let a = src(0)?;
+            if !a.same_shape(&node.dst) {
+                return Err(format!(
+                    "{}: the output shape differs from the input",
+                    op.name()
+                ));
+            }
+            elementwise(op.name(), Vec::new(), &[a], &node.dst)
+        }
+        // ggml stores (scale, bias) and (min, max) as two f32 bit patterns.
+        Op::Scale | Op::Clamp => {
+            let a = src(0)?;
+            if !a.same_shape(&node.dst) {
+                return Err(format!(
+                    "{}: the output shape differs from the input",
+                    node.op.name()
+                ));
+            }
+            elementwise(
+                node.op.name(),
+                node.op_params[..2].to_vec(),
+                &[a],
+                &node.dst,
+            )
+        }
+        Op::Other(name) => Err(format!("op {name} is not supported by this build")),
+    }
+}
+
+/// One element-wise kernel over `inputs` into `dst`, flattened when every operand is contiguous
+/// and all have the output's shape.
+fn elementwise(
+    op: &str,
+    op_params: Vec<i32>,
+    inputs: &[&Tensor],
+    dst: &Tensor,
+) -> Result<Plan, String> {
+    for t in inputs.iter().copied().chain([dst]) {
+        if t.dtype.size().is_none() {
+            return Err(format!("{op}: type {} is not supported", t.dtype));
+        }
+    }
+    let flat = inputs
+        .iter()
+        .all(|t| t.same_shape(dst) && t.is_contiguous())
+        && dst.is_contiguous();
+    let layout = |t: &Tensor| {
+        let size = t.dtype.size().expect("checked above");
+        if flat {
+            Layout::contiguous(t.dtype.name(), size, [t.nelements(), 1, 1, 1])
+        } else {
+            Layout {
+                dtype: t.dtype.name().to_owned(),
+                ne: t.ne,
+                nb: t.nb,
+            }
+        }
+    };
+    Ok(Plan::Kernel {
+        desc: KernelDesc {
+            op: op.to_owned(),
+            op_params,
+            inputs: inputs.iter().map(|t| layout(t)).collect(),
+            output: layout(dst),
+        },
+        operands: inputs
+            .iter()
+            .map(|&t| t.clone())
+            .chain([dst.clone()])
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tensor::test_util::tensor;
+    use super::super::tensor::{BinaryOp, DType, UnaryOp};
+    use super::*;
+
+    fn node(op: Op, dst: Tensor, src: Vec<Tensor>) -> Node {
+        Node {
+            op,
+            op_params: [0; 16],
+            dst,
+            src,
+        }
+    }
+
+    #[test]
+    fn same_shape_elementwise_ops_are_flattened() {
+        let t = tensor(DType::F32, [8, 3, 2, 1], 0x1000);
+        let n = node(
+            Op::Binary(BinaryOp::Add),
+            t.clone(),
+            vec![t.clone(), t.clone()],
+        );
+        let Plan::Kernel { desc, operands } = plan(&n).unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.canonical_name(), "add-f32_48-f32_48-f32_48");
+        assert_eq!(operands.len(), 3);
+        let mut u = node(Op::Unary(UnaryOp::Gelu), t.clone(), vec![t.clone()]);
+        u.op_params[0] = 7; // ggml's unary op id: not a kernel parameter
+        let Plan::Kernel { desc, .. } = plan(&u).unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.canonical_name(), "gelu-f32_48-f32_48");
+    }
+
+    #[test]
+    fn broadcast_and_views_keep_their_layout() {
+        let a = tensor(DType::F32, [8, 3, 1, 1], 0);
+        let b = tensor(DType::Bf16, [8, 1, 1, 1], 0);
+        let n = node(Op::Binary(BinaryOp::Mul), a.clone(), vec![a.clone(), b]);
+        let Plan::Kernel { desc, .. } = plan(&n).unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.inputs[1].ne, [8, 1, 1, 1]);
+        assert_eq!(desc.inputs[1].dtype, "bf16");
+        let bad = node(
+            Op::Binary(BinaryOp::Mul),
+            a.clone(),
+            vec![a.clone(), tensor(DType::F32, [3, 1, 1, 1], 0)],
+        );
+        assert!(plan(&bad).unwrap_err().contains("repeated"));
+    }
+
+    #[test]
+    fn scale_keeps_its_two_parameters() {
+        let t = tensor(DType::F32, [4, 1, 1, 1], 0);
+        let mut n = node(Op::Scale, t.clone(), vec![t]);
+        n.op_params[0] = 2.0f32.to_bits() as i32;
+        n.op_params[1] = 0.5f32.to_bits() as i32;
+        let Plan::Kernel { desc, .. } = plan(&n).unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.op_params, [0x4000_0000, 0x3f00_0000]);
+    }
+
+    #[test]
+    fn layout_ops_and_empty_outputs_are_skipped_and_unknown_ops_refused() {
+        let t = tensor(DType::F32, [4, 1, 1, 1], 0);
+        assert_eq!(plan(&node(Op::Layout, t.clone(), vec![])), Ok(Plan::Skip));
+        let e = tensor(DType::F32, [0, 4, 1, 1], 0);
+        assert_eq!(
+            plan(&node(Op::Unary(UnaryOp::Exp), e.clone(), vec![e])),
+            Ok(Plan::Skip)
+        );
+        let err = plan(&node(Op::Other("MUL_MAT"), t.clone(), vec![t.clone(), t])).unwrap_err();
+        assert!(err.contains("MUL_MAT"));
+    }
+
+    #[test]
+    fn quantized_operands_are_refused() {
+        let t = tensor(DType::F32, [32, 1, 1, 1], 0);
+        let mut q = t.clone();
+        q.dtype = DType::Other("q4_0");
+        let err = plan(&node(Op::Binary(BinaryOp::Add), t.clone(), vec![t, q])).unwrap_err();
+        assert!(err.contains("q4_0"), "{err}");
+    }
+}

@@ -1,0 +1,361 @@
+//! Tensor and node descriptors: plain copies of what the planner needs from a `ggml_tensor`,
+//! made by `ffi` so that planning and execution never touch ggml pointers.
+
+use std::fmt;
+
+/// Element types the backend knows by name. Everything else ggml has (quantized types, i64,
+/// ...) is carried as `Other` with ggml's type name so messages can say what it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    Bf16,
+    I8,
+    I16,
+    I32,
+    Other(&'static str),
+}
+
+impl DType {
+    /// The name used in kernel requests and canonical kernel names (`f32`, `bf16`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+            DType::I8 => "i8",
+            DType::I16 => "i16",
+            DType::I32 => "i32",
+            DType::Other(name) => name,
+        }
+    }
+
+    /// Bytes per element, for the types stored one element at a time.
+    pub fn size(self) -> Option<u64> {
+        match self {
+            DType::F32 | DType::I32 => Some(4),
+            DType::F16 | DType::Bf16 | DType::I16 => Some(2),
+            DType::I8 => Some(1),
+            DType::Other(_) => None,
+        }
+    }
+
+    /// The floating-point types host-side copies convert between.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::Bf16)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a tensor's data lives, as far as the backend is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// In a buffer of this backend (NPU-reachable pool memory) on the device with this index.
+    Device(usize),
+    /// In some other host-accessible buffer (the CPU backend's, a host buffer, ...).
+    Host,
+    /// No data yet (`data == NULL`), as in `supports_op` queries.
+    Unallocated,
+}
+
+/// One tensor as the planner sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub dtype: DType,
+    /// Elements per dimension (ggml `ne`).
+    pub ne: [i64; 4],
+    /// Byte strides per dimension (ggml `nb`).
+    pub nb: [u64; 4],
+    /// Address of the first element (ggml `data`), 0 when unallocated.
+    pub addr: u64,
+    /// Bytes from `addr` to the end of the last element (`ggml_nbytes`).
+    pub bytes: u64,
+    pub memory: Memory,
+}
+
+impl Tensor {
+    pub fn nelements(&self) -> i64 {
+        self.ne.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ne.contains(&0)
+    }
+
+    pub fn same_shape(&self, other: &Tensor) -> bool {
+        self.ne == other.ne
+    }
+
+    /// Row-major and dense, by ggml's rule: dimensions of size 1 may have any stride.
+    pub fn is_contiguous(&self) -> bool {
+        let Some(size) = self.dtype.size() else {
+            return false;
+        };
+        let mut next = size;
+        for d in 0..4 {
+            if self.ne[d] != 1 {
+                if self.nb[d] != next {
+                    return false;
+                }
+                next *= self.ne[d] as u64;
+            }
+        }
+        true
+    }
+
+    /// Whether `self` can be repeated over `to` (ggml broadcasting: every dimension divides).
+    pub fn can_repeat_to(&self, to: &Tensor) -> bool {
+        !self.is_empty() && (0..4).all(|d| self.ne[d] > 0 && to.ne[d] % self.ne[d] == 0)
+    }
+
+    /// Byte offsets of every element, in row-major logical order (dimension 0 fastest).
+    pub fn element_offsets(&self) -> impl Iterator<Item = u64> + '_ {
+        let [n0, n1, n2, n3] = self.ne.map(|n| n.max(0) as u64);
+        let nb = self.nb;
+        (0..n3).flat_map(move |i3| {
+            (0..n2).flat_map(move |i2| {
+                (0..n1).flat_map(move |i1| {
+                    (0..n0).map(move |i0| i0 * nb[0] + i1 * nb[1] + i2 * nb[2] + i3 * nb[3])
+                })
+            })
+        })
+    }
+}
+
+/// ggml ops the backend distinguishes. Ops it has no rule for are kept by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `NONE`, `VIEW`, `RESHAPE`, `PERMUTE`, `TRANSPOSE`: no computation, only metadata.
+    Layout,
+    Dup,
+    Cpy,
+    Cont,
+    Binary(BinaryOp),
+    Unary(UnaryOp),
+    Scale,
+    Clamp,
+    /// Anything else, by ggml's op (or unary op) name.
+    Other(&'static str),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+/// Element-wise one-input ops: ggml's `UNARY` sub-ops plus the top-level math ops that behave
+/// the same way (`SQR`, `SQRT`, `LOG`, `SIN`, `COS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Abs,
+    Sgn,
+    Neg,
+    Step,
+    Tanh,
+    Elu,
+    Relu,
+    Sigmoid,
+    Gelu,
+    GeluQuick,
+    Silu,
+    Hardswish,
+    Hardsigmoid,
+    Exp,
+    GeluErf,
+    Floor,
+    Ceil,
+    Round,
+    Trunc,
+    Sqr,
+    Sqrt,
+    Log,
+    Sin,
+    Cos,
+}
+
+impl BinaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "ADD",
+            BinaryOp::Sub => "SUB",
+            BinaryOp::Mul => "MUL",
+            BinaryOp::Div => "DIV",
+        }
+    }
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 24] = [
+        UnaryOp::Abs,
+        UnaryOp::Sgn,
+        UnaryOp::Neg,
+        UnaryOp::Step,
+        UnaryOp::Tanh,
+        UnaryOp::Elu,
+        UnaryOp::Relu,
+        UnaryOp::Sigmoid,
+        UnaryOp::Gelu,
+        UnaryOp::GeluQuick,
+        UnaryOp::Silu,
+        UnaryOp::Hardswish,
+        UnaryOp::Hardsigmoid,
+        UnaryOp::Exp,
+        UnaryOp::GeluErf,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
+        UnaryOp::Trunc,
+        UnaryOp::Sqr,
+        UnaryOp::Sqrt,
+        UnaryOp::Log,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+    ];
+
+    /// ggml's name for the op (`ggml_unary_op_name` / `ggml_op_name`), also the kernel op name.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Abs => "ABS",
+            UnaryOp::Sgn => "SGN",
+            UnaryOp::Neg => "NEG",
+            UnaryOp::Step => "STEP",
+            UnaryOp::Tanh => "TANH",
+            UnaryOp::Elu => "ELU",
+            UnaryOp::Relu => "RELU",
+            UnaryOp::Sigmoid => "SIGMOID",
+            UnaryOp::Gelu => "GELU",
+            UnaryOp::GeluQuick => "GELU_QUICK",
+            UnaryOp::Silu => "SILU",
+            UnaryOp::Hardswish => "HARDSWISH",
+            UnaryOp::Hardsigmoid => "HARDSIGMOID",
+            UnaryOp::Exp => "EXP",
+            UnaryOp::GeluErf => "GELU_ERF",
+            UnaryOp::Floor => "FLOOR",
+            UnaryOp::Ceil => "CEIL",
+            UnaryOp::Round => "ROUND",
+            UnaryOp::Trunc => "TRUNC",
+            UnaryOp::Sqr => "SQR",
+            UnaryOp::Sqrt => "SQRT",
+            UnaryOp::Log => "LOG",
+            UnaryOp::Sin => "SIN",
+            UnaryOp::Cos => "COS",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<UnaryOp> {
+        UnaryOp::ALL.into_iter().find(|op| op.name() == name)
+    }
+}
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Layout => "LAYOUT",
+            Op::Dup => "DUP",
+            Op::Cpy => "CPY",
+            Op::Cont => "CONT",
+            Op::Binary(op) => op.name(),
+            Op::Unary(op) => op.name(),
+            Op::Scale => "SCALE",
+            Op::Clamp => "CLAMP",
+            Op::Other(name) => name,
+        }
+    }
+}
+
+/// A graph node: the op, its parameters (ggml `op_params` as i32 words), the output and inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub op_params: [i32; 16],
+    pub dst: Tensor,
+    pub src: Vec<Tensor>,
+}
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    use super::*;
+
+    /// A contiguous tensor of `dtype` and shape `ne` at `addr` in device 0's memory.
+    pub fn tensor(dtype: DType, ne: [i64; 4], addr: u64) -> Tensor {
+        let size = dtype.size().unwrap();
+        let nb = [
+            size,
+            size * ne[0] as u64,
+            size * (ne[0] * ne[1]) as u64,
+            size * (ne[0] * ne[1] * ne[2]) as u64,
+        ];
+        Tensor {
+            dtype,
+            ne,
+            nb,
+            addr,
+            bytes: size * ne.iter().product::<i64>() as u64,
+            memory: Memory::Device(0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_util::tensor;
+    use super::*;
+
+    #[test]
+    fn contiguity_follows_ggml() {
+        let mut t = tensor(DType::F32, [4, 3, 1, 1], 0);
+        assert!(t.is_contiguous());
+        // A size-1 dimension may have any stride.
+        t.nb[2] = 12345;
+        assert!(t.is_contiguous());
+        // A transposed view is not contiguous.
+        t.ne = [3, 4, 1, 1];
+        t.nb = [16, 4, 48, 48];
+        assert!(!t.is_contiguous());
+        // Block-quantized types are never "contiguous" for element-wise purposes.
+        let mut q = tensor(DType::F32, [32, 1, 1, 1], 0);
+        q.dtype = DType::Other("q4_0");
+        assert!(!q.is_contiguous());
+    }
+
+    #[test]
+    fn element_offsets_walk_views_in_logical_order() {
+        let mut t = tensor(DType::F32, [2, 3, 1, 1], 0);
+        assert_eq!(
+            t.element_offsets().collect::<Vec<_>>(),
+            [0, 4, 8, 12, 16, 20]
+        );
+        // Transpose: ne [3, 2], nb [8, 4].
+        t.ne = [3, 2, 1, 1];
+        t.nb = [8, 4, 24, 24];
+        assert_eq!(
+            t.element_offsets().collect::<Vec<_>>(),
+            [0, 8, 16, 4, 12, 20]
+        );
+    }
+
+    #[test]
+    fn broadcasting_needs_every_dimension_to_divide() {
+        let a = tensor(DType::F32, [8, 6, 2, 1], 0);
+        assert!(tensor(DType::F32, [8, 3, 1, 1], 0).can_repeat_to(&a));
+        assert!(tensor(DType::F32, [1, 1, 1, 1], 0).can_repeat_to(&a));
+        assert!(!tensor(DType::F32, [8, 4, 1, 1], 0).can_repeat_to(&a));
+        assert!(!tensor(DType::F32, [8, 0, 1, 1], 0).can_repeat_to(&a));
+    }
+
+    #[test]
+    fn unary_names_round_trip() {
+        for op in UnaryOp::ALL {
+            assert_eq!(UnaryOp::from_name(op.name()), Some(op));
+        }
+        assert_eq!(UnaryOp::from_name("SOFTPLUS"), None);
+    }
+}
