@@ -7,8 +7,9 @@ use std::ffi::{c_char, c_void};
 use super::guard::guard;
 use super::sys::{
     ggml_backend_buffer_type_t, ggml_backend_reg_t, ggml_backend_t, ggml_guid, ggml_guid_matches,
+    ggml_guid_t,
 };
-use super::{log, platform, reg};
+use super::{log, objects, platform, reg, stream};
 
 /// The backend's name: the registry is `HSA`, devices are `HSA0`, `HSA1`, ... (declared in the
 /// header through `cbindgen.toml`, which cannot export string constants).
@@ -21,6 +22,22 @@ pub const GGML_HSA_MAX_DEVICES: i32 = 16;
 static GUID: ggml_guid = [
     0x5e, 0x1b, 0x7c, 0x43, 0x9a, 0x0d, 0x4e, 0x6f, 0xb2, 0x88, 0x31, 0xc4, 0x0f, 0x7a, 0xd9, 0x26,
 ];
+
+/// The GUID of this library's backends, as ggml's `ggml_guid_t` (a pointer to 16 bytes).
+pub(crate) fn guid() -> ggml_guid_t {
+    (&GUID as *const ggml_guid).cast_mut()
+}
+
+/// Device `device` if it exists; otherwise logs why not (for `api`).
+fn device_index(api: &str, device: i32) -> Option<usize> {
+    let index = usize::try_from(device).ok()?;
+    if index < platform().device_count() {
+        Some(index)
+    } else {
+        no_device(api, device);
+        None
+    }
+}
 
 fn no_device(api: &str, device: i32) {
     let platform = platform();
@@ -38,8 +55,7 @@ fn no_device(api: &str, device: i32) {
 #[no_mangle]
 pub extern "C" fn ggml_backend_hsa_init(device: i32) -> ggml_backend_t {
     guard("ggml_backend_hsa_init", std::ptr::null_mut(), || {
-        no_device("ggml_backend_hsa_init", device);
-        std::ptr::null_mut()
+        device_index("ggml_backend_hsa_init", device).map_or(std::ptr::null_mut(), stream::init)
     })
 }
 
@@ -54,7 +70,7 @@ pub unsafe extern "C" fn ggml_backend_is_hsa(backend: ggml_backend_t) -> bool {
             return false;
         }
         // SAFETY: the caller passes a valid backend, whose guid points to 16 bytes.
-        unsafe { ggml_guid_matches((*backend).guid, (&GUID as *const ggml_guid).cast_mut()) }
+        unsafe { ggml_guid_matches((*backend).guid, guid()) }
     })
 }
 
@@ -62,20 +78,24 @@ pub unsafe extern "C" fn ggml_backend_is_hsa(backend: ggml_backend_t) -> bool {
 #[no_mangle]
 pub extern "C" fn ggml_backend_hsa_buffer_type(device: i32) -> ggml_backend_buffer_type_t {
     guard("ggml_backend_hsa_buffer_type", std::ptr::null_mut(), || {
-        no_device("ggml_backend_hsa_buffer_type", device);
-        std::ptr::null_mut()
+        device_index("ggml_backend_hsa_buffer_type", device)
+            .and_then(objects::buft_ptr)
+            .unwrap_or(std::ptr::null_mut())
     })
 }
 
-/// A host buffer type for fast transfers to the NPU. NULL when there is no device.
+/// A host buffer type for fast transfers to the NPU: NPU memory is host-mapped system memory, so
+/// this is the buffer type of device 0 (which is a host buffer type). NULL when there is no
+/// device.
 #[no_mangle]
 pub extern "C" fn ggml_backend_hsa_host_buffer_type() -> ggml_backend_buffer_type_t {
     guard(
         "ggml_backend_hsa_host_buffer_type",
         std::ptr::null_mut(),
         || {
-            no_device("ggml_backend_hsa_host_buffer_type", 0);
-            std::ptr::null_mut()
+            device_index("ggml_backend_hsa_host_buffer_type", 0)
+                .and_then(objects::buft_ptr)
+                .unwrap_or(std::ptr::null_mut())
         },
     )
 }
@@ -103,9 +123,15 @@ pub unsafe extern "C" fn ggml_backend_hsa_get_device_description(
         if description.is_null() || description_size == 0 {
             return;
         }
-        no_device("ggml_backend_hsa_get_device_description", device);
-        // SAFETY: the caller provides at least one writable byte.
-        unsafe { *description = 0 };
+        let text = device_index("ggml_backend_hsa_get_device_description", device)
+            .and_then(objects::device)
+            .map_or("", |d| d.description());
+        let n = text.len().min(description_size - 1);
+        // SAFETY: the caller provides `description_size` writable bytes; n + 1 fit.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), description.cast::<u8>(), n);
+            *description.add(n) = 0;
+        }
     })
 }
 
@@ -120,11 +146,13 @@ pub unsafe extern "C" fn ggml_backend_hsa_get_device_memory(
     total: *mut usize,
 ) {
     guard("ggml_backend_hsa_get_device_memory", (), || {
-        no_device("ggml_backend_hsa_get_device_memory", device);
-        for out in [free, total] {
+        let (f, t) = device_index("ggml_backend_hsa_get_device_memory", device)
+            .and_then(objects::device)
+            .map_or((0, 0), |d| d.memory());
+        for (out, value) in [(free, f), (total, t)] {
             if !out.is_null() {
                 // SAFETY: the caller passes NULL or a writable size_t.
-                unsafe { *out = 0 };
+                unsafe { *out = value };
             }
         }
     })

@@ -2,11 +2,15 @@
 //! tables ([`reg`]), the panic guard ([`guard`]), logging through ggml's logger ([`log`]), the
 //! ggml version check ([`version`]) and the bindgen'd ggml types ([`sys`]).
 
+mod buffer;
 pub mod exports;
 mod guard;
 pub mod log;
+mod objects;
 mod reg;
+mod stream;
 pub mod sys;
+mod tensor;
 pub mod version;
 
 use std::sync::OnceLock;
@@ -25,6 +29,12 @@ pub(crate) fn platform() -> &'static Platform {
         }
         if let Some(reason) = &platform.unavailable {
             log::warn(&format!("no device available: {reason}"));
+        }
+        if let Some((abi, why)) = &platform.packet_abi {
+            log::info(&format!(
+                "{} device(s), packet ABI {abi} ({why})",
+                platform.device_count()
+            ));
         }
         platform
     })

@@ -59,6 +59,8 @@ pub enum Memory {
     Device(usize),
     /// In some other host-accessible buffer (the CPU backend's, a host buffer, ...).
     Host,
+    /// In a buffer the host cannot read directly (another accelerator's memory).
+    Foreign,
     /// No data yet (`data == NULL`), as in `supports_op` queries.
     Unallocated,
 }

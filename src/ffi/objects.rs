@@ -1,0 +1,287 @@
+//! The ggml objects of each device: the `ggml_backend_device` and its `ggml_backend_buffer_type`,
+//! created once (when ggml first asks for a device) and never freed, as ggml expects. Both carry
+//! their device index; incoming pointers are recognised by comparing them with this table, so a
+//! foreign pointer is never dereferenced as one of ours.
+
+use std::ffi::{c_char, CString};
+use std::sync::OnceLock;
+
+use super::guard::guard;
+use super::sys::*;
+use super::{buffer, log, platform, reg, stream, tensor};
+use crate::backend::device::TENSOR_ALIGNMENT;
+use crate::backend::Device;
+use crate::ops::Memory;
+
+struct Objects {
+    device: ggml_backend_dev_t,
+    buft: ggml_backend_buffer_type_t,
+    name: CString,
+    description: CString,
+}
+
+/// The per-device objects, in device order.
+struct Table(Vec<Objects>);
+
+// SAFETY: the table is written once inside OnceLock::get_or_init and only read afterwards; the
+// objects it points to are leaked, never freed, and ggml only reads them.
+unsafe impl Sync for Table {}
+// SAFETY: as above.
+unsafe impl Send for Table {}
+
+fn table() -> &'static [Objects] {
+    static TABLE: OnceLock<Table> = OnceLock::new();
+    &TABLE
+        .get_or_init(|| {
+            let objects = platform()
+                .devices
+                .iter()
+                .map(|d| {
+                    let device = Box::into_raw(Box::new(ggml_backend_device {
+                        iface: DEVICE_IFACE,
+                        reg: reg::reg(),
+                        context: std::ptr::null_mut(),
+                    }));
+                    let buft = Box::into_raw(Box::new(ggml_backend_buffer_type {
+                        iface: BUFT_IFACE,
+                        device,
+                        context: std::ptr::null_mut(),
+                    }));
+                    Objects {
+                        device,
+                        buft,
+                        name: CString::new(d.name.clone()).expect("no NUL in HSA<n>"),
+                        description: CString::new(d.description().replace('\0', ""))
+                            .expect("NULs removed"),
+                    }
+                })
+                .collect();
+            Table(objects)
+        })
+        .0
+}
+
+/// The ggml device object of device `index`.
+pub(crate) fn device_ptr(index: usize) -> Option<ggml_backend_dev_t> {
+    table().get(index).map(|o| o.device)
+}
+
+/// The buffer type of device `index`.
+pub(crate) fn buft_ptr(index: usize) -> Option<ggml_backend_buffer_type_t> {
+    table().get(index).map(|o| o.buft)
+}
+
+/// The index of the device whose ggml object is `dev`.
+pub(crate) fn device_index(dev: ggml_backend_dev_t) -> Option<usize> {
+    table().iter().position(|o| o.device == dev)
+}
+
+/// The index of the device whose buffer type is `buft`.
+pub(crate) fn device_of_buft(buft: ggml_backend_buffer_type_t) -> Option<usize> {
+    table().iter().position(|o| o.buft == buft)
+}
+
+pub(crate) fn device(index: usize) -> Option<&'static Device> {
+    platform().devices.get(index)
+}
+
+/// The device behind a ggml device pointer; logs and returns `None` for a foreign pointer.
+fn device_of(dev: ggml_backend_dev_t, slot: &str) -> Option<(usize, &'static Device)> {
+    let found = device_index(dev).and_then(|i| device(i).map(|d| (i, d)));
+    if found.is_none() {
+        log::error(&format!("{slot}: not a device of this backend"));
+    }
+    found
+}
+
+static DEVICE_IFACE: ggml_backend_device_i = ggml_backend_device_i {
+    get_name: Some(dev_get_name),
+    get_description: Some(dev_get_description),
+    get_memory: Some(dev_get_memory),
+    get_type: Some(dev_get_type),
+    get_props: Some(dev_get_props),
+    init_backend: Some(dev_init_backend),
+    get_buffer_type: Some(dev_get_buffer_type),
+    get_host_buffer_type: None,
+    buffer_from_host_ptr: None,
+    supports_op: Some(dev_supports_op),
+    supports_buft: Some(dev_supports_buft),
+    offload_op: None,
+    event_new: None,
+    event_free: None,
+    event_synchronize: None,
+};
+
+unsafe extern "C" fn dev_get_name(dev: ggml_backend_dev_t) -> *const c_char {
+    guard("device::get_name", std::ptr::null(), || {
+        device_index(dev).map_or(std::ptr::null(), |i| table()[i].name.as_ptr())
+    })
+}
+
+unsafe extern "C" fn dev_get_description(dev: ggml_backend_dev_t) -> *const c_char {
+    guard("device::get_description", std::ptr::null(), || {
+        device_index(dev).map_or(std::ptr::null(), |i| table()[i].description.as_ptr())
+    })
+}
+
+/// Writes `value` through `out` when it is not NULL.
+fn write_out<T>(out: *mut T, value: T) {
+    if !out.is_null() {
+        // SAFETY: ggml passes NULL or a pointer valid for a write of T.
+        unsafe { out.write(value) };
+    }
+}
+
+unsafe extern "C" fn dev_get_memory(dev: ggml_backend_dev_t, free: *mut usize, total: *mut usize) {
+    guard("device::get_memory", (), || {
+        let (f, t) = device_of(dev, "get_memory").map_or((0, 0), |(_, d)| d.memory());
+        write_out(free, f);
+        write_out(total, t);
+    })
+}
+
+unsafe extern "C" fn dev_get_type(_dev: ggml_backend_dev_t) -> ggml_backend_dev_type {
+    guard("device::get_type", GGML_BACKEND_DEVICE_TYPE_ACCEL, || {
+        GGML_BACKEND_DEVICE_TYPE_ACCEL
+    })
+}
+
+unsafe extern "C" fn dev_get_props(dev: ggml_backend_dev_t, props: *mut ggml_backend_dev_props) {
+    guard("device::get_props", (), || {
+        let Some((i, d)) = device_of(dev, "get_props") else {
+            return;
+        };
+        let (free, total) = d.memory();
+        write_out(
+            props,
+            ggml_backend_dev_props {
+                name: table()[i].name.as_ptr(),
+                description: table()[i].description.as_ptr(),
+                memory_free: free,
+                memory_total: total,
+                type_: GGML_BACKEND_DEVICE_TYPE_ACCEL,
+                device_id: std::ptr::null(),
+                caps: ggml_backend_dev_caps {
+                    async_: false,
+                    host_buffer: false,
+                    buffer_from_host_ptr: false,
+                    events: false,
+                    mmap_support: false,
+                },
+            },
+        );
+    })
+}
+
+unsafe extern "C" fn dev_init_backend(
+    dev: ggml_backend_dev_t,
+    _params: *const c_char,
+) -> ggml_backend_t {
+    guard("device::init_backend", std::ptr::null_mut(), || {
+        device_index(dev).map_or_else(
+            || {
+                log::error("init_backend: not a device of this backend");
+                std::ptr::null_mut()
+            },
+            stream::init,
+        )
+    })
+}
+
+unsafe extern "C" fn dev_get_buffer_type(dev: ggml_backend_dev_t) -> ggml_backend_buffer_type_t {
+    guard("device::get_buffer_type", std::ptr::null_mut(), || {
+        device_index(dev)
+            .and_then(buft_ptr)
+            .unwrap_or(std::ptr::null_mut())
+    })
+}
+
+unsafe extern "C" fn dev_supports_op(dev: ggml_backend_dev_t, op: *const ggml_tensor) -> bool {
+    guard("device::supports_op", false, || {
+        let Some((_, d)) = device_of(dev, "supports_op") else {
+            return false;
+        };
+        if op.is_null() {
+            return false;
+        }
+        // SAFETY: ggml passes a valid tensor whose sources and buffers are valid or NULL.
+        let node = unsafe { tensor::node(op) };
+        // Kernels reach only NPU memory; a tensor already placed elsewhere cannot be an operand.
+        if [&node.dst]
+            .into_iter()
+            .chain(&node.src)
+            .any(|t| t.memory == Memory::Foreign)
+        {
+            return false;
+        }
+        match d.supports(&node) {
+            Ok(()) => true,
+            Err(reason) => {
+                log::debug(&format!(
+                    "{}: {} not supported: {reason}",
+                    d.name,
+                    node.op.name()
+                ));
+                false
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn dev_supports_buft(
+    dev: ggml_backend_dev_t,
+    buft: ggml_backend_buffer_type_t,
+) -> bool {
+    guard("device::supports_buft", false, || {
+        // Every NPU reaches every buffer of this backend (they share system memory).
+        device_index(dev).is_some() && device_of_buft(buft).is_some()
+    })
+}
+
+static BUFT_IFACE: ggml_backend_buffer_type_i = ggml_backend_buffer_type_i {
+    get_name: Some(buft_get_name),
+    alloc_buffer: Some(buft_alloc_buffer),
+    get_alignment: Some(buft_get_alignment),
+    get_max_size: Some(buft_get_max_size),
+    get_alloc_size: None,
+    is_host: Some(buft_is_host),
+};
+
+unsafe extern "C" fn buft_get_name(buft: ggml_backend_buffer_type_t) -> *const c_char {
+    guard("buffer_type::get_name", std::ptr::null(), || {
+        device_of_buft(buft).map_or(std::ptr::null(), |i| table()[i].name.as_ptr())
+    })
+}
+
+unsafe extern "C" fn buft_alloc_buffer(
+    buft: ggml_backend_buffer_type_t,
+    size: usize,
+) -> ggml_backend_buffer_t {
+    guard("buffer_type::alloc_buffer", std::ptr::null_mut(), || {
+        let Some(index) = device_of_buft(buft) else {
+            log::error("alloc_buffer: not a buffer type of this backend");
+            return std::ptr::null_mut();
+        };
+        buffer::alloc(buft, index, size)
+    })
+}
+
+unsafe extern "C" fn buft_get_alignment(_buft: ggml_backend_buffer_type_t) -> usize {
+    guard("buffer_type::get_alignment", TENSOR_ALIGNMENT, || {
+        TENSOR_ALIGNMENT
+    })
+}
+
+unsafe extern "C" fn buft_get_max_size(buft: ggml_backend_buffer_type_t) -> usize {
+    guard("buffer_type::get_max_size", 0, || {
+        device_of_buft(buft)
+            .and_then(device)
+            .map_or(0, Device::max_buffer_size)
+    })
+}
+
+/// The data pool is system memory mapped into the host on these APUs: ggml and the CPU backend
+/// may read and write its tensors in place (README, "Memory").
+unsafe extern "C" fn buft_is_host(_buft: ggml_backend_buffer_type_t) -> bool {
+    guard("buffer_type::is_host", false, || true)
+}

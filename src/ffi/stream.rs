@@ -1,0 +1,123 @@
+//! Backends (ggml's "streams"): a [`Stream`] behind ggml's `ggml_backend_i`.
+
+use std::ffi::c_char;
+
+use parking_lot::Mutex;
+
+use super::guard::guard;
+use super::sys::*;
+use super::{log, objects, tensor};
+use crate::backend::Stream;
+
+/// The context of one backend.
+struct Context {
+    stream: Mutex<Stream>,
+}
+
+/// Creates a backend on device `index`; NULL (with a logged reason) when the device cannot
+/// provide a queue.
+pub(crate) fn init(index: usize) -> ggml_backend_t {
+    let (Some(device), Some(dev_ptr)) = (objects::device(index), objects::device_ptr(index)) else {
+        return std::ptr::null_mut();
+    };
+    let stream = match Stream::new(device) {
+        Ok(stream) => stream,
+        Err(e) => {
+            log::error(&format!("{}: cannot create a backend: {e}", device.name));
+            return std::ptr::null_mut();
+        }
+    };
+    log::info(&format!(
+        "{}: backend on {} (packet ABI {})",
+        device.name,
+        device.description(),
+        device.packet_abi
+    ));
+    let context = Box::into_raw(Box::new(Context {
+        stream: Mutex::new(stream),
+    }));
+    Box::into_raw(Box::new(ggml_backend {
+        guid: super::exports::guid(),
+        iface: BACKEND_IFACE,
+        device: dev_ptr,
+        context: context.cast(),
+    }))
+}
+
+static BACKEND_IFACE: ggml_backend_i = ggml_backend_i {
+    get_name: Some(get_name),
+    free: Some(free),
+    set_tensor_async: None,
+    get_tensor_async: None,
+    set_tensor_2d_async: None,
+    get_tensor_2d_async: None,
+    cpy_tensor_async: None,
+    synchronize: Some(synchronize),
+    graph_plan_create: None,
+    graph_plan_free: None,
+    graph_plan_update: None,
+    graph_plan_compute: None,
+    graph_compute: Some(graph_compute),
+    event_record: None,
+    event_wait: None,
+    graph_optimize: None,
+};
+
+/// Our context of `backend`.
+///
+/// # Safety
+/// `backend` is a live backend created by [`init`].
+unsafe fn context<'a>(backend: ggml_backend_t) -> &'a Context {
+    // SAFETY: backends with this interface carry a Box<Context> until `free`.
+    unsafe { &*(*backend).context.cast::<Context>() }
+}
+
+unsafe extern "C" fn get_name(backend: ggml_backend_t) -> *const c_char {
+    guard("backend::get_name", std::ptr::null(), || {
+        // SAFETY: a live backend of ours; its device pointer is one of ours.
+        let dev = unsafe { (*backend).device };
+        // SAFETY: `dev` is a device of this backend, whose get_name accepts any pointer.
+        unsafe { ggml_backend_dev_name(dev) }
+    })
+}
+
+unsafe extern "C" fn free(backend: ggml_backend_t) {
+    guard("backend::free", (), || {
+        // SAFETY: ggml frees each backend once; both boxes were leaked in `init`.
+        unsafe {
+            drop(Box::from_raw((*backend).context.cast::<Context>()));
+            drop(Box::from_raw(backend));
+        }
+    })
+}
+
+unsafe extern "C" fn synchronize(backend: ggml_backend_t) {
+    guard("backend::synchronize", (), || {
+        // SAFETY: a live backend of ours.
+        let ctx = unsafe { context(backend) };
+        if let Err(e) = ctx.stream.lock().synchronize() {
+            log::error(&format!("synchronize: {e}"));
+        }
+    })
+}
+
+unsafe extern "C" fn graph_compute(
+    backend: ggml_backend_t,
+    graph: *mut ggml_cgraph,
+) -> ggml_status {
+    guard("backend::graph_compute", GGML_STATUS_FAILED, || {
+        // SAFETY: a live backend of ours and a valid graph.
+        let (ctx, nodes) = unsafe { (context(backend), tensor::graph_nodes(graph)) };
+        let mut stream = ctx.stream.lock();
+        match stream.compute(&nodes, &mut tensor::GraphMemory) {
+            Ok(()) => GGML_STATUS_SUCCESS,
+            Err(e) => {
+                log::error(&format!(
+                    "{}: graph_compute failed: {e}",
+                    stream.device().name
+                ));
+                GGML_STATUS_FAILED
+            }
+        }
+    })
+}

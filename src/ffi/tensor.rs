@@ -1,0 +1,174 @@
+//! Copies `ggml_tensor`s into the planner's descriptors, and runs host-side ops on ggml's tensor
+//! memory. The rest of the backend never sees a ggml pointer.
+
+use std::ffi::{c_char, CStr};
+
+use super::objects;
+use super::sys::*;
+use crate::backend::HostMemory;
+use crate::ops::host::HostOp;
+use crate::ops::{BinaryOp, DType, Memory, Node, Op, Tensor, UnaryOp};
+
+/// A static name from one of ggml's name tables.
+///
+/// # Safety
+/// `name` is NULL or points to a NUL-terminated string that lives for the whole process.
+unsafe fn static_name(name: *const c_char) -> &'static str {
+    if name.is_null() {
+        return "?";
+    }
+    // SAFETY: the caller guarantees a static NUL-terminated string.
+    unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("?")
+}
+
+fn dtype(ty: ggml_type) -> DType {
+    match ty {
+        GGML_TYPE_F32 => DType::F32,
+        GGML_TYPE_F16 => DType::F16,
+        GGML_TYPE_BF16 => DType::Bf16,
+        GGML_TYPE_I8 => DType::I8,
+        GGML_TYPE_I16 => DType::I16,
+        GGML_TYPE_I32 => DType::I32,
+        // SAFETY: ggml_type_name returns a static string (or NULL for unknown values).
+        other => DType::Other(unsafe { static_name(ggml_type_name(other)) }),
+    }
+}
+
+/// The descriptor of `t`.
+///
+/// # Safety
+/// `t` points to a valid `ggml_tensor` whose `buffer` is NULL or a valid buffer.
+pub(crate) unsafe fn tensor(t: *const ggml_tensor) -> Tensor {
+    // SAFETY: the caller passes a valid tensor.
+    let tr = unsafe { &*t };
+    let memory = if tr.data.is_null() || tr.buffer.is_null() {
+        Memory::Unallocated
+    } else {
+        // SAFETY: a non-NULL buffer of a valid tensor is a valid buffer.
+        let buft = unsafe { ggml_backend_buffer_get_type(tr.buffer) };
+        match objects::device_of_buft(buft) {
+            Some(index) => Memory::Device(index),
+            // SAFETY: as above.
+            None if unsafe { ggml_backend_buffer_is_host(tr.buffer) } => Memory::Host,
+            None => Memory::Foreign,
+        }
+    };
+    Tensor {
+        dtype: dtype(tr.type_),
+        ne: tr.ne,
+        nb: tr.nb.map(|n| n as u64),
+        addr: tr.data as u64,
+        // SAFETY: `t` is a valid tensor.
+        bytes: unsafe { ggml_nbytes(t) } as u64,
+        memory,
+    }
+}
+
+fn unary(name: &str) -> Option<UnaryOp> {
+    UnaryOp::from_name(name)
+}
+
+/// The op of `t`.
+///
+/// # Safety
+/// `t` points to a valid `ggml_tensor`.
+unsafe fn op(t: *const ggml_tensor) -> Op {
+    // SAFETY: the caller passes a valid tensor.
+    let code = unsafe { (*t).op };
+    match code {
+        GGML_OP_NONE | GGML_OP_VIEW | GGML_OP_RESHAPE | GGML_OP_PERMUTE | GGML_OP_TRANSPOSE => {
+            Op::Layout
+        }
+        GGML_OP_DUP => Op::Dup,
+        GGML_OP_CPY => Op::Cpy,
+        GGML_OP_CONT => Op::Cont,
+        GGML_OP_ADD => Op::Binary(BinaryOp::Add),
+        GGML_OP_SUB => Op::Binary(BinaryOp::Sub),
+        GGML_OP_MUL => Op::Binary(BinaryOp::Mul),
+        GGML_OP_DIV => Op::Binary(BinaryOp::Div),
+        GGML_OP_SCALE => Op::Scale,
+        GGML_OP_CLAMP => Op::Clamp,
+        GGML_OP_UNARY => {
+            // SAFETY: `t` is a valid UNARY tensor; ggml_unary_op_name returns a static string.
+            let name = unsafe { static_name(ggml_unary_op_name(ggml_get_unary_op(t))) };
+            unary(name).map_or(Op::Other(name), Op::Unary)
+        }
+        _ => {
+            // SAFETY: ggml_op_name returns a static string.
+            let name = unsafe { static_name(ggml_op_name(code)) };
+            unary(name).map_or(Op::Other(name), Op::Unary)
+        }
+    }
+}
+
+/// The node descriptor of `t` (its op, parameters, output and inputs).
+///
+/// # Safety
+/// `t` points to a valid `ggml_tensor` whose sources and buffers are valid or NULL.
+pub(crate) unsafe fn node(t: *const ggml_tensor) -> Node {
+    // SAFETY: the caller passes a valid tensor.
+    let tr = unsafe { &*t };
+    let mut op_params = [0i32; 16];
+    op_params.copy_from_slice(&tr.op_params[..16]);
+    let src = tr
+        .src
+        .iter()
+        .take_while(|s| !s.is_null())
+        // SAFETY: non-NULL sources of a valid tensor are valid tensors.
+        .map(|&s| unsafe { tensor(s) })
+        .collect();
+    Node {
+        // SAFETY: as above.
+        op: unsafe { op(t) },
+        op_params,
+        // SAFETY: as above.
+        dst: unsafe { tensor(t) },
+        src,
+    }
+}
+
+/// The nodes of `graph` that must be computed (those with the COMPUTE flag).
+///
+/// # Safety
+/// `graph` points to a valid `ggml_cgraph`.
+pub(crate) unsafe fn graph_nodes(graph: *mut ggml_cgraph) -> Vec<Node> {
+    // SAFETY: the caller passes a valid graph.
+    let n = unsafe { ggml_graph_n_nodes(graph) };
+    (0..n)
+        // SAFETY: 0 <= i < n_nodes, so ggml_graph_node returns a valid node.
+        .map(|i| unsafe { ggml_graph_node(graph, i) })
+        // SAFETY: graph nodes are valid tensors.
+        .filter(|&t| unsafe { (*t).flags } & GGML_TENSOR_FLAG_COMPUTE as i32 != 0)
+        // SAFETY: as above.
+        .map(|t| unsafe { node(t) })
+        .collect()
+}
+
+/// Runs host-side ops directly on the memory of the graph's tensors.
+#[derive(Debug)]
+pub(crate) struct GraphMemory;
+
+impl HostMemory for GraphMemory {
+    fn run(&mut self, op: &HostOp) -> Result<(), String> {
+        let (src, dst) = op.tensors();
+        for t in [src, dst] {
+            if !matches!(t.memory, Memory::Device(_) | Memory::Host) || t.addr == 0 {
+                return Err(format!(
+                    "tensor memory is not host-accessible ({:?})",
+                    t.memory
+                ));
+            }
+        }
+        // The source is copied first: a copy may read and write overlapping memory (an in-place
+        // DUP), and a Rust slice must not alias a mutable one.
+        // SAFETY: the descriptors were made from tensors of the graph being computed, whose data
+        // is allocated in host-accessible buffers for at least `bytes` (ggml_nbytes) bytes.
+        let src_bytes =
+            unsafe { std::slice::from_raw_parts(src.addr as *const u8, src.bytes as usize) }
+                .to_vec();
+        // SAFETY: as above; nothing else accesses the destination while the graph computes.
+        let dst_bytes =
+            unsafe { std::slice::from_raw_parts_mut(dst.addr as *mut u8, dst.bytes as usize) };
+        op.run(&src_bytes, dst_bytes)
+    }
+}
