@@ -1,0 +1,343 @@
+//! ggml graphs computed by the plugin on the hsa-sim software NPU, built and run through ggml's
+//! own API the way an application does (the plugin is dlopen'ed like a dynamic backend):
+//! batching of consecutive kernels behind one doorbell, the per-queue PDI limit, every packet
+//! ABI with `auto` detection, and the injected failures of the simulator, each of which must give a
+//! logged error and a failed graph (or a declined backend), never a crash or a hang, after which
+//! the backend keeps working.
+//!
+//! The plugin and the simulator read their environment once per process, so each scenario runs
+//! in a child process (this test binary, running the ignored `child_graph` test).
+
+mod common;
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CStr};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Mutex;
+
+use ggml_hsa::ffi::sys;
+
+const N: usize = 1024;
+/// The canonical name of the chain's kernel (an ADD of two flattened f32 vectors).
+const CHAIN_KERNEL: &str = "add-f32_1024-f32_1024-f32_1024";
+
+struct Outcome {
+    /// Everything the child printed (its result lines and the captured ggml log).
+    text: String,
+    counters: HashMap<String, serde_json::Value>,
+}
+
+impl Outcome {
+    fn counter(&self, key: &str) -> u64 {
+        self.counters
+            .get(key)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or_else(|| panic!("counter {key} missing:\n{}", self.text))
+    }
+
+    fn has(&self, needle: &str) -> bool {
+        self.text.contains(needle)
+    }
+}
+
+/// Runs `graph` (`chain` or `pdis`) `computes` times in a child process with `env`.
+fn run(tag: &str, graph: &str, computes: u32, env: &[(&str, &str)]) -> Outcome {
+    let dir = common::scratch_dir(&format!("graph-{tag}"));
+    let counters = dir.join("counters.json");
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--ignored", "--exact", "child_graph", "--nocapture"])
+        .env("GGML_HSA_TEST_GRAPH", graph)
+        .env("GGML_HSA_TEST_COMPUTES", computes.to_string())
+        .env("GGML_HSA_TEST_PLUGIN", common::plugin_path())
+        .env(
+            "GGML_HSA_LIBHSA_PATH",
+            common::sim_artifact("libhsa_runtime64.so"),
+        )
+        .env(
+            "GGML_HSA_JIT_COMPILER",
+            common::sim_artifact("hsa-sim-compile"),
+        )
+        .env("GGML_HSA_KERNEL_CACHE_DIR", dir.join("cache"))
+        .env("GGML_HSA_ENABLE_LOG", "1")
+        .env("HSA_SIM_COUNTERS", &counters);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "child process failed:\n{text}");
+    assert!(
+        text.contains("1 passed"),
+        "the child test did not run:\n{text}"
+    );
+    assert!(!text.contains("internal error"), "{text}");
+    let counters = std::fs::read_to_string(&counters)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default();
+    Outcome { text, counters }
+}
+
+#[test]
+fn twenty_consecutive_kernels_ring_one_doorbell_with_every_packet_abi() {
+    for abi in ["a1", "a2", "a3", "b"] {
+        // The plugin is not told the ABI: `auto` must find it from the runtime.
+        let o = run(
+            &format!("chain-{abi}"),
+            "chain",
+            1,
+            &[("HSA_SIM_PACKET_ABI", abi)],
+        );
+        assert!(o.has("STATUS 0 0"), "{abi}:\n{}", o.text);
+        assert!(o.has("RESULT 0 ok"), "{abi}:\n{}", o.text);
+        assert!(
+            o.has(&format!("packet ABI {abi} (auto")),
+            "{abi}:\n{}",
+            o.text
+        );
+        assert_eq!(o.counter("doorbells"), 1, "{abi}:\n{}", o.text);
+        assert_eq!(o.counter("dispatches"), 20, "{abi}");
+        assert_eq!(o.counter("chains"), 1, "{abi}");
+        assert_eq!(o.counter("pdi_loads"), 1, "{abi}");
+        assert_eq!(o.counter("dispatch_errors"), 0, "{abi}");
+    }
+}
+
+#[test]
+fn an_aie2_agent_runs_the_same_graph() {
+    let o = run("chain-aie2", "chain", 2, &[("HSA_SIM_AGENTS", "aie2")]);
+    assert!(o.has("RESULT 0 ok") && o.has("RESULT 1 ok"), "{}", o.text);
+    // The second compute reuses the loaded kernel: still one PDI load, one doorbell per graph.
+    assert_eq!(o.counter("doorbells"), 2);
+    assert_eq!(o.counter("pdi_loads"), 1);
+}
+
+#[test]
+fn more_distinct_kernels_than_a_queue_holds_start_a_fresh_queue() {
+    let o = run("pdis", "pdis", 1, &[]);
+    assert!(o.has("STATUS 0 0") && o.has("RESULT 0 ok"), "{}", o.text);
+    assert_eq!(o.counter("dispatches"), 40);
+    assert_eq!(o.counter("pdi_loads"), 40);
+    assert_eq!(o.counter("dispatch_errors"), 0, "{}", o.text);
+    // 32 kernels behind the first doorbell, the other 8 on a fresh queue.
+    assert_eq!(o.counter("doorbells"), 2, "{}", o.text);
+}
+
+/// A failed graph, then a second compute that works (the stream replaced its queue).
+fn assert_fails_then_recovers(o: &Outcome, why: &str) {
+    assert!(o.has("STATUS 0 -1"), "{why}:\n{}", o.text);
+    assert!(o.has("graph_compute failed"), "{why}:\n{}", o.text);
+    assert!(
+        o.has("STATUS 1 0") && o.has("RESULT 1 ok"),
+        "{why}:\n{}",
+        o.text
+    );
+}
+
+#[test]
+fn a_failed_dispatch_fails_the_graph_and_the_next_one_runs() {
+    let o = run(
+        "fail-dispatch",
+        "chain",
+        2,
+        &[("HSA_SIM_FAIL_DISPATCH", "3")],
+    );
+    assert_fails_then_recovers(&o, "failed dispatch");
+    assert!(o.has("HSA_STATUS_ERROR"), "{}", o.text);
+}
+
+#[test]
+fn a_hung_dispatch_fails_the_graph_without_hanging() {
+    let o = run("hang", "chain", 2, &[("HSA_SIM_HANG_DISPATCH", "5")]);
+    assert_fails_then_recovers(&o, "hung dispatch");
+    assert!(o.has("processed 4 of 20"), "{}", o.text);
+}
+
+#[test]
+fn a_queue_error_state_fails_the_graph() {
+    let o = run("error-state", "chain", 2, &[("HSA_SIM_ERROR_STATE", "1")]);
+    assert_fails_then_recovers(&o, "error state");
+}
+
+#[test]
+fn failed_allocations_are_reported_at_each_stage() {
+    // 1st allocation: the backend's argument memory -> no backend.
+    let o = run("alloc-1", "chain", 1, &[("HSA_SIM_FAIL_ALLOC", "1")]);
+    assert!(o.has("BACKEND none"), "{}", o.text);
+    assert!(o.has("cannot create a backend"), "{}", o.text);
+    // 2nd: the tensor buffer -> ggml reports the failed allocation.
+    let o = run("alloc-2", "chain", 1, &[("HSA_SIM_FAIL_ALLOC", "2")]);
+    assert!(o.has("ALLOC failed"), "{}", o.text);
+    assert!(o.has("cannot allocate a buffer"), "{}", o.text);
+    // 3rd: loading the kernel into the dev heap -> the graph fails, nothing ran.
+    let o = run("alloc-3", "chain", 2, &[("HSA_SIM_FAIL_ALLOC", "3")]);
+    assert!(o.has("STATUS 0 -1"), "{}", o.text);
+    assert!(o.has("OUT_OF_RESOURCES"), "{}", o.text);
+    assert!(o.has("RESULT 1 ok"), "{}", o.text);
+    assert_eq!(o.counter("doorbells"), 1, "{}", o.text);
+}
+
+#[test]
+fn a_packet_abi_mismatch_is_an_error_not_a_hang() {
+    for (ours, theirs) in [("a2", "a1"), ("b", "a1"), ("a1", "b"), ("a1", "a3")] {
+        let o = run(
+            &format!("abi-{ours}-{theirs}"),
+            "chain",
+            1,
+            &[
+                ("GGML_HSA_PACKET_ABI", ours),
+                ("HSA_SIM_PACKET_ABI", theirs),
+            ],
+        );
+        assert!(o.has("STATUS 0 -1"), "{ours} on {theirs}:\n{}", o.text);
+        assert!(
+            o.has("INVALID_PACKET_FORMAT"),
+            "{ours} on {theirs}:\n{}",
+            o.text
+        );
+    }
+}
+
+#[test]
+fn corrupt_and_foreign_kernel_files() {
+    let dir = common::scratch_dir("graph-kernels");
+    let arch = dir.join("aie2p");
+    std::fs::create_dir_all(&arch).unwrap();
+    let pdi = arch.join(format!("{CHAIN_KERNEL}.pdi"));
+    let insts = arch.join(format!("{CHAIN_KERNEL}_insts.bin"));
+    let kernel_dir = [("GGML_HSA_KERNEL_DIR", dir.to_str().unwrap())];
+
+    // An instruction stream that is not a whole number of words: ignored with a warning, and
+    // the kernel is compiled instead.
+    std::fs::write(&pdi, b"not a PDI").unwrap();
+    std::fs::write(&insts, [0u8; 30]).unwrap();
+    let o = run("kernels-truncated", "chain", 1, &kernel_dir);
+    assert!(o.has("ignoring corrupt kernel files"), "{}", o.text);
+    assert!(o.has(&insts.display().to_string()), "{}", o.text);
+    assert!(o.has("RESULT 0 ok"), "{}", o.text);
+
+    // Well-formed files that are not a kernel image the runtime can load: the runtime refuses
+    // the dispatch and the graph fails cleanly.
+    std::fs::write(&insts, [0u8; 32]).unwrap();
+    let o = run("kernels-foreign", "chain", 1, &kernel_dir);
+    assert!(o.has("STATUS 0 -1"), "{}", o.text);
+    assert!(o.has("graph_compute failed"), "{}", o.text);
+}
+
+static LOG: Mutex<String> = Mutex::new(String::new());
+
+unsafe extern "C" fn capture_log(_level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
+    // SAFETY: ggml passes a NUL-terminated string.
+    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    LOG.lock().unwrap().push_str(&text);
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[test]
+#[ignore = "run by the tests above in a child process"]
+fn child_graph() {
+    let graph = std::env::var("GGML_HSA_TEST_GRAPH").unwrap();
+    let computes: u32 = std::env::var("GGML_HSA_TEST_COMPUTES")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let plugin = std::env::var("GGML_HSA_TEST_PLUGIN").unwrap();
+    // SAFETY: capture_log matches ggml_log_callback and lives for the whole process.
+    unsafe { sys::ggml_log_set(Some(capture_log), std::ptr::null_mut()) };
+    // SAFETY: the plugin is this crate's cdylib; it is never unloaded (leaked below).
+    let lib = Box::leak(Box::new(
+        unsafe { libloading::Library::new(Path::new(&plugin)) }.unwrap(),
+    ));
+    // SAFETY: every call below follows ggml's C API with valid arguments: pointers come from the
+    // calls before them and are checked for NULL where ggml may return NULL.
+    unsafe {
+        let init = *lib
+            .get::<unsafe extern "C" fn() -> sys::ggml_backend_reg_t>(b"ggml_backend_init")
+            .unwrap();
+        let reg = init();
+        assert!(!reg.is_null());
+        compute(reg, &graph, computes);
+    }
+    eprintln!("--- captured ggml log ---\n{}", LOG.lock().unwrap());
+}
+
+/// # Safety
+/// `reg` is the plugin's registry.
+unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
+    // SAFETY: see child_graph.
+    unsafe {
+        let dev = sys::ggml_backend_reg_dev_get(reg, 0);
+        if dev.is_null() {
+            println!("DEVICE none");
+            return;
+        }
+        let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
+        if backend.is_null() {
+            println!("BACKEND none");
+            return;
+        }
+        let ctx = sys::ggml_init(sys::ggml_init_params {
+            mem_size: 1 << 20,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        });
+        let a = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, N as i64);
+        let b = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, N as i64);
+        let input: Vec<f32> = (0..N).map(|i| i as f32 * 0.25).collect();
+        let mut expect = input.clone();
+        let mut x = a;
+        match graph {
+            "chain" => {
+                for _ in 0..20 {
+                    x = sys::ggml_add(ctx, x, b);
+                    expect.iter_mut().for_each(|e| *e += 0.5);
+                }
+            }
+            "pdis" => {
+                for i in 0..40 {
+                    let s = 1.0 + i as f32 / 1024.0;
+                    x = sys::ggml_scale(ctx, x, s);
+                    expect.iter_mut().for_each(|e| *e *= s);
+                }
+            }
+            other => panic!("unknown graph {other}"),
+        }
+        let gf = sys::ggml_new_graph(ctx);
+        sys::ggml_build_forward_expand(gf, x);
+        let buffer = sys::ggml_backend_alloc_ctx_tensors(ctx, backend);
+        if buffer.is_null() {
+            println!("ALLOC failed");
+        } else {
+            sys::ggml_backend_tensor_set(a, f32_bytes(&input).as_ptr().cast(), 0, 4 * N);
+            sys::ggml_backend_tensor_set(b, f32_bytes(&vec![0.5; N]).as_ptr().cast(), 0, 4 * N);
+            for round in 0..computes {
+                let status = sys::ggml_backend_graph_compute(backend, gf);
+                println!("STATUS {round} {status}");
+                if status == sys::GGML_STATUS_SUCCESS {
+                    let mut out = vec![0u8; 4 * N];
+                    sys::ggml_backend_tensor_get(x, out.as_mut_ptr().cast(), 0, 4 * N);
+                    let got: Vec<f32> = out
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                        .collect();
+                    let ok = got
+                        .iter()
+                        .zip(&expect)
+                        .all(|(g, e)| (g - e).abs() <= 1e-5 * e.abs().max(1.0));
+                    println!("RESULT {round} {}", if ok { "ok" } else { "bad" });
+                }
+            }
+            sys::ggml_backend_buffer_free(buffer);
+        }
+        sys::ggml_free(ctx);
+        sys::ggml_backend_free(backend);
+    }
+}

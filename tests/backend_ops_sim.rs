@@ -1,0 +1,106 @@
+//! The pinned llama.cpp's `test-backend-ops` comparing `HSA0` on the hsa-sim software NPU with the
+//! CPU backend, for the starter ops: every case that runs must pass, and hundreds must run. Once
+//! per simulated packet ABI (detected by the plugin's `auto` probe) and per NPU architecture.
+
+mod common;
+
+use common::test_backend_ops::{run, Report};
+
+/// Every op of the starter set.
+const STARTER_OPS: &str = "ADD,SUB,MUL,DIV,ABS,SGN,NEG,STEP,TANH,ELU,RELU,SIGMOID,GELU,GELU_QUICK,\
+SILU,HARDSWISH,HARDSIGMOID,EXP,GELU_ERF,FLOOR,CEIL,ROUND,TRUNC,SQR,SQRT,LOG,SIN,COS,SCALE,CLAMP,\
+CPY,CONT,DUP";
+/// A cheaper mix (binary, unary, SCALE, host-side copies) for the other packet ABIs.
+const MIXED_OPS: &str = "ADD,MUL,GELU,SILU,SCALE,CPY";
+
+fn tbo(tag: &str, ops: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Report {
+    let cache = common::scratch_dir(&format!("tbo-sim-{tag}"));
+    let plugin = common::plugin_path();
+    let sim = common::sim_artifact("libhsa_runtime64.so");
+    let compiler = common::sim_artifact("hsa-sim-compile");
+    let mut vars = vec![
+        ("GGML_BACKEND_PATH", plugin.to_str().unwrap()),
+        ("GGML_HSA_LIBHSA_PATH", sim.to_str().unwrap()),
+        ("GGML_HSA_JIT_COMPILER", compiler.to_str().unwrap()),
+        ("GGML_HSA_KERNEL_CACHE_DIR", cache.to_str().unwrap()),
+        ("GGML_HSA_ENABLE_LOG", "0"),
+    ];
+    vars.extend_from_slice(env);
+    let mut args = vec!["-b", "HSA0", "-o", ops];
+    args.extend_from_slice(extra_args);
+    let report = run(
+        &common::llama_program("test-backend-ops"),
+        &args,
+        &vars,
+        "HSA0",
+    );
+    println!(
+        "{tag}: {}/{} cases passed, {} not supported",
+        report.passed, report.total, report.not_supported
+    );
+    report
+}
+
+fn assert_hundreds_pass(r: &Report, tag: &str, at_least: u64) {
+    if let Err(e) = r.expect_cases("HSA0") {
+        panic!("{tag}: {e}\n{}", r.output);
+    }
+    assert!(
+        r.total >= at_least,
+        "{tag}: only {} cases ran\n{}",
+        r.total,
+        r.output
+    );
+    assert!(!r.output.contains("internal error"), "{}", r.output);
+}
+
+#[test]
+fn starter_ops_on_aie2p_with_packet_abi_a1() {
+    let r = tbo(
+        "aie2p-a1",
+        STARTER_OPS,
+        &[],
+        &[("HSA_SIM_PACKET_ABI", "a1")],
+    );
+    assert_hundreds_pass(&r, "aie2p/a1", 1000);
+    assert!(
+        r.output.contains("Device description: aie2p"),
+        "{}",
+        r.output
+    );
+}
+
+#[test]
+fn starter_ops_on_aie2_with_packet_abi_b() {
+    let r = tbo(
+        "aie2-b",
+        STARTER_OPS,
+        &[],
+        &[("HSA_SIM_PACKET_ABI", "b"), ("HSA_SIM_AGENTS", "aie2")],
+    );
+    assert_hundreds_pass(&r, "aie2/b", 1000);
+    assert!(
+        r.output.contains("Device description: aie2"),
+        "{}",
+        r.output
+    );
+}
+
+#[test]
+fn mixed_ops_with_packet_abis_a2_and_a3_and_two_workers() {
+    for abi in ["a2", "a3"] {
+        let r = tbo(abi, MIXED_OPS, &["-j", "2"], &[("HSA_SIM_PACKET_ABI", abi)]);
+        assert_hundreds_pass(&r, abi, 400);
+    }
+}
+
+#[test]
+fn an_explicit_packet_abi_is_used() {
+    let r = tbo(
+        "explicit-b",
+        "ADD,GELU",
+        &[],
+        &[("HSA_SIM_PACKET_ABI", "b"), ("GGML_HSA_PACKET_ABI", "b")],
+    );
+    assert_hundreds_pass(&r, "explicit b", 100);
+}
