@@ -39,8 +39,9 @@ check() {
 }
 
 # --- setup: everything a fresh machine lacks ---------------------------------------------------
-# Debian's ROCm runtime: a real libhsa-runtime64 without any device, for the zero-device test.
-apt_install libhsa-runtime64-1 && export GGML_HSA_REQUIRE_ROCR=1
+# Debian's ROCm runtime: a real libhsa-runtime64 without any device (the zero-device test), and
+# its headers (the check of src/hsa/sys.rs against them).
+apt_install libhsa-runtime64-1 libhsa-runtime-dev && export GGML_HSA_REQUIRE_ROCR=1
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops || { echo "0 passed, 1 failed"; exit 1; }
