@@ -32,6 +32,11 @@ pub struct Config {
     pub jit_compiler: Option<String>,
     /// `GGML_HSA_JIT_VERBOSE`: log the compiler's output for every compile.
     pub jit_verbose: bool,
+    /// `GGML_HSA_KERNEL_CACHE_CLEAR` (older name `GGML_HSA_JIT_CLEAR_CACHE`): remove the kernels
+    /// this backend wrote into the cache, once, when the backend starts.
+    pub cache_clear: bool,
+    /// `GGML_HSA_KERNEL_RECORD`: write every kernel a run needs into this gen-kernels config.
+    pub kernel_record: Option<PathBuf>,
     /// What was wrong with the environment, to be logged once.
     pub warnings: Vec<String>,
 }
@@ -102,6 +107,7 @@ impl Config {
             }),
         };
         let jit_verbose = flag("GGML_HSA_JIT_VERBOSE");
+        let cache_clear = flag("GGML_HSA_KERNEL_CACHE_CLEAR") || flag("GGML_HSA_JIT_CLEAR_CACHE");
 
         let packet_abi = match lookup("GGML_HSA_PACKET_ABI") {
             None => None,
@@ -135,11 +141,20 @@ impl Config {
             .or_else(|| non_empty("HOME").map(|d| d.join(".cache").join("ggml")))
             .unwrap_or_else(|| PathBuf::from("/tmp/ggml/ggml-hsa"));
 
-        let jit_compiler = jit_enabled_at_build().then(|| {
-            lookup("GGML_HSA_JIT_COMPILER")
-                .filter(|v| !v.trim().is_empty())
-                .unwrap_or_else(|| DEFAULT_JIT_COMPILER.to_owned())
-        });
+        // `off` (or `none`, `0`, `false`, `no`) disables JIT compilation at run time.
+        let jit_compiler = jit_enabled_at_build()
+            .then(|| {
+                lookup("GGML_HSA_JIT_COMPILER")
+                    .filter(|v| !v.trim().is_empty())
+                    .unwrap_or_else(|| DEFAULT_JIT_COMPILER.to_owned())
+            })
+            .filter(|v| {
+                let v = v.trim().to_ascii_lowercase();
+                !(v == "none" || parse_bool(&v) == Some(false))
+            });
+        let kernel_record = lookup("GGML_HSA_KERNEL_RECORD")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
 
         Config {
             enable_log,
@@ -150,6 +165,8 @@ impl Config {
             cache_dir,
             jit_compiler,
             jit_verbose,
+            cache_clear,
+            kernel_record,
             warnings,
         }
     }
@@ -196,7 +213,25 @@ mod tests {
         assert_eq!(c.cache_dir, PathBuf::from("/tmp/ggml/ggml-hsa"));
         assert_eq!(c.jit_compiler.as_deref(), Some(DEFAULT_JIT_COMPILER));
         assert!(!c.jit_verbose);
+        assert!(!c.cache_clear);
+        assert_eq!(c.kernel_record, None);
         assert!(c.warnings.is_empty());
+    }
+
+    #[test]
+    fn cache_clear_has_two_names_and_jit_can_be_switched_off() {
+        assert!(config(&[("GGML_HSA_KERNEL_CACHE_CLEAR", "TRUE")]).cache_clear);
+        assert!(config(&[("GGML_HSA_JIT_CLEAR_CACHE", "1")]).cache_clear);
+        assert!(!config(&[("GGML_HSA_JIT_CLEAR_CACHE", "0")]).cache_clear);
+        for off in ["off", "OFF", "none", "0"] {
+            assert_eq!(
+                config(&[("GGML_HSA_JIT_COMPILER", off)]).jit_compiler,
+                None,
+                "{off}"
+            );
+        }
+        let c = config(&[("GGML_HSA_KERNEL_RECORD", "/tmp/k.json")]);
+        assert_eq!(c.kernel_record, Some(PathBuf::from("/tmp/k.json")));
     }
 
     #[test]

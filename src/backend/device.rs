@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::hsa::memory::{select_pools, AgentPools, PoolAlloc};
 use crate::hsa::packet::PacketAbi;
 use crate::hsa::{HsaError, Runtime};
-use crate::kernels::{Compiler, KernelDesc, KernelStore};
+use crate::kernels::{Compiler, KernelDesc, KernelError, KernelFiles, KernelStore};
 use crate::ops::{self, Node, Plan};
 
 /// Tensor alignment inside a buffer. The NPU's DMA engines address 32-bit words; 64 bytes keeps
@@ -73,7 +73,22 @@ impl Device {
             config.cache_dir.clone(),
             config.jit_compiler.as_deref().and_then(Compiler::new),
             config.jit_verbose,
-        );
+        )
+        .with_record(config.kernel_record.clone());
+        if config.cache_clear {
+            let removed = store.clear_cache();
+            crate::ffi::log::notice(&format!(
+                "GGML_HSA_KERNEL_CACHE_CLEAR: removed {} file(s) this backend wrote under {}/{}{}",
+                removed.len(),
+                config.cache_dir.display(),
+                npu.arch,
+                removed
+                    .iter()
+                    .filter_map(|p| p.file_name()?.to_str())
+                    .map(|n| format!("\n  {n}"))
+                    .collect::<String>()
+            ));
+        }
         Ok(Device {
             index,
             name: format!("HSA{index}"),
@@ -124,11 +139,51 @@ impl Device {
 
     /// The kernel for `desc`, loading it into the dev heap (and compiling it) on first use.
     pub fn kernel(&self, desc: &KernelDesc) -> Result<Arc<LoadedKernel>, DeviceError> {
-        let name = desc.canonical_name();
-        if let Some(k) = self.loaded.lock().get(&name) {
-            return Ok(k.clone());
-        }
-        let files = self.store.load(desc)?;
+        self.kernels(std::slice::from_ref(desc))
+            .pop()
+            .expect("one result per description")
+    }
+
+    /// The kernels for `descs`, in order: those not loaded yet are found or compiled (the
+    /// missing ones in parallel) and loaded into the dev heap.
+    pub fn kernels(&self, descs: &[KernelDesc]) -> Vec<Result<Arc<LoadedKernel>, DeviceError>> {
+        let names: Vec<String> = descs.iter().map(KernelDesc::canonical_name).collect();
+        let new: Vec<KernelDesc> = {
+            let loaded = self.loaded.lock();
+            descs
+                .iter()
+                .zip(&names)
+                .filter(|(_, n)| !loaded.contains_key(*n))
+                .map(|(d, _)| d.clone())
+                .collect()
+        };
+        let mut files: HashMap<String, Result<KernelFiles, KernelError>> = self
+            .store
+            .load_many(&new)
+            .into_iter()
+            .zip(&new)
+            .map(|(f, d)| (d.canonical_name(), f))
+            .collect();
+        names
+            .into_iter()
+            .map(|name| {
+                if let Some(k) = self.loaded.lock().get(&name) {
+                    return Ok(k.clone());
+                }
+                let files = files.remove(&name).unwrap_or_else(|| {
+                    Err(KernelError {
+                        name: name.clone(),
+                        reason: "not requested".into(),
+                    })
+                })?;
+                let kernel = Arc::new(self.upload(&files)?);
+                Ok(self.loaded.lock().entry(name).or_insert(kernel).clone())
+            })
+            .collect()
+    }
+
+    /// Copies a kernel's PDI and instruction stream into the dev heap.
+    fn upload(&self, files: &KernelFiles) -> Result<LoadedKernel, DeviceError> {
         let load = |bytes: &[u8]| -> Result<PoolAlloc, DeviceError> {
             let alloc = self
                 .runtime
@@ -136,18 +191,17 @@ impl Device {
             alloc
                 .write_at(0, bytes)
                 .map_err(|e| DeviceError::KernelLoad {
-                    name: name.clone(),
+                    name: files.name.clone(),
                     reason: e.to_string(),
                 })?;
             Ok(alloc)
         };
-        let kernel = Arc::new(LoadedKernel {
-            name: name.clone(),
+        Ok(LoadedKernel {
+            name: files.name.clone(),
             pdi: load(&files.pdi)?,
             insts: load(&files.insts)?,
             insts_bytes: files.insts.len() as u64,
-        });
-        Ok(self.loaded.lock().entry(name).or_insert(kernel).clone())
+        })
     }
 }
 

@@ -8,7 +8,7 @@ use std::ffi::c_void;
 use super::guard::guard;
 use super::objects;
 use super::sys::*;
-use crate::hsa::memory::PoolAlloc;
+use crate::hsa::memory::{OutOfBounds, PoolAlloc};
 
 /// The context of one of our buffers.
 #[derive(Debug)]
@@ -202,6 +202,35 @@ unsafe extern "C" fn get_tensor_2d(
     })
 }
 
+/// Walks `n` rows of a 2-D copy: calls `row(buffer, offset in the buffer, offset in the host
+/// data)` for each, stopping at (and logging) the first failure.
+///
+/// # Safety
+/// `buffer` is ours and `tensor` valid.
+#[allow(clippy::too_many_arguments)]
+unsafe fn for_rows(
+    slot: &str,
+    buffer: ggml_backend_buffer_t,
+    tensor: *const ggml_tensor,
+    offset: usize,
+    n: usize,
+    stride_tensor: usize,
+    stride_data: usize,
+    mut row: impl FnMut(&Buffer, usize, usize) -> Result<(), OutOfBounds>,
+) {
+    // SAFETY: the caller's guarantees.
+    let buf = unsafe { context(buffer) };
+    // SAFETY: as above.
+    let Some(at) = (unsafe { offset_of(buf, tensor, offset) }) else {
+        return report(slot, "the tensor is not in this buffer");
+    };
+    for i in 0..n {
+        if let Err(e) = row(buf, at + i * stride_tensor, i * stride_data) {
+            return report(slot, e);
+        }
+    }
+}
+
 /// Copies `n` rows of `size` bytes from host memory into the tensor.
 ///
 /// # Safety
@@ -217,19 +246,23 @@ unsafe fn set_2d(
     stride_tensor: usize,
     stride_data: usize,
 ) {
-    // SAFETY: the caller's guarantees.
-    let buf = unsafe { context(buffer) };
-    // SAFETY: as above.
-    let Some(at) = (unsafe { offset_of(buf, tensor, offset) }) else {
-        return report("set_tensor", "the tensor is not in this buffer");
-    };
-    for row in 0..n {
+    let copy = |buf: &Buffer, at: usize, d: usize| {
         // SAFETY: the caller guarantees `size` readable bytes at each row of `data`.
-        let src =
-            unsafe { std::slice::from_raw_parts(data.cast::<u8>().add(row * stride_data), size) };
-        if let Err(e) = buf.alloc.write_at(at + row * stride_tensor, src) {
-            return report("set_tensor", e);
-        }
+        let src = unsafe { std::slice::from_raw_parts(data.cast::<u8>().add(d), size) };
+        buf.alloc.write_at(at, src)
+    };
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe {
+        for_rows(
+            "set_tensor",
+            buffer,
+            tensor,
+            offset,
+            n,
+            stride_tensor,
+            stride_data,
+            copy,
+        )
     }
 }
 
@@ -248,20 +281,23 @@ unsafe fn get_2d(
     stride_tensor: usize,
     stride_data: usize,
 ) {
-    // SAFETY: the caller's guarantees.
-    let buf = unsafe { context(buffer) };
-    // SAFETY: as above.
-    let Some(at) = (unsafe { offset_of(buf, tensor, offset) }) else {
-        return report("get_tensor", "the tensor is not in this buffer");
-    };
-    for row in 0..n {
+    let copy = |buf: &Buffer, at: usize, d: usize| {
         // SAFETY: the caller guarantees `size` writable bytes at each row of `data`.
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut(data.cast::<u8>().add(row * stride_data), size)
-        };
-        if let Err(e) = buf.alloc.read_at(at + row * stride_tensor, dst) {
-            return report("get_tensor", e);
-        }
+        let dst = unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>().add(d), size) };
+        buf.alloc.read_at(at, dst)
+    };
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe {
+        for_rows(
+            "get_tensor",
+            buffer,
+            tensor,
+            offset,
+            n,
+            stride_tensor,
+            stride_data,
+            copy,
+        )
     }
 }
 

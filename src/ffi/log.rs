@@ -34,6 +34,11 @@ pub fn warn(message: &str) {
     emit(sys::GGML_LOG_LEVEL_WARN, message);
 }
 
+/// An informational line the user asked for (e.g. what a cache clear removed): always emitted.
+pub fn notice(message: &str) {
+    emit(sys::GGML_LOG_LEVEL_INFO, message);
+}
+
 pub fn info(message: &str) {
     if config::get().enable_log {
         emit(sys::GGML_LOG_LEVEL_INFO, message);

@@ -117,9 +117,14 @@ impl KernelDesc {
 
     /// The compile request (protocol 1) for `arch`, as JSON.
     pub fn request_json(&self, arch: Arch) -> String {
-        let name = self.canonical_name();
+        self.request_json_named(arch, &self.canonical_name())
+    }
+
+    /// The compile request for `arch` with the kernel files called `name` instead of the canonical
+    /// name: `ggml-hsa-gen-kernels` honours a config's `exported_name` this way.
+    pub fn request_json_named(&self, arch: Arch, name: &str) -> String {
         serde_json::to_string(&Request {
-            name: &name,
+            name,
             arch: arch.name(),
             op: &self.op,
             op_params: &self.op_params,

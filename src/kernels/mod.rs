@@ -5,7 +5,9 @@
 //! knows about a device.
 
 pub mod compiler;
+pub mod config;
 pub mod desc;
+pub mod record;
 pub mod store;
 
 use std::fmt;

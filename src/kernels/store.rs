@@ -4,10 +4,21 @@
 //! Files that exist but are unusable (empty, an instruction stream whose size is not a multiple
 //! of 4 bytes) are reported with their path and treated as missing. Compile failures are
 //! remembered for the rest of the run (negative cache) so a graph does not retry them per node.
+//!
+//! The cache may be shared by several processes (and, at its default location, with other ggml
+//! tools). So: a compile holds an exclusive lock on `<cache>/<arch>/.<name>.lock`, and a process
+//! that finds the lock taken waits for it and then uses the other's result instead of compiling
+//! again; the compiler writes each file aside and renames it into place, so nobody sees half a
+//! kernel; and every kernel this backend wrote is listed in `<cache>/<arch>/.ggml-hsa-kernels`,
+//! which is what `GGML_HSA_KERNEL_CACHE_CLEAR` removes (never other files of the directory).
 
 use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -25,6 +36,9 @@ pub struct KernelFiles {
     /// The `.pdi` file they came from.
     pub path: PathBuf,
 }
+
+/// The list of kernels this backend wrote into a cache directory, one name per line.
+pub const MANIFEST: &str = ".ggml-hsa-kernels";
 
 /// Why there is no kernel.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +58,8 @@ pub struct KernelStore {
     verbose: bool,
     capabilities: OnceLock<Result<Capabilities, String>>,
     failed: Mutex<HashMap<String, String>>,
+    /// `GGML_HSA_KERNEL_RECORD`: where to record the kernels used.
+    record: Option<PathBuf>,
 }
 
 impl KernelStore {
@@ -64,7 +80,14 @@ impl KernelStore {
             verbose,
             capabilities: OnceLock::new(),
             failed: Mutex::new(HashMap::new()),
+            record: None,
         }
+    }
+
+    /// Records every kernel this store provides into the gen-kernels config at `path`.
+    pub fn with_record(mut self, path: Option<PathBuf>) -> KernelStore {
+        self.record = path;
+        self
     }
 
     pub fn arch(&self) -> Arch {
@@ -129,34 +152,111 @@ impl KernelStore {
 
     /// The kernel for `desc`: from disk, or compiled now.
     pub fn load(&self, desc: &KernelDesc) -> Result<KernelFiles, KernelError> {
-        let name = desc.canonical_name();
-        let error = |reason: String| KernelError {
-            name: name.clone(),
-            reason,
-        };
-        if let Some(reason) = self.failed.lock().get(&name) {
-            return Err(error(reason.clone()));
-        }
-        for dir in self.search_dirs() {
-            if let Some(files) = read_kernel(&dir, &name) {
-                return Ok(files);
-            }
-        }
-        let result = self.compile(desc, &name).and_then(|()| {
-            read_kernel(&self.cache_arch_dir(), &name).ok_or_else(|| {
-                format!(
-                    "the compiler reported success but {} holds no usable kernel files",
-                    self.cache_arch_dir().display()
-                )
-            })
-        });
-        result.map_err(|reason| {
-            self.failed.lock().insert(name.clone(), reason.clone());
-            error(reason)
-        })
+        self.load_many(std::slice::from_ref(desc))
+            .pop()
+            .expect("one result per description")
     }
 
-    fn compile(&self, desc: &KernelDesc, name: &str) -> Result<(), String> {
+    /// The kernels for `descs`, in order. Those not on disk are compiled first, in parallel
+    /// (at most one job per core), with a progress line per kernel in the log.
+    pub fn load_many(&self, descs: &[KernelDesc]) -> Vec<Result<KernelFiles, KernelError>> {
+        let names: Vec<String> = descs.iter().map(KernelDesc::canonical_name).collect();
+        let mut missing: Vec<usize> = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let known_bad = self.failed.lock().contains_key(name);
+            if !known_bad
+                && !names[..i].contains(name)
+                && self
+                    .search_dirs()
+                    .all(|dir| read_kernel(&dir, name).is_none())
+            {
+                missing.push(i);
+            }
+        }
+        self.compile_all(descs, &names, &missing);
+        names
+            .iter()
+            .zip(descs)
+            .map(|(name, desc)| {
+                let error = |reason: String| KernelError {
+                    name: name.clone(),
+                    reason,
+                };
+                if let Some(reason) = self.failed.lock().get(name) {
+                    return Err(error(reason.clone()));
+                }
+                let found = self.search_dirs().find_map(|dir| read_kernel(&dir, name));
+                if let (Some(_), Some(path)) = (&found, &self.record) {
+                    super::record::record(path, self.arch, desc);
+                }
+                found.ok_or_else(|| {
+                    let reason = match self.capabilities() {
+                        Ok(_) => format!(
+                            "the compiler reported success but {} holds no usable kernel \
+                                 files",
+                            self.cache_arch_dir().display()
+                        ),
+                        Err(why) => {
+                            format!("not found in the precompiled or cache directories and {why}")
+                        }
+                    };
+                    self.failed.lock().insert(name.clone(), reason.clone());
+                    error(reason)
+                })
+            })
+            .collect()
+    }
+
+    /// Compiles `descs[i]` for every `i` in `missing`, in parallel, recording failures.
+    fn compile_all(&self, descs: &[KernelDesc], names: &[String], missing: &[usize]) {
+        if missing.is_empty() || self.capabilities().is_err() {
+            return;
+        }
+        let total = missing.len();
+        let jobs = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(total);
+        let started = Instant::now();
+        if total > 1 {
+            log::info(&format!(
+                "compiling {total} kernels for {} ({jobs} at a time)",
+                self.arch
+            ));
+        }
+        let next = AtomicUsize::new(0);
+        let done = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..jobs {
+                scope.spawn(|| loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&i) = missing.get(k) else { break };
+                    let one = Instant::now();
+                    let outcome = self.compile(&descs[i], &names[i]);
+                    let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                    match outcome {
+                        Ok(how) => log::info(&format!(
+                            "[{n}/{total}] {} for {}: {how} in {:.2?} ({:.2?} elapsed)",
+                            names[i],
+                            self.arch,
+                            one.elapsed(),
+                            started.elapsed()
+                        )),
+                        Err(reason) => {
+                            log::warn(&format!(
+                                "[{n}/{total}] {} for {}: compile failed: {reason}",
+                                names[i], self.arch
+                            ));
+                            self.failed.lock().insert(names[i].clone(), reason);
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    /// Compiles one kernel into the cache, unless another process is doing it (then waits for
+    /// it and uses its result). Returns how the kernel came to be there.
+    fn compile(&self, desc: &KernelDesc, name: &str) -> Result<&'static str, String> {
         let caps = self.capabilities().map_err(|why| {
             format!("not found in the precompiled or cache directories and {why}")
         })?;
@@ -165,27 +265,88 @@ impl KernelStore {
         let dir = self.cache_arch_dir();
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create the cache directory {}: {e}", dir.display()))?;
+        let lock = lock_kernel(&dir, name)?;
+        if read_kernel(&dir, name).is_some() {
+            return Ok("compiled by another process");
+        }
         let request = dir.join(format!(".{name}.request.{}.json", std::process::id()));
         std::fs::write(&request, desc.request_json(self.arch))
             .map_err(|e| format!("cannot write {}: {e}", request.display()))?;
-        let started = std::time::Instant::now();
         let outcome = jit.compile(&request, &dir);
         let _ = std::fs::remove_file(&request);
-        match outcome {
-            Ok(output) => {
-                log::info(&format!(
-                    "compiled {name} for {} in {:.2?}",
-                    self.arch,
-                    started.elapsed()
-                ));
-                if self.verbose {
-                    log::info(&format!("compiler output for {name}:\n{output}"));
-                }
-                Ok(())
+        let output = outcome.map_err(|e| e.to_string())?;
+        record_written(&dir, name);
+        drop(lock);
+        if self.verbose {
+            log::info(&format!("compiler output for {name}:\n{output}"));
+        }
+        Ok("compiled")
+    }
+
+    /// Removes every kernel this backend wrote into the cache directory of this architecture
+    /// (as listed in its manifest) and returns the paths removed. Other files stay.
+    pub fn clear_cache(&self) -> Vec<PathBuf> {
+        clear_cache_dir(&self.cache_arch_dir())
+    }
+}
+
+/// Takes the compile lock of kernel `name` in `dir`, waiting while another process holds it.
+fn lock_kernel(dir: &Path, name: &str) -> Result<File, String> {
+    let path = dir.join(format!(".{name}.lock"));
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot create the lock file {}: {e}", path.display()))?;
+    file.lock()
+        .map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+    Ok(file)
+}
+
+/// Adds `name` to the manifest of `dir` (one short line, appended atomically).
+fn record_written(dir: &Path, name: &str) {
+    let path = dir.join(MANIFEST);
+    let appended = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(format!("{name}\n").as_bytes()));
+    if let Err(e) = appended {
+        log::warn(&format!(
+            "cannot record {name} in {}: {e}; clearing the cache will not remove it",
+            path.display()
+        ));
+    }
+}
+
+/// Removes the kernels listed in `dir`'s manifest, their lock files and the manifest.
+pub fn clear_cache_dir(dir: &Path) -> Vec<PathBuf> {
+    let Ok(list) = std::fs::read_to_string(dir.join(MANIFEST)) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    let names = list
+        .lines()
+        .map(str::trim)
+        .filter(|n| !n.is_empty() && !n.contains('/') && !n.starts_with('.'));
+    for name in names {
+        for file in [
+            format!("{name}.pdi"),
+            format!("{name}_insts.bin"),
+            format!(".{name}.lock"),
+        ] {
+            let path = dir.join(file);
+            if std::fs::remove_file(&path).is_ok() {
+                removed.push(path);
             }
-            Err(e) => Err(e.to_string()),
         }
     }
+    let manifest = dir.join(MANIFEST);
+    if std::fs::remove_file(&manifest).is_ok() {
+        removed.push(manifest);
+    }
+    removed
 }
 
 /// Reads `<dir>/<name>.pdi` and `<dir>/<name>_insts.bin`; `None` when absent or unusable (the
@@ -202,7 +363,7 @@ fn read_kernel(dir: &Path, name: &str) -> Option<KernelFiles> {
         if pdi.is_empty() {
             return Err(format!("{} is empty", pdi_path.display()));
         }
-        if insts.is_empty() || insts.len() % 4 != 0 {
+        if insts.is_empty() || !insts.len().is_multiple_of(4) {
             return Err(format!(
                 "{} is {} bytes, not a non-empty multiple of 4",
                 insts_path.display(),
@@ -287,5 +448,33 @@ mod tests {
         assert!(store.failed.lock().contains_key(&first.name));
         assert_eq!(store.load(&desc()).unwrap_err(), first);
         let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn clearing_removes_only_what_the_backend_wrote() {
+        let dir = scratch("clear");
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in [
+            "k1.pdi",
+            "k1_insts.bin",
+            ".k1.lock",
+            "foreign.pdi",
+            "notes.txt",
+        ] {
+            std::fs::write(dir.join(f), b"x").unwrap();
+        }
+        record_written(&dir, "k1");
+        record_written(&dir, "gone"); // listed but already deleted by hand
+        let removed = clear_cache_dir(&dir);
+        assert_eq!(removed.len(), 4, "{removed:?}");
+        let mut left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["foreign.pdi", "notes.txt"]);
+        // Nothing recorded: nothing removed.
+        assert!(clear_cache_dir(&dir).is_empty());
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

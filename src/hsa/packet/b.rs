@@ -33,7 +33,7 @@ impl PacketFormat for KernelDispatch {
     ) -> Result<[u8; 64], EncodeError> {
         let n = d.operands.len();
         let num_kernargs = u16::try_from(n).map_err(|_| EncodeError::TooManyOperands(n, 65535))?;
-        if d.insts_bytes % 4 != 0 {
+        if !d.insts_bytes.is_multiple_of(4) {
             return Err(EncodeError::UnalignedInstructions(d.insts_bytes));
         }
         let need = self.args_bytes(n);

@@ -66,7 +66,7 @@ fn encode(
     if n > MAX_OPERANDS {
         return Err(EncodeError::TooManyOperands(n, MAX_OPERANDS));
     }
-    if d.insts_bytes % 4 != 0 {
+    if !d.insts_bytes.is_multiple_of(4) {
         return Err(EncodeError::UnalignedInstructions(d.insts_bytes));
     }
     let need = payload_bytes(n);

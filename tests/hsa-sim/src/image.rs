@@ -263,7 +263,7 @@ pub fn parse_image(image: &[u8]) -> Result<(KernelDesc, Op), String> {
 
 /// Checks that `insts` (the bytes the packet designates) is the stream for `image`.
 pub fn check_insts(insts: &[u8], image: &[u8]) -> Result<(), String> {
-    if insts.len() % 4 != 0 || insts.len() < INSTS_WORDS * 4 {
+    if !insts.len().is_multiple_of(4) || insts.len() < INSTS_WORDS * 4 {
         return Err(format!(
             "instruction stream of {} bytes is not a simulator stream ({} bytes expected)",
             insts.len(),

@@ -67,7 +67,7 @@ impl PacketFormat for B {
         let kernarg = u64_at(slot, 32);
         let insts_bytes = u64_at(slot, 40);
         let pdi_addr = u64_at(slot, 48);
-        if insts_bytes % 4 != 0 {
+        if !insts_bytes.is_multiple_of(4) {
             return Err(PacketError::format(format!(
                 "B: insts_size {insts_bytes} is not a multiple of 4 (it is in bytes in Gen B)"
             )));

@@ -101,7 +101,7 @@ pub fn decode(
         }
         0
     };
-    if count < 6 || count % 3 != 0 {
+    if count < 6 || !count.is_multiple_of(3) {
         return Err(PacketError::format(format!(
             "{g}: count {count} is not 3 + 3N with N >= 1 operands (count excludes the two opcode dwords)"
         )));

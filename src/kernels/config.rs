@@ -1,0 +1,856 @@
+//! Kernel configs: the JSON files `ggml-hsa-gen-kernels` reads to pregenerate kernels.
+//!
+//! A config lists kernels the way the IRON kernel package names them (a kernel function in a
+//! Python source file) with their operands as text descriptors, so it can be written by hand:
+//!
+//! ```json
+//! {"kernels": [{"kernel_name": "ggml_op_add", "kernel_source": "binary_ops.py", "arch": "aie2p",
+//!               "input_tensors": ["(1024,1,1,1)/f32", "(1024,1,1,1)/f32"],
+//!               "output_tensor": "(1024,1,1,1)/f32",
+//!               "exported_name": "add-f32_1024-f32_1024-f32_1024"}]}
+//! ```
+//!
+//! Each entry maps onto one [`KernelDesc`] (and back), so a config entry and a compile request
+//! of the backend describe the same kernel. The backend looks kernels up by canonical name only;
+//! an `exported_name` other than the canonical one produces files the backend never finds.
+//!
+//! Tensor descriptors are `(ne0,ne1,ne2,ne3)/dtype[/(nb0,nb1,nb2,nb3)]`: ggml's elements per
+//! dimension, the element type and optionally ggml's **byte** strides (dense when omitted).
+
+use serde::{Deserialize, Serialize};
+
+use super::desc::{KernelDesc, Layout};
+use super::Arch;
+
+/// Element types a descriptor may name, with their size in bytes.
+const DTYPES: [(&str, u64); 6] = [
+    ("f32", 4),
+    ("f16", 2),
+    ("bf16", 2),
+    ("i8", 1),
+    ("i16", 2),
+    ("i32", 4),
+];
+
+/// Bytes per element of `dtype`, for the types a descriptor may name.
+pub fn dtype_size(dtype: &str) -> Option<u64> {
+    DTYPES.iter().find(|(n, _)| *n == dtype).map(|&(_, s)| s)
+}
+
+const BINARY_OPS: &str = "binary_ops.py";
+const UNARY_OPS: &str = "unary_ops.py";
+const SCALE_OPS: &str = "scale_ops.py";
+const MUL_MAT: &str = "mul_mat.py";
+
+/// One kernel a config may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelKind {
+    /// The op as the compiler protocol (and the canonical name) spells it.
+    pub op: &'static str,
+    /// The Python file of the IRON kernel package defining it.
+    pub source: &'static str,
+    /// Number of input tensors.
+    pub inputs: usize,
+    /// Most op parameter words the op has (ggml stores SCALE's scale/bias and CLAMP's min/max).
+    pub max_params: usize,
+}
+
+const fn kind(
+    op: &'static str,
+    source: &'static str,
+    inputs: usize,
+    max_params: usize,
+) -> KernelKind {
+    KernelKind {
+        op,
+        source,
+        inputs,
+        max_params,
+    }
+}
+
+/// The one table of kernels: the op, the source defining `ggml_op_<op>` and its arity. Config
+/// names, from_desc/to_desc and the validation messages all derive from it, so they cannot drift.
+pub const KERNELS: &[KernelKind] = &[
+    kind("ADD", BINARY_OPS, 2, 0),
+    kind("SUB", BINARY_OPS, 2, 0),
+    kind("MUL", BINARY_OPS, 2, 0),
+    kind("DIV", BINARY_OPS, 2, 0),
+    kind("ABS", UNARY_OPS, 1, 0),
+    kind("SGN", UNARY_OPS, 1, 0),
+    kind("NEG", UNARY_OPS, 1, 0),
+    kind("STEP", UNARY_OPS, 1, 0),
+    kind("TANH", UNARY_OPS, 1, 0),
+    kind("ELU", UNARY_OPS, 1, 0),
+    kind("RELU", UNARY_OPS, 1, 0),
+    kind("SIGMOID", UNARY_OPS, 1, 0),
+    kind("GELU", UNARY_OPS, 1, 0),
+    kind("GELU_QUICK", UNARY_OPS, 1, 0),
+    kind("SILU", UNARY_OPS, 1, 0),
+    kind("HARDSWISH", UNARY_OPS, 1, 0),
+    kind("HARDSIGMOID", UNARY_OPS, 1, 0),
+    kind("EXP", UNARY_OPS, 1, 0),
+    kind("GELU_ERF", UNARY_OPS, 1, 0),
+    kind("FLOOR", UNARY_OPS, 1, 0),
+    kind("CEIL", UNARY_OPS, 1, 0),
+    kind("ROUND", UNARY_OPS, 1, 0),
+    kind("TRUNC", UNARY_OPS, 1, 0),
+    kind("SQR", UNARY_OPS, 1, 0),
+    kind("SQRT", UNARY_OPS, 1, 0),
+    kind("LOG", UNARY_OPS, 1, 0),
+    kind("SIN", UNARY_OPS, 1, 0),
+    kind("COS", UNARY_OPS, 1, 0),
+    kind("SCALE", SCALE_OPS, 1, 2),
+    kind("CLAMP", SCALE_OPS, 1, 2),
+    kind("MUL_MAT", MUL_MAT, 2, 0),
+];
+
+const KERNEL_PREFIX: &str = "ggml_op_";
+/// The IRON package's older spelling of unary kernels (`ggml_unary_op_gelu`); accepted so that
+/// configs written for it keep working.
+const UNARY_KERNEL_PREFIX: &str = "ggml_unary_op_";
+
+impl KernelKind {
+    /// The kernel function name: `ggml_op_<op>` in lower case.
+    pub fn kernel_name(&self) -> String {
+        format!("{KERNEL_PREFIX}{}", self.op.to_ascii_lowercase())
+    }
+
+    /// The kernel of protocol op `op` (`ADD`, `GELU_QUICK`, ...).
+    pub fn by_op(op: &str) -> Option<&'static KernelKind> {
+        KERNELS.iter().find(|k| k.op == op)
+    }
+
+    /// The kernel a config's `kernel_name` names (`ggml_op_gelu`, or `ggml_unary_op_gelu`).
+    pub fn by_kernel_name(name: &str) -> Option<&'static KernelKind> {
+        let (op, unary_only) = if let Some(op) = name.strip_prefix(KERNEL_PREFIX) {
+            (op, false)
+        } else {
+            (name.strip_prefix(UNARY_KERNEL_PREFIX)?, true)
+        };
+        // The table's names are lower case; upper-case spellings are not the kernel's name.
+        if op.bytes().any(|b| b.is_ascii_uppercase()) {
+            return None;
+        }
+        KernelKind::by_op(&op.to_ascii_uppercase()).filter(|k| !unary_only || k.source == UNARY_OPS)
+    }
+}
+
+/// What is wrong with a kernel config. Messages quote the offending text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid kernel config: {0}")]
+    Json(String),
+    #[error(
+        "invalid tensor descriptor {text:?}: {reason} \
+         (expected (d0,d1,d2,d3)/dtype or (d0,d1,d2,d3)/dtype/(s0,s1,s2,s3))"
+    )]
+    InvalidTensor { text: String, reason: String },
+    #[error("shape must have exactly 4 dimensions: {text:?} has {count}")]
+    ShapeDims { text: String, count: usize },
+    #[error("unknown dtype {dtype:?} in {text:?} (supported: f32, f16, bf16, i8, i16, i32)")]
+    UnknownDtype { text: String, dtype: String },
+    #[error("strides must have 4 values: {text:?} has {count}")]
+    StrideCount { text: String, count: usize },
+    #[error("invalid {what} {value:?} in tensor descriptor {text:?}: {reason}")]
+    InvalidNumber {
+        text: String,
+        what: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    #[error(
+        "stride {stride} of dimension {dim} in {text:?} is not a multiple of the {dtype} element \
+         size ({size} bytes): strides are byte strides (ggml nb)"
+    )]
+    MisalignedStride {
+        text: String,
+        dim: usize,
+        stride: u64,
+        dtype: String,
+        size: u64,
+    },
+    #[error("kernel source not found: {}", source_hint(.kernel_name, .kernel_source, *.defined_in))]
+    KernelSourceNotFound {
+        kernel_name: String,
+        kernel_source: String,
+        /// The source that does define `kernel_name`, if any.
+        defined_in: Option<&'static str>,
+    },
+    #[error("unknown arch {0:?} (supported: aie2, aie2p)")]
+    UnknownArch(String),
+    #[error("{kernel_name} takes {expected} input tensor(s), the entry lists {got}")]
+    InputCount {
+        kernel_name: String,
+        expected: usize,
+        got: usize,
+    },
+    #[error("{kernel_name} takes at most {max} op_params, the entry has {got}")]
+    TooManyParams {
+        kernel_name: String,
+        max: usize,
+        got: usize,
+    },
+    #[error(
+        "invalid exported_name {0:?}: it must be 1-200 characters of [A-Za-z0-9_.-] \
+         not starting with '.' (it names the kernel files)"
+    )]
+    InvalidExportedName(String),
+}
+
+fn source_hint(kernel_name: &str, kernel_source: &str, defined_in: Option<&str>) -> String {
+    match defined_in {
+        Some(source) => format!(
+            "{kernel_source:?} does not define kernel {kernel_name:?}, which is in {source:?}"
+        ),
+        None => format!(
+            "no kernel source defines kernel {kernel_name:?} (the entry says {kernel_source:?}; \
+             known sources: {BINARY_OPS}, {UNARY_OPS}, {SCALE_OPS}, {MUL_MAT})"
+        ),
+    }
+}
+
+/// Parses `(ne0,ne1,ne2,ne3)/dtype[/(nb0,nb1,nb2,nb3)]`. Strides are byte strides and default to
+/// a dense layout.
+pub fn parse_tensor(s: &str) -> Result<Layout, ConfigError> {
+    let invalid = |reason: &str| ConfigError::InvalidTensor {
+        text: s.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let (shape, rest) = parenthesised(s.trim())
+        .ok_or_else(|| invalid("the shape must be written in parentheses"))?;
+    let rest = rest
+        .strip_prefix('/')
+        .ok_or_else(|| invalid("the shape must be followed by /dtype"))?;
+    let (dtype, strides) = match rest.split_once('/') {
+        Some((dtype, strides)) => (dtype.trim(), Some(strides.trim())),
+        None => (rest.trim(), None),
+    };
+
+    let dims = list(shape);
+    if dims.len() != 4 {
+        return Err(ConfigError::ShapeDims {
+            text: s.to_owned(),
+            count: dims.len(),
+        });
+    }
+    let mut ne = [0i64; 4];
+    for (n, v) in ne.iter_mut().zip(&dims) {
+        *n =
+            v.parse::<i64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| ConfigError::InvalidNumber {
+                    text: s.to_owned(),
+                    what: "dimension",
+                    value: (*v).to_owned(),
+                    reason: "dimensions are positive integers (1 for unused dimensions)",
+                })?;
+    }
+
+    if dtype.is_empty() {
+        return Err(invalid("the dtype is missing"));
+    }
+    let size = dtype_size(dtype).ok_or_else(|| ConfigError::UnknownDtype {
+        text: s.to_owned(),
+        dtype: dtype.to_owned(),
+    })?;
+    // Layout::contiguous multiplies the dimensions; refuse sizes that would overflow rather
+    // than panic or wrap.
+    if ne
+        .iter()
+        .try_fold(size, |acc, &n| acc.checked_mul(n as u64))
+        .is_none()
+    {
+        return Err(invalid(
+            "the tensor's size in bytes does not fit in 64 bits",
+        ));
+    }
+    let mut layout = Layout::contiguous(dtype, size, ne);
+
+    if let Some(strides) = strides {
+        let (values, rest) = parenthesised(strides)
+            .ok_or_else(|| invalid("the strides must be written in parentheses"))?;
+        if !rest.trim().is_empty() {
+            return Err(invalid("unexpected text after the strides"));
+        }
+        let values = list(values);
+        if values.len() != 4 {
+            return Err(ConfigError::StrideCount {
+                text: s.to_owned(),
+                count: values.len(),
+            });
+        }
+        for (nb, v) in layout.nb.iter_mut().zip(&values) {
+            *nb = v.parse::<u64>().map_err(|_| ConfigError::InvalidNumber {
+                text: s.to_owned(),
+                what: "stride",
+                value: (*v).to_owned(),
+                reason: "strides are non-negative integers (bytes)",
+            })?;
+        }
+        // A stride that splits an element is a mistake (often element strides given where ggml
+        // wants bytes). Dimensions of size 1 are never stepped over, so their stride is free.
+        for dim in 0..4 {
+            let stride = layout.nb[dim];
+            if layout.ne[dim] > 1 && !stride.is_multiple_of(size) {
+                return Err(ConfigError::MisalignedStride {
+                    text: s.to_owned(),
+                    dim,
+                    stride,
+                    dtype: dtype.to_owned(),
+                    size,
+                });
+            }
+        }
+    }
+    Ok(layout)
+}
+
+/// `(inside)rest` -> (`inside`, `rest`).
+fn parenthesised(s: &str) -> Option<(&str, &str)> {
+    s.strip_prefix('(')?.split_once(')')
+}
+
+/// The comma-separated items of `s`, trimmed; none for an empty `s`.
+fn list(s: &str) -> Vec<&str> {
+    if s.trim().is_empty() {
+        Vec::new()
+    } else {
+        s.split(',').map(str::trim).collect()
+    }
+}
+
+/// Writes `t` as a descriptor [`parse_tensor`] reads back to `t`: strides only when they are not
+/// the dense ones.
+pub fn format_tensor(t: &Layout) -> String {
+    let join = |v: &[String]| v.join(",");
+    let ne: Vec<String> = t.ne.iter().map(i64::to_string).collect();
+    let mut text = format!("({})/{}", join(&ne), t.dtype);
+    let dense = dtype_size(&t.dtype)
+        .is_some_and(|size| Layout::contiguous(&t.dtype, size, t.ne).nb == t.nb);
+    if !dense {
+        let nb: Vec<String> = t.nb.iter().map(u64::to_string).collect();
+        text.push_str(&format!("/({})", join(&nb)));
+    }
+    text
+}
+
+/// A kernel config file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelConfig {
+    pub kernels: Vec<KernelEntry>,
+}
+
+/// One kernel of a config.
+// Unknown fields are refused so that a misspelt optional field (`exported_nmae`) is an error
+// instead of silently producing a kernel under another name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelEntry {
+    /// `ggml_op_<op>` (see [`KERNELS`]).
+    pub kernel_name: String,
+    /// The Python file defining the kernel (`binary_ops.py`, ...).
+    pub kernel_source: String,
+    /// `aie2` or `aie2p`.
+    pub arch: String,
+    /// Tensor descriptors of the inputs, in kernel order.
+    pub input_tensors: Vec<String>,
+    pub output_tensor: String,
+    /// The kernel files' name; the canonical name when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exported_name: Option<String>,
+    /// ggml's op parameters as i32 words (SCALE: scale and bias, CLAMP: min and max, as f32 bit
+    /// patterns). An extension of the IRON config format, which has no way to express them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op_params: Option<Vec<i32>>,
+}
+
+impl KernelConfig {
+    pub fn parse(json: &str) -> Result<KernelConfig, ConfigError> {
+        serde_json::from_str(json).map_err(|e| ConfigError::Json(e.to_string()))
+    }
+
+    /// The config as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("kernel configs always serialise")
+    }
+}
+
+impl KernelEntry {
+    /// The entry describing `desc` for `arch`, exported under its canonical name. An op outside
+    /// [`KERNELS`] gets an empty `kernel_source`, which [`KernelEntry::to_desc`] refuses.
+    pub fn from_desc(desc: &KernelDesc, arch: Arch) -> KernelEntry {
+        let source = KernelKind::by_op(&desc.op).map_or("", |k| k.source);
+        KernelEntry {
+            kernel_name: format!("{KERNEL_PREFIX}{}", desc.op.to_ascii_lowercase()),
+            kernel_source: source.to_owned(),
+            arch: arch.name().to_owned(),
+            input_tensors: desc.inputs.iter().map(format_tensor).collect(),
+            output_tensor: format_tensor(&desc.output),
+            exported_name: Some(desc.canonical_name()),
+            op_params: (!desc.op_params.is_empty()).then(|| desc.op_params.clone()),
+        }
+    }
+
+    /// The kernel this entry describes, and its architecture.
+    pub fn to_desc(&self) -> Result<(Arch, KernelDesc), ConfigError> {
+        let kind = self.kind()?;
+        let arch = Arch::from_agent_name(&self.arch)
+            .ok_or_else(|| ConfigError::UnknownArch(self.arch.clone()))?;
+        if self.input_tensors.len() != kind.inputs {
+            return Err(ConfigError::InputCount {
+                kernel_name: self.kernel_name.clone(),
+                expected: kind.inputs,
+                got: self.input_tensors.len(),
+            });
+        }
+        let op_params = self.op_params.clone().unwrap_or_default();
+        if op_params.len() > kind.max_params {
+            return Err(ConfigError::TooManyParams {
+                kernel_name: self.kernel_name.clone(),
+                max: kind.max_params,
+                got: op_params.len(),
+            });
+        }
+        if let Some(name) = &self.exported_name {
+            if !is_file_name(name) {
+                return Err(ConfigError::InvalidExportedName(name.clone()));
+            }
+        }
+        let inputs = self
+            .input_tensors
+            .iter()
+            .map(|t| parse_tensor(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let output = parse_tensor(&self.output_tensor)?;
+        Ok((
+            arch,
+            KernelDesc {
+                op: kind.op.to_owned(),
+                op_params,
+                inputs,
+                output,
+            },
+        ))
+    }
+
+    /// The table row of this entry's kernel, checking that `kernel_source` is the file defining
+    /// it.
+    fn kind(&self) -> Result<&'static KernelKind, ConfigError> {
+        let kind = KernelKind::by_kernel_name(&self.kernel_name);
+        match kind {
+            Some(k) if k.source == self.kernel_source => Ok(k),
+            _ => Err(ConfigError::KernelSourceNotFound {
+                kernel_name: self.kernel_name.clone(),
+                kernel_source: self.kernel_source.clone(),
+                defined_in: kind.map(|k| k.source),
+            }),
+        }
+    }
+
+    /// The name the kernel files get: `exported_name`, else the canonical name of `desc`.
+    pub fn file_name(&self, desc: &KernelDesc) -> String {
+        self.exported_name
+            .clone()
+            .unwrap_or_else(|| desc.canonical_name())
+    }
+}
+
+/// A name usable for `<name>.pdi` in any directory: the same rule hsa-sim-compile applies to
+/// request names, so a name the tool accepts is one a compiler can write.
+fn is_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::tensor::test_util::tensor;
+    use crate::ops::{plan, BinaryOp, DType, Node, Op, Plan, Tensor, UnaryOp};
+
+    fn err(s: &str) -> String {
+        parse_tensor(s).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn descriptors_parse_with_dense_or_given_byte_strides() {
+        let t = parse_tensor("(1024,1,1,1)/f32").unwrap();
+        assert_eq!(t, Layout::contiguous("f32", 4, [1024, 1, 1, 1]));
+        let t = parse_tensor(" ( 1024, 768 ,1,1 )/bf16 ").unwrap();
+        assert_eq!(t.nb, [2, 2048, 1_572_864, 1_572_864]);
+        assert_eq!(t.dtype, "bf16");
+        let t = parse_tensor("(16,5,4,3)/f32/(80,4,20,1280)").unwrap();
+        assert_eq!(t.ne, [16, 5, 4, 3]);
+        assert_eq!(t.nb, [80, 4, 20, 1280]);
+        for (dtype, size) in DTYPES {
+            let t = parse_tensor(&format!("(3,2,1,1)/{dtype}")).unwrap();
+            assert_eq!(t.nb[..2], [size, 3 * size]);
+        }
+        // Size-1 dimensions are never stepped over: any stride is fine there.
+        let t = parse_tensor("(8,1,1,1)/f16/(2,3,5,7)").unwrap();
+        assert_eq!(t.nb, [2, 3, 5, 7]);
+    }
+
+    #[test]
+    fn bad_descriptors_say_what_is_wrong_and_quote_it() {
+        let cases = [
+            (
+                "1024,1,1,1/f32",
+                "invalid tensor descriptor \"1024,1,1,1/f32\"",
+            ),
+            ("(1024,1,1,1)", "must be followed by /dtype"),
+            ("(1024,1,1,1)f32", "must be followed by /dtype"),
+            ("(1024,1,1,1", "the shape must be written in parentheses"),
+            ("(1024,1,1,1)/", "the dtype is missing"),
+            (
+                "(1024,1,1)/f32",
+                "shape must have exactly 4 dimensions: \"(1024,1,1)/f32\" has 3",
+            ),
+            (
+                "()/f32",
+                "shape must have exactly 4 dimensions: \"()/f32\" has 0",
+            ),
+            ("(1,1,1,1,1)/f32", "has 5"),
+            (
+                "(1024,1,1,1)/f64",
+                "unknown dtype \"f64\" in \"(1024,1,1,1)/f64\"",
+            ),
+            ("(4,1,1,1)/F32", "unknown dtype \"F32\""),
+            (
+                "(4,4,1,1)/f32/(4,16)",
+                "strides must have 4 values: \"(4,4,1,1)/f32/(4,16)\" has 2",
+            ),
+            (
+                "(4,4,1,1)/f32/4,16,64,64",
+                "strides must be written in parentheses",
+            ),
+            (
+                "(4,4,1,1)/f32/(4,16,64,64)x",
+                "unexpected text after the strides",
+            ),
+            (
+                "(4,4,1,1)/f32/(4,16,64,64)/(1,1,1,1)",
+                "unexpected text after",
+            ),
+            (
+                "(4,x,1,1)/f32",
+                "invalid dimension \"x\" in tensor descriptor",
+            ),
+            ("(4,0,1,1)/f32", "invalid dimension \"0\""),
+            ("(4,-2,1,1)/f32", "positive integers"),
+            ("(4,,1,1)/f32", "invalid dimension \"\""),
+            ("(4,4,1,1)/f32/(4,-16,64,64)", "invalid stride \"-16\""),
+            (
+                "(1024,1,1,1)/f32/(1,1024,1048576,1048576)",
+                "stride 1 of dimension 0 in \"(1024,1,1,1)/f32/(1,1024,1048576,1048576)\" is not \
+                 a multiple of the f32 element size (4 bytes): strides are byte strides",
+            ),
+            ("(9223372036854775807,2,1,1)/f32", "does not fit in 64 bits"),
+        ];
+        for (text, message) in cases {
+            let e = err(text);
+            assert!(e.contains(message), "{text}: {e}");
+        }
+        assert!(err("1024/f32").starts_with("invalid tensor descriptor"));
+    }
+
+    #[test]
+    fn formatting_round_trips() {
+        for text in [
+            "(1024,1,1,1)/f32",
+            "(8,3,2,1)/i8",
+            "(16,5,4,3)/f32/(80,4,20,1280)",
+            "(8,1,1,1)/f16/(2,3,5,7)",
+            "(4,4,1,1)/i32/(0,16,64,64)",
+        ] {
+            let t = parse_tensor(text).unwrap();
+            assert_eq!(format_tensor(&t), text);
+            assert_eq!(parse_tensor(&format_tensor(&t)).unwrap(), t);
+        }
+        // A dense layout given explicitly is written without its strides.
+        let t = parse_tensor("(4,4,1,1)/bf16/(2,8,32,32)").unwrap();
+        assert_eq!(format_tensor(&t), "(4,4,1,1)/bf16");
+    }
+
+    #[test]
+    fn the_table_names_every_op_the_backend_makes() {
+        for op in UnaryOp::ALL {
+            let k = KernelKind::by_op(op.name()).unwrap();
+            assert_eq!((k.source, k.inputs), (UNARY_OPS, 1), "{}", op.name());
+        }
+        for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div] {
+            assert_eq!(KernelKind::by_op(op.name()).unwrap().source, BINARY_OPS);
+        }
+        assert_eq!(KernelKind::by_op("SCALE").unwrap().source, SCALE_OPS);
+        assert_eq!(KernelKind::by_op("CLAMP").unwrap().source, SCALE_OPS);
+        assert_eq!(KernelKind::by_op("MUL_MAT").unwrap().source, MUL_MAT);
+        let gq = KernelKind::by_op("GELU_QUICK").unwrap();
+        assert_eq!(gq.kernel_name(), "ggml_op_gelu_quick");
+        assert_eq!(KernelKind::by_kernel_name("ggml_op_gelu_quick"), Some(gq));
+        assert_eq!(
+            KernelKind::by_kernel_name("ggml_unary_op_gelu_quick"),
+            Some(gq)
+        );
+        assert_eq!(KernelKind::by_kernel_name("ggml_unary_op_add"), None);
+        assert_eq!(KernelKind::by_kernel_name("ggml_op_ADD"), None);
+        assert_eq!(KernelKind::by_kernel_name("add"), None);
+        for k in KERNELS {
+            assert_eq!(KernelKind::by_kernel_name(&k.kernel_name()), Some(k));
+        }
+    }
+
+    fn entry(kernel_name: &str, source: &str, inputs: &[&str], output: &str) -> KernelEntry {
+        KernelEntry {
+            kernel_name: kernel_name.into(),
+            kernel_source: source.into(),
+            arch: "aie2p".into(),
+            input_tensors: inputs.iter().map(|s| s.to_string()).collect(),
+            output_tensor: output.into(),
+            exported_name: None,
+            op_params: None,
+        }
+    }
+
+    #[test]
+    fn entries_become_descriptions() {
+        let t = "(1024,1,1,1)/f32";
+        let e = entry("ggml_op_add", "binary_ops.py", &[t, t], t);
+        let (arch, desc) = e.to_desc().unwrap();
+        assert_eq!(arch, Arch::Aie2p);
+        assert_eq!(desc.op, "ADD");
+        assert_eq!(desc.canonical_name(), "add-f32_1024-f32_1024-f32_1024");
+        assert_eq!(e.file_name(&desc), "add-f32_1024-f32_1024-f32_1024");
+        let named = KernelEntry {
+            exported_name: Some("add_f32_1024".into()),
+            ..e.clone()
+        };
+        assert_eq!(named.file_name(&desc), "add_f32_1024");
+
+        let mut s = entry("ggml_op_scale", "scale_ops.py", &[t], t);
+        s.op_params = Some(vec![0x4000_0000, 0]);
+        s.arch = "aie2".into();
+        let (arch, desc) = s.to_desc().unwrap();
+        assert_eq!(arch, Arch::Aie2);
+        assert_eq!(desc.op_params, [0x4000_0000, 0]);
+        assert_eq!(desc.canonical_name(), "scale-f32_1024-f32_1024-p40000000");
+
+        let g = entry("ggml_unary_op_gelu", "unary_ops.py", &[t], t);
+        assert_eq!(g.to_desc().unwrap().1.op, "GELU");
+    }
+
+    #[test]
+    fn bad_entries_are_refused_with_their_reason() {
+        let t = "(1024,1,1,1)/f32";
+        let msg = |e: KernelEntry| e.to_desc().unwrap_err().to_string();
+        assert_eq!(
+            msg(entry("ggml_op_add", "unary_ops.py", &[t, t], t)),
+            "kernel source not found: \"unary_ops.py\" does not define kernel \"ggml_op_add\", \
+             which is in \"binary_ops.py\""
+        );
+        let m = msg(entry("ggml_op_softmax", "softmax.py", &[t], t));
+        assert!(
+            m.starts_with(
+                "kernel source not found: no kernel source defines kernel \"ggml_op_softmax\" \
+                 (the entry says \"softmax.py\""
+            ),
+            "{m}"
+        );
+        let mut e = entry("ggml_op_relu", "unary_ops.py", &[t], t);
+        e.arch = "aie4".into();
+        assert_eq!(msg(e), "unknown arch \"aie4\" (supported: aie2, aie2p)");
+        assert_eq!(
+            msg(entry("ggml_op_sub", "binary_ops.py", &[t], t)),
+            "ggml_op_sub takes 2 input tensor(s), the entry lists 1"
+        );
+        let mut e = entry("ggml_op_add", "binary_ops.py", &[t, t], t);
+        e.op_params = Some(vec![1]);
+        assert_eq!(
+            msg(e),
+            "ggml_op_add takes at most 0 op_params, the entry has 1"
+        );
+        for bad in ["", ".hidden", "a/b", "a b", "x".repeat(201).as_str()] {
+            let mut e = entry("ggml_op_add", "binary_ops.py", &[t, t], t);
+            e.exported_name = Some(bad.into());
+            assert!(msg(e).starts_with("invalid exported_name"), "{bad:?}");
+        }
+        let e = entry("ggml_op_add", "binary_ops.py", &[t, "(3,1,1)/f32"], t);
+        assert!(msg(e).contains("has 3"));
+        let e = entry("ggml_op_neg", "unary_ops.py", &[t], "(4,1,1,1)/q4_0");
+        assert!(msg(e).contains("unknown dtype \"q4_0\""));
+    }
+
+    #[test]
+    fn configs_parse_and_print() {
+        let json = r#"{"kernels": [{"kernel_name": "ggml_op_add", "kernel_source": "binary_ops.py",
+            "arch": "aie2", "input_tensors": ["(1024,1,1,1)/f32", "(1024,1,1,1)/f32"],
+            "output_tensor": "(1024,1,1,1)/f32", "exported_name": "add_f32_1024"}]}"#;
+        let config = KernelConfig::parse(json).unwrap();
+        assert_eq!(config.kernels.len(), 1);
+        assert_eq!(
+            config.kernels[0].exported_name.as_deref(),
+            Some("add_f32_1024")
+        );
+        assert_eq!(config.kernels[0].op_params, None);
+        assert_eq!(KernelConfig::parse(&config.to_json()).unwrap(), config);
+
+        // Absent optional fields stay absent when written back.
+        let mut bare = config.clone();
+        bare.kernels[0].exported_name = None;
+        let text = bare.to_json();
+        assert!(!text.contains("exported_name") && !text.contains("op_params"));
+        assert_eq!(KernelConfig::parse(&text).unwrap(), bare);
+
+        let e = KernelConfig::parse("{\"kernels\": [")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("invalid kernel config: EOF while parsing"),
+            "{e}"
+        );
+        let e = KernelConfig::parse(&json.replace("\"arch\"", "\"archh\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `archh`"), "{e}");
+        let e = KernelConfig::parse("{}").unwrap_err().to_string();
+        assert!(e.contains("missing field `kernels`"), "{e}");
+    }
+
+    fn view(dtype: DType, ne: [i64; 4], nb: [u64; 4]) -> Tensor {
+        Tensor {
+            ne,
+            nb,
+            ..tensor(dtype, ne, 0)
+        }
+    }
+
+    fn node(op: Op, params: &[i32], dst: Tensor, src: Vec<Tensor>) -> Node {
+        let mut op_params = [0; 16];
+        op_params[..params.len()].copy_from_slice(params);
+        Node {
+            op,
+            op_params,
+            dst,
+            src,
+        }
+    }
+
+    /// Every kind of description the planner makes: each op, each type, flattened, broadcast
+    /// and strided operands, op parameters.
+    fn backend_descs() -> Vec<KernelDesc> {
+        let mut nodes = Vec::new();
+        for dtype in [DType::F32, DType::F16, DType::Bf16] {
+            let t = tensor(dtype, [16, 5, 4, 3], 0);
+            let size = dtype.size().unwrap();
+            let permuted = view(
+                dtype,
+                [16, 5, 4, 3],
+                [5 * size, size, 80 * size, 320 * size],
+            );
+            let row = tensor(dtype, [16, 1, 1, 1], 0);
+            for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div] {
+                let op = Op::Binary(op);
+                nodes.push(node(op, &[], t.clone(), vec![t.clone(), t.clone()]));
+                nodes.push(node(op, &[], t.clone(), vec![t.clone(), row.clone()]));
+                nodes.push(node(op, &[], t.clone(), vec![t.clone(), permuted.clone()]));
+                let mixed = tensor(DType::F32, [16, 5, 4, 3], 0);
+                nodes.push(node(op, &[], t.clone(), vec![t.clone(), mixed]));
+            }
+            for op in UnaryOp::ALL {
+                let op = Op::Unary(op);
+                nodes.push(node(op, &[], t.clone(), vec![t.clone()]));
+                nodes.push(node(op, &[], t.clone(), vec![permuted.clone()]));
+            }
+            let (two, half) = (2.0f32.to_bits() as i32, 0.5f32.to_bits() as i32);
+            for op in [Op::Scale, Op::Clamp] {
+                nodes.push(node(op, &[two, half], t.clone(), vec![t.clone()]));
+                nodes.push(node(op, &[two], t.clone(), vec![permuted.clone()]));
+                nodes.push(node(op, &[], t.clone(), vec![t.clone()]));
+            }
+        }
+        nodes
+            .iter()
+            .map(|n| match plan(n) {
+                Ok(Plan::Kernel { desc, .. }) => desc,
+                other => panic!("{n:?}: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_backend_description_round_trips_through_an_entry() {
+        let descs = backend_descs();
+        assert!(descs.len() > 100);
+        for desc in descs {
+            for arch in [Arch::Aie2, Arch::Aie2p] {
+                let entry = KernelEntry::from_desc(&desc, arch);
+                assert_eq!(entry.exported_name, Some(desc.canonical_name()));
+                assert_eq!(entry.to_desc(), Ok((arch, desc.clone())), "{entry:?}");
+                // And through the JSON text.
+                let config = KernelConfig {
+                    kernels: vec![entry],
+                };
+                let back = KernelConfig::parse(&config.to_json()).unwrap();
+                assert_eq!(back.kernels[0].to_desc(), Ok((arch, desc.clone())));
+            }
+        }
+    }
+
+    #[test]
+    fn entries_use_the_table_names() {
+        let t = Layout::contiguous("f32", 4, [8, 1, 1, 1]);
+        let desc = KernelDesc {
+            op: "GELU_QUICK".into(),
+            op_params: vec![],
+            inputs: vec![t.clone()],
+            output: t,
+        };
+        let e = KernelEntry::from_desc(&desc, Arch::Aie2p);
+        assert_eq!(e.kernel_name, "ggml_op_gelu_quick");
+        assert_eq!(e.kernel_source, "unary_ops.py");
+        assert_eq!(e.input_tensors, ["(8,1,1,1)/f32"]);
+        assert_eq!(e.op_params, None);
+        let unknown = KernelDesc {
+            op: "SOFT_MAX".into(),
+            ..desc
+        };
+        let e = KernelEntry::from_desc(&unknown, Arch::Aie2p);
+        assert!(matches!(
+            e.to_desc(),
+            Err(ConfigError::KernelSourceNotFound { .. })
+        ));
+    }
+
+    /// The shipped examples parse, and name their kernels canonically (otherwise the backend
+    /// would never find the files they produce).
+    #[test]
+    fn the_example_configs_are_valid_and_canonical() {
+        for (file, json) in [
+            (
+                "minimal",
+                include_str!("../../share/examples/minimal-kernel-config.json"),
+            ),
+            (
+                "example",
+                include_str!("../../share/examples/example-kernel-config.json"),
+            ),
+        ] {
+            let config = KernelConfig::parse(json).unwrap();
+            assert!(!config.kernels.is_empty(), "{file}");
+            for e in &config.kernels {
+                let (_, desc) = e.to_desc().unwrap_or_else(|err| panic!("{file}: {err}"));
+                assert_eq!(
+                    e.exported_name.as_deref(),
+                    Some(desc.canonical_name().as_str()),
+                    "{file}"
+                );
+            }
+        }
+    }
+}

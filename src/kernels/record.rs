@@ -1,0 +1,80 @@
+//! Record mode (`GGML_HSA_KERNEL_RECORD=<file.json>`): every kernel a run needs is written into a
+//! `ggml-hsa-gen-kernels` config, so that a deployment can be pregenerated from one real run
+//! (`ggml-hsa-gen-kernels --config <file.json> --output-dir <dir>`, then `GGML_HSA_KERNEL_DIR`).
+//!
+//! Kernels already in the file (from earlier runs) are kept, so several runs accumulate. The file
+//! is rewritten aside and renamed after each new kernel, so it is always a complete config.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+
+use super::config::{KernelConfig, KernelEntry};
+use super::desc::KernelDesc;
+use super::Arch;
+use crate::ffi::log;
+
+#[derive(Debug)]
+struct State {
+    path: PathBuf,
+    config: KernelConfig,
+    seen: HashSet<(String, String)>,
+}
+
+/// The process's recording, if any (one file for every device).
+static RECORD: Mutex<Option<State>> = Mutex::new(None);
+
+/// Adds the kernel `desc` for `arch` to the record file at `path` (once per kernel).
+pub fn record(path: &Path, arch: Arch, desc: &KernelDesc) {
+    let entry = KernelEntry::from_desc(desc, arch);
+    let key = (arch.name().to_owned(), desc.canonical_name());
+    let mut guard = RECORD.lock();
+    let state = guard.get_or_insert_with(|| open(path));
+    if !state.seen.insert(key) {
+        return;
+    }
+    state.config.kernels.push(entry);
+    let tmp = state
+        .path
+        .with_extension(format!("tmp.{}", std::process::id()));
+    let written = std::fs::write(&tmp, state.config.to_json())
+        .and_then(|()| std::fs::rename(&tmp, &state.path));
+    if let Err(e) = written {
+        log::warn(&format!(
+            "GGML_HSA_KERNEL_RECORD: cannot write {}: {e}",
+            state.path.display()
+        ));
+    }
+}
+
+/// The recording state for `path`, starting from the kernels already listed there.
+fn open(path: &Path) -> State {
+    let mut state = State {
+        path: path.to_owned(),
+        config: KernelConfig {
+            kernels: Vec::new(),
+        },
+        seen: HashSet::new(),
+    };
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return state;
+    };
+    match KernelConfig::parse(&text) {
+        Ok(config) => {
+            for entry in &config.kernels {
+                if let Ok((arch, desc)) = entry.to_desc() {
+                    state
+                        .seen
+                        .insert((arch.name().to_owned(), desc.canonical_name()));
+                }
+            }
+            state.config = config;
+        }
+        Err(e) => log::warn(&format!(
+            "GGML_HSA_KERNEL_RECORD: {} is not a kernel config ({e}); it will be replaced",
+            path.display()
+        )),
+    }
+    state
+}
