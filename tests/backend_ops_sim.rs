@@ -95,6 +95,12 @@ fn mixed_ops_with_packet_abis_a2_and_a3_and_two_workers() {
 }
 
 #[test]
+fn mul_mat_with_float_weights() {
+    let r = tbo("mul-mat", "MUL_MAT", &[], &[]);
+    assert_hundreds_pass(&r, "MUL_MAT", 500);
+}
+
+#[test]
 fn an_explicit_packet_abi_is_used() {
     let r = tbo(
         "explicit-b",

@@ -10,11 +10,14 @@
 //! * Unary ops (the seed list plus `SQR`, `SQRT`, `LOG`, `SIN`, `COS`), `SCALE`, `CLAMP`: one
 //!   kernel, output shape = input shape.
 //!
+//! * `MUL_MAT`: one kernel; weights f32, f16 or bf16, activations f32 (broadcast over the batch
+//!   dimensions as ggml does), output f32.
+//!
 //! Element-wise kernels on contiguous operands of the same shape are flattened to one dimension,
 //! so one kernel serves every shape with the same number of elements.
 
 use super::host::HostOp;
-use super::tensor::{Node, Op, Tensor};
+use super::tensor::{DType, Node, Op, Tensor};
 use crate::kernels::{KernelDesc, Layout};
 
 /// What a node needs.
@@ -87,8 +90,37 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
                 &node.dst,
             )
         }
+        Op::MulMat => mul_mat(src(0)?, src(1)?, &node.dst),
         Op::Other(name) => Err(format!("op {name} is not supported by this build")),
     }
+}
+
+/// One MUL_MAT kernel, operands as laid out in memory (the kernel walks their strides).
+fn mul_mat(w: &Tensor, x: &Tensor, dst: &Tensor) -> Result<Plan, String> {
+    if !w.dtype.is_float() || x.dtype != DType::F32 || dst.dtype != DType::F32 {
+        return Err(format!(
+            "MUL_MAT of {} weights and {} activations into {} is not supported",
+            w.dtype, x.dtype, dst.dtype
+        ));
+    }
+    let batch_ok = (2..4).all(|d| w.ne[d] > 0 && x.ne[d] % w.ne[d] == 0);
+    if w.ne[0] != x.ne[0] || dst.ne != [w.ne[1], x.ne[1], x.ne[2], x.ne[3]] || !batch_ok {
+        return Err("MUL_MAT shapes do not agree".into());
+    }
+    let layout = |t: &Tensor| Layout {
+        dtype: t.dtype.name().to_owned(),
+        ne: t.ne,
+        nb: t.nb,
+    };
+    Ok(Plan::Kernel {
+        desc: KernelDesc {
+            op: "MUL_MAT".to_owned(),
+            op_params: Vec::new(),
+            inputs: vec![layout(w), layout(x)],
+            output: layout(dst),
+        },
+        operands: vec![w.clone(), x.clone(), dst.clone()],
+    })
 }
 
 /// One element-wise kernel over `inputs` into `dst`, flattened when every operand is contiguous
@@ -210,8 +242,32 @@ mod tests {
             plan(&node(Op::Unary(UnaryOp::Exp), e.clone(), vec![e])),
             Ok(Plan::Skip)
         );
-        let err = plan(&node(Op::Other("MUL_MAT"), t.clone(), vec![t.clone(), t])).unwrap_err();
-        assert!(err.contains("MUL_MAT"));
+        let err = plan(&node(Op::Other("SOFT_MAX"), t.clone(), vec![t.clone(), t])).unwrap_err();
+        assert!(err.contains("SOFT_MAX"));
+    }
+
+    #[test]
+    fn mul_mat_keeps_layouts_and_checks_shapes() {
+        let w = tensor(DType::F16, [64, 32, 2, 1], 0);
+        let x = tensor(DType::F32, [64, 5, 4, 1], 0);
+        let d = tensor(DType::F32, [32, 5, 4, 1], 0);
+        let Plan::Kernel { desc, operands } =
+            plan(&node(Op::MulMat, d.clone(), vec![w.clone(), x.clone()])).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            desc.canonical_name(),
+            "mul_mat-f16_64x32x2-f32_64x5x4-f32_32x5x4"
+        );
+        assert_eq!(operands.len(), 3);
+        let bad = tensor(DType::F32, [32, 5, 3, 1], 0);
+        assert!(plan(&node(Op::MulMat, bad, vec![w.clone(), x.clone()])).is_err());
+        let mut q = w;
+        q.dtype = DType::Other("q4_0");
+        assert!(plan(&node(Op::MulMat, d, vec![q, x]))
+            .unwrap_err()
+            .contains("q4_0"));
     }
 
     #[test]

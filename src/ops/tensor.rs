@@ -141,6 +141,8 @@ pub enum Op {
     Unary(UnaryOp),
     Scale,
     Clamp,
+    /// `MUL_MAT`: src0 the weights `[K, M, B2, B3]`, src1 the activations `[K, N, B2·r2, B3·r3]`.
+    MulMat,
     /// Anything else, by ggml's op (or unary op) name.
     Other(&'static str),
 }
@@ -268,6 +270,7 @@ impl Op {
             Op::Unary(op) => op.name(),
             Op::Scale => "SCALE",
             Op::Clamp => "CLAMP",
+            Op::MulMat => "MUL_MAT",
             Op::Other(name) => name,
         }
     }

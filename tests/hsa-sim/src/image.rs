@@ -143,13 +143,26 @@ impl KernelDesc {
             ));
         }
         let src0 = &self.inputs[0];
-        if self.output.ne != src0.ne {
+        if op == Op::MulMat {
+            let (a, b, o) = (src0.ne, self.inputs[1].ne, self.output.ne);
+            let broadcast_ok = (2..4).all(|d| a[d] > 0 && b[d] % a[d] == 0);
+            if a[0] != b[0] || o != [a[1], b[1], b[2], b[3]] || !broadcast_ok {
+                return inv(format!(
+                    "MUL_MAT shapes do not agree: weights {a:?}, activations {b:?}, output {o:?}"
+                ));
+            }
+            if self.output.ty != crate::ops::DType::F32 {
+                return Err(DescError::Unsupported(
+                    "MUL_MAT output other than f32".into(),
+                ));
+            }
+        } else if self.output.ne != src0.ne {
             return inv(format!(
                 "output ne {:?} differs from inputs[0] ne {:?}",
                 self.output.ne, src0.ne
             ));
         }
-        if let Some(src1) = self.inputs.get(1) {
+        if let Some(src1) = self.inputs.get(1).filter(|_| op != Op::MulMat) {
             for d in 0..4 {
                 let (a, b) = (src0.ne[d], src1.ne[d]);
                 let ok = if b == 0 { a == 0 } else { a % b == 0 };

@@ -88,6 +88,8 @@ pub enum Op {
     Scale,
     /// y = max(min(x, hi), lo) with lo = op_params[0], hi = op_params[1] (f32 bits).
     Clamp,
+    /// ggml's MUL_MAT: dst[m, n, i2, i3] = sum_k src0[k, m, i2/r2, i3/r3] * src1[k, n, i2, i3].
+    MulMat,
 }
 
 const BINARY: &[(&str, BinaryOp)] = &[
@@ -141,6 +143,7 @@ impl Op {
         match name {
             "SCALE" => Some(Op::Scale),
             "CLAMP" => Some(Op::Clamp),
+            "MUL_MAT" => Some(Op::MulMat),
             _ => None,
         }
     }
@@ -148,7 +151,7 @@ impl Op {
     /// Number of input tensors.
     pub fn arity(self) -> usize {
         match self {
-            Op::Binary(_) => 2,
+            Op::Binary(_) | Op::MulMat => 2,
             _ => 1,
         }
     }
@@ -159,12 +162,15 @@ impl Op {
         v.extend(UNARY.iter().map(|(n, _)| *n));
         v.push("SCALE");
         v.push("CLAMP");
+        v.push("MUL_MAT");
         v
     }
 
-    /// Arithmetic operations per output element (cost-model input).
-    pub fn flops_per_element(self) -> u64 {
+    /// Arithmetic operations per output element (cost-model input); `k` is the reduction length
+    /// of a MUL_MAT.
+    pub fn flops_per_element(self, k: u64) -> u64 {
         match self {
+            Op::MulMat => 2 * k,
             Op::Binary(_) => 1,
             Op::Scale | Op::Clamp => 2,
             Op::Unary(UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::GeluQuick | UnaryOp::Silu) => 8,
@@ -177,6 +183,7 @@ impl Op {
         match self {
             Op::Scale => "op_params[0] = scale, op_params[1] = bias (f32 bit patterns); y = scale*x + bias",
             Op::Clamp => "op_params[0] = min, op_params[1] = max (f32 bit patterns); y = max(min(x, max), min)",
+            Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3], inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
             _ => "unused",
         }
     }

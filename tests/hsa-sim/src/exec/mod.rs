@@ -60,6 +60,36 @@ fn for_each_index(ne: [i64; 4], mut f: impl FnMut([i64; 4])) {
     }
 }
 
+/// ggml's MUL_MAT. ggml-cpu first converts the activations to the weights' type (f16 or bf16
+/// weights get f16/bf16 activations) and accumulates the products in f32; so does this.
+fn mul_mat(w: &Buf<'_>, x: &Buf<'_>, out: &mut Buf<'_>) {
+    let (wn, xn) = (w.t.ne, x.t.ne);
+    let k = wn[0];
+    let (r2, r3) = (xn[2] / wn[2], xn[3] / wn[3]);
+    let round = |v: f32| match w.t.ty {
+        crate::ops::DType::F16 => half::f16::from_f32(v).to_f32(),
+        crate::ops::DType::Bf16 => bf16_to_f32(bf16_from_f32(v)),
+        _ => v,
+    };
+    let mut row = vec![0f32; k as usize];
+    for i3 in 0..xn[3] {
+        for i2 in 0..xn[2] {
+            for n in 0..xn[1] {
+                for (kk, r) in row.iter_mut().enumerate() {
+                    *r = round(x.get([kk as i64, n, i2, i3]));
+                }
+                for m in 0..wn[1] {
+                    let mut acc = 0f32;
+                    for (kk, r) in row.iter().enumerate() {
+                        acc += w.get([kk as i64, m, i2 / r2, i3 / r3]) * r;
+                    }
+                    out.set([m, n, i2, i3], acc);
+                }
+            }
+        }
+    }
+}
+
 /// Runs `desc` (already validated, `op` its parsed op) over `operands` (inputs in order, then
 /// the output).
 ///
@@ -125,6 +155,7 @@ pub unsafe fn execute(
             let s0 = &bufs[0];
             for_each_index(ne, |i| out.set(i, s0.get(i) * s + b));
         }
+        Op::MulMat => mul_mat(&bufs[0], &bufs[1], &mut out),
         Op::Clamp => {
             let lo = f32::from_bits(desc.op_params[0] as u32);
             let hi = f32::from_bits(desc.op_params[1] as u32);
@@ -151,6 +182,6 @@ pub unsafe fn execute(
     Ok(ExecStats {
         bytes_read,
         bytes_written: n * desc.output.ty.size() as u64,
-        flops: n * op.flops_per_element(),
+        flops: n * op.flops_per_element(desc.inputs[0].ne[0] as u64),
     })
 }
