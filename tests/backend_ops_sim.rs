@@ -95,9 +95,9 @@ fn mixed_ops_with_packet_abis_a2_and_a3_and_two_workers() {
 }
 
 #[test]
-fn mul_mat_with_float_weights() {
-    let r = tbo("mul-mat", "MUL_MAT", &[], &[]);
-    assert_hundreds_pass(&r, "MUL_MAT", 500);
+fn mul_mat_with_float_weights_and_norms() {
+    let r = tbo("mul-mat", "MUL_MAT,RMS_NORM,NORM", &[], &[]);
+    assert_hundreds_pass(&r, "MUL_MAT,RMS_NORM,NORM", 600);
 }
 
 #[test]

@@ -89,6 +89,8 @@ unsafe fn op(t: *const ggml_tensor) -> Op {
         GGML_OP_SCALE => Op::Scale,
         GGML_OP_CLAMP => Op::Clamp,
         GGML_OP_MUL_MAT => Op::MulMat,
+        GGML_OP_RMS_NORM => Op::Norm { rms: true },
+        GGML_OP_NORM => Op::Norm { rms: false },
         GGML_OP_UNARY => {
             // SAFETY: `t` is a valid UNARY tensor; ggml_unary_op_name returns a static string.
             let name = unsafe { static_name(ggml_unary_op_name(ggml_get_unary_op(t))) };

@@ -41,6 +41,7 @@ const BINARY_OPS: &str = "binary_ops.py";
 const UNARY_OPS: &str = "unary_ops.py";
 const SCALE_OPS: &str = "scale_ops.py";
 const MUL_MAT: &str = "mul_mat.py";
+const NORM_OPS: &str = "norm_ops.py";
 
 /// One kernel a config may name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +104,8 @@ pub const KERNELS: &[KernelKind] = &[
     kind("SCALE", SCALE_OPS, 1, 2),
     kind("CLAMP", SCALE_OPS, 1, 2),
     kind("MUL_MAT", MUL_MAT, 2, 0),
+    kind("RMS_NORM", NORM_OPS, 1, 1),
+    kind("NORM", NORM_OPS, 1, 1),
 ];
 
 const KERNEL_PREFIX: &str = "ggml_op_";

@@ -10,6 +10,8 @@
 //! * Unary ops (the seed list plus `SQR`, `SQRT`, `LOG`, `SIN`, `COS`), `SCALE`, `CLAMP`: one
 //!   kernel, output shape = input shape.
 //!
+//! * `RMS_NORM`, `NORM`: one kernel normalising each row (dimension 0) with op_params[0] = eps;
+//!   contiguous tensors are viewed as `[ne0, rows]`.
 //! * `MUL_MAT`: one kernel; weights f32, f16 or bf16, activations f32 (broadcast over the batch
 //!   dimensions as ggml does), output f32.
 //!
@@ -91,6 +93,37 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
             )
         }
         Op::MulMat => mul_mat(src(0)?, src(1)?, &node.dst),
+        Op::Norm { .. } => {
+            let a = src(0)?;
+            if !a.same_shape(&node.dst) || !a.dtype.is_float() || a.dtype != node.dst.dtype {
+                return Err(format!("{}: unsupported shapes or types", node.op.name()));
+            }
+            let rows = |t: &Tensor| {
+                let size = t.dtype.size().expect("float types have a size");
+                if a.is_contiguous() && node.dst.is_contiguous() {
+                    Layout::contiguous(
+                        t.dtype.name(),
+                        size,
+                        [t.ne[0], t.nelements() / t.ne[0].max(1), 1, 1],
+                    )
+                } else {
+                    Layout {
+                        dtype: t.dtype.name().to_owned(),
+                        ne: t.ne,
+                        nb: t.nb,
+                    }
+                }
+            };
+            Ok(Plan::Kernel {
+                desc: KernelDesc {
+                    op: node.op.name().to_owned(),
+                    op_params: node.op_params[..1].to_vec(),
+                    inputs: vec![rows(a)],
+                    output: rows(&node.dst),
+                },
+                operands: vec![a.clone(), node.dst.clone()],
+            })
+        }
         Op::Other(name) => Err(format!("op {name} is not supported by this build")),
     }
 }

@@ -141,6 +141,10 @@ pub enum Op {
     Unary(UnaryOp),
     Scale,
     Clamp,
+    /// `RMS_NORM` (`rms`) or `NORM` over each row; op_params[0] is eps.
+    Norm {
+        rms: bool,
+    },
     /// `MUL_MAT`: src0 the weights `[K, M, B2, B3]`, src1 the activations `[K, N, B2·r2, B3·r3]`.
     MulMat,
     /// Anything else, by ggml's op (or unary op) name.
@@ -271,6 +275,8 @@ impl Op {
             Op::Scale => "SCALE",
             Op::Clamp => "CLAMP",
             Op::MulMat => "MUL_MAT",
+            Op::Norm { rms: true } => "RMS_NORM",
+            Op::Norm { rms: false } => "NORM",
             Op::Other(name) => name,
         }
     }

@@ -88,6 +88,10 @@ pub enum Op {
     Scale,
     /// y = max(min(x, hi), lo) with lo = op_params[0], hi = op_params[1] (f32 bits).
     Clamp,
+    /// Per row: y = x / sqrt(mean(x²) + eps), eps = f32 bits of op_params[0].
+    RmsNorm,
+    /// Per row: y = (x - mean) / sqrt(var + eps), eps = f32 bits of op_params[0].
+    Norm,
     /// ggml's MUL_MAT: dst[m, n, i2, i3] = sum_k src0[k, m, i2/r2, i3/r3] * src1[k, n, i2, i3].
     MulMat,
 }
@@ -144,6 +148,8 @@ impl Op {
             "SCALE" => Some(Op::Scale),
             "CLAMP" => Some(Op::Clamp),
             "MUL_MAT" => Some(Op::MulMat),
+            "RMS_NORM" => Some(Op::RmsNorm),
+            "NORM" => Some(Op::Norm),
             _ => None,
         }
     }
@@ -163,6 +169,8 @@ impl Op {
         v.push("SCALE");
         v.push("CLAMP");
         v.push("MUL_MAT");
+        v.push("RMS_NORM");
+        v.push("NORM");
         v
     }
 
@@ -171,6 +179,7 @@ impl Op {
     pub fn flops_per_element(self, k: u64) -> u64 {
         match self {
             Op::MulMat => 2 * k,
+            Op::RmsNorm | Op::Norm => 4,
             Op::Binary(_) => 1,
             Op::Scale | Op::Clamp => 2,
             Op::Unary(UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::GeluQuick | UnaryOp::Silu) => 8,
@@ -183,6 +192,7 @@ impl Op {
         match self {
             Op::Scale => "op_params[0] = scale, op_params[1] = bias (f32 bit patterns); y = scale*x + bias",
             Op::Clamp => "op_params[0] = min, op_params[1] = max (f32 bit patterns); y = max(min(x, max), min)",
+            Op::RmsNorm | Op::Norm => "op_params[0] = eps (f32 bit pattern); normalises each row (dimension 0)",
             Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3], inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
             _ => "unused",
         }

@@ -60,6 +60,32 @@ fn for_each_index(ne: [i64; 4], mut f: impl FnMut([i64; 4])) {
     }
 }
 
+/// ggml's RMS_NORM (`rms`) or NORM over each row, with sums in f64 as ggml-cpu keeps them.
+fn norm_rows(x: &Buf<'_>, out: &mut Buf<'_>, eps: f64, rms: bool) {
+    let ne = x.t.ne;
+    let n = ne[0] as f64;
+    let mut row = vec![0f64; ne[0] as usize];
+    for i3 in 0..ne[3] {
+        for i2 in 0..ne[2] {
+            for i1 in 0..ne[1] {
+                for (i0, r) in row.iter_mut().enumerate() {
+                    *r = f64::from(x.get([i0 as i64, i1, i2, i3]));
+                }
+                let mean = if rms {
+                    0.0
+                } else {
+                    row.iter().sum::<f64>() / n
+                };
+                let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+                let scale = 1.0 / (var + eps).sqrt();
+                for (i0, r) in row.iter().enumerate() {
+                    out.set([i0 as i64, i1, i2, i3], ((r - mean) * scale) as f32);
+                }
+            }
+        }
+    }
+}
+
 /// ggml's MUL_MAT. ggml-cpu first converts the activations to the weights' type (f16 or bf16
 /// weights get f16/bf16 activations) and accumulates the products in f32; so does this.
 fn mul_mat(w: &Buf<'_>, x: &Buf<'_>, out: &mut Buf<'_>) {
@@ -156,6 +182,10 @@ pub unsafe fn execute(
             for_each_index(ne, |i| out.set(i, s0.get(i) * s + b));
         }
         Op::MulMat => mul_mat(&bufs[0], &bufs[1], &mut out),
+        Op::RmsNorm | Op::Norm => {
+            let eps = f64::from(f32::from_bits(desc.op_params[0] as u32));
+            norm_rows(&bufs[0], &mut out, eps, op == Op::RmsNorm);
+        }
         Op::Clamp => {
             let lo = f32::from_bits(desc.op_params[0] as u32);
             let hi = f32::from_bits(desc.op_params[1] as u32);
