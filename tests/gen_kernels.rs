@@ -151,7 +151,7 @@ fn unsupported_kernels_fail_but_the_others_are_written() {
         &format!(
             r#"{{"kernels": [
             {{"kernel_name": "ggml_op_mul_mat", "kernel_source": "mul_mat.py", "arch": "aie2p",
-              "input_tensors": ["(64,8,1,1)/f32", "(64,4,1,1)/f32"],
+              "input_tensors": ["(64,8,1,1)/i8", "(64,4,1,1)/f32"],
               "output_tensor": "(8,4,1,1)/f32"}},
             {ADD},
             {{"kernel_name": "ggml_op_gelu", "kernel_source": "unary_ops.py", "arch": "aie2",
@@ -164,13 +164,13 @@ fn unsupported_kernels_fail_but_the_others_are_written() {
     assert_kernel(&out_dir, "aie2p", "add-f32_64-f32_64-f32_64");
     assert!(err.contains("3 kernels: 1 compiled, 2 failed"), "{err}");
     assert!(
-        err.contains("mul_mat-f32_64x8-f32_64x4-f32_8x4 (aie2p) FAILED in "),
+        err.contains("mul_mat-i8_64x8-f32_64x4-f32_8x4 (aie2p) FAILED in "),
         "{err}"
     );
     // The failures are listed with the compiler's reason.
     let listed = err.split("failed kernels:").nth(1).expect("failure list");
     assert!(
-        listed.contains("mul_mat-f32_64x8-f32_64x4-f32_8x4 (aie2p): the compiler cannot build")
+        listed.contains("mul_mat-i8_64x8-f32_64x4-f32_8x4 (aie2p): the compiler cannot build")
             && listed.contains("MUL_MAT"),
         "{err}"
     );
