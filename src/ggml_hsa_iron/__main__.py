@@ -1,0 +1,55 @@
+"""Command line: `python3 -m ggml_hsa_iron capabilities | compile --request R --output-dir D`.
+
+Exit status: 0 success, 2 well-formed but unsupported, 1 any other failure.
+Only `capabilities` writes to stdout; messages go to stderr as one line.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from .capabilities import capabilities_json
+from .errors import KernelError
+from .request import parse_request
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python3 -m ggml_hsa_iron",
+        description="ggml-hsa NPU kernel compiler (IRON, mlir-aie 1.3.1), protocol 1",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("capabilities", help="print the ops, types and archs compiled (JSON)")
+    c = sub.add_parser("compile", help="compile one kernel request")
+    c.add_argument("--request", required=True, type=Path, help="the request JSON file")
+    c.add_argument("--output-dir", required=True, type=Path, help="where the kernel files go")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "capabilities":
+        sys.stdout.write(capabilities_json() + "\n")
+        return 0
+    try:
+        try:
+            text = args.request.read_text()
+        except OSError as e:
+            print(f"ggml_hsa_iron: cannot read the request: {e}", file=sys.stderr)
+            return 1
+        req = parse_request(text)
+        # Imported here: the compile pipeline is not needed for capabilities.
+        from .compiler import compile_request
+
+        compile_request(req, args.output_dir)
+        return 0
+    except KernelError as e:
+        print(f"ggml_hsa_iron: {e}", file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:
+        print("ggml_hsa_iron: interrupted", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

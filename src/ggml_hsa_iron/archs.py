@@ -1,0 +1,60 @@
+"""The NPU generations the designs target.
+
+aie2 is XDNA (Phoenix, Hawk Point): IRON's ``NPU1`` device, 4 usable columns.
+aie2p is XDNA2 (Strix Point, Strix Halo, Krackan): ``NPU2``, 8 columns. Each
+column has a shim tile (row 0, DMA to and from DDR), a memory tile (row 1,
+512 KiB) and 4 compute tiles (rows 2-5, 64 KiB data memory each).
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    device: str  # the aie.iron.device class
+    columns: int
+    compute_rows: int
+    peano_target: str  # clang --target of Peano
+    l1_bytes: int  # data memory of one compute tile
+    l1_budget: int  # what the designs allow themselves for buffers (stack, locks aside)
+    memtile_bytes: int
+    # aie::mmul shapes (r, s, t) per (input type): A is r x s, B is s x t.
+    mmul: dict
+
+    @property
+    def first_compute_row(self) -> int:
+        return 2
+
+
+ARCHS: dict[str, Arch] = {
+    "aie2": Arch(
+        name="aie2",
+        device="NPU1",
+        columns=4,
+        compute_rows=4,
+        peano_target="aie2-none-unknown-elf",
+        l1_bytes=64 * 1024,
+        l1_budget=48 * 1024,
+        memtile_bytes=512 * 1024,
+        mmul={"bf16": (4, 8, 4), "i8": (4, 8, 8), "i16": (4, 4, 4)},
+    ),
+    "aie2p": Arch(
+        name="aie2p",
+        device="NPU2",
+        columns=8,
+        compute_rows=4,
+        peano_target="aie2p-none-unknown-elf",
+        l1_bytes=64 * 1024,
+        l1_budget=48 * 1024,
+        memtile_bytes=512 * 1024,
+        mmul={"bf16": (4, 8, 8), "i8": (8, 8, 8), "i16": (4, 4, 8)},
+    ),
+}
+
+
+def arch(name: str) -> Arch:
+    try:
+        return ARCHS[name]
+    except KeyError:
+        raise KeyError(f"unknown arch {name!r} (supported: aie2, aie2p)") from None

@@ -1,0 +1,36 @@
+"""The `capabilities` answer, derived from the op table (no mlir-aie needed)."""
+
+import json
+
+from . import COMPILER_NAME, MLIR_AIE_VERSION, PROTOCOL
+from .archs import ARCHS
+from .registry import MUL_MAT_COMBOS, OPS
+
+
+def capabilities() -> dict:
+    ops = []
+    for spec in OPS:
+        entry = {
+            "op": spec.op,
+            "inputs": spec.inputs,
+            "types": list(spec.types),
+            "broadcast": spec.broadcast,
+            "noncontiguous": spec.noncontiguous,
+            # Extra fields: ignored by the backend, kept for people and tools.
+            "kernel_name": spec.kernel_name,
+            "kernel_source": spec.source,
+            "constraints": spec.constraints,
+        }
+        if spec.op == "MUL_MAT":
+            entry["type_combos"] = [list(c) for c in MUL_MAT_COMBOS]
+        ops.append(entry)
+    return {
+        "protocol": PROTOCOL,
+        "compiler": f"{COMPILER_NAME} (IRON, mlir-aie {MLIR_AIE_VERSION})",
+        "archs": sorted(ARCHS),
+        "ops": ops,
+    }
+
+
+def capabilities_json() -> str:
+    return json.dumps(capabilities(), separators=(",", ":"))

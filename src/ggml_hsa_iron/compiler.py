@@ -1,0 +1,129 @@
+"""The compile pipeline: request -> spec -> Peano objects + IRON design -> aiecc.
+
+Files: `<out>/<name>.pdi` and `<out>/<name>_insts.bin`, each written under a
+temporary name in `<out>` and renamed into place, so a reader never sees half
+a kernel. Tool output goes to stderr (the backend captures it).
+"""
+
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import environment
+from .errors import BuildError
+from .plans import CoreSource, prepare
+from .registry import lookup
+from .request import Request
+
+KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
+PEANO_FLAGS = [
+    "-O2",
+    "-std=c++20",
+    "-Wno-parentheses",
+    "-Wno-attributes",
+    "-Wno-macro-redefined",
+    "-Wno-empty-body",
+    "-DNDEBUG",
+]
+
+
+def _verbose() -> bool:
+    return os.environ.get("GGML_HSA_JIT_VERBOSE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _run(cmd: list[str], cwd: Path, what: str) -> None:
+    if _verbose():
+        print("+ " + " ".join(cmd), file=sys.stderr)
+    proc = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    text = proc.stdout.decode(errors="replace")
+    if proc.returncode != 0:
+        sys.stderr.write(text)
+        raise BuildError(f"{what} failed (exit status {proc.returncode})")
+    if _verbose():
+        sys.stderr.write(text)
+
+
+def peano_command(core: CoreSource, arch_target: str, peano: Path, aie_root: Path, out: Path):
+    cmd = [str(peano / "bin" / "clang++"), *PEANO_FLAGS, f"--target={arch_target}"]
+    cmd.append(f"-I{aie_root / 'include'}")
+    cmd.append(f"-I{KERNELS_DIR}")
+    cmd += [f"-D{k}={v}" for k, v in sorted(core.defines.items())]
+    cmd += ["-c", str(KERNELS_DIR / core.source), "-o", str(out)]
+    return cmd
+
+
+def aiecc_args(peano: Path, mlir: str, prj: str) -> list[str]:
+    return [
+        "--no-xchesscc",
+        "--no-xbridge",
+        "--peano",
+        str(peano),
+        "--no-compile-host",
+        "--alloc-scheme=basic-sequential",
+        "--aie-generate-pdi",
+        "--pdi-name=kernel.pdi",
+        "--aie-generate-npu-insts",
+        "--npu-insts-name=insts.bin",
+        f"--tmpdir={prj}",
+        mlir,
+    ]
+
+
+def build_module(spec) -> str:
+    """Runs the IRON design of `spec` and returns its MLIR text."""
+    op = lookup(spec.request.op)
+    module_name = f"{__package__}.designs.{op.source[:-3]}"
+    design = importlib.import_module(module_name)
+    fn = getattr(design, op.kernel_name)
+    return str(fn(spec))
+
+
+def _install(src: Path, dest: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def compile_request(req: Request, output_dir: Path) -> None:
+    spec = prepare(req)  # UnsupportedError before any tool runs
+    environment.check()
+    peano = environment.peano_dir()
+    aie_root = environment.mlir_aie_dir()
+    aiecc = environment.aiecc_command(aie_root)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{req.name}.", dir=output_dir))
+    try:
+        core = spec.core
+        _run(
+            peano_command(core, spec.arch.peano_target, peano, aie_root, work / core.object_name),
+            work,
+            f"Peano ({core.source})",
+        )
+        try:
+            mlir = build_module(spec)
+        except Exception as e:  # IRON raises plain exceptions on bad designs
+            raise BuildError(f"the IRON design failed: {type(e).__name__}: {e}") from e
+        (work / "design.mlir").write_text(mlir)
+        _run(aiecc + aiecc_args(peano, "design.mlir", "design.prj"), work, "aiecc")
+        pdi, insts = work / "kernel.pdi", work / "insts.bin"
+        if not pdi.is_file() or pdi.stat().st_size == 0:
+            raise BuildError("aiecc produced no PDI")
+        size = insts.stat().st_size if insts.is_file() else 0
+        if size == 0 or size % 4:
+            raise BuildError(f"aiecc produced an invalid instruction stream ({size} bytes)")
+        _install(pdi, output_dir / f"{req.name}.pdi")
+        _install(insts, output_dir / f"{req.name}_insts.bin")
+    finally:
+        if os.environ.get("GGML_HSA_IRON_KEEP_WORK"):
+            print(f"ggml_hsa_iron: work directory kept: {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,47 @@
+"""Element types of the protocol and how the designs treat them."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # protocol name: f32, bf16, ...
+    size: int  # bytes per element
+    ctype: str  # the C++ type of the AIE core functions
+    numpy: str  # the numpy / ml_dtypes name the IRON designs use
+    is_float: bool
+
+
+DTYPES: dict[str, DType] = {
+    "f32": DType("f32", 4, "float", "float32", True),
+    "f16": DType("f16", 2, "", "float16", True),
+    "bf16": DType("bf16", 2, "bfloat16", "bfloat16", True),
+    "i8": DType("i8", 1, "int8_t", "int8", False),
+    "i16": DType("i16", 2, "int16_t", "int16", False),
+    "i32": DType("i32", 4, "int32_t", "int32", False),
+}
+
+# What the NPU designs compute natively (the seeds' table: I8, I16, I32 and BF16
+# are native, F32 is emulated). F16 has no arithmetic on the AIE; the backend
+# does not convert it, so no design accepts it.
+NATIVE = ("bf16", "i8", "i16", "i32")
+EMULATED = ("f32",)
+FLOAT_TYPES = ("bf16", "f32")
+INT_TYPES = ("i8", "i16", "i32")
+ALL_TYPES = FLOAT_TYPES + INT_TYPES
+
+# DMA engines move 32-bit words: every transfer and every contiguous run of a
+# transfer must be a whole number of words.
+DMA_WORD = 4
+
+
+def dtype(name: str) -> DType:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise KeyError(f"unknown element type {name!r}") from None
+
+
+def elems_per_word(name: str) -> int:
+    """How many elements of `name` one 32-bit DMA word holds."""
+    return DMA_WORD // dtype(name).size

@@ -1,0 +1,288 @@
+"""From a request to a kernel spec: validation, type rules, tiling, C++ defines.
+
+`prepare(request)` is pure Python: it decides whether a design implements the
+request (raising UnsupportedError with the reason otherwise) and computes
+everything the IRON design and the AIE core functions need. The design files
+under designs/ only turn a spec into an IRON program.
+"""
+
+from dataclasses import dataclass, field
+
+from . import registry
+from .archs import ARCHS, Arch
+from .dtypes import DTYPES, FLOAT_TYPES, INT_TYPES
+from .errors import RequestError, UnsupportedError
+from .request import Request, Tensor
+from .tiling import (
+    BCAST_MAX_BYTES,
+    Broadcast,
+    EltwisePlan,
+    GemmPlan,
+    GemvPlan,
+    can_repeat,
+    plan_eltwise,
+    plan_gemm,
+    plan_gemv,
+)
+
+# Workers per column: the memory tile has 6 input and 6 output channels.
+# unary: 1 + R in, R + 1 out; binary with both inputs streamed: 2 + R in,
+# 2R + 1 out; binary with a resident broadcast operand (sent shim -> cores
+# directly): 1 + R in, R + 1 out.
+ROWS_UNARY = 4
+ROWS_BINARY = 2
+ROWS_BCAST = 4
+
+ELTWISE_SOURCE = "eltwise.cc"
+GEMM_SOURCE = "mm.cc"
+GEMV_SOURCE = "mv.cc"
+
+
+@dataclass(frozen=True)
+class CoreSource:
+    """One AIE C++ source compiled with Peano into `object_name`."""
+
+    source: str  # file under kernels/
+    object_name: str
+    defines: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EltwiseSpec:
+    request: Request
+    arch: Arch
+    op: str
+    kind: str  # "unary", "binary" or "bcast"
+    in_types: tuple[str, ...]
+    out_type: str
+    compute: str  # "f32", "bf16" or an integer type
+    plan: EltwisePlan
+    bcast: Broadcast | None
+
+    @property
+    def core(self) -> CoreSource:
+        d = {
+            f"GGML_OP_{self.op}": 1,
+            "TILE": self.plan.tile,
+            "IN0_T": DTYPES[self.in_types[0]].ctype,
+            "OUT_T": DTYPES[self.out_type].ctype,
+            "COMPUTE_F32": int(self.compute == "f32"),
+            "COMPUTE_BF16": int(self.compute == "bf16"),
+            "COMPUTE_INT": int(self.compute in INT_TYPES),
+        }
+        if self.kind != "unary":
+            d["IN1_T"] = DTYPES[self.in_types[1]].ctype
+            d["BINARY"] = 1
+        if self.kind == "bcast":
+            d["BCAST"] = 1
+            for i in range(4):
+                d[f"OUT_NE{i}"] = self.bcast.out_ne[i]
+                d[f"SRC_NE{i}"] = self.bcast.src_ne[i]
+        return CoreSource(ELTWISE_SOURCE, "eltwise.o", d)
+
+    @property
+    def bcast_elements(self) -> int:
+        n = 1
+        for s in self.bcast.src_ne:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class MatmulSpec:
+    request: Request
+    arch: Arch
+    src0: Tensor  # weights: [K, N, b02, b03]
+    src1: Tensor  # activations: [K, M, b12, b13]
+    dst: Tensor  # [N, M, b12, b13]
+    plan: GemmPlan | GemvPlan
+    compute: str  # microkernel input type: bf16, i8, i16 (or f32 for GEMV)
+
+    @property
+    def gemv(self) -> bool:
+        return isinstance(self.plan, GemvPlan)
+
+    @property
+    def batches(self) -> list[tuple[int, int, int]]:
+        """(dst batch index, src0 byte offset, src1/dst batch index) per batch.
+
+        ggml broadcasts src0 over src1's dimensions 2 and 3:
+        i02 = i12 / (ne12 / ne02), i03 = i13 / (ne13 / ne03).
+        """
+        out = []
+        r2 = self.src1.ne[2] // self.src0.ne[2]
+        r3 = self.src1.ne[3] // self.src0.ne[3]
+        for i13 in range(self.src1.ne[3]):
+            for i12 in range(self.src1.ne[2]):
+                i02, i03 = i12 // r2, i13 // r3
+                src0_elem = i02 * self.src0.ne[0] * self.src0.ne[1] + (
+                    i03 * self.src0.ne[0] * self.src0.ne[1] * self.src0.ne[2]
+                )
+                out.append((i13 * self.src1.ne[2] + i12, src0_elem, 0))
+        return out
+
+    @property
+    def core(self) -> CoreSource:
+        a, b, c = self.src1.dtype, self.src0.dtype, self.dst.dtype
+        if self.gemv:
+            p = self.plan
+            d = {
+                "W_T": DTYPES[b].ctype,
+                "X_T": DTYPES[a].ctype,
+                "Y_T": DTYPES[c].ctype,
+                "MV_ROWS": p.rows_per_tile,
+                "MV_KC": p.k_chunk,
+                "MV_INT": int(self.compute in INT_TYPES),
+                "MV_F32": int(self.compute == "f32"),
+            }
+            return CoreSource(GEMV_SOURCE, "mv.o", d)
+        p = self.plan
+        d = {
+            "A_T": DTYPES[a].ctype,
+            "B_T": DTYPES[b].ctype,
+            "C_T": DTYPES[c].ctype,
+            "MMUL_T": DTYPES[self.compute].ctype,
+            "MM_R": p.r,
+            "MM_S": p.s,
+            "MM_T": p.t,
+            "TILE_M": p.m,
+            "TILE_N": p.n,
+            "TILE_K": p.k,
+        }
+        return CoreSource(GEMM_SOURCE, "mm.o", d)
+
+
+def _check_common(req: Request) -> tuple[registry.OpSpec, Arch]:
+    spec = registry.lookup(req.op)
+    if spec is None:
+        raise UnsupportedError(f"no design implements op {req.op}")
+    if req.arch not in ARCHS:
+        raise UnsupportedError(f"arch {req.arch!r} is not targeted (aie2, aie2p)")
+    if len(req.inputs) != spec.inputs:
+        raise RequestError(f"{req.op} takes {spec.inputs} input(s), the request has {len(req.inputs)}")
+    for i, t in enumerate(req.inputs + (req.output,)):
+        if t.dtype not in spec.types:
+            what = "output" if i == len(req.inputs) else f"input {i}"
+            raise UnsupportedError(
+                f"{req.op} does not take {t.dtype} ({what}); types: {', '.join(spec.types)}"
+            )
+        if not t.is_dense():
+            raise UnsupportedError(f"{req.op}: strided operands are not supported")
+    return spec, ARCHS[req.arch]
+
+
+def _compute_type(types) -> str:
+    floats = [t for t in types if t in FLOAT_TYPES]
+    ints = [t for t in types if t in INT_TYPES]
+    if floats and ints:
+        raise UnsupportedError("float and integer operands do not mix")
+    if ints:
+        if len(set(ints)) != 1:
+            raise UnsupportedError("integer operands must all have one type")
+        return ints[0]
+    return "f32" if "f32" in floats else "bf16"
+
+
+# Ops that are the identity on integers' sign structure only make sense for
+# floats; the registry already restricts them, this names the float-only math.
+TRANSCENDENTAL = {
+    "TANH",
+    "ELU",
+    "SIGMOID",
+    "GELU",
+    "GELU_QUICK",
+    "SILU",
+    "HARDSWISH",
+    "HARDSIGMOID",
+    "EXP",
+    "GELU_ERF",
+}
+
+
+def prepare_eltwise(req: Request) -> EltwiseSpec:
+    spec, arch = _check_common(req)
+    out = req.output
+    types = [t.dtype for t in req.inputs] + [out.dtype]
+    compute = _compute_type(types)
+    if spec.op in TRANSCENDENTAL and compute not in FLOAT_TYPES:
+        raise UnsupportedError(f"{spec.op} is only compiled for float types")
+    a = req.inputs[0]
+    if a.ne != out.ne:
+        raise UnsupportedError(f"{spec.op}: input 0 must have the output's shape")
+    n = out.nelements
+    bcast = None
+    if spec.kind == "unary":
+        kind, sizes, rows, resident = "unary", [a.size, out.size], ROWS_UNARY, 0
+    else:
+        b = req.inputs[1]
+        if b.ne == out.ne:
+            kind, sizes, rows, resident = "binary", [a.size, b.size, out.size], ROWS_BINARY, 0
+        else:
+            if not can_repeat(b.ne, out.ne):
+                raise UnsupportedError(f"{spec.op}: input 1 cannot be repeated over input 0")
+            if b.nbytes > BCAST_MAX_BYTES:
+                raise UnsupportedError(
+                    f"{spec.op}: the broadcast input has {b.nbytes} bytes, "
+                    f"at most {BCAST_MAX_BYTES} are kept in a compute tile"
+                )
+            if b.nbytes % 4:
+                raise UnsupportedError(f"{spec.op}: the broadcast input is not whole 32-bit words")
+            kind, sizes, rows = "bcast", [a.size, out.size], ROWS_BCAST
+            resident = b.nbytes
+            bcast = Broadcast(out.ne, b.ne)
+    plan = plan_eltwise(n, sizes, arch, rows, resident)
+    if plan is None:
+        raise UnsupportedError(
+            f"{spec.op}: no tiling of {n} elements ({'/'.join(types)}) into whole "
+            "32-bit DMA words per worker"
+        )
+    return EltwiseSpec(req, arch, spec.op, kind, tuple(types[:-1]), out.dtype, compute, plan, bcast)
+
+
+def prepare_mul_mat(req: Request) -> MatmulSpec:
+    _, arch = _check_common(req)
+    src0, src1 = req.inputs
+    dst = req.output
+    combo = (src0.dtype, src1.dtype, dst.dtype)
+    if combo not in registry.MUL_MAT_COMBOS:
+        raise UnsupportedError(
+            "MUL_MAT does not compile the type combination src0 %s, src1 %s, dst %s" % combo
+        )
+    K, N = src0.ne[0], src0.ne[1]
+    if src1.ne[0] != K:
+        raise RequestError(f"MUL_MAT: src1 has {src1.ne[0]} columns, src0 {K}")
+    M = src1.ne[1]
+    if dst.ne != (N, M, src1.ne[2], src1.ne[3]):
+        raise RequestError(f"MUL_MAT: dst shape {list(dst.ne)} is not [N, M, ne12, ne13]")
+    if src1.ne[2] % src0.ne[2] or src1.ne[3] % src0.ne[3]:
+        raise UnsupportedError("MUL_MAT: src0 cannot be broadcast over src1's batches")
+    batches = src1.ne[2] * src1.ne[3]
+    w, x, y = src0.size, src1.size, dst.size
+    if M == 1:
+        compute = src0.dtype if src0.dtype != "bf16" else "bf16"
+        plan = plan_gemv(N, K, w, x, y, arch, batches)
+        if plan is None:
+            raise UnsupportedError(
+                f"MUL_MAT (GEMV): no tiling for N={N}, K={K} (K must be a multiple of 16)"
+            )
+        return MatmulSpec(req, arch, src0, src1, dst, plan, compute)
+    compute = "bf16" if src0.dtype in FLOAT_TYPES else src0.dtype
+    mmul = arch.mmul[compute]
+    plan = plan_gemm(M, N, K, mmul, x, w, y, arch, batches)
+    if plan is None:
+        r, s, t = mmul
+        raise UnsupportedError(
+            f"MUL_MAT (GEMM): no tiling for M={M}, N={N}, K={K} on {arch.name} "
+            f"(M a multiple of {r}, N of {max(t, 8)}, K of {max(s, 8)})"
+        )
+    return MatmulSpec(req, arch, src0, src1, dst, plan, compute)
+
+
+def prepare(req: Request):
+    """The spec of the design implementing `req`; raises UnsupportedError otherwise."""
+    spec = registry.lookup(req.op)
+    if spec is None:
+        raise UnsupportedError(f"no design implements op {req.op}")
+    if spec.kind == "mul_mat":
+        return prepare_mul_mat(req)
+    return prepare_eltwise(req)

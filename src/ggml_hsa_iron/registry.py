@@ -1,0 +1,122 @@
+"""The op table: every op a design implements, with what it accepts.
+
+This table is the single source of the capabilities the compiler declares
+(`capabilities.py`) and of the dispatch to the design files
+(`designs/<source>` defines `ggml_op_<op>` for each op it implements); a unit
+test checks both against each other without mlir-aie.
+
+Element types (the seeds' table): bf16, i8, i16 and i32 are native to the AIE
+vector units, f32 is emulated. Type rules beyond the per-op list:
+
+* element-wise ops: float operands (bf16, f32) may be mixed freely, integer
+  operands must all have one type; floats and integers do not mix;
+* MUL_MAT: see `MUL_MAT_COMBOS`.
+"""
+
+from dataclasses import dataclass
+
+from .dtypes import ALL_TYPES, FLOAT_TYPES
+
+BINARY_OPS = "binary_ops.py"
+UNARY_OPS = "unary_ops.py"
+MUL_MAT = "mul_mat.py"
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    op: str  # protocol name (upper case)
+    source: str  # design file under designs/
+    inputs: int
+    types: tuple[str, ...]
+    broadcast: bool
+    noncontiguous: bool
+    kind: str  # "binary", "unary" or "mul_mat"
+    constraints: str  # human-readable limits beyond the protocol fields
+
+    @property
+    def kernel_name(self) -> str:
+        return f"ggml_op_{self.op.lower()}"
+
+
+_ELTWISE_LIMITS = (
+    "contiguous operands; the byte size of every operand is a multiple of 4; "
+    "float operands may mix bf16 and f32, integer operands share one type"
+)
+_BCAST_LIMITS = (
+    _ELTWISE_LIMITS + "; input 1 is repeated over input 0 (ggml broadcasting) and "
+    "must fit in a compute tile (at most 8192 bytes)"
+)
+_MM_LIMITS = (
+    "contiguous operands; src0 [K,N,b2,b3], src1 [K,M,b2*r2,b3*r3], dst [N,M,...]; "
+    "GEMM when M > 1 (M, N, K multiples of the microkernel tile), GEMV when M == 1 "
+    "(K a multiple of 32 bytes of src0); type pairs: see mul_mat_combos"
+)
+
+_INT_AND_FLOAT = ALL_TYPES
+_FLOAT_ONLY = FLOAT_TYPES
+
+
+def _binary(op: str) -> OpSpec:
+    return OpSpec(op, BINARY_OPS, 2, _INT_AND_FLOAT, True, False, "binary", _BCAST_LIMITS)
+
+
+def _unary(op: str, types) -> OpSpec:
+    return OpSpec(op, UNARY_OPS, 1, tuple(types), False, False, "unary", _ELTWISE_LIMITS)
+
+
+OPS: tuple[OpSpec, ...] = (
+    _binary("ADD"),
+    _binary("SUB"),
+    _binary("MUL"),
+    _binary("DIV"),
+    _unary("ABS", _INT_AND_FLOAT),
+    _unary("SGN", _INT_AND_FLOAT),
+    _unary("NEG", _INT_AND_FLOAT),
+    _unary("STEP", _INT_AND_FLOAT),
+    _unary("TANH", _FLOAT_ONLY),
+    _unary("ELU", _FLOAT_ONLY),
+    _unary("RELU", _INT_AND_FLOAT),
+    _unary("SIGMOID", _FLOAT_ONLY),
+    _unary("GELU", _FLOAT_ONLY),
+    _unary("GELU_QUICK", _FLOAT_ONLY),
+    _unary("SILU", _FLOAT_ONLY),
+    _unary("HARDSWISH", _FLOAT_ONLY),
+    _unary("HARDSIGMOID", _FLOAT_ONLY),
+    _unary("EXP", _FLOAT_ONLY),
+    _unary("GELU_ERF", _FLOAT_ONLY),
+    # MUL_MAT's inputs never have the output's shape, so it must declare
+    # broadcast for the backend to consider it at all.
+    OpSpec("MUL_MAT", MUL_MAT, 2, _INT_AND_FLOAT, True, False, "mul_mat", _MM_LIMITS),
+)
+
+# (src0, src1, dst) type triples MUL_MAT compiles. src0 holds the weights.
+# bf16 weights: bf16 x bf16 microkernel, src1 converted to bf16 on the core when
+# it is f32. f32 x f32: both converted to bf16 on the core (f32 is emulated).
+MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = (
+    ("bf16", "bf16", "f32"),
+    ("bf16", "f32", "f32"),
+    ("f32", "f32", "f32"),
+    ("i8", "i8", "i32"),
+    ("i16", "i16", "i32"),
+)
+
+BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
+SOURCES: tuple[str, ...] = (BINARY_OPS, UNARY_OPS, MUL_MAT)
+
+
+def lookup(op: str) -> OpSpec | None:
+    return BY_OP.get(op)
+
+
+def by_kernel_name(name: str) -> OpSpec | None:
+    """The op a config's kernel_name names: ggml_op_<op>, or ggml_unary_op_<op>."""
+    for prefix, unary_only in (("ggml_op_", False), ("ggml_unary_op_", True)):
+        if name.startswith(prefix):
+            op = name[len(prefix) :]
+            if op != op.lower():
+                return None
+            spec = BY_OP.get(op.upper())
+            if spec is None or (unary_only and spec.kind != "unary"):
+                return None
+            return spec
+    return None

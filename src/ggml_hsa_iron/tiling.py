@@ -1,0 +1,361 @@
+"""Tiling and alignment arithmetic of the designs (pure Python, unit-tested).
+
+Everything a design needs to know about how work is spread over the array is
+decided here, before IRON is imported, so that it can be tested without
+mlir-aie and so that an unsupported shape is refused (exit status 2) before any
+tool runs.
+
+Hardware facts the plans respect:
+
+* DMA engines move 32-bit words: every buffer, every tile and every
+  contiguous run of an access pattern is a whole number of words;
+* a compute tile has 2 input and 2 output DMA channels, a memory tile 6 and 6,
+  a shim tile 2 and 2;
+* a compute tile has 64 KiB of data memory; double-buffered object FIFOs take
+  two copies of every tile;
+* a shim buffer descriptor has 3 dimensions with wraps below 1024 plus an
+  outer repeat count of at most 64 (`MAX_REPEAT`); longer walks are issued as
+  several DMA tasks.
+"""
+
+from dataclasses import dataclass
+
+from .archs import Arch
+from .dtypes import DMA_WORD
+
+MAX_TILE = 4096  # elements per object of an element-wise FIFO
+MAX_REPEAT = 64  # outer repeat count of one shim DMA task
+MAX_WRAP = 1023  # largest wrap of an inner DMA dimension
+MAX_TASKS_PER_CHANNEL = 1024  # runtime-sequence DMA tasks per shim channel
+ITERATION_OVERHEAD = 256  # element-equivalents one object FIFO round trip costs
+BCAST_MAX_BYTES = 8192  # largest broadcast operand kept resident in a compute tile
+VECTOR_ELEMS = 16  # lanes of the element-wise vector loops
+
+
+def divisors(n: int) -> list[int]:
+    """All positive divisors of n, ascending."""
+    if n < 1:
+        raise ValueError(f"divisors of {n}")
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def word_multiple(sizes) -> int:
+    """Smallest element count whose bytes are whole DMA words for every size."""
+    m = 1
+    for s in sizes:
+        need = DMA_WORD // s if s < DMA_WORD else 1
+        m = max(m, need)
+    return m
+
+
+# --------------------------------------------------------------------------
+# Element-wise ops
+
+
+@dataclass(frozen=True)
+class EltwisePlan:
+    """N output elements spread over `columns` x `rows` workers.
+
+    Column c owns the contiguous range [c*K*R*T, (c+1)*K*R*T) of the (logical,
+    row-major) output; at iteration k its memory tile receives R*T elements and
+    hands worker r the T elements at offset r*T. So worker (c, r) processes,
+    at iteration k, the elements starting at `start(c, r) + k * step`.
+    """
+
+    n: int
+    columns: int  # C
+    rows: int  # R: workers per column
+    tile: int  # T: elements per object
+    iterations: int  # K: objects per worker
+
+    @property
+    def workers(self) -> int:
+        return self.columns * self.rows
+
+    @property
+    def column_chunk(self) -> int:
+        return self.iterations * self.rows * self.tile
+
+    @property
+    def step(self) -> int:
+        return self.rows * self.tile
+
+    def start(self, column: int, row: int) -> int:
+        return column * self.column_chunk + row * self.tile
+
+    def covers(self) -> list[tuple[int, int]]:
+        """(start, length) of every tile every worker processes (for tests)."""
+        out = []
+        for c in range(self.columns):
+            for r in range(self.rows):
+                for k in range(self.iterations):
+                    out.append((self.start(c, r) + k * self.step, self.tile))
+        return out
+
+
+def plan_eltwise(
+    n: int,
+    streamed_sizes,
+    arch: Arch,
+    max_rows: int,
+    resident_bytes: int = 0,
+) -> EltwisePlan | None:
+    """The cheapest plan for n elements, or None when none exists.
+
+    `streamed_sizes` are the element sizes of the operands streamed tile by
+    tile (inputs and output); `resident_bytes` is what a worker keeps for the
+    whole dispatch (a broadcast operand). Every operand's tile must be whole
+    DMA words, every worker's share must be whole tiles.
+    """
+    if n < 1:
+        return None
+    unit = word_multiple(streamed_sizes)
+    per_elem_l1 = 2 * sum(streamed_sizes)  # double-buffered
+    budget = arch.l1_budget - resident_bytes
+    if budget <= 0:
+        return None
+    max_tile = min(MAX_TILE, budget // per_elem_l1)
+    best = None
+    best_key = None
+    for columns in range(1, arch.columns + 1):
+        for rows in range(1, max_rows + 1):
+            workers = columns * rows
+            if n % workers:
+                continue
+            share = n // workers
+            tiles = [t for t in divisors(share) if t % unit == 0 and t <= max_tile]
+            if not tiles:
+                continue
+            tile = tiles[-1]
+            iterations = share // tile
+            cost = iterations * (tile + ITERATION_OVERHEAD)
+            key = (cost, workers, -tile)
+            if best_key is None or key < best_key:
+                best_key = key
+                best = EltwisePlan(n, columns, rows, tile, iterations)
+    return best
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """How input 1 is repeated over the output (ggml broadcasting).
+
+    `out_ne` is the output shape, `src_ne` input 1's (dense) shape with
+    out_ne[d] % src_ne[d] == 0. The element at output index (i0, i1, i2, i3)
+    reads input 1 at (i0 % s0, i1 % s1, i2 % s2, i3 % s3).
+    """
+
+    out_ne: tuple[int, int, int, int]
+    src_ne: tuple[int, int, int, int]
+
+    def source_index(self, flat: int) -> int:
+        idx = []
+        for n in self.out_ne:
+            idx.append(flat % n)
+            flat //= n
+        off, stride = 0, 1
+        for i, s in zip(idx, self.src_ne):
+            off += (i % s) * stride
+            stride *= s
+        return off
+
+
+def can_repeat(src_ne, out_ne) -> bool:
+    return all(o % s == 0 for s, o in zip(src_ne, out_ne))
+
+
+# --------------------------------------------------------------------------
+# MUL_MAT
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """C[M,N] = A[M,K] . B[K,N] on `columns` x `rows` cores.
+
+    A is ggml's src1 (M rows of K), B is src0 (N rows of K, i.e. B stored
+    column-major) and C is dst (M rows of N). Each core computes m x n output
+    tiles, k at a time, with an r x s x t microkernel. Per round the array
+    covers a (rows*m) x (columns*n) block of C: row i of the array takes M
+    block i, column j takes N block j. Rounds walk N blocks fastest.
+    """
+
+    M: int
+    N: int
+    K: int
+    m: int
+    n: int
+    k: int
+    r: int
+    s: int
+    t: int
+    columns: int
+    rows: int
+
+    @property
+    def m_rounds(self) -> int:
+        return self.M // (self.rows * self.m)
+
+    @property
+    def n_rounds(self) -> int:
+        return self.N // (self.columns * self.n)
+
+    @property
+    def k_steps(self) -> int:
+        return self.K // self.k
+
+    @property
+    def tiles_per_core(self) -> int:
+        return self.m_rounds * self.n_rounds
+
+    def n_chunks(self) -> list[tuple[int, int]]:
+        """(first N round, count) of the DMA tasks that walk the N rounds."""
+        return chunks(self.n_rounds, MAX_REPEAT)
+
+
+def chunks(total: int, limit: int) -> list[tuple[int, int]]:
+    out, first = [], 0
+    while first < total:
+        count = min(limit, total - first)
+        out.append((first, count))
+        first += count
+    return out
+
+
+_GEMM_M = (64, 32, 16, 8, 4)
+_GEMM_N = (64, 32, 16, 8)
+_GEMM_K = (128, 64, 32, 16, 8)
+GEMM_K_OVERHEAD = 64  # cycles-equivalent of one k step's FIFO handshakes
+
+
+def plan_gemm(
+    M: int,
+    N: int,
+    K: int,
+    mmul: tuple[int, int, int],
+    a_size: int,
+    b_size: int,
+    c_size: int,
+    arch: Arch,
+    batches: int = 1,
+) -> GemmPlan | None:
+    r, s, t = mmul
+    best, best_key = None, None
+    for m in _GEMM_M:
+        if m % r or M % m:
+            continue
+        for n in _GEMM_N:
+            if n % t or N % n:
+                continue
+            for k in _GEMM_K:
+                if k % s or K % k:
+                    continue
+                # Whole DMA words in every contiguous run: A and B rows of k,
+                # microkernel blocks of s, C rows of n and blocks of t.
+                if (k * a_size) % DMA_WORD or (k * b_size) % DMA_WORD:
+                    continue
+                if (s * a_size) % DMA_WORD or (s * b_size) % DMA_WORD:
+                    continue
+                if (t * c_size) % DMA_WORD:
+                    continue
+                l1 = 2 * m * k * a_size + 2 * k * n * b_size + 2 * m * n * c_size
+                if l1 > arch.l1_budget:
+                    continue
+                if m * arch.compute_rows > MAX_WRAP or k > MAX_WRAP * 4:
+                    continue
+                for rows in (4, 2, 1):
+                    if rows > arch.compute_rows or M % (rows * m):
+                        continue
+                    for columns in range(arch.columns, 0, -1):
+                        if N % (columns * n):
+                            continue
+                        plan = GemmPlan(M, N, K, m, n, k, r, s, t, columns, rows)
+                        if not _gemm_dma_ok(plan, batches):
+                            continue
+                        macs = m * n * k // (r * s * t)
+                        cost = plan.tiles_per_core * plan.k_steps * (macs + GEMM_K_OVERHEAD)
+                        key = (cost, -(m * n * k))
+                        if best_key is None or key < best_key:
+                            best, best_key = plan, key
+                        break  # the most columns that divide N
+    return best
+
+
+def _gemm_dma_ok(p: GemmPlan, batches: int) -> bool:
+    if p.k_steps > MAX_WRAP or p.rows * p.m > MAX_WRAP or p.n > MAX_WRAP:
+        return False
+    tasks = batches * p.m_rounds * len(p.n_chunks())
+    return tasks <= MAX_TASKS_PER_CHANNEL
+
+
+@dataclass(frozen=True)
+class GemvPlan:
+    """y[N] = W[N,K] . x[K] (ggml MUL_MAT with one src1 row).
+
+    W is src0. Worker (c, r) owns rows: at round q it computes `rows_per_tile`
+    outputs starting at row (q*C + c)*R*nr + r*nr, walking K in chunks of
+    `k_chunk`.
+    """
+
+    N: int
+    K: int
+    columns: int
+    rows: int
+    rows_per_tile: int  # nr
+    k_chunk: int  # kc
+
+    @property
+    def rounds(self) -> int:
+        return self.N // (self.columns * self.rows * self.rows_per_tile)
+
+    @property
+    def k_steps(self) -> int:
+        return self.K // self.k_chunk
+
+
+GEMV_K_UNIT = 16  # K must be a multiple of this (vector loop width)
+
+
+def plan_gemv(
+    N: int,
+    K: int,
+    w_size: int,
+    x_size: int,
+    y_size: int,
+    arch: Arch,
+    batches: int = 1,
+) -> GemvPlan | None:
+    if K % GEMV_K_UNIT:
+        return None
+    best, best_key = None, None
+    k_options = [d for d in divisors(K) if d % GEMV_K_UNIT == 0 and d <= 8192]
+    for columns in range(arch.columns, 0, -1):
+        for rows in (4, 2, 1):
+            if N % (columns * rows):
+                continue
+            share = N // (columns * rows)
+            for nr in (64, 32, 16, 8, 4, 2, 1):
+                if share % nr or (nr * y_size) % DMA_WORD:
+                    continue
+                for kc in reversed(k_options):
+                    if (kc * w_size) % DMA_WORD or (kc * x_size) % DMA_WORD:
+                        continue
+                    l1 = 2 * nr * kc * w_size + 2 * kc * x_size + 2 * nr * y_size
+                    if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
+                        continue
+                    plan = GemvPlan(N, K, columns, rows, nr, kc)
+                    if batches * len(chunks(plan.rounds, MAX_REPEAT)) > MAX_TASKS_PER_CHANNEL:
+                        continue
+                    cost = plan.rounds * plan.k_steps * (nr * kc // VECTOR_ELEMS + 64)
+                    key = (cost, -columns * rows)
+                    if best_key is None or key < best_key:
+                        best, best_key = plan, key
+                    break  # the largest K chunk that fits
+    return best
