@@ -95,9 +95,14 @@ fn mixed_ops_with_packet_abis_a2_and_a3_and_two_workers() {
 }
 
 #[test]
-fn mul_mat_with_float_weights_and_norms() {
-    let r = tbo("mul-mat", "MUL_MAT,RMS_NORM,NORM", &[], &[]);
-    assert_hundreds_pass(&r, "MUL_MAT,RMS_NORM,NORM", 600);
+fn mul_mat_norms_and_row_ops() {
+    let r = tbo(
+        "mul-mat",
+        "MUL_MAT,RMS_NORM,NORM,GET_ROWS,SET_ROWS",
+        &[],
+        &[],
+    );
+    assert_hundreds_pass(&r, "MUL_MAT,RMS_NORM,NORM,GET_ROWS,SET_ROWS", 800);
 }
 
 #[test]

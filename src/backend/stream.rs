@@ -185,17 +185,19 @@ impl Stream {
     }
 
     fn host(&mut self, op: &HostOp, host: &mut dyn HostMemory) -> Result<(), Enqueue> {
-        let (src, dst) = op.tensors();
-        for t in [src, dst] {
-            if matches!(t.memory, Memory::Unallocated) {
-                return Err(Enqueue::Operand(
-                    "a tensor of a host op has no memory".into(),
-                ));
-            }
+        let (inputs, dst) = op.tensors();
+        if inputs
+            .iter()
+            .chain([&dst])
+            .any(|t| matches!(t.memory, Memory::Unallocated))
+        {
+            return Err(Enqueue::Operand(
+                "a tensor of a host op has no memory".into(),
+            ));
         }
         let hazard = self.pending.iter().any(|p| {
             let overlaps = |t: &Tensor| t.addr < p.end && p.start < t.addr + t.bytes;
-            (p.written && overlaps(src)) || overlaps(dst)
+            (p.written && inputs.iter().any(|t| overlaps(t))) || overlaps(dst)
         });
         if hazard {
             self.flush().map_err(Enqueue::Submit)?;

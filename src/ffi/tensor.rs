@@ -29,6 +29,7 @@ fn dtype(ty: ggml_type) -> DType {
         GGML_TYPE_I8 => DType::I8,
         GGML_TYPE_I16 => DType::I16,
         GGML_TYPE_I32 => DType::I32,
+        GGML_TYPE_I64 => DType::I64,
         // SAFETY: ggml_type_name returns a static string (or NULL for unknown values).
         other => DType::Other(unsafe { static_name(ggml_type_name(other)) }),
     }
@@ -89,6 +90,8 @@ unsafe fn op(t: *const ggml_tensor) -> Op {
         GGML_OP_SCALE => Op::Scale,
         GGML_OP_CLAMP => Op::Clamp,
         GGML_OP_MUL_MAT => Op::MulMat,
+        GGML_OP_GET_ROWS => Op::GetRows,
+        GGML_OP_SET_ROWS => Op::SetRows,
         GGML_OP_RMS_NORM => Op::Norm { rms: true },
         GGML_OP_NORM => Op::Norm { rms: false },
         GGML_OP_UNARY => {
@@ -153,8 +156,8 @@ pub(crate) struct GraphMemory;
 
 impl HostMemory for GraphMemory {
     fn run(&mut self, op: &HostOp) -> Result<(), String> {
-        let (src, dst) = op.tensors();
-        for t in [src, dst] {
+        let (inputs, dst) = op.tensors();
+        for t in inputs.iter().copied().chain([dst]) {
             if !matches!(t.memory, Memory::Device(_) | Memory::Host) || t.addr == 0 {
                 return Err(format!(
                     "tensor memory is not host-accessible ({:?})",
@@ -162,16 +165,21 @@ impl HostMemory for GraphMemory {
                 ));
             }
         }
-        // The source is copied first: a copy may read and write overlapping memory (an in-place
+        // The inputs are copied first: an op may read and write overlapping memory (an in-place
         // DUP), and a Rust slice must not alias a mutable one.
-        // SAFETY: the descriptors were made from tensors of the graph being computed, whose data
-        // is allocated in host-accessible buffers for at least `bytes` (ggml_nbytes) bytes.
-        let src_bytes =
-            unsafe { std::slice::from_raw_parts(src.addr as *const u8, src.bytes as usize) }
-                .to_vec();
+        let inputs: Vec<Vec<u8>> = inputs
+            .iter()
+            .map(|t| {
+                // SAFETY: the descriptors were made from tensors of the graph being computed,
+                // whose data is allocated in host-accessible buffers for at least `bytes`
+                // (ggml_nbytes) bytes.
+                unsafe { std::slice::from_raw_parts(t.addr as *const u8, t.bytes as usize) }
+                    .to_vec()
+            })
+            .collect();
         // SAFETY: as above; nothing else accesses the destination while the graph computes.
         let dst_bytes =
             unsafe { std::slice::from_raw_parts_mut(dst.addr as *mut u8, dst.bytes as usize) };
-        op.run(&src_bytes, dst_bytes)
+        op.run(&inputs, dst_bytes)
     }
 }

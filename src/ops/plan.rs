@@ -5,6 +5,8 @@
 //! * `DUP`, `CPY`, `CONT`: host-side copies between f32, f16 and bf16 (any layout), or between
 //!   equal types stored one element at a time. The NPU shares system memory, so the host reads
 //!   and writes the tensors in place.
+//! * `GET_ROWS` (f32/f16/bf16 rows, i32 indices, f32 or same-type output) and `SET_ROWS` (f32
+//!   rows into f32/f16/bf16, i32 or i64 indices): host-side gathers and scatters, in place.
 //! * `ADD`, `SUB`, `MUL`, `DIV`: one kernel; the second input is repeated over the first (ggml
 //!   broadcasting); output shape = first input's shape.
 //! * Unary ops (the seed list plus `SQR`, `SQRT`, `LOG`, `SIN`, `COS`), `SCALE`, `CLAMP`: one
@@ -50,6 +52,8 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
     match node.op {
         Op::Layout => Ok(Plan::Skip),
         Op::Dup | Op::Cpy | Op::Cont => HostOp::convert(src(0)?, &node.dst).map(Plan::Host),
+        Op::GetRows => HostOp::get_rows(src(0)?, src(1)?, &node.dst).map(Plan::Host),
+        Op::SetRows => HostOp::set_rows(src(0)?, src(1)?, &node.dst).map(Plan::Host),
         Op::Binary(op) => {
             let (a, b) = (src(0)?, src(1)?);
             if !a.same_shape(&node.dst) {

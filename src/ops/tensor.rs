@@ -13,6 +13,7 @@ pub enum DType {
     I8,
     I16,
     I32,
+    I64,
     Other(&'static str),
 }
 
@@ -26,6 +27,7 @@ impl DType {
             DType::I8 => "i8",
             DType::I16 => "i16",
             DType::I32 => "i32",
+            DType::I64 => "i64",
             DType::Other(name) => name,
         }
     }
@@ -33,6 +35,7 @@ impl DType {
     /// Bytes per element, for the types stored one element at a time.
     pub fn size(self) -> Option<u64> {
         match self {
+            DType::I64 => Some(8),
             DType::F32 | DType::I32 => Some(4),
             DType::F16 | DType::Bf16 | DType::I16 => Some(2),
             DType::I8 => Some(1),
@@ -145,6 +148,10 @@ pub enum Op {
     Norm {
         rms: bool,
     },
+    /// `GET_ROWS`: rows of src0 picked by the i32 indices in src1.
+    GetRows,
+    /// `SET_ROWS`: rows of src0 written into dst at the i32/i64 indices in src1.
+    SetRows,
     /// `MUL_MAT`: src0 the weights `[K, M, B2, B3]`, src1 the activations `[K, N, B2·r2, B3·r3]`.
     MulMat,
     /// Anything else, by ggml's op (or unary op) name.
@@ -275,6 +282,8 @@ impl Op {
             Op::Scale => "SCALE",
             Op::Clamp => "CLAMP",
             Op::MulMat => "MUL_MAT",
+            Op::GetRows => "GET_ROWS",
+            Op::SetRows => "SET_ROWS",
             Op::Norm { rms: true } => "RMS_NORM",
             Op::Norm { rms: false } => "NORM",
             Op::Other(name) => name,
