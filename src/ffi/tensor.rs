@@ -94,6 +94,19 @@ unsafe fn op(t: *const ggml_tensor) -> Op {
         GGML_OP_SET_ROWS => Op::SetRows,
         GGML_OP_RMS_NORM => Op::Norm { rms: true },
         GGML_OP_NORM => Op::Norm { rms: false },
+        GGML_OP_GLU => {
+            // SAFETY: `t` is a valid GLU tensor; ggml_glu_op_name returns a static string.
+            let name = unsafe { static_name(ggml_glu_op_name(ggml_get_glu_op(t))) };
+            let act = match name {
+                "REGLU" => Some(UnaryOp::Relu),
+                "GEGLU" => Some(UnaryOp::Gelu),
+                "SWIGLU" => Some(UnaryOp::Silu),
+                "GEGLU_ERF" => Some(UnaryOp::GeluErf),
+                "GEGLU_QUICK" => Some(UnaryOp::GeluQuick),
+                _ => None,
+            };
+            act.map_or(Op::Other(name), |act| Op::Glu { name, act })
+        }
         GGML_OP_UNARY => {
             // SAFETY: `t` is a valid UNARY tensor; ggml_unary_op_name returns a static string.
             let name = unsafe { static_name(ggml_unary_op_name(ggml_get_unary_op(t))) };

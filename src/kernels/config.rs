@@ -42,6 +42,7 @@ const UNARY_OPS: &str = "unary_ops.py";
 const SCALE_OPS: &str = "scale_ops.py";
 const MUL_MAT: &str = "mul_mat.py";
 const NORM_OPS: &str = "norm_ops.py";
+const GLU_OPS: &str = "glu_ops.py";
 
 /// One kernel a config may name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +106,11 @@ pub const KERNELS: &[KernelKind] = &[
     kind("CLAMP", SCALE_OPS, 1, 2),
     kind("MUL_MAT", MUL_MAT, 2, 0),
     kind("RMS_NORM", NORM_OPS, 1, 1),
+    kind("REGLU", GLU_OPS, 2, 0),
+    kind("GEGLU", GLU_OPS, 2, 0),
+    kind("SWIGLU", GLU_OPS, 2, 0),
+    kind("GEGLU_ERF", GLU_OPS, 2, 0),
+    kind("GEGLU_QUICK", GLU_OPS, 2, 0),
     kind("NORM", NORM_OPS, 1, 1),
 ];
 

@@ -12,6 +12,8 @@
 //! * Unary ops (the seed list plus `SQR`, `SQRT`, `LOG`, `SIN`, `COS`), `SCALE`, `CLAMP`: one
 //!   kernel, output shape = input shape.
 //!
+//! * `GLU` (`REGLU`, `GEGLU`, `SWIGLU`, `GEGLU_ERF`, `GEGLU_QUICK`): one two-input kernel act(x)·g;
+//!   the fused form's halves are passed as two strided views of the same tensor.
 //! * `RMS_NORM`, `NORM`: one kernel normalising each row (dimension 0) with op_params[0] = eps;
 //!   contiguous tensors are viewed as `[ne0, rows]`.
 //! * `MUL_MAT`: one kernel; weights f32, f16 or bf16, activations f32 (broadcast over the batch
@@ -97,6 +99,27 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
             )
         }
         Op::MulMat => mul_mat(src(0)?, src(1)?, &node.dst),
+        Op::Glu { name, .. } => {
+            let a = src(0)?;
+            let (x, g) = match node.src.get(1) {
+                Some(b) => (a.clone(), b.clone()),
+                None => {
+                    let nc = a.ne[0] / 2;
+                    let (x0, g0) = if node.op_params[1] != 0 {
+                        (nc, 0)
+                    } else {
+                        (0, nc)
+                    };
+                    (a.slice0(x0, nc), a.slice0(g0, nc))
+                }
+            };
+            if !x.same_shape(&node.dst) || !g.same_shape(&node.dst) {
+                return Err(format!(
+                    "{name}: the gate and input do not match the output"
+                ));
+            }
+            elementwise(name, Vec::new(), &[&x, &g], &node.dst)
+        }
         Op::Norm { .. } => {
             let a = src(0)?;
             if !a.same_shape(&node.dst) || !a.dtype.is_float() || a.dtype != node.dst.dtype {

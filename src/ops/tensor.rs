@@ -118,6 +118,27 @@ impl Tensor {
         !self.is_empty() && (0..4).all(|d| self.ne[d] > 0 && to.ne[d] % self.ne[d] == 0)
     }
 
+    /// Bytes from the first element to the end of the last one (ggml_nbytes of a view).
+    pub fn extent(&self) -> u64 {
+        if self.is_empty() {
+            return 0;
+        }
+        let size = self.dtype.size().unwrap_or(0);
+        (0..4)
+            .map(|d| (self.ne[d] - 1) as u64 * self.nb[d])
+            .sum::<u64>()
+            + size
+    }
+
+    /// The view of dimension-0 elements `[start, start + len)` of this tensor.
+    pub fn slice0(&self, start: i64, len: i64) -> Tensor {
+        let mut t = self.clone();
+        t.ne[0] = len;
+        t.addr += start as u64 * self.nb[0];
+        t.bytes = t.extent();
+        t
+    }
+
     /// Byte offsets of every element, in row-major logical order (dimension 0 fastest).
     pub fn element_offsets(&self) -> impl Iterator<Item = u64> + '_ {
         let [n0, n1, n2, n3] = self.ne.map(|n| n.max(0) as u64);
@@ -147,6 +168,13 @@ pub enum Op {
     /// `RMS_NORM` (`rms`) or `NORM` over each row; op_params[0] is eps.
     Norm {
         rms: bool,
+    },
+    /// `GLU` of kind `name` (`SWIGLU`, `GEGLU`, ...) with activation `act`: act(x) · g, where x
+    /// and g are the two halves of src0's rows (swapped when op_params[1] is set) or src0 and
+    /// src1.
+    Glu {
+        name: &'static str,
+        act: UnaryOp,
     },
     /// `GET_ROWS`: rows of src0 picked by the i32 indices in src1.
     GetRows,
@@ -283,6 +311,7 @@ impl Op {
             Op::Clamp => "CLAMP",
             Op::MulMat => "MUL_MAT",
             Op::GetRows => "GET_ROWS",
+            Op::Glu { name, .. } => name,
             Op::SetRows => "SET_ROWS",
             Op::Norm { rms: true } => "RMS_NORM",
             Op::Norm { rms: false } => "NORM",

@@ -88,6 +88,8 @@ pub enum Op {
     Scale,
     /// y = max(min(x, hi), lo) with lo = op_params[0], hi = op_params[1] (f32 bits).
     Clamp,
+    /// Gated linear units: y = act(x) * g, inputs (x, g) of the output's shape.
+    Glu(UnaryOp),
     /// Per row: y = x / sqrt(mean(x²) + eps), eps = f32 bits of op_params[0].
     RmsNorm,
     /// Per row: y = (x - mean) / sqrt(var + eps), eps = f32 bits of op_params[0].
@@ -149,6 +151,11 @@ impl Op {
             "CLAMP" => Some(Op::Clamp),
             "MUL_MAT" => Some(Op::MulMat),
             "RMS_NORM" => Some(Op::RmsNorm),
+            "REGLU" => Some(Op::Glu(UnaryOp::Relu)),
+            "GEGLU" => Some(Op::Glu(UnaryOp::Gelu)),
+            "SWIGLU" => Some(Op::Glu(UnaryOp::Silu)),
+            "GEGLU_ERF" => Some(Op::Glu(UnaryOp::GeluErf)),
+            "GEGLU_QUICK" => Some(Op::Glu(UnaryOp::GeluQuick)),
             "NORM" => Some(Op::Norm),
             _ => None,
         }
@@ -157,7 +164,7 @@ impl Op {
     /// Number of input tensors.
     pub fn arity(self) -> usize {
         match self {
-            Op::Binary(_) | Op::MulMat => 2,
+            Op::Binary(_) | Op::MulMat | Op::Glu(_) => 2,
             _ => 1,
         }
     }
@@ -171,6 +178,7 @@ impl Op {
         v.push("MUL_MAT");
         v.push("RMS_NORM");
         v.push("NORM");
+        v.extend(["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]);
         v
     }
 
@@ -180,6 +188,7 @@ impl Op {
         match self {
             Op::MulMat => 2 * k,
             Op::RmsNorm | Op::Norm => 4,
+            Op::Glu(_) => 9,
             Op::Binary(_) => 1,
             Op::Scale | Op::Clamp => 2,
             Op::Unary(UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::GeluQuick | UnaryOp::Silu) => 8,
@@ -192,6 +201,7 @@ impl Op {
         match self {
             Op::Scale => "op_params[0] = scale, op_params[1] = bias (f32 bit patterns); y = scale*x + bias",
             Op::Clamp => "op_params[0] = min, op_params[1] = max (f32 bit patterns); y = max(min(x, max), min)",
+            Op::Glu(_) => "unused; inputs (x, g) of the output's shape; y = act(x) * g",
             Op::RmsNorm | Op::Norm => "op_params[0] = eps (f32 bit pattern); normalises each row (dimension 0)",
             Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3], inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
             _ => "unused",

@@ -171,6 +171,10 @@ pub unsafe fn execute(
                 out.set(i, f(s0.get(i), s1.get(j)));
             });
         }
+        Op::Glu(act) => {
+            let (x, g) = (&bufs[0], &bufs[1]);
+            for_each_index(ne, |i| out.set(i, unary_f32(act, x.get(i)) * g.get(i)));
+        }
         Op::Unary(u) => {
             let s0 = &bufs[0];
             for_each_index(ne, |i| out.set(i, unary_f32(u, s0.get(i))));
