@@ -209,7 +209,7 @@ unsafe extern "C" fn dev_supports_op(dev: ggml_backend_dev_t, op: *const ggml_te
         // Kernels reach only NPU memory; a tensor already placed elsewhere cannot be an operand.
         if [&node.dst]
             .into_iter()
-            .chain(&node.src)
+            .chain(node.inputs())
             .any(|t| t.memory == Memory::Foreign)
         {
             return false;

@@ -91,6 +91,7 @@ unsafe fn op(t: *const ggml_tensor) -> Op {
         GGML_OP_CLAMP => Op::Clamp,
         GGML_OP_MUL_MAT => Op::MulMat,
         GGML_OP_GET_ROWS => Op::GetRows,
+        GGML_OP_SOFT_MAX => Op::SoftMax,
         GGML_OP_SET_ROWS => Op::SetRows,
         GGML_OP_RMS_NORM => Op::Norm { rms: true },
         GGML_OP_NORM => Op::Norm { rms: false },
@@ -129,12 +130,15 @@ pub(crate) unsafe fn node(t: *const ggml_tensor) -> Node {
     let tr = unsafe { &*t };
     let mut op_params = [0i32; 16];
     op_params.copy_from_slice(&tr.op_params[..16]);
-    let src = tr
+    let last = tr
         .src
         .iter()
-        .take_while(|s| !s.is_null())
+        .rposition(|s| !s.is_null())
+        .map_or(0, |i| i + 1);
+    let src = tr.src[..last]
+        .iter()
         // SAFETY: non-NULL sources of a valid tensor are valid tensors.
-        .map(|&s| unsafe { tensor(s) })
+        .map(|&s| (!s.is_null()).then(|| unsafe { tensor(s) }))
         .collect();
     Node {
         // SAFETY: as above.

@@ -43,6 +43,7 @@ const SCALE_OPS: &str = "scale_ops.py";
 const MUL_MAT: &str = "mul_mat.py";
 const NORM_OPS: &str = "norm_ops.py";
 const GLU_OPS: &str = "glu_ops.py";
+const SOFT_MAX_OPS: &str = "soft_max.py";
 
 /// One kernel a config may name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +107,10 @@ pub const KERNELS: &[KernelKind] = &[
     kind("CLAMP", SCALE_OPS, 1, 2),
     kind("MUL_MAT", MUL_MAT, 2, 0),
     kind("RMS_NORM", NORM_OPS, 1, 1),
+    kind("SOFT_MAX", SOFT_MAX_OPS, 1, 2),
+    kind("SOFT_MAX_MASK", SOFT_MAX_OPS, 2, 2),
+    kind("SOFT_MAX_SINKS", SOFT_MAX_OPS, 2, 2),
+    kind("SOFT_MAX_MASK_SINKS", SOFT_MAX_OPS, 3, 2),
     kind("REGLU", GLU_OPS, 2, 0),
     kind("GEGLU", GLU_OPS, 2, 0),
     kind("SWIGLU", GLU_OPS, 2, 0),

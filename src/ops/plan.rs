@@ -14,6 +14,8 @@
 //!
 //! * `GLU` (`REGLU`, `GEGLU`, `SWIGLU`, `GEGLU_ERF`, `GEGLU_QUICK`): one two-input kernel act(x)·g;
 //!   the fused form's halves are passed as two strided views of the same tensor.
+//! * `SOFT_MAX` (scale, f32/f16 mask with ALiBi `max_bias`, sinks): one kernel named by the
+//!   inputs present (`SOFT_MAX`, `SOFT_MAX_MASK`, `SOFT_MAX_SINKS`, `SOFT_MAX_MASK_SINKS`).
 //! * `RMS_NORM`, `NORM`: one kernel normalising each row (dimension 0) with op_params[0] = eps;
 //!   contiguous tensors are viewed as `[ne0, rows]`.
 //! * `MUL_MAT`: one kernel; weights f32, f16 or bf16, activations f32 (broadcast over the batch
@@ -47,8 +49,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
         return Ok(Plan::Skip);
     }
     let src = |i: usize| {
-        node.src
-            .get(i)
+        node.src(i)
             .ok_or_else(|| format!("{} has no input {i}", node.op.name()))
     };
     match node.op {
@@ -101,7 +102,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
         Op::MulMat => mul_mat(src(0)?, src(1)?, &node.dst),
         Op::Glu { name, .. } => {
             let a = src(0)?;
-            let (x, g) = match node.src.get(1) {
+            let (x, g) = match node.src(1) {
                 Some(b) => (a.clone(), b.clone()),
                 None => {
                     let nc = a.ne[0] / 2;
@@ -120,6 +121,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
             }
             elementwise(name, Vec::new(), &[&x, &g], &node.dst)
         }
+        Op::SoftMax => soft_max(node),
         Op::Norm { .. } => {
             let a = src(0)?;
             if !a.same_shape(&node.dst) || !a.dtype.is_float() || a.dtype != node.dst.dtype {
@@ -153,6 +155,58 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
         }
         Op::Other(name) => Err(format!("op {name} is not supported by this build")),
     }
+}
+
+/// One SOFT_MAX kernel: `SOFT_MAX`, `SOFT_MAX_MASK`, `SOFT_MAX_SINKS` or `SOFT_MAX_MASK_SINKS`
+/// by the inputs present (x, then the mask, then the sinks); op_params = (scale, max_bias).
+fn soft_max(node: &Node) -> Result<Plan, String> {
+    let x = node.src(0).ok_or("SOFT_MAX has no input")?;
+    let (mask, sinks) = (node.src(1), node.src(2));
+    if x.dtype != DType::F32 || node.dst.dtype != DType::F32 || !x.same_shape(&node.dst) {
+        return Err("SOFT_MAX: input and output must be f32 of one shape".into());
+    }
+    if let Some(m) = mask {
+        let ok = matches!(m.dtype, DType::F32 | DType::F16)
+            && m.ne[0] >= x.ne[0]
+            && m.ne[1] >= x.ne[1]
+            && m.ne[2] > 0
+            && m.ne[3] > 0
+            && x.ne[2] % m.ne[2] == 0
+            && x.ne[3] % m.ne[3] == 0;
+        if !ok {
+            return Err("SOFT_MAX: unsupported mask".into());
+        }
+    }
+    if let Some(k) = sinks {
+        if k.dtype != DType::F32 || k.nelements() < x.ne[2] || !k.is_contiguous() {
+            return Err("SOFT_MAX: unsupported sinks".into());
+        }
+    }
+    let name = match (mask.is_some(), sinks.is_some()) {
+        (false, false) => "SOFT_MAX",
+        (true, false) => "SOFT_MAX_MASK",
+        (false, true) => "SOFT_MAX_SINKS",
+        (true, true) => "SOFT_MAX_MASK_SINKS",
+    };
+    let inputs: Vec<&Tensor> = [Some(x), mask, sinks].into_iter().flatten().collect();
+    let layout = |t: &Tensor| Layout {
+        dtype: t.dtype.name().to_owned(),
+        ne: t.ne,
+        nb: t.nb,
+    };
+    Ok(Plan::Kernel {
+        desc: KernelDesc {
+            op: name.to_owned(),
+            op_params: node.op_params[..2].to_vec(),
+            inputs: inputs.iter().map(|t| layout(t)).collect(),
+            output: layout(&node.dst),
+        },
+        operands: inputs
+            .into_iter()
+            .cloned()
+            .chain([node.dst.clone()])
+            .collect(),
+    })
 }
 
 /// One MUL_MAT kernel, operands as laid out in memory (the kernel walks their strides).
@@ -238,7 +292,7 @@ mod tests {
             op,
             op_params: [0; 16],
             dst,
-            src,
+            src: src.into_iter().map(Some).collect(),
         }
     }
 

@@ -176,6 +176,9 @@ pub enum Op {
         name: &'static str,
         act: UnaryOp,
     },
+    /// `SOFT_MAX` (ggml's soft_max_ext): scale, optional mask (ALiBi slope from max_bias) and
+    /// optional attention sinks.
+    SoftMax,
     /// `GET_ROWS`: rows of src0 picked by the i32 indices in src1.
     GetRows,
     /// `SET_ROWS`: rows of src0 written into dst at the i32/i64 indices in src1.
@@ -311,6 +314,7 @@ impl Op {
             Op::Clamp => "CLAMP",
             Op::MulMat => "MUL_MAT",
             Op::GetRows => "GET_ROWS",
+            Op::SoftMax => "SOFT_MAX",
             Op::Glu { name, .. } => name,
             Op::SetRows => "SET_ROWS",
             Op::Norm { rms: true } => "RMS_NORM",
@@ -320,13 +324,27 @@ impl Op {
     }
 }
 
+impl Node {
+    /// Input `i`, if present.
+    pub fn src(&self, i: usize) -> Option<&Tensor> {
+        self.src.get(i).and_then(Option::as_ref)
+    }
+
+    /// The inputs that are present.
+    pub fn inputs(&self) -> impl Iterator<Item = &Tensor> {
+        self.src.iter().flatten()
+    }
+}
+
 /// A graph node: the op, its parameters (ggml `op_params` as i32 words), the output and inputs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
     pub op: Op,
     pub op_params: [i32; 16],
     pub dst: Tensor,
-    pub src: Vec<Tensor>,
+    /// ggml's `src[]` up to the last non-NULL one; `None` where ggml has NULL (an optional
+    /// input that is absent, e.g. SOFT_MAX without a mask but with sinks).
+    pub src: Vec<Option<Tensor>>,
 }
 
 #[cfg(test)]

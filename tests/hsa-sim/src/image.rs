@@ -162,7 +162,27 @@ impl KernelDesc {
                 self.output.ne, src0.ne
             ));
         }
-        if let Some(src1) = self.inputs.get(1).filter(|_| op != Op::MulMat) {
+        if let Op::SoftMax { mask, sinks } = op {
+            let x = src0;
+            if let Some(m) = self.inputs.get(1).filter(|_| mask) {
+                let ok = m.ne[0] >= x.ne[0]
+                    && m.ne[1] >= x.ne[1]
+                    && (2..4).all(|d| m.ne[d] > 0 && x.ne[d] % m.ne[d] == 0);
+                if !ok {
+                    return inv(format!("mask ne {:?} does not cover x ne {:?}", m.ne, x.ne));
+                }
+            }
+            if sinks
+                && self
+                    .inputs
+                    .last()
+                    .is_some_and(|k| k.nelements() < x.ne[2] as u64)
+            {
+                return inv("fewer sinks than heads (x ne[2])".into());
+            }
+        }
+        let elementwise = !matches!(op, Op::MulMat | Op::SoftMax { .. });
+        if let Some(src1) = self.inputs.get(1).filter(|_| elementwise) {
             for d in 0..4 {
                 let (a, b) = (src0.ne[d], src1.ne[d]);
                 let ok = if b == 0 { a == 0 } else { a % b == 0 };

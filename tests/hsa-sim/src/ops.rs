@@ -88,6 +88,12 @@ pub enum Op {
     Scale,
     /// y = max(min(x, hi), lo) with lo = op_params[0], hi = op_params[1] (f32 bits).
     Clamp,
+    /// ggml's soft_max_ext over each row: x·scale (+ slope·mask) and optional sinks; inputs x,
+    /// then the mask if `mask`, then the sinks if `sinks`.
+    SoftMax {
+        mask: bool,
+        sinks: bool,
+    },
     /// Gated linear units: y = act(x) * g, inputs (x, g) of the output's shape.
     Glu(UnaryOp),
     /// Per row: y = x / sqrt(mean(x²) + eps), eps = f32 bits of op_params[0].
@@ -151,6 +157,22 @@ impl Op {
             "CLAMP" => Some(Op::Clamp),
             "MUL_MAT" => Some(Op::MulMat),
             "RMS_NORM" => Some(Op::RmsNorm),
+            "SOFT_MAX" => Some(Op::SoftMax {
+                mask: false,
+                sinks: false,
+            }),
+            "SOFT_MAX_MASK" => Some(Op::SoftMax {
+                mask: true,
+                sinks: false,
+            }),
+            "SOFT_MAX_SINKS" => Some(Op::SoftMax {
+                mask: false,
+                sinks: true,
+            }),
+            "SOFT_MAX_MASK_SINKS" => Some(Op::SoftMax {
+                mask: true,
+                sinks: true,
+            }),
             "REGLU" => Some(Op::Glu(UnaryOp::Relu)),
             "GEGLU" => Some(Op::Glu(UnaryOp::Gelu)),
             "SWIGLU" => Some(Op::Glu(UnaryOp::Silu)),
@@ -165,6 +187,7 @@ impl Op {
     pub fn arity(self) -> usize {
         match self {
             Op::Binary(_) | Op::MulMat | Op::Glu(_) => 2,
+            Op::SoftMax { mask, sinks } => 1 + usize::from(mask) + usize::from(sinks),
             _ => 1,
         }
     }
@@ -178,6 +201,12 @@ impl Op {
         v.push("MUL_MAT");
         v.push("RMS_NORM");
         v.push("NORM");
+        v.extend([
+            "SOFT_MAX",
+            "SOFT_MAX_MASK",
+            "SOFT_MAX_SINKS",
+            "SOFT_MAX_MASK_SINKS",
+        ]);
         v.extend(["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]);
         v
     }
@@ -189,6 +218,7 @@ impl Op {
             Op::MulMat => 2 * k,
             Op::RmsNorm | Op::Norm => 4,
             Op::Glu(_) => 9,
+            Op::SoftMax { .. } => 5,
             Op::Binary(_) => 1,
             Op::Scale | Op::Clamp => 2,
             Op::Unary(UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::GeluQuick | UnaryOp::Silu) => 8,
@@ -201,6 +231,7 @@ impl Op {
         match self {
             Op::Scale => "op_params[0] = scale, op_params[1] = bias (f32 bit patterns); y = scale*x + bias",
             Op::Clamp => "op_params[0] = min, op_params[1] = max (f32 bit patterns); y = max(min(x, max), min)",
+            Op::SoftMax { .. } => "op_params[0] = scale, op_params[1] = max_bias (f32 bit patterns); inputs x, [mask f32/f16], [sinks f32]",
             Op::Glu(_) => "unused; inputs (x, g) of the output's shape; y = act(x) * g",
             Op::RmsNorm | Op::Norm => "op_params[0] = eps (f32 bit pattern); normalises each row (dimension 0)",
             Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3], inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",

@@ -26,7 +26,7 @@ fn capabilities() -> serde_json::Value {
                 "op": name,
                 "inputs": op.arity(),
                 "types": types,
-                "broadcast": matches!(op, Op::Binary(_) | Op::MulMat),
+                "broadcast": matches!(op, Op::Binary(_) | Op::MulMat | Op::SoftMax { .. }),
                 "noncontiguous": true,
                 "op_params": op.params_doc(),
             })

@@ -60,6 +60,64 @@ fn for_each_index(ne: [i64; 4], mut f: impl FnMut([i64; 4])) {
     }
 }
 
+/// ggml's soft_max_ext, as ggml-cpu computes it: the row scaled plus slope·mask, its maximum
+/// (with the sink), exponentials summed in f64 (plus exp(sink - max)).
+fn soft_max(
+    x: &Buf<'_>,
+    mask: Option<&Buf<'_>>,
+    sinks: Option<&Buf<'_>>,
+    scale: f32,
+    max_bias: f32,
+    out: &mut Buf<'_>,
+) {
+    let ne = x.t.ne;
+    let n_head = ne[2] as u32;
+    let n_head_log2 = 1u32 << (n_head as f32).log2().floor() as u32;
+    let m0 = 2f32.powf(-max_bias / n_head_log2 as f32);
+    let m1 = 2f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
+    let mut w = vec![0f32; ne[0] as usize];
+    for i3 in 0..ne[3] {
+        for i2 in 0..ne[2] {
+            let h = i2 as u32;
+            let slope = if max_bias > 0.0 {
+                if h < n_head_log2 {
+                    m0.powi(h as i32 + 1)
+                } else {
+                    m1.powi(2 * (h - n_head_log2) as i32 + 1)
+                }
+            } else {
+                1.0
+            };
+            let sink = sinks.map(|k| k.get([i2, 0, 0, 0]));
+            for i1 in 0..ne[1] {
+                for (i0, v) in w.iter_mut().enumerate() {
+                    *v = x.get([i0 as i64, i1, i2, i3]) * scale;
+                    if let Some(m) = mask {
+                        let mn = m.t.ne;
+                        *v += slope * m.get([i0 as i64, i1, i2 % mn[2], i3 % mn[3]]);
+                    }
+                }
+                let mut max = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                if let Some(s) = sink {
+                    max = max.max(s);
+                }
+                let mut sum = 0f64;
+                for v in w.iter_mut() {
+                    *v = (*v - max).exp();
+                    sum += f64::from(*v);
+                }
+                if let Some(s) = sink {
+                    sum += f64::from((s - max).exp());
+                }
+                let inv = (1.0 / sum) as f32;
+                for (i0, v) in w.iter().enumerate() {
+                    out.set([i0 as i64, i1, i2, i3], v * inv);
+                }
+            }
+        }
+    }
+}
+
 /// ggml's RMS_NORM (`rms`) or NORM over each row, with sums in f64 as ggml-cpu keeps them.
 fn norm_rows(x: &Buf<'_>, out: &mut Buf<'_>, eps: f64, rms: bool) {
     let ne = x.t.ne;
@@ -170,6 +228,13 @@ pub unsafe fn execute(
                 let j = [i[0] % ne1[0], i[1] % ne1[1], i[2] % ne1[2], i[3] % ne1[3]];
                 out.set(i, f(s0.get(i), s1.get(j)));
             });
+        }
+        Op::SoftMax { mask, sinks } => {
+            let scale = f32::from_bits(desc.op_params[0] as u32);
+            let max_bias = f32::from_bits(desc.op_params[1] as u32);
+            let m = mask.then(|| &bufs[1]);
+            let k = sinks.then(|| &bufs[bufs.len() - 1]);
+            soft_max(&bufs[0], m, k, scale, max_bias, &mut out);
         }
         Op::Glu(act) => {
             let (x, g) = (&bufs[0], &bufs[1]);
