@@ -751,7 +751,7 @@ mod tests {
             op,
             op_params,
             dst,
-            src,
+            src: src.into_iter().map(Some).collect(),
         }
     }
 
