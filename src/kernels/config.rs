@@ -831,7 +831,7 @@ mod tests {
         assert_eq!(e.input_tensors, ["(8,1,1,1)/f32"]);
         assert_eq!(e.op_params, None);
         let unknown = KernelDesc {
-            op: "SOFT_MAX".into(),
+            op: "ROPE".into(),
             ..desc
         };
         let e = KernelEntry::from_desc(&unknown, Arch::Aie2p);
