@@ -66,8 +66,8 @@ class EltwiseSpec:
             "TILE": self.plan.tile,
             "IN0_T": DTYPES[self.in_types[0]].ctype,
             "OUT_T": DTYPES[self.out_type].ctype,
-            "COMPUTE_F32": int(self.compute == "f32"),
-            "COMPUTE_BF16": int(self.compute == "bf16"),
+            # Floats (bf16 or f32 operands) are all computed in f32.
+            "COMPUTE_F32": int(self.compute in FLOAT_TYPES),
             "COMPUTE_INT": int(self.compute in INT_TYPES),
         }
         if self.kind != "unary":

@@ -136,7 +136,8 @@ def plan_eltwise(
                 continue
             tile = tiles[-1]
             iterations = share // tile
-            cost = iterations * (tile + ITERATION_OVERHEAD)
+            # A tile shorter than a vector costs a whole vector.
+            cost = iterations * (max(tile, VECTOR_ELEMS) + ITERATION_OVERHEAD)
             key = (cost, workers, -tile)
             if best_key is None or key < best_key:
                 best_key = key

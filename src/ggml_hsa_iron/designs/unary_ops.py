@@ -1,0 +1,78 @@
+"""Unary element-wise ops (the ggml unary list of the seeds)."""
+
+from . import _eltwise
+
+
+def ggml_op_abs(spec):
+    """GGML ABS: the element-wise design, core function compiled with -DGGML_OP_ABS."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_sgn(spec):
+    """GGML SGN: the element-wise design, core function compiled with -DGGML_OP_SGN."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_neg(spec):
+    """GGML NEG: the element-wise design, core function compiled with -DGGML_OP_NEG."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_step(spec):
+    """GGML STEP: the element-wise design, core function compiled with -DGGML_OP_STEP."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_tanh(spec):
+    """GGML TANH: the element-wise design, core function compiled with -DGGML_OP_TANH."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_elu(spec):
+    """GGML ELU: the element-wise design, core function compiled with -DGGML_OP_ELU."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_relu(spec):
+    """GGML RELU: the element-wise design, core function compiled with -DGGML_OP_RELU."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_sigmoid(spec):
+    """GGML SIGMOID: the element-wise design, core function compiled with -DGGML_OP_SIGMOID."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_gelu(spec):
+    """GGML GELU: the element-wise design, core function compiled with -DGGML_OP_GELU."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_gelu_quick(spec):
+    """GGML GELU_QUICK: the element-wise design, core function compiled with -DGGML_OP_GELU_QUICK."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_silu(spec):
+    """GGML SILU: the element-wise design, core function compiled with -DGGML_OP_SILU."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_hardswish(spec):
+    """GGML HARDSWISH: the element-wise design, core function compiled with -DGGML_OP_HARDSWISH."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_hardsigmoid(spec):
+    """GGML HARDSIGMOID: the element-wise design, core function compiled with -DGGML_OP_HARDSIGMOID."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_exp(spec):
+    """GGML EXP: the element-wise design, core function compiled with -DGGML_OP_EXP."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_gelu_erf(spec):
+    """GGML GELU_ERF: the element-wise design, core function compiled with -DGGML_OP_GELU_ERF."""
+    return _eltwise.build(spec)

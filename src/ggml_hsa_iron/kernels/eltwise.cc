@@ -1,0 +1,263 @@
+// eltwise.cc: element-wise core functions of ggml_hsa_iron (aie2 / aie2p).
+//
+// Built once per kernel with Peano; the design (designs/_eltwise.py) sets:
+//   GGML_OP_<OP>=1      the op (ADD SUB MUL DIV, or one of the unary ops)
+//   TILE                elements per object FIFO tile
+//   IN0_T, IN1_T, OUT_T operand C types (IN1_T for binary ops)
+//   COMPUTE_F32 / COMPUTE_INT   float operands (computed in f32) or integers
+//   BINARY=1            binary op; BCAST=1 input 1 repeated over the output,
+//   OUT_NE0..3, SRC_NE0..3      the output's and input 1's shapes
+//
+// Functions (arguments: inputs, then output, as the object FIFOs deliver them):
+//   ggml_eltwise_unary(in, out)            TILE elements
+//   ggml_eltwise_binary(a, b, out)         TILE elements, same shapes
+//   ggml_eltwise_bcast_begin(start, step)  first logical index, stride between tiles
+//   ggml_eltwise_bcast(a, b_all, out)      TILE elements, b_all = all of input 1
+
+#include "ggml_aie.h"
+
+#ifndef TILE
+#error "TILE must be defined"
+#endif
+
+using namespace ggml_aie;
+
+#if COMPUTE_F32
+
+// ------------------------------------------------------------------ float ops
+
+#if BINARY
+static inline vf op2(vf a, vf b) {
+#if defined(GGML_OP_ADD)
+  return add(a, b);
+#elif defined(GGML_OP_SUB)
+  return sub(a, b);
+#elif defined(GGML_OP_MUL)
+  return mul(a, b);
+#elif defined(GGML_OP_DIV)
+  return div(a, b);
+#else
+#error "unknown binary op"
+#endif
+}
+#else
+static inline vf op1(vf x) {
+  const vf zero = splat(0.0f), one = splat(1.0f);
+#if defined(GGML_OP_ABS)
+  return fabs(x);
+#elif defined(GGML_OP_NEG)
+  return fneg(x);
+#elif defined(GGML_OP_SGN)
+  return pick(gt(x, zero), one, pick(lt(x, zero), splat(-1.0f), zero));
+#elif defined(GGML_OP_STEP)
+  return pick(gt(x, zero), one, zero);
+#elif defined(GGML_OP_RELU)
+  return pick(gt(x, zero), x, zero);
+#elif defined(GGML_OP_TANH)
+  return tanh(x);
+#elif defined(GGML_OP_ELU)
+  return pick(gt(x, zero), x, sub(exp(x), one));
+#elif defined(GGML_OP_SIGMOID)
+  return sigmoid(x);
+#elif defined(GGML_OP_GELU)
+  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  vf inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715f)), 0.79788456080286536f);
+  return mul(mul(x, 0.5f), add(one, tanh(inner)));
+#elif defined(GGML_OP_GELU_QUICK)
+  return mul(x, sigmoid(mul(x, 1.702f)));
+#elif defined(GGML_OP_SILU)
+  return mul(x, sigmoid(x));
+#elif defined(GGML_OP_HARDSIGMOID)
+  return fmin(one, fmax(zero, mul(add(x, splat(3.0f)), 1.0f / 6.0f)));
+#elif defined(GGML_OP_HARDSWISH)
+  return mul(x, fmin(one, fmax(zero, mul(add(x, splat(3.0f)), 1.0f / 6.0f))));
+#elif defined(GGML_OP_EXP)
+  return exp(x);
+#elif defined(GGML_OP_GELU_ERF)
+  return mul(mul(x, 0.5f), add(one, erf(mul(x, 0.70710678118654752f))));
+#else
+#error "unknown unary op"
+#endif
+}
+#endif
+
+// Tails shorter than VEC go through aligned staging buffers, so the math is
+// always the vector code (no scalar float emulation).
+template <typename T> static inline vf load_part(const T *p, int n) {
+  alignas(64) T tmp[VEC];
+  for (int i = 0; i < (int)VEC; ++i)
+    tmp[i] = p[i < n ? i : 0];
+  return load_aligned(tmp);
+}
+
+template <typename T> static inline void store_part(T *p, vf v, int n) {
+  alignas(64) T tmp[VEC];
+  store_aligned(tmp, v);
+  for (int i = 0; i < n; ++i)
+    p[i] = tmp[i];
+}
+
+#else // COMPUTE_INT
+
+// ---------------------------------------------------------------- integer ops
+// Integer arithmetic wraps around (two's complement); division by zero gives 0.
+
+template <typename T> static inline T iop2(T a, T b) {
+#if defined(GGML_OP_ADD)
+  return (T)((uint32_t)a + (uint32_t)b);
+#elif defined(GGML_OP_SUB)
+  return (T)((uint32_t)a - (uint32_t)b);
+#elif defined(GGML_OP_MUL)
+  return (T)((uint32_t)a * (uint32_t)b);
+#elif defined(GGML_OP_DIV)
+  return b == 0 ? (T)0 : (T)(a / b);
+#else
+  return a;
+#endif
+}
+
+template <typename T> static inline T iop1(T x) {
+#if defined(GGML_OP_ABS)
+  return x < 0 ? (T)(0u - (uint32_t)x) : x;
+#elif defined(GGML_OP_NEG)
+  return (T)(0u - (uint32_t)x);
+#elif defined(GGML_OP_SGN)
+  return (T)((x > 0) - (x < 0));
+#elif defined(GGML_OP_STEP)
+  return (T)(x > 0);
+#elif defined(GGML_OP_RELU)
+  return x > 0 ? x : (T)0;
+#else
+  return x;
+#endif
+}
+
+#endif
+
+extern "C" {
+
+#if !BINARY
+
+void ggml_eltwise_unary(IN0_T *in, OUT_T *out) {
+#if COMPUTE_F32
+  int i = 0;
+  for (; i + (int)VEC <= TILE; i += VEC)
+    store_aligned(out + i, op1(load_aligned(in + i)));
+  if (i < TILE)
+    store_part(out + i, op1(load_part(in + i, TILE - i)), TILE - i);
+#else
+  for (int i = 0; i < TILE; ++i)
+    out[i] = (OUT_T)iop1<IN0_T>(in[i]);
+#endif
+}
+
+#elif !BCAST
+
+void ggml_eltwise_binary(IN0_T *a, IN1_T *b, OUT_T *out) {
+#if COMPUTE_F32
+  int i = 0;
+  for (; i + (int)VEC <= TILE; i += VEC)
+    store_aligned(out + i, op2(load_aligned(a + i), load_aligned(b + i)));
+  if (i < TILE) {
+    int n = TILE - i;
+    store_part(out + i, op2(load_part(a + i, n), load_part(b + i, n)), n);
+  }
+#elif defined(GGML_OP_ADD) || defined(GGML_OP_SUB)
+  // Integer add and subtract wrap in the vector unit too.
+  int i = 0;
+  for (; i + (int)VEC <= TILE; i += VEC) {
+    auto va = aie::load_v<VEC>(a + i);
+    auto vb = aie::load_v<VEC>(b + i);
+#if defined(GGML_OP_ADD)
+    aie::store_v(out + i, aie::add(va, vb));
+#else
+    aie::store_v(out + i, aie::sub(va, vb));
+#endif
+  }
+  for (; i < TILE; ++i)
+    out[i] = iop2<OUT_T>(a[i], b[i]);
+#else
+  for (int i = 0; i < TILE; ++i)
+    out[i] = iop2<OUT_T>(a[i], b[i]);
+#endif
+}
+
+#else // BCAST
+
+// Logical index (row-major over the output) of the next tile, and the stride
+// between this worker's tiles. Per core: each core links its own copy.
+static int32_t g_next;
+static int32_t g_step;
+
+void ggml_eltwise_bcast_begin(int32_t start, int32_t step) {
+  g_next = start;
+  g_step = step;
+}
+
+// out[j] = a[j] op b[..] for `len` elements of one output row, input 1 read
+// from `brow` (the row of input 1 this output row repeats) starting at i0.
+static inline void bcast_segment(const IN0_T *a, const IN1_T *brow, OUT_T *out, int i0,
+                                 int len) {
+#if COMPUTE_F32
+  if (SRC_NE0 == 1) {
+    vf vb = load_part(brow, 1);
+    vb = aie::broadcast<float, VEC>(vb[0]);
+    int j = 0;
+    for (; j + (int)VEC <= len; j += VEC)
+      store_any(out + j, op2(load_any(a + j), vb));
+    if (j < len)
+      store_part(out + j, op2(load_part(a + j, len - j), vb), len - j);
+    return;
+  }
+  int j = 0;
+  while (j < len) {
+    int bi = (i0 + j) % SRC_NE0;
+    int run = SRC_NE0 - bi;
+    if (run > len - j)
+      run = len - j;
+    int k = 0;
+    for (; k + (int)VEC <= run; k += VEC)
+      store_any(out + j + k, op2(load_any(a + j + k), load_any(brow + bi + k)));
+    if (k < run) {
+      int n = run - k;
+      store_part(out + j + k, op2(load_part(a + j + k, n), load_part(brow + bi + k, n)), n);
+    }
+    j += run;
+  }
+#else
+  for (int j = 0; j < len; ++j)
+    out[j] = iop2<OUT_T>(a[j], brow[(i0 + j) % SRC_NE0]);
+#endif
+}
+
+void ggml_eltwise_bcast(IN0_T *a, IN1_T *b, OUT_T *out) {
+  int32_t idx = g_next;
+  g_next += g_step;
+  // Position of the tile's first element in the output.
+  int32_t i0 = idx % OUT_NE0;
+  int32_t row = idx / OUT_NE0;
+  int32_t i1 = row % OUT_NE1;
+  int32_t i2 = (row / OUT_NE1) % OUT_NE2;
+  int32_t i3 = row / (OUT_NE1 * OUT_NE2);
+  int done = 0;
+  while (done < TILE) {
+    int len = OUT_NE0 - i0;
+    if (len > TILE - done)
+      len = TILE - done;
+    int32_t brow = (((i3 % SRC_NE3) * SRC_NE2 + (i2 % SRC_NE2)) * SRC_NE1 + (i1 % SRC_NE1)) * SRC_NE0;
+    bcast_segment(a + done, b + brow, out + done, i0, len);
+    done += len;
+    i0 = 0;
+    if (++i1 == OUT_NE1) {
+      i1 = 0;
+      if (++i2 == OUT_NE2) {
+        i2 = 0;
+        ++i3;
+      }
+    }
+  }
+}
+
+#endif
+
+} // extern "C"

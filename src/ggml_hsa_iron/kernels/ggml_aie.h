@@ -1,0 +1,167 @@
+// ggml_aie.h: vector helpers shared by the AIE core functions of ggml_hsa_iron.
+//
+// Compiled with Peano (llvm-aie) for aie2 and aie2p against the AIE API
+// headers of mlir-aie. Every AIE API call the kernels make goes through the
+// few helpers below, so that a difference between targets or header versions
+// is fixed in one place.
+//
+// Floats are computed in f32 (bf16 operands are widened, results rounded back
+// on store), which is how ggml's CPU backend computes bf16 ops too. Float
+// comparisons are done on "sortable" integer views of the bit patterns, and
+// transcendental functions are built from add, multiply and bit operations.
+
+#ifndef GGML_AIE_H
+#define GGML_AIE_H
+
+#include <stdint.h>
+
+#include <aie_api/aie.hpp>
+
+namespace ggml_aie {
+
+constexpr unsigned VEC = 16;
+
+using vf = aie::vector<float, VEC>;
+using vi = aie::vector<int32_t, VEC>;
+using vmask = aie::mask<VEC>;
+
+// ---------------------------------------------------------------- conversions
+
+inline vf widen(aie::vector<float, VEC> v) { return v; }
+
+inline vf widen(aie::vector<bfloat16, VEC> v) {
+  aie::accum<accfloat, VEC> acc;
+  acc.from_vector(v);
+  return acc.template to_vector<float>();
+}
+
+template <typename T> inline aie::vector<T, VEC> narrow(vf v);
+
+template <> inline aie::vector<float, VEC> narrow<float>(vf v) { return v; }
+
+template <> inline aie::vector<bfloat16, VEC> narrow<bfloat16>(vf v) {
+  aie::accum<accfloat, VEC> acc;
+  acc.from_vector(v);
+  return acc.template to_vector<bfloat16>();
+}
+
+// Loads and stores of VEC elements as f32. `aligned` pointers are at a
+// multiple of VEC elements from the start of an object FIFO buffer.
+template <typename T> inline vf load_aligned(const T *p) { return widen(aie::load_v<VEC>(p)); }
+
+template <typename T> inline vf load_any(const T *p) {
+  return widen(aie::load_unaligned_v<VEC>(p));
+}
+
+template <typename T> inline void store_aligned(T *p, vf v) { aie::store_v(p, narrow<T>(v)); }
+
+template <typename T> inline void store_any(T *p, vf v) {
+  aie::store_unaligned_v(p, narrow<T>(v));
+}
+
+// ------------------------------------------------------------ bit-level views
+
+inline vi bits(vf v) { return aie::vector_cast<int32_t>(v); }
+inline vf from_bits(vi v) { return aie::vector_cast<float>(v); }
+inline vf splat(float x) { return aie::broadcast<float, VEC>(x); }
+inline vi splat_i(int32_t x) { return aie::broadcast<int32_t, VEC>(x); }
+
+// m ? if_true : if_false (aie::select takes the second vector where the mask is set).
+inline vi pick_i(vmask m, vi if_true, vi if_false) { return aie::select(if_false, if_true, m); }
+inline vf pick(vmask m, vf if_true, vf if_false) {
+  return from_bits(pick_i(m, bits(if_true), bits(if_false)));
+}
+
+// An integer whose signed order is the order of the floats (NaNs aside).
+inline vi sortable(vf v) {
+  vi b = bits(v);
+  vi sign = aie::downshift(b, 31); // 0 or -1 (arithmetic shift)
+  return aie::bit_xor(b, aie::bit_and(sign, splat_i(0x7fffffff)));
+}
+
+inline vmask lt(vf a, vf b) { return aie::lt(sortable(a), sortable(b)); }
+inline vmask gt(vf a, vf b) { return lt(b, a); }
+inline vf fmax(vf a, vf b) { return pick(lt(a, b), b, a); }
+inline vf fmin(vf a, vf b) { return pick(lt(b, a), b, a); }
+
+// ----------------------------------------------------------------- arithmetic
+
+inline vf add(vf a, vf b) { return aie::add(a, b); }
+inline vf sub(vf a, vf b) { return aie::sub(a, b); }
+inline vf mul(vf a, vf b) { return aie::mul(a, b).template to_vector<float>(); }
+inline vf mul(vf a, float s) { return aie::mul(a, s).template to_vector<float>(); }
+inline vf fma(vf a, vf b, vf c) { return add(mul(a, b), c); }
+
+inline vf fabs(vf v) { return from_bits(aie::bit_and(bits(v), splat_i(0x7fffffff))); }
+inline vf fneg(vf v) { return from_bits(aie::bit_xor(bits(v), splat_i(int32_t(0x80000000u)))); }
+
+// 1/b: initial guess from the exponent bits, then Newton-Raphson steps.
+inline vf recip(vf b) {
+  vi sign = aie::bit_and(bits(b), splat_i(int32_t(0x80000000u)));
+  vf mag = fabs(b);
+  vf x = from_bits(aie::sub(splat_i(0x7ef311c3), bits(mag)));
+  vf two = splat(2.0f);
+  for (int i = 0; i < 3; ++i)
+    x = mul(x, sub(two, mul(mag, x)));
+  // 1/0 = inf, as IEEE division gives.
+  vmask zero = aie::eq(bits(mag), splat_i(0));
+  x = pick(zero, from_bits(splat_i(0x7f800000)), x);
+  return from_bits(aie::bit_or(bits(x), sign));
+}
+
+inline vf div(vf a, vf b) { return mul(a, recip(b)); }
+
+// e^x. x*log2(e) = n + f with n an integer (rounded with the 1.5*2^23 trick)
+// and |f| <= 0.5; e^x = 2^n * e^(f ln 2), the latter by a degree-7 polynomial.
+inline vf exp(vf x) {
+  const float hi = 88.72f, lo = -103.97f;
+  vmask over = gt(x, splat(hi));
+  vmask under = lt(x, splat(lo));
+  x = fmin(fmax(x, splat(lo)), splat(hi));
+  vf t = mul(x, 1.44269504088896341f);
+  const float magic = 12582912.0f; // 1.5 * 2^23
+  vf big = add(t, splat(magic));
+  vi n = aie::sub(bits(big), bits(splat(magic)));
+  vf nf = sub(big, splat(magic));
+  vf y = mul(sub(t, nf), 0.69314718055994531f);
+  vf p = splat(1.0f / 5040.0f);
+  p = fma(p, y, splat(1.0f / 720.0f));
+  p = fma(p, y, splat(1.0f / 120.0f));
+  p = fma(p, y, splat(1.0f / 24.0f));
+  p = fma(p, y, splat(1.0f / 6.0f));
+  p = fma(p, y, splat(0.5f));
+  p = fma(p, y, splat(1.0f));
+  p = fma(p, y, splat(1.0f));
+  // 2^n in two halves so that subnormal results (n < -126) stay representable.
+  vi n1 = aie::downshift(n, 1);
+  vi n2 = aie::sub(n, n1);
+  vf s1 = from_bits(aie::upshift(aie::add(n1, splat_i(127)), 23));
+  vf s2 = from_bits(aie::upshift(aie::add(n2, splat_i(127)), 23));
+  vf r = mul(mul(p, s1), s2);
+  r = pick(over, from_bits(splat_i(0x7f800000)), r);
+  return pick(under, splat(0.0f), r);
+}
+
+inline vf sigmoid(vf x) { return recip(add(splat(1.0f), exp(fneg(x)))); }
+
+inline vf tanh(vf x) { return sub(mul(sigmoid(mul(x, 2.0f)), 2.0f), splat(1.0f)); }
+
+// erf by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7).
+inline vf erf(vf x) {
+  vi sign = aie::bit_and(bits(x), splat_i(int32_t(0x80000000u)));
+  vf z = fabs(x);
+  vf t = recip(add(splat(1.0f), mul(z, 0.3275911f)));
+  vf p = splat(1.061405429f);
+  p = fma(p, t, splat(-1.453152027f));
+  p = fma(p, t, splat(1.421413741f));
+  p = fma(p, t, splat(-0.284496736f));
+  p = fma(p, t, splat(0.254829592f));
+  p = mul(p, t);
+  vf e = exp(fneg(mul(z, z)));
+  vf r = sub(splat(1.0f), mul(p, e));
+  return from_bits(aie::bit_or(bits(r), sign));
+}
+
+} // namespace ggml_aie
+
+#endif

@@ -1,0 +1,201 @@
+"""The AIE core functions compiled for the host against an AIE API stand-in.
+
+tests/host/aie_api/aie.hpp implements the subset of the AIE API the kernels
+use, with the semantics this project reads in the AIE API documentation. The
+kernels are built with g++ using the defines the real build passes to Peano
+(from `plans.prepare`), run the way the designs run them, and compared with
+reference implementations of ggml's ops. This checks the kernels' logic
+(indexing, broadcasting, tails, vector math accuracy), not that Peano accepts
+them. Skipped when no host C++ compiler is installed.
+"""
+
+import math
+import shutil
+import subprocess
+import tempfile
+import unittest
+from pathlib import Path
+
+from ggml_hsa_iron.plans import prepare
+from ggml_hsa_iron.request import parse_request
+
+from .util import request_json, tensor
+
+HERE = Path(__file__).resolve().parent
+KERNELS = HERE.parent / "kernels"
+CXX = shutil.which("g++") or shutil.which("clang++")
+
+
+def bf16_round(x: float) -> float:
+    import struct
+
+    if math.isnan(x):
+        return x
+    u = struct.unpack("<I", struct.pack("<f", x))[0]
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", u))[0]
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x)) if x > -80 else 0.0
+
+
+UNARY_REF = {
+    "ABS": abs,
+    "NEG": lambda x: -x,
+    "SGN": lambda x: (x > 0) - (x < 0),
+    "STEP": lambda x: 1.0 if x > 0 else 0.0,
+    "RELU": lambda x: x if x > 0 else 0.0,
+    "TANH": math.tanh,
+    "ELU": lambda x: x if x > 0 else math.expm1(x),
+    "SIGMOID": sigmoid,
+    "GELU": lambda x: 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    "GELU_QUICK": lambda x: x * sigmoid(1.702 * x),
+    "SILU": lambda x: x * sigmoid(x),
+    "HARDSWISH": lambda x: x * min(1.0, max(0.0, (x + 3) / 6)),
+    "HARDSIGMOID": lambda x: min(1.0, max(0.0, (x + 3) / 6)),
+    "EXP": math.exp,
+    "GELU_ERF": lambda x: 0.5 * x * (1 + math.erf(x / math.sqrt(2))),
+}
+
+BINARY_REF = {
+    "ADD": lambda a, b: a + b,
+    "SUB": lambda a, b: a - b,
+    "MUL": lambda a, b: a * b,
+    "DIV": lambda a, b: a / b,
+}
+
+
+def wrap(x, bits):
+    x &= (1 << bits) - 1
+    return x - (1 << bits) if x >> (bits - 1) else x
+
+
+def int_binary(op, a, b, bits):
+    if op == "ADD":
+        return wrap(a + b, bits)
+    if op == "SUB":
+        return wrap(a - b, bits)
+    if op == "MUL":
+        return wrap(a * b, bits)
+    q = abs(a) // abs(b) if b else 0
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def run_kernel(spec, extra):
+    defines = dict(spec.core.defines)
+    defines.setdefault("BINARY", 0)
+    defines.setdefault("BCAST", 0)
+    defines.update(extra)
+    p = spec.plan
+    defines.update({"PLAN_C": p.columns, "PLAN_R": p.rows, "PLAN_K": p.iterations})
+    with tempfile.TemporaryDirectory() as d:
+        exe = Path(d) / "k"
+        cmd = [CXX, "-std=c++20", "-O1", f"-I{HERE / 'host'}", f"-I{KERNELS}"]
+        cmd += [f"-D{k}={v}" for k, v in defines.items()]
+        cmd += [str(HERE / "host" / "eltwise_driver.cc"), "-o", str(exe)]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    values = {"a": [], "b": [], "o": []}
+    for line in out.splitlines():
+        tag, v = line.split()
+        values[tag].append(float.fromhex(v) if ("x" in v or "p" in v) else int(v))
+    return values
+
+
+@unittest.skipUnless(CXX, "no host C++ compiler")
+class HostKernelTest(unittest.TestCase):
+    def check_close(self, got, want, rel, what):
+        for i, (g, w) in enumerate(zip(got, want)):
+            if math.isinf(w):
+                self.assertEqual(g, w, f"{what}[{i}]")
+                continue
+            self.assertLessEqual(abs(g - w), rel * max(1.0, abs(w)), f"{what}[{i}]: {g} vs {w}")
+
+    def unary(self, op, dtype, n, out_dtype=None):
+        out_dtype = out_dtype or dtype
+        req = parse_request(request_json(op, [tensor(dtype, [n])], tensor(out_dtype, [n])))
+        spec = prepare(req)
+        v = run_kernel(spec, {"N_TOTAL": n})
+        ref = UNARY_REF[op]
+        if dtype in ("i8", "i16", "i32"):
+            self.assertEqual(v["o"], [int(ref(x)) for x in v["a"]])
+            return
+        want = [ref(x) for x in v["a"]]
+        if out_dtype == "bf16":
+            self.check_close(v["o"], [bf16_round(w) for w in want], 1e-2, op)
+        else:
+            self.check_close(v["o"], want, 2e-6, op)
+
+    def test_unary_f32_all_ops(self):
+        for op in UNARY_REF:
+            with self.subTest(op=op):
+                self.unary(op, "f32", 200)  # 200 = 12 full vectors + a tail per tile
+
+    def test_unary_bf16(self):
+        for op in ("GELU", "SILU", "EXP", "ABS", "SGN"):
+            with self.subTest(op=op):
+                self.unary(op, "bf16", 256)
+
+    def test_unary_int(self):
+        for op, dtype in (("ABS", "i8"), ("NEG", "i16"), ("SGN", "i32"), ("RELU", "i32"), ("STEP", "i8")):
+            with self.subTest(op=op, dtype=dtype):
+                self.unary(op, dtype, 64)
+
+    def binary(self, op, ta, tb, to, ne, ne_b):
+        a, b, o = tensor(ta, ne), tensor(tb, ne_b), tensor(to, ne)
+        spec = prepare(parse_request(request_json(op, [a, b], o)))
+        v = run_kernel(spec, {"N_TOTAL": o.nelements, "N_B": b.nelements})
+        out_ne = o.ne
+        src_ne = b.ne
+        want = []
+        for flat, x in enumerate(v["a"]):
+            idx, f = [], flat
+            for d in out_ne:
+                idx.append(f % d)
+                f //= d
+            bi, stride = 0, 1
+            for i, s in zip(idx, src_ne):
+                bi += (i % s) * stride
+                stride *= s
+            y = v["b"][bi]
+            if ta in ("i8", "i16", "i32"):
+                want.append(int_binary(op, x, y, 8 * {"i8": 1, "i16": 2, "i32": 4}[ta]))
+            else:
+                want.append(BINARY_REF[op](x, y))
+        if ta in ("i8", "i16", "i32"):
+            self.assertEqual(v["o"], want)
+        elif to == "bf16":
+            self.check_close(v["o"], [bf16_round(w) for w in want], 1e-2, op)
+        else:
+            self.check_close(v["o"], want, 2e-6, op)
+        return spec
+
+    def test_binary_same_shape(self):
+        for op in BINARY_REF:
+            with self.subTest(op=op):
+                spec = self.binary(op, "f32", "f32", "f32", [300], [300])
+                self.assertEqual(spec.kind, "binary")
+        self.binary("ADD", "bf16", "f32", "bf16", [128, 3], [128, 3])
+        self.binary("MUL", "i16", "i16", "i16", [96], [96])
+        self.binary("DIV", "i32", "i32", "i32", [64], [64])
+
+    def test_binary_broadcast(self):
+        cases = [
+            ([16, 10, 4, 3], [16, 1, 1, 1]),  # a row (bias) over every row
+            ([16, 10, 4, 3], [1, 10, 1, 1]),  # one value per row
+            ([16, 10, 4, 3], [16, 5, 4, 3]),  # repeat along dimension 1
+            ([12, 6, 2, 2], [4, 3, 1, 2]),  # repeat inside rows too
+            ([10, 5, 4, 3], [10, 5, 1, 1]),
+        ]
+        for ne, ne_b in cases:
+            for op in ("ADD", "MUL", "DIV"):
+                with self.subTest(ne=ne, ne_b=ne_b, op=op):
+                    spec = self.binary(op, "f32", "f32", "f32", ne, ne_b)
+                    self.assertEqual(spec.kind, "bcast")
+        self.binary("SUB", "bf16", "f32", "bf16", [64, 8], [64, 1])
+        self.binary("ADD", "i32", "i32", "i32", [16, 4], [16, 1])
+
+
+if __name__ == "__main__":
+    unittest.main()
