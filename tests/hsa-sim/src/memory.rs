@@ -20,6 +20,10 @@ pub struct Allocation {
     /// Runtime-internal allocations (queue rings) are not client allocations and cannot be freed
     /// through `hsa_amd_memory_pool_free`.
     pub internal: bool,
+    /// The block obtained from the allocator (it may start before `base` and be larger, see
+    /// `alloc_block`), released as a whole.
+    raw: usize,
+    raw_size: usize,
 }
 
 impl Allocation {
@@ -67,7 +71,7 @@ impl MemoryTable {
         }
         let layout =
             Layout::from_size_align(rounded, PAGE_SIZE).map_err(|_| AllocError::OutOfResources)?;
-        let ptr = alloc_block(layout, avoid_insts_alias)?;
+        let (ptr, raw, raw_layout) = alloc_block(layout, avoid_insts_alias)?;
         self.next_id += 1;
         let base = ptr as usize;
         self.by_base.insert(
@@ -78,6 +82,8 @@ impl MemoryTable {
                 size: rounded,
                 pool,
                 internal,
+                raw: raw as usize,
+                raw_size: raw_layout.size(),
             },
         );
         *self.used.entry(pool).or_insert(0) += rounded;
@@ -165,36 +171,57 @@ pub fn aliases_device_address(base: usize, len: usize) -> bool {
     })
 }
 
-/// Allocates a zeroed block; with `avoid_insts_alias`, retries (keeping the rejected blocks
-/// until done) until the block does not alias instruction device addresses.
-fn alloc_block(layout: Layout, avoid_insts_alias: bool) -> Result<*mut u8, AllocError> {
-    let mut rejected: Vec<*mut u8> = Vec::new();
-    let mut result = Err(AllocError::OutOfResources);
-    for _ in 0..16 {
-        // SAFETY: the layout has a non-zero size (at least one page).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            break;
-        }
-        if avoid_insts_alias && aliases_device_address(ptr as usize, layout.size()) {
-            rejected.push(ptr);
-            continue;
-        }
-        result = Ok(ptr);
-        break;
+/// Extra room allocated around a dev-heap block that would alias: one aliasing window (16 MiB)
+/// plus the gap after it, so a non-aliasing start is always inside.
+const ALIAS_SKIP: usize = 34 << 20;
+
+/// Allocates a zeroed block of `layout`; returns the block handed out and the raw block to free.
+/// With `avoid_insts_alias`, a block whose addresses alias instruction device addresses is
+/// replaced by a larger raw block inside which a non-aliasing start is chosen (the heap may sit
+/// inside an aliasing window for many consecutive small blocks, so retrying is not enough).
+fn alloc_block(
+    layout: Layout,
+    avoid_insts_alias: bool,
+) -> Result<(*mut u8, *mut u8, Layout), AllocError> {
+    // SAFETY: the layout has a non-zero size (at least one page).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(AllocError::OutOfResources);
     }
-    for p in rejected {
-        // SAFETY: p was returned by alloc_zeroed with `layout` above and never handed out.
-        unsafe { std::alloc::dealloc(p, layout) };
+    if !avoid_insts_alias || !aliases_device_address(ptr as usize, layout.size()) {
+        return Ok((ptr, ptr, layout));
     }
-    result
+    // SAFETY: ptr was returned by alloc_zeroed with `layout` above and never handed out.
+    unsafe { std::alloc::dealloc(ptr, layout) };
+    let big = layout
+        .size()
+        .checked_add(ALIAS_SKIP)
+        .and_then(|n| Layout::from_size_align(n, PAGE_SIZE).ok())
+        .ok_or(AllocError::OutOfResources)?;
+    // SAFETY: `big` has a non-zero size.
+    let raw = unsafe { std::alloc::alloc_zeroed(big) };
+    if raw.is_null() {
+        return Err(AllocError::OutOfResources);
+    }
+    let start = (0..=ALIAS_SKIP)
+        .step_by(PAGE_SIZE)
+        .find(|&off| !aliases_device_address(raw as usize + off, layout.size()));
+    match start {
+        // SAFETY: off + layout.size() <= big.size(), so the block lies inside `raw`.
+        Some(off) => Ok((unsafe { raw.add(off) }, raw, big)),
+        None => {
+            // SAFETY: raw was returned by alloc_zeroed with `big` and never handed out.
+            unsafe { std::alloc::dealloc(raw, big) };
+            Err(AllocError::OutOfResources)
+        }
+    }
 }
 
 fn release(a: &Allocation) {
-    if let Ok(layout) = Layout::from_size_align(a.size, PAGE_SIZE) {
-        // SAFETY: `a.base` was returned by `alloc_zeroed` with exactly this layout and is removed
+    if let Ok(layout) = Layout::from_size_align(a.raw_size, PAGE_SIZE) {
+        // SAFETY: `a.raw` was returned by `alloc_zeroed` with exactly this layout and is removed
         // from the table before being released, so it is freed once.
-        unsafe { std::alloc::dealloc(a.base as *mut u8, layout) };
+        unsafe { std::alloc::dealloc(a.raw as *mut u8, layout) };
     }
 }
 
