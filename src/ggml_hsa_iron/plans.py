@@ -104,21 +104,21 @@ class MatmulSpec:
 
     @property
     def batches(self) -> list[tuple[int, int, int]]:
-        """(dst batch index, src0 byte offset, src1/dst batch index) per batch.
+        """(src0, src1, dst) element offsets of every matrix product, in order.
 
         ggml broadcasts src0 over src1's dimensions 2 and 3:
         i02 = i12 / (ne12 / ne02), i03 = i13 / (ne13 / ne03).
         """
+        s0, s1, d = self.src0.ne, self.src1.ne, self.dst.ne
+        r2, r3 = s1[2] // s0[2], s1[3] // s0[3]
         out = []
-        r2 = self.src1.ne[2] // self.src0.ne[2]
-        r3 = self.src1.ne[3] // self.src0.ne[3]
-        for i13 in range(self.src1.ne[3]):
-            for i12 in range(self.src1.ne[2]):
+        for i13 in range(s1[3]):
+            for i12 in range(s1[2]):
                 i02, i03 = i12 // r2, i13 // r3
-                src0_elem = i02 * self.src0.ne[0] * self.src0.ne[1] + (
-                    i03 * self.src0.ne[0] * self.src0.ne[1] * self.src0.ne[2]
-                )
-                out.append((i13 * self.src1.ne[2] + i12, src0_elem, 0))
+                src0_off = (i03 * s0[2] + i02) * s0[0] * s0[1]
+                src1_off = (i13 * s1[2] + i12) * s1[0] * s1[1]
+                dst_off = (i13 * d[2] + i12) * d[0] * d[1]
+                out.append((src0_off, src1_off, dst_off))
         return out
 
     @property

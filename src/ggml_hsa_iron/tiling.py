@@ -216,6 +216,21 @@ class GemmPlan:
     def tiles_per_core(self) -> int:
         return self.m_rounds * self.n_rounds
 
+    def a_dims(self) -> list[tuple[int, int]]:
+        """Memory tile -> core walk of an m x k row-major A tile into r x s blocks."""
+        m, k, r, s = self.m, self.k, self.r, self.s
+        return [(m // r, r * k), (k // s, s), (r, k), (s, 1)]
+
+    def b_dims(self) -> list[tuple[int, int]]:
+        """Memory tile -> core walk of an n x k (K-contiguous) B tile into t x s blocks."""
+        n, k, t, s = self.n, self.k, self.t, self.s
+        return [(n // t, t * k), (k // s, s), (t, k), (s, 1)]
+
+    def c_dims(self) -> list[tuple[int, int]]:
+        """Memory tile -> shim walk of R blocked m x n C tiles into (R*m) x n row-major."""
+        m, n, r, t = self.m, self.n, self.r, self.t
+        return [(self.rows * m // r, r * n), (r, t), (n // t, r * t), (t, 1)]
+
     def n_chunks(self) -> list[tuple[int, int]]:
         """(first N round, count) of the DMA tasks that walk the N rounds."""
         return chunks(self.n_rounds, MAX_REPEAT)
@@ -360,3 +375,11 @@ def plan_gemv(
                         best, best_key = plan, key
                     break  # the largest K chunk that fits
     return best
+
+
+def walk(dims) -> list[int]:
+    """The element offsets a DMA access pattern [(size, stride), ...] visits, in order."""
+    offsets = [0]
+    for size, stride in dims:
+        offsets = [o + i * stride for o in offsets for i in range(size)]
+    return offsets

@@ -162,6 +162,22 @@ inline vf erf(vf x) {
   return from_bits(aie::bit_or(bits(r), sign));
 }
 
+// Tails shorter than VEC go through aligned staging buffers, so the math is
+// always the vector code (no scalar float emulation).
+template <typename T> inline vf load_part(const T *p, int n) {
+  alignas(64) T tmp[VEC];
+  for (int i = 0; i < (int)VEC; ++i)
+    tmp[i] = p[i < n ? i : 0];
+  return load_aligned(tmp);
+}
+
+template <typename T> inline void store_part(T *p, vf v, int n) {
+  alignas(64) T tmp[VEC];
+  store_aligned(tmp, v);
+  for (int i = 0; i < n; ++i)
+    p[i] = tmp[i];
+}
+
 } // namespace ggml_aie
 
 #endif

@@ -269,3 +269,13 @@ template <unsigned R, unsigned S, unsigned T, typename TA, typename TB, typename
 };
 
 } // namespace aie
+
+namespace aie {
+template <typename Tag, unsigned N> accum<Tag, N> zeros() { return accum<Tag, N>(); }
+template <unsigned N, typename T> accum<accfloat, N> mac(const accum<accfloat, N> &acc, const vector<T, N> &a, const vector<T, N> &b) {
+  accum<accfloat, N> r = acc;
+  for (unsigned i = 0; i < N; ++i)
+    r.v[i] += (float)a.v[i] * (float)b.v[i];
+  return r;
+}
+} // namespace aie

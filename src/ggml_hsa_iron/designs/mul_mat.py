@@ -1,0 +1,218 @@
+"""MUL_MAT: whole-array GEMM (M > 1) and a GEMV path (M == 1).
+
+ggml: dst[N, M] = src1[K, M] . src0[K, N]^T per batch, src0 broadcast over
+src1's dimensions 2 and 3. In matrix terms C = A . B with A = src1 (M rows of
+K), B = src0 stored column-major (N rows of K) and C = dst (M rows of N).
+
+GEMM (plan `tiling.GemmPlan`): `rows` compute rows x `columns` columns. Per
+column, the shim tile streams R*m x k blocks of A to the memory tile, which
+hands each compute row its m x k block re-laid into r x s microkernel blocks;
+n x k blocks of B go through the memory tile (re-laid into t x s blocks) to
+all R cores of the column at once (broadcast); the R m x n results are joined
+in the memory tile and written back row-major. Each core walks its output
+tiles (batch, M block, N block) and, for each, the K steps.
+
+GEMV: W = src0 (N rows of K) is split by rows over columns x rows cores; x =
+the src1 row is broadcast to the cores of each column, K in chunks; each core
+accumulates its rows' dot products.
+
+Runtime-sequence arguments: src0, src1, dst (the request's order).
+"""
+
+from aie.helpers.taplib import TensorAccessPattern
+from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
+from aie.iron.controlflow import range_
+from aie.iron.device import Tile
+from aie.iron.placers import SequentialPlacer
+
+from ..tiling import MAX_REPEAT, chunks
+from ._common import device, vector_type
+
+SHIM_ROW = 0
+MEM_ROW = 1
+
+
+def _tap(total, offset, sizes, strides):
+    return TensorAccessPattern((total,), offset, list(sizes), list(strides))
+
+
+def _gemm(spec):
+    p = spec.plan
+    C, R = p.columns, p.rows
+    M, N, K = p.M, p.N, p.K
+    m, n, k = p.m, p.n, p.k
+    a_t, b_t, c_t = spec.src1.dtype, spec.src0.dtype, spec.dst.dtype
+    dev = device(spec.arch, C)
+    batches = spec.batches
+    seq_types = [
+        vector_type(spec.src0.nelements, b_t),
+        vector_type(spec.src1.nelements, a_t),
+        vector_type(spec.dst.nelements, c_t),
+    ]
+    a_tile, b_tile, c_tile = (
+        vector_type(m * k, a_t),
+        vector_type(k * n, b_t),
+        vector_type(m * n, c_t),
+    )
+    zero = Kernel("ggml_mm_zero", "mm.o", [c_tile])
+    matmul = Kernel("ggml_mm", "mm.o", [a_tile, b_tile, c_tile])
+    tiles = len(batches) * p.m_rounds * p.n_rounds
+    k_steps = p.k_steps
+
+    def core_fn(of_a, of_b, of_c, zero_fn, mm_fn):
+        for _ in range_(tiles):
+            c = of_c.acquire(1)
+            zero_fn(c)
+            for _ in range_(k_steps):
+                a = of_a.acquire(1)
+                b = of_b.acquire(1)
+                mm_fn(a, b, c)
+                of_a.release(1)
+                of_b.release(1)
+            of_c.release(1)
+
+    # Memory tile re-layouts, (size, stride) outermost first (see GemmPlan).
+    a_blocks, b_blocks, c_rows = p.a_dims(), p.b_dims(), p.c_dims()
+
+    a_cols, b_cols, c_cols, workers = [], [], [], []
+    for col in range(C):
+        mem = Tile(col, MEM_ROW)
+        a_fifo = ObjectFifo(vector_type(R * m * k, a_t), name=f"A_c{col}")
+        a_subs = a_fifo.cons().split(
+            [i * m * k for i in range(R)],
+            obj_types=[a_tile] * R,
+            names=[f"A_c{col}_r{i}" for i in range(R)],
+            dims_to_stream=[a_blocks] * R,
+            placement=mem,
+        )
+        b_fifo = ObjectFifo(b_tile, name=f"B_c{col}")
+        b_fwd = b_fifo.cons().forward(
+            obj_type=b_tile, name=f"B_c{col}_w", dims_to_stream=b_blocks, placement=mem
+        )
+        c_fifo = ObjectFifo(vector_type(R * m * n, c_t), name=f"C_c{col}", dims_to_stream=c_rows)
+        c_subs = c_fifo.prod().join(
+            [i * m * n for i in range(R)],
+            obj_types=[c_tile] * R,
+            names=[f"C_c{col}_r{i}" for i in range(R)],
+            placement=mem,
+        )
+        a_cols.append(a_fifo)
+        b_cols.append(b_fifo)
+        c_cols.append(c_fifo)
+        for i in range(R):
+            args = [a_subs[i].cons(), b_fwd.cons(), c_subs[i].prod(), zero, matmul]
+            workers.append(Worker(core_fn, fn_args=args, placement=Tile(col, 2 + i)))
+
+    total0, total1, totald = (x.nelements for x in (spec.src0, spec.src1, spec.dst))
+    rt = Runtime()
+    with rt.sequence(*seq_types) as (B, A, Cbuf):
+        rt.start(*workers)
+        for off0, off1, offd in batches:
+            for mb in range(p.m_rounds):
+                row0 = mb * R * m
+                for first, count in p.n_chunks():
+                    tg = rt.task_group()
+                    for col in range(C):
+                        shim = Tile(col, SHIM_ROW)
+                        # A: the R*m rows of this M block, every K step, once per N block.
+                        a_tap = _tap(total1, off1 + row0 * K, [count, K // k, R * m, k], [0, k, K, 1])
+                        rt.fill(a_cols[col].prod(), A, tap=a_tap, task_group=tg, placement=shim)
+                        # B: n rows of src0 per N block (block nb*C + col), every K step.
+                        b0 = off0 + (first * C + col) * n * K
+                        b_tap = _tap(total0, b0, [count, K // k, n, k], [C * n * K, k, K, 1])
+                        rt.fill(b_cols[col].prod(), B, tap=b_tap, task_group=tg, placement=shim)
+                        # C: (R*m) x n blocks, one per N block.
+                        c0 = offd + row0 * N + (first * C + col) * n
+                        c_tap = _tap(totald, c0, [1, count, R * m, n], [0, C * n, N, 1])
+                        rt.drain(
+                            c_cols[col].cons(), Cbuf, tap=c_tap, task_group=tg, wait=True, placement=shim
+                        )
+                    rt.finish_task_group(tg)
+
+    return Program(dev, rt).resolve_program(SequentialPlacer())
+
+
+def _gemv(spec):
+    p = spec.plan
+    C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk
+    N, K = p.N, p.K
+    w_t, x_t, y_t = spec.src0.dtype, spec.src1.dtype, spec.dst.dtype
+    dev = device(spec.arch, C)
+    batches = spec.batches
+    seq_types = [
+        vector_type(spec.src0.nelements, w_t),
+        vector_type(spec.src1.nelements, x_t),
+        vector_type(spec.dst.nelements, y_t),
+    ]
+    w_tile, x_tile, y_tile = (
+        vector_type(nr * kc, w_t),
+        vector_type(kc, x_t),
+        vector_type(nr, y_t),
+    )
+    zero = Kernel("ggml_mv_zero", "mv.o", [y_tile])
+    matvec = Kernel("ggml_mv", "mv.o", [w_tile, x_tile, y_tile])
+    rounds = len(batches) * p.rounds
+    k_steps = p.k_steps
+
+    def core_fn(of_w, of_x, of_y, zero_fn, mv_fn):
+        for _ in range_(rounds):
+            y = of_y.acquire(1)
+            zero_fn(y)
+            for _ in range_(k_steps):
+                w = of_w.acquire(1)
+                x = of_x.acquire(1)
+                mv_fn(w, x, y)
+                of_w.release(1)
+                of_x.release(1)
+            of_y.release(1)
+
+    w_cols, x_cols, y_cols, workers = [], [], [], []
+    for col in range(C):
+        mem = Tile(col, MEM_ROW)
+        w_fifo = ObjectFifo(vector_type(R * nr * kc, w_t), name=f"W_c{col}")
+        w_subs = w_fifo.cons().split(
+            [i * nr * kc for i in range(R)],
+            obj_types=[w_tile] * R,
+            names=[f"W_c{col}_r{i}" for i in range(R)],
+            placement=mem,
+        )
+        x_fifo = ObjectFifo(x_tile, name=f"X_c{col}")
+        y_fifo = ObjectFifo(vector_type(R * nr, y_t), name=f"Y_c{col}")
+        y_subs = y_fifo.prod().join(
+            [i * nr for i in range(R)],
+            obj_types=[y_tile] * R,
+            names=[f"Y_c{col}_r{i}" for i in range(R)],
+            placement=mem,
+        )
+        w_cols.append(w_fifo)
+        x_cols.append(x_fifo)
+        y_cols.append(y_fifo)
+        for i in range(R):
+            args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), zero, matvec]
+            workers.append(Worker(core_fn, fn_args=args, placement=Tile(col, 2 + i)))
+
+    total0, total1, totald = (x.nelements for x in (spec.src0, spec.src1, spec.dst))
+    block = C * R * nr  # rows covered by one round of the whole array
+    rt = Runtime()
+    with rt.sequence(*seq_types) as (W, X, Y):
+        rt.start(*workers)
+        for off0, off1, offd in batches:
+            for first, count in chunks(p.rounds, MAX_REPEAT):
+                tg = rt.task_group()
+                for col in range(C):
+                    shim = Tile(col, SHIM_ROW)
+                    row0 = first * block + col * R * nr
+                    w_tap = _tap(total0, off0 + row0 * K, [count, K // kc, R * nr, kc], [block * K, kc, K, 1])
+                    rt.fill(w_cols[col].prod(), W, tap=w_tap, task_group=tg, placement=shim)
+                    x_tap = _tap(total1, off1, [count, 1, K // kc, kc], [0, 0, kc, 1])
+                    rt.fill(x_cols[col].prod(), X, tap=x_tap, task_group=tg, placement=shim)
+                    y_tap = _tap(totald, offd + row0, [1, 1, count, R * nr], [0, 0, block, 1])
+                    rt.drain(y_cols[col].cons(), Y, tap=y_tap, task_group=tg, wait=True, placement=shim)
+                rt.finish_task_group(tg)
+
+    return Program(dev, rt).resolve_program(SequentialPlacer())
+
+
+def ggml_op_mul_mat(spec):
+    """GGML MUL_MAT: the GEMV design for one src1 row, the GEMM design otherwise."""
+    return _gemv(spec) if spec.gemv else _gemm(spec)

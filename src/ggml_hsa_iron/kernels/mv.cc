@@ -1,0 +1,63 @@
+// mv.cc: GEMV core functions of ggml_hsa_iron's MUL_MAT design (one src1 row).
+//
+// y[r] += dot(W[r, 0:KC], x[0:KC]) for r < MV_ROWS: W (src0's type W_T) is
+// MV_ROWS rows of MV_KC contiguous elements, x (src1's type X_T) MV_KC
+// elements, y (dst's type Y_T) MV_ROWS results accumulated over the K chunks.
+// Floats: bf16 x bf16 uses the native bf16 multiply-accumulate into f32
+// accumulators; other float pairs are widened to f32. Integers: 32-bit sums.
+
+#include "ggml_aie.h"
+
+using namespace ggml_aie;
+
+extern "C" {
+
+void ggml_mv_zero(Y_T *y) {
+  for (int r = 0; r < MV_ROWS; ++r)
+    y[r] = (Y_T)0;
+}
+
+#if MV_INT
+
+void ggml_mv(W_T *w, X_T *x, Y_T *y) {
+  for (int r = 0; r < MV_ROWS; ++r) {
+    int32_t s = 0;
+    const W_T *row = w + r * MV_KC;
+    for (int k = 0; k < MV_KC; ++k)
+      s += (int32_t)row[k] * (int32_t)x[k];
+    y[r] = (Y_T)((uint32_t)y[r] + (uint32_t)s);
+  }
+}
+
+#else
+
+static inline float row_dot(const W_T *row, const X_T *x) {
+  if constexpr (std::is_same_v<W_T, bfloat16> && std::is_same_v<X_T, bfloat16>) {
+    auto acc = aie::zeros<accfloat, VEC>();
+    for (int k = 0; k < MV_KC; k += VEC)
+      acc = aie::mac(acc, aie::load_v<VEC>(row + k), aie::load_v<VEC>(x + k));
+    return aie::reduce_add(acc.template to_vector<float>());
+  } else {
+    vf acc = splat(0.0f);
+    for (int k = 0; k < MV_KC; k += VEC)
+      acc = add(acc, mul(load_aligned(row + k), load_aligned(x + k)));
+    return aie::reduce_add(acc);
+  }
+}
+
+void ggml_mv(W_T *w, X_T *x, Y_T *y) {
+  static_assert(MV_KC % VEC == 0, "K chunk is whole vectors");
+  // Results are gathered VEC rows at a time and added to y with vector adds
+  // (the scalar unit has no floating point).
+  for (int r0 = 0; r0 < MV_ROWS; r0 += VEC) {
+    int n = MV_ROWS - r0 < (int)VEC ? MV_ROWS - r0 : (int)VEC;
+    vf sums = splat(0.0f);
+    for (int i = 0; i < n; ++i)
+      sums.set(row_dot(w + (r0 + i) * MV_KC, x), i);
+    store_part(y + r0, add(load_part(y + r0, n), sums), n);
+  }
+}
+
+#endif
+
+} // extern "C"

@@ -1,0 +1,170 @@
+"""Static check: the designs use only IRON names that exist in mlir-aie v1.3.1.
+
+Every Python file of the package that imports `aie` (the designs and the
+compiler) is parsed with `ast`: each `aie.*` import must be listed in
+iron_api_v1.3.1.txt, calls of imported IRON names and of IRON methods may only
+use the keyword arguments listed there, and every method called on an object
+must be an IRON method from the list or one of the package's own helpers.
+"""
+
+import ast
+import re
+import unittest
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent
+API_FILE = PACKAGE / "iron_api_v1.3.1.txt"
+
+# Methods called on objects that are not IRON's: the package's own plan and
+# spec objects, Python containers and strings, numpy.
+OWN_METHODS = {
+    "start",  # EltwisePlan.start (also Runtime.start, listed)
+    "n_chunks",
+    "a_dims",
+    "b_dims",
+    "c_dims",
+    "append",
+    "extend",
+    "items",
+    "copy",
+    "write_text",
+    "is_file",
+    "stat",
+    "exists",
+    "unlink",
+    "get",
+    "lower",
+    "upper",
+    "join",  # str.join is never called in designs; ObjectFifoHandle.join is listed
+    "ndarray",
+    "dtype",
+    "int32",
+    "import_module",
+}
+
+
+def load_api(path=API_FILE):
+    names, methods = {}, {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"(\.?[A-Za-z_][\w.]*)(?:\((.*)\))?", line)
+        if not m:
+            raise ValueError(f"bad line in {path.name}: {raw!r}")
+        name, args = m.group(1), m.group(2)
+        kwargs = {a.strip() for a in args.split(",") if a.strip()} if args else set()
+        (methods if name.startswith(".") else names)[name.lstrip(".")] = kwargs
+    return names, methods
+
+
+def aie_files():
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "tests" in path.relative_to(PACKAGE).parts:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        if any(
+            (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "aie")
+            or (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "aie" for a in n.names))
+            for n in ast.walk(tree)
+        ):
+            out.append((path, tree))
+    # The designs import IRON indirectly too (designs/_common.py and friends).
+    design_dir = PACKAGE / "designs"
+    listed = {p for p, _ in out}
+    for path in sorted(design_dir.glob("*.py")):
+        if path not in listed:
+            out.append((path, ast.parse(path.read_text(), filename=str(path))))
+    return out
+
+
+def problems(tree, names, methods, label="<file>"):
+    errors = []
+    imported = {}
+    # Modules whose functions are called as attributes: the package's own and numpy.
+    local_modules = {"np", "numpy"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            local_modules.update(a.asname or a.name for a in node.names)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "aie":
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full not in names:
+                    errors.append(f"{label}:{node.lineno}: {full} is not in the v1.3.1 API list")
+                imported[alias.asname or alias.name] = full
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "aie" and alias.name not in names:
+                    errors.append(f"{label}:{node.lineno}: module {alias.name} is not listed")
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        kws = {k.arg for k in node.keywords if k.arg}
+        if isinstance(node.func, ast.Name) and node.func.id in imported:
+            full = imported[node.func.id]
+            bad = kws - names.get(full, set())
+            if bad:
+                errors.append(f"{label}:{node.lineno}: {full} has no keyword {sorted(bad)}")
+        elif isinstance(node.func, ast.Attribute):
+            attr = node.func.attr
+            if isinstance(node.func.value, ast.Name) and node.func.value.id in local_modules:
+                continue
+            if attr in methods:
+                bad = kws - methods[attr]
+                if bad and attr not in OWN_METHODS:
+                    errors.append(f"{label}:{node.lineno}: .{attr}() has no keyword {sorted(bad)}")
+            elif attr not in OWN_METHODS:
+                errors.append(f"{label}:{node.lineno}: .{attr}() is not an IRON method of v1.3.1")
+    return errors
+
+
+class IronApiTest(unittest.TestCase):
+    def test_the_list_parses_and_has_the_core_names(self):
+        names, methods = load_api()
+        for n in (
+            "aie.iron.Program",
+            "aie.iron.Worker",
+            "aie.iron.placers.SequentialPlacer",
+            "aie.iron.device.NPU1",
+            "aie.iron.device.NPU2",
+            "aie.iron.controlflow.range_",
+            "aie.helpers.taplib.TensorAccessPattern",
+        ):
+            self.assertIn(n, names)
+        self.assertIn("placement", methods["split"])
+
+    def test_designs_use_only_listed_names(self):
+        names, methods = load_api()
+        files = aie_files()
+        self.assertTrue(any(p.name == "_eltwise.py" for p, _ in files))
+        self.assertTrue(any(p.name == "mul_mat.py" for p, _ in files))
+        errors = []
+        for path, tree in files:
+            if path.parent.name != "designs":
+                continue
+            errors += problems(tree, names, methods, str(path.relative_to(PACKAGE)))
+        self.assertEqual(errors, [])
+
+    def test_the_checker_catches_unknown_names(self):
+        names, methods = load_api()
+        bad = ast.parse(
+            "from aie.iron import Program, Barrier\n"
+            "from aie.iron.device import Tile\n"
+            "import aie.iron.experimental\n"
+            "w = Worker(f, fn_args=[], tile=Tile(0, 2))\n"
+            "of.cons().split([0], placement=None, unknown_kw=1)\n"
+            "rt.drain_all(x)\n"
+        )
+        text = "\n".join(problems(bad, names, methods))
+        self.assertIn("aie.iron.Barrier", text)
+        self.assertIn("aie.iron.experimental", text)
+        self.assertIn("unknown_kw", text)
+        self.assertIn("drain_all", text)
+        worker = ast.parse("from aie.iron import Worker\nWorker(f, fn_args=[], tile=1)\n")
+        self.assertIn("tile", "\n".join(problems(worker, names, methods)))
+
+
+if __name__ == "__main__":
+    unittest.main()
