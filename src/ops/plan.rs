@@ -136,11 +136,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
                         [t.ne[0], t.nelements() / t.ne[0].max(1), 1, 1],
                     )
                 } else {
-                    Layout {
-                        dtype: t.dtype.name().to_owned(),
-                        ne: t.ne,
-                        nb: t.nb,
-                    }
+                    as_layout(t)
                 }
             };
             Ok(Plan::Kernel {
@@ -189,17 +185,12 @@ fn soft_max(node: &Node) -> Result<Plan, String> {
         (true, true) => "SOFT_MAX_MASK_SINKS",
     };
     let inputs: Vec<&Tensor> = [Some(x), mask, sinks].into_iter().flatten().collect();
-    let layout = |t: &Tensor| Layout {
-        dtype: t.dtype.name().to_owned(),
-        ne: t.ne,
-        nb: t.nb,
-    };
     Ok(Plan::Kernel {
         desc: KernelDesc {
             op: name.to_owned(),
             op_params: node.op_params[..2].to_vec(),
-            inputs: inputs.iter().map(|t| layout(t)).collect(),
-            output: layout(&node.dst),
+            inputs: inputs.iter().map(|t| as_layout(t)).collect(),
+            output: as_layout(&node.dst),
         },
         operands: inputs
             .into_iter()
@@ -221,20 +212,24 @@ fn mul_mat(w: &Tensor, x: &Tensor, dst: &Tensor) -> Result<Plan, String> {
     if w.ne[0] != x.ne[0] || dst.ne != [w.ne[1], x.ne[1], x.ne[2], x.ne[3]] || !batch_ok {
         return Err("MUL_MAT shapes do not agree".into());
     }
-    let layout = |t: &Tensor| Layout {
-        dtype: t.dtype.name().to_owned(),
-        ne: t.ne,
-        nb: t.nb,
-    };
     Ok(Plan::Kernel {
         desc: KernelDesc {
             op: "MUL_MAT".to_owned(),
             op_params: Vec::new(),
-            inputs: vec![layout(w), layout(x)],
-            output: layout(dst),
+            inputs: vec![as_layout(w), as_layout(x)],
+            output: as_layout(dst),
         },
         operands: vec![w.clone(), x.clone(), dst.clone()],
     })
+}
+
+/// A kernel operand laid out exactly as the tensor is in memory.
+fn as_layout(t: &Tensor) -> Layout {
+    Layout {
+        dtype: t.dtype.name().to_owned(),
+        ne: t.ne,
+        nb: t.nb,
+    }
 }
 
 /// One element-wise kernel over `inputs` into `dst`, flattened when every operand is contiguous
@@ -259,11 +254,7 @@ fn elementwise(
         if flat {
             Layout::contiguous(t.dtype.name(), size, [t.nelements(), 1, 1, 1])
         } else {
-            Layout {
-                dtype: t.dtype.name().to_owned(),
-                ne: t.ne,
-                nb: t.nb,
-            }
+            as_layout(t)
         }
     };
     Ok(Plan::Kernel {
