@@ -7,10 +7,16 @@ use the keyword arguments listed there, and every method called on an object
 must be an IRON method from the list or one of the package's own helpers.
 """
 
+import sys
+from pathlib import Path
+
+# Runnable as `python3 -m unittest discover -s src/ggml_hsa_iron/tests` too:
+# the package's parent directory (src/) goes on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 import ast
 import re
 import unittest
-from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent
 API_FILE = PACKAGE / "iron_api_v1.3.1.txt"

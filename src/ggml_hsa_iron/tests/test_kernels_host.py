@@ -9,17 +9,23 @@ reference implementations of ggml's ops. This checks the kernels' logic
 them. Skipped when no host C++ compiler is installed.
 """
 
+import sys
+from pathlib import Path
+
+# Runnable as `python3 -m unittest discover -s src/ggml_hsa_iron/tests` too:
+# the package's parent directory (src/) goes on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 import math
 import shutil
 import subprocess
 import tempfile
 import unittest
-from pathlib import Path
 
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import parse_request
 
-from .util import request_json, tensor
+from ggml_hsa_iron.tests.util import request_json, tensor
 
 HERE = Path(__file__).resolve().parent
 KERNELS = HERE.parent / "kernels"

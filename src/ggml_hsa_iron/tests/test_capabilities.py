@@ -1,0 +1,143 @@
+"""The declared capabilities are exactly what the design registry implements."""
+
+import sys
+from pathlib import Path
+
+# Runnable as `python3 -m unittest discover -s src/ggml_hsa_iron/tests` too:
+# the package's parent directory (src/) goes on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import ast
+import json
+import subprocess
+import unittest
+
+from ggml_hsa_iron import registry
+from ggml_hsa_iron.capabilities import capabilities, capabilities_json
+from ggml_hsa_iron.dtypes import ALL_TYPES, FLOAT_TYPES
+from ggml_hsa_iron.errors import UnsupportedError
+from ggml_hsa_iron.plans import TRANSCENDENTAL, prepare
+from ggml_hsa_iron.request import parse_request
+
+from ggml_hsa_iron.tests.util import request_json, tensor
+
+PACKAGE = Path(__file__).resolve().parent.parent
+SRC = PACKAGE.parent
+KERNELS = PACKAGE / "kernels"
+
+# The seed's kernel list (issue 6): what the package must implement.
+SEED_BINARY = ["ADD", "SUB", "MUL", "DIV"]
+SEED_UNARY = [
+    "ABS", "SGN", "NEG", "STEP", "TANH", "ELU", "RELU", "SIGMOID", "GELU",
+    "GELU_QUICK", "SILU", "HARDSWISH", "HARDSIGMOID", "EXP", "GELU_ERF",
+]  # fmt: skip
+
+
+def defined_functions(source: str) -> set[str]:
+    tree = ast.parse((PACKAGE / "designs" / source).read_text())
+    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+class CapabilitiesTest(unittest.TestCase):
+    def test_shape_of_the_answer(self):
+        caps = capabilities()
+        self.assertEqual(caps["protocol"], 1)
+        self.assertEqual(caps["archs"], ["aie2", "aie2p"])
+        for op in caps["ops"]:
+            for key, kind in (("op", str), ("inputs", int), ("types", list), ("broadcast", bool), ("noncontiguous", bool)):
+                self.assertIsInstance(op[key], kind, op["op"])
+            self.assertTrue(set(op["types"]) <= set(ALL_TYPES))
+
+    def test_the_seed_list_is_declared(self):
+        ops = {o["op"]: o for o in capabilities()["ops"]}
+        self.assertEqual(sorted(ops), sorted(SEED_BINARY + SEED_UNARY + ["MUL_MAT"]))
+        for op in SEED_BINARY:
+            self.assertEqual(ops[op]["inputs"], 2)
+            self.assertTrue(ops[op]["broadcast"])
+        for op in SEED_UNARY:
+            self.assertEqual(ops[op]["inputs"], 1)
+            self.assertFalse(ops[op]["broadcast"])
+        self.assertNotIn("f16", {t for o in ops.values() for t in o["types"]})
+
+    def test_every_declared_op_has_a_design_function_and_core_source(self):
+        for spec in registry.OPS:
+            with self.subTest(op=spec.op):
+                self.assertIn(spec.kernel_name, defined_functions(spec.source))
+        for source in ("eltwise.cc", "mm.cc", "mv.cc", "ggml_aie.h"):
+            self.assertTrue((KERNELS / source).is_file(), source)
+        eltwise = (KERNELS / "eltwise.cc").read_text()
+        for op in SEED_BINARY + SEED_UNARY:
+            self.assertIn(f"defined(GGML_OP_{op})", eltwise)
+
+    def test_design_files_define_nothing_undeclared(self):
+        declared = {s.kernel_name for s in registry.OPS}
+        for source in registry.SOURCES:
+            ops = {f for f in defined_functions(source) if f.startswith("ggml_op_")}
+            self.assertEqual(ops - declared, set(), source)
+
+    def test_every_declared_type_is_accepted_by_the_planner(self):
+        # For each op and declared type: a contiguous request of that type plans.
+        for spec in registry.OPS:
+            for dtype in spec.types:
+                for arch in ("aie2", "aie2p"):
+                    with self.subTest(op=spec.op, dtype=dtype, arch=arch):
+                        if spec.kind == "mul_mat":
+                            combos = [c for c in registry.MUL_MAT_COMBOS if dtype in c]
+                            self.assertTrue(combos)
+                            s0, s1, d = combos[0]
+                            req = request_json(
+                                "MUL_MAT",
+                                [tensor(s0, [64, 64]), tensor(s1, [64, 32])],
+                                tensor(d, [64, 32]),
+                                arch=arch,
+                            )
+                        else:
+                            t = tensor(dtype, [1024])
+                            req = request_json(spec.op, [t] * spec.inputs, t, arch=arch)
+                        prepare(parse_request(req))
+
+    def test_undeclared_combinations_are_refused_as_unsupported(self):
+        t16 = tensor("f16", [64])
+        cases = [
+            request_json("ADD", [t16, t16], t16),
+            request_json("TANH", [tensor("i32", [64])], tensor("i32", [64])),
+            request_json("ADD", [tensor("i8", [64]), tensor("f32", [64])], tensor("f32", [64])),
+            request_json("ADD", [tensor("i8", [64]), tensor("i16", [64])], tensor("i16", [64])),
+            request_json("SQRT", [tensor("f32", [64])], tensor("f32", [64])),
+            request_json("ADD", [tensor("f32", [64])] * 2, tensor("f32", [64]), arch="aie4"),
+            request_json(
+                "MUL_MAT", [tensor("i8", [64, 64]), tensor("f32", [64, 8])], tensor("f32", [64, 8])
+            ),
+        ]
+        for req in cases:
+            with self.subTest(req=req[:80]):
+                with self.assertRaises(UnsupportedError):
+                    prepare(parse_request(req))
+
+    def test_float_only_ops_are_the_transcendental_ones(self):
+        for spec in registry.OPS:
+            if spec.op in TRANSCENDENTAL:
+                self.assertEqual(spec.types, FLOAT_TYPES, spec.op)
+
+    def test_kernel_names_of_configs(self):
+        self.assertEqual(registry.by_kernel_name("ggml_op_add").op, "ADD")
+        self.assertEqual(registry.by_kernel_name("ggml_unary_op_gelu").op, "GELU")
+        self.assertIsNone(registry.by_kernel_name("ggml_unary_op_add"))
+        self.assertIsNone(registry.by_kernel_name("ggml_op_ADD"))
+        self.assertIsNone(registry.by_kernel_name("gelu"))
+
+    def test_cli_prints_only_the_json_without_mlir_aie(self):
+        out = subprocess.run(
+            [sys.executable, "-m", "ggml_hsa_iron", "capabilities"],
+            cwd=SRC,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        self.assertEqual(json.loads(out.stdout), json.loads(capabilities_json()))
+        self.assertEqual(out.stderr, "")
+        self.assertNotIn("aie", {m.split(".")[0] for m in sys.modules if m == "aie"})
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,217 @@
+"""Tiling and alignment arithmetic of the designs."""
+
+import sys
+from pathlib import Path
+
+# Runnable as `python3 -m unittest discover -s src/ggml_hsa_iron/tests` too:
+# the package's parent directory (src/) goes on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import unittest
+
+from ggml_hsa_iron.archs import ARCHS
+from ggml_hsa_iron.plans import prepare
+from ggml_hsa_iron.request import parse_request
+from ggml_hsa_iron.tiling import (
+    MAX_REPEAT,
+    Broadcast,
+    chunks,
+    divisors,
+    plan_eltwise,
+    plan_gemm,
+    plan_gemv,
+    walk,
+    word_multiple,
+)
+
+from ggml_hsa_iron.tests.util import request_json, tensor
+
+AIE2, AIE2P = ARCHS["aie2"], ARCHS["aie2p"]
+
+
+class ArithmeticTest(unittest.TestCase):
+    def test_divisors(self):
+        self.assertEqual(divisors(1), [1])
+        self.assertEqual(divisors(12), [1, 2, 3, 4, 6, 12])
+        self.assertEqual(divisors(49), [1, 7, 49])
+
+    def test_word_multiple(self):
+        self.assertEqual(word_multiple([4, 4]), 1)
+        self.assertEqual(word_multiple([2, 4]), 2)
+        self.assertEqual(word_multiple([1, 2]), 4)
+
+    def test_chunks(self):
+        self.assertEqual(chunks(130, 64), [(0, 64), (64, 64), (128, 2)])
+        self.assertEqual(chunks(0, 64), [])
+
+    def test_walk(self):
+        self.assertEqual(walk([(2, 3), (3, 1)]), [0, 1, 2, 3, 4, 5])
+        self.assertEqual(walk([(2, 1), (2, 2)]), [0, 2, 1, 3])
+
+
+class EltwisePlanTest(unittest.TestCase):
+    def check(self, plan, n, sizes, arch, rows, resident=0):
+        self.assertIsNotNone(plan)
+        self.assertEqual(plan.n, n)
+        self.assertLessEqual(plan.columns, arch.columns)
+        self.assertLessEqual(plan.rows, rows)
+        self.assertEqual(plan.workers * plan.iterations * plan.tile, n)
+        for s in sizes:
+            self.assertEqual((plan.tile * s) % 4, 0, "tiles are whole DMA words")
+        self.assertLessEqual(2 * plan.tile * sum(sizes) + resident, arch.l1_budget)
+        covered = sorted(plan.covers())
+        expect = 0
+        for start, length in covered:
+            self.assertEqual(start, expect, "tiles cover the elements once, in order")
+            expect += length
+        self.assertEqual(expect, n)
+
+    def test_many_sizes_cover_exactly(self):
+        for n in (4, 16, 64, 100, 600, 1000, 4096, 5005, 65536, 1 << 20, 3 * 7 * 11 * 13 * 4):
+            for sizes in ([4, 4], [4, 4, 4], [2, 2], [2, 4, 2], [1, 1]):
+                for arch, rows in ((AIE2, 4), (AIE2P, 2)):
+                    if (n * min(sizes)) % 4:
+                        self.assertIsNone(plan_eltwise(n, sizes, arch, rows))
+                        continue
+                    with self.subTest(n=n, sizes=sizes, arch=arch.name):
+                        self.check(plan_eltwise(n, sizes, arch, rows), n, sizes, arch, rows)
+
+    def test_large_sizes_use_the_whole_array(self):
+        p = plan_eltwise(1 << 20, [4, 4], AIE2P, 4)
+        self.assertEqual((p.columns, p.rows), (8, 4))
+        p = plan_eltwise(1 << 20, [2, 2, 2], AIE2, 2)
+        self.assertEqual((p.columns, p.rows), (4, 2))
+
+    def test_odd_bf16_counts_are_not_whole_words(self):
+        self.assertIsNone(plan_eltwise(5005, [2, 2], AIE2P, 4))
+
+    def test_a_prime_count_still_plans_for_words(self):
+        p = plan_eltwise(4099, [4, 4], AIE2, 4)
+        self.assertEqual((p.workers, p.tile, p.iterations), (1, 1, 4099))
+
+    def test_resident_bytes_shrink_tiles(self):
+        free = plan_eltwise(1 << 16, [4, 4], AIE2, 4)
+        tight = plan_eltwise(1 << 16, [4, 4], AIE2, 4, resident_bytes=40 * 1024)
+        self.assertLess(tight.tile, free.tile)
+        self.check(tight, 1 << 16, [4, 4], AIE2, 4, 40 * 1024)
+
+    def test_broadcast_index(self):
+        b = Broadcast((4, 3, 2, 1), (4, 1, 1, 1))
+        self.assertEqual([b.source_index(i) for i in range(8)], [0, 1, 2, 3, 0, 1, 2, 3])
+        b = Broadcast((2, 4, 1, 1), (1, 2, 1, 1))
+        self.assertEqual([b.source_index(i) for i in range(8)], [0, 0, 1, 1, 0, 0, 1, 1])
+
+
+class SpecTest(unittest.TestCase):
+    def spec(self, op, inputs, out, arch="aie2p"):
+        return prepare(parse_request(request_json(op, inputs, out, arch=arch)))
+
+    def test_kinds_and_rows_per_column(self):
+        t = tensor("f32", [4096])
+        s = self.spec("GELU", [t], t)
+        self.assertEqual(s.kind, "unary")
+        self.assertLessEqual(s.plan.rows, 4)
+        s = self.spec("ADD", [t, t], t)
+        self.assertEqual(s.kind, "binary")
+        self.assertLessEqual(s.plan.rows, 2)
+        a, b = tensor("f32", [256, 64]), tensor("f32", [256])
+        s = self.spec("ADD", [a, b], a)
+        self.assertEqual(s.kind, "bcast")
+        self.assertEqual(s.core.defines["SRC_NE0"], 256)
+        self.assertEqual(s.core.defines["OUT_NE1"], 64)
+
+    def test_defines_name_types_and_op(self):
+        a, b = tensor("bf16", [64]), tensor("f32", [64])
+        d = self.spec("MUL", [a, b], a).core.defines
+        self.assertEqual((d["IN0_T"], d["IN1_T"], d["OUT_T"]), ("bfloat16", "float", "bfloat16"))
+        self.assertEqual(d["GGML_OP_MUL"], 1)
+        self.assertEqual((d["COMPUTE_F32"], d["COMPUTE_INT"]), (1, 0))
+        i = tensor("i16", [64])
+        d = self.spec("ADD", [i, i], i).core.defines
+        self.assertEqual((d["COMPUTE_F32"], d["COMPUTE_INT"], d["IN0_T"]), (0, 1, "int16_t"))
+
+
+class MatmulPlanTest(unittest.TestCase):
+    def check_gemm(self, p, arch, sizes):
+        a, b, c = sizes
+        self.assertEqual(p.M % (p.rows * p.m), 0)
+        self.assertEqual(p.N % (p.columns * p.n), 0)
+        self.assertEqual(p.K % p.k, 0)
+        self.assertEqual((p.m % p.r, p.n % p.t, p.k % p.s), (0, 0, 0))
+        self.assertLessEqual(2 * (p.m * p.k * a + p.k * p.n * b + p.m * p.n * c), arch.l1_budget)
+        self.assertLessEqual(p.columns, arch.columns)
+        self.assertEqual((p.s * a) % 4, 0)
+        # The DMA re-layouts visit every element of their tile exactly once.
+        self.assertEqual(sorted(walk(p.a_dims())), list(range(p.m * p.k)))
+        self.assertEqual(sorted(walk(p.b_dims())), list(range(p.n * p.k)))
+        self.assertEqual(sorted(walk(p.c_dims())), list(range(p.rows * p.m * p.n)))
+
+    def test_gemm_plans(self):
+        for arch in (AIE2, AIE2P):
+            for (M, N, K), dt in (
+                ((512, 512, 512), "bf16"),
+                ((64, 4096, 4096), "bf16"),
+                ((32, 64, 128), "i8"),
+                ((16, 32000, 2048), "i16"),
+                ((8, 128, 64), "bf16"),
+            ):
+                with self.subTest(arch=arch.name, M=M, N=N, K=K, dt=dt):
+                    size = {"bf16": 2, "i8": 1, "i16": 2}[dt]
+                    out = 4
+                    p = plan_gemm(M, N, K, arch.mmul[dt], size, size, out, arch)
+                    self.assertIsNotNone(p)
+                    self.check_gemm(p, arch, (size, size, out))
+
+    def test_gemm_layout_matches_the_kernel_blocks(self):
+        p = plan_gemm(64, 64, 64, (4, 8, 4), 2, 2, 4, AIE2)
+        order = walk(p.a_dims())
+        # The first r*s elements sent are block (0, 0): rows 0..r-1, columns 0..s-1.
+        first = order[: p.r * p.s]
+        self.assertEqual(first, [row * p.k + col for row in range(p.r) for col in range(p.s)])
+        # The C walk emits row 0 of the joined tile first, all n columns.
+        c = walk(p.c_dims())[: p.n]
+        block = p.r * p.t
+        self.assertEqual(c, [(j // p.t) * block + j % p.t for j in range(p.n)])
+
+    def test_gemm_refuses_shapes_off_the_microkernel_grid(self):
+        self.assertIsNone(plan_gemm(3, 64, 64, (4, 8, 4), 2, 2, 4, AIE2))
+        self.assertIsNone(plan_gemm(64, 64, 12, (4, 8, 4), 2, 2, 4, AIE2))
+
+    def test_long_n_walks_are_chunked(self):
+        p = plan_gemm(8, 32000, 64, (4, 8, 8), 2, 2, 4, AIE2P)
+        self.assertIsNotNone(p)
+        total = sum(count for _, count in p.n_chunks())
+        self.assertEqual(total, p.n_rounds)
+        self.assertTrue(all(count <= MAX_REPEAT for _, count in p.n_chunks()))
+
+    def test_gemv_plans(self):
+        for arch in (AIE2, AIE2P):
+            for N, K, w in ((4096, 4096, 2), (32000, 2048, 2), (64, 64, 4), (128, 256, 1)):
+                with self.subTest(arch=arch.name, N=N, K=K):
+                    p = plan_gemv(N, K, w, w, 4, arch)
+                    self.assertIsNotNone(p)
+                    self.assertEqual(p.rounds * p.columns * p.rows * p.rows_per_tile, N)
+                    self.assertEqual(p.k_steps * p.k_chunk, K)
+                    self.assertEqual(p.k_chunk % 16, 0)
+                    l1 = 2 * (p.rows_per_tile * p.k_chunk * w + p.k_chunk * w + p.rows_per_tile * 4)
+                    self.assertLessEqual(l1, arch.l1_budget)
+        self.assertIsNone(plan_gemv(64, 20, 2, 2, 4, AIE2))
+
+    def test_mul_mat_specs(self):
+        w, x = tensor("bf16", [4096, 512]), tensor("f32", [4096, 1])
+        s = prepare(parse_request(request_json("MUL_MAT", [w, x], tensor("f32", [512, 1]))))
+        self.assertTrue(s.gemv)
+        self.assertEqual(s.core.defines["X_T"], "float")
+        w, x = tensor("bf16", [256, 128, 2, 1]), tensor("bf16", [256, 64, 6, 1])
+        s = prepare(parse_request(request_json("MUL_MAT", [w, x], tensor("f32", [128, 64, 6, 1]))))
+        self.assertFalse(s.gemv)
+        # src0 batch i02 = i12 / 3: batches 0-2 use matrix 0, 3-5 matrix 1.
+        offs = [b[0] for b in s.batches]
+        m0 = 256 * 128
+        self.assertEqual(offs, [0, 0, 0, m0, m0, m0])
+        self.assertEqual([b[1] for b in s.batches], [i * 256 * 64 for i in range(6)])
+        self.assertEqual([b[2] for b in s.batches], [i * 128 * 64 for i in range(6)])
+
+
+if __name__ == "__main__":
+    unittest.main()
