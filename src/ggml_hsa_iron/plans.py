@@ -159,7 +159,9 @@ def _check_common(req: Request) -> tuple[registry.OpSpec, Arch]:
     if req.arch not in ARCHS:
         raise UnsupportedError(f"arch {req.arch!r} is not targeted (aie2, aie2p)")
     if len(req.inputs) != spec.inputs:
-        raise RequestError(f"{req.op} takes {spec.inputs} input(s), the request has {len(req.inputs)}")
+        raise RequestError(
+            f"{req.op} takes {spec.inputs} input(s), the request has {len(req.inputs)}"
+        )
     for i, t in enumerate(req.inputs + (req.output,)):
         if t.dtype not in spec.types:
             what = "output" if i == len(req.inputs) else f"input {i}"
@@ -246,7 +248,7 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
     combo = (src0.dtype, src1.dtype, dst.dtype)
     if combo not in registry.MUL_MAT_COMBOS:
         raise UnsupportedError(
-            "MUL_MAT does not compile the type combination src0 %s, src1 %s, dst %s" % combo
+            "MUL_MAT does not compile the type combination src0 {}, src1 {}, dst {}".format(*combo)
         )
     K, N = src0.ne[0], src0.ne[1]
     if src1.ne[0] != K:

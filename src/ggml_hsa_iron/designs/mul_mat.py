@@ -39,7 +39,7 @@ def _tap(total, offset, sizes, strides):
 def _gemm(spec):
     p = spec.plan
     C, R = p.columns, p.rows
-    M, N, K = p.M, p.N, p.K
+    N, K = p.N, p.K
     m, n, k = p.m, p.n, p.k
     a_t, b_t, c_t = spec.src1.dtype, spec.src0.dtype, spec.dst.dtype
     dev = device(spec.arch, C)
@@ -115,7 +115,9 @@ def _gemm(spec):
                     for col in range(C):
                         shim = Tile(col, SHIM_ROW)
                         # A: the R*m rows of this M block, every K step, once per N block.
-                        a_tap = _tap(total1, off1 + row0 * K, [count, K // k, R * m, k], [0, k, K, 1])
+                        a_tap = _tap(
+                            total1, off1 + row0 * K, [count, K // k, R * m, k], [0, k, K, 1]
+                        )
                         rt.fill(a_cols[col].prod(), A, tap=a_tap, task_group=tg, placement=shim)
                         # B: n rows of src0 per N block (block nb*C + col), every K step.
                         b0 = off0 + (first * C + col) * n * K
@@ -125,7 +127,12 @@ def _gemm(spec):
                         c0 = offd + row0 * N + (first * C + col) * n
                         c_tap = _tap(totald, c0, [1, count, R * m, n], [0, C * n, N, 1])
                         rt.drain(
-                            c_cols[col].cons(), Cbuf, tap=c_tap, task_group=tg, wait=True, placement=shim
+                            c_cols[col].cons(),
+                            Cbuf,
+                            tap=c_tap,
+                            task_group=tg,
+                            wait=True,
+                            placement=shim,
                         )
                     rt.finish_task_group(tg)
 
@@ -135,7 +142,7 @@ def _gemm(spec):
 def _gemv(spec):
     p = spec.plan
     C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk
-    N, K = p.N, p.K
+    K = p.K
     w_t, x_t, y_t = spec.src0.dtype, spec.src1.dtype, spec.dst.dtype
     dev = device(spec.arch, C)
     batches = spec.batches
@@ -202,12 +209,16 @@ def _gemv(spec):
                 for col in range(C):
                     shim = Tile(col, SHIM_ROW)
                     row0 = first * block + col * R * nr
-                    w_tap = _tap(total0, off0 + row0 * K, [count, K // kc, R * nr, kc], [block * K, kc, K, 1])
+                    w_tap = _tap(
+                        total0, off0 + row0 * K, [count, K // kc, R * nr, kc], [block * K, kc, K, 1]
+                    )
                     rt.fill(w_cols[col].prod(), W, tap=w_tap, task_group=tg, placement=shim)
                     x_tap = _tap(total1, off1, [count, 1, K // kc, kc], [0, 0, kc, 1])
                     rt.fill(x_cols[col].prod(), X, tap=x_tap, task_group=tg, placement=shim)
                     y_tap = _tap(totald, offd + row0, [1, 1, count, R * nr], [0, 0, block, 1])
-                    rt.drain(y_cols[col].cons(), Y, tap=y_tap, task_group=tg, wait=True, placement=shim)
+                    rt.drain(
+                        y_cols[col].cons(), Y, tap=y_tap, task_group=tg, wait=True, placement=shim
+                    )
                 rt.finish_task_group(tg)
 
     return Program(dev, rt).resolve_program(SequentialPlacer())

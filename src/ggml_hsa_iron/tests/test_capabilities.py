@@ -44,7 +44,13 @@ class CapabilitiesTest(unittest.TestCase):
         self.assertEqual(caps["protocol"], 1)
         self.assertEqual(caps["archs"], ["aie2", "aie2p"])
         for op in caps["ops"]:
-            for key, kind in (("op", str), ("inputs", int), ("types", list), ("broadcast", bool), ("noncontiguous", bool)):
+            for key, kind in (
+                ("op", str),
+                ("inputs", int),
+                ("types", list),
+                ("broadcast", bool),
+                ("noncontiguous", bool),
+            ):
                 self.assertIsInstance(op[key], kind, op["op"])
             self.assertTrue(set(op["types"]) <= set(ALL_TYPES))
 

@@ -79,7 +79,9 @@ class CliTest(unittest.TestCase):
         r = self.compile("{nope")
         self.assertEqual(r.returncode, 1)
         self.assertIn("not valid JSON", r.stderr)
-        r = run(["compile", "--request", str(self.dir / "missing.json"), "--output-dir", str(self.out)])
+        r = run(
+            ["compile", "--request", str(self.dir / "missing.json"), "--output-dir", str(self.out)]
+        )
         self.assertEqual(r.returncode, 1)
         self.assertIn("cannot read the request", r.stderr)
 

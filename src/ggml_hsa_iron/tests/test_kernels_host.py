@@ -144,7 +144,13 @@ class HostKernelTest(unittest.TestCase):
                 self.unary(op, "bf16", 256)
 
     def test_unary_int(self):
-        for op, dtype in (("ABS", "i8"), ("NEG", "i16"), ("SGN", "i32"), ("RELU", "i32"), ("STEP", "i8")):
+        for op, dtype in (
+            ("ABS", "i8"),
+            ("NEG", "i16"),
+            ("SGN", "i32"),
+            ("RELU", "i32"),
+            ("STEP", "i8"),
+        ):
             with self.subTest(op=op, dtype=dtype):
                 self.unary(op, dtype, 64)
 

@@ -95,7 +95,9 @@ class CanonicalNameTest(unittest.TestCase):
             "add-f32_8x3_s12x4x96x96-bf16_8-f32_8x3-p3f800000",
         )
         x = tensor("f32", [960])
-        self.assertEqual(canonical_name("SCALE", [0x40000000, 0], [x], x), "scale-f32_960-f32_960-p40000000")
+        self.assertEqual(
+            canonical_name("SCALE", [0x40000000, 0], [x], x), "scale-f32_960-f32_960-p40000000"
+        )
 
     def test_protocol_doc_examples(self):
         a = tensor("f32", [16, 10, 4, 3])

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Checks the IRON kernel package (src/ggml_hsa_iron) without mlir-aie:
+# ruff lint and format, byte-compilation, the unit tests. Exits non-zero on
+# any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PKG=src/ggml_hsa_iron
+
+if ! python3 -m ruff --version >/dev/null 2>&1; then
+  python3 -m pip install --quiet ruff 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages ruff
+fi
+
+status=0
+step() {
+  echo "== $*"
+  "$@" || { echo "FAILED: $*"; status=1; }
+}
+step python3 -m ruff check --config "$PKG/ruff.toml" "$PKG"
+step python3 -m ruff format --check --config "$PKG/ruff.toml" "$PKG"
+step python3 -m compileall -q "$PKG"
+step python3 -m unittest discover -s "$PKG/tests"
+exit $status
