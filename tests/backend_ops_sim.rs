@@ -95,7 +95,7 @@ fn mixed_ops_with_packet_abis_a2_and_a3_and_two_workers() {
 }
 
 #[test]
-fn model_ops_mul_mat_norms_rows_glu_soft_max() {
+fn model_ops_mul_mat_norms_rows_glu_soft_max_rope() {
     let r = tbo(
         "mul-mat",
         "MUL_MAT,RMS_NORM,NORM,GET_ROWS,SET_ROWS",

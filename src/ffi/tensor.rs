@@ -92,6 +92,7 @@ unsafe fn op(t: *const ggml_tensor) -> Op {
         GGML_OP_MUL_MAT => Op::MulMat,
         GGML_OP_GET_ROWS => Op::GetRows,
         GGML_OP_SOFT_MAX => Op::SoftMax,
+        GGML_OP_ROPE => Op::Rope,
         GGML_OP_SET_ROWS => Op::SetRows,
         GGML_OP_RMS_NORM => Op::Norm { rms: true },
         GGML_OP_NORM => Op::Norm { rms: false },

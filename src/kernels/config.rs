@@ -44,6 +44,7 @@ const MUL_MAT: &str = "mul_mat.py";
 const NORM_OPS: &str = "norm_ops.py";
 const GLU_OPS: &str = "glu_ops.py";
 const SOFT_MAX_OPS: &str = "soft_max.py";
+const ROPE_OPS: &str = "rope.py";
 
 /// One kernel a config may name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +108,8 @@ pub const KERNELS: &[KernelKind] = &[
     kind("CLAMP", SCALE_OPS, 1, 2),
     kind("MUL_MAT", MUL_MAT, 2, 0),
     kind("RMS_NORM", NORM_OPS, 1, 1),
+    kind("ROPE", ROPE_OPS, 2, 11),
+    kind("ROPE_FF", ROPE_OPS, 3, 11),
     kind("SOFT_MAX", SOFT_MAX_OPS, 1, 2),
     kind("SOFT_MAX_MASK", SOFT_MAX_OPS, 2, 2),
     kind("SOFT_MAX_SINKS", SOFT_MAX_OPS, 2, 2),
@@ -831,7 +834,7 @@ mod tests {
         assert_eq!(e.input_tensors, ["(8,1,1,1)/f32"]);
         assert_eq!(e.op_params, None);
         let unknown = KernelDesc {
-            op: "ROPE".into(),
+            op: "CONV_2D".into(),
             ..desc
         };
         let e = KernelEntry::from_desc(&unknown, Arch::Aie2p);

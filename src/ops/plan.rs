@@ -16,6 +16,8 @@
 //!   the fused form's halves are passed as two strided views of the same tensor.
 //! * `SOFT_MAX` (scale, f32/f16 mask with ALiBi `max_bias`, sinks): one kernel named by the
 //!   inputs present (`SOFT_MAX`, `SOFT_MAX_MASK`, `SOFT_MAX_SINKS`, `SOFT_MAX_MASK_SINKS`).
+//! * `ROPE`: one kernel (`ROPE`, `ROPE_FF` with frequency factors); normal and NeoX modes, f32 or
+//!   f16, YaRN parameters; multi-section, vision and offset variants are refused.
 //! * `RMS_NORM`, `NORM`: one kernel normalising each row (dimension 0) with op_params[0] = eps;
 //!   contiguous tensors are viewed as `[ne0, rows]`.
 //! * `MUL_MAT`: one kernel; weights f32, f16 or bf16, activations f32 (broadcast over the batch
@@ -122,6 +124,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
             elementwise(name, Vec::new(), &[&x, &g], &node.dst)
         }
         Op::SoftMax => soft_max(node),
+        Op::Rope => rope(node),
         Op::Norm { .. } => {
             let a = src(0)?;
             if !a.same_shape(&node.dst) || !a.dtype.is_float() || a.dtype != node.dst.dtype {
@@ -151,6 +154,59 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
         }
         Op::Other(name) => Err(format!("op {name} is not supported by this build")),
     }
+}
+
+/// One ROPE kernel (`ROPE`, or `ROPE_FF` with frequency factors): normal and NeoX modes, f32 or
+/// f16 data, no offset. The op parameters that do not change the result (n_past, n_ctx) are
+/// dropped so one kernel serves every call with the same rotation.
+fn rope(node: &Node) -> Result<Plan, String> {
+    let x = node.src(0).ok_or("ROPE has no input")?;
+    let pos = node.src(1).ok_or("ROPE has no positions")?;
+    let ff = node.src(2);
+    let p = &node.op_params;
+    let (n_dims, mode, offset) = (i64::from(p[1]), p[2], p[15]);
+    if !matches!(x.dtype, DType::F32 | DType::F16)
+        || x.dtype != node.dst.dtype
+        || !x.same_shape(&node.dst)
+    {
+        return Err("ROPE: data and output must be f32 or f16 of one shape".into());
+    }
+    if pos.dtype != DType::I32 || pos.nelements() < x.ne[2] {
+        return Err("ROPE: positions must be i32, one per row of dimension 2".into());
+    }
+    if !(mode == 0 || mode == 2) {
+        return Err(format!(
+            "ROPE mode {mode} is not supported (normal and NeoX only)"
+        ));
+    }
+    if offset != 0 {
+        return Err(format!(
+            "ROPE with a dimension offset ({offset}) is not supported"
+        ));
+    }
+    if n_dims <= 0 || n_dims % 2 != 0 || n_dims > x.ne[0] {
+        return Err(format!("ROPE: n_dims {n_dims} for rows of {}", x.ne[0]));
+    }
+    if ff.is_some_and(|f| f.dtype != DType::F32 || f.nelements() < n_dims / 2) {
+        return Err("ROPE: frequency factors must be f32 covering n_dims / 2".into());
+    }
+    let mut op_params = p[..11].to_vec();
+    op_params[0] = 0; // n_past
+    op_params[3] = 0; // n_ctx
+    let inputs: Vec<&Tensor> = [Some(x), Some(pos), ff].into_iter().flatten().collect();
+    Ok(Plan::Kernel {
+        desc: KernelDesc {
+            op: if ff.is_some() { "ROPE_FF" } else { "ROPE" }.to_owned(),
+            op_params,
+            inputs: inputs.iter().map(|t| as_layout(t)).collect(),
+            output: as_layout(&node.dst),
+        },
+        operands: inputs
+            .into_iter()
+            .cloned()
+            .chain([node.dst.clone()])
+            .collect(),
+    })
 }
 
 /// One SOFT_MAX kernel: `SOFT_MAX`, `SOFT_MAX_MASK`, `SOFT_MAX_SINKS` or `SOFT_MAX_MASK_SINKS`

@@ -179,6 +179,9 @@ pub enum Op {
     /// `SOFT_MAX` (ggml's soft_max_ext): scale, optional mask (ALiBi slope from max_bias) and
     /// optional attention sinks.
     SoftMax,
+    /// `ROPE`: rotary position embedding of src0 at the i32 positions src1, with optional
+    /// frequency factors src2.
+    Rope,
     /// `GET_ROWS`: rows of src0 picked by the i32 indices in src1.
     GetRows,
     /// `SET_ROWS`: rows of src0 written into dst at the i32/i64 indices in src1.
@@ -315,6 +318,7 @@ impl Op {
             Op::MulMat => "MUL_MAT",
             Op::GetRows => "GET_ROWS",
             Op::SoftMax => "SOFT_MAX",
+            Op::Rope => "ROPE",
             Op::Glu { name, .. } => name,
             Op::SetRows => "SET_ROWS",
             Op::Norm { rms: true } => "RMS_NORM",

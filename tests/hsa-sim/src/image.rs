@@ -181,7 +181,26 @@ impl KernelDesc {
                 return inv("fewer sinks than heads (x ne[2])".into());
             }
         }
-        let elementwise = !matches!(op, Op::MulMat | Op::SoftMax { .. });
+        if let Op::Rope { ff } = op {
+            let (x, pos) = (src0, &self.inputs[1]);
+            let p = |i: usize| self.op_params.get(i).copied().unwrap_or(0);
+            let (n_dims, mode, offset) = (p(1) as i64, p(2), p(15));
+            if pos.ty != crate::ops::DType::I32 || (pos.nelements() as i64) < x.ne[2] {
+                return inv("ROPE positions must be i32, one per x row of dimension 2".into());
+            }
+            if n_dims <= 0 || n_dims % 2 != 0 || n_dims > x.ne[0] {
+                return inv(format!("ROPE n_dims {n_dims} for rows of {}", x.ne[0]));
+            }
+            if ff && (self.inputs[2].nelements() as i64) < n_dims / 2 {
+                return inv("ROPE frequency factors must cover n_dims / 2".into());
+            }
+            if !(mode == 0 || mode == 2) || offset != 0 {
+                return Err(DescError::Unsupported(format!(
+                    "ROPE mode {mode} with offset {offset} (normal and NeoX without offset only)"
+                )));
+            }
+        }
+        let elementwise = !matches!(op, Op::MulMat | Op::SoftMax { .. } | Op::Rope { .. });
         if let Some(src1) = self.inputs.get(1).filter(|_| elementwise) {
             for d in 0..4 {
                 let (a, b) = (src0.ne[d], src1.ne[d]);
@@ -197,7 +216,9 @@ impl KernelDesc {
         if !crate::ops::ARCHS.contains(&self.arch.as_str()) {
             return Err(DescError::Unsupported(format!("arch {:?}", self.arch)));
         }
-        for t in self.inputs.iter().chain(std::iter::once(&self.output)) {
+        let index_operand = |i: usize| matches!(op, Op::Rope { .. }) && i == 1;
+        let tensors = self.inputs.iter().chain(std::iter::once(&self.output));
+        for (_, t) in tensors.enumerate().filter(|(i, _)| !index_operand(*i)) {
             if !t.ty.is_supported() {
                 return Err(DescError::Unsupported(format!(
                     "type {} for op {}",

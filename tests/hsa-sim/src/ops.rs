@@ -94,6 +94,11 @@ pub enum Op {
         mask: bool,
         sinks: bool,
     },
+    /// ggml's ROPE (normal or NeoX mode, YaRN parameters, no offset): inputs x (f32/f16), the
+    /// i32 positions (one per x row of dimension 2), and the f32 frequency factors if `ff`.
+    Rope {
+        ff: bool,
+    },
     /// Gated linear units: y = act(x) * g, inputs (x, g) of the output's shape.
     Glu(UnaryOp),
     /// Per row: y = x / sqrt(mean(x²) + eps), eps = f32 bits of op_params[0].
@@ -173,6 +178,8 @@ impl Op {
                 mask: true,
                 sinks: true,
             }),
+            "ROPE" => Some(Op::Rope { ff: false }),
+            "ROPE_FF" => Some(Op::Rope { ff: true }),
             "REGLU" => Some(Op::Glu(UnaryOp::Relu)),
             "GEGLU" => Some(Op::Glu(UnaryOp::Gelu)),
             "SWIGLU" => Some(Op::Glu(UnaryOp::Silu)),
@@ -188,6 +195,7 @@ impl Op {
         match self {
             Op::Binary(_) | Op::MulMat | Op::Glu(_) => 2,
             Op::SoftMax { mask, sinks } => 1 + usize::from(mask) + usize::from(sinks),
+            Op::Rope { ff } => 2 + usize::from(ff),
             _ => 1,
         }
     }
@@ -207,6 +215,7 @@ impl Op {
             "SOFT_MAX_SINKS",
             "SOFT_MAX_MASK_SINKS",
         ]);
+        v.extend(["ROPE", "ROPE_FF"]);
         v.extend(["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]);
         v
     }
@@ -219,6 +228,7 @@ impl Op {
             Op::RmsNorm | Op::Norm => 4,
             Op::Glu(_) => 9,
             Op::SoftMax { .. } => 5,
+            Op::Rope { .. } => 6,
             Op::Binary(_) => 1,
             Op::Scale | Op::Clamp => 2,
             Op::Unary(UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::GeluQuick | UnaryOp::Silu) => 8,
@@ -232,6 +242,7 @@ impl Op {
             Op::Scale => "op_params[0] = scale, op_params[1] = bias (f32 bit patterns); y = scale*x + bias",
             Op::Clamp => "op_params[0] = min, op_params[1] = max (f32 bit patterns); y = max(min(x, max), min)",
             Op::SoftMax { .. } => "op_params[0] = scale, op_params[1] = max_bias (f32 bit patterns); inputs x, [mask f32/f16], [sinks f32]",
+            Op::Rope { .. } => "ggml's rope op_params: [1] n_dims, [2] mode (0 normal, 2 neox), [4] n_ctx_orig, [5..11] freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow (f32 bits), [15] offset (must be 0); inputs x, positions i32, [freq factors f32]",
             Op::Glu(_) => "unused; inputs (x, g) of the output's shape; y = act(x) * g",
             Op::RmsNorm | Op::Norm => "op_params[0] = eps (f32 bit pattern); normalises each row (dimension 0)",
             Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3], inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",

@@ -89,7 +89,7 @@ fn unsupported_and_invalid_requests() {
             String::from_utf8_lossy(&out.stderr).to_string(),
         )
     };
-    let (code, err) = run(&REQ.replace("SCALE", "ROPE"));
+    let (code, err) = run(&REQ.replace("SCALE", "CONV_2D"));
     assert_eq!(code, 2, "{err}");
     assert_eq!(err.lines().count(), 1);
     assert_eq!(run(&REQ.replace("\"aie2\"", "\"aie4\"")).0, 2);

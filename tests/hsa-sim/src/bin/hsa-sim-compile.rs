@@ -22,11 +22,16 @@ fn capabilities() -> serde_json::Value {
         .into_iter()
         .filter_map(|name| Op::from_name(name).map(|op| (name, op)))
         .map(|(name, op)| {
+            // ROPE's positions are i32 (its other operands take the float types).
+            let mut types = types.clone();
+            if matches!(op, Op::Rope { .. }) {
+                types.push("i32");
+            }
             json!({
                 "op": name,
                 "inputs": op.arity(),
                 "types": types,
-                "broadcast": matches!(op, Op::Binary(_) | Op::MulMat | Op::SoftMax { .. }),
+                "broadcast": matches!(op, Op::Binary(_) | Op::MulMat | Op::SoftMax { .. } | Op::Rope { .. }),
                 "noncontiguous": true,
                 "op_params": op.params_doc(),
             })

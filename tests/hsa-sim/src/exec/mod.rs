@@ -60,6 +60,69 @@ fn for_each_index(ne: [i64; 4], mut f: impl FnMut([i64; 4])) {
     }
 }
 
+/// ggml's ROPE (normal and NeoX modes) as ggml-cpu computes it, YaRN included: per position a
+/// cache of (cos, sin) pairs, then each row's first `n_dims` values rotated in pairs (adjacent in
+/// normal mode, `n_dims/2` apart in NeoX mode) and the rest copied.
+fn rope(x: &Buf<'_>, pos: &Buf<'_>, ff: Option<&Buf<'_>>, params: &[i32], out: &mut Buf<'_>) {
+    let p = |i: usize| params.get(i).copied().unwrap_or(0);
+    let f = |i: usize| f32::from_bits(p(i) as u32);
+    let (n_dims, neox, n_ctx_orig) = (p(1) as i64, p(2) == 2, p(4));
+    let (freq_base, freq_scale, ext_factor) = (f(5), f(6), f(7));
+    let (attn_factor, beta_fast, beta_slow) = (f(8), f(9), f(10));
+    let ne = x.t.ne;
+    let theta_scale = freq_base.powf(-2.0 / n_dims as f32);
+    let corr_dim = |n_rot: f32| {
+        n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+            / (2.0 * freq_base.ln())
+    };
+    let corr = [
+        corr_dim(beta_fast).floor().max(0.0),
+        corr_dim(beta_slow).ceil().min(n_dims as f32 - 1.0),
+    ];
+    let mut cache = vec![0f32; ne[0] as usize + 1];
+    for i2 in 0..ne[2] {
+        let off = (i2 * pos.t.nb[0]) as usize;
+        let position = i32::from_le_bytes(pos.bytes[off..off + 4].try_into().expect("4 bytes"));
+        let mut theta = position as f32;
+        // Only the rotated pairs need a cache entry (ggml-cpu fills the whole row, reading
+        // frequency factors past n_dims/2 it never uses).
+        for i0 in (0..n_dims).step_by(2) {
+            let factor = ff.map_or(1.0, |b| b.get([i0 / 2, 0, 0, 0]));
+            let theta_extrap = theta / factor;
+            let theta_interp = freq_scale * theta_extrap;
+            let (mut th, mut mscale) = (theta_interp, attn_factor);
+            if ext_factor != 0.0 {
+                let y = ((i0 / 2) as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+                let ramp_mix = (1.0 - y.clamp(0.0, 1.0)) * ext_factor;
+                th = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
+                mscale *= 1.0 + 0.1 * (1.0 / freq_scale).ln();
+            }
+            cache[i0 as usize] = th.cos() * mscale;
+            cache[i0 as usize + 1] = th.sin() * mscale;
+            theta *= theta_scale;
+        }
+        for i3 in 0..ne[3] {
+            for i1 in 0..ne[1] {
+                let at = |i0: i64| [i0, i1, i2, i3];
+                for i0 in (0..n_dims).step_by(2) {
+                    let (a, b) = if neox {
+                        (i0 / 2, i0 / 2 + n_dims / 2)
+                    } else {
+                        (i0, i0 + 1)
+                    };
+                    let (c, s) = (cache[i0 as usize], cache[i0 as usize + 1]);
+                    let (x0, x1) = (x.get(at(a)), x.get(at(b)));
+                    out.set(at(a), x0 * c - x1 * s);
+                    out.set(at(b), x0 * s + x1 * c);
+                }
+                for i0 in n_dims..ne[0] {
+                    out.set(at(i0), x.get(at(i0)));
+                }
+            }
+        }
+    }
+}
+
 /// ggml's soft_max_ext, as ggml-cpu computes it: the row scaled plus slope·mask, its maximum
 /// (with the sink), exponentials summed in f64 (plus exp(sink - max)).
 fn soft_max(
@@ -235,6 +298,10 @@ pub unsafe fn execute(
             let m = mask.then(|| &bufs[1]);
             let k = sinks.then(|| &bufs[bufs.len() - 1]);
             soft_max(&bufs[0], m, k, scale, max_bias, &mut out);
+        }
+        Op::Rope { ff } => {
+            let ff = ff.then(|| &bufs[2]);
+            rope(&bufs[0], &bufs[1], ff, &desc.op_params, &mut out);
         }
         Op::Glu(act) => {
             let (x, g) = (&bufs[0], &bufs[1]);
