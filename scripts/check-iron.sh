@@ -6,9 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PKG=src/ggml_hsa_iron
 
-if ! python3 -m ruff --version >/dev/null 2>&1; then
-  python3 -m pip install --quiet ruff 2>/dev/null ||
-    python3 -m pip install --quiet --break-system-packages ruff
+# ruff is pinned so lint and format results do not change under us.
+RUFF=ruff==0.17.6
+if [ "$(python3 -m ruff --version 2>/dev/null)" != "ruff ${RUFF#ruff==}" ]; then
+  python3 -m pip install --quiet "$RUFF" 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages "$RUFF"
 fi
 
 status=0

@@ -42,6 +42,8 @@ check() {
 # Debian's ROCm runtime: a real libhsa-runtime64 without any device (the zero-device test), and
 # its headers (the check of src/hsa/sys.rs against them).
 apt_install libhsa-runtime64-1 libhsa-runtime-dev && export GGML_HSA_REQUIRE_ROCR=1
+# pip for ruff (the IRON package's linter), g++ for its host kernel-logic tests.
+command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops || { echo "0 passed, 1 failed"; exit 1; }
@@ -71,6 +73,9 @@ elif [ "$t_failed" -ne 0 ]; then
     failures+=("cargo test: $(grep -E '^test .* FAILED$' "$test_log" | sed 's/^test //; s/ \.\.\. FAILED$//' | paste -sd, -)")
 fi
 rm -f "$test_log"
+
+# The IRON kernel package (Python): ruff, byte-compilation, unit tests, the IRON API check.
+check "IRON package checks" scripts/check-iron.sh
 
 release_links_ggml_base() {
     cargo build --release --locked -p ggml-hsa &&
