@@ -6,8 +6,9 @@ use std::ffi::{c_char, CStr};
 use super::objects;
 use super::sys::*;
 use crate::backend::HostMemory;
+use crate::ops::host::Codec;
 use crate::ops::host::HostOp;
-use crate::ops::{BinaryOp, DType, Memory, Node, Op, Tensor, UnaryOp};
+use crate::ops::{BinaryOp, DType, Memory, Node, Op, QuantType, Tensor, UnaryOp};
 
 /// A static name from one of ggml's name tables.
 ///
@@ -30,8 +31,26 @@ fn dtype(ty: ggml_type) -> DType {
         GGML_TYPE_I16 => DType::I16,
         GGML_TYPE_I32 => DType::I32,
         GGML_TYPE_I64 => DType::I64,
-        // SAFETY: ggml_type_name returns a static string (or NULL for unknown values).
-        other => DType::Other(unsafe { static_name(ggml_type_name(other)) }),
+        other => {
+            // SAFETY: ggml_type_name returns a static string (or NULL for unknown values).
+            let name = unsafe { static_name(ggml_type_name(other)) };
+            // SAFETY: ggml_get_type_traits returns a pointer into ggml's static trait table
+            // for any type id below GGML_TYPE_COUNT, NULL-checked here.
+            let traits = (other < GGML_TYPE_COUNT)
+                .then(|| unsafe { ggml_get_type_traits(other).as_ref() })
+                .flatten();
+            match traits {
+                Some(t) if t.is_quantized && t.blck_size > 0 => DType::Quant(QuantType {
+                    name,
+                    id: other,
+                    block: t.blck_size as u64,
+                    block_bytes: t.type_size as u64,
+                    decode: t.to_float.is_some(),
+                    encode: t.from_float_ref.is_some(),
+                }),
+                _ => DType::Other(name),
+            }
+        }
     }
 }
 
@@ -198,6 +217,64 @@ impl HostMemory for GraphMemory {
         // SAFETY: as above; nothing else accesses the destination while the graph computes.
         let dst_bytes =
             unsafe { std::slice::from_raw_parts_mut(dst.addr as *mut u8, dst.bytes as usize) };
-        op.run(&inputs, dst_bytes)
+        op.run(&inputs, dst_bytes, &GgmlCodec)
+    }
+}
+
+/// Block-quantized conversions with ggml's own routines, so results match ggml bit for bit.
+#[derive(Debug)]
+pub(crate) struct GgmlCodec;
+
+/// ggml's trait table entry for `ty`.
+fn traits(ty: QuantType) -> Result<&'static ggml_type_traits, String> {
+    // SAFETY: the id came from a tensor's type and was checked against GGML_TYPE_COUNT when the
+    // QuantType was made; the table is static.
+    unsafe { ggml_get_type_traits(ty.id).as_ref() }
+        .ok_or_else(|| format!("no traits for {}", ty.name))
+}
+
+/// Bytes of `n` elements of `ty`, if `n` is a whole number of blocks.
+fn blocks_bytes(ty: QuantType, n: usize) -> Result<usize, String> {
+    if ty.block == 0 || n as u64 % ty.block != 0 {
+        return Err(format!("{n} elements are not whole {} blocks", ty.name));
+    }
+    Ok((n as u64 / ty.block * ty.block_bytes) as usize)
+}
+
+impl Codec for GgmlCodec {
+    fn decode(&self, ty: QuantType, src: &[u8], out: &mut [f32]) -> Result<(), String> {
+        let to_float = traits(ty)?
+            .to_float
+            .ok_or_else(|| format!("{} cannot be decoded", ty.name))?;
+        if src.len() < blocks_bytes(ty, out.len())? {
+            return Err(format!(
+                "{} bytes hold fewer than {} {} elements",
+                src.len(),
+                out.len(),
+                ty.name
+            ));
+        }
+        // SAFETY: `src` holds the blocks of `out.len()` elements (checked above) and `out` has
+        // room for them; ggml's to_float reads and writes exactly that much.
+        unsafe { to_float(src.as_ptr().cast(), out.as_mut_ptr(), out.len() as i64) };
+        Ok(())
+    }
+
+    fn encode(&self, ty: QuantType, src: &[f32], out: &mut [u8]) -> Result<(), String> {
+        let from_float = traits(ty)?
+            .from_float_ref
+            .ok_or_else(|| format!("{} cannot be encoded", ty.name))?;
+        if out.len() < blocks_bytes(ty, src.len())? {
+            return Err(format!(
+                "{} bytes cannot hold {} {} elements",
+                out.len(),
+                src.len(),
+                ty.name
+            ));
+        }
+        // SAFETY: `out` has room for the blocks of `src.len()` elements (checked above); ggml's
+        // from_float_ref reads `src.len()` floats and writes exactly those blocks.
+        unsafe { from_float(src.as_ptr(), out.as_mut_ptr().cast(), src.len() as i64) };
+        Ok(())
     }
 }

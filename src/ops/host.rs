@@ -7,7 +7,26 @@
 
 use half::{bf16, f16};
 
-use super::tensor::{DType, Tensor};
+use super::tensor::{DType, QuantType, Tensor};
+
+/// Converts whole blocks of a quantized type. `ffi` implements it with ggml's own routines
+/// (`to_float`, `from_float_ref`), so results match ggml's.
+pub trait Codec {
+    /// Decodes the blocks in `src` into `out.len()` floats.
+    fn decode(&self, ty: QuantType, src: &[u8], out: &mut [f32]) -> Result<(), String>;
+    /// Encodes `src` into whole blocks in `out`.
+    fn encode(&self, ty: QuantType, src: &[f32], out: &mut [u8]) -> Result<(), String>;
+}
+
+/// Whether values can be read from `t` as f32 (float types, or quantized ones ggml decodes).
+fn readable(t: &Tensor) -> bool {
+    t.dtype.is_float() || matches!(t.dtype, DType::Quant(q) if q.decode && t.has_whole_blocks())
+}
+
+/// Whether f32 values can be written into `t` (float types, or quantized ones ggml encodes).
+fn writable(t: &Tensor) -> bool {
+    t.dtype.is_float() || matches!(t.dtype, DType::Quant(q) if q.encode && t.has_whole_blocks())
+}
 
 /// A host-side op and the tensors it touches.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,7 +50,11 @@ pub enum HostOp {
 impl HostOp {
     /// A converting copy, if the types and element counts allow it.
     pub fn convert(src: &Tensor, dst: &Tensor) -> Result<HostOp, String> {
-        let convertible = (src.dtype.is_float() && dst.dtype.is_float())
+        // bf16 into a quantized type is declined: ggml-cpu quantizes it with its own SIMD
+        // routine, whose rounding differs from ggml's reference quantizer (the one this backend
+        // can call) by more than test-backend-ops tolerates for these cases.
+        let bf16_to_quant = src.dtype == DType::Bf16 && matches!(dst.dtype, DType::Quant(_));
+        let convertible = (readable(src) && writable(dst) && !bf16_to_quant)
             || (src.dtype == dst.dtype && src.dtype.size().is_some());
         if !convertible {
             return Err(format!(
@@ -54,7 +77,7 @@ impl HostOp {
 
     /// A GET_ROWS of float rows by i32 indices into a float output.
     pub fn get_rows(src: &Tensor, idx: &Tensor, dst: &Tensor) -> Result<HostOp, String> {
-        if !src.dtype.is_float() || !dst.dtype.is_float() || idx.dtype != DType::I32 {
+        if !readable(src) || !dst.dtype.is_float() || idx.dtype != DType::I32 {
             return Err(format!(
                 "GET_ROWS of {} rows by {} indices into {} is not supported",
                 src.dtype, idx.dtype, dst.dtype
@@ -75,9 +98,7 @@ impl HostOp {
 
     /// A SET_ROWS of f32 rows into a float tensor by i32 or i64 indices.
     pub fn set_rows(src: &Tensor, idx: &Tensor, dst: &Tensor) -> Result<HostOp, String> {
-        if !src.dtype.is_float()
-            || !dst.dtype.is_float()
-            || !matches!(idx.dtype, DType::I32 | DType::I64)
+        if !src.dtype.is_float() || !writable(dst) || !matches!(idx.dtype, DType::I32 | DType::I64)
         {
             return Err(format!(
                 "SET_ROWS of {} rows by {} indices into {} is not supported",
@@ -114,7 +135,12 @@ impl HostOp {
 
     /// Runs the op. `inputs` hold the bytes of the tensors read (as [`HostOp::tensors`] lists
     /// them), each from its first element; `dst` the destination's.
-    pub fn run(&self, inputs: &[Vec<u8>], dst_bytes: &mut [u8]) -> Result<(), String> {
+    pub fn run(
+        &self,
+        inputs: &[Vec<u8>],
+        dst_bytes: &mut [u8],
+        codec: &dyn Codec,
+    ) -> Result<(), String> {
         let (tensors, dst) = self.tensors();
         let short = inputs.len() != tensors.len()
             || inputs
@@ -126,7 +152,7 @@ impl HostOp {
             return Err("tensor memory is smaller than the tensor".into());
         }
         match self {
-            HostOp::Convert { src, dst } => convert(src, &inputs[0], dst, dst_bytes),
+            HostOp::Convert { src, dst } => convert(src, &inputs[0], dst, dst_bytes, codec),
             HostOp::GetRows { src, idx, dst } => {
                 let index = |i: [i64; 4]| read_index(idx, &inputs[1], i);
                 for i12 in 0..idx.ne[2] {
@@ -137,6 +163,7 @@ impl HostOp {
                                 return Err(format!("GET_ROWS index {row} out of range"));
                             }
                             copy_row(
+                                codec,
                                 src,
                                 &inputs[0],
                                 [row, i11, i12],
@@ -159,6 +186,7 @@ impl HostOp {
                                 return Err(format!("SET_ROWS index {row} out of range"));
                             }
                             copy_row(
+                                codec,
                                 src,
                                 &inputs[0],
                                 [i, i02, i03],
@@ -187,6 +215,7 @@ fn read_index(idx: &Tensor, bytes: &[u8], i: [i64; 4]) -> Result<i64, String> {
 
 /// Copies row `[i1, i2, i3]` of `src` into row `[j1, j2, j3]` of `dst`, converting types.
 fn copy_row(
+    codec: &dyn Codec,
     src: &Tensor,
     src_bytes: &[u8],
     [i1, i2, i3]: [i64; 3],
@@ -194,9 +223,13 @@ fn copy_row(
     dst_bytes: &mut [u8],
     [j1, j2, j3]: [i64; 3],
 ) -> Result<(), String> {
-    let (ss, ds) = (src.dtype.size().unwrap_or(0), dst.dtype.size().unwrap_or(0));
     let from = i1 as u64 * src.nb[1] + i2 as u64 * src.nb[2] + i3 as u64 * src.nb[3];
     let to = j1 as u64 * dst.nb[1] + j2 as u64 * dst.nb[2] + j3 as u64 * dst.nb[3];
+    if matches!(src.dtype, DType::Quant(_)) || matches!(dst.dtype, DType::Quant(_)) {
+        let row = read_row(codec, src, src_bytes, from)?;
+        return write_row(codec, dst, dst_bytes, to, &row);
+    }
+    let (ss, ds) = (src.dtype.size().unwrap_or(0), dst.dtype.size().unwrap_or(0));
     for i0 in 0..src.ne[0] as u64 {
         let so = (from + i0 * src.nb[0]) as usize;
         let d_o = (to + i0 * dst.nb[0]) as usize;
@@ -215,14 +248,162 @@ fn copy_row(
     Ok(())
 }
 
+/// The `ne[0]` values of the row at byte offset `at` of `t`, as f32.
+fn read_row(codec: &dyn Codec, t: &Tensor, bytes: &[u8], at: u64) -> Result<Vec<f32>, String> {
+    let n = t.ne[0] as usize;
+    let mut row = vec![0f32; n];
+    match t.dtype {
+        DType::Quant(q) => {
+            let len = (t.ne[0] as u64 / q.block * q.block_bytes) as usize;
+            let src = bytes
+                .get(at as usize..at as usize + len)
+                .ok_or("row out of its tensor")?;
+            codec.decode(q, src, &mut row)?;
+        }
+        dtype => {
+            let size = dtype.size().unwrap_or(0) as usize;
+            for (i0, v) in row.iter_mut().enumerate() {
+                let off = (at + i0 as u64 * t.nb[0]) as usize;
+                *v = load(
+                    dtype,
+                    bytes.get(off..off + size).ok_or("row out of its tensor")?,
+                );
+            }
+        }
+    }
+    Ok(row)
+}
+
+/// Writes `row` (f32 values) as the row at byte offset `at` of `t`.
+fn write_row(
+    codec: &dyn Codec,
+    t: &Tensor,
+    bytes: &mut [u8],
+    at: u64,
+    row: &[f32],
+) -> Result<(), String> {
+    match t.dtype {
+        DType::Quant(q) => {
+            let len = (row.len() as u64 / q.block * q.block_bytes) as usize;
+            let dst = bytes
+                .get_mut(at as usize..at as usize + len)
+                .ok_or("row out of its tensor")?;
+            codec.encode(q, row, dst)
+        }
+        dtype => {
+            let size = dtype.size().unwrap_or(0) as usize;
+            for (i0, &v) in row.iter().enumerate() {
+                let off = (at + i0 as u64 * t.nb[0]) as usize;
+                store(
+                    dtype,
+                    bytes
+                        .get_mut(off..off + size)
+                        .ok_or("row out of its tensor")?,
+                    v,
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Byte offsets of the rows of `t`, in logical order.
+fn row_offsets(t: &Tensor) -> impl Iterator<Item = u64> + '_ {
+    let [_, n1, n2, n3] = t.ne.map(|n| n.max(0) as u64);
+    (0..n3).flat_map(move |i3| {
+        (0..n2)
+            .flat_map(move |i2| (0..n1).map(move |i1| i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3]))
+    })
+}
+
+/// A copy between two tensors of one quantized type: the blocks are moved as they are (no
+/// re-encoding, which would lose precision), rows in logical order on both sides.
+fn copy_blocks(
+    src: &Tensor,
+    src_bytes: &[u8],
+    dst: &Tensor,
+    dst_bytes: &mut [u8],
+) -> Result<(), String> {
+    let row_bytes = |t: &Tensor| match t.dtype {
+        DType::Quant(q) => (t.ne[0] as u64 / q.block * q.block_bytes) as usize,
+        _ => 0,
+    };
+    let mut blocks = Vec::with_capacity(src.bytes as usize);
+    let n = row_bytes(src);
+    for at in row_offsets(src) {
+        let at = at as usize;
+        blocks.extend_from_slice(src_bytes.get(at..at + n).ok_or("row out of its tensor")?);
+    }
+    let m = row_bytes(dst);
+    for (r, at) in row_offsets(dst).enumerate() {
+        let at = at as usize;
+        let row = blocks
+            .get(r * m..(r + 1) * m)
+            .ok_or("element counts differ")?;
+        dst_bytes
+            .get_mut(at..at + m)
+            .ok_or("row out of its tensor")?
+            .copy_from_slice(row);
+    }
+    Ok(())
+}
+
+/// A copy where either side is quantized: every value read as f32 in logical order, then
+/// written in logical order (the shapes may differ; the element counts agree).
+fn convert_via_f32(
+    codec: &dyn Codec,
+    src: &Tensor,
+    src_bytes: &[u8],
+    dst: &Tensor,
+    dst_bytes: &mut [u8],
+) -> Result<(), String> {
+    let mut values = Vec::with_capacity(src.nelements().max(0) as usize);
+    for at in row_offsets(src) {
+        values.extend(read_row(codec, src, src_bytes, at)?);
+    }
+    let n0 = dst.ne[0].max(0) as usize;
+    for (r, at) in row_offsets(dst).enumerate() {
+        let row = values
+            .get(r * n0..(r + 1) * n0)
+            .ok_or("element counts differ")?;
+        write_row(codec, dst, dst_bytes, at, row)?;
+    }
+    Ok(())
+}
+
 /// The converting copy of `src` into `dst` in logical order.
 fn convert(
     src: &Tensor,
     src_bytes: &[u8],
     dst: &Tensor,
     dst_bytes: &mut [u8],
+    codec: &dyn Codec,
 ) -> Result<(), String> {
     {
+        let quantized =
+            matches!(src.dtype, DType::Quant(_)) || matches!(dst.dtype, DType::Quant(_));
+        let dense_blocks = |t: &Tensor| {
+            let DType::Quant(q) = t.dtype else {
+                return false;
+            };
+            let row = t.ne[0] as u64 / q.block * q.block_bytes;
+            t.has_whole_blocks()
+                && t.nb[1] == row
+                && t.nb[2] == row * t.ne[1] as u64
+                && t.nb[3] == row * (t.ne[1] * t.ne[2]) as u64
+        };
+        if src.dtype == dst.dtype && src.ne == dst.ne && dense_blocks(src) && dense_blocks(dst) {
+            // The same quantized layout: the blocks are copied as they are.
+            let n = src.bytes as usize;
+            dst_bytes[..n].copy_from_slice(&src_bytes[..n]);
+            return Ok(());
+        }
+        if quantized && src.dtype == dst.dtype {
+            return copy_blocks(src, src_bytes, dst, dst_bytes);
+        }
+        if quantized {
+            return convert_via_f32(codec, src, src_bytes, dst, dst_bytes);
+        }
         if src.dtype == dst.dtype && src.is_contiguous() && dst.is_contiguous() {
             let n = src.bytes as usize;
             dst_bytes[..n].copy_from_slice(&src_bytes[..n]);
@@ -271,6 +452,74 @@ mod tests {
     use super::super::tensor::test_util::tensor;
     use super::*;
 
+    /// A toy block type: blocks of 2 elements stored as 2 i8 tenths.
+    const TENTHS: QuantType = QuantType {
+        name: "tenths",
+        id: 999,
+        block: 2,
+        block_bytes: 2,
+        decode: true,
+        encode: true,
+    };
+
+    struct Tenths;
+
+    impl Codec for Tenths {
+        fn decode(&self, _: QuantType, src: &[u8], out: &mut [f32]) -> Result<(), String> {
+            for (o, &b) in out.iter_mut().zip(src) {
+                *o = f32::from(b as i8) / 10.0;
+            }
+            Ok(())
+        }
+        fn encode(&self, _: QuantType, src: &[f32], out: &mut [u8]) -> Result<(), String> {
+            for (o, &v) in out.iter_mut().zip(src) {
+                *o = (v * 10.0).round() as i8 as u8;
+            }
+            Ok(())
+        }
+    }
+
+    /// A tensor of the toy type laid out as ggml lays out block types (nb[0] = block bytes).
+    fn tenths(ne: [i64; 4]) -> Tensor {
+        let mut t = tensor(DType::I8, ne, 0);
+        t.dtype = DType::Quant(TENTHS);
+        let row = (ne[0] / 2 * 2) as u64;
+        t.nb = [2, row, row * ne[1] as u64, row * (ne[1] * ne[2]) as u64];
+        t
+    }
+
+    #[test]
+    fn quantized_copies_and_gathers_go_through_the_codec() {
+        // f32 [2, 2] -> tenths -> a transposed f32 view.
+        let src = tensor(DType::F32, [2, 2, 1, 1], 0);
+        let q = tenths([2, 2, 1, 1]);
+        let mut packed = vec![0u8; 4];
+        let op = HostOp::convert(&src, &q).unwrap();
+        op.run(&[bytes_f32(&[0.1, 0.2, 0.3, 0.4])], &mut packed, &Tenths)
+            .unwrap();
+        assert_eq!(packed, [1, 2, 3, 4]);
+        let back = tensor(DType::F32, [2, 2, 1, 1], 0);
+        let mut out = vec![0u8; 16];
+        HostOp::convert(&q, &back)
+            .unwrap()
+            .run(&[packed.clone()], &mut out, &Tenths)
+            .unwrap();
+        assert_eq!(out, bytes_f32(&[0.1, 0.2, 0.3, 0.4]));
+        // GET_ROWS of quantized rows into f32.
+        let idx = tensor(DType::I32, [1, 1, 1, 1], 0);
+        let dst = tensor(DType::F32, [2, 1, 1, 1], 0);
+        let mut row = vec![0u8; 8];
+        HostOp::get_rows(&q, &idx, &dst)
+            .unwrap()
+            .run(&[packed, 1i32.to_le_bytes().to_vec()], &mut row, &Tenths)
+            .unwrap();
+        assert_eq!(row, bytes_f32(&[0.3, 0.4]));
+        // Rows that are not whole blocks are refused.
+        assert!(
+            HostOp::convert(&tensor(DType::F32, [3, 1, 1, 1], 0), &tenths([3, 1, 1, 1])).is_err()
+        );
+    }
+
     fn bytes_f32(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
@@ -283,7 +532,7 @@ mod tests {
         let mut out = vec![0u8; 8];
         HostOp::convert(&src, &dst)
             .unwrap()
-            .run(std::slice::from_ref(&input), &mut out)
+            .run(std::slice::from_ref(&input), &mut out, &Tenths)
             .unwrap();
         let h: Vec<u16> = out
             .chunks(2)
@@ -303,7 +552,7 @@ mod tests {
         ]);
         HostOp::convert(&src, &dst)
             .unwrap()
-            .run(std::slice::from_ref(&input), &mut out)
+            .run(std::slice::from_ref(&input), &mut out, &Tenths)
             .unwrap();
         let h: Vec<u16> = out
             .chunks(2)
@@ -322,7 +571,7 @@ mod tests {
         let mut out = vec![0u8; 24];
         HostOp::convert(&src, &dst)
             .unwrap()
-            .run(std::slice::from_ref(&input), &mut out)
+            .run(std::slice::from_ref(&input), &mut out, &Tenths)
             .unwrap();
         let got: Vec<f32> = out
             .chunks(4)
@@ -339,7 +588,7 @@ mod tests {
         assert!(HostOp::convert(&i, &i).is_ok());
         assert!(HostOp::convert(&f, &tensor(DType::F32, [5, 1, 1, 1], 0)).is_err());
         let op = HostOp::convert(&f, &f).unwrap();
-        assert!(op.run(&[vec![0u8; 8]], &mut [0u8; 16]).is_err());
+        assert!(op.run(&[vec![0u8; 8]], &mut [0u8; 16], &Tenths).is_err());
     }
 
     #[test]
@@ -352,7 +601,7 @@ mod tests {
         let picks: Vec<u8> = [2i32, 0].iter().flat_map(|i| i.to_le_bytes()).collect();
         let mut out = vec![0u8; 16];
         let op = HostOp::get_rows(&src, &idx, &dst).unwrap();
-        op.run(&[rows, picks], &mut out).unwrap();
+        op.run(&[rows, picks], &mut out, &Tenths).unwrap();
         assert_eq!(out, bytes_f32(&[20.0, 21.0, 0.0, 1.0]));
 
         // Scatter 2 f32 rows into a 3-row f16 tensor at i64 rows [1, 2]; row 0 stays.
@@ -362,7 +611,7 @@ mod tests {
         let at: Vec<u8> = [1i64, 2].iter().flat_map(|i| i.to_le_bytes()).collect();
         let mut out = vec![0xffu8; 12];
         let op = HostOp::set_rows(&src, &idx, &dst).unwrap();
-        op.run(&[bytes_f32(&[1.0, 2.0, 3.0, 4.0]), at], &mut out)
+        op.run(&[bytes_f32(&[1.0, 2.0, 3.0, 4.0]), at], &mut out, &Tenths)
             .unwrap();
         let h: Vec<f32> = out
             .chunks(2)
@@ -374,9 +623,11 @@ mod tests {
 
         // An index out of range is an error, not a wild write.
         let bad: Vec<u8> = [1i64, 3].iter().flat_map(|i| i.to_le_bytes()).collect();
-        let err = op.run(&[bytes_f32(&[0.0; 4]), bad], &mut out).unwrap_err();
+        let err = op
+            .run(&[bytes_f32(&[0.0; 4]), bad], &mut out, &Tenths)
+            .unwrap_err();
         assert!(err.contains("out of range"), "{err}");
-        // Quantized rows are not gathered here.
+        // Types ggml cannot convert are not gathered.
         let mut q = tensor(DType::F32, [32, 3, 1, 1], 0);
         q.dtype = DType::Other("q4_0");
         let idx = tensor(DType::I32, [2, 1, 1, 1], 0);

@@ -11,4 +11,4 @@ pub mod plan;
 pub mod tensor;
 
 pub use plan::{plan, Plan};
-pub use tensor::{BinaryOp, DType, Memory, Node, Op, Tensor, UnaryOp};
+pub use tensor::{BinaryOp, DType, Memory, Node, Op, QuantType, Tensor, UnaryOp};

@@ -14,7 +14,25 @@ pub enum DType {
     I16,
     I32,
     I64,
+    /// A block-quantized type (Q4_0, Q8_0, Q4_K, ...), converted by ggml's own routines.
+    Quant(QuantType),
     Other(&'static str),
+}
+
+/// What the planner knows of a block-quantized ggml type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QuantType {
+    pub name: &'static str,
+    /// ggml's type id, for the conversion routines.
+    pub id: u32,
+    /// Elements per block.
+    pub block: u64,
+    /// Bytes per block.
+    pub block_bytes: u64,
+    /// ggml can convert it to f32 (`to_float`).
+    pub decode: bool,
+    /// ggml can convert f32 to it (`from_float_ref`).
+    pub encode: bool,
 }
 
 impl DType {
@@ -28,6 +46,7 @@ impl DType {
             DType::I16 => "i16",
             DType::I32 => "i32",
             DType::I64 => "i64",
+            DType::Quant(q) => q.name,
             DType::Other(name) => name,
         }
     }
@@ -39,7 +58,7 @@ impl DType {
             DType::F32 | DType::I32 => Some(4),
             DType::F16 | DType::Bf16 | DType::I16 => Some(2),
             DType::I8 => Some(1),
-            DType::Other(_) => None,
+            DType::Quant(_) | DType::Other(_) => None,
         }
     }
 
@@ -94,6 +113,16 @@ impl Tensor {
 
     pub fn same_shape(&self, other: &Tensor) -> bool {
         self.ne == other.ne
+    }
+
+    /// Whether the rows of a quantized tensor are whole, dense blocks (ggml's layout for them).
+    pub fn has_whole_blocks(&self) -> bool {
+        match self.dtype {
+            DType::Quant(q) => {
+                q.block > 0 && self.ne[0] as u64 % q.block == 0 && self.nb[0] == q.block_bytes
+            }
+            _ => false,
+        }
     }
 
     /// Row-major and dense, by ggml's rule: dimensions of size 1 may have any stride.
