@@ -235,7 +235,7 @@ fn traits(ty: QuantType) -> Result<&'static ggml_type_traits, String> {
 
 /// Bytes of `n` elements of `ty`, if `n` is a whole number of blocks.
 fn blocks_bytes(ty: QuantType, n: usize) -> Result<usize, String> {
-    if ty.block == 0 || n as u64 % ty.block != 0 {
+    if ty.block == 0 || !(n as u64).is_multiple_of(ty.block) {
         return Err(format!("{n} elements are not whole {} blocks", ty.name));
     }
     Ok((n as u64 / ty.block * ty.block_bytes) as usize)

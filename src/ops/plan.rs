@@ -35,8 +35,8 @@ use crate::kernels::{KernelDesc, Layout};
 pub enum Plan {
     /// Nothing to compute (layout-only ops, empty tensors).
     Skip,
-    /// Runs on the host.
-    Host(HostOp),
+    /// Runs on the host (boxed: it carries several tensor descriptors).
+    Host(Box<HostOp>),
     /// One kernel: its description, and the tensors bound to its operands (inputs in the
     /// kernel's order, then the output).
     Kernel {
@@ -56,9 +56,15 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
     };
     match node.op {
         Op::Layout => Ok(Plan::Skip),
-        Op::Dup | Op::Cpy | Op::Cont => HostOp::convert(src(0)?, &node.dst).map(Plan::Host),
-        Op::GetRows => HostOp::get_rows(src(0)?, src(1)?, &node.dst).map(Plan::Host),
-        Op::SetRows => HostOp::set_rows(src(0)?, src(1)?, &node.dst).map(Plan::Host),
+        Op::Dup | Op::Cpy | Op::Cont => {
+            HostOp::convert(src(0)?, &node.dst).map(|op| Plan::Host(Box::new(op)))
+        }
+        Op::GetRows => {
+            HostOp::get_rows(src(0)?, src(1)?, &node.dst).map(|op| Plan::Host(Box::new(op)))
+        }
+        Op::SetRows => {
+            HostOp::set_rows(src(0)?, src(1)?, &node.dst).map(|op| Plan::Host(Box::new(op)))
+        }
         Op::Binary(op) => {
             let (a, b) = (src(0)?, src(1)?);
             if !a.same_shape(&node.dst) {

@@ -119,7 +119,9 @@ impl Tensor {
     pub fn has_whole_blocks(&self) -> bool {
         match self.dtype {
             DType::Quant(q) => {
-                q.block > 0 && self.ne[0] as u64 % q.block == 0 && self.nb[0] == q.block_bytes
+                q.block > 0
+                    && (self.ne[0] as u64).is_multiple_of(q.block)
+                    && self.nb[0] == q.block_bytes
             }
             _ => false,
         }
