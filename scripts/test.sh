@@ -74,6 +74,9 @@ elif [ "$t_failed" -ne 0 ]; then
 fi
 rm -f "$test_log"
 
+# Every op on HSA0 (hsa-sim) against the CPU: the per-op table, no failures, docs/ops.md current.
+check "ops on HSA0 (per-op counts, docs/ops.md)" scripts/gen-ops-doc.sh --check
+
 # The IRON kernel package (Python): ruff, byte-compilation, unit tests, the IRON API check.
 check "IRON package checks" scripts/check-iron.sh
 
