@@ -20,7 +20,7 @@ def types_of(params: str) -> str:
     """The element types a case names (type=, type_a=, ...), joined as a/b."""
     found = []
     for key in TYPE_KEYS:
-        m = re.search(rf"(?:^|,){key}=([a-z0-9_]+)", params)
+        m = re.search(rf"(?:^|,){key}=([A-Za-z0-9_]+)", params)
         if m:
             found.append(m.group(1))
     return "/".join(found) if found else "-"
