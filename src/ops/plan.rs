@@ -200,19 +200,8 @@ fn rope(node: &Node) -> Result<Plan, String> {
     op_params[0] = 0; // n_past
     op_params[3] = 0; // n_ctx
     let inputs: Vec<&Tensor> = [Some(x), Some(pos), ff].into_iter().flatten().collect();
-    Ok(Plan::Kernel {
-        desc: KernelDesc {
-            op: if ff.is_some() { "ROPE_FF" } else { "ROPE" }.to_owned(),
-            op_params,
-            inputs: inputs.iter().map(|t| as_layout(t)).collect(),
-            output: as_layout(&node.dst),
-        },
-        operands: inputs
-            .into_iter()
-            .cloned()
-            .chain([node.dst.clone()])
-            .collect(),
-    })
+    let op = if ff.is_some() { "ROPE_FF" } else { "ROPE" };
+    Ok(kernel_as_laid_out(op, op_params, &inputs, &node.dst))
 }
 
 /// One SOFT_MAX kernel: `SOFT_MAX`, `SOFT_MAX_MASK`, `SOFT_MAX_SINKS` or `SOFT_MAX_MASK_SINKS`
@@ -247,19 +236,12 @@ fn soft_max(node: &Node) -> Result<Plan, String> {
         (true, true) => "SOFT_MAX_MASK_SINKS",
     };
     let inputs: Vec<&Tensor> = [Some(x), mask, sinks].into_iter().flatten().collect();
-    Ok(Plan::Kernel {
-        desc: KernelDesc {
-            op: name.to_owned(),
-            op_params: node.op_params[..2].to_vec(),
-            inputs: inputs.iter().map(|t| as_layout(t)).collect(),
-            output: as_layout(&node.dst),
-        },
-        operands: inputs
-            .into_iter()
-            .cloned()
-            .chain([node.dst.clone()])
-            .collect(),
-    })
+    Ok(kernel_as_laid_out(
+        name,
+        node.op_params[..2].to_vec(),
+        &inputs,
+        &node.dst,
+    ))
 }
 
 /// One MUL_MAT kernel, operands as laid out in memory (the kernel walks their strides).
@@ -274,15 +256,24 @@ fn mul_mat(w: &Tensor, x: &Tensor, dst: &Tensor) -> Result<Plan, String> {
     if w.ne[0] != x.ne[0] || dst.ne != [w.ne[1], x.ne[1], x.ne[2], x.ne[3]] || !batch_ok {
         return Err("MUL_MAT shapes do not agree".into());
     }
-    Ok(Plan::Kernel {
+    Ok(kernel_as_laid_out("MUL_MAT", Vec::new(), &[w, x], dst))
+}
+
+/// One kernel over `inputs` into `dst`, every operand as laid out in memory.
+fn kernel_as_laid_out(op: &str, op_params: Vec<i32>, inputs: &[&Tensor], dst: &Tensor) -> Plan {
+    Plan::Kernel {
         desc: KernelDesc {
-            op: "MUL_MAT".to_owned(),
-            op_params: Vec::new(),
-            inputs: vec![as_layout(w), as_layout(x)],
+            op: op.to_owned(),
+            op_params,
+            inputs: inputs.iter().map(|t| as_layout(t)).collect(),
             output: as_layout(dst),
         },
-        operands: vec![w.clone(), x.clone(), dst.clone()],
-    })
+        operands: inputs
+            .iter()
+            .map(|&t| t.clone())
+            .chain([dst.clone()])
+            .collect(),
+    }
 }
 
 /// A kernel operand laid out exactly as the tensor is in memory.
