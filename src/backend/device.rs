@@ -137,32 +137,22 @@ impl Device {
         }
     }
 
-    /// The kernel for `desc`, loading it into the dev heap (and compiling it) on first use.
-    pub fn kernel(&self, desc: &KernelDesc) -> Result<Arc<LoadedKernel>, DeviceError> {
-        self.kernels(std::slice::from_ref(desc))
-            .pop()
-            .expect("one result per description")
-    }
-
     /// The kernels for `descs`, in order: those not loaded yet are found or compiled (the
     /// missing ones in parallel) and loaded into the dev heap.
     pub fn kernels(&self, descs: &[KernelDesc]) -> Vec<Result<Arc<LoadedKernel>, DeviceError>> {
         let names: Vec<String> = descs.iter().map(KernelDesc::canonical_name).collect();
-        let new: Vec<KernelDesc> = {
+        let (new_names, new_descs): (Vec<String>, Vec<KernelDesc>) = {
             let loaded = self.loaded.lock();
-            descs
+            names
                 .iter()
-                .zip(&names)
-                .filter(|(_, n)| !loaded.contains_key(*n))
-                .map(|(d, _)| d.clone())
-                .collect()
+                .zip(descs)
+                .filter(|(n, _)| !loaded.contains_key(*n))
+                .map(|(n, d)| (n.clone(), d.clone()))
+                .unzip()
         };
-        let mut files: HashMap<String, Result<KernelFiles, KernelError>> = self
-            .store
-            .load_many(&new)
+        let mut files: HashMap<String, Result<KernelFiles, KernelError>> = new_names
             .into_iter()
-            .zip(&new)
-            .map(|(f, d)| (d.canonical_name(), f))
+            .zip(self.store.load_many(&new_descs))
             .collect();
         names
             .into_iter()

@@ -16,6 +16,7 @@ use crate::hsa::memory::PoolAlloc;
 use crate::hsa::packet::{Dispatch, Operand};
 use crate::hsa::queue::{Queue, SubmitError, QUEUE_SIZE};
 use crate::hsa::signal::{Signal, DEVICE_TIMEOUT};
+use crate::kernels::KernelDesc;
 use crate::ops::host::HostOp;
 use crate::ops::{self, Memory, Node, Plan, Tensor};
 
@@ -57,16 +58,6 @@ pub enum ComputeError {
     Queue(DeviceError),
 }
 
-/// What a stream has done, for logs and benchmarks.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct StreamStats {
-    pub graphs: u64,
-    pub doorbells: u64,
-    pub packets: u64,
-    pub host_ops: u64,
-    pub queue_rebuilds: u64,
-}
-
 /// A byte range `[start, end)` of a pending kernel's operand.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
@@ -87,7 +78,6 @@ pub struct Stream {
     batch: Vec<[u8; 64]>,
     batch_kernels: Vec<Arc<LoadedKernel>>,
     pending: Vec<Pending>,
-    stats: StreamStats,
 }
 
 impl Stream {
@@ -108,16 +98,11 @@ impl Stream {
             batch: Vec::new(),
             batch_kernels: Vec::new(),
             pending: Vec::new(),
-            stats: StreamStats::default(),
         })
     }
 
     pub fn device(&self) -> &'static Device {
         self.device
-    }
-
-    pub fn stats(&self) -> StreamStats {
-        self.stats
     }
 
     /// Executes `nodes` in order. On error the graph stops; kernels already submitted have run.
@@ -126,7 +111,6 @@ impl Stream {
         nodes: &[Node],
         host: &mut dyn HostMemory,
     ) -> Result<(), ComputeError> {
-        self.stats.graphs += 1;
         let node_error = |index: usize, node: &Node, reason: String| ComputeError::Node {
             index,
             op: node.op.name(),
@@ -137,41 +121,38 @@ impl Stream {
             .enumerate()
             .map(|(i, n)| ops::plan(n).map_err(|r| node_error(i, n, r)))
             .collect::<Result<Vec<_>, _>>()?;
-        // Every kernel is loaded (compiled if need be) before anything runs, so a missing kernel
-        // fails the graph without leaving it half computed.
-        let mut kernels = Vec::with_capacity(plans.len());
-        for (i, plan) in plans.iter().enumerate() {
-            kernels.push(match plan {
-                Plan::Kernel { desc, .. } => {
-                    Some(
-                        self.device
-                            .kernel(desc)
-                            .map_err(|source| ComputeError::Device {
-                                index: i,
-                                op: nodes[i].op.name(),
-                                source,
-                            })?,
-                    )
-                }
+        // Every kernel is loaded before anything runs (the missing ones compiled in parallel), so
+        // a missing kernel fails the graph without leaving it half computed.
+        let (at, descs): (Vec<usize>, Vec<KernelDesc>) = plans
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| match p {
+                Plan::Kernel { desc, .. } => Some((i, desc.clone())),
                 _ => None,
-            });
+            })
+            .unzip();
+        let mut kernels: Vec<Option<Arc<LoadedKernel>>> = vec![None; plans.len()];
+        for (i, kernel) in at.into_iter().zip(self.device.kernels(&descs)) {
+            kernels[i] = Some(kernel.map_err(|source| ComputeError::Device {
+                index: i,
+                op: nodes[i].op.name(),
+                source,
+            })?);
         }
+        let enqueue_error = |i: usize, e: Enqueue| match e {
+            Enqueue::Submit(e) => e,
+            Enqueue::Operand(reason) => node_error(i, &nodes[i], reason),
+        };
         let result =
             plans
                 .iter()
                 .zip(kernels)
                 .enumerate()
                 .try_for_each(|(i, (plan, kernel))| match (plan, kernel) {
-                    (Plan::Kernel { operands, .. }, Some(kernel)) => {
-                        self.enqueue(kernel, operands).map_err(|e| match e {
-                            Enqueue::Submit(e) => e,
-                            Enqueue::Operand(reason) => node_error(i, &nodes[i], reason),
-                        })
-                    }
-                    (Plan::Host(op), _) => self.host(op, host).map_err(|e| match e {
-                        Enqueue::Submit(e) => e,
-                        Enqueue::Operand(reason) => node_error(i, &nodes[i], reason),
-                    }),
+                    (Plan::Kernel { operands, .. }, Some(kernel)) => self
+                        .enqueue(kernel, operands)
+                        .map_err(|e| enqueue_error(i, e)),
+                    (Plan::Host(op), _) => self.host(op, host).map_err(|e| enqueue_error(i, e)),
                     _ => Ok(()),
                 });
         let flushed = self.flush();
@@ -202,7 +183,6 @@ impl Stream {
         if hazard {
             self.flush().map_err(Enqueue::Submit)?;
         }
-        self.stats.host_ops += 1;
         host.run(op).map_err(Enqueue::Operand)
     }
 
@@ -229,7 +209,6 @@ impl Stream {
             self.flush().map_err(Enqueue::Submit)?;
             self.queue = None;
             self.resident_pdis.clear();
-            self.stats.queue_rebuilds += 1;
         }
         let operands: Vec<Operand> = tensors
             .iter()
@@ -279,7 +258,6 @@ impl Stream {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let packets = self.batch.len();
         let result = self.submit();
         self.batch.clear();
         self.batch_kernels.clear();
@@ -289,8 +267,6 @@ impl Stream {
             self.queue = None;
             self.resident_pdis.clear();
         }
-        self.stats.doorbells += 1;
-        self.stats.packets += packets as u64;
         result
     }
 

@@ -84,10 +84,6 @@ pub(crate) unsafe fn tensor(t: *const ggml_tensor) -> Tensor {
     }
 }
 
-fn unary(name: &str) -> Option<UnaryOp> {
-    UnaryOp::from_name(name)
-}
-
 /// The op of `t`.
 ///
 /// # Safety
@@ -131,12 +127,12 @@ unsafe fn op(t: *const ggml_tensor) -> Op {
         GGML_OP_UNARY => {
             // SAFETY: `t` is a valid UNARY tensor; ggml_unary_op_name returns a static string.
             let name = unsafe { static_name(ggml_unary_op_name(ggml_get_unary_op(t))) };
-            unary(name).map_or(Op::Other(name), Op::Unary)
+            UnaryOp::from_name(name).map_or(Op::Other(name), Op::Unary)
         }
         _ => {
             // SAFETY: ggml_op_name returns a static string.
             let name = unsafe { static_name(ggml_op_name(code)) };
-            unary(name).map_or(Op::Other(name), Op::Unary)
+            UnaryOp::from_name(name).map_or(Op::Other(name), Op::Unary)
         }
     }
 }

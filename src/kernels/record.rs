@@ -27,14 +27,16 @@ static RECORD: Mutex<Option<State>> = Mutex::new(None);
 
 /// Adds the kernel `desc` for `arch` to the record file at `path` (once per kernel).
 pub fn record(path: &Path, arch: Arch, desc: &KernelDesc) {
-    let entry = KernelEntry::from_desc(desc, arch);
     let key = (arch.name().to_owned(), desc.canonical_name());
     let mut guard = RECORD.lock();
     let state = guard.get_or_insert_with(|| open(path));
     if !state.seen.insert(key) {
         return;
     }
-    state.config.kernels.push(entry);
+    state
+        .config
+        .kernels
+        .push(KernelEntry::from_desc(desc, arch));
     let tmp = state
         .path
         .with_extension(format!("tmp.{}", std::process::id()));

@@ -132,21 +132,24 @@ impl KernelStore {
     }
 
     /// Whether a kernel for `desc` is available or can be compiled. Never compiles: the answer
-    /// comes from the files on disk and the compiler's declared capabilities.
+    /// comes from the compiler's declared capabilities and, for what it cannot build, the files
+    /// on disk (asked second: this runs for every node the scheduler considers).
     pub fn supports(&self, desc: &KernelDesc) -> Result<(), String> {
         let name = desc.canonical_name();
         if let Some(reason) = self.failed.lock().get(&name) {
             return Err(reason.clone());
         }
-        if self
-            .search_dirs()
-            .any(|dir| dir.join(format!("{name}.pdi")).is_file())
-        {
-            return Ok(());
-        }
-        match self.capabilities() {
+        let compilable = match self.capabilities() {
             Ok(caps) => caps.check(self.arch, desc),
             Err(why) => Err(format!("no kernel file {name}.pdi ({why})")),
+        };
+        let on_disk = || {
+            self.search_dirs()
+                .any(|dir| dir.join(format!("{name}.pdi")).is_file())
+        };
+        match compilable {
+            Err(_) if on_disk() => Ok(()),
+            other => other,
         }
     }
 
@@ -161,31 +164,39 @@ impl KernelStore {
     /// (at most one job per core), with a progress line per kernel in the log.
     pub fn load_many(&self, descs: &[KernelDesc]) -> Vec<Result<KernelFiles, KernelError>> {
         let names: Vec<String> = descs.iter().map(KernelDesc::canonical_name).collect();
-        let mut missing: Vec<usize> = Vec::new();
+        let known_bad = |name: &String| self.failed.lock().contains_key(name);
+        let mut found: Vec<Option<KernelFiles>> = names
+            .iter()
+            .map(|name| {
+                if known_bad(name) {
+                    return None;
+                }
+                self.search_dirs().find_map(|dir| read_kernel(&dir, name))
+            })
+            .collect();
+        let missing: Vec<usize> = (0..names.len())
+            .filter(|&i| {
+                found[i].is_none() && !known_bad(&names[i]) && !names[..i].contains(&names[i])
+            })
+            .collect();
+        self.compile_all(descs, &names, &missing);
+        // What was compiled is in the cache now (the other directories were read above).
         for (i, name) in names.iter().enumerate() {
-            let known_bad = self.failed.lock().contains_key(name);
-            if !known_bad
-                && !names[..i].contains(name)
-                && self
-                    .search_dirs()
-                    .all(|dir| read_kernel(&dir, name).is_none())
-            {
-                missing.push(i);
+            if found[i].is_none() && !known_bad(name) {
+                found[i] = read_kernel(&self.cache_arch_dir(), name);
             }
         }
-        self.compile_all(descs, &names, &missing);
         names
             .iter()
             .zip(descs)
-            .map(|(name, desc)| {
-                let error = |reason: String| KernelError {
-                    name: name.clone(),
-                    reason,
-                };
+            .zip(found)
+            .map(|((name, desc), found)| {
                 if let Some(reason) = self.failed.lock().get(name) {
-                    return Err(error(reason.clone()));
+                    return Err(KernelError {
+                        name: name.clone(),
+                        reason: reason.clone(),
+                    });
                 }
-                let found = self.search_dirs().find_map(|dir| read_kernel(&dir, name));
                 if let (Some(_), Some(path)) = (&found, &self.record) {
                     super::record::record(path, self.arch, desc);
                 }
@@ -201,7 +212,10 @@ impl KernelStore {
                         }
                     };
                     self.failed.lock().insert(name.clone(), reason.clone());
-                    error(reason)
+                    KernelError {
+                        name: name.clone(),
+                        reason,
+                    }
                 })
             })
             .collect()

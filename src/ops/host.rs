@@ -379,54 +379,35 @@ fn convert(
     dst_bytes: &mut [u8],
     codec: &dyn Codec,
 ) -> Result<(), String> {
-    {
-        let quantized =
-            matches!(src.dtype, DType::Quant(_)) || matches!(dst.dtype, DType::Quant(_));
-        let dense_blocks = |t: &Tensor| {
-            let DType::Quant(q) = t.dtype else {
-                return false;
-            };
-            let row = t.ne[0] as u64 / q.block * q.block_bytes;
-            t.has_whole_blocks()
-                && t.nb[1] == row
-                && t.nb[2] == row * t.ne[1] as u64
-                && t.nb[3] == row * (t.ne[1] * t.ne[2]) as u64
+    if matches!(src.dtype, DType::Quant(_)) || matches!(dst.dtype, DType::Quant(_)) {
+        return if src.dtype == dst.dtype {
+            copy_blocks(src, src_bytes, dst, dst_bytes)
+        } else {
+            convert_via_f32(codec, src, src_bytes, dst, dst_bytes)
         };
-        if src.dtype == dst.dtype && src.ne == dst.ne && dense_blocks(src) && dense_blocks(dst) {
-            // The same quantized layout: the blocks are copied as they are.
-            let n = src.bytes as usize;
-            dst_bytes[..n].copy_from_slice(&src_bytes[..n]);
-            return Ok(());
-        }
-        if quantized && src.dtype == dst.dtype {
-            return copy_blocks(src, src_bytes, dst, dst_bytes);
-        }
-        if quantized {
-            return convert_via_f32(codec, src, src_bytes, dst, dst_bytes);
-        }
-        if src.dtype == dst.dtype && src.is_contiguous() && dst.is_contiguous() {
-            let n = src.bytes as usize;
-            dst_bytes[..n].copy_from_slice(&src_bytes[..n]);
-            return Ok(());
-        }
-        let (ss, ds) = (src.dtype.size(), dst.dtype.size());
-        let (ss, ds) = (ss.unwrap_or(0) as usize, ds.unwrap_or(0) as usize);
-        for (so, d_o) in src.element_offsets().zip(dst.element_offsets()) {
-            let (so, d_o) = (so as usize, d_o as usize);
-            let from = src_bytes
-                .get(so..so + ss)
-                .ok_or("source element out of range")?;
-            let to = dst_bytes
-                .get_mut(d_o..d_o + ds)
-                .ok_or("destination element out of range")?;
-            if src.dtype == dst.dtype {
-                to.copy_from_slice(from);
-            } else {
-                store(dst.dtype, to, load(src.dtype, from));
-            }
-        }
-        Ok(())
     }
+    if src.dtype == dst.dtype && src.is_contiguous() && dst.is_contiguous() {
+        let n = src.bytes as usize;
+        dst_bytes[..n].copy_from_slice(&src_bytes[..n]);
+        return Ok(());
+    }
+    let (ss, ds) = (src.dtype.size(), dst.dtype.size());
+    let (ss, ds) = (ss.unwrap_or(0) as usize, ds.unwrap_or(0) as usize);
+    for (so, d_o) in src.element_offsets().zip(dst.element_offsets()) {
+        let (so, d_o) = (so as usize, d_o as usize);
+        let from = src_bytes
+            .get(so..so + ss)
+            .ok_or("source element out of range")?;
+        let to = dst_bytes
+            .get_mut(d_o..d_o + ds)
+            .ok_or("destination element out of range")?;
+        if src.dtype == dst.dtype {
+            to.copy_from_slice(from);
+        } else {
+            store(dst.dtype, to, load(src.dtype, from));
+        }
+    }
+    Ok(())
 }
 
 fn load(dtype: DType, b: &[u8]) -> f32 {
