@@ -12,6 +12,16 @@
 //! * `GGML_HSA_GGML_VERSION`, `GGML_HSA_GGML_COMMIT`: what `ggml_version()`/`ggml_commit()` of the
 //!   library will return. Default: asked of the `libggml-base.so` in the lib dir.
 //! * `GGML_HSA_RPATH`: `0` to leave the lib dir out of the run path (installed builds).
+//! * `GGML_HSA_LINK`: `dylib` (default: link `libggml-base.so`, the plugin case) or `static` (the
+//!   crate becomes a static archive linked into a `GGML_BACKEND_DL=OFF` ggml next to
+//!   `libggml-base.a`; `GGML_HSA_GGML_VERSION`/`_COMMIT` must then be given).
+//! * `GGML_HSA_ROCR_INCLUDE_DIR`: a ROCR include directory (CMake finds it through
+//!   `hsa-runtime64_DIR`). When it holds `hsa/hsa.h`, the HSA declarations of `src/hsa/sys.rs`
+//!   are checked against it at compile time (values of every constant and sizes of every struct
+//!   the headers also declare).
+//!
+//! Read by the crate itself (`option_env!`): `GGML_HSA_JIT_COMPILE`, `GGML_HSA_IRON_PYTHONPATH`,
+//! `GGML_HSA_CPU_FALLBACK`, `GGML_HSA_ROCR_LIB_DIR` (all set by the CMake shim in `cmake/`).
 
 use std::env;
 use std::ffi::CStr;
@@ -29,6 +39,12 @@ fn main() {
         "GGML_HSA_GGML_VERSION",
         "GGML_HSA_GGML_COMMIT",
         "GGML_HSA_RPATH",
+        "GGML_HSA_LINK",
+        "GGML_HSA_ROCR_INCLUDE_DIR",
+        "GGML_HSA_JIT_COMPILE",
+        "GGML_HSA_IRON_PYTHONPATH",
+        "GGML_HSA_CPU_FALLBACK",
+        "GGML_HSA_ROCR_LIB_DIR",
         "GGML_HSA_BUILD_CACHE",
         "XDG_CACHE_HOME",
         "HOME",
@@ -63,8 +79,21 @@ fn main() {
         println!("cargo:rerun-if-changed={}", header.display());
     }
 
-    let base_lib = lib_dir.join("libggml-base.so");
-    if !base_lib.exists() {
+    let link_static = match env::var("GGML_HSA_LINK").as_deref() {
+        Ok("static") => true,
+        Ok("dylib") | Ok("") | Err(_) => false,
+        Ok(other) => fail(&format!(
+            "GGML_HSA_LINK={other}: expected `dylib` or `static`"
+        )),
+    };
+    let base_lib = lib_dir.join(if link_static {
+        "libggml-base.a"
+    } else {
+        "libggml-base.so"
+    });
+    // In a CMake build the library is built after this crate is configured; only a standalone
+    // cargo build needs it up front.
+    if !base_lib.exists() && env::var_os("GGML_HSA_GGML_VERSION").is_none() {
         fail(&format!(
             "libggml-base is missing: {} does not exist.\n  To get it, {HOW_TO_GET_GGML}.",
             base_lib.display()
@@ -82,8 +111,16 @@ fn main() {
         lib_dir.display()
     );
     record_ggml_identity(&base_lib);
+    check_rocr_headers();
 
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    if link_static {
+        // Not bundled into the archive: the final link takes ggml's own libggml-base.a. The tool
+        // binary built alongside links it here, with the C++ runtime it needs.
+        println!("cargo:rustc-link-lib=static:-bundle=ggml-base");
+        println!("cargo:rustc-link-lib=dylib=stdc++");
+        return;
+    }
     println!("cargo:rustc-link-lib=dylib=ggml-base");
     if env::var("GGML_HSA_RPATH").as_deref() != Ok("0") {
         // Lets test binaries and a plugin used from the build tree find libggml-base. When ggml has
@@ -159,6 +196,88 @@ fn record_ggml_identity(base_lib: &Path) {
     };
     println!("cargo:rustc-env=GGML_HSA_BUILT_GGML_VERSION={version}");
     println!("cargo:rustc-env=GGML_HSA_BUILT_GGML_COMMIT={commit}");
+}
+
+/// Generates `rocr_abi_check.rs`: compile-time assertions that every `pub const` and `struct` of
+/// `src/hsa/sys.rs` that the ROCR headers also declare has the same value or size there. The
+/// AIE-only names are newer than many installed headers; names the headers lack are skipped.
+fn check_rocr_headers() {
+    println!("cargo:rustc-check-cfg=cfg(ggml_hsa_rocr_abi_check)");
+    println!("cargo:rerun-if-changed=src/hsa/sys.rs");
+    let Some(dir) = env::var_os("GGML_HSA_ROCR_INCLUDE_DIR").filter(|d| !d.is_empty()) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let (hsa, ext) = (dir.join("hsa/hsa.h"), dir.join("hsa/hsa_ext_amd.h"));
+    if !hsa.is_file() || !ext.is_file() {
+        println!(
+            "cargo:warning=GGML_HSA_ROCR_INCLUDE_DIR={}: no hsa/hsa.h and hsa/hsa_ext_amd.h, ABI not checked",
+            dir.display()
+        );
+        return;
+    }
+    let rocr = bindgen::Builder::default()
+        .header(hsa.to_string_lossy())
+        .header(ext.to_string_lossy())
+        .clang_arg(format!("-I{}", dir.display()))
+        .allowlist_item("hsa_.*|HSA_.*")
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
+        .layout_tests(false)
+        .generate_comments(false)
+        .generate()
+        .unwrap_or_else(|e| {
+            fail(&format!(
+                "bindgen failed on the ROCR headers in {}: {e}",
+                dir.display()
+            ))
+        })
+        .to_string();
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let ours = fs::read_to_string(manifest_dir.join("src/hsa/sys.rs"))
+        .unwrap_or_else(|e| fail(&format!("cannot read src/hsa/sys.rs: {e}")));
+    let declared = |code: &str, keyword: &str| -> Vec<String> {
+        code.split(keyword)
+            .skip(1)
+            .filter_map(|rest| {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                (!name.is_empty()).then_some(name)
+            })
+            .collect()
+    };
+    let theirs_consts = declared(&rocr, "pub const ");
+    let theirs_structs = declared(&rocr, "pub struct ");
+    let mut checks = String::from("// Generated by build.rs from the ROCR headers.\n");
+    let mut n = 0;
+    for name in declared(&ours, "pub const ") {
+        if theirs_consts.contains(&name) {
+            checks += &format!(
+                "const _: () = assert!(super::sys::{name} as i128 == rocr::{name} as i128, \
+                 \"src/hsa/sys.rs: {name} differs from the ROCR headers\");\n"
+            );
+            n += 1;
+        }
+    }
+    for name in declared(&ours, "pub struct ") {
+        if theirs_structs.contains(&name) {
+            checks += &format!(
+                "const _: () = assert!(core::mem::size_of::<super::sys::{name}>() == \
+                 core::mem::size_of::<rocr::{name}>(), \"src/hsa/sys.rs: the size of {name} \
+                 differs from the ROCR headers\");\n"
+            );
+            n += 1;
+        }
+    }
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
+    fs::write(out.join("rocr_sys.rs"), rocr)
+        .and_then(|()| fs::write(out.join("rocr_abi_check.rs"), checks))
+        .unwrap_or_else(|e| fail(&format!("cannot write to {}: {e}", out.display())));
+    if n > 0 {
+        println!("cargo:rustc-cfg=ggml_hsa_rocr_abi_check");
+    }
 }
 
 fn query_ggml_identity(base_lib: &Path) -> (String, String) {

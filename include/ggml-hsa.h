@@ -33,9 +33,8 @@ GGML_BACKEND_API bool ggml_backend_is_hsa(ggml_backend_t backend);
 // The buffer type of NPU memory for `device`. NULL when there is no such device.
 GGML_BACKEND_API ggml_backend_buffer_type_t ggml_backend_hsa_buffer_type(int32_t device);
 
-// A host buffer type for fast transfers to the NPU: NPU memory is host-mapped system memory, so
-// this is the buffer type of device 0 (which is a host buffer type). NULL when there is no
-// device.
+// The host buffer type (`HSA0_Host`): host-mapped NPU pool memory, where the CPU backend keeps
+// tensors that NPU kernels read and write in place. NULL when there is no device.
 GGML_BACKEND_API ggml_backend_buffer_type_t ggml_backend_hsa_host_buffer_type(void);
 
 // The number of NPUs the backend exposes (0 without a usable HSA runtime).

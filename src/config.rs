@@ -37,6 +37,9 @@ pub struct Config {
     pub cache_clear: bool,
     /// `GGML_HSA_KERNEL_RECORD`: write every kernel a run needs into this gen-kernels config.
     pub kernel_record: Option<PathBuf>,
+    /// `GGML_HSA_CPU_FALLBACK` (development): claim every op and run those without an NPU kernel
+    /// on ggml's CPU backend. Default: the CMake option of the same name ([`cpu_fallback_at_build`]).
+    pub cpu_fallback: bool,
     /// What was wrong with the environment, to be logged once.
     pub warnings: Vec<String>,
 }
@@ -51,6 +54,12 @@ pub fn jit_enabled_at_build() -> bool {
         option_env!("GGML_HSA_JIT_COMPILE").map(parse_bool),
         Some(Some(false))
     )
+}
+
+/// The CMake option `GGML_HSA_CPU_FALLBACK` (passed to cargo as the environment variable of the
+/// same name): the default of the run-time variable. Off unless it is `ON`/`1`/`true`/`yes`.
+pub fn cpu_fallback_at_build() -> bool {
+    option_env!("GGML_HSA_CPU_FALLBACK").and_then(parse_bool) == Some(true)
 }
 
 /// `1`, `true`, `yes`, `on` (any case) are true; `0`, `false`, `no`, `off` and the empty string are
@@ -97,17 +106,20 @@ impl Config {
             },
         };
 
-        let mut flag = |name: &str| match lookup(name) {
-            None => false,
+        let mut flag_or = |name: &str, default: bool| match lookup(name) {
+            None => default,
             Some(v) => parse_bool(&v).unwrap_or_else(|| {
+                let shown = if default { "on" } else { "off" };
                 warnings.push(format!(
-                    "{name}={v:?} is not a boolean (1/true/yes/on or 0/false/no/off); using off"
+                    "{name}={v:?} is not a boolean (1/true/yes/on or 0/false/no/off); using {shown}"
                 ));
-                false
+                default
             }),
         };
-        let jit_verbose = flag("GGML_HSA_JIT_VERBOSE");
-        let cache_clear = flag("GGML_HSA_KERNEL_CACHE_CLEAR") || flag("GGML_HSA_JIT_CLEAR_CACHE");
+        let jit_verbose = flag_or("GGML_HSA_JIT_VERBOSE", false);
+        let cache_clear = flag_or("GGML_HSA_KERNEL_CACHE_CLEAR", false)
+            || flag_or("GGML_HSA_JIT_CLEAR_CACHE", false);
+        let cpu_fallback = flag_or("GGML_HSA_CPU_FALLBACK", cpu_fallback_at_build());
 
         let packet_abi = match lookup("GGML_HSA_PACKET_ABI") {
             None => None,
@@ -167,6 +179,7 @@ impl Config {
             jit_verbose,
             cache_clear,
             kernel_record,
+            cpu_fallback,
             warnings,
         }
     }
@@ -189,6 +202,16 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(|name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn cpu_fallback_is_off_by_default_and_set_by_the_environment() {
+        assert_eq!(config(&[]).cpu_fallback, cpu_fallback_at_build());
+        assert!(config(&[("GGML_HSA_CPU_FALLBACK", "on")]).cpu_fallback);
+        assert!(!config(&[("GGML_HSA_CPU_FALLBACK", "0")]).cpu_fallback);
+        let bad = config(&[("GGML_HSA_CPU_FALLBACK", "maybe")]);
+        assert_eq!(bad.cpu_fallback, cpu_fallback_at_build());
+        assert!(bad.warnings[0].contains("GGML_HSA_CPU_FALLBACK=\"maybe\""));
     }
 
     #[test]

@@ -33,6 +33,15 @@ const _: () = assert!(MAX_PACKETS_PER_DOORBELL as u32 <= QUEUE_SIZE);
 /// Runs host-side ops: implemented by `ffi`, which owns access to ggml's tensor memory.
 pub trait HostMemory {
     fn run(&mut self, op: &HostOp) -> Result<(), String>;
+    /// Computes node `index` of the graph on ggml's CPU backend (`GGML_HSA_CPU_FALLBACK`).
+    fn run_on_cpu(&mut self, index: usize) -> Result<(), String>;
+}
+
+/// What one node becomes.
+enum Step {
+    Plan(Plan),
+    /// No NPU kernel (`reason`): ggml's CPU backend computes it (`GGML_HSA_CPU_FALLBACK`).
+    Cpu(String),
 }
 
 /// Why a graph failed.
@@ -116,43 +125,67 @@ impl Stream {
             op: node.op.name(),
             reason,
         };
-        let plans = nodes
+        let fallback = self.device.cpu_fallback;
+        let mut steps = nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| ops::plan(n).map_err(|r| node_error(i, n, r)))
+            .map(|(i, n)| match ops::plan(n) {
+                Ok(plan) => Ok(Step::Plan(plan)),
+                Err(reason) if fallback => Ok(Step::Cpu(reason)),
+                Err(reason) => Err(node_error(i, n, reason)),
+            })
             .collect::<Result<Vec<_>, _>>()?;
         // Every kernel is loaded before anything runs (the missing ones compiled in parallel), so
-        // a missing kernel fails the graph without leaving it half computed.
-        let (at, descs): (Vec<usize>, Vec<KernelDesc>) = plans
+        // a missing kernel fails the graph without leaving it half computed (or, with the CPU
+        // fallback, sends the node to the CPU).
+        let (at, descs): (Vec<usize>, Vec<KernelDesc>) = steps
             .iter()
             .enumerate()
-            .filter_map(|(i, p)| match p {
-                Plan::Kernel { desc, .. } => Some((i, desc.clone())),
+            .filter_map(|(i, s)| match s {
+                Step::Plan(Plan::Kernel { desc, .. }) => Some((i, desc.clone())),
                 _ => None,
             })
             .unzip();
-        let mut kernels: Vec<Option<Arc<LoadedKernel>>> = vec![None; plans.len()];
+        let mut kernels: Vec<Option<Arc<LoadedKernel>>> = vec![None; steps.len()];
         for (i, kernel) in at.into_iter().zip(self.device.kernels(&descs)) {
-            kernels[i] = Some(kernel.map_err(|source| ComputeError::Device {
-                index: i,
-                op: nodes[i].op.name(),
-                source,
-            })?);
+            match kernel {
+                Ok(k) => kernels[i] = Some(k),
+                Err(e) if fallback => steps[i] = Step::Cpu(e.to_string()),
+                Err(source) => {
+                    return Err(ComputeError::Device {
+                        index: i,
+                        op: nodes[i].op.name(),
+                        source,
+                    })
+                }
+            }
         }
         let enqueue_error = |i: usize, e: Enqueue| match e {
             Enqueue::Submit(e) => e,
             Enqueue::Operand(reason) => node_error(i, &nodes[i], reason),
         };
         let result =
-            plans
+            steps
                 .iter()
                 .zip(kernels)
                 .enumerate()
-                .try_for_each(|(i, (plan, kernel))| match (plan, kernel) {
-                    (Plan::Kernel { operands, .. }, Some(kernel)) => self
+                .try_for_each(|(i, (step, kernel))| match (step, kernel) {
+                    (Step::Plan(Plan::Kernel { operands, .. }), Some(kernel)) => self
                         .enqueue(kernel, operands)
                         .map_err(|e| enqueue_error(i, e)),
-                    (Plan::Host(op), _) => self.host(op, host).map_err(|e| enqueue_error(i, e)),
+                    (Step::Plan(Plan::Host(op)), _) => {
+                        self.host(op, host).map_err(|e| enqueue_error(i, e))
+                    }
+                    (Step::Cpu(why), _) => {
+                        crate::ffi::log::debug(&format!(
+                            "{}: node {i} ({}) on the CPU: {why}",
+                            self.device.name,
+                            nodes[i].op.name()
+                        ));
+                        // The CPU may read anything a pending kernel writes.
+                        self.flush()?;
+                        host.run_on_cpu(i).map_err(|r| node_error(i, &nodes[i], r))
+                    }
                     _ => Ok(()),
                 });
         let flushed = self.flush();

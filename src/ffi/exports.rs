@@ -84,9 +84,8 @@ pub extern "C" fn ggml_backend_hsa_buffer_type(device: i32) -> ggml_backend_buff
     })
 }
 
-/// A host buffer type for fast transfers to the NPU: NPU memory is host-mapped system memory, so
-/// this is the buffer type of device 0 (which is a host buffer type). NULL when there is no
-/// device.
+/// The host buffer type (`HSA0_Host`): host-mapped NPU pool memory, where the CPU backend keeps
+/// tensors that NPU kernels read and write in place. NULL when there is no device.
 #[no_mangle]
 pub extern "C" fn ggml_backend_hsa_host_buffer_type() -> ggml_backend_buffer_type_t {
     guard(
@@ -94,7 +93,7 @@ pub extern "C" fn ggml_backend_hsa_host_buffer_type() -> ggml_backend_buffer_typ
         std::ptr::null_mut(),
         || {
             device_index("ggml_backend_hsa_host_buffer_type", 0)
-                .and_then(objects::buft_ptr)
+                .and_then(objects::host_buft_ptr)
                 .unwrap_or(std::ptr::null_mut())
         },
     )

@@ -3,6 +3,7 @@
 //! ggml version check ([`version`]) and the bindgen'd ggml types ([`sys`]).
 
 mod buffer;
+mod cpu;
 pub mod exports;
 mod guard;
 pub mod log;

@@ -1,7 +1,17 @@
-//! The ggml objects of each device: the `ggml_backend_device` and its `ggml_backend_buffer_type`,
-//! created once (when ggml first asks for a device) and never freed, as ggml expects. Both carry
-//! their device index; incoming pointers are recognised by comparing them with this table, so a
-//! foreign pointer is never dereferenced as one of ours.
+//! The ggml objects of each device: the `ggml_backend_device` and its two buffer types, created
+//! once (when ggml first asks for a device) and never freed, as ggml expects. Incoming pointers
+//! are recognised by comparing them with this table, so a foreign pointer is never dereferenced as
+//! one of ours.
+//!
+//! Placement in llama.cpp (README, "Placement"): the device reports itself as an integrated GPU
+//! (IGPU), so it is a *model device*: `--device`, `-ngl`, `-nkvo` and `-ot` place layers, the KV
+//! cache and tensors on it as they would on an iGPU. Both buffer types live in the NPU's data
+//! pool, which is host-mapped system memory, and both are host buffer types:
+//! * `HSA<n>` (the default): offloaded layers' weights, the KV cache, the device's activations;
+//! * `HSA<n>_Host` (the host buffer type): llama.cpp puts the CPU backend's activations there, so
+//!   tensors pass between the NPU and the CPU with no copy in either direction. Weights of CPU
+//!   layers are never computed on here (`supports_op` declines ops reading a weight held in this
+//!   buffer type), so `-ngl 0` means what it says.
 
 use std::ffi::{c_char, CString};
 use std::sync::OnceLock;
@@ -16,7 +26,9 @@ use crate::ops::Memory;
 struct Objects {
     device: ggml_backend_dev_t,
     buft: ggml_backend_buffer_type_t,
+    host_buft: ggml_backend_buffer_type_t,
     name: CString,
+    host_name: CString,
     description: CString,
 }
 
@@ -42,15 +54,20 @@ fn table() -> &'static [Objects] {
                         reg: reg::reg(),
                         context: std::ptr::null_mut(),
                     }));
-                    let buft = Box::into_raw(Box::new(ggml_backend_buffer_type {
-                        iface: BUFT_IFACE,
-                        device,
-                        context: std::ptr::null_mut(),
-                    }));
+                    let new_buft = || {
+                        Box::into_raw(Box::new(ggml_backend_buffer_type {
+                            iface: BUFT_IFACE,
+                            device,
+                            context: std::ptr::null_mut(),
+                        }))
+                    };
                     Objects {
                         device,
-                        buft,
+                        buft: new_buft(),
+                        host_buft: new_buft(),
                         name: CString::new(d.name.clone()).expect("no NUL in HSA<n>"),
+                        host_name: CString::new(format!("{}_Host", d.name))
+                            .expect("no NUL in HSA<n>_Host"),
                         description: CString::new(d.description().replace('\0', ""))
                             .expect("NULs removed"),
                     }
@@ -76,9 +93,21 @@ pub(crate) fn device_index(dev: ggml_backend_dev_t) -> Option<usize> {
     table().iter().position(|o| o.device == dev)
 }
 
-/// The index of the device whose buffer type is `buft`.
+/// The host buffer type of device `index`.
+pub(crate) fn host_buft_ptr(index: usize) -> Option<ggml_backend_buffer_type_t> {
+    table().get(index).map(|o| o.host_buft)
+}
+
+/// The index of the device owning `buft` (either of its buffer types).
 pub(crate) fn device_of_buft(buft: ggml_backend_buffer_type_t) -> Option<usize> {
-    table().iter().position(|o| o.buft == buft)
+    table()
+        .iter()
+        .position(|o| o.buft == buft || o.host_buft == buft)
+}
+
+/// Whether `buft` is one of the host buffer types.
+fn is_host_buft(buft: ggml_backend_buffer_type_t) -> bool {
+    table().iter().any(|o| o.host_buft == buft)
 }
 
 pub(crate) fn device(index: usize) -> Option<&'static Device> {
@@ -102,7 +131,7 @@ static DEVICE_IFACE: ggml_backend_device_i = ggml_backend_device_i {
     get_props: Some(dev_get_props),
     init_backend: Some(dev_init_backend),
     get_buffer_type: Some(dev_get_buffer_type),
-    get_host_buffer_type: None,
+    get_host_buffer_type: Some(dev_get_host_buffer_type),
     buffer_from_host_ptr: None,
     supports_op: Some(dev_supports_op),
     supports_buft: Some(dev_supports_buft),
@@ -140,10 +169,11 @@ unsafe extern "C" fn dev_get_memory(dev: ggml_backend_dev_t, free: *mut usize, t
     })
 }
 
+/// Integrated GPU: see the module documentation for why not ACCEL.
+const DEVICE_TYPE: ggml_backend_dev_type = GGML_BACKEND_DEVICE_TYPE_IGPU;
+
 unsafe extern "C" fn dev_get_type(_dev: ggml_backend_dev_t) -> ggml_backend_dev_type {
-    guard("device::get_type", GGML_BACKEND_DEVICE_TYPE_ACCEL, || {
-        GGML_BACKEND_DEVICE_TYPE_ACCEL
-    })
+    guard("device::get_type", DEVICE_TYPE, || DEVICE_TYPE)
 }
 
 unsafe extern "C" fn dev_get_props(dev: ggml_backend_dev_t, props: *mut ggml_backend_dev_props) {
@@ -159,11 +189,11 @@ unsafe extern "C" fn dev_get_props(dev: ggml_backend_dev_t, props: *mut ggml_bac
                 description: table()[i].description.as_ptr(),
                 memory_free: free,
                 memory_total: total,
-                type_: GGML_BACKEND_DEVICE_TYPE_ACCEL,
+                type_: DEVICE_TYPE,
                 device_id: std::ptr::null(),
                 caps: ggml_backend_dev_caps {
                     async_: false,
-                    host_buffer: false,
+                    host_buffer: true,
                     buffer_from_host_ptr: false,
                     events: false,
                     mmap_support: false,
@@ -196,6 +226,34 @@ unsafe extern "C" fn dev_get_buffer_type(dev: ggml_backend_dev_t) -> ggml_backen
     })
 }
 
+unsafe extern "C" fn dev_get_host_buffer_type(
+    dev: ggml_backend_dev_t,
+) -> ggml_backend_buffer_type_t {
+    guard("device::get_host_buffer_type", std::ptr::null_mut(), || {
+        device_index(dev)
+            .and_then(host_buft_ptr)
+            .unwrap_or(std::ptr::null_mut())
+    })
+}
+
+/// Whether one of `op`'s inputs is a weight held in a host buffer type: a CPU layer's weight.
+///
+/// # Safety
+/// `op` is a valid tensor whose sources and their buffers are valid or NULL.
+unsafe fn reads_cpu_layer_weight(op: *const ggml_tensor) -> bool {
+    // SAFETY: the caller passes a valid tensor.
+    let srcs = unsafe { (*op).src };
+    srcs.iter().filter(|s| !s.is_null()).any(|&s| {
+        // SAFETY: non-NULL sources of a valid tensor are valid tensors.
+        let buffer = unsafe { (*s).buffer };
+        !buffer.is_null()
+            // SAFETY: a non-NULL buffer of a valid tensor is a valid buffer.
+            && unsafe { ggml_backend_buffer_get_usage(buffer) } == GGML_BACKEND_BUFFER_USAGE_WEIGHTS
+            // SAFETY: as above.
+            && is_host_buft(unsafe { ggml_backend_buffer_get_type(buffer) })
+    })
+}
+
 unsafe extern "C" fn dev_supports_op(dev: ggml_backend_dev_t, op: *const ggml_tensor) -> bool {
     guard("device::supports_op", false, || {
         let Some((_, d)) = device_of(dev, "supports_op") else {
@@ -205,6 +263,10 @@ unsafe extern "C" fn dev_supports_op(dev: ggml_backend_dev_t, op: *const ggml_te
             return false;
         }
         // SAFETY: ggml passes a valid tensor whose sources and buffers are valid or NULL.
+        if unsafe { reads_cpu_layer_weight(op) } {
+            return false;
+        }
+        // SAFETY: as above.
         let node = unsafe { tensor::node(op) };
         // Kernels reach only NPU memory; a tensor already placed elsewhere cannot be an operand.
         if [&node.dst]
@@ -249,7 +311,14 @@ static BUFT_IFACE: ggml_backend_buffer_type_i = ggml_backend_buffer_type_i {
 
 unsafe extern "C" fn buft_get_name(buft: ggml_backend_buffer_type_t) -> *const c_char {
     guard("buffer_type::get_name", std::ptr::null(), || {
-        device_of_buft(buft).map_or(std::ptr::null(), |i| table()[i].name.as_ptr())
+        device_of_buft(buft).map_or(std::ptr::null(), |i| {
+            let o = &table()[i];
+            if o.host_buft == buft {
+                o.host_name.as_ptr()
+            } else {
+                o.name.as_ptr()
+            }
+        })
     })
 }
 

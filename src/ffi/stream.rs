@@ -4,6 +4,7 @@ use std::ffi::c_char;
 
 use parking_lot::Mutex;
 
+use super::cpu::CpuFallback;
 use super::guard::guard;
 use super::sys::*;
 use super::{log, objects, tensor};
@@ -11,7 +12,7 @@ use crate::backend::Stream;
 
 /// The context of one backend.
 struct Context {
-    stream: Mutex<Stream>,
+    stream: Mutex<(Stream, CpuFallback)>,
 }
 
 /// Creates a backend on device `index`; NULL (with a logged reason) when the device cannot
@@ -34,7 +35,7 @@ pub(crate) fn init(index: usize) -> ggml_backend_t {
         device.packet_abi
     ));
     let context = Box::into_raw(Box::new(Context {
-        stream: Mutex::new(stream),
+        stream: Mutex::new((stream, CpuFallback::default())),
     }));
     Box::into_raw(Box::new(ggml_backend {
         guid: super::exports::guid(),
@@ -95,7 +96,7 @@ unsafe extern "C" fn synchronize(backend: ggml_backend_t) {
     guard("backend::synchronize", (), || {
         // SAFETY: a live backend of ours.
         let ctx = unsafe { context(backend) };
-        if let Err(e) = ctx.stream.lock().synchronize() {
+        if let Err(e) = ctx.stream.lock().0.synchronize() {
             log::error(&format!("synchronize: {e}"));
         }
     })
@@ -107,9 +108,14 @@ unsafe extern "C" fn graph_compute(
 ) -> ggml_status {
     guard("backend::graph_compute", GGML_STATUS_FAILED, || {
         // SAFETY: a live backend of ours and a valid graph.
-        let (ctx, nodes) = unsafe { (context(backend), tensor::graph_nodes(graph)) };
-        let mut stream = ctx.stream.lock();
-        match stream.compute(&nodes, &mut tensor::GraphMemory) {
+        let (ctx, (nodes, tensors)) = unsafe { (context(backend), tensor::graph_nodes(graph)) };
+        let mut guard = ctx.stream.lock();
+        let (stream, cpu) = &mut *guard;
+        let mut memory = tensor::GraphMemory {
+            nodes: &tensors,
+            cpu,
+        };
+        match stream.compute(&nodes, &mut memory) {
             Ok(()) => GGML_STATUS_SUCCESS,
             Err(e) => {
                 log::error(&format!(

@@ -3,6 +3,7 @@
 
 use std::ffi::{c_char, CStr};
 
+use super::cpu::CpuFallback;
 use super::objects;
 use super::sys::*;
 use crate::backend::HostMemory;
@@ -170,24 +171,40 @@ pub(crate) unsafe fn node(t: *const ggml_tensor) -> Node {
 ///
 /// # Safety
 /// `graph` points to a valid `ggml_cgraph`.
-pub(crate) unsafe fn graph_nodes(graph: *mut ggml_cgraph) -> Vec<Node> {
+pub(crate) unsafe fn graph_nodes(graph: *mut ggml_cgraph) -> (Vec<Node>, Vec<*mut ggml_tensor>) {
     // SAFETY: the caller passes a valid graph.
     let n = unsafe { ggml_graph_n_nodes(graph) };
-    (0..n)
+    let tensors: Vec<*mut ggml_tensor> = (0..n)
         // SAFETY: 0 <= i < n_nodes, so ggml_graph_node returns a valid node.
         .map(|i| unsafe { ggml_graph_node(graph, i) })
         // SAFETY: graph nodes are valid tensors.
         .filter(|&t| unsafe { (*t).flags } & GGML_TENSOR_FLAG_COMPUTE as i32 != 0)
-        // SAFETY: as above.
-        .map(|t| unsafe { node(t) })
-        .collect()
+        .collect();
+    // SAFETY: as above.
+    let nodes = tensors.iter().map(|&t| unsafe { node(t) }).collect();
+    (nodes, tensors)
 }
 
-/// Runs host-side ops directly on the memory of the graph's tensors.
+/// Runs host-side ops directly on the memory of the graph's tensors, and the CPU fallback's
+/// nodes on ggml's CPU backend.
 #[derive(Debug)]
-pub(crate) struct GraphMemory;
+pub(crate) struct GraphMemory<'a> {
+    /// The graph's nodes, in the order of the descriptors given to the stream.
+    pub nodes: &'a [*mut ggml_tensor],
+    pub cpu: &'a mut CpuFallback,
+}
 
-impl HostMemory for GraphMemory {
+impl HostMemory for GraphMemory<'_> {
+    fn run_on_cpu(&mut self, index: usize) -> Result<(), String> {
+        let node = *self
+            .nodes
+            .get(index)
+            .ok_or_else(|| format!("node {index} is not in the graph"))?;
+        // SAFETY: a node of the graph being computed; supports_op accepted it only with
+        // host-accessible memory.
+        unsafe { self.cpu.compute(node) }
+    }
+
     fn run(&mut self, op: &HostOp) -> Result<(), String> {
         let (inputs, dst) = op.tensors();
         for t in inputs.iter().copied().chain([dst]) {

@@ -14,6 +14,8 @@ pub mod loader;
 pub mod memory;
 pub mod packet;
 pub mod queue;
+#[cfg(ggml_hsa_rocr_abi_check)]
+mod rocr_abi_check;
 pub mod runtime;
 pub mod signal;
 pub mod status;

@@ -118,7 +118,24 @@ impl Compiler {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(path) = self.package_path() {
+            cmd.env("PYTHONPATH", path);
+        }
         cmd
+    }
+
+    /// For the default compiler (the IRON package run with `python3 -m`): `PYTHONPATH` with the
+    /// places a CMake build put the package in front (`GGML_HSA_IRON_PYTHONPATH`: the install
+    /// tree, then the source tree), so it is found without setting anything.
+    fn package_path(&self) -> Option<String> {
+        let built_in = option_env!("GGML_HSA_IRON_PYTHONPATH").filter(|p| !p.is_empty())?;
+        if self.argv.join(" ") != crate::config::DEFAULT_JIT_COMPILER {
+            return None;
+        }
+        Some(match std::env::var("PYTHONPATH") {
+            Ok(user) if !user.is_empty() => format!("{built_in}:{user}"),
+            _ => built_in.to_owned(),
+        })
     }
 
     fn run(&self, cmd: &mut Command) -> Result<Output, String> {
