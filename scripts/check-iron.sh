@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Checks the IRON kernel package (src/ggml_hsa_iron) without mlir-aie:
-# ruff lint and format, byte-compilation, the unit tests. Exits non-zero on
-# any failure.
+# ruff lint and format, byte-compilation, the unit tests (request parsing,
+# capabilities against the designs and the backend's op names, tiling, the
+# CLI's error path without IRON, the IRON v1.3.1 API name check of the
+# designs, and the AIE core functions run on the host with g++ against an
+# AIE API stand-in). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKG=src/ggml_hsa_iron

@@ -87,6 +87,19 @@ class EltwiseSpec:
             n *= s
         return n
 
+    @property
+    def sequence(self) -> list[tuple[str, int]]:
+        """(type, elements) of the runtime-sequence arguments: the inputs, then the output.
+
+        The backend passes each operand as an address and a size in bytes, in this order.
+        """
+        out = []
+        for i, t in enumerate(self.in_types):
+            count = self.bcast_elements if (self.kind == "bcast" and i == 1) else self.plan.n
+            out.append((t, count))
+        out.append((self.out_type, self.plan.n))
+        return out
+
 
 @dataclass(frozen=True)
 class MatmulSpec:
@@ -101,6 +114,11 @@ class MatmulSpec:
     @property
     def gemv(self) -> bool:
         return isinstance(self.plan, GemvPlan)
+
+    @property
+    def sequence(self) -> list[tuple[str, int]]:
+        """(type, elements) of the runtime-sequence arguments: src0, src1, dst."""
+        return [(t.dtype, t.nelements) for t in (self.src0, self.src1, self.dst)]
 
     @property
     def batches(self) -> list[tuple[int, int, int]]:
@@ -133,7 +151,6 @@ class MatmulSpec:
                 "MV_ROWS": p.rows_per_tile,
                 "MV_KC": p.k_chunk,
                 "MV_INT": int(self.compute in INT_TYPES),
-                "MV_F32": int(self.compute == "f32"),
             }
             return CoreSource(GEMV_SOURCE, "mv.o", d)
         p = self.plan
@@ -161,6 +178,11 @@ def _check_common(req: Request) -> tuple[registry.OpSpec, Arch]:
     if len(req.inputs) != spec.inputs:
         raise RequestError(
             f"{req.op} takes {spec.inputs} input(s), the request has {len(req.inputs)}"
+        )
+    extra = req.op_params[spec.params :]
+    if any(extra):
+        raise UnsupportedError(
+            f"{req.op} reads {spec.params} op_params word(s); the request has {list(req.op_params)}"
         )
     for i, t in enumerate(req.inputs + (req.output,)):
         if t.dtype not in spec.types:
@@ -261,7 +283,7 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
     batches = src1.ne[2] * src1.ne[3]
     w, x, y = src0.size, src1.size, dst.size
     if M == 1:
-        compute = src0.dtype if src0.dtype != "bf16" else "bf16"
+        compute = src0.dtype
         plan = plan_gemv(N, K, w, x, y, arch, batches)
         if plan is None:
             raise UnsupportedError(

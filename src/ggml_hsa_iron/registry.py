@@ -32,6 +32,9 @@ class OpSpec:
     noncontiguous: bool
     kind: str  # "binary", "unary" or "mul_mat"
     constraints: str  # human-readable limits beyond the protocol fields
+    # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
+    # f32 bit patterns); non-zero words beyond them are refused.
+    params: int = 0
 
     @property
     def kernel_name(self) -> str:
@@ -49,7 +52,7 @@ _BCAST_LIMITS = (
 _MM_LIMITS = (
     "contiguous operands; src0 [K,N,b2,b3], src1 [K,M,b2*r2,b3*r3], dst [N,M,...]; "
     "GEMM when M > 1 (M, N, K multiples of the microkernel tile), GEMV when M == 1 "
-    "(K a multiple of 32 bytes of src0); type pairs: see mul_mat_combos"
+    "(K a multiple of 16); type pairs: see type_combos"
 )
 
 _INT_AND_FLOAT = ALL_TYPES

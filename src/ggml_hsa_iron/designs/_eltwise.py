@@ -58,12 +58,8 @@ def build(spec):
     dev = device(spec.arch, C)
     streamed = [0] if spec.kind in ("unary", "bcast") else [0, 1]
 
-    # Runtime-sequence tensors: inputs then output.
-    seq_types = []
-    for i, t in enumerate(spec.in_types):
-        count = spec.bcast_elements if (spec.kind == "bcast" and i == 1) else n
-        seq_types.append(vector_type(count, t))
-    seq_types.append(vector_type(n, spec.out_type))
+    # Runtime-sequence tensors: inputs then output (the backend's operand order).
+    seq_types = [vector_type(count, t) for t, count in spec.sequence]
 
     tile_in = [vector_type(T, t) for t in spec.in_types]
     tile_out = vector_type(T, spec.out_type)

@@ -44,11 +44,7 @@ def _gemm(spec):
     a_t, b_t, c_t = spec.src1.dtype, spec.src0.dtype, spec.dst.dtype
     dev = device(spec.arch, C)
     batches = spec.batches
-    seq_types = [
-        vector_type(spec.src0.nelements, b_t),
-        vector_type(spec.src1.nelements, a_t),
-        vector_type(spec.dst.nelements, c_t),
-    ]
+    seq_types = [vector_type(count, t) for t, count in spec.sequence]  # src0, src1, dst
     a_tile, b_tile, c_tile = (
         vector_type(m * k, a_t),
         vector_type(k * n, b_t),
@@ -146,11 +142,7 @@ def _gemv(spec):
     w_t, x_t, y_t = spec.src0.dtype, spec.src1.dtype, spec.dst.dtype
     dev = device(spec.arch, C)
     batches = spec.batches
-    seq_types = [
-        vector_type(spec.src0.nelements, w_t),
-        vector_type(spec.src1.nelements, x_t),
-        vector_type(spec.dst.nelements, y_t),
-    ]
+    seq_types = [vector_type(count, t) for t, count in spec.sequence]  # src0, src1, dst
     w_tile, x_tile, y_tile = (
         vector_type(nr * kc, w_t),
         vector_type(kc, x_t),

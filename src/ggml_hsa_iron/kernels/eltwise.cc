@@ -100,6 +100,38 @@ template <typename T> static inline T iop2(T a, T b) {
 #endif
 }
 
+// Integer vectors are whole 512-bit registers: 64 i8, 32 i16 or 16 i32 lanes.
+template <typename T> constexpr unsigned IVEC = 64 / sizeof(T);
+template <typename T> using ivec = aie::vector<T, IVEC<T>>;
+
+// m ? if_true : if_false (aie::select takes the second vector where the mask is set).
+template <typename V, typename M> static inline V ipick(M m, V if_true, V if_false) {
+  return aie::select(if_false, if_true, m);
+}
+
+#if !BINARY
+// The unary ops on IVEC lanes; iop1 below is the same op on one element (tails).
+template <typename T> static inline ivec<T> iop1_v(ivec<T> x) {
+  const ivec<T> zero = aie::broadcast<T, IVEC<T>>((T)0);
+  const ivec<T> one = aie::broadcast<T, IVEC<T>>((T)1);
+  (void)one;
+#if defined(GGML_OP_ABS)
+  return ipick(aie::lt(x, zero), aie::sub(zero, x), x);
+#elif defined(GGML_OP_NEG)
+  return aie::sub(zero, x);
+#elif defined(GGML_OP_SGN)
+  const ivec<T> minus = aie::broadcast<T, IVEC<T>>((T)-1);
+  return ipick(aie::lt(zero, x), one, ipick(aie::lt(x, zero), minus, zero));
+#elif defined(GGML_OP_STEP)
+  return ipick(aie::lt(zero, x), one, zero);
+#elif defined(GGML_OP_RELU)
+  return ipick(aie::lt(zero, x), x, zero);
+#else
+#error "no vector form of this integer unary op"
+#endif
+}
+#endif
+
 template <typename T> static inline T iop1(T x) {
 #if defined(GGML_OP_ABS)
   return x < 0 ? (T)(0u - (uint32_t)x) : x;
@@ -130,7 +162,12 @@ void ggml_eltwise_unary(IN0_T *in, OUT_T *out) {
   if (i < TILE)
     store_part(out + i, op1(load_part(in + i, TILE - i)), TILE - i);
 #else
-  for (int i = 0; i < TILE; ++i)
+  // Integer operands share one type (IN0_T == OUT_T).
+  constexpr int W = IVEC<IN0_T>;
+  int i = 0;
+  for (; i + W <= TILE; i += W)
+    aie::store_v(out + i, iop1_v<IN0_T>(aie::load_v<W>(in + i)));
+  for (; i < TILE; ++i)
     out[i] = (OUT_T)iop1<IN0_T>(in[i]);
 #endif
 }
@@ -148,10 +185,11 @@ void ggml_eltwise_binary(IN0_T *a, IN1_T *b, OUT_T *out) {
   }
 #elif defined(GGML_OP_ADD) || defined(GGML_OP_SUB)
   // Integer add and subtract wrap in the vector unit too.
+  constexpr int W = IVEC<OUT_T>;
   int i = 0;
-  for (; i + (int)VEC <= TILE; i += VEC) {
-    auto va = aie::load_v<VEC>(a + i);
-    auto vb = aie::load_v<VEC>(b + i);
+  for (; i + W <= TILE; i += W) {
+    auto va = aie::load_v<W>(a + i);
+    auto vb = aie::load_v<W>(b + i);
 #if defined(GGML_OP_ADD)
     aie::store_v(out + i, aie::add(va, vb));
 #else

@@ -1,0 +1,128 @@
+"""What the backend sends (src/ops, read-only here) against what the package declares.
+
+The backend's planner (src/ops/plan.rs) and op names (src/ops/tensor.rs) decide the
+requests: op names, operand order (inputs, then the output), op_params, layouts. These
+tests read the op names from the Rust sources so that a rename on either side is caught,
+and pin the request shapes the planner documents.
+"""
+
+import sys
+from pathlib import Path
+
+# Runnable as `python3 -m unittest discover -s src/ggml_hsa_iron/tests` too:
+# the package's parent directory (src/) goes on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import re
+import struct
+import unittest
+
+from ggml_hsa_iron import registry
+from ggml_hsa_iron.errors import UnsupportedError
+from ggml_hsa_iron.plans import prepare
+from ggml_hsa_iron.request import parse_request
+
+from ggml_hsa_iron.tests.util import request_json, tensor
+
+SRC = Path(__file__).resolve().parents[2]
+TENSOR_RS = SRC / "ops" / "tensor.rs"
+
+# Ops the backend plans as one kernel that the issue does not ask for (yet).
+NOT_IN_SCOPE = {
+    "REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK", "SOFT_MAX", "SOFT_MAX_MASK",
+    "SOFT_MAX_SINKS", "SOFT_MAX_MASK_SINKS", "ROPE", "ROPE_FF", "RMS_NORM", "NORM",
+}  # fmt: skip
+
+# Sent by the backend, no design yet (the next commit adds them).
+PENDING = {"SQR", "SQRT", "LOG", "SIN", "COS", "FLOOR", "CEIL", "ROUND", "TRUNC", "SCALE", "CLAMP"}
+
+
+def f32_bits(x: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+def backend_op_names() -> dict[str, set[str]]:
+    """{"binary": {...}, "unary": {...}, "other": {...}} from src/ops/tensor.rs."""
+    text = TENSOR_RS.read_text()
+    out = {}
+    for kind, enum in (("binary", "BinaryOp"), ("unary", "UnaryOp"), ("other", "Op")):
+        out[kind] = set(
+            re.findall(rf'\b{enum}::\w+(?:\s*\{{[^}}]*\}})?\s*=>\s*"([A-Z_0-9]+)"', text)
+        )
+    return out
+
+
+@unittest.skipUnless(TENSOR_RS.is_file(), "the backend sources are not next to the package")
+class OpNamesTest(unittest.TestCase):
+    def test_every_declared_op_is_a_name_the_backend_sends(self):
+        names = backend_op_names()
+        sent = names["binary"] | names["unary"] | names["other"]
+        for spec in registry.OPS:
+            self.assertIn(spec.op, sent, f"{spec.op} is declared but the backend has no such op")
+
+    def test_every_element_wise_op_the_backend_sends_is_declared(self):
+        names = backend_op_names()
+        self.assertTrue(names["unary"] >= {"ABS", "GELU_ERF"}, names["unary"])
+        self.assertEqual(names["binary"], {"ADD", "SUB", "MUL", "DIV"})
+        wanted = names["binary"] | names["unary"] | {"MUL_MAT", "SCALE", "CLAMP"}
+        declared = {s.op for s in registry.OPS}
+        self.assertEqual(wanted - declared, PENDING)
+        self.assertEqual(declared & NOT_IN_SCOPE, set())
+        for spec in registry.OPS:
+            want_kind = "binary" if spec.op in names["binary"] else None
+            if spec.op in names["unary"] or spec.op in ("SCALE", "CLAMP"):
+                want_kind = "unary"
+            if spec.op == "MUL_MAT":
+                want_kind = "mul_mat"
+            self.assertEqual(spec.kind, want_kind, spec.op)
+
+
+class RequestShapesTest(unittest.TestCase):
+    """The requests src/ops/plan.rs builds, as the planner's comments and tests describe them."""
+
+    def spec(self, op, inputs, out, params=()):
+        return prepare(parse_request(request_json(op, inputs, out, op_params=params)))
+
+    def test_operands_are_inputs_then_output_with_their_byte_sizes(self):
+        a, b = tensor("bf16", [64, 8]), tensor("f32", [64])
+        cases = [
+            ("ADD", [tensor("f32", [4096])] * 2, tensor("f32", [4096])),
+            ("MUL", [a, b], a),  # broadcast: input 1 keeps its shape
+            ("GELU", [tensor("bf16", [512])], tensor("bf16", [512])),
+            ("MUL_MAT", [tensor("bf16", [64, 32]), tensor("f32", [64, 8])], tensor("f32", [32, 8])),
+            ("MUL_MAT", [tensor("f32", [64, 32]), tensor("f32", [64, 1])], tensor("f32", [32, 1])),
+        ]
+        for op, inputs, out in cases:
+            with self.subTest(op=op):
+                s = self.spec(op, inputs, out)
+                seq = s.sequence
+                self.assertEqual(len(seq), len(inputs) + 1)
+                for (dtype, count), t in zip(seq, list(inputs) + [out]):
+                    self.assertEqual(dtype, t.dtype)
+                    self.assertEqual(count * t.size, t.nbytes)
+
+    def test_mul_mat_requests_the_backend_sends_are_planned(self):
+        # plan.rs: weights f32, f16 or bf16; activations f32; output f32. f16 is not declared,
+        # so the backend never sends it; the others must plan.
+        for w in ("f32", "bf16"):
+            for m in (1, 8, 64):
+                with self.subTest(w=w, m=m):
+                    self.spec(
+                        "MUL_MAT",
+                        [tensor(w, [256, 64, 2, 1]), tensor("f32", [256, m, 4, 1])],
+                        tensor("f32", [64, m, 4, 1]),
+                    )
+        caps = {s.op: s for s in registry.OPS}["MUL_MAT"]
+        self.assertNotIn("f16", caps.types)
+
+    def test_parameterless_ops_refuse_parameters(self):
+        t = tensor("f32", [64])
+        self.spec("ADD", [t, t], t, params=[0, 0])  # zeros are no parameters
+        for op, inputs in (("ADD", [t, t]), ("GELU", [t])):
+            with self.subTest(op=op):
+                with self.assertRaises(UnsupportedError):
+                    self.spec(op, inputs, t, params=[f32_bits(1.0)])
+
+
+if __name__ == "__main__":
+    unittest.main()
