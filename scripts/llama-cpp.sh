@@ -4,12 +4,18 @@
 #   scripts/llama-cpp.sh fetch               download the sdist, check its sha256, unpack it
 #   scripts/llama-cpp.sh build [TARGET...]   fetch, configure once, build only TARGETs
 #                                            (default: ggml-base ggml-cpu test-backend-ops)
+#   scripts/llama-cpp.sh build-dl [TARGET...]      the same tree built with ggml-hsa through the
+#                                            CMake hook (GGML_BACKEND_DL=ON), in build-dl/
+#   scripts/llama-cpp.sh build-static [TARGET...]  a copy of the tree prepared by
+#                                            cmake/integrate.sh, built with -DGGML_HSA=ON and
+#                                            GGML_BACKEND_DL=OFF (static), in build-static/
 #   scripts/llama-cpp.sh env                 print `export` lines for build.rs and the tests
 #   scripts/llama-cpp.sh path [src|ggml|build|bin]
 #
 # Everything lives outside the repository, keyed by the pinned version:
 #   ${GGML_HSA_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ggml-hsa-build}/llama-cpp-python-<version>/
 #     sdist.tar.gz   src/ (= vendor/llama.cpp)   build/ (CMake/Ninja tree; binaries in build/bin)
+#     build-dl/ (with the hook)   src-static/ + build-static/ (in-tree, static)
 # It works from an empty cache and installs its own system dependencies when they are missing.
 set -euo pipefail
 
@@ -32,6 +38,7 @@ ensure_tools() {
     command -v cmake >/dev/null || missing+=(cmake)
     command -v ninja >/dev/null || missing+=(ninja-build)
     command -v g++ >/dev/null || missing+=(g++)
+    command -v ccache >/dev/null || missing+=(ccache)
     # bindgen (build.rs) needs libclang.
     ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || [ -n "${LIBCLANG_PATH:-}" ] || missing+=(libclang-dev)
     if [ ${#missing[@]} -gt 0 ]; then
@@ -96,6 +103,56 @@ build_targets() {
         { tail -n 40 "$root/build.log" >&2; die "build failed (log: $root/build.log)"; }
 }
 
+repo=$(cd "$here/.." && pwd)
+common_flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF
+    -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF)
+
+# The plugin through the documented hook, in an unmodified tree (README, "Building with llama.cpp").
+build_dl() {
+    local dir=$root/build-dl
+    "$repo/scripts/fetch-deps.sh" >/dev/null
+    if [ ! -f "$dir/build.ninja" ]; then
+        log "configuring $dir (GGML_BACKEND_DL=ON, CMAKE_PROJECT_ggml_INCLUDE=cmake/hook.cmake)"
+        GIT_CEILING_DIRECTORIES=$root cmake -S "$src" -B "$dir" "${common_flags[@]}" \
+            -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DLLAMA_BUILD_TESTS=ON \
+            -DCMAKE_PROJECT_ggml_INCLUDE="$repo/cmake/hook.cmake" -DGGML_HSA_JIT_COMPILE=ON \
+            >"$root/configure-dl.log" 2>&1 ||
+            { tail -n 30 "$root/configure-dl.log" >&2; die "configure failed (log: $root/configure-dl.log)"; }
+    fi
+    local targets=("$@")
+    [ ${#targets[@]} -gt 0 ] || targets=(ggml-hsa llama-simple llama-completion llama-embedding)
+    log "building ${targets[*]} in $dir"
+    cmake --build "$dir" -j "$(nproc)" --target "${targets[@]}" >"$root/build-dl.log" 2>&1 ||
+        { tail -n 40 "$root/build-dl.log" >&2; die "build failed (log: $root/build-dl.log)"; }
+}
+
+# In-tree and static: a copy of the pristine tree, prepared by cmake/integrate.sh.
+build_static() {
+    local tree=$root/src-static dir=$root/build-static
+    "$repo/scripts/fetch-deps.sh" >/dev/null
+    if [ ! -f "$tree/.complete" ]; then
+        rm -rf "$tree"
+        cp -a "$src" "$tree"
+        rm -f "$tree/.complete"
+        "$repo/cmake/integrate.sh" "$tree" >&2
+        touch "$tree/.complete"
+    fi
+    if [ ! -f "$dir/build.ninja" ]; then
+        log "configuring $dir (GGML_HSA=ON, GGML_BACKEND_DL=OFF, static)"
+        GIT_CEILING_DIRECTORIES=$root cmake -S "$tree" -B "$dir" "${common_flags[@]}" \
+            -DBUILD_SHARED_LIBS=OFF -DGGML_BACKEND_DL=OFF -DGGML_HSA=ON -DLLAMA_BUILD_TESTS=OFF \
+            -DGGML_HSA_JIT_COMPILE=ON \
+            >"$root/configure-static.log" 2>&1 ||
+            { tail -n 30 "$root/configure-static.log" >&2; die "configure failed (log: $root/configure-static.log)"; }
+    fi
+    local targets=("$@")
+    [ ${#targets[@]} -gt 0 ] || targets=(llama-simple llama-completion)
+    log "building ${targets[*]} in $dir"
+    cmake --build "$dir" -j "$(nproc)" --target "${targets[@]}" >"$root/build-static.log" 2>&1 ||
+        { tail -n 40 "$root/build-static.log" >&2; die "build failed (log: $root/build-static.log)"; }
+}
+
 print_env() {
     cat <<ENV
 export GGML_HSA_GGML_DIR='$src/ggml'
@@ -110,11 +167,14 @@ cmd=${1:-build}
 case "$cmd" in
     fetch) ensure_tools; fetch ;;
     build) ensure_tools; fetch; configure; build_targets "$@" ;;
+    build-dl) ensure_tools; fetch; build_dl "$@" ;;
+    build-static) ensure_tools; fetch; build_static "$@" ;;
     env) print_env ;;
     path)
         case "${1:-}" in
             src) echo "$src" ;; ggml) echo "$src/ggml" ;; build) echo "$build" ;; bin) echo "$build/bin" ;;
-            *) die "usage: $0 path src|ggml|build|bin" ;;
+            bin-dl) echo "$root/build-dl/bin" ;; bin-static) echo "$root/build-static/bin" ;;
+            *) die "usage: $0 path src|ggml|build|bin|bin-dl|bin-static" ;;
         esac ;;
-    *) die "unknown command '$cmd' (fetch|build|env|path)" ;;
+    *) die "unknown command '$cmd' (fetch|build|build-dl|build-static|env|path)" ;;
 esac

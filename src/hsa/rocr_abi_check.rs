@@ -5,6 +5,7 @@
 
 #[allow(
     dead_code,
+    unused_imports,
     non_camel_case_types,
     non_snake_case,
     non_upper_case_globals,

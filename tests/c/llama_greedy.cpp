@@ -1,0 +1,145 @@
+// Greedy generation with llama.cpp's public API, for the end-to-end tests (tests/llama_e2e.rs):
+// decodes the prompt in one batch, then generates N tokens one at a time, and writes
+//   stdout:  "tokens: <id> <id> ..." and "text: <generated text>"
+//   --logits FILE: the logits of every step (n_predict x n_vocab little-endian f32)
+// All of llama.cpp's and ggml's log lines (debug level included, so GGML_SCHED_DEBUG output
+// too) go to stderr.
+//
+//   llama_greedy -m MODEL [-n N] [-ngl N] [--logits FILE] [--backend-dir DIR] PROMPT
+// (DIR: where ggml looks for its backend libraries; default: next to the executable)
+#include "llama.h"
+
+#include <clocale>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+static void log_all(enum ggml_log_level, const char * text, void *) {
+    fputs(text, stderr);
+}
+
+static void set_tokens(llama_batch_ext * batch, const llama_token * tokens, int32_t n, llama_pos pos0) {
+    llama_batch_ext_clear(batch);
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t idx = llama_batch_ext_add_token(batch, 0, tokens[i]);
+        const llama_pos pos = pos0 + i;
+        llama_batch_ext_set_pos(batch, idx, &pos);
+    }
+    llama_batch_ext_set_output_logits(batch, n - 1, true);
+}
+
+int main(int argc, char ** argv) {
+    std::setlocale(LC_NUMERIC, "C");
+    std::string model_path, logits_path, backend_dir, prompt;
+    int n_predict = 16;
+    int ngl = 99;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "-m" && i + 1 < argc) {
+            model_path = argv[++i];
+        } else if (a == "-n" && i + 1 < argc) {
+            n_predict = std::atoi(argv[++i]);
+        } else if (a == "-ngl" && i + 1 < argc) {
+            ngl = std::atoi(argv[++i]);
+        } else if (a == "--backend-dir" && i + 1 < argc) {
+            backend_dir = argv[++i];
+        } else if (a == "--logits" && i + 1 < argc) {
+            logits_path = argv[++i];
+        } else {
+            prompt += (prompt.empty() ? "" : " ") + a;
+        }
+    }
+    if (model_path.empty() || prompt.empty() || n_predict < 1) {
+        fprintf(stderr, "usage: %s -m MODEL [-n N] [-ngl N] [--logits FILE] [--backend-dir DIR] PROMPT\n", argv[0]);
+        return 2;
+    }
+
+    llama_log_set(log_all, nullptr);
+    ggml_backend_load_all_from_path(backend_dir.empty() ? nullptr : backend_dir.c_str());
+    llama_backend_init();
+
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = ngl;
+    llama_model * model = llama_model_load_from_file(model_path.c_str(), mp);
+    if (!model) {
+        fprintf(stderr, "error: cannot load %s\n", model_path.c_str());
+        return 1;
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    const int n_prompt = -llama_tokenize(vocab, prompt.c_str(), prompt.size(), nullptr, 0, true, true);
+    std::vector<llama_token> tokens(n_prompt);
+    if (llama_tokenize(vocab, prompt.c_str(), prompt.size(), tokens.data(), n_prompt, true, true) < 0) {
+        fprintf(stderr, "error: cannot tokenize the prompt\n");
+        return 1;
+    }
+
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = n_prompt + n_predict;
+    cp.n_batch = n_prompt;
+    llama_context * ctx = llama_init_from_model(model, cp);
+    if (!ctx) {
+        fprintf(stderr, "error: cannot create the context\n");
+        return 1;
+    }
+
+    FILE * logits_file = nullptr;
+    if (!logits_path.empty() && !(logits_file = fopen(logits_path.c_str(), "wb"))) {
+        fprintf(stderr, "error: cannot write %s\n", logits_path.c_str());
+        return 1;
+    }
+
+    llama_batch_ext * batch = llama_batch_ext_init(ctx);
+    set_tokens(batch, tokens.data(), n_prompt, 0);
+    int n_pos = 0;
+    int n_batch = n_prompt;
+    std::vector<llama_token> generated;
+    std::string text;
+    for (int step = 0; step < n_predict; ++step) {
+        if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch)) {
+            fprintf(stderr, "error: decode failed at step %d\n", step);
+            return 1;
+        }
+        n_pos += n_batch;
+        const float * logits = llama_get_logits_ith(ctx, -1);
+        if (!logits) {
+            fprintf(stderr, "error: no logits at step %d\n", step);
+            return 1;
+        }
+        if (logits_file && fwrite(logits, sizeof(float), n_vocab, logits_file) != (size_t) n_vocab) {
+            fprintf(stderr, "error: cannot write the logits\n");
+            return 1;
+        }
+        llama_token best = 0;
+        for (int t = 1; t < n_vocab; ++t) {
+            if (logits[t] > logits[best]) {
+                best = t;
+            }
+        }
+        generated.push_back(best);
+        char piece[256];
+        const int n = llama_token_to_piece(vocab, best, piece, sizeof(piece), 0, true);
+        if (n > 0) {
+            text.append(piece, n);
+        }
+        set_tokens(batch, &best, 1, n_pos);
+        n_batch = 1;
+    }
+    if (logits_file) {
+        fclose(logits_file);
+    }
+
+    printf("tokens:");
+    for (llama_token t : generated) {
+        printf(" %d", t);
+    }
+    printf("\ntext: %s\n", text.c_str());
+
+    llama_batch_ext_free(batch);
+    llama_free(ctx);
+    llama_model_free(model);
+    llama_backend_free();
+    return 0;
+}
