@@ -1,0 +1,146 @@
+"""Write a tiny llama-architecture GGUF with seeded random weights.
+
+The tokenizer (every tokenizer.* key) is copied from the pinned llama.cpp tree's
+models/ggml-vocab-llama-spm.gguf, so prompts tokenize like a real LLaMA model. The
+weights are drawn from a fixed seed, so the same inputs always give a byte-identical
+file. Their scales keep activations in range and make the output logits well separated:
+greedy decoding follows the weights rather than rounding noise, and it wanders through
+varied tokens instead of repeating one.
+
+Usage: make_tiny_llama.py --gguf-py <src>/gguf-py --vocab <src>/models/ggml-vocab-llama-spm.gguf
+                          --out tiny-llama-f32.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# Among seeds 256-278, the one whose greedy decoding of "Hello" (BOS + one token, the
+# llama-simple smoke test) keeps the largest top-1/top-2 logit gap over 16 tokens: 0.72
+# with logits of standard deviation 8 (scripts/models/tiny_llama_ref.py prints the gaps).
+SEED = 272
+N_LAYER = 4
+N_EMBD = 256
+N_HEAD = 4
+N_HEAD_KV = 2
+N_FF = 512
+N_CTX = 256
+ROPE_THETA = 10000.0
+RMS_EPS = 1e-5
+# Standard deviation of the logits for a unit-RMS final hidden state. Large enough that
+# the top two logits are usually far apart (compared with f32 rounding or backend
+# differences), small enough that the softmax is not one-hot everywhere.
+LOGIT_STD = 8.0
+
+
+def load_gguf(gguf_py: Path):
+    sys.path.insert(0, str(gguf_py))
+    import gguf  # the pinned tree's gguf-py, from sys.path above
+
+    return gguf
+
+
+def copy_tokenizer(gguf, writer, vocab_path: Path) -> int:
+    """Copy every tokenizer.* key of vocab_path into writer; return the vocabulary size."""
+    reader = gguf.GGUFReader(vocab_path)
+    n_vocab = 0
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            sub_type = field.types[-1]
+            if sub_type == gguf.GGUFValueType.STRING:
+                # Raw bytes keep the strings exactly as stored.
+                value = [bytes(field.parts[i]) for i in field.data]
+            else:
+                value = field.contents()
+            writer.add_key_value(key, value, vtype, sub_type=sub_type)
+            if key == gguf.Keys.Tokenizer.LIST:
+                n_vocab = len(value)
+        else:
+            writer.add_key_value(key, field.contents(), vtype)
+    if n_vocab == 0:
+        raise SystemExit(f"{vocab_path}: no {gguf.Keys.Tokenizer.LIST} array")
+    return n_vocab
+
+
+def make_weights(n_vocab: int) -> dict[str, np.ndarray]:
+    """Return the tensors in GGUF naming; numpy shapes are (rows, columns) = (out, in)."""
+    rng = np.random.default_rng(SEED)
+    head_dim = N_EMBD // N_HEAD
+    n_embd_kv = head_dim * N_HEAD_KV
+
+    def normal(shape: tuple[int, ...], std: float) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(
+            np.float32
+        )
+
+    def linear(n_out: int, n_in: int, gain: float = 1.0) -> np.ndarray:
+        return normal((n_out, n_in), gain / np.sqrt(n_in))
+
+    ones = np.ones(N_EMBD, dtype=np.float32)
+    tensors: dict[str, np.ndarray] = {
+        "token_embd.weight": normal((n_vocab, N_EMBD), 1.0)
+    }
+    for i in range(N_LAYER):
+        blk = f"blk.{i}"
+        tensors[f"{blk}.attn_norm.weight"] = ones.copy()
+        # Gain 2 on Q makes the attention scores (std ~2) pick out a few positions.
+        tensors[f"{blk}.attn_q.weight"] = linear(N_EMBD, N_EMBD, 2.0)
+        tensors[f"{blk}.attn_k.weight"] = linear(n_embd_kv, N_EMBD)
+        tensors[f"{blk}.attn_v.weight"] = linear(n_embd_kv, N_EMBD)
+        tensors[f"{blk}.attn_output.weight"] = linear(N_EMBD, N_EMBD)
+        tensors[f"{blk}.ffn_norm.weight"] = ones.copy()
+        tensors[f"{blk}.ffn_gate.weight"] = linear(N_FF, N_EMBD)
+        tensors[f"{blk}.ffn_up.weight"] = linear(N_FF, N_EMBD)
+        tensors[f"{blk}.ffn_down.weight"] = linear(N_EMBD, N_FF, 2.0)
+    tensors["output_norm.weight"] = ones.copy()
+    tensors["output.weight"] = linear(n_vocab, N_EMBD, LOGIT_STD)
+    return tensors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--gguf-py", type=Path, required=True, help="<llama.cpp>/gguf-py"
+    )
+    parser.add_argument(
+        "--vocab", type=Path, required=True, help="ggml-vocab-llama-spm.gguf"
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    gguf = load_gguf(args.gguf_py)
+    arch = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA]
+    writer = gguf.GGUFWriter(args.out, arch)
+    writer.add_name("tiny-llama (random weights)")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_block_count(N_LAYER)
+    writer.add_context_length(N_CTX)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD_KV)
+    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_rope_freq_base(ROPE_THETA)
+    writer.add_layer_norm_rms_eps(RMS_EPS)
+
+    n_vocab = copy_tokenizer(gguf, writer, args.vocab)
+    writer.add_vocab_size(n_vocab)
+
+    for name, data in make_weights(n_vocab).items():
+        writer.add_tensor(name, data)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+if __name__ == "__main__":
+    main()
