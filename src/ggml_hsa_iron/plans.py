@@ -58,6 +58,7 @@ class EltwiseSpec:
     compute: str  # "f32", "bf16" or an integer type
     plan: EltwisePlan
     bcast: Broadcast | None
+    params: tuple[int, ...] = ()  # the op_params words the op reads, zeros filled in
 
     @property
     def core(self) -> CoreSource:
@@ -70,6 +71,8 @@ class EltwiseSpec:
             "COMPUTE_F32": int(self.compute in FLOAT_TYPES),
             "COMPUTE_INT": int(self.compute in INT_TYPES),
         }
+        for i, p in enumerate(self.params):
+            d[f"OP_P{i}"] = p
         if self.kind != "unary":
             d["IN1_T"] = DTYPES[self.in_types[1]].ctype
             d["BINARY"] = 1
@@ -207,29 +210,11 @@ def _compute_type(types) -> str:
     return "f32" if "f32" in floats else "bf16"
 
 
-# Ops that are the identity on integers' sign structure only make sense for
-# floats; the registry already restricts them, this names the float-only math.
-TRANSCENDENTAL = {
-    "TANH",
-    "ELU",
-    "SIGMOID",
-    "GELU",
-    "GELU_QUICK",
-    "SILU",
-    "HARDSWISH",
-    "HARDSIGMOID",
-    "EXP",
-    "GELU_ERF",
-}
-
-
 def prepare_eltwise(req: Request) -> EltwiseSpec:
     spec, arch = _check_common(req)
     out = req.output
     types = [t.dtype for t in req.inputs] + [out.dtype]
     compute = _compute_type(types)
-    if spec.op in TRANSCENDENTAL and compute not in FLOAT_TYPES:
-        raise UnsupportedError(f"{spec.op} is only compiled for float types")
     a = req.inputs[0]
     if a.ne != out.ne:
         raise UnsupportedError(f"{spec.op}: input 0 must have the output's shape")
@@ -260,7 +245,10 @@ def prepare_eltwise(req: Request) -> EltwiseSpec:
             f"{spec.op}: no tiling of {n} elements ({'/'.join(types)}) into whole "
             "32-bit DMA words per worker"
         )
-    return EltwiseSpec(req, arch, spec.op, kind, tuple(types[:-1]), out.dtype, compute, plan, bcast)
+    params = tuple(req.op_params[: spec.params]) + (0,) * (spec.params - len(req.op_params))
+    return EltwiseSpec(
+        req, arch, spec.op, kind, tuple(types[:-1]), out.dtype, compute, plan, bcast, params
+    )
 
 
 def prepare_mul_mat(req: Request) -> MatmulSpec:

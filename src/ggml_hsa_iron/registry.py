@@ -63,8 +63,8 @@ def _binary(op: str) -> OpSpec:
     return OpSpec(op, BINARY_OPS, 2, _INT_AND_FLOAT, True, False, "binary", _BCAST_LIMITS)
 
 
-def _unary(op: str, types) -> OpSpec:
-    return OpSpec(op, UNARY_OPS, 1, tuple(types), False, False, "unary", _ELTWISE_LIMITS)
+def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
+    return OpSpec(op, UNARY_OPS, 1, tuple(types), False, False, "unary", limits, params)
 
 
 OPS: tuple[OpSpec, ...] = (
@@ -87,6 +87,19 @@ OPS: tuple[OpSpec, ...] = (
     _unary("HARDSIGMOID", _FLOAT_ONLY),
     _unary("EXP", _FLOAT_ONLY),
     _unary("GELU_ERF", _FLOAT_ONLY),
+    _unary("SQR", _FLOAT_ONLY),
+    _unary("SQRT", _FLOAT_ONLY),
+    _unary("LOG", _FLOAT_ONLY),
+    _unary("SIN", _FLOAT_ONLY, limits=_ELTWISE_LIMITS + "; accurate for |x| below about 6000"),
+    _unary("COS", _FLOAT_ONLY, limits=_ELTWISE_LIMITS + "; accurate for |x| below about 6000"),
+    _unary("FLOOR", _FLOAT_ONLY),
+    _unary("CEIL", _FLOAT_ONLY),
+    _unary("ROUND", _FLOAT_ONLY),
+    _unary("TRUNC", _FLOAT_ONLY),
+    # op_params: scale and bias (SCALE), min and max (CLAMP), as f32 bit patterns; each
+    # value compiles its own kernel (the parameters are part of the kernel name).
+    _unary("SCALE", _FLOAT_ONLY, params=2),
+    _unary("CLAMP", _FLOAT_ONLY, params=2),
     # MUL_MAT's inputs never have the output's shape, so it must declare
     # broadcast for the backend to consider it at all.
     OpSpec("MUL_MAT", MUL_MAT, 2, _INT_AND_FLOAT, True, False, "mul_mat", _MM_LIMITS),

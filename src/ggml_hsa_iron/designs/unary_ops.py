@@ -1,4 +1,5 @@
-"""Unary element-wise ops (the ggml unary list of the seeds)."""
+"""Unary element-wise ops: the ggml unary list of the seeds, SQR SQRT LOG SIN COS FLOOR
+CEIL ROUND TRUNC, and SCALE and CLAMP (their two op_params are compiled in)."""
 
 from . import _eltwise
 
@@ -75,4 +76,59 @@ def ggml_op_exp(spec):
 
 def ggml_op_gelu_erf(spec):
     """GGML GELU_ERF: the element-wise design, core function compiled with -DGGML_OP_GELU_ERF."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_sqr(spec):
+    """GGML SQR: the element-wise design, core function compiled with -DGGML_OP_SQR."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_sqrt(spec):
+    """GGML SQRT: the element-wise design, core function compiled with -DGGML_OP_SQRT."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_log(spec):
+    """GGML LOG: the element-wise design, core function compiled with -DGGML_OP_LOG."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_sin(spec):
+    """GGML SIN: the element-wise design, core function compiled with -DGGML_OP_SIN."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_cos(spec):
+    """GGML COS: the element-wise design, core function compiled with -DGGML_OP_COS."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_floor(spec):
+    """GGML FLOOR: the element-wise design, core function compiled with -DGGML_OP_FLOOR."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_ceil(spec):
+    """GGML CEIL: the element-wise design, core function compiled with -DGGML_OP_CEIL."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_round(spec):
+    """GGML ROUND: the element-wise design, core function compiled with -DGGML_OP_ROUND."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_trunc(spec):
+    """GGML TRUNC: the element-wise design, core function compiled with -DGGML_OP_TRUNC."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_scale(spec):
+    """GGML SCALE: the element-wise design, core function compiled with -DGGML_OP_SCALE."""
+    return _eltwise.build(spec)
+
+
+def ggml_op_clamp(spec):
+    """GGML CLAMP: the element-wise design, core function compiled with -DGGML_OP_CLAMP."""
     return _eltwise.build(spec)

@@ -1,7 +1,8 @@
 // eltwise.cc: element-wise core functions of ggml_hsa_iron (aie2 / aie2p).
 //
 // Built once per kernel with Peano; the design (designs/_eltwise.py) sets:
-//   GGML_OP_<OP>=1      the op (ADD SUB MUL DIV, or one of the unary ops)
+//   GGML_OP_<OP>=1      the op (ADD SUB MUL DIV, one of the unary ops, SCALE, CLAMP)
+//   OP_P0, OP_P1        SCALE's scale and bias, CLAMP's min and max (f32 bit patterns)
 //   TILE                elements per object FIFO tile
 //   IN0_T, IN1_T, OUT_T operand C types (IN1_T for binary ops)
 //   COMPUTE_F32 / COMPUTE_INT   float operands (computed in f32) or integers
@@ -75,6 +76,35 @@ static inline vf op1(vf x) {
   return exp(x);
 #elif defined(GGML_OP_GELU_ERF)
   return mul(mul(x, 0.5f), add(one, erf(mul(x, 0.70710678118654752f))));
+#elif defined(GGML_OP_SQR)
+  return mul(x, x);
+#elif defined(GGML_OP_SQRT)
+  return sqrt(x);
+#elif defined(GGML_OP_LOG)
+  return log(x);
+#elif defined(GGML_OP_SIN)
+  return sin(x);
+#elif defined(GGML_OP_COS)
+  return cos(x);
+#elif defined(GGML_OP_FLOOR)
+  return floor(x);
+#elif defined(GGML_OP_CEIL)
+  return ceil(x);
+#elif defined(GGML_OP_ROUND)
+  return round(x);
+#elif defined(GGML_OP_TRUNC)
+  return trunc(x);
+#elif defined(GGML_OP_SCALE)
+  // ggml: x * scale + bias (x * scale when bias is 0); OP_P0/OP_P1 are their f32 bits.
+  const vf scale = from_bits(splat_i(OP_P0));
+#if OP_P1 == 0
+  return mul(x, scale);
+#else
+  return add(mul(x, scale), from_bits(splat_i(OP_P1)));
+#endif
+#elif defined(GGML_OP_CLAMP)
+  // ggml: MAX(MIN(x, max), min); OP_P0/OP_P1 are the f32 bits of min and max.
+  return fmax(fmin(x, from_bits(splat_i(OP_P1))), from_bits(splat_i(OP_P0)));
 #else
 #error "unknown unary op"
 #endif

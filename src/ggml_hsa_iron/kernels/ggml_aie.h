@@ -162,6 +162,147 @@ inline vf erf(vf x) {
   return from_bits(aie::bit_or(bits(r), sign));
 }
 
+// ------------------------------------------------------- more float functions
+
+inline vi sign_bit(vf v) { return aie::bit_and(bits(v), splat_i(int32_t(0x80000000u))); }
+
+// |r| with the sign of s (bit operations: exact for zeros, infinities and NaNs).
+inline vf copysign(vf r, vf s) {
+  return from_bits(aie::bit_or(aie::bit_and(bits(r), splat_i(0x7fffffff)), sign_bit(s)));
+}
+
+inline vmask is_negative(vf v) { return aie::lt(bits(v), splat_i(0)); } // sign bit set
+inline vmask is_zero(vf v) { return aie::eq(bits(fabs(v)), splat_i(0)); }
+inline vmask is_nan(vf v) { return aie::lt(splat_i(0x7f800000), bits(fabs(v))); }
+inline vmask is_inf(vf v) { return aie::eq(bits(fabs(v)), splat_i(0x7f800000)); }
+
+inline vf inf() { return from_bits(splat_i(0x7f800000)); }
+inline vf nan() { return from_bits(splat_i(0x7fc00000)); }
+
+// Small integers (|i| < 2^22) as floats, exactly: the 1.5 * 2^23 trick of exp() in reverse.
+inline vf small_int_to_float(vi i) {
+  const vf magic = splat(12582912.0f);
+  return sub(from_bits(aie::add(i, bits(magic))), magic);
+}
+
+// floor(|x|) for a non-negative x: (x + 2^23) - 2^23 is an integer within 1 of x (whatever
+// the rounding of the adds), corrected down when above x. x >= 2^23 (and inf, NaN) is
+// already integral and kept.
+inline vf floor_nonneg(vf ax) {
+  const vf two23 = splat(8388608.0f);
+  vf r = sub(add(ax, two23), two23);
+  r = pick(gt(r, ax), sub(r, splat(1.0f)), r);
+  return pick(lt(ax, two23), r, ax);
+}
+
+inline vf ceil_nonneg(vf ax) {
+  vf f = floor_nonneg(ax);
+  return pick(lt(f, ax), add(f, splat(1.0f)), f);
+}
+
+// C's floorf, ceilf, truncf and roundf (halves away from zero), signs of zero included.
+inline vf floor(vf x) {
+  vf ax = fabs(x);
+  return copysign(pick(is_negative(x), ceil_nonneg(ax), floor_nonneg(ax)), x);
+}
+
+inline vf ceil(vf x) {
+  vf ax = fabs(x);
+  return copysign(pick(is_negative(x), floor_nonneg(ax), ceil_nonneg(ax)), x);
+}
+
+inline vf trunc(vf x) { return copysign(floor_nonneg(fabs(x)), x); }
+
+inline vf round(vf x) {
+  vf ax = fabs(x);
+  vf f = floor_nonneg(ax);
+  // ax - f is exact (both below 2^23 and within 1 of each other).
+  return copysign(pick(lt(sub(ax, f), splat(0.5f)), f, add(f, splat(1.0f))), x);
+}
+
+// sqrt(x) = x / sqrt(x): 1/sqrt(x) from the exponent bits and three Newton steps.
+// Subnormals are scaled by 2^24 first; 0 -> 0 (sign kept), x < 0 -> NaN, inf -> inf.
+inline vf sqrt(vf x) {
+  vmask tiny = aie::lt(bits(fabs(x)), splat_i(0x00800000));
+  vf xs = pick(tiny, mul(x, 16777216.0f), x);
+  vf half = mul(xs, 0.5f);
+  vf y = from_bits(aie::sub(splat_i(0x5f3759df), aie::downshift(bits(xs), 1)));
+  for (int i = 0; i < 3; ++i)
+    y = mul(y, sub(splat(1.5f), mul(mul(half, y), y))); // (x/2 * y) * y: no subnormal y*y
+  vf r = mul(xs, y);
+  r = add(r, mul(mul(sub(xs, mul(r, r)), y), 0.5f)); // r += (x - r^2) / (2 sqrt(x))
+  r = pick(tiny, mul(r, 1.0f / 4096.0f), r);
+  r = pick(is_inf(x), x, r);
+  r = pick(is_negative(x), nan(), r);
+  r = pick(is_nan(x), x, r);
+  return pick(is_zero(x), x, r);
+}
+
+// Natural logarithm: x = 2^e * m with m in [sqrt(1/2), sqrt(2)), log(m) by the Cephes
+// single-precision polynomial in f = m - 1. 0 -> -inf, x < 0 -> NaN, inf -> inf.
+inline vf log(vf x) {
+  const vf one = splat(1.0f);
+  vmask tiny = aie::lt(bits(fabs(x)), splat_i(0x00800000));
+  vf xs = pick(tiny, mul(x, 8388608.0f), x); // subnormals: scaled by 2^23
+  vi ib = bits(xs);
+  vi e = aie::sub(aie::bit_and(aie::downshift(ib, 23), splat_i(0xff)), splat_i(126));
+  e = pick_i(tiny, aie::sub(e, splat_i(23)), e);
+  // m in [0.5, 1)
+  vf m = from_bits(aie::bit_or(aie::bit_and(ib, splat_i(0x007fffff)), splat_i(0x3f000000)));
+  vmask low = lt(m, splat(0.70710678118654752f));
+  vf f = pick(low, sub(add(m, m), one), sub(m, one));
+  e = pick_i(low, aie::sub(e, splat_i(1)), e);
+  vf ef = small_int_to_float(e);
+  vf z = mul(f, f);
+  vf y = splat(7.0376836292e-2f);
+  y = fma(y, f, splat(-1.1514610310e-1f));
+  y = fma(y, f, splat(1.1676998740e-1f));
+  y = fma(y, f, splat(-1.2420140846e-1f));
+  y = fma(y, f, splat(1.4249322787e-1f));
+  y = fma(y, f, splat(-1.6668057665e-1f));
+  y = fma(y, f, splat(2.0000714765e-1f));
+  y = fma(y, f, splat(-2.4999993993e-1f));
+  y = fma(y, f, splat(3.3333331174e-1f));
+  y = mul(mul(y, f), z);
+  y = add(y, mul(ef, -2.12194440e-4f));
+  y = sub(y, mul(z, 0.5f));
+  vf r = add(add(f, y), mul(ef, 0.693359375f));
+  r = pick(is_inf(x), x, r);
+  r = pick(is_negative(x), nan(), r);
+  r = pick(is_zero(x), fneg(inf()), r);
+  return pick(is_nan(x), x, r);
+}
+
+// sin(x + quadrant * pi/2): k = rint(x * 2/pi), r = x - k pi/2 in three parts (Cody-Waite,
+// exact products for |k| < 2^12, i.e. |x| below about 6000), then the Cephes polynomials
+// of sin and cos on |r| <= pi/4 chosen by (k + quadrant) mod 4. inf, NaN -> NaN.
+inline vf sin_quadrant(vf x, int32_t quadrant) {
+  const vf one = splat(1.0f);
+  const vf magic = splat(12582912.0f); // 1.5 * 2^23: rounds to an integer
+  vf big = add(mul(x, 0.63661977236758134f), magic);
+  vi k = aie::sub(bits(big), bits(magic));
+  vf kf = sub(big, magic);
+  vf r = sub(x, mul(kf, 1.5703125f));
+  r = sub(r, mul(kf, 4.837512969970703125e-4f));
+  r = sub(r, mul(kf, 7.54978995489188216e-8f));
+  vf z = mul(r, r);
+  vf s = splat(-1.9515295891e-4f);
+  s = fma(s, z, splat(8.3321608736e-3f));
+  s = fma(s, z, splat(-1.6666654611e-1f));
+  s = add(mul(mul(s, z), r), r);
+  vf c = splat(2.443315711809948e-5f);
+  c = fma(c, z, splat(-1.388731625493765e-3f));
+  c = fma(c, z, splat(4.166664568298827e-2f));
+  c = add(sub(mul(mul(c, z), z), mul(z, 0.5f)), one);
+  vi q = aie::bit_and(aie::add(k, splat_i(quadrant)), splat_i(3));
+  vf v = pick(aie::eq(aie::bit_and(q, splat_i(1)), splat_i(1)), c, s);
+  v = pick(aie::eq(aie::bit_and(q, splat_i(2)), splat_i(2)), fneg(v), v);
+  return pick(is_inf(x), nan(), v);
+}
+
+inline vf sin(vf x) { return sin_quadrant(x, 0); }
+inline vf cos(vf x) { return sin_quadrant(x, 1); }
+
 // Tails shorter than VEC go through aligned staging buffers, so the math is
 // always the vector code (no scalar float emulation).
 template <typename T> inline vf load_part(const T *p, int n) {

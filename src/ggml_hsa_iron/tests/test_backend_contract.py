@@ -33,9 +33,6 @@ NOT_IN_SCOPE = {
     "SOFT_MAX_SINKS", "SOFT_MAX_MASK_SINKS", "ROPE", "ROPE_FF", "RMS_NORM", "NORM",
 }  # fmt: skip
 
-# Sent by the backend, no design yet (the next commit adds them).
-PENDING = {"SQR", "SQRT", "LOG", "SIN", "COS", "FLOOR", "CEIL", "ROUND", "TRUNC", "SCALE", "CLAMP"}
-
 
 def f32_bits(x: float) -> int:
     return struct.unpack("<i", struct.pack("<f", x))[0]
@@ -66,7 +63,7 @@ class OpNamesTest(unittest.TestCase):
         self.assertEqual(names["binary"], {"ADD", "SUB", "MUL", "DIV"})
         wanted = names["binary"] | names["unary"] | {"MUL_MAT", "SCALE", "CLAMP"}
         declared = {s.op for s in registry.OPS}
-        self.assertEqual(wanted - declared, PENDING)
+        self.assertEqual(wanted - declared, set())
         self.assertEqual(declared & NOT_IN_SCOPE, set())
         for spec in registry.OPS:
             want_kind = "binary" if spec.op in names["binary"] else None
@@ -114,6 +111,20 @@ class RequestShapesTest(unittest.TestCase):
                     )
         caps = {s.op: s for s in registry.OPS}["MUL_MAT"]
         self.assertNotIn("f16", caps.types)
+
+    def test_scale_and_clamp_compile_their_two_f32_parameters(self):
+        # plan.rs: SCALE sends (scale, bias), CLAMP (min, max), as f32 bit patterns; the
+        # backend may drop trailing zero words.
+        t = tensor("f32", [960])
+        d = self.spec("SCALE", [t], t, params=[f32_bits(2.0), 0]).core.defines
+        self.assertEqual((d["OP_P0"], d["OP_P1"]), (0x40000000, 0))
+        d = self.spec("SCALE", [t], t, params=[f32_bits(2.0)]).core.defines
+        self.assertEqual((d["OP_P0"], d["OP_P1"]), (0x40000000, 0))
+        d = self.spec("CLAMP", [t], t, params=[f32_bits(-0.5), f32_bits(0.5)]).core.defines
+        self.assertEqual((d["OP_P0"], d["OP_P1"]), (f32_bits(-0.5), f32_bits(0.5)))
+        self.assertNotIn("OP_P0", self.spec("GELU", [t], t).core.defines)
+        with self.assertRaises(UnsupportedError):
+            self.spec("CLAMP", [t], t, params=[f32_bits(-0.5), f32_bits(0.5), 7])
 
     def test_parameterless_ops_refuse_parameters(self):
         t = tensor("f32", [64])

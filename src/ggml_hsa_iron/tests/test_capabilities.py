@@ -9,6 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import ast
 import json
+import re
 import subprocess
 import unittest
 
@@ -16,7 +17,7 @@ from ggml_hsa_iron import registry
 from ggml_hsa_iron.capabilities import capabilities, capabilities_json
 from ggml_hsa_iron.dtypes import ALL_TYPES, FLOAT_TYPES
 from ggml_hsa_iron.errors import UnsupportedError
-from ggml_hsa_iron.plans import TRANSCENDENTAL, prepare
+from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import parse_request
 
 from ggml_hsa_iron.tests.util import request_json, tensor
@@ -31,6 +32,10 @@ SEED_UNARY = [
     "ABS", "SGN", "NEG", "STEP", "TANH", "ELU", "RELU", "SIGMOID", "GELU",
     "GELU_QUICK", "SILU", "HARDSWISH", "HARDSIGMOID", "EXP", "GELU_ERF",
 ]  # fmt: skip
+# The other element-wise ops the backend sends (src/ops/plan.rs); SCALE and CLAMP
+# carry two op_params words.
+EXTRA_UNARY = ["SQR", "SQRT", "LOG", "SIN", "COS", "FLOOR", "CEIL", "ROUND", "TRUNC"]
+WITH_PARAMS = ["SCALE", "CLAMP"]
 
 
 def defined_functions(source: str) -> set[str]:
@@ -56,13 +61,20 @@ class CapabilitiesTest(unittest.TestCase):
 
     def test_the_seed_list_is_declared(self):
         ops = {o["op"]: o for o in capabilities()["ops"]}
-        self.assertEqual(sorted(ops), sorted(SEED_BINARY + SEED_UNARY + ["MUL_MAT"]))
+        self.assertEqual(
+            sorted(ops),
+            sorted(SEED_BINARY + SEED_UNARY + EXTRA_UNARY + WITH_PARAMS + ["MUL_MAT"]),
+        )
         for op in SEED_BINARY:
             self.assertEqual(ops[op]["inputs"], 2)
             self.assertTrue(ops[op]["broadcast"])
-        for op in SEED_UNARY:
+        for op in SEED_UNARY + EXTRA_UNARY + WITH_PARAMS:
             self.assertEqual(ops[op]["inputs"], 1)
             self.assertFalse(ops[op]["broadcast"])
+        for op in EXTRA_UNARY + WITH_PARAMS:
+            self.assertEqual(ops[op]["types"], list(FLOAT_TYPES), op)
+        self.assertEqual({s.op for s in registry.OPS if s.params}, set(WITH_PARAMS))
+        self.assertTrue(all(s.params == 2 for s in registry.OPS if s.params))
         self.assertNotIn("f16", {t for o in ops.values() for t in o["types"]})
 
     def test_every_declared_op_has_a_design_function_and_core_source(self):
@@ -72,8 +84,9 @@ class CapabilitiesTest(unittest.TestCase):
         for source in ("eltwise.cc", "mm.cc", "mv.cc", "ggml_aie.h"):
             self.assertTrue((KERNELS / source).is_file(), source)
         eltwise = (KERNELS / "eltwise.cc").read_text()
-        for op in SEED_BINARY + SEED_UNARY:
-            self.assertIn(f"defined(GGML_OP_{op})", eltwise)
+        for spec in registry.OPS:
+            if spec.kind != "mul_mat":
+                self.assertIn(f"defined(GGML_OP_{spec.op})", eltwise, spec.op)
 
     def test_design_files_define_nothing_undeclared(self):
         declared = {s.kernel_name for s in registry.OPS}
@@ -109,7 +122,8 @@ class CapabilitiesTest(unittest.TestCase):
             request_json("TANH", [tensor("i32", [64])], tensor("i32", [64])),
             request_json("ADD", [tensor("i8", [64]), tensor("f32", [64])], tensor("f32", [64])),
             request_json("ADD", [tensor("i8", [64]), tensor("i16", [64])], tensor("i16", [64])),
-            request_json("SQRT", [tensor("f32", [64])], tensor("f32", [64])),
+            request_json("SQRT", [tensor("i32", [64])], tensor("i32", [64])),
+            request_json("RMS_NORM", [tensor("f32", [64])], tensor("f32", [64])),
             request_json("ADD", [tensor("f32", [64])] * 2, tensor("f32", [64]), arch="aie4"),
             request_json(
                 "MUL_MAT", [tensor("i8", [64, 64]), tensor("f32", [64, 8])], tensor("f32", [64, 8])
@@ -120,10 +134,23 @@ class CapabilitiesTest(unittest.TestCase):
                 with self.assertRaises(UnsupportedError):
                     prepare(parse_request(req))
 
-    def test_float_only_ops_are_the_transcendental_ones(self):
+    def test_integer_types_are_declared_exactly_for_the_integer_kernels(self):
+        # eltwise.cc has a float section and an integer section; an op declares i8/i16/i32
+        # exactly when the integer section implements it.
+        text = (KERNELS / "eltwise.cc").read_text()
+        float_part, int_part = text.split("#else // COMPUTE_INT", 1)
+        int_part = int_part.split('extern "C"', 1)[0]
+
+        def ops_in(part):
+            return set(re.findall(r"defined\(GGML_OP_(\w+)\)", part))
+
+        eltwise = {s.op for s in registry.OPS if s.kind != "mul_mat"}
+        self.assertEqual(ops_in(float_part), eltwise)
+        with_ints = {s.op for s in registry.OPS if s.kind != "mul_mat" and "i32" in s.types}
+        self.assertEqual(ops_in(int_part), with_ints)
         for spec in registry.OPS:
-            if spec.op in TRANSCENDENTAL:
-                self.assertEqual(spec.types, FLOAT_TYPES, spec.op)
+            ints = {"i8", "i16", "i32"} & set(spec.types)
+            self.assertIn(ints, (set(), {"i8", "i16", "i32"}), spec.op)
 
     def test_kernel_names_of_configs(self):
         self.assertEqual(registry.by_kernel_name("ggml_op_add").op, "ADD")

@@ -42,6 +42,47 @@ def bf16_round(x: float) -> float:
     return struct.unpack("<f", struct.pack("<I", u))[0]
 
 
+def f32(x: float) -> float:
+    """x rounded to f32 (NaN and infinities kept)."""
+    import struct
+
+    if math.isnan(x) or math.isinf(x):
+        return x
+    try:
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def f32_bits(x: float) -> int:
+    import struct
+
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def c_sqrt(x):
+    if math.isnan(x) or x == 0:
+        return x
+    return math.nan if x < 0 else math.sqrt(x)
+
+
+def c_log(x):
+    if math.isnan(x):
+        return x
+    if x == 0:
+        return -math.inf
+    return math.nan if x < 0 else math.log(x)
+
+
+def finite_or_same(fn):
+    """C's floorf & co. keep infinities and NaNs."""
+    return lambda x: x if (math.isnan(x) or math.isinf(x)) else float(fn(x))
+
+
+def c_round(x):
+    return math.copysign(math.floor(abs(x) + 0.5), x)
+
+
 def sigmoid(x):
     return 1.0 / (1.0 + math.exp(-x)) if x > -80 else 0.0
 
@@ -62,6 +103,78 @@ UNARY_REF = {
     "HARDSIGMOID": lambda x: min(1.0, max(0.0, (x + 3) / 6)),
     "EXP": math.exp,
     "GELU_ERF": lambda x: 0.5 * x * (1 + math.erf(x / math.sqrt(2))),
+    "SQR": lambda x: x * x,
+    "SQRT": c_sqrt,
+    "LOG": c_log,
+    "SIN": lambda x: math.nan if math.isinf(x) else math.sin(x),
+    "COS": lambda x: math.nan if math.isinf(x) else math.cos(x),
+    "FLOOR": finite_or_same(math.floor),
+    "CEIL": finite_or_same(math.ceil),
+    "ROUND": finite_or_same(c_round),
+    "TRUNC": finite_or_same(math.trunc),
+}
+
+INF, NAN = math.inf, math.nan
+# Special inputs per op (the first elements of input 0), beyond the random ones in [-4, 4].
+ROUNDING_SPECIALS = [0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.0, -0.0, 0.49999997, -0.49999997,
+                     8388607.5, -8388607.5, 8388609.0, -8388609.0, 1e30, -1e30, INF, -INF, NAN,
+                     1e-40, -1e-40, 3.0, -3.0, 0.999999, -0.999999]  # fmt: skip
+SPECIALS = {
+    "FLOOR": ROUNDING_SPECIALS,
+    "CEIL": ROUNDING_SPECIALS,
+    "ROUND": ROUNDING_SPECIALS,
+    "TRUNC": ROUNDING_SPECIALS,
+    "SQRT": [0.0, -0.0, -1.0, INF, -INF, NAN, 1e-40, 1e-45, 3e38, 1.0, 2.0, 1e-30, 0.25],
+    "LOG": [
+        0.0,
+        -0.0,
+        -1.0,
+        INF,
+        -INF,
+        NAN,
+        1e-40,
+        1e-45,
+        3e38,
+        1.0,
+        2.0,
+        1e-30,
+        0.7071067,
+        0.7071068,
+        1.4142135,
+    ],  # fmt: skip
+    "SIN": [
+        0.0,
+        -0.0,
+        INF,
+        -INF,
+        NAN,
+        3.14159265,
+        -3.14159265,
+        1.5707963,
+        6.2831853,
+        100.0,
+        -1000.0,
+        5000.0,
+        1e-20,
+    ],  # fmt: skip
+    "COS": [
+        0.0,
+        -0.0,
+        INF,
+        -INF,
+        NAN,
+        3.14159265,
+        -3.14159265,
+        1.5707963,
+        6.2831853,
+        100.0,
+        -1000.0,
+        5000.0,
+        1e-20,
+    ],  # fmt: skip
+    "SQR": [0.0, -0.0, INF, -INF, NAN, 1e20, -1e-20, 3.0],
+    "ABS": [0.0, -0.0, INF, -INF, NAN],
+    "NEG": [0.0, -0.0, INF, -INF, NAN],
 }
 
 BINARY_REF = {
@@ -88,8 +201,17 @@ def int_binary(op, a, b, bits):
     return q if (a >= 0) == (b >= 0) else -q
 
 
-def run_kernel(spec, extra):
+def parse_value(v: str):
+    """An integer, or a C99 hex float ("inf", "-nan" and friends included)."""
+    if v.lstrip("-").isdigit():
+        return int(v)
+    return float.fromhex(v) if "x" in v else float(v)
+
+
+def run_kernel(spec, extra, specials=()):
     defines = dict(spec.core.defines)
+    if specials:
+        defines["SPECIALS"] = "{" + ",".join(f"0x{f32_bits(x):08x}u" for x in specials) + "}"
     defines.setdefault("BINARY", 0)
     defines.setdefault("BCAST", 0)
     defines.update(extra)
@@ -105,29 +227,37 @@ def run_kernel(spec, extra):
     values = {"a": [], "b": [], "o": []}
     for line in out.splitlines():
         tag, v = line.split()
-        values[tag].append(float.fromhex(v) if ("x" in v or "p" in v) else int(v))
+        values[tag].append(parse_value(v))
     return values
 
 
 @unittest.skipUnless(CXX, "no host C++ compiler")
 class HostKernelTest(unittest.TestCase):
     def check_close(self, got, want, rel, what):
+        self.assertEqual(len(got), len(want), what)
         for i, (g, w) in enumerate(zip(got, want)):
+            if math.isnan(w):
+                self.assertTrue(math.isnan(g), f"{what}[{i}]: {g} vs NaN")
+                continue
             if math.isinf(w):
                 self.assertEqual(g, w, f"{what}[{i}]")
                 continue
             self.assertLessEqual(abs(g - w), rel * max(1.0, abs(w)), f"{what}[{i}]: {g} vs {w}")
 
-    def unary(self, op, dtype, n, out_dtype=None):
+    def unary(self, op, dtype, n, out_dtype=None, params=(), ref=None, specials=None):
         out_dtype = out_dtype or dtype
-        req = parse_request(request_json(op, [tensor(dtype, [n])], tensor(out_dtype, [n])))
+        req = parse_request(
+            request_json(op, [tensor(dtype, [n])], tensor(out_dtype, [n]), op_params=params)
+        )
         spec = prepare(req)
-        v = run_kernel(spec, {"N_TOTAL": n})
-        ref = UNARY_REF[op]
+        if specials is None:
+            specials = SPECIALS.get(op, ()) if dtype in ("f32", "bf16") else ()
+        v = run_kernel(spec, {"N_TOTAL": n}, specials)
+        ref = ref or UNARY_REF[op]
         if dtype in ("i8", "i16", "i32"):
             self.assertEqual(v["o"], [int(ref(x)) for x in v["a"]])
             return
-        want = [ref(x) for x in v["a"]]
+        want = [f32(ref(x)) for x in v["a"]]
         if out_dtype == "bf16":
             self.check_close(v["o"], [bf16_round(w) for w in want], 1e-2, op)
         else:
@@ -139,9 +269,26 @@ class HostKernelTest(unittest.TestCase):
                 self.unary(op, "f32", 200)  # 200 = 12 full vectors + a tail per tile
 
     def test_unary_bf16(self):
-        for op in ("GELU", "SILU", "EXP", "ABS", "SGN"):
+        for op in ("GELU", "SILU", "EXP", "ABS", "SGN", "SQRT", "LOG", "SIN", "ROUND", "FLOOR"):
             with self.subTest(op=op):
                 self.unary(op, "bf16", 256)
+
+    def test_scale_and_clamp(self):
+        b = f32_bits
+        cases = [
+            ("SCALE", (2.0, 0.0), lambda x: x * 2.0),
+            ("SCALE", (0.5, -1.25), lambda x: x * 0.5 - 1.25),
+            ("SCALE", (-3.0, 0.0), lambda x: x * -3.0),
+            ("CLAMP", (-0.5, 0.5), lambda x: max(min(x, 0.5), -0.5)),
+            ("CLAMP", (-2.0, 1.0), lambda x: max(min(x, 1.0), -2.0)),
+            ("CLAMP", (1.0, -1.0), lambda x: max(min(x, -1.0), 1.0)),  # min > max: ggml gives min
+        ]
+        for op, (p0, p1), ref in cases:
+            for dtype in ("f32", "bf16"):
+                with self.subTest(op=op, params=(p0, p1), dtype=dtype):
+                    params = [b(p0) - (1 << 32 if b(p0) >> 31 else 0), b(p1)]
+                    params[1] -= 1 << 32 if params[1] >> 31 else 0
+                    self.unary(op, dtype, 200, params=params, ref=ref, specials=[INF, -INF, 0.0])
 
     def test_unary_int(self):
         # 3000 elements: tiles of 200 i8, 150 i16 or 125 i32 elements, i.e. whole

@@ -3,6 +3,7 @@
 // runs K tiles of TILE elements starting at start(c, r) + k * step. Prints the
 // inputs and the output, one value per line, as C99 hex floats or integers.
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "eltwise.cc"
@@ -34,6 +35,15 @@ int main() {
   std::vector<IN0_T> a(n);
   for (auto &x : a)
     x = make<IN0_T>(rnd());
+#ifdef SPECIALS
+  // The first elements of input 0: given f32 bit patterns (zeros, halves, infinities, ...).
+  const uint32_t specials[] = SPECIALS;
+  for (size_t i = 0; i < sizeof(specials) / sizeof(specials[0]) && i < a.size(); ++i) {
+    float f;
+    std::memcpy(&f, &specials[i], 4);
+    a[i] = IN0_T(f);
+  }
+#endif
   std::vector<OUT_T> out(n);
 #if BINARY
   std::vector<IN1_T> b(N_B);
