@@ -15,11 +15,13 @@ from .errors import RequestError, UnsupportedError
 from .request import Request, Tensor
 from .tiling import (
     BCAST_MAX_BYTES,
+    MAX_TASKS_PER_CHANNEL,
     Broadcast,
     EltwisePlan,
     GemmPlan,
     GemvPlan,
     can_repeat,
+    pad_words,
     plan_eltwise,
     plan_gemm,
     plan_gemv,
@@ -56,9 +58,22 @@ class EltwiseSpec:
     in_types: tuple[str, ...]
     out_type: str
     compute: str  # "f32", "bf16" or an integer type
-    plan: EltwisePlan
+    plan: EltwisePlan  # over plan.n elements: n_valid rounded up to whole DMA words
     bcast: Broadcast | None
     params: tuple[int, ...] = ()  # the op_params words the op reads, zeros filled in
+    n_valid: int = 0  # the output's elements
+    bcast_count: int = 0  # input 1's elements moved (broadcast), rounded up to whole words
+
+    @property
+    def padded(self) -> bool:
+        """The element count is not whole 32-bit words: the last word of every operand is
+        read (and the output's written) whole; see `pad_words`."""
+        return self.plan.n != self.n_valid
+
+    @property
+    def needs_begin(self) -> bool:
+        """The core function tracks the logical index of its tiles (ggml_eltwise_begin)."""
+        return self.kind == "bcast" or self.padded
 
     @property
     def core(self) -> CoreSource:
@@ -76,6 +91,9 @@ class EltwiseSpec:
         if self.kind != "unary":
             d["IN1_T"] = DTYPES[self.in_types[1]].ctype
             d["BINARY"] = 1
+        if self.padded:
+            d["PAD"] = 1
+            d["N_VALID"] = self.n_valid
         if self.kind == "bcast":
             d["BCAST"] = 1
             for i in range(4):
@@ -98,7 +116,7 @@ class EltwiseSpec:
         """
         out = []
         for i, t in enumerate(self.in_types):
-            count = self.bcast_elements if (self.kind == "bcast" and i == 1) else self.plan.n
+            count = self.bcast_count if (self.kind == "bcast" and i == 1) else self.plan.n
             out.append((t, count))
         out.append((self.out_type, self.plan.n))
         return out
@@ -141,6 +159,24 @@ class MatmulSpec:
                 dst_off = (i13 * d[2] + i12) * d[0] * d[1]
                 out.append((src0_off, src1_off, dst_off))
         return out
+
+    @property
+    def products(self) -> list[tuple[int, int, int]]:
+        """GEMV: (src0, src1, dst) element offsets of every matrix-vector product, one per
+        src1 row of every batch, in order."""
+        K, N, M = self.src0.ne[0], self.src0.ne[1], self.src1.ne[1]
+        return [(w, x + i * K, y + i * N) for w, x, y in self.batches for i in range(M)]
+
+    def tasks(self):
+        """The runtime sequence's DMA task groups (see GemmPlan.tasks, GemvPlan.tasks)."""
+        return self.plan.tasks(self.products if self.gemv else self.batches)
+
+    @property
+    def tiles_per_core(self) -> int:
+        """Output tiles (GEMM) or rounds (GEMV) each core computes per dispatch."""
+        if self.gemv:
+            return len(self.products) * self.plan.rounds
+        return len(self.batches) * self.plan.tiles_per_core
 
     @property
     def core(self) -> CoreSource:
@@ -219,7 +255,7 @@ def prepare_eltwise(req: Request) -> EltwiseSpec:
     if a.ne != out.ne:
         raise UnsupportedError(f"{spec.op}: input 0 must have the output's shape")
     n = out.nelements
-    bcast = None
+    bcast, bcast_count = None, 0
     if spec.kind == "unary":
         kind, sizes, rows, resident = "unary", [a.size, out.size], ROWS_UNARY, 0
     else:
@@ -229,25 +265,36 @@ def prepare_eltwise(req: Request) -> EltwiseSpec:
         else:
             if not can_repeat(b.ne, out.ne):
                 raise UnsupportedError(f"{spec.op}: input 1 cannot be repeated over input 0")
-            if b.nbytes > BCAST_MAX_BYTES:
+            bcast_count = pad_words(b.nelements, [b.size])
+            resident = bcast_count * b.size
+            if resident > BCAST_MAX_BYTES:
                 raise UnsupportedError(
                     f"{spec.op}: the broadcast input has {b.nbytes} bytes, "
                     f"at most {BCAST_MAX_BYTES} are kept in a compute tile"
                 )
-            if b.nbytes % 4:
-                raise UnsupportedError(f"{spec.op}: the broadcast input is not whole 32-bit words")
             kind, sizes, rows = "bcast", [a.size, out.size], ROWS_BCAST
-            resident = b.nbytes
             bcast = Broadcast(out.ne, b.ne)
-    plan = plan_eltwise(n, sizes, arch, rows, resident)
+    n_moved = pad_words(n, sizes)
+    plan = plan_eltwise(n_moved, sizes, arch, rows, resident)
     if plan is None:
         raise UnsupportedError(
-            f"{spec.op}: no tiling of {n} elements ({'/'.join(types)}) into whole "
-            "32-bit DMA words per worker"
+            f"{spec.op}: no tiling of {n} elements ({'/'.join(types)}) in "
+            f"{arch.l1_budget - resident} bytes of a compute tile"
         )
     params = tuple(req.op_params[: spec.params]) + (0,) * (spec.params - len(req.op_params))
     return EltwiseSpec(
-        req, arch, spec.op, kind, tuple(types[:-1]), out.dtype, compute, plan, bcast, params
+        req,
+        arch,
+        spec.op,
+        kind,
+        tuple(types[:-1]),
+        out.dtype,
+        compute,
+        plan,
+        bcast,
+        params,
+        n_valid=n,
+        bcast_count=bcast_count,
     )
 
 
@@ -270,24 +317,24 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
         raise UnsupportedError("MUL_MAT: src0 cannot be broadcast over src1's batches")
     batches = src1.ne[2] * src1.ne[3]
     w, x, y = src0.size, src1.size, dst.size
-    if M == 1:
-        compute = src0.dtype
-        plan = plan_gemv(N, K, w, x, y, arch, batches)
-        if plan is None:
-            raise UnsupportedError(
-                f"MUL_MAT (GEMV): no tiling for N={N}, K={K} (K must be a multiple of 16)"
-            )
-        return MatmulSpec(req, arch, src0, src1, dst, plan, compute)
-    compute = "bf16" if src0.dtype in FLOAT_TYPES else src0.dtype
-    mmul = arch.mmul[compute]
-    plan = plan_gemm(M, N, K, mmul, x, w, y, arch, batches)
+    if M > 1:
+        compute = "bf16" if src0.dtype in FLOAT_TYPES else src0.dtype
+        mmul = arch.mmul[compute]
+        plan = plan_gemm(M, N, K, mmul, x, w, y, arch, batches)
+        if plan is not None:
+            return MatmulSpec(req, arch, src0, src1, dst, plan, compute)
+    # One src1 row, or a GEMM that does not tile (M below the microkernel rows, K not a
+    # multiple of a K step): one matrix-vector product per src1 row.
+    plan = plan_gemv(N, K, w, x, y, arch, batches * M)
     if plan is None:
-        r, s, t = mmul
+        r, s, t = arch.mmul["bf16" if src0.dtype in FLOAT_TYPES else src0.dtype]
         raise UnsupportedError(
-            f"MUL_MAT (GEMM): no tiling for M={M}, N={N}, K={K} on {arch.name} "
-            f"(M a multiple of {r}, N of {max(t, 8)}, K of {max(s, 8)})"
+            f"MUL_MAT: no tiling for M={M}, N={N}, K={K} ({combo[0]}, {combo[1]}) on "
+            f"{arch.name}: the GEMV needs whole 32-bit words in K of src0 and src1 and at "
+            f"most {MAX_TASKS_PER_CHANNEL} DMA tasks (batches x src1 rows); the GEMM "
+            f"M >= {r}, N >= {max(t, 8)}, K a multiple of {max(s, 8)}"
         )
-    return MatmulSpec(req, arch, src0, src1, dst, plan, compute)
+    return MatmulSpec(req, arch, src0, src1, dst, plan, src0.dtype)
 
 
 def prepare(req: Request):

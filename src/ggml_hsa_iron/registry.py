@@ -42,8 +42,10 @@ class OpSpec:
 
 
 _ELTWISE_LIMITS = (
-    "contiguous operands; the byte size of every operand is a multiple of 4; "
-    "float operands may mix bf16 and f32, integer operands share one type"
+    "contiguous operands; float operands may mix bf16 and f32, integer operands share "
+    "one type; an element count that is not whole 32-bit words is moved rounded up (the "
+    "operands' last word whole, the output's pad elements keep input 0's values when it "
+    "has the output's type)"
 )
 _BCAST_LIMITS = (
     _ELTWISE_LIMITS + "; input 1 is repeated over input 0 (ggml broadcasting) and "
@@ -51,8 +53,9 @@ _BCAST_LIMITS = (
 )
 _MM_LIMITS = (
     "contiguous operands; src0 [K,N,b2,b3], src1 [K,M,b2*r2,b3*r3], dst [N,M,...]; "
-    "GEMM when M > 1 (M, N, K multiples of the microkernel tile), GEMV when M == 1 "
-    "(K a multiple of 16); type pairs: see type_combos"
+    "whole-array GEMM when M is at least the microkernel rows (4, 8 for i8 on aie2p), "
+    "N >= 8 and K a multiple of 8, otherwise one GEMV per src1 row; rows of src0 and src1 start on 32-bit words (K even for 2-byte, "
+    "a multiple of 4 for 1-byte types); type pairs: see type_combos"
 )
 
 _INT_AND_FLOAT = ALL_TYPES

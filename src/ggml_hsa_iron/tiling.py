@@ -56,6 +56,16 @@ def word_multiple(sizes) -> int:
     return m
 
 
+def pad_words(n: int, sizes) -> int:
+    """n rounded up to whole DMA words for every element size in `sizes`.
+
+    An operand of n elements then ends inside its last 32-bit word; the DMA moves that
+    word whole. What the kernels do with the extra elements: see kernels/eltwise.cc (PAD).
+    """
+    unit = word_multiple(sizes)
+    return -(-n // unit) * unit
+
+
 # --------------------------------------------------------------------------
 # Element-wise ops
 
@@ -175,6 +185,52 @@ def can_repeat(src_ne, out_ne) -> bool:
 
 # --------------------------------------------------------------------------
 # MUL_MAT
+#
+# Shapes off the tile grid: M and N need not be multiples of the array's block.
+# The last M block (and the last round of N blocks) starts early, at M - block,
+# so it overlaps the block before it: every DMA stays inside the operands, and
+# the overlapping outputs are computed twice from the same inputs and written
+# twice with the same values. K is never padded: a K step is a divisor of K (a
+# sum cannot overlap); the GEMV core functions take any K chunk.
+
+
+@dataclass(frozen=True)
+class Tap:
+    """A runtime-sequence DMA access pattern: element offset, 4 sizes and strides."""
+
+    offset: int
+    sizes: tuple[int, int, int, int]
+    strides: tuple[int, int, int, int]
+
+    def indices(self) -> list[int]:
+        return [self.offset + o for o in walk(list(zip(self.sizes, self.strides)))]
+
+
+def chunks(total: int, limit: int) -> list[tuple[int, int]]:
+    out, first = [], 0
+    while first < total:
+        count = min(limit, total - first)
+        out.append((first, count))
+        first += count
+    return out
+
+
+def block_starts(total: int, block: int) -> list[int]:
+    """Starts of ceil(total / block) blocks covering [0, total), the last one shifted back
+    to end at `total` (block <= total)."""
+    starts = list(range(0, total - block + 1, block))
+    if total % block:
+        starts.append(total - block)
+    return starts
+
+
+def round_tasks(total: int, block: int) -> list[tuple[int, int]]:
+    """(first element, rounds) of the DMA tasks walking `total` in rounds of `block`: the
+    whole rounds in chunks of at most MAX_REPEAT, then the shifted last round, if any."""
+    out = [(first * block, count) for first, count in chunks(total // block, MAX_REPEAT)]
+    if total % block:
+        out.append((total - block, 1))
+    return out
 
 
 @dataclass(frozen=True)
@@ -185,7 +241,8 @@ class GemmPlan:
     column-major) and C is dst (M rows of N). Each core computes m x n output
     tiles, k at a time, with an r x s x t microkernel. Per round the array
     covers a (rows*m) x (columns*n) block of C: row i of the array takes M
-    block i, column j takes N block j. Rounds walk N blocks fastest.
+    block i, column j takes N block j. Rounds walk N blocks fastest; the last
+    M block and the last N round start early when M or N is off the grid.
     """
 
     M: int
@@ -201,12 +258,20 @@ class GemmPlan:
     rows: int
 
     @property
+    def m_block(self) -> int:
+        return self.rows * self.m
+
+    @property
+    def n_block(self) -> int:
+        return self.columns * self.n
+
+    @property
     def m_rounds(self) -> int:
-        return self.M // (self.rows * self.m)
+        return -(-self.M // self.m_block)
 
     @property
     def n_rounds(self) -> int:
-        return self.N // (self.columns * self.n)
+        return -(-self.N // self.n_block)
 
     @property
     def k_steps(self) -> int:
@@ -231,18 +296,36 @@ class GemmPlan:
         m, n, r, t = self.m, self.n, self.r, self.t
         return [(self.rows * m // r, r * n), (r, t), (n // t, r * t), (t, 1)]
 
-    def n_chunks(self) -> list[tuple[int, int]]:
-        """(first N round, count) of the DMA tasks that walk the N rounds."""
-        return chunks(self.n_rounds, MAX_REPEAT)
+    def m_starts(self) -> list[int]:
+        """First row of each M block (the last one shifted back when M is off the grid)."""
+        return block_starts(self.M, self.m_block)
 
+    def n_tasks(self) -> list[tuple[int, int]]:
+        """(first column, rounds) of the DMA tasks that walk the N rounds of one M block."""
+        return round_tasks(self.N, self.n_block)
 
-def chunks(total: int, limit: int) -> list[tuple[int, int]]:
-    out, first = [], 0
-    while first < total:
-        count = min(limit, total - first)
-        out.append((first, count))
-        first += count
-    return out
+    def tasks(self, batches) -> list[list[tuple[Tap, Tap, Tap]]]:
+        """The runtime sequence: task groups, each an (A, B, C) tap per array column.
+
+        `batches` are the (src0, src1, dst) element offsets of the matrix products. A (src1)
+        feeds the column's memory tile R*m rows x k per K step, once per N round; B (src0)
+        n rows x k per K step for the column's N block; C (dst) takes (R*m) x n per round.
+        """
+        K, N, C, R = self.K, self.N, self.columns, self.rows
+        m, n, k = self.m, self.n, self.k
+        groups = []
+        for off0, off1, offd in batches:
+            for row0 in self.m_starts():
+                for n0, count in self.n_tasks():
+                    group = []
+                    for col in range(C):
+                        first = n0 + col * n
+                        a = Tap(off1 + row0 * K, (count, K // k, R * m, k), (0, k, K, 1))
+                        b = Tap(off0 + first * K, (count, K // k, n, k), (C * n * K, k, K, 1))
+                        c = Tap(offd + row0 * N + first, (1, count, R * m, n), (0, C * n, N, 1))
+                        group.append((a, b, c))
+                    groups.append(group)
+        return groups
 
 
 _GEMM_M = (64, 32, 16, 8, 4)
@@ -262,24 +345,27 @@ def plan_gemm(
     arch: Arch,
     batches: int = 1,
 ) -> GemmPlan | None:
+    """The cheapest GEMM plan, or None. M >= r and N >= max(8, t) need not be multiples of
+    the tiles (the last blocks overlap); K must be a multiple of a K step k (s | k)."""
     r, s, t = mmul
     best, best_key = None, None
     for m in _GEMM_M:
-        if m % r or M % m:
+        if m % r or m > M:
             continue
         for n in _GEMM_N:
-            if n % t or N % n:
+            if n % t or n > N:
                 continue
             for k in _GEMM_K:
                 if k % s or K % k:
                     continue
                 # Whole DMA words in every contiguous run: A and B rows of k,
-                # microkernel blocks of s, C rows of n and blocks of t.
+                # microkernel blocks of s, C rows of n and blocks of t; and at the
+                # start of every row (rows of K in A and B, of N in C).
                 if (k * a_size) % DMA_WORD or (k * b_size) % DMA_WORD:
                     continue
                 if (s * a_size) % DMA_WORD or (s * b_size) % DMA_WORD:
                     continue
-                if (t * c_size) % DMA_WORD:
+                if (t * c_size) % DMA_WORD or (N * c_size) % DMA_WORD:
                     continue
                 l1 = 2 * m * k * a_size + 2 * k * n * b_size + 2 * m * n * c_size
                 if l1 > arch.l1_budget:
@@ -287,10 +373,10 @@ def plan_gemm(
                 if m * arch.compute_rows > MAX_WRAP or k > MAX_WRAP * 4:
                     continue
                 for rows in (4, 2, 1):
-                    if rows > arch.compute_rows or M % (rows * m):
+                    if rows > arch.compute_rows or rows * m > M:
                         continue
                     for columns in range(arch.columns, 0, -1):
-                        if N % (columns * n):
+                        if columns * n > N:
                             continue
                         plan = GemmPlan(M, N, K, m, n, k, r, s, t, columns, rows)
                         if not _gemm_dma_ok(plan, batches):
@@ -300,24 +386,24 @@ def plan_gemm(
                         key = (cost, -(m * n * k))
                         if best_key is None or key < best_key:
                             best, best_key = plan, key
-                        break  # the most columns that divide N
+                        break  # the most columns that fit N
     return best
 
 
 def _gemm_dma_ok(p: GemmPlan, batches: int) -> bool:
     if p.k_steps > MAX_WRAP or p.rows * p.m > MAX_WRAP or p.n > MAX_WRAP:
         return False
-    tasks = batches * p.m_rounds * len(p.n_chunks())
+    tasks = batches * p.m_rounds * len(p.n_tasks())
     return tasks <= MAX_TASKS_PER_CHANNEL
 
 
 @dataclass(frozen=True)
 class GemvPlan:
-    """y[N] = W[N,K] . x[K] (ggml MUL_MAT with one src1 row).
+    """y[N] = W[N,K] . x[K] for each of a list of x rows (ggml MUL_MAT with few src1 rows).
 
-    W is src0. Worker (c, r) owns rows: at round q it computes `rows_per_tile`
-    outputs starting at row (q*C + c)*R*nr + r*nr, walking K in chunks of
-    `k_chunk`.
+    W is src0. Per round the array covers a block of C*R*nr rows of W: worker (c, r)
+    computes `rows_per_tile` outputs starting at row round_start + c*R*nr + r*nr, walking
+    K in chunks of `k_chunk`. The last round starts early when N is off the grid.
     """
 
     N: int
@@ -328,15 +414,41 @@ class GemvPlan:
     k_chunk: int  # kc
 
     @property
+    def block(self) -> int:
+        return self.columns * self.rows * self.rows_per_tile
+
+    @property
     def rounds(self) -> int:
-        return self.N // (self.columns * self.rows * self.rows_per_tile)
+        return -(-self.N // self.block)
 
     @property
     def k_steps(self) -> int:
         return self.K // self.k_chunk
 
+    def round_tasks(self) -> list[tuple[int, int]]:
+        """(first row, rounds) of the DMA tasks that walk the rounds of one x row."""
+        return round_tasks(self.N, self.block)
 
-GEMV_K_UNIT = 16  # K must be a multiple of this (vector loop width)
+    def tasks(self, products) -> list[list[tuple[Tap, Tap, Tap]]]:
+        """Task groups, each a (W, x, y) tap per array column; `products` are the (src0,
+        src1, dst) element offsets of each matrix-vector product (one per src1 row)."""
+        K, C, R, nr, kc = self.K, self.columns, self.rows, self.rows_per_tile, self.k_chunk
+        block = self.block
+        groups = []
+        for w_off, x_off, y_off in products:
+            for r0, count in self.round_tasks():
+                group = []
+                for col in range(C):
+                    row0 = r0 + col * R * nr
+                    w = Tap(w_off + row0 * K, (count, K // kc, R * nr, kc), (block * K, kc, K, 1))
+                    x = Tap(x_off, (count, 1, K // kc, kc), (0, 0, kc, 1))
+                    y = Tap(y_off + row0, (1, 1, count, R * nr), (0, 0, block, 1))
+                    group.append((w, x, y))
+                groups.append(group)
+        return groups
+
+
+GEMV_MAX_CHUNK_WORDS = MAX_WRAP  # a K chunk is one run of a DMA dimension
 
 
 def plan_gemv(
@@ -346,30 +458,34 @@ def plan_gemv(
     x_size: int,
     y_size: int,
     arch: Arch,
-    batches: int = 1,
+    products: int = 1,
 ) -> GemvPlan | None:
-    if K % GEMV_K_UNIT:
+    """The cheapest GEMV plan for `products` matrix-vector products, or None. Any N; K
+    chunks are divisors of K whose W and x runs are whole DMA words (any K for f32)."""
+    if (K * w_size) % DMA_WORD or (K * x_size) % DMA_WORD:
         return None
     best, best_key = None, None
-    k_options = [d for d in divisors(K) if d % GEMV_K_UNIT == 0 and d <= 8192]
+    k_options = [
+        d
+        for d in divisors(K)
+        if (d * w_size) % DMA_WORD == 0
+        and (d * x_size) % DMA_WORD == 0
+        and d * max(w_size, x_size) <= DMA_WORD * GEMV_MAX_CHUNK_WORDS
+    ]
     for columns in range(arch.columns, 0, -1):
         for rows in (4, 2, 1):
-            if N % (columns * rows):
-                continue
-            share = N // (columns * rows)
             for nr in (64, 32, 16, 8, 4, 2, 1):
-                if share % nr or (nr * y_size) % DMA_WORD:
+                if columns * rows * nr > N or (nr * y_size) % DMA_WORD:
                     continue
                 for kc in reversed(k_options):
-                    if (kc * w_size) % DMA_WORD or (kc * x_size) % DMA_WORD:
-                        continue
                     l1 = 2 * nr * kc * w_size + 2 * kc * x_size + 2 * nr * y_size
                     if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                         continue
                     plan = GemvPlan(N, K, columns, rows, nr, kc)
-                    if batches * len(chunks(plan.rounds, MAX_REPEAT)) > MAX_TASKS_PER_CHANNEL:
+                    if products * len(plan.round_tasks()) > MAX_TASKS_PER_CHANNEL:
                         continue
-                    cost = plan.rounds * plan.k_steps * (nr * kc // VECTOR_ELEMS + 64)
+                    vectors = -(-kc // VECTOR_ELEMS)
+                    cost = plan.rounds * plan.k_steps * (nr * vectors + 64)
                     key = (cost, -columns * rows)
                     if best_key is None or key < best_key:
                         best, best_key = plan, key

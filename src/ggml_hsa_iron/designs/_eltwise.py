@@ -9,6 +9,11 @@ whole of input 1 goes from each column's shim tile straight to the column's
 workers once per dispatch and stays there; the core function repeats it over
 the output with running indices (no division per element).
 
+Element counts that are not whole 32-bit words (an odd number of bf16
+elements, say) are moved rounded up to whole words (`EltwiseSpec.padded`): the
+operands' last DMA words are read and written whole, and the core function
+gives the output's pad elements input 0's bits (see kernels/eltwise.cc).
+
 Runtime-sequence arguments: the inputs in request order, then the output,
 which is the order the backend passes the operand addresses in.
 """
@@ -70,8 +75,12 @@ def build(spec):
         kern = Kernel("ggml_eltwise_binary", OBJECT, [tile_in[0], tile_in[1], tile_out])
     else:
         b_type = seq_types[1]
-        kern_begin = Kernel("ggml_eltwise_bcast_begin", OBJECT, [np.int32, np.int32])
         kern = Kernel("ggml_eltwise_bcast", OBJECT, [tile_in[0], b_type, tile_out])
+    # With a broadcast operand, or pad elements in the last tile, the core function
+    # needs the logical index of its tiles: given once per dispatch.
+    kern_begin = None
+    if spec.needs_begin:
+        kern_begin = Kernel("ggml_eltwise_begin", OBJECT, [np.int32, np.int32])
 
     def core_unary(of_a, of_out, fn):
         for _ in range_(K):
@@ -80,6 +89,14 @@ def build(spec):
             fn(a, o)
             of_a.release(1)
             of_out.release(1)
+
+    def core_unary_begin(of_a, of_out, fn, fn_begin, start, step):
+        fn_begin(start, step)
+        core_unary(of_a, of_out, fn)
+
+    def core_binary_begin(of_a, of_b, of_out, fn, fn_begin, start, step):
+        fn_begin(start, step)
+        core_binary(of_a, of_b, of_out, fn)
 
     def core_binary(of_a, of_b, of_out, fn):
         for _ in range_(K):
@@ -118,12 +135,19 @@ def build(spec):
             col_b.append(b_fifo)
         for r in range(R):
             tile = Tile(c, 2 + r)
+            begin = [kern_begin, p.start(c, r), p.step]
             if spec.kind == "unary":
                 args = [subs[0][r].cons(), out_subs[r].prod(), kern]
-                w = Worker(core_unary, fn_args=args, placement=tile)
+                if kern_begin is None:
+                    w = Worker(core_unary, fn_args=args, placement=tile)
+                else:
+                    w = Worker(core_unary_begin, fn_args=args + begin, placement=tile)
             elif spec.kind == "binary":
                 args = [subs[0][r].cons(), subs[1][r].cons(), out_subs[r].prod(), kern]
-                w = Worker(core_binary, fn_args=args, placement=tile)
+                if kern_begin is None:
+                    w = Worker(core_binary, fn_args=args, placement=tile)
+                else:
+                    w = Worker(core_binary_begin, fn_args=args + begin, placement=tile)
             else:
                 args = [
                     subs[0][r].cons(),

@@ -1,4 +1,4 @@
-"""MUL_MAT: whole-array GEMM (M > 1) and a GEMV path (M == 1).
+"""MUL_MAT: whole-array GEMM (M > 1) and a GEMV path (M == 1, or a GEMM that does not tile).
 
 ggml: dst[N, M] = src1[K, M] . src0[K, N]^T per batch, src0 broadcast over
 src1's dimensions 2 and 3. In matrix terms C = A . B with A = src1 (M rows of
@@ -10,11 +10,16 @@ hands each compute row its m x k block re-laid into r x s microkernel blocks;
 n x k blocks of B go through the memory tile (re-laid into t x s blocks) to
 all R cores of the column at once (broadcast); the R m x n results are joined
 in the memory tile and written back row-major. Each core walks its output
-tiles (batch, M block, N block) and, for each, the K steps.
+tiles (batch, M block, N block) and, for each, the K steps. M and N need not
+be multiples of the blocks: the last block starts early and overlaps the one
+before it (same inputs, same outputs written twice).
 
 GEMV: W = src0 (N rows of K) is split by rows over columns x rows cores; x =
-the src1 row is broadcast to the cores of each column, K in chunks; each core
-accumulates its rows' dot products.
+a src1 row is broadcast to the cores of each column, K in chunks; each core
+accumulates its rows' dot products. One product per src1 row and batch.
+
+The DMA access patterns of the runtime sequence come from `GemmPlan.tasks` and
+`GemvPlan.tasks` (pure Python, walked by the host tests).
 
 Runtime-sequence arguments: src0, src1, dst (the request's order).
 """
@@ -25,25 +30,23 @@ from aie.iron.controlflow import range_
 from aie.iron.device import Tile
 from aie.iron.placers import SequentialPlacer
 
-from ..tiling import MAX_REPEAT, chunks
 from ._common import device, vector_type
 
 SHIM_ROW = 0
 MEM_ROW = 1
 
 
-def _tap(total, offset, sizes, strides):
-    return TensorAccessPattern((total,), offset, list(sizes), list(strides))
+def _tap(total, tap):
+    """The IRON access pattern of a `tiling.Tap` over a 1-D tensor of `total` elements."""
+    return TensorAccessPattern((total,), tap.offset, list(tap.sizes), list(tap.strides))
 
 
 def _gemm(spec):
     p = spec.plan
     C, R = p.columns, p.rows
-    N, K = p.N, p.K
     m, n, k = p.m, p.n, p.k
     a_t, b_t, c_t = spec.src1.dtype, spec.src0.dtype, spec.dst.dtype
     dev = device(spec.arch, C)
-    batches = spec.batches
     seq_types = [vector_type(count, t) for t, count in spec.sequence]  # src0, src1, dst
     a_tile, b_tile, c_tile = (
         vector_type(m * k, a_t),
@@ -52,7 +55,7 @@ def _gemm(spec):
     )
     zero = Kernel("ggml_mm_zero", "mm.o", [c_tile])
     matmul = Kernel("ggml_mm", "mm.o", [a_tile, b_tile, c_tile])
-    tiles = len(batches) * p.m_rounds * p.n_rounds
+    tiles = spec.tiles_per_core
     k_steps = p.k_steps
 
     def core_fn(of_a, of_b, of_c, zero_fn, mm_fn):
@@ -99,38 +102,31 @@ def _gemm(spec):
             args = [a_subs[i].cons(), b_fwd.cons(), c_subs[i].prod(), zero, matmul]
             workers.append(Worker(core_fn, fn_args=args, placement=Tile(col, 2 + i)))
 
-    total0, total1, totald = (x.nelements for x in (spec.src0, spec.src1, spec.dst))
+    totals = [count for _, count in spec.sequence]
     rt = Runtime()
     with rt.sequence(*seq_types) as (B, A, Cbuf):
         rt.start(*workers)
-        for off0, off1, offd in batches:
-            for mb in range(p.m_rounds):
-                row0 = mb * R * m
-                for first, count in p.n_chunks():
-                    tg = rt.task_group()
-                    for col in range(C):
-                        shim = Tile(col, SHIM_ROW)
-                        # A: the R*m rows of this M block, every K step, once per N block.
-                        a_tap = _tap(
-                            total1, off1 + row0 * K, [count, K // k, R * m, k], [0, k, K, 1]
-                        )
-                        rt.fill(a_cols[col].prod(), A, tap=a_tap, task_group=tg, placement=shim)
-                        # B: n rows of src0 per N block (block nb*C + col), every K step.
-                        b0 = off0 + (first * C + col) * n * K
-                        b_tap = _tap(total0, b0, [count, K // k, n, k], [C * n * K, k, K, 1])
-                        rt.fill(b_cols[col].prod(), B, tap=b_tap, task_group=tg, placement=shim)
-                        # C: (R*m) x n blocks, one per N block.
-                        c0 = offd + row0 * N + (first * C + col) * n
-                        c_tap = _tap(totald, c0, [1, count, R * m, n], [0, C * n, N, 1])
-                        rt.drain(
-                            c_cols[col].cons(),
-                            Cbuf,
-                            tap=c_tap,
-                            task_group=tg,
-                            wait=True,
-                            placement=shim,
-                        )
-                    rt.finish_task_group(tg)
+        # Task groups from GemmPlan.tasks: per column the A (src1), B (src0) and C (dst)
+        # access patterns of one M block and a run of N rounds.
+        for group in spec.tasks():
+            tg = rt.task_group()
+            for col, (a, b, c) in enumerate(group):
+                shim = Tile(col, SHIM_ROW)
+                rt.fill(
+                    a_cols[col].prod(), A, tap=_tap(totals[1], a), task_group=tg, placement=shim
+                )
+                rt.fill(
+                    b_cols[col].prod(), B, tap=_tap(totals[0], b), task_group=tg, placement=shim
+                )
+                rt.drain(
+                    c_cols[col].cons(),
+                    Cbuf,
+                    tap=_tap(totals[2], c),
+                    task_group=tg,
+                    wait=True,
+                    placement=shim,
+                )
+            rt.finish_task_group(tg)
 
     return Program(dev, rt).resolve_program(SequentialPlacer())
 
@@ -138,10 +134,8 @@ def _gemm(spec):
 def _gemv(spec):
     p = spec.plan
     C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk
-    K = p.K
     w_t, x_t, y_t = spec.src0.dtype, spec.src1.dtype, spec.dst.dtype
     dev = device(spec.arch, C)
-    batches = spec.batches
     seq_types = [vector_type(count, t) for t, count in spec.sequence]  # src0, src1, dst
     w_tile, x_tile, y_tile = (
         vector_type(nr * kc, w_t),
@@ -150,7 +144,7 @@ def _gemv(spec):
     )
     zero = Kernel("ggml_mv_zero", "mv.o", [y_tile])
     matvec = Kernel("ggml_mv", "mv.o", [w_tile, x_tile, y_tile])
-    rounds = len(batches) * p.rounds
+    rounds = spec.tiles_per_core
     k_steps = p.k_steps
 
     def core_fn(of_w, of_x, of_y, zero_fn, mv_fn):
@@ -190,28 +184,31 @@ def _gemv(spec):
             args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), zero, matvec]
             workers.append(Worker(core_fn, fn_args=args, placement=Tile(col, 2 + i)))
 
-    total0, total1, totald = (x.nelements for x in (spec.src0, spec.src1, spec.dst))
-    block = C * R * nr  # rows covered by one round of the whole array
+    totals = [count for _, count in spec.sequence]
     rt = Runtime()
     with rt.sequence(*seq_types) as (W, X, Y):
         rt.start(*workers)
-        for off0, off1, offd in batches:
-            for first, count in chunks(p.rounds, MAX_REPEAT):
-                tg = rt.task_group()
-                for col in range(C):
-                    shim = Tile(col, SHIM_ROW)
-                    row0 = first * block + col * R * nr
-                    w_tap = _tap(
-                        total0, off0 + row0 * K, [count, K // kc, R * nr, kc], [block * K, kc, K, 1]
-                    )
-                    rt.fill(w_cols[col].prod(), W, tap=w_tap, task_group=tg, placement=shim)
-                    x_tap = _tap(total1, off1, [count, 1, K // kc, kc], [0, 0, kc, 1])
-                    rt.fill(x_cols[col].prod(), X, tap=x_tap, task_group=tg, placement=shim)
-                    y_tap = _tap(totald, offd + row0, [1, 1, count, R * nr], [0, 0, block, 1])
-                    rt.drain(
-                        y_cols[col].cons(), Y, tap=y_tap, task_group=tg, wait=True, placement=shim
-                    )
-                rt.finish_task_group(tg)
+        # Task groups from GemvPlan.tasks: per column the W (src0), x (src1 row) and y
+        # (dst row) access patterns of a run of rounds of one matrix-vector product.
+        for group in spec.tasks():
+            tg = rt.task_group()
+            for col, (w, x, y) in enumerate(group):
+                shim = Tile(col, SHIM_ROW)
+                rt.fill(
+                    w_cols[col].prod(), W, tap=_tap(totals[0], w), task_group=tg, placement=shim
+                )
+                rt.fill(
+                    x_cols[col].prod(), X, tap=_tap(totals[1], x), task_group=tg, placement=shim
+                )
+                rt.drain(
+                    y_cols[col].cons(),
+                    Y,
+                    tap=_tap(totals[2], y),
+                    task_group=tg,
+                    wait=True,
+                    placement=shim,
+                )
+            rt.finish_task_group(tg)
 
     return Program(dev, rt).resolve_program(SequentialPlacer())
 

@@ -8,12 +8,21 @@
 //   COMPUTE_F32 / COMPUTE_INT   float operands (computed in f32) or integers
 //   BINARY=1            binary op; BCAST=1 input 1 repeated over the output,
 //   OUT_NE0..3, SRC_NE0..3      the output's and input 1's shapes
+//   PAD=1, N_VALID      the element count (N_VALID) is not whole 32-bit words: the
+//                       design moves it rounded up, so the last tile ends in pad
+//                       elements (the rest of the operands' last DMA words)
 //
 // Functions (arguments: inputs, then output, as the object FIFOs deliver them):
+//   ggml_eltwise_begin(start, step)  (BCAST or PAD) first logical index of this
+//                                    worker's tiles, stride between them
 //   ggml_eltwise_unary(in, out)            TILE elements
 //   ggml_eltwise_binary(a, b, out)         TILE elements, same shapes
-//   ggml_eltwise_bcast_begin(start, step)  first logical index, stride between tiles
 //   ggml_eltwise_bcast(a, b_all, out)      TILE elements, b_all = all of input 1
+//
+// Pad elements (PAD): the output's get input 0's bits when input 0 has the
+// output's type, so an in-place kernel (output = input 0) writes the words it
+// shares with neighbouring data back unchanged; otherwise they get the op's
+// result on whatever input 0 held there.
 
 #include "ggml_aie.h"
 
@@ -180,7 +189,49 @@ template <typename T> static inline T iop1(T x) {
 
 #endif
 
+#if !defined(PAD)
+#define PAD 0
+#endif
+#if !defined(BCAST)
+#define BCAST 0
+#endif
+
+#if BCAST || PAD
+// Logical index (row-major over the output) of the next tile, and the stride
+// between this worker's tiles. Per core: each core links its own copy.
+static int32_t g_next;
+static int32_t g_step;
+
+// The logical index of this call's tile; moves on to the next one.
+static inline int32_t next_tile() {
+  int32_t idx = g_next;
+  g_next += g_step;
+  return idx;
+}
+#endif
+
+#if PAD
+// How many elements of the tile at logical index idx are real.
+static inline int valid_in_tile(int32_t idx) {
+  int32_t v = N_VALID - idx;
+  return v < 0 ? 0 : (v > TILE ? TILE : (int)v);
+}
+
+static inline void keep_pad(const IN0_T *a, OUT_T *out, int valid) {
+  if constexpr (std::is_same_v<IN0_T, OUT_T>)
+    for (int i = valid; i < TILE; ++i)
+      out[i] = a[i];
+}
+#endif
+
 extern "C" {
+
+#if BCAST || PAD
+void ggml_eltwise_begin(int32_t start, int32_t step) {
+  g_next = start;
+  g_step = step;
+}
+#endif
 
 #if !BINARY
 
@@ -199,6 +250,9 @@ void ggml_eltwise_unary(IN0_T *in, OUT_T *out) {
     aie::store_v(out + i, iop1_v<IN0_T>(aie::load_v<W>(in + i)));
   for (; i < TILE; ++i)
     out[i] = (OUT_T)iop1<IN0_T>(in[i]);
+#endif
+#if PAD
+  keep_pad(in, out, valid_in_tile(next_tile()));
 #endif
 }
 
@@ -232,19 +286,12 @@ void ggml_eltwise_binary(IN0_T *a, IN1_T *b, OUT_T *out) {
   for (int i = 0; i < TILE; ++i)
     out[i] = iop2<OUT_T>(a[i], b[i]);
 #endif
+#if PAD
+  keep_pad(a, out, valid_in_tile(next_tile()));
+#endif
 }
 
 #else // BCAST
-
-// Logical index (row-major over the output) of the next tile, and the stride
-// between this worker's tiles. Per core: each core links its own copy.
-static int32_t g_next;
-static int32_t g_step;
-
-void ggml_eltwise_bcast_begin(int32_t start, int32_t step) {
-  g_next = start;
-  g_step = step;
-}
 
 // out[j] = a[j] op b[..] for `len` elements of one output row, input 1 read
 // from `brow` (the row of input 1 this output row repeats) starting at i0.
@@ -283,8 +330,12 @@ static inline void bcast_segment(const IN0_T *a, const IN1_T *brow, OUT_T *out, 
 }
 
 void ggml_eltwise_bcast(IN0_T *a, IN1_T *b, OUT_T *out) {
-  int32_t idx = g_next;
-  g_next += g_step;
+  int32_t idx = next_tile();
+#if PAD
+  const int count = valid_in_tile(idx); // the rest of the tile pads the last DMA word
+#else
+  const int count = TILE;
+#endif
   // Position of the tile's first element in the output.
   int32_t i0 = idx % OUT_NE0;
   int32_t row = idx / OUT_NE0;
@@ -292,10 +343,10 @@ void ggml_eltwise_bcast(IN0_T *a, IN1_T *b, OUT_T *out) {
   int32_t i2 = (row / OUT_NE1) % OUT_NE2;
   int32_t i3 = row / (OUT_NE1 * OUT_NE2);
   int done = 0;
-  while (done < TILE) {
+  while (done < count) {
     int len = OUT_NE0 - i0;
-    if (len > TILE - done)
-      len = TILE - done;
+    if (len > count - done)
+      len = count - done;
     int32_t brow = (((i3 % SRC_NE3) * SRC_NE2 + (i2 % SRC_NE2)) * SRC_NE1 + (i1 % SRC_NE1)) * SRC_NE0;
     bcast_segment(a + done, b + brow, out + done, i0, len);
     done += len;
@@ -308,6 +359,9 @@ void ggml_eltwise_bcast(IN0_T *a, IN1_T *b, OUT_T *out) {
       }
     }
   }
+#if PAD
+  keep_pad(a, out, count);
+#endif
 }
 
 #endif

@@ -312,6 +312,14 @@ template <typename T> inline vf load_part(const T *p, int n) {
   return load_aligned(tmp);
 }
 
+// n < VEC elements, the other lanes 0 (for sums such as dot products).
+template <typename T> inline vf load_part_zero(const T *p, int n) {
+  alignas(64) T tmp[VEC];
+  for (int i = 0; i < (int)VEC; ++i)
+    tmp[i] = i < n ? p[i] : T(0);
+  return load_aligned(tmp);
+}
+
 template <typename T> inline void store_part(T *p, vf v, int n) {
   alignas(64) T tmp[VEC];
   store_aligned(tmp, v);

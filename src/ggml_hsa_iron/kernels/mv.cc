@@ -3,6 +3,7 @@
 // y[r] += dot(W[r, 0:KC], x[0:KC]) for r < MV_ROWS: W (src0's type W_T) is
 // MV_ROWS rows of MV_KC contiguous elements, x (src1's type X_T) MV_KC
 // elements, y (dst's type Y_T) MV_ROWS results accumulated over the K chunks.
+// MV_KC is any chunk of K (whole vectors, then a zero-padded tail).
 // Floats: bf16 x bf16 uses the native bf16 multiply-accumulate into f32
 // accumulators; other float pairs are widened to f32. Integers: 32-bit sums.
 
@@ -31,22 +32,39 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) {
 
 #else
 
+// Rows of the W tile start MV_KC elements apart: aligned vector loads when MV_KC is
+// whole vectors, unaligned ones otherwise; the last MV_KC % VEC elements of a row are
+// read zero-padded.
+constexpr bool KC_ALIGNED = MV_KC % VEC == 0;
+constexpr int KC_BODY = MV_KC - MV_KC % VEC;
+
+template <typename T> static inline aie::vector<T, VEC> raw_load(const T *p) {
+  if constexpr (KC_ALIGNED)
+    return aie::load_v<VEC>(p);
+  else
+    return aie::load_unaligned_v<VEC>(p);
+}
+
 static inline float row_dot(const W_T *row, const X_T *x) {
+  vf acc;
   if constexpr (std::is_same_v<W_T, bfloat16> && std::is_same_v<X_T, bfloat16>) {
-    auto acc = aie::zeros<accfloat, VEC>();
-    for (int k = 0; k < MV_KC; k += VEC)
-      acc = aie::mac(acc, aie::load_v<VEC>(row + k), aie::load_v<VEC>(x + k));
-    return aie::reduce_add(acc.template to_vector<float>());
+    auto bacc = aie::zeros<accfloat, VEC>();
+    for (int k = 0; k < KC_BODY; k += VEC)
+      bacc = aie::mac(bacc, raw_load(row + k), raw_load(x + k));
+    acc = bacc.template to_vector<float>();
   } else {
-    vf acc = splat(0.0f);
-    for (int k = 0; k < MV_KC; k += VEC)
-      acc = add(acc, mul(load_aligned(row + k), load_aligned(x + k)));
-    return aie::reduce_add(acc);
+    acc = splat(0.0f);
+    for (int k = 0; k < KC_BODY; k += VEC)
+      acc = add(acc, mul(widen(raw_load(row + k)), widen(raw_load(x + k))));
   }
+  if constexpr (KC_BODY < MV_KC) {
+    constexpr int n = MV_KC - KC_BODY;
+    acc = add(acc, mul(load_part_zero(row + KC_BODY, n), load_part_zero(x + KC_BODY, n)));
+  }
+  return aie::reduce_add(acc);
 }
 
 void ggml_mv(W_T *w, X_T *x, Y_T *y) {
-  static_assert(MV_KC % VEC == 0, "K chunk is whole vectors");
   // Results are gathered VEC rows at a time and added to y with vector adds
   // (the scalar unit has no floating point).
   for (int r0 = 0; r0 < MV_ROWS; r0 += VEC) {

@@ -98,6 +98,17 @@ class RequestShapesTest(unittest.TestCase):
                     self.assertEqual(dtype, t.dtype)
                     self.assertEqual(count * t.size, t.nbytes)
 
+    def test_element_counts_off_whole_words_move_the_last_word_whole(self):
+        # ggml's test-backend-ops sends 5 x 7 x 11 x 13 = 5005 bf16 elements (flattened).
+        x, b = tensor("bf16", [5005]), tensor("bf16", [5, 7])
+        a = tensor("bf16", [5, 7, 3])
+        for op, inputs, out in (("GELU", [x], x), ("ADD", [x, x], x), ("MUL", [a, b], a)):
+            with self.subTest(op=op):
+                s = self.spec(op, inputs, out)
+                self.assertTrue(s.padded)
+                for (_, count), t in zip(s.sequence, list(inputs) + [out]):
+                    self.assertEqual(count * t.size, -(-t.nbytes // 4) * 4)
+
     def test_mul_mat_requests_the_backend_sends_are_planned(self):
         # plan.rs: weights f32, f16 or bf16; activations f32; output f32. f16 is not declared,
         # so the backend never sends it; the others must plan.

@@ -25,7 +25,7 @@ API_FILE = PACKAGE / "iron_api_v1.3.1.txt"
 # spec objects, Python containers and strings, numpy.
 OWN_METHODS = {
     "start",  # EltwisePlan.start (also Runtime.start, listed)
-    "n_chunks",
+    "tasks",  # GemmPlan.tasks / GemvPlan.tasks via the spec
     "a_dims",
     "b_dims",
     "c_dims",

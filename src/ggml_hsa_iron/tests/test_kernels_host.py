@@ -217,6 +217,9 @@ def run_kernel(spec, extra, specials=()):
     defines.update(extra)
     p = spec.plan
     defines.update({"PLAN_C": p.columns, "PLAN_R": p.rows, "PLAN_K": p.iterations})
+    defines["N_TOTAL"] = p.n  # the elements the design moves
+    if spec.kind != "unary":
+        defines["N_B"] = spec.bcast_count if spec.kind == "bcast" else p.n
     with tempfile.TemporaryDirectory() as d:
         exe = Path(d) / "k"
         cmd = [CXX, "-std=c++20", "-O0", f"-I{HERE / 'host'}", f"-I{KERNELS}"]
@@ -252,16 +255,26 @@ class HostKernelTest(unittest.TestCase):
         spec = prepare(req)
         if specials is None:
             specials = SPECIALS.get(op, ()) if dtype in ("f32", "bf16") else ()
-        v = run_kernel(spec, {"N_TOTAL": n}, specials)
+        v = run_kernel(spec, {}, specials)
+        self.check_pad(spec, v, n)
         ref = ref or UNARY_REF[op]
         if dtype in ("i8", "i16", "i32"):
-            self.assertEqual(v["o"], [int(ref(x)) for x in v["a"]])
+            self.assertEqual(v["o"][:n], [int(ref(x)) for x in v["a"][:n]])
             return
-        want = [f32(ref(x)) for x in v["a"]]
+        want = [f32(ref(x)) for x in v["a"][:n]]
         if out_dtype == "bf16":
-            self.check_close(v["o"], [bf16_round(w) for w in want], 1e-2, op)
+            self.check_close(v["o"][:n], [bf16_round(w) for w in want], 1e-2, op)
         else:
-            self.check_close(v["o"], want, 2e-6, op)
+            self.check_close(v["o"][:n], want, 2e-6, op)
+        return spec
+
+    def check_pad(self, spec, v, n):
+        """The elements past n (the rest of the last DMA word) hold input 0's values when
+        input 0 and the output have one type."""
+        self.assertEqual(len(v["o"]), spec.plan.n)
+        self.assertEqual(spec.padded, spec.plan.n != n)
+        if spec.in_types[0] == spec.out_type:
+            self.assertEqual(v["o"][n:], v["a"][n:])
 
     def test_unary_f32_all_ops(self):
         for op in UNARY_REF:
@@ -301,11 +314,13 @@ class HostKernelTest(unittest.TestCase):
     def binary(self, op, ta, tb, to, ne, ne_b):
         a, b, o = tensor(ta, ne), tensor(tb, ne_b), tensor(to, ne)
         spec = prepare(parse_request(request_json(op, [a, b], o)))
-        v = run_kernel(spec, {"N_TOTAL": o.nelements, "N_B": b.nelements})
+        v = run_kernel(spec, {})
+        n = o.nelements
+        self.check_pad(spec, v, n)
         out_ne = o.ne
         src_ne = b.ne
         want = []
-        for flat, x in enumerate(v["a"]):
+        for flat, x in enumerate(v["a"][:n]):
             idx, f = [], flat
             for d in out_ne:
                 idx.append(f % d)
@@ -320,12 +335,32 @@ class HostKernelTest(unittest.TestCase):
             else:
                 want.append(BINARY_REF[op](x, y))
         if ta in ("i8", "i16", "i32"):
-            self.assertEqual(v["o"], want)
+            self.assertEqual(v["o"][:n], want)
         elif to == "bf16":
-            self.check_close(v["o"], [bf16_round(w) for w in want], 1e-2, op)
+            self.check_close(v["o"][:n], [bf16_round(w) for w in want], 1e-2, op)
         else:
-            self.check_close(v["o"], want, 2e-6, op)
+            self.check_close(v["o"][:n], want, 2e-6, op)
         return spec
+
+    def test_counts_that_are_not_whole_words(self):
+        # ggml's test-backend-ops runs unary ops on 5 x 7 x 11 x 13 = 5005 elements.
+        spec = self.unary("GELU", "bf16", 5005)
+        self.assertTrue(spec.padded)
+        self.assertEqual(spec.plan.n, 5006)
+        self.assertEqual(spec.core.defines["N_VALID"], 5005)
+        self.unary("SQRT", "bf16", 33, out_dtype="f32")  # f32 output, pad from a bf16 input
+        self.unary("ABS", "i8", 1003)
+        self.unary("NEG", "i16", 77)
+        for op in ("ADD", "DIV"):
+            spec = self.binary(op, "bf16", "bf16", "bf16", [77], [77])
+            self.assertTrue(spec.padded)
+        self.binary("MUL", "bf16", "f32", "f32", [3, 7], [3, 7])
+        self.binary("SUB", "i8", "i8", "i8", [1001], [1001])
+        # Broadcast: input 1 is moved rounded up to whole words too.
+        spec = self.binary("ADD", "bf16", "bf16", "bf16", [5, 3, 3], [5])
+        self.assertEqual((spec.kind, spec.bcast_count, spec.plan.n), ("bcast", 6, 46))
+        self.binary("MUL", "bf16", "f32", "bf16", [7, 5], [7, 1])
+        self.binary("ADD", "i8", "i8", "i8", [3, 5, 3], [3, 1, 3])
 
     def test_binary_same_shape(self):
         for op in BINARY_REF:

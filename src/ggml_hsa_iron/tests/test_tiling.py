@@ -10,23 +10,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import unittest
 
 from ggml_hsa_iron.archs import ARCHS
+from ggml_hsa_iron.errors import UnsupportedError
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import parse_request
 from ggml_hsa_iron.tiling import (
     MAX_REPEAT,
     Broadcast,
+    block_starts,
     chunks,
     divisors,
     plan_eltwise,
     plan_gemm,
     plan_gemv,
+    round_tasks,
     walk,
     word_multiple,
 )
 
 from ggml_hsa_iron.tests.util import request_json, tensor
+from ggml_hsa_iron.tests.util_matmul import check_structure, gemm_streams, gemv_streams
 
 AIE2, AIE2P = ARCHS["aie2"], ARCHS["aie2p"]
+
+
+def mul_mat_spec(arch, w, x, M, N, K, b2=1, b3=1, r2=1, r3=1):
+    """The spec of a MUL_MAT request: src0 [K, N, b2, b3], src1 [K, M, b2*r2, b3*r3]."""
+    dst = "i32" if w in ("i8", "i16") else "f32"
+    src0 = tensor(w, [K, N, b2, b3])
+    src1 = tensor(x, [K, M, b2 * r2, b3 * r3])
+    out = tensor(dst, [N, M, b2 * r2, b3 * r3])
+    return prepare(parse_request(request_json("MUL_MAT", [src0, src1], out, arch=arch)))
+
+
+def stream_of(spec):
+    return gemv_streams(spec) if spec.gemv else gemm_streams(spec)
 
 
 class ArithmeticTest(unittest.TestCase):
@@ -134,8 +151,8 @@ class SpecTest(unittest.TestCase):
 class MatmulPlanTest(unittest.TestCase):
     def check_gemm(self, p, arch, sizes):
         a, b, c = sizes
-        self.assertEqual(p.M % (p.rows * p.m), 0)
-        self.assertEqual(p.N % (p.columns * p.n), 0)
+        self.assertLessEqual(p.rows * p.m, p.M)
+        self.assertLessEqual(p.columns * p.n, p.N)
         self.assertEqual(p.K % p.k, 0)
         self.assertEqual((p.m % p.r, p.n % p.t, p.k % p.s), (0, 0, 0))
         self.assertLessEqual(2 * (p.m * p.k * a + p.k * p.n * b + p.m * p.n * c), arch.l1_budget)
@@ -173,29 +190,93 @@ class MatmulPlanTest(unittest.TestCase):
         block = p.r * p.t
         self.assertEqual(c, [(j // p.t) * block + j % p.t for j in range(p.n)])
 
-    def test_gemm_refuses_shapes_off_the_microkernel_grid(self):
-        self.assertIsNone(plan_gemm(3, 64, 64, (4, 8, 4), 2, 2, 4, AIE2))
-        self.assertIsNone(plan_gemm(64, 64, 12, (4, 8, 4), 2, 2, 4, AIE2))
+    def test_gemm_needs_one_microkernel_block_and_whole_k_steps(self):
+        self.assertIsNone(plan_gemm(3, 64, 64, (4, 8, 4), 2, 2, 4, AIE2))  # M < r
+        self.assertIsNone(plan_gemm(64, 4, 64, (4, 8, 4), 2, 2, 4, AIE2))  # N < 8
+        self.assertIsNone(plan_gemm(64, 64, 12, (4, 8, 4), 2, 2, 4, AIE2))  # no K step
+        p = plan_gemm(13, 44, 48, (4, 8, 4), 2, 2, 4, AIE2)  # M, N off the grid
+        self.assertIsNotNone(p)
+        self.assertGreater(p.m_rounds * p.m_block, 13)
+
+    def test_block_starts_overlap_only_at_the_end(self):
+        self.assertEqual(block_starts(16, 4), [0, 4, 8, 12])
+        self.assertEqual(block_starts(13, 4), [0, 4, 8, 9])
+        self.assertEqual(block_starts(3, 3), [0])
+        self.assertEqual(round_tasks(130 * 8 + 5, 8), [(0, 64), (512, 64), (1024, 2), (1037, 1)])
 
     def test_long_n_walks_are_chunked(self):
         p = plan_gemm(8, 32000, 64, (4, 8, 8), 2, 2, 4, AIE2P)
         self.assertIsNotNone(p)
-        total = sum(count for _, count in p.n_chunks())
+        total = sum(count for _, count in p.n_tasks())
         self.assertEqual(total, p.n_rounds)
-        self.assertTrue(all(count <= MAX_REPEAT for _, count in p.n_chunks()))
+        self.assertTrue(all(count <= MAX_REPEAT for _, count in p.n_tasks()))
+
+    def test_gemm_tasks_compute_every_output_from_the_right_rows(self):
+        # Shapes on and off the grid; the structure check walks every DMA.
+        shapes = [
+            ("bf16", "f32", (16, 64, 64, 1, 1)),
+            ("bf16", "f32", (13, 44, 48, 1, 1)),
+            ("f32", "f32", (5, 9, 16, 1, 1)),
+            ("bf16", "f32", (7, 100, 32, 2, 3)),
+            ("bf16", "bf16", (9, 24, 64, 3, 1)),
+            ("i8", "i8", (12, 20, 32, 1, 1)),
+            ("i16", "i16", (6, 12, 16, 1, 1)),
+        ]
+        for arch in ("aie2", "aie2p"):
+            for w, x, (M, N, K, b2, b3) in shapes:
+                with self.subTest(arch=arch, w=w, x=x, M=M, N=N, K=K):
+                    spec = mul_mat_spec(arch, w, x, M, N, K, b2, b3)
+                    self.assertFalse(spec.gemv)
+                    writes = check_structure(spec, stream_of(spec))
+                    self.assertGreaterEqual(writes, spec.dst.nelements)
+
+    def test_gemv_tasks_compute_every_output_from_the_right_rows(self):
+        shapes = [
+            ("bf16", "f32", (1, 37, 48, 2, 1)),  # N prime: the last round overlaps
+            ("f32", "f32", (1, 5, 2051, 1, 1)),  # K odd (f32): chunks of 293
+            ("bf16", "f32", (3, 16, 256, 1, 1)),  # M below the GEMM's rows: one per row
+            ("f32", "f32", (16, 16, 4, 1, 1)),  # K below a GEMM K step
+            ("i8", "i8", (1, 20, 64, 1, 2)),
+            ("bf16", "bf16", (2, 9, 40, 1, 1)),
+        ]
+        for arch in ("aie2", "aie2p"):
+            for w, x, (M, N, K, b2, b3) in shapes:
+                with self.subTest(arch=arch, w=w, x=x, M=M, N=N, K=K):
+                    spec = mul_mat_spec(arch, w, x, M, N, K, b2, b3)
+                    self.assertTrue(spec.gemv)
+                    check_structure(spec, stream_of(spec))
 
     def test_gemv_plans(self):
         for arch in (AIE2, AIE2P):
-            for N, K, w in ((4096, 4096, 2), (32000, 2048, 2), (64, 64, 4), (128, 256, 1)):
+            for N, K, w in (
+                (4096, 4096, 2),
+                (32000, 2048, 2),
+                (64, 64, 4),
+                (128, 256, 1),
+                (509, 2051, 4),
+                (7, 20, 2),
+            ):
                 with self.subTest(arch=arch.name, N=N, K=K):
                     p = plan_gemv(N, K, w, w, 4, arch)
                     self.assertIsNotNone(p)
-                    self.assertEqual(p.rounds * p.columns * p.rows * p.rows_per_tile, N)
+                    self.assertGreaterEqual(p.rounds * p.block, N)
+                    self.assertLessEqual(p.block, N)
                     self.assertEqual(p.k_steps * p.k_chunk, K)
-                    self.assertEqual(p.k_chunk % 16, 0)
+                    self.assertEqual((p.k_chunk * w) % 4, 0)
+                    self.assertLessEqual(p.k_chunk * w, 4 * 1023)
                     l1 = 2 * (p.rows_per_tile * p.k_chunk * w + p.k_chunk * w + p.rows_per_tile * 4)
                     self.assertLessEqual(l1, arch.l1_budget)
-        self.assertIsNone(plan_gemv(64, 20, 2, 2, 4, AIE2))
+        # Rows of src0 (and src1) must start on whole 32-bit words.
+        self.assertIsNone(plan_gemv(64, 21, 2, 2, 4, AIE2))
+        self.assertIsNone(plan_gemv(64, 21, 1, 1, 4, AIE2))
+
+    def test_mul_mat_refusals(self):
+        # bf16 weights with an odd K: src0's rows do not start on 32-bit words.
+        with self.assertRaises(UnsupportedError):
+            mul_mat_spec("aie2", "bf16", "f32", 8, 16, 255)
+        # More matrix-vector products than DMA tasks a shim channel takes.
+        with self.assertRaises(UnsupportedError):
+            mul_mat_spec("aie2", "f32", "f32", 2, 16, 4, 1024, 1)
 
     def test_mul_mat_specs(self):
         w, x = tensor("bf16", [4096, 512]), tensor("f32", [4096, 1])

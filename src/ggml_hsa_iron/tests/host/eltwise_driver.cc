@@ -1,6 +1,7 @@
 // Host driver for kernels/eltwise.cc on the AIE API stand-in (aie_api/aie.hpp).
 // Emulates what the element-wise design does: every worker (column c, row r)
-// runs K tiles of TILE elements starting at start(c, r) + k * step. Prints the
+// runs K tiles of TILE elements starting at start(c, r) + k * step. N_TOTAL is
+// the element count the design moves (whole DMA words), N_B input 1's. Prints the
 // inputs and the output, one value per line, as C99 hex floats or integers.
 #include <cstdio>
 #include <cstring>
@@ -44,7 +45,7 @@ int main() {
     a[i] = IN0_T(f);
   }
 #endif
-  std::vector<OUT_T> out(n);
+  std::vector<OUT_T> out(n, make<OUT_T>(-3.25f)); // every element is written
 #if BINARY
   std::vector<IN1_T> b(N_B);
   for (auto &x : b) {
@@ -59,8 +60,8 @@ int main() {
     for (int r = 0; r < PLAN_R; ++r) {
       int start = c * PLAN_K * PLAN_R * TILE + r * TILE;
       int step = PLAN_R * TILE;
-#if BCAST
-      ggml_eltwise_bcast_begin(start, step);
+#if BCAST || PAD
+      ggml_eltwise_begin(start, step);
 #endif
       for (int k = 0; k < PLAN_K; ++k) {
         int off = start + k * step;

@@ -1,0 +1,147 @@
+"""What each core of the MUL_MAT designs receives and where its results go.
+
+Built from the same pure-Python plan the design uses (`spec.tasks()`, the memory
+tile re-layouts `a_dims`/`b_dims`/`c_dims`), the way the DMAs move data:
+
+* a shim task walks its tap; the column's memory tile receives the stream in
+  objects (A: R*m*k, B: n*k, C: R*m*n; GEMV W: R*nr*kc, x: kc, y: R*nr);
+* A and W objects are split into R consecutive parts, one per core of the
+  column; B and x objects go to every core of the column; C and y objects are
+  joined from R consecutive parts;
+* `dims_to_stream` re-lays a part on its way: the core's element j is the
+  part's element walk(dims)[j]; for C, stream element j is the joined object's
+  element walk(c_dims)[j].
+
+Each core's lists hold, per object, the operand element index of each element it
+receives (A, B, W, x) or the dst element index each result element lands on (C, y).
+"""
+
+from ggml_hsa_iron.tiling import walk
+
+
+def _objects(indices, size):
+    assert len(indices) % size == 0, (len(indices), size)
+    return [indices[i : i + size] for i in range(0, len(indices), size)]
+
+
+def gemm_streams(spec):
+    """{(column, row): {"a": [...], "b": [...], "c": [...]}} for a GEMM spec."""
+    p = spec.plan
+    R, m, n, k = p.rows, p.m, p.n, p.k
+    aw, bw, cw = walk(p.a_dims()), walk(p.b_dims()), walk(p.c_dims())
+    cores = {(c, i): {"a": [], "b": [], "c": []} for c in range(p.columns) for i in range(R)}
+    for group in spec.tasks():
+        for col, (a, b, c) in enumerate(group):
+            for obj in _objects(a.indices(), R * m * k):
+                for i in range(R):
+                    part = obj[i * m * k : (i + 1) * m * k]
+                    cores[(col, i)]["a"].append([part[j] for j in aw])
+            for obj in _objects(b.indices(), n * k):
+                blocked = [obj[j] for j in bw]
+                for i in range(R):
+                    cores[(col, i)]["b"].append(blocked)
+            for dest in _objects(c.indices(), R * m * n):
+                joined = [None] * (R * m * n)
+                for j, pos in enumerate(cw):
+                    joined[pos] = dest[j]
+                for i in range(R):
+                    cores[(col, i)]["c"].append(joined[i * m * n : (i + 1) * m * n])
+    return cores
+
+
+def gemv_streams(spec):
+    """{(column, row): {"w": [...], "x": [...], "y": [...]}} for a GEMV spec."""
+    p = spec.plan
+    R, nr, kc = p.rows, p.rows_per_tile, p.k_chunk
+    cores = {(c, i): {"w": [], "x": [], "y": []} for c in range(p.columns) for i in range(R)}
+    for group in spec.tasks():
+        for col, (w, x, y) in enumerate(group):
+            for obj in _objects(w.indices(), R * nr * kc):
+                for i in range(R):
+                    cores[(col, i)]["w"].append(obj[i * nr * kc : (i + 1) * nr * kc])
+            for obj in _objects(x.indices(), kc):
+                for i in range(R):
+                    cores[(col, i)]["x"].append(obj)
+            for dest in _objects(y.indices(), R * nr):
+                for i in range(R):
+                    cores[(col, i)]["y"].append(dest[i * nr : (i + 1) * nr])
+    return cores
+
+
+def _batch_of(spec):
+    """dst batch index -> src0 batch index (ggml's broadcast of src0 over src1)."""
+    s0, s1 = spec.src0.ne, spec.src1.ne
+    r2, r3 = s1[2] // s0[2], s1[3] // s0[3]
+    out = {}
+    for i13 in range(s1[3]):
+        for i12 in range(s1[2]):
+            out[i13 * s1[2] + i12] = (i13 // r3) * s0[2] + (i12 // r2)
+    return out
+
+
+def check_structure(spec, cores):
+    """Asserts that every core computes dst[b, i, j] from row i of src1 and row j of
+    src0 (batch b, src0's batch by ggml's broadcast) over all of K in order, that every
+    DMA stays inside its operand and that every dst element is written. Returns the
+    number of dst writes (more than the dst size where blocks overlap)."""
+    K, N = spec.src0.ne[0], spec.src0.ne[1]
+    M = spec.src1.ne[1]
+    batch0 = _batch_of(spec)
+    sizes = [t.nelements for t in (spec.src0, spec.src1, spec.dst)]
+    written = set()
+    writes = 0
+
+    def src_pos(index, rows, total):
+        assert 0 <= index < total, f"DMA outside the operand: {index} of {total}"
+        return index // (rows * K), (index // K) % rows, index % K
+
+    p = spec.plan
+    for core in cores.values():
+        if spec.gemv:
+            steps, outs = p.k_steps, core["y"]
+            assert len(core["w"]) == len(core["x"]) == len(outs) * steps
+        else:
+            steps, outs = p.k_steps, core["c"]
+            assert len(core["a"]) == len(core["b"]) == len(outs) * steps
+        for t, dest in enumerate(outs):
+            for d in dest:
+                assert 0 <= d < sizes[2], f"dst write outside: {d}"
+            written.update(dest)
+            writes += len(dest)
+            pos = [(d // (M * N), (d // N) % M, d % N) for d in dest]
+            if spec.gemv:
+                nr, kc = p.rows_per_tile, p.k_chunk
+                for st in range(steps):
+                    w = core["w"][t * steps + st]
+                    x = core["x"][t * steps + st]
+                    for kk in range(kc):
+                        bx, row_x, kx = src_pos(x[kk], M, sizes[1])
+                        assert kx == st * kc + kk
+                        for lr in range(nr):
+                            bd, i, j = pos[lr]
+                            bw_, row_w, kw = src_pos(w[lr * kc + kk], N, sizes[0])
+                            assert (bw_, row_w, kw) == (batch0[bd], j, st * kc + kk)
+                            assert (bx, row_x) == (bd, i)
+                continue
+            n, k, r, s, tt = p.n, p.k, p.r, p.s, p.t
+            # The C tile holds r x t blocks (i < m/r, j < n/t), each row-major.
+            rows_of, cols_of = {}, {}
+            for e, (bd, i, j) in enumerate(pos):
+                blk, within = divmod(e, r * tt)
+                bi, bj = divmod(blk, n // tt)
+                lr, lc = bi * r + within // tt, bj * tt + within % tt
+                assert rows_of.setdefault(lr, (bd, i)) == (bd, i)
+                assert cols_of.setdefault(lc, (bd, j)) == (bd, j)
+            for st in range(steps):
+                a = core["a"][t * steps + st]
+                b = core["b"][t * steps + st]
+                for kk in range(k):
+                    kb = kk // s
+                    for lr, (bd, i) in rows_of.items():
+                        at = ((lr // r) * (k // s) + kb) * r * s + (lr % r) * s + kk % s
+                        assert src_pos(a[at], M, sizes[1]) == (bd, i, st * k + kk)
+                    for lc, (bd, j) in cols_of.items():
+                        bt = ((lc // tt) * (k // s) + kb) * tt * s + (lc % tt) * s + kk % s
+                        assert src_pos(b[bt], N, sizes[0]) == (batch0[bd], j, st * k + kk)
+    assert written == set(range(sizes[2])), "some dst elements are never written"
+    return writes
