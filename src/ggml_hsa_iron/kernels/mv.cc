@@ -11,6 +11,42 @@
 
 using namespace ggml_aie;
 
+#if !MV_INT
+// Rows of the W tile start MV_KC elements apart: aligned vector loads when MV_KC is
+// whole vectors, unaligned ones otherwise; the last MV_KC % VEC elements of a row are
+// read zero-padded.
+constexpr bool KC_ALIGNED = MV_KC % VEC == 0;
+constexpr int KC_BODY = MV_KC - MV_KC % VEC;
+
+template <typename T> static inline aie::vector<T, VEC> raw_load(const T *p) {
+  if constexpr (KC_ALIGNED)
+    return aie::load_v<VEC>(p);
+  else
+    return aie::load_unaligned_v<VEC>(p);
+}
+
+// A template, so that only the branch of the operand types is instantiated.
+template <typename W, typename X> static inline float row_dot(const W *row, const X *x) {
+  vf acc;
+  if constexpr (std::is_same_v<W, bfloat16> && std::is_same_v<X, bfloat16>) {
+    auto bacc = aie::zeros<accfloat, VEC>();
+    for (int k = 0; k < KC_BODY; k += VEC)
+      bacc = aie::mac(bacc, raw_load(row + k), raw_load(x + k));
+    acc = bacc.template to_vector<float>();
+  } else {
+    acc = splat(0.0f);
+    for (int k = 0; k < KC_BODY; k += VEC)
+      acc = add(acc, mul(widen(raw_load(row + k)), widen(raw_load(x + k))));
+  }
+  if constexpr (KC_BODY < MV_KC) {
+    constexpr int n = MV_KC - KC_BODY;
+    acc = add(acc, mul(load_part_zero(row + KC_BODY, n), load_part_zero(x + KC_BODY, n)));
+  }
+  return aie::reduce_add(acc);
+}
+
+#endif
+
 extern "C" {
 
 void ggml_mv_zero(Y_T *y) {
@@ -31,38 +67,6 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) {
 }
 
 #else
-
-// Rows of the W tile start MV_KC elements apart: aligned vector loads when MV_KC is
-// whole vectors, unaligned ones otherwise; the last MV_KC % VEC elements of a row are
-// read zero-padded.
-constexpr bool KC_ALIGNED = MV_KC % VEC == 0;
-constexpr int KC_BODY = MV_KC - MV_KC % VEC;
-
-template <typename T> static inline aie::vector<T, VEC> raw_load(const T *p) {
-  if constexpr (KC_ALIGNED)
-    return aie::load_v<VEC>(p);
-  else
-    return aie::load_unaligned_v<VEC>(p);
-}
-
-static inline float row_dot(const W_T *row, const X_T *x) {
-  vf acc;
-  if constexpr (std::is_same_v<W_T, bfloat16> && std::is_same_v<X_T, bfloat16>) {
-    auto bacc = aie::zeros<accfloat, VEC>();
-    for (int k = 0; k < KC_BODY; k += VEC)
-      bacc = aie::mac(bacc, raw_load(row + k), raw_load(x + k));
-    acc = bacc.template to_vector<float>();
-  } else {
-    acc = splat(0.0f);
-    for (int k = 0; k < KC_BODY; k += VEC)
-      acc = add(acc, mul(widen(raw_load(row + k)), widen(raw_load(x + k))));
-  }
-  if constexpr (KC_BODY < MV_KC) {
-    constexpr int n = MV_KC - KC_BODY;
-    acc = add(acc, mul(load_part_zero(row + KC_BODY, n), load_part_zero(x + KC_BODY, n)));
-  }
-  return aie::reduce_add(acc);
-}
 
 void ggml_mv(W_T *w, X_T *x, Y_T *y) {
   // Results are gathered VEC rows at a time and added to y with vector adds
