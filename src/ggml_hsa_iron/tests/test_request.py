@@ -136,5 +136,21 @@ class CanonicalNameTest(unittest.TestCase):
         self.assertEqual(parse_request(json.dumps(d)).canonical_name(), d["name"])
 
 
+class ReadmeRequestsTest(unittest.TestCase):
+    def test_the_bring_up_requests_are_canonical_and_planned(self):
+        import re
+
+        from ggml_hsa_iron.plans import prepare
+
+        readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+        found = re.findall(r"cat > /tmp/(\w+)\.json <<'J'\n(.*?)\nJ\n", readme, re.S)
+        self.assertEqual([name for name, _ in found], ["add", "mm", "mv", "gelu"])
+        for name, text in found:
+            with self.subTest(request=name):
+                req = parse_request(text)
+                self.assertEqual(req.name, req.canonical_name())
+                prepare(req)
+
+
 if __name__ == "__main__":
     unittest.main()
