@@ -115,10 +115,11 @@ fn main() {
 
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     if link_static {
-        // Not bundled into the archive: the final link takes ggml's own libggml-base.a. The tool
-        // binary built alongside links it here, with the C++ runtime it needs.
-        println!("cargo:rustc-link-lib=static:-bundle=ggml-base");
-        println!("cargo:rustc-link-lib=dylib=stdc++");
+        // The archive is linked by ggml's own build, next to its libggml-base.a: nothing is
+        // bundled, and the cdylib cargo also builds keeps ggml's symbols undefined (that
+        // libggml-base.a is not position-independent). Only the tool binary links it here.
+        println!("cargo:rustc-link-arg-bins={}", base_lib.display());
+        println!("cargo:rustc-link-arg-bins=-lstdc++");
         return;
     }
     println!("cargo:rustc-link-lib=dylib=ggml-base");

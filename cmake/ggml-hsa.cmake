@@ -26,7 +26,9 @@ function(ggml_hsa_add_backend)
         message(FATAL_ERROR "ggml-hsa: the targets ggml and ggml-base must exist before ggml-hsa is added")
     endif()
 
-    get_filename_component(_default_source "${_GGML_HSA_CMAKE_DIR}/.." REALPATH)
+    # This folder may be reached through a symlink (ggml/src/ggml-hsa): resolve it before going up.
+    get_filename_component(_cmake_dir "${_GGML_HSA_CMAKE_DIR}" REALPATH)
+    get_filename_component(_default_source "${_cmake_dir}" DIRECTORY)
     set(GGML_HSA_SOURCE_DIR "${_default_source}" CACHE PATH "ggml-hsa: the crate's directory (with Cargo.toml)")
     option(GGML_HSA_JIT_COMPILE "ggml-hsa: enable JIT compilation of kernels (installs the IRON package)" OFF)
     option(GGML_HSA_JIT_STDOUT_REDIRECT "ggml-hsa: redirect stdout during JIT compilation (always done)" ON)

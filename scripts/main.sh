@@ -1,29 +1,85 @@
 #!/usr/bin/env bash
-# The main job, as far as the project has come: builds the pinned llama.cpp, the plugin and the
-# hsa-sim software NPU, then runs ggml's test-backend-ops with the plugin loaded through
-# GGML_BACKEND_PATH on HSA0 (an aie2p NPU simulated by hsa-sim), comparing every starter op with
-# the CPU backend, and prints the simulator's counters (doorbells, kernels, PDI loads, simulated
-# device time). Once the llama.cpp integration lands, this runs a small model with layers on HSA0.
+# The main job: llama.cpp running real models with their supported ops on HSA0, an aie2p NPU
+# simulated by hsa-sim (no NPU needed). On a fresh machine it fetches and builds everything:
+#   1. the pinned llama.cpp, built with ggml-hsa through the CMake hook (GGML_BACKEND_DL=ON);
+#   2. the hsa-sim software NPU (its HSA runtime and kernel compiler);
+#   3. the models (scripts/models.sh): the tiny llama and all-MiniLM-L6-v2;
+# then runs
+#   * llama-simple on the tiny llama (greedy), once on the CPU alone and once with HSA0, and
+#     prints both texts and where the scheduler put the nodes (GGML_SCHED_DEBUG=2);
+#   * llama-embedding on all-MiniLM-L6-v2 on HSA0: the sentence similarity matrix, with the
+#     published figures next to it;
+#   * the simulator's counters (doorbells, kernels, PDI loads, simulated device time).
 #
-# Extra arguments go to test-backend-ops (e.g. `-o ADD` to run one op).
+#   scripts/main.sh                          the above
+#   scripts/main.sh test-backend-ops [ARGS]  ggml's op tests on HSA0 instead (e.g. -o MUL_MAT)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops
-eval "$(scripts/llama-cpp.sh env)"
-cargo build --release --locked --workspace
+say() { printf '\n== %s\n' "$*"; }
 
+scripts/llama-cpp.sh build-dl ggml-hsa llama-simple llama-embedding test-backend-ops
+bin=$(scripts/llama-cpp.sh path bin-dl)
+cargo build --release --locked -p hsa-sim
 out=$(mktemp -d)
-export GGML_BACKEND_PATH=$PWD/target/release/libggml_hsa.so
 export GGML_HSA_LIBHSA_PATH=$PWD/target/release/libhsa_runtime64.so
 export GGML_HSA_JIT_COMPILER=$PWD/target/release/hsa-sim-compile
 export GGML_HSA_KERNEL_CACHE_DIR=${GGML_HSA_KERNEL_CACHE_DIR:-$out/kernels}
 export HSA_SIM_COUNTERS=$out/counters.json
+plugin=$bin/libggml-hsa.so
 
-ops=ADD,SUB,MUL,DIV,ABS,SGN,NEG,STEP,TANH,ELU,RELU,SIGMOID,GELU,GELU_QUICK,SILU,HARDSWISH
-ops=$ops,HARDSIGMOID,EXP,GELU_ERF,FLOOR,CEIL,ROUND,TRUNC,SQR,SQRT,LOG,SIN,COS,SCALE,CLAMP,CPY,CONT,DUP
-[ $# -gt 0 ] || set -- -o "$ops"
-echo "== test-backend-ops -b HSA0 $* (plugin $GGML_BACKEND_PATH, NPU: hsa-sim)"
-"$LLAMA_CPP_BIN/test-backend-ops" -b HSA0 "$@"
-echo "== hsa-sim counters ($HSA_SIM_COUNTERS)"
-cat "$HSA_SIM_COUNTERS"
+if [ "${1:-}" = "test-backend-ops" ]; then
+    shift
+    say "test-backend-ops -b HSA0 $* (plugin $plugin, NPU: hsa-sim)"
+    GGML_BACKEND_PATH=$plugin "$bin/test-backend-ops" -b HSA0 "$@"
+    say "hsa-sim counters"
+    cat "$HSA_SIM_COUNTERS"
+    exit 0
+fi
+
+scripts/models.sh tiny-llama minilm >/dev/null
+llama=$(scripts/models.sh path tiny-llama-f32)
+minilm=$(scripts/models.sh path minilm)
+prompt="Once upon a time"
+
+say "tiny llama ($llama) on the CPU alone"
+cpu_text=$("$bin/llama-simple" -m "$llama" -n 24 "$prompt" 2>/dev/null)
+echo "$cpu_text"
+
+say "tiny llama on HSA0 (plugin $plugin, NPU: hsa-sim)"
+npu_text=$(GGML_BACKEND_PATH=$plugin GGML_SCHED_DEBUG=2 HSA_SIM_COUNTERS=$out/counters-llama.json \
+    "$bin/llama-simple" -m "$llama" -n 24 "$prompt" 2>"$out/llama.log")
+echo "$npu_text"
+if [ "$npu_text" = "$cpu_text" ]; then
+    echo "(identical to the CPU's text)"
+else
+    echo "(differs from the CPU's text)"
+fi
+grep -E "using device|assigned to device|model buffer size|KV buffer size" "$out/llama.log" | sort -u | head -n 12
+
+say "where the nodes ran (the last graph the scheduler printed, GGML_SCHED_DEBUG=2)"
+awk '
+    /## SPLIT #0:/ { delete nodes; delete ops; splits = "" }
+    /## SPLIT #/ { s = $0; sub(/.*## SPLIT #[0-9]+: /, "", s); split(s, w, " "); splits = splits " " w[1] }
+    /node #/ {
+        line = $0; sub(/.*node # *[0-9]+ \( */, "", line)
+        op = line; sub(/\).*/, "", op)
+        b = line; sub(/^[^[]*\[ */, "", b); split(b, w, " ")
+        nodes[w[1]]++; ops[w[1] " " op]++
+    }
+    END {
+        printf "splits:%s\n", splits
+        for (k in nodes) printf "%-5s %4d nodes\n", k, nodes[k]
+        for (k in ops) printf "  %-24s %4d\n", k, ops[k]
+    }' "$out/llama.log" | sort
+
+say "all-MiniLM-L6-v2 ($minilm) on HSA0: sentence similarities"
+GGML_BACKEND_PATH=$plugin HSA_SIM_COUNTERS=$out/counters-minilm.json python3 scripts/models/similarity.py --bin "$bin" -m "$minilm" \
+    --expect 0.6660,0.1046,0.1411 --tol 0.002
+
+say "hsa-sim counters of the tiny llama run"
+cat "$out/counters-llama.json"
+say "hsa-sim counters of the MiniLM run"
+cat "$out/counters-minilm.json"
+echo
+echo "logs: $out"

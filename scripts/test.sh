@@ -48,6 +48,14 @@ rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup com
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops || { echo "0 passed, 1 failed"; exit 1; }
 eval "$(scripts/llama-cpp.sh env)"
+# llama.cpp end to end (tests/llama_e2e.rs): the pinned tree built with the backend both ways the
+# README documents (the CMake hook, DL; the integration helper, in-tree static), and the models.
+check "llama.cpp + ggml-hsa through the CMake hook (GGML_BACKEND_DL=ON)" \
+    scripts/llama-cpp.sh build-dl ggml-hsa llama-simple llama-embedding
+check "llama.cpp + ggml-hsa in-tree via cmake/integrate.sh (GGML_BACKEND_DL=OFF, static)" \
+    scripts/llama-cpp.sh build-static llama-simple
+check "models (scripts/models.sh)" scripts/models.sh
+export GGML_HSA_REQUIRE_E2E=1
 
 # --- checks ----------------------------------------------------------------------------------
 check rustfmt cargo fmt --all --check

@@ -57,20 +57,22 @@ impl Platform {
             }
         };
         let (npus, skipped) = select_npus(&agents, config.max_devices);
-        platform.warnings.extend(skipped);
         if npus.is_empty() {
+            // One line says it all: what the runtime has and why none of it is usable.
             platform.unavailable = Some(format!(
-                "the HSA runtime {} reports no AIE agent named aie2 or aie2p ({} agent(s): {})",
+                "the HSA runtime {} reports no AIE agent named aie2 or aie2p ({} agent(s): {}){}",
                 runtime.library().display(),
                 agents.len(),
                 agents
                     .iter()
                     .map(|a| a.name.as_str())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                skipped.iter().map(|s| format!("; {s}")).collect::<String>()
             ));
             return platform;
         }
+        platform.warnings.extend(skipped);
         let (abi, why) = choose_packet_abi(runtime, config);
         for npu in npus {
             let index = platform.devices.len();

@@ -1,11 +1,15 @@
 // Greedy generation with llama.cpp's public API, for the end-to-end tests (tests/llama_e2e.rs):
 // decodes the prompt in one batch, then generates N tokens one at a time, and writes
-//   stdout:  "tokens: <id> <id> ..." and "text: <generated text>"
+//   stdout:  "prompt_tokens: <n>", "tokens: <id> <id> ..." and "text: <generated text>"
 //   --logits FILE: the logits of every step (n_predict x n_vocab little-endian f32)
 // All of llama.cpp's and ggml's log lines (debug level included, so GGML_SCHED_DEBUG output
 // too) go to stderr.
 //
-//   llama_greedy -m MODEL [-n N] [-ngl N] [--logits FILE] [--backend-dir DIR] PROMPT
+// With --force ID,ID,... the given tokens are fed back instead of the argmax (teacher forcing:
+// another run's tokens, so that both runs see the same sequence); "tokens:" still lists the
+// argmax of every step.
+//
+//   llama_greedy -m MODEL [-n N] [-ngl N] [--logits FILE] [--force IDS] [--backend-dir DIR] PROMPT
 // (DIR: where ggml looks for its backend libraries; default: next to the executable)
 #include "llama.h"
 
@@ -34,6 +38,7 @@ int main(int argc, char ** argv) {
     std::setlocale(LC_NUMERIC, "C");
     std::string model_path, logits_path, backend_dir, prompt;
     int n_predict = 16;
+    std::vector<llama_token> forced;
     int ngl = 99;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
@@ -43,6 +48,16 @@ int main(int argc, char ** argv) {
             n_predict = std::atoi(argv[++i]);
         } else if (a == "-ngl" && i + 1 < argc) {
             ngl = std::atoi(argv[++i]);
+        } else if (a == "--force" && i + 1 < argc) {
+            for (const char * p = argv[++i]; *p;) {
+                char * end = nullptr;
+                forced.push_back((llama_token) std::strtol(p, &end, 10));
+                if (end == p) {
+                    fprintf(stderr, "error: --force takes comma-separated token ids\n");
+                    return 2;
+                }
+                p = *end == ',' ? end + 1 : end;
+            }
         } else if (a == "--backend-dir" && i + 1 < argc) {
             backend_dir = argv[++i];
         } else if (a == "--logits" && i + 1 < argc) {
@@ -124,14 +139,15 @@ int main(int argc, char ** argv) {
         if (n > 0) {
             text.append(piece, n);
         }
-        set_tokens(batch, &best, 1, n_pos);
+        llama_token next = step < (int) forced.size() ? forced[step] : best;
+        set_tokens(batch, &next, 1, n_pos);
         n_batch = 1;
     }
     if (logits_file) {
         fclose(logits_file);
     }
 
-    printf("tokens:");
+    printf("prompt_tokens: %d\ntokens:", n_prompt);
     for (llama_token t : generated) {
         printf(" %d", t);
     }
