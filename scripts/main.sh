@@ -37,7 +37,7 @@ if [ "${1:-}" = "test-backend-ops" ]; then
     exit 0
 fi
 
-scripts/models.sh tiny-llama minilm >/dev/null
+scripts/models.sh all >/dev/null
 llama=$(scripts/models.sh path tiny-llama-f32)
 minilm=$(scripts/models.sh path minilm)
 prompt="Once upon a time"
