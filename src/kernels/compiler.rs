@@ -79,13 +79,9 @@ impl Capabilities {
         if !op.broadcast && desc.inputs.iter().any(|t| t.ne != desc.output.ne) {
             return Err(format!("{} kernels do not broadcast", desc.op));
         }
-        if !op.noncontiguous {
-            let dense = |t: &super::desc::Layout| {
-                super::desc::Layout::contiguous(&t.dtype, t.nb[0], t.ne).nb == t.nb
-            };
-            if !desc.inputs.iter().chain([&desc.output]).all(dense) {
-                return Err(format!("{} kernels need contiguous operands", desc.op));
-            }
+        let operands = || desc.inputs.iter().chain([&desc.output]);
+        if !op.noncontiguous && !operands().all(super::desc::Layout::is_dense) {
+            return Err(format!("{} kernels need contiguous operands", desc.op));
         }
         Ok(())
     }

@@ -35,10 +35,11 @@ pub struct TensorDesc {
 }
 
 impl TensorDesc {
-    /// A contiguous tensor of this shape.
+    /// A contiguous tensor of this shape (rows of whole blocks for block-quantized types).
     pub fn contiguous(ne: [i64; 4], ty: DType) -> TensorDesc {
         let s = ty.size() as i64;
-        let nb = [s, s * ne[0], s * ne[0] * ne[1], s * ne[0] * ne[1] * ne[2]];
+        let row = s * ne[0] / ty.block() as i64;
+        let nb = [s, row, row * ne[1], row * ne[1] * ne[2]];
         TensorDesc { ne, nb, ty }
     }
 
@@ -46,16 +47,23 @@ impl TensorDesc {
         self.ne.iter().map(|&n| n.max(0) as u64).product()
     }
 
-    /// Bytes spanned from the first to one past the last element (0 if empty).
+    /// Bytes spanned from the first to one past the last element (0 if empty). Dimension 0 of
+    /// a block-quantized tensor is stepped over in blocks.
     pub fn extent(&self) -> u64 {
         if self.nelements() == 0 {
             return 0;
         }
-        let mut last = 0u64;
-        for d in 0..4 {
-            last = last.saturating_add((self.ne[d] as u64 - 1).saturating_mul(self.nb[d] as u64));
-        }
+        let mut ne = self.ne.map(|n| n as u64);
+        ne[0] = ne[0].div_ceil(self.ty.block() as u64);
+        let last = ne.iter().zip(self.nb).fold(0u64, |acc, (&n, nb)| {
+            acc.saturating_add((n - 1).saturating_mul(nb as u64))
+        });
         last.saturating_add(self.ty.size() as u64)
+    }
+
+    /// Bytes of the data proper (elements, or whole blocks), for the cost model.
+    pub fn data_bytes(&self) -> u64 {
+        self.nelements() / self.ty.block() as u64 * self.ty.size() as u64
     }
 }
 
@@ -218,7 +226,26 @@ impl KernelDesc {
         }
         let index_operand = |i: usize| matches!(op, Op::Rope { .. }) && i == 1;
         let tensors = self.inputs.iter().chain(std::iter::once(&self.output));
-        for (_, t) in tensors.enumerate().filter(|(i, _)| !index_operand(*i)) {
+        for (i, t) in tensors.enumerate().filter(|(i, _)| !index_operand(*i)) {
+            if t.ty.is_quantized() {
+                if !(op == Op::MulMat && i == 0) {
+                    return Err(DescError::Unsupported(format!(
+                        "type {} for operand {i} of op {} (block-quantized types are MUL_MAT \
+                         weights only)",
+                        t.ty.name(),
+                        self.op
+                    )));
+                }
+                let (block, size) = (t.ty.block() as i64, t.ty.size() as i64);
+                if t.ne[0] % block != 0 || t.nb[0] != size {
+                    return inv(format!(
+                        "tensor {i}: {} rows must be whole blocks of {block} values \
+                         (ne[0] a multiple of {block}, nb[0] = {size} bytes)",
+                        t.ty.name()
+                    ));
+                }
+                continue;
+            }
             if !t.ty.is_supported() {
                 return Err(DescError::Unsupported(format!(
                     "type {} for op {}",

@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Element types of tensor descriptors.
+/// Element types of tensor descriptors: ggml's names, including the block-quantized weight
+/// types MUL_MAT reads (`q4_0`, `q8_0`, `q4_K`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
@@ -13,15 +14,43 @@ pub enum DType {
     I8,
     I16,
     I32,
+    /// Blocks of 32 values: f16 scale, 16 bytes of 4-bit values (offset 8).
+    #[serde(rename = "q4_0")]
+    Q4_0,
+    /// Blocks of 32 values: f16 scale, 32 signed bytes.
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    /// Super-blocks of 256 values: f16 scale and min scale, 12 bytes of 6-bit sub-block scales
+    /// and mins, 128 bytes of 4-bit values.
+    #[serde(rename = "q4_K")]
+    Q4K,
 }
 
 impl DType {
+    /// Bytes per element, or per block for the block-quantized types.
     pub fn size(self) -> usize {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::Bf16 | DType::I16 => 2,
             DType::I8 => 1,
+            DType::Q4_0 => 18,
+            DType::Q8_0 => 34,
+            DType::Q4K => 144,
         }
+    }
+
+    /// Elements per block (1 for the types stored one element at a time). A block-quantized
+    /// tensor's `nb[0]` is the block size in bytes and its `ne[0]` a multiple of this.
+    pub fn block(self) -> usize {
+        match self {
+            DType::Q4_0 | DType::Q8_0 => 32,
+            DType::Q4K => 256,
+            _ => 1,
+        }
+    }
+
+    pub fn is_quantized(self) -> bool {
+        self.block() > 1
     }
 
     pub fn name(self) -> &'static str {
@@ -32,6 +61,9 @@ impl DType {
             DType::I8 => "i8",
             DType::I16 => "i16",
             DType::I32 => "i32",
+            DType::Q4_0 => "q4_0",
+            DType::Q8_0 => "q8_0",
+            DType::Q4K => "q4_K",
         }
     }
 
@@ -148,6 +180,9 @@ pub const ARCHS: &[&str] = &["aie2", "aie2p"];
 
 /// Element types every op accepts, for every operand independently.
 pub const TYPES: &[DType] = &[DType::F32, DType::F16, DType::Bf16];
+
+/// Block-quantized weight types MUL_MAT accepts for its first input (the weights) only.
+pub const WEIGHT_TYPES: &[DType] = &[DType::Q4_0, DType::Q8_0, DType::Q4K];
 
 impl Op {
     pub fn from_name(name: &str) -> Option<Op> {

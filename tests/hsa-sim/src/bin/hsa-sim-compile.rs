@@ -22,10 +22,14 @@ fn capabilities() -> serde_json::Value {
         .into_iter()
         .filter_map(|name| Op::from_name(name).map(|op| (name, op)))
         .map(|(name, op)| {
-            // ROPE's positions are i32 (its other operands take the float types).
+            // ROPE's positions are i32 (its other operands take the float types); MUL_MAT's
+            // weights may be block-quantized (its other operands take the float types).
             let mut types = types.clone();
             if matches!(op, Op::Rope { .. }) {
                 types.push("i32");
+            }
+            if op == Op::MulMat {
+                types.extend(ops::WEIGHT_TYPES.iter().map(|t| t.name()));
             }
             json!({
                 "op": name,
@@ -43,7 +47,8 @@ fn capabilities() -> serde_json::Value {
         "version": env!("CARGO_PKG_VERSION"),
         "archs": ops::ARCHS,
         "image_format": "HSASIMK1",
-        "types_note": "every operand may independently be any listed type; computed in f32, rounded on store",
+        "types_note": "every operand may independently be any listed float type; computed in f32, rounded on store; \
+                       ROPE's i32 type is for its positions, MUL_MAT's block-quantized types (q4_0, q8_0, q4_K) for its weights (input 0) only",
         "ops": ops,
     })
 }

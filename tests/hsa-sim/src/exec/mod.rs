@@ -3,6 +3,7 @@
 //! back, so outputs may alias inputs (ggml's in-place ops) without undefined behaviour.
 
 mod elem;
+pub mod quant;
 mod unary;
 
 pub use elem::{bf16_from_f32, bf16_to_f32};
@@ -207,9 +208,39 @@ fn norm_rows(x: &Buf<'_>, out: &mut Buf<'_>, eps: f64, rms: bool) {
     }
 }
 
+/// ggml's MUL_MAT with block-quantized weights: each activation row is quantized to the
+/// weights' dot-product type and multiplied with each weight row block by block (see
+/// [`quant`] for why the activations are quantized).
+fn mul_mat_quantized(w: &Buf<'_>, x: &Buf<'_>, out: &mut Buf<'_>) {
+    let (wn, xn, ty) = (w.t.ne, x.t.ne, w.t.ty);
+    let k = wn[0];
+    let (r2, r3) = (xn[2] / wn[2], xn[3] / wn[3]);
+    let row_bytes = k as usize / ty.block() * ty.size();
+    let mut row = vec![0f32; k as usize];
+    for i3 in 0..xn[3] {
+        for i2 in 0..xn[2] {
+            for n in 0..xn[1] {
+                for (kk, r) in row.iter_mut().enumerate() {
+                    *r = x.get([kk as i64, n, i2, i3]);
+                }
+                let a = quant::quantize_for(ty, &row);
+                let base = (i2 / r2) * w.t.nb[2] + (i3 / r3) * w.t.nb[3];
+                for m in 0..wn[1] {
+                    let at = (base + m * w.t.nb[1]) as usize;
+                    let v = quant::dot(ty, &w.bytes[at..at + row_bytes], &a);
+                    out.set([m, n, i2, i3], v);
+                }
+            }
+        }
+    }
+}
+
 /// ggml's MUL_MAT. ggml-cpu first converts the activations to the weights' type (f16 or bf16
 /// weights get f16/bf16 activations) and accumulates the products in f32; so does this.
 fn mul_mat(w: &Buf<'_>, x: &Buf<'_>, out: &mut Buf<'_>) {
+    if w.t.ty.is_quantized() {
+        return mul_mat_quantized(w, x, out);
+    }
     let (wn, xn) = (w.t.ne, x.t.ne);
     let k = wn[0];
     let (r2, r3) = (xn[2] / wn[2], xn[3] / wn[3]);
@@ -340,14 +371,10 @@ pub unsafe fn execute(
     unsafe {
         std::ptr::copy_nonoverlapping(out.bytes.as_ptr(), dst.addr as *mut u8, out.bytes.len())
     };
-    let bytes_read = desc
-        .inputs
-        .iter()
-        .map(|t| t.nelements() * t.ty.size() as u64)
-        .sum();
+    let bytes_read = desc.inputs.iter().map(TensorDesc::data_bytes).sum();
     Ok(ExecStats {
         bytes_read,
-        bytes_written: n * desc.output.ty.size() as u64,
+        bytes_written: desc.output.data_bytes(),
         flops: n * op.flops_per_element(desc.inputs[0].ne[0] as u64),
     })
 }
