@@ -36,6 +36,7 @@ const NORM_OPS: &str = "norm_ops.py";
 const GLU_OPS: &str = "glu_ops.py";
 const SOFT_MAX_OPS: &str = "soft_max.py";
 const ROPE_OPS: &str = "rope.py";
+const REDUCE_OPS: &str = "reduce_ops.py";
 
 /// One kernel a config may name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +112,9 @@ pub const KERNELS: &[KernelKind] = &[
     kind("GEGLU_ERF", GLU_OPS, 2, 0),
     kind("GEGLU_QUICK", GLU_OPS, 2, 0),
     kind("NORM", NORM_OPS, 1, 1),
+    kind("ARGMAX", REDUCE_OPS, 1, 0),
+    kind("COUNT_EQUAL", REDUCE_OPS, 2, 0),
+    kind("CROSS_ENTROPY_LOSS", REDUCE_OPS, 2, 0),
 ];
 
 const KERNEL_PREFIX: &str = "ggml_op_";
@@ -157,8 +161,8 @@ pub enum ConfigError {
     #[error("shape must have exactly 4 dimensions: {text:?} has {count}")]
     ShapeDims { text: String, count: usize },
     #[error(
-        "unknown dtype {dtype:?} in {text:?} (supported: f32, f16, bf16, i8, i16, i32, q4_0, \
-         q8_0, q4_K)"
+        "unknown dtype {dtype:?} in {text:?} (supported: f32, f16, bf16, i8, i16, i32, i64, \
+         q4_0, q8_0, q4_K)"
     )]
     UnknownDtype { text: String, dtype: String },
     #[error("strides must have 4 values: {text:?} has {count}")]

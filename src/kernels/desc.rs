@@ -11,13 +11,14 @@ use super::Arch;
 /// The element types a kernel operand may have, by ggml's name: elements per block (1 for the
 /// types stored one element at a time) and bytes per block. Block-quantized operands are laid
 /// out as ggml lays them out: `nb[0]` is the block size in bytes, rows are whole blocks.
-pub const DTYPES: [(&str, u64, u64); 9] = [
+pub const DTYPES: [(&str, u64, u64); 10] = [
     ("f32", 1, 4),
     ("f16", 1, 2),
     ("bf16", 1, 2),
     ("i8", 1, 1),
     ("i16", 1, 2),
     ("i32", 1, 4),
+    ("i64", 1, 8),
     ("q4_0", 32, 18),
     ("q8_0", 32, 34),
     ("q4_K", 256, 144),

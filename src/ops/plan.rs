@@ -23,6 +23,9 @@
 //! * `MUL_MAT`: one kernel; weights f32, f16, bf16 or block-quantized (`q4_0`, `q8_0`, `q4_K`,
 //!   passed as ggml stores them: `nb[0]` = bytes per block, rows of whole blocks), activations
 //!   f32 (broadcast over the batch dimensions as ggml does), output f32.
+//! * `ARGMAX` (an f32 matrix to one i32 index per row), `COUNT_EQUAL` (two i32 tensors of one
+//!   shape to one i64 count), `CROSS_ENTROPY_LOSS` (f32 logits and labels of one shape to one
+//!   f32 loss): one reduction kernel each, operands as laid out in memory.
 //!
 //! Element-wise kernels on contiguous operands of the same shape are flattened to one dimension,
 //! so one kernel serves every shape with the same number of elements.
@@ -110,6 +113,43 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
             )
         }
         Op::MulMat => mul_mat(src(0)?, src(1)?, &node.dst),
+        Op::ArgMax => {
+            let a = src(0)?;
+            let ok = a.dtype == DType::F32
+                && node.dst.dtype == DType::I32
+                && a.ne[2] == 1
+                && a.ne[3] == 1
+                && node.dst.ne == [a.ne[1], 1, 1, 1];
+            if !ok {
+                return Err("ARGMAX: an f32 matrix to one i32 index per row only".into());
+            }
+            Ok(kernel_as_laid_out("ARGMAX", Vec::new(), &[a], &node.dst))
+        }
+        Op::CountEqual | Op::CrossEntropyLoss => {
+            let (a, b) = (src(0)?, src(1)?);
+            let (input, output) = if node.op == Op::CountEqual {
+                (DType::I32, DType::I64)
+            } else {
+                (DType::F32, DType::F32)
+            };
+            let ok = a.dtype == input
+                && b.dtype == input
+                && a.same_shape(b)
+                && node.dst.dtype == output
+                && node.dst.nelements() == 1;
+            if !ok {
+                return Err(format!(
+                    "{}: two {input} tensors of one shape to one {output} only",
+                    node.op.name()
+                ));
+            }
+            Ok(kernel_as_laid_out(
+                node.op.name(),
+                Vec::new(),
+                &[a, b],
+                &node.dst,
+            ))
+        }
         Op::Glu { name, .. } => {
             let a = src(0)?;
             let (x, g) = match node.src(1) {
@@ -497,5 +537,49 @@ mod tests {
         assert!(err.contains("q4_0"), "{err}");
         let err = plan(&node(Op::Unary(UnaryOp::Relu), t, vec![q])).unwrap_err();
         assert!(err.contains("q4_0"), "{err}");
+    }
+
+    #[test]
+    fn argmax_count_equal_and_cross_entropy_loss_are_kernels() {
+        let x = tensor(DType::F32, [100, 10, 1, 1], 0);
+        let idx = tensor(DType::I32, [10, 1, 1, 1], 0);
+        let Plan::Kernel { desc, .. } =
+            plan(&node(Op::ArgMax, idx.clone(), vec![x.clone()])).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(desc.canonical_name(), "argmax-f32_100x10-i32_10");
+        let batched = tensor(DType::F32, [100, 10, 2, 1], 0);
+        assert!(plan(&node(Op::ArgMax, idx.clone(), vec![batched])).is_err());
+        assert!(plan(&node(Op::ArgMax, x.clone(), vec![x.clone()])).is_err());
+
+        let count = tensor(DType::I64, [1, 1, 1, 1], 0);
+        let Plan::Kernel { desc, operands } = plan(&node(
+            Op::CountEqual,
+            count.clone(),
+            vec![idx.clone(), idx.clone()],
+        ))
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.canonical_name(), "count_equal-i32_10-i32_10-i64_1");
+        assert_eq!(operands.len(), 3);
+        let other = tensor(DType::I32, [5, 1, 1, 1], 0);
+        assert!(plan(&node(Op::CountEqual, count, vec![idx.clone(), other])).is_err());
+
+        let loss = tensor(DType::F32, [1, 1, 1, 1], 0);
+        let Plan::Kernel { desc, .. } = plan(&node(
+            Op::CrossEntropyLoss,
+            loss.clone(),
+            vec![x.clone(), x.clone()],
+        ))
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            desc.canonical_name(),
+            "cross_entropy_loss-f32_100x10-f32_100x10-f32_1"
+        );
+        assert!(plan(&node(Op::CrossEntropyLoss, loss, vec![idx.clone(), idx])).is_err());
     }
 }

@@ -164,6 +164,22 @@ impl KernelDesc {
                     "MUL_MAT output other than f32".into(),
                 ));
             }
+        } else if op == Op::ArgMax {
+            let (a, o) = (src0.ne, self.output.ne);
+            if a[2] != 1 || a[3] != 1 || o != [a[1], 1, 1, 1] {
+                return inv(format!(
+                    "ARGMAX takes a matrix and gives one index per row: input {a:?}, output {o:?}"
+                ));
+            }
+        } else if matches!(op, Op::CountEqual | Op::CrossEntropyLoss) {
+            let (a, b, o) = (src0.ne, self.inputs[1].ne, self.output.ne);
+            if a != b || o != [1, 1, 1, 1] {
+                return inv(format!(
+                    "{} takes two inputs of one shape and gives one value: inputs {a:?} and \
+                     {b:?}, output {o:?}",
+                    self.op
+                ));
+            }
         } else if self.output.ne != src0.ne {
             return inv(format!(
                 "output ne {:?} differs from inputs[0] ne {:?}",
@@ -208,7 +224,14 @@ impl KernelDesc {
                 )));
             }
         }
-        let elementwise = !matches!(op, Op::MulMat | Op::SoftMax { .. } | Op::Rope { .. });
+        let elementwise = !matches!(
+            op,
+            Op::MulMat
+                | Op::SoftMax { .. }
+                | Op::Rope { .. }
+                | Op::CountEqual
+                | Op::CrossEntropyLoss
+        );
         if let Some(src1) = self.inputs.get(1).filter(|_| elementwise) {
             for d in 0..4 {
                 let (a, b) = (src0.ne[d], src1.ne[d]);
@@ -224,18 +247,9 @@ impl KernelDesc {
         if !crate::ops::ARCHS.contains(&self.arch.as_str()) {
             return Err(DescError::Unsupported(format!("arch {:?}", self.arch)));
         }
-        let index_operand = |i: usize| matches!(op, Op::Rope { .. }) && i == 1;
         let tensors = self.inputs.iter().chain(std::iter::once(&self.output));
-        for (i, t) in tensors.enumerate().filter(|(i, _)| !index_operand(*i)) {
-            if t.ty.is_quantized() {
-                if !(op == Op::MulMat && i == 0) {
-                    return Err(DescError::Unsupported(format!(
-                        "type {} for operand {i} of op {} (block-quantized types are MUL_MAT \
-                         weights only)",
-                        t.ty.name(),
-                        self.op
-                    )));
-                }
+        for (i, t) in tensors.enumerate() {
+            if t.ty.is_quantized() && op == Op::MulMat && i == 0 {
                 let (block, size) = (t.ty.block() as i64, t.ty.size() as i64);
                 if t.ne[0] % block != 0 || t.nb[0] != size {
                     return inv(format!(
@@ -244,11 +258,15 @@ impl KernelDesc {
                         t.ty.name()
                     ));
                 }
-                continue;
             }
-            if !t.ty.is_supported() {
+            if !op.operand_types(i).contains(&t.ty) {
+                let what = if i == op.arity() {
+                    "the output".to_owned()
+                } else {
+                    format!("input {i}")
+                };
                 return Err(DescError::Unsupported(format!(
-                    "type {} for op {}",
+                    "type {} for {what} of op {}",
                     t.ty.name(),
                     self.op
                 )));

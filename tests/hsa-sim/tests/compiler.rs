@@ -42,6 +42,13 @@ fn capabilities_lists_ops() {
         let quantized = o["types"].as_array().unwrap().contains(&"q4_K".into());
         assert_eq!(quantized, o["op"] == "MUL_MAT", "{o}");
     }
+    let types = |op: &str| {
+        let o = v["ops"].as_array().unwrap().iter().find(|o| o["op"] == op);
+        o.unwrap()["types"].clone()
+    };
+    assert_eq!(types("ARGMAX"), serde_json::json!(["f32", "i32"]));
+    assert_eq!(types("COUNT_EQUAL"), serde_json::json!(["i32", "i64"]));
+    assert_eq!(types("CROSS_ENTROPY_LOSS"), serde_json::json!(["f32"]));
     let mm = v["ops"]
         .as_array()
         .unwrap()
@@ -170,4 +177,39 @@ fn unsupported_and_invalid_requests() {
     let out = bin().arg("frobnicate").output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn reductions_are_validated() {
+    let req = |op: &str, input: &str, inputs: usize, output: &str| {
+        let inputs = vec![input; inputs].join(",");
+        format!(
+            r#"{{"name":"r","arch":"aie2","op":"{op}","op_params":[],
+            "inputs":[{inputs}],"output":{output}}}"#
+        )
+    };
+    let check = |text: String| image::KernelDesc::parse_json(&text).unwrap().validate();
+    let f32_4x3 = r#"{"ne":[4,3,1,1],"nb":[4,16,48,48],"type":"f32"}"#;
+    let i32_4x3 = r#"{"ne":[4,3,1,1],"nb":[4,16,48,48],"type":"i32"}"#;
+    let i32_3 = r#"{"ne":[3,1,1,1],"nb":[4,12,12,12],"type":"i32"}"#;
+    let i64_1 = r#"{"ne":[1,1,1,1],"nb":[8,8,8,8],"type":"i64"}"#;
+    let f32_1 = r#"{"ne":[1,1,1,1],"nb":[4,4,4,4],"type":"f32"}"#;
+    assert!(check(req("ARGMAX", f32_4x3, 1, i32_3)).is_ok());
+    assert!(check(req("COUNT_EQUAL", i32_4x3, 2, i64_1)).is_ok());
+    assert!(check(req("CROSS_ENTROPY_LOSS", f32_4x3, 2, f32_1)).is_ok());
+    // Wrong output shapes are invalid; wrong types unsupported.
+    let bad = check(req("ARGMAX", f32_4x3, 1, i64_1));
+    assert!(matches!(bad, Err(image::DescError::Invalid(_))), "{bad:?}");
+    let bad = check(req("COUNT_EQUAL", i32_4x3, 2, i32_3));
+    assert!(matches!(bad, Err(image::DescError::Invalid(_))), "{bad:?}");
+    let bad = check(req("COUNT_EQUAL", f32_4x3, 2, i64_1));
+    assert!(
+        matches!(bad, Err(image::DescError::Unsupported(_))),
+        "{bad:?}"
+    );
+    let bad = check(req("CROSS_ENTROPY_LOSS", f32_4x3, 2, i64_1));
+    assert!(
+        matches!(bad, Err(image::DescError::Unsupported(_))),
+        "{bad:?}"
+    );
 }
