@@ -76,16 +76,17 @@ impl Capabilities {
                 return Err(format!("{} is not compiled for type {}", desc.op, t.dtype));
             }
         }
-        if !op.broadcast && desc.inputs.iter().any(|t| t.ne != desc.output.ne) {
+        // Broadcasting repeats an input with fewer elements than the output; reductions
+        // (ARGMAX, COUNT_EQUAL, ...) have outputs smaller than their inputs, which is not
+        // broadcasting.
+        let count = |ne: &[i64; 4]| ne.iter().product::<i64>();
+        let smaller = |t: &super::desc::Layout| count(&t.ne) < count(&desc.output.ne);
+        if !op.broadcast && desc.inputs.iter().any(smaller) {
             return Err(format!("{} kernels do not broadcast", desc.op));
         }
-        if !op.noncontiguous {
-            let dense = |t: &super::desc::Layout| {
-                super::desc::Layout::contiguous(&t.dtype, t.nb[0], t.ne).nb == t.nb
-            };
-            if !desc.inputs.iter().chain([&desc.output]).all(dense) {
-                return Err(format!("{} kernels need contiguous operands", desc.op));
-            }
+        let operands = || desc.inputs.iter().chain([&desc.output]);
+        if !op.noncontiguous && !operands().all(super::desc::Layout::is_dense) {
+            return Err(format!("{} kernels need contiguous operands", desc.op));
         }
         Ok(())
     }
@@ -242,6 +243,14 @@ mod tests {
             .check(Arch::Aie2p, &bcast)
             .unwrap_err()
             .contains("broadcast"));
+        // A reduction's output is smaller than its input: that is not broadcasting.
+        let mut sum = desc("RELU", 1, "f32");
+        sum.output = Layout::contiguous("f32", 4, [1, 1, 1, 1]);
+        assert_eq!(caps.check(Arch::Aie2p, &sum), Ok(()));
+        let mut rows = desc("RELU", 1, "f32");
+        rows.inputs[0] = Layout::contiguous("f32", 4, [4, 500, 1, 1]);
+        rows.output = Layout::contiguous("f32", 4, [500, 1, 1, 1]);
+        assert_eq!(caps.check(Arch::Aie2p, &rows), Ok(()));
     }
 
     #[test]

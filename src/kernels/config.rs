@@ -19,22 +19,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::desc::{KernelDesc, Layout};
+use super::desc::{dtype_block, KernelDesc, Layout};
 use super::Arch;
 
-/// Element types a descriptor may name, with their size in bytes.
-const DTYPES: [(&str, u64); 6] = [
-    ("f32", 4),
-    ("f16", 2),
-    ("bf16", 2),
-    ("i8", 1),
-    ("i16", 2),
-    ("i32", 4),
-];
-
-/// Bytes per element of `dtype`, for the types a descriptor may name.
+/// Bytes per element (per block for the block-quantized types) of `dtype`, for the types a
+/// descriptor may name (the kernel operand types, [`DTYPES`]).
 pub fn dtype_size(dtype: &str) -> Option<u64> {
-    DTYPES.iter().find(|(n, _)| *n == dtype).map(|&(_, s)| s)
+    dtype_block(dtype).map(|(_, bytes)| bytes)
 }
 
 const BINARY_OPS: &str = "binary_ops.py";
@@ -45,6 +36,7 @@ const NORM_OPS: &str = "norm_ops.py";
 const GLU_OPS: &str = "glu_ops.py";
 const SOFT_MAX_OPS: &str = "soft_max.py";
 const ROPE_OPS: &str = "rope.py";
+const REDUCE_OPS: &str = "reduce_ops.py";
 
 /// One kernel a config may name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +112,9 @@ pub const KERNELS: &[KernelKind] = &[
     kind("GEGLU_ERF", GLU_OPS, 2, 0),
     kind("GEGLU_QUICK", GLU_OPS, 2, 0),
     kind("NORM", NORM_OPS, 1, 1),
+    kind("ARGMAX", REDUCE_OPS, 1, 0),
+    kind("COUNT_EQUAL", REDUCE_OPS, 2, 0),
+    kind("CROSS_ENTROPY_LOSS", REDUCE_OPS, 2, 0),
 ];
 
 const KERNEL_PREFIX: &str = "ggml_op_";
@@ -165,7 +160,10 @@ pub enum ConfigError {
     InvalidTensor { text: String, reason: String },
     #[error("shape must have exactly 4 dimensions: {text:?} has {count}")]
     ShapeDims { text: String, count: usize },
-    #[error("unknown dtype {dtype:?} in {text:?} (supported: f32, f16, bf16, i8, i16, i32)")]
+    #[error(
+        "unknown dtype {dtype:?} in {text:?} (supported: f32, f16, bf16, i8, i16, i32, i64, \
+         q4_0, q8_0, q4_K)"
+    )]
     UnknownDtype { text: String, dtype: String },
     #[error("strides must have 4 values: {text:?} has {count}")]
     StrideCount { text: String, count: usize },
@@ -177,7 +175,7 @@ pub enum ConfigError {
         reason: &'static str,
     },
     #[error(
-        "stride {stride} of dimension {dim} in {text:?} is not a multiple of the {dtype} element \
+        "stride {stride} of dimension {dim} in {text:?} is not a multiple of the {dtype} {unit} \
          size ({size} bytes): strides are byte strides (ggml nb)"
     )]
     MisalignedStride {
@@ -185,6 +183,8 @@ pub enum ConfigError {
         dim: usize,
         stride: u64,
         dtype: String,
+        /// `element`, or `block` for the block-quantized types.
+        unit: &'static str,
         size: u64,
     },
     #[error("kernel source not found: {}", source_hint(.kernel_name, .kernel_source, *.defined_in))]
@@ -268,10 +268,15 @@ pub fn parse_tensor(s: &str) -> Result<Layout, ConfigError> {
     if dtype.is_empty() {
         return Err(invalid("the dtype is missing"));
     }
-    let size = dtype_size(dtype).ok_or_else(|| ConfigError::UnknownDtype {
+    let (block, size) = dtype_block(dtype).ok_or_else(|| ConfigError::UnknownDtype {
         text: s.to_owned(),
         dtype: dtype.to_owned(),
     })?;
+    if !(ne[0] as u64).is_multiple_of(block) {
+        return Err(invalid(&format!(
+            "{dtype} rows are whole blocks: dimension 0 must be a multiple of {block}"
+        )));
+    }
     // Layout::contiguous multiplies the dimensions; refuse sizes that would overflow rather
     // than panic or wrap.
     if ne
@@ -283,7 +288,7 @@ pub fn parse_tensor(s: &str) -> Result<Layout, ConfigError> {
             "the tensor's size in bytes does not fit in 64 bits",
         ));
     }
-    let mut layout = Layout::contiguous(dtype, size, ne);
+    let mut layout = Layout::dense(dtype, ne).expect("a known dtype");
 
     if let Some(strides) = strides {
         let (values, rest) = parenthesised(strides)
@@ -316,6 +321,7 @@ pub fn parse_tensor(s: &str) -> Result<Layout, ConfigError> {
                     dim,
                     stride,
                     dtype: dtype.to_owned(),
+                    unit: if block > 1 { "block" } else { "element" },
                     size,
                 });
             }
@@ -344,8 +350,7 @@ pub fn format_tensor(t: &Layout) -> String {
     let join = |v: &[String]| v.join(",");
     let ne: Vec<String> = t.ne.iter().map(i64::to_string).collect();
     let mut text = format!("({})/{}", join(&ne), t.dtype);
-    let dense = dtype_size(&t.dtype)
-        .is_some_and(|size| Layout::contiguous(&t.dtype, size, t.ne).nb == t.nb);
+    let dense = Layout::dense(&t.dtype, t.ne).is_some_and(|d| d.nb == t.nb);
     if !dense {
         let nb: Vec<String> = t.nb.iter().map(u64::to_string).collect();
         text.push_str(&format!("/({})", join(&nb)));
@@ -488,6 +493,7 @@ fn is_file_name(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::desc::DTYPES;
     use super::*;
     use crate::ops::tensor::test_util::tensor;
     use crate::ops::{plan, BinaryOp, DType, Node, Op, Plan, Tensor, UnaryOp};
@@ -506,10 +512,15 @@ mod tests {
         let t = parse_tensor("(16,5,4,3)/f32/(80,4,20,1280)").unwrap();
         assert_eq!(t.ne, [16, 5, 4, 3]);
         assert_eq!(t.nb, [80, 4, 20, 1280]);
-        for (dtype, size) in DTYPES {
-            let t = parse_tensor(&format!("(3,2,1,1)/{dtype}")).unwrap();
+        for (dtype, block, size) in DTYPES {
+            let t = parse_tensor(&format!("({},2,1,1)/{dtype}", 3 * block)).unwrap();
             assert_eq!(t.nb[..2], [size, 3 * size]);
         }
+        // Block-quantized rows: nb[0] is the block's bytes.
+        let t = parse_tensor("(512,3,1,1)/q4_K").unwrap();
+        assert_eq!(t.nb, [144, 288, 864, 864]);
+        let t = parse_tensor("(64,4,2,1)/q8_0/(34,136,68,272)").unwrap();
+        assert_eq!(t.nb, [34, 136, 68, 272]);
         // Size-1 dimensions are never stepped over: any stride is fine there.
         let t = parse_tensor("(8,1,1,1)/f16/(2,3,5,7)").unwrap();
         assert_eq!(t.nb, [2, 3, 5, 7]);
@@ -570,6 +581,16 @@ mod tests {
                  a multiple of the f32 element size (4 bytes): strides are byte strides",
             ),
             ("(9223372036854775807,2,1,1)/f32", "does not fit in 64 bits"),
+            (
+                "(48,2,1,1)/q4_0",
+                "q4_0 rows are whole blocks: dimension 0 must be a multiple of 32",
+            ),
+            ("(256,1,1,1)/q4_k", "unknown dtype \"q4_k\""),
+            (
+                "(64,2,1,1)/q8_0/(34,60,120,120)",
+                "stride 60 of dimension 1 in \"(64,2,1,1)/q8_0/(34,60,120,120)\" is not a \
+                 multiple of the q8_0 block size (34 bytes)",
+            ),
         ];
         for (text, message) in cases {
             let e = err(text);
@@ -586,6 +607,8 @@ mod tests {
             "(16,5,4,3)/f32/(80,4,20,1280)",
             "(8,1,1,1)/f16/(2,3,5,7)",
             "(4,4,1,1)/i32/(0,16,64,64)",
+            "(512,3,1,1)/q4_K",
+            "(64,4,2,1)/q8_0/(34,136,68,272)",
         ] {
             let t = parse_tensor(text).unwrap();
             assert_eq!(format_tensor(&t), text);
@@ -699,8 +722,8 @@ mod tests {
         }
         let e = entry("ggml_op_add", "binary_ops.py", &[t, "(3,1,1)/f32"], t);
         assert!(msg(e).contains("has 3"));
-        let e = entry("ggml_op_neg", "unary_ops.py", &[t], "(4,1,1,1)/q4_0");
-        assert!(msg(e).contains("unknown dtype \"q4_0\""));
+        let e = entry("ggml_op_neg", "unary_ops.py", &[t], "(256,1,1,1)/q5_K");
+        assert!(msg(e).contains("unknown dtype \"q5_K\""));
     }
 
     #[test]

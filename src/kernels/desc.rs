@@ -8,6 +8,30 @@ use serde::{Deserialize, Serialize};
 
 use super::Arch;
 
+/// The element types a kernel operand may have, by ggml's name: elements per block (1 for the
+/// types stored one element at a time) and bytes per block. Block-quantized operands are laid
+/// out as ggml lays them out: `nb[0]` is the block size in bytes, rows are whole blocks.
+pub const DTYPES: [(&str, u64, u64); 10] = [
+    ("f32", 1, 4),
+    ("f16", 1, 2),
+    ("bf16", 1, 2),
+    ("i8", 1, 1),
+    ("i16", 1, 2),
+    ("i32", 1, 4),
+    ("i64", 1, 8),
+    ("q4_0", 32, 18),
+    ("q8_0", 32, 34),
+    ("q4_K", 256, 144),
+];
+
+/// `(elements per block, bytes per block)` of `dtype`, for the types a kernel operand may have.
+pub fn dtype_block(dtype: &str) -> Option<(u64, u64)> {
+    DTYPES
+        .iter()
+        .find(|(n, _, _)| *n == dtype)
+        .map(|&(_, block, bytes)| (block, bytes))
+}
+
 /// One operand of a kernel: element type, elements per dimension and byte strides (ggml's
 /// `ne`/`nb`, dimension 0 first).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -32,18 +56,34 @@ impl Layout {
         }
     }
 
-    fn is_dense(&self) -> bool {
+    /// The dense row-major layout of `ne` elements of `dtype` (rows of whole blocks for the
+    /// block-quantized types), if `dtype` is one of [`DTYPES`].
+    pub fn dense(dtype: &str, ne: [i64; 4]) -> Option<Layout> {
+        let (block, bytes) = dtype_block(dtype)?;
+        let mut layout = Layout::contiguous(dtype, bytes, ne);
+        for d in 1..4 {
+            layout.nb[d] /= block;
+        }
+        Some(layout)
+    }
+
+    /// Row-major and dense (dimensions of size 1 may have any stride). Dimension 0 of a
+    /// block-quantized type is stepped over in blocks.
+    pub fn is_dense(&self) -> bool {
+        let block = dtype_block(&self.dtype).map_or(1, |(block, _)| block);
         let mut expect = self.nb[0];
         for d in 0..4 {
             if self.ne[d] != 1 && self.nb[d] != expect {
                 return false;
             }
-            expect *= self.ne[d].max(1) as u64;
+            let n = self.ne[d].max(1) as u64;
+            expect *= if d == 0 { n / block } else { n };
         }
         true
     }
 
-    /// `f32_8x3` (trailing dimensions of 1 dropped), plus `_s4x64x192x192` for strided layouts.
+    /// `f32_8x3` (trailing dimensions of 1 dropped), plus `_s4x64x192x192` for strided layouts;
+    /// the type in lower case (`q4_k`), so names stay lower case.
     fn name_part(&self) -> String {
         let dims = self
             .ne
@@ -51,7 +91,7 @@ impl Layout {
             .rposition(|&n| n != 1)
             .map_or(1, |last| last + 1);
         let ne: Vec<String> = self.ne[..dims].iter().map(i64::to_string).collect();
-        let mut part = format!("{}_{}", self.dtype, ne.join("x"));
+        let mut part = format!("{}_{}", self.dtype.to_ascii_lowercase(), ne.join("x"));
         if !self.is_dense() {
             let nb: Vec<String> = self.nb.iter().map(u64::to_string).collect();
             part.push_str(&format!("_s{}", nb.join("x")));
@@ -172,6 +212,32 @@ mod tests {
             d.canonical_name(),
             "add-f32_8x3_s12x4x96x96-bf16_8-f32_8x3-p3f800000"
         );
+    }
+
+    #[test]
+    fn quantized_operands_are_dense_in_blocks_and_named_in_lower_case() {
+        let w = Layout::dense("q4_K", [512, 3, 2, 1]).unwrap();
+        assert_eq!(w.nb, [144, 288, 864, 1728]);
+        assert!(w.is_dense());
+        let x = Layout::contiguous("f32", 4, [512, 5, 2, 1]);
+        let d = KernelDesc {
+            op: "MUL_MAT".into(),
+            op_params: vec![],
+            inputs: vec![w.clone(), x],
+            output: Layout::contiguous("f32", 4, [3, 5, 2, 1]),
+        };
+        assert_eq!(
+            d.canonical_name(),
+            "mul_mat-q4_k_512x3x2-f32_512x5x2-f32_3x5x2"
+        );
+        // A permuted batch keeps its strides in the name.
+        let mut p = w;
+        p.nb = [144, 576, 288, 1728];
+        assert!(!p.is_dense());
+        assert_eq!(p.name_part(), "q4_k_512x3x2_s144x576x288x1728");
+        assert_eq!(Layout::dense("q5_K", [256, 1, 1, 1]), None);
+        let q8 = Layout::dense("q8_0", [64, 2, 1, 1]).unwrap();
+        assert_eq!(q8.nb, [34, 68, 136, 136]);
     }
 
     #[test]

@@ -20,14 +20,19 @@
 //!   f16, YaRN parameters; multi-section, vision and offset variants are refused.
 //! * `RMS_NORM`, `NORM`: one kernel normalising each row (dimension 0) with op_params[0] = eps;
 //!   contiguous tensors are viewed as `[ne0, rows]`.
-//! * `MUL_MAT`: one kernel; weights f32, f16 or bf16, activations f32 (broadcast over the batch
-//!   dimensions as ggml does), output f32.
+//! * `MUL_MAT`: one kernel; weights f32, f16, bf16 or block-quantized (`q4_0`, `q8_0`, `q4_K`,
+//!   passed as ggml stores them: `nb[0]` = bytes per block, rows of whole blocks), activations
+//!   f32 (broadcast over the batch dimensions as ggml does), output f32.
+//! * `ARGMAX` (an f32 matrix to one i32 index per row), `COUNT_EQUAL` (two i32 tensors of one
+//!   shape to one i64 count), `CROSS_ENTROPY_LOSS` (f32 logits and labels of one shape to one
+//!   f32 loss): one reduction kernel each, operands as laid out in memory.
 //!
 //! Element-wise kernels on contiguous operands of the same shape are flattened to one dimension,
 //! so one kernel serves every shape with the same number of elements.
 
 use super::host::HostOp;
 use super::tensor::{DType, Node, Op, Tensor};
+use crate::kernels::desc::dtype_block;
 use crate::kernels::{KernelDesc, Layout};
 
 /// What a node needs.
@@ -108,6 +113,43 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
             )
         }
         Op::MulMat => mul_mat(src(0)?, src(1)?, &node.dst),
+        Op::ArgMax => {
+            let a = src(0)?;
+            let ok = a.dtype == DType::F32
+                && node.dst.dtype == DType::I32
+                && a.ne[2] == 1
+                && a.ne[3] == 1
+                && node.dst.ne == [a.ne[1], 1, 1, 1];
+            if !ok {
+                return Err("ARGMAX: an f32 matrix to one i32 index per row only".into());
+            }
+            Ok(kernel_as_laid_out("ARGMAX", Vec::new(), &[a], &node.dst))
+        }
+        Op::CountEqual | Op::CrossEntropyLoss => {
+            let (a, b) = (src(0)?, src(1)?);
+            let (input, output) = if node.op == Op::CountEqual {
+                (DType::I32, DType::I64)
+            } else {
+                (DType::F32, DType::F32)
+            };
+            let ok = a.dtype == input
+                && b.dtype == input
+                && a.same_shape(b)
+                && node.dst.dtype == output
+                && node.dst.nelements() == 1;
+            if !ok {
+                return Err(format!(
+                    "{}: two {input} tensors of one shape to one {output} only",
+                    node.op.name()
+                ));
+            }
+            Ok(kernel_as_laid_out(
+                node.op.name(),
+                Vec::new(),
+                &[a, b],
+                &node.dst,
+            ))
+        }
         Op::Glu { name, .. } => {
             let a = src(0)?;
             let (x, g) = match node.src(1) {
@@ -244,9 +286,15 @@ fn soft_max(node: &Node) -> Result<Plan, String> {
     ))
 }
 
-/// One MUL_MAT kernel, operands as laid out in memory (the kernel walks their strides).
+/// One MUL_MAT kernel, operands as laid out in memory (the kernel walks their strides). The
+/// weights may be block-quantized in a type kernel descriptors can name (`q4_0`, `q8_0`, `q4_K`)
+/// with rows of whole blocks (ggml's layout); the compiler's capabilities decide the rest.
 fn mul_mat(w: &Tensor, x: &Tensor, dst: &Tensor) -> Result<Plan, String> {
-    if !w.dtype.is_float() || x.dtype != DType::F32 || dst.dtype != DType::F32 {
+    let weights_ok = w.dtype.is_float()
+        || (matches!(w.dtype, DType::Quant(_))
+            && dtype_block(w.dtype.name()).is_some()
+            && w.has_whole_blocks());
+    if !weights_ok || x.dtype != DType::F32 || dst.dtype != DType::F32 {
         return Err(format!(
             "MUL_MAT of {} weights and {} activations into {} is not supported",
             w.dtype, x.dtype, dst.dtype
@@ -328,7 +376,7 @@ fn elementwise(
 #[cfg(test)]
 mod tests {
     use super::super::tensor::test_util::tensor;
-    use super::super::tensor::{BinaryOp, DType, UnaryOp};
+    use super::super::tensor::{BinaryOp, DType, QuantType, UnaryOp};
     use super::*;
 
     fn node(op: Op, dst: Tensor, src: Vec<Tensor>) -> Node {
@@ -428,12 +476,110 @@ mod tests {
             .contains("q4_0"));
     }
 
+    /// A block-quantized tensor of `ty` (name, block, bytes) laid out as ggml lays it out.
+    fn quantized(name: &'static str, block: u64, bytes: u64, ne: [i64; 4]) -> Tensor {
+        let mut t = tensor(DType::I8, ne, 0);
+        t.dtype = DType::Quant(QuantType {
+            name,
+            id: 0,
+            block,
+            block_bytes: bytes,
+            decode: true,
+            encode: true,
+        });
+        let row = ne[0] as u64 / block * bytes;
+        t.nb = [bytes, row, row * ne[1] as u64, row * (ne[1] * ne[2]) as u64];
+        t
+    }
+
     #[test]
-    fn quantized_operands_are_refused() {
+    fn quantized_weights_are_mul_mat_operands_in_their_block_layout() {
+        let x = tensor(DType::F32, [512, 1, 6, 1], 0);
+        let d = tensor(DType::F32, [7, 1, 6, 1], 0);
+        for (name, block, bytes, part) in [
+            ("q4_0", 32, 18, "q4_0_512x7x3"),
+            ("q8_0", 32, 34, "q8_0_512x7x3"),
+            ("q4_K", 256, 144, "q4_k_512x7x3"),
+        ] {
+            let w = quantized(name, block, bytes, [512, 7, 3, 1]);
+            let Plan::Kernel { desc, operands } =
+                plan(&node(Op::MulMat, d.clone(), vec![w.clone(), x.clone()])).unwrap()
+            else {
+                panic!("{name}")
+            };
+            assert_eq!(desc.inputs[0].dtype, name);
+            assert_eq!(desc.inputs[0].nb, w.nb);
+            assert_eq!(
+                desc.canonical_name(),
+                format!("mul_mat-{part}-f32_512x1x6-f32_7x1x6")
+            );
+            assert_eq!(operands[0], w);
+        }
+        // Types the descriptor format cannot name, and quantized activations, are refused.
+        let q5 = quantized("q5_K", 256, 176, [512, 7, 3, 1]);
+        let err = plan(&node(Op::MulMat, d.clone(), vec![q5, x.clone()])).unwrap_err();
+        assert!(err.contains("q5_K"), "{err}");
+        let q8x = quantized("q8_0", 32, 34, [512, 1, 6, 1]);
+        let w = tensor(DType::F32, [512, 7, 3, 1], 0);
+        assert!(plan(&node(Op::MulMat, d, vec![w, q8x])).is_err());
+    }
+
+    #[test]
+    fn quantized_operands_are_refused_outside_mul_mat_weights() {
         let t = tensor(DType::F32, [32, 1, 1, 1], 0);
-        let mut q = t.clone();
-        q.dtype = DType::Other("q4_0");
-        let err = plan(&node(Op::Binary(BinaryOp::Add), t.clone(), vec![t, q])).unwrap_err();
+        let q = quantized("q4_0", 32, 18, [32, 1, 1, 1]);
+        let err = plan(&node(
+            Op::Binary(BinaryOp::Add),
+            t.clone(),
+            vec![t.clone(), q.clone()],
+        ))
+        .unwrap_err();
         assert!(err.contains("q4_0"), "{err}");
+        let err = plan(&node(Op::Unary(UnaryOp::Relu), t, vec![q])).unwrap_err();
+        assert!(err.contains("q4_0"), "{err}");
+    }
+
+    #[test]
+    fn argmax_count_equal_and_cross_entropy_loss_are_kernels() {
+        let x = tensor(DType::F32, [100, 10, 1, 1], 0);
+        let idx = tensor(DType::I32, [10, 1, 1, 1], 0);
+        let Plan::Kernel { desc, .. } =
+            plan(&node(Op::ArgMax, idx.clone(), vec![x.clone()])).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(desc.canonical_name(), "argmax-f32_100x10-i32_10");
+        let batched = tensor(DType::F32, [100, 10, 2, 1], 0);
+        assert!(plan(&node(Op::ArgMax, idx.clone(), vec![batched])).is_err());
+        assert!(plan(&node(Op::ArgMax, x.clone(), vec![x.clone()])).is_err());
+
+        let count = tensor(DType::I64, [1, 1, 1, 1], 0);
+        let Plan::Kernel { desc, operands } = plan(&node(
+            Op::CountEqual,
+            count.clone(),
+            vec![idx.clone(), idx.clone()],
+        ))
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.canonical_name(), "count_equal-i32_10-i32_10-i64_1");
+        assert_eq!(operands.len(), 3);
+        let other = tensor(DType::I32, [5, 1, 1, 1], 0);
+        assert!(plan(&node(Op::CountEqual, count, vec![idx.clone(), other])).is_err());
+
+        let loss = tensor(DType::F32, [1, 1, 1, 1], 0);
+        let Plan::Kernel { desc, .. } = plan(&node(
+            Op::CrossEntropyLoss,
+            loss.clone(),
+            vec![x.clone(), x.clone()],
+        ))
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            desc.canonical_name(),
+            "cross_entropy_loss-f32_100x10-f32_100x10-f32_1"
+        );
+        assert!(plan(&node(Op::CrossEntropyLoss, loss, vec![idx.clone(), idx])).is_err());
     }
 }

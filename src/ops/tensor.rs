@@ -219,6 +219,12 @@ pub enum Op {
     SetRows,
     /// `MUL_MAT`: src0 the weights `[K, M, B2, B3]`, src1 the activations `[K, N, B2·r2, B3·r3]`.
     MulMat,
+    /// `ARGMAX`: the i32 index of the largest value of each row of an f32 matrix.
+    ArgMax,
+    /// `COUNT_EQUAL`: how many elements of two i32 tensors are equal, as one i64.
+    CountEqual,
+    /// `CROSS_ENTROPY_LOSS`: f32 logits and labels of one shape to one f32 loss.
+    CrossEntropyLoss,
     /// Anything else, by ggml's op (or unary op) name.
     Other(&'static str),
 }
@@ -347,6 +353,9 @@ impl Op {
             Op::Scale => "SCALE",
             Op::Clamp => "CLAMP",
             Op::MulMat => "MUL_MAT",
+            Op::ArgMax => "ARGMAX",
+            Op::CountEqual => "COUNT_EQUAL",
+            Op::CrossEntropyLoss => "CROSS_ENTROPY_LOSS",
             Op::GetRows => "GET_ROWS",
             Op::SoftMax => "SOFT_MAX",
             Op::Rope => "ROPE",

@@ -35,10 +35,11 @@ pub struct TensorDesc {
 }
 
 impl TensorDesc {
-    /// A contiguous tensor of this shape.
+    /// A contiguous tensor of this shape (rows of whole blocks for block-quantized types).
     pub fn contiguous(ne: [i64; 4], ty: DType) -> TensorDesc {
         let s = ty.size() as i64;
-        let nb = [s, s * ne[0], s * ne[0] * ne[1], s * ne[0] * ne[1] * ne[2]];
+        let row = s * ne[0] / ty.block() as i64;
+        let nb = [s, row, row * ne[1], row * ne[1] * ne[2]];
         TensorDesc { ne, nb, ty }
     }
 
@@ -46,16 +47,23 @@ impl TensorDesc {
         self.ne.iter().map(|&n| n.max(0) as u64).product()
     }
 
-    /// Bytes spanned from the first to one past the last element (0 if empty).
+    /// Bytes spanned from the first to one past the last element (0 if empty). Dimension 0 of
+    /// a block-quantized tensor is stepped over in blocks.
     pub fn extent(&self) -> u64 {
         if self.nelements() == 0 {
             return 0;
         }
-        let mut last = 0u64;
-        for d in 0..4 {
-            last = last.saturating_add((self.ne[d] as u64 - 1).saturating_mul(self.nb[d] as u64));
-        }
+        let mut ne = self.ne.map(|n| n as u64);
+        ne[0] = ne[0].div_ceil(self.ty.block() as u64);
+        let last = ne.iter().zip(self.nb).fold(0u64, |acc, (&n, nb)| {
+            acc.saturating_add((n - 1).saturating_mul(nb as u64))
+        });
         last.saturating_add(self.ty.size() as u64)
+    }
+
+    /// Bytes of the data proper (elements, or whole blocks), for the cost model.
+    pub fn data_bytes(&self) -> u64 {
+        self.nelements() / self.ty.block() as u64 * self.ty.size() as u64
     }
 }
 
@@ -156,6 +164,22 @@ impl KernelDesc {
                     "MUL_MAT output other than f32".into(),
                 ));
             }
+        } else if op == Op::ArgMax {
+            let (a, o) = (src0.ne, self.output.ne);
+            if a[2] != 1 || a[3] != 1 || o != [a[1], 1, 1, 1] {
+                return inv(format!(
+                    "ARGMAX takes a matrix and gives one index per row: input {a:?}, output {o:?}"
+                ));
+            }
+        } else if matches!(op, Op::CountEqual | Op::CrossEntropyLoss) {
+            let (a, b, o) = (src0.ne, self.inputs[1].ne, self.output.ne);
+            if a != b || o != [1, 1, 1, 1] {
+                return inv(format!(
+                    "{} takes two inputs of one shape and gives one value: inputs {a:?} and \
+                     {b:?}, output {o:?}",
+                    self.op
+                ));
+            }
         } else if self.output.ne != src0.ne {
             return inv(format!(
                 "output ne {:?} differs from inputs[0] ne {:?}",
@@ -200,7 +224,14 @@ impl KernelDesc {
                 )));
             }
         }
-        let elementwise = !matches!(op, Op::MulMat | Op::SoftMax { .. } | Op::Rope { .. });
+        let elementwise = !matches!(
+            op,
+            Op::MulMat
+                | Op::SoftMax { .. }
+                | Op::Rope { .. }
+                | Op::CountEqual
+                | Op::CrossEntropyLoss
+        );
         if let Some(src1) = self.inputs.get(1).filter(|_| elementwise) {
             for d in 0..4 {
                 let (a, b) = (src0.ne[d], src1.ne[d]);
@@ -216,12 +247,26 @@ impl KernelDesc {
         if !crate::ops::ARCHS.contains(&self.arch.as_str()) {
             return Err(DescError::Unsupported(format!("arch {:?}", self.arch)));
         }
-        let index_operand = |i: usize| matches!(op, Op::Rope { .. }) && i == 1;
         let tensors = self.inputs.iter().chain(std::iter::once(&self.output));
-        for (_, t) in tensors.enumerate().filter(|(i, _)| !index_operand(*i)) {
-            if !t.ty.is_supported() {
+        for (i, t) in tensors.enumerate() {
+            if t.ty.is_quantized() && op == Op::MulMat && i == 0 {
+                let (block, size) = (t.ty.block() as i64, t.ty.size() as i64);
+                if t.ne[0] % block != 0 || t.nb[0] != size {
+                    return inv(format!(
+                        "tensor {i}: {} rows must be whole blocks of {block} values \
+                         (ne[0] a multiple of {block}, nb[0] = {size} bytes)",
+                        t.ty.name()
+                    ));
+                }
+            }
+            if !op.operand_types(i).contains(&t.ty) {
+                let what = if i == op.arity() {
+                    "the output".to_owned()
+                } else {
+                    format!("input {i}")
+                };
                 return Err(DescError::Unsupported(format!(
-                    "type {} for op {}",
+                    "type {} for {what} of op {}",
                     t.ty.name(),
                     self.op
                 )));

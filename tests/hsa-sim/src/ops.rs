@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Element types of tensor descriptors.
+/// Element types of tensor descriptors: ggml's names, including the block-quantized weight
+/// types MUL_MAT reads (`q4_0`, `q8_0`, `q4_K`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
@@ -13,15 +14,45 @@ pub enum DType {
     I8,
     I16,
     I32,
+    I64,
+    /// Blocks of 32 values: f16 scale, 16 bytes of 4-bit values (offset 8).
+    #[serde(rename = "q4_0")]
+    Q4_0,
+    /// Blocks of 32 values: f16 scale, 32 signed bytes.
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    /// Super-blocks of 256 values: f16 scale and min scale, 12 bytes of 6-bit sub-block scales
+    /// and mins, 128 bytes of 4-bit values.
+    #[serde(rename = "q4_K")]
+    Q4K,
 }
 
 impl DType {
+    /// Bytes per element, or per block for the block-quantized types.
     pub fn size(self) -> usize {
         match self {
+            DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::Bf16 | DType::I16 => 2,
             DType::I8 => 1,
+            DType::Q4_0 => 18,
+            DType::Q8_0 => 34,
+            DType::Q4K => 144,
         }
+    }
+
+    /// Elements per block (1 for the types stored one element at a time). A block-quantized
+    /// tensor's `nb[0]` is the block size in bytes and its `ne[0]` a multiple of this.
+    pub fn block(self) -> usize {
+        match self {
+            DType::Q4_0 | DType::Q8_0 => 32,
+            DType::Q4K => 256,
+            _ => 1,
+        }
+    }
+
+    pub fn is_quantized(self) -> bool {
+        self.block() > 1
     }
 
     pub fn name(self) -> &'static str {
@@ -32,6 +63,10 @@ impl DType {
             DType::I8 => "i8",
             DType::I16 => "i16",
             DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::Q4_0 => "q4_0",
+            DType::Q8_0 => "q8_0",
+            DType::Q4K => "q4_K",
         }
     }
 
@@ -107,6 +142,13 @@ pub enum Op {
     Norm,
     /// ggml's MUL_MAT: dst[m, n, i2, i3] = sum_k src0[k, m, i2/r2, i3/r3] * src1[k, n, i2, i3].
     MulMat,
+    /// ggml's ARGMAX: per row of an f32 matrix, the i32 index of its largest value (the last
+    /// one among equals, as ggml-cpu's loop finds it).
+    ArgMax,
+    /// ggml's COUNT_EQUAL: the number of equal elements of two i32 tensors, as one i64.
+    CountEqual,
+    /// ggml's CROSS_ENTROPY_LOSS: −(1/rows) Σ_rows Σ_i labels_i · log_softmax(logits)_i, one f32.
+    CrossEntropyLoss,
 }
 
 const BINARY: &[(&str, BinaryOp)] = &[
@@ -149,6 +191,9 @@ pub const ARCHS: &[&str] = &["aie2", "aie2p"];
 /// Element types every op accepts, for every operand independently.
 pub const TYPES: &[DType] = &[DType::F32, DType::F16, DType::Bf16];
 
+/// Block-quantized weight types MUL_MAT accepts for its first input (the weights) only.
+pub const WEIGHT_TYPES: &[DType] = &[DType::Q4_0, DType::Q8_0, DType::Q4K];
+
 impl Op {
     pub fn from_name(name: &str) -> Option<Op> {
         if let Some((_, b)) = BINARY.iter().find(|(n, _)| *n == name) {
@@ -186,6 +231,9 @@ impl Op {
             "GEGLU_ERF" => Some(Op::Glu(UnaryOp::GeluErf)),
             "GEGLU_QUICK" => Some(Op::Glu(UnaryOp::GeluQuick)),
             "NORM" => Some(Op::Norm),
+            "ARGMAX" => Some(Op::ArgMax),
+            "COUNT_EQUAL" => Some(Op::CountEqual),
+            "CROSS_ENTROPY_LOSS" => Some(Op::CrossEntropyLoss),
             _ => None,
         }
     }
@@ -193,7 +241,7 @@ impl Op {
     /// Number of input tensors.
     pub fn arity(self) -> usize {
         match self {
-            Op::Binary(_) | Op::MulMat | Op::Glu(_) => 2,
+            Op::Binary(_) | Op::MulMat | Op::Glu(_) | Op::CountEqual | Op::CrossEntropyLoss => 2,
             Op::SoftMax { mask, sinks } => 1 + usize::from(mask) + usize::from(sinks),
             Op::Rope { ff } => 2 + usize::from(ff),
             _ => 1,
@@ -217,13 +265,52 @@ impl Op {
         ]);
         v.extend(["ROPE", "ROPE_FF"]);
         v.extend(["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]);
+        v.extend(["ARGMAX", "COUNT_EQUAL", "CROSS_ENTROPY_LOSS"]);
         v
+    }
+
+    /// Whether the op reduces its input to fewer output elements (its cost is per input
+    /// element).
+    pub fn is_reduction(self) -> bool {
+        matches!(self, Op::ArgMax | Op::CountEqual | Op::CrossEntropyLoss)
+    }
+
+    /// The element types operand `i` may have (the inputs in order, then the output at
+    /// `i == arity()`).
+    pub fn operand_types(self, i: usize) -> Vec<DType> {
+        let output = i == self.arity();
+        match self {
+            Op::Rope { .. } if i == 1 => vec![DType::I32],
+            Op::MulMat if i == 0 => TYPES.iter().chain(WEIGHT_TYPES).copied().collect(),
+            Op::ArgMax if output => vec![DType::I32],
+            Op::ArgMax => vec![DType::F32],
+            Op::CountEqual if output => vec![DType::I64],
+            Op::CountEqual => vec![DType::I32],
+            Op::CrossEntropyLoss => vec![DType::F32],
+            _ => TYPES.to_vec(),
+        }
+    }
+
+    /// Every type any operand may have, in the order the operands first name them.
+    pub fn all_types(self) -> Vec<DType> {
+        let mut all = Vec::new();
+        for i in 0..=self.arity() {
+            for t in self.operand_types(i) {
+                if !all.contains(&t) {
+                    all.push(t);
+                }
+            }
+        }
+        all
     }
 
     /// Arithmetic operations per output element (cost-model input); `k` is the reduction length
     /// of a MUL_MAT.
     pub fn flops_per_element(self, k: u64) -> u64 {
         match self {
+            // Per input element (see `is_reduction`).
+            Op::ArgMax | Op::CountEqual => 1,
+            Op::CrossEntropyLoss => 6,
             Op::MulMat => 2 * k,
             Op::RmsNorm | Op::Norm => 4,
             Op::Glu(_) => 9,
@@ -245,7 +332,10 @@ impl Op {
             Op::Rope { .. } => "ggml's rope op_params: [1] n_dims, [2] mode (0 normal, 2 neox), [4] n_ctx_orig, [5..11] freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow (f32 bits), [15] offset (must be 0); inputs x, positions i32, [freq factors f32]",
             Op::Glu(_) => "unused; inputs (x, g) of the output's shape; y = act(x) * g",
             Op::RmsNorm | Op::Norm => "op_params[0] = eps (f32 bit pattern); normalises each row (dimension 0)",
-            Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3], inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
+            Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3] (f32/f16/bf16, or q4_0/q8_0/q4_K blocks as ggml stores them: nb[0] = block bytes), inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
+            Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
+            Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
+            Op::CrossEntropyLoss => "unused; inputs f32 logits and f32 labels of one shape (rows along dimension 0), output f32 [1]: -(1/rows) sum labels * log_softmax(logits)",
             _ => "unused",
         }
     }

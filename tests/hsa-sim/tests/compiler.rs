@@ -37,6 +37,76 @@ fn capabilities_lists_ops() {
         v["ops"][0]["types"],
         serde_json::json!(["f32", "f16", "bf16"])
     );
+    // Block-quantized types are MUL_MAT's (for its weights) and no other op's.
+    for o in v["ops"].as_array().unwrap() {
+        let quantized = o["types"].as_array().unwrap().contains(&"q4_K".into());
+        assert_eq!(quantized, o["op"] == "MUL_MAT", "{o}");
+    }
+    let types = |op: &str| {
+        let o = v["ops"].as_array().unwrap().iter().find(|o| o["op"] == op);
+        o.unwrap()["types"].clone()
+    };
+    assert_eq!(types("ARGMAX"), serde_json::json!(["f32", "i32"]));
+    assert_eq!(types("COUNT_EQUAL"), serde_json::json!(["i32", "i64"]));
+    assert_eq!(types("CROSS_ENTROPY_LOSS"), serde_json::json!(["f32"]));
+    let mm = v["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["op"] == "MUL_MAT");
+    assert_eq!(
+        mm.unwrap()["types"],
+        serde_json::json!(["f32", "f16", "bf16", "q4_0", "q8_0", "q4_K"])
+    );
+}
+
+/// A MUL_MAT of [256, 2] weights of `ty` (nb0 `block` bytes) by [256, 1] f32 activations.
+fn mul_mat_request(ty: &str, block: u32) -> String {
+    let row = 256 / if ty == "q4_K" { 256 } else { 32 } * block;
+    format!(
+        r#"{{"name":"mm","arch":"aie2p","op":"MUL_MAT","op_params":[],
+        "inputs":[{{"ne":[256,2,1,1],"nb":[{block},{row},{r2},{r2}],"type":"{ty}"}},
+                  {{"ne":[256,1,1,1],"nb":[4,1024,1024,1024],"type":"f32"}}],
+        "output":{{"ne":[2,1,1,1],"nb":[4,8,8,8],"type":"f32"}}}}"#,
+        r2 = 2 * row
+    )
+}
+
+#[test]
+fn quantized_weights_are_validated() {
+    for (ty, block) in [("q4_0", 18), ("q8_0", 34), ("q4_K", 144)] {
+        let desc = image::KernelDesc::parse_json(&mul_mat_request(ty, block)).unwrap();
+        assert!(desc.validate().is_ok(), "{ty}");
+        assert_eq!(
+            desc.inputs[0].extent(),
+            2 * 256 / desc.inputs[0].ty.block() as u64 * block as u64
+        );
+        // nb[0] must be the block's bytes.
+        let bad = mul_mat_request(ty, block).replacen(&format!("[{block},"), "[2,", 1);
+        let err = image::KernelDesc::parse_json(&bad).unwrap().validate();
+        assert!(
+            matches!(err, Err(image::DescError::Invalid(_))),
+            "{ty}: {err:?}"
+        );
+    }
+    // Quantized activations or outputs, and quantized operands of other ops, are unsupported.
+    let swapped = mul_mat_request("q8_0", 34)
+        .replace("\"type\":\"q8_0\"", "\"type\":\"X\"")
+        .replace("\"type\":\"f32\"}],", "\"type\":\"q8_0\"}],")
+        .replace("\"type\":\"X\"", "\"type\":\"f32\"");
+    let err = image::KernelDesc::parse_json(&swapped).unwrap().validate();
+    assert!(
+        matches!(err, Err(image::DescError::Unsupported(_))),
+        "{err:?}"
+    );
+    let relu = r#"{"name":"r","arch":"aie2","op":"RELU","op_params":[],
+        "inputs":[{"ne":[32,1,1,1],"nb":[18,18,18,18],"type":"q4_0"}],
+        "output":{"ne":[32,1,1,1],"nb":[4,128,128,128],"type":"f32"}}"#;
+    let err = image::KernelDesc::parse_json(relu).unwrap().validate();
+    assert!(
+        matches!(err, Err(image::DescError::Unsupported(_))),
+        "{err:?}"
+    );
 }
 
 const REQ: &str = r#"{"name":"scale_f32_4","arch":"aie2","op":"SCALE",
@@ -107,4 +177,39 @@ fn unsupported_and_invalid_requests() {
     let out = bin().arg("frobnicate").output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn reductions_are_validated() {
+    let req = |op: &str, input: &str, inputs: usize, output: &str| {
+        let inputs = vec![input; inputs].join(",");
+        format!(
+            r#"{{"name":"r","arch":"aie2","op":"{op}","op_params":[],
+            "inputs":[{inputs}],"output":{output}}}"#
+        )
+    };
+    let check = |text: String| image::KernelDesc::parse_json(&text).unwrap().validate();
+    let f32_4x3 = r#"{"ne":[4,3,1,1],"nb":[4,16,48,48],"type":"f32"}"#;
+    let i32_4x3 = r#"{"ne":[4,3,1,1],"nb":[4,16,48,48],"type":"i32"}"#;
+    let i32_3 = r#"{"ne":[3,1,1,1],"nb":[4,12,12,12],"type":"i32"}"#;
+    let i64_1 = r#"{"ne":[1,1,1,1],"nb":[8,8,8,8],"type":"i64"}"#;
+    let f32_1 = r#"{"ne":[1,1,1,1],"nb":[4,4,4,4],"type":"f32"}"#;
+    assert!(check(req("ARGMAX", f32_4x3, 1, i32_3)).is_ok());
+    assert!(check(req("COUNT_EQUAL", i32_4x3, 2, i64_1)).is_ok());
+    assert!(check(req("CROSS_ENTROPY_LOSS", f32_4x3, 2, f32_1)).is_ok());
+    // Wrong output shapes are invalid; wrong types unsupported.
+    let bad = check(req("ARGMAX", f32_4x3, 1, i64_1));
+    assert!(matches!(bad, Err(image::DescError::Invalid(_))), "{bad:?}");
+    let bad = check(req("COUNT_EQUAL", i32_4x3, 2, i32_3));
+    assert!(matches!(bad, Err(image::DescError::Invalid(_))), "{bad:?}");
+    let bad = check(req("COUNT_EQUAL", f32_4x3, 2, i64_1));
+    assert!(
+        matches!(bad, Err(image::DescError::Unsupported(_))),
+        "{bad:?}"
+    );
+    let bad = check(req("CROSS_ENTROPY_LOSS", f32_4x3, 2, i64_1));
+    assert!(
+        matches!(bad, Err(image::DescError::Unsupported(_))),
+        "{bad:?}"
+    );
 }

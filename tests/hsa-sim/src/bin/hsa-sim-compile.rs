@@ -17,16 +17,11 @@ const USAGE: &str = "usage: hsa-sim-compile capabilities\n       \
                      hsa-sim-compile compile --request <req.json> --output-dir <dir>";
 
 fn capabilities() -> serde_json::Value {
-    let types: Vec<&str> = ops::TYPES.iter().map(|t| t.name()).collect();
     let ops: Vec<serde_json::Value> = Op::all_names()
         .into_iter()
         .filter_map(|name| Op::from_name(name).map(|op| (name, op)))
         .map(|(name, op)| {
-            // ROPE's positions are i32 (its other operands take the float types).
-            let mut types = types.clone();
-            if matches!(op, Op::Rope { .. }) {
-                types.push("i32");
-            }
+            let types: Vec<&str> = op.all_types().iter().map(|t| t.name()).collect();
             json!({
                 "op": name,
                 "inputs": op.arity(),
@@ -43,7 +38,9 @@ fn capabilities() -> serde_json::Value {
         "version": env!("CARGO_PKG_VERSION"),
         "archs": ops::ARCHS,
         "image_format": "HSASIMK1",
-        "types_note": "every operand may independently be any listed type; computed in f32, rounded on store",
+        "types_note": "float operands may independently be f32, f16 or bf16 (computed in f32, rounded on store) unless the op says otherwise; \
+                       ROPE's i32 type is for its positions, MUL_MAT's block-quantized types (q4_0, q8_0, q4_K) for its weights (input 0) only; \
+                       ARGMAX reads f32 and writes i32, COUNT_EQUAL reads i32 and writes i64, CROSS_ENTROPY_LOSS is f32 only",
         "ops": ops,
     })
 }

@@ -30,6 +30,9 @@ pub fn load(ty: DType, bytes: &[u8], off: usize) -> f32 {
         DType::I32 => {
             i32::from_le_bytes([bytes[off], bytes[off + 1], bytes[off + 2], bytes[off + 3]]) as f32
         }
+        DType::I64 => i64::from_le_bytes(bytes[off..off + 8].try_into().expect("8 bytes")) as f32,
+        // Validation admits block-quantized types only as MUL_MAT weights, read by `quant`.
+        DType::Q4_0 | DType::Q8_0 | DType::Q4K => unreachable!("{} is read by blocks", ty.name()),
     }
 }
 
@@ -43,5 +46,7 @@ pub fn store(ty: DType, bytes: &mut [u8], off: usize, v: f32) {
         DType::I8 => bytes[off] = v as i8 as u8,
         DType::I16 => bytes[off..off + 2].copy_from_slice(&(v as i16).to_le_bytes()),
         DType::I32 => bytes[off..off + 4].copy_from_slice(&(v as i32).to_le_bytes()),
+        DType::I64 => bytes[off..off + 8].copy_from_slice(&(v as i64).to_le_bytes()),
+        DType::Q4_0 | DType::Q8_0 | DType::Q4K => unreachable!("{} is never an output", ty.name()),
     }
 }

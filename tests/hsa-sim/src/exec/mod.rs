@@ -3,6 +3,7 @@
 //! back, so outputs may alias inputs (ggml's in-place ops) without undefined behaviour.
 
 mod elem;
+pub mod quant;
 mod unary;
 
 pub use elem::{bf16_from_f32, bf16_to_f32};
@@ -35,6 +36,21 @@ struct Buf<'a> {
 impl Buf<'_> {
     fn offset(&self, i: [i64; 4]) -> usize {
         (0..4).map(|d| (i[d] * self.t.nb[d]) as usize).sum()
+    }
+
+    /// The i32 at index `i` (an i32 tensor), exactly.
+    fn get_i32(&self, i: [i64; 4]) -> i32 {
+        let off = self.offset(i);
+        i32::from_le_bytes(self.bytes[off..off + 4].try_into().expect("4 bytes"))
+    }
+
+    /// Stores the integer `v` at index `i` of an i32 or i64 tensor, exactly.
+    fn set_int(&mut self, i: [i64; 4], v: i64) {
+        let off = self.offset(i);
+        match self.t.ty {
+            crate::ops::DType::I64 => self.bytes[off..off + 8].copy_from_slice(&v.to_le_bytes()),
+            _ => self.bytes[off..off + 4].copy_from_slice(&(v as i32).to_le_bytes()),
+        }
     }
 
     fn get(&self, i: [i64; 4]) -> f32 {
@@ -207,9 +223,86 @@ fn norm_rows(x: &Buf<'_>, out: &mut Buf<'_>, eps: f64, rms: bool) {
     }
 }
 
+/// ggml's ARGMAX as ggml-cpu's loop computes it: a running maximum `max = max > x ? max : x`,
+/// and the index moves to every element equal to it (so the last of equal maxima wins).
+fn argmax(x: &Buf<'_>, out: &mut Buf<'_>) {
+    let ne = x.t.ne;
+    for i1 in 0..ne[1] {
+        let (mut max, mut idx) = (f32::NEG_INFINITY, 0);
+        for i0 in 0..ne[0] {
+            let v = x.get([i0, i1, 0, 0]);
+            max = if max > v { max } else { v };
+            if max == v {
+                idx = i0;
+            }
+        }
+        out.set_int([i1, 0, 0, 0], idx);
+    }
+}
+
+/// ggml's CROSS_ENTROPY_LOSS as ggml-cpu computes it: per row, log-softmax of the logits (the
+/// exponentials summed in f64, its logarithm taken in f32), times the labels, summed (in f64,
+/// stored as f32); the row sums added in f32 and scaled by −1/rows.
+fn cross_entropy_loss(logits: &Buf<'_>, labels: &Buf<'_>) -> f32 {
+    let ne = logits.t.ne;
+    let rows = ne[1] * ne[2] * ne[3];
+    let mut total = 0f32;
+    let mut row = vec![0f32; ne[0] as usize];
+    for i3 in 0..ne[3] {
+        for i2 in 0..ne[2] {
+            for i1 in 0..ne[1] {
+                for (i0, r) in row.iter_mut().enumerate() {
+                    *r = logits.get([i0 as i64, i1, i2, i3]);
+                }
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f64 = row.iter().map(|v| f64::from((v - max).exp())).sum();
+                // ggml takes logf of the sum (in f32) and adds its negation in f32.
+                let log_sum = (sum as f32).ln();
+                let mut dot = 0f64;
+                for (i0, r) in row.iter().enumerate() {
+                    let log_p = (r - max) + -log_sum;
+                    dot += f64::from(log_p * labels.get([i0 as i64, i1, i2, i3]));
+                }
+                total += dot as f32;
+            }
+        }
+    }
+    total * (-1.0 / rows as f32)
+}
+
+/// ggml's MUL_MAT with block-quantized weights: each activation row is quantized to the
+/// weights' dot-product type and multiplied with each weight row block by block (see
+/// [`quant`] for why the activations are quantized).
+fn mul_mat_quantized(w: &Buf<'_>, x: &Buf<'_>, out: &mut Buf<'_>) {
+    let (wn, xn, ty) = (w.t.ne, x.t.ne, w.t.ty);
+    let k = wn[0];
+    let (r2, r3) = (xn[2] / wn[2], xn[3] / wn[3]);
+    let row_bytes = k as usize / ty.block() * ty.size();
+    let mut row = vec![0f32; k as usize];
+    for i3 in 0..xn[3] {
+        for i2 in 0..xn[2] {
+            for n in 0..xn[1] {
+                for (kk, r) in row.iter_mut().enumerate() {
+                    *r = x.get([kk as i64, n, i2, i3]);
+                }
+                let a = quant::quantize_for(ty, &row);
+                let base = (i2 / r2) * w.t.nb[2] + (i3 / r3) * w.t.nb[3];
+                for m in 0..wn[1] {
+                    let at = (base + m * w.t.nb[1]) as usize;
+                    let v = quant::dot(ty, &w.bytes[at..at + row_bytes], &a);
+                    out.set([m, n, i2, i3], v);
+                }
+            }
+        }
+    }
+}
+
 /// ggml's MUL_MAT. ggml-cpu first converts the activations to the weights' type (f16 or bf16
 /// weights get f16/bf16 activations) and accumulates the products in f32; so does this.
 fn mul_mat(w: &Buf<'_>, x: &Buf<'_>, out: &mut Buf<'_>) {
+    if w.t.ty.is_quantized() {
+        return mul_mat_quantized(w, x, out);
+    }
     let (wn, xn) = (w.t.ne, x.t.ne);
     let k = wn[0];
     let (r2, r3) = (xn[2] / wn[2], xn[3] / wn[3]);
@@ -318,6 +411,17 @@ pub unsafe fn execute(
             for_each_index(ne, |i| out.set(i, s0.get(i) * s + b));
         }
         Op::MulMat => mul_mat(&bufs[0], &bufs[1], &mut out),
+        Op::ArgMax => argmax(&bufs[0], &mut out),
+        Op::CountEqual => {
+            let (a, b) = (&bufs[0], &bufs[1]);
+            let mut equal = 0i64;
+            for_each_index(a.t.ne, |i| equal += i64::from(a.get_i32(i) == b.get_i32(i)));
+            out.set_int([0; 4], equal);
+        }
+        Op::CrossEntropyLoss => {
+            let loss = cross_entropy_loss(&bufs[0], &bufs[1]);
+            out.set([0; 4], loss);
+        }
         Op::RmsNorm | Op::Norm => {
             let eps = f64::from(f32::from_bits(desc.op_params[0] as u32));
             norm_rows(&bufs[0], &mut out, eps, op == Op::RmsNorm);
@@ -340,14 +444,71 @@ pub unsafe fn execute(
     unsafe {
         std::ptr::copy_nonoverlapping(out.bytes.as_ptr(), dst.addr as *mut u8, out.bytes.len())
     };
-    let bytes_read = desc
-        .inputs
-        .iter()
-        .map(|t| t.nelements() * t.ty.size() as u64)
-        .sum();
+    let bytes_read = desc.inputs.iter().map(TensorDesc::data_bytes).sum();
     Ok(ExecStats {
         bytes_read,
-        bytes_written: n * desc.output.ty.size() as u64,
-        flops: n * op.flops_per_element(desc.inputs[0].ne[0] as u64),
+        bytes_written: desc.output.data_bytes(),
+        flops: if op.is_reduction() {
+            desc.inputs[0].nelements() * op.flops_per_element(1)
+        } else {
+            n * op.flops_per_element(desc.inputs[0].ne[0] as u64)
+        },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::DType;
+
+    fn buf<'a>(t: &'a TensorDesc, values: &[f32]) -> Buf<'a> {
+        let mut b = Buf {
+            t,
+            bytes: vec![0u8; t.extent() as usize],
+        };
+        let mut i = 0;
+        for_each_index(t.ne, |idx| {
+            b.set(idx, values[i]);
+            i += 1;
+        });
+        b
+    }
+
+    #[test]
+    fn argmax_picks_the_last_of_equal_maxima_per_row() {
+        let x = TensorDesc::contiguous([4, 3, 1, 1], DType::F32);
+        let xb = buf(
+            &x,
+            &[
+                1.0, 5.0, 5.0, 2.0, -3.0, -1.0, -2.0, -9.0, 0.0, 0.0, 0.0, 0.0,
+            ],
+        );
+        let o = TensorDesc::contiguous([3, 1, 1, 1], DType::I32);
+        let mut ob = buf(&o, &[0.0; 3]);
+        argmax(&xb, &mut ob);
+        assert_eq!(
+            (0..3).map(|i| ob.get_i32([i, 0, 0, 0])).collect::<Vec<_>>(),
+            [2, 1, 3]
+        );
+    }
+
+    #[test]
+    fn cross_entropy_loss_is_the_mean_row_log_loss() {
+        // Row 0: uniform logits over 2 classes, label on class 0: ln 2. Row 1: logits (0, ln 3)
+        // with the label on class 1: -ln(3/4).
+        let x = TensorDesc::contiguous([2, 2, 1, 1], DType::F32);
+        let logits = buf(&x, &[0.0, 0.0, 0.0, 3f32.ln()]);
+        let labels = buf(&x, &[1.0, 0.0, 0.0, 1.0]);
+        let loss = cross_entropy_loss(&logits, &labels);
+        let want = (2f32.ln() - 0.75f32.ln()) / 2.0;
+        assert!((loss - want).abs() < 1e-6, "{loss} vs {want}");
+    }
+
+    #[test]
+    fn integers_are_stored_exactly() {
+        let o = TensorDesc::contiguous([1, 1, 1, 1], DType::I64);
+        let mut ob = buf(&o, &[0.0]);
+        ob.set_int([0; 4], (1 << 40) + 1);
+        assert_eq!(ob.bytes, ((1i64 << 40) + 1).to_le_bytes());
+    }
 }
