@@ -112,11 +112,15 @@ common_flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_CPU_A
 build_dl() {
     local dir=$root/build-dl
     "$repo/scripts/fetch-deps.sh" >/dev/null
-    if [ ! -f "$dir/build.ninja" ]; then
+    # The build tree is shared by checkouts of this repository (it lives in the cache): configure
+    # again when it was set up for another checkout.
+    if [ ! -f "$dir/build.ninja" ] ||
+        ! grep -qxF "CMAKE_PROJECT_ggml_INCLUDE:UNINITIALIZED=$repo/cmake/hook.cmake" "$dir/CMakeCache.txt" 2>/dev/null; then
         log "configuring $dir (GGML_BACKEND_DL=ON, CMAKE_PROJECT_ggml_INCLUDE=cmake/hook.cmake)"
         GIT_CEILING_DIRECTORIES=$root cmake -S "$src" -B "$dir" "${common_flags[@]}" \
             -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DLLAMA_BUILD_TESTS=ON \
             -DCMAKE_PROJECT_ggml_INCLUDE="$repo/cmake/hook.cmake" -DGGML_HSA_JIT_COMPILE=ON \
+            -DGGML_HSA_SOURCE_DIR="$repo" \
             >"$root/configure-dl.log" 2>&1 ||
             { tail -n 30 "$root/configure-dl.log" >&2; die "configure failed (log: $root/configure-dl.log)"; }
     fi
@@ -138,11 +142,17 @@ build_static() {
         "$repo/cmake/integrate.sh" "$tree" >&2
         touch "$tree/.complete"
     fi
-    if [ ! -f "$dir/build.ninja" ]; then
+    # Shared by checkouts of this repository: point the tree and the build at this one.
+    if [ "$(readlink -f "$tree/ggml/src/ggml-hsa")" != "$repo/cmake" ]; then
+        rm -f "$tree/ggml/src/ggml-hsa"
+        "$repo/cmake/integrate.sh" "$tree" >&2
+    fi
+    if [ ! -f "$dir/build.ninja" ] ||
+        ! grep -qxF "GGML_HSA_SOURCE_DIR:PATH=$repo" "$dir/CMakeCache.txt" 2>/dev/null; then
         log "configuring $dir (GGML_HSA=ON, GGML_BACKEND_DL=OFF, static)"
         GIT_CEILING_DIRECTORIES=$root cmake -S "$tree" -B "$dir" "${common_flags[@]}" \
             -DBUILD_SHARED_LIBS=OFF -DGGML_BACKEND_DL=OFF -DGGML_HSA=ON -DLLAMA_BUILD_TESTS=OFF \
-            -DGGML_HSA_JIT_COMPILE=ON \
+            -DGGML_HSA_JIT_COMPILE=ON -DGGML_HSA_SOURCE_DIR="$repo" \
             >"$root/configure-static.log" 2>&1 ||
             { tail -n 30 "$root/configure-static.log" >&2; die "configure failed (log: $root/configure-static.log)"; }
     fi
