@@ -37,6 +37,9 @@ pub struct Config {
     pub cache_clear: bool,
     /// `GGML_HSA_KERNEL_RECORD`: write every kernel a run needs into this gen-kernels config.
     pub kernel_record: Option<PathBuf>,
+    /// `GGML_HSA_F16_AS_BF16`: kernels compute their f16 operands as bf16 (off by default: it
+    /// loses precision, see README).
+    pub f16_as_bf16: bool,
     /// What was wrong with the environment, to be logged once.
     pub warnings: Vec<String>,
 }
@@ -108,6 +111,7 @@ impl Config {
         };
         let jit_verbose = flag("GGML_HSA_JIT_VERBOSE");
         let cache_clear = flag("GGML_HSA_KERNEL_CACHE_CLEAR") || flag("GGML_HSA_JIT_CLEAR_CACHE");
+        let f16_as_bf16 = flag("GGML_HSA_F16_AS_BF16");
 
         let packet_abi = match lookup("GGML_HSA_PACKET_ABI") {
             None => None,
@@ -167,6 +171,7 @@ impl Config {
             jit_verbose,
             cache_clear,
             kernel_record,
+            f16_as_bf16,
             warnings,
         }
     }
@@ -215,7 +220,30 @@ mod tests {
         assert!(!c.jit_verbose);
         assert!(!c.cache_clear);
         assert_eq!(c.kernel_record, None);
+        assert!(!c.f16_as_bf16);
         assert!(c.warnings.is_empty());
+    }
+
+    #[test]
+    fn f16_as_bf16_is_an_opt_in_boolean() {
+        for on in ["1", "true", "ON", " yes "] {
+            let c = config(&[("GGML_HSA_F16_AS_BF16", on)]);
+            assert!(c.f16_as_bf16, "{on}");
+            assert!(c.warnings.is_empty(), "{on}");
+        }
+        for off in ["0", "false", "Off", "no", ""] {
+            let c = config(&[("GGML_HSA_F16_AS_BF16", off)]);
+            assert!(!c.f16_as_bf16, "{off}");
+            assert!(c.warnings.is_empty(), "{off}");
+        }
+        let c = config(&[("GGML_HSA_F16_AS_BF16", "bf16")]);
+        assert!(!c.f16_as_bf16, "a bad value keeps the default");
+        assert_eq!(c.warnings.len(), 1);
+        assert!(
+            c.warnings[0].contains("GGML_HSA_F16_AS_BF16=\"bf16\" is not a boolean"),
+            "{:?}",
+            c.warnings
+        );
     }
 
     #[test]

@@ -115,3 +115,30 @@ fn an_explicit_packet_abi_is_used() {
     );
     assert_hundreds_pass(&r, "explicit b", 100);
 }
+
+/// `GGML_HSA_F16_AS_BF16=1` computes f16 kernel operands as bf16, a real loss of precision:
+/// the f16 element-wise MUL cases (NMSE about 1e-5 against a 1e-7 tolerance) fail, while the
+/// f16 MUL_MAT cases (NMSE about 5e-6 against 5e-4) still pass. Without the option the same MUL
+/// cases pass.
+#[test]
+fn f16_as_bf16_changes_f16_results() {
+    let f16_cases = ["-p", "^type(_a)?=f16,"];
+    let off = tbo("f16-exact", "MUL", &f16_cases, &[]);
+    assert_hundreds_pass(&off, "MUL f16", 40);
+    let on = tbo(
+        "f16-as-bf16",
+        "MUL,MUL_MAT",
+        &f16_cases,
+        &[("GGML_HSA_F16_AS_BF16", "1")],
+    );
+    let failed = |op: &str| {
+        on.output
+            .lines()
+            .filter(|l| l.contains(&format!("{op}(type")) && l.trim_end().ends_with(": FAIL"))
+            .count() as u64
+    };
+    assert_eq!(failed("MUL"), off.total, "{}", on.output);
+    assert_eq!(failed("MUL_MAT"), 0, "{}", on.output);
+    assert!(on.total > off.total + 200, "{}", on.output);
+    assert_eq!(on.passed, on.total - off.total, "{}", on.output);
+}

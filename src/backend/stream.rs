@@ -119,7 +119,9 @@ impl Stream {
         let plans = nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| ops::plan(n).map_err(|r| node_error(i, n, r)))
+            .map(|(i, n)| {
+                ops::plan_with(n, self.device.plan_options).map_err(|r| node_error(i, n, r))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         // Every kernel is loaded before anything runs (the missing ones compiled in parallel), so
         // a missing kernel fails the graph without leaving it half computed.
