@@ -40,6 +40,9 @@ pub struct Config {
     /// `GGML_HSA_CPU_FALLBACK` (development): claim every op and run those without an NPU kernel
     /// on ggml's CPU backend. Default: the CMake option of the same name ([`cpu_fallback_at_build`]).
     pub cpu_fallback: bool,
+    /// `GGML_HSA_F16_AS_BF16`: kernels compute their f16 operands as bf16 (off by default: it
+    /// loses precision, see README).
+    pub f16_as_bf16: bool,
     /// What was wrong with the environment, to be logged once.
     pub warnings: Vec<String>,
 }
@@ -120,6 +123,7 @@ impl Config {
         let cache_clear = flag_or("GGML_HSA_KERNEL_CACHE_CLEAR", false)
             || flag_or("GGML_HSA_JIT_CLEAR_CACHE", false);
         let cpu_fallback = flag_or("GGML_HSA_CPU_FALLBACK", cpu_fallback_at_build());
+        let f16_as_bf16 = flag_or("GGML_HSA_F16_AS_BF16", false);
 
         let packet_abi = match lookup("GGML_HSA_PACKET_ABI") {
             None => None,
@@ -180,6 +184,7 @@ impl Config {
             cache_clear,
             kernel_record,
             cpu_fallback,
+            f16_as_bf16,
             warnings,
         }
     }
@@ -238,7 +243,30 @@ mod tests {
         assert!(!c.jit_verbose);
         assert!(!c.cache_clear);
         assert_eq!(c.kernel_record, None);
+        assert!(!c.f16_as_bf16);
         assert!(c.warnings.is_empty());
+    }
+
+    #[test]
+    fn f16_as_bf16_is_an_opt_in_boolean() {
+        for on in ["1", "true", "ON", " yes "] {
+            let c = config(&[("GGML_HSA_F16_AS_BF16", on)]);
+            assert!(c.f16_as_bf16, "{on}");
+            assert!(c.warnings.is_empty(), "{on}");
+        }
+        for off in ["0", "false", "Off", "no", ""] {
+            let c = config(&[("GGML_HSA_F16_AS_BF16", off)]);
+            assert!(!c.f16_as_bf16, "{off}");
+            assert!(c.warnings.is_empty(), "{off}");
+        }
+        let c = config(&[("GGML_HSA_F16_AS_BF16", "bf16")]);
+        assert!(!c.f16_as_bf16, "a bad value keeps the default");
+        assert_eq!(c.warnings.len(), 1);
+        assert!(
+            c.warnings[0].contains("GGML_HSA_F16_AS_BF16=\"bf16\" is not a boolean"),
+            "{:?}",
+            c.warnings
+        );
     }
 
     #[test]

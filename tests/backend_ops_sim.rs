@@ -10,8 +10,12 @@ use common::test_backend_ops::{run, Report};
 const STARTER_OPS: &str = "ADD,SUB,MUL,DIV,ABS,SGN,NEG,STEP,TANH,ELU,RELU,SIGMOID,GELU,GELU_QUICK,\
 SILU,HARDSWISH,HARDSIGMOID,EXP,GELU_ERF,FLOOR,CEIL,ROUND,TRUNC,SQR,SQRT,LOG,SIN,COS,SCALE,CLAMP,\
 CPY,CONT,DUP";
-/// A cheaper mix (binary, unary, SCALE, host-side copies) for the other packet ABIs.
-const MIXED_OPS: &str = "ADD,MUL,GELU,SILU,SCALE,CPY";
+/// A cheaper mix (binary, unary, SCALE, host-side copies, the reductions) for the other packet
+/// ABIs.
+const MIXED_OPS: &str = "ADD,MUL,GELU,SILU,SCALE,CPY,ARGMAX,COUNT_EQUAL,CROSS_ENTROPY_LOSS";
+/// The ops of a model's graph beyond the element-wise ones.
+const MODEL_OPS: &str =
+    "MUL_MAT,RMS_NORM,NORM,GET_ROWS,SET_ROWS,ARGMAX,COUNT_EQUAL,CROSS_ENTROPY_LOSS";
 
 fn tbo(tag: &str, ops: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Report {
     let cache = common::scratch_dir(&format!("tbo-sim-{tag}"));
@@ -95,14 +99,45 @@ fn mixed_ops_with_packet_abis_a2_and_a3_and_two_workers() {
 }
 
 #[test]
-fn model_ops_mul_mat_norms_rows_glu_soft_max_rope() {
+fn model_ops_mul_mat_norms_rows_reductions() {
+    let r = tbo("mul-mat", MODEL_OPS, &[], &[]);
+    assert_hundreds_pass(&r, MODEL_OPS, 1000);
+    // The quantized weights and the reductions ran (they are declined by older builds).
+    for case in [
+        "MUL_MAT(type_a=q4_0,type_b=f32",
+        "MUL_MAT(type_a=q8_0,type_b=f32",
+        "MUL_MAT(type_a=q4_K,type_b=f32",
+        "ARGMAX(type=f32",
+        "COUNT_EQUAL(type=f32",
+        "CROSS_ENTROPY_LOSS(type=f32",
+    ] {
+        assert!(
+            r.output
+                .lines()
+                .any(|l| l.contains(case) && l.trim_end().ends_with(": OK")),
+            "no {case} case ran\n{}",
+            r.output
+        );
+    }
+}
+
+/// Quantized MUL_MAT and the reductions with two test-backend-ops workers (two graphs at once
+/// on one device).
+#[test]
+fn quantized_mul_mat_and_reductions_with_two_workers() {
     let r = tbo(
-        "mul-mat",
-        "MUL_MAT,RMS_NORM,NORM,GET_ROWS,SET_ROWS",
-        &[],
-        &[],
+        "quant-j2",
+        "MUL_MAT,ARGMAX,COUNT_EQUAL,CROSS_ENTROPY_LOSS",
+        &[
+            "-j",
+            "2",
+            "-p",
+            "^(type_a=(q4_0|q8_0|q4_K),type_b=f32|type=f32)",
+        ],
+        &[("HSA_SIM_PACKET_ABI", "a3")],
     );
-    assert_hundreds_pass(&r, "MUL_MAT,RMS_NORM,NORM,GET_ROWS,SET_ROWS", 800);
+    assert_hundreds_pass(&r, "quantized MUL_MAT, reductions, -j 2", 150);
+    assert_eq!(r.not_supported, 0, "{}", r.output);
 }
 
 #[test]
@@ -114,4 +149,31 @@ fn an_explicit_packet_abi_is_used() {
         &[("HSA_SIM_PACKET_ABI", "b"), ("GGML_HSA_PACKET_ABI", "b")],
     );
     assert_hundreds_pass(&r, "explicit b", 100);
+}
+
+/// `GGML_HSA_F16_AS_BF16=1` computes f16 kernel operands as bf16, a real loss of precision:
+/// the f16 element-wise MUL cases (NMSE about 1e-5 against a 1e-7 tolerance) fail, while the
+/// f16 MUL_MAT cases (NMSE about 5e-6 against 5e-4) still pass. Without the option the same MUL
+/// cases pass.
+#[test]
+fn f16_as_bf16_changes_f16_results() {
+    let f16_cases = ["-p", "^type(_a)?=f16,"];
+    let off = tbo("f16-exact", "MUL", &f16_cases, &[]);
+    assert_hundreds_pass(&off, "MUL f16", 40);
+    let on = tbo(
+        "f16-as-bf16",
+        "MUL,MUL_MAT",
+        &f16_cases,
+        &[("GGML_HSA_F16_AS_BF16", "1")],
+    );
+    let failed = |op: &str| {
+        on.output
+            .lines()
+            .filter(|l| l.contains(&format!("{op}(type")) && l.trim_end().ends_with(": FAIL"))
+            .count() as u64
+    };
+    assert_eq!(failed("MUL"), off.total, "{}", on.output);
+    assert_eq!(failed("MUL_MAT"), 0, "{}", on.output);
+    assert!(on.total > off.total + 200, "{}", on.output);
+    assert_eq!(on.passed, on.total - off.total, "{}", on.output);
 }

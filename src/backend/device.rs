@@ -12,7 +12,7 @@ use crate::hsa::memory::{select_pools, AgentPools, PoolAlloc};
 use crate::hsa::packet::PacketAbi;
 use crate::hsa::{HsaError, Runtime};
 use crate::kernels::{Compiler, KernelDesc, KernelError, KernelFiles, KernelStore};
-use crate::ops::{self, Node, Plan};
+use crate::ops::{self, Node, Plan, PlanOptions};
 
 /// Tensor alignment inside a buffer. The NPU's DMA engines address 32-bit words; 64 bytes keeps
 /// every tensor on its own cache line without wasting much on small tensors.
@@ -49,6 +49,8 @@ pub struct Device {
     pub packet_abi: PacketAbi,
     pub(crate) runtime: &'static Runtime,
     pub(crate) pools: AgentPools,
+    /// Run-time planning choices (`GGML_HSA_F16_AS_BF16`).
+    pub plan_options: PlanOptions,
     store: KernelStore,
     loaded: Mutex<HashMap<String, Arc<LoadedKernel>>>,
     /// `GGML_HSA_CPU_FALLBACK`: claim every op; nodes without a kernel run on ggml's CPU backend.
@@ -98,6 +100,9 @@ impl Device {
             packet_abi,
             runtime,
             pools,
+            plan_options: PlanOptions {
+                f16_as_bf16: config.f16_as_bf16,
+            },
             store,
             loaded: Mutex::new(HashMap::new()),
             cpu_fallback: config.cpu_fallback,
@@ -134,7 +139,7 @@ impl Device {
     /// Whether this device runs `node`. Cheap, and never compiles: the answer comes from the
     /// op rules and the kernel store (files on disk, the compiler's declared capabilities).
     pub fn supports(&self, node: &Node) -> Result<(), String> {
-        let supported = ops::plan(node).and_then(|plan| match plan {
+        let supported = ops::plan_with(node, self.plan_options).and_then(|plan| match plan {
             Plan::Skip | Plan::Host(_) => Ok(()),
             Plan::Kernel { desc, .. } => self.store.supports(&desc),
         });

@@ -129,7 +129,7 @@ impl Stream {
         let mut steps = nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| match ops::plan(n) {
+            .map(|(i, n)| match ops::plan_with(n, self.device.plan_options) {
                 Ok(plan) => Ok(Step::Plan(plan)),
                 Err(reason) if fallback => Ok(Step::Cpu(reason)),
                 Err(reason) => Err(node_error(i, n, reason)),

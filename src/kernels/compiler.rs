@@ -25,6 +25,9 @@ pub struct Capabilities {
     pub compiler: String,
     pub archs: Vec<String>,
     pub ops: Vec<OpCapability>,
+    /// Whether requests may ask for f16 operands to be computed as bf16 (`f16_as_bf16`).
+    #[serde(default)]
+    pub f16_as_bf16: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -83,6 +86,9 @@ impl Capabilities {
         let smaller = |t: &super::desc::Layout| count(&t.ne) < count(&desc.output.ne);
         if !op.broadcast && desc.inputs.iter().any(smaller) {
             return Err(format!("{} kernels do not broadcast", desc.op));
+        }
+        if desc.f16_as_bf16 && !self.f16_as_bf16 {
+            return Err("the compiler cannot compute f16 operands as bf16".into());
         }
         let operands = || desc.inputs.iter().chain([&desc.output]);
         if !op.noncontiguous && !operands().all(super::desc::Layout::is_dense) {
@@ -219,6 +225,7 @@ mod tests {
             op_params: vec![],
             inputs: vec![t.clone(); n_inputs],
             output: t,
+            f16_as_bf16: false,
         }
     }
 
@@ -251,6 +258,17 @@ mod tests {
         rows.inputs[0] = Layout::contiguous("f32", 4, [4, 500, 1, 1]);
         rows.output = Layout::contiguous("f32", 4, [500, 1, 1, 1]);
         assert_eq!(caps.check(Arch::Aie2p, &rows), Ok(()));
+    }
+
+    #[test]
+    fn f16_as_bf16_needs_the_compiler_to_declare_it() {
+        let mut d = desc("ADD", 2, "f32");
+        d.f16_as_bf16 = true;
+        let caps = Capabilities::parse(CAPS).unwrap();
+        assert!(caps.check(Arch::Aie2p, &d).unwrap_err().contains("bf16"));
+        let declared = CAPS.replace("\"archs\"", "\"f16_as_bf16\": true, \"archs\"");
+        let caps = Capabilities::parse(&declared).unwrap();
+        assert_eq!(caps.check(Arch::Aie2p, &d), Ok(()));
     }
 
     #[test]

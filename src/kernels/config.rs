@@ -387,6 +387,9 @@ pub struct KernelEntry {
     /// patterns). An extension of the IRON config format, which has no way to express them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub op_params: Option<Vec<i32>>,
+    /// `true`: the kernel computes its f16 operands as bf16 (`GGML_HSA_F16_AS_BF16`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub f16_as_bf16: Option<bool>,
 }
 
 impl KernelConfig {
@@ -413,6 +416,7 @@ impl KernelEntry {
             output_tensor: format_tensor(&desc.output),
             exported_name: Some(desc.canonical_name()),
             op_params: (!desc.op_params.is_empty()).then(|| desc.op_params.clone()),
+            f16_as_bf16: desc.f16_as_bf16.then_some(true),
         }
     }
 
@@ -454,6 +458,7 @@ impl KernelEntry {
                 op_params,
                 inputs,
                 output,
+                f16_as_bf16: self.f16_as_bf16.unwrap_or(false),
             },
         ))
     }
@@ -655,6 +660,7 @@ mod tests {
             output_tensor: output.into(),
             exported_name: None,
             op_params: None,
+            f16_as_bf16: None,
         }
     }
 
@@ -825,8 +831,16 @@ mod tests {
 
     #[test]
     fn every_backend_description_round_trips_through_an_entry() {
-        let descs = backend_descs();
+        let mut descs = backend_descs();
         assert!(descs.len() > 100);
+        // GGML_HSA_F16_AS_BF16 kernels carry the flag through configs too.
+        let mut as_bf16 = descs[0].clone();
+        as_bf16.f16_as_bf16 = true;
+        assert!(KernelEntry::from_desc(&as_bf16, Arch::Aie2)
+            .exported_name
+            .unwrap()
+            .ends_with("-f16asbf16"));
+        descs.push(as_bf16);
         for desc in descs {
             for arch in [Arch::Aie2, Arch::Aie2p] {
                 let entry = KernelEntry::from_desc(&desc, arch);
@@ -850,6 +864,7 @@ mod tests {
             op_params: vec![],
             inputs: vec![t.clone()],
             output: t,
+            f16_as_bf16: false,
         };
         let e = KernelEntry::from_desc(&desc, Arch::Aie2p);
         assert_eq!(e.kernel_name, "ggml_op_gelu_quick");

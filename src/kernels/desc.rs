@@ -110,6 +110,10 @@ pub struct KernelDesc {
     pub op_params: Vec<i32>,
     pub inputs: Vec<Layout>,
     pub output: Layout,
+    /// The f16 operands are computed as bf16 (`GGML_HSA_F16_AS_BF16`): the kernel rounds f16
+    /// inputs to bf16 before computing and its f16 outputs to bf16 precision, as a kernel fed
+    /// bf16 copies of them would. Only set when some operand is f16.
+    pub f16_as_bf16: bool,
 }
 
 /// Longest canonical name; longer descriptions end in a hash of the full name instead.
@@ -123,10 +127,12 @@ struct Request<'a> {
     op_params: &'a [i32],
     inputs: &'a [Layout],
     output: &'a Layout,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    f16_as_bf16: bool,
 }
 
 impl KernelDesc {
-    /// The canonical kernel name: `<op>-<input>...-<output>[-p<params>]`, each operand as
+    /// The canonical kernel name: `<op>-<input>...-<output>[-p<params>][-f16asbf16]`, each operand as
     /// `<type>_<ne0>x<ne1>...` (plus `_s<strides>` when strided), op parameters as hex words with
     /// trailing zeros dropped. Stable across runs, builds and machines; file-name safe
     /// (`[a-z0-9_x-]`). Names longer than 160 characters keep their first 143 characters and end
@@ -146,6 +152,9 @@ impl KernelDesc {
                 .map(|p| format!("{:x}", *p as u32))
                 .collect();
             parts.push(format!("p{}", words.join("_")));
+        }
+        if self.f16_as_bf16 {
+            parts.push("f16asbf16".into());
         }
         let name = parts.join("-");
         if name.len() <= MAX_NAME {
@@ -170,6 +179,7 @@ impl KernelDesc {
             op_params: &self.op_params,
             inputs: &self.inputs,
             output: &self.output,
+            f16_as_bf16: self.f16_as_bf16,
         })
         .expect("kernel descriptions always serialise")
     }
@@ -193,6 +203,7 @@ mod tests {
             op_params: vec![],
             inputs: vec![t.clone(), t.clone()],
             output: t,
+            f16_as_bf16: false,
         }
     }
 
@@ -225,6 +236,7 @@ mod tests {
             op_params: vec![],
             inputs: vec![w.clone(), x],
             output: Layout::contiguous("f32", 4, [3, 5, 2, 1]),
+            f16_as_bf16: false,
         };
         assert_eq!(
             d.canonical_name(),

@@ -412,6 +412,7 @@ mod tests {
             op_params: vec![],
             inputs: vec![t.clone()],
             output: t,
+            f16_as_bf16: false,
         }
     }
 

@@ -288,6 +288,10 @@ fn write_row(
             let dst = bytes
                 .get_mut(at as usize..at as usize + len)
                 .ok_or("row out of its tensor")?;
+            if q.name == "q8_0" && q.block == Q8_0_BLOCK as u64 && q.block_bytes == 34 {
+                encode_q8_0(row, dst);
+                return Ok(());
+            }
             codec.encode(q, row, dst)
         }
         dtype => {
@@ -303,6 +307,26 @@ fn write_row(
                 );
             }
             Ok(())
+        }
+    }
+}
+
+/// Values per Q8_0 block.
+const Q8_0_BLOCK: usize = 32;
+
+/// Encodes `src` as Q8_0 blocks (f16 scale d = max|x| / 127, then 32 signed bytes) the way
+/// ggml-cpu's own quantizer does on x86, the one the CPU backend uses for copies into Q8_0:
+/// q = x · (127 / max|x|) rounded to nearest, ties to even. ggml's reference quantizer (the one
+/// the codec calls) computes x / d and rounds ties away from zero; the two differ by one step
+/// on values landing on a tie, which sources with few mantissa bits (f16) make frequent enough
+/// to fail test-backend-ops' tolerance for CPY f16 → q8_0 about one run in three.
+fn encode_q8_0(src: &[f32], out: &mut [u8]) {
+    for (x, block) in src.chunks(Q8_0_BLOCK).zip(out.chunks_mut(2 + Q8_0_BLOCK)) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        block[..2].copy_from_slice(&f16::from_f32(amax / 127.0).to_le_bytes());
+        for (q, v) in block[2..].iter_mut().zip(x) {
+            *q = (v * id).round_ties_even() as i8 as u8;
         }
     }
 }
@@ -499,6 +523,28 @@ mod tests {
         assert!(
             HostOp::convert(&tensor(DType::F32, [3, 1, 1, 1], 0), &tenths([3, 1, 1, 1])).is_err()
         );
+    }
+
+    #[test]
+    fn q8_0_is_encoded_like_ggml_cpu() {
+        // One block: max |x| = 254 gives d = 2 and a multiplier of 0.5; 1.0 and 3.0 land on
+        // ties (0.5, 1.5), which go to even (0, 2); -254 maps to -127.
+        let mut x = vec![0f32; 32];
+        x[0] = -254.0;
+        x[1] = 1.0;
+        x[2] = 3.0;
+        x[3] = 100.2;
+        let mut out = vec![0u8; 34];
+        encode_q8_0(&x, &mut out);
+        assert_eq!(f16::from_le_bytes([out[0], out[1]]).to_f32(), 2.0);
+        assert_eq!(
+            out[2..6].iter().map(|&b| b as i8).collect::<Vec<_>>(),
+            [-127, 0, 2, 50]
+        );
+        assert!(out[6..].iter().all(|&b| b == 0));
+        // A block of zeros has scale 0.
+        encode_q8_0(&[0.0; 32], &mut out);
+        assert!(out.iter().all(|&b| b == 0));
     }
 
     fn bytes_f32(v: &[f32]) -> Vec<u8> {

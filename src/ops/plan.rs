@@ -50,7 +50,29 @@ pub enum Plan {
     },
 }
 
-/// Plans `node`, or says why this backend cannot run it.
+/// Run-time choices that change plans.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// `GGML_HSA_F16_AS_BF16`: kernels compute their f16 operands as bf16 (the NPUs have no
+    /// f16 arithmetic; bf16 is native), trading precision for support.
+    pub f16_as_bf16: bool,
+}
+
+/// Plans `node` with `options`, or says why this backend cannot run it.
+pub fn plan_with(node: &Node, options: PlanOptions) -> Result<Plan, String> {
+    let mut plan = plan(node)?;
+    if let Plan::Kernel { desc, .. } = &mut plan {
+        let has_f16 = desc
+            .inputs
+            .iter()
+            .chain([&desc.output])
+            .any(|t| t.dtype == "f16");
+        desc.f16_as_bf16 = options.f16_as_bf16 && has_f16;
+    }
+    Ok(plan)
+}
+
+/// Plans `node` with the default options, or says why this backend cannot run it.
 pub fn plan(node: &Node) -> Result<Plan, String> {
     if matches!(node.op, Op::Layout) || node.dst.is_empty() {
         return Ok(Plan::Skip);
@@ -196,6 +218,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
                     op_params: node.op_params[..1].to_vec(),
                     inputs: vec![rows(a)],
                     output: rows(&node.dst),
+                    f16_as_bf16: false,
                 },
                 operands: vec![a.clone(), node.dst.clone()],
             })
@@ -315,6 +338,7 @@ fn kernel_as_laid_out(op: &str, op_params: Vec<i32>, inputs: &[&Tensor], dst: &T
             op_params,
             inputs: inputs.iter().map(|t| as_layout(t)).collect(),
             output: as_layout(dst),
+            f16_as_bf16: false,
         },
         operands: inputs
             .iter()
@@ -364,6 +388,7 @@ fn elementwise(
             op_params,
             inputs: inputs.iter().map(|t| layout(t)).collect(),
             output: layout(dst),
+            f16_as_bf16: false,
         },
         operands: inputs
             .iter()
@@ -581,5 +606,37 @@ mod tests {
             "cross_entropy_loss-f32_100x10-f32_100x10-f32_1"
         );
         assert!(plan(&node(Op::CrossEntropyLoss, loss, vec![idx.clone(), idx])).is_err());
+    }
+
+    #[test]
+    fn f16_as_bf16_marks_only_kernels_with_f16_operands() {
+        let on = PlanOptions { f16_as_bf16: true };
+        let h = tensor(DType::F16, [8, 1, 1, 1], 0);
+        let f = tensor(DType::F32, [8, 1, 1, 1], 0);
+        let desc = |n: &Node, o: PlanOptions| match plan_with(n, o).unwrap() {
+            Plan::Kernel { desc, .. } => desc,
+            other => panic!("{other:?}"),
+        };
+        let add = node(
+            Op::Binary(BinaryOp::Add),
+            h.clone(),
+            vec![h.clone(), f.clone()],
+        );
+        let (exact, as_bf16) = (desc(&add, PlanOptions::default()), desc(&add, on));
+        assert!(!exact.f16_as_bf16 && as_bf16.f16_as_bf16);
+        assert_eq!(exact.canonical_name(), "add-f16_8-f32_8-f16_8");
+        assert_eq!(as_bf16.canonical_name(), "add-f16_8-f32_8-f16_8-f16asbf16");
+        assert!(as_bf16
+            .request_json(crate::kernels::Arch::Aie2)
+            .contains("\"f16_as_bf16\":true"));
+        assert!(!exact
+            .request_json(crate::kernels::Arch::Aie2)
+            .contains("f16_as_bf16"));
+        // Kernels without f16 operands are the same kernels either way.
+        let relu = node(Op::Unary(UnaryOp::Relu), f.clone(), vec![f]);
+        assert_eq!(desc(&relu, on), desc(&relu, PlanOptions::default()));
+        // Host-side ops are not affected.
+        let cpy = node(Op::Cpy, tensor(DType::F32, [8, 1, 1, 1], 0), vec![h]);
+        assert!(matches!(plan_with(&cpy, on), Ok(Plan::Host(_))));
     }
 }

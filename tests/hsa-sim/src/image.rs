@@ -79,6 +79,10 @@ pub struct KernelDesc {
     pub op_params: [i32; 16],
     pub inputs: Vec<TensorDesc>,
     pub output: TensorDesc,
+    /// Compute the f16 operands as bf16 (the backend's `GGML_HSA_F16_AS_BF16`): f16 inputs are
+    /// rounded to bf16 when read and f16 outputs to bf16 precision before they are stored.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub f16_as_bf16: bool,
 }
 
 fn de_params<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[i32; 16], D::Error> {

@@ -31,6 +31,13 @@ pub struct ExecStats {
 struct Buf<'a> {
     t: &'a TensorDesc,
     bytes: Vec<u8>,
+    /// An f16 operand computed as bf16: values are rounded to bf16 when read and written.
+    as_bf16: bool,
+}
+
+/// Rounds `v` to the nearest bf16 value (ggml's rounding).
+fn round_bf16(v: f32) -> f32 {
+    bf16_to_f32(bf16_from_f32(v))
 }
 
 impl Buf<'_> {
@@ -54,11 +61,17 @@ impl Buf<'_> {
     }
 
     fn get(&self, i: [i64; 4]) -> f32 {
-        elem::load(self.t.ty, &self.bytes, self.offset(i))
+        let v = elem::load(self.t.ty, &self.bytes, self.offset(i));
+        if self.as_bf16 {
+            round_bf16(v)
+        } else {
+            v
+        }
     }
 
     fn set(&mut self, i: [i64; 4], v: f32) {
         let off = self.offset(i);
+        let v = if self.as_bf16 { round_bf16(v) } else { v };
         elem::store(self.t.ty, &mut self.bytes, off, v);
     }
 }
@@ -306,9 +319,11 @@ fn mul_mat(w: &Buf<'_>, x: &Buf<'_>, out: &mut Buf<'_>) {
     let (wn, xn) = (w.t.ne, x.t.ne);
     let k = wn[0];
     let (r2, r3) = (xn[2] / wn[2], xn[3] / wn[3]);
+    // f16 weights computed as bf16 make this a bf16 kernel: the activations go to bf16 too.
     let round = |v: f32| match w.t.ty {
+        crate::ops::DType::F16 if w.as_bf16 => round_bf16(v),
         crate::ops::DType::F16 => half::f16::from_f32(v).to_f32(),
-        crate::ops::DType::Bf16 => bf16_to_f32(bf16_from_f32(v)),
+        crate::ops::DType::Bf16 => round_bf16(v),
         _ => v,
     };
     let mut row = vec![0f32; k as usize];
@@ -365,7 +380,8 @@ pub unsafe fn execute(
         // SAFETY: the caller guarantees [addr, addr+len) is readable and ext <= len; `bytes` is
         // a distinct buffer of exactly ext bytes.
         unsafe { std::ptr::copy_nonoverlapping(m.addr as *const u8, bytes.as_mut_ptr(), ext) };
-        bufs.push(Buf { t, bytes });
+        let as_bf16 = desc.f16_as_bf16 && t.ty == crate::ops::DType::F16;
+        bufs.push(Buf { t, bytes, as_bf16 });
     }
     let mut out = bufs.pop().ok_or("no output operand")?;
     let ne = out.t.ne;
@@ -465,6 +481,7 @@ mod tests {
         let mut b = Buf {
             t,
             bytes: vec![0u8; t.extent() as usize],
+            as_bf16: false,
         };
         let mut i = 0;
         for_each_index(t.ne, |idx| {
@@ -502,6 +519,36 @@ mod tests {
         let loss = cross_entropy_loss(&logits, &labels);
         let want = (2f32.ln() - 0.75f32.ln()) / 2.0;
         assert!((loss - want).abs() < 1e-6, "{loss} vs {want}");
+    }
+
+    #[test]
+    fn f16_computed_as_bf16_loses_the_low_mantissa_bits() {
+        // 1 + 2^-10 is an f16 value; bf16 keeps 7 mantissa bits, so it reads as 1.
+        let t = TensorDesc::contiguous([2, 1, 1, 1], DType::F16);
+        let mut b = buf(&t, &[1.0 + 1.0 / 1024.0, 3.0]);
+        assert_eq!(b.get([0; 4]), 1.0 + 1.0 / 1024.0);
+        b.as_bf16 = true;
+        assert_eq!(b.get([0; 4]), 1.0);
+        assert_eq!(b.get([1, 0, 0, 0]), 3.0);
+        // Written values are rounded to bf16 precision, then stored as f16.
+        b.set([1, 0, 0, 0], 1.0 + 3.0 / 1024.0);
+        b.as_bf16 = false;
+        assert_eq!(b.get([1, 0, 0, 0]), 1.0);
+        // A MUL_MAT with f16 weights differs: the activations are rounded to bf16 as well.
+        let w = TensorDesc::contiguous([2, 1, 1, 1], DType::F16);
+        let x = TensorDesc::contiguous([2, 1, 1, 1], DType::F32);
+        let o = TensorDesc::contiguous([1, 1, 1, 1], DType::F32);
+        let xb = buf(&x, &[1.0 + 1.0 / 1024.0, 1.0]);
+        let mut results = Vec::new();
+        for as_bf16 in [false, true] {
+            let mut wb = buf(&w, &[1.0 + 1.0 / 512.0, 1.0]);
+            wb.as_bf16 = as_bf16;
+            let mut ob = buf(&o, &[0.0]);
+            mul_mat(&wb, &xb, &mut ob);
+            results.push(ob.get([0; 4]));
+        }
+        assert_eq!(results[1], 2.0);
+        assert!(results[0] > 2.0 + 2.0 / 1024.0, "{results:?}");
     }
 
     #[test]
