@@ -97,7 +97,15 @@ impl Report {
 }
 
 /// Runs `test-backend-ops` with `args` and extra environment, and reads its output for `device`.
+///
+/// One run at a time per test binary: some test-backend-ops cases allocate several GiB (the CPU
+/// reference and the device copy of large tensors), and the test harness's parallel threads
+/// running several such processes at once have exhausted a 24 GiB machine.
 pub fn run(program: &Path, args: &[&str], env: &[(&str, &str)], device: &str) -> Report {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut cmd = Command::new(program);
     cmd.args(args);
     for (k, v) in env {
