@@ -137,7 +137,7 @@ fn greedy(
     prompt: &str,
     plugin_env: Option<&[(String, String)]>,
 ) -> Greedy {
-    greedy_forced(bin, model, prompt, plugin_env, &[])
+    greedy_args(bin, model, prompt, plugin_env, &[], &[])
 }
 
 /// [`greedy`], feeding back `forced` tokens instead of the argmax (teacher forcing).
@@ -148,6 +148,18 @@ fn greedy_forced(
     plugin_env: Option<&[(String, String)]>,
     forced: &[i32],
 ) -> Greedy {
+    greedy_args(bin, model, prompt, plugin_env, forced, &[])
+}
+
+/// [`greedy_forced`] with extra llama_greedy arguments (`-ngl N`, `-nkvo`).
+fn greedy_args(
+    bin: &Path,
+    model: &Path,
+    prompt: &str,
+    plugin_env: Option<&[(String, String)]>,
+    forced: &[i32],
+    extra: &[&str],
+) -> Greedy {
     // Tests run in parallel threads: every run gets its own directory.
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -157,6 +169,7 @@ fn greedy_forced(
         .arg(bin)
         .arg("-m")
         .arg(model)
+        .args(extra)
         .args(["-n", "12", "--logits"])
         .arg(&logits_file)
         .arg(prompt)
@@ -412,6 +425,54 @@ fn tiny_llama_quantized_on_hsa0_matches_cpu() {
             "{name}: {on_npu:?} nodes on HSA0"
         );
     }
+}
+
+/// `-ngl` and `-nkvo` place layers and the KV cache as llama.cpp users expect; the text is the
+/// CPU's in every case.
+#[test]
+fn ngl_and_nkvo_place_layers_and_kv_cache() {
+    let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
+        return;
+    };
+    let env = sim_env("ngl");
+    let cpu = greedy(&bin, &model, LONG_PROMPT, None);
+    let nodes = |run: &Greedy, backend: &str| {
+        graphs(&run.log)
+            .last()
+            .and_then(|g| g.nodes.get(backend).copied())
+            .unwrap_or(0)
+    };
+    // -ngl 0: every layer on the CPU; HSA0 computes nothing.
+    let none = greedy_args(&bin, &model, LONG_PROMPT, Some(&env), &[], &["-ngl", "0"]);
+    compare("-ngl 0", &none, &cpu, MAX_LOGITS_NMSE);
+    assert_eq!(nodes(&none, "HSA0"), 0, "-ngl 0 ran nodes on HSA0");
+    assert!(
+        none.log.contains("CPU KV buffer size"),
+        "-ngl 0: KV cache not on the CPU"
+    );
+    // -ngl 2: the last layer and the output layer on HSA0, the rest on the CPU.
+    let some = greedy_args(&bin, &model, LONG_PROMPT, Some(&env), &[], &["-ngl", "2"]);
+    compare("-ngl 2", &some, &cpu, MAX_LOGITS_NMSE);
+    let (on_npu, on_cpu) = (nodes(&some, "HSA0"), nodes(&some, "CPU"));
+    println!("-ngl 2: {on_npu} nodes on HSA0, {on_cpu} on the CPU");
+    assert!(
+        on_npu > 10 && on_cpu > 10,
+        "-ngl 2: {on_npu} on HSA0, {on_cpu} on CPU"
+    );
+    // -nkvo: the KV cache (and attention over it) stays on the CPU; the rest on HSA0.
+    let nkvo = greedy_args(&bin, &model, LONG_PROMPT, Some(&env), &[], &["-nkvo"]);
+    compare("-nkvo", &nkvo, &cpu, MAX_LOGITS_NMSE);
+    assert!(
+        nkvo.log.contains("CPU KV buffer size"),
+        "-nkvo: KV cache not on the CPU"
+    );
+    assert!(
+        !nkvo.log.contains("HSA0 KV buffer size"),
+        "-nkvo: KV cache on HSA0"
+    );
+    let (on_npu, on_cpu) = (nodes(&nkvo, "HSA0"), nodes(&nkvo, "CPU"));
+    println!("-nkvo: {on_npu} nodes on HSA0, {on_cpu} on the CPU");
+    assert!(on_npu > 10, "-nkvo: {on_npu} on HSA0");
 }
 
 #[test]

@@ -9,7 +9,7 @@
 // another run's tokens, so that both runs see the same sequence); "tokens:" still lists the
 // argmax of every step.
 //
-//   llama_greedy -m MODEL [-n N] [-ngl N] [--logits FILE] [--force IDS] [--backend-dir DIR] PROMPT
+//   llama_greedy -m MODEL [-n N] [-ngl N] [-nkvo] [--logits FILE] [--force IDS] [--backend-dir DIR] PROMPT
 // (DIR: where ggml looks for its backend libraries; default: next to the executable)
 #include "llama.h"
 
@@ -40,6 +40,7 @@ int main(int argc, char ** argv) {
     int n_predict = 16;
     std::vector<llama_token> forced;
     int ngl = 99;
+    bool offload_kqv = true;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "-m" && i + 1 < argc) {
@@ -60,6 +61,8 @@ int main(int argc, char ** argv) {
             }
         } else if (a == "--backend-dir" && i + 1 < argc) {
             backend_dir = argv[++i];
+        } else if (a == "-nkvo") {
+            offload_kqv = false;
         } else if (a == "--logits" && i + 1 < argc) {
             logits_path = argv[++i];
         } else {
@@ -94,6 +97,7 @@ int main(int argc, char ** argv) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = n_prompt + n_predict;
     cp.n_batch = n_prompt;
+    cp.offload_kqv = offload_kqv;
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) {
         fprintf(stderr, "error: cannot create the context\n");
