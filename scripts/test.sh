@@ -64,9 +64,9 @@ check clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 # The simulator's runtime and compiler are used by the backend's tests as separate artifacts.
 check "build (workspace)" cargo build --workspace --locked
 
-log "cargo test --workspace --locked"
+log "cargo test --workspace --locked --no-fail-fast"
 test_log=$(mktemp)
-cargo test --workspace --locked 2>&1 | tee "$test_log"
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$test_log"
 test_status=${PIPESTATUS[0]}
 read -r t_passed t_failed < <(awk '/^test result:/ {
         for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i }
