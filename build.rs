@@ -158,24 +158,28 @@ fn default_llama_root() -> PathBuf {
     cache.join(format!("llama-cpp-python-{version}"))
 }
 
+/// bindgen with C enums as plain constants with the C names (GGML_OP_ADD, HSA_STATUS_ERROR, ...):
+/// values coming from C are never turned into Rust enums, so a value this build does not know
+/// cannot be undefined behaviour.
+fn c_constants_builder() -> bindgen::Builder {
+    bindgen::Builder::default()
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
+        .generate_comments(false)
+}
+
 fn generate_bindings(headers: &[PathBuf], include_dir: &Path, private_dir: &Path) {
     let wrapper: String = headers
         .iter()
         .map(|h| format!("#include \"{}\"\n", h.display()))
         .collect();
-    let bindings = bindgen::Builder::default()
+    let bindings = c_constants_builder()
         .header_contents("ggml_hsa_wrapper.h", &wrapper)
         .clang_arg(format!("-I{}", include_dir.display()))
         .clang_arg(format!("-I{}", private_dir.display()))
         .allowlist_item("ggml_.*|GGML_.*")
-        // Plain constants with the C names (GGML_OP_ADD, ...): values coming from C are never
-        // turned into Rust enums, so a value this build does not know cannot be undefined
-        // behaviour.
-        .default_enum_style(bindgen::EnumVariation::Consts)
-        .prepend_enum_name(false)
         .layout_tests(true)
         .derive_default(true)
-        .generate_comments(false)
         .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
         .generate()
         .unwrap_or_else(|e| fail(&format!("bindgen failed on the ggml headers: {e}")));
@@ -217,15 +221,12 @@ fn check_rocr_headers() {
         );
         return;
     }
-    let rocr = bindgen::Builder::default()
+    let rocr = c_constants_builder()
         .header(hsa.to_string_lossy())
         .header(ext.to_string_lossy())
         .clang_arg(format!("-I{}", dir.display()))
         .allowlist_item("hsa_.*|HSA_.*")
-        .default_enum_style(bindgen::EnumVariation::Consts)
-        .prepend_enum_name(false)
         .layout_tests(false)
-        .generate_comments(false)
         .generate()
         .unwrap_or_else(|e| {
             fail(&format!(

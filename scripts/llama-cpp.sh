@@ -31,6 +31,8 @@ src=$root/src
 build=$root/build
 
 log() { printf '[llama-cpp] %s\n' "$*" >&2; }
+# shellcheck source=lib/apt.sh
+. "$here/lib/apt.sh"
 die() { printf '[llama-cpp] error: %s\n' "$*" >&2; exit 1; }
 
 ensure_tools() {
@@ -41,14 +43,9 @@ ensure_tools() {
     command -v ccache >/dev/null || missing+=(ccache)
     # bindgen (build.rs) needs libclang.
     ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || [ -n "${LIBCLANG_PATH:-}" ] || missing+=(libclang-dev)
-    if [ ${#missing[@]} -gt 0 ]; then
-        command -v apt-get >/dev/null || die "missing tools: ${missing[*]} (install them; no apt-get here)"
-        local sudo=""
-        [ "$(id -u)" -eq 0 ] || sudo="sudo"
-        log "installing ${missing[*]}"
-        $sudo apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-    fi
+    # `fetch` downloads the sdist with pip.
+    python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+    [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}" || die "cannot install ${missing[*]}"
 }
 
 fetch() {

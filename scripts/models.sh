@@ -50,14 +50,8 @@ model_path() {
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
-apt_install() {
-    command -v apt-get >/dev/null || die "missing $* (install it; no apt-get here)"
-    local sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    log "installing $*"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
-}
+# shellcheck source=lib/apt.sh
+. "$here/lib/apt.sh"
 
 # The converters' Python: a venv with the pinned numpy and PyYAML (gguf-py imports both).
 ensure_venv() {
@@ -66,7 +60,7 @@ ensure_venv() {
         [ "$(cat "$venv/.models-requirements" 2>/dev/null)" = "$want" ]; then
         return 0
     fi
-    command -v python3 >/dev/null || apt_install python3
+    command -v python3 >/dev/null || apt_install python3 || die "cannot install python3"
     if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import sys' 2>/dev/null; then
         log "creating $venv"
         rm -rf "$venv"
@@ -74,7 +68,7 @@ ensure_venv() {
         if ! python3 -m venv "$venv" >/dev/null 2>&1; then
             # Debian's python3 ships venv's ensurepip separately.
             rm -rf "$venv"
-            apt_install python3-venv
+            apt_install python3-venv || die "cannot install python3-venv"
             python3 -m venv "$venv" || die "python3 -m venv $venv failed"
         fi
     fi

@@ -12,18 +12,8 @@ passed=0
 failed=0
 failures=()
 
-apt_install() {
-    local missing=()
-    for pkg in "$@"; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-    done
-    [ ${#missing[@]} -eq 0 ] && return 0
-    command -v apt-get >/dev/null || { echo "missing packages: ${missing[*]}" >&2; return 1; }
-    local sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    log "installing ${missing[*]}"
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-}
+# shellcheck source=lib/apt.sh
+. scripts/lib/apt.sh
 
 # A check that counts as one case.
 check() {

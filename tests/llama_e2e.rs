@@ -140,18 +140,8 @@ fn greedy(
     greedy_args(bin, model, prompt, plugin_env, &[], &[])
 }
 
-/// [`greedy`], feeding back `forced` tokens instead of the argmax (teacher forcing).
-fn greedy_forced(
-    bin: &Path,
-    model: &Path,
-    prompt: &str,
-    plugin_env: Option<&[(String, String)]>,
-    forced: &[i32],
-) -> Greedy {
-    greedy_args(bin, model, prompt, plugin_env, forced, &[])
-}
-
-/// [`greedy_forced`] with extra llama_greedy arguments (`-ngl N`, `-nkvo`).
+/// [`greedy`], feeding back `forced` tokens instead of the argmax (teacher forcing) when any,
+/// with extra llama_greedy arguments (`-ngl N`, `-nkvo`).
 fn greedy_args(
     bin: &Path,
     model: &Path,
@@ -368,13 +358,9 @@ fn tiny_llama_f32_on_hsa0_matches_cpu_with_one_split_per_layer_or_fewer() {
         &short_cpu,
         MAX_LOGITS_NMSE,
     );
-    for g in graphs_of(&short) {
+    for g in crate::graphs(&short.log) {
         assert!(g.splits.len() <= TINY_LLAMA_LAYERS, "{:?}", g.splits);
     }
-}
-
-fn graphs_of(run: &Greedy) -> Vec<Graph> {
-    graphs(&run.log)
 }
 
 /// Quantized weights: ggml quantizes the activations too (to Q8_0/Q8_K) before the dot products,
@@ -391,7 +377,7 @@ fn tiny_llama_quantized_on_hsa0_matches_cpu() {
         let Some(model) = model(name) else { return };
         let env = sim_env(name);
         let cpu = greedy(&bin, &model, LONG_PROMPT, None);
-        let npu = greedy_forced(&bin, &model, LONG_PROMPT, Some(&env), &cpu.tokens);
+        let npu = greedy_args(&bin, &model, LONG_PROMPT, Some(&env), &cpu.tokens, &[]);
         let n_vocab = cpu.logits.len() / cpu.tokens.len();
         let mut worst = 0.0f64;
         let mut checked = 0;

@@ -332,12 +332,23 @@ fn mul_mat(w: &Tensor, x: &Tensor, dst: &Tensor) -> Result<Plan, String> {
 
 /// One kernel over `inputs` into `dst`, every operand as laid out in memory.
 fn kernel_as_laid_out(op: &str, op_params: Vec<i32>, inputs: &[&Tensor], dst: &Tensor) -> Plan {
+    kernel(op, op_params, inputs, dst, as_layout)
+}
+
+/// One kernel over `inputs` into `dst`, each operand described by `layout`.
+fn kernel(
+    op: &str,
+    op_params: Vec<i32>,
+    inputs: &[&Tensor],
+    dst: &Tensor,
+    layout: impl Fn(&Tensor) -> Layout,
+) -> Plan {
     Plan::Kernel {
         desc: KernelDesc {
             op: op.to_owned(),
             op_params,
-            inputs: inputs.iter().map(|t| as_layout(t)).collect(),
-            output: as_layout(dst),
+            inputs: inputs.iter().map(|t| layout(t)).collect(),
+            output: layout(dst),
             f16_as_bf16: false,
         },
         operands: inputs
@@ -382,20 +393,7 @@ fn elementwise(
             as_layout(t)
         }
     };
-    Ok(Plan::Kernel {
-        desc: KernelDesc {
-            op: op.to_owned(),
-            op_params,
-            inputs: inputs.iter().map(|t| layout(t)).collect(),
-            output: layout(dst),
-            f16_as_bf16: false,
-        },
-        operands: inputs
-            .iter()
-            .map(|&t| t.clone())
-            .chain([dst.clone()])
-            .collect(),
-    })
+    Ok(kernel(op, op_params, inputs, dst, layout))
 }
 
 #[cfg(test)]
