@@ -28,6 +28,9 @@ use std::ffi::CStr;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+#[path = "build/op_catalogue.rs"]
+mod op_catalogue;
+
 const HOW_TO_GET_GGML: &str = "run `scripts/llama-cpp.sh build` (fetches and builds the pinned \
      llama.cpp), or set GGML_HSA_GGML_DIR to a ggml source tree (the directory with include/ and \
      src/) and GGML_HSA_GGML_LIB_DIR to the directory holding its libggml-base.so";
@@ -53,6 +56,15 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=scripts/llama-cpp.pin");
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=build");
+
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let catalogue = manifest_dir.join("src/ops/catalogue.toml");
+    println!("cargo:rerun-if-changed={}", catalogue.display());
+    match op_catalogue::generate(&catalogue) {
+        Ok(code) => write_out("op_catalogue.rs", &code),
+        Err(e) => fail(&format!("the op catalogue is invalid: {e}")),
+    }
 
     let default_root = default_llama_root();
     let ggml_dir = env::var_os("GGML_HSA_GGML_DIR")
@@ -200,6 +212,12 @@ fn generate_bindings(headers: &[PathBuf], include_dir: &Path, private_dir: &Path
     bindings
         .write_to_file(&out)
         .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", out.display())));
+}
+
+/// Writes a generated source file into OUT_DIR.
+fn write_out(name: &str, code: &str) {
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo")).join(name);
+    fs::write(&out, code).unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", out.display())));
 }
 
 /// Records the version and commit of the ggml being linked, so that the plugin can refuse to run

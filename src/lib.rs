@@ -8,6 +8,9 @@
 //! * [`kernels`]: the kernel store: architectures, canonical names, precompiled and cached kernels.
 //! * [`hsa`]: the only code that touches HSA or libloading: the run-time loaded `libhsa-runtime64`.
 //!
+//! Beside them, used by every layer: [`config`] (the environment, read once) and [`log`] (the
+//! logging facade; `ffi` routes it to ggml's logger).
+//!
 //! Unsafe code lives in `ffi` and `hsa` only.
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -16,4 +19,5 @@ pub mod config;
 pub mod ffi;
 pub mod hsa;
 pub mod kernels;
+pub mod log;
 pub mod ops;

@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ggml_hsa::kernels::config::KernelConfig;
+use ggml_hsa::kernels::gen_config::KernelConfig;
 
 const TOOL: &str = env!("CARGO_BIN_EXE_ggml-hsa-gen-kernels");
 

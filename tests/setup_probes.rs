@@ -69,8 +69,23 @@ const SUDO: &str = "#!/bin/bash\nexec \"$@\"\n";
 /// The base system's tools the scripts' setup paths use; nothing else of the real machine is on
 /// the fake machine's PATH (no real dpkg-query, apt-get, python3, cmake or cargo can answer).
 const BASE_TOOLS: &[&str] = &[
-    "bash", "cat", "cut", "dirname", "env", "grep", "head", "id", "mkdir", "mktemp", "paste",
-    "readlink", "rm", "sed", "sha256sum", "tail", "tr",
+    "bash",
+    "cat",
+    "cut",
+    "dirname",
+    "env",
+    "grep",
+    "head",
+    "id",
+    "mkdir",
+    "mktemp",
+    "paste",
+    "readlink",
+    "rm",
+    "sed",
+    "sha256sum",
+    "tail",
+    "tr",
 ];
 
 /// Everything the scripts' setup installs on a bare Debian 12 machine.
@@ -185,8 +200,9 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 
 /// The pinned ruff of scripts/check-iron.sh.
 fn pinned_ruff() -> String {
-    let text = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check-iron.sh"))
-        .unwrap();
+    let text =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check-iron.sh"))
+            .unwrap();
     let line = text
         .lines()
         .find_map(|l| l.strip_prefix("RUFF="))
@@ -202,7 +218,10 @@ fn stock_debian_gets_every_package_including_libclang_dev() {
     assert!(ok, "test.sh --deps failed:\n{err}");
     assert_eq!(m.requested_apt(), set(ALL_APT), "stderr:\n{err}");
     let r = m.requested();
-    assert!(r.contains("rustup rustfmt") && r.contains("rustup clippy"), "{r:?}");
+    assert!(
+        r.contains("rustup rustfmt") && r.contains("rustup clippy"),
+        "{r:?}"
+    );
     assert!(r.contains(&format!("pip {}", pinned_ruff())), "{r:?}");
 }
 
@@ -212,18 +231,45 @@ fn each_script_asks_for_what_its_next_steps_run() {
         (
             "scripts/llama-cpp.sh",
             &["deps"],
-            &["cmake", "ninja-build", "g++", "ccache", "libclang-dev", "python3-pip"],
+            &[
+                "cmake",
+                "ninja-build",
+                "g++",
+                "ccache",
+                "libclang-dev",
+                "python3-pip",
+            ],
         ),
         (
             "scripts/models.sh",
             &["deps"],
-            &["cmake", "ninja-build", "g++", "ccache", "libclang-dev", "python3-pip", "python3-venv"],
+            &[
+                "cmake",
+                "ninja-build",
+                "g++",
+                "ccache",
+                "libclang-dev",
+                "python3-pip",
+                "python3-venv",
+            ],
         ),
-        ("scripts/check-iron.sh", &["--deps"], &["g++", "python3-pip"]),
+        (
+            "scripts/check-iron.sh",
+            &["--deps"],
+            &["g++", "python3-pip"],
+        ),
         (
             "scripts/main.sh",
             &["--deps"],
-            &["cmake", "ninja-build", "g++", "ccache", "libclang-dev", "python3-pip", "python3-venv"],
+            &[
+                "cmake",
+                "ninja-build",
+                "g++",
+                "ccache",
+                "libclang-dev",
+                "python3-pip",
+                "python3-venv",
+            ],
         ),
     ];
     for (script, args, want) in cases {
@@ -243,7 +289,11 @@ fn every_package_is_requested_when_it_alone_is_missing() {
         let m = FakeMachine::new("one-missing", &installed, true);
         let (ok, err) = m.run("scripts/test.sh", &["--deps"], &[]);
         assert!(ok, "without {missing}: test.sh --deps failed:\n{err}");
-        assert_eq!(m.requested_apt(), set(&[missing]), "without {missing}; stderr:\n{err}");
+        assert_eq!(
+            m.requested_apt(),
+            set(&[missing]),
+            "without {missing}; stderr:\n{err}"
+        );
     }
 }
 
@@ -269,7 +319,10 @@ fn libclang_path_replaces_libclang_dev_and_must_exist() {
         &[("LIBCLANG_PATH", lib.to_str().unwrap())],
     );
     assert!(ok, "{err}");
-    assert_eq!(m.requested_apt(), set(&["cmake", "ninja-build", "g++", "ccache"]));
+    assert_eq!(
+        m.requested_apt(),
+        set(&["cmake", "ninja-build", "g++", "ccache"])
+    );
 
     let m = FakeMachine::new("libclang-path-missing", &["python3-pip"], true);
     let (ok, err) = m.run(
@@ -278,7 +331,10 @@ fn libclang_path_replaces_libclang_dev_and_must_exist() {
         &[("LIBCLANG_PATH", "/nonexistent/llvm/lib")],
     );
     assert!(!ok);
-    assert!(err.contains("LIBCLANG_PATH=/nonexistent/llvm/lib does not exist"), "{err}");
+    assert!(
+        err.contains("LIBCLANG_PATH=/nonexistent/llvm/lib does not exist"),
+        "{err}"
+    );
     assert_eq!(m.requested_apt(), BTreeSet::new());
 }
 

@@ -81,7 +81,7 @@ impl Device {
         .with_record(config.kernel_record.clone());
         if config.cache_clear {
             let removed = store.clear_cache();
-            crate::ffi::log::notice(&format!(
+            crate::log::notice(&format!(
                 "GGML_HSA_KERNEL_CACHE_CLEAR: removed {} file(s) this backend wrote under {}/{}{}",
                 removed.len(),
                 config.cache_dir.display(),

@@ -177,7 +177,7 @@ impl Stream {
                         self.host(op, host).map_err(|e| enqueue_error(i, e))
                     }
                     (Step::Cpu(why), _) => {
-                        crate::ffi::log::debug(&format!(
+                        crate::log::debug(&format!(
                             "{}: node {i} ({}) on the CPU: {why}",
                             self.device.name,
                             nodes[i].op.name()

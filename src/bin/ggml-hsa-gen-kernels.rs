@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ggml_hsa::config::DEFAULT_JIT_COMPILER;
-use ggml_hsa::kernels::config::{ConfigError, KernelConfig};
+use ggml_hsa::kernels::gen_config::{ConfigError, KernelConfig};
 use ggml_hsa::kernels::{Arch, Compiler, KernelDesc};
 
 /// Pregenerates NPU kernels for ggml-hsa from a kernel config, so that the backend can run them

@@ -11,8 +11,8 @@ use std::sync::OnceLock;
 
 use libloading::os::unix::{Library, Symbol};
 
-use super::log;
 use super::sys::*;
+use crate::log;
 
 type InitByType =
     unsafe extern "C" fn(ggml_backend_dev_type, *const std::ffi::c_char) -> ggml_backend_t;

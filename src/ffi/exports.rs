@@ -9,7 +9,8 @@ use super::sys::{
     ggml_backend_buffer_type_t, ggml_backend_reg_t, ggml_backend_t, ggml_guid, ggml_guid_matches,
     ggml_guid_t,
 };
-use super::{log, objects, platform, reg, stream};
+use super::{backend_iface, handles, platform, reg};
+use crate::log;
 
 /// The backend's name: the registry is `HSA`, devices are `HSA0`, `HSA1`, ... (declared in the
 /// header through `cbindgen.toml`, which cannot export string constants).
@@ -55,7 +56,8 @@ fn no_device(api: &str, device: i32) {
 #[no_mangle]
 pub extern "C" fn ggml_backend_hsa_init(device: i32) -> ggml_backend_t {
     guard("ggml_backend_hsa_init", std::ptr::null_mut(), || {
-        device_index("ggml_backend_hsa_init", device).map_or(std::ptr::null_mut(), stream::init)
+        device_index("ggml_backend_hsa_init", device)
+            .map_or(std::ptr::null_mut(), backend_iface::init)
     })
 }
 
@@ -79,7 +81,7 @@ pub unsafe extern "C" fn ggml_backend_is_hsa(backend: ggml_backend_t) -> bool {
 pub extern "C" fn ggml_backend_hsa_buffer_type(device: i32) -> ggml_backend_buffer_type_t {
     guard("ggml_backend_hsa_buffer_type", std::ptr::null_mut(), || {
         device_index("ggml_backend_hsa_buffer_type", device)
-            .and_then(objects::buft_ptr)
+            .and_then(handles::buft_ptr)
             .unwrap_or(std::ptr::null_mut())
     })
 }
@@ -93,7 +95,7 @@ pub extern "C" fn ggml_backend_hsa_host_buffer_type() -> ggml_backend_buffer_typ
         std::ptr::null_mut(),
         || {
             device_index("ggml_backend_hsa_host_buffer_type", 0)
-                .and_then(objects::host_buft_ptr)
+                .and_then(handles::host_buft_ptr)
                 .unwrap_or(std::ptr::null_mut())
         },
     )
@@ -123,7 +125,7 @@ pub unsafe extern "C" fn ggml_backend_hsa_get_device_description(
             return;
         }
         let text = device_index("ggml_backend_hsa_get_device_description", device)
-            .and_then(objects::device)
+            .and_then(handles::device)
             .map_or("", |d| d.description());
         let n = text.len().min(description_size - 1);
         // SAFETY: the caller provides `description_size` writable bytes; n + 1 fit.
@@ -146,7 +148,7 @@ pub unsafe extern "C" fn ggml_backend_hsa_get_device_memory(
 ) {
     guard("ggml_backend_hsa_get_device_memory", (), || {
         let (f, t) = device_index("ggml_backend_hsa_get_device_memory", device)
-            .and_then(objects::device)
+            .and_then(handles::device)
             .map_or((0, 0), |d| d.memory());
         for (out, value) in [(free, f), (total, t)] {
             if !out.is_null() {

@@ -7,10 +7,13 @@
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use super::log;
+use crate::log;
 
-/// Runs `body` for the C entry point `slot`; on a panic, logs it and returns `on_panic`.
+/// Runs `body` for the C entry point `slot`; on a panic, logs it and returns `on_panic`. Every
+/// entry from C passes here first, so this is also where the backend's log lines are routed to
+/// ggml's logger.
 pub(crate) fn guard<R>(slot: &'static str, on_panic: R, body: impl FnOnce() -> R) -> R {
+    log::set_sink(super::log_sink::ggml_sink);
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
         Err(payload) => {

@@ -1,23 +1,32 @@
-//! The only code that touches ggml pointers: the exported C API ([`exports`]), ggml's backend
-//! tables ([`reg`]), the panic guard ([`guard`]), logging through ggml's logger ([`log`]), the
-//! ggml version check ([`version`]) and the bindgen'd ggml types ([`sys`]).
+//! The only code that touches ggml pointers:
+//! * [`exports`]: the exported C API (`include/ggml-hsa.h`, `ggml_backend_init`/`_score`);
+//! * `reg`, `device_iface`, `buffer_type_iface`, `buffer_iface`, `backend_iface`: ggml's tables of
+//!   functions for the registry, devices, buffer types, buffers and backends (streams);
+//! * `handles`: the ggml objects of each device, and the recognition of incoming pointers;
+//! * `descriptors`: copies of `ggml_tensor`s for the planner, and host ops on ggml's memory;
+//! * `guard`: the panic guard of every entry; `log_sink`: `crate::log` to ggml's logger;
+//! * `cpu`: ggml's CPU backend for `GGML_HSA_CPU_FALLBACK`;
+//! * [`version`]: the ggml version check; [`sys`]: the bindgen'd ggml types.
 
-mod buffer;
+mod backend_iface;
+mod buffer_iface;
+mod buffer_type_iface;
 mod cpu;
+mod descriptors;
+mod device_iface;
 pub mod exports;
 mod guard;
-pub mod log;
-mod objects;
+mod handles;
+mod log_sink;
 mod reg;
-mod stream;
 pub mod sys;
-mod tensor;
 pub mod version;
 
 use std::sync::OnceLock;
 
 use crate::backend::Platform;
 use crate::config;
+use crate::log;
 
 /// The platform, discovered on first use; its warnings and the reason it has no device (if so)
 /// are logged exactly once per process.

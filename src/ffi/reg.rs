@@ -50,9 +50,9 @@ unsafe extern "C" fn reg_get_device(_reg: ggml_backend_reg_t, index: usize) -> g
         "ggml_backend_reg_i::get_device",
         std::ptr::null_mut(),
         || {
-            super::objects::device_ptr(index).unwrap_or_else(|| {
+            super::handles::device_ptr(index).unwrap_or_else(|| {
                 let count = super::platform().device_count();
-                super::log::error(&format!(
+                crate::log::error(&format!(
                     "get_device({index}): no such device ({count} device(s))"
                 ));
                 std::ptr::null_mut()

@@ -5,8 +5,8 @@
 //! knows about a device.
 
 pub mod compiler;
-pub mod config;
 pub mod desc;
+pub mod gen_config;
 pub mod record;
 pub mod store;
 

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 
-use super::config::{KernelConfig, KernelEntry};
 use super::desc::KernelDesc;
+use super::gen_config::{KernelConfig, KernelEntry};
 use super::Arch;
-use crate::ffi::log;
+use crate::log;
 
 #[derive(Debug)]
 struct State {

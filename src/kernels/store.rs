@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use super::compiler::{Capabilities, Compiler};
 use super::desc::KernelDesc;
 use super::Arch;
-use crate::ffi::log;
+use crate::log;
 
 /// The two files of a kernel, read into memory.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,6 +30,7 @@
 //! Element-wise kernels on contiguous operands of the same shape are flattened to one dimension,
 //! so one kernel serves every shape with the same number of elements.
 
+use super::catalogue::{self, OpEntry};
 use super::host::HostOp;
 use super::tensor::{DType, Node, Op, Tensor};
 use crate::kernels::desc::dtype_block;
@@ -106,7 +107,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
                     op.name()
                 ));
             }
-            elementwise(op.name(), Vec::new(), &[a, b], &node.dst)
+            elementwise(entry(op.name())?, Vec::new(), &[a, b], &node.dst)
         }
         Op::Unary(op) => {
             let a = src(0)?;
@@ -116,7 +117,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
                     op.name()
                 ));
             }
-            elementwise(op.name(), Vec::new(), &[a], &node.dst)
+            elementwise(entry(op.name())?, Vec::new(), &[a], &node.dst)
         }
         // ggml stores (scale, bias) and (min, max) as two f32 bit patterns.
         Op::Scale | Op::Clamp => {
@@ -127,12 +128,8 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
                     node.op.name()
                 ));
             }
-            elementwise(
-                node.op.name(),
-                node.op_params[..2].to_vec(),
-                &[a],
-                &node.dst,
-            )
+            let op = entry(node.op.name())?;
+            elementwise(op, node.op_params[..op.params].to_vec(), &[a], &node.dst)
         }
         Op::MulMat => mul_mat(src(0)?, src(1)?, &node.dst),
         Op::ArgMax => {
@@ -145,7 +142,12 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
             if !ok {
                 return Err("ARGMAX: an f32 matrix to one i32 index per row only".into());
             }
-            Ok(kernel_as_laid_out("ARGMAX", Vec::new(), &[a], &node.dst))
+            Ok(kernel_as_laid_out(
+                catalogue::ARGMAX,
+                Vec::new(),
+                &[a],
+                &node.dst,
+            ))
         }
         Op::CountEqual | Op::CrossEntropyLoss => {
             let (a, b) = (src(0)?, src(1)?);
@@ -166,7 +168,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
                 ));
             }
             Ok(kernel_as_laid_out(
-                node.op.name(),
+                entry(node.op.name())?,
                 Vec::new(),
                 &[a, b],
                 &node.dst,
@@ -191,7 +193,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
                     "{name}: the gate and input do not match the output"
                 ));
             }
-            elementwise(name, Vec::new(), &[&x, &g], &node.dst)
+            elementwise(entry(name)?, Vec::new(), &[&x, &g], &node.dst)
         }
         Op::SoftMax => soft_max(node),
         Op::Rope => rope(node),
@@ -212,10 +214,11 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
                     as_layout(t)
                 }
             };
+            let op = entry(node.op.name())?;
             Ok(Plan::Kernel {
                 desc: KernelDesc {
-                    op: node.op.name().to_owned(),
-                    op_params: node.op_params[..1].to_vec(),
+                    op: op.name.to_owned(),
+                    op_params: node.op_params[..op.params].to_vec(),
                     inputs: vec![rows(a)],
                     output: rows(&node.dst),
                     f16_as_bf16: false,
@@ -261,11 +264,15 @@ fn rope(node: &Node) -> Result<Plan, String> {
     if ff.is_some_and(|f| f.dtype != DType::F32 || f.nelements() < n_dims / 2) {
         return Err("ROPE: frequency factors must be f32 covering n_dims / 2".into());
     }
-    let mut op_params = p[..11].to_vec();
+    let mut op_params = p[..catalogue::ROPE.params].to_vec();
     op_params[0] = 0; // n_past
     op_params[3] = 0; // n_ctx
     let inputs: Vec<&Tensor> = [Some(x), Some(pos), ff].into_iter().flatten().collect();
-    let op = if ff.is_some() { "ROPE_FF" } else { "ROPE" };
+    let op = if ff.is_some() {
+        catalogue::ROPE_FF
+    } else {
+        catalogue::ROPE
+    };
     Ok(kernel_as_laid_out(op, op_params, &inputs, &node.dst))
 }
 
@@ -294,16 +301,16 @@ fn soft_max(node: &Node) -> Result<Plan, String> {
             return Err("SOFT_MAX: unsupported sinks".into());
         }
     }
-    let name = match (mask.is_some(), sinks.is_some()) {
-        (false, false) => "SOFT_MAX",
-        (true, false) => "SOFT_MAX_MASK",
-        (false, true) => "SOFT_MAX_SINKS",
-        (true, true) => "SOFT_MAX_MASK_SINKS",
+    let op = match (mask.is_some(), sinks.is_some()) {
+        (false, false) => catalogue::SOFT_MAX,
+        (true, false) => catalogue::SOFT_MAX_MASK,
+        (false, true) => catalogue::SOFT_MAX_SINKS,
+        (true, true) => catalogue::SOFT_MAX_MASK_SINKS,
     };
     let inputs: Vec<&Tensor> = [Some(x), mask, sinks].into_iter().flatten().collect();
     Ok(kernel_as_laid_out(
-        name,
-        node.op_params[..2].to_vec(),
+        op,
+        node.op_params[..op.params].to_vec(),
         &inputs,
         &node.dst,
     ))
@@ -327,17 +334,33 @@ fn mul_mat(w: &Tensor, x: &Tensor, dst: &Tensor) -> Result<Plan, String> {
     if w.ne[0] != x.ne[0] || dst.ne != [w.ne[1], x.ne[1], x.ne[2], x.ne[3]] || !batch_ok {
         return Err("MUL_MAT shapes do not agree".into());
     }
-    Ok(kernel_as_laid_out("MUL_MAT", Vec::new(), &[w, x], dst))
+    Ok(kernel_as_laid_out(
+        catalogue::MUL_MAT,
+        Vec::new(),
+        &[w, x],
+        dst,
+    ))
+}
+
+/// The catalogue's kernel op `name` (every op the planner names is in the catalogue; the tests
+/// of `kernels::gen_config` go through all of them).
+fn entry(name: &str) -> Result<&'static OpEntry, String> {
+    OpEntry::by_name(name).ok_or_else(|| format!("{name} is not in the op catalogue"))
 }
 
 /// One kernel over `inputs` into `dst`, every operand as laid out in memory.
-fn kernel_as_laid_out(op: &str, op_params: Vec<i32>, inputs: &[&Tensor], dst: &Tensor) -> Plan {
+fn kernel_as_laid_out(
+    op: &'static OpEntry,
+    op_params: Vec<i32>,
+    inputs: &[&Tensor],
+    dst: &Tensor,
+) -> Plan {
     kernel(op, op_params, inputs, dst, as_layout)
 }
 
 /// One kernel over `inputs` into `dst`, each operand described by `layout`.
 fn kernel(
-    op: &str,
+    op: &'static OpEntry,
     op_params: Vec<i32>,
     inputs: &[&Tensor],
     dst: &Tensor,
@@ -345,7 +368,7 @@ fn kernel(
 ) -> Plan {
     Plan::Kernel {
         desc: KernelDesc {
-            op: op.to_owned(),
+            op: op.name.to_owned(),
             op_params,
             inputs: inputs.iter().map(|t| layout(t)).collect(),
             output: layout(dst),
@@ -371,14 +394,14 @@ fn as_layout(t: &Tensor) -> Layout {
 /// One element-wise kernel over `inputs` into `dst`, flattened when every operand is contiguous
 /// and all have the output's shape.
 fn elementwise(
-    op: &str,
+    op: &'static OpEntry,
     op_params: Vec<i32>,
     inputs: &[&Tensor],
     dst: &Tensor,
 ) -> Result<Plan, String> {
     for t in inputs.iter().copied().chain([dst]) {
         if t.dtype.size().is_none() {
-            return Err(format!("{op}: type {} is not supported", t.dtype));
+            return Err(format!("{}: type {} is not supported", op.name, t.dtype));
         }
     }
     let flat = inputs

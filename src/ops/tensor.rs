@@ -342,6 +342,48 @@ impl UnaryOp {
 }
 
 impl Op {
+    /// The op of a ggml node called `op` by `ggml_op_name` (`ADD`, `UNARY`, `GLU`, ...), with the
+    /// sub-op's name (`ggml_unary_op_name`, `ggml_glu_op_name`) for `UNARY` and `GLU` nodes. The
+    /// catalogue's `ggml` column spells the same pairs `UNARY:GELU`; a test maps every one.
+    pub fn from_ggml(op: &'static str, sub: Option<&'static str>) -> Op {
+        match (op, sub) {
+            ("NONE" | "VIEW" | "RESHAPE" | "PERMUTE" | "TRANSPOSE", _) => Op::Layout,
+            ("DUP", _) => Op::Dup,
+            ("CPY", _) => Op::Cpy,
+            ("CONT", _) => Op::Cont,
+            ("ADD", _) => Op::Binary(BinaryOp::Add),
+            ("SUB", _) => Op::Binary(BinaryOp::Sub),
+            ("MUL", _) => Op::Binary(BinaryOp::Mul),
+            ("DIV", _) => Op::Binary(BinaryOp::Div),
+            ("SCALE", _) => Op::Scale,
+            ("CLAMP", _) => Op::Clamp,
+            ("MUL_MAT", _) => Op::MulMat,
+            ("ARGMAX", _) => Op::ArgMax,
+            ("COUNT_EQUAL", _) => Op::CountEqual,
+            ("CROSS_ENTROPY_LOSS", _) => Op::CrossEntropyLoss,
+            ("GET_ROWS", _) => Op::GetRows,
+            ("SET_ROWS", _) => Op::SetRows,
+            ("SOFT_MAX", _) => Op::SoftMax,
+            ("ROPE", _) => Op::Rope,
+            ("RMS_NORM", _) => Op::Norm { rms: true },
+            ("NORM", _) => Op::Norm { rms: false },
+            ("GLU", Some(name)) => {
+                let act = match name {
+                    "REGLU" => Some(UnaryOp::Relu),
+                    "GEGLU" => Some(UnaryOp::Gelu),
+                    "SWIGLU" => Some(UnaryOp::Silu),
+                    "GEGLU_ERF" => Some(UnaryOp::GeluErf),
+                    "GEGLU_QUICK" => Some(UnaryOp::GeluQuick),
+                    _ => None,
+                };
+                act.map_or(Op::Other(name), |act| Op::Glu { name, act })
+            }
+            ("UNARY", Some(name)) => UnaryOp::from_name(name).map_or(Op::Other(name), Op::Unary),
+            // The top-level math ops that behave as unary ones (SQR, SQRT, LOG, SIN, COS).
+            (name, _) => UnaryOp::from_name(name).map_or(Op::Other(name), Op::Unary),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Op::Layout => "LAYOUT",
@@ -460,6 +502,37 @@ mod tests {
         assert!(tensor(DType::F32, [1, 1, 1, 1], 0).can_repeat_to(&a));
         assert!(!tensor(DType::F32, [8, 4, 1, 1], 0).can_repeat_to(&a));
         assert!(!tensor(DType::F32, [8, 0, 1, 1], 0).can_repeat_to(&a));
+    }
+
+    /// Every ggml op of the catalogue becomes an op the planner knows, with the catalogue's
+    /// name (or, for ops with variants, one of the names of its ggml op).
+    #[test]
+    fn every_catalogue_op_comes_from_its_ggml_op() {
+        use crate::ops::catalogue::{OpEntry, CATALOGUE};
+        for e in CATALOGUE {
+            let op = match e.ggml.split_once(':') {
+                Some((op, sub)) => {
+                    Op::from_ggml(if op == "UNARY" { "UNARY" } else { "GLU" }, Some(sub))
+                }
+                None => Op::from_ggml(e.ggml, None),
+            };
+            assert!(
+                !matches!(op, Op::Other(_) | Op::Layout),
+                "{}: {op:?}",
+                e.name
+            );
+            let names: Vec<_> = OpEntry::from_ggml(e.ggml).map(|e| e.name).collect();
+            assert!(names.contains(&op.name()), "{} -> {}", e.ggml, op.name());
+        }
+        assert_eq!(Op::from_ggml("VIEW", None), Op::Layout);
+        assert_eq!(
+            Op::from_ggml("GLU", Some("SWIGLU_OAI")),
+            Op::Other("SWIGLU_OAI")
+        );
+        assert_eq!(
+            Op::from_ggml("FLASH_ATTN_EXT", None),
+            Op::Other("FLASH_ATTN_EXT")
+        );
     }
 
     #[test]

@@ -7,8 +7,9 @@ use parking_lot::Mutex;
 use super::cpu::CpuFallback;
 use super::guard::guard;
 use super::sys::*;
-use super::{log, objects, tensor};
+use super::{descriptors, handles};
 use crate::backend::Stream;
+use crate::log;
 
 /// The context of one backend.
 struct Context {
@@ -18,7 +19,7 @@ struct Context {
 /// Creates a backend on device `index`; NULL (with a logged reason) when the device cannot
 /// provide a queue.
 pub(crate) fn init(index: usize) -> ggml_backend_t {
-    let (Some(device), Some(dev_ptr)) = (objects::device(index), objects::device_ptr(index)) else {
+    let (Some(device), Some(dev_ptr)) = (handles::device(index), handles::device_ptr(index)) else {
         return std::ptr::null_mut();
     };
     let stream = match Stream::new(device) {
@@ -108,10 +109,11 @@ unsafe extern "C" fn graph_compute(
 ) -> ggml_status {
     guard("backend::graph_compute", GGML_STATUS_FAILED, || {
         // SAFETY: a live backend of ours and a valid graph.
-        let (ctx, (nodes, tensors)) = unsafe { (context(backend), tensor::graph_nodes(graph)) };
+        let (ctx, (nodes, tensors)) =
+            unsafe { (context(backend), descriptors::graph_nodes(graph)) };
         let mut guard = ctx.stream.lock();
         let (stream, cpu) = &mut *guard;
-        let mut memory = tensor::GraphMemory {
+        let mut memory = descriptors::GraphMemory {
             nodes: &tensors,
             cpu,
         };

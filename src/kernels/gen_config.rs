@@ -21,131 +21,12 @@ use serde::{Deserialize, Serialize};
 
 use super::desc::{dtype_block, KernelDesc, Layout};
 use super::Arch;
+use crate::ops::catalogue::{self, OpEntry};
 
 /// Bytes per element (per block for the block-quantized types) of `dtype`, for the types a
 /// descriptor may name (the kernel operand types, [`DTYPES`]).
 pub fn dtype_size(dtype: &str) -> Option<u64> {
     dtype_block(dtype).map(|(_, bytes)| bytes)
-}
-
-const BINARY_OPS: &str = "binary_ops.py";
-const UNARY_OPS: &str = "unary_ops.py";
-const SCALE_OPS: &str = "scale_ops.py";
-const MUL_MAT: &str = "mul_mat.py";
-const NORM_OPS: &str = "norm_ops.py";
-const GLU_OPS: &str = "glu_ops.py";
-const SOFT_MAX_OPS: &str = "soft_max.py";
-const ROPE_OPS: &str = "rope.py";
-const REDUCE_OPS: &str = "reduce_ops.py";
-
-/// One kernel a config may name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KernelKind {
-    /// The op as the compiler protocol (and the canonical name) spells it.
-    pub op: &'static str,
-    /// The Python file of the IRON kernel package defining it.
-    pub source: &'static str,
-    /// Number of input tensors.
-    pub inputs: usize,
-    /// Most op parameter words the op has (ggml stores SCALE's scale/bias and CLAMP's min/max).
-    pub max_params: usize,
-}
-
-const fn kind(
-    op: &'static str,
-    source: &'static str,
-    inputs: usize,
-    max_params: usize,
-) -> KernelKind {
-    KernelKind {
-        op,
-        source,
-        inputs,
-        max_params,
-    }
-}
-
-/// The one table of kernels: the op, the source defining `ggml_op_<op>` and its arity. Config
-/// names, from_desc/to_desc and the validation messages all derive from it, so they cannot drift.
-pub const KERNELS: &[KernelKind] = &[
-    kind("ADD", BINARY_OPS, 2, 0),
-    kind("SUB", BINARY_OPS, 2, 0),
-    kind("MUL", BINARY_OPS, 2, 0),
-    kind("DIV", BINARY_OPS, 2, 0),
-    kind("ABS", UNARY_OPS, 1, 0),
-    kind("SGN", UNARY_OPS, 1, 0),
-    kind("NEG", UNARY_OPS, 1, 0),
-    kind("STEP", UNARY_OPS, 1, 0),
-    kind("TANH", UNARY_OPS, 1, 0),
-    kind("ELU", UNARY_OPS, 1, 0),
-    kind("RELU", UNARY_OPS, 1, 0),
-    kind("SIGMOID", UNARY_OPS, 1, 0),
-    kind("GELU", UNARY_OPS, 1, 0),
-    kind("GELU_QUICK", UNARY_OPS, 1, 0),
-    kind("SILU", UNARY_OPS, 1, 0),
-    kind("HARDSWISH", UNARY_OPS, 1, 0),
-    kind("HARDSIGMOID", UNARY_OPS, 1, 0),
-    kind("EXP", UNARY_OPS, 1, 0),
-    kind("GELU_ERF", UNARY_OPS, 1, 0),
-    kind("FLOOR", UNARY_OPS, 1, 0),
-    kind("CEIL", UNARY_OPS, 1, 0),
-    kind("ROUND", UNARY_OPS, 1, 0),
-    kind("TRUNC", UNARY_OPS, 1, 0),
-    kind("SQR", UNARY_OPS, 1, 0),
-    kind("SQRT", UNARY_OPS, 1, 0),
-    kind("LOG", UNARY_OPS, 1, 0),
-    kind("SIN", UNARY_OPS, 1, 0),
-    kind("COS", UNARY_OPS, 1, 0),
-    kind("SCALE", SCALE_OPS, 1, 2),
-    kind("CLAMP", SCALE_OPS, 1, 2),
-    kind("MUL_MAT", MUL_MAT, 2, 0),
-    kind("RMS_NORM", NORM_OPS, 1, 1),
-    kind("ROPE", ROPE_OPS, 2, 11),
-    kind("ROPE_FF", ROPE_OPS, 3, 11),
-    kind("SOFT_MAX", SOFT_MAX_OPS, 1, 2),
-    kind("SOFT_MAX_MASK", SOFT_MAX_OPS, 2, 2),
-    kind("SOFT_MAX_SINKS", SOFT_MAX_OPS, 2, 2),
-    kind("SOFT_MAX_MASK_SINKS", SOFT_MAX_OPS, 3, 2),
-    kind("REGLU", GLU_OPS, 2, 0),
-    kind("GEGLU", GLU_OPS, 2, 0),
-    kind("SWIGLU", GLU_OPS, 2, 0),
-    kind("GEGLU_ERF", GLU_OPS, 2, 0),
-    kind("GEGLU_QUICK", GLU_OPS, 2, 0),
-    kind("NORM", NORM_OPS, 1, 1),
-    kind("ARGMAX", REDUCE_OPS, 1, 0),
-    kind("COUNT_EQUAL", REDUCE_OPS, 2, 0),
-    kind("CROSS_ENTROPY_LOSS", REDUCE_OPS, 2, 0),
-];
-
-const KERNEL_PREFIX: &str = "ggml_op_";
-/// The IRON package's older spelling of unary kernels (`ggml_unary_op_gelu`); accepted so that
-/// configs written for it keep working.
-const UNARY_KERNEL_PREFIX: &str = "ggml_unary_op_";
-
-impl KernelKind {
-    /// The kernel function name: `ggml_op_<op>` in lower case.
-    pub fn kernel_name(&self) -> String {
-        format!("{KERNEL_PREFIX}{}", self.op.to_ascii_lowercase())
-    }
-
-    /// The kernel of protocol op `op` (`ADD`, `GELU_QUICK`, ...).
-    pub fn by_op(op: &str) -> Option<&'static KernelKind> {
-        KERNELS.iter().find(|k| k.op == op)
-    }
-
-    /// The kernel a config's `kernel_name` names (`ggml_op_gelu`, or `ggml_unary_op_gelu`).
-    pub fn by_kernel_name(name: &str) -> Option<&'static KernelKind> {
-        let (op, unary_only) = if let Some(op) = name.strip_prefix(KERNEL_PREFIX) {
-            (op, false)
-        } else {
-            (name.strip_prefix(UNARY_KERNEL_PREFIX)?, true)
-        };
-        // The table's names are lower case; upper-case spellings are not the kernel's name.
-        if op.bytes().any(|b| b.is_ascii_uppercase()) {
-            return None;
-        }
-        KernelKind::by_op(&op.to_ascii_uppercase()).filter(|k| !unary_only || k.source == UNARY_OPS)
-    }
 }
 
 /// What is wrong with a kernel config. Messages quote the offending text.
@@ -220,10 +101,18 @@ fn source_hint(kernel_name: &str, kernel_source: &str, defined_in: Option<&str>)
         Some(source) => format!(
             "{kernel_source:?} does not define kernel {kernel_name:?}, which is in {source:?}"
         ),
-        None => format!(
-            "no kernel source defines kernel {kernel_name:?} (the entry says {kernel_source:?}; \
-             known sources: {BINARY_OPS}, {UNARY_OPS}, {SCALE_OPS}, {MUL_MAT})"
-        ),
+        None => {
+            let mut sources: Vec<&str> = catalogue::CATALOGUE
+                .iter()
+                .filter_map(|e| e.iron_source)
+                .collect();
+            sources.dedup();
+            format!(
+                "no kernel source defines kernel {kernel_name:?} (the entry says \
+                 {kernel_source:?}; known sources: {})",
+                sources.join(", ")
+            )
+        }
     }
 }
 
@@ -371,9 +260,11 @@ pub struct KernelConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KernelEntry {
-    /// `ggml_op_<op>` (see [`KERNELS`]).
+    /// `ggml_op_<op>` (an op of [`catalogue::CATALOGUE`]).
     pub kernel_name: String,
-    /// The Python file defining the kernel (`binary_ops.py`, ...).
+    /// The IRON design file defining the kernel (`binary_ops.py`, ...); empty or absent for
+    /// ops without an IRON design (the catalogue's `iron_source`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub kernel_source: String,
     /// `aie2` or `aie2p`.
     pub arch: String,
@@ -404,12 +295,14 @@ impl KernelConfig {
 }
 
 impl KernelEntry {
-    /// The entry describing `desc` for `arch`, exported under its canonical name. An op outside
-    /// [`KERNELS`] gets an empty `kernel_source`, which [`KernelEntry::to_desc`] refuses.
+    /// The entry describing `desc` for `arch`, exported under its canonical name, with the
+    /// catalogue's IRON source of the op (none for ops without an IRON design).
     pub fn from_desc(desc: &KernelDesc, arch: Arch) -> KernelEntry {
-        let source = KernelKind::by_op(&desc.op).map_or("", |k| k.source);
+        let source = OpEntry::by_name(&desc.op)
+            .and_then(|e| e.iron_source)
+            .unwrap_or("");
         KernelEntry {
-            kernel_name: format!("{KERNEL_PREFIX}{}", desc.op.to_ascii_lowercase()),
+            kernel_name: catalogue::kernel_name(&desc.op),
             kernel_source: source.to_owned(),
             arch: arch.name().to_owned(),
             input_tensors: desc.inputs.iter().map(format_tensor).collect(),
@@ -433,10 +326,10 @@ impl KernelEntry {
             });
         }
         let op_params = self.op_params.clone().unwrap_or_default();
-        if op_params.len() > kind.max_params {
+        if op_params.len() > kind.params {
             return Err(ConfigError::TooManyParams {
                 kernel_name: self.kernel_name.clone(),
-                max: kind.max_params,
+                max: kind.params,
                 got: op_params.len(),
             });
         }
@@ -454,7 +347,7 @@ impl KernelEntry {
         Ok((
             arch,
             KernelDesc {
-                op: kind.op.to_owned(),
+                op: kind.name.to_owned(),
                 op_params,
                 inputs,
                 output,
@@ -463,16 +356,19 @@ impl KernelEntry {
         ))
     }
 
-    /// The table row of this entry's kernel, checking that `kernel_source` is the file defining
-    /// it.
-    fn kind(&self) -> Result<&'static KernelKind, ConfigError> {
-        let kind = KernelKind::by_kernel_name(&self.kernel_name);
+    /// The catalogue row of this entry's kernel, checking that `kernel_source` is the IRON
+    /// design defining it (empty for an op without one).
+    fn kind(&self) -> Result<&'static OpEntry, ConfigError> {
+        let kind = OpEntry::by_kernel_name(&self.kernel_name);
         match kind {
-            Some(k) if k.source == self.kernel_source => Ok(k),
+            Some(k) if k.iron_source.unwrap_or("") == self.kernel_source => Ok(k),
             _ => Err(ConfigError::KernelSourceNotFound {
                 kernel_name: self.kernel_name.clone(),
                 kernel_source: self.kernel_source.clone(),
-                defined_in: kind.map(|k| k.source),
+                defined_in: kind.map(|k| {
+                    k.iron_source
+                        .unwrap_or("(no IRON design: leave kernel_source out)")
+                }),
             }),
         }
     }
@@ -625,29 +521,21 @@ mod tests {
     }
 
     #[test]
-    fn the_table_names_every_op_the_backend_makes() {
+    fn the_catalogue_names_every_op_the_backend_makes() {
         for op in UnaryOp::ALL {
-            let k = KernelKind::by_op(op.name()).unwrap();
-            assert_eq!((k.source, k.inputs), (UNARY_OPS, 1), "{}", op.name());
+            let k = OpEntry::by_name(op.name()).unwrap();
+            assert_eq!(
+                (k.iron_source, k.inputs),
+                (Some("unary_ops.py"), 1),
+                "{}",
+                op.name()
+            );
         }
         for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div] {
-            assert_eq!(KernelKind::by_op(op.name()).unwrap().source, BINARY_OPS);
-        }
-        assert_eq!(KernelKind::by_op("SCALE").unwrap().source, SCALE_OPS);
-        assert_eq!(KernelKind::by_op("CLAMP").unwrap().source, SCALE_OPS);
-        assert_eq!(KernelKind::by_op("MUL_MAT").unwrap().source, MUL_MAT);
-        let gq = KernelKind::by_op("GELU_QUICK").unwrap();
-        assert_eq!(gq.kernel_name(), "ggml_op_gelu_quick");
-        assert_eq!(KernelKind::by_kernel_name("ggml_op_gelu_quick"), Some(gq));
-        assert_eq!(
-            KernelKind::by_kernel_name("ggml_unary_op_gelu_quick"),
-            Some(gq)
-        );
-        assert_eq!(KernelKind::by_kernel_name("ggml_unary_op_add"), None);
-        assert_eq!(KernelKind::by_kernel_name("ggml_op_ADD"), None);
-        assert_eq!(KernelKind::by_kernel_name("add"), None);
-        for k in KERNELS {
-            assert_eq!(KernelKind::by_kernel_name(&k.kernel_name()), Some(k));
+            assert_eq!(
+                OpEntry::by_name(op.name()).unwrap().iron_source,
+                Some("binary_ops.py")
+            );
         }
     }
 
@@ -679,7 +567,7 @@ mod tests {
         };
         assert_eq!(named.file_name(&desc), "add_f32_1024");
 
-        let mut s = entry("ggml_op_scale", "scale_ops.py", &[t], t);
+        let mut s = entry("ggml_op_scale", "unary_ops.py", &[t], t);
         s.op_params = Some(vec![0x4000_0000, 0]);
         s.arch = "aie2".into();
         let (arch, desc) = s.to_desc().unwrap();
@@ -689,6 +577,12 @@ mod tests {
 
         let g = entry("ggml_unary_op_gelu", "unary_ops.py", &[t], t);
         assert_eq!(g.to_desc().unwrap().1.op, "GELU");
+
+        // An op without an IRON design names no source.
+        let r = entry("ggml_op_rms_norm", "", &[t], t);
+        assert_eq!(r.to_desc().unwrap().1.op, "RMS_NORM");
+        let json = KernelConfig { kernels: vec![r] }.to_json();
+        assert!(!json.contains("kernel_source"), "{json}");
     }
 
     #[test]
@@ -707,6 +601,11 @@ mod tests {
                  (the entry says \"softmax.py\""
             ),
             "{m}"
+        );
+        assert_eq!(
+            msg(entry("ggml_op_rope", "rope.py", &[t, t], t)),
+            "kernel source not found: \"rope.py\" does not define kernel \"ggml_op_rope\", \
+             which is in \"(no IRON design: leave kernel_source out)\""
         );
         let mut e = entry("ggml_op_relu", "unary_ops.py", &[t], t);
         e.arch = "aie4".into();

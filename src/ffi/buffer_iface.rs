@@ -6,7 +6,7 @@
 use std::ffi::c_void;
 
 use super::guard::guard;
-use super::objects;
+use super::handles;
 use super::sys::*;
 use crate::hsa::memory::{OutOfBounds, PoolAlloc};
 
@@ -22,13 +22,13 @@ pub(crate) fn alloc(
     index: usize,
     size: usize,
 ) -> ggml_backend_buffer_t {
-    let Some(device) = objects::device(index) else {
+    let Some(device) = handles::device(index) else {
         return std::ptr::null_mut();
     };
     let alloc = match device.alloc_buffer(size) {
         Ok(alloc) => alloc,
         Err(e) => {
-            super::log::error(&format!(
+            crate::log::error(&format!(
                 "{}: cannot allocate a buffer of {size} bytes: {e}",
                 device.name
             ));
@@ -81,7 +81,7 @@ unsafe fn offset_of(buf: &Buffer, tensor: *const ggml_tensor, offset: usize) -> 
 }
 
 fn report(slot: &str, e: impl std::fmt::Display) {
-    super::log::error(&format!("buffer::{slot}: {e}; nothing was copied"));
+    crate::log::error(&format!("buffer::{slot}: {e}; nothing was copied"));
 }
 
 unsafe extern "C" fn free_buffer(buffer: ggml_backend_buffer_t) {

@@ -1,7 +1,5 @@
-//! The ggml objects of each device: the `ggml_backend_device` and its two buffer types, created
-//! once (when ggml first asks for a device) and never freed, as ggml expects. Incoming pointers
-//! are recognised by comparing them with this table, so a foreign pointer is never dereferenced as
-//! one of ours.
+//! The device object's table of functions (`ggml_backend_device_i`): names, memory, properties,
+//! backends, buffer types and `supports_op`.
 //!
 //! Placement in llama.cpp (README, "Placement"): the device reports itself as an integrated GPU
 //! (IGPU), so it is a *model device*: `--device`, `-ngl`, `-nkvo` and `-ot` place layers, the KV
@@ -13,117 +11,18 @@
 //!   layers are never computed on here (`supports_op` declines ops reading a weight held in this
 //!   buffer type), so `-ngl 0` means what it says.
 
-use std::ffi::{c_char, CString};
-use std::sync::OnceLock;
+use std::ffi::c_char;
 
 use super::guard::guard;
+use super::handles::{
+    buft_ptr, device_index, device_of, device_of_buft, host_buft_ptr, is_host_buft, table,
+};
 use super::sys::*;
-use super::{buffer, log, platform, reg, stream, tensor};
-use crate::backend::device::TENSOR_ALIGNMENT;
-use crate::backend::Device;
+use super::{backend_iface, descriptors};
+use crate::log;
 use crate::ops::Memory;
 
-struct Objects {
-    device: ggml_backend_dev_t,
-    buft: ggml_backend_buffer_type_t,
-    host_buft: ggml_backend_buffer_type_t,
-    name: CString,
-    host_name: CString,
-    description: CString,
-}
-
-/// The per-device objects, in device order.
-struct Table(Vec<Objects>);
-
-// SAFETY: the table is written once inside OnceLock::get_or_init and only read afterwards; the
-// objects it points to are leaked, never freed, and ggml only reads them.
-unsafe impl Sync for Table {}
-// SAFETY: as above.
-unsafe impl Send for Table {}
-
-fn table() -> &'static [Objects] {
-    static TABLE: OnceLock<Table> = OnceLock::new();
-    &TABLE
-        .get_or_init(|| {
-            let objects = platform()
-                .devices
-                .iter()
-                .map(|d| {
-                    let device = Box::into_raw(Box::new(ggml_backend_device {
-                        iface: DEVICE_IFACE,
-                        reg: reg::reg(),
-                        context: std::ptr::null_mut(),
-                    }));
-                    let new_buft = || {
-                        Box::into_raw(Box::new(ggml_backend_buffer_type {
-                            iface: BUFT_IFACE,
-                            device,
-                            context: std::ptr::null_mut(),
-                        }))
-                    };
-                    Objects {
-                        device,
-                        buft: new_buft(),
-                        host_buft: new_buft(),
-                        name: CString::new(d.name.clone()).expect("no NUL in HSA<n>"),
-                        host_name: CString::new(format!("{}_Host", d.name))
-                            .expect("no NUL in HSA<n>_Host"),
-                        description: CString::new(d.description().replace('\0', ""))
-                            .expect("NULs removed"),
-                    }
-                })
-                .collect();
-            Table(objects)
-        })
-        .0
-}
-
-/// The ggml device object of device `index`.
-pub(crate) fn device_ptr(index: usize) -> Option<ggml_backend_dev_t> {
-    table().get(index).map(|o| o.device)
-}
-
-/// The buffer type of device `index`.
-pub(crate) fn buft_ptr(index: usize) -> Option<ggml_backend_buffer_type_t> {
-    table().get(index).map(|o| o.buft)
-}
-
-/// The index of the device whose ggml object is `dev`.
-pub(crate) fn device_index(dev: ggml_backend_dev_t) -> Option<usize> {
-    table().iter().position(|o| o.device == dev)
-}
-
-/// The host buffer type of device `index`.
-pub(crate) fn host_buft_ptr(index: usize) -> Option<ggml_backend_buffer_type_t> {
-    table().get(index).map(|o| o.host_buft)
-}
-
-/// The index of the device owning `buft` (either of its buffer types).
-pub(crate) fn device_of_buft(buft: ggml_backend_buffer_type_t) -> Option<usize> {
-    table()
-        .iter()
-        .position(|o| o.buft == buft || o.host_buft == buft)
-}
-
-/// Whether `buft` is one of the host buffer types.
-fn is_host_buft(buft: ggml_backend_buffer_type_t) -> bool {
-    table().iter().any(|o| o.host_buft == buft)
-}
-
-pub(crate) fn device(index: usize) -> Option<&'static Device> {
-    platform().devices.get(index)
-}
-
-/// The device behind a ggml device pointer; logs and returns `None` for a foreign pointer.
-fn device_of(dev: ggml_backend_dev_t, slot: &str) -> Option<(usize, &'static Device)> {
-    let found = device_index(dev).and_then(|i| device(i).map(|d| (i, d)));
-    if found.is_none() {
-        log::error(&format!("{slot}: not a device of this backend"));
-    }
-    found
-}
-
-static DEVICE_IFACE: ggml_backend_device_i = ggml_backend_device_i {
+pub(super) static DEVICE_IFACE: ggml_backend_device_i = ggml_backend_device_i {
     get_name: Some(dev_get_name),
     get_description: Some(dev_get_description),
     get_memory: Some(dev_get_memory),
@@ -213,7 +112,7 @@ unsafe extern "C" fn dev_init_backend(
                 log::error("init_backend: not a device of this backend");
                 std::ptr::null_mut()
             },
-            stream::init,
+            backend_iface::init,
         )
     })
 }
@@ -267,7 +166,7 @@ unsafe extern "C" fn dev_supports_op(dev: ggml_backend_dev_t, op: *const ggml_te
             return false;
         }
         // SAFETY: as above.
-        let node = unsafe { tensor::node(op) };
+        let node = unsafe { descriptors::node(op) };
         // Kernels reach only NPU memory; a tensor already placed elsewhere cannot be an operand.
         if [&node.dst]
             .into_iter()
@@ -298,59 +197,4 @@ unsafe extern "C" fn dev_supports_buft(
         // Every NPU reaches every buffer of this backend (they share system memory).
         device_index(dev).is_some() && device_of_buft(buft).is_some()
     })
-}
-
-static BUFT_IFACE: ggml_backend_buffer_type_i = ggml_backend_buffer_type_i {
-    get_name: Some(buft_get_name),
-    alloc_buffer: Some(buft_alloc_buffer),
-    get_alignment: Some(buft_get_alignment),
-    get_max_size: Some(buft_get_max_size),
-    get_alloc_size: None,
-    is_host: Some(buft_is_host),
-};
-
-unsafe extern "C" fn buft_get_name(buft: ggml_backend_buffer_type_t) -> *const c_char {
-    guard("buffer_type::get_name", std::ptr::null(), || {
-        device_of_buft(buft).map_or(std::ptr::null(), |i| {
-            let o = &table()[i];
-            if o.host_buft == buft {
-                o.host_name.as_ptr()
-            } else {
-                o.name.as_ptr()
-            }
-        })
-    })
-}
-
-unsafe extern "C" fn buft_alloc_buffer(
-    buft: ggml_backend_buffer_type_t,
-    size: usize,
-) -> ggml_backend_buffer_t {
-    guard("buffer_type::alloc_buffer", std::ptr::null_mut(), || {
-        let Some(index) = device_of_buft(buft) else {
-            log::error("alloc_buffer: not a buffer type of this backend");
-            return std::ptr::null_mut();
-        };
-        buffer::alloc(buft, index, size)
-    })
-}
-
-unsafe extern "C" fn buft_get_alignment(_buft: ggml_backend_buffer_type_t) -> usize {
-    guard("buffer_type::get_alignment", TENSOR_ALIGNMENT, || {
-        TENSOR_ALIGNMENT
-    })
-}
-
-unsafe extern "C" fn buft_get_max_size(buft: ggml_backend_buffer_type_t) -> usize {
-    guard("buffer_type::get_max_size", 0, || {
-        device_of_buft(buft)
-            .and_then(device)
-            .map_or(0, Device::max_buffer_size)
-    })
-}
-
-/// The data pool is system memory mapped into the host on these APUs: ggml and the CPU backend
-/// may read and write its tensors in place (README, "Memory").
-unsafe extern "C" fn buft_is_host(_buft: ggml_backend_buffer_type_t) -> bool {
-    guard("buffer_type::is_host", false, || true)
 }

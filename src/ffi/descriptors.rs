@@ -4,12 +4,12 @@
 use std::ffi::{c_char, CStr};
 
 use super::cpu::CpuFallback;
-use super::objects;
+use super::handles;
 use super::sys::*;
 use crate::backend::HostMemory;
 use crate::ops::host::Codec;
 use crate::ops::host::HostOp;
-use crate::ops::{BinaryOp, DType, Memory, Node, Op, QuantType, Tensor, UnaryOp};
+use crate::ops::{DType, Memory, Node, Op, QuantType, Tensor};
 
 /// A static name from one of ggml's name tables.
 ///
@@ -67,7 +67,7 @@ pub(crate) unsafe fn tensor(t: *const ggml_tensor) -> Tensor {
     } else {
         // SAFETY: a non-NULL buffer of a valid tensor is a valid buffer.
         let buft = unsafe { ggml_backend_buffer_get_type(tr.buffer) };
-        match objects::device_of_buft(buft) {
+        match handles::device_of_buft(buft) {
             Some(index) => Memory::Device(index),
             // SAFETY: as above.
             None if unsafe { ggml_backend_buffer_is_host(tr.buffer) } => Memory::Host,
@@ -85,60 +85,26 @@ pub(crate) unsafe fn tensor(t: *const ggml_tensor) -> Tensor {
     }
 }
 
-/// The op of `t`.
+/// The op of `t`, from ggml's names for it (the mapping itself is `Op::from_ggml`, checked
+/// against the op catalogue).
 ///
 /// # Safety
 /// `t` points to a valid `ggml_tensor`.
 unsafe fn op(t: *const ggml_tensor) -> Op {
     // SAFETY: the caller passes a valid tensor.
     let code = unsafe { (*t).op };
-    match code {
-        GGML_OP_NONE | GGML_OP_VIEW | GGML_OP_RESHAPE | GGML_OP_PERMUTE | GGML_OP_TRANSPOSE => {
-            Op::Layout
-        }
-        GGML_OP_DUP => Op::Dup,
-        GGML_OP_CPY => Op::Cpy,
-        GGML_OP_CONT => Op::Cont,
-        GGML_OP_ADD => Op::Binary(BinaryOp::Add),
-        GGML_OP_SUB => Op::Binary(BinaryOp::Sub),
-        GGML_OP_MUL => Op::Binary(BinaryOp::Mul),
-        GGML_OP_DIV => Op::Binary(BinaryOp::Div),
-        GGML_OP_SCALE => Op::Scale,
-        GGML_OP_CLAMP => Op::Clamp,
-        GGML_OP_MUL_MAT => Op::MulMat,
-        GGML_OP_ARGMAX => Op::ArgMax,
-        GGML_OP_COUNT_EQUAL => Op::CountEqual,
-        GGML_OP_CROSS_ENTROPY_LOSS => Op::CrossEntropyLoss,
-        GGML_OP_GET_ROWS => Op::GetRows,
-        GGML_OP_SOFT_MAX => Op::SoftMax,
-        GGML_OP_ROPE => Op::Rope,
-        GGML_OP_SET_ROWS => Op::SetRows,
-        GGML_OP_RMS_NORM => Op::Norm { rms: true },
-        GGML_OP_NORM => Op::Norm { rms: false },
-        GGML_OP_GLU => {
-            // SAFETY: `t` is a valid GLU tensor; ggml_glu_op_name returns a static string.
-            let name = unsafe { static_name(ggml_glu_op_name(ggml_get_glu_op(t))) };
-            let act = match name {
-                "REGLU" => Some(UnaryOp::Relu),
-                "GEGLU" => Some(UnaryOp::Gelu),
-                "SWIGLU" => Some(UnaryOp::Silu),
-                "GEGLU_ERF" => Some(UnaryOp::GeluErf),
-                "GEGLU_QUICK" => Some(UnaryOp::GeluQuick),
-                _ => None,
-            };
-            act.map_or(Op::Other(name), |act| Op::Glu { name, act })
-        }
-        GGML_OP_UNARY => {
-            // SAFETY: `t` is a valid UNARY tensor; ggml_unary_op_name returns a static string.
-            let name = unsafe { static_name(ggml_unary_op_name(ggml_get_unary_op(t))) };
-            UnaryOp::from_name(name).map_or(Op::Other(name), Op::Unary)
-        }
-        _ => {
-            // SAFETY: ggml_op_name returns a static string.
-            let name = unsafe { static_name(ggml_op_name(code)) };
-            UnaryOp::from_name(name).map_or(Op::Other(name), Op::Unary)
-        }
-    }
+    // SAFETY: ggml's name functions return static strings; the sub-op getters read a valid
+    // UNARY/GLU tensor's op_params.
+    let (name, sub) = unsafe {
+        let name = static_name(ggml_op_name(code));
+        let sub = match code {
+            GGML_OP_UNARY => Some(static_name(ggml_unary_op_name(ggml_get_unary_op(t)))),
+            GGML_OP_GLU => Some(static_name(ggml_glu_op_name(ggml_get_glu_op(t)))),
+            _ => None,
+        };
+        (name, sub)
+    };
+    Op::from_ggml(name, sub)
 }
 
 /// The node descriptor of `t` (its op, parameters, output and inputs).
