@@ -109,6 +109,33 @@ fn twenty_consecutive_kernels_ring_one_doorbell_with_every_packet_abi() {
 }
 
 #[test]
+fn bad_handles_and_a_null_graph_are_refused() {
+    let o = run(
+        "bad-handles",
+        "chain",
+        1,
+        &[("GGML_HSA_TEST_BAD_HANDLES", "1")],
+    );
+    assert!(o.has("RESULT 0 ok"), "{}", o.text);
+    let failed = sys::GGML_STATUS_FAILED;
+    assert!(o.has(&format!("NULL_GRAPH {failed}")), "{}", o.text);
+    assert!(o.has(&format!("FOREIGN_BACKEND {failed}")), "{}", o.text);
+    assert!(o.has("NULL_BUFFER survived"), "{}", o.text);
+    assert!(o.has("graph_compute: no graph (NULL)"), "{}", o.text);
+    assert!(
+        o.has("backend::graph_compute: not a backend of this plugin"),
+        "{}",
+        o.text
+    );
+    assert!(
+        o.has("buffer::clear: not a buffer of this backend"),
+        "{}",
+        o.text
+    );
+    assert_eq!(o.counter("doorbells"), 1, "{}", o.text);
+}
+
+#[test]
 fn an_aie2_agent_runs_the_same_graph() {
     let o = run("chain-aie2", "chain", 2, &[("HSA_SIM_AGENTS", "aie2")]);
     assert!(o.has("RESULT 0 ok") && o.has("RESULT 1 ok"), "{}", o.text);
@@ -334,6 +361,22 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
                         .all(|(g, e)| (g - e).abs() <= 1e-5 * e.abs().max(1.0));
                     println!("RESULT {round} {}", if ok { "ok" } else { "bad" });
                 }
+            }
+            if std::env::var_os("GGML_HSA_TEST_BAD_HANDLES").is_some() {
+                // The backend's own slots, called with a NULL graph and with a backend that is
+                // not the plugin's (another guid): refused, never dereferenced.
+                let graph_compute = (*backend).iface.graph_compute.unwrap();
+                println!(
+                    "NULL_GRAPH {}",
+                    graph_compute(backend, std::ptr::null_mut())
+                );
+                let mut other_guid: sys::ggml_guid = [7; 16];
+                let mut foreign = *backend;
+                foreign.guid = &mut other_guid;
+                println!("FOREIGN_BACKEND {}", graph_compute(&mut foreign, gf));
+                let buffer_clear = (*buffer).iface.clear.unwrap();
+                buffer_clear(std::ptr::null_mut(), 0);
+                println!("NULL_BUFFER survived");
             }
             sys::ggml_backend_buffer_free(buffer);
         }

@@ -115,7 +115,17 @@ impl Stream {
     }
 
     /// Executes `nodes` in order. On error the graph stops; kernels already submitted have run.
+    /// A panic in the middle (caught by the C entry's guard) leaves nothing behind: the batch and
+    /// pending lists are discarded on the way out, so the next graph submits only its own work.
     pub fn compute(
+        &mut self,
+        nodes: &[Node],
+        host: &mut dyn HostMemory,
+    ) -> Result<(), ComputeError> {
+        UnwindGuard(self).compute_graph(nodes, host)
+    }
+
+    fn compute_graph(
         &mut self,
         nodes: &[Node],
         host: &mut dyn HostMemory,
@@ -195,7 +205,24 @@ impl Stream {
     /// Waits for everything submitted. Submissions are synchronous, so only a pending batch can
     /// be outstanding (and only between nodes of one graph).
     pub fn synchronize(&mut self) -> Result<(), ComputeError> {
-        self.flush()
+        UnwindGuard(self).flush()
+    }
+
+    /// Forgets the unsubmitted batch and the queue after a panic: packets encoded for a graph
+    /// that stopped midway must never be submitted by the next one, and a panic inside a
+    /// submission may leave ring slots written without a doorbell, so the next submission
+    /// starts on a fresh queue.
+    fn abandon(&mut self) {
+        self.batch.clear();
+        self.batch_kernels.clear();
+        self.pending.clear();
+        self.queue = None;
+        self.resident_pdis.clear();
+    }
+
+    /// Packets encoded but not yet submitted (for tests).
+    pub fn unsubmitted(&self) -> usize {
+        self.batch.len()
     }
 
     fn host(&mut self, op: &HostOp, host: &mut dyn HostMemory) -> Result<(), Enqueue> {
@@ -341,6 +368,37 @@ fn wait_completion(signal: &Signal, packets: usize) -> Result<(), ComputeError> 
                 "no completion after {DEVICE_TIMEOUT:?} ({value} kernel(s) still pending)"
             ),
         }),
+    }
+}
+
+/// The stream for the length of one entry; a panic unwinding through it abandons the stream's
+/// unsubmitted work ([`Stream::abandon`]).
+struct UnwindGuard<'a>(&'a mut Stream);
+
+impl Drop for UnwindGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let dropped = self.0.batch.len();
+            self.0.abandon();
+            crate::log::error(&format!(
+                "{}: a graph stopped midway; {dropped} unsubmitted kernel(s) discarded and the \
+                 queue replaced",
+                self.0.device.name
+            ));
+        }
+    }
+}
+
+impl std::ops::Deref for UnwindGuard<'_> {
+    type Target = Stream;
+    fn deref(&self) -> &Stream {
+        self.0
+    }
+}
+
+impl std::ops::DerefMut for UnwindGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Stream {
+        self.0
     }
 }
 

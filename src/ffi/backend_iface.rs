@@ -65,17 +65,33 @@ static BACKEND_IFACE: ggml_backend_i = ggml_backend_i {
     graph_optimize: None,
 };
 
-/// Our context of `backend`.
+/// Our context of `backend`, or `None` (logged, naming `slot`) when `backend` is NULL or not a
+/// backend of this plugin (its guid is not ours, or it has no context).
 ///
 /// # Safety
-/// `backend` is a live backend created by [`init`].
-unsafe fn context<'a>(backend: ggml_backend_t) -> &'a Context {
-    // SAFETY: backends with this interface carry a Box<Context> until `free`.
-    unsafe { &*(*backend).context.cast::<Context>() }
+/// `backend` is NULL or a valid ggml backend; a backend of ours is live (not yet freed).
+unsafe fn context<'a>(backend: ggml_backend_t, slot: &str) -> Option<&'a Context> {
+    // SAFETY: a non-NULL backend is valid and its guid points to 16 bytes.
+    let ours = !backend.is_null()
+        && unsafe {
+            !(*backend).guid.is_null()
+                && ggml_guid_matches((*backend).guid, super::exports::guid())
+                && !(*backend).context.is_null()
+        };
+    if !ours {
+        log::error(&format!("backend::{slot}: not a backend of this plugin"));
+        return None;
+    }
+    // SAFETY: backends with our guid carry a Box<Context> until `free`.
+    Some(unsafe { &*(*backend).context.cast::<Context>() })
 }
 
 unsafe extern "C" fn get_name(backend: ggml_backend_t) -> *const c_char {
     guard("backend::get_name", std::ptr::null(), || {
+        // SAFETY: ggml passes a valid backend (or NULL).
+        if unsafe { context(backend, "get_name") }.is_none() {
+            return std::ptr::null();
+        }
         // SAFETY: a live backend of ours; its device pointer is one of ours.
         let dev = unsafe { (*backend).device };
         // SAFETY: `dev` is a device of this backend, whose get_name accepts any pointer.
@@ -85,6 +101,10 @@ unsafe extern "C" fn get_name(backend: ggml_backend_t) -> *const c_char {
 
 unsafe extern "C" fn free(backend: ggml_backend_t) {
     guard("backend::free", (), || {
+        // SAFETY: ggml passes a valid backend (or NULL).
+        if unsafe { context(backend, "free") }.is_none() {
+            return;
+        }
         // SAFETY: ggml frees each backend once; both boxes were leaked in `init`.
         unsafe {
             drop(Box::from_raw((*backend).context.cast::<Context>()));
@@ -95,8 +115,10 @@ unsafe extern "C" fn free(backend: ggml_backend_t) {
 
 unsafe extern "C" fn synchronize(backend: ggml_backend_t) {
     guard("backend::synchronize", (), || {
-        // SAFETY: a live backend of ours.
-        let ctx = unsafe { context(backend) };
+        // SAFETY: ggml passes a valid backend (or NULL).
+        let Some(ctx) = (unsafe { context(backend, "synchronize") }) else {
+            return;
+        };
         if let Err(e) = ctx.stream.lock().0.synchronize() {
             log::error(&format!("synchronize: {e}"));
         }
@@ -108,9 +130,16 @@ unsafe extern "C" fn graph_compute(
     graph: *mut ggml_cgraph,
 ) -> ggml_status {
     guard("backend::graph_compute", GGML_STATUS_FAILED, || {
-        // SAFETY: a live backend of ours and a valid graph.
-        let (ctx, (nodes, tensors)) =
-            unsafe { (context(backend), descriptors::graph_nodes(graph)) };
+        // SAFETY: ggml passes a valid backend (or NULL).
+        let Some(ctx) = (unsafe { context(backend, "graph_compute") }) else {
+            return GGML_STATUS_FAILED;
+        };
+        if graph.is_null() {
+            log::error("backend::graph_compute: no graph (NULL)");
+            return GGML_STATUS_FAILED;
+        }
+        // SAFETY: a non-NULL graph from ggml is valid.
+        let (nodes, tensors) = unsafe { descriptors::graph_nodes(graph) };
         let mut guard = ctx.stream.lock();
         let (stream, cpu) = &mut *guard;
         let mut memory = descriptors::GraphMemory {

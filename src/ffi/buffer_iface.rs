@@ -60,13 +60,23 @@ static BUFFER_IFACE: ggml_backend_buffer_i = ggml_backend_buffer_i {
     reset: None,
 };
 
-/// Our context of `buffer`.
+/// Our context of `buffer`, or `None` (logged, naming `slot`) when `buffer` is NULL or not a
+/// buffer of this backend: it must belong to one of our buffer types and carry a context.
 ///
 /// # Safety
-/// `buffer` is a live buffer created by [`alloc`].
-unsafe fn context<'a>(buffer: ggml_backend_buffer_t) -> &'a Buffer {
-    // SAFETY: buffers with this interface carry a Box<Buffer> context until free_buffer.
-    unsafe { &*(*buffer).context.cast::<Buffer>() }
+/// `buffer` is NULL or a valid ggml buffer; a buffer of ours is live (not yet freed).
+unsafe fn context<'a>(buffer: ggml_backend_buffer_t, slot: &str) -> Option<&'a Buffer> {
+    // SAFETY: a non-NULL buffer is a valid ggml buffer (the caller's guarantee).
+    let ours = !buffer.is_null()
+        && unsafe {
+            handles::device_of_buft((*buffer).buft).is_some() && !(*buffer).context.is_null()
+        };
+    if !ours {
+        crate::log::error(&format!("buffer::{slot}: not a buffer of this backend"));
+        return None;
+    }
+    // SAFETY: buffers of our buffer types carry a Box<Buffer> context until free_buffer.
+    Some(unsafe { &*(*buffer).context.cast::<Buffer>() })
 }
 
 /// Offset of `tensor`'s data plus `offset` inside `buf`, or an error message.
@@ -86,6 +96,10 @@ fn report(slot: &str, e: impl std::fmt::Display) {
 
 unsafe extern "C" fn free_buffer(buffer: ggml_backend_buffer_t) {
     guard("buffer::free_buffer", (), || {
+        // SAFETY: ggml passes a valid buffer (or NULL).
+        if unsafe { context(buffer, "free_buffer") }.is_none() {
+            return;
+        }
         // SAFETY: ggml frees each buffer once; the context is the Box leaked in `alloc`.
         drop(unsafe { Box::from_raw((*buffer).context.cast::<Buffer>()) });
     })
@@ -93,8 +107,9 @@ unsafe extern "C" fn free_buffer(buffer: ggml_backend_buffer_t) {
 
 unsafe extern "C" fn get_base(buffer: ggml_backend_buffer_t) -> *mut c_void {
     guard("buffer::get_base", std::ptr::null_mut(), || {
-        // SAFETY: a live buffer of ours.
-        unsafe { context(buffer) }.alloc.as_ptr().cast()
+        // SAFETY: ggml passes a valid buffer (or NULL).
+        unsafe { context(buffer, "get_base") }
+            .map_or(std::ptr::null_mut(), |b| b.alloc.as_ptr().cast())
     })
 }
 
@@ -106,8 +121,10 @@ unsafe extern "C" fn memset_tensor(
     size: usize,
 ) {
     guard("buffer::memset_tensor", (), || {
-        // SAFETY: a live buffer of ours and a valid tensor in it.
-        let buf = unsafe { context(buffer) };
+        // SAFETY: ggml passes a valid buffer (or NULL) and a valid tensor.
+        let Some(buf) = (unsafe { context(buffer, "memset_tensor") }) else {
+            return;
+        };
         // SAFETY: as above.
         match unsafe { offset_of(buf, tensor, offset) } {
             Some(at) => {
@@ -219,7 +236,9 @@ unsafe fn for_rows(
     mut row: impl FnMut(&Buffer, usize, usize) -> Result<(), OutOfBounds>,
 ) {
     // SAFETY: the caller's guarantees.
-    let buf = unsafe { context(buffer) };
+    let Some(buf) = (unsafe { context(buffer, slot) }) else {
+        return;
+    };
     // SAFETY: as above.
     let Some(at) = (unsafe { offset_of(buf, tensor, offset) }) else {
         return report(slot, "the tensor is not in this buffer");
@@ -327,8 +346,10 @@ unsafe extern "C" fn cpy_tensor(
         // SAFETY: src's data is host memory of ggml_nbytes(src) bytes (a host buffer); it is
         // copied before anything is written.
         let bytes = unsafe { std::slice::from_raw_parts(src_data.cast::<u8>(), n_src) }.to_vec();
-        // SAFETY: `buffer` is ours and dst lies in it.
-        let buf = unsafe { context(buffer) };
+        // SAFETY: ggml passes a valid buffer (or NULL).
+        let Some(buf) = (unsafe { context(buffer, "cpy_tensor") }) else {
+            return false;
+        };
         // SAFETY: as above.
         match unsafe { offset_of(buf, dst, 0) } {
             Some(at) => buf.alloc.write_at(at, &bytes).is_ok(),
@@ -339,8 +360,9 @@ unsafe extern "C" fn cpy_tensor(
 
 unsafe extern "C" fn clear(buffer: ggml_backend_buffer_t, value: u8) {
     guard("buffer::clear", (), || {
-        // SAFETY: a live buffer of ours.
-        let buf = unsafe { context(buffer) };
-        let _ = buf.alloc.fill_at(0, buf.alloc.size(), value);
+        // SAFETY: ggml passes a valid buffer (or NULL).
+        if let Some(buf) = unsafe { context(buffer, "clear") } {
+            let _ = buf.alloc.fill_at(0, buf.alloc.size(), value);
+        }
     })
 }
