@@ -59,7 +59,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build");
 
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let catalogue = manifest_dir.join("src/ops/catalogue.toml");
+    let catalogue = manifest_dir.join("src/op_catalogue.toml");
     println!("cargo:rerun-if-changed={}", catalogue.display());
     match op_catalogue::generate(&catalogue) {
         Ok(code) => write_out("op_catalogue.rs", &code),

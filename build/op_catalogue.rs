@@ -1,5 +1,5 @@
-//! Turns `src/ops/catalogue.toml` into `$OUT_DIR/op_catalogue.rs`: the table `CATALOGUE` and
-//! one constant per op (`ADD`, `ROPE_FF`, ...) included by `src/ops/catalogue.rs`. Every rule
+//! Turns `src/op_catalogue.toml` into `$OUT_DIR/op_catalogue.rs`: the table `CATALOGUE` and
+//! one constant per op (`ADD`, `ROPE_FF`, ...) included by `src/op_catalogue.rs`. Every rule
 //! the file's header states is checked here, so a malformed catalogue fails the build with the
 //! op named.
 
@@ -112,7 +112,7 @@ pub fn generate(path: &Path) -> Result<String, String> {
         .unwrap();
     }
     Ok(format!(
-        "/// Every op of `src/ops/catalogue.toml`, in its order.\n\
+        "/// Every op of `src/op_catalogue.toml`, in its order.\n\
          pub const CATALOGUE: &[OpEntry] = &[\n{table}];\n\n{consts}"
     ))
 }

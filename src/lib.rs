@@ -8,8 +8,9 @@
 //! * [`kernels`]: the kernel store: architectures, canonical names, precompiled and cached kernels.
 //! * [`hsa`]: the only code that touches HSA or libloading: the run-time loaded `libhsa-runtime64`.
 //!
-//! Beside them, used by every layer: [`config`] (the environment, read once) and [`log`] (the
-//! logging facade; `ffi` routes it to ggml's logger).
+//! Beside them, used by every layer: [`config`] (the environment, read once), [`log`] (the
+//! logging facade; `ffi` routes it to ggml's logger) and [`op_catalogue`] (every op, declared
+//! once in `src/op_catalogue.toml`).
 //!
 //! Unsafe code lives in `ffi` and `hsa` only.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -20,4 +21,5 @@ pub mod ffi;
 pub mod hsa;
 pub mod kernels;
 pub mod log;
+pub mod op_catalogue;
 pub mod ops;

@@ -1,4 +1,4 @@
-//! The op catalogue (`src/ops/catalogue.toml`, compiled into `ggml_hsa::ops::catalogue`) against
+//! The op catalogue (`src/op_catalogue.toml`, compiled into `ggml_hsa::op_catalogue`) against
 //! every other place that lists ops: the simulator's compiler (what hsa-sim executes), the IRON
 //! package (what a real NPU can run), and the README's op table. An op added to one of them and
 //! not to the catalogue, or the other way round, fails here.
@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use ggml_hsa::ops::catalogue::{kernels, Runs, CATALOGUE};
+use ggml_hsa::op_catalogue::{kernels, Runs, CATALOGUE};
 
 /// `ops[]` of a compiler's `capabilities` output: op name -> number of inputs.
 fn declared_ops(caps: &serde_json::Value) -> BTreeMap<String, u64> {

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::desc::{dtype_block, KernelDesc, Layout};
 use super::Arch;
-use crate::ops::catalogue::{self, OpEntry};
+use crate::op_catalogue::{self as catalogue, OpEntry};
 
 /// Bytes per element (per block for the block-quantized types) of `dtype`, for the types a
 /// descriptor may name (the kernel operand types, [`DTYPES`]).
@@ -396,8 +396,6 @@ fn is_file_name(name: &str) -> bool {
 mod tests {
     use super::super::desc::DTYPES;
     use super::*;
-    use crate::ops::tensor::test_util::tensor;
-    use crate::ops::{plan, BinaryOp, DType, Node, Op, Plan, Tensor, UnaryOp};
 
     fn err(s: &str) -> String {
         parse_tensor(s).unwrap_err().to_string()
@@ -518,25 +516,6 @@ mod tests {
         // A dense layout given explicitly is written without its strides.
         let t = parse_tensor("(4,4,1,1)/bf16/(2,8,32,32)").unwrap();
         assert_eq!(format_tensor(&t), "(4,4,1,1)/bf16");
-    }
-
-    #[test]
-    fn the_catalogue_names_every_op_the_backend_makes() {
-        for op in UnaryOp::ALL {
-            let k = OpEntry::by_name(op.name()).unwrap();
-            assert_eq!(
-                (k.iron_source, k.inputs),
-                (Some("unary_ops.py"), 1),
-                "{}",
-                op.name()
-            );
-        }
-        for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div] {
-            assert_eq!(
-                OpEntry::by_name(op.name()).unwrap().iron_source,
-                Some("binary_ops.py")
-            );
-        }
     }
 
     fn entry(kernel_name: &str, source: &str, inputs: &[&str], output: &str) -> KernelEntry {
@@ -665,94 +644,6 @@ mod tests {
         assert!(e.contains("unknown field `archh`"), "{e}");
         let e = KernelConfig::parse("{}").unwrap_err().to_string();
         assert!(e.contains("missing field `kernels`"), "{e}");
-    }
-
-    fn view(dtype: DType, ne: [i64; 4], nb: [u64; 4]) -> Tensor {
-        Tensor {
-            ne,
-            nb,
-            ..tensor(dtype, ne, 0)
-        }
-    }
-
-    fn node(op: Op, params: &[i32], dst: Tensor, src: Vec<Tensor>) -> Node {
-        let mut op_params = [0; 16];
-        op_params[..params.len()].copy_from_slice(params);
-        Node {
-            op,
-            op_params,
-            dst,
-            src: src.into_iter().map(Some).collect(),
-        }
-    }
-
-    /// Every kind of description the planner makes: each op, each type, flattened, broadcast
-    /// and strided operands, op parameters.
-    fn backend_descs() -> Vec<KernelDesc> {
-        let mut nodes = Vec::new();
-        for dtype in [DType::F32, DType::F16, DType::Bf16] {
-            let t = tensor(dtype, [16, 5, 4, 3], 0);
-            let size = dtype.size().unwrap();
-            let permuted = view(
-                dtype,
-                [16, 5, 4, 3],
-                [5 * size, size, 80 * size, 320 * size],
-            );
-            let row = tensor(dtype, [16, 1, 1, 1], 0);
-            for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div] {
-                let op = Op::Binary(op);
-                nodes.push(node(op, &[], t.clone(), vec![t.clone(), t.clone()]));
-                nodes.push(node(op, &[], t.clone(), vec![t.clone(), row.clone()]));
-                nodes.push(node(op, &[], t.clone(), vec![t.clone(), permuted.clone()]));
-                let mixed = tensor(DType::F32, [16, 5, 4, 3], 0);
-                nodes.push(node(op, &[], t.clone(), vec![t.clone(), mixed]));
-            }
-            for op in UnaryOp::ALL {
-                let op = Op::Unary(op);
-                nodes.push(node(op, &[], t.clone(), vec![t.clone()]));
-                nodes.push(node(op, &[], t.clone(), vec![permuted.clone()]));
-            }
-            let (two, half) = (2.0f32.to_bits() as i32, 0.5f32.to_bits() as i32);
-            for op in [Op::Scale, Op::Clamp] {
-                nodes.push(node(op, &[two, half], t.clone(), vec![t.clone()]));
-                nodes.push(node(op, &[two], t.clone(), vec![permuted.clone()]));
-                nodes.push(node(op, &[], t.clone(), vec![t.clone()]));
-            }
-        }
-        nodes
-            .iter()
-            .map(|n| match plan(n) {
-                Ok(Plan::Kernel { desc, .. }) => desc,
-                other => panic!("{n:?}: {other:?}"),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn every_backend_description_round_trips_through_an_entry() {
-        let mut descs = backend_descs();
-        assert!(descs.len() > 100);
-        // GGML_HSA_F16_AS_BF16 kernels carry the flag through configs too.
-        let mut as_bf16 = descs[0].clone();
-        as_bf16.f16_as_bf16 = true;
-        assert!(KernelEntry::from_desc(&as_bf16, Arch::Aie2)
-            .exported_name
-            .unwrap()
-            .ends_with("-f16asbf16"));
-        descs.push(as_bf16);
-        for desc in descs {
-            for arch in [Arch::Aie2, Arch::Aie2p] {
-                let entry = KernelEntry::from_desc(&desc, arch);
-                assert_eq!(entry.exported_name, Some(desc.canonical_name()));
-                assert_eq!(entry.to_desc(), Ok((arch, desc.clone())), "{entry:?}");
-                // And through the JSON text.
-                let config = KernelConfig {
-                    kernels: vec![entry],
-                };
-                let back = KernelConfig::parse(&config.to_json()).unwrap();
-                assert_eq!(back.kernels[0].to_desc(), Ok((arch, desc.clone())));
-            }
-        }
     }
 
     #[test]

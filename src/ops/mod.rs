@@ -2,12 +2,10 @@
 //! transforms (flattening element-wise ops, choosing host-side copies) that map a ggml node onto a
 //! kernel. Nothing here touches ggml pointers; it works on descriptors copied out by `ffi`.
 //!
-//! * [`catalogue`]: every op the backend runs (`catalogue.toml`), and where it runs.
 //! * [`tensor`]: the descriptors (types, tensors, ops, nodes).
 //! * [`plan`]: the support rules and the plan of one node.
 //! * [`host`]: the ops that run on the host (type-converting copies).
 
-pub mod catalogue;
 pub mod host;
 pub mod plan;
 pub mod tensor;

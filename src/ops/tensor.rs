@@ -508,7 +508,7 @@ mod tests {
     /// name (or, for ops with variants, one of the names of its ggml op).
     #[test]
     fn every_catalogue_op_comes_from_its_ggml_op() {
-        use crate::ops::catalogue::{OpEntry, CATALOGUE};
+        use crate::op_catalogue::{OpEntry, CATALOGUE};
         for e in CATALOGUE {
             let op = match e.ggml.split_once(':') {
                 Some((op, sub)) => {

@@ -1,4 +1,4 @@
-"""The registry against the backend's op catalogue (src/ops/catalogue.toml).
+"""The registry against the backend's op catalogue (src/op_catalogue.toml).
 
 The catalogue declares every op once, with the architectures that have an IRON design
 and the design file defining `ggml_op_<op>`. The registry is this package's own
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from ggml_hsa_iron import registry
 from ggml_hsa_iron.archs import ARCHS
 
-CATALOGUE = Path(__file__).resolve().parents[2] / "ops" / "catalogue.toml"
+CATALOGUE = Path(__file__).resolve().parents[2] / "op_catalogue.toml"
 
 
 def iron_entries() -> dict[str, dict]:

@@ -1,4 +1,4 @@
-//! The op catalogue: every op the backend runs, declared once in `src/ops/catalogue.toml` and
+//! The op catalogue: every op the backend runs, declared once in `src/op_catalogue.toml` and
 //! compiled into this module by `build/op_catalogue.rs`. The planner names kernel ops through
 //! its constants ([`ADD`], [`ROPE_FF`], ...), the kernel configs of `ggml-hsa-gen-kernels`
 //! validate against [`CATALOGUE`], and the simulator's executor and the IRON package's registry
@@ -13,7 +13,7 @@ pub enum Runs {
     Host,
 }
 
-/// One op of the catalogue (see the header of `src/ops/catalogue.toml` for the fields).
+/// One op of the catalogue (see the header of `src/op_catalogue.toml` for the fields).
 #[derive(Debug, PartialEq, Eq)]
 pub struct OpEntry {
     /// The protocol name of the kernel op (`ADD`, `ROPE_FF`, ...), or ggml's name of a host op.
