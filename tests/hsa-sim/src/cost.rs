@@ -1,6 +1,5 @@
 //! Cost model of a real XDNA (aie2) / XDNA2 (aie2p) NPU behind ROCR, used to report simulated
-//! device time. Sources are the project's research notes: `landscape.md` §3 (cited "L§") and
-//! `hsa-aie-abi.md` (cited "ABI§").
+//! device time. Every constant names its published source.
 
 /// Per-architecture constants.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -25,38 +24,38 @@ pub struct ArchModel {
 /// XDNA2 (Strix Point / Strix Halo / Krackan).
 pub const AIE2P: ArchModel = ArchModel {
     arch: "aie2p",
-    // L§3.1: IRON's NPU2 device uses all 8 columns of the 4x8 array.
+    // IRON's NPU2 device uses all 8 columns of the 4x8 array (mlir-aie's device model).
     columns: 8,
-    // ABI§5.6: ~90 µs per single dispatch through ROCR on Strix (S7 README).
+    // ~90 µs per single dispatch through ROCR on Strix (ROCR's XDNA driver README).
     chain_latency_ns: 90_000.0,
-    // L§3.6: the submit part of an XRT dispatch is 4-5 µs (qvac PLAN.md); charged per command.
+    // The submit part of an XRT dispatch is 4-5 µs (qvac's ggml-xdna notes); charged per command.
     command_overhead_ns: 5_000.0,
-    // L§3.6: context switch ~360 µs per column occupied (qvac HANDOFF/PLAN).
+    // Context switch ~360 µs per column occupied (qvac's ggml-xdna measurements).
     rebuild_per_column_ns: 360_000.0,
-    // L§3.6: +1.6 ms on the first dispatch after a switch (qvac).
+    // +1.6 ms on the first dispatch after a switch (qvac).
     first_dispatch_after_rebuild_ns: 1_600_000.0,
-    // L§3.3: NPU-reachable DRAM bandwidth ~56 GB/s (qvac GEMV streaming; xdna-engine 52.7-62.7).
+    // NPU-reachable DRAM bandwidth ~56 GB/s (qvac GEMV streaming; xdna-engine 52.7-62.7).
     bandwidth_bytes_per_s: 56.0e9,
-    // L§3.2: best measured bf16 GEMM on XDNA2, 14.71 TFLOPS.
+    // Best published bf16 GEMM on XDNA2, 14.71 TFLOPS (mlir-aie programming examples).
     peak_flops: 14.71e12,
 };
 
 /// XDNA (Phoenix / Hawk Point).
 pub const AIE2: ArchModel = ArchModel {
     arch: "aie2",
-    // L§3.1: IRON's NPU1 device uses 4 of the 5 columns.
+    // IRON's NPU1 device uses 4 of Phoenix's 5 columns (mlir-aie's device model).
     columns: 4,
-    // No aie2 measurement exists; the ROCR per-dispatch figure of ABI§5.6 is used.
+    // No aie2 measurement exists; ROCR's per-dispatch figure on Strix is used.
     chain_latency_ns: 90_000.0,
-    // L§3.6 (qvac submit time), as for aie2p.
+    // qvac's submit time, as for aie2p.
     command_overhead_ns: 5_000.0,
-    // L§3.6: 360 µs per column (measured on XDNA2; no XDNA figure published).
+    // 360 µs per column (measured on XDNA2; no XDNA figure published).
     rebuild_per_column_ns: 360_000.0,
-    // L§3.6 (qvac), as for aie2p.
+    // qvac's figure, as for aie2p.
     first_dispatch_after_rebuild_ns: 1_600_000.0,
-    // L§3.3: no XDNA measurement; ~7 GB/s per column x 4 columns = 28 GB/s [est].
+    // No XDNA measurement; ~7 GB/s per column (qvac) x 4 columns = 28 GB/s, an estimate.
     bandwidth_bytes_per_s: 28.0e9,
-    // L§3.2: best measured bf16 GEMM on XDNA, 3.14 TFLOPS.
+    // Best published bf16 GEMM on XDNA, 3.14 TFLOPS (mlir-aie programming examples).
     peak_flops: 3.14e12,
 };
 
@@ -83,7 +82,7 @@ impl ArchModel {
     }
 }
 
-/// Command-chain capacity model (ABI§5.4): the driver's chain buffer is 4 KiB and each slot costs
+/// Command-chain capacity model (ROCR's `amd_xdna_driver.cpp`): the driver's chain buffer is 4 KiB and each slot costs
 /// 52 + 4 x (argument dwords) bytes; a command carries 6 fixed dwords plus 2 per operand, which
 /// gives about 44 two-operand commands per chain.
 pub const CHAIN_BUFFER_BYTES: usize = 4096;

@@ -3,7 +3,7 @@
 //! A queue is a 64-slot ring of 64-byte packets (allocated from the agent's kernarg pool, like
 //! ROCR's XDNA BO) with private 64-bit read/write indices. Storing any value to the queue's
 //! doorbell signal processes packets `read_index .. write_index-1` on the calling thread, in
-//! order, and then sets `read_index = write_index` (ROCR §5.1). Consecutive START_CUs behind one
+//! order, and then sets `read_index = write_index` (as ROCR's `amd_aie_aql_queue.cpp` does). Consecutive START_CUs behind one
 //! doorbell form command chains.
 
 use crate::agents::PoolKind;
