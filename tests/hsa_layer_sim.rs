@@ -20,22 +20,13 @@ use ggml_hsa::hsa::{AgentDesc, Runtime};
 const N: usize = 256;
 
 fn run_child(abi: PacketAbi, counters: &Path) -> String {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "child_add_and_batch", "--nocapture"])
-        .env("HSA_SIM_PACKET_ABI", abi.name())
-        .env("HSA_SIM_COUNTERS", counters)
-        .env("GGML_HSA_TEST_ABI", abi.name())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "packet ABI {abi}:\n{text}");
-    assert!(
-        text.contains("1 passed"),
-        "the child test did not run:\n{text}"
+    common::run_child_test(
+        "child_add_and_batch",
+        &[
+            ("HSA_SIM_PACKET_ABI", abi.name().as_ref()),
+            ("HSA_SIM_COUNTERS", counters.as_os_str()),
+            ("GGML_HSA_TEST_ABI", abi.name().as_ref()),
+        ],
     );
     std::fs::read_to_string(counters).expect("counters written by the simulator")
 }

@@ -10,7 +10,6 @@
 mod common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::process::Command;
 
 use ggml_hsa::backend::{HostMemory, Platform, Stream};
 use ggml_hsa::hsa::memory::PoolAlloc;
@@ -22,34 +21,18 @@ const N: usize = 256;
 #[test]
 fn a_panic_midway_leaves_nothing_for_the_next_graph() {
     let dir = common::scratch_dir("stream-panic");
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "child_panic_then_graph",
-            "--nocapture",
-        ])
-        .env(
-            "GGML_HSA_LIBHSA_PATH",
-            common::sim_artifact("libhsa_runtime64.so"),
-        )
-        .env(
-            "GGML_HSA_JIT_COMPILER",
-            common::sim_artifact("hsa-sim-compile"),
-        )
-        .env("GGML_HSA_KERNEL_CACHE_DIR", dir.join("cache"))
-        .env("HSA_SIM_QUIET", "1")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (sim, compiler) = (
+        common::sim_artifact("libhsa_runtime64.so"),
+        common::sim_artifact("hsa-sim-compile"),
     );
-    assert!(out.status.success(), "{text}");
-    assert!(
-        text.contains("1 passed"),
-        "the child test did not run:\n{text}"
+    let text = common::run_child_test(
+        "child_panic_then_graph",
+        &[
+            ("GGML_HSA_LIBHSA_PATH", sim.as_os_str()),
+            ("GGML_HSA_JIT_COMPILER", compiler.as_os_str()),
+            ("GGML_HSA_KERNEL_CACHE_DIR", dir.join("cache").as_os_str()),
+            ("HSA_SIM_QUIET", "1".as_ref()),
+        ],
     );
     assert!(
         text.contains("unsubmitted kernel(s) discarded and the queue replaced"),

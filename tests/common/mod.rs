@@ -71,3 +71,29 @@ pub fn sim_artifact(name: &str) -> PathBuf {
             )
         })
 }
+
+/// Runs the ignored test `name` of this test binary in a child process with `env` added (tests
+/// whose subject reads its environment once per process run their scenario this way). Panics,
+/// with everything the child printed, unless it ran that one test and passed; returns its output.
+pub fn run_child_test(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> String {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--ignored", "--exact", name, "--nocapture"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("the test binary runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{name} failed in a child process:\n{text}"
+    );
+    assert!(
+        text.contains("1 passed"),
+        "the child test {name} did not run:\n{text}"
+    );
+    text
+}
