@@ -39,7 +39,7 @@ pub(crate) fn init(index: usize) -> ggml_backend_t {
         stream: Mutex::new((stream, CpuFallback::default())),
     }));
     Box::into_raw(Box::new(ggml_backend {
-        guid: super::exports::guid(),
+        guid: handles::guid(),
         iface: BACKEND_IFACE,
         device: dev_ptr,
         context: context.cast(),
@@ -75,7 +75,7 @@ unsafe fn context<'a>(backend: ggml_backend_t, slot: &str) -> Option<&'a Context
     let ours = !backend.is_null()
         && unsafe {
             !(*backend).guid.is_null()
-                && ggml_guid_matches((*backend).guid, super::exports::guid())
+                && ggml_guid_matches((*backend).guid, handles::guid())
                 && !(*backend).context.is_null()
         };
     if !ours {

@@ -6,8 +6,7 @@ use std::ffi::{c_char, c_void};
 
 use super::guard::guard;
 use super::sys::{
-    ggml_backend_buffer_type_t, ggml_backend_reg_t, ggml_backend_t, ggml_guid, ggml_guid_matches,
-    ggml_guid_t,
+    ggml_backend_buffer_type_t, ggml_backend_reg_t, ggml_backend_t, ggml_guid_matches,
 };
 use super::{backend_iface, handles, platform, reg};
 use crate::log;
@@ -18,16 +17,6 @@ pub const GGML_HSA_NAME: &str = "HSA";
 
 /// The most NPUs one process uses (lower it with the `GGML_HSA_MAX_DEVICES` environment variable).
 pub const GGML_HSA_MAX_DEVICES: i32 = 16;
-
-/// Identifies backends (streams) created by this library.
-static GUID: ggml_guid = [
-    0x5e, 0x1b, 0x7c, 0x43, 0x9a, 0x0d, 0x4e, 0x6f, 0xb2, 0x88, 0x31, 0xc4, 0x0f, 0x7a, 0xd9, 0x26,
-];
-
-/// The GUID of this library's backends, as ggml's `ggml_guid_t` (a pointer to 16 bytes).
-pub(crate) fn guid() -> ggml_guid_t {
-    (&GUID as *const ggml_guid).cast_mut()
-}
 
 /// Device `device` if it exists; otherwise logs why not (for `api`).
 fn device_index(api: &str, device: i32) -> Option<usize> {
@@ -72,7 +61,7 @@ pub unsafe extern "C" fn ggml_backend_is_hsa(backend: ggml_backend_t) -> bool {
             return false;
         }
         // SAFETY: the caller passes a valid backend, whose guid points to 16 bytes.
-        unsafe { ggml_guid_matches((*backend).guid, guid()) }
+        unsafe { ggml_guid_matches((*backend).guid, handles::guid()) }
     })
 }
 

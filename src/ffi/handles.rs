@@ -113,3 +113,13 @@ pub(super) fn device_of(dev: ggml_backend_dev_t, slot: &str) -> Option<(usize, &
     }
     found
 }
+
+/// Identifies backends (streams) created by this library.
+static GUID: ggml_guid = [
+    0x5e, 0x1b, 0x7c, 0x43, 0x9a, 0x0d, 0x4e, 0x6f, 0xb2, 0x88, 0x31, 0xc4, 0x0f, 0x7a, 0xd9, 0x26,
+];
+
+/// The GUID of this library's backends, as ggml's `ggml_guid_t` (a pointer to 16 bytes).
+pub(crate) fn guid() -> ggml_guid_t {
+    (&GUID as *const ggml_guid).cast_mut()
+}
