@@ -158,10 +158,23 @@ fn default_llama_root() -> PathBuf {
     cache.join(format!("llama-cpp-python-{version}"))
 }
 
+/// bindgen loads libclang at run time (clang-sys's `runtime` feature) and panics with a long
+/// backtrace when it is absent; load it first, the same way, to fail with one line instead.
+fn require_libclang() {
+    println!("cargo:rerun-if-env-changed=LIBCLANG_PATH");
+    if let Err(e) = clang_sys::load() {
+        let e = e.lines().next().unwrap_or_default().to_owned();
+        fail(&format!(
+            "libclang not found: install libclang-dev or set LIBCLANG_PATH ({e})"
+        ));
+    }
+}
+
 /// bindgen with C enums as plain constants with the C names (GGML_OP_ADD, HSA_STATUS_ERROR, ...):
 /// values coming from C are never turned into Rust enums, so a value this build does not know
 /// cannot be undefined behaviour.
 fn c_constants_builder() -> bindgen::Builder {
+    require_libclang();
     bindgen::Builder::default()
         .default_enum_style(bindgen::EnumVariation::Consts)
         .prepend_enum_name(false)

@@ -5,9 +5,17 @@
 # CLI's error path without IRON, the IRON v1.3.1 API name check of the
 # designs, and the AIE core functions run on the host with g++ against an
 # AIE API stand-in). Exits non-zero on any failure.
+#
+#   scripts/check-iron.sh          install what is missing, run the checks
+#   scripts/check-iron.sh --deps   install what is missing (g++, pip, the pinned ruff), nothing else
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKG=src/ggml_hsa_iron
+# shellcheck source=lib/apt.sh
+. scripts/lib/apt.sh
+
+deps_install cxx || exit 1
+python_pip_install || exit 1
 
 # ruff is pinned so lint and format results do not change under us.
 RUFF=ruff==0.17.6
@@ -15,6 +23,7 @@ if [ "$(python3 -m ruff --version 2>/dev/null)" != "ruff ${RUFF#ruff==}" ]; then
   python3 -m pip install --quiet "$RUFF" 2>/dev/null ||
     python3 -m pip install --quiet --break-system-packages "$RUFF"
 fi
+[ "${1:-}" = "--deps" ] && exit 0
 
 status=0
 step() {

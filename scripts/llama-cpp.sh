@@ -9,6 +9,7 @@
 #   scripts/llama-cpp.sh build-static [TARGET...]  a copy of the tree prepared by
 #                                            cmake/integrate.sh, built with -DGGML_HSA=ON and
 #                                            GGML_BACKEND_DL=OFF (static), in build-static/
+#   scripts/llama-cpp.sh deps                install the system packages the builds need, nothing else
 #   scripts/llama-cpp.sh env                 print `export` lines for build.rs and the tests
 #   scripts/llama-cpp.sh path [src|ggml|build|bin]
 #
@@ -35,17 +36,11 @@ log() { printf '[llama-cpp] %s\n' "$*" >&2; }
 . "$here/lib/apt.sh"
 die() { printf '[llama-cpp] error: %s\n' "$*" >&2; exit 1; }
 
+# What the next steps run: the build tools (package names, scripts/lib/apt.sh) and pip (`fetch`
+# downloads the sdist with `python3 -m pip`).
 ensure_tools() {
-    local missing=()
-    command -v cmake >/dev/null || missing+=(cmake)
-    command -v ninja >/dev/null || missing+=(ninja-build)
-    command -v g++ >/dev/null || missing+=(g++)
-    command -v ccache >/dev/null || missing+=(ccache)
-    # bindgen (build.rs) needs libclang.
-    ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || [ -n "${LIBCLANG_PATH:-}" ] || missing+=(libclang-dev)
-    # `fetch` downloads the sdist with pip.
-    python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
-    [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}" || die "cannot install ${missing[*]}"
+    deps_install build || die "cannot install the build tools ($(deps_packages build | paste -sd' '))"
+    python_pip_install || die "cannot install python3-pip"
 }
 
 fetch() {
@@ -172,6 +167,7 @@ ENV
 cmd=${1:-build}
 [ $# -gt 0 ] && shift
 case "$cmd" in
+    deps) ensure_tools ;;
     fetch) ensure_tools; fetch ;;
     build) ensure_tools; fetch; configure; build_targets "$@" ;;
     build-dl) ensure_tools; fetch; build_dl "$@" ;;
@@ -183,5 +179,5 @@ case "$cmd" in
             bin-dl) echo "$root/build-dl/bin" ;; bin-static) echo "$root/build-static/bin" ;;
             *) die "usage: $0 path src|ggml|build|bin|bin-dl|bin-static" ;;
         esac ;;
-    *) die "unknown command '$cmd' (fetch|build|build-dl|build-static|env|path)" ;;
+    *) die "unknown command '$cmd' (deps|fetch|build|build-dl|build-static|env|path)" ;;
 esac

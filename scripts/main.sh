@@ -13,8 +13,14 @@
 #
 #   scripts/main.sh                          the above
 #   scripts/main.sh test-backend-ops [ARGS]  ggml's op tests on HSA0 instead (e.g. -o MUL_MAT)
+#   scripts/main.sh --deps                   install the system packages it needs, nothing else
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [ "${1:-}" = "--deps" ]; then
+    scripts/llama-cpp.sh deps
+    exec scripts/models.sh deps
+fi
 
 say() { printf '\n== %s\n' "$*"; }
 

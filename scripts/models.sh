@@ -3,6 +3,7 @@
 #
 #   scripts/models.sh [tiny-llama|minilm|all]   make the models (default all); prints their paths
 #   scripts/models.sh path NAME                  print the path of a model (made or not)
+#   scripts/models.sh deps                       install the system packages it needs, nothing else
 #   scripts/models.sh list                       print the model names
 #
 # Models (in <cache>/models/, <cache> = ${GGML_HSA_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ggml-hsa-build}):
@@ -53,6 +54,12 @@ sha() { sha256sum "$1" | cut -d' ' -f1; }
 # shellcheck source=lib/apt.sh
 . "$here/lib/apt.sh"
 
+# What the venv needs of the system: python3 and its ensurepip (Debian's python3-venv).
+ensure_python() {
+    command -v python3 >/dev/null || apt_install python3 || die "cannot install python3"
+    python_venv_install || die "cannot install python3-venv"
+}
+
 # The converters' Python: a venv with the pinned numpy and PyYAML (gguf-py imports both).
 ensure_venv() {
     local want="numpy==$NUMPY_VERSION PyYAML==$PYYAML_VERSION"
@@ -60,17 +67,12 @@ ensure_venv() {
         [ "$(cat "$venv/.models-requirements" 2>/dev/null)" = "$want" ]; then
         return 0
     fi
-    command -v python3 >/dev/null || apt_install python3 || die "cannot install python3"
+    ensure_python
     if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import sys' 2>/dev/null; then
         log "creating $venv"
         rm -rf "$venv"
         mkdir -p "$cache_root"
-        if ! python3 -m venv "$venv" >/dev/null 2>&1; then
-            # Debian's python3 ships venv's ensurepip separately.
-            rm -rf "$venv"
-            apt_install python3-venv || die "cannot install python3-venv"
-            python3 -m venv "$venv" || die "python3 -m venv $venv failed"
-        fi
+        python3 -m venv "$venv" || die "python3 -m venv $venv failed"
     fi
     log "installing $want into $venv"
     # shellcheck disable=SC2086
@@ -209,5 +211,6 @@ case "$cmd" in
         [ $# -eq 2 ] || die "usage: $0 path NAME (one of: ${all_names[*]})"
         model_path "$2" ;;
     list) printf '%s\n' "${all_names[@]}" ;;
-    *) die "unknown command '$cmd' (tiny-llama|minilm|all|path NAME|list)" ;;
+    deps) ensure_python; "$llama_cpp" deps ;;
+    *) die "unknown command '$cmd' (tiny-llama|minilm|all|path NAME|list|deps)" ;;
 esac

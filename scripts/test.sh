@@ -29,13 +29,25 @@ check() {
 }
 
 # --- setup: everything a fresh machine lacks ---------------------------------------------------
-# Debian's ROCm runtime: a real libhsa-runtime64 without any device (the zero-device test), and
-# its headers (the check of src/hsa/sys.rs against them).
-apt_install libhsa-runtime64-1 libhsa-runtime-dev && export GGML_HSA_REQUIRE_ROCR=1
-# pip for ruff (the IRON package's linter), g++ for its host kernel-logic tests.
-command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
-rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
-rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+# Each step's own probe installs what that step runs (scripts/lib/apt.sh: package names, or the
+# exact program). `scripts/test.sh --deps` runs only these and exits.
+install_deps() {
+    # Debian's ROCm runtime: a real libhsa-runtime64 without any device (the zero-device test), and
+    # its headers (the check of src/hsa/sys.rs against them).
+    deps_install rocr &&
+        # rustfmt and clippy: the exact commands the checks run.
+        { cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt; } &&
+        { cargo clippy --version >/dev/null 2>&1 || rustup component add clippy; } &&
+        scripts/llama-cpp.sh deps &&
+        scripts/models.sh deps &&
+        scripts/check-iron.sh --deps
+}
+if [ "${1:-}" = "--deps" ]; then
+    install_deps
+    exit
+fi
+install_deps || { echo "0 passed, 1 failed"; exit 1; }
+export GGML_HSA_REQUIRE_ROCR=1
 scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops || { echo "0 passed, 1 failed"; exit 1; }
 eval "$(scripts/llama-cpp.sh env)"
 # llama.cpp end to end (tests/llama_e2e.rs): the pinned tree built with the backend both ways the

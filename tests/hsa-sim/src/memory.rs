@@ -171,9 +171,27 @@ pub fn aliases_device_address(base: usize, len: usize) -> bool {
     })
 }
 
-/// Extra room allocated around a dev-heap block that would alias: one aliasing window (16 MiB)
-/// plus the gap after it, so a non-aliasing start is always inside.
-const ALIAS_SKIP: usize = 34 << 20;
+/// Extra room allocated around a dev-heap block of `size` bytes that would alias, so that a
+/// non-aliasing start is always inside: a block that fits the 16 MiB gap between the two windows
+/// moves at most one window plus its own size (34 MiB covers every block up to 16 MiB); a larger
+/// one must clear both windows and the gap (48 MiB) plus its own size. A fixed 34 MiB for every
+/// size made a 64 MiB block fail whenever the allocator happened to place it across the windows.
+fn alias_skip(size: usize) -> usize {
+    const WINDOW: usize = 16 << 20;
+    if size <= WINDOW {
+        34 << 20
+    } else {
+        3 * WINDOW + size
+    }
+}
+
+/// The first page offset in `0..=skip` at which `[raw + off, raw + off + size)` aliases no
+/// instruction device address.
+fn non_aliasing_offset(raw: usize, size: usize, skip: usize) -> Option<usize> {
+    (0..=skip)
+        .step_by(PAGE_SIZE)
+        .find(|&off| !aliases_device_address(raw + off, size))
+}
 
 /// Allocates a zeroed block of `layout`; returns the block handed out and the raw block to free.
 /// With `avoid_insts_alias`, a block whose addresses alias instruction device addresses is
@@ -196,16 +214,17 @@ fn alloc_block(
     alloc_outside_aliases(layout)
 }
 
-/// A zeroed block of `layout` placed inside a raw block ALIAS_SKIP bytes larger so that it
+/// A zeroed block of `layout` placed inside a raw block `alias_skip` bytes larger so that it
 /// does not alias instruction device addresses; returns the block, the raw block and its layout.
 fn alloc_outside_aliases(layout: Layout) -> Result<(*mut u8, *mut u8, Layout), AllocError> {
+    let skip = alias_skip(layout.size());
     let big = layout
         .size()
-        .checked_add(ALIAS_SKIP)
+        .checked_add(skip)
         .and_then(|n| Layout::from_size_align(n, PAGE_SIZE).ok())
         .ok_or(AllocError::OutOfResources)?;
     // Not `alloc_zeroed`: with page alignment the standard allocator zeroes by writing every
-    // byte, which would make all ALIAS_SKIP bytes resident for each such block (dev-heap blocks
+    // byte, which would make all the skipped bytes resident for each such block (dev-heap blocks
     // live as long as their kernel, so a heap sitting in an aliasing window cost 34 MiB of RSS
     // per loaded kernel). Only the part handed out is zeroed; the rest is never touched.
     // SAFETY: `big` has a non-zero size.
@@ -213,10 +232,7 @@ fn alloc_outside_aliases(layout: Layout) -> Result<(*mut u8, *mut u8, Layout), A
     if raw.is_null() {
         return Err(AllocError::OutOfResources);
     }
-    let start = (0..=ALIAS_SKIP)
-        .step_by(PAGE_SIZE)
-        .find(|&off| !aliases_device_address(raw as usize + off, layout.size()));
-    match start {
+    match non_aliasing_offset(raw as usize, layout.size(), skip) {
         Some(off) => {
             // SAFETY: off + layout.size() <= big.size(), so the block lies inside `raw`, which
             // is writable and not yet handed out.
@@ -263,6 +279,24 @@ mod tests {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap();
         kb * 1024
+    }
+
+    /// Every block size the dev heap can hold (up to its 64 MiB) finds a non-aliasing start
+    /// inside its raw block wherever the allocator puts that raw block: a fixed 34 MiB of room
+    /// made a 64 MiB allocation fail on machines whose allocator placed it across the windows.
+    #[test]
+    fn every_size_and_placement_finds_a_non_aliasing_start() {
+        for size in [PAGE_SIZE, 1 << 20, 16 << 20, 17 << 20, 18 << 20, 19 << 20, 40 << 20, 64 << 20] {
+            let skip = alias_skip(size);
+            // Raw blocks starting anywhere in a 4 GiB window (every 256 KiB), and near its end.
+            for raw in (0..(1usize << 32)).step_by(256 << 10).chain([(1 << 32) - PAGE_SIZE]) {
+                let raw = (7usize << 32) + raw;
+                assert!(
+                    non_aliasing_offset(raw, size, skip).is_some(),
+                    "{size} bytes at {raw:#x}: no start within {skip} bytes"
+                );
+            }
+        }
     }
 
     /// Dev-heap blocks placed away from an aliasing window keep only their own pages resident
