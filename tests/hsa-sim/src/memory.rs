@@ -286,22 +286,10 @@ mod tests {
     /// made a 64 MiB allocation fail on machines whose allocator placed it across the windows.
     #[test]
     fn every_size_and_placement_finds_a_non_aliasing_start() {
-        for size in [
-            PAGE_SIZE,
-            1 << 20,
-            16 << 20,
-            17 << 20,
-            18 << 20,
-            19 << 20,
-            40 << 20,
-            64 << 20,
-        ] {
+        for size in [PAGE_SIZE, 1 << 20, 16 << 20, 17 << 20, 18 << 20, 19 << 20, 40 << 20, 64 << 20] {
             let skip = alias_skip(size);
             // Raw blocks starting anywhere in a 4 GiB window (every 256 KiB), and near its end.
-            for raw in (0..(1usize << 32))
-                .step_by(256 << 10)
-                .chain([(1 << 32) - PAGE_SIZE])
-            {
+            for raw in (0..(1usize << 32)).step_by(256 << 10).chain([(1 << 32) - PAGE_SIZE]) {
                 let raw = (7usize << 32) + raw;
                 assert!(
                     non_aliasing_offset(raw, size, skip).is_some(),
