@@ -99,3 +99,128 @@ fn mul_mat_gemm_and_gemv() {
         }
     }
 }
+
+/// A copy of the IRON package with `from` replaced by `to` in `file` (exactly once).
+fn mutated(file: &str, edits: &[(&str, &str)]) -> std::path::PathBuf {
+    let root = tempdir();
+    let pkg = root.join("ggml_hsa_iron");
+    copy_dir(&package_src().join("ggml_hsa_iron"), &pkg);
+    let path = pkg.join(file);
+    let mut text = std::fs::read_to_string(&path).expect("read design");
+    for (from, to) in edits {
+        assert_eq!(
+            text.matches(from).count(),
+            1,
+            "mutation {from:?} must match once in {file}"
+        );
+        text = text.replace(from, to);
+    }
+    std::fs::write(&path, text).expect("write mutation");
+    root
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("readdir") {
+        let e = e.expect("entry");
+        let p = e.path();
+        if p.file_name().is_some_and(|n| n == "__pycache__") {
+            continue;
+        }
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()));
+        } else {
+            std::fs::copy(&p, to.join(e.file_name())).expect("copy");
+        }
+    }
+}
+
+/// Item 6 of the emulation issue: a design with a dataflow bug fails, with a wrong result or
+/// a clear message, while the unmodified design passes (the other tests).
+#[test]
+fn mutated_designs_fail() {
+    // m = 8, n = 16 with 4 x 8 microkernel blocks, K = 2 steps of 128: no walk is trivial.
+    let gemm = Case::new(
+        "MUL_MAT",
+        &[bf16_t([256, 96, 1, 1]), f32_t([256, 48, 1, 1])],
+        f32_t([96, 48, 1, 1]),
+    );
+    let binary = Case::new(
+        "ADD",
+        &[f32_t([65536, 1, 1, 1]), f32_t([65536, 1, 1, 1])],
+        f32_t([65536, 1, 1, 1]),
+    );
+    // (what, file, edits, case, expected message or None for a wrong result)
+    type Mutation<'a> = (
+        &'a str,
+        &'a str,
+        Vec<(&'a str, &'a str)>,
+        &'a Case,
+        Option<&'a str>,
+    );
+    let mutations: Vec<Mutation> = vec![
+        (
+            "C re-layout dropped (to_stream of the memory tile's C fifo)",
+            "designs/mul_mat.py",
+            vec![("to_stream=_walk(R * m * n, c_rows)", "")],
+            &gemm,
+            None,
+        ),
+        (
+            "two strides of the A tap swapped",
+            "tiling.py",
+            vec![(
+                "(count, K // k, R * m, k), (0, k, K, 1))",
+                "(count, K // k, R * m, k), (0, K, k, 1))",
+            )],
+            &gemm,
+            None,
+        ),
+        (
+            "a core takes two A objects per step (starves: deadlock)",
+            "designs/mul_mat.py",
+            vec![
+                ("                a = of_a.acquire(1)\n", "                a = of_a.acquire(2)[0]\n"),
+                ("                of_a.release(1)\n", "                of_a.release(2)\n"),
+            ],
+            &gemm,
+            Some("deadlock"),
+        ),
+        (
+            "the core-side A depth shrunk below what the core acquires",
+            "designs/mul_mat.py",
+            vec![
+                ("                a = of_a.acquire(1)\n", "                a = of_a.acquire(2)[0]\n"),
+                ("                of_a.release(1)\n", "                of_a.release(2)\n"),
+                ("a_subs[i].cons()", "a_subs[i].cons(depth=1)"),
+            ],
+            &gemm,
+            Some("must be smaller than depth 1"),
+        ),
+        (
+            "core memory budget exceeded (the plan allowed 160 KiB of buffers)",
+            "archs.py",
+            vec![(
+                "        l1_budget=48 * 1024,\n        memtile_bytes=512 * 1024,\n        mmul={\"bf16\": (4, 8, 8)",
+                "        l1_budget=160 * 1024,\n        memtile_bytes=512 * 1024,\n        mmul={\"bf16\": (4, 8, 8)",
+            )],
+            &binary,
+            Some("bytes of data memory needed"),
+        ),
+    ];
+    for (what, file, edits, case, expect) in mutations {
+        let src = mutated(file, &edits);
+        let r = case.run_from(&src, "aie2p");
+        let _ = std::fs::remove_dir_all(&src);
+        eprintln!("{what}: {r:?}");
+        match (r, expect) {
+            (Ok(e), None) => assert!(e > case.tolerance(), "{what}: still passes (nmse {e:e})"),
+            (Ok(e), Some(m)) => panic!("{what}: expected an error with {m:?}, got nmse {e:e}"),
+            (Err(msg), Some(m)) => assert!(msg.contains(m), "{what}: {msg}"),
+            (Err(msg), None) => assert!(
+                msg.contains("deadlock") || msg.contains("DMA") || msg.contains("ggml_hsa_iron:"),
+                "{what}: unclear failure {msg}"
+            ),
+        }
+    }
+}
