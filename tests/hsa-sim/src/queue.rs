@@ -600,11 +600,15 @@ fn run_emulated(
     }
     // SAFETY: every operand range lies inside a live AIE allocation of `mem`, whose lock the
     // caller holds for the duration, so it can be neither freed nor reallocated.
+    let t0 = std::time::Instant::now();
     let stats = unsafe { exec::iron::execute(&loaded, &mems) }.map_err(|m| PacketError {
         status: HSA_STATUS_ERROR,
         msg: m,
     })?;
     let mut c = rt.counters.lock();
+    c.emulation_wall_ns += t0.elapsed().as_nanos() as u64;
+    let op = prog.name.split('-').next().unwrap_or("").to_uppercase();
+    *c.emulated_ops.entry(op).or_insert(0) += 1;
     c.dispatches += 1;
     c.bytes_read += stats.bytes_read;
     c.bytes_written += stats.bytes_written;
