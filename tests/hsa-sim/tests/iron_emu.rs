@@ -224,3 +224,58 @@ fn mutated_designs_fail() {
         }
     }
 }
+
+/// A corrupt version-2 image is a clean error (never a crash): truncated, bad lengths, bad
+/// JSON, out-of-range indices, a library that does not load.
+#[test]
+fn corrupt_images_are_clean_errors() {
+    use hsa_runtime64::image;
+    let case = Case::new(
+        "ADD",
+        &[f32_t([64, 1, 1, 1]), f32_t([64, 1, 1, 1])],
+        f32_t([64, 1, 1, 1]),
+    );
+    let img = compile_emu_from(
+        &package_src(),
+        &request_json(&case, "aie2p"),
+        &case.name("aie2p"),
+    )
+    .expect("compiles");
+    let (json, lib) = image::split_image_v2(&img).expect("valid image");
+    let json = std::str::from_utf8(json).unwrap().to_owned();
+    let rebuild = |json: &str, lib: &[u8]| {
+        let mut v = b"HSASIMK1".to_vec();
+        for w in [2u32, json.len() as u32, lib.len() as u32, 0] {
+            v.extend_from_slice(&w.to_le_bytes());
+        }
+        v.extend_from_slice(json.as_bytes());
+        v.extend_from_slice(lib);
+        v
+    };
+    let try_run = |img: &[u8]| -> Result<(), String> {
+        let mut b = Buffers::new(&case, 3);
+        run_emu(img, &mut b)
+    };
+    assert!(try_run(&img[..img.len() - 10])
+        .unwrap_err()
+        .contains("truncated"));
+    let mut bad = img.clone();
+    bad[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(image::image_len_from_header(&bad).is_err());
+    let e = try_run(&rebuild(&json.replacen('{', "[", 1), lib)).unwrap_err();
+    assert!(e.contains("program JSON"), "{e}");
+    let e = try_run(&rebuild(
+        &json.replacen("\"fifo\":1,", "\"fifo\":99,", 1),
+        lib,
+    ))
+    .unwrap_err();
+    assert!(
+        e.contains("does not exist") || e.contains("malformed"),
+        "{e}"
+    );
+    let e = try_run(&rebuild(&json.replacen("\"name\":", "\"nome\":", 1), lib)).unwrap_err();
+    assert!(e.contains("unknown field"), "{e}");
+    let e = try_run(&rebuild(&json, b"not an ELF file")).unwrap_err();
+    assert!(e.contains("cannot load the kernel library"), "{e}");
+    try_run(&img).expect("the original still runs");
+}
