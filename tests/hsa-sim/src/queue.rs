@@ -598,9 +598,9 @@ fn run_emulated(
         }
         DispatchFault::Hang => return Ok(None),
     }
+    let t0 = std::time::Instant::now();
     // SAFETY: every operand range lies inside a live AIE allocation of `mem`, whose lock the
     // caller holds for the duration, so it can be neither freed nor reallocated.
-    let t0 = std::time::Instant::now();
     let stats = unsafe { exec::iron::execute(&loaded, &mems) }.map_err(|m| PacketError {
         status: HSA_STATUS_ERROR,
         msg: m,

@@ -15,7 +15,7 @@
 //! the dispatch fails with a deadlock message naming each blocked actor and what it waits for.
 
 use super::dl::CoreLib;
-use super::program::{BodyOp, EpKind, LinkKind, Program, SeqOp, Walk};
+use super::program::{BodyOp, EpKind, Program, SeqOp, Walk};
 use crate::exec::{ExecStats, OperandMem};
 use std::collections::VecDeque;
 
@@ -415,7 +415,6 @@ impl<'a> Sim<'a> {
                 sent: 0,
             });
         }
-        let _ = LinkKind::Split;
         let workers = code
             .iter()
             .map(|c| {
