@@ -142,9 +142,10 @@ inline vf recip(vf b) {
   vf two = splat(2.0f);
   for (int i = 0; i < 3; ++i)
     x = mul(x, sub(two, mul(mag, x)));
-  // 1/0 = inf, as IEEE division gives.
+  // 1/0 = inf and 1/inf = 0, as IEEE division gives (the Newton steps would give NaN).
   vmask zero = aie::eq(bits(mag), splat_i(0));
   x = pick(zero, from_bits(splat_i(0x7f800000)), x);
+  x = pick(aie::eq(bits(mag), splat_i(0x7f800000)), splat(0.0f), x);
   return from_bits(aie::bit_or(bits(x), sign));
 }
 

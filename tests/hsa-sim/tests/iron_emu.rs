@@ -54,6 +54,27 @@ fn eltwise_unary_and_binary() {
     }
 }
 
+/// Large inputs and infinities (test-backend-ops' wide-range cases): 1/inf must be 0 in the
+/// kernels' reciprocal (a kernel bug the emulation found), tanh, sigmoid & co. saturate.
+#[test]
+fn eltwise_wide_range_and_infinities() {
+    let n = [1000, 1, 1, 1];
+    for op in [
+        "TANH",
+        "SIGMOID",
+        "GELU",
+        "GELU_QUICK",
+        "SILU",
+        "EXP",
+        "NEG",
+        "ABS",
+    ] {
+        let c = Case::new(op, &[f32_t(n)], f32_t(n)).scale(1e4);
+        c.check("aie2p");
+        c.check("aie2");
+    }
+}
+
 #[test]
 fn mul_mat_gemm_and_gemv() {
     let cases = [
