@@ -142,10 +142,12 @@ inline vf recip(vf b) {
   vf two = splat(2.0f);
   for (int i = 0; i < 3; ++i)
     x = mul(x, sub(two, mul(mag, x)));
-  // 1/0 = inf and 1/inf = 0, as IEEE division gives (the Newton steps would give NaN).
+  // 1/0 = inf, as IEEE division gives.
   vmask zero = aie::eq(bits(mag), splat_i(0));
   x = pick(zero, from_bits(splat_i(0x7f800000)), x);
-  x = pick(aie::eq(bits(mag), splat_i(0x7f800000)), splat(0.0f), x);
+  // |b| >= 2^126 (infinity included): 1/b is below the normal range (the initial guess would
+  // underflow into garbage); 0, as a flush-to-zero unit gives.
+  x = pick(aie::lt(bits(mag), splat_i(0x7e800000)), x, splat(0.0f));
   return from_bits(aie::bit_or(bits(x), sign));
 }
 
