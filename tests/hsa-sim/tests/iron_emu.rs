@@ -305,3 +305,37 @@ fn corrupt_images_are_clean_errors() {
     assert!(e.contains("cannot load the kernel library"), "{e}");
     try_run(&img).expect("the original still runs");
 }
+
+/// In place (ggml's `_inplace` ops): the output is input 0's memory. The DMA walkers read and
+/// write operand memory in dataflow order, so every element is read before it is overwritten.
+#[test]
+fn in_place_output_aliases_input_0() {
+    use hsa_runtime64::exec::OperandMem;
+    for (op, n) in [("ADD", 3001i64), ("MUL", 4096)] {
+        let case = Case::new(
+            op,
+            &[f32_t([n, 1, 1, 1]), f32_t([n, 1, 1, 1])],
+            f32_t([n, 1, 1, 1]),
+        );
+        let req = request_json(&case, "aie2p");
+        let img = compile_emu_from(&package_src(), &req, &case.name("aie2p")).expect("compiles");
+        let mut b = Buffers::new(&case, 11);
+        let want = reference(&case, &req, &b);
+        let (json, lib) = hsa_runtime64::image::split_image_v2(&img).unwrap();
+        let hash = hsa_runtime64::image::fnv1a64(&img[24..]);
+        let loaded = hsa_runtime64::exec::iron::load(hash, json, lib).unwrap();
+        let loaded = loaded.lock();
+        let a = OperandMem {
+            addr: b.bufs[0].as_mut_ptr() as usize,
+            len: b.bufs[0].len(),
+        };
+        let y = OperandMem {
+            addr: b.bufs[1].as_mut_ptr() as usize,
+            len: b.bufs[1].len(),
+        };
+        // SAFETY: the operands cover live Vecs of `b`; the output is input 0 on purpose.
+        unsafe { hsa_runtime64::exec::iron::execute(&loaded, &[a, y, a]) }.expect("runs");
+        let got = values(&case.output, &b.bufs[0]);
+        assert_eq!(nmse(&got, &want), 0.0, "{op} in place");
+    }
+}
