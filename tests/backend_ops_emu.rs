@@ -90,7 +90,8 @@ fn classify(output: &str) -> (Vec<String>, Vec<String>) {
             refused_here = true;
         }
         let verdict = l.ends_with(": OK") || l.ends_with(": FAIL") || l.contains(": not supported");
-        if l.ends_with(": FAIL") {
+        // A case's verdict (not the final `Backend HSA0: FAIL` summary).
+        if l.ends_with(": FAIL") && !l.trim_start().starts_with("Backend ") {
             let case = l
                 .trim()
                 .trim_end_matches(": FAIL")
