@@ -329,6 +329,23 @@ pub fn encode_insts(image: &[u8]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
+/// Builds the instruction stream of a version-2 image (its payload: JSON and library bytes).
+pub fn encode_insts_v2(image: &[u8]) -> Vec<u8> {
+    let payload = &image[IMAGE_V2_HEADER_LEN.min(image.len())..];
+    let h = fnv1a64(payload);
+    let words = [
+        INSTS_MAGIC0,
+        INSTS_MAGIC1,
+        INSTS_VERSION,
+        INSTS_WORDS as u32,
+        h as u32,
+        (h >> 32) as u32,
+        payload.len() as u32,
+        0,
+    ];
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
 /// The format version of an image (after checking the magic).
 pub fn image_version(header: &[u8]) -> Result<u32, String> {
     if header.len() < IMAGE_HEADER_LEN {
