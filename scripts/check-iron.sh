@@ -2,12 +2,14 @@
 # Checks the IRON kernel package (src/ggml_hsa_iron) without mlir-aie:
 # ruff lint and format, byte-compilation, the unit tests (request parsing,
 # capabilities against the designs and the backend's op names, tiling, the
-# CLI's error path without IRON, the IRON v1.3.1 API name check of the
-# designs, and the AIE core functions run on the host with g++ against an
-# AIE API stand-in). Exits non-zero on any failure.
+# CLI's error path without IRON, the IRON v1.4.4 API name check of the
+# designs, the AIE core functions run on the host with g++ against an
+# AIE API stand-in, and the emulation target's stand-ins and validation).
+# Exits non-zero on any failure.
 #
 #   scripts/check-iron.sh          install what is missing, run the checks
-#   scripts/check-iron.sh --deps   install what is missing (g++, pip, the pinned ruff), nothing else
+#   scripts/check-iron.sh --deps   install what is missing (g++, pip, the pinned ruff, numpy,
+#                                  ml_dtypes), nothing else
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKG=src/ggml_hsa_iron
@@ -22,6 +24,15 @@ RUFF=ruff==0.17.6
 if [ "$(python3 -m ruff --version 2>/dev/null)" != "ruff ${RUFF#ruff==}" ]; then
   python3 -m pip install --quiet "$RUFF" 2>/dev/null ||
     python3 -m pip install --quiet --break-system-packages "$RUFF"
+fi
+# numpy and ml_dtypes: the designs' tensor types, for the emulation target (--target emu) and
+# its tests here and in cargo test (tests/hsa-sim/tests/iron_emu.rs, tests/backend_ops_emu.rs).
+# Any installed versions serve (numpy >= 2); missing ones are installed at these pins (numpy as
+# scripts/models.pin pins it).
+EMU_PY=(numpy==2.2.6 ml_dtypes==0.6.0)
+if ! python3 -c "import numpy, ml_dtypes" 2>/dev/null; then
+  python3 -m pip install --quiet "${EMU_PY[@]}" 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages "${EMU_PY[@]}"
 fi
 [ "${1:-}" = "--deps" ] && exit 0
 

@@ -6,7 +6,11 @@
 #   3. the models (scripts/models.sh): the tiny llama and all-MiniLM-L6-v2;
 # then runs
 #   * llama-simple on the tiny llama (greedy), once on the CPU alone and once with HSA0, and
-#     prints both texts and where the scheduler put the nodes (GGML_SCHED_DEBUG=2);
+#     prints both texts and where the scheduler put the nodes (GGML_SCHED_DEBUG=2); on HSA0 the
+#     kernels are the IRON designs of src/ggml_hsa_iron, emulated (`python3 -m ggml_hsa_iron
+#     --target emu` as the JIT compiler: the package's own capabilities, its AIE core kernels
+#     built for the host, hsa-sim running the recorded dataflow); it prints which ops ran as
+#     emulated IRON kernels (MAIN_LLAMA_COMPILER=reference: hsa-sim's reference executor instead);
 #   * llama-embedding on all-MiniLM-L6-v2 on HSA0: the sentence similarity matrix, with the
 #     published figures next to it;
 #   * the simulator's counters (doorbells, kernels, PDI loads, simulated device time).
@@ -43,6 +47,18 @@ if [ "${1:-}" = "test-backend-ops" ]; then
     exit 0
 fi
 
+# The emulation target needs numpy and ml_dtypes (the designs' tensor types) and g++.
+if ! python3 -c "import numpy, ml_dtypes" 2>/dev/null; then
+    python3 -m pip install --quiet numpy ml_dtypes 2>/dev/null ||
+        python3 -m pip install --quiet --break-system-packages numpy ml_dtypes
+fi
+emu_compiler="python3 -m ggml_hsa_iron --target emu"
+emu_env=(GGML_HSA_JIT_COMPILER="$emu_compiler" PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+    GGML_HSA_KERNEL_CACHE_DIR="$out/kernels-emu")
+if [ "${MAIN_LLAMA_COMPILER:-emu}" = reference ]; then
+    emu_env=()
+fi
+
 scripts/models.sh all >/dev/null
 llama=$(scripts/models.sh path tiny-llama-f32)
 minilm=$(scripts/models.sh path minilm)
@@ -52,9 +68,16 @@ say "tiny llama ($llama) on the CPU alone"
 cpu_text=$("$bin/llama-simple" -m "$llama" -n 24 "$prompt" 2>/dev/null)
 echo "$cpu_text"
 
-say "tiny llama on HSA0 (plugin $plugin, NPU: hsa-sim)"
-npu_text=$(GGML_BACKEND_PATH=$plugin GGML_SCHED_DEBUG=2 HSA_SIM_COUNTERS=$out/counters-llama.json \
+if [ ${#emu_env[@]} -gt 0 ]; then
+    say "tiny llama on HSA0 (plugin $plugin, NPU: hsa-sim running the IRON designs, emulated)"
+else
+    say "tiny llama on HSA0 (plugin $plugin, NPU: hsa-sim's reference executor)"
+fi
+t0=$(date +%s.%N)
+npu_text=$(env "${emu_env[@]}" GGML_BACKEND_PATH="$plugin" GGML_SCHED_DEBUG=2 \
+    HSA_SIM_COUNTERS="$out/counters-llama.json" \
     "$bin/llama-simple" -m "$llama" -n 24 "$prompt" 2>"$out/llama.log")
+t1=$(date +%s.%N)
 echo "$npu_text"
 if [ "$npu_text" = "$cpu_text" ]; then
     echo "(identical to the CPU's text)"
@@ -62,6 +85,19 @@ else
     echo "(differs from the CPU's text)"
 fi
 grep -E "using device|assigned to device|model buffer size|KV buffer size" "$out/llama.log" | sort -u | head -n 12
+python3 - "$out/counters-llama.json" "$t0" "$t1" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+ops = c.get("emulated_ops", {})
+wall = float(sys.argv[3]) - float(sys.argv[2])
+if ops:
+    print("ops that ran as emulated IRON kernels (dispatches):",
+          ", ".join(f"{k} {v}" for k, v in sorted(ops.items())))
+    print(f"emulation time {c.get('emulation_wall_ns', 0) / 1e9:.2f} s of a {wall:.1f} s run "
+          "(kernel compiles included in the run)")
+else:
+    print(f"no emulated IRON kernels (reference executor); run {wall:.1f} s")
+PY
 
 say "where the nodes ran (the last graph the scheduler printed, GGML_SCHED_DEBUG=2)"
 awk '

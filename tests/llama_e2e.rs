@@ -705,3 +705,70 @@ fn minilm_embeddings_on_hsa0_match_cpu_and_the_published_similarities() {
         assert!((got - want).abs() <= 0.002, "pair {a}-{b}: {got} vs {want}");
     }
 }
+
+/// The tiny llama with the IRON designs emulated (the JIT compiler is `python3 -m
+/// ggml_hsa_iron --target emu`): HSA0 takes what the IRON package declares (MUL_MAT and the
+/// element-wise ops; the rest goes to the CPU), every HSA0 kernel is an IRON design run by
+/// hsa-sim's dataflow emulator with the AIE core kernels built for the host. f32 GEMMs multiply
+/// in bf16 on the NPU, so the run is teacher-forced with the CPU's tokens and compared like the
+/// quantized models.
+#[test]
+fn tiny_llama_f32_through_the_emulated_iron_designs() {
+    let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
+        return;
+    };
+    let mut env = sim_env("f32-emu");
+    let counters = common::scratch_dir("e2e-emu-counters").join("counters.json");
+    env.retain(|(k, _)| k != "GGML_HSA_JIT_COMPILER");
+    env.extend([
+        (
+            "GGML_HSA_JIT_COMPILER".to_owned(),
+            "python3 -m ggml_hsa_iron --target emu".to_owned(),
+        ),
+        (
+            "PYTHONPATH".to_owned(),
+            root().join("src").display().to_string(),
+        ),
+        (
+            "GGML_HSA_EMU_CACHE_DIR".to_owned(),
+            std::env::temp_dir()
+                .join("ggml-hsa-emu-e2e-cache")
+                .display()
+                .to_string(),
+        ),
+        (
+            "HSA_SIM_COUNTERS".to_owned(),
+            counters.display().to_string(),
+        ),
+    ]);
+    let cpu = greedy(&bin, &model, LONG_PROMPT, None);
+    let t = std::time::Instant::now();
+    let npu = greedy_args(&bin, &model, LONG_PROMPT, Some(&env), &cpu.tokens, &[]);
+    let secs = t.elapsed().as_secs_f64();
+    let n_vocab = cpu.logits.len() / cpu.tokens.len();
+    let worst = (0..cpu.tokens.len())
+        .map(|s| {
+            let r = s * n_vocab..(s + 1) * n_vocab;
+            nmse(&npu.logits[r.clone()], &cpu.logits[r])
+        })
+        .fold(0.0, f64::max);
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&counters).expect("counters written"))
+            .expect("counters JSON");
+    println!(
+        "tiny-llama-f32, IRON emulated: worst logits NMSE {worst:.2e} (limit \
+         {MAX_QUANTIZED_LOGITS_NMSE:.0e}), {secs:.1} s, emulated ops {}, emulation {:.2} s",
+        c["emulated_ops"],
+        c["emulation_wall_ns"].as_f64().unwrap_or(0.0) / 1e9
+    );
+    assert!(worst <= MAX_QUANTIZED_LOGITS_NMSE, "NMSE {worst:.3e}");
+    for op in ["MUL_MAT", "ADD", "MUL"] {
+        assert!(
+            c["emulated_ops"][op].as_u64().unwrap_or(0) > 0,
+            "{op} did not run as an emulated IRON kernel: {}",
+            c["emulated_ops"]
+        );
+    }
+    let graphs = graphs(&npu.log);
+    report_placement("tiny-llama-f32 (IRON emulated)", &graphs);
+}

@@ -46,6 +46,7 @@ case "$1 $2" in
         [ -n "$v" ] || exit 1
         echo "ruff $v" ;;
     "-c import ensurepip") has python3-venv || exit 1 ;;
+    "-c import numpy, ml_dtypes") grep -q '^pip:ml_dtypes==' "$FAKE_STATE/installed" || exit 1 ;;
     *) echo "python3 shim: unexpected $*" >&2; exit 3 ;;
 esac
 "#;
@@ -198,6 +199,17 @@ fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
+/// The pinned numpy and ml_dtypes of scripts/check-iron.sh (the emulation target's).
+fn pinned_emu_python() -> Vec<String> {
+    let text = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check-iron.sh"))
+        .unwrap();
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("EMU_PY=("))
+        .expect("check-iron.sh pins the emulation's Python packages");
+    line.trim_end_matches(')').split(' ').map(str::to_owned).collect()
+}
+
 /// The pinned ruff of scripts/check-iron.sh.
 fn pinned_ruff() -> String {
     let text =
@@ -223,6 +235,9 @@ fn stock_debian_gets_every_package_including_libclang_dev() {
         "{r:?}"
     );
     assert!(r.contains(&format!("pip {}", pinned_ruff())), "{r:?}");
+    for p in pinned_emu_python() {
+        assert!(r.contains(&format!("pip {p}")), "{p}: {r:?}");
+    }
 }
 
 #[test]
@@ -300,8 +315,10 @@ fn every_package_is_requested_when_it_alone_is_missing() {
 #[test]
 fn a_complete_machine_installs_nothing() {
     let ruff = format!("pip:{}", pinned_ruff());
+    let emu: Vec<String> = pinned_emu_python().iter().map(|p| format!("pip:{p}")).collect();
     let mut installed = ALL_APT.to_vec();
     installed.extend(["rustup:rustfmt", "rustup:clippy", &ruff]);
+    installed.extend(emu.iter().map(String::as_str));
     let m = FakeMachine::new("complete", &installed, true);
     let (ok, err) = m.run("scripts/test.sh", &["--deps"], &[]);
     assert!(ok, "{err}");

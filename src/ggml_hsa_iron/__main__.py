@@ -1,4 +1,9 @@
-"""Command line: `python3 -m ggml_hsa_iron capabilities | compile --request R --output-dir D`.
+"""Command line: `python3 -m ggml_hsa_iron [--target npu|emu] capabilities | compile --request R
+--output-dir D`.
+
+`--target npu` (the default) builds PDIs with mlir-aie and Peano; `--target emu` records the
+same designs against the emulation stand-in of IRON and compiles the core kernels for the host,
+writing simulator images (version 2) that hsa-sim executes (see emu/).
 
 Exit status: 0 success, 2 well-formed but unsupported, 1 any other failure.
 Only `capabilities` writes to stdout; messages go to stderr as one line.
@@ -16,7 +21,13 @@ from .request import parse_request
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python3 -m ggml_hsa_iron",
-        description="ggml-hsa NPU kernel compiler (IRON, mlir-aie 1.3.1), protocol 1",
+        description="ggml-hsa NPU kernel compiler (IRON, mlir-aie 1.4.4), protocol 1",
+    )
+    p.add_argument(
+        "--target",
+        choices=("npu", "emu"),
+        default="npu",
+        help="npu: PDIs for the NPU (mlir-aie); emu: simulator images for hsa-sim",
     )
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("capabilities", help="print the ops, types and archs compiled (JSON)")
@@ -29,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "capabilities":
-        sys.stdout.write(capabilities_json() + "\n")
+        sys.stdout.write(capabilities_json(args.target) + "\n")
         return 0
     try:
         try:
@@ -38,10 +49,15 @@ def main(argv=None) -> int:
             print(f"ggml_hsa_iron: cannot read the request: {e}", file=sys.stderr)
             return 1
         req = parse_request(text)
-        # Imported here: the compile pipeline is not needed for capabilities.
-        from .compiler import compile_request
+        # Imported here: the compile pipelines are not needed for capabilities.
+        if args.target == "emu":
+            from .emu.compile import compile_emu
 
-        compile_request(req, args.output_dir)
+            compile_emu(req, args.output_dir)
+        else:
+            from .compiler import compile_request
+
+            compile_request(req, args.output_dir)
         return 0
     except KernelError as e:
         print(f"ggml_hsa_iron: {e}", file=sys.stderr)

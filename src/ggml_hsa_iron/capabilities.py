@@ -7,7 +7,9 @@ from .archs import ARCHS
 from .registry import MUL_MAT_COMBOS, OPS
 
 
-def capabilities() -> dict:
+def capabilities(target: str = "npu") -> dict:
+    """What the designs compile; the same for both targets (the emulation target runs the
+    designs a real NPU would run, so it takes exactly what they take)."""
     ops = []
     for spec in OPS:
         entry = {
@@ -26,11 +28,12 @@ def capabilities() -> dict:
         ops.append(entry)
     return {
         "protocol": PROTOCOL,
-        "compiler": f"{COMPILER_NAME} (IRON, mlir-aie {MLIR_AIE_VERSION})",
+        "compiler": f"{COMPILER_NAME} (IRON, mlir-aie {MLIR_AIE_VERSION})"
+        + (", emulated" if target == "emu" else ""),
         "archs": sorted(ARCHS),
         "ops": ops,
     }
 
 
-def capabilities_json() -> str:
-    return json.dumps(capabilities(), separators=(",", ":"))
+def capabilities_json(target: str = "npu") -> str:
+    return json.dumps(capabilities(target), separators=(",", ":"))

@@ -62,11 +62,12 @@ def aiecc_args(peano: Path, mlir: str, prj: str) -> list[str]:
         "--no-xbridge",
         "--peano",
         str(peano),
-        "--no-compile-host",
         "--alloc-scheme=basic-sequential",
-        "--aie-generate-pdi",
+        # mlir-aie 1.4.x: outputs are explicit requests (--get-*, PR #3364); the PDI flag's
+        # spelling follows the npu-insts one (unverified without the toolchain).
+        "--get-pdi",
         "--pdi-name=kernel.pdi",
-        "--aie-generate-npu-insts",
+        "--get-npu-insts",
         "--npu-insts-name=insts.bin",
         f"--tmpdir={prj}",
         mlir,

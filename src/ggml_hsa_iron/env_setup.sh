@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates (once) and activates the IRON environment of ggml_hsa_iron: a Python
-# virtual environment with mlir-aie v1.3.1 (IRON) and llvm-aie (Peano).
+# virtual environment with mlir-aie v1.4.4 (IRON), mlir-python-extras and
+# llvm-aie (Peano), plus numpy and ml_dtypes (also what --target emu needs).
 #
 #   source src/ggml_hsa_iron/env_setup.sh            # venv in ./ggml_hsa_iron_env
 #   GGML_HSA_IRON_VENV=/path source .../env_setup.sh  # elsewhere
@@ -22,6 +23,8 @@ if [ ! -x "$_ghi_venv/bin/python3" ]; then
   "$_ghi_venv/bin/python3" -m pip install --upgrade pip || return 1
   MLIR_PYTHON_EXTRAS_SET_VERSION="0.0.8.3" HOST_MLIR_PYTHON_PACKAGE_PREFIX="aie" \
     "$_ghi_venv/bin/python3" -m pip install -r "$_ghi_dir/requirements.txt" || return 1
+  MLIR_PYTHON_EXTRAS_SET_VERSION="0.0.8.3" HOST_MLIR_PYTHON_PACKAGE_PREFIX="aie" \
+    "$_ghi_venv/bin/python3" -m pip install -r "$_ghi_dir/requirements-extras.txt" || return 1
 fi
 
 # shellcheck disable=SC1091

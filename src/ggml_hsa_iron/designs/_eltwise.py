@@ -23,7 +23,6 @@ from aie.helpers.taplib import TensorAccessPattern
 from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
 from aie.iron.controlflow import range_
 from aie.iron.device import Tile
-from aie.iron.placers import SequentialPlacer
 
 from ._common import device, vector_type
 
@@ -43,7 +42,7 @@ def _split_to_workers(fifo, column, rows, tile, dtype, name):
         [tile * r for r in range(rows)],
         obj_types=[vector_type(tile, dtype)] * rows,
         names=[f"{name}_{r}" for r in range(rows)],
-        placement=Tile(column, MEM_ROW),
+        tile=Tile(column, MEM_ROW),
     )
 
 
@@ -52,7 +51,7 @@ def _join_from_workers(fifo, column, rows, tile, dtype, name):
         [tile * r for r in range(rows)],
         obj_types=[vector_type(tile, dtype)] * rows,
         names=[f"{name}_{r}" for r in range(rows)],
-        placement=Tile(column, MEM_ROW),
+        tile=Tile(column, MEM_ROW),
     )
 
 
@@ -139,15 +138,15 @@ def build(spec):
             if spec.kind == "unary":
                 args = [subs[0][r].cons(), out_subs[r].prod(), kern]
                 if kern_begin is None:
-                    w = Worker(core_unary, fn_args=args, placement=tile)
+                    w = Worker(core_unary, fn_args=args, tile=tile)
                 else:
-                    w = Worker(core_unary_begin, fn_args=args + begin, placement=tile)
+                    w = Worker(core_unary_begin, fn_args=args + begin, tile=tile)
             elif spec.kind == "binary":
                 args = [subs[0][r].cons(), subs[1][r].cons(), out_subs[r].prod(), kern]
                 if kern_begin is None:
-                    w = Worker(core_binary, fn_args=args, placement=tile)
+                    w = Worker(core_binary, fn_args=args, tile=tile)
                 else:
-                    w = Worker(core_binary_begin, fn_args=args + begin, placement=tile)
+                    w = Worker(core_binary_begin, fn_args=args + begin, tile=tile)
             else:
                 args = [
                     subs[0][r].cons(),
@@ -158,22 +157,31 @@ def build(spec):
                     p.start(c, r),
                     p.step,
                 ]
-                w = Worker(core_bcast, fn_args=args, placement=tile)
+                w = Worker(core_bcast, fn_args=args, tile=tile)
             workers.append(w)
 
     chunk = p.column_chunk
-    rt = Runtime()
-    with rt.sequence(*seq_types) as bufs:
-        rt.start(*workers)
-        for c in range(C):
-            shim = Tile(c, SHIM_ROW)
-            for j in streamed:
-                tap = _linear_tap(n, c * chunk, chunk)
-                rt.fill(col_in[j][c].prod(), bufs[j], tap=tap, placement=shim)
-            if spec.kind == "bcast":
-                rt.fill(col_b[c].prod(), bufs[1], placement=shim)
-        for c in range(C):
-            tap = _linear_tap(n, c * chunk, chunk)
-            rt.drain(col_out[c].cons(), bufs[-1], tap=tap, wait=True, placement=Tile(c, SHIM_ROW))
+    # Runtime endpoints: each column's shim tile fills the streamed inputs (and the
+    # broadcast operand) and drains the output.
+    fills = []
+    for c in range(C):
+        shim = Tile(c, SHIM_ROW)
+        for j in streamed:
+            fills.append((c, j, col_in[j][c].prod(tile=shim)))
+        if spec.kind == "bcast":
+            fills.append((c, None, col_b[c].prod(tile=shim)))
+    drains = [col_out[c].cons(tile=Tile(c, SHIM_ROW)) for c in range(C)]
+    n_seq = len(seq_types)
 
-    return Program(dev, rt).resolve_program(SequentialPlacer())
+    def sequence(*args):
+        bufs, handles = args[:n_seq], args[n_seq:]
+        for (c, j, _), h in zip(fills, handles[: len(fills)]):
+            if j is None:
+                h.fill(bufs[1])
+            else:
+                h.fill(bufs[j], tap=_linear_tap(n, c * chunk, chunk))
+        for c, h in enumerate(handles[len(fills) :]):
+            h.drain(bufs[-1], tap=_linear_tap(n, c * chunk, chunk), wait=True)
+
+    rt = Runtime(sequence, [*seq_types, *(h for _, _, h in fills), *drains])
+    return Program(dev, rt, workers=workers).resolve_program()

@@ -28,7 +28,7 @@ from aie.helpers.taplib import TensorAccessPattern
 from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
 from aie.iron.controlflow import range_
 from aie.iron.device import Tile
-from aie.iron.placers import SequentialPlacer
+from aie.iron.runtime import TaskGroup
 
 from ._common import device, vector_type
 
@@ -39,6 +39,12 @@ MEM_ROW = 1
 def _tap(total, tap):
     """The IRON access pattern of a `tiling.Tap` over a 1-D tensor of `total` elements."""
     return TensorAccessPattern((total,), tap.offset, list(tap.sizes), list(tap.strides))
+
+
+def _walk(elems, dims):
+    """A memory-tile stream re-layout: (size, stride) pairs, outermost first, over one object
+    of `elems` elements."""
+    return TensorAccessPattern((elems,), 0, [d[0] for d in dims], [d[1] for d in dims])
 
 
 def _gemm(spec):
@@ -81,54 +87,52 @@ def _gemm(spec):
             [i * m * k for i in range(R)],
             obj_types=[a_tile] * R,
             names=[f"A_c{col}_r{i}" for i in range(R)],
-            dims_to_stream=[a_blocks] * R,
-            placement=mem,
+            to_stream=[_walk(m * k, a_blocks)] * R,
+            tile=mem,
         )
         b_fifo = ObjectFifo(b_tile, name=f"B_c{col}")
         b_fwd = b_fifo.cons().forward(
-            obj_type=b_tile, name=f"B_c{col}_w", dims_to_stream=b_blocks, placement=mem
+            obj_type=b_tile, name=f"B_c{col}_w", to_stream=_walk(k * n, b_blocks), tile=mem
         )
-        c_fifo = ObjectFifo(vector_type(R * m * n, c_t), name=f"C_c{col}", dims_to_stream=c_rows)
+        c_fifo = ObjectFifo(
+            vector_type(R * m * n, c_t), name=f"C_c{col}", to_stream=_walk(R * m * n, c_rows)
+        )
         c_subs = c_fifo.prod().join(
             [i * m * n for i in range(R)],
             obj_types=[c_tile] * R,
             names=[f"C_c{col}_r{i}" for i in range(R)],
-            placement=mem,
+            tile=mem,
         )
         a_cols.append(a_fifo)
         b_cols.append(b_fifo)
         c_cols.append(c_fifo)
         for i in range(R):
             args = [a_subs[i].cons(), b_fwd.cons(), c_subs[i].prod(), zero, matmul]
-            workers.append(Worker(core_fn, fn_args=args, placement=Tile(col, 2 + i)))
+            workers.append(Worker(core_fn, fn_args=args, tile=Tile(col, 2 + i)))
 
     totals = [count for _, count in spec.sequence]
-    rt = Runtime()
-    with rt.sequence(*seq_types) as (B, A, Cbuf):
-        rt.start(*workers)
+    groups = spec.tasks()
+    # Shim endpoints: per column, A (src1) and B (src0) in, C (dst) out.
+    handles = []
+    for col in range(C):
+        shim = Tile(col, SHIM_ROW)
+        handles += [a_cols[col].prod(tile=shim), b_cols[col].prod(tile=shim)]
+        handles.append(c_cols[col].cons(tile=shim))
+
+    def sequence(B, A, Cbuf, *hs):
         # Task groups from GemmPlan.tasks: per column the A (src1), B (src0) and C (dst)
         # access patterns of one M block and a run of N rounds.
-        for group in spec.tasks():
-            tg = rt.task_group()
+        for group in groups:
+            tg = TaskGroup()
             for col, (a, b, c) in enumerate(group):
-                shim = Tile(col, SHIM_ROW)
-                rt.fill(
-                    a_cols[col].prod(), A, tap=_tap(totals[1], a), task_group=tg, placement=shim
-                )
-                rt.fill(
-                    b_cols[col].prod(), B, tap=_tap(totals[0], b), task_group=tg, placement=shim
-                )
-                rt.drain(
-                    c_cols[col].cons(),
-                    Cbuf,
-                    tap=_tap(totals[2], c),
-                    task_group=tg,
-                    wait=True,
-                    placement=shim,
-                )
-            rt.finish_task_group(tg)
+                ha, hb, hc = hs[3 * col : 3 * col + 3]
+                ha.fill(A, tap=_tap(totals[1], a), group=tg)
+                hb.fill(B, tap=_tap(totals[0], b), group=tg)
+                hc.drain(Cbuf, tap=_tap(totals[2], c), group=tg, wait=True)
+            tg.finish()
 
-    return Program(dev, rt).resolve_program(SequentialPlacer())
+    rt = Runtime(sequence, [*seq_types, *handles])
+    return Program(dev, rt, workers=workers).resolve_program()
 
 
 def _gemv(spec):
@@ -167,7 +171,7 @@ def _gemv(spec):
             [i * nr * kc for i in range(R)],
             obj_types=[w_tile] * R,
             names=[f"W_c{col}_r{i}" for i in range(R)],
-            placement=mem,
+            tile=mem,
         )
         x_fifo = ObjectFifo(x_tile, name=f"X_c{col}")
         y_fifo = ObjectFifo(vector_type(R * nr, y_t), name=f"Y_c{col}")
@@ -175,42 +179,38 @@ def _gemv(spec):
             [i * nr for i in range(R)],
             obj_types=[y_tile] * R,
             names=[f"Y_c{col}_r{i}" for i in range(R)],
-            placement=mem,
+            tile=mem,
         )
         w_cols.append(w_fifo)
         x_cols.append(x_fifo)
         y_cols.append(y_fifo)
         for i in range(R):
             args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), zero, matvec]
-            workers.append(Worker(core_fn, fn_args=args, placement=Tile(col, 2 + i)))
+            workers.append(Worker(core_fn, fn_args=args, tile=Tile(col, 2 + i)))
 
     totals = [count for _, count in spec.sequence]
-    rt = Runtime()
-    with rt.sequence(*seq_types) as (W, X, Y):
-        rt.start(*workers)
+    groups = spec.tasks()
+    # Shim endpoints: per column, W (src0) and x (src1) in, y (dst) out.
+    handles = []
+    for col in range(C):
+        shim = Tile(col, SHIM_ROW)
+        handles += [w_cols[col].prod(tile=shim), x_cols[col].prod(tile=shim)]
+        handles.append(y_cols[col].cons(tile=shim))
+
+    def sequence(W, X, Y, *hs):
         # Task groups from GemvPlan.tasks: per column the W (src0), x (src1 row) and y
         # (dst row) access patterns of a run of rounds of one matrix-vector product.
-        for group in spec.tasks():
-            tg = rt.task_group()
+        for group in groups:
+            tg = TaskGroup()
             for col, (w, x, y) in enumerate(group):
-                shim = Tile(col, SHIM_ROW)
-                rt.fill(
-                    w_cols[col].prod(), W, tap=_tap(totals[0], w), task_group=tg, placement=shim
-                )
-                rt.fill(
-                    x_cols[col].prod(), X, tap=_tap(totals[1], x), task_group=tg, placement=shim
-                )
-                rt.drain(
-                    y_cols[col].cons(),
-                    Y,
-                    tap=_tap(totals[2], y),
-                    task_group=tg,
-                    wait=True,
-                    placement=shim,
-                )
-            rt.finish_task_group(tg)
+                hw, hx, hy = hs[3 * col : 3 * col + 3]
+                hw.fill(W, tap=_tap(totals[0], w), group=tg)
+                hx.fill(X, tap=_tap(totals[1], x), group=tg)
+                hy.drain(Y, tap=_tap(totals[2], y), group=tg, wait=True)
+            tg.finish()
 
-    return Program(dev, rt).resolve_program(SequentialPlacer())
+    rt = Runtime(sequence, [*seq_types, *handles])
+    return Program(dev, rt, workers=workers).resolve_program()
 
 
 def ggml_op_mul_mat(spec):

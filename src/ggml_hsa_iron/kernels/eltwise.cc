@@ -236,6 +236,7 @@ void ggml_eltwise_begin(int32_t start, int32_t step) {
 #if !BINARY
 
 void ggml_eltwise_unary(IN0_T *in, OUT_T *out) {
+  set_ggml_rounding();
 #if COMPUTE_F32
   int i = 0;
   for (; i + (int)VEC <= TILE; i += VEC)
@@ -259,6 +260,7 @@ void ggml_eltwise_unary(IN0_T *in, OUT_T *out) {
 #elif !BCAST
 
 void ggml_eltwise_binary(IN0_T *a, IN1_T *b, OUT_T *out) {
+  set_ggml_rounding();
 #if COMPUTE_F32
   int i = 0;
   for (; i + (int)VEC <= TILE; i += VEC)
@@ -330,6 +332,7 @@ static inline void bcast_segment(const IN0_T *a, const IN1_T *brow, OUT_T *out, 
 }
 
 void ggml_eltwise_bcast(IN0_T *a, IN1_T *b, OUT_T *out) {
+  set_ggml_rounding();
   int32_t idx = next_tile();
 #if PAD
   const int count = valid_in_tile(idx); // the rest of the tile pads the last DMA word

@@ -21,6 +21,10 @@ namespace ggml_aie {
 
 constexpr unsigned VEC = 16;
 
+// The rounding of vector conversions to bf16 is a per-core mode whose reset value is floor
+// (truncation); ggml rounds to nearest even. Every core function that converts calls this.
+inline void set_ggml_rounding() { aie::set_rounding(aie::rounding_mode::conv_even); }
+
 using vf = aie::vector<float, VEC>;
 using vi = aie::vector<int32_t, VEC>;
 using vmask = aie::mask<VEC>;
@@ -88,8 +92,43 @@ inline vf fmin(vf a, vf b) { return pick(lt(b, a), b, a); }
 
 inline vf add(vf a, vf b) { return aie::add(a, b); }
 inline vf sub(vf a, vf b) { return aie::sub(a, b); }
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+// aie2 has no f32 vector multiplier (the AIE API emulates it with bf16 inputs, accuracy
+// "low"): split each operand into three bf16 pieces (a = a0 + a1 + a2, exactly enough for
+// f32's 24 bits) and sum the six products that matter, smallest first, in the f32
+// accumulator. Each bf16 x bf16 product is exact in f32.
+inline void split3(vf a, aie::vector<bfloat16, VEC> &p0, aie::vector<bfloat16, VEC> &p1,
+                   aie::vector<bfloat16, VEC> &p2) {
+  aie::accum<accfloat, VEC> acc;
+  acc.from_vector(a);
+  p0 = acc.template to_vector<bfloat16>();
+  vf r = aie::sub(a, widen(p0));
+  acc.from_vector(r);
+  p1 = acc.template to_vector<bfloat16>();
+  acc.from_vector(aie::sub(r, widen(p1)));
+  p2 = acc.template to_vector<bfloat16>();
+}
+
+inline vf mul(vf a, vf b) {
+  aie::vector<bfloat16, VEC> a0, a1, a2, b0, b1, b2;
+  split3(a, a0, a1, a2);
+  split3(b, b0, b1, b2);
+  auto acc = aie::mul(a2, b0);
+  acc = aie::mac(acc, a1, b1);
+  acc = aie::mac(acc, a0, b2);
+  acc = aie::mac(acc, a1, b0);
+  acc = aie::mac(acc, a0, b1);
+  acc = aie::mac(acc, a0, b0);
+  // Infinities and NaNs: the product of the leading pieces has the IEEE result.
+  vf top = aie::mul(a0, b0).template to_vector<float>();
+  const vi expo = splat_i(0x7f800000);
+  return pick(aie::eq(aie::bit_and(bits(top), expo), expo), top, acc.template to_vector<float>());
+}
+inline vf mul(vf a, float s) { return mul(a, aie::broadcast<float, VEC>(s)); }
+#else
 inline vf mul(vf a, vf b) { return aie::mul(a, b).template to_vector<float>(); }
 inline vf mul(vf a, float s) { return aie::mul(a, s).template to_vector<float>(); }
+#endif
 inline vf fma(vf a, vf b, vf c) { return add(mul(a, b), c); }
 
 inline vf fabs(vf v) { return from_bits(aie::bit_and(bits(v), splat_i(0x7fffffff))); }
@@ -106,6 +145,9 @@ inline vf recip(vf b) {
   // 1/0 = inf, as IEEE division gives.
   vmask zero = aie::eq(bits(mag), splat_i(0));
   x = pick(zero, from_bits(splat_i(0x7f800000)), x);
+  // |b| >= 2^126 (infinity included): 1/b is below the normal range (the initial guess would
+  // underflow into garbage); 0, as a flush-to-zero unit gives.
+  x = pick(aie::lt(bits(mag), splat_i(0x7e800000)), x, splat(0.0f));
   return from_bits(aie::bit_or(bits(x), sign));
 }
 

@@ -39,6 +39,7 @@ void ggml_mm_zero(C_T *c) {
 }
 
 void ggml_mm(A_T *a, B_T *b, C_T *c) {
+  set_ggml_rounding();
   constexpr unsigned KB = TILE_K / MM_S;
   constexpr unsigned NB = TILE_N / MM_T;
   for (unsigned i = 0; i < TILE_M / MM_R; ++i) {

@@ -57,6 +57,7 @@ void ggml_mv_zero(Y_T *y) {
 #if MV_INT
 
 void ggml_mv(W_T *w, X_T *x, Y_T *y) {
+  set_ggml_rounding();
   for (int r = 0; r < MV_ROWS; ++r) {
     int32_t s = 0;
     const W_T *row = w + r * MV_KC;
@@ -69,6 +70,7 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) {
 #else
 
 void ggml_mv(W_T *w, X_T *x, Y_T *y) {
+  set_ggml_rounding();
   // Results are gathered VEC rows at a time and added to y with vector adds
   // (the scalar unit has no floating point).
   for (int r0 = 0; r0 < MV_ROWS; r0 += VEC) {

@@ -1,8 +1,8 @@
-"""Static check: the designs use only IRON names that exist in mlir-aie v1.3.1.
+"""Static check: the designs use only IRON names that exist in mlir-aie v1.4.4.
 
 Every Python file of the package that imports `aie` (the designs and the
 compiler) is parsed with `ast`: each `aie.*` import must be listed in
-iron_api_v1.3.1.txt, calls of imported IRON names and of IRON methods may only
+iron_api_v1.4.4.txt, calls of imported IRON names and of IRON methods may only
 use the keyword arguments listed there, and every method called on an object
 must be an IRON method from the list or one of the package's own helpers.
 """
@@ -19,7 +19,7 @@ import re
 import unittest
 
 PACKAGE = Path(__file__).resolve().parent.parent
-API_FILE = PACKAGE / "iron_api_v1.3.1.txt"
+API_FILE = PACKAGE / "iron_api_v1.4.4.txt"
 
 # Methods called on objects that are not IRON's: the package's own plan and
 # spec objects, Python containers and strings, numpy.
@@ -98,7 +98,7 @@ def problems(tree, names, methods, label="<file>"):
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"
                 if full not in names:
-                    errors.append(f"{label}:{node.lineno}: {full} is not in the v1.3.1 API list")
+                    errors.append(f"{label}:{node.lineno}: {full} is not in the v1.4.4 API list")
                 imported[alias.asname or alias.name] = full
         elif isinstance(node, ast.Import):
             for alias in node.names:
@@ -122,7 +122,7 @@ def problems(tree, names, methods, label="<file>"):
                 if bad and attr not in OWN_METHODS:
                     errors.append(f"{label}:{node.lineno}: .{attr}() has no keyword {sorted(bad)}")
             elif attr not in OWN_METHODS:
-                errors.append(f"{label}:{node.lineno}: .{attr}() is not an IRON method of v1.3.1")
+                errors.append(f"{label}:{node.lineno}: .{attr}() is not an IRON method of v1.4.4")
     return errors
 
 
@@ -132,14 +132,15 @@ class IronApiTest(unittest.TestCase):
         for n in (
             "aie.iron.Program",
             "aie.iron.Worker",
-            "aie.iron.placers.SequentialPlacer",
+            "aie.iron.runtime.TaskGroup",
             "aie.iron.device.NPU1",
             "aie.iron.device.NPU2",
             "aie.iron.controlflow.range_",
             "aie.helpers.taplib.TensorAccessPattern",
         ):
             self.assertIn(n, names)
-        self.assertIn("placement", methods["split"])
+        self.assertIn("tile", methods["split"])
+        self.assertNotIn("placement", methods["split"])
 
     def test_designs_use_only_listed_names(self):
         names, methods = load_api()
@@ -159,8 +160,8 @@ class IronApiTest(unittest.TestCase):
             "from aie.iron import Program, Barrier\n"
             "from aie.iron.device import Tile\n"
             "import aie.iron.experimental\n"
-            "w = Worker(f, fn_args=[], tile=Tile(0, 2))\n"
-            "of.cons().split([0], placement=None, unknown_kw=1)\n"
+            "w = Worker(f, fn_args=[], placement=Tile(0, 2))\n"
+            "of.cons().split([0], tile=None, unknown_kw=1)\n"
             "rt.drain_all(x)\n"
         )
         text = "\n".join(problems(bad, names, methods))
@@ -168,8 +169,10 @@ class IronApiTest(unittest.TestCase):
         self.assertIn("aie.iron.experimental", text)
         self.assertIn("unknown_kw", text)
         self.assertIn("drain_all", text)
-        worker = ast.parse("from aie.iron import Worker\nWorker(f, fn_args=[], tile=1)\n")
-        self.assertIn("tile", "\n".join(problems(worker, names, methods)))
+        worker = ast.parse("from aie.iron import Worker\nWorker(f, fn_args=[], placement=1)\n")
+        self.assertIn("placement", "\n".join(problems(worker, names, methods)))
+        placer = ast.parse("from aie.iron.placers import SequentialPlacer\n")
+        self.assertIn("aie.iron.placers", "\n".join(problems(placer, names, methods)))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The AIE core functions compiled for the host against an AIE API stand-in.
 
-tests/host/aie_api/aie.hpp implements the subset of the AIE API the kernels
+emu/include/aie_api/aie.hpp implements the subset of the AIE API the kernels
 use, with the semantics this project reads in the AIE API documentation. The
 kernels are built with g++ using the defines the real build passes to Peano
 (from `plans.prepare`), run the way the designs run them, and compared with
@@ -222,7 +222,7 @@ def run_kernel(spec, extra, specials=()):
         defines["N_B"] = spec.bcast_count if spec.kind == "bcast" else p.n
     with tempfile.TemporaryDirectory() as d:
         exe = Path(d) / "k"
-        cmd = [CXX, "-std=c++20", "-O0", f"-I{HERE / 'host'}", f"-I{KERNELS}"]
+        cmd = [CXX, "-std=c++20", "-O0", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
         cmd += [f"-D{k}={v}" for k, v in defines.items()]
         cmd += [str(HERE / "host" / "eltwise_driver.cc"), "-o", str(exe)]
         subprocess.run(cmd, check=True, capture_output=True, text=True)

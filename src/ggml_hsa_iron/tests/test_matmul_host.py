@@ -62,7 +62,7 @@ def run_driver(spec, src0, src1) -> list:
     with tempfile.TemporaryDirectory() as d:
         exe, data = Path(d) / "mm", Path(d) / "input.txt"
         data.write_text(driver_input(spec, src0, src1))
-        cmd = [CXX, "-std=c++20", "-O0", f"-I{HERE / 'host'}", f"-I{KERNELS}"]
+        cmd = [CXX, "-std=c++20", "-O0", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
         cmd += [f"-D{k}={v}" for k, v in defines.items()]
         cmd += [str(HERE / "host" / "matmul_driver.cc"), "-o", str(exe)]
         subprocess.run(cmd, check=True, capture_output=True, text=True)

@@ -37,6 +37,11 @@ pub struct Counters {
     pub device_time_ns: u64,
     /// Last error message, empty if none.
     pub last_error: String,
+    /// Dispatches of IRON emulation images (version 2), per op (the kernel name's first part,
+    /// upper case): the nodes that ran as emulated IRON designs.
+    pub emulated_ops: std::collections::BTreeMap<String, u64>,
+    /// Host wall time spent emulating them, in nanoseconds (a benchmark figure).
+    pub emulation_wall_ns: u64,
 }
 
 impl Counters {

@@ -1,8 +1,14 @@
 //! Simulator kernel images (the PDI files the simulator's compiler writes) and instruction
 //! streams (`<name>_insts.bin`).
 //!
-//! Image: `"HSASIMK1"` (8 bytes) | format version u32 LE (= 1) | payload length u32 LE |
-//! payload (UTF-8 JSON, a [`KernelDesc`]).
+//! Image version 1 (reference executor): `"HSASIMK1"` (8 bytes) | format version u32 LE (= 1) |
+//! payload length u32 LE | payload (UTF-8 JSON, a [`KernelDesc`]).
+//!
+//! Image version 2 (IRON emulation, written by `python3 -m ggml_hsa_iron --target emu`):
+//! `"HSASIMK1"` | version u32 LE (= 2) | program JSON length u32 | library length u32 |
+//! reserved u32 (= 0) | program JSON (UTF-8, see `exec::iron::program`) | the host shared
+//! library of the core kernels. Its payload (for the instruction stream's hash) is the JSON
+//! and library bytes.
 //!
 //! Instruction stream: 8 little-endian u32 words:
 //! `[0x4d495348 "HSIM", 0x31534e49 "INS1", version = 1, word count = 8,
@@ -18,6 +24,11 @@ pub const IMAGE_FORMAT_VERSION: u32 = 1;
 pub const IMAGE_HEADER_LEN: usize = 16;
 /// Largest payload accepted (sanity bound).
 pub const MAX_PAYLOAD_LEN: usize = 1 << 20;
+pub const IMAGE_V2: u32 = 2;
+pub const IMAGE_V2_HEADER_LEN: usize = 24;
+/// Largest program JSON and library of a version-2 image (sanity bounds).
+pub const MAX_PROGRAM_LEN: usize = 16 << 20;
+pub const MAX_LIBRARY_LEN: usize = 64 << 20;
 
 pub const INSTS_MAGIC0: u32 = u32::from_le_bytes(*b"HSIM");
 pub const INSTS_MAGIC1: u32 = u32::from_le_bytes(*b"INS1");
@@ -318,31 +329,100 @@ pub fn encode_insts(image: &[u8]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
-/// Reads the payload length from an image header; the full image is this many bytes plus 16.
-pub fn image_len_from_header(header: &[u8]) -> Result<usize, String> {
+/// Builds the instruction stream of a version-2 image (its payload: JSON and library bytes).
+pub fn encode_insts_v2(image: &[u8]) -> Vec<u8> {
+    let payload = &image[IMAGE_V2_HEADER_LEN.min(image.len())..];
+    let h = fnv1a64(payload);
+    let words = [
+        INSTS_MAGIC0,
+        INSTS_MAGIC1,
+        INSTS_VERSION,
+        INSTS_WORDS as u32,
+        h as u32,
+        (h >> 32) as u32,
+        payload.len() as u32,
+        0,
+    ];
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// The format version of an image (after checking the magic).
+pub fn image_version(header: &[u8]) -> Result<u32, String> {
     if header.len() < IMAGE_HEADER_LEN {
         return Err("PDI is shorter than the 16-byte simulator image header".into());
     }
     if &header[..8] != IMAGE_MAGIC {
         return Err(format!(
             "PDI is not a simulator kernel image (magic {:02x?}, expected \"HSASIMK1\"); \
-             the simulator only runs PDIs written by hsa-sim-compile",
+             the simulator only runs PDIs written by hsa-sim-compile or ggml_hsa_iron --target emu",
             &header[..8]
         ));
     }
-    let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
+    Ok(u32::from_le_bytes([
+        header[8], header[9], header[10], header[11],
+    ]))
+}
+
+fn le32(b: &[u8], at: usize) -> usize {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]) as usize
+}
+
+/// Header length of an image of this version.
+pub fn header_len(version: u32) -> usize {
+    if version == IMAGE_V2 {
+        IMAGE_V2_HEADER_LEN
+    } else {
+        IMAGE_HEADER_LEN
+    }
+}
+
+/// Reads the image length from its header (16 bytes for version 1, 24 for version 2).
+pub fn image_len_from_header(header: &[u8]) -> Result<usize, String> {
+    let version = image_version(header)?;
+    if version == IMAGE_V2 {
+        if header.len() < IMAGE_V2_HEADER_LEN {
+            return Err("PDI is shorter than the 24-byte header of image version 2".into());
+        }
+        let (json, lib, reserved) = (le32(header, 12), le32(header, 16), le32(header, 20));
+        if json == 0 || json > MAX_PROGRAM_LEN || lib == 0 || lib > MAX_LIBRARY_LEN || reserved != 0
+        {
+            return Err(format!(
+                "emulation image header out of range (program {json} bytes, library {lib} \
+                 bytes, reserved {reserved})"
+            ));
+        }
+        return Ok(IMAGE_V2_HEADER_LEN + json + lib);
+    }
     if version != IMAGE_FORMAT_VERSION {
         return Err(format!(
-            "simulator image format version {version} is not supported (expected {IMAGE_FORMAT_VERSION})"
+            "simulator image format version {version} is not supported (expected \
+             {IMAGE_FORMAT_VERSION} or {IMAGE_V2})"
         ));
     }
-    let len = u32::from_le_bytes([header[12], header[13], header[14], header[15]]) as usize;
+    let len = le32(header, 12);
     if len == 0 || len > MAX_PAYLOAD_LEN {
         return Err(format!(
             "simulator image payload length {len} is out of range"
         ));
     }
     Ok(IMAGE_HEADER_LEN + len)
+}
+
+/// The (program JSON, library) of a complete version-2 image.
+pub fn split_image_v2(image: &[u8]) -> Result<(&[u8], &[u8]), String> {
+    let total = image_len_from_header(image)?;
+    if image_version(image)? != IMAGE_V2 {
+        return Err("not an emulation image (version 2)".into());
+    }
+    if image.len() < total {
+        return Err(format!(
+            "emulation image is truncated: {} bytes, header says {total}",
+            image.len()
+        ));
+    }
+    let json = le32(image, 12);
+    let body = &image[IMAGE_V2_HEADER_LEN..total];
+    Ok(body.split_at(json))
 }
 
 /// Parses a complete image (header + payload) and validates its description.
@@ -353,6 +433,9 @@ pub fn parse_image(image: &[u8]) -> Result<(KernelDesc, Op), String> {
             "simulator image is truncated: {} bytes, header says {total}",
             image.len()
         ));
+    }
+    if image_version(image)? != IMAGE_FORMAT_VERSION {
+        return Err("not a reference-executor image (version 1)".into());
     }
     let payload = &image[IMAGE_HEADER_LEN..total];
     let text = std::str::from_utf8(payload)
@@ -398,7 +481,10 @@ pub fn check_insts(insts: &[u8], image: &[u8]) -> Result<(), String> {
             w(3) as usize * 4
         ));
     }
-    let payload = &image[IMAGE_HEADER_LEN.min(image.len())..];
+    let hl = image_version(image)
+        .map(header_len)
+        .unwrap_or(IMAGE_HEADER_LEN);
+    let payload = &image[hl.min(image.len())..];
     let h = fnv1a64(payload);
     if w(4) != h as u32 || w(5) != (h >> 32) as u32 || w(6) as usize != payload.len() {
         return Err("instruction stream does not belong to this PDI (payload hash differs)".into());

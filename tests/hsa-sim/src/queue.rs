@@ -378,7 +378,7 @@ fn prepare_and_execute(
     let pdi_id = pdi_alloc.id;
     let avail = pdi_alloc.end() - cmd.pdi_addr as usize;
     let header = mem
-        .read(cmd.pdi_addr as usize, image::IMAGE_HEADER_LEN.min(avail))
+        .read(cmd.pdi_addr as usize, image::IMAGE_V2_HEADER_LEN.min(avail))
         .unwrap_or_default();
     let bad_image = |m: String| PacketError {
         status: HSA_STATUS_ERROR,
@@ -393,6 +393,9 @@ fn prepare_and_execute(
     let img = mem
         .read(cmd.pdi_addr as usize, total)
         .ok_or_else(|| PacketError::allocation("PDI is unreadable"))?;
+    if image::image_version(&img).map_err(bad_image)? == image::IMAGE_V2 {
+        return run_emulated(rt, q, st, mem, cmd, model, &img, &insts, pdi_id);
+    }
     let (desc, op) = image::parse_image(&img).map_err(bad_image)?;
     let agent_name = &rt.topo.agents[q.agent].name;
     if &desc.arch != agent_name {
@@ -483,6 +486,129 @@ fn prepare_and_execute(
         msg: m,
     })?;
     let mut c = rt.counters.lock();
+    c.dispatches += 1;
+    c.bytes_read += stats.bytes_read;
+    c.bytes_written += stats.bytes_written;
+    c.flops += stats.flops;
+    c.device_time_ns +=
+        model.command_ns(stats.bytes_read + stats.bytes_written, stats.flops) as u64;
+    Ok(Some(()))
+}
+
+/// The PDI cache / hardware-context bookkeeping of a dispatch (step 4 of both paths).
+fn note_pdi(
+    rt: &Runtime,
+    st: &mut QueueState,
+    pdi_id: u64,
+    name: &str,
+    model: &cost::ArchModel,
+) -> Result<(), PacketError> {
+    if !st.pdi_cache.contains(&pdi_id) {
+        if st.pdi_cache.len() >= MAX_PDIS_PER_QUEUE {
+            return Err(PacketError {
+                status: HSA_STATUS_ERROR_OUT_OF_RESOURCES,
+                msg: format!(
+                    "PDI of kernel {name} would be the 33rd distinct PDI on this queue; a queue \
+                     holds at most {MAX_PDIS_PER_QUEUE} (one CU-mask bit each)"
+                ),
+            });
+        }
+        st.pdi_cache.push(pdi_id);
+        let mut c = rt.counters.lock();
+        c.pdi_loads += 1;
+        c.context_rebuilds += 1;
+        c.device_time_ns += model.rebuild_ns() as u64;
+    }
+    Ok(())
+}
+
+/// A version-2 image: the IRON design's dataflow and core kernels, emulated (exec::iron).
+#[allow(clippy::too_many_arguments)]
+fn run_emulated(
+    rt: &Runtime,
+    q: &Queue,
+    st: &mut QueueState,
+    mem: &MemoryTable,
+    cmd: &Command,
+    model: &cost::ArchModel,
+    img: &[u8],
+    insts: &[u8],
+    pdi_id: u64,
+) -> Result<Option<()>, PacketError> {
+    let bad_image = |m: String| PacketError {
+        status: HSA_STATUS_ERROR,
+        msg: m,
+    };
+    image::check_insts(insts, img).map_err(bad_image)?;
+    let (json, lib) = image::split_image_v2(img).map_err(bad_image)?;
+    let hash = image::fnv1a64(&img[image::IMAGE_V2_HEADER_LEN..]);
+    let loaded = exec::iron::load(hash, json, lib).map_err(bad_image)?;
+    let loaded = loaded.lock();
+    let prog = &loaded.program;
+    let agent_name = &rt.topo.agents[q.agent].name;
+    if &prog.arch != agent_name {
+        return Err(bad_image(format!(
+            "kernel {} was compiled for {} but the queue's agent is {agent_name}",
+            prog.name, prog.arch
+        )));
+    }
+    if cmd.operands.len() != prog.args.len() {
+        return Err(PacketError::format(format!(
+            "kernel {} takes {} operands (inputs then the output), the packet has {}",
+            prog.name,
+            prog.args.len(),
+            cmd.operands.len()
+        )));
+    }
+    let mut mems = Vec::with_capacity(prog.args.len());
+    for (i, o) in cmd.operands.iter().enumerate() {
+        let a = mem
+            .lookup_range(o.addr as usize, o.size.max(1) as usize)
+            .ok_or_else(|| {
+                PacketError::allocation(format!(
+                    "operand {i} at {:#x} ({} bytes) is not inside a live allocation",
+                    o.addr, o.size
+                ))
+            })?;
+        if !rt.topo.pools[a.pool].kind.is_aie() {
+            return Err(PacketError::allocation(format!(
+                "operand {i} at {:#x} is CPU-agent memory; operands must come from AIE pools",
+                o.addr
+            )));
+        }
+        // The NPU's DMA may touch the operand's allocation beyond the tensor (whole words):
+        // everything up to the allocation's end is accessible.
+        mems.push(OperandMem {
+            addr: o.addr as usize,
+            len: a.end() - o.addr as usize,
+        });
+    }
+    note_pdi(rt, st, pdi_id, &prog.name, model)?;
+    match rt.faults.next_dispatch(&rt.config) {
+        DispatchFault::None => {}
+        DispatchFault::Fail => {
+            rt.counters.lock().injected_faults += 1;
+            return Err(PacketError {
+                status: HSA_STATUS_ERROR,
+                msg: format!(
+                    "dispatch of kernel {} failed: injected by HSA_SIM_FAIL_DISPATCH",
+                    prog.name
+                ),
+            });
+        }
+        DispatchFault::Hang => return Ok(None),
+    }
+    let t0 = std::time::Instant::now();
+    // SAFETY: every operand range lies inside a live AIE allocation of `mem`, whose lock the
+    // caller holds for the duration, so it can be neither freed nor reallocated.
+    let stats = unsafe { exec::iron::execute(&loaded, &mems) }.map_err(|m| PacketError {
+        status: HSA_STATUS_ERROR,
+        msg: m,
+    })?;
+    let mut c = rt.counters.lock();
+    c.emulation_wall_ns += t0.elapsed().as_nanos() as u64;
+    let op = prog.name.split('-').next().unwrap_or("").to_uppercase();
+    *c.emulated_ops.entry(op).or_insert(0) += 1;
     c.dispatches += 1;
     c.bytes_read += stats.bytes_read;
     c.bytes_written += stats.bytes_written;

@@ -3,6 +3,7 @@
 //! back, so outputs may alias inputs (ggml's in-place ops) without undefined behaviour.
 
 mod elem;
+pub mod iron;
 pub mod quant;
 mod unary;
 

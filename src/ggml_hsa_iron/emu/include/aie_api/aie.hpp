@@ -1,11 +1,18 @@
 // A host-side stand-in for the subset of the AIE API (aie_api/aie.hpp) that
 // the ggml_hsa_iron core functions use, so that their logic (indexing,
 // broadcasting, tails, the vector math) can be compiled with g++ and checked
-// numerically on the build machine.
+// numerically on the build machine, and so that the emulation target
+// (ggml_hsa_iron --target emu) can run them in hsa-sim.
 //
 // It encodes this project's reading of the AIE API semantics, not the real
 // headers: it cannot show that the kernels compile with Peano, only that
 // they compute the right thing if the AIE API behaves as described here.
+// Modelled (see the package README's table): the rounding mode of
+// accumulator -> bf16 conversions (aie::set_rounding, per core, reset value
+// floor), and on aie2 (__AIE_ARCH__ == 20) the f32 vector multiply emulated
+// with bf16-rounded inputs. Not modelled: saturation (integers wrap), fp32
+// accumulation rounding details, scalar float -> bf16 conversions (the
+// compiler's round-to-nearest-even).
 #pragma once
 
 #include <cmath>
@@ -16,6 +23,7 @@
 struct bfloat16 {
   uint16_t bits = 0;
   bfloat16() = default;
+  // Scalar conversion: the compiler's round-to-nearest-even (not the vector unit's mode).
   bfloat16(float f) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
@@ -32,6 +40,50 @@ struct bfloat16 {
     return f;
   }
 };
+
+namespace aie {
+enum class rounding_mode {
+  floor,
+  ceil,
+  positive_inf,
+  negative_inf,
+  symmetric_inf,
+  symmetric_zero,
+  conv_even,
+  conv_odd,
+};
+enum class saturation_mode { none, saturate, symmetric };
+namespace detail {
+// Per core: internal linkage, and every core loads its own copy of the kernel library.
+static rounding_mode g_rounding = rounding_mode::floor; // the hardware's reset value
+static saturation_mode g_saturation = saturation_mode::none;
+
+// f32 -> bf16 bits in rounding mode m (NaNs stay quiet NaNs).
+static inline uint16_t bf16_round(float f, rounding_mode m) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((u >> 16) | 64);
+  uint32_t hi = u >> 16, lo = u & 0xffffu;
+  bool neg = (u >> 31) != 0, up = false;
+  switch (m) {
+  case rounding_mode::floor: up = neg && lo; break;
+  case rounding_mode::ceil: up = !neg && lo; break;
+  case rounding_mode::positive_inf: up = lo > 0x8000u || (lo == 0x8000u && !neg); break;
+  case rounding_mode::negative_inf: up = lo > 0x8000u || (lo == 0x8000u && neg); break;
+  case rounding_mode::symmetric_inf: up = lo >= 0x8000u; break;
+  case rounding_mode::symmetric_zero: up = lo > 0x8000u; break;
+  case rounding_mode::conv_even: up = lo > 0x8000u || (lo == 0x8000u && (hi & 1)); break;
+  case rounding_mode::conv_odd: up = lo > 0x8000u || (lo == 0x8000u && !(hi & 1)); break;
+  }
+  return (uint16_t)(hi + (up ? 1 : 0));
+}
+} // namespace detail
+static inline void set_rounding(rounding_mode m) { detail::g_rounding = m; }
+static inline rounding_mode get_rounding() { return detail::g_rounding; }
+static inline void set_saturation(saturation_mode m) { detail::g_saturation = m; }
+static inline saturation_mode get_saturation() { return detail::g_saturation; }
+} // namespace aie
 
 struct accfloat {};
 struct acc32 {};
@@ -72,10 +124,15 @@ template <unsigned N> struct accum<accfloat, N> {
     for (unsigned i = 0; i < N; ++i)
       v[i] = (float)x.v[i];
   }
+  // To bf16 in the core's rounding mode (aie::set_rounding); to float exactly.
   template <typename T> vector<T, N> to_vector() const {
     vector<T, N> r;
-    for (unsigned i = 0; i < N; ++i)
-      r.v[i] = T(v[i]);
+    for (unsigned i = 0; i < N; ++i) {
+      if constexpr (std::is_same_v<T, bfloat16>)
+        r.v[i].bits = detail::bf16_round(v[i], detail::g_rounding);
+      else
+        r.v[i] = T(v[i]);
+    }
     return r;
   }
 };
@@ -155,10 +212,25 @@ template <typename T, unsigned N> vector<T, N> sub(const vector<T, N> &a, const 
   return r;
 }
 
+// f32 x f32. On aie2 (__AIE_ARCH__ == 20) the vector unit has no f32 multiplier: the
+// product is emulated with bf16 inputs (rounded to nearest even) and an exact f32 product,
+// as mlir-aie's EmulateMulFInBF16Pattern does (accuracy "low"). aie2p multiplies in f32.
 template <unsigned N> accum<accfloat, N> mul(const vector<float, N> &a, const vector<float, N> &b) {
   accum<accfloat, N> r;
-  for (unsigned i = 0; i < N; ++i)
+  for (unsigned i = 0; i < N; ++i) {
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+    r.v[i] = (float)bfloat16(a.v[i]) * (float)bfloat16(b.v[i]);
+#else
     r.v[i] = a.v[i] * b.v[i];
+#endif
+  }
+  return r;
+}
+// bf16 x bf16: exact products in the f32 accumulator.
+template <unsigned N> accum<accfloat, N> mul(const vector<bfloat16, N> &a, const vector<bfloat16, N> &b) {
+  accum<accfloat, N> r;
+  for (unsigned i = 0; i < N; ++i)
+    r.v[i] = (float)a.v[i] * (float)b.v[i];
   return r;
 }
 template <unsigned N> accum<accfloat, N> mul(const vector<float, N> &a, float s) {
@@ -261,6 +333,8 @@ template <unsigned R, unsigned S, unsigned T, typename TA, typename TB, typename
     for (unsigned i = 0; i < R * T; ++i) {
       if constexpr (std::is_integral_v<U>)
         r.v[i] = (U)(int32_t)((int64_t)c[i] >> shift);
+      else if constexpr (std::is_same_v<U, bfloat16>)
+        r.v[i].bits = detail::bf16_round((float)c[i], detail::g_rounding);
       else
         r.v[i] = U((float)c[i]);
     }

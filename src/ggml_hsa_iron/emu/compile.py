@@ -1,0 +1,94 @@
+"""`compile` of the emulation target: request -> spec -> recorded design + host kernels ->
+simulator image version 2 (`<name>.pdi`) and its instruction stream (`<name>_insts.bin`).
+
+Image: "HSASIMK1" | version u32 = 2 | program JSON length u32 | library length u32 |
+reserved u32 = 0 | program JSON (UTF-8) | shared library. Instruction stream: the 8 words of
+version 1, hashing the payload (JSON + library bytes).
+"""
+
+import importlib
+import json
+import os
+import struct
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import BuildError
+from ..plans import prepare
+from ..registry import lookup
+from ..request import Request
+from . import install, iron
+from .build import build_library
+from .program import DesignError
+
+MAGIC = b"HSASIMK1"
+VERSION = 2
+
+
+def record(spec):
+    """Runs the IRON design of `spec` against the stand-in; returns the program.Recorded."""
+    install()
+    iron.reset()
+    op = lookup(spec.request.op)
+    design = importlib.import_module(f"{__package__.rsplit('.', 1)[0]}.designs.{op.source[:-3]}")
+    try:
+        return getattr(design, op.kernel_name)(spec)
+    except DesignError as e:
+        raise BuildError(f"the IRON design is invalid: {e}") from e
+    except Exception as e:  # the stand-in raises what IRON would raise
+        raise BuildError(f"the IRON design failed: {type(e).__name__}: {e}") from e
+
+
+def image_bytes(program: dict, library: bytes) -> bytes:
+    text = json.dumps(program, separators=(",", ":")).encode()
+    head = MAGIC + struct.pack("<IIII", VERSION, len(text), len(library), 0)
+    return head + text + library
+
+
+def insts_bytes(image: bytes) -> bytes:
+    payload = image[24:]
+    h = fnv1a64_bytes(payload)
+    words = [0x4D495348, 0x31534E49, 1, 8, h & 0xFFFFFFFF, h >> 32, len(payload), 0]
+    return struct.pack("<8I", *words)
+
+
+def fnv1a64_bytes(data: bytes) -> int:
+    """FNV-1a 64 (the instruction stream's payload hash), chunked for speed."""
+    h = 0xCBF29CE484222325
+    mask = 0xFFFFFFFFFFFFFFFF
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & mask
+    return h
+
+
+def _install(data: bytes, dest: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def compile_emu(req: Request, output_dir: Path) -> None:
+    spec = prepare(req)  # UnsupportedError before anything runs
+    rec = record(spec)
+    core = spec.core
+    for k in rec.kernels:
+        if k.bin_name != core.object_name:
+            raise BuildError(
+                f"Kernel {k.name} is in {k.bin_name}, the design's core source builds "
+                f"{core.object_name}"
+            )
+    program = rec.to_json(req.name, req.arch)
+    verbose = os.environ.get("GGML_HSA_JIT_VERBOSE", "").lower() in ("1", "true", "yes", "on")
+    lib = build_library(
+        core, rec.kernels, req.arch, log=(lambda m: print(m, file=sys.stderr)) if verbose else None
+    )
+    image = image_bytes(program, lib)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _install(image, output_dir / f"{req.name}.pdi")
+    _install(insts_bytes(image), output_dir / f"{req.name}_insts.bin")

@@ -1,0 +1,203 @@
+"""The emulation target's stand-ins: the recording `aie.iron` (signatures, validation against
+the hardware limits) and the AIE-API header (rounding mode, aie2's f32 multiply)."""
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+try:
+    import numpy as np
+
+    from ggml_hsa_iron.emu import install, iron
+    from ggml_hsa_iron.emu.program import DesignError, check_walk
+
+    HAVE_NUMPY = True
+except ImportError:  # numpy is installed by scripts/check-iron.sh
+    HAVE_NUMPY = False
+
+CXX = shutil.which("g++") or shutil.which("clang++")
+INCLUDE = Path(__file__).resolve().parents[1] / "emu" / "include"
+
+
+def t(n, dtype="int32"):
+    return np.ndarray[(n,), np.dtype[getattr(np, dtype)]]
+
+
+@unittest.skipUnless(HAVE_NUMPY, "numpy is missing")
+class StandInTest(unittest.TestCase):
+    def setUp(self):
+        install()
+        iron.reset()
+        from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
+        from aie.iron.controlflow import range_
+        from aie.iron.device import NPU2, Tile
+
+        self.m = dict(
+            Kernel=Kernel,
+            ObjectFifo=ObjectFifo,
+            Program=Program,
+            Runtime=Runtime,
+            Worker=Worker,
+            range_=range_,
+            NPU2=NPU2,
+            Tile=Tile,
+        )
+
+    def passthrough(self, n=64, depth=2, acquire=1, release=1, tap=None, obj=None, extra=()):
+        """shim -> core -> shim, the core copying objects of `obj` elements."""
+        m = self.m
+        obj = obj or n
+        fin = m["ObjectFifo"](t(obj), depth=depth, name="fin")
+        fout = m["ObjectFifo"](t(obj), name="fout")
+        k = m["Kernel"]("copy", "x.o", [t(obj), t(obj)])
+
+        def core(a, b, fn):
+            for _ in m["range_"](n // obj):
+                x = a.acquire(acquire)
+                y = b.acquire(1)
+                fn(x if acquire == 1 else x[0], y)
+                a.release(release)
+                b.release(1)
+
+        w = m["Worker"](core, [fin.cons(), fout.prod(), k], tile=m["Tile"](0, 2), stack_size=1024)
+        hin = fin.prod(tile=m["Tile"](0, 0))
+        hout = fout.cons(tile=m["Tile"](0, 0))
+
+        def seq(a, b, hi, ho):
+            hi.fill(a, tap=tap)
+            ho.drain(b, wait=True)
+
+        rt = m["Runtime"](seq, [t(n), t(n), hin, hout])
+        return m["Program"](m["NPU2"](), rt, workers=[w, *extra]).resolve_program()
+
+    def test_records_a_program(self):
+        p = self.passthrough()
+        j = p.to_json("k", "aie2p")
+        body = j["workers"][0]["body"]
+        self.assertEqual(body[0]["op"], "loop")
+        self.assertTrue(body[0]["forever"])
+        self.assertEqual(body[0]["body"][0]["count"], 1)
+        self.assertEqual([s["op"] for s in j["sequence"]], ["fill", "drain", "await"])
+        self.assertEqual(j["fifos"][0]["producer"]["kind"], "shim")
+
+    def test_unknown_keywords_are_refused(self):
+        with self.assertRaises(TypeError):
+            self.m["ObjectFifo"](t(4), depth=2, dims_to_stream=[(4, 1)])
+        with self.assertRaises(TypeError):
+            self.m["Worker"](lambda: None, [], placement=self.m["Tile"](0, 2))
+        with self.assertRaises(TypeError):
+            self.m["ObjectFifo"](t(4), 2)  # keyword-only after obj_type
+        with self.assertRaises(NotImplementedError):
+            self.m["ObjectFifo"](t(4), plio=True)
+
+    def test_acquire_beyond_depth(self):
+        with self.assertRaisesRegex(ValueError, "must be smaller than depth 1"):
+            self.passthrough(depth=1, acquire=2, release=2)
+
+    def test_unbalanced_acquire_release(self):
+        with self.assertRaisesRegex(DesignError, "unbalanced acquire/release"):
+            self.passthrough(acquire=2, release=1)
+
+    def test_core_memory_budget(self):
+        # Two fifos of 2 x 16 KiB objects plus the stack: 64 KiB + 1 KiB.
+        with self.assertRaisesRegex(DesignError, r"65536 bytes of data memory needed|data memory"):
+            self.passthrough(n=4096 * 4, obj=4096)
+
+    def test_shim_dma_limits(self):
+        with self.assertRaisesRegex(DesignError, "repeat count"):
+            check_walk("t", "shim", 0, [65, 1, 2, 16], [64, 0, 16, 1], 4)
+        with self.assertRaisesRegex(DesignError, "wraps after 1024"):
+            check_walk("t", "shim", 0, [1, 1, 2, 1024], [0, 0, 2048, 1], 4)
+        with self.assertRaisesRegex(DesignError, "stride"):
+            check_walk("t", "shim", 0, [1, 1, 2, 16], [0, 0, (1 << 20) + 16, 1], 4)
+        with self.assertRaisesRegex(DesignError, "32-bit"):
+            check_walk("t", "shim", 1, [1, 1, 1, 3], [0, 0, 0, 1], 2)
+        with self.assertRaisesRegex(DesignError, "dimensions"):
+            check_walk("t", "core", 0, [2, 2, 2, 8], [64, 32, 16, 1], 4)
+        # A linear transfer has no wrap limit.
+        check_walk("t", "shim", 0, [1, 1, 1, 100000], [0, 0, 0, 1], 4)
+        # Through a design: a fill tap repeating 65 times.
+        tap = iron.TensorAccessPattern((64,), 0, [65, 1, 1, 64], [0, 0, 0, 1])
+        with self.assertRaisesRegex(DesignError, "repeat count"):
+            self.passthrough(n=64, tap=tap)
+
+    def test_dma_channels(self):
+        m = self.m
+        fifos = [m["ObjectFifo"](t(16), name=f"f{i}") for i in range(3)]
+        k = m["Kernel"]("k3", "x.o", [t(16)] * 3)
+
+        def core(a, b, c, fn):
+            x, y, z = a.acquire(1), b.acquire(1), c.acquire(1)
+            fn(x, y, z)
+            a.release(1)
+            b.release(1)
+            c.release(1)
+
+        w = m["Worker"](core, [f.cons() for f in fifos] + [k], tile=m["Tile"](0, 2))
+        hs = [f.prod(tile=m["Tile"](0, 0)) for f in fifos]
+
+        def seq(a, *h):
+            for x in h:
+                x.fill(a)
+
+        rt = m["Runtime"](seq, [t(16), *hs])
+        with self.assertRaisesRegex(DesignError, "DMA channels"):
+            m["Program"](m["NPU2"](), rt, workers=[w]).resolve_program()
+
+
+@unittest.skipUnless(CXX, "no host C++ compiler")
+class AieApiTest(unittest.TestCase):
+    def run_cc(self, body: str, arch: int | None = None) -> str:
+        src = (
+            "#include <aie_api/aie.hpp>\n#include <cstdio>\nint main() {\n"
+            + body
+            + "\nreturn 0;}\n"
+        )
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "t.cc").write_text(src)
+            cmd = [CXX, "-std=c++20", f"-I{INCLUDE}", str(Path(d) / "t.cc"), "-o", f"{d}/t"]
+            if arch is not None:
+                cmd.append(f"-D__AIE_ARCH__={arch}")
+            subprocess.run(cmd, check=True)
+            return subprocess.run([f"{d}/t"], check=True, capture_output=True, text=True).stdout
+
+    def test_rounding_mode_default_floor_and_conv_even(self):
+        body = """
+        aie::accum<accfloat, 4> acc;
+        aie::vector<float, 4> v;
+        float x[4] = {1.0f + 3.0f / 256, -(1.0f + 3.0f / 256), 1.0f + 1.0f / 256, 1.0f + 3.0f / 512};
+        for (int i = 0; i < 4; ++i) v.set(x[i], i);
+        acc.from_vector(v);
+        auto a = acc.to_vector<bfloat16>();
+        aie::set_rounding(aie::rounding_mode::conv_even);
+        auto b = acc.to_vector<bfloat16>();
+        for (int i = 0; i < 4; ++i) printf("%04x %04x\\n", a[i].bits, b[i].bits);
+        printf("%d\\n", (int)aie::get_rounding());
+        """
+        out = self.run_cc(body).split()
+        # 1 + 3/256: floor keeps 0x3f81, nearest even rounds the tie up to 0x3f82.
+        self.assertEqual(out[0:2], ["3f81", "3f82"])
+        # Negative: floor goes toward -inf (magnitude up).
+        self.assertEqual(out[2:4], ["bf82", "bf82"])
+        # 1 + 1/256 (a tie, even below): both 0x3f80; 1 + 3/512 (above the tie): floor 3f80.
+        self.assertEqual(out[4:8], ["3f80", "3f80", "3f80", "3f81"])
+        self.assertEqual(out[8], "6")
+
+    def test_aie2_f32_multiply_rounds_inputs_to_bf16(self):
+        body = """
+        aie::vector<float, 1> a, b;
+        a.set(1.0f + 1.0f / 1024, 0);
+        b.set(3.0f, 0);
+        printf("%.9g\\n", aie::mul(a, b).to_vector<float>()[0]);
+        """
+        self.assertEqual(self.run_cc(body, 21).strip(), "3.00292969")
+        self.assertEqual(self.run_cc(body, 20).strip(), "3")
+
+
+if __name__ == "__main__":
+    unittest.main()
