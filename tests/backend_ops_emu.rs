@@ -9,8 +9,9 @@
 //! The protocol's capabilities are per op and type, not per shape: a case the package declares
 //! (say ADD with a broadcast operand of 20 KiB, more than a compute tile keeps resident) may
 //! still be refused by the design's plan at compile time (exit status 2, "cannot build this
-//! kernel"), which the backend reports as a failed graph. Such cases are counted and listed
-//! apart ("declared but refused"); every other case must pass.
+//! kernel"); the backend then runs that node on ggml's CPU backend, as a real NPU's user would
+//! need, and declines the kernel from then on. Those kernels are counted and listed; every case
+//! must pass.
 
 mod common;
 
@@ -80,35 +81,14 @@ fn tbo_emu(tag: &str, agents: &str, ops: &str) -> Report {
     report
 }
 
-/// The failing cases whose kernel the design refused at compile time, and the other failures.
-fn classify(output: &str) -> (Vec<String>, Vec<String>) {
-    let (mut refused, mut other) = (Vec::new(), Vec::new());
-    let mut refused_here = false;
-    for line in strip_ansi(output).lines() {
-        let l = line.trim_end();
-        if l.contains("cannot build this kernel") {
-            refused_here = true;
-        }
-        let verdict = l.ends_with(": OK") || l.ends_with(": FAIL") || l.contains(": not supported");
-        // A case's verdict (not the final `Backend HSA0: FAIL` summary).
-        if l.ends_with(": FAIL") && !l.trim_start().starts_with("Backend ") {
-            let case = l
-                .trim()
-                .trim_end_matches(": FAIL")
-                .rsplit("   ")
-                .next()
-                .unwrap_or(l);
-            if refused_here {
-                refused.push(case.trim().to_owned());
-            } else {
-                other.push(case.trim().to_owned());
-            }
-        }
-        if verdict {
-            refused_here = false;
-        }
-    }
-    (refused, other)
+/// The kernels the design refused at compile time (the compiler exited 2): the backend warns
+/// once per kernel and runs the node on ggml's CPU backend.
+fn refused_kernels(output: &str) -> Vec<String> {
+    strip_ansi(output)
+        .lines()
+        .filter(|l| l.contains("compile failed: the compiler cannot build this kernel"))
+        .filter_map(|l| l.split("] ").nth(1)?.split(' ').next().map(str::to_owned))
+        .collect()
 }
 
 fn check(r: &Report, tag: &str) {
@@ -116,27 +96,22 @@ fn check(r: &Report, tag: &str) {
         panic!("{tag}: no HSA0 case ran\n{}", r.output);
     }
     assert!(!r.output.contains("internal error"), "{}", r.output);
-    let (refused, other) = classify(&r.output);
+    let refused = refused_kernels(&r.output);
     println!(
-        "{tag}: {} passed, {} declared but refused by the design's plan (exit 2), {} other \
-         failures, {} not supported (CPU)",
+        "{tag}: {}/{} cases passed, {} not supported (CPU); {} kernels the design's plan refused \
+         at compile time (exit 2) ran on the CPU",
         r.passed,
-        refused.len(),
-        other.len(),
-        r.not_supported
+        r.total,
+        r.not_supported,
+        refused.len()
     );
-    for c in &refused {
-        println!("  refused: {c}");
+    for k in &refused {
+        println!("  refused: {k}");
     }
-    assert!(
-        other.is_empty(),
-        "{tag}: failures: {other:#?}\n{}",
-        r.output
-    );
     assert_eq!(
-        r.passed as usize + refused.len(),
-        r.total as usize,
-        "{tag}: every case passes or is refused at compile time"
+        r.passed, r.total,
+        "{tag}: every case that runs on HSA0 passes\n{}",
+        r.output
     );
 }
 

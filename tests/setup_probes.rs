@@ -201,13 +201,17 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 
 /// The pinned numpy and ml_dtypes of scripts/check-iron.sh (the emulation target's).
 fn pinned_emu_python() -> Vec<String> {
-    let text = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check-iron.sh"))
-        .unwrap();
+    let text =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check-iron.sh"))
+            .unwrap();
     let line = text
         .lines()
         .find_map(|l| l.strip_prefix("EMU_PY=("))
         .expect("check-iron.sh pins the emulation's Python packages");
-    line.trim_end_matches(')').split(' ').map(str::to_owned).collect()
+    line.trim_end_matches(')')
+        .split(' ')
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The pinned ruff of scripts/check-iron.sh.
@@ -315,7 +319,10 @@ fn every_package_is_requested_when_it_alone_is_missing() {
 #[test]
 fn a_complete_machine_installs_nothing() {
     let ruff = format!("pip:{}", pinned_ruff());
-    let emu: Vec<String> = pinned_emu_python().iter().map(|p| format!("pip:{p}")).collect();
+    let emu: Vec<String> = pinned_emu_python()
+        .iter()
+        .map(|p| format!("pip:{p}"))
+        .collect();
     let mut installed = ALL_APT.to_vec();
     installed.extend(["rustup:rustfmt", "rustup:clippy", &ruff]);
     installed.extend(emu.iter().map(String::as_str));

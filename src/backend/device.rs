@@ -39,6 +39,14 @@ pub enum DeviceError {
     KernelLoad { name: String, reason: String },
 }
 
+impl DeviceError {
+    /// The kernel compiler declined this kernel (a shape or layout it does not take), as
+    /// opposed to something failing.
+    pub fn is_refused(&self) -> bool {
+        matches!(self, DeviceError::Kernel(k) if k.refused)
+    }
+}
+
 /// An NPU the backend drives.
 #[derive(Debug)]
 pub struct Device {
@@ -178,6 +186,7 @@ impl Device {
                     Err(KernelError {
                         name: name.clone(),
                         reason: "not requested".into(),
+                        refused: false,
                     })
                 })?;
                 let kernel = Arc::new(self.upload(&files)?);

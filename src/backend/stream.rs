@@ -146,8 +146,10 @@ impl Stream {
             })
             .collect::<Result<Vec<_>, _>>()?;
         // Every kernel is loaded before anything runs (the missing ones compiled in parallel), so
-        // a missing kernel fails the graph without leaving it half computed (or, with the CPU
-        // fallback, sends the node to the CPU).
+        // a missing kernel fails the graph without leaving it half computed. A kernel the
+        // compiler refused (declared op, shape it cannot build: known only when it compiles) runs
+        // on ggml's CPU backend instead, as every node does with the CPU fallback; `supports_op`
+        // declines it from then on.
         let (at, descs): (Vec<usize>, Vec<KernelDesc>) = steps
             .iter()
             .enumerate()
@@ -160,7 +162,7 @@ impl Stream {
         for (i, kernel) in at.into_iter().zip(self.device.kernels(&descs)) {
             match kernel {
                 Ok(k) => kernels[i] = Some(k),
-                Err(e) if fallback => steps[i] = Step::Cpu(e.to_string()),
+                Err(e) if fallback || e.is_refused() => steps[i] = Step::Cpu(e.to_string()),
                 Err(source) => {
                     return Err(ComputeError::Device {
                         index: i,

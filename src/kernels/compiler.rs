@@ -131,12 +131,17 @@ impl Compiler {
         cmd
     }
 
-    /// For the default compiler (the IRON package run with `python3 -m`): `PYTHONPATH` with the
-    /// places a CMake build put the package in front (`GGML_HSA_IRON_PYTHONPATH`: the install
-    /// tree, then the source tree), so it is found without setting anything.
+    /// For the IRON package run as a module (`python3 -m ggml_hsa_iron`, the default, with or
+    /// without options such as `--target emu`): `PYTHONPATH` with the places a CMake build put the
+    /// package in front (`GGML_HSA_IRON_PYTHONPATH`: the install tree, then the source tree), so
+    /// it is found without setting anything.
     fn package_path(&self) -> Option<String> {
         let built_in = option_env!("GGML_HSA_IRON_PYTHONPATH").filter(|p| !p.is_empty())?;
-        if self.argv.join(" ") != crate::config::DEFAULT_JIT_COMPILER {
+        let runs_package = self
+            .argv
+            .windows(2)
+            .any(|w| w[0] == "-m" && w[1] == "ggml_hsa_iron");
+        if !runs_package {
             return None;
         }
         Some(match std::env::var("PYTHONPATH") {

@@ -46,6 +46,17 @@ pub const MANIFEST: &str = ".ggml-hsa-kernels";
 pub struct KernelError {
     pub name: String,
     pub reason: String,
+    /// The compiler declined this kernel as well-formed but unsupported (its capabilities, or a
+    /// compile that exited 2): the op is one it takes, this shape or layout is not. Such a node
+    /// runs on the CPU instead of failing its graph (see `backend::stream`).
+    pub refused: bool,
+}
+
+/// A kernel that could not be had, remembered for the rest of the run.
+#[derive(Debug, Clone)]
+struct Failure {
+    reason: String,
+    refused: bool,
 }
 
 /// Where kernels come from, for one architecture.
@@ -57,7 +68,7 @@ pub struct KernelStore {
     jit: Option<Compiler>,
     verbose: bool,
     capabilities: OnceLock<Result<Capabilities, String>>,
-    failed: Mutex<HashMap<String, String>>,
+    failed: Mutex<HashMap<String, Failure>>,
     /// `GGML_HSA_KERNEL_RECORD`: where to record the kernels used.
     record: Option<PathBuf>,
 }
@@ -136,8 +147,8 @@ impl KernelStore {
     /// on disk (asked second: this runs for every node the scheduler considers).
     pub fn supports(&self, desc: &KernelDesc) -> Result<(), String> {
         let name = desc.canonical_name();
-        if let Some(reason) = self.failed.lock().get(&name) {
-            return Err(reason.clone());
+        if let Some(f) = self.failed.lock().get(&name) {
+            return Err(f.reason.clone());
         }
         let compilable = match self.capabilities() {
             Ok(caps) => caps.check(self.arch, desc),
@@ -191,10 +202,11 @@ impl KernelStore {
             .zip(descs)
             .zip(found)
             .map(|((name, desc), found)| {
-                if let Some(reason) = self.failed.lock().get(name) {
+                if let Some(f) = self.failed.lock().get(name) {
                     return Err(KernelError {
                         name: name.clone(),
-                        reason: reason.clone(),
+                        reason: f.reason.clone(),
+                        refused: f.refused,
                     });
                 }
                 if let (Some(_), Some(path)) = (&found, &self.record) {
@@ -211,10 +223,15 @@ impl KernelStore {
                             format!("not found in the precompiled or cache directories and {why}")
                         }
                     };
-                    self.failed.lock().insert(name.clone(), reason.clone());
+                    let failure = Failure {
+                        reason: reason.clone(),
+                        refused: false,
+                    };
+                    self.failed.lock().insert(name.clone(), failure);
                     KernelError {
                         name: name.clone(),
                         reason,
+                        refused: false,
                     }
                 })
             })
@@ -255,12 +272,12 @@ impl KernelStore {
                             one.elapsed(),
                             started.elapsed()
                         )),
-                        Err(reason) => {
+                        Err(failure) => {
                             log::warn(&format!(
-                                "[{n}/{total}] {} for {}: compile failed: {reason}",
-                                names[i], self.arch
+                                "[{n}/{total}] {} for {}: compile failed: {}",
+                                names[i], self.arch, failure.reason
                             ));
-                            self.failed.lock().insert(names[i].clone(), reason);
+                            self.failed.lock().insert(names[i].clone(), failure);
                         }
                     }
                 });
@@ -270,25 +287,41 @@ impl KernelStore {
 
     /// Compiles one kernel into the cache, unless another process is doing it (then waits for
     /// it and uses its result). Returns how the kernel came to be there.
-    fn compile(&self, desc: &KernelDesc, name: &str) -> Result<&'static str, String> {
+    fn compile(&self, desc: &KernelDesc, name: &str) -> Result<&'static str, Failure> {
+        let failed = |reason: String| Failure {
+            reason,
+            refused: false,
+        };
         let caps = self.capabilities().map_err(|why| {
-            format!("not found in the precompiled or cache directories and {why}")
+            failed(format!(
+                "not found in the precompiled or cache directories and {why}"
+            ))
         })?;
-        caps.check(self.arch, desc)?;
+        caps.check(self.arch, desc).map_err(|reason| Failure {
+            reason,
+            refused: true,
+        })?;
         let jit = self.jit.as_ref().expect("capabilities imply a compiler");
         let dir = self.cache_arch_dir();
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create the cache directory {}: {e}", dir.display()))?;
-        let lock = lock_kernel(&dir, name)?;
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            failed(format!(
+                "cannot create the cache directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        let lock = lock_kernel(&dir, name).map_err(failed)?;
         if read_kernel(&dir, name).is_some() {
             return Ok("compiled by another process");
         }
         let request = dir.join(format!(".{name}.request.{}.json", std::process::id()));
         std::fs::write(&request, desc.request_json(self.arch))
-            .map_err(|e| format!("cannot write {}: {e}", request.display()))?;
+            .map_err(|e| failed(format!("cannot write {}: {e}", request.display())))?;
         let outcome = jit.compile(&request, &dir);
         let _ = std::fs::remove_file(&request);
-        let output = outcome.map_err(|e| e.to_string())?;
+        let output = outcome.map_err(|e| Failure {
+            refused: matches!(e, super::compiler::CompileError::Unsupported(_)),
+            reason: e.to_string(),
+        })?;
         record_written(&dir, name);
         drop(lock);
         if self.verbose {
