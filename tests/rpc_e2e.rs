@@ -55,7 +55,20 @@ fn free_port() -> u16 {
 }
 
 impl RpcServer {
+    /// The hook build's server, loading the plugin through `GGML_BACKEND_PATH`.
     fn start(bin: &Path, tag: &str, extra_env: &[(&str, &str)]) -> RpcServer {
+        let plugin = bin.join("libggml-hsa.so");
+        Self::start_program(&bin.join("ggml-rpc-server"), Some(&plugin), tag, extra_env)
+    }
+
+    /// `program` (a ggml-rpc-server) serving HSA0, with `plugin` as `GGML_BACKEND_PATH` (none
+    /// for a build with the backend linked in).
+    fn start_program(
+        program: &Path,
+        plugin: Option<&Path>,
+        tag: &str,
+        extra_env: &[(&str, &str)],
+    ) -> RpcServer {
         // Another process may take the port between our probe and the server's bind: retry.
         let mut last_log = String::new();
         for attempt in 0..3 {
@@ -67,9 +80,9 @@ impl RpcServer {
                 dir.join("kernels"),
             );
             let file = std::fs::File::create(&log).unwrap();
-            let mut cmd = Command::new(bin.join("ggml-rpc-server"));
+            let mut cmd = Command::new(program);
             cmd.args(["-d", "HSA0", "-H", "127.0.0.1", "-p", &port.to_string()])
-                .env("GGML_BACKEND_PATH", bin.join("libggml-hsa.so"))
+                .env_remove("GGML_BACKEND_PATH")
                 .envs(sim_env(&format!("rpc-{tag}")))
                 .env("GGML_HSA_KERNEL_CACHE_DIR", &cache)
                 .env("GGML_HSA_CPU_FALLBACK", "1")
@@ -77,6 +90,7 @@ impl RpcServer {
                 .env("HSA_SIM_COUNTERS", &counters)
                 .env("GGML_NO_BACKTRACE", "1")
                 .envs(extra_env.iter().copied())
+                .envs(plugin.map(|p| ("GGML_BACKEND_PATH", p)))
                 .stdin(Stdio::null())
                 .stdout(file.try_clone().unwrap())
                 .stderr(file);
@@ -184,8 +198,10 @@ fn remote(
         extra: &extra,
         n_predict: None,
     };
-    let (run, logits) = greedy_run(bin, model, prompt, &args, CLIENT_TIMEOUT);
-    parse_greedy(&run, &logits)
+    let (mut cmd, logits) = greedy_command(bin, model, prompt, &args);
+    // An abort must not attach gdb to print a backtrace.
+    cmd.env("GGML_NO_BACKTRACE", "1");
+    parse_greedy(&run_bounded(&mut cmd, CLIENT_TIMEOUT), &logits)
 }
 
 /// Nodes per split backend (full names: `RPC0[127.0.0.1:port]`) of the client's last scheduled
@@ -282,6 +298,35 @@ fn quantized_tolerance(name: &str) -> f64 {
     } else {
         5e-3
     }
+}
+
+/// The in-tree static build (`scripts/llama-cpp.sh build-static`): its ggml-rpc-server has HSA
+/// linked in (no `GGML_BACKEND_PATH`) and serves the hook build's client.
+#[test]
+fn static_build_server_serves_hsa0_to_a_client() {
+    let static_bin = script_output("llama-cpp.sh", &["path", "bin-static"]);
+    let (Some(bin), Some(program), Some(model)) = (
+        dl_bin(),
+        require(
+            static_bin.join("ggml-rpc-server"),
+            "scripts/llama-cpp.sh build-static ggml-rpc-server",
+        ),
+        model("tiny-llama-f32"),
+    ) else {
+        return;
+    };
+    let server = RpcServer::start_program(&program, None, "static", &[]);
+    let cpu = greedy(&bin, &model, LONG_PROMPT, None);
+    let npu = remote(&bin, &model, LONG_PROMPT, &[&server], None, &[]);
+    compare(
+        "static build's ggml-rpc-server",
+        &npu,
+        &cpu,
+        MAX_LOGITS_NMSE,
+    );
+    assert!(server.log_text().contains("HSA0: aie2p"));
+    assert!(nodes_on(&npu, &server) >= 80);
+    assert!(server.dispatches() >= 80);
 }
 
 #[test]
@@ -391,7 +436,9 @@ fn test_backend_ops_on_the_rpc_device_backed_by_hsa0() {
         return;
     };
     let server = RpcServer::start(&bin, "tbo", &[]);
-    let device = format!("RPC0[{}]", server.endpoint());
+    // ggml-rpc names the devices of the servers a process adds RPC0, RPC1, ... (description: the
+    // endpoint).
+    let device = "RPC0".to_owned();
     let plugin = rpc_devices_plugin(&bin);
     let mut cmd = Command::new(&program);
     cmd.args(["-b", &device, "-o", STARTER_OPS])

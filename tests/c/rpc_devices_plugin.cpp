@@ -3,7 +3,7 @@
 // loaded through GGML_BACKEND_PATH after ggml's RPC backend (ggml_backend_load_all loads "rpc"
 // first), its ggml_backend_init adds the server named by GGML_HSA_TEST_RPC_ENDPOINT
 // (host:port) exactly as llama.cpp's --rpc does and returns that server's registry, so its
-// devices (RPC0[host:port], ...) are registered like any backend's.
+// devices (RPC0, RPC1, ..., described by the endpoint) are registered like any backend's.
 #include "ggml-backend.h"
 
 #include <cstdio>
