@@ -813,6 +813,10 @@ fn figures_local_vs_one_remote_vs_two_remote() {
         "| {:<26} | {:>9} | {:>14} | {:>14} | {:>16} |",
         "devices", "tokens/s", "B/token up", "B/token down", "B/run (36 tok)"
     );
+    println!(
+        "|{:-<28}|{:->10}:|{:->15}:|{:->15}:|{:->17}:|",
+        "", "", "", "", ""
+    );
     for (name, tps, bytes) in rows {
         match bytes {
             Some((up, down, run)) => {
