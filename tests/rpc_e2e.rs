@@ -25,10 +25,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A prompt of at least 32 tokens, decoded as one batch (as in tests/llama_e2e.rs).
-const LONG_PROMPT: &str = "The quick brown fox jumps over the lazy dog while the farmer counts \
-     his sheep in the green valley below the old stone bridge near the river bank today";
-const MAX_LOGITS_NMSE: f64 = 1e-4;
 /// A client run (model load over the socket, a 33-token batch, 11 one-token steps).
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a server may take to listen.

@@ -11,6 +11,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// A prompt of at least 32 tokens, decoded as one batch.
+pub const LONG_PROMPT: &str =
+    "The quick brown fox jumps over the lazy dog while the farmer counts \
+     his sheep in the green valley below the old stone bridge near the river bank today";
+/// Logits of each step, NPU vs CPU: sum((a-b)^2) / sum(b^2). f16 K/V products are computed in
+/// f32 on hsa-sim where the CPU rounds the query to f16, which is most of the difference.
+pub const MAX_LOGITS_NMSE: f64 = 1e-4;
+
 /// Longest a llama.cpp program of these tests may run before it is killed.
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -226,8 +234,7 @@ pub fn greedy_run(
     args: &GreedyArgs,
     timeout: Duration,
 ) -> (Finished, PathBuf) {
-    let cmd = greedy_command(bin, model, prompt, args);
-    let (mut cmd, logits) = cmd;
+    let (mut cmd, logits) = greedy_command(bin, model, prompt, args);
     (run_bounded(&mut cmd, timeout), logits)
 }
 
