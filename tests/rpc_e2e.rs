@@ -586,6 +586,50 @@ fn a_kernel_that_fails_to_compile_on_the_server_runs_on_the_servers_cpu() {
     assert!(server.alive());
 }
 
+/// The documented limitation (README, "Known limitations"): without `GGML_HSA_CPU_FALLBACK` the
+/// first node HSA0 cannot run (the pinned llama.cpp turns flash attention on for an RPC device)
+/// fails the server's graph and ggml-rpc-server aborts; its log says what to set, and the client
+/// ends with ggml's RPC error instead of hanging.
+#[test]
+fn without_the_cpu_fallback_a_server_stops_and_says_why() {
+    let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
+        return;
+    };
+    let mut server = RpcServer::start(&bin, "no-fallback", &[("GGML_HSA_CPU_FALLBACK", "0")]);
+    let endpoint = server.endpoint();
+    let extra = ["--rpc", endpoint.as_str()];
+    let args = GreedyArgs {
+        plugin_env: None,
+        forced: &[],
+        extra: &extra,
+        n_predict: None,
+    };
+    let (mut cmd, _) = greedy_command(&bin, &model, "Hello", &args);
+    cmd.env("GGML_NO_BACKTRACE", "1");
+    let run = run_bounded(&mut cmd, CLIENT_TIMEOUT);
+    let status = run.status.expect("the client hung");
+    assert!(!status.success(), "the client succeeded");
+    assert!(
+        run.stderr.contains("Remote RPC server crashed"),
+        "{}",
+        tail(&run.stderr)
+    );
+    let deadline = Instant::now() + START_TIMEOUT;
+    while server.alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = server.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("graph_compute failed"))
+        .unwrap_or_else(|| panic!("no failure logged:\n{}", tail(&log)));
+    println!(
+        "without the fallback the server stopped ({}) after: {line}",
+        !server.alive()
+    );
+    assert!(line.contains("GGML_HSA_CPU_FALLBACK=1"), "{line}");
+}
+
 /// README, "Several machines": one server records the kernels of a representative run,
 /// `ggml-hsa-gen-kernels` pregenerates them, and a server with that directory and JIT off serves
 /// the same model without compiling anything: the CPU's text, and no node on the server's CPU
