@@ -420,6 +420,58 @@ fn rpc_devices_plugin(bin: &Path) -> PathBuf {
     .clone()
 }
 
+/// The buffer slots ggml's RPC server calls on HSA0's buffers, from a client
+/// (tests/c/rpc_buffer_ops.cpp): set/get, cpy_tensor between two buffers on the server, memset,
+/// clear and get_alloc_size, each checked by reading back; the server's `GGML_RPC_DEBUG` log
+/// shows it performed each command.
+#[test]
+fn the_servers_buffer_commands_work_on_hsa0_buffers() {
+    let Some(bin) = dl_bin() else { return };
+    let src = script_output("llama-cpp.sh", &["path", "src"]);
+    let exe = common::scratch_dir("rpc-buffer-ops").join("rpc_buffer_ops");
+    let out = Command::new("g++")
+        .args(["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror"])
+        .arg(format!("-I{}", src.join("ggml/include").display()))
+        .arg(format!("-I{}", src.join("ggml/src").display()))
+        .arg(root().join("tests/c/rpc_buffer_ops.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", bin.display()))
+        .args(["-lggml", "-lggml-base"])
+        .arg(format!("-Wl,-rpath,{}", bin.display()))
+        .output()
+        .expect("g++ runs");
+    assert!(
+        out.status.success(),
+        "building rpc_buffer_ops failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = RpcServer::start(&bin, "buffers", &[("GGML_RPC_DEBUG", "1")]);
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&bin)
+        .arg(server.endpoint())
+        .env_remove("GGML_BACKEND_PATH")
+        .env("GGML_NO_BACKTRACE", "1");
+    let run = run_bounded(&mut cmd, CLIENT_TIMEOUT);
+    assert!(
+        run.status.is_some_and(|s| s.success()) && run.stdout.contains("all ok"),
+        "{}{}\nserver:\n{}",
+        run.stdout,
+        run.stderr,
+        tail(&server.log_text())
+    );
+    print!("{}", run.stdout);
+    let log = server.log_text();
+    for command in [
+        "[copy_tensor]",
+        "[memset_tensor]",
+        "[buffer_clear]",
+        "[get_alloc_size]",
+    ] {
+        assert!(log.contains(command), "the server never ran {command}");
+    }
+}
+
 const STARTER_OPS: &str = "ADD,SUB,MUL,DIV,ABS,SGN,NEG,STEP,TANH,ELU,RELU,SIGMOID,GELU,GELU_QUICK,\
      SILU,HARDSWISH,HARDSIGMOID,EXP,GELU_ERF,SQR,SQRT,LOG,SIN,COS,FLOOR,CEIL,ROUND,TRUNC,SCALE,\
      CLAMP,MUL_MAT";
