@@ -513,7 +513,12 @@ fn test_backend_ops_on_the_rpc_device_backed_by_hsa0() {
         );
     }
     assert!(report.total >= 1000, "only {} cases ran", report.total);
-    assert!(server.dispatches() > 0);
+    // Most of them on the NPU (1734 kernel dispatches measured; the rest on the server's CPU).
+    assert!(
+        server.dispatches() >= 1000,
+        "{} NPU dispatches",
+        server.dispatches()
+    );
 }
 
 #[test]
