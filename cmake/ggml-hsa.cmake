@@ -170,6 +170,12 @@ function(ggml_hsa_add_backend)
         target_include_directories(ggml-hsa INTERFACE "${_src}/include")
         add_dependencies(ggml-hsa ggml-hsa-cargo)
         target_link_libraries(ggml PUBLIC ggml-hsa)
+        # GGML_HSA_CPU_FALLBACK reaches ggml's CPU backend through ggml_backend_init_by_type,
+        # looked up among the process's dynamic symbols (src/ffi/cpu.rs), which a static
+        # executable does not export: every program linking ggml exports that one symbol.
+        # (ggml-rpc-server needs the fallback: README, "Several machines".)
+        target_link_options(ggml-hsa INTERFACE
+            "LINKER:--export-dynamic-symbol=ggml_backend_init_by_type")
         # ggml-config.cmake looks for each backend as lib<name>.
         install(FILES "${_archive}" DESTINATION "${CMAKE_INSTALL_LIBDIR}" RENAME libggml-hsa.a)
     endif()

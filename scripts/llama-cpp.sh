@@ -9,6 +9,8 @@
 #   scripts/llama-cpp.sh build-static [TARGET...]  a copy of the tree prepared by
 #                                            cmake/integrate.sh, built with -DGGML_HSA=ON and
 #                                            GGML_BACKEND_DL=OFF (static), in build-static/
+#                                            Both have ggml's RPC backend (GGML_RPC=ON) and its
+#                                            server, target ggml-rpc-server.
 #   scripts/llama-cpp.sh deps                install the system packages the builds need, nothing else
 #   scripts/llama-cpp.sh env                 print `export` lines for build.rs and the tests
 #   scripts/llama-cpp.sh path [src|ggml|build|bin]
@@ -96,9 +98,24 @@ build_targets() {
 }
 
 repo=$(cd "$here/.." && pwd)
+# GGML_RPC=ON: ggml's RPC backend and ggml-rpc-server, which serves HSA0 to other machines (README,
+# "Several machines"); RDMA off so that the build does not depend on what libibverbs is installed.
 common_flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF
     -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF)
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF
+    -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF)
+
+# A build tree configured by this checkout with the current flags: `cache_has DIR LINE...` is
+# true when DIR/CMakeCache.txt has every LINE (a tree from another checkout, or from before
+# GGML_RPC, is configured again).
+cache_has() {
+    local dir=$1 line
+    shift
+    [ -f "$dir/build.ninja" ] || return 1
+    for line in "$@"; do
+        grep -qxF "$line" "$dir/CMakeCache.txt" 2>/dev/null || return 1
+    done
+}
 
 # The plugin through the documented hook, in an unmodified tree (README, "Building with llama.cpp").
 build_dl() {
@@ -106,8 +123,8 @@ build_dl() {
     "$repo/scripts/fetch-deps.sh" >/dev/null
     # The build tree is shared by checkouts of this repository (it lives in the cache): configure
     # again when it was set up for another checkout.
-    if [ ! -f "$dir/build.ninja" ] ||
-        ! grep -qxF "CMAKE_PROJECT_ggml_INCLUDE:UNINITIALIZED=$repo/cmake/hook.cmake" "$dir/CMakeCache.txt" 2>/dev/null; then
+    if ! cache_has "$dir" "CMAKE_PROJECT_ggml_INCLUDE:UNINITIALIZED=$repo/cmake/hook.cmake" \
+        "GGML_RPC:BOOL=ON"; then
         log "configuring $dir (GGML_BACKEND_DL=ON, CMAKE_PROJECT_ggml_INCLUDE=cmake/hook.cmake)"
         GIT_CEILING_DIRECTORIES=$root cmake -S "$src" -B "$dir" "${common_flags[@]}" \
             -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DLLAMA_BUILD_TESTS=ON \
@@ -139,8 +156,7 @@ build_static() {
         rm -f "$tree/ggml/src/ggml-hsa"
         "$repo/cmake/integrate.sh" "$tree" >&2
     fi
-    if [ ! -f "$dir/build.ninja" ] ||
-        ! grep -qxF "GGML_HSA_SOURCE_DIR:PATH=$repo" "$dir/CMakeCache.txt" 2>/dev/null; then
+    if ! cache_has "$dir" "GGML_HSA_SOURCE_DIR:PATH=$repo" "GGML_RPC:BOOL=ON"; then
         log "configuring $dir (GGML_HSA=ON, GGML_BACKEND_DL=OFF, static)"
         GIT_CEILING_DIRECTORIES=$root cmake -S "$tree" -B "$dir" "${common_flags[@]}" \
             -DBUILD_SHARED_LIBS=OFF -DGGML_BACKEND_DL=OFF -DGGML_HSA=ON -DLLAMA_BUILD_TESTS=OFF \

@@ -52,10 +52,13 @@ scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops || { echo "0 pass
 eval "$(scripts/llama-cpp.sh env)"
 # llama.cpp end to end (tests/llama_e2e.rs): the pinned tree built with the backend both ways the
 # README documents (the CMake hook, DL; the integration helper, in-tree static), and the models.
-check "llama.cpp + ggml-hsa through the CMake hook (GGML_BACKEND_DL=ON)" \
-    scripts/llama-cpp.sh build-dl ggml-hsa llama-simple llama-embedding
-check "llama.cpp + ggml-hsa in-tree via cmake/integrate.sh (GGML_BACKEND_DL=OFF, static)" \
-    scripts/llama-cpp.sh build-static llama-simple
+# Both with ggml's RPC backend and ggml-rpc-server (tests/rpc_e2e.rs: HSA0 served to clients on
+# other "machines"); the hook build's test-backend-ops tests the RPC device backed by HSA0.
+check "llama.cpp + ggml-hsa through the CMake hook (GGML_BACKEND_DL=ON, GGML_RPC=ON)" \
+    scripts/llama-cpp.sh build-dl ggml-hsa llama-simple llama-embedding ggml-rpc ggml-rpc-server \
+    test-backend-ops
+check "llama.cpp + ggml-hsa in-tree via cmake/integrate.sh (GGML_BACKEND_DL=OFF, static, GGML_RPC=ON)" \
+    scripts/llama-cpp.sh build-static llama-simple ggml-rpc-server
 check "models (scripts/models.sh)" scripts/models.sh
 export GGML_HSA_REQUIRE_E2E=1
 

@@ -5,7 +5,7 @@ pub mod device;
 pub mod stream;
 
 pub use device::Device;
-pub use stream::{HostMemory, Stream};
+pub use stream::{ComputeError, HostMemory, Stream};
 
 use crate::config::Config;
 use crate::hsa::packet::PacketAbi;

@@ -8,7 +8,7 @@ use super::cpu::CpuFallback;
 use super::guard::guard;
 use super::sys::*;
 use super::{descriptors, handles};
-use crate::backend::Stream;
+use crate::backend::{ComputeError, Stream};
 use crate::log;
 
 /// The context of one backend.
@@ -149,8 +149,18 @@ unsafe extern "C" fn graph_compute(
         match stream.compute(&nodes, &mut memory) {
             Ok(()) => GGML_STATUS_SUCCESS,
             Err(e) => {
+                // A scheduler never hands us a node we declined; a caller that does not ask
+                // (ggml-rpc-server, which also aborts on a failed graph) needs the fallback.
+                let hint = if !stream.device().cpu_fallback
+                    && matches!(e, ComputeError::Node { .. } | ComputeError::Device { .. })
+                {
+                    " (a caller that does not ask supports_op, such as ggml-rpc-server, needs \
+                     GGML_HSA_CPU_FALLBACK=1 so that such nodes run on the CPU)"
+                } else {
+                    ""
+                };
                 log::error(&format!(
-                    "{}: graph_compute failed: {e}",
+                    "{}: graph_compute failed: {e}{hint}",
                     stream.device().name
                 ));
                 GGML_STATUS_FAILED

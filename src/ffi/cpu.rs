@@ -4,8 +4,9 @@
 //!
 //! The plugin links only `libggml-base`; the CPU backend is reached through the registry of the
 //! ggml that loaded it (`ggml_backend_init_by_type` in `libggml`), looked up in the process's
-//! global symbols. A fully static executable does not export that symbol; the fallback is then
-//! unavailable and says so once.
+//! global symbols. A static executable exports it only when linked to: the CMake shim's static
+//! build (`GGML_BACKEND_DL=OFF`) adds `--export-dynamic-symbol=ggml_backend_init_by_type` to every
+//! program linking ggml. Elsewhere the fallback is then unavailable and says so once.
 
 use std::sync::OnceLock;
 
@@ -31,8 +32,8 @@ fn init_by_type() -> Option<InitByType> {
             Err(e) => {
                 log::error(&format!(
                     "GGML_HSA_CPU_FALLBACK: ggml's registry is not reachable from the plugin \
-                     ({e}); the fallback is unavailable (a static executable must export its \
-                     symbols, e.g. link with -rdynamic)"
+                     ({e}); the fallback is unavailable (a static executable must export it: \
+                     -Wl,--export-dynamic-symbol=ggml_backend_init_by_type or -rdynamic)"
                 ));
                 None
             }

@@ -9,10 +9,18 @@
 // another run's tokens, so that both runs see the same sequence); "tokens:" still lists the
 // argmax of every step.
 //
-//   llama_greedy -m MODEL [-n N] [-ngl N] [-nkvo] [--logits FILE] [--force IDS] [--backend-dir DIR] PROMPT
+// With --rpc HOST:PORT[,HOST:PORT...] the model's devices are the RPC servers' (ggml's RPC
+// backend, as llama.cpp's --rpc registers them); -ts A,B,... splits the layers between them as
+// llama.cpp's -ts does. stdout then also has "gen_seconds: <s>", the wall time of the
+// one-token steps (all but the first, which decodes the prompt).
+//
+//   llama_greedy -m MODEL [-n N] [-ngl N] [-nkvo] [--logits FILE] [--force IDS] [--backend-dir DIR]
+//                [--rpc SERVERS] [-ts SPLIT] PROMPT
 // (DIR: where ggml looks for its backend libraries; default: next to the executable)
 #include "llama.h"
 
+#include <algorithm>
+#include <chrono>
 #include <clocale>
 #include <cstdio>
 #include <cstdlib>
@@ -41,6 +49,8 @@ int main(int argc, char ** argv) {
     std::vector<llama_token> forced;
     int ngl = 99;
     bool offload_kqv = true;
+    std::string rpc_servers;
+    std::vector<float> split;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "-m" && i + 1 < argc) {
@@ -61,6 +71,18 @@ int main(int argc, char ** argv) {
             }
         } else if (a == "--backend-dir" && i + 1 < argc) {
             backend_dir = argv[++i];
+        } else if (a == "--rpc" && i + 1 < argc) {
+            rpc_servers = argv[++i];
+        } else if (a == "-ts" && i + 1 < argc) {
+            for (const char * p = argv[++i]; *p;) {
+                char * end = nullptr;
+                split.push_back(std::strtof(p, &end));
+                if (end == p) {
+                    fprintf(stderr, "error: -ts takes comma-separated proportions\n");
+                    return 2;
+                }
+                p = *end == ',' ? end + 1 : end;
+            }
         } else if (a == "-nkvo") {
             offload_kqv = false;
         } else if (a == "--logits" && i + 1 < argc) {
@@ -78,8 +100,49 @@ int main(int argc, char ** argv) {
     ggml_backend_load_all_from_path(backend_dir.empty() ? nullptr : backend_dir.c_str());
     llama_backend_init();
 
+    // The RPC servers' devices, registered as llama.cpp's --rpc does (common/arg.cpp).
+    std::vector<ggml_backend_dev_t> devices;
+    if (!rpc_servers.empty()) {
+        ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
+        if (!rpc) {
+            fprintf(stderr, "error: ggml's RPC backend is not available\n");
+            return 1;
+        }
+        typedef ggml_backend_reg_t (*add_server_t)(const char * endpoint);
+        auto add_server = (add_server_t) ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server");
+        if (!add_server) {
+            fprintf(stderr, "error: the RPC backend has no ggml_backend_rpc_add_server\n");
+            return 1;
+        }
+        for (size_t at = 0; at <= rpc_servers.size();) {
+            size_t comma = rpc_servers.find(',', at);
+            if (comma == std::string::npos) {
+                comma = rpc_servers.size();
+            }
+            ggml_backend_reg_t server = add_server(rpc_servers.substr(at, comma - at).c_str());
+            ggml_backend_register(server);
+            for (size_t d = 0; d < ggml_backend_reg_dev_count(server); ++d) {
+                devices.push_back(ggml_backend_reg_dev_get(server, d));
+            }
+            at = comma + 1;
+        }
+        devices.push_back(nullptr);
+    }
+    std::vector<float> tensor_split(llama_max_devices(), 0.0f);
+    if (split.size() > tensor_split.size()) {
+        fprintf(stderr, "error: -ts has more than %zu entries\n", tensor_split.size());
+        return 2;
+    }
+    std::copy(split.begin(), split.end(), tensor_split.begin());
+
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = ngl;
+    if (!devices.empty()) {
+        mp.devices = devices.data();
+    }
+    if (!split.empty()) {
+        mp.tensor_split = tensor_split.data();
+    }
     llama_model * model = llama_model_load_from_file(model_path.c_str(), mp);
     if (!model) {
         fprintf(stderr, "error: cannot load %s\n", model_path.c_str());
@@ -116,7 +179,11 @@ int main(int argc, char ** argv) {
     int n_batch = n_prompt;
     std::vector<llama_token> generated;
     std::string text;
+    auto gen_start = std::chrono::steady_clock::now();
     for (int step = 0; step < n_predict; ++step) {
+        if (step == 1) {
+            gen_start = std::chrono::steady_clock::now();
+        }
         if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch)) {
             fprintf(stderr, "error: decode failed at step %d\n", step);
             return 1;
@@ -156,6 +223,8 @@ int main(int argc, char ** argv) {
         printf(" %d", t);
     }
     printf("\ntext: %s\n", text.c_str());
+    const std::chrono::duration<double> gen = std::chrono::steady_clock::now() - gen_start;
+    printf("gen_tokens: %d\ngen_seconds: %.6f\n", n_predict - 1, n_predict > 1 ? gen.count() : 0.0);
 
     llama_batch_ext_free(batch);
     llama_free(ctx);

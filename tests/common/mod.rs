@@ -2,6 +2,7 @@
 //! and a strict reading of test-backend-ops' output.
 #![allow(dead_code)]
 
+pub mod llama;
 pub mod test_backend_ops;
 
 use std::path::PathBuf;
