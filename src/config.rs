@@ -312,7 +312,7 @@ mod tests {
     #[test]
     fn bad_kernel_settings_warn() {
         let c = config(&[
-            ("GGML_HSA_PACKET_ABI", "c"),
+            ("GGML_HSA_PACKET_ABI", "d"),
             ("GGML_HSA_KERNEL_DIR", "/nonexistent/kernels"),
             ("GGML_HSA_JIT_VERBOSE", "very"),
         ]);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::device::{Device, DeviceError, LoadedKernel};
 use crate::hsa::memory::PoolAlloc;
-use crate::hsa::packet::{Dispatch, Operand};
+use crate::hsa::packet::Operand;
 use crate::hsa::queue::{Queue, SubmitError, QUEUE_SIZE};
 use crate::hsa::signal::{Signal, DEVICE_TIMEOUT};
 use crate::kernels::KernelDesc;
@@ -263,7 +263,7 @@ impl Stream {
                 t.memory
             )));
         }
-        let pdi = kernel.pdi.device_addr();
+        let pdi = kernel.pdi_slot();
         if !self.resident_pdis.contains(&pdi) && self.resident_pdis.len() == MAX_PDIS_PER_QUEUE {
             // The queue's PDI cache is full: submit what refers to it and start a fresh queue.
             self.flush().map_err(Enqueue::Submit)?;
@@ -286,12 +286,7 @@ impl Stream {
             .packet_abi
             .format()
             .encode(
-                &Dispatch {
-                    pdi_addr: pdi,
-                    insts_addr: kernel.insts.device_addr(),
-                    insts_bytes: kernel.insts_bytes,
-                    operands: &operands,
-                },
+                &kernel.dispatch(&operands),
                 args,
                 args_addr,
                 self.completion.handle(),

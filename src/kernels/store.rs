@@ -33,8 +33,11 @@ pub struct KernelFiles {
     pub name: String,
     pub pdi: Vec<u8>,
     pub insts: Vec<u8>,
-    /// The `.pdi` file they came from.
+    /// The `.pdi` (or `.hsaco`) file they came from.
     pub path: PathBuf,
+    /// The AIE code object when the kernel came from `<name>.hsaco` (packet ABI c loads it as
+    /// it is; the PDI and instruction stream above are its kernel's blobs).
+    pub hsaco: Option<Vec<u8>>,
 }
 
 /// The list of kernels this backend wrote into a cache directory, one name per line.
@@ -144,8 +147,10 @@ impl KernelStore {
             Err(why) => Err(format!("no kernel file {name}.pdi ({why})")),
         };
         let on_disk = || {
-            self.search_dirs()
-                .any(|dir| dir.join(format!("{name}.pdi")).is_file())
+            self.search_dirs().any(|dir| {
+                dir.join(format!("{name}.pdi")).is_file()
+                    || dir.join(format!("{name}.hsaco")).is_file()
+            })
         };
         match compilable {
             Err(_) if on_disk() => Ok(()),
@@ -171,7 +176,8 @@ impl KernelStore {
                 if known_bad(name) {
                     return None;
                 }
-                self.search_dirs().find_map(|dir| read_kernel(&dir, name))
+                self.search_dirs()
+                    .find_map(|dir| read_kernel(&dir, name, self.arch))
             })
             .collect();
         let missing: Vec<usize> = (0..names.len())
@@ -183,7 +189,7 @@ impl KernelStore {
         // What was compiled is in the cache now (the other directories were read above).
         for (i, name) in names.iter().enumerate() {
             if found[i].is_none() && !known_bad(name) {
-                found[i] = read_kernel(&self.cache_arch_dir(), name);
+                found[i] = read_kernel(&self.cache_arch_dir(), name, self.arch);
             }
         }
         names
@@ -280,7 +286,7 @@ impl KernelStore {
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create the cache directory {}: {e}", dir.display()))?;
         let lock = lock_kernel(&dir, name)?;
-        if read_kernel(&dir, name).is_some() {
+        if read_kernel(&dir, name, self.arch).is_some() {
             return Ok("compiled by another process");
         }
         let request = dir.join(format!(".{name}.request.{}.json", std::process::id()));
@@ -348,6 +354,7 @@ pub fn clear_cache_dir(dir: &Path) -> Vec<PathBuf> {
         for file in [
             format!("{name}.pdi"),
             format!("{name}_insts.bin"),
+            format!("{name}.hsaco"),
             format!(".{name}.lock"),
         ] {
             let path = dir.join(file);
@@ -363,9 +370,46 @@ pub fn clear_cache_dir(dir: &Path) -> Vec<PathBuf> {
     removed
 }
 
-/// Reads `<dir>/<name>.pdi` and `<dir>/<name>_insts.bin`; `None` when absent or unusable (the
-/// latter is logged with the path).
-fn read_kernel(dir: &Path, name: &str) -> Option<KernelFiles> {
+/// Reads `<dir>/<name>.hsaco` (preferred: an AIE code object with a PDI + instructions kernel
+/// called `name` in the section of `arch`), else `<dir>/<name>.pdi` and `<dir>/<name>_insts.bin`;
+/// `None` when absent or unusable (the latter is logged with the path).
+fn read_kernel(dir: &Path, name: &str, arch: Arch) -> Option<KernelFiles> {
+    let hsaco_path = dir.join(format!("{name}.hsaco"));
+    if hsaco_path.is_file() {
+        match read_hsaco(&hsaco_path, name, arch) {
+            Ok(files) => return Some(files),
+            Err(reason) => log::warn(&format!(
+                "ignoring corrupt kernel file {}: {reason}",
+                hsaco_path.display()
+            )),
+        }
+    }
+    read_pdi_insts(dir, name)
+}
+
+/// The kernel `name` of an hsaco file, validated by the shared strict reader.
+fn read_hsaco(path: &Path, name: &str, arch: Arch) -> Result<KernelFiles, String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let kernels = aie_hsaco::read(&bytes, arch.name()).map_err(|e| e.to_string())?;
+    let k = kernels
+        .into_iter()
+        .find(|k| k.name == name)
+        .ok_or_else(|| format!("no kernel named {name} in its {} section", arch.name()))?;
+    if k.kind != aie_hsaco::KernelKind::PdiInsts {
+        return Err(format!(
+            "kernel {name} is a full ELF; this backend dispatches PDI + instruction kernels"
+        ));
+    }
+    Ok(KernelFiles {
+        name: name.to_owned(),
+        pdi: k.pdi,
+        insts: k.insts,
+        path: path.to_owned(),
+        hsaco: Some(bytes),
+    })
+}
+
+fn read_pdi_insts(dir: &Path, name: &str) -> Option<KernelFiles> {
     let pdi_path = dir.join(format!("{name}.pdi"));
     let insts_path = dir.join(format!("{name}_insts.bin"));
     if !pdi_path.is_file() {
@@ -392,6 +436,7 @@ fn read_kernel(dir: &Path, name: &str) -> Option<KernelFiles> {
             pdi,
             insts,
             path: pdi_path,
+            hsaco: None,
         }),
         Err(reason) => {
             log::warn(&format!("ignoring corrupt kernel files: {reason}"));
