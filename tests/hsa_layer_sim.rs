@@ -65,9 +65,16 @@ fn every_packet_abi_dispatches_on_the_simulator() {
 struct Kernel {
     pdi: ggml_hsa::hsa::memory::PoolAlloc,
     insts: ggml_hsa::hsa::memory::PoolAlloc,
+    /// ABI c: the kernel loaded as an AIE code object (wrapping the same PDI and instructions).
+    object: Option<ggml_hsa::hsa::executable::KernelObject>,
 }
 
-fn compile_add(rt: &'static Runtime, pools: &AgentPools, dir: &Path) -> Kernel {
+fn compile_add(
+    rt: &'static Runtime,
+    agent: ggml_hsa::hsa::sys::hsa_agent_t,
+    pools: &AgentPools,
+    dir: &Path,
+) -> Kernel {
     let t = format!(
         r#"{{"ne":[{N},1,1,1],"nb":[4,{},{},{}],"type":"f32"}}"#,
         4 * N,
@@ -99,7 +106,27 @@ fn compile_add(rt: &'static Runtime, pools: &AgentPools, dir: &Path) -> Kernel {
     };
     let (pdi, _) = load(&format!("add_f32_{N}.pdi"));
     let (insts, _) = load(&format!("add_f32_{N}_insts.bin"));
-    Kernel { pdi, insts }
+    let name = format!("add_f32_{N}");
+    let hsaco = aie_hsaco::write_single(
+        "aie2p",
+        &name,
+        &std::fs::read(dir.join(format!("{name}.pdi"))).unwrap(),
+        &std::fs::read(dir.join(format!("{name}_insts.bin"))).unwrap(),
+        3,
+        1,
+    )
+    .unwrap();
+    let loaded = rt.load_code_object(agent, &hsaco, &[&name]);
+    // Only a generation-c runtime loads an AIE code object (what the auto probe relies on).
+    let c = std::env::var("GGML_HSA_TEST_ABI").unwrap() == "c";
+    assert_eq!(loaded.is_ok(), c, "{loaded:?}");
+    assert_eq!(rt.probe_code_objects(agent, "aie2p"), c);
+    let object = loaded.ok().map(|mut k| k.remove(0));
+    if let Some(k) = &object {
+        assert_ne!(k.handle, 0);
+        assert_eq!(k.kernarg_size, 48);
+    }
+    Kernel { pdi, insts, object }
 }
 
 fn f32s(alloc: &ggml_hsa::hsa::memory::PoolAlloc) -> Vec<f32> {
@@ -127,7 +154,7 @@ fn child_add_and_batch() {
     assert_eq!(pools.dev_heap.size, 64 << 20, "ROCR's 64 MiB dev heap");
 
     let dir = common::scratch_dir(&format!("hsa-layer-sim-{abi}"));
-    let kernel = compile_add(rt, &pools, &dir);
+    let kernel = compile_add(rt, npu.agent, &pools, &dir);
     let mut a = rt.allocate(pools.data.pool, 4 * N).unwrap();
     let mut b = rt.allocate(pools.data.pool, 4 * N).unwrap();
     for i in 0..N {
@@ -152,6 +179,7 @@ fn child_add_and_batch() {
         format
             .encode(
                 &Dispatch {
+                    kernel_object: kernel.object.as_ref().map_or(0, |k| k.handle),
                     pdi_addr: kernel.pdi.device_addr(),
                     insts_addr: kernel.insts.device_addr(),
                     insts_bytes: kernel.insts.size() as u64 & !3,
