@@ -61,6 +61,15 @@ pub enum ComputeError {
     },
     #[error("submitting {packets} kernel(s): {source}")]
     Submit { packets: usize, source: SubmitError },
+    #[error("node {index} ({op}, kernel {kernel}) failed on the NPU (packet {at} of a batch of {packets}): {source}")]
+    NodeFailed {
+        index: usize,
+        op: &'static str,
+        kernel: String,
+        at: usize,
+        packets: usize,
+        source: SubmitError,
+    },
     #[error("submitting {packets} kernel(s): {reason}")]
     Completion { packets: usize, reason: String },
     #[error("creating a queue: {0}")]
@@ -86,6 +95,8 @@ pub struct Stream {
     resident_pdis: HashSet<u64>,
     batch: Vec<[u8; 64]>,
     batch_kernels: Vec<Arc<LoadedKernel>>,
+    /// The graph node (index, op) of each packet of the batch, to name a failing one.
+    batch_nodes: Vec<(usize, &'static str)>,
     pending: Vec<Pending>,
 }
 
@@ -106,6 +117,7 @@ impl Stream {
             resident_pdis: HashSet::new(),
             batch: Vec::new(),
             batch_kernels: Vec::new(),
+            batch_nodes: Vec::new(),
             pending: Vec::new(),
         })
     }
@@ -181,7 +193,7 @@ impl Stream {
                 .enumerate()
                 .try_for_each(|(i, (step, kernel))| match (step, kernel) {
                     (Step::Plan(Plan::Kernel { operands, .. }), Some(kernel)) => self
-                        .enqueue(kernel, operands)
+                        .enqueue(kernel, operands, (i, nodes[i].op.name()))
                         .map_err(|e| enqueue_error(i, e)),
                     (Step::Plan(Plan::Host(op)), _) => {
                         self.host(op, host).map_err(|e| enqueue_error(i, e))
@@ -215,6 +227,7 @@ impl Stream {
     fn abandon(&mut self) {
         self.batch.clear();
         self.batch_kernels.clear();
+        self.batch_nodes.clear();
         self.pending.clear();
         self.queue = None;
         self.resident_pdis.clear();
@@ -246,7 +259,12 @@ impl Stream {
         host.run(op).map_err(Enqueue::Operand)
     }
 
-    fn enqueue(&mut self, kernel: Arc<LoadedKernel>, tensors: &[Tensor]) -> Result<(), Enqueue> {
+    fn enqueue(
+        &mut self,
+        kernel: Arc<LoadedKernel>,
+        tensors: &[Tensor],
+        node: (usize, &'static str),
+    ) -> Result<(), Enqueue> {
         if tensors.len() > MAX_OPERANDS {
             return Err(Enqueue::Operand(format!(
                 "{} operands, at most {MAX_OPERANDS}",
@@ -295,6 +313,7 @@ impl Stream {
         self.resident_pdis.insert(pdi);
         self.batch.push(packet);
         self.batch_kernels.push(kernel);
+        self.batch_nodes.push(node);
         let last = tensors.len() - 1;
         self.pending
             .extend(tensors.iter().enumerate().map(|(i, t)| Pending {
@@ -313,12 +332,15 @@ impl Stream {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let result = self.submit();
+        let result = self.submit().map_err(|e| self.name_failing_node(e));
+        // Only now may the batch's kernels (and, for ABI c, their executables) go.
         self.batch.clear();
         self.batch_kernels.clear();
+        self.batch_nodes.clear();
         self.pending.clear();
         if result.is_err() {
-            // The queue may be in an error state; the next submission gets a fresh one.
+            // The queue may be suspended or in an error state: the next submission gets a fresh
+            // one (the error, logged by the caller, names the failing node where it is known).
             self.queue = None;
             self.resident_pdis.clear();
         }
@@ -347,6 +369,31 @@ impl Stream {
             wait_completion(&self.completion, packets)?;
         }
         Ok(())
+    }
+}
+
+impl Stream {
+    /// A runtime error reported after `ran` packets of the batch ran names the node of the
+    /// packet that failed.
+    fn name_failing_node(&self, e: ComputeError) -> ComputeError {
+        match e {
+            ComputeError::Submit {
+                packets,
+                source: source @ SubmitError::Runtime { ran, .. },
+            } if (ran as usize) < self.batch_nodes.len() => {
+                let at = ran as usize;
+                let (index, op) = self.batch_nodes[at];
+                ComputeError::NodeFailed {
+                    index,
+                    op,
+                    kernel: self.batch_kernels[at].name.clone(),
+                    at,
+                    packets,
+                    source,
+                }
+            }
+            other => other,
+        }
     }
 }
 
