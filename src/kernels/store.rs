@@ -537,4 +537,46 @@ mod tests {
         assert!(clear_cache_dir(&dir).is_empty());
         let _ = std::fs::remove_dir_all(dir);
     }
+
+    #[test]
+    fn hsaco_files_are_preferred_and_corrupt_ones_ignored() {
+        let dir = scratch("hsaco");
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = aie_hsaco::write_single("aie2p", "k", b"PDI!", &[1, 0, 0, 0], 2, 1).unwrap();
+        std::fs::write(dir.join("k.hsaco"), &good).unwrap();
+        let f = read_kernel(&dir, "k", Arch::Aie2p).unwrap();
+        assert_eq!(
+            (f.pdi.as_slice(), f.insts.as_slice()),
+            (&b"PDI!"[..], &[1, 0, 0, 0][..])
+        );
+        assert_eq!(f.hsaco.as_deref(), Some(good.as_slice()));
+        // No aie2 section, no .pdi: no kernel for aie2; another name: none either.
+        assert!(read_kernel(&dir, "k", Arch::Aie2).is_none());
+        std::fs::copy(dir.join("k.hsaco"), dir.join("other.hsaco")).unwrap();
+        assert!(read_kernel(&dir, "other", Arch::Aie2p).is_none());
+        // With the .pdi pair beside it, a corrupt hsaco falls back to the pair; whatever the
+        // corruption (truncations, flipped bytes), the result is a clean kernel or the pair.
+        std::fs::write(dir.join("k.pdi"), b"PAIR").unwrap();
+        std::fs::write(dir.join("k_insts.bin"), [2u8, 0, 0, 0]).unwrap();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for i in 0..300 {
+            let mut bytes = good.clone();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if i % 2 == 0 {
+                bytes.truncate((x % good.len() as u64) as usize);
+            } else {
+                let at = (x as usize) % bytes.len();
+                bytes[at] ^= 1 << (x >> 61);
+            }
+            std::fs::write(dir.join("k.hsaco"), &bytes).unwrap();
+            let f = read_kernel(&dir, "k", Arch::Aie2p).expect("the pair at least");
+            assert!(!f.pdi.is_empty() && !f.insts.is_empty() && f.insts.len().is_multiple_of(4));
+            if f.hsaco.is_none() {
+                assert_eq!(f.pdi, b"PAIR", "case {i}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
