@@ -259,15 +259,13 @@ impl Device {
             let hsaco = match &files.hsaco {
                 Some(bytes) => bytes.as_slice(),
                 None => {
-                    wrapped = aie_hsaco::write_single(
-                        self.npu.arch.name(),
-                        &files.name,
-                        &files.pdi,
-                        &files.insts,
-                        n_args,
-                        1,
-                    )
-                    .map_err(|e| failed(format!("cannot wrap it as an AIE code object: {e}")))?;
+                    wrapped = self
+                        .npu
+                        .arch
+                        .wrap_hsaco(&files.name, &files.pdi, &files.insts, n_args)
+                        .map_err(|e| {
+                            failed(format!("cannot wrap it as an AIE code object: {e}"))
+                        })?;
                     &wrapped
                 }
             };
