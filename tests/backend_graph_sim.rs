@@ -278,6 +278,60 @@ fn a_packet_abi_mismatch_is_an_error_not_a_hang() {
     }
 }
 
+/// A `<name>.hsaco` in GGML_HSA_KERNEL_DIR is used (no compiler needed) under c, where it is
+/// loaded as it is, and under b, where its blobs are; a corrupt one is ignored with a warning.
+#[test]
+fn hsaco_kernel_files_are_used_and_corrupt_ones_ignored() {
+    // Compile the chain's kernel once, into a cache.
+    let o = run("hsaco-compile", "chain", 1, &[]);
+    assert!(o.has("RESULT 0 ok"), "{}", o.text);
+    // (run's scratch directory; scratch_dir would empty it)
+    let cache = std::env::temp_dir()
+        .join(format!(
+            "ggml-hsa-graph-hsaco-compile-{}",
+            std::process::id()
+        ))
+        .join("cache")
+        .join("aie2p");
+    let pdi = std::fs::read(cache.join(format!("{CHAIN_KERNEL}.pdi"))).unwrap();
+    let insts = std::fs::read(cache.join(format!("{CHAIN_KERNEL}_insts.bin"))).unwrap();
+    let dir = common::scratch_dir("graph-hsaco-kernels");
+    std::fs::create_dir_all(dir.join("aie2p")).unwrap();
+    let hsaco = dir.join("aie2p").join(format!("{CHAIN_KERNEL}.hsaco"));
+    let good = ggml_hsa::kernels::Arch::Aie2p
+        .wrap_hsaco(CHAIN_KERNEL, &pdi, &insts, 3)
+        .unwrap();
+    std::fs::write(&hsaco, &good).unwrap();
+    for abi in ["b", "c"] {
+        let o = run(
+            &format!("hsaco-{abi}"),
+            "chain",
+            1,
+            &[
+                ("HSA_SIM_PACKET_ABI", abi),
+                ("GGML_HSA_KERNEL_DIR", dir.to_str().unwrap()),
+                ("GGML_HSA_JIT_COMPILER", "/nonexistent/compiler"),
+            ],
+        );
+        assert!(o.has("RESULT 0 ok"), "{abi}:\n{}", o.text);
+        assert_eq!(o.counter("dispatches"), 20, "{abi}");
+    }
+    // Corrupt: ignored with a warning naming the file, and the kernel compiled instead.
+    std::fs::write(&hsaco, &good[..good.len() - 7]).unwrap();
+    let o = run(
+        "hsaco-corrupt",
+        "chain",
+        1,
+        &[
+            ("HSA_SIM_PACKET_ABI", "c"),
+            ("GGML_HSA_KERNEL_DIR", dir.to_str().unwrap()),
+        ],
+    );
+    assert!(o.has("ignoring corrupt kernel file"), "{}", o.text);
+    assert!(o.has(&hsaco.display().to_string()), "{}", o.text);
+    assert!(o.has("RESULT 0 ok"), "{}", o.text);
+}
+
 #[test]
 fn corrupt_and_foreign_kernel_files() {
     let dir = common::scratch_dir("graph-kernels");
