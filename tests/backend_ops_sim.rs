@@ -144,6 +144,20 @@ fn every_op_with_two_workers_under_packet_abis_a2_and_a3() {
     }
 }
 
+/// Every op of docs/ops.md under packet ABI c (kernels as AIE code objects, dispatched by their
+/// kernel objects), with two workers.
+#[test]
+fn every_op_with_two_workers_under_packet_abi_c() {
+    let ops = documented_ops();
+    let r = tbo(
+        "every-c",
+        &ops,
+        &["-j", "2"],
+        &[("HSA_SIM_PACKET_ABI", "c")],
+    );
+    assert_hundreds_pass(&r, "c", 4000);
+}
+
 #[test]
 fn model_ops_mul_mat_norms_rows_reductions() {
     let r = tbo("mul-mat", MODEL_OPS, &[], &[]);
