@@ -53,12 +53,14 @@ fn every_packet_abi_dispatches_on_the_simulator() {
             json.contains(&format!("\"packet_abi\": \"{abi}\"")),
             "{json}"
         );
-        // Two single dispatches, then 20 packets behind one doorbell.
-        assert_eq!(counter(&json, "doorbells"), 3, "{abi}: {json}");
+        // Two single dispatches, then 20 packets behind one doorbell (and under c one refused
+        // packet naming a destroyed executable's kernel object).
+        let c = u64::from(abi == PacketAbi::C);
+        assert_eq!(counter(&json, "doorbells"), 3 + c, "{abi}: {json}");
         assert_eq!(counter(&json, "dispatches"), 22, "{abi}: {json}");
         assert_eq!(counter(&json, "chains"), 3, "{abi}: {json}");
         assert_eq!(counter(&json, "pdi_loads"), 1, "{abi}: {json}");
-        assert_eq!(counter(&json, "dispatch_errors"), 0, "{abi}: {json}");
+        assert_eq!(counter(&json, "dispatch_errors"), c, "{abi}: {json}");
     }
 }
 
@@ -226,5 +228,41 @@ fn child_add_and_batch() {
     }
     for out in &outs {
         assert_eq!(f32s(out)[N - 1], (N - 1) as f32 + 0.5);
+    }
+
+    // ABI c: dropping the last reference destroys the executable (RAII); its kernel object is
+    // then refused by the runtime, which reports it through the queue's error callback and
+    // suspends the queue.
+    if let Some(object) = kernel.object.as_ref() {
+        let stale = object.handle;
+        drop(packets);
+        let Kernel { object, .. } = kernel;
+        drop(object);
+        let mut args = rt.allocate(pools.kernarg.pool, arg_bytes).unwrap();
+        let addr = args.device_addr();
+        let packet = format
+            .encode(
+                &Dispatch {
+                    kernel_object: stale,
+                    pdi_addr: 0,
+                    insts_addr: 0,
+                    insts_bytes: 0,
+                    operands: &operands(&outs[0]),
+                },
+                args.as_mut_slice(),
+                addr,
+                signal.handle(),
+            )
+            .unwrap();
+        match queue.submit(&[packet]) {
+            Err(ggml_hsa::hsa::queue::SubmitError::Runtime { status, ran }) => {
+                assert_eq!(
+                    status,
+                    ggml_hsa::hsa::sys::HSA_STATUS_ERROR_INVALID_PACKET_FORMAT
+                );
+                assert_eq!(ran, 0);
+            }
+            other => panic!("a destroyed executable's kernel object ran: {other:?}"),
+        }
     }
 }
