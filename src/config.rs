@@ -22,7 +22,8 @@ pub struct Config {
     /// `GGML_HSA_PACKET_ABI`: the AIE packet generation to speak; `None` (`auto`, the default)
     /// probes the runtime.
     pub packet_abi: Option<PacketAbi>,
-    /// `GGML_HSA_KERNEL_DIR`: precompiled kernels (`<dir>/<arch>/<name>.pdi`), searched first.
+    /// `GGML_HSA_KERNEL_DIR`: precompiled kernels (`<dir>/<arch>/<name>.hsaco`, or `.pdi` +
+    /// `_insts.bin`), searched first.
     pub kernel_dir: Option<PathBuf>,
     /// Where JIT-compiled kernels are cached: `GGML_HSA_KERNEL_CACHE_DIR`, else
     /// `$XDG_CACHE_HOME/ggml`, else `$HOME/.cache/ggml`, else `/tmp/ggml/ggml-hsa`.
@@ -312,7 +313,7 @@ mod tests {
     #[test]
     fn bad_kernel_settings_warn() {
         let c = config(&[
-            ("GGML_HSA_PACKET_ABI", "c"),
+            ("GGML_HSA_PACKET_ABI", "d"),
             ("GGML_HSA_KERNEL_DIR", "/nonexistent/kernels"),
             ("GGML_HSA_JIT_VERBOSE", "very"),
         ]);

@@ -85,7 +85,7 @@ fn run(tag: &str, graph: &str, computes: u32, env: &[(&str, &str)]) -> Outcome {
 
 #[test]
 fn twenty_consecutive_kernels_ring_one_doorbell_with_every_packet_abi() {
-    for abi in ["a1", "a2", "a3", "b"] {
+    for abi in ["a1", "a2", "a3", "b", "c"] {
         // The plugin is not told the ABI: `auto` must find it from the runtime.
         let o = run(
             &format!("chain-{abi}"),
@@ -192,6 +192,45 @@ fn a_queue_error_state_fails_the_graph() {
 }
 
 #[test]
+fn a_suspended_c_queue_is_replaced_and_the_failing_node_named() {
+    // ABI c: the failing packet suspends the queue (its later doorbells would be ignored and
+    // the completion signal of unprocessed packets never drops); the stream must not wait for
+    // it, must name the node, and must run the next graph on a fresh queue.
+    let o = run(
+        "c-fail-dispatch",
+        "chain",
+        2,
+        &[("HSA_SIM_PACKET_ABI", "c"), ("HSA_SIM_FAIL_DISPATCH", "3")],
+    );
+    assert_fails_then_recovers(&o, "failed dispatch under c");
+    assert!(
+        o.has("failed on the NPU (packet 2 of a batch of 20)"),
+        "{}",
+        o.text
+    );
+    assert!(o.has("the queue is suspended"), "{}", o.text);
+    let o = run(
+        "c-error-state",
+        "chain",
+        2,
+        &[("HSA_SIM_PACKET_ABI", "c"), ("HSA_SIM_ERROR_STATE", "1")],
+    );
+    assert_fails_then_recovers(&o, "error state under c");
+    assert!(
+        o.has("failed on the NPU (packet 0 of a batch of 20)"),
+        "{}",
+        o.text
+    );
+    let o = run(
+        "c-hang",
+        "chain",
+        2,
+        &[("HSA_SIM_PACKET_ABI", "c"), ("HSA_SIM_HANG_DISPATCH", "5")],
+    );
+    assert_fails_then_recovers(&o, "hung dispatch under c");
+}
+
+#[test]
 fn failed_allocations_are_reported_at_each_stage() {
     // 1st allocation: the backend's argument memory -> no backend.
     let o = run("alloc-1", "chain", 1, &[("HSA_SIM_FAIL_ALLOC", "1")]);
@@ -211,7 +250,14 @@ fn failed_allocations_are_reported_at_each_stage() {
 
 #[test]
 fn a_packet_abi_mismatch_is_an_error_not_a_hang() {
-    for (ours, theirs) in [("a2", "a1"), ("b", "a1"), ("a1", "b"), ("a1", "a3")] {
+    for (ours, theirs) in [
+        ("a2", "a1"),
+        ("b", "a1"),
+        ("a1", "b"),
+        ("a1", "a3"),
+        ("b", "c"),
+        ("c", "a3"),
+    ] {
         let o = run(
             &format!("abi-{ours}-{theirs}"),
             "chain",
@@ -222,12 +268,68 @@ fn a_packet_abi_mismatch_is_an_error_not_a_hang() {
             ],
         );
         assert!(o.has("STATUS 0 -1"), "{ours} on {theirs}:\n{}", o.text);
-        assert!(
-            o.has("INVALID_PACKET_FORMAT"),
-            "{ours} on {theirs}:\n{}",
-            o.text
-        );
+        // A runtime before c cannot load the code object a c client gives it.
+        let expected = if ours == "c" {
+            "INVALID_CODE_OBJECT"
+        } else {
+            "INVALID_PACKET_FORMAT"
+        };
+        assert!(o.has(expected), "{ours} on {theirs}:\n{}", o.text);
     }
+}
+
+/// A `<name>.hsaco` in GGML_HSA_KERNEL_DIR is used (no compiler needed) under c, where it is
+/// loaded as it is, and under b, where its blobs are; a corrupt one is ignored with a warning.
+#[test]
+fn hsaco_kernel_files_are_used_and_corrupt_ones_ignored() {
+    // Compile the chain's kernel once, into a cache.
+    let o = run("hsaco-compile", "chain", 1, &[]);
+    assert!(o.has("RESULT 0 ok"), "{}", o.text);
+    // (run's scratch directory; scratch_dir would empty it)
+    let cache = std::env::temp_dir()
+        .join(format!(
+            "ggml-hsa-graph-hsaco-compile-{}",
+            std::process::id()
+        ))
+        .join("cache")
+        .join("aie2p");
+    let pdi = std::fs::read(cache.join(format!("{CHAIN_KERNEL}.pdi"))).unwrap();
+    let insts = std::fs::read(cache.join(format!("{CHAIN_KERNEL}_insts.bin"))).unwrap();
+    let dir = common::scratch_dir("graph-hsaco-kernels");
+    std::fs::create_dir_all(dir.join("aie2p")).unwrap();
+    let hsaco = dir.join("aie2p").join(format!("{CHAIN_KERNEL}.hsaco"));
+    let good = ggml_hsa::kernels::Arch::Aie2p
+        .wrap_hsaco(CHAIN_KERNEL, &pdi, &insts, 3)
+        .unwrap();
+    std::fs::write(&hsaco, &good).unwrap();
+    for abi in ["b", "c"] {
+        let o = run(
+            &format!("hsaco-{abi}"),
+            "chain",
+            1,
+            &[
+                ("HSA_SIM_PACKET_ABI", abi),
+                ("GGML_HSA_KERNEL_DIR", dir.to_str().unwrap()),
+                ("GGML_HSA_JIT_COMPILER", "/nonexistent/compiler"),
+            ],
+        );
+        assert!(o.has("RESULT 0 ok"), "{abi}:\n{}", o.text);
+        assert_eq!(o.counter("dispatches"), 20, "{abi}");
+    }
+    // Corrupt: ignored with a warning naming the file, and the kernel compiled instead.
+    std::fs::write(&hsaco, &good[..good.len() - 7]).unwrap();
+    let o = run(
+        "hsaco-corrupt",
+        "chain",
+        1,
+        &[
+            ("HSA_SIM_PACKET_ABI", "c"),
+            ("GGML_HSA_KERNEL_DIR", dir.to_str().unwrap()),
+        ],
+    );
+    assert!(o.has("ignoring corrupt kernel file"), "{}", o.text);
+    assert!(o.has(&hsaco.display().to_string()), "{}", o.text);
+    assert!(o.has("RESULT 0 ok"), "{}", o.text);
 }
 
 #[test]

@@ -71,6 +71,36 @@ fn starter_ops_on_aie2p_with_packet_abi_a1() {
     );
 }
 
+/// Packet ABI c, found by `auto` (the plugin loads a tiny code object to probe it): every
+/// kernel is wrapped into an AIE hsaco, loaded into an executable and dispatched by its kernel
+/// object.
+#[test]
+fn starter_ops_on_aie2p_with_packet_abi_c() {
+    let r = tbo("aie2p-c", STARTER_OPS, &[], &[("HSA_SIM_PACKET_ABI", "c")]);
+    assert_hundreds_pass(&r, "aie2p/c", 1000);
+}
+
+#[test]
+fn starter_and_model_ops_on_aie2_with_packet_abi_c() {
+    let ops = format!("{STARTER_OPS},{MODEL_OPS}");
+    let r = tbo(
+        "aie2-c",
+        &ops,
+        &["-j", "2"],
+        &[
+            ("HSA_SIM_PACKET_ABI", "c"),
+            ("GGML_HSA_PACKET_ABI", "c"),
+            ("HSA_SIM_AGENTS", "aie2"),
+        ],
+    );
+    assert_hundreds_pass(&r, "aie2/c", 2000);
+    assert!(
+        r.output.contains("Device description: aie2"),
+        "{}",
+        r.output
+    );
+}
+
 #[test]
 fn starter_ops_on_aie2_with_packet_abi_b() {
     let r = tbo(
@@ -112,6 +142,20 @@ fn every_op_with_two_workers_under_packet_abis_a2_and_a3() {
         let r = tbo(abi, &ops, &["-j", "2"], &[("HSA_SIM_PACKET_ABI", abi)]);
         assert_hundreds_pass(&r, abi, 4000);
     }
+}
+
+/// Every op of docs/ops.md under packet ABI c (kernels as AIE code objects, dispatched by their
+/// kernel objects), with two workers.
+#[test]
+fn every_op_with_two_workers_under_packet_abi_c() {
+    let ops = documented_ops();
+    let r = tbo(
+        "every-c",
+        &ops,
+        &["-j", "2"],
+        &[("HSA_SIM_PACKET_ABI", "c")],
+    );
+    assert_hundreds_pass(&r, "c", 4000);
 }
 
 #[test]

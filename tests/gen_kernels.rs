@@ -116,6 +116,45 @@ fn the_example_configs_compile() {
     }
 }
 
+/// `--format hsaco`: one AIE code object per kernel, which the shared strict reader accepts (the
+/// kernel under its file name, in the section of its architecture, with the compiled PDI and
+/// instructions), and nothing else; `--format both` writes the pair too.
+#[test]
+fn hsaco_format_writes_one_code_object_per_kernel() {
+    let config = example("minimal-kernel-config.json");
+    let (pairs, out) = generate("gen-hsaco-pairs", &config, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (out_dir, out) = generate("gen-hsaco", &config, &["--format", "hsaco"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let parsed = KernelConfig::parse(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    assert!(!parsed.kernels.is_empty());
+    for entry in &parsed.kernels {
+        let (arch, desc) = entry.to_desc().unwrap();
+        let name = entry.file_name(&desc);
+        let dir = out_dir.join(arch.name());
+        let bytes = std::fs::read(dir.join(format!("{name}.hsaco"))).unwrap();
+        let kernels = aie_hsaco::read(&bytes, arch.name()).unwrap();
+        assert_eq!(kernels.len(), 1);
+        let k = &kernels[0];
+        assert_eq!(k.name, name);
+        assert_eq!(k.kind, aie_hsaco::KernelKind::PdiInsts);
+        assert_eq!(k.kernarg_size, 16 * (desc.inputs.len() as u32 + 1));
+        let pair = pairs.join(arch.name());
+        assert_eq!(
+            k.pdi,
+            std::fs::read(pair.join(format!("{name}.pdi"))).unwrap()
+        );
+        assert_eq!(
+            k.insts,
+            std::fs::read(pair.join(format!("{name}_insts.bin"))).unwrap()
+        );
+        assert!(!dir.join(format!("{name}.pdi")).exists());
+    }
+    let (both, out) = generate("gen-hsaco-both", &config, &["--format", "both"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_all_compiled(&config, &both, &out);
+}
+
 #[test]
 fn parallel_jobs_number_every_kernel_once() {
     let config = example("example-kernel-config.json");

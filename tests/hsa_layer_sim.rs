@@ -53,21 +53,30 @@ fn every_packet_abi_dispatches_on_the_simulator() {
             json.contains(&format!("\"packet_abi\": \"{abi}\"")),
             "{json}"
         );
-        // Two single dispatches, then 20 packets behind one doorbell.
-        assert_eq!(counter(&json, "doorbells"), 3, "{abi}: {json}");
+        // Two single dispatches, then 20 packets behind one doorbell (and under c one refused
+        // packet naming a destroyed executable's kernel object).
+        let c = u64::from(abi == PacketAbi::C);
+        assert_eq!(counter(&json, "doorbells"), 3 + c, "{abi}: {json}");
         assert_eq!(counter(&json, "dispatches"), 22, "{abi}: {json}");
         assert_eq!(counter(&json, "chains"), 3, "{abi}: {json}");
         assert_eq!(counter(&json, "pdi_loads"), 1, "{abi}: {json}");
-        assert_eq!(counter(&json, "dispatch_errors"), 0, "{abi}: {json}");
+        assert_eq!(counter(&json, "dispatch_errors"), c, "{abi}: {json}");
     }
 }
 
 struct Kernel {
     pdi: ggml_hsa::hsa::memory::PoolAlloc,
     insts: ggml_hsa::hsa::memory::PoolAlloc,
+    /// ABI c: the kernel loaded as an AIE code object (wrapping the same PDI and instructions).
+    object: Option<ggml_hsa::hsa::executable::KernelObject>,
 }
 
-fn compile_add(rt: &'static Runtime, pools: &AgentPools, dir: &Path) -> Kernel {
+fn compile_add(
+    rt: &'static Runtime,
+    agent: ggml_hsa::hsa::sys::hsa_agent_t,
+    pools: &AgentPools,
+    dir: &Path,
+) -> Kernel {
     let t = format!(
         r#"{{"ne":[{N},1,1,1],"nb":[4,{},{},{}],"type":"f32"}}"#,
         4 * N,
@@ -99,7 +108,27 @@ fn compile_add(rt: &'static Runtime, pools: &AgentPools, dir: &Path) -> Kernel {
     };
     let (pdi, _) = load(&format!("add_f32_{N}.pdi"));
     let (insts, _) = load(&format!("add_f32_{N}_insts.bin"));
-    Kernel { pdi, insts }
+    let name = format!("add_f32_{N}");
+    let hsaco = aie_hsaco::write_single(
+        "aie2p",
+        &name,
+        &std::fs::read(dir.join(format!("{name}.pdi"))).unwrap(),
+        &std::fs::read(dir.join(format!("{name}_insts.bin"))).unwrap(),
+        3,
+        1,
+    )
+    .unwrap();
+    let loaded = rt.load_code_object(agent, &hsaco, &[&name]);
+    // Only a generation-c runtime loads an AIE code object (what the auto probe relies on).
+    let c = std::env::var("GGML_HSA_TEST_ABI").unwrap() == "c";
+    assert_eq!(loaded.is_ok(), c, "{loaded:?}");
+    assert_eq!(rt.probe_code_objects(agent, "aie2p"), c);
+    let object = loaded.ok().map(|mut k| k.remove(0));
+    if let Some(k) = &object {
+        assert_ne!(k.handle, 0);
+        assert_eq!(k.kernarg_size, 48);
+    }
+    Kernel { pdi, insts, object }
 }
 
 fn f32s(alloc: &ggml_hsa::hsa::memory::PoolAlloc) -> Vec<f32> {
@@ -127,7 +156,7 @@ fn child_add_and_batch() {
     assert_eq!(pools.dev_heap.size, 64 << 20, "ROCR's 64 MiB dev heap");
 
     let dir = common::scratch_dir(&format!("hsa-layer-sim-{abi}"));
-    let kernel = compile_add(rt, &pools, &dir);
+    let kernel = compile_add(rt, npu.agent, &pools, &dir);
     let mut a = rt.allocate(pools.data.pool, 4 * N).unwrap();
     let mut b = rt.allocate(pools.data.pool, 4 * N).unwrap();
     for i in 0..N {
@@ -152,6 +181,7 @@ fn child_add_and_batch() {
         format
             .encode(
                 &Dispatch {
+                    kernel_object: kernel.object.as_ref().map_or(0, |k| k.handle),
                     pdi_addr: kernel.pdi.device_addr(),
                     insts_addr: kernel.insts.device_addr(),
                     insts_bytes: kernel.insts.size() as u64 & !3,
@@ -198,5 +228,41 @@ fn child_add_and_batch() {
     }
     for out in &outs {
         assert_eq!(f32s(out)[N - 1], (N - 1) as f32 + 0.5);
+    }
+
+    // ABI c: dropping the last reference destroys the executable (RAII); its kernel object is
+    // then refused by the runtime, which reports it through the queue's error callback and
+    // suspends the queue.
+    if let Some(object) = kernel.object.as_ref() {
+        let stale = object.handle;
+        drop(packets);
+        let Kernel { object, .. } = kernel;
+        drop(object);
+        let mut args = rt.allocate(pools.kernarg.pool, arg_bytes).unwrap();
+        let addr = args.device_addr();
+        let packet = format
+            .encode(
+                &Dispatch {
+                    kernel_object: stale,
+                    pdi_addr: 0,
+                    insts_addr: 0,
+                    insts_bytes: 0,
+                    operands: &operands(&outs[0]),
+                },
+                args.as_mut_slice(),
+                addr,
+                signal.handle(),
+            )
+            .unwrap();
+        match queue.submit(&[packet]) {
+            Err(ggml_hsa::hsa::queue::SubmitError::Runtime { status, ran }) => {
+                assert_eq!(
+                    status,
+                    ggml_hsa::hsa::sys::HSA_STATUS_ERROR_INVALID_PACKET_FORMAT
+                );
+                assert_eq!(ran, 0);
+            }
+            other => panic!("a destroyed executable's kernel object ran: {other:?}"),
+        }
     }
 }

@@ -168,6 +168,47 @@ fn enum_values_match_the_system_headers() {
             HSA_STATUS_ERROR_INVALID_CACHE.into(),
         ),
         (
+            "HSA_STATUS_ERROR_INCOMPATIBLE_ARGUMENTS",
+            HSA_STATUS_ERROR_INCOMPATIBLE_ARGUMENTS.into(),
+        ),
+        (
+            "HSA_STATUS_ERROR_INVALID_CODE_OBJECT",
+            HSA_STATUS_ERROR_INVALID_CODE_OBJECT.into(),
+        ),
+        (
+            "HSA_STATUS_ERROR_INVALID_EXECUTABLE",
+            HSA_STATUS_ERROR_INVALID_EXECUTABLE.into(),
+        ),
+        (
+            "HSA_STATUS_ERROR_FROZEN_EXECUTABLE",
+            HSA_STATUS_ERROR_FROZEN_EXECUTABLE.into(),
+        ),
+        (
+            "HSA_STATUS_ERROR_INVALID_SYMBOL_NAME",
+            HSA_STATUS_ERROR_INVALID_SYMBOL_NAME.into(),
+        ),
+        (
+            "HSA_STATUS_ERROR_VARIABLE_ALREADY_DEFINED",
+            HSA_STATUS_ERROR_VARIABLE_ALREADY_DEFINED.into(),
+        ),
+        (
+            "HSA_STATUS_ERROR_INVALID_CODE_OBJECT_READER",
+            HSA_STATUS_ERROR_INVALID_CODE_OBJECT_READER.into(),
+        ),
+        ("HSA_PROFILE_FULL", HSA_PROFILE_FULL.into()),
+        (
+            "HSA_DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT",
+            HSA_DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT.into(),
+        ),
+        (
+            "HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT",
+            HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT.into(),
+        ),
+        (
+            "HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE",
+            HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE.into(),
+        ),
+        (
             "HSA_STATUS_ERROR_INVALID_RUNTIME_STATE",
             HSA_STATUS_ERROR_INVALID_RUNTIME_STATE.into(),
         ),
@@ -300,6 +341,23 @@ fn struct_layouts_match_the_system_headers() {
         Some(size_of::<hsa_amd_memory_pool_t>())
     );
     assert_eq!(size("hsa_queue_s"), Some(size_of::<hsa_queue_t>()));
+    for (t, ours) in [
+        (
+            "hsa_code_object_reader_s",
+            size_of::<hsa_code_object_reader_t>(),
+        ),
+        ("hsa_executable_s", size_of::<hsa_executable_t>()),
+        (
+            "hsa_executable_symbol_s",
+            size_of::<hsa_executable_symbol_t>(),
+        ),
+        (
+            "hsa_loaded_code_object_s",
+            size_of::<hsa_loaded_code_object_t>(),
+        ),
+    ] {
+        assert_eq!(size(t), Some(ours), "{t}");
+    }
     for (field, ours) in [
         ("type_", offset_of!(hsa_queue_t, type_)),
         ("features", offset_of!(hsa_queue_t, features)),
@@ -375,6 +433,29 @@ fn resolved_functions_take_the_parameters_the_headers_declare() {
         ("hsa_signal_store_screlease", "hsa_signal_store_fn"),
         ("hsa_signal_load_scacquire", "hsa_signal_load_fn"),
         ("hsa_signal_wait_scacquire", "hsa_signal_wait_fn"),
+        (
+            "hsa_code_object_reader_create_from_memory",
+            "hsa_code_object_reader_create_from_memory_fn",
+        ),
+        (
+            "hsa_code_object_reader_destroy",
+            "hsa_code_object_reader_destroy_fn",
+        ),
+        ("hsa_executable_create_alt", "hsa_executable_create_alt_fn"),
+        (
+            "hsa_executable_load_agent_code_object",
+            "hsa_executable_load_agent_code_object_fn",
+        ),
+        ("hsa_executable_freeze", "hsa_executable_freeze_fn"),
+        ("hsa_executable_destroy", "hsa_executable_destroy_fn"),
+        (
+            "hsa_executable_get_symbol_by_name",
+            "hsa_executable_get_symbol_by_name_fn",
+        ),
+        (
+            "hsa_executable_symbol_get_info",
+            "hsa_executable_symbol_get_info_fn",
+        ),
     ];
     for (f, ty) in functions {
         let theirs = arity(&code, &format!("pub fn {f}("))

@@ -72,6 +72,31 @@ fn tiny_llama_f32_on_hsa0_matches_cpu_with_one_split_per_layer_or_fewer() {
     }
 }
 
+/// The tiny llama under packet ABI c (found by `auto`): every kernel is loaded as an AIE code
+/// object and dispatched by its kernel object; the logits still match the CPU's.
+#[test]
+fn tiny_llama_f32_under_packet_abi_c_matches_cpu() {
+    let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
+        return;
+    };
+    let mut env = sim_env("f32-abi-c");
+    env.push(("HSA_SIM_PACKET_ABI".into(), "c".into()));
+    // This crate's plugin as cargo built it (the hook build's copy may predate ABI c).
+    env.push((
+        "GGML_BACKEND_PATH".into(),
+        common::plugin_path().display().to_string(),
+    ));
+    let cpu = greedy(&bin, &model, LONG_PROMPT, None);
+    let npu = greedy(&bin, &model, LONG_PROMPT, Some(&env));
+    compare("tiny-llama-f32 (ABI c)", &npu, &cpu, MAX_LOGITS_NMSE);
+    let graphs = graphs(&npu.log);
+    assert!(graphs.len() >= 3, "too few graphs:\n{}", tail(&npu.log));
+    for (i, g) in graphs.iter().enumerate() {
+        let on_npu = g.nodes.get("HSA0").copied().unwrap_or(0);
+        assert!(on_npu >= 80, "graph {i}: only {on_npu} nodes on HSA0");
+    }
+}
+
 /// Quantized weights: ggml quantizes the activations too (to Q8_0/Q8_K) before the dot products,
 /// so the small differences of the NPU's f32 activations grow to NMSE ~1e-3, enough to flip a
 /// near-tie of the random model. The NPU run is therefore teacher-forced with the CPU's tokens:

@@ -8,8 +8,9 @@ use parking_lot::Mutex;
 
 use super::Npu;
 use crate::config::Config;
+use crate::hsa::executable::KernelObject;
 use crate::hsa::memory::{select_pools, AgentPools, PoolAlloc};
-use crate::hsa::packet::PacketAbi;
+use crate::hsa::packet::{Dispatch, Operand, PacketAbi};
 use crate::hsa::{HsaError, Runtime};
 use crate::kernels::{Compiler, KernelDesc, KernelError, KernelFiles, KernelStore};
 use crate::ops::{self, Node, Plan, PlanOptions};
@@ -18,14 +19,62 @@ use crate::ops::{self, Node, Plan, PlanOptions};
 /// every tensor on its own cache line without wasting much on small tensors.
 pub const TENSOR_ALIGNMENT: usize = 64;
 
-/// A kernel resident in the device's dev heap.
+/// A kernel loaded on the device.
 #[derive(Debug)]
 pub struct LoadedKernel {
     pub name: String,
-    pub pdi: PoolAlloc,
-    pub insts: PoolAlloc,
-    /// Length of the instruction stream (the allocation may be rounded up).
-    pub insts_bytes: u64,
+    pub code: KernelCode,
+}
+
+/// Where a loaded kernel's code lives, by packet ABI.
+#[derive(Debug)]
+pub enum KernelCode {
+    /// a1..b: the PDI and instruction stream, copied into the dev heap by the backend.
+    Blobs {
+        pdi: PoolAlloc,
+        insts: PoolAlloc,
+        /// Length of the instruction stream (the allocation may be rounded up).
+        insts_bytes: u64,
+    },
+    /// c: a kernel of an AIE code object loaded into an executable. The executable lives as
+    /// long as this kernel (an `Arc`): the device's table and every batch that dispatches it
+    /// hold one, so it is destroyed only after its last dispatch has completed.
+    Object(KernelObject),
+}
+
+impl LoadedKernel {
+    /// What takes one of the queue's PDI slots: the PDI's address, or for ABI c the kernel
+    /// object (ROCR counts PDI buffers, and every loaded kernel has its own copy of its PDI).
+    pub fn pdi_slot(&self) -> u64 {
+        match &self.code {
+            KernelCode::Blobs { pdi, .. } => pdi.device_addr(),
+            KernelCode::Object(k) => k.handle,
+        }
+    }
+
+    /// The packet generation's view of a launch of this kernel.
+    pub fn dispatch<'a>(&self, operands: &'a [Operand]) -> Dispatch<'a> {
+        match &self.code {
+            KernelCode::Blobs {
+                pdi,
+                insts,
+                insts_bytes,
+            } => Dispatch {
+                kernel_object: 0,
+                pdi_addr: pdi.device_addr(),
+                insts_addr: insts.device_addr(),
+                insts_bytes: *insts_bytes,
+                operands,
+            },
+            KernelCode::Object(k) => Dispatch {
+                kernel_object: k.handle,
+                pdi_addr: 0,
+                insts_addr: 0,
+                insts_bytes: 0,
+                operands,
+            },
+        }
+    }
 }
 
 /// Why a device operation failed.
@@ -176,27 +225,71 @@ impl Device {
             .into_iter()
             .zip(self.store.load_many(&new_descs))
             .collect();
+        let n_args: HashMap<&str, u32> = names
+            .iter()
+            .zip(descs)
+            .map(|(n, d)| (n.as_str(), d.inputs.len() as u32 + 1))
+            .collect();
         names
-            .into_iter()
+            .iter()
             .map(|name| {
-                if let Some(k) = self.loaded.lock().get(&name) {
+                if let Some(k) = self.loaded.lock().get(name) {
                     return Ok(k.clone());
                 }
-                let files = files.remove(&name).unwrap_or_else(|| {
+                let files = files.remove(name).unwrap_or_else(|| {
                     Err(KernelError {
                         name: name.clone(),
                         reason: "not requested".into(),
                         refused: false,
                     })
                 })?;
-                let kernel = Arc::new(self.upload(&files)?);
-                Ok(self.loaded.lock().entry(name).or_insert(kernel).clone())
+                let kernel = Arc::new(self.upload(&files, n_args[name.as_str()])?);
+                Ok(self
+                    .loaded
+                    .lock()
+                    .entry(name.clone())
+                    .or_insert(kernel)
+                    .clone())
             })
             .collect()
     }
 
-    /// Copies a kernel's PDI and instruction stream into the dev heap.
-    fn upload(&self, files: &KernelFiles) -> Result<LoadedKernel, DeviceError> {
+    /// Loads a kernel: for ABI c its code object (the `.hsaco` file, or one wrapping the PDI and
+    /// instruction stream: a kind-0 kernel under the agent's architecture, named by the
+    /// kernel's canonical name, taking `n_args` buffers); otherwise copies its PDI and
+    /// instruction stream into the dev heap.
+    fn upload(&self, files: &KernelFiles, n_args: u32) -> Result<LoadedKernel, DeviceError> {
+        let failed = |reason: String| DeviceError::KernelLoad {
+            name: files.name.clone(),
+            reason,
+        };
+        if self.packet_abi == PacketAbi::C {
+            let wrapped;
+            let hsaco = match &files.hsaco {
+                Some(bytes) => bytes.as_slice(),
+                None => {
+                    wrapped = self
+                        .npu
+                        .arch
+                        .wrap_hsaco(&files.name, &files.pdi, &files.insts, n_args)
+                        .map_err(|e| {
+                            failed(format!("cannot wrap it as an AIE code object: {e}"))
+                        })?;
+                    &wrapped
+                }
+            };
+            let mut objects = self
+                .runtime
+                .load_code_object(self.npu.agent.agent, hsaco, &[&files.name])
+                .map_err(|e| failed(format!("loading its code object: {e}")))?;
+            let object = objects
+                .pop()
+                .ok_or_else(|| failed("the code object has no kernel".into()))?;
+            return Ok(LoadedKernel {
+                name: files.name.clone(),
+                code: KernelCode::Object(object),
+            });
+        }
         let load = |bytes: &[u8]| -> Result<PoolAlloc, DeviceError> {
             let alloc = self
                 .runtime
@@ -211,9 +304,11 @@ impl Device {
         };
         Ok(LoadedKernel {
             name: files.name.clone(),
-            pdi: load(&files.pdi)?,
-            insts: load(&files.insts)?,
-            insts_bytes: files.insts.len() as u64,
+            code: KernelCode::Blobs {
+                pdi: load(&files.pdi)?,
+                insts: load(&files.insts)?,
+                insts_bytes: files.insts.len() as u64,
+            },
         })
     }
 }

@@ -73,7 +73,7 @@ impl Platform {
             return platform;
         }
         platform.warnings.extend(skipped);
-        let (abi, why) = choose_packet_abi(runtime, config);
+        let (abi, why) = choose_packet_abi(runtime, config, &npus[0]);
         for npu in npus {
             let index = platform.devices.len();
             match Device::open(index, npu, runtime, abi, config) {
@@ -95,7 +95,11 @@ impl Platform {
 }
 
 /// The packet ABI from `GGML_HSA_PACKET_ABI`, or probed (`auto`), with a note of how it was chosen.
-fn choose_packet_abi(runtime: &Runtime, config: &Config) -> (PacketAbi, String) {
+///
+/// Probe order: (1) the interface minor version gives a1, a2, a3 or b; (2) when that is b, a
+/// tiny embedded AIE hsaco is loaded for the first NPU: only a generation-c runtime loads it and
+/// hands out a non-zero kernel object, so success means c (no version query tells b from c).
+fn choose_packet_abi(runtime: &'static Runtime, config: &Config, npu: &Npu) -> (PacketAbi, String) {
     match config.packet_abi {
         Some(abi) => (abi, "set by GGML_HSA_PACKET_ABI".into()),
         None => {
@@ -105,6 +109,12 @@ fn choose_packet_abi(runtime: &Runtime, config: &Config) -> (PacketAbi, String) 
                 Some(m) => format!("auto: the runtime reports AMD interface minor version {m}"),
                 None => "auto: the runtime does not report its interface version".into(),
             };
+            if abi == PacketAbi::B && runtime.probe_code_objects(npu.agent.agent, npu.arch.name()) {
+                return (
+                    PacketAbi::C,
+                    format!("{why}, and loads an AIE code object (generation c)"),
+                );
+            }
             (abi, why)
         }
     }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::device::{Device, DeviceError, LoadedKernel};
 use crate::hsa::memory::PoolAlloc;
-use crate::hsa::packet::{Dispatch, Operand};
+use crate::hsa::packet::Operand;
 use crate::hsa::queue::{Queue, SubmitError, QUEUE_SIZE};
 use crate::hsa::signal::{Signal, DEVICE_TIMEOUT};
 use crate::kernels::KernelDesc;
@@ -61,6 +61,15 @@ pub enum ComputeError {
     },
     #[error("submitting {packets} kernel(s): {source}")]
     Submit { packets: usize, source: SubmitError },
+    #[error("node {index} ({op}, kernel {kernel}) failed on the NPU (packet {at} of a batch of {packets}): {source}")]
+    NodeFailed {
+        index: usize,
+        op: &'static str,
+        kernel: String,
+        at: usize,
+        packets: usize,
+        source: SubmitError,
+    },
     #[error("submitting {packets} kernel(s): {reason}")]
     Completion { packets: usize, reason: String },
     #[error("creating a queue: {0}")]
@@ -86,6 +95,8 @@ pub struct Stream {
     resident_pdis: HashSet<u64>,
     batch: Vec<[u8; 64]>,
     batch_kernels: Vec<Arc<LoadedKernel>>,
+    /// The graph node (index, op) of each packet of the batch, to name a failing one.
+    batch_nodes: Vec<(usize, &'static str)>,
     pending: Vec<Pending>,
 }
 
@@ -106,6 +117,7 @@ impl Stream {
             resident_pdis: HashSet::new(),
             batch: Vec::new(),
             batch_kernels: Vec::new(),
+            batch_nodes: Vec::new(),
             pending: Vec::new(),
         })
     }
@@ -183,7 +195,7 @@ impl Stream {
                 .enumerate()
                 .try_for_each(|(i, (step, kernel))| match (step, kernel) {
                     (Step::Plan(Plan::Kernel { operands, .. }), Some(kernel)) => self
-                        .enqueue(kernel, operands)
+                        .enqueue(kernel, operands, (i, nodes[i].op.name()))
                         .map_err(|e| enqueue_error(i, e)),
                     (Step::Plan(Plan::Host(op)), _) => {
                         self.host(op, host).map_err(|e| enqueue_error(i, e))
@@ -217,6 +229,7 @@ impl Stream {
     fn abandon(&mut self) {
         self.batch.clear();
         self.batch_kernels.clear();
+        self.batch_nodes.clear();
         self.pending.clear();
         self.queue = None;
         self.resident_pdis.clear();
@@ -248,7 +261,12 @@ impl Stream {
         host.run(op).map_err(Enqueue::Operand)
     }
 
-    fn enqueue(&mut self, kernel: Arc<LoadedKernel>, tensors: &[Tensor]) -> Result<(), Enqueue> {
+    fn enqueue(
+        &mut self,
+        kernel: Arc<LoadedKernel>,
+        tensors: &[Tensor],
+        node: (usize, &'static str),
+    ) -> Result<(), Enqueue> {
         if tensors.len() > MAX_OPERANDS {
             return Err(Enqueue::Operand(format!(
                 "{} operands, at most {MAX_OPERANDS}",
@@ -265,7 +283,7 @@ impl Stream {
                 t.memory
             )));
         }
-        let pdi = kernel.pdi.device_addr();
+        let pdi = kernel.pdi_slot();
         if !self.resident_pdis.contains(&pdi) && self.resident_pdis.len() == MAX_PDIS_PER_QUEUE {
             // The queue's PDI cache is full: submit what refers to it and start a fresh queue.
             self.flush().map_err(Enqueue::Submit)?;
@@ -288,12 +306,7 @@ impl Stream {
             .packet_abi
             .format()
             .encode(
-                &Dispatch {
-                    pdi_addr: pdi,
-                    insts_addr: kernel.insts.device_addr(),
-                    insts_bytes: kernel.insts_bytes,
-                    operands: &operands,
-                },
+                &kernel.dispatch(&operands),
                 args,
                 args_addr,
                 self.completion.handle(),
@@ -302,6 +315,7 @@ impl Stream {
         self.resident_pdis.insert(pdi);
         self.batch.push(packet);
         self.batch_kernels.push(kernel);
+        self.batch_nodes.push(node);
         let last = tensors.len() - 1;
         self.pending
             .extend(tensors.iter().enumerate().map(|(i, t)| Pending {
@@ -320,12 +334,15 @@ impl Stream {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let result = self.submit();
+        let result = self.submit().map_err(|e| self.name_failing_node(e));
+        // Only now may the batch's kernels (and, for ABI c, their executables) go.
         self.batch.clear();
         self.batch_kernels.clear();
+        self.batch_nodes.clear();
         self.pending.clear();
         if result.is_err() {
-            // The queue may be in an error state; the next submission gets a fresh one.
+            // The queue may be suspended or in an error state: the next submission gets a fresh
+            // one (the error, logged by the caller, names the failing node where it is known).
             self.queue = None;
             self.resident_pdis.clear();
         }
@@ -354,6 +371,31 @@ impl Stream {
             wait_completion(&self.completion, packets)?;
         }
         Ok(())
+    }
+}
+
+impl Stream {
+    /// A runtime error reported after `ran` packets of the batch ran names the node of the
+    /// packet that failed.
+    fn name_failing_node(&self, e: ComputeError) -> ComputeError {
+        match e {
+            ComputeError::Submit {
+                packets,
+                source: source @ SubmitError::Runtime { ran, .. },
+            } if (ran as usize) < self.batch_nodes.len() => {
+                let at = ran as usize;
+                let (index, op) = self.batch_nodes[at];
+                ComputeError::NodeFailed {
+                    index,
+                    op,
+                    kernel: self.batch_kernels[at].name.clone(),
+                    at,
+                    packets,
+                    source,
+                }
+            }
+            other => other,
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 //! ggml-hsa-gen-kernels: compiles the kernels a config lists ahead of time, into
-//! `<output-dir>/<arch>/<name>.pdi` + `<name>_insts.bin`, the layout `GGML_HSA_KERNEL_DIR` expects.
+//! `<output-dir>/<arch>/<name>.pdi` + `<name>_insts.bin`, the layout `GGML_HSA_KERNEL_DIR` expects,
+//! or with `--format hsaco` into `<output-dir>/<arch>/<name>.hsaco` (an AIE code object, the
+//! kernel named `<name>`, written by the shared aie-hsaco writer).
 //! Machines that run the backend from such a directory need no kernel compiler at all.
 //!
 //! The whole config is validated before the compiler is asked anything, so a config can be checked
@@ -45,6 +47,18 @@ struct Args {
         )
     )]
     compiler: Option<String>,
+    /// What to write per kernel: `pdi` (<name>.pdi + <name>_insts.bin), `hsaco` (<name>.hsaco,
+    /// an AIE code object for packet ABI c; every ABI can use it) or `both`
+    #[arg(long, value_enum, default_value_t = Format::Pdi)]
+    format: Format,
+}
+
+/// The kernel file format written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    Pdi,
+    Hsaco,
+    Both,
 }
 
 /// Why the tool stopped before compiling (failed compiles are reported in the summary instead).
@@ -148,6 +162,7 @@ fn run(args: &Args) -> Result<usize, GenError> {
         &requests.0,
         workers,
         args.verbose,
+        args.format,
     );
 
     let failures: Vec<(&Job, &String)> = jobs
@@ -265,6 +280,7 @@ fn compile_all(
     request_dir: &Path,
     workers: usize,
     verbose: bool,
+    format: Format,
 ) -> Vec<Result<(), String>> {
     let next = AtomicUsize::new(0);
     // Held while printing, so that a progress line and its compiler output stay together.
@@ -280,7 +296,8 @@ fn compile_all(
                         let Some(job) = jobs.get(i) else { break };
                         let start = Instant::now();
                         let request = request_dir.join(format!("{i}.json"));
-                        let (result, output) = compile_one(compiler, job, &request, out_dir);
+                        let (result, output) =
+                            compile_one(compiler, job, &request, out_dir, format);
                         let elapsed = start.elapsed();
                         let mut n = finished.lock().unwrap_or_else(PoisonError::into_inner);
                         *n += 1;
@@ -329,6 +346,7 @@ fn compile_one(
     job: &Job,
     request: &Path,
     out_dir: &Path,
+    format: Format,
 ) -> (Result<(), String>, String) {
     let dir = out_dir.join(job.arch.name());
     if let Err(e) = std::fs::write(request, job.desc.request_json_named(job.arch, &job.name)) {
@@ -341,7 +359,10 @@ fn compile_one(
     let result = compiler.compile(request, &dir);
     let _ = std::fs::remove_file(request);
     match result {
-        Ok(output) => (check_files(&dir, &job.name), output),
+        Ok(output) => (
+            check_files(&dir, &job.name).and_then(|()| write_format(job, &dir, format)),
+            output,
+        ),
         Err(e) => {
             let message = e.to_string();
             (Err(message.clone()), message)
@@ -373,6 +394,32 @@ fn check_files(dir: &Path, name: &str) -> Result<(), String> {
             "{} holds {insts_len} bytes, not a non-zero multiple of 4",
             insts.display()
         ));
+    }
+    Ok(())
+}
+
+/// Wraps the compiled pair into `<name>.hsaco` for `--format hsaco|both` (the pair is removed
+/// for `hsaco`). Written atomically (a temporary file, then a rename).
+fn write_format(job: &Job, dir: &Path, format: Format) -> Result<(), String> {
+    if format == Format::Pdi {
+        return Ok(());
+    }
+    let pdi_path = dir.join(format!("{}.pdi", job.name));
+    let insts_path = dir.join(format!("{}_insts.bin", job.name));
+    let read = |p: &Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let n_args = job.desc.inputs.len() as u32 + 1;
+    let hsaco = job
+        .arch
+        .wrap_hsaco(&job.name, &read(&pdi_path)?, &read(&insts_path)?, n_args)
+        .map_err(|e| format!("cannot write the hsaco: {e}"))?;
+    let path = dir.join(format!("{}.hsaco", job.name));
+    let tmp = dir.join(format!(".{}.hsaco.tmp", job.name));
+    std::fs::write(&tmp, &hsaco)
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if format == Format::Hsaco {
+        let _ = std::fs::remove_file(&pdi_path);
+        let _ = std::fs::remove_file(&insts_path);
     }
     Ok(())
 }

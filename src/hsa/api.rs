@@ -88,6 +88,17 @@ hsa_symbols! {
     optional {
         // Only used to probe the packet ABI and to convert wait timeouts.
         hsa_system_get_info: hsa_system_get_info_fn,
+        // Packet ABI c: AIE code objects (hsaco) loaded into executables; the kernel object of
+        // a symbol goes into the packet. Present in every ROCR, but only a generation-c ROCR
+        // loads an AIE code object for an AIE agent.
+        hsa_code_object_reader_create_from_memory: hsa_code_object_reader_create_from_memory_fn,
+        hsa_code_object_reader_destroy: hsa_code_object_reader_destroy_fn,
+        hsa_executable_create_alt: hsa_executable_create_alt_fn,
+        hsa_executable_load_agent_code_object: hsa_executable_load_agent_code_object_fn,
+        hsa_executable_freeze: hsa_executable_freeze_fn,
+        hsa_executable_destroy: hsa_executable_destroy_fn,
+        hsa_executable_get_symbol_by_name: hsa_executable_get_symbol_by_name_fn,
+        hsa_executable_symbol_get_info: hsa_executable_symbol_get_info_fn,
     }
 }
 

@@ -5,11 +5,13 @@
 //! * [`api`]: the symbol table (required and optional functions).
 //! * [`loader`]: where the library is searched for.
 //! * [`packet`]: the AIE dispatch packet generations, one module each.
+//! * [`executable`]: AIE code objects loaded into executables (packet ABI c).
 //! * [`runtime`]: the process-wide runtime and agent discovery.
 //! * [`status`], [`error`]: status names and typed errors.
 
 pub mod api;
 pub mod error;
+pub mod executable;
 pub mod loader;
 pub mod memory;
 pub mod packet;

@@ -4,6 +4,11 @@
 //! calling thread, and has advanced the read index by the time the store returns. A submission is
 //! therefore: write packets into free slots, advance the write index, ring once, and check that
 //! the read index caught up and no error was reported through the queue callback.
+//!
+//! The error callback is registered on every queue, whatever the packet generation: it records
+//! the first status in the queue's shared state. ROCR (generation c at least) calls it on the
+//! thread that rang the doorbell and then suspends the queue for good, so a queue that reported
+//! an error is never used again: the stream replaces it.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -27,8 +32,12 @@ struct CallbackErrors {
 pub enum SubmitError {
     #[error("the queue has {free} free slots, {wanted} packets were submitted")]
     QueueFull { free: u64, wanted: usize },
-    #[error("the runtime reported {} on the queue", super::status::name(*.0).unwrap_or("an error"))]
-    Runtime(hsa_status_t),
+    /// The queue's error callback fired during the doorbell. `ran` packets of the submission
+    /// completed first (ROCR advances the read index by the packets that ran before it calls
+    /// the callback and suspends the queue; a suspended queue ignores every later doorbell, so
+    /// its owner must replace it).
+    #[error("the runtime reported {} on the queue (after {ran} packet(s) ran); the queue is suspended", super::status::name(*.status).unwrap_or("an error"))]
+    Runtime { status: hsa_status_t, ran: u64 },
     #[error(
         "the runtime processed {done} of {submitted} packets before returning from the doorbell"
     )]
@@ -139,11 +148,14 @@ impl Queue {
         };
 
         let status = self.errors.status.load(Ordering::Acquire);
-        if status != 0 {
-            return Err(SubmitError::Runtime(status));
-        }
         // SAFETY: the queue is live.
         let done = unsafe { (api.hsa_queue_load_read_index_scacquire)(self.queue) };
+        if status != 0 {
+            return Err(SubmitError::Runtime {
+                status,
+                ran: done.wrapping_sub(write).min(n),
+            });
+        }
         if done != write + n {
             return Err(SubmitError::Incomplete {
                 done: done.wrapping_sub(write),

@@ -34,6 +34,33 @@ fn entry(status: hsa_status_t) -> Option<(&'static str, &'static str)> {
         HSA_STATUS_ERROR_INVALID_REGION => ("HSA_STATUS_ERROR_INVALID_REGION", "invalid region"),
         HSA_STATUS_ERROR_INVALID_SIGNAL => ("HSA_STATUS_ERROR_INVALID_SIGNAL", "invalid signal"),
         HSA_STATUS_ERROR_INVALID_QUEUE => ("HSA_STATUS_ERROR_INVALID_QUEUE", "invalid queue"),
+        HSA_STATUS_ERROR_INCOMPATIBLE_ARGUMENTS => (
+            "HSA_STATUS_ERROR_INCOMPATIBLE_ARGUMENTS",
+            "the code object has no section for this agent's architecture",
+        ),
+        HSA_STATUS_ERROR_INVALID_CODE_OBJECT => (
+            "HSA_STATUS_ERROR_INVALID_CODE_OBJECT",
+            "the code object is invalid (or the runtime has no AIE code-object loader)",
+        ),
+        HSA_STATUS_ERROR_INVALID_EXECUTABLE => {
+            ("HSA_STATUS_ERROR_INVALID_EXECUTABLE", "invalid executable")
+        }
+        HSA_STATUS_ERROR_FROZEN_EXECUTABLE => (
+            "HSA_STATUS_ERROR_FROZEN_EXECUTABLE",
+            "the executable is frozen",
+        ),
+        HSA_STATUS_ERROR_INVALID_SYMBOL_NAME => (
+            "HSA_STATUS_ERROR_INVALID_SYMBOL_NAME",
+            "no symbol of that name for that agent",
+        ),
+        HSA_STATUS_ERROR_VARIABLE_ALREADY_DEFINED => (
+            "HSA_STATUS_ERROR_VARIABLE_ALREADY_DEFINED",
+            "a kernel of that name is already loaded",
+        ),
+        HSA_STATUS_ERROR_INVALID_CODE_OBJECT_READER => (
+            "HSA_STATUS_ERROR_INVALID_CODE_OBJECT_READER",
+            "invalid code object reader",
+        ),
         HSA_STATUS_ERROR_OUT_OF_RESOURCES => (
             "HSA_STATUS_ERROR_OUT_OF_RESOURCES",
             "the runtime could not allocate the resources it needs (no usable device or driver?)",

@@ -22,6 +22,13 @@ pub const HSA_STATUS_ERROR_OUT_OF_RESOURCES: hsa_status_t = 0x1008;
 pub const HSA_STATUS_ERROR_INVALID_PACKET_FORMAT: hsa_status_t = 0x1009;
 pub const HSA_STATUS_ERROR_RESOURCE_FREE: hsa_status_t = 0x100A;
 pub const HSA_STATUS_ERROR_NOT_INITIALIZED: hsa_status_t = 0x100B;
+pub const HSA_STATUS_ERROR_INCOMPATIBLE_ARGUMENTS: hsa_status_t = 0x100D;
+pub const HSA_STATUS_ERROR_INVALID_CODE_OBJECT: hsa_status_t = 0x1010;
+pub const HSA_STATUS_ERROR_INVALID_EXECUTABLE: hsa_status_t = 0x1011;
+pub const HSA_STATUS_ERROR_FROZEN_EXECUTABLE: hsa_status_t = 0x1012;
+pub const HSA_STATUS_ERROR_INVALID_SYMBOL_NAME: hsa_status_t = 0x1013;
+pub const HSA_STATUS_ERROR_VARIABLE_ALREADY_DEFINED: hsa_status_t = 0x1014;
+pub const HSA_STATUS_ERROR_INVALID_CODE_OBJECT_READER: hsa_status_t = 0x1021;
 pub const HSA_STATUS_ERROR_INVALID_CACHE: hsa_status_t = 0x1022;
 pub const HSA_STATUS_ERROR_INVALID_RUNTIME_STATE: hsa_status_t = 0x1025;
 pub const HSA_STATUS_ERROR_FATAL: hsa_status_t = 0x1026;
@@ -263,6 +270,74 @@ pub type hsa_signal_wait_fn = unsafe extern "C" fn(
     timeout_hint: u64,
     wait_state_hint: hsa_wait_state_t,
 ) -> hsa_signal_value_t;
+
+/// `hsa_code_object_reader_t`, `hsa_executable_t`, `hsa_executable_symbol_t`,
+/// `hsa_loaded_code_object_t`: opaque handles passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct hsa_code_object_reader_t {
+    pub handle: u64,
+}
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct hsa_executable_t {
+    pub handle: u64,
+}
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct hsa_executable_symbol_t {
+    pub handle: u64,
+}
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct hsa_loaded_code_object_t {
+    pub handle: u64,
+}
+
+/// `hsa_profile_t`: any profile works for AIE code objects; ROCR and ggml pass FULL.
+pub const HSA_PROFILE_FULL: u32 = 1;
+/// `hsa_default_float_rounding_mode_t`.
+pub const HSA_DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT: u32 = 0;
+/// `hsa_executable_symbol_info_t`: `uint32_t` kernarg bytes.
+pub const HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE: u32 = 11;
+/// `hsa_executable_symbol_info_t`: `uint64_t` kernel object.
+pub const HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT: u32 = 22;
+
+pub type hsa_code_object_reader_create_from_memory_fn = unsafe extern "C" fn(
+    code_object: *const c_void,
+    size: usize,
+    reader: *mut hsa_code_object_reader_t,
+) -> hsa_status_t;
+pub type hsa_code_object_reader_destroy_fn =
+    unsafe extern "C" fn(reader: hsa_code_object_reader_t) -> hsa_status_t;
+pub type hsa_executable_create_alt_fn = unsafe extern "C" fn(
+    profile: u32,
+    default_float_rounding_mode: u32,
+    options: *const c_char,
+    executable: *mut hsa_executable_t,
+) -> hsa_status_t;
+pub type hsa_executable_load_agent_code_object_fn = unsafe extern "C" fn(
+    executable: hsa_executable_t,
+    agent: hsa_agent_t,
+    reader: hsa_code_object_reader_t,
+    options: *const c_char,
+    loaded_code_object: *mut hsa_loaded_code_object_t,
+) -> hsa_status_t;
+pub type hsa_executable_freeze_fn =
+    unsafe extern "C" fn(executable: hsa_executable_t, options: *const c_char) -> hsa_status_t;
+pub type hsa_executable_destroy_fn =
+    unsafe extern "C" fn(executable: hsa_executable_t) -> hsa_status_t;
+pub type hsa_executable_get_symbol_by_name_fn = unsafe extern "C" fn(
+    executable: hsa_executable_t,
+    symbol_name: *const c_char,
+    agent: *const hsa_agent_t,
+    symbol: *mut hsa_executable_symbol_t,
+) -> hsa_status_t;
+pub type hsa_executable_symbol_get_info_fn = unsafe extern "C" fn(
+    symbol: hsa_executable_symbol_t,
+    attribute: u32,
+    value: *mut c_void,
+) -> hsa_status_t;
 
 #[cfg(test)]
 mod layout_tests {

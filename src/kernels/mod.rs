@@ -42,6 +42,28 @@ impl Arch {
             Arch::Aie2p => "aie2p",
         }
     }
+
+    /// Columns of the partition the IRON designs are compiled for (mlir-aie's NPU1 device uses
+    /// 4 of Phoenix's 5 columns, NPU2 all 8): the `num_cols` of a kernel wrapped as an AIE
+    /// hsaco, since a PDI does not record it.
+    pub fn columns(self) -> u32 {
+        match self {
+            Arch::Aie2 => 4,
+            Arch::Aie2p => 8,
+        }
+    }
+
+    /// Wraps a PDI and instruction stream as an AIE hsaco: one PDI + instructions kernel called
+    /// `name`, taking `n_args` buffers, in the section of this architecture.
+    pub fn wrap_hsaco(
+        self,
+        name: &str,
+        pdi: &[u8],
+        insts: &[u8],
+        n_args: u32,
+    ) -> Result<Vec<u8>, aie_hsaco::HsacoError> {
+        aie_hsaco::write_single(self.name(), name, pdi, insts, n_args, self.columns())
+    }
 }
 
 impl fmt::Display for Arch {

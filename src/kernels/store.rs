@@ -33,8 +33,11 @@ pub struct KernelFiles {
     pub name: String,
     pub pdi: Vec<u8>,
     pub insts: Vec<u8>,
-    /// The `.pdi` file they came from.
+    /// The `.pdi` (or `.hsaco`) file they came from.
     pub path: PathBuf,
+    /// The AIE code object when the kernel came from `<name>.hsaco` (packet ABI c loads it as
+    /// it is; the PDI and instruction stream above are its kernel's blobs).
+    pub hsaco: Option<Vec<u8>>,
 }
 
 /// The list of kernels this backend wrote into a cache directory, one name per line.
@@ -155,8 +158,10 @@ impl KernelStore {
             Err(why) => Err(format!("no kernel file {name}.pdi ({why})")),
         };
         let on_disk = || {
-            self.search_dirs()
-                .any(|dir| dir.join(format!("{name}.pdi")).is_file())
+            self.search_dirs().any(|dir| {
+                dir.join(format!("{name}.pdi")).is_file()
+                    || dir.join(format!("{name}.hsaco")).is_file()
+            })
         };
         match compilable {
             Err(_) if on_disk() => Ok(()),
@@ -182,7 +187,8 @@ impl KernelStore {
                 if known_bad(name) {
                     return None;
                 }
-                self.search_dirs().find_map(|dir| read_kernel(&dir, name))
+                self.search_dirs()
+                    .find_map(|dir| read_kernel(&dir, name, self.arch))
             })
             .collect();
         let missing: Vec<usize> = (0..names.len())
@@ -194,7 +200,7 @@ impl KernelStore {
         // What was compiled is in the cache now (the other directories were read above).
         for (i, name) in names.iter().enumerate() {
             if found[i].is_none() && !known_bad(name) {
-                found[i] = read_kernel(&self.cache_arch_dir(), name);
+                found[i] = read_kernel(&self.cache_arch_dir(), name, self.arch);
             }
         }
         names
@@ -310,7 +316,7 @@ impl KernelStore {
             ))
         })?;
         let lock = lock_kernel(&dir, name).map_err(failed)?;
-        if read_kernel(&dir, name).is_some() {
+        if read_kernel(&dir, name, self.arch).is_some() {
             return Ok("compiled by another process");
         }
         let request = dir.join(format!(".{name}.request.{}.json", std::process::id()));
@@ -381,6 +387,7 @@ pub fn clear_cache_dir(dir: &Path) -> Vec<PathBuf> {
         for file in [
             format!("{name}.pdi"),
             format!("{name}_insts.bin"),
+            format!("{name}.hsaco"),
             format!(".{name}.lock"),
         ] {
             let path = dir.join(file);
@@ -396,9 +403,46 @@ pub fn clear_cache_dir(dir: &Path) -> Vec<PathBuf> {
     removed
 }
 
-/// Reads `<dir>/<name>.pdi` and `<dir>/<name>_insts.bin`; `None` when absent or unusable (the
-/// latter is logged with the path).
-fn read_kernel(dir: &Path, name: &str) -> Option<KernelFiles> {
+/// Reads `<dir>/<name>.hsaco` (preferred: an AIE code object with a PDI + instructions kernel
+/// called `name` in the section of `arch`), else `<dir>/<name>.pdi` and `<dir>/<name>_insts.bin`;
+/// `None` when absent or unusable (the latter is logged with the path).
+fn read_kernel(dir: &Path, name: &str, arch: Arch) -> Option<KernelFiles> {
+    let hsaco_path = dir.join(format!("{name}.hsaco"));
+    if hsaco_path.is_file() {
+        match read_hsaco(&hsaco_path, name, arch) {
+            Ok(files) => return Some(files),
+            Err(reason) => log::warn(&format!(
+                "ignoring corrupt kernel file {}: {reason}",
+                hsaco_path.display()
+            )),
+        }
+    }
+    read_pdi_insts(dir, name)
+}
+
+/// The kernel `name` of an hsaco file, validated by the shared strict reader.
+fn read_hsaco(path: &Path, name: &str, arch: Arch) -> Result<KernelFiles, String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let kernels = aie_hsaco::read(&bytes, arch.name()).map_err(|e| e.to_string())?;
+    let k = kernels
+        .into_iter()
+        .find(|k| k.name == name)
+        .ok_or_else(|| format!("no kernel named {name} in its {} section", arch.name()))?;
+    if k.kind != aie_hsaco::KernelKind::PdiInsts {
+        return Err(format!(
+            "kernel {name} is a full ELF; this backend dispatches PDI + instruction kernels"
+        ));
+    }
+    Ok(KernelFiles {
+        name: name.to_owned(),
+        pdi: k.pdi,
+        insts: k.insts,
+        path: path.to_owned(),
+        hsaco: Some(bytes),
+    })
+}
+
+fn read_pdi_insts(dir: &Path, name: &str) -> Option<KernelFiles> {
     let pdi_path = dir.join(format!("{name}.pdi"));
     let insts_path = dir.join(format!("{name}_insts.bin"));
     if !pdi_path.is_file() {
@@ -425,6 +469,7 @@ fn read_kernel(dir: &Path, name: &str) -> Option<KernelFiles> {
             pdi,
             insts,
             path: pdi_path,
+            hsaco: None,
         }),
         Err(reason) => {
             log::warn(&format!("ignoring corrupt kernel files: {reason}"));
@@ -524,5 +569,47 @@ mod tests {
         // Nothing recorded: nothing removed.
         assert!(clear_cache_dir(&dir).is_empty());
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn hsaco_files_are_preferred_and_corrupt_ones_ignored() {
+        let dir = scratch("hsaco");
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = aie_hsaco::write_single("aie2p", "k", b"PDI!", &[1, 0, 0, 0], 2, 1).unwrap();
+        std::fs::write(dir.join("k.hsaco"), &good).unwrap();
+        let f = read_kernel(&dir, "k", Arch::Aie2p).unwrap();
+        assert_eq!(
+            (f.pdi.as_slice(), f.insts.as_slice()),
+            (&b"PDI!"[..], &[1, 0, 0, 0][..])
+        );
+        assert_eq!(f.hsaco.as_deref(), Some(good.as_slice()));
+        // No aie2 section, no .pdi: no kernel for aie2; another name: none either.
+        assert!(read_kernel(&dir, "k", Arch::Aie2).is_none());
+        std::fs::copy(dir.join("k.hsaco"), dir.join("other.hsaco")).unwrap();
+        assert!(read_kernel(&dir, "other", Arch::Aie2p).is_none());
+        // With the .pdi pair beside it, a corrupt hsaco falls back to the pair; whatever the
+        // corruption (truncations, flipped bytes), the result is a clean kernel or the pair.
+        std::fs::write(dir.join("k.pdi"), b"PAIR").unwrap();
+        std::fs::write(dir.join("k_insts.bin"), [2u8, 0, 0, 0]).unwrap();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for i in 0..300 {
+            let mut bytes = good.clone();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if i % 2 == 0 {
+                bytes.truncate((x % good.len() as u64) as usize);
+            } else {
+                let at = (x as usize) % bytes.len();
+                bytes[at] ^= 1 << (x >> 61);
+            }
+            std::fs::write(dir.join("k.hsaco"), &bytes).unwrap();
+            let f = read_kernel(&dir, "k", Arch::Aie2p).expect("the pair at least");
+            assert!(!f.pdi.is_empty() && !f.insts.is_empty() && f.insts.len().is_multiple_of(4));
+            if f.hsaco.is_none() {
+                assert_eq!(f.pdi, b"PAIR", "case {i}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

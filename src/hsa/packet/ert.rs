@@ -137,6 +137,7 @@ pub(super) mod tests {
 
     pub fn dispatch(operands: &[Operand]) -> Dispatch<'_> {
         Dispatch {
+            kernel_object: 0,
             pdi_addr: 0x1111_2222_3333_4000,
             insts_addr: 0xAAAA_BBBB_CCCC_D000,
             insts_bytes: 64,

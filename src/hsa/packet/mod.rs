@@ -8,6 +8,7 @@
 //! | `a2` | same | 3 | at offset 48 | dwords |
 //! | `a3` | same | 200 | at offset 48 | dwords |
 //! | `b` | 64-byte AIE kernel dispatch + kernarg array | header READY, opcode KMQ, count 24 | at offset 8 | bytes |
+//! | `c` | the same packet naming a kernel object (from an AIE hsaco loaded into an executable) | header READY, opcode KMQ, count 24 | at offset 8 | none (in the code object) |
 //!
 //! ROCR rewrites part of an ERT payload while submitting it, so the argument memory is filled anew
 //! for every dispatch; nothing here keeps it between dispatches.
@@ -16,6 +17,7 @@ mod a1;
 mod a2;
 mod a3;
 mod b;
+mod c;
 mod ert;
 
 use std::fmt;
@@ -30,10 +32,17 @@ pub enum PacketAbi {
     A2,
     A3,
     B,
+    C,
 }
 
 impl PacketAbi {
-    pub const ALL: [PacketAbi; 4] = [PacketAbi::A1, PacketAbi::A2, PacketAbi::A3, PacketAbi::B];
+    pub const ALL: [PacketAbi; 5] = [
+        PacketAbi::A1,
+        PacketAbi::A2,
+        PacketAbi::A3,
+        PacketAbi::B,
+        PacketAbi::C,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -41,6 +50,7 @@ impl PacketAbi {
             PacketAbi::A2 => "a2",
             PacketAbi::A3 => "a3",
             PacketAbi::B => "b",
+            PacketAbi::C => "c",
         }
     }
 
@@ -55,6 +65,9 @@ impl PacketAbi {
     /// | 12 to 19 | `a2` |
     /// | 20 | `a3` |
     /// | ≥ 21 | `b` |
+    ///
+    /// Generation c reports the same version as b (no query tells them apart); `auto` finds it
+    /// by loading a tiny AIE code object ([`crate::hsa::Runtime::probe_code_objects`]).
     pub fn from_interface_minor(minor: Option<u16>) -> PacketAbi {
         match minor {
             None | Some(0..=11) => PacketAbi::A1,
@@ -71,6 +84,7 @@ impl PacketAbi {
             PacketAbi::A2 => &a2::A2,
             PacketAbi::A3 => &a3::A3,
             PacketAbi::B => &b::B,
+            PacketAbi::C => &c::C,
         }
     }
 }
@@ -88,7 +102,7 @@ impl FromStr for PacketAbi {
         PacketAbi::ALL
             .into_iter()
             .find(|abi| abi.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown packet ABI {s:?} (expected auto, a1, a2, a3 or b)"))
+            .ok_or_else(|| format!("unknown packet ABI {s:?} (expected auto, a1, a2, a3, b or c)"))
     }
 }
 
@@ -99,10 +113,12 @@ pub struct Operand {
     pub size: u64,
 }
 
-/// One kernel launch: the PDI and instruction stream (both in the dev heap) and the operands,
-/// inputs first, output last.
+/// One kernel launch: the PDI and instruction stream (both in the dev heap; generations a1..b)
+/// or the kernel object (generation c), and the operands, inputs first, output last.
 #[derive(Debug, Clone, Copy)]
 pub struct Dispatch<'a> {
+    /// Generation c: `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT` of the kernel (0 otherwise).
+    pub kernel_object: u64,
     pub pdi_addr: u64,
     pub insts_addr: u64,
     /// Size of the instruction stream in bytes (a multiple of 4).
@@ -119,6 +135,8 @@ pub enum EncodeError {
     TooManyOperands(usize, usize),
     #[error("operand {index} is {size} bytes; this packet ABI carries sizes in 32 bits")]
     OperandTooLarge { index: usize, size: u64 },
+    #[error("packet ABI {0} needs a kernel object; the kernel was not loaded as a code object")]
+    NoKernelObject(PacketAbi),
     #[error("argument memory of {got} bytes is smaller than the {need} bytes required")]
     ArgsTooSmall { got: usize, need: usize },
 }
@@ -155,7 +173,7 @@ mod tests {
             assert_eq!(abi.name().to_uppercase().parse::<PacketAbi>(), Ok(abi));
             assert_eq!(abi.format().abi(), abi);
         }
-        assert!("c".parse::<PacketAbi>().unwrap_err().contains("\"c\""));
+        assert!("d".parse::<PacketAbi>().unwrap_err().contains("\"d\""));
     }
 
     #[test]

@@ -16,6 +16,9 @@ pub enum PacketAbi {
     A3,
     /// 64-byte AIE kernel-dispatch packet (`hsa_ext_amd_aie.h` v1.0).
     B,
+    /// 64-byte AIE kernel-dispatch packet carrying a kernel object loaded from an AIE hsaco
+    /// through the code object reader / executable API (ROCR's `aie-hsaco` branch).
+    C,
 }
 
 impl PacketAbi {
@@ -29,6 +32,7 @@ impl PacketAbi {
             "a2" => Some(PacketAbi::A2),
             "a3" => Some(PacketAbi::A3),
             "b" => Some(PacketAbi::B),
+            "c" => Some(PacketAbi::C),
             _ => None,
         }
     }
@@ -39,6 +43,7 @@ impl PacketAbi {
             PacketAbi::A2 => "a2",
             PacketAbi::A3 => "a3",
             PacketAbi::B => "b",
+            PacketAbi::C => "c",
         }
     }
 }
@@ -126,7 +131,7 @@ impl Config {
         if let Some(abi) = get("HSA_SIM_PACKET_ABI") {
             if !abi.trim().is_empty() {
                 cfg.packet_abi = PacketAbi::parse(&abi).ok_or_else(|| {
-                    format!("HSA_SIM_PACKET_ABI={abi:?}: expected one of a1, a2, a3, b")
+                    format!("HSA_SIM_PACKET_ABI={abi:?}: expected one of a1, a2, a3, b, c")
                 })?;
             }
         }

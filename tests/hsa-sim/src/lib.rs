@@ -12,7 +12,8 @@
 //! * [`runtime`]: the reference-counted global runtime state.
 //! * [`config`]: configuration read from the environment (with a test override).
 //! * [`agents`], [`memory`], [`signal`], [`queue`]: the HSA objects.
-//! * [`packet`]: one module per ROCR AIE packet ABI generation (A1, A2, A3, B).
+//! * [`packet`]: one module per ROCR AIE packet ABI generation (A1, A2, A3, B, C).
+//! * [`code_object`]: AIE code object readers and executables (the hsaco loader of ABI C).
 //! * [`image`]: the kernel image (PDI) and instruction-stream formats.
 //! * [`ops`]: the op catalogue shared by the compiler and the executor.
 //! * [`exec`]: the executor (ggml reference semantics).
@@ -21,6 +22,7 @@
 
 pub mod agents;
 pub mod api;
+pub mod code_object;
 pub mod config;
 pub mod consts;
 pub mod cost;

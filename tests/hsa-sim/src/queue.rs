@@ -43,6 +43,9 @@ pub struct QueueState {
     pub error: Option<Status>,
     /// Set when a dispatch hung (HSA_SIM_HANG_DISPATCH): doorbells do nothing any more.
     pub hung: bool,
+    /// ABI c (ROCR's `AieAqlQueue::suspended_`): a packet failed, the error callback was
+    /// called, and every later doorbell is ignored (signals of unprocessed packets never drop).
+    pub suspended: bool,
 }
 
 #[derive(Debug)]
@@ -129,11 +132,26 @@ pub fn ring_doorbell(rt: &Runtime, q: &Queue) {
         let read = q.read_index.load(Ordering::Acquire);
         let write = q.write_index.load(Ordering::Acquire);
         let fmt = packet::format_for(rt.config.packet_abi);
+        let suspends = fmt.abi() == crate::config::PacketAbi::C;
         if st.hung {
             rt.log(&format!(
                 "queue {:#x}: doorbell ignored, a dispatch hung (HSA_SIM_HANG_DISPATCH)",
                 q.public_addr
             ));
+        } else if st.suspended {
+            rt.log(&format!(
+                "queue {:#x}: doorbell ignored, the queue is suspended after an error",
+                q.public_addr
+            ));
+        } else if suspends && (enter_error || st.error.is_some()) {
+            // ROCR's generation-c queue: the failing batch suspends the queue; nothing ran, so
+            // no signal drops and the read index stays.
+            rt.counters.lock().injected_faults += u64::from(enter_error);
+            st.suspended = true;
+            errors.push(PacketError {
+                status: st.error.unwrap_or(HSA_STATUS_ERROR_FATAL),
+                msg: "queue is in an error state (HSA_SIM_ERROR_STATE); queue suspended".into(),
+            });
         } else {
             if enter_error && st.error.is_none() {
                 st.error = Some(HSA_STATUS_ERROR_FATAL);
@@ -270,6 +288,13 @@ fn process(
             Outcome::Failed(mut e) => {
                 e.msg = format!("packet {idx}: {}", e.msg);
                 errors.push(e);
+                if fmt.abi() == crate::config::PacketAbi::C {
+                    // ROCR's generation-c queue: the read index advances by the packets that
+                    // ran, the queue is suspended, unprocessed packets keep their signals.
+                    st.suspended = true;
+                    q.read_index.store(idx, Ordering::Release);
+                    return;
+                }
                 // The failed packet and everything behind it in this doorbell are consumed but
                 // not executed; their completion signals (if the ABI has them) are set to -1.
                 fail_packets(rt, q, fmt, idx, write);
@@ -292,6 +317,7 @@ fn run_packet(
     let ctx = DecodeCtx {
         mem,
         topo: &rt.topo,
+        code: &rt.code,
     };
     let cmd = match fmt.decode(slot, &ctx) {
         Ok(c) => c,

@@ -26,6 +26,8 @@ pub struct Runtime {
     /// Queues by the address of their public `hsa_queue_t`.
     pub queues: Mutex<HashMap<usize, Arc<Queue>>>,
     pub counters: Mutex<Counters>,
+    /// Code object readers, executables and kernel objects (packet ABI c).
+    pub code: Mutex<crate::code_object::CodeObjects>,
     pub faults: Faults,
     next_signal: AtomicU64,
     next_queue_id: AtomicU64,
@@ -108,6 +110,7 @@ impl Runtime {
             signals: RwLock::new(HashMap::new()),
             queues: Mutex::new(HashMap::new()),
             counters: Mutex::new(counters),
+            code: Mutex::new(Default::default()),
             faults: Faults::default(),
             next_signal: AtomicU64::new(SIGNAL_HANDLE_BASE),
             next_queue_id: AtomicU64::new(0),

@@ -514,6 +514,7 @@ fn system_info_identifies_the_packet_abi() {
         (PacketAbi::A2, 12),
         (PacketAbi::A3, 20),
         (PacketAbi::B, 21),
+        (PacketAbi::C, 21),
     ] {
         let _s = Session::start(quiet(abi));
         let mut v: u16 = 0;

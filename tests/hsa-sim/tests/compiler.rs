@@ -142,6 +142,35 @@ fn compile_writes_pdi_and_insts() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// `--hsaco` (outside protocol 1) also writes the kernel as an AIE code object.
+#[test]
+fn compile_with_hsaco_writes_a_code_object() {
+    let d = tmpdir("hsaco");
+    std::fs::write(d.join("req.json"), REQ).unwrap();
+    let out = bin()
+        .args(["compile", "--hsaco", "--request"])
+        .arg(d.join("req.json"))
+        .arg("--output-dir")
+        .arg(d.join("out"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pdi = std::fs::read(d.join("out/scale_f32_4.pdi")).unwrap();
+    let insts = std::fs::read(d.join("out/scale_f32_4_insts.bin")).unwrap();
+    let file = std::fs::read(d.join("out/scale_f32_4.hsaco")).unwrap();
+    let (desc, _) = image::parse_image(&pdi).unwrap();
+    let ks = aie_hsaco::read(&file, &desc.arch).unwrap();
+    assert_eq!(ks.len(), 1);
+    assert_eq!(ks[0].name, "scale_f32_4");
+    assert_eq!((ks[0].pdi.clone(), ks[0].insts.clone()), (pdi, insts));
+    assert_eq!(ks[0].kernarg_size, 32);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 #[test]
 fn unsupported_and_invalid_requests() {
     let d = tmpdir("bad");

@@ -22,16 +22,24 @@ fn add_image() -> Vec<u8> {
         .expect("the IRON package compiles it")
 }
 
-fn load_image(pools: &Pools, img: &[u8]) -> Kernel {
+/// The image in the dev heap; under ABI c also loaded as an AIE code object (kernel "add").
+fn load_image(pools: &Pools, img: &[u8], abi: PacketAbi) -> Kernel {
     let insts = image::encode_insts_v2(img);
     let pdi = alloc(pools.dev, img.len());
     write_bytes(pdi, img);
     let ip = alloc(pools.dev, insts.len());
     write_bytes(ip, &insts);
+    let kernel_object = if abi == PacketAbi::C {
+        let hsaco = aie_hsaco::write_single("aie2p", "add", img, &insts, 3, 1).unwrap();
+        load_code_object(pools.agent, &hsaco, "add").expect("the image loads as a code object")
+    } else {
+        0
+    };
     Kernel {
         pdi,
         insts: ip,
         insts_bytes: insts.len(),
+        kernel_object,
     }
 }
 
@@ -50,11 +58,17 @@ fn emulated_dispatch_per_abi() {
     let want: Vec<f32> = (0..24)
         .map(|i| i as f32 + [100.0, 200.0, 300.0, 400.0][i % 4])
         .collect();
-    for abi in [PacketAbi::A1, PacketAbi::A2, PacketAbi::A3, PacketAbi::B] {
+    for abi in [
+        PacketAbi::A1,
+        PacketAbi::A2,
+        PacketAbi::A3,
+        PacketAbi::B,
+        PacketAbi::C,
+    ] {
         let s = Session::start(quiet(abi));
         let pools = aie_pools(&s, s.aie[0]);
         let q = create_queue(s.aie[0]);
-        let k = load_image(&pools, &img);
+        let k = load_image(&pools, &img, abi);
         let ops = operands(&pools);
         let sig = new_signal(1);
         q.submit(&[packet_for(abi, &pools, &k, &ops, sig.handle)]);
@@ -74,7 +88,7 @@ fn corrupt_emulation_image_is_a_dispatch_error() {
     let s = Session::start(quiet(PacketAbi::A2));
     let pools = aie_pools(&s, s.aie[0]);
     let q = create_queue(s.aie[0]);
-    let k = load_image(&pools, &img);
+    let k = load_image(&pools, &img, PacketAbi::A2);
     let ops = operands(&pools);
     let sig = new_signal(1);
     q.submit(&[packet_for(PacketAbi::A2, &pools, &k, &ops, sig.handle)]);

@@ -62,7 +62,8 @@ fn timestamp_ns() -> u64 {
 /// `hsa_status_t hsa_system_get_info(hsa_system_info_t attribute, void* value)`.
 ///
 /// `HSA_AMD_SYSTEM_INFO_EXT_VERSION_MINOR` (0x208, written as uint16_t) identifies the packet
-/// ABI generation: 11 = A1, 12 = A2, 20 = A3, 21 = B (major is 1).
+/// ABI generation: 11 = A1, 12 = A2, 20 = A3, 21 = B and C (major is 1; no query tells
+/// B from C, clients probe C by loading an AIE code object).
 ///
 /// # Safety
 /// Pointer arguments must be NULL (refused) or valid for the documented C type.
@@ -110,6 +111,7 @@ pub unsafe extern "C" fn hsa_sim_packet_abi() -> *const c_char {
             crate::PacketAbi::A2 => c"a2".as_ptr(),
             crate::PacketAbi::A3 => c"a3".as_ptr(),
             crate::PacketAbi::B => c"b".as_ptr(),
+            crate::PacketAbi::C => c"c".as_ptr(),
         },
         None => std::ptr::null(),
     })

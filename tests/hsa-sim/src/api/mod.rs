@@ -2,12 +2,14 @@
 //! neutral value for functions without a status) and validates its arguments with ROCR's codes.
 
 mod agent;
+mod code_object;
 mod init;
 mod memory;
 mod queue;
 mod signal;
 
 pub use agent::*;
+pub use code_object::*;
 pub use init::*;
 pub use memory::*;
 pub use queue::*;

@@ -2,8 +2,10 @@
 //!
 //! ```text
 //! hsa-sim-compile capabilities
-//! hsa-sim-compile compile --request <req.json> --output-dir <dir>
+//! hsa-sim-compile compile --request <req.json> --output-dir <dir> [--hsaco]
 //! ```
+//! `--hsaco` (not part of protocol 1; the backend never passes it) also writes `<name>.hsaco`,
+//! the kernel as an AIE code object for packet ABI c (shared `aie-hsaco` writer).
 //! Exit codes: 0 success, 1 bad input (usage, unreadable or malformed request, I/O error),
 //! 2 well-formed but unsupported request (one-line reason on stderr).
 
@@ -14,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: hsa-sim-compile capabilities\n       \
-                     hsa-sim-compile compile --request <req.json> --output-dir <dir>";
+                     hsa-sim-compile compile --request <req.json> --output-dir <dir> [--hsaco]";
 
 fn capabilities() -> serde_json::Value {
     let ops: Vec<serde_json::Value> = Op::all_names()
@@ -55,7 +57,7 @@ fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     })
 }
 
-fn compile(request: &Path, out_dir: &Path) -> Result<(), (u8, String)> {
+fn compile(request: &Path, out_dir: &Path, hsaco: bool) -> Result<(), (u8, String)> {
     let text = std::fs::read_to_string(request)
         .map_err(|e| (1, format!("cannot read request {}: {e}", request.display())))?;
     let desc = KernelDesc::parse_json(&text).map_err(|e| (1, e.to_string()))?;
@@ -70,7 +72,16 @@ fn compile(request: &Path, out_dir: &Path) -> Result<(), (u8, String)> {
     let insts = image::encode_insts(&pdi);
     write_atomic(out_dir, &format!("{}.pdi", desc.name), &pdi)
         .and_then(|_| write_atomic(out_dir, &format!("{}_insts.bin", desc.name), &insts))
-        .map_err(|e| (1, format!("cannot write to {}: {e}", out_dir.display())))
+        .map_err(|e| (1, format!("cannot write to {}: {e}", out_dir.display())))?;
+    if hsaco {
+        let n_args = desc.inputs.len() as u32 + 1;
+        let columns = hsa_runtime64::cost::model_for(&desc.arch).columns;
+        let file = aie_hsaco::write_single(&desc.arch, &desc.name, &pdi, &insts, n_args, columns)
+            .map_err(|e| (1, format!("cannot build the hsaco: {e}")))?;
+        write_atomic(out_dir, &format!("{}.hsaco", desc.name), &file)
+            .map_err(|e| (1, format!("cannot write to {}: {e}", out_dir.display())))?;
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -83,11 +94,13 @@ fn main() -> ExitCode {
         Some("compile") => {
             let mut request: Option<PathBuf> = None;
             let mut out_dir: Option<PathBuf> = None;
+            let mut hsaco = false;
             let mut it = args[1..].iter();
             while let Some(a) = it.next() {
                 match a.as_str() {
                     "--request" => request = it.next().map(PathBuf::from),
                     "--output-dir" => out_dir = it.next().map(PathBuf::from),
+                    "--hsaco" => hsaco = true,
                     other => {
                         eprintln!("hsa-sim-compile: unknown argument {other:?}\n{USAGE}");
                         return ExitCode::from(1);
@@ -98,7 +111,7 @@ fn main() -> ExitCode {
                 eprintln!("hsa-sim-compile: compile needs --request and --output-dir\n{USAGE}");
                 return ExitCode::from(1);
             };
-            match compile(&request, &out_dir) {
+            match compile(&request, &out_dir, hsaco) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err((code, msg)) => {
                     eprintln!("hsa-sim-compile: {msg}");

@@ -6,6 +6,7 @@ pub mod a1;
 pub mod a2;
 pub mod a3;
 pub mod b;
+pub mod c;
 mod ert;
 
 use crate::agents::Topology;
@@ -64,6 +65,8 @@ impl PacketError {
 pub struct DecodeCtx<'a> {
     pub mem: &'a MemoryTable,
     pub topo: &'a Topology,
+    /// Resolves a generation-c kernel object (a live, frozen executable's kernel).
+    pub code: &'a parking_lot::Mutex<crate::code_object::CodeObjects>,
 }
 
 impl DecodeCtx<'_> {
@@ -103,6 +106,7 @@ pub fn format_for(abi: PacketAbi) -> &'static dyn PacketFormat {
         PacketAbi::A2 => &a2::A2,
         PacketAbi::A3 => &a3::A3,
         PacketAbi::B => &b::B,
+        PacketAbi::C => &c::C,
     }
 }
 

@@ -168,6 +168,8 @@ pub struct Kernel {
     pub pdi: *mut u8,
     pub insts: *mut u8,
     pub insts_bytes: usize,
+    /// ABI c: the kernel object of the PDI + instructions loaded as an AIE hsaco (0 otherwise).
+    pub kernel_object: u64,
 }
 
 /// The AIE agent's pools: (kernarg, dev heap, data).
@@ -175,6 +177,7 @@ pub struct Pools {
     pub kernarg: HsaPool,
     pub dev: HsaPool,
     pub data: HsaPool,
+    pub agent: HsaAgent,
 }
 
 pub fn aie_pools(s: &Session, agent: HsaAgent) -> Pools {
@@ -183,6 +186,7 @@ pub fn aie_pools(s: &Session, agent: HsaAgent) -> Pools {
         kernarg: p[0],
         dev: p[1],
         data: p[2],
+        agent,
     }
 }
 
@@ -193,11 +197,86 @@ pub fn load_kernel(pools: &Pools, d: &KernelDesc) -> Kernel {
     write_bytes(pdi, &img);
     let ip = alloc(pools.dev, insts.len());
     write_bytes(ip, &insts);
+    // SAFETY: hsa_sim_packet_abi returns NULL or a static NUL-terminated string.
+    let abi = unsafe { hsa_sim_packet_abi() };
+    // SAFETY: as above; checked non-null.
+    let is_c = !abi.is_null() && unsafe { std::ffi::CStr::from_ptr(abi) }.to_bytes() == b"c";
+    let kernel_object = if is_c {
+        let n_args = d.inputs.len() as u32 + 1;
+        let hsaco = aie_hsaco::write_single(&d.arch, &d.name, &img, &insts, n_args, 1).unwrap();
+        load_code_object(pools.agent, &hsaco, &d.name).expect("load the kernel's hsaco")
+    } else {
+        0
+    };
     Kernel {
         pdi,
         insts: ip,
         insts_bytes: insts.len(),
+        kernel_object,
     }
+}
+
+/// Loads an AIE hsaco for `agent` (reader, executable, load, freeze, symbol lookup) and returns
+/// the kernel object of `name`, or the first failing status. The executable stays loaded.
+pub fn load_code_object(agent: HsaAgent, hsaco: &[u8], name: &str) -> Result<u64, u32> {
+    let (exe, st) = load_executable(agent, hsaco);
+    if st != HSA_STATUS_SUCCESS {
+        return Err(st);
+    }
+    // SAFETY: the simulator C ABI is called with pointers to live locals.
+    let st = unsafe { hsa_executable_freeze(exe, std::ptr::null()) };
+    if st != HSA_STATUS_SUCCESS {
+        return Err(st);
+    }
+    kernel_object_of(exe, agent, name)
+}
+
+/// Reader + executable + load (not frozen). Returns the executable and the load status.
+pub fn load_executable(agent: HsaAgent, hsaco: &[u8]) -> (HsaHandle, u32) {
+    let mut reader = HsaHandle { handle: 0 };
+    let mut exe = HsaHandle { handle: 0 };
+    // SAFETY: the simulator C ABI is called with pointers to live locals.
+    unsafe {
+        let st = hsa_code_object_reader_create_from_memory(
+            hsaco.as_ptr().cast(),
+            hsaco.len(),
+            &mut reader,
+        );
+        if st != HSA_STATUS_SUCCESS {
+            return (exe, st);
+        }
+        assert_eq!(
+            hsa_executable_create_alt(1, 0, std::ptr::null(), &mut exe),
+            HSA_STATUS_SUCCESS
+        );
+        let st = hsa_executable_load_agent_code_object(
+            exe,
+            agent,
+            reader,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+        );
+        assert_eq!(hsa_code_object_reader_destroy(reader), HSA_STATUS_SUCCESS);
+        (exe, st)
+    }
+}
+
+/// Looks `name` up for `agent` and reads its KERNEL_OBJECT.
+pub fn kernel_object_of(exe: HsaHandle, agent: HsaAgent, name: &str) -> Result<u64, u32> {
+    let cname = std::ffi::CString::new(name).unwrap();
+    let mut sym = HsaHandle { handle: 0 };
+    // SAFETY: the simulator C ABI is called with pointers to live locals.
+    let st = unsafe { hsa_executable_get_symbol_by_name(exe, cname.as_ptr(), &agent, &mut sym) };
+    if st != HSA_STATUS_SUCCESS {
+        return Err(st);
+    }
+    let mut ko = 0u64;
+    // SAFETY: as above; KERNEL_OBJECT (22) is a u64.
+    let st = unsafe { hsa_executable_symbol_get_info(sym, 22, (&mut ko as *mut u64).cast()) };
+    if st != HSA_STATUS_SUCCESS {
+        return Err(st);
+    }
+    Ok(ko)
 }
 
 pub struct Queue {
@@ -287,6 +366,15 @@ pub fn b_packet(pools: &Pools, k: &Kernel, ops: Ops, completion: u64) -> [u8; 64
     p
 }
 
+/// A generation-c packet: the kernel object instead of the instruction/PDI addresses.
+pub fn c_packet(pools: &Pools, k: &Kernel, ops: Ops, completion: u64) -> [u8; 64] {
+    let mut p = b_packet(pools, k, ops, completion);
+    p[20..24].copy_from_slice(&(k.kernel_object as u32).to_le_bytes());
+    p[24..28].copy_from_slice(&((k.kernel_object >> 32) as u32).to_le_bytes());
+    p[40..64].fill(0);
+    p
+}
+
 /// Builds the packet the selected ABI expects.
 pub fn packet_for(
     abi: PacketAbi,
@@ -300,6 +388,7 @@ pub fn packet_for(
         PacketAbi::A2 => ert_packet(3, ops.len(), completion, ert_payload(pools, k, ops)),
         PacketAbi::A3 => ert_packet(200, ops.len(), completion, ert_payload(pools, k, ops)),
         PacketAbi::B => b_packet(pools, k, ops, completion),
+        PacketAbi::C => c_packet(pools, k, ops, completion),
     }
 }
 
