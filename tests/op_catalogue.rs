@@ -93,10 +93,14 @@ fn op_table() -> String {
                 "host: the backend, on the CPU, in place".to_owned(),
             ),
             Runs::Kernel => {
-                let sim = if e.sim {
-                    "kernel: simulator reference executor"
-                } else {
-                    "not run"
+                let sim = match (e.sim, e.iron.is_empty()) {
+                    (true, false) => {
+                        "kernel: simulator reference executor, and the IRON design emulated \
+                         (`--target emu`)"
+                    }
+                    (true, true) => "kernel: simulator reference executor only",
+                    (false, false) => "kernel: the IRON design emulated (`--target emu`) only",
+                    (false, true) => "not run",
                 };
                 let npu = match e.iron_source {
                     Some(src) => format!(
