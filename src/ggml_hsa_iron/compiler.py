@@ -1,8 +1,7 @@
 """The compile pipeline: request -> spec -> Peano objects + IRON design -> aiecc.
 
-Files: `<out>/<name>.pdi` and `<out>/<name>_insts.bin`, each written under a
-temporary name in `<out>` and renamed into place, so a reader never sees half
-a kernel. Tool output goes to stderr (the backend captures it).
+Files: `<out>/<name>.pdi`, `<out>/<name>_insts.bin` and `<out>/<name>.hsaco`
+(see `outputs.py`). Tool output goes to stderr (the backend captures it).
 """
 
 import importlib
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from . import environment
 from .errors import BuildError
+from .outputs import install_kernel
 from .plans import CoreSource, prepare
 from .registry import lookup
 from .request import Request
@@ -83,17 +83,6 @@ def build_module(spec) -> str:
     return str(fn(spec))
 
 
-def _install(src: Path, dest: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def compile_request(req: Request, output_dir: Path) -> None:
     spec = prepare(req)  # UnsupportedError before any tool runs
     environment.check()
@@ -121,8 +110,7 @@ def compile_request(req: Request, output_dir: Path) -> None:
         size = insts.stat().st_size if insts.is_file() else 0
         if size == 0 or size % 4:
             raise BuildError(f"aiecc produced an invalid instruction stream ({size} bytes)")
-        _install(pdi, output_dir / f"{req.name}.pdi")
-        _install(insts, output_dir / f"{req.name}_insts.bin")
+        install_kernel(req, output_dir, pdi.read_bytes(), insts.read_bytes())
     finally:
         if os.environ.get("GGML_HSA_IRON_KEEP_WORK"):
             print(f"ggml_hsa_iron: work directory kept: {work}", file=sys.stderr)

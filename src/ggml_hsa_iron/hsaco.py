@@ -144,3 +144,10 @@ def write(sections: dict[str, list[Kernel]]) -> bytes:
     for (_, body), off, name in zip(bodies, offs, name_offs):
         out += section_header(name, 1, off, len(body))
     return bytes(out)
+
+
+def single_kernel(arch: str, name: str, pdi: bytes, insts: bytes, n_args: int, num_cols: int):
+    """The hsaco of one PDI + instruction stream kernel taking `n_args` buffers (16 kernarg bytes
+    each: an address and a size), as the backend wraps kernels itself under packet ABI c."""
+    kernel = Kernel(name, insts, pdi, kernarg_size=16 * n_args, num_cols=num_cols)
+    return write({arch: [kernel]})

@@ -11,10 +11,10 @@ import json
 import os
 import struct
 import sys
-import tempfile
 from pathlib import Path
 
 from ..errors import BuildError
+from ..outputs import install_kernel
 from ..plans import prepare
 from ..registry import lookup
 from ..request import Request
@@ -62,17 +62,6 @@ def fnv1a64_bytes(data: bytes) -> int:
     return h
 
 
-def _install(data: bytes, dest: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def compile_emu(req: Request, output_dir: Path) -> None:
     spec = prepare(req)  # UnsupportedError before anything runs
     rec = record(spec)
@@ -89,6 +78,4 @@ def compile_emu(req: Request, output_dir: Path) -> None:
         core, rec.kernels, req.arch, log=(lambda m: print(m, file=sys.stderr)) if verbose else None
     )
     image = image_bytes(program, lib)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    _install(image, output_dir / f"{req.name}.pdi")
-    _install(insts_bytes(image), output_dir / f"{req.name}_insts.bin")
+    install_kernel(req, output_dir, image, insts_bytes(image))
