@@ -36,17 +36,7 @@ impl PacketFormat for KernelDispatch {
         if !d.insts_bytes.is_multiple_of(4) {
             return Err(EncodeError::UnalignedInstructions(d.insts_bytes));
         }
-        let need = self.args_bytes(n);
-        if args.len() < need {
-            return Err(EncodeError::ArgsTooSmall {
-                got: args.len(),
-                need,
-            });
-        }
-        for (i, op) in d.operands.iter().enumerate() {
-            args[8 * i..8 * i + 8].copy_from_slice(&op.addr.to_le_bytes());
-            args[8 * (n + i)..8 * (n + i) + 8].copy_from_slice(&op.size.to_le_bytes());
-        }
+        write_kernargs(d, args)?;
         let p = hsa_amd_aie_kernel_dispatch_packet_t {
             header: HSA_AMD_AIE_DISPATCH_HEADER,
             opcode: HSA_AMD_AIE_PACKET_OPCODE_KMQ,
@@ -60,19 +50,42 @@ impl PacketFormat for KernelDispatch {
             pdi_addr: d.pdi_addr,
             ..Default::default()
         };
-        let mut out = [0u8; 64];
-        out[0..2].copy_from_slice(&p.header.to_le_bytes());
-        out[2..4].copy_from_slice(&p.opcode.to_le_bytes());
-        out[4..6].copy_from_slice(&p.count.to_le_bytes());
-        out[8..16].copy_from_slice(&p.completion_signal.handle.to_le_bytes());
-        out[20..24].copy_from_slice(&p.insts_addr_low.to_le_bytes());
-        out[24..28].copy_from_slice(&p.insts_addr_high.to_le_bytes());
-        out[28..30].copy_from_slice(&p.num_kernargs.to_le_bytes());
-        out[32..40].copy_from_slice(&p.kernarg_address.to_le_bytes());
-        out[40..48].copy_from_slice(&p.insts_size.to_le_bytes());
-        out[48..56].copy_from_slice(&p.pdi_addr.to_le_bytes());
-        Ok(out)
+        Ok(packet_bytes(&p))
     }
+}
+
+/// The kernarg array of a 64-byte dispatch packet (generations b and c): the operand addresses,
+/// then their sizes, as u64.
+pub(super) fn write_kernargs(d: &Dispatch<'_>, args: &mut [u8]) -> Result<(), EncodeError> {
+    let n = d.operands.len();
+    let need = 16 * n;
+    if args.len() < need {
+        return Err(EncodeError::ArgsTooSmall {
+            got: args.len(),
+            need,
+        });
+    }
+    for (i, op) in d.operands.iter().enumerate() {
+        args[8 * i..8 * i + 8].copy_from_slice(&op.addr.to_le_bytes());
+        args[8 * (n + i)..8 * (n + i) + 8].copy_from_slice(&op.size.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// The 64 bytes of a dispatch packet; the reserved bytes (6, 7, 16..20, 30..32, 56..64) stay zero.
+pub(super) fn packet_bytes(p: &hsa_amd_aie_kernel_dispatch_packet_t) -> [u8; 64] {
+    let mut out = [0u8; 64];
+    out[0..2].copy_from_slice(&p.header.to_le_bytes());
+    out[2..4].copy_from_slice(&p.opcode.to_le_bytes());
+    out[4..6].copy_from_slice(&p.count.to_le_bytes());
+    out[8..16].copy_from_slice(&p.completion_signal.handle.to_le_bytes());
+    out[20..24].copy_from_slice(&p.insts_addr_low.to_le_bytes());
+    out[24..28].copy_from_slice(&p.insts_addr_high.to_le_bytes());
+    out[28..30].copy_from_slice(&p.num_kernargs.to_le_bytes());
+    out[32..40].copy_from_slice(&p.kernarg_address.to_le_bytes());
+    out[40..48].copy_from_slice(&p.insts_size.to_le_bytes());
+    out[48..56].copy_from_slice(&p.pdi_addr.to_le_bytes());
+    out
 }
 
 #[cfg(test)]

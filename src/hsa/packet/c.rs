@@ -4,6 +4,7 @@
 //! array is as in b: the N operand addresses, then their N sizes, as u64; the runtime
 //! decrements the completion signal at offset 8 for every packet that ran.
 
+use super::b::{packet_bytes, write_kernargs};
 use super::{Dispatch, EncodeError, PacketAbi, PacketFormat};
 use crate::hsa::sys::*;
 
@@ -37,29 +38,20 @@ impl PacketFormat for KernelObjectDispatch {
         }
         let n = d.operands.len();
         let num_kernargs = u16::try_from(n).map_err(|_| EncodeError::TooManyOperands(n, 65535))?;
-        let need = self.args_bytes(n);
-        if args.len() < need {
-            return Err(EncodeError::ArgsTooSmall {
-                got: args.len(),
-                need,
-            });
-        }
-        for (i, op) in d.operands.iter().enumerate() {
-            args[8 * i..8 * i + 8].copy_from_slice(&op.addr.to_le_bytes());
-            args[8 * (n + i)..8 * (n + i) + 8].copy_from_slice(&op.size.to_le_bytes());
-        }
-        let kernarg_address = if n == 0 { 0 } else { args_addr };
-        // Reserved bytes 6, 7, 16..20, 30..32 and 40..64 stay zero.
-        let mut out = [0u8; 64];
-        out[0..2].copy_from_slice(&HSA_AMD_AIE_DISPATCH_HEADER.to_le_bytes());
-        out[2..4].copy_from_slice(&HSA_AMD_AIE_PACKET_OPCODE_KMQ.to_le_bytes());
-        out[4..6].copy_from_slice(&HSA_AMD_AIE_DISPATCH_COUNT.to_le_bytes());
-        out[8..16].copy_from_slice(&completion.handle.to_le_bytes());
-        out[20..24].copy_from_slice(&(d.kernel_object as u32).to_le_bytes());
-        out[24..28].copy_from_slice(&((d.kernel_object >> 32) as u32).to_le_bytes());
-        out[28..30].copy_from_slice(&num_kernargs.to_le_bytes());
-        out[32..40].copy_from_slice(&kernarg_address.to_le_bytes());
-        Ok(out)
+        write_kernargs(d, args)?;
+        // The kernel object where generation b has the instruction stream address; zeros where
+        // it has the instruction size and the PDI address.
+        Ok(packet_bytes(&hsa_amd_aie_kernel_dispatch_packet_t {
+            header: HSA_AMD_AIE_DISPATCH_HEADER,
+            opcode: HSA_AMD_AIE_PACKET_OPCODE_KMQ,
+            count: HSA_AMD_AIE_DISPATCH_COUNT,
+            completion_signal: completion,
+            insts_addr_low: d.kernel_object as u32,
+            insts_addr_high: (d.kernel_object >> 32) as u32,
+            num_kernargs,
+            kernarg_address: if n == 0 { 0 } else { args_addr },
+            ..Default::default()
+        }))
     }
 }
 

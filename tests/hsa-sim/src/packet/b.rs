@@ -8,7 +8,10 @@
 //! `[40..48)` insts_size in bytes, `[48..56)` pdi_addr, `[56..64)` pdi_patch_offset = 0
 //! (full-ELF dispatch is not simulated).
 
-use super::{u16_at, u32_at, u64_at, Command, DecodeCtx, Operand, PacketError, PacketFormat};
+use super::{
+    check_dispatch_header, dispatch_operands, u32_at, u64_at, Command, DecodeCtx, PacketError,
+    PacketFormat,
+};
 use crate::config::PacketAbi;
 use crate::consts::*;
 
@@ -21,41 +24,7 @@ impl PacketFormat for B {
     }
 
     fn decode(&self, slot: &[u8; PACKET_SIZE], ctx: &DecodeCtx) -> Result<Command, PacketError> {
-        let header = u16_at(slot, 0);
-        let ty = header as u8;
-        if ty == HSA_PACKET_TYPE_INVALID {
-            return Err(PacketError::format(
-                "B: slot holds an INVALID packet (type 1): the client rang the doorbell before writing it",
-            ));
-        }
-        if ty != HSA_AMD_AIE_PACKET_TYPE_READY {
-            return Err(PacketError::format(format!(
-                "B: header type {ty}, expected READY (0)"
-            )));
-        }
-        if header & 0xE000 != 0 {
-            return Err(PacketError::format(format!(
-                "B: header {header:#06x} has bits 13-15 set"
-            )));
-        }
-        let opcode = u16_at(slot, 2);
-        if opcode != HSA_AMD_AIE_PACKET_OPCODE_KMQ {
-            let hint = match opcode {
-                3 => " (bytes 2-3 hold AmdFormat 3: an A1/A2 ERT packet)",
-                200 => " (bytes 2-3 hold AmdFormat 200: an A3 ERT packet)",
-                _ => "",
-            };
-            return Err(PacketError::format(format!(
-                "B: opcode {opcode}{hint}, expected KMQ (0) for an AIE kernel-dispatch packet"
-            )));
-        }
-        let count = u16_at(slot, 4);
-        if count != HSA_AMD_AIE_KERNEL_DISPATCH_COUNT {
-            return Err(PacketError::format(format!("B: count {count}, must be 24")));
-        }
-        if slot[6] != 0 || slot[7] != 0 || u32_at(slot, 16) != 0 || u16_at(slot, 30) != 0 {
-            return Err(PacketError::format("B: reserved fields are not zero"));
-        }
+        check_dispatch_header(slot, "B")?;
         if u64_at(slot, 56) != 0 {
             return Err(PacketError::format(
                 "B: pdi_patch_offset is non-zero (full-ELF dispatch) - not supported by the simulator",
@@ -63,8 +32,6 @@ impl PacketFormat for B {
         }
         let completion_signal = u64_at(slot, 8);
         let insts_addr = (u32_at(slot, 24) as u64) << 32 | u32_at(slot, 20) as u64;
-        let n = u16_at(slot, 28) as usize;
-        let kernarg = u64_at(slot, 32);
         let insts_bytes = u64_at(slot, 40);
         let pdi_addr = u64_at(slot, 48);
         if !insts_bytes.is_multiple_of(4) {
@@ -72,27 +39,7 @@ impl PacketFormat for B {
                 "B: insts_size {insts_bytes} is not a multiple of 4 (it is in bytes in Gen B)"
             )));
         }
-        let operands = if n == 0 {
-            if kernarg != 0 {
-                return Err(PacketError::format(
-                    "B: kernarg_address must be NULL when num_kernargs is 0",
-                ));
-            }
-            Vec::new()
-        } else {
-            if kernarg == 0 {
-                return Err(PacketError::format(format!(
-                    "B: kernarg_address is NULL with num_kernargs {n}"
-                )));
-            }
-            let table = ctx.read_aie("kernarg table", kernarg, 16 * n)?;
-            (0..n)
-                .map(|i| Operand {
-                    addr: u64_at(&table, 8 * i),
-                    size: u64_at(&table, 8 * (n + i)),
-                })
-                .collect()
-        };
+        let operands = dispatch_operands(slot, ctx, "B")?;
         Ok(Command {
             pdi_addr,
             insts_addr,

@@ -10,7 +10,10 @@
 //! out (`HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT`); its code (PDI, instruction stream) was
 //! copied into the agent's dev heap when the code object was loaded.
 
-use super::{u16_at, u32_at, u64_at, Command, DecodeCtx, Operand, PacketError, PacketFormat};
+use super::{
+    check_dispatch_header, dispatch_operands, u32_at, u64_at, Command, DecodeCtx, PacketError,
+    PacketFormat,
+};
 use crate::config::PacketAbi;
 use crate::consts::*;
 
@@ -23,36 +26,7 @@ impl PacketFormat for C {
     }
 
     fn decode(&self, slot: &[u8; PACKET_SIZE], ctx: &DecodeCtx) -> Result<Command, PacketError> {
-        let header = u16_at(slot, 0);
-        let ty = header as u8;
-        if ty == HSA_PACKET_TYPE_INVALID {
-            return Err(PacketError::format(
-                "C: slot holds an INVALID packet (type 1): the client rang the doorbell before writing it",
-            ));
-        }
-        if ty != HSA_AMD_AIE_PACKET_TYPE_READY {
-            return Err(PacketError::format(format!(
-                "C: header type {ty}, expected READY (0)"
-            )));
-        }
-        if header & 0xE000 != 0 {
-            return Err(PacketError::format(format!(
-                "C: header {header:#06x} has bits 13-15 set"
-            )));
-        }
-        let opcode = u16_at(slot, 2);
-        if opcode != HSA_AMD_AIE_PACKET_OPCODE_KMQ {
-            return Err(PacketError::format(format!(
-                "C: opcode {opcode}, expected KMQ (0) for an AIE kernel-dispatch packet"
-            )));
-        }
-        let count = u16_at(slot, 4);
-        if count != HSA_AMD_AIE_KERNEL_DISPATCH_COUNT {
-            return Err(PacketError::format(format!("C: count {count}, must be 24")));
-        }
-        if slot[6] != 0 || slot[7] != 0 || u32_at(slot, 16) != 0 || u16_at(slot, 30) != 0 {
-            return Err(PacketError::format("C: reserved fields are not zero"));
-        }
+        check_dispatch_header(slot, "C")?;
         if slot[40..64].iter().any(|&b| b != 0) {
             return Err(PacketError::format(
                 "C: reserved words 40..64 are not zero (a Gen B packet's insts_size/pdi_addr?)",
@@ -68,29 +42,7 @@ impl PacketFormat for C {
                 "C: kernel object {kernel_object:#x} is not a kernel of a live, frozen executable"
             ))
         })?;
-        let n = u16_at(slot, 28) as usize;
-        let kernarg = u64_at(slot, 32);
-        let operands = if n == 0 {
-            if kernarg != 0 {
-                return Err(PacketError::format(
-                    "C: kernarg_address must be NULL when num_kernargs is 0",
-                ));
-            }
-            Vec::new()
-        } else {
-            if kernarg == 0 {
-                return Err(PacketError::format(format!(
-                    "C: kernarg_address is NULL with num_kernargs {n}"
-                )));
-            }
-            let table = ctx.read_aie("kernarg table", kernarg, 16 * n)?;
-            (0..n)
-                .map(|i| Operand {
-                    addr: u64_at(&table, 8 * i),
-                    size: u64_at(&table, 8 * (n + i)),
-                })
-                .collect()
-        };
+        let operands = dispatch_operands(slot, ctx, "C")?;
         Ok(Command {
             pdi_addr: code.pdi_addr,
             insts_addr: code.insts_addr,

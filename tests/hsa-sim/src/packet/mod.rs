@@ -123,3 +123,81 @@ pub(crate) fn u64_at(b: &[u8], off: usize) -> u64 {
     w.copy_from_slice(&b[off..off + 8]);
     u64::from_le_bytes(w)
 }
+
+/// The checks every 64-byte AIE kernel-dispatch packet (generations B and C) passes: a READY
+/// header with no reserved bits, the KMQ opcode, count 24 and zero reserved fields. `gen`
+/// prefixes the messages.
+fn check_dispatch_header(slot: &[u8; PACKET_SIZE], gen: &str) -> Result<(), PacketError> {
+    let header = u16_at(slot, 0);
+    let ty = header as u8;
+    if ty == HSA_PACKET_TYPE_INVALID {
+        return Err(PacketError::format(format!(
+            "{gen}: slot holds an INVALID packet (type 1): the client rang the doorbell before \
+             writing it"
+        )));
+    }
+    if ty != HSA_AMD_AIE_PACKET_TYPE_READY {
+        return Err(PacketError::format(format!(
+            "{gen}: header type {ty}, expected READY (0)"
+        )));
+    }
+    if header & 0xE000 != 0 {
+        return Err(PacketError::format(format!(
+            "{gen}: header {header:#06x} has bits 13-15 set"
+        )));
+    }
+    let opcode = u16_at(slot, 2);
+    if opcode != HSA_AMD_AIE_PACKET_OPCODE_KMQ {
+        let hint = match opcode {
+            3 => " (bytes 2-3 hold AmdFormat 3: an A1/A2 ERT packet)",
+            200 => " (bytes 2-3 hold AmdFormat 200: an A3 ERT packet)",
+            _ => "",
+        };
+        return Err(PacketError::format(format!(
+            "{gen}: opcode {opcode}{hint}, expected KMQ (0) for an AIE kernel-dispatch packet"
+        )));
+    }
+    let count = u16_at(slot, 4);
+    if count != HSA_AMD_AIE_KERNEL_DISPATCH_COUNT {
+        return Err(PacketError::format(format!(
+            "{gen}: count {count}, must be 24"
+        )));
+    }
+    if slot[6] != 0 || slot[7] != 0 || u32_at(slot, 16) != 0 || u16_at(slot, 30) != 0 {
+        return Err(PacketError::format(format!(
+            "{gen}: reserved fields are not zero"
+        )));
+    }
+    Ok(())
+}
+
+/// The operands of a 64-byte kernel-dispatch packet: `num_kernargs` (offset 28) addresses then
+/// as many sizes in the kernarg table at offset 32.
+fn dispatch_operands(
+    slot: &[u8; PACKET_SIZE],
+    ctx: &DecodeCtx,
+    gen: &str,
+) -> Result<Vec<Operand>, PacketError> {
+    let n = u16_at(slot, 28) as usize;
+    let kernarg = u64_at(slot, 32);
+    if n == 0 {
+        if kernarg != 0 {
+            return Err(PacketError::format(format!(
+                "{gen}: kernarg_address must be NULL when num_kernargs is 0"
+            )));
+        }
+        return Ok(Vec::new());
+    }
+    if kernarg == 0 {
+        return Err(PacketError::format(format!(
+            "{gen}: kernarg_address is NULL with num_kernargs {n}"
+        )));
+    }
+    let table = ctx.read_aie("kernarg table", kernarg, 16 * n)?;
+    Ok((0..n)
+        .map(|i| Operand {
+            addr: u64_at(&table, 8 * i),
+            size: u64_at(&table, 8 * (n + i)),
+        })
+        .collect())
+}
