@@ -314,24 +314,16 @@ pub fn encode_image(desc: &KernelDesc) -> Vec<u8> {
 
 /// Builds the instruction stream that belongs to `image`.
 pub fn encode_insts(image: &[u8]) -> Vec<u8> {
-    let payload = &image[IMAGE_HEADER_LEN.min(image.len())..];
-    let h = fnv1a64(payload);
-    let words = [
-        INSTS_MAGIC0,
-        INSTS_MAGIC1,
-        INSTS_VERSION,
-        INSTS_WORDS as u32,
-        h as u32,
-        (h >> 32) as u32,
-        payload.len() as u32,
-        0,
-    ];
-    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    insts_for_payload(&image[IMAGE_HEADER_LEN.min(image.len())..])
 }
 
 /// Builds the instruction stream of a version-2 image (its payload: JSON and library bytes).
 pub fn encode_insts_v2(image: &[u8]) -> Vec<u8> {
-    let payload = &image[IMAGE_V2_HEADER_LEN.min(image.len())..];
+    insts_for_payload(&image[IMAGE_V2_HEADER_LEN.min(image.len())..])
+}
+
+/// The instruction stream naming an image payload by its length and FNV-1a 64 hash.
+fn insts_for_payload(payload: &[u8]) -> Vec<u8> {
     let h = fnv1a64(payload);
     let words = [
         INSTS_MAGIC0,

@@ -334,6 +334,30 @@ fn run_packet(
 }
 
 /// Resolves a dev-heap buffer of this queue's agent.
+/// The live AIE-pool allocation holding operand `i`'s whole byte range.
+fn operand_allocation<'m>(
+    rt: &Runtime,
+    mem: &'m MemoryTable,
+    i: usize,
+    o: &crate::packet::Operand,
+) -> Result<&'m crate::memory::Allocation, PacketError> {
+    let a = mem
+        .lookup_range(o.addr as usize, o.size.max(1) as usize)
+        .ok_or_else(|| {
+            PacketError::allocation(format!(
+                "operand {i} at {:#x} ({} bytes) is not inside a live allocation",
+                o.addr, o.size
+            ))
+        })?;
+    if !rt.topo.pools[a.pool].kind.is_aie() {
+        return Err(PacketError::allocation(format!(
+            "operand {i} at {:#x} is CPU-agent memory; operands must come from AIE pools",
+            o.addr
+        )));
+    }
+    Ok(a)
+}
+
 fn dev_heap_alloc<'m>(
     rt: &Runtime,
     q: &Queue,
@@ -444,20 +468,7 @@ fn prepare_and_execute(
     }
     let mut mems = Vec::with_capacity(tensors.len());
     for (i, (o, t)) in cmd.operands.iter().zip(&tensors).enumerate() {
-        let a = mem
-            .lookup_range(o.addr as usize, o.size.max(1) as usize)
-            .ok_or_else(|| {
-                PacketError::allocation(format!(
-                    "operand {i} at {:#x} ({} bytes) is not inside a live allocation",
-                    o.addr, o.size
-                ))
-            })?;
-        if !rt.topo.pools[a.pool].kind.is_aie() {
-            return Err(PacketError::allocation(format!(
-                "operand {i} at {:#x} is CPU-agent memory; operands must come from AIE pools",
-                o.addr
-            )));
-        }
+        operand_allocation(rt, mem, i, o)?;
         if o.size < t.extent() {
             return Err(PacketError::format(format!(
                 "operand {i}: size {} bytes is smaller than the tensor's extent {} bytes",
@@ -588,20 +599,7 @@ fn run_emulated(
     }
     let mut mems = Vec::with_capacity(prog.args.len());
     for (i, o) in cmd.operands.iter().enumerate() {
-        let a = mem
-            .lookup_range(o.addr as usize, o.size.max(1) as usize)
-            .ok_or_else(|| {
-                PacketError::allocation(format!(
-                    "operand {i} at {:#x} ({} bytes) is not inside a live allocation",
-                    o.addr, o.size
-                ))
-            })?;
-        if !rt.topo.pools[a.pool].kind.is_aie() {
-            return Err(PacketError::allocation(format!(
-                "operand {i} at {:#x} is CPU-agent memory; operands must come from AIE pools",
-                o.addr
-            )));
-        }
+        let a = operand_allocation(rt, mem, i, o)?;
         // The NPU's DMA may touch the operand's allocation beyond the tensor (whole words):
         // everything up to the allocation's end is accessible.
         mems.push(OperandMem {
