@@ -88,31 +88,5 @@ fn main() {
 }
 
 fn compile_with_cache(req: &str, name: &str, cache: &std::path::Path) -> Vec<u8> {
-    let dir = tempdir();
-    let rpath = dir.join("req.json");
-    std::fs::write(&rpath, req).unwrap();
-    let out = std::process::Command::new("python3")
-        .args([
-            "-m",
-            "ggml_hsa_iron",
-            "--target",
-            "emu",
-            "compile",
-            "--request",
-        ])
-        .arg(&rpath)
-        .arg("--output-dir")
-        .arg(&dir)
-        .env("PYTHONPATH", package_src())
-        .env("GGML_HSA_EMU_CACHE_DIR", cache)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let img = std::fs::read(dir.join(format!("{name}.pdi"))).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    img
+    compile_emu_with(&package_src(), req, name, cache).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -98,6 +98,17 @@ fn fnv(b: &[u8]) -> String {
 /// Compiles `req` with `python3 -m ggml_hsa_iron --target emu` from `src`; the image, or the
 /// compiler's stderr on failure.
 pub fn compile_emu_from(src: &Path, req: &str, name: &str) -> Result<Vec<u8>, String> {
+    compile_emu_with(src, req, name, &cache_dir())
+}
+
+/// Compiles `req` with the emulation target of the package in `src`, its kernel libraries cached
+/// in `cache`; the image, or the compiler's message.
+pub fn compile_emu_with(
+    src: &Path,
+    req: &str,
+    name: &str,
+    cache: &Path,
+) -> Result<Vec<u8>, String> {
     let dir = tempdir();
     let rpath = dir.join("req.json");
     std::fs::write(&rpath, req).expect("write request");
@@ -114,7 +125,7 @@ pub fn compile_emu_from(src: &Path, req: &str, name: &str) -> Result<Vec<u8>, St
         .arg("--output-dir")
         .arg(&dir)
         .env("PYTHONPATH", src)
-        .env("GGML_HSA_EMU_CACHE_DIR", cache_dir())
+        .env("GGML_HSA_EMU_CACHE_DIR", cache)
         .output()
         .expect("run python3");
     let res = if out.status.success() {
