@@ -27,13 +27,7 @@ if [ "$(python3 -m ruff --version 2>/dev/null)" != "ruff ${RUFF#ruff==}" ]; then
 fi
 # numpy and ml_dtypes: the designs' tensor types, for the emulation target (--target emu) and
 # its tests here and in cargo test (tests/hsa-sim/tests/iron_emu.rs, tests/backend_ops_emu.rs).
-# Any installed versions serve (numpy >= 2); missing ones are installed at these pins (numpy as
-# scripts/models.pin pins it).
-EMU_PY=(numpy==2.2.6 ml_dtypes==0.6.0)
-if ! python3 -c "import numpy, ml_dtypes" 2>/dev/null; then
-  python3 -m pip install --quiet "${EMU_PY[@]}" 2>/dev/null ||
-    python3 -m pip install --quiet --break-system-packages "${EMU_PY[@]}"
-fi
+python_emu_install || exit 1
 [ "${1:-}" = "--deps" ] && exit 0
 
 status=0

@@ -21,9 +21,13 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# shellcheck source=lib/apt.sh
+. scripts/lib/apt.sh
 if [ "${1:-}" = "--deps" ]; then
     scripts/llama-cpp.sh deps
-    exec scripts/models.sh deps
+    scripts/models.sh deps
+    python_emu_install
+    exit
 fi
 
 say() { printf '\n== %s\n' "$*"; }
@@ -47,11 +51,9 @@ if [ "${1:-}" = "test-backend-ops" ]; then
     exit 0
 fi
 
-# The emulation target needs numpy and ml_dtypes (the designs' tensor types) and g++.
-if ! python3 -c "import numpy, ml_dtypes" 2>/dev/null; then
-    python3 -m pip install --quiet numpy ml_dtypes 2>/dev/null ||
-        python3 -m pip install --quiet --break-system-packages numpy ml_dtypes
-fi
+# The emulation target needs numpy and ml_dtypes (the designs' tensor types) and g++ (the
+# build tools above).
+python_emu_install
 emu_compiler="python3 -m ggml_hsa_iron --target emu"
 emu_env=(GGML_HSA_JIT_COMPILER="$emu_compiler" PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
     GGML_HSA_KERNEL_CACHE_DIR="$out/kernels-emu")

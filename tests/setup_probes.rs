@@ -199,15 +199,14 @@ fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
-/// The pinned numpy and ml_dtypes of scripts/check-iron.sh (the emulation target's).
+/// The pinned numpy and ml_dtypes of scripts/lib/apt.sh (the emulation target's).
 fn pinned_emu_python() -> Vec<String> {
-    let text =
-        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check-iron.sh"))
-            .unwrap();
+    let text = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/lib/apt.sh"))
+        .unwrap();
     let line = text
         .lines()
         .find_map(|l| l.strip_prefix("EMU_PY=("))
-        .expect("check-iron.sh pins the emulation's Python packages");
+        .expect("scripts/lib/apt.sh pins the emulation's Python packages");
     line.trim_end_matches(')')
         .split(' ')
         .map(str::to_owned)
@@ -296,6 +295,13 @@ fn each_script_asks_for_what_its_next_steps_run() {
         let (ok, err) = m.run(script, args, &[]);
         assert!(ok, "{script} {args:?} failed:\n{err}");
         assert_eq!(m.requested_apt(), set(want), "{script}; stderr:\n{err}");
+    }
+    // The main job runs the tiny llama through the IRON emulation: numpy and ml_dtypes too.
+    let m = FakeMachine::new("main-emu", &["libclang-cpp14", "python3"], true);
+    let (ok, err) = m.run("scripts/main.sh", &["--deps"], &[]);
+    assert!(ok, "{err}");
+    for p in pinned_emu_python() {
+        assert!(m.requested().contains(&format!("pip {p}")), "{p}: {err}");
     }
 }
 

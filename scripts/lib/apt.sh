@@ -15,6 +15,10 @@
 # python_pip_install: python3-pip when `python3 -m pip` (the exact command used) does not run.
 # python_venv_install: python3-venv when python3 cannot `import ensurepip` (what `python3 -m
 #   venv` needs; Debian ships it in python3-venv).
+# python_emu_install: numpy and ml_dtypes (the IRON designs' tensor types, for the emulation
+#   target `python3 -m ggml_hsa_iron --target emu`) when python3 cannot import them: any installed
+#   versions serve (numpy >= 2); missing ones are installed at EMU_PY (numpy as
+#   scripts/models.pin pins it), with pip.
 
 deps_packages() {
     case "$1" in
@@ -81,4 +85,12 @@ python_pip_install() {
 python_venv_install() {
     python3 -c 'import ensurepip' >/dev/null 2>&1 && return 0
     apt_install python3-venv
+}
+
+EMU_PY=(numpy==2.2.6 ml_dtypes==0.6.0)
+python_emu_install() {
+    python3 -c "import numpy, ml_dtypes" >/dev/null 2>&1 && return 0
+    python_pip_install || return 1
+    python3 -m pip install --quiet "${EMU_PY[@]}" 2>/dev/null ||
+        python3 -m pip install --quiet --break-system-packages "${EMU_PY[@]}"
 }
