@@ -334,6 +334,22 @@ fn run_packet(
 }
 
 /// Resolves a dev-heap buffer of this queue's agent.
+/// The fault `HSA_SIM_FAIL_DISPATCH` / `HSA_SIM_HANG_DISPATCH` inject into this dispatch of
+/// kernel `name`: an error, `true` for a dispatch that never completes, `false` for none.
+fn injected_fault(rt: &Runtime, name: &str) -> Result<bool, PacketError> {
+    match rt.faults.next_dispatch(&rt.config) {
+        DispatchFault::None => Ok(false),
+        DispatchFault::Fail => {
+            rt.counters.lock().injected_faults += 1;
+            Err(PacketError {
+                status: HSA_STATUS_ERROR,
+                msg: format!("dispatch of kernel {name} failed: injected by HSA_SIM_FAIL_DISPATCH"),
+            })
+        }
+        DispatchFault::Hang => Ok(true),
+    }
+}
+
 /// The live AIE-pool allocation holding operand `i`'s whole byte range.
 fn operand_allocation<'m>(
     rt: &Runtime,
@@ -500,19 +516,8 @@ fn prepare_and_execute(
         c.device_time_ns += model.rebuild_ns() as u64;
     }
     // 5. Fault injection.
-    match rt.faults.next_dispatch(&rt.config) {
-        DispatchFault::None => {}
-        DispatchFault::Fail => {
-            rt.counters.lock().injected_faults += 1;
-            return Err(PacketError {
-                status: HSA_STATUS_ERROR,
-                msg: format!(
-                    "dispatch of kernel {} failed: injected by HSA_SIM_FAIL_DISPATCH",
-                    desc.name
-                ),
-            });
-        }
-        DispatchFault::Hang => return Ok(None),
+    if injected_fault(rt, &desc.name)? {
+        return Ok(None);
     }
     // 6. Execute.
     // SAFETY: every operand range was resolved inside a live allocation of `mem`, whose lock the
@@ -608,19 +613,8 @@ fn run_emulated(
         });
     }
     note_pdi(rt, st, pdi_id, &prog.name, model)?;
-    match rt.faults.next_dispatch(&rt.config) {
-        DispatchFault::None => {}
-        DispatchFault::Fail => {
-            rt.counters.lock().injected_faults += 1;
-            return Err(PacketError {
-                status: HSA_STATUS_ERROR,
-                msg: format!(
-                    "dispatch of kernel {} failed: injected by HSA_SIM_FAIL_DISPATCH",
-                    prog.name
-                ),
-            });
-        }
-        DispatchFault::Hang => return Ok(None),
+    if injected_fault(rt, &prog.name)? {
+        return Ok(None);
     }
     let t0 = std::time::Instant::now();
     // SAFETY: every operand range lies inside a live AIE allocation of `mem`, whose lock the
