@@ -2,7 +2,10 @@
 # Regenerates docs/ops.md: which op/type combinations of test-backend-ops run on HSA0 (the plugin
 # on the hsa-sim software NPU) and pass against the CPU backend. `support` mode finds the ops
 # with any supported case (it checks only each case's final node), then `test` mode runs them
-# (checking every node) and its CSV is summarised by scripts/ops_doc.py. Takes a few minutes.
+# (checking every node) and its CSV is summarised by scripts/ops_doc.py. Then the ops the IRON
+# package declares run again with the IRON designs emulated (`python3 -m ggml_hsa_iron --target
+# emu` as the JIT compiler), once per architecture (aie2p, aie2): the doc's "IRON emulated"
+# columns, what a real NPU would run. Takes a few minutes.
 #
 # `--check` (what CI runs) prints the per-op table and fails if any case failed or if the
 # committed docs/ops.md is out of date.
@@ -23,8 +26,27 @@ csv=$(mktemp)
 "$LLAMA_CPP_BIN/test-backend-ops" support -b HSA0 --output csv 2>/dev/null >"$csv"
 ops=$(python3 scripts/ops_doc.py --ops-only <"$csv")
 "$LLAMA_CPP_BIN/test-backend-ops" test -b HSA0 -o "$ops" --output csv 2>/dev/null >"$csv"
+
+# The IRON designs, emulated: the same cases with the IRON package as the compiler.
+. scripts/lib/apt.sh
+python_emu_install >/dev/null || exit 1
+iron_ops=$(PYTHONPATH=$PWD/src python3 -m ggml_hsa_iron --target emu capabilities |
+    python3 -c 'import json, sys; print(",".join(o["op"] for o in json.load(sys.stdin)["ops"]))')
+emu_args=()
+emu_status=""
+for arch in aie2p aie2; do
+    emu_csv=$(mktemp)
+    emu_log=$(mktemp)
+    GGML_HSA_JIT_COMPILER="python3 -m ggml_hsa_iron --target emu" PYTHONPATH=$PWD/src \
+        GGML_HSA_EMU_CACHE_DIR=${GGML_HSA_EMU_CACHE_DIR:-${TMPDIR:-/tmp}/ggml-hsa-emu-ops-doc} \
+        GGML_HSA_KERNEL_CACHE_DIR=$(mktemp -d) HSA_SIM_AGENTS=$arch \
+        "$LLAMA_CPP_BIN/test-backend-ops" test -b HSA0 -o "$iron_ops" --output csv \
+        2>"$emu_log" >"$emu_csv" || emu_status="$emu_status $arch"
+    emu_args+=(--emu "$arch=$emu_csv,$emu_log")
+done
+
 out=$(mktemp)
-python3 scripts/ops_doc.py <"$csv" >"$out"
+python3 scripts/ops_doc.py "${emu_args[@]}" <"$csv" >"$out"
 rm -f "$csv"
 if [ "$check" -eq 0 ]; then
     mv "$out" docs/ops.md
@@ -33,13 +55,17 @@ if [ "$check" -eq 0 ]; then
 fi
 cat "$out"
 status=0
-if ! grep -q ' 0 failed;' "$out"; then
+if ! grep -q ' 0 failed;' "$out" || grep -q 'IRON emulated on .*[1-9][0-9]* failed' "$out"; then
     echo "FAILED: some test-backend-ops cases failed on HSA0 (table above)"
     status=1
 fi
 if ! diff -u docs/ops.md "$out" >/dev/null; then
     diff -u docs/ops.md "$out" | head -40
     echo "FAILED: docs/ops.md is out of date: run scripts/gen-ops-doc.sh and commit it"
+    status=1
+fi
+if [ -n "$emu_status" ]; then
+    echo "FAILED: test-backend-ops with the IRON designs emulated failed on:$emu_status"
     status=1
 fi
 rm -f "$out"
