@@ -44,6 +44,9 @@ pub struct Config {
     /// `GGML_HSA_F16_AS_BF16`: kernels compute their f16 operands as bf16 (off by default: it
     /// loses precision, see README).
     pub f16_as_bf16: bool,
+    /// `GGML_HSA_STATS`: write run statistics (nodes per op on the NPU, the host and the CPU;
+    /// doorbells, packets, wall and wait time) to this JSON file after every graph.
+    pub stats_path: Option<PathBuf>,
     /// What was wrong with the environment, to be logged once.
     pub warnings: Vec<String>,
 }
@@ -172,6 +175,9 @@ impl Config {
         let kernel_record = lookup("GGML_HSA_KERNEL_RECORD")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
+        let stats_path = lookup("GGML_HSA_STATS")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
 
         Config {
             enable_log,
@@ -186,6 +192,7 @@ impl Config {
             kernel_record,
             cpu_fallback,
             f16_as_bf16,
+            stats_path,
             warnings,
         }
     }

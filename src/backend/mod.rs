@@ -2,6 +2,7 @@
 //! [`Device`] with its pools and kernels, and the [`Stream`]s that execute graphs on them.
 
 pub mod device;
+pub mod stats;
 pub mod stream;
 
 pub use device::Device;

@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::device::{Device, DeviceError, LoadedKernel};
+use super::stats::{self, GraphStats, NodeRun};
 use crate::hsa::memory::PoolAlloc;
 use crate::hsa::packet::Operand;
 use crate::hsa::queue::{Queue, SubmitError, QUEUE_SIZE};
@@ -98,6 +99,8 @@ pub struct Stream {
     /// The graph node (index, op) of each packet of the batch, to name a failing one.
     batch_nodes: Vec<(usize, &'static str)>,
     pending: Vec<Pending>,
+    /// The running graph's statistics (`GGML_HSA_STATS`).
+    stats: GraphStats,
 }
 
 impl Stream {
@@ -119,6 +122,7 @@ impl Stream {
             batch_kernels: Vec::new(),
             batch_nodes: Vec::new(),
             pending: Vec::new(),
+            stats: GraphStats::default(),
         })
     }
 
@@ -134,7 +138,14 @@ impl Stream {
         nodes: &[Node],
         host: &mut dyn HostMemory,
     ) -> Result<(), ComputeError> {
-        UnwindGuard(self).compute_graph(nodes, host)
+        let started = std::time::Instant::now();
+        let result = UnwindGuard(self).compute_graph(nodes, host);
+        let recorder = stats::recorder();
+        let graph = std::mem::take(&mut self.stats);
+        if recorder.enabled() {
+            recorder.record(&graph, started.elapsed());
+        }
+        result
     }
 
     fn compute_graph(
@@ -182,6 +193,17 @@ impl Stream {
                         source,
                     })
                 }
+            }
+        }
+        if stats::recorder().enabled() {
+            for (step, node) in steps.iter().zip(nodes) {
+                let run = match step {
+                    Step::Plan(Plan::Skip) => NodeRun::Skipped,
+                    Step::Plan(Plan::Kernel { .. }) => NodeRun::Kernel,
+                    Step::Plan(Plan::Host(_)) => NodeRun::Host,
+                    Step::Cpu(_) => NodeRun::Cpu,
+                };
+                self.stats.node(node.op.name(), run);
             }
         }
         let enqueue_error = |i: usize, e: Enqueue| match e {
@@ -233,6 +255,7 @@ impl Stream {
         self.pending.clear();
         self.queue = None;
         self.resident_pdis.clear();
+        self.stats = GraphStats::default();
     }
 
     /// Packets encoded but not yet submitted (for tests).
@@ -334,7 +357,11 @@ impl Stream {
         if self.batch.is_empty() {
             return Ok(());
         }
+        let waiting = std::time::Instant::now();
         let result = self.submit().map_err(|e| self.name_failing_node(e));
+        self.stats.doorbells += 1;
+        self.stats.packets += self.batch.len() as u64;
+        self.stats.wait += waiting.elapsed();
         // Only now may the batch's kernels (and, for ABI c, their executables) go.
         self.batch.clear();
         self.batch_kernels.clear();
