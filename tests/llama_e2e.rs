@@ -440,69 +440,162 @@ fn minilm_embeddings_on_hsa0_match_cpu_and_the_published_similarities() {
     }
 }
 
-/// The tiny llama with the IRON designs emulated (the JIT compiler is `python3 -m
-/// ggml_hsa_iron --target emu`): HSA0 takes what the IRON package declares (MUL_MAT and the
-/// element-wise ops; the rest goes to the CPU), every HSA0 kernel is an IRON design run by
-/// hsa-sim's dataflow emulator with the AIE core kernels built for the host. f32 GEMMs multiply
-/// in bf16 on the NPU, so the run is teacher-forced with the CPU's tokens and compared like the
-/// quantized models.
-#[test]
-fn tiny_llama_f32_through_the_emulated_iron_designs() {
-    let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
-        return;
-    };
-    let mut env = sim_env("f32-emu");
-    let counters = common::scratch_dir("e2e-emu-counters").join("counters.json");
+/// The environment of a run with the IRON designs emulated: the JIT compiler is `python3 -m
+/// ggml_hsa_iron --target emu` (every HSA0 kernel an IRON design run by hsa-sim's dataflow
+/// emulator, the AIE core kernels built for the host), HSA0 takes what the IRON package declares;
+/// hsa-sim's counters and the backend's statistics are written to the returned files.
+fn emu_env(
+    tag: &str,
+) -> (
+    Vec<(String, String)>,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let mut env = sim_env(&format!("{tag}-emu"));
+    let dir = common::scratch_dir(&format!("e2e-emu-{tag}"));
+    let (counters, stats) = (dir.join("counters.json"), dir.join("stats.json"));
     env.retain(|(k, _)| k != "GGML_HSA_JIT_COMPILER");
-    env.extend([
+    let emu_cache = std::env::temp_dir().join("ggml-hsa-emu-e2e-cache");
+    for (k, v) in [
         (
-            "GGML_HSA_JIT_COMPILER".to_owned(),
+            "GGML_HSA_JIT_COMPILER",
             "python3 -m ggml_hsa_iron --target emu".to_owned(),
         ),
-        (
-            "PYTHONPATH".to_owned(),
-            root().join("src").display().to_string(),
-        ),
-        (
-            "GGML_HSA_EMU_CACHE_DIR".to_owned(),
-            std::env::temp_dir()
-                .join("ggml-hsa-emu-e2e-cache")
-                .display()
-                .to_string(),
-        ),
-        (
-            "HSA_SIM_COUNTERS".to_owned(),
-            counters.display().to_string(),
-        ),
-    ]);
-    let cpu = greedy(&bin, &model, LONG_PROMPT, None);
-    let t = std::time::Instant::now();
-    let npu = greedy_args(&bin, &model, LONG_PROMPT, Some(&env), &cpu.tokens, &[]);
-    let secs = t.elapsed().as_secs_f64();
-    let n_vocab = cpu.logits.len() / cpu.tokens.len();
-    let worst = (0..cpu.tokens.len())
-        .map(|s| {
-            let r = s * n_vocab..(s + 1) * n_vocab;
-            nmse(&npu.logits[r.clone()], &cpu.logits[r])
-        })
-        .fold(0.0, f64::max);
-    let c: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&counters).expect("counters written"))
-            .expect("counters JSON");
+        ("PYTHONPATH", root().join("src").display().to_string()),
+        ("GGML_HSA_EMU_CACHE_DIR", emu_cache.display().to_string()),
+        ("HSA_SIM_COUNTERS", counters.display().to_string()),
+        ("GGML_HSA_STATS", stats.display().to_string()),
+    ] {
+        env.push((k.to_owned(), v));
+    }
+    (env, counters, stats)
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{} was not written: {e}", path.display()));
+    serde_json::from_str(&text).expect("JSON")
+}
+
+/// Issue 15's gate for one run: every layer op ran as an emulated IRON kernel on HSA0. Only
+/// GET_ROWS (the token embedding lookup, which llama.cpp keeps on the CPU, and row gathers) may
+/// run elsewhere: off HSA0 in the scheduler's placement, or on the host inside the backend. No
+/// node ran on the CPU behind HSA0's back (a kernel the IRON package refused to build).
+fn assert_all_layer_ops_emulated(tag: &str, log: &str, counters: &Path, stats: &Path) {
+    let graphs = graphs(log);
+    report_placement(tag, &graphs);
+    let c = read_json(counters);
+    let s = read_json(stats);
     println!(
-        "tiny-llama-f32, IRON emulated: worst logits NMSE {worst:.2e} (limit \
-         {MAX_QUANTIZED_LOGITS_NMSE:.0e}), {secs:.1} s, emulated ops {}, emulation {:.2} s",
+        "{tag}: emulated ops {}; backend: kernels {}, host {}, CPU {}; {} dispatches, {} doorbells",
         c["emulated_ops"],
-        c["emulation_wall_ns"].as_f64().unwrap_or(0.0) / 1e9
+        s["kernel_nodes"],
+        s["host_nodes"],
+        s["cpu_nodes"],
+        c["dispatches"],
+        c["doorbells"]
     );
-    assert!(worst <= MAX_QUANTIZED_LOGITS_NMSE, "NMSE {worst:.3e}");
-    for op in ["MUL_MAT", "ADD", "MUL"] {
+    assert!(!graphs.is_empty(), "{tag}: no graph scheduled");
+    for (i, g) in graphs.iter().enumerate() {
+        let off: Vec<_> = g.off_device.keys().filter(|op| *op != "GET_ROWS").collect();
         assert!(
-            c["emulated_ops"][op].as_u64().unwrap_or(0) > 0,
-            "{op} did not run as an emulated IRON kernel: {}",
-            c["emulated_ops"]
+            off.is_empty(),
+            "{tag}: graph {i}: ops off HSA0: {:?}",
+            g.off_device
         );
     }
-    let graphs = graphs(&npu.log);
-    report_placement("tiny-llama-f32 (IRON emulated)", &graphs);
+    let not_kernels = |field: &str| -> Vec<String> {
+        s[field]
+            .as_object()
+            .map(|m| m.keys().filter(|op| *op != "GET_ROWS").cloned().collect())
+            .unwrap_or_default()
+    };
+    assert!(
+        not_kernels("cpu_nodes").is_empty(),
+        "{tag}: nodes on the CPU: {}",
+        s["cpu_nodes"]
+    );
+    assert!(
+        not_kernels("host_nodes").is_empty(),
+        "{tag}: host nodes: {}",
+        s["host_nodes"]
+    );
+    let emulated: u64 = c["emulated_ops"]
+        .as_object()
+        .map(|m| m.values().filter_map(|v| v.as_u64()).sum())
+        .unwrap_or(0);
+    assert!(emulated > 0, "{tag}: no emulated IRON kernel ran");
+    assert_eq!(
+        emulated,
+        c["dispatches"].as_u64().unwrap_or(0),
+        "{tag}: every dispatch is an emulated IRON kernel"
+    );
+    assert!(
+        !log.contains("compile failed"),
+        "{tag}: a kernel failed to compile:\n{}",
+        tail(log)
+    );
+}
+
+/// The tiny llama in every type the project ships with the IRON designs emulated. The NPU's GEMMs
+/// multiply in bf16 (and dequantize on the cores), so each run is teacher-forced with the CPU's
+/// tokens and compared like the quantized models.
+#[test]
+fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
+    let Some(bin) = dl_bin() else { return };
+    for name in [
+        "tiny-llama-f32",
+        "tiny-llama-f16",
+        "tiny-llama-q8_0",
+        "tiny-llama-q4_0",
+        "tiny-llama-q4_k_m",
+    ] {
+        let Some(model) = model(name) else { return };
+        let (env, counters, stats) = emu_env(name);
+        let cpu = greedy(&bin, &model, LONG_PROMPT, None);
+        let t = std::time::Instant::now();
+        let npu = greedy_args(&bin, &model, LONG_PROMPT, Some(&env), &cpu.tokens, &[]);
+        let secs = t.elapsed().as_secs_f64();
+        let n_vocab = cpu.logits.len() / cpu.tokens.len();
+        let worst = (0..cpu.tokens.len())
+            .map(|s| {
+                let r = s * n_vocab..(s + 1) * n_vocab;
+                nmse(&npu.logits[r.clone()], &cpu.logits[r])
+            })
+            .fold(0.0, f64::max);
+        println!(
+            "{name}, IRON emulated: worst logits NMSE {worst:.2e} (limit \
+             {MAX_QUANTIZED_LOGITS_NMSE:.0e}), {secs:.1} s"
+        );
+        assert_all_layer_ops_emulated(name, &npu.log, &counters, &stats);
+        assert!(
+            worst <= MAX_QUANTIZED_LOGITS_NMSE,
+            "{name}: NMSE {worst:.3e}"
+        );
+    }
+}
+
+/// all-MiniLM-L6-v2 with the IRON designs emulated: every layer op on HSA0 as an emulated IRON
+/// kernel, and embeddings close to the CPU's (the NPU's GEMMs multiply in bf16, so the bound is
+/// looser than the reference executors' 0.9999).
+#[test]
+fn minilm_runs_every_layer_op_through_the_emulated_iron_designs() {
+    let (Some(bin), Some(model)) = (dl_bin(), model("minilm")) else {
+        return;
+    };
+    let sentences = [
+        "The weather is lovely today.",
+        "It's so sunny outside!",
+        "He drove to the stadium.",
+    ];
+    let (env, counters, stats) = emu_env("minilm");
+    let (cpu, _) = embeddings(&bin, &model, &sentences, None);
+    let (npu, log) = embeddings(&bin, &model, &sentences, Some(&env));
+    assert_all_layer_ops_emulated("minilm", &log, &counters, &stats);
+    assert_eq!(npu.len(), sentences.len());
+    for (i, s) in sentences.iter().enumerate() {
+        let c = cosine(&npu[i], &cpu[i]);
+        println!("minilm, IRON emulated: cos(HSA0, CPU) = {c:.6} for {s:?}");
+        assert!(c >= 0.999, "{s:?}: cosine {c} < 0.999");
+    }
 }
