@@ -91,6 +91,7 @@ impl Totals {
 }
 
 /// Where the totals go, if anywhere: set once from `GGML_HSA_STATS`.
+#[derive(Debug)]
 pub struct Recorder {
     path: Option<PathBuf>,
     totals: Mutex<Totals>,
