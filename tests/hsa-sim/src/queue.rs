@@ -46,6 +46,11 @@ pub struct QueueState {
     /// ABI c (ROCR's `AieAqlQueue::suspended_`): a packet failed, the error callback was
     /// called, and every later doorbell is ignored (signals of unprocessed packets never drop).
     pub suspended: bool,
+    /// Cost model: the PDI of the last command run, whether the current command switched PDI,
+    /// and whether the current batch already rebuilt the hardware context.
+    pub last_pdi: Option<u64>,
+    pub pdi_switched: bool,
+    pub batch_rebuilt: bool,
 }
 
 #[derive(Debug)]
@@ -235,6 +240,8 @@ fn process(
 ) {
     let model = cost::model_for(&rt.topo.agents[q.agent].name);
     let mut chain_bytes: Option<usize> = None;
+    // ROCR rebuilds the hardware context once for a batch that brings new PDIs.
+    st.batch_rebuilt = false;
     for idx in read..write {
         let outcome = {
             let mem = rt.memory.lock();
@@ -254,13 +261,15 @@ fn process(
                     Some(b) => b + slot_bytes > cost::CHAIN_BUFFER_BYTES,
                     None => true,
                 };
-                if new_chain {
-                    chain_bytes = Some(slot_bytes);
+                {
                     let mut c = rt.counters.lock();
-                    c.chains += 1;
-                    c.device_time_ns += model.chain_latency_ns as u64;
-                } else {
-                    chain_bytes = chain_bytes.map(|b| b + slot_bytes);
+                    if new_chain {
+                        chain_bytes = Some(slot_bytes);
+                        c.chains += 1;
+                    } else {
+                        chain_bytes = chain_bytes.map(|b| b + slot_bytes);
+                    }
+                    c.device_time_ns += model.dispatch_ns(new_chain, st.pdi_switched) as u64;
                 }
                 if completion_signal != 0 {
                     match rt.signal(completion_signal) {
@@ -498,23 +507,7 @@ fn prepare_and_execute(
         });
     }
     // 4. PDI cache / hardware context.
-    if !st.pdi_cache.contains(&pdi_id) {
-        if st.pdi_cache.len() >= MAX_PDIS_PER_QUEUE {
-            return Err(PacketError {
-                status: HSA_STATUS_ERROR_OUT_OF_RESOURCES,
-                msg: format!(
-                    "PDI of kernel {} would be the 33rd distinct PDI on this queue; a queue holds \
-                     at most {MAX_PDIS_PER_QUEUE} (one CU-mask bit each)",
-                    desc.name
-                ),
-            });
-        }
-        st.pdi_cache.push(pdi_id);
-        let mut c = rt.counters.lock();
-        c.pdi_loads += 1;
-        c.context_rebuilds += 1;
-        c.device_time_ns += model.rebuild_ns() as u64;
-    }
+    note_pdi(rt, st, pdi_id, &desc.name, model)?;
     // 5. Fault injection.
     if injected_fault(rt, &desc.name)? {
         return Ok(None);
@@ -527,14 +520,28 @@ fn prepare_and_execute(
         status: HSA_STATUS_ERROR,
         msg: m,
     })?;
+    let integer = desc.inputs.iter().all(|t| {
+        use crate::ops::DType;
+        matches!(t.ty, DType::I8 | DType::I16 | DType::I32 | DType::I64)
+    });
+    charge(rt, &stats, model, integer);
+    Ok(Some(()))
+}
+
+/// Counts an executed command and charges its work (roofline) to the device time.
+fn charge(rt: &Runtime, stats: &exec::ExecStats, model: &cost::ArchModel, integer: bool) {
+    let kind = if integer {
+        cost::Arithmetic::Int8
+    } else {
+        cost::Arithmetic::Bf16
+    };
     let mut c = rt.counters.lock();
     c.dispatches += 1;
     c.bytes_read += stats.bytes_read;
     c.bytes_written += stats.bytes_written;
     c.flops += stats.flops;
     c.device_time_ns +=
-        model.command_ns(stats.bytes_read + stats.bytes_written, stats.flops) as u64;
-    Ok(Some(()))
+        model.command_ns(stats.bytes_read + stats.bytes_written, stats.flops, kind) as u64;
 }
 
 /// The PDI cache / hardware-context bookkeeping of a dispatch (step 4 of both paths).
@@ -558,9 +565,14 @@ fn note_pdi(
         st.pdi_cache.push(pdi_id);
         let mut c = rt.counters.lock();
         c.pdi_loads += 1;
-        c.context_rebuilds += 1;
-        c.device_time_ns += model.rebuild_ns() as u64;
+        if !st.batch_rebuilt {
+            st.batch_rebuilt = true;
+            c.context_rebuilds += 1;
+            c.device_time_ns += model.rebuild_ns() as u64;
+        }
     }
+    st.pdi_switched = st.last_pdi != Some(pdi_id);
+    st.last_pdi = Some(pdi_id);
     Ok(())
 }
 
@@ -627,11 +639,8 @@ fn run_emulated(
     c.emulation_wall_ns += t0.elapsed().as_nanos() as u64;
     let op = prog.name.split('-').next().unwrap_or("").to_uppercase();
     *c.emulated_ops.entry(op).or_insert(0) += 1;
-    c.dispatches += 1;
-    c.bytes_read += stats.bytes_read;
-    c.bytes_written += stats.bytes_written;
-    c.flops += stats.flops;
-    c.device_time_ns +=
-        model.command_ns(stats.bytes_read + stats.bytes_written, stats.flops) as u64;
+    drop(c);
+    let integer = prog.args.iter().all(|a| a.ty.starts_with('i'));
+    charge(rt, &stats, model, integer);
     Ok(Some(()))
 }
