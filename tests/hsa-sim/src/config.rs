@@ -69,6 +69,10 @@ pub struct Config {
     pub error_state: Option<u64>,
     /// `HSA_SIM_QUIET=1`: no diagnostics on stderr.
     pub quiet: bool,
+    /// `HSA_SIM_EXECUTE=0`: kernels are validated, counted and charged to the cost model but
+    /// compute nothing (outputs keep their bytes), so the host's cost can be measured on
+    /// full-size models. Default 1.
+    pub execute: bool,
 }
 
 impl Default for Config {
@@ -83,6 +87,7 @@ impl Default for Config {
             fail_init: false,
             error_state: None,
             quiet: false,
+            execute: true,
         }
     }
 }
@@ -144,6 +149,10 @@ impl Config {
         cfg.fail_init = flag("HSA_SIM_FAIL_INIT")?;
         cfg.error_state = nth("HSA_SIM_ERROR_STATE")?;
         cfg.quiet = flag("HSA_SIM_QUIET")?;
+        cfg.execute = match get("HSA_SIM_EXECUTE") {
+            Some(v) if !v.trim().is_empty() => flag("HSA_SIM_EXECUTE")?,
+            _ => true,
+        };
         Ok(cfg)
     }
 

@@ -512,14 +512,18 @@ fn prepare_and_execute(
     if injected_fault(rt, &desc.name)? {
         return Ok(None);
     }
-    // 6. Execute.
-    // SAFETY: every operand range was resolved inside a live allocation of `mem`, whose lock the
-    // caller holds for the duration, so the memory can be neither freed nor reallocated, and
-    // each range is at least its tensor's extent.
-    let stats = unsafe { exec::execute(&desc, op, &mems) }.map_err(|m| PacketError {
-        status: HSA_STATUS_ERROR,
-        msg: m,
-    })?;
+    // 6. Execute (or, with HSA_SIM_EXECUTE=0, only count what it would do).
+    let stats = if rt.config.execute {
+        // SAFETY: every operand range was resolved inside a live allocation of `mem`, whose lock
+        // the caller holds for the duration, so the memory can be neither freed nor
+        // reallocated, and each range is at least its tensor's extent.
+        unsafe { exec::execute(&desc, op, &mems) }.map_err(|m| PacketError {
+            status: HSA_STATUS_ERROR,
+            msg: m,
+        })?
+    } else {
+        exec::stats_of(&desc, op)
+    };
     let integer = desc.inputs.iter().all(|t| {
         use crate::ops::DType;
         matches!(t.ty, DType::I8 | DType::I16 | DType::I32 | DType::I64)
@@ -629,12 +633,25 @@ fn run_emulated(
         return Ok(None);
     }
     let t0 = std::time::Instant::now();
-    // SAFETY: every operand range lies inside a live AIE allocation of `mem`, whose lock the
-    // caller holds for the duration, so it can be neither freed nor reallocated.
-    let stats = unsafe { exec::iron::execute(&loaded, &mems) }.map_err(|m| PacketError {
-        status: HSA_STATUS_ERROR,
-        msg: m,
-    })?;
+    let stats = if rt.config.execute {
+        // SAFETY: every operand range lies inside a live AIE allocation of `mem`, whose lock the
+        // caller holds for the duration, so it can be neither freed nor reallocated.
+        unsafe { exec::iron::execute(&loaded, &mems) }.map_err(|m| PacketError {
+            status: HSA_STATUS_ERROR,
+            msg: m,
+        })?
+    } else {
+        // Not run: the operands' bytes are what the design would move; its arithmetic is not
+        // known without running it.
+        exec::ExecStats {
+            bytes_read: cmd.operands[..cmd.operands.len() - 1]
+                .iter()
+                .map(|o| o.size)
+                .sum(),
+            bytes_written: cmd.operands.last().map_or(0, |o| o.size),
+            flops: 0,
+        }
+    };
     let mut c = rt.counters.lock();
     c.emulation_wall_ns += t0.elapsed().as_nanos() as u64;
     let op = prog.name.split('-').next().unwrap_or("").to_uppercase();

@@ -188,7 +188,10 @@ fn a_batch_of_new_pdis_rebuilds_once_and_chained_pdi_switches_cost_more() {
         packet_for(PacketAbi::A1, &pools, &b, &ops, 0),
     ]);
     let v = read();
-    assert_eq!((v["pdi_loads"].as_u64(), v["context_rebuilds"].as_u64()), (Some(2), Some(1)));
+    assert_eq!(
+        (v["pdi_loads"].as_u64(), v["context_rebuilds"].as_u64()),
+        (Some(2), Some(1))
+    );
     let first = v["device_time_ns"].as_u64().unwrap();
     // 90 + 46.7 (b after a) + one rebuild of 4480 µs.
     assert!((4_616_700..4_616_800).contains(&first), "{first}");
@@ -530,4 +533,33 @@ fn scale_clamp_and_f16_unary() {
             f32::INFINITY
         ]
     ); // 300^2 overflows f16
+}
+
+/// `HSA_SIM_EXECUTE=0`: the dispatch is validated and charged like an executed one, but the
+/// output keeps its bytes.
+#[test]
+fn without_execution_outputs_are_untouched_and_costs_still_counted() {
+    let cfg = Config::from_lookup(|k| (k == "HSA_SIM_EXECUTE").then(|| "0".to_string())).unwrap();
+    assert!(!cfg.execute);
+    assert!(Config::from_lookup(|_| None).unwrap().execute);
+    assert!(Config::from_lookup(|k| (k == "HSA_SIM_EXECUTE").then(|| "maybe".into())).is_err());
+    let s = Session::start(Config {
+        execute: false,
+        ..quiet(PacketAbi::A1)
+    });
+    let pools = aie_pools(&s, s.aie[0]);
+    let q = create_queue(s.aie[0]);
+    let (k, ops) = add_setup(&pools, "aie2p", "add_f32");
+    write_f32(ops[2].0, &[-1.0; 24]);
+    q.submit(&[packet_for(PacketAbi::A1, &pools, &k, &ops, 0)]);
+    assert!(errors().is_empty());
+    assert_eq!(
+        read_f32(ops[2].0, 24),
+        vec![-1.0; 24],
+        "the output was computed"
+    );
+    let c = counters();
+    assert_eq!(c.dispatches, 1);
+    assert_eq!(c.bytes_read, 96 + 16);
+    assert!(c.device_time_ns > 0);
 }

@@ -386,7 +386,6 @@ pub unsafe fn execute(
     }
     let mut out = bufs.pop().ok_or("no output operand")?;
     let ne = out.t.ne;
-    let n = out.t.nelements();
     match op {
         Op::Binary(b) => {
             let (s0, s1) = (&bufs[0], &bufs[1]);
@@ -461,16 +460,21 @@ pub unsafe fn execute(
     unsafe {
         std::ptr::copy_nonoverlapping(out.bytes.as_ptr(), dst.addr as *mut u8, out.bytes.len())
     };
+    Ok(stats_of(desc, op))
+}
+
+/// What running `desc` moves and computes (the cost model's input), without running it.
+pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
     let bytes_read = desc.inputs.iter().map(TensorDesc::data_bytes).sum();
-    Ok(ExecStats {
+    ExecStats {
         bytes_read,
         bytes_written: desc.output.data_bytes(),
         flops: if op.is_reduction() {
             desc.inputs[0].nelements() * op.flops_per_element(1)
         } else {
-            n * op.flops_per_element(desc.inputs[0].ne[0] as u64)
+            desc.output.nelements() * op.flops_per_element(desc.inputs[0].ne[0] as u64)
         },
-    })
+    }
 }
 
 #[cfg(test)]
