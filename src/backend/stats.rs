@@ -3,9 +3,10 @@
 //! Per op: nodes that became NPU kernels, nodes run by the host in place (`HostOp`), nodes run on
 //! ggml's CPU backend (a kernel the compiler refused, or `GGML_HSA_CPU_FALLBACK`); per process:
 //! graphs, doorbells (batches submitted) and packets, and the wall time of `graph_compute` with
-//! the part spent waiting for the device. Host overhead per node is `(wall - wait) / nodes`: the
-//! planning, kernel lookup, packet encoding and host ops, which on a real NPU add to every token
-//! (benchmarks print it; `scripts/bench.sh`). On hsa-sim the device's work is part of the wait.
+//! the parts spent waiting for the device and loading (or JIT-compiling) kernels. Host overhead
+//! per node is `(wall - wait - load) / nodes`: planning, kernel lookup, packet encoding and host
+//! ops, which on a real NPU add to every token (benchmarks print it; `scripts/bench.sh`). On
+//! hsa-sim the device's work is part of the wait.
 //!
 //! The totals are rewritten to the file (atomically, through a rename) after every graph, so a
 //! process that ends without freeing its backends still leaves them behind. Nothing is counted or
@@ -38,6 +39,8 @@ pub struct GraphStats {
     pub doorbells: u64,
     pub packets: u64,
     pub wait: Duration,
+    /// Time spent finding, compiling and loading the graph's kernels.
+    pub load: Duration,
 }
 
 impl GraphStats {
@@ -65,6 +68,8 @@ pub struct Totals {
     pub compute_wall_us: u64,
     /// The part of it spent submitting batches and waiting for their completion.
     pub device_wait_us: u64,
+    /// The part of it spent finding, compiling (JIT) and loading kernels.
+    pub kernel_load_us: u64,
 }
 
 impl Totals {
@@ -87,6 +92,7 @@ impl Totals {
         self.packets += graph.packets;
         self.compute_wall_us += wall.as_micros() as u64;
         self.device_wait_us += graph.wait.as_micros() as u64;
+        self.kernel_load_us += graph.load.as_micros() as u64;
     }
 }
 
@@ -112,6 +118,7 @@ impl Recorder {
                 packets: 0,
                 compute_wall_us: 0,
                 device_wait_us: 0,
+                kernel_load_us: 0,
             }),
         }
     }

@@ -182,7 +182,10 @@ impl Stream {
             })
             .unzip();
         let mut kernels: Vec<Option<Arc<LoadedKernel>>> = vec![None; steps.len()];
-        for (i, kernel) in at.into_iter().zip(self.device.kernels(&descs)) {
+        let loading = std::time::Instant::now();
+        let loaded = self.device.kernels(&descs);
+        self.stats.load += loading.elapsed();
+        for (i, kernel) in at.into_iter().zip(loaded) {
             match kernel {
                 Ok(k) => kernels[i] = Some(k),
                 Err(e) if fallback || e.is_refused() => steps[i] = Step::Cpu(e.to_string()),

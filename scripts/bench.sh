@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The benchmark: llama.cpp's llama-bench on the CPU and on HSA0 (the plugin on hsa-sim), with
+# per-token figures against the NPU's limits and the published peers (scripts/bench.py).
+#
+#   scripts/bench.sh            Llama-3.2-1B-shaped GGUFs with random weights (16 layers, n_embd
+#                               2048, 32 heads / 8 KV heads, ff 8192, vocab 128256, tied output)
+#                               in f16, Q8_0, Q4_0 and Q4_K_M; pp512 and tg128; writes
+#                               docs/perf.md and docs/perf.svg. HSA0 runs in hsa-sim's
+#                               host-overhead mode (HSA_SIM_EXECUTE=0: kernels are counted and
+#                               charged to the cost model, not computed), release builds.
+#                               About 15 minutes on 2 cores, ~6 GB of models in the cache.
+#   scripts/bench.sh --quick    the tiny llamas (f32, Q4_0), pp32 and tg16, kernels computed by
+#                               hsa-sim: the same figures in about a minute (what CI runs).
+#   scripts/bench.sh --models "q4_0 f16"   only these types of the full run.
+#
+# The simulated figures come from hsa-sim's cost model (tests/hsa-sim/src/cost.rs, every
+# constant with its source); nothing here has run on an NPU.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+mode=full
+types="f16 q8_0 q4_0 q4_k_m"
+while [ $# -gt 0 ]; do
+    case $1 in
+    --quick) mode=quick ;;
+    --models)
+        types=$2
+        shift
+        ;;
+    *)
+        echo "usage: scripts/bench.sh [--quick] [--models \"f16 q8_0 q4_0 q4_k_m\"]" >&2
+        exit 2
+        ;;
+    esac
+    shift
+done
+log() { printf '[bench] %s\n' "$*" >&2; }
+
+# llama-bench (the hook build, which loads the plugin through GGML_BACKEND_PATH), llama-quantize
+# and the test models; release builds of the plugin and the simulator.
+scripts/llama-cpp.sh build-dl ggml-hsa llama-bench >/dev/null
+scripts/llama-cpp.sh build llama-quantize >/dev/null
+eval "$(scripts/llama-cpp.sh env)"
+scripts/models.sh tiny-llama >/dev/null
+log "release builds of the plugin and hsa-sim"
+cargo build --release --locked -p ggml-hsa -p hsa-sim --quiet
+
+cache_root=${GGML_HSA_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ggml-hsa-build}
+models=()
+if [ "$mode" = quick ]; then
+    for t in f32 q4_0; do models+=("tiny-llama-$t=$(scripts/models.sh path "tiny-llama-$t")"); done
+else
+    dir=$cache_root/bench-models
+    mkdir -p "$dir"
+    src=$(scripts/llama-cpp.sh path src)
+    f16=$dir/llama-1b-shape-f16.gguf
+    key="script=$(sha256sum scripts/models/make_bench_llama.py scripts/models/make_tiny_llama.py |
+        cut -c1-16 | paste -sd,) vocab=$(sha256sum "$src/models/ggml-vocab-llama-bpe.gguf" | cut -c1-16)"
+    if [ ! -f "$f16" ] || [ "$(cat "$f16.inputs" 2>/dev/null)" != "$key" ]; then
+        log "writing $f16 (random weights, ~2.5 GB)"
+        "$cache_root/py-venv/bin/python" scripts/models/make_bench_llama.py --gguf-py "$src/gguf-py" \
+            --vocab "$src/models/ggml-vocab-llama-bpe.gguf" --out "$f16.tmp"
+        mv -f "$f16.tmp" "$f16"
+        echo "$key" >"$f16.inputs"
+        rm -f "$dir"/llama-1b-shape-q*.gguf
+    fi
+    for t in $types; do
+        out=$dir/llama-1b-shape-$t.gguf
+        if [ "$t" != f16 ] && [ ! -f "$out" ]; then
+            log "quantizing to $t"
+            env -u GGML_BACKEND_PATH "$(scripts/llama-cpp.sh path bin)/llama-quantize" "$f16" \
+                "$out.tmp" "${t^^}" >"$out.log" 2>&1 || { tail -n 20 "$out.log" >&2; exit 1; }
+            mv -f "$out.tmp" "$out"
+        fi
+        models+=("llama-1b-shape-$t=$out")
+    done
+fi
+exec python3 scripts/bench.py --mode "$mode" --bin "$(scripts/llama-cpp.sh path bin-dl)" \
+    --target target/release "${models[@]}"
