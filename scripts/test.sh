@@ -90,6 +90,9 @@ rm -f "$test_log"
 # Every op on HSA0 (hsa-sim) against the CPU: the per-op table, no failures, docs/ops.md current.
 check "ops on HSA0 (per-op counts, docs/ops.md)" scripts/gen-ops-doc.sh --check
 
+# The benchmark's quick form (tiny llamas on the CPU and HSA0): the figures print, nothing fails.
+check "benchmark (scripts/bench.sh --quick)" scripts/bench.sh --quick
+
 # The IRON kernel package (Python): ruff, byte-compilation, unit tests, the IRON API check.
 check "IRON package checks" scripts/check-iron.sh
 
