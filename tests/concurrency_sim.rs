@@ -101,9 +101,10 @@ fn finish(c: Child) -> String {
 fn run_child(mode: &str, dir: &Path, cache: &Path, env: &[(&str, &str)]) -> String {
     let text = finish(child_process(mode, dir, cache, env).spawn().unwrap());
     // The messages a user would see for the fault (shown with --nocapture).
-    for line in text.lines().filter(|l| {
-        l.contains("failed") || l.contains("cannot") || l.contains("another process")
-    }) {
+    for line in text
+        .lines()
+        .filter(|l| l.contains("failed") || l.contains("cannot") || l.contains("another process"))
+    {
         eprintln!("[{mode}] {}", line.chars().take(400).collect::<String>());
     }
     text
@@ -141,7 +142,11 @@ fn assert_cache_whole(arch_dir: &Path, kernels: usize) {
             // instruction stream is 8 words.
             let image = std::fs::read(&path).unwrap();
             let insts = std::fs::read(arch_dir.join(format!("{stem}_insts.bin"))).unwrap();
-            assert!(image.starts_with(b"HSASIMK1") && image.len() > 16, "{}", path.display());
+            assert!(
+                image.starts_with(b"HSASIMK1") && image.len() > 16,
+                "{}",
+                path.display()
+            );
             let payload = u32::from_le_bytes(image[12..16].try_into().unwrap()) as usize;
             assert_eq!(image.len(), 16 + payload, "{} is torn", path.display());
             serde_json::from_slice::<serde_json::Value>(&image[16..])
@@ -155,7 +160,11 @@ fn assert_cache_whole(arch_dir: &Path, kernels: usize) {
     let listed = names.len();
     names.sort();
     names.dedup();
-    assert_eq!(names.len(), listed, "manifest lists a kernel twice:\n{manifest}");
+    assert_eq!(
+        names.len(),
+        listed,
+        "manifest lists a kernel twice:\n{manifest}"
+    );
     assert_eq!(pdis, kernels, "{}", arch_dir.display());
     assert_eq!(listed, kernels, "{manifest}");
 }
@@ -167,7 +176,11 @@ fn threads_with_their_own_backends_match_serial_runs() {
     let line = format!("CONCURRENT {THREADS} threads x {ROUNDS} rounds identical to serial");
     assert!(text.contains(&line), "{text}");
     // Compiled once each (by the serial runs): the concurrent backends found them all.
-    assert!(compiles(&dir).values().all(|&n| n == 1), "{:?}", compiles(&dir));
+    assert!(
+        compiles(&dir).values().all(|&n| n == 1),
+        "{:?}",
+        compiles(&dir)
+    );
     assert_eq!(compiles(&dir).len(), KERNELS);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -208,7 +221,10 @@ fn a_process_killed_while_compiling_leaves_nothing_that_stops_the_next() {
     // Wait until its compiler runs (it holds the kernel's lock then), and kill the process.
     let started = Instant::now();
     while compiles(&dir).is_empty() {
-        assert!(started.elapsed() < Duration::from_secs(120), "no compile started");
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no compile started"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     hung.kill().unwrap();
@@ -235,7 +251,10 @@ fn a_process_killed_while_compiling_leaves_nothing_that_stops_the_next() {
         .filter(|f| f != ".ggml-hsa-kernels")
         .filter(|f| !(f.ends_with(".pdi") || f.ends_with("_insts.bin")))
         .collect();
-    assert!(kernel_files.is_empty(), "stale files kept: {kernel_files:?}");
+    assert!(
+        kernel_files.is_empty(),
+        "stale files kept: {kernel_files:?}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -252,7 +271,11 @@ fn a_compiler_killed_mid_compile_fails_cleanly_and_keeps_nothing() {
     assert!(text.contains("GRAPH failed cleanly"), "{text}");
     assert!(text.contains("SIGKILL"), "{text}");
     // Its half-written files are removed at once.
-    assert_eq!(leftovers(&cache.join("aie2p")), Vec::<String>::new(), "{text}");
+    assert_eq!(
+        leftovers(&cache.join("aie2p")),
+        Vec::<String>::new(),
+        "{text}"
+    );
     std::fs::remove_file(dir.join("compiles.log")).unwrap();
     let text = run_child("serial", &dir, &cache, &[]);
     assert!(text.contains("SERIAL ok"), "{text}");
@@ -288,7 +311,13 @@ impl Tmpfs {
     fn mount(dir: &Path, size: &str, options: &str) -> Option<Tmpfs> {
         std::fs::create_dir_all(dir).unwrap();
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}{options}"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}{options}"),
+                "tmpfs",
+            ])
             .arg(dir)
             .output();
         match out {
@@ -360,7 +389,11 @@ fn a_full_cache_filesystem_fails_the_graph_and_keeps_no_torn_kernel() {
         assert!(text.contains("GRAPH failed cleanly"), "{text}");
         assert!(text.contains("No space left on device"), "{text}");
         // Nothing half-written stays behind.
-        assert_eq!(leftovers(&cache.join("aie2p")), Vec::<String>::new(), "{text}");
+        assert_eq!(
+            leftovers(&cache.join("aie2p")),
+            Vec::<String>::new(),
+            "{text}"
+        );
         // With space again the next run compiles them all; its cache holds whole kernels only.
         std::fs::remove_file(&filler).unwrap();
         let _ = std::fs::remove_file(dir.join("compiles.log"));
@@ -565,7 +598,10 @@ fn child() {
                 let outs = h.join().unwrap().expect("a concurrent graph failed");
                 assert_eq!(outs.len(), ROUNDS as usize);
                 for (r, o) in outs.iter().enumerate() {
-                    assert!(o == &serial[t], "thread {t} round {r} differs from its serial run");
+                    assert!(
+                        o == &serial[t],
+                        "thread {t} round {r} differs from its serial run"
+                    );
                 }
             }
             println!("CONCURRENT {THREADS} threads x {ROUNDS} rounds identical to serial");

@@ -403,7 +403,13 @@ fn binary_seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     let two_archs = aie_hsaco::write(&[
         aie_hsaco::Section {
             arch: "aie2".into(),
-            kernels: vec![aie_hsaco::Kernel::pdi_insts(&name, pdi.clone(), insts.clone(), 2, 4)],
+            kernels: vec![aie_hsaco::Kernel::pdi_insts(
+                &name,
+                pdi.clone(),
+                insts.clone(),
+                2,
+                4,
+            )],
         },
         aie_hsaco::Section {
             arch: "aie2p".into(),
@@ -471,7 +477,11 @@ fn valid_text_seeds_are_accepted() {
         .iter()
         .filter(|t| parse_tensor(std::str::from_utf8(t).unwrap()).is_ok())
         .count();
-    assert!(ok >= 10, "{ok} of {} descriptor seeds parse", descriptors.len());
+    assert!(
+        ok >= 10,
+        "{ok} of {} descriptor seeds parse",
+        descriptors.len()
+    );
 }
 
 /// The inputs with which these properties found defects, kept as plain regression tests.
@@ -481,14 +491,16 @@ fn found_defects_stay_fixed() {
     // a wrong answer in release ones) for a stride near 2^62.
     let huge = parse_tensor("(4,1,1,1)/f32/(4611686018427387904,4,4,4)").unwrap();
     assert!(!huge.is_dense());
-    assert_name_safe(&KernelDesc {
-        op: "RELU".into(),
-        op_params: vec![],
-        inputs: vec![huge.clone()],
-        output: huge,
-        f16_as_bf16: false,
-    }
-    .canonical_name());
+    assert_name_safe(
+        &KernelDesc {
+            op: "RELU".into(),
+            op_params: vec![],
+            inputs: vec![huge.clone()],
+            output: huge,
+            f16_as_bf16: false,
+        }
+        .canonical_name(),
+    );
     // is_dense took nb[0] for the element size: elements 8 bytes apart in a single row counted
     // as dense, so that kernel got the dense kernel's name (and would have read it densely).
     let spaced = parse_tensor("(4,1,1,1)/f32/(8,32,32,32)").unwrap();
@@ -501,7 +513,10 @@ fn found_defects_stay_fixed() {
         output: t.clone(),
         f16_as_bf16: false,
     };
-    assert_ne!(relu(&spaced).canonical_name(), relu(&dense).canonical_name());
+    assert_ne!(
+        relu(&spaced).canonical_name(),
+        relu(&dense).canonical_name()
+    );
     // Capabilities::check multiplied the four dimensions in i64.
     let wide = parse_tensor("(4294967296,4294967295,1,1)/i8").unwrap();
     let caps = Capabilities::parse(
@@ -527,7 +542,10 @@ fn found_defects_stay_fixed() {
     });
     assert!(config.cache_clear);
     assert!(
-        config.warnings.iter().any(|w| w.contains("GGML_HSA_JIT_CLEAR_CACHE")),
+        config
+            .warnings
+            .iter()
+            .any(|w| w.contains("GGML_HSA_JIT_CLEAR_CACHE")),
         "{:?}",
         config.warnings
     );

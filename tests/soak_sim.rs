@@ -91,7 +91,11 @@ fn decode_graphs_keep_memory_handles_and_queues_flat() {
     );
     // The warm-up is the first quarter of the run (load, compiles, the prompt graph); the rest
     // is decode graphs only.
-    assert!(samples.len() >= 8, "too few samples ({}) to judge", samples.len());
+    assert!(
+        samples.len() >= 8,
+        "too few samples ({}) to judge",
+        samples.len()
+    );
     let steady = &samples[samples.len() / 4..];
     let (first, last) = (steady[0], *steady.last().unwrap());
     let peak_rss = steady.iter().map(|s| s.rss_kib).max().unwrap();
@@ -121,7 +125,10 @@ fn decode_graphs_keep_memory_handles_and_queues_flat() {
     // may catch one open for a moment: the simulator's counters file is rewritten after every
     // doorbell), resident memory within 8 MiB (allocator noise) of the start.
     assert_eq!(last.fds, first.fds, "open descriptors grew: {steady:?}");
-    assert!(max_fds <= first.fds + 2, "open descriptors grew: {steady:?}");
+    assert!(
+        max_fds <= first.fds + 2,
+        "open descriptors grew: {steady:?}"
+    );
     assert!(
         peak_rss <= first.rss_kib + 8 * 1024,
         "resident memory grew from {} KiB to {peak_rss} KiB",

@@ -65,7 +65,10 @@ fn edit() -> impl Strategy<Value = Edit> {
         (any::<usize>(), 0u8..8).prop_map(|(p, b)| Edit::FlipBit(p, b)),
         (any::<usize>(), any::<u8>()).prop_map(|(p, v)| Edit::Overwrite(p, v)),
         (any::<usize>(), any::<usize>()).prop_map(|(p, i)| Edit::Interesting(p, i)),
-        (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..16))
+        (
+            any::<usize>(),
+            proptest::collection::vec(any::<u8>(), 1..16)
+        )
             .prop_map(|(p, b)| Edit::Insert(p, b)),
         (any::<usize>(), 1usize..32).prop_map(|(p, n)| Edit::Delete(p, n)),
         any::<usize>().prop_map(Edit::Truncate),
@@ -153,7 +156,9 @@ pub fn no_hang<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'st
         out
     });
     match rx.recv_timeout(HANG_LIMIT) {
-        Ok(()) => worker.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+        Ok(()) => worker
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p)),
         Err(mpsc::RecvTimeoutError::Disconnected) => match worker.join() {
             Err(p) => std::panic::resume_unwind(p),
             Ok(_) => unreachable!("the worker sends before it returns"),

@@ -7,9 +7,9 @@
 //! (their addresses exist only there). Checked: no panic, no hang, an error status or message,
 //! and what is accepted is consistent. `PROPTEST_CASES` raises the case count.
 
+mod common;
 #[path = "../../fuzz/mutate.rs"]
 mod mutate;
-mod common;
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
@@ -68,7 +68,12 @@ fn binary_seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     let program = br#"{"program":"seed"}"#;
     let library = b"\x7fELF library bytes";
     let mut v2 = image::IMAGE_MAGIC.to_vec();
-    for w in [image::IMAGE_V2, program.len() as u32, library.len() as u32, 0] {
+    for w in [
+        image::IMAGE_V2,
+        program.len() as u32,
+        library.len() as u32,
+        0,
+    ] {
         v2.extend(w.to_le_bytes());
     }
     v2.extend_from_slice(program);
@@ -241,8 +246,15 @@ fn packets_of_every_abi() {
             })
             .unwrap_or_else(|e| panic!("ABI {}: {e}", abi.name()));
         let (accepted, refused) = (accepted.get(), refused.get());
-        eprintln!("ABI {}: {accepted} packets decoded, {refused} refused", abi.name());
-        assert!(refused > 0, "ABI {}: no mutated packet was refused", abi.name());
+        eprintln!(
+            "ABI {}: {accepted} packets decoded, {refused} refused",
+            abi.name()
+        );
+        assert!(
+            refused > 0,
+            "ABI {}: no mutated packet was refused",
+            abi.name()
+        );
         drop(s);
     }
 }
@@ -273,5 +285,8 @@ fn code_objects_through_the_loader() {
         .unwrap();
     let (loaded, refused) = (loaded.get(), refused.get());
     eprintln!("code objects: {loaded} loaded, {refused} refused");
-    assert!(loaded > 0 && refused > 0, "{loaded} loaded, {refused} refused");
+    assert!(
+        loaded > 0 && refused > 0,
+        "{loaded} loaded, {refused} refused"
+    );
 }
