@@ -7,11 +7,19 @@ use std::path::Path;
 use std::process::Command;
 
 fn build_and_run(compiler: &str, std: &str, language: &str, name: &str) {
-    build_and_run_with(compiler, std, language, name, &[]);
+    build_and_run_with(compiler, std, language, name, &[], &[]);
 }
 
-/// [`build_and_run`] with extra compiler flags (the sanitizers).
-fn build_and_run_with(compiler: &str, std: &str, language: &str, name: &str, flags: &[&str]) {
+/// [`build_and_run`] with extra compiler flags (the sanitizers) and the program run through
+/// `runner` (valgrind) when that is not empty.
+fn build_and_run_with(
+    compiler: &str,
+    std: &str,
+    language: &str,
+    name: &str,
+    flags: &[&str],
+    runner: &[&str],
+) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = common::scratch_dir(name);
     let plugin = common::plugin_path();
@@ -55,7 +63,15 @@ fn build_and_run_with(compiler: &str, std: &str, language: &str, name: &str, fla
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let run = Command::new(&exe)
+    let mut command = match runner.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    let run = command
         .env("GGML_HSA_LIBHSA_PATH", dir.join("no-such-libhsa.so"))
         // Any sanitizer report fails the run (exit 1) and a leak counts as one.
         .env("ASAN_OPTIONS", "detect_leaks=1:exitcode=1")
@@ -103,6 +119,31 @@ fn header_program_is_clean_under_asan_and_ubsan() {
             "-fno-sanitize-recover=all",
             "-fno-omit-frame-pointer",
             "-g",
+        ],
+        &[],
+    );
+}
+
+/// The same program under valgrind memcheck: no invalid access, no definite or indirect leak
+/// (exit status 99 otherwise). No suppressions: nothing was reported.
+#[test]
+fn header_program_is_clean_under_valgrind_memcheck() {
+    if Command::new("valgrind").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: valgrind is not installed (apt-get install valgrind)");
+        return;
+    }
+    build_and_run_with(
+        "cc",
+        "-std=c11",
+        "c",
+        "header-c-memcheck",
+        &["-g"],
+        &[
+            "valgrind",
+            "-q",
+            "--error-exitcode=99",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite,indirect",
         ],
     );
 }
