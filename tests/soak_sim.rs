@@ -130,13 +130,15 @@ fn decode_graphs_keep_memory_handles_and_queues_flat() {
          KiB ({kv_bytes_per_cell} bytes per token)",
         peak_rss.saturating_sub(first.rss_kib)
     );
-    // Flat: as many descriptors open at the end as at the start of the steady state (a sample
-    // may catch one open for a moment: the simulator's counters file is rewritten after every
-    // doorbell), resident memory within the KV cache's growth + 8 MiB (allocator noise) of
+    // Flat: as many descriptors open at the end as at the start of the steady state. A sample
+    // may catch some open for a moment: the simulator's counters file is rewritten after every
+    // doorbell, and as the context grows the attention's shapes change and new kernels are
+    // compiled (the compiler's pipes, lock and request files of two jobs: at most 17 seen in
+    // 10,000 graphs, from 5). Resident memory within the KV cache's growth + 8 MiB (allocator noise) of
     // the start.
     assert_eq!(last.fds, first.fds, "open descriptors grew: {steady:?}");
     assert!(
-        max_fds <= first.fds + 2,
+        max_fds <= first.fds + 32,
         "open descriptors grew: {steady:?}"
     );
     assert!(
