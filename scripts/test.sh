@@ -4,6 +4,9 @@
 #   rustfmt --check, clippy -D warnings, cargo test (unit, ABI, header drift, C/C++ header check,
 #   test-backend-ops runs against the plugin), and a release build with its link check.
 # Ends with one line `N passed, N failed` over all suites; exits non-zero if anything failed.
+# `--long` adds the reliability checks at full size (issue 18), with their figures printed: the
+# parser property tests at 20,000 cases each, the soak at 10,000 decode graphs, and
+# test-backend-ops on HSA0 under valgrind memcheck.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -34,7 +37,7 @@ check() {
 install_deps() {
     # Debian's ROCm runtime: a real libhsa-runtime64 without any device (the zero-device test), and
     # its headers (the check of src/hsa/sys.rs against them).
-    deps_install rocr &&
+    deps_install rocr memcheck &&
         # rustfmt and clippy: the exact commands the checks run.
         { cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt; } &&
         { cargo clippy --version >/dev/null 2>&1 || rustup component add clippy; } &&
@@ -86,6 +89,17 @@ elif [ "$t_failed" -ne 0 ]; then
     failures+=("cargo test: $(grep -E '^test .* FAILED$' "$test_log" | sed 's/^test //; s/ \.\.\. FAILED$//' | paste -sd, -)")
 fi
 rm -f "$test_log"
+
+if [ "${1:-}" = "--long" ]; then
+    check "parser properties, 20,000 cases each (long)" env PROPTEST_CASES=20000 \
+        cargo test --locked --test fuzz_parsers -- --nocapture
+    check "hsa-sim reader properties, 20,000 cases each (long)" env PROPTEST_CASES=20000 \
+        cargo test --locked -p hsa-sim --test fuzz_readers -- --nocapture
+    check "soak: 10,000 decode graphs of the tiny llama (long)" env GGML_HSA_SOAK_GRAPHS=10000 \
+        cargo test --locked --test soak_sim -- --nocapture
+    check "test-backend-ops on HSA0 under valgrind memcheck (long)" env GGML_HSA_MEMCHECK=1 \
+        cargo test --locked --test memcheck_sim -- --nocapture
+fi
 
 # Every op on HSA0 (hsa-sim) against the CPU: the per-op table, no failures, docs/ops.md current.
 check "ops on HSA0 (per-op counts, docs/ops.md)" scripts/gen-ops-doc.sh --check

@@ -124,8 +124,10 @@ impl Config {
             }),
         };
         let jit_verbose = flag_or("GGML_HSA_JIT_VERBOSE", false);
-        let cache_clear = flag_or("GGML_HSA_KERNEL_CACHE_CLEAR", false)
-            || flag_or("GGML_HSA_JIT_CLEAR_CACHE", false);
+        // Both names are read (no short-circuit), so a bad value of either is reported.
+        let cache_clear_new_name = flag_or("GGML_HSA_KERNEL_CACHE_CLEAR", false);
+        let cache_clear_old_name = flag_or("GGML_HSA_JIT_CLEAR_CACHE", false);
+        let cache_clear = cache_clear_new_name || cache_clear_old_name;
         let cpu_fallback = flag_or("GGML_HSA_CPU_FALLBACK", cpu_fallback_at_build());
         let f16_as_bf16 = flag_or("GGML_HSA_F16_AS_BF16", false);
 

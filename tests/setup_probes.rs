@@ -98,6 +98,7 @@ const ALL_APT: &[&str] = &[
     "libclang-dev",
     "libhsa-runtime64-1",
     "libhsa-runtime-dev",
+    "valgrind",
     "python3-pip",
     "python3-venv",
 ];

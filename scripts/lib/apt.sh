@@ -33,6 +33,8 @@ deps_packages() {
                 echo libclang-dev
             fi ;;
         rocr) printf '%s\n' libhsa-runtime64-1 libhsa-runtime-dev ;;
+        # valgrind memcheck of the C header program and of test-backend-ops (issue 18).
+        memcheck) echo valgrind ;;
         cxx) echo g++ ;;
         *) printf 'deps_packages: unknown group %s\n' "$1" >&2; return 1 ;;
     esac

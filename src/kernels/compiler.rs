@@ -82,7 +82,12 @@ impl Capabilities {
         // Broadcasting repeats an input with fewer elements than the output; reductions
         // (ARGMAX, COUNT_EQUAL, ...) have outputs smaller than their inputs, which is not
         // broadcasting.
-        let count = |ne: &[i64; 4]| ne.iter().product::<i64>();
+        // Element counts in u128, saturating: the shapes may come from a config file, where a
+        // product of four i64 can overflow any integer type.
+        let count = |ne: &[i64; 4]| {
+            ne.iter()
+                .fold(1u128, |acc, &n| acc.saturating_mul(n.max(0) as u128))
+        };
         let smaller = |t: &super::desc::Layout| count(&t.ne) < count(&desc.output.ne);
         if !op.broadcast && desc.inputs.iter().any(smaller) {
             return Err(format!("{} kernels do not broadcast", desc.op));

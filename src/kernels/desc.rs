@@ -70,14 +70,19 @@ impl Layout {
     /// Row-major and dense (dimensions of size 1 may have any stride). Dimension 0 of a
     /// block-quantized type is stepped over in blocks.
     pub fn is_dense(&self) -> bool {
-        let block = dtype_block(&self.dtype).map_or(1, |(block, _)| block);
-        let mut expect = self.nb[0];
+        // Dimension 0 must step by one element (block): a view whose elements lie apart (a
+        // column of a transposed matrix, a config's `(4,1,1,1)/f32/(8,...)`) is strided even when
+        // its other dimensions are 1.
+        let (block, bytes) = dtype_block(&self.dtype).unwrap_or((1, self.nb[0]));
+        // `None` once the dense stride no longer fits in 64 bits (strides come from configs
+        // too, where any number can be written): no later stepped-over dimension can match it.
+        let mut expect = Some(bytes);
         for d in 0..4 {
-            if self.ne[d] != 1 && self.nb[d] != expect {
+            if self.ne[d] != 1 && Some(self.nb[d]) != expect {
                 return false;
             }
             let n = self.ne[d].max(1) as u64;
-            expect *= if d == 0 { n / block } else { n };
+            expect = expect.and_then(|e| e.checked_mul(if d == 0 { n / block } else { n }));
         }
         true
     }

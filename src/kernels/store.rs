@@ -319,11 +319,22 @@ impl KernelStore {
         if read_kernel(&dir, name, self.arch).is_some() {
             return Ok("compiled by another process");
         }
+        // Holding the lock, nobody else writes this kernel: temporary files of it are what a
+        // compiler or a process killed mid-compile left behind.
+        remove_partial_files(&dir, name, false);
         let request = dir.join(format!(".{name}.request.{}.json", std::process::id()));
-        std::fs::write(&request, desc.request_json(self.arch))
-            .map_err(|e| failed(format!("cannot write {}: {e}", request.display())))?;
+        std::fs::write(&request, desc.request_json(self.arch)).map_err(|e| {
+            // A full disk leaves the file created but short: keep nothing half-written.
+            let _ = std::fs::remove_file(&request);
+            failed(format!("cannot write {}: {e}", request.display()))
+        })?;
         let outcome = jit.compile(&request, &dir);
         let _ = std::fs::remove_file(&request);
+        if outcome.is_err() {
+            // A failed (crashed, killed) compile keeps nothing: neither its temporary files nor
+            // kernel files it may have written in place before failing.
+            remove_partial_files(&dir, name, true);
+        }
         let output = outcome.map_err(|e| Failure {
             refused: matches!(e, super::compiler::CompileError::Unsupported(_)),
             reason: e.to_string(),
@@ -355,6 +366,39 @@ fn lock_kernel(dir: &Path, name: &str) -> Result<File, String> {
     file.lock()
         .map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
     Ok(file)
+}
+
+/// Removes the temporary files of kernel `name` in `dir` (`.<name>.pdi.*`, `.<name>_insts.bin.*`,
+/// `.<name>.hsaco.*`: the protocol's "written aside, renamed into place"; `.<name>.request.*`),
+/// and with `outputs` its kernel files too. The caller holds the kernel's lock. Canonical names
+/// have no dots, so these prefixes never reach another kernel's files.
+fn remove_partial_files(dir: &Path, name: &str, outputs: bool) {
+    let temporary = [
+        format!(".{name}.pdi."),
+        format!(".{name}_insts.bin."),
+        format!(".{name}.hsaco."),
+        format!(".{name}.request."),
+    ];
+    let kernel_files = [
+        format!("{name}.pdi"),
+        format!("{name}_insts.bin"),
+        format!("{name}.hsaco"),
+    ];
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let file = file.to_string_lossy();
+        let partial = temporary.iter().any(|p| file.starts_with(p.as_str()))
+            || (outputs && kernel_files.iter().any(|k| file == k.as_str()));
+        if partial && std::fs::remove_file(entry.path()).is_ok() {
+            log::info(&format!(
+                "removed {} (left by an unfinished compile)",
+                entry.path().display()
+            ));
+        }
+    }
 }
 
 /// Adds `name` to the manifest of `dir` (one short line, appended atomically).

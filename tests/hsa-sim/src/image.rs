@@ -465,6 +465,14 @@ pub fn check_insts(insts: &[u8], image: &[u8]) -> Result<(), String> {
             w(2)
         ));
     }
+    // Word 7 is reserved as 0 (both writers, hsa-sim-compile and the IRON emulation, write 0):
+    // a stream with it set was not written for this format.
+    if w(7) != 0 {
+        return Err(format!(
+            "instruction stream word 7 is {:#x}, reserved as 0",
+            w(7)
+        ));
+    }
     if w(3) as usize * 4 != insts.len() {
         return Err(format!(
             "instruction size {} bytes does not match the stream's own length {} bytes \

@@ -51,10 +51,12 @@ fn capabilities() -> serde_json::Value {
 /// Writes `bytes` to `dir/name` through a temporary file and a rename.
 fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, dir.join(name)).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+    // A failed write (a full disk) or rename leaves no temporary file behind.
+    std::fs::write(&tmp, bytes)
+        .and_then(|()| std::fs::rename(&tmp, dir.join(name)))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
 }
 
 fn compile(request: &Path, out_dir: &Path, hsaco: bool) -> Result<(), (u8, String)> {
