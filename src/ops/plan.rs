@@ -23,6 +23,13 @@
 //! * `MUL_MAT`: one kernel; weights f32, f16, bf16 or block-quantized (`q4_0`, `q8_0`, `q4_K`,
 //!   passed as ggml stores them: `nb[0]` = bytes per block, rows of whole blocks), activations
 //!   f32 (broadcast over the batch dimensions as ggml does), output f32.
+//! * `FLASH_ATTN_EXT`: one kernel named by the inputs present (`FLASH_ATTN_EXT`, `_MASK`,
+//!   `_SINKS`, `_MASK_SINKS`): q f32 `[D, n_q, n_head, n_seq]`; k `[D, n_kv, n_head_kv, ..]`
+//!   and v `[Dv, n_kv, n_head_kv, ..]` f32, f16 or bf16 (any strides, rows dense, n_head a
+//!   multiple of n_head_kv: grouped-query attention); an f16 mask `[>= n_kv, >= n_q, ..]`
+//!   broadcast over heads and sequences; f32 sinks, one per head; op_params = (scale,
+//!   max_bias, logit_softcap); output f32 `[Dv, n_head, n_q, n_seq]`, dense. Quantized K/V are
+//!   refused.
 //! * `ARGMAX` (an f32 matrix to one i32 index per row), `COUNT_EQUAL` (two i32 tensors of one
 //!   shape to one i64 count), `CROSS_ENTROPY_LOSS` (f32 logits and labels of one shape to one
 //!   f32 loss): one reduction kernel each, operands as laid out in memory.
@@ -196,6 +203,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
             elementwise(entry(name)?, Vec::new(), &[&x, &g], &node.dst)
         }
         Op::SoftMax => soft_max(node),
+        Op::FlashAttnExt => flash_attn_ext(node),
         Op::Rope => rope(node),
         Op::Norm { .. } => {
             let a = src(0)?;
@@ -313,6 +321,74 @@ fn soft_max(node: &Node) -> Result<Plan, String> {
         node.op_params[..op.params].to_vec(),
         &inputs,
         &node.dst,
+    ))
+}
+
+/// One FLASH_ATTN_EXT kernel: `FLASH_ATTN_EXT`, `FLASH_ATTN_EXT_MASK`, `FLASH_ATTN_EXT_SINKS` or
+/// `FLASH_ATTN_EXT_MASK_SINKS` by the inputs present (q, k, v, then the mask, then the sinks);
+/// op_params = (scale, max_bias, logit_softcap). ggml's precision word (op_params[3]) and its
+/// n_kv_max hint (op_params[4]) are dropped: kernels accumulate in f32 either way and the hint
+/// does not change the result, so one kernel serves them all.
+fn flash_attn_ext(node: &Node) -> Result<Plan, String> {
+    let (q, k, v) = match (node.src(0), node.src(1), node.src(2)) {
+        (Some(q), Some(k), Some(v)) => (q, k, v),
+        _ => return Err("FLASH_ATTN_EXT needs q, k and v".into()),
+    };
+    let (mask, sinks) = (node.src(3), node.src(4));
+    let dst = &node.dst;
+    let kv_type = |t: &Tensor| matches!(t.dtype, DType::F32 | DType::F16 | DType::Bf16);
+    if q.dtype != DType::F32 || !kv_type(k) || !kv_type(v) || dst.dtype != DType::F32 {
+        return Err(format!(
+            "FLASH_ATTN_EXT: q f32 and k/v f32, f16 or bf16 only (q {}, k {}, v {})",
+            q.dtype, k.dtype, v.dtype
+        ));
+    }
+    // Rows (head vectors) are read as dense runs; everything above them by stride.
+    let dense_rows = [q, k, v].iter().all(|t| t.dtype.size() == Some(t.nb[0]));
+    let [d, n_q, n_head, n_seq] = q.ne;
+    let heads_ok = (2..4).all(|i| k.ne[i] > 0 && v.ne[i] == k.ne[i] && q.ne[i] % k.ne[i] == 0);
+    let shapes_ok = k.ne[0] == d
+        && v.ne[1] == k.ne[1]
+        && heads_ok
+        && dst.ne == [v.ne[0], n_head, n_q, n_seq]
+        && dst.is_contiguous();
+    if !dense_rows || !shapes_ok {
+        return Err("FLASH_ATTN_EXT: q, k, v and the output do not agree".into());
+    }
+    if let Some(m) = mask {
+        let ok = m.dtype == DType::F16
+            && m.is_contiguous()
+            && m.ne[0] >= k.ne[1]
+            && m.ne[1] >= n_q
+            && (2..4).all(|i| m.ne[i] > 0 && q.ne[i] % m.ne[i] == 0);
+        if !ok {
+            return Err("FLASH_ATTN_EXT: the mask must be f16 covering [n_kv, n_q]".into());
+        }
+    }
+    if let Some(s) = sinks {
+        if s.dtype != DType::F32 || s.nelements() < n_head || !s.is_contiguous() {
+            return Err("FLASH_ATTN_EXT: sinks must be f32, one per head".into());
+        }
+    }
+    let max_bias = f32::from_bits(node.op_params[1] as u32);
+    if max_bias > 0.0 && mask.is_none() {
+        return Err("FLASH_ATTN_EXT: ALiBi (max_bias) needs a mask".into());
+    }
+    let op = match (mask.is_some(), sinks.is_some()) {
+        (false, false) => catalogue::FLASH_ATTN_EXT,
+        (true, false) => catalogue::FLASH_ATTN_EXT_MASK,
+        (false, true) => catalogue::FLASH_ATTN_EXT_SINKS,
+        (true, true) => catalogue::FLASH_ATTN_EXT_MASK_SINKS,
+    };
+    let inputs: Vec<&Tensor> = [Some(q), Some(k), Some(v), mask, sinks]
+        .into_iter()
+        .flatten()
+        .collect();
+    Ok(kernel_as_laid_out(
+        op,
+        node.op_params[..op.params].to_vec(),
+        &inputs,
+        dst,
     ))
 }
 
