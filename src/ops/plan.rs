@@ -705,6 +705,95 @@ mod tests {
         assert!(plan(&node(Op::CrossEntropyLoss, loss, vec![idx.clone(), idx])).is_err());
     }
 
+    /// A FLASH_ATTN_EXT node as llama.cpp builds it: q `[d, n_q, n_head, n_seq]`, k and v views
+    /// of a cache twice as long, an f16 mask, optional sinks.
+    fn attention(d: i64, dv: i64, n_q: i64, n_head: i64, n_head_kv: i64, sinks: bool) -> Node {
+        let n_kv = 96;
+        let q = tensor(DType::F32, [d, n_q, n_head, 1], 0);
+        let cache = |dim: i64| {
+            let full = tensor(DType::F16, [dim, 2 * n_kv, n_head_kv, 1], 0);
+            view(DType::F16, [dim, n_kv, n_head_kv, 1], full.nb)
+        };
+        let mask = tensor(DType::F16, [n_kv, n_q, 1, 1], 0);
+        let dst = tensor(DType::F32, [dv, n_head, n_q, 1], 0);
+        let mut src = vec![q, cache(d), cache(dv), mask];
+        if sinks {
+            src.push(tensor(DType::F32, [n_head, 1, 1, 1], 0));
+        }
+        let (scale, bias, cap) = (0.125f32, 0.0f32, 0.0f32);
+        let prec_f32 = 10; // GGML_PREC_F32: no kernel parameter
+        let params = [scale, bias, cap].map(|f| f.to_bits() as i32);
+        node_with(
+            Op::FlashAttnExt,
+            &[params[0], params[1], params[2], prec_f32, 512],
+            dst,
+            src,
+        )
+    }
+
+    #[test]
+    fn flash_attn_ext_is_one_kernel_named_by_its_inputs() {
+        let n = attention(64, 64, 7, 8, 2, false);
+        let Plan::Kernel { desc, operands } = plan(&n).unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.op, "FLASH_ATTN_EXT_MASK");
+        // Only scale, max_bias and softcap: the precision and n_kv_max words are dropped.
+        assert_eq!(desc.op_params, [0.125f32.to_bits() as i32, 0, 0]);
+        assert_eq!(desc.inputs.len(), 4);
+        // The K/V cache views keep their strides.
+        assert_eq!(desc.inputs[1].nb[2], 64 * 2 * 192);
+        assert_eq!(desc.output.ne, [64, 8, 7, 1]);
+        assert_eq!(operands.len(), 5);
+        let Plan::Kernel { desc, .. } = plan(&attention(64, 128, 1, 4, 4, true)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.op, "FLASH_ATTN_EXT_MASK_SINKS");
+        // Without the mask, src[3] is NULL and the sinks are the fourth input.
+        let mut n = attention(64, 64, 3, 4, 1, true);
+        n.src[3] = None;
+        let Plan::Kernel { desc, .. } = plan(&n).unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.op, "FLASH_ATTN_EXT_SINKS");
+        assert_eq!(desc.inputs[3].dtype, "f32");
+        n.src.truncate(3);
+        let Plan::Kernel { desc, .. } = plan(&n).unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.op, "FLASH_ATTN_EXT");
+    }
+
+    #[test]
+    fn flash_attn_ext_declines_what_it_cannot_run() {
+        let refused = |f: &dyn Fn(&mut Node)| {
+            let mut n = attention(64, 64, 5, 8, 2, true);
+            f(&mut n);
+            plan(&n).unwrap_err()
+        };
+        // Quantized K (ggml's q8_0 cache) and f16 q.
+        let err = refused(&|n| n.src[1].as_mut().unwrap().dtype = DType::Other("q8_0"));
+        assert!(err.contains("q8_0"), "{err}");
+        refused(&|n| n.src[0] = Some(tensor(DType::F16, [64, 5, 8, 1], 0)));
+        // Heads that do not divide (GQA needs n_head % n_head_kv == 0).
+        refused(&|n| {
+            n.src[1] = Some(tensor(DType::F16, [64, 96, 3, 1], 0));
+            n.src[2] = Some(tensor(DType::F16, [64, 96, 3, 1], 0));
+        });
+        // A mask shorter than the keys, an f32 mask, too few sinks.
+        refused(&|n| n.src[3] = Some(tensor(DType::F16, [95, 5, 1, 1], 0)));
+        refused(&|n| n.src[3] = Some(tensor(DType::F32, [96, 5, 1, 1], 0)));
+        refused(&|n| n.src[4] = Some(tensor(DType::F32, [4, 1, 1, 1], 0)));
+        // A permuted output, and ALiBi without a mask.
+        refused(&|n| n.dst = tensor(DType::F32, [64, 5, 8, 1], 0));
+        refused(&|n| {
+            n.src[3] = None;
+            n.op_params[1] = 8.0f32.to_bits() as i32;
+        });
+        // Rows that are not dense (a transposed k).
+        refused(&|n| n.src[1].as_mut().unwrap().nb[0] = 4);
+    }
+
     #[test]
     fn f16_as_bf16_marks_only_kernels_with_f16_operands() {
         let on = PlanOptions { f16_as_bf16: true };
