@@ -906,6 +906,9 @@ mod tests {
                 nodes.push(node_with(op, &[], t.clone(), vec![t.clone()]));
             }
         }
+        // Attention: views of a KV cache, grouped-query heads, with and without sinks.
+        nodes.push(attention(64, 64, 7, 8, 2, false));
+        nodes.push(attention(576, 512, 1, 16, 1, true));
         nodes
             .iter()
             .map(|n| match plan(n) {
