@@ -33,6 +33,13 @@ fn alibi_slope(h: u32, n_head: u32, max_bias: f32) -> f32 {
     }
 }
 
+/// One kv head's keys and values as f32, kept while the query heads sharing it are computed.
+struct KvHead {
+    at: (i64, i64),
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
 /// The rows `[n_kv, d]` of head `(i2, i3)` of `t` (k or v) as f32, row after row.
 fn head_rows(t: &Buf<'_>, i2: i64, i3: i64) -> Vec<f32> {
     let [d, n_kv, _, _] = t.t.ne;
@@ -71,18 +78,20 @@ pub(super) fn flash_attn_ext(
         DType::Bf16 => super::round_bf16(x),
         _ => x,
     };
-    let mut cached: Option<((i64, i64), Vec<f32>, Vec<f32>)> = None;
+    let mut cached: Option<KvHead> = None;
     let mut qrow = vec![0f32; d as usize];
     let mut acc = vec![0f32; dv as usize];
     for i3 in 0..n_seq {
         for i2 in 0..n_head {
             let kv_head = (i2 / r2, i3 / r3);
-            if cached.as_ref().is_none_or(|(h, _, _)| *h != kv_head) {
-                let keys = head_rows(k, kv_head.0, kv_head.1);
-                let values = head_rows(v, kv_head.0, kv_head.1);
-                cached = Some((kv_head, keys, values));
+            if cached.as_ref().is_none_or(|c| c.at != kv_head) {
+                cached = Some(KvHead {
+                    at: kv_head,
+                    keys: head_rows(k, kv_head.0, kv_head.1),
+                    values: head_rows(v, kv_head.0, kv_head.1),
+                });
             }
-            let (_, keys, values) = cached.as_ref().expect("filled above");
+            let KvHead { keys, values, .. } = cached.as_ref().expect("filled above");
             let slope = alibi_slope(i2 as u32, n_head as u32, p.max_bias);
             let sink = sinks.map(|s| s.get([i2, 0, 0, 0]));
             for i1 in 0..n_q {
