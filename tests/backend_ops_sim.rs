@@ -237,3 +237,47 @@ fn f16_as_bf16_changes_f16_results() {
     assert!(on.total > off.total + 200, "{}", on.output);
     assert_eq!(on.passed, on.total - off.total, "{}", on.output);
 }
+
+/// FLASH_ATTN_EXT on aie2 under packet ABI c with two workers: every case with f32, f16 or bf16
+/// K/V runs and passes (3240 of them with the pinned llama.cpp), the quantized K/V cases are
+/// declined; decode and prefill, masks, ALiBi, softcap, sinks, grouped-query heads and
+/// permuted operands are among them.
+#[test]
+fn flash_attn_ext_on_aie2_with_packet_abi_c() {
+    let r = tbo(
+        "fattn-aie2-c",
+        "FLASH_ATTN_EXT",
+        &["-j", "2"],
+        &[
+            ("HSA_SIM_PACKET_ABI", "c"),
+            ("GGML_HSA_PACKET_ABI", "c"),
+            ("HSA_SIM_AGENTS", "aie2"),
+        ],
+    );
+    assert_hundreds_pass(&r, "FLASH_ATTN_EXT aie2/c", 3000);
+    for case in [
+        "nb=1,mask=1,sinks=1",
+        "nb=75,mask=1,sinks=0,max_bias=8.000000",
+        "logit_softcap=10.000000",
+        "nr23=[4,3]",
+        "permute=[0,2,1,3]",
+        "type_K=bf16,type_V=bf16",
+        "type_K=f32,type_V=f32",
+        "hsk=576,hsv=512",
+    ] {
+        assert!(
+            r.output
+                .lines()
+                .any(|l| l.contains(case) && l.trim_end().ends_with(": OK")),
+            "no FLASH_ATTN_EXT case with {case} ran\n{}",
+            r.output
+        );
+    }
+    assert!(
+        r.output
+            .lines()
+            .any(|l| l.contains("type_K=q8_0") && l.contains("not supported")),
+        "{}",
+        r.output
+    );
+}

@@ -657,15 +657,41 @@ fn a_kernel_that_fails_to_compile_on_the_server_runs_on_the_servers_cpu() {
 }
 
 /// The documented limitation (README, "Known limitations"): without `GGML_HSA_CPU_FALLBACK` the
-/// first node HSA0 cannot run (the pinned llama.cpp turns flash attention on for an RPC device)
-/// fails the server's graph and ggml-rpc-server aborts; its log says what to set, and the client
-/// ends with ggml's RPC error instead of hanging.
+/// first node HSA0 cannot run fails the server's graph and ggml-rpc-server aborts; its log says
+/// what to set, and the client ends with ggml's RPC error instead of hanging. hsa-sim runs every
+/// node of the tiny llama (FLASH_ATTN_EXT included, which the client turns on for an RPC
+/// device), so the server's compiler fails the FLASH_ATTN_EXT kernels (exit 1, not a refusal,
+/// which would run the node on the CPU).
 #[test]
 fn without_the_cpu_fallback_a_server_stops_and_says_why() {
     let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
         return;
     };
-    let mut server = RpcServer::start(&bin, "no-fallback", &[("GGML_HSA_CPU_FALLBACK", "0")]);
+    let dir = common::scratch_dir("rpc-no-fallback-compiler");
+    let script = dir.join("compiler.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = compile ] && grep -q '\"FLASH_ATTN_EXT' \"$3\"; then\n  \
+             echo 'injected failure: no FLASH_ATTN_EXT today' >&2; exit 1\nfi\nexec '{}' \"$@\"\n",
+            common::sim_artifact("hsa-sim-compile").display()
+        ),
+    )
+    .unwrap();
+    Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status()
+        .unwrap();
+    let compiler = script.display().to_string();
+    let mut server = RpcServer::start(
+        &bin,
+        "no-fallback",
+        &[
+            ("GGML_HSA_CPU_FALLBACK", "0"),
+            ("GGML_HSA_JIT_COMPILER", compiler.as_str()),
+        ],
+    );
     let endpoint = server.endpoint();
     let extra = ["--rpc", endpoint.as_str()];
     let args = GreedyArgs {

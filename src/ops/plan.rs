@@ -23,6 +23,13 @@
 //! * `MUL_MAT`: one kernel; weights f32, f16, bf16 or block-quantized (`q4_0`, `q8_0`, `q4_K`,
 //!   passed as ggml stores them: `nb[0]` = bytes per block, rows of whole blocks), activations
 //!   f32 (broadcast over the batch dimensions as ggml does), output f32.
+//! * `FLASH_ATTN_EXT`: one kernel named by the inputs present (`FLASH_ATTN_EXT`, `_MASK`,
+//!   `_SINKS`, `_MASK_SINKS`): q f32 `[D, n_q, n_head, n_seq]`; k `[D, n_kv, n_head_kv, ..]`
+//!   and v `[Dv, n_kv, n_head_kv, ..]` f32, f16 or bf16 (any strides, rows dense, n_head a
+//!   multiple of n_head_kv: grouped-query attention); an f16 mask `[>= n_kv, >= n_q, ..]`
+//!   broadcast over heads and sequences; f32 sinks, one per head; op_params = (scale,
+//!   max_bias, logit_softcap); output f32 `[Dv, n_head, n_q, n_seq]`, dense. Quantized K/V are
+//!   refused.
 //! * `ARGMAX` (an f32 matrix to one i32 index per row), `COUNT_EQUAL` (two i32 tensors of one
 //!   shape to one i64 count), `CROSS_ENTROPY_LOSS` (f32 logits and labels of one shape to one
 //!   f32 loss): one reduction kernel each, operands as laid out in memory.
@@ -196,6 +203,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
             elementwise(entry(name)?, Vec::new(), &[&x, &g], &node.dst)
         }
         Op::SoftMax => soft_max(node),
+        Op::FlashAttnExt => flash_attn_ext(node),
         Op::Rope => rope(node),
         Op::Norm { .. } => {
             let a = src(0)?;
@@ -313,6 +321,74 @@ fn soft_max(node: &Node) -> Result<Plan, String> {
         node.op_params[..op.params].to_vec(),
         &inputs,
         &node.dst,
+    ))
+}
+
+/// One FLASH_ATTN_EXT kernel: `FLASH_ATTN_EXT`, `FLASH_ATTN_EXT_MASK`, `FLASH_ATTN_EXT_SINKS` or
+/// `FLASH_ATTN_EXT_MASK_SINKS` by the inputs present (q, k, v, then the mask, then the sinks);
+/// op_params = (scale, max_bias, logit_softcap). ggml's precision word (op_params[3]) and its
+/// n_kv_max hint (op_params[4]) are dropped: kernels accumulate in f32 either way and the hint
+/// does not change the result, so one kernel serves them all.
+fn flash_attn_ext(node: &Node) -> Result<Plan, String> {
+    let (q, k, v) = match (node.src(0), node.src(1), node.src(2)) {
+        (Some(q), Some(k), Some(v)) => (q, k, v),
+        _ => return Err("FLASH_ATTN_EXT needs q, k and v".into()),
+    };
+    let (mask, sinks) = (node.src(3), node.src(4));
+    let dst = &node.dst;
+    let kv_type = |t: &Tensor| matches!(t.dtype, DType::F32 | DType::F16 | DType::Bf16);
+    if q.dtype != DType::F32 || !kv_type(k) || !kv_type(v) || dst.dtype != DType::F32 {
+        return Err(format!(
+            "FLASH_ATTN_EXT: q f32 and k/v f32, f16 or bf16 only (q {}, k {}, v {})",
+            q.dtype, k.dtype, v.dtype
+        ));
+    }
+    // Rows (head vectors) are read as dense runs; everything above them by stride.
+    let dense_rows = [q, k, v].iter().all(|t| t.dtype.size() == Some(t.nb[0]));
+    let [d, n_q, n_head, n_seq] = q.ne;
+    let heads_ok = (2..4).all(|i| k.ne[i] > 0 && v.ne[i] == k.ne[i] && q.ne[i] % k.ne[i] == 0);
+    let shapes_ok = k.ne[0] == d
+        && v.ne[1] == k.ne[1]
+        && heads_ok
+        && dst.ne == [v.ne[0], n_head, n_q, n_seq]
+        && dst.is_contiguous();
+    if !dense_rows || !shapes_ok {
+        return Err("FLASH_ATTN_EXT: q, k, v and the output do not agree".into());
+    }
+    if let Some(m) = mask {
+        let ok = m.dtype == DType::F16
+            && m.is_contiguous()
+            && m.ne[0] >= k.ne[1]
+            && m.ne[1] >= n_q
+            && (2..4).all(|i| m.ne[i] > 0 && q.ne[i] % m.ne[i] == 0);
+        if !ok {
+            return Err("FLASH_ATTN_EXT: the mask must be f16 covering [n_kv, n_q]".into());
+        }
+    }
+    if let Some(s) = sinks {
+        if s.dtype != DType::F32 || s.nelements() < n_head || !s.is_contiguous() {
+            return Err("FLASH_ATTN_EXT: sinks must be f32, one per head".into());
+        }
+    }
+    let max_bias = f32::from_bits(node.op_params[1] as u32);
+    if max_bias > 0.0 && mask.is_none() {
+        return Err("FLASH_ATTN_EXT: ALiBi (max_bias) needs a mask".into());
+    }
+    let op = match (mask.is_some(), sinks.is_some()) {
+        (false, false) => catalogue::FLASH_ATTN_EXT,
+        (true, false) => catalogue::FLASH_ATTN_EXT_MASK,
+        (false, true) => catalogue::FLASH_ATTN_EXT_SINKS,
+        (true, true) => catalogue::FLASH_ATTN_EXT_MASK_SINKS,
+    };
+    let inputs: Vec<&Tensor> = [Some(q), Some(k), Some(v), mask, sinks]
+        .into_iter()
+        .flatten()
+        .collect();
+    Ok(kernel_as_laid_out(
+        op,
+        node.op_params[..op.params].to_vec(),
+        &inputs,
+        dst,
     ))
 }
 
@@ -629,6 +705,95 @@ mod tests {
         assert!(plan(&node(Op::CrossEntropyLoss, loss, vec![idx.clone(), idx])).is_err());
     }
 
+    /// A FLASH_ATTN_EXT node as llama.cpp builds it: q `[d, n_q, n_head, n_seq]`, k and v views
+    /// of a cache twice as long, an f16 mask, optional sinks.
+    fn attention(d: i64, dv: i64, n_q: i64, n_head: i64, n_head_kv: i64, sinks: bool) -> Node {
+        let n_kv = 96;
+        let q = tensor(DType::F32, [d, n_q, n_head, 1], 0);
+        let cache = |dim: i64| {
+            let full = tensor(DType::F16, [dim, 2 * n_kv, n_head_kv, 1], 0);
+            view(DType::F16, [dim, n_kv, n_head_kv, 1], full.nb)
+        };
+        let mask = tensor(DType::F16, [n_kv, n_q, 1, 1], 0);
+        let dst = tensor(DType::F32, [dv, n_head, n_q, 1], 0);
+        let mut src = vec![q, cache(d), cache(dv), mask];
+        if sinks {
+            src.push(tensor(DType::F32, [n_head, 1, 1, 1], 0));
+        }
+        let (scale, bias, cap) = (0.125f32, 0.0f32, 0.0f32);
+        let prec_f32 = 10; // GGML_PREC_F32: no kernel parameter
+        let params = [scale, bias, cap].map(|f| f.to_bits() as i32);
+        node_with(
+            Op::FlashAttnExt,
+            &[params[0], params[1], params[2], prec_f32, 512],
+            dst,
+            src,
+        )
+    }
+
+    #[test]
+    fn flash_attn_ext_is_one_kernel_named_by_its_inputs() {
+        let n = attention(64, 64, 7, 8, 2, false);
+        let Plan::Kernel { desc, operands } = plan(&n).unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.op, "FLASH_ATTN_EXT_MASK");
+        // Only scale, max_bias and softcap: the precision and n_kv_max words are dropped.
+        assert_eq!(desc.op_params, [0.125f32.to_bits() as i32, 0, 0]);
+        assert_eq!(desc.inputs.len(), 4);
+        // The K/V cache views keep their strides.
+        assert_eq!(desc.inputs[1].nb[2], 64 * 2 * 192);
+        assert_eq!(desc.output.ne, [64, 8, 7, 1]);
+        assert_eq!(operands.len(), 5);
+        let Plan::Kernel { desc, .. } = plan(&attention(64, 128, 1, 4, 4, true)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.op, "FLASH_ATTN_EXT_MASK_SINKS");
+        // Without the mask, src[3] is NULL and the sinks are the fourth input.
+        let mut n = attention(64, 64, 3, 4, 1, true);
+        n.src[3] = None;
+        let Plan::Kernel { desc, .. } = plan(&n).unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.op, "FLASH_ATTN_EXT_SINKS");
+        assert_eq!(desc.inputs[3].dtype, "f32");
+        n.src.truncate(3);
+        let Plan::Kernel { desc, .. } = plan(&n).unwrap() else {
+            panic!()
+        };
+        assert_eq!(desc.op, "FLASH_ATTN_EXT");
+    }
+
+    #[test]
+    fn flash_attn_ext_declines_what_it_cannot_run() {
+        let refused = |f: &dyn Fn(&mut Node)| {
+            let mut n = attention(64, 64, 5, 8, 2, true);
+            f(&mut n);
+            plan(&n).unwrap_err()
+        };
+        // Quantized K (ggml's q8_0 cache) and f16 q.
+        let err = refused(&|n| n.src[1].as_mut().unwrap().dtype = DType::Other("q8_0"));
+        assert!(err.contains("q8_0"), "{err}");
+        refused(&|n| n.src[0] = Some(tensor(DType::F16, [64, 5, 8, 1], 0)));
+        // Heads that do not divide (GQA needs n_head % n_head_kv == 0).
+        refused(&|n| {
+            n.src[1] = Some(tensor(DType::F16, [64, 96, 3, 1], 0));
+            n.src[2] = Some(tensor(DType::F16, [64, 96, 3, 1], 0));
+        });
+        // A mask shorter than the keys, an f32 mask, too few sinks.
+        refused(&|n| n.src[3] = Some(tensor(DType::F16, [95, 5, 1, 1], 0)));
+        refused(&|n| n.src[3] = Some(tensor(DType::F32, [96, 5, 1, 1], 0)));
+        refused(&|n| n.src[4] = Some(tensor(DType::F32, [4, 1, 1, 1], 0)));
+        // A permuted output, and ALiBi without a mask.
+        refused(&|n| n.dst = tensor(DType::F32, [64, 5, 8, 1], 0));
+        refused(&|n| {
+            n.src[3] = None;
+            n.op_params[1] = 8.0f32.to_bits() as i32;
+        });
+        // Rows that are not dense (a transposed k).
+        refused(&|n| n.src[1].as_mut().unwrap().nb[0] = 4);
+    }
+
     #[test]
     fn f16_as_bf16_marks_only_kernels_with_f16_operands() {
         let on = PlanOptions { f16_as_bf16: true };
@@ -741,6 +906,9 @@ mod tests {
                 nodes.push(node_with(op, &[], t.clone(), vec![t.clone()]));
             }
         }
+        // Attention: views of a KV cache, grouped-query heads, with and without sinks.
+        nodes.push(attention(64, 64, 7, 8, 2, false));
+        nodes.push(attention(576, 512, 1, 16, 1, true));
         nodes
             .iter()
             .map(|n| match plan(n) {

@@ -225,6 +225,9 @@ pub enum Op {
     CountEqual,
     /// `CROSS_ENTROPY_LOSS`: f32 logits and labels of one shape to one f32 loss.
     CrossEntropyLoss,
+    /// `FLASH_ATTN_EXT`: softmax(scale·q·kᵀ (softcapped) + slope·mask) · v per head, with
+    /// optional attention sinks; inputs q, k, v, mask, sinks (the last two may be NULL).
+    FlashAttnExt,
     /// Anything else, by ggml's op (or unary op) name.
     Other(&'static str),
 }
@@ -361,6 +364,7 @@ impl Op {
             ("ARGMAX", _) => Op::ArgMax,
             ("COUNT_EQUAL", _) => Op::CountEqual,
             ("CROSS_ENTROPY_LOSS", _) => Op::CrossEntropyLoss,
+            ("FLASH_ATTN_EXT", _) => Op::FlashAttnExt,
             ("GET_ROWS", _) => Op::GetRows,
             ("SET_ROWS", _) => Op::SetRows,
             ("SOFT_MAX", _) => Op::SoftMax,
@@ -398,6 +402,7 @@ impl Op {
             Op::ArgMax => "ARGMAX",
             Op::CountEqual => "COUNT_EQUAL",
             Op::CrossEntropyLoss => "CROSS_ENTROPY_LOSS",
+            Op::FlashAttnExt => "FLASH_ATTN_EXT",
             Op::GetRows => "GET_ROWS",
             Op::SoftMax => "SOFT_MAX",
             Op::Rope => "ROPE",
@@ -529,10 +534,8 @@ mod tests {
             Op::from_ggml("GLU", Some("SWIGLU_OAI")),
             Op::Other("SWIGLU_OAI")
         );
-        assert_eq!(
-            Op::from_ggml("FLASH_ATTN_EXT", None),
-            Op::Other("FLASH_ATTN_EXT")
-        );
+        assert_eq!(Op::from_ggml("FLASH_ATTN_EXT", None), Op::FlashAttnExt);
+        assert_eq!(Op::from_ggml("CONV_2D", None), Op::Other("CONV_2D"));
     }
 
     #[test]

@@ -195,6 +195,42 @@ impl KernelDesc {
                     self.op
                 ));
             }
+        } else if let Op::FlashAttnExt { mask, sinks } = op {
+            let (q, k, v, o) = (
+                src0.ne,
+                self.inputs[1].ne,
+                self.inputs[2].ne,
+                self.output.ne,
+            );
+            let heads_ok = (2..4).all(|d| k[d] > 0 && v[d] == k[d] && q[d] % k[d] == 0);
+            if k[0] != q[0] || v[1] != k[1] || !heads_ok || o != [v[0], q[2], q[1], q[3]] {
+                return inv(format!(
+                    "FLASH_ATTN_EXT shapes do not agree: q {q:?}, k {k:?}, v {v:?}, output {o:?}"
+                ));
+            }
+            let rows_dense = self.inputs[..3]
+                .iter()
+                .all(|t| t.nb[0] == t.ty.size() as i64);
+            if !rows_dense {
+                return inv("FLASH_ATTN_EXT q, k and v rows must be dense".into());
+            }
+            if let Some(m) = self.inputs.get(3).filter(|_| mask).map(|m| m.ne) {
+                let ok =
+                    m[0] >= k[1] && m[1] >= q[1] && (2..4).all(|d| m[d] > 0 && q[d] % m[d] == 0);
+                if !ok {
+                    return inv(format!(
+                        "mask ne {m:?} does not cover n_kv x n_q of q {q:?}"
+                    ));
+                }
+            }
+            if sinks
+                && self
+                    .inputs
+                    .last()
+                    .is_some_and(|s| s.nelements() < q[2] as u64)
+            {
+                return inv("fewer sinks than heads (q ne[2])".into());
+            }
         } else if self.output.ne != src0.ne {
             return inv(format!(
                 "output ne {:?} differs from inputs[0] ne {:?}",
@@ -246,6 +282,7 @@ impl KernelDesc {
                 | Op::Rope { .. }
                 | Op::CountEqual
                 | Op::CrossEntropyLoss
+                | Op::FlashAttnExt { .. }
         );
         if let Some(src1) = self.inputs.get(1).filter(|_| elementwise) {
             for d in 0..4 {

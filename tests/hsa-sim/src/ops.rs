@@ -149,6 +149,13 @@ pub enum Op {
     CountEqual,
     /// ggml's CROSS_ENTROPY_LOSS: −(1/rows) Σ_rows Σ_i labels_i · log_softmax(logits)_i, one f32.
     CrossEntropyLoss,
+    /// ggml's FLASH_ATTN_EXT: per query row and head, softmax(scale·q·kᵀ (softcapped) +
+    /// slope·mask, with the sink) · v; inputs q (f32), k, v, then the f16 mask if `mask`, then
+    /// the f32 sinks if `sinks`; output f32 `[Dv, n_head, n_q, n_seq]`.
+    FlashAttnExt {
+        mask: bool,
+        sinks: bool,
+    },
 }
 
 const BINARY: &[(&str, BinaryOp)] = &[
@@ -234,6 +241,22 @@ impl Op {
             "ARGMAX" => Some(Op::ArgMax),
             "COUNT_EQUAL" => Some(Op::CountEqual),
             "CROSS_ENTROPY_LOSS" => Some(Op::CrossEntropyLoss),
+            "FLASH_ATTN_EXT" => Some(Op::FlashAttnExt {
+                mask: false,
+                sinks: false,
+            }),
+            "FLASH_ATTN_EXT_MASK" => Some(Op::FlashAttnExt {
+                mask: true,
+                sinks: false,
+            }),
+            "FLASH_ATTN_EXT_SINKS" => Some(Op::FlashAttnExt {
+                mask: false,
+                sinks: true,
+            }),
+            "FLASH_ATTN_EXT_MASK_SINKS" => Some(Op::FlashAttnExt {
+                mask: true,
+                sinks: true,
+            }),
             _ => None,
         }
     }
@@ -244,6 +267,7 @@ impl Op {
             Op::Binary(_) | Op::MulMat | Op::Glu(_) | Op::CountEqual | Op::CrossEntropyLoss => 2,
             Op::SoftMax { mask, sinks } => 1 + usize::from(mask) + usize::from(sinks),
             Op::Rope { ff } => 2 + usize::from(ff),
+            Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
             _ => 1,
         }
     }
@@ -266,6 +290,12 @@ impl Op {
         v.extend(["ROPE", "ROPE_FF"]);
         v.extend(["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]);
         v.extend(["ARGMAX", "COUNT_EQUAL", "CROSS_ENTROPY_LOSS"]);
+        v.extend([
+            "FLASH_ATTN_EXT",
+            "FLASH_ATTN_EXT_MASK",
+            "FLASH_ATTN_EXT_SINKS",
+            "FLASH_ATTN_EXT_MASK_SINKS",
+        ]);
         v
     }
 
@@ -287,6 +317,12 @@ impl Op {
             Op::CountEqual if output => vec![DType::I64],
             Op::CountEqual => vec![DType::I32],
             Op::CrossEntropyLoss => vec![DType::F32],
+            // q and the output f32, k and v any float type, the mask f16, the sinks f32.
+            Op::FlashAttnExt { mask, .. } => match i {
+                1 | 2 => TYPES.to_vec(),
+                3 if mask => vec![DType::F16],
+                _ => vec![DType::F32],
+            },
             _ => TYPES.to_vec(),
         }
     }
@@ -312,6 +348,9 @@ impl Op {
             Op::ArgMax | Op::CountEqual => 1,
             Op::CrossEntropyLoss => 6,
             Op::MulMat => 2 * k,
+            // Per query row, head and key (the executor multiplies by rows and keys): the q·k
+            // dot product and the v update, 2·D + 2·Dv, counted as 4·D with k = D.
+            Op::FlashAttnExt { .. } => 4 * k,
             Op::RmsNorm | Op::Norm => 4,
             Op::Glu(_) => 9,
             Op::SoftMax { .. } => 5,
@@ -335,6 +374,7 @@ impl Op {
             Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3] (f32/f16/bf16, or q4_0/q8_0/q4_K blocks as ggml stores them: nb[0] = block bytes), inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
+            Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",
             Op::CrossEntropyLoss => "unused; inputs f32 logits and f32 labels of one shape (rows along dimension 0), output f32 [1]: -(1/rows) sum labels * log_softmax(logits)",
             _ => "unused",
         }

@@ -242,3 +242,54 @@ fn reductions_are_validated() {
         "{bad:?}"
     );
 }
+
+/// A FLASH_ATTN_EXT_MASK_SINKS request: q [64, 3, 8, 1] f32, k/v [64, 96, 2, 1] of `kv` (views
+/// of a cache of 192 rows), an f16 mask [96, 3, 1, 1], f32 sinks [8], output [64, 8, 3, 1].
+fn attention_request(kv: &str, out_ne: &str) -> String {
+    let (row, head) = (128, 128 * 192);
+    format!(
+        r#"{{"name":"fa","arch":"aie2","op":"FLASH_ATTN_EXT_MASK_SINKS","op_params":[1040187392,0,0],
+        "inputs":[{{"ne":[64,3,8,1],"nb":[4,256,768,6144],"type":"f32"}},
+                  {{"ne":[64,96,2,1],"nb":[2,{row},{head},{h2}],"type":"{kv}"}},
+                  {{"ne":[64,96,2,1],"nb":[2,{row},{head},{h2}],"type":"{kv}"}},
+                  {{"ne":[96,3,1,1],"nb":[2,192,576,576],"type":"f16"}},
+                  {{"ne":[8,1,1,1],"nb":[4,32,32,32],"type":"f32"}}],
+        "output":{{"ne":{out_ne},"nb":[4,256,2048,6144],"type":"f32"}}}}"#,
+        h2 = 2 * head
+    )
+}
+
+#[test]
+fn attention_is_validated() {
+    let ok = attention_request("f16", "[64,8,3,1]");
+    let desc = image::KernelDesc::parse_json(&ok).unwrap();
+    assert!(desc.validate().is_ok(), "{:?}", desc.validate());
+    // The output must be [Dv, n_head, n_q, n_seq] (not q's layout).
+    let err = image::KernelDesc::parse_json(&attention_request("f16", "[64,3,8,1]"))
+        .unwrap()
+        .validate();
+    assert!(matches!(err, Err(image::DescError::Invalid(_))), "{err:?}");
+    // Quantized K/V (rows of two 34-byte q8_0 blocks) are not computed.
+    let q8 = attention_request("q8_0", "[64,8,3,1]").replace("[2,128,", "[34,68,");
+    let err = image::KernelDesc::parse_json(&q8).unwrap().validate();
+    assert!(
+        matches!(err, Err(image::DescError::Unsupported(_))),
+        "{err:?}"
+    );
+    // An f32 mask is not ggml's.
+    let f32_mask = ok.replace(
+        r#""nb":[2,192,576,576],"type":"f16""#,
+        r#""nb":[4,384,1152,1152],"type":"f32""#,
+    );
+    let err = image::KernelDesc::parse_json(&f32_mask).unwrap().validate();
+    assert!(
+        matches!(err, Err(image::DescError::Unsupported(_))),
+        "{err:?}"
+    );
+    // Heads that do not divide (8 query heads over 3 kv heads).
+    let bad_heads = ok.replace("[64,96,2,1]", "[64,96,3,1]");
+    let err = image::KernelDesc::parse_json(&bad_heads)
+        .unwrap()
+        .validate();
+    assert!(matches!(err, Err(image::DescError::Invalid(_))), "{err:?}");
+}

@@ -2,6 +2,7 @@
 //! Every operand is copied in, computed in f32, rounded on store to the output type, and copied
 //! back, so outputs may alias inputs (ggml's in-place ops) without undefined behaviour.
 
+mod attn;
 mod elem;
 pub mod iron;
 pub mod quant;
@@ -408,6 +409,18 @@ pub unsafe fn execute(
             let k = sinks.then(|| &bufs[bufs.len() - 1]);
             soft_max(&bufs[0], m, k, scale, max_bias, &mut out);
         }
+        Op::FlashAttnExt { mask, sinks } => {
+            let f = |i: usize| f32::from_bits(desc.op_params[i] as u32);
+            let params = attn::Params {
+                scale: f(0),
+                max_bias: f(1),
+                softcap: f(2),
+            };
+            let m = mask.then(|| &bufs[3]);
+            let k = sinks.then(|| &bufs[bufs.len() - 1]);
+            let (q, kk, v) = (&bufs[0], &bufs[1], &bufs[2]);
+            attn::flash_attn_ext(q, kk, v, m, k, params, &mut out);
+        }
         Op::Rope { ff } => {
             let ff = ff.then(|| &bufs[2]);
             rope(&bufs[0], &bufs[1], ff, &desc.op_params, &mut out);
@@ -471,6 +484,11 @@ pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
         bytes_written: desc.output.data_bytes(),
         flops: if op.is_reduction() {
             desc.inputs[0].nelements() * op.flops_per_element(1)
+        } else if let Op::FlashAttnExt { .. } = op {
+            // Per query row and head, per key.
+            let (q, k) = (&desc.inputs[0], &desc.inputs[1]);
+            let rows = q.nelements() / q.ne[0].max(1) as u64;
+            rows * k.ne[1] as u64 * op.flops_per_element(q.ne[0] as u64)
         } else {
             desc.output.nelements() * op.flops_per_element(desc.inputs[0].ne[0] as u64)
         },
