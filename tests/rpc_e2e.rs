@@ -584,8 +584,12 @@ fn a_server_killed_mid_generation_gives_the_client_a_clear_error() {
         )
     });
     assert!(!status.success(), "the client succeeded without its server");
-    let message = rpc_ending(status, &log)
-        .unwrap_or_else(|| panic!("{status}, no RPC error in the client's log:\n{}", tail(&log)));
+    let message = rpc_ending(status, &log).unwrap_or_else(|| {
+        panic!(
+            "{status}, no RPC error in the client's log:\n{}",
+            tail(&log)
+        )
+    });
     println!(
         "server killed mid-generation: the client ended {:.1?} later ({status}) saying: {}",
         killed_at.elapsed(),

@@ -11,7 +11,7 @@ use super::Arch;
 /// The element types a kernel operand may have, by ggml's name: elements per block (1 for the
 /// types stored one element at a time) and bytes per block. Block-quantized operands are laid
 /// out as ggml lays them out: `nb[0]` is the block size in bytes, rows are whole blocks.
-pub const DTYPES: [(&str, u64, u64); 10] = [
+pub const DTYPES: [(&str, u64, u64); 14] = [
     ("f32", 1, 4),
     ("f16", 1, 2),
     ("bf16", 1, 2),
@@ -22,6 +22,10 @@ pub const DTYPES: [(&str, u64, u64); 10] = [
     ("q4_0", 32, 18),
     ("q8_0", 32, 34),
     ("q4_K", 256, 144),
+    ("q4_1", 32, 20),
+    ("q5_0", 32, 22),
+    ("q5_K", 256, 176),
+    ("q6_K", 256, 210),
 ];
 
 /// `(elements per block, bytes per block)` of `dtype`, for the types a kernel operand may have.

@@ -43,7 +43,7 @@ pub enum ConfigError {
     ShapeDims { text: String, count: usize },
     #[error(
         "unknown dtype {dtype:?} in {text:?} (supported: f32, f16, bf16, i8, i16, i32, i64, \
-         q4_0, q8_0, q4_K)"
+         q4_0, q4_1, q5_0, q8_0, q4_K, q5_K, q6_K)"
     )]
     UnknownDtype { text: String, dtype: String },
     #[error("strides must have 4 values: {text:?} has {count}")]
