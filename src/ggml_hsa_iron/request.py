@@ -56,9 +56,9 @@ class Tensor:
     @staticmethod
     def dense(dtype: str, ne) -> "Tensor":
         ne = tuple(int(n) for n in ne)
-        size = DTYPES[dtype].size
-        nb = [size]
-        for d in range(1, 4):
+        size, block = DTYPES[dtype].size, DTYPES[dtype].block
+        nb = [size, size * (ne[0] // block)]
+        for d in range(2, 4):
             nb.append(nb[-1] * max(ne[d - 1], 1))
         return Tensor(dtype, ne, tuple(nb))
 
