@@ -148,7 +148,11 @@ class MatmulSpec:
     @property
     def sequence(self) -> list[tuple[str, int]]:
         """(type, elements) of the runtime-sequence arguments: src0, src1, dst."""
-        w = ("i8", self.src0.nbytes) if self.weight_bytes else (self.src0.dtype, self.src0.nelements)
+        w = (
+            ("i8", self.src0.nbytes)
+            if self.weight_bytes
+            else (self.src0.dtype, self.src0.nelements)
+        )
         return [w] + [(t.dtype, t.nelements) for t in (self.src1, self.dst)]
 
     @property

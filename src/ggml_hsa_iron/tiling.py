@@ -459,7 +459,9 @@ class GemvPlan:
                     row0 = r0 + col * R * nr
                     if self.w_block_bytes and self.whole_rows:
                         # R*nr whole rows: one contiguous run per round.
-                        w = Tap(w_off + row0 * Kw, (count, 1, 1, R * nr * Kw), (block * Kw, 0, 0, 1))
+                        w = Tap(
+                            w_off + row0 * Kw, (count, 1, 1, R * nr * Kw), (block * Kw, 0, 0, 1)
+                        )
                     else:
                         w = Tap(
                             w_off + row0 * Kw,

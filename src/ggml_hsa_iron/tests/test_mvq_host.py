@@ -70,10 +70,10 @@ def decode(ty: str, b: bytes) -> list[float]:
     if ty == "q6_K":
         d, out = f16_at(b, 208), []
         for i in range(256):
-            h, q, l = i // 128, (i % 128) // 32, i % 32
-            byte = b[64 * h + 32 * (q % 2) + l]
+            h, q, lane = i // 128, (i % 128) // 32, i % 32
+            byte = b[64 * h + 32 * (q % 2) + lane]
             low = byte & 0x0F if q < 2 else byte >> 4
-            high = (b[128 + 32 * h + l] >> (2 * q)) & 3
+            high = (b[128 + 32 * h + lane] >> (2 * q)) & 3
             scale = struct.unpack_from("b", b, 192 + i // 16)[0]
             out.append(d * scale * ((low | high << 4) - 32))
         return out
