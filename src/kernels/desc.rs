@@ -251,7 +251,7 @@ mod tests {
         p.nb = [144, 576, 288, 1728];
         assert!(!p.is_dense());
         assert_eq!(p.name_part(), "q4_k_512x3x2_s144x576x288x1728");
-        assert_eq!(Layout::dense("q5_K", [256, 1, 1, 1]), None);
+        assert_eq!(Layout::dense("q5_1", [256, 1, 1, 1]), None);
         let q8 = Layout::dense("q8_0", [64, 2, 1, 1]).unwrap();
         assert_eq!(q8.nb, [34, 68, 136, 136]);
     }

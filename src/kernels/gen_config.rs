@@ -606,8 +606,8 @@ mod tests {
         }
         let e = entry("ggml_op_add", "binary_ops.py", &[t, "(3,1,1)/f32"], t);
         assert!(msg(e).contains("has 3"));
-        let e = entry("ggml_op_neg", "unary_ops.py", &[t], "(256,1,1,1)/q5_K");
-        assert!(msg(e).contains("unknown dtype \"q5_K\""));
+        let e = entry("ggml_op_neg", "unary_ops.py", &[t], "(256,1,1,1)/q5_1");
+        assert!(msg(e).contains("unknown dtype \"q5_1\""));
     }
 
     #[test]
