@@ -10,6 +10,9 @@ class DType:
     ctype: str  # the C++ type of the AIE core functions
     numpy: str  # the numpy / ml_dtypes name the IRON designs use
     is_float: bool
+    # Elements per block: 1, or ggml's block size for the block-quantized types, whose
+    # `size` is then the bytes of one block (ggml's type_size).
+    block: int = 1
 
 
 DTYPES: dict[str, DType] = {
@@ -19,6 +22,15 @@ DTYPES: dict[str, DType] = {
     "i8": DType("i8", 1, "int8_t", "int8", False),
     "i16": DType("i16", 2, "int16_t", "int16", False),
     "i32": DType("i32", 4, "int32_t", "int32", False),
+    # ggml's block-quantized weight types (MUL_MAT's src0 only), moved as the bytes ggml
+    # stores (int8 object FIFOs) and decoded on the cores.
+    "q4_0": DType("q4_0", 18, "", "int8", True, 32),
+    "q4_1": DType("q4_1", 20, "", "int8", True, 32),
+    "q5_0": DType("q5_0", 22, "", "int8", True, 32),
+    "q8_0": DType("q8_0", 34, "", "int8", True, 32),
+    "q4_K": DType("q4_K", 144, "", "int8", True, 256),
+    "q5_K": DType("q5_K", 176, "", "int8", True, 256),
+    "q6_K": DType("q6_K", 210, "", "int8", True, 256),
 }
 
 # What the NPU designs compute natively (the seeds' table: I8, I16, I32 and BF16
@@ -29,6 +41,7 @@ EMULATED = ("f32",)
 FLOAT_TYPES = ("bf16", "f32")
 INT_TYPES = ("i8", "i16", "i32")
 ALL_TYPES = FLOAT_TYPES + INT_TYPES
+QUANT_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K")
 
 # DMA engines move 32-bit words: every transfer and every contiguous run of a
 # transfer must be a whole number of words.

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from . import registry
 from .archs import ARCHS, Arch
-from .dtypes import DTYPES, FLOAT_TYPES, INT_TYPES
+from .dtypes import DTYPES, FLOAT_TYPES, INT_TYPES, QUANT_TYPES
 from .errors import RequestError, UnsupportedError
 from .request import Request, Tensor
 from .tiling import (
@@ -25,6 +25,7 @@ from .tiling import (
     plan_eltwise,
     plan_gemm,
     plan_gemv,
+    plan_gemv_blocks,
 )
 
 # Workers per column: the memory tile has 6 input and 6 output channels.
@@ -38,6 +39,9 @@ ROWS_BCAST = 4
 ELTWISE_SOURCE = "eltwise.cc"
 GEMM_SOURCE = "mm.cc"
 GEMV_SOURCE = "mv.cc"
+GEMV_BLOCKS_SOURCE = "mvq.cc"
+# Weights moved as bytes and decoded on the cores (f16 has no AIE arithmetic).
+BYTE_WEIGHTS = ("f16",) + QUANT_TYPES
 
 
 @dataclass(frozen=True)
@@ -137,35 +141,30 @@ class MatmulSpec:
         return isinstance(self.plan, GemvPlan)
 
     @property
+    def weight_bytes(self) -> bool:
+        """src0 is moved as bytes (f16, block-quantized) and decoded by the cores."""
+        return self.src0.dtype in BYTE_WEIGHTS
+
+    @property
     def sequence(self) -> list[tuple[str, int]]:
         """(type, elements) of the runtime-sequence arguments: src0, src1, dst."""
-        return [(t.dtype, t.nelements) for t in (self.src0, self.src1, self.dst)]
+        w = (
+            ("i8", self.src0.nbytes)
+            if self.weight_bytes
+            else (self.src0.dtype, self.src0.nelements)
+        )
+        return [w] + [(t.dtype, t.nelements) for t in (self.src1, self.dst)]
 
     @property
     def batches(self) -> list[tuple[int, int, int]]:
-        """(src0, src1, dst) element offsets of every matrix product, in order.
-
-        ggml broadcasts src0 over src1's dimensions 2 and 3:
-        i02 = i12 / (ne12 / ne02), i03 = i13 / (ne13 / ne03).
-        """
-        s0, s1, d = self.src0.ne, self.src1.ne, self.dst.ne
-        r2, r3 = s1[2] // s0[2], s1[3] // s0[3]
-        out = []
-        for i13 in range(s1[3]):
-            for i12 in range(s1[2]):
-                i02, i03 = i12 // r2, i13 // r3
-                src0_off = (i03 * s0[2] + i02) * s0[0] * s0[1]
-                src1_off = (i13 * s1[2] + i12) * s1[0] * s1[1]
-                dst_off = (i13 * d[2] + i12) * d[0] * d[1]
-                out.append((src0_off, src1_off, dst_off))
-        return out
+        """(src0, src1, dst) element offsets of every matrix product, in order."""
+        return _batches(self.src0, self.src1, self.dst)
 
     @property
     def products(self) -> list[tuple[int, int, int]]:
-        """GEMV: (src0, src1, dst) element offsets of every matrix-vector product, one per
-        src1 row of every batch, in order."""
-        K, N, M = self.src0.ne[0], self.src0.ne[1], self.src1.ne[1]
-        return [(w, x + i * K, y + i * N) for w, x, y in self.batches for i in range(M)]
+        """GEMV: (src0, src1, dst) offsets of every matrix-vector product, one per src1 row
+        of every batch, in order; src0's in bytes when it is moved as bytes."""
+        return _products(self.src0, self.src1, self.dst)
 
     def tasks(self):
         """The runtime sequence's DMA task groups (see GemmPlan.tasks, GemvPlan.tasks)."""
@@ -181,6 +180,14 @@ class MatmulSpec:
     @property
     def core(self) -> CoreSource:
         a, b, c = self.src1.dtype, self.src0.dtype, self.dst.dtype
+        if self.weight_bytes:
+            p = self.plan
+            d = {
+                f"MVQ_{b.upper()}": 1,
+                "MV_ROWS": p.rows_per_tile,
+                "MV_KC": p.k_chunk,
+            }
+            return CoreSource(GEMV_BLOCKS_SOURCE, "mvq.o", d)
         if self.gemv:
             p = self.plan
             d = {
@@ -206,6 +213,37 @@ class MatmulSpec:
             "TILE_K": p.k,
         }
         return CoreSource(GEMM_SOURCE, "mm.o", d)
+
+
+def _batches(src0: Tensor, src1: Tensor, dst: Tensor) -> list[tuple[int, int, int]]:
+    """(src0, src1, dst) element offsets of every matrix product, in order.
+
+    ggml broadcasts src0 over src1's dimensions 2 and 3:
+    i02 = i12 / (ne12 / ne02), i03 = i13 / (ne13 / ne03).
+    """
+    s0, s1, d = src0.ne, src1.ne, dst.ne
+    r2, r3 = s1[2] // s0[2], s1[3] // s0[3]
+    out = []
+    for i13 in range(s1[3]):
+        for i12 in range(s1[2]):
+            i02, i03 = i12 // r2, i13 // r3
+            src0_off = (i03 * s0[2] + i02) * s0[0] * s0[1]
+            src1_off = (i13 * s1[2] + i12) * s1[0] * s1[1]
+            dst_off = (i13 * d[2] + i12) * d[0] * d[1]
+            out.append((src0_off, src1_off, dst_off))
+    return out
+
+
+def _products(src0: Tensor, src1: Tensor, dst: Tensor) -> list[tuple[int, int, int]]:
+    """(src0, src1, dst) offsets of every matrix-vector product (one per src1 row); src0's
+    in bytes when it is moved as bytes (f16, block-quantized)."""
+    K, N, M = src0.ne[0], src0.ne[1], src1.ne[1]
+    out = []
+    for w, x, y in _batches(src0, src1, dst):
+        if src0.dtype in BYTE_WEIGHTS:
+            w = w // src0.block * src0.size
+        out.extend((w, x + i * K, y + i * N) for i in range(M))
+    return out
 
 
 def _check_common(req: Request) -> tuple[registry.OpSpec, Arch]:
@@ -317,6 +355,18 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
         raise UnsupportedError("MUL_MAT: src0 cannot be broadcast over src1's batches")
     batches = src1.ne[2] * src1.ne[3]
     w, x, y = src0.size, src1.size, dst.size
+    if src0.dtype in BYTE_WEIGHTS:
+        # Every src1 row is one GEMV over the weights as ggml stores them (also for M > 1:
+        # no GEMM decodes blocks yet).
+        plan = plan_gemv_blocks(N, K, src0.block, src0.size, arch, _products(src0, src1, dst))
+        if plan is None:
+            raise UnsupportedError(
+                f"MUL_MAT: no tiling of {src0.dtype} weights for M={M}, N={N}, K={K} on "
+                f"{arch.name}: a row's chunk of K must be whole blocks in whole 32-bit words "
+                f"(or a core's rows together, K whole), every weight offset word-aligned, and "
+                f"at most {MAX_TASKS_PER_CHANNEL} DMA tasks (batches x src1 rows x rounds)"
+            )
+        return MatmulSpec(req, arch, src0, src1, dst, plan, "bf16")
     if M > 1:
         compute = "bf16" if src0.dtype in FLOAT_TYPES else src0.dtype
         mmul = arch.mmul[compute]

@@ -15,7 +15,7 @@ vector units, f32 is emulated. Type rules beyond the per-op list:
 
 from dataclasses import dataclass
 
-from .dtypes import ALL_TYPES, FLOAT_TYPES
+from .dtypes import ALL_TYPES, FLOAT_TYPES, QUANT_TYPES
 
 BINARY_OPS = "binary_ops.py"
 UNARY_OPS = "unary_ops.py"
@@ -55,7 +55,12 @@ _MM_LIMITS = (
     "contiguous operands; src0 [K,N,b2,b3], src1 [K,M,b2*r2,b3*r3], dst [N,M,...]; "
     "whole-array GEMM when M is at least the microkernel rows (4, 8 for i8 on aie2p), "
     "N >= 8 and K a multiple of 8, otherwise one GEMV per src1 row; rows of src0 and src1 start on 32-bit words (K even for 2-byte, "
-    "a multiple of 4 for 1-byte types); type pairs: see type_combos"
+    "a multiple of 4 for 1-byte types); type pairs: see type_combos. f16 and block-quantized "
+    "weights (q4_0 q4_1 q5_0 q8_0 q4_K q5_K q6_K, as ggml stores them) with f32 activations: "
+    "one GEMV per src1 row (also for M > 1), the weight rows decoded to bf16 on the cores and "
+    "multiplied with the activations rounded to bf16, f32 sums; a weight row's bytes must be "
+    "whole 32-bit words, or the rows of a core's tile together (then K is not chunked), and at "
+    "most 1024 DMA tasks (batches x src1 rows x rounds)"
 )
 
 _INT_AND_FLOAT = ALL_TYPES
@@ -105,7 +110,16 @@ OPS: tuple[OpSpec, ...] = (
     _unary("CLAMP", _FLOAT_ONLY, params=2),
     # MUL_MAT's inputs never have the output's shape, so it must declare
     # broadcast for the backend to consider it at all.
-    OpSpec("MUL_MAT", MUL_MAT, 2, _INT_AND_FLOAT, True, False, "mul_mat", _MM_LIMITS),
+    OpSpec(
+        "MUL_MAT",
+        MUL_MAT,
+        2,
+        _INT_AND_FLOAT + ("f16",) + QUANT_TYPES,
+        True,
+        False,
+        "mul_mat",
+        _MM_LIMITS,
+    ),
 )
 
 # (src0, src1, dst) type triples MUL_MAT compiles. src0 holds the weights.
@@ -117,6 +131,9 @@ MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = (
     ("f32", "f32", "f32"),
     ("i8", "i8", "i32"),
     ("i16", "i16", "i32"),
+    # f16 and block-quantized weights (decoded to bf16 on the cores), f32 activations.
+    ("f16", "f32", "f32"),
+    *((q, "f32", "f32") for q in QUANT_TYPES),
 )
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}

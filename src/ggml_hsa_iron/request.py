@@ -35,7 +35,12 @@ class Tensor:
 
     @property
     def size(self) -> int:
+        """Bytes per element, or per block for the block-quantized types."""
         return DTYPES[self.dtype].size
+
+    @property
+    def block(self) -> int:
+        return DTYPES[self.dtype].block
 
     @property
     def nelements(self) -> int:
@@ -46,24 +51,27 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return self.nelements * self.size
+        return self.nelements // self.block * self.size
 
     @staticmethod
     def dense(dtype: str, ne) -> "Tensor":
         ne = tuple(int(n) for n in ne)
-        size = DTYPES[dtype].size
-        nb = [size]
-        for d in range(1, 4):
+        size, block = DTYPES[dtype].size, DTYPES[dtype].block
+        nb = [size, size * (ne[0] // block)]
+        for d in range(2, 4):
             nb.append(nb[-1] * max(ne[d - 1], 1))
         return Tensor(dtype, ne, tuple(nb))
 
     def is_dense(self) -> bool:
-        """Contiguous row-major layout (dimensions of size 1 may have any stride)."""
+        """Contiguous row-major layout (dimensions of size 1 may have any stride); rows of
+        whole blocks for the block-quantized types (ggml's layout: nb[0] is a block's bytes)."""
+        if self.ne[0] % self.block:
+            return False
         expect = self.size
-        for n, s in zip(self.ne, self.nb):
+        for d, (n, s) in enumerate(zip(self.ne, self.nb)):
             if n != 1 and s != expect:
                 return False
-            expect *= max(n, 1)
+            expect *= max(n, 1) // self.block if d == 0 else max(n, 1)
         return True
 
     def name_part(self) -> str:
@@ -71,7 +79,7 @@ class Tensor:
         for i, n in enumerate(self.ne):
             if n != 1:
                 dims = i + 1
-        part = f"{self.dtype}_{'x'.join(str(n) for n in self.ne[:dims])}"
+        part = f"{self.dtype.lower()}_{'x'.join(str(n) for n in self.ne[:dims])}"
         if not self.is_dense():
             part += "_s" + "x".join(str(s) for s in self.nb)
         return part

@@ -412,6 +412,22 @@ class GemvPlan:
     rows: int
     rows_per_tile: int  # nr
     k_chunk: int  # kc
+    # Weights moved as bytes (f16 and block-quantized src0): `w_block` elements are
+    # `w_block_bytes` bytes, and W's taps count bytes. 0: W counts elements.
+    w_block: int = 1
+    w_block_bytes: int = 0
+
+    def w_units(self, elems: int) -> int:
+        """W's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
+        if not self.w_block_bytes:
+            return elems
+        return elems // self.w_block * self.w_block_bytes
+
+    @property
+    def whole_rows(self) -> bool:
+        """A core's tile is whole W rows (K is not chunked): its rows are one contiguous run,
+        so a row need not be whole DMA words, only the tile."""
+        return self.k_chunk == self.K
 
     @property
     def block(self) -> int:
@@ -433,6 +449,7 @@ class GemvPlan:
         """Task groups, each a (W, x, y) tap per array column; `products` are the (src0,
         src1, dst) element offsets of each matrix-vector product (one per src1 row)."""
         K, C, R, nr, kc = self.K, self.columns, self.rows, self.rows_per_tile, self.k_chunk
+        Kw, kcw = self.w_units(K), self.w_units(kc)
         block = self.block
         groups = []
         for w_off, x_off, y_off in products:
@@ -440,7 +457,17 @@ class GemvPlan:
                 group = []
                 for col in range(C):
                     row0 = r0 + col * R * nr
-                    w = Tap(w_off + row0 * K, (count, K // kc, R * nr, kc), (block * K, kc, K, 1))
+                    if self.w_block_bytes and self.whole_rows:
+                        # R*nr whole rows: one contiguous run per round.
+                        w = Tap(
+                            w_off + row0 * Kw, (count, 1, 1, R * nr * Kw), (block * Kw, 0, 0, 1)
+                        )
+                    else:
+                        w = Tap(
+                            w_off + row0 * Kw,
+                            (count, K // kc, R * nr, kcw),
+                            (block * Kw, kcw, Kw, 1),
+                        )
                     x = Tap(x_off, (count, 1, K // kc, kc), (0, 0, kc, 1))
                     y = Tap(y_off + row0, (1, 1, count, R * nr), (0, 0, block, 1))
                     group.append((w, x, y))
@@ -483,6 +510,65 @@ def plan_gemv(
                         continue
                     plan = GemvPlan(N, K, columns, rows, nr, kc)
                     if products * len(plan.round_tasks()) > MAX_TASKS_PER_CHANNEL:
+                        continue
+                    vectors = -(-kc // VECTOR_ELEMS)
+                    cost = plan.rounds * plan.k_steps * (nr * vectors + 64)
+                    key = (cost, -columns * rows)
+                    if best_key is None or key < best_key:
+                        best, best_key = plan, key
+                    break  # the largest K chunk that fits
+    return best
+
+
+def _byte_tap_ok(tap: Tap) -> bool:
+    """A tap over a byte array moves whole, word-aligned 32-bit words."""
+    if tap.offset % DMA_WORD or tap.sizes[3] % DMA_WORD:
+        return False
+    return all(n == 1 or s % DMA_WORD == 0 for n, s in zip(tap.sizes[:3], tap.strides[:3]))
+
+
+def plan_gemv_blocks(
+    N: int,
+    K: int,
+    w_block: int,
+    w_block_bytes: int,
+    arch: Arch,
+    products,
+    staging: int = 0,
+) -> GemvPlan | None:
+    """The cheapest GEMV plan over weights moved as bytes (`w_block` elements in
+    `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results, or
+    None. `products` are the (src0 byte, src1, dst element) offsets of the matrix-vector
+    products (checked for DMA alignment); `staging` is what the core function keeps on its
+    stack besides the fifo buffers. K chunks are whole blocks."""
+    if K % w_block:
+        return None
+    blocks = K // w_block
+    x_size = y_size = 4
+    best, best_key = None, None
+    k_options = [w_block * d for d in divisors(blocks)]
+    for columns in range(arch.columns, 0, -1):
+        for rows in (4, 2, 1):
+            for nr in (64, 32, 16, 8, 4, 2, 1):
+                if columns * rows * nr > N:
+                    continue
+                for kc in reversed(k_options):
+                    kcw = kc // w_block * w_block_bytes
+                    l1 = 2 * nr * kcw + 2 * kc * x_size + 2 * nr * y_size + staging
+                    if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
+                        continue
+                    if (nr * kcw) % DMA_WORD:
+                        continue
+                    if kc != K and (kcw % DMA_WORD or kcw > DMA_WORD * GEMV_MAX_CHUNK_WORDS):
+                        continue
+                    # Whole rows: a core row's tiles are one run of the shim's innermost
+                    # dimension.
+                    if kc == K and rows * nr * kcw > DMA_WORD * MAX_WRAP:
+                        continue
+                    plan = GemvPlan(N, K, columns, rows, nr, kc, w_block, w_block_bytes)
+                    if len(products) * len(plan.round_tasks()) > MAX_TASKS_PER_CHANNEL:
+                        continue
+                    if not all(_byte_tap_ok(w) for g in plan.tasks(products) for w, _, _ in g):
                         continue
                     vectors = -(-kc // VECTOR_ELEMS)
                     cost = plan.rounds * plan.k_steps * (nr * vectors + 64)

@@ -11,7 +11,7 @@ use super::Arch;
 /// The element types a kernel operand may have, by ggml's name: elements per block (1 for the
 /// types stored one element at a time) and bytes per block. Block-quantized operands are laid
 /// out as ggml lays them out: `nb[0]` is the block size in bytes, rows are whole blocks.
-pub const DTYPES: [(&str, u64, u64); 10] = [
+pub const DTYPES: [(&str, u64, u64); 14] = [
     ("f32", 1, 4),
     ("f16", 1, 2),
     ("bf16", 1, 2),
@@ -22,6 +22,10 @@ pub const DTYPES: [(&str, u64, u64); 10] = [
     ("q4_0", 32, 18),
     ("q8_0", 32, 34),
     ("q4_K", 256, 144),
+    ("q4_1", 32, 20),
+    ("q5_0", 32, 22),
+    ("q5_K", 256, 176),
+    ("q6_K", 256, 210),
 ];
 
 /// `(elements per block, bytes per block)` of `dtype`, for the types a kernel operand may have.
@@ -252,7 +256,7 @@ mod tests {
         p.nb = [144, 576, 288, 1728];
         assert!(!p.is_dense());
         assert_eq!(p.name_part(), "q4_k_512x3x2_s144x576x288x1728");
-        assert_eq!(Layout::dense("q5_K", [256, 1, 1, 1]), None);
+        assert_eq!(Layout::dense("q5_1", [256, 1, 1, 1]), None);
         let q8 = Layout::dense("q8_0", [64, 2, 1, 1]).unwrap();
         assert_eq!(q8.nb, [34, 68, 136, 136]);
     }

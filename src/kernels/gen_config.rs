@@ -43,7 +43,7 @@ pub enum ConfigError {
     ShapeDims { text: String, count: usize },
     #[error(
         "unknown dtype {dtype:?} in {text:?} (supported: f32, f16, bf16, i8, i16, i32, i64, \
-         q4_0, q8_0, q4_K)"
+         q4_0, q4_1, q5_0, q8_0, q4_K, q5_K, q6_K)"
     )]
     UnknownDtype { text: String, dtype: String },
     #[error("strides must have 4 values: {text:?} has {count}")]
@@ -606,8 +606,8 @@ mod tests {
         }
         let e = entry("ggml_op_add", "binary_ops.py", &[t, "(3,1,1)/f32"], t);
         assert!(msg(e).contains("has 3"));
-        let e = entry("ggml_op_neg", "unary_ops.py", &[t], "(256,1,1,1)/q5_K");
-        assert!(msg(e).contains("unknown dtype \"q5_K\""));
+        let e = entry("ggml_op_neg", "unary_ops.py", &[t], "(256,1,1,1)/q5_1");
+        assert!(msg(e).contains("unknown dtype \"q5_1\""));
     }
 
     #[test]

@@ -20,8 +20,8 @@
 //!   f16, YaRN parameters; multi-section, vision and offset variants are refused.
 //! * `RMS_NORM`, `NORM`: one kernel normalising each row (dimension 0) with op_params[0] = eps;
 //!   contiguous tensors are viewed as `[ne0, rows]`.
-//! * `MUL_MAT`: one kernel; weights f32, f16, bf16 or block-quantized (`q4_0`, `q8_0`, `q4_K`,
-//!   passed as ggml stores them: `nb[0]` = bytes per block, rows of whole blocks), activations
+//! * `MUL_MAT`: one kernel; weights f32, f16, bf16 or block-quantized (`q4_0`, `q4_1`, `q5_0`,
+//!   `q8_0`, `q4_K`, `q5_K`, `q6_K`, passed as ggml stores them: `nb[0]` = bytes per block, rows of whole blocks), activations
 //!   f32 (broadcast over the batch dimensions as ggml does), output f32.
 //! * `FLASH_ATTN_EXT`: one kernel named by the inputs present (`FLASH_ATTN_EXT`, `_MASK`,
 //!   `_SINKS`, `_MASK_SINKS`): q f32 `[D, n_q, n_head, n_seq]`; k `[D, n_kv, n_head_kv, ..]`
@@ -393,7 +393,7 @@ fn flash_attn_ext(node: &Node) -> Result<Plan, String> {
 }
 
 /// One MUL_MAT kernel, operands as laid out in memory (the kernel walks their strides). The
-/// weights may be block-quantized in a type kernel descriptors can name (`q4_0`, `q8_0`, `q4_K`)
+/// weights may be block-quantized in a type kernel descriptors can name (`kernels::DTYPES`)
 /// with rows of whole blocks (ggml's layout); the compiler's capabilities decide the rest.
 fn mul_mat(w: &Tensor, x: &Tensor, dst: &Tensor) -> Result<Plan, String> {
     let weights_ok = w.dtype.is_float()
@@ -622,6 +622,10 @@ mod tests {
             ("q4_0", 32, 18, "q4_0_512x7x3"),
             ("q8_0", 32, 34, "q8_0_512x7x3"),
             ("q4_K", 256, 144, "q4_k_512x7x3"),
+            ("q4_1", 32, 20, "q4_1_512x7x3"),
+            ("q5_0", 32, 22, "q5_0_512x7x3"),
+            ("q5_K", 256, 176, "q5_k_512x7x3"),
+            ("q6_K", 256, 210, "q6_k_512x7x3"),
         ] {
             let w = quantized(name, block, bytes, [512, 7, 3, 1]);
             let Plan::Kernel { desc, operands } =
@@ -638,9 +642,9 @@ mod tests {
             assert_eq!(operands[0], w);
         }
         // Types the descriptor format cannot name, and quantized activations, are refused.
-        let q5 = quantized("q5_K", 256, 176, [512, 7, 3, 1]);
+        let q5 = quantized("q5_1", 32, 24, [512, 7, 3, 1]);
         let err = plan(&node(Op::MulMat, d.clone(), vec![q5, x.clone()])).unwrap_err();
-        assert!(err.contains("q5_K"), "{err}");
+        assert!(err.contains("q5_1"), "{err}");
         let q8x = quantized("q8_0", 32, 34, [512, 1, 6, 1]);
         let w = tensor(DType::F32, [512, 7, 3, 1], 0);
         assert!(plan(&node(Op::MulMat, d, vec![w, q8x])).is_err());

@@ -17,6 +17,9 @@ before it (same inputs, same outputs written twice).
 GEMV: W = src0 (N rows of K) is split by rows over columns x rows cores; x =
 a src1 row is broadcast to the cores of each column, K in chunks; each core
 accumulates its rows' dot products. One product per src1 row and batch.
+f16 and block-quantized weights (q4_0 ... q6_K) take the GEMV for every src1
+row: W is moved as the bytes ggml stores (int8 fifos, whole blocks per K
+chunk) and the cores decode it (kernels/mvq.cc).
 
 The DMA access patterns of the runtime sequence come from `GemmPlan.tasks` and
 `GemvPlan.tasks` (pure Python, walked by the host tests).
@@ -139,15 +142,19 @@ def _gemv(spec):
     p = spec.plan
     C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk
     w_t, x_t, y_t = spec.src0.dtype, spec.src1.dtype, spec.dst.dtype
+    # Weights moved as bytes: a tile is nr rows of the K chunk's blocks.
+    w_t, w_elems = ("i8", p.w_units(kc)) if spec.weight_bytes else (w_t, kc)
+    obj = spec.core.object_name
+    fn = "ggml_mvq" if spec.weight_bytes else "ggml_mv"
     dev = device(spec.arch, C)
     seq_types = [vector_type(count, t) for t, count in spec.sequence]  # src0, src1, dst
     w_tile, x_tile, y_tile = (
-        vector_type(nr * kc, w_t),
+        vector_type(nr * w_elems, w_t),
         vector_type(kc, x_t),
         vector_type(nr, y_t),
     )
-    zero = Kernel("ggml_mv_zero", "mv.o", [y_tile])
-    matvec = Kernel("ggml_mv", "mv.o", [w_tile, x_tile, y_tile])
+    zero = Kernel(f"{fn}_zero", obj, [y_tile])
+    matvec = Kernel(fn, obj, [w_tile, x_tile, y_tile])
     rounds = spec.tiles_per_core
     k_steps = p.k_steps
 
@@ -166,9 +173,9 @@ def _gemv(spec):
     w_cols, x_cols, y_cols, workers = [], [], [], []
     for col in range(C):
         mem = Tile(col, MEM_ROW)
-        w_fifo = ObjectFifo(vector_type(R * nr * kc, w_t), name=f"W_c{col}")
+        w_fifo = ObjectFifo(vector_type(R * nr * w_elems, w_t), name=f"W_c{col}")
         w_subs = w_fifo.cons().split(
-            [i * nr * kc for i in range(R)],
+            [i * nr * w_elems for i in range(R)],
             obj_types=[w_tile] * R,
             names=[f"W_c{col}_r{i}" for i in range(R)],
             tile=mem,

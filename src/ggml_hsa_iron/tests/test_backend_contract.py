@@ -110,9 +110,9 @@ class RequestShapesTest(unittest.TestCase):
                     self.assertEqual(count * t.size, -(-t.nbytes // 4) * 4)
 
     def test_mul_mat_requests_the_backend_sends_are_planned(self):
-        # plan.rs: weights f32, f16 or bf16; activations f32; output f32. f16 is not declared,
-        # so the backend never sends it; the others must plan.
-        for w in ("f32", "bf16"):
+        # plan.rs: weights f32, f16, bf16 or block-quantized (rows of whole blocks, ggml's
+        # layout); activations f32; output f32. Every declared weight type must plan.
+        for w in ("f32", "bf16", "f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K"):
             for m in (1, 8, 64):
                 with self.subTest(w=w, m=m):
                     self.spec(
@@ -121,7 +121,8 @@ class RequestShapesTest(unittest.TestCase):
                         tensor("f32", [64, m, 4, 1]),
                     )
         caps = {s.op: s for s in registry.OPS}["MUL_MAT"]
-        self.assertNotIn("f16", caps.types)
+        self.assertIn("f16", caps.types)
+        self.assertIn("q6_K", caps.types)
 
     def test_scale_and_clamp_compile_their_two_f32_parameters(self):
         # plan.rs: SCALE sends (scale, bias), CLAMP (min, max), as f32 bit patterns; the

@@ -15,7 +15,7 @@ import unittest
 
 from ggml_hsa_iron import registry
 from ggml_hsa_iron.capabilities import capabilities, capabilities_json
-from ggml_hsa_iron.dtypes import ALL_TYPES, FLOAT_TYPES
+from ggml_hsa_iron.dtypes import ALL_TYPES, FLOAT_TYPES, QUANT_TYPES
 from ggml_hsa_iron.errors import UnsupportedError
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import parse_request
@@ -57,7 +57,9 @@ class CapabilitiesTest(unittest.TestCase):
                 ("noncontiguous", bool),
             ):
                 self.assertIsInstance(op[key], kind, op["op"])
-            self.assertTrue(set(op["types"]) <= set(ALL_TYPES))
+            # MUL_MAT's weights may also be f16 or block-quantized.
+            extra = ("f16",) + QUANT_TYPES if op["op"] == "MUL_MAT" else ()
+            self.assertTrue(set(op["types"]) <= set(ALL_TYPES + extra), op["op"])
 
     def test_the_seed_list_is_declared(self):
         ops = {o["op"]: o for o in capabilities()["ops"]}
@@ -75,7 +77,10 @@ class CapabilitiesTest(unittest.TestCase):
             self.assertEqual(ops[op]["types"], list(FLOAT_TYPES), op)
         self.assertEqual({s.op for s in registry.OPS if s.params}, set(WITH_PARAMS))
         self.assertTrue(all(s.params == 2 for s in registry.OPS if s.params))
-        self.assertNotIn("f16", {t for o in ops.values() for t in o["types"]})
+        # f16 only as MUL_MAT's weights (decoded on the cores).
+        self.assertNotIn(
+            "f16", {t for o in ops.values() if o["op"] != "MUL_MAT" for t in o["types"]}
+        )
 
     def test_every_declared_op_has_a_design_function_and_core_source(self):
         for spec in registry.OPS:
@@ -106,7 +111,8 @@ class CapabilitiesTest(unittest.TestCase):
                             s0, s1, d = combos[0]
                             req = request_json(
                                 "MUL_MAT",
-                                [tensor(s0, [64, 64]), tensor(s1, [64, 32])],
+                                # K = 256: whole super-blocks of the K-quants.
+                                [tensor(s0, [256, 64]), tensor(s1, [256, 32])],
                                 tensor(d, [64, 32]),
                                 arch=arch,
                             )

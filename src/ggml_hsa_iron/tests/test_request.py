@@ -58,7 +58,7 @@ class RequestTest(unittest.TestCase):
             json.dumps(dict(PROTOCOL_EXAMPLE, inputs=[])): "non-empty",
         }
         bad_tensor = dict(PROTOCOL_EXAMPLE)
-        bad_tensor["output"] = {"type": "q4_0", "ne": [1, 1, 1, 1], "nb": [1, 1, 1, 1]}
+        bad_tensor["output"] = {"type": "q5_1", "ne": [1, 1, 1, 1], "nb": [1, 1, 1, 1]}
         cases[json.dumps(bad_tensor)] = "unknown type"
         bad_ne = dict(PROTOCOL_EXAMPLE)
         bad_ne["output"] = {"type": "f32", "ne": [0, 1, 1, 1], "nb": [4, 4, 4, 4]}

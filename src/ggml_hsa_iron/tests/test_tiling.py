@@ -296,3 +296,50 @@ class MatmulPlanTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ByteWeightsGemvTest(unittest.TestCase):
+    """The GEMV over f16 and block-quantized weights moved as bytes (plan_gemv_blocks)."""
+
+    TYPES = ("f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K")
+
+    def test_every_weight_byte_is_read_once_per_product_in_whole_words(self):
+        from ggml_hsa_iron.dtypes import DTYPES
+
+        for ty in self.TYPES:
+            block, size = DTYPES[ty].block, DTYPES[ty].size
+            for arch in ("aie2", "aie2p"):
+                for M, N, K, b2, r2 in (
+                    (1, 16, 256, 1, 1),
+                    (3, 36, 512, 2, 2),
+                    (1, 4096, 4096, 1, 1),
+                ):
+                    with self.subTest(ty=ty, arch=arch, M=M, N=N, K=K):
+                        spec = mul_mat_spec(arch, ty, "f32", M, N, K, b2=b2, r2=r2)
+                        self.assertTrue(spec.gemv and spec.weight_bytes)
+                        row = K // block * size
+                        self.assertEqual(spec.sequence[0], ("i8", N * row * b2))
+                        groups = spec.tasks()
+                        per_product = len(groups) // len(spec.products)
+                        for p, (w_off, _, _) in enumerate(spec.products):
+                            read = []
+                            for g in groups[p * per_product : (p + 1) * per_product]:
+                                for w, _, _ in g:
+                                    self.assertEqual(w.offset % 4, 0)
+                                    self.assertEqual(w.sizes[3] % 4, 0)
+                                    read += w.indices()
+                            # Overlapping last rounds read some rows twice, nothing else.
+                            self.assertEqual(set(read), set(range(w_off, w_off + N * row)))
+                        plan = spec.plan
+                        l1 = 2 * plan.rows_per_tile * plan.w_units(plan.k_chunk)
+                        l1 += 2 * plan.k_chunk * 4 + 2 * plan.rows_per_tile * 4
+                        self.assertLessEqual(l1, ARCHS[arch].l1_budget)
+
+    def test_rows_that_are_not_whole_words_are_taken_whole_or_refused(self):
+        # q6_K rows of 256 values are 210 bytes: a core takes an even number of whole rows.
+        spec = mul_mat_spec("aie2p", "q6_K", "f32", 1, 64, 256)
+        self.assertEqual(spec.plan.k_chunk, 256)
+        self.assertEqual(spec.plan.rows_per_tile * 210 % 4, 0)
+        # One output row (N = 1): 210 bytes cannot be moved in whole words.
+        with self.assertRaises(UnsupportedError):
+            mul_mat_spec("aie2p", "q6_K", "f32", 64, 1, 256)

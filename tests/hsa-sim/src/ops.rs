@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Element types of tensor descriptors: ggml's names, including the block-quantized weight
-/// types MUL_MAT reads (`q4_0`, `q8_0`, `q4_K`).
+/// types MUL_MAT reads (`q4_0`, `q4_1`, `q5_0`, `q8_0`, `q4_K`, `q5_K`, `q6_K`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
@@ -25,6 +25,21 @@ pub enum DType {
     /// and mins, 128 bytes of 4-bit values.
     #[serde(rename = "q4_K")]
     Q4K,
+    /// Blocks of 32 values: f16 scale, f16 min, 16 bytes of 4-bit values.
+    #[serde(rename = "q4_1")]
+    Q4_1,
+    /// Blocks of 32 values: f16 scale, 4 bytes of fifth bits, 16 bytes of low nibbles
+    /// (offset 16).
+    #[serde(rename = "q5_0")]
+    Q5_0,
+    /// Super-blocks of 256 values: Q4_K's scales and mins, 32 bytes of fifth bits, 128 bytes
+    /// of low nibbles.
+    #[serde(rename = "q5_K")]
+    Q5K,
+    /// Super-blocks of 256 values: 128 bytes of low nibbles, 64 bytes of 2-bit high parts,
+    /// 16 signed 8-bit scales (one per 16 values), f16 scale (offset 32).
+    #[serde(rename = "q6_K")]
+    Q6K,
 }
 
 impl DType {
@@ -38,6 +53,10 @@ impl DType {
             DType::Q4_0 => 18,
             DType::Q8_0 => 34,
             DType::Q4K => 144,
+            DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5K => 176,
+            DType::Q6K => 210,
         }
     }
 
@@ -45,8 +64,8 @@ impl DType {
     /// tensor's `nb[0]` is the block size in bytes and its `ne[0]` a multiple of this.
     pub fn block(self) -> usize {
         match self {
-            DType::Q4_0 | DType::Q8_0 => 32,
-            DType::Q4K => 256,
+            DType::Q4_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_0 => 32,
+            DType::Q4K | DType::Q5K | DType::Q6K => 256,
             _ => 1,
         }
     }
@@ -67,6 +86,10 @@ impl DType {
             DType::Q4_0 => "q4_0",
             DType::Q8_0 => "q8_0",
             DType::Q4K => "q4_K",
+            DType::Q4_1 => "q4_1",
+            DType::Q5_0 => "q5_0",
+            DType::Q5K => "q5_K",
+            DType::Q6K => "q6_K",
         }
     }
 
@@ -199,7 +222,15 @@ pub const ARCHS: &[&str] = &["aie2", "aie2p"];
 pub const TYPES: &[DType] = &[DType::F32, DType::F16, DType::Bf16];
 
 /// Block-quantized weight types MUL_MAT accepts for its first input (the weights) only.
-pub const WEIGHT_TYPES: &[DType] = &[DType::Q4_0, DType::Q8_0, DType::Q4K];
+pub const WEIGHT_TYPES: &[DType] = &[
+    DType::Q4_0,
+    DType::Q8_0,
+    DType::Q4K,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5K,
+    DType::Q6K,
+];
 
 impl Op {
     pub fn from_name(name: &str) -> Option<Op> {
@@ -371,7 +402,7 @@ impl Op {
             Op::Rope { .. } => "ggml's rope op_params: [1] n_dims, [2] mode (0 normal, 2 neox), [4] n_ctx_orig, [5..11] freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow (f32 bits), [15] offset (must be 0); inputs x, positions i32, [freq factors f32]",
             Op::Glu(_) => "unused; inputs (x, g) of the output's shape; y = act(x) * g",
             Op::RmsNorm | Op::Norm => "op_params[0] = eps (f32 bit pattern); normalises each row (dimension 0)",
-            Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3] (f32/f16/bf16, or q4_0/q8_0/q4_K blocks as ggml stores them: nb[0] = block bytes), inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
+            Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3] (f32/f16/bf16, or q4_0/q4_1/q5_0/q8_0/q4_K/q5_K/q6_K blocks as ggml stores them: nb[0] = block bytes), inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
             Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",

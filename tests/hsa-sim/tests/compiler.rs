@@ -56,13 +56,15 @@ fn capabilities_lists_ops() {
         .find(|o| o["op"] == "MUL_MAT");
     assert_eq!(
         mm.unwrap()["types"],
-        serde_json::json!(["f32", "f16", "bf16", "q4_0", "q8_0", "q4_K"])
+        serde_json::json!([
+            "f32", "f16", "bf16", "q4_0", "q8_0", "q4_K", "q4_1", "q5_0", "q5_K", "q6_K"
+        ])
     );
 }
 
 /// A MUL_MAT of [256, 2] weights of `ty` (nb0 `block` bytes) by [256, 1] f32 activations.
 fn mul_mat_request(ty: &str, block: u32) -> String {
-    let row = 256 / if ty == "q4_K" { 256 } else { 32 } * block;
+    let row = 256 / if ty.ends_with("_K") { 256 } else { 32 } * block;
     format!(
         r#"{{"name":"mm","arch":"aie2p","op":"MUL_MAT","op_params":[],
         "inputs":[{{"ne":[256,2,1,1],"nb":[{block},{row},{r2},{r2}],"type":"{ty}"}},
@@ -74,7 +76,15 @@ fn mul_mat_request(ty: &str, block: u32) -> String {
 
 #[test]
 fn quantized_weights_are_validated() {
-    for (ty, block) in [("q4_0", 18), ("q8_0", 34), ("q4_K", 144)] {
+    for (ty, block) in [
+        ("q4_0", 18),
+        ("q8_0", 34),
+        ("q4_K", 144),
+        ("q4_1", 20),
+        ("q5_0", 22),
+        ("q5_K", 176),
+        ("q6_K", 210),
+    ] {
         let desc = image::KernelDesc::parse_json(&mul_mat_request(ty, block)).unwrap();
         assert!(desc.validate().is_ok(), "{ty}");
         assert_eq!(

@@ -32,7 +32,13 @@ pub fn load(ty: DType, bytes: &[u8], off: usize) -> f32 {
         }
         DType::I64 => i64::from_le_bytes(bytes[off..off + 8].try_into().expect("8 bytes")) as f32,
         // Validation admits block-quantized types only as MUL_MAT weights, read by `quant`.
-        DType::Q4_0 | DType::Q8_0 | DType::Q4K => unreachable!("{} is read by blocks", ty.name()),
+        DType::Q4_0
+        | DType::Q8_0
+        | DType::Q4K
+        | DType::Q4_1
+        | DType::Q5_0
+        | DType::Q5K
+        | DType::Q6K => unreachable!("{} is read by blocks", ty.name()),
     }
 }
 
@@ -47,6 +53,12 @@ pub fn store(ty: DType, bytes: &mut [u8], off: usize, v: f32) {
         DType::I16 => bytes[off..off + 2].copy_from_slice(&(v as i16).to_le_bytes()),
         DType::I32 => bytes[off..off + 4].copy_from_slice(&(v as i32).to_le_bytes()),
         DType::I64 => bytes[off..off + 8].copy_from_slice(&(v as i64).to_le_bytes()),
-        DType::Q4_0 | DType::Q8_0 | DType::Q4K => unreachable!("{} is never an output", ty.name()),
+        DType::Q4_0
+        | DType::Q8_0
+        | DType::Q4K
+        | DType::Q4_1
+        | DType::Q5_0
+        | DType::Q5K
+        | DType::Q6K => unreachable!("{} is never an output", ty.name()),
     }
 }

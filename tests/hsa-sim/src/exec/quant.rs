@@ -1,5 +1,5 @@
-//! ggml's block-quantized weight formats (Q4_0, Q8_0, Q4_K) and the dot products ggml-cpu's
-//! MUL_MAT takes over them.
+//! ggml's block-quantized weight formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) and the dot
+//! products ggml-cpu's MUL_MAT takes over them.
 //!
 //! Block layouts (little-endian, as ggml stores them):
 //! * Q4_0, 32 values in 18 bytes: f16 scale `d`, then 16 bytes whose low nibbles are values
@@ -9,6 +9,17 @@
 //!   sub-block scales and eight 6-bit sub-block mins, then 128 bytes of nibbles. Sub-block `s`
 //!   (32 values) is in bytes `32·(s/2) ..` (low nibbles for even `s`, high for odd);
 //!   value = d · scale_s · nibble − dmin · min_s.
+//! * Q4_1, 32 values in 20 bytes: f16 scale `d`, f16 min `m`, 16 bytes of nibbles as Q4_0's;
+//!   value = d · nibble + m.
+//! * Q5_0, 32 values in 22 bytes: f16 scale `d`, a little-endian u32 whose bit `j` is the fifth
+//!   bit of value `j`, 16 bytes of nibbles as Q4_0's; value = d · (nibble | bit·16 − 16).
+//! * Q5_K, 256 values in 176 bytes: Q4_K's `d`, `dmin` and 12 scale bytes, 32 bytes `qh`, 128
+//!   bytes of nibbles laid out as Q4_K's; value `i` of sub-block `s` takes bit `s` of
+//!   `qh[i % 32]` as its fifth bit; value = d · scale_s · q − dmin · min_s.
+//! * Q6_K, 256 values in 210 bytes: 128 bytes `ql`, 64 bytes `qh`, 16 signed scales, f16 `d`.
+//!   Each half (128 values, `h`) uses `ql[64h..]` and `qh[32h..]`: value `32q + l` of the half
+//!   takes the low nibble (q even) or high nibble (q odd) of `ql[64h + 32(q % 2) + l]` and bits
+//!   `2q, 2q+1` of `qh[32h + l]` as its top two bits; value = d · scales[i / 16] · (q6 − 32).
 //!
 //! Why the activations are quantized too: ggml-cpu never multiplies quantized weights by f32
 //! activations directly. It first quantizes every activation row to the weight type's "vec_dot
@@ -40,6 +51,8 @@ pub struct Q8Row {
     pub d: Vec<f32>,
     pub q: Vec<i8>,
     pub sums32: Vec<i32>,
+    /// Q8_1 only: per block d · Σq, rounded to f16 as ggml stores it (applies Q4_1's min).
+    pub s: Vec<f32>,
 }
 
 impl Q8Row {
@@ -53,6 +66,7 @@ impl Q8Row {
             d,
             q,
             sums32,
+            s: Vec::new(),
         }
     }
 }
@@ -69,6 +83,21 @@ pub fn quantize_q8_0(x: &[f32]) -> Q8Row {
         q.extend(block.iter().map(|v| (v * id).round_ties_even() as i8));
     }
     Q8Row::with_sums(QK, d, q)
+}
+
+/// Q8_1 as ggml-cpu's x86 SIMD quantizer writes it: Q8_0's values and f16 scale, plus
+/// s = d · Σq per block (with the unrounded d = max|x| / 127), stored as f16.
+pub fn quantize_q8_1(x: &[f32]) -> Q8Row {
+    let mut row = quantize_q8_0(x);
+    row.s = x
+        .chunks(QK)
+        .zip(&row.sums32)
+        .map(|(block, &sum)| {
+            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            half::f16::from_f32(amax / 127.0 * sum as f32).to_f32()
+        })
+        .collect();
+    row
 }
 
 /// Q8_K as ggml writes it: per 256 values, the value of largest magnitude `max` sets
@@ -103,7 +132,8 @@ pub fn quantize_q8_k(x: &[f32]) -> Q8Row {
 /// The activation row quantized as ggml-cpu does for weights of type `ty`.
 pub fn quantize_for(ty: DType, x: &[f32]) -> Q8Row {
     match ty {
-        DType::Q4K => quantize_q8_k(x),
+        DType::Q4K | DType::Q5K | DType::Q6K => quantize_q8_k(x),
+        DType::Q4_1 => quantize_q8_1(x),
         _ => quantize_q8_0(x),
     }
 }
@@ -132,6 +162,39 @@ fn q4_0_value(qs: &[u8], j: usize) -> i32 {
     i32::from(if j < 16 { b & 0x0f } else { b >> 4 }) - 8
 }
 
+/// The unsigned 4-bit value `j` (0..32) of a Q4_0 / Q4_1 / Q5_0 block's 16 nibble bytes.
+fn nibble32(qs: &[u8], j: usize) -> i32 {
+    let b = qs[j % 16];
+    i32::from(if j < 16 { b & 0x0f } else { b >> 4 })
+}
+
+/// The 5-bit value `j` (0..32) of a Q5_0 block (bytes after its scale), offset by −16.
+fn q5_0_value(b: &[u8], j: usize) -> i32 {
+    let qh = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    (nibble32(&b[4..], j) | (((qh >> j) & 1) as i32) << 4) - 16
+}
+
+/// The 5-bit value `i` (0..256) of a Q5_K super-block: `qh` (32 bytes) then `qs` (128).
+fn q5k_value(qh: &[u8], qs: &[u8], i: usize) -> i32 {
+    let sub = i / QK;
+    q4k_nibble(qs, i) | (((i32::from(qh[i % QK]) >> sub) & 1) << 4)
+}
+
+/// The 6-bit value `i` (0..256) of a Q6_K super-block, offset by −32.
+fn q6k_value(b: &[u8], i: usize) -> i32 {
+    let (ql, qh) = (&b[..128], &b[128..192]);
+    let (half, q, l) = (i / 128, (i % 128) / 32, i % 32);
+    let byte = ql[64 * half + 32 * (q % 2) + l];
+    let low = if q < 2 { byte & 0x0f } else { byte >> 4 };
+    let high = (qh[32 * half + l] >> (2 * q)) & 3;
+    i32::from(low | (high << 4)) - 32
+}
+
+/// Q6_K's signed scale of value `i`'s 16-value group.
+fn q6k_scale(b: &[u8], i: usize) -> i32 {
+    i32::from(b[192 + i / 16] as i8)
+}
+
 /// Decodes a row of whole blocks of `ty` into `out` (one f32 per value).
 pub fn dequantize(ty: DType, row: &[u8], out: &mut [f32]) {
     let (block, size) = (ty.block(), ty.size());
@@ -157,6 +220,32 @@ pub fn dequantize(ty: DType, row: &[u8], out: &mut [f32]) {
                     *v = d * sc as f32 * q4k_nibble(qs, i) as f32 - dmin * m as f32;
                 }
             }
+            DType::Q4_1 => {
+                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+                for (j, v) in vals.iter_mut().enumerate() {
+                    *v = d * nibble32(&b[4..], j) as f32 + m;
+                }
+            }
+            DType::Q5_0 => {
+                let d = f16_at(b, 0);
+                for (j, v) in vals.iter_mut().enumerate() {
+                    *v = d * q5_0_value(&b[2..], j) as f32;
+                }
+            }
+            DType::Q5K => {
+                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..]);
+                for (i, v) in vals.iter_mut().enumerate() {
+                    let (sc, m) = q4k_scale_min(scales, i / QK);
+                    *v = d * sc as f32 * q5k_value(qh, qs, i) as f32 - dmin * m as f32;
+                }
+            }
+            DType::Q6K => {
+                let d = f16_at(b, 208);
+                for (i, v) in vals.iter_mut().enumerate() {
+                    *v = d * (q6k_scale(b, i) * q6k_value(b, i)) as f32;
+                }
+            }
             _ => unreachable!("{} is not block-quantized", ty.name()),
         }
     }
@@ -169,28 +258,50 @@ pub fn dot(ty: DType, row: &[u8], a: &Q8Row) -> f32 {
     let mut sum = 0f32;
     for (ib, b) in row.chunks(size).enumerate() {
         match ty {
-            DType::Q4_0 | DType::Q8_0 => {
+            DType::Q4_0 | DType::Q8_0 | DType::Q5_0 => {
                 let q = &a.q[ib * QK..(ib + 1) * QK];
                 let sumi: i32 = (0..QK)
                     .map(|j| {
-                        let w = if ty == DType::Q4_0 {
-                            q4_0_value(&b[2..], j)
-                        } else {
-                            i32::from(b[2 + j] as i8)
+                        let w = match ty {
+                            DType::Q4_0 => q4_0_value(&b[2..], j),
+                            DType::Q5_0 => q5_0_value(&b[2..], j),
+                            _ => i32::from(b[2 + j] as i8),
                         };
                         w * i32::from(q[j])
                     })
                     .sum();
                 sum += f16_at(b, 0) * a.d[ib] * sumi as f32;
             }
-            DType::Q4K => {
-                let (scales, qs) = (&b[4..16], &b[16..]);
+            DType::Q4_1 => {
+                // Σ (d·n + m)·(da·q) = d·da·Σ n·q + m·(da·Σq), the last factor being Q8_1's s.
+                let q = &a.q[ib * QK..(ib + 1) * QK];
+                let sumi: i32 = (0..QK)
+                    .map(|j| nibble32(&b[4..], j) * i32::from(q[j]))
+                    .sum();
+                sum += f16_at(b, 0) * a.d[ib] * sumi as f32 + f16_at(b, 2) * a.s[ib];
+            }
+            DType::Q6K => {
+                let q = &a.q[ib * QK_K..(ib + 1) * QK_K];
+                let sumi: i32 = (0..QK_K)
+                    .map(|i| q6k_scale(b, i) * q6k_value(b, i) * i32::from(q[i]))
+                    .sum();
+                sum += f16_at(b, 208) * a.d[ib] * sumi as f32;
+            }
+            DType::Q4K | DType::Q5K => {
+                let scales = &b[4..16];
                 let q = &a.q[ib * QK_K..(ib + 1) * QK_K];
                 let (mut sumi, mut summ) = (0i32, 0i32);
                 for s in 0..QK_K / QK {
                     let (sc, m) = q4k_scale_min(scales, s);
                     let dot: i32 = (s * QK..(s + 1) * QK)
-                        .map(|i| q4k_nibble(qs, i) * i32::from(q[i]))
+                        .map(|i| {
+                            let w = if ty == DType::Q4K {
+                                q4k_nibble(&b[16..], i)
+                            } else {
+                                q5k_value(&b[16..48], &b[48..], i)
+                            };
+                            w * i32::from(q[i])
+                        })
                         .sum();
                     sumi += sc * dot;
                     summ += m * a.sums32[ib * (QK_K / QK) + s];
@@ -304,6 +415,102 @@ mod tests {
         let a = quantize_q8_k(&x);
         assert_eq!(a.d, [-1.0]);
         assert_eq!(dot(DType::Q4K, &row, &a), plain_dot(&w, &x));
+    }
+
+    /// Decoding and the dot product agree on activations the 8-bit quantizers keep exactly,
+    /// and `spot` values (index, want) decode as the layout says.
+    fn check_type(ty: DType, row: &[u8], spot: &[(usize, f32)]) {
+        assert_eq!(row.len() % ty.size(), 0);
+        let n = row.len() / ty.size() * ty.block();
+        let mut w = vec![0f32; n];
+        dequantize(ty, row, &mut w);
+        for &(i, want) in spot {
+            assert_eq!(w[i], want, "{} value {i}", ty.name());
+        }
+        let x = exact_activations(n);
+        assert_eq!(
+            dot(ty, row, &quantize_for(ty, &x)),
+            plain_dot(&w, &x),
+            "{}",
+            ty.name()
+        );
+    }
+
+    #[test]
+    fn q4_1_and_q5_0_blocks_decode_and_dot() {
+        // Q4_1: d = 0.5, m = -3; nibble j = (3j) % 16.
+        let mut row = f16_bytes(0.5).to_vec();
+        row.extend(f16_bytes(-3.0));
+        row.extend((0..16).map(|j| ((3 * j) % 16) as u8 | ((((3 * (j + 16)) % 16) as u8) << 4)));
+        check_type(
+            DType::Q4_1,
+            &row,
+            &[
+                (1, 0.5 * 3.0 - 3.0),
+                (17, 0.5 * 3.0 - 3.0),
+                (5, 0.5 * 15.0 - 3.0),
+            ],
+        );
+        // Q5_0: d = 2, fifth bits set for values 1 and 17 (bits 1 and 17 of qh), nibbles 7.
+        let mut row = f16_bytes(2.0).to_vec();
+        row.extend(((1u32 << 1) | (1u32 << 17)).to_le_bytes());
+        row.extend([0x77u8; 16]);
+        check_type(
+            DType::Q5_0,
+            &row,
+            &[
+                (0, 2.0 * (7.0 - 16.0)),
+                (1, 2.0 * 7.0),
+                (17, 2.0 * 7.0),
+                (16, -18.0),
+            ],
+        );
+        // Q8_1's s is d·Σq in f16: with exact activations d = 1.
+        let a = quantize_q8_1(&exact_activations(32));
+        assert_eq!(a.s[0], a.sums32[0] as f32);
+    }
+
+    #[test]
+    fn q5_k_and_q6_k_super_blocks_decode_and_dot() {
+        // Q5_K: d = 0.5, dmin = 1; every scale 2 and min 1 (6-bit fields of sub-blocks 0..4 and
+        // the packed ones of 4..8); nibbles 3; fifth bit set for sub-block s at l = s.
+        let mut row = f16_bytes(0.5).to_vec();
+        row.extend(f16_bytes(1.0));
+        row.extend([2, 2, 2, 2, 1, 1, 1, 1, 0x12, 0x12, 0x12, 0x12]);
+        row.extend((0..32).map(|l| if l < 8 { 1u8 << l } else { 0 }));
+        row.extend([0x33u8; 128]);
+        assert_eq!(row.len(), DType::Q5K.size());
+        let (plain, high) = (0.5 * 2.0 * 3.0 - 1.0, 0.5 * 2.0 * 19.0 - 1.0);
+        check_type(
+            DType::Q5K,
+            &row,
+            &[
+                (0, high),
+                (1, plain),
+                (32 + 1, high),
+                (7 * 32 + 7, high),
+                (7 * 32 + 6, plain),
+            ],
+        );
+        // Q6_K: ql low nibbles 5 / high 9, qh = 0b10_01_00_11 (top bits 3, 0, 1, 2 for the four
+        // quarters of each half), scales 1..=16 with the odd ones negative, d = 0.25.
+        let mut row = vec![0x95u8; 128];
+        row.extend([0b1001_0011u8; 64]);
+        row.extend((1..=16).map(|s: i8| if s % 2 == 1 { -s } else { s } as u8));
+        row.extend(f16_bytes(0.25));
+        assert_eq!(row.len(), DType::Q6K.size());
+        let v = |low: i32, high: i32, scale: i32| 0.25 * (scale * ((low | high << 4) - 32)) as f32;
+        check_type(
+            DType::Q6K,
+            &row,
+            &[
+                (0, v(5, 3, -1)),
+                (40, v(5, 0, -3)),
+                (70, v(9, 1, -5)),
+                (100, v(9, 2, -7)),
+                (128 + 100, v(9, 2, -15)),
+            ],
+        );
     }
 
     #[test]

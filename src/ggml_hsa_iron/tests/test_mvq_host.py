@@ -1,0 +1,148 @@
+"""kernels/mvq.cc (MUL_MAT's GEMV over f16 and block-quantized weights) on the host.
+
+Random weight blocks of every type (scales chosen in a sane range, every other byte random)
+are decoded by this file's own reading of ggml's block layouts (ggml-common.h) and the
+kernel's sums are compared with sum(bf16(w) * bf16(x)) in exact arithmetic: the kernel rounds
+the decoded weights and the activations to bf16 (round to nearest even) and sums the exact
+products in f32, so the difference is f32 summation error only. Built for aie2 and aie2p (on
+aie2 the f32 vector multiplies that scale the codes are emulated with bf16 pieces). Skipped
+when no host C++ compiler is installed.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import random
+import struct
+import subprocess
+import tempfile
+import unittest
+
+from ggml_hsa_iron.dtypes import DTYPES
+from ggml_hsa_iron.tests.test_kernels_host import CXX, HERE, KERNELS, bf16_round, f32
+
+
+def f16_bytes(v: float) -> bytes:
+    return struct.pack("<e", v)
+
+
+def f16_at(b: bytes, off: int) -> float:
+    return struct.unpack_from("<e", b, off)[0]
+
+
+def nib32(qs: bytes, j: int) -> int:
+    return qs[j % 16] & 0x0F if j < 16 else qs[j % 16] >> 4
+
+
+def k_scale_min(sc: bytes, s: int) -> tuple[int, int]:
+    if s < 4:
+        return sc[s] & 63, sc[s + 4] & 63
+    return (sc[s + 4] & 0x0F) | ((sc[s - 4] >> 6) << 4), (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4)
+
+
+def decode(ty: str, b: bytes) -> list[float]:
+    """One block of `ty` as exact values (Python floats)."""
+    if ty == "f16":
+        return [f16_at(b, 0)]
+    if ty == "q4_0":
+        return [f16_at(b, 0) * (nib32(b[2:], j) - 8) for j in range(32)]
+    if ty == "q4_1":
+        return [f16_at(b, 0) * nib32(b[4:], j) + f16_at(b, 2) for j in range(32)]
+    if ty == "q5_0":
+        qh = struct.unpack_from("<I", b, 2)[0]
+        return [f16_at(b, 0) * ((nib32(b[6:], j) | ((qh >> j) & 1) << 4) - 16) for j in range(32)]
+    if ty == "q8_0":
+        return [f16_at(b, 0) * struct.unpack_from("b", b, 2 + j)[0] for j in range(32)]
+    if ty in ("q4_K", "q5_K"):
+        d, dmin, out = f16_at(b, 0), f16_at(b, 2), []
+        qs = b[16:] if ty == "q4_K" else b[48:]
+        for i in range(256):
+            s = i // 32
+            byte = qs[32 * (s // 2) + i % 32]
+            q = byte & 0x0F if s % 2 == 0 else byte >> 4
+            if ty == "q5_K":
+                q |= ((b[16 + i % 32] >> s) & 1) << 4
+            sc, m = k_scale_min(b[4:16], s)
+            out.append(d * sc * q - dmin * m)
+        return out
+    if ty == "q6_K":
+        d, out = f16_at(b, 208), []
+        for i in range(256):
+            h, q, lane = i // 128, (i % 128) // 32, i % 32
+            byte = b[64 * h + 32 * (q % 2) + lane]
+            low = byte & 0x0F if q < 2 else byte >> 4
+            high = (b[128 + 32 * h + lane] >> (2 * q)) & 3
+            scale = struct.unpack_from("b", b, 192 + i // 16)[0]
+            out.append(d * scale * ((low | high << 4) - 32))
+        return out
+    raise ValueError(ty)
+
+
+def random_block(ty: str, rng: random.Random) -> bytes:
+    size = DTYPES[ty].size
+    b = bytearray(rng.randrange(256) for _ in range(size))
+    # f16 fields: sane scales (random bytes could be inf/NaN); f16 values: any finite,
+    # subnormals included.
+    if ty == "f16":
+        v = rng.choice([rng.uniform(-2, 2), rng.uniform(-1e-6, 1e-6), 0.0])
+        b[0:2] = f16_bytes(v)
+    elif ty == "q6_K":
+        b[208:210] = f16_bytes(rng.uniform(-0.05, 0.05))
+    else:
+        b[0:2] = f16_bytes(rng.uniform(-0.1, 0.1))
+        if ty in ("q4_1", "q4_K", "q5_K"):
+            b[2:4] = f16_bytes(rng.uniform(-0.1, 0.1))
+    return bytes(b)
+
+
+def run(ty: str, arch: str, rows: int, kc: int, w: bytes, x: list[float]) -> list[float]:
+    arch_define = {"aie2": 20, "aie2p": 21}[arch]
+    with tempfile.TemporaryDirectory() as d:
+        exe, data = Path(d) / "mvq", Path(d) / "input.txt"
+        data.write_text(
+            " ".join(f"{v:x}" for v in w) + "\n" + " ".join(float.hex(v) for v in x) + "\n"
+        )
+        cmd = [CXX, "-std=c++20", "-O1", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
+        cmd += [f"-DMVQ_{ty.upper()}=1", f"-DMV_ROWS={rows}", f"-DMV_KC={kc}"]
+        cmd += [f"-D__AIE_ARCH__={arch_define}", str(HERE / "host" / "mvq_driver.cc")]
+        cmd += ["-o", str(exe)]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        out = subprocess.run([str(exe), str(data)], check=True, capture_output=True, text=True)
+    return [float.fromhex(line) for line in out.stdout.split()]
+
+
+@unittest.skipUnless(CXX, "no host C++ compiler")
+class MvqHostTest(unittest.TestCase):
+    def check(self, ty: str, arch: str, rows: int, kc: int, seed: int):
+        rng = random.Random(seed)
+        block = DTYPES[ty].block
+        blocks = [random_block(ty, rng) for _ in range(rows * kc // block)]
+        x = [f32(rng.uniform(-1, 1)) for _ in range(kc)]
+        y = run(ty, arch, rows, kc, b"".join(blocks), x)
+        per_row = kc // block
+        for r in range(rows):
+            wv = [v for b in blocks[r * per_row : (r + 1) * per_row] for v in decode(ty, b)]
+            prods = [bf16_round(f32(a)) * bf16_round(v) for a, v in zip(wv, x)]
+            # ggml_mvq ran twice on the same y: 2 * the dot product.
+            want = 2 * sum(prods)
+            tol = 2 * sum(abs(p) for p in prods) * 2.0**-21 + 1e-30
+            self.assertLessEqual(abs(y[r] - want), tol, f"{ty} {arch} row {r}: {y[r]} vs {want}")
+
+    def test_every_type_on_both_archs(self):
+        for i, ty in enumerate(("q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K")):
+            kc = 2 * DTYPES[ty].block
+            for arch in ("aie2", "aie2p"):
+                with self.subTest(ty=ty, arch=arch):
+                    self.check(ty, arch, rows=3, kc=kc, seed=i)
+
+    def test_f16_with_a_tail_and_subnormals(self):
+        for arch in ("aie2", "aie2p"):
+            for kc in (16, 38):
+                with self.subTest(arch=arch, kc=kc):
+                    self.check("f16", arch, rows=17, kc=kc, seed=kc)
+
+
+if __name__ == "__main__":
+    unittest.main()
