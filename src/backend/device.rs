@@ -208,6 +208,12 @@ impl Device {
         supported
     }
 
+    /// Whether the kernel store can provide `desc` (files on disk or the compiler's declared
+    /// capabilities; a compile may still refuse the shape). Never compiles.
+    pub fn supports_kernel(&self, desc: &KernelDesc) -> bool {
+        self.store.supports(desc).is_ok()
+    }
+
     /// The kernels for `descs`, in order: those not loaded yet are found or compiled (the
     /// missing ones in parallel) and loaded into the dev heap.
     pub fn kernels(&self, descs: &[KernelDesc]) -> Vec<Result<Arc<LoadedKernel>, DeviceError>> {

@@ -31,7 +31,7 @@
 //! so one kernel serves every shape with the same number of elements.
 
 use super::host::HostOp;
-use super::tensor::{DType, Node, Op, Tensor};
+use super::tensor::{BinaryOp, DType, Node, Op, Tensor};
 use crate::kernels::desc::dtype_block;
 use crate::kernels::{KernelDesc, Layout};
 use crate::op_catalogue::{self as catalogue, OpEntry};
@@ -202,18 +202,8 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
             if !a.same_shape(&node.dst) || !a.dtype.is_float() || a.dtype != node.dst.dtype {
                 return Err(format!("{}: unsupported shapes or types", node.op.name()));
             }
-            let rows = |t: &Tensor| {
-                let size = t.dtype.size().expect("float types have a size");
-                if a.is_contiguous() && node.dst.is_contiguous() {
-                    Layout::contiguous(
-                        t.dtype.name(),
-                        size,
-                        [t.ne[0], t.nelements() / t.ne[0].max(1), 1, 1],
-                    )
-                } else {
-                    as_layout(t)
-                }
-            };
+            let flat = a.is_contiguous() && node.dst.is_contiguous();
+            let rows = |t: &Tensor| rows_layout(t, flat);
             let op = entry(node.op.name())?;
             Ok(Plan::Kernel {
                 desc: KernelDesc {
@@ -228,6 +218,62 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
         }
         Op::Other(name) => Err(format!("op {name} is not supported by this build")),
     }
+}
+
+/// `t` as `[ne0, rows]` when `flat` (the operands of a row op are all contiguous), else as laid
+/// out.
+fn rows_layout(t: &Tensor, flat: bool) -> Layout {
+    let size = t.dtype.size().expect("float types have a size");
+    if flat {
+        Layout::contiguous(
+            t.dtype.name(),
+            size,
+            [t.ne[0], t.nelements() / t.ne[0].max(1), 1, 1],
+        )
+    } else {
+        as_layout(t)
+    }
+}
+
+/// ggml's RMS_NORM → MUL fusion (llama's `attn_norm`, `ffn_norm`): `norm` is an RMS_NORM and
+/// `mul` the node after it, a MUL of the norm's output (input 0) by one f32 weight row repeated
+/// over it; `later` are the graph's nodes after the MUL. One `RMS_NORM_MUL` kernel (x and the
+/// weight row into the MUL's output) replaces both when nothing else reads the norm's output
+/// and the application does not read it either (no graph output): ggml's own fusion rule.
+/// `None` when the pair does not fuse. Every operand is contiguous f32.
+pub fn fuse_rms_norm_mul(norm: &Node, mul: &Node, later: &[Node]) -> Option<Plan> {
+    if norm.op != (Op::Norm { rms: true }) || mul.op != Op::Binary(BinaryOp::Mul) {
+        return None;
+    }
+    let (x, y) = (norm.src(0)?, &norm.dst);
+    let (a, w, out) = (mul.src(0)?, mul.src(1)?, &mul.dst);
+    let f32_dense = |t: &Tensor| t.dtype == DType::F32 && t.is_contiguous();
+    let same = |p: &Tensor, q: &Tensor| p.addr == q.addr && p.ne == q.ne && p.dtype == q.dtype;
+    let fuses = [x, y, w, out].into_iter().all(f32_dense)
+        && !norm.is_output
+        && y.addr != 0
+        && same(a, y)
+        && x.same_shape(y)
+        && out.same_shape(y)
+        && w.ne == [y.ne[0], 1, 1, 1];
+    if !fuses {
+        return None;
+    }
+    let reads_y = |t: &Tensor| t.addr < y.addr + y.bytes && y.addr < t.addr + t.bytes;
+    if later.iter().any(|n| n.src.iter().flatten().any(reads_y)) {
+        return None;
+    }
+    let op = catalogue::RMS_NORM_MUL;
+    Some(Plan::Kernel {
+        desc: KernelDesc {
+            op: op.name.to_owned(),
+            op_params: norm.op_params[..op.params].to_vec(),
+            inputs: vec![rows_layout(x, true), as_layout(w)],
+            output: rows_layout(out, true),
+            f16_as_bf16: false,
+        },
+        operands: vec![x.clone(), w.clone(), out.clone()],
+    })
 }
 
 /// One ROPE kernel (`ROPE`, or `ROPE_FF` with frequency factors): normal and NeoX modes, f32 or
@@ -431,6 +477,7 @@ mod tests {
             op_params: [0; 16],
             dst,
             src: src.into_iter().map(Some).collect(),
+            is_output: false,
         }
     }
 
@@ -700,6 +747,7 @@ mod tests {
             op_params,
             dst,
             src: src.into_iter().map(Some).collect(),
+            is_output: false,
         }
     }
 
