@@ -242,13 +242,17 @@ impl Device {
                 if let Some(k) = self.loaded.lock().get(name) {
                     return Ok(k.clone());
                 }
-                let files = files.remove(name).unwrap_or_else(|| {
-                    Err(KernelError {
+                // A kernel several nodes need is requested once; its failure is every one's
+                // (a refused kernel must not become "not requested" for the second node).
+                let files = match files.get(name) {
+                    Some(Err(e)) => Err(e.clone()),
+                    Some(Ok(_)) => files.remove(name).expect("present"),
+                    None => Err(KernelError {
                         name: name.clone(),
                         reason: "not requested".into(),
                         refused: false,
-                    })
-                })?;
+                    }),
+                }?;
                 let kernel = Arc::new(self.upload(&files, n_args[name.as_str()])?);
                 Ok(self
                     .loaded

@@ -481,6 +481,85 @@ mod tests {
         }
     }
 
+    /// llama's `ffn_norm`: RMS_NORM of x [64, 5] at 0x1000 into y at 0x2000, then MUL of y by
+    /// the weight row at 0x3000 into z at 0x4000; then `later` (nodes after the MUL).
+    fn rms_norm_then_mul(weight_ne: [i64; 4]) -> (Node, Node) {
+        let x = tensor(DType::F32, [64, 5, 1, 1], 0x1000);
+        let y = tensor(DType::F32, [64, 5, 1, 1], 0x2000);
+        let w = tensor(DType::F32, weight_ne, 0x3000);
+        let z = tensor(DType::F32, [64, 5, 1, 1], 0x4000);
+        let mut norm = node(Op::Norm { rms: true }, y.clone(), vec![x]);
+        norm.op_params[0] = 1e-6f32.to_bits() as i32;
+        let mul = node(Op::Binary(BinaryOp::Mul), z, vec![y, w]);
+        (norm, mul)
+    }
+
+    #[test]
+    fn rms_norm_then_mul_by_a_weight_row_fuses() {
+        let (norm, mul) = rms_norm_then_mul([64, 1, 1, 1]);
+        let later = node(
+            Op::Binary(BinaryOp::Add),
+            tensor(DType::F32, [64, 5, 1, 1], 0x5000),
+            vec![mul.dst.clone(), mul.dst.clone()],
+        );
+        let Some(Plan::Kernel { desc, operands }) = fuse_rms_norm_mul(&norm, &mul, &[later])
+        else {
+            panic!("does not fuse");
+        };
+        assert_eq!(desc.op, "RMS_NORM_MUL");
+        assert_eq!(desc.op_params, vec![1e-6f32.to_bits() as i32]);
+        assert_eq!(desc.inputs[0].ne, [64, 5, 1, 1]);
+        assert_eq!(desc.inputs[1].ne, [64, 1, 1, 1]);
+        assert_eq!(desc.output.ne, [64, 5, 1, 1]);
+        // x, the weight row, the MUL's output: the norm's output is never written.
+        let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
+        assert_eq!(addrs, vec![0x1000, 0x3000, 0x4000]);
+    }
+
+    #[test]
+    fn rms_norm_then_mul_does_not_fuse_when_the_norm_output_is_needed() {
+        let (norm, mul) = rms_norm_then_mul([64, 1, 1, 1]);
+        // Read by a later node.
+        let reader = node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [64, 5, 1, 1], 0x5000),
+            vec![norm.dst.clone()],
+        );
+        assert!(fuse_rms_norm_mul(&norm, &mul, &[reader]).is_none());
+        // Read by the application (a graph output).
+        let mut out = norm.clone();
+        out.is_output = true;
+        assert!(fuse_rms_norm_mul(&out, &mul, &[]).is_none());
+    }
+
+    #[test]
+    fn rms_norm_then_mul_does_not_fuse_other_pairs() {
+        // A weight of the output's shape, or repeated over rows and heads: not one row.
+        for ne in [[64, 5, 1, 1], [64, 1, 2, 1]] {
+            let (norm, mul) = rms_norm_then_mul(ne);
+            assert!(fuse_rms_norm_mul(&norm, &mul, &[]).is_none(), "{ne:?}");
+        }
+        let (norm, mul) = rms_norm_then_mul([64, 1, 1, 1]);
+        // The norm's output as the MUL's second operand, or a MUL of something else.
+        let mut swapped = mul.clone();
+        swapped.src.swap(0, 1);
+        assert!(fuse_rms_norm_mul(&norm, &swapped, &[]).is_none());
+        let mut other = mul.clone();
+        other.src[0] = Some(tensor(DType::F32, [64, 5, 1, 1], 0x6000));
+        assert!(fuse_rms_norm_mul(&norm, &other, &[]).is_none());
+        // NORM (not RMS), ADD instead of MUL, f16 data.
+        let mut plain = norm.clone();
+        plain.op = Op::Norm { rms: false };
+        assert!(fuse_rms_norm_mul(&plain, &mul, &[]).is_none());
+        let mut add = mul.clone();
+        add.op = Op::Binary(BinaryOp::Add);
+        assert!(fuse_rms_norm_mul(&norm, &add, &[]).is_none());
+        let half = |t: &Tensor| tensor(DType::F16, t.ne, t.addr);
+        let mut h = mul.clone();
+        h.src[1] = Some(half(mul.src[1].as_ref().unwrap()));
+        assert!(fuse_rms_norm_mul(&norm, &h, &[]).is_none());
+    }
+
     #[test]
     fn same_shape_elementwise_ops_are_flattened() {
         let t = tensor(DType::F32, [8, 3, 2, 1], 0x1000);
