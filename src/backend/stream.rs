@@ -167,7 +167,10 @@ impl Stream {
         for i in 0..nodes.len().saturating_sub(1) {
             let both_kernels = matches!(
                 (&steps[i], &steps[i + 1]),
-                (Step::Plan(Plan::Kernel { .. }), Step::Plan(Plan::Kernel { .. }))
+                (
+                    Step::Plan(Plan::Kernel { .. }),
+                    Step::Plan(Plan::Kernel { .. })
+                )
             );
             if !both_kernels {
                 continue;

@@ -515,8 +515,19 @@ class RowSpec:
             xs, ms = self._block_tasks(r0)
             if cur is not None:
                 merged = Round(
-                    _merge(cur.x + xs, lambda a, b: not a.sink and not b.sink and a.offset + a.count == b.offset, lambda a, b: XTask(a.offset, a.count + b.count)),
-                    _merge(cur.mask + ms, lambda a, b: a.row_stride == b.row_stride and a.offset + a.rows * a.row_stride == b.offset, lambda a, b: MaskTask(a.offset, a.rows + b.rows, a.row_stride)),
+                    _merge(
+                        cur.x + xs,
+                        lambda a, b: not a.sink and not b.sink and a.offset + a.count == b.offset,
+                        lambda a, b: XTask(a.offset, a.count + b.count),
+                    ),
+                    _merge(
+                        cur.mask + ms,
+                        lambda a, b: (
+                            a.row_stride == b.row_stride
+                            and a.offset + a.rows * a.row_stride == b.offset
+                        ),
+                        lambda a, b: MaskTask(a.offset, a.rows + b.rows, a.row_stride),
+                    ),
                     cur.first_row,
                     cur.rows + p.block,
                 )
@@ -633,9 +644,7 @@ def prepare_rows(req: Request) -> RowSpec:
         max_bias = _bits_f32(params[1])
         if max_bias > 0:
             slopes = tuple(_f32_bits(s) for s in alibi_slopes(x.ne[2], max_bias))
-    result = RowSpec(
-        req, arch, op, x, mask, sinks, weight, out, plan, params, slopes, mask_split
-    )
+    result = RowSpec(req, arch, op, x, mask, sinks, weight, out, plan, params, slopes, mask_split)
     rounds = [result.rounds(c) for c in range(plan.columns)]
     n = max(sum(len(r.x) for r in rs) for rs in rounds)
     if mask is not None:

@@ -502,8 +502,7 @@ mod tests {
             tensor(DType::F32, [64, 5, 1, 1], 0x5000),
             vec![mul.dst.clone(), mul.dst.clone()],
         );
-        let Some(Plan::Kernel { desc, operands }) = fuse_rms_norm_mul(&norm, &mul, &[later])
-        else {
+        let Some(Plan::Kernel { desc, operands }) = fuse_rms_norm_mul(&norm, &mul, &[later]) else {
             panic!("does not fuse");
         };
         assert_eq!(desc.op, "RMS_NORM_MUL");

@@ -79,11 +79,11 @@ def build(spec):
     def core(*a):
         # (x, [mask], [resident], out, kern, kern_begin, first_row): the optional handles
         # are present as the spec says (Worker passes its fn_args positionally).
-        a = list(a)
-        of_x = a.pop(0)
-        of_m = a.pop(0) if has_mask else None
-        of_r = a.pop(0) if resident is not None else None
-        of_o, fn, fn_begin, first = a
+        args = iter(a)
+        of_x = next(args)
+        of_m = next(args) if has_mask else None
+        of_r = next(args) if resident is not None else None
+        of_o, fn, fn_begin, first = args
         r = of_r.acquire(1) if of_r is not None else None
         fn_begin(first)
         for _ in range_(p.iterations):
@@ -132,15 +132,17 @@ def build(spec):
     x_total, out_total = spec.x.nelements, spec.out.nelements
 
     def sequence(*a):
-        bufs, hs = a[:n_seq], list(a[n_seq:])
+        bufs, hs = a[:n_seq], iter(a[n_seq:])
         x_buf, out_buf = bufs[0], bufs[-1]
         m_buf = bufs[1] if has_mask else None
         s_buf = bufs[2 if has_mask else 1] if spec.sinks is not None else None
         r_buf = bufs[-2] if resident is not None else None
         fills = []
-        for c in range(C):
-            fills.append((hs.pop(0), hs.pop(0) if has_mask else None))
-        r_handle = hs.pop(0) if r_fifo is not None else None
+        for _ in range(C):
+            hx = next(hs)
+            fills.append((hx, next(hs) if has_mask else None))
+        r_handle = next(hs) if r_fifo is not None else None
+        out_handles = list(hs)
         rounds = [spec.rounds(c) for c in range(C)]
         for i in range(max(len(r) for r in rounds)):
             tg = TaskGroup()
@@ -162,7 +164,7 @@ def build(spec):
                 for t in rd.mask:
                     hm.fill(m_buf, tap=_mask_tap(spec, t), group=tg)
                 n_out = spec.out_row
-                hs[c].drain(
+                out_handles[c].drain(
                     out_buf,
                     tap=_linear(out_total, rd.first_row * n_out, rd.rows * n_out),
                     group=tg,

@@ -26,6 +26,8 @@ API_FILE = PACKAGE / "iron_api_v1.4.4.txt"
 OWN_METHODS = {
     "start",  # EltwisePlan.start (also Runtime.start, listed)
     "tasks",  # GemmPlan.tasks / GemvPlan.tasks via the spec
+    "first_row",  # RowSpec.first_row
+    "rounds",  # RowSpec.rounds
     "a_dims",
     "b_dims",
     "c_dims",
