@@ -633,6 +633,15 @@ def prepare_rows(req: Request) -> RowSpec:
     # worker.
     max_columns = arch.columns - (1 if resident else 0)
     plan = plan_rows(length, rows, streamed, resident, max_columns, arch)
+    # Smaller objects when one object's rows need more DMA tasks than a round may have (rows
+    # of many heads, each with its own sink run).
+    while plan is not None and sinks is not None and plan.block > 1:
+        try:
+            for c in range(plan.columns):
+                RowSpec(req, arch, op, x, mask, sinks, weight, out, plan, ()).rounds(c)
+            break
+        except UnsupportedError:
+            plan = plan_rows(length, rows, streamed, resident, max_columns, arch, plan.block - 1)
     if plan is None:
         raise UnsupportedError(
             f"{op}: a row of {length} elements ({streamed} bytes over its operands) does not "

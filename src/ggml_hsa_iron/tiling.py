@@ -533,7 +533,13 @@ class RowPlan:
 
 
 def plan_rows(
-    length: int, rows: int, row_bytes: int, resident: int, max_columns: int, arch: Arch
+    length: int,
+    rows: int,
+    row_bytes: int,
+    resident: int,
+    max_columns: int,
+    arch: Arch,
+    max_block: int = ROW_BLOCK_MAX,
 ) -> RowPlan | None:
     """The row tiling: `row_bytes` are one row's bytes over every streamed operand (input,
     mask, output) and `resident` the bytes a worker keeps for the whole dispatch. The most
@@ -544,9 +550,7 @@ def plan_rows(
     budget = arch.l1_budget - resident
     for depth in (2, 1):
         fits = [
-            b
-            for b in divisors(per_column)
-            if b <= ROW_BLOCK_MAX and b * row_bytes * depth <= budget
+            b for b in divisors(per_column) if b <= max_block and b * row_bytes * depth <= budget
         ]
         if fits:
             block = max(fits)
