@@ -57,6 +57,7 @@ fn add(a: &PoolAlloc, b: &PoolAlloc, dst: &PoolAlloc) -> Node {
         op_params: [0; 16],
         dst: f32_tensor(dst),
         src: vec![Some(f32_tensor(a)), Some(f32_tensor(b))],
+        is_output: false,
     }
 }
 
@@ -112,6 +113,7 @@ fn child_panic_then_graph() {
         op_params: [0; 16],
         dst: f32_tensor(&y),
         src: vec![Some(f32_tensor(&x))],
+        is_output: false,
     };
     let graph1 = [add(&a, &b, &c1), copy];
     let result = catch_unwind(AssertUnwindSafe(|| {

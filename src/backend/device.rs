@@ -208,6 +208,12 @@ impl Device {
         supported
     }
 
+    /// Whether the kernel store can provide `desc` (files on disk or the compiler's declared
+    /// capabilities; a compile may still refuse the shape). Never compiles.
+    pub fn supports_kernel(&self, desc: &KernelDesc) -> bool {
+        self.store.supports(desc).is_ok()
+    }
+
     /// The kernels for `descs`, in order: those not loaded yet are found or compiled (the
     /// missing ones in parallel) and loaded into the dev heap.
     pub fn kernels(&self, descs: &[KernelDesc]) -> Vec<Result<Arc<LoadedKernel>, DeviceError>> {
@@ -236,13 +242,17 @@ impl Device {
                 if let Some(k) = self.loaded.lock().get(name) {
                     return Ok(k.clone());
                 }
-                let files = files.remove(name).unwrap_or_else(|| {
-                    Err(KernelError {
+                // A kernel several nodes need is requested once; its failure is every one's
+                // (a refused kernel must not become "not requested" for the second node).
+                let files = match files.get(name) {
+                    Some(Err(e)) => Err(e.clone()),
+                    Some(Ok(_)) => files.remove(name).expect("present"),
+                    None => Err(KernelError {
                         name: name.clone(),
                         reason: "not requested".into(),
                         refused: false,
-                    })
-                })?;
+                    }),
+                }?;
                 let kernel = Arc::new(self.upload(&files, n_args[name.as_str()])?);
                 Ok(self
                     .loaded

@@ -8,7 +8,7 @@
 //! ROCR keeps at most [`MAX_PDIS_PER_QUEUE`] distinct PDIs per queue and fails the next one; a
 //! stream about to exceed that submits what it has and starts a fresh queue.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::device::{Device, DeviceError, LoadedKernel};
@@ -43,6 +43,8 @@ enum Step {
     Plan(Plan),
     /// No NPU kernel (`reason`): ggml's CPU backend computes it (`GGML_HSA_CPU_FALLBACK`).
     Cpu(String),
+    /// Computed by the fused kernel of the node before it.
+    Fused,
 }
 
 /// Why a graph failed.
@@ -168,33 +170,75 @@ impl Stream {
                 Err(reason) => Err(node_error(i, n, reason)),
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // Fusion (architecture §7: fewer dispatches): RMS_NORM followed by a MUL by one weight
+        // row becomes one RMS_NORM_MUL kernel when the kernel store can provide it. The
+        // original plans are kept: if the fused kernel is refused at compile time, both nodes
+        // run as planned.
+        let mut unfused: HashMap<usize, (Step, Step)> = HashMap::new();
+        for i in 0..nodes.len().saturating_sub(1) {
+            let both_kernels = matches!(
+                (&steps[i], &steps[i + 1]),
+                (
+                    Step::Plan(Plan::Kernel { .. }),
+                    Step::Plan(Plan::Kernel { .. })
+                )
+            );
+            if !both_kernels {
+                continue;
+            }
+            let Some(plan) = ops::fuse_rms_norm_mul(&nodes[i], &nodes[i + 1], &nodes[i + 2..])
+            else {
+                continue;
+            };
+            let Plan::Kernel { desc, .. } = &plan else {
+                continue;
+            };
+            if self.device.supports_kernel(desc) {
+                let norm = std::mem::replace(&mut steps[i], Step::Plan(plan));
+                let mul = std::mem::replace(&mut steps[i + 1], Step::Fused);
+                unfused.insert(i, (norm, mul));
+            }
+        }
         // Every kernel is loaded before anything runs (the missing ones compiled in parallel), so
         // a missing kernel fails the graph without leaving it half computed. A kernel the
         // compiler refused (declared op, shape it cannot build: known only when it compiles) runs
         // on ggml's CPU backend instead, as every node does with the CPU fallback; `supports_op`
         // declines it from then on.
-        let (at, descs): (Vec<usize>, Vec<KernelDesc>) = steps
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| match s {
-                Step::Plan(Plan::Kernel { desc, .. }) => Some((i, desc.clone())),
-                _ => None,
-            })
-            .unzip();
         let mut kernels: Vec<Option<Arc<LoadedKernel>>> = vec![None; steps.len()];
-        let loading = std::time::Instant::now();
-        let loaded = self.device.kernels(&descs);
-        self.stats.load += loading.elapsed();
-        for (i, kernel) in at.into_iter().zip(loaded) {
-            match kernel {
-                Ok(k) => kernels[i] = Some(k),
-                Err(e) if fallback || e.is_refused() => steps[i] = Step::Cpu(e.to_string()),
-                Err(source) => {
-                    return Err(ComputeError::Device {
-                        index: i,
-                        op: nodes[i].op.name(),
-                        source,
-                    })
+        let mut todo: Vec<usize> = (0..steps.len()).collect();
+        while !todo.is_empty() {
+            let (at, descs): (Vec<usize>, Vec<KernelDesc>) = todo
+                .iter()
+                .filter_map(|&i| match &steps[i] {
+                    Step::Plan(Plan::Kernel { desc, .. }) => Some((i, desc.clone())),
+                    _ => None,
+                })
+                .unzip();
+            todo.clear();
+            let loading = std::time::Instant::now();
+            let loaded = self.device.kernels(&descs);
+            self.stats.load += loading.elapsed();
+            for (i, kernel) in at.into_iter().zip(loaded) {
+                match kernel {
+                    Ok(k) => kernels[i] = Some(k),
+                    Err(e) if unfused.contains_key(&i) => {
+                        crate::log::debug(&format!(
+                            "{}: node {i}: the fused kernel is not available ({e}); the two \
+                             nodes run unfused",
+                            self.device.name
+                        ));
+                        let (norm, mul) = unfused.remove(&i).expect("checked");
+                        (steps[i], steps[i + 1]) = (norm, mul);
+                        todo.extend([i, i + 1]);
+                    }
+                    Err(e) if fallback || e.is_refused() => steps[i] = Step::Cpu(e.to_string()),
+                    Err(source) => {
+                        return Err(ComputeError::Device {
+                            index: i,
+                            op: nodes[i].op.name(),
+                            source,
+                        })
+                    }
                 }
             }
         }
@@ -202,7 +246,8 @@ impl Stream {
             for (step, node) in steps.iter().zip(nodes) {
                 let run = match step {
                     Step::Plan(Plan::Skip) => NodeRun::Skipped,
-                    Step::Plan(Plan::Kernel { .. }) => NodeRun::Kernel,
+                    // The fused node runs inside the kernel of the node before it.
+                    Step::Plan(Plan::Kernel { .. }) | Step::Fused => NodeRun::Kernel,
                     Step::Plan(Plan::Host(_)) => NodeRun::Host,
                     Step::Cpu(_) => NodeRun::Cpu,
                 };

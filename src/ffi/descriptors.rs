@@ -133,6 +133,7 @@ pub(crate) unsafe fn node(t: *const ggml_tensor) -> Node {
         // SAFETY: as above.
         dst: unsafe { tensor(t) },
         src,
+        is_output: tr.flags & GGML_TENSOR_FLAG_OUTPUT as i32 != 0,
     }
 }
 

@@ -6,6 +6,8 @@ everything the IRON design and the AIE core functions need. The design files
 under designs/ only turn a spec into an IRON program.
 """
 
+import math
+import struct
 from dataclasses import dataclass, field
 
 from . import registry
@@ -20,12 +22,15 @@ from .tiling import (
     EltwisePlan,
     GemmPlan,
     GemvPlan,
+    RowPlan,
     can_repeat,
     pad_words,
     plan_eltwise,
     plan_gemm,
     plan_gemv,
     plan_gemv_blocks,
+    plan_rows,
+    split_run,
 )
 
 # Workers per column: the memory tile has 6 input and 6 output channels.
@@ -42,6 +47,7 @@ GEMV_SOURCE = "mv.cc"
 GEMV_BLOCKS_SOURCE = "mvq.cc"
 # Weights moved as bytes and decoded on the cores (f16 has no AIE arithmetic).
 BYTE_WEIGHTS = ("f16",) + QUANT_TYPES
+ROWS_SOURCE = "rows.cc"
 
 
 @dataclass(frozen=True)
@@ -394,4 +400,316 @@ def prepare(req: Request):
         raise UnsupportedError(f"no design implements op {req.op}")
     if spec.kind == "mul_mat":
         return prepare_mul_mat(req)
+    if spec.kind == "rows":
+        return prepare_rows(req)
     return prepare_eltwise(req)
+
+
+# ------------------------------------------------------------------------- row ops
+
+
+def _f32(x: float) -> float:
+    """x rounded to f32."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def _bits_f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> list[float]:
+    """ggml's ALiBi slope of every head (soft_max_ext with max_bias > 0): m0^(h+1) for the
+    first n_head_log2 heads, m1^(2(h - n_head_log2) + 1) after, each rounded to f32 as
+    ggml's powf results are (the powers here are exact to double, so the f32 slopes agree
+    with powf's within its last bit)."""
+    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
+    m0 = _f32(2.0 ** _f32(-max_bias / n_head_log2))
+    m1 = _f32(2.0 ** _f32(-(max_bias / 2.0) / n_head_log2))
+    out = []
+    for h in range(n_head):
+        if h < n_head_log2:
+            out.append(_f32(m0 ** (h + 1)))
+        else:
+            out.append(_f32(m1 ** (2 * (h - n_head_log2) + 1)))
+    return out
+
+
+@dataclass(frozen=True)
+class MaskTask:
+    """One DMA task of the SOFT_MAX mask: `rows` consecutive mask rows from element
+    `offset`, `row_stride` elements apart, the first `length` elements of each."""
+
+    offset: int
+    rows: int
+    row_stride: int
+
+
+@dataclass(frozen=True)
+class XTask:
+    """One DMA task of x's channel: `count` elements from `offset` of x, or (`sink`)
+    `count` copies of sinks[offset] (a run of rows of one head)."""
+
+    offset: int
+    count: int
+    sink: bool = False
+
+
+# DMA tasks one round of a row design may have in flight on a shim tile (its 16 buffer
+# descriptors, one kept for the resident operand).
+ROUND_TASKS = 15
+
+
+@dataclass(frozen=True)
+class Round:
+    """Fills of consecutive objects of one column and the drain of their rows."""
+
+    x: list
+    mask: list
+    first_row: int
+    rows: int
+
+    @property
+    def tasks(self) -> int:
+        return len(self.x) + len(self.mask) + 1
+
+
+def _merge(tasks, adjacent, join):
+    out = []
+    for t in tasks:
+        if out and adjacent(out[-1], t):
+            out[-1] = join(out[-1], t)
+        else:
+            out.append(t)
+    return out
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """A row design request: every row (dimension 0) of input 0 computed on its own.
+
+    Operands: x [L, ne1, ne2, ne3] (f32), then SOFT_MAX's mask (f32 or f16) and sinks
+    (f32), or RMS_NORM_MUL's weight row (f32), then the output (x's shape, or one i32 per
+    row for ARGMAX).
+    """
+
+    request: Request
+    arch: Arch
+    op: str
+    x: Tensor
+    mask: Tensor | None
+    sinks: Tensor | None
+    weight: Tensor | None
+    out: Tensor
+    plan: RowPlan
+    params: tuple[int, ...]
+    slopes: tuple[int, ...] = ()  # ALiBi slope bits per head (SOFT_MAX with max_bias > 0)
+    mask_split: tuple[int, int] | None = None  # (a, b): a mask row as a x b elements
+
+    @property
+    def length(self) -> int:
+        return self.x.ne[0]
+
+    @property
+    def out_row(self) -> int:
+        """Output elements per row."""
+        return 1 if self.op == "ARGMAX" else self.length
+
+    def first_row(self, column: int) -> int:
+        return column * self.plan.rows_per_column
+
+    @property
+    def x_row_extra(self) -> int:
+        """f32 values an x object carries per row after its B rows: the row's sink."""
+        return 1 if self.sinks is not None else 0
+
+    def _block_tasks(self, r0: int) -> tuple[list[XTask], list[MaskTask]]:
+        """The fills of the object of rows r0 .. r0 + B: x (its rows, then with sinks the
+        sink of each row: one walk repeating sinks[head] per run of rows of one head; ggml's
+        head is x's index i2) and the mask rows."""
+        B, L = self.plan.block, self.length
+        ne1, ne2 = self.x.ne[1], self.x.ne[2]
+        xs = [XTask(r0 * L, B * L)]
+        if self.sinks is not None:
+            r = r0
+            while r < r0 + B:
+                n = min(ne1 - r % ne1, r0 + B - r)
+                xs.append(XTask((r // ne1) % ne2, n, sink=True))
+                r += n
+        ms = []
+        if self.mask is not None:
+            m = self.mask.ne
+            r = r0
+            while r < r0 + B:
+                i1, i2, i3 = r % ne1, (r // ne1) % ne2, r // (ne1 * ne2)
+                n = min(ne1 - i1, r0 + B - r)
+                block = (i3 % m[3]) * m[2] + (i2 % m[2])
+                ms.append(MaskTask((block * m[1] + i1) * m[0], n, m[0]))
+                r += n
+        return xs, ms
+
+    def rounds(self, column: int) -> list[Round]:
+        """`column`'s runtime sequence in rounds: the fills of consecutive objects and the
+        drain of their rows, at most ROUND_TASKS DMA tasks on the column's shim tile (its
+        buffer descriptors), awaited before the next round. Adjacent walks are merged, so
+        without sinks a column is usually one round."""
+        p = self.plan
+        first = self.first_row(column)
+        rounds: list[Round] = []
+        cur: Round | None = None
+        for k in range(p.iterations):
+            r0 = first + k * p.block
+            xs, ms = self._block_tasks(r0)
+            if cur is not None:
+                merged = Round(
+                    _merge(
+                        cur.x + xs,
+                        lambda a, b: not a.sink and not b.sink and a.offset + a.count == b.offset,
+                        lambda a, b: XTask(a.offset, a.count + b.count),
+                    ),
+                    _merge(
+                        cur.mask + ms,
+                        lambda a, b: (
+                            a.row_stride == b.row_stride
+                            and a.offset + a.rows * a.row_stride == b.offset
+                        ),
+                        lambda a, b: MaskTask(a.offset, a.rows + b.rows, a.row_stride),
+                    ),
+                    cur.first_row,
+                    cur.rows + p.block,
+                )
+                if merged.tasks <= ROUND_TASKS:
+                    cur = merged
+                    continue
+                rounds.append(cur)
+            cur = Round(xs, ms, r0, p.block)
+            if cur.tasks > ROUND_TASKS:
+                raise UnsupportedError(
+                    f"{self.op}: {cur.tasks} DMA tasks for one object of {p.block} rows"
+                )
+        rounds.append(cur)
+        return rounds
+
+    @property
+    def core(self) -> CoreSource:
+        p = self.plan
+        d = {
+            f"GGML_OP_{self.op}": 1,
+            "ROW_LEN": self.length,
+            "ROW_BLOCK": p.block,
+            "ROWS_NE1": self.x.ne[1],
+            "ROWS_NE2": self.x.ne[2],
+        }
+        for i, v in enumerate(self.params):
+            d[f"OP_P{i}"] = v
+        if self.mask is not None:
+            d["HAS_MASK"] = 1
+            d["MASK_F16"] = int(self.mask.dtype == "f16")
+        if self.sinks is not None:
+            d["HAS_SINKS"] = 1
+        if self.slopes:
+            d["ALIBI_SLOPES"] = ",".join(f"0x{b:08x}u" for b in self.slopes)
+        return CoreSource(ROWS_SOURCE, "rows.o", d)
+
+    @property
+    def sequence(self) -> list[tuple[str, int]]:
+        """(type, elements) of the runtime-sequence arguments: the inputs, then the output."""
+        ins = [self.x, self.mask, self.sinks, self.weight]
+        return [(t.dtype, t.nelements) for t in ins if t is not None] + [
+            (self.out.dtype, self.out.nelements)
+        ]
+
+
+def prepare_rows(req: Request) -> RowSpec:
+    spec, arch = _check_common(req)
+    op = spec.op
+    x, out = req.inputs[0], req.output
+    if x.dtype != "f32":
+        raise UnsupportedError(f"{op}: input 0 must be f32")
+    length = x.ne[0]
+    rows = x.nelements // max(length, 1)
+    if length < 1 or rows < 1:
+        raise UnsupportedError(f"{op}: empty rows")
+    mask = sinks = weight = None
+    rest = list(req.inputs[1:])
+    if op in ("SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"):
+        mask = rest.pop(0)
+    if op in ("SOFT_MAX_SINKS", "SOFT_MAX_MASK_SINKS"):
+        sinks = rest.pop(0)
+    if op == "RMS_NORM_MUL":
+        weight = rest.pop(0)
+    if op == "ARGMAX":
+        if out.dtype != "i32" or out.nelements != rows:
+            raise UnsupportedError("ARGMAX: one i32 index per f32 row")
+    elif out.dtype != "f32" or out.ne != x.ne:
+        raise UnsupportedError(f"{op}: the output must be f32 of input 0's shape")
+    streamed = length * 4 + (4 if op == "ARGMAX" else length * 4)
+    resident = 0
+    mask_split = None
+    if mask is not None:
+        m = mask.ne
+        ok = (
+            mask.dtype in ("f32", "f16")
+            and m[0] >= length
+            and m[1] >= x.ne[1]
+            and x.ne[2] % m[2] == 0
+            and x.ne[3] % m[3] == 0
+        )
+        if not ok:
+            raise UnsupportedError(f"{op}: the mask must cover x's rows (ggml broadcasting)")
+        if mask.dtype == "f16" and (length % 2 or m[0] % 2):
+            raise UnsupportedError(
+                f"{op}: an f16 mask needs rows of an even length ({length} of {m[0]}): "
+                "its rows are moved as whole 32-bit words"
+            )
+        mask_split = split_run(length, mask.size)
+        if mask_split is None:
+            raise UnsupportedError(f"{op}: mask rows of {length} elements cannot be walked")
+        streamed += length * mask.size
+    if sinks is not None:
+        if sinks.dtype != "f32" or sinks.nelements < x.ne[2]:
+            raise UnsupportedError(f"{op}: sinks must be f32, one per head (x's dimension 2)")
+        # Each row's sink rides behind the rows of its x object (a compute tile has two
+        # input channels: x and the mask).
+        streamed += 4
+    if weight is not None:
+        if weight.dtype != "f32" or weight.nelements != length:
+            raise UnsupportedError(f"{op}: the weight must be one f32 row of {length}")
+        resident += weight.nbytes
+    # One column is kept for the shim channel that broadcasts the resident operand to every
+    # worker.
+    max_columns = arch.columns - (1 if resident else 0)
+    plan = plan_rows(length, rows, streamed, resident, max_columns, arch)
+    # Smaller objects when one object's rows need more DMA tasks than a round may have (rows
+    # of many heads, each with its own sink run).
+    while plan is not None and sinks is not None and plan.block > 1:
+        try:
+            for c in range(plan.columns):
+                RowSpec(req, arch, op, x, mask, sinks, weight, out, plan, ()).rounds(c)
+            break
+        except UnsupportedError:
+            plan = plan_rows(length, rows, streamed, resident, max_columns, arch, plan.block - 1)
+    if plan is None:
+        raise UnsupportedError(
+            f"{op}: a row of {length} elements ({streamed} bytes over its operands) does not "
+            f"fit in {arch.l1_budget - resident} bytes of a compute tile"
+        )
+    params = tuple(req.op_params[: spec.params]) + (0,) * (spec.params - len(req.op_params))
+    slopes: tuple[int, ...] = ()
+    if op.startswith("SOFT_MAX"):
+        max_bias = _bits_f32(params[1])
+        if max_bias > 0:
+            slopes = tuple(_f32_bits(s) for s in alibi_slopes(x.ne[2], max_bias))
+    result = RowSpec(req, arch, op, x, mask, sinks, weight, out, plan, params, slopes, mask_split)
+    rounds = [result.rounds(c) for c in range(plan.columns)]
+    n = max(sum(len(r.x) for r in rs) for rs in rounds)
+    if mask is not None:
+        n = max(n, max(sum(len(r.mask) for r in rs) for rs in rounds))
+    if n > MAX_TASKS_PER_CHANNEL:
+        raise UnsupportedError(
+            f"{op}: {n} DMA tasks on a shim channel, at most {MAX_TASKS_PER_CHANNEL}"
+        )
+    return result

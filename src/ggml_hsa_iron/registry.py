@@ -20,6 +20,7 @@ from .dtypes import ALL_TYPES, FLOAT_TYPES, QUANT_TYPES
 BINARY_OPS = "binary_ops.py"
 UNARY_OPS = "unary_ops.py"
 MUL_MAT = "mul_mat.py"
+ROW_OPS = "row_ops.py"
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class OpSpec:
     types: tuple[str, ...]
     broadcast: bool
     noncontiguous: bool
-    kind: str  # "binary", "unary" or "mul_mat"
+    kind: str  # "binary", "unary", "mul_mat" or "rows"
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
     # f32 bit patterns); non-zero words beyond them are refused.
@@ -63,12 +64,28 @@ _MM_LIMITS = (
     "most 1024 DMA tasks (batches x src1 rows x rounds)"
 )
 
+_ROWS_LIMITS = (
+    "contiguous f32 rows (dimension 0) of any length up to what one compute tile holds "
+    "with its other operands (a row is resident while it is computed, 48 KiB budget)"
+)
+_SOFT_MAX_LIMITS = (
+    _ROWS_LIMITS + "; mask f32 or f16 (f16 rows of an even length), broadcast over x's "
+    "dimensions 2 and 3; sinks f32; op_params scale and max_bias (ALiBi)"
+)
+
 _INT_AND_FLOAT = ALL_TYPES
 _FLOAT_ONLY = FLOAT_TYPES
 
 
 def _binary(op: str) -> OpSpec:
     return OpSpec(op, BINARY_OPS, 2, _INT_AND_FLOAT, True, False, "binary", _BCAST_LIMITS)
+
+
+def _rows(op: str, inputs: int, types, params: int, limits: str = _ROWS_LIMITS) -> OpSpec:
+    # Reductions' outputs (ARGMAX) and SOFT_MAX's masks and sinks are smaller than the
+    # output or x: the masks and sinks are broadcast (ggml's rules), so declare it.
+    bcast = inputs > 1
+    return OpSpec(op, ROW_OPS, inputs, tuple(types), bcast, False, "rows", limits, params)
 
 
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
@@ -120,6 +137,21 @@ OPS: tuple[OpSpec, ...] = (
         "mul_mat",
         _MM_LIMITS,
     ),
+    # Row ops (designs/_rows.py): op_params eps (norms), scale and max_bias (SOFT_MAX).
+    _rows("RMS_NORM", 1, ("f32",), 1),
+    _rows("NORM", 1, ("f32",), 1),
+    _rows(
+        "RMS_NORM_MUL",
+        2,
+        ("f32",),
+        1,
+        _ROWS_LIMITS + "; the weight is one f32 row, resident in every worker",
+    ),
+    _rows("SOFT_MAX", 1, ("f32",), 2, _SOFT_MAX_LIMITS),
+    _rows("SOFT_MAX_MASK", 2, ("f32", "f16"), 2, _SOFT_MAX_LIMITS),
+    _rows("SOFT_MAX_SINKS", 2, ("f32",), 2, _SOFT_MAX_LIMITS),
+    _rows("SOFT_MAX_MASK_SINKS", 3, ("f32", "f16"), 2, _SOFT_MAX_LIMITS),
+    _rows("ARGMAX", 1, ("f32", "i32"), 0, _ROWS_LIMITS + "; one i32 index per row"),
 )
 
 # (src0, src1, dst) type triples MUL_MAT compiles. src0 holds the weights.
@@ -137,7 +169,7 @@ MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = (
 )
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
-SOURCES: tuple[str, ...] = (BINARY_OPS, UNARY_OPS, MUL_MAT)
+SOURCES: tuple[str, ...] = (BINARY_OPS, UNARY_OPS, MUL_MAT, ROW_OPS)
 
 
 def lookup(op: str) -> OpSpec | None:

@@ -585,3 +585,72 @@ def walk(dims) -> list[int]:
     for size, stride in dims:
         offsets = [o + i * stride for o in offsets for i in range(size)]
     return offsets
+
+
+# ------------------------------------------------------------------------- row ops
+
+ROW_BLOCK_MAX = 64  # rows per object of a row design (the core loops over them)
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Rows of `length` elements, each resident in a compute tile while it is processed.
+
+    `columns` workers (one per column, fed straight from the column's shim tile) take
+    `rows_per_column` consecutive rows each, in objects of `block` rows; FIFOs are
+    `depth` deep. The worker count divides the rows exactly: no row is computed twice, so
+    in-place kernels (output = input) stay correct.
+    """
+
+    length: int
+    rows: int
+    columns: int
+    block: int
+    depth: int
+    l1_bytes: int  # the worker's object FIFO buffers and resident operands
+
+    @property
+    def rows_per_column(self) -> int:
+        return self.rows // self.columns
+
+    @property
+    def iterations(self) -> int:
+        return self.rows_per_column // self.block
+
+
+def plan_rows(
+    length: int,
+    rows: int,
+    row_bytes: int,
+    resident: int,
+    max_columns: int,
+    arch: Arch,
+    max_block: int = ROW_BLOCK_MAX,
+) -> RowPlan | None:
+    """The row tiling: `row_bytes` are one row's bytes over every streamed operand (input,
+    mask, output) and `resident` the bytes a worker keeps for the whole dispatch. The most
+    columns dividing `rows`, then the largest block of rows and deepest FIFOs within the
+    compute tile budget; None when one row does not fit single-buffered."""
+    columns = max(d for d in divisors(rows) if d <= max_columns)
+    per_column = rows // columns
+    budget = arch.l1_budget - resident
+    for depth in (2, 1):
+        fits = [
+            b for b in divisors(per_column) if b <= max_block and b * row_bytes * depth <= budget
+        ]
+        if fits:
+            block = max(fits)
+            l1 = block * row_bytes * depth + resident
+            return RowPlan(length, rows, columns, block, depth, l1)
+    return None
+
+
+def split_run(elements: int, elem_bytes: int) -> tuple[int, int] | None:
+    """`elements` contiguous elements as (a, b) with a * b = elements, b elements of whole
+    32-bit words at most MAX_WRAP words and a at most MAX_WRAP (two inner DMA dimensions);
+    None if there is no such split."""
+    for b in reversed(divisors(elements)):
+        words, rem = divmod(b * elem_bytes, DMA_WORD)
+        if rem == 0 and words <= MAX_WRAP and elements // b <= MAX_WRAP:
+            return elements // b, b
+    return None

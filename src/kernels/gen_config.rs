@@ -558,8 +558,8 @@ mod tests {
         assert_eq!(g.to_desc().unwrap().1.op, "GELU");
 
         // An op without an IRON design names no source.
-        let r = entry("ggml_op_rms_norm", "", &[t], t);
-        assert_eq!(r.to_desc().unwrap().1.op, "RMS_NORM");
+        let r = entry("ggml_op_count_equal", "", &[t, t], t);
+        assert_eq!(r.to_desc().unwrap().1.op, "COUNT_EQUAL");
         let json = KernelConfig { kernels: vec![r] }.to_json();
         assert!(!json.contains("kernel_source"), "{json}");
     }

@@ -436,6 +436,9 @@ pub struct Node {
     /// ggml's `src[]` up to the last non-NULL one; `None` where ggml has NULL (an optional
     /// input that is absent, e.g. SOFT_MAX without a mask but with sinks).
     pub src: Vec<Option<Tensor>>,
+    /// ggml's OUTPUT flag: the application reads the node's tensor after the graph, so no
+    /// fusion may skip writing it.
+    pub is_output: bool,
 }
 
 #[cfg(test)]

@@ -36,6 +36,31 @@ SEED_UNARY = [
 # carry two op_params words.
 EXTRA_UNARY = ["SQR", "SQRT", "LOG", "SIN", "COS", "FLOOR", "CEIL", "ROUND", "TRUNC"]
 WITH_PARAMS = ["SCALE", "CLAMP"]
+ROW_OPS = [
+    "RMS_NORM",
+    "NORM",
+    "RMS_NORM_MUL",
+    "SOFT_MAX",
+    "SOFT_MAX_MASK",
+    "SOFT_MAX_SINKS",
+    "SOFT_MAX_MASK_SINKS",
+    "ARGMAX",
+]
+
+
+def row_request(op: str, dtype: str, arch: str) -> str:
+    """A request of the row design `op` in which some operand has `dtype`."""
+    x = tensor("f32", [64, 8, 4])
+    if op == "ARGMAX":
+        return request_json(op, [tensor("f32", [64, 32])], tensor("i32", [32]), arch=arch)
+    inputs = [x]
+    if op.startswith("SOFT_MAX_MASK"):
+        inputs.append(tensor(dtype, [64, 8]))
+    if op.endswith("SINKS"):
+        inputs.append(tensor("f32", [4]))
+    if op == "RMS_NORM_MUL":
+        inputs.append(tensor("f32", [64]))
+    return request_json(op, inputs, x, arch=arch)
 
 
 def defined_functions(source: str) -> set[str]:
@@ -57,15 +82,17 @@ class CapabilitiesTest(unittest.TestCase):
                 ("noncontiguous", bool),
             ):
                 self.assertIsInstance(op[key], kind, op["op"])
-            # MUL_MAT's weights may also be f16 or block-quantized.
-            extra = ("f16",) + QUANT_TYPES if op["op"] == "MUL_MAT" else ()
-            self.assertTrue(set(op["types"]) <= set(ALL_TYPES + extra), op["op"])
+            # MUL_MAT's weights may also be f16 or block-quantized; f16 is SOFT_MAX's mask.
+            extra = set(("f16",) + QUANT_TYPES) if op["op"] == "MUL_MAT" else set()
+            if op["op"].startswith("SOFT_MAX_MASK"):
+                extra = {"f16"}
+            self.assertTrue(set(op["types"]) <= set(ALL_TYPES) | extra, op["op"])
 
     def test_the_seed_list_is_declared(self):
         ops = {o["op"]: o for o in capabilities()["ops"]}
         self.assertEqual(
             sorted(ops),
-            sorted(SEED_BINARY + SEED_UNARY + EXTRA_UNARY + WITH_PARAMS + ["MUL_MAT"]),
+            sorted(SEED_BINARY + SEED_UNARY + EXTRA_UNARY + WITH_PARAMS + ["MUL_MAT"] + ROW_OPS),
         )
         for op in SEED_BINARY:
             self.assertEqual(ops[op]["inputs"], 2)
@@ -75,23 +102,29 @@ class CapabilitiesTest(unittest.TestCase):
             self.assertFalse(ops[op]["broadcast"])
         for op in EXTRA_UNARY + WITH_PARAMS:
             self.assertEqual(ops[op]["types"], list(FLOAT_TYPES), op)
-        self.assertEqual({s.op for s in registry.OPS if s.params}, set(WITH_PARAMS))
-        self.assertTrue(all(s.params == 2 for s in registry.OPS if s.params))
-        # f16 only as MUL_MAT's weights (decoded on the cores).
-        self.assertNotIn(
-            "f16", {t for o in ops.values() if o["op"] != "MUL_MAT" for t in o["types"]}
-        )
+        eltwise = [s for s in registry.OPS if s.kind != "rows"]
+        self.assertEqual({s.op for s in eltwise if s.params}, set(WITH_PARAMS))
+        self.assertTrue(all(s.params == 2 for s in eltwise if s.params))
+        # f16 only as MUL_MAT's weights (decoded on the cores) and SOFT_MAX's mask.
+        no_f16 = [
+            o for o in ops.values()
+            if o["op"] != "MUL_MAT" and not o["op"].startswith("SOFT_MAX_MASK")
+        ]
+        self.assertNotIn("f16", {t for o in no_f16 for t in o["types"]})
 
     def test_every_declared_op_has_a_design_function_and_core_source(self):
         for spec in registry.OPS:
             with self.subTest(op=spec.op):
                 self.assertIn(spec.kernel_name, defined_functions(spec.source))
-        for source in ("eltwise.cc", "mm.cc", "mv.cc", "ggml_aie.h"):
+        for source in ("eltwise.cc", "mm.cc", "mv.cc", "rows.cc", "ggml_aie.h"):
             self.assertTrue((KERNELS / source).is_file(), source)
         eltwise = (KERNELS / "eltwise.cc").read_text()
+        rows = (KERNELS / "rows.cc").read_text()
         for spec in registry.OPS:
-            if spec.kind != "mul_mat":
+            if spec.kind in ("unary", "binary"):
                 self.assertIn(f"defined(GGML_OP_{spec.op})", eltwise, spec.op)
+            elif spec.kind == "rows":
+                self.assertIn(f"defined(GGML_OP_{spec.op})", rows, spec.op)
 
     def test_design_files_define_nothing_undeclared(self):
         declared = {s.kernel_name for s in registry.OPS}
@@ -116,6 +149,8 @@ class CapabilitiesTest(unittest.TestCase):
                                 tensor(d, [64, 32]),
                                 arch=arch,
                             )
+                        elif spec.kind == "rows":
+                            req = row_request(spec.op, dtype, arch)
                         else:
                             t = tensor(dtype, [1024])
                             req = request_json(spec.op, [t] * spec.inputs, t, arch=arch)
@@ -129,7 +164,13 @@ class CapabilitiesTest(unittest.TestCase):
             request_json("ADD", [tensor("i8", [64]), tensor("f32", [64])], tensor("f32", [64])),
             request_json("ADD", [tensor("i8", [64]), tensor("i16", [64])], tensor("i16", [64])),
             request_json("SQRT", [tensor("i32", [64])], tensor("i32", [64])),
-            request_json("RMS_NORM", [tensor("f32", [64])], tensor("f32", [64])),
+            request_json("RMS_NORM", [tensor("bf16", [64])], tensor("bf16", [64])),
+            request_json("RMS_NORM", [tensor("f32", [100000])], tensor("f32", [100000])),
+            request_json(
+                "SOFT_MAX_MASK",
+                [tensor("f32", [15, 4]), tensor("f16", [15, 4])],
+                tensor("f32", [15, 4]),
+            ),
             request_json("ADD", [tensor("f32", [64])] * 2, tensor("f32", [64]), arch="aie4"),
             request_json(
                 "MUL_MAT", [tensor("i8", [64, 64]), tensor("f32", [64, 8])], tensor("f32", [64, 8])
@@ -150,11 +191,15 @@ class CapabilitiesTest(unittest.TestCase):
         def ops_in(part):
             return set(re.findall(r"defined\(GGML_OP_(\w+)\)", part))
 
-        eltwise = {s.op for s in registry.OPS if s.kind != "mul_mat"}
+        eltwise = {s.op for s in registry.OPS if s.kind in ("unary", "binary")}
         self.assertEqual(ops_in(float_part), eltwise)
-        with_ints = {s.op for s in registry.OPS if s.kind != "mul_mat" and "i32" in s.types}
+        with_ints = {
+            s.op for s in registry.OPS if s.kind in ("unary", "binary") and "i32" in s.types
+        }
         self.assertEqual(ops_in(int_part), with_ints)
         for spec in registry.OPS:
+            if spec.op == "ARGMAX":  # f32 rows to i32 indices
+                continue
             ints = {"i8", "i16", "i32"} & set(spec.types)
             self.assertIn(ints, (set(), {"i8", "i16", "i32"}), spec.op)
 

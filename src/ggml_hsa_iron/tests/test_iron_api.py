@@ -27,6 +27,8 @@ OWN_METHODS = {
     "start",  # EltwisePlan.start (also Runtime.start, listed)
     "tasks",  # GemmPlan.tasks / GemvPlan.tasks via the spec
     "w_units",  # GemvPlan.w_units
+    "first_row",  # RowSpec.first_row
+    "rounds",  # RowSpec.rounds
     "a_dims",
     "b_dims",
     "c_dims",

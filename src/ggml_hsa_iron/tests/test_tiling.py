@@ -343,3 +343,87 @@ class ByteWeightsGemvTest(unittest.TestCase):
         # One output row (N = 1): 210 bytes cannot be moved in whole words.
         with self.assertRaises(UnsupportedError):
             mul_mat_spec("aie2p", "q6_K", "f32", 64, 1, 256)
+
+
+class RowPlanTest(unittest.TestCase):
+    """The row design's tiling (tiling.plan_rows) and runtime sequence (RowSpec.rounds)."""
+
+    def spec(self, op, inputs, output, arch="aie2p", op_params=()):
+        return prepare(
+            parse_request(request_json(op, inputs, output, arch=arch, op_params=op_params))
+        )
+
+    def test_columns_divide_the_rows_and_objects_fit_the_core(self):
+        for arch in ("aie2", "aie2p"):
+            for length, rows in ((64, 60), (1025, 60), (33, 7), (4096, 32), (16, 1024)):
+                x = tensor("f32", [length, rows])
+                p = self.spec("RMS_NORM", [x], x, arch).plan
+                with self.subTest(arch=arch, length=length, rows=rows):
+                    self.assertEqual(rows % p.columns, 0)
+                    self.assertLessEqual(p.columns, ARCHS[arch].columns)
+                    self.assertEqual(p.rows_per_column % p.block, 0)
+                    self.assertLessEqual(p.l1_bytes, ARCHS[arch].l1_budget)
+                    self.assertEqual(p.l1_bytes, p.block * length * 8 * p.depth)
+
+    def test_rows_a_core_cannot_hold_are_refused(self):
+        x = tensor("f32", [7000, 2])
+        with self.assertRaises(UnsupportedError):
+            self.spec("RMS_NORM", [x], x)
+        # Single-buffered when a double-buffered row does not fit.
+        x = tensor("f32", [4096, 2])
+        self.assertEqual(self.spec("RMS_NORM", [x], x).plan.depth, 1)
+
+    def test_soft_max_rounds_cover_every_row_once(self):
+        # 33-element rows, 6 rows per head, 4 heads, 3 batches; the mask repeats over the
+        # heads and batches (ggml broadcasting); one sink per head.
+        x = tensor("f32", [33, 6, 4, 3])
+        mask = tensor("f32", [40, 8, 1, 1])
+        sinks = tensor("f32", [4])
+        s = self.spec("SOFT_MAX_MASK_SINKS", [x, mask, sinks], x, op_params=(0, 0))
+        L = 33
+        seen = []
+        for c in range(s.plan.columns):
+            rows = []
+            for rd in s.rounds(c):
+                self.assertLessEqual(rd.tasks, 15)
+                # x rows and sinks, in object order: each object's rows, then their heads' sinks.
+                for t in rd.x:
+                    if not t.sink:
+                        self.assertEqual(t.offset % L, 0)
+                        rows += range(t.offset // L, (t.offset + t.count) // L)
+                mask_rows = [m.offset // 40 + k for m in rd.mask for k in range(m.rows)]
+                first = rd.first_row
+                self.assertEqual(mask_rows, [r % 6 for r in range(first, first + rd.rows)])
+            seen += rows
+        self.assertEqual(seen, list(range(6 * 4 * 3)))
+
+    def test_sinks_follow_the_heads_of_an_objects_rows(self):
+        x = tensor("f32", [16, 3, 4, 1])
+        s = self.spec("SOFT_MAX_SINKS", [x, tensor("f32", [4])], x, op_params=(0, 0))
+        B = s.plan.block
+        heads = []
+        for c in range(s.plan.columns):
+            for rd in s.rounds(c):
+                heads += [t.offset for t in rd.x if t.sink for _ in range(t.count)]
+        self.assertEqual(len(heads), 12)
+        self.assertEqual(heads, [r // 3 for r in range(12)])
+        self.assertGreaterEqual(B, 1)
+
+    def test_f16_masks_need_rows_of_whole_words(self):
+        x = tensor("f32", [15, 4])
+        with self.assertRaises(UnsupportedError):
+            self.spec("SOFT_MAX_MASK", [x, tensor("f16", [15, 4])], x, op_params=(0, 0))
+        x = tensor("f32", [16, 4])
+        s = self.spec("SOFT_MAX_MASK", [x, tensor("f16", [16, 4])], x, op_params=(0, 0))
+        self.assertEqual(s.core.defines["MASK_F16"], 1)
+
+    def test_alibi_slopes_are_ggml_s(self):
+        from ggml_hsa_iron.plans import alibi_slopes
+
+        # 8 heads, max_bias 8: m0 = 2^-1, slopes 2^-1 ... 2^-8.
+        self.assertEqual(alibi_slopes(8, 8.0), [2.0 ** -(h + 1) for h in range(8)])
+        # 12 heads: n_head_log2 = 8, then m1 = 2^-0.5 to the odd powers 1, 3, 5, 7.
+        s = alibi_slopes(12, 8.0)
+        self.assertEqual(s[:8], [2.0 ** -(h + 1) for h in range(8)])
+        for k, h in enumerate(range(8, 12)):
+            self.assertAlmostEqual(s[h], 2.0 ** (-0.5 * (2 * k + 1)), places=6)

@@ -231,6 +231,11 @@ impl KernelDesc {
             {
                 return inv("fewer sinks than heads (q ne[2])".into());
             }
+        } else if op == Op::RmsNormMul && self.inputs[1].ne != [src0.ne[0], 1, 1, 1] {
+            return inv(format!(
+                "RMS_NORM_MUL's weight must be one row of x's {} elements: {:?}",
+                src0.ne[0], self.inputs[1].ne
+            ));
         } else if self.output.ne != src0.ne {
             return inv(format!(
                 "output ne {:?} differs from inputs[0] ne {:?}",

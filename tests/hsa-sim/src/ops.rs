@@ -163,6 +163,9 @@ pub enum Op {
     RmsNorm,
     /// Per row: y = (x - mean) / sqrt(var + eps), eps = f32 bits of op_params[0].
     Norm,
+    /// RMS_NORM followed by MUL with one weight row (llama's attn_norm / ffn_norm, fused by
+    /// the backend): y = x / sqrt(mean(x²) + eps) * w, w of ne[0] elements repeated over rows.
+    RmsNormMul,
     /// ggml's MUL_MAT: dst[m, n, i2, i3] = sum_k src0[k, m, i2/r2, i3/r3] * src1[k, n, i2, i3].
     MulMat,
     /// ggml's ARGMAX: per row of an f32 matrix, the i32 index of its largest value (the last
@@ -269,6 +272,7 @@ impl Op {
             "GEGLU_ERF" => Some(Op::Glu(UnaryOp::GeluErf)),
             "GEGLU_QUICK" => Some(Op::Glu(UnaryOp::GeluQuick)),
             "NORM" => Some(Op::Norm),
+            "RMS_NORM_MUL" => Some(Op::RmsNormMul),
             "ARGMAX" => Some(Op::ArgMax),
             "COUNT_EQUAL" => Some(Op::CountEqual),
             "CROSS_ENTROPY_LOSS" => Some(Op::CrossEntropyLoss),
@@ -295,7 +299,12 @@ impl Op {
     /// Number of input tensors.
     pub fn arity(self) -> usize {
         match self {
-            Op::Binary(_) | Op::MulMat | Op::Glu(_) | Op::CountEqual | Op::CrossEntropyLoss => 2,
+            Op::Binary(_)
+            | Op::MulMat
+            | Op::Glu(_)
+            | Op::CountEqual
+            | Op::CrossEntropyLoss
+            | Op::RmsNormMul => 2,
             Op::SoftMax { mask, sinks } => 1 + usize::from(mask) + usize::from(sinks),
             Op::Rope { ff } => 2 + usize::from(ff),
             Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
@@ -327,6 +336,7 @@ impl Op {
             "FLASH_ATTN_EXT_SINKS",
             "FLASH_ATTN_EXT_MASK_SINKS",
         ]);
+        v.push("RMS_NORM_MUL");
         v
     }
 
@@ -383,6 +393,7 @@ impl Op {
             // dot product and the v update, 2·D + 2·Dv, counted as 4·D with k = D.
             Op::FlashAttnExt { .. } => 4 * k,
             Op::RmsNorm | Op::Norm => 4,
+            Op::RmsNormMul => 5,
             Op::Glu(_) => 9,
             Op::SoftMax { .. } => 5,
             Op::Rope { .. } => 6,
@@ -402,6 +413,7 @@ impl Op {
             Op::Rope { .. } => "ggml's rope op_params: [1] n_dims, [2] mode (0 normal, 2 neox), [4] n_ctx_orig, [5..11] freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow (f32 bits), [15] offset (must be 0); inputs x, positions i32, [freq factors f32]",
             Op::Glu(_) => "unused; inputs (x, g) of the output's shape; y = act(x) * g",
             Op::RmsNorm | Op::Norm => "op_params[0] = eps (f32 bit pattern); normalises each row (dimension 0)",
+            Op::RmsNormMul => "op_params[0] = eps (f32 bit pattern); inputs x and one weight row w [ne0]; y = rms_norm(x) * w per row",
             Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3] (f32/f16/bf16, or q4_0/q4_1/q5_0/q8_0/q4_K/q5_K/q6_K blocks as ggml stores them: nb[0] = block bytes), inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",

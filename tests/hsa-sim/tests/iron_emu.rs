@@ -339,3 +339,38 @@ fn in_place_output_aliases_input_0() {
         assert_eq!(nmse(&got, &want), 0.0, "{op} in place");
     }
 }
+
+/// The row design (designs/_rows.py, kernels/rows.cc): norms, the fused RMS_NORM_MUL and
+/// SOFT_MAX's four forms, rows off the vector width, several rows per object, the f16 mask
+/// converted on the core, the mask repeated over heads, per-head sinks and ALiBi slopes.
+#[test]
+fn row_ops() {
+    let eps = [1e-5f32.to_bits() as i32];
+    let scale_bias = |s: f32, b: f32| [s.to_bits() as i32, b.to_bits() as i32];
+    let x = || f32_t([1025, 7, 2, 1]);
+    let a = || f32_t([33, 6, 4, 1]);
+    let cases = [
+        Case::new("RMS_NORM", &[x()], x()).params(&eps),
+        Case::new("NORM", &[a()], a()).params(&eps),
+        Case::new("RMS_NORM_MUL", &[x(), f32_t([1025, 1, 1, 1])], x()).params(&eps),
+        Case::new("SOFT_MAX", &[a()], a()).params(&scale_bias(0.5, 0.0)),
+        Case::new(
+            "SOFT_MAX_MASK",
+            &[f32_t([64, 6, 4, 1]), Operand::dense("f16", [64, 8, 1, 1])],
+            f32_t([64, 6, 4, 1]),
+        )
+        .params(&scale_bias(0.25, 8.0)),
+        Case::new("SOFT_MAX_SINKS", &[a(), f32_t([4, 1, 1, 1])], a()).params(&scale_bias(1.0, 0.0)),
+        Case::new(
+            "SOFT_MAX_MASK_SINKS",
+            &[a(), f32_t([33, 6, 2, 1]), f32_t([4, 1, 1, 1])],
+            a(),
+        )
+        .params(&scale_bias(1.0, 4.0)),
+    ];
+    for arch in ["aie2p", "aie2"] {
+        for c in &cases {
+            c.check(arch);
+        }
+    }
+}

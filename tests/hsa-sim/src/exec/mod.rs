@@ -455,6 +455,14 @@ pub unsafe fn execute(
             let eps = f64::from(f32::from_bits(desc.op_params[0] as u32));
             norm_rows(&bufs[0], &mut out, eps, op == Op::RmsNorm);
         }
+        Op::RmsNormMul => {
+            // The two ggml nodes as ggml-cpu runs them: the norm rounded to f32, then the
+            // f32 product with the weight row.
+            let eps = f64::from(f32::from_bits(desc.op_params[0] as u32));
+            norm_rows(&bufs[0], &mut out, eps, true);
+            let w = &bufs[1];
+            for_each_index(ne, |i| out.set(i, out.get(i) * w.get([i[0], 0, 0, 0])));
+        }
         Op::Clamp => {
             let lo = f32::from_bits(desc.op_params[0] as u32);
             let hi = f32::from_bits(desc.op_params[1] as u32);

@@ -182,6 +182,7 @@ pub fn data_scaled(o: &Operand, seed: u64, op: &str, scale: f64) -> Vec<u8> {
         match o.ty {
             "f32" => out.extend_from_slice(&(x as f32).to_le_bytes()),
             "bf16" => out.extend_from_slice(&exec::bf16_from_f32(x as f32).to_le_bytes()),
+            "f16" => out.extend_from_slice(&half::f16::from_f64(x).to_bits().to_le_bytes()),
             "i8" => out.push(((next() * 256.0) as i32 - 128) as i8 as u8),
             "i16" => out.extend_from_slice(&(((next() * 512.0) as i32 - 256) as i16).to_le_bytes()),
             "i32" => out.extend_from_slice(&(((next() * 2000.0) as i32) - 1000).to_le_bytes()),
@@ -239,7 +240,7 @@ pub fn reference(c: &Case, req: &str, b: &Buffers) -> Vec<f64> {
         return int_reference(c, b);
     }
     let desc = KernelDesc::parse_json(req).expect("request parses");
-    let op = Op::from_name(c.op).expect("op");
+    let op = Op::from_name(c.op).unwrap_or_else(|| panic!("hsa-sim has no op {}", c.op));
     let mut bufs: Vec<Vec<u8>> = b.bufs.clone();
     let mems: Vec<OperandMem> = bufs
         .iter_mut()
