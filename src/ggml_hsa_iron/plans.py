@@ -25,6 +25,7 @@ from .tiling import (
     plan_eltwise,
     plan_gemm,
     plan_gemv,
+    row_walk,
 )
 
 # Workers per column: the memory tile has 6 input and 6 output channels.
@@ -63,6 +64,9 @@ class EltwiseSpec:
     params: tuple[int, ...] = ()  # the op_params words the op reads, zeros filled in
     n_valid: int = 0  # the output's elements
     bcast_count: int = 0  # input 1's elements moved (broadcast), rounded up to whole words
+    # Per input: None (dense, moved linearly) or (row length, row stride, span) in elements
+    # for an input whose rows are `row stride` apart (GLU's halves of one tensor).
+    row_strides: tuple = ()
 
     @property
     def padded(self) -> bool:
@@ -88,6 +92,8 @@ class EltwiseSpec:
         }
         for i, p in enumerate(self.params):
             d[f"OP_P{i}"] = p
+        if self.kind == "glu":
+            d["GLU"] = 1
         if self.kind != "unary":
             d["IN1_T"] = DTYPES[self.in_types[1]].ctype
             d["BINARY"] = 1
@@ -117,9 +123,24 @@ class EltwiseSpec:
         out = []
         for i, t in enumerate(self.in_types):
             count = self.bcast_count if (self.kind == "bcast" and i == 1) else self.plan.n
+            if self.walk(i) is not None:
+                count = self.walk(i)[2]
             out.append((t, count))
         out.append((self.out_type, self.plan.n))
         return out
+
+    def walk(self, i: int):
+        return self.row_strides[i] if i < len(self.row_strides) else None
+
+    def fill_tap(self, i: int, start: int, length: int):
+        """(offset, sizes, strides) of input i's elements [start, start + length) of the
+        logical (row-major) order: a linear run, or whole rows walked with their stride."""
+        w = self.walk(i)
+        if w is None:
+            return start, (1, 1, 1, length), (0, 0, 0, 1)
+        row, stride, _ = w
+        sizes, strides = row_walk(row, stride, DTYPES[self.in_types[i]].size, length // row)
+        return (start // row) * stride, sizes, strides
 
 
 @dataclass(frozen=True)
@@ -298,6 +319,87 @@ def prepare_eltwise(req: Request) -> EltwiseSpec:
     )
 
 
+GLU_TYPES = ("bf16", "f16", "f32")
+
+
+def _row_strided(t: Tensor):
+    """(row length, row stride, span) in elements when t's rows (dimension 0) are all one
+    stride apart (a view of dimension-0 elements of a dense tensor, GLU's fused halves);
+    None when t is dense; UnsupportedError otherwise."""
+    if t.is_dense():
+        return None
+    size = t.size
+    ne, nb = t.ne, t.nb
+    if nb[0] != size or nb[1] % size or nb[1] < ne[0] * size:
+        raise UnsupportedError("GLU: an input's elements are not contiguous within its rows")
+    stride = nb[1] // size
+    if (ne[2] > 1 and nb[2] != ne[1] * nb[1]) or (ne[3] > 1 and nb[3] != ne[2] * ne[1] * nb[1]):
+        raise UnsupportedError("GLU: an input's rows are not evenly strided")
+    rows = ne[1] * ne[2] * ne[3]
+    span = (rows - 1) * stride + ne[0]
+    return ne[0], stride, pad_words(span, [size])
+
+
+def prepare_glu(req: Request) -> EltwiseSpec:
+    """GLU ops: act(x) * g, x and g of the output's shape, each dense or a view whose rows are
+    one stride apart (the backend passes the fused form's halves as two such views)."""
+    spec = registry.lookup(req.op)
+    arch = ARCHS.get(req.arch)
+    if arch is None:
+        raise UnsupportedError(f"arch {req.arch!r} is not targeted (aie2, aie2p)")
+    if len(req.inputs) != 2:
+        raise RequestError(f"{req.op} takes 2 inputs, the request has {len(req.inputs)}")
+    if any(req.op_params):
+        raise UnsupportedError(f"{req.op} reads no op_params; the request has {req.op_params}")
+    out = req.output
+    types = [t.dtype for t in req.inputs] + [out.dtype]
+    for t in types:
+        if t not in GLU_TYPES:
+            raise UnsupportedError(f"{req.op} does not take {t}; types: {', '.join(GLU_TYPES)}")
+    if not out.is_dense():
+        raise UnsupportedError(f"{req.op}: the output must be contiguous")
+    for t in req.inputs:
+        if t.ne != out.ne:
+            raise UnsupportedError(f"{req.op}: inputs must have the output's shape")
+    walks = tuple(_row_strided(t) for t in req.inputs)
+    n = out.nelements
+    sizes = [t.size for t in req.inputs] + [out.size]
+    row = out.ne[0]
+    if any(walks):
+        # Rows walked with a stride must be whole DMA words, and every column's share whole
+        # rows (its walk starts at a row).
+        for i, w in enumerate(walks):
+            if w is not None and row_walk(w[0], w[1], sizes[i], 1) is None:
+                raise UnsupportedError(
+                    f"{req.op}: strided rows of {row} {types[i]} elements are not whole "
+                    "32-bit words (or too long for one DMA walk)"
+                )
+        n_moved = n
+        plan = plan_eltwise(n, sizes, arch, ROWS_BINARY, chunk_multiple=row)
+    else:
+        n_moved = pad_words(n, sizes)
+        plan = plan_eltwise(n_moved, sizes, arch, ROWS_BINARY)
+    if plan is None:
+        raise UnsupportedError(
+            f"{req.op}: no tiling of {n} elements ({'/'.join(types)}) in "
+            f"{arch.l1_budget} bytes of a compute tile"
+        )
+    assert plan.n == n_moved
+    return EltwiseSpec(
+        req,
+        arch,
+        spec.op,
+        "glu",
+        tuple(types[:-1]),
+        out.dtype,
+        "f32",
+        plan,
+        None,
+        n_valid=n,
+        row_strides=walks,
+    )
+
+
 def prepare_mul_mat(req: Request) -> MatmulSpec:
     _, arch = _check_common(req)
     src0, src1 = req.inputs
@@ -344,4 +446,6 @@ def prepare(req: Request):
         raise UnsupportedError(f"no design implements op {req.op}")
     if spec.kind == "mul_mat":
         return prepare_mul_mat(req)
+    if spec.kind == "glu":
+        return prepare_glu(req)
     return prepare_eltwise(req)

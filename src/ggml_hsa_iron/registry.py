@@ -20,6 +20,8 @@ from .dtypes import ALL_TYPES, FLOAT_TYPES
 BINARY_OPS = "binary_ops.py"
 UNARY_OPS = "unary_ops.py"
 MUL_MAT = "mul_mat.py"
+GLU_OPS = "glu_ops.py"
+ROPE = "rope.py"
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class OpSpec:
     types: tuple[str, ...]
     broadcast: bool
     noncontiguous: bool
-    kind: str  # "binary", "unary" or "mul_mat"
+    kind: str  # "binary", "unary", "mul_mat", "glu" or "rope"
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
     # f32 bit patterns); non-zero words beyond them are refused.
@@ -58,12 +60,23 @@ _MM_LIMITS = (
     "a multiple of 4 for 1-byte types); type pairs: see type_combos"
 )
 
+_GLU_LIMITS = (
+    "x and g of the output's shape, f32, f16 or bf16 (computed in f32; f16 converted on the "
+    "core); each input dense or with rows (dimension 0) one stride apart (the fused form's "
+    "halves), such rows whole 32-bit words; the output contiguous"
+)
+_GLU_TYPES = ("bf16", "f16", "f32")
+
 _INT_AND_FLOAT = ALL_TYPES
 _FLOAT_ONLY = FLOAT_TYPES
 
 
 def _binary(op: str) -> OpSpec:
     return OpSpec(op, BINARY_OPS, 2, _INT_AND_FLOAT, True, False, "binary", _BCAST_LIMITS)
+
+
+def _glu(op: str) -> OpSpec:
+    return OpSpec(op, GLU_OPS, 2, _GLU_TYPES, False, True, "glu", _GLU_LIMITS)
 
 
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
@@ -106,6 +119,11 @@ OPS: tuple[OpSpec, ...] = (
     # MUL_MAT's inputs never have the output's shape, so it must declare
     # broadcast for the backend to consider it at all.
     OpSpec("MUL_MAT", MUL_MAT, 2, _INT_AND_FLOAT, True, False, "mul_mat", _MM_LIMITS),
+    _glu("REGLU"),
+    _glu("GEGLU"),
+    _glu("SWIGLU"),
+    _glu("GEGLU_ERF"),
+    _glu("GEGLU_QUICK"),
 )
 
 # (src0, src1, dst) type triples MUL_MAT compiles. src0 holds the weights.
@@ -120,7 +138,7 @@ MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = (
 )
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
-SOURCES: tuple[str, ...] = (BINARY_OPS, UNARY_OPS, MUL_MAT)
+SOURCES: tuple[str, ...] = (BINARY_OPS, UNARY_OPS, MUL_MAT, GLU_OPS)
 
 
 def lookup(op: str) -> OpSpec | None:

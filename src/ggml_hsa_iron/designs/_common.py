@@ -7,6 +7,7 @@ from ml_dtypes import bfloat16
 NUMPY_TYPES = {
     "f32": np.float32,
     "bf16": bfloat16,
+    "f16": np.float16,
     "i8": np.int8,
     "i16": np.int16,
     "i32": np.int32,
