@@ -67,6 +67,13 @@ _GLU_LIMITS = (
 )
 _GLU_TYPES = ("bf16", "f16", "f32")
 
+_ROPE_LIMITS = (
+    "x and the output f32 or f16 of one shape, contiguous, rows whole 32-bit words; positions "
+    "i32 (one per i2); ROPE_FF: f32 frequency factors; normal and NeoX modes, YaRN parameters "
+    "(op_params 0..10), n_dims <= ne0 (the rest copied); cos/sin accurate for |theta| below "
+    "about 6000"
+)
+
 _INT_AND_FLOAT = ALL_TYPES
 _FLOAT_ONLY = FLOAT_TYPES
 
@@ -124,6 +131,10 @@ OPS: tuple[OpSpec, ...] = (
     _glu("SWIGLU"),
     _glu("GEGLU_ERF"),
     _glu("GEGLU_QUICK"),
+    # ROPE's inputs (positions, frequency factors) are smaller than the output, which the
+    # protocol calls broadcast; op_params 0..10 are ggml's rope parameters.
+    OpSpec("ROPE", ROPE, 2, ("f16", "f32", "i32"), True, False, "rope", _ROPE_LIMITS, 11),
+    OpSpec("ROPE_FF", ROPE, 3, ("f16", "f32", "i32"), True, False, "rope", _ROPE_LIMITS, 11),
 )
 
 # (src0, src1, dst) type triples MUL_MAT compiles. src0 holds the weights.
@@ -138,7 +149,7 @@ MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = (
 )
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
-SOURCES: tuple[str, ...] = (BINARY_OPS, UNARY_OPS, MUL_MAT, GLU_OPS)
+SOURCES: tuple[str, ...] = (BINARY_OPS, UNARY_OPS, MUL_MAT, GLU_OPS, ROPE)
 
 
 def lookup(op: str) -> OpSpec | None:

@@ -118,7 +118,7 @@ def plan_eltwise(
     max_rows: int,
     resident_bytes: int = 0,
     chunk_multiple: int = 1,
-    max_columns: int | None = None,
+    tile_divides: int = 0,
 ) -> EltwisePlan | None:
     """The cheapest plan for n elements, or None when none exists.
 
@@ -127,8 +127,8 @@ def plan_eltwise(
     whole dispatch (a broadcast operand). Every operand's tile must be whole
     DMA words, every worker's share must be whole tiles. `chunk_multiple`: each
     column's share must be a multiple of it (whole rows, when an operand is walked
-    row by row); `max_columns`: fewer columns than the array has (a column's shim
-    tile kept for another stream).
+    row by row); `tile_divides`: when set, the tile must divide it (ROPE_FF sends its
+    frequency factors in tile-sized objects).
     """
     if n < 1:
         return None
@@ -140,7 +140,7 @@ def plan_eltwise(
     max_tile = min(MAX_TILE, budget // per_elem_l1)
     best = None
     best_key = None
-    for columns in range(1, (max_columns or arch.columns) + 1):
+    for columns in range(1, arch.columns + 1):
         if n % columns or (n // columns) % chunk_multiple:
             continue
         for rows in range(1, max_rows + 1):
@@ -148,7 +148,11 @@ def plan_eltwise(
             if n % workers:
                 continue
             share = n // workers
-            tiles = [t for t in divisors(share) if t % unit == 0 and t <= max_tile]
+            tiles = [
+                t
+                for t in divisors(share)
+                if t % unit == 0 and t <= max_tile and (not tile_divides or tile_divides % t == 0)
+            ]
             if not tiles:
                 continue
             tile = tiles[-1]
