@@ -500,8 +500,9 @@ class RopeSpec:
         return CoreSource(ROPE_SOURCE, "rope.o", d)
 
 
-def rope_constants(n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
-                   beta_fast, beta_slow) -> dict:
+def rope_constants(
+    n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow
+) -> dict:
     """ggml's per-kernel ROPE constants, in f32 as ggml computes them (ggml_rope_yarn_corr_dims,
     the theta scale, YaRN's magnitude scale), as f32 bit patterns."""
     f = _f32
@@ -509,24 +510,36 @@ def rope_constants(n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_f
         raise UnsupportedError(f"ROPE: freq_base {freq_base}, freq_scale {freq_scale}")
     theta_scale = f(math.pow(freq_base, f(-2.0 / n_dims)))
 
-    def logf(x):  # C's logf at 0 (n_ctx_orig = 0, as test-backend-ops passes): -inf
-        return -math.inf if x == 0 else f(math.log(x))
+    def logf(x):  # C's logf: -inf at 0 (n_ctx_orig = 0, as test-backend-ops passes), NaN below
+        if x == 0:
+            return -math.inf
+        return math.nan if (x < 0 or math.isnan(x)) else f(math.log(x))
+
+    def div(a, b):  # IEEE division (x / 0 = +-inf, 0 / 0 = NaN)
+        if b == 0:
+            if a == 0 or math.isnan(a):
+                return math.nan
+            return math.copysign(math.inf, a) * math.copysign(1.0, b)
+        return f(a / b)
 
     def corr_dim(n_rot):
-        ratio = f(n_ctx_orig / f(f(n_rot * 2) * f(math.pi)))
-        return f(f(n_dims * logf(ratio)) / f(2 * logf(freq_base)))
+        ratio = div(n_ctx_orig, f(f(n_rot * 2) * f(math.pi)))
+        return div(f(n_dims * logf(ratio)), f(2 * logf(freq_base)))
 
-    def rounded(x, fn):  # floorf / ceilf, infinities kept
-        return x if math.isinf(x) else float(fn(x))
+    def rounded(x, fn):  # floorf / ceilf, infinities and NaN kept
+        return x if (math.isinf(x) or math.isnan(x)) else float(fn(x))
 
-    # ggml's MAX(0, start) and MIN(n_dims - 1, end) (C macros: a NaN start or end is kept).
-    start = rounded(corr_dim(beta_fast), math.floor)
-    end = rounded(corr_dim(beta_slow), math.ceil)
-    low = 0.0 if 0 > start else start
-    high = float(n_dims - 1) if n_dims - 1 < end else end
-    den = max(f(0.001), f(high - low))
-    if not (math.isfinite(low) and math.isfinite(den)):
-        raise UnsupportedError("ROPE: YaRN correction dims are not finite")
+    low, den = 0.0, 1.0  # the YaRN ramp is only used with ext_factor != 0
+    if ext_factor != 0:
+        # ggml's MAX(0, start) and MIN(n_dims - 1, end) (C macros: a NaN start or end is kept).
+        start = rounded(corr_dim(beta_fast), math.floor)
+        end = rounded(corr_dim(beta_slow), math.ceil)
+        low = 0.0 if 0 > start else start
+        high = float(n_dims - 1) if n_dims - 1 < end else end
+        diff = high - low if not (math.isinf(high) and math.isinf(low)) else math.nan
+        den = f(0.001) if f(0.001) > diff else f(diff)
+        if not (math.isfinite(low) and math.isfinite(den)):
+            raise UnsupportedError("ROPE: YaRN correction dims are not finite")
     mscale = attn_factor
     if ext_factor != 0:
         mscale = f(mscale * f(1 + f(f(0.1) * f(math.log(f(1 / freq_scale))))))

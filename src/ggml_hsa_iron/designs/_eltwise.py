@@ -189,7 +189,9 @@ def build(spec):
                 # Dense inputs are read linearly; GLU's strided halves row by row.
                 offset, sizes, strides = spec.fill_tap(j, c * chunk, chunk)
                 total = seq_types_count[j]
-                h.fill(bufs[j], tap=TensorAccessPattern((total,), offset, list(sizes), list(strides)))
+                h.fill(
+                    bufs[j], tap=TensorAccessPattern((total,), offset, list(sizes), list(strides))
+                )
         for c, h in enumerate(handles[len(fills) :]):
             h.drain(bufs[-1], tap=_linear_tap(n, c * chunk, chunk), wait=True)
 

@@ -36,11 +36,20 @@ SEED_UNARY = [
 # carry two op_params words.
 EXTRA_UNARY = ["SQR", "SQRT", "LOG", "SIN", "COS", "FLOOR", "CEIL", "ROUND", "TRUNC"]
 WITH_PARAMS = ["SCALE", "CLAMP"]
+# Issue 15: the GLU family (x, g; f32/f16/bf16) and ROPE (x, positions[, frequency
+# factors]; 11 op_params words).
+GLU = ["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]
+ROPE = ["ROPE", "ROPE_FF"]
+WITH_F16 = GLU + ROPE
 
 
 def defined_functions(source: str) -> set[str]:
     tree = ast.parse((PACKAGE / "designs" / source).read_text())
     return {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def eltwise_specs():
+    return [s for s in registry.OPS if s.kind in ("unary", "binary", "glu")]
 
 
 class CapabilitiesTest(unittest.TestCase):
@@ -57,14 +66,20 @@ class CapabilitiesTest(unittest.TestCase):
                 ("noncontiguous", bool),
             ):
                 self.assertIsInstance(op[key], kind, op["op"])
-            self.assertTrue(set(op["types"]) <= set(ALL_TYPES))
+            self.assertTrue(set(op["types"]) <= set(ALL_TYPES) | {"f16"})
 
     def test_the_seed_list_is_declared(self):
         ops = {o["op"]: o for o in capabilities()["ops"]}
         self.assertEqual(
             sorted(ops),
-            sorted(SEED_BINARY + SEED_UNARY + EXTRA_UNARY + WITH_PARAMS + ["MUL_MAT"]),
+            sorted(SEED_BINARY + SEED_UNARY + EXTRA_UNARY + WITH_PARAMS + ["MUL_MAT"] + GLU + ROPE),
         )
+        for op in GLU:
+            self.assertEqual(ops[op]["inputs"], 2)
+            self.assertEqual(ops[op]["types"], ["bf16", "f16", "f32"])
+            self.assertFalse(ops[op]["broadcast"])
+            self.assertTrue(ops[op]["noncontiguous"])
+        self.assertEqual([ops[op]["inputs"] for op in ROPE], [2, 3])
         for op in SEED_BINARY:
             self.assertEqual(ops[op]["inputs"], 2)
             self.assertTrue(ops[op]["broadcast"])
@@ -73,19 +88,20 @@ class CapabilitiesTest(unittest.TestCase):
             self.assertFalse(ops[op]["broadcast"])
         for op in EXTRA_UNARY + WITH_PARAMS:
             self.assertEqual(ops[op]["types"], list(FLOAT_TYPES), op)
-        self.assertEqual({s.op for s in registry.OPS if s.params}, set(WITH_PARAMS))
-        self.assertTrue(all(s.params == 2 for s in registry.OPS if s.params))
-        self.assertNotIn("f16", {t for o in ops.values() for t in o["types"]})
+        self.assertEqual({s.op for s in registry.OPS if s.params}, set(WITH_PARAMS + ROPE))
+        self.assertEqual({s.params for s in registry.OPS if s.params and s.kind != "rope"}, {2})
+        self.assertEqual({s.params for s in registry.OPS if s.kind == "rope"}, {11})
+        self.assertEqual({o["op"] for o in ops.values() if "f16" in o["types"]}, set(WITH_F16))
 
     def test_every_declared_op_has_a_design_function_and_core_source(self):
         for spec in registry.OPS:
             with self.subTest(op=spec.op):
                 self.assertIn(spec.kernel_name, defined_functions(spec.source))
-        for source in ("eltwise.cc", "mm.cc", "mv.cc", "ggml_aie.h"):
+        for source in ("eltwise.cc", "mm.cc", "mv.cc", "rope.cc", "ggml_aie.h"):
             self.assertTrue((KERNELS / source).is_file(), source)
         eltwise = (KERNELS / "eltwise.cc").read_text()
         for spec in registry.OPS:
-            if spec.kind != "mul_mat":
+            if spec.kind in ("unary", "binary", "glu"):
                 self.assertIn(f"defined(GGML_OP_{spec.op})", eltwise, spec.op)
 
     def test_design_files_define_nothing_undeclared(self):
@@ -100,7 +116,20 @@ class CapabilitiesTest(unittest.TestCase):
             for dtype in spec.types:
                 for arch in ("aie2", "aie2p"):
                     with self.subTest(op=spec.op, dtype=dtype, arch=arch):
-                        if spec.kind == "mul_mat":
+                        if spec.kind == "rope":
+                            if dtype == "i32":
+                                continue  # the positions' type, covered by f32 and f16
+                            ins = [tensor(dtype, [64, 4, 3]), tensor("i32", [3])]
+                            if spec.op == "ROPE_FF":
+                                ins.append(tensor("f32", [32]))
+                            req = request_json(
+                                spec.op,
+                                ins,
+                                tensor(dtype, [64, 4, 3]),
+                                arch=arch,
+                                op_params=[0, 64, 0, 0, 0, 0x461C4000, 0x3F800000, 0, 0x3F800000],
+                            )
+                        elif spec.kind == "mul_mat":
                             combos = [c for c in registry.MUL_MAT_COMBOS if dtype in c]
                             self.assertTrue(combos)
                             s0, s1, d = combos[0]
@@ -144,11 +173,11 @@ class CapabilitiesTest(unittest.TestCase):
         def ops_in(part):
             return set(re.findall(r"defined\(GGML_OP_(\w+)\)", part))
 
-        eltwise = {s.op for s in registry.OPS if s.kind != "mul_mat"}
+        eltwise = {s.op for s in registry.OPS if s.kind in ("unary", "binary", "glu")}
         self.assertEqual(ops_in(float_part), eltwise)
-        with_ints = {s.op for s in registry.OPS if s.kind != "mul_mat" and "i32" in s.types}
+        with_ints = {s.op for s in eltwise_specs() if "i32" in s.types}
         self.assertEqual(ops_in(int_part), with_ints)
-        for spec in registry.OPS:
+        for spec in eltwise_specs():
             ints = {"i8", "i16", "i32"} & set(spec.types)
             self.assertIn(ints, (set(), {"i8", "i16", "i32"}), spec.op)
 
