@@ -24,8 +24,8 @@ DTYPES: dict[str, DType] = {
 }
 
 # What the NPU designs compute natively (the seeds' table: I8, I16, I32 and BF16
-# are native, F32 is emulated). F16 has no arithmetic on the AIE; the backend
-# does not convert it, so no design accepts it.
+# are native, F32 is emulated). F16 has no arithmetic on the AIE: only the GLU and
+# ROPE designs accept it, converting it to and from f32 on the core.
 NATIVE = ("bf16", "i8", "i16", "i32")
 EMULATED = ("f32",)
 FLOAT_TYPES = ("bf16", "f32")
