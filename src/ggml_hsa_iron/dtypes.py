@@ -17,7 +17,9 @@ class DType:
 
 DTYPES: dict[str, DType] = {
     "f32": DType("f32", 4, "float", "float32", True),
-    "f16": DType("f16", 2, "", "float16", True),
+    # The AIE has no f16 arithmetic: core functions hold f16 as its bit pattern (uint16_t)
+    # and convert it to and from f32 with integer operations (kernels/ggml_aie.h).
+    "f16": DType("f16", 2, "uint16_t", "float16", True),
     "bf16": DType("bf16", 2, "bfloat16", "bfloat16", True),
     "i8": DType("i8", 1, "int8_t", "int8", False),
     "i16": DType("i16", 2, "int16_t", "int16", False),
@@ -34,8 +36,8 @@ DTYPES: dict[str, DType] = {
 }
 
 # What the NPU designs compute natively (the seeds' table: I8, I16, I32 and BF16
-# are native, F32 is emulated). F16 has no arithmetic on the AIE; the backend
-# does not convert it, so no design accepts it.
+# are native, F32 is emulated). F16 has no arithmetic on the AIE: only the GLU and
+# ROPE designs accept it, converting it to and from f32 on the core.
 NATIVE = ("bf16", "i8", "i16", "i32")
 EMULATED = ("f32",)
 FLOAT_TYPES = ("bf16", "f32")

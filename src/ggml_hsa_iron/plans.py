@@ -17,6 +17,7 @@ from .errors import RequestError, UnsupportedError
 from .request import Request, Tensor
 from .tiling import (
     BCAST_MAX_BYTES,
+    MAX_REPEAT,
     MAX_TASKS_PER_CHANNEL,
     Broadcast,
     EltwisePlan,
@@ -31,6 +32,7 @@ from .tiling import (
     plan_gemv_blocks,
     plan_rows,
     split_run,
+    row_walk,
 )
 
 # Workers per column: the memory tile has 6 input and 6 output channels.
@@ -73,6 +75,9 @@ class EltwiseSpec:
     params: tuple[int, ...] = ()  # the op_params words the op reads, zeros filled in
     n_valid: int = 0  # the output's elements
     bcast_count: int = 0  # input 1's elements moved (broadcast), rounded up to whole words
+    # Per input: None (dense, moved linearly) or (row length, row stride, span) in elements
+    # for an input whose rows are `row stride` apart (GLU's halves of one tensor).
+    row_strides: tuple = ()
 
     @property
     def padded(self) -> bool:
@@ -98,6 +103,8 @@ class EltwiseSpec:
         }
         for i, p in enumerate(self.params):
             d[f"OP_P{i}"] = p
+        if self.kind == "glu":
+            d["GLU"] = 1
         if self.kind != "unary":
             d["IN1_T"] = DTYPES[self.in_types[1]].ctype
             d["BINARY"] = 1
@@ -127,9 +134,24 @@ class EltwiseSpec:
         out = []
         for i, t in enumerate(self.in_types):
             count = self.bcast_count if (self.kind == "bcast" and i == 1) else self.plan.n
+            if self.walk(i) is not None:
+                count = self.walk(i)[2]
             out.append((t, count))
         out.append((self.out_type, self.plan.n))
         return out
+
+    def walk(self, i: int):
+        return self.row_strides[i] if i < len(self.row_strides) else None
+
+    def fill_tap(self, i: int, start: int, length: int):
+        """(offset, sizes, strides) of input i's elements [start, start + length) of the
+        logical (row-major) order: a linear run, or whole rows walked with their stride."""
+        w = self.walk(i)
+        if w is None:
+            return start, (1, 1, 1, length), (0, 0, 0, 1)
+        row, stride, _ = w
+        sizes, strides = row_walk(row, stride, DTYPES[self.in_types[i]].size, length // row)
+        return (start // row) * stride, sizes, strides
 
 
 @dataclass(frozen=True)
@@ -342,6 +364,315 @@ def prepare_eltwise(req: Request) -> EltwiseSpec:
     )
 
 
+GLU_TYPES = ("bf16", "f16", "f32")
+
+
+def _row_strided(t: Tensor):
+    """(row length, row stride, span) in elements when t's rows (dimension 0) are all one
+    stride apart (a view of dimension-0 elements of a dense tensor, GLU's fused halves);
+    None when t is dense; UnsupportedError otherwise."""
+    if t.is_dense():
+        return None
+    size = t.size
+    ne, nb = t.ne, t.nb
+    if nb[0] != size or nb[1] % size or nb[1] < ne[0] * size:
+        raise UnsupportedError("GLU: an input's elements are not contiguous within its rows")
+    stride = nb[1] // size
+    if (ne[2] > 1 and nb[2] != ne[1] * nb[1]) or (ne[3] > 1 and nb[3] != ne[2] * ne[1] * nb[1]):
+        raise UnsupportedError("GLU: an input's rows are not evenly strided")
+    rows = ne[1] * ne[2] * ne[3]
+    span = (rows - 1) * stride + ne[0]
+    return ne[0], stride, pad_words(span, [size])
+
+
+def prepare_glu(req: Request) -> EltwiseSpec:
+    """GLU ops: act(x) * g, x and g of the output's shape, each dense or a view whose rows are
+    one stride apart (the backend passes the fused form's halves as two such views)."""
+    spec = registry.lookup(req.op)
+    arch = ARCHS.get(req.arch)
+    if arch is None:
+        raise UnsupportedError(f"arch {req.arch!r} is not targeted (aie2, aie2p)")
+    if len(req.inputs) != 2:
+        raise RequestError(f"{req.op} takes 2 inputs, the request has {len(req.inputs)}")
+    if any(req.op_params):
+        raise UnsupportedError(f"{req.op} reads no op_params; the request has {req.op_params}")
+    out = req.output
+    types = [t.dtype for t in req.inputs] + [out.dtype]
+    for t in types:
+        if t not in GLU_TYPES:
+            raise UnsupportedError(f"{req.op} does not take {t}; types: {', '.join(GLU_TYPES)}")
+    if not out.is_dense():
+        raise UnsupportedError(f"{req.op}: the output must be contiguous")
+    for t in req.inputs:
+        if t.ne != out.ne:
+            raise UnsupportedError(f"{req.op}: inputs must have the output's shape")
+    walks = tuple(_row_strided(t) for t in req.inputs)
+    n = out.nelements
+    sizes = [t.size for t in req.inputs] + [out.size]
+    row = out.ne[0]
+    if any(walks):
+        # Rows walked with a stride must be whole DMA words, and every column's share whole
+        # rows (its walk starts at a row).
+        for i, w in enumerate(walks):
+            if w is not None and row_walk(w[0], w[1], sizes[i], 1) is None:
+                raise UnsupportedError(
+                    f"{req.op}: strided rows of {row} {types[i]} elements are not whole "
+                    "32-bit words (or too long for one DMA walk)"
+                )
+        n_moved = n
+        plan = plan_eltwise(n, sizes, arch, ROWS_BINARY, chunk_multiple=row)
+    else:
+        n_moved = pad_words(n, sizes)
+        plan = plan_eltwise(n_moved, sizes, arch, ROWS_BINARY)
+    if plan is None:
+        raise UnsupportedError(
+            f"{req.op}: no tiling of {n} elements ({'/'.join(types)}) in "
+            f"{arch.l1_budget} bytes of a compute tile"
+        )
+    assert plan.n == n_moved
+    return EltwiseSpec(
+        req,
+        arch,
+        spec.op,
+        "glu",
+        tuple(types[:-1]),
+        out.dtype,
+        "f32",
+        plan,
+        None,
+        n_valid=n,
+        row_strides=walks,
+    )
+
+
+ROPE_SOURCE = "rope.cc"
+ROPE_TYPES = ("f32", "f16")
+# Workers per column: the memory tile splits x and the positions to R workers and joins R
+# outputs: 2 + R inputs, 2R + 1 outputs of its 6 + 6 channels.
+ROWS_ROPE = 2
+
+
+def _f32(x: float) -> float:
+    """x rounded to f32 (nearest even), as a Python float: every step of the constants below
+    is rounded like ggml's f32 arithmetic (libm's f32 functions are taken as correctly
+    rounded, which glibc's logf/powf are in nearly all cases)."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def _bits_f32(b: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", b & 0xFFFFFFFF))[0]
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """ROPE / ROPE_FF over rows of x (dimension 0), each with its position (positions[i2])."""
+
+    request: Request
+    arch: Arch
+    op: str
+    x: Tensor
+    pos: Tensor
+    ff: Tensor | None
+    plan: EltwisePlan  # over rows: plan.n rows, tiles of plan.tile rows
+    n_dims: int
+    neox: bool
+    constants: dict  # name -> f32 bit pattern (see kernels/rope.cc)
+    yarn: bool
+
+    @property
+    def rows(self) -> int:
+        return self.plan.n
+
+    @property
+    def ne0(self) -> int:
+        return self.x.ne[0]
+
+    @property
+    def ff_count(self) -> int:
+        return self.n_dims // 2
+
+    @property
+    def sequence(self) -> list[tuple[str, int]]:
+        """(type, elements) of the runtime-sequence arguments: x, positions, [ff,] output."""
+        out = [(self.x.dtype, self.x.nelements), ("i32", self.pos.nelements)]
+        if self.ff is not None:
+            # Moved as 32-bit words through the positions' FIFO (i32 objects); the core
+            # reads them back as f32.
+            out.append(("i32", self.ff.nelements))
+        out.append((self.x.dtype, self.x.nelements))
+        return out
+
+    def pos_tap(self, start_row: int, rows: int):
+        """(offset, sizes, strides) over the positions giving rows [start_row, start_row +
+        rows) one position each, positions[i2] for a row (i1, i2, i3): each position repeated
+        ne1 times (stride 0), i3 slices repeating the whole list. The plan makes every
+        column's share whole i2 groups (ne3 == 1) or whole i3 slices."""
+        ne1, ne2 = self.x.ne[1], self.x.ne[2]
+        if self.x.ne[3] == 1:
+            return start_row // ne1, (1, rows // ne1, ne1, 1), (0, 1, 0, 1)
+        return 0, (rows // (ne1 * ne2), ne2, ne1, 1), (0, 1, 0, 1)
+
+    @property
+    def ff_objects(self) -> int:
+        """ROPE_FF: objects of the positions' FIFO carrying the frequency factors."""
+        return self.ff_count // self.plan.tile if self.ff is not None else 0
+
+    def ff_tap(self):
+        """(offset, sizes, strides) over the frequency factors: ff_objects column objects,
+        each giving every worker the same T factors."""
+        T, R = self.plan.tile, self.plan.rows
+        return 0, (1, self.ff_objects, R, T), (0, T, 0, 1)
+
+    @property
+    def core(self) -> CoreSource:
+        d = {
+            "X_T": DTYPES[self.x.dtype].ctype,
+            "NE0": self.ne0,
+            "TILE_ROWS": self.plan.tile,
+            "N_DIMS": self.n_dims,
+            "NEOX": int(self.neox),
+            "FF": int(self.ff is not None),
+            "YARN": int(self.yarn),
+        }
+        d.update(self.constants)
+        return CoreSource(ROPE_SOURCE, "rope.o", d)
+
+
+def rope_constants(
+    n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow
+) -> dict:
+    """ggml's per-kernel ROPE constants, in f32 as ggml computes them (ggml_rope_yarn_corr_dims,
+    the theta scale, YaRN's magnitude scale), as f32 bit patterns."""
+    f = _f32
+    if not (freq_base > 0 and freq_scale > 0):
+        raise UnsupportedError(f"ROPE: freq_base {freq_base}, freq_scale {freq_scale}")
+    theta_scale = f(math.pow(freq_base, f(-2.0 / n_dims)))
+
+    def logf(x):  # C's logf: -inf at 0 (n_ctx_orig = 0, as test-backend-ops passes), NaN below
+        if x == 0:
+            return -math.inf
+        return math.nan if (x < 0 or math.isnan(x)) else f(math.log(x))
+
+    def div(a, b):  # IEEE division (x / 0 = +-inf, 0 / 0 = NaN)
+        if b == 0:
+            if a == 0 or math.isnan(a):
+                return math.nan
+            return math.copysign(math.inf, a) * math.copysign(1.0, b)
+        return f(a / b)
+
+    def corr_dim(n_rot):
+        ratio = div(n_ctx_orig, f(f(n_rot * 2) * f(math.pi)))
+        return div(f(n_dims * logf(ratio)), f(2 * logf(freq_base)))
+
+    def rounded(x, fn):  # floorf / ceilf, infinities and NaN kept
+        return x if (math.isinf(x) or math.isnan(x)) else float(fn(x))
+
+    low, den = 0.0, 1.0  # the YaRN ramp is only used with ext_factor != 0
+    if ext_factor != 0:
+        # ggml's MAX(0, start) and MIN(n_dims - 1, end) (C macros: a NaN start or end is kept).
+        start = rounded(corr_dim(beta_fast), math.floor)
+        end = rounded(corr_dim(beta_slow), math.ceil)
+        low = 0.0 if 0 > start else start
+        high = float(n_dims - 1) if n_dims - 1 < end else end
+        diff = high - low if not (math.isinf(high) and math.isinf(low)) else math.nan
+        den = f(0.001) if f(0.001) > diff else f(diff)
+        if not (math.isfinite(low) and math.isfinite(den)):
+            raise UnsupportedError("ROPE: YaRN correction dims are not finite")
+    mscale = attn_factor
+    if ext_factor != 0:
+        mscale = f(mscale * f(1 + f(f(0.1) * f(math.log(f(1 / freq_scale))))))
+    return {
+        "THETA_SCALE": _f32_bits(theta_scale),
+        "FREQ_SCALE": _f32_bits(freq_scale),
+        "EXT_FACTOR": _f32_bits(ext_factor),
+        "MSCALE": _f32_bits(mscale),
+        "CORR_LOW": _f32_bits(low),
+        "CORR_DEN": _f32_bits(den),
+    }
+
+
+def prepare_rope(req: Request) -> RopeSpec:
+    spec = registry.lookup(req.op)
+    arch = ARCHS.get(req.arch)
+    if arch is None:
+        raise UnsupportedError(f"arch {req.arch!r} is not targeted (aie2, aie2p)")
+    want = 3 if req.op == "ROPE_FF" else 2
+    if len(req.inputs) != want:
+        raise RequestError(f"{req.op} takes {want} inputs, the request has {len(req.inputs)}")
+    x, pos = req.inputs[0], req.inputs[1]
+    ff = req.inputs[2] if want == 3 else None
+    out = req.output
+    p = list(req.op_params) + [0] * (16 - len(req.op_params))
+    if any(p[spec.params :]):
+        raise UnsupportedError(f"{req.op}: op_params beyond word {spec.params} are not read")
+    n_dims, mode, n_ctx_orig = p[1], p[2], p[4]
+    (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow) = (
+        _bits_f32(b) for b in p[5:11]
+    )
+    if x.dtype not in ROPE_TYPES or out.dtype != x.dtype or out.ne != x.ne:
+        raise UnsupportedError(f"{req.op}: x and the output must be f32 or f16 of one shape")
+    if pos.dtype != "i32" or pos.nelements < x.ne[2]:
+        raise UnsupportedError(f"{req.op}: positions must be i32, one per row of dimension 2")
+    if ff is not None and (ff.dtype != "f32" or ff.nelements < n_dims // 2):
+        raise UnsupportedError(f"{req.op}: frequency factors must be f32 covering n_dims / 2")
+    for t in req.inputs + (out,):
+        if not t.is_dense():
+            raise UnsupportedError(f"{req.op}: strided operands are not supported")
+    if mode not in (0, 2):
+        raise UnsupportedError(f"{req.op}: mode {mode} (normal and NeoX only)")
+    if n_dims <= 0 or n_dims % 2 or n_dims > x.ne[0]:
+        raise UnsupportedError(f"{req.op}: n_dims {n_dims} for rows of {x.ne[0]}")
+    if (x.ne[0] * x.size) % 4:
+        raise UnsupportedError(f"{req.op}: rows of {x.ne[0]} {x.dtype} are not whole 32-bit words")
+    ne1, ne2, ne3 = x.ne[1], x.ne[2], x.ne[3]
+    rows = ne1 * ne2 * ne3
+    half_pad = -(-(n_dims // 2) // 16) * 16
+    # Resident per core (rope.cc's arrays of HALF_PAD floats): the frequency factors, the
+    # cos/sin cache, and on the stack the theta table and two row staging buffers.
+    resident = 6 * 4 * half_pad
+    # Every column's share: whole i2 groups (one positions walk), or whole i3 slices.
+    multiple = ne1 if ne3 == 1 else ne1 * ne2
+    row_bytes = [x.ne[0] * x.size, 4, x.ne[0] * out.size]
+    plan = plan_eltwise(
+        rows,
+        row_bytes,
+        arch,
+        ROWS_ROPE,
+        resident,
+        chunk_multiple=multiple,
+        # ROPE_FF: the frequency factors travel as the first n_dims/2 / T objects of the
+        # positions' FIFO (a compute tile has two input channels: x and positions).
+        tile_divides=n_dims // 2 if ff is not None else 0,
+    )
+    if plan is None:
+        raise UnsupportedError(
+            f"{req.op}: no tiling of {rows} rows of {x.ne[0]} {x.dtype} in "
+            f"{arch.l1_budget - resident} bytes of a compute tile"
+        )
+    if ne3 > 1 and plan.column_chunk // (ne1 * ne2) > MAX_REPEAT:
+        raise UnsupportedError(f"{req.op}: more than {MAX_REPEAT} i3 slices per column")
+    consts = rope_constants(
+        n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow
+    )
+    return RopeSpec(
+        req,
+        arch,
+        req.op,
+        x,
+        pos,
+        ff,
+        plan,
+        n_dims,
+        mode == 2,
+        consts,
+        bool(ext_factor != 0),
+    )
+
+
 def prepare_mul_mat(req: Request) -> MatmulSpec:
     _, arch = _check_common(req)
     src0, src1 = req.inputs
@@ -402,6 +733,10 @@ def prepare(req: Request):
         return prepare_mul_mat(req)
     if spec.kind == "rows":
         return prepare_rows(req)
+    if spec.kind == "glu":
+        return prepare_glu(req)
+    if spec.kind == "rope":
+        return prepare_rope(req)
     return prepare_eltwise(req)
 
 

@@ -21,6 +21,8 @@ BINARY_OPS = "binary_ops.py"
 UNARY_OPS = "unary_ops.py"
 MUL_MAT = "mul_mat.py"
 ROW_OPS = "row_ops.py"
+GLU_OPS = "glu_ops.py"
+ROPE = "rope.py"
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class OpSpec:
     types: tuple[str, ...]
     broadcast: bool
     noncontiguous: bool
-    kind: str  # "binary", "unary", "mul_mat" or "rows"
+    kind: str  # "binary", "unary", "mul_mat", "rows", "glu" or "rope"
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
     # f32 bit patterns); non-zero words beyond them are refused.
@@ -73,6 +75,20 @@ _SOFT_MAX_LIMITS = (
     "dimensions 2 and 3; sinks f32; op_params scale and max_bias (ALiBi)"
 )
 
+_GLU_LIMITS = (
+    "x and g of the output's shape, f32, f16 or bf16 (computed in f32; f16 converted on the "
+    "core); each input dense or with rows (dimension 0) one stride apart (the fused form's "
+    "halves), such rows whole 32-bit words; the output contiguous"
+)
+_GLU_TYPES = ("bf16", "f16", "f32")
+
+_ROPE_LIMITS = (
+    "x and the output f32 or f16 of one shape, contiguous, rows whole 32-bit words; positions "
+    "i32 (one per i2); ROPE_FF: f32 frequency factors; normal and NeoX modes, YaRN parameters "
+    "(op_params 0..10), n_dims <= ne0 (the rest copied); cos/sin accurate for |theta| below "
+    "about 6000"
+)
+
 _INT_AND_FLOAT = ALL_TYPES
 _FLOAT_ONLY = FLOAT_TYPES
 
@@ -86,6 +102,10 @@ def _rows(op: str, inputs: int, types, params: int, limits: str = _ROWS_LIMITS) 
     # output or x: the masks and sinks are broadcast (ggml's rules), so declare it.
     bcast = inputs > 1
     return OpSpec(op, ROW_OPS, inputs, tuple(types), bcast, False, "rows", limits, params)
+
+
+def _glu(op: str) -> OpSpec:
+    return OpSpec(op, GLU_OPS, 2, _GLU_TYPES, False, True, "glu", _GLU_LIMITS)
 
 
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
@@ -152,6 +172,15 @@ OPS: tuple[OpSpec, ...] = (
     _rows("SOFT_MAX_SINKS", 2, ("f32",), 2, _SOFT_MAX_LIMITS),
     _rows("SOFT_MAX_MASK_SINKS", 3, ("f32", "f16"), 2, _SOFT_MAX_LIMITS),
     _rows("ARGMAX", 1, ("f32", "i32"), 0, _ROWS_LIMITS + "; one i32 index per row"),
+    _glu("REGLU"),
+    _glu("GEGLU"),
+    _glu("SWIGLU"),
+    _glu("GEGLU_ERF"),
+    _glu("GEGLU_QUICK"),
+    # ROPE's inputs (positions, frequency factors) are smaller than the output, which the
+    # protocol calls broadcast; op_params 0..10 are ggml's rope parameters.
+    OpSpec("ROPE", ROPE, 2, ("f16", "f32", "i32"), True, False, "rope", _ROPE_LIMITS, 11),
+    OpSpec("ROPE_FF", ROPE, 3, ("f16", "f32", "i32"), True, False, "rope", _ROPE_LIMITS, 11),
 )
 
 # (src0, src1, dst) type triples MUL_MAT compiles. src0 holds the weights.
@@ -169,7 +198,7 @@ MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = (
 )
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
-SOURCES: tuple[str, ...] = (BINARY_OPS, UNARY_OPS, MUL_MAT, ROW_OPS)
+SOURCES: tuple[str, ...] = (BINARY_OPS, UNARY_OPS, MUL_MAT, ROW_OPS, GLU_OPS, ROPE)
 
 
 def lookup(op: str) -> OpSpec | None:

@@ -117,13 +117,18 @@ def plan_eltwise(
     arch: Arch,
     max_rows: int,
     resident_bytes: int = 0,
+    chunk_multiple: int = 1,
+    tile_divides: int = 0,
 ) -> EltwisePlan | None:
     """The cheapest plan for n elements, or None when none exists.
 
     `streamed_sizes` are the element sizes of the operands streamed tile by
     tile (inputs and output); `resident_bytes` is what a worker keeps for the
     whole dispatch (a broadcast operand). Every operand's tile must be whole
-    DMA words, every worker's share must be whole tiles.
+    DMA words, every worker's share must be whole tiles. `chunk_multiple`: each
+    column's share must be a multiple of it (whole rows, when an operand is walked
+    row by row); `tile_divides`: when set, the tile must divide it (ROPE_FF sends its
+    frequency factors in tile-sized objects).
     """
     if n < 1:
         return None
@@ -136,12 +141,18 @@ def plan_eltwise(
     best = None
     best_key = None
     for columns in range(1, arch.columns + 1):
+        if n % columns or (n // columns) % chunk_multiple:
+            continue
         for rows in range(1, max_rows + 1):
             workers = columns * rows
             if n % workers:
                 continue
             share = n // workers
-            tiles = [t for t in divisors(share) if t % unit == 0 and t <= max_tile]
+            tiles = [
+                t
+                for t in divisors(share)
+                if t % unit == 0 and t <= max_tile and (not tile_divides or tile_divides % t == 0)
+            ]
             if not tiles:
                 continue
             tile = tiles[-1]
@@ -153,6 +164,24 @@ def plan_eltwise(
                 best_key = key
                 best = EltwisePlan(n, columns, rows, tile, iterations)
     return best
+
+
+def row_walk(length: int, stride: int, elem_bytes: int, rows: int):
+    """(sizes, strides) of a shim DMA walk over `rows` rows of `length` elements, `stride`
+    elements apart: the row split as [length / w, w] with w at most MAX_WRAP words and
+    length / w at most MAX_WRAP (the two wrap-limited dimensions), rows in the third.
+    None when `length` has no such split or the rows are not whole 32-bit words."""
+    if (length * elem_bytes) % DMA_WORD or (stride * elem_bytes) % DMA_WORD:
+        return None
+    per_word = max(1, DMA_WORD // elem_bytes)
+    for w in reversed(divisors(length)):
+        words = w * elem_bytes // DMA_WORD
+        if w % per_word or words > MAX_WRAP:
+            continue
+        if length // w > MAX_WRAP:
+            return None
+        return (1, rows, length // w, w), (0, stride, w, 1)
+    return None
 
 
 @dataclass(frozen=True)

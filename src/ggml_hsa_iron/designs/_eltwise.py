@@ -14,6 +14,10 @@ elements, say) are moved rounded up to whole words (`EltwiseSpec.padded`): the
 operands' last DMA words are read and written whole, and the core function
 gives the output's pad elements input 0's bits (see kernels/eltwise.cc).
 
+GLU ops (act(x) * g) use the binary dataflow; an input whose rows are strided (the
+fused form's halves of one tensor) is read row by row (`EltwiseSpec.fill_tap`), each
+column's share being whole rows.
+
 Runtime-sequence arguments: the inputs in request order, then the output,
 which is the order the backend passes the operand addresses in.
 """
@@ -61,16 +65,19 @@ def build(spec):
     n = p.n
     dev = device(spec.arch, C)
     streamed = [0] if spec.kind in ("unary", "bcast") else [0, 1]
+    # GLU (act(x) * g) has the binary ops' dataflow and core function signature.
+    binary = spec.kind in ("binary", "glu")
 
     # Runtime-sequence tensors: inputs then output (the backend's operand order).
     seq_types = [vector_type(count, t) for t, count in spec.sequence]
+    seq_types_count = [count for _, count in spec.sequence]
 
     tile_in = [vector_type(T, t) for t in spec.in_types]
     tile_out = vector_type(T, spec.out_type)
 
     if spec.kind == "unary":
         kern = Kernel("ggml_eltwise_unary", OBJECT, [tile_in[0], tile_out])
-    elif spec.kind == "binary":
+    elif binary:
         kern = Kernel("ggml_eltwise_binary", OBJECT, [tile_in[0], tile_in[1], tile_out])
     else:
         b_type = seq_types[1]
@@ -141,7 +148,7 @@ def build(spec):
                     w = Worker(core_unary, fn_args=args, tile=tile)
                 else:
                     w = Worker(core_unary_begin, fn_args=args + begin, tile=tile)
-            elif spec.kind == "binary":
+            elif binary:
                 args = [subs[0][r].cons(), subs[1][r].cons(), out_subs[r].prod(), kern]
                 if kern_begin is None:
                     w = Worker(core_binary, fn_args=args, tile=tile)
@@ -179,7 +186,12 @@ def build(spec):
             if j is None:
                 h.fill(bufs[1])
             else:
-                h.fill(bufs[j], tap=_linear_tap(n, c * chunk, chunk))
+                # Dense inputs are read linearly; GLU's strided halves row by row.
+                offset, sizes, strides = spec.fill_tap(j, c * chunk, chunk)
+                total = seq_types_count[j]
+                h.fill(
+                    bufs[j], tap=TensorAccessPattern((total,), offset, list(sizes), list(strides))
+                )
         for c, h in enumerate(handles[len(fills) :]):
             h.drain(bufs[-1], tap=_linear_tap(n, c * chunk, chunk), wait=True)
 

@@ -39,6 +39,7 @@ FLAGS = [
 CTYPES = {
     "bfloat16": "bfloat16",
     "float32": "float",
+    "float16": "uint16_t",  # f16 bit patterns (the cores convert them, see ggml_aie.h)
     "int8": "int8_t",
     "int16": "int16_t",
     "int32": "int32_t",

@@ -51,9 +51,13 @@ class ObjType:
 
     @property
     def name(self) -> str:
-        return {"bfloat16": "bf16", "float32": "f32", "int8": "i8", "int16": "i16"}.get(
-            self.dtype.name, "i32" if self.dtype.name == "int32" else self.dtype.name
-        )
+        return {
+            "bfloat16": "bf16",
+            "float32": "f32",
+            "float16": "f16",
+            "int8": "i8",
+            "int16": "i16",
+        }.get(self.dtype.name, "i32" if self.dtype.name == "int32" else self.dtype.name)
 
     def same(self, other: "ObjType") -> bool:
         return self.elems == other.elems and self.dtype == other.dtype

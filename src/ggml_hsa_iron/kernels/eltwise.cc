@@ -7,6 +7,8 @@
 //   IN0_T, IN1_T, OUT_T operand C types (IN1_T for binary ops)
 //   COMPUTE_F32 / COMPUTE_INT   float operands (computed in f32) or integers
 //   BINARY=1            binary op; BCAST=1 input 1 repeated over the output,
+//   GLU=1               with BINARY: a GLU op (GGML_OP_REGLU ...), act(a) * b
+//                       (f16 operands are uint16_t bits, converted in ggml_aie.h)
 //   OUT_NE0..3, SRC_NE0..3      the output's and input 1's shapes
 //   PAD=1, N_VALID      the element count (N_VALID) is not whole 32-bit words: the
 //                       design moves it rounded up, so the last tile ends in pad
@@ -36,7 +38,26 @@ using namespace ggml_aie;
 
 // ------------------------------------------------------------------ float ops
 
-#if BINARY
+#if BINARY && defined(GLU)
+// GLU ops: act(x) * g, with ggml's activations (eltwise's unary GELU, SILU, ...).
+static inline vf op2(vf x, vf g) {
+  const vf zero = splat(0.0f), one = splat(1.0f);
+#if defined(GGML_OP_REGLU)
+  return pick(gt(x, zero), mul(x, g), zero); // ggml: x > 0 ? x * g : 0
+#elif defined(GGML_OP_GEGLU)
+  vf inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715f)), 0.79788456080286536f);
+  return mul(mul(mul(x, 0.5f), add(one, tanh(inner))), g);
+#elif defined(GGML_OP_SWIGLU)
+  return mul(mul(x, sigmoid(x)), g);
+#elif defined(GGML_OP_GEGLU_ERF)
+  return mul(mul(mul(x, 0.5f), add(one, erf(mul(x, 0.70710678118654752f)))), g);
+#elif defined(GGML_OP_GEGLU_QUICK)
+  return mul(mul(x, sigmoid(mul(x, 1.702f))), g);
+#else
+#error "unknown GLU op"
+#endif
+}
+#elif BINARY
 static inline vf op2(vf a, vf b) {
 #if defined(GGML_OP_ADD)
   return add(a, b);

@@ -142,6 +142,10 @@ inline vf recip(vf b) {
   vf two = splat(2.0f);
   for (int i = 0; i < 3; ++i)
     x = mul(x, sub(two, mul(mag, x)));
+  // A last step in residual form, x + x (1 - |b| x): the product form above can stop one
+  // ulp short (1/1 = 0.99999994), which shows when ggml's results are rounded to bf16 at a
+  // tie (SWIGLU: 92 * 34 = 3128 in f32, between two bf16 values).
+  x = add(x, mul(x, sub(splat(1.0f), mul(mag, x))));
   // 1/0 = inf, as IEEE division gives.
   vmask zero = aie::eq(bits(mag), splat_i(0));
   x = pick(zero, from_bits(splat_i(0x7f800000)), x);
@@ -344,6 +348,74 @@ inline vf sin_quadrant(vf x, int32_t quadrant) {
 
 inline vf sin(vf x) { return sin_quadrant(x, 0); }
 inline vf cos(vf x) { return sin_quadrant(x, 1); }
+
+// --------------------------------------------------------------------- f16
+// The AIE has no f16 arithmetic (and the AIE API no f16 vector type on aie2): f16 operands
+// are held as their bit patterns (uint16_t) and converted to and from f32 with integer
+// operations, 16 lanes at a time through an aligned staging buffer. f32 -> f16 rounds to
+// nearest even, as ggml's CPU conversion (IEEE's default, F16C) does; the conversion is
+// integer code, so the core's aie::set_rounding mode does not affect it.
+
+inline float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, b;
+  if (e == 0x1f) {
+    b = sign | 0x7f800000u | (m << 13); // inf, NaN (payload kept)
+  } else if (e != 0) {
+    b = sign | ((e + 112) << 23) | (m << 13);
+  } else if (m == 0) {
+    b = sign;
+  } else { // subnormal m * 2^-24: normalise
+    uint32_t s = 0;
+    while (!(m & 0x400u)) {
+      m <<= 1;
+      ++s;
+    }
+    b = sign | ((113 - s) << 23) | ((m & 0x3ffu) << 13);
+  }
+  return __builtin_bit_cast(float, b);
+}
+
+inline uint16_t f32_to_f16(float f) {
+  uint32_t x = __builtin_bit_cast(uint32_t, f);
+  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  uint32_t a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) // NaN: quiet, top payload bits kept
+    return sign | 0x7e00u | (uint16_t)((a >> 13) & 0x3ffu);
+  if (a >= 0x477ff000u) // at or above halfway between 65504 and 65536: infinity
+    return sign | 0x7c00u;
+  if (a >= 0x38800000u) { // normal f16 (>= 2^-14): rebias, round the 13 dropped bits
+    uint32_t r = a - (112u << 23);
+    uint32_t h = r >> 13, rem = r & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
+      ++h;
+    return sign | (uint16_t)h;
+  }
+  if (a <= 0x33000000u) // at most 2^-25 (half the smallest subnormal, ties to even 0)
+    return sign;
+  uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
+  uint32_t shift = 126 - e; // 14..24: m * 2^(e-150) in units of 2^-24
+  uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (h & 1)))
+    ++h;
+  return sign | (uint16_t)h;
+}
+
+inline vf load_aligned(const uint16_t *p) {
+  alignas(64) float tmp[VEC];
+  for (unsigned i = 0; i < VEC; ++i)
+    tmp[i] = f16_to_f32(p[i]);
+  return aie::load_v<VEC>(tmp);
+}
+inline vf load_any(const uint16_t *p) { return load_aligned(p); }
+
+inline void store_aligned(uint16_t *p, vf v) {
+  alignas(64) float tmp[VEC];
+  aie::store_v(tmp, v);
+  for (unsigned i = 0; i < VEC; ++i)
+    p[i] = f32_to_f16(tmp[i]);
+}
+inline void store_any(uint16_t *p, vf v) { store_aligned(p, v); }
 
 // Tails shorter than VEC go through aligned staging buffers, so the math is
 // always the vector code (no scalar float emulation).

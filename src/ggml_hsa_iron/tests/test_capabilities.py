@@ -61,11 +61,20 @@ def row_request(op: str, dtype: str, arch: str) -> str:
     if op == "RMS_NORM_MUL":
         inputs.append(tensor("f32", [64]))
     return request_json(op, inputs, x, arch=arch)
+# Issue 15: the GLU family (x, g; f32/f16/bf16) and ROPE (x, positions[, frequency
+# factors]; 11 op_params words).
+GLU = ["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]
+ROPE = ["ROPE", "ROPE_FF"]
+WITH_F16 = GLU + ROPE
 
 
 def defined_functions(source: str) -> set[str]:
     tree = ast.parse((PACKAGE / "designs" / source).read_text())
     return {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def eltwise_specs():
+    return [s for s in registry.OPS if s.kind in ("unary", "binary", "glu")]
 
 
 class CapabilitiesTest(unittest.TestCase):
@@ -82,18 +91,24 @@ class CapabilitiesTest(unittest.TestCase):
                 ("noncontiguous", bool),
             ):
                 self.assertIsInstance(op[key], kind, op["op"])
-            # MUL_MAT's weights may also be f16 or block-quantized; f16 is SOFT_MAX's mask.
-            extra = set(("f16",) + QUANT_TYPES) if op["op"] == "MUL_MAT" else set()
-            if op["op"].startswith("SOFT_MAX_MASK"):
-                extra = {"f16"}
+            # MUL_MAT's weights may also be f16 or block-quantized; f16 elsewhere as listed.
+            extra = set(("f16",) + QUANT_TYPES) if op["op"] == "MUL_MAT" else {"f16"}
             self.assertTrue(set(op["types"]) <= set(ALL_TYPES) | extra, op["op"])
 
     def test_the_seed_list_is_declared(self):
         ops = {o["op"]: o for o in capabilities()["ops"]}
         self.assertEqual(
             sorted(ops),
-            sorted(SEED_BINARY + SEED_UNARY + EXTRA_UNARY + WITH_PARAMS + ["MUL_MAT"] + ROW_OPS),
+            sorted(
+                SEED_BINARY + SEED_UNARY + EXTRA_UNARY + WITH_PARAMS + ["MUL_MAT"] + ROW_OPS + GLU + ROPE
+            ),
         )
+        for op in GLU:
+            self.assertEqual(ops[op]["inputs"], 2)
+            self.assertEqual(ops[op]["types"], ["bf16", "f16", "f32"])
+            self.assertFalse(ops[op]["broadcast"])
+            self.assertTrue(ops[op]["noncontiguous"])
+        self.assertEqual([ops[op]["inputs"] for op in ROPE], [2, 3])
         for op in SEED_BINARY:
             self.assertEqual(ops[op]["inputs"], 2)
             self.assertTrue(ops[op]["broadcast"])
@@ -102,26 +117,24 @@ class CapabilitiesTest(unittest.TestCase):
             self.assertFalse(ops[op]["broadcast"])
         for op in EXTRA_UNARY + WITH_PARAMS:
             self.assertEqual(ops[op]["types"], list(FLOAT_TYPES), op)
-        eltwise = [s for s in registry.OPS if s.kind != "rows"]
-        self.assertEqual({s.op for s in eltwise if s.params}, set(WITH_PARAMS))
-        self.assertTrue(all(s.params == 2 for s in eltwise if s.params))
-        # f16 only as MUL_MAT's weights (decoded on the cores) and SOFT_MAX's mask.
-        no_f16 = [
-            o for o in ops.values()
-            if o["op"] != "MUL_MAT" and not o["op"].startswith("SOFT_MAX_MASK")
-        ]
-        self.assertNotIn("f16", {t for o in no_f16 for t in o["types"]})
+        params = {s.op for s in registry.OPS if s.params and s.kind not in ("rows", "rope")}
+        self.assertEqual(params, set(WITH_PARAMS))
+        self.assertEqual({s.params for s in registry.OPS if s.op in WITH_PARAMS}, {2})
+        self.assertEqual({s.params for s in registry.OPS if s.kind == "rope"}, {11})
+        with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
+        self.assertTrue(set(WITH_F16) | {"MUL_MAT", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"} >= with_f16)
+        self.assertTrue(with_f16 >= set(WITH_F16))
 
     def test_every_declared_op_has_a_design_function_and_core_source(self):
         for spec in registry.OPS:
             with self.subTest(op=spec.op):
                 self.assertIn(spec.kernel_name, defined_functions(spec.source))
-        for source in ("eltwise.cc", "mm.cc", "mv.cc", "rows.cc", "ggml_aie.h"):
+        for source in ("eltwise.cc", "mm.cc", "mv.cc", "rows.cc", "rope.cc", "ggml_aie.h"):
             self.assertTrue((KERNELS / source).is_file(), source)
         eltwise = (KERNELS / "eltwise.cc").read_text()
         rows = (KERNELS / "rows.cc").read_text()
         for spec in registry.OPS:
-            if spec.kind in ("unary", "binary"):
+            if spec.kind in ("unary", "binary", "glu"):
                 self.assertIn(f"defined(GGML_OP_{spec.op})", eltwise, spec.op)
             elif spec.kind == "rows":
                 self.assertIn(f"defined(GGML_OP_{spec.op})", rows, spec.op)
@@ -138,7 +151,20 @@ class CapabilitiesTest(unittest.TestCase):
             for dtype in spec.types:
                 for arch in ("aie2", "aie2p"):
                     with self.subTest(op=spec.op, dtype=dtype, arch=arch):
-                        if spec.kind == "mul_mat":
+                        if spec.kind == "rope":
+                            if dtype == "i32":
+                                continue  # the positions' type, covered by f32 and f16
+                            ins = [tensor(dtype, [64, 4, 3]), tensor("i32", [3])]
+                            if spec.op == "ROPE_FF":
+                                ins.append(tensor("f32", [32]))
+                            req = request_json(
+                                spec.op,
+                                ins,
+                                tensor(dtype, [64, 4, 3]),
+                                arch=arch,
+                                op_params=[0, 64, 0, 0, 0, 0x461C4000, 0x3F800000, 0, 0x3F800000],
+                            )
+                        elif spec.kind == "mul_mat":
                             combos = [c for c in registry.MUL_MAT_COMBOS if dtype in c]
                             self.assertTrue(combos)
                             s0, s1, d = combos[0]
@@ -191,15 +217,11 @@ class CapabilitiesTest(unittest.TestCase):
         def ops_in(part):
             return set(re.findall(r"defined\(GGML_OP_(\w+)\)", part))
 
-        eltwise = {s.op for s in registry.OPS if s.kind in ("unary", "binary")}
+        eltwise = {s.op for s in registry.OPS if s.kind in ("unary", "binary", "glu")}
         self.assertEqual(ops_in(float_part), eltwise)
-        with_ints = {
-            s.op for s in registry.OPS if s.kind in ("unary", "binary") and "i32" in s.types
-        }
+        with_ints = {s.op for s in eltwise_specs() if "i32" in s.types}
         self.assertEqual(ops_in(int_part), with_ints)
-        for spec in registry.OPS:
-            if spec.op == "ARGMAX":  # f32 rows to i32 indices
-                continue
+        for spec in eltwise_specs():
             ints = {"i8", "i16", "i32"} & set(spec.types)
             self.assertIn(ints, (set(), {"i8", "i16", "i32"}), spec.op)
 

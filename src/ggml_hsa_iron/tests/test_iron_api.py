@@ -32,6 +32,9 @@ OWN_METHODS = {
     "a_dims",
     "b_dims",
     "c_dims",
+    "fill_tap",  # EltwiseSpec.fill_tap (GLU's strided inputs)
+    "pos_tap",  # RopeSpec.pos_tap / ff_tap
+    "ff_tap",
     "append",
     "extend",
     "items",

@@ -1,0 +1,152 @@
+// rope.cc: ROPE and ROPE_FF core functions of ggml_hsa_iron (aie2 / aie2p).
+//
+// Built once per kernel with Peano; the design (designs/rope.py) sets:
+//   X_T                 the data's C type: float, or uint16_t (f16 bit patterns)
+//   NE0                 elements per row; TILE_ROWS rows per object FIFO tile
+//   N_DIMS              rotated elements per row (even, <= NE0); the rest is copied
+//   NEOX=1              NeoX mode: pairs (i, i + N_DIMS/2); otherwise (2i, 2i + 1)
+//   FF=1                frequency factors (ROPE_FF): theta is divided by ff[i]
+//   YARN=1              ext_factor != 0 (YaRN's ramp between interpolation and extrapolation)
+//   THETA_SCALE, FREQ_SCALE, EXT_FACTOR, MSCALE, CORR_LOW, CORR_DEN
+//                       f32 bit patterns of ggml's constants, computed by the compiler as
+//                       ggml computes them (plans.py, RopeSpec): theta_scale =
+//                       freq_base^(-2/n_dims), the YaRN correction dims low and
+//                       max(0.001, high - low), and attn_factor times YaRN's magnitude
+//                       scale when ext_factor != 0
+//
+// Functions (arguments as the object FIFOs deliver them):
+//   ggml_rope_begin()                  once per dispatch: forget the cached position
+//   ggml_rope_ff(part, index)          (FF) TILE_ROWS frequency factors (f32 bits), part
+//                                      `index` of n_dims/2, from the positions' FIFO
+//   ggml_rope(x, pos, out)             TILE_ROWS rows; pos holds each row's position (the
+//                                      design streams positions[i2] once per row)
+//
+// ggml's order of operations (per position p, i = 0 .. N_DIMS/2 - 1): theta_extrap =
+// theta / ff[i] with theta = p * theta_scale^i built by repeated multiplication; theta_interp
+// = freq_scale * theta_extrap; with ext_factor != 0, ramp = 1 - clamp((i - low) / den, 0, 1),
+// mix = ramp * ext_factor, theta = theta_interp (1 - mix) + theta_extrap mix; cos and sin of
+// theta times mscale. The theta recurrence is scalar f32 (one multiply per pair, once per
+// distinct position, i.e. shared by a position's heads) so that it rounds as ggml's does;
+// sin and cos are the vector functions of ggml_aie.h (accurate for |theta| below about
+// 6000). Rows are rotated 16 pairs at a time in f32.
+
+#include "ggml_aie.h"
+
+#ifndef TILE_ROWS
+#error "TILE_ROWS must be defined"
+#endif
+
+using namespace ggml_aie;
+
+#if !defined(NEOX)
+#define NEOX 0
+#endif
+#if !defined(FF)
+#define FF 0
+#endif
+
+constexpr int HALF = N_DIMS / 2;
+constexpr int HALF_PAD = (HALF + (int)VEC - 1) / (int)VEC * (int)VEC;
+
+static inline float f32_of(uint32_t bits) { return __builtin_bit_cast(float, bits); }
+
+// Per core: each core links its own copy. Everything of HALF_PAD floats is static (the
+// plan counts 6 such arrays against the core's data memory), so the stack stays small.
+static int32_t g_pos;
+static bool g_valid;
+alignas(64) static float g_cos[HALF_PAD];
+alignas(64) static float g_sin[HALF_PAD];
+alignas(64) static float g_ff[HALF_PAD];
+alignas(64) static float g_theta[HALF_PAD];
+alignas(64) static float g_a[HALF_PAD];
+alignas(64) static float g_b[HALF_PAD];
+
+static inline float to_f32(float v) { return v; }
+static inline float to_f32(uint16_t v) { return f16_to_f32(v); }
+static inline void from_f32(float &d, float v) { d = v; }
+static inline void from_f32(uint16_t &d, float v) { d = f32_to_f16(v); }
+
+static void fill_cache(int32_t p) {
+  const float theta_scale = f32_of(THETA_SCALE), freq_scale = f32_of(FREQ_SCALE);
+  float *theta_tab = g_theta;
+  float theta = (float)p;
+  for (int i = 0; i < HALF; ++i) {
+#if FF
+    float extrap = theta / g_ff[i];
+#else
+    float extrap = theta;
+#endif
+    float interp = freq_scale * extrap;
+    float th = interp;
+#if YARN
+    {
+      float y = ((float)i - f32_of(CORR_LOW)) / f32_of(CORR_DEN);
+      y = y < 0.0f ? 0.0f : (y > 1.0f ? 1.0f : y);
+      float mix = (1.0f - y) * f32_of(EXT_FACTOR);
+      th = interp * (1.0f - mix) + extrap * mix;
+    }
+#endif
+    theta_tab[i] = th;
+    theta *= theta_scale;
+  }
+  for (int i = HALF; i < HALF_PAD; ++i)
+    theta_tab[i] = 0.0f;
+  const float mscale = f32_of(MSCALE);
+  for (int i = 0; i < HALF_PAD; i += VEC) {
+    vf th = aie::load_v<VEC>(theta_tab + i);
+    aie::store_v(g_cos + i, mul(cos(th), mscale));
+    aie::store_v(g_sin + i, mul(sin(th), mscale));
+  }
+  g_pos = p;
+  g_valid = true;
+}
+
+static void rotate_row(const X_T *x, X_T *out) {
+  float *a = g_a, *b = g_b;
+  for (int i = 0; i < HALF; ++i) {
+    int ia = NEOX ? i : 2 * i, ib = NEOX ? i + HALF : 2 * i + 1;
+    a[i] = to_f32(x[ia]);
+    b[i] = to_f32(x[ib]);
+  }
+  for (int i = HALF; i < HALF_PAD; ++i)
+    a[i] = b[i] = 0.0f;
+  for (int i = 0; i < HALF_PAD; i += VEC) {
+    vf va = aie::load_v<VEC>(a + i), vb = aie::load_v<VEC>(b + i);
+    vf c = aie::load_v<VEC>(g_cos + i), s = aie::load_v<VEC>(g_sin + i);
+    // ggml: x0 cos - x1 sin, x0 sin + x1 cos
+    aie::store_v(a + i, sub(mul(va, c), mul(vb, s)));
+    aie::store_v(b + i, add(mul(va, s), mul(vb, c)));
+  }
+  for (int i = 0; i < HALF; ++i) {
+    int ia = NEOX ? i : 2 * i, ib = NEOX ? i + HALF : 2 * i + 1;
+    from_f32(out[ia], a[i]);
+    from_f32(out[ib], b[i]);
+  }
+  // Dimensions past n_dims are copied unchanged (bit for bit).
+  for (int i = N_DIMS; i < NE0; ++i)
+    out[i] = x[i];
+}
+
+extern "C" {
+
+void ggml_rope_begin() { g_valid = false; }
+
+#if FF
+void ggml_rope_ff(int32_t *part, int32_t index) {
+  for (int i = 0; i < TILE_ROWS; ++i)
+    g_ff[index * TILE_ROWS + i] = __builtin_bit_cast(float, part[i]);
+}
+#endif
+
+void ggml_rope(X_T *x, int32_t *pos, X_T *out) {
+  // Round to nearest even: on aie2 the f32 vector multiply of ggml_aie.h splits its operands
+  // into bf16 pieces by conversions in the core's rounding mode (reset value: floor).
+  set_ggml_rounding();
+  for (int r = 0; r < TILE_ROWS; ++r) {
+    if (!g_valid || pos[r] != g_pos)
+      fill_cache(pos[r]);
+    rotate_row(x + r * NE0, out + r * NE0);
+  }
+}
+
+} // extern "C"

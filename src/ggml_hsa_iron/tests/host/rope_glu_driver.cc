@@ -1,0 +1,72 @@
+// Host driver of the GLU (eltwise.cc with GLU=1) and ROPE (rope.cc) core functions, built
+// with g++ against the AIE API stand-in by tests/test_rope_glu_host.py. Operands are raw
+// files; the driver calls the core functions tile by tile, as the designs' workers do.
+//   GLU:  driver a.bin b.bin out.bin n            (n a multiple of TILE)
+//   ROPE: driver x.bin pos.bin ff.bin out.bin rows  (pos: one i32 per row; rows a multiple
+//                                                    of TILE_ROWS; ff.bin read with FF=1)
+//   F16:  driver in.bin out.bin n                 (f32 -> f16 -> f32 round trip of n f32
+//                                                    values: out holds the f16 bits, then
+//                                                    their f32 values)
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+template <typename T> static std::vector<T> slurp(const char *path, size_t n) {
+  std::vector<T> v(n);
+  FILE *f = fopen(path, "rb");
+  if (!f || fread(v.data(), sizeof(T), n, f) != n)
+    exit(2);
+  fclose(f);
+  return v;
+}
+
+template <typename T> static void spit(const char *path, const std::vector<T> &v) {
+  FILE *f = fopen(path, "wb");
+  if (!f || fwrite(v.data(), sizeof(T), v.size(), f) != v.size())
+    exit(3);
+  fclose(f);
+}
+
+int main(int argc, char **argv) {
+#if defined(DRIVER_GLU)
+  (void)argc;
+  size_t n = strtoul(argv[4], nullptr, 10);
+  auto a = slurp<IN0_T>(argv[1], n);
+  auto b = slurp<IN1_T>(argv[2], n);
+  std::vector<OUT_T> out(n);
+  for (size_t i = 0; i < n; i += TILE)
+    ggml_eltwise_binary(a.data() + i, b.data() + i, out.data() + i);
+  spit(argv[3], out);
+#elif defined(DRIVER_ROPE)
+  (void)argc;
+  size_t rows = strtoul(argv[5], nullptr, 10);
+  auto x = slurp<X_T>(argv[1], rows * NE0);
+  auto pos = slurp<int32_t>(argv[2], rows);
+  std::vector<X_T> out(rows * NE0);
+  ggml_rope_begin();
+#if FF
+  auto ff = slurp<int32_t>(argv[3], N_DIMS / 2);
+  for (int j = 0; j < N_DIMS / 2 / TILE_ROWS; ++j)
+    ggml_rope_ff(ff.data() + j * TILE_ROWS, j);
+#endif
+  for (size_t r = 0; r < rows; r += TILE_ROWS)
+    ggml_rope(x.data() + r * NE0, pos.data() + r, out.data() + r * NE0);
+  spit(argv[4], out);
+#elif defined(DRIVER_F16)
+  (void)argc;
+  size_t n = strtoul(argv[3], nullptr, 10);
+  auto in = slurp<float>(argv[1], n);
+  std::vector<uint16_t> bits(n);
+  std::vector<float> back(n);
+  for (size_t i = 0; i < n; ++i) {
+    bits[i] = ggml_aie::f32_to_f16(in[i]);
+    back[i] = ggml_aie::f16_to_f32(bits[i]);
+  }
+  spit(argv[2], bits);
+  FILE *f = fopen(argv[2], "ab");
+  if (!f || fwrite(back.data(), 4, n, f) != n)
+    exit(3);
+  fclose(f);
+#endif
+  return 0;
+}

@@ -1,0 +1,232 @@
+"""The GLU and ROPE core functions and the f16 conversions, built for the host with g++
+against the AIE API stand-in (as tests/test_kernels_host.py does for the other kernels) with
+the defines `plans.prepare` gives, and compared with numpy references of ggml's semantics.
+Skipped without a host C++ compiler or numpy."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import shutil
+import struct
+import subprocess
+import tempfile
+import unittest
+
+from ggml_hsa_iron.plans import prepare
+from ggml_hsa_iron.request import parse_request
+
+from ggml_hsa_iron.tests.util import request_json, tensor
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None
+
+HERE = Path(__file__).resolve().parent
+PACKAGE = HERE.parent
+CXX = shutil.which("g++") or shutil.which("clang++")
+ARCH_DEFINE = {"aie2": 20, "aie2p": 21}
+
+
+def fbits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def build(tmp: Path, source: str, defines: dict, driver: str, arch: str) -> Path:
+    exe = tmp / f"drv_{driver}_{arch}"
+    cmd = [CXX, "-std=c++20", "-O1", f"-I{PACKAGE / 'emu' / 'include'}"]
+    cmd += [f"-I{PACKAGE / 'kernels'}", f"-D__AIE_ARCH__={ARCH_DEFINE[arch]}"]
+    cmd += [f"-D{k}={v}" for k, v in defines.items()] + [f"-DDRIVER_{driver}=1"]
+    cmd += [
+        "-include",
+        str(PACKAGE / "kernels" / source),
+        str(HERE / "host" / "rope_glu_driver.cc"),
+    ]
+    subprocess.run(cmd + ["-o", str(exe)], check=True)
+    return exe
+
+
+@unittest.skipUnless(CXX and np is not None, "no host C++ compiler or numpy")
+class F16Test(unittest.TestCase):
+    def test_every_f16_round_trips_and_f32_rounds_to_nearest_even(self):
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            exe = build(tmp, "ggml_aie.h", {}, "F16", "aie2p")
+            every = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+            rng = np.random.default_rng(7)
+            # Random f32 bit patterns across the whole range, ties and halfway points of f16.
+            rand = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
+            ties = (np.arange(65536, dtype=np.uint32) << 13 | 0x1000).view(np.float32)
+            values = np.concatenate([every, rand.view(np.float32), ties[:30000]])
+            values.tofile(tmp / "in.bin")
+            subprocess.run([exe, tmp / "in.bin", tmp / "out.bin", str(len(values))], check=True)
+            raw = (tmp / "out.bin").read_bytes()
+            n = len(values)
+            bits = np.frombuffer(raw[: 2 * n], dtype=np.uint16)
+            back = np.frombuffer(raw[2 * n :], dtype=np.float32)
+            with np.errstate(all="ignore"):
+                want = values.astype(np.float16)  # numpy rounds to nearest even
+            nan = np.isnan(values)
+            np.testing.assert_array_equal(bits[~nan], want.view(np.uint16)[~nan])
+            self.assertTrue(np.isnan(bits[nan].view(np.float16)).all())
+            np.testing.assert_array_equal(back[~nan], want.astype(np.float32)[~nan])
+            # f16 -> f32 is exact for every pattern (the first 65536 values came from f16).
+            np.testing.assert_array_equal(back[:65536][~nan[:65536]], every[~nan[:65536]])
+
+
+def glu_ref(op: str, x, g):
+    x, g = x.astype(np.float64), g.astype(np.float64)
+    with np.errstate(all="ignore"):
+        if op == "REGLU":
+            act = np.where(x > 0, x, 0.0)
+        elif op == "GEGLU":
+            act = 0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
+        elif op == "SWIGLU":
+            act = x / (1 + np.exp(-x))
+        elif op == "GEGLU_ERF":
+            from math import erf
+
+            act = 0.5 * x * (1 + np.vectorize(erf)(x / np.sqrt(2)))
+        else:
+            act = x / (1 + np.exp(-1.702 * x))
+    return act * g
+
+
+@unittest.skipUnless(CXX and np is not None, "no host C++ compiler or numpy")
+class GluHostTest(unittest.TestCase):
+    def test_every_glu_op_in_f32_and_f16_on_both_archs(self):
+        rng = np.random.default_rng(3)
+        n = 128 * 8
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            for op in ("REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"):
+                for dtype, npt, rtol in (("f32", np.float32, 2e-5), ("f16", np.float16, 2e-3)):
+                    for arch in ("aie2", "aie2p"):
+                        with self.subTest(op=op, dtype=dtype, arch=arch):
+                            t = tensor(dtype, [128, 8])
+                            spec = prepare(parse_request(request_json(op, [t, t], t, arch=arch)))
+                            defs = dict(spec.core.defines)
+                            defs["TILE"] = 128  # whole tiles over n (the driver's loop)
+                            exe = build(tmp, "eltwise.cc", defs, "GLU", arch)
+                            x = rng.uniform(-150, 150, n).astype(npt)
+                            g = rng.uniform(-150, 150, n).astype(npt)
+                            x[:8] = [0, -0.0, 1e-3, -1e-3, 88.5, -88.5, 10, -10]
+                            x.tofile(tmp / "a.bin")
+                            g.tofile(tmp / "b.bin")
+                            subprocess.run(
+                                [exe, tmp / "a.bin", tmp / "b.bin", tmp / "o.bin", str(n)],
+                                check=True,
+                            )
+                            got = np.fromfile(tmp / "o.bin", dtype=npt).astype(np.float64)
+                            want = glu_ref(op, x.astype(np.float32), g.astype(np.float32))
+                            with np.errstate(all="ignore"):
+                                want = want.astype(npt).astype(np.float64)
+                            # Values reach 150 * 150; near-underflow results (gelu(-x) and
+                            # the like) may differ by tiny absolute amounts.
+                            # GEGLU_ERF: erf's absolute error (1.5e-7, Abramowitz & Stegun
+                            # 7.1.26) is relative to 1 + erf(x), small in the negative tail.
+                            tol = max(rtol, 3e-4) if op == "GEGLU_ERF" else rtol
+                            np.testing.assert_allclose(got, want, rtol=tol, atol=1e-5)
+
+
+def rope_ref(x, pos, ff, n_dims, neox, theta_scale, freq_scale, ext, mscale, low, den):
+    """ggml-cpu's ROPE in f32 (the theta recurrence and YaRN ramp rounded as ggml does)."""
+    f = np.float32
+    rows, ne0 = x.shape
+    out = x.astype(np.float32).copy()
+    half = n_dims // 2
+    for r in range(rows):
+        theta = f(pos[r])
+        c = np.empty(half, np.float64)
+        s = np.empty(half, np.float64)
+        for i in range(half):
+            extrap = f(theta / f(ff[i])) if ff is not None else theta
+            interp = f(f(freq_scale) * extrap)
+            th = interp
+            if ext != 0:
+                y = f(f(f(i) - f(low)) / f(den))
+                y = min(f(1), max(f(0), y))
+                mix = f(f(f(1) - y) * f(ext))
+                th = f(f(interp * f(f(1) - mix)) + f(extrap * mix))
+            c[i] = f(np.cos(np.float64(th))) * mscale
+            s[i] = f(np.sin(np.float64(th))) * mscale
+            theta = f(theta * f(theta_scale))
+        xr = x[r].astype(np.float64)
+        ia = np.arange(half) if neox else 2 * np.arange(half)
+        ib = ia + half if neox else ia + 1
+        out[r, ia] = xr[ia] * c - xr[ib] * s
+        out[r, ib] = xr[ia] * s + xr[ib] * c
+    return out
+
+
+@unittest.skipUnless(CXX and np is not None, "no host C++ compiler or numpy")
+class RopeHostTest(unittest.TestCase):
+    def test_rope_modes_types_yarn_and_frequency_factors(self):
+        rng = np.random.default_rng(5)
+        ne0, ne1, ne2 = 40, 3, 4
+        rows = ne1 * ne2
+        cases = [
+            # n_dims, mode, freq_scale, ext_factor, attn_factor, ff, dtype, arch
+            (32, 0, 1.0, 0.0, 1.0, False, "f32", "aie2p"),
+            (32, 2, 1.4245, 0.7465, 1.4245, True, "f32", "aie2"),
+            (40, 0, 1.4245, 0.7465, 1.0, False, "f16", "aie2p"),
+            (16, 2, 1.0, 0.0, 1.4245, True, "f16", "aie2"),
+        ]
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            for n_dims, mode, fs, ef, af, use_ff, dtype, arch in cases:
+                with self.subTest(n_dims=n_dims, mode=mode, ef=ef, ff=use_ff, dtype=dtype):
+                    x = tensor(dtype, [ne0, ne1, ne2])
+                    ins = [x, tensor("i32", [ne2])] + (
+                        [tensor("f32", [n_dims // 2])] if use_ff else []
+                    )
+                    params = [0, n_dims, mode, 0, 4096, fbits(10000.0), fbits(fs), fbits(ef)]
+                    params += [fbits(af), fbits(32.0), fbits(1.0)]
+                    op = "ROPE_FF" if use_ff else "ROPE"
+                    spec = prepare(
+                        parse_request(request_json(op, ins, x, arch=arch, op_params=params))
+                    )
+                    exe = build(tmp, "rope.cc", dict(spec.core.defines), "ROPE", arch)
+                    npt = np.float32 if dtype == "f32" else np.float16
+                    xv = rng.uniform(-1, 1, (rows, ne0)).astype(npt)
+                    pos = rng.integers(0, 4096, ne2).astype(np.int32)
+                    row_pos = np.repeat(pos, ne1)  # positions[i2] per row, as the design sends
+                    ff = rng.uniform(0.9, 1.1, n_dims // 2).astype(np.float32)
+                    xv.tofile(tmp / "x.bin")
+                    row_pos.tofile(tmp / "p.bin")
+                    ff.tofile(tmp / "f.bin")
+                    subprocess.run(
+                        [
+                            exe,
+                            tmp / "x.bin",
+                            tmp / "p.bin",
+                            tmp / "f.bin",
+                            tmp / "o.bin",
+                            str(rows),
+                        ],
+                        check=True,
+                    )
+                    got = (
+                        np.fromfile(tmp / "o.bin", dtype=npt).astype(np.float64).reshape(rows, ne0)
+                    )
+                    consts = {
+                        k: struct.unpack("<f", struct.pack("<I", v))[0]
+                        for k, v in spec.constants.items()
+                    }
+                    want = rope_ref(
+                        xv.astype(np.float32), row_pos, ff if use_ff else None, n_dims, mode == 2,
+                        consts["THETA_SCALE"], fs, ef, consts["MSCALE"], consts["CORR_LOW"],
+                        consts["CORR_DEN"],
+                    )  # fmt: skip
+                    tol = 1e-5 if dtype == "f32" else 2e-3
+                    np.testing.assert_allclose(got, want, rtol=0, atol=tol * max(1.0, af * 1.2))
+                    # the tail past n_dims is copied bit for bit
+                    np.testing.assert_array_equal(
+                        got[:, n_dims:], xv[:, n_dims:].astype(np.float64)
+                    )
+
+
+if __name__ == "__main__":
+    unittest.main()
