@@ -30,6 +30,8 @@ TENSOR_RS = SRC / "ops" / "tensor.rs"
 
 # Ops the backend plans as one kernel that have no design (yet).
 NOT_IN_SCOPE = {
+    "COUNT_EQUAL", "CROSS_ENTROPY_LOSS", "FLASH_ATTN_EXT", "FLASH_ATTN_EXT_MASK",
+    "FLASH_ATTN_EXT_SINKS", "FLASH_ATTN_EXT_MASK_SINKS",
 }  # fmt: skip
 # The row design's ops (designs/_rows.py); SOFT_MAX's forms and the fused RMS_NORM_MUL are
 # kernel names the backend's planner makes (src/ops/plan.rs), not ggml op names.

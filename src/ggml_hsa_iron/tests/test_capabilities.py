@@ -61,6 +61,8 @@ def row_request(op: str, dtype: str, arch: str) -> str:
     if op == "RMS_NORM_MUL":
         inputs.append(tensor("f32", [64]))
     return request_json(op, inputs, x, arch=arch)
+
+
 # Issue 15: the GLU family (x, g; f32/f16/bf16) and ROPE (x, positions[, frequency
 # factors]; 11 op_params words).
 GLU = ["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]
@@ -100,7 +102,14 @@ class CapabilitiesTest(unittest.TestCase):
         self.assertEqual(
             sorted(ops),
             sorted(
-                SEED_BINARY + SEED_UNARY + EXTRA_UNARY + WITH_PARAMS + ["MUL_MAT"] + ROW_OPS + GLU + ROPE
+                SEED_BINARY
+                + SEED_UNARY
+                + EXTRA_UNARY
+                + WITH_PARAMS
+                + ["MUL_MAT"]
+                + ROW_OPS
+                + GLU
+                + ROPE
             ),
         )
         for op in GLU:
@@ -122,7 +131,9 @@ class CapabilitiesTest(unittest.TestCase):
         self.assertEqual({s.params for s in registry.OPS if s.op in WITH_PARAMS}, {2})
         self.assertEqual({s.params for s in registry.OPS if s.kind == "rope"}, {11})
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
-        self.assertTrue(set(WITH_F16) | {"MUL_MAT", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"} >= with_f16)
+        self.assertTrue(
+            set(WITH_F16) | {"MUL_MAT", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"} >= with_f16
+        )
         self.assertTrue(with_f16 >= set(WITH_F16))
 
     def test_every_declared_op_has_a_design_function_and_core_source(self):
