@@ -582,8 +582,8 @@ mod tests {
             "{m}"
         );
         assert_eq!(
-            msg(entry("ggml_op_rope", "rope.py", &[t, t], t)),
-            "kernel source not found: \"rope.py\" does not define kernel \"ggml_op_rope\", \
+            msg(entry("ggml_op_count_equal", "rows.py", &[t, t], t)),
+            "kernel source not found: \"rows.py\" does not define kernel \"ggml_op_count_equal\", \
              which is in \"(no IRON design: leave kernel_source out)\""
         );
         let mut e = entry("ggml_op_relu", "unary_ops.py", &[t], t);

@@ -267,9 +267,16 @@ pub fn fuse_rms_norm_mul(norm: &Node, mul: &Node, later: &[Node]) -> Option<Plan
     if !fuses {
         return None;
     }
-    let reads_y = |t: &Tensor| t.addr < y.addr + y.bytes && y.addr < t.addr + t.bytes;
-    if later.iter().any(|n| n.src.iter().flatten().any(reads_y)) {
-        return None;
+    // Does a later node read y? Only until a node overwrites y's memory: ggml's allocator gives
+    // the memory of dead tensors to later ones, so what is read there afterwards is not y.
+    let overlaps_y = |t: &Tensor| t.addr < y.addr + y.bytes && y.addr < t.addr + t.bytes;
+    for n in later {
+        if n.src.iter().flatten().any(overlaps_y) {
+            return None;
+        }
+        if overlaps_y(&n.dst) {
+            break;
+        }
     }
     let op = catalogue::RMS_NORM_MUL;
     Some(Plan::Kernel {
@@ -589,6 +596,26 @@ mod tests {
         // x, the weight row, the MUL's output: the norm's output is never written.
         let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
         assert_eq!(addrs, vec![0x1000, 0x3000, 0x4000]);
+    }
+
+    #[test]
+    fn memory_reused_after_the_norm_output_is_dead_does_not_stop_the_fusion() {
+        let (norm, mul) = rms_norm_then_mul([64, 1, 1, 1]);
+        // ggml's allocator gives y's memory (0x2000) to a later tensor, which is then read.
+        let reuse = tensor(DType::F32, [64, 5, 1, 1], 0x2000);
+        let writer = node(
+            Op::Unary(UnaryOp::Relu),
+            reuse.clone(),
+            vec![mul.dst.clone()],
+        );
+        let reader = node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [64, 5, 1, 1], 0x5000),
+            vec![reuse],
+        );
+        assert!(fuse_rms_norm_mul(&norm, &mul, &[writer.clone(), reader.clone()]).is_some());
+        // Read before anything overwrites it: y is still needed.
+        assert!(fuse_rms_norm_mul(&norm, &mul, &[reader, writer]).is_none());
     }
 
     #[test]
