@@ -269,8 +269,10 @@ pub fn fuse_rms_norm_mul(norm: &Node, mul: &Node, later: &[Node]) -> Option<Plan
     }
     // Does a later node read y? Only until a node overwrites y's memory: ggml's allocator gives
     // the memory of dead tensors to later ones, so what is read there afterwards is not y.
+    // An in-place MUL (ggml's allocator puts its output in y's memory) ends y itself.
     let overlaps_y = |t: &Tensor| t.addr < y.addr + y.bytes && y.addr < t.addr + t.bytes;
-    for n in later {
+    let after = if overlaps_y(out) { &[][..] } else { later };
+    for n in after {
         if n.src.iter().flatten().any(overlaps_y) {
             return None;
         }
@@ -615,7 +617,21 @@ mod tests {
         );
         assert!(fuse_rms_norm_mul(&norm, &mul, &[writer.clone(), reader.clone()]).is_some());
         // Read before anything overwrites it: y is still needed.
-        assert!(fuse_rms_norm_mul(&norm, &mul, &[reader, writer]).is_none());
+        assert!(fuse_rms_norm_mul(&norm, &mul, &[reader.clone(), writer]).is_none());
+        // The MUL in place (its output in y's memory): what follows reads the product.
+        let mut in_place = mul.clone();
+        in_place.dst.addr = norm.dst.addr;
+        let product_reader = node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [64, 5, 1, 1], 0x5000),
+            vec![in_place.dst.clone()],
+        );
+        let Some(Plan::Kernel { operands, .. }) =
+            fuse_rms_norm_mul(&norm, &in_place, &[product_reader])
+        else {
+            panic!("an in-place MUL does not fuse");
+        };
+        assert_eq!(operands[2].addr, 0x2000);
     }
 
     #[test]
