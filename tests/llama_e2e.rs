@@ -396,6 +396,13 @@ fn embeddings(
     panic!("llama-embedding never printed a complete JSON document");
 }
 
+/// The sentence-transformers example for all-MiniLM-L6-v2.
+const MINILM_SENTENCES: [&str; 3] = [
+    "The weather is lovely today.",
+    "It's so sunny outside!",
+    "He drove to the stadium.",
+];
+
 fn cosine(a: &[f64], b: &[f64]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
@@ -408,11 +415,7 @@ fn minilm_embeddings_on_hsa0_match_cpu_and_the_published_similarities() {
         return;
     };
     // The sentence-transformers example for all-MiniLM-L6-v2 and its published similarities.
-    let sentences = [
-        "The weather is lovely today.",
-        "It's so sunny outside!",
-        "He drove to the stadium.",
-    ];
+    let sentences = MINILM_SENTENCES;
     let published = [((0, 1), 0.6660), ((0, 2), 0.1046), ((1, 2), 0.1411)];
     let (cpu, _) = embeddings(&bin, &model, &sentences, None);
     let (npu, log) = embeddings(&bin, &model, &sentences, Some(&sim_env("minilm")));
@@ -634,11 +637,7 @@ fn minilm_runs_every_layer_op_through_the_emulated_iron_designs() {
     let (Some(bin), Some(model)) = (dl_bin(), model("minilm")) else {
         return;
     };
-    let sentences = [
-        "The weather is lovely today.",
-        "It's so sunny outside!",
-        "He drove to the stadium.",
-    ];
+    let sentences = MINILM_SENTENCES;
     let (env, counters, stats) = emu_env("minilm");
     let (cpu, _) = embeddings(&bin, &model, &sentences, None);
     let (npu, log) = embeddings(&bin, &model, &sentences, Some(&env));

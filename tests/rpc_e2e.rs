@@ -597,19 +597,15 @@ fn a_server_killed_mid_generation_gives_the_client_a_clear_error() {
     );
 }
 
-#[test]
-fn a_kernel_that_fails_to_compile_on_the_server_runs_on_the_servers_cpu() {
-    let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
-        return;
-    };
-    // A compiler that refuses every RMS_NORM kernel and compiles the rest with hsa-sim-compile.
-    let dir = common::scratch_dir("rpc-failing-compiler");
-    let script = dir.join("compiler.sh");
+/// A JIT compiler that fails (exit 1, a compile failure rather than a refusal) every request
+/// containing `pattern` and compiles the rest with hsa-sim-compile; returns its command.
+fn failing_compiler(tag: &str, pattern: &str, what: &str) -> String {
+    let script = common::scratch_dir(tag).join("compiler.sh");
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\nif [ \"$1\" = compile ] && grep -q '\"RMS_NORM\"' \"$3\"; then\n  \
-             echo 'injected failure: no RMS_NORM today' >&2; exit 1\nfi\nexec '{}' \"$@\"\n",
+            "#!/bin/sh\nif [ \"$1\" = compile ] && grep -q '{pattern}' \"$3\"; then\n  \
+             echo 'injected failure: no {what} today' >&2; exit 1\nfi\nexec '{}' \"$@\"\n",
             common::sim_artifact("hsa-sim-compile").display()
         ),
     )
@@ -619,7 +615,16 @@ fn a_kernel_that_fails_to_compile_on_the_server_runs_on_the_servers_cpu() {
         .arg(&script)
         .status()
         .unwrap();
-    let compiler = script.display().to_string();
+    script.display().to_string()
+}
+
+#[test]
+fn a_kernel_that_fails_to_compile_on_the_server_runs_on_the_servers_cpu() {
+    let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
+        return;
+    };
+    // A compiler that fails every RMS_NORM kernel and compiles the rest with hsa-sim-compile.
+    let compiler = failing_compiler("rpc-failing-compiler", "\"RMS_NORM\"", "RMS_NORM");
     let mut server = RpcServer::start(
         &bin,
         "failing",
@@ -667,23 +672,11 @@ fn without_the_cpu_fallback_a_server_stops_and_says_why() {
     let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
         return;
     };
-    let dir = common::scratch_dir("rpc-no-fallback-compiler");
-    let script = dir.join("compiler.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nif [ \"$1\" = compile ] && grep -q '\"FLASH_ATTN_EXT' \"$3\"; then\n  \
-             echo 'injected failure: no FLASH_ATTN_EXT today' >&2; exit 1\nfi\nexec '{}' \"$@\"\n",
-            common::sim_artifact("hsa-sim-compile").display()
-        ),
-    )
-    .unwrap();
-    Command::new("chmod")
-        .arg("+x")
-        .arg(&script)
-        .status()
-        .unwrap();
-    let compiler = script.display().to_string();
+    let compiler = failing_compiler(
+        "rpc-no-fallback-compiler",
+        "\"FLASH_ATTN_EXT",
+        "FLASH_ATTN_EXT",
+    );
     let mut server = RpcServer::start(
         &bin,
         "no-fallback",

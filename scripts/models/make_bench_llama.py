@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from make_tiny_llama import copy_tokenizer, load_gguf
+from make_tiny_llama import load_gguf, write_llama
 
 SEED = 1
 N_LAYER = 16
@@ -65,28 +65,15 @@ def main() -> None:
     args = parser.parse_args()
 
     gguf = load_gguf(args.gguf_py)
-    arch = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA]
-    writer = gguf.GGUFWriter(args.out, arch)
-    writer.add_name("Llama-3.2-1B shape (random weights)")
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_block_count(N_LAYER)
-    writer.add_context_length(N_CTX)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD_KV)
-    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
-    writer.add_rope_freq_base(ROPE_THETA)
-    writer.add_layer_norm_rms_eps(RMS_EPS)
-    n_vocab = copy_tokenizer(gguf, writer, args.vocab)
-    writer.add_vocab_size(n_vocab)
-    for name, data in tensors(n_vocab):
-        writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
+    write_llama(
+        gguf,
+        args.out,
+        args.vocab,
+        name="Llama-3.2-1B shape (random weights)",
+        file_type=gguf.LlamaFileType.MOSTLY_F16,
+        shape=(N_LAYER, N_CTX, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, ROPE_THETA, RMS_EPS),
+        tensors=tensors,
+    )
 
 if __name__ == "__main__":
     main()

@@ -116,31 +116,43 @@ def main() -> None:
     args = parser.parse_args()
 
     gguf = load_gguf(args.gguf_py)
+    write_llama(
+        gguf,
+        args.out,
+        args.vocab,
+        name="tiny-llama (random weights)",
+        file_type=gguf.LlamaFileType.ALL_F32,
+        shape=(N_LAYER, N_CTX, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, ROPE_THETA, RMS_EPS),
+        tensors=lambda n_vocab: make_weights(n_vocab).items(),
+    )
+
+
+def write_llama(gguf, out: Path, vocab: Path, name: str, file_type, shape, tensors) -> None:
+    """Write a llama-architecture GGUF: hyperparameters `shape` = (layers, context, n_embd,
+    n_ff, heads, KV heads, RoPE base, RMS eps), the tokenizer of `vocab`, and the (name,
+    array) pairs `tensors(n_vocab)` yields."""
+    n_layer, n_ctx, n_embd, n_ff, n_head, n_head_kv, rope_theta, rms_eps = shape
     arch = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA]
-    writer = gguf.GGUFWriter(args.out, arch)
-    writer.add_name("tiny-llama (random weights)")
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_block_count(N_LAYER)
-    writer.add_context_length(N_CTX)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD_KV)
-    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
-    writer.add_rope_freq_base(ROPE_THETA)
-    writer.add_layer_norm_rms_eps(RMS_EPS)
-
-    n_vocab = copy_tokenizer(gguf, writer, args.vocab)
+    writer = gguf.GGUFWriter(out, arch)
+    writer.add_name(name)
+    writer.add_file_type(file_type)
+    writer.add_block_count(n_layer)
+    writer.add_context_length(n_ctx)
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(n_embd // n_head)
+    writer.add_rope_freq_base(rope_theta)
+    writer.add_layer_norm_rms_eps(rms_eps)
+    n_vocab = copy_tokenizer(gguf, writer, vocab)
     writer.add_vocab_size(n_vocab)
-
-    for name, data in make_weights(n_vocab).items():
-        writer.add_tensor(name, data)
-
+    for tensor_name, data in tensors(n_vocab):
+        writer.add_tensor(tensor_name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-
 
 if __name__ == "__main__":
     main()
