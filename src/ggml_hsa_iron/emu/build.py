@@ -43,8 +43,6 @@ CTYPES = {
     "int8": "int8_t",
     "int16": "int16_t",
     "int32": "int32_t",
-    # f16 has no arithmetic on the AIE: core functions take its bits (rows.cc converts them).
-    "float16": "uint16_t",
 }
 
 

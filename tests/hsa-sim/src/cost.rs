@@ -166,6 +166,15 @@ impl ArchModel {
     }
 }
 
+/// Command-chain capacity model (ROCR's `amd_xdna_driver.cpp`): the driver's chain buffer is 4 KiB and each slot costs
+/// 52 + 4 x (argument dwords) bytes; a command carries 6 fixed dwords plus 2 per operand, which
+/// gives about 44 two-operand commands per chain.
+pub const CHAIN_BUFFER_BYTES: usize = 4096;
+
+pub fn chain_slot_bytes(operands: usize) -> usize {
+    52 + 4 * (6 + 2 * operands)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,13 +199,4 @@ mod tests {
         let ns = AIE2P.command_ns(700_000_000, 2_400_000_000, Arithmetic::Bf16);
         assert!((ns / 1e6 - 12.5).abs() < 0.1, "{ns}");
     }
-}
-
-/// Command-chain capacity model (ROCR's `amd_xdna_driver.cpp`): the driver's chain buffer is 4 KiB and each slot costs
-/// 52 + 4 x (argument dwords) bytes; a command carries 6 fixed dwords plus 2 per operand, which
-/// gives about 44 two-operand commands per chain.
-pub const CHAIN_BUFFER_BYTES: usize = 4096;
-
-pub fn chain_slot_bytes(operands: usize) -> usize {
-    52 + 4 * (6 + 2 * operands)
 }
