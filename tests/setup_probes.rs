@@ -46,7 +46,11 @@ case "$1 $2" in
         [ -n "$v" ] || exit 1
         echo "ruff $v" ;;
     "-c import ensurepip") has python3-venv || exit 1 ;;
-    "-c import numpy, ml_dtypes") grep -q '^pip:ml_dtypes==' "$FAKE_STATE/installed" || exit 1 ;;
+    "-c import numpy, ml_dtypes"*)
+        # The probe also asks for numpy >= 2: the newest numpy pip installed answers.
+        grep -q '^pip:ml_dtypes==' "$FAKE_STATE/installed" || exit 1
+        v=$(sed -n 's/^pip:numpy==//p' "$FAKE_STATE/installed" | tail -n 1)
+        [ "${v%%.*}" -ge 2 ] 2>/dev/null || exit 1 ;;
     *) echo "python3 shim: unexpected $*" >&2; exit 3 ;;
 esac
 "#;
@@ -340,20 +344,61 @@ fn a_complete_machine_installs_nothing() {
 }
 
 #[test]
-fn libclang_path_replaces_libclang_dev_and_must_exist() {
-    let m = FakeMachine::new("libclang-path", &["python3-pip"], true);
-    let lib = m.dir.join("llvm/lib");
-    fs::create_dir_all(&lib).unwrap();
-    let (ok, err) = m.run(
-        "scripts/llama-cpp.sh",
-        &["deps"],
-        &[("LIBCLANG_PATH", lib.to_str().unwrap())],
-    );
-    assert!(ok, "{err}");
-    assert_eq!(
-        m.requested_apt(),
-        set(&["cmake", "ninja-build", "g++", "ccache"])
-    );
+fn libclang_path_replaces_libclang_dev_only_when_it_holds_a_loadable_libclang() {
+    // What bindgen's loader (clang-sys) opens under LIBCLANG_PATH: the file itself, or in a
+    // directory libclang.so, libclang-N.so, libclang.so.N or libclang-N.so.N, never libclang-cpp.
+    let loadable: &[&[&str]] = &[&["libclang.so"], &["libclang-14.so.1"], &["libclang.so.14"]];
+    for files in loadable {
+        let m = FakeMachine::new("libclang-path", &["python3-pip"], true);
+        let lib = m.dir.join("llvm/lib");
+        fs::create_dir_all(&lib).unwrap();
+        for f in *files {
+            fs::write(lib.join(f), b"").unwrap();
+        }
+        let (ok, err) = m.run(
+            "scripts/llama-cpp.sh",
+            &["deps"],
+            &[("LIBCLANG_PATH", lib.to_str().unwrap())],
+        );
+        assert!(ok, "{files:?}: {err}");
+        assert_eq!(
+            m.requested_apt(),
+            set(&["cmake", "ninja-build", "g++", "ccache"]),
+            "{files:?}"
+        );
+        // The file itself serves as well as its directory.
+        let file = lib.join(files[0]);
+        let m2 = FakeMachine::new("libclang-path-file", &["python3-pip"], true);
+        let (ok, err) = m2.run(
+            "scripts/llama-cpp.sh",
+            &["deps"],
+            &[("LIBCLANG_PATH", file.to_str().unwrap())],
+        );
+        assert!(ok, "{file:?}: {err}");
+    }
+
+    // A path that exists but holds nothing bindgen loads (empty, or only libclang-cpp as on a
+    // stock Debian) fails the setup with the reason, before build.rs would.
+    let unloadable: &[&[&str]] = &[&[], &["libclang-cpp.so.14"], &["libclang-cpp.so"]];
+    for files in unloadable {
+        let m = FakeMachine::new("libclang-path-unloadable", &["python3-pip"], true);
+        let lib = m.dir.join("llvm/lib");
+        fs::create_dir_all(&lib).unwrap();
+        for f in *files {
+            fs::write(lib.join(f), b"").unwrap();
+        }
+        let (ok, err) = m.run(
+            "scripts/llama-cpp.sh",
+            &["deps"],
+            &[("LIBCLANG_PATH", lib.to_str().unwrap())],
+        );
+        assert!(!ok, "{files:?} accepted:\n{err}");
+        assert!(
+            err.contains("holds no libclang that bindgen can load"),
+            "{files:?}: {err}"
+        );
+        assert_eq!(m.requested_apt(), BTreeSet::new());
+    }
 
     let m = FakeMachine::new("libclang-path-missing", &["python3-pip"], true);
     let (ok, err) = m.run(
@@ -363,10 +408,61 @@ fn libclang_path_replaces_libclang_dev_and_must_exist() {
     );
     assert!(!ok);
     assert!(
-        err.contains("LIBCLANG_PATH=/nonexistent/llvm/lib does not exist"),
+        err.contains("LIBCLANG_PATH=/nonexistent/llvm/lib holds no libclang"),
         "{err}"
     );
     assert_eq!(m.requested_apt(), BTreeSet::new());
+}
+
+#[test]
+fn every_python_package_is_requested_when_it_alone_is_missing_or_too_old() {
+    let ruff = format!("pip:{}", pinned_ruff());
+    let emu: Vec<String> = pinned_emu_python()
+        .iter()
+        .map(|p| format!("pip:{p}"))
+        .collect();
+    let numpy = emu.iter().find(|p| p.starts_with("pip:numpy==")).unwrap();
+    let ml_dtypes = emu
+        .iter()
+        .find(|p| p.starts_with("pip:ml_dtypes=="))
+        .unwrap();
+    // (what is installed besides the apt packages, the pip packages that must be requested)
+    let cases: Vec<(Vec<&str>, Vec<String>)> = vec![
+        // ruff missing, or another version than check-iron.sh pins
+        (
+            vec![numpy, ml_dtypes],
+            vec![format!("pip {}", pinned_ruff())],
+        ),
+        (
+            vec![numpy, ml_dtypes, "pip:ruff==0.0.1"],
+            vec![format!("pip {}", pinned_ruff())],
+        ),
+        // ml_dtypes missing, or an installed numpy 1.x: the pinned pair is installed
+        (
+            vec![&ruff, numpy],
+            pinned_emu_python()
+                .iter()
+                .map(|p| format!("pip {p}"))
+                .collect(),
+        ),
+        (
+            vec![&ruff, ml_dtypes, "pip:numpy==1.26.4"],
+            pinned_emu_python()
+                .iter()
+                .map(|p| format!("pip {p}"))
+                .collect(),
+        ),
+    ];
+    for (extra, want) in cases {
+        let mut installed = ALL_APT.to_vec();
+        installed.extend(["rustup:rustfmt", "rustup:clippy"]);
+        installed.extend(extra.iter().copied());
+        let m = FakeMachine::new("pip-missing", &installed, true);
+        let (ok, err) = m.run("scripts/test.sh", &["--deps"], &[]);
+        assert!(ok, "{extra:?}: {err}");
+        let want: BTreeSet<String> = want.into_iter().collect();
+        assert_eq!(m.requested(), want, "with {extra:?}; stderr:\n{err}");
+    }
 }
 
 #[test]

@@ -6,7 +6,7 @@
 # deps_packages GROUP: prints the Debian packages a step needs, one per line (the one list):
 #   build   llama.cpp's and the crate's builds: cmake, ninja-build, g++, ccache, and libclang-dev
 #           (bindgen loads libclang.so and clang's builtin headers; LIBCLANG_PATH, when set, names
-#           another libclang instead and must exist)
+#           another libclang instead and must hold one bindgen can load: libclang_at)
 #   rocr    Debian's ROCm runtime and headers (the zero-device test, the header ABI check)
 #   cxx     g++ alone (the IRON package's host kernel tests)
 # apt_install PKG...: installs the packages dpkg does not list as installed (as root, or through
@@ -16,8 +16,9 @@
 # python_venv_install: python3-venv when python3 cannot `import ensurepip` (what `python3 -m
 #   venv` needs; Debian ships it in python3-venv).
 # python_emu_install: numpy and ml_dtypes (the IRON designs' tensor types, for the emulation
-#   target `python3 -m ggml_hsa_iron --target emu`) when python3 cannot import them: any installed
-#   versions serve (numpy >= 2); missing ones are installed at EMU_PY (numpy as
+#   target `python3 -m ggml_hsa_iron --target emu`) when python3 cannot import them or numpy is
+#   older than 2 (the emulation is tested with numpy 2 only): other installed versions serve;
+#   missing ones are installed at EMU_PY (numpy as
 #   scripts/models.pin pins it), with pip.
 
 deps_packages() {
@@ -25,8 +26,8 @@ deps_packages() {
         build)
             printf '%s\n' cmake ninja-build g++ ccache
             if [ -n "${LIBCLANG_PATH:-}" ]; then
-                [ -e "$LIBCLANG_PATH" ] || {
-                    printf 'LIBCLANG_PATH=%s does not exist (unset it to use libclang-dev)\n' "$LIBCLANG_PATH" >&2
+                libclang_at "$LIBCLANG_PATH" || {
+                    printf 'LIBCLANG_PATH=%s holds no libclang that bindgen can load (libclang.so, libclang-N.so, libclang.so.N; unset it to use libclang-dev)\n' "$LIBCLANG_PATH" >&2
                     return 1
                 }
             else
@@ -38,6 +39,32 @@ deps_packages() {
         cxx) echo g++ ;;
         *) printf 'deps_packages: unknown group %s\n' "$1" >&2; return 1 ;;
     esac
+}
+
+# libclang_at PATH: true when PATH is what bindgen's loader (clang-sys 1.9, build/dynamic.rs and
+# build/common.rs, also used at run time by `clang_sys::load`) would open for LIBCLANG_PATH: the
+# file itself, or a directory holding a file under one of the names it searches
+# (libclang.so, libclang-*.so, libclang.so.*, libclang-*.so.*), where libclang-cpp.so.N, which
+# it skips, does not count. Not "the path exists": an empty directory or one holding only
+# libclang-cpp would pass that and fail in build.rs.
+libclang_at() {
+    local path=$1 file name
+    if [ -f "$path" ]; then
+        set -- "$path"
+    elif [ -d "$path" ]; then
+        set -- "$path"/libclang.so "$path"/libclang-*.so "$path"/libclang.so.* "$path"/libclang-*.so.*
+    else
+        return 1
+    fi
+    for file in "$@"; do
+        [ -f "$file" ] || continue
+        name=${file##*/}
+        case "$name" in
+            *-cpp.*) ;;
+            libclang.so | libclang-*.so | libclang.so.* | libclang-*.so.*) return 0 ;;
+        esac
+    done
+    return 1
 }
 
 # apt_missing PKG...: the packages dpkg does not list as installed, one per line.
@@ -90,8 +117,9 @@ python_venv_install() {
 }
 
 EMU_PY=(numpy==2.2.6 ml_dtypes==0.6.0)
+EMU_PY_PROBE="import numpy, ml_dtypes; assert int(numpy.__version__.split('.')[0]) >= 2"
 python_emu_install() {
-    python3 -c "import numpy, ml_dtypes" >/dev/null 2>&1 && return 0
+    python3 -c "$EMU_PY_PROBE" >/dev/null 2>&1 && return 0
     python_pip_install || return 1
     python3 -m pip install --quiet "${EMU_PY[@]}" 2>/dev/null ||
         python3 -m pip install --quiet --break-system-packages "${EMU_PY[@]}"
