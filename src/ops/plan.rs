@@ -4,9 +4,13 @@
 //! * `NONE`, `VIEW`, `RESHAPE`, `PERMUTE`, `TRANSPOSE` and empty outputs: nothing to compute.
 //! * `DUP`, `CPY`, `CONT`: host-side copies between f32, f16 and bf16 (any layout), or between
 //!   equal types stored one element at a time. The NPU shares system memory, so the host reads
-//!   and writes the tensors in place.
+//!   and writes the tensors in place. Between f32, f16 and bf16 they are also one kernel each
+//!   (`DUP`, `CPY`, `CONT`: input 0 copied into the output in logical order, converting), which
+//!   [`plan_preferring`] chooses when the kernel store can provide it.
 //! * `GET_ROWS` (f32/f16/bf16 rows, i32 indices, f32 or same-type output) and `SET_ROWS` (f32
 //!   rows into f32/f16/bf16, i32 or i64 indices): host-side gathers and scatters, in place.
+//!   `SET_ROWS` of f32/f16 rows into f32/f16/bf16 is also a kernel (rows, indices; the output
+//!   is the whole destination, written in place), preferred the same way: the KV-cache write.
 //! * `ADD`, `SUB`, `MUL`, `DIV`: one kernel; the second input is repeated over the first (ggml
 //!   broadcasting); output shape = first input's shape.
 //! * Unary ops (the seed list plus `SQR`, `SQRT`, `LOG`, `SIN`, `COS`), `SCALE`, `CLAMP`: one
@@ -78,6 +82,76 @@ pub fn plan_with(node: &Node, options: PlanOptions) -> Result<Plan, String> {
         desc.f16_as_bf16 = options.f16_as_bf16 && has_f16;
     }
     Ok(plan)
+}
+
+/// Plans `node` as [`plan_with`] does, except that an op the backend can run both ways
+/// (`DUP`, `CPY`, `CONT`, `SET_ROWS`: `Runs::KernelOrHost` in the catalogue) becomes its kernel
+/// when `available` says the kernel store can provide it (the compiler declares its types and
+/// layouts), so a layer's copies need no host node between its kernels; otherwise the host op.
+pub fn plan_preferring(
+    node: &Node,
+    options: PlanOptions,
+    available: impl Fn(&KernelDesc) -> bool,
+) -> Result<Plan, String> {
+    if !node.dst.is_empty() {
+        if let Some(kernel) = device_copy(node) {
+            if matches!(&kernel, Plan::Kernel { desc, .. } if available(desc)) {
+                return Ok(kernel);
+            }
+        }
+    }
+    plan_with(node, options)
+}
+
+/// The kernel of a copy (`DUP`, `CPY`, `CONT`) or a `SET_ROWS` between f32, f16 and bf16, when
+/// the node is one; `None` for every other node and for what the host op alone runs
+/// (quantized types, integer copies). The kernels copy exactly (no `f16_as_bf16`: a copy into
+/// f16 must round to f16).
+fn device_copy(node: &Node) -> Option<Plan> {
+    let float = |t: &Tensor| matches!(t.dtype, DType::F32 | DType::F16 | DType::Bf16);
+    match node.op {
+        Op::Dup | Op::Cpy | Op::Cont => {
+            let (src, dst) = (node.src(0)?, &node.dst);
+            if !float(src) || !float(dst) || src.nelements() != dst.nelements() {
+                return None;
+            }
+            let op = match node.op {
+                Op::Dup => catalogue::DUP,
+                Op::Cpy => catalogue::CPY,
+                _ => catalogue::CONT,
+            };
+            // Dense on both sides: one flat kernel serves every shape of the size.
+            let flat = src.is_contiguous() && dst.is_contiguous();
+            let layout = |t: &Tensor| {
+                let size = t.dtype.size().expect("float types have a size");
+                if flat {
+                    Layout::contiguous(t.dtype.name(), size, [t.nelements(), 1, 1, 1])
+                } else {
+                    as_layout(t)
+                }
+            };
+            Some(kernel(op, Vec::new(), &[src], dst, layout))
+        }
+        Op::SetRows => {
+            let (src, idx, dst) = (node.src(0)?, node.src(1)?, &node.dst);
+            let types_ok = matches!(src.dtype, DType::F32 | DType::F16)
+                && float(dst)
+                && matches!(idx.dtype, DType::I32 | DType::I64);
+            // The same shape rule as the host op (ggml's): rows of dst's length, indices
+            // repeated over dimensions 2 and 3.
+            HostOp::set_rows(src, idx, dst).ok()?;
+            if !types_ok {
+                return None;
+            }
+            Some(kernel_as_laid_out(
+                catalogue::SET_ROWS,
+                Vec::new(),
+                &[src, idx],
+                dst,
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// Plans `node` with the default options, or says why this backend cannot run it.
