@@ -132,6 +132,7 @@ fn device_copy(node: &Node) -> Option<Plan> {
             };
             Some(kernel(op, Vec::new(), &[src], dst, layout))
         }
+        Op::SetRows if node.src(0)?.is_empty() => None,
         Op::SetRows => {
             let (src, idx, dst) = (node.src(0)?, node.src(1)?, &node.dst);
             let types_ok = matches!(src.dtype, DType::F32 | DType::F16)
@@ -171,6 +172,8 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
         Op::GetRows => {
             HostOp::get_rows(src(0)?, src(1)?, &node.dst).map(|op| Plan::Host(Box::new(op)))
         }
+        // No rows to write (an empty view of the rows): nothing to do.
+        Op::SetRows if src(0)?.is_empty() => Ok(Plan::Skip),
         Op::SetRows => {
             HostOp::set_rows(src(0)?, src(1)?, &node.dst).map(|op| Plan::Host(Box::new(op)))
         }
