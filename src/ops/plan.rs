@@ -1044,6 +1044,62 @@ mod tests {
     }
 
     #[test]
+    fn copies_and_set_rows_are_kernels_when_available_and_host_ops_otherwise() {
+        let yes = |_: &KernelDesc| true;
+        let no = |_: &KernelDesc| false;
+        let opts = PlanOptions { f16_as_bf16: true };
+        // A dense f32 -> f16 copy: one flat CPY kernel, never computed as bf16.
+        let src = tensor(DType::F32, [8, 3, 1, 1], 0);
+        let cpy = node(Op::Cpy, tensor(DType::F16, [24, 1, 1, 1], 0), vec![src.clone()]);
+        let Ok(Plan::Kernel { desc, operands }) = plan_preferring(&cpy, opts, yes) else {
+            panic!()
+        };
+        assert_eq!(desc.canonical_name(), "cpy-f32_24-f16_24");
+        assert!(!desc.f16_as_bf16);
+        assert_eq!(operands.len(), 2);
+        assert!(matches!(plan_preferring(&cpy, opts, no), Ok(Plan::Host(_))));
+        // CONT of a permuted view keeps the view's strides; DUP is its own kernel.
+        let permuted = view(DType::F32, [4, 3, 2, 1], [12, 4, 48, 96]);
+        let cont = node(Op::Cont, tensor(DType::F32, [4, 3, 2, 1], 0), vec![permuted]);
+        let Ok(Plan::Kernel { desc, .. }) = plan_preferring(&cont, opts, yes) else {
+            panic!()
+        };
+        assert_eq!(desc.op, "CONT");
+        assert_eq!(desc.inputs[0].nb, [12, 4, 48, 96]);
+        let dup = node(Op::Dup, src.clone(), vec![src.clone()]);
+        let Ok(Plan::Kernel { desc, .. }) = plan_preferring(&dup, opts, yes) else {
+            panic!()
+        };
+        assert_eq!(desc.op, "DUP");
+        // Quantized copies stay on the host whatever the compiler declares.
+        let q = quantized("q8_0", 32, 34, [32, 1, 1, 1]);
+        let to_q = node(Op::Cpy, q, vec![tensor(DType::F32, [32, 1, 1, 1], 0)]);
+        assert!(matches!(plan_preferring(&to_q, opts, yes), Ok(Plan::Host(_))));
+        // The KV-cache write: rows, i64 indices, the whole cache as the output.
+        let rows = tensor(DType::F32, [64, 1, 1, 1], 0);
+        let idx = tensor(DType::I64, [1, 1, 1, 1], 0);
+        let cache = tensor(DType::F16, [64, 32, 1, 1], 0);
+        let set = node(Op::SetRows, cache.clone(), vec![rows.clone(), idx.clone()]);
+        let Ok(Plan::Kernel { desc, operands }) = plan_preferring(&set, opts, yes) else {
+            panic!()
+        };
+        assert_eq!(desc.canonical_name(), "set_rows-f32_64-i64_1-f16_64x32");
+        assert_eq!(operands[2], cache);
+        assert!(matches!(plan_preferring(&set, opts, no), Ok(Plan::Host(_))));
+        // No rows to write: nothing to do either way.
+        let none = node(
+            Op::SetRows,
+            cache.clone(),
+            vec![tensor(DType::F32, [64, 0, 1, 1], 0), idx],
+        );
+        assert_eq!(plan_preferring(&none, opts, yes), Ok(Plan::Skip));
+        assert_eq!(plan(&none), Ok(Plan::Skip));
+        // Other ops are planned as before.
+        let relu = node(Op::Unary(UnaryOp::Relu), rows.clone(), vec![rows]);
+        assert_eq!(plan_preferring(&relu, opts, no), plan_with(&relu, opts));
+    }
+
+    #[test]
     fn f16_as_bf16_marks_only_kernels_with_f16_operands() {
         let on = PlanOptions { f16_as_bf16: true };
         let h = tensor(DType::F16, [8, 1, 1, 1], 0);
