@@ -341,7 +341,7 @@ class SetRowsSpec:
 
     def dst_tap(self, i2: int, i3: int, column: int):
         """Column `column`'s rows of the slab, linear (the destination is dense)."""
-        first = ((i3 * self.dst.ne[2] + i2) * self.dst.ne[1] + column * self.rows_per_column)
+        first = (i3 * self.dst.ne[2] + i2) * self.dst.ne[1] + column * self.rows_per_column
         return first * self.ne0, (1, 1, 1, self.rows_per_column * self.ne0), (0, 0, 0, 1)
 
 
@@ -360,8 +360,7 @@ def prepare_set_rows(req: Request) -> SetRowsSpec:
     dst = req.output
     if src.dtype not in SET_ROWS_SRC or idx.dtype not in SET_ROWS_IDX:
         raise UnsupportedError(
-            f"SET_ROWS of {src.dtype} rows by {idx.dtype} indices (f32/f16 rows, i32/i64 "
-            "indices)"
+            f"SET_ROWS of {src.dtype} rows by {idx.dtype} indices (f32/f16 rows, i32/i64 indices)"
         )
     if dst.dtype not in COPY_TYPES:
         raise UnsupportedError(f"SET_ROWS into {dst.dtype} (f32, f16, bf16)")

@@ -1050,7 +1050,11 @@ mod tests {
         let opts = PlanOptions { f16_as_bf16: true };
         // A dense f32 -> f16 copy: one flat CPY kernel, never computed as bf16.
         let src = tensor(DType::F32, [8, 3, 1, 1], 0);
-        let cpy = node(Op::Cpy, tensor(DType::F16, [24, 1, 1, 1], 0), vec![src.clone()]);
+        let cpy = node(
+            Op::Cpy,
+            tensor(DType::F16, [24, 1, 1, 1], 0),
+            vec![src.clone()],
+        );
         let Ok(Plan::Kernel { desc, operands }) = plan_preferring(&cpy, opts, yes) else {
             panic!()
         };
@@ -1060,7 +1064,11 @@ mod tests {
         assert!(matches!(plan_preferring(&cpy, opts, no), Ok(Plan::Host(_))));
         // CONT of a permuted view keeps the view's strides; DUP is its own kernel.
         let permuted = view(DType::F32, [4, 3, 2, 1], [12, 4, 48, 96]);
-        let cont = node(Op::Cont, tensor(DType::F32, [4, 3, 2, 1], 0), vec![permuted]);
+        let cont = node(
+            Op::Cont,
+            tensor(DType::F32, [4, 3, 2, 1], 0),
+            vec![permuted],
+        );
         let Ok(Plan::Kernel { desc, .. }) = plan_preferring(&cont, opts, yes) else {
             panic!()
         };
@@ -1074,7 +1082,10 @@ mod tests {
         // Quantized copies stay on the host whatever the compiler declares.
         let q = quantized("q8_0", 32, 34, [32, 1, 1, 1]);
         let to_q = node(Op::Cpy, q, vec![tensor(DType::F32, [32, 1, 1, 1], 0)]);
-        assert!(matches!(plan_preferring(&to_q, opts, yes), Ok(Plan::Host(_))));
+        assert!(matches!(
+            plan_preferring(&to_q, opts, yes),
+            Ok(Plan::Host(_))
+        ));
         // The KV-cache write: rows, i64 indices, the whole cache as the output.
         let rows = tensor(DType::F32, [64, 1, 1, 1], 0);
         let idx = tensor(DType::I64, [1, 1, 1, 1], 0);

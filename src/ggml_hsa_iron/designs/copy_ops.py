@@ -95,7 +95,7 @@ def _build_copy(spec):
 
 
 def _build_set_rows(spec):
-    C, T = spec.columns, spec.tile_rows
+    C = spec.columns
     dev = device(spec.arch, C)
     (st, s_total), (_, i_total), (dt, d_total) = spec.sequence
     seq_types = [vector_type(s_total, st), vector_type(i_total, st), vector_type(d_total, dt)]

@@ -85,7 +85,9 @@ class SetRowsPlanTest(unittest.TestCase):
         for src, idx, dst in cases:
             for arch in ("aie2", "aie2p"):
                 with self.subTest(src=src.ne, dst=dst, arch=arch):
-                    spec = prepare(parse_request(request_json("SET_ROWS", [src, idx], dst, arch=arch)))
+                    spec = prepare(
+                        parse_request(request_json("SET_ROWS", [src, idx], dst, arch=arch))
+                    )
                     rows = []
                     for i2, i3 in spec.slabs:
                         for c in range(spec.columns):
