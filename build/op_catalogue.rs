@@ -65,7 +65,12 @@ pub fn generate(path: &Path) -> Result<String, String> {
         let runs = match e.runs.as_str() {
             "kernel" => "Runs::Kernel",
             "host" => "Runs::Host",
-            other => return Err(bad(format!("runs = {other:?}: expected kernel or host"))),
+            "kernel_or_host" => "Runs::KernelOrHost",
+            other => {
+                return Err(bad(format!(
+                    "runs = {other:?}: expected kernel, host or kernel_or_host"
+                )))
+            }
         };
         if e.runs == "host" && (e.sim || !e.iron.is_empty()) {
             return Err(bad(

@@ -11,6 +11,17 @@ pub enum Runs {
     Kernel,
     /// On the CPU, inside the backend, in place on the NPU's host-mapped memory.
     Host,
+    /// An NPU kernel when the kernel store can provide one for the node (the compiler declares
+    /// its types and layouts, or the file is on disk); otherwise on the host, as [`Runs::Host`]
+    /// (copies from and into quantized types, say).
+    KernelOrHost,
+}
+
+impl Runs {
+    /// Whether the op can be a kernel (a protocol op name).
+    pub fn kernel(self) -> bool {
+        matches!(self, Runs::Kernel | Runs::KernelOrHost)
+    }
 }
 
 /// One op of the catalogue (see the header of `src/op_catalogue.toml` for the fields).
@@ -57,7 +68,7 @@ impl OpEntry {
             return None;
         }
         OpEntry::by_name(&op.to_ascii_uppercase())
-            .filter(|e| e.runs == Runs::Kernel && (!unary_only || e.ggml.starts_with("UNARY:")))
+            .filter(|e| e.runs.kernel() && (!unary_only || e.ggml.starts_with("UNARY:")))
     }
 
     /// The kernel function name: `ggml_op_<name>` in lower case.
@@ -78,7 +89,7 @@ pub fn kernel_name(op: &str) -> String {
 
 /// The kernel ops, in catalogue order.
 pub fn kernels() -> impl Iterator<Item = &'static OpEntry> {
-    CATALOGUE.iter().filter(|e| e.runs == Runs::Kernel)
+    CATALOGUE.iter().filter(|e| e.runs.kernel())
 }
 
 #[cfg(test)]
@@ -91,6 +102,8 @@ mod tests {
         assert_eq!(ROPE_FF.inputs, 3);
         assert_eq!(SOFT_MAX_MASK_SINKS.inputs, 3);
         assert_eq!(GET_ROWS.runs, Runs::Host);
+        assert_eq!(SET_ROWS.runs, Runs::KernelOrHost);
+        assert_eq!(OpEntry::by_kernel_name("ggml_op_set_rows"), Some(SET_ROWS));
         for e in kernels() {
             assert_eq!(OpEntry::by_kernel_name(&e.kernel_name()), Some(e));
         }

@@ -92,6 +92,24 @@ fn op_table() -> String {
                 "host: the backend, on the CPU, in place".to_owned(),
                 "host: the backend, on the CPU, in place".to_owned(),
             ),
+            Runs::KernelOrHost => {
+                let host = "otherwise host: the backend, on the CPU, in place";
+                let sim = if e.sim {
+                    "kernel when the compiler declares the node's types and layouts (simulator \
+                     reference executor, and the IRON design emulated with `--target emu`)"
+                } else {
+                    "kernel when the compiler declares it"
+                };
+                let npu = match e.iron_source {
+                    Some(src) => format!(
+                        "kernel: IRON design `{src}` ({}) for what it declares, not yet run on \
+                         hardware",
+                        e.iron.join(", ")
+                    ),
+                    None => "no IRON design".to_owned(),
+                };
+                (format!("{sim}; {host}"), format!("{npu}; {host}"))
+            }
             Runs::Kernel => {
                 let sim = match (e.sim, e.iron.is_empty()) {
                     (true, false) => {

@@ -196,7 +196,7 @@ impl Device {
     /// Whether this device runs `node`. Cheap, and never compiles: the answer comes from the
     /// op rules and the kernel store (files on disk, the compiler's declared capabilities).
     pub fn supports(&self, node: &Node) -> Result<(), String> {
-        let supported = ops::plan_with(node, self.plan_options).and_then(|plan| match plan {
+        let supported = self.plan(node).and_then(|plan| match plan {
             Plan::Skip | Plan::Host(_) => Ok(()),
             Plan::Kernel { desc, .. } => self.store.supports(&desc),
         });
@@ -206,6 +206,12 @@ impl Device {
             return Ok(());
         }
         supported
+    }
+
+    /// The plan of `node` on this device: an op that runs as a kernel or on the host (the
+    /// copies, SET_ROWS) is a kernel when the kernel store can provide it.
+    pub fn plan(&self, node: &Node) -> Result<Plan, String> {
+        ops::plan_preferring(node, self.plan_options, |desc| self.supports_kernel(desc))
     }
 
     /// Whether the kernel store can provide `desc` (files on disk or the compiler's declared

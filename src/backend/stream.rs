@@ -164,7 +164,7 @@ impl Stream {
         let mut steps = nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| match ops::plan_with(n, self.device.plan_options) {
+            .map(|(i, n)| match self.device.plan(n) {
                 Ok(plan) => Ok(Step::Plan(plan)),
                 Err(reason) if fallback => Ok(Step::Cpu(reason)),
                 Err(reason) => Err(node_error(i, n, reason)),

@@ -24,6 +24,8 @@ DTYPES: dict[str, DType] = {
     "i8": DType("i8", 1, "int8_t", "int8", False),
     "i16": DType("i16", 2, "int16_t", "int16", False),
     "i32": DType("i32", 4, "int32_t", "int32", False),
+    # SET_ROWS's row indices only (moved as bytes with the rows, read on the core).
+    "i64": DType("i64", 8, "int64_t", "int64", False),
     # ggml's block-quantized weight types (MUL_MAT's src0 only), moved as the bytes ggml
     # stores (int8 object FIFOs) and decoded on the cores.
     "q4_0": DType("q4_0", 18, "", "int8", True, 32),

@@ -737,6 +737,11 @@ def prepare(req: Request):
         return prepare_glu(req)
     if spec.kind == "rope":
         return prepare_rope(req)
+    if spec.kind in ("copy", "set_rows"):
+        # plans_copy imports this module (CoreSource): imported here, not at the top.
+        from .plans_copy import prepare_copy, prepare_set_rows
+
+        return prepare_copy(req) if spec.kind == "copy" else prepare_set_rows(req)
     return prepare_eltwise(req)
 
 

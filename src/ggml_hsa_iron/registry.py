@@ -23,6 +23,7 @@ MUL_MAT = "mul_mat.py"
 ROW_OPS = "row_ops.py"
 GLU_OPS = "glu_ops.py"
 ROPE = "rope.py"
+COPY_OPS = "copy_ops.py"
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class OpSpec:
     types: tuple[str, ...]
     broadcast: bool
     noncontiguous: bool
-    kind: str  # "binary", "unary", "mul_mat", "rows", "glu" or "rope"
+    kind: str  # "binary", "unary", "mul_mat", "rows", "glu", "rope", "copy" or "set_rows"
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
     # f32 bit patterns); non-zero words beyond them are refused.
@@ -88,6 +89,25 @@ _ROPE_LIMITS = (
     "(op_params 0..10), n_dims <= ne0 (the rest copied); cos/sin accurate for |theta| below "
     "about 6000"
 )
+
+_COPY_LIMITS = (
+    "input 0's elements copied into the output in logical (row-major) order, converting "
+    "between f32, f16 and bf16 (f16 and bf16 rounded to nearest even on the core); equal "
+    "element counts, each operand's bytes whole 32-bit words; a strided operand (a permuted "
+    "or sliced view) is walked by the shim DMA: at most 4 dimensions after merging the "
+    "contiguous ones, 2-byte elements in contiguous runs of whole words, inner wraps of at "
+    "most 1023 words, each column's share whole outer slices (at most 64 when 4 dimensions)"
+)
+_SET_ROWS_LIMITS = (
+    "f32 or f16 rows, i32 or i64 indices (repeated over dimensions 2 and 3), an f32, f16 or "
+    "bf16 destination, contiguous, written in place; the destination is streamed through "
+    "the cores and written back whole (the indices are data, DMA addresses are not), so the "
+    "cost grows with the destination; per slab (i2, i3) the indices and source rows stay "
+    "resident in a compute tile (a few KiB for a decode step; a long prefill batch is "
+    "refused); rows and indices whole 32-bit words; indices outside the destination are "
+    "skipped"
+)
+_COPY_TYPES = ("bf16", "f16", "f32")
 
 _INT_AND_FLOAT = ALL_TYPES
 _FLOAT_ONLY = FLOAT_TYPES
@@ -181,6 +201,21 @@ OPS: tuple[OpSpec, ...] = (
     # protocol calls broadcast; op_params 0..10 are ggml's rope parameters.
     OpSpec("ROPE", ROPE, 2, ("f16", "f32", "i32"), True, False, "rope", _ROPE_LIMITS, 11),
     OpSpec("ROPE_FF", ROPE, 3, ("f16", "f32", "i32"), True, False, "rope", _ROPE_LIMITS, 11),
+    # The copies and the KV-cache write (designs/copy_ops.py). SET_ROWS's rows and indices
+    # are smaller than its output: declared as broadcast for the backend to consider it.
+    OpSpec(
+        "SET_ROWS",
+        COPY_OPS,
+        2,
+        _COPY_TYPES + ("i32", "i64"),
+        True,
+        True,
+        "set_rows",
+        _SET_ROWS_LIMITS,
+    ),
+    OpSpec("DUP", COPY_OPS, 1, _COPY_TYPES, False, True, "copy", _COPY_LIMITS),
+    OpSpec("CPY", COPY_OPS, 1, _COPY_TYPES, False, True, "copy", _COPY_LIMITS),
+    OpSpec("CONT", COPY_OPS, 1, _COPY_TYPES, False, True, "copy", _COPY_LIMITS),
 )
 
 # (src0, src1, dst) type triples MUL_MAT compiles. src0 holds the weights.
@@ -198,7 +233,7 @@ MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = (
 )
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
-SOURCES: tuple[str, ...] = (BINARY_OPS, UNARY_OPS, MUL_MAT, ROW_OPS, GLU_OPS, ROPE)
+SOURCES: tuple[str, ...] = (BINARY_OPS, UNARY_OPS, MUL_MAT, ROW_OPS, GLU_OPS, ROPE, COPY_OPS)
 
 
 def lookup(op: str) -> OpSpec | None:

@@ -10,5 +10,5 @@ pub mod host;
 pub mod plan;
 pub mod tensor;
 
-pub use plan::{fuse_rms_norm_mul, plan, plan_with, Plan, PlanOptions};
+pub use plan::{fuse_rms_norm_mul, plan, plan_preferring, plan_with, Plan, PlanOptions};
 pub use tensor::{BinaryOp, DType, Memory, Node, Op, QuantType, Tensor, UnaryOp};

@@ -4,9 +4,13 @@
 //! * `NONE`, `VIEW`, `RESHAPE`, `PERMUTE`, `TRANSPOSE` and empty outputs: nothing to compute.
 //! * `DUP`, `CPY`, `CONT`: host-side copies between f32, f16 and bf16 (any layout), or between
 //!   equal types stored one element at a time. The NPU shares system memory, so the host reads
-//!   and writes the tensors in place.
+//!   and writes the tensors in place. Between f32, f16 and bf16 they are also one kernel each
+//!   (`DUP`, `CPY`, `CONT`: input 0 copied into the output in logical order, converting), which
+//!   [`plan_preferring`] chooses when the kernel store can provide it.
 //! * `GET_ROWS` (f32/f16/bf16 rows, i32 indices, f32 or same-type output) and `SET_ROWS` (f32
 //!   rows into f32/f16/bf16, i32 or i64 indices): host-side gathers and scatters, in place.
+//!   `SET_ROWS` of f32/f16 rows into f32/f16/bf16 is also a kernel (rows, indices; the output
+//!   is the whole destination, written in place), preferred the same way: the KV-cache write.
 //! * `ADD`, `SUB`, `MUL`, `DIV`: one kernel; the second input is repeated over the first (ggml
 //!   broadcasting); output shape = first input's shape.
 //! * Unary ops (the seed list plus `SQR`, `SQRT`, `LOG`, `SIN`, `COS`), `SCALE`, `CLAMP`: one
@@ -80,6 +84,77 @@ pub fn plan_with(node: &Node, options: PlanOptions) -> Result<Plan, String> {
     Ok(plan)
 }
 
+/// Plans `node` as [`plan_with`] does, except that an op the backend can run both ways
+/// (`DUP`, `CPY`, `CONT`, `SET_ROWS`: `Runs::KernelOrHost` in the catalogue) becomes its kernel
+/// when `available` says the kernel store can provide it (the compiler declares its types and
+/// layouts), so a layer's copies need no host node between its kernels; otherwise the host op.
+pub fn plan_preferring(
+    node: &Node,
+    options: PlanOptions,
+    available: impl Fn(&KernelDesc) -> bool,
+) -> Result<Plan, String> {
+    if !node.dst.is_empty() {
+        if let Some(kernel) = device_copy(node) {
+            if matches!(&kernel, Plan::Kernel { desc, .. } if available(desc)) {
+                return Ok(kernel);
+            }
+        }
+    }
+    plan_with(node, options)
+}
+
+/// The kernel of a copy (`DUP`, `CPY`, `CONT`) or a `SET_ROWS` between f32, f16 and bf16, when
+/// the node is one; `None` for every other node and for what the host op alone runs
+/// (quantized types, integer copies). The kernels copy exactly (no `f16_as_bf16`: a copy into
+/// f16 must round to f16).
+fn device_copy(node: &Node) -> Option<Plan> {
+    let float = |t: &Tensor| matches!(t.dtype, DType::F32 | DType::F16 | DType::Bf16);
+    match node.op {
+        Op::Dup | Op::Cpy | Op::Cont => {
+            let (src, dst) = (node.src(0)?, &node.dst);
+            if !float(src) || !float(dst) || src.nelements() != dst.nelements() {
+                return None;
+            }
+            let op = match node.op {
+                Op::Dup => catalogue::DUP,
+                Op::Cpy => catalogue::CPY,
+                _ => catalogue::CONT,
+            };
+            // Dense on both sides: one flat kernel serves every shape of the size.
+            let flat = src.is_contiguous() && dst.is_contiguous();
+            let layout = |t: &Tensor| {
+                let size = t.dtype.size().expect("float types have a size");
+                if flat {
+                    Layout::contiguous(t.dtype.name(), size, [t.nelements(), 1, 1, 1])
+                } else {
+                    as_layout(t)
+                }
+            };
+            Some(kernel(op, Vec::new(), &[src], dst, layout))
+        }
+        Op::SetRows if node.src(0)?.is_empty() => None,
+        Op::SetRows => {
+            let (src, idx, dst) = (node.src(0)?, node.src(1)?, &node.dst);
+            let types_ok = matches!(src.dtype, DType::F32 | DType::F16)
+                && float(dst)
+                && matches!(idx.dtype, DType::I32 | DType::I64);
+            // The same shape rule as the host op (ggml's): rows of dst's length, indices
+            // repeated over dimensions 2 and 3.
+            HostOp::set_rows(src, idx, dst).ok()?;
+            if !types_ok {
+                return None;
+            }
+            Some(kernel_as_laid_out(
+                catalogue::SET_ROWS,
+                Vec::new(),
+                &[src, idx],
+                dst,
+            ))
+        }
+        _ => None,
+    }
+}
+
 /// Plans `node` with the default options, or says why this backend cannot run it.
 pub fn plan(node: &Node) -> Result<Plan, String> {
     if matches!(node.op, Op::Layout) || node.dst.is_empty() {
@@ -97,6 +172,8 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
         Op::GetRows => {
             HostOp::get_rows(src(0)?, src(1)?, &node.dst).map(|op| Plan::Host(Box::new(op)))
         }
+        // No rows to write (an empty view of the rows): nothing to do.
+        Op::SetRows if src(0)?.is_empty() => Ok(Plan::Skip),
         Op::SetRows => {
             HostOp::set_rows(src(0)?, src(1)?, &node.dst).map(|op| Plan::Host(Box::new(op)))
         }
@@ -964,6 +1041,73 @@ mod tests {
         });
         // Rows that are not dense (a transposed k).
         refused(&|n| n.src[1].as_mut().unwrap().nb[0] = 4);
+    }
+
+    #[test]
+    fn copies_and_set_rows_are_kernels_when_available_and_host_ops_otherwise() {
+        let yes = |_: &KernelDesc| true;
+        let no = |_: &KernelDesc| false;
+        let opts = PlanOptions { f16_as_bf16: true };
+        // A dense f32 -> f16 copy: one flat CPY kernel, never computed as bf16.
+        let src = tensor(DType::F32, [8, 3, 1, 1], 0);
+        let cpy = node(
+            Op::Cpy,
+            tensor(DType::F16, [24, 1, 1, 1], 0),
+            vec![src.clone()],
+        );
+        let Ok(Plan::Kernel { desc, operands }) = plan_preferring(&cpy, opts, yes) else {
+            panic!()
+        };
+        assert_eq!(desc.canonical_name(), "cpy-f32_24-f16_24");
+        assert!(!desc.f16_as_bf16);
+        assert_eq!(operands.len(), 2);
+        assert!(matches!(plan_preferring(&cpy, opts, no), Ok(Plan::Host(_))));
+        // CONT of a permuted view keeps the view's strides; DUP is its own kernel.
+        let permuted = view(DType::F32, [4, 3, 2, 1], [12, 4, 48, 96]);
+        let cont = node(
+            Op::Cont,
+            tensor(DType::F32, [4, 3, 2, 1], 0),
+            vec![permuted],
+        );
+        let Ok(Plan::Kernel { desc, .. }) = plan_preferring(&cont, opts, yes) else {
+            panic!()
+        };
+        assert_eq!(desc.op, "CONT");
+        assert_eq!(desc.inputs[0].nb, [12, 4, 48, 96]);
+        let dup = node(Op::Dup, src.clone(), vec![src.clone()]);
+        let Ok(Plan::Kernel { desc, .. }) = plan_preferring(&dup, opts, yes) else {
+            panic!()
+        };
+        assert_eq!(desc.op, "DUP");
+        // Quantized copies stay on the host whatever the compiler declares.
+        let q = quantized("q8_0", 32, 34, [32, 1, 1, 1]);
+        let to_q = node(Op::Cpy, q, vec![tensor(DType::F32, [32, 1, 1, 1], 0)]);
+        assert!(matches!(
+            plan_preferring(&to_q, opts, yes),
+            Ok(Plan::Host(_))
+        ));
+        // The KV-cache write: rows, i64 indices, the whole cache as the output.
+        let rows = tensor(DType::F32, [64, 1, 1, 1], 0);
+        let idx = tensor(DType::I64, [1, 1, 1, 1], 0);
+        let cache = tensor(DType::F16, [64, 32, 1, 1], 0);
+        let set = node(Op::SetRows, cache.clone(), vec![rows.clone(), idx.clone()]);
+        let Ok(Plan::Kernel { desc, operands }) = plan_preferring(&set, opts, yes) else {
+            panic!()
+        };
+        assert_eq!(desc.canonical_name(), "set_rows-f32_64-i64_1-f16_64x32");
+        assert_eq!(operands[2], cache);
+        assert!(matches!(plan_preferring(&set, opts, no), Ok(Plan::Host(_))));
+        // No rows to write: nothing to do either way.
+        let none = node(
+            Op::SetRows,
+            cache.clone(),
+            vec![tensor(DType::F32, [64, 0, 1, 1], 0), idx],
+        );
+        assert_eq!(plan_preferring(&none, opts, yes), Ok(Plan::Skip));
+        assert_eq!(plan(&none), Ok(Plan::Skip));
+        // Other ops are planned as before.
+        let relu = node(Op::Unary(UnaryOp::Relu), rows.clone(), vec![rows]);
+        assert_eq!(plan_preferring(&relu, opts, no), plan_with(&relu, opts));
     }
 
     #[test]

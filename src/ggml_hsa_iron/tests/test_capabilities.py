@@ -67,7 +67,9 @@ def row_request(op: str, dtype: str, arch: str) -> str:
 # factors]; 11 op_params words).
 GLU = ["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]
 ROPE = ["ROPE", "ROPE_FF"]
-WITH_F16 = GLU + ROPE
+# Issue 15: the copies and the KV-cache write (f32/f16/bf16; SET_ROWS' i32/i64 indices).
+COPIES = ["DUP", "CPY", "CONT"]
+WITH_F16 = GLU + ROPE + COPIES + ["SET_ROWS"]
 
 
 def defined_functions(source: str) -> set[str]:
@@ -95,6 +97,8 @@ class CapabilitiesTest(unittest.TestCase):
                 self.assertIsInstance(op[key], kind, op["op"])
             # MUL_MAT's weights may also be f16 or block-quantized; f16 elsewhere as listed.
             extra = set(("f16",) + QUANT_TYPES) if op["op"] == "MUL_MAT" else {"f16"}
+            if op["op"] == "SET_ROWS":
+                extra.add("i64")
             self.assertTrue(set(op["types"]) <= set(ALL_TYPES) | extra, op["op"])
 
     def test_the_seed_list_is_declared(self):
@@ -110,8 +114,14 @@ class CapabilitiesTest(unittest.TestCase):
                 + ROW_OPS
                 + GLU
                 + ROPE
+                + COPIES
+                + ["SET_ROWS"]
             ),
         )
+        for op in COPIES:
+            self.assertEqual((ops[op]["inputs"], ops[op]["noncontiguous"]), (1, True))
+        self.assertEqual(ops["SET_ROWS"]["inputs"], 2)
+        self.assertTrue(ops["SET_ROWS"]["broadcast"])
         for op in GLU:
             self.assertEqual(ops[op]["inputs"], 2)
             self.assertEqual(ops[op]["types"], ["bf16", "f16", "f32"])
@@ -188,6 +198,18 @@ class CapabilitiesTest(unittest.TestCase):
                             )
                         elif spec.kind == "rows":
                             req = row_request(spec.op, dtype, arch)
+                        elif spec.kind == "set_rows":
+                            # Rows f32 (or f16), indices i32 (or i64), the destination of
+                            # the type; each declared type in its place.
+                            src = dtype if dtype in ("f32", "f16") else "f32"
+                            ix = dtype if dtype in ("i32", "i64") else "i64"
+                            dst = dtype if dtype in ("bf16", "f16", "f32") else "f32"
+                            req = request_json(
+                                spec.op,
+                                [tensor(src, [64, 2]), tensor(ix, [2])],
+                                tensor(dst, [64, 16]),
+                                arch=arch,
+                            )
                         else:
                             t = tensor(dtype, [1024])
                             req = request_json(spec.op, [t] * spec.inputs, t, arch=arch)

@@ -231,6 +231,30 @@ impl KernelDesc {
             {
                 return inv("fewer sinks than heads (q ne[2])".into());
             }
+        } else if op == Op::Copy {
+            if src0.nelements() != self.output.nelements() {
+                return inv(format!(
+                    "a copy of {} elements into {}",
+                    src0.nelements(),
+                    self.output.nelements()
+                ));
+            }
+        } else if op == Op::SetRows {
+            let (s, i, d) = (src0.ne, self.inputs[1].ne, self.output.ne);
+            let ok = s[0] == d[0]
+                && s[2] == d[2]
+                && s[3] == d[3]
+                && i[0] == s[1]
+                && i[3] == 1
+                && i[1] > 0
+                && i[2] > 0
+                && s[2] % i[1] == 0
+                && s[3] % i[2] == 0;
+            if !ok {
+                return inv(format!(
+                    "SET_ROWS shapes do not agree: rows {s:?}, indices {i:?}, destination {d:?}"
+                ));
+            }
         } else if op == Op::RmsNormMul && self.inputs[1].ne != [src0.ne[0], 1, 1, 1] {
             return inv(format!(
                 "RMS_NORM_MUL's weight must be one row of x's {} elements: {:?}",
@@ -288,6 +312,8 @@ impl KernelDesc {
                 | Op::CountEqual
                 | Op::CrossEntropyLoss
                 | Op::FlashAttnExt { .. }
+                | Op::Copy
+                | Op::SetRows
         );
         if let Some(src1) = self.inputs.get(1).filter(|_| elementwise) {
             for d in 0..4 {

@@ -182,6 +182,14 @@ pub enum Op {
         mask: bool,
         sinks: bool,
     },
+    /// ggml's DUP, CPY and CONT: input 0's elements copied into the output in logical
+    /// (row-major) order, converting between f32, f16 and bf16; equal element counts, any
+    /// shapes and strides.
+    Copy,
+    /// ggml's SET_ROWS: `dst[:, idx[i, i02 % n11, i03 % n12], i02, i03] = src[:, i, i02, i03]`;
+    /// inputs the rows (f32/f16) and the i32/i64 indices, the output the whole destination
+    /// (f32/f16/bf16), written in place (rows not indexed keep their values).
+    SetRows,
 }
 
 const BINARY: &[(&str, BinaryOp)] = &[
@@ -292,6 +300,8 @@ impl Op {
                 mask: true,
                 sinks: true,
             }),
+            "DUP" | "CPY" | "CONT" => Some(Op::Copy),
+            "SET_ROWS" => Some(Op::SetRows),
             _ => None,
         }
     }
@@ -304,7 +314,8 @@ impl Op {
             | Op::Glu(_)
             | Op::CountEqual
             | Op::CrossEntropyLoss
-            | Op::RmsNormMul => 2,
+            | Op::RmsNormMul
+            | Op::SetRows => 2,
             Op::SoftMax { mask, sinks } => 1 + usize::from(mask) + usize::from(sinks),
             Op::Rope { ff } => 2 + usize::from(ff),
             Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
@@ -337,6 +348,7 @@ impl Op {
             "FLASH_ATTN_EXT_MASK_SINKS",
         ]);
         v.push("RMS_NORM_MUL");
+        v.extend(["SET_ROWS", "DUP", "CPY", "CONT"]);
         v
     }
 
@@ -358,6 +370,9 @@ impl Op {
             Op::CountEqual if output => vec![DType::I64],
             Op::CountEqual => vec![DType::I32],
             Op::CrossEntropyLoss => vec![DType::F32],
+            // f32 or f16 rows, i32 or i64 indices, a float destination.
+            Op::SetRows if i == 0 => vec![DType::F32, DType::F16],
+            Op::SetRows if i == 1 => vec![DType::I32, DType::I64],
             // q and the output f32, k and v any float type, the mask f16, the sinks f32.
             Op::FlashAttnExt { mask, .. } => match i {
                 1 | 2 => TYPES.to_vec(),
@@ -397,7 +412,7 @@ impl Op {
             Op::Glu(_) => 9,
             Op::SoftMax { .. } => 5,
             Op::Rope { .. } => 6,
-            Op::Binary(_) => 1,
+            Op::Binary(_) | Op::Copy | Op::SetRows => 1,
             Op::Scale | Op::Clamp => 2,
             Op::Unary(UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::GeluQuick | UnaryOp::Silu) => 8,
             Op::Unary(_) => 2,
@@ -418,6 +433,8 @@ impl Op {
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
             Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",
+            Op::Copy => "unused; input 0 copied into the output in logical (row-major) order, converting between f32, f16 and bf16; equal element counts, any shapes and strides",
+            Op::SetRows => "unused; inputs rows [ne0, n, ne2, ne3] (f32/f16) and indices [n, n11, n12] (i32/i64, repeated over dimensions 2 and 3), output the destination [ne0, rows, ne2, ne3] (f32/f16/bf16) written in place: row i of slab (i2, i3) into row idx[i, i2 % n11, i3 % n12]",
             Op::CrossEntropyLoss => "unused; inputs f32 logits and f32 labels of one shape (rows along dimension 0), output f32 [1]: -(1/rows) sum labels * log_softmax(logits)",
             _ => "unused",
         }

@@ -28,7 +28,7 @@ fn capabilities() -> serde_json::Value {
                 "op": name,
                 "inputs": op.arity(),
                 "types": types,
-                "broadcast": matches!(op, Op::Binary(_) | Op::MulMat | Op::SoftMax { .. } | Op::Rope { .. } | Op::FlashAttnExt { .. }),
+                "broadcast": matches!(op, Op::Binary(_) | Op::MulMat | Op::SoftMax { .. } | Op::Rope { .. } | Op::FlashAttnExt { .. } | Op::SetRows),
                 "noncontiguous": true,
                 "op_params": op.params_doc(),
             })
@@ -44,7 +44,8 @@ fn capabilities() -> serde_json::Value {
         "types_note": "float operands may independently be f32, f16 or bf16 (computed in f32, rounded on store) unless the op says otherwise; \
                        ROPE's i32 type is for its positions, MUL_MAT's block-quantized types (q4_0, q4_1, q5_0, q8_0, q4_K, q5_K, q6_K) for its weights (input 0) only; \
                        ARGMAX reads f32 and writes i32, COUNT_EQUAL reads i32 and writes i64, CROSS_ENTROPY_LOSS is f32 only; \
-                       FLASH_ATTN_EXT takes f32 q, f32/f16/bf16 k and v, an f16 mask and f32 sinks, and writes f32",
+                       FLASH_ATTN_EXT takes f32 q, f32/f16/bf16 k and v, an f16 mask and f32 sinks, and writes f32; \
+                       SET_ROWS takes f32/f16 rows and i32/i64 indices",
         "ops": ops,
     })
 }

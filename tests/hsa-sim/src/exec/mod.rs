@@ -154,6 +154,34 @@ fn rope(x: &Buf<'_>, pos: &Buf<'_>, ff: Option<&Buf<'_>>, params: &[i32], out: &
     }
 }
 
+/// ggml's SET_ROWS as ggml-cpu runs it: row i of slab (i02, i03) of `src` into row
+/// `idx[i, i02 % n11, i03 % n12]` of the same slab of `out`, in order (a later row wins); an
+/// index outside the destination fails the kernel (ggml-cpu asserts).
+fn set_rows(src: &Buf<'_>, idx: &Buf<'_>, out: &mut Buf<'_>) -> Result<(), String> {
+    let (ne, ni, rows) = (src.t.ne, idx.t.ne, out.t.ne[1]);
+    for i03 in 0..ne[3] {
+        for i02 in 0..ne[2] {
+            for i in 0..ne[1] {
+                let at = [i, i02 % ni[1], i03 % ni[2], 0];
+                let off = idx.offset(at);
+                let row = match idx.t.ty {
+                    crate::ops::DType::I64 => {
+                        i64::from_le_bytes(idx.bytes[off..off + 8].try_into().expect("8 bytes"))
+                    }
+                    _ => i64::from(idx.get_i32(at)),
+                };
+                if !(0..rows).contains(&row) {
+                    return Err(format!("SET_ROWS index {row} outside {rows} rows"));
+                }
+                for i0 in 0..ne[0] {
+                    out.set([i0, row, i02, i03], src.get([i0, i, i02, i03]));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// ggml's soft_max_ext, as ggml-cpu computes it: the row scaled plus slope·mask, its maximum
 /// (with the sink), exponentials summed in f64 (plus exp(sink - max)).
 fn soft_max(
@@ -463,6 +491,27 @@ pub unsafe fn execute(
             let w = &bufs[1];
             for_each_index(ne, |i| out.set(i, out.get(i) * w.get([i[0], 0, 0, 0])));
         }
+        Op::Copy => {
+            // Both sides walked in logical order: the k-th element of one is the k-th of the
+            // other, whatever their shapes.
+            let s0 = &bufs[0];
+            let (src_ne, dst_ne) = (s0.t.ne, out.t.ne);
+            let unravel = |mut k: i64, ne: [i64; 4]| {
+                let mut i = [0i64; 4];
+                for d in 0..4 {
+                    let n = ne[d].max(1);
+                    i[d] = k % n;
+                    k /= n;
+                }
+                i
+            };
+            let mut k = 0i64;
+            for_each_index(src_ne, |i| {
+                out.set(unravel(k, dst_ne), s0.get(i));
+                k += 1;
+            });
+        }
+        Op::SetRows => set_rows(&bufs[0], &bufs[1], &mut out)?,
         Op::Clamp => {
             let lo = f32::from_bits(desc.op_params[0] as u32);
             let hi = f32::from_bits(desc.op_params[1] as u32);
