@@ -185,22 +185,36 @@ impl HostMemory for GraphMemory<'_> {
                 ));
             }
         }
-        // The inputs are copied first: an op may read and write overlapping memory (an in-place
-        // DUP), and a Rust slice must not alias a mutable one.
-        let inputs: Vec<Vec<u8>> = inputs
+        // An input that overlaps the destination (an in-place DUP) is copied first: a Rust slice
+        // must not alias a mutable one. The others are read in place, so that a GET_ROWS of one
+        // row does not copy the whole embedding table.
+        let overlaps = |t: &Tensor| t.addr < dst.addr + dst.bytes && dst.addr < t.addr + t.bytes;
+        let copies: Vec<Option<Vec<u8>>> = inputs
             .iter()
             .map(|t| {
-                // SAFETY: the descriptors were made from tensors of the graph being computed,
-                // whose data is allocated in host-accessible buffers for at least `bytes`
-                // (ggml_nbytes) bytes.
-                unsafe { std::slice::from_raw_parts(t.addr as *const u8, t.bytes as usize) }
-                    .to_vec()
+                overlaps(t).then(|| {
+                    // SAFETY: the descriptors were made from tensors of the graph being
+                    // computed, whose data is allocated in host-accessible buffers for at least
+                    // `bytes` (ggml_nbytes) bytes.
+                    unsafe { std::slice::from_raw_parts(t.addr as *const u8, t.bytes as usize) }
+                        .to_vec()
+                })
+            })
+            .collect();
+        let input_bytes: Vec<&[u8]> = inputs
+            .iter()
+            .zip(&copies)
+            .map(|(t, copy)| match copy {
+                Some(bytes) => bytes.as_slice(),
+                // SAFETY: as above; this range does not overlap the destination's, the only
+                // memory written while the slice lives.
+                None => unsafe { std::slice::from_raw_parts(t.addr as *const u8, t.bytes as usize) },
             })
             .collect();
         // SAFETY: as above; nothing else accesses the destination while the graph computes.
         let dst_bytes =
             unsafe { std::slice::from_raw_parts_mut(dst.addr as *mut u8, dst.bytes as usize) };
-        op.run(&inputs, dst_bytes, &GgmlCodec)
+        op.run(&input_bytes, dst_bytes, &GgmlCodec)
     }
 }
 
