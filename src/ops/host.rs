@@ -806,7 +806,13 @@ mod tests {
         // Rows longer than one conversion chunk, permutations that keep dimension 0 and ones
         // that move it (a transposed CONT: strided rows).
         let shapes = [[300, 3, 2, 1], [3, 4, 5, 2], [1, 7, 3, 2]];
-        let perms = [[0, 1, 2, 3], [0, 2, 1, 3], [1, 0, 2, 3], [2, 1, 0, 3], [3, 2, 1, 0]];
+        let perms = [
+            [0, 1, 2, 3],
+            [0, 2, 1, 3],
+            [1, 0, 2, 3],
+            [2, 1, 0, 3],
+            [3, 2, 1, 0],
+        ];
         for from in types {
             for to in types {
                 for ne in shapes {
