@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,13 +34,30 @@ PEERS = [
 SIZES = {"quick": (32, 16), "full": (512, 128)}
 
 
-def llama_bench(bin_dir: Path, model: Path, args: list[str], env: dict[str, str]) -> list[dict]:
-    cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-r", "1", "-o", "json"]
+def llama_bench(
+    bin_dir: Path, model: Path, args: list[str], env: dict[str, str]
+) -> tuple[list[dict], str]:
+    """llama-bench's JSON results and its log (-v: llama.cpp's graph sizes are in it)."""
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-r", "1", "-o", "json", "-v"]
     run = subprocess.run(cmd + args, env=env, capture_output=True, text=True, check=False)
     if run.returncode != 0:
         sys.stderr.write(run.stderr[-4000:])
         raise SystemExit(f"llama-bench failed ({run.returncode}): {' '.join(cmd + args)}")
-    return json.loads(run.stdout)
+    return json.loads(run.stdout), run.stderr
+
+
+# llama_context's graph reservation log: "graph: nodes = N, ..." or, when the prompt and the
+# generation graphs differ, "graph (pp bs=.., tg bs=..): nodes = PP / TG, ...".
+GRAPH_NODES = re.compile(r"graph(?: \(pp bs=\d+, tg bs=\d+\))?: nodes = (\d+)(?: / (\d+))?")
+
+
+def graph_nodes(log: str, kind: str) -> int | None:
+    """Nodes of llama.cpp's whole graph (every backend's) for a test of `kind` ("pp"/"tg")."""
+    found = GRAPH_NODES.findall(log)
+    if not found:
+        return None
+    pp, tg = found[-1]
+    return int(tg) if kind == "tg" and tg else int(pp)
 
 
 def hsa_env(target: Path, work: Path, execute: bool) -> dict[str, str]:
@@ -62,6 +80,13 @@ def figures(name, path, cpu, hsa, tokens, kind):
     """One row: the per-token figures of one test (`kind` "pp" or "tg") on HSA0."""
     c, s, wall_tps = hsa["counters"], hsa["stats"], hsa["tps"]
     nodes = s["nodes"] - s["skipped_nodes"]
+    # llama.cpp's graph, every backend's nodes (those the scheduler kept on the CPU included),
+    # once per graph the backend computed; the CPU backend's time per node is its whole time per
+    # token (arithmetic included) over that graph's nodes.
+    per_graph = hsa["graph_nodes"]
+    graph_nodes_tok = per_graph * s["graphs"] / tokens if per_graph else float("nan")
+    cpu_us_per_node = 1e6 / cpu / graph_nodes_tok if per_graph else float("nan")
+    steady_graphs = s["graphs"] - 1
     host_us = max(s["compute_wall_us"] - s["device_wait_us"] - s["kernel_load_us"], 0)
     device_s = c["device_time_ns"] / 1e9
     sim_tps = tokens / (device_s + host_us / 1e6)
@@ -73,6 +98,7 @@ def figures(name, path, cpu, hsa, tokens, kind):
         "model": name,
         "test": f"{kind}{tokens}",
         "cpu_tps": cpu,
+        "graph_nodes": graph_nodes_tok,
         "nodes": s["nodes"] / tokens,
         "kernels": sum(s["kernel_nodes"].values()) / tokens,
         "host": sum(s["host_nodes"].values()) / tokens,
@@ -80,8 +106,13 @@ def figures(name, path, cpu, hsa, tokens, kind):
         "dispatches": c["dispatches"] / tokens,
         "doorbells": c["doorbells"] / tokens,
         "pdi_loads": c["pdi_loads"],
+        # PDI loads per graph after the first (none: a single graph, as pp is).
+        "pdi_steady": s["steady_pdi_loads"] / steady_graphs if steady_graphs else float("nan"),
+        "plan_hits": s["plan_hits"],
+        "graphs": s["graphs"],
         "mb_read": c["bytes_read"] / tokens / 1e6,
         "host_us_per_node": host_us / max(nodes, 1),
+        "cpu_us_per_node": cpu_us_per_node,
         "device_ms": device_s * 1e3 / tokens,
         "sim_tps": sim_tps,
         "bound_tps": bound,
@@ -95,7 +126,9 @@ def figures(name, path, cpu, hsa, tokens, kind):
 def run_model(args, name: str, path: Path, work: Path) -> list[dict]:
     pp, tg = SIZES[args.mode]
     cpu_env = {k: v for k, v in os.environ.items() if k != "GGML_BACKEND_PATH"}
-    cpu = llama_bench(args.bin, path, ["-p", str(pp), "-n", str(tg), "-dev", "none"], cpu_env)
+    cpu, _ = llama_bench(
+        args.bin, path, ["-p", str(pp), "-n", str(tg), "-dev", "none"], cpu_env
+    )
     cpu_tps = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in cpu}
     rows = []
     for kind, test_args, tokens in (
@@ -107,13 +140,14 @@ def run_model(args, name: str, path: Path, work: Path) -> list[dict]:
         env = hsa_env(args.target, d, execute=args.mode == "quick")
         # No warm-up: the counters then hold exactly the test's tokens (kernels are compiled by
         # the first graph; their time is reported apart and left out of the host time).
-        res = llama_bench(
+        res, log = llama_bench(
             args.bin, path, test_args + ["-dev", "HSA0", "-ngl", "99", "--no-warmup"], env
         )
         hsa = {
             "counters": json.loads((d / "counters.json").read_text()),
             "stats": json.loads((d / "stats.json").read_text()),
             "tps": res[0]["avg_ts"],
+            "graph_nodes": graph_nodes(log, kind),
         }
         rows.append(figures(name, path, cpu_tps[kind], hsa, tokens, kind))
         print(f"[bench] {name} {kind}{tokens}: done", file=sys.stderr)
@@ -124,6 +158,7 @@ COLUMNS = [
     ("model", "model", "{}"),
     ("test", "test", "{}"),
     ("CPU t/s", "cpu_tps", "{:.1f}"),
+    ("graph nodes", "graph_nodes", "{:.1f}"),
     ("nodes to HSA0", "nodes", "{:.1f}"),
     ("NPU kernels", "kernels", "{:.1f}"),
     ("host nodes", "host", "{:.1f}"),
@@ -131,8 +166,10 @@ COLUMNS = [
     ("dispatches", "dispatches", "{:.1f}"),
     ("doorbells", "doorbells", "{:.2f}"),
     ("PDI loads (run)", "pdi_loads", "{}"),
+    ("PDI loads/graph (steady)", "pdi_steady", "{:.1f}"),
     ("MB read by kernels", "mb_read", "{:.1f}"),
     ("host µs/node", "host_us_per_node", "{:.1f}"),
+    ("CPU µs/node", "cpu_us_per_node", "{:.1f}"),
     ("sim. device ms", "device_ms", "{:.2f}"),
     ("sim. t/s", "sim_tps", "{:.1f}"),
     ("bound t/s", "bound_tps", "{:.1f}"),
@@ -140,11 +177,15 @@ COLUMNS = [
 ]
 
 
+def cell(fmt: str, value) -> str:
+    return "-" if isinstance(value, float) and value != value else fmt.format(value)
+
+
 def table(rows: list[dict]) -> list[str]:
     out = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |"]
     out.append("|" + "---|" * len(COLUMNS))
     for r in rows:
-        out.append("| " + " | ".join(f.format(r[k]) for _, k, f in COLUMNS) + " |")
+        out.append("| " + " | ".join(cell(f, r[k]) for _, k, f in COLUMNS) + " |")
     return out
 
 
@@ -230,6 +271,7 @@ def main() -> int:
     for label, tg, pp in PEERS:
         print(f"peer: {label}: {tg} t/s decode" + (f", {pp} t/s prefill" if pp else ""))
     for r in rows:
+        print(f"{r['model']} {r['test']}: {r['graphs']} graph(s), {r['plan_hits']} from the plan cache")
         if r["host_nodes"] or r["cpu_nodes_by_op"]:
             print(f"{r['model']} {r['test']}: host nodes {r['host_nodes']}, "
                   f"CPU nodes {r['cpu_nodes_by_op']}")
@@ -255,9 +297,13 @@ def write_docs(rows: list[dict], lines: list[str]) -> None:
         "of the host time).",
         "",
         "**Nothing here ran on an NPU.** \"CPU t/s\" is llama.cpp's CPU backend on this 2-core",
-        "machine. The HSA0 figures are per token: the nodes llama.cpp gave the backend and how",
-        "they ran, the kernels' dispatches, doorbells, PDI loads in the run, bytes the kernels",
-        "read, the backend's host time per node (release build), and the device time hsa-sim's",
+        "machine. The HSA0 figures are per token: the nodes of llama.cpp's whole graph (every",
+        "backend's), the nodes it gave the backend and how they ran, the kernels' dispatches,",
+        "doorbells, PDI loads in the run and per graph after the first (steady state; \"-\" for",
+        "a single graph), bytes the kernels read, the backend's host time per node (release",
+        "build; wall time in the backend minus device waits and kernel reads/compiles/uploads)",
+        "beside the CPU backend's time per node (its whole time per token, arithmetic included,",
+        "over the graph's nodes), and the device time hsa-sim's",
         "cost model gives for an XDNA2 NPU (aie2p: 90 µs per command chain, 46.7 µs per chained",
         "command switching PDI, 10 µs with the PDI loaded, 56 GB/s, 14.71 TFLOPS bf16; sources in",
         "`tests/hsa-sim/README.md`). \"sim. t/s\" = tokens / (device time + host time); the bound is",

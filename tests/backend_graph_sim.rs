@@ -144,6 +144,31 @@ fn an_aie2_agent_runs_the_same_graph() {
     assert_eq!(o.counter("pdi_loads"), 1);
 }
 
+/// The plan cache: a repeated graph reuses its plan, a graph with one source at another address
+/// is planned again (and computes with that source), and the first graph's plan is still kept.
+#[test]
+fn a_repeated_graph_reuses_its_plan_and_a_moved_tensor_misses() {
+    let dir = common::scratch_dir("graph-rebind-stats");
+    let stats = dir.join("stats.json");
+    let o = run(
+        "rebind",
+        "rebind",
+        4,
+        &[("GGML_HSA_STATS", stats.to_str().unwrap())],
+    );
+    for round in 0..4 {
+        assert!(o.has(&format!("RESULT {round} ok")), "{}", o.text);
+    }
+    let totals: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(totals["graphs"], 4, "{totals}");
+    // Planned for rounds 0 and 1 (b moved); rounds 2 and 3 find those plans.
+    assert_eq!(totals["plan_hits"], 2, "{totals}");
+    // One kernel, loaded once.
+    assert_eq!(totals["pdi_loads"], 1, "{totals}");
+    assert_eq!(totals["steady_pdi_loads"], 0, "{totals}");
+}
+
 #[test]
 fn more_distinct_kernels_than_a_queue_holds_start_a_fresh_queue() {
     let o = run("pdis", "pdis", 1, &[]);
@@ -423,8 +448,11 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
         let input: Vec<f32> = (0..N).map(|i| i as f32 * 0.25).collect();
         let mut expect = input.clone();
         let mut x = a;
+        // `rebind`: the chain, with `b` pointed at another tensor's memory for the second
+        // compute and back for the third (the plan cache must miss, then hit the first plan).
+        let b2 = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, N as i64);
         match graph {
-            "chain" => {
+            "chain" | "rebind" => {
                 for _ in 0..20 {
                     x = sys::ggml_add(ctx, x, b);
                     expect.iter_mut().for_each(|e| *e += 0.5);
@@ -447,7 +475,15 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
         } else {
             sys::ggml_backend_tensor_set(a, f32_bytes(&input).as_ptr().cast(), 0, 4 * N);
             sys::ggml_backend_tensor_set(b, f32_bytes(&vec![0.5; N]).as_ptr().cast(), 0, 4 * N);
+            sys::ggml_backend_tensor_set(b2, f32_bytes(&vec![1.5; N]).as_ptr().cast(), 0, 4 * N);
+            let (b_data, b2_data) = ((*b).data, (*b2).data);
             for round in 0..computes {
+                if graph == "rebind" {
+                    let rebound = round % 2 == 1;
+                    (*b).data = if rebound { b2_data } else { b_data };
+                    let add = if rebound { 1.5 } else { 0.5 };
+                    expect = input.iter().map(|v| v + 20.0 * add).collect();
+                }
                 let status = sys::ggml_backend_graph_compute(backend, gf);
                 println!("STATUS {round} {status}");
                 if status == sys::GGML_STATUS_SUCCESS {

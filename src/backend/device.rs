@@ -221,8 +221,15 @@ impl Device {
     }
 
     /// The kernels for `descs`, in order: those not loaded yet are found or compiled (the
-    /// missing ones in parallel) and loaded into the dev heap.
-    pub fn kernels(&self, descs: &[KernelDesc]) -> Vec<Result<Arc<LoadedKernel>, DeviceError>> {
+    /// missing ones in parallel) and loaded into the dev heap. Also returns the time spent
+    /// reading, compiling and uploading kernels; looking up loaded ones is not part of it.
+    pub fn kernels(
+        &self,
+        descs: &[KernelDesc],
+    ) -> (
+        Vec<Result<Arc<LoadedKernel>, DeviceError>>,
+        std::time::Duration,
+    ) {
         let names: Vec<String> = descs.iter().map(KernelDesc::canonical_name).collect();
         let (new_names, new_descs): (Vec<String>, Vec<KernelDesc>) = {
             let loaded = self.loaded.lock();
@@ -233,16 +240,24 @@ impl Device {
                 .map(|(n, d)| (n.clone(), d.clone()))
                 .unzip()
         };
-        let mut files: HashMap<String, Result<KernelFiles, KernelError>> = new_names
-            .into_iter()
-            .zip(self.store.load_many(&new_descs))
-            .collect();
+        let mut loading = std::time::Duration::ZERO;
+        let started = std::time::Instant::now();
+        let mut files: HashMap<String, Result<KernelFiles, KernelError>> = if new_descs.is_empty() {
+            HashMap::new()
+        } else {
+            let files = new_names
+                .into_iter()
+                .zip(self.store.load_many(&new_descs))
+                .collect();
+            loading += started.elapsed();
+            files
+        };
         let n_args: HashMap<&str, u32> = names
             .iter()
             .zip(descs)
             .map(|(n, d)| (n.as_str(), d.inputs.len() as u32 + 1))
             .collect();
-        names
+        let kernels = names
             .iter()
             .map(|name| {
                 if let Some(k) = self.loaded.lock().get(name) {
@@ -259,15 +274,18 @@ impl Device {
                         refused: false,
                     }),
                 }?;
-                let kernel = Arc::new(self.upload(&files, n_args[name.as_str()])?);
+                let uploading = std::time::Instant::now();
+                let kernel = self.upload(&files, n_args[name.as_str()]);
+                loading += uploading.elapsed();
                 Ok(self
                     .loaded
                     .lock()
                     .entry(name.clone())
-                    .or_insert(kernel)
+                    .or_insert(Arc::new(kernel?))
                     .clone())
             })
-            .collect()
+            .collect();
+        (kernels, loading)
     }
 
     /// Loads a kernel: for ABI c its code object (the `.hsaco` file, or one wrapping the PDI and

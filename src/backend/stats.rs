@@ -2,8 +2,9 @@
 //!
 //! Per op: nodes that became NPU kernels, nodes run by the host in place (`HostOp`), nodes run on
 //! ggml's CPU backend (a kernel the compiler refused, or `GGML_HSA_CPU_FALLBACK`); per process:
-//! graphs, doorbells (batches submitted) and packets, and the wall time of `graph_compute` with
-//! the parts spent waiting for the device and loading (or JIT-compiling) kernels. Host overhead
+//! graphs (and those whose plan was cached), doorbells (batches submitted) and packets, PDI loads
+//! (all, and those after the first graph), and the wall time of `graph_compute` with the parts
+//! spent waiting for the device and loading (or JIT-compiling) kernels. Host overhead
 //! per node is `(wall - wait - load) / nodes`: planning, kernel lookup, packet encoding and host
 //! ops, which on a real NPU add to every token (benchmarks print it; `scripts/bench.sh`). On
 //! hsa-sim the device's work is part of the wait.
@@ -41,6 +42,10 @@ pub struct GraphStats {
     pub wait: Duration,
     /// Time spent finding, compiling and loading the graph's kernels.
     pub load: Duration,
+    /// Whether the graph's plan came from the stream's plan cache (0 or 1).
+    pub plan_hits: u64,
+    /// PDIs used for the first time on their queue (a PDI load on the NPU).
+    pub pdi_loads: u64,
 }
 
 impl GraphStats {
@@ -68,13 +73,25 @@ pub struct Totals {
     pub compute_wall_us: u64,
     /// The part of it spent submitting batches and waiting for their completion.
     pub device_wait_us: u64,
-    /// The part of it spent finding, compiling (JIT) and loading kernels.
+    /// The part of it spent compiling (JIT), reading and uploading kernels (not looking up
+    /// loaded ones).
     pub kernel_load_us: u64,
+    /// Graphs whose plan came from the stream's plan cache (a repeated graph: the decode loop).
+    pub plan_hits: u64,
+    /// PDIs used for the first time on their queue, which the NPU loads.
+    pub pdi_loads: u64,
+    /// The part of them in graphs after the first: PDI loads in the steady state.
+    pub steady_pdi_loads: u64,
 }
 
 impl Totals {
     fn add(&mut self, graph: &GraphStats, wall: Duration) {
+        if self.graphs > 0 {
+            self.steady_pdi_loads += graph.pdi_loads;
+        }
         self.graphs += 1;
+        self.plan_hits += graph.plan_hits;
+        self.pdi_loads += graph.pdi_loads;
         for &(op, run) in &graph.nodes {
             self.nodes += 1;
             let per_op = match run {
@@ -119,6 +136,9 @@ impl Recorder {
                 compute_wall_us: 0,
                 device_wait_us: 0,
                 kernel_load_us: 0,
+                plan_hits: 0,
+                pdi_loads: 0,
+                steady_pdi_loads: 0,
             }),
         }
     }
@@ -176,6 +196,7 @@ mod tests {
         g.doorbells = 2;
         g.packets = 2;
         g.wait = Duration::from_micros(30);
+        g.pdi_loads = 3;
         let mut t = Totals::default();
         t.add(&g, Duration::from_micros(100));
         t.add(&g, Duration::from_micros(100));
@@ -187,6 +208,11 @@ mod tests {
         assert_eq!(t.cpu_nodes["ROPE"], 2);
         assert_eq!((t.doorbells, t.packets), (4, 4));
         assert_eq!((t.compute_wall_us, t.device_wait_us), (200, 60));
+        assert_eq!(
+            (t.pdi_loads, t.steady_pdi_loads),
+            (6, 3),
+            "the first graph's loads"
+        );
     }
 
     #[test]

@@ -7,7 +7,13 @@
 //!
 //! ROCR keeps at most [`MAX_PDIS_PER_QUEUE`] distinct PDIs per queue and fails the next one; a
 //! stream about to exceed that submits what it has and starts a fresh queue.
+//!
+//! A graph's plan (each node's step, the fusion decisions and the loaded kernels) is kept for the
+//! next graph with the same [`GraphKey`]: llama.cpp's decode loop hands over the same graph for
+//! every token, and re-planning, re-fusing and looking every kernel up again would cost more host
+//! time than the node takes on the device.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -39,6 +45,7 @@ pub trait HostMemory {
 }
 
 /// What one node becomes.
+#[derive(Debug)]
 enum Step {
     Plan(Plan),
     /// No NPU kernel (`reason`): ggml's CPU backend computes it (`GGML_HSA_CPU_FALLBACK`).
@@ -79,6 +86,78 @@ pub enum ComputeError {
     Queue(DeviceError),
 }
 
+/// Graphs whose plans a stream keeps (most recently used first): the decode graph, the prompt
+/// graph and a few more (llama.cpp's graphs change shape as the KV cache grows).
+pub const PLAN_CACHE_ENTRIES: usize = 8;
+
+/// What identifies a graph for the plan cache: two graphs with equal keys have equal nodes, so
+/// the plan of one is the plan of the other.
+#[derive(Debug, Clone, Copy)]
+pub enum GraphKey<'a> {
+    /// Words the C entry reads from ggml's tensors (`ffi::descriptors::graph_key`): everything
+    /// a node's descriptor is made of (op, op_params, flags, and for the node and each source
+    /// its type, shape, strides, data address and buffer type).
+    Words(&'a [u64]),
+    /// The descriptors themselves.
+    Nodes(&'a [Node]),
+}
+
+#[derive(Debug, PartialEq)]
+enum OwnedKey {
+    Words(Vec<u64>),
+    Nodes(Vec<Node>),
+}
+
+impl GraphKey<'_> {
+    fn matches(&self, key: &OwnedKey) -> bool {
+        match (self, key) {
+            (GraphKey::Words(a), OwnedKey::Words(b)) => *a == b.as_slice(),
+            (GraphKey::Nodes(a), OwnedKey::Nodes(b)) => *a == b.as_slice(),
+            _ => false,
+        }
+    }
+
+    fn to_owned(self) -> OwnedKey {
+        match self {
+            GraphKey::Words(w) => OwnedKey::Words(w.to_vec()),
+            GraphKey::Nodes(n) => OwnedKey::Nodes(n.to_vec()),
+        }
+    }
+}
+
+/// A planned graph: what the nodes became, before anything ran.
+#[derive(Debug)]
+struct GraphPlan {
+    steps: Vec<Step>,
+    /// The loaded kernel of every kernel step.
+    kernels: Vec<Option<Arc<LoadedKernel>>>,
+    /// Each node's op, to name it in errors and statistics.
+    ops: Vec<&'static str>,
+}
+
+/// Plans of recent graphs, most recently used first.
+#[derive(Debug, Default)]
+struct PlanCache {
+    entries: Vec<(OwnedKey, Arc<GraphPlan>)>,
+    hits: u64,
+    misses: u64,
+}
+
+impl PlanCache {
+    fn get(&mut self, key: GraphKey) -> Option<Arc<GraphPlan>> {
+        let at = self.entries.iter().position(|(k, _)| key.matches(k))?;
+        let entry = self.entries.remove(at);
+        let plan = entry.1.clone();
+        self.entries.insert(0, entry);
+        Some(plan)
+    }
+
+    fn insert(&mut self, key: GraphKey, plan: Arc<GraphPlan>) {
+        self.entries.truncate(PLAN_CACHE_ENTRIES - 1);
+        self.entries.insert(0, (key.to_owned(), plan));
+    }
+}
+
 /// A byte range `[start, end)` of a pending kernel's operand.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
@@ -103,6 +182,7 @@ pub struct Stream {
     pending: Vec<Pending>,
     /// The running graph's statistics (`GGML_HSA_STATS`).
     stats: GraphStats,
+    plans: PlanCache,
 }
 
 impl Stream {
@@ -125,6 +205,7 @@ impl Stream {
             batch_nodes: Vec::new(),
             pending: Vec::new(),
             stats: GraphStats::default(),
+            plans: PlanCache::default(),
         })
     }
 
@@ -140,8 +221,19 @@ impl Stream {
         nodes: &[Node],
         host: &mut dyn HostMemory,
     ) -> Result<(), ComputeError> {
+        self.compute_keyed(GraphKey::Nodes(nodes), &|| Cow::Borrowed(nodes), host)
+    }
+
+    /// Executes the graph `key` identifies: its cached plan when there is one, otherwise the
+    /// plan of `nodes()` (called only then), which is kept for the next graph with this key.
+    pub fn compute_keyed<'n>(
+        &mut self,
+        key: GraphKey,
+        nodes: &dyn Fn() -> Cow<'n, [Node]>,
+        host: &mut dyn HostMemory,
+    ) -> Result<(), ComputeError> {
         let started = std::time::Instant::now();
-        let result = UnwindGuard(self).compute_graph(nodes, host);
+        let result = UnwindGuard(self).compute_graph(key, nodes, host);
         let recorder = stats::recorder();
         let graph = std::mem::take(&mut self.stats);
         if recorder.enabled() {
@@ -150,11 +242,87 @@ impl Stream {
         result
     }
 
-    fn compute_graph(
+    /// Plan cache hits and misses of this stream so far.
+    pub fn plan_cache_counts(&self) -> (u64, u64) {
+        (self.plans.hits, self.plans.misses)
+    }
+
+    fn compute_graph<'n>(
         &mut self,
-        nodes: &[Node],
+        key: GraphKey,
+        nodes: &dyn Fn() -> Cow<'n, [Node]>,
         host: &mut dyn HostMemory,
     ) -> Result<(), ComputeError> {
+        let plan = match self.plans.get(key) {
+            Some(plan) => {
+                self.plans.hits += 1;
+                self.stats.plan_hits += 1;
+                plan
+            }
+            None => {
+                self.plans.misses += 1;
+                let plan = Arc::new(self.plan_graph(&nodes())?);
+                self.plans.insert(key, plan.clone());
+                plan
+            }
+        };
+        if stats::recorder().enabled() {
+            for (step, &op) in plan.steps.iter().zip(&plan.ops) {
+                let run = match step {
+                    Step::Plan(Plan::Skip) => NodeRun::Skipped,
+                    // The fused node runs inside the kernel of the node before it.
+                    Step::Plan(Plan::Kernel { .. }) | Step::Fused => NodeRun::Kernel,
+                    Step::Plan(Plan::Host(_)) => NodeRun::Host,
+                    Step::Cpu(_) => NodeRun::Cpu,
+                };
+                self.stats.node(op, run);
+            }
+        }
+        let node_error = |index: usize, reason: String| ComputeError::Node {
+            index,
+            op: plan.ops[index],
+            reason,
+        };
+        let enqueue_error = |i: usize, e: Enqueue| match e {
+            Enqueue::Submit(e) => e,
+            Enqueue::Operand(reason) => node_error(i, reason),
+        };
+        let result = plan
+            .steps
+            .iter()
+            .zip(&plan.kernels)
+            .enumerate()
+            .try_for_each(|(i, (step, kernel))| match (step, kernel) {
+                (Step::Plan(Plan::Kernel { operands, .. }), Some(kernel)) => self
+                    .enqueue(kernel.clone(), operands, (i, plan.ops[i]))
+                    .map_err(|e| enqueue_error(i, e)),
+                (Step::Plan(Plan::Host(op)), _) => {
+                    self.host(op, host).map_err(|e| enqueue_error(i, e))
+                }
+                (Step::Cpu(why), _) => {
+                    crate::log::debug(&format!(
+                        "{}: node {i} ({}) on the CPU: {why}",
+                        self.device.name, plan.ops[i]
+                    ));
+                    // The CPU may read anything a pending kernel writes.
+                    self.flush()?;
+                    host.run_on_cpu(i).map_err(|r| node_error(i, r))
+                }
+                _ => Ok(()),
+            });
+        let flushed = self.flush();
+        let result = result.and(flushed);
+        if result.is_err() {
+            // Nothing in a plan depends on the queue, but a graph that failed is planned afresh
+            // next time rather than trusted.
+            self.plans.entries.clear();
+        }
+        result
+    }
+
+    /// Plans `nodes`: each node's step, the fusions, and every kernel loaded (compiled first
+    /// when missing).
+    fn plan_graph(&mut self, nodes: &[Node]) -> Result<GraphPlan, ComputeError> {
         let node_error = |index: usize, node: &Node, reason: String| ComputeError::Node {
             index,
             op: node.op.name(),
@@ -215,9 +383,8 @@ impl Stream {
                 })
                 .unzip();
             todo.clear();
-            let loading = std::time::Instant::now();
-            let loaded = self.device.kernels(&descs);
-            self.stats.load += loading.elapsed();
+            let (loaded, loading) = self.device.kernels(&descs);
+            self.stats.load += loading;
             for (i, kernel) in at.into_iter().zip(loaded) {
                 match kernel {
                     Ok(k) => kernels[i] = Some(k),
@@ -242,48 +409,11 @@ impl Stream {
                 }
             }
         }
-        if stats::recorder().enabled() {
-            for (step, node) in steps.iter().zip(nodes) {
-                let run = match step {
-                    Step::Plan(Plan::Skip) => NodeRun::Skipped,
-                    // The fused node runs inside the kernel of the node before it.
-                    Step::Plan(Plan::Kernel { .. }) | Step::Fused => NodeRun::Kernel,
-                    Step::Plan(Plan::Host(_)) => NodeRun::Host,
-                    Step::Cpu(_) => NodeRun::Cpu,
-                };
-                self.stats.node(node.op.name(), run);
-            }
-        }
-        let enqueue_error = |i: usize, e: Enqueue| match e {
-            Enqueue::Submit(e) => e,
-            Enqueue::Operand(reason) => node_error(i, &nodes[i], reason),
-        };
-        let result =
-            steps
-                .iter()
-                .zip(kernels)
-                .enumerate()
-                .try_for_each(|(i, (step, kernel))| match (step, kernel) {
-                    (Step::Plan(Plan::Kernel { operands, .. }), Some(kernel)) => self
-                        .enqueue(kernel, operands, (i, nodes[i].op.name()))
-                        .map_err(|e| enqueue_error(i, e)),
-                    (Step::Plan(Plan::Host(op)), _) => {
-                        self.host(op, host).map_err(|e| enqueue_error(i, e))
-                    }
-                    (Step::Cpu(why), _) => {
-                        crate::log::debug(&format!(
-                            "{}: node {i} ({}) on the CPU: {why}",
-                            self.device.name,
-                            nodes[i].op.name()
-                        ));
-                        // The CPU may read anything a pending kernel writes.
-                        self.flush()?;
-                        host.run_on_cpu(i).map_err(|r| node_error(i, &nodes[i], r))
-                    }
-                    _ => Ok(()),
-                });
-        let flushed = self.flush();
-        result.and(flushed)
+        Ok(GraphPlan {
+            steps,
+            kernels,
+            ops: nodes.iter().map(|n| n.op.name()).collect(),
+        })
     }
 
     /// Waits for everything submitted. Submissions are synchronous, so only a pending batch can
@@ -304,6 +434,7 @@ impl Stream {
         self.queue = None;
         self.resident_pdis.clear();
         self.stats = GraphStats::default();
+        self.plans.entries.clear();
     }
 
     /// Packets encoded but not yet submitted (for tests).
@@ -361,13 +492,14 @@ impl Stream {
             self.queue = None;
             self.resident_pdis.clear();
         }
-        let operands: Vec<Operand> = tensors
-            .iter()
-            .map(|t| Operand {
+        let mut operands = [Operand { addr: 0, size: 0 }; MAX_OPERANDS];
+        for (o, t) in operands.iter_mut().zip(tensors) {
+            *o = Operand {
                 addr: t.addr,
                 size: t.bytes,
-            })
-            .collect();
+            };
+        }
+        let operands = &operands[..tensors.len()];
         let slot = self.batch.len();
         let stride = self.args_stride;
         let args_addr = self.args.device_addr() + (slot * stride) as u64;
@@ -377,13 +509,15 @@ impl Stream {
             .packet_abi
             .format()
             .encode(
-                &kernel.dispatch(&operands),
+                &kernel.dispatch(operands),
                 args,
                 args_addr,
                 self.completion.handle(),
             )
             .map_err(|e| Enqueue::Operand(format!("kernel {}: {e}", kernel.name)))?;
-        self.resident_pdis.insert(pdi);
+        if self.resident_pdis.insert(pdi) {
+            self.stats.pdi_loads += 1;
+        }
         self.batch.push(packet);
         self.batch_kernels.push(kernel);
         self.batch_nodes.push(node);

@@ -1,5 +1,6 @@
 //! Backends (ggml's "streams"): a [`Stream`] behind ggml's `ggml_backend_i`.
 
+use std::borrow::Cow;
 use std::ffi::c_char;
 
 use parking_lot::Mutex;
@@ -8,8 +9,10 @@ use super::cpu::CpuFallback;
 use super::guard::guard;
 use super::sys::*;
 use super::{descriptors, handles};
+use crate::backend::stream::GraphKey;
 use crate::backend::{ComputeError, Stream};
 use crate::log;
+use crate::ops::Node;
 
 /// The context of one backend.
 struct Context {
@@ -139,14 +142,24 @@ unsafe extern "C" fn graph_compute(
             return GGML_STATUS_FAILED;
         }
         // SAFETY: a non-NULL graph from ggml is valid.
-        let (nodes, tensors) = unsafe { descriptors::graph_nodes(graph) };
+        let (key, tensors) = unsafe { descriptors::graph_key(graph) };
+        // Descriptors are made only when the stream has no plan for this graph yet.
+        let nodes = || -> Cow<'_, [Node]> {
+            // SAFETY: the graph's nodes, valid for the whole call.
+            Cow::Owned(
+                tensors
+                    .iter()
+                    .map(|&t| unsafe { descriptors::node(t) })
+                    .collect(),
+            )
+        };
         let mut guard = ctx.stream.lock();
         let (stream, cpu) = &mut *guard;
         let mut memory = descriptors::GraphMemory {
             nodes: &tensors,
             cpu,
         };
-        match stream.compute(&nodes, &mut memory) {
+        match stream.compute_keyed(GraphKey::Words(&key), &nodes, &mut memory) {
             Ok(()) => GGML_STATUS_SUCCESS,
             Err(e) => {
                 // A scheduler never hands us a node we declined; a caller that does not ask

@@ -137,22 +137,67 @@ pub(crate) unsafe fn node(t: *const ggml_tensor) -> Node {
     }
 }
 
-/// The nodes of `graph` that must be computed (those with the COMPUTE flag).
+/// Appends the words of tensor `t` to a graph key: everything [`tensor`] reads from it.
+///
+/// # Safety
+/// `t` points to a valid `ggml_tensor` whose `buffer` is NULL or a valid buffer.
+unsafe fn tensor_key(t: *const ggml_tensor, key: &mut Vec<u64>) {
+    // SAFETY: the caller passes a valid tensor.
+    let tr = unsafe { &*t };
+    // The buffer type decides the memory kind (ours, host or foreign); the type, shape and
+    // strides decide the rest of the descriptor, ggml_nbytes included.
+    let buft = if tr.buffer.is_null() {
+        0
+    } else {
+        // SAFETY: a non-NULL buffer of a valid tensor is a valid buffer.
+        (unsafe { ggml_backend_buffer_get_type(tr.buffer) }) as u64
+    };
+    key.push(tr.type_ as u64);
+    key.extend(tr.ne.map(|n| n as u64));
+    key.extend(tr.nb.map(|n| n as u64));
+    key.extend([tr.data as u64, buft]);
+}
+
+/// The nodes of `graph` that must be computed (those with the COMPUTE flag) and the key of the graph they
+/// make for the stream's plan cache: per node its op, op_params and flags, and the words of the
+/// node and of each source (a marker for an empty slot). Equal keys give equal descriptors, so
+/// a repeated graph is recognised without building them.
 ///
 /// # Safety
 /// `graph` points to a valid `ggml_cgraph`.
-pub(crate) unsafe fn graph_nodes(graph: *mut ggml_cgraph) -> (Vec<Node>, Vec<*mut ggml_tensor>) {
+pub(crate) unsafe fn graph_key(graph: *mut ggml_cgraph) -> (Vec<u64>, Vec<*mut ggml_tensor>) {
     // SAFETY: the caller passes a valid graph.
     let n = unsafe { ggml_graph_n_nodes(graph) };
-    let tensors: Vec<*mut ggml_tensor> = (0..n)
+    let mut key = Vec::with_capacity(n.max(0) as usize * 40);
+    let mut tensors = Vec::with_capacity(n.max(0) as usize);
+    for i in 0..n {
         // SAFETY: 0 <= i < n_nodes, so ggml_graph_node returns a valid node.
-        .map(|i| unsafe { ggml_graph_node(graph, i) })
+        let t = unsafe { ggml_graph_node(graph, i) };
         // SAFETY: graph nodes are valid tensors.
-        .filter(|&t| unsafe { (*t).flags } & GGML_TENSOR_FLAG_COMPUTE as i32 != 0)
-        .collect();
-    // SAFETY: as above.
-    let nodes = tensors.iter().map(|&t| unsafe { node(t) }).collect();
-    (nodes, tensors)
+        let tr = unsafe { &*t };
+        if tr.flags & GGML_TENSOR_FLAG_COMPUTE as i32 == 0 {
+            continue;
+        }
+        tensors.push(t);
+        key.extend([tr.op as u64, tr.flags as u32 as u64]);
+        key.extend(
+            tr.op_params[..16]
+                .chunks_exact(2)
+                .map(|p| (p[0] as u32 as u64) << 32 | p[1] as u32 as u64),
+        );
+        // SAFETY: as above.
+        unsafe { tensor_key(t, &mut key) };
+        for &src in &tr.src {
+            if src.is_null() {
+                key.push(0);
+            } else {
+                key.push(1);
+                // SAFETY: non-NULL sources of a valid tensor are valid tensors.
+                unsafe { tensor_key(src, &mut key) };
+            }
+        }
+    }
+    (key, tensors)
 }
 
 /// Runs host-side ops directly on the memory of the graph's tensors, and the CPU fallback's
@@ -185,22 +230,38 @@ impl HostMemory for GraphMemory<'_> {
                 ));
             }
         }
-        // The inputs are copied first: an op may read and write overlapping memory (an in-place
-        // DUP), and a Rust slice must not alias a mutable one.
-        let inputs: Vec<Vec<u8>> = inputs
+        // An input that overlaps the destination (an in-place DUP) is copied first: a Rust slice
+        // must not alias a mutable one. The others are read in place, so that a GET_ROWS of one
+        // row does not copy the whole embedding table.
+        let overlaps = |t: &Tensor| t.addr < dst.addr + dst.bytes && dst.addr < t.addr + t.bytes;
+        let copies: Vec<Option<Vec<u8>>> = inputs
             .iter()
             .map(|t| {
-                // SAFETY: the descriptors were made from tensors of the graph being computed,
-                // whose data is allocated in host-accessible buffers for at least `bytes`
-                // (ggml_nbytes) bytes.
-                unsafe { std::slice::from_raw_parts(t.addr as *const u8, t.bytes as usize) }
-                    .to_vec()
+                overlaps(t).then(|| {
+                    // SAFETY: the descriptors were made from tensors of the graph being
+                    // computed, whose data is allocated in host-accessible buffers for at least
+                    // `bytes` (ggml_nbytes) bytes.
+                    unsafe { std::slice::from_raw_parts(t.addr as *const u8, t.bytes as usize) }
+                        .to_vec()
+                })
+            })
+            .collect();
+        let input_bytes: Vec<&[u8]> = inputs
+            .iter()
+            .zip(&copies)
+            .map(|(t, copy)| match copy {
+                Some(bytes) => bytes.as_slice(),
+                // SAFETY: as above; this range does not overlap the destination's, the only
+                // memory written while the slice lives.
+                None => unsafe {
+                    std::slice::from_raw_parts(t.addr as *const u8, t.bytes as usize)
+                },
             })
             .collect();
         // SAFETY: as above; nothing else accesses the destination while the graph computes.
         let dst_bytes =
             unsafe { std::slice::from_raw_parts_mut(dst.addr as *mut u8, dst.bytes as usize) };
-        op.run(&inputs, dst_bytes, &GgmlCodec)
+        op.run(&input_bytes, dst_bytes, &GgmlCodec)
     }
 }
 

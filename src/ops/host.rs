@@ -5,6 +5,7 @@
 //! place. Rounding matches ggml's reference conversions: f16 round-to-nearest-even (IEEE), bf16
 //! round-to-nearest-even with NaNs kept quiet (ggml's `fp32_to_bf16`).
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use super::tensor::{DType, QuantType, Tensor};
@@ -134,10 +135,12 @@ impl HostOp {
     }
 
     /// Runs the op. `inputs` hold the bytes of the tensors read (as [`HostOp::tensors`] lists
-    /// them), each from its first element; `dst` the destination's.
+    /// them), each from its first element; `dst` the destination's. An input may be the
+    /// tensor's own memory as long as it does not overlap `dst_bytes` (the caller copies those
+    /// that do).
     pub fn run(
         &self,
-        inputs: &[Vec<u8>],
+        inputs: &[&[u8]],
         dst_bytes: &mut [u8],
         codec: &dyn Codec,
     ) -> Result<(), String> {
@@ -152,9 +155,9 @@ impl HostOp {
             return Err("tensor memory is smaller than the tensor".into());
         }
         match self {
-            HostOp::Convert { src, dst } => convert(src, &inputs[0], dst, dst_bytes, codec),
+            HostOp::Convert { src, dst } => convert(src, inputs[0], dst, dst_bytes, codec),
             HostOp::GetRows { src, idx, dst } => {
-                let index = |i: [i64; 4]| read_index(idx, &inputs[1], i);
+                let index = |i: [i64; 4]| read_index(idx, inputs[1], i);
                 for i12 in 0..idx.ne[2] {
                     for i11 in 0..idx.ne[1] {
                         for i10 in 0..idx.ne[0] {
@@ -165,7 +168,7 @@ impl HostOp {
                             copy_row(
                                 codec,
                                 src,
-                                &inputs[0],
+                                inputs[0],
                                 [row, i11, i12],
                                 dst,
                                 dst_bytes,
@@ -177,7 +180,7 @@ impl HostOp {
                 Ok(())
             }
             HostOp::SetRows { src, idx, dst } => {
-                let index = |i: [i64; 4]| read_index(idx, &inputs[1], i);
+                let index = |i: [i64; 4]| read_index(idx, inputs[1], i);
                 for i03 in 0..src.ne[3] {
                     for i02 in 0..src.ne[2] {
                         for i in 0..src.ne[1] {
@@ -188,7 +191,7 @@ impl HostOp {
                             copy_row(
                                 codec,
                                 src,
-                                &inputs[0],
+                                inputs[0],
                                 [i, i02, i03],
                                 dst,
                                 dst_bytes,
@@ -229,23 +232,167 @@ fn copy_row(
         let row = read_row(codec, src, src_bytes, from)?;
         return write_row(codec, dst, dst_bytes, to, &row);
     }
-    let (ss, ds) = (src.dtype.size().unwrap_or(0), dst.dtype.size().unwrap_or(0));
-    for i0 in 0..src.ne[0] as u64 {
-        let so = (from + i0 * src.nb[0]) as usize;
-        let d_o = (to + i0 * dst.nb[0]) as usize;
-        let a = src_bytes
-            .get(so..so + ss as usize)
-            .ok_or("row out of its tensor")?;
-        let b = dst_bytes
-            .get_mut(d_o..d_o + ds as usize)
-            .ok_or("row out of its tensor")?;
-        if src.dtype == dst.dtype {
+    copy_float_row(
+        src.dtype,
+        src_bytes,
+        (from, src.nb[0]),
+        dst.dtype,
+        dst_bytes,
+        (to, dst.nb[0]),
+        src.ne[0].max(0) as usize,
+    )
+    .ok_or_else(|| "row out of its tensor".into())
+}
+
+/// Float values per step of [`convert_dense`]: the size of its stack buffer.
+const CHUNK: usize = 256;
+
+/// Decodes the dense values of float type `dtype` in `src` into `out` (as many as it holds).
+fn decode_f32(dtype: DType, src: &[u8], out: &mut [f32]) {
+    match dtype {
+        DType::F32 => {
+            for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        DType::F16 => {
+            let mut h = [f16::ZERO; CHUNK];
+            for (o, b) in out.chunks_mut(CHUNK).zip(src.chunks(2 * CHUNK)) {
+                let h = &mut h[..o.len()];
+                for (x, b) in h.iter_mut().zip(b.chunks_exact(2)) {
+                    *x = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+                }
+                // half's slice conversion uses F16C where the CPU has it (same rounding).
+                h.convert_to_f32_slice(o);
+            }
+        }
+        DType::Bf16 => {
+            for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *o = bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            }
+        }
+        _ => unreachable!("only float types are converted"),
+    }
+}
+
+/// Encodes `vals` as dense values of float type `dtype` into `out`.
+fn encode_f32(dtype: DType, vals: &[f32], out: &mut [u8]) {
+    match dtype {
+        DType::F32 => {
+            for (v, b) in vals.iter().zip(out.chunks_exact_mut(4)) {
+                b.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        DType::F16 => {
+            let mut h = [f16::ZERO; CHUNK];
+            for (v, b) in vals.chunks(CHUNK).zip(out.chunks_mut(2 * CHUNK)) {
+                let h = &mut h[..v.len()];
+                h.convert_from_f32_slice(v);
+                for (x, b) in h.iter().zip(b.chunks_exact_mut(2)) {
+                    b.copy_from_slice(&x.to_bits().to_le_bytes());
+                }
+            }
+        }
+        DType::Bf16 => {
+            for (v, b) in vals.iter().zip(out.chunks_exact_mut(2)) {
+                b.copy_from_slice(&bf16::from_f32(*v).to_bits().to_le_bytes());
+            }
+        }
+        _ => unreachable!("only float types are converted"),
+    }
+}
+
+/// Converts dense float values: `src` holds them as `from`, `dst` receives them as `to` (the
+/// two slices hold the same number of values).
+fn convert_dense(from: DType, src: &[u8], to: DType, dst: &mut [u8]) {
+    if from == to {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let (fs, ts) = (elem_size(from), elem_size(to));
+    let mut buf = [0f32; CHUNK];
+    for (s, d) in src.chunks(CHUNK * fs).zip(dst.chunks_mut(CHUNK * ts)) {
+        let vals = &mut buf[..s.len() / fs];
+        decode_f32(from, s, vals);
+        encode_f32(to, vals, d);
+    }
+}
+
+fn elem_size(dtype: DType) -> usize {
+    dtype.size().unwrap_or(0) as usize
+}
+
+/// The byte range of `n` elements of `size` bytes from `at`, `stride` apart, if it lies in a
+/// slice of `len` bytes.
+fn span(at: u64, stride: u64, n: usize, size: usize, len: usize) -> Option<std::ops::Range<usize>> {
+    if n == 0 {
+        return Some(0..0);
+    }
+    let end = (n as u64 - 1)
+        .checked_mul(stride)?
+        .checked_add(at)?
+        .checked_add(size as u64)?;
+    (end <= len as u64).then_some(at as usize..end as usize)
+}
+
+/// Copies `n` float values from `(offset, element stride)` of `src` to `(offset, element
+/// stride)` of `dst`, converting types; `None` when a value lies outside its slice. Dense rows
+/// are converted as slices; a one-element row (the transposed V cache's SET_ROWS) is one load
+/// and one store; other strided rows are gathered and scattered through a small buffer.
+fn copy_float_row(
+    from: DType,
+    src: &[u8],
+    (s_at, s_stride): (u64, u64),
+    to: DType,
+    dst: &mut [u8],
+    (d_at, d_stride): (u64, u64),
+    n: usize,
+) -> Option<()> {
+    let (ss, ds) = (elem_size(from), elem_size(to));
+    let s = span(s_at, s_stride, n, ss, src.len())?;
+    let d = span(d_at, d_stride, n, ds, dst.len())?;
+    if n == 1 {
+        let (a, b) = (&src[s], &mut dst[d]);
+        if from == to {
             b.copy_from_slice(a);
         } else {
-            store(dst.dtype, b, load(src.dtype, a));
+            store(to, b, load(from, a));
+        }
+        return Some(());
+    }
+    match (s_stride == ss as u64, d_stride == ds as u64) {
+        (true, true) => convert_dense(from, &src[s], to, &mut dst[d]),
+        (s_dense, d_dense) => {
+            // Gather CHUNK values into dense bytes, convert, scatter (8 bytes: the widest
+            // element a same-type copy moves, i64).
+            let mut a = [0u8; 8 * CHUNK];
+            let mut b = [0u8; 8 * CHUNK];
+            for first in (0..n).step_by(CHUNK) {
+                let k = CHUNK.min(n - first);
+                let s0 = s.start + first * s_stride as usize;
+                let d0 = d.start + first * d_stride as usize;
+                let a = if s_dense {
+                    &src[s0..s0 + k * ss]
+                } else {
+                    for i in 0..k {
+                        let o = s0 + i * s_stride as usize;
+                        a[i * ss..(i + 1) * ss].copy_from_slice(&src[o..o + ss]);
+                    }
+                    &a[..k * ss]
+                };
+                if d_dense {
+                    convert_dense(from, a, to, &mut dst[d0..d0 + k * ds]);
+                } else {
+                    convert_dense(from, a, to, &mut b[..k * ds]);
+                    for i in 0..k {
+                        let o = d0 + i * d_stride as usize;
+                        dst[o..o + ds].copy_from_slice(&b[i * ds..(i + 1) * ds]);
+                    }
+                }
+            }
         }
     }
-    Ok(())
+    Some(())
 }
 
 /// The `ne[0]` values of the row at byte offset `at` of `t`, as f32.
@@ -410,9 +557,33 @@ fn convert(
             convert_via_f32(codec, src, src_bytes, dst, dst_bytes)
         };
     }
-    if src.dtype == dst.dtype && src.is_contiguous() && dst.is_contiguous() {
-        let n = src.bytes as usize;
-        dst_bytes[..n].copy_from_slice(&src_bytes[..n]);
+    if src.is_contiguous() && dst.is_contiguous() {
+        // The same values in the same order: one dense conversion (or copy).
+        let n = src.nelements().max(0) as usize;
+        let a = src_bytes
+            .get(..n * elem_size(src.dtype))
+            .ok_or("source element out of range")?;
+        let b = dst_bytes
+            .get_mut(..n * elem_size(dst.dtype))
+            .ok_or("destination element out of range")?;
+        convert_dense(src.dtype, a, dst.dtype, b);
+        return Ok(());
+    }
+    if src.ne == dst.ne {
+        // One shape: row by row (a permuted CONT keeps its rows dense unless dimension 0 moved).
+        let n0 = src.ne[0].max(0) as usize;
+        for (so, d_o) in row_offsets(src).zip(row_offsets(dst)) {
+            copy_float_row(
+                src.dtype,
+                src_bytes,
+                (so, src.nb[0]),
+                dst.dtype,
+                dst_bytes,
+                (d_o, dst.nb[0]),
+                n0,
+            )
+            .ok_or("element out of range")?;
+        }
         return Ok(());
     }
     let (ss, ds) = (src.dtype.size(), dst.dtype.size());
@@ -500,14 +671,14 @@ mod tests {
         let q = tenths([2, 2, 1, 1]);
         let mut packed = vec![0u8; 4];
         let op = HostOp::convert(&src, &q).unwrap();
-        op.run(&[bytes_f32(&[0.1, 0.2, 0.3, 0.4])], &mut packed, &Tenths)
+        op.run(&[&bytes_f32(&[0.1, 0.2, 0.3, 0.4])], &mut packed, &Tenths)
             .unwrap();
         assert_eq!(packed, [1, 2, 3, 4]);
         let back = tensor(DType::F32, [2, 2, 1, 1], 0);
         let mut out = vec![0u8; 16];
         HostOp::convert(&q, &back)
             .unwrap()
-            .run(&[packed.clone()], &mut out, &Tenths)
+            .run(&[&packed], &mut out, &Tenths)
             .unwrap();
         assert_eq!(out, bytes_f32(&[0.1, 0.2, 0.3, 0.4]));
         // GET_ROWS of quantized rows into f32.
@@ -516,7 +687,7 @@ mod tests {
         let mut row = vec![0u8; 8];
         HostOp::get_rows(&q, &idx, &dst)
             .unwrap()
-            .run(&[packed, 1i32.to_le_bytes().to_vec()], &mut row, &Tenths)
+            .run(&[&packed, &1i32.to_le_bytes()], &mut row, &Tenths)
             .unwrap();
         assert_eq!(row, bytes_f32(&[0.3, 0.4]));
         // Rows that are not whole blocks are refused.
@@ -559,7 +730,7 @@ mod tests {
         let mut out = vec![0u8; 8];
         HostOp::convert(&src, &dst)
             .unwrap()
-            .run(std::slice::from_ref(&input), &mut out, &Tenths)
+            .run(&[&input], &mut out, &Tenths)
             .unwrap();
         let h: Vec<u16> = out
             .chunks(2)
@@ -579,7 +750,7 @@ mod tests {
         ]);
         HostOp::convert(&src, &dst)
             .unwrap()
-            .run(std::slice::from_ref(&input), &mut out, &Tenths)
+            .run(&[&input], &mut out, &Tenths)
             .unwrap();
         let h: Vec<u16> = out
             .chunks(2)
@@ -598,13 +769,99 @@ mod tests {
         let mut out = vec![0u8; 24];
         HostOp::convert(&src, &dst)
             .unwrap()
-            .run(std::slice::from_ref(&input), &mut out, &Tenths)
+            .run(&[&input], &mut out, &Tenths)
             .unwrap();
         let got: Vec<f32> = out
             .chunks(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect();
         assert_eq!(got, [0.0, 2.0, 4.0, 1.0, 3.0, 5.0]);
+    }
+
+    /// Element-by-element reference of a converting copy: logical order on both sides.
+    fn reference_copy(src: &Tensor, input: &[u8], dst: &Tensor, out: &mut [u8]) {
+        let (ss, ds) = (elem_size(src.dtype), elem_size(dst.dtype));
+        for (so, d_o) in src.element_offsets().zip(dst.element_offsets()) {
+            let (so, d_o) = (so as usize, d_o as usize);
+            let v = load(src.dtype, &input[so..so + ss]);
+            store(dst.dtype, &mut out[d_o..d_o + ds], v);
+        }
+    }
+
+    /// `t` with its dimensions permuted: logical dimension `d` walks memory dimension
+    /// `perm[d]` of a dense tensor of shape `ne`.
+    fn permuted(dtype: DType, ne: [i64; 4], perm: [usize; 4]) -> Tensor {
+        let dense = tensor(dtype, ne, 0);
+        let mut t = dense.clone();
+        for d in 0..4 {
+            t.ne[d] = ne[perm[d]];
+            t.nb[d] = dense.nb[perm[d]];
+        }
+        t
+    }
+
+    #[test]
+    fn strided_and_dense_fast_paths_match_the_element_by_element_copy() {
+        let types = [DType::F32, DType::F16, DType::Bf16];
+        // Rows longer than one conversion chunk, permutations that keep dimension 0 and ones
+        // that move it (a transposed CONT: strided rows).
+        let shapes = [[300, 3, 2, 1], [3, 4, 5, 2], [1, 7, 3, 2]];
+        let perms = [
+            [0, 1, 2, 3],
+            [0, 2, 1, 3],
+            [1, 0, 2, 3],
+            [2, 1, 0, 3],
+            [3, 2, 1, 0],
+        ];
+        for from in types {
+            for to in types {
+                for ne in shapes {
+                    for perm in perms {
+                        let src = permuted(from, ne, perm);
+                        let n = src.nelements() as usize;
+                        let input: Vec<u8> = (0..n as u64 * 4)
+                            .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8 & 0x3f)
+                            .collect();
+                        for dst in [tensor(to, src.ne, 0), permuted(to, ne, perm)] {
+                            let mut want = vec![0u8; n * 4];
+                            reference_copy(&src, &input, &dst, &mut want);
+                            let mut got = vec![0u8; n * 4];
+                            HostOp::convert(&src, &dst)
+                                .unwrap()
+                                .run(&[&input], &mut got, &Tenths)
+                                .unwrap();
+                            assert_eq!(got, want, "{from} -> {to}, ne {ne:?}, perm {perm:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn set_rows_of_one_element_rows_fills_a_transposed_cache() {
+        // The V cache written transposed: 6 values as one-element rows, at rows 5..11 of an f16
+        // cache of 16 one-element rows; the others stay.
+        let src = tensor(DType::F32, [1, 6, 1, 1], 0);
+        let idx = tensor(DType::I64, [6, 1, 1, 1], 0);
+        let dst = tensor(DType::F16, [1, 16, 1, 1], 0);
+        let at: Vec<u8> = (5i64..11).flat_map(|i| i.to_le_bytes()).collect();
+        let mut out = vec![0u8; 32];
+        HostOp::set_rows(&src, &idx, &dst)
+            .unwrap()
+            .run(
+                &[&bytes_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.5]), &at],
+                &mut out,
+                &Tenths,
+            )
+            .unwrap();
+        let h: Vec<f32> = out
+            .chunks(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect();
+        let mut want = [0f32; 16];
+        want[5..11].copy_from_slice(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.5]);
+        assert_eq!(h, want);
     }
 
     #[test]
@@ -615,7 +872,7 @@ mod tests {
         assert!(HostOp::convert(&i, &i).is_ok());
         assert!(HostOp::convert(&f, &tensor(DType::F32, [5, 1, 1, 1], 0)).is_err());
         let op = HostOp::convert(&f, &f).unwrap();
-        assert!(op.run(&[vec![0u8; 8]], &mut [0u8; 16], &Tenths).is_err());
+        assert!(op.run(&[&[0u8; 8]], &mut [0u8; 16], &Tenths).is_err());
     }
 
     #[test]
@@ -628,7 +885,7 @@ mod tests {
         let picks: Vec<u8> = [2i32, 0].iter().flat_map(|i| i.to_le_bytes()).collect();
         let mut out = vec![0u8; 16];
         let op = HostOp::get_rows(&src, &idx, &dst).unwrap();
-        op.run(&[rows, picks], &mut out, &Tenths).unwrap();
+        op.run(&[&rows, &picks], &mut out, &Tenths).unwrap();
         assert_eq!(out, bytes_f32(&[20.0, 21.0, 0.0, 1.0]));
 
         // Scatter 2 f32 rows into a 3-row f16 tensor at i64 rows [1, 2]; row 0 stays.
@@ -638,7 +895,7 @@ mod tests {
         let at: Vec<u8> = [1i64, 2].iter().flat_map(|i| i.to_le_bytes()).collect();
         let mut out = vec![0xffu8; 12];
         let op = HostOp::set_rows(&src, &idx, &dst).unwrap();
-        op.run(&[bytes_f32(&[1.0, 2.0, 3.0, 4.0]), at], &mut out, &Tenths)
+        op.run(&[&bytes_f32(&[1.0, 2.0, 3.0, 4.0]), &at], &mut out, &Tenths)
             .unwrap();
         let h: Vec<f32> = out
             .chunks(2)
@@ -651,7 +908,7 @@ mod tests {
         // An index out of range is an error, not a wild write.
         let bad: Vec<u8> = [1i64, 3].iter().flat_map(|i| i.to_le_bytes()).collect();
         let err = op
-            .run(&[bytes_f32(&[0.0; 4]), bad], &mut out, &Tenths)
+            .run(&[&bytes_f32(&[0.0; 4]), &bad], &mut out, &Tenths)
             .unwrap_err();
         assert!(err.contains("out of range"), "{err}");
         // Types ggml cannot convert are not gathered.
