@@ -222,7 +222,11 @@ fn generate_bindings(headers: &[PathBuf], include_dir: &Path, private_dir: &Path
 /// full, so a slot added by a newer ggml fails the build until it is handled here.
 const INTERFACE_CFGS: &[(&str, &str, &str)] = &[
     // 2-D tensor copies on buffers (ggml 0.10): we implement them.
-    ("ggml_buffer_tensor_2d", "ggml_backend_buffer_i", "set_tensor_2d"),
+    (
+        "ggml_buffer_tensor_2d",
+        "ggml_backend_buffer_i",
+        "set_tensor_2d",
+    ),
     // 2-D asynchronous copies on streams (ggml 0.10): left to ggml's synchronous fallback.
     (
         "ggml_backend_tensor_2d_async",
@@ -230,7 +234,11 @@ const INTERFACE_CFGS: &[(&str, &str, &str)] = &[
         "set_tensor_2d_async",
     ),
     // The device capability `mmap_support` (ggml 0.10).
-    ("ggml_dev_caps_mmap_support", "ggml_backend_dev_caps", "mmap_support"),
+    (
+        "ggml_dev_caps_mmap_support",
+        "ggml_backend_dev_caps",
+        "mmap_support",
+    ),
 ];
 
 fn emit_interface_cfgs(bindings: &str) {

@@ -47,18 +47,18 @@ fn tbo(bin: &Path, plugin: &Path, tag: &str) -> Report {
 /// The one line the plugin printed, which must be its refusal naming both ggml builds.
 fn assert_declined_in_one_line(r: &Report) -> String {
     assert_eq!(r.exit_code, Some(0), "{}", r.output);
-    assert!(!r.device_tested, "the plugin was not refused:\n{}", r.output);
+    assert!(
+        !r.device_tested,
+        "the plugin was not refused:\n{}",
+        r.output
+    );
     assert!(r.output.contains("1/1 backends passed"), "{}", r.output);
     assert!(
         r.output.contains("is not supported on this system"),
         "{}",
         r.output
     );
-    let ours: Vec<&str> = r
-        .output
-        .lines()
-        .filter(|l| l.starts_with("HSA:"))
-        .collect();
+    let ours: Vec<&str> = r.output.lines().filter(|l| l.starts_with("HSA:")).collect();
     assert_eq!(
         ours.len(),
         1,
@@ -79,12 +79,12 @@ fn assert_declined_in_one_line(r: &Report) -> String {
 fn versions(line: &str) -> (String, String) {
     let after = |marker: &str| {
         let rest = &line[line.find(marker).unwrap_or_else(|| panic!("{line}")) + marker.len()..];
-        rest.split_whitespace().next().unwrap_or_default().to_owned()
+        rest.split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned()
     };
-    (
-        after("built against ggml "),
-        after("is running in ggml "),
-    )
+    (after("built against ggml "), after("is running in ggml "))
 }
 
 #[test]
