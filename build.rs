@@ -212,6 +212,73 @@ fn generate_bindings(headers: &[PathBuf], include_dir: &Path, private_dir: &Path
     bindings
         .write_to_file(&out)
         .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", out.display())));
+    emit_interface_cfgs(&bindings.to_string());
+}
+
+/// The parts of ggml's backend interface that differ between the releases this plugin supports
+/// (README, "Supported ggml releases"), each as a cfg read by `src/ffi/*_iface.rs`:
+/// `(cfg, struct, field)`: the cfg is set when the struct of the generated bindings has the field.
+/// A slot that exists in every supported release needs no entry: the tables are written out in
+/// full, so a slot added by a newer ggml fails the build until it is handled here.
+const INTERFACE_CFGS: &[(&str, &str, &str)] = &[
+    // 2-D tensor copies on buffers (ggml 0.10): we implement them.
+    (
+        "ggml_buffer_tensor_2d",
+        "ggml_backend_buffer_i",
+        "set_tensor_2d",
+    ),
+    // 2-D asynchronous copies on streams (ggml 0.10): left to ggml's synchronous fallback.
+    (
+        "ggml_backend_tensor_2d_async",
+        "ggml_backend_i",
+        "set_tensor_2d_async",
+    ),
+    // The device capability `mmap_support` (ggml 0.10).
+    (
+        "ggml_dev_caps_mmap_support",
+        "ggml_backend_dev_caps",
+        "mmap_support",
+    ),
+];
+
+fn emit_interface_cfgs(bindings: &str) {
+    for (cfg, strukt, field) in INTERFACE_CFGS {
+        println!("cargo:rustc-check-cfg=cfg({cfg})");
+        let Some(fields) = struct_fields(bindings, strukt) else {
+            fail(&format!(
+                "the generated ggml bindings have no struct {strukt}: this ggml is outside the \
+                 supported range (README, \"Supported ggml releases\")"
+            ));
+        };
+        if fields.iter().any(|f| f == field) {
+            println!("cargo:rustc-cfg={cfg}");
+        }
+    }
+}
+
+/// The field names of `pub struct <name> { ... }` in bindgen's output (formatted or not), or
+/// `None` when the struct is not there.
+fn struct_fields(code: &str, name: &str) -> Option<Vec<String>> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let start = code.match_indices("pub struct ").find_map(|(i, m)| {
+        let rest = &code[i + m.len()..];
+        (ident(rest) == name).then_some(i + m.len() + name.len())
+    })?;
+    let open = start + code[start..].find('{')?;
+    // A field type holds parentheses and angle brackets but no braces; the body ends at the
+    // first `}`.
+    let body = &code[open + 1..open + code[open..].find('}')?];
+    Some(
+        body.split("pub ")
+            .skip(1)
+            .map(ident)
+            .filter(|f| !f.is_empty())
+            .collect(),
+    )
 }
 
 /// Writes a generated source file into OUT_DIR.

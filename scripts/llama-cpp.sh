@@ -15,6 +15,10 @@
 #   scripts/llama-cpp.sh env                 print `export` lines for build.rs and the tests
 #   scripts/llama-cpp.sh path [src|ggml|build|bin]
 #
+# LLAMA_CPP_PIN=<file> selects another pin (default scripts/llama-cpp.pin; the older release the
+# plugin is also tested against is scripts/llama-cpp-older.pin). A relative path is taken from the
+# repository root.
+#
 # Everything lives outside the repository, keyed by the pinned version:
 #   ${GGML_HSA_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ggml-hsa-build}/llama-cpp-python-<version>/
 #     sdist.tar.gz   src/ (= vendor/llama.cpp)   build/ (CMake/Ninja tree; binaries in build/bin)
@@ -23,8 +27,11 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+pin=${LLAMA_CPP_PIN:-$here/llama-cpp.pin}
+case "$pin" in /*) ;; *) pin=$here/../$pin ;; esac
+[ -f "$pin" ] || { printf '[llama-cpp] error: no pin file %s\n' "$pin" >&2; exit 1; }
 # shellcheck source=/dev/null
-. <(grep -E '^[A-Z0-9_]+=' "$here/llama-cpp.pin")
+. <(grep -E '^[A-Z0-9_]+=' "$pin")
 version=$LLAMA_CPP_PYTHON_VERSION
 sha256=$LLAMA_CPP_PYTHON_SHA256
 

@@ -110,6 +110,29 @@ check "benchmark (scripts/bench.sh --quick)" scripts/bench.sh --quick
 # The IRON kernel package (Python): ruff, byte-compilation, unit tests, the IRON API check.
 check "IRON package checks" scripts/check-iron.sh
 
+# The older ggml release (README, "Supported ggml releases"): its tree fetched and built by
+# scripts/llama-cpp.sh with the older pin (ggml-base, ggml-cpu and test-backend-ops only), the
+# plugin built against it in target/ggml-older (a target dir of its own, so that the two builds do
+# not rebuild each other), then the starter ops on HSA0 with that tree's test-backend-ops, and each
+# release's plugin loaded into the other release: declined in one line. After "build (workspace)",
+# which made target/debug/libggml_hsa.so for the pinned ggml.
+older_ggml_release() {
+    local pin=scripts/llama-cpp-older.pin
+    LLAMA_CPP_PIN=$pin scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops || return 1
+    local pinned_bin=$LLAMA_CPP_BIN pinned_plugin=$PWD/target/debug/libggml_hsa.so
+    (
+        eval "$(LLAMA_CPP_PIN=$pin scripts/llama-cpp.sh env)"
+        export CARGO_TARGET_DIR=$PWD/target/ggml-older
+        cargo build --locked --workspace &&
+            cargo test --locked --test backend_ops_sim starter_ops_on_aie2p_with_packet_abi_a1 \
+                -- --exact --nocapture &&
+            GGML_HSA_OTHER_GGML_BIN=$pinned_bin GGML_HSA_OTHER_PLUGIN=$pinned_plugin \
+                cargo test --locked --test ggml_releases -- --ignored --nocapture
+    )
+}
+check "the older ggml release: build, starter ops on HSA0, cross-release loads declined" \
+    older_ggml_release
+
 release_links_ggml_base() {
     cargo build --release --locked -p ggml-hsa &&
         readelf -d target/release/libggml_hsa.so | grep -q 'NEEDED.*\[libggml-base\.so\.0\]'

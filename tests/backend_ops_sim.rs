@@ -63,7 +63,9 @@ fn starter_ops_on_aie2p_with_packet_abi_a1() {
         &[],
         &[("HSA_SIM_PACKET_ABI", "a1")],
     );
-    assert_hundreds_pass(&r, "aie2p/a1", 1000);
+    // 1416 cases with the pinned test-backend-ops; the older release's (scripts/test.sh, "the
+    // older ggml release") generates 908 for the same ops.
+    assert_hundreds_pass(&r, "aie2p/a1", 900);
     assert!(
         r.output.contains("Device description: aie2p"),
         "{}",

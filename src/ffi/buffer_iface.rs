@@ -46,6 +46,8 @@ pub(crate) fn alloc(
     buffer
 }
 
+/// The 2-D slots exist from ggml 0.10 on (`ggml_buffer_tensor_2d`, set by build.rs from the
+/// generated bindings); an older ggml has no 2-D copies, so nothing there asks for them.
 static BUFFER_IFACE: ggml_backend_buffer_i = ggml_backend_buffer_i {
     free_buffer: Some(free_buffer),
     get_base: Some(get_base),
@@ -53,7 +55,9 @@ static BUFFER_IFACE: ggml_backend_buffer_i = ggml_backend_buffer_i {
     memset_tensor: Some(memset_tensor),
     set_tensor: Some(set_tensor),
     get_tensor: Some(get_tensor),
+    #[cfg(ggml_buffer_tensor_2d)]
     set_tensor_2d: Some(set_tensor_2d),
+    #[cfg(ggml_buffer_tensor_2d)]
     get_tensor_2d: Some(get_tensor_2d),
     cpy_tensor: Some(cpy_tensor),
     clear: Some(clear),
@@ -163,6 +167,7 @@ unsafe extern "C" fn get_tensor(
     })
 }
 
+#[cfg(ggml_buffer_tensor_2d)]
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn set_tensor_2d(
     buffer: ggml_backend_buffer_t,
@@ -191,6 +196,7 @@ unsafe extern "C" fn set_tensor_2d(
     })
 }
 
+#[cfg(ggml_buffer_tensor_2d)]
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn get_tensor_2d(
     buffer: ggml_backend_buffer_t,

@@ -95,6 +95,8 @@ unsafe extern "C" fn dev_get_props(dev: ggml_backend_dev_t, props: *mut ggml_bac
                     host_buffer: true,
                     buffer_from_host_ptr: false,
                     events: false,
+                    // From ggml 0.10 on (`ggml_dev_caps_mmap_support`, set by build.rs).
+                    #[cfg(ggml_dev_caps_mmap_support)]
                     mmap_support: false,
                 },
             },
