@@ -8,7 +8,9 @@
 //! * all-MiniLM-L6-v2 embeddings: cosine ≥ 0.9999 with the CPU's, and the published sentence
 //!   similarities;
 //! * no usable NPU (no runtime, a runtime that is not a library, an unsupported agent): llama.cpp
-//!   runs on the CPU with one log line saying why.
+//!   runs on the CPU with one log line saying why;
+//! * parallel sequences (`llama-parallel -np 4`, greedy): every sequence's text on HSA0 equals the
+//!   CPU's and a serial (`-np 1`) run's.
 //!
 //! The builds and models are made by scripts/test.sh before `cargo test`. When one is missing the
 //! test says so and passes, unless `GGML_HSA_REQUIRE_E2E=1` (set by CI), where it fails.
@@ -648,4 +650,123 @@ fn minilm_runs_every_layer_op_through_the_emulated_iron_designs() {
         println!("minilm, IRON emulated: cos(HSA0, CPU) = {c:.6} for {s:?}");
         assert!(c >= 0.999, "{s:?}: cosine {c} < 0.999");
     }
+}
+
+/// One finished request of llama-parallel: its prompt and the text generated for it.
+#[derive(Debug, PartialEq, Eq)]
+struct Request {
+    input: String,
+    response: String,
+}
+
+/// llama-parallel (`-np` clients, 8 requests, greedy, the system prompt shared through the KV
+/// cache, continuous batching, 12 tokens each) on the CPU or on HSA0: the requests by sequence
+/// number, and the log.
+fn parallel_run(
+    program: &Path,
+    model: &Path,
+    clients: usize,
+    env: Option<&[(String, String)]>,
+) -> (std::collections::BTreeMap<usize, Request>, String) {
+    let mut cmd = Command::new(program);
+    cmd.arg("-m")
+        .arg(model)
+        .args(["-np", &clients.to_string(), "-ns", "8", "-n", "12"])
+        .args([
+            "--temp", "0", "--seed", "42", "-c", "4096", "-ngl", "99", "-pps", "-cb",
+        ])
+        .env_remove("GGML_BACKEND_PATH")
+        .env("GGML_SCHED_DEBUG", "2");
+    if let Some(env) = env {
+        cmd.env(
+            "GGML_BACKEND_PATH",
+            program.with_file_name("libggml-hsa.so"),
+        )
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    }
+    let run = run_bounded(&mut cmd, RUN_TIMEOUT);
+    let log = format!("{}{}", run.stdout, run.stderr);
+    assert!(
+        run.status.is_some_and(|s| s.success()),
+        "llama-parallel -np {clients} failed ({:?}):\n{}",
+        run.status,
+        tail(&log)
+    );
+    // "Client %3d, seq %3d/%3d, ... \n\nInput:    %s\n\033[35mResponse: %s\033[0m": the
+    // response ends at the colour reset (a generated text may hold blank lines).
+    let mut requests = std::collections::BTreeMap::new();
+    for block in log.split("\u{1b}[31mClient ").skip(1) {
+        let Some((_, after_seq)) = block.split_once(", seq ") else {
+            continue;
+        };
+        let Some((seq, _)) = after_seq.split_once('/') else {
+            continue;
+        };
+        let Some((_, input)) = block.split_once("Input:    ") else {
+            continue;
+        };
+        let (input, rest) = input
+            .split_once("\n\u{1b}[35mResponse: ")
+            .expect("a response after the input");
+        let (response, _) = rest.split_once("\u{1b}[0m").expect("the response's end");
+        let seq: usize = seq.trim().parse().expect("a sequence number");
+        let request = Request {
+            input: input.to_owned(),
+            response: response.to_owned(),
+        };
+        assert!(requests.insert(seq, request).is_none(), "seq {seq} twice");
+    }
+    (requests, log)
+}
+
+#[test]
+fn parallel_sequences_on_hsa0_match_the_cpu_and_serial_runs() {
+    let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
+        return;
+    };
+    let Some(program) = require(
+        bin.join("llama-parallel"),
+        "scripts/llama-cpp.sh build-dl llama-parallel",
+    ) else {
+        return;
+    };
+    let env = sim_env("parallel");
+    let (cpu, _) = parallel_run(&program, &model, 4, None);
+    let (npu, log) = parallel_run(&program, &model, 4, Some(&env));
+    let (serial, _) = parallel_run(&program, &model, 1, Some(&env));
+    assert_eq!(cpu.len(), 8, "{cpu:?}");
+    assert!(
+        cpu.values().any(|r| !r.response.trim().is_empty()),
+        "nothing generated: {cpu:?}"
+    );
+    // The graphs (batches of several sequences) ran on HSA0.
+    let on_hsa0: usize = graphs(&log)
+        .iter()
+        .map(|g| g.nodes.get("HSA0").copied().unwrap_or(0))
+        .sum();
+    for (seq, want) in &cpu {
+        assert_eq!(
+            npu.get(seq),
+            Some(want),
+            "sequence {seq}: HSA0 -np 4 vs CPU -np 4"
+        );
+        assert_eq!(
+            serial.get(seq),
+            Some(want),
+            "sequence {seq}: HSA0 -np 1 vs CPU -np 4"
+        );
+    }
+    assert_eq!(npu.len(), cpu.len());
+    let distinct: std::collections::BTreeSet<&str> =
+        cpu.values().map(|r| r.input.as_str()).collect();
+    println!(
+        "llama-parallel -np 4 -ns 8 (continuous batching, shared system prompt): {} sequences \
+         ({} distinct prompts) identical on HSA0 and on the CPU, and to HSA0 -np 1; {on_hsa0} \
+         nodes scheduled on HSA0; e.g. {:?} -> {:?}",
+        cpu.len(),
+        distinct.len(),
+        cpu[&0].input,
+        cpu[&0].response
+    );
+    assert!(on_hsa0 > 0, "nothing ran on HSA0:\n{}", tail(&log));
 }
