@@ -660,8 +660,8 @@ struct Request {
 }
 
 /// llama-parallel (`-np` clients, 8 requests, greedy, the system prompt shared through the KV
-/// cache, continuous batching, 12 tokens each) on the CPU or on HSA0: the requests by sequence
-/// number, and the log.
+/// cache, continuous batching (its default), 12 tokens each) on the CPU or on HSA0: the
+/// requests by sequence number, and the log.
 fn parallel_run(
     program: &Path,
     model: &Path,
@@ -673,7 +673,7 @@ fn parallel_run(
         .arg(model)
         .args(["-np", &clients.to_string(), "-ns", "8", "-n", "12"])
         .args([
-            "--temp", "0", "--seed", "42", "-c", "4096", "-ngl", "99", "-pps", "-cb",
+            "--temp", "0", "--seed", "42", "-c", "4096", "-ngl", "99", "-pps",
         ])
         .env_remove("GGML_BACKEND_PATH")
         .env("GGML_SCHED_DEBUG", "2");
