@@ -7,8 +7,8 @@
 //!   steps, KV cache, the scheduler's copies, teardown.
 //!
 //! Slow (minutes on two shared cores), so they run only when `GGML_HSA_MEMCHECK=1`
-//! (`scripts/test.sh --long`). Suppressions: none for test-backend-ops; for the llama run only
-//! tests/memcheck.supp, whose entries each name a library that is not ours and say why.
+//! (`scripts/test.sh --long`). No suppressions: nothing was reported (the llama run, 3 tokens:
+//! 0 errors, 0 bytes definitely or indirectly lost, 44 s on two loaded cores).
 
 mod common;
 
@@ -130,10 +130,6 @@ fn tiny_llama_on_hsa0_is_clean_under_valgrind_memcheck() {
             "--errors-for-leak-kinds=definite,indirect",
             "--num-callers=30",
         ])
-        .arg(format!(
-            "--suppressions={}",
-            common::llama::root().join("tests/memcheck.supp").display()
-        ))
         .arg(cmd.get_program())
         .args(cmd.get_args())
         // No sched debug dump: it only slows memcheck down.
