@@ -885,7 +885,8 @@ mv "$5/.$name"_insts.bin.tmp "$5/$name"_insts.bin
         assert_eq!(store().load(&d).unwrap(), good);
         assert_eq!(compiles(&log), 1);
         let pdi = arch_dir.join(format!("{name}.pdi"));
-        let damages: [(&str, Box<dyn Fn(&mut Vec<u8>)>); 3] = [
+        type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+        let damages: [(&str, Damage); 3] = [
             ("truncated", Box::new(|b| b.truncate(40))),
             ("one byte changed", Box::new(|b| b[17] ^= 0x20)),
             ("grown", Box::new(|b| b.extend_from_slice(b"junk"))),
