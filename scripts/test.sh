@@ -5,8 +5,9 @@
 #   test-backend-ops runs against the plugin), and a release build with its link check.
 # Ends with one line `N passed, N failed` over all suites; exits non-zero if anything failed.
 # `--long` adds the reliability checks at full size (issue 18), with their figures printed: the
-# parser property tests at 20,000 cases each, the soak at 10,000 decode graphs, and
-# test-backend-ops on HSA0 under valgrind memcheck.
+# parser property tests at 20,000 cases each, the soak at 10,000 decode graphs, test-backend-ops
+# and the tiny llama on HSA0 under valgrind memcheck, and the RPC figures (tokens/s and bytes per
+# token for a local, one remote and two remote HSA0s).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -58,8 +59,8 @@ eval "$(scripts/llama-cpp.sh env)"
 # Both with ggml's RPC backend and ggml-rpc-server (tests/rpc_e2e.rs: HSA0 served to clients on
 # other "machines"); the hook build's test-backend-ops tests the RPC device backed by HSA0.
 check "llama.cpp + ggml-hsa through the CMake hook (GGML_BACKEND_DL=ON, GGML_RPC=ON)" \
-    scripts/llama-cpp.sh build-dl ggml-hsa llama-simple llama-embedding ggml-rpc ggml-rpc-server \
-    test-backend-ops
+    scripts/llama-cpp.sh build-dl ggml-hsa llama-simple llama-embedding llama-parallel ggml-rpc \
+    ggml-rpc-server test-backend-ops
 check "llama.cpp + ggml-hsa in-tree via cmake/integrate.sh (GGML_BACKEND_DL=OFF, static, GGML_RPC=ON)" \
     scripts/llama-cpp.sh build-static llama-simple ggml-rpc-server
 check "models (scripts/models.sh)" scripts/models.sh
@@ -97,8 +98,11 @@ if [ "${1:-}" = "--long" ]; then
         cargo test --locked -p hsa-sim --test fuzz_readers -- --nocapture
     check "soak: 10,000 decode graphs of the tiny llama (long)" env GGML_HSA_SOAK_GRAPHS=10000 \
         cargo test --locked --test soak_sim -- --nocapture
-    check "test-backend-ops on HSA0 under valgrind memcheck (long)" env GGML_HSA_MEMCHECK=1 \
-        cargo test --locked --test memcheck_sim -- --nocapture
+    check "test-backend-ops and the tiny llama on HSA0 under valgrind memcheck (long)" \
+        env GGML_HSA_MEMCHECK=1 cargo test --locked --test memcheck_sim -- --nocapture
+    check "RPC figures: local vs one vs two remote HSA0s (long)" \
+        cargo test --locked --test rpc_e2e figures_local_vs_one_remote_vs_two_remote -- \
+        --ignored --nocapture
 fi
 
 # Every op on HSA0 (hsa-sim) against the CPU: the per-op table, no failures, docs/ops.md current.

@@ -8,8 +8,14 @@
 //!   compute right, and the cache holds whole files and a manifest listing each kernel once;
 //! * a process SIGKILLed while its compiler runs (it held the kernel's lock, the compiler left a
 //!   partial file): the next process compiles the kernel and computes right;
-//! * a compiler SIGKILLed mid-compile, a read-only cache, a cache deleted between graphs: a clear
-//!   message, the graph fails cleanly or runs, and nothing bad is kept.
+//! * a compiler SIGKILLed mid-compile, a read-only cache (empty, or holding good kernels, or a
+//!   damaged one), a full cache filesystem, a cache deleted between graphs, cached kernels
+//!   truncated or damaged after they were written: a clear message, the graph fails cleanly or
+//!   runs, nothing good in the cache is lost and nothing bad is kept.
+//!
+//! Read-only and full filesystems are mounts (permission bits do not stop root): as another
+//! user, or without CAP_SYS_ADMIN, those cases are skipped with a message, and fail under
+//! `GGML_HSA_REQUIRE_E2E=1` (scripts/test.sh) so that CI cannot skip them silently.
 //!
 //! The plugin and the simulator read their environment once per process, so each scenario runs
 //! in a child process (this test binary, running the ignored `child` test).
@@ -283,14 +289,11 @@ fn a_compiler_killed_mid_compile_fails_cleanly_and_keeps_nothing() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A cache "directory" under a regular file cannot be created by anyone (root included): the
+/// graph fails and the message names the path.
 #[test]
-fn a_read_only_cache_fails_the_graph_with_its_path() {
-    let dir = common::scratch_dir("conc-readonly");
-    let cache = dir.join("cache");
-    std::fs::create_dir_all(&cache).unwrap();
-    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o555)).unwrap();
-    // root ignores permissions; a read-only bind is not available everywhere: a cache under a
-    // regular file is unwritable for everyone.
+fn a_cache_path_under_a_regular_file_fails_the_graph_with_its_path() {
+    let dir = common::scratch_dir("conc-under-file");
     let blocked = dir.join("file").join("cache");
     std::fs::write(dir.join("file"), b"not a directory").unwrap();
     let text = run_child("fail", &dir, &blocked, &[]);
@@ -302,31 +305,41 @@ fn a_read_only_cache_fails_the_graph_with_its_path() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A case that cannot run here (it needs root for a mount): a failure under
+/// `GGML_HSA_REQUIRE_E2E=1` (scripts/test.sh, CI), so that CI cannot skip it silently;
+/// otherwise a skip with the reason.
+fn cannot_run(why: &str) {
+    assert!(
+        std::env::var("GGML_HSA_REQUIRE_E2E").as_deref() != Ok("1"),
+        "{why} (GGML_HSA_REQUIRE_E2E=1: this case must run)"
+    );
+    eprintln!("SKIPPED: {why}");
+}
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
 /// A tmpfs mounted for one test, unmounted when dropped.
 struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `size` with `options` at `dir`; `None` (with a message) where mounting is
-    /// not permitted (not root, no CAP_SYS_ADMIN in a container).
-    fn mount(dir: &Path, size: &str, options: &str) -> Option<Tmpfs> {
+    /// Mounts a tmpfs of `size` at `dir`; `None` (see [`cannot_run`]) where mounting is not
+    /// permitted (not root, no CAP_SYS_ADMIN in a container).
+    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
         std::fs::create_dir_all(dir).unwrap();
         let out = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size}{options}"),
-                "tmpfs",
-            ])
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
             .arg(dir)
             .output();
         match out {
             Ok(o) if o.status.success() => Some(Tmpfs(dir.to_owned())),
             other => {
-                eprintln!(
-                    "SKIPPED: cannot mount a tmpfs at {} ({other:?}); this case needs root",
+                cannot_run(&format!(
+                    "cannot mount a tmpfs at {} ({other:?}); this case needs root",
                     dir.display()
-                );
+                ));
                 None
             }
         }
@@ -339,17 +352,224 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A directory made read-only for one test, writable again when dropped. Permission bits do not
+/// stop root, so as root it is a read-only bind mount of itself (the kernel refuses every write:
+/// EROFS); as another user its directories lose their write bits (EACCES).
+enum ReadOnly {
+    Mount(PathBuf),
+    Modes(Vec<PathBuf>),
+}
+
+impl ReadOnly {
+    fn new(dir: &Path) -> Option<ReadOnly> {
+        if !is_root() {
+            let mut dirs = vec![dir.to_owned()];
+            let mut i = 0;
+            while i < dirs.len() {
+                for e in std::fs::read_dir(&dirs[i]).unwrap() {
+                    let p = e.unwrap().path();
+                    if p.is_dir() {
+                        dirs.push(p);
+                    }
+                }
+                i += 1;
+            }
+            for d in &dirs {
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o555)).unwrap();
+            }
+            return Some(ReadOnly::Modes(dirs));
+        }
+        let mounted = |args: &[&str]| {
+            Command::new("mount")
+                .args(args)
+                .arg(dir)
+                .arg(dir)
+                .output()
+                .map_err(|e| e.to_string())
+                .and_then(|o| {
+                    if o.status.success() {
+                        Ok(())
+                    } else {
+                        Err(String::from_utf8_lossy(&o.stderr).into_owned())
+                    }
+                })
+        };
+        let bound = mounted(&["--bind"]);
+        // Read-only bind: a remount of the bind (one step with `-o bind,ro` is not enough on
+        // older util-linux).
+        let read_only = bound.clone().and_then(|()| {
+            mounted(&["-o", "remount,ro,bind"]).inspect_err(|_| {
+                let _ = Command::new("umount").arg(dir).status();
+            })
+        });
+        match read_only {
+            Ok(()) => Some(ReadOnly::Mount(dir.to_owned())),
+            Err(e) => {
+                cannot_run(&format!(
+                    "cannot bind-mount {} read-only ({}); this case needs CAP_SYS_ADMIN",
+                    dir.display(),
+                    e.trim()
+                ));
+                None
+            }
+        }
+    }
+
+    /// What the kernel says to a write into it.
+    fn error_text(&self) -> &'static str {
+        match self {
+            ReadOnly::Mount(_) => "Read-only file system",
+            ReadOnly::Modes(_) => "Permission denied",
+        }
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        match self {
+            ReadOnly::Mount(dir) => {
+                let _ = Command::new("umount").arg(dir).status();
+            }
+            ReadOnly::Modes(dirs) => {
+                for d in dirs {
+                    let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755));
+                }
+            }
+        }
+    }
+}
+
+/// Every file of `dir` with its contents (lock files included: nothing may change).
+fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&p).unwrap())
+        })
+        .collect()
+}
+
 #[test]
-fn a_read_only_cache_mount_fails_the_graph_with_its_reason() {
-    let dir = common::scratch_dir("conc-ro-mount");
+fn a_read_only_empty_cache_fails_the_graph_with_its_reason() {
+    let dir = common::scratch_dir("conc-readonly");
     let cache = dir.join("cache");
-    let Some(_mount) = Tmpfs::mount(&cache, "64k", ",ro") else {
+    std::fs::create_dir_all(&cache).unwrap();
+    let Some(read_only) = ReadOnly::new(&cache) else {
         return;
     };
     let text = run_child("fail", &dir, &cache, &[]);
     assert!(text.contains("GRAPH failed cleanly"), "{text}");
-    assert!(text.contains("Read-only file system"), "{text}");
-    drop(_mount);
+    assert!(
+        text.contains("cannot create the cache directory")
+            && text.contains(&format!("{}", cache.join("aie2p").display()))
+            && text.contains(read_only.error_text()),
+        "{text}"
+    );
+    drop(read_only);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A cache made read-only after it was filled (a shared, provisioned cache): its kernels are
+/// used, nothing is compiled, nothing in it changes. Then one of them is truncated: it is
+/// reported and cannot be removed or rebuilt there, so the graph fails cleanly, and the good
+/// kernels beside it stay as they were.
+#[test]
+fn a_read_only_cache_with_good_kernels_uses_them_and_loses_nothing() {
+    let dir = common::scratch_dir("conc-readonly-good");
+    let cache = dir.join("cache");
+    let arch_dir = cache.join("aie2p");
+    let text = run_child("serial", &dir, &cache, &[]);
+    assert!(text.contains("SERIAL ok"), "{text}");
+    assert_eq!(compiles(&dir).len(), KERNELS);
+    std::fs::remove_file(dir.join("compiles.log")).unwrap();
+    let before = snapshot(&arch_dir);
+    {
+        let Some(_read_only) = ReadOnly::new(&cache) else {
+            return;
+        };
+        let text = run_child("serial", &dir, &cache, &[]);
+        assert!(text.contains("SERIAL ok"), "{text}");
+        assert!(compiles(&dir).is_empty(), "{:?}", compiles(&dir));
+        assert_eq!(snapshot(&arch_dir), before, "the read-only cache changed");
+    }
+    let pdi = before
+        .keys()
+        .find(|f| f.ends_with(".pdi"))
+        .expect("a kernel")
+        .clone();
+    let bytes = &before[&pdi];
+    std::fs::write(arch_dir.join(&pdi), &bytes[..bytes.len() / 2]).unwrap();
+    let damaged = snapshot(&arch_dir);
+    let Some(read_only) = ReadOnly::new(&cache) else {
+        return;
+    };
+    let text = run_child("fail", &dir, &cache, &[]);
+    assert!(text.contains("GRAPH failed cleanly"), "{text}");
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("corrupt cached kernel"))
+        .collect();
+    assert_eq!(kept.len(), 1, "{text}");
+    assert!(kept[0].contains(read_only.error_text()), "{}", kept[0]);
+    assert!(kept[0].contains("the manifest recorded"), "{}", kept[0]);
+    assert_eq!(snapshot(&arch_dir), damaged, "the read-only cache changed");
+    drop(read_only);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A cached kernel truncated (or damaged) after it was written: the next process finds that it
+/// no longer matches the size and checksum the manifest recorded, removes it under its lock
+/// with one log line, compiles it again and computes right; the other kernels are reused.
+#[test]
+fn a_truncated_cached_kernel_is_removed_and_compiled_again() {
+    let dir = common::scratch_dir("conc-truncated");
+    let cache = dir.join("cache");
+    let arch_dir = cache.join("aie2p");
+    let text = run_child("serial", &dir, &cache, &[]);
+    assert!(text.contains("SERIAL ok"), "{text}");
+    std::fs::remove_file(dir.join("compiles.log")).unwrap();
+    let before = snapshot(&arch_dir);
+    let mut pdis = before.keys().filter(|f| f.ends_with(".pdi"));
+    let (truncated, damaged) = (pdis.next().unwrap().clone(), pdis.next().unwrap().clone());
+    let bytes = &before[&truncated];
+    std::fs::write(arch_dir.join(&truncated), &bytes[..bytes.len() - 3]).unwrap();
+    // Same size, one byte changed inside the simulator image's JSON (still a valid image to
+    // the format checks: only the checksum tells).
+    let mut bytes = before[&damaged].clone();
+    let at = bytes.len() - 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(arch_dir.join(&damaged), &bytes).unwrap();
+    let text = run_child("serial", &dir, &cache, &[]);
+    assert!(text.contains("SERIAL ok"), "{text}");
+    let removed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("removed the corrupt cached kernel"))
+        .collect();
+    assert_eq!(removed.len(), 2, "{text}");
+    assert!(removed
+        .iter()
+        .any(|l| l.contains("bytes, the manifest recorded")));
+    assert!(removed.iter().any(|l| l.contains("checksum")));
+    let counts = compiles(&dir);
+    let stem = |f: &str| f.trim_end_matches(".pdi").to_owned();
+    assert_eq!(
+        counts,
+        BTreeMap::from([(stem(&truncated), 1), (stem(&damaged), 1)]),
+        "only the two bad kernels are compiled again"
+    );
+    // Whole again, byte for byte (the compiler is deterministic); the manifest's last line of
+    // each kernel describes its new files.
+    let after = snapshot(&arch_dir);
+    for f in before
+        .keys()
+        .filter(|f| !f.starts_with(".ggml-hsa-kernels"))
+    {
+        assert_eq!(after[f], before[f], "{f}");
+    }
+    let manifest = String::from_utf8_lossy(&after[".ggml-hsa-kernels"]).into_owned();
+    assert_eq!(manifest.lines().count(), KERNELS + 2, "{manifest}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -373,7 +593,7 @@ fn a_full_cache_filesystem_fails_the_graph_and_keeps_no_torn_kernel() {
     for free in [0u64, 4096] {
         let dir = common::scratch_dir(&format!("conc-full-{free}"));
         let cache = dir.join("cache");
-        let Some(mount) = Tmpfs::mount(&cache, "256k", "") else {
+        let Some(mount) = Tmpfs::mount(&cache, "256k") else {
             return;
         };
         // Fill it (directories take no blocks on a tmpfs, so the cache's can still be made).

@@ -19,7 +19,7 @@ use ggml_hsa::config::{parse_bool, Config, MAX_DEVICES};
 use ggml_hsa::kernels::compiler::{Capabilities, Compiler};
 use ggml_hsa::kernels::desc::{KernelDesc, Layout, DTYPES};
 use ggml_hsa::kernels::gen_config::{format_tensor, parse_tensor, KernelConfig, KernelEntry};
-use ggml_hsa::kernels::store::{clear_cache_dir, KernelStore, MANIFEST};
+use ggml_hsa::kernels::store::{clear_cache_dir, parse_manifest, KernelStore, MANIFEST};
 use ggml_hsa::kernels::Arch;
 use mutate::{cases, corpus, mutated, mutated_text, no_hang};
 use proptest::prelude::*;
@@ -275,7 +275,9 @@ proptest! {
         // Files every manifest line could try to reach: the listed names' kernel files, files
         // beside the cache directory and above it.
         let mut kernel_files = Vec::new();
-        for line in text.lines().map(str::trim).filter(|l| is_plain_name(l)) {
+        // A line's name is its first field (the others are its files' sizes and checksums).
+        let names = text.lines().filter_map(|l| l.split_whitespace().next());
+        for line in names.filter(|n| is_plain_name(n)) {
             for f in [format!("{line}.pdi"), format!("{line}_insts.bin")] {
                 if std::fs::write(dir.join(&f), b"k").is_ok() {
                     kernel_files.push(dir.join(f));
@@ -292,6 +294,16 @@ proptest! {
             std::fs::write(p, b"keep").unwrap();
         }
         std::fs::write(dir.join(MANIFEST), &text).unwrap();
+        // The sizes and checksums the loader checks files against: whatever the text, a map
+        // keyed by the lines' first fields, never a panic.
+        let parse_text = text.clone();
+        let parsed = no_hang("parse_manifest", move || parse_manifest(&parse_text));
+        for name in parsed.keys() {
+            prop_assert!(
+                text.lines().any(|l| l.split_whitespace().next() == Some(name.as_str())),
+                "{name:?} is no line's first field"
+            );
+        }
         let clear_dir = dir.clone();
         let removed = no_hang("clear_cache_dir", move || clear_cache_dir(&clear_dir));
         for p in &precious {
@@ -308,7 +320,7 @@ proptest! {
     }
 }
 
-/// A manifest line that is a kernel name (what the clearing accepts).
+/// A manifest line's first field that is a kernel name (what the clearing accepts).
 fn is_plain_name(line: &str) -> bool {
     !line.is_empty() && !line.contains('/') && !line.starts_with('.') && !line.contains('\0')
 }

@@ -108,9 +108,25 @@ fn the_example_configs_compile() {
             for f in std::fs::read_dir(out_dir.join(arch)).unwrap() {
                 let name = f.unwrap().file_name().into_string().unwrap();
                 assert!(
-                    name.ends_with(".pdi") || name.ends_with("_insts.bin"),
+                    name.ends_with(".pdi")
+                        || name.ends_with("_insts.bin")
+                        || name == ggml_hsa::kernels::store::MANIFEST,
                     "{name}"
                 );
+            }
+            // Every kernel file is recorded with its size and checksum.
+            let manifest = ggml_hsa::kernels::store::parse_manifest(
+                &std::fs::read_to_string(out_dir.join(arch).join(".ggml-hsa-kernels"))
+                    .unwrap_or_default(),
+            );
+            for f in std::fs::read_dir(out_dir.join(arch)).unwrap() {
+                let name = f.unwrap().file_name().into_string().unwrap();
+                if let Some(stem) = name.strip_suffix(".pdi") {
+                    let len = std::fs::metadata(out_dir.join(arch).join(&name))
+                        .unwrap()
+                        .len();
+                    assert_eq!(manifest[stem][&name].0, len, "{name}");
+                }
             }
         }
     }

@@ -95,11 +95,17 @@ fn record_pregenerate_and_run_without_jit() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // One .pdi and one _insts.bin per kernel, and the manifest with their sizes and checksums
+    // (one line per kernel), which the backend checks the files against.
+    let generated = files(&kernels.join("aie2p"));
     assert_eq!(
-        files(&kernels.join("aie2p")).len(),
-        2 * compiled,
-        "one .pdi and one _insts.bin per kernel"
+        generated.len(),
+        2 * compiled + 1,
+        "one .pdi and one _insts.bin per kernel, and the manifest: {generated:?}"
     );
+    let manifest =
+        std::fs::read_to_string(kernels.join("aie2p").join(".ggml-hsa-kernels")).unwrap();
+    assert_eq!(manifest.lines().count(), compiled, "{manifest}");
 
     // The same run with JIT off and an empty cache: everything comes from the kernel dir.
     let empty_cache = dir.join("empty-cache");

@@ -1,7 +1,9 @@
 //! ggml-hsa-gen-kernels: compiles the kernels a config lists ahead of time, into
 //! `<output-dir>/<arch>/<name>.pdi` + `<name>_insts.bin`, the layout `GGML_HSA_KERNEL_DIR` expects,
 //! or with `--format hsaco` into `<output-dir>/<arch>/<name>.hsaco` (an AIE code object, the
-//! kernel named `<name>`, written by the shared aie-hsaco writer).
+//! kernel named `<name>`, written by the shared aie-hsaco writer), each listed with its files'
+//! sizes and checksums in `<output-dir>/<arch>/.ggml-hsa-kernels` (the backend declines a copy
+//! that no longer matches).
 //! Machines that run the backend from such a directory need no kernel compiler at all.
 //!
 //! The whole config is validated before the compiler is asked anything, so a config can be checked
@@ -360,7 +362,11 @@ fn compile_one(
     let _ = std::fs::remove_file(request);
     match result {
         Ok(output) => (
-            check_files(&dir, &job.name).and_then(|()| write_format(job, &dir, format)),
+            check_files(&dir, &job.name)
+                .and_then(|()| write_format(job, &dir, format))
+                // Sizes and checksums in the directory's manifest: the backend checks the
+                // files against them when it loads them (a truncated copy is declined).
+                .map(|()| ggml_hsa::kernels::store::record_written(&dir, &job.name)),
             output,
         ),
         Err(e) => {

@@ -7,7 +7,8 @@
 //!   is a failure.
 //!
 //! The compiler's output is always captured, so it never reaches the application's stdout; it is
-//! shown in the log when a compile fails (or with `GGML_HSA_JIT_VERBOSE`).
+//! shown in the log when a compile fails (or with `GGML_HSA_JIT_VERBOSE`). It inherits no other
+//! descriptor of the host process (`hsa::child`).
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -133,6 +134,9 @@ impl Compiler {
         if let Some(path) = self.package_path() {
             cmd.env("PYTHONPATH", path);
         }
+        // Nothing of the host but the three streams: inside ggml-rpc-server a compiler would
+        // otherwise hold the clients' sockets (ggml-rpc does not make them close-on-exec).
+        crate::hsa::child::inherit_only_stdio(&mut cmd);
         cmd
     }
 
@@ -286,6 +290,34 @@ mod tests {
         assert!(Capabilities::parse("nope").unwrap_err().contains("JSON"));
         let v2 = CAPS.replace("\"protocol\": 1", "\"protocol\": 2");
         assert!(Capabilities::parse(&v2).unwrap_err().contains("protocol 2"));
+    }
+
+    /// Inside ggml-rpc-server the host holds its clients' sockets without close-on-exec; the
+    /// compiler must not get them (it would keep a client waiting after the server died).
+    #[test]
+    fn the_compiler_inherits_no_socket_of_the_host() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::PermissionsExt;
+        let (_listener, stream) = crate::hsa::child::tests::inheritable_socket();
+        let fd = stream.as_raw_fd();
+        let dir = std::env::temp_dir().join(format!("ggml-hsa-fds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("compiler.sh");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nif test -e /proc/$$/fd/{fd}; then echo inherited >&2; else echo \
+                 clean >&2; fi\nexit 1\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let err = Compiler::new(script.to_str().unwrap())
+            .unwrap()
+            .capabilities()
+            .unwrap_err();
+        assert!(err.contains("clean"), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

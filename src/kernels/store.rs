@@ -2,8 +2,12 @@
 //! JIT cache (`<cache dir>/<arch>/`), then a JIT compile into the cache.
 //!
 //! Files that exist but are unusable (empty, an instruction stream whose size is not a multiple
-//! of 4 bytes) are reported with their path and treated as missing. Compile failures are
-//! remembered for the rest of the run (negative cache) so a graph does not retry them per node.
+//! of 4 bytes, an hsaco the strict reader rejects, or files whose size or checksum differs from
+//! what the directory's manifest recorded when they were written) are reported with their path
+//! and treated as missing: a bad kernel in the cache is removed under its lock (and compiled
+//! again when a compiler is set); one in `GGML_HSA_KERNEL_DIR` (the user's) is never touched,
+//! only declined. Compile failures are remembered for the rest of the run (negative cache) so a
+//! graph does not retry them per node.
 //!
 //! The cache may be shared by several processes (and, at its default location, with other ggml
 //! tools). So: a compile holds an exclusive lock on `<cache>/<arch>/.<name>.lock`, and a process
@@ -11,6 +15,11 @@
 //! again; the compiler writes each file aside and renames it into place, so nobody sees half a
 //! kernel; and every kernel this backend wrote is listed in `<cache>/<arch>/.ggml-hsa-kernels`,
 //! which is what `GGML_HSA_KERNEL_CACHE_CLEAR` removes (never other files of the directory).
+//! Each manifest line is `<name> <file>:<size>:<fnv1a-64 hex> ...`, appended (one write, so
+//! atomic) while the kernel's lock is held, after the compiler renamed its files into place; the
+//! last line of a name wins. Files without a line (an older backend's, a failed append) get the
+//! format checks only. ggml-hsa-gen-kernels writes the same manifest into its output directory,
+//! so pregenerated kernels are checked the same way.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -23,7 +32,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::compiler::{Capabilities, Compiler};
-use super::desc::KernelDesc;
+use super::desc::{fnv1a64, KernelDesc};
 use super::Arch;
 use crate::log;
 
@@ -40,8 +49,12 @@ pub struct KernelFiles {
     pub hsaco: Option<Vec<u8>>,
 }
 
-/// The list of kernels this backend wrote into a cache directory, one name per line.
+/// The list of kernels this backend wrote into a cache directory, one line per kernel: its name,
+/// then `<file>:<size>:<checksum>` for each of its files.
 pub const MANIFEST: &str = ".ggml-hsa-kernels";
+
+/// What a manifest recorded of one kernel: size and checksum per file name.
+type Recorded = HashMap<String, (u64, u64)>;
 
 /// Why there is no kernel.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -119,6 +132,61 @@ impl KernelStore {
             .chain([self.cache_arch_dir()])
     }
 
+    /// The kernel `name` from the first directory that has a usable copy. A corrupt copy in the
+    /// precompiled directory is reported and skipped (the user's files are not ours to change);
+    /// a corrupt copy in the cache is returned in the second field, to be removed under its lock.
+    fn search(&self, name: &str) -> (Option<KernelFiles>, Option<String>) {
+        let cache = self.cache_arch_dir();
+        for dir in self.search_dirs() {
+            match read_kernel(&dir, name, self.arch) {
+                Ok(Some(files)) => return (Some(files), None),
+                Ok(None) => {}
+                Err(reason) if dir == cache => return (None, Some(reason)),
+                Err(reason) => log::warn(&format!(
+                    "declining the precompiled kernel {name}: {reason} (GGML_HSA_KERNEL_DIR is \
+                     left as it is; regenerate it with ggml-hsa-gen-kernels)"
+                )),
+            }
+        }
+        (None, None)
+    }
+
+    /// Removes the corrupt cached kernel `name` (found so by [`Self::search`]) under its lock,
+    /// unless another process replaced it meanwhile. One log line either way.
+    fn remove_corrupt(&self, name: &str, reason: &str) {
+        let dir = self.cache_arch_dir();
+        let lock = match lock_kernel(&dir, name) {
+            Ok(lock) => lock,
+            Err(why) => {
+                log::warn(&format!(
+                    "corrupt cached kernel {name} kept, {why}: {reason}"
+                ));
+                return;
+            }
+        };
+        if let Err(reason) = read_kernel(&dir, name, self.arch) {
+            let failed = remove_kernel_files(&dir, name);
+            let next = if self.capabilities().is_ok() {
+                "compiling it again"
+            } else {
+                "no compiler to build it again"
+            };
+            if failed.is_empty() {
+                log::warn(&format!(
+                    "removed the corrupt cached kernel {name} from {}: {reason}; {next}",
+                    dir.display()
+                ));
+            } else {
+                log::warn(&format!(
+                    "cannot remove the corrupt cached kernel {name} ({}): {reason}; it is \
+                     not used",
+                    failed.join("; ")
+                ));
+            }
+        }
+        drop(lock);
+    }
+
     /// The compiler's capabilities, asked once; a failure is logged once and remembered.
     fn capabilities(&self) -> Result<&Capabilities, &str> {
         let Some(jit) = &self.jit else {
@@ -181,16 +249,18 @@ impl KernelStore {
     pub fn load_many(&self, descs: &[KernelDesc]) -> Vec<Result<KernelFiles, KernelError>> {
         let names: Vec<String> = descs.iter().map(KernelDesc::canonical_name).collect();
         let known_bad = |name: &String| self.failed.lock().contains_key(name);
-        let mut found: Vec<Option<KernelFiles>> = names
-            .iter()
-            .map(|name| {
-                if known_bad(name) {
-                    return None;
-                }
-                self.search_dirs()
-                    .find_map(|dir| read_kernel(&dir, name, self.arch))
-            })
-            .collect();
+        let mut found: Vec<Option<KernelFiles>> = Vec::with_capacity(names.len());
+        for (i, name) in names.iter().enumerate() {
+            if known_bad(name) {
+                found.push(None);
+                continue;
+            }
+            let (files, corrupt) = self.search(name);
+            if let Some(reason) = corrupt.filter(|_| !names[..i].contains(name)) {
+                self.remove_corrupt(name, &reason);
+            }
+            found.push(files);
+        }
         let missing: Vec<usize> = (0..names.len())
             .filter(|&i| {
                 found[i].is_none() && !known_bad(&names[i]) && !names[..i].contains(&names[i])
@@ -200,7 +270,13 @@ impl KernelStore {
         // What was compiled is in the cache now (the other directories were read above).
         for (i, name) in names.iter().enumerate() {
             if found[i].is_none() && !known_bad(name) {
-                found[i] = read_kernel(&self.cache_arch_dir(), name, self.arch);
+                found[i] = match read_kernel(&self.cache_arch_dir(), name, self.arch) {
+                    Ok(files) => files,
+                    Err(reason) => {
+                        log::warn(&format!("kernel {name}: {reason}"));
+                        None
+                    }
+                };
             }
         }
         names
@@ -316,7 +392,7 @@ impl KernelStore {
             ))
         })?;
         let lock = lock_kernel(&dir, name).map_err(failed)?;
-        if read_kernel(&dir, name, self.arch).is_some() {
+        if let Ok(Some(_)) = read_kernel(&dir, name, self.arch) {
             return Ok("compiled by another process");
         }
         // Holding the lock, nobody else writes this kernel: temporary files of it are what a
@@ -339,7 +415,21 @@ impl KernelStore {
             refused: matches!(e, super::compiler::CompileError::Unsupported(_)),
             reason: e.to_string(),
         })?;
-        record_written(&dir, name);
+        // Sums of what the compiler wrote, recorded while the lock keeps anyone else from
+        // writing these files. A compiler that reported success over unusable files is caught
+        // by the read that follows (load_many), not recorded as good.
+        match read_kernel(&dir, name, self.arch) {
+            Ok(Some(_)) => record_written(&dir, name),
+            // Nothing written: load_many reports it.
+            Ok(None) => {}
+            Err(reason) => {
+                remove_kernel_files(&dir, name);
+                return Err(failed(format!(
+                    "the compiler reported success but wrote an unusable kernel ({reason}); \
+                     removed it"
+                )));
+            }
+        }
         drop(lock);
         if self.verbose {
             log::info(&format!("compiler output for {name}:\n{output}"));
@@ -401,14 +491,79 @@ fn remove_partial_files(dir: &Path, name: &str, outputs: bool) {
     }
 }
 
-/// Adds `name` to the manifest of `dir` (one short line, appended atomically).
-fn record_written(dir: &Path, name: &str) {
+/// The files a kernel `name` may have.
+fn kernel_file_names(name: &str) -> [String; 3] {
+    [
+        format!("{name}.pdi"),
+        format!("{name}_insts.bin"),
+        format!("{name}.hsaco"),
+    ]
+}
+
+/// Removes the kernel files of `name` in `dir` (the caller holds its lock); returns why each
+/// file that exists could not be removed.
+fn remove_kernel_files(dir: &Path, name: &str) -> Vec<String> {
+    kernel_file_names(name)
+        .into_iter()
+        .map(|f| dir.join(f))
+        .filter_map(|p| match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Some(format!("{}: {e}", p.display()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The manifest line of kernel `name` as its files in `dir` are now.
+fn manifest_line(dir: &Path, name: &str) -> String {
+    let mut line = name.to_owned();
+    for file in kernel_file_names(name) {
+        if let Ok(bytes) = std::fs::read(dir.join(&file)) {
+            line.push_str(&format!(" {file}:{}:{:016x}", bytes.len(), fnv1a64(&bytes)));
+        }
+    }
+    line.push('\n');
+    line
+}
+
+/// What `dir`'s manifest recorded for `name` (its last line for that name), if anything.
+/// Malformed fields (a line torn by a full disk, a hand edit) are ignored.
+fn recorded(dir: &Path, name: &str) -> Option<Recorded> {
+    let text = std::fs::read(dir.join(MANIFEST)).ok()?;
+    parse_manifest(&String::from_utf8_lossy(&text)).remove(name)
+}
+
+/// The manifest's lines: per kernel name, the files with size and checksum its last line
+/// records (a bare name records nothing).
+pub fn parse_manifest(text: &str) -> HashMap<String, Recorded> {
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        let mut fields = line.split_whitespace();
+        let Some(name) = fields.next() else { continue };
+        let files = fields
+            .filter_map(|f| {
+                let mut parts = f.rsplitn(3, ':');
+                let (sum, size, file) = (parts.next()?, parts.next()?, parts.next()?);
+                let sum = u64::from_str_radix(sum, 16).ok()?;
+                Some((file.to_owned(), (size.parse().ok()?, sum)))
+            })
+            .collect();
+        out.insert(name.to_owned(), files);
+    }
+    out
+}
+
+/// Adds kernel `name` with the sizes and checksums of its files in `dir` to the manifest of
+/// `dir` (one short line, appended atomically). ggml-hsa-gen-kernels calls it for its outputs.
+pub fn record_written(dir: &Path, name: &str) {
     let path = dir.join(MANIFEST);
+    let line = manifest_line(dir, name);
     let appended = OpenOptions::new()
         .create(true)
         .append(true)
         .open(&path)
-        .and_then(|mut f| f.write_all(format!("{name}\n").as_bytes()));
+        .and_then(|mut f| f.write_all(line.as_bytes()));
     if let Err(e) = appended {
         log::warn(&format!(
             "cannot record {name} in {}: {e}; clearing the cache will not remove it",
@@ -423,17 +578,14 @@ pub fn clear_cache_dir(dir: &Path) -> Vec<PathBuf> {
         return Vec::new();
     };
     let mut removed = Vec::new();
+    // The name is a line's first field (the others are its files' sums).
     let names = list
         .lines()
-        .map(str::trim)
-        .filter(|n| !n.is_empty() && !n.contains('/') && !n.starts_with('.'));
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| !n.contains('/') && !n.starts_with('.'));
     for name in names {
-        for file in [
-            format!("{name}.pdi"),
-            format!("{name}_insts.bin"),
-            format!("{name}.hsaco"),
-            format!(".{name}.lock"),
-        ] {
+        let [pdi, insts, hsaco] = kernel_file_names(name);
+        for file in [pdi, insts, hsaco, format!(".{name}.lock")] {
             let path = dir.join(file);
             if std::fs::remove_file(&path).is_ok() {
                 removed.push(path);
@@ -449,33 +601,70 @@ pub fn clear_cache_dir(dir: &Path) -> Vec<PathBuf> {
 
 /// Reads `<dir>/<name>.hsaco` (preferred: an AIE code object with a PDI + instructions kernel
 /// called `name` in the section of `arch`), else `<dir>/<name>.pdi` and `<dir>/<name>_insts.bin`;
-/// `None` when absent or unusable (the latter is logged with the path).
-fn read_kernel(dir: &Path, name: &str, arch: Arch) -> Option<KernelFiles> {
+/// `Ok(None)` when absent, `Err` (why, with the path) when present but unusable. A corrupt
+/// hsaco beside a good pair is logged and the pair used.
+fn read_kernel(dir: &Path, name: &str, arch: Arch) -> Result<Option<KernelFiles>, String> {
+    let sums = recorded(dir, name).unwrap_or_default();
     let hsaco_path = dir.join(format!("{name}.hsaco"));
-    if hsaco_path.is_file() {
-        match read_hsaco(&hsaco_path, name, arch) {
-            Ok(files) => return Some(files),
-            Err(reason) => log::warn(&format!(
-                "ignoring corrupt kernel file {}: {reason}",
-                hsaco_path.display()
-            )),
-        }
+    let hsaco = hsaco_path
+        .is_file()
+        .then(|| read_hsaco(&hsaco_path, name, arch, &sums));
+    match hsaco {
+        Some(Ok(files)) => Ok(Some(files)),
+        Some(Err(reason)) => match read_pdi_insts(dir, name, &sums) {
+            Ok(Some(pair)) => {
+                log::warn(&format!("ignoring corrupt kernel file {reason}"));
+                Ok(Some(pair))
+            }
+            _ => Err(reason),
+        },
+        None => read_pdi_insts(dir, name, &sums),
     }
-    read_pdi_insts(dir, name)
+}
+
+/// `bytes`, read from `path`, checked against the manifest's record of the file, if any. The
+/// checksum (FNV-1a) is against torn and damaged files, not an authenticity check: whoever can
+/// write the cache can write its manifest.
+fn check_recorded(path: &Path, bytes: &[u8], sums: &Recorded) -> Result<(), String> {
+    let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
+    let Some(&(size, sum)) = file.and_then(|f| sums.get(&f)) else {
+        return Ok(());
+    };
+    if bytes.len() as u64 != size {
+        return Err(format!(
+            "{} is {} bytes, the manifest recorded {size} (truncated or overwritten)",
+            path.display(),
+            bytes.len()
+        ));
+    }
+    if fnv1a64(bytes) != sum {
+        return Err(format!(
+            "{} does not match the checksum the manifest recorded (damaged)",
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 /// The kernel `name` of an hsaco file, validated by the shared strict reader.
-fn read_hsaco(path: &Path, name: &str, arch: Arch) -> Result<KernelFiles, String> {
-    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-    let kernels = aie_hsaco::read(&bytes, arch.name()).map_err(|e| e.to_string())?;
+fn read_hsaco(path: &Path, name: &str, arch: Arch, sums: &Recorded) -> Result<KernelFiles, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    check_recorded(path, &bytes, sums)?;
+    let at = |e: String| format!("{}: {e}", path.display());
+    let kernels = aie_hsaco::read(&bytes, arch.name()).map_err(|e| at(e.to_string()))?;
     let k = kernels
         .into_iter()
         .find(|k| k.name == name)
-        .ok_or_else(|| format!("no kernel named {name} in its {} section", arch.name()))?;
+        .ok_or_else(|| {
+            at(format!(
+                "no kernel named {name} in its {} section",
+                arch.name()
+            ))
+        })?;
     if k.kind != aie_hsaco::KernelKind::PdiInsts {
-        return Err(format!(
+        return Err(at(format!(
             "kernel {name} is a full ELF; this backend dispatches PDI + instruction kernels"
-        ));
+        )));
     }
     Ok(KernelFiles {
         name: name.to_owned(),
@@ -486,14 +675,18 @@ fn read_hsaco(path: &Path, name: &str, arch: Arch) -> Result<KernelFiles, String
     })
 }
 
-fn read_pdi_insts(dir: &Path, name: &str) -> Option<KernelFiles> {
+fn read_pdi_insts(dir: &Path, name: &str, sums: &Recorded) -> Result<Option<KernelFiles>, String> {
     let pdi_path = dir.join(format!("{name}.pdi"));
     let insts_path = dir.join(format!("{name}_insts.bin"));
     if !pdi_path.is_file() {
-        return None;
+        return Ok(None);
     }
-    let read = |path: &Path| std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()));
-    let checked = read(&pdi_path).and_then(|pdi| {
+    let read = |path: &Path| {
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        check_recorded(path, &bytes, sums)?;
+        Ok::<_, String>(bytes)
+    };
+    let (pdi, insts) = read(&pdi_path).and_then(|pdi| {
         let insts = read(&insts_path)?;
         if pdi.is_empty() {
             return Err(format!("{} is empty", pdi_path.display()));
@@ -506,20 +699,14 @@ fn read_pdi_insts(dir: &Path, name: &str) -> Option<KernelFiles> {
             ));
         }
         Ok((pdi, insts))
-    });
-    match checked {
-        Ok((pdi, insts)) => Some(KernelFiles {
-            name: name.to_owned(),
-            pdi,
-            insts,
-            path: pdi_path,
-            hsaco: None,
-        }),
-        Err(reason) => {
-            log::warn(&format!("ignoring corrupt kernel files: {reason}"));
-            None
-        }
-    }
+    })?;
+    Ok(Some(KernelFiles {
+        name: name.to_owned(),
+        pdi,
+        insts,
+        path: pdi_path,
+        hsaco: None,
+    }))
 }
 
 #[cfg(test)]
@@ -615,22 +802,165 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
+    /// A compiler (a shell script) that builds RELU f32 for aie2: a 64-byte `.pdi` and an
+    /// 8-byte instruction stream, renamed into place; each compile appends a line to `log`.
+    fn fake_compiler(dir: &Path, log: &Path) -> Compiler {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("compiler.sh");
+        let script = format!(
+            r#"#!/bin/sh
+if [ "$1" = capabilities ]; then
+  echo '{{"protocol": 1, "archs": ["aie2"], "ops": [{{"op": "RELU", "inputs": 1, "types": ["f32"]}}]}}'
+  exit 0
+fi
+name=$(basename "$3" | sed 's/^\.//; s/\.request\..*//')
+echo "$name" >> '{}'
+head -c 64 /dev/zero | tr '\0' P > "$5/.$name.pdi.tmp"
+printf 'INS1INS2' > "$5/.$name"_insts.bin.tmp
+mv "$5/.$name.pdi.tmp" "$5/$name.pdi"
+mv "$5/.$name"_insts.bin.tmp "$5/$name"_insts.bin
+"#,
+            log.display()
+        );
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Compiler::new(path.to_str().unwrap()).unwrap()
+    }
+
+    fn compiles(log: &Path) -> usize {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
+    #[test]
+    fn the_manifest_records_sizes_and_checksums_and_parses_leniently() {
+        let dir = scratch("sums");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("k.pdi"), b"PDI").unwrap();
+        std::fs::write(dir.join("k_insts.bin"), [0u8; 4]).unwrap();
+        record_written(&dir, "k");
+        let text = std::fs::read_to_string(dir.join(MANIFEST)).unwrap();
+        assert_eq!(
+            text,
+            format!(
+                "k k.pdi:3:{:016x} k_insts.bin:4:{:016x}\n",
+                fnv1a64(b"PDI"),
+                fnv1a64(&[0u8; 4])
+            )
+        );
+        let parsed = parse_manifest(&format!(
+            "{text}bare\ntorn k.pdi:3\nodd x:y:z k.pdi:9:0g a:b:c:1:ff\n  \n"
+        ));
+        assert_eq!(parsed["k"]["k.pdi"], (3, fnv1a64(b"PDI")));
+        assert!(parsed["bare"].is_empty() && parsed["torn"].is_empty());
+        // Only the well-formed field of `odd`: a file name may hold a colon, a size may not.
+        assert_eq!(parsed["odd"].len(), 1, "{parsed:?}");
+        assert_eq!(parsed["odd"]["a:b:c"], (1, 0xff));
+        // The last line of a name wins.
+        let again = parse_manifest(&format!("{text}k k.pdi:1:1\n"));
+        assert_eq!(again["k"].len(), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_truncated_or_damaged_cached_kernel_is_removed_and_compiled_again() {
+        let root = scratch("recompile");
+        let log = root.join("compiles.log");
+        let d = desc();
+        let name = d.canonical_name();
+        let cache = root.join("cache");
+        let arch_dir = cache.join("aie2");
+        let store = || {
+            let jit = fake_compiler(&root, &log);
+            KernelStore::new(Arch::Aie2, None, cache.clone(), Some(jit), false)
+        };
+        let good = store().load(&d).unwrap();
+        assert_eq!((good.pdi.len(), compiles(&log)), (64, 1));
+        let manifest = parse_manifest(&std::fs::read_to_string(arch_dir.join(MANIFEST)).unwrap());
+        assert_eq!(manifest[&name][&format!("{name}.pdi")].0, 64);
+        // A kernel read from a whole cache is not compiled again.
+        assert_eq!(store().load(&d).unwrap(), good);
+        assert_eq!(compiles(&log), 1);
+        let pdi = arch_dir.join(format!("{name}.pdi"));
+        type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+        let damages: [(&str, Damage); 3] = [
+            ("truncated", Box::new(|b| b.truncate(40))),
+            ("one byte changed", Box::new(|b| b[17] ^= 0x20)),
+            ("grown", Box::new(|b| b.extend_from_slice(b"junk"))),
+        ];
+        for (n, (what, damage)) in damages.iter().enumerate() {
+            let mut bytes = std::fs::read(&pdi).unwrap();
+            damage(&mut bytes);
+            std::fs::write(&pdi, &bytes).unwrap();
+            // A new process (store): the damaged copy is removed and compiled again.
+            let loaded = store().load(&d).unwrap();
+            assert_eq!(loaded.pdi, good.pdi, "{what}");
+            assert_eq!(compiles(&log), n + 2, "{what}");
+            assert_eq!(std::fs::read(&pdi).unwrap(), good.pdi, "{what}");
+        }
+        // Without a compiler the damaged copy is removed all the same, and the kernel is missing.
+        std::fs::write(&pdi, b"PP").unwrap();
+        let no_jit = KernelStore::new(Arch::Aie2, None, cache.clone(), None, false);
+        assert!(no_jit.load(&d).is_err());
+        assert!(!pdi.exists() && !arch_dir.join(format!("{name}_insts.bin")).exists());
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn a_damaged_precompiled_kernel_is_declined_and_never_removed() {
+        let root = scratch("pre-damaged");
+        let log = root.join("compiles.log");
+        let d = desc();
+        let name = d.canonical_name();
+        let pre = root.join("pre").join("aie2");
+        std::fs::create_dir_all(&pre).unwrap();
+        std::fs::write(pre.join(format!("{name}.pdi")), [7u8; 32]).unwrap();
+        std::fs::write(pre.join(format!("{name}_insts.bin")), [1u8; 8]).unwrap();
+        // As ggml-hsa-gen-kernels records them.
+        record_written(&pre, &name);
+        let store = |jit: Option<Compiler>| {
+            KernelStore::new(
+                Arch::Aie2,
+                Some(root.join("pre")),
+                root.join("cache"),
+                jit,
+                false,
+            )
+        };
+        assert_eq!(store(None).load(&d).unwrap().pdi, [7u8; 32]);
+        std::fs::write(pre.join(format!("{name}.pdi")), [7u8; 31]).unwrap();
+        // Declined: without a compiler the kernel is missing, with one it is compiled into the
+        // cache; the user's file stays as it is either way.
+        assert!(store(None).load(&d).is_err());
+        let compiled = store(Some(fake_compiler(&root, &log))).load(&d).unwrap();
+        assert_eq!((compiled.pdi.len(), compiles(&log)), (64, 1));
+        assert!(compiled.path.starts_with(root.join("cache")));
+        assert_eq!(
+            std::fs::read(pre.join(format!("{name}.pdi"))).unwrap(),
+            [7u8; 31]
+        );
+        let _ = std::fs::remove_dir_all(root);
+    }
+
     #[test]
     fn hsaco_files_are_preferred_and_corrupt_ones_ignored() {
         let dir = scratch("hsaco");
         std::fs::create_dir_all(&dir).unwrap();
         let good = aie_hsaco::write_single("aie2p", "k", b"PDI!", &[1, 0, 0, 0], 2, 1).unwrap();
         std::fs::write(dir.join("k.hsaco"), &good).unwrap();
-        let f = read_kernel(&dir, "k", Arch::Aie2p).unwrap();
+        let f = read_kernel(&dir, "k", Arch::Aie2p).unwrap().unwrap();
         assert_eq!(
             (f.pdi.as_slice(), f.insts.as_slice()),
             (&b"PDI!"[..], &[1, 0, 0, 0][..])
         );
         assert_eq!(f.hsaco.as_deref(), Some(good.as_slice()));
         // No aie2 section, no .pdi: no kernel for aie2; another name: none either.
-        assert!(read_kernel(&dir, "k", Arch::Aie2).is_none());
+        assert!(read_kernel(&dir, "k", Arch::Aie2).is_err());
         std::fs::copy(dir.join("k.hsaco"), dir.join("other.hsaco")).unwrap();
-        assert!(read_kernel(&dir, "other", Arch::Aie2p).is_none());
+        assert!(read_kernel(&dir, "other", Arch::Aie2p).is_err());
         // With the .pdi pair beside it, a corrupt hsaco falls back to the pair; whatever the
         // corruption (truncations, flipped bytes), the result is a clean kernel or the pair.
         std::fs::write(dir.join("k.pdi"), b"PAIR").unwrap();
@@ -648,7 +978,9 @@ mod tests {
                 bytes[at] ^= 1 << (x >> 61);
             }
             std::fs::write(dir.join("k.hsaco"), &bytes).unwrap();
-            let f = read_kernel(&dir, "k", Arch::Aie2p).expect("the pair at least");
+            let f = read_kernel(&dir, "k", Arch::Aie2p)
+                .unwrap()
+                .expect("the pair at least");
             assert!(!f.pdi.is_empty() && !f.insts.is_empty() && f.insts.len().is_multiple_of(4));
             if f.hsaco.is_none() {
                 assert_eq!(f.pdi, b"PAIR", "case {i}");

@@ -14,14 +14,19 @@
 // llama.cpp's -ts does. stdout then also has "gen_seconds: <s>", the wall time of the
 // one-token steps (all but the first, which decodes the prompt).
 //
+// With --ignore-sigpipe the process ignores SIGPIPE, as servers and many applications do:
+// ggml-rpc sends without MSG_NOSIGNAL, so a program that does not ignore it dies silently of
+// SIGPIPE when its server goes away while it is sending; one that does gets ggml-rpc's error.
+//
 //   llama_greedy -m MODEL [-n N] [-ngl N] [-nkvo] [--logits FILE] [--force IDS] [--backend-dir DIR]
-//                [--rpc SERVERS] [-ts SPLIT] PROMPT
+//                [--rpc SERVERS] [-ts SPLIT] [--ignore-sigpipe] PROMPT
 // (DIR: where ggml looks for its backend libraries; default: next to the executable)
 #include "llama.h"
 
 #include <algorithm>
 #include <chrono>
 #include <clocale>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -85,6 +90,8 @@ int main(int argc, char ** argv) {
             }
         } else if (a == "-nkvo") {
             offload_kqv = false;
+        } else if (a == "--ignore-sigpipe") {
+            std::signal(SIGPIPE, SIG_IGN);
         } else if (a == "--logits" && i + 1 < argc) {
             logits_path = argv[++i];
         } else {
