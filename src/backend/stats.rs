@@ -41,6 +41,8 @@ pub struct GraphStats {
     pub wait: Duration,
     /// Time spent finding, compiling and loading the graph's kernels.
     pub load: Duration,
+    /// Loaded kernels evicted from the full dev heap to load this graph's.
+    pub evictions: u64,
 }
 
 impl GraphStats {
@@ -70,6 +72,8 @@ pub struct Totals {
     pub device_wait_us: u64,
     /// The part of it spent finding, compiling (JIT) and loading kernels.
     pub kernel_load_us: u64,
+    /// Loaded kernels evicted from a full dev heap to make room for others.
+    pub kernel_evictions: u64,
 }
 
 impl Totals {
@@ -93,6 +97,7 @@ impl Totals {
         self.compute_wall_us += wall.as_micros() as u64;
         self.device_wait_us += graph.wait.as_micros() as u64;
         self.kernel_load_us += graph.load.as_micros() as u64;
+        self.kernel_evictions += graph.evictions;
     }
 }
 
@@ -119,6 +124,7 @@ impl Recorder {
                 compute_wall_us: 0,
                 device_wait_us: 0,
                 kernel_load_us: 0,
+                kernel_evictions: 0,
             }),
         }
     }
@@ -176,6 +182,7 @@ mod tests {
         g.doorbells = 2;
         g.packets = 2;
         g.wait = Duration::from_micros(30);
+        g.evictions = 3;
         let mut t = Totals::default();
         t.add(&g, Duration::from_micros(100));
         t.add(&g, Duration::from_micros(100));
@@ -187,6 +194,7 @@ mod tests {
         assert_eq!(t.cpu_nodes["ROPE"], 2);
         assert_eq!((t.doorbells, t.packets), (4, 4));
         assert_eq!((t.compute_wall_us, t.device_wait_us), (200, 60));
+        assert_eq!(t.kernel_evictions, 6);
     }
 
     #[test]

@@ -103,11 +103,7 @@ impl Topology {
                 ram,
                 PAGE_SIZE,
             ),
-            PoolKind::AieDevHeap => (
-                HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED,
-                dev_heap,
-                0,
-            ),
+            PoolKind::AieDevHeap => (HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED, dev_heap, 0),
             PoolKind::AieData => (
                 HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED,
                 ram,
