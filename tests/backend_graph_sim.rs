@@ -180,6 +180,75 @@ fn more_distinct_kernels_than_a_queue_holds_start_a_fresh_queue() {
     assert_eq!(o.counter("doorbells"), 2, "{}", o.text);
 }
 
+/// Graphs of the "evict" child: each scales by its own factors, so every graph has kernels of
+/// its own.
+const EVICT_GRAPHS: usize = 5;
+const EVICT_KERNELS_PER_GRAPH: usize = 4;
+/// Each kernel takes two 4 KiB blocks of hsa-sim's dev heap (image and instruction stream), so
+/// a 64 KiB heap holds 8 kernels: two of the graphs.
+const EVICT_DEV_HEAP: &str = "64K";
+
+/// More distinct kernels than the dev heap holds, on one device: the least recently used idle
+/// kernels are evicted (their memory freed, under ABI c their executables destroyed) and
+/// loaded again when needed, every graph computes the right values, and freeing the backend
+/// releases the rest.
+#[test]
+fn a_full_dev_heap_evicts_the_least_recently_used_kernels() {
+    for abi in ["a1", "c"] {
+        let stats_dir = common::scratch_dir(&format!("graph-evict-stats-{abi}"));
+        let stats = stats_dir.join("stats.json");
+        let o = run(
+            &format!("evict-{abi}"),
+            "evict",
+            2,
+            &[
+                ("HSA_SIM_PACKET_ABI", abi),
+                ("HSA_SIM_DEV_HEAP_SIZE", EVICT_DEV_HEAP),
+                ("GGML_HSA_STATS", stats.to_str().unwrap()),
+            ],
+        );
+        let computes = 2 * EVICT_GRAPHS;
+        for i in 0..computes {
+            assert!(o.has(&format!("STATUS {i} 0")), "{abi}:\n{}", o.text);
+            assert!(o.has(&format!("RESULT {i} ok")), "{abi}:\n{}", o.text);
+        }
+        let kernels = (computes * EVICT_KERNELS_PER_GRAPH) as u64;
+        assert_eq!(o.counter("dispatches"), kernels, "{abi}");
+        assert_eq!(o.counter("dispatch_errors"), 0, "{abi}:\n{}", o.text);
+        // Two graphs fit: the first pass evicts the kernels of its first three graphs, the
+        // second pass (in the same order) finds none of its kernels loaded.
+        let distinct = (EVICT_GRAPHS * EVICT_KERNELS_PER_GRAPH) as u64;
+        let fit = 2 * EVICT_KERNELS_PER_GRAPH as u64;
+        let evictions = (distinct - fit) + distinct;
+        let s: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        assert_eq!(s["kernel_evictions"], evictions, "{abi}: {s}");
+        // Every load is a new PDI to its queue, on a queue replaced after each eviction.
+        assert_eq!(o.counter("pdi_loads"), kernels, "{abi}");
+        if abi == "c" {
+            // One executable per load, per load that found the heap full (destroyed at once:
+            // at least one per eviction, more when a graph first found the heap full of kernels
+            // the stream's cached plans held and was planned again without them) and for the ABI
+            // probe; the evicted ones were destroyed while the backend lived, the rest when it
+            // was freed.
+            let created = o.counter("executables_created");
+            assert!(
+                created > kernels + evictions,
+                "{abi}: {created} executables"
+            );
+            assert!(
+                o.has(&format!(
+                    "EXECUTABLES before free: created {created} destroyed {}",
+                    created - fit
+                )),
+                "{}",
+                o.text
+            );
+            assert_eq!(o.counter("executables_destroyed"), created, "{abi}");
+        }
+    }
+}
+
 /// A failed graph, then a second compute that works (the stream replaced its queue).
 fn assert_fails_then_recovers(o: &Outcome, why: &str) {
     assert!(o.has("STATUS 0 -1"), "{why}:\n{}", o.text);
@@ -426,6 +495,10 @@ fn child_graph() {
 /// # Safety
 /// `reg` is the plugin's registry.
 unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
+    if graph == "evict" {
+        // SAFETY: as for this function.
+        return unsafe { compute_evict(reg, computes) };
+    }
     // SAFETY: see child_graph.
     unsafe {
         let dev = sys::ggml_backend_reg_dev_get(reg, 0);
@@ -518,6 +591,73 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
             }
             sys::ggml_backend_buffer_free(buffer);
         }
+        sys::ggml_free(ctx);
+        sys::ggml_backend_free(backend);
+    }
+}
+
+/// The "evict" child: [`EVICT_GRAPHS`] graphs of [`EVICT_KERNELS_PER_GRAPH`] SCALE nodes with
+/// factors of their own, computed in order `passes` times, each result checked; before the
+/// backend is freed, hsa-sim's executable counters (its counters file) are printed.
+///
+/// # Safety
+/// `reg` is the plugin's registry.
+unsafe fn compute_evict(reg: sys::ggml_backend_reg_t, passes: u32) {
+    // SAFETY: see child_graph.
+    unsafe {
+        let dev = sys::ggml_backend_reg_dev_get(reg, 0);
+        assert!(!dev.is_null());
+        let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
+        assert!(!backend.is_null());
+        let ctx = sys::ggml_init(sys::ggml_init_params {
+            mem_size: 1 << 20,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        });
+        let a = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, N as i64);
+        let input: Vec<f32> = (0..N).map(|i| i as f32 * 0.25).collect();
+        let graphs: Vec<_> = (0..EVICT_GRAPHS)
+            .map(|g| {
+                let mut x = a;
+                let mut factor = 1.0f32;
+                for k in 0..EVICT_KERNELS_PER_GRAPH {
+                    let s = 1.0 + (g * EVICT_KERNELS_PER_GRAPH + k + 1) as f32 / 1024.0;
+                    x = sys::ggml_scale(ctx, x, s);
+                    factor *= s;
+                }
+                let gf = sys::ggml_new_graph(ctx);
+                sys::ggml_build_forward_expand(gf, x);
+                (gf, x, factor)
+            })
+            .collect();
+        let buffer = sys::ggml_backend_alloc_ctx_tensors(ctx, backend);
+        assert!(!buffer.is_null());
+        sys::ggml_backend_tensor_set(a, f32_bytes(&input).as_ptr().cast(), 0, 4 * N);
+        let mut round = 0;
+        for _ in 0..passes {
+            for &(gf, x, factor) in &graphs {
+                let status = sys::ggml_backend_graph_compute(backend, gf);
+                println!("STATUS {round} {status}");
+                let mut out = vec![0u8; 4 * N];
+                sys::ggml_backend_tensor_get(x, out.as_mut_ptr().cast(), 0, 4 * N);
+                let ok = out
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .zip(&input)
+                    .all(|(g, i)| (g - i * factor).abs() <= 1e-5 * (i * factor).abs().max(1.0));
+                println!("RESULT {round} {}", if ok { "ok" } else { "bad" });
+                round += 1;
+            }
+        }
+        if let Some(path) = std::env::var_os("HSA_SIM_COUNTERS") {
+            let c: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            println!(
+                "EXECUTABLES before free: created {} destroyed {}",
+                c["executables_created"], c["executables_destroyed"]
+            );
+        }
+        sys::ggml_backend_buffer_free(buffer);
         sys::ggml_free(ctx);
         sys::ggml_backend_free(backend);
     }

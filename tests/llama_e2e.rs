@@ -7,6 +7,8 @@
 //! * the quantized variants, the in-tree static build (`build-static`), the CPU fallback option;
 //! * all-MiniLM-L6-v2 embeddings: cosine ≥ 0.9999 with the CPU's, and the published sentence
 //!   similarities;
+//! * the f32 and quantized tiny llamas and MiniLM again under packet ABI c (AIE code objects),
+//!   checked against the same CPU runs;
 //! * no usable NPU (no runtime, a runtime that is not a library, an unsupported agent): llama.cpp
 //!   runs on the CPU with one log line saying why;
 //! * parallel sequences (`llama-parallel -np 4`, greedy): every sequence's text on HSA0 equals a
@@ -74,22 +76,54 @@ fn tiny_llama_f32_on_hsa0_matches_cpu_with_one_split_per_layer_or_fewer() {
     }
 }
 
-/// The tiny llama under packet ABI c (found by `auto`): every kernel is loaded as an AIE code
-/// object and dispatched by its kernel object; the logits still match the CPU's.
+/// A run on hsa-sim under packet ABI c (found by `auto`): every kernel is loaded as an AIE code
+/// object and dispatched by its kernel object. The returned check reads hsa-sim's counters and
+/// fails unless the run really was a generation-c one that dispatched kernels.
+fn abi_c_env(tag: &str) -> (Vec<(String, String)>, impl Fn()) {
+    let mut env = sim_env(&format!("{tag}-abi-c"));
+    let counters = common::scratch_dir(&format!("e2e-{tag}-abi-c-counters")).join("counters.json");
+    env.extend([
+        ("HSA_SIM_PACKET_ABI".to_owned(), "c".to_owned()),
+        // This crate's plugin as cargo built it (the hook build's copy may predate ABI c).
+        (
+            "GGML_BACKEND_PATH".to_owned(),
+            common::plugin_path().display().to_string(),
+        ),
+        (
+            "HSA_SIM_COUNTERS".to_owned(),
+            counters.display().to_string(),
+        ),
+    ]);
+    let tag = tag.to_owned();
+    let check = move || {
+        let c = read_json(&counters);
+        assert_eq!(c["packet_abi"], "c", "{tag}: {c}");
+        assert!(
+            c["dispatches"].as_u64().unwrap_or(0) > 0 && c["dispatch_errors"] == 0,
+            "{tag}: {c}"
+        );
+        assert!(
+            c["executables_created"].as_u64().unwrap_or(0) > 1,
+            "{tag}: {c}"
+        );
+        println!(
+            "{tag} (ABI c): {} dispatches, {} executables loaded",
+            c["dispatches"], c["executables_created"]
+        );
+    };
+    (env, check)
+}
+
+/// The tiny llama under packet ABI c: the logits still match the CPU's.
 #[test]
 fn tiny_llama_f32_under_packet_abi_c_matches_cpu() {
     let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
         return;
     };
-    let mut env = sim_env("f32-abi-c");
-    env.push(("HSA_SIM_PACKET_ABI".into(), "c".into()));
-    // This crate's plugin as cargo built it (the hook build's copy may predate ABI c).
-    env.push((
-        "GGML_BACKEND_PATH".into(),
-        common::plugin_path().display().to_string(),
-    ));
+    let (env, check_abi_c) = abi_c_env("f32");
     let cpu = greedy(&bin, &model, LONG_PROMPT, None);
     let npu = greedy(&bin, &model, LONG_PROMPT, Some(&env));
+    check_abi_c();
     compare("tiny-llama-f32 (ABI c)", &npu, &cpu, MAX_LOGITS_NMSE);
     let graphs = graphs(&npu.log);
     assert!(graphs.len() >= 3, "too few graphs:\n{}", tail(&npu.log));
@@ -106,47 +140,64 @@ fn tiny_llama_f32_under_packet_abi_c_matches_cpu() {
 /// CPU's top two logits are at least 0.5 apart.
 const MAX_QUANTIZED_LOGITS_NMSE: f64 = 5e-3;
 
+/// The quantized tiny llamas under the default packet ABI and under ABI c (the CPU's run is
+/// shared).
 #[test]
 fn tiny_llama_quantized_on_hsa0_matches_cpu() {
     let Some(bin) = dl_bin() else { return };
     for name in ["tiny-llama-q8_0", "tiny-llama-q4_0", "tiny-llama-q4_k_m"] {
         let Some(model) = model(name) else { return };
-        let env = sim_env(name);
         let cpu = greedy(&bin, &model, LONG_PROMPT, None);
+        let npu = greedy_args(
+            &bin,
+            &model,
+            LONG_PROMPT,
+            Some(&sim_env(name)),
+            &cpu.tokens,
+            &[],
+        );
+        check_quantized(name, &npu, &cpu);
+        let (env, check_abi_c) = abi_c_env(name);
         let npu = greedy_args(&bin, &model, LONG_PROMPT, Some(&env), &cpu.tokens, &[]);
-        let n_vocab = cpu.logits.len() / cpu.tokens.len();
-        let mut worst = 0.0f64;
-        let mut checked = 0;
-        for step in 0..cpu.tokens.len() {
-            let r = step * n_vocab..(step + 1) * n_vocab;
-            worst = worst.max(nmse(&npu.logits[r.clone()], &cpu.logits[r.clone()]));
-            let mut top: Vec<f32> = cpu.logits[r].to_vec();
-            top.sort_by(|a, b| b.total_cmp(a));
-            if top[0] - top[1] >= 0.5 {
-                checked += 1;
-                assert_eq!(
-                    npu.tokens[step], cpu.tokens[step],
-                    "{name}: argmax differs at step {step}"
-                );
-            }
-        }
-        println!(
-            "{name}: teacher-forced {} steps, argmax equal at the {checked} with a clear winner, \
-             worst logits NMSE {worst:.2e} (limit {MAX_QUANTIZED_LOGITS_NMSE:.0e})",
-            cpu.tokens.len()
-        );
-        assert!(
-            worst <= MAX_QUANTIZED_LOGITS_NMSE,
-            "{name}: NMSE {worst:.3e}"
-        );
-        let graphs = graphs(&npu.log);
-        report_placement(name, &graphs);
-        let on_npu = graphs.last().and_then(|g| g.nodes.get("HSA0").copied());
-        assert!(
-            on_npu.unwrap_or(0) >= 50,
-            "{name}: {on_npu:?} nodes on HSA0"
-        );
+        check_abi_c();
+        check_quantized(&format!("{name} (ABI c)"), &npu, &cpu);
     }
+}
+
+/// A teacher-forced quantized run against the CPU's (see [`MAX_QUANTIZED_LOGITS_NMSE`]).
+fn check_quantized(name: &str, npu: &Greedy, cpu: &Greedy) {
+    let n_vocab = cpu.logits.len() / cpu.tokens.len();
+    let mut worst = 0.0f64;
+    let mut checked = 0;
+    for step in 0..cpu.tokens.len() {
+        let r = step * n_vocab..(step + 1) * n_vocab;
+        worst = worst.max(nmse(&npu.logits[r.clone()], &cpu.logits[r.clone()]));
+        let mut top: Vec<f32> = cpu.logits[r].to_vec();
+        top.sort_by(|a, b| b.total_cmp(a));
+        if top[0] - top[1] >= 0.5 {
+            checked += 1;
+            assert_eq!(
+                npu.tokens[step], cpu.tokens[step],
+                "{name}: argmax differs at step {step}"
+            );
+        }
+    }
+    println!(
+        "{name}: teacher-forced {} steps, argmax equal at the {checked} with a clear winner, \
+         worst logits NMSE {worst:.2e} (limit {MAX_QUANTIZED_LOGITS_NMSE:.0e})",
+        cpu.tokens.len()
+    );
+    assert!(
+        worst <= MAX_QUANTIZED_LOGITS_NMSE,
+        "{name}: NMSE {worst:.3e}"
+    );
+    let graphs = graphs(&npu.log);
+    report_placement(name, &graphs);
+    let on_npu = graphs.last().and_then(|g| g.nodes.get("HSA0").copied());
+    assert!(
+        on_npu.unwrap_or(0) >= 50,
+        "{name}: {on_npu:?} nodes on HSA0"
+    );
 }
 
 /// `-ngl` and `-nkvo` place layers and the KV cache as llama.cpp users expect; the text is the
@@ -420,28 +471,35 @@ fn minilm_embeddings_on_hsa0_match_cpu_and_the_published_similarities() {
     let sentences = MINILM_SENTENCES;
     let published = [((0, 1), 0.6660), ((0, 2), 0.1046), ((1, 2), 0.1411)];
     let (cpu, _) = embeddings(&bin, &model, &sentences, None);
-    let (npu, log) = embeddings(&bin, &model, &sentences, Some(&sim_env("minilm")));
-    let graphs = graphs(&log);
-    report_placement("minilm", &graphs);
-    let on_npu = graphs.last().and_then(|g| g.nodes.get("HSA0").copied());
-    assert!(
-        on_npu.unwrap_or(0) >= 80,
-        "minilm: {on_npu:?} nodes on HSA0"
-    );
-    assert_eq!(npu.len(), sentences.len());
-    for (i, s) in sentences.iter().enumerate() {
-        let c = cosine(&npu[i], &cpu[i]);
-        println!("minilm: cos(HSA0, CPU) = {c:.7} for {s:?}");
-        assert!(c >= 0.9999, "{s:?}: cosine {c} < 0.9999");
-    }
-    for ((a, b), want) in published {
-        let got = cosine(&npu[a], &npu[b]);
-        println!(
-            "minilm: similarity {}-{} on HSA0 {got:.4}, published {want:.4}",
-            a + 1,
-            b + 1
-        );
-        assert!((got - want).abs() <= 0.002, "pair {a}-{b}: {got} vs {want}");
+    // The default packet ABI, then ABI c.
+    let (abi_c, check_abi_c) = abi_c_env("minilm");
+    for (tag, env) in [("minilm", sim_env("minilm")), ("minilm (ABI c)", abi_c)] {
+        let (npu, log) = embeddings(&bin, &model, &sentences, Some(&env));
+        if tag.contains("ABI c") {
+            check_abi_c();
+        }
+        let graphs = graphs(&log);
+        report_placement(tag, &graphs);
+        let on_npu = graphs.last().and_then(|g| g.nodes.get("HSA0").copied());
+        assert!(on_npu.unwrap_or(0) >= 80, "{tag}: {on_npu:?} nodes on HSA0");
+        assert_eq!(npu.len(), sentences.len());
+        for (i, s) in sentences.iter().enumerate() {
+            let c = cosine(&npu[i], &cpu[i]);
+            println!("{tag}: cos(HSA0, CPU) = {c:.7} for {s:?}");
+            assert!(c >= 0.9999, "{tag}: {s:?}: cosine {c} < 0.9999");
+        }
+        for ((a, b), want) in published {
+            let got = cosine(&npu[a], &npu[b]);
+            println!(
+                "{tag}: similarity {}-{} on HSA0 {got:.4}, published {want:.4}",
+                a + 1,
+                b + 1
+            );
+            assert!(
+                (got - want).abs() <= 0.002,
+                "{tag}: pair {a}-{b}: {got} vs {want}"
+            );
+        }
     }
 }
 

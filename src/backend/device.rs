@@ -1,7 +1,14 @@
 //! One NPU as a ggml device: its pools, packet ABI, kernel store and the kernels loaded into its
 //! dev heap.
+//!
+//! Loaded kernels stay loaded (architecture §7) until the dev heap is full: a kernel that does
+//! not fit evicts the least recently used kernels that nothing but the device's table holds (no
+//! batch or graph in flight has them), freeing their PDI and instruction stream or destroying
+//! their executable, and is loaded again. When the last stream of the device is freed, every
+//! idle kernel is released the same way.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -23,6 +30,12 @@ pub const TENSOR_ALIGNMENT: usize = 64;
 #[derive(Debug)]
 pub struct LoadedKernel {
     pub name: String,
+    /// This load's number on the device, never reused: what takes one of a queue's PDI slots.
+    /// A kernel evicted and loaded again is a new PDI to the queue (a new buffer to ROCR), even
+    /// when its memory lands at the address the old copy had.
+    pub id: u64,
+    /// The device's use clock when a graph last asked for this kernel (eviction order).
+    last_used: AtomicU64,
     pub code: KernelCode,
 }
 
@@ -43,13 +56,10 @@ pub enum KernelCode {
 }
 
 impl LoadedKernel {
-    /// What takes one of the queue's PDI slots: the PDI's address, or for ABI c the kernel
-    /// object (ROCR counts PDI buffers, and every loaded kernel has its own copy of its PDI).
+    /// What takes one of the queue's PDI slots: this load of the kernel (ROCR counts PDI
+    /// buffers, and under ABI c every loaded kernel has its own copy of its PDI).
     pub fn pdi_slot(&self) -> u64 {
-        match &self.code {
-            KernelCode::Blobs { pdi, .. } => pdi.device_addr(),
-            KernelCode::Object(k) => k.handle,
-        }
+        self.id
     }
 
     /// The packet generation's view of a launch of this kernel.
@@ -86,6 +96,32 @@ pub enum DeviceError {
     Kernel(#[from] crate::kernels::KernelError),
     #[error("kernel {name}: {reason}")]
     KernelLoad { name: String, reason: String },
+    #[error(
+        "kernel {name}: the dev heap is full and none of its {loaded} loaded kernel(s) can be \
+         evicted (all are used by graphs or batches in flight): {source}"
+    )]
+    DevHeapFull {
+        name: String,
+        loaded: usize,
+        source: HsaError,
+    },
+}
+
+/// Why loading one kernel failed.
+enum UploadError {
+    /// The dev heap has no room for it: evicting a kernel may help.
+    OutOfResources(HsaError),
+    Failed(DeviceError),
+}
+
+/// The kernels of one request, and how many loaded kernels were evicted to make room.
+#[derive(Debug)]
+pub struct Kernels {
+    pub kernels: Vec<Result<Arc<LoadedKernel>, DeviceError>>,
+    pub evicted: u64,
+    /// Time spent reading, compiling and uploading kernels; looking up loaded ones is not part
+    /// of it.
+    pub loading: std::time::Duration,
 }
 
 impl DeviceError {
@@ -110,6 +146,17 @@ pub struct Device {
     pub plan_options: PlanOptions,
     store: KernelStore,
     loaded: Mutex<HashMap<String, Arc<LoadedKernel>>>,
+    /// Advances once per [`Device::kernels`] call (a graph); each kernel keeps the value of its
+    /// last use, so marking a kernel used is one store, and eviction scans only when the heap
+    /// is full.
+    use_clock: AtomicU64,
+    /// Numbers of loads ([`LoadedKernel::id`]).
+    next_kernel_id: AtomicU64,
+    /// Kernels evicted or released so far. A stream whose queue has run kernels since the last
+    /// change replaces its queue (see `Stream::enqueue`).
+    evictions: AtomicU64,
+    /// Live streams of this device; the last one to go releases the idle kernels.
+    streams: AtomicUsize,
     /// `GGML_HSA_CPU_FALLBACK`: claim every op; nodes without a kernel run on ggml's CPU backend.
     pub cpu_fallback: bool,
 }
@@ -162,6 +209,10 @@ impl Device {
             },
             store,
             loaded: Mutex::new(HashMap::new()),
+            use_clock: AtomicU64::new(0),
+            next_kernel_id: AtomicU64::new(1),
+            evictions: AtomicU64::new(0),
+            streams: AtomicUsize::new(0),
             cpu_fallback: config.cpu_fallback,
         })
     }
@@ -221,30 +272,36 @@ impl Device {
     }
 
     /// The kernels for `descs`, in order: those not loaded yet are found or compiled (the
-    /// missing ones in parallel) and loaded into the dev heap. Also returns the time spent
-    /// reading, compiling and uploading kernels; looking up loaded ones is not part of it.
-    pub fn kernels(
-        &self,
-        descs: &[KernelDesc],
-    ) -> (
-        Vec<Result<Arc<LoadedKernel>, DeviceError>>,
-        std::time::Duration,
-    ) {
+    /// missing ones in parallel) and loaded into the dev heap, evicting idle kernels when it is
+    /// full.
+    pub fn kernels(&self, descs: &[KernelDesc]) -> Kernels {
         let names: Vec<String> = descs.iter().map(KernelDesc::canonical_name).collect();
-        let (new_names, new_descs): (Vec<String>, Vec<KernelDesc>) = {
+        let now = self.use_clock.fetch_add(1, Ordering::Relaxed) + 1;
+        // The loaded ones are taken (and marked used) first: holding them keeps them from being
+        // evicted to make room for the new kernels of the same graph.
+        let mut taken: Vec<Option<Arc<LoadedKernel>>> = {
             let loaded = self.loaded.lock();
             names
                 .iter()
-                .zip(descs)
-                .filter(|(n, _)| !loaded.contains_key(*n))
-                .map(|(n, d)| (n.clone(), d.clone()))
-                .unzip()
+                .map(|n| {
+                    let k = loaded.get(n)?;
+                    k.last_used.store(now, Ordering::Relaxed);
+                    Some(k.clone())
+                })
+                .collect()
         };
+        let (new_names, new_descs): (Vec<String>, Vec<KernelDesc>) = names
+            .iter()
+            .zip(descs)
+            .zip(&taken)
+            .filter(|(_, k)| k.is_none())
+            .map(|((n, d), _)| (n.clone(), d.clone()))
+            .unzip();
         let mut loading = std::time::Duration::ZERO;
-        let started = std::time::Instant::now();
         let mut files: HashMap<String, Result<KernelFiles, KernelError>> = if new_descs.is_empty() {
             HashMap::new()
         } else {
+            let started = std::time::Instant::now();
             let files = new_names
                 .into_iter()
                 .zip(self.store.load_many(&new_descs))
@@ -257,14 +314,21 @@ impl Device {
             .zip(descs)
             .map(|(n, d)| (n.as_str(), d.inputs.len() as u32 + 1))
             .collect();
+        let mut evicted = 0;
         let kernels = names
             .iter()
-            .map(|name| {
+            .zip(taken.iter_mut())
+            .map(|(name, taken)| {
+                if let Some(k) = taken.take() {
+                    return Ok(k);
+                }
+                // A kernel several nodes need is loaded by the first of them.
                 if let Some(k) = self.loaded.lock().get(name) {
+                    k.last_used.store(now, Ordering::Relaxed);
                     return Ok(k.clone());
                 }
-                // A kernel several nodes need is requested once; its failure is every one's
-                // (a refused kernel must not become "not requested" for the second node).
+                // Its failure is every one's (a refused kernel must not become "not requested"
+                // for the second node).
                 let files = match files.get(name) {
                     Some(Err(e)) => Err(e.clone()),
                     Some(Ok(_)) => files.remove(name).expect("present"),
@@ -275,27 +339,129 @@ impl Device {
                     }),
                 }?;
                 let uploading = std::time::Instant::now();
-                let kernel = self.upload(&files, n_args[name.as_str()]);
+                let kernel = self.load(&files, n_args[name.as_str()], now, &mut evicted);
                 loading += uploading.elapsed();
+                let kernel = kernel?;
                 Ok(self
                     .loaded
                     .lock()
                     .entry(name.clone())
-                    .or_insert(Arc::new(kernel?))
+                    .or_insert(kernel)
                     .clone())
             })
             .collect();
-        (kernels, loading)
+        Kernels {
+            kernels,
+            evicted,
+            loading,
+        }
+    }
+
+    /// Loads one kernel; while the dev heap has no room, evicts the least recently used idle
+    /// kernel (counted in `evicted`) and tries again.
+    fn load(
+        &self,
+        files: &KernelFiles,
+        n_args: u32,
+        now: u64,
+        evicted: &mut u64,
+    ) -> Result<Arc<LoadedKernel>, DeviceError> {
+        loop {
+            match self.upload(files, n_args) {
+                Ok(code) => {
+                    return Ok(Arc::new(LoadedKernel {
+                        name: files.name.clone(),
+                        id: self.next_kernel_id.fetch_add(1, Ordering::Relaxed),
+                        last_used: AtomicU64::new(now),
+                        code,
+                    }))
+                }
+                Err(UploadError::Failed(e)) => return Err(e),
+                Err(UploadError::OutOfResources(source)) => {
+                    if !self.evict(Some(1)) {
+                        return Err(DeviceError::DevHeapFull {
+                            name: files.name.clone(),
+                            loaded: self.loaded.lock().len(),
+                            source,
+                        });
+                    }
+                    *evicted += 1;
+                }
+            }
+        }
+    }
+
+    /// Unloads up to `limit` (all when `None`) of the kernels only the table holds, least
+    /// recently used first: their dev-heap memory is freed, or their executable destroyed.
+    /// Whether any was. A strong count of 1 under the table's lock is final: every other
+    /// holder got its `Arc` from the table under this lock, or from a holder.
+    fn evict(&self, limit: Option<usize>) -> bool {
+        let victims: Vec<Arc<LoadedKernel>> = {
+            let mut loaded = self.loaded.lock();
+            let mut idle: Vec<(u64, String)> = loaded
+                .iter()
+                .filter(|(_, k)| Arc::strong_count(k) == 1)
+                .map(|(n, k)| (k.last_used.load(Ordering::Relaxed), n.clone()))
+                .collect();
+            let n = limit.unwrap_or(idle.len()).min(idle.len());
+            if n < idle.len() {
+                idle.select_nth_unstable(n);
+            }
+            idle.truncate(n);
+            idle.iter()
+                .filter_map(|(_, name)| loaded.remove(name))
+                .collect()
+        };
+        if victims.is_empty() {
+            return false;
+        }
+        // Counted before the memory is freed: a stream that later sees a kernel loaded into
+        // that memory sees the count changed too.
+        self.evictions
+            .fetch_add(victims.len() as u64, Ordering::SeqCst);
+        for k in &victims {
+            crate::log::debug(&format!("{}: unloading kernel {}", self.name, k.name));
+        }
+        true
+    }
+
+    /// Kernels evicted or released so far.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::SeqCst)
+    }
+
+    /// A stream of this device was created.
+    pub(crate) fn stream_opened(&self) {
+        self.streams.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A stream of this device was freed. When it was the last one, the kernels nothing holds
+    /// are released (their memory freed, their executables destroyed): without a stream nothing
+    /// can dispatch them, and ggml has no hook for the device itself going away. A later stream
+    /// loads what it needs again.
+    pub(crate) fn stream_closed(&self) {
+        if self.streams.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let before = self.evictions();
+            if self.evict(None) {
+                crate::log::debug(&format!(
+                    "{}: last backend freed; {} kernel(s) unloaded",
+                    self.name,
+                    self.evictions() - before
+                ));
+            }
+        }
     }
 
     /// Loads a kernel: for ABI c its code object (the `.hsaco` file, or one wrapping the PDI and
     /// instruction stream: a kind-0 kernel under the agent's architecture, named by the
     /// kernel's canonical name, taking `n_args` buffers); otherwise copies its PDI and
-    /// instruction stream into the dev heap.
-    fn upload(&self, files: &KernelFiles, n_args: u32) -> Result<LoadedKernel, DeviceError> {
-        let failed = |reason: String| DeviceError::KernelLoad {
-            name: files.name.clone(),
-            reason,
+    /// instruction stream into the dev heap. A full dev heap is told apart from other failures.
+    fn upload(&self, files: &KernelFiles, n_args: u32) -> Result<KernelCode, UploadError> {
+        let failed = |reason: String| {
+            UploadError::Failed(DeviceError::KernelLoad {
+                name: files.name.clone(),
+                reason,
+            })
         };
         if self.packet_abi == PacketAbi::C {
             let wrapped;
@@ -312,37 +478,37 @@ impl Device {
                     &wrapped
                 }
             };
+            // ROCR copies the code object's blobs into the dev heap when it loads it, so a full
+            // heap fails the load with OUT_OF_RESOURCES (as hsa-sim does; inferred for ROCR).
             let mut objects = self
                 .runtime
                 .load_code_object(self.npu.agent.agent, hsaco, &[&files.name])
-                .map_err(|e| failed(format!("loading its code object: {e}")))?;
+                .map_err(|e| match e {
+                    e if e.is_out_of_resources() => UploadError::OutOfResources(e),
+                    e => failed(format!("loading its code object: {e}")),
+                })?;
             let object = objects
                 .pop()
                 .ok_or_else(|| failed("the code object has no kernel".into()))?;
-            return Ok(LoadedKernel {
-                name: files.name.clone(),
-                code: KernelCode::Object(object),
-            });
+            return Ok(KernelCode::Object(object));
         }
-        let load = |bytes: &[u8]| -> Result<PoolAlloc, DeviceError> {
+        let load = |bytes: &[u8]| -> Result<PoolAlloc, UploadError> {
             let alloc = self
                 .runtime
-                .allocate(self.pools.dev_heap.pool, bytes.len())?;
+                .allocate(self.pools.dev_heap.pool, bytes.len())
+                .map_err(|e| match e {
+                    e if e.is_out_of_resources() => UploadError::OutOfResources(e),
+                    e => UploadError::Failed(e.into()),
+                })?;
             alloc
                 .write_at(0, bytes)
-                .map_err(|e| DeviceError::KernelLoad {
-                    name: files.name.clone(),
-                    reason: e.to_string(),
-                })?;
+                .map_err(|e| failed(e.to_string()))?;
             Ok(alloc)
         };
-        Ok(LoadedKernel {
-            name: files.name.clone(),
-            code: KernelCode::Blobs {
-                pdi: load(&files.pdi)?,
-                insts: load(&files.insts)?,
-                insts_bytes: files.insts.len() as u64,
-            },
+        Ok(KernelCode::Blobs {
+            pdi: load(&files.pdi)?,
+            insts: load(&files.insts)?,
+            insts_bytes: files.insts.len() as u64,
         })
     }
 }

@@ -46,6 +46,8 @@ pub struct GraphStats {
     pub plan_hits: u64,
     /// PDIs used for the first time on their queue (a PDI load on the NPU).
     pub pdi_loads: u64,
+    /// Loaded kernels evicted from the full dev heap to load this graph's.
+    pub evictions: u64,
 }
 
 impl GraphStats {
@@ -82,6 +84,8 @@ pub struct Totals {
     pub pdi_loads: u64,
     /// The part of them in graphs after the first: PDI loads in the steady state.
     pub steady_pdi_loads: u64,
+    /// Loaded kernels evicted from a full dev heap to make room for others.
+    pub kernel_evictions: u64,
 }
 
 impl Totals {
@@ -110,6 +114,7 @@ impl Totals {
         self.compute_wall_us += wall.as_micros() as u64;
         self.device_wait_us += graph.wait.as_micros() as u64;
         self.kernel_load_us += graph.load.as_micros() as u64;
+        self.kernel_evictions += graph.evictions;
     }
 }
 
@@ -139,6 +144,7 @@ impl Recorder {
                 plan_hits: 0,
                 pdi_loads: 0,
                 steady_pdi_loads: 0,
+                kernel_evictions: 0,
             }),
         }
     }
@@ -197,6 +203,7 @@ mod tests {
         g.packets = 2;
         g.wait = Duration::from_micros(30);
         g.pdi_loads = 3;
+        g.evictions = 3;
         let mut t = Totals::default();
         t.add(&g, Duration::from_micros(100));
         t.add(&g, Duration::from_micros(100));
@@ -213,6 +220,7 @@ mod tests {
             (6, 3),
             "the first graph's loads"
         );
+        assert_eq!(t.kernel_evictions, 6);
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! the pending batch first, so the device is only waited for where a result is needed.
 //!
 //! ROCR keeps at most [`MAX_PDIS_PER_QUEUE`] distinct PDIs per queue and fails the next one; a
-//! stream about to exceed that submits what it has and starts a fresh queue.
+//! stream about to exceed that submits what it has and starts a fresh queue. So does a stream
+//! whose queue has run kernels when the device has since evicted some: ROCR knows cached PDIs
+//! by their buffers, and a kernel loaded into an evicted one's memory must not pass for it.
 //!
 //! A graph's plan (each node's step, the fusion decisions and the loaded kernels) is kept for the
 //! next graph with the same [`GraphKey`]: llama.cpp's decode loop hands over the same graph for
@@ -174,7 +176,10 @@ pub struct Stream {
     completion: crate::hsa::signal::Signal,
     args: PoolAlloc,
     args_stride: usize,
+    /// The kernels (load ids) whose PDIs the queue holds.
     resident_pdis: HashSet<u64>,
+    /// The device's eviction count when `resident_pdis` was last checked against it.
+    evictions_seen: u64,
     batch: Vec<[u8; 64]>,
     batch_kernels: Vec<Arc<LoadedKernel>>,
     /// The graph node (index, op) of each packet of the batch, to name a failing one.
@@ -190,7 +195,7 @@ impl Stream {
         let format = device.packet_abi.format();
         let args_stride = format.args_bytes(MAX_OPERANDS).next_multiple_of(64);
         let rt = device.runtime;
-        Ok(Stream {
+        let stream = Stream {
             device,
             queue: Some(rt.queue(device.npu.agent.agent)?),
             completion: rt.signal(0)?,
@@ -200,13 +205,16 @@ impl Stream {
             )?,
             args_stride,
             resident_pdis: HashSet::new(),
+            evictions_seen: device.evictions(),
             batch: Vec::new(),
             batch_kernels: Vec::new(),
             batch_nodes: Vec::new(),
             pending: Vec::new(),
             stats: GraphStats::default(),
             plans: PlanCache::default(),
-        })
+        };
+        device.stream_opened();
+        Ok(stream)
     }
 
     pub fn device(&self) -> &'static Device {
@@ -261,7 +269,20 @@ impl Stream {
             }
             None => {
                 self.plans.misses += 1;
-                let plan = Arc::new(self.plan_graph(&nodes())?);
+                let nodes = nodes();
+                let plan = match self.plan_graph(&nodes) {
+                    // Cached plans hold their kernels, which keeps the device from evicting
+                    // them: when the dev heap is full, the graph is planned again without them.
+                    Err(ComputeError::Device {
+                        source: DeviceError::DevHeapFull { .. },
+                        ..
+                    }) if !self.plans.entries.is_empty() => {
+                        self.plans.entries.clear();
+                        self.plan_graph(&nodes)?
+                    }
+                    planned => planned?,
+                };
+                let plan = Arc::new(plan);
                 self.plans.insert(key, plan.clone());
                 plan
             }
@@ -383,9 +404,10 @@ impl Stream {
                 })
                 .unzip();
             todo.clear();
-            let (loaded, loading) = self.device.kernels(&descs);
-            self.stats.load += loading;
-            for (i, kernel) in at.into_iter().zip(loaded) {
+            let loaded = self.device.kernels(&descs);
+            self.stats.load += loaded.loading;
+            self.stats.evictions += loaded.evicted;
+            for (i, kernel) in at.into_iter().zip(loaded.kernels) {
                 match kernel {
                     Ok(k) => kernels[i] = Some(k),
                     Err(e) if unfused.contains_key(&i) => {
@@ -484,6 +506,18 @@ impl Stream {
                  backend",
                 t.memory
             )));
+        }
+        let evictions = self.device.evictions();
+        if evictions != self.evictions_seen {
+            // Kernels were unloaded since: their PDI buffers may now hold other kernels, which
+            // ROCR would take for the PDIs this queue cached. A queue that ran nothing yet has
+            // none cached.
+            if !self.resident_pdis.is_empty() {
+                self.flush().map_err(Enqueue::Submit)?;
+                self.queue = None;
+                self.resident_pdis.clear();
+            }
+            self.evictions_seen = evictions;
         }
         let pdi = kernel.pdi_slot();
         if !self.resident_pdis.contains(&pdi) && self.resident_pdis.len() == MAX_PDIS_PER_QUEUE {
@@ -652,6 +686,17 @@ impl std::ops::Deref for UnwindGuard<'_> {
 impl std::ops::DerefMut for UnwindGuard<'_> {
     fn deref_mut(&mut self) -> &mut Stream {
         self.0
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // The queue goes before the kernels it may have cached are released.
+        self.queue = None;
+        self.batch_kernels.clear();
+        // Cached plans hold their kernels: released first, so the device can unload them.
+        self.plans.entries.clear();
+        self.device.stream_closed();
     }
 }
 

@@ -38,6 +38,20 @@ pub enum HsaError {
     CallbackPanic { call: &'static str, message: String },
 }
 
+impl HsaError {
+    /// The runtime ran out of a resource (`HSA_STATUS_ERROR_OUT_OF_RESOURCES`): for an
+    /// allocation from the dev heap or the load of a code object into it, the heap is full.
+    pub fn is_out_of_resources(&self) -> bool {
+        matches!(
+            self,
+            HsaError::Call {
+                status: super::sys::HSA_STATUS_ERROR_OUT_OF_RESOURCES,
+                ..
+            }
+        )
+    }
+}
+
 fn list_attempts(attempts: &[Attempt]) -> String {
     attempts
         .iter()
@@ -89,5 +103,17 @@ mod tests {
             description: "?".into(),
         };
         assert!(e.to_string().contains("HSA status 0x4242"));
+    }
+
+    #[test]
+    fn out_of_resources_is_recognised_by_status() {
+        let call = |status| HsaError::Call {
+            call: "hsa_amd_memory_pool_allocate",
+            status,
+            description: String::new(),
+        };
+        assert!(call(0x1008).is_out_of_resources());
+        assert!(!call(0x1000).is_out_of_resources());
+        assert!(!HsaError::Load { attempts: vec![] }.is_out_of_resources());
     }
 }

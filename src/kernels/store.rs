@@ -85,6 +85,9 @@ pub struct KernelStore {
     verbose: bool,
     capabilities: OnceLock<Result<Capabilities, String>>,
     failed: Mutex<HashMap<String, Failure>>,
+    /// Precompiled kernels already reported as corrupt: `supports_op` searches for a kernel once
+    /// per node, and the user needs to read about a bad file once, not once per node.
+    reported: Mutex<std::collections::HashSet<String>>,
     /// `GGML_HSA_KERNEL_RECORD`: where to record the kernels used.
     record: Option<PathBuf>,
 }
@@ -107,6 +110,7 @@ impl KernelStore {
             verbose,
             capabilities: OnceLock::new(),
             failed: Mutex::new(HashMap::new()),
+            reported: Mutex::new(std::collections::HashSet::new()),
             record: None,
         }
     }
@@ -142,10 +146,15 @@ impl KernelStore {
                 Ok(Some(files)) => return (Some(files), None),
                 Ok(None) => {}
                 Err(reason) if dir == cache => return (None, Some(reason)),
-                Err(reason) => log::warn(&format!(
-                    "declining the precompiled kernel {name}: {reason} (GGML_HSA_KERNEL_DIR is \
-                     left as it is; regenerate it with ggml-hsa-gen-kernels)"
-                )),
+                Err(reason) => {
+                    if self.reported.lock().insert(name.to_owned()) {
+                        log::warn(&format!(
+                            "ignoring corrupt kernel files of the precompiled kernel {name}: \
+                             {reason} (GGML_HSA_KERNEL_DIR is left as it is; regenerate it with \
+                             ggml-hsa-gen-kernels)"
+                        ))
+                    }
+                }
             }
         }
         (None, None)

@@ -15,8 +15,8 @@ pub enum PoolKind {
     CpuSystem,
     /// AIE pool 0: kernarg / system, flags COARSE|KERNARG (5).
     AieKernarg,
-    /// AIE pool 1: the 64 MiB device heap (PDIs, instruction streams), flags COARSE (4),
-    /// recommended granule 0.
+    /// AIE pool 1: the 64 MiB device heap (PDIs, instruction streams; smaller with
+    /// `HSA_SIM_DEV_HEAP_SIZE`), flags COARSE (4), recommended granule 0.
     AieDevHeap,
     /// AIE pool 2: other data, flags COARSE (4).
     AieData,
@@ -63,16 +63,16 @@ pub struct Topology {
 
 impl Topology {
     /// Builds the CPU agent and one AIE agent per name. `ram` is the host memory size reported
-    /// for the system pools.
-    pub fn build(aie_names: &[String], ram: usize) -> Topology {
+    /// for the system pools, `dev_heap` the size of each AIE dev heap.
+    pub fn build(aie_names: &[String], ram: usize, dev_heap: usize) -> Topology {
         let mut t = Topology::default();
         let cpu = t.add_agent("hsa-sim CPU", HSA_DEVICE_TYPE_CPU);
-        t.add_pool(cpu, PoolKind::CpuSystem, ram);
+        t.add_pool(cpu, PoolKind::CpuSystem, ram, dev_heap);
         for name in aie_names {
             let a = t.add_agent(name, HSA_DEVICE_TYPE_AIE);
-            t.add_pool(a, PoolKind::AieKernarg, ram);
-            t.add_pool(a, PoolKind::AieDevHeap, ram);
-            t.add_pool(a, PoolKind::AieData, ram);
+            t.add_pool(a, PoolKind::AieKernarg, ram, dev_heap);
+            t.add_pool(a, PoolKind::AieDevHeap, ram, dev_heap);
+            t.add_pool(a, PoolKind::AieData, ram, dev_heap);
         }
         t
     }
@@ -88,7 +88,7 @@ impl Topology {
         idx
     }
 
-    fn add_pool(&mut self, agent: usize, kind: PoolKind, ram: usize) {
+    fn add_pool(&mut self, agent: usize, kind: PoolKind, ram: usize, dev_heap: usize) {
         let idx = self.pools.len();
         let (flags, size, rec_granule) = match kind {
             PoolKind::CpuSystem => (
@@ -103,11 +103,7 @@ impl Topology {
                 ram,
                 PAGE_SIZE,
             ),
-            PoolKind::AieDevHeap => (
-                HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED,
-                DEV_HEAP_SIZE,
-                0,
-            ),
+            PoolKind::AieDevHeap => (HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED, dev_heap, 0),
             PoolKind::AieData => (
                 HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED,
                 ram,

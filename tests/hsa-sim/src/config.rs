@@ -2,6 +2,7 @@
 //! (`hsa_init` taking the reference count from 0 to 1); tests replace the environment with
 //! [`set_override`] so that parallel tests never touch process-global environment variables.
 
+use crate::consts::{DEV_HEAP_SIZE, PAGE_SIZE};
 use parking_lot::Mutex;
 use std::path::PathBuf;
 
@@ -73,6 +74,9 @@ pub struct Config {
     /// compute nothing (outputs keep their bytes), so the host's cost can be measured on
     /// full-size models. Default 1.
     pub execute: bool,
+    /// `HSA_SIM_DEV_HEAP_SIZE`: bytes of each AIE agent's dev heap (default ROCR's 64 MiB;
+    /// smaller values let a test fill it, and exercise a client's kernel eviction, quickly).
+    pub dev_heap_size: usize,
 }
 
 impl Default for Config {
@@ -88,6 +92,7 @@ impl Default for Config {
             error_state: None,
             quiet: false,
             execute: true,
+            dev_heap_size: DEV_HEAP_SIZE,
         }
     }
 }
@@ -153,6 +158,16 @@ impl Config {
             Some(v) if !v.trim().is_empty() => flag("HSA_SIM_EXECUTE")?,
             _ => true,
         };
+        if let Some(v) = get("HSA_SIM_DEV_HEAP_SIZE").filter(|v| !v.trim().is_empty()) {
+            cfg.dev_heap_size = parse_size(&v)
+                .filter(|n| (PAGE_SIZE..=DEV_HEAP_SIZE).contains(n))
+                .ok_or_else(|| {
+                    format!(
+                        "HSA_SIM_DEV_HEAP_SIZE={v:?}: expected bytes (optionally with a K or M \
+                         suffix, KiB/MiB) from 4K to 64M"
+                    )
+                })?;
+        }
         Ok(cfg)
     }
 
@@ -160,6 +175,17 @@ impl Config {
     pub fn from_env() -> Result<Config, String> {
         Config::from_lookup(|k| std::env::var(k).ok())
     }
+}
+
+/// `N`, `NK` or `NM` (KiB, MiB), case-insensitive.
+fn parse_size(v: &str) -> Option<usize> {
+    let v = v.trim();
+    let (digits, unit) = match v.as_bytes().last()?.to_ascii_uppercase() {
+        b'K' => (&v[..v.len() - 1], 1usize << 10),
+        b'M' => (&v[..v.len() - 1], 1 << 20),
+        _ => (v, 1),
+    };
+    digits.trim().parse::<usize>().ok()?.checked_mul(unit)
 }
 
 static OVERRIDE: Mutex<Option<Config>> = Mutex::new(None);

@@ -1,5 +1,5 @@
-//! Counters, written as JSON to `HSA_SIM_COUNTERS` after every doorbell (atomic rewrite) and at
-//! the last `hsa_shut_down`.
+//! Counters, written as JSON to `HSA_SIM_COUNTERS` after every doorbell and every
+//! `hsa_executable_destroy` (atomic rewrite) and at the last `hsa_shut_down`.
 
 use crate::config::PacketAbi;
 use serde::Serialize;
@@ -42,6 +42,10 @@ pub struct Counters {
     pub emulated_ops: std::collections::BTreeMap<String, u64>,
     /// Host wall time spent emulating them, in nanoseconds (a benchmark figure).
     pub emulation_wall_ns: u64,
+    /// Executables created (`hsa_executable_create_alt`, packet ABI c).
+    pub executables_created: u64,
+    /// Executables destroyed (`hsa_executable_destroy`); created minus destroyed are live.
+    pub executables_destroyed: u64,
 }
 
 impl Counters {

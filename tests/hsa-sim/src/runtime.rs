@@ -101,7 +101,7 @@ pub fn shut_down() -> Status {
 
 impl Runtime {
     pub fn new(config: Config) -> Runtime {
-        let topo = Topology::build(&config.agents, host_ram_bytes());
+        let topo = Topology::build(&config.agents, host_ram_bytes(), config.dev_heap_size);
         let counters = Counters::new(config.packet_abi);
         Runtime {
             config,
@@ -133,11 +133,7 @@ impl Runtime {
             ));
             return Err(HSA_STATUS_ERROR_OUT_OF_RESOURCES);
         }
-        let limit = if p.kind == PoolKind::AieDevHeap {
-            DEV_HEAP_SIZE
-        } else {
-            p.size
-        };
+        let limit = p.size;
         let dev = p.kind == PoolKind::AieDevHeap;
         let res = self
             .memory
@@ -147,9 +143,9 @@ impl Runtime {
             if p.kind == PoolKind::AieDevHeap {
                 let used = self.memory.lock().used(pool);
                 self.log(&format!(
-                    "dev heap exhausted: {size} bytes requested, {} KiB of {} MiB in use",
+                    "dev heap exhausted: {size} bytes requested, {} KiB of {} KiB in use",
                     used >> 10,
-                    DEV_HEAP_SIZE >> 20
+                    p.size >> 10
                 ));
             }
             HSA_STATUS_ERROR_OUT_OF_RESOURCES

@@ -218,6 +218,22 @@ fn config_parsing() {
     assert_eq!(c.fail_alloc, Some(3));
     assert!(Config::from_lookup(env(&[("HSA_SIM_PACKET_ABI", "a4")])).is_err());
     assert!(Config::from_lookup(env(&[("HSA_SIM_FAIL_DISPATCH", "x")])).is_err());
+    assert_eq!(c.dev_heap_size, 64 << 20);
+    let heap = |v: &str| {
+        Config::from_lookup(|k| (k == "HSA_SIM_DEV_HEAP_SIZE").then(|| v.to_string()))
+            .map(|c| c.dev_heap_size)
+    };
+    for (v, bytes) in [
+        ("65536", 64 << 10),
+        ("64k", 64 << 10),
+        ("2M", 2 << 20),
+        ("64M", 64 << 20),
+    ] {
+        assert_eq!(heap(v), Ok(bytes), "{v}");
+    }
+    for bad in ["0", "100", "65M", "1G", "x", "-4K"] {
+        assert!(heap(bad).is_err(), "{bad}");
+    }
 }
 
 #[test]

@@ -105,6 +105,59 @@ fn load_freeze_lookup_dispatch_destroy() {
     q2.submit(&[c_packet(&pools, &k, &ops, 0)]);
     assert_eq!(errors(), [HSA_STATUS_ERROR_INVALID_PACKET_FORMAT]);
     assert!(counters().last_error.contains("not a kernel of a live"));
+    // Created and destroyed are counted (the reader and the failed destroy are not).
+    assert_eq!(
+        (
+            counters().executables_created,
+            counters().executables_destroyed
+        ),
+        (1, 1)
+    );
+}
+
+/// A dev heap shrunk by `HSA_SIM_DEV_HEAP_SIZE` fills after a few code objects; loading one
+/// more fails with OUT_OF_RESOURCES (what a client's eviction acts on), and destroying an
+/// executable gives its blobs back.
+#[test]
+fn a_small_dev_heap_fills_and_destroy_frees_it() {
+    // Each kernel is two 4 KiB blocks (the image and the instruction stream).
+    let s = Session::start(Config {
+        dev_heap_size: 5 * 4096,
+        ..quiet(PacketAbi::C)
+    });
+    let agent = s.aie[0];
+    let dev_heap = s.pools(agent)[1];
+    let mut size: usize = 0;
+    // SAFETY: SIZE writes one size_t into a live local.
+    let st = unsafe {
+        hsa_amd_memory_pool_get_info(
+            dev_heap,
+            HSA_AMD_MEMORY_POOL_INFO_SIZE,
+            (&mut size as *mut usize).cast(),
+        )
+    };
+    assert_eq!((st, size), (HSA_STATUS_SUCCESS, 5 * 4096));
+    let f = add_hsaco("add", "aie2p");
+    let (a, st) = load_executable(agent, &f);
+    assert_eq!(st, HSA_STATUS_SUCCESS);
+    let (b, st) = load_executable(agent, &f);
+    assert_eq!(st, HSA_STATUS_SUCCESS);
+    let (c, st) = load_executable(agent, &f);
+    assert_eq!(st, HSA_STATUS_ERROR_OUT_OF_RESOURCES);
+    // SAFETY: the simulator C ABI, live handles.
+    unsafe {
+        assert_eq!(hsa_executable_destroy(c), 0);
+        assert_eq!(hsa_executable_destroy(a), 0);
+    }
+    let (d, st) = load_executable(agent, &f);
+    assert_eq!(st, HSA_STATUS_SUCCESS);
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(hsa_executable_destroy(b), 0);
+        assert_eq!(hsa_executable_destroy(d), 0);
+    }
+    let c = counters();
+    assert_eq!((c.executables_created, c.executables_destroyed), (4, 4));
 }
 
 #[test]

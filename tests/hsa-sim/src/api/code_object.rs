@@ -79,6 +79,7 @@ pub unsafe extern "C" fn hsa_executable_create_alt(
             return HSA_STATUS_ERROR_INVALID_ARGUMENT;
         }
         let h = rt.code.lock().create_executable();
+        rt.counters.lock().executables_created += 1;
         // SAFETY: executable is non-null and points to the client's handle storage.
         unsafe { executable.write_unaligned(HsaHandle { handle: h }) };
         HSA_STATUS_SUCCESS
@@ -124,13 +125,21 @@ pub unsafe extern "C" fn hsa_executable_freeze(
     with_rt(|rt| rt.code.lock().freeze(executable.handle))
 }
 
-/// `hsa_executable_destroy(exe)`: frees every blob and kernel object of the executable.
+/// `hsa_executable_destroy(exe)`: frees every blob and kernel object of the executable. The
+/// counters file is rewritten, so destructions after the last doorbell are in it too.
 ///
 /// # Safety
 /// None beyond the C contract (no pointers).
 #[no_mangle]
 pub unsafe extern "C" fn hsa_executable_destroy(executable: HsaHandle) -> Status {
-    with_rt(|rt| code_object::destroy(rt, executable.handle))
+    with_rt(|rt| {
+        let s = code_object::destroy(rt, executable.handle);
+        if s == HSA_STATUS_SUCCESS {
+            rt.counters.lock().executables_destroyed += 1;
+            rt.write_counters();
+        }
+        s
+    })
 }
 
 /// `hsa_executable_get_symbol_by_name(exe, name, const hsa_agent_t* agent, symbol*)`: AIE
