@@ -343,23 +343,34 @@ fn a_complete_machine_installs_nothing() {
     assert_eq!(m.requested(), BTreeSet::new(), "stderr:\n{err}");
 }
 
+/// `scripts/llama-cpp.sh deps` on a fake machine with pip whose `llvm/lib` holds `files`
+/// (empty), with LIBCLANG_PATH naming that directory: the machine, the lib dir, and the run's
+/// success and stderr.
+fn llama_deps_with_libclang_dir(
+    name: &str,
+    files: &[&str],
+) -> (FakeMachine, PathBuf, bool, String) {
+    let m = FakeMachine::new(name, &["python3-pip"], true);
+    let lib = m.dir.join("llvm/lib");
+    fs::create_dir_all(&lib).unwrap();
+    for f in files {
+        fs::write(lib.join(f), b"").unwrap();
+    }
+    let (ok, err) = m.run(
+        "scripts/llama-cpp.sh",
+        &["deps"],
+        &[("LIBCLANG_PATH", lib.to_str().unwrap())],
+    );
+    (m, lib, ok, err)
+}
+
 #[test]
 fn libclang_path_replaces_libclang_dev_only_when_it_holds_a_loadable_libclang() {
     // What bindgen's loader (clang-sys) opens under LIBCLANG_PATH: the file itself, or in a
     // directory libclang.so, libclang-N.so, libclang.so.N or libclang-N.so.N, never libclang-cpp.
     let loadable: &[&[&str]] = &[&["libclang.so"], &["libclang-14.so.1"], &["libclang.so.14"]];
     for files in loadable {
-        let m = FakeMachine::new("libclang-path", &["python3-pip"], true);
-        let lib = m.dir.join("llvm/lib");
-        fs::create_dir_all(&lib).unwrap();
-        for f in *files {
-            fs::write(lib.join(f), b"").unwrap();
-        }
-        let (ok, err) = m.run(
-            "scripts/llama-cpp.sh",
-            &["deps"],
-            &[("LIBCLANG_PATH", lib.to_str().unwrap())],
-        );
+        let (m, lib, ok, err) = llama_deps_with_libclang_dir("libclang-path", files);
         assert!(ok, "{files:?}: {err}");
         assert_eq!(
             m.requested_apt(),
@@ -381,17 +392,7 @@ fn libclang_path_replaces_libclang_dev_only_when_it_holds_a_loadable_libclang() 
     // stock Debian) fails the setup with the reason, before build.rs would.
     let unloadable: &[&[&str]] = &[&[], &["libclang-cpp.so.14"], &["libclang-cpp.so"]];
     for files in unloadable {
-        let m = FakeMachine::new("libclang-path-unloadable", &["python3-pip"], true);
-        let lib = m.dir.join("llvm/lib");
-        fs::create_dir_all(&lib).unwrap();
-        for f in *files {
-            fs::write(lib.join(f), b"").unwrap();
-        }
-        let (ok, err) = m.run(
-            "scripts/llama-cpp.sh",
-            &["deps"],
-            &[("LIBCLANG_PATH", lib.to_str().unwrap())],
-        );
+        let (m, _, ok, err) = llama_deps_with_libclang_dir("libclang-path-unloadable", files);
         assert!(!ok, "{files:?} accepted:\n{err}");
         assert!(
             err.contains("holds no libclang that bindgen can load"),
