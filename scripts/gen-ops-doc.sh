@@ -35,7 +35,11 @@ export GGML_HSA_KERNEL_CACHE_DIR=${GGML_HSA_KERNEL_CACHE_DIR:-$(mktemp -d)}
 csv=$(mktemp)
 "$LLAMA_CPP_BIN/test-backend-ops" support -b HSA0 --output csv 2>/dev/null >"$csv"
 ops=$(python3 scripts/ops_doc.py --ops-only <"$csv")
-"$LLAMA_CPP_BIN/test-backend-ops" test -b HSA0 -o "$ops" --output csv 2>/dev/null >"$csv"
+# Under packet ABI c (kernels loaded as AIE code objects, what the newest ROCR takes) with two
+# test-backend-ops workers (two graphs at once on one device): CI's only sweep of every op, so
+# it covers both; the other packet ABIs run the starter and model ops (tests/backend_ops_sim.rs).
+HSA_SIM_PACKET_ABI=c GGML_HSA_PACKET_ABI=c \
+    "$LLAMA_CPP_BIN/test-backend-ops" test -b HSA0 -o "$ops" -j 2 --output csv 2>/dev/null >"$csv"
 
 # The IRON designs, emulated: the same cases with the IRON package as the compiler.
 . scripts/lib/apt.sh

@@ -116,23 +116,29 @@ check "IRON package checks" scripts/check-iron.sh
 
 # The older ggml release (README, "Supported ggml releases"): its tree fetched and built by
 # scripts/llama-cpp.sh with the older pin (ggml-base, ggml-cpu and test-backend-ops only), the
-# plugin built against it in target/ggml-older (a target dir of its own, so that the two builds do
-# not rebuild each other), then the starter ops on HSA0 with that tree's test-backend-ops, and each
-# release's plugin loaded into the other release: declined in one line. After "build (workspace)",
-# which made target/debug/libggml_hsa.so for the pinned ggml.
+# plugin built against it, then the starter ops on HSA0 with that tree's test-backend-ops, and
+# each release's plugin loaded into the other release: declined in one line. After every other
+# debug-build step: the plugin is rebuilt in place in target/debug (only the ggml-hsa crate
+# depends on the ggml tree, so only it and the two test programs build again; a target dir of
+# its own would build every dependency a second time), the pinned release's plugin kept aside
+# first for the cross-release check.
 older_ggml_release() {
     local pin=scripts/llama-cpp-older.pin
     LLAMA_CPP_PIN=$pin scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops || return 1
-    local pinned_bin=$LLAMA_CPP_BIN pinned_plugin=$PWD/target/debug/libggml_hsa.so
+    local pinned_bin=$LLAMA_CPP_BIN keep
+    keep=$(mktemp -d) || return 1
+    cp target/debug/libggml_hsa.so "$keep/" || return 1
     (
         eval "$(LLAMA_CPP_PIN=$pin scripts/llama-cpp.sh env)"
-        export CARGO_TARGET_DIR=$PWD/target/ggml-older
-        cargo build --locked --workspace &&
+        cargo build --locked -p ggml-hsa &&
             cargo test --locked --test backend_ops_sim starter_ops_on_aie2p_with_packet_abi_a1 \
                 -- --exact --nocapture &&
-            GGML_HSA_OTHER_GGML_BIN=$pinned_bin GGML_HSA_OTHER_PLUGIN=$pinned_plugin \
+            GGML_HSA_OTHER_GGML_BIN=$pinned_bin GGML_HSA_OTHER_PLUGIN=$keep/libggml_hsa.so \
                 cargo test --locked --test ggml_releases -- --ignored --nocapture
     )
+    local status=$?
+    rm -rf "$keep"
+    return $status
 }
 check "the older ggml release: build, starter ops on HSA0, cross-release loads declined" \
     older_ggml_release

@@ -119,45 +119,18 @@ fn starter_ops_on_aie2_with_packet_abi_b() {
     );
 }
 
-/// The ops with at least one case on HSA0, from the generated docs/ops.md (whose freshness CI
-/// checks with scripts/gen-ops-doc.sh --check).
-fn documented_ops() -> String {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/ops.md"))
-        .expect("docs/ops.md");
-    doc.lines()
-        .filter_map(|l| {
-            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
-            let ran: u64 = cells.get(2)?.parse().ok()?;
-            (ran > 0).then(|| cells[1].to_owned())
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// Every op of docs/ops.md (4000+ cases) with two test-backend-ops workers, under packet ABIs
-/// a2 and a3 (the default, a1, runs them in scripts/gen-ops-doc.sh; b runs the starter ops).
+/// The starter and model ops with two test-backend-ops workers under packet ABIs a2 and a3.
+/// Every op of docs/ops.md runs once, under packet ABI c with two workers, in
+/// scripts/gen-ops-doc.sh --check (CI); a1, the default, runs the starter ops above, b
+/// the starter ops and an explicit choice below. The ABIs differ in how a dispatch is encoded,
+/// not in what a kernel computes, so one sweep of every op serves them all.
 #[test]
-fn every_op_with_two_workers_under_packet_abis_a2_and_a3() {
-    let ops = documented_ops();
-    assert!(ops.contains("MUL_MAT") && ops.contains("ROPE"), "{ops}");
+fn starter_and_model_ops_with_two_workers_under_packet_abis_a2_and_a3() {
+    let ops = format!("{STARTER_OPS},{MODEL_OPS}");
     for abi in ["a2", "a3"] {
         let r = tbo(abi, &ops, &["-j", "2"], &[("HSA_SIM_PACKET_ABI", abi)]);
-        assert_hundreds_pass(&r, abi, 4000);
+        assert_hundreds_pass(&r, abi, 2000);
     }
-}
-
-/// Every op of docs/ops.md under packet ABI c (kernels as AIE code objects, dispatched by their
-/// kernel objects), with two workers.
-#[test]
-fn every_op_with_two_workers_under_packet_abi_c() {
-    let ops = documented_ops();
-    let r = tbo(
-        "every-c",
-        &ops,
-        &["-j", "2"],
-        &[("HSA_SIM_PACKET_ABI", "c")],
-    );
-    assert_hundreds_pass(&r, "c", 4000);
 }
 
 #[test]

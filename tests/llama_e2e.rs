@@ -519,13 +519,8 @@ fn emu_env(
     let (counters, stats) = (dir.join("counters.json"), dir.join("stats.json"));
     env.retain(|(k, _)| k != "GGML_HSA_JIT_COMPILER");
     let emu_cache = std::env::temp_dir().join("ggml-hsa-emu-e2e-cache");
+    env.extend(common::emu_compiler_env(&emu_cache));
     for (k, v) in [
-        (
-            "GGML_HSA_JIT_COMPILER",
-            "python3 -m ggml_hsa_iron --target emu".to_owned(),
-        ),
-        ("PYTHONPATH", root().join("src").display().to_string()),
-        ("GGML_HSA_EMU_CACHE_DIR", emu_cache.display().to_string()),
         ("HSA_SIM_COUNTERS", counters.display().to_string()),
         ("GGML_HSA_STATS", stats.display().to_string()),
     ] {
@@ -660,9 +655,22 @@ fn tiny_llama_through_the_emulated_iron_designs() {
                 c["emulated_ops"]
             );
         }
+        // A design may refuse a shape (exit 2, "cannot build this kernel": f16 CONT of the
+        // transposed V view, 2-byte elements the shim DMA cannot walk); the node then runs on
+        // the CPU, as it would on a real NPU. Listed, not failed; any other compile failure is.
+        let failed: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("compile failed"))
+            .collect();
+        let (refused, broken): (Vec<&str>, Vec<&str>) = failed
+            .iter()
+            .partition(|l| l.contains("the compiler cannot build this kernel"));
+        for l in &refused {
+            println!("{name}: refused by the design, run on the CPU: {l}");
+        }
         assert!(
-            !log.contains("compile failed"),
-            "{name}: a kernel failed to compile"
+            broken.is_empty(),
+            "{name}: kernels failed to compile: {broken:#?}"
         );
     }
 }

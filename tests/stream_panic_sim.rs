@@ -107,12 +107,20 @@ fn child_panic_then_graph() {
     fill(&a, 1.0);
     fill(&b, 2.0);
 
-    // Graph 1: ADD into c1 is batched, then a host copy of x into y (no overlap: no flush) panics.
+    // Graph 1: ADD into c1 is batched, then a host node (GET_ROWS, which never has a kernel)
+    // reading x into y (no overlap: no flush) panics.
+    let row = Tensor {
+        dtype: DType::I32,
+        ne: [1, 1, 1, 1],
+        nb: [4, 4, 4, 4],
+        bytes: 4,
+        ..f32_tensor(&b)
+    };
     let copy = Node {
-        op: Op::Cpy,
+        op: Op::GetRows,
         op_params: [0; 16],
         dst: f32_tensor(&y),
-        src: vec![Some(f32_tensor(&x))],
+        src: vec![Some(f32_tensor(&x)), Some(row)],
         is_output: false,
     };
     let graph1 = [add(&a, &b, &c1), copy];

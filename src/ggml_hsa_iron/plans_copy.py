@@ -163,7 +163,6 @@ class CopySpec:
     @property
     def core(self) -> CoreSource:
         d = {
-            "TILE": self.plan.tile,
             "IN_T": DTYPES[self.src.dtype].ctype,
             "OUT_T": DTYPES[self.dst.dtype].ctype,
             "IN_F16": int(self.src.dtype == "f16"),
@@ -308,10 +307,6 @@ class SetRowsSpec:
             "SRC_F16": int(self.src.dtype == "f16"),
             "DST_F16": int(self.dst.dtype == "f16"),
             "IDX_I64": int(self.idx.dtype == "i64"),
-            "ROW_LEN": self.ne0,
-            "N_SRC_ROWS": self.r,
-            "TILE_ROWS": self.tile_rows,
-            "COL_ROWS": self.rows_per_column,
         }
         return CoreSource(COPY_SOURCE, "copy.o", d)
 

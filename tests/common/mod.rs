@@ -98,3 +98,45 @@ pub fn run_child_test(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> String {
     );
     text
 }
+
+/// The environment that makes the IRON package's emulation target (`python3 -m ggml_hsa_iron
+/// --target emu`) the JIT compiler: the compiler command, the package on `PYTHONPATH`, and a
+/// cache of the host-built core libraries shared by the tests (`emu_cache`).
+///
+/// The interpreter is named by its resolved path (a version manager's `python3` shim, pyenv's
+/// for one, is a shell script that costs about 0.1 s per compile), and bytecode is written to a
+/// cache under the target dir even where the environment says not to (`PYTHONDONTWRITEBYTECODE`,
+/// set on some CI images: each compile then recompiles every module): an emulated test-backend-ops
+/// run starts one compiler per kernel, thousands of them, and both halve a compile's time.
+pub fn emu_compiler_env(emu_cache: &std::path::Path) -> Vec<(String, String)> {
+    static PYTHON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let python = PYTHON.get_or_init(|| {
+        let out = std::process::Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 runs");
+        let exe = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        assert!(
+            out.status.success() && !exe.is_empty() && !exe.contains(char::is_whitespace),
+            "python3 does not name its interpreter: {exe:?}"
+        );
+        exe
+    });
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    vec![
+        (
+            "GGML_HSA_JIT_COMPILER".into(),
+            format!("{python} -m ggml_hsa_iron --target emu"),
+        ),
+        ("PYTHONPATH".into(), root.join("src").display().to_string()),
+        ("PYTHONDONTWRITEBYTECODE".into(), String::new()),
+        (
+            "PYTHONPYCACHEPREFIX".into(),
+            root.join("target").join("pycache").display().to_string(),
+        ),
+        (
+            "GGML_HSA_EMU_CACHE_DIR".into(),
+            emu_cache.display().to_string(),
+        ),
+    ]
+}

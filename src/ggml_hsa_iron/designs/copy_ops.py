@@ -47,13 +47,13 @@ def _build_copy(spec):
     (st, s_total), (dt, d_total) = spec.sequence
     seq_types = [vector_type(s_total, st), vector_type(d_total, dt)]
     tile_in, tile_out = vector_type(T, st), vector_type(T, dt)
-    kern = Kernel("ggml_copy", OBJECT, [tile_in, tile_out])
+    kern = Kernel("ggml_copy", OBJECT, [tile_in, tile_out, np.int32])
 
     def core(of_in, of_out, fn):
         for _ in range_(K):
             a = of_in.acquire(1)
             o = of_out.acquire(1)
-            fn(a, o)
+            fn(a, o, T)
             of_in.release(1)
             of_out.release(1)
 
@@ -102,12 +102,14 @@ def _build_set_rows(spec):
     side_obj = vector_type(spec.side_elems, st)
     tile_obj = vector_type(spec.tile_elems, dt)
     kern = Kernel("ggml_set_rows_tile", OBJECT, [side_obj, tile_obj, tile_obj])
-    kern_begin = Kernel("ggml_set_rows_begin", OBJECT, [np.int32])
+    kern_begin = Kernel("ggml_set_rows_begin", OBJECT, [np.int32] * 5)
     slabs = spec.slabs
     tiles = spec.tiles_per_slab
 
+    sizes = (spec.ne0, spec.r, spec.tile_rows, spec.rows_per_column)
+
     def core(of_side, of_in, of_out, fn, fn_begin, first_row):
-        fn_begin(first_row)
+        fn_begin(first_row, *sizes)
         for _ in range_(len(slabs)):
             side = of_side.acquire(1)
             for _ in range_(tiles):

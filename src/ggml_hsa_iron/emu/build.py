@@ -7,7 +7,9 @@ defines) plus generated `extern "C"` wrappers, one per recorded `Kernel`:
 
 each argument cast to its recorded type (a buffer pointer, or an int32 scalar). The library is
 cached by the hash of everything that goes into it, so a second compile of the same core
-sources does not run the C++ compiler.
+sources does not run the C++ compiler. The common header (`kernels/ggml_aie.h` and the AIE-API
+stand-in, most of what the compiler parses) is precompiled once per architecture into the same
+cache, which takes two thirds off each build; without a usable one the build just parses it.
 """
 
 import hashlib
@@ -91,6 +93,44 @@ def _inputs_digest() -> bytes:
     return h.digest()
 
 
+COMMON_HEADER = "ggml_aie.h"
+
+
+def _run(cmd, log):
+    if log:
+        log("+ " + " ".join(cmd))
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def precompiled_header(cxx: str, flags: list, cache: Path, log=None):
+    """The directory holding `ggml_aie.h` and its precompiled form for `flags` (the arch
+    define included), built into `cache` on first use; None when the compiler cannot make one
+    (the caller then builds without it). Concurrent compiles race benignly: each builds in a
+    private directory and the first rename wins."""
+    h = hashlib.sha256()
+    for part in (cxx, *flags):
+        h.update(part.encode() + b"\0")
+    h.update(_inputs_digest())
+    d = cache / f"pch-{h.hexdigest()[:32]}"
+    if (d / f"{COMMON_HEADER}.gch").is_file():
+        return d
+    cache.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".pch-", dir=cache))
+    try:
+        shutil.copyfile(KERNELS / COMMON_HEADER, work / COMMON_HEADER)
+        cmd = [cxx, *flags, f"-I{INCLUDE}", "-x", "c++-header", str(work / COMMON_HEADER)]
+        cmd += ["-o", str(work / f"{COMMON_HEADER}.gch")]
+        if _run(cmd, log).returncode != 0:
+            return None
+        try:
+            os.rename(work, d)
+        except OSError:
+            pass  # another compile made it first (or the cache is read-only: then unused)
+        return d if (d / f"{COMMON_HEADER}.gch").is_file() else None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def build_library(core, kernels, arch: str, log=None) -> bytes:
     """The stripped shared library of `core` (a plans.CoreSource) with the wrappers of
     `kernels`, from the cache when it was built before."""
@@ -109,14 +149,19 @@ def build_library(core, kernels, arch: str, log=None) -> bytes:
     if cached.is_file():
         return cached.read_bytes()
     cache.mkdir(parents=True, exist_ok=True)
+    # The header's flags: the library's without -shared/-s (link options) and without the
+    # core's defines (the header does not read them; its arch define it does).
+    pch_flags = [f for f in FLAGS if f not in ("-shared", "-s")]
+    pch_flags.append(f"-D__AIE_ARCH__={ARCH_DEFINE[arch]}")
+    pch = precompiled_header(cxx, pch_flags, cache, log)
     with tempfile.TemporaryDirectory(prefix="ggml-hsa-emu-") as work:
         w = Path(work)
         (w / "wrap.cc").write_text(src)
         out = w / "lib.so"
-        cmd = [cxx, *cmd_tail, str(w / "wrap.cc"), "-o", str(out)]
-        if log:
-            log("+ " + " ".join(cmd))
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # With the precompiled header: it comes first (-include), found before kernels/ (-I).
+        first = [f"-I{pch}", "-include", COMMON_HEADER] if pch else []
+        cmd = [cxx, *first, *cmd_tail, str(w / "wrap.cc"), "-o", str(out)]
+        proc = _run(cmd, log)
         if proc.returncode != 0:
             raise BuildError(
                 f"host C++ build of {core.source} failed (exit status {proc.returncode}):\n"

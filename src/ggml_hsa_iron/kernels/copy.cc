@@ -1,15 +1,19 @@
 // copy.cc: core functions of the copy designs of ggml_hsa_iron (designs/copy_ops.py).
 //
-// Built once per kernel; the plan (plans_copy.py) sets either
-//   COPY_ELEMENTS=1, TILE, IN_T, OUT_T     DUP / CPY / CONT: TILE elements converted
+// Built once per type combination; the plan (plans_copy.py) sets either
+//   COPY_ELEMENTS=1, IN_T, OUT_T             DUP / CPY / CONT
 // or
-//   SET_ROWS=1, SRC_T, DST_T, IDX_I64, ROW_LEN, N_SRC_ROWS, TILE_ROWS, COL_ROWS
-//                                          SET_ROWS: tiles of TILE_ROWS destination rows
-// (f16 operands are uint16_t bit patterns, bf16 the AIE's bfloat16).
+//   SET_ROWS=1, SRC_T, DST_T, IDX_I64        SET_ROWS
+// (f16 operands are uint16_t bit patterns, bf16 the AIE's bfloat16). Sizes are runtime
+// arguments, constants of the design: one core object serves every shape of a type
+// combination, so kernels of different shapes share it (and its build).
 //
-// Functions (arguments as the object FIFOs deliver them):
-//   ggml_copy(in, out)                       TILE elements in logical order
-//   ggml_set_rows_begin(first_row)           the worker's first destination row of a slab
+// Functions (arguments as the object FIFOs and the design deliver them):
+//   ggml_copy(in, out, n)                    n elements in logical order
+//   ggml_set_rows_begin(first_row, row_len, n_src_rows, tile_rows, col_rows)
+//                                            the worker's first destination row of a slab,
+//                                            the row length, the source rows of a slab, the
+//                                            rows of a tile and of the worker's share
 //   ggml_set_rows_tile(side, in, out)        one tile of destination rows: copied, then the
 //                                            source rows indexed into it written over it
 //
@@ -61,9 +65,9 @@ template <typename S, typename D> static inline void convert(const S *in, D *out
 extern "C" {
 
 #if COPY_ELEMENTS
-void ggml_copy(IN_T *in, OUT_T *out) {
+void ggml_copy(IN_T *in, OUT_T *out, int32_t n) {
   set_ggml_rounding();
-  convert(in, out, TILE);
+  convert(in, out, n);
 }
 #endif
 
@@ -74,21 +78,27 @@ constexpr int IDX_BYTES = 8;
 constexpr int IDX_BYTES = 4;
 #endif
 
-// The slab row of the next tile (relative to the slab), and the worker's first one.
-static int32_t g_first, g_row;
+// The slab row of the next tile (relative to the slab), the worker's first one, and the
+// sizes of ggml_set_rows_begin.
+static int32_t g_first, g_row, g_row_len, g_src_rows, g_tile_rows, g_col_rows;
 
-void ggml_set_rows_begin(int32_t first_row) {
+void ggml_set_rows_begin(int32_t first_row, int32_t row_len, int32_t n_src_rows,
+                         int32_t tile_rows, int32_t col_rows) {
   g_first = first_row;
   g_row = first_row;
+  g_row_len = row_len;
+  g_src_rows = n_src_rows;
+  g_tile_rows = tile_rows;
+  g_col_rows = col_rows;
 }
 
 void ggml_set_rows_tile(SRC_T *side, DST_T *in, DST_T *out) {
   set_ggml_rounding();
-  convert(in, out, TILE_ROWS * ROW_LEN);
+  convert(in, out, g_tile_rows * g_row_len);
   const uint8_t *bytes = (const uint8_t *)side;
-  const SRC_T *rows = (const SRC_T *)(bytes + N_SRC_ROWS * IDX_BYTES);
+  const SRC_T *rows = (const SRC_T *)(bytes + g_src_rows * IDX_BYTES);
   // In order: a later source row with the same index wins, as in ggml-cpu.
-  for (int i = 0; i < N_SRC_ROWS; ++i) {
+  for (int i = 0; i < g_src_rows; ++i) {
     int64_t index;
 #if IDX_I64
     __builtin_memcpy(&index, bytes + 8 * i, 8);
@@ -98,12 +108,12 @@ void ggml_set_rows_tile(SRC_T *side, DST_T *in, DST_T *out) {
     index = v;
 #endif
     int64_t r = index - g_row;
-    if (r < 0 || r >= TILE_ROWS)
+    if (r < 0 || r >= g_tile_rows)
       continue;
-    convert(rows + (int64_t)i * ROW_LEN, out + r * ROW_LEN, ROW_LEN);
+    convert(rows + (int64_t)i * g_row_len, out + r * g_row_len, g_row_len);
   }
-  g_row += TILE_ROWS;
-  if (g_row >= g_first + COL_ROWS)
+  g_row += g_tile_rows;
+  if (g_row >= g_first + g_col_rows)
     g_row = g_first; // the next slab
 }
 #endif

@@ -95,17 +95,30 @@ inline vf sub(vf a, vf b) { return aie::sub(a, b); }
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
 // aie2 has no f32 vector multiplier (the AIE API emulates it with bf16 inputs, accuracy
 // "low"): split each operand into three bf16 pieces (a = a0 + a1 + a2, exactly enough for
-// f32's 24 bits) and sum the six products that matter, smallest first, in the f32
-// accumulator. Each bf16 x bf16 product is exact in f32.
+// f32's 24 bits) and sum the eight products that matter, smallest first, in the f32
+// accumulator. Each bf16 x bf16 product is exact in f32. The pieces are truncated, not
+// rounded (the low 16 bits of the f32 cleared), so all three have a's sign and |a0| <= |a|:
+// no partial sum exceeds the exact product, and a product just below FLT_MAX (e^88.72 as
+// 0.9999 * 2^64 * 2^64) does not overflow through a leading piece rounded up to a power of two.
+// (A NaN stays a NaN: clearing a payload held in the low bits would make it an infinity.)
+inline vf trunc_bf16(vf a) {
+  vf t = from_bits(aie::bit_and(bits(a), splat_i(int32_t(0xffff0000u))));
+  vmask nan = aie::lt(splat_i(0x7f800000), aie::bit_and(bits(a), splat_i(0x7fffffff)));
+  return pick(nan, a, t);
+}
+
 inline void split3(vf a, aie::vector<bfloat16, VEC> &p0, aie::vector<bfloat16, VEC> &p1,
                    aie::vector<bfloat16, VEC> &p2) {
+  // Each piece is a bf16 value already: the conversions are exact in any rounding mode.
   aie::accum<accfloat, VEC> acc;
-  acc.from_vector(a);
+  vf t0 = trunc_bf16(a);
+  acc.from_vector(t0);
   p0 = acc.template to_vector<bfloat16>();
-  vf r = aie::sub(a, widen(p0));
-  acc.from_vector(r);
+  vf r = aie::sub(a, t0);
+  vf t1 = trunc_bf16(r);
+  acc.from_vector(t1);
   p1 = acc.template to_vector<bfloat16>();
-  acc.from_vector(aie::sub(r, widen(p1)));
+  acc.from_vector(aie::sub(r, t1));
   p2 = acc.template to_vector<bfloat16>();
 }
 
@@ -113,7 +126,11 @@ inline vf mul(vf a, vf b) {
   aie::vector<bfloat16, VEC> a0, a1, a2, b0, b1, b2;
   split3(a, a0, a1, a2);
   split3(b, b0, b1, b2);
-  auto acc = aie::mul(a2, b0);
+  // Truncated pieces leave the omitted terms one sign: the two of order 2^-24 are kept, so
+  // only a2 * b2 (2^-32 of the product) is dropped.
+  auto acc = aie::mul(a2, b1);
+  acc = aie::mac(acc, a1, b2);
+  acc = aie::mac(acc, a2, b0);
   acc = aie::mac(acc, a1, b1);
   acc = aie::mac(acc, a0, b2);
   acc = aie::mac(acc, a1, b0);
@@ -160,7 +177,8 @@ inline vf div(vf a, vf b) { return mul(a, recip(b)); }
 // e^x. x*log2(e) = n + f with n an integer (rounded with the 1.5*2^23 trick)
 // and |f| <= 0.5; e^x = 2^n * e^(f ln 2), the latter by a degree-7 polynomial.
 inline vf exp(vf x) {
-  const float hi = 88.72f, lo = -103.97f;
+  // hi: the largest float whose e^x is finite (ln FLT_MAX = 88.7228391...); above it, inf.
+  const float hi = 88.7228317f, lo = -103.97f;
   vmask over = gt(x, splat(hi));
   vmask under = lt(x, splat(lo));
   x = fmin(fmax(x, splat(lo)), splat(hi));

@@ -33,6 +33,8 @@ NOT_IN_SCOPE = {
     "COUNT_EQUAL", "CROSS_ENTROPY_LOSS", "FLASH_ATTN_EXT", "FLASH_ATTN_EXT_MASK",
     "FLASH_ATTN_EXT_SINKS", "FLASH_ATTN_EXT_MASK_SINKS",
 }  # fmt: skip
+# The copy design's layout copies (designs/copy_ops.py; SET_ROWS is its other kind).
+COPY_OPS = {"DUP", "CPY", "CONT"}
 # The row design's ops (designs/_rows.py); SOFT_MAX's forms and the fused RMS_NORM_MUL are
 # kernel names the backend's planner makes (src/ops/plan.rs), not ggml op names.
 ROW_OPS = {
@@ -98,6 +100,10 @@ class OpNamesTest(unittest.TestCase):
                 want_kind = "glu"
             if spec.op in catalogue_kernels("ROPE"):
                 want_kind = "rope"
+            if spec.op in COPY_OPS:
+                want_kind = "copy"
+            if spec.op == "SET_ROWS":
+                want_kind = "set_rows"
             self.assertEqual(spec.kind, want_kind, spec.op)
 
 

@@ -32,7 +32,11 @@ OWN_METHODS = {
     "a_dims",
     "b_dims",
     "c_dims",
-    "fill_tap",  # EltwiseSpec.fill_tap (GLU's strided inputs)
+    "fill_tap",  # EltwiseSpec.fill_tap (GLU's strided inputs), CopySpec.fill_tap
+    "drain_tap",  # CopySpec.drain_tap (a strided output)
+    "idx_tap",  # SetRowsSpec: a slab's indices, source rows and destination rows
+    "src_tap",
+    "dst_tap",
     "pos_tap",  # RopeSpec.pos_tap / ff_tap
     "ff_tap",
     "append",
