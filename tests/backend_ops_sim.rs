@@ -120,8 +120,8 @@ fn starter_ops_on_aie2_with_packet_abi_b() {
 }
 
 /// The starter and model ops with two test-backend-ops workers under packet ABIs a2 and a3.
-/// Every op of docs/ops.md runs once, under packet ABI c with two workers, in
-/// scripts/gen-ops-doc.sh --check (CI); a1, the default, runs the starter ops above, b
+/// Every op of docs/ops.md runs once, under packet ABI c (two processes sharing one kernel
+/// cache), in scripts/gen-ops-doc.sh --check (CI); a1, the default, runs the starter ops above, b
 /// the starter ops and an explicit choice below. The ABIs differ in how a dispatch is encoded,
 /// not in what a kernel computes, so one sweep of every op serves them all.
 #[test]
