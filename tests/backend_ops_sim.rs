@@ -45,6 +45,19 @@ fn tbo(tag: &str, ops: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Repor
     report
 }
 
+/// Each of `cases` (a piece of a case's description) ran on HSA0 in some case that passed.
+fn assert_cases_ran_ok(r: &Report, cases: &[&str]) {
+    for case in cases {
+        assert!(
+            r.output
+                .lines()
+                .any(|l| l.contains(case) && l.trim_end().ends_with(": OK")),
+            "no case with {case} ran and passed\n{}",
+            r.output
+        );
+    }
+}
+
 fn assert_hundreds_pass(r: &Report, tag: &str, at_least: u64) {
     if let Err(e) = r.expect_cases("HSA0") {
         panic!("{tag}: {e}\n{}", r.output);
@@ -143,19 +156,14 @@ fn starter_row_and_reduction_ops_with_two_workers_under_packet_abis_a2_and_a3() 
 fn row_and_reduction_ops() {
     let r = tbo("rows", ROW_AND_REDUCTION_OPS, &[], &[]);
     assert_hundreds_pass(&r, ROW_AND_REDUCTION_OPS, 600);
-    for case in [
-        "ARGMAX(type=f32",
-        "COUNT_EQUAL(type=f32",
-        "CROSS_ENTROPY_LOSS(type=f32",
-    ] {
-        assert!(
-            r.output
-                .lines()
-                .any(|l| l.contains(case) && l.trim_end().ends_with(": OK")),
-            "no {case} case ran\n{}",
-            r.output
-        );
-    }
+    assert_cases_ran_ok(
+        &r,
+        &[
+            "ARGMAX(type=f32",
+            "COUNT_EQUAL(type=f32",
+            "CROSS_ENTROPY_LOSS(type=f32",
+        ],
+    );
 }
 
 /// Quantized MUL_MAT and the reductions with two test-backend-ops workers (two graphs at once
@@ -175,23 +183,18 @@ fn quantized_mul_mat_and_reductions_with_two_workers() {
     );
     assert_hundreds_pass(&r, "quantized MUL_MAT, reductions, -j 2", 150);
     assert_eq!(r.not_supported, 0, "{}", r.output);
-    for case in [
-        "MUL_MAT(type_a=q4_0,type_b=f32",
-        "MUL_MAT(type_a=q8_0,type_b=f32",
-        "MUL_MAT(type_a=q4_K,type_b=f32",
-        "MUL_MAT(type_a=q4_1,type_b=f32",
-        "MUL_MAT(type_a=q5_0,type_b=f32",
-        "MUL_MAT(type_a=q5_K,type_b=f32",
-        "MUL_MAT(type_a=q6_K,type_b=f32",
-    ] {
-        assert!(
-            r.output
-                .lines()
-                .any(|l| l.contains(case) && l.trim_end().ends_with(": OK")),
-            "no {case} case ran\n{}",
-            r.output
-        );
-    }
+    assert_cases_ran_ok(
+        &r,
+        &[
+            "MUL_MAT(type_a=q4_0,type_b=f32",
+            "MUL_MAT(type_a=q8_0,type_b=f32",
+            "MUL_MAT(type_a=q4_K,type_b=f32",
+            "MUL_MAT(type_a=q4_1,type_b=f32",
+            "MUL_MAT(type_a=q5_0,type_b=f32",
+            "MUL_MAT(type_a=q5_K,type_b=f32",
+            "MUL_MAT(type_a=q6_K,type_b=f32",
+        ],
+    );
 }
 
 #[test]
@@ -256,24 +259,19 @@ fn flash_attn_ext_on_aie2_with_packet_abi_c() {
         ],
     );
     assert_hundreds_pass(&r, "FLASH_ATTN_EXT aie2/c", 900);
-    for case in [
-        "nb=1,mask=1,sinks=1",
-        "nb=75,mask=1,sinks=0,max_bias=8.000000",
-        "logit_softcap=10.000000",
-        "nr23=[4,3]",
-        "permute=[0,2,1,3]",
-        "type_K=bf16,type_V=bf16",
-        "type_K=f32,type_V=f32",
-        "hsk=576,hsv=512",
-    ] {
-        assert!(
-            r.output
-                .lines()
-                .any(|l| l.contains(case) && l.trim_end().ends_with(": OK")),
-            "no FLASH_ATTN_EXT case with {case} ran\n{}",
-            r.output
-        );
-    }
+    assert_cases_ran_ok(
+        &r,
+        &[
+            "nb=1,mask=1,sinks=1",
+            "nb=75,mask=1,sinks=0,max_bias=8.000000",
+            "logit_softcap=10.000000",
+            "nr23=[4,3]",
+            "permute=[0,2,1,3]",
+            "type_K=bf16,type_V=bf16",
+            "type_K=f32,type_V=f32",
+            "hsk=576,hsv=512",
+        ],
+    );
     assert!(
         r.output
             .lines()
