@@ -166,6 +166,44 @@ fn row_and_reduction_ops() {
     );
 }
 
+/// test-backend-ops' fusion cases (whole graphs compared with the CPU): a feed-forward block's
+/// gate and up MUL_MATs and their GLU (`MUL_MAT_VEC_FUSION`, glu_op 1 GEGLU, 2 SWIGLU; f32, f16
+/// and quantized weights,
+/// batches of 1 to 8 rows) and RMS_NORM -> MUL -> ADD. They must pass, and the fused kernels
+/// must be what ran: each is compiled into the kernel cache only when a graph asks for it.
+#[test]
+fn fused_feed_forward_and_norm_cases_run_as_one_kernel() {
+    let r = tbo("fusion", "MUL_MAT_VEC_FUSION,RMS_NORM_MUL_ADD", &[], &[]);
+    assert_hundreds_pass(&r, "fusion cases", 100);
+    assert_cases_ran_ok(
+        &r,
+        &[
+            "MUL_MAT_VEC_FUSION(type=f32,glu_op=2,",
+            "MUL_MAT_VEC_FUSION(type=q4_0,glu_op=1,",
+            "MUL_MAT_VEC_FUSION(type=q4_K,glu_op=2,",
+            "RMS_NORM_MUL_ADD(type=f32",
+        ],
+    );
+    // tbo's kernel cache (common::scratch_dir's path; calling it again would empty it).
+    let cache = std::env::temp_dir()
+        .join(format!("ggml-hsa-tbo-sim-fusion-{}", std::process::id()))
+        .join("aie2p");
+    let names: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap_or_else(|e| panic!("{}: {e}", cache.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for fused in [
+        "mul_mat_swiglu-q4_0_",
+        "mul_mat_geglu-f32_",
+        "rms_norm_mul-f32_",
+    ] {
+        assert!(
+            names.iter().any(|n| n.starts_with(fused)),
+            "no fused kernel {fused}* was compiled: {names:?}"
+        );
+    }
+}
+
 /// Quantized MUL_MAT and the reductions with two test-backend-ops workers (two graphs at once
 /// on one device), under packet ABI a3: every quantized weight type the backend takes ran.
 #[test]

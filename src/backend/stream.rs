@@ -359,34 +359,34 @@ impl Stream {
                 Err(reason) => Err(node_error(i, n, reason)),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        // Fusion (architecture §7: fewer dispatches): RMS_NORM followed by a MUL by one weight
-        // row becomes one RMS_NORM_MUL kernel when the kernel store can provide it. The
-        // original plans are kept: if the fused kernel is refused at compile time, both nodes
-        // run as planned.
-        let mut unfused: HashMap<usize, (Step, Step)> = HashMap::new();
-        for i in 0..nodes.len().saturating_sub(1) {
-            let both_kernels = matches!(
-                (&steps[i], &steps[i + 1]),
-                (
-                    Step::Plan(Plan::Kernel { .. }),
-                    Step::Plan(Plan::Kernel { .. })
-                )
-            );
-            if !both_kernels {
-                continue;
-            }
-            let Some(plan) = ops::fuse_rms_norm_mul(&nodes[i], &nodes[i + 1], &nodes[i + 2..])
-            else {
-                continue;
-            };
-            let Plan::Kernel { desc, .. } = &plan else {
+        // Fusion (architecture §7: fewer dispatches, `ops::fusion`): a run of nodes planned as
+        // kernels becomes one fused kernel when the kernel store can provide it. The original
+        // steps are kept: if the fused kernel is refused at compile time, the nodes run as
+        // planned.
+        let mut unfused: HashMap<usize, Vec<Step>> = HashMap::new();
+        let options = self.device.plan_options;
+        let mut i = 0;
+        while i < nodes.len() {
+            let fusion = ops::fuse_at(&nodes[i..], options).filter(|f| {
+                let all_kernels = steps[i..i + f.nodes]
+                    .iter()
+                    .all(|s| matches!(s, Step::Plan(Plan::Kernel { .. })));
+                let Plan::Kernel { desc, .. } = &f.plan else {
+                    return false;
+                };
+                all_kernels && self.device.supports_kernel(desc)
+            });
+            let Some(fusion) = fusion else {
+                i += 1;
                 continue;
             };
-            if self.device.supports_kernel(desc) {
-                let norm = std::mem::replace(&mut steps[i], Step::Plan(plan));
-                let mul = std::mem::replace(&mut steps[i + 1], Step::Fused);
-                unfused.insert(i, (norm, mul));
+            let first = std::mem::replace(&mut steps[i], Step::Plan(fusion.plan));
+            let mut originals = vec![first];
+            for step in &mut steps[i + 1..i + fusion.nodes] {
+                originals.push(std::mem::replace(step, Step::Fused));
             }
+            unfused.insert(i, originals);
+            i += fusion.nodes;
         }
         // Every kernel is loaded before anything runs (the missing ones compiled in parallel), so
         // a missing kernel fails the graph without leaving it half computed. A kernel the
@@ -411,14 +411,18 @@ impl Stream {
                 match kernel {
                     Ok(k) => kernels[i] = Some(k),
                     Err(e) if unfused.contains_key(&i) => {
+                        let originals = unfused.remove(&i).expect("checked");
                         crate::log::debug(&format!(
-                            "{}: node {i}: the fused kernel is not available ({e}); the two \
+                            "{}: node {i}: the fused kernel is not available ({e}); the {} \
                              nodes run unfused",
-                            self.device.name
+                            self.device.name,
+                            originals.len()
                         ));
-                        let (norm, mul) = unfused.remove(&i).expect("checked");
-                        (steps[i], steps[i + 1]) = (norm, mul);
-                        todo.extend([i, i + 1]);
+                        let run = i..i + originals.len();
+                        todo.extend(run.clone());
+                        for (step, original) in steps[run].iter_mut().zip(originals) {
+                            *step = original;
+                        }
                     }
                     Err(e) if fallback || e.is_refused() => steps[i] = Step::Cpu(e.to_string()),
                     Err(source) => {

@@ -4,11 +4,14 @@
 //!
 //! * [`tensor`]: the descriptors (types, tensors, ops, nodes).
 //! * [`plan`]: the support rules and the plan of one node.
+//! * [`fusion`]: the runs of nodes one kernel computes.
 //! * [`host`]: the ops that run on the host (type-converting copies).
 
+pub mod fusion;
 pub mod host;
 pub mod plan;
 pub mod tensor;
 
-pub use plan::{fuse_rms_norm_mul, plan, plan_preferring, plan_with, Plan, PlanOptions};
+pub use fusion::{fuse_at, Fusion};
+pub use plan::{plan, plan_preferring, plan_with, Plan, PlanOptions};
 pub use tensor::{BinaryOp, DType, Memory, Node, Op, QuantType, Tensor, UnaryOp};

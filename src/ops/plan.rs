@@ -42,7 +42,7 @@
 //! so one kernel serves every shape with the same number of elements.
 
 use super::host::HostOp;
-use super::tensor::{BinaryOp, DType, Node, Op, Tensor};
+use super::tensor::{DType, Node, Op, Tensor};
 use crate::kernels::desc::dtype_block;
 use crate::kernels::{KernelDesc, Layout};
 use crate::op_catalogue::{self as catalogue, OpEntry};
@@ -307,7 +307,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
 
 /// `t` as `[ne0, rows]` when `flat` (the operands of a row op are all contiguous), else as laid
 /// out.
-fn rows_layout(t: &Tensor, flat: bool) -> Layout {
+pub(super) fn rows_layout(t: &Tensor, flat: bool) -> Layout {
     let size = t.dtype.size().expect("float types have a size");
     if flat {
         Layout::contiguous(
@@ -318,56 +318,6 @@ fn rows_layout(t: &Tensor, flat: bool) -> Layout {
     } else {
         as_layout(t)
     }
-}
-
-/// ggml's RMS_NORM → MUL fusion (llama's `attn_norm`, `ffn_norm`): `norm` is an RMS_NORM and
-/// `mul` the node after it, a MUL of the norm's output (input 0) by one f32 weight row repeated
-/// over it; `later` are the graph's nodes after the MUL. One `RMS_NORM_MUL` kernel (x and the
-/// weight row into the MUL's output) replaces both when nothing else reads the norm's output
-/// and the application does not read it either (no graph output): ggml's own fusion rule.
-/// `None` when the pair does not fuse. Every operand is contiguous f32.
-pub fn fuse_rms_norm_mul(norm: &Node, mul: &Node, later: &[Node]) -> Option<Plan> {
-    if norm.op != (Op::Norm { rms: true }) || mul.op != Op::Binary(BinaryOp::Mul) {
-        return None;
-    }
-    let (x, y) = (norm.src(0)?, &norm.dst);
-    let (a, w, out) = (mul.src(0)?, mul.src(1)?, &mul.dst);
-    let f32_dense = |t: &Tensor| t.dtype == DType::F32 && t.is_contiguous();
-    let same = |p: &Tensor, q: &Tensor| p.addr == q.addr && p.ne == q.ne && p.dtype == q.dtype;
-    let fuses = [x, y, w, out].into_iter().all(f32_dense)
-        && !norm.is_output
-        && y.addr != 0
-        && same(a, y)
-        && x.same_shape(y)
-        && out.same_shape(y)
-        && w.ne == [y.ne[0], 1, 1, 1];
-    if !fuses {
-        return None;
-    }
-    // Does a later node read y? Only until a node overwrites y's memory: ggml's allocator gives
-    // the memory of dead tensors to later ones, so what is read there afterwards is not y.
-    // An in-place MUL (ggml's allocator puts its output in y's memory) ends y itself.
-    let overlaps_y = |t: &Tensor| t.addr < y.addr + y.bytes && y.addr < t.addr + t.bytes;
-    let after = if overlaps_y(out) { &[][..] } else { later };
-    for n in after {
-        if n.src.iter().flatten().any(overlaps_y) {
-            return None;
-        }
-        if overlaps_y(&n.dst) {
-            break;
-        }
-    }
-    let op = catalogue::RMS_NORM_MUL;
-    Some(Plan::Kernel {
-        desc: KernelDesc {
-            op: op.name.to_owned(),
-            op_params: norm.op_params[..op.params].to_vec(),
-            inputs: vec![rows_layout(x, true), as_layout(w)],
-            output: rows_layout(out, true),
-            f16_as_bf16: false,
-        },
-        operands: vec![x.clone(), w.clone(), out.clone()],
-    })
 }
 
 /// One ROPE kernel (`ROPE`, or `ROPE_FF` with frequency factors): normal and NeoX modes, f32 or
@@ -527,7 +477,7 @@ fn flash_attn_ext(node: &Node) -> Result<Plan, String> {
 /// One MUL_MAT kernel, operands as laid out in memory (the kernel walks their strides). The
 /// weights may be block-quantized in a type kernel descriptors can name (`kernels::DTYPES`)
 /// with rows of whole blocks (ggml's layout); the compiler's capabilities decide the rest.
-fn mul_mat(w: &Tensor, x: &Tensor, dst: &Tensor) -> Result<Plan, String> {
+pub(super) fn mul_mat(w: &Tensor, x: &Tensor, dst: &Tensor) -> Result<Plan, String> {
     let weights_ok = w.dtype.is_float()
         || (matches!(w.dtype, DType::Quant(_))
             && dtype_block(w.dtype.name()).is_some()
@@ -591,7 +541,7 @@ fn kernel(
 }
 
 /// A kernel operand laid out exactly as the tensor is in memory.
-fn as_layout(t: &Tensor) -> Layout {
+pub(super) fn as_layout(t: &Tensor) -> Layout {
     Layout {
         dtype: t.dtype.name().to_owned(),
         ne: t.ne,
@@ -641,118 +591,6 @@ mod tests {
             src: src.into_iter().map(Some).collect(),
             is_output: false,
         }
-    }
-
-    /// llama's `ffn_norm`: RMS_NORM of x [64, 5] at 0x1000 into y at 0x2000, then MUL of y by
-    /// the weight row at 0x3000 into z at 0x4000; then `later` (nodes after the MUL).
-    fn rms_norm_then_mul(weight_ne: [i64; 4]) -> (Node, Node) {
-        let x = tensor(DType::F32, [64, 5, 1, 1], 0x1000);
-        let y = tensor(DType::F32, [64, 5, 1, 1], 0x2000);
-        let w = tensor(DType::F32, weight_ne, 0x3000);
-        let z = tensor(DType::F32, [64, 5, 1, 1], 0x4000);
-        let mut norm = node(Op::Norm { rms: true }, y.clone(), vec![x]);
-        norm.op_params[0] = 1e-6f32.to_bits() as i32;
-        let mul = node(Op::Binary(BinaryOp::Mul), z, vec![y, w]);
-        (norm, mul)
-    }
-
-    #[test]
-    fn rms_norm_then_mul_by_a_weight_row_fuses() {
-        let (norm, mul) = rms_norm_then_mul([64, 1, 1, 1]);
-        let later = node(
-            Op::Binary(BinaryOp::Add),
-            tensor(DType::F32, [64, 5, 1, 1], 0x5000),
-            vec![mul.dst.clone(), mul.dst.clone()],
-        );
-        let Some(Plan::Kernel { desc, operands }) = fuse_rms_norm_mul(&norm, &mul, &[later]) else {
-            panic!("does not fuse");
-        };
-        assert_eq!(desc.op, "RMS_NORM_MUL");
-        assert_eq!(desc.op_params, vec![1e-6f32.to_bits() as i32]);
-        assert_eq!(desc.inputs[0].ne, [64, 5, 1, 1]);
-        assert_eq!(desc.inputs[1].ne, [64, 1, 1, 1]);
-        assert_eq!(desc.output.ne, [64, 5, 1, 1]);
-        // x, the weight row, the MUL's output: the norm's output is never written.
-        let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
-        assert_eq!(addrs, vec![0x1000, 0x3000, 0x4000]);
-    }
-
-    #[test]
-    fn memory_reused_after_the_norm_output_is_dead_does_not_stop_the_fusion() {
-        let (norm, mul) = rms_norm_then_mul([64, 1, 1, 1]);
-        // ggml's allocator gives y's memory (0x2000) to a later tensor, which is then read.
-        let reuse = tensor(DType::F32, [64, 5, 1, 1], 0x2000);
-        let writer = node(
-            Op::Unary(UnaryOp::Relu),
-            reuse.clone(),
-            vec![mul.dst.clone()],
-        );
-        let reader = node(
-            Op::Unary(UnaryOp::Relu),
-            tensor(DType::F32, [64, 5, 1, 1], 0x5000),
-            vec![reuse],
-        );
-        assert!(fuse_rms_norm_mul(&norm, &mul, &[writer.clone(), reader.clone()]).is_some());
-        // Read before anything overwrites it: y is still needed.
-        assert!(fuse_rms_norm_mul(&norm, &mul, &[reader.clone(), writer]).is_none());
-        // The MUL in place (its output in y's memory): what follows reads the product.
-        let mut in_place = mul.clone();
-        in_place.dst.addr = norm.dst.addr;
-        let product_reader = node(
-            Op::Unary(UnaryOp::Relu),
-            tensor(DType::F32, [64, 5, 1, 1], 0x5000),
-            vec![in_place.dst.clone()],
-        );
-        let Some(Plan::Kernel { operands, .. }) =
-            fuse_rms_norm_mul(&norm, &in_place, &[product_reader])
-        else {
-            panic!("an in-place MUL does not fuse");
-        };
-        assert_eq!(operands[2].addr, 0x2000);
-    }
-
-    #[test]
-    fn rms_norm_then_mul_does_not_fuse_when_the_norm_output_is_needed() {
-        let (norm, mul) = rms_norm_then_mul([64, 1, 1, 1]);
-        // Read by a later node.
-        let reader = node(
-            Op::Unary(UnaryOp::Relu),
-            tensor(DType::F32, [64, 5, 1, 1], 0x5000),
-            vec![norm.dst.clone()],
-        );
-        assert!(fuse_rms_norm_mul(&norm, &mul, &[reader]).is_none());
-        // Read by the application (a graph output).
-        let mut out = norm.clone();
-        out.is_output = true;
-        assert!(fuse_rms_norm_mul(&out, &mul, &[]).is_none());
-    }
-
-    #[test]
-    fn rms_norm_then_mul_does_not_fuse_other_pairs() {
-        // A weight of the output's shape, or repeated over rows and heads: not one row.
-        for ne in [[64, 5, 1, 1], [64, 1, 2, 1]] {
-            let (norm, mul) = rms_norm_then_mul(ne);
-            assert!(fuse_rms_norm_mul(&norm, &mul, &[]).is_none(), "{ne:?}");
-        }
-        let (norm, mul) = rms_norm_then_mul([64, 1, 1, 1]);
-        // The norm's output as the MUL's second operand, or a MUL of something else.
-        let mut swapped = mul.clone();
-        swapped.src.swap(0, 1);
-        assert!(fuse_rms_norm_mul(&norm, &swapped, &[]).is_none());
-        let mut other = mul.clone();
-        other.src[0] = Some(tensor(DType::F32, [64, 5, 1, 1], 0x6000));
-        assert!(fuse_rms_norm_mul(&norm, &other, &[]).is_none());
-        // NORM (not RMS), ADD instead of MUL, f16 data.
-        let mut plain = norm.clone();
-        plain.op = Op::Norm { rms: false };
-        assert!(fuse_rms_norm_mul(&plain, &mul, &[]).is_none());
-        let mut add = mul.clone();
-        add.op = Op::Binary(BinaryOp::Add);
-        assert!(fuse_rms_norm_mul(&norm, &add, &[]).is_none());
-        let half = |t: &Tensor| tensor(DType::F16, t.ne, t.addr);
-        let mut h = mul.clone();
-        h.src[1] = Some(half(mul.src[1].as_ref().unwrap()));
-        assert!(fuse_rms_norm_mul(&norm, &h, &[]).is_none());
     }
 
     #[test]

@@ -166,18 +166,34 @@ impl KernelDesc {
             ));
         }
         let src0 = &self.inputs[0];
-        if op == Op::MulMat {
-            let (a, b, o) = (src0.ne, self.inputs[1].ne, self.output.ne);
+        if let Op::MulMatGlu(_) = op {
+            let up = &self.inputs[1];
+            if up.ty != src0.ty || up.ne != src0.ne {
+                return inv(format!(
+                    "{}: the gate and up weights differ: {} {:?} and {} {:?}",
+                    self.op,
+                    src0.ty.name(),
+                    src0.ne,
+                    up.ty.name(),
+                    up.ne
+                ));
+            }
+        }
+        if matches!(op, Op::MulMat | Op::MulMatGlu(_)) {
+            let x = if op == Op::MulMat { 1 } else { 2 };
+            let (a, b, o) = (src0.ne, self.inputs[x].ne, self.output.ne);
             let broadcast_ok = (2..4).all(|d| a[d] > 0 && b[d] % a[d] == 0);
             if a[0] != b[0] || o != [a[1], b[1], b[2], b[3]] || !broadcast_ok {
                 return inv(format!(
-                    "MUL_MAT shapes do not agree: weights {a:?}, activations {b:?}, output {o:?}"
+                    "{} shapes do not agree: weights {a:?}, activations {b:?}, output {o:?}",
+                    self.op
                 ));
             }
             if self.output.ty != crate::ops::DType::F32 {
-                return Err(DescError::Unsupported(
-                    "MUL_MAT output other than f32".into(),
-                ));
+                return Err(DescError::Unsupported(format!(
+                    "{} output other than f32",
+                    self.op
+                )));
             }
         } else if op == Op::ArgMax {
             let (a, o) = (src0.ne, self.output.ne);
@@ -307,6 +323,7 @@ impl KernelDesc {
         let elementwise = !matches!(
             op,
             Op::MulMat
+                | Op::MulMatGlu(_)
                 | Op::SoftMax { .. }
                 | Op::Rope { .. }
                 | Op::CountEqual
@@ -332,7 +349,7 @@ impl KernelDesc {
         }
         let tensors = self.inputs.iter().chain(std::iter::once(&self.output));
         for (i, t) in tensors.enumerate() {
-            if t.ty.is_quantized() && op == Op::MulMat && i == 0 {
+            if t.ty.is_quantized() && op.is_weight(i) {
                 let (block, size) = (t.ty.block() as i64, t.ty.size() as i64);
                 if t.ne[0] % block != 0 || t.nb[0] != size {
                     return inv(format!(

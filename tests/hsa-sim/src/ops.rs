@@ -168,6 +168,10 @@ pub enum Op {
     RmsNormMul,
     /// ggml's MUL_MAT: dst[m, n, i2, i3] = sum_k src0[k, m, i2/r2, i3/r3] * src1[k, n, i2, i3].
     MulMat,
+    /// Two MUL_MATs of one activation and their split GLU, fused by the backend (a feed-forward
+    /// block's gate and up projections): y = act(gate . x) * (up . x); inputs the gate
+    /// weights, the up weights (MUL_MAT's src0, one type and shape) and x (MUL_MAT's src1).
+    MulMatGlu(UnaryOp),
     /// ggml's ARGMAX: per row of an f32 matrix, the i32 index of its largest value (the last
     /// one among equals, as ggml-cpu's loop finds it).
     ArgMax,
@@ -279,6 +283,11 @@ impl Op {
             "SWIGLU" => Some(Op::Glu(UnaryOp::Silu)),
             "GEGLU_ERF" => Some(Op::Glu(UnaryOp::GeluErf)),
             "GEGLU_QUICK" => Some(Op::Glu(UnaryOp::GeluQuick)),
+            "MUL_MAT_REGLU" => Some(Op::MulMatGlu(UnaryOp::Relu)),
+            "MUL_MAT_GEGLU" => Some(Op::MulMatGlu(UnaryOp::Gelu)),
+            "MUL_MAT_SWIGLU" => Some(Op::MulMatGlu(UnaryOp::Silu)),
+            "MUL_MAT_GEGLU_ERF" => Some(Op::MulMatGlu(UnaryOp::GeluErf)),
+            "MUL_MAT_GEGLU_QUICK" => Some(Op::MulMatGlu(UnaryOp::GeluQuick)),
             "NORM" => Some(Op::Norm),
             "RMS_NORM_MUL" => Some(Op::RmsNormMul),
             "ARGMAX" => Some(Op::ArgMax),
@@ -318,6 +327,7 @@ impl Op {
             | Op::SetRows => 2,
             Op::SoftMax { mask, sinks } => 1 + usize::from(mask) + usize::from(sinks),
             Op::Rope { ff } => 2 + usize::from(ff),
+            Op::MulMatGlu(_) => 3,
             Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
             _ => 1,
         }
@@ -330,6 +340,13 @@ impl Op {
         v.push("SCALE");
         v.push("CLAMP");
         v.push("MUL_MAT");
+        v.extend([
+            "MUL_MAT_REGLU",
+            "MUL_MAT_GEGLU",
+            "MUL_MAT_SWIGLU",
+            "MUL_MAT_GEGLU_ERF",
+            "MUL_MAT_GEGLU_QUICK",
+        ]);
         v.push("RMS_NORM");
         v.push("NORM");
         v.extend([
@@ -364,7 +381,7 @@ impl Op {
         let output = i == self.arity();
         match self {
             Op::Rope { .. } if i == 1 => vec![DType::I32],
-            Op::MulMat if i == 0 => TYPES.iter().chain(WEIGHT_TYPES).copied().collect(),
+            _ if self.is_weight(i) => TYPES.iter().chain(WEIGHT_TYPES).copied().collect(),
             Op::ArgMax if output => vec![DType::I32],
             Op::ArgMax => vec![DType::F32],
             Op::CountEqual if output => vec![DType::I64],
@@ -380,6 +397,15 @@ impl Op {
                 _ => vec![DType::F32],
             },
             _ => TYPES.to_vec(),
+        }
+    }
+
+    /// Whether operand `i` is a MUL_MAT's weights (f32/f16/bf16 or ggml's quantized blocks).
+    pub fn is_weight(self, i: usize) -> bool {
+        match self {
+            Op::MulMat => i == 0,
+            Op::MulMatGlu(_) => i < 2,
+            _ => false,
         }
     }
 
@@ -404,6 +430,8 @@ impl Op {
             Op::ArgMax | Op::CountEqual => 1,
             Op::CrossEntropyLoss => 6,
             Op::MulMat => 2 * k,
+            // Two products and the GLU.
+            Op::MulMatGlu(_) => 4 * k + 9,
             // Per query row, head and key (the executor multiplies by rows and keys): the q·k
             // dot product and the v update, 2·D + 2·Dv, counted as 4·D with k = D.
             Op::FlashAttnExt { .. } => 4 * k,
@@ -430,6 +458,7 @@ impl Op {
             Op::RmsNorm | Op::Norm => "op_params[0] = eps (f32 bit pattern); normalises each row (dimension 0)",
             Op::RmsNormMul => "op_params[0] = eps (f32 bit pattern); inputs x and one weight row w [ne0]; y = rms_norm(x) * w per row",
             Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3] (f32/f16/bf16, or q4_0/q4_1/q5_0/q8_0/q4_K/q5_K/q6_K blocks as ggml stores them: nb[0] = block bytes), inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
+            Op::MulMatGlu(_) => "unused; inputs[0] = gate weights, inputs[1] = up weights (one type and shape: MUL_MAT's inputs[0]), inputs[2] = activations (MUL_MAT's inputs[1]), output f32 [M, N, ...] = act(gate . x) * (up . x)",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
             Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",

@@ -468,6 +468,20 @@ pub unsafe fn execute(
             for_each_index(ne, |i| out.set(i, s0.get(i) * s + b));
         }
         Op::MulMat => mul_mat(&bufs[0], &bufs[1], &mut out),
+        Op::MulMatGlu(act) => {
+            // The three ggml nodes as ggml-cpu runs them: both products in f32, then the GLU.
+            let product = |w: &Buf<'_>| {
+                let mut p = Buf {
+                    t: out.t,
+                    bytes: vec![0u8; out.bytes.len()],
+                    as_bf16: false,
+                };
+                mul_mat(w, &bufs[2], &mut p);
+                p
+            };
+            let (gate, up) = (product(&bufs[0]), product(&bufs[1]));
+            for_each_index(ne, |i| out.set(i, unary_f32(act, gate.get(i)) * up.get(i)));
+        }
         Op::ArgMax => argmax(&bufs[0], &mut out),
         Op::CountEqual => {
             let (a, b) = (&bufs[0], &bufs[1]);

@@ -1,0 +1,422 @@
+//! Fusion (architecture §7: fewer dispatches): runs of graph nodes one kernel computes.
+//!
+//! Each pattern is recognised with checks that leave the nodes unfused whenever the graph
+//! differs from it: other ops, types or layouts, an intermediate tensor the application or a
+//! later node reads. The stream fuses only what the kernel store can provide, and runs the
+//! nodes unfused when the fused kernel is refused at compile time.
+//!
+//! * `RMS_NORM` → `MUL` by one weight row: one `RMS_NORM_MUL` kernel ([`fuse_rms_norm_mul`]).
+//! * Two `MUL_MAT`s of one activation by weights of one type and shape → their split `GLU`
+//!   (a feed-forward block's gate and up projections): one `MUL_MAT_<GLU>` kernel
+//!   ([`fuse_mul_mat_glu`]).
+
+use super::plan::{as_layout, mul_mat, rows_layout, Plan, PlanOptions};
+use super::tensor::{BinaryOp, DType, Node, Op, Tensor};
+use crate::kernels::KernelDesc;
+use crate::op_catalogue::{self as catalogue, OpEntry};
+
+/// A run of nodes, starting at the node it was asked for, that one kernel computes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fusion {
+    /// The fused kernel, run where the first node of the run was.
+    pub plan: Plan,
+    /// How many nodes it computes (the first and those right after it).
+    pub nodes: usize,
+}
+
+/// The fusion that starts at `nodes[0]` (`nodes` are the graph from that node on), if one does.
+pub fn fuse_at(nodes: &[Node], options: PlanOptions) -> Option<Fusion> {
+    if let [norm, mul, later @ ..] = nodes {
+        if let Some(plan) = fuse_rms_norm_mul(norm, mul, later) {
+            return Some(Fusion { plan, nodes: 2 });
+        }
+    }
+    if let [a, b, glu, later @ ..] = nodes {
+        if let Some(plan) = fuse_mul_mat_glu([a, b], glu, later, options) {
+            return Some(Fusion { plan, nodes: 3 });
+        }
+    }
+    None
+}
+
+/// Whether `t`'s memory overlaps `u`'s.
+fn overlaps(t: &Tensor, u: &Tensor) -> bool {
+    t.addr < u.addr + u.bytes && u.addr < t.addr + t.bytes
+}
+
+/// Whether a node of `later` reads `t` before a node overwrites its memory: ggml's allocator
+/// gives the memory of dead tensors to later ones, so what is read there afterwards is not `t`.
+fn read_later(t: &Tensor, later: &[Node]) -> bool {
+    for n in later {
+        if n.src.iter().flatten().any(|s| overlaps(s, t)) {
+            return true;
+        }
+        if overlaps(&n.dst, t) {
+            return false;
+        }
+    }
+    false
+}
+
+/// ggml's RMS_NORM → MUL fusion (llama's `attn_norm`, `ffn_norm`): `norm` is an RMS_NORM and
+/// `mul` the node after it, a MUL of the norm's output (input 0) by one f32 weight row repeated
+/// over it; `later` are the graph's nodes after the MUL. One `RMS_NORM_MUL` kernel (x and the
+/// weight row into the MUL's output) replaces both when nothing else reads the norm's output
+/// and the application does not read it either (no graph output): ggml's own fusion rule.
+/// `None` when the pair does not fuse. Every operand is contiguous f32.
+pub fn fuse_rms_norm_mul(norm: &Node, mul: &Node, later: &[Node]) -> Option<Plan> {
+    if norm.op != (Op::Norm { rms: true }) || mul.op != Op::Binary(BinaryOp::Mul) {
+        return None;
+    }
+    let (x, y) = (norm.src(0)?, &norm.dst);
+    let (a, w, out) = (mul.src(0)?, mul.src(1)?, &mul.dst);
+    let f32_dense = |t: &Tensor| t.dtype == DType::F32 && t.is_contiguous();
+    let same = |p: &Tensor, q: &Tensor| p.addr == q.addr && p.ne == q.ne && p.dtype == q.dtype;
+    let fuses = [x, y, w, out].into_iter().all(f32_dense)
+        && !norm.is_output
+        && y.addr != 0
+        && same(a, y)
+        && x.same_shape(y)
+        && out.same_shape(y)
+        && w.ne == [y.ne[0], 1, 1, 1];
+    if !fuses {
+        return None;
+    }
+    // An in-place MUL (ggml's allocator puts its output in y's memory) ends y itself.
+    if !overlaps(out, y) && read_later(y, later) {
+        return None;
+    }
+    let op = catalogue::RMS_NORM_MUL;
+    Some(Plan::Kernel {
+        desc: KernelDesc {
+            op: op.name.to_owned(),
+            op_params: norm.op_params[..op.params].to_vec(),
+            inputs: vec![rows_layout(x, true), as_layout(w)],
+            output: rows_layout(out, true),
+            f16_as_bf16: false,
+        },
+        operands: vec![x.clone(), w.clone(), out.clone()],
+    })
+}
+
+/// A feed-forward block's gate and up projections and their GLU (llama's `ffn_gate`, `ffn_up`,
+/// `swiglu`): `products` are two MUL_MATs, in either order, of one activation x by weights of
+/// one type, shape and layout; `glu` the node after them, a split GLU (not swapped) of their
+/// outputs; `later` the graph's nodes after it. One `MUL_MAT_<GLU>` kernel (the gate weights,
+/// the up weights, x into the GLU's output) replaces the three when neither product is read by
+/// the application or a later node, and the output does not overlap what the kernel reads.
+/// The gate is the product the GLU activates (its first input).
+pub fn fuse_mul_mat_glu(
+    products: [&Node; 2],
+    glu: &Node,
+    later: &[Node],
+    options: PlanOptions,
+) -> Option<Plan> {
+    let Op::Glu { name, .. } = glu.op else {
+        return None;
+    };
+    if products.iter().any(|p| p.op != Op::MulMat || p.is_output) || glu.op_params[1] != 0 {
+        return None;
+    }
+    let (a, b) = (glu.src(0)?, glu.src(1)?);
+    let same = |p: &Tensor, q: &Tensor| {
+        p.addr == q.addr && p.ne == q.ne && p.nb == q.nb && p.dtype == q.dtype
+    };
+    let [p, q] = products;
+    let (gate, up) = if same(&p.dst, a) && same(&q.dst, b) {
+        (p, q)
+    } else if same(&q.dst, a) && same(&p.dst, b) {
+        (q, p)
+    } else {
+        return None;
+    };
+    let (wg, wu, x) = (gate.src(0)?, up.src(0)?, gate.src(1)?);
+    let out = &glu.dst;
+    let fuses = same(x, up.src(1)?)
+        && wg.dtype == wu.dtype
+        && wg.ne == wu.ne
+        && wg.nb == wu.nb
+        && mul_mat(wg, x, &gate.dst).is_ok()
+        && out.dtype == DType::F32
+        && out.same_shape(&gate.dst)
+        && gate.dst.addr != up.dst.addr
+        && ![wg, wu, x].into_iter().any(|t| overlaps(t, out));
+    if !fuses
+        || [&gate.dst, &up.dst]
+            .into_iter()
+            .any(|t| read_later(t, later))
+    {
+        return None;
+    }
+    let op = OpEntry::by_name(&format!("MUL_MAT_{name}"))?;
+    let mut desc = KernelDesc {
+        op: op.name.to_owned(),
+        op_params: Vec::new(),
+        inputs: vec![as_layout(wg), as_layout(wu), as_layout(x)],
+        output: as_layout(out),
+        f16_as_bf16: false,
+    };
+    // As the unfused MUL_MATs are planned (`plan_with`).
+    desc.f16_as_bf16 = options.f16_as_bf16 && wg.dtype == DType::F16;
+    Some(Plan::Kernel {
+        desc,
+        operands: vec![wg.clone(), wu.clone(), x.clone(), out.clone()],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tensor::test_util::tensor;
+    use super::super::tensor::{BinaryOp, DType, QuantType, UnaryOp};
+    use super::*;
+
+    fn node(op: Op, dst: Tensor, src: Vec<Tensor>) -> Node {
+        Node {
+            op,
+            op_params: [0; 16],
+            dst,
+            src: src.into_iter().map(Some).collect(),
+            is_output: false,
+        }
+    }
+
+    /// llama's `ffn_norm`: RMS_NORM of x [64, 5] at 0x1000 into y at 0x2000, then MUL of y by
+    /// the weight row at 0x3000 into z at 0x4000; then `later` (nodes after the MUL).
+    fn rms_norm_then_mul(weight_ne: [i64; 4]) -> (Node, Node) {
+        let x = tensor(DType::F32, [64, 5, 1, 1], 0x1000);
+        let y = tensor(DType::F32, [64, 5, 1, 1], 0x2000);
+        let w = tensor(DType::F32, weight_ne, 0x3000);
+        let z = tensor(DType::F32, [64, 5, 1, 1], 0x4000);
+        let mut norm = node(Op::Norm { rms: true }, y.clone(), vec![x]);
+        norm.op_params[0] = 1e-6f32.to_bits() as i32;
+        let mul = node(Op::Binary(BinaryOp::Mul), z, vec![y, w]);
+        (norm, mul)
+    }
+
+    #[test]
+    fn rms_norm_then_mul_by_a_weight_row_fuses() {
+        let (norm, mul) = rms_norm_then_mul([64, 1, 1, 1]);
+        let later = node(
+            Op::Binary(BinaryOp::Add),
+            tensor(DType::F32, [64, 5, 1, 1], 0x5000),
+            vec![mul.dst.clone(), mul.dst.clone()],
+        );
+        let Some(Plan::Kernel { desc, operands }) = fuse_rms_norm_mul(&norm, &mul, &[later]) else {
+            panic!("does not fuse");
+        };
+        assert_eq!(desc.op, "RMS_NORM_MUL");
+        assert_eq!(desc.op_params, vec![1e-6f32.to_bits() as i32]);
+        assert_eq!(desc.inputs[0].ne, [64, 5, 1, 1]);
+        assert_eq!(desc.inputs[1].ne, [64, 1, 1, 1]);
+        assert_eq!(desc.output.ne, [64, 5, 1, 1]);
+        // x, the weight row, the MUL's output: the norm's output is never written.
+        let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
+        assert_eq!(addrs, vec![0x1000, 0x3000, 0x4000]);
+    }
+
+    #[test]
+    fn memory_reused_after_the_norm_output_is_dead_does_not_stop_the_fusion() {
+        let (norm, mul) = rms_norm_then_mul([64, 1, 1, 1]);
+        // ggml's allocator gives y's memory (0x2000) to a later tensor, which is then read.
+        let reuse = tensor(DType::F32, [64, 5, 1, 1], 0x2000);
+        let writer = node(
+            Op::Unary(UnaryOp::Relu),
+            reuse.clone(),
+            vec![mul.dst.clone()],
+        );
+        let reader = node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [64, 5, 1, 1], 0x5000),
+            vec![reuse],
+        );
+        assert!(fuse_rms_norm_mul(&norm, &mul, &[writer.clone(), reader.clone()]).is_some());
+        // Read before anything overwrites it: y is still needed.
+        assert!(fuse_rms_norm_mul(&norm, &mul, &[reader.clone(), writer]).is_none());
+        // The MUL in place (its output in y's memory): what follows reads the product.
+        let mut in_place = mul.clone();
+        in_place.dst.addr = norm.dst.addr;
+        let product_reader = node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [64, 5, 1, 1], 0x5000),
+            vec![in_place.dst.clone()],
+        );
+        let Some(Plan::Kernel { operands, .. }) =
+            fuse_rms_norm_mul(&norm, &in_place, &[product_reader])
+        else {
+            panic!("an in-place MUL does not fuse");
+        };
+        assert_eq!(operands[2].addr, 0x2000);
+    }
+
+    #[test]
+    fn rms_norm_then_mul_does_not_fuse_when_the_norm_output_is_needed() {
+        let (norm, mul) = rms_norm_then_mul([64, 1, 1, 1]);
+        // Read by a later node.
+        let reader = node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [64, 5, 1, 1], 0x5000),
+            vec![norm.dst.clone()],
+        );
+        assert!(fuse_rms_norm_mul(&norm, &mul, &[reader]).is_none());
+        // Read by the application (a graph output).
+        let mut out = norm.clone();
+        out.is_output = true;
+        assert!(fuse_rms_norm_mul(&out, &mul, &[]).is_none());
+    }
+
+    #[test]
+    fn rms_norm_then_mul_does_not_fuse_other_pairs() {
+        // A weight of the output's shape, or repeated over rows and heads: not one row.
+        for ne in [[64, 5, 1, 1], [64, 1, 2, 1]] {
+            let (norm, mul) = rms_norm_then_mul(ne);
+            assert!(fuse_rms_norm_mul(&norm, &mul, &[]).is_none(), "{ne:?}");
+        }
+        let (norm, mul) = rms_norm_then_mul([64, 1, 1, 1]);
+        // The norm's output as the MUL's second operand, or a MUL of something else.
+        let mut swapped = mul.clone();
+        swapped.src.swap(0, 1);
+        assert!(fuse_rms_norm_mul(&norm, &swapped, &[]).is_none());
+        let mut other = mul.clone();
+        other.src[0] = Some(tensor(DType::F32, [64, 5, 1, 1], 0x6000));
+        assert!(fuse_rms_norm_mul(&norm, &other, &[]).is_none());
+        // NORM (not RMS), ADD instead of MUL, f16 data.
+        let mut plain = norm.clone();
+        plain.op = Op::Norm { rms: false };
+        assert!(fuse_rms_norm_mul(&plain, &mul, &[]).is_none());
+        let mut add = mul.clone();
+        add.op = Op::Binary(BinaryOp::Add);
+        assert!(fuse_rms_norm_mul(&norm, &add, &[]).is_none());
+        let half = |t: &Tensor| tensor(DType::F16, t.ne, t.addr);
+        let mut h = mul.clone();
+        h.src[1] = Some(half(mul.src[1].as_ref().unwrap()));
+        assert!(fuse_rms_norm_mul(&norm, &h, &[]).is_none());
+    }
+
+    /// A feed-forward block as llama builds it: x [64, m] at 0x1000; the gate MUL_MAT (weights
+    /// [64, 32] at 0x10000) into 0x2000, the up MUL_MAT (weights at 0x20000) into 0x3000,
+    /// SWIGLU of (gate, up) into 0x4000.
+    fn feed_forward(weights: DType, m: i64) -> [Node; 3] {
+        let x = tensor(DType::F32, [64, m, 1, 1], 0x1000);
+        let weight = |addr| match weights {
+            // ggml's block layout: 2 blocks of 18 bytes per row.
+            DType::Quant(_) => {
+                let mut w = tensor(DType::I8, [64, 32, 1, 1], addr);
+                w.dtype = weights;
+                w.nb = [18, 36, 36 * 32, 36 * 32];
+                w.bytes = 36 * 32;
+                w
+            }
+            _ => tensor(weights, [64, 32, 1, 1], addr),
+        };
+        let g = tensor(DType::F32, [32, m, 1, 1], 0x2000);
+        let u = tensor(DType::F32, [32, m, 1, 1], 0x3000);
+        let out = tensor(DType::F32, [32, m, 1, 1], 0x4000);
+        let glu = Op::Glu {
+            name: "SWIGLU",
+            act: UnaryOp::Silu,
+        };
+        [
+            node(Op::MulMat, g.clone(), vec![weight(0x10000), x.clone()]),
+            node(Op::MulMat, u.clone(), vec![weight(0x20000), x]),
+            node(glu, out, vec![g, u]),
+        ]
+    }
+
+    fn fused_operands(nodes: &[Node]) -> Option<(KernelDesc, Vec<u64>)> {
+        match fuse_at(nodes, PlanOptions::default()) {
+            Some(Fusion {
+                plan: Plan::Kernel { desc, operands },
+                nodes: 3,
+            }) => Some((desc, operands.iter().map(|t| t.addr).collect())),
+            None => None,
+            other => panic!("not a three-node kernel: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn gate_and_up_products_and_their_glu_fuse() {
+        for m in [1, 3] {
+            let (desc, addrs) = fused_operands(&feed_forward(DType::F32, m)).expect("fuses");
+            assert_eq!(desc.op, "MUL_MAT_SWIGLU");
+            assert!(desc.op_params.is_empty());
+            assert_eq!(desc.inputs[0].ne, [64, 32, 1, 1]);
+            assert_eq!(desc.inputs[2].ne, [64, m, 1, 1]);
+            assert_eq!(desc.output.ne, [32, m, 1, 1]);
+            // The gate weights, the up weights, x, the GLU's output: no product is written.
+            assert_eq!(addrs, vec![0x10000, 0x20000, 0x1000, 0x4000]);
+        }
+        // The products in the other order (ggml visits the GLU's inputs in order): the gate is
+        // still the activated one.
+        let [g, u, glu] = feed_forward(DType::F32, 1);
+        let (_, addrs) = fused_operands(&[u, g, glu]).expect("fuses");
+        assert_eq!(addrs, vec![0x10000, 0x20000, 0x1000, 0x4000]);
+    }
+
+    #[test]
+    fn quantized_and_f16_weights_fuse_with_the_mul_mat_rules() {
+        let q4_0 = DType::Quant(QuantType {
+            name: "q4_0",
+            id: 2,
+            block: 32,
+            block_bytes: 18,
+            decode: true,
+            encode: true,
+        });
+        let nodes = feed_forward(q4_0, 1);
+        let (desc, _) = fused_operands(&nodes).expect("fuses");
+        assert_eq!(desc.inputs[1].dtype, "q4_0");
+        let f16 = feed_forward(DType::F16, 1);
+        let as_bf16 = PlanOptions { f16_as_bf16: true };
+        let Some(Fusion {
+            plan: Plan::Kernel { desc, .. },
+            ..
+        }) = fuse_at(&f16, as_bf16)
+        else {
+            panic!("f16 weights do not fuse");
+        };
+        assert!(desc.f16_as_bf16);
+    }
+
+    #[test]
+    fn products_that_are_read_later_or_differ_do_not_fuse() {
+        let base = feed_forward(DType::F32, 1);
+        // A product read after the GLU, or read by the application.
+        let reader = node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [32, 1, 1, 1], 0x5000),
+            vec![base[1].dst.clone()],
+        );
+        let mut read = base.to_vec();
+        read.push(reader);
+        assert!(fused_operands(&read).is_none());
+        let mut output = base.clone();
+        output[0].is_output = true;
+        assert!(fused_operands(&output).is_none());
+        // Different activations, weight types, weight shapes; a swapped or fused GLU.
+        let mut other_x = base.clone();
+        other_x[1].src[1] = Some(tensor(DType::F32, [64, 1, 1, 1], 0x8000));
+        assert!(fused_operands(&other_x).is_none());
+        let mut other_type = base.clone();
+        other_type[1].src[0] = Some(tensor(DType::F16, [64, 32, 1, 1], 0x20000));
+        assert!(fused_operands(&other_type).is_none());
+        let mut swapped = base.clone();
+        swapped[2].op_params[1] = 1;
+        assert!(fused_operands(&swapped).is_none());
+        let mut one_input = base.clone();
+        one_input[2].src.truncate(1);
+        assert!(fused_operands(&one_input).is_none());
+        // A GLU of something else.
+        let mut unrelated = base.clone();
+        unrelated[2].src[1] = Some(tensor(DType::F32, [32, 1, 1, 1], 0x9000));
+        assert!(fused_operands(&unrelated).is_none());
+        // The output in x's memory (x is dead after the products): the kernel would overwrite
+        // what it reads.
+        let mut over_x = base.clone();
+        over_x[2].dst.addr = 0x1000;
+        assert!(fused_operands(&over_x).is_none());
+        // In the gate product's memory (ggml's in-place GLU): nothing reads the product.
+        let mut in_place = base;
+        in_place[2].dst.addr = 0x2000;
+        assert_eq!(fused_operands(&in_place).unwrap().1[3], 0x2000);
+    }
+}
