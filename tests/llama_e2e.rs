@@ -140,12 +140,17 @@ fn tiny_llama_f32_under_packet_abi_c_matches_cpu() {
 /// CPU's top two logits are at least 0.5 apart.
 const MAX_QUANTIZED_LOGITS_NMSE: f64 = 5e-3;
 
-/// The quantized tiny llamas under the default packet ABI and under ABI c (the CPU's run is
-/// shared).
+/// The f16 and quantized tiny llamas under the default packet ABI and under ABI c (the CPU's
+/// run is shared), all held to the quantized models' bound.
 #[test]
 fn tiny_llama_quantized_on_hsa0_matches_cpu() {
     let Some(bin) = dl_bin() else { return };
-    for name in ["tiny-llama-q8_0", "tiny-llama-q4_0", "tiny-llama-q4_k_m"] {
+    for name in [
+        "tiny-llama-f16",
+        "tiny-llama-q8_0",
+        "tiny-llama-q4_0",
+        "tiny-llama-q4_k_m",
+    ] {
         let Some(model) = model(name) else { return };
         let cpu = greedy(&bin, &model, LONG_PROMPT, None);
         let npu = greedy_args(
