@@ -163,6 +163,9 @@ class MatmulSpec:
     dst: Tensor  # [N, M, b12, b13]
     plan: GemmPlan | GemvPlan
     compute: str  # microkernel input type: bf16, i8, i16 (or f32 for GEMV)
+    # MUL_MAT_<glu>: the GLU op (REGLU, GEGLU, SWIGLU, GEGLU_ERF, GEGLU_QUICK); src0 is then
+    # the gate weights, and the up weights (the request's input 1) have src0's dtype, ne, nb.
+    glu: str = ""
 
     @property
     def gemv(self) -> bool:
@@ -175,13 +178,15 @@ class MatmulSpec:
 
     @property
     def sequence(self) -> list[tuple[str, int]]:
-        """(type, elements) of the runtime-sequence arguments: src0, src1, dst."""
+        """(type, elements) of the runtime-sequence arguments: src0, src1, dst (MUL_MAT_<glu>:
+        W_g, W_u, x, dst)."""
         w = (
             ("i8", self.src0.nbytes)
             if self.weight_bytes
             else (self.src0.dtype, self.src0.nelements)
         )
-        return [w] + [(t.dtype, t.nelements) for t in (self.src1, self.dst)]
+        ws = [w, w] if self.glu else [w]
+        return ws + [(t.dtype, t.nelements) for t in (self.src1, self.dst)]
 
     @property
     def batches(self) -> list[tuple[int, int, int]]:
@@ -208,12 +213,14 @@ class MatmulSpec:
     @property
     def core(self) -> CoreSource:
         a, b, c = self.src1.dtype, self.src0.dtype, self.dst.dtype
+        glu = {"MV_GLU": 1, f"GGML_OP_{self.glu}": 1} if self.glu else {}
         if self.weight_bytes:
             p = self.plan
             d = {
                 f"MVQ_{b.upper()}": 1,
                 "MV_ROWS": p.rows_per_tile,
                 "MV_KC": p.k_chunk,
+                **glu,
             }
             return CoreSource(GEMV_BLOCKS_SOURCE, "mvq.o", d)
         if self.gemv:
@@ -225,6 +232,7 @@ class MatmulSpec:
                 "MV_ROWS": p.rows_per_tile,
                 "MV_KC": p.k_chunk,
                 "MV_INT": int(self.compute in INT_TYPES),
+                **glu,
             }
             return CoreSource(GEMV_SOURCE, "mv.o", d)
         p = self.plan
@@ -673,6 +681,58 @@ def prepare_rope(req: Request) -> RopeSpec:
     )
 
 
+def _check_mul_mat_shapes(op: str, src0: Tensor, src1: Tensor, dst: Tensor) -> None:
+    K, N = src0.ne[0], src0.ne[1]
+    if src1.ne[0] != K:
+        raise RequestError(f"{op}: src1 has {src1.ne[0]} columns, src0 {K}")
+    M = src1.ne[1]
+    if dst.ne != (N, M, src1.ne[2], src1.ne[3]):
+        raise RequestError(f"{op}: dst shape {list(dst.ne)} is not [N, M, ne12, ne13]")
+    if src1.ne[2] % src0.ne[2] or src1.ne[3] % src0.ne[3]:
+        raise UnsupportedError(f"{op}: src0 cannot be broadcast over src1's batches")
+
+
+def prepare_mul_mat_glu(req: Request) -> MatmulSpec:
+    """MUL_MAT_<glu>: act(W_g . x) * (W_u . x), the GEMV design with two weight matrices per
+    round (GemvPlan.glu) for every src1 row. Inputs: W_g, W_u (one dtype, ne and nb), x."""
+    if len(req.inputs) == 3:
+        gate, up, x = req.inputs
+        if (gate.dtype, gate.ne, gate.nb) != (up.dtype, up.ne, up.nb):
+            raise RequestError(
+                f"{req.op}: the gate and up weights (inputs 0 and 1) must have one type, shape "
+                f"and strides: {gate.dtype} {list(gate.ne)} {list(gate.nb)} and {up.dtype} "
+                f"{list(up.ne)} {list(up.nb)}"
+            )
+    spec, arch = _check_common(req)  # the input count, op_params, types, dense operands
+    gate, up, x = req.inputs
+    dst = req.output
+    combo = (gate.dtype, x.dtype, dst.dtype)
+    if combo not in registry.MUL_MAT_GLU_COMBOS:
+        raise UnsupportedError(
+            f"{req.op} does not compile the type combination weights {combo[0]}, x "
+            f"{combo[1]}, dst {combo[2]}"
+        )
+    _check_mul_mat_shapes(req.op, gate, x, dst)
+    K, N, M = gate.ne[0], gate.ne[1], x.ne[1]
+    products = _products(gate, x, dst)
+    glu = spec.op[len("MUL_MAT_") :]
+    if gate.dtype in BYTE_WEIGHTS:
+        plan = plan_gemv_blocks(N, K, gate.block, gate.size, arch, products, glu=True)
+        compute = "bf16"
+    else:
+        plan = plan_gemv(N, K, gate.size, x.size, dst.size, arch, len(products), glu=True)
+        compute = gate.dtype
+    if plan is None:
+        raise UnsupportedError(
+            f"{req.op}: no tiling of {gate.dtype} weights for M={M}, N={N}, K={K} "
+            f"({len(products)} src1 rows) on {arch.name}: the GEMV needs rows of whole 32-bit "
+            f"words in K (whole blocks; or a core's rows together) and at most "
+            f"{MAX_TASKS_PER_CHANNEL} DMA tasks on the weights' shim channel (2 per round: "
+            f"src1 rows x rounds x 2)"
+        )
+    return MatmulSpec(req, arch, gate, x, dst, plan, compute, glu=glu)
+
+
 def prepare_mul_mat(req: Request) -> MatmulSpec:
     _, arch = _check_common(req)
     src0, src1 = req.inputs
@@ -682,14 +742,8 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
         raise UnsupportedError(
             "MUL_MAT does not compile the type combination src0 {}, src1 {}, dst {}".format(*combo)
         )
-    K, N = src0.ne[0], src0.ne[1]
-    if src1.ne[0] != K:
-        raise RequestError(f"MUL_MAT: src1 has {src1.ne[0]} columns, src0 {K}")
-    M = src1.ne[1]
-    if dst.ne != (N, M, src1.ne[2], src1.ne[3]):
-        raise RequestError(f"MUL_MAT: dst shape {list(dst.ne)} is not [N, M, ne12, ne13]")
-    if src1.ne[2] % src0.ne[2] or src1.ne[3] % src0.ne[3]:
-        raise UnsupportedError("MUL_MAT: src0 cannot be broadcast over src1's batches")
+    _check_mul_mat_shapes("MUL_MAT", src0, src1, dst)
+    K, N, M = src0.ne[0], src0.ne[1], src1.ne[1]
     batches = src1.ne[2] * src1.ne[3]
     w, x, y = src0.size, src1.size, dst.size
     if src0.dtype in BYTE_WEIGHTS:
@@ -731,6 +785,8 @@ def prepare(req: Request):
         raise UnsupportedError(f"no design implements op {req.op}")
     if spec.kind == "mul_mat":
         return prepare_mul_mat(req)
+    if spec.kind == "mul_mat_glu":
+        return prepare_mul_mat_glu(req)
     if spec.kind == "rows":
         return prepare_rows(req)
     if spec.kind == "glu":

@@ -10,7 +10,8 @@ vector units, f32 is emulated. Type rules beyond the per-op list:
 
 * element-wise ops: float operands (bf16, f32) may be mixed freely, integer
   operands must all have one type; floats and integers do not mix;
-* MUL_MAT: see `MUL_MAT_COMBOS`.
+* MUL_MAT: see `MUL_MAT_COMBOS`; MUL_MAT_<glu>: `MUL_MAT_GLU_COMBOS` (input 1, the up
+  weights, has input 0's type).
 """
 
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ class OpSpec:
     types: tuple[str, ...]
     broadcast: bool
     noncontiguous: bool
-    kind: str  # "binary", "unary", "mul_mat", "rows", "glu", "rope", "copy" or "set_rows"
+    # "binary", "unary", "mul_mat", "mul_mat_glu", "rows", "glu", "rope", "copy", "set_rows"
+    kind: str
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
     # f32 bit patterns); non-zero words beyond them are refused.
@@ -65,6 +67,16 @@ _MM_LIMITS = (
     "multiplied with the activations rounded to bf16, f32 sums; a weight row's bytes must be "
     "whole 32-bit words, or the rows of a core's tile together (then K is not chunked), and at "
     "most 1024 DMA tasks (batches x src1 rows x rounds)"
+)
+
+_MM_GLU_LIMITS = (
+    "act(W_g . x) * (W_u . x) with act ggml's relu, gelu (tanh approximation), silu, gelu_erf "
+    "or gelu_quick: inputs W_g, W_u (one type, shape and strides: MUL_MAT's src0, f32, bf16, "
+    "f16 or block-quantized), x (f32, MUL_MAT's src1); dst f32 [N,M,...]. One GEMV per src1 "
+    "row computing both products per round (the gate sums kept on the core), contiguous "
+    "operands, rows of whole 32-bit words (whole blocks) as MUL_MAT's GEMV; at most 1024 DMA "
+    "tasks on the weights' shim channel (src1 rows x rounds x 2), so long prefill batches "
+    "are refused"
 )
 
 _ROWS_LIMITS = (
@@ -128,6 +140,12 @@ def _glu(op: str) -> OpSpec:
     return OpSpec(op, GLU_OPS, 2, _GLU_TYPES, False, True, "glu", _GLU_LIMITS)
 
 
+def _mul_mat_glu(op: str) -> OpSpec:
+    # Like MUL_MAT: the inputs never have the output's shape (declared as broadcast).
+    types = ("bf16", "f16", "f32") + QUANT_TYPES
+    return OpSpec(op, MUL_MAT, 3, types, True, False, "mul_mat_glu", _MM_GLU_LIMITS)
+
+
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
     return OpSpec(op, UNARY_OPS, 1, tuple(types), False, False, "unary", limits, params)
 
@@ -177,6 +195,13 @@ OPS: tuple[OpSpec, ...] = (
         "mul_mat",
         _MM_LIMITS,
     ),
+    # A feed-forward block's gate and up projections and their GLU, fused by the backend:
+    # inputs W_g, W_u, x (designs/mul_mat.py).
+    _mul_mat_glu("MUL_MAT_REGLU"),
+    _mul_mat_glu("MUL_MAT_GEGLU"),
+    _mul_mat_glu("MUL_MAT_SWIGLU"),
+    _mul_mat_glu("MUL_MAT_GEGLU_ERF"),
+    _mul_mat_glu("MUL_MAT_GEGLU_QUICK"),
     # Row ops (designs/_rows.py): op_params eps (norms), scale and max_bias (SOFT_MAX).
     _rows("RMS_NORM", 1, ("f32",), 1),
     _rows("NORM", 1, ("f32",), 1),
@@ -230,6 +255,12 @@ MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = (
     # f16 and block-quantized weights (decoded to bf16 on the cores), f32 activations.
     ("f16", "f32", "f32"),
     *((q, "f32", "f32") for q in QUANT_TYPES),
+)
+
+# (weights, x, dst) type triples of MUL_MAT_<glu>: MUL_MAT's with a float output (the GLU is
+# computed in f32); both weight inputs have the first type.
+MUL_MAT_GLU_COMBOS: tuple[tuple[str, str, str], ...] = tuple(
+    c for c in MUL_MAT_COMBOS if c[2] == "f32"
 )
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}

@@ -27,6 +27,7 @@ MAX_TILE = 4096  # elements per object of an element-wise FIFO
 MAX_REPEAT = 64  # outer repeat count of one shim DMA task
 MAX_WRAP = 1023  # largest wrap of an inner DMA dimension
 MAX_TASKS_PER_CHANNEL = 1024  # runtime-sequence DMA tasks per shim channel
+MAX_STRIDE_WORDS = 1 << 20  # largest stride of a shim DMA dimension, in 32-bit words
 ITERATION_OVERHEAD = 256  # element-equivalents one object FIFO round trip costs
 BCAST_MAX_BYTES = 8192  # largest broadcast operand kept resident in a compute tile
 VECTOR_ELEMS = 16  # lanes of the element-wise vector loops
@@ -253,10 +254,11 @@ def block_starts(total: int, block: int) -> list[int]:
     return starts
 
 
-def round_tasks(total: int, block: int) -> list[tuple[int, int]]:
+def round_tasks(total: int, block: int, limit: int = MAX_REPEAT) -> list[tuple[int, int]]:
     """(first element, rounds) of the DMA tasks walking `total` in rounds of `block`: the
-    whole rounds in chunks of at most MAX_REPEAT, then the shifted last round, if any."""
-    out = [(first * block, count) for first, count in chunks(total // block, MAX_REPEAT)]
+    whole rounds in chunks of at most `limit` (MAX_REPEAT), then the shifted last round, if
+    any."""
+    out = [(first * block, count) for first, count in chunks(total // block, limit)]
     if total % block:
         out.append((total - block, 1))
     return out
@@ -433,6 +435,10 @@ class GemvPlan:
     W is src0. Per round the array covers a block of C*R*nr rows of W: worker (c, r)
     computes `rows_per_tile` outputs starting at row round_start + c*R*nr + r*nr, walking
     K in chunks of `k_chunk`. The last round starts early when N is off the grid.
+
+    `glu` (MUL_MAT_<glu>, two weight matrices of one layout, W_g and W_u): per round the W
+    channel carries the round's tile of W_g, then the same tile of W_u (two DMA tasks per
+    round: two runtime buffers, one fifo), x goes twice (one tap repeating it) and y once.
     """
 
     N: int
@@ -445,6 +451,8 @@ class GemvPlan:
     # `w_block_bytes` bytes, and W's taps count bytes. 0: W counts elements.
     w_block: int = 1
     w_block_bytes: int = 0
+    glu: bool = False
+    w_size: int = 0  # bytes of a W DMA unit (0: not known, no stride limit applied)
 
     def w_units(self, elems: int) -> int:
         """W's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
@@ -471,33 +479,56 @@ class GemvPlan:
         return self.K // self.k_chunk
 
     def round_tasks(self) -> list[tuple[int, int]]:
-        """(first row, rounds) of the DMA tasks that walk the rounds of one x row."""
+        """(first row, rounds) of the DMA tasks that walk the rounds of one x row: runs of
+        up to MAX_REPEAT rounds, or GLU_GROUP_ROUNDS with `glu` (a group's tasks then fit the
+        shim tile's buffer descriptors: 2 W tasks per round, x and y)."""
+        if self.glu:
+            return round_tasks(self.N, self.block, GLU_GROUP_ROUNDS)
+        round_bytes = self.block * self.w_units(self.K) * self.w_size
+        if round_bytes > MAX_STRIDE_WORDS * DMA_WORD:
+            # Consecutive rounds of W are further apart than a DMA stride reaches: one round
+            # per task (its repeat dimension has size 1 and no stride).
+            return round_tasks(self.N, self.block, 1)
         return round_tasks(self.N, self.block)
 
-    def tasks(self, products) -> list[list[tuple[Tap, Tap, Tap]]]:
-        """Task groups, each a (W, x, y) tap per array column; `products` are the (src0,
-        src1, dst) element offsets of each matrix-vector product (one per src1 row)."""
-        K, C, R, nr, kc = self.K, self.columns, self.rows, self.rows_per_tile, self.k_chunk
+    def w_tasks(self, products: int) -> int:
+        """DMA tasks on a column's W channel over `products` matrix-vector products (the
+        busiest shim channel)."""
+        if self.glu:
+            return products * 2 * self.rounds
+        return products * len(self.round_tasks())
+
+    def _w_tap(self, w_off: int, row0: int, count: int) -> Tap:
+        K, R, nr, kc = self.K, self.rows, self.rows_per_tile, self.k_chunk
         Kw, kcw = self.w_units(K), self.w_units(kc)
+        # One round (every GLU task): no repeat, so no stride (a round's stride can exceed
+        # the DMA's 2^20 words: 4096 rows of K = 4096 q4_0 weights apart).
+        step = self.block * Kw if count > 1 else 0
+        if self.w_block_bytes and self.whole_rows:
+            # R*nr whole rows: one contiguous run per round.
+            return Tap(w_off + row0 * Kw, (count, 1, 1, R * nr * Kw), (step, 0, 0, 1))
+        return Tap(w_off + row0 * Kw, (count, K // kc, R * nr, kcw), (step, kcw, Kw, 1))
+
+    def tasks(self, products) -> list[list[tuple]]:
+        """Task groups, each a (W, x, y) tap per array column; `products` are the (src0,
+        src1, dst) element offsets of each matrix-vector product (one per src1 row).
+
+        With `glu`: each a (Ws, x, y) per column, Ws one W tap per round of the group (one
+        round each), each issued on W_g and then on W_u; x repeats the row twice per round."""
+        K, C, R, nr, kc = self.K, self.columns, self.rows, self.rows_per_tile, self.k_chunk
         block = self.block
+        per_round = 2 if self.glu else 1
         groups = []
         for w_off, x_off, y_off in products:
             for r0, count in self.round_tasks():
                 group = []
                 for col in range(C):
                     row0 = r0 + col * R * nr
-                    if self.w_block_bytes and self.whole_rows:
-                        # R*nr whole rows: one contiguous run per round.
-                        w = Tap(
-                            w_off + row0 * Kw, (count, 1, 1, R * nr * Kw), (block * Kw, 0, 0, 1)
-                        )
+                    if self.glu:
+                        w = tuple(self._w_tap(w_off, row0 + i * block, 1) for i in range(count))
                     else:
-                        w = Tap(
-                            w_off + row0 * Kw,
-                            (count, K // kc, R * nr, kcw),
-                            (block * Kw, kcw, Kw, 1),
-                        )
-                    x = Tap(x_off, (count, 1, K // kc, kc), (0, 0, kc, 1))
+                        w = self._w_tap(w_off, row0, count)
+                    x = Tap(x_off, (per_round * count, 1, K // kc, kc), (0, 0, kc, 1))
                     y = Tap(y_off + row0, (1, 1, count, R * nr), (0, 0, block, 1))
                     group.append((w, x, y))
                 groups.append(group)
@@ -505,6 +536,9 @@ class GemvPlan:
 
 
 GEMV_MAX_CHUNK_WORDS = MAX_WRAP  # a K chunk is one run of a DMA dimension
+# MUL_MAT_<glu>: rounds per task group, whose 2 W tasks per round, x and y must fit the 16
+# buffer descriptors of a shim tile between awaits: 2 * 7 + 2.
+GLU_GROUP_ROUNDS = 7
 
 
 def plan_gemv(
@@ -515,9 +549,11 @@ def plan_gemv(
     y_size: int,
     arch: Arch,
     products: int = 1,
+    glu: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan for `products` matrix-vector products, or None. Any N; K
-    chunks are divisors of K whose W and x runs are whole DMA words (any K for f32)."""
+    chunks are divisors of K whose W and x runs are whole DMA words (any K for f32).
+    `glu`: MUL_MAT_<glu> (GemvPlan.glu; the core also keeps its stash of nr f32)."""
     if (K * w_size) % DMA_WORD or (K * x_size) % DMA_WORD:
         return None
     best, best_key = None, None
@@ -535,10 +571,11 @@ def plan_gemv(
                     continue
                 for kc in reversed(k_options):
                     l1 = 2 * nr * kc * w_size + 2 * kc * x_size + 2 * nr * y_size
+                    l1 += glu_stash_bytes(nr) if glu else 0
                     if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                         continue
-                    plan = GemvPlan(N, K, columns, rows, nr, kc)
-                    if products * len(plan.round_tasks()) > MAX_TASKS_PER_CHANNEL:
+                    plan = GemvPlan(N, K, columns, rows, nr, kc, glu=glu, w_size=w_size)
+                    if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
                         continue
                     vectors = -(-kc // VECTOR_ELEMS)
                     cost = plan.rounds * plan.k_steps * (nr * vectors + 64)
@@ -547,6 +584,17 @@ def plan_gemv(
                         best, best_key = plan, key
                     break  # the largest K chunk that fits
     return best
+
+
+def glu_stash_bytes(nr: int) -> int:
+    """The MUL_MAT_<glu> core's stash of the gate sums (mv_glu.h: nr f32, 64-byte aligned)."""
+    return -(-nr * 4 // 64) * 64
+
+
+def _w_taps(plan: GemvPlan, products):
+    for group in plan.tasks(products):
+        for w, _, _ in group:
+            yield from (w if plan.glu else (w,))
 
 
 def _byte_tap_ok(tap: Tap) -> bool:
@@ -564,12 +612,14 @@ def plan_gemv_blocks(
     arch: Arch,
     products,
     staging: int = 0,
+    glu: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan over weights moved as bytes (`w_block` elements in
     `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results, or
     None. `products` are the (src0 byte, src1, dst element) offsets of the matrix-vector
     products (checked for DMA alignment); `staging` is what the core function keeps on its
-    stack besides the fifo buffers. K chunks are whole blocks."""
+    stack besides the fifo buffers. K chunks are whole blocks. `glu`: MUL_MAT_<glu>
+    (GemvPlan.glu; the core also keeps its stash of nr f32)."""
     if K % w_block:
         return None
     blocks = K // w_block
@@ -584,20 +634,24 @@ def plan_gemv_blocks(
                 for kc in reversed(k_options):
                     kcw = kc // w_block * w_block_bytes
                     l1 = 2 * nr * kcw + 2 * kc * x_size + 2 * nr * y_size + staging
+                    l1 += glu_stash_bytes(nr) if glu else 0
                     if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                         continue
                     if (nr * kcw) % DMA_WORD:
                         continue
                     if kc != K and (kcw % DMA_WORD or kcw > DMA_WORD * GEMV_MAX_CHUNK_WORDS):
                         continue
+                    # x's chunks too are one run of a wrap-limited dimension.
+                    if kc != K and kc * x_size > DMA_WORD * GEMV_MAX_CHUNK_WORDS:
+                        continue
                     # Whole rows: a core row's tiles are one run of the shim's innermost
                     # dimension.
                     if kc == K and rows * nr * kcw > DMA_WORD * MAX_WRAP:
                         continue
-                    plan = GemvPlan(N, K, columns, rows, nr, kc, w_block, w_block_bytes)
-                    if len(products) * len(plan.round_tasks()) > MAX_TASKS_PER_CHANNEL:
+                    plan = GemvPlan(N, K, columns, rows, nr, kc, w_block, w_block_bytes, glu, 1)
+                    if plan.w_tasks(len(products)) > MAX_TASKS_PER_CHANNEL:
                         continue
-                    if not all(_byte_tap_ok(w) for g in plan.tasks(products) for w, _, _ in g):
+                    if not all(_byte_tap_ok(w) for w in _w_taps(plan, products)):
                         continue
                     vectors = -(-kc // VECTOR_ELEMS)
                     cost = plan.rounds * plan.k_steps * (nr * vectors + 64)

@@ -24,7 +24,17 @@ chunk) and the cores decode it (kernels/mvq.cc).
 The DMA access patterns of the runtime sequence come from `GemmPlan.tasks` and
 `GemvPlan.tasks` (pure Python, walked by the host tests).
 
-Runtime-sequence arguments: src0, src1, dst (the request's order).
+MUL_MAT_<glu> (REGLU, GEGLU, SWIGLU, GEGLU_ERF, GEGLU_QUICK; the backend's fusion of a
+feed-forward block's gate and up projections with their GLU): dst = act(W_g . x) * (W_u . x),
+the GEMV dataflow for every src1 row with both weight matrices on one W fifo. Per round each
+core zeroes its stash (nr f32 in the core function's static data), accumulates W_g's K chunks
+into it, then acquires y, accumulates W_u's K chunks into y and sets y = act(stash) * y
+(kernels/mv_glu.h). The shim fills the column's W fifo per round with the tap of the gate
+rows from W_g, then the same tap from W_u (`GemvPlan.tasks` with `glu`), and x twice (one
+tap with a stride-0 repeat).
+
+Runtime-sequence arguments: src0, src1, dst (the request's order); MUL_MAT_<glu>: W_g, W_u,
+x, dst.
 """
 
 from aie.helpers.taplib import TensorAccessPattern
@@ -223,3 +233,126 @@ def _gemv(spec):
 def ggml_op_mul_mat(spec):
     """GGML MUL_MAT: the GEMV design for one src1 row, the GEMM design otherwise."""
     return _gemv(spec) if spec.gemv else _gemm(spec)
+
+
+def _gemv_glu(spec):
+    """MUL_MAT_<glu>: the GEMV dataflow with the gate and up weights on one W fifo (see the
+    module docstring)."""
+    p = spec.plan
+    C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk
+    x_t, y_t = spec.src1.dtype, spec.dst.dtype
+    w_t, w_elems = ("i8", p.w_units(kc)) if spec.weight_bytes else (spec.src0.dtype, kc)
+    obj = spec.core.object_name
+    fn = "ggml_mvq" if spec.weight_bytes else "ggml_mv"
+    dev = device(spec.arch, C)
+    seq_types = [vector_type(count, t) for t, count in spec.sequence]  # W_g, W_u, x, dst
+    w_tile, x_tile, y_tile = (
+        vector_type(nr * w_elems, w_t),
+        vector_type(kc, x_t),
+        vector_type(nr, y_t),
+    )
+    gate_zero = Kernel(f"{fn}_gate_zero", obj, [])
+    gate = Kernel(f"{fn}_gate", obj, [w_tile, x_tile])
+    zero = Kernel(f"{fn}_zero", obj, [y_tile])
+    matvec = Kernel(fn, obj, [w_tile, x_tile, y_tile])
+    glu = Kernel(f"{fn}_glu", obj, [y_tile])
+    rounds = spec.tiles_per_core
+    k_steps = p.k_steps
+
+    def core_fn(of_w, of_x, of_y, gate_zero_fn, gate_fn, zero_fn, mv_fn, glu_fn):
+        for _ in range_(rounds):
+            # The gate rows' sums into the core's stash.
+            gate_zero_fn()
+            for _ in range_(k_steps):
+                w = of_w.acquire(1)
+                x = of_x.acquire(1)
+                gate_fn(w, x)
+                of_w.release(1)
+                of_x.release(1)
+            # The up rows' sums into y, then y = act(stash) * y.
+            y = of_y.acquire(1)
+            zero_fn(y)
+            for _ in range_(k_steps):
+                w = of_w.acquire(1)
+                x = of_x.acquire(1)
+                mv_fn(w, x, y)
+                of_w.release(1)
+                of_x.release(1)
+            glu_fn(y)
+            of_y.release(1)
+
+    w_cols, x_cols, y_cols, workers = [], [], [], []
+    for col in range(C):
+        mem = Tile(col, MEM_ROW)
+        w_fifo = ObjectFifo(vector_type(R * nr * w_elems, w_t), name=f"W_c{col}")
+        w_subs = w_fifo.cons().split(
+            [i * nr * w_elems for i in range(R)],
+            obj_types=[w_tile] * R,
+            names=[f"W_c{col}_r{i}" for i in range(R)],
+            tile=mem,
+        )
+        x_fifo = ObjectFifo(x_tile, name=f"X_c{col}")
+        y_fifo = ObjectFifo(vector_type(R * nr, y_t), name=f"Y_c{col}")
+        y_subs = y_fifo.prod().join(
+            [i * nr for i in range(R)],
+            obj_types=[y_tile] * R,
+            names=[f"Y_c{col}_r{i}" for i in range(R)],
+            tile=mem,
+        )
+        w_cols.append(w_fifo)
+        x_cols.append(x_fifo)
+        y_cols.append(y_fifo)
+        for i in range(R):
+            args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod()]
+            args += [gate_zero, gate, zero, matvec, glu]
+            workers.append(Worker(core_fn, fn_args=args, tile=Tile(col, 2 + i)))
+
+    totals = [count for _, count in spec.sequence]
+    groups = spec.tasks()
+    handles = []
+    for col in range(C):
+        shim = Tile(col, SHIM_ROW)
+        handles += [w_cols[col].prod(tile=shim), x_cols[col].prod(tile=shim)]
+        handles.append(y_cols[col].cons(tile=shim))
+
+    def sequence(Wg, Wu, X, Y, *hs):
+        # Task groups from GemvPlan.tasks (glu): per column one W tap per round, issued on
+        # W_g then on W_u, x repeated twice per round, y of the group's rounds.
+        for group in groups:
+            tg = TaskGroup()
+            for col, (ws, x, y) in enumerate(group):
+                hw, hx, hy = hs[3 * col : 3 * col + 3]
+                for w in ws:
+                    hw.fill(Wg, tap=_tap(totals[0], w), group=tg)
+                    hw.fill(Wu, tap=_tap(totals[1], w), group=tg)
+                hx.fill(X, tap=_tap(totals[2], x), group=tg)
+                hy.drain(Y, tap=_tap(totals[3], y), group=tg, wait=True)
+            tg.finish()
+
+    rt = Runtime(sequence, [*seq_types, *handles])
+    return Program(dev, rt, workers=workers).resolve_program()
+
+
+def ggml_op_mul_mat_reglu(spec):
+    """MUL_MAT_REGLU: relu(W_g . x) * (W_u . x) (ggml: x > 0 ? x * g : 0)."""
+    return _gemv_glu(spec)
+
+
+def ggml_op_mul_mat_geglu(spec):
+    """MUL_MAT_GEGLU: gelu(W_g . x) * (W_u . x), ggml's tanh approximation of gelu."""
+    return _gemv_glu(spec)
+
+
+def ggml_op_mul_mat_swiglu(spec):
+    """MUL_MAT_SWIGLU: silu(W_g . x) * (W_u . x)."""
+    return _gemv_glu(spec)
+
+
+def ggml_op_mul_mat_geglu_erf(spec):
+    """MUL_MAT_GEGLU_ERF: gelu_erf(W_g . x) * (W_u . x)."""
+    return _gemv_glu(spec)
+
+
+def ggml_op_mul_mat_geglu_quick(spec):
+    """MUL_MAT_GEGLU_QUICK: gelu_quick(W_g . x) * (W_u . x)."""
+    return _gemv_glu(spec)

@@ -39,24 +39,9 @@ using namespace ggml_aie;
 // ------------------------------------------------------------------ float ops
 
 #if BINARY && defined(GLU)
-// GLU ops: act(x) * g, with ggml's activations (eltwise's unary GELU, SILU, ...).
-static inline vf op2(vf x, vf g) {
-  const vf zero = splat(0.0f), one = splat(1.0f);
-#if defined(GGML_OP_REGLU)
-  return pick(gt(x, zero), mul(x, g), zero); // ggml: x > 0 ? x * g : 0
-#elif defined(GGML_OP_GEGLU)
-  vf inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715f)), 0.79788456080286536f);
-  return mul(mul(mul(x, 0.5f), add(one, tanh(inner))), g);
-#elif defined(GGML_OP_SWIGLU)
-  return mul(mul(x, sigmoid(x)), g);
-#elif defined(GGML_OP_GEGLU_ERF)
-  return mul(mul(mul(x, 0.5f), add(one, erf(mul(x, 0.70710678118654752f)))), g);
-#elif defined(GGML_OP_GEGLU_QUICK)
-  return mul(mul(x, sigmoid(mul(x, 1.702f))), g);
-#else
-#error "unknown GLU op"
-#endif
-}
+// GLU ops: act(x) * g, with ggml's activations (ggml_aie.h, picked by glu.h).
+#include "glu.h"
+static inline vf op2(vf x, vf g) { return glu_op(x, g); }
 #elif BINARY
 static inline vf op2(vf a, vf b) {
 #if defined(GGML_OP_ADD)
@@ -91,13 +76,11 @@ static inline vf op1(vf x) {
 #elif defined(GGML_OP_SIGMOID)
   return sigmoid(x);
 #elif defined(GGML_OP_GELU)
-  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-  vf inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715f)), 0.79788456080286536f);
-  return mul(mul(x, 0.5f), add(one, tanh(inner)));
+  return gelu(x);
 #elif defined(GGML_OP_GELU_QUICK)
-  return mul(x, sigmoid(mul(x, 1.702f)));
+  return gelu_quick(x);
 #elif defined(GGML_OP_SILU)
-  return mul(x, sigmoid(x));
+  return silu(x);
 #elif defined(GGML_OP_HARDSIGMOID)
   return fmin(one, fmax(zero, mul(add(x, splat(3.0f)), 1.0f / 6.0f)));
 #elif defined(GGML_OP_HARDSWISH)
@@ -105,7 +88,7 @@ static inline vf op1(vf x) {
 #elif defined(GGML_OP_EXP)
   return exp(x);
 #elif defined(GGML_OP_GELU_ERF)
-  return mul(mul(x, 0.5f), add(one, erf(mul(x, 0.70710678118654752f))));
+  return gelu_erf(x);
 #elif defined(GGML_OP_SQR)
   return mul(x, x);
 #elif defined(GGML_OP_SQRT)

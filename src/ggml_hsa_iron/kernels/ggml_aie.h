@@ -226,6 +226,32 @@ inline vf erf(vf x) {
   return from_bits(aie::bit_or(bits(r), sign));
 }
 
+// ------------------------------------------------------- ggml's activations
+// GELU (tanh approximation), GELU_QUICK, SILU and GELU_ERF as ggml-cpu computes them, and the
+// GLU ops built from them (act(x) * g). Shared by eltwise.cc (the unary and GLU ops) and the
+// fused MUL_MAT_<glu> GEMVs (mv.cc, mvq.cc); glu.h picks the GLU op of a build.
+
+inline vf gelu(vf x) {
+  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  vf inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715f)), 0.79788456080286536f);
+  return mul(mul(x, 0.5f), add(splat(1.0f), tanh(inner)));
+}
+inline vf gelu_quick(vf x) { return mul(x, sigmoid(mul(x, 1.702f))); }
+inline vf silu(vf x) { return mul(x, sigmoid(x)); }
+inline vf gelu_erf(vf x) {
+  return mul(mul(x, 0.5f), add(splat(1.0f), erf(mul(x, 0.70710678118654752f))));
+}
+
+// ggml: x > 0 ? x * g : 0 (not relu(x) * g: a zero x times an infinite g is 0).
+inline vf reglu(vf x, vf g) {
+  const vf zero = splat(0.0f);
+  return pick(lt(zero, x), mul(x, g), zero);
+}
+inline vf geglu(vf x, vf g) { return mul(gelu(x), g); }
+inline vf swiglu(vf x, vf g) { return mul(silu(x), g); }
+inline vf geglu_erf(vf x, vf g) { return mul(gelu_erf(x), g); }
+inline vf geglu_quick(vf x, vf g) { return mul(gelu_quick(x), g); }
+
 // ------------------------------------------------------- more float functions
 
 inline vi sign_bit(vf v) { return aie::bit_and(bits(v), splat_i(int32_t(0x80000000u))); }

@@ -4,10 +4,14 @@
 // MV_ROWS rows of MV_KC contiguous elements, x (src1's type X_T) MV_KC
 // elements, y (dst's type Y_T) MV_ROWS results accumulated over the K chunks.
 // MV_KC is any chunk of K (whole vectors, then a zero-padded tail).
+// MV_GLU=1 with GGML_OP_<glu op> (f32 y): the fused MUL_MAT_<glu> functions (mv_glu.h).
 // Floats: bf16 x bf16 uses the native bf16 multiply-accumulate into f32
 // accumulators; other float pairs are widened to f32. Integers: 32-bit sums.
 
 #include "ggml_aie.h"
+#if MV_GLU
+#include "glu.h"
+#endif
 
 using namespace ggml_aie;
 
@@ -69,10 +73,12 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) {
 
 #else
 
-void ggml_mv(W_T *w, X_T *x, Y_T *y) {
+} // extern "C"
+
+// y[r] += dot(W[r], x): results are gathered VEC rows at a time and added to y with vector
+// adds (the scalar unit has no floating point).
+static inline void accumulate(const W_T *w, const X_T *x, Y_T *y) {
   set_ggml_rounding();
-  // Results are gathered VEC rows at a time and added to y with vector adds
-  // (the scalar unit has no floating point).
   for (int r0 = 0; r0 < MV_ROWS; r0 += VEC) {
     int n = MV_ROWS - r0 < (int)VEC ? MV_ROWS - r0 : (int)VEC;
     vf sums = splat(0.0f);
@@ -81,6 +87,22 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) {
     store_part(y + r0, add(load_part(y + r0, n), sums), n);
   }
 }
+
+extern "C" {
+
+void ggml_mv(W_T *w, X_T *x, Y_T *y) { accumulate(w, x, y); }
+
+#if MV_GLU
+// MUL_MAT_<glu> (the GLU op's define, see glu.h): per round the gate rows' sums go to this
+// core's stash (static: each core links its own copy), then y = act(stash) * y once the up
+// rows' sums are in y. The plan counts the stash in the core's data memory.
+#define GGML_MV_GATE_ZERO ggml_mv_gate_zero
+#define GGML_MV_GATE ggml_mv_gate
+#define GGML_MV_GLU ggml_mv_glu
+#define GGML_MV_W_T W_T
+#define GGML_MV_X_T X_T
+#include "mv_glu.h"
+#endif
 
 #endif
 

@@ -19,9 +19,13 @@
 // MUL_MAT tolerance.
 //
 // Defines: exactly one of MVQ_F16, MVQ_Q4_0, MVQ_Q4_1, MVQ_Q5_0, MVQ_Q8_0, MVQ_Q4_K,
-// MVQ_Q5_K, MVQ_Q6_K; MV_ROWS, MV_KC.
+// MVQ_Q5_K, MVQ_Q6_K; MV_ROWS, MV_KC. MV_GLU=1 with GGML_OP_<glu op>: the fused
+// MUL_MAT_<glu> functions (mv_glu.h).
 
 #include "ggml_aie.h"
+#if MV_GLU
+#include "glu.h"
+#endif
 
 using namespace ggml_aie;
 
@@ -209,7 +213,9 @@ void ggml_mvq_zero(float *y) {
     y[r] = 0.0f;
 }
 
-void ggml_mvq(int8_t *w, float *x, float *y) {
+} // extern "C"
+
+static inline void accumulate(const int8_t *w, const float *x, float *y) {
   // The f32 -> bf16 conversions of the weights and activations round to nearest even, as
   // ggml converts to bf16; the core's reset mode (floor) would bias every product down.
   set_ggml_rounding();
@@ -224,5 +230,19 @@ void ggml_mvq(int8_t *w, float *x, float *y) {
     store_part(y + r0, add(load_part(y + r0, n), sums), n);
   }
 }
+
+extern "C" {
+
+void ggml_mvq(int8_t *w, float *x, float *y) { accumulate(w, x, y); }
+
+#if MV_GLU
+// MUL_MAT_<glu>: see mv_glu.h.
+#define GGML_MV_GATE_ZERO ggml_mvq_gate_zero
+#define GGML_MV_GATE ggml_mvq_gate
+#define GGML_MV_GLU ggml_mvq_glu
+#define GGML_MV_W_T int8_t
+#define GGML_MV_X_T float
+#include "mv_glu.h"
+#endif
 
 } // extern "C"

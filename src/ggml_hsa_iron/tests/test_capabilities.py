@@ -66,6 +66,8 @@ def row_request(op: str, dtype: str, arch: str) -> str:
 # Issue 15: the GLU family (x, g; f32/f16/bf16) and ROPE (x, positions[, frequency
 # factors]; 11 op_params words).
 GLU = ["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]
+# The backend's fusion of MUL_MAT(W_g, x), MUL_MAT(W_u, x) and their split GLU.
+MM_GLU = [f"MUL_MAT_{op}" for op in GLU]
 ROPE = ["ROPE", "ROPE_FF"]
 # Issue 15: the copies and the KV-cache write (f32/f16/bf16; SET_ROWS' i32/i64 indices).
 COPIES = ["DUP", "CPY", "CONT"]
@@ -96,7 +98,8 @@ class CapabilitiesTest(unittest.TestCase):
             ):
                 self.assertIsInstance(op[key], kind, op["op"])
             # MUL_MAT's weights may also be f16 or block-quantized; f16 elsewhere as listed.
-            extra = set(("f16",) + QUANT_TYPES) if op["op"] == "MUL_MAT" else {"f16"}
+            mm = op["op"] == "MUL_MAT" or op["op"] in MM_GLU
+            extra = set(("f16",) + QUANT_TYPES) if mm else {"f16"}
             if op["op"] == "SET_ROWS":
                 extra.add("i64")
             self.assertTrue(set(op["types"]) <= set(ALL_TYPES) | extra, op["op"])
@@ -111,6 +114,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + EXTRA_UNARY
                 + WITH_PARAMS
                 + ["MUL_MAT"]
+                + MM_GLU
                 + ROW_OPS
                 + GLU
                 + ROPE
@@ -128,6 +132,15 @@ class CapabilitiesTest(unittest.TestCase):
             self.assertFalse(ops[op]["broadcast"])
             self.assertTrue(ops[op]["noncontiguous"])
         self.assertEqual([ops[op]["inputs"] for op in ROPE], [2, 3])
+        for op in MM_GLU:
+            self.assertEqual(ops[op]["inputs"], 3)
+            self.assertEqual(ops[op]["types"], ["bf16", "f16", "f32", *QUANT_TYPES])
+            self.assertEqual((ops[op]["broadcast"], ops[op]["noncontiguous"]), (True, False))
+            self.assertEqual(ops[op]["kernel_source"], "mul_mat.py")
+            self.assertEqual(
+                ops[op]["type_combos"],
+                [list(c) for c in registry.MUL_MAT_COMBOS if c[2] == "f32"],
+            )
         for op in SEED_BINARY:
             self.assertEqual(ops[op]["inputs"], 2)
             self.assertTrue(ops[op]["broadcast"])
@@ -142,7 +155,7 @@ class CapabilitiesTest(unittest.TestCase):
         self.assertEqual({s.params for s in registry.OPS if s.kind == "rope"}, {11})
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
-            set(WITH_F16) | {"MUL_MAT", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"} >= with_f16
+            set(WITH_F16 + MM_GLU) | {"MUL_MAT", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"} >= with_f16
         )
         self.assertTrue(with_f16 >= set(WITH_F16))
 
@@ -150,12 +163,23 @@ class CapabilitiesTest(unittest.TestCase):
         for spec in registry.OPS:
             with self.subTest(op=spec.op):
                 self.assertIn(spec.kernel_name, defined_functions(spec.source))
-        for source in ("eltwise.cc", "mm.cc", "mv.cc", "rows.cc", "rope.cc", "ggml_aie.h"):
+        sources = ("eltwise.cc", "mm.cc", "mv.cc", "mvq.cc", "rows.cc", "rope.cc", "ggml_aie.h")
+        for source in sources + ("glu.h", "mv_glu.h"):
             self.assertTrue((KERNELS / source).is_file(), source)
         eltwise = (KERNELS / "eltwise.cc").read_text()
+        glu = (KERNELS / "glu.h").read_text()
         rows = (KERNELS / "rows.cc").read_text()
+        self.assertIn('#include "glu.h"', eltwise)
+        for source in ("mv.cc", "mvq.cc"):
+            text = (KERNELS / source).read_text()
+            self.assertIn('#include "glu.h"', text, source)
+            self.assertIn('#include "mv_glu.h"', text, source)
         for spec in registry.OPS:
-            if spec.kind in ("unary", "binary", "glu"):
+            if spec.kind == "glu":
+                self.assertIn(f"defined(GGML_OP_{spec.op})", glu, spec.op)
+            elif spec.kind == "mul_mat_glu":
+                self.assertIn(f"defined(GGML_OP_{spec.op[len('MUL_MAT_') :]})", glu, spec.op)
+            elif spec.kind in ("unary", "binary"):
                 self.assertIn(f"defined(GGML_OP_{spec.op})", eltwise, spec.op)
             elif spec.kind == "rows":
                 self.assertIn(f"defined(GGML_OP_{spec.op})", rows, spec.op)
@@ -194,6 +218,17 @@ class CapabilitiesTest(unittest.TestCase):
                                 # K = 256: whole super-blocks of the K-quants.
                                 [tensor(s0, [256, 64]), tensor(s1, [256, 32])],
                                 tensor(d, [64, 32]),
+                                arch=arch,
+                            )
+                        elif spec.kind == "mul_mat_glu":
+                            combos = [c for c in registry.MUL_MAT_GLU_COMBOS if dtype in c]
+                            self.assertTrue(combos)
+                            s0, s1, d = combos[0]
+                            w = tensor(s0, [256, 64])
+                            req = request_json(
+                                spec.op,
+                                [w, w, tensor(s1, [256, 2])],
+                                tensor(d, [64, 2]),
                                 arch=arch,
                             )
                         elif spec.kind == "rows":
@@ -251,7 +286,9 @@ class CapabilitiesTest(unittest.TestCase):
             return set(re.findall(r"defined\(GGML_OP_(\w+)\)", part))
 
         eltwise = {s.op for s in registry.OPS if s.kind in ("unary", "binary", "glu")}
-        self.assertEqual(ops_in(float_part), eltwise)
+        # The GLU ops' activations are picked in glu.h (shared with the fused GEMVs).
+        glu = ops_in((KERNELS / "glu.h").read_text())
+        self.assertEqual(ops_in(float_part) | glu, eltwise)
         with_ints = {s.op for s in eltwise_specs() if "i32" in s.types}
         self.assertEqual(ops_in(int_part), with_ints)
         for spec in eltwise_specs():
