@@ -9,6 +9,8 @@
 //! * Two `MUL_MAT`s of one activation by weights of one type and shape → their split `GLU`
 //!   (a feed-forward block's gate and up projections): one `MUL_MAT_<GLU>` kernel
 //!   ([`fuse_mul_mat_glu`]).
+//! * `MUL_MAT` → `ADD` of its product and another f32 tensor (residual connections, biases):
+//!   one `MUL_MAT_ADD` kernel ([`fuse_mul_mat_add`]).
 
 use super::plan::{as_layout, mul_mat, rows_layout, Plan, PlanOptions};
 use super::tensor::{BinaryOp, DType, Node, Op, Tensor};
@@ -36,7 +38,17 @@ pub fn fuse_at(nodes: &[Node], options: PlanOptions) -> Option<Fusion> {
             return Some(Fusion { plan, nodes: 3 });
         }
     }
+    if let [mm, add, later @ ..] = nodes {
+        if let Some(plan) = fuse_mul_mat_add(mm, add, later, options) {
+            return Some(Fusion { plan, nodes: 2 });
+        }
+    }
     None
+}
+
+/// Whether `p` and `q` are the same tensor (address, type, shape and strides).
+fn same(p: &Tensor, q: &Tensor) -> bool {
+    p.addr == q.addr && p.ne == q.ne && p.nb == q.nb && p.dtype == q.dtype
 }
 
 /// Whether `t`'s memory overlaps `u`'s.
@@ -119,9 +131,6 @@ pub fn fuse_mul_mat_glu(
         return None;
     }
     let (a, b) = (glu.src(0)?, glu.src(1)?);
-    let same = |p: &Tensor, q: &Tensor| {
-        p.addr == q.addr && p.ne == q.ne && p.nb == q.nb && p.dtype == q.dtype
-    };
     let [p, q] = products;
     let (gate, up) = if same(&p.dst, a) && same(&q.dst, b) {
         (p, q)
@@ -161,6 +170,57 @@ pub fn fuse_mul_mat_glu(
     Some(Plan::Kernel {
         desc,
         operands: vec![wg.clone(), wu.clone(), x.clone(), out.clone()],
+    })
+}
+
+/// A MUL_MAT and the ADD after it of its product and another f32 tensor r (llama's residual
+/// connections after `attn_output` and `ffn_down`, a projection's bias); `later` are the
+/// graph's nodes after the ADD. One `MUL_MAT_ADD` kernel (the weights, x and r into the ADD's
+/// output) replaces both when the application does not read the product and no later node
+/// reads it before its memory is reused (an ADD in place, into the product's memory, ends it
+/// itself). r is the ADD's second input repeated over the product (ggml broadcasting), or its
+/// first input of the product's shape. The output may be r itself (an ADD in place into r) but
+/// must not overlap the weights, x or part of r.
+pub fn fuse_mul_mat_add(
+    mm: &Node,
+    add: &Node,
+    later: &[Node],
+    options: PlanOptions,
+) -> Option<Plan> {
+    if mm.op != Op::MulMat || mm.is_output || add.op != Op::Binary(BinaryOp::Add) {
+        return None;
+    }
+    let (w, x, product, out) = (mm.src(0)?, mm.src(1)?, &mm.dst, &add.dst);
+    let (a, b) = (add.src(0)?, add.src(1)?);
+    let r = if same(a, product) && b.can_repeat_to(product) {
+        b
+    } else if same(b, product) && a.same_shape(product) {
+        a
+    } else {
+        return None;
+    };
+    let fuses = mul_mat(w, x, product).is_ok()
+        && r.dtype == DType::F32
+        && out.dtype == DType::F32
+        && out.same_shape(product)
+        && out.is_contiguous()
+        && ![w, x].into_iter().any(|t| overlaps(t, out))
+        && (!overlaps(r, out) || same(r, out));
+    if !fuses || (!overlaps(out, product) && read_later(product, later)) {
+        return None;
+    }
+    let op = catalogue::MUL_MAT_ADD;
+    let desc = KernelDesc {
+        op: op.name.to_owned(),
+        op_params: Vec::new(),
+        inputs: vec![as_layout(w), as_layout(x), as_layout(r)],
+        output: as_layout(out),
+        // As the unfused MUL_MAT is planned (`plan_with`).
+        f16_as_bf16: options.f16_as_bf16 && w.dtype == DType::F16,
+    };
+    Some(Plan::Kernel {
+        desc,
+        operands: vec![w.clone(), x.clone(), r.clone(), out.clone()],
     })
 }
 
@@ -418,5 +478,85 @@ mod tests {
         let mut in_place = base;
         in_place[2].dst.addr = 0x2000;
         assert_eq!(fused_operands(&in_place).unwrap().1[3], 0x2000);
+    }
+
+    /// llama's residual connection after `ffn_down`: the MUL_MAT of x [64, m] at 0x1000 by
+    /// weights at 0x10000 into 0x2000, then ADD of (product, residual at 0x3000) into 0x4000.
+    fn projection_then_add(m: i64, residual_ne: [i64; 4]) -> [Node; 2] {
+        let x = tensor(DType::F32, [64, m, 1, 1], 0x1000);
+        let w = tensor(DType::F32, [64, 32, 1, 1], 0x10000);
+        let p = tensor(DType::F32, [32, m, 1, 1], 0x2000);
+        let r = tensor(DType::F32, residual_ne, 0x3000);
+        let out = tensor(DType::F32, [32, m, 1, 1], 0x4000);
+        [
+            node(Op::MulMat, p.clone(), vec![w, x]),
+            node(Op::Binary(BinaryOp::Add), out, vec![p, r]),
+        ]
+    }
+
+    fn fused_add(nodes: &[Node]) -> Option<Vec<u64>> {
+        match fuse_at(nodes, PlanOptions::default()) {
+            Some(Fusion {
+                plan: Plan::Kernel { desc, operands },
+                nodes: 2,
+            }) => {
+                assert_eq!(desc.op, "MUL_MAT_ADD");
+                Some(operands.iter().map(|t| t.addr).collect())
+            }
+            None => None,
+            other => panic!("not a two-node kernel: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_product_and_its_residual_or_bias_add_fuse() {
+        // The residual (the product's shape), a bias row repeated over the rows.
+        for (m, r) in [(1, [32, 1, 1, 1]), (3, [32, 3, 1, 1]), (3, [32, 1, 1, 1])] {
+            let addrs = fused_add(&projection_then_add(m, r)).expect("fuses");
+            assert_eq!(addrs, vec![0x10000, 0x1000, 0x3000, 0x4000]);
+        }
+        // ADD(residual, product): the residual is the ADD's first input.
+        let [mm, mut add] = projection_then_add(3, [32, 3, 1, 1]);
+        add.src.swap(0, 1);
+        let addrs = fused_add(&[mm, add]).expect("fuses");
+        assert_eq!(addrs[2], 0x3000);
+        // In place into the residual, or into the product.
+        for at in [0x3000, 0x2000] {
+            let [mm, mut add] = projection_then_add(1, [32, 1, 1, 1]);
+            add.dst.addr = at;
+            assert_eq!(fused_add(&[mm, add]).expect("fuses")[3], at);
+        }
+    }
+
+    #[test]
+    fn a_product_add_does_not_fuse_when_the_product_is_needed_or_differs() {
+        let base = projection_then_add(1, [32, 1, 1, 1]);
+        let reader = node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [32, 1, 1, 1], 0x5000),
+            vec![base[0].dst.clone()],
+        );
+        let mut read = base.to_vec();
+        read.push(reader);
+        assert!(fused_add(&read).is_none());
+        let mut output = base.clone();
+        output[0].is_output = true;
+        assert!(fused_add(&output).is_none());
+        // A first input repeated over the product: the ADD's output would have its shape.
+        let [mm, mut add] = projection_then_add(3, [32, 1, 1, 1]);
+        add.src.swap(0, 1);
+        assert!(fused_add(&[mm, add]).is_none());
+        // SUB, an f16 residual, an output over x or over part of the residual.
+        let mut sub = base.clone();
+        sub[1].op = Op::Binary(BinaryOp::Sub);
+        assert!(fused_add(&sub).is_none());
+        let mut half = base.clone();
+        half[1].src[1] = Some(tensor(DType::F16, [32, 1, 1, 1], 0x3000));
+        assert!(fused_add(&half).is_none());
+        for at in [0x1000, 0x3000 + 4] {
+            let mut over = base.clone();
+            over[1].dst.addr = at;
+            assert!(fused_add(&over).is_none(), "{at:#x}");
+        }
     }
 }

@@ -179,8 +179,16 @@ impl KernelDesc {
                 ));
             }
         }
-        if matches!(op, Op::MulMat | Op::MulMatGlu(_)) {
-            let x = if op == Op::MulMat { 1 } else { 2 };
+        if op == Op::MulMatAdd {
+            let (r, o) = (self.inputs[2].ne, self.output.ne);
+            if !(0..4).all(|d| r[d] > 0 && o[d] % r[d] == 0) {
+                return inv(format!(
+                    "MUL_MAT_ADD: r {r:?} cannot be repeated over the output {o:?}"
+                ));
+            }
+        }
+        if matches!(op, Op::MulMat | Op::MulMatGlu(_) | Op::MulMatAdd) {
+            let x = if matches!(op, Op::MulMatGlu(_)) { 2 } else { 1 };
             let (a, b, o) = (src0.ne, self.inputs[x].ne, self.output.ne);
             let broadcast_ok = (2..4).all(|d| a[d] > 0 && b[d] % a[d] == 0);
             if a[0] != b[0] || o != [a[1], b[1], b[2], b[3]] || !broadcast_ok {
@@ -324,6 +332,7 @@ impl KernelDesc {
             op,
             Op::MulMat
                 | Op::MulMatGlu(_)
+                | Op::MulMatAdd
                 | Op::SoftMax { .. }
                 | Op::Rope { .. }
                 | Op::CountEqual

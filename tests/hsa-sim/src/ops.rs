@@ -172,6 +172,9 @@ pub enum Op {
     /// block's gate and up projections): y = act(gate . x) * (up . x); inputs the gate
     /// weights, the up weights (MUL_MAT's src0, one type and shape) and x (MUL_MAT's src1).
     MulMatGlu(UnaryOp),
+    /// A MUL_MAT and the ADD of its product and r, fused by the backend (residual connections,
+    /// biases): y = w . x + r, r repeated over the product; inputs the weights, x and r.
+    MulMatAdd,
     /// ggml's ARGMAX: per row of an f32 matrix, the i32 index of its largest value (the last
     /// one among equals, as ggml-cpu's loop finds it).
     ArgMax,
@@ -283,6 +286,7 @@ impl Op {
             "SWIGLU" => Some(Op::Glu(UnaryOp::Silu)),
             "GEGLU_ERF" => Some(Op::Glu(UnaryOp::GeluErf)),
             "GEGLU_QUICK" => Some(Op::Glu(UnaryOp::GeluQuick)),
+            "MUL_MAT_ADD" => Some(Op::MulMatAdd),
             "MUL_MAT_REGLU" => Some(Op::MulMatGlu(UnaryOp::Relu)),
             "MUL_MAT_GEGLU" => Some(Op::MulMatGlu(UnaryOp::Gelu)),
             "MUL_MAT_SWIGLU" => Some(Op::MulMatGlu(UnaryOp::Silu)),
@@ -327,7 +331,7 @@ impl Op {
             | Op::SetRows => 2,
             Op::SoftMax { mask, sinks } => 1 + usize::from(mask) + usize::from(sinks),
             Op::Rope { ff } => 2 + usize::from(ff),
-            Op::MulMatGlu(_) => 3,
+            Op::MulMatGlu(_) | Op::MulMatAdd => 3,
             Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
             _ => 1,
         }
@@ -346,6 +350,7 @@ impl Op {
             "MUL_MAT_SWIGLU",
             "MUL_MAT_GEGLU_ERF",
             "MUL_MAT_GEGLU_QUICK",
+            "MUL_MAT_ADD",
         ]);
         v.push("RMS_NORM");
         v.push("NORM");
@@ -403,7 +408,7 @@ impl Op {
     /// Whether operand `i` is a MUL_MAT's weights (f32/f16/bf16 or ggml's quantized blocks).
     pub fn is_weight(self, i: usize) -> bool {
         match self {
-            Op::MulMat => i == 0,
+            Op::MulMat | Op::MulMatAdd => i == 0,
             Op::MulMatGlu(_) => i < 2,
             _ => false,
         }
@@ -432,6 +437,7 @@ impl Op {
             Op::MulMat => 2 * k,
             // Two products and the GLU.
             Op::MulMatGlu(_) => 4 * k + 9,
+            Op::MulMatAdd => 2 * k + 1,
             // Per query row, head and key (the executor multiplies by rows and keys): the q·k
             // dot product and the v update, 2·D + 2·Dv, counted as 4·D with k = D.
             Op::FlashAttnExt { .. } => 4 * k,
@@ -459,6 +465,7 @@ impl Op {
             Op::RmsNormMul => "op_params[0] = eps (f32 bit pattern); inputs x and one weight row w [ne0]; y = rms_norm(x) * w per row",
             Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3] (f32/f16/bf16, or q4_0/q4_1/q5_0/q8_0/q4_K/q5_K/q6_K blocks as ggml stores them: nb[0] = block bytes), inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
             Op::MulMatGlu(_) => "unused; inputs[0] = gate weights, inputs[1] = up weights (one type and shape: MUL_MAT's inputs[0]), inputs[2] = activations (MUL_MAT's inputs[1]), output f32 [M, N, ...] = act(gate . x) * (up . x)",
+            Op::MulMatAdd => "unused; inputs[0] = weights, inputs[1] = activations (MUL_MAT's inputs), inputs[2] = r f32, repeated over the product; output f32 [M, N, ...] = w . x + r",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
             Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",

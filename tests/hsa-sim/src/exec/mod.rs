@@ -482,6 +482,16 @@ pub unsafe fn execute(
             let (gate, up) = (product(&bufs[0]), product(&bufs[1]));
             for_each_index(ne, |i| out.set(i, unary_f32(act, gate.get(i)) * up.get(i)));
         }
+        Op::MulMatAdd => {
+            // The two ggml nodes as ggml-cpu runs them: the product in f32, then the f32 ADD.
+            mul_mat(&bufs[0], &bufs[1], &mut out);
+            let r = &bufs[2];
+            let rn = r.t.ne;
+            for_each_index(ne, |i| {
+                let j = [i[0] % rn[0], i[1] % rn[1], i[2] % rn[2], i[3] % rn[3]];
+                out.set(i, out.get(i) + r.get(j));
+            });
+        }
         Op::ArgMax => argmax(&bufs[0], &mut out),
         Op::CountEqual => {
             let (a, b) = (&bufs[0], &bufs[1]);
