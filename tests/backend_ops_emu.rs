@@ -158,7 +158,11 @@ fn every_iron_op_emulated(arch: &str, only_f32: bool) {
         .unwrap_or_else(|e| panic!("{}: {e}", cache.display()))
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    for fused in ["rms_norm_mul-f32_", "mul_mat_swiglu-f32_", "mul_mat_geglu-f32_"] {
+    for fused in [
+        "rms_norm_mul-f32_",
+        "mul_mat_swiglu-f32_",
+        "mul_mat_geglu-f32_",
+    ] {
         assert!(
             names.iter().any(|n| n.starts_with(fused)),
             "{arch}: no fused kernel {fused}* was built by the IRON design: {names:?}"
