@@ -12,6 +12,10 @@
 #   scripts/bench.sh --quick    the tiny llamas (f32, Q4_0), pp32 and tg16, kernels computed by
 #                               hsa-sim: the same figures in about a minute (what CI runs).
 #   scripts/bench.sh --models "q4_0 f16"   only these types of the full run.
+#   scripts/bench.sh --kernels reference   HSA0 offers every kernel of hsa-sim's reference
+#                               compiler; by default (--kernels iron) only those the IRON
+#                               package declares, what a real NPU would run (hsa-sim computes
+#                               them either way: HSA_SIM_COMPILE_DECLARE).
 #
 # The simulated figures come from hsa-sim's cost model (tests/hsa-sim/src/cost.rs, every
 # constant with its source); nothing here has run on an NPU.
@@ -20,6 +24,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 mode=full
 types="f16 q8_0 q4_0 q4_k_m"
+kernels=iron
 while [ $# -gt 0 ]; do
     case $1 in
     --quick) mode=quick ;;
@@ -27,8 +32,12 @@ while [ $# -gt 0 ]; do
         types=$2
         shift
         ;;
+    --kernels)
+        kernels=$2
+        shift
+        ;;
     *)
-        echo "usage: scripts/bench.sh [--quick] [--models \"f16 q8_0 q4_0 q4_k_m\"]" >&2
+        echo "usage: scripts/bench.sh [--quick] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference]" >&2
         exit 2
         ;;
     esac
@@ -75,5 +84,5 @@ else
         models+=("llama-1b-shape-$t=$out")
     done
 fi
-exec python3 scripts/bench.py --mode "$mode" --bin "$(scripts/llama-cpp.sh path bin-dl)" \
-    --target target/release "${models[@]}"
+exec python3 scripts/bench.py --mode "$mode" --kernels "$kernels" \
+    --bin "$(scripts/llama-cpp.sh path bin-dl)" --target target/release "${models[@]}"

@@ -50,6 +50,41 @@ fn capabilities() -> serde_json::Value {
     })
 }
 
+/// `HSA_SIM_COMPILE_DECLARE=<file>`: the capabilities declared instead of the simulator's own
+/// are another compiler's (the IRON package's, say), as far as the simulator implements them:
+/// its ops the executor knows, its archs the simulator has. The backend then asks for exactly
+/// the kernels that compiler declares, and the simulator computes them (scripts/bench.sh: what a
+/// real NPU would run). A shape that compiler would refuse at compile time is still built here.
+fn declared_instead(path: &str) -> Result<serde_json::Value, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("HSA_SIM_COMPILE_DECLARE: cannot read {path}: {e}"))?;
+    let theirs: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("HSA_SIM_COMPILE_DECLARE: {path} is not JSON: {e}"))?;
+    let list = |key: &str| {
+        theirs[key]
+            .as_array()
+            .cloned()
+            .ok_or_else(|| format!("HSA_SIM_COMPILE_DECLARE: {path} has no \"{key}\" list"))
+    };
+    let ops: Vec<serde_json::Value> = list("ops")?
+        .into_iter()
+        .filter(|o| o["op"].as_str().and_then(Op::from_name).is_some())
+        .collect();
+    let archs: Vec<serde_json::Value> = list("archs")?
+        .into_iter()
+        .filter(|a| a.as_str().is_some_and(|a| ops::ARCHS.contains(&a)))
+        .collect();
+    let mut caps = capabilities();
+    caps["compiler"] = json!(format!(
+        "hsa-sim-compile declaring {}'s ops",
+        theirs["compiler"].as_str().unwrap_or("another compiler")
+    ));
+    caps["archs"] = json!(archs);
+    caps["ops"] = json!(ops);
+    caps["f16_as_bf16"] = json!(theirs["f16_as_bf16"].as_bool().unwrap_or(false));
+    Ok(caps)
+}
+
 /// Writes `bytes` to `dir/name` through a temporary file and a rename.
 fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
@@ -92,7 +127,16 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("capabilities") if args.len() == 1 => {
-            println!("{}", capabilities());
+            match std::env::var("HSA_SIM_COMPILE_DECLARE") {
+                Ok(path) => match declared_instead(&path) {
+                    Ok(caps) => println!("{caps}"),
+                    Err(msg) => {
+                        eprintln!("hsa-sim-compile: {msg}");
+                        return ExitCode::from(1);
+                    }
+                },
+                Err(_) => println!("{}", capabilities()),
+            }
             ExitCode::SUCCESS
         }
         Some("compile") => {
