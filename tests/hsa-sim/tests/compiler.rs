@@ -37,10 +37,12 @@ fn capabilities_lists_ops() {
         v["ops"][0]["types"],
         serde_json::json!(["f32", "f16", "bf16"])
     );
-    // Block-quantized types are MUL_MAT's (for its weights) and no other op's.
+    // Block-quantized types are for the weights of MUL_MAT and its fused forms (MUL_MAT_ADD,
+    // MUL_MAT_<GLU>) and no other op's.
     for o in v["ops"].as_array().unwrap() {
         let quantized = o["types"].as_array().unwrap().contains(&"q4_K".into());
-        assert_eq!(quantized, o["op"] == "MUL_MAT", "{o}");
+        let mul_mat = o["op"].as_str().unwrap().starts_with("MUL_MAT");
+        assert_eq!(quantized, mul_mat, "{o}");
     }
     let types = |op: &str| {
         let o = v["ops"].as_array().unwrap().iter().find(|o| o["op"] == op);
@@ -123,6 +125,57 @@ const REQ: &str = r#"{"name":"scale_f32_4","arch":"aie2","op":"SCALE",
   "op_params":[1073741824, 1065353216],
   "inputs":[{"ne":[4,1,1,1],"nb":[4,16,16,16],"type":"f32"}],
   "output":{"ne":[4,1,1,1],"nb":[4,16,16,16],"type":"f32"}}"#;
+
+/// `HSA_SIM_COMPILE_DECLARE`: another compiler's ops, as far as the simulator has them; a
+/// missing or malformed file is an error (exit 1), not the simulator's own list.
+#[test]
+fn capabilities_can_declare_another_compilers_ops() {
+    let dir = tmpdir("declare");
+    let theirs = dir.join("theirs.json");
+    std::fs::write(
+        &theirs,
+        r#"{"protocol": 1, "compiler": "other", "archs": ["aie2p", "aie9"],
+            "f16_as_bf16": false,
+            "ops": [{"op": "ADD", "inputs": 2, "types": ["f32"]},
+                    {"op": "MUL_MAT_SWIGLU", "inputs": 3, "types": ["f32", "q4_0"]},
+                    {"op": "NOT_AN_OP", "inputs": 1, "types": ["f32"]}]}"#,
+    )
+    .unwrap();
+    let out = bin()
+        .arg("capabilities")
+        .env("HSA_SIM_COMPILE_DECLARE", &theirs)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ops: Vec<&str> = v["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["op"].as_str().unwrap())
+        .collect();
+    assert_eq!(ops, ["ADD", "MUL_MAT_SWIGLU"]);
+    assert_eq!(v["ops"][0]["types"], serde_json::json!(["f32"]));
+    assert_eq!(v["archs"], serde_json::json!(["aie2p"]));
+    assert_eq!(v["f16_as_bf16"], false);
+    for bad in ["{not json", r#"{"archs": []}"#] {
+        std::fs::write(&theirs, bad).unwrap();
+        let out = bin()
+            .arg("capabilities")
+            .env("HSA_SIM_COMPILE_DECLARE", &theirs)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{bad}");
+        assert!(out.stdout.is_empty());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("HSA_SIM_COMPILE_DECLARE"));
+    }
+    let out = bin()
+        .arg("capabilities")
+        .env("HSA_SIM_COMPILE_DECLARE", dir.join("missing.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+}
 
 #[test]
 fn compile_writes_pdi_and_insts() {
