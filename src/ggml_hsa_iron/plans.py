@@ -314,8 +314,22 @@ def _gemv_layout(op: str, src0: Tensor, src1: Tensor, dst: Tensor) -> int:
                 f"dense rows (nb[0] = {t.nb[0]}, the element is {t.size} bytes): a transposed "
                 f"view is not walked"
             )
+    if not dst.is_dense():
+        # Every output row is written whole (the GEMV's shifted last round writes some twice,
+        # with the same values): rows that overlap would race.
+        n3, n2, n1 = dst.ne[3], dst.ne[2], dst.ne[1]
+        starts = sorted(
+            i1 * dst.nb[1] + i2 * dst.nb[2] + i3 * dst.nb[3]
+            for i3 in range(n3)
+            for i2 in range(n2)
+            for i1 in range(n1)
+        )
+        if any(b - a < dst.ne[0] * dst.size for a, b in zip(starts, starts[1:])):
+            raise UnsupportedError(f"{op}: dst's rows overlap (strides {list(dst.nb)})")
     if src0.is_dense() or src0.ne[1] == 1:
         return 0
+    if src0.nb[1] == 0:
+        raise UnsupportedError(f"{op}: src0's rows are one row repeated (nb[1] = 0)")
     if src0.nb[1] > MAX_STRIDE_WORDS * 4:
         raise UnsupportedError(
             f"{op}: src0's row stride {src0.nb[1]} bytes is beyond a DMA stride (2^20 words)"

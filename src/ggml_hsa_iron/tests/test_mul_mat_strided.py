@@ -276,6 +276,8 @@ class StridedPlanTest(unittest.TestCase):
             "q4_0 stride": (view("q4_0", (64, 32, 1, 1), (18, 54, 32 * 54, 0)), x),
             # A row stride beyond the DMA's 2^20 words.
             "huge stride": (view("f32", (64, 4, 1, 1), (4, 5 << 20, 20 << 20, 0)), x),
+            # src0 one row repeated (nb[1] = 0), dst rows overlapping.
+            "repeated row": (view("f32", (64, 8, 1, 1), (4, 0, 256, 256)), x),
             # bf16 x with an odd row stride.
             "bf16 src1": (
                 tensor("bf16", [64, 32]),
@@ -286,6 +288,9 @@ class StridedPlanTest(unittest.TestCase):
             with self.subTest(what):
                 with self.assertRaises(UnsupportedError):
                     mm_spec(a, b)
+        with self.assertRaisesRegex(UnsupportedError, "overlap"):
+            a, b = tensor("f32", [64, 32]), tensor("f32", [64, 2])
+            mm_spec(a, b, view("f32", (32, 2, 1, 1), (4, 64, 128, 128)))
         # Strided: more products than DMA tasks on a channel (no GEMM fallback for views).
         k = view("f16", (64, 4096, 1, 1), (2, 256, 128, 0))
         with self.assertRaisesRegex(UnsupportedError, "1024"):
