@@ -27,6 +27,7 @@ from collections import Counter
 
 from ggml_hsa_iron import registry
 from ggml_hsa_iron.capabilities import capabilities
+from ggml_hsa_iron.dtypes import DTYPES, QUANT_TYPES
 from ggml_hsa_iron.errors import UnsupportedError
 from ggml_hsa_iron.plans import BYTE_WEIGHTS, extent, prepare
 from ggml_hsa_iron.request import Tensor, parse_request
@@ -209,7 +210,73 @@ def _backend_ops_cases():
     return out
 
 
+def _backend_ops_all():
+    """test-backend-ops' strided MUL_MAT cases (its test_mul_mat with `per` or `k_v`, for the
+    weight types the backend sends, src1 f32): (case, src0, src1)."""
+
+    def case(ta, m, n, k, bs, nr, per=(0, 1, 2, 3), k_v=0):
+        ne_a, ne_b = (k, m, bs[0], bs[1]), (k, n, bs[0] * nr[0], bs[1] * nr[1])
+        if per != (0, 1, 2, 3):
+            return permuted(ta, ne_a, per), permuted("f32", ne_b, per)
+        a, b = Tensor.dense(ta, (k_v,) + ne_a[1:]), Tensor.dense("f32", (k_v,) + ne_b[1:])
+        return view(ta, ne_a, a.nb), view("f32", ne_b, b.nb)
+
+    cases = []
+    for ta in ("f32", "f16", "bf16", *QUANT_TYPES):
+        for k in (256, 4) if DTYPES[ta].block == 1 else (256,):
+            for n in (1, 8, 16):
+                for per in ((0, 2, 1, 3), (0, 1, 3, 2), (0, 3, 2, 1)):
+                    cases.append((ta, 16, n, k, (2, 3), (1, 1), per))
+    for k in (193, 67):
+        cases.append(("f16", 1056, 1, k, (1, 1), (4, 1), (0, 2, 1, 3)))
+    cases.append(("f32", 16, 32, 32, (1, 1), (1, 1), (0, 1, 2, 3), 64))
+    for bs2 in (1, 3):
+        for bs in (1, 2, 4, 8):
+            for nr in (1, 4):
+                for m in (0, 1):
+                    for k in (0, 1):
+                        for t in ("f16", "bf16", "f32"):
+                            cases.append(
+                                (t, 1056 + m, 1, 128 + k, (bs, bs2), (nr, 1), (0, 2, 1, 3))
+                            )
+                            cases.append(
+                                (
+                                    t,
+                                    128 + m,
+                                    1,
+                                    1056 + k,
+                                    (bs, bs2),
+                                    (nr, 1),
+                                    (0, 1, 2, 3),
+                                    2112 + k,
+                                )
+                            )
+    return [(c, *case(*c)) for c in cases]
+
+
 class StridedPlanTest(unittest.TestCase):
+    def test_every_backend_ops_case_plans_or_exits_2(self):
+        # Declared noncontiguous: every strided case the backend can send plans, or is
+        # refused with UnsupportedError (exit 2), nothing else.
+        planned = refused = 0
+        for c, a, b in _backend_ops_all():
+            if a.is_dense() and b.is_dense():
+                continue
+            with self.subTest(c):
+                try:
+                    spec = mm_spec(a, b)
+                except UnsupportedError:
+                    refused += 1
+                    # Only rows off 32-bit words: odd f16/bf16 K, 210-byte q6_K rows.
+                    self.assertTrue(a.dtype == "q6_K" or a.ne[0] % 2, c)
+                    continue
+                planned += 1
+                self.assertTrue(spec.gemv)
+                if a.ne[1] * b.ne[1] * b.ne[2] * b.ne[3] <= 256:
+                    check_walks(self, spec)
+        self.assertGreater(planned, 300)
+        self.assertLess(refused, 150)
+
     def test_attention_views(self):
         for arch in ("aie2", "aie2p"):
             for n_tokens in (1, 3):
