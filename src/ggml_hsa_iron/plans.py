@@ -18,6 +18,7 @@ from .request import Request, Tensor
 from .tiling import (
     BCAST_MAX_BYTES,
     MAX_REPEAT,
+    MAX_STRIDE_WORDS,
     MAX_TASKS_PER_CHANNEL,
     Broadcast,
     EltwisePlan,
@@ -180,13 +181,9 @@ class MatmulSpec:
     def sequence(self) -> list[tuple[str, int]]:
         """(type, elements) of the runtime-sequence arguments: src0, src1, dst (MUL_MAT_<glu>:
         W_g, W_u, x, dst)."""
-        w = (
-            ("i8", self.src0.nbytes)
-            if self.weight_bytes
-            else (self.src0.dtype, self.src0.nelements)
-        )
+        w = ("i8", extent(self.src0)) if self.weight_bytes else (self.src0.dtype, _span(self.src0))
         ws = [w, w] if self.glu else [w]
-        return ws + [(t.dtype, t.nelements) for t in (self.src1, self.dst)]
+        return ws + [(t.dtype, _span(t)) for t in (self.src1, self.dst)]
 
     @property
     def batches(self) -> list[tuple[int, int, int]]:
@@ -271,18 +268,92 @@ def _batches(src0: Tensor, src1: Tensor, dst: Tensor) -> list[tuple[int, int, in
 
 
 def _products(src0: Tensor, src1: Tensor, dst: Tensor) -> list[tuple[int, int, int]]:
-    """(src0, src1, dst) offsets of every matrix-vector product (one per src1 row); src0's
-    in bytes when it is moved as bytes (f16, block-quantized)."""
-    K, N, M = src0.ne[0], src0.ne[1], src1.ne[1]
+    """(src0, src1, dst) offsets of every matrix-vector product (one per src1 row), in order
+    (batches i13, i12, then src1 rows); src0's in bytes when it is moved as bytes (f16,
+    block-quantized), the others in elements. Walks each operand's byte strides nb (dense or
+    strided views with dense rows), src0 broadcast as ggml does: i02 = i12 / r2,
+    i03 = i13 / r3."""
+    s0, s1 = src0.ne, src1.ne
+    r2, r3 = s1[2] // s0[2], s1[3] // s0[3]
+    w_unit = 1 if src0.dtype in BYTE_WEIGHTS else src0.size
     out = []
-    for w, x, y in _batches(src0, src1, dst):
-        if src0.dtype in BYTE_WEIGHTS:
-            w = w // src0.block * src0.size
-        out.extend((w, x + i * K, y + i * N) for i in range(M))
+    for i13 in range(s1[3]):
+        for i12 in range(s1[2]):
+            w = ((i12 // r2) * src0.nb[2] + (i13 // r3) * src0.nb[3]) // w_unit
+            for i in range(s1[1]):
+                x = (i * src1.nb[1] + i12 * src1.nb[2] + i13 * src1.nb[3]) // src1.size
+                y = (i * dst.nb[1] + i12 * dst.nb[2] + i13 * dst.nb[3]) // dst.size
+                out.append((w, x, y))
     return out
 
 
-def _check_common(req: Request) -> tuple[registry.OpSpec, Arch]:
+def extent(t: Tensor) -> int:
+    """Bytes from t's first element to the end of its last (ggml_nbytes: a dense tensor's
+    size, a view's span)."""
+    return t.ne[0] // t.block * t.size + sum((n - 1) * b for n, b in zip(t.ne[1:], t.nb[1:]))
+
+
+def _span(t: Tensor) -> int:
+    """Elements of t's type from its first element to the end of its last."""
+    return extent(t) // t.size
+
+
+def _rows_dense(t: Tensor) -> bool:
+    """Whether t's rows (dimension 0) are dense: nb[0] the element's (or block's) bytes."""
+    return t.ne[0] % t.block == 0 and (t.ne[0] == t.block or t.nb[0] == t.size)
+
+
+def _gemv_layout(op: str, src0: Tensor, src1: Tensor, dst: Tensor) -> int:
+    """The GEMV's W row stride in W units (bytes for weights moved as bytes, else elements):
+    0 when src0 is dense. Strided operands need dense rows (nb[0] the element or block size:
+    a transposed view is refused) and a row stride the DMA reaches (2^20 words)."""
+    for what, t in (("src0", src0), ("src1", src1), ("dst", dst)):
+        if not t.is_dense() and not _rows_dense(t):
+            raise UnsupportedError(
+                f"{op}: {what} ({t.dtype} {list(t.ne)}, strides {list(t.nb)}) does not have "
+                f"dense rows (nb[0] = {t.nb[0]}, the element is {t.size} bytes): a transposed "
+                f"view is not walked"
+            )
+    if not dst.is_dense():
+        # Every output row is written whole (the GEMV's shifted last round writes some twice,
+        # with the same values): rows that overlap would race.
+        n3, n2, n1 = dst.ne[3], dst.ne[2], dst.ne[1]
+        starts = sorted(
+            i1 * dst.nb[1] + i2 * dst.nb[2] + i3 * dst.nb[3]
+            for i3 in range(n3)
+            for i2 in range(n2)
+            for i1 in range(n1)
+        )
+        if any(b - a < dst.ne[0] * dst.size for a, b in zip(starts, starts[1:])):
+            raise UnsupportedError(f"{op}: dst's rows overlap (strides {list(dst.nb)})")
+    if src0.is_dense() or src0.ne[1] == 1:
+        return 0
+    if src0.nb[1] == 0:
+        raise UnsupportedError(f"{op}: src0's rows are one row repeated (nb[1] = 0)")
+    if src0.nb[1] > MAX_STRIDE_WORDS * 4:
+        raise UnsupportedError(
+            f"{op}: src0's row stride {src0.nb[1]} bytes is beyond a DMA stride (2^20 words)"
+        )
+    return src0.nb[1] if src0.dtype in BYTE_WEIGHTS else src0.nb[1] // src0.size
+
+
+def _check_aligned(op: str, products, src0: Tensor, src1: Tensor, dst: Tensor, w_row: int):
+    """Float weights with a strided operand: every product's rows start on 32-bit words
+    (block weights: their plan checks W's taps, x and y are f32; dense operands: the plan's
+    whole-word rows)."""
+    if all(t.is_dense() for t in (src0, src1, dst)):
+        return
+    w, x, y = src0.size, src1.size, dst.size
+    if (w_row * w) % 4 or any((a * w) % 4 or (b * x) % 4 or (c * y) % 4 for a, b, c in products):
+        raise UnsupportedError(
+            f"{op}: a strided operand's row does not start on a 32-bit word (the DMA address "
+            f"granularity): src0 {list(src0.nb)}, src1 {list(src1.nb)}, dst {list(dst.nb)}"
+        )
+
+
+def _check_common(req: Request, strided: bool = False) -> tuple[registry.OpSpec, Arch]:
+    """The op, arch, input count, op_params and types; dense operands unless `strided` (the
+    op checks its strides itself)."""
     spec = registry.lookup(req.op)
     if spec is None:
         raise UnsupportedError(f"no design implements op {req.op}")
@@ -303,7 +374,7 @@ def _check_common(req: Request) -> tuple[registry.OpSpec, Arch]:
             raise UnsupportedError(
                 f"{req.op} does not take {t.dtype} ({what}); types: {', '.join(spec.types)}"
             )
-        if not t.is_dense():
+        if not strided and not t.is_dense():
             raise UnsupportedError(f"{req.op}: strided operands are not supported")
     return spec, ARCHS[req.arch]
 
@@ -703,7 +774,7 @@ def prepare_mul_mat_glu(req: Request) -> MatmulSpec:
                 f"and strides: {gate.dtype} {list(gate.ne)} {list(gate.nb)} and {up.dtype} "
                 f"{list(up.ne)} {list(up.nb)}"
             )
-    spec, arch = _check_common(req)  # the input count, op_params, types, dense operands
+    spec, arch = _check_common(req, strided=True)  # the input count, op_params, types
     gate, up, x = req.inputs
     dst = req.output
     combo = (gate.dtype, x.dtype, dst.dtype)
@@ -713,14 +784,18 @@ def prepare_mul_mat_glu(req: Request) -> MatmulSpec:
             f"{combo[1]}, dst {combo[2]}"
         )
     _check_mul_mat_shapes(req.op, gate, x, dst)
+    w_row = _gemv_layout(req.op, gate, x, dst)
     K, N, M = gate.ne[0], gate.ne[1], x.ne[1]
     products = _products(gate, x, dst)
     glu = spec.op[len("MUL_MAT_") :]
     if gate.dtype in BYTE_WEIGHTS:
-        plan = plan_gemv_blocks(N, K, gate.block, gate.size, arch, products, glu=True)
+        plan = plan_gemv_blocks(N, K, gate.block, gate.size, arch, products, glu=True, w_row=w_row)
         compute = "bf16"
     else:
-        plan = plan_gemv(N, K, gate.size, x.size, dst.size, arch, len(products), glu=True)
+        _check_aligned(req.op, products, gate, x, dst, w_row)
+        plan = plan_gemv(
+            N, K, gate.size, x.size, dst.size, arch, len(products), glu=True, w_row=w_row
+        )
         compute = gate.dtype
     if plan is None:
         raise UnsupportedError(
@@ -734,7 +809,7 @@ def prepare_mul_mat_glu(req: Request) -> MatmulSpec:
 
 
 def prepare_mul_mat(req: Request) -> MatmulSpec:
-    _, arch = _check_common(req)
+    _, arch = _check_common(req, strided=True)
     src0, src1 = req.inputs
     dst = req.output
     combo = (src0.dtype, src1.dtype, dst.dtype)
@@ -743,13 +818,18 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
             "MUL_MAT does not compile the type combination src0 {}, src1 {}, dst {}".format(*combo)
         )
     _check_mul_mat_shapes("MUL_MAT", src0, src1, dst)
+    # Strided operands (views, permuted tensors) with dense rows take the GEMV, which walks
+    # their strides; the GEMM takes dense operands only.
+    w_row = _gemv_layout("MUL_MAT", src0, src1, dst)
+    dense = all(t.is_dense() for t in (src0, src1, dst))
     K, N, M = src0.ne[0], src0.ne[1], src1.ne[1]
     batches = src1.ne[2] * src1.ne[3]
     w, x, y = src0.size, src1.size, dst.size
+    products = _products(src0, src1, dst)
     if src0.dtype in BYTE_WEIGHTS:
         # Every src1 row is one GEMV over the weights as ggml stores them (also for M > 1:
         # no GEMM decodes blocks yet).
-        plan = plan_gemv_blocks(N, K, src0.block, src0.size, arch, _products(src0, src1, dst))
+        plan = plan_gemv_blocks(N, K, src0.block, src0.size, arch, products, w_row=w_row)
         if plan is None:
             raise UnsupportedError(
                 f"MUL_MAT: no tiling of {src0.dtype} weights for M={M}, N={N}, K={K} on "
@@ -758,15 +838,16 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
                 f"at most {MAX_TASKS_PER_CHANNEL} DMA tasks (batches x src1 rows x rounds)"
             )
         return MatmulSpec(req, arch, src0, src1, dst, plan, "bf16")
-    if M > 1:
+    if M > 1 and dense:
         compute = "bf16" if src0.dtype in FLOAT_TYPES else src0.dtype
         mmul = arch.mmul[compute]
         plan = plan_gemm(M, N, K, mmul, x, w, y, arch, batches)
         if plan is not None:
             return MatmulSpec(req, arch, src0, src1, dst, plan, compute)
-    # One src1 row, or a GEMM that does not tile (M below the microkernel rows, K not a
-    # multiple of a K step): one matrix-vector product per src1 row.
-    plan = plan_gemv(N, K, w, x, y, arch, batches * M)
+    # One src1 row, strided operands, or a GEMM that does not tile (M below the microkernel
+    # rows, K not a multiple of a K step): one matrix-vector product per src1 row.
+    _check_aligned("MUL_MAT", products, src0, src1, dst, w_row)
+    plan = plan_gemv(N, K, w, x, y, arch, batches * M, w_row=w_row)
     if plan is None:
         r, s, t = arch.mmul["bf16" if src0.dtype in FLOAT_TYPES else src0.dtype]
         raise UnsupportedError(

@@ -58,7 +58,7 @@ _BCAST_LIMITS = (
     "must fit in a compute tile (at most 8192 bytes)"
 )
 _MM_LIMITS = (
-    "contiguous operands; src0 [K,N,b2,b3], src1 [K,M,b2*r2,b3*r3], dst [N,M,...]; "
+    "src0 [K,N,b2,b3], src1 [K,M,b2*r2,b3*r3], dst [N,M,...]; "
     "whole-array GEMM when M is at least the microkernel rows (4, 8 for i8 on aie2p), "
     "N >= 8 and K a multiple of 8, otherwise one GEMV per src1 row; rows of src0 and src1 start on 32-bit words (K even for 2-byte, "
     "a multiple of 4 for 1-byte types); type pairs: see type_combos. f16 and block-quantized "
@@ -66,15 +66,18 @@ _MM_LIMITS = (
     "one GEMV per src1 row (also for M > 1), the weight rows decoded to bf16 on the cores and "
     "multiplied with the activations rounded to bf16, f32 sums; a weight row's bytes must be "
     "whole 32-bit words, or the rows of a core's tile together (then K is not chunked), and at "
-    "most 1024 DMA tasks (batches x src1 rows x rounds)"
+    "most 1024 DMA tasks (batches x src1 rows x rounds). Strided operands (views, permuted "
+    "tensors: the attention's KV-cache views) take the GEMV: rows dense (nb[0] the element's "
+    "or block's bytes; a transposed view is refused), row strides and every row's offset on "
+    "32-bit words, row strides up to 2^20 words; dst rows dense"
 )
 
 _MM_GLU_LIMITS = (
     "act(W_g . x) * (W_u . x) with act ggml's relu, gelu (tanh approximation), silu, gelu_erf "
     "or gelu_quick: inputs W_g, W_u (one type, shape and strides: MUL_MAT's src0, f32, bf16, "
     "f16 or block-quantized), x (f32, MUL_MAT's src1); dst f32 [N,M,...]. One GEMV per src1 "
-    "row computing both products per round (the gate sums kept on the core), contiguous "
-    "operands, rows of whole 32-bit words (whole blocks) as MUL_MAT's GEMV; at most 1024 DMA "
+    "row computing both products per round (the gate sums kept on the core), dense or "
+    "strided operands and rows of whole 32-bit words (whole blocks) as MUL_MAT's GEMV; at most 1024 DMA "
     "tasks on the weights' shim channel (src1 rows x rounds x 2), so long prefill batches "
     "are refused"
 )
@@ -143,7 +146,7 @@ def _glu(op: str) -> OpSpec:
 def _mul_mat_glu(op: str) -> OpSpec:
     # Like MUL_MAT: the inputs never have the output's shape (declared as broadcast).
     types = ("bf16", "f16", "f32") + QUANT_TYPES
-    return OpSpec(op, MUL_MAT, 3, types, True, False, "mul_mat_glu", _MM_GLU_LIMITS)
+    return OpSpec(op, MUL_MAT, 3, types, True, True, "mul_mat_glu", _MM_GLU_LIMITS)
 
 
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
@@ -191,7 +194,7 @@ OPS: tuple[OpSpec, ...] = (
         2,
         _INT_AND_FLOAT + ("f16",) + QUANT_TYPES,
         True,
-        False,
+        True,
         "mul_mat",
         _MM_LIMITS,
     ),

@@ -453,12 +453,20 @@ class GemvPlan:
     w_block_bytes: int = 0
     glu: bool = False
     w_size: int = 0  # bytes of a W DMA unit (0: not known, no stride limit applied)
+    # W's row stride in W units (src0's nb[1] over the unit's bytes): a strided src0 (a view,
+    # a permuted tensor) with dense rows. 0: dense, rows w_units(K) apart.
+    w_row: int = 0
 
     def w_units(self, elems: int) -> int:
         """W's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
         if not self.w_block_bytes:
             return elems
         return elems // self.w_block * self.w_block_bytes
+
+    @property
+    def row_stride(self) -> int:
+        """W units from one row of W to the next."""
+        return self.w_row or self.w_units(self.K)
 
     @property
     def whole_rows(self) -> bool:
@@ -484,7 +492,7 @@ class GemvPlan:
         shim tile's buffer descriptors: 2 W tasks per round, x and y)."""
         if self.glu:
             return round_tasks(self.N, self.block, GLU_GROUP_ROUNDS)
-        round_bytes = self.block * self.w_units(self.K) * self.w_size
+        round_bytes = self.block * self.row_stride * self.w_size
         if round_bytes > MAX_STRIDE_WORDS * DMA_WORD:
             # Consecutive rounds of W are further apart than a DMA stride reaches: one round
             # per task (its repeat dimension has size 1 and no stride).
@@ -500,14 +508,17 @@ class GemvPlan:
 
     def _w_tap(self, w_off: int, row0: int, count: int) -> Tap:
         K, R, nr, kc = self.K, self.rows, self.rows_per_tile, self.k_chunk
-        Kw, kcw = self.w_units(K), self.w_units(kc)
+        Kw, kcw, row = self.w_units(K), self.w_units(kc), self.row_stride
         # One round (every GLU task): no repeat, so no stride (a round's stride can exceed
         # the DMA's 2^20 words: 4096 rows of K = 4096 q4_0 weights apart).
-        step = self.block * Kw if count > 1 else 0
+        step = self.block * row if count > 1 else 0
         if self.w_block_bytes and self.whole_rows:
-            # R*nr whole rows: one contiguous run per round.
-            return Tap(w_off + row0 * Kw, (count, 1, 1, R * nr * Kw), (step, 0, 0, 1))
-        return Tap(w_off + row0 * Kw, (count, K // kc, R * nr, kcw), (step, kcw, Kw, 1))
+            if row == Kw:
+                # R*nr whole dense rows: one contiguous run per round.
+                return Tap(w_off + row0 * Kw, (count, 1, 1, R * nr * Kw), (step, 0, 0, 1))
+            # Strided rows: R*nr runs of a whole row each (then rows must be whole words).
+            return Tap(w_off + row0 * row, (count, 1, R * nr, Kw), (step, 0, row, 1))
+        return Tap(w_off + row0 * row, (count, K // kc, R * nr, kcw), (step, kcw, row, 1))
 
     def tasks(self, products) -> list[list[tuple]]:
         """Task groups, each a (W, x, y) tap per array column; `products` are the (src0,
@@ -550,10 +561,12 @@ def plan_gemv(
     arch: Arch,
     products: int = 1,
     glu: bool = False,
+    w_row: int = 0,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan for `products` matrix-vector products, or None. Any N; K
     chunks are divisors of K whose W and x runs are whole DMA words (any K for f32).
-    `glu`: MUL_MAT_<glu> (GemvPlan.glu; the core also keeps its stash of nr f32)."""
+    `glu`: MUL_MAT_<glu> (GemvPlan.glu; the core also keeps its stash of nr f32). `w_row`:
+    W's row stride in elements when src0 is strided (GemvPlan.w_row; 0: dense)."""
     if (K * w_size) % DMA_WORD or (K * x_size) % DMA_WORD:
         return None
     best, best_key = None, None
@@ -574,7 +587,9 @@ def plan_gemv(
                     l1 += glu_stash_bytes(nr) if glu else 0
                     if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                         continue
-                    plan = GemvPlan(N, K, columns, rows, nr, kc, glu=glu, w_size=w_size)
+                    plan = GemvPlan(
+                        N, K, columns, rows, nr, kc, glu=glu, w_size=w_size, w_row=w_row
+                    )
                     if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
                         continue
                     vectors = -(-kc // VECTOR_ELEMS)
@@ -613,13 +628,15 @@ def plan_gemv_blocks(
     products,
     staging: int = 0,
     glu: bool = False,
+    w_row: int = 0,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan over weights moved as bytes (`w_block` elements in
     `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results, or
     None. `products` are the (src0 byte, src1, dst element) offsets of the matrix-vector
     products (checked for DMA alignment); `staging` is what the core function keeps on its
     stack besides the fifo buffers. K chunks are whole blocks. `glu`: MUL_MAT_<glu>
-    (GemvPlan.glu; the core also keeps its stash of nr f32)."""
+    (GemvPlan.glu; the core also keeps its stash of nr f32). `w_row`: W's row stride in bytes
+    when src0 is strided (GemvPlan.w_row; 0: dense)."""
     if K % w_block:
         return None
     blocks = K // w_block
@@ -648,7 +665,9 @@ def plan_gemv_blocks(
                     # dimension.
                     if kc == K and rows * nr * kcw > DMA_WORD * MAX_WRAP:
                         continue
-                    plan = GemvPlan(N, K, columns, rows, nr, kc, w_block, w_block_bytes, glu, 1)
+                    plan = GemvPlan(
+                        N, K, columns, rows, nr, kc, w_block, w_block_bytes, glu, 1, w_row
+                    )
                     if plan.w_tasks(len(products)) > MAX_TASKS_PER_CHANNEL:
                         continue
                     if not all(_byte_tap_ok(w) for w in _w_taps(plan, products)):

@@ -135,7 +135,7 @@ class CapabilitiesTest(unittest.TestCase):
         for op in MM_GLU:
             self.assertEqual(ops[op]["inputs"], 3)
             self.assertEqual(ops[op]["types"], ["bf16", "f16", "f32", *QUANT_TYPES])
-            self.assertEqual((ops[op]["broadcast"], ops[op]["noncontiguous"]), (True, False))
+            self.assertEqual((ops[op]["broadcast"], ops[op]["noncontiguous"]), (True, True))
             self.assertEqual(ops[op]["kernel_source"], "mul_mat.py")
             self.assertEqual(
                 ops[op]["type_combos"],

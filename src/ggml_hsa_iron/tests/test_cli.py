@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import unittest
 
+from ggml_hsa_iron.request import Tensor
 from ggml_hsa_iron.tests.util import request_dict, tensor
 
 SRC = Path(__file__).resolve().parent.parent.parent
@@ -75,6 +76,13 @@ class CliTest(unittest.TestCase):
         r = self.compile(request_dict("COUNT_EQUAL", [i, i], tensor("i32", [1])))
         self.assertEqual(r.returncode, 2)
         self.assertIn("no design implements op COUNT_EQUAL", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        # MUL_MAT of a transposed weight view (rows not dense): declared noncontiguous, refused
+        # at compile time.
+        w = Tensor("f32", (64, 32, 1, 1), (128, 4, 8192, 8192))
+        r = self.compile(request_dict("MUL_MAT", [w, tensor("f32", [64])], tensor("f32", [32])))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("dense rows", r.stderr)
         self.assertNotIn("Traceback", r.stderr)
 
     def test_malformed_requests_exit_1(self):
