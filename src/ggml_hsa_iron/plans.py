@@ -874,6 +874,11 @@ def prepare(req: Request):
         return prepare_glu(req)
     if spec.kind == "rope":
         return prepare_rope(req)
+    if spec.kind == "flash_attn":
+        # plans_fa imports this module: imported here, not at the top.
+        from .plans_fa import prepare_flash_attn
+
+        return prepare_flash_attn(req)
     if spec.kind in ("copy", "set_rows"):
         # plans_copy imports this module (CoreSource): imported here, not at the top.
         from .plans_copy import prepare_copy, prepare_set_rows

@@ -25,6 +25,7 @@ ROW_OPS = "row_ops.py"
 GLU_OPS = "glu_ops.py"
 ROPE = "rope.py"
 COPY_OPS = "copy_ops.py"
+FLASH_ATTN = "flash_attn.py"
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class OpSpec:
     types: tuple[str, ...]
     broadcast: bool
     noncontiguous: bool
-    # "binary", "unary", "mul_mat", "mul_mat_glu", "rows", "glu", "rope", "copy", "set_rows"
+    # "binary", "unary", "mul_mat", "mul_mat_glu", "rows", "glu", "rope", "copy", "set_rows",
+    # "flash_attn"
     kind: str
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
@@ -123,6 +125,18 @@ _SET_ROWS_LIMITS = (
     "skipped"
 )
 _COPY_TYPES = ("bf16", "f16", "f32")
+
+_FLASH_ATTN_LIMITS = (
+    "q f32 [D, n_q, n_head, n_seq] (rows dense), k [D, n_kv, n_head_kv, n_seq_kv] and v "
+    "[Dv, n_kv, ...] f32, f16 or bf16 (rows dense, row and head strides any: KV-cache views; "
+    "rows and strides whole 32-bit words), GQA (n_head a multiple of n_head_kv); mask f16 "
+    "[>= n_kv, >= n_q, ...] dense with rows of an even length, broadcast over heads and "
+    "sequences; sinks f32 (one per head); op_params scale, max_bias (ALiBi, with a mask), "
+    "logit_softcap; output f32 [Dv, n_head, n_q, n_seq] dense. One query row of one head per "
+    "work item over up to one worker per column, K and V streamed in chunks of rows dividing "
+    "n_kv (online softmax); at most 1024 DMA tasks per shim channel (a prefill with many query "
+    "rows x heads is refused), D and Dv at most 1023"
+)
 
 _INT_AND_FLOAT = ALL_TYPES
 _FLOAT_ONLY = FLOAT_TYPES
@@ -244,6 +258,28 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec("DUP", COPY_OPS, 1, _COPY_TYPES, False, True, "copy", _COPY_LIMITS),
     OpSpec("CPY", COPY_OPS, 1, _COPY_TYPES, False, True, "copy", _COPY_LIMITS),
     OpSpec("CONT", COPY_OPS, 1, _COPY_TYPES, False, True, "copy", _COPY_LIMITS),
+    # Attention (designs/flash_attn.py): K and V are strided cache views (noncontiguous); the
+    # mask and the sinks are smaller than the output (broadcast); op_params scale, max_bias,
+    # logit_softcap.
+    *(
+        OpSpec(
+            op,
+            FLASH_ATTN,
+            n,
+            ("f32", "f16", "bf16"),
+            True,
+            True,
+            "flash_attn",
+            _FLASH_ATTN_LIMITS,
+            3,
+        )
+        for op, n in (
+            ("FLASH_ATTN_EXT", 3),
+            ("FLASH_ATTN_EXT_MASK", 4),
+            ("FLASH_ATTN_EXT_SINKS", 4),
+            ("FLASH_ATTN_EXT_MASK_SINKS", 5),
+        )
+    ),
 )
 
 # (src0, src1, dst) type triples MUL_MAT compiles. src0 holds the weights.
@@ -267,7 +303,16 @@ MUL_MAT_GLU_COMBOS: tuple[tuple[str, str, str], ...] = tuple(
 )
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
-SOURCES: tuple[str, ...] = (BINARY_OPS, UNARY_OPS, MUL_MAT, ROW_OPS, GLU_OPS, ROPE, COPY_OPS)
+SOURCES: tuple[str, ...] = (
+    BINARY_OPS,
+    UNARY_OPS,
+    MUL_MAT,
+    ROW_OPS,
+    GLU_OPS,
+    ROPE,
+    COPY_OPS,
+    FLASH_ATTN,
+)
 
 
 def lookup(op: str) -> OpSpec | None:

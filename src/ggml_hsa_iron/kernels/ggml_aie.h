@@ -400,6 +400,30 @@ inline vf cos(vf x) { return sin_quadrant(x, 1); }
 // nearest even, as ggml's CPU conversion (IEEE's default, F16C) does; the conversion is
 // integer code, so the core's aie::set_rounding mode does not affect it.
 
+// Vector f16 decoding (mvq.cc's f16 weights, flash_attn.cc's f16 K and V): IEEE binary16
+// bit patterns (low 16 bits of each lane) to f32, exactly: normal numbers and inf/NaN re-bias
+// the exponent; subnormals (exponent 0) are m * 2^-24, computed as
+// (2^-14 * (1 + m/1024)) - 2^-14, exact in f32.
+inline vf half_bits_to_f32(vi u) {
+  vi sign = aie::upshift(aie::bit_and(u, splat_i(0x8000)), 16);
+  vi o = aie::upshift(aie::bit_and(u, splat_i(0x7fff)), 13);
+  vi e = aie::bit_and(o, splat_i(0x0f800000));
+  vi normal = aie::add(o, splat_i(112 << 23));
+  vi infnan = aie::add(o, splat_i(224 << 23));
+  vf two_m14 = from_bits(splat_i(113 << 23));
+  vi subn = bits(sub(from_bits(aie::add(o, splat_i(113 << 23))), two_m14));
+  vi r = pick_i(aie::eq(e, splat_i(0x0f800000)), infnan, pick_i(aie::eq(e, splat_i(0)), subn, normal));
+  return from_bits(aie::bit_or(r, sign));
+}
+
+// n (<= VEC) f16 values from p (any 2-byte alignment), the other lanes 0, as f32.
+inline vf load_f16_zero(const uint16_t *p, int n) {
+  alignas(64) int32_t u[VEC];
+  for (int i = 0; i < (int)VEC; ++i)
+    u[i] = i < n ? int32_t(p[i]) : 0;
+  return half_bits_to_f32(aie::load_v<VEC>(u));
+}
+
 inline float f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, b;

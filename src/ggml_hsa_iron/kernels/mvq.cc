@@ -59,21 +59,6 @@ static inline uint32_t u32_at(const uint8_t *p) {
   return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
 }
 
-// IEEE binary16 bit patterns (low 16 bits of each lane) to f32, exactly: normal numbers and
-// inf/NaN re-bias the exponent; subnormals (exponent 0) are m * 2^-24, computed as
-// (2^-14 * (1 + m/1024)) - 2^-14, exact in f32.
-static inline vf half_bits_to_f32(vi u) {
-  vi sign = aie::upshift(aie::bit_and(u, splat_i(0x8000)), 16);
-  vi o = aie::upshift(aie::bit_and(u, splat_i(0x7fff)), 13);
-  vi e = aie::bit_and(o, splat_i(0x0f800000));
-  vi normal = aie::add(o, splat_i(112 << 23));
-  vi infnan = aie::add(o, splat_i(224 << 23));
-  vf two_m14 = from_bits(splat_i(113 << 23));
-  vi subn = bits(sub(from_bits(aie::add(o, splat_i(113 << 23))), two_m14));
-  vi r = pick_i(aie::eq(e, splat_i(0x0f800000)), infnan, pick_i(aie::eq(e, splat_i(0)), subn, normal));
-  return from_bits(aie::bit_or(r, sign));
-}
-
 // One f16 field as 16 equal f32 lanes.
 static inline vf half_splat(const uint8_t *p) { return half_bits_to_f32(splat_i(u16_at(p))); }
 

@@ -29,9 +29,10 @@ SRC = Path(__file__).resolve().parents[2]
 TENSOR_RS = SRC / "ops" / "tensor.rs"
 
 # Ops the backend plans as one kernel that have no design (yet).
-NOT_IN_SCOPE = {
-    "COUNT_EQUAL", "CROSS_ENTROPY_LOSS", "FLASH_ATTN_EXT", "FLASH_ATTN_EXT_MASK",
-    "FLASH_ATTN_EXT_SINKS", "FLASH_ATTN_EXT_MASK_SINKS",
+NOT_IN_SCOPE = {"COUNT_EQUAL", "CROSS_ENTROPY_LOSS"}
+# The attention design's kernels (designs/flash_attn.py): names the planner makes.
+FLASH_ATTN_OPS = {
+    "FLASH_ATTN_EXT", "FLASH_ATTN_EXT_MASK", "FLASH_ATTN_EXT_SINKS", "FLASH_ATTN_EXT_MASK_SINKS",
 }  # fmt: skip
 # The copy design's layout copies (designs/copy_ops.py; SET_ROWS is its other kind).
 COPY_OPS = {"DUP", "CPY", "CONT"}
@@ -41,7 +42,9 @@ ROW_OPS = {
     "RMS_NORM", "NORM", "ARGMAX", "SOFT_MAX", "SOFT_MAX_MASK", "SOFT_MAX_SINKS",
     "SOFT_MAX_MASK_SINKS", "RMS_NORM_MUL",
 }  # fmt: skip
-PLANNER_NAMES = {"SOFT_MAX_MASK", "SOFT_MAX_SINKS", "SOFT_MAX_MASK_SINKS", "RMS_NORM_MUL"}
+PLANNER_NAMES = {
+    "SOFT_MAX_MASK", "SOFT_MAX_SINKS", "SOFT_MAX_MASK_SINKS", "RMS_NORM_MUL", *FLASH_ATTN_OPS,
+}  # fmt: skip
 CATALOGUE = SRC / "op_catalogue.toml"
 
 
@@ -109,6 +112,8 @@ class OpNamesTest(unittest.TestCase):
                 want_kind = "copy"
             if spec.op == "SET_ROWS":
                 want_kind = "set_rows"
+            if spec.op in FLASH_ATTN_OPS:
+                want_kind = "flash_attn"
             self.assertEqual(spec.kind, want_kind, spec.op)
 
 

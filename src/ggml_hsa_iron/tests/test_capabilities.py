@@ -104,6 +104,10 @@ class CapabilitiesTest(unittest.TestCase):
                 extra.add("i64")
             self.assertTrue(set(op["types"]) <= set(ALL_TYPES) | extra, op["op"])
 
+    FLASH_ATTN = [
+        "FLASH_ATTN_EXT", "FLASH_ATTN_EXT_MASK", "FLASH_ATTN_EXT_SINKS", "FLASH_ATTN_EXT_MASK_SINKS",
+    ]  # fmt: skip
+
     def test_the_seed_list_is_declared(self):
         ops = {o["op"]: o for o in capabilities()["ops"]}
         self.assertEqual(
@@ -120,8 +124,13 @@ class CapabilitiesTest(unittest.TestCase):
                 + ROPE
                 + COPIES
                 + ["SET_ROWS"]
+                + self.FLASH_ATTN
             ),
         )
+        for op, n in zip(self.FLASH_ATTN, (3, 4, 4, 5)):
+            o = ops[op]
+            self.assertEqual((o["inputs"], o["broadcast"], o["noncontiguous"]), (n, True, True))
+            self.assertEqual(o["types"], ["f32", "f16", "bf16"])
         for op in COPIES:
             self.assertEqual((ops[op]["inputs"], ops[op]["noncontiguous"]), (1, True))
         self.assertEqual(ops["SET_ROWS"]["inputs"], 2)
@@ -149,13 +158,19 @@ class CapabilitiesTest(unittest.TestCase):
             self.assertFalse(ops[op]["broadcast"])
         for op in EXTRA_UNARY + WITH_PARAMS:
             self.assertEqual(ops[op]["types"], list(FLOAT_TYPES), op)
-        params = {s.op for s in registry.OPS if s.params and s.kind not in ("rows", "rope")}
+        params = {
+            s.op for s in registry.OPS if s.params and s.kind not in ("rows", "rope", "flash_attn")
+        }
         self.assertEqual(params, set(WITH_PARAMS))
         self.assertEqual({s.params for s in registry.OPS if s.op in WITH_PARAMS}, {2})
+        # scale, max_bias, logit_softcap
+        self.assertEqual({s.params for s in registry.OPS if s.kind == "flash_attn"}, {3})
         self.assertEqual({s.params for s in registry.OPS if s.kind == "rope"}, {11})
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
-            set(WITH_F16 + MM_GLU) | {"MUL_MAT", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"} >= with_f16
+            set(WITH_F16 + MM_GLU + self.FLASH_ATTN)
+            | {"MUL_MAT", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"}
+            >= with_f16
         )
         self.assertTrue(with_f16 >= set(WITH_F16))
 
@@ -244,6 +259,22 @@ class CapabilitiesTest(unittest.TestCase):
                                 [tensor(src, [64, 2]), tensor(ix, [2])],
                                 tensor(dst, [64, 16]),
                                 arch=arch,
+                            )
+                        elif spec.kind == "flash_attn":
+                            # q f32, K and V of the type (a decode step, GQA), mask f16,
+                            # sinks f32; the output f32.
+                            ins = [tensor("f32", [64, 1, 4])]
+                            ins += [tensor(dtype, [64, 256, 2])] * 2
+                            if "MASK" in spec.op:
+                                ins.append(tensor("f16", [256, 1]))
+                            if "SINKS" in spec.op:
+                                ins.append(tensor("f32", [4]))
+                            req = request_json(
+                                spec.op,
+                                ins,
+                                tensor("f32", [64, 4, 1]),
+                                arch=arch,
+                                op_params=[0x3E000000],
                             )
                         else:
                             t = tensor(dtype, [1024])

@@ -39,6 +39,13 @@ OWN_METHODS = {
     "dst_tap",
     "pos_tap",  # RopeSpec.pos_tap / ff_tap
     "ff_tap",
+    "column_items",  # FlashAttnSpec: a column's work items and the taps of one item
+    "q_tap",
+    "mask_tap",
+    "sink_tap",
+    "k_tap",
+    "v_tap",
+    "out_tap",
     "append",
     "extend",
     "items",

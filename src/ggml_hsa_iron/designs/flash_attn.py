@@ -1,0 +1,135 @@
+"""FLASH_ATTN_EXT, FLASH_ATTN_EXT_MASK, FLASH_ATTN_EXT_SINKS, FLASH_ATTN_EXT_MASK_SINKS.
+
+out[:, h, i1, i3] = softmax(s) . V with s_j = scale q.k_j (softcap * tanh(s_j) with a softcap)
++ slope(h) mask[j, i1] (the sink as one more logit without a value), ggml-cpu's semantics; the
+core function is kernels/flash_attn.cc, the plan plans_fa.py (see its docstring).
+
+Layout: C columns, one worker each (row 2). Column c computes the work items c, c + C, ...
+(item t = (i3 n_q + i1) n_head + h). Its shim fills fifo A (K chunks; before them the item's
+q row, mask row and sink, each repeated to whole objects) and fifo B (V chunks) straight to the
+worker, and drains the output rows of a round of items with one strided task. Per item the
+worker consumes the side objects (`ggml_fa_side`), then FA_NKV / FA_CHUNK pairs of K and V
+objects (`ggml_fa_chunk`, the online softmax), then writes the item's row (`ggml_fa_out`).
+
+Every input is declared as 32-bit words in the runtime sequence (q, the mask, the sinks and K
+share fifo A); the output is f32. Runtime-sequence arguments: the inputs in request order,
+then the output.
+"""
+
+import numpy as np
+from aie.helpers.taplib import TensorAccessPattern
+from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
+from aie.iron.controlflow import range_
+from aie.iron.device import Tile
+from aie.iron.runtime import TaskGroup
+
+from ._common import device, vector_type
+
+SHIM_ROW = 0
+CORE_ROW = 2
+
+
+def _tap(total, tap):
+    return TensorAccessPattern((total,), tap.offset, list(tap.sizes), list(tap.strides))
+
+
+def _build(spec):
+    C = spec.columns
+    obj = spec.core.object_name
+    dev = device(spec.arch, C)
+    seq = spec.sequence
+    seq_types = [vector_type(n, t) for t, n in seq]
+    a_obj = vector_type(spec.a_words, "i32")
+    b_obj = vector_type(spec.b_words, "i32")
+    o_obj = vector_type(spec.dv, "f32")
+    begin = Kernel("ggml_fa_begin", obj, [np.int32, np.int32])
+    side = Kernel("ggml_fa_side", obj, [a_obj])
+    chunk = Kernel("ggml_fa_chunk", obj, [a_obj, b_obj])
+    finish = Kernel("ggml_fa_out", obj, [o_obj])
+    n_side, n_chunks = spec.side_objects, spec.chunks
+
+    def core(of_a, of_b, of_o, begin_fn, side_fn, chunk_fn, out_fn, first, step, items):
+        begin_fn(first, step)
+        for _ in range_(items):
+            for _ in range_(n_side):
+                a = of_a.acquire(1)
+                side_fn(a)
+                of_a.release(1)
+            for _ in range_(n_chunks):
+                a = of_a.acquire(1)
+                b = of_b.acquire(1)
+                chunk_fn(a, b)
+                of_a.release(1)
+                of_b.release(1)
+            o = of_o.acquire(1)
+            out_fn(o)
+            of_o.release(1)
+
+    a_fifos, b_fifos, o_fifos, workers = [], [], [], []
+    for c in range(C):
+        a_f = ObjectFifo(a_obj, name=f"fa_a_c{c}", depth=2)
+        b_f = ObjectFifo(b_obj, name=f"fa_b_c{c}", depth=2)
+        o_f = ObjectFifo(o_obj, name=f"fa_out_c{c}", depth=2)
+        a_fifos.append(a_f)
+        b_fifos.append(b_f)
+        o_fifos.append(o_f)
+        items = len(spec.column_items(c))
+        args = [a_f.cons(), b_f.cons(), o_f.prod(), begin, side, chunk, finish, c, C, items]
+        workers.append(Worker(core, fn_args=args, tile=Tile(c, CORE_ROW)))
+
+    handles = []
+    for c in range(C):
+        shim = Tile(c, SHIM_ROW)
+        handles += [a_fifos[c].prod(tile=shim), b_fifos[c].prod(tile=shim)]
+        handles.append(o_fifos[c].cons(tile=shim))
+    totals = [n for _, n in seq]
+    has_mask, has_sinks = spec.mask is not None, spec.sinks is not None
+
+    def sequence(*a):
+        bufs, hs = a[: len(seq)], a[len(seq) :]
+        q_buf, k_buf, v_buf = bufs[:3]
+        m_buf = bufs[3] if has_mask else None
+        s_buf = bufs[4 if has_mask else 3] if has_sinks else None
+        out_buf = bufs[-1]
+        s_total = totals[4 if has_mask else 3] if has_sinks else 0
+        rounds = [spec.rounds(c) for c in range(C)]
+        for r in range(max(len(x) for x in rounds)):
+            tg = TaskGroup()
+            for c in range(C):
+                if r >= len(rounds[c]):
+                    continue
+                ha, hb, ho = hs[3 * c : 3 * c + 3]
+                its = rounds[c][r]
+                for t in its:
+                    ha.fill(q_buf, tap=_tap(totals[0], spec.q_tap(t)), group=tg)
+                    if has_mask:
+                        ha.fill(m_buf, tap=_tap(totals[3], spec.mask_tap(t)), group=tg)
+                    if has_sinks:
+                        ha.fill(s_buf, tap=_tap(s_total, spec.sink_tap(t)), group=tg)
+                    ha.fill(k_buf, tap=_tap(totals[1], spec.k_tap(t)), group=tg)
+                    hb.fill(v_buf, tap=_tap(totals[2], spec.v_tap(t)), group=tg)
+                ho.drain(out_buf, tap=_tap(totals[-1], spec.out_tap(its)), group=tg, wait=True)
+            tg.finish()
+
+    rt = Runtime(sequence, [*seq_types, *handles])
+    return Program(dev, rt, workers=workers).resolve_program()
+
+
+def ggml_op_flash_attn_ext(spec):
+    """GGML FLASH_ATTN_EXT without mask or sinks."""
+    return _build(spec)
+
+
+def ggml_op_flash_attn_ext_mask(spec):
+    """GGML FLASH_ATTN_EXT with an f16 mask (ALiBi slopes with max_bias > 0)."""
+    return _build(spec)
+
+
+def ggml_op_flash_attn_ext_sinks(spec):
+    """GGML FLASH_ATTN_EXT with sinks (one extra logit per head, without a value)."""
+    return _build(spec)
+
+
+def ggml_op_flash_attn_ext_mask_sinks(spec):
+    """GGML FLASH_ATTN_EXT with a mask and sinks."""
+    return _build(spec)
