@@ -138,9 +138,28 @@ fn check(r: &Report, tag: &str) {
 fn every_iron_op_emulated(arch: &str, only_f32: bool) {
     let ops = iron_ops();
     assert!(ops.contains("MUL_MAT") && ops.contains("GELU"), "{ops}");
-    let others: Vec<&str> = ops.split(',').filter(|&o| o != "MUL_MAT").collect();
+    let apart = ["MUL_MAT", "FLASH_ATTN_EXT"];
+    let others: Vec<&str> = ops.split(',').filter(|o| !apart.contains(o)).collect();
     let r = tbo_emu(&format!("{arch}-mul-mat"), arch, "MUL_MAT", &[]);
     check(&r, &format!("{arch} MUL_MAT"));
+    if ops.split(',').any(|o| o == "FLASH_ATTN_EXT") {
+        // FLASH_ATTN_EXT has thousands of cases (every head size, KV length, type and
+        // option); through the emulation, a sample: decode and three-row batches with
+        // grouped-query heads at KV lengths 113 and 512, masks, sinks, ALiBi and softcap, f32,
+        // f16 and bf16 K/V, views of a KV cache and permuted. gen-ops-doc sweeps every case
+        // with the reference executor.
+        let sample = "(hsk=64,hsv=64,nh=4,nr23=\\[4,1\\],kv=(113|512),nb=(1|3),)\
+                      |(hsk=128,hsv=128,nh=4,nr23=\\[1,1\\],kv=512,nb=1,mask=1,.*max_bias=8)\
+                      |(logit_softcap=10.*nb=1,)";
+        let r = tbo_emu(
+            &format!("{arch}-flash-attn"),
+            arch,
+            "FLASH_ATTN_EXT",
+            &["-p", sample],
+        );
+        check(&r, &format!("{arch} FLASH_ATTN_EXT"));
+        assert!(r.total >= 50, "{arch}: only {} FLASH_ATTN_EXT cases ran", r.total);
+    }
     // Every type parameter's name ends its case's vars: type=, type_src=, type_dst=, ...
     let f32_cases: &[&str] = if only_f32 {
         &["-p", "type[a-z_0-9]*=f32"]
