@@ -658,8 +658,9 @@ def plan_gemv_blocks(
                         continue
                     if kc != K and (kcw % DMA_WORD or kcw > DMA_WORD * GEMV_MAX_CHUNK_WORDS):
                         continue
-                    # x's chunks too are one run of a wrap-limited dimension.
-                    if kc != K and kc * x_size > DMA_WORD * GEMV_MAX_CHUNK_WORDS:
+                    # x's chunks too are one run of a wrap-limited dimension (whole rows
+                    # included: a K-long x chunk read as one run gave wrong results).
+                    if kc * x_size > DMA_WORD * GEMV_MAX_CHUNK_WORDS:
                         continue
                     # Whole rows: a core row's tiles are one run of the shim's innermost
                     # dimension.
