@@ -12,9 +12,11 @@ the output row of item t is at t * Dv. Column c of C computes items c, c + C, ..
 worker; its shim fills two fifos moving 32-bit words (every operand is declared as i32 in the
 runtime sequence, so that q, the mask, the sinks and K share a fifo): A (objects of
 `a_words`, a chunk of `chunk` K rows) per item: the q row, the mask row and the sink, each
-padded to whole objects by repeating it (a stride-0 dimension of its tap), then the K rows
-of the item's kv head; B (objects of a chunk of V rows) per item: the V rows. One DMA task per
-operand per item; the output rows of a round of items are drained by one strided task.
+padded to whole objects by repeating it (a stride-0 dimension of its tap; the mask row as
+whole words covering it, the core skipping the values before the row per item, so rows of an
+odd length may start mid-word), then the K rows of the item's kv head; B (objects of a chunk
+of V rows) per item: the V rows. One DMA task per operand per item; the output rows of a round
+of items are drained by one strided task.
 """
 
 import math
@@ -34,6 +36,7 @@ SHIM_BDS = 16  # buffer descriptors of a shim tile: DMA tasks in flight before a
 MAX_CHUNK = 128  # K/V rows per object
 MAX_SIDE_OBJECTS = 8  # objects one padded q / mask / sink may take
 CHUNK_OVERHEAD = 256  # words-equivalent of one object handshake (chunk choice)
+MAX_MASK_SKIP = 0xFFFF  # f16 values before an item's mask row in its span (a u16 table)
 STATIC_SLACK = 256  # bytes of the core function's scalar state and staging vectors
 
 
@@ -141,13 +144,26 @@ class FlashAttnSpec:
         s = self.q_side
         return Tap(off, (1, s.rep, self.d), (0, 0, 1))
 
-    def mask_tap(self, t: int) -> Tap:
+    def mask_span(self, t: int) -> tuple[int, int]:
+        """(first word, skipped f16 values) of item t's mask row: the `m_side.words` words
+        from the first word hold the row's n_kv values after the skipped ones. The span
+        starts on the word holding the row's first value (one skipped when the row starts
+        mid-word); when it would run past the mask buffer it is moved back to end on the
+        buffer's last word (more values skipped)."""
         i1, h, i3 = self.item_index(t)
         m = self.mask.ne
         elem = (((i3 % m[3]) * m[2] + h % m[2]) * m[1] + i1) * m[0]
+        first = min(elem // 2, _extent_words(self.mask) - self.m_side.words)
+        return first, elem - 2 * first
+
+    def mask_skips(self) -> tuple[int, ...]:
+        """Skipped f16 values of every item's mask row (all 0 for rows of an even length)."""
+        return tuple(self.mask_span(t)[1] for t in range(self.items))
+
+    def mask_tap(self, t: int) -> Tap:
         s = self.m_side
         a, b = split_run(s.words, 4)
-        return Tap(elem // 2, (s.rep, a, b), (0, b, 1))
+        return Tap(self.mask_span(t)[0], (s.rep, a, b), (0, b, 1))
 
     def sink_tap(self, t: int) -> Tap:
         _, h, _ = self.item_index(t)
@@ -209,6 +225,10 @@ class FlashAttnSpec:
             d["HAS_MASK"] = 1
             d["FA_M_WORDS"] = self.m_side.words
             d["FA_M_OBJECTS"] = self.m_side.objects
+            skips = self.mask_skips()
+            if any(skips):
+                d["FA_ITEMS"] = self.items
+                d["FA_M_SKIPS"] = ",".join(map(str, skips))
         if self.s_side is not None:
             d["HAS_SINKS"] = 1
             d["FA_S_OBJECTS"] = self.s_side.objects
@@ -218,11 +238,33 @@ class FlashAttnSpec:
 
     def static_bytes(self) -> int:
         """The core function's static data: q, the mask row, the accumulator, the scores."""
-        m = 4 * self.m_side.words if self.m_side is not None else 0
+        m = 0
+        if self.m_side is not None:
+            m = 4 * self.m_side.words
+            if any(self.mask_skips()):  # the per-item skips, a u16 each
+                m += -(-self.items // 2) * 4
         return 4 * (self.d + self.dv + self.chunk + 16) + m + STATIC_SLACK
 
     def fifo_bytes(self) -> int:
         return 2 * 4 * (self.a_words + self.b_words + self.dv)
+
+
+def _mask_side(mask: Tensor, n_kv: int, obj: int) -> Side | None:
+    """The mask row's side: the fewest words (within the mask buffer) holding the row's n_kv
+    f16 values wherever it starts (one more value when rows of an odd length start mid-word)
+    that pad to at most MAX_SIDE_OBJECTS objects of `obj` words. More words than the row
+    needs (a divisor or a multiple of `obj`) read the values after it, or before it at the
+    buffer's end (FlashAttnSpec.mask_span)."""
+    need = -(-(n_kv + mask.ne[0] % 2) // 2)
+    cands = {need} | {x for x in divisors(obj) if x > need}
+    cands |= {obj * k for k in range(1, MAX_SIDE_OBJECTS + 1) if obj * k > need}
+    for w in sorted(cands):
+        if w > _extent_words(mask):
+            break
+        side = _side(w, obj)
+        if side is not None and 2 * w - n_kv <= MAX_MASK_SKIP:
+            return side
+    return None
 
 
 def _rows_split(n: int) -> int:
@@ -272,10 +314,6 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
         )
         if not ok:
             raise UnsupportedError(f"{op}: the mask must be a dense f16 [>= n_kv, >= n_q, ...]")
-        if m[0] % 2:
-            raise UnsupportedError(
-                f"{op}: mask rows of an odd length ({m[0]}) do not start on 32-bit words"
-            )
     if sinks is not None and (sinks.dtype != "f32" or sinks.nelements < n_head):
         raise UnsupportedError(f"{op}: sinks must be f32, one per head")
     # Everything is moved as 32-bit words: K/V rows and their strides must be whole words.
@@ -314,7 +352,7 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
             continue
         a_words = kw // 4
         q_side = _side(d, a_words)
-        m_side = _side(-(-n_kv // 2), a_words) if mask is not None else None
+        m_side = _mask_side(mask, n_kv, a_words) if mask is not None else None
         s_side = _side(1, a_words) if sinks is not None else None
         if q_side is None or (mask is not None and m_side is None):
             continue

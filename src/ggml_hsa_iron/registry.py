@@ -130,7 +130,7 @@ _FLASH_ATTN_LIMITS = (
     "q f32 [D, n_q, n_head, n_seq] (rows dense), k [D, n_kv, n_head_kv, n_seq_kv] and v "
     "[Dv, n_kv, ...] f32, f16 or bf16 (rows dense, row and head strides any: KV-cache views; "
     "rows and strides whole 32-bit words), GQA (n_head a multiple of n_head_kv); mask f16 "
-    "[>= n_kv, >= n_q, ...] dense with rows of an even length, broadcast over heads and "
+    "[>= n_kv, >= n_q, ...] dense (rows of any length), broadcast over heads and "
     "sequences; sinks f32 (one per head); op_params scale, max_bias (ALiBi, with a mask), "
     "logit_softcap; output f32 [Dv, n_head, n_q, n_seq] dense. One query row of one head per "
     "work item over up to one worker per column, K and V streamed in chunks of rows dividing "

@@ -9,6 +9,9 @@
 //                      of fifo B (V chunks)
 //   FA_Q_OBJECTS       objects of the q row on fifo A (the row, repeated to whole objects)
 //   HAS_MASK, FA_M_WORDS, FA_M_OBJECTS   the f16 mask row: its words, its objects
+//   FA_ITEMS, FA_M_SKIPS   per item, the f16 values of its mask words before its row (one when
+//                      a row of an odd length starts mid-word, more at the buffer's end;
+//                      0 for every item when undefined)
 //   HAS_SINKS, FA_S_OBJECTS              the head's sink (one f32, repeated)
 //   FA_N_HEAD          heads (the item's head is item % FA_N_HEAD)
 //   FA_SCALE, FA_SOFTCAP   f32 bit patterns (the scale already divided by the softcap)
@@ -45,7 +48,17 @@ alignas(64) static float scores[CHUNK_VECS * VEC];
 alignas(64) static uint32_t mask_row[FA_M_WORDS + VEC / 2];
 #endif
 static float run_max, run_sum, sink_value;
-static int32_t item, item_step, side_object, kv_row;
+static int32_t item, item_step, side_object, kv_row, mask_skip;
+
+// The f16 values of the item's mask words before its row.
+static inline int32_t item_mask_skip() {
+#ifdef FA_M_SKIPS
+  static const uint16_t skips[FA_ITEMS] = {FA_M_SKIPS};
+  return item < FA_ITEMS ? skips[item] : 0;
+#else
+  return 0;
+#endif
+}
 
 static inline float bits_to_float(uint32_t b) { return __builtin_bit_cast(float, b); }
 static inline uint32_t float_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
@@ -91,6 +104,7 @@ template <int T> static inline vf load_kv(const int32_t *row, int i, int n) {
 static void reset_item() {
   side_object = 0;
   kv_row = 0;
+  mask_skip = item_mask_skip();
   run_max = bits_to_float(NEG_INF);
   run_sum = 0.0f;
   sink_value = bits_to_float(NEG_INF);
@@ -154,7 +168,8 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
     if (float_bits(softcap) != 0)
       s = mul(tanh(s), softcap);
 #if HAS_MASK
-    vf mv = load_f16_zero(reinterpret_cast<const uint16_t *>(mask_row) + kv_row + j, n);
+    const uint16_t *m16 = reinterpret_cast<const uint16_t *>(mask_row) + mask_skip;
+    vf mv = load_f16_zero(m16 + kv_row + j, n);
 #ifdef ALIBI_SLOPES
     mv = mul(mv, slope);
 #endif

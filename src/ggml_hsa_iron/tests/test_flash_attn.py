@@ -11,7 +11,9 @@ kernels/flash_attn.cc.
   real data (tests/util_emu.py) against a numpy reference of ggml-cpu's semantics (q rounded
   to K's type, scale, softcap, ALiBi, -inf masks, sinks, GQA, mask broadcast), D 64 and 128,
   n_kv 256, 512 and 200 (chunks that are not powers of two), n_q 1 and 4, f32, f16 and bf16
-  K/V, aie2p and aie2.
+  K/V, aie2p and aie2; mask rows of an odd length (embedding models: n_kv = n_q = 25 and 7,
+  q a permuted view, contiguous f16 K/V; decode rows with the mask broadcast per head): the
+  plan reads every value of each item's row and no word outside the mask.
 """
 
 import sys
@@ -79,12 +81,20 @@ def fa_request(
     arch="aie2p",
     n_ctx=None,
     mask_ne=None,
+    q_nb=None,
+    kv_dense=False,
 ):
     dv = dv or d
     n_ctx = n_ctx or n_kv + 32
     q = dense("f32", [d, n_q, n_head, n_seq])
-    k = cache_view(kv, d, n_kv, n_head_kv, n_ctx, n_seq)
-    v = cache_view(kv, dv, n_kv, n_head_kv, n_ctx, n_seq)
+    if q_nb is not None:
+        q = Tensor("f32", q.ne, tuple(q_nb))
+    if kv_dense:  # K and V computed in the graph (no KV cache): contiguous
+        k = dense(kv, [d, n_kv, n_head_kv, n_seq])
+        v = dense(kv, [dv, n_kv, n_head_kv, n_seq])
+    else:
+        k = cache_view(kv, d, n_kv, n_head_kv, n_ctx, n_seq)
+        v = cache_view(kv, dv, n_kv, n_head_kv, n_ctx, n_seq)
     ins = [q, k, v]
     op = "FLASH_ATTN_EXT"
     if mask:
@@ -113,6 +123,31 @@ def fa_request(
 
 def spec_of(**kw):
     return prepare(parse_request(fa_request(**kw)))
+
+
+def embedding(n_kv=25, **kw):
+    """An embedding model's attention (all-MiniLM-L6-v2 through llama.cpp): no KV cache,
+    n_q = n_kv tokens, q a permuted view [D, tokens, heads] of [D, heads, tokens], K and V
+    f16 contiguous, the mask f16 [n_kv, n_kv] (rows of an odd length for an odd n_kv)."""
+    d, heads = 32, 12
+    args = dict(d=d, n_kv=n_kv, n_q=n_kv, n_head=heads, n_head_kv=heads, kv="f16",
+                kv_dense=True, mask=True, mask_ne=[n_kv, n_kv, 1, 1], scale=d**-0.5,
+                q_nb=[4, heads * d * 4, d * 4, n_kv * heads * d * 4])  # fmt: skip
+    args.update(kw)
+    return args
+
+
+# Odd mask rows: the embedding case, a decode row with the mask broadcast per head (rows
+# starting at both parities), a mask row longer than n_kv.
+ODD_MASKS = (
+    embedding(25),
+    embedding(7),
+    dict(d=32, n_kv=25, n_q=1, n_head=12, n_head_kv=12, kv="f16", kv_dense=True, mask=True,
+         mask_ne=[25, 1, 12, 1]),
+    dict(d=32, n_kv=7, n_q=1, n_head=12, n_head_kv=4, kv="f16", mask=True,
+         mask_ne=[7, 1, 12, 1]),
+    dict(d=64, n_kv=256, n_q=4, mask=True, mask_ne=[257, 5, 1, 1]),
+)  # fmt: skip
 
 
 # ------------------------------------------------------------------ data and reference
@@ -209,8 +244,9 @@ def random_case(req, seed=0, neg_inf=True, qscale=1.0):
         mask = (rng.standard_normal((m[3], m[2], m[1], m[0])) * 2).astype(np.float16)
         if neg_inf:
             mask[..., ::5] = -np.inf  # every 5th key masked
-            mask[..., 1, :] = -np.inf if m[1] > 1 else mask[..., 1, :]  # query row 1: all
-        data.append(mask.tobytes())
+            if m[1] > 1:
+                mask[..., 1, :] = -np.inf  # query row 1: all
+        data.append(place(mt, mask))  # whole words: NaN after a mask of an odd size
     if st is not None:
         sinks = rng.standard_normal(st.ne[0]).astype(np.float32)
         data.append(sinks.tobytes())
@@ -278,6 +314,33 @@ class PlanTest(unittest.TestCase):
                     si = self._objects(spec, spec.sink_tap(t), A)
                     self.assertEqual(set(si), {h})
 
+    def test_odd_mask_rows_read_every_value_inside_the_buffer(self):
+        for kw in ODD_MASKS:
+            for arch in ("aie2p", "aie2"):
+                with self.subTest(arch=arch, **kw):
+                    self._check_mask_spans(spec_of(arch=arch, **kw))
+
+    def _check_mask_spans(self, spec):
+        m, n_kv, words = spec.mask.ne, spec.n_kv, spec.m_side.words
+        total = -(-spec.mask.size * spec.mask.nelements // 4)
+        skips = spec.mask_skips()
+        self.assertTrue(any(skips), "no mask row starts mid-word")
+        defines = spec.core.defines
+        self.assertEqual(defines["FA_M_SKIPS"].split(","), [str(x) for x in skips])
+        self.assertEqual(defines["FA_ITEMS"], spec.items)
+        self.assertEqual(defines["FA_M_WORDS"], words)
+        for t in range(spec.items):
+            i1, h, i3 = spec.item_index(t)
+            idx = self._objects(spec, spec.mask_tap(t), spec.a_words)
+            self.assertTrue(all(0 <= i < total for i in idx), "a word outside the mask")
+            first = idx[0]
+            self.assertEqual(idx[:words], list(range(first, first + words)))
+            # The row's f16 values, as the core reads them from the words it got.
+            row = ((i3 % m[3]) * m[2] + h % m[2]) * m[1] + i1
+            halves = [2 * w + j for w in idx[:words] for j in (0, 1)]
+            got = halves[skips[t] : skips[t] + n_kv]
+            self.assertEqual(got, list(range(row * m[0], row * m[0] + n_kv)))
+
     def test_dma_limits(self):
         spec = spec_of(n_q=4, n_head=8, n_head_kv=2, mask=True, sinks=True)
         ta, tb = spec.tasks_per_item
@@ -295,7 +358,6 @@ class PlanTest(unittest.TestCase):
     def test_refusals(self):
         cases = [
             (dict(kv="f16", d=63), UnsupportedError, "32-bit words"),
-            (dict(mask=True, mask_ne=[257, 4, 1, 1], n_kv=256), UnsupportedError, "odd length"),
             (dict(max_bias=8.0), UnsupportedError, "ALiBi"),
             (dict(kv="f32", d=1024), UnsupportedError, "1023|too long"),
         ]
@@ -330,6 +392,14 @@ class EndToEndTest(unittest.TestCase):
         ):
             with self.subTest(**kw):
                 run_case(self, **kw)
+
+    def test_odd_mask_rows(self):
+        # Mask rows of an odd length: every other row starts mid-word (embedding models).
+        for arch in ("aie2p", "aie2"):
+            for kw in ODD_MASKS[:4]:
+                with self.subTest(arch=arch, **kw):
+                    run_case(self, arch=arch, **kw)
+        run_case(self, **ODD_MASKS[4])
 
     def test_masked_rows_are_zero_and_nan_cache_rows_unread(self):
         # place() leaves NaN patterns between the heads of the cache rows and after n_kv;
