@@ -158,7 +158,11 @@ fn every_iron_op_emulated(arch: &str, only_f32: bool) {
             &["-p", sample],
         );
         check(&r, &format!("{arch} FLASH_ATTN_EXT"));
-        assert!(r.total >= 50, "{arch}: only {} FLASH_ATTN_EXT cases ran", r.total);
+        assert!(
+            r.total >= 50,
+            "{arch}: only {} FLASH_ATTN_EXT cases ran",
+            r.total
+        );
     }
     // Every type parameter's name ends its case's vars: type=, type_src=, type_dst=, ...
     let f32_cases: &[&str] = if only_f32 {
