@@ -172,25 +172,15 @@ fn every_iron_op_emulated(arch: &str, only_f32: bool) {
     };
     let r = tbo_emu(arch, arch, &others.join(","), f32_cases);
     check(&r, arch);
-    // The fused kernels were built by the IRON design and ran (tbo_emu's kernel cache, the
-    // path common::scratch_dir gave it).
-    let cache = std::env::temp_dir()
-        .join(format!("ggml-hsa-tbo-emu-{arch}-{}", std::process::id()))
-        .join(arch);
-    let names: Vec<String> = std::fs::read_dir(&cache)
-        .unwrap_or_else(|e| panic!("{}: {e}", cache.display()))
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    for fused in [
-        "rms_norm_mul-f32_",
-        "mul_mat_swiglu-f32_",
-        "mul_mat_geglu-f32_",
-    ] {
-        assert!(
-            names.iter().any(|n| n.starts_with(fused)),
-            "{arch}: no fused kernel {fused}* was built by the IRON design: {names:?}"
-        );
-    }
+    // The fused kernels were built by the IRON design and ran (tbo_emu's kernel cache).
+    common::assert_kernels_built(
+        &common::scratch_path(&format!("tbo-emu-{arch}")).join(arch),
+        &[
+            "rms_norm_mul-f32_",
+            "mul_mat_swiglu-f32_",
+            "mul_mat_geglu-f32_",
+        ],
+    );
 }
 
 #[test]

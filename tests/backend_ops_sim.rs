@@ -184,25 +184,15 @@ fn fused_feed_forward_and_norm_cases_run_as_one_kernel() {
             "RMS_NORM_MUL_ADD(type=f32",
         ],
     );
-    // tbo's kernel cache (common::scratch_dir's path; calling it again would empty it).
-    let cache = std::env::temp_dir()
-        .join(format!("ggml-hsa-tbo-sim-fusion-{}", std::process::id()))
-        .join("aie2p");
-    let names: Vec<String> = std::fs::read_dir(&cache)
-        .unwrap_or_else(|e| panic!("{}: {e}", cache.display()))
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    for fused in [
-        "mul_mat_swiglu-q4_0_",
-        "mul_mat_geglu-f32_",
-        "mul_mat_add-q8_0_",
-        "rms_norm_mul-f32_",
-    ] {
-        assert!(
-            names.iter().any(|n| n.starts_with(fused)),
-            "no fused kernel {fused}* was compiled: {names:?}"
-        );
-    }
+    common::assert_kernels_built(
+        &common::scratch_path("tbo-sim-fusion").join("aie2p"),
+        &[
+            "mul_mat_swiglu-q4_0_",
+            "mul_mat_geglu-f32_",
+            "mul_mat_add-q8_0_",
+            "rms_norm_mul-f32_",
+        ],
+    );
 }
 
 /// Quantized MUL_MAT and the reductions with two test-backend-ops workers (two graphs at once

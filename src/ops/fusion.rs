@@ -12,7 +12,7 @@
 //! * `MUL_MAT` → `ADD` of its product and another f32 tensor (residual connections, biases):
 //!   one `MUL_MAT_ADD` kernel ([`fuse_mul_mat_add`]).
 
-use super::plan::{as_layout, mul_mat, rows_layout, Plan, PlanOptions};
+use super::plan::{as_layout, kernel_as_laid_out, mul_mat, rows_layout, Plan, PlanOptions};
 use super::tensor::{BinaryOp, DType, Node, Op, Tensor};
 use crate::kernels::KernelDesc;
 use crate::op_catalogue::{self as catalogue, OpEntry};
@@ -158,19 +158,23 @@ pub fn fuse_mul_mat_glu(
         return None;
     }
     let op = OpEntry::by_name(&format!("MUL_MAT_{name}"))?;
-    let mut desc = KernelDesc {
-        op: op.name.to_owned(),
-        op_params: Vec::new(),
-        inputs: vec![as_layout(wg), as_layout(wu), as_layout(x)],
-        output: as_layout(out),
-        f16_as_bf16: false,
-    };
-    // As the unfused MUL_MATs are planned (`plan_with`).
-    desc.f16_as_bf16 = options.f16_as_bf16 && wg.dtype == DType::F16;
-    Some(Plan::Kernel {
-        desc,
-        operands: vec![wg.clone(), wu.clone(), x.clone(), out.clone()],
-    })
+    Some(mul_mat_kernel(op, &[wg, wu, x], out, options))
+}
+
+/// A fused MUL_MAT kernel `op` over `inputs` (weights first) into `out`, every operand as laid
+/// out in memory; f16 weights are computed as bf16 when the unfused MUL_MAT's would be
+/// (`plan_with`).
+fn mul_mat_kernel(
+    op: &'static OpEntry,
+    inputs: &[&Tensor],
+    out: &Tensor,
+    options: PlanOptions,
+) -> Plan {
+    let mut plan = kernel_as_laid_out(op, Vec::new(), inputs, out);
+    if let Plan::Kernel { desc, .. } = &mut plan {
+        desc.f16_as_bf16 = options.f16_as_bf16 && inputs[0].dtype == DType::F16;
+    }
+    plan
 }
 
 /// A MUL_MAT and the ADD after it of its product and another f32 tensor r (llama's residual
@@ -209,36 +213,19 @@ pub fn fuse_mul_mat_add(
     if !fuses || (!overlaps(out, product) && read_later(product, later)) {
         return None;
     }
-    let op = catalogue::MUL_MAT_ADD;
-    let desc = KernelDesc {
-        op: op.name.to_owned(),
-        op_params: Vec::new(),
-        inputs: vec![as_layout(w), as_layout(x), as_layout(r)],
-        output: as_layout(out),
-        // As the unfused MUL_MAT is planned (`plan_with`).
-        f16_as_bf16: options.f16_as_bf16 && w.dtype == DType::F16,
-    };
-    Some(Plan::Kernel {
-        desc,
-        operands: vec![w.clone(), x.clone(), r.clone(), out.clone()],
-    })
+    Some(mul_mat_kernel(
+        catalogue::MUL_MAT_ADD,
+        &[w, x, r],
+        out,
+        options,
+    ))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::tensor::test_util::tensor;
+    use super::super::tensor::test_util::{node, tensor};
     use super::super::tensor::{BinaryOp, DType, QuantType, UnaryOp};
     use super::*;
-
-    fn node(op: Op, dst: Tensor, src: Vec<Tensor>) -> Node {
-        Node {
-            op,
-            op_params: [0; 16],
-            dst,
-            src: src.into_iter().map(Some).collect(),
-            is_output: false,
-        }
-    }
 
     /// llama's `ffn_norm`: RMS_NORM of x [64, 5] at 0x1000 into y at 0x2000, then MUL of y by
     /// the weight row at 0x3000 into z at 0x4000; then `later` (nodes after the MUL).

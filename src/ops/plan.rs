@@ -507,7 +507,7 @@ fn entry(name: &str) -> Result<&'static OpEntry, String> {
 }
 
 /// One kernel over `inputs` into `dst`, every operand as laid out in memory.
-fn kernel_as_laid_out(
+pub(super) fn kernel_as_laid_out(
     op: &'static OpEntry,
     op_params: Vec<i32>,
     inputs: &[&Tensor],
@@ -579,19 +579,9 @@ fn elementwise(
 
 #[cfg(test)]
 mod tests {
-    use super::super::tensor::test_util::tensor;
+    use super::super::tensor::test_util::{node, tensor};
     use super::super::tensor::{BinaryOp, DType, QuantType, UnaryOp};
     use super::*;
-
-    fn node(op: Op, dst: Tensor, src: Vec<Tensor>) -> Node {
-        Node {
-            op,
-            op_params: [0; 16],
-            dst,
-            src: src.into_iter().map(Some).collect(),
-            is_output: false,
-        }
-    }
 
     #[test]
     fn same_shape_elementwise_ops_are_flattened() {

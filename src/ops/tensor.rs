@@ -463,6 +463,17 @@ pub(crate) mod test_util {
             memory: Memory::Device(0),
         }
     }
+
+    /// A node of `op` computing `dst` from `src`, no op_params, not a graph output.
+    pub fn node(op: Op, dst: Tensor, src: Vec<Tensor>) -> Node {
+        Node {
+            op,
+            op_params: [0; 16],
+            dst,
+            src: src.into_iter().map(Some).collect(),
+            is_output: false,
+        }
+    }
 }
 
 #[cfg(test)]

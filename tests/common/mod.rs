@@ -44,9 +44,14 @@ pub fn ggml_include_dir() -> PathBuf {
     PathBuf::from(env!("GGML_HSA_GGML_INCLUDE_DIR"))
 }
 
+/// Where [`scratch_dir`] puts the scratch directory `name` (without emptying it).
+pub fn scratch_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ggml-hsa-{name}-{}", std::process::id()))
+}
+
 /// A fresh scratch directory for one test.
 pub fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ggml-hsa-{name}-{}", std::process::id()));
+    let dir = scratch_path(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create scratch dir");
     dir
@@ -139,4 +144,21 @@ pub fn emu_compiler_env(emu_cache: &std::path::Path) -> Vec<(String, String)> {
             emu_cache.display().to_string(),
         ),
     ]
+}
+
+/// Asserts that the kernel cache directory `dir` (one architecture's) holds, for each of
+/// `prefixes`, a kernel whose file name starts with it: what a graph asked for was compiled
+/// (kernels are compiled only when a graph needs them).
+pub fn assert_kernels_built(dir: &std::path::Path, prefixes: &[&str]) {
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for prefix in prefixes {
+        assert!(
+            names.iter().any(|n| n.starts_with(prefix)),
+            "no kernel {prefix}* in {}: {names:?}",
+            dir.display()
+        );
+    }
 }
