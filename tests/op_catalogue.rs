@@ -125,6 +125,17 @@ fn op_table() -> String {
                         "kernel: IRON design `{src}` ({}), not yet run on hardware",
                         e.iron.join(", ")
                     ),
+                    // A fusion: its ggml op's name, `_`, and the op fused after it
+                    // (`MUL_MAT_ADD`, `RMS_NORM_MUL`). Without its kernel the nodes are not
+                    // fused and run as their own.
+                    None if e
+                        .name
+                        .strip_prefix(e.ggml)
+                        .and_then(|rest| rest.strip_prefix('_'))
+                        .is_some_and(|after| CATALOGUE.iter().any(|o| o.name == after)) =>
+                    {
+                        "no IRON design: not fused, its nodes run as their own kernels".to_owned()
+                    }
                     None => "no IRON design: declined, ggml runs it on the CPU".to_owned(),
                 };
                 (sim.to_owned(), npu)
