@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from . import registry
 from .archs import Arch
 from .errors import RequestError, UnsupportedError
-from .plans import CoreSource, _bits_f32, _f32, _f32_bits, alibi_slopes
+from .plans import CoreSource, _bits_f32, _check_common, _f32, _f32_bits, alibi_slopes
 from .request import Request, Tensor
 from .tiling import MAX_STRIDE_WORDS, MAX_TASKS_PER_CHANNEL, MAX_WRAP, Tap, divisors, split_run
 
@@ -277,7 +277,8 @@ def _rows_split(n: int) -> int:
 
 def prepare_flash_attn(req: Request) -> FlashAttnSpec:
     spec = registry.lookup(req.op)
-    arch = _arch_check(req, spec)
+    # The common checks but the dense-operand rule: K and V are strided cache views.
+    _, arch = _check_common(req, strided=True)
     op = spec.op
     q, k, v = req.inputs[:3]
     rest = list(req.inputs[3:])
@@ -396,26 +397,3 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
             f"most {MAX_TASKS_PER_CHANNEL}: too many query rows x heads ({items}) for one kernel"
         )
     return result
-
-
-def _arch_check(req: Request, spec) -> Arch:
-    """_check_common without its dense-operand rule (K and V are strided cache views)."""
-    from .archs import ARCHS
-
-    if req.arch not in ARCHS:
-        raise UnsupportedError(f"arch {req.arch!r} is not targeted (aie2, aie2p)")
-    if len(req.inputs) != spec.inputs:
-        raise RequestError(
-            f"{req.op} takes {spec.inputs} input(s), the request has {len(req.inputs)}"
-        )
-    if any(req.op_params[spec.params :]):
-        raise UnsupportedError(
-            f"{req.op} reads {spec.params} op_params word(s); the request has {list(req.op_params)}"
-        )
-    for i, t in enumerate(req.inputs + (req.output,)):
-        if t.dtype not in spec.types:
-            what = "output" if i == len(req.inputs) else f"input {i}"
-            raise UnsupportedError(
-                f"{req.op} does not take {t.dtype} ({what}); types: {', '.join(spec.types)}"
-            )
-    return ARCHS[req.arch]
