@@ -2,15 +2,16 @@
 # Regenerates docs/ops.md: which op/type combinations of test-backend-ops run on HSA0 (the plugin
 # on the hsa-sim software NPU) and pass against the CPU backend. `support` mode finds the ops
 # with any supported case (it checks only each case's final node), then `test` mode runs them
-# (checking every node) and its CSV is summarised by scripts/ops_doc.py. Then the ops the IRON
-# package declares run again with the IRON designs emulated (`python3 -m ggml_hsa_iron --target
-# emu` as the JIT compiler), once per architecture (aie2p, aie2): the doc's "IRON emulated"
-# columns, what a real NPU would run. Takes a few minutes, the emulated runs (`--emu`, not yet
-# part of CI: tests/backend_ops_emu.rs checks the same cases there) about 15 more per
-# architecture; MUL_MAT runs in a process of its own (every loaded kernel stays in the
-# simulated NPU's 64 MiB device heap until the process ends).
+# (checking every node) and its CSV is summarised by scripts/ops_doc.py. Takes about 10 min.
 #
-# `--check` (what CI runs) prints the per-op table and fails if any case failed or if the
+# The "IRON emulated" columns (what a real NPU would run) come from docs/ops-emulated.json, the
+# record of the last `--emu` run: the ops the IRON package declares, run again with the IRON
+# designs emulated (`python3 -m ggml_hsa_iron --target emu` as the JIT compiler), once per
+# architecture (aie2p, aie2). That takes about 40 more minutes, so CI does not repeat it:
+# tests/backend_ops_emu.rs runs most of the same cases on every CI run.
+#
+# `--check` (what CI runs) prints the per-op table and fails if any case failed (in this run or
+# in the emulated record), if an op the IRON package declares has no emulated record, or if the
 # committed docs/ops.md is out of date.
 set -euo pipefail
 check=0
@@ -56,36 +57,54 @@ wait "$sweep_pid"
 if [ -s "$csv.fa" ]; then tail -n +2 "$csv.fa" >>"$csv"; fi
 rm -f "$csv.fa"
 
-# The IRON designs, emulated: the same cases with the IRON package as the compiler.
+# The IRON designs, emulated (`--emu`): the same cases with the IRON package as the compiler,
+# per architecture, recorded in docs/ops-emulated.json (the "IRON emulated" columns). Without
+# `--emu` the columns come from that record; the check fails if an op the IRON package declares
+# has no recorded run.
 . scripts/lib/apt.sh
 python_emu_install >/dev/null || exit 1
 iron_ops=$(PYTHONPATH=$PWD/src python3 -m ggml_hsa_iron --target emu capabilities |
     python3 -c 'import json, sys; print(",".join(o["op"] for o in json.load(sys.stdin)["ops"]))')
-other_ops=$(echo "$iron_ops" | tr ',' '\n' | grep -vx MUL_MAT | paste -sd,)
 emu_args=()
 emu_status=""
-for arch in aie2p aie2; do
-    [ "$emu" -eq 1 ] || break
-    emu_csv=$(mktemp)
-    emu_log=$(mktemp)
-    for ops_set in MUL_MAT "$other_ops"; do
+if [ "$emu" -eq 1 ]; then
+    # FLASH_ATTN_EXT's thousands of cases through the emulation would take hours: the sample
+    # tests/backend_ops_emu.rs runs too (every option, type and head grouping).
+    fa_sample=$(cat scripts/lib/flash-attn-emu-sample.txt)
+    emu_emit() { # arch, ops, CSV, log, extra test-backend-ops args...
+        local arch=$1 ops=$2 out_csv=$3 log=$4
+        shift 4
         GGML_HSA_JIT_COMPILER="python3 -m ggml_hsa_iron --target emu" PYTHONPATH=$PWD/src \
             GGML_HSA_EMU_CACHE_DIR=${GGML_HSA_EMU_CACHE_DIR:-${TMPDIR:-/tmp}/ggml-hsa-emu-ops-doc} \
             GGML_HSA_KERNEL_CACHE_DIR=$(mktemp -d) HSA_SIM_AGENTS=$arch \
-            "$LLAMA_CPP_BIN/test-backend-ops" test -b HSA0 -o "$ops_set" --output csv \
-            2>>"$emu_log" >"$emu_csv.part" || emu_status="$emu_status $arch"
+            "$LLAMA_CPP_BIN/test-backend-ops" test -b HSA0 -o "$ops" --output csv "$@" \
+            2>>"$log" >"$out_csv.part" || emu_status="$emu_status $arch:$ops"
         # One CSV header.
-        if [ -s "$emu_csv" ]; then tail -n +2 "$emu_csv.part" >>"$emu_csv"; else cat "$emu_csv.part" >"$emu_csv"; fi
+        if [ -s "$out_csv" ]; then tail -n +2 "$out_csv.part" >>"$out_csv"; else cat "$out_csv.part" >"$out_csv"; fi
+        rm -f "$out_csv.part"
+    }
+    other_ops=$(echo "$iron_ops" | tr ',' '\n' | grep -vx 'MUL_MAT\|FLASH_ATTN_EXT' | paste -sd,)
+    for arch in aie2p aie2; do
+        emu_csv=$(mktemp)
+        emu_log=$(mktemp)
+        # MUL_MAT in a process of its own: every loaded kernel stays in the simulated NPU's
+        # 64 MiB device heap until the process ends.
+        emu_emit "$arch" MUL_MAT "$emu_csv" "$emu_log"
+        if echo "$iron_ops" | tr ',' '\n' | grep -qx FLASH_ATTN_EXT; then
+            emu_emit "$arch" FLASH_ATTN_EXT "$emu_csv" "$emu_log" -p "$fa_sample"
+        fi
+        emu_emit "$arch" "$other_ops" "$emu_csv" "$emu_log"
+        emu_args+=(--emu "$arch=$emu_csv,$emu_log")
     done
-    rm -f "$emu_csv.part"
-    emu_args+=(--emu "$arch=$emu_csv,$emu_log")
-done
+    python3 scripts/ops_doc.py --record docs/ops-emulated.json --sampled "FLASH_ATTN_EXT=$fa_sample" \
+        --commit "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src crates || echo +changes)" \
+        "${emu_args[@]}" </dev/null
+fi
 
 out=$(mktemp)
-python3 scripts/ops_doc.py "${emu_args[@]}" <"$csv" >"$out"
+python3 scripts/ops_doc.py --emulated docs/ops-emulated.json --iron-ops "$iron_ops" <"$csv" >"$out"
 rm -f "$csv"
 doc=docs/ops.md
-[ "$emu" -eq 1 ] && doc=docs/ops-iron.md
 if [ "$check" -eq 0 ]; then
     mv "$out" "$doc"
     echo "wrote $doc"

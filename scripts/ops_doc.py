@@ -4,17 +4,23 @@
 Reads the CSV of the run with hsa-sim's reference executors on stdin and writes Markdown on
 stdout: per op, how many of the cases test-backend-ops generates ran on HSA0 and passed against
 the CPU backend, how many failed, how many the backend declined, and the element types of those
-that ran. Each `--emu ARCH=CSV[,LOG]` adds a column for a run with the IRON designs emulated
-(the JIT compiler `python3 -m ggml_hsa_iron --target emu`) on that architecture: cases passed of
-those that ran; LOG (the run's stderr) names the kernels a design refused at compile time, whose
-nodes ran on the CPU. With `--ops-only`, prints instead the comma-separated ops that have at
-least one supported case (for a CSV of `test-backend-ops support`, whose check covers only each
-case's final node).
+that ran. `--emulated JSON` adds one "IRON emulated" column per architecture from the record of
+runs with the IRON designs emulated (the JIT compiler `python3 -m ggml_hsa_iron --target emu`):
+cases passed of those that ran; `--iron-ops` (the ops the IRON package declares) makes a
+declared op without a record an error.
+
+`--record JSON --emu ARCH=CSV[,LOG] ...` writes that record instead (no stdin): per
+architecture and op the cases in the CSV, those that ran and those that failed; LOG (the run's
+stderr) names the kernels a design refused at compile time, whose nodes ran on the CPU.
+
+With `--ops-only`, prints instead the comma-separated ops that have at least one supported case
+(for a CSV of `test-backend-ops support`, whose check covers only each case's final node).
 """
 
 import argparse
-
 import csv
+import datetime
+import json
 import re
 import sys
 from collections import defaultdict
@@ -66,11 +72,8 @@ class Run:
                 if row["error_message"] not in ("", "yes"):
                     self.failed[op] += 1
 
-    def cell(self, op: str) -> str:
-        ran = self.supported.get(op, 0)
-        if not ran:
-            return "-"
-        return f"{ran - self.failed[op]}/{ran}"
+    def record(self) -> dict:
+        return {op: [self.total[op], self.supported[op], self.failed[op]] for op in sorted(self.total)}
 
 
 # The backend's warning when the compiler refuses a declared kernel (exit 2): the node runs on
@@ -87,14 +90,56 @@ def refused_kernels(log_path: str) -> list[str]:
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops-only", action="store_true")
+    ap.add_argument("--emulated", metavar="JSON", help="the record of the emulated runs")
+    ap.add_argument("--iron-ops", metavar="OPS", help="the ops the IRON package declares")
+    ap.add_argument("--record", metavar="JSON", help="write the record of the --emu runs")
     ap.add_argument(
         "--emu",
         action="append",
         default=[],
         metavar="ARCH=CSV[,LOG]",
-        help="a run with the IRON designs emulated on ARCH",
+        help="a run with the IRON designs emulated on ARCH (with --record)",
     )
+    ap.add_argument(
+        "--sampled",
+        action="append",
+        default=[],
+        metavar="OP=PATTERN",
+        help="an op whose emulated run covered only the cases matching PATTERN (with --record)",
+    )
+    ap.add_argument("--commit", default="", help="the commit the --emu runs built (with --record)")
     return ap.parse_args()
+
+
+def write_record(args) -> int:
+    archs = {}
+    for spec in args.emu:
+        arch, _, files = spec.partition("=")
+        csv_path, _, log_path = files.partition(",")
+        with open(csv_path, encoding="utf-8") as f:
+            run = Run(read_csv(f))
+        archs[arch] = {
+            "ops": run.record(),
+            "refused": refused_kernels(log_path) if log_path else [],
+        }
+    record = {
+        "about": "scripts/gen-ops-doc.sh --emu: per op [cases, ran on HSA0, failed]",
+        "commit": args.commit,
+        "date": datetime.date.today().isoformat(),
+        "sampled": dict(s.split("=", 1) for s in args.sampled),
+        "archs": archs,
+    }
+    with open(args.record, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return 0
+
+
+def emulated_cell(counts, sampled: bool) -> str:
+    if not counts or not counts[1]:
+        return "-"
+    _, ran, bad = counts
+    return f"{ran - bad}/{ran}" + (" (sample)" if sampled else "")
 
 
 def read_csv(f):
@@ -106,18 +151,26 @@ def read_csv(f):
 
 def main() -> int:
     args = parse_args()
+    if args.record:
+        return write_record(args)
     sim = Run(read_csv(sys.stdin))
     total, supported, failed, types = sim.total, sim.supported, sim.failed, sim.types
     if args.ops_only:
         print(",".join(sorted(op for op in total if supported[op])))
         return 0
-    emus = []
-    for spec in args.emu:
-        arch, _, files = spec.partition("=")
-        csv_path, _, log_path = files.partition(",")
-        with open(csv_path, encoding="utf-8") as f:
-            run = Run(read_csv(f))
-        emus.append((arch, run, refused_kernels(log_path) if log_path else []))
+    record = {"archs": {}, "sampled": {}}
+    if args.emulated:
+        with open(args.emulated, encoding="utf-8") as f:
+            record = json.load(f)
+    archs = record["archs"]
+    if args.iron_ops:
+        for arch, run in archs.items():
+            missing = [op for op in args.iron_ops.split(",") if op not in run["ops"]]
+            if missing:
+                raise SystemExit(
+                    f"{args.emulated}: no emulated run on {arch} of {', '.join(missing)}, which"
+                    " the IRON package declares: run scripts/gen-ops-doc.sh --emu"
+                )
     out = [
         "# Ops on HSA0",
         "",
@@ -130,29 +183,35 @@ def main() -> int:
         "  the others (a type, layout or mode it does not implement, listed per op in README,",
         "  Status).",
     ]
-    if emus:
+    if archs:
         out += [
             "* **IRON emulated** (one column per architecture): the same plugin with the IRON",
             "  package as its compiler (`--target emu`): each kernel is the IRON design a real NPU",
             "  would run, executed by hsa-sim's dataflow emulator with the AIE core kernels built",
             '  for the host. "passed/ran" of the cases the IRON package accepted; "-": none, so on',
             "  a real NPU that op runs on the CPU. Nothing here has run on NPU hardware.",
+            f"  Recorded by `scripts/gen-ops-doc.sh --emu` on {record['date']} at commit"
+            f" `{record['commit']}` (docs/ops-emulated.json); CI reruns most of these cases in",
+            "  tests/backend_ops_emu.rs.",
         ]
-    else:
-        out += [
-            "* Which ops have an IRON design (what a real NPU runs): README, \"Ops and where they",
-            "  run\"; `scripts/gen-ops-doc.sh --emu` writes docs/ops-iron.md with the emulated runs.",
-        ]
+        for op, pattern in sorted(record["sampled"].items()):
+            out += [
+                f"* {op}'s emulated column (sample) covers only its cases whose parameters match",
+                f"  `{pattern}`.",
+            ]
     out += [""]
-    emu_heads = "".join(f" IRON emulated {arch} |" for arch, _, _ in emus)
+    emu_heads = "".join(f" IRON emulated {arch} |" for arch in archs)
     out += [
         f"| op | ran on HSA0 | passed | failed | declined |{emu_heads} types (cases that ran) |",
-        "|---|---:|---:|---:|---:|" + "---:|" * len(emus) + "---|",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(archs) + "---|",
     ]
     for op in sorted(total):
         kinds = ", ".join(sorted(types[op])) or "-"
         ran, bad = supported[op], failed[op]
-        emu_cells = "".join(f" {run.cell(op)} |" for _, run, _ in emus)
+        emu_cells = "".join(
+            f" {emulated_cell(run['ops'].get(op), op in record['sampled'])} |"
+            for run in archs.values()
+        )
         out.append(
             f"| {op} | {ran} | {ran - bad} | {bad} | {total[op] - ran} |{emu_cells} {kinds} |"
         )
@@ -160,15 +219,17 @@ def main() -> int:
     declined = sum(total.values()) - ran
     summary = f"Total: {ran} cases ran on HSA0, {ran - bad} passed, {bad} failed; {declined} declined."
     out += ["", summary]
-    for arch, run, refused in emus:
-        e_ran, e_bad = sum(run.supported.values()), sum(run.failed.values())
+    for arch, run in archs.items():
+        e_ran = sum(c[1] for c in run["ops"].values())
+        e_bad = sum(c[2] for c in run["ops"].values())
         line = (
             f"IRON emulated on {arch}: {e_ran} cases ran, {e_ran - e_bad} passed, {e_bad} failed"
         )
+        refused = run["refused"]
         if refused:
             line += (
                 f"; {len(refused)} kernels a design's plan refused at compile time ran on the CPU"
-                f" ({', '.join(f'`{k}`' for k in refused)})"
+                " (listed in docs/ops-emulated.json)"
             )
         out += ["", line + "."]
     out += ["", *F16_AS_BF16]
