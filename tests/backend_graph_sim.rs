@@ -250,6 +250,24 @@ fn a_full_dev_heap_evicts_the_least_recently_used_kernels() {
 }
 
 /// A failed graph, then a second compute that works (the stream replaced its queue).
+#[test]
+fn an_operand_starting_mid_word_is_declined() {
+    // The NPU's DMA reads whole 32-bit words: a kernel given a view at byte offset 2 would read
+    // from the word's start. Such nodes stay on the CPU; views at word offsets run.
+    let o = run("midword", "midword", 1, &[]);
+    for offset in 0..=8 {
+        let want = u8::from(offset % 4 == 0);
+        for state in ["unallocated", "allocated"] {
+            assert!(
+                o.has(&format!("SUPPORTS {offset} {state} {want}")),
+                "offset {offset}, {state}: expected {want}\n{}",
+                o.text
+            );
+        }
+    }
+    assert!(o.has("an operand starts mid-word"), "{}", o.text);
+}
+
 fn assert_fails_then_recovers(o: &Outcome, why: &str) {
     assert!(o.has("STATUS 0 -1"), "{why}:\n{}", o.text);
     assert!(o.has("graph_compute failed"), "{why}:\n{}", o.text);
@@ -499,6 +517,10 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
         // SAFETY: as for this function.
         return unsafe { compute_evict(reg, computes) };
     }
+    if graph == "midword" {
+        // SAFETY: as for this function.
+        return unsafe { supports_views(reg) };
+    }
     // SAFETY: see child_graph.
     unsafe {
         let dev = sys::ggml_backend_reg_dev_get(reg, 0);
@@ -591,6 +613,51 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
             }
             sys::ggml_backend_buffer_free(buffer);
         }
+        sys::ggml_free(ctx);
+        sys::ggml_backend_free(backend);
+    }
+}
+
+/// The "midword" child: whether the device takes a SCALE of an f32 view starting at each byte
+/// offset 0..=8 of an allocated tensor, and of the same views before allocation (only the
+/// view's offset known); prints `SUPPORTS <offset> <allocated> <0|1>`.
+///
+/// # Safety
+/// `reg` is the plugin's registry.
+unsafe fn supports_views(reg: sys::ggml_backend_reg_t) {
+    // SAFETY: see child_graph.
+    unsafe {
+        let dev = sys::ggml_backend_reg_dev_get(reg, 0);
+        assert!(!dev.is_null());
+        let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
+        assert!(!backend.is_null());
+        let ctx = sys::ggml_init(sys::ggml_init_params {
+            mem_size: 1 << 20,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        });
+        let whole = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, N as i64 + 4);
+        let scales: Vec<_> = (0..=8)
+            .map(|offset| {
+                let view = sys::ggml_view_1d(ctx, whole, N as i64, offset);
+                (offset, sys::ggml_scale(ctx, view, 2.0))
+            })
+            .collect();
+        for &(offset, node) in &scales {
+            let ok = sys::ggml_backend_dev_supports_op(dev, node);
+            println!("SUPPORTS {offset} unallocated {}", u8::from(ok));
+        }
+        let buffer = sys::ggml_backend_alloc_ctx_tensors(ctx, backend);
+        assert!(!buffer.is_null());
+        for &(offset, node) in &scales {
+            // ggml-alloc leaves views to the graph allocator: place them by hand.
+            let view = (*node).src[0];
+            (*view).data = (*whole).data.cast::<u8>().add(offset).cast();
+            (*view).buffer = (*whole).buffer;
+            let ok = sys::ggml_backend_dev_supports_op(dev, node);
+            println!("SUPPORTS {offset} allocated {}", u8::from(ok));
+        }
+        sys::ggml_backend_buffer_free(buffer);
         sys::ggml_free(ctx);
         sys::ggml_backend_free(backend);
     }

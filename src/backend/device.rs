@@ -26,6 +26,10 @@ use crate::ops::{self, Node, Plan, PlanOptions};
 /// every tensor on its own cache line without wasting much on small tensors.
 pub const TENSOR_ALIGNMENT: usize = 64;
 
+/// Alignment every kernel operand must start at: the NPU's DMA engines address 32-bit words.
+/// Buffers keep [`TENSOR_ALIGNMENT`]; a view can start anywhere inside one.
+pub const OPERAND_ALIGNMENT: u64 = 4;
+
 /// A kernel loaded on the device.
 #[derive(Debug)]
 pub struct LoadedKernel {

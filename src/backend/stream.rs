@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::device::{Device, DeviceError, LoadedKernel};
+use super::device::{Device, DeviceError, LoadedKernel, OPERAND_ALIGNMENT};
 use super::stats::{self, GraphStats, NodeRun};
 use crate::hsa::memory::PoolAlloc;
 use crate::hsa::packet::Operand;
@@ -509,6 +509,16 @@ impl Stream {
                 "an operand is not in NPU memory ({:?}); kernels only reach buffers of this \
                  backend",
                 t.memory
+            )));
+        }
+        // The NPU's DMA engines address 32-bit words: a view starting mid-word would make the
+        // kernel read from the word's start. supports_op declines such nodes; this is the
+        // guard for a graph whose tensors moved since.
+        if let Some(t) = tensors.iter().find(|t| t.addr % OPERAND_ALIGNMENT != 0) {
+            return Err(Enqueue::Operand(format!(
+                "an operand starts at {:#x}, not a multiple of {OPERAND_ALIGNMENT} bytes: the \
+                 NPU's DMA reads whole 32-bit words",
+                t.addr
             )));
         }
         let evictions = self.device.evictions();

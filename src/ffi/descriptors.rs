@@ -85,6 +85,29 @@ pub(crate) unsafe fn tensor(t: *const ggml_tensor) -> Tensor {
     }
 }
 
+/// Whether `t` or one of its sources starts at a byte that is not a multiple of `alignment`: its
+/// data address once allocated, before that its offset into the tensor it views (ggml keeps a
+/// view's offset relative to the allocated tensor at the root of the chain, whose address is
+/// aligned by its buffer).
+///
+/// # Safety
+/// `t` points to a valid `ggml_tensor` whose sources are valid or NULL.
+pub(crate) unsafe fn has_operand_at_offset(t: *const ggml_tensor, alignment: u64) -> bool {
+    // SAFETY: the caller passes a valid tensor.
+    let tr = unsafe { &*t };
+    let off = |t: &ggml_tensor| {
+        if t.data.is_null() {
+            t.view_offs as u64
+        } else {
+            t.data as u64
+        }
+    };
+    std::iter::once(tr)
+        // SAFETY: non-NULL sources of a valid tensor are valid tensors.
+        .chain(tr.src.iter().filter_map(|&s| unsafe { s.as_ref() }))
+        .any(|t| off(t) % alignment != 0)
+}
+
 /// The op of `t`, from ggml's names for it (the mapping itself is `Op::from_ggml`, checked
 /// against the op catalogue).
 ///

@@ -19,8 +19,9 @@ use super::handles::{
 };
 use super::sys::*;
 use super::{backend_iface, descriptors};
+use crate::backend::device::OPERAND_ALIGNMENT;
 use crate::log;
-use crate::ops::Memory;
+use crate::ops::{Memory, Plan};
 
 pub(super) static DEVICE_IFACE: ggml_backend_device_i = ggml_backend_device_i {
     get_name: Some(dev_get_name),
@@ -175,6 +176,18 @@ unsafe extern "C" fn dev_supports_op(dev: ggml_backend_dev_t, op: *const ggml_te
             .chain(node.inputs())
             .any(|t| t.memory == Memory::Foreign)
         {
+            return false;
+        }
+        // SAFETY: as above.
+        if unsafe { descriptors::has_operand_at_offset(op, OPERAND_ALIGNMENT) }
+            && matches!(d.plan(&node), Ok(Plan::Kernel { .. }))
+        {
+            log::debug(&format!(
+                "{}: {} not supported: an operand starts mid-word (a view at a byte offset not \
+                 a multiple of {OPERAND_ALIGNMENT}); the NPU's DMA reads whole 32-bit words",
+                d.name,
+                node.op.name()
+            ));
             return false;
         }
         match d.supports(&node) {
