@@ -890,19 +890,6 @@ def prepare(req: Request):
 # ------------------------------------------------------------------------- row ops
 
 
-def _f32(x: float) -> float:
-    """x rounded to f32."""
-    return struct.unpack("<f", struct.pack("<f", x))[0]
-
-
-def _f32_bits(x: float) -> int:
-    return struct.unpack("<I", struct.pack("<f", x))[0]
-
-
-def _bits_f32(bits: int) -> float:
-    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
-
-
 def alibi_slopes(n_head: int, max_bias: float) -> list[float]:
     """ggml's ALiBi slope of every head (soft_max_ext with max_bias > 0): m0^(h+1) for the
     first n_head_log2 heads, m1^(2(h - n_head_log2) + 1) after, each rounded to f32 as
