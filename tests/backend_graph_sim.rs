@@ -251,6 +251,32 @@ fn a_full_dev_heap_evicts_the_least_recently_used_kernels() {
 
 /// A failed graph, then a second compute that works (the stream replaced its queue).
 #[test]
+fn set_rows_into_consecutive_rows_is_a_copy_into_them() {
+    // The indices are read when the graph runs: consecutive ones make the node a copy kernel
+    // into those rows (the cache is not streamed whole), others run the SET_ROWS kernel; the
+    // same graph (one plan) takes either path per compute.
+    let o = run("setrows", "setrows", 1, &[]);
+    for round in 0..SET_ROWS_ROUNDS.len() {
+        assert!(o.has(&format!("STATUS {round} 0")), "{}", o.text);
+        assert!(o.has(&format!("SET_ROWS {round} ok")), "{}", o.text);
+    }
+    assert_eq!(o.counter("dispatches"), 4, "{}", o.text);
+    let cache = common::scratch_path("graph-setrows")
+        .join("cache")
+        .join("aie2p");
+    common::assert_kernels_built(&cache, &["cpy-f32_192-f16_192", "set_rows-f32_64x3"]);
+    // Rounds 0 and 3 wrote 3 rows of 64 f16 (the copy); rounds 1 and 2 the whole cache (the
+    // SET_ROWS kernel's output is the destination).
+    let row = 64 * 2;
+    assert_eq!(
+        o.counter("bytes_written"),
+        2 * 3 * row + 2 * 16 * row,
+        "{}",
+        o.text
+    );
+}
+
+#[test]
 fn an_operand_starting_mid_word_is_declined() {
     // The NPU's DMA reads whole 32-bit words: a kernel given a view at byte offset 2 would read
     // from the word's start. Such nodes stay on the CPU; views at word offsets run.
@@ -517,6 +543,10 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
         // SAFETY: as for this function.
         return unsafe { compute_evict(reg, computes) };
     }
+    if graph == "setrows" {
+        // SAFETY: as for this function.
+        return unsafe { compute_set_rows(reg) };
+    }
     if graph == "midword" {
         // SAFETY: as for this function.
         return unsafe { supports_views(reg) };
@@ -613,6 +643,85 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
             }
             sys::ggml_backend_buffer_free(buffer);
         }
+        sys::ggml_free(ctx);
+        sys::ggml_backend_free(backend);
+    }
+}
+
+/// Index sets of the "setrows" child, one per compute of the same graph: consecutive rows (a
+/// copy into them), then scattered and descending ones (the SET_ROWS kernel), then consecutive
+/// again up to the last row.
+const SET_ROWS_ROUNDS: [[i64; 3]; 4] = [[3, 4, 5], [9, 2, 7], [6, 5, 4], [13, 14, 15]];
+
+/// The "setrows" child: one graph writing 3 f32 rows of 64 into a 16-row f16 destination at
+/// the i64 indices of each round of [`SET_ROWS_ROUNDS`] (set before each compute, as llama.cpp
+/// sets its KV-cache slots), the destination checked after every compute; prints
+/// `SET_ROWS <round> <ok|bad>`.
+///
+/// # Safety
+/// `reg` is the plugin's registry.
+unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t) {
+    const ROW: usize = 64;
+    const ROWS: usize = 16;
+    // SAFETY: see child_graph.
+    unsafe {
+        let dev = sys::ggml_backend_reg_dev_get(reg, 0);
+        assert!(!dev.is_null());
+        let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
+        assert!(!backend.is_null());
+        let ctx = sys::ggml_init(sys::ggml_init_params {
+            mem_size: 1 << 20,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        });
+        let cache = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F16, ROW as i64, ROWS as i64);
+        let src = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, ROW as i64, 3);
+        let idx = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, 3);
+        let out = sys::ggml_set_rows(ctx, cache, src, idx);
+        let gf = sys::ggml_new_graph(ctx);
+        sys::ggml_build_forward_expand(gf, out);
+        let buffer = sys::ggml_backend_alloc_ctx_tensors(ctx, backend);
+        assert!(!buffer.is_null());
+        sys::ggml_backend_tensor_memset(cache, 0, 0, 2 * ROW * ROWS);
+        let mut expect = vec![0.0f32; ROW * ROWS];
+        for (round, indices) in SET_ROWS_ROUNDS.iter().enumerate() {
+            // Values exact in f16 (integers below 2048): round, source row and column.
+            let values: Vec<f32> = (0..3 * ROW)
+                .map(|i| (round * 256 + (i / ROW) * ROW + i % ROW) as f32)
+                .collect();
+            sys::ggml_backend_tensor_set(src, f32_bytes(&values).as_ptr().cast(), 0, 4 * 3 * ROW);
+            let idx_bytes: Vec<u8> = indices.iter().flat_map(|i| i.to_le_bytes()).collect();
+            sys::ggml_backend_tensor_set(idx, idx_bytes.as_ptr().cast(), 0, idx_bytes.len());
+            for (r, &row) in indices.iter().enumerate() {
+                let row = row as usize;
+                expect[row * ROW..(row + 1) * ROW].copy_from_slice(&values[r * ROW..(r + 1) * ROW]);
+            }
+            let status = sys::ggml_backend_graph_compute(backend, gf);
+            println!("STATUS {round} {status}");
+            let mut got = vec![0u8; 2 * ROW * ROWS];
+            sys::ggml_backend_tensor_get(cache, got.as_mut_ptr().cast(), 0, got.len());
+            let ok = got
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .eq(expect.iter().copied());
+            println!("SET_ROWS {round} {}", if ok { "ok" } else { "bad" });
+            if !ok {
+                let got: Vec<f32> = got
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect();
+                for r in 0..ROWS {
+                    let (g, e) = (
+                        &got[r * ROW..(r + 1) * ROW],
+                        &expect[r * ROW..(r + 1) * ROW],
+                    );
+                    if g != e {
+                        println!("  row {r}: got {:?}.., expected {:?}..", &g[..3], &e[..3]);
+                    }
+                }
+            }
+        }
+        sys::ggml_backend_buffer_free(buffer);
         sys::ggml_free(ctx);
         sys::ggml_backend_free(backend);
     }

@@ -93,6 +93,10 @@ impl HostMemory for Host {
     fn run_on_cpu(&mut self, _index: usize) -> Result<(), String> {
         Err("no CPU backend in this test".into())
     }
+
+    fn read(&mut self, _t: &Tensor) -> Result<Vec<u8>, String> {
+        Err("no host memory in this test".into())
+    }
 }
 
 #[test]

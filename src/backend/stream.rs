@@ -27,7 +27,7 @@ use crate::hsa::queue::{Queue, SubmitError, QUEUE_SIZE};
 use crate::hsa::signal::{Signal, DEVICE_TIMEOUT};
 use crate::kernels::KernelDesc;
 use crate::ops::host::HostOp;
-use crate::ops::{self, Memory, Node, Plan, Tensor};
+use crate::ops::{self, Memory, Node, Plan, RowScatter, Tensor};
 
 /// Packets behind one doorbell: half the ring, and below the ~40 commands ROCR fits into one
 /// command chain.
@@ -44,6 +44,8 @@ pub trait HostMemory {
     fn run(&mut self, op: &HostOp) -> Result<(), String>;
     /// Computes node `index` of the graph on ggml's CPU backend (`GGML_HSA_CPU_FALLBACK`).
     fn run_on_cpu(&mut self, index: usize) -> Result<(), String>;
+    /// The bytes of `t` (from its address, `t.bytes` of them), read on the host.
+    fn read(&mut self, t: &Tensor) -> Result<Vec<u8>, String>;
 }
 
 /// What one node becomes.
@@ -135,6 +137,9 @@ struct GraphPlan {
     kernels: Vec<Option<Arc<LoadedKernel>>>,
     /// Each node's op, to name it in errors and statistics.
     ops: Vec<&'static str>,
+    /// The SET_ROWS kernel steps that run as a copy into the rows their indices name when the
+    /// indices are consecutive (`ops::scatter`), with the copy's loaded kernel.
+    scatters: Vec<Option<(RowScatter, Arc<LoadedKernel>)>>,
 }
 
 /// Plans of recent graphs, most recently used first.
@@ -314,9 +319,20 @@ impl Stream {
             .zip(&plan.kernels)
             .enumerate()
             .try_for_each(|(i, (step, kernel))| match (step, kernel) {
-                (Step::Plan(Plan::Kernel { operands, .. }), Some(kernel)) => self
-                    .enqueue(kernel.clone(), operands, (i, plan.ops[i]))
-                    .map_err(|e| enqueue_error(i, e)),
+                (Step::Plan(Plan::Kernel { operands, .. }), Some(kernel)) => {
+                    let rows = match &plan.scatters[i] {
+                        Some((scatter, copy)) => self
+                            .scatter_operands(scatter, host)
+                            .map_err(|e| enqueue_error(i, e))?
+                            .map(|operands| (copy, operands)),
+                        None => None,
+                    };
+                    match rows {
+                        Some((copy, rows)) => self.enqueue(copy.clone(), &rows, (i, plan.ops[i])),
+                        None => self.enqueue(kernel.clone(), operands, (i, plan.ops[i])),
+                    }
+                    .map_err(|e| enqueue_error(i, e))
+                }
                 (Step::Plan(Plan::Host(op)), _) => {
                     self.host(op, host).map_err(|e| enqueue_error(i, e))
                 }
@@ -435,11 +451,54 @@ impl Stream {
                 }
             }
         }
+        // SET_ROWS kernels whose indices no node of this graph writes (an input the application
+        // set, as llama.cpp's KV-cache slots are) may run as a copy into the rows they name.
+        let scatters = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                kernels[i].as_ref()?;
+                let scatter = RowScatter::of(node, |d| self.device.supports_kernel(d))?;
+                let idx = &scatter.idx;
+                let computed = nodes[..i].iter().any(|n| {
+                    n.dst.addr < idx.addr + idx.bytes && idx.addr < n.dst.addr + n.dst.bytes
+                });
+                if computed || idx.addr == 0 {
+                    return None;
+                }
+                let loaded = self.device.kernels(std::slice::from_ref(&scatter.copy));
+                self.stats.load += loaded.loading;
+                self.stats.evictions += loaded.evicted;
+                let copy = loaded.kernels.into_iter().next()?.ok()?;
+                Some((scatter, copy))
+            })
+            .collect();
         Ok(GraphPlan {
             steps,
             kernels,
             ops: nodes.iter().map(|n| n.op.name()).collect(),
+            scatters,
         })
+    }
+
+    /// The operands of `scatter`'s copy when the indices, read now, name consecutive rows;
+    /// `None` when the SET_ROWS kernel must run. A pending kernel that writes the indices runs
+    /// first.
+    fn scatter_operands(
+        &mut self,
+        scatter: &RowScatter,
+        host: &mut dyn HostMemory,
+    ) -> Result<Option<[Tensor; 2]>, Enqueue> {
+        let idx = &scatter.idx;
+        let hazard = self
+            .pending
+            .iter()
+            .any(|p| p.written && idx.addr < p.end && p.start < idx.addr + idx.bytes);
+        if hazard {
+            self.flush().map_err(Enqueue::Submit)?;
+        }
+        let indices = host.read(idx).map_err(Enqueue::Operand)?;
+        Ok(scatter.operands(&indices))
     }
 
     /// Waits for everything submitted. Submissions are synchronous, so only a pending batch can

@@ -243,15 +243,18 @@ impl HostMemory for GraphMemory<'_> {
         unsafe { self.cpu.compute(node) }
     }
 
+    fn read(&mut self, t: &Tensor) -> Result<Vec<u8>, String> {
+        host_accessible(t)?;
+        // SAFETY: the descriptor was made from a tensor of the graph being computed, allocated
+        // in a host-accessible buffer for at least `bytes` (ggml_nbytes) bytes; no kernel writes
+        // it while it is read (the stream waits for pending writes first).
+        Ok(unsafe { std::slice::from_raw_parts(t.addr as *const u8, t.bytes as usize) }.to_vec())
+    }
+
     fn run(&mut self, op: &HostOp) -> Result<(), String> {
         let (inputs, dst) = op.tensors();
         for t in inputs.iter().copied().chain([dst]) {
-            if !matches!(t.memory, Memory::Device(_) | Memory::Host) || t.addr == 0 {
-                return Err(format!(
-                    "tensor memory is not host-accessible ({:?})",
-                    t.memory
-                ));
-            }
+            host_accessible(t)?;
         }
         // An input that overlaps the destination (an in-place DUP) is copied first: a Rust slice
         // must not alias a mutable one. The others are read in place, so that a GET_ROWS of one
@@ -286,6 +289,17 @@ impl HostMemory for GraphMemory<'_> {
             unsafe { std::slice::from_raw_parts_mut(dst.addr as *mut u8, dst.bytes as usize) };
         op.run(&input_bytes, dst_bytes, &GgmlCodec)
     }
+}
+
+/// Whether the host may read and write `t`'s memory in place.
+fn host_accessible(t: &Tensor) -> Result<(), String> {
+    if !matches!(t.memory, Memory::Device(_) | Memory::Host) || t.addr == 0 {
+        return Err(format!(
+            "tensor memory is not host-accessible ({:?})",
+            t.memory
+        ));
+    }
+    Ok(())
 }
 
 /// Block-quantized conversions with ggml's own routines, so results match ggml bit for bit.

@@ -5,13 +5,16 @@
 //! * [`tensor`]: the descriptors (types, tensors, ops, nodes).
 //! * [`plan`]: the support rules and the plan of one node.
 //! * [`fusion`]: the runs of nodes one kernel computes.
+//! * [`scatter`]: SET_ROWS as a copy into the rows its indices name, read at dispatch.
 //! * [`host`]: the ops that run on the host (type-converting copies).
 
 pub mod fusion;
 pub mod host;
 pub mod plan;
+pub mod scatter;
 pub mod tensor;
 
 pub use fusion::{fuse_at, Fusion};
 pub use plan::{plan, plan_preferring, plan_with, Plan, PlanOptions};
+pub use scatter::RowScatter;
 pub use tensor::{BinaryOp, DType, Memory, Node, Op, QuantType, Tensor, UnaryOp};

@@ -11,6 +11,8 @@
 //!   rows into f32/f16/bf16, i32 or i64 indices): host-side gathers and scatters, in place.
 //!   `SET_ROWS` of f32/f16 rows into f32/f16/bf16 is also a kernel (rows, indices; the output
 //!   is the whole destination, written in place), preferred the same way: the KV-cache write.
+//!   When its indices name consecutive rows the stream dispatches a copy into them instead
+//!   ([`super::scatter`]).
 //! * `ADD`, `SUB`, `MUL`, `DIV`: one kernel; the second input is repeated over the first (ggml
 //!   broadcasting); output shape = first input's shape.
 //! * Unary ops (the seed list plus `SQR`, `SQRT`, `LOG`, `SIN`, `COS`), `SCALE`, `CLAMP`: one
@@ -107,7 +109,7 @@ pub fn plan_preferring(
 /// the node is one; `None` for every other node and for what the host op alone runs
 /// (quantized types, integer copies). The kernels copy exactly (no `f16_as_bf16`: a copy into
 /// f16 must round to f16).
-fn device_copy(node: &Node) -> Option<Plan> {
+pub(super) fn device_copy(node: &Node) -> Option<Plan> {
     let float = |t: &Tensor| matches!(t.dtype, DType::F32 | DType::F16 | DType::Bf16);
     match node.op {
         Op::Dup | Op::Cpy | Op::Cont => {

@@ -1,0 +1,195 @@
+//! SET_ROWS as a copy into the destination rows its indices name, the indices read by the host
+//! when the graph runs.
+//!
+//! The SET_ROWS kernel writes the whole destination (a layer's KV cache: megabytes per token at
+//! long contexts) to change the few rows a token adds, because a kernel's DMA addresses are fixed
+//! when it is dispatched and the row indices are data. llama.cpp's indices are a graph input the
+//! application set before the graph ran, and the NPU shares system memory, so the host can read
+//! them at dispatch: when they name consecutive rows in range (every decode step and every
+//! prompt of a KV cache filled in order), the node is one copy kernel from the source rows into
+//! those rows, addressed at dispatch. Other indices run the SET_ROWS kernel as planned.
+
+use super::plan::{device_copy, Plan};
+use super::tensor::{DType, Node, Op, Tensor};
+use crate::kernels::KernelDesc;
+
+/// A SET_ROWS node that can run as a copy into consecutive destination rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowScatter {
+    /// The copy kernel: the source rows into `rows` destination rows.
+    pub copy: KernelDesc,
+    src: Tensor,
+    /// The indices, read when the graph runs.
+    pub idx: Tensor,
+    /// The destination rows the copy writes, at row 0 of the destination.
+    rows: Tensor,
+    /// Rows of the destination (the bound of an index).
+    dst_rows: i64,
+}
+
+impl RowScatter {
+    /// The scatter of `node` when it is a SET_ROWS of one matrix of rows (dimensions 2 and 3 of
+    /// one) with one index per row, into a destination whose elements are dense, and `available`
+    /// says the kernel store provides the copy kernel.
+    pub fn of(node: &Node, available: impl Fn(&KernelDesc) -> bool) -> Option<RowScatter> {
+        if node.op != Op::SetRows {
+            return None;
+        }
+        let (src, idx, dst) = (node.src(0)?, node.src(1)?, &node.dst);
+        let n = src.ne[1];
+        let one_matrix = |t: &Tensor| t.ne[2] == 1 && t.ne[3] == 1;
+        let index_type = matches!(idx.dtype, DType::I32 | DType::I64);
+        let elem = dst.dtype.size()?;
+        if !one_matrix(src)
+            || !one_matrix(dst)
+            || !index_type
+            || idx.ne != [n, 1, 1, 1]
+            || n < 1
+            || n > dst.ne[1]
+            || src.ne[0] != dst.ne[0]
+            || dst.nb[0] != elem
+        {
+            return None;
+        }
+        let rows = Tensor {
+            ne: [dst.ne[0], n, 1, 1],
+            nb: [elem, dst.nb[1], dst.nb[1] * n as u64, dst.nb[1] * n as u64],
+            bytes: (n as u64 - 1) * dst.nb[1] + dst.ne[0] as u64 * elem,
+            ..dst.clone()
+        };
+        let copy = Node {
+            op: Op::Cpy,
+            op_params: [0; 16],
+            dst: rows.clone(),
+            src: vec![Some(src.clone())],
+            is_output: false,
+        };
+        match device_copy(&copy)? {
+            Plan::Kernel { desc, .. } if available(&desc) => Some(RowScatter {
+                copy: desc,
+                src: src.clone(),
+                idx: idx.clone(),
+                rows,
+                dst_rows: dst.ne[1],
+            }),
+            _ => None,
+        }
+    }
+
+    /// The copy kernel's operands (source rows, destination rows) when `indices` (the index
+    /// tensor's bytes) name consecutive rows inside the destination; `None` otherwise.
+    pub fn operands(&self, indices: &[u8]) -> Option<[Tensor; 2]> {
+        let n = self.src.ne[1];
+        let stride = self.idx.nb[0] as usize;
+        let index = |i: i64| -> Option<i64> {
+            let at = i as usize * stride;
+            Some(match self.idx.dtype {
+                DType::I64 => i64::from_le_bytes(indices.get(at..at + 8)?.try_into().ok()?),
+                _ => i64::from(i32::from_le_bytes(
+                    indices.get(at..at + 4)?.try_into().ok()?,
+                )),
+            })
+        };
+        let first = index(0)?;
+        if first < 0 || first + n > self.dst_rows {
+            return None;
+        }
+        for i in 1..n {
+            if index(i)? != first + i {
+                return None;
+            }
+        }
+        let rows = Tensor {
+            addr: self.rows.addr + first as u64 * self.rows.nb[1],
+            ..self.rows.clone()
+        };
+        Some([self.src.clone(), rows])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::tensor::test_util::tensor;
+
+    /// SET_ROWS of `n` f32 rows of 64 into a 16-row f16 destination at 0x10000, i64 indices.
+    fn set_rows(n: i64) -> Node {
+        let src = tensor(DType::F32, [64, n, 1, 1], 0x1000);
+        let idx = tensor(DType::I64, [n, 1, 1, 1], 0x2000);
+        let dst = tensor(DType::F16, [64, 16, 1, 1], 0x10000);
+        Node {
+            op: Op::SetRows,
+            op_params: [0; 16],
+            dst,
+            src: vec![Some(src), Some(idx)],
+            is_output: false,
+        }
+    }
+
+    fn i64_bytes(v: &[i64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn consecutive_indices_address_the_first_row() {
+        let s = RowScatter::of(&set_rows(3), |_| true).expect("a scatter");
+        assert_eq!(s.copy.op, "CPY");
+        // Dense rows on both sides: the flat copy of 3 x 64 elements.
+        assert_eq!(s.copy.output.ne, [192, 1, 1, 1]);
+        assert_eq!(s.copy.output.dtype, "f16");
+        let [src, rows] = s.operands(&i64_bytes(&[5, 6, 7])).expect("consecutive");
+        assert_eq!(src.addr, 0x1000);
+        // Row 5 of 128-byte f16 rows; three rows' bytes.
+        assert_eq!(rows.addr, 0x10000 + 5 * 128);
+        assert_eq!(rows.bytes, 3 * 128);
+        assert_eq!(rows.dtype, DType::F16);
+    }
+
+    #[test]
+    fn other_indices_keep_the_set_rows_kernel() {
+        let s = RowScatter::of(&set_rows(3), |_| true).expect("a scatter");
+        assert!(s.operands(&i64_bytes(&[5, 7, 8])).is_none(), "a gap");
+        assert!(s.operands(&i64_bytes(&[7, 6, 5])).is_none(), "descending");
+        assert!(
+            s.operands(&i64_bytes(&[14, 15, 16])).is_none(),
+            "past the last row"
+        );
+        assert!(s.operands(&i64_bytes(&[-1, 0, 1])).is_none(), "negative");
+        assert!(s.operands(&i64_bytes(&[5, 6])).is_none(), "too few bytes");
+        let one = RowScatter::of(&set_rows(1), |_| true).unwrap();
+        let [_, rows] = one.operands(&i64_bytes(&[15])).expect("the last row");
+        assert_eq!(rows.addr, 0x10000 + 15 * 128);
+    }
+
+    #[test]
+    fn i32_indices_with_a_stride_are_read_through_it() {
+        let mut node = set_rows(2);
+        let idx = node.src[1].as_mut().unwrap();
+        idx.dtype = DType::I32;
+        idx.nb = [8, 16, 16, 16];
+        let s = RowScatter::of(&node, |_| true).unwrap();
+        let bytes: Vec<u8> = [9i32, -1, 10, -1]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let [_, rows] = s.operands(&bytes).expect("every other word");
+        assert_eq!(rows.addr, 0x10000 + 9 * 128);
+    }
+
+    #[test]
+    fn only_one_matrix_of_rows_with_its_copy_kernel() {
+        assert!(
+            RowScatter::of(&set_rows(3), |_| false).is_none(),
+            "no copy kernel"
+        );
+        let mut batched = set_rows(3);
+        batched.src[0].as_mut().unwrap().ne[2] = 2;
+        assert!(RowScatter::of(&batched, |_| true).is_none());
+        let mut too_many = set_rows(17);
+        too_many.src[1].as_mut().unwrap().ne[0] = 17;
+        assert!(RowScatter::of(&too_many, |_| true).is_none());
+        let mut add = set_rows(3);
+        add.op = Op::Binary(crate::ops::BinaryOp::Add);
+        assert!(RowScatter::of(&add, |_| true).is_none());
+    }
+}
