@@ -10,27 +10,35 @@
 # architecture (aie2p, aie2). That takes about 40 more minutes, so CI does not repeat it:
 # tests/backend_ops_emu.rs runs most of the same cases on every CI run.
 #
+# `--emu-ops OPS` (comma-separated) runs only those ops emulated and updates their entries of
+# the record, for a change to some designs.
+#
 # `--check` (what CI runs) prints the per-op table and fails if any case failed (in this run or
 # in the emulated record), if an op the IRON package declares has no emulated record, or if the
 # committed docs/ops.md is out of date.
 set -euo pipefail
 check=0
 emu=0
-for arg in "$@"; do
-    case $arg in
+emu_only=""
+usage() { echo "usage: scripts/gen-ops-doc.sh [--check] [--emu | --emu-ops OPS]" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case $1 in
     --check) check=1 ;;
     --emu) emu=1 ;;
-    *) echo "usage: scripts/gen-ops-doc.sh [--check] [--emu]" >&2; exit 2 ;;
+    --emu-ops) [ $# -ge 2 ] || usage; emu=1; emu_only=$2; shift ;;
+    *) usage ;;
     esac
+    shift
 done
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops >/dev/null
 eval "$(scripts/llama-cpp.sh env)"
 cargo build --locked --workspace --quiet
-export GGML_BACKEND_PATH=$PWD/target/debug/libggml_hsa.so
-export GGML_HSA_LIBHSA_PATH=$PWD/target/debug/libhsa_runtime64.so
-export GGML_HSA_JIT_COMPILER=$PWD/target/debug/hsa-sim-compile
+debug=$(realpath "${CARGO_TARGET_DIR:-target}")/debug
+export GGML_BACKEND_PATH=$debug/libggml_hsa.so
+export GGML_HSA_LIBHSA_PATH=$debug/libhsa_runtime64.so
+export GGML_HSA_JIT_COMPILER=$debug/hsa-sim-compile
 export GGML_HSA_ENABLE_LOG=0
 export GGML_HSA_KERNEL_CACHE_DIR=${GGML_HSA_KERNEL_CACHE_DIR:-$(mktemp -d)}
 csv=$(mktemp)
@@ -83,20 +91,29 @@ if [ "$emu" -eq 1 ]; then
         if [ -s "$out_csv" ]; then tail -n +2 "$out_csv.part" >>"$out_csv"; else cat "$out_csv.part" >"$out_csv"; fi
         rm -f "$out_csv.part"
     }
-    other_ops=$(echo "$iron_ops" | tr ',' '\n' | grep -vx 'MUL_MAT\|FLASH_ATTN_EXT' | paste -sd,)
+    run_ops=$iron_ops
+    if [ -n "$emu_only" ]; then
+        for op in ${emu_only//,/ }; do
+            echo ",$iron_ops," | grep -q ",$op," || { echo "$op: the IRON package does not declare it" >&2; exit 2; }
+        done
+        run_ops=$emu_only
+    fi
+    has() { echo ",$run_ops," | grep -q ",$1,"; }
+    other_ops=$(echo "$run_ops" | tr ',' '\n' | grep -vx 'MUL_MAT\|FLASH_ATTN_EXT' | paste -sd,)
     for arch in aie2p aie2; do
         emu_csv=$(mktemp)
         emu_log=$(mktemp)
         # MUL_MAT in a process of its own: every loaded kernel stays in the simulated NPU's
         # 64 MiB device heap until the process ends.
-        emu_emit "$arch" MUL_MAT "$emu_csv" "$emu_log"
-        if echo "$iron_ops" | tr ',' '\n' | grep -qx FLASH_ATTN_EXT; then
+        if has MUL_MAT; then emu_emit "$arch" MUL_MAT "$emu_csv" "$emu_log"; fi
+        if has FLASH_ATTN_EXT; then
             emu_emit "$arch" FLASH_ATTN_EXT "$emu_csv" "$emu_log" -p "$fa_sample"
         fi
-        emu_emit "$arch" "$other_ops" "$emu_csv" "$emu_log"
+        if [ -n "$other_ops" ]; then emu_emit "$arch" "$other_ops" "$emu_csv" "$emu_log"; fi
         emu_args+=(--emu "$arch=$emu_csv,$emu_log")
     done
-    python3 scripts/ops_doc.py --record docs/ops-emulated.json --sampled "FLASH_ATTN_EXT=$fa_sample" \
+    python3 scripts/ops_doc.py --record docs/ops-emulated.json --ops "$run_ops" \
+        --sampled "FLASH_ATTN_EXT=$fa_sample" \
         --commit "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src crates || echo +changes)" \
         "${emu_args[@]}" </dev/null
 fi

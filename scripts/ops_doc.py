@@ -9,9 +9,10 @@ runs with the IRON designs emulated (the JIT compiler `python3 -m ggml_hsa_iron 
 cases passed of those that ran; `--iron-ops` (the ops the IRON package declares) makes a
 declared op without a record an error.
 
-`--record JSON --emu ARCH=CSV[,LOG] ...` writes that record instead (no stdin): per
-architecture and op the cases in the CSV, those that ran and those that failed; LOG (the run's
-stderr) names the kernels a design refused at compile time, whose nodes ran on the CPU.
+`--record JSON --ops OPS --emu ARCH=CSV[,LOG] ...` updates that record instead (no stdin): per
+architecture and op of OPS the cases in the CSV, those that ran and those that failed, and the
+commit they ran at; LOG (the run's stderr) names the kernels a design refused at compile time,
+whose nodes ran on the CPU. The other ops' entries are kept.
 
 With `--ops-only`, prints instead the comma-separated ops that have at least one supported case
 (for a CSV of `test-backend-ops support`, whose check covers only each case's final node).
@@ -73,7 +74,9 @@ class Run:
                     self.failed[op] += 1
 
     def record(self) -> dict:
-        return {op: [self.total[op], self.supported[op], self.failed[op]] for op in sorted(self.total)}
+        return {
+            op: [self.total[op], self.supported[op], self.failed[op]] for op in sorted(self.total)
+        }
 
 
 # The backend's warning when the compiler refuses a declared kernel (exit 2): the node runs on
@@ -108,27 +111,42 @@ def parse_args():
         help="an op whose emulated run covered only the cases matching PATTERN (with --record)",
     )
     ap.add_argument("--commit", default="", help="the commit the --emu runs built (with --record)")
+    ap.add_argument("--ops", default="", help="the ops the --emu runs ran (with --record)")
     return ap.parse_args()
 
 
 def write_record(args) -> int:
-    archs = {}
+    try:
+        with open(args.record, encoding="utf-8") as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        record = {"archs": {}, "commits": {}, "sampled": {}}
+    ran_ops = set(args.ops.split(","))
     for spec in args.emu:
         arch, _, files = spec.partition("=")
         csv_path, _, log_path = files.partition(",")
         with open(csv_path, encoding="utf-8") as f:
-            run = Run(read_csv(f))
-        archs[arch] = {
-            "ops": run.record(),
-            "refused": refused_kernels(log_path) if log_path else [],
-        }
-    record = {
-        "about": "scripts/gen-ops-doc.sh --emu: per op [cases, ran on HSA0, failed]",
-        "commit": args.commit,
-        "date": datetime.date.today().isoformat(),
-        "sampled": dict(s.split("=", 1) for s in args.sampled),
-        "archs": archs,
-    }
+            counts = Run(read_csv(f)).record()
+        entry = record["archs"].setdefault(arch, {"ops": {}, "refused": []})
+        # A kernel's name starts with its op's, lower case: the refusals of the ops not run now
+        # are kept.
+        prefixes = tuple(op.lower() + "-" for op in ran_ops)
+        refused = [k for k in entry["refused"] if not k.startswith(prefixes)]
+        refused += refused_kernels(log_path) if log_path else []
+        entry["refused"] = sorted(set(refused))
+        for op in ran_ops:
+            entry["ops"][op] = counts.get(op, [0, 0, 0])
+    for op in ran_ops:
+        record["commits"][op] = args.commit
+    for spec in args.sampled:
+        op, _, pattern = spec.partition("=")
+        if op in ran_ops:
+            record["sampled"][op] = pattern
+    record["about"] = (
+        "scripts/gen-ops-doc.sh --emu: per architecture and op [cases, ran on HSA0, failed],"
+        " the commit each op ran at"
+    )
+    record["date"] = datetime.date.today().isoformat()
     with open(args.record, "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1, sort_keys=True)
         f.write("\n")
@@ -145,7 +163,9 @@ def emulated_cell(counts, sampled: bool) -> str:
 def read_csv(f):
     rows = list(csv.DictReader(f))
     if not rows:
-        raise SystemExit(f"no rows in {getattr(f, 'name', 'stdin')}: run test-backend-ops --output csv")
+        raise SystemExit(
+            f"no rows in {getattr(f, 'name', 'stdin')}: run test-backend-ops --output csv"
+        )
     return rows
 
 
@@ -158,7 +178,7 @@ def main() -> int:
     if args.ops_only:
         print(",".join(sorted(op for op in total if supported[op])))
         return 0
-    record = {"archs": {}, "sampled": {}}
+    record = {"archs": {}, "commits": {}, "sampled": {}}
     if args.emulated:
         with open(args.emulated, encoding="utf-8") as f:
             record = json.load(f)
@@ -184,15 +204,16 @@ def main() -> int:
         "  Status).",
     ]
     if archs:
+        commits = ", ".join(f"`{c}`" for c in sorted(set(record["commits"].values())))
         out += [
             "* **IRON emulated** (one column per architecture): the same plugin with the IRON",
             "  package as its compiler (`--target emu`): each kernel is the IRON design a real NPU",
             "  would run, executed by hsa-sim's dataflow emulator with the AIE core kernels built",
             '  for the host. "passed/ran" of the cases the IRON package accepted; "-": none, so on',
             "  a real NPU that op runs on the CPU. Nothing here has run on NPU hardware.",
-            f"  Recorded by `scripts/gen-ops-doc.sh --emu` on {record['date']} at commit"
-            f" `{record['commit']}` (docs/ops-emulated.json); CI reruns most of these cases in",
-            "  tests/backend_ops_emu.rs.",
+            f"  Recorded by `scripts/gen-ops-doc.sh --emu`, last on {record['date']}, at the",
+            f"  commits {commits} (docs/ops-emulated.json names each op's); CI reruns most of",
+            "  these cases in tests/backend_ops_emu.rs.",
         ]
         for op, pattern in sorted(record["sampled"].items()):
             out += [
@@ -217,14 +238,14 @@ def main() -> int:
         )
     ran, bad = sum(supported.values()), sum(failed.values())
     declined = sum(total.values()) - ran
-    summary = f"Total: {ran} cases ran on HSA0, {ran - bad} passed, {bad} failed; {declined} declined."
+    summary = (
+        f"Total: {ran} cases ran on HSA0, {ran - bad} passed, {bad} failed; {declined} declined."
+    )
     out += ["", summary]
     for arch, run in archs.items():
         e_ran = sum(c[1] for c in run["ops"].values())
         e_bad = sum(c[2] for c in run["ops"].values())
-        line = (
-            f"IRON emulated on {arch}: {e_ran} cases ran, {e_ran - e_bad} passed, {e_bad} failed"
-        )
+        line = f"IRON emulated on {arch}: {e_ran} cases ran, {e_ran - e_bad} passed, {e_bad} failed"
         refused = run["refused"]
         if refused:
             line += (
