@@ -11,7 +11,7 @@
 # tests/backend_ops_emu.rs runs most of the same cases on every CI run.
 #
 # `--emu-ops OPS` (comma-separated) runs only those ops emulated and updates their entries of
-# the record, for a change to some designs.
+# the record, for a change to some designs; then run the script without it for docs/ops.md.
 #
 # `--check` (what CI runs) prints the per-op table and fails if any case failed (in this run or
 # in the emulated record), if an op the IRON package declares has no emulated record, or if the
@@ -41,30 +41,6 @@ export GGML_HSA_LIBHSA_PATH=$debug/libhsa_runtime64.so
 export GGML_HSA_JIT_COMPILER=$debug/hsa-sim-compile
 export GGML_HSA_ENABLE_LOG=0
 export GGML_HSA_KERNEL_CACHE_DIR=${GGML_HSA_KERNEL_CACHE_DIR:-$(mktemp -d)}
-csv=$(mktemp)
-"$LLAMA_CPP_BIN/test-backend-ops" support -b HSA0 --output csv 2>/dev/null >"$csv"
-ops=$(python3 scripts/ops_doc.py --ops-only <"$csv")
-# Under packet ABI c (kernels loaded as AIE code objects, what the newest ROCR takes): CI's only
-# sweep of every op; the other packet ABIs run the starter and model ops
-# (tests/backend_ops_sim.rs). Two processes at once sharing one kernel cache, FLASH_ATTN_EXT
-# (about 40% of the cases) in one and the other ops in the other; not test-backend-ops' -j,
-# whose workers print CSV rows field by field into one stdout, interleaved.
-fa_ops=$(echo "$ops" | tr ',' '\n' | grep -x 'FLASH_ATTN_EXT' | paste -sd, || true)
-rest_ops=$(echo "$ops" | tr ',' '\n' | grep -vx 'FLASH_ATTN_EXT' | paste -sd,)
-# A failing case makes test-backend-ops exit 1: the table below shows it, --check fails on it.
-sweep() { # ops, CSV file
-    HSA_SIM_PACKET_ABI=c GGML_HSA_PACKET_ABI=c \
-        "$LLAMA_CPP_BIN/test-backend-ops" test -b HSA0 -o "$1" --output csv 2>/dev/null >"$2" || true
-}
-sweep "$rest_ops" "$csv" &
-sweep_pid=$!
-if [ -n "$fa_ops" ]; then
-    sweep "$fa_ops" "$csv.fa"
-fi
-wait "$sweep_pid"
-if [ -s "$csv.fa" ]; then tail -n +2 "$csv.fa" >>"$csv"; fi
-rm -f "$csv.fa"
-
 # The IRON designs, emulated (`--emu`): the same cases with the IRON package as the compiler,
 # per architecture, recorded in docs/ops-emulated.json (the "IRON emulated" columns). Without
 # `--emu` the columns come from that record; the check fails if an op the IRON package declares
@@ -116,7 +92,36 @@ if [ "$emu" -eq 1 ]; then
         --sampled "FLASH_ATTN_EXT=$fa_sample" \
         --commit "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src crates || echo +changes)" \
         "${emu_args[@]}" </dev/null
+    if [ -n "$emu_only" ]; then
+        echo "updated docs/ops-emulated.json ($emu_only); scripts/gen-ops-doc.sh writes docs/ops.md"
+        [ -z "$emu_status" ] || { echo "FAILED: emulated test-backend-ops failed on:$emu_status"; exit 1; }
+        exit 0
+    fi
 fi
+
+csv=$(mktemp)
+"$LLAMA_CPP_BIN/test-backend-ops" support -b HSA0 --output csv 2>/dev/null >"$csv"
+ops=$(python3 scripts/ops_doc.py --ops-only <"$csv")
+# Under packet ABI c (kernels loaded as AIE code objects, what the newest ROCR takes): CI's only
+# sweep of every op; the other packet ABIs run the starter and model ops
+# (tests/backend_ops_sim.rs). Two processes at once sharing one kernel cache, FLASH_ATTN_EXT
+# (about 40% of the cases) in one and the other ops in the other; not test-backend-ops' -j,
+# whose workers print CSV rows field by field into one stdout, interleaved.
+fa_ops=$(echo "$ops" | tr ',' '\n' | grep -x 'FLASH_ATTN_EXT' | paste -sd, || true)
+rest_ops=$(echo "$ops" | tr ',' '\n' | grep -vx 'FLASH_ATTN_EXT' | paste -sd,)
+# A failing case makes test-backend-ops exit 1: the table below shows it, --check fails on it.
+sweep() { # ops, CSV file
+    HSA_SIM_PACKET_ABI=c GGML_HSA_PACKET_ABI=c \
+        "$LLAMA_CPP_BIN/test-backend-ops" test -b HSA0 -o "$1" --output csv 2>/dev/null >"$2" || true
+}
+sweep "$rest_ops" "$csv" &
+sweep_pid=$!
+if [ -n "$fa_ops" ]; then
+    sweep "$fa_ops" "$csv.fa"
+fi
+wait "$sweep_pid"
+if [ -s "$csv.fa" ]; then tail -n +2 "$csv.fa" >>"$csv"; fi
+rm -f "$csv.fa"
 
 out=$(mktemp)
 python3 scripts/ops_doc.py --emulated docs/ops-emulated.json --iron-ops "$iron_ops" <"$csv" >"$out"
