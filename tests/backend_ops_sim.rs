@@ -16,6 +16,12 @@ const ROW_AND_REDUCTION_OPS: &str =
 /// The ops of a model's graph beyond the element-wise ones.
 const MODEL_OPS: &str =
     "MUL_MAT,RMS_NORM,NORM,GET_ROWS,SET_ROWS,ARGMAX,COUNT_EQUAL,CROSS_ENTROPY_LOSS";
+/// test-backend-ops' filter for the cases with f32 (first) operands: about a third of them.
+/// Every case of every op runs once, under packet ABI c on aie2p, in scripts/gen-ops-doc.sh
+/// --check (CI); the runs here check what differs between packet ABIs and architectures (how a
+/// dispatch is encoded and which agent runs it, not what a kernel computes: the reference
+/// executors are the same), for which a third of the cases serves.
+const F32_CASES: [&str; 2] = ["-p", "type(_a|_src)?=f32,"];
 
 fn tbo(tag: &str, ops: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Report {
     let cache = common::scratch_dir(&format!("tbo-sim-{tag}"));
@@ -89,29 +95,20 @@ fn starter_ops_on_aie2p_with_packet_abi_a1() {
     );
 }
 
-/// Packet ABI c, found by `auto` (the plugin loads a tiny code object to probe it): every
-/// kernel is wrapped into an AIE hsaco, loaded into an executable and dispatched by its kernel
-/// object.
-#[test]
-fn starter_ops_on_aie2p_with_packet_abi_c() {
-    let r = tbo("aie2p-c", STARTER_OPS, &[], &[("HSA_SIM_PACKET_ABI", "c")]);
-    assert_hundreds_pass(&r, "aie2p/c", 1000);
-}
-
 #[test]
 fn starter_and_model_ops_on_aie2_with_packet_abi_c() {
     let ops = format!("{STARTER_OPS},{MODEL_OPS}");
     let r = tbo(
         "aie2-c",
         &ops,
-        &["-j", "2"],
+        &["-j", "2", F32_CASES[0], F32_CASES[1]],
         &[
             ("HSA_SIM_PACKET_ABI", "c"),
             ("GGML_HSA_PACKET_ABI", "c"),
             ("HSA_SIM_AGENTS", "aie2"),
         ],
     );
-    assert_hundreds_pass(&r, "aie2/c", 2000);
+    assert_hundreds_pass(&r, "aie2/c", 1000);
     assert!(
         r.output.contains("Device description: aie2"),
         "{}",
@@ -124,10 +121,10 @@ fn starter_ops_on_aie2_with_packet_abi_b() {
     let r = tbo(
         "aie2-b",
         STARTER_OPS,
-        &[],
+        &F32_CASES,
         &[("HSA_SIM_PACKET_ABI", "b"), ("HSA_SIM_AGENTS", "aie2")],
     );
-    assert_hundreds_pass(&r, "aie2/b", 1000);
+    assert_hundreds_pass(&r, "aie2/b", 400);
     assert!(
         r.output.contains("Device description: aie2"),
         "{}",
@@ -135,18 +132,19 @@ fn starter_ops_on_aie2_with_packet_abi_b() {
     );
 }
 
-/// The starter ops, the norms, the row ops and the reductions with two test-backend-ops workers
-/// under packet ABIs a2 and a3 (MUL_MAT under a3 below). Every op of docs/ops.md runs once,
-/// under packet ABI c (two processes sharing one kernel cache), in scripts/gen-ops-doc.sh
-/// --check (CI); a1, the default, runs the starter ops above, b the starter ops and an explicit
-/// choice below. The ABIs differ in how a dispatch is encoded, not in what a kernel computes,
-/// so one sweep of every op serves them all.
+/// The f32 cases of the starter ops, the norms, the row ops and the reductions with two
+/// test-backend-ops workers under packet ABIs a2 and a3 (MUL_MAT under a3 below). Every op of
+/// docs/ops.md runs once, under packet ABI c (two processes sharing one kernel cache), in
+/// scripts/gen-ops-doc.sh --check (CI); a1, the default, runs the starter ops above, b their
+/// f32 cases and an explicit choice below. The ABIs differ in how a dispatch is encoded, not in
+/// what a kernel computes, so one sweep of every op serves them all.
 #[test]
 fn starter_row_and_reduction_ops_with_two_workers_under_packet_abis_a2_and_a3() {
     let ops = format!("{STARTER_OPS},{ROW_AND_REDUCTION_OPS}");
     for abi in ["a2", "a3"] {
-        let r = tbo(abi, &ops, &["-j", "2"], &[("HSA_SIM_PACKET_ABI", abi)]);
-        assert_hundreds_pass(&r, abi, 1800);
+        let args = ["-j", "2", F32_CASES[0], F32_CASES[1]];
+        let r = tbo(abi, &ops, &args, &[("HSA_SIM_PACKET_ABI", abi)]);
+        assert_hundreds_pass(&r, abi, 850);
     }
 }
 
@@ -264,10 +262,10 @@ fn f16_as_bf16_changes_f16_results() {
     assert_eq!(on.passed, on.total - off.total, "{}", on.output);
 }
 
-/// FLASH_ATTN_EXT on aie2 under packet ABI c with two workers, a third of its cases: head
-/// sizes 64 (every K/V type) and 576 (DeepSeek's MLA, V a view of K) with 113 or 512 keys,
-/// and the softcap cases (976 run with the pinned llama.cpp); every case runs on aie2p in
-/// scripts/gen-ops-doc.sh --check. The f32, f16 and bf16 K/V cases run and pass, the
+/// FLASH_ATTN_EXT on aie2 under packet ABI c with two workers, a seventh of its cases: head
+/// sizes 64 (every K/V type) and 576 (DeepSeek's MLA, V a view of K) with 113 keys, grouped
+/// and permuted heads at 512 keys, and the softcap cases (456 run with the pinned llama.cpp);
+/// every case runs on aie2p in scripts/gen-ops-doc.sh --check. The f32, f16 and bf16 K/V cases run and pass, the
 /// quantized ones are declined; decode and prefill, masks, ALiBi, softcap, sinks,
 /// grouped-query heads and permuted operands are among them.
 #[test]
@@ -279,7 +277,8 @@ fn flash_attn_ext_on_aie2_with_packet_abi_c() {
             "-j",
             "2",
             "-p",
-            "(hsk=(64|576),.*kv=(113|512))|logit_softcap=10",
+            "(hsk=(64|576),.*kv=113,)|logit_softcap=10\
+             |(hsk=64,.*nr23=\\[4,3\\],kv=512,.*permute=\\[0,2,1,3\\])",
         ],
         &[
             ("HSA_SIM_PACKET_ABI", "c"),
@@ -287,7 +286,7 @@ fn flash_attn_ext_on_aie2_with_packet_abi_c() {
             ("HSA_SIM_AGENTS", "aie2"),
         ],
     );
-    assert_hundreds_pass(&r, "FLASH_ATTN_EXT aie2/c", 900);
+    assert_hundreds_pass(&r, "FLASH_ATTN_EXT aie2/c", 400);
     assert_cases_ran_ok(
         &r,
         &[
