@@ -61,15 +61,19 @@ def _kind(t: Tile) -> str:
     return "shim" if t.row == 0 else "mem" if t.row == 1 else "core"
 
 
-def _linear(sizes, strides) -> bool:
-    """One run of the innermost dimension (stride 1) and nothing else but, at a shim, an outer
-    repeat: mlir-aie lowers it to a BD without wraps (`isLinearTransfer`, the repeat excluded),
-    whose length field has no 1023 limit. Strides of size-1 dimensions are never applied.
-    A walk that is merely contiguous over several dimensions ([2, 1024] with strides
-    [1024, 1]) is not linear here: mlir-aie versions before its contiguity folding
-    (LinearizeContiguousTransfer) program it with d0 = 1024 and reject it, so a design must
-    spell a long run as one dimension."""
-    return all(n == 1 for n in sizes[:-1]) and (sizes[-1] == 1 or strides[-1] == 1)
+def _linear(sizes, strides, dims: int) -> bool:
+    """The canonical linear form [1, 1, len] with strides [0, 0, 1] (the address dimensions,
+    outermost first, padded to `dims` with size 1 and stride 0 as IRON pads a pattern; a
+    shim's repeat is not part of it): mlir-aie lowers it to a BD without wraps
+    (`isLinearTransferWithoutTransformation`, the repeat excluded), whose length field has no
+    1023 limit. Anything else is programmed with wraps and checked against them: mlir-aie
+    before its canonicalisation (zeroing the strides of size-1 dimensions, folding contiguous
+    walks) takes [1, 1, 4096] with strides [0, 4096, 1], or [2, 1024] with [1024, 1], as
+    d0 = 4096 or 1024 words and rejects it, so a design must spell a long run exactly so."""
+    pad = max(0, dims - len(sizes))
+    sizes, strides = [1] * pad + list(sizes), [0] * pad + list(strides)
+    outer = all(n == 1 and s == 0 for n, s in zip(sizes[:-1], strides[:-1]))
+    return outer and (sizes[-1] == 1 or strides[-1] == 1)
 
 
 def check_walk(what: str, kind: str, offset: int, sizes, strides, elem_bytes: int) -> None:
@@ -102,10 +106,11 @@ def check_walk(what: str, kind: str, offset: int, sizes, strides, elem_bytes: in
             f"the repeat stride (dimension 0) is {rstride * elem_bytes // WORD} words, at most "
             f"{lim.max_stride}"
         )
+    linear = _linear(sizes_in, strides_in, lim.dims)
     # Outer address dimensions of size 1 are dropped (never walked).
     while len(sizes_in) > 1 and sizes_in[0] == 1:
         sizes_in, strides_in = sizes_in[1:], strides_in[1:]
-    if _linear(sizes_in, strides_in):
+    if linear:
         n = sizes_in[-1]
         if (n * elem_bytes) % WORD:
             fail(f"{n} elements of {elem_bytes} bytes are not whole 32-bit words")
@@ -298,6 +303,14 @@ class Recorded:
         u["out" if out else "in"] += 1
         if kind == "shim":
             return
+        # One BD moves one object: its length field bounds the object (a memory tile's 17
+        # bits, a compute tile's 14, in words).
+        lim = LIMITS[_kind(tile)]
+        if f.obj.bytes // WORD > lim.max_length:
+            raise DesignError(
+                f"ObjectFifo {f.name}: objects of {f.obj.bytes // WORD} words at {tile}, a BD "
+                f"there moves at most {lim.max_length}"
+            )
         depth = h.depth
         if kind == "core":
             u["buffers"].append((f"{f.name} {depth} x {f.obj.bytes} B", depth * f.obj.bytes))

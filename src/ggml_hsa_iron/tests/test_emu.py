@@ -146,14 +146,20 @@ class StandInTest(unittest.TestCase):
         check_walk("t", "shim", 0, [1, 1, 2, 2046], [0, 0, 4096, 1], 2)
 
     def test_over_long_run_is_rejected_when_the_design_is_recorded(self):
-        # 2048 contiguous words as two rows of 1024: one DMA dimension longer than its wrap
-        # (the GEMV's K-long x chunk was such a run). Named: the fifo, the runtime tensor and
-        # the dimension.
+        # 2048 contiguous words as two rows of 1024: one DMA dimension longer than its wrap.
+        # Named: the fifo, the runtime tensor and the dimension.
         tap = iron.TensorAccessPattern((2048,), 0, [1, 1, 2, 1024], [0, 0, 1024, 1])
         with self.assertRaisesRegex(
             DesignError,
             r"fill of fin \(task 0, runtime tensor 0\): dimension 3 \(d0\) wraps after 1024",
         ):
+            self.passthrough(n=2048, obj=256, tap=tap)
+        # The GEMV's K-long x chunk (K = 2048 here): one row of K with the chunk stride K on a
+        # size-1 dimension is not the linear form, so d0 = K words.
+        tap = iron.TensorAccessPattern((2048,), 0, [1, 1, 1, 2048], [0, 0, 2048, 1])
+        with self.assertRaisesRegex(DesignError, r"dimension 3 \(d0\) wraps after 2048 words"):
+            iron.reset()
+            self.setUp()
             self.passthrough(n=2048, obj=256, tap=tap)
         # The same elements as one linear run (the BD's length, no wrap), as a linear run
         # repeated (a repeat of a linear BD is still linear), or as 4 x 512: accepted.
@@ -167,6 +173,11 @@ class StandInTest(unittest.TestCase):
             tap = iron.TensorAccessPattern((2048,), 0, sizes, strides)
             p = self.passthrough(n=2048, obj=256, tap=tap)
             self.assertEqual(p.to_json("k", "aie2p")["sequence"][0]["tap"]["sizes"], sizes)
+
+    def test_object_longer_than_a_bd_is_rejected(self):
+        # 16384 words in one object: a compute tile's BD length field has 14 bits.
+        with self.assertRaisesRegex(DesignError, r"fin: objects of 16384 words .* at most 16383"):
+            self.passthrough(n=16384, obj=16384)
 
     def test_dma_channels(self):
         m = self.m
