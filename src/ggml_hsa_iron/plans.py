@@ -879,6 +879,11 @@ def prepare(req: Request):
         from .plans_fa import prepare_flash_attn
 
         return prepare_flash_attn(req)
+    if spec.kind == "reduce":
+        # plans_reduce imports this module: imported here, not at the top.
+        from .plans_reduce import prepare_reduce
+
+        return prepare_reduce(req)
     if spec.kind in ("copy", "set_rows"):
         # plans_copy imports this module (CoreSource): imported here, not at the top.
         from .plans_copy import prepare_copy, prepare_set_rows

@@ -26,6 +26,7 @@ GLU_OPS = "glu_ops.py"
 ROPE = "rope.py"
 COPY_OPS = "copy_ops.py"
 FLASH_ATTN = "flash_attn.py"
+REDUCE_OPS = "reduce_ops.py"
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class OpSpec:
     broadcast: bool
     noncontiguous: bool
     # "binary", "unary", "mul_mat", "mul_mat_glu", "rows", "glu", "rope", "copy", "set_rows",
-    # "flash_attn"
+    # "flash_attn", "reduce"
     kind: str
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
@@ -138,6 +139,13 @@ _FLASH_ATTN_LIMITS = (
     "rows x heads is refused), D and Dv at most 1023"
 )
 
+_REDUCE_LIMITS = (
+    "two dense inputs of one shape reduced to one value: C columns (at most 6, dividing the "
+    "rows) each reduce their share in chunks of up to 2048 elements dividing a row "
+    "(COUNT_EQUAL: the share), the partials joined in a memory tile and combined on one "
+    "more core; at most 2^31 - 1 elements"
+)
+
 _INT_AND_FLOAT = ALL_TYPES
 _FLOAT_ONLY = FLOAT_TYPES
 
@@ -234,6 +242,29 @@ OPS: tuple[OpSpec, ...] = (
     _rows("SOFT_MAX_SINKS", 2, ("f32",), 2, _SOFT_MAX_LIMITS),
     _rows("SOFT_MAX_MASK_SINKS", 3, ("f32", "f16"), 2, _SOFT_MAX_LIMITS),
     _rows("ARGMAX", 1, ("f32", "i32"), 0, _ROWS_LIMITS + "; one i32 index per row"),
+    # Whole-tensor reductions to one scalar (designs/reduce_ops.py); the output is smaller
+    # than the inputs, which reductions need not declare as broadcast.
+    OpSpec(
+        "COUNT_EQUAL",
+        REDUCE_OPS,
+        2,
+        ("i32", "i64"),
+        False,
+        False,
+        "reduce",
+        _REDUCE_LIMITS + "; i32 inputs, one i64 count out (two 32-bit words)",
+    ),
+    OpSpec(
+        "CROSS_ENTROPY_LOSS",
+        REDUCE_OPS,
+        2,
+        ("f32",),
+        False,
+        False,
+        "reduce",
+        _REDUCE_LIMITS + "; f32 logits and labels, rows along dimension 0, one f32 out: "
+        "-(1/rows) sum(labels * log_softmax(logits)), the softmax online over a row's chunks",
+    ),
     _glu("REGLU"),
     _glu("GEGLU"),
     _glu("SWIGLU"),
@@ -312,6 +343,7 @@ SOURCES: tuple[str, ...] = (
     ROPE,
     COPY_OPS,
     FLASH_ATTN,
+    REDUCE_OPS,
 )
 
 

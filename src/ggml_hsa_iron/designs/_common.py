@@ -11,6 +11,7 @@ NUMPY_TYPES = {
     "i8": np.int8,
     "i16": np.int16,
     "i32": np.int32,
+    "i64": np.int64,  # COUNT_EQUAL's count (moved as two 32-bit words)
 }
 
 DEVICES = {"NPU1": NPU1, "NPU2": NPU2}

@@ -45,6 +45,7 @@ CTYPES = {
     "int8": "int8_t",
     "int16": "int16_t",
     "int32": "int32_t",
+    "int64": "int64_t",
 }
 
 

@@ -57,6 +57,7 @@ class ObjType:
             "float16": "f16",
             "int8": "i8",
             "int16": "i16",
+            "int64": "i64",
         }.get(self.dtype.name, "i32" if self.dtype.name == "int32" else self.dtype.name)
 
     def same(self, other: "ObjType") -> bool:

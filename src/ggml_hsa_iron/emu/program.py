@@ -12,11 +12,41 @@ MEMTILE_MEMORY = 512 * 1024
 BDS = {"core": 16, "mem": 48, "shim": 16}
 LOCKS = {"core": 16, "mem": 64, "shim": 16}
 CHANNELS = {"core": 2, "mem": 6, "shim": 2}
-DIMS = {"core": 3, "mem": 4, "shim": 4}
-MAX_WRAP = 1023
-MAX_REPEAT = 64
-MAX_STRIDE_WORDS = 1 << 20
 WORD = 4
+
+
+class DmaLimits:
+    """A buffer descriptor's limits at one kind of tile (AIE-ML/XDNA register widths, as
+    mlir-aie's `verifyStridesWraps` checks them; aie2p has the same fields).
+
+    `dims`: address dimensions (the innermost first); `wrapped`: those whose size is a field of
+    `wrap_bits` (the outermost address dimension of a shim or core BD has no size field: it
+    runs until the BD's length); `step_bits`: every stride is a field of that width (in 32-bit
+    words, stored minus one); `length_bits`: the BD's length in words, which alone describes a
+    linear transfer (no wraps at all). A repeat (iteration) of at most 64 may wrap everything.
+    """
+
+    def __init__(self, dims, wrapped, wrap_bits, step_bits, length_bits):
+        self.dims, self.wrapped = dims, wrapped
+        self.max_wrap = (1 << wrap_bits) - 1
+        self.max_stride = 1 << step_bits
+        self.max_length = (1 << length_bits) - 1
+
+
+# Shim (NOC) tile: d0, d1 wraps of 10 bits, d2 implied by the length, 20-bit steps, 32-bit
+# length. Memory tile: d0, d1, d2 wraps of 10 bits, d3 implied, 17-bit steps and length.
+# Compute tile: d0, d1 wraps of 8 bits, d2 implied, 13-bit steps, 14-bit length.
+LIMITS = {
+    "shim": DmaLimits(3, (0, 1), 10, 20, 32),
+    "mem": DmaLimits(4, (0, 1, 2), 10, 17, 17),
+    "core": DmaLimits(3, (0, 1), 8, 13, 14),
+}
+# The repeat (iteration) count of a BD.
+MAX_REPEAT = 64
+# Kept for callers and tests that name the shim's limits.
+MAX_WRAP = LIMITS["shim"].max_wrap
+MAX_STRIDE_WORDS = LIMITS["shim"].max_stride
+DIMS = {k: v.dims + (1 if k == "shim" else 0) for k, v in LIMITS.items()}
 
 
 class DesignError(Exception):
@@ -31,79 +61,100 @@ def _kind(t: Tile) -> str:
     return "shim" if t.row == 0 else "mem" if t.row == 1 else "core"
 
 
-def _contiguous(sizes, strides) -> bool:
-    acc = 1
-    for n, s in zip(reversed(sizes), reversed(strides)):
-        if n != 1 and s != acc:
-            return False
-        acc *= n
-    return True
+def _linear(sizes, strides, dims: int) -> bool:
+    """The canonical linear form [1, 1, len] with strides [0, 0, 1] (the address dimensions,
+    outermost first, padded to `dims` with size 1 and stride 0 as IRON pads a pattern; a
+    shim's repeat is not part of it): mlir-aie lowers it to a BD without wraps
+    (`isLinearTransferWithoutTransformation`, the repeat excluded), whose length field has no
+    1023 limit. Anything else is programmed with wraps and checked against them: mlir-aie
+    before its canonicalisation (zeroing the strides of size-1 dimensions, folding contiguous
+    walks) takes [1, 1, 4096] with strides [0, 4096, 1], or [2, 1024] with [1024, 1], as
+    d0 = 4096 or 1024 words and rejects it, so a design must spell a long run exactly so."""
+    pad = max(0, dims - len(sizes))
+    sizes, strides = [1] * pad + list(sizes), [0] * pad + list(strides)
+    outer = all(n == 1 and s == 0 for n, s in zip(sizes[:-1], strides[:-1]))
+    return outer and (sizes[-1] == 1 or strides[-1] == 1)
 
 
 def check_walk(what: str, kind: str, offset: int, sizes, strides, elem_bytes: int) -> None:
-    """The DMA limits of one access pattern (elements of `elem_bytes`) at a `kind` tile."""
-    sizes, strides = list(sizes), list(strides)
-    if _contiguous(sizes, strides):
-        # A linear transfer: one buffer descriptor of a length, no dimensions.
-        n = 1
-        for s in sizes:
-            n *= s
-        if (n * elem_bytes) % WORD or (offset * elem_bytes) % WORD:
-            raise DesignError(
-                f"{what}: {n} elements of {elem_bytes} bytes at element {offset} are not whole "
-                "32-bit words (DMA address granularity)"
+    """The DMA limits of one access pattern (elements of `elem_bytes`, sizes and strides the
+    outermost first, as IRON's TensorAccessPattern) at a `kind` tile; `what` names the fifo
+    and tensor, the errors name the dimension at fault."""
+    lim = LIMITS[kind]
+    sizes, strides = [int(n) for n in sizes], [int(s) for s in strides]
+
+    def fail(msg):
+        raise DesignError(f"{what}: {msg} (sizes {sizes}, strides {strides}, {kind} tile DMA)")
+
+    if any(n < 1 for n in sizes):
+        fail("a dimension of size 0")
+    if (offset * elem_bytes) % WORD:
+        fail(f"offset {offset} x {elem_bytes} bytes is not on a 32-bit word")
+    # A shim BD repeats (iterates) itself: the outermost of four dimensions.
+    repeat, rstride = 1, 0
+    if kind == "shim" and len(sizes) == 4:
+        repeat, rstride = sizes[0], strides[0]
+        sizes_in, strides_in = sizes[1:], strides[1:]
+    else:
+        sizes_in, strides_in = list(sizes), list(strides)
+    if repeat > MAX_REPEAT:
+        fail(f"the repeat count (dimension 0, the outermost) is {repeat}, at most {MAX_REPEAT}")
+    if repeat > 1 and (rstride * elem_bytes) % WORD:
+        fail(f"the repeat stride {rstride} x {elem_bytes} bytes is not whole 32-bit words")
+    if repeat > 1 and rstride * elem_bytes // WORD > lim.max_stride:
+        fail(
+            f"the repeat stride (dimension 0) is {rstride * elem_bytes // WORD} words, at most "
+            f"{lim.max_stride}"
+        )
+    linear = _linear(sizes_in, strides_in, lim.dims)
+    # Outer address dimensions of size 1 are dropped (never walked).
+    while len(sizes_in) > 1 and sizes_in[0] == 1:
+        sizes_in, strides_in = sizes_in[1:], strides_in[1:]
+    if linear:
+        n = sizes_in[-1]
+        if (n * elem_bytes) % WORD:
+            fail(f"{n} elements of {elem_bytes} bytes are not whole 32-bit words")
+        if n * elem_bytes // WORD > lim.max_length:
+            fail(
+                f"a linear transfer of {n * elem_bytes // WORD} words, the BD length allows "
+                f"{lim.max_length}"
             )
         return
-    # Drop outer dimensions of size 1 beyond the tile's dimension count.
-    while len(sizes) > DIMS[kind] and sizes[0] == 1:
-        sizes, strides = sizes[1:], strides[1:]
-    if len(sizes) > DIMS[kind]:
-        raise DesignError(
-            f"{what}: {len(sizes)} dimensions, a {kind} tile DMA has {DIMS[kind]} "
-            f"(sizes {sizes}, strides {strides})"
+    if len(sizes_in) > lim.dims:
+        fail(f"{len(sizes_in)} address dimensions, a {kind} tile BD has {lim.dims}")
+    inner_n, inner_s = sizes_in[-1], strides_in[-1]
+    if elem_bytes != WORD and inner_s != 1:
+        fail(
+            f"the innermost dimension (dimension {len(sizes) - 1}) moves {elem_bytes}-byte "
+            f"elements with stride {inner_s}: they must be moved in contiguous 32-bit words"
         )
-    if (offset * elem_bytes) % WORD:
-        raise DesignError(f"{what}: offset {offset} x {elem_bytes} bytes is not 4-byte aligned")
-    inner_n, inner_s = sizes[-1], strides[-1]
-    if elem_bytes < WORD:
-        if inner_s != 1 or (inner_n * elem_bytes) % WORD:
-            raise DesignError(
-                f"{what}: the innermost dimension moves {inner_n} elements of {elem_bytes} "
-                f"bytes with stride {inner_s}; {elem_bytes}-byte elements must be moved in "
-                "contiguous whole 32-bit words"
-            )
-    for s in strides[:-1]:
-        if (s * elem_bytes) % WORD:
-            raise DesignError(
-                f"{what}: stride {s} x {elem_bytes} bytes is not a multiple of 32 bits "
-                f"(sizes {sizes}, strides {strides})"
-            )
-    # Hardware order: dimension 0 innermost, in 32-bit words.
-    hw_sizes = list(reversed(sizes))
-    hw_strides = list(reversed(strides))
-    hw_sizes[0] = hw_sizes[0] * elem_bytes // WORD if elem_bytes < WORD else hw_sizes[0]
-    hw_strides = [s * elem_bytes // WORD if s else 0 for s in hw_strides]
-    if elem_bytes < WORD:
-        hw_strides[0] = 1
-    for i, (n, s) in enumerate(zip(hw_sizes, hw_strides)):
-        if s > MAX_STRIDE_WORDS:
-            raise DesignError(
-                f"{what}: stride of dimension {i} is {s} words, the DMA allows "
-                f"{MAX_STRIDE_WORDS} (sizes {sizes}, strides {strides})"
-            )
-        if kind == "shim":
-            if i == 3 and n > MAX_REPEAT:
-                raise DesignError(
-                    f"{what}: repeat count (outermost size) {n} exceeds {MAX_REPEAT} "
-                    f"(sizes {sizes}, strides {strides})"
-                )
-            limited = i < 2 and s != 0
+    if (inner_n * elem_bytes) % WORD:
+        fail(
+            f"the innermost dimension (dimension {len(sizes) - 1}) moves {inner_n} elements of "
+            f"{elem_bytes} bytes, not whole 32-bit words"
+        )
+    # Hardware order: d0 innermost, sizes and strides in 32-bit words.
+    hw = []
+    for j, (n, st) in enumerate(zip(reversed(sizes_in), reversed(strides_in))):
+        user = len(sizes) - 1 - j
+        if j == 0:
+            words, step = n * elem_bytes // WORD, 1
         else:
-            limited = True
-        if limited and n > MAX_WRAP:
-            raise DesignError(
-                f"{what}: dimension {i} wraps after {n} (words), the DMA allows {MAX_WRAP} "
-                f"(sizes {sizes}, strides {strides})"
+            if n > 1 and (st * elem_bytes) % WORD:
+                fail(
+                    f"the stride of dimension {user} ({st} x {elem_bytes} bytes) is not whole words"
+                )
+            words, step = n, st * elem_bytes // WORD
+        hw.append((user, words, step, n))
+    for d, (user, words, step, n) in enumerate(hw):
+        if n > 1 and step > lim.max_stride:
+            fail(f"dimension {user} (d{d}) has a stride of {step} words, at most {lim.max_stride}")
+        if d in lim.wrapped and words > lim.max_wrap:
+            unit = "words" if d == 0 else "steps"
+            fail(
+                f"dimension {user} (d{d}) wraps after {words} {unit}, the {kind} tile DMA allows "
+                f"{lim.max_wrap}; a longer run must be a linear transfer or split over two "
+                "dimensions"
             )
 
 
@@ -252,6 +303,14 @@ class Recorded:
         u["out" if out else "in"] += 1
         if kind == "shim":
             return
+        # One BD moves one object: its length field bounds the object (a memory tile's 17
+        # bits, a compute tile's 14, in words).
+        lim = LIMITS[_kind(tile)]
+        if f.obj.bytes // WORD > lim.max_length:
+            raise DesignError(
+                f"ObjectFifo {f.name}: objects of {f.obj.bytes // WORD} words at {tile}, a BD "
+                f"there moves at most {lim.max_length}"
+            )
         depth = h.depth
         if kind == "core":
             u["buffers"].append((f"{f.name} {depth} x {f.obj.bytes} B", depth * f.obj.bytes))
@@ -368,7 +427,7 @@ class Recorded:
             tile = tuple(ep["tile"])
             tap = op["tap"]
             check_walk(
-                f"{op['op']} of {h.name} (task {op['task']})",
+                f"{op['op']} of {h.name} (task {op['task']}, runtime tensor {op['arg']})",
                 "shim",
                 tap.offset,
                 tap.sizes,

@@ -28,8 +28,8 @@ from ggml_hsa_iron.tests.util import request_json, tensor
 SRC = Path(__file__).resolve().parents[2]
 TENSOR_RS = SRC / "ops" / "tensor.rs"
 
-# Ops the backend plans as one kernel that have no design (yet).
-NOT_IN_SCOPE = {"COUNT_EQUAL", "CROSS_ENTROPY_LOSS"}
+# The whole-tensor reductions to one scalar (designs/reduce_ops.py).
+REDUCE_OPS = {"COUNT_EQUAL", "CROSS_ENTROPY_LOSS"}
 # The attention design's kernels (designs/flash_attn.py): names the planner makes.
 FLASH_ATTN_OPS = {
     "FLASH_ATTN_EXT", "FLASH_ATTN_EXT_MASK", "FLASH_ATTN_EXT_SINKS", "FLASH_ATTN_EXT_MASK_SINKS",
@@ -93,7 +93,8 @@ class OpNamesTest(unittest.TestCase):
         wanted = names["binary"] | names["unary"] | {"MUL_MAT", "SCALE", "CLAMP"}
         declared = {s.op for s in registry.OPS}
         self.assertEqual(wanted - declared, set())
-        self.assertEqual(declared & NOT_IN_SCOPE, set())
+        # Every kernel op the backend sends has a design now: the reductions too.
+        self.assertEqual(REDUCE_OPS - declared, set())
         for spec in registry.OPS:
             want_kind = "binary" if spec.op in names["binary"] else None
             if spec.op in names["unary"] or spec.op in ("SCALE", "CLAMP"):
@@ -114,6 +115,8 @@ class OpNamesTest(unittest.TestCase):
                 want_kind = "set_rows"
             if spec.op in FLASH_ATTN_OPS:
                 want_kind = "flash_attn"
+            if spec.op in REDUCE_OPS:
+                want_kind = "reduce"
             self.assertEqual(spec.kind, want_kind, spec.op)
 
 

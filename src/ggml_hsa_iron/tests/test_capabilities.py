@@ -71,6 +71,8 @@ MM_GLU = [f"MUL_MAT_{op}" for op in GLU]
 ROPE = ["ROPE", "ROPE_FF"]
 # Issue 15: the copies and the KV-cache write (f32/f16/bf16; SET_ROWS' i32/i64 indices).
 COPIES = ["DUP", "CPY", "CONT"]
+# The whole-tensor reductions to one scalar (designs/reduce_ops.py).
+REDUCTIONS = ["COUNT_EQUAL", "CROSS_ENTROPY_LOSS"]
 WITH_F16 = GLU + ROPE + COPIES + ["SET_ROWS"]
 
 
@@ -100,8 +102,8 @@ class CapabilitiesTest(unittest.TestCase):
             # MUL_MAT's weights may also be f16 or block-quantized; f16 elsewhere as listed.
             mm = op["op"] == "MUL_MAT" or op["op"] in MM_GLU
             extra = set(("f16",) + QUANT_TYPES) if mm else {"f16"}
-            if op["op"] == "SET_ROWS":
-                extra.add("i64")
+            if op["op"] in ("SET_ROWS", "COUNT_EQUAL"):
+                extra.add("i64")  # SET_ROWS' indices, COUNT_EQUAL's count
             self.assertTrue(set(op["types"]) <= set(ALL_TYPES) | extra, op["op"])
 
     FLASH_ATTN = [
@@ -125,6 +127,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + COPIES
                 + ["SET_ROWS"]
                 + self.FLASH_ATTN
+                + REDUCTIONS
             ),
         )
         for op, n in zip(self.FLASH_ATTN, (3, 4, 4, 5)):
@@ -258,6 +261,16 @@ class CapabilitiesTest(unittest.TestCase):
                                 spec.op,
                                 [tensor(src, [64, 2]), tensor(ix, [2])],
                                 tensor(dst, [64, 16]),
+                                arch=arch,
+                            )
+                        elif spec.kind == "reduce":
+                            # COUNT_EQUAL: i32 inputs, the i64 count; the loss: all f32.
+                            t_in = "i32" if spec.op == "COUNT_EQUAL" else "f32"
+                            t_out = "i64" if spec.op == "COUNT_EQUAL" else "f32"
+                            req = request_json(
+                                spec.op,
+                                [tensor(t_in, [64, 3])] * 2,
+                                tensor(t_out, [1]),
                                 arch=arch,
                             )
                         elif spec.kind == "flash_attn":

@@ -72,10 +72,15 @@ class CliTest(unittest.TestCase):
         r = self.compile(request_dict("ADD", [t, t], t))
         self.assertEqual(r.returncode, 2)
         self.assertIn("f16", r.stderr)
+        # COUNT_EQUAL's count is i64: an i32 output is refused.
         i = tensor("i32", [8])
         r = self.compile(request_dict("COUNT_EQUAL", [i, i], tensor("i32", [1])))
         self.assertEqual(r.returncode, 2)
-        self.assertIn("no design implements op COUNT_EQUAL", r.stderr)
+        self.assertIn("COUNT_EQUAL: inputs i32 and an i64 output expected", r.stderr)
+        # An op without a design (the backend's host-side ops are never sent).
+        r = self.compile(request_dict("ACC", [i, i], i))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("no design implements op ACC", r.stderr)
         self.assertNotIn("Traceback", r.stderr)
         # MUL_MAT of a transposed weight view (rows not dense): declared noncontiguous, refused
         # at compile time.

@@ -126,6 +126,59 @@ class StandInTest(unittest.TestCase):
         with self.assertRaisesRegex(DesignError, "repeat count"):
             self.passthrough(n=64, tap=tap)
 
+    def test_dma_wraps_and_strides_per_tile_kind(self):
+        # Compute tiles: 8-bit wraps, 13-bit strides, 3 dimensions.
+        with self.assertRaisesRegex(DesignError, r"dimension 1 \(d0\) wraps after 256 words"):
+            check_walk("t", "core", 0, [2, 256], [1, 2], 4)
+        check_walk("t", "core", 0, [4, 128], [1, 4], 4)  # a transposing walk within the limits
+        with self.assertRaisesRegex(DesignError, r"stride of 8193 words, at most 8192"):
+            check_walk("t", "core", 0, [2, 16], [8193, 1], 4)
+        # Memory tiles: d2 has a wrap too (10 bits), 17-bit strides.
+        with self.assertRaisesRegex(DesignError, r"dimension 0 \(d2\) wraps after 1024"):
+            check_walk("t", "mem", 0, [1024, 2, 2], [4, 2, 1], 4)
+        check_walk("t", "mem", 0, [1023, 2, 2], [4, 2, 1], 4)
+        with self.assertRaisesRegex(DesignError, r"at most 131072"):
+            check_walk("t", "mem", 0, [2, 16], [(1 << 17) + 16, 1], 4)
+        check_walk("t", "shim", 0, [1, 1, 2, 16], [0, 0, (1 << 17) + 16, 1], 4)
+        # 2-byte elements: the innermost wrap counts words (2048 bf16 = 1024 words).
+        with self.assertRaisesRegex(DesignError, r"d0\) wraps after 1024 words"):
+            check_walk("t", "shim", 0, [1, 1, 2, 2048], [0, 0, 4096, 1], 2)
+        check_walk("t", "shim", 0, [1, 1, 2, 2046], [0, 0, 4096, 1], 2)
+
+    def test_over_long_run_is_rejected_when_the_design_is_recorded(self):
+        # 2048 contiguous words as two rows of 1024: one DMA dimension longer than its wrap.
+        # Named: the fifo, the runtime tensor and the dimension.
+        tap = iron.TensorAccessPattern((2048,), 0, [1, 1, 2, 1024], [0, 0, 1024, 1])
+        with self.assertRaisesRegex(
+            DesignError,
+            r"fill of fin \(task 0, runtime tensor 0\): dimension 3 \(d0\) wraps after 1024",
+        ):
+            self.passthrough(n=2048, obj=256, tap=tap)
+        # The GEMV's K-long x chunk (K = 2048 here): one row of K with the chunk stride K on a
+        # size-1 dimension is not the linear form, so d0 = K words.
+        tap = iron.TensorAccessPattern((2048,), 0, [1, 1, 1, 2048], [0, 0, 2048, 1])
+        with self.assertRaisesRegex(DesignError, r"dimension 3 \(d0\) wraps after 2048 words"):
+            iron.reset()
+            self.setUp()
+            self.passthrough(n=2048, obj=256, tap=tap)
+        # The same elements as one linear run (the BD's length, no wrap), as a linear run
+        # repeated (a repeat of a linear BD is still linear), or as 4 x 512: accepted.
+        for sizes, strides in (
+            ([1, 1, 1, 2048], [0, 0, 0, 1]),
+            ([2, 1, 1, 1024], [1024, 0, 0, 1]),
+            ([1, 1, 4, 512], [0, 0, 512, 1]),
+        ):
+            iron.reset()
+            self.setUp()
+            tap = iron.TensorAccessPattern((2048,), 0, sizes, strides)
+            p = self.passthrough(n=2048, obj=256, tap=tap)
+            self.assertEqual(p.to_json("k", "aie2p")["sequence"][0]["tap"]["sizes"], sizes)
+
+    def test_object_longer_than_a_bd_is_rejected(self):
+        # 16384 words in one object: a compute tile's BD length field has 14 bits.
+        with self.assertRaisesRegex(DesignError, r"fin: objects of 16384 words .* at most 16383"):
+            self.passthrough(n=16384, obj=16384)
+
     def test_dma_channels(self):
         m = self.m
         fifos = [m["ObjectFifo"](t(16), name=f"f{i}") for i in range(3)]

@@ -29,6 +29,7 @@ OWN_METHODS = {
     "w_units",  # GemvPlan.w_units
     "first_row",  # RowSpec.first_row
     "rounds",  # RowSpec.rounds
+    "share",  # ReduceSpec.share: a column's share of the operands
     "a_dims",
     "b_dims",
     "c_dims",

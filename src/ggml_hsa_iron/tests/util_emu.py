@@ -15,8 +15,8 @@ recorded program (the JSON of the simulator image) on the given operand bytes:
   acquires starts as 0xFF bytes (f32 NaN), so a kernel that reads its output before writing
   it shows.
 
-FIFOs are unbounded and actors run one after the other (all fills, the links, the workers in
-order, the joins, the drains): this checks what data every core receives, what it computes
+FIFOs are unbounded and actors run one after the other (all fills, the splits, the workers in
+order, the joins, the workers that read a join's output, the drains): this checks what data every core receives, what it computes
 and where its results go, not timing or deadlocks (hsa-sim's executor checks those when the
 image runs under `cargo test`). Stream re-layouts (`to_stream`, `from_stream`) and `forward`
 links are not interpreted: a program using them is refused here.
@@ -112,6 +112,33 @@ class _Core:
                 self.fns[op["kernel"]](arr)
 
 
+def _consumed(body) -> set:
+    """The fifos a worker body acquires from as a consumer."""
+    out = set()
+    for op in body:
+        if op["op"] == "loop":
+            out |= _consumed(op["body"])
+        elif op["op"] == "acquire" and op.get("cons") is not None:
+            out.add(op["fifo"])
+    return out
+
+
+def _joins(prog, fifos, link_cons) -> None:
+    """Joins: one object of every sub-fifo makes one object of the parent."""
+    for link in prog["links"]:
+        if link["kind"] == "join":
+            parent = fifos[link["fifo"]]
+            subs = [fifos[s] for s in link["subfifos"]]
+            counts = {len(s.queues[link_cons(s.j["id"], link["id"])]) for s in subs}
+            if len(counts) != 1:
+                raise RuntimeError(f"join {parent.j['name']}: unequal sub-fifo objects {counts}")
+            for _ in range(counts.pop()):
+                obj = np.zeros(parent.obj, dtype=np.uint8)
+                for s, off in zip(subs, link["offsets"]):
+                    obj[off : off + s.obj] = s.queues[link_cons(s.j["id"], link["id"])].pop(0)
+                parent.push(obj)
+
+
 def run_program(prog: dict, lib: bytes, args: list[np.ndarray]) -> None:
     """Interprets `prog` (the recorded program's JSON) with the core library `lib` on the
     runtime-sequence arguments `args` (np.uint8 arrays, the outputs written in place)."""
@@ -151,26 +178,20 @@ def run_program(prog: dict, lib: bytes, args: list[np.ndarray]) -> None:
             path = Path(d) / f"core{i}.so"  # one copy per core: its own static data
             path.write_bytes(lib)
             cores.append(_Core(w, path, prog["kernels"], fifos))
+        # Workers reading a join's output (a combining core) run after the joins, the
+        # others before them.
+        joined = {link["fifo"] for link in prog["links"] if link["kind"] == "join"}
+        late = [c for c in cores if _consumed(c.w["body"]) & joined]
         for c in cores:
+            if c not in late:
+                c.run(c.w["body"])
+        _joins(prog, fifos, link_cons)
+        for c in late:
             c.run(c.w["body"])
         for c in cores:
             for (fid, _), held in c.held.items():
                 if held:
                     raise RuntimeError(f"worker {c.w['tile']} still holds {fifos[fid].j['name']}")
-
-    # Joins: one object of every sub-fifo makes one object of the parent.
-    for link in prog["links"]:
-        if link["kind"] == "join":
-            parent = fifos[link["fifo"]]
-            subs = [fifos[s] for s in link["subfifos"]]
-            counts = {len(s.queues[link_cons(s.j["id"], link["id"])]) for s in subs}
-            if len(counts) != 1:
-                raise RuntimeError(f"join {parent.j['name']}: unequal sub-fifo objects {counts}")
-            for _ in range(counts.pop()):
-                obj = np.zeros(parent.obj, dtype=np.uint8)
-                for s, off in zip(subs, link["offsets"]):
-                    obj[off : off + s.obj] = s.queues[link_cons(s.j["id"], link["id"])].pop(0)
-                parent.push(obj)
 
     # Drains: the shim consumer's objects, walked onto the output.
     pending = {}
