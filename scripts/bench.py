@@ -298,7 +298,6 @@ def main() -> int:
     )
     print("\n".join(lines))
     print()
-    load, cores = os.getloadavg()[1], os.cpu_count()
     kernels_note = (
         "the kernels the IRON package declares (the rest on the CPU)"
         if args.kernels == "iron"
@@ -318,6 +317,7 @@ def main() -> int:
 
 
 def write_docs(rows: list[dict], lines: list[str], kernels_note: str) -> None:
+    load, cores = os.getloadavg()[1], os.cpu_count()
     docs = Path(__file__).resolve().parent.parent / "docs"
     (docs / "perf.svg").write_text(svg(rows))
     peers = [
