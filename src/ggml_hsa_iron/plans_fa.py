@@ -18,21 +18,23 @@ the output's order: the block's output rows are one strided walk. With a per-hea
 consecutive mask rows.
 
 Column c computes blocks c, c + C, ... with one worker; its shim fills two fifos moving
-32-bit words (every operand is declared as i32 in the runtime sequence, so that q, the mask,
-the sinks and K share a fifo): A (objects of `a_words`, a chunk of `chunk` K rows), first
-once per column the n_head sinks (repeated to whole objects by a stride-0 dimension), then per
-block the block's q rows (one strided task: [gr, gh, D] at q's row and head strides, repeated
-to whole objects), the mask span of its gr rows (one task: the words covering the rows'
-values, which are consecutive in the mask; widened to pad to whole objects, moved back to end
-inside the mask buffer, the core skipping the values before the first row from a per-block
-table when rows of an odd length start mid-word) and the KV head's K rows; B (objects of a
-chunk of V rows) per block: the V rows. So a block costs 3 tasks on A (2 without a mask), 1
-on B, and one drain task of its G output rows; K and V are read once per block.
+32-bit words (every operand is declared as i32 in the runtime sequence, so that the mask, the
+sinks and K share fifo A, q and V fifo B): A (objects of `a_words`, a chunk of `chunk` K rows),
+first once per column the n_head sinks (repeated to whole objects by a stride-0 dimension),
+then per block the mask span of its gr rows (one task: the words covering the rows' values,
+which are consecutive in the mask; widened to pad to whole objects, moved back to end inside
+the mask buffer, the core skipping the values before the first row from a per-block table
+when rows of an odd length start mid-word) and the KV head's K rows; B (objects of a chunk of
+V rows) per block: its q rows (one strided task: [gr, gh, D] at q's row and head strides,
+repeated to whole objects), then the V rows. So a block costs 2 tasks on each of A and B (1 on
+A without a mask) and one drain task of its G output rows; K and V are read once per block.
 
-G is chosen (with the chunk) by a cost model of the busiest column: DMA words (side objects,
-K and V), a handshake per object and the vector work, within the compute tile's budget (q, the
-f32 accumulators, scores and running max/sum of G rows, the mask span, the fifos) and within
-1024 DMA tasks per shim channel; what has no such plan is refused.
+G is chosen (with the chunk) by a cost model: the busiest column's DMA words (q, mask, K and
+V), a handshake per object and its vector work, plus all columns' DMA words over DDR_SHARE
+(the DRAM bandwidth the columns share, which makes a GQA decode take whole KV groups), within
+the compute tile's budget (q, the f32 accumulators, scores and running max/sum of G rows, a
+decoded K and V row, the mask span, the fifos) and within 1024 DMA tasks per shim channel;
+what has no such plan is refused.
 """
 
 import math
@@ -178,8 +180,13 @@ class FlashAttnSpec:
 
     @property
     def side_objects(self) -> int:
-        """Objects of fifo A before a block's K chunks: its q rows and mask span."""
-        return self.q_side.objects + (self.m_side.objects if self.m_side is not None else 0)
+        """Objects of fifo A before a block's K chunks: its mask span."""
+        return self.m_side.objects if self.m_side is not None else 0
+
+    @property
+    def q_objects(self) -> int:
+        """Objects of fifo B before a block's V chunks: its q rows."""
+        return self.q_side.objects
 
     @property
     def sink_objects(self) -> int:
@@ -263,8 +270,10 @@ class FlashAttnSpec:
 
     @property
     def tasks_per_block(self) -> tuple[int, int, int]:
-        """(fifo A, fifo B, drain) DMA tasks per block."""
-        return 2 + (self.m_side is not None), 1, 1
+        """(fifo A, fifo B, drain) DMA tasks per block: the mask span and K on A, q and V
+        on B (two per channel: a third on one channel would cap the blocks a column takes
+        at 341 instead of 512)."""
+        return 1 + (self.m_side is not None), 2, 1
 
     def channel_tasks(self) -> tuple[int, int, int]:
         """DMA tasks on the busiest column's channels: (fifo A, fifo B, output)."""
@@ -357,8 +366,9 @@ class FlashAttnSpec:
         the vector work: a q.k and a p.v per row and key, VEC lanes at a time) plus every
         column's DMA words over DDR_SHARE: the columns share the DRAM's bandwidth, so reading
         K and V once per KV group beats spreading a decode's heads over more columns."""
-        words = (self.side_objects + self.chunks) * self.a_words + self.chunks * self.b_words
-        handshakes = (self.side_objects + 2 * self.chunks) * CHUNK_OVERHEAD
+        words = (self.side_objects + self.chunks) * self.a_words
+        words += (self.q_objects + self.chunks) * self.b_words
+        handshakes = (self.side_objects + self.q_objects + 2 * self.chunks) * CHUNK_OVERHEAD
         vector = self.g * self.n_kv * (_vecs(self.d) + _vecs(self.dv)) // VEC
         sink_words = self.sink_objects * self.a_words
         busiest = len(self.column_blocks(0)) * (words + handshakes + vector) + sink_words
@@ -480,14 +490,14 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
             blocks = n_seq * len(block_starts(n_q, gr)) * (n_head // gh)
             columns = min(arch.columns, blocks)
             per_col = -(-blocks // columns)
-            tasks = per_col * (2 + (mask is not None)) + (sinks is not None)
+            tasks = max(per_col * (1 + (mask is not None)) + (sinks is not None), per_col * 2)
             min_tasks = tasks if min_tasks is None else min(min_tasks, tasks)
             if tasks > MAX_TASKS_PER_CHANNEL:
                 continue
             fits_tasks = True
             for c in chunks:
-                a_words = c * d * k.size // 4
-                q_side = _side(gh * gr * d, a_words)
+                a_words, b_words = c * d * k.size // 4, c * dv * v.size // 4
+                q_side = _side(gh * gr * d, b_words)
                 m_side = _mask_side(mask, n_kv, gr, a_words) if mask is not None else None
                 s_side = _side(n_head, a_words) if sinks is not None else None
                 if q_side is None or q_side.rep > MAX_REPEAT:

@@ -7,12 +7,12 @@
 //   FA_D, FA_DV        head sizes of q/K and of V
 //   FA_NKV, FA_CHUNK   K/V rows per block, rows per object (FA_NKV / FA_CHUNK objects per block)
 //   FA_K_TYPE, FA_V_TYPE   0 f32, 1 f16, 2 bf16
-//   FA_A_WORDS, FA_B_WORDS 32-bit words of an object of fifo A (K chunks, q, mask, sinks) and
-//                      of fifo B (V chunks)
+//   FA_A_WORDS, FA_B_WORDS 32-bit words of an object of fifo A (K chunks, mask, sinks) and
+//                      of fifo B (V chunks, q)
 //   FA_GH, FA_GR       heads and query rows of a block; its row g = r FA_GH + j is query row
 //                      r of head h0 + j (the output's order)
 //   FA_NHB             head blocks (block b's first head is (b % FA_NHB) FA_GH)
-//   FA_Q_OBJECTS       objects of the block's q rows on fifo A (G rows of FA_D, repeated to
+//   FA_Q_OBJECTS       objects of the block's q rows on fifo B (G rows of FA_D, repeated to
 //                      whole objects)
 //   HAS_MASK, FA_M_WORDS, FA_M_OBJECTS, FA_M_STRIDE   the block's f16 mask span: its words, its
 //                      objects, the values between two of its rows (the mask's ne0); row r of
@@ -29,8 +29,8 @@
 // Functions (arguments as the object fifos deliver them, 32-bit words):
 //   ggml_fa_begin(first, step)   the core's first block and the block stride (columns)
 //   ggml_fa_sinks(a)             one object of the sinks (FA_S_OBJECTS, before the blocks)
-//   ggml_fa_side(a)              one object of the block's q rows / mask span, kept in static
-//                                data
+//   ggml_fa_q(b)                 one object of the block's q rows (fifo B), kept in static data
+//   ggml_fa_side(a)              one object of the block's mask span (fifo A), kept likewise
 //   ggml_fa_chunk(a, b)          FA_CHUNK K rows (a) and V rows (b), for all G rows
 //   ggml_fa_out(o)               the block's next output row (FA_DV f32); after G rows the
 //                                next block
@@ -71,7 +71,7 @@ alignas(64) static uint32_t mask_words[FA_M_WORDS + VEC / 2];
 #if HAS_SINKS
 static float sinks[FA_N_HEAD];
 #endif
-static int32_t block, block_step, side_object, sink_object, kv_row, mask_skip, out_row;
+static int32_t block, block_step, q_object, side_object, sink_object, kv_row, mask_skip, out_row;
 
 // The f16 values of the block's mask span before its first row.
 static inline int32_t block_mask_skip() {
@@ -135,6 +135,7 @@ template <int T, int LEN> static inline void decode_row(const int32_t *row, floa
 static inline int block_head0() { return (block % FA_NHB) * FA_GH; }
 
 static void reset_block() {
+  q_object = 0;
   side_object = 0;
   kv_row = 0;
   out_row = 0;
@@ -167,18 +168,20 @@ void ggml_fa_sinks(int32_t *a) {
 #endif
 }
 
+void ggml_fa_q(int32_t *b) {
+  // The block's q rows, FA_D words each, back to back (then repeated).
+  const int o = q_object++;
+  for (int w = o * FA_B_WORDS; w < (o + 1) * FA_B_WORDS && w < G * FA_D; ++w)
+    q_rows[(w / FA_D) * DP + w % FA_D] = round_q(bits_to_float((uint32_t)b[w - o * FA_B_WORDS]));
+}
+
 void ggml_fa_side(int32_t *a) {
-  int o = side_object++;
-  if (o < FA_Q_OBJECTS) {
-    // The block's q rows, FA_D words each, back to back (then repeated).
-    for (int w = o * FA_A_WORDS; w < (o + 1) * FA_A_WORDS && w < G * FA_D; ++w)
-      q_rows[(w / FA_D) * DP + w % FA_D] = round_q(bits_to_float((uint32_t)a[w - o * FA_A_WORDS]));
-    return;
-  }
-  o -= FA_Q_OBJECTS;
 #if HAS_MASK
+  const int o = side_object++;
   for (int w = o * FA_A_WORDS; w < (o + 1) * FA_A_WORDS && w < FA_M_WORDS; ++w)
     mask_words[w] = (uint32_t)a[w - o * FA_A_WORDS];
+#else
+  (void)a;
 #endif
 }
 

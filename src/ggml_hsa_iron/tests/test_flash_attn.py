@@ -11,11 +11,11 @@ heads sharing a KV head).
 * the plan: blocks cover every (row, head, sequence), each inside one KV group (one head with
   a per-head mask); every block's taps read exactly its q rows in the core's order, its mask
   rows (every value inside the mask buffer, rows of an odd length starting mid-word), the
-  sinks once, every K and V row of its KV head, as whole objects, and its output rows are
-  drained where they belong; the shim tile's 16 buffer descriptors per round and 1024 tasks
-  per channel; a decode (GQA) needs no more tasks and K/V bytes than one item per row and head
+  sinks once, every K and V row of its KV head, as whole objects (q and V on fifo B, the mask,
+  the sinks and K on A), and its output rows are drained where they belong; the shim tile's
+  16 buffer descriptors per round and 1024 tasks per channel; a decode (GQA) needs no more tasks and K/V bytes than one item per row and head
   did and reads each KV head's K/V once; Llama-3.2-1B-shaped 512-row prefills (D 64 and 128,
-  n_kv 512..4096) fit the tasks and core memory (aie2: D = 128 up to n_kv 2048); refusals;
+  n_kv 512..4096) fit the tasks and core memory on aie2p and aie2; refusals;
 * end to end: the design compiled for the emulation target and its recorded program run on
   real data (tests/util_emu.py) against a numpy reference of ggml-cpu's semantics (q rounded
   to K's type, scale, softcap, ALiBi, -inf masks, sinks, GQA, mask broadcast), D 64 and 128,
@@ -356,8 +356,8 @@ class PlanTest(unittest.TestCase):
         for b in range(spec.blocks):
             rows = spec.block_rows(b)
             _, h0, i3 = rows[0]
-            qi = self._objects(spec, spec.q_tap(b), A)
-            self.assertEqual(len(qi) // A, spec.q_side.objects)
+            qi = self._objects(spec, spec.q_tap(b), B)  # on fifo B, before the V rows
+            self.assertEqual(len(qi) // B, spec.q_objects)
             want_q = []
             for i1, h, _ in rows:
                 off = (i1 * q.nb[1] + h * q.nb[2] + i3 * q.nb[3]) // 4
@@ -457,11 +457,11 @@ class PlanTest(unittest.TestCase):
 
     def test_prefill_within_dma_tasks_and_core_memory(self):
         # 512 query rows of Llama-3.2-1B-like models: every KV length 512..4096 for D = 64
-        # and 128 on aie2p; on aie2 (4 columns) D = 64 up to 4096 and D = 128 up to 2048.
+        # and 128 on aie2p and aie2 (4 columns).
         for arch, d, kvs in (("aie2p", 64, (512, 1024, 2048, 4096)),
                              ("aie2p", 128, (512, 1024, 2048, 4096)),
                              ("aie2", 64, (512, 1024, 2048, 4096)),
-                             ("aie2", 128, (512, 1024, 2048))):  # fmt: skip
+                             ("aie2", 128, (512, 1024, 2048, 4096))):  # fmt: skip
             for n_kv in kvs:
                 with self.subTest(arch=arch, d=d, n_kv=n_kv):
                     spec = spec_of(**llama_1b(512, n_kv, d=d, arch=arch))
@@ -479,7 +479,7 @@ class PlanTest(unittest.TestCase):
         for kw in PLAN_CASES:
             spec = spec_of(**kw)
             ta, tb, to = spec.tasks_per_block
-            self.assertEqual((ta, tb, to), (2 + (spec.mask is not None), 1, 1))
+            self.assertEqual((ta, tb, to), (1 + (spec.mask is not None), 2, 1))
             for c in range(spec.columns):
                 rounds = spec.rounds(c)
                 self.assertEqual(sum(rounds, []), spec.column_blocks(c))
@@ -497,9 +497,6 @@ class PlanTest(unittest.TestCase):
             (dict(kv="f16", d=63), UnsupportedError, "32-bit words"),
             (dict(max_bias=8.0), UnsupportedError, "ALiBi"),
             (dict(kv="f32", d=1024), UnsupportedError, "1023|too long"),
-            # aie2's 4 columns need blocks of 4 rows: 4 mask rows of 4096 keys, G = 16
-            # accumulators and q rows of 128 do not fit a compute tile.
-            (llama_1b(512, 4096, d=128, arch="aie2"), UnsupportedError, "fits a compute tile"),
             # A mask row of 32768 keys (64 KiB) alone does not fit a compute tile.
             (dict(n_kv=32768, mask=True), UnsupportedError, "fits a compute tile"),
         ]
@@ -536,7 +533,7 @@ def core_library(spec, directory):
 
     buf = SimpleNamespace(dtype=np.dtype("int32"))
     out = SimpleNamespace(dtype=np.dtype("float32"))
-    names = [("ggml_fa_begin", ["i32", "i32"]), ("ggml_fa_sinks", [buf]),
+    names = [("ggml_fa_begin", ["i32", "i32"]), ("ggml_fa_sinks", [buf]), ("ggml_fa_q", [buf]),
              ("ggml_fa_side", [buf]), ("ggml_fa_chunk", [buf, buf]), ("ggml_fa_out", [out])]  # fmt: skip
     kernels = [_Kernel(i, n, kinds) for i, (n, kinds) in enumerate(names)]
     path = Path(directory) / "core.so"
@@ -614,8 +611,9 @@ class CoreBlockTest(unittest.TestCase):
                 q = rng.standard_normal((spec.g, d)).astype(np.float32)
                 K = rng.standard_normal((n_kv, d)).astype(kt)
                 V = rng.standard_normal((n_kv, dv)).astype(_np_type(spec.v.dtype))
-                sides = objects(as_words(q), A, spec.q_side.objects)
-                m = None
+                for o in objects(as_words(q), B, spec.q_objects):
+                    fns["ggml_fa_q"](o)
+                sides, m = [], None
                 if spec.mask is not None:
                     m0 = spec.mask.ne[0]
                     m = (rng.standard_normal((spec.gr, n_kv)) * 2).astype(np.float16)
