@@ -29,6 +29,7 @@ from .tiling import (
     pad_words,
     plan_eltwise,
     plan_gemm,
+    plan_gemm_blocks,
     plan_gemv,
     plan_gemv_blocks,
     plan_rows,
@@ -48,6 +49,7 @@ ELTWISE_SOURCE = "eltwise.cc"
 GEMM_SOURCE = "mm.cc"
 GEMV_SOURCE = "mv.cc"
 GEMV_BLOCKS_SOURCE = "mvq.cc"
+GEMM_BLOCKS_SOURCE = "mmq.cc"
 # Weights moved as bytes and decoded on the cores (f16 has no AIE arithmetic).
 BYTE_WEIGHTS = ("f16",) + QUANT_TYPES
 ROWS_SOURCE = "rows.cc"
@@ -211,6 +213,18 @@ class MatmulSpec:
     def core(self) -> CoreSource:
         a, b, c = self.src1.dtype, self.src0.dtype, self.dst.dtype
         glu = {"MV_GLU": 1, f"GGML_OP_{self.glu}": 1} if self.glu else {}
+        if self.weight_bytes and not self.gemv:
+            p = self.plan
+            d = {
+                f"MVQ_{b.upper()}": 1,
+                "MM_R": p.r,
+                "MM_S": p.s,
+                "MM_T": p.t,
+                "TILE_M": p.m,
+                "TILE_N": p.n,
+                "TILE_K": p.k,
+            }
+            return CoreSource(GEMM_BLOCKS_SOURCE, "mmq.o", d)
         if self.weight_bytes:
             p = self.plan
             d = {
@@ -808,6 +822,39 @@ def prepare_mul_mat_glu(req: Request) -> MatmulSpec:
     return MatmulSpec(req, arch, gate, x, dst, plan, compute, glu=glu)
 
 
+def gemm_blocks_plan(src0: Tensor, src1: Tensor, dst: Tensor, arch: Arch) -> GemmPlan:
+    """The GEMM plan of dense f16 / block-quantized weights (moved as bytes, decoded by
+    mmq.cc) times f32 src1, or UnsupportedError saying why there is none (the caller then
+    takes the GEMV)."""
+    K, N, M = src0.ne[0], src0.ne[1], src1.ne[1]
+    r, s, t = arch.mmul["bf16"]
+    qb, bb = src0.block, src0.size
+    step = math.lcm(qb, 16, s)
+    what = f"the {src0.dtype} GEMM (M={M}, N={N}, K={K}, {arch.name})"
+    if M < r:
+        raise UnsupportedError(f"{what}: M is below the microkernel's {r} rows")
+    if N < max(8, t):
+        raise UnsupportedError(f"{what}: N is below the smallest N tile, {max(8, t)}")
+    if K % step:
+        raise UnsupportedError(
+            f"{what}: K is not a multiple of a K step ({step}: whole {qb}-value blocks, "
+            f"16-value decode groups, the microkernel's s = {s})"
+        )
+    plan = plan_gemm_blocks(M, N, K, arch.mmul["bf16"], qb, bb, arch, _batches(src0, src1, dst))
+    if plan is None:
+        row = K // qb * bb
+        raise UnsupportedError(
+            f"{what}: no tile fits: K steps of whole blocks (at most 512 values) whose "
+            f"weight bytes are whole 32-bit words along rows of {row} bytes (or, K whole, a "
+            f"tile's rows together), every weight offset word-aligned, the core's "
+            f"{arch.l1_budget} bytes (A, weight and C tiles double-buffered, t x k decoded "
+            f"bf16), the memory tile's {arch.memtile_bytes} bytes, at most "
+            f"{MAX_TASKS_PER_CHANNEL} DMA tasks per shim channel (batches x M blocks x N "
+            f"task chunks)"
+        )
+    return plan
+
+
 def prepare_mul_mat(req: Request) -> MatmulSpec:
     _, arch = _check_common(req, strided=True)
     src0, src1 = req.inputs
@@ -827,15 +874,27 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
     w, x, y = src0.size, src1.size, dst.size
     products = _products(src0, src1, dst)
     if src0.dtype in BYTE_WEIGHTS:
-        # Every src1 row is one GEMV over the weights as ggml stores them (also for M > 1:
-        # no GEMM decodes blocks yet).
+        # M > 1 with dense operands: the GEMM decoding the weights' blocks on the cores
+        # (mmq.cc), which streams the weights once per M block instead of once per src1 row.
+        # Where it does not tile, every src1 row is one GEMV over the weights as ggml stores
+        # them (mvq.cc), as for M = 1 and strided operands.
+        gemm_refusal = ""
+        if M > 1 and dense:
+            try:
+                plan = gemm_blocks_plan(src0, src1, dst, arch)
+                return MatmulSpec(req, arch, src0, src1, dst, plan, "bf16")
+            except UnsupportedError as e:
+                gemm_refusal = f"; {e}"
+        elif M > 1:
+            gemm_refusal = "; the GEMM takes dense operands only"
         plan = plan_gemv_blocks(N, K, src0.block, src0.size, arch, products, w_row=w_row)
         if plan is None:
             raise UnsupportedError(
                 f"MUL_MAT: no tiling of {src0.dtype} weights for M={M}, N={N}, K={K} on "
-                f"{arch.name}: a row's chunk of K must be whole blocks in whole 32-bit words "
-                f"(or a core's rows together, K whole), every weight offset word-aligned, and "
-                f"at most {MAX_TASKS_PER_CHANNEL} DMA tasks (batches x src1 rows x rounds)"
+                f"{arch.name}: the GEMV needs a row's chunk of K whole blocks in whole 32-bit "
+                f"words (or a core's rows together, K whole), every weight offset "
+                f"word-aligned, and at most {MAX_TASKS_PER_CHANNEL} DMA tasks (batches x src1 "
+                f"rows x rounds){gemm_refusal}"
             )
         return MatmulSpec(req, arch, src0, src1, dst, plan, "bf16")
     if M > 1 and dense:

@@ -287,6 +287,23 @@ class GemmPlan:
     t: int
     columns: int
     rows: int
+    # Weights moved as bytes (f16 and block-quantized src0, plan_gemm_blocks): `w_block`
+    # elements are `w_block_bytes` bytes, B's taps count bytes and a B tile is n rows of the
+    # K step's whole blocks, decoded on the core (no memory tile re-layout). 0: B counts
+    # elements.
+    w_block: int = 1
+    w_block_bytes: int = 0
+
+    def b_units(self, elems: int) -> int:
+        """B's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
+        if not self.w_block_bytes:
+            return elems
+        return elems // self.w_block * self.w_block_bytes
+
+    @property
+    def b_tile(self) -> int:
+        """B's DMA units per core tile (n x k weights)."""
+        return self.n * self.b_units(self.k)
 
     @property
     def m_block(self) -> int:
@@ -333,14 +350,32 @@ class GemmPlan:
 
     def n_tasks(self) -> list[tuple[int, int]]:
         """(first column, rounds) of the DMA tasks that walk the N rounds of one M block."""
+        if self.w_block_bytes and self.n_block * self.b_units(self.K) > MAX_STRIDE_WORDS * DMA_WORD:
+            # Consecutive N rounds of the weights are further apart than a DMA stride
+            # reaches: one round per task (no repeat, no stride).
+            return round_tasks(self.N, self.n_block, 1)
         return round_tasks(self.N, self.n_block)
+
+    def _b_tap(self, off0: int, first: int, count: int) -> Tap:
+        """src0's tap for the n rows from `first` over `count` N rounds, K step by K step."""
+        K, k, n, C = self.K, self.k, self.n, self.columns
+        Kb, kb = self.b_units(K), self.b_units(k)
+        # Bytes: a single round has no repeat, so no stride (a round's stride may exceed a DMA
+        # stride's 2^20 words, see n_tasks).
+        step = C * n * Kb if count > 1 or not self.w_block_bytes else 0
+        if self.w_block_bytes and k == K and Kb % DMA_WORD:
+            # Whole rows whose bytes are not whole words (q6_K's 210-byte rows): the n dense
+            # rows are one run; only the tile need be whole words.
+            return Tap(self.b_units(off0) + first * Kb, (count, 1, 1, n * Kb), (step, 0, 0, 1))
+        return Tap(self.b_units(off0) + first * Kb, (count, K // k, n, kb), (step, kb, Kb, 1))
 
     def tasks(self, batches) -> list[list[tuple[Tap, Tap, Tap]]]:
         """The runtime sequence: task groups, each an (A, B, C) tap per array column.
 
         `batches` are the (src0, src1, dst) element offsets of the matrix products. A (src1)
         feeds the column's memory tile R*m rows x k per K step, once per N round; B (src0)
-        n rows x k per K step for the column's N block; C (dst) takes (R*m) x n per round.
+        n rows x k per K step for the column's N block (bytes of whole blocks when moved as
+        bytes, src0's offset converted to bytes); C (dst) takes (R*m) x n per round.
         """
         K, N, C, R = self.K, self.N, self.columns, self.rows
         m, n, k = self.m, self.n, self.k
@@ -352,7 +387,7 @@ class GemmPlan:
                     for col in range(C):
                         first = n0 + col * n
                         a = Tap(off1 + row0 * K, (count, K // k, R * m, k), (0, k, K, 1))
-                        b = Tap(off0 + first * K, (count, K // k, n, k), (C * n * K, k, K, 1))
+                        b = self._b_tap(off0, first, count)
                         c = Tap(offd + row0 * N + first, (1, count, R * m, n), (0, C * n, N, 1))
                         group.append((a, b, c))
                     groups.append(group)
@@ -414,6 +449,100 @@ def plan_gemm(
                             continue
                         macs = m * n * k // (r * s * t)
                         cost = plan.tiles_per_core * plan.k_steps * (macs + GEMM_K_OVERHEAD)
+                        key = (cost, -(m * n * k))
+                        if best_key is None or key < best_key:
+                            best, best_key = plan, key
+                        break  # the most columns that fit N
+    return best
+
+
+# K steps of the GEMM over weights moved as bytes: whole blocks, at most this many values (the
+# A tile is m x k f32, double-buffered, in the core's budget).
+GEMM_BLOCKS_MAX_K = 512
+GEMM_DECODE_COST = 4  # cycle-equivalents per decoded weight (scalar unpacking) in the cost
+
+
+def gemm_blocks_l1(m: int, n: int, k: int, t: int, w_block: int, w_block_bytes: int) -> int:
+    """Core data memory of a GEMM over weights moved as bytes (mmq.cc): A (m x k f32), the
+    weight bytes (n rows of k / w_block blocks) and C (m x n f32), each double-buffered, and
+    the decoded staging buffer of one column block (t x k bf16, static data of the core)."""
+    kw = k // w_block * w_block_bytes
+    return 2 * m * k * 4 + 2 * n * kw + 2 * m * n * 4 + t * k * 2
+
+
+def gemm_blocks_memtile(p: GemmPlan) -> int:
+    """Memory tile bytes of one column: the A ring (R*m x k f32), the forwarded B ring and
+    the joined C ring (R*m x n f32), each double-buffered."""
+    return 2 * p.rows * p.m * p.k * 4 + 2 * p.b_tile + 2 * p.rows * p.m * p.n * 4
+
+
+def plan_gemm_blocks(
+    M: int,
+    N: int,
+    K: int,
+    mmul: tuple[int, int, int],
+    w_block: int,
+    w_block_bytes: int,
+    arch: Arch,
+    batches,
+) -> GemmPlan | None:
+    """The cheapest GEMM plan over weights moved as bytes (`w_block` elements in
+    `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results, or
+    None. `batches` are the (src0, src1, dst) element offsets of the matrix products (src0's
+    are converted to bytes; every weight tap is checked for whole, aligned DMA words).
+
+    A K step k is whole blocks (256 values for the K-quants), a multiple of 16 (the decoder's
+    groups) and of s, dividing K. A tile's weight rows are word runs (k's bytes and a row's
+    bytes whole words), or, with k = K, the n dense rows are one run of whole words (q6_K's
+    210-byte rows, n even). Core memory (`gemm_blocks_l1`) within the 48 KiB budget, memory
+    tile (`gemm_blocks_memtile`) within its 512 KiB."""
+    r, s, t = mmul
+    if K % w_block:
+        return None
+    row_bytes = K // w_block * w_block_bytes
+    best, best_key = None, None
+    k_options = [
+        w_block * d
+        for d in divisors(K // w_block)
+        if w_block * d <= GEMM_BLOCKS_MAX_K and (w_block * d) % 16 == 0 and (w_block * d) % s == 0
+    ]
+    for m in _GEMM_M:
+        if m % r or m > M:
+            continue
+        for n in _GEMM_N:
+            if n % t or n > N:
+                continue
+            for k in k_options:
+                kw = k // w_block * w_block_bytes
+                if k == K and row_bytes % DMA_WORD:
+                    if (n * kw) % DMA_WORD or n * kw > DMA_WORD * MAX_WRAP:
+                        continue
+                elif kw % DMA_WORD or row_bytes % DMA_WORD or kw > DMA_WORD * MAX_WRAP:
+                    continue
+                if gemm_blocks_l1(m, n, k, t, w_block, w_block_bytes) > arch.l1_budget:
+                    continue
+                if k > MAX_WRAP or m * arch.compute_rows > MAX_WRAP:
+                    continue
+                for rows in (4, 2, 1):
+                    if rows > arch.compute_rows or rows * m > M:
+                        continue
+                    for columns in range(arch.columns, 0, -1):
+                        if columns * n > N:
+                            continue
+                        plan = GemmPlan(
+                            M, N, K, m, n, k, r, s, t, columns, rows, w_block, w_block_bytes
+                        )
+                        if gemm_blocks_memtile(plan) > arch.memtile_bytes:
+                            continue
+                        if not _gemm_dma_ok(plan, len(batches)):
+                            continue
+                        if not all(_byte_tap_ok(b) for g in plan.tasks(batches) for _, b, _ in g):
+                            continue
+                        macs = m * n * k // (r * s * t)
+                        # Every core of a column decodes the column's n x k weights.
+                        decode = n * k * GEMM_DECODE_COST // VECTOR_ELEMS
+                        step = macs + decode + GEMM_K_OVERHEAD
+                        cost = plan.tiles_per_core * plan.k_steps * step
                         key = (cost, -(m * n * k))
                         if best_key is None or key < best_key:
                             best, best_key = plan, key

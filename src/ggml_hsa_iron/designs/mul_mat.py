@@ -1,4 +1,5 @@
-"""MUL_MAT: whole-array GEMM (M > 1) and a GEMV path (M == 1, or a GEMM that does not tile).
+"""MUL_MAT: whole-array GEMM (M > 1, dense) and a GEMV path (M == 1, strided operands, or a
+GEMM that does not tile).
 
 ggml: dst[N, M] = src1[K, M] . src0[K, N]^T per batch, src0 broadcast over
 src1's dimensions 2 and 3. In matrix terms C = A . B with A = src1 (M rows of
@@ -14,12 +15,22 @@ tiles (batch, M block, N block) and, for each, the K steps. M and N need not
 be multiples of the blocks: the last block starts early and overlaps the one
 before it (same inputs, same outputs written twice).
 
+f16 and block-quantized weights (q4_0 ... q6_K) in the GEMM (plan
+`tiling.plan_gemm_blocks`): B is moved as the bytes ggml stores (int8 fifos, n rows of the
+K step's whole blocks; K steps of whole blocks, 256 values for the K-quants) and forwarded
+by the memory tile without a re-layout (one block's bytes hold 32 or 256 values: the DMA
+cannot re-lay them); each core decodes t rows at a time into the t x s bf16 blocks the
+microkernel takes (kernels/mmq.cc) and multiplies them with its A blocks (f32, re-laid and
+rounded to bf16 as for f32 src1). Where that GEMM does not tile (M below r, N below the
+smallest N tile, K not whole K steps, rows that are not whole words, the 1024 DMA tasks),
+such weights take the GEMV.
+
 GEMV: W = src0 (N rows of K) is split by rows over columns x rows cores; x =
 a src1 row is broadcast to the cores of each column, K in chunks; each core
 accumulates its rows' dot products. One product per src1 row and batch.
-f16 and block-quantized weights (q4_0 ... q6_K) take the GEMV for every src1
-row: W is moved as the bytes ggml stores (int8 fifos, whole blocks per K
-chunk) and the cores decode it (kernels/mvq.cc).
+f16 and block-quantized weights take it for M = 1, strided operands and what their GEMM
+does not tile: W is moved as the bytes ggml stores (int8 fifos, whole blocks per K chunk)
+and the cores decode it (kernels/mvq.cc).
 
 The DMA access patterns of the runtime sequence come from `GemmPlan.tasks` and
 `GemvPlan.tasks` (pure Python, walked by the host tests).
@@ -65,15 +76,19 @@ def _gemm(spec):
     C, R = p.columns, p.rows
     m, n, k = p.m, p.n, p.k
     a_t, b_t, c_t = spec.src1.dtype, spec.src0.dtype, spec.dst.dtype
+    # Weights moved as bytes (f16, block-quantized): a B tile is n rows of the K step's whole
+    # blocks, decoded on the core (mmq.cc).
+    b_t = "i8" if spec.weight_bytes else b_t
+    fn, obj = ("ggml_mmq", "mmq.o") if spec.weight_bytes else ("ggml_mm", "mm.o")
     dev = device(spec.arch, C)
     seq_types = [vector_type(count, t) for t, count in spec.sequence]  # src0, src1, dst
     a_tile, b_tile, c_tile = (
         vector_type(m * k, a_t),
-        vector_type(k * n, b_t),
+        vector_type(p.b_tile, b_t),
         vector_type(m * n, c_t),
     )
-    zero = Kernel("ggml_mm_zero", "mm.o", [c_tile])
-    matmul = Kernel("ggml_mm", "mm.o", [a_tile, b_tile, c_tile])
+    zero = Kernel(f"{fn}_zero", obj, [c_tile])
+    matmul = Kernel(fn, obj, [a_tile, b_tile, c_tile])
     tiles = spec.tiles_per_core
     k_steps = p.k_steps
 
@@ -90,7 +105,8 @@ def _gemm(spec):
             of_c.release(1)
 
     # Memory tile re-layouts, (size, stride) outermost first (see GemmPlan).
-    a_blocks, b_blocks, c_rows = p.a_dims(), p.b_dims(), p.c_dims()
+    a_blocks, c_rows = p.a_dims(), p.c_dims()
+    b_blocks = None if spec.weight_bytes else p.b_dims()
 
     a_cols, b_cols, c_cols, workers = [], [], [], []
     for col in range(C):
@@ -104,8 +120,11 @@ def _gemm(spec):
             tile=mem,
         )
         b_fifo = ObjectFifo(b_tile, name=f"B_c{col}")
+        # Blocks cannot be re-laid by the DMA (one block's bytes hold many values): weight
+        # bytes go to the cores as the shim reads them, rows of whole blocks.
+        b_walk = None if spec.weight_bytes else _walk(k * n, b_blocks)
         b_fwd = b_fifo.cons().forward(
-            obj_type=b_tile, name=f"B_c{col}_w", to_stream=_walk(k * n, b_blocks), tile=mem
+            obj_type=b_tile, name=f"B_c{col}_w", to_stream=b_walk, tile=mem
         )
         c_fifo = ObjectFifo(
             vector_type(R * m * n, c_t), name=f"C_c{col}", to_stream=_walk(R * m * n, c_rows)

@@ -181,8 +181,17 @@ class CapabilitiesTest(unittest.TestCase):
         for spec in registry.OPS:
             with self.subTest(op=spec.op):
                 self.assertIn(spec.kernel_name, defined_functions(spec.source))
-        sources = ("eltwise.cc", "mm.cc", "mv.cc", "mvq.cc", "rows.cc", "rope.cc", "ggml_aie.h")
-        for source in sources + ("glu.h", "mv_glu.h"):
+        sources = (
+            "eltwise.cc",
+            "mm.cc",
+            "mmq.cc",
+            "mv.cc",
+            "mvq.cc",
+            "rows.cc",
+            "rope.cc",
+            "ggml_aie.h",
+        )
+        for source in sources + ("glu.h", "mv_glu.h", "block_decode.h"):
             self.assertTrue((KERNELS / source).is_file(), source)
         eltwise = (KERNELS / "eltwise.cc").read_text()
         glu = (KERNELS / "glu.h").read_text()

@@ -427,3 +427,155 @@ class RowPlanTest(unittest.TestCase):
         self.assertEqual(s[:8], [2.0 ** -(h + 1) for h in range(8)])
         for k, h in enumerate(range(8, 12)):
             self.assertAlmostEqual(s[h], 2.0 ** (-0.5 * (2 * k + 1)), places=6)
+
+
+class ByteWeightsGemmTest(unittest.TestCase):
+    """The GEMM over f16 and block-quantized weights moved as bytes (plan_gemm_blocks,
+    kernels/mmq.cc): M > 1 with dense operands."""
+
+    TYPES = ("f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K")
+
+    @staticmethod
+    def core_bytes(p, t):
+        # A (f32) and C (f32) tiles and the weight bytes, double-buffered, and the t x k
+        # decoded bf16 block of mmq.cc's static data: written out here, not taken from the
+        # plan's own arithmetic.
+        kw = p.k // p.w_block * p.w_block_bytes
+        return 2 * 4 * p.m * p.k + 2 * p.n * kw + 2 * 4 * p.m * p.n + 2 * t * p.k
+
+    def test_every_type_tiles_in_budget_and_every_core_gets_its_rows(self):
+        from ggml_hsa_iron.dtypes import DTYPES
+
+        shapes = [
+            (4, 8, 256, 1, 1, 1),  # the smallest GEMM
+            (13, 44, 512, 1, 1, 1),  # M and N off the grid
+            (9, 40, 256, 2, 2, 1),  # batches, src0 broadcast over src1's dimension 2
+        ]
+        for ty in self.TYPES:
+            block, size = DTYPES[ty].block, DTYPES[ty].size
+            for arch in ("aie2", "aie2p"):
+                a = ARCHS[arch]
+                r, s, t = a.mmul["bf16"]
+                for M, N, K, b2, r2, b3 in shapes:
+                    with self.subTest(ty=ty, arch=arch, M=M, N=N, K=K, b2=b2):
+                        spec = mul_mat_spec(arch, ty, "f32", M, N, K, b2=b2, b3=b3, r2=r2)
+                        p = spec.plan
+                        self.assertFalse(spec.gemv)
+                        self.assertTrue(spec.weight_bytes)
+                        self.assertEqual(spec.core.source, "mmq.cc")
+                        self.assertEqual(spec.core.defines[f"MVQ_{ty.upper()}"], 1)
+                        self.assertEqual((p.r, p.s, p.t), (r, s, t))
+                        # K steps of whole blocks (256 values for the K-quants).
+                        self.assertEqual(p.k % block, 0)
+                        self.assertEqual(K % p.k, 0)
+                        self.assertLessEqual(self.core_bytes(p, t), a.l1_budget)
+                        mem = 2 * 4 * p.rows * p.m * p.k + 2 * p.n * p.b_units(p.k)
+                        mem += 2 * 4 * p.rows * p.m * p.n
+                        self.assertLessEqual(mem, a.memtile_bytes)
+                        self.assertEqual(spec.sequence[0], ("i8", N * K // block * size * b2))
+                        for g in spec.tasks():
+                            for _, b, _ in g:
+                                self.assertEqual(b.offset % 4, 0)
+                                self.assertEqual(b.sizes[3] % 4, 0)
+                        writes = check_structure(spec, stream_of(spec))
+                        self.assertGreaterEqual(writes, spec.dst.nelements)
+
+    def test_k_quant_k_steps_and_q6_k_whole_rows(self):
+        # q6_K rows of 256 values are 210 bytes, not whole words: K whole, the tile's n rows
+        # one run (n * 210 whole words).
+        spec = mul_mat_spec("aie2p", "q6_K", "f32", 16, 64, 256)
+        self.assertFalse(spec.gemv)
+        self.assertEqual(spec.plan.k, 256)
+        self.assertEqual(spec.plan.n * 210 % 4, 0)
+        # K = 1024 q4_K: K steps of 256 or 512 values, never a part of a block.
+        p = mul_mat_spec("aie2", "q4_K", "f32", 32, 64, 1024).plan
+        self.assertIn(p.k, (256, 512))
+
+    def test_prefill_plans_the_gemm_the_gemv_refuses(self):
+        from ggml_hsa_iron.plans import _products
+        from ggml_hsa_iron.tiling import plan_gemv_blocks
+
+        # 2048 src1 rows x 4096 x 4096: the GEMV (one product per src1 row) exceeds the 1024
+        # DMA tasks of a shim channel; the GEMM streams the weights once per M block.
+        for ty in ("q4_0", "q6_K", "f16"):
+            for arch in ("aie2", "aie2p"):
+                with self.subTest(ty=ty, arch=arch):
+                    spec = mul_mat_spec(arch, ty, "f32", 2048, 4096, 4096)
+                    self.assertFalse(spec.gemv)
+                    self.assertLessEqual(len(spec.tasks()), 1024)
+                    t = ARCHS[arch].mmul["bf16"][2]
+                    self.assertLessEqual(self.core_bytes(spec.plan, t), ARCHS[arch].l1_budget)
+                    gemv = plan_gemv_blocks(
+                        4096,
+                        4096,
+                        spec.src0.block,
+                        spec.src0.size,
+                        ARCHS[arch],
+                        _products(spec.src0, spec.src1, spec.dst),
+                    )
+                    self.assertIsNone(gemv)
+                    # A 512-row prefill takes the GEMM too.
+                    self.assertFalse(mul_mat_spec(arch, ty, "f32", 512, 4096, 4096).gemv)
+        # f16 weights with a long K: N rounds beyond a DMA stride go one per task.
+        spec = mul_mat_spec("aie2p", "f16", "f32", 64, 4096, 14336)
+        self.assertFalse(spec.gemv)
+        for g in spec.tasks():
+            for _, b, _ in g:
+                if b.sizes[0] > 1:
+                    self.assertLessEqual(b.strides[0], (1 << 20) * 4)
+
+    def test_refusals_fall_back_to_the_gemv_with_a_reason(self):
+        from ggml_hsa_iron.plans import gemm_blocks_plan
+
+        def why(ty, M, N, K, arch="aie2p"):
+            a, b = tensor(ty, [K, N]), tensor("f32", [K, M])
+            with self.assertRaises(UnsupportedError) as cm:
+                gemm_blocks_plan(a, b, tensor("f32", [N, M]), ARCHS[arch])
+            # The request itself still plans: the GEMV takes it.
+            self.assertTrue(mul_mat_spec(arch, ty, "f32", M, N, K).gemv)
+            return str(cm.exception)
+
+        self.assertIn("below the microkernel", why("q4_0", 3, 64, 256))
+        self.assertIn("N is below", why("q8_0", 8, 4, 256))
+        self.assertIn("not a multiple of a K step", why("f16", 8, 64, 40))
+        # q6_K, K = 256 and N = 9: the shifted last N block starts at row 1, 210 bytes in.
+        # The GEMV cannot take it either (rows of 210 bytes): exit 2 with both reasons.
+        with self.assertRaises(UnsupportedError) as cm:
+            mul_mat_spec("aie2p", "q6_K", "f32", 8, 9, 256)
+        self.assertIn("the GEMV needs", str(cm.exception))
+        self.assertIn("the q6_K GEMM (M=8, N=9, K=256, aie2p): no tile fits", str(cm.exception))
+        # Strided operands: the GEMV (the GEMM takes dense operands only).
+        big = tensor("f32", [512, 8])
+        from ggml_hsa_iron.request import Tensor
+
+        b = Tensor("f32", (256, 8, 1, 1), big.nb)
+        w = tensor("q4_0", [256, 64])
+        s = prepare(parse_request(request_json("MUL_MAT", [w, b], tensor("f32", [64, 8]))))
+        self.assertTrue(s.gemv)
+
+    def test_budgets_bind(self):
+        from dataclasses import replace
+
+        from ggml_hsa_iron.dtypes import DTYPES
+        from ggml_hsa_iron.tiling import plan_gemm_blocks
+
+        a = ARCHS["aie2p"]
+        batches = [(0, 0, 0)]
+        q = DTYPES["q4_K"]
+        p = plan_gemm_blocks(64, 256, 4096, a.mmul["bf16"], q.block, q.size, a, batches)
+        self.assertIsNotNone(p)
+        # A core budget below the smallest tile (m 4, n 8, k 256: 8 KiB of A, 2.3 KiB of
+        # weights, C and 4 KiB decoded) refuses; a smaller budget shrinks the tile.
+        tiny = replace(a, l1_budget=8 * 1024)
+        self.assertIsNone(
+            plan_gemm_blocks(64, 256, 4096, a.mmul["bf16"], q.block, q.size, tiny, batches)
+        )
+        small = replace(a, l1_budget=24 * 1024)
+        ps = plan_gemm_blocks(64, 256, 4096, a.mmul["bf16"], q.block, q.size, small, batches)
+        self.assertIsNotNone(ps)
+        self.assertLessEqual(self.core_bytes(ps, 8), 24 * 1024)
+        self.assertLess(self.core_bytes(ps, 8), self.core_bytes(p, 8))
+        # The memory tile: rings of R x m x k f32 A for every row of the column.
+        no_mem = replace(a, memtile_bytes=16 * 1024)
+        pm = plan_gemm_blocks(64, 256, 4096, a.mmul["bf16"], q.block, q.size, no_mem, batches)
+        self.assertTrue(pm is None or 2 * 4 * pm.rows * pm.m * pm.k <= 16 * 1024)

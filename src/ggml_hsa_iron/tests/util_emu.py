@@ -18,8 +18,10 @@ recorded program (the JSON of the simulator image) on the given operand bytes:
 FIFOs are unbounded and actors run one after the other (all fills, the splits, the workers in
 order, the joins, the workers that read a join's output, the drains): this checks what data every core receives, what it computes
 and where its results go, not timing or deadlocks (hsa-sim's executor checks those when the
-image runs under `cargo test`). Stream re-layouts (`to_stream`, `from_stream`) and `forward`
-links are not interpreted: a program using them is refused here.
+image runs under `cargo test`). A memory tile's `to_stream` re-layout (the GEMM's A and B
+blocks, its C rows) permutes each object as it leaves the memory tile; a `forward` is a split
+into one sub-fifo. Consumer-side re-layouts (`from_stream`) are not interpreted: a program
+using them is refused here.
 """
 
 import ctypes
@@ -49,8 +51,15 @@ class _Fifo:
         self.obj = j["obj_bytes"]
         self.queues = [[] for _ in j["consumers"]]  # per consumer: objects (np.uint8 arrays)
         self.stream = bytearray()  # a shim producer's bytes not yet a whole object
+        # A memory tile producer's re-layout (`to_stream`): the consumers' byte j is the
+        # object's byte relayout[j] (element walk(dims)[j // elem_bytes]).
+        self.relayout = None
+        if j.get("to_stream"):
+            self.relayout = _tap_bytes(j["to_stream"], j["elem_bytes"])
 
     def push(self, obj: np.ndarray):
+        if self.relayout is not None:
+            obj = obj[self.relayout]
         for q in self.queues:
             q.append(obj.copy())
 
@@ -147,8 +156,8 @@ def run_program(prog: dict, lib: bytes, args: list[np.ndarray]) -> None:
         if link["kind"] not in ("split", "join"):
             raise NotImplementedError(f"link kind {link['kind']}")
     for f in prog["fifos"]:
-        if f.get("to_stream") or any(c.get("from_stream") for c in f["consumers"]):
-            raise NotImplementedError(f"stream re-layouts ({f['name']})")
+        if any(c.get("from_stream") for c in f["consumers"]):
+            raise NotImplementedError(f"stream re-layouts on the consumer side ({f['name']})")
 
     # The runtime sequence's fills (they read the inputs only).
     for op in prog["sequence"]:

@@ -13,7 +13,9 @@ tile re-layouts `a_dims`/`b_dims`/`c_dims`), the way the DMAs move data:
   element walk(c_dims)[j].
 
 Each core's lists hold, per object, the operand element index of each element it
-receives (A, B, W, x) or the dst element index each result element lands on (C, y).
+receives (A, B, W, x) or the dst element index each result element lands on (C, y); B's are
+src0's byte offsets when the GEMM moves the weights as bytes (f16, block-quantized), which
+reach the cores as read (no re-layout).
 """
 
 from ggml_hsa_iron.tiling import walk
@@ -28,7 +30,8 @@ def gemm_streams(spec):
     """{(column, row): {"a": [...], "b": [...], "c": [...]}} for a GEMM spec."""
     p = spec.plan
     R, m, n, k = p.rows, p.m, p.n, p.k
-    aw, bw, cw = walk(p.a_dims()), walk(p.b_dims()), walk(p.c_dims())
+    aw, cw = walk(p.a_dims()), walk(p.c_dims())
+    bw = None if p.w_block_bytes else walk(p.b_dims())
     cores = {(c, i): {"a": [], "b": [], "c": []} for c in range(p.columns) for i in range(R)}
     for group in spec.tasks():
         for col, (a, b, c) in enumerate(group):
@@ -36,8 +39,9 @@ def gemm_streams(spec):
                 for i in range(R):
                     part = obj[i * m * k : (i + 1) * m * k]
                     cores[(col, i)]["a"].append([part[j] for j in aw])
-            for obj in _objects(b.indices(), n * k):
-                blocked = [obj[j] for j in bw]
+            for obj in _objects(b.indices(), p.b_tile):
+                # Weights moved as bytes reach the cores as read (rows of whole blocks).
+                blocked = obj if p.w_block_bytes else [obj[j] for j in bw]
                 for i in range(R):
                     cores[(col, i)]["b"].append(blocked)
             for dest in _objects(c.indices(), R * m * n):
@@ -88,6 +92,12 @@ def check_structure(spec, cores):
     M = spec.src1.ne[1]
     batch0 = _batch_of(spec)
     sizes = [t.nelements for t in (spec.src0, spec.src1, spec.dst)]
+    p = spec.plan
+    # GEMM over weights moved as bytes: B indices are src0's bytes (rows of whole blocks).
+    byte_b = not spec.gemv and p.w_block_bytes
+    if byte_b:
+        row_bytes = p.b_units(K)
+        sizes[0] = row_bytes * N * spec.src0.ne[2] * spec.src0.ne[3]
     written = set()
     writes = 0
 
@@ -95,7 +105,6 @@ def check_structure(spec, cores):
         assert 0 <= index < total, f"DMA outside the operand: {index} of {total}"
         return index // (rows * K), (index // K) % rows, index % K
 
-    p = spec.plan
     for core in cores.values():
         if spec.gemv:
             steps, outs = p.k_steps, core["y"]
@@ -140,8 +149,21 @@ def check_structure(spec, cores):
                     for lr, (bd, i) in rows_of.items():
                         at = ((lr // r) * (k // s) + kb) * r * s + (lr % r) * s + kk % s
                         assert src_pos(a[at], M, sizes[1]) == (bd, i, st * k + kk)
+                    if byte_b:
+                        continue
                     for lc, (bd, j) in cols_of.items():
                         bt = ((lc // tt) * (k // s) + kb) * tt * s + (lc % tt) * s + kk % s
                         assert src_pos(b[bt], N, sizes[0]) == (batch0[bd], j, st * k + kk)
+                if byte_b:
+                    # Row lc of the tile is the kb bytes of src0's row j from K step st.
+                    kb_ = p.b_units(k)
+                    b = core["b"][t * steps + st]
+                    assert len(b) == n * kb_
+                    for lc, (bd, j) in cols_of.items():
+                        for e in range(kb_):
+                            i = b[lc * kb_ + e]
+                            assert 0 <= i < sizes[0], f"DMA outside src0: {i}"
+                            got = (i // (N * row_bytes), (i // row_bytes) % N, i % row_bytes)
+                            assert got == (batch0[bd], j, st * kb_ + e), (got, bd, j, st, e)
     assert written == set(range(sizes[2])), "some dst elements are never written"
     return writes

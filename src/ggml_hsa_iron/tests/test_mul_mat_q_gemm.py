@@ -1,0 +1,93 @@
+"""MUL_MAT's GEMM over f16 and block-quantized weights (M > 1, dense), end to end.
+
+The design compiled for `--target emu` (the recording `aie.iron` with its hardware checks:
+core and memory tile memory, DMA limits, channels) and its recorded program run on real data
+(tests/util_emu.py: shim taps, the memory tile's split, forward, join and `to_stream`
+re-layouts, every core running mmq.cc built with g++), compared with numpy: ggml's MUL_MAT of
+the decoded weights (test_mul_mat_glu's reading of ggml's block layouts) rounded to bf16 and
+the activations rounded to bf16, within f32 summation error. Shapes are off the tile grid in
+M and N (overlapping last blocks) and with batches (src0 broadcast over src1's dimension 2),
+on aie2 and aie2p. The output starts as 0xFF bytes (NaN): an element never written fails.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import random
+import unittest
+
+from ggml_hsa_iron.plans import prepare
+from ggml_hsa_iron.request import parse_request
+from ggml_hsa_iron.tests.test_kernels_host import CXX
+from ggml_hsa_iron.tests.util import request_json, tensor
+
+try:
+    import numpy as np
+
+    from ggml_hsa_iron.tests.test_mul_mat_strided import _random_rows, _reference
+    from ggml_hsa_iron.tests.util_emu import run_request
+
+    HAVE_NUMPY = True
+except ImportError:  # numpy and ml_dtypes are installed by scripts/check-iron.sh
+    HAVE_NUMPY = False
+
+
+@unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
+class ByteWeightsGemmEmulationTest(unittest.TestCase):
+    def check(self, ty, arch, M, N, K, b2=1, r2=1, seed=0):
+        a = tensor(ty, [K, N, b2])
+        b = tensor("f32", [K, M, b2 * r2])
+        d = tensor("f32", [N, M, b2 * r2])
+        text = request_json("MUL_MAT", [a, b], d, arch)
+        spec = prepare(parse_request(text))
+        self.assertFalse(spec.gemv, "the GEMM takes it")
+        rng = random.Random(seed)
+        a_bytes, av = _random_rows(a, rng)
+        b_bytes, bv = _random_rows(b, rng)
+        got = np.frombuffer(run_request(text, [a_bytes, b_bytes]), np.float32)
+        got = got.astype(np.float64).reshape(1, b2 * r2, M, N)
+        want, err = _reference(a, b, av, bv, True)
+        bad = ~(np.abs(got - want) <= err + 2e-6 * np.abs(want))
+        if bad.any():
+            self.fail(
+                f"{ty} M={M} N={N} K={K} on {arch} ({spec.plan}): {int(bad.sum())} of "
+                f"{got.size} wrong, first at {np.argwhere(bad)[0]}: {got[bad][0]} vs "
+                f"{want[bad][0]}"
+            )
+        return spec
+
+    def test_weight_types_off_the_grid(self):
+        cases = [
+            ("q4_0", "aie2", 13, 44, 256),
+            ("q4_0", "aie2p", 21, 100, 512),
+            ("q8_0", "aie2p", 13, 44, 256),
+            ("q8_0", "aie2", 6, 36, 128),
+            ("q4_K", "aie2p", 37, 72, 512),
+            ("q4_K", "aie2", 5, 20, 256),
+            ("q6_K", "aie2", 9, 40, 256),
+            ("q6_K", "aie2p", 11, 66, 512),
+            ("f16", "aie2p", 21, 100, 96),
+            ("f16", "aie2", 7, 12, 48),
+        ]
+        for n, (ty, arch, M, N, K) in enumerate(cases):
+            with self.subTest(ty=ty, arch=arch, M=M, N=N, K=K):
+                spec = self.check(ty, arch, M, N, K, seed=n)
+                # Off the grid: the last M block or N round starts early.
+                p = spec.plan
+                self.assertTrue(M % p.m_block or N % p.n_block)
+
+    def test_batches_broadcast_src0(self):
+        # src0 [K, N, 2] over src1 [K, M, 4]: src1 batches 0-1 use weight matrix 0.
+        self.check("q4_0", "aie2p", 10, 24, 256, b2=2, r2=2, seed=20)
+        self.check("q6_K", "aie2", 8, 16, 256, b2=2, r2=2, seed=21)
+
+    def test_more_k_steps(self):
+        # K over several K steps: the C tile accumulates across them.
+        spec = self.check("q4_0", "aie2p", 70, 136, 4096, seed=30)
+        self.assertGreater(spec.plan.k_steps, 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
