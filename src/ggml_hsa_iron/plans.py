@@ -925,7 +925,8 @@ class MaskTask:
 @dataclass(frozen=True)
 class XTask:
     """One DMA task of x's channel: `count` elements from `offset` of x, or (`sink`)
-    `count` copies of sinks[offset] (a run of rows of one head)."""
+    `count` copies of sinks[offset] (a run of rows of one head, at most MAX_REPEAT: the
+    copies are the task's repeat)."""
 
     offset: int
     count: int
@@ -1002,15 +1003,17 @@ class RowSpec:
 
     def _block_tasks(self, r0: int) -> tuple[list[XTask], list[MaskTask]]:
         """The fills of the object of rows r0 .. r0 + B: x (its rows, then with sinks the
-        sink of each row: one walk repeating sinks[head] per run of rows of one head; ggml's
+        sink of each row: one task repeating sinks[head] per run of rows of one head; ggml's
         head is x's index i2) and the mask rows."""
         B, L = self.plan.block, self.length
         ne1, ne2 = self.x.ne[1], self.x.ne[2]
         xs = [XTask(r0 * L, B * L)]
         if self.sinks is not None:
+            # A run's copies come from the shim task's repeat count (its only dimension that
+            # may have stride 0), so a run longer than MAX_REPEAT rows takes several tasks.
             r = r0
             while r < r0 + B:
-                n = min(ne1 - r % ne1, r0 + B - r)
+                n = min(ne1 - r % ne1, r0 + B - r, MAX_REPEAT)
                 xs.append(XTask((r // ne1) % ne2, n, sink=True))
                 r += n
         ms = []
