@@ -391,6 +391,9 @@ def prepare_set_rows(req: Request) -> SetRowsSpec:
     for nb in (src.nb[1:], idx.nb[1:]):
         if any(b % DMA_WORD for b in nb):
             raise UnsupportedError("SET_ROWS: strides of whole 32-bit words only")
+    if r > 1 and src.nb[1] == 0:
+        # One row read r times: a stride-0 address dimension, which a BD cannot encode.
+        raise UnsupportedError("SET_ROWS: source rows that are one row (nb[1] = 0)")
     if r > 1 and src.nb[1] != ne0 * s and (ne0 * s) % DMA_WORD:
         raise UnsupportedError("SET_ROWS: strided source rows must be whole 32-bit words")
     side_bytes = r * idx.size + r * ne0 * s

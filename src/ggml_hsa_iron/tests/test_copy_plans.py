@@ -81,6 +81,12 @@ class CopyWalkTest(unittest.TestCase):
         src = Tensor("f32", (8, 6, 1, 1), (4, 0, 32, 32))
         with self.assertRaises(UnsupportedError):
             prepare(parse_request(request_json("CPY", [src], tensor("f32", (8, 6)))))
+        # SET_ROWS' source rows likewise; with a row stride they are walked.
+        idx, dst = tensor("i32", (6,)), tensor("f32", (8, 16))
+        with self.assertRaises(UnsupportedError):
+            prepare(parse_request(request_json("SET_ROWS", [src, idx], dst)))
+        strided = Tensor("f32", (8, 6, 1, 1), (4, 64, 384, 384))
+        prepare(parse_request(request_json("SET_ROWS", [strided, idx], dst)))
 
 
 class SetRowsPlanTest(unittest.TestCase):
