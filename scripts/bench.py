@@ -317,6 +317,7 @@ def main() -> int:
 
 
 def write_docs(rows: list[dict], lines: list[str], kernels_note: str) -> None:
+    load, cores = os.getloadavg()[1], os.cpu_count()
     docs = Path(__file__).resolve().parent.parent / "docs"
     (docs / "perf.svg").write_text(svg(rows))
     peers = [
@@ -347,7 +348,10 @@ def write_docs(rows: list[dict], lines: list[str], kernels_note: str) -> None:
         "rate for prompt processing. Kernels were counted, not computed",
         "(`HSA_SIM_EXECUTE=0`). HSA0 offered " + kernels_note + " (`--kernels`; hsa-sim-compile",
         "with `HSA_SIM_COMPILE_DECLARE`): kernels the simulator has but no IRON design, such as",
-        "FLASH_ATTN_EXT or MUL_MAT_ADD, are not counted as NPU work unless `--kernels reference`.",
+        "MUL_MAT_ADD, are not counted as NPU work unless `--kernels reference`.",
+        f"The machine's load average (5 min) at the end of the run was {load:.1f} on {cores}",
+        "cores: other work slows the CPU columns and the host time per node, not the simulated",
+        "device time.",
         "",
         *lines,
         "",

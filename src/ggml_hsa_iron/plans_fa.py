@@ -7,16 +7,34 @@ m3], contiguous, broadcast over heads and sequences) and the sinks (f32, one per
 the op has them; output f32 [Dv, n_head, n_q, n_seq] dense. op_params: scale, max_bias,
 logit_softcap (f32 bit patterns).
 
-Work items are (query row i1, head h, sequence i3), numbered t = ((i3 n_q + i1) n_head + h):
-the output row of item t is at t * Dv. Column c of C computes items c, c + C, ... with one
-worker; its shim fills two fifos moving 32-bit words (every operand is declared as i32 in the
-runtime sequence, so that q, the mask, the sinks and K share a fifo): A (objects of
-`a_words`, a chunk of `chunk` K rows) per item: the q row, the mask row and the sink, each
-padded to whole objects by repeating it (a stride-0 dimension of its tap; the mask row as
-whole words covering it, the core skipping the values before the row per item, so rows of an
-odd length may start mid-word), then the K rows of the item's kv head; B (objects of a chunk
-of V rows) per item: the V rows. One DMA task per operand per item; the output rows of a round
-of items are drained by one strided task.
+A work item is a block of G = gh x gr query rows of one sequence: gr consecutive query rows
+(i1_0 .. i1_0 + gr - 1) of gh consecutive heads that share one KV head (gh divides n_head /
+n_head_kv), so one pass over the KV head's K and V serves all G rows. Blocks are numbered b =
+(i3 n_rb + rb) n_hb + hb (n_hb = n_head / gh head blocks, n_rb = ceil(n_q / gr) row blocks;
+the last row block starts early to end at n_q, its overlap computed twice with the same
+values). The core orders a block's rows g = r gh + j (row i1_0 + r, head h0 + j), which is
+the output's order: the block's output rows are one strided walk. With a per-head mask (m2 >
+1) a block has one head (gh = 1): the rows of a block then always have one mask row each, in
+consecutive mask rows.
+
+Column c computes blocks c, c + C, ... with one worker; its shim fills two fifos moving
+32-bit words (every operand is declared as i32 in the runtime sequence, so that the mask, the
+sinks and K share fifo A, q and V fifo B): A (objects of `a_words`, a chunk of `chunk` K rows),
+first once per column the n_head sinks (repeated to whole objects by a stride-0 dimension),
+then per block the mask span of its gr rows (one task: the words covering the rows' values,
+which are consecutive in the mask; widened to pad to whole objects, moved back to end inside
+the mask buffer, the core skipping the values before the first row from a per-block table
+when rows of an odd length start mid-word) and the KV head's K rows; B (objects of a chunk of
+V rows) per block: its q rows (one strided task: [gr, gh, D] at q's row and head strides,
+repeated to whole objects), then the V rows. So a block costs 2 tasks on each of A and B (1 on
+A without a mask) and one drain task of its G output rows; K and V are read once per block.
+
+G is chosen (with the chunk) by a cost model: the busiest column's DMA words (q, mask, K and
+V), a handshake per object and its vector work, plus all columns' DMA words over DDR_SHARE
+(the DRAM bandwidth the columns share, which makes a GQA decode take whole KV groups), within
+the compute tile's budget (q, the f32 accumulators, scores and running max/sum of G rows, a
+decoded K and V row, the mask span, the fifos) and within 1024 DMA tasks per shim channel;
+what has no such plan is refused.
 """
 
 import math
@@ -27,17 +45,29 @@ from .archs import Arch
 from .errors import RequestError, UnsupportedError
 from .plans import CoreSource, _bits_f32, _check_common, _f32, _f32_bits, alibi_slopes
 from .request import Request, Tensor
-from .tiling import MAX_STRIDE_WORDS, MAX_TASKS_PER_CHANNEL, MAX_WRAP, Tap, divisors, split_run
+from .tiling import (
+    MAX_REPEAT,
+    MAX_STRIDE_WORDS,
+    MAX_TASKS_PER_CHANNEL,
+    MAX_WRAP,
+    Tap,
+    block_starts,
+    divisors,
+    split_run,
+)
 
 SOURCE = "flash_attn.cc"
 KV_TYPES = ("f32", "f16", "bf16")
 KV_CODE = {"f32": 0, "f16": 1, "bf16": 2}
 SHIM_BDS = 16  # buffer descriptors of a shim tile: DMA tasks in flight before an await
 MAX_CHUNK = 128  # K/V rows per object
-MAX_SIDE_OBJECTS = 8  # objects one padded q / mask / sink may take
-CHUNK_OVERHEAD = 256  # words-equivalent of one object handshake (chunk choice)
-MAX_MASK_SKIP = 0xFFFF  # f16 values before an item's mask row in its span (a u16 table)
-STATIC_SLACK = 256  # bytes of the core function's scalar state and staging vectors
+MAX_SIDE_OBJECTS = 64  # objects a block's padded q rows or mask span may take
+MAX_BLOCK = 64  # query rows of a block (G = gh x gr): the core's per-row state
+CHUNK_OVERHEAD = 256  # words-equivalent of one object handshake (cost model)
+MAX_MASK_SKIP = 0xFFFF  # f16 values before a block's first mask row in its span (a u16 table)
+STATIC_SLACK = 512  # bytes of the core function's scalar state
+DDR_SHARE = 2  # shim channels' worth of DRAM bandwidth all columns share (cost model)
+VEC = 16  # lanes of the core's f32 vectors: its rows are padded to whole vectors
 
 
 def _extent_words(t: Tensor) -> int:
@@ -46,19 +76,24 @@ def _extent_words(t: Tensor) -> int:
     return -(-b // 4)
 
 
+def _vecs(n: int) -> int:
+    """n rounded up to whole vectors."""
+    return -(-n // VEC) * VEC
+
+
 @dataclass(frozen=True)
 class Side:
-    """A small operand part sent on fifo A: `words` words padded to `objects` objects by
-    repeating them `rep` times."""
+    """A block part sent on fifo A: `words` words padded to `objects` objects by repeating
+    them `rep` times."""
 
     words: int
     rep: int
     objects: int
 
 
-def _side(words: int, obj: int) -> Side | None:
+def _side(words: int, obj: int, max_objects: int = MAX_SIDE_OBJECTS) -> Side | None:
     total = math.lcm(words, obj)
-    if total // obj > MAX_SIDE_OBJECTS:
+    if total // obj > max_objects:
         return None
     return Side(words, total // words, total // obj)
 
@@ -75,8 +110,10 @@ class FlashAttnSpec:
     sinks: Tensor | None
     out: Tensor
     chunk: int  # K/V rows per object
+    gh: int  # heads of a block (of one KV head)
+    gr: int  # consecutive query rows of a block
     columns: int
-    group: int  # items per task group (round) and column
+    group: int  # blocks per task group (round) and column
     q_side: Side
     m_side: Side | None
     s_side: Side | None
@@ -97,12 +134,29 @@ class FlashAttnSpec:
         return self.k.ne[1]
 
     @property
+    def n_q(self) -> int:
+        return self.q.ne[1]
+
+    @property
     def n_head(self) -> int:
         return self.q.ne[2]
 
     @property
-    def items(self) -> int:
-        return self.q.ne[1] * self.q.ne[2] * self.q.ne[3]
+    def g(self) -> int:
+        """Query rows of a block."""
+        return self.gh * self.gr
+
+    @property
+    def n_hb(self) -> int:
+        return self.n_head // self.gh
+
+    @property
+    def row_starts(self) -> list[int]:
+        return block_starts(self.n_q, self.gr)
+
+    @property
+    def blocks(self) -> int:
+        return self.q.ne[3] * len(self.row_starts) * self.n_hb
 
     @property
     def k_row_words(self) -> int:
@@ -126,51 +180,66 @@ class FlashAttnSpec:
 
     @property
     def side_objects(self) -> int:
-        return sum(s.objects for s in (self.q_side, self.m_side, self.s_side) if s is not None)
+        """Objects of fifo A before a block's K chunks: its mask span."""
+        return self.m_side.objects if self.m_side is not None else 0
 
-    def column_items(self, c: int) -> list[int]:
-        return list(range(c, self.items, self.columns))
+    @property
+    def q_objects(self) -> int:
+        """Objects of fifo B before a block's V chunks: its q rows."""
+        return self.q_side.objects
 
-    def item_index(self, t: int) -> tuple[int, int, int]:
-        """(i1, h, i3) of item t."""
-        nq, nh = self.q.ne[1], self.q.ne[2]
-        return (t // nh) % nq, t % nh, t // (nh * nq)
+    @property
+    def sink_objects(self) -> int:
+        return self.s_side.objects if self.s_side is not None else 0
+
+    def column_blocks(self, c: int) -> list[int]:
+        return list(range(c, self.blocks, self.columns))
+
+    def block_index(self, b: int) -> tuple[int, int, int]:
+        """(first query row i1_0, first head h0, sequence i3) of block b."""
+        starts = self.row_starts
+        hb = b % self.n_hb
+        rb = (b // self.n_hb) % len(starts)
+        return starts[rb], hb * self.gh, b // (self.n_hb * len(starts))
+
+    def block_rows(self, b: int) -> list[tuple[int, int, int]]:
+        """(i1, h, i3) of the block's rows in the core's order (g = r gh + j)."""
+        i1, h0, i3 = self.block_index(b)
+        return [(i1 + r, h0 + j, i3) for r in range(self.gr) for j in range(self.gh)]
 
     # --- taps (over the operands as 32-bit words)
-    def q_tap(self, t: int) -> Tap:
-        i1, h, i3 = self.item_index(t)
+    def q_tap(self, b: int) -> Tap:
+        i1, h0, i3 = self.block_index(b)
         nb = self.q.nb
-        off = (i1 * nb[1] + h * nb[2] + i3 * nb[3]) // 4
-        s = self.q_side
-        return Tap(off, (1, s.rep, self.d), (0, 0, 1))
+        off = (i1 * nb[1] + h0 * nb[2] + i3 * nb[3]) // 4
+        return Tap(off, (self.q_side.rep, self.gr, self.gh, self.d), (0, nb[1] // 4, nb[2] // 4, 1))
 
-    def mask_span(self, t: int) -> tuple[int, int]:
-        """(first word, skipped f16 values) of item t's mask row: the `m_side.words` words
-        from the first word hold the row's n_kv values after the skipped ones. The span
-        starts on the word holding the row's first value (one skipped when the row starts
-        mid-word); when it would run past the mask buffer it is moved back to end on the
-        buffer's last word (more values skipped)."""
-        i1, h, i3 = self.item_index(t)
+    def mask_span(self, b: int) -> tuple[int, int]:
+        """(first word, skipped f16 values) of block b's mask span: the `m_side.words` words
+        from the first word hold its gr rows (consecutive mask rows, m0 values apart) after
+        the skipped values. The span starts on the word holding the first row's first value
+        (one skipped when it starts mid-word); when it would run past the mask buffer it is
+        moved back to end on the buffer's last word (more values skipped)."""
+        i1, h0, i3 = self.block_index(b)
         m = self.mask.ne
-        elem = (((i3 % m[3]) * m[2] + h % m[2]) * m[1] + i1) * m[0]
+        elem = (((i3 % m[3]) * m[2] + h0 % m[2]) * m[1] + i1) * m[0]
         first = min(elem // 2, _extent_words(self.mask) - self.m_side.words)
         return first, elem - 2 * first
 
     def mask_skips(self) -> tuple[int, ...]:
-        """Skipped f16 values of every item's mask row (all 0 for rows of an even length)."""
-        return tuple(self.mask_span(t)[1] for t in range(self.items))
+        """Skipped f16 values of every block's mask span."""
+        return tuple(self.mask_span(b)[1] for b in range(self.blocks))
 
-    def mask_tap(self, t: int) -> Tap:
+    def mask_tap(self, b: int) -> Tap:
         s = self.m_side
-        a, b = split_run(s.words, 4)
-        return Tap(self.mask_span(t)[0], (s.rep, a, b), (0, b, 1))
+        a, w = split_run(s.words, 4)
+        return Tap(self.mask_span(b)[0], (s.rep, a, w), (0, w, 1))
 
-    def sink_tap(self, t: int) -> Tap:
-        _, h, _ = self.item_index(t)
-        a, b = split_run(self.a_words * self.s_side.objects, 4)
-        return Tap(h, (1, a, b), (0, 0, 0))
+    def sink_tap(self) -> Tap:
+        """All heads' sinks, once per column."""
+        return Tap(0, (1, self.s_side.rep, self.n_head), (0, 0, 1))
 
-    def _kv_tap(self, t: Tensor, i1: int, h: int, i3: int, row_words: int) -> Tap:
+    def _kv_tap(self, t: Tensor, h: int, i3: int, row_words: int) -> Tap:
         r2 = self.n_head // t.ne[2]
         r3 = self.q.ne[3] // t.ne[3]
         off = ((h // r2) * t.nb[2] + (i3 // r3) * t.nb[3]) // 4
@@ -180,30 +249,67 @@ class FlashAttnSpec:
         r = _rows_split(n)
         return Tap(off, (n // r, r, row_words), (r * stride, stride, 1))
 
-    def k_tap(self, t: int) -> Tap:
-        return self._kv_tap(self.k, *self.item_index(t), self.k_row_words)
+    def k_tap(self, b: int) -> Tap:
+        _, h0, i3 = self.block_index(b)
+        return self._kv_tap(self.k, h0, i3, self.k_row_words)
 
-    def v_tap(self, t: int) -> Tap:
-        return self._kv_tap(self.v, *self.item_index(t), self.v_row_words)
+    def v_tap(self, b: int) -> Tap:
+        _, h0, i3 = self.block_index(b)
+        return self._kv_tap(self.v, h0, i3, self.v_row_words)
+
+    def out_tap(self, b: int) -> Tap:
+        """The block's G output rows (f32), in the core's order."""
+        i1, h0, i3 = self.block_index(b)
+        off = ((i3 * self.n_q + i1) * self.n_head + h0) * self.dv
+        dv = self.dv
+        return Tap(off, (1, self.gr, self.gh, dv), (0, self.n_head * dv, dv, 1))
 
     def rounds(self, c: int) -> list[list[int]]:
-        its = self.column_items(c)
-        return [its[i : i + self.group] for i in range(0, len(its), self.group)]
-
-    def out_tap(self, items: list[int]) -> Tap:
-        """The output rows of consecutive items of one column (C items apart), in f32."""
-        return Tap(items[0] * self.dv, (1, len(items), self.dv), (0, self.columns * self.dv, 1))
+        bs = self.column_blocks(c)
+        return [bs[i : i + self.group] for i in range(0, len(bs), self.group)]
 
     @property
-    def tasks_per_item(self) -> tuple[int, int]:
-        """(fifo A, fifo B) DMA tasks per item."""
-        a = 2 + (self.m_side is not None) + (self.s_side is not None)
-        return a, 1
+    def tasks_per_block(self) -> tuple[int, int, int]:
+        """(fifo A, fifo B, drain) DMA tasks per block: the mask span and K on A, q and V
+        on B (two per channel: a third on one channel would cap the blocks a column takes
+        at 341 instead of 512)."""
+        return 1 + (self.m_side is not None), 2, 1
+
+    def channel_tasks(self) -> tuple[int, int, int]:
+        """DMA tasks on the busiest column's channels: (fifo A, fifo B, output)."""
+        n = len(self.column_blocks(0))
+        ta, tb, to = self.tasks_per_block
+        return n * ta + (self.s_side is not None), n * tb, n * to
+
+    def kv_bytes(self) -> int:
+        """K and V bytes the kernel reads (each block reads its KV head's)."""
+        return self.blocks * self.n_kv * (self.d * self.k.size + self.dv * self.v.size)
 
     @property
     def sequence(self) -> list[tuple[str, int]]:
         ins = [t for t in (self.q, self.k, self.v, self.mask, self.sinks) if t is not None]
         return [("i32", _extent_words(t)) for t in ins] + [("f32", self.out.nelements)]
+
+    def has_skips(self) -> bool:
+        """Whether some block's mask span skips values (then the core keeps the table)."""
+        if self.m_side is None:
+            return False
+        if self.mask.ne[0] % 2:
+            return True
+        # Even rows start on a word: only spans moved back at the buffer's end skip values;
+        # the last blocks' spans are the furthest in.
+        m = self.mask.ne
+        last = set()
+        for i3 in range(min(self.q.ne[3], m[3])):
+            for h0 in {(hb * self.gh) % m[2] for hb in range(self.n_hb)}:
+                last.add((i3, h0))
+        i1 = self.row_starts[-1]
+        total = _extent_words(self.mask)
+        for i3, h0 in last:
+            elem = (((i3 % m[3]) * m[2] + h0) * m[1] + i1) * m[0]
+            if elem // 2 > total - self.m_side.words:
+                return True
+        return False
 
     @property
     def core(self) -> CoreSource:
@@ -216,6 +322,9 @@ class FlashAttnSpec:
             "FA_V_TYPE": KV_CODE[self.v.dtype],
             "FA_A_WORDS": self.a_words,
             "FA_B_WORDS": self.b_words,
+            "FA_GH": self.gh,
+            "FA_GR": self.gr,
+            "FA_NHB": self.n_hb,
             "FA_Q_OBJECTS": self.q_side.objects,
             "FA_N_HEAD": self.n_head,
             "FA_SCALE": self.params[0],
@@ -225,10 +334,10 @@ class FlashAttnSpec:
             d["HAS_MASK"] = 1
             d["FA_M_WORDS"] = self.m_side.words
             d["FA_M_OBJECTS"] = self.m_side.objects
-            skips = self.mask_skips()
-            if any(skips):
-                d["FA_ITEMS"] = self.items
-                d["FA_M_SKIPS"] = ",".join(map(str, skips))
+            d["FA_M_STRIDE"] = self.mask.ne[0]
+            if self.has_skips():
+                d["FA_BLOCKS"] = self.blocks
+                d["FA_M_SKIPS"] = ",".join(map(str, self.mask_skips()))
         if self.s_side is not None:
             d["HAS_SINKS"] = 1
             d["FA_S_OBJECTS"] = self.s_side.objects
@@ -237,33 +346,54 @@ class FlashAttnSpec:
         return CoreSource(SOURCE, "flash_attn.o", d)
 
     def static_bytes(self) -> int:
-        """The core function's static data: q, the mask row, the accumulator, the scores."""
-        m = 0
+        """The core function's static data: G q rows, accumulators and score rows, the
+        running maxima and sums, a decoded K and V row, the mask span and its skip table,
+        the sinks and slopes."""
+        g, dp, dvp, cp = self.g, _vecs(self.d), _vecs(self.dv), _vecs(self.chunk)
+        words = g * (dp + dvp + cp + 2) + dp + dvp
+        words += self.n_head * ((self.s_side is not None) + bool(self.slopes))
         if self.m_side is not None:
-            m = 4 * self.m_side.words
-            if any(self.mask_skips()):  # the per-item skips, a u16 each
-                m += -(-self.items // 2) * 4
-        return 4 * (self.d + self.dv + self.chunk + 16) + m + STATIC_SLACK
+            words += self.m_side.words + VEC // 2
+            if self.has_skips():  # a u16 per block
+                words += -(-self.blocks // 2)
+        return 4 * words + STATIC_SLACK
 
     def fifo_bytes(self) -> int:
         return 2 * 4 * (self.a_words + self.b_words + self.dv)
 
+    def cost(self) -> int:
+        """Word-equivalents of the busiest column's work (DMA words, a handshake per object,
+        the vector work: a q.k and a p.v per row and key, VEC lanes at a time) plus every
+        column's DMA words over DDR_SHARE: the columns share the DRAM's bandwidth, so reading
+        K and V once per KV group beats spreading a decode's heads over more columns."""
+        words = (self.side_objects + self.chunks) * self.a_words
+        words += (self.q_objects + self.chunks) * self.b_words
+        handshakes = (self.side_objects + self.q_objects + 2 * self.chunks) * CHUNK_OVERHEAD
+        vector = self.g * self.n_kv * (_vecs(self.d) + _vecs(self.dv)) // VEC
+        sink_words = self.sink_objects * self.a_words
+        busiest = len(self.column_blocks(0)) * (words + handshakes + vector) + sink_words
+        total = self.blocks * words + self.columns * sink_words
+        return busiest + total // DDR_SHARE
 
-def _mask_side(mask: Tensor, n_kv: int, obj: int) -> Side | None:
-    """The mask row's side: the fewest words (within the mask buffer) holding the row's n_kv
-    f16 values wherever it starts (one more value when rows of an odd length start mid-word)
-    that pad to at most MAX_SIDE_OBJECTS objects of `obj` words. More words than the row
-    needs (a divisor or a multiple of `obj`) read the values after it, or before it at the
-    buffer's end (FlashAttnSpec.mask_span)."""
-    need = -(-(n_kv + mask.ne[0] % 2) // 2)
+
+def _mask_side(mask: Tensor, n_kv: int, gr: int, obj: int) -> Side | None:
+    """The mask span's side: the fewest words (within the mask buffer) holding gr
+    consecutive rows' values (the last row's first n_kv) wherever the span starts (one more
+    value when rows of an odd length start mid-word), that pad to at most MAX_SIDE_OBJECTS
+    objects of `obj` words. More words than the span needs (a divisor or a multiple of `obj`)
+    read the values after it, or before it at the buffer's end (FlashAttnSpec.mask_span)."""
+    m0 = mask.ne[0]
+    values = (gr - 1) * m0 + n_kv
+    need = -(-(values + m0 % 2) // 2)
     cands = {need} | {x for x in divisors(obj) if x > need}
     cands |= {obj * k for k in range(1, MAX_SIDE_OBJECTS + 1) if obj * k > need}
     for w in sorted(cands):
         if w > _extent_words(mask):
             break
         side = _side(w, obj)
-        if side is not None and 2 * w - n_kv <= MAX_MASK_SKIP:
-            return side
+        if side is None or 2 * w - values > MAX_MASK_SKIP or split_run(w, 4) is None:
+            continue
+        return side
     return None
 
 
@@ -328,6 +458,9 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
             raise UnsupportedError(f"{op}: {name}'s rows are too long or too far apart for a DMA")
     if d > MAX_WRAP or dv > MAX_WRAP:
         raise UnsupportedError(f"{op}: head sizes above {MAX_WRAP} are not supported")
+    if any(s // 4 > MAX_STRIDE_WORDS for s in q.nb[1:3]):
+        raise UnsupportedError(f"{op}: q's rows are too far apart for a DMA")
+    _rows_split(n_kv)  # the K/V walk of a block (refused when n_kv has no split)
     params = tuple(req.op_params[:3]) + (0,) * (3 - len(req.op_params[:3]))
     max_bias = _bits_f32(params[1])
     if max_bias > 0 and mask is None:
@@ -342,58 +475,64 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
         scale = _f32(scale / softcap)
     core_params = (_f32_bits(scale), params[1], params[2])
 
-    items = n_q * n_head * n_seq
-    columns = min(arch.columns, items)
-    best = None
-    for c in divisors(n_kv):
-        if c > MAX_CHUNK:
-            continue
-        kw, vw = c * d * k.size, c * dv * v.size
-        if kw % 4 or vw % 4:
-            continue
-        a_words = kw // 4
-        q_side = _side(d, a_words)
-        m_side = _mask_side(mask, n_kv, a_words) if mask is not None else None
-        s_side = _side(1, a_words) if sinks is not None else None
-        if q_side is None or (mask is not None and m_side is None):
-            continue
-        cand = FlashAttnSpec(
-            req, arch, op, q, k, v, mask, sinks, out, c, columns, 1,
-            q_side, m_side, s_side, core_params, slopes,
-        )  # fmt: skip
-        if cand.fifo_bytes() + cand.static_bytes() > arch.l1_budget:
-            continue
-        try:
-            for t in range(min(items, 1)):
-                cand.k_tap(t)
-                cand.v_tap(t)
-                if mask is not None:
-                    cand.mask_tap(t)
-                if sinks is not None:
-                    cand.sink_tap(t)
-        except (UnsupportedError, TypeError):
-            continue
-        cost = cand.side_objects * a_words + cand.chunks * CHUNK_OVERHEAD
-        if best is None or cost < best[0]:
-            best = (cost, cand)
+    # A block's heads share a KV head; with a per-head mask a block has one head, so that its
+    # mask rows are consecutive.
+    r2 = n_head // k.ne[2]
+    ghs = [1] if mask is not None and mask.ne[2] > 1 else divisors(r2)
+    chunks = [
+        c
+        for c in divisors(n_kv)
+        if c <= MAX_CHUNK and (c * d * k.size) % 4 == 0 and (c * dv * v.size) % 4 == 0
+    ]
+    best, min_tasks, fits_tasks = None, None, False
+    for gh in ghs:
+        for gr in range(1, min(n_q, MAX_BLOCK // gh) + 1):
+            blocks = n_seq * len(block_starts(n_q, gr)) * (n_head // gh)
+            columns = min(arch.columns, blocks)
+            per_col = -(-blocks // columns)
+            tasks = max(per_col * (1 + (mask is not None)) + (sinks is not None), per_col * 2)
+            min_tasks = tasks if min_tasks is None else min(min_tasks, tasks)
+            if tasks > MAX_TASKS_PER_CHANNEL:
+                continue
+            fits_tasks = True
+            for c in chunks:
+                a_words, b_words = c * d * k.size // 4, c * dv * v.size // 4
+                q_side = _side(gh * gr * d, b_words)
+                m_side = _mask_side(mask, n_kv, gr, a_words) if mask is not None else None
+                s_side = _side(n_head, a_words) if sinks is not None else None
+                if q_side is None or q_side.rep > MAX_REPEAT:
+                    continue
+                if (mask is not None and m_side is None) or (s_side and s_side.rep > MAX_WRAP):
+                    continue
+                if sinks is not None and s_side is None:
+                    continue
+                cand = FlashAttnSpec(
+                    req, arch, op, q, k, v, mask, sinks, out, c, gh, gr, columns, 1,
+                    q_side, m_side, s_side, core_params, slopes,
+                )  # fmt: skip
+                if cand.fifo_bytes() + cand.static_bytes() > arch.l1_budget:
+                    continue
+                key = (cand.cost(), -cand.g)
+                if best is None or key < best[0]:
+                    best = (key, cand)
+    if best is None and not fits_tasks:
+        raise UnsupportedError(
+            f"{op}: at least {min_tasks} DMA tasks on a shim channel, at most "
+            f"{MAX_TASKS_PER_CHANNEL}: too many blocks of query rows x heads ({n_q} x {n_head} "
+            f"x {n_seq}) for one kernel"
+        )
     if best is None:
         raise UnsupportedError(
-            f"{op}: no K/V chunk of n_kv = {n_kv} rows (D = {d}, Dv = {dv}, {k.dtype}/{v.dtype}"
-            f"{', with a mask' if mask is not None else ''}) fits a compute tile with q and the "
-            "mask padded to whole objects"
+            f"{op}: no block of query rows and K/V chunk of n_kv = {n_kv} rows (D = {d}, Dv = "
+            f"{dv}, {k.dtype}/{v.dtype}{', with a mask' if mask is not None else ''}) fits a "
+            f"compute tile ({arch.l1_budget} bytes) within {MAX_TASKS_PER_CHANNEL} DMA tasks "
+            "per shim channel"
         )
     cand = best[1]
-    ta, tb = cand.tasks_per_item
-    group = max(1, (SHIM_BDS - 1) // (ta + tb))
-    per_col = -(-items // columns)
-    group = min(group, per_col, MAX_WRAP)
-    result = FlashAttnSpec(
-        req, arch, op, q, k, v, mask, sinks, out, cand.chunk, columns, group,
-        cand.q_side, cand.m_side, cand.s_side, core_params, slopes,
+    ta, tb, to = cand.tasks_per_block
+    group = max(1, (SHIM_BDS - (sinks is not None)) // (ta + tb + to))
+    group = min(group, len(cand.column_blocks(0)))
+    return FlashAttnSpec(
+        req, arch, op, q, k, v, mask, sinks, out, cand.chunk, cand.gh, cand.gr, cand.columns,
+        group, cand.q_side, cand.m_side, cand.s_side, core_params, slopes,
     )  # fmt: skip
-    if per_col * ta > MAX_TASKS_PER_CHANNEL:
-        raise UnsupportedError(
-            f"{op}: {per_col * ta} DMA tasks on a shim channel (items per column x {ta}), at "
-            f"most {MAX_TASKS_PER_CHANNEL}: too many query rows x heads ({items}) for one kernel"
-        )
-    return result

@@ -4,15 +4,18 @@ out[:, h, i1, i3] = softmax(s) . V with s_j = scale q.k_j (softcap * tanh(s_j) w
 + slope(h) mask[j, i1] (the sink as one more logit without a value), ggml-cpu's semantics; the
 core function is kernels/flash_attn.cc, the plan plans_fa.py (see its docstring).
 
-Layout: C columns, one worker each (row 2). Column c computes the work items c, c + C, ...
-(item t = (i3 n_q + i1) n_head + h). Its shim fills fifo A (K chunks; before them the item's
-q row, mask row and sink, each repeated to whole objects) and fifo B (V chunks) straight to the
-worker, and drains the output rows of a round of items with one strided task. Per item the
-worker consumes the side objects (`ggml_fa_side`), then FA_NKV / FA_CHUNK pairs of K and V
-objects (`ggml_fa_chunk`, the online softmax), then writes the item's row (`ggml_fa_out`).
+Layout: C columns, one worker each (row 2). Column c computes the blocks c, c + C, ... (a
+block: G = gh x gr query rows, gr consecutive rows of gh heads sharing a KV head). Its shim
+fills fifo A (first the sinks of every head, once; then per block its mask span, repeated to
+whole objects, then the KV head's K chunks) and fifo B (per block its q rows, repeated to
+whole objects, then the V chunks) straight to the worker, and drains each block's G output
+rows with one strided task. The worker consumes the sink objects (`ggml_fa_sinks`), then per
+block the q objects (`ggml_fa_q`) and the mask objects (`ggml_fa_side`), FA_NKV / FA_CHUNK
+pairs of K and V objects (`ggml_fa_chunk`, the online softmax of all G rows) and writes the G
+rows (`ggml_fa_out`, one output object each).
 
-Every input is declared as 32-bit words in the runtime sequence (q, the mask, the sinks and K
-share fifo A); the output is f32. Runtime-sequence arguments: the inputs in request order,
+Every input is declared as 32-bit words in the runtime sequence (the mask, the sinks and K
+share fifo A, q and V fifo B); the output is f32. Runtime-sequence arguments: the inputs in request order,
 then the output.
 """
 
@@ -43,14 +46,28 @@ def _build(spec):
     b_obj = vector_type(spec.b_words, "i32")
     o_obj = vector_type(spec.dv, "f32")
     begin = Kernel("ggml_fa_begin", obj, [np.int32, np.int32])
+    sinks_k = Kernel("ggml_fa_sinks", obj, [a_obj])
+    q_k = Kernel("ggml_fa_q", obj, [b_obj])
     side = Kernel("ggml_fa_side", obj, [a_obj])
     chunk = Kernel("ggml_fa_chunk", obj, [a_obj, b_obj])
     finish = Kernel("ggml_fa_out", obj, [o_obj])
-    n_side, n_chunks = spec.side_objects, spec.chunks
+    n_sink, n_side, n_chunks, rows = spec.sink_objects, spec.side_objects, spec.chunks, spec.g
+    n_q = spec.q_objects
 
-    def core(of_a, of_b, of_o, begin_fn, side_fn, chunk_fn, out_fn, first, step, items):
+    # The kernels are passed one by one: IRON finds a Worker's kernels among its fn_args.
+    def core(of_a, of_b, of_o, begin_fn, sinks_fn, q_fn, side_fn, chunk_fn, out_fn, first, step,
+             blocks):  # fmt: skip
         begin_fn(first, step)
-        for _ in range_(items):
+        if n_sink:
+            for _ in range_(n_sink):
+                a = of_a.acquire(1)
+                sinks_fn(a)
+                of_a.release(1)
+        for _ in range_(blocks):
+            for _ in range_(n_q):
+                b = of_b.acquire(1)
+                q_fn(b)
+                of_b.release(1)
             for _ in range_(n_side):
                 a = of_a.acquire(1)
                 side_fn(a)
@@ -61,9 +78,10 @@ def _build(spec):
                 chunk_fn(a, b)
                 of_a.release(1)
                 of_b.release(1)
-            o = of_o.acquire(1)
-            out_fn(o)
-            of_o.release(1)
+            for _ in range_(rows):
+                o = of_o.acquire(1)
+                out_fn(o)
+                of_o.release(1)
 
     a_fifos, b_fifos, o_fifos, workers = [], [], [], []
     for c in range(C):
@@ -73,8 +91,9 @@ def _build(spec):
         a_fifos.append(a_f)
         b_fifos.append(b_f)
         o_fifos.append(o_f)
-        items = len(spec.column_items(c))
-        args = [a_f.cons(), b_f.cons(), o_f.prod(), begin, side, chunk, finish, c, C, items]
+        blocks = len(spec.column_blocks(c))
+        fns = [begin, sinks_k, q_k, side, chunk, finish]
+        args = [a_f.cons(), b_f.cons(), o_f.prod(), *fns, c, C, blocks]
         workers.append(Worker(core, fn_args=args, tile=Tile(c, CORE_ROW)))
 
     handles = []
@@ -99,16 +118,16 @@ def _build(spec):
                 if r >= len(rounds[c]):
                     continue
                 ha, hb, ho = hs[3 * c : 3 * c + 3]
-                its = rounds[c][r]
-                for t in its:
-                    ha.fill(q_buf, tap=_tap(totals[0], spec.q_tap(t)), group=tg)
+                if r == 0 and has_sinks:
+                    ha.fill(s_buf, tap=_tap(s_total, spec.sink_tap()), group=tg)
+                for b in rounds[c][r]:
+                    hb.fill(q_buf, tap=_tap(totals[0], spec.q_tap(b)), group=tg)
                     if has_mask:
-                        ha.fill(m_buf, tap=_tap(totals[3], spec.mask_tap(t)), group=tg)
-                    if has_sinks:
-                        ha.fill(s_buf, tap=_tap(s_total, spec.sink_tap(t)), group=tg)
-                    ha.fill(k_buf, tap=_tap(totals[1], spec.k_tap(t)), group=tg)
-                    hb.fill(v_buf, tap=_tap(totals[2], spec.v_tap(t)), group=tg)
-                ho.drain(out_buf, tap=_tap(totals[-1], spec.out_tap(its)), group=tg, wait=True)
+                        ha.fill(m_buf, tap=_tap(totals[3], spec.mask_tap(b)), group=tg)
+                    ha.fill(k_buf, tap=_tap(totals[1], spec.k_tap(b)), group=tg)
+                    hb.fill(v_buf, tap=_tap(totals[2], spec.v_tap(b)), group=tg)
+                for b in rounds[c][r]:
+                    ho.drain(out_buf, tap=_tap(totals[-1], spec.out_tap(b)), group=tg, wait=True)
             tg.finish()
 
     rt = Runtime(sequence, [*seq_types, *handles])

@@ -1,33 +1,47 @@
-// flash_attn.cc: ggml's FLASH_ATTN_EXT on one core (aie2 / aie2p), one work item (a query
-// row of one head) at a time, the online softmax over chunks of K and V rows.
+// flash_attn.cc: ggml's FLASH_ATTN_EXT on one core (aie2 / aie2p), one block of G = FA_GH x
+// FA_GR query rows (FA_GR consecutive rows of FA_GH heads sharing one KV head) at a time, the
+// online softmax of all G rows over each chunk of K and V rows, so K and V are read once per
+// block.
 //
 // Built once per kernel with Peano; the design (designs/flash_attn.py, plan plans_fa.py) sets:
 //   FA_D, FA_DV        head sizes of q/K and of V
-//   FA_NKV, FA_CHUNK   K/V rows per item, rows per object (FA_NKV / FA_CHUNK objects per item)
+//   FA_NKV, FA_CHUNK   K/V rows per block, rows per object (FA_NKV / FA_CHUNK objects per block)
 //   FA_K_TYPE, FA_V_TYPE   0 f32, 1 f16, 2 bf16
-//   FA_A_WORDS, FA_B_WORDS 32-bit words of an object of fifo A (K chunks, q, mask, sink) and
-//                      of fifo B (V chunks)
-//   FA_Q_OBJECTS       objects of the q row on fifo A (the row, repeated to whole objects)
-//   HAS_MASK, FA_M_WORDS, FA_M_OBJECTS   the f16 mask row: its words, its objects
-//   FA_ITEMS, FA_M_SKIPS   per item, the f16 values of its mask words before its row (one when
-//                      a row of an odd length starts mid-word, more at the buffer's end;
-//                      0 for every item when undefined)
-//   HAS_SINKS, FA_S_OBJECTS              the head's sink (one f32, repeated)
-//   FA_N_HEAD          heads (the item's head is item % FA_N_HEAD)
+//   FA_A_WORDS, FA_B_WORDS 32-bit words of an object of fifo A (K chunks, mask, sinks) and
+//                      of fifo B (V chunks, q)
+//   FA_GH, FA_GR       heads and query rows of a block; its row g = r FA_GH + j is query row
+//                      r of head h0 + j (the output's order)
+//   FA_NHB             head blocks (block b's first head is (b % FA_NHB) FA_GH)
+//   FA_Q_OBJECTS       objects of the block's q rows on fifo B (G rows of FA_D, repeated to
+//                      whole objects)
+//   HAS_MASK, FA_M_WORDS, FA_M_OBJECTS, FA_M_STRIDE   the block's f16 mask span: its words, its
+//                      objects, the values between two of its rows (the mask's ne0); row r of
+//                      the block's rows reads mask row r of the span (the mask is broadcast
+//                      over the block's heads)
+//   FA_BLOCKS, FA_M_SKIPS  per block, the f16 values of its span before its first row (one
+//                      when rows of an odd length start mid-word, more at the buffer's end;
+//                      0 for every block when undefined)
+//   HAS_SINKS, FA_S_OBJECTS  every head's sink (FA_N_HEAD f32, repeated), once per core
+//   FA_N_HEAD          heads
 //   FA_SCALE, FA_SOFTCAP   f32 bit patterns (the scale already divided by the softcap)
 //   ALIBI_SLOPES       the slope of every head (max_bias > 0)
 //
 // Functions (arguments as the object fifos deliver them, 32-bit words):
-//   ggml_fa_begin(first, step)   the core's first item and the item stride (columns)
-//   ggml_fa_side(a)              one object of the item's q / mask / sink, kept in static data
-//   ggml_fa_chunk(a, b)          FA_CHUNK K rows (a) and V rows (b)
-//   ggml_fa_out(o)               the item's output row (FA_DV f32); next item
+//   ggml_fa_begin(first, step)   the core's first block and the block stride (columns)
+//   ggml_fa_sinks(a)             one object of the sinks (FA_S_OBJECTS, before the blocks)
+//   ggml_fa_q(b)                 one object of the block's q rows (fifo B), kept in static data
+//   ggml_fa_side(a)              one object of the block's mask span (fifo A), kept likewise
+//   ggml_fa_chunk(a, b)          FA_CHUNK K rows (a) and V rows (b), for all G rows
+//   ggml_fa_out(o)               the block's next output row (FA_DV f32); after G rows the
+//                                next block
 //
 // ggml-cpu's semantics: q rounded to K's type, s = scale * q.k; softcap * tanh(s) with a
-// softcap; + slope * mask (keys whose mask is -inf are skipped, their V rows never read);
+// softcap; + slope(head) * mask (keys whose mask is -inf are skipped, their V rows never used);
 // softmax with the sink as one more logit without a value; an empty row (every key masked,
-// no sink) is 0. Scores of a chunk share one rescaling of the accumulator (ggml rescales per
-// key: the same sums, rounded differently). Everything is f32 on the vector unit.
+// no sink) is 0. Scores of a chunk share one rescaling of a row's accumulator (ggml rescales
+// per key: the same sums, rounded differently). Everything is f32 on the vector unit; each
+// row's arithmetic is that of a block of one row (a K or V row is decoded once per chunk for
+// the G rows, to the same f32 values).
 
 #include "ggml_aie.h"
 
@@ -37,24 +51,33 @@
 
 using namespace ggml_aie;
 
+static constexpr int G = FA_GH * FA_GR;
 static constexpr int K_ROW_WORDS = FA_A_WORDS / FA_CHUNK;
 static constexpr int V_ROW_WORDS = FA_B_WORDS / FA_CHUNK;
-static constexpr int CHUNK_VECS = (FA_CHUNK + (int)VEC - 1) / (int)VEC;
+// Rows of the static arrays padded to whole vectors (aligned loads; the pad lanes stay 0).
+static constexpr int DP = (FA_D + (int)VEC - 1) / (int)VEC * (int)VEC;
+static constexpr int DVP = (FA_DV + (int)VEC - 1) / (int)VEC * (int)VEC;
+static constexpr int CP = (FA_CHUNK + (int)VEC - 1) / (int)VEC * (int)VEC;
 
-alignas(64) static float q_row[FA_D + VEC];
-alignas(64) static float acc[FA_DV + VEC];
-alignas(64) static float scores[CHUNK_VECS * VEC];
+alignas(64) static float q_rows[G * DP];
+alignas(64) static float acc[G * DVP];
+alignas(64) static float scores[G * CP];
+alignas(64) static float k_row[DP]; // the chunk's current K row, decoded
+alignas(64) static float v_row[DVP]; // the chunk's current V row, decoded
+static float run_max[G], run_sum[G];
 #if HAS_MASK
-alignas(64) static uint32_t mask_row[FA_M_WORDS + VEC / 2];
+alignas(64) static uint32_t mask_words[FA_M_WORDS + VEC / 2];
 #endif
-static float run_max, run_sum, sink_value;
-static int32_t item, item_step, side_object, kv_row, mask_skip;
+#if HAS_SINKS
+static float sinks[FA_N_HEAD];
+#endif
+static int32_t block, block_step, q_object, side_object, sink_object, kv_row, mask_skip, out_row;
 
-// The f16 values of the item's mask words before its row.
-static inline int32_t item_mask_skip() {
+// The f16 values of the block's mask span before its first row.
+static inline int32_t block_mask_skip() {
 #ifdef FA_M_SKIPS
-  static const uint16_t skips[FA_ITEMS] = {FA_M_SKIPS};
-  return item < FA_ITEMS ? skips[item] : 0;
+  static const uint16_t skips[FA_BLOCKS] = {FA_M_SKIPS};
+  return block < FA_BLOCKS ? skips[block] : 0;
 #else
   return 0;
 #endif
@@ -101,44 +124,64 @@ template <int T> static inline vf load_kv(const int32_t *row, int i, int n) {
   }
 }
 
-static void reset_item() {
+// A K or V row of `len` elements of type T decoded to f32 in dst (whole vectors, tail 0).
+template <int T, int LEN> static inline void decode_row(const int32_t *row, float *dst) {
+  for (int i = 0; i < LEN; i += VEC) {
+    const int n = LEN - i < (int)VEC ? LEN - i : (int)VEC;
+    aie::store_v(dst + i, load_kv<T>(row, i, n));
+  }
+}
+
+static inline int block_head0() { return (block % FA_NHB) * FA_GH; }
+
+static void reset_block() {
+  q_object = 0;
   side_object = 0;
   kv_row = 0;
-  mask_skip = item_mask_skip();
-  run_max = bits_to_float(NEG_INF);
-  run_sum = 0.0f;
-  sink_value = bits_to_float(NEG_INF);
-  for (int i = 0; i < FA_DV; i += VEC)
+  out_row = 0;
+  mask_skip = block_mask_skip();
+  for (int g = 0; g < G; ++g) {
+    run_max[g] = bits_to_float(NEG_INF);
+    run_sum[g] = 0.0f;
+  }
+  for (int i = 0; i < G * DVP; i += VEC)
     aie::store_v(acc + i, splat(0.0f));
 }
 
 extern "C" {
 
 void ggml_fa_begin(int32_t first, int32_t step) {
-  item = first;
-  item_step = step;
-  reset_item();
+  block = first;
+  block_step = step;
+  sink_object = 0;
+  reset_block();
+}
+
+void ggml_fa_sinks(int32_t *a) {
+#if HAS_SINKS
+  // The sinks are repeated to whole objects: the stream's first FA_N_HEAD words.
+  const int o = sink_object++;
+  for (int w = o * FA_A_WORDS; w < (o + 1) * FA_A_WORDS && w < FA_N_HEAD; ++w)
+    sinks[w] = bits_to_float((uint32_t)a[w - o * FA_A_WORDS]);
+#else
+  (void)a;
+#endif
+}
+
+void ggml_fa_q(int32_t *b) {
+  // The block's q rows, FA_D words each, back to back (then repeated).
+  const int o = q_object++;
+  for (int w = o * FA_B_WORDS; w < (o + 1) * FA_B_WORDS && w < G * FA_D; ++w)
+    q_rows[(w / FA_D) * DP + w % FA_D] = round_q(bits_to_float((uint32_t)b[w - o * FA_B_WORDS]));
 }
 
 void ggml_fa_side(int32_t *a) {
-  int o = side_object++;
-  if (o < FA_Q_OBJECTS) {
-    for (int w = o * FA_A_WORDS; w < (o + 1) * FA_A_WORDS && w < FA_D; ++w)
-      q_row[w] = round_q(bits_to_float((uint32_t)a[w - o * FA_A_WORDS]));
-    return;
-  }
-  o -= FA_Q_OBJECTS;
 #if HAS_MASK
-  if (o < FA_M_OBJECTS) {
-    for (int w = o * FA_A_WORDS; w < (o + 1) * FA_A_WORDS && w < FA_M_WORDS; ++w)
-      mask_row[w] = (uint32_t)a[w - o * FA_A_WORDS];
-    return;
-  }
-  o -= FA_M_OBJECTS;
-#endif
-#if HAS_SINKS
-  if (o == 0)
-    sink_value = bits_to_float((uint32_t)a[0]);
+  const int o = side_object++;
+  for (int w = o * FA_A_WORDS; w < (o + 1) * FA_A_WORDS && w < FA_M_WORDS; ++w)
+    mask_words[w] = (uint32_t)a[w - o * FA_A_WORDS];
+#else
+  (void)a;
 #endif
 }
 
@@ -146,105 +189,139 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
   set_ggml_rounding(); // aie2's f32 multiply splits into bf16 pieces rounded to nearest
   const float scale = bits_to_float((uint32_t)FA_SCALE);
   const float softcap = bits_to_float((uint32_t)FA_SOFTCAP);
-  // The raw dot products q.k of the chunk's rows.
+  // The raw dot products q.k of the chunk's rows with every row of the block: each K row
+  // decoded once.
   for (int j = 0; j < FA_CHUNK; ++j) {
-    const int32_t *row = a + j * K_ROW_WORDS;
-    vf s = splat(0.0f);
-    for (int i = 0; i < FA_D; i += VEC) {
-      const int n = FA_D - i < (int)VEC ? FA_D - i : (int)VEC;
-      s = add(s, mul(load_kv<FA_K_TYPE>(row, i, n), load_aligned(q_row + i)));
+    decode_row<FA_K_TYPE, FA_D>(a + j * K_ROW_WORDS, k_row);
+    for (int g = 0; g < G; ++g) {
+      vf s = splat(0.0f);
+      for (int i = 0; i < FA_D; i += VEC)
+        s = add(s, mul(load_aligned(k_row + i), load_aligned(q_rows + g * DP + i)));
+      scores[g * CP + j] = aie::reduce_add(s);
     }
-    scores[j] = aie::reduce_add(s);
   }
-  // Scaled, softcapped, masked; the chunk's maximum.
+  const int h0 = block_head0();
 #ifdef ALIBI_SLOPES
   static const uint32_t slopes[] = {ALIBI_SLOPES};
-  const float slope = bits_to_float(slopes[item % FA_N_HEAD]);
 #endif
-  vf vmax = from_bits(splat_i((int32_t)NEG_INF));
-  for (int j = 0; j < FA_CHUNK; j += VEC) {
-    const int n = FA_CHUNK - j < (int)VEC ? FA_CHUNK - j : (int)VEC;
-    vf s = mul(load_aligned(scores + j), scale);
-    if (float_bits(softcap) != 0)
-      s = mul(tanh(s), softcap);
+  // Per row: scaled, softcapped, masked scores; the chunk's maximum; the row's rescaling and
+  // its probabilities in place of its scores (0 for masked keys and for every key of a row
+  // whose chunk is all masked: those add nothing).
+  bool any_p = false;
+  for (int g = 0; g < G; ++g) {
+    float *sc = scores + g * CP;
 #if HAS_MASK
-    const uint16_t *m16 = reinterpret_cast<const uint16_t *>(mask_row) + mask_skip;
-    vf mv = load_f16_zero(m16 + kv_row + j, n);
+    const uint16_t *m16 =
+        reinterpret_cast<const uint16_t *>(mask_words) + mask_skip + (g / FA_GH) * FA_M_STRIDE;
 #ifdef ALIBI_SLOPES
-    mv = mul(mv, slope);
+    const float slope = bits_to_float(slopes[h0 + g % FA_GH]);
 #endif
-    s = add(s, mv);
 #endif
-    if (n < (int)VEC) { // lanes past the chunk: -inf
-      alignas(64) float tmp[VEC];
-      aie::store_v(tmp, s);
-      for (int i = n; i < (int)VEC; ++i)
-        tmp[i] = bits_to_float(NEG_INF);
-      s = aie::load_v<VEC>(tmp);
+    vf vmax = from_bits(splat_i((int32_t)NEG_INF));
+    for (int j = 0; j < FA_CHUNK; j += VEC) {
+      const int n = FA_CHUNK - j < (int)VEC ? FA_CHUNK - j : (int)VEC;
+      vf s = mul(load_aligned(sc + j), scale);
+      if (float_bits(softcap) != 0)
+        s = mul(tanh(s), softcap);
+#if HAS_MASK
+      vf mv = load_f16_zero(m16 + kv_row + j, n);
+#ifdef ALIBI_SLOPES
+      mv = mul(mv, slope);
+#endif
+      s = add(s, mv);
+#endif
+      if (n < (int)VEC) { // lanes past the chunk: -inf
+        alignas(64) float tmp[VEC];
+        aie::store_v(tmp, s);
+        for (int i = n; i < (int)VEC; ++i)
+          tmp[i] = bits_to_float(NEG_INF);
+        s = aie::load_v<VEC>(tmp);
+      }
+      aie::store_v(sc + j, s);
+      vmax = fmax(vmax, s);
     }
-    aie::store_v(scores + j, s);
-    vmax = fmax(vmax, s);
-  }
-  kv_row += FA_CHUNK;
-  float cmax = bits_to_float(NEG_INF);
-  for (int i = 0; i < (int)VEC; ++i)
-    if (greater(vmax.get(i), cmax))
-      cmax = vmax.get(i);
-  if (float_bits(cmax) == NEG_INF)
-    return; // every key of the chunk masked: nothing changes
-  const float new_max = greater(cmax, run_max) ? cmax : run_max;
-  const vf mm = splat(new_max);
-  const float alpha = lane0(exp(sub(splat(run_max), mm))); // 0 while run_max is -inf
-  vf psum = splat(0.0f);
-  for (int j = 0; j < FA_CHUNK; j += VEC) {
-    vf p = exp(sub(load_aligned(scores + j), mm)); // -inf lanes: 0
-    aie::store_v(scores + j, p);
-    psum = add(psum, p);
-  }
-  run_sum = lane0(add(mul(splat(run_sum), alpha), splat(aie::reduce_add(psum))));
-  run_max = new_max;
-  const vf va = splat(alpha);
-  for (int i = 0; i < FA_DV; i += VEC)
-    aie::store_v(acc + i, mul(aie::load_v<VEC>(acc + i), va));
-  for (int j = 0; j < FA_CHUNK; ++j) {
-    if (float_bits(scores[j]) == 0) {
-      // p = 0: a masked key (skipped as ggml skips it: its V row may hold anything) or a
-      // score too far below the maximum to count.
+    float cmax = bits_to_float(NEG_INF);
+    for (int i = 0; i < (int)VEC; ++i)
+      if (greater(vmax.get(i), cmax))
+        cmax = vmax.get(i);
+    if (float_bits(cmax) == NEG_INF) {
+      // Every key of the chunk masked for this row: nothing of it changes.
+      for (int j = 0; j < CP; j += VEC)
+        aie::store_v(sc + j, splat(0.0f));
       continue;
     }
-    const int32_t *row = b + j * V_ROW_WORDS;
-    const vf p = splat(scores[j]);
-    for (int i = 0; i < FA_DV; i += VEC) {
-      const int n = FA_DV - i < (int)VEC ? FA_DV - i : (int)VEC;
-      aie::store_v(acc + i, add(aie::load_v<VEC>(acc + i), mul(load_kv<FA_V_TYPE>(row, i, n), p)));
+    const float new_max = greater(cmax, run_max[g]) ? cmax : run_max[g];
+    const vf mm = splat(new_max);
+    const float alpha = lane0(exp(sub(splat(run_max[g]), mm))); // 0 while run_max is -inf
+    vf psum = splat(0.0f);
+    for (int j = 0; j < FA_CHUNK; j += VEC) {
+      vf p = exp(sub(load_aligned(sc + j), mm)); // -inf lanes: 0
+      aie::store_v(sc + j, p);
+      psum = add(psum, p);
+    }
+    run_sum[g] = lane0(add(mul(splat(run_sum[g]), alpha), splat(aie::reduce_add(psum))));
+    run_max[g] = new_max;
+    const vf va = splat(alpha);
+    float *ag = acc + g * DVP;
+    for (int i = 0; i < FA_DV; i += VEC)
+      aie::store_v(ag + i, mul(aie::load_v<VEC>(ag + i), va));
+    any_p = true;
+  }
+  kv_row += FA_CHUNK;
+  if (!any_p)
+    return;
+  // p . V: each V row decoded once, for the rows with p != 0.
+  for (int j = 0; j < FA_CHUNK; ++j) {
+    bool used = false;
+    for (int g = 0; g < G && !used; ++g)
+      used = float_bits(scores[g * CP + j]) != 0;
+    if (!used) {
+      // p = 0 for every row: a masked key (skipped as ggml skips it: its V row may hold
+      // anything) or scores too far below the maxima to count.
+      continue;
+    }
+    decode_row<FA_V_TYPE, FA_DV>(b + j * V_ROW_WORDS, v_row);
+    for (int g = 0; g < G; ++g) {
+      const float pj = scores[g * CP + j];
+      if (float_bits(pj) == 0)
+        continue; // this row: a masked key (its V row may be NaN) or a negligible one
+      const vf p = splat(pj);
+      float *ag = acc + g * DVP;
+      for (int i = 0; i < FA_DV; i += VEC)
+        aie::store_v(ag + i, add(aie::load_v<VEC>(ag + i), mul(load_aligned(v_row + i), p)));
     }
   }
 }
 
 void ggml_fa_out(float *o) {
   set_ggml_rounding();
+  const int g = out_row;
+  float *ag = acc + g * DVP;
 #if HAS_SINKS
-  if (float_bits(sink_value) != NEG_INF || float_bits(run_max) != NEG_INF) {
-    const float new_max = greater(sink_value, run_max) ? sink_value : run_max;
+  const float sink_value = sinks[block_head0() + g % FA_GH];
+  if (float_bits(sink_value) != NEG_INF || float_bits(run_max[g]) != NEG_INF) {
+    const float new_max = greater(sink_value, run_max[g]) ? sink_value : run_max[g];
     const vf mm = splat(new_max);
-    const float alpha = lane0(exp(sub(splat(run_max), mm)));
-    run_sum = lane0(add(mul(splat(run_sum), alpha), exp(sub(splat(sink_value), mm))));
+    const float alpha = lane0(exp(sub(splat(run_max[g]), mm)));
+    run_sum[g] = lane0(add(mul(splat(run_sum[g]), alpha), exp(sub(splat(sink_value), mm))));
     for (int i = 0; i < FA_DV; i += VEC)
-      aie::store_v(acc + i, mul(aie::load_v<VEC>(acc + i), alpha));
-    run_max = new_max;
+      aie::store_v(ag + i, mul(aie::load_v<VEC>(ag + i), alpha));
+    run_max[g] = new_max;
   }
 #endif
-  const vf inv = float_bits(run_sum) == 0 ? splat(0.0f) : recip(splat(run_sum));
+  const vf inv = float_bits(run_sum[g]) == 0 ? splat(0.0f) : recip(splat(run_sum[g]));
   for (int i = 0; i < FA_DV; i += VEC) {
     const int n = FA_DV - i < (int)VEC ? FA_DV - i : (int)VEC;
-    vf r = mul(aie::load_v<VEC>(acc + i), inv);
+    vf r = mul(aie::load_v<VEC>(ag + i), inv);
     if (n == (int)VEC)
       store_any(o + i, r);
     else
       store_part(o + i, r, n);
   }
-  item += item_step;
-  reset_item();
+  if (++out_row == G) {
+    block += block_step;
+    reset_block();
+  }
 }
 
 } // extern "C"

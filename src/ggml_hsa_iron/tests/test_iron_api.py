@@ -40,7 +40,7 @@ OWN_METHODS = {
     "dst_tap",
     "pos_tap",  # RopeSpec.pos_tap / ff_tap
     "ff_tap",
-    "column_items",  # FlashAttnSpec: a column's work items and the taps of one item
+    "column_blocks",  # FlashAttnSpec: a column's blocks of query rows and the taps of one block
     "q_tap",
     "mask_tap",
     "sink_tap",
