@@ -540,8 +540,9 @@ def prepare_glu(req: Request) -> EltwiseSpec:
 
 ROPE_SOURCE = "rope.cc"
 ROPE_TYPES = ("f32", "f16")
-# Workers per column: the memory tile splits x and the positions to R workers and joins R
-# outputs: 2 + R inputs, 2R + 1 outputs of its 6 + 6 channels.
+# Workers per column: the memory tile splits x to R workers and joins R outputs (1 + R
+# inputs, R + 1 outputs of its 6 + 6 channels); the positions go from the shim straight to
+# the column's workers (one broadcast FIFO).
 ROWS_ROPE = 2
 
 
@@ -599,33 +600,40 @@ class RopeSpec:
         out.append((self.x.dtype, self.x.nelements))
         return out
 
-    def pos_tap(self, start_row: int, rows: int):
-        """(offset, sizes, strides) over the positions giving rows [start_row, start_row +
-        rows) one position each, positions[i2] for a row (i1, i2, i3): each position repeated
-        ne1 times (stride 0), i3 slices repeating the whole list. The plan makes every
-        column's share whole i2 groups (ne3 == 1) or whole i3 slices."""
+    @property
+    def pos_table(self) -> int:
+        """Positions a worker keeps for the whole dispatch: its column's i2 groups (ne3 == 1:
+        a column's share is whole i2 groups) or all ne2 (ne3 > 1: whole i3 slices, each
+        using positions[0 .. ne2)). The core takes a row's position from it by index
+        ((row in the column) / ne1) % ne2, so nothing is repeated by the DMA."""
         ne1, ne2 = self.x.ne[1], self.x.ne[2]
-        if self.x.ne[3] == 1:
-            return start_row // ne1, (1, rows // ne1, ne1, 1), (0, 1, 0, 1)
-        return 0, (rows // (ne1 * ne2), ne2, ne1, 1), (0, 1, 0, 1)
+        return min(ne2, self.plan.column_chunk // ne1)
 
     @property
-    def ff_objects(self) -> int:
-        """ROPE_FF: objects of the positions' FIFO carrying the frequency factors."""
-        return self.ff_count // self.plan.tile if self.ff is not None else 0
+    def table_words(self) -> int:
+        """32-bit words of the one object of the positions' FIFO: ROPE_FF's n_dims/2
+        frequency factors, then the positions table."""
+        return (self.ff_count if self.ff is not None else 0) + self.pos_table
+
+    def pos_tap(self, start_row: int):
+        """(offset, sizes, strides) over the positions: the table of the column whose rows
+        start at `start_row`, one linear walk."""
+        offset = start_row // self.x.ne[1] if self.x.ne[3] == 1 else 0
+        return offset, (1, 1, 1, self.pos_table), (0, 0, 0, 1)
 
     def ff_tap(self):
-        """(offset, sizes, strides) over the frequency factors: ff_objects column objects,
-        each giving every worker the same T factors."""
-        T, R = self.plan.tile, self.plan.rows
-        return 0, (1, self.ff_objects, R, T), (0, T, 0, 1)
+        """(offset, sizes, strides) over the frequency factors: n_dims/2 words, linear."""
+        return 0, (1, 1, 1, self.ff_count), (0, 0, 0, 1)
 
     @property
     def core(self) -> CoreSource:
         d = {
             "X_T": DTYPES[self.x.dtype].ctype,
             "NE0": self.ne0,
+            "NE1": self.x.ne[1],
+            "NE2": self.x.ne[2],
             "TILE_ROWS": self.plan.tile,
+            "TABLE_WORDS": self.table_words,
             "N_DIMS": self.n_dims,
             "NEOX": int(self.neox),
             "FF": int(self.ff is not None),
@@ -724,30 +732,22 @@ def prepare_rope(req: Request) -> RopeSpec:
     ne1, ne2, ne3 = x.ne[1], x.ne[2], x.ne[3]
     rows = ne1 * ne2 * ne3
     half_pad = -(-(n_dims // 2) // 16) * 16
-    # Resident per core (rope.cc's arrays of HALF_PAD floats): the frequency factors, the
-    # cos/sin cache, and on the stack the theta table and two row staging buffers.
-    resident = 6 * 4 * half_pad
-    # Every column's share: whole i2 groups (one positions walk), or whole i3 slices.
+    # Resident per core: rope.cc's arrays of HALF_PAD floats (the frequency factors, the
+    # cos/sin cache, the theta table and two row staging buffers), and the one object of the
+    # positions' FIFO held for the whole dispatch (ROPE_FF's factors and at most ne2
+    # positions: the column's table is not known before the plan).
+    table_max = (n_dims // 2 if ff is not None else 0) + ne2
+    resident = 6 * 4 * half_pad + 4 * table_max
+    # Every column's share: whole i2 groups (its table is a run of positions), or whole i3
+    # slices (every slice indexes positions[0 .. ne2)).
     multiple = ne1 if ne3 == 1 else ne1 * ne2
-    row_bytes = [x.ne[0] * x.size, 4, x.ne[0] * out.size]
-    plan = plan_eltwise(
-        rows,
-        row_bytes,
-        arch,
-        ROWS_ROPE,
-        resident,
-        chunk_multiple=multiple,
-        # ROPE_FF: the frequency factors travel as the first n_dims/2 / T objects of the
-        # positions' FIFO (a compute tile has two input channels: x and positions).
-        tile_divides=n_dims // 2 if ff is not None else 0,
-    )
+    row_bytes = [x.ne[0] * x.size, x.ne[0] * out.size]
+    plan = plan_eltwise(rows, row_bytes, arch, ROWS_ROPE, resident, chunk_multiple=multiple)
     if plan is None:
         raise UnsupportedError(
             f"{req.op}: no tiling of {rows} rows of {x.ne[0]} {x.dtype} in "
             f"{arch.l1_budget - resident} bytes of a compute tile"
         )
-    if ne3 > 1 and plan.column_chunk // (ne1 * ne2) > MAX_REPEAT:
-        raise UnsupportedError(f"{req.op}: more than {MAX_REPEAT} i3 slices per column")
     consts = rope_constants(
         n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow
     )
@@ -984,7 +984,8 @@ class MaskTask:
 @dataclass(frozen=True)
 class XTask:
     """One DMA task of x's channel: `count` elements from `offset` of x, or (`sink`)
-    `count` copies of sinks[offset] (a run of rows of one head)."""
+    `count` copies of sinks[offset] (a run of rows of one head, at most MAX_REPEAT: the
+    copies are the task's repeat)."""
 
     offset: int
     count: int
@@ -1061,15 +1062,17 @@ class RowSpec:
 
     def _block_tasks(self, r0: int) -> tuple[list[XTask], list[MaskTask]]:
         """The fills of the object of rows r0 .. r0 + B: x (its rows, then with sinks the
-        sink of each row: one walk repeating sinks[head] per run of rows of one head; ggml's
+        sink of each row: one task repeating sinks[head] per run of rows of one head; ggml's
         head is x's index i2) and the mask rows."""
         B, L = self.plan.block, self.length
         ne1, ne2 = self.x.ne[1], self.x.ne[2]
         xs = [XTask(r0 * L, B * L)]
         if self.sinks is not None:
+            # A run's copies come from the shim task's repeat count (its only dimension that
+            # may have stride 0), so a run longer than MAX_REPEAT rows takes several tasks.
             r = r0
             while r < r0 + B:
-                n = min(ne1 - r % ne1, r0 + B - r)
+                n = min(ne1 - r % ne1, r0 + B - r, MAX_REPEAT)
                 xs.append(XTask((r // ne1) % ne2, n, sink=True))
                 r += n
         ms = []

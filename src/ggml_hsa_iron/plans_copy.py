@@ -54,7 +54,12 @@ def merged_dims(t: Tensor) -> list[tuple[int, int]]:
 def shim_walk_ok(sizes, strides, elem_bytes: int) -> bool:
     """Whether a 4-dimensional access pattern (outermost first, in elements) is one shim DMA
     task: whole 32-bit words, two wrap-limited inner dimensions, a repeat count of at most
-    MAX_REPEAT, strides within the DMA's range (mirrors the emulator's check_walk)."""
+    MAX_REPEAT, strides within the DMA's range, no stride 0 but the repeat's (mirrors the
+    emulator's check_walk)."""
+    # Only the repeat (the outermost of four) may re-read data: a stride-0 address dimension
+    # (a view with nb = 0, e.g. an expanded one) cannot be programmed.
+    if any(n > 1 and s == 0 for n, s in list(zip(sizes, strides))[-3:]):
+        return False
     contiguous, acc = True, 1
     for n, s in zip(reversed(sizes), reversed(strides)):
         if n != 1 and s != acc:
@@ -386,6 +391,9 @@ def prepare_set_rows(req: Request) -> SetRowsSpec:
     for nb in (src.nb[1:], idx.nb[1:]):
         if any(b % DMA_WORD for b in nb):
             raise UnsupportedError("SET_ROWS: strides of whole 32-bit words only")
+    if r > 1 and src.nb[1] == 0:
+        # One row read r times: a stride-0 address dimension, which a BD cannot encode.
+        raise UnsupportedError("SET_ROWS: source rows that are one row (nb[1] = 0)")
     if r > 1 and src.nb[1] != ne0 * s and (ne0 * s) % DMA_WORD:
         raise UnsupportedError("SET_ROWS: strided source rows must be whole 32-bit words")
     side_bytes = r * idx.size + r * ne0 * s

@@ -20,14 +20,19 @@ consecutive mask rows.
 Column c computes blocks c, c + C, ... with one worker; its shim fills two fifos moving
 32-bit words (every operand is declared as i32 in the runtime sequence, so that the mask, the
 sinks and K share fifo A, q and V fifo B): A (objects of `a_words`, a chunk of `chunk` K rows),
-first once per column the n_head sinks (repeated to whole objects by a stride-0 dimension),
-then per block the mask span of its gr rows (one task: the words covering the rows' values,
-which are consecutive in the mask; widened to pad to whole objects, moved back to end inside
-the mask buffer, the core skipping the values before the first row from a per-block table
-when rows of an odd length start mid-word) and the KV head's K rows; B (objects of a chunk of
-V rows) per block: its q rows (one strided task: [gr, gh, D] at q's row and head strides,
+first once per column the n_head sinks (repeated to whole objects, or, when that takes more
+than MAX_REPEAT copies, once and padded by a second task with the first words of K, which the
+core ignores), then
+per block the mask span of its gr rows (one task: the words covering the rows' values, which
+are consecutive in the mask; widened to pad to whole objects, moved back to end inside the
+mask buffer, the core skipping the values before the first row from a per-block table when
+rows of an odd length start mid-word) and the KV head's K rows; B (objects of a chunk of V
+rows) per block: its q rows (one strided task: [gr, gh, D] at q's row and head strides,
 repeated to whole objects), then the V rows. So a block costs 2 tasks on each of A and B (1 on
 A without a mask) and one drain task of its G output rows; K and V are read once per block.
+A padding repeat (q rows, mask span) is the task's repeat count, the outermost of its four
+dimensions and at most MAX_REPEAT: the only DMA dimension that may have stride 0 (a BD's
+address dimensions cannot re-read data).
 
 G is chosen (with the chunk) by a cost model: the busiest column's DMA words (q, mask, K and
 V), a handshake per object and its vector work, plus all columns' DMA words over DDR_SHARE
@@ -83,8 +88,8 @@ def _vecs(n: int) -> int:
 
 @dataclass(frozen=True)
 class Side:
-    """A block part sent on fifo A: `words` words padded to `objects` objects by repeating
-    them `rep` times."""
+    """A part sent on a fifo ahead of K or V: `words` words padded to `objects` objects by
+    repeating them `rep` times (the sinks: rep 1, padded by other words)."""
 
     words: int
     rep: int
@@ -92,10 +97,18 @@ class Side:
 
 
 def _side(words: int, obj: int, max_objects: int = MAX_SIDE_OBJECTS) -> Side | None:
+    """`words` repeated to whole objects of `obj` words by the task's repeat count (stride 0
+    on its outermost dimension only): None beyond MAX_REPEAT copies or `max_objects`."""
     total = math.lcm(words, obj)
-    if total // obj > max_objects:
+    if total // obj > max_objects or total // words > MAX_REPEAT:
         return None
     return Side(words, total // words, total // obj)
+
+
+def _sink_side(n_head: int, obj: int) -> Side:
+    """The sinks: n_head words repeated to whole objects (one task) where the repeat count
+    allows, else once and padded (rep 1, objects * obj > n_head: a second task)."""
+    return _side(n_head, obj) or Side(n_head, 1, -(-n_head // obj))
 
 
 @dataclass(frozen=True)
@@ -233,11 +246,29 @@ class FlashAttnSpec:
     def mask_tap(self, b: int) -> Tap:
         s = self.m_side
         a, w = split_run(s.words, 4)
-        return Tap(self.mask_span(b)[0], (s.rep, a, w), (0, w, 1))
+        return Tap(self.mask_span(b)[0], (s.rep, 1, a, w), (0, 0, w, 1))
 
-    def sink_tap(self) -> Tap:
-        """All heads' sinks, once per column."""
-        return Tap(0, (1, self.s_side.rep, self.n_head), (0, 0, 1))
+    @property
+    def sink_pad(self) -> int:
+        """Words after the sinks (once) to the end of their last object."""
+        return self.sink_objects * self.a_words - self.n_head
+
+    def sink_taps(self) -> list[tuple[str, Tap]]:
+        """All heads' sinks, once per column, as (operand, tap) fills of fifo A: repeated to
+        whole objects by the task's repeat count, or (more copies than a repeat count
+        allows) once and then padded with the first words of K (read, not used: an operand
+        at least an object long that needs no walk of its own)."""
+        s = self.s_side
+        if s.rep * s.words == s.objects * self.a_words:
+            return [("sinks", Tap(0, (s.rep, 1, 1, self.n_head), (0, 0, 0, 1)))]
+        return [
+            ("sinks", Tap(0, (1, self.n_head), (0, 1))),
+            ("k", Tap(0, (1, self.sink_pad), (0, 1))),
+        ]
+
+    @property
+    def sink_tasks(self) -> int:
+        return len(self.sink_taps()) if self.s_side is not None else 0
 
     def _kv_tap(self, t: Tensor, h: int, i3: int, row_words: int) -> Tap:
         r2 = self.n_head // t.ne[2]
@@ -279,7 +310,7 @@ class FlashAttnSpec:
         """DMA tasks on the busiest column's channels: (fifo A, fifo B, output)."""
         n = len(self.column_blocks(0))
         ta, tb, to = self.tasks_per_block
-        return n * ta + (self.s_side is not None), n * tb, n * to
+        return n * ta + self.sink_tasks, n * tb, n * to
 
     def kv_bytes(self) -> int:
         """K and V bytes the kernel reads (each block reads its KV head's)."""
@@ -490,6 +521,7 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
             blocks = n_seq * len(block_starts(n_q, gr)) * (n_head // gh)
             columns = min(arch.columns, blocks)
             per_col = -(-blocks // columns)
+            # The sinks take one task, or two (checked per chunk below).
             tasks = max(per_col * (1 + (mask is not None)) + (sinks is not None), per_col * 2)
             min_tasks = tasks if min_tasks is None else min(min_tasks, tasks)
             if tasks > MAX_TASKS_PER_CHANNEL:
@@ -499,18 +531,21 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
                 a_words, b_words = c * d * k.size // 4, c * dv * v.size // 4
                 q_side = _side(gh * gr * d, b_words)
                 m_side = _mask_side(mask, n_kv, gr, a_words) if mask is not None else None
-                s_side = _side(n_head, a_words) if sinks is not None else None
-                if q_side is None or q_side.rep > MAX_REPEAT:
+                s_side = _sink_side(n_head, a_words) if sinks is not None else None
+                if q_side is None:
                     continue
-                if (mask is not None and m_side is None) or (s_side and s_side.rep > MAX_WRAP):
+                if mask is not None and m_side is None:
                     continue
-                if sinks is not None and s_side is None:
+                # Padding after the sinks (sink_taps) is read from K: it must stay inside.
+                if s_side and s_side.objects * a_words - s_side.rep * n_head > _extent_words(k):
                     continue
                 cand = FlashAttnSpec(
                     req, arch, op, q, k, v, mask, sinks, out, c, gh, gr, columns, 1,
                     q_side, m_side, s_side, core_params, slopes,
                 )  # fmt: skip
                 if cand.fifo_bytes() + cand.static_bytes() > arch.l1_budget:
+                    continue
+                if max(cand.channel_tasks()) > MAX_TASKS_PER_CHANNEL:
                     continue
                 key = (cand.cost(), -cand.g)
                 if best is None or key < best[0]:
@@ -530,7 +565,7 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
         )
     cand = best[1]
     ta, tb, to = cand.tasks_per_block
-    group = max(1, (SHIM_BDS - (sinks is not None)) // (ta + tb + to))
+    group = max(1, (SHIM_BDS - cand.sink_tasks) // (ta + tb + to))
     group = min(group, len(cand.column_blocks(0)))
     return FlashAttnSpec(
         req, arch, op, q, k, v, mask, sinks, out, cand.chunk, cand.gh, cand.gr, cand.columns,

@@ -119,7 +119,6 @@ def plan_eltwise(
     max_rows: int,
     resident_bytes: int = 0,
     chunk_multiple: int = 1,
-    tile_divides: int = 0,
 ) -> EltwisePlan | None:
     """The cheapest plan for n elements, or None when none exists.
 
@@ -128,8 +127,7 @@ def plan_eltwise(
     whole dispatch (a broadcast operand). Every operand's tile must be whole
     DMA words, every worker's share must be whole tiles. `chunk_multiple`: each
     column's share must be a multiple of it (whole rows, when an operand is walked
-    row by row); `tile_divides`: when set, the tile must divide it (ROPE_FF sends its
-    frequency factors in tile-sized objects).
+    row by row).
     """
     if n < 1:
         return None
@@ -149,11 +147,7 @@ def plan_eltwise(
             if n % workers:
                 continue
             share = n // workers
-            tiles = [
-                t
-                for t in divisors(share)
-                if t % unit == 0 and t <= max_tile and (not tile_divides or tile_divides % t == 0)
-            ]
+            tiles = [t for t in divisors(share) if t % unit == 0 and t <= max_tile]
             if not tiles:
                 continue
             tile = tiles[-1]

@@ -16,7 +16,8 @@ exactly, so no row is computed twice and in-place kernels (output = input) stay 
 SOFT_MAX's mask comes through the column's second shim input channel, one DMA task per run
 of x rows using consecutive mask rows (ggml repeats the mask over x's dimensions 2 and 3);
 its sinks ride in the x objects (a compute tile has two input channels): behind the rows of
-an object come their sinks, one DMA walk repeating sinks[head] per run of rows of one head.
+an object come their sinks, one DMA task per run of rows of one head (at most 64 rows: the
+task's repeat count copies sinks[head], a BD's only dimension that may have stride 0).
 RMS_NORM_MUL's weight row is sent once per dispatch from the shim tile of a column without
 a worker to every worker (one broadcast FIFO) and stays resident.
 
@@ -155,8 +156,10 @@ def build(spec):
                 hx, hm = fills[c]
                 for t in rd.x:
                     if t.sink:  # a head's sink, once for each of its rows in the object
+                        # The copies are the task's repeat (outermost dimension, the only one
+                        # a BD lets have stride 0) of a one-word walk.
                         tap = TensorAccessPattern(
-                            (spec.sinks.nelements,), t.offset, [1, 1, 1, t.count], [0, 0, 0, 0]
+                            (spec.sinks.nelements,), t.offset, [t.count, 1, 1, 1], [0, 0, 0, 1]
                         )
                         hx.fill(s_buf, tap=tap, group=tg)
                     else:

@@ -6,10 +6,12 @@ core function is kernels/flash_attn.cc, the plan plans_fa.py (see its docstring)
 
 Layout: C columns, one worker each (row 2). Column c computes the blocks c, c + C, ... (a
 block: G = gh x gr query rows, gr consecutive rows of gh heads sharing a KV head). Its shim
-fills fifo A (first the sinks of every head, once; then per block its mask span, repeated to
-whole objects, then the KV head's K chunks) and fifo B (per block its q rows, repeated to
-whole objects, then the V chunks) straight to the worker, and drains each block's G output
-rows with one strided task. The worker consumes the sink objects (`ggml_fa_sinks`), then per
+fills fifo A (first the sinks of every head, once, padded to whole objects with K's first
+words; then per block its mask span, repeated to whole objects, then the KV head's K chunks)
+and fifo B (per block its q rows, repeated to whole objects, then the V chunks) straight to
+the worker, and drains each block's G output rows with one strided task. A repeat is the
+task's repeat count (outermost dimension, at most 64), the one DMA dimension that may have
+stride 0. The worker consumes the sink objects (`ggml_fa_sinks`), then per
 block the q objects (`ggml_fa_q`) and the mask objects (`ggml_fa_side`), FA_NKV / FA_CHUNK
 pairs of K and V objects (`ggml_fa_chunk`, the online softmax of all G rows) and writes the G
 rows (`ggml_fa_out`, one output object each).
@@ -119,7 +121,9 @@ def _build(spec):
                     continue
                 ha, hb, ho = hs[3 * c : 3 * c + 3]
                 if r == 0 and has_sinks:
-                    ha.fill(s_buf, tap=_tap(s_total, spec.sink_tap()), group=tg)
+                    for which, tap in spec.sink_taps():
+                        buf, total = (s_buf, s_total) if which == "sinks" else (k_buf, totals[1])
+                        ha.fill(buf, tap=_tap(total, tap), group=tg)
                 for b in rounds[c][r]:
                     hb.fill(q_buf, tap=_tap(totals[0], spec.q_tap(b)), group=tg)
                     if has_mask:

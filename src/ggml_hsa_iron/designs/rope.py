@@ -3,12 +3,15 @@
 Layout (plan `plans.RopeSpec.plan`, an element-wise plan over rows of x): C columns x R
 workers. Column c streams its contiguous share of x's rows (whole i2 groups, or whole i3
 slices) from its shim tile to its memory tile, which splits each object of R*T rows into
-R tiles of T rows, one per compute tile; beside it, each row's position (positions[i2],
-the shim DMA repeating each position ne1 times with a stride-0 dimension) goes the same
-way, T positions per tile. Results are joined in the memory tile and written back.
-ROPE_FF: the frequency factors (n_dims/2 f32, as 32-bit words) go first on each column's
-positions FIFO, n_dims/2 / T objects giving every worker the same T factors (a compute
-tile has two input DMA channels, x and the positions take both); the core keeps them.
+R tiles of T rows, one per compute tile; results are joined in the memory tile and written
+back. The positions are not streamed per row: the column's shim sends one object per
+dispatch straight to its R workers (a broadcast FIFO of depth 1), the table of the
+positions the column's rows use (`RopeSpec.pos_table`: positions[i2] of its i2 groups, or
+positions[0 .. ne2) when its share is whole i3 slices), which every worker holds while its
+rows stream past and indexes by ((row in the column) / ne1) % ne2. ROPE_FF: the frequency
+factors (n_dims/2 f32, as 32-bit words) come first in that object (a second fill task on
+the same channel); the core copies them aside. No DMA walk repeats data (a stride-0
+dimension), so every walk here is linear.
 
 The core function (kernels/rope.cc) computes the cos/sin cache of a position when a row's
 position differs from the previous row's (a position's heads share it) and rotates each
@@ -49,42 +52,30 @@ def _build(spec):
     seq_types = [vector_type(count, t) for t, count in seq]
     totals = [count for _, count in seq]
 
-    x_tile, pos_tile = vector_type(T * ne0, xt), vector_type(T, "i32")
-    rope = Kernel("ggml_rope", OBJECT, [x_tile, pos_tile, x_tile])
-    begin = Kernel("ggml_rope_begin", OBJECT, [])
-    ff_part = Kernel("ggml_rope_ff", OBJECT, [pos_tile, np.int32]) if has_ff else None
-    ff_objects = spec.ff_objects
+    x_tile, table = vector_type(T * ne0, xt), vector_type(spec.table_words, "i32")
+    rope = Kernel("ggml_rope", OBJECT, [x_tile, table, x_tile])
+    # (table, first row, row step): the worker's rows in its column are first + k * step + i.
+    begin = Kernel("ggml_rope_begin", OBJECT, [table, np.int32, np.int32])
 
-    def core(of_x, of_pos, of_out, fn, fn_begin):
-        fn_begin()
-        rows(of_x, of_pos, of_out, fn)
-
-    def core_ff(of_x, of_pos, of_out, fn, fn_begin, fn_ff):
-        fn_begin()
-        # The frequency factors come first on the positions' FIFO.
-        for j in range(ff_objects):
-            part = of_pos.acquire(1)
-            fn_ff(part, j)
-            of_pos.release(1)
-        rows(of_x, of_pos, of_out, fn)
-
-    def rows(of_x, of_pos, of_out, fn):
+    def core(of_x, of_pos, of_out, fn, fn_begin, first_row):
+        # The table arrives once per dispatch and is held while the rows stream past.
+        tab = of_pos.acquire(1)
+        fn_begin(tab, first_row, R * T)
         for _ in range_(K):
             x = of_x.acquire(1)
-            ps = of_pos.acquire(1)
             o = of_out.acquire(1)
-            fn(x, ps, o)
+            fn(x, tab, o)
             of_x.release(1)
-            of_pos.release(1)
             of_out.release(1)
+        of_pos.release(1)
 
     x_cols, pos_cols, out_cols, workers = [], [], [], []
     for c in range(C):
         x_fifo = ObjectFifo(vector_type(R * T * ne0, xt), name=f"x_c{c}")
-        pos_fifo = ObjectFifo(vector_type(R * T, "i32"), name=f"pos_c{c}")
+        # Straight from the shim to every worker of the column (a broadcast), one object.
+        pos_fifo = ObjectFifo(table, name=f"pos_c{c}", depth=1)
         out_fifo = ObjectFifo(vector_type(R * T * ne0, xt), name=f"out_c{c}")
         x_subs = _split(x_fifo, c, R, T * ne0, xt, f"x_c{c}_w")
-        pos_subs = _split(pos_fifo, c, R, T, "i32", f"pos_c{c}_w")
         out_subs = out_fifo.prod().join(
             [T * ne0 * r for r in range(R)],
             obj_types=[x_tile] * R,
@@ -95,11 +86,8 @@ def _build(spec):
         pos_cols.append(pos_fifo)
         out_cols.append(out_fifo)
         for r in range(R):
-            a = [x_subs[r].cons(), pos_subs[r].cons(), out_subs[r].prod(), rope, begin]
-            if has_ff:
-                workers.append(Worker(core_ff, fn_args=a + [ff_part], tile=Tile(c, 2 + r)))
-            else:
-                workers.append(Worker(core, fn_args=a, tile=Tile(c, 2 + r)))
+            a = [x_subs[r].cons(), pos_fifo.cons(), out_subs[r].prod(), rope, begin, r * T]
+            workers.append(Worker(core, fn_args=a, tile=Tile(c, 2 + r)))
 
     handles = []
     for c in range(C):
@@ -122,13 +110,15 @@ def _build(spec):
                     (n_x,), start * ne0, [1, 1, 1, chunk_rows * ne0], [0, 0, 0, 1]
                 ),
             )
+            # The table object: ROPE_FF's factors, then the column's positions (two tasks
+            # on the channel, one object).
             if has_ff:
                 offset, sizes, strides = spec.ff_tap()
                 hp.fill(
                     bufs[2],
                     tap=TensorAccessPattern((totals[2],), offset, list(sizes), list(strides)),
                 )
-            offset, sizes, strides = spec.pos_tap(start, chunk_rows)
+            offset, sizes, strides = spec.pos_tap(start)
             hp.fill(
                 pos_buf,
                 tap=TensorAccessPattern((totals[1],), offset, list(sizes), list(strides)),
@@ -150,5 +140,5 @@ def ggml_op_rope(spec):
 
 
 def ggml_op_rope_ff(spec):
-    """GGML ROPE with frequency factors: as ROPE, the factors resident in every worker."""
+    """GGML ROPE with frequency factors: as ROPE, the factors ahead of the positions table."""
     return _build(spec)

@@ -106,6 +106,28 @@ def check_walk(what: str, kind: str, offset: int, sizes, strides, elem_bytes: in
             f"the repeat stride (dimension 0) is {rstride * elem_bytes // WORD} words, at most "
             f"{lim.max_stride}"
         )
+    # A stride of 0 re-reads (or re-writes) data, which only a shim task's repeat can do.
+    # Shim tasks (fill/drain taps): mlir-aie's `verifyStridesWraps` requires a positive
+    # stride on its dimensions 0-2 of size > 1 (the BD's address dimensions d0-d2, whose
+    # step fields hold stride - 1: "Stride i must be a positive integer") and takes 0 on
+    # dimension 3 alone, the iteration, i.e. the outermost of a four-dimensional tap
+    # (`repeat` above; it is then programmed as a repeat count, the BD wrapping every
+    # iteration, so the stride is never added). A tap of fewer than four dimensions is
+    # padded on the outside, so its outermost dimension is an address dimension. Memory
+    # and compute tile BDs (a fifo's to_stream / from_stream: `aie.dma_bd` dimensions)
+    # carry no iteration dimension here, and their verifier refuses any zero step ("Invalid
+    # step size; must be a positive integer"); dimensions of size 1, whose stride is never
+    # applied and which IRON pads a pattern with, are let through for every tile.
+    for i, (n, st) in enumerate(zip(sizes, strides)):
+        is_repeat = kind == "shim" and len(sizes) == 4 and i == 0
+        if n > 1 and st == 0 and not is_repeat:
+            where = (
+                "a shim task repeats data only by its outermost (fourth) dimension, the "
+                "repeat count"
+                if kind == "shim"
+                else f"a {kind} tile BD cannot repeat data"
+            )
+            fail(f"dimension {i} (size {n}) has stride 0: {where}")
     linear = _linear(sizes_in, strides_in, lim.dims)
     # Outer address dimensions of size 1 are dropped (never walked).
     while len(sizes_in) > 1 and sizes_in[0] == 1:

@@ -21,7 +21,7 @@
 //   FA_BLOCKS, FA_M_SKIPS  per block, the f16 values of its span before its first row (one
 //                      when rows of an odd length start mid-word, more at the buffer's end;
 //                      0 for every block when undefined)
-//   HAS_SINKS, FA_S_OBJECTS  every head's sink (FA_N_HEAD f32, repeated), once per core
+//   HAS_SINKS, FA_S_OBJECTS  every head's sink (FA_N_HEAD f32, then padding), once per core
 //   FA_N_HEAD          heads
 //   FA_SCALE, FA_SOFTCAP   f32 bit patterns (the scale already divided by the softcap)
 //   ALIBI_SLOPES       the slope of every head (max_bias > 0)
@@ -159,7 +159,7 @@ void ggml_fa_begin(int32_t first, int32_t step) {
 
 void ggml_fa_sinks(int32_t *a) {
 #if HAS_SINKS
-  // The sinks are repeated to whole objects: the stream's first FA_N_HEAD words.
+  // The sinks are the stream's first FA_N_HEAD words; the rest of the last object pads.
   const int o = sink_object++;
   for (int w = o * FA_A_WORDS; w < (o + 1) * FA_A_WORDS && w < FA_N_HEAD; ++w)
     sinks[w] = bits_to_float((uint32_t)a[w - o * FA_A_WORDS]);

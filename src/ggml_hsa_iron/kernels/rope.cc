@@ -3,6 +3,9 @@
 // Built once per kernel with Peano; the design (designs/rope.py) sets:
 //   X_T                 the data's C type: float, or uint16_t (f16 bit patterns)
 //   NE0                 elements per row; TILE_ROWS rows per object FIFO tile
+//   NE1, NE2            x's ne1 (rows per position) and ne2 (positions)
+//   TABLE_WORDS         32-bit words of the positions' FIFO object: (FF) the N_DIMS/2
+//                       factors, then the positions table of the worker's column
 //   N_DIMS              rotated elements per row (even, <= NE0); the rest is copied
 //   NEOX=1              NeoX mode: pairs (i, i + N_DIMS/2); otherwise (2i, 2i + 1)
 //   FF=1                frequency factors (ROPE_FF): theta is divided by ff[i]
@@ -15,11 +18,15 @@
 //                       scale when ext_factor != 0
 //
 // Functions (arguments as the object FIFOs deliver them):
-//   ggml_rope_begin()                  once per dispatch: forget the cached position
-//   ggml_rope_ff(part, index)          (FF) TILE_ROWS frequency factors (f32 bits), part
-//                                      `index` of n_dims/2, from the positions' FIFO
-//   ggml_rope(x, pos, out)             TILE_ROWS rows; pos holds each row's position (the
-//                                      design streams positions[i2] once per row)
+//   ggml_rope_begin(tab, first, step)  once per dispatch, with the held table object: forget
+//                                      the cached position, (FF) copy the factors (f32
+//                                      bits) aside; the worker's tiles start at rows first,
+//                                      first + step, ... of its column
+//   ggml_rope(x, tab, out)             the next TILE_ROWS rows; row j of the column takes
+//                                      position tab[FF_WORDS + (j / NE1) % NE2] (the table
+//                                      is the column's i2 groups, or all of positions[0 ..
+//                                      NE2) when the column has whole i3 slices: the DMA
+//                                      sends each position once, not once per row)
 //
 // ggml's order of operations (per position p, i = 0 .. N_DIMS/2 - 1): theta_extrap =
 // theta / ff[i] with theta = p * theta_scale^i built by repeated multiplication; theta_interp
@@ -46,6 +53,8 @@ using namespace ggml_aie;
 #endif
 
 constexpr int HALF = N_DIMS / 2;
+constexpr int FF_WORDS = FF ? HALF : 0;
+static_assert(TABLE_WORDS > FF_WORDS, "the table holds at least one position");
 constexpr int HALF_PAD = (HALF + (int)VEC - 1) / (int)VEC * (int)VEC;
 
 static inline float f32_of(uint32_t bits) { return __builtin_bit_cast(float, bits); }
@@ -54,6 +63,9 @@ static inline float f32_of(uint32_t bits) { return __builtin_bit_cast(float, bit
 // plan counts 6 such arrays against the core's data memory), so the stack stays small.
 static int32_t g_pos;
 static bool g_valid;
+// The first row (in the column) of the next tile, and the rows between two of this
+// worker's tiles (the memory tile deals the column's tiles round-robin to its workers).
+static int32_t g_row, g_step;
 alignas(64) static float g_cos[HALF_PAD];
 alignas(64) static float g_sin[HALF_PAD];
 alignas(64) static float g_ff[HALF_PAD];
@@ -129,24 +141,30 @@ static void rotate_row(const X_T *x, X_T *out) {
 
 extern "C" {
 
-void ggml_rope_begin() { g_valid = false; }
-
+void ggml_rope_begin(int32_t *tab, int32_t first, int32_t step) {
+  g_valid = false;
+  g_row = first;
+  g_step = step;
 #if FF
-void ggml_rope_ff(int32_t *part, int32_t index) {
-  for (int i = 0; i < TILE_ROWS; ++i)
-    g_ff[index * TILE_ROWS + i] = __builtin_bit_cast(float, part[i]);
-}
+  for (int i = 0; i < HALF; ++i)
+    g_ff[i] = __builtin_bit_cast(float, tab[i]);
+#else
+  (void)tab;
 #endif
+}
 
-void ggml_rope(X_T *x, int32_t *pos, X_T *out) {
+void ggml_rope(X_T *x, int32_t *tab, X_T *out) {
   // Round to nearest even: on aie2 the f32 vector multiply of ggml_aie.h splits its operands
   // into bf16 pieces by conversions in the core's rounding mode (reset value: floor).
   set_ggml_rounding();
+  const int32_t *pos = tab + FF_WORDS;
   for (int r = 0; r < TILE_ROWS; ++r) {
-    if (!g_valid || pos[r] != g_pos)
-      fill_cache(pos[r]);
+    int32_t p = pos[((g_row + r) / NE1) % NE2];
+    if (!g_valid || p != g_pos)
+      fill_cache(p);
     rotate_row(x + r * NE0, out + r * NE0);
   }
+  g_row += g_step;
 }
 
 } // extern "C"

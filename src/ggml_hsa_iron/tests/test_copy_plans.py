@@ -73,6 +73,21 @@ class CopyWalkTest(unittest.TestCase):
         with self.assertRaises(UnsupportedError):
             prepare(parse_request(request_json("CPY", [tensor("i32", (8,))], tensor("f32", (8,)))))
 
+    def test_a_stride_0_view_is_refused_but_a_repeat_is_walkable(self):
+        # An expanded view: 6 rows that are all one row (nb[1] = 0) re-read by an address
+        # dimension, which a BD cannot encode; the same re-reading as the repeat is fine.
+        self.assertFalse(shim_walk_ok((1, 1, 6, 8), (0, 0, 0, 1), 4))
+        self.assertTrue(shim_walk_ok((6, 1, 1, 8), (0, 0, 0, 1), 4))
+        src = Tensor("f32", (8, 6, 1, 1), (4, 0, 32, 32))
+        with self.assertRaises(UnsupportedError):
+            prepare(parse_request(request_json("CPY", [src], tensor("f32", (8, 6)))))
+        # SET_ROWS' source rows likewise; with a row stride they are walked.
+        idx, dst = tensor("i32", (6,)), tensor("f32", (8, 16))
+        with self.assertRaises(UnsupportedError):
+            prepare(parse_request(request_json("SET_ROWS", [src, idx], dst)))
+        strided = Tensor("f32", (8, 6, 1, 1), (4, 64, 384, 384))
+        prepare(parse_request(request_json("SET_ROWS", [strided, idx], dst)))
+
 
 class SetRowsPlanTest(unittest.TestCase):
     def test_tiles_cover_each_slab_and_side_objects_carry_indices_then_rows(self):

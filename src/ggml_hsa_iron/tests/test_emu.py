@@ -126,6 +126,35 @@ class StandInTest(unittest.TestCase):
         with self.assertRaisesRegex(DesignError, "repeat count"):
             self.passthrough(n=64, tap=tap)
 
+    def test_stride_0_only_on_the_shim_repeat(self):
+        # Refused: positions[i] repeated 4 times by an address dimension (ROPE's old walk),
+        # named by fifo, task, runtime tensor and dimension.
+        tap = iron.TensorAccessPattern((64,), 0, [1, 16, 4, 1], [0, 1, 0, 1])
+        with self.assertRaisesRegex(
+            DesignError,
+            r"fill of fin \(task 0, runtime tensor 0\): dimension 2 \(size 4\) has stride 0",
+        ):
+            self.passthrough(n=64, tap=tap)
+        # Refused: a three-dimensional tap's outermost dimension is an address dimension (d2).
+        with self.assertRaisesRegex(DesignError, r"dimension 0 \(size 4\) has stride 0"):
+            check_walk("t", "shim", 0, [4, 1, 16], [0, 0, 1], 4)
+        # A stride-0 d0 (SOFT_MAX_SINKS' old sink walk).
+        with self.assertRaisesRegex(DesignError, r"dimension 3 \(size 8\) has stride 0"):
+            check_walk("t", "shim", 0, [1, 1, 1, 8], [0, 0, 0, 0], 4)
+        # Memory and compute tile BDs repeat nothing.
+        for kind in ("mem", "core"):
+            with self.assertRaisesRegex(DesignError, f"a {kind} tile BD cannot repeat data"):
+                check_walk("t", kind, 0, [2, 16], [0, 1], 4)
+            check_walk("t", kind, 0, [1, 2, 16], [0, 16, 1], 4)  # size 1: stride unused
+        check_walk("t", "shim", 0, [4, 1, 4, 16], [0, 0, 16, 1], 4)
+
+    def test_stride_0_on_the_shim_repeat_is_accepted(self):
+        # The same 64 elements as the repeat (the outermost of four dimensions).
+        tap = iron.TensorAccessPattern((64,), 0, [4, 1, 1, 16], [0, 0, 0, 1])
+        p = self.passthrough(n=64, tap=tap)
+        fill = p.to_json("k", "aie2p")["sequence"][0]
+        self.assertEqual(fill["tap"]["sizes"], [4, 1, 1, 16])
+
     def test_dma_wraps_and_strides_per_tile_kind(self):
         # Compute tiles: 8-bit wraps, 13-bit strides, 3 dimensions.
         with self.assertRaisesRegex(DesignError, r"dimension 1 \(d0\) wraps after 256 words"):

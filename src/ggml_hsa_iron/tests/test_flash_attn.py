@@ -385,9 +385,23 @@ class PlanTest(unittest.TestCase):
                 want_o += range(off, off + spec.dv)
             self.assertEqual(out, want_o)
         if spec.sinks is not None:
-            si = self._objects(spec, spec.sink_tap(), A)
-            self.assertEqual(si[: spec.n_head], list(range(spec.n_head)))
-            self.assertEqual(len(si) // A, spec.sink_objects)
+            # The stream's first n_head words are the sinks (the core reads those); the
+            # rest of their objects repeats them or is padding from inside K.
+            stream = [(w, i) for w, t in spec.sink_taps() for i in t.indices()]
+            self.assertEqual(stream[: spec.n_head], [("sinks", h) for h in range(spec.n_head)])
+            self.assertEqual(len(stream), A * spec.sink_objects)
+            for w, i in stream:
+                self.assertLess(i, spec.n_head if w == "sinks" else -(-_extent(spec.k) // 4))
+        # Only a shim task's repeat (the outermost of four dimensions) may have stride 0.
+        taps = [t for _, t in spec.sink_taps()] if spec.sinks is not None else []
+        for b in range(spec.blocks):
+            taps += [spec.q_tap(b), spec.k_tap(b), spec.v_tap(b), spec.out_tap(b)]
+            taps += [spec.mask_tap(b)] if spec.mask is not None else []
+        for t in taps:
+            for i, (n, st) in enumerate(zip(t.sizes, t.strides)):
+                if n > 1 and st == 0:
+                    self.assertEqual((i, len(t.sizes)), (0, 4), f"stride 0 in {t}")
+                    self.assertLessEqual(n, 64)
 
     def _check_mask(self, spec, b, rows):
         """The f16 values the core reads for each row of block b (row r of the span from the
@@ -408,6 +422,19 @@ class PlanTest(unittest.TestCase):
             row = ((i3 % m[3]) * m[2] + h % m[2]) * m[1] + i1
             got = halves[skip + r * m[0] : skip + r * m[0] + n_kv]
             self.assertEqual(got, list(range(row * m[0], row * m[0] + n_kv)))
+
+    def test_sinks_are_repeated_or_padded_to_whole_objects(self):
+        # 32 heads into objects of 256 words: 8 copies by one task's repeat count; 4 heads
+        # into 1024 words would take 256 copies (more than a repeat count): once, then K's
+        # first words as padding, a second task.
+        rep = spec_of(**llama_1b(1, 512, sinks=True))
+        pad = spec_of(**PLAN_CASES[0])
+        self.assertEqual(rep.sink_tasks, 1)
+        self.assertEqual(rep.sink_taps()[0][1].sizes, (rep.a_words // 32, 1, 1, 32))
+        self.assertEqual(pad.sink_tasks, 2)
+        self.assertGreater(pad.a_words // pad.n_head, 64)
+        for spec in (rep, pad):
+            self._check_taps(spec)
 
     def test_odd_mask_rows_read_every_value_inside_the_buffer(self):
         mid_word = 0
@@ -484,7 +511,7 @@ class PlanTest(unittest.TestCase):
                 rounds = spec.rounds(c)
                 self.assertEqual(sum(rounds, []), spec.column_blocks(c))
                 for i, r in enumerate(rounds):
-                    sink = spec.sinks is not None and i == 0
+                    sink = spec.sink_tasks if i == 0 else 0
                     self.assertLessEqual(len(r) * (ta + tb + to) + sink, SHIM_BDS)
             self.assertLessEqual(spec.fifo_bytes() + spec.static_bytes(), spec.arch.l1_budget)
         # A prefill of 4096 rows: more than 1024 tasks on a channel even with the largest

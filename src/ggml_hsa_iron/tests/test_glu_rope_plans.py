@@ -96,27 +96,30 @@ class RopeWalkTest(unittest.TestCase):
                 p = spec.plan
                 rows = ne[1] * ne[2] * ne[3]
                 self.assertEqual(p.n, rows)
+                head = ne[0] // 2 if ff else 0
                 got = []
                 for c in range(p.columns):
-                    start = c * p.column_chunk
-                    got += list(walk(*spec.pos_tap(start, p.column_chunk)))
+                    taps = [spec.pos_tap(c * p.column_chunk)] + ([spec.ff_tap()] if ff else [])
+                    for _, sizes, strides in taps:
+                        # one linear walk each: no dimension repeats data
+                        self.assertEqual(list(sizes[:3]), [1, 1, 1])
+                        self.assertEqual(strides[3], 1)
+                    table = list(walk(*spec.pos_tap(c * p.column_chunk)))
+                    self.assertEqual(head + len(table), spec.table_words)
+                    # rope.cc: row j of the column takes table[(j / ne1) % ne2]
+                    got += [table[(j // ne[1]) % ne[2]] for j in range(p.column_chunk)]
                 want = [(r // ne[1]) % ne[2] for r in range(rows)]
                 self.assertEqual(got, want)
                 if ff:
-                    # every worker gets factors 0 .. n_dims/2 - 1 in order, T per object
-                    T, R = p.tile, p.rows
-                    factors = list(walk(*spec.ff_tap()))
-                    per_object = [factors[i : i + R * T] for i in range(0, len(factors), R * T)]
-                    for r in range(R):
-                        mine = sum((o[r * T : (r + 1) * T] for o in per_object), [])
-                        self.assertEqual(mine, list(range(ne[0] // 2)))
+                    self.assertEqual(list(walk(*spec.ff_tap())), list(range(ne[0] // 2)))
 
-    def test_static_arrays_and_tiles_fit_a_core(self):
+    def test_static_arrays_tiles_and_table_fit_a_core(self):
         spec = prepare(parse_request(rope_request((512, 8, 512, 1), n_dims=128, ff=True)))
         p = spec.plan
-        tile_bytes = 2 * (2 * p.tile * 512 * 4 + p.tile * 4)  # x, out, positions; 2 buffers
+        tile_bytes = 2 * (2 * p.tile * 512 * 4)  # x and out tiles, 2 buffers each
         static = 6 * 4 * 64  # rope.cc's HALF_PAD arrays
-        self.assertLessEqual(tile_bytes + static, spec.arch.l1_budget)
+        self.assertLessEqual(tile_bytes + static + 4 * spec.table_words, spec.arch.l1_budget)
+        self.assertEqual(spec.table_words, 64 + min(512, p.column_chunk // 8))
 
     def test_unsupported_modes_and_views_are_refused(self):
         params = [0, 128, 8, 0, 0, 0x461C4000, 0x3F800000, 0, 0x3F800000, 0, 0]  # mrope

@@ -43,7 +43,7 @@ OWN_METHODS = {
     "column_blocks",  # FlashAttnSpec: a column's blocks of query rows and the taps of one block
     "q_tap",
     "mask_tap",
-    "sink_tap",
+    "sink_taps",
     "k_tap",
     "v_tap",
     "out_tap",

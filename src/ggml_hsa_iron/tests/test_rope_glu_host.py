@@ -8,6 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import itertools
 import shutil
 import struct
 import subprocess
@@ -74,6 +75,12 @@ class F16Test(unittest.TestCase):
             np.testing.assert_array_equal(back[~nan], want.astype(np.float32)[~nan])
             # f16 -> f32 is exact for every pattern (the first 65536 values came from f16).
             np.testing.assert_array_equal(back[:65536][~nan[:65536]], every[~nan[:65536]])
+
+
+def walk(offset, sizes, strides):
+    """Element indices of an access pattern, outermost dimension first."""
+    for idx in itertools.product(*(range(n) for n in sizes)):
+        yield offset + sum(i * s for i, s in zip(idx, strides))
 
 
 def glu_ref(op: str, x, g):
@@ -166,19 +173,19 @@ class RopeHostTest(unittest.TestCase):
     def test_rope_modes_types_yarn_and_frequency_factors(self):
         rng = np.random.default_rng(5)
         ne0, ne1, ne2 = 40, 3, 4
-        rows = ne1 * ne2
         cases = [
-            # n_dims, mode, freq_scale, ext_factor, attn_factor, ff, dtype, arch
-            (32, 0, 1.0, 0.0, 1.0, False, "f32", "aie2p"),
-            (32, 2, 1.4245, 0.7465, 1.4245, True, "f32", "aie2"),
-            (40, 0, 1.4245, 0.7465, 1.0, False, "f16", "aie2p"),
-            (16, 2, 1.0, 0.0, 1.4245, True, "f16", "aie2"),
+            # n_dims, mode, freq_scale, ext_factor, attn_factor, ff, dtype, arch, ne3
+            (32, 0, 1.0, 0.0, 1.0, False, "f32", "aie2p", 1),
+            (32, 2, 1.4245, 0.7465, 1.4245, True, "f32", "aie2", 2),
+            (40, 0, 1.4245, 0.7465, 1.0, False, "f16", "aie2p", 3),
+            (16, 2, 1.0, 0.0, 1.4245, True, "f16", "aie2", 1),
         ]
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
-            for n_dims, mode, fs, ef, af, use_ff, dtype, arch in cases:
+            for n_dims, mode, fs, ef, af, use_ff, dtype, arch, ne3 in cases:
                 with self.subTest(n_dims=n_dims, mode=mode, ef=ef, ff=use_ff, dtype=dtype):
-                    x = tensor(dtype, [ne0, ne1, ne2])
+                    rows = ne1 * ne2 * ne3
+                    x = tensor(dtype, [ne0, ne1, ne2, ne3])
                     ins = [x, tensor("i32", [ne2])] + (
                         [tensor("f32", [n_dims // 2])] if use_ff else []
                     )
@@ -192,25 +199,28 @@ class RopeHostTest(unittest.TestCase):
                     npt = np.float32 if dtype == "f32" else np.float16
                     xv = rng.uniform(-1, 1, (rows, ne0)).astype(npt)
                     pos = rng.integers(0, 4096, ne2).astype(np.int32)
-                    row_pos = np.repeat(pos, ne1)  # positions[i2] per row, as the design sends
                     ff = rng.uniform(0.9, 1.1, n_dims // 2).astype(np.float32)
-                    xv.tofile(tmp / "x.bin")
-                    row_pos.tofile(tmp / "p.bin")
-                    ff.tofile(tmp / "f.bin")
-                    subprocess.run(
-                        [
-                            exe,
-                            tmp / "x.bin",
-                            tmp / "p.bin",
-                            tmp / "f.bin",
-                            tmp / "o.bin",
-                            str(rows),
-                        ],
-                        check=True,
-                    )
-                    got = (
-                        np.fromfile(tmp / "o.bin", dtype=npt).astype(np.float64).reshape(rows, ne0)
-                    )
+                    # Per column, as the design runs it: the table object from the design's
+                    # taps (factors, then positions), the column's rows dealt to its workers.
+                    p = spec.plan
+                    chunk = p.column_chunk
+                    got = []
+                    for c in range(p.columns):
+                        table = []
+                        if use_ff:
+                            table += [ff.view(np.int32)[i] for i in walk(*spec.ff_tap())]
+                        table += [pos[i] for i in walk(*spec.pos_tap(c * chunk))]
+                        self.assertEqual(len(table), spec.table_words)
+                        xv[c * chunk : (c + 1) * chunk].tofile(tmp / "x.bin")
+                        np.array(table, dtype=np.int32).tofile(tmp / "t.bin")
+                        subprocess.run(
+                            [exe, tmp / "x.bin", tmp / "t.bin", tmp / "o.bin", str(chunk)]
+                            + [str(p.rows)],
+                            check=True,
+                        )
+                        got.append(np.fromfile(tmp / "o.bin", dtype=npt).reshape(chunk, ne0))
+                    got = np.concatenate(got).astype(np.float64)
+                    row_pos = pos[(np.arange(rows) // ne1) % ne2]  # ggml: positions[i2]
                     consts = {
                         k: struct.unpack("<f", struct.pack("<I", v))[0]
                         for k, v in spec.constants.items()
@@ -226,6 +236,56 @@ class RopeHostTest(unittest.TestCase):
                     np.testing.assert_array_equal(
                         got[:, n_dims:], xv[:, n_dims:].astype(np.float64)
                     )
+
+
+@unittest.skipUnless(CXX and np is not None, "no host C++ compiler or numpy")
+class RopeEmuTest(unittest.TestCase):
+    """The whole design in the emulation (every column and worker, the positions table held
+    by the cores): each row rotated by its positions[i2]."""
+
+    def test_columns_and_workers_index_the_table(self):
+        from ggml_hsa_iron.tests.util_emu import run_request
+
+        rng = np.random.default_rng(11)
+        seen = set()
+        for ne, ff_on, dtype, arch in (
+            ((256, 8, 24, 1), False, "f32", "aie2"),  # 4 columns x 2 workers, 3 tiles each
+            ((512, 2, 5, 6), True, "f32", "aie2"),  # whole i3 slices per column, 2 tiles each
+            ((512, 6, 10, 1), False, "f16", "aie2p"),  # 3-row tiles: groups across tiles
+            ((16, 3, 5, 2), False, "f16", "aie2p"),
+        ):
+            with self.subTest(ne=ne, ff=ff_on, dtype=dtype):
+                n_dims = ne[0]
+                x = tensor(dtype, list(ne))
+                ins = [x, tensor("i32", [ne[2]])] + (
+                    [tensor("f32", [n_dims // 2])] if ff_on else []
+                )
+                params = [0, n_dims, 0, 0, 0, fbits(10000.0), fbits(1.0), 0, fbits(1.0), 0, 0]
+                op = "ROPE_FF" if ff_on else "ROPE"
+                text = request_json(op, ins, x, arch=arch, op_params=params)
+                spec = prepare(parse_request(text))
+                p = spec.plan
+                seen.add((p.columns > 1, p.rows > 1, p.iterations > 1))
+                rows = ne[1] * ne[2] * ne[3]
+                npt = np.float32 if dtype == "f32" else np.float16
+                xv = rng.uniform(-1, 1, (rows, ne[0])).astype(npt)
+                pos = rng.permutation(1000)[: ne[2]].astype(np.int32)  # distinct positions
+                ff = rng.uniform(0.9, 1.1, n_dims // 2).astype(np.float32)
+                data = [xv.tobytes(), pos.tobytes()] + ([ff.tobytes()] if ff_on else [])
+                got = np.frombuffer(run_request(text, data), dtype=npt).reshape(rows, ne[0])
+                consts = {
+                    k: struct.unpack("<f", struct.pack("<I", v))[0]
+                    for k, v in spec.constants.items()
+                }
+                want = rope_ref(
+                    xv.astype(np.float32), pos[(np.arange(rows) // ne[1]) % ne[2]],
+                    ff if ff_on else None, n_dims, False, consts["THETA_SCALE"], 1.0, 0.0,
+                    consts["MSCALE"], consts["CORR_LOW"], consts["CORR_DEN"],
+                )  # fmt: skip
+                tol = 1e-5 if dtype == "f32" else 2e-3
+                np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=tol)
+        # several columns, several workers per column and several tiles per worker
+        self.assertIn((True, True, True), seen)
 
 
 if __name__ == "__main__":

@@ -409,6 +409,22 @@ class RowPlanTest(unittest.TestCase):
         self.assertEqual(heads, [r // 3 for r in range(12)])
         self.assertGreaterEqual(B, 1)
 
+    def test_sink_runs_are_repeats_of_at_most_64(self):
+        # 512 rows per head in objects of 64 rows: each sink task copies sinks[head] by its
+        # repeat count (the only DMA dimension that may have stride 0), at most 64.
+        x = tensor("f32", [8, 512, 2, 1])
+        s = self.spec("SOFT_MAX_SINKS", [x, tensor("f32", [2])], x, op_params=(0, 0))
+        heads, long_run = [], False
+        for c in range(s.plan.columns):
+            for rd in s.rounds(c):
+                for t in rd.x:
+                    if t.sink:
+                        self.assertLessEqual(t.count, 64)
+                        long_run |= t.count == 64
+                        heads += [t.offset] * t.count
+        self.assertTrue(long_run)
+        self.assertEqual(heads, [r // 512 for r in range(1024)])
+
     def test_f16_masks_need_rows_of_whole_words(self):
         x = tensor("f32", [15, 4])
         with self.assertRaises(UnsupportedError):

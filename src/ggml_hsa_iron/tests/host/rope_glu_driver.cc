@@ -2,8 +2,11 @@
 // with g++ against the AIE API stand-in by tests/test_rope_glu_host.py. Operands are raw
 // files; the driver calls the core functions tile by tile, as the designs' workers do.
 //   GLU:  driver a.bin b.bin out.bin n            (n a multiple of TILE)
-//   ROPE: driver x.bin pos.bin ff.bin out.bin rows  (pos: one i32 per row; rows a multiple
-//                                                    of TILE_ROWS; ff.bin read with FF=1)
+//   ROPE: driver x.bin tab.bin out.bin rows workers (one column: its rows, a multiple of
+//                                                    workers x TILE_ROWS; tab: the positions
+//                                                    FIFO's object of TABLE_WORDS; the tiles
+//                                                    dealt round-robin to the workers, each
+//                                                    run after the other)
 //   F16:  driver in.bin out.bin n                 (f32 -> f16 -> f32 round trip of n f32
 //                                                    values: out holds the f16 bits, then
 //                                                    their f32 values)
@@ -39,19 +42,18 @@ int main(int argc, char **argv) {
   spit(argv[3], out);
 #elif defined(DRIVER_ROPE)
   (void)argc;
-  size_t rows = strtoul(argv[5], nullptr, 10);
+  size_t rows = strtoul(argv[4], nullptr, 10);
+  int workers = (int)strtol(argv[5], nullptr, 10);
   auto x = slurp<X_T>(argv[1], rows * NE0);
-  auto pos = slurp<int32_t>(argv[2], rows);
+  auto tab = slurp<int32_t>(argv[2], TABLE_WORDS);
   std::vector<X_T> out(rows * NE0);
-  ggml_rope_begin();
-#if FF
-  auto ff = slurp<int32_t>(argv[3], N_DIMS / 2);
-  for (int j = 0; j < N_DIMS / 2 / TILE_ROWS; ++j)
-    ggml_rope_ff(ff.data() + j * TILE_ROWS, j);
-#endif
-  for (size_t r = 0; r < rows; r += TILE_ROWS)
-    ggml_rope(x.data() + r * NE0, pos.data() + r, out.data() + r * NE0);
-  spit(argv[4], out);
+  const int step = workers * TILE_ROWS;
+  for (int w = 0; w < workers; ++w) {
+    ggml_rope_begin(tab.data(), w * TILE_ROWS, step);
+    for (size_t r = w * TILE_ROWS; r < rows; r += step)
+      ggml_rope(x.data() + r * NE0, tab.data(), out.data() + r * NE0);
+  }
+  spit(argv[3], out);
 #elif defined(DRIVER_F16)
   (void)argc;
   size_t n = strtoul(argv[3], nullptr, 10);
