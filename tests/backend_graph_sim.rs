@@ -648,6 +648,33 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
     }
 }
 
+/// Device 0 of the plugin, a backend on it and a ggml context for tensors without data (the
+/// children that must find a device).
+///
+/// # Safety
+/// `reg` is the plugin's registry.
+unsafe fn open_device(
+    reg: sys::ggml_backend_reg_t,
+) -> (
+    sys::ggml_backend_dev_t,
+    sys::ggml_backend_t,
+    *mut sys::ggml_context,
+) {
+    // SAFETY: see child_graph.
+    unsafe {
+        let dev = sys::ggml_backend_reg_dev_get(reg, 0);
+        assert!(!dev.is_null());
+        let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
+        assert!(!backend.is_null());
+        let ctx = sys::ggml_init(sys::ggml_init_params {
+            mem_size: 1 << 20,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        });
+        (dev, backend, ctx)
+    }
+}
+
 /// Index sets of the "setrows" child, one per compute of the same graph: consecutive rows (a
 /// copy into them), then scattered and descending ones (the SET_ROWS kernel), then consecutive
 /// again up to the last row.
@@ -665,15 +692,7 @@ unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t) {
     const ROWS: usize = 16;
     // SAFETY: see child_graph.
     unsafe {
-        let dev = sys::ggml_backend_reg_dev_get(reg, 0);
-        assert!(!dev.is_null());
-        let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
-        assert!(!backend.is_null());
-        let ctx = sys::ggml_init(sys::ggml_init_params {
-            mem_size: 1 << 20,
-            mem_buffer: std::ptr::null_mut(),
-            no_alloc: true,
-        });
+        let (_, backend, ctx) = open_device(reg);
         let cache = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F16, ROW as i64, ROWS as i64);
         let src = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, ROW as i64, 3);
         let idx = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, 3);
@@ -736,15 +755,7 @@ unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t) {
 unsafe fn supports_views(reg: sys::ggml_backend_reg_t) {
     // SAFETY: see child_graph.
     unsafe {
-        let dev = sys::ggml_backend_reg_dev_get(reg, 0);
-        assert!(!dev.is_null());
-        let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
-        assert!(!backend.is_null());
-        let ctx = sys::ggml_init(sys::ggml_init_params {
-            mem_size: 1 << 20,
-            mem_buffer: std::ptr::null_mut(),
-            no_alloc: true,
-        });
+        let (dev, backend, ctx) = open_device(reg);
         let whole = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, N as i64 + 4);
         let scales: Vec<_> = (0..=8)
             .map(|offset| {
@@ -781,15 +792,7 @@ unsafe fn supports_views(reg: sys::ggml_backend_reg_t) {
 unsafe fn compute_evict(reg: sys::ggml_backend_reg_t, passes: u32) {
     // SAFETY: see child_graph.
     unsafe {
-        let dev = sys::ggml_backend_reg_dev_get(reg, 0);
-        assert!(!dev.is_null());
-        let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
-        assert!(!backend.is_null());
-        let ctx = sys::ggml_init(sys::ggml_init_params {
-            mem_size: 1 << 20,
-            mem_buffer: std::ptr::null_mut(),
-            no_alloc: true,
-        });
+        let (_, backend, ctx) = open_device(reg);
         let a = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, N as i64);
         let input: Vec<f32> = (0..N).map(|i| i as f32 * 0.25).collect();
         let graphs: Vec<_> = (0..EVICT_GRAPHS)
