@@ -213,10 +213,12 @@ class MatmulSpec:
     def core(self) -> CoreSource:
         a, b, c = self.src1.dtype, self.src0.dtype, self.dst.dtype
         glu = {"MV_GLU": 1, f"GGML_OP_{self.glu}": 1} if self.glu else {}
-        if self.weight_bytes and not self.gemv:
-            p = self.plan
-            d = {
-                f"MVQ_{b.upper()}": 1,
+        p = self.plan
+        # The GEMM's microkernel and tile shape (mm.cc and mmq.cc).
+        gemm_tiles = (
+            {}
+            if self.gemv
+            else {
                 "MM_R": p.r,
                 "MM_S": p.s,
                 "MM_T": p.t,
@@ -224,9 +226,11 @@ class MatmulSpec:
                 "TILE_N": p.n,
                 "TILE_K": p.k,
             }
+        )
+        if self.weight_bytes and not self.gemv:
+            d = {f"MVQ_{b.upper()}": 1, **gemm_tiles}
             return CoreSource(GEMM_BLOCKS_SOURCE, "mmq.o", d)
         if self.weight_bytes:
-            p = self.plan
             d = {
                 f"MVQ_{b.upper()}": 1,
                 "MV_ROWS": p.rows_per_tile,
@@ -235,7 +239,6 @@ class MatmulSpec:
             }
             return CoreSource(GEMV_BLOCKS_SOURCE, "mvq.o", d)
         if self.gemv:
-            p = self.plan
             d = {
                 "W_T": DTYPES[b].ctype,
                 "X_T": DTYPES[a].ctype,
@@ -246,18 +249,12 @@ class MatmulSpec:
                 **glu,
             }
             return CoreSource(GEMV_SOURCE, "mv.o", d)
-        p = self.plan
         d = {
             "A_T": DTYPES[a].ctype,
             "B_T": DTYPES[b].ctype,
             "C_T": DTYPES[c].ctype,
             "MMUL_T": DTYPES[self.compute].ctype,
-            "MM_R": p.r,
-            "MM_S": p.s,
-            "MM_T": p.t,
-            "TILE_M": p.m,
-            "TILE_N": p.n,
-            "TILE_K": p.k,
+            **gemm_tiles,
         }
         return CoreSource(GEMM_SOURCE, "mm.o", d)
 

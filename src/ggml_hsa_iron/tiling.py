@@ -258,6 +258,14 @@ def round_tasks(total: int, block: int, limit: int = MAX_REPEAT) -> list[tuple[i
     return out
 
 
+def weight_units(elems: int, block: int, block_bytes: int) -> int:
+    """DMA units of `elems` weights: elements, or bytes when the weights move as ggml stores
+    them (`block` elements in `block_bytes` bytes; 0: not moved as bytes)."""
+    if not block_bytes:
+        return elems
+    return elems // block * block_bytes
+
+
 @dataclass(frozen=True)
 class GemmPlan:
     """C[M,N] = A[M,K] . B[K,N] on `columns` x `rows` cores.
@@ -290,9 +298,7 @@ class GemmPlan:
 
     def b_units(self, elems: int) -> int:
         """B's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
-        if not self.w_block_bytes:
-            return elems
-        return elems // self.w_block * self.w_block_bytes
+        return weight_units(elems, self.w_block, self.w_block_bytes)
 
     @property
     def b_tile(self) -> int:
@@ -582,9 +588,7 @@ class GemvPlan:
 
     def w_units(self, elems: int) -> int:
         """W's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
-        if not self.w_block_bytes:
-            return elems
-        return elems // self.w_block * self.w_block_bytes
+        return weight_units(elems, self.w_block, self.w_block_bytes)
 
     @property
     def row_stride(self) -> int:
