@@ -55,6 +55,8 @@ if [ "$emu" -eq 1 ]; then
     # FLASH_ATTN_EXT's thousands of cases through the emulation would take hours: the sample
     # tests/backend_ops_emu.rs runs too (every option, type and head grouping).
     fa_sample=$(cat scripts/lib/flash-attn-emu-sample.txt)
+    # The commit the runs build, taken now: the record must not name a later one.
+    emu_commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src crates || echo +changes)"
     emu_emit() { # arch, ops, CSV, log, extra test-backend-ops args...
         local arch=$1 ops=$2 out_csv=$3 log=$4
         shift 4
@@ -90,7 +92,7 @@ if [ "$emu" -eq 1 ]; then
     done
     python3 scripts/ops_doc.py --record docs/ops-emulated.json --ops "$run_ops" \
         --sampled "FLASH_ATTN_EXT=$fa_sample" \
-        --commit "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src crates || echo +changes)" \
+        --commit "$emu_commit" \
         "${emu_args[@]}" </dev/null
     if [ -n "$emu_only" ]; then
         echo "updated docs/ops-emulated.json ($emu_only); scripts/gen-ops-doc.sh writes docs/ops.md"
