@@ -277,6 +277,40 @@ fn set_rows_into_consecutive_rows_is_a_copy_into_them() {
 }
 
 #[test]
+fn a_rope_into_consecutive_rows_writes_them_itself() {
+    // llama's K: the ROPE's f32 output only feeds a SET_ROWS into an f16 cache. When the
+    // indices are consecutive, the ROPE kernel writes the cache rows in f16 and nothing else
+    // dispatches; other indices run the ROPE into its own output, then the SET_ROWS kernel.
+    let o = run("setrows-rope", "setrows-rope", 1, &[]);
+    for round in 0..SET_ROWS_ROUNDS.len() {
+        assert!(o.has(&format!("STATUS {round} 0")), "{}", o.text);
+        assert!(o.has(&format!("SET_ROWS {round} ok")), "{}", o.text);
+    }
+    // Rounds 0 and 3: one dispatch; rounds 1 and 2: two.
+    assert_eq!(o.counter("dispatches"), 6, "{}", o.text);
+    let cache = common::scratch_path("graph-setrows-rope")
+        .join("cache")
+        .join("aie2p");
+    common::assert_kernels_built(
+        &cache,
+        &[
+            "rope-f32_64x1x3-i32_3-f32_64x1x3",
+            "rope-f32_64x1x3-i32_3-f16_64x1x3",
+            "set_rows-f32_64x3",
+        ],
+    );
+    // Rounds 0 and 3 wrote 3 rows of 64 f16 (the ROPE into them); rounds 1 and 2 the ROPE's
+    // f32 output and the whole cache.
+    let row = 64 * 2;
+    assert_eq!(
+        o.counter("bytes_written"),
+        2 * 3 * row + 2 * (3 * 64 * 4 + 16 * row),
+        "{}",
+        o.text
+    );
+}
+
+#[test]
 fn an_operand_starting_mid_word_is_declined() {
     // The NPU's DMA reads whole 32-bit words: a kernel given a view at byte offset 2 would read
     // from the word's start. Such nodes stay on the CPU; views at word offsets run.
@@ -543,9 +577,9 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
         // SAFETY: as for this function.
         return unsafe { compute_evict(reg, computes) };
     }
-    if graph == "setrows" {
+    if graph == "setrows" || graph == "setrows-rope" {
         // SAFETY: as for this function.
-        return unsafe { compute_set_rows(reg) };
+        return unsafe { compute_set_rows(reg, graph == "setrows-rope") };
     }
     if graph == "midword" {
         // SAFETY: as for this function.
@@ -680,23 +714,48 @@ unsafe fn open_device(
 /// again up to the last row.
 const SET_ROWS_ROUNDS: [[i64; 3]; 4] = [[3, 4, 5], [9, 2, 7], [6, 5, 4], [13, 14, 15]];
 
+/// ggml's ROPE of one head of `x.len()` values at position `pos` in normal mode (pairs of
+/// neighbours rotated by pos * 10000^(-2i / n), no scaling), computed in f64.
+fn rope_normal(x: &[f32], pos: f64) -> Vec<f32> {
+    let n = x.len();
+    let mut out = vec![0.0; n];
+    for i in (0..n).step_by(2) {
+        let theta = pos * 10000f64.powf(-(i as f64) / n as f64);
+        let (sin, cos) = theta.sin_cos();
+        let (a, b) = (f64::from(x[i]), f64::from(x[i + 1]));
+        out[i] = (a * cos - b * sin) as f32;
+        out[i + 1] = (a * sin + b * cos) as f32;
+    }
+    out
+}
+
 /// The "setrows" child: one graph writing 3 f32 rows of 64 into a 16-row f16 destination at
 /// the i64 indices of each round of [`SET_ROWS_ROUNDS`] (set before each compute, as llama.cpp
 /// sets its KV-cache slots), the destination checked after every compute; prints
-/// `SET_ROWS <round> <ok|bad>`.
+/// `SET_ROWS <round> <ok|bad>`. With `rope` ("setrows-rope"), the rows are first roped as
+/// llama's K is (one head of 64 per token, positions 10 * round + row, the ROPE's output
+/// reshaped into the SET_ROWS's rows).
 ///
 /// # Safety
 /// `reg` is the plugin's registry.
-unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t) {
+unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t, rope: bool) {
     const ROW: usize = 64;
     const ROWS: usize = 16;
     // SAFETY: see child_graph.
     unsafe {
         let (_, backend, ctx) = open_device(reg);
         let cache = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F16, ROW as i64, ROWS as i64);
-        let src = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, ROW as i64, 3);
+        let (src, pos, rows) = if rope {
+            let x = sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, ROW as i64, 1, 3);
+            let pos = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, 3);
+            let roped = sys::ggml_rope(ctx, x, pos, ROW as i32, 0);
+            (x, pos, sys::ggml_reshape_2d(ctx, roped, ROW as i64, 3))
+        } else {
+            let src = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, ROW as i64, 3);
+            (src, std::ptr::null_mut(), src)
+        };
         let idx = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, 3);
-        let out = sys::ggml_set_rows(ctx, cache, src, idx);
+        let out = sys::ggml_set_rows(ctx, cache, rows, idx);
         let gf = sys::ggml_new_graph(ctx);
         sys::ggml_build_forward_expand(gf, out);
         let buffer = sys::ggml_backend_alloc_ctx_tensors(ctx, backend);
@@ -711,18 +770,35 @@ unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t) {
             sys::ggml_backend_tensor_set(src, f32_bytes(&values).as_ptr().cast(), 0, 4 * 3 * ROW);
             let idx_bytes: Vec<u8> = indices.iter().flat_map(|i| i.to_le_bytes()).collect();
             sys::ggml_backend_tensor_set(idx, idx_bytes.as_ptr().cast(), 0, idx_bytes.len());
+            let positions: Vec<i32> = (0..3).map(|r| (10 * round + r) as i32).collect();
+            if rope {
+                let bytes: Vec<u8> = positions.iter().flat_map(|p| p.to_le_bytes()).collect();
+                sys::ggml_backend_tensor_set(pos, bytes.as_ptr().cast(), 0, bytes.len());
+            }
             for (r, &row) in indices.iter().enumerate() {
                 let row = row as usize;
-                expect[row * ROW..(row + 1) * ROW].copy_from_slice(&values[r * ROW..(r + 1) * ROW]);
+                let mut values = values[r * ROW..(r + 1) * ROW].to_vec();
+                if rope {
+                    values = rope_normal(&values, f64::from(positions[r]));
+                }
+                // As the destination holds them.
+                let values = values.iter().map(|&v| half::f16::from_f32(v).to_f32());
+                for (e, v) in expect[row * ROW..(row + 1) * ROW].iter_mut().zip(values) {
+                    *e = v;
+                }
             }
             let status = sys::ggml_backend_graph_compute(backend, gf);
             println!("STATUS {round} {status}");
             let mut got = vec![0u8; 2 * ROW * ROWS];
             sys::ggml_backend_tensor_get(cache, got.as_mut_ptr().cast(), 0, got.len());
+            // Exact for the copies (the values are exact in f16); within an f16 step of values
+            // below 1024 for the rotations (the kernel's sin and cos are f32).
+            let tolerance = if rope { 0.5 } else { 0.0 };
             let ok = got
                 .chunks_exact(2)
                 .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .eq(expect.iter().copied());
+                .zip(&expect)
+                .all(|(g, e)| (g - e).abs() <= tolerance);
             println!("SET_ROWS {round} {}", if ok { "ok" } else { "bad" });
             if !ok {
                 let got: Vec<f32> = got

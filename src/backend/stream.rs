@@ -27,7 +27,7 @@ use crate::hsa::queue::{Queue, SubmitError, QUEUE_SIZE};
 use crate::hsa::signal::{Signal, DEVICE_TIMEOUT};
 use crate::kernels::KernelDesc;
 use crate::ops::host::HostOp;
-use crate::ops::{self, Memory, Node, Plan, RowScatter, Tensor};
+use crate::ops::{self, Memory, Node, Plan, RowScatter, RowsProducer, Tensor};
 
 /// Packets behind one doorbell: half the ring, and below the ~40 commands ROCR fits into one
 /// command chain.
@@ -140,6 +140,9 @@ struct GraphPlan {
     /// The SET_ROWS kernel steps that run as a copy into the rows their indices name when the
     /// indices are consecutive (`ops::scatter`), with the copy's loaded kernel.
     scatters: Vec<Option<(RowScatter, Arc<LoadedKernel>)>>,
+    /// The kernel steps that, when their SET_ROWS's indices are consecutive, write its
+    /// destination rows themselves (`RowScatter::producer`), with the retargeted kernel.
+    producers: Vec<Option<(RowsProducer, Arc<LoadedKernel>)>>,
 }
 
 /// Plans of recent graphs, most recently used first.
@@ -313,13 +316,32 @@ impl Stream {
             Enqueue::Submit(e) => e,
             Enqueue::Operand(reason) => node_error(i, reason),
         };
+        // The SET_ROWS nodes whose rows their source's producer wrote.
+        let mut rows_written = vec![false; plan.steps.len()];
         let result = plan
             .steps
             .iter()
             .zip(&plan.kernels)
             .enumerate()
             .try_for_each(|(i, (step, kernel))| match (step, kernel) {
+                (Step::Plan(Plan::Kernel { .. }), Some(_)) if rows_written[i] => Ok(()),
                 (Step::Plan(Plan::Kernel { operands, .. }), Some(kernel)) => {
+                    if let Some((producer, retargeted)) = &plan.producers[i] {
+                        let rows = match &plan.scatters[producer.set_rows] {
+                            Some((scatter, _)) => self
+                                .scatter_operands(scatter, host)
+                                .map_err(|e| enqueue_error(i, e))?,
+                            None => None,
+                        };
+                        if let Some([_, rows]) = rows {
+                            let mut into_rows = producer.inputs.clone();
+                            into_rows.push(rows);
+                            rows_written[producer.set_rows] = true;
+                            return self
+                                .enqueue(retargeted.clone(), &into_rows, (i, plan.ops[i]))
+                                .map_err(|e| enqueue_error(i, e));
+                        }
+                    }
                     let rows = match &plan.scatters[i] {
                         Some((scatter, copy)) => self
                             .scatter_operands(scatter, host)
@@ -453,7 +475,7 @@ impl Stream {
         }
         // SET_ROWS kernels whose indices no node of this graph writes (an input the application
         // set, as llama.cpp's KV-cache slots are) may run as a copy into the rows they name.
-        let scatters = nodes
+        let scatters: Vec<Option<(RowScatter, Arc<LoadedKernel>)>> = nodes
             .iter()
             .enumerate()
             .map(|(i, node)| {
@@ -473,11 +495,45 @@ impl Stream {
                 Some((scatter, copy))
             })
             .collect();
+        // The kernels that compute those SET_ROWS's sources may write the rows themselves.
+        let mut producers: Vec<Option<(RowsProducer, Arc<LoadedKernel>)>> = vec![None; nodes.len()];
+        for (at, scatter) in scatters.iter().enumerate() {
+            let Some((scatter, _)) = scatter else {
+                continue;
+            };
+            let kernel_of = |k: usize| match (&steps[k], steps.get(k + 1), &kernels[k]) {
+                (Step::Plan(Plan::Kernel { desc, operands }), next, Some(_))
+                    if !matches!(next, Some(Step::Fused)) =>
+                {
+                    Some((desc, operands.as_slice()))
+                }
+                _ => None,
+            };
+            let skipped = |k: usize| matches!(steps[k], Step::Plan(Plan::Skip));
+            let Some((j, producer)) = scatter.producer(nodes, at, kernel_of, skipped) else {
+                continue;
+            };
+            if producers[j].is_some() || !self.device.supports_kernel(&producer.kernel) {
+                continue;
+            }
+            let loaded = self.device.kernels(std::slice::from_ref(&producer.kernel));
+            self.stats.load += loaded.loading;
+            self.stats.evictions += loaded.evicted;
+            match loaded.kernels.into_iter().next() {
+                Some(Ok(kernel)) => producers[j] = Some((producer, kernel)),
+                Some(Err(e)) => crate::log::debug(&format!(
+                    "{}: node {j} cannot write node {at}'s rows itself ({e}); they are copied",
+                    self.device.name
+                )),
+                None => {}
+            }
+        }
         Ok(GraphPlan {
             steps,
             kernels,
             ops: nodes.iter().map(|n| n.op.name()).collect(),
             scatters,
+            producers,
         })
     }
 

@@ -52,13 +52,13 @@ fn same(p: &Tensor, q: &Tensor) -> bool {
 }
 
 /// Whether `t`'s memory overlaps `u`'s.
-fn overlaps(t: &Tensor, u: &Tensor) -> bool {
+pub(super) fn overlaps(t: &Tensor, u: &Tensor) -> bool {
     t.addr < u.addr + u.bytes && u.addr < t.addr + t.bytes
 }
 
 /// Whether a node of `later` reads `t` before a node overwrites its memory: ggml's allocator
 /// gives the memory of dead tensors to later ones, so what is read there afterwards is not `t`.
-fn read_later(t: &Tensor, later: &[Node]) -> bool {
+pub(super) fn read_later(t: &Tensor, later: &[Node]) -> bool {
     for n in later {
         if n.src.iter().flatten().any(|s| overlaps(s, t)) {
             return true;

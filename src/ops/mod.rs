@@ -16,5 +16,5 @@ pub mod tensor;
 
 pub use fusion::{fuse_at, Fusion};
 pub use plan::{plan, plan_preferring, plan_with, Plan, PlanOptions};
-pub use scatter::RowScatter;
+pub use scatter::{RowScatter, RowsProducer};
 pub use tensor::{BinaryOp, DType, Memory, Node, Op, QuantType, Tensor, UnaryOp};

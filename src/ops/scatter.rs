@@ -8,10 +8,15 @@
 //! them at dispatch: when they name consecutive rows in range (every decode step and every
 //! prompt of a KV cache filled in order), the node is one copy kernel from the source rows into
 //! those rows, addressed at dispatch. Other indices run the SET_ROWS kernel as planned.
+//!
+//! Better still, the node that computes the source (llama's roped K) can
+//! write the destination rows itself, in their type: [`RowScatter::producer`]. The copy's
+//! dispatch then disappears too.
 
+use super::fusion::overlaps;
 use super::plan::{device_copy, Plan};
 use super::tensor::{DType, Node, Op, Tensor};
-use crate::kernels::KernelDesc;
+use crate::kernels::{KernelDesc, Layout};
 
 /// A SET_ROWS node that can run as a copy into consecutive destination rows.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,7 +30,27 @@ pub struct RowScatter {
     rows: Tensor,
     /// Rows of the destination (the bound of an index).
     dst_rows: i64,
+    /// The whole destination.
+    dst: Tensor,
 }
+
+/// The kernel that computes a [`RowScatter`]'s source, retargeted to write the destination rows
+/// itself in the destination's type (`RowScatter::producer`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowsProducer {
+    /// The producer's kernel with its output in the destination's type.
+    pub kernel: KernelDesc,
+    /// Its input operands; the output operand is the rows the indices name.
+    pub inputs: Vec<Tensor>,
+    /// The SET_ROWS node whose copy it makes unnecessary.
+    pub set_rows: usize,
+}
+
+/// The kernels whose result in another float type is their f32 result converted as SET_ROWS
+/// converts it (rounded to nearest even), so that writing the rows directly changes nothing,
+/// and whose designs write f16 from f32 (llama's K). MUL_MAT (llama's V) belongs here once the
+/// GEMV design writes f16: today the compilers refuse it.
+const RETARGETABLE: [&str; 2] = ["ROPE", "ROPE_FF"];
 
 impl RowScatter {
     /// The scatter of `node` when it is a SET_ROWS of one matrix of rows (dimensions 2 and 3 of
@@ -71,6 +96,7 @@ impl RowScatter {
                 idx: idx.clone(),
                 rows,
                 dst_rows: dst.ne[1],
+                dst: dst.clone(),
             }),
             _ => None,
         }
@@ -105,12 +131,87 @@ impl RowScatter {
         };
         Some([self.src.clone(), rows])
     }
+
+    /// The node among `nodes[..at]` (`at` is this SET_ROWS) that computes the source, when its
+    /// kernel can write the destination rows instead: a ROPE or MUL_MAT kernel (`kernel_of(k)`:
+    /// node k's own kernel and operands, `None` when it runs otherwise or inside a fused kernel)
+    /// whose f32 output is exactly the source, which no other node reads before its memory is
+    /// reused (the retargeted kernel never writes it) and the application does not read; the
+    /// nodes in between (`skipped(k)`: views, which compute nothing) must not touch the
+    /// destination, which the producer now writes earlier than the SET_ROWS would.
+    pub fn producer<'a>(
+        &self,
+        nodes: &[Node],
+        at: usize,
+        kernel_of: impl Fn(usize) -> Option<(&'a KernelDesc, &'a [Tensor])>,
+        skipped: impl Fn(usize) -> bool,
+    ) -> Option<(usize, RowsProducer)> {
+        let src = &self.src;
+        if src.dtype != DType::F32 || !src.is_contiguous() || at >= nodes.len() {
+            return None;
+        }
+        let j = (0..at)
+            .rev()
+            .find(|&k| !skipped(k) && overlaps(&nodes[k].dst, src))?;
+        let out = &nodes[j].dst;
+        let exact = out.addr == src.addr
+            && out.bytes == src.bytes
+            && out.dtype == DType::F32
+            && out.is_contiguous()
+            && !nodes[j].is_output;
+        let (desc, operands) = kernel_of(j)?;
+        let (output, inputs) = operands.split_last()?;
+        let f32_dense = Layout::contiguous("f32", 4, desc.output.ne);
+        if !exact
+            || !RETARGETABLE.contains(&desc.op.as_str())
+            || desc.output != f32_dense
+            || output.addr != out.addr
+            || inputs.iter().any(|t| overlaps(t, &self.dst))
+        {
+            return None;
+        }
+        let touches = |n: &Node| {
+            overlaps(&n.dst, &self.dst)
+                || n.src
+                    .iter()
+                    .flatten()
+                    .any(|t| overlaps(t, src) || overlaps(t, &self.dst))
+        };
+        if (j + 1..at).any(|k| !skipped(k) && touches(&nodes[k])) {
+            return None;
+        }
+        // Read after the SET_ROWS before a node overwrites it: the retargeted kernel leaves it
+        // unwritten.
+        for (k, n) in nodes.iter().enumerate().skip(at + 1) {
+            if skipped(k) {
+                continue;
+            }
+            if n.src.iter().flatten().any(|t| overlaps(t, src)) {
+                return None;
+            }
+            if overlaps(&n.dst, src) {
+                break;
+            }
+        }
+        let elem = self.rows.dtype.size()?;
+        let mut kernel = desc.clone();
+        kernel.output = Layout::contiguous(self.rows.dtype.name(), elem, desc.output.ne);
+        Some((
+            j,
+            RowsProducer {
+                kernel,
+                inputs: inputs.to_vec(),
+                set_rows: at,
+            },
+        ))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::tensor::test_util::tensor;
+    use crate::ops::tensor::test_util::{node, tensor};
+    use crate::ops::BinaryOp;
 
     /// SET_ROWS of `n` f32 rows of 64 into a 16-row f16 destination at 0x10000, i64 indices.
     fn set_rows(n: i64) -> Node {
@@ -174,6 +275,95 @@ mod tests {
             .collect();
         let [_, rows] = s.operands(&bytes).expect("every other word");
         assert_eq!(rows.addr, 0x10000 + 9 * 128);
+    }
+
+    /// llama's K write: a ROPE of x [64, 1, 3] at 0x4000 (positions at 0x3000) into k at
+    /// 0x1000 (the source of [`set_rows`]), a reshape of k (a view, computing nothing), then the
+    /// SET_ROWS; `between` are nodes inserted before the SET_ROWS, `after` nodes after it.
+    fn rope_then_set_rows(between: Vec<Node>, after: Vec<Node>) -> Vec<Node> {
+        let x = tensor(DType::F32, [64, 1, 3, 1], 0x4000);
+        let pos = tensor(DType::I32, [3, 1, 1, 1], 0x3000);
+        let k = tensor(DType::F32, [64, 1, 3, 1], 0x1000);
+        let mut rope = node(Op::Rope, k.clone(), vec![x, pos]);
+        rope.op_params[1] = 64;
+        let view = node(
+            Op::Layout,
+            tensor(DType::F32, [64, 3, 1, 1], 0x1000),
+            vec![k],
+        );
+        let mut nodes = vec![rope, view];
+        nodes.extend(between);
+        nodes.push(set_rows(3));
+        nodes.extend(after);
+        nodes
+    }
+
+    /// The producer of `nodes`' SET_ROWS, every node planned alone.
+    fn producer_in(nodes: &[Node]) -> Option<(usize, RowsProducer)> {
+        let plans: Vec<Plan> = nodes
+            .iter()
+            .map(|n| super::super::plan(n).unwrap())
+            .collect();
+        let at = nodes.iter().position(|n| n.op == Op::SetRows).unwrap();
+        let s = RowScatter::of(&nodes[at], |_| true).unwrap();
+        let kernel_of = |k: usize| match &plans[k] {
+            Plan::Kernel { desc, operands } => Some((desc, operands.as_slice())),
+            _ => None,
+        };
+        s.producer(nodes, at, kernel_of, |k| matches!(plans[k], Plan::Skip))
+    }
+
+    #[test]
+    fn a_rope_whose_output_only_feeds_the_rows_writes_them() {
+        let nodes = rope_then_set_rows(vec![], vec![]);
+        let (j, p) = producer_in(&nodes).expect("the ROPE writes the rows");
+        assert_eq!((j, p.set_rows), (0, 2));
+        assert_eq!(p.kernel.op, "ROPE");
+        // f16, the cache's type, in the ROPE's shape; x and the positions as inputs.
+        assert_eq!(p.kernel.output.dtype, "f16");
+        assert_eq!(p.kernel.output.ne, [64, 1, 3, 1]);
+        assert_eq!(p.kernel.output.nb, [2, 128, 128, 384]);
+        let inputs: Vec<u64> = p.inputs.iter().map(|t| t.addr).collect();
+        assert_eq!(inputs, [0x4000, 0x3000]);
+    }
+
+    #[test]
+    fn a_rope_read_elsewhere_or_a_cache_touched_in_between_keeps_the_copy() {
+        let k = tensor(DType::F32, [64, 3, 1, 1], 0x1000);
+        let cache = tensor(DType::F16, [64, 16, 1, 1], 0x10000);
+        let out = |addr| tensor(DType::F32, [64, 3, 1, 1], addr);
+        // A later node reads k before anything overwrites it.
+        let reader = node(
+            Op::Binary(BinaryOp::Add),
+            out(0x8000),
+            vec![k.clone(), k.clone()],
+        );
+        assert!(producer_in(&rope_then_set_rows(vec![], vec![reader.clone()])).is_none());
+        assert!(producer_in(&rope_then_set_rows(vec![reader], vec![])).is_none());
+        // One that overwrites k first ends it.
+        let over = node(
+            Op::Binary(BinaryOp::Add),
+            out(0x1000),
+            vec![out(0x8000), out(0x8000)],
+        );
+        let reader = node(Op::Binary(BinaryOp::Add), out(0x9000), vec![k.clone(), k]);
+        assert!(producer_in(&rope_then_set_rows(vec![], vec![over, reader])).is_some());
+        // A node in between reading the cache would see the rows written early.
+        let cache_reader = node(
+            Op::Cpy,
+            tensor(DType::F16, [64, 16, 1, 1], 0x20000),
+            vec![cache],
+        );
+        assert!(producer_in(&rope_then_set_rows(vec![cache_reader], vec![])).is_none());
+        // The application reads the ROPE's output.
+        let mut nodes = rope_then_set_rows(vec![], vec![]);
+        nodes[0].is_output = true;
+        assert!(producer_in(&nodes).is_none());
+        // Not a ROPE: a copy into k.
+        let mut nodes = rope_then_set_rows(vec![], vec![]);
+        nodes[0] = node(Op::Cpy, nodes[0].dst.clone(), vec![out(0x8000)]);
+        nodes[0].dst.ne = [64, 1, 3, 1];
+        assert!(producer_in(&nodes).is_none());
     }
 
     #[test]
