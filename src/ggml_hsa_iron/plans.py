@@ -536,7 +536,9 @@ def prepare_glu(req: Request) -> EltwiseSpec:
 
 
 ROPE_SOURCE = "rope.cc"
-ROPE_TYPES = ("f32", "f16")
+# (x, output) pairs: one type, or f32 rotated into f16 rows (the backend fuses ROPE with the
+# f16 KV-cache write, so the rotated K rows go straight into the cache).
+ROPE_PAIRS = (("f32", "f32"), ("f16", "f16"), ("f32", "f16"))
 # Workers per column: the memory tile splits x to R workers and joins R outputs (1 + R
 # inputs, R + 1 outputs of its 6 + 6 channels); the positions go from the shim straight to
 # the column's workers (one broadcast FIFO).
@@ -568,6 +570,7 @@ class RopeSpec:
     x: Tensor
     pos: Tensor
     ff: Tensor | None
+    out: Tensor  # x's shape; x's type, or f16 from f32
     plan: EltwisePlan  # over rows: plan.n rows, tiles of plan.tile rows
     n_dims: int
     neox: bool
@@ -594,7 +597,7 @@ class RopeSpec:
             # Moved as 32-bit words through the positions' FIFO (i32 objects); the core
             # reads them back as f32.
             out.append(("i32", self.ff.nelements))
-        out.append((self.x.dtype, self.x.nelements))
+        out.append((self.out.dtype, self.out.nelements))
         return out
 
     @property
@@ -626,6 +629,7 @@ class RopeSpec:
     def core(self) -> CoreSource:
         d = {
             "X_T": DTYPES[self.x.dtype].ctype,
+            "OUT_T": DTYPES[self.out.dtype].ctype,
             "NE0": self.ne0,
             "NE1": self.x.ne[1],
             "NE2": self.x.ne[2],
@@ -711,8 +715,11 @@ def prepare_rope(req: Request) -> RopeSpec:
     (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow) = (
         _bits_f32(b) for b in p[5:11]
     )
-    if x.dtype not in ROPE_TYPES or out.dtype != x.dtype or out.ne != x.ne:
-        raise UnsupportedError(f"{req.op}: x and the output must be f32 or f16 of one shape")
+    if (x.dtype, out.dtype) not in ROPE_PAIRS or out.ne != x.ne:
+        raise UnsupportedError(
+            f"{req.op}: x {x.dtype} {list(x.ne)} to output {out.dtype} {list(out.ne)}: x and "
+            "the output must be one shape, f32 or f16 of one type, or f32 to f16"
+        )
     if pos.dtype != "i32" or pos.nelements < x.ne[2]:
         raise UnsupportedError(f"{req.op}: positions must be i32, one per row of dimension 2")
     if ff is not None and (ff.dtype != "f32" or ff.nelements < n_dims // 2):
@@ -724,8 +731,11 @@ def prepare_rope(req: Request) -> RopeSpec:
         raise UnsupportedError(f"{req.op}: mode {mode} (normal and NeoX only)")
     if n_dims <= 0 or n_dims % 2 or n_dims > x.ne[0]:
         raise UnsupportedError(f"{req.op}: n_dims {n_dims} for rows of {x.ne[0]}")
-    if (x.ne[0] * x.size) % 4:
-        raise UnsupportedError(f"{req.op}: rows of {x.ne[0]} {x.dtype} are not whole 32-bit words")
+    for t in (x, out):
+        if (t.ne[0] * t.size) % 4:
+            raise UnsupportedError(
+                f"{req.op}: rows of {t.ne[0]} {t.dtype} are not whole 32-bit words"
+            )
     ne1, ne2, ne3 = x.ne[1], x.ne[2], x.ne[3]
     rows = ne1 * ne2 * ne3
     half_pad = -(-(n_dims // 2) // 16) * 16
@@ -755,6 +765,7 @@ def prepare_rope(req: Request) -> RopeSpec:
         x,
         pos,
         ff,
+        out,
         plan,
         n_dims,
         mode == 2,

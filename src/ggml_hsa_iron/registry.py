@@ -102,7 +102,8 @@ _GLU_LIMITS = (
 _GLU_TYPES = ("bf16", "f16", "f32")
 
 _ROPE_LIMITS = (
-    "x and the output f32 or f16 of one shape, contiguous, rows whole 32-bit words; positions "
+    "x f32 or f16; the output x's shape, contiguous, of x's type or f16 from f32 x (rounded "
+    "to nearest even on the core), rows whole 32-bit words; positions "
     "i32 (one per i2); ROPE_FF: f32 frequency factors; normal and NeoX modes, YaRN parameters "
     "(op_params 0..10), n_dims <= ne0 (the rest copied); cos/sin accurate for |theta| below "
     "about 6000"

@@ -1,4 +1,6 @@
-"""ROPE and ROPE_FF (frequency factors): normal and NeoX modes, f32 or f16 data.
+"""ROPE and ROPE_FF (frequency factors): normal and NeoX modes, f32 or f16 data; the
+output x's type, or f16 from f32 x (ROPE fused with the f16 KV-cache write: the core rounds
+the rotated rows, so the output FIFOs carry f16 objects).
 
 Layout (plan `plans.RopeSpec.plan`, an element-wise plan over rows of x): C columns x R
 workers. Column c streams its contiguous share of x's rows (whole i2 groups, or whole i3
@@ -45,7 +47,7 @@ def _split(fifo, column, rows, elems, dtype, name):
 def _build(spec):
     p = spec.plan
     C, R, T, K = p.columns, p.rows, p.tile, p.iterations
-    ne0, xt = spec.ne0, spec.x.dtype
+    ne0, xt, ot = spec.ne0, spec.x.dtype, spec.out.dtype
     has_ff = spec.ff is not None
     dev = device(spec.arch, C)
     seq = spec.sequence
@@ -53,7 +55,8 @@ def _build(spec):
     totals = [count for _, count in seq]
 
     x_tile, table = vector_type(T * ne0, xt), vector_type(spec.table_words, "i32")
-    rope = Kernel("ggml_rope", OBJECT, [x_tile, table, x_tile])
+    out_tile = vector_type(T * ne0, ot)
+    rope = Kernel("ggml_rope", OBJECT, [x_tile, table, out_tile])
     # (table, first row, row step): the worker's rows in its column are first + k * step + i.
     begin = Kernel("ggml_rope_begin", OBJECT, [table, np.int32, np.int32])
 
@@ -74,11 +77,11 @@ def _build(spec):
         x_fifo = ObjectFifo(vector_type(R * T * ne0, xt), name=f"x_c{c}")
         # Straight from the shim to every worker of the column (a broadcast), one object.
         pos_fifo = ObjectFifo(table, name=f"pos_c{c}", depth=1)
-        out_fifo = ObjectFifo(vector_type(R * T * ne0, xt), name=f"out_c{c}")
+        out_fifo = ObjectFifo(vector_type(R * T * ne0, ot), name=f"out_c{c}")
         x_subs = _split(x_fifo, c, R, T * ne0, xt, f"x_c{c}_w")
         out_subs = out_fifo.prod().join(
             [T * ne0 * r for r in range(R)],
-            obj_types=[x_tile] * R,
+            obj_types=[out_tile] * R,
             names=[f"out_c{c}_w_{r}" for r in range(R)],
             tile=Tile(c, MEM_ROW),
         )

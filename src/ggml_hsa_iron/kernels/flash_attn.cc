@@ -85,16 +85,7 @@ static inline int32_t block_mask_skip() {
 
 static inline float bits_to_float(uint32_t b) { return __builtin_bit_cast(float, b); }
 static inline uint32_t float_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
-static inline float lane0(vf v) { return v.get(0); }
 static constexpr uint32_t NEG_INF = 0xff800000u;
-
-// x > y on the sortable integer views (no scalar float compare: aie2 has no float unit).
-static inline bool greater(float x, float y) {
-  int32_t a = (int32_t)float_bits(x), b = (int32_t)float_bits(y);
-  a = a < 0 ? a ^ 0x7fffffff : a;
-  b = b < 0 ? b ^ 0x7fffffff : b;
-  return a > b;
-}
 
 // q rounded to K's type, as ggml-cpu converts q before the dot product.
 static inline float round_q(float x) {

@@ -83,6 +83,14 @@ inline vi sortable(vf v) {
   return aie::bit_xor(b, aie::bit_and(sign, splat_i(0x7fffffff)));
 }
 
+// The scalar form: x > y on the sortable views (aie2's scalar unit has no float compare).
+inline bool greater(float x, float y) {
+  int32_t a = __builtin_bit_cast(int32_t, x), b = __builtin_bit_cast(int32_t, y);
+  a = a < 0 ? a ^ 0x7fffffff : a;
+  b = b < 0 ? b ^ 0x7fffffff : b;
+  return a > b;
+}
+
 inline vmask lt(vf a, vf b) { return aie::lt(sortable(a), sortable(b)); }
 inline vmask gt(vf a, vf b) { return lt(b, a); }
 inline vf fmax(vf a, vf b) { return pick(lt(a, b), b, a); }
@@ -502,11 +510,33 @@ template <typename T> inline vf load_part_zero(const T *p, int n) {
   return load_aligned(tmp);
 }
 
+// n < VEC floats, the other lanes `fill` (-inf ahead of a max or an exponential).
+inline vf load_part_fill(const float *p, int n, float fill) {
+  alignas(64) float tmp[VEC];
+  for (int i = 0; i < (int)VEC; ++i)
+    tmp[i] = i < n ? p[i] : fill;
+  return load_aligned(tmp);
+}
+
 template <typename T> inline void store_part(T *p, vf v, int n) {
   alignas(64) T tmp[VEC];
   store_aligned(tmp, v);
   for (int i = 0; i < n; ++i)
     p[i] = tmp[i];
+}
+
+// Scalar results computed with the vector code (the scalar unit has no float hardware).
+inline float lane0(vf v) { return v.get(0); }
+
+// The largest lane in the order of `greater` (the first of equal ones).
+inline float max_lanes(vf v) {
+  float m = v.get(0);
+  for (unsigned i = 1; i < VEC; ++i) {
+    float e = v.get(i);
+    if (greater(e, m))
+      m = e;
+  }
+  return m;
 }
 
 } // namespace ggml_aie

@@ -78,32 +78,6 @@ static float run_max, run_sum, run_lx, run_l; // the current row: m, s, a, sum(l
 static int chunk_in_row;                      // chunks of the current row seen
 static float total;                           // this core's sum of loss_row
 
-static inline float lane0(vf v) { return v.get(0); }
-
-// The largest lane, compared on the sortable integer views (no scalar float compare).
-static inline float max_lanes(vf v) {
-  float m = v.get(0);
-  for (unsigned i = 1; i < VEC; ++i) {
-    float e = v.get(i);
-    int32_t bi, bm;
-    __builtin_memcpy(&bi, &e, 4);
-    __builtin_memcpy(&bm, &m, 4);
-    bi = bi < 0 ? bi ^ 0x7fffffff : bi;
-    bm = bm < 0 ? bm ^ 0x7fffffff : bm;
-    if (bi > bm)
-      m = e;
-  }
-  return m;
-}
-
-// n < VEC elements, the other lanes `fill`.
-static inline vf load_fill(const float *p, int n, float fill) {
-  alignas(64) float tmp[VEC];
-  for (int i = 0; i < (int)VEC; ++i)
-    tmp[i] = i < n ? p[i] : fill;
-  return load_aligned(tmp);
-}
-
 extern "C" void ggml_reduce_begin() {
   chunk_in_row = 0;
   total = 0.0f;
@@ -118,7 +92,7 @@ extern "C" void ggml_reduce_chunk(float *x, float *l) {
   for (int i = 0; i < FULL; i += VEC)
     vmax = fmax(vmax, load_aligned(x + i));
   if (TAIL)
-    vmax = fmax(vmax, load_fill(x + FULL, TAIL, neg_inf));
+    vmax = fmax(vmax, load_part_fill(x + FULL, TAIL, neg_inf));
   const float cmax = max_lanes(vmax);
 
   float m;
@@ -146,7 +120,7 @@ extern "C" void ggml_reduce_chunk(float *x, float *l) {
   if (TAIL) {
     // Padding lanes: x = -inf for the exponentials (exp(-inf) = 0); for l * (x - m) x = 0
     // and l = 0, a finite 0 (l * -inf would be NaN).
-    const vf d = sub(load_fill(x + FULL, TAIL, neg_inf), mm);
+    const vf d = sub(load_part_fill(x + FULL, TAIL, neg_inf), mm);
     const vf lv = load_part_zero(l + FULL, TAIL);
     acc_e = add(acc_e, exp(d));
     acc_lx = add(acc_lx, mul(lv, sub(load_part_zero(x + FULL, TAIL), mm)));

@@ -1,7 +1,10 @@
 // rope.cc: ROPE and ROPE_FF core functions of ggml_hsa_iron (aie2 / aie2p).
 //
 // Built once per kernel with Peano; the design (designs/rope.py) sets:
-//   X_T                 the data's C type: float, or uint16_t (f16 bit patterns)
+//   X_T                 x's C type: float, or uint16_t (f16 bit patterns)
+//   OUT_T               the output's C type (default X_T): X_T, or uint16_t with a float X_T
+//                       (the backend's ROPE fused with the f16 KV-cache write: each rotated
+//                       value rounded to f16 to nearest even, as ggml's f32 -> f16 copy)
 //   NE0                 elements per row; TILE_ROWS rows per object FIFO tile
 //   NE1, NE2            x's ne1 (rows per position) and ne2 (positions)
 //   TABLE_WORDS         32-bit words of the positions' FIFO object: (FF) the N_DIMS/2
@@ -45,12 +48,19 @@
 
 using namespace ggml_aie;
 
+#if !defined(OUT_T)
+#define OUT_T X_T
+#endif
 #if !defined(NEOX)
 #define NEOX 0
 #endif
 #if !defined(FF)
 #define FF 0
 #endif
+
+static_assert(std::is_same_v<X_T, OUT_T> ||
+                  (std::is_same_v<X_T, float> && std::is_same_v<OUT_T, uint16_t>),
+              "the output is x's type, or f16 from f32");
 
 constexpr int HALF = N_DIMS / 2;
 constexpr int FF_WORDS = FF ? HALF : 0;
@@ -113,7 +123,7 @@ static void fill_cache(int32_t p) {
   g_valid = true;
 }
 
-static void rotate_row(const X_T *x, X_T *out) {
+static void rotate_row(const X_T *x, OUT_T *out) {
   float *a = g_a, *b = g_b;
   for (int i = 0; i < HALF; ++i) {
     int ia = NEOX ? i : 2 * i, ib = NEOX ? i + HALF : 2 * i + 1;
@@ -134,9 +144,14 @@ static void rotate_row(const X_T *x, X_T *out) {
     from_f32(out[ia], a[i]);
     from_f32(out[ib], b[i]);
   }
-  // Dimensions past n_dims are copied unchanged (bit for bit).
-  for (int i = N_DIMS; i < NE0; ++i)
-    out[i] = x[i];
+  // Dimensions past n_dims are copied: bit for bit within a type; f32 -> f16 rounded as the
+  // rotated values are (ggml copies them in f32, then the cache write rounds them).
+  for (int i = N_DIMS; i < NE0; ++i) {
+    if constexpr (std::is_same_v<X_T, OUT_T>)
+      out[i] = x[i];
+    else
+      from_f32(out[i], to_f32(x[i]));
+  }
 }
 
 extern "C" {
@@ -153,7 +168,7 @@ void ggml_rope_begin(int32_t *tab, int32_t first, int32_t step) {
 #endif
 }
 
-void ggml_rope(X_T *x, int32_t *tab, X_T *out) {
+void ggml_rope(X_T *x, int32_t *tab, OUT_T *out) {
   // Round to nearest even: on aie2 the f32 vector multiply of ggml_aie.h splits its operands
   // into bf16 pieces by conversions in the core's rounding mode (reset value: floor).
   set_ggml_rounding();

@@ -42,34 +42,8 @@ static inline float bits_to_float(uint32_t b) {
   return f;
 }
 
-static inline float lane0(vf v) { return v.get(0); }
-
 // Scalar results through the vector code (the scalar unit has no float hardware).
 static inline float rsqrt_scalar(float x) { return lane0(recip(sqrt(splat(x)))); }
-
-static inline float max_lanes(vf v) {
-  float m = v.get(0);
-  for (unsigned i = 1; i < VEC; ++i) {
-    float e = v.get(i);
-    // x > m on the sortable integer views (no scalar float compare needed).
-    int32_t bi, bm;
-    __builtin_memcpy(&bi, &e, 4);
-    __builtin_memcpy(&bm, &m, 4);
-    bi = bi < 0 ? bi ^ 0x7fffffff : bi; // sortable(), as in ggml_aie.h
-    bm = bm < 0 ? bm ^ 0x7fffffff : bm;
-    if (bi > bm)
-      m = e;
-  }
-  return m;
-}
-
-// n < VEC elements, the other lanes `fill`.
-static inline vf load_part_fill(const float *p, int n, float fill) {
-  alignas(64) float tmp[VEC];
-  for (int i = 0; i < (int)VEC; ++i)
-    tmp[i] = i < n ? p[i] : fill;
-  return load_aligned(tmp);
-}
 
 extern "C" void ggml_rows_begin(int32_t first_row) { next_row = first_row; }
 

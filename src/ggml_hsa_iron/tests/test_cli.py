@@ -82,6 +82,14 @@ class CliTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("no design implements op ACC", r.stderr)
         self.assertNotIn("Traceback", r.stderr)
+        # ROPE writes x's type, or f16 from f32 (the fused KV-cache write); not f32 from f16.
+        x, pos = tensor("f16", [64, 8, 1]), tensor("i32", [1])
+        params = [0, 64, 0, 0, 0, 0x461C4000, 0x3F800000, 0, 0x3F800000, 0, 0]
+        req = request_dict("ROPE", [x, pos], tensor("f32", [64, 8, 1]), op_params=params)
+        r = self.compile(req)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("ROPE: x f16", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
         # MUL_MAT of a transposed weight view (rows not dense): declared noncontiguous, refused
         # at compile time.
         w = Tensor("f32", (64, 32, 1, 1), (128, 4, 8192, 8192))

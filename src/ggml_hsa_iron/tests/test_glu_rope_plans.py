@@ -133,6 +133,46 @@ class RopeWalkTest(unittest.TestCase):
         with self.assertRaises(UnsupportedError):
             prepare(parse_request(req))
 
+    def test_output_types_same_as_x_or_f16_from_f32(self):
+        params = [0, 64, 0, 0, 0, 0x461C4000, 0x3F800000, 0, 0x3F800000, 0, 0]
+        ne = (64, 8, 5, 1)
+        pos = tensor("i32", [5])
+        accepted = (("f32", "f32"), ("f16", "f16"), ("f32", "f16"))
+        for xt, ot in itertools.product(("f32", "f16", "bf16"), repeat=2):
+            with self.subTest(x=xt, out=ot):
+                req = request_json("ROPE", [tensor(xt, ne), pos], tensor(ot, ne), op_params=params)
+                if (xt, ot) in accepted:
+                    spec = prepare(parse_request(req))
+                    # the runtime sequence's output and the core's output type are the output's
+                    self.assertEqual(spec.sequence[-1][0], ot)
+                    want = "uint16_t" if ot == "f16" else "float"
+                    self.assertEqual(spec.core.defines["OUT_T"], want)
+                else:
+                    with self.assertRaises(UnsupportedError):
+                        prepare(parse_request(req))
+        # f16 rows of an odd length are not whole 32-bit words (f32 ones are)
+        odd = (63, 8, 1, 1)
+        params[1] = 62
+        one = tensor("i32", [1])
+        prepare(
+            parse_request(
+                request_json(
+                    "ROPE", [tensor("f32", odd), one], tensor("f32", odd), op_params=params
+                )
+            )
+        )
+        with self.assertRaises(UnsupportedError):
+            req = request_json(
+                "ROPE", [tensor("f32", odd), one], tensor("f16", odd), op_params=params
+            )
+            prepare(parse_request(req))
+        # one shape
+        with self.assertRaises(UnsupportedError):
+            req = request_json(
+                "ROPE", [tensor("f32", ne), pos], tensor("f16", (64, 8, 5, 2)), op_params=params
+            )
+            prepare(parse_request(req))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -174,18 +174,25 @@ class RopeHostTest(unittest.TestCase):
         rng = np.random.default_rng(5)
         ne0, ne1, ne2 = 40, 3, 4
         cases = [
-            # n_dims, mode, freq_scale, ext_factor, attn_factor, ff, dtype, arch, ne3
+            # n_dims, mode, freq_scale, ext_factor, attn_factor, ff, x/output type, arch, ne3
             (32, 0, 1.0, 0.0, 1.0, False, "f32", "aie2p", 1),
             (32, 2, 1.4245, 0.7465, 1.4245, True, "f32", "aie2", 2),
             (40, 0, 1.4245, 0.7465, 1.0, False, "f16", "aie2p", 3),
             (16, 2, 1.0, 0.0, 1.4245, True, "f16", "aie2", 1),
+            # f32 rotated into f16 rows (ROPE fused with the f16 KV-cache write), the tail
+            # past n_dims rounded too
+            (24, 0, 1.4245, 0.7465, 1.0, True, "f32>f16", "aie2", 2),
+            (40, 2, 1.0, 0.0, 1.4245, False, "f32>f16", "aie2p", 1),
         ]
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
-            for n_dims, mode, fs, ef, af, use_ff, dtype, arch, ne3 in cases:
-                with self.subTest(n_dims=n_dims, mode=mode, ef=ef, ff=use_ff, dtype=dtype):
+            for n_dims, mode, fs, ef, af, use_ff, types, arch, ne3 in cases:
+                with self.subTest(n_dims=n_dims, mode=mode, ef=ef, ff=use_ff, types=types):
+                    dtype, _, out_dtype = types.partition(">")
+                    out_dtype = out_dtype or dtype
                     rows = ne1 * ne2 * ne3
                     x = tensor(dtype, [ne0, ne1, ne2, ne3])
+                    out = tensor(out_dtype, [ne0, ne1, ne2, ne3])
                     ins = [x, tensor("i32", [ne2])] + (
                         [tensor("f32", [n_dims // 2])] if use_ff else []
                     )
@@ -193,10 +200,11 @@ class RopeHostTest(unittest.TestCase):
                     params += [fbits(af), fbits(32.0), fbits(1.0)]
                     op = "ROPE_FF" if use_ff else "ROPE"
                     spec = prepare(
-                        parse_request(request_json(op, ins, x, arch=arch, op_params=params))
+                        parse_request(request_json(op, ins, out, arch=arch, op_params=params))
                     )
                     exe = build(tmp, "rope.cc", dict(spec.core.defines), "ROPE", arch)
                     npt = np.float32 if dtype == "f32" else np.float16
+                    out_npt = np.float32 if out_dtype == "f32" else np.float16
                     xv = rng.uniform(-1, 1, (rows, ne0)).astype(npt)
                     pos = rng.integers(0, 4096, ne2).astype(np.int32)
                     ff = rng.uniform(0.9, 1.1, n_dims // 2).astype(np.float32)
@@ -218,7 +226,8 @@ class RopeHostTest(unittest.TestCase):
                             + [str(p.rows)],
                             check=True,
                         )
-                        got.append(np.fromfile(tmp / "o.bin", dtype=npt).reshape(chunk, ne0))
+                        o = np.fromfile(tmp / "o.bin", dtype=out_npt)
+                        got.append(o.reshape(chunk, ne0))
                     got = np.concatenate(got).astype(np.float64)
                     row_pos = pos[(np.arange(rows) // ne1) % ne2]  # ggml: positions[i2]
                     consts = {
@@ -230,11 +239,11 @@ class RopeHostTest(unittest.TestCase):
                         consts["THETA_SCALE"], fs, ef, consts["MSCALE"], consts["CORR_LOW"],
                         consts["CORR_DEN"],
                     )  # fmt: skip
-                    tol = 1e-5 if dtype == "f32" else 2e-3
+                    tol = 1e-5 if out_dtype == "f32" else 2e-3
                     np.testing.assert_allclose(got, want, rtol=0, atol=tol * max(1.0, af * 1.2))
-                    # the tail past n_dims is copied bit for bit
+                    # the tail past n_dims is copied: bit for bit, or rounded to f16
                     np.testing.assert_array_equal(
-                        got[:, n_dims:], xv[:, n_dims:].astype(np.float64)
+                        got[:, n_dims:], xv[:, n_dims:].astype(out_npt).astype(np.float64)
                     )
 
 
@@ -286,6 +295,57 @@ class RopeEmuTest(unittest.TestCase):
                 np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=tol)
         # several columns, several workers per column and several tiles per worker
         self.assertIn((True, True, True), seen)
+
+
+@unittest.skipUnless(CXX and np is not None, "no host C++ compiler or numpy")
+class RopeF16OutputEmuTest(unittest.TestCase):
+    """ROPE fused with the f16 KV-cache write (f32 x, f16 output) in the emulation, on decode
+    shapes: Llama-3.2-1B's K (head dim 64, 8 KV heads) and head dim 128, 1 and 5 tokens. The
+    f16 rows must be the f32 design's rows rounded to nearest even bit for bit (the same
+    arithmetic, then ggml's f32 -> f16 conversion, as ROPE followed by the cache's SET_ROWS),
+    and within f16 rounding of the numpy reference."""
+
+    def test_decode_shapes_modes_and_frequency_factors_on_both_archs(self):
+        from ggml_hsa_iron.tests.util_emu import run_request
+
+        rng = np.random.default_rng(17)
+        shapes = itertools.product((64, 128), (1, 5), (0, 2), (False, True), ("aie2", "aie2p"))
+        for head, tokens, mode, ff_on, arch in shapes:
+            with self.subTest(head=head, tokens=tokens, mode=mode, ff=ff_on, arch=arch):
+                ne = (head, 8, tokens, 1)
+                x, out = tensor("f32", list(ne)), tensor("f16", list(ne))
+                ins = [x, tensor("i32", [tokens])] + ([tensor("f32", [head // 2])] if ff_on else [])
+                # Llama 3's freq_base 500000, n_ctx_orig 8192
+                params = [0, head, mode, 0, 8192, fbits(500000.0), fbits(1.0), 0, fbits(1.0)]
+                params += [fbits(32.0), fbits(1.0)]
+                op = "ROPE_FF" if ff_on else "ROPE"
+                text = request_json(op, ins, out, arch=arch, op_params=params)
+                spec = prepare(parse_request(text))
+                self.assertEqual(spec.core.defines["OUT_T"], "uint16_t")
+                rows = 8 * tokens
+                xv = rng.uniform(-8, 8, (rows, head)).astype(np.float32)
+                pos = (rng.integers(0, 4000) + np.arange(tokens)).astype(np.int32)
+                ff = rng.uniform(1.0, 8.0, head // 2).astype(np.float32)
+                data = [xv.tobytes(), pos.tobytes()] + ([ff.tobytes()] if ff_on else [])
+                got = np.frombuffer(run_request(text, data), dtype=np.float16)
+                got = got.reshape(rows, head)
+                f32_text = request_json(op, ins, x, arch=arch, op_params=params)
+                rotated = np.frombuffer(run_request(f32_text, data), dtype=np.float32)
+                np.testing.assert_array_equal(
+                    got.view(np.uint16),
+                    rotated.astype(np.float16).view(np.uint16).reshape(got.shape),
+                )
+                consts = {
+                    k: struct.unpack("<f", struct.pack("<I", v))[0]
+                    for k, v in spec.constants.items()
+                }
+                want = rope_ref(
+                    xv, pos[(np.arange(rows) // 8) % tokens], ff if ff_on else None, head,
+                    mode == 2, consts["THETA_SCALE"], 1.0, 0.0, consts["MSCALE"],
+                    consts["CORR_LOW"], consts["CORR_DEN"],
+                )  # fmt: skip
+                # f16's half ulp (2^-11 relative), plus the f32 arithmetic's error
+                np.testing.assert_allclose(got.astype(np.float64), want, rtol=5e-4, atol=2e-5)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
   int workers = (int)strtol(argv[5], nullptr, 10);
   auto x = slurp<X_T>(argv[1], rows * NE0);
   auto tab = slurp<int32_t>(argv[2], TABLE_WORDS);
-  std::vector<X_T> out(rows * NE0);
+  std::vector<OUT_T> out(rows * NE0);
   const int step = workers * TILE_ROWS;
   for (int w = 0; w < workers; ++w) {
     ggml_rope_begin(tab.data(), w * TILE_ROWS, step);
