@@ -659,7 +659,8 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
             "RMS_NORM_MUL",
             "ROPE",
             // The KV-cache writes: SET_ROWS into the consecutive slots of a cache filled in
-            // order runs as a copy into those rows (ops::scatter).
+            // order runs as a copy into those rows (ops::scatter), or not at all for K, whose
+            // ROPE writes the rows itself (below).
             "CPY",
             "FLASH_ATTN_EXT_MASK",
             "ADD",
@@ -670,6 +671,18 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
                 c["emulated_ops"]
             );
         }
+        // Of the two SET_ROWS of a layer, only V's dispatches a copy: K's rows are written by
+        // its ROPE, in f16 (the IRON ROPE's f16 output).
+        let set_rows = read_json(&stats)["kernel_nodes"]["SET_ROWS"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(set_rows > 0, "{name}: no SET_ROWS on HSA0");
+        assert_eq!(
+            c["emulated_ops"]["CPY"].as_u64().unwrap_or(0) * 2,
+            set_rows,
+            "{name}: K's rows were copied, not written by its ROPE: {}",
+            c["emulated_ops"]
+        );
     }
 }
 
