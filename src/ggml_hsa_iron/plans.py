@@ -6,6 +6,7 @@ everything the IRON design and the AIE core functions need. The design files
 under designs/ only turn a spec into an IRON program.
 """
 
+import dataclasses
 import math
 import struct
 from dataclasses import dataclass, field
@@ -872,6 +873,15 @@ def prepare_mul_mat_add(req: Request) -> MatmulSpec:
         raise UnsupportedError(f"MUL_MAT_ADD: the output (strides {list(dst.nb)}) is strided")
     w_row = _gemv_layout(req.op, w, x, dst)
     K, N, M = w.ne[0], w.ne[1], x.ne[1]
+    if M > 1 and all(t.is_dense() for t in (w, x)):
+        # Where MUL_MAT's GEMM tiles the product it reads the weights once per M block; the
+        # fused GEMV would read them once per src1 row, more than the ADD it saves costs.
+        product = dataclasses.replace(req, op="MUL_MAT", inputs=(w, x))
+        if not prepare_mul_mat(product).gemv:
+            raise UnsupportedError(
+                f"MUL_MAT_ADD: M={M} dense rows take MUL_MAT's GEMM, which has no r epilogue; "
+                f"the GEMM and the ADD run unfused"
+            )
     products = _products(w, x, dst, r)
     if w.dtype in BYTE_WEIGHTS:
         plan = plan_gemv_blocks(N, K, w.block, w.size, arch, products, w_row=w_row, add=True)

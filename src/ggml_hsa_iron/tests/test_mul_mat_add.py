@@ -132,7 +132,7 @@ class AddPlanTest(unittest.TestCase):
 
     def test_tasks_fit_the_shim_descriptors_and_channels(self):
         for arch in ("aie2", "aie2p"):
-            for ty, M, N, K in (("f32", 1, 4096, 256), ("q4_0", 8, 2048, 512), ("q8_0", 1, 64, 32)):
+            for ty, M, N, K in (("f32", 1, 4096, 256), ("q4_0", 3, 2048, 512), ("q8_0", 1, 64, 32)):
                 with self.subTest(arch=arch, ty=ty, N=N, K=K):
                     spec = add_spec(ty, M, N, K, arch)
                     p = spec.plan
@@ -192,9 +192,15 @@ class AddPlanTest(unittest.TestCase):
         w, x, r = tensor("f32", [64, 32]), tensor("f32", [64, 2]), tensor("f32", [32])
         with self.assertRaises(UnsupportedError):
             prepare(parse_request(request_json("MUL_MAT_ADD", [w, x, r], out)))
-        # A long prefill batch: x's channel takes 2 or 3 tasks per round and src1 row.
+        # Rows MUL_MAT's GEMM takes (it reads the weights once per M block, the GEMV once
+        # per row): the GEMM and the ADD run unfused.
+        for ty, M in (("f32", 4), ("q4_0", 8), ("q4_K", 512)):
+            with self.subTest(ty=ty, M=M), self.assertRaisesRegex(UnsupportedError, "GEMM"):
+                add_spec(ty, M, 64, 256)
+        # A long batch the GEMM does not take (K not whole K steps): x's channel takes 2 or 3
+        # tasks per round and src1 row.
         with self.assertRaisesRegex(UnsupportedError, "1024"):
-            add_spec("q4_0", 512, 4096, 4096)
+            add_spec("f32", 512, 4096, 100)
         # op_params: the op reads none.
         with self.assertRaises(UnsupportedError):
             add_spec("f32", 1, 64, 64, op_params=[1])
@@ -216,7 +222,7 @@ class AddRecordTest(unittest.TestCase):
                 ("q4_0", 1, 2048, 8192, None),  # llama's ffn_down + residual
                 ("q4_K", 1, 4096, 4096, None),  # attn_output + residual
                 ("f32", 1, 4096, 4096, [4096]),  # a bias
-                ("q8_0", 16, 2048, 2048, None),
+                ("q8_0", 3, 2048, 2048, None),
                 ("bf16", 2, 14336, 4096, None),
             ):
                 with self.subTest(arch=arch, ty=ty, M=M, N=N, K=K):
@@ -264,7 +270,7 @@ class AddEmulationTest(unittest.TestCase):
             ("f32", 1, 32, 256, "aie2p", None),
             ("f32", 3, 37, 48, "aie2", [37, 1]),
             ("f16", 1, 64, 96, "aie2p", [64]),
-            ("f16", 4, 48, 64, "aie2", None),
+            ("f16", 3, 48, 64, "aie2", None),
             ("q4_0", 1, 70, 256, "aie2", None),
             ("q4_0", 3, 64, 128, "aie2p", [64, 1]),
             ("q8_0", 1, 45, 128, "aie2p", [45]),
