@@ -4,7 +4,7 @@ import json
 
 from . import COMPILER_NAME, MLIR_AIE_VERSION, PROTOCOL
 from .archs import ARCHS
-from .registry import MUL_MAT_COMBOS, MUL_MAT_GLU_COMBOS, OPS
+from .registry import MUL_MAT_ADD_COMBOS, MUL_MAT_COMBOS, MUL_MAT_GLU_COMBOS, OPS
 
 
 def capabilities(target: str = "npu") -> dict:
@@ -28,6 +28,9 @@ def capabilities(target: str = "npu") -> dict:
         elif spec.kind == "mul_mat_glu":
             # (weights, x, dst); inputs 0 and 1 both have the weights' type.
             entry["type_combos"] = [list(c) for c in MUL_MAT_GLU_COMBOS]
+        elif spec.kind == "mul_mat_add":
+            # (weights, x, dst); r is f32.
+            entry["type_combos"] = [list(c) for c in MUL_MAT_ADD_COMBOS]
         ops.append(entry)
     return {
         "protocol": PROTOCOL,

@@ -6,6 +6,7 @@ everything the IRON design and the AIE core functions need. The design files
 under designs/ only turn a spec into an IRON program.
 """
 
+import dataclasses
 import math
 import struct
 from dataclasses import dataclass, field
@@ -169,6 +170,13 @@ class MatmulSpec:
     # MUL_MAT_<glu>: the GLU op (REGLU, GEGLU, SWIGLU, GEGLU_ERF, GEGLU_QUICK); src0 is then
     # the gate weights, and the up weights (the request's input 1) have src0's dtype, ne, nb.
     glu: str = ""
+    # MUL_MAT_ADD: r, added to the product (the request's input 2; f32 rows of N, repeated
+    # over the product as ggml's ADD repeats its second input).
+    r: Tensor | None = None
+
+    @property
+    def add(self) -> bool:
+        return self.r is not None
 
     @property
     def gemv(self) -> bool:
@@ -182,10 +190,11 @@ class MatmulSpec:
     @property
     def sequence(self) -> list[tuple[str, int]]:
         """(type, elements) of the runtime-sequence arguments: src0, src1, dst (MUL_MAT_<glu>:
-        W_g, W_u, x, dst)."""
+        W_g, W_u, x, dst; MUL_MAT_ADD: W, x, r, dst)."""
         w = ("i8", extent(self.src0)) if self.weight_bytes else (self.src0.dtype, _span(self.src0))
         ws = [w, w] if self.glu else [w]
-        return ws + [(t.dtype, _span(t)) for t in (self.src1, self.dst)]
+        rest = (self.src1, self.r, self.dst) if self.add else (self.src1, self.dst)
+        return ws + [(t.dtype, _span(t)) for t in rest]
 
     @property
     def batches(self) -> list[tuple[int, int, int]]:
@@ -195,8 +204,9 @@ class MatmulSpec:
     @property
     def products(self) -> list[tuple[int, int, int]]:
         """GEMV: (src0, src1, dst) offsets of every matrix-vector product, one per src1 row
-        of every batch, in order; src0's in bytes when it is moved as bytes."""
-        return _products(self.src0, self.src1, self.dst)
+        of every batch, in order; src0's in bytes when it is moved as bytes. MUL_MAT_ADD:
+        (src0, src1, dst, r), r's the offset of the row added to the product's."""
+        return _products(self.src0, self.src1, self.dst, self.r)
 
     def tasks(self):
         """The runtime sequence's DMA task groups (see GemmPlan.tasks, GemvPlan.tasks)."""
@@ -213,6 +223,8 @@ class MatmulSpec:
     def core(self) -> CoreSource:
         a, b, c = self.src1.dtype, self.src0.dtype, self.dst.dtype
         glu = {"MV_GLU": 1, f"GGML_OP_{self.glu}": 1} if self.glu else {}
+        if self.add:
+            glu = {"MV_ADD": 1}
         p = self.plan
         # The GEMM's microkernel and tile shape (mm.cc and mmq.cc).
         gemm_tiles = (
@@ -278,12 +290,13 @@ def _batches(src0: Tensor, src1: Tensor, dst: Tensor) -> list[tuple[int, int, in
     return out
 
 
-def _products(src0: Tensor, src1: Tensor, dst: Tensor) -> list[tuple[int, int, int]]:
+def _products(src0: Tensor, src1: Tensor, dst: Tensor, r: Tensor | None = None) -> list[tuple]:
     """(src0, src1, dst) offsets of every matrix-vector product (one per src1 row), in order
     (batches i13, i12, then src1 rows); src0's in bytes when it is moved as bytes (f16,
     block-quantized), the others in elements. Walks each operand's byte strides nb (dense or
     strided views with dense rows), src0 broadcast as ggml does: i02 = i12 / r2,
-    i03 = i13 / r3."""
+    i03 = i13 / r3. With r (MUL_MAT_ADD) a fourth offset: r's row repeated over the product
+    as ggml's ADD repeats its second input (index i % ne in every dimension)."""
     s0, s1 = src0.ne, src1.ne
     r2, r3 = s1[2] // s0[2], s1[3] // s0[3]
     w_unit = 1 if src0.dtype in BYTE_WEIGHTS else src0.size
@@ -294,7 +307,11 @@ def _products(src0: Tensor, src1: Tensor, dst: Tensor) -> list[tuple[int, int, i
             for i in range(s1[1]):
                 x = (i * src1.nb[1] + i12 * src1.nb[2] + i13 * src1.nb[3]) // src1.size
                 y = (i * dst.nb[1] + i12 * dst.nb[2] + i13 * dst.nb[3]) // dst.size
-                out.append((w, x, y))
+                if r is None:
+                    out.append((w, x, y))
+                    continue
+                idx = (i % r.ne[1], i12 % r.ne[2], i13 % r.ne[3])
+                out.append((w, x, y, sum(j * b for j, b in zip(idx, r.nb[1:])) // r.size))
     return out
 
 
@@ -830,6 +847,71 @@ def prepare_mul_mat_glu(req: Request) -> MatmulSpec:
     return MatmulSpec(req, arch, gate, x, dst, plan, compute, glu=glu)
 
 
+def _check_mul_mat_add_r(r: Tensor, dst: Tensor) -> None:
+    """MUL_MAT_ADD's r: f32 rows of the product's N, repeated over the product's other
+    dimensions as ggml's ADD repeats its second input, each row dense (any word-aligned row
+    strides: the GEMV reads one run of a row per round)."""
+    if any(dst.ne[d] % r.ne[d] for d in range(4)):
+        raise RequestError(
+            f"MUL_MAT_ADD: r {list(r.ne)} cannot be repeated over the product {list(dst.ne)}"
+        )
+    if r.ne[0] != dst.ne[0]:
+        raise UnsupportedError(
+            f"MUL_MAT_ADD: r's rows have {r.ne[0]} values, not the product's {dst.ne[0]} "
+            f"(a row repeated along dimension 0 is not walked)"
+        )
+    if not _rows_dense(r) or any(b % DTYPES["f32"].size for b in r.nb):
+        raise UnsupportedError(
+            f"MUL_MAT_ADD: r (strides {list(r.nb)}) does not have dense f32 rows on 32-bit words"
+        )
+
+
+def prepare_mul_mat_add(req: Request) -> MatmulSpec:
+    """MUL_MAT_ADD: W . x + r, MUL_MAT's GEMV for every src1 row with r's values for the
+    round's rows behind x's K chunks (GemvPlan.add). Inputs: W, x, r; dst f32, contiguous."""
+    _, arch = _check_common(req, strided=True)  # the input count, op_params, types
+    w, x, r = req.inputs
+    dst = req.output
+    combo = (w.dtype, x.dtype, dst.dtype)
+    if combo not in registry.MUL_MAT_ADD_COMBOS or r.dtype != "f32":
+        raise UnsupportedError(
+            f"MUL_MAT_ADD does not compile the type combination weights {combo[0]}, x "
+            f"{combo[1]}, r {r.dtype}, dst {combo[2]}"
+        )
+    _check_mul_mat_shapes(req.op, w, x, dst)
+    _check_mul_mat_add_r(r, dst)
+    if not dst.is_dense():
+        raise UnsupportedError(f"MUL_MAT_ADD: the output (strides {list(dst.nb)}) is strided")
+    w_row = _gemv_layout(req.op, w, x, dst)
+    K, N, M = w.ne[0], w.ne[1], x.ne[1]
+    if M > 1 and all(t.is_dense() for t in (w, x)):
+        # Where MUL_MAT's GEMM tiles the product it reads the weights once per M block; the
+        # fused GEMV would read them once per src1 row, more than the ADD it saves costs.
+        product = dataclasses.replace(req, op="MUL_MAT", inputs=(w, x))
+        if not prepare_mul_mat(product).gemv:
+            raise UnsupportedError(
+                f"MUL_MAT_ADD: M={M} dense rows take MUL_MAT's GEMM, which has no r epilogue; "
+                f"the GEMM and the ADD run unfused"
+            )
+    products = _products(w, x, dst, r)
+    if w.dtype in BYTE_WEIGHTS:
+        plan = plan_gemv_blocks(N, K, w.block, w.size, arch, products, w_row=w_row, add=True)
+        compute = "bf16"
+    else:
+        _check_aligned(req.op, [p[:3] for p in products], w, x, dst, w_row)
+        plan = plan_gemv(N, K, w.size, x.size, dst.size, arch, len(products), w_row=w_row, add=True)
+        compute = w.dtype
+    if plan is None:
+        raise UnsupportedError(
+            f"MUL_MAT_ADD: no tiling of {w.dtype} weights for M={M}, N={N}, K={K} "
+            f"({len(products)} src1 rows) on {arch.name}: the GEMV needs rows of whole 32-bit "
+            f"words in K (whole blocks; or a core's rows together), rounds of rows dividing N "
+            f"whose r values fit one K chunk of x, and at most {MAX_TASKS_PER_CHANNEL} DMA "
+            f"tasks on x's shim channel (src1 rows x rounds x 2 or 3)"
+        )
+    return MatmulSpec(req, arch, w, x, dst, plan, compute, r=r)
+
+
 def gemm_blocks_plan(src0: Tensor, src1: Tensor, dst: Tensor, arch: Arch) -> GemmPlan:
     """The GEMM plan of dense f16 / block-quantized weights (moved as bytes, decoded by
     mmq.cc) times f32 src1, or UnsupportedError saying why there is none (the caller then
@@ -935,6 +1017,8 @@ def prepare(req: Request):
         return prepare_mul_mat(req)
     if spec.kind == "mul_mat_glu":
         return prepare_mul_mat_glu(req)
+    if spec.kind == "mul_mat_add":
+        return prepare_mul_mat_add(req)
     if spec.kind == "rows":
         return prepare_rows(req)
     if spec.kind == "glu":

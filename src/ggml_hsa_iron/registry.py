@@ -11,7 +11,7 @@ vector units, f32 is emulated. Type rules beyond the per-op list:
 * element-wise ops: float operands (bf16, f32) may be mixed freely, integer
   operands must all have one type; floats and integers do not mix;
 * MUL_MAT: see `MUL_MAT_COMBOS`; MUL_MAT_<glu>: `MUL_MAT_GLU_COMBOS` (input 1, the up
-  weights, has input 0's type).
+  weights, has input 0's type); MUL_MAT_ADD: `MUL_MAT_ADD_COMBOS` (r is f32).
 """
 
 from dataclasses import dataclass
@@ -37,7 +37,7 @@ class OpSpec:
     types: tuple[str, ...]
     broadcast: bool
     noncontiguous: bool
-    # "binary", "unary", "mul_mat", "mul_mat_glu", "rows", "glu", "rope", "copy", "set_rows",
+    # "binary", "unary", "mul_mat", "mul_mat_glu", "mul_mat_add", "rows", "glu", "rope", "copy", "set_rows",
     # "flash_attn", "reduce"
     kind: str
     constraints: str  # human-readable limits beyond the protocol fields
@@ -83,6 +83,16 @@ _MM_GLU_LIMITS = (
     "strided operands and rows of whole 32-bit words (whole blocks) as MUL_MAT's GEMV; at most 1024 DMA "
     "tasks on the weights' shim channel (src1 rows x rounds x 2), so long prefill batches "
     "are refused"
+)
+
+_MM_ADD_LIMITS = (
+    "W . x + r: inputs W (MUL_MAT's src0: f32, bf16, f16 or block-quantized), x (f32, "
+    "MUL_MAT's src1), r (f32 rows of N, of the product's shape or repeated over it as ggml's "
+    "ADD repeats its second input, e.g. one bias row; rows dense at word-aligned strides); "
+    "dst f32 [N,M,...] contiguous. One GEMV per src1 row (MUL_MAT's GEMV rules), r's values "
+    "for a round's rows sent behind x's K chunks and added before the results leave the core; "
+    "rounds of rows dividing N; at most 1024 DMA tasks on x's shim channel (src1 rows x "
+    "rounds x 2 or 3), so long prefill batches are refused"
 )
 
 _ROWS_LIMITS = (
@@ -228,6 +238,18 @@ OPS: tuple[OpSpec, ...] = (
     _mul_mat_glu("MUL_MAT_SWIGLU"),
     _mul_mat_glu("MUL_MAT_GEGLU_ERF"),
     _mul_mat_glu("MUL_MAT_GEGLU_QUICK"),
+    # A MUL_MAT and the ADD of its product, fused by the backend (residual connections,
+    # biases): inputs W, x, r (designs/mul_mat.py).
+    OpSpec(
+        "MUL_MAT_ADD",
+        MUL_MAT,
+        3,
+        ("bf16", "f16", "f32") + QUANT_TYPES,
+        True,
+        True,
+        "mul_mat_add",
+        _MM_ADD_LIMITS,
+    ),
     # Row ops (designs/_rows.py): op_params eps (norms), scale and max_bias (SOFT_MAX).
     _rows("RMS_NORM", 1, ("f32",), 1),
     _rows("NORM", 1, ("f32",), 1),
@@ -332,6 +354,11 @@ MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = (
 # computed in f32); both weight inputs have the first type.
 MUL_MAT_GLU_COMBOS: tuple[tuple[str, str, str], ...] = tuple(
     c for c in MUL_MAT_COMBOS if c[2] == "f32"
+)
+
+# (weights, x, dst) type triples of MUL_MAT_ADD (r is f32): MUL_MAT's with f32 x and dst.
+MUL_MAT_ADD_COMBOS: tuple[tuple[str, str, str], ...] = tuple(
+    c for c in MUL_MAT_COMBOS if c[1:] == ("f32", "f32")
 )
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}

@@ -568,6 +568,13 @@ class GemvPlan:
     `glu` (MUL_MAT_<glu>, two weight matrices of one layout, W_g and W_u): per round the W
     channel carries the round's tile of W_g, then the same tile of W_u (two DMA tasks per
     round: two runtime buffers, one fifo), x goes twice (one tap repeating it) and y once.
+
+    `add` (MUL_MAT_ADD, y = W . x + r): per round the x channel carries the x row's K chunks,
+    then one more object of kc values, the column's R*nr values of r for the round's rows
+    (one task) padded with x's first values (a second task, unless R*nr == kc), which the
+    cores ignore; core i adds values i*nr .. (i+1)*nr to its y before releasing it. Rounds
+    never overlap (N is whole rounds): with the output in r's memory (an ADD in place, which
+    the request cannot tell), a shifted last round would read r's rows already written.
     """
 
     N: int
@@ -585,10 +592,21 @@ class GemvPlan:
     # W's row stride in W units (src0's nb[1] over the unit's bytes): a strided src0 (a view,
     # a permuted tensor) with dense rows. 0: dense, rows w_units(K) apart.
     w_row: int = 0
+    add: bool = False
 
     def w_units(self, elems: int) -> int:
         """W's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
         return weight_units(elems, self.w_block, self.w_block_bytes)
+
+    @property
+    def r_pad(self) -> int:
+        """`add`: the values of x padding each round's r object (kc - R*nr)."""
+        return self.k_chunk - self.rows * self.rows_per_tile
+
+    @property
+    def x_tasks_per_round(self) -> int:
+        """`add`: DMA tasks per round on the x channel (x, r, and the padding if any)."""
+        return 3 if self.r_pad else 2
 
     @property
     def row_stride(self) -> int:
@@ -619,18 +637,25 @@ class GemvPlan:
         shim tile's buffer descriptors: 2 W tasks per round, x and y)."""
         if self.glu:
             return round_tasks(self.N, self.block, GLU_GROUP_ROUNDS)
+        limit = MAX_REPEAT
+        if self.add:
+            # A group's x-channel tasks per round, W and y within the shim's descriptors.
+            limit = (SHIM_GROUP_TASKS - 2) // self.x_tasks_per_round
         round_bytes = self.block * self.row_stride * self.w_size
         if round_bytes > MAX_STRIDE_WORDS * DMA_WORD:
             # Consecutive rounds of W are further apart than a DMA stride reaches: one round
             # per task (its repeat dimension has size 1 and no stride).
             return round_tasks(self.N, self.block, 1)
-        return round_tasks(self.N, self.block)
+        return round_tasks(self.N, self.block, limit)
 
     def w_tasks(self, products: int) -> int:
         """DMA tasks on a column's W channel over `products` matrix-vector products (the
         busiest shim channel)."""
         if self.glu:
             return products * 2 * self.rounds
+        if self.add:
+            # The x channel's tasks per round outnumber W's.
+            return products * self.rounds * self.x_tasks_per_round
         return products * len(self.round_tasks())
 
     def _w_tap(self, w_off: int, row0: int, count: int) -> Tap:
@@ -652,12 +677,17 @@ class GemvPlan:
         src1, dst) element offsets of each matrix-vector product (one per src1 row).
 
         With `glu`: each a (Ws, x, y) per column, Ws one W tap per round of the group (one
-        round each), each issued on W_g and then on W_u; x repeats the row twice per round."""
+        round each), each issued on W_g and then on W_u; x repeats the row twice per round.
+
+        With `add` (products are (src0, src1, dst, r) offsets): each a (W, x, y, rs, pad) per
+        column, x one round's K chunks, rs one r tap per round (the column's R*nr values of
+        the round's rows), pad the x values padding each r object (None when R*nr == kc); the
+        x channel takes, per round, x, its r tap, then pad."""
         K, C, R, nr, kc = self.K, self.columns, self.rows, self.rows_per_tile, self.k_chunk
         block = self.block
         per_round = 2 if self.glu else 1
         groups = []
-        for w_off, x_off, y_off in products:
+        for w_off, x_off, y_off, *r_off in products:
             for r0, count in self.round_tasks():
                 group = []
                 for col in range(C):
@@ -666,8 +696,19 @@ class GemvPlan:
                         w = tuple(self._w_tap(w_off, row0 + i * block, 1) for i in range(count))
                     else:
                         w = self._w_tap(w_off, row0, count)
-                    x = Tap(x_off, (per_round * count, 1, K // kc, kc), (0, 0, kc, 1))
                     y = Tap(y_off + row0, (1, 1, count, R * nr), (0, 0, block, 1))
+                    if self.add:
+                        x = Tap(x_off, (1, 1, K // kc, kc), (0, 0, kc, 1))
+                        rs = tuple(
+                            Tap(r_off[0] + row0 + i * block, (1, 1, 1, R * nr), (0, 0, 0, 1))
+                            for i in range(count)
+                        )
+                        pad = (
+                            Tap(x_off, (1, 1, 1, self.r_pad), (0, 0, 0, 1)) if self.r_pad else None
+                        )
+                        group.append((w, x, y, rs, pad))
+                        continue
+                    x = Tap(x_off, (per_round * count, 1, K // kc, kc), (0, 0, kc, 1))
                     group.append((w, x, y))
                 groups.append(group)
         return groups
@@ -677,6 +718,14 @@ GEMV_MAX_CHUNK_WORDS = MAX_WRAP  # a K chunk is one run of a DMA dimension
 # MUL_MAT_<glu>: rounds per task group, whose 2 W tasks per round, x and y must fit the 16
 # buffer descriptors of a shim tile between awaits: 2 * 7 + 2.
 GLU_GROUP_ROUNDS = 7
+# DMA tasks a shim tile may have in flight between awaits (its buffer descriptors).
+SHIM_GROUP_TASKS = 16
+
+
+def _add_ok(N: int, rows: int, nr: int, block: int, kc: int) -> bool:
+    """MUL_MAT_ADD (GemvPlan.add): whole rounds (no shifted last round) and a round's r
+    values for a column within one x object."""
+    return N % block == 0 and rows * nr <= kc
 
 
 def plan_gemv(
@@ -689,11 +738,13 @@ def plan_gemv(
     products: int = 1,
     glu: bool = False,
     w_row: int = 0,
+    add: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan for `products` matrix-vector products, or None. Any N; K
     chunks are divisors of K whose W and x runs are whole DMA words (any K for f32).
     `glu`: MUL_MAT_<glu> (GemvPlan.glu; the core also keeps its stash of nr f32). `w_row`:
-    W's row stride in elements when src0 is strided (GemvPlan.w_row; 0: dense)."""
+    W's row stride in elements when src0 is strided (GemvPlan.w_row; 0: dense). `add`:
+    MUL_MAT_ADD (GemvPlan.add: whole rounds, R*nr <= kc)."""
     if (K * w_size) % DMA_WORD or (K * x_size) % DMA_WORD:
         return None
     best, best_key = None, None
@@ -714,8 +765,10 @@ def plan_gemv(
                     l1 += glu_stash_bytes(nr) if glu else 0
                     if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                         continue
+                    if add and not _add_ok(N, rows, nr, columns * rows * nr, kc):
+                        continue
                     plan = GemvPlan(
-                        N, K, columns, rows, nr, kc, glu=glu, w_size=w_size, w_row=w_row
+                        N, K, columns, rows, nr, kc, glu=glu, w_size=w_size, w_row=w_row, add=add
                     )
                     if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
                         continue
@@ -735,7 +788,7 @@ def glu_stash_bytes(nr: int) -> int:
 
 def _w_taps(plan: GemvPlan, products):
     for group in plan.tasks(products):
-        for w, _, _ in group:
+        for w, *_ in group:
             yield from (w if plan.glu else (w,))
 
 
@@ -756,6 +809,7 @@ def plan_gemv_blocks(
     staging: int = 0,
     glu: bool = False,
     w_row: int = 0,
+    add: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan over weights moved as bytes (`w_block` elements in
     `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results, or
@@ -763,7 +817,7 @@ def plan_gemv_blocks(
     products (checked for DMA alignment); `staging` is what the core function keeps on its
     stack besides the fifo buffers. K chunks are whole blocks. `glu`: MUL_MAT_<glu>
     (GemvPlan.glu; the core also keeps its stash of nr f32). `w_row`: W's row stride in bytes
-    when src0 is strided (GemvPlan.w_row; 0: dense)."""
+    when src0 is strided (GemvPlan.w_row; 0: dense). `add`: MUL_MAT_ADD (GemvPlan.add)."""
     if K % w_block:
         return None
     blocks = K // w_block
@@ -793,8 +847,10 @@ def plan_gemv_blocks(
                     # dimension.
                     if kc == K and rows * nr * kcw > DMA_WORD * MAX_WRAP:
                         continue
+                    if add and not _add_ok(N, rows, nr, columns * rows * nr, kc):
+                        continue
                     plan = GemvPlan(
-                        N, K, columns, rows, nr, kc, w_block, w_block_bytes, glu, 1, w_row
+                        N, K, columns, rows, nr, kc, w_block, w_block_bytes, glu, 1, w_row, add
                     )
                     if plan.w_tasks(len(products)) > MAX_TASKS_PER_CHANNEL:
                         continue

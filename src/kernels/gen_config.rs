@@ -558,8 +558,8 @@ mod tests {
         assert_eq!(g.to_desc().unwrap().1.op, "GELU");
 
         // An op without an IRON design names no source.
-        let r = entry("ggml_op_mul_mat_add", "", &[t, t, t], t);
-        assert_eq!(r.to_desc().unwrap().1.op, "MUL_MAT_ADD");
+        let r = entry("ggml_op_get_rows", "", &[t, t], t);
+        assert_eq!(r.to_desc().unwrap().1.op, "GET_ROWS");
         let json = KernelConfig { kernels: vec![r] }.to_json();
         assert!(!json.contains("kernel_source"), "{json}");
     }
@@ -582,8 +582,8 @@ mod tests {
             "{m}"
         );
         assert_eq!(
-            msg(entry("ggml_op_mul_mat_add", "mul_mat.py", &[t, t, t], t)),
-            "kernel source not found: \"mul_mat.py\" does not define kernel \"ggml_op_mul_mat_add\", \
+            msg(entry("ggml_op_get_rows", "copy_ops.py", &[t, t], t)),
+            "kernel source not found: \"copy_ops.py\" does not define kernel \"ggml_op_get_rows\", \
              which is in \"(no IRON design: leave kernel_source out)\""
         );
         let mut e = entry("ggml_op_relu", "unary_ops.py", &[t], t);

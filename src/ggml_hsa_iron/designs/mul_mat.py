@@ -44,10 +44,19 @@ into it, then acquires y, accumulates W_u's K chunks into y and sets y = act(sta
 rows from W_g, then the same tap from W_u (`GemvPlan.tasks` with `glu`), and x twice (one
 tap with a stride-0 repeat).
 
+MUL_MAT_ADD (the backend's fusion of a MUL_MAT and the ADD of its product, llama's residual
+connections and biases): dst = W . x + r, the GEMV dataflow for every src1 row. The x fifo
+carries per round, behind x's K chunks, one more object: the column's r values for the round's
+rows (padded to the object with x's first values); each core adds its nr values to y before
+releasing it (kernels/mv_add.h), so the product never leaves the core without r.
+`GemvPlan.add` keeps rounds whole (no shifted last round re-reading r's rows after the output,
+possibly in r's own memory, was written) and a column's r values within one x object.
+
 Runtime-sequence arguments: src0, src1, dst (the request's order); MUL_MAT_<glu>: W_g, W_u,
-x, dst.
+x, dst; MUL_MAT_ADD: W, x, r, dst.
 """
 
+import numpy as np
 from aie.helpers.taplib import TensorAccessPattern
 from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
 from aie.iron.controlflow import range_
@@ -184,10 +193,12 @@ def _gemv(spec):
     )
     zero = Kernel(f"{fn}_zero", obj, [y_tile])
     matvec = Kernel(fn, obj, [w_tile, x_tile, y_tile])
+    # MUL_MAT_ADD: y += the core's r values, from the object behind the round's x chunks.
+    add = Kernel(f"{fn}_add", obj, [x_tile, y_tile, np.int32]) if spec.add else None
     rounds = spec.tiles_per_core
     k_steps = p.k_steps
 
-    def core_fn(of_w, of_x, of_y, zero_fn, mv_fn):
+    def core_fn(of_w, of_x, of_y, zero_fn, mv_fn, add_fn=None, r_offset=0):
         for _ in range_(rounds):
             y = of_y.acquire(1)
             zero_fn(y)
@@ -196,6 +207,10 @@ def _gemv(spec):
                 x = of_x.acquire(1)
                 mv_fn(w, x, y)
                 of_w.release(1)
+                of_x.release(1)
+            if add_fn is not None:
+                r = of_x.acquire(1)
+                add_fn(r, y, r_offset)
                 of_x.release(1)
             of_y.release(1)
 
@@ -222,11 +237,13 @@ def _gemv(spec):
         y_cols.append(y_fifo)
         for i in range(R):
             args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), zero, matvec]
+            if add is not None:
+                args += [add, i * nr]
             workers.append(Worker(core_fn, fn_args=args, tile=Tile(col, 2 + i)))
 
     totals = [count for _, count in spec.sequence]
     groups = spec.tasks()
-    # Shim endpoints: per column, W (src0) and x (src1) in, y (dst) out.
+    # Shim endpoints: per column, W (src0) and x (src1; MUL_MAT_ADD: and r) in, y (dst) out.
     handles = []
     for col in range(C):
         shim = Tile(col, SHIM_ROW)
@@ -245,7 +262,24 @@ def _gemv(spec):
                 hy.drain(Y, tap=_tap(totals[2], y), group=tg, wait=True)
             tg.finish()
 
-    rt = Runtime(sequence, [*seq_types, *handles])
+    def sequence_add(W, X, Rbuf, Y, *hs):
+        # GemvPlan.tasks with `add`: per round on the x channel the x row's K chunks, the
+        # column's r values of the round's rows, and the padding of that object (x's first
+        # values); W and y as for MUL_MAT.
+        for group in groups:
+            tg = TaskGroup()
+            for col, (w, x, y, rs, pad) in enumerate(group):
+                hw, hx, hy = hs[3 * col : 3 * col + 3]
+                hw.fill(W, tap=_tap(totals[0], w), group=tg)
+                for r in rs:
+                    hx.fill(X, tap=_tap(totals[1], x), group=tg)
+                    hx.fill(Rbuf, tap=_tap(totals[2], r), group=tg)
+                    if pad is not None:
+                        hx.fill(X, tap=_tap(totals[1], pad), group=tg)
+                hy.drain(Y, tap=_tap(totals[3], y), group=tg, wait=True)
+            tg.finish()
+
+    rt = Runtime(sequence_add if spec.add else sequence, [*seq_types, *handles])
     return Program(dev, rt, workers=workers).resolve_program()
 
 
@@ -350,6 +384,12 @@ def _gemv_glu(spec):
 
     rt = Runtime(sequence, [*seq_types, *handles])
     return Program(dev, rt, workers=workers).resolve_program()
+
+
+def ggml_op_mul_mat_add(spec):
+    """MUL_MAT_ADD: W . x + r, the GEMV with r's values behind each round's x chunks (see the
+    module docstring)."""
+    return _gemv(spec)
 
 
 def ggml_op_mul_mat_reglu(spec):

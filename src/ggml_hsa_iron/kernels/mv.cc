@@ -5,6 +5,7 @@
 // elements, y (dst's type Y_T) MV_ROWS results accumulated over the K chunks.
 // MV_KC is any chunk of K (whole vectors, then a zero-padded tail).
 // MV_GLU=1 with GGML_OP_<glu op> (f32 y): the fused MUL_MAT_<glu> functions (mv_glu.h).
+// MV_ADD=1 (f32 x and y): the fused MUL_MAT_ADD epilogue (mv_add.h).
 // Floats: bf16 x bf16 uses the native bf16 multiply-accumulate into f32
 // accumulators; other float pairs are widened to f32. Integers: 32-bit sums.
 
@@ -102,6 +103,12 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) { accumulate(w, x, y); }
 #define GGML_MV_W_T W_T
 #define GGML_MV_X_T X_T
 #include "mv_glu.h"
+#endif
+
+#if MV_ADD
+// MUL_MAT_ADD: see mv_add.h.
+#define GGML_MV_ADD ggml_mv_add
+#include "mv_add.h"
 #endif
 
 #endif

@@ -17,7 +17,7 @@
 //
 // Defines: exactly one of MVQ_F16, MVQ_Q4_0, MVQ_Q4_1, MVQ_Q5_0, MVQ_Q8_0, MVQ_Q4_K,
 // MVQ_Q5_K, MVQ_Q6_K; MV_ROWS, MV_KC. MV_GLU=1 with GGML_OP_<glu op>: the fused
-// MUL_MAT_<glu> functions (mv_glu.h).
+// MUL_MAT_<glu> functions (mv_glu.h). MV_ADD=1: the fused MUL_MAT_ADD epilogue (mv_add.h).
 
 #include "ggml_aie.h"
 #if MV_GLU
@@ -99,6 +99,12 @@ void ggml_mvq(int8_t *w, float *x, float *y) { accumulate(w, x, y); }
 #define GGML_MV_W_T int8_t
 #define GGML_MV_X_T float
 #include "mv_glu.h"
+#endif
+
+#if MV_ADD
+// MUL_MAT_ADD: see mv_add.h.
+#define GGML_MV_ADD ggml_mvq_add
+#include "mv_add.h"
 #endif
 
 } // extern "C"

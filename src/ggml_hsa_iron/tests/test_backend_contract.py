@@ -101,6 +101,8 @@ class OpNamesTest(unittest.TestCase):
                 want_kind = "unary"
             if spec.op == "MUL_MAT":
                 want_kind = "mul_mat"
+            elif spec.op == "MUL_MAT_ADD":
+                want_kind = "mul_mat_add"
             elif spec.op in catalogue_kernels("MUL_MAT"):
                 want_kind = "mul_mat_glu"
             if spec.op in ROW_OPS:

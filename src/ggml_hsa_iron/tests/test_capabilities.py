@@ -100,7 +100,7 @@ class CapabilitiesTest(unittest.TestCase):
             ):
                 self.assertIsInstance(op[key], kind, op["op"])
             # MUL_MAT's weights may also be f16 or block-quantized; f16 elsewhere as listed.
-            mm = op["op"] == "MUL_MAT" or op["op"] in MM_GLU
+            mm = op["op"] in ("MUL_MAT", "MUL_MAT_ADD") or op["op"] in MM_GLU
             extra = set(("f16",) + QUANT_TYPES) if mm else {"f16"}
             if op["op"] in ("SET_ROWS", "COUNT_EQUAL"):
                 extra.add("i64")  # SET_ROWS' indices, COUNT_EQUAL's count
@@ -119,7 +119,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + SEED_UNARY
                 + EXTRA_UNARY
                 + WITH_PARAMS
-                + ["MUL_MAT"]
+                + ["MUL_MAT", "MUL_MAT_ADD"]
                 + MM_GLU
                 + ROW_OPS
                 + GLU
@@ -169,10 +169,18 @@ class CapabilitiesTest(unittest.TestCase):
         # scale, max_bias, logit_softcap
         self.assertEqual({s.params for s in registry.OPS if s.kind == "flash_attn"}, {3})
         self.assertEqual({s.params for s in registry.OPS if s.kind == "rope"}, {11})
+        o = ops["MUL_MAT_ADD"]
+        self.assertEqual((o["inputs"], o["broadcast"], o["noncontiguous"]), (3, True, True))
+        self.assertEqual(o["types"], ["bf16", "f16", "f32", *QUANT_TYPES])
+        self.assertEqual(o["kernel_source"], "mul_mat.py")
+        self.assertEqual(
+            o["type_combos"],
+            [list(c) for c in registry.MUL_MAT_COMBOS if c[1:] == ("f32", "f32")],
+        )
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
             set(WITH_F16 + MM_GLU + self.FLASH_ATTN)
-            | {"MUL_MAT", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"}
+            | {"MUL_MAT", "MUL_MAT_ADD", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"}
             >= with_f16
         )
         self.assertTrue(with_f16 >= set(WITH_F16))
@@ -201,6 +209,7 @@ class CapabilitiesTest(unittest.TestCase):
             text = (KERNELS / source).read_text()
             self.assertIn('#include "glu.h"', text, source)
             self.assertIn('#include "mv_glu.h"', text, source)
+            self.assertIn('#include "mv_add.h"', text, source)
         for spec in registry.OPS:
             if spec.kind == "glu":
                 self.assertIn(f"defined(GGML_OP_{spec.op})", glu, spec.op)
@@ -255,6 +264,17 @@ class CapabilitiesTest(unittest.TestCase):
                             req = request_json(
                                 spec.op,
                                 [w, w, tensor(s1, [256, 2])],
+                                tensor(d, [64, 2]),
+                                arch=arch,
+                            )
+                        elif spec.kind == "mul_mat_add":
+                            combos = [c for c in registry.MUL_MAT_ADD_COMBOS if dtype in c]
+                            self.assertTrue(combos)
+                            s0, s1, d = combos[0]
+                            ins = [tensor(s0, [256, 64]), tensor(s1, [256, 2])]
+                            req = request_json(
+                                spec.op,
+                                ins + [tensor("f32", [64])],  # a bias row
                                 tensor(d, [64, 2]),
                                 arch=arch,
                             )
