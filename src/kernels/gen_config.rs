@@ -557,11 +557,6 @@ mod tests {
         let g = entry("ggml_unary_op_gelu", "unary_ops.py", &[t], t);
         assert_eq!(g.to_desc().unwrap().1.op, "GELU");
 
-        // An op without an IRON design names no source.
-        let r = entry("ggml_op_get_rows", "", &[t, t], t);
-        assert_eq!(r.to_desc().unwrap().1.op, "GET_ROWS");
-        let json = KernelConfig { kernels: vec![r] }.to_json();
-        assert!(!json.contains("kernel_source"), "{json}");
     }
 
     #[test]
@@ -581,10 +576,11 @@ mod tests {
             ),
             "{m}"
         );
+        // Every kernel op has an IRON design now: an entry must name its source.
         assert_eq!(
-            msg(entry("ggml_op_get_rows", "copy_ops.py", &[t, t], t)),
-            "kernel source not found: \"copy_ops.py\" does not define kernel \"ggml_op_get_rows\", \
-             which is in \"(no IRON design: leave kernel_source out)\""
+            msg(entry("ggml_op_mul_mat_add", "", &[t, t, t], t)),
+            "kernel source not found: \"\" does not define kernel \"ggml_op_mul_mat_add\", \
+             which is in \"mul_mat.py\""
         );
         let mut e = entry("ggml_op_relu", "unary_ops.py", &[t], t);
         e.arch = "aie4".into();
