@@ -80,8 +80,9 @@ class Run:
 
 
 # The backend's warning when the compiler refuses a declared kernel (exit 2): the node runs on
-# ggml's CPU backend and the kernel is declined from then on.
-REFUSED = re.compile(r"\] (\S+) for \S+: compile failed: the compiler cannot build this kernel")
+# ggml's CPU backend and the kernel is declined from then on. (A refused fused kernel is not
+# warned about: its nodes run unfused on HSA0.)
+REFUSED = re.compile(r"runs on the CPU: kernel ([^\s:]+): the compiler cannot build this kernel")
 
 
 def refused_kernels(log_path: str) -> list[str]:

@@ -90,13 +90,21 @@ fn tbo_emu(tag: &str, agents: &str, ops: &str, extra_args: &[&str]) -> Report {
     report
 }
 
-/// The kernels the design refused at compile time (the compiler exited 2): the backend warns
-/// once per kernel and runs the node on ggml's CPU backend.
+/// The kernels the design refused at compile time (the compiler exited 2) whose nodes then ran
+/// on ggml's CPU backend: the backend warns once per kernel ("node N (OP) runs on the CPU:
+/// kernel NAME: the compiler cannot build this kernel: ..."). A refused fused kernel is not
+/// one: its nodes run unfused on HSA0.
 fn refused_kernels(output: &str) -> Vec<String> {
     strip_ansi(output)
         .lines()
-        .filter(|l| l.contains("compile failed: the compiler cannot build this kernel"))
-        .filter_map(|l| l.split("] ").nth(1)?.split(' ').next().map(str::to_owned))
+        .filter(|l| l.contains("the compiler cannot build this kernel"))
+        .filter_map(|l| {
+            l.split("runs on the CPU: kernel ")
+                .nth(1)?
+                .split(':')
+                .next()
+        })
+        .map(str::to_owned)
         .collect()
 }
 

@@ -663,6 +663,8 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
             // ROPE writes the rows itself (below).
             "CPY",
             "FLASH_ATTN_EXT_MASK",
+            // The attention output and ffn_down projections with their residual ADD.
+            "MUL_MAT_ADD",
             "ADD",
         ] {
             assert!(

@@ -462,7 +462,15 @@ impl Stream {
                             *step = original;
                         }
                     }
-                    Err(e) if fallback || e.is_refused() => steps[i] = Step::Cpu(e.to_string()),
+                    Err(e) if fallback || e.is_refused() => {
+                        // Once per kernel: supports_op declines the node from now on.
+                        crate::log::warn(&format!(
+                            "{}: node {i} ({}) runs on the CPU: {e}",
+                            self.device.name,
+                            nodes[i].op.name()
+                        ));
+                        steps[i] = Step::Cpu(e.to_string())
+                    }
                     Err(source) => {
                         return Err(ComputeError::Device {
                             index: i,

@@ -556,7 +556,6 @@ mod tests {
 
         let g = entry("ggml_unary_op_gelu", "unary_ops.py", &[t], t);
         assert_eq!(g.to_desc().unwrap().1.op, "GELU");
-
     }
 
     #[test]

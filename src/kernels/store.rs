@@ -364,9 +364,23 @@ impl KernelStore {
                             started.elapsed()
                         )),
                         Err(failure) => {
-                            log::warn(&format!(
-                                "[{n}/{total}] {} for {}: compile failed: {}",
-                                names[i], self.arch, failure.reason
+                            // A declined shape is an answer, not a fault: the caller runs the
+                            // nodes another way (unfused, or on the CPU, which it reports).
+                            let say = if failure.refused {
+                                log::info
+                            } else {
+                                log::warn
+                            };
+                            say(&format!(
+                                "[{n}/{total}] {} for {}: {}: {}",
+                                names[i],
+                                self.arch,
+                                if failure.refused {
+                                    "declined by the compiler"
+                                } else {
+                                    "compile failed"
+                                },
+                                failure.reason
                             ));
                             self.failed.lock().insert(names[i].clone(), failure);
                         }
