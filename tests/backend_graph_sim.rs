@@ -311,6 +311,29 @@ fn a_rope_into_consecutive_rows_writes_them_itself() {
 }
 
 #[test]
+fn a_projection_into_consecutive_rows_writes_them_itself() {
+    // llama's V: a MUL_MAT whose f32 product only feeds a SET_ROWS into an f16 cache. With
+    // consecutive indices the product is written into the cache rows in f16, one dispatch.
+    let o = run("setrows-mul-mat", "setrows-mul-mat", 1, &[]);
+    for round in 0..SET_ROWS_ROUNDS.len() {
+        assert!(o.has(&format!("STATUS {round} 0")), "{}", o.text);
+        assert!(o.has(&format!("SET_ROWS {round} ok")), "{}", o.text);
+    }
+    assert_eq!(o.counter("dispatches"), 6, "{}", o.text);
+    let cache = common::scratch_path("graph-setrows-mul-mat")
+        .join("cache")
+        .join("aie2p");
+    common::assert_kernels_built(
+        &cache,
+        &[
+            "mul_mat-f32_32x64-f32_32x3-f32_64x3",
+            "mul_mat-f32_32x64-f32_32x3-f16_64x3",
+            "set_rows-f32_64x3",
+        ],
+    );
+}
+
+#[test]
 fn an_operand_starting_mid_word_is_declined() {
     // The NPU's DMA reads whole 32-bit words: a kernel given a view at byte offset 2 would read
     // from the word's start. Such nodes stay on the CPU; views at word offsets run.
@@ -577,9 +600,9 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
         // SAFETY: as for this function.
         return unsafe { compute_evict(reg, computes) };
     }
-    if graph == "setrows" || graph == "setrows-rope" {
+    if let Some(source) = graph.strip_prefix("setrows") {
         // SAFETY: as for this function.
-        return unsafe { compute_set_rows(reg, graph == "setrows-rope") };
+        return unsafe { compute_set_rows(reg, source) };
     }
     if graph == "midword" {
         // SAFETY: as for this function.
@@ -732,24 +755,33 @@ fn rope_normal(x: &[f32], pos: f64) -> Vec<f32> {
 /// The "setrows" child: one graph writing 3 f32 rows of 64 into a 16-row f16 destination at
 /// the i64 indices of each round of [`SET_ROWS_ROUNDS`] (set before each compute, as llama.cpp
 /// sets its KV-cache slots), the destination checked after every compute; prints
-/// `SET_ROWS <round> <ok|bad>`. With `rope` ("setrows-rope"), the rows are first roped as
-/// llama's K is (one head of 64 per token, positions 10 * round + row, the ROPE's output
-/// reshaped into the SET_ROWS's rows).
+/// `SET_ROWS <round> <ok|bad>`. `source` says where the rows come from: "" (the "setrows"
+/// child) an input; "-rope" the input roped as llama's K is (one head of 64 per token,
+/// positions 10 * round + row, the ROPE's output reshaped into the SET_ROWS's rows);
+/// "-mul-mat" the product of an f32 weight matrix [32, 64] (small integers) and the input's
+/// rows of 32, as llama's V projection (exact in f16).
 ///
 /// # Safety
 /// `reg` is the plugin's registry.
-unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t, rope: bool) {
+unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t, source: &str) {
     const ROW: usize = 64;
     const ROWS: usize = 16;
+    const K: usize = 32;
+    let (rope, mul_mat) = (source == "-rope", source == "-mul-mat");
     // SAFETY: see child_graph.
     unsafe {
         let (_, backend, ctx) = open_device(reg);
         let cache = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F16, ROW as i64, ROWS as i64);
+        let mut weights = std::ptr::null_mut();
         let (src, pos, rows) = if rope {
             let x = sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, ROW as i64, 1, 3);
             let pos = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, 3);
             let roped = sys::ggml_rope(ctx, x, pos, ROW as i32, 0);
             (x, pos, sys::ggml_reshape_2d(ctx, roped, ROW as i64, 3))
+        } else if mul_mat {
+            weights = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, K as i64, ROW as i64);
+            let x = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, K as i64, 3);
+            (x, std::ptr::null_mut(), sys::ggml_mul_mat(ctx, weights, x))
         } else {
             let src = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, ROW as i64, 3);
             (src, std::ptr::null_mut(), src)
@@ -761,13 +793,38 @@ unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t, rope: bool) {
         let buffer = sys::ggml_backend_alloc_ctx_tensors(ctx, backend);
         assert!(!buffer.is_null());
         sys::ggml_backend_tensor_memset(cache, 0, 0, 2 * ROW * ROWS);
+        // W[n][k] in -2..=2.
+        let w: Vec<f32> = (0..ROW * K)
+            .map(|i| ((i / K + i % K) % 5) as f32 - 2.0)
+            .collect();
+        if mul_mat {
+            sys::ggml_backend_tensor_set(weights, f32_bytes(&w).as_ptr().cast(), 0, 4 * w.len());
+        }
         let mut expect = vec![0.0f32; ROW * ROWS];
         for (round, indices) in SET_ROWS_ROUNDS.iter().enumerate() {
             // Values exact in f16 (integers below 2048): round, source row and column.
-            let values: Vec<f32> = (0..3 * ROW)
-                .map(|i| (round * 256 + (i / ROW) * ROW + i % ROW) as f32)
-                .collect();
-            sys::ggml_backend_tensor_set(src, f32_bytes(&values).as_ptr().cast(), 0, 4 * 3 * ROW);
+            let values: Vec<f32> = if mul_mat {
+                // x[r][k] in 0..=2: products below 2048 in magnitude.
+                let x: Vec<f32> = (0..3 * K).map(|i| ((round + i) % 3) as f32).collect();
+                sys::ggml_backend_tensor_set(src, f32_bytes(&x).as_ptr().cast(), 0, 4 * x.len());
+                (0..3 * ROW)
+                    .map(|i| {
+                        let (r, n) = (i / ROW, i % ROW);
+                        (0..K).map(|k| w[n * K + k] * x[r * K + k]).sum()
+                    })
+                    .collect()
+            } else {
+                let values: Vec<f32> = (0..3 * ROW)
+                    .map(|i| (round * 256 + (i / ROW) * ROW + i % ROW) as f32)
+                    .collect();
+                sys::ggml_backend_tensor_set(
+                    src,
+                    f32_bytes(&values).as_ptr().cast(),
+                    0,
+                    4 * 3 * ROW,
+                );
+                values
+            };
             let idx_bytes: Vec<u8> = indices.iter().flat_map(|i| i.to_le_bytes()).collect();
             sys::ggml_backend_tensor_set(idx, idx_bytes.as_ptr().cast(), 0, idx_bytes.len());
             let positions: Vec<i32> = (0..3).map(|r| (10 * round + r) as i32).collect();

@@ -9,7 +9,7 @@
 //! prompt of a KV cache filled in order), the node is one copy kernel from the source rows into
 //! those rows, addressed at dispatch. Other indices run the SET_ROWS kernel as planned.
 //!
-//! Better still, the node that computes the source (llama's roped K) can
+//! Better still, the node that computes the source (llama's roped K, its V projection) can
 //! write the destination rows itself, in their type: [`RowScatter::producer`]. The copy's
 //! dispatch then disappears too.
 
@@ -47,10 +47,10 @@ pub struct RowsProducer {
 }
 
 /// The kernels whose result in another float type is their f32 result converted as SET_ROWS
-/// converts it (rounded to nearest even), so that writing the rows directly changes nothing,
-/// and whose designs write f16 from f32 (llama's K). MUL_MAT (llama's V) belongs here once the
-/// GEMV design writes f16: today the compilers refuse it.
-const RETARGETABLE: [&str; 2] = ["ROPE", "ROPE_FF"];
+/// converts it (rounded to nearest even), so that writing the rows directly changes nothing:
+/// llama's K (ROPE) and V (MUL_MAT). A compiler that cannot write the type declines the
+/// retargeted kernel, and the copy runs.
+const RETARGETABLE: [&str; 3] = ["ROPE", "ROPE_FF", "MUL_MAT"];
 
 impl RowScatter {
     /// The scatter of `node` when it is a SET_ROWS of one matrix of rows (dimensions 2 and 3 of

@@ -197,9 +197,16 @@ impl KernelDesc {
                     self.op
                 ));
             }
-            if self.output.ty != crate::ops::DType::F32 {
+            // A plain product may be written in f16 or bf16 (the backend writes llama's V
+            // projection straight into the f16 KV cache): the f32 result, converted once.
+            let converting = op == Op::MulMat
+                && matches!(
+                    self.output.ty,
+                    crate::ops::DType::F16 | crate::ops::DType::Bf16
+                );
+            if self.output.ty != crate::ops::DType::F32 && !converting {
                 return Err(DescError::Unsupported(format!(
-                    "{} output other than f32",
+                    "{} output other than f32 (f16 or bf16 for MUL_MAT)",
                     self.op
                 )));
             }
