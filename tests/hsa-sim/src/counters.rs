@@ -35,6 +35,11 @@ pub struct Counters {
     pub injected_faults: u64,
     /// Simulated device time in nanoseconds (cost model).
     pub device_time_ns: u64,
+    /// The part of `device_time_ns` the commands' dispatch costs make (chain latency, chained
+    /// commands with a new or a loaded PDI), without their work and context rebuilds.
+    pub dispatch_time_ns: u64,
+    /// Chained commands whose PDI differed from the previous command's (the array reconfigured).
+    pub pdi_switches: u64,
     /// Last error message, empty if none.
     pub last_error: String,
     /// Dispatches of IRON emulation images (version 2), per op (the kernel name's first part,

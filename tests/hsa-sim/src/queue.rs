@@ -269,7 +269,12 @@ fn process(
                     } else {
                         chain_bytes = chain_bytes.map(|b| b + slot_bytes);
                     }
-                    c.device_time_ns += model.dispatch_ns(new_chain, st.pdi_switched) as u64;
+                    let dispatch = model.dispatch_ns(new_chain, st.pdi_switched) as u64;
+                    c.device_time_ns += dispatch;
+                    c.dispatch_time_ns += dispatch;
+                    if !new_chain && st.pdi_switched {
+                        c.pdi_switches += 1;
+                    }
                 }
                 if completion_signal != 0 {
                     match rt.signal(completion_signal) {
