@@ -328,6 +328,21 @@ mod tests {
     }
 
     #[test]
+    fn a_projection_whose_product_only_feeds_the_rows_writes_them() {
+        // llama's V: W [32, 64] at 0x5000 times x [32, 3] at 0x6000 into the source at 0x1000.
+        let w = tensor(DType::F32, [32, 64, 1, 1], 0x5000);
+        let x = tensor(DType::F32, [32, 3, 1, 1], 0x6000);
+        let v = tensor(DType::F32, [64, 3, 1, 1], 0x1000);
+        let nodes = vec![node(Op::MulMat, v, vec![w, x]), set_rows(3)];
+        let (j, p) = producer_in(&nodes).expect("the product writes the rows");
+        assert_eq!((j, p.set_rows), (0, 1));
+        assert_eq!(p.kernel.op, "MUL_MAT");
+        assert_eq!(p.kernel.output.dtype, "f16");
+        let inputs: Vec<u64> = p.inputs.iter().map(|t| t.addr).collect();
+        assert_eq!(inputs, [0x5000, 0x6000]);
+    }
+
+    #[test]
     fn a_rope_read_elsewhere_or_a_cache_touched_in_between_keeps_the_copy() {
         let k = tensor(DType::F32, [64, 3, 1, 1], 0x1000);
         let cache = tensor(DType::F16, [64, 16, 1, 1], 0x10000);
