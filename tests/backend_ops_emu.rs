@@ -44,7 +44,8 @@ fn iron_ops() -> String {
         ops.push("RMS_NORM_MUL_ADD".into());
     }
     // Its fused gate/up MUL_MAT + GLU cases (the backend fuses the three nodes into
-    // MUL_MAT_<GLU> when the compiler declares it).
+    // MUL_MAT_<GLU> when the compiler declares it), and the MUL_MAT + ADD of a bias in them
+    // (MUL_MAT_ADD).
     if ops.iter().any(|o| o == "MUL_MAT_SWIGLU") {
         ops.push("MUL_MAT_VEC_FUSION".into());
     }
@@ -185,6 +186,8 @@ fn every_iron_op_emulated(arch: &str, only_f32: bool) {
             "rms_norm_mul-f32_",
             "mul_mat_swiglu-f32_",
             "mul_mat_geglu-f32_",
+            // MUL_MAT_VEC_FUSION's cases with a bias.
+            "mul_mat_add-f32_",
         ],
     );
 }
