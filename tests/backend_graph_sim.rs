@@ -334,6 +334,65 @@ fn a_projection_into_consecutive_rows_writes_them_itself() {
 }
 
 #[test]
+fn a_norm_read_only_by_projections_runs_inside_them_or_alone_if_they_cannot() {
+    // The norm and its weight's MUL are not dispatched: Q and K each normalise x themselves
+    // (RMS_NORM_MUL_MAT), two dispatches.
+    let o = run("normfold", "normfold", 1, &[]);
+    assert!(o.has("STATUS 0 0"), "{}", o.text);
+    assert!(
+        o.has("NORMFOLD q ok") && o.has("NORMFOLD k ok"),
+        "{}",
+        o.text
+    );
+    assert_eq!(o.counter("dispatches"), 2, "{}", o.text);
+    let cache = |tag: &str| {
+        common::scratch_path(&format!("graph-{tag}"))
+            .join("cache")
+            .join("aie2p")
+    };
+    common::assert_kernels_built(
+        &cache("normfold"),
+        &[
+            "rms_norm_mul_mat-f32_64x64-f32_64-f32_64-",
+            "rms_norm_mul_mat-f32_64x16-",
+        ],
+    );
+    // A compiler that declines the folded kernels (exit 2, as the IRON package does for a
+    // prompt's GEMM-sized products): the fold is undone, the norm runs, then the projections.
+    let dir = common::scratch_dir("normfold-declining-compiler");
+    let wrapper = dir.join("compiler.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n\
+             if [ \"$1\" = compile ] && grep -q '\"op\":\"RMS_NORM_MUL_MAT\"' \"$3\"; then\n\
+             echo 'declined for the test' >&2; exit 2; fi\n\
+             exec {} \"$@\"\n",
+            common::sim_artifact("hsa-sim-compile").display()
+        ),
+    )
+    .unwrap();
+    let mut perms = std::fs::metadata(&wrapper).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&wrapper, perms).unwrap();
+    let o = run(
+        "normfold-declined",
+        "normfold",
+        1,
+        &[("GGML_HSA_JIT_COMPILER", wrapper.to_str().unwrap())],
+    );
+    assert!(o.has("STATUS 0 0"), "{}", o.text);
+    assert!(
+        o.has("NORMFOLD q ok") && o.has("NORMFOLD k ok"),
+        "{}",
+        o.text
+    );
+    assert_eq!(o.counter("dispatches"), 3, "{}", o.text);
+    assert!(!o.has("runs on the CPU"), "{}", o.text);
+    common::assert_kernels_built(&cache("normfold-declined"), &["rms_norm_mul-", "mul_mat-"]);
+}
+
+#[test]
 fn an_operand_starting_mid_word_is_declined() {
     // The NPU's DMA reads whole 32-bit words: a kernel given a view at byte offset 2 would read
     // from the word's start. Such nodes stay on the CPU; views at word offsets run.
@@ -599,6 +658,10 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
     if graph == "evict" {
         // SAFETY: as for this function.
         return unsafe { compute_evict(reg, computes) };
+    }
+    if graph == "normfold" {
+        // SAFETY: as for this function.
+        return unsafe { compute_norm_fold(reg) };
     }
     if let Some(source) = graph.strip_prefix("setrows") {
         // SAFETY: as for this function.
@@ -872,6 +935,79 @@ unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t, source: &str) {
                     }
                 }
             }
+        }
+        sys::ggml_backend_buffer_free(buffer);
+        sys::ggml_free(ctx);
+        sys::ggml_backend_free(backend);
+    }
+}
+
+/// The "normfold" child: llama's attention input in small, x [64] normalised (RMS_NORM, MUL
+/// by a weight row) and then projected by Q [64 x 64] and K [64 x 16] weights, each product
+/// checked against the same computed in f64 (relative error 1e-4); prints `NORMFOLD <q|k>
+/// <ok|bad>`.
+///
+/// # Safety
+/// `reg` is the plugin's registry.
+unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t) {
+    const K: usize = 64;
+    const EPS: f32 = 1e-5;
+    // SAFETY: see child_graph.
+    unsafe {
+        let (_, backend, ctx) = open_device(reg);
+        let x = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, K as i64);
+        let n = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, K as i64);
+        let z = sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, x, EPS), n);
+        let weights: Vec<(usize, *mut sys::ggml_tensor)> = [K, 16]
+            .into_iter()
+            .map(|rows| {
+                let w = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, K as i64, rows as i64);
+                (rows, w)
+            })
+            .collect();
+        let gf = sys::ggml_new_graph(ctx);
+        let products: Vec<_> = weights
+            .iter()
+            .map(|&(_, w)| {
+                let p = sys::ggml_mul_mat(ctx, w, z);
+                sys::ggml_build_forward_expand(gf, p);
+                p
+            })
+            .collect();
+        let buffer = sys::ggml_backend_alloc_ctx_tensors(ctx, backend);
+        assert!(!buffer.is_null());
+        let xs: Vec<f32> = (0..K).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let ns: Vec<f32> = (0..K).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        sys::ggml_backend_tensor_set(x, f32_bytes(&xs).as_ptr().cast(), 0, 4 * K);
+        sys::ggml_backend_tensor_set(n, f32_bytes(&ns).as_ptr().cast(), 0, 4 * K);
+        let mean_sq = xs.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / K as f64;
+        let scale = 1.0 / (mean_sq + f64::from(EPS)).sqrt();
+        let y: Vec<f64> = (0..K)
+            .map(|i| f64::from(xs[i]) * scale * f64::from(ns[i]))
+            .collect();
+        let mut expected = Vec::new();
+        for &(rows, w) in &weights {
+            let ws: Vec<f32> = (0..rows * K)
+                .map(|i| ((i % 11) as f32 - 5.0) * 0.1)
+                .collect();
+            sys::ggml_backend_tensor_set(w, f32_bytes(&ws).as_ptr().cast(), 0, 4 * ws.len());
+            expected.push(
+                (0..rows)
+                    .map(|r| (0..K).map(|k| f64::from(ws[r * K + k]) * y[k]).sum::<f64>())
+                    .collect::<Vec<f64>>(),
+            );
+        }
+        let status = sys::ggml_backend_graph_compute(backend, gf);
+        println!("STATUS 0 {status}");
+        for ((name, p), want) in ["q", "k"].iter().zip(&products).zip(&expected) {
+            let mut got = vec![0u8; 4 * want.len()];
+            sys::ggml_backend_tensor_get(*p, got.as_mut_ptr().cast(), 0, got.len());
+            let ok = got
+                .chunks_exact(4)
+                .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+                .zip(want)
+                .all(|(g, e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0));
+            println!("NORMFOLD {name} {}", if ok { "ok" } else { "bad" });
         }
         sys::ggml_backend_buffer_free(buffer);
         sys::ggml_free(ctx);

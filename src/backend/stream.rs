@@ -431,6 +431,37 @@ impl Stream {
         // compiler refused (declared op, shape it cannot build: known only when it compiles) runs
         // on ggml's CPU backend instead, as every node does with the CPU fallback; `supports_op`
         // declines it from then on.
+        //
+        // Then the norms the projections after them can compute themselves
+        // (`ops::fold_rms_norm`): the originals of each fold are kept, and if one of its kernels
+        // is refused, the whole fold is undone (the norm runs, the projections read its output).
+        let mut folds: Vec<Vec<(usize, Step)>> = Vec::new();
+        let mut fold_of: HashMap<usize, usize> = HashMap::new();
+        for at in 0..nodes.len() {
+            let planned = |k: usize| match &steps[k] {
+                Step::Plan(Plan::Kernel { desc, operands }) => ops::Planned::Kernel(desc, operands),
+                Step::Fused => ops::Planned::Covered,
+                Step::Plan(Plan::Skip) => ops::Planned::Nothing,
+                _ => ops::Planned::Elsewhere,
+            };
+            let Some(fold) = ops::fold_rms_norm(nodes, at, planned) else {
+                continue;
+            };
+            let available = fold.readers.iter().all(|(_, plan)| match plan {
+                Plan::Kernel { desc, .. } => self.device.supports_kernel(desc),
+                _ => false,
+            });
+            if !available {
+                continue;
+            }
+            let id = folds.len();
+            let mut originals = vec![(at, std::mem::replace(&mut steps[at], Step::Fused))];
+            for (k, plan) in fold.readers {
+                originals.push((k, std::mem::replace(&mut steps[k], Step::Plan(plan))));
+                fold_of.insert(k, id);
+            }
+            folds.push(originals);
+        }
         let mut kernels: Vec<Option<Arc<LoadedKernel>>> = vec![None; steps.len()];
         let mut todo: Vec<usize> = (0..steps.len()).collect();
         while !todo.is_empty() {
@@ -445,7 +476,32 @@ impl Stream {
             let loaded = self.device.kernels(&descs);
             self.stats.load += loaded.loading;
             self.stats.evictions += loaded.evicted;
-            for (i, kernel) in at.into_iter().zip(loaded.kernels) {
+            let mut results: Vec<_> = at.into_iter().zip(loaded.kernels).collect();
+            // A fold with a refused kernel is undone first, its other kernels dropped: the
+            // restored steps are loaded in the next round.
+            let refused_folds: Vec<usize> = results
+                .iter()
+                .filter(|(_, k)| k.is_err())
+                .filter_map(|(i, _)| fold_of.get(i).copied())
+                .collect();
+            for id in refused_folds {
+                let originals = std::mem::take(&mut folds[id]);
+                if originals.is_empty() {
+                    continue;
+                }
+                crate::log::debug(&format!(
+                    "{}: node {}: a projection cannot compute the norm itself; the norm runs",
+                    self.device.name, originals[0].0
+                ));
+                for (k, original) in originals {
+                    fold_of.remove(&k);
+                    steps[k] = original;
+                    kernels[k] = None;
+                    results.retain(|(i, _)| *i != k);
+                    todo.push(k);
+                }
+            }
+            for (i, kernel) in results {
                 match kernel {
                     Ok(k) => kernels[i] = Some(k),
                     Err(e) if unfused.contains_key(&i) => {

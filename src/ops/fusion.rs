@@ -11,6 +11,10 @@
 //!   ([`fuse_mul_mat_glu`]).
 //! * `MUL_MAT` → `ADD` of its product and another f32 tensor (residual connections, biases):
 //!   one `MUL_MAT_ADD` kernel ([`fuse_mul_mat_add`]).
+//!
+//! And one fold over the planned graph, not a run of nodes: an `RMS_NORM_MUL` kernel whose
+//! output only the projections read (llama's Q, K and V, the gate/up pair) runs inside each of
+//! them, as `RMS_NORM_MUL_MAT` or `RMS_NORM_MUL_MAT_<GLU>` kernels ([`fold_rms_norm`]).
 
 use super::plan::{as_layout, kernel_as_laid_out, mul_mat, rows_layout, Plan, PlanOptions};
 use super::tensor::{BinaryOp, DType, Node, Op, Tensor};
@@ -219,6 +223,111 @@ pub fn fuse_mul_mat_add(
         out,
         options,
     ))
+}
+
+/// What the stream planned for a node, as [`fold_rms_norm`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub enum Planned<'a> {
+    /// The node's kernel (fused with the nodes after it that are `Covered`), and its operands.
+    Kernel(&'a KernelDesc, &'a [Tensor]),
+    /// Computed by the kernel of an earlier node.
+    Covered,
+    /// Nothing to compute (views).
+    Nothing,
+    /// The host or the CPU computes it.
+    Elsewhere,
+}
+
+/// An `RMS_NORM_MUL` kernel folded into the projections that read its output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NormFold {
+    /// The RMS_NORM node (its MUL is the node after it): neither runs.
+    pub norm: usize,
+    /// Each projection reading the norm's output: its node, and its kernel reading the norm's
+    /// input and weight instead.
+    pub readers: Vec<(usize, Plan)>,
+}
+
+/// The fold of the `RMS_NORM_MUL` kernel planned at node `at` (`planned(k)`: node k's plan)
+/// into the projections that read its output z (llama's attn_norm into Q, K and V, its
+/// ffn_norm into the gate/up pair): each reader, a `MUL_MAT` or `MUL_MAT_<GLU>` kernel taking
+/// z as its activations, becomes `RMS_NORM_MUL_MAT[_<GLU>]` over the norm's input x and weight
+/// n, and the norm runs nowhere. Only when every node reading z before its memory is reused is
+/// such a kernel (a view of z computes nothing, but a node reading it must be one), the
+/// application does not read z, x has z's layout, and no node until the last reader writes x
+/// or n. `None` otherwise.
+pub fn fold_rms_norm<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Option<NormFold> {
+    let Planned::Kernel(desc, [x, n, z]) = planned(at) else {
+        return None;
+    };
+    let covered = |k: usize| matches!(planned(k), Planned::Covered);
+    if desc.op != catalogue::RMS_NORM_MUL.name
+        || !covered(at + 1)
+        || nodes.get(at + 1)?.is_output
+        || x.ne != z.ne
+        || x.nb != z.nb
+        || x.dtype != z.dtype
+        || overlaps(x, z)
+    {
+        return None;
+    }
+    let eps = *desc.op_params.first()?;
+    let mut readers = Vec::new();
+    // Nodes before `reader_end` belong to an accepted reader's kernel.
+    let mut reader_end = 0;
+    for (k, node) in nodes.iter().enumerate().skip(at + 2) {
+        let reads = node.src.iter().flatten().any(|t| overlaps(t, z));
+        if reads && k >= reader_end && !matches!(planned(k), Planned::Nothing) {
+            let Planned::Kernel(desc, operands) = planned(k) else {
+                return None;
+            };
+            readers.push((k, normed(desc, operands, x, n, z, eps)?));
+            reader_end = k + 1 + (k + 1..nodes.len()).take_while(|&j| covered(j)).count();
+        }
+        if k >= reader_end && overlaps(&node.dst, z) {
+            break;
+        }
+    }
+    let last = reader_end.checked_sub(1)?;
+    let written = |t: &Tensor| (at + 2..=last).any(|k| overlaps(&nodes[k].dst, t));
+    if readers.is_empty() || written(x) || written(n) {
+        return None;
+    }
+    Some(NormFold { norm: at, readers })
+}
+
+/// A reader's kernel (`MUL_MAT` or `MUL_MAT_<GLU>` with z as its activations, the last input)
+/// reading x and n instead: `RMS_NORM_MUL_MAT[_<GLU>]` with eps as its parameter.
+fn normed(
+    desc: &KernelDesc,
+    operands: &[Tensor],
+    x: &Tensor,
+    n: &Tensor,
+    z: &Tensor,
+    eps: i32,
+) -> Option<Plan> {
+    let op = catalogue::OpEntry::by_name(&format!("RMS_NORM_{}", desc.op))?;
+    let (out, inputs) = operands.split_last()?;
+    let (activations, weights) = inputs.split_last()?;
+    let reads_only_as_x = same(activations, z) && !weights.iter().any(|w| overlaps(w, z));
+    if !desc.op.starts_with("MUL_MAT")
+        || op.inputs != inputs.len() + 1
+        || !reads_only_as_x
+        || [x, n].into_iter().any(|t| overlaps(out, t))
+    {
+        return None;
+    }
+    let mut desc = desc.clone();
+    desc.op = op.name.to_owned();
+    desc.op_params = vec![eps];
+    desc.inputs.push(as_layout(n));
+    let mut operands = weights.to_vec();
+    operands.extend([x.clone(), n.clone(), out.clone()]);
+    Some(Plan::Kernel { desc, operands })
 }
 
 #[cfg(test)]
@@ -545,5 +654,125 @@ mod tests {
             over[1].dst.addr = at;
             assert!(fused_add(&over).is_none(), "{at:#x}");
         }
+    }
+
+    /// The plans the stream makes of `nodes`: each run `fuse_at` fuses, the rest one by one.
+    fn planned_graph(nodes: &[Node]) -> Vec<Option<Plan>> {
+        let mut steps: Vec<Option<Plan>> = Vec::new();
+        while steps.len() < nodes.len() {
+            let i = steps.len();
+            match fuse_at(&nodes[i..], PlanOptions::default()) {
+                Some(f) => {
+                    steps.push(Some(f.plan));
+                    steps.extend((1..f.nodes).map(|_| None));
+                }
+                None => steps.push(Some(super::super::plan(&nodes[i]).unwrap())),
+            }
+        }
+        steps
+    }
+
+    fn fold_in(nodes: &[Node]) -> Option<NormFold> {
+        let steps = planned_graph(nodes);
+        let planned = |k: usize| match &steps[k] {
+            Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
+            Some(Plan::Skip) => Planned::Nothing,
+            Some(Plan::Host(_)) => Planned::Elsewhere,
+            None => Planned::Covered,
+        };
+        fold_rms_norm(nodes, 0, planned)
+    }
+
+    /// llama's attention input: x [64, 1] at 0x1000 normalised (RMS_NORM into 0x2000, MUL by
+    /// the weight row at 0x3000 into z at 0x4000), then Q [64 x 64] and K [64 x 16] of z
+    /// (weights at 0x10000 and 0x20000, outputs at 0x5000 and 0x6000), then `after`.
+    fn norm_then_projections(after: Vec<Node>) -> Vec<Node> {
+        let (mut norm, mut mul) = rms_norm_then_mul([64, 1, 1, 1]);
+        for t in [&mut norm.dst, norm.src[0].as_mut().unwrap(), &mut mul.dst] {
+            t.ne = [64, 1, 1, 1];
+            t.bytes = 256;
+        }
+        let y = norm.dst.clone();
+        mul.src[0] = Some(y);
+        let z = mul.dst.clone();
+        let q = node(
+            Op::MulMat,
+            tensor(DType::F32, [64, 1, 1, 1], 0x5000),
+            vec![tensor(DType::F32, [64, 64, 1, 1], 0x10000), z.clone()],
+        );
+        let k = node(
+            Op::MulMat,
+            tensor(DType::F32, [16, 1, 1, 1], 0x6000),
+            vec![tensor(DType::F32, [64, 16, 1, 1], 0x20000), z],
+        );
+        let mut nodes = vec![norm, mul, q, k];
+        nodes.extend(after);
+        nodes
+    }
+
+    #[test]
+    fn a_norm_only_projections_read_runs_inside_them() {
+        let fold = fold_in(&norm_then_projections(vec![])).expect("folds");
+        assert_eq!(fold.norm, 0);
+        let readers: Vec<usize> = fold.readers.iter().map(|(k, _)| *k).collect();
+        assert_eq!(readers, [2, 3]);
+        for (_, plan) in &fold.readers {
+            let Plan::Kernel { desc, operands } = plan else {
+                panic!("a kernel");
+            };
+            assert_eq!(desc.op, "RMS_NORM_MUL_MAT");
+            assert_eq!(desc.op_params, vec![1e-6f32.to_bits() as i32]);
+            assert_eq!(desc.inputs.len(), 3);
+            assert_eq!(desc.inputs[2].ne, [64, 1, 1, 1]);
+            // The weights, x (not z), the norm's weight row, the output.
+            let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
+            assert_eq!(addrs[1..3], [0x1000, 0x3000]);
+        }
+    }
+
+    #[test]
+    fn a_norm_read_by_anything_else_or_whose_input_changes_stays() {
+        let z = tensor(DType::F32, [64, 1, 1, 1], 0x4000);
+        let out = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
+        // Another reader of z than a projection.
+        let add = node(Op::Binary(BinaryOp::Add), out(0x7000), vec![z.clone(), z]);
+        assert!(fold_in(&norm_then_projections(vec![add])).is_none());
+        // x overwritten before the last projection ran: K would read the new x.
+        let mut nodes = norm_then_projections(vec![]);
+        let writer = node(
+            Op::Binary(BinaryOp::Add),
+            out(0x1000),
+            vec![out(0x7000), out(0x7000)],
+        );
+        nodes.insert(3, writer);
+        assert!(fold_in(&nodes).is_none());
+        // The application reads z.
+        let mut nodes = norm_then_projections(vec![]);
+        nodes[1].is_output = true;
+        assert!(fold_in(&nodes).is_none());
+    }
+
+    #[test]
+    fn a_norm_before_the_gate_and_up_pair_runs_inside_its_glu_kernel() {
+        let mut nodes = norm_then_projections(vec![]);
+        // K becomes the up projection of Q's shape, then SWIGLU(q, k).
+        nodes[3].dst = tensor(DType::F32, [64, 1, 1, 1], 0x6000);
+        nodes[3].src[0] = Some(tensor(DType::F32, [64, 64, 1, 1], 0x20000));
+        let glu = node(
+            Op::Glu {
+                name: "SWIGLU",
+                act: UnaryOp::Silu,
+            },
+            tensor(DType::F32, [64, 1, 1, 1], 0x8000),
+            vec![nodes[2].dst.clone(), nodes[3].dst.clone()],
+        );
+        nodes.push(glu);
+        let fold = fold_in(&nodes).expect("folds");
+        let [(2, Plan::Kernel { desc, operands })] = fold.readers.as_slice() else {
+            panic!("one reader, the GLU kernel at node 2: {fold:?}");
+        };
+        assert_eq!(desc.op, "RMS_NORM_MUL_MAT_SWIGLU");
+        let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
+        assert_eq!(addrs, [0x10000, 0x20000, 0x1000, 0x3000, 0x8000]);
     }
 }

@@ -166,7 +166,7 @@ impl KernelDesc {
             ));
         }
         let src0 = &self.inputs[0];
-        if let Op::MulMatGlu(_) = op {
+        if let Op::MulMatGlu(_) | Op::NormedMulMat(Some(_)) = op {
             let up = &self.inputs[1];
             if up.ty != src0.ty || up.ne != src0.ne {
                 return inv(format!(
@@ -187,8 +187,35 @@ impl KernelDesc {
                 ));
             }
         }
-        if matches!(op, Op::MulMat | Op::MulMatGlu(_) | Op::MulMatAdd) {
-            let x = if matches!(op, Op::MulMatGlu(_)) { 2 } else { 1 };
+        if let Op::NormedMulMat(glu) = op {
+            let (x, n) = (
+                &self.inputs[1 + usize::from(glu.is_some())],
+                self.inputs.last().unwrap(),
+            );
+            if x.ty != crate::ops::DType::F32
+                || n.ty != crate::ops::DType::F32
+                || n.ne != [x.ne[0], 1, 1, 1]
+            {
+                return inv(format!(
+                    "{}: x must be f32 and the norm weight one f32 row of x's {} elements: x {} {:?}, weight {} {:?}",
+                    self.op,
+                    x.ne[0],
+                    x.ty.name(),
+                    x.ne,
+                    n.ty.name(),
+                    n.ne
+                ));
+            }
+        }
+        if matches!(
+            op,
+            Op::MulMat | Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(_)
+        ) {
+            let x = if matches!(op, Op::MulMatGlu(_) | Op::NormedMulMat(Some(_))) {
+                2
+            } else {
+                1
+            };
             let (a, b, o) = (src0.ne, self.inputs[x].ne, self.output.ne);
             let broadcast_ok = (2..4).all(|d| a[d] > 0 && b[d] % a[d] == 0);
             if a[0] != b[0] || o != [a[1], b[1], b[2], b[3]] || !broadcast_ok {
@@ -199,14 +226,14 @@ impl KernelDesc {
             }
             // A plain product may be written in f16 or bf16 (the backend writes llama's V
             // projection straight into the f16 KV cache): the f32 result, converted once.
-            let converting = op == Op::MulMat
+            let converting = matches!(op, Op::MulMat | Op::NormedMulMat(None))
                 && matches!(
                     self.output.ty,
                     crate::ops::DType::F16 | crate::ops::DType::Bf16
                 );
             if self.output.ty != crate::ops::DType::F32 && !converting {
                 return Err(DescError::Unsupported(format!(
-                    "{} output other than f32 (f16 or bf16 for MUL_MAT)",
+                    "{} output other than f32 (f16 or bf16 for MUL_MAT and RMS_NORM_MUL_MAT)",
                     self.op
                 )));
             }
@@ -340,6 +367,7 @@ impl KernelDesc {
             Op::MulMat
                 | Op::MulMatGlu(_)
                 | Op::MulMatAdd
+                | Op::NormedMulMat(_)
                 | Op::SoftMax { .. }
                 | Op::Rope { .. }
                 | Op::CountEqual

@@ -175,6 +175,11 @@ pub enum Op {
     /// A MUL_MAT and the ADD of its product and r, fused by the backend (residual connections,
     /// biases): y = w . x + r, r repeated over the product; inputs the weights, x and r.
     MulMatAdd,
+    /// RMS_NORM, MUL by one weight row n, then MUL_MAT (`None`) or a gate/up MUL_MAT pair and
+    /// its GLU (`Some(act)`) of the result, fused by the backend (llama's attn_norm / ffn_norm
+    /// and the projections reading them): inputs the weights (gate, up), x (the norm's
+    /// input), n; op_params[0] = eps.
+    NormedMulMat(Option<UnaryOp>),
     /// ggml's ARGMAX: per row of an f32 matrix, the i32 index of its largest value (the last
     /// one among equals, as ggml-cpu's loop finds it).
     ArgMax,
@@ -292,6 +297,12 @@ impl Op {
             "MUL_MAT_SWIGLU" => Some(Op::MulMatGlu(UnaryOp::Silu)),
             "MUL_MAT_GEGLU_ERF" => Some(Op::MulMatGlu(UnaryOp::GeluErf)),
             "MUL_MAT_GEGLU_QUICK" => Some(Op::MulMatGlu(UnaryOp::GeluQuick)),
+            "RMS_NORM_MUL_MAT" => Some(Op::NormedMulMat(None)),
+            "RMS_NORM_MUL_MAT_REGLU" => Some(Op::NormedMulMat(Some(UnaryOp::Relu))),
+            "RMS_NORM_MUL_MAT_GEGLU" => Some(Op::NormedMulMat(Some(UnaryOp::Gelu))),
+            "RMS_NORM_MUL_MAT_SWIGLU" => Some(Op::NormedMulMat(Some(UnaryOp::Silu))),
+            "RMS_NORM_MUL_MAT_GEGLU_ERF" => Some(Op::NormedMulMat(Some(UnaryOp::GeluErf))),
+            "RMS_NORM_MUL_MAT_GEGLU_QUICK" => Some(Op::NormedMulMat(Some(UnaryOp::GeluQuick))),
             "NORM" => Some(Op::Norm),
             "RMS_NORM_MUL" => Some(Op::RmsNormMul),
             "ARGMAX" => Some(Op::ArgMax),
@@ -331,7 +342,8 @@ impl Op {
             | Op::SetRows => 2,
             Op::SoftMax { mask, sinks } => 1 + usize::from(mask) + usize::from(sinks),
             Op::Rope { ff } => 2 + usize::from(ff),
-            Op::MulMatGlu(_) | Op::MulMatAdd => 3,
+            Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(None) => 3,
+            Op::NormedMulMat(Some(_)) => 4,
             Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
             _ => 1,
         }
@@ -370,6 +382,14 @@ impl Op {
             "FLASH_ATTN_EXT_MASK_SINKS",
         ]);
         v.push("RMS_NORM_MUL");
+        v.extend([
+            "RMS_NORM_MUL_MAT",
+            "RMS_NORM_MUL_MAT_REGLU",
+            "RMS_NORM_MUL_MAT_GEGLU",
+            "RMS_NORM_MUL_MAT_SWIGLU",
+            "RMS_NORM_MUL_MAT_GEGLU_ERF",
+            "RMS_NORM_MUL_MAT_GEGLU_QUICK",
+        ]);
         v.extend(["SET_ROWS", "DUP", "CPY", "CONT"]);
         v
     }
@@ -408,8 +428,8 @@ impl Op {
     /// Whether operand `i` is a MUL_MAT's weights (f32/f16/bf16 or ggml's quantized blocks).
     pub fn is_weight(self, i: usize) -> bool {
         match self {
-            Op::MulMat | Op::MulMatAdd => i == 0,
-            Op::MulMatGlu(_) => i < 2,
+            Op::MulMat | Op::MulMatAdd | Op::NormedMulMat(None) => i == 0,
+            Op::MulMatGlu(_) | Op::NormedMulMat(Some(_)) => i < 2,
             _ => false,
         }
     }
@@ -438,6 +458,10 @@ impl Op {
             // Two products and the GLU.
             Op::MulMatGlu(_) => 4 * k + 9,
             Op::MulMatAdd => 2 * k + 1,
+            // The products, and the norm of x's row (3 per element of it) spread over the row's
+            // outputs: counted as one more operation per output.
+            Op::NormedMulMat(None) => 2 * k + 1,
+            Op::NormedMulMat(Some(_)) => 4 * k + 10,
             // Per query row, head and key (the executor multiplies by rows and keys): the q·k
             // dot product and the v update, 2·D + 2·Dv, counted as 4·D with k = D.
             Op::FlashAttnExt { .. } => 4 * k,
@@ -466,6 +490,8 @@ impl Op {
             Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3] (f32/f16/bf16, or q4_0/q4_1/q5_0/q8_0/q4_K/q5_K/q6_K blocks as ggml stores them: nb[0] = block bytes), inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
             Op::MulMatGlu(_) => "unused; inputs[0] = gate weights, inputs[1] = up weights (one type and shape: MUL_MAT's inputs[0]), inputs[2] = activations (MUL_MAT's inputs[1]), output f32 [M, N, ...] = act(gate . x) * (up . x)",
             Op::MulMatAdd => "unused; inputs[0] = weights, inputs[1] = activations (MUL_MAT's inputs), inputs[2] = r f32, repeated over the product; output f32 [M, N, ...] = w . x + r",
+            Op::NormedMulMat(None) => "op_params[0] = eps (f32 bit pattern); inputs[0] = weights (MUL_MAT's inputs[0]), inputs[1] = x f32 [K, N, ...] (not normalised), inputs[2] = n f32 [K]; output f32 [M, N, ...] = w . (rms_norm(x) * n)",
+            Op::NormedMulMat(Some(_)) => "op_params[0] = eps (f32 bit pattern); inputs[0] = gate weights, inputs[1] = up weights, inputs[2] = x f32 [K, N, ...] (not normalised), inputs[3] = n f32 [K]; output f32 [M, N, ...] = act(gate . y) * (up . y), y = rms_norm(x) * n",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
             Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",

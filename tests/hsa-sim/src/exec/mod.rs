@@ -482,6 +482,37 @@ pub unsafe fn execute(
             let (gate, up) = (product(&bufs[0]), product(&bufs[1]));
             for_each_index(ne, |i| out.set(i, unary_f32(act, gate.get(i)) * up.get(i)));
         }
+        Op::NormedMulMat(glu) => {
+            // The nodes as ggml-cpu runs them: the norm rounded to f32, the f32 product with
+            // the weight row, then the product(s) (and the GLU).
+            let xi = 1 + usize::from(glu.is_some());
+            let (x, n) = (&bufs[xi], &bufs[xi + 1]);
+            let yt = TensorDesc::contiguous(x.t.ne, crate::ops::DType::F32);
+            let mut y = Buf {
+                t: &yt,
+                bytes: vec![0u8; yt.extent() as usize],
+                as_bf16: false,
+            };
+            let eps = f64::from(f32::from_bits(desc.op_params[0] as u32));
+            norm_rows(x, &mut y, eps, true);
+            for_each_index(yt.ne, |i| y.set(i, y.get(i) * n.get([i[0], 0, 0, 0])));
+            match glu {
+                None => mul_mat(&bufs[0], &y, &mut out),
+                Some(act) => {
+                    let product = |w: &Buf<'_>| {
+                        let mut p = Buf {
+                            t: out.t,
+                            bytes: vec![0u8; out.bytes.len()],
+                            as_bf16: false,
+                        };
+                        mul_mat(w, &y, &mut p);
+                        p
+                    };
+                    let (gate, up) = (product(&bufs[0]), product(&bufs[1]));
+                    for_each_index(ne, |i| out.set(i, unary_f32(act, gate.get(i)) * up.get(i)));
+                }
+            }
+        }
         Op::MulMatAdd => {
             // The two ggml nodes as ggml-cpu runs them: the product in f32, then the f32 ADD.
             mul_mat(&bufs[0], &bufs[1], &mut out);
