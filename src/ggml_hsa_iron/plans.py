@@ -188,6 +188,12 @@ class MatmulSpec:
         return self.src0.dtype in BYTE_WEIGHTS
 
     @property
+    def f16_out(self) -> bool:
+        """MUL_MAT's GEMV writing f16 (the KV cache): the cores sum in an f32 stash and
+        round once per value (mv_stash.h)."""
+        return self.dst.dtype == "f16"
+
+    @property
     def sequence(self) -> list[tuple[str, int]]:
         """(type, elements) of the runtime-sequence arguments: src0, src1, dst (MUL_MAT_<glu>:
         W_g, W_u, x, dst; MUL_MAT_ADD: W, x, r, dst)."""
@@ -225,6 +231,8 @@ class MatmulSpec:
         glu = {"MV_GLU": 1, f"GGML_OP_{self.glu}": 1} if self.glu else {}
         if self.add:
             glu = {"MV_ADD": 1}
+        if self.f16_out:
+            glu = {"MV_OUT_F16": 1}
         p = self.plan
         # The GEMM's microkernel and tile shape (mm.cc and mmq.cc).
         gemm_tiles = (
@@ -376,6 +384,18 @@ def _check_aligned(op: str, products, src0: Tensor, src1: Tensor, dst: Tensor, w
         raise UnsupportedError(
             f"{op}: a strided operand's row does not start on a 32-bit word (the DMA address "
             f"granularity): src0 {list(src0.nb)}, src1 {list(src1.nb)}, dst {list(dst.nb)}"
+        )
+
+
+def _check_f16_out(products, N: int) -> None:
+    """An f16 MUL_MAT output: every DMA of y starts on a 32-bit word. The rounds' rows are
+    an even count (GemvPlan's nr), so N even and every product's row start even suffice: the
+    shifted last round starts at N - block. The last word is never written past the row (the
+    KV cache's next value would be overwritten)."""
+    if N % 2 or any(y % 2 for _, _, y in products):
+        raise UnsupportedError(
+            f"MUL_MAT: an f16 output with rows of N={N} values, or rows starting mid-word, is "
+            f"not written in whole 32-bit words (the DMA address granularity)"
         )
 
 
@@ -963,6 +983,20 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
     batches = src1.ne[2] * src1.ne[3]
     w, x, y = src0.size, src1.size, dst.size
     products = _products(src0, src1, dst)
+    f16_out = dst.dtype == "f16"
+    if f16_out:
+        _check_f16_out(products, N)
+
+    def gemm_spec(plan: GemmPlan, compute: str) -> MatmulSpec:
+        if f16_out:
+            # The GEMM sums into its f32 C tile; an f16 one would round every K step.
+            raise UnsupportedError(
+                f"MUL_MAT: an f16 output is written by the GEMV only; M={M} dense rows of "
+                f"{src0.dtype} weights take the GEMM (f32 output): the MUL_MAT and the f16 "
+                f"copy run unfused"
+            )
+        return MatmulSpec(req, arch, src0, src1, dst, plan, compute)
+
     if src0.dtype in BYTE_WEIGHTS:
         # M > 1 with dense operands: the GEMM decoding the weights' blocks on the cores
         # (mmq.cc), which streams the weights once per M block instead of once per src1 row.
@@ -972,12 +1006,15 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
         if M > 1 and dense:
             try:
                 plan = gemm_blocks_plan(src0, src1, dst, arch)
-                return MatmulSpec(req, arch, src0, src1, dst, plan, "bf16")
             except UnsupportedError as e:
                 gemm_refusal = f"; {e}"
+            else:
+                return gemm_spec(plan, "bf16")
         elif M > 1:
             gemm_refusal = "; the GEMM takes dense operands only"
-        plan = plan_gemv_blocks(N, K, src0.block, src0.size, arch, products, w_row=w_row)
+        plan = plan_gemv_blocks(
+            N, K, src0.block, src0.size, arch, products, w_row=w_row, y_size=y, stash=f16_out
+        )
         if plan is None:
             raise UnsupportedError(
                 f"MUL_MAT: no tiling of {src0.dtype} weights for M={M}, N={N}, K={K} on "
@@ -990,13 +1027,15 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
     if M > 1 and dense:
         compute = "bf16" if src0.dtype in FLOAT_TYPES else src0.dtype
         mmul = arch.mmul[compute]
-        plan = plan_gemm(M, N, K, mmul, x, w, y, arch, batches)
+        # An f16 output asks whether the f32 product would take the GEMM (then it is refused).
+        c_size = DTYPES["f32"].size if f16_out else y
+        plan = plan_gemm(M, N, K, mmul, x, w, c_size, arch, batches)
         if plan is not None:
-            return MatmulSpec(req, arch, src0, src1, dst, plan, compute)
+            return gemm_spec(plan, compute)
     # One src1 row, strided operands, or a GEMM that does not tile (M below the microkernel
     # rows, K not a multiple of a K step): one matrix-vector product per src1 row.
     _check_aligned("MUL_MAT", products, src0, src1, dst, w_row)
-    plan = plan_gemv(N, K, w, x, y, arch, batches * M, w_row=w_row)
+    plan = plan_gemv(N, K, w, x, y, arch, batches * M, w_row=w_row, stash=f16_out)
     if plan is None:
         r, s, t = arch.mmul["bf16" if src0.dtype in FLOAT_TYPES else src0.dtype]
         raise UnsupportedError(

@@ -72,7 +72,11 @@ _MM_LIMITS = (
     "most 1024 DMA tasks (batches x src1 rows x rounds). Strided operands (views, permuted "
     "tensors: the attention's KV-cache views) take the GEMV: rows dense (nb[0] the element's "
     "or block's bytes; a transposed view is refused), row strides and every row's offset on "
-    "32-bit words, row strides up to 2^20 words; dst rows dense"
+    "32-bit words, row strides up to 2^20 words; dst rows dense. An f16 dst (f32 src1, any "
+    "of those weights; the backend's product written into the f16 KV cache): the GEMV only "
+    "(one src1 row, M below the GEMM's rows, strided operands; dense rows the GEMM takes are "
+    "refused), the sums in f32 and each value rounded to f16 (nearest even) once; N even and "
+    "dst rows on 32-bit words"
 )
 
 _MM_GLU_LIMITS = (
@@ -348,6 +352,9 @@ MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = (
     # f16 and block-quantized weights (decoded to bf16 on the cores), f32 activations.
     ("f16", "f32", "f32"),
     *((q, "f32", "f32") for q in QUANT_TYPES),
+    # An f16 output (the backend's V projection written straight into the f16 KV cache):
+    # the GEMV only, summed in f32 on the core and rounded once per value.
+    *((w, "f32", "f16") for w in ("bf16", "f32", "f16", *QUANT_TYPES)),
 )
 
 # (weights, x, dst) type triples of MUL_MAT_<glu>: MUL_MAT's with a float output (the GLU is

@@ -739,12 +739,14 @@ def plan_gemv(
     glu: bool = False,
     w_row: int = 0,
     add: bool = False,
+    stash: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan for `products` matrix-vector products, or None. Any N; K
     chunks are divisors of K whose W and x runs are whole DMA words (any K for f32).
     `glu`: MUL_MAT_<glu> (GemvPlan.glu; the core also keeps its stash of nr f32). `w_row`:
     W's row stride in elements when src0 is strided (GemvPlan.w_row; 0: dense). `add`:
-    MUL_MAT_ADD (GemvPlan.add: whole rounds, R*nr <= kc)."""
+    MUL_MAT_ADD (GemvPlan.add: whole rounds, R*nr <= kc). `stash`: the core sums in its
+    stash of nr f32 (an f16 output, rounded once per round: mv_stash.h)."""
     if (K * w_size) % DMA_WORD or (K * x_size) % DMA_WORD:
         return None
     best, best_key = None, None
@@ -762,7 +764,7 @@ def plan_gemv(
                     continue
                 for kc in reversed(k_options):
                     l1 = 2 * nr * kc * w_size + 2 * kc * x_size + 2 * nr * y_size
-                    l1 += glu_stash_bytes(nr) if glu else 0
+                    l1 += stash_bytes(nr) if glu or stash else 0
                     if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                         continue
                     if add and not _add_ok(N, rows, nr, columns * rows * nr, kc):
@@ -781,8 +783,9 @@ def plan_gemv(
     return best
 
 
-def glu_stash_bytes(nr: int) -> int:
-    """The MUL_MAT_<glu> core's stash of the gate sums (mv_glu.h: nr f32, 64-byte aligned)."""
+def stash_bytes(nr: int) -> int:
+    """A GEMV core's stash of nr f32 sums (mv_stash.h, 64-byte aligned): MUL_MAT_<glu>'s gate
+    sums, or the sums of an f16 output."""
     return -(-nr * 4 // 64) * 64
 
 
@@ -810,29 +813,32 @@ def plan_gemv_blocks(
     glu: bool = False,
     w_row: int = 0,
     add: bool = False,
+    y_size: int = 4,
+    stash: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan over weights moved as bytes (`w_block` elements in
-    `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results, or
-    None. `products` are the (src0 byte, src1, dst element) offsets of the matrix-vector
-    products (checked for DMA alignment); `staging` is what the core function keeps on its
-    stack besides the fifo buffers. K chunks are whole blocks. `glu`: MUL_MAT_<glu>
+    `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results of
+    `y_size` bytes (f32; f16 with `stash`, the core summing in its stash of nr f32,
+    mv_stash.h), or None. `products` are the (src0 byte, src1, dst element) offsets of the
+    matrix-vector products (checked for DMA alignment); `staging` is what the core function
+    keeps on its stack besides the fifo buffers. K chunks are whole blocks. `glu`: MUL_MAT_<glu>
     (GemvPlan.glu; the core also keeps its stash of nr f32). `w_row`: W's row stride in bytes
     when src0 is strided (GemvPlan.w_row; 0: dense). `add`: MUL_MAT_ADD (GemvPlan.add)."""
     if K % w_block:
         return None
     blocks = K // w_block
-    x_size = y_size = 4
+    x_size = 4
     best, best_key = None, None
     k_options = [w_block * d for d in divisors(blocks)]
     for columns in range(arch.columns, 0, -1):
         for rows in (4, 2, 1):
             for nr in (64, 32, 16, 8, 4, 2, 1):
-                if columns * rows * nr > N:
+                if columns * rows * nr > N or (nr * y_size) % DMA_WORD:
                     continue
                 for kc in reversed(k_options):
                     kcw = kc // w_block * w_block_bytes
                     l1 = 2 * nr * kcw + 2 * kc * x_size + 2 * nr * y_size + staging
-                    l1 += glu_stash_bytes(nr) if glu else 0
+                    l1 += stash_bytes(nr) if glu or stash else 0
                     if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                         continue
                     if (nr * kcw) % DMA_WORD:

@@ -44,6 +44,12 @@ into it, then acquires y, accumulates W_u's K chunks into y and sets y = act(sta
 rows from W_g, then the same tap from W_u (`GemvPlan.tasks` with `glu`), and x twice (one
 tap with a stride-0 repeat).
 
+An f16 output (MUL_MAT only; the backend's V projection written straight into the f16 KV
+cache): the GEMV, each core summing a round's K chunks into its f32 stash (kernels/mv_stash.h,
+counted by the plan) and rounding the round's sums to f16 into y once, so the y fifos carry
+f16 and the result is the f32 product rounded to nearest even. Dense products the GEMM takes
+are refused (its C tile is f32): the backend then runs the MUL_MAT and the copy unfused.
+
 MUL_MAT_ADD (the backend's fusion of a MUL_MAT and the ADD of its product, llama's residual
 connections and biases): dst = W . x + r, the GEMV dataflow for every src1 row. The x fifo
 carries per round, behind x's K chunks, one more object: the column's r values for the round's
@@ -78,6 +84,16 @@ def _walk(elems, dims):
     """A memory-tile stream re-layout: (size, stride) pairs, outermost first, over one object
     of `elems` elements."""
     return TensorAccessPattern((elems,), 0, [d[0] for d in dims], [d[1] for d in dims])
+
+
+def _k_chunks(of_w, of_x, k_steps, fn, *out):
+    """A GEMV round's K chunks: fn(w, x, *out) on each W tile and x chunk."""
+    for _ in range_(k_steps):
+        w = of_w.acquire(1)
+        x = of_x.acquire(1)
+        fn(w, x, *out)
+        of_w.release(1)
+        of_x.release(1)
 
 
 def _gemm(spec):
@@ -191,27 +207,40 @@ def _gemv(spec):
         vector_type(kc, x_t),
         vector_type(nr, y_t),
     )
-    zero = Kernel(f"{fn}_zero", obj, [y_tile])
-    matvec = Kernel(fn, obj, [w_tile, x_tile, y_tile])
-    # MUL_MAT_ADD: y += the core's r values, from the object behind the round's x chunks.
-    add = Kernel(f"{fn}_add", obj, [x_tile, y_tile, np.int32]) if spec.add else None
     rounds = spec.tiles_per_core
     k_steps = p.k_steps
+    if spec.f16_out:
+        # The sums go to the core's f32 stash; y (f16) is rounded from it once per round.
+        kernels = [
+            Kernel(f"{fn}_stash_zero", obj, []),
+            Kernel(f"{fn}_stash", obj, [w_tile, x_tile]),
+            Kernel(f"{fn}_store_f16", obj, [y_tile]),
+        ]
+    else:
+        kernels = [
+            Kernel(f"{fn}_zero", obj, [y_tile]),
+            Kernel(fn, obj, [w_tile, x_tile, y_tile]),
+        ]
+    # MUL_MAT_ADD: y += the core's r values, from the object behind the round's x chunks.
+    add = Kernel(f"{fn}_add", obj, [x_tile, y_tile, np.int32]) if spec.add else None
 
     def core_fn(of_w, of_x, of_y, zero_fn, mv_fn, add_fn=None, r_offset=0):
         for _ in range_(rounds):
             y = of_y.acquire(1)
             zero_fn(y)
-            for _ in range_(k_steps):
-                w = of_w.acquire(1)
-                x = of_x.acquire(1)
-                mv_fn(w, x, y)
-                of_w.release(1)
-                of_x.release(1)
+            _k_chunks(of_w, of_x, k_steps, mv_fn, y)
             if add_fn is not None:
                 r = of_x.acquire(1)
                 add_fn(r, y, r_offset)
                 of_x.release(1)
+            of_y.release(1)
+
+    def core_fn_f16(of_w, of_x, of_y, zero_fn, stash_fn, store_fn):
+        for _ in range_(rounds):
+            zero_fn()
+            _k_chunks(of_w, of_x, k_steps, stash_fn)
+            y = of_y.acquire(1)
+            store_fn(y)
             of_y.release(1)
 
     w_cols, x_cols, y_cols, workers = [], [], [], []
@@ -236,10 +265,11 @@ def _gemv(spec):
         x_cols.append(x_fifo)
         y_cols.append(y_fifo)
         for i in range(R):
-            args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), zero, matvec]
+            args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), *kernels]
             if add is not None:
                 args += [add, i * nr]
-            workers.append(Worker(core_fn, fn_args=args, tile=Tile(col, 2 + i)))
+            body = core_fn_f16 if spec.f16_out else core_fn
+            workers.append(Worker(body, fn_args=args, tile=Tile(col, 2 + i)))
 
     totals = [count for _, count in spec.sequence]
     groups = spec.tasks()
@@ -316,21 +346,11 @@ def _gemv_glu(spec):
         for _ in range_(rounds):
             # The gate rows' sums into the core's stash.
             gate_zero_fn()
-            for _ in range_(k_steps):
-                w = of_w.acquire(1)
-                x = of_x.acquire(1)
-                gate_fn(w, x)
-                of_w.release(1)
-                of_x.release(1)
+            _k_chunks(of_w, of_x, k_steps, gate_fn)
             # The up rows' sums into y, then y = act(stash) * y.
             y = of_y.acquire(1)
             zero_fn(y)
-            for _ in range_(k_steps):
-                w = of_w.acquire(1)
-                x = of_x.acquire(1)
-                mv_fn(w, x, y)
-                of_w.release(1)
-                of_x.release(1)
+            _k_chunks(of_w, of_x, k_steps, mv_fn, y)
             glu_fn(y)
             of_y.release(1)
 

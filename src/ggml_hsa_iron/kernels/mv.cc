@@ -6,6 +6,8 @@
 // MV_KC is any chunk of K (whole vectors, then a zero-padded tail).
 // MV_GLU=1 with GGML_OP_<glu op> (f32 y): the fused MUL_MAT_<glu> functions (mv_glu.h).
 // MV_ADD=1 (f32 x and y): the fused MUL_MAT_ADD epilogue (mv_add.h).
+// MV_OUT_F16=1 (Y_T uint16_t, f16 bit patterns): the K chunks are summed in an f32 stash and
+// each output rounded to f16 once, at the end of the round (mv_stash.h); no ggml_mv/_zero.
 // Floats: bf16 x bf16 uses the native bf16 multiply-accumulate into f32
 // accumulators; other float pairs are widened to f32. Integers: 32-bit sums.
 
@@ -15,6 +17,14 @@
 #endif
 
 using namespace ggml_aie;
+
+#if !defined(MV_OUT_F16)
+#define MV_OUT_F16 0
+#endif
+#if MV_OUT_F16 && (MV_GLU || MV_ADD || MV_INT)
+#error "an f16 output is plain MUL_MAT's, over float operands"
+#endif
+static_assert(!MV_OUT_F16 || std::is_same_v<Y_T, uint16_t>, "f16 outputs are bit patterns");
 
 #if !MV_INT
 // Rows of the W tile start MV_KC elements apart: aligned vector loads when MV_KC is
@@ -54,10 +64,12 @@ template <typename W, typename X> static inline float row_dot(const W *row, cons
 
 extern "C" {
 
+#if !MV_OUT_F16
 void ggml_mv_zero(Y_T *y) {
   for (int r = 0; r < MV_ROWS; ++r)
     y[r] = (Y_T)0;
 }
+#endif
 
 #if MV_INT
 
@@ -78,7 +90,7 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) {
 
 // y[r] += dot(W[r], x): results are gathered VEC rows at a time and added to y with vector
 // adds (the scalar unit has no floating point).
-static inline void accumulate(const W_T *w, const X_T *x, Y_T *y) {
+static inline void accumulate(const W_T *w, const X_T *x, float *y) {
   set_ggml_rounding();
   for (int r0 = 0; r0 < MV_ROWS; r0 += VEC) {
     int n = MV_ROWS - r0 < (int)VEC ? MV_ROWS - r0 : (int)VEC;
@@ -91,17 +103,26 @@ static inline void accumulate(const W_T *w, const X_T *x, Y_T *y) {
 
 extern "C" {
 
+#define GGML_MV_W_T W_T
+#define GGML_MV_X_T X_T
+
+#if MV_OUT_F16
+// MUL_MAT with an f16 output: see mv_stash.h.
+#define GGML_MV_STASH_ZERO ggml_mv_stash_zero
+#define GGML_MV_STASH ggml_mv_stash
+#define GGML_MV_STORE_F16 ggml_mv_store_f16
+#include "mv_stash.h"
+#else
 void ggml_mv(W_T *w, X_T *x, Y_T *y) { accumulate(w, x, y); }
+#endif
 
 #if MV_GLU
 // MUL_MAT_<glu> (the GLU op's define, see glu.h): per round the gate rows' sums go to this
 // core's stash (static: each core links its own copy), then y = act(stash) * y once the up
 // rows' sums are in y. The plan counts the stash in the core's data memory.
-#define GGML_MV_GATE_ZERO ggml_mv_gate_zero
-#define GGML_MV_GATE ggml_mv_gate
+#define GGML_MV_STASH_ZERO ggml_mv_gate_zero
+#define GGML_MV_STASH ggml_mv_gate
 #define GGML_MV_GLU ggml_mv_glu
-#define GGML_MV_W_T W_T
-#define GGML_MV_X_T X_T
 #include "mv_glu.h"
 #endif
 

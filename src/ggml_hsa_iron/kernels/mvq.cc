@@ -18,6 +18,8 @@
 // Defines: exactly one of MVQ_F16, MVQ_Q4_0, MVQ_Q4_1, MVQ_Q5_0, MVQ_Q8_0, MVQ_Q4_K,
 // MVQ_Q5_K, MVQ_Q6_K; MV_ROWS, MV_KC. MV_GLU=1 with GGML_OP_<glu op>: the fused
 // MUL_MAT_<glu> functions (mv_glu.h). MV_ADD=1: the fused MUL_MAT_ADD epilogue (mv_add.h).
+// MV_OUT_F16=1: an f16 output, the K chunks summed in an f32 stash and each output rounded
+// to f16 once, at the end of the round (mv_stash.h); no ggml_mvq/_zero.
 
 #include "ggml_aie.h"
 #if MV_GLU
@@ -27,6 +29,13 @@
 using namespace ggml_aie;
 
 #include "block_decode.h"
+
+#if !defined(MV_OUT_F16)
+#define MV_OUT_F16 0
+#endif
+#if MV_OUT_F16 && (MV_GLU || MV_ADD)
+#error "an f16 output is plain MUL_MAT's"
+#endif
 
 static_assert(MV_KC % QB == 0, "a K chunk is whole blocks");
 constexpr int ROW_BYTES = MV_KC / QB * BB;
@@ -62,6 +71,7 @@ static inline float row_dot(const uint8_t *row, const float *x) {
 
 #endif
 
+#if !MV_OUT_F16
 extern "C" {
 
 void ggml_mvq_zero(float *y) {
@@ -70,6 +80,7 @@ void ggml_mvq_zero(float *y) {
 }
 
 } // extern "C"
+#endif
 
 static inline void accumulate(const int8_t *w, const float *x, float *y) {
   // The f32 -> bf16 conversions of the weights and activations round to nearest even, as
@@ -89,15 +100,24 @@ static inline void accumulate(const int8_t *w, const float *x, float *y) {
 
 extern "C" {
 
+#define GGML_MV_W_T int8_t
+#define GGML_MV_X_T float
+
+#if MV_OUT_F16
+// MUL_MAT with an f16 output: see mv_stash.h.
+#define GGML_MV_STASH_ZERO ggml_mvq_stash_zero
+#define GGML_MV_STASH ggml_mvq_stash
+#define GGML_MV_STORE_F16 ggml_mvq_store_f16
+#include "mv_stash.h"
+#else
 void ggml_mvq(int8_t *w, float *x, float *y) { accumulate(w, x, y); }
+#endif
 
 #if MV_GLU
 // MUL_MAT_<glu>: see mv_glu.h.
-#define GGML_MV_GATE_ZERO ggml_mvq_gate_zero
-#define GGML_MV_GATE ggml_mvq_gate
+#define GGML_MV_STASH_ZERO ggml_mvq_gate_zero
+#define GGML_MV_STASH ggml_mvq_gate
 #define GGML_MV_GLU ggml_mvq_glu
-#define GGML_MV_W_T int8_t
-#define GGML_MV_X_T float
 #include "mv_glu.h"
 #endif
 

@@ -199,7 +199,7 @@ class CapabilitiesTest(unittest.TestCase):
             "rope.cc",
             "ggml_aie.h",
         )
-        for source in sources + ("glu.h", "mv_glu.h", "block_decode.h"):
+        for source in sources + ("glu.h", "mv_glu.h", "mv_stash.h", "block_decode.h"):
             self.assertTrue((KERNELS / source).is_file(), source)
         eltwise = (KERNELS / "eltwise.cc").read_text()
         glu = (KERNELS / "glu.h").read_text()

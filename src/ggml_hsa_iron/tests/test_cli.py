@@ -97,6 +97,12 @@ class CliTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("dense rows", r.stderr)
         self.assertNotIn("Traceback", r.stderr)
+        # An f16 MUL_MAT output of rows the GEMM takes (the GEMV alone writes f16).
+        w, x = tensor("q4_0", [256, 64]), tensor("f32", [256, 16])
+        r = self.compile(request_dict("MUL_MAT", [w, x], tensor("f16", [64, 16])))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("f16 output is written by the GEMV only", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
 
     def test_malformed_requests_exit_1(self):
         r = self.compile("{nope")

@@ -26,7 +26,7 @@ from ggml_hsa_iron.dtypes import DTYPES
 from ggml_hsa_iron.errors import RequestError, UnsupportedError
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import Tensor, parse_request
-from ggml_hsa_iron.tiling import GLU_GROUP_ROUNDS, MAX_TASKS_PER_CHANNEL, glu_stash_bytes
+from ggml_hsa_iron.tiling import GLU_GROUP_ROUNDS, MAX_TASKS_PER_CHANNEL, stash_bytes
 
 from ggml_hsa_iron.tests.test_kernels_host import CXX, HERE, KERNELS
 from ggml_hsa_iron.tests.test_mvq_host import decode, random_block
@@ -170,10 +170,10 @@ class GluPlanTest(unittest.TestCase):
                     if not spec.weight_bytes:
                         w_tile *= spec.src0.size
                     l1 = 2 * w_tile + 2 * p.k_chunk * 4 + 2 * p.rows_per_tile * 4
-                    l1 += glu_stash_bytes(p.rows_per_tile)
+                    l1 += stash_bytes(p.rows_per_tile)
                     self.assertLessEqual(l1, ARCHS[arch].l1_budget)
-        self.assertEqual(glu_stash_bytes(1), 64)
-        self.assertEqual(glu_stash_bytes(64), 256)
+        self.assertEqual(stash_bytes(1), 64)
+        self.assertEqual(stash_bytes(64), 256)
 
     def test_defines_name_the_glu_op(self):
         for op in GLU_OPS:
