@@ -6,6 +6,8 @@
 // MV_KC is any chunk of K (whole vectors, then a zero-padded tail).
 // MV_GLU=1 with GGML_OP_<glu op> (f32 y): the fused MUL_MAT_<glu> functions (mv_glu.h).
 // MV_ADD=1 (f32 x and y): the fused MUL_MAT_ADD epilogue (mv_add.h).
+// MV_NORM=1 with MV_NORM_K, OP_P0 (f32 x and y): the fused RMS_NORM_MUL_MAT(_<glu>) functions
+// (mv_norm.h).
 // Floats: bf16 x bf16 uses the native bf16 multiply-accumulate into f32
 // accumulators; other float pairs are widened to f32. Integers: 32-bit sums.
 
@@ -109,6 +111,20 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) { accumulate(w, x, y); }
 // MUL_MAT_ADD: see mv_add.h.
 #define GGML_MV_ADD ggml_mv_add
 #include "mv_add.h"
+#endif
+
+#if MV_NORM
+// RMS_NORM_MUL_MAT(_<glu>): see mv_norm.h.
+#define GGML_MV_NORM_LOAD ggml_mv_norm_load
+#define GGML_MV_NORM_ZERO ggml_mv_norm_zero
+#define GGML_MV_NORM ggml_mv_norm
+#define GGML_MV_NORM_SCALE ggml_mv_norm_scale
+#define GGML_MV_NORM_GATE_ZERO ggml_mv_norm_gate_zero
+#define GGML_MV_NORM_GATE ggml_mv_norm_gate
+#ifndef GGML_MV_W_T
+#define GGML_MV_W_T W_T
+#endif
+#include "mv_norm.h"
 #endif
 
 #endif

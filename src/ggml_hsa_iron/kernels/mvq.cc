@@ -18,6 +18,7 @@
 // Defines: exactly one of MVQ_F16, MVQ_Q4_0, MVQ_Q4_1, MVQ_Q5_0, MVQ_Q8_0, MVQ_Q4_K,
 // MVQ_Q5_K, MVQ_Q6_K; MV_ROWS, MV_KC. MV_GLU=1 with GGML_OP_<glu op>: the fused
 // MUL_MAT_<glu> functions (mv_glu.h). MV_ADD=1: the fused MUL_MAT_ADD epilogue (mv_add.h).
+// MV_NORM=1 with MV_NORM_K, OP_P0: the fused RMS_NORM_MUL_MAT(_<glu>) functions (mv_norm.h).
 
 #include "ggml_aie.h"
 #if MV_GLU
@@ -105,6 +106,20 @@ void ggml_mvq(int8_t *w, float *x, float *y) { accumulate(w, x, y); }
 // MUL_MAT_ADD: see mv_add.h.
 #define GGML_MV_ADD ggml_mvq_add
 #include "mv_add.h"
+#endif
+
+#if MV_NORM
+// RMS_NORM_MUL_MAT(_<glu>): see mv_norm.h.
+#define GGML_MV_NORM_LOAD ggml_mvq_norm_load
+#define GGML_MV_NORM_ZERO ggml_mvq_norm_zero
+#define GGML_MV_NORM ggml_mvq_norm
+#define GGML_MV_NORM_SCALE ggml_mvq_norm_scale
+#define GGML_MV_NORM_GATE_ZERO ggml_mvq_norm_gate_zero
+#define GGML_MV_NORM_GATE ggml_mvq_norm_gate
+#ifndef GGML_MV_W_T
+#define GGML_MV_W_T int8_t
+#endif
+#include "mv_norm.h"
 #endif
 
 } // extern "C"
