@@ -183,9 +183,15 @@ class CapabilitiesTest(unittest.TestCase):
             o["type_combos"],
             [list(c) for c in registry.MUL_MAT_COMBOS if c[1:] == ("f32", "f32")],
         )
+        for op in NORM_MM:  # the weights, (the up weights,) x, n; eps
+            o = ops[op]
+            want = (3 if op == "RMS_NORM_MUL_MAT" else 4, True, True, "mul_mat.py")
+            got = (o["inputs"], o["broadcast"], o["noncontiguous"], o["kernel_source"])
+            self.assertEqual(got, want, op)
+            self.assertEqual(o["type_combos"], ops["MUL_MAT_ADD"]["type_combos"], op)
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
-            set(WITH_F16 + MM_GLU + self.FLASH_ATTN)
+            set(WITH_F16 + MM_GLU + NORM_MM + self.FLASH_ATTN)
             | {"MUL_MAT", "MUL_MAT_ADD", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"}
             >= with_f16
         )
