@@ -4,7 +4,13 @@ import json
 
 from . import COMPILER_NAME, MLIR_AIE_VERSION, PROTOCOL
 from .archs import ARCHS
-from .registry import MUL_MAT_ADD_COMBOS, MUL_MAT_COMBOS, MUL_MAT_GLU_COMBOS, OPS
+from .registry import (
+    MUL_MAT_ADD_COMBOS,
+    MUL_MAT_COMBOS,
+    MUL_MAT_GLU_COMBOS,
+    OPS,
+    RMS_NORM_MUL_MAT_COMBOS,
+)
 
 
 def capabilities(target: str = "npu") -> dict:
@@ -31,6 +37,9 @@ def capabilities(target: str = "npu") -> dict:
         elif spec.kind == "mul_mat_add":
             # (weights, x, dst); r is f32.
             entry["type_combos"] = [list(c) for c in MUL_MAT_ADD_COMBOS]
+        elif spec.kind == "rms_norm_mul_mat":
+            # (weights, x, dst); the up weights have the weights' type, n is f32.
+            entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_COMBOS]
         ops.append(entry)
     return {
         "protocol": PROTOCOL,

@@ -173,6 +173,9 @@ class MatmulSpec:
     # MUL_MAT_ADD: r, added to the product (the request's input 2; f32 rows of N, repeated
     # over the product as ggml's ADD repeats its second input).
     r: Tensor | None = None
+    # RMS_NORM_MUL_MAT(_<glu>): n, the norm weight (the request's last input, f32 [K,1,1,1]);
+    # src1 is then the norm's input, normalised on the cores (GemvPlan.norm).
+    n: Tensor | None = None
 
     @property
     def add(self) -> bool:
@@ -196,10 +199,13 @@ class MatmulSpec:
     @property
     def sequence(self) -> list[tuple[str, int]]:
         """(type, elements) of the runtime-sequence arguments: src0, src1, dst (MUL_MAT_<glu>:
-        W_g, W_u, x, dst; MUL_MAT_ADD: W, x, r, dst)."""
+        W_g, W_u, x, dst; MUL_MAT_ADD: W, x, r, dst; RMS_NORM_MUL_MAT(_<glu>): the weights, x,
+        n, dst)."""
         w = ("i8", extent(self.src0)) if self.weight_bytes else (self.src0.dtype, _span(self.src0))
         ws = [w, w] if self.glu else [w]
         rest = (self.src1, self.r, self.dst) if self.add else (self.src1, self.dst)
+        if self.n is not None:
+            rest = (self.src1, self.n, self.dst)
         return ws + [(t.dtype, _span(t)) for t in rest]
 
     @property
@@ -233,6 +239,10 @@ class MatmulSpec:
             glu = {"MV_ADD": 1}
         if self.f16_out:
             glu = {"MV_OUT_F16": 1}
+        if self.n is not None:
+            # eps as f32 bits, compiled into the kernel (the request's name carries it).
+            eps = self.request.op_params[0] if self.request.op_params else 0
+            glu.update(MV_NORM=1, MV_NORM_K=self.src0.ne[0], OP_P0=eps)
         p = self.plan
         # The GEMM's microkernel and tile shape (mm.cc and mmq.cc).
         gemm_tiles = (
@@ -932,6 +942,57 @@ def prepare_mul_mat_add(req: Request) -> MatmulSpec:
     return MatmulSpec(req, arch, w, x, dst, plan, compute, r=r)
 
 
+def prepare_rms_norm_mul_mat(req: Request) -> MatmulSpec:
+    """RMS_NORM_MUL_MAT(_<glu>): the projection(s) of x / sqrt(mean(x^2) + eps) * n, MUL_MAT's
+    (MUL_MAT_<glu>'s) GEMV with n sent once ahead of x's rows and x normalised on the cores
+    (GemvPlan.norm). Inputs: the weights (gate, up), x, n; op_params[0] = eps."""
+    spec, arch = _check_common(req, strided=True)  # the input count, op_params, types
+    *ws, x, n = req.inputs
+    dst = req.output
+    op, w = req.op, ws[0]
+    K = w.ne[0]
+    if x.dtype != "f32" or n.dtype != "f32" or dst.dtype != "f32":
+        raise UnsupportedError(
+            f"{op} takes f32 x, n and output (the norm is computed in f32); the request has x "
+            f"{x.dtype}, n {n.dtype}, output {dst.dtype}"
+        )
+    if n.ne != (K, 1, 1, 1):
+        raise RequestError(f"{op}: n {list(n.ne)} is not one row of K = {K} values")
+    if not n.is_dense():
+        raise UnsupportedError(f"{op}: n (strides {list(n.nb)}) is strided")
+    # The projection without the norm: its checks (types, shapes, strides) and its plan.
+    glu = op[len("RMS_NORM_MUL_MAT_") :] if op != "RMS_NORM_MUL_MAT" else ""
+    product = dataclasses.replace(req, op="MUL_MAT", inputs=(w, x), op_params=())
+    M = x.ne[1]
+    if not prepare_mul_mat(product).gemv:
+        raise UnsupportedError(
+            f"{op}: M={M} dense rows take MUL_MAT's GEMM, which has no norm prologue; the "
+            f"norm and the projections run unfused"
+        )
+    if glu:
+        product = dataclasses.replace(product, op=f"MUL_MAT_{glu}", inputs=(*ws, x))
+        base = prepare_mul_mat_glu(product)
+    else:
+        base = prepare_mul_mat(product)
+    N, p = w.ne[1], base.plan
+    products = _products(w, x, dst)
+    if base.weight_bytes:
+        plan = plan_gemv_blocks(
+            N, K, w.block, w.size, arch, products, glu=bool(glu), w_row=p.w_row, norm=True
+        )
+    else:
+        plan = plan_gemv(
+            N, K, w.size, x.size, dst.size, arch, len(products), bool(glu), p.w_row, norm=True
+        )
+    if plan is None:
+        raise UnsupportedError(
+            f"{op}: no tiling of {w.dtype} weights for M={M}, N={N}, K={K} on {arch.name} with "
+            f"n kept on every core: K = {K} too large for the core's memory with the GEMV's "
+            f"buffers ({arch.l1_budget} bytes), or beyond {MAX_TASKS_PER_CHANNEL} DMA tasks"
+        )
+    return dataclasses.replace(base, request=req, plan=plan, n=n)
+
+
 def gemm_blocks_plan(src0: Tensor, src1: Tensor, dst: Tensor, arch: Arch) -> GemmPlan:
     """The GEMM plan of dense f16 / block-quantized weights (moved as bytes, decoded by
     mmq.cc) times f32 src1, or UnsupportedError saying why there is none (the caller then
@@ -1058,6 +1119,8 @@ def prepare(req: Request):
         return prepare_mul_mat_glu(req)
     if spec.kind == "mul_mat_add":
         return prepare_mul_mat_add(req)
+    if spec.kind == "rms_norm_mul_mat":
+        return prepare_rms_norm_mul_mat(req)
     if spec.kind == "rows":
         return prepare_rows(req)
     if spec.kind == "glu":

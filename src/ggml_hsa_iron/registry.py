@@ -11,7 +11,8 @@ vector units, f32 is emulated. Type rules beyond the per-op list:
 * element-wise ops: float operands (bf16, f32) may be mixed freely, integer
   operands must all have one type; floats and integers do not mix;
 * MUL_MAT: see `MUL_MAT_COMBOS`; MUL_MAT_<glu>: `MUL_MAT_GLU_COMBOS` (input 1, the up
-  weights, has input 0's type); MUL_MAT_ADD: `MUL_MAT_ADD_COMBOS` (r is f32).
+  weights, has input 0's type); MUL_MAT_ADD: `MUL_MAT_ADD_COMBOS` (r is f32);
+  RMS_NORM_MUL_MAT(_<glu>): `RMS_NORM_MUL_MAT_COMBOS` (n is f32).
 """
 
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ class OpSpec:
     broadcast: bool
     noncontiguous: bool
     # "binary", "unary", "mul_mat", "mul_mat_glu", "mul_mat_add", "rows", "glu", "rope", "copy", "set_rows",
-    # "flash_attn", "reduce"
+    # "flash_attn", "reduce", "rms_norm_mul_mat"
     kind: str
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
@@ -97,6 +98,16 @@ _MM_ADD_LIMITS = (
     "for a round's rows sent behind x's K chunks and added before the results leave the core; "
     "rounds of rows dividing N; at most 1024 DMA tasks on x's shim channel (src1 rows x "
     "rounds x 2 or 3), so long prefill batches are refused"
+)
+
+_NORM_MM_LIMITS = (
+    "RMS_NORM then MUL by one weight row n, folded into the projection(s) reading the result: "
+    "inputs the weights (MUL_MAT's src0; RMS_NORM_MUL_MAT_<glu>: W_g then W_u, as "
+    "MUL_MAT_<glu>), x (f32, the norm's input, MUL_MAT's src1 layout), n (f32 [K,1,1,1], "
+    "dense); op_params[0] eps; dst f32. out = W . (x / sqrt(mean(x^2) + eps) * n) per row of "
+    "x (then the GLU). MUL_MAT's GEMV only (one GEMV per src1 row): dense M that MUL_MAT's "
+    "GEMM takes is refused (the norm then runs unfused); n is kept on every core, so K must "
+    "fit the core's memory with the GEMV's buffers (4 bytes per value; K = 8192 does not)"
 )
 
 _ROWS_LIMITS = (
@@ -186,6 +197,12 @@ def _mul_mat_glu(op: str) -> OpSpec:
     return OpSpec(op, MUL_MAT, 3, types, True, True, "mul_mat_glu", _MM_GLU_LIMITS)
 
 
+def _rms_norm_mul_mat(op: str, inputs: int) -> OpSpec:
+    # Like MUL_MAT: the inputs never have the output's shape (declared as broadcast).
+    types = ("bf16", "f16", "f32") + QUANT_TYPES
+    return OpSpec(op, MUL_MAT, inputs, types, True, True, "rms_norm_mul_mat", _NORM_MM_LIMITS, 1)
+
+
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
     return OpSpec(op, UNARY_OPS, 1, tuple(types), False, False, "unary", limits, params)
 
@@ -254,6 +271,14 @@ OPS: tuple[OpSpec, ...] = (
         "mul_mat_add",
         _MM_ADD_LIMITS,
     ),
+    # llama's attn_norm / ffn_norm (RMS_NORM, MUL by n) folded by the backend into the
+    # projections reading it: inputs the weights, x, n; op_params eps (designs/mul_mat.py).
+    _rms_norm_mul_mat("RMS_NORM_MUL_MAT", 3),
+    _rms_norm_mul_mat("RMS_NORM_MUL_MAT_REGLU", 4),
+    _rms_norm_mul_mat("RMS_NORM_MUL_MAT_GEGLU", 4),
+    _rms_norm_mul_mat("RMS_NORM_MUL_MAT_SWIGLU", 4),
+    _rms_norm_mul_mat("RMS_NORM_MUL_MAT_GEGLU_ERF", 4),
+    _rms_norm_mul_mat("RMS_NORM_MUL_MAT_GEGLU_QUICK", 4),
     # Row ops (designs/_rows.py): op_params eps (norms), scale and max_bias (SOFT_MAX).
     _rows("RMS_NORM", 1, ("f32",), 1),
     _rows("NORM", 1, ("f32",), 1),
@@ -367,6 +392,10 @@ MUL_MAT_GLU_COMBOS: tuple[tuple[str, str, str], ...] = tuple(
 MUL_MAT_ADD_COMBOS: tuple[tuple[str, str, str], ...] = tuple(
     c for c in MUL_MAT_COMBOS if c[1:] == ("f32", "f32")
 )
+
+# (weights, x, dst) type triples of RMS_NORM_MUL_MAT(_<glu>) (n is f32): MUL_MAT's with f32 x
+# and dst (the norm is computed in f32).
+RMS_NORM_MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = MUL_MAT_ADD_COMBOS
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
 SOURCES: tuple[str, ...] = (

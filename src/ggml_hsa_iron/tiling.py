@@ -575,6 +575,10 @@ class GemvPlan:
     cores ignore; core i adds values i*nr .. (i+1)*nr to its y before releasing it. Rounds
     never overlap (N is whole rounds): with the output in r's memory (an ADD in place, which
     the request cannot tell), a shifted last round would read r's rows already written.
+
+    `norm` (RMS_NORM_MUL_MAT(_<glu>)): the x channel first carries the norm weight n once per
+    dispatch, K // kc objects (`norm_tap`, one task ahead of the first group's x), which every
+    core keeps aside (mv_norm.h); the rounds then run as without it.
     """
 
     N: int
@@ -593,6 +597,7 @@ class GemvPlan:
     # a permuted tensor) with dense rows. 0: dense, rows w_units(K) apart.
     w_row: int = 0
     add: bool = False
+    norm: bool = False
 
     def w_units(self, elems: int) -> int:
         """W's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
@@ -602,6 +607,11 @@ class GemvPlan:
     def r_pad(self) -> int:
         """`add`: the values of x padding each round's r object (kc - R*nr)."""
         return self.k_chunk - self.rows * self.rows_per_tile
+
+    def norm_tap(self) -> Tap:
+        """`norm`: n's K values in K chunks, one task on the x channel per dispatch."""
+        kc = self.k_chunk
+        return Tap(0, (1, 1, self.K // kc, kc), (0, 0, kc, 1))
 
     @property
     def x_tasks_per_round(self) -> int:
@@ -636,7 +646,8 @@ class GemvPlan:
         up to MAX_REPEAT rounds, or GLU_GROUP_ROUNDS with `glu` (a group's tasks then fit the
         shim tile's buffer descriptors: 2 W tasks per round, x and y)."""
         if self.glu:
-            return round_tasks(self.N, self.block, GLU_GROUP_ROUNDS)
+            # `norm`: the first group's x channel also carries n's task.
+            return round_tasks(self.N, self.block, GLU_GROUP_ROUNDS - self.norm)
         limit = MAX_REPEAT
         if self.add:
             # A group's x-channel tasks per round, W and y within the shim's descriptors.
@@ -722,6 +733,19 @@ GLU_GROUP_ROUNDS = 7
 SHIM_GROUP_TASKS = 16
 
 
+def mv_norm_bytes(K: int, kc: int) -> int:
+    """RMS_NORM_MUL_MAT(_<glu>)'s static data on a core (mv_norm.h): n's K chunks each padded
+    to 16 f32, the normalised chunk, the sums of squares and two counters."""
+    pad = -(-kc // VECTOR_ELEMS) * VECTOR_ELEMS
+    return (K // kc + 1) * pad * 4 + VECTOR_ELEMS * 4 + 8
+
+
+def _norm_ok(plan: GemvPlan, products: int) -> bool:
+    """`norm`: n's task fits the x channel's DMA tasks."""
+    x_tasks = products * len(plan.round_tasks()) + 1
+    return not plan.norm or x_tasks <= MAX_TASKS_PER_CHANNEL
+
+
 def _add_ok(N: int, rows: int, nr: int, block: int, kc: int) -> bool:
     """MUL_MAT_ADD (GemvPlan.add): whole rounds (no shifted last round) and a round's r
     values for a column within one x object."""
@@ -740,13 +764,15 @@ def plan_gemv(
     w_row: int = 0,
     add: bool = False,
     stash: bool = False,
+    norm: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan for `products` matrix-vector products, or None. Any N; K
     chunks are divisors of K whose W and x runs are whole DMA words (any K for f32).
     `glu`: MUL_MAT_<glu> (GemvPlan.glu; the core also keeps its stash of nr f32). `w_row`:
     W's row stride in elements when src0 is strided (GemvPlan.w_row; 0: dense). `add`:
     MUL_MAT_ADD (GemvPlan.add: whole rounds, R*nr <= kc). `stash`: the core sums in its
-    stash of nr f32 (an f16 output, rounded once per round: mv_stash.h)."""
+    stash of nr f32 (an f16 output, rounded once per round: mv_stash.h). `norm`:
+    RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes)."""
     if (K * w_size) % DMA_WORD or (K * x_size) % DMA_WORD:
         return None
     best, best_key = None, None
@@ -765,14 +791,27 @@ def plan_gemv(
                 for kc in reversed(k_options):
                     l1 = 2 * nr * kc * w_size + 2 * kc * x_size + 2 * nr * y_size
                     l1 += stash_bytes(nr) if glu or stash else 0
+                    l1 += mv_norm_bytes(K, kc) if norm else 0
                     if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                         continue
                     if add and not _add_ok(N, rows, nr, columns * rows * nr, kc):
                         continue
                     plan = GemvPlan(
-                        N, K, columns, rows, nr, kc, glu=glu, w_size=w_size, w_row=w_row, add=add
+                        N,
+                        K,
+                        columns,
+                        rows,
+                        nr,
+                        kc,
+                        glu=glu,
+                        w_size=w_size,
+                        w_row=w_row,
+                        add=add,
+                        norm=norm,
                     )
                     if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
+                        continue
+                    if not _norm_ok(plan, products):
                         continue
                     vectors = -(-kc // VECTOR_ELEMS)
                     cost = plan.rounds * plan.k_steps * (nr * vectors + 64)
@@ -815,6 +854,7 @@ def plan_gemv_blocks(
     add: bool = False,
     y_size: int = 4,
     stash: bool = False,
+    norm: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan over weights moved as bytes (`w_block` elements in
     `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results of
@@ -823,7 +863,8 @@ def plan_gemv_blocks(
     matrix-vector products (checked for DMA alignment); `staging` is what the core function
     keeps on its stack besides the fifo buffers. K chunks are whole blocks. `glu`: MUL_MAT_<glu>
     (GemvPlan.glu; the core also keeps its stash of nr f32). `w_row`: W's row stride in bytes
-    when src0 is strided (GemvPlan.w_row; 0: dense). `add`: MUL_MAT_ADD (GemvPlan.add)."""
+    when src0 is strided (GemvPlan.w_row; 0: dense). `add`: MUL_MAT_ADD (GemvPlan.add).
+    `norm`: RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes)."""
     if K % w_block:
         return None
     blocks = K // w_block
@@ -839,6 +880,7 @@ def plan_gemv_blocks(
                     kcw = kc // w_block * w_block_bytes
                     l1 = 2 * nr * kcw + 2 * kc * x_size + 2 * nr * y_size + staging
                     l1 += stash_bytes(nr) if glu or stash else 0
+                    l1 += mv_norm_bytes(K, kc) if norm else 0
                     if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                         continue
                     if (nr * kcw) % DMA_WORD:
@@ -856,9 +898,23 @@ def plan_gemv_blocks(
                     if add and not _add_ok(N, rows, nr, columns * rows * nr, kc):
                         continue
                     plan = GemvPlan(
-                        N, K, columns, rows, nr, kc, w_block, w_block_bytes, glu, 1, w_row, add
+                        N,
+                        K,
+                        columns,
+                        rows,
+                        nr,
+                        kc,
+                        w_block,
+                        w_block_bytes,
+                        glu,
+                        1,
+                        w_row,
+                        add,
+                        norm,
                     )
                     if plan.w_tasks(len(products)) > MAX_TASKS_PER_CHANNEL:
+                        continue
+                    if not _norm_ok(plan, len(products)):
                         continue
                     if not all(_byte_tap_ok(w) for w in _w_taps(plan, products)):
                         continue

@@ -58,8 +58,19 @@ releasing it (kernels/mv_add.h), so the product never leaves the core without r.
 `GemvPlan.add` keeps rounds whole (no shifted last round re-reading r's rows after the output,
 possibly in r's own memory, was written) and a column's r values within one x object.
 
+RMS_NORM_MUL_MAT and RMS_NORM_MUL_MAT_<glu> (the backend's fold of llama's attn_norm /
+ffn_norm, RMS_NORM then MUL by a weight row n, into the projections reading it): the GEMV and
+GLU GEMV dataflows on the norm's input x, with a prologue. With s = 1 / sqrt(mean(x^2) + eps)
+one scalar per x row, W . (x * s * n) = s * (W . (x * n)): every core already receives all of
+x chunk by chunk, so it multiplies each chunk by n, sums its squares and scales the round's
+sums by s at the end of the round, before the GLU (kernels/mv_norm.h). A core has two input
+channels (W and x), so n goes on the x channel once per dispatch ahead of x's rows
+(`GemvPlan.norm_tap`, one shim task) and each core keeps it in its static data (the plan counts
+it). MUL_MAT's GEMM has no such prologue: those requests are refused.
+
 Runtime-sequence arguments: src0, src1, dst (the request's order); MUL_MAT_<glu>: W_g, W_u,
-x, dst; MUL_MAT_ADD: W, x, r, dst.
+x, dst; MUL_MAT_ADD: W, x, r, dst; RMS_NORM_MUL_MAT: W, x, n, dst; RMS_NORM_MUL_MAT_<glu>:
+W_g, W_u, x, n, dst.
 """
 
 import numpy as np
@@ -223,12 +234,25 @@ def _gemv(spec):
         ]
     # MUL_MAT_ADD: y += the core's r values, from the object behind the round's x chunks.
     add = Kernel(f"{fn}_add", obj, [x_tile, y_tile, np.int32]) if spec.add else None
+    # RMS_NORM_MUL_MAT: n kept aside, x normalised per chunk, y scaled per round (mv_norm.h).
+    norm = _norm_kernels(spec, fn, obj, x_tile, y_tile)
+    if norm:
+        kernels = [
+            Kernel(f"{fn}_norm_zero", obj, [y_tile]),
+            Kernel(f"{fn}_norm", obj, [w_tile, x_tile, y_tile]),
+        ]
 
-    def core_fn(of_w, of_x, of_y, zero_fn, mv_fn, add_fn=None, r_offset=0):
+    def core_fn(
+        of_w, of_x, of_y, zero_fn, mv_fn, add_fn=None, r_offset=0, load_fn=None, scale_fn=None
+    ):
+        if load_fn is not None:
+            _norm_prologue(of_x, load_fn, k_steps)
         for _ in range_(rounds):
             y = of_y.acquire(1)
             zero_fn(y)
             _k_chunks(of_w, of_x, k_steps, mv_fn, y)
+            if scale_fn is not None:
+                scale_fn(y)
             if add_fn is not None:
                 r = of_x.acquire(1)
                 add_fn(r, y, r_offset)
@@ -268,6 +292,8 @@ def _gemv(spec):
             args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), *kernels]
             if add is not None:
                 args += [add, i * nr]
+            elif norm:
+                args += [None, 0, *norm]
             body = core_fn_f16 if spec.f16_out else core_fn
             workers.append(Worker(body, fn_args=args, tile=Tile(col, 2 + i)))
 
@@ -280,17 +306,23 @@ def _gemv(spec):
         handles += [w_cols[col].prod(tile=shim), x_cols[col].prod(tile=shim)]
         handles.append(y_cols[col].cons(tile=shim))
 
-    def sequence(W, X, Y, *hs):
+    def sequence(W, X, Y, *hs, Nbuf=None):
         # Task groups from GemvPlan.tasks: per column the W (src0), x (src1 row) and y
-        # (dst row) access patterns of a run of rounds of one matrix-vector product.
-        for group in groups:
+        # (dst row) access patterns of a run of rounds of one matrix-vector product;
+        # RMS_NORM_MUL_MAT: n ahead of the first x row.
+        for g, group in enumerate(groups):
             tg = TaskGroup()
             for col, (w, x, y) in enumerate(group):
                 hw, hx, hy = hs[3 * col : 3 * col + 3]
                 hw.fill(W, tap=_tap(totals[0], w), group=tg)
+                if Nbuf is not None and g == 0:
+                    hx.fill(Nbuf, tap=_tap(p.K, p.norm_tap()), group=tg)
                 hx.fill(X, tap=_tap(totals[1], x), group=tg)
-                hy.drain(Y, tap=_tap(totals[2], y), group=tg, wait=True)
+                hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
             tg.finish()
+
+    def sequence_norm(W, X, Nbuf, Y, *hs):
+        sequence(W, X, Y, *hs, Nbuf=Nbuf)
 
     def sequence_add(W, X, Rbuf, Y, *hs):
         # GemvPlan.tasks with `add`: per round on the x channel the x row's K chunks, the
@@ -309,8 +341,28 @@ def _gemv(spec):
                 hy.drain(Y, tap=_tap(totals[3], y), group=tg, wait=True)
             tg.finish()
 
-    rt = Runtime(sequence_add if spec.add else sequence, [*seq_types, *handles])
+    seq_fn = sequence_add if spec.add else sequence_norm if norm else sequence
+    rt = Runtime(seq_fn, [*seq_types, *handles])
     return Program(dev, rt, workers=workers).resolve_program()
+
+
+def _norm_kernels(spec, fn, obj, x_tile, y_tile):
+    """RMS_NORM_MUL_MAT(_<glu>)'s load (a chunk of n kept aside) and scale (y, and the GLU's
+    stash, times 1 / sqrt(mean(x^2) + eps)) kernels; () without the norm."""
+    if spec.n is None:
+        return ()
+    return (
+        Kernel(f"{fn}_norm_load", obj, [x_tile]),
+        Kernel(f"{fn}_norm_scale", obj, [y_tile]),
+    )
+
+
+def _norm_prologue(of_x, load_fn, k_steps):
+    """Once per dispatch: n's K chunks, ahead of x's rows on the x fifo, kept by the core."""
+    for _ in range_(k_steps):
+        n = of_x.acquire(1)
+        load_fn(n)
+        of_x.release(1)
 
 
 def ggml_op_mul_mat(spec):
@@ -339,10 +391,30 @@ def _gemv_glu(spec):
     zero = Kernel(f"{fn}_zero", obj, [y_tile])
     matvec = Kernel(fn, obj, [w_tile, x_tile, y_tile])
     glu = Kernel(f"{fn}_glu", obj, [y_tile])
+    # RMS_NORM_MUL_MAT_<glu>: n kept aside, x normalised per chunk, the gate and up sums scaled
+    # before the GLU (mv_norm.h).
+    norm = _norm_kernels(spec, fn, obj, x_tile, y_tile)
+    if norm:
+        gate_zero = Kernel(f"{fn}_norm_gate_zero", obj, [])
+        gate = Kernel(f"{fn}_norm_gate", obj, [w_tile, x_tile])
+        matvec = Kernel(f"{fn}_norm", obj, [w_tile, x_tile, y_tile])
     rounds = spec.tiles_per_core
     k_steps = p.k_steps
 
-    def core_fn(of_w, of_x, of_y, gate_zero_fn, gate_fn, zero_fn, mv_fn, glu_fn):
+    def core_fn(
+        of_w,
+        of_x,
+        of_y,
+        gate_zero_fn,
+        gate_fn,
+        zero_fn,
+        mv_fn,
+        glu_fn,
+        load_fn=None,
+        scale_fn=None,
+    ):
+        if load_fn is not None:
+            _norm_prologue(of_x, load_fn, k_steps)
         for _ in range_(rounds):
             # The gate rows' sums into the core's stash.
             gate_zero_fn()
@@ -351,6 +423,8 @@ def _gemv_glu(spec):
             y = of_y.acquire(1)
             zero_fn(y)
             _k_chunks(of_w, of_x, k_steps, mv_fn, y)
+            if scale_fn is not None:
+                scale_fn(y)
             glu_fn(y)
             of_y.release(1)
 
@@ -377,7 +451,7 @@ def _gemv_glu(spec):
         y_cols.append(y_fifo)
         for i in range(R):
             args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod()]
-            args += [gate_zero, gate, zero, matvec, glu]
+            args += [gate_zero, gate, zero, matvec, glu, *norm]
             workers.append(Worker(core_fn, fn_args=args, tile=Tile(col, 2 + i)))
 
     totals = [count for _, count in spec.sequence]
@@ -388,21 +462,27 @@ def _gemv_glu(spec):
         handles += [w_cols[col].prod(tile=shim), x_cols[col].prod(tile=shim)]
         handles.append(y_cols[col].cons(tile=shim))
 
-    def sequence(Wg, Wu, X, Y, *hs):
+    def sequence(Wg, Wu, X, Y, *hs, Nbuf=None):
         # Task groups from GemvPlan.tasks (glu): per column one W tap per round, issued on
-        # W_g then on W_u, x repeated twice per round, y of the group's rounds.
-        for group in groups:
+        # W_g then on W_u, x repeated twice per round, y of the group's rounds;
+        # RMS_NORM_MUL_MAT_<glu>: n ahead of the first x row.
+        for g, group in enumerate(groups):
             tg = TaskGroup()
             for col, (ws, x, y) in enumerate(group):
                 hw, hx, hy = hs[3 * col : 3 * col + 3]
                 for w in ws:
                     hw.fill(Wg, tap=_tap(totals[0], w), group=tg)
                     hw.fill(Wu, tap=_tap(totals[1], w), group=tg)
+                if Nbuf is not None and g == 0:
+                    hx.fill(Nbuf, tap=_tap(p.K, p.norm_tap()), group=tg)
                 hx.fill(X, tap=_tap(totals[2], x), group=tg)
-                hy.drain(Y, tap=_tap(totals[3], y), group=tg, wait=True)
+                hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
             tg.finish()
 
-    rt = Runtime(sequence, [*seq_types, *handles])
+    def sequence_norm(Wg, Wu, X, Nbuf, Y, *hs):
+        sequence(Wg, Wu, X, Y, *hs, Nbuf=Nbuf)
+
+    rt = Runtime(sequence_norm if norm else sequence, [*seq_types, *handles])
     return Program(dev, rt, workers=workers).resolve_program()
 
 
@@ -434,4 +514,35 @@ def ggml_op_mul_mat_geglu_erf(spec):
 
 def ggml_op_mul_mat_geglu_quick(spec):
     """MUL_MAT_GEGLU_QUICK: gelu_quick(W_g . x) * (W_u . x)."""
+    return _gemv_glu(spec)
+
+
+def ggml_op_rms_norm_mul_mat(spec):
+    """RMS_NORM_MUL_MAT: W . (rms_norm(x) * n), the GEMV with the norm's prologue (see the
+    module docstring)."""
+    return _gemv(spec)
+
+
+def ggml_op_rms_norm_mul_mat_reglu(spec):
+    """RMS_NORM_MUL_MAT_REGLU: MUL_MAT_REGLU of y = rms_norm(x) * n."""
+    return _gemv_glu(spec)
+
+
+def ggml_op_rms_norm_mul_mat_geglu(spec):
+    """RMS_NORM_MUL_MAT_GEGLU: MUL_MAT_GEGLU of y = rms_norm(x) * n."""
+    return _gemv_glu(spec)
+
+
+def ggml_op_rms_norm_mul_mat_swiglu(spec):
+    """RMS_NORM_MUL_MAT_SWIGLU: MUL_MAT_SWIGLU of y = rms_norm(x) * n."""
+    return _gemv_glu(spec)
+
+
+def ggml_op_rms_norm_mul_mat_geglu_erf(spec):
+    """RMS_NORM_MUL_MAT_GEGLU_ERF: MUL_MAT_GEGLU_ERF of y = rms_norm(x) * n."""
+    return _gemv_glu(spec)
+
+
+def ggml_op_rms_norm_mul_mat_geglu_quick(spec):
+    """RMS_NORM_MUL_MAT_GEGLU_QUICK: MUL_MAT_GEGLU_QUICK of y = rms_norm(x) * n."""
     return _gemv_glu(spec)

@@ -20,6 +20,7 @@
 // MUL_MAT_<glu> functions (mv_glu.h). MV_ADD=1: the fused MUL_MAT_ADD epilogue (mv_add.h).
 // MV_OUT_F16=1: an f16 output, the K chunks summed in an f32 stash and each output rounded
 // to f16 once, at the end of the round (mv_stash.h); no ggml_mvq/_zero.
+// MV_NORM=1 with MV_NORM_K, OP_P0: the fused RMS_NORM_MUL_MAT(_<glu>) functions (mv_norm.h).
 
 #include "ggml_aie.h"
 #if MV_GLU
@@ -33,7 +34,7 @@ using namespace ggml_aie;
 #if !defined(MV_OUT_F16)
 #define MV_OUT_F16 0
 #endif
-#if MV_OUT_F16 && (MV_GLU || MV_ADD)
+#if MV_OUT_F16 && (MV_GLU || MV_ADD || MV_NORM)
 #error "an f16 output is plain MUL_MAT's"
 #endif
 
@@ -125,6 +126,20 @@ void ggml_mvq(int8_t *w, float *x, float *y) { accumulate(w, x, y); }
 // MUL_MAT_ADD: see mv_add.h.
 #define GGML_MV_ADD ggml_mvq_add
 #include "mv_add.h"
+#endif
+
+#if MV_NORM
+// RMS_NORM_MUL_MAT(_<glu>): see mv_norm.h.
+#define GGML_MV_NORM_LOAD ggml_mvq_norm_load
+#define GGML_MV_NORM_ZERO ggml_mvq_norm_zero
+#define GGML_MV_NORM ggml_mvq_norm
+#define GGML_MV_NORM_SCALE ggml_mvq_norm_scale
+#define GGML_MV_NORM_GATE_ZERO ggml_mvq_norm_gate_zero
+#define GGML_MV_NORM_GATE ggml_mvq_norm_gate
+#ifndef GGML_MV_W_T
+#define GGML_MV_W_T int8_t
+#endif
+#include "mv_norm.h"
 #endif
 
 } // extern "C"

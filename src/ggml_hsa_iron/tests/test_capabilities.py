@@ -68,6 +68,7 @@ def row_request(op: str, dtype: str, arch: str) -> str:
 GLU = ["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]
 # The backend's fusion of MUL_MAT(W_g, x), MUL_MAT(W_u, x) and their split GLU.
 MM_GLU = [f"MUL_MAT_{op}" for op in GLU]
+NORM_MM = ["RMS_NORM_MUL_MAT"] + [f"RMS_NORM_MUL_MAT_{op}" for op in GLU]
 ROPE = ["ROPE", "ROPE_FF"]
 # Issue 15: the copies and the KV-cache write (f32/f16/bf16; SET_ROWS' i32/i64 indices).
 COPIES = ["DUP", "CPY", "CONT"]
@@ -100,7 +101,7 @@ class CapabilitiesTest(unittest.TestCase):
             ):
                 self.assertIsInstance(op[key], kind, op["op"])
             # MUL_MAT's weights may also be f16 or block-quantized; f16 elsewhere as listed.
-            mm = op["op"] in ("MUL_MAT", "MUL_MAT_ADD") or op["op"] in MM_GLU
+            mm = op["op"] in ("MUL_MAT", "MUL_MAT_ADD") or op["op"] in MM_GLU + NORM_MM
             extra = set(("f16",) + QUANT_TYPES) if mm else {"f16"}
             if op["op"] in ("SET_ROWS", "COUNT_EQUAL"):
                 extra.add("i64")  # SET_ROWS' indices, COUNT_EQUAL's count
@@ -121,6 +122,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + WITH_PARAMS
                 + ["MUL_MAT", "MUL_MAT_ADD"]
                 + MM_GLU
+                + NORM_MM
                 + ROW_OPS
                 + GLU
                 + ROPE
@@ -162,9 +164,13 @@ class CapabilitiesTest(unittest.TestCase):
         for op in EXTRA_UNARY + WITH_PARAMS:
             self.assertEqual(ops[op]["types"], list(FLOAT_TYPES), op)
         params = {
-            s.op for s in registry.OPS if s.params and s.kind not in ("rows", "rope", "flash_attn")
+            s.op
+            for s in registry.OPS
+            if s.params and s.kind not in ("rows", "rope", "flash_attn", "rms_norm_mul_mat")
         }
         self.assertEqual(params, set(WITH_PARAMS))
+        # eps
+        self.assertEqual({s.params for s in registry.OPS if s.kind == "rms_norm_mul_mat"}, {1})
         self.assertEqual({s.params for s in registry.OPS if s.op in WITH_PARAMS}, {2})
         # scale, max_bias, logit_softcap
         self.assertEqual({s.params for s in registry.OPS if s.kind == "flash_attn"}, {3})
@@ -177,9 +183,15 @@ class CapabilitiesTest(unittest.TestCase):
             o["type_combos"],
             [list(c) for c in registry.MUL_MAT_COMBOS if c[1:] == ("f32", "f32")],
         )
+        for op in NORM_MM:  # the weights, (the up weights,) x, n; eps
+            o = ops[op]
+            want = (3 if op == "RMS_NORM_MUL_MAT" else 4, True, True, "mul_mat.py")
+            got = (o["inputs"], o["broadcast"], o["noncontiguous"], o["kernel_source"])
+            self.assertEqual(got, want, op)
+            self.assertEqual(o["type_combos"], ops["MUL_MAT_ADD"]["type_combos"], op)
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
-            set(WITH_F16 + MM_GLU + self.FLASH_ATTN)
+            set(WITH_F16 + MM_GLU + NORM_MM + self.FLASH_ATTN)
             | {"MUL_MAT", "MUL_MAT_ADD", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"}
             >= with_f16
         )
@@ -277,6 +289,20 @@ class CapabilitiesTest(unittest.TestCase):
                                 ins + [tensor("f32", [64])],  # a bias row
                                 tensor(d, [64, 2]),
                                 arch=arch,
+                            )
+                        elif spec.kind == "rms_norm_mul_mat":
+                            # The weights of the type; x, n and the output f32.
+                            combos = [c for c in registry.RMS_NORM_MUL_MAT_COMBOS if dtype in c]
+                            self.assertTrue(combos)
+                            s0, s1, d = combos[0]
+                            w = tensor(s0, [256, 64])
+                            ws = [w] if spec.op == "RMS_NORM_MUL_MAT" else [w, w]
+                            req = request_json(
+                                spec.op,
+                                ws + [tensor(s1, [256, 2]), tensor("f32", [256])],
+                                tensor(d, [64, 2]),
+                                arch=arch,
+                                op_params=[0x3727C5AC],  # eps 1e-5
                             )
                         elif spec.kind == "rows":
                             req = row_request(spec.op, dtype, arch)

@@ -27,6 +27,7 @@ OWN_METHODS = {
     "start",  # EltwisePlan.start (also Runtime.start, listed)
     "tasks",  # GemmPlan.tasks / GemvPlan.tasks via the spec
     "w_units",  # GemvPlan.w_units
+    "norm_tap",  # GemvPlan.norm_tap (RMS_NORM_MUL_MAT)
     "first_row",  # RowSpec.first_row
     "rounds",  # RowSpec.rounds
     "share",  # ReduceSpec.share: a column's share of the operands

@@ -1,0 +1,109 @@
+// mv_norm.h: the fused RMS_NORM_MUL_MAT(_<glu>) functions of a GEMV core source (mv.cc,
+// mvq.cc), included inside its extern "C" block after its `accumulate(w, x, y)` (y[r] +=
+// dot(W[r], x) for the MV_ROWS rows of a W tile) and, with MV_GLU, after mv_glu.h (its stash).
+// x is f32 (the norm's input, not normalised), y f32. Defines: MV_NORM_K (K), MV_KC, OP_P0 (eps,
+// f32 bits). The including file names the functions: GGML_MV_NORM_LOAD, GGML_MV_NORM_ZERO,
+// GGML_MV_NORM, GGML_MV_NORM_SCALE (with MV_GLU also GGML_MV_NORM_GATE_ZERO, GGML_MV_NORM_GATE),
+// and the W type GGML_MV_W_T.
+//
+// With s = 1 / sqrt(mean(x^2) + eps) one scalar per x row, W . (x * s * n) = s * (W . (x * n)):
+// the K chunks are multiplied by n as they arrive, their squares summed, and the round's sums
+// scaled by s at its end (before the GLU, which is not linear).
+//   GGML_MV_NORM_LOAD(n)     once per dispatch, per K chunk of n ahead of x's rows: kept aside
+//   GGML_MV_NORM_ZERO(y)     y = 0 and a new round (chunk counter, sum of squares)
+//   GGML_MV_NORM(w, x, y)    y[r] += dot(W[r], x * n) for the round's next chunk
+//   GGML_MV_NORM_SCALE(y)    y *= s (with MV_GLU the stash too)
+// With MV_GLU: GGML_MV_NORM_GATE_ZERO() starts the round (stash = 0), GGML_MV_NORM_GATE(w, x)
+// accumulates the gate rows into the stash; the up pass then zeroes y with the plain zero
+// function and reuses GGML_MV_NORM (x comes twice: its squares are summed in the first pass).
+// n is kept in this core's static data (each core links its own copy); the plan counts
+// mv_norm_bytes() in the core's memory and refuses a K that does not fit.
+
+constexpr int NORM_STEPS = MV_NORM_K / MV_KC;
+static_assert(NORM_STEPS * MV_KC == MV_NORM_K, "K is whole chunks");
+// Each chunk of n at a multiple of VEC values: aligned vector loads for any MV_KC.
+constexpr int NORM_KC_PAD = (MV_KC + (int)VEC - 1) / (int)VEC * (int)VEC;
+constexpr int NORM_BODY = MV_KC - MV_KC % (int)VEC;
+
+alignas(64) static float g_norm_w[NORM_STEPS * NORM_KC_PAD];
+alignas(64) static float g_norm_x[NORM_KC_PAD]; // the chunk x * n the dot products read
+alignas(64) static float g_norm_ss[VEC];        // the round's sums of x^2 (lanes)
+static int32_t g_norm_loaded;                   // chunks of n kept (mod NORM_STEPS)
+static int32_t g_norm_chunk;                    // chunks of x seen this round
+
+void GGML_MV_NORM_LOAD(float *n) {
+  float *d = g_norm_w + g_norm_loaded * NORM_KC_PAD;
+  for (int i = 0; i < NORM_BODY; i += VEC)
+    store_aligned(d + i, load_aligned(n + i));
+  if constexpr (NORM_BODY < MV_KC)
+    store_aligned(d + NORM_BODY, load_part_zero(n + NORM_BODY, MV_KC - NORM_BODY));
+  // Wraps after a dispatch's NORM_STEPS chunks: the next dispatch refills from the start.
+  g_norm_loaded = (g_norm_loaded + 1) % NORM_STEPS;
+}
+
+static inline void norm_round() {
+  g_norm_chunk = 0;
+  store_aligned(g_norm_ss, splat(0.0f));
+}
+
+// x * n of the round's next chunk into g_norm_x (zero past MV_KC), its squares summed once
+// per round (the GLU's second pass over x adds nothing).
+static inline const float *norm_chunk(const float *x) {
+  set_ggml_rounding();
+  const float *n = g_norm_w + (g_norm_chunk % NORM_STEPS) * NORM_KC_PAD;
+  const bool first = g_norm_chunk < NORM_STEPS;
+  vf ss = load_aligned(g_norm_ss);
+  for (int i = 0; i < NORM_BODY; i += VEC) {
+    vf v = load_aligned(x + i);
+    if (first)
+      ss = add(ss, mul(v, v));
+    store_aligned(g_norm_x + i, mul(v, load_aligned(n + i)));
+  }
+  if constexpr (NORM_BODY < MV_KC) {
+    vf v = load_part_zero(x + NORM_BODY, MV_KC - NORM_BODY);
+    if (first)
+      ss = add(ss, mul(v, v));
+    store_aligned(g_norm_x + NORM_BODY, mul(v, load_aligned(n + NORM_BODY)));
+  }
+  store_aligned(g_norm_ss, ss);
+  ++g_norm_chunk;
+  return g_norm_x;
+}
+
+void GGML_MV_NORM_ZERO(float *y) {
+  for (int r = 0; r < MV_ROWS; ++r)
+    y[r] = 0.0f;
+  norm_round();
+}
+
+void GGML_MV_NORM(GGML_MV_W_T *w, float *x, float *y) { accumulate(w, norm_chunk(x), y); }
+
+static inline void norm_scale_rows(float *v, vf s) {
+  for (int r = 0; r < MV_ROWS; r += VEC) {
+    const int n = MV_ROWS - r < (int)VEC ? MV_ROWS - r : (int)VEC;
+    store_part(v + r, mul(load_part(v + r, n), s), n);
+  }
+}
+
+void GGML_MV_NORM_SCALE(float *y) {
+  set_ggml_rounding();
+  // ggml's RMS_NORM: scale = 1 / sqrt(sum(x^2) / K + eps), in vector code (the scalar unit
+  // has no floating point).
+  const float eps = __builtin_bit_cast(float, (uint32_t)OP_P0);
+  const float sum = aie::reduce_add(load_aligned(g_norm_ss));
+  const vf mean = mul(splat(sum), 1.0f / MV_NORM_K);
+  const vf s = recip(sqrt(add(mean, splat(eps))));
+  norm_scale_rows(y, s);
+#if MV_GLU
+  norm_scale_rows(g_stash, s);
+#endif
+}
+
+#if MV_GLU
+void GGML_MV_NORM_GATE_ZERO() {
+  GGML_MV_STASH_ZERO();
+  norm_round();
+}
+
+void GGML_MV_NORM_GATE(GGML_MV_W_T *w, float *x) { accumulate(w, norm_chunk(x), g_stash); }
+#endif
