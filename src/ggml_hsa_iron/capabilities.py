@@ -10,6 +10,7 @@ from .registry import (
     MUL_MAT_GLU_COMBOS,
     OPS,
     RMS_NORM_MUL_MAT_COMBOS,
+    RMS_NORM_MUL_MAT_GLU_COMBOS,
 )
 
 
@@ -37,9 +38,12 @@ def capabilities(target: str = "npu") -> dict:
         elif spec.kind == "mul_mat_add":
             # (weights, x, dst); r is f32.
             entry["type_combos"] = [list(c) for c in MUL_MAT_ADD_COMBOS]
+        elif spec.op == "RMS_NORM_MUL_MAT":
+            # (weights, x, dst); n is f32.
+            entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_COMBOS]
         elif spec.kind == "rms_norm_mul_mat":
             # (weights, x, dst); the up weights have the weights' type, n is f32.
-            entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_COMBOS]
+            entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_GLU_COMBOS]
         ops.append(entry)
     return {
         "protocol": PROTOCOL,

@@ -192,8 +192,8 @@ class MatmulSpec:
 
     @property
     def f16_out(self) -> bool:
-        """MUL_MAT's GEMV writing f16 (the KV cache): the cores sum in an f32 stash and
-        round once per value (mv_stash.h)."""
+        """MUL_MAT's or RMS_NORM_MUL_MAT's GEMV writing f16 (the KV cache): the cores sum in
+        an f32 stash and round once per value (mv_stash.h)."""
         return self.dst.dtype == "f16"
 
     @property
@@ -397,14 +397,14 @@ def _check_aligned(op: str, products, src0: Tensor, src1: Tensor, dst: Tensor, w
         )
 
 
-def _check_f16_out(products, N: int) -> None:
+def _check_f16_out(products, N: int, op: str = "MUL_MAT") -> None:
     """An f16 MUL_MAT output: every DMA of y starts on a 32-bit word. The rounds' rows are
     an even count (GemvPlan's nr), so N even and every product's row start even suffice: the
     shifted last round starts at N - block. The last word is never written past the row (the
     KV cache's next value would be overwritten)."""
     if N % 2 or any(y % 2 for _, _, y in products):
         raise UnsupportedError(
-            f"MUL_MAT: an f16 output with rows of N={N} values, or rows starting mid-word, is "
+            f"{op}: an f16 output with rows of N={N} values, or rows starting mid-word, is "
             f"not written in whole 32-bit words (the DMA address granularity)"
         )
 
@@ -951,20 +951,30 @@ def prepare_rms_norm_mul_mat(req: Request) -> MatmulSpec:
     dst = req.output
     op, w = req.op, ws[0]
     K = w.ne[0]
-    if x.dtype != "f32" or n.dtype != "f32" or dst.dtype != "f32":
+    glu = op[len("RMS_NORM_MUL_MAT_") :] if op != "RMS_NORM_MUL_MAT" else ""
+    # An f16 output (RMS_NORM_MUL_MAT only: the backend's V projection into the f16 KV cache)
+    # is MUL_MAT's: summed in the core's f32 stash, scaled by s, rounded once (mv_norm.h).
+    outs = ("f32",) if glu else ("f32", "f16")
+    if x.dtype != "f32" or n.dtype != "f32" or dst.dtype not in outs:
         raise UnsupportedError(
-            f"{op} takes f32 x, n and output (the norm is computed in f32); the request has x "
-            f"{x.dtype}, n {n.dtype}, output {dst.dtype}"
+            f"{op} takes f32 x and n and an {' or '.join(outs)} output (the norm is computed "
+            f"in f32); the request has x {x.dtype}, n {n.dtype}, output {dst.dtype}"
         )
     if n.ne != (K, 1, 1, 1):
         raise RequestError(f"{op}: n {list(n.ne)} is not one row of K = {K} values")
     if not n.is_dense():
         raise UnsupportedError(f"{op}: n (strides {list(n.nb)}) is strided")
-    # The projection without the norm: its checks (types, shapes, strides) and its plan.
-    glu = op[len("RMS_NORM_MUL_MAT_") :] if op != "RMS_NORM_MUL_MAT" else ""
+    f16_out = dst.dtype == "f16"
+    products = _products(w, x, dst)
+    if f16_out:
+        _check_f16_out(products, w.ne[1], op)
+    # The projection without the norm: its checks (types, shapes, strides) and its plan. Whether
+    # it takes the GEMV is asked of the f32 product (same element strides): MUL_MAT refuses an
+    # f16 output the GEMM would take with its own reason.
     product = dataclasses.replace(req, op="MUL_MAT", inputs=(w, x), op_params=())
+    f32_dst = Tensor("f32", dst.ne, tuple(b * 2 for b in dst.nb)) if f16_out else dst
     M = x.ne[1]
-    if not prepare_mul_mat(product).gemv:
+    if not prepare_mul_mat(dataclasses.replace(product, output=f32_dst)).gemv:
         raise UnsupportedError(
             f"{op}: M={M} dense rows take MUL_MAT's GEMM, which has no norm prologue; the "
             f"norm and the projections run unfused"
@@ -975,14 +985,33 @@ def prepare_rms_norm_mul_mat(req: Request) -> MatmulSpec:
     else:
         base = prepare_mul_mat(product)
     N, p = w.ne[1], base.plan
-    products = _products(w, x, dst)
     if base.weight_bytes:
         plan = plan_gemv_blocks(
-            N, K, w.block, w.size, arch, products, glu=bool(glu), w_row=p.w_row, norm=True
+            N,
+            K,
+            w.block,
+            w.size,
+            arch,
+            products,
+            glu=bool(glu),
+            w_row=p.w_row,
+            y_size=dst.size,
+            stash=f16_out,
+            norm=True,
         )
     else:
         plan = plan_gemv(
-            N, K, w.size, x.size, dst.size, arch, len(products), bool(glu), p.w_row, norm=True
+            N,
+            K,
+            w.size,
+            x.size,
+            dst.size,
+            arch,
+            len(products),
+            bool(glu),
+            p.w_row,
+            stash=f16_out,
+            norm=True,
         )
     if plan is None:
         raise UnsupportedError(

@@ -12,7 +12,8 @@ vector units, f32 is emulated. Type rules beyond the per-op list:
   operands must all have one type; floats and integers do not mix;
 * MUL_MAT: see `MUL_MAT_COMBOS`; MUL_MAT_<glu>: `MUL_MAT_GLU_COMBOS` (input 1, the up
   weights, has input 0's type); MUL_MAT_ADD: `MUL_MAT_ADD_COMBOS` (r is f32);
-  RMS_NORM_MUL_MAT(_<glu>): `RMS_NORM_MUL_MAT_COMBOS` (n is f32).
+  RMS_NORM_MUL_MAT: `RMS_NORM_MUL_MAT_COMBOS`, RMS_NORM_MUL_MAT_<glu>:
+  `RMS_NORM_MUL_MAT_GLU_COMBOS` (n is f32).
 """
 
 from dataclasses import dataclass
@@ -104,7 +105,9 @@ _NORM_MM_LIMITS = (
     "RMS_NORM then MUL by one weight row n, folded into the projection(s) reading the result: "
     "inputs the weights (MUL_MAT's src0; RMS_NORM_MUL_MAT_<glu>: W_g then W_u, as "
     "MUL_MAT_<glu>), x (f32, the norm's input, MUL_MAT's src1 layout), n (f32 [K,1,1,1], "
-    "dense); op_params[0] eps; dst f32. out = W . (x / sqrt(mean(x^2) + eps) * n) per row of "
+    "dense); op_params[0] eps; dst f32, or for RMS_NORM_MUL_MAT f16 (summed in f32, rounded "
+    "once per value; rows of an even N starting on 32-bit words, as MUL_MAT's f16 output). "
+    "out = W . (x / sqrt(mean(x^2) + eps) * n) per row of "
     "x (then the GLU). MUL_MAT's GEMV only (one GEMV per src1 row): dense M that MUL_MAT's "
     "GEMM takes is refused (the norm then runs unfused); n is kept on every core, so K must "
     "fit the core's memory with the GEMV's buffers (4 bytes per value; K = 8192 does not)"
@@ -393,9 +396,16 @@ MUL_MAT_ADD_COMBOS: tuple[tuple[str, str, str], ...] = tuple(
     c for c in MUL_MAT_COMBOS if c[1:] == ("f32", "f32")
 )
 
-# (weights, x, dst) type triples of RMS_NORM_MUL_MAT(_<glu>) (n is f32): MUL_MAT's with f32 x
-# and dst (the norm is computed in f32).
-RMS_NORM_MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = MUL_MAT_ADD_COMBOS
+# (weights, x, dst) type triples of RMS_NORM_MUL_MAT (n is f32): MUL_MAT's with f32 x (the norm
+# is computed in f32), dst f32 or f16 (the backend's V projection, its attn_norm folded in,
+# written into the f16 KV cache; summed in f32 and rounded once, as MUL_MAT's f16 output).
+RMS_NORM_MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = tuple(
+    c for c in MUL_MAT_COMBOS if c[1] == "f32" and c[2] in ("f32", "f16")
+)
+
+# (weights, x, dst) type triples of RMS_NORM_MUL_MAT_<glu> (n is f32; both weight inputs have
+# the first type): MUL_MAT's with f32 x and dst (the GLU is computed in f32).
+RMS_NORM_MUL_MAT_GLU_COMBOS: tuple[tuple[str, str, str], ...] = MUL_MAT_ADD_COMBOS
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
 SOURCES: tuple[str, ...] = (

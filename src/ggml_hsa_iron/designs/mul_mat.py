@@ -44,7 +44,7 @@ into it, then acquires y, accumulates W_u's K chunks into y and sets y = act(sta
 rows from W_g, then the same tap from W_u (`GemvPlan.tasks` with `glu`), and x twice (one
 tap with a stride-0 repeat).
 
-An f16 output (MUL_MAT only; the backend's V projection written straight into the f16 KV
+An f16 output (MUL_MAT and RMS_NORM_MUL_MAT, below; the backend's V projection written straight into the f16 KV
 cache): the GEMV, each core summing a round's K chunks into its f32 stash (kernels/mv_stash.h,
 counted by the plan) and rounding the round's sums to f16 into y once, so the y fifos carry
 f16 and the result is the f32 product rounded to nearest even. Dense products the GEMM takes
@@ -66,7 +66,10 @@ x chunk by chunk, so it multiplies each chunk by n, sums its squares and scales 
 sums by s at the end of the round, before the GLU (kernels/mv_norm.h). A core has two input
 channels (W and x), so n goes on the x channel once per dispatch ahead of x's rows
 (`GemvPlan.norm_tap`, one shim task) and each core keeps it in its static data (the plan counts
-it). MUL_MAT's GEMM has no such prologue: those requests are refused.
+it). MUL_MAT's GEMM has no such prologue: those requests are refused. RMS_NORM_MUL_MAT with an
+f16 output (the backend's V projection, its attn_norm folded in, written into the f16 KV cache)
+combines both: the normed chunks' sums in the core's f32 stash, scaled by s at the end of the
+round, then rounded to f16 once (the _<glu> variants keep an f32 output).
 
 Runtime-sequence arguments: src0, src1, dst (the request's order); MUL_MAT_<glu>: W_g, W_u,
 x, dst; MUL_MAT_ADD: W, x, r, dst; RMS_NORM_MUL_MAT: W, x, n, dst; RMS_NORM_MUL_MAT_<glu>:
@@ -236,7 +239,14 @@ def _gemv(spec):
     add = Kernel(f"{fn}_add", obj, [x_tile, y_tile, np.int32]) if spec.add else None
     # RMS_NORM_MUL_MAT: n kept aside, x normalised per chunk, y scaled per round (mv_norm.h).
     norm = _norm_kernels(spec, fn, obj, x_tile, y_tile)
-    if norm:
+    if norm and spec.f16_out:
+        # The normed chunks' sums in the stash, scaled by s and rounded to f16 by the store.
+        kernels = [
+            Kernel(f"{fn}_norm_stash_zero", obj, []),
+            Kernel(f"{fn}_norm_stash", obj, [w_tile, x_tile]),
+            Kernel(f"{fn}_norm_store_f16", obj, [y_tile]),
+        ]
+    elif norm:
         kernels = [
             Kernel(f"{fn}_norm_zero", obj, [y_tile]),
             Kernel(f"{fn}_norm", obj, [w_tile, x_tile, y_tile]),
@@ -259,7 +269,9 @@ def _gemv(spec):
                 of_x.release(1)
             of_y.release(1)
 
-    def core_fn_f16(of_w, of_x, of_y, zero_fn, stash_fn, store_fn):
+    def core_fn_f16(of_w, of_x, of_y, zero_fn, stash_fn, store_fn, load_fn=None):
+        if load_fn is not None:
+            _norm_prologue(of_x, load_fn, k_steps)
         for _ in range_(rounds):
             zero_fn()
             _k_chunks(of_w, of_x, k_steps, stash_fn)
@@ -292,6 +304,8 @@ def _gemv(spec):
             args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), *kernels]
             if add is not None:
                 args += [add, i * nr]
+            elif norm and spec.f16_out:
+                args += [*norm]  # the load; the store scales
             elif norm:
                 args += [None, 0, *norm]
             body = core_fn_f16 if spec.f16_out else core_fn
@@ -348,9 +362,12 @@ def _gemv(spec):
 
 def _norm_kernels(spec, fn, obj, x_tile, y_tile):
     """RMS_NORM_MUL_MAT(_<glu>)'s load (a chunk of n kept aside) and scale (y, and the GLU's
-    stash, times 1 / sqrt(mean(x^2) + eps)) kernels; () without the norm."""
+    stash, times 1 / sqrt(mean(x^2) + eps)) kernels; () without the norm. With an f16 output
+    the load only: its store kernel scales the stash before rounding."""
     if spec.n is None:
         return ()
+    if spec.f16_out:
+        return (Kernel(f"{fn}_norm_load", obj, [x_tile]),)
     return (
         Kernel(f"{fn}_norm_load", obj, [x_tile]),
         Kernel(f"{fn}_norm_scale", obj, [y_tile]),

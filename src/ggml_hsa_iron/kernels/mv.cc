@@ -8,8 +8,8 @@
 // MV_ADD=1 (f32 x and y): the fused MUL_MAT_ADD epilogue (mv_add.h).
 // MV_OUT_F16=1 (Y_T uint16_t, f16 bit patterns): the K chunks are summed in an f32 stash and
 // each output rounded to f16 once, at the end of the round (mv_stash.h); no ggml_mv/_zero.
-// MV_NORM=1 with MV_NORM_K, OP_P0 (f32 x and y): the fused RMS_NORM_MUL_MAT(_<glu>) functions
-// (mv_norm.h).
+// MV_NORM=1 with MV_NORM_K, OP_P0 (f32 x; y f32, or f16 with MV_OUT_F16): the fused
+// RMS_NORM_MUL_MAT(_<glu>) functions (mv_norm.h).
 // Floats: bf16 x bf16 uses the native bf16 multiply-accumulate into f32
 // accumulators; other float pairs are widened to f32. Integers: 32-bit sums.
 
@@ -23,8 +23,8 @@ using namespace ggml_aie;
 #if !defined(MV_OUT_F16)
 #define MV_OUT_F16 0
 #endif
-#if MV_OUT_F16 && (MV_GLU || MV_ADD || MV_NORM || MV_INT)
-#error "an f16 output is plain MUL_MAT's, over float operands"
+#if MV_OUT_F16 && (MV_GLU || MV_ADD || MV_INT)
+#error "an f16 output is MUL_MAT's and RMS_NORM_MUL_MAT's, over float operands"
 #endif
 static_assert(!MV_OUT_F16 || std::is_same_v<Y_T, uint16_t>, "f16 outputs are bit patterns");
 
@@ -140,8 +140,16 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) { accumulate(w, x, y); }
 #define GGML_MV_NORM_ZERO ggml_mv_norm_zero
 #define GGML_MV_NORM ggml_mv_norm
 #define GGML_MV_NORM_SCALE ggml_mv_norm_scale
-#define GGML_MV_NORM_GATE_ZERO ggml_mv_norm_gate_zero
-#define GGML_MV_NORM_GATE ggml_mv_norm_gate
+#if MV_OUT_F16
+// The round's sums in the stash, scaled by s, then rounded to f16 once.
+#define GGML_MV_NORM_STASH_ZERO ggml_mv_norm_stash_zero
+#define GGML_MV_NORM_STASH ggml_mv_norm_stash
+#define GGML_MV_NORM_STORE_F16 ggml_mv_norm_store_f16
+#else
+// MV_GLU: the gate rows' sums in the stash.
+#define GGML_MV_NORM_STASH_ZERO ggml_mv_norm_gate_zero
+#define GGML_MV_NORM_STASH ggml_mv_norm_gate
+#endif
 #ifndef GGML_MV_W_T
 #define GGML_MV_W_T W_T
 #endif

@@ -1,21 +1,27 @@
 // mv_norm.h: the fused RMS_NORM_MUL_MAT(_<glu>) functions of a GEMV core source (mv.cc,
 // mvq.cc), included inside its extern "C" block after its `accumulate(w, x, y)` (y[r] +=
-// dot(W[r], x) for the MV_ROWS rows of a W tile) and, with MV_GLU, after mv_glu.h (its stash).
-// x is f32 (the norm's input, not normalised), y f32. Defines: MV_NORM_K (K), MV_KC, OP_P0 (eps,
-// f32 bits). The including file names the functions: GGML_MV_NORM_LOAD, GGML_MV_NORM_ZERO,
-// GGML_MV_NORM, GGML_MV_NORM_SCALE (with MV_GLU also GGML_MV_NORM_GATE_ZERO, GGML_MV_NORM_GATE),
-// and the W type GGML_MV_W_T.
+// dot(W[r], x) for the MV_ROWS rows of a W tile) and, with MV_GLU or MV_OUT_F16, after
+// mv_stash.h (its stash). x is f32 (the norm's input, not normalised), y f32 (f16 with
+// MV_OUT_F16). Defines: MV_NORM_K (K), MV_KC, OP_P0 (eps, f32 bits). The including file names
+// the functions: GGML_MV_NORM_LOAD, GGML_MV_NORM_ZERO, GGML_MV_NORM, GGML_MV_NORM_SCALE (with
+// MV_GLU or MV_OUT_F16 also GGML_MV_NORM_STASH_ZERO, GGML_MV_NORM_STASH; with MV_OUT_F16
+// GGML_MV_NORM_STORE_F16 instead of the f32 y's GGML_MV_NORM_ZERO, GGML_MV_NORM and
+// GGML_MV_NORM_SCALE), and the W type GGML_MV_W_T.
 //
 // With s = 1 / sqrt(mean(x^2) + eps) one scalar per x row, W . (x * s * n) = s * (W . (x * n)):
 // the K chunks are multiplied by n as they arrive, their squares summed, and the round's sums
-// scaled by s at its end (before the GLU, which is not linear).
+// scaled by s at its end (before the GLU, which is not linear; before the f16 rounding).
 //   GGML_MV_NORM_LOAD(n)     once per dispatch, per K chunk of n ahead of x's rows: kept aside
 //   GGML_MV_NORM_ZERO(y)     y = 0 and a new round (chunk counter, sum of squares)
 //   GGML_MV_NORM(w, x, y)    y[r] += dot(W[r], x * n) for the round's next chunk
 //   GGML_MV_NORM_SCALE(y)    y *= s (with MV_GLU the stash too)
-// With MV_GLU: GGML_MV_NORM_GATE_ZERO() starts the round (stash = 0), GGML_MV_NORM_GATE(w, x)
-// accumulates the gate rows into the stash; the up pass then zeroes y with the plain zero
-// function and reuses GGML_MV_NORM (x comes twice: its squares are summed in the first pass).
+// The stash's functions (the GLU's gate rows; an f16 output's every row):
+//   GGML_MV_NORM_STASH_ZERO()     stash = 0 and a new round
+//   GGML_MV_NORM_STASH(w, x)      stash[r] += dot(W[r], x * n) for the round's next chunk
+//   GGML_MV_NORM_STORE_F16(y)     y[r] = f16(stash[r] * s), rounded once (mv_stash.h's store)
+// With MV_GLU the gate pass starts the round with GGML_MV_NORM_STASH_ZERO; the up pass then
+// zeroes y with the plain zero function and reuses GGML_MV_NORM (x comes twice: its squares
+// are summed in the first pass).
 // n is kept in this core's static data (each core links its own copy); the plan counts
 // mv_norm_bytes() in the core's memory and refuses a K that does not fit.
 
@@ -70,6 +76,7 @@ static inline const float *norm_chunk(const float *x) {
   return g_norm_x;
 }
 
+#if !MV_OUT_F16
 void GGML_MV_NORM_ZERO(float *y) {
   for (int r = 0; r < MV_ROWS; ++r)
     y[r] = 0.0f;
@@ -77,6 +84,7 @@ void GGML_MV_NORM_ZERO(float *y) {
 }
 
 void GGML_MV_NORM(GGML_MV_W_T *w, float *x, float *y) { accumulate(w, norm_chunk(x), y); }
+#endif
 
 static inline void norm_scale_rows(float *v, vf s) {
   for (int r = 0; r < MV_ROWS; r += VEC) {
@@ -85,25 +93,39 @@ static inline void norm_scale_rows(float *v, vf s) {
   }
 }
 
-void GGML_MV_NORM_SCALE(float *y) {
+// ggml's RMS_NORM: s = 1 / sqrt(sum(x^2) / K + eps) of the round's x row, in vector code (the
+// scalar unit has no floating point), splat over the lanes.
+static inline vf norm_s() {
   set_ggml_rounding();
-  // ggml's RMS_NORM: scale = 1 / sqrt(sum(x^2) / K + eps), in vector code (the scalar unit
-  // has no floating point).
   const float eps = __builtin_bit_cast(float, (uint32_t)OP_P0);
   const float sum = aie::reduce_add(load_aligned(g_norm_ss));
   const vf mean = mul(splat(sum), 1.0f / MV_NORM_K);
-  const vf s = recip(sqrt(add(mean, splat(eps))));
+  return recip(sqrt(add(mean, splat(eps))));
+}
+
+#if !MV_OUT_F16
+void GGML_MV_NORM_SCALE(float *y) {
+  const vf s = norm_s();
   norm_scale_rows(y, s);
 #if MV_GLU
   norm_scale_rows(g_stash, s);
 #endif
 }
+#endif
 
-#if MV_GLU
-void GGML_MV_NORM_GATE_ZERO() {
+#if MV_GLU || MV_OUT_F16
+void GGML_MV_NORM_STASH_ZERO() {
   GGML_MV_STASH_ZERO();
   norm_round();
 }
 
-void GGML_MV_NORM_GATE(GGML_MV_W_T *w, float *x) { accumulate(w, norm_chunk(x), g_stash); }
+void GGML_MV_NORM_STASH(GGML_MV_W_T *w, float *x) { accumulate(w, norm_chunk(x), g_stash); }
+#endif
+
+#if MV_OUT_F16
+// The f32 sums are scaled first, so the one rounding to f16 is of s * (W . (x * n)).
+void GGML_MV_NORM_STORE_F16(uint16_t *y) {
+  norm_scale_rows(g_stash, norm_s());
+  GGML_MV_STORE_F16(y);
+}
 #endif

@@ -10,7 +10,8 @@
 // Users: MUL_MAT_<glu> keeps the gate sums here (mv_glu.h); MUL_MAT with an f16 output (the
 // backend's V projection written into the f16 KV cache) sums every K chunk here in f32 and
 // rounds once per output value, when the round's sums are complete: summing into the f16
-// output tile would round after every chunk.
+// output tile would round after every chunk. RMS_NORM_MUL_MAT with an f16 output does the same
+// with the normed chunks, scaling the stash by the norm's s before the store (mv_norm.h).
 // The stash is static: on the NPU each core links its own copy of the object (the emulation
 // loads one copy of the library per core); the plan counts its bytes in the core's memory.
 

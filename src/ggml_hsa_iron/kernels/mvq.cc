@@ -20,7 +20,8 @@
 // MUL_MAT_<glu> functions (mv_glu.h). MV_ADD=1: the fused MUL_MAT_ADD epilogue (mv_add.h).
 // MV_OUT_F16=1: an f16 output, the K chunks summed in an f32 stash and each output rounded
 // to f16 once, at the end of the round (mv_stash.h); no ggml_mvq/_zero.
-// MV_NORM=1 with MV_NORM_K, OP_P0: the fused RMS_NORM_MUL_MAT(_<glu>) functions (mv_norm.h).
+// MV_NORM=1 with MV_NORM_K, OP_P0: the fused RMS_NORM_MUL_MAT(_<glu>) functions (mv_norm.h;
+// with MV_OUT_F16, RMS_NORM_MUL_MAT's f16 output).
 
 #include "ggml_aie.h"
 #if MV_GLU
@@ -34,8 +35,8 @@ using namespace ggml_aie;
 #if !defined(MV_OUT_F16)
 #define MV_OUT_F16 0
 #endif
-#if MV_OUT_F16 && (MV_GLU || MV_ADD || MV_NORM)
-#error "an f16 output is plain MUL_MAT's"
+#if MV_OUT_F16 && (MV_GLU || MV_ADD)
+#error "an f16 output is MUL_MAT's and RMS_NORM_MUL_MAT's"
 #endif
 
 static_assert(MV_KC % QB == 0, "a K chunk is whole blocks");
@@ -134,8 +135,16 @@ void ggml_mvq(int8_t *w, float *x, float *y) { accumulate(w, x, y); }
 #define GGML_MV_NORM_ZERO ggml_mvq_norm_zero
 #define GGML_MV_NORM ggml_mvq_norm
 #define GGML_MV_NORM_SCALE ggml_mvq_norm_scale
-#define GGML_MV_NORM_GATE_ZERO ggml_mvq_norm_gate_zero
-#define GGML_MV_NORM_GATE ggml_mvq_norm_gate
+#if MV_OUT_F16
+// The round's sums in the stash, scaled by s, then rounded to f16 once.
+#define GGML_MV_NORM_STASH_ZERO ggml_mvq_norm_stash_zero
+#define GGML_MV_NORM_STASH ggml_mvq_norm_stash
+#define GGML_MV_NORM_STORE_F16 ggml_mvq_norm_store_f16
+#else
+// MV_GLU: the gate rows' sums in the stash.
+#define GGML_MV_NORM_STASH_ZERO ggml_mvq_norm_gate_zero
+#define GGML_MV_NORM_STASH ggml_mvq_norm_gate
+#endif
 #ifndef GGML_MV_W_T
 #define GGML_MV_W_T int8_t
 #endif

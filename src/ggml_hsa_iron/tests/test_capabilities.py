@@ -188,7 +188,11 @@ class CapabilitiesTest(unittest.TestCase):
             want = (3 if op == "RMS_NORM_MUL_MAT" else 4, True, True, "mul_mat.py")
             got = (o["inputs"], o["broadcast"], o["noncontiguous"], o["kernel_source"])
             self.assertEqual(got, want, op)
-            self.assertEqual(o["type_combos"], ops["MUL_MAT_ADD"]["type_combos"], op)
+            want = ops["MUL_MAT_ADD"]["type_combos"]
+            if op == "RMS_NORM_MUL_MAT":
+                # ... and MUL_MAT's f16 outputs of f32 x (the V projection into the KV cache).
+                want = want + [c for c in ops["MUL_MAT"]["type_combos"] if c[1:] == ["f32", "f16"]]
+            self.assertEqual(o["type_combos"], want, op)
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
             set(WITH_F16 + MM_GLU + NORM_MM + self.FLASH_ATTN)
@@ -292,7 +296,12 @@ class CapabilitiesTest(unittest.TestCase):
                             )
                         elif spec.kind == "rms_norm_mul_mat":
                             # The weights of the type; x, n and the output f32.
-                            combos = [c for c in registry.RMS_NORM_MUL_MAT_COMBOS if dtype in c]
+                            combos = (
+                                registry.RMS_NORM_MUL_MAT_COMBOS
+                                if spec.op == "RMS_NORM_MUL_MAT"
+                                else registry.RMS_NORM_MUL_MAT_GLU_COMBOS
+                            )
+                            combos = [c for c in combos if dtype in c]
                             self.assertTrue(combos)
                             s0, s1, d = combos[0]
                             w = tensor(s0, [256, 64])

@@ -10,7 +10,13 @@ eps) * n, the norm folded into MUL_MAT's GEMV (and MUL_MAT_<glu>'s).
 * end to end: the design compiled for `--target emu` and its recorded program run on real data
   (tests/util_emu.py) against numpy, for f32, f16, q4_0, q8_0 and q4_K weights, K = 2048 with
   N = 512 and 2048 (Llama-3.2-1B's K/V and Q projections), a small odd shape, M = 1 and 2,
-  RMS_NORM_MUL_MAT, _SWIGLU and _GEGLU, aie2p and aie2.
+  RMS_NORM_MUL_MAT, _SWIGLU and _GEGLU, aie2p and aie2;
+* RMS_NORM_MUL_MAT with an f16 output (the backend's V projection, its attn_norm folded in,
+  written into the f16 KV cache): the plan (stash and n both counted, the defines), the
+  refusals (the _<glu> variants, dense M the GEMM takes, an odd N), and end to end for f32 and
+  q4_0 weights at Llama-3.2-1B's V (K = 2048, N = 512, M = 1) on aie2p and aie2 and a small odd
+  K: the f16 result is the f32 design's rounded to nearest even, bit for bit (both plans chunk
+  K alike in these cases, checked: the same f32 sums, squares and s), and close to numpy.
 """
 
 import sys
@@ -124,6 +130,8 @@ class NormPlanTest(unittest.TestCase):
             ("", "bf16", 1, 64, 64, {"xtype": "bf16"}),
             ("", "f32", 1, 64, 64, {"ntype": "f16"}),
             ("SWIGLU", "f32", 1, 64, 64, {"otype": "f16"}),
+            ("GEGLU", "q4_0", 1, 64, 256, {"otype": "f16"}),
+            ("", "f32", 1, 64, 64, {"otype": "bf16"}),
             ("", "f32", 1, 64, 16384, {}),  # n does not fit a core
             ("GEGLU", "q4_K", 1, 64, 16384, {}),
         ]
@@ -136,6 +144,54 @@ class NormPlanTest(unittest.TestCase):
         # What the request's names say is compiled.
         self.assertIsNotNone(norm_spec("", "bf16", 1, 64, 64))
         self.assertIsNotNone(norm_spec("", "f32", 3, 64, 64))  # M below the GEMM's rows
+
+
+class NormF16OutPlanTest(unittest.TestCase):
+    """RMS_NORM_MUL_MAT with an f16 output: MUL_MAT's f16 GEMV (f32 stash, one rounding) with
+    the norm's prologue."""
+
+    def test_the_plan_counts_the_stash_and_n(self):
+        for ty in ("f32", "bf16", "f16", "q4_0", "q4_K"):
+            for arch in ("aie2", "aie2p"):
+                with self.subTest(ty=ty, arch=arch):
+                    spec = norm_spec("", ty, 1, 512, 2048, arch, otype="f16")
+                    p = spec.plan
+                    self.assertTrue(spec.gemv and spec.f16_out and p.norm)
+                    d = spec.core.defines
+                    self.assertEqual((d["MV_OUT_F16"], d["MV_NORM"], d["MV_NORM_K"]), (1, 1, 2048))
+                    self.assertNotIn("MV_GLU", d)
+                    self.assertEqual(spec.sequence[-2:], [("f32", 2048), ("f16", 512)])
+                    nr, kc = p.rows_per_tile, p.k_chunk
+                    self.assertEqual(nr % 2, 0)  # nr f16 values: whole 32-bit words
+                    w = p.w_units(kc) * (p.w_size or 1)
+                    l1 = 2 * nr * w + 2 * kc * 4 + 2 * nr * 2
+                    l1 += stash_bytes(nr) + mv_norm_bytes(2048, kc)
+                    self.assertLessEqual(l1, spec.arch.l1_budget)
+                    for group in spec.tasks():
+                        for _, _, y in group:
+                            self.assertEqual(y.offset % 2, 0)
+                            self.assertEqual((y.sizes[-1] % 2, y.strides[-1]), (0, 1))
+
+    def test_refusals(self):
+        # The _<glu> variants keep an f32 output (the GLU is computed in f32).
+        for op in ("SWIGLU", "GEGLU"):
+            with self.subTest(op=op), self.assertRaisesRegex(UnsupportedError, "f32 output"):
+                norm_spec(op, "q4_0", 1, 512, 2048, otype="f16")
+        # Dense M that MUL_MAT's GEMM takes: no norm prologue there, as for the f32 output.
+        for ty, M in (("f32", 8), ("q4_0", 8)):
+            with self.subTest(ty=ty, M=M):
+                with self.assertRaisesRegex(UnsupportedError, "GEMM, which has no norm"):
+                    norm_spec("", ty, M, 512, 2048, otype="f16")
+        # An odd N: the rows' last words would reach past them.
+        with self.assertRaisesRegex(UnsupportedError, "RMS_NORM_MUL_MAT: an f16 output"):
+            norm_spec("", "q4_0", 1, 63, 256, otype="f16")
+        # The capabilities declare the f16 output for RMS_NORM_MUL_MAT only.
+        from ggml_hsa_iron.capabilities import capabilities
+
+        ops = {o["op"]: o for o in capabilities()["ops"]}
+        self.assertIn(["q4_0", "f32", "f16"], ops["RMS_NORM_MUL_MAT"]["type_combos"])
+        for op in ("RMS_NORM_MUL_MAT_SWIGLU", "MUL_MAT_ADD"):
+            self.assertFalse([c for c in ops[op]["type_combos"] if c[2] == "f16"], op)
 
 
 class NormRecordTest(unittest.TestCase):
@@ -155,6 +211,8 @@ class NormRecordTest(unittest.TestCase):
                 for op in ("", "SWIGLU"):
                     with self.subTest(arch=arch, op=op, ty=ty, M=M, N=N, K=K):
                         record(norm_spec(op, ty, M, N, K, arch))  # raises on any limit
+                with self.subTest(arch=arch, ty=ty, M=M, N=N, K=K, out="f16"):
+                    record(norm_spec("", ty, M, N, K, arch, otype="f16"))
 
 
 def _weights_np(ty, rows, K, rng):
@@ -222,6 +280,66 @@ class NormEmulationTest(unittest.TestCase):
         for i, (op, ty, M, N, K, arch) in enumerate(cases):
             with self.subTest(op=op, ty=ty, M=M, N=N, K=K, arch=arch):
                 self.check(op, ty, M, N, K, arch, seed=i)
+
+    def check_f16(self, ty, M, N, K, arch, seed):
+        """RMS_NORM_MUL_MAT's f16 output against the f32 design's (rounded) and numpy."""
+        nrng = np.random.default_rng(seed)
+        if ty == "f32":
+            w_bytes, w = _weights_np(ty, N, K, nrng)
+        else:
+            w_bytes, w = _weights(ty, N, K, random.Random(seed))
+        x = nrng.uniform(-1, 1, (M, K)).astype(np.float32)
+        x[:, ::7] *= 8
+        n = nrng.uniform(0.2, 2, K).astype(np.float32)
+        ins = [w_bytes, x.tobytes(), n.tobytes()]
+        got = run_request(norm_request("", ty, M, N, K, arch, otype="f16"), ins)
+        got = np.frombuffer(got, np.float16).reshape(M, N)
+        f32 = np.frombuffer(run_request(norm_request("", ty, M, N, K, arch), ins), np.float32)
+        what = f"f16 out {ty} M={M} N={N} K={K} {arch}"
+        # Bit for bit against the f32 design's result rounded to nearest even: both plans
+        # chunk K alike here (the f16 one may differ in nr, which orders no sum), so each
+        # value is the same f32 sums of the same chunks, squares and s, rounded once.
+        self.assertEqual(
+            norm_spec("", ty, M, N, K, arch, otype="f16").plan.k_chunk,
+            norm_spec("", ty, M, N, K, arch).plan.k_chunk,
+        )
+        rounded = f32.reshape(M, N).astype(np.float16)
+        diff = got.view(np.uint16) != rounded.view(np.uint16)
+        if diff.any():
+            i = tuple(np.argwhere(diff)[0])
+            self.fail(
+                f"{what}: {int(diff.sum())} values differ from the f32 design's rounded, first "
+                f"at {i}: {got[i]} vs {rounded[i]}"
+            )
+        # Against numpy: the f32 design's tolerance plus half an f16 ulp.
+        xn = x * n
+        xn = xn.astype(np.float64) if ty == "f32" else _bf16(xn)
+        x64 = x.astype(np.float64)
+        s = 1 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + EPS)
+        prods = xn[:, None, :] * w[None, :, :]
+        want = s * prods.sum(axis=2)
+        ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(want), 2.0**-14))) - 10)
+        tol = s * np.abs(prods).sum(axis=2) * 2.0**-18 + np.abs(want) * 1e-5 + ulp / 2
+        bad = ~(np.abs(got.astype(np.float64) - want) <= tol)  # NaN fails too
+        if bad.any():
+            self.fail(
+                f"{what}: {int(bad.sum())} of {got.size} wrong, first at {np.argwhere(bad)[0]}: "
+                f"{got[bad][0]} vs {want[bad][0]}"
+            )
+
+    def test_f16_output(self):
+        # Llama-3.2-1B's V projection (K = 2048, N = 512) decoding, and an odd K (f32 rows off
+        # the vector lanes, a zero-padded tail of every chunk).
+        cases = [
+            ("f32", 1, 512, 2048, "aie2p"),
+            ("f32", 1, 512, 2048, "aie2"),
+            ("q4_0", 1, 512, 2048, "aie2p"),
+            ("q4_0", 1, 512, 2048, "aie2"),
+            ("f32", 2, 38, 75, "aie2"),
+        ]
+        for i, (ty, M, N, K, arch) in enumerate(cases):
+            with self.subTest(ty=ty, M=M, N=N, K=K, arch=arch):
+                self.check_f16(ty, M, N, K, arch, seed=40 + i)
 
     def test_llama_3_2_1b_projections(self):
         # K = 2048: the K/V projections (N = 512) and Q (N = 2048), decode and two rows.
