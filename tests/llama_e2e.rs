@@ -661,6 +661,9 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
             "FLASH_ATTN_EXT_MASK",
             // The attention output and ffn_down projections with their residual ADD.
             "MUL_MAT_ADD",
+            // Decode: the norms folded into the projections reading them (Q, K, V; gate/up).
+            "RMS_NORM_MUL_MAT",
+            "RMS_NORM_MUL_MAT_SWIGLU",
             "ADD",
         ] {
             assert!(
