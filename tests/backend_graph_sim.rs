@@ -358,22 +358,7 @@ fn a_norm_read_only_by_projections_runs_inside_them_or_alone_if_they_cannot() {
     );
     // A compiler that declines the folded kernels (exit 2, as the IRON package does for a
     // prompt's GEMM-sized products): the fold is undone, the norm runs, then the projections.
-    let dir = common::scratch_dir("normfold-declining-compiler");
-    let wrapper = dir.join("compiler.sh");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\n\
-             if [ \"$1\" = compile ] && grep -q '\"op\":\"RMS_NORM_MUL_MAT\"' \"$3\"; then\n\
-             echo 'declined for the test' >&2; exit 2; fi\n\
-             exec {} \"$@\"\n",
-            common::sim_artifact("hsa-sim-compile").display()
-        ),
-    )
-    .unwrap();
-    let mut perms = std::fs::metadata(&wrapper).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&wrapper, perms).unwrap();
+    let wrapper = declining_compiler("normfold", "RMS_NORM_MUL_MAT");
     let o = run(
         "normfold-declined",
         "normfold",
@@ -388,6 +373,70 @@ fn a_norm_read_only_by_projections_runs_inside_them_or_alone_if_they_cannot() {
     assert_eq!(o.counter("dispatches"), 3, "{}", o.text);
     assert!(!o.has("runs on the CPU"), "{}", o.text);
     common::assert_kernels_built(&cache("normfold-declined"), &["rms_norm_mul-", "mul_mat-"]);
+}
+
+/// hsa-sim-compile behind a wrapper that declines (exit 2) every kernel of protocol op `op`.
+fn declining_compiler(tag: &str, op: &str) -> std::path::PathBuf {
+    let dir = common::scratch_dir(&format!("{tag}-declining-compiler"));
+    let wrapper = dir.join("compiler.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n\
+             if [ \"$1\" = compile ] && grep -q '\"op\":\"{op}\"' \"$3\"; then\n\
+             echo 'declined for the test' >&2; exit 2; fi\n\
+             exec {} \"$@\"\n",
+            common::sim_artifact("hsa-sim-compile").display()
+        ),
+    )
+    .unwrap();
+    let mut perms = std::fs::metadata(&wrapper).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&wrapper, perms).unwrap();
+    wrapper
+}
+
+#[test]
+fn a_normed_projection_rotated_by_a_rope_runs_in_the_ropes_kernel_or_apart_if_declined() {
+    // llama's Q and K with their ROPE: each projection, its norm and its rotation are one
+    // kernel (RMS_NORM_MUL_MAT_ROPE), K's writing its cache row in f16 itself: two dispatches.
+    let o = run("normfold-rope", "normfold-rope", 1, &[]);
+    assert!(o.has("STATUS 0 0"), "{}", o.text);
+    for what in ["q", "cache"] {
+        assert!(o.has(&format!("NORMFOLD {what} ok")), "{what}: {}", o.text);
+    }
+    assert_eq!(o.counter("dispatches"), 2, "{}", o.text);
+    let cache = |tag: &str| {
+        common::scratch_path(&format!("graph-{tag}"))
+            .join("cache")
+            .join("aie2p")
+    };
+    common::assert_kernels_built(
+        &cache("normfold-rope"),
+        &[
+            "rms_norm_mul_mat_rope-f32_64x64-f32_64-f32_64-i32_1-f32_16x4-p",
+            "rms_norm_mul_mat_rope-f32_64x16-f32_64-f32_64-i32_1-f16_16-p",
+        ],
+    );
+    // Declined (a compiler without the op's shape): the projections and the ROPEs run apart,
+    // K's ROPE still writing the cache row.
+    let wrapper = declining_compiler("normfold-rope", "RMS_NORM_MUL_MAT_ROPE");
+    let o = run(
+        "normfold-rope-declined",
+        "normfold-rope",
+        1,
+        &[("GGML_HSA_JIT_COMPILER", wrapper.to_str().unwrap())],
+    );
+    assert!(o.has("STATUS 0 0"), "{}", o.text);
+    for what in ["q", "cache"] {
+        assert!(o.has(&format!("NORMFOLD {what} ok")), "{what}: {}", o.text);
+    }
+    assert_eq!(o.counter("dispatches"), 4, "{}", o.text);
+    assert!(!o.has("runs on the CPU"), "{}", o.text);
+    common::assert_kernels_built(
+        &cache("normfold-rope-declined"),
+        &["rms_norm_mul_mat-", "rope-f32_16x4-", "rope-f32_16-i32_1-f16_16-"],
+    );
 }
 
 #[test]
@@ -657,9 +706,9 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
         // SAFETY: as for this function.
         return unsafe { compute_evict(reg, computes) };
     }
-    if graph == "normfold" {
+    if let Some(rope) = graph.strip_prefix("normfold") {
         // SAFETY: as for this function.
-        return unsafe { compute_norm_fold(reg) };
+        return unsafe { compute_norm_fold(reg, rope == "-rope") };
     }
     if let Some(source) = graph.strip_prefix("setrows") {
         // SAFETY: as for this function.
@@ -944,13 +993,17 @@ unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t, source: &str) {
 /// by a weight row) and then projected by Q [64 x 64] and K [64 x 16] weights, each product
 /// checked against the same computed in f64: Q's product itself (relative error 1e-4), K's
 /// as written into row 5 of an f16 cache of 8 rows (SET_ROWS, the index a graph input),
-/// within f16 rounding; prints `NORMFOLD <q|cache> <ok|bad>`.
+/// within f16 rounding; prints `NORMFOLD <q|cache> <ok|bad>`. With `rope` (the "normfold-rope"
+/// child), each product is rotated as llama's Q and K are (ROPE in normal mode, heads of 16,
+/// position 7) before it is checked or written into the cache.
 ///
 /// # Safety
 /// `reg` is the plugin's registry.
-unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t) {
+unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool) {
     const K: usize = 64;
     const EPS: f32 = 1e-5;
+    const HEAD: usize = 16;
+    const POS: i32 = 7;
     // SAFETY: see child_graph.
     unsafe {
         let (_, backend, ctx) = open_device(reg);
@@ -965,10 +1018,16 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t) {
             })
             .collect();
         let gf = sys::ggml_new_graph(ctx);
+        let pos = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, 1);
         let products: Vec<_> = weights
             .iter()
-            .map(|&(_, w)| {
-                let p = sys::ggml_mul_mat(ctx, w, z);
+            .map(|&(rows, w)| {
+                let mut p = sys::ggml_mul_mat(ctx, w, z);
+                if rope {
+                    let heads = sys::ggml_reshape_3d(ctx, p, HEAD as i64, (rows / HEAD) as i64, 1);
+                    let roped = sys::ggml_rope(ctx, heads, pos, HEAD as i32, 0);
+                    p = sys::ggml_reshape_2d(ctx, roped, rows as i64, 1);
+                }
                 sys::ggml_build_forward_expand(gf, p);
                 p
             })
@@ -981,6 +1040,7 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t) {
         assert!(!buffer.is_null());
         sys::ggml_backend_tensor_memset(cache, 0, 0, 2 * 16 * 8);
         sys::ggml_backend_tensor_set(idx, 5i64.to_le_bytes().as_ptr().cast(), 0, 8);
+        sys::ggml_backend_tensor_set(pos, POS.to_le_bytes().as_ptr().cast(), 0, 4);
         let xs: Vec<f32> = (0..K).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
         let ns: Vec<f32> = (0..K).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
         sys::ggml_backend_tensor_set(x, f32_bytes(&xs).as_ptr().cast(), 0, 4 * K);
@@ -996,11 +1056,21 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t) {
                 .map(|i| ((i % 11) as f32 - 5.0) * 0.1)
                 .collect();
             sys::ggml_backend_tensor_set(w, f32_bytes(&ws).as_ptr().cast(), 0, 4 * ws.len());
-            expected.push(
-                (0..rows)
-                    .map(|r| (0..K).map(|k| f64::from(ws[r * K + k]) * y[k]).sum::<f64>())
-                    .collect::<Vec<f64>>(),
-            );
+            let product: Vec<f64> = (0..rows)
+                .map(|r| (0..K).map(|k| f64::from(ws[r * K + k]) * y[k]).sum::<f64>())
+                .collect();
+            expected.push(if rope {
+                product
+                    .chunks(HEAD)
+                    .flat_map(|h| {
+                        let h: Vec<f32> = h.iter().map(|&v| v as f32).collect();
+                        rope_normal(&h, f64::from(POS))
+                    })
+                    .map(f64::from)
+                    .collect()
+            } else {
+                product
+            });
         }
         let status = sys::ggml_backend_graph_compute(backend, gf);
         println!("STATUS 0 {status}");

@@ -54,8 +54,70 @@ enum Step {
     Plan(Plan),
     /// No NPU kernel (`reason`): ggml's CPU backend computes it (`GGML_HSA_CPU_FALLBACK`).
     Cpu(String),
-    /// Computed by the fused kernel of the node before it.
+    /// Computed by another node's kernel: the first node of its fused run, or a fold's kernel.
     Fused,
+}
+
+/// What the folds over the planned graph (`ops::fold_rms_norm`, `ops::fold_rope`) see of a step.
+fn planned(steps: &[Step], k: usize) -> ops::Planned<'_> {
+    match &steps[k] {
+        Step::Plan(Plan::Kernel { desc, operands }) => ops::Planned::Kernel(desc, operands),
+        Step::Fused => ops::Planned::Covered,
+        Step::Plan(Plan::Skip) => ops::Planned::Nothing,
+        _ => ops::Planned::Elsewhere,
+    }
+}
+
+/// The folds applied to a graph's steps, each with the steps it replaced, so that a fold whose
+/// kernel is refused at compile time can be undone.
+#[derive(Default)]
+struct Folds {
+    list: Vec<Fold>,
+    /// The fold whose kernel each node runs.
+    of: HashMap<usize, usize>,
+}
+
+#[derive(Default)]
+struct Fold {
+    /// Each changed node and its step before the fold (empty once undone).
+    originals: Vec<(usize, Step)>,
+    /// Folds made on top of this one's kernels: undone before it.
+    dependents: Vec<usize>,
+}
+
+impl Folds {
+    /// Replaces the steps of `changes`' nodes; returns the fold's id.
+    fn apply(&mut self, steps: &mut [Step], changes: Vec<(usize, Step)>) -> usize {
+        let id = self.list.len();
+        let mut originals = Vec::with_capacity(changes.len());
+        for (k, step) in changes {
+            if matches!(step, Step::Plan(_)) {
+                self.of.insert(k, id);
+            }
+            originals.push((k, std::mem::replace(&mut steps[k], step)));
+        }
+        self.list.push(Fold {
+            originals,
+            dependents: Vec::new(),
+        });
+        id
+    }
+
+    /// Undoes fold `id` (its dependents first); returns the nodes whose steps were restored.
+    fn undo(&mut self, id: usize, steps: &mut [Step]) -> Vec<usize> {
+        let mut restored = Vec::new();
+        for d in std::mem::take(&mut self.list[id].dependents) {
+            restored.extend(self.undo(d, steps));
+        }
+        for (k, original) in std::mem::take(&mut self.list[id].originals) {
+            if self.of.get(&k) == Some(&id) {
+                self.of.remove(&k);
+            }
+            steps[k] = original;
+            restored.push(k);
+        }
+        restored
+    }
 }
 
 /// Why a graph failed.
@@ -433,18 +495,14 @@ impl Stream {
         // declines it from then on.
         //
         // Then the norms the projections after them can compute themselves
-        // (`ops::fold_rms_norm`): the originals of each fold are kept, and if one of its kernels
-        // is refused, the whole fold is undone (the norm runs, the projections read its output).
-        let mut folds: Vec<Vec<(usize, Step)>> = Vec::new();
-        let mut fold_of: HashMap<usize, usize> = HashMap::new();
+        // (`ops::fold_rms_norm`), and the projections the ROPE after them can compute
+        // (`ops::fold_rope`): the originals of each fold are kept, and if one of its kernels is
+        // refused, the whole fold is undone (the norm runs, the projections read its output; the
+        // projection runs, the ROPE reads its product), the rope folds of an undone norm fold's
+        // projections first.
+        let mut folds = Folds::default();
         for at in 0..nodes.len() {
-            let planned = |k: usize| match &steps[k] {
-                Step::Plan(Plan::Kernel { desc, operands }) => ops::Planned::Kernel(desc, operands),
-                Step::Fused => ops::Planned::Covered,
-                Step::Plan(Plan::Skip) => ops::Planned::Nothing,
-                _ => ops::Planned::Elsewhere,
-            };
-            let Some(fold) = ops::fold_rms_norm(nodes, at, planned) else {
+            let Some(fold) = ops::fold_rms_norm(nodes, at, |k| planned(&steps, k)) else {
                 continue;
             };
             let available = fold.readers.iter().all(|(_, plan)| match plan {
@@ -454,13 +512,28 @@ impl Stream {
             if !available {
                 continue;
             }
-            let id = folds.len();
-            let mut originals = vec![(at, std::mem::replace(&mut steps[at], Step::Fused))];
-            for (k, plan) in fold.readers {
-                originals.push((k, std::mem::replace(&mut steps[k], Step::Plan(plan))));
-                fold_of.insert(k, id);
+            let mut changes = vec![(at, Step::Fused)];
+            changes.extend(fold.readers.into_iter().map(|(k, p)| (k, Step::Plan(p))));
+            folds.apply(&mut steps, changes);
+        }
+        for at in 0..nodes.len() {
+            let Some(fold) = ops::fold_rope(nodes, at, |k| planned(&steps, k)) else {
+                continue;
+            };
+            let available = matches!(&fold.plan, Plan::Kernel { desc, .. }
+                if self.device.supports_kernel(desc));
+            if !available {
+                continue;
             }
-            folds.push(originals);
+            let within = folds.of.get(&fold.projection).copied();
+            let changes = vec![
+                (fold.projection, Step::Fused),
+                (fold.rope, Step::Plan(fold.plan)),
+            ];
+            let id = folds.apply(&mut steps, changes);
+            if let Some(parent) = within {
+                folds.list[parent].dependents.push(id);
+            }
         }
         let mut kernels: Vec<Option<Arc<LoadedKernel>>> = vec![None; steps.len()];
         let mut todo: Vec<usize> = (0..steps.len()).collect();
@@ -482,23 +555,19 @@ impl Stream {
             let refused_folds: Vec<usize> = results
                 .iter()
                 .filter(|(_, k)| k.is_err())
-                .filter_map(|(i, _)| fold_of.get(i).copied())
+                .filter_map(|(i, _)| folds.of.get(i).copied())
                 .collect();
             for id in refused_folds {
-                let originals = std::mem::take(&mut folds[id]);
-                if originals.is_empty() {
-                    continue;
-                }
-                crate::log::debug(&format!(
-                    "{}: node {}: a projection cannot compute the norm itself; the norm runs",
-                    self.device.name, originals[0].0
-                ));
-                for (k, original) in originals {
-                    fold_of.remove(&k);
-                    steps[k] = original;
+                for k in folds.undo(id, &mut steps) {
+                    crate::log::debug(&format!(
+                        "{}: node {k}: a folded kernel is not available; the fold is undone",
+                        self.device.name
+                    ));
                     kernels[k] = None;
                     results.retain(|(i, _)| *i != k);
-                    todo.push(k);
+                    if !todo.contains(&k) {
+                        todo.push(k);
+                    }
                 }
             }
             for (i, kernel) in results {
@@ -565,9 +634,10 @@ impl Stream {
             let Some((scatter, _)) = scatter else {
                 continue;
             };
-            let kernel_of = |k: usize| match (&steps[k], steps.get(k + 1), &kernels[k]) {
-                (Step::Plan(Plan::Kernel { desc, operands }), next, Some(_))
-                    if !matches!(next, Some(Step::Fused)) =>
+            // A fused run's kernel computes more than its node: it is not retargeted.
+            let kernel_of = |k: usize| match (&steps[k], &kernels[k]) {
+                (Step::Plan(Plan::Kernel { desc, operands }), Some(_))
+                    if !unfused.contains_key(&k) =>
                 {
                     Some((desc, operands.as_slice()))
                 }

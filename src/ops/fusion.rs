@@ -15,6 +15,9 @@
 //! And one fold over the planned graph, not a run of nodes: an `RMS_NORM_MUL` kernel whose
 //! output only the projections read (llama's Q, K and V, the gate/up pair) runs inside each of
 //! them, as `RMS_NORM_MUL_MAT` or `RMS_NORM_MUL_MAT_<GLU>` kernels ([`fold_rms_norm`]).
+//! After it, a `RMS_NORM_MUL_MAT` kernel whose product only a `ROPE` kernel reads (llama's Q
+//! and K) runs inside the ROPE's node as one `RMS_NORM_MUL_MAT_ROPE[_FF]` kernel
+//! ([`fold_rope`]).
 
 use super::plan::{as_layout, kernel_as_laid_out, mul_mat, rows_layout, Plan, PlanOptions};
 use super::tensor::{BinaryOp, DType, Node, Op, Tensor};
@@ -298,6 +301,107 @@ pub fn fold_rms_norm<'a>(
         return None;
     }
     Some(NormFold { norm: at, readers })
+}
+
+/// A projection folded into the ROPE that reads its product.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeFold {
+    /// The projection's node (`RMS_NORM_MUL_MAT`): it runs nowhere.
+    pub projection: usize,
+    /// The ROPE's node, which runs `plan` instead: the projection, then the rotation.
+    pub rope: usize,
+    pub plan: Plan,
+}
+
+/// The fold of the `RMS_NORM_MUL_MAT` kernel that computes the input of the ROPE kernel planned
+/// at node `at` into it (`planned(k)`: node k's plan): one `RMS_NORM_MUL_MAT_ROPE[_FF]` kernel
+/// at the ROPE's node computes the product and rotates it, and the projection's node runs
+/// nothing. Only when the ROPE's input is exactly the product's memory (a reshape of it, f32,
+/// dense, one matrix), nothing else reads the product before its memory is reused and the
+/// application does not read it, and no node between the two writes the projection's inputs
+/// (they are read later than planned). `None` otherwise.
+pub fn fold_rope<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Option<RopeFold> {
+    let Planned::Kernel(rope, rope_operands) = planned(at) else {
+        return None;
+    };
+    let ff = match rope.op.as_str() {
+        "ROPE" => false,
+        "ROPE_FF" => true,
+        _ => return None,
+    };
+    let (out, rope_inputs) = rope_operands.split_last()?;
+    let x = rope_inputs.first()?;
+    let f32_dense = |t: &Tensor| t.dtype == DType::F32 && t.is_contiguous();
+    if !f32_dense(x) || !f32_dense(out) || x.ne != out.ne || out.ne[3] != 1 {
+        return None;
+    }
+    // The node that computed the ROPE's input: the last before it writing that memory.
+    let k = (0..at)
+        .rev()
+        .find(|&k| !matches!(planned(k), Planned::Nothing) && overlaps(&nodes[k].dst, x))?;
+    let Planned::Kernel(projection, operands) = planned(k) else {
+        return None;
+    };
+    let [w, xin, n, z] = operands else {
+        return None;
+    };
+    let exact = z.addr == x.addr && z.bytes == x.bytes && f32_dense(z) && z.ne[2..] == [1, 1];
+    if projection.op != catalogue::RMS_NORM_MUL_MAT.name
+        || nodes[k].is_output
+        || !exact
+        || projection.output.dtype != "f32"
+        || z.ne[0] != x.ne[0] * x.ne[1]
+        || z.ne[1] != x.ne[2]
+    {
+        return None;
+    }
+    // Nothing but the ROPE (and views, which compute nothing) reads the product.
+    let others = |k: usize| !matches!(planned(k), Planned::Nothing) && k != at;
+    for (j, node) in nodes.iter().enumerate().skip(k + 1) {
+        if others(j) && node.src.iter().flatten().any(|t| overlaps(t, z)) {
+            return None;
+        }
+        if j > at && overlaps(&node.dst, z) {
+            break;
+        }
+    }
+    let inputs = [w, xin, n];
+    let written = (k + 1..at).any(|j| {
+        !matches!(planned(j), Planned::Nothing) && inputs.iter().any(|t| overlaps(&nodes[j].dst, t))
+    });
+    if written || inputs.iter().any(|t| overlaps(out, t)) {
+        return None;
+    }
+    let op = if ff {
+        catalogue::RMS_NORM_MUL_MAT_ROPE_FF
+    } else {
+        catalogue::RMS_NORM_MUL_MAT_ROPE
+    };
+    let eps = *projection.op_params.first()?;
+    let mut op_params = rope.op_params.clone();
+    op_params.resize(catalogue::ROPE.params, 0);
+    op_params.push(eps);
+    let mut desc = rope.clone();
+    desc.op = op.name.to_owned();
+    desc.op_params = op_params;
+    desc.inputs = projection.inputs.clone();
+    desc.inputs.extend_from_slice(&rope.inputs[1..]);
+    desc.f16_as_bf16 = projection.f16_as_bf16 || rope.f16_as_bf16;
+    let mut kernel_operands = vec![w.clone(), xin.clone(), n.clone()];
+    kernel_operands.extend(rope_inputs[1..].iter().cloned());
+    kernel_operands.push(out.clone());
+    Some(RopeFold {
+        projection: k,
+        rope: at,
+        plan: Plan::Kernel {
+            desc,
+            operands: kernel_operands,
+        },
+    })
 }
 
 /// A reader's kernel (`MUL_MAT` or `MUL_MAT_<GLU>` with z as its activations, the last input)
@@ -774,5 +878,98 @@ mod tests {
         assert_eq!(desc.op, "RMS_NORM_MUL_MAT_SWIGLU");
         let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
         assert_eq!(addrs, [0x10000, 0x20000, 0x1000, 0x3000, 0x8000]);
+    }
+
+    /// `norm_then_projections` with Q's product (64 values at 0x5000) viewed as 4 heads of 16
+    /// and rotated (normal mode, n_dims 16) with the positions at 0x9000 into 0xa000, then
+    /// `after`; the steps as the stream plans them, the norm folded into Q and K.
+    fn projections_then_rope(after: Vec<Node>) -> (Vec<Node>, Vec<Option<Plan>>) {
+        let heads = tensor(DType::F32, [16, 4, 1, 1], 0x5000);
+        let view = node(
+            Op::Layout,
+            heads.clone(),
+            vec![tensor(DType::F32, [64, 1, 1, 1], 0x5000)],
+        );
+        let mut rope = node(
+            Op::Rope,
+            tensor(DType::F32, [16, 4, 1, 1], 0xa000),
+            vec![heads, tensor(DType::I32, [1, 1, 1, 1], 0x9000)],
+        );
+        rope.op_params[1] = 16;
+        rope.op_params[5] = 10000f32.to_bits() as i32;
+        rope.op_params[6] = 1f32.to_bits() as i32;
+        rope.op_params[8] = 1f32.to_bits() as i32;
+        let mut tail = vec![view, rope];
+        tail.extend(after);
+        let nodes = norm_then_projections(tail);
+        let mut steps = planned_graph(&nodes);
+        let fold = fold_in(&nodes).expect("the norm folds");
+        steps[fold.norm] = None;
+        for (k, plan) in fold.readers {
+            steps[k] = Some(plan);
+        }
+        (nodes, steps)
+    }
+
+    fn rope_fold_in(nodes: &[Node], steps: &[Option<Plan>], at: usize) -> Option<RopeFold> {
+        let planned = |k: usize| match &steps[k] {
+            Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
+            Some(Plan::Skip) => Planned::Nothing,
+            Some(Plan::Host(_)) => Planned::Elsewhere,
+            None => Planned::Covered,
+        };
+        fold_rope(nodes, at, planned)
+    }
+
+    #[test]
+    fn a_rope_of_a_normed_projection_runs_the_projection_itself() {
+        let (nodes, steps) = projections_then_rope(vec![]);
+        assert!(rope_fold_in(&nodes, &steps, 3).is_none(), "K is no ROPE");
+        let fold = rope_fold_in(&nodes, &steps, 5).expect("folds");
+        assert_eq!((fold.projection, fold.rope), (2, 5));
+        let Plan::Kernel { desc, operands } = &fold.plan else {
+            panic!("a kernel");
+        };
+        assert_eq!(desc.op, "RMS_NORM_MUL_MAT_ROPE");
+        // The rope's 11 words, then eps.
+        assert_eq!(desc.op_params.len(), 12);
+        assert_eq!(desc.op_params[1], 16);
+        assert_eq!(desc.op_params[11], 1e-6f32.to_bits() as i32);
+        let ne: Vec<[i64; 4]> = desc.inputs.iter().map(|l| l.ne).collect();
+        assert_eq!(
+            ne,
+            [[64, 64, 1, 1], [64, 1, 1, 1], [64, 1, 1, 1], [1, 1, 1, 1]]
+        );
+        assert_eq!(desc.output.ne, [16, 4, 1, 1]);
+        // The weights, x, n, the positions, the ROPE's output: the product is never written.
+        let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
+        assert_eq!(addrs, [0x10000, 0x1000, 0x3000, 0x9000, 0xa000]);
+    }
+
+    #[test]
+    fn a_rope_fold_keeps_the_nodes_when_the_product_or_the_inputs_are_needed() {
+        let out = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
+        // Another reader of the product after the ROPE.
+        let reader = node(Op::Unary(UnaryOp::Relu), out(0xb000), vec![out(0x5000)]);
+        let (nodes, steps) = projections_then_rope(vec![reader]);
+        assert!(rope_fold_in(&nodes, &steps, 5).is_none());
+        // The application reads the product.
+        let (mut nodes, steps) = projections_then_rope(vec![]);
+        nodes[2].is_output = true;
+        assert!(rope_fold_in(&nodes, &steps, 5).is_none());
+        // x written between the projection and the ROPE: the fold would read the new x.
+        let (mut nodes, mut steps) = projections_then_rope(vec![]);
+        let writer = node(
+            Op::Binary(BinaryOp::Add),
+            out(0x1000),
+            vec![out(0x7000), out(0x7000)],
+        );
+        steps.insert(4, Some(super::super::plan(&writer).unwrap()));
+        nodes.insert(4, writer);
+        assert!(rope_fold_in(&nodes, &steps, 6).is_none());
+        // A projection still reading the norm's output (the norm not folded).
+        let (nodes, _) = projections_then_rope(vec![]);
+        let unfolded = planned_graph(&nodes);
+        assert!(rope_fold_in(&nodes, &unfolded, 5).is_none());
     }
 }

@@ -48,9 +48,17 @@ pub struct RowsProducer {
 
 /// The kernels whose result in another float type is their f32 result converted as SET_ROWS
 /// converts it (rounded to nearest even), so that writing the rows directly changes nothing:
-/// llama's K (ROPE) and V (MUL_MAT, or RMS_NORM_MUL_MAT when its norm is folded into it). A
-/// compiler that cannot write the type declines the retargeted kernel, and the copy runs.
-const RETARGETABLE: [&str; 4] = ["ROPE", "ROPE_FF", "MUL_MAT", "RMS_NORM_MUL_MAT"];
+/// llama's K (ROPE, or RMS_NORM_MUL_MAT_ROPE[_FF] when its projection is folded into it) and V
+/// (MUL_MAT, or RMS_NORM_MUL_MAT when its norm is folded into it). A compiler that cannot write
+/// the type declines the retargeted kernel, and the copy runs.
+const RETARGETABLE: [&str; 6] = [
+    "ROPE",
+    "ROPE_FF",
+    "MUL_MAT",
+    "RMS_NORM_MUL_MAT",
+    "RMS_NORM_MUL_MAT_ROPE",
+    "RMS_NORM_MUL_MAT_ROPE_FF",
+];
 
 impl RowScatter {
     /// The scatter of `node` when it is a SET_ROWS of one matrix of rows (dimensions 2 and 3 of

@@ -237,6 +237,54 @@ impl KernelDesc {
                     self.op
                 )));
             }
+        } else if let Op::NormedMulMatRope { ff } = op {
+            let (w, x, n, pos) = (src0.ne, &self.inputs[1], &self.inputs[2], &self.inputs[3]);
+            let o = self.output.ne;
+            let p = |i: usize| self.op_params.get(i).copied().unwrap_or(0);
+            let (n_dims, mode) = (i64::from(p(1)), p(2));
+            let f32 = crate::ops::DType::F32;
+            let shapes_ok = w[0] == x.ne[0]
+                && w[2] == 1
+                && w[3] == 1
+                && x.ne[2] == 1
+                && x.ne[3] == 1
+                && n.ne == [x.ne[0], 1, 1, 1]
+                && o[0] * o[1] == w[1]
+                && o[2] == x.ne[1]
+                && o[3] == 1;
+            if !shapes_ok || x.ty != f32 || n.ty != f32 {
+                return inv(format!(
+                    "{} shapes do not agree: weights {w:?}, x {} {:?}, n {} {:?}, output {o:?}                      (one matrix of weights, f32 x and n, the output [D, H, N] with D * H the                      weights' rows)",
+                    self.op,
+                    x.ty.name(),
+                    x.ne,
+                    n.ty.name(),
+                    n.ne
+                ));
+            }
+            if pos.ty != crate::ops::DType::I32 || (pos.nelements() as i64) < x.ne[1] {
+                return inv(format!("{}: positions must be i32, one per x row", self.op));
+            }
+            if n_dims <= 0 || n_dims % 2 != 0 || n_dims > o[0] {
+                return inv(format!(
+                    "{}: n_dims {n_dims} for heads of {}",
+                    self.op, o[0]
+                ));
+            }
+            if ff && (self.inputs[4].ty != f32 || (self.inputs[4].nelements() as i64) < n_dims / 2)
+            {
+                return inv(format!(
+                    "{}: frequency factors must be f32 covering n_dims / 2",
+                    self.op
+                ));
+            }
+            if !(mode == 0 || mode == 2) || p(15) != 0 {
+                return Err(DescError::Unsupported(format!(
+                    "{} rope mode {mode} with offset {} (normal and NeoX without offset only)",
+                    self.op,
+                    p(15)
+                )));
+            }
         } else if op == Op::ArgMax {
             let (a, o) = (src0.ne, self.output.ne);
             if a[2] != 1 || a[3] != 1 || o != [a[1], 1, 1, 1] {
@@ -368,6 +416,7 @@ impl KernelDesc {
                 | Op::MulMatGlu(_)
                 | Op::MulMatAdd
                 | Op::NormedMulMat(_)
+                | Op::NormedMulMatRope { .. }
                 | Op::SoftMax { .. }
                 | Op::Rope { .. }
                 | Op::CountEqual

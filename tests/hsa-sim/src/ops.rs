@@ -180,6 +180,13 @@ pub enum Op {
     /// and the projections reading them): inputs the weights (gate, up), x (the norm's
     /// input), n; op_params[0] = eps.
     NormedMulMat(Option<UnaryOp>),
+    /// `NormedMulMat(None)` whose product, viewed as the output's `[D, H, N]`, is rotated as
+    /// `Rope` rotates its input (llama's Q and K projections and their ROPE, fused by the
+    /// backend): inputs the weights, x (the norm's input), n, the i32 positions, and the f32
+    /// frequency factors if `ff`; op_params[0..=10] the rope's, op_params[11] = eps.
+    NormedMulMatRope {
+        ff: bool,
+    },
     /// ggml's ARGMAX: per row of an f32 matrix, the i32 index of its largest value (the last
     /// one among equals, as ggml-cpu's loop finds it).
     ArgMax,
@@ -303,6 +310,8 @@ impl Op {
             "RMS_NORM_MUL_MAT_SWIGLU" => Some(Op::NormedMulMat(Some(UnaryOp::Silu))),
             "RMS_NORM_MUL_MAT_GEGLU_ERF" => Some(Op::NormedMulMat(Some(UnaryOp::GeluErf))),
             "RMS_NORM_MUL_MAT_GEGLU_QUICK" => Some(Op::NormedMulMat(Some(UnaryOp::GeluQuick))),
+            "RMS_NORM_MUL_MAT_ROPE" => Some(Op::NormedMulMatRope { ff: false }),
+            "RMS_NORM_MUL_MAT_ROPE_FF" => Some(Op::NormedMulMatRope { ff: true }),
             "NORM" => Some(Op::Norm),
             "RMS_NORM_MUL" => Some(Op::RmsNormMul),
             "ARGMAX" => Some(Op::ArgMax),
@@ -344,6 +353,7 @@ impl Op {
             Op::Rope { ff } => 2 + usize::from(ff),
             Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(None) => 3,
             Op::NormedMulMat(Some(_)) => 4,
+            Op::NormedMulMatRope { ff } => 4 + usize::from(ff),
             Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
             _ => 1,
         }
@@ -389,6 +399,8 @@ impl Op {
             "RMS_NORM_MUL_MAT_SWIGLU",
             "RMS_NORM_MUL_MAT_GEGLU_ERF",
             "RMS_NORM_MUL_MAT_GEGLU_QUICK",
+            "RMS_NORM_MUL_MAT_ROPE",
+            "RMS_NORM_MUL_MAT_ROPE_FF",
         ]);
         v.extend(["SET_ROWS", "DUP", "CPY", "CONT"]);
         v
@@ -406,6 +418,10 @@ impl Op {
         let output = i == self.arity();
         match self {
             Op::Rope { .. } if i == 1 => vec![DType::I32],
+            Op::NormedMulMatRope { .. } if i == 3 => vec![DType::I32],
+            // x, n and the frequency factors f32; the output f32, or f16/bf16 (K's rows of the
+            // KV cache).
+            Op::NormedMulMatRope { .. } if i > 0 && !output => vec![DType::F32],
             _ if self.is_weight(i) => TYPES.iter().chain(WEIGHT_TYPES).copied().collect(),
             Op::ArgMax if output => vec![DType::I32],
             Op::ArgMax => vec![DType::F32],
@@ -428,7 +444,9 @@ impl Op {
     /// Whether operand `i` is a MUL_MAT's weights (f32/f16/bf16 or ggml's quantized blocks).
     pub fn is_weight(self, i: usize) -> bool {
         match self {
-            Op::MulMat | Op::MulMatAdd | Op::NormedMulMat(None) => i == 0,
+            Op::MulMat | Op::MulMatAdd | Op::NormedMulMat(None) | Op::NormedMulMatRope { .. } => {
+                i == 0
+            }
             Op::MulMatGlu(_) | Op::NormedMulMat(Some(_)) => i < 2,
             _ => false,
         }
@@ -462,6 +480,8 @@ impl Op {
             // outputs: counted as one more operation per output.
             Op::NormedMulMat(None) => 2 * k + 1,
             Op::NormedMulMat(Some(_)) => 4 * k + 10,
+            // The product's, then the rotation's.
+            Op::NormedMulMatRope { .. } => 2 * k + 1 + 6,
             // Per query row, head and key (the executor multiplies by rows and keys): the q·k
             // dot product and the v update, 2·D + 2·Dv, counted as 4·D with k = D.
             Op::FlashAttnExt { .. } => 4 * k,
@@ -492,6 +512,7 @@ impl Op {
             Op::MulMatAdd => "unused; inputs[0] = weights, inputs[1] = activations (MUL_MAT's inputs), inputs[2] = r f32, repeated over the product; output f32 [M, N, ...] = w . x + r",
             Op::NormedMulMat(None) => "op_params[0] = eps (f32 bit pattern); inputs[0] = weights (MUL_MAT's inputs[0]), inputs[1] = x f32 [K, N, ...] (not normalised), inputs[2] = n f32 [K]; output f32 [M, N, ...] = w . (rms_norm(x) * n)",
             Op::NormedMulMat(Some(_)) => "op_params[0] = eps (f32 bit pattern); inputs[0] = gate weights, inputs[1] = up weights, inputs[2] = x f32 [K, N, ...] (not normalised), inputs[3] = n f32 [K]; output f32 [M, N, ...] = act(gate . y) * (up . y), y = rms_norm(x) * n",
+            Op::NormedMulMatRope { .. } => "op_params[0..=10] = ggml's rope op_params (as ROPE's), op_params[11] = eps (f32 bit pattern); inputs[0] = weights [K, M] (MUL_MAT's inputs[0]), inputs[1] = x f32 [K, N] (not normalised), inputs[2] = n f32 [K], inputs[3] = positions i32 [>= N], [inputs[4] = frequency factors f32 [>= n_dims / 2]]; output f32/f16/bf16 [D, H, N] with D * H = M: rope(w . (rms_norm(x) * n)) with the product viewed as [D, H, N]",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
             Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",

@@ -240,6 +240,13 @@ fn soft_max(
     }
 }
 
+/// RMS_NORM then MUL by the weight row `n` as the two ggml nodes compute them (the norm
+/// rounded to f32, then the f32 product), into `y` (f32, x's shape); `eps` as f32 bits.
+fn rms_norm_mul(x: &Buf<'_>, n: &Buf<'_>, eps: i32, y: &mut Buf<'_>) {
+    norm_rows(x, y, f64::from(f32::from_bits(eps as u32)), true);
+    for_each_index(y.t.ne, |i| y.set(i, y.get(i) * n.get([i[0], 0, 0, 0])));
+}
+
 /// ggml's RMS_NORM (`rms`) or NORM over each row, with sums in f64 as ggml-cpu keeps them.
 fn norm_rows(x: &Buf<'_>, out: &mut Buf<'_>, eps: f64, rms: bool) {
     let ne = x.t.ne;
@@ -493,9 +500,7 @@ pub unsafe fn execute(
                 bytes: vec![0u8; yt.extent() as usize],
                 as_bf16: false,
             };
-            let eps = f64::from(f32::from_bits(desc.op_params[0] as u32));
-            norm_rows(x, &mut y, eps, true);
-            for_each_index(yt.ne, |i| y.set(i, y.get(i) * n.get([i[0], 0, 0, 0])));
+            rms_norm_mul(x, n, desc.op_params[0], &mut y);
             match glu {
                 None => mul_mat(&bufs[0], &y, &mut out),
                 Some(act) => {
@@ -512,6 +517,34 @@ pub unsafe fn execute(
                     for_each_index(ne, |i| out.set(i, unary_f32(act, gate.get(i)) * up.get(i)));
                 }
             }
+        }
+        Op::NormedMulMatRope { ff } => {
+            // The nodes as ggml-cpu runs them: RMS_NORM_MUL into f32, the f32 product, then the
+            // ROPE of the product viewed as the output's [D, H, N].
+            let (w, x, n) = (&bufs[0], &bufs[1], &bufs[2]);
+            let f32 = crate::ops::DType::F32;
+            let yt = TensorDesc::contiguous(x.t.ne, f32);
+            let mut y = Buf {
+                t: &yt,
+                bytes: vec![0u8; yt.extent() as usize],
+                as_bf16: false,
+            };
+            rms_norm_mul(x, n, desc.op_params[11], &mut y);
+            let pt = TensorDesc::contiguous([w.t.ne[1], x.t.ne[1], 1, 1], f32);
+            let mut product = Buf {
+                t: &pt,
+                bytes: vec![0u8; pt.extent() as usize],
+                as_bf16: false,
+            };
+            mul_mat(w, &y, &mut product);
+            let rt = TensorDesc::contiguous(ne, f32);
+            let rows = Buf {
+                t: &rt,
+                bytes: product.bytes,
+                as_bf16: false,
+            };
+            let ff = ff.then(|| &bufs[4]);
+            rope(&rows, &bufs[3], ff, &desc.op_params, &mut out);
         }
         Op::MulMatAdd => {
             // The two ggml nodes as ggml-cpu runs them: the product in f32, then the f32 ADD.
@@ -539,12 +572,7 @@ pub unsafe fn execute(
             norm_rows(&bufs[0], &mut out, eps, op == Op::RmsNorm);
         }
         Op::RmsNormMul => {
-            // The two ggml nodes as ggml-cpu runs them: the norm rounded to f32, then the
-            // f32 product with the weight row.
-            let eps = f64::from(f32::from_bits(desc.op_params[0] as u32));
-            norm_rows(&bufs[0], &mut out, eps, true);
-            let w = &bufs[1];
-            for_each_index(ne, |i| out.set(i, out.get(i) * w.get([i[0], 0, 0, 0])));
+            rms_norm_mul(&bufs[0], &bufs[1], desc.op_params[0], &mut out);
         }
         Op::Copy => {
             // Both sides walked in logical order: the k-th element of one is the k-th of the
