@@ -435,7 +435,11 @@ fn a_normed_projection_rotated_by_a_rope_runs_in_the_ropes_kernel_or_apart_if_de
     assert!(!o.has("runs on the CPU"), "{}", o.text);
     common::assert_kernels_built(
         &cache("normfold-rope-declined"),
-        &["rms_norm_mul_mat-", "rope-f32_16x4-", "rope-f32_16-i32_1-f16_16-"],
+        &[
+            "rms_norm_mul_mat-",
+            "rope-f32_16x4-",
+            "rope-f32_16-i32_1-f16_16-",
+        ],
     );
 }
 
