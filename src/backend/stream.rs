@@ -400,7 +400,7 @@ impl Stream {
                             into_rows.push(rows);
                             rows_written[producer.set_rows] = true;
                             return self
-                                .enqueue(retargeted.clone(), &into_rows, (i, plan.ops[i]))
+                                .enqueue(retargeted.clone(), &into_rows, 1, (i, plan.ops[i]))
                                 .map_err(|e| enqueue_error(i, e));
                         }
                     }
@@ -412,8 +412,10 @@ impl Stream {
                         None => None,
                     };
                     match rows {
-                        Some((copy, rows)) => self.enqueue(copy.clone(), &rows, (i, plan.ops[i])),
-                        None => self.enqueue(kernel.clone(), operands, (i, plan.ops[i])),
+                        Some((copy, rows)) => {
+                            self.enqueue(copy.clone(), &rows, 1, (i, plan.ops[i]))
+                        }
+                        None => self.enqueue(kernel.clone(), operands, 1, (i, plan.ops[i])),
                     }
                     .map_err(|e| enqueue_error(i, e))
                 }
@@ -738,10 +740,13 @@ impl Stream {
         host.run(op).map_err(Enqueue::Operand)
     }
 
+    /// Adds a dispatch of `kernel` on `tensors` (its inputs, then its `outputs` outputs) to the
+    /// pending batch.
     fn enqueue(
         &mut self,
         kernel: Arc<LoadedKernel>,
         tensors: &[Tensor],
+        outputs: usize,
         node: (usize, &'static str),
     ) -> Result<(), Enqueue> {
         if tensors.len() > MAX_OPERANDS {
@@ -818,12 +823,12 @@ impl Stream {
         self.batch.push(packet);
         self.batch_kernels.push(kernel);
         self.batch_nodes.push(node);
-        let last = tensors.len() - 1;
+        let first_output = tensors.len().saturating_sub(outputs);
         self.pending
             .extend(tensors.iter().enumerate().map(|(i, t)| Pending {
                 start: t.addr,
                 end: t.addr + t.bytes,
-                written: i == last,
+                written: i >= first_output,
             }));
         if self.batch.len() == MAX_PACKETS_PER_DOORBELL {
             self.flush().map_err(Enqueue::Submit)?;

@@ -113,6 +113,7 @@ pub fn fuse_rms_norm_mul(norm: &Node, mul: &Node, later: &[Node]) -> Option<Plan
             inputs: vec![rows_layout(x, true), as_layout(w)],
             output: rows_layout(out, true),
             f16_as_bf16: false,
+            extra_outputs: Vec::new(),
         },
         operands: vec![x.clone(), w.clone(), out.clone()],
     })

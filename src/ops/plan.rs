@@ -299,6 +299,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
                     inputs: vec![rows(a)],
                     output: rows(&node.dst),
                     f16_as_bf16: false,
+                    extra_outputs: Vec::new(),
                 },
                 operands: vec![a.clone(), node.dst.clone()],
             })
@@ -533,6 +534,7 @@ fn kernel(
             inputs: inputs.iter().map(|t| layout(t)).collect(),
             output: layout(dst),
             f16_as_bf16: false,
+            extra_outputs: Vec::new(),
         },
         operands: inputs
             .iter()
