@@ -536,6 +536,7 @@ mod tests {
             arch: "aie2p".into(),
             input_tensors: inputs.iter().map(|s| s.to_string()).collect(),
             output_tensor: output.into(),
+            extra_output_tensors: Vec::new(),
             exported_name: None,
             op_params: None,
             f16_as_bf16: None,

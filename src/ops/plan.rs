@@ -50,6 +50,9 @@ use crate::kernels::{KernelDesc, Layout};
 use crate::op_catalogue::{self as catalogue, OpEntry};
 
 /// What a node needs.
+// Kernel is the common variant (most nodes of a model's graph); boxing it would add an
+// allocation per node to save memory only on the rarer Skip and Host plans.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Plan {
     /// Nothing to compute (layout-only ops, empty tensors).
