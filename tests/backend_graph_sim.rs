@@ -375,6 +375,42 @@ fn a_norm_read_only_by_projections_runs_inside_them_or_alone_if_they_cannot() {
     common::assert_kernels_built(&cache("normfold-declined"), &["rms_norm_mul-", "mul_mat-"]);
 }
 
+#[test]
+fn a_feed_forward_block_runs_as_one_kernel_or_two_if_declined() {
+    // llama's ffn_norm, gate/up pair with SWIGLU, ffn_down and residual ADD: one kernel
+    // (RMS_NORM_FFN_SWIGLU).
+    let all_ok = |o: &Outcome| {
+        assert!(o.has("STATUS 0 0"), "{}", o.text);
+        assert!(o.has("FFN ok"), "{}", o.text);
+    };
+    let o = run("ffn", "ffn", 1, &[]);
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 1, "{}", o.text);
+    let cache = |tag: &str| {
+        common::scratch_path(&format!("graph-{tag}"))
+            .join("cache")
+            .join("aie2p")
+    };
+    common::assert_kernels_built(
+        &cache("ffn"),
+        &["rms_norm_ffn_swiglu-f32_64x128-f32_64x128-f32_128x64-f32_64-f32_64-f32_64-f32_64-f32_128-p"],
+    );
+    // Declined: the normed gate/up kernel, then the down projection with the residual.
+    let wrapper = declining_compiler("ffn", "RMS_NORM_FFN_SWIGLU");
+    let o = run(
+        "ffn-declined",
+        "ffn",
+        1,
+        &[("GGML_HSA_JIT_COMPILER", wrapper.to_str().unwrap())],
+    );
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 2, "{}", o.text);
+    common::assert_kernels_built(
+        &cache("ffn-declined"),
+        &["rms_norm_mul_mat_swiglu-", "mul_mat_add-"],
+    );
+}
+
 /// hsa-sim-compile behind a wrapper that declines (exit 2) every kernel of protocol op `op`.
 fn declining_compiler(tag: &str, op: &str) -> std::path::PathBuf {
     let dir = common::scratch_dir(&format!("{tag}-declining-compiler"));
@@ -726,6 +762,10 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
     if graph == "evict" {
         // SAFETY: as for this function.
         return unsafe { compute_evict(reg, computes) };
+    }
+    if graph == "ffn" {
+        // SAFETY: as for this function.
+        return unsafe { compute_ffn(reg) };
     }
     if let Some(rope) = graph.strip_prefix("normfold") {
         // SAFETY: as for this function.
@@ -1142,6 +1182,86 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool) {
             });
             println!("NORMFOLD {name} {}", if ok { "ok" } else { "bad" });
         }
+        sys::ggml_backend_buffer_free(buffer);
+        sys::ggml_free(ctx);
+        sys::ggml_backend_free(backend);
+    }
+}
+
+/// The "ffn" child: llama's feed-forward block in small, x [64] normalised (RMS_NORM, MUL by a
+/// weight row), the gate and up projections [64 x 128] and their SWIGLU, the down projection
+/// [128 x 64] and the residual ADD of x, checked against the same computed in f64 (relative
+/// error 1e-4); prints `FFN <ok|bad>`.
+///
+/// # Safety
+/// `reg` is the plugin's registry.
+unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t) {
+    const K: usize = 64;
+    const F: usize = 128;
+    const EPS: f32 = 1e-5;
+    // SAFETY: see child_graph.
+    unsafe {
+        let (_, backend, ctx) = open_device(reg);
+        let vector = |n: usize| sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, n as i64);
+        let matrix = |k: usize, m: usize| {
+            sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, k as i64, m as i64)
+        };
+        let (x, n) = (vector(K), vector(K));
+        let (wg, wu, wd) = (matrix(K, F), matrix(K, F), matrix(F, K));
+        let z = sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, x, EPS), n);
+        let h = sys::ggml_swiglu_split(
+            ctx,
+            sys::ggml_mul_mat(ctx, wg, z),
+            sys::ggml_mul_mat(ctx, wu, z),
+        );
+        let out = sys::ggml_add(ctx, sys::ggml_mul_mat(ctx, wd, h), x);
+        let gf = sys::ggml_new_graph(ctx);
+        sys::ggml_build_forward_expand(gf, out);
+        let buffer = sys::ggml_backend_alloc_ctx_tensors(ctx, backend);
+        assert!(!buffer.is_null());
+        let values = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| (((i * 7 + seed) % 13) as f32 - 6.0) * 0.05)
+                .collect()
+        };
+        let xs: Vec<f32> = (0..K).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let ns: Vec<f32> = (0..K).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let (wgs, wus, wds) = (values(K * F, 1), values(K * F, 5), values(F * K, 9));
+        for (t, v) in [(x, &xs), (n, &ns), (wg, &wgs), (wu, &wus), (wd, &wds)] {
+            sys::ggml_backend_tensor_set(t, f32_bytes(v).as_ptr().cast(), 0, 4 * v.len());
+        }
+        let mean_sq = xs.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / K as f64;
+        let scale = 1.0 / (mean_sq + f64::from(EPS)).sqrt();
+        let y: Vec<f64> = (0..K)
+            .map(|i| f64::from(xs[i]) * scale * f64::from(ns[i]))
+            .collect();
+        let product = |w: &[f32], rows: usize, v: &[f64]| -> Vec<f64> {
+            let k = v.len();
+            (0..rows)
+                .map(|r| (0..k).map(|i| f64::from(w[r * k + i]) * v[i]).sum())
+                .collect()
+        };
+        let (g, u) = (product(&wgs, F, &y), product(&wus, F, &y));
+        let hs: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+            .collect();
+        let want: Vec<f64> = product(&wds, K, &hs)
+            .iter()
+            .zip(&xs)
+            .map(|(&d, &x)| d + f64::from(x))
+            .collect();
+        let status = sys::ggml_backend_graph_compute(backend, gf);
+        println!("STATUS 0 {status}");
+        let mut got = vec![0u8; 4 * K];
+        sys::ggml_backend_tensor_get(out, got.as_mut_ptr().cast(), 0, got.len());
+        let ok = got
+            .chunks_exact(4)
+            .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+            .zip(&want)
+            .all(|(g, e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0));
+        println!("FFN {}", if ok { "ok" } else { "bad" });
         sys::ggml_backend_buffer_free(buffer);
         sys::ggml_free(ctx);
         sys::ggml_backend_free(backend);

@@ -103,6 +103,17 @@ impl Folds {
         id
     }
 
+    /// Folds the kernel of node `from` into node `into`, which runs `plan`; a dependent of the
+    /// fold that made `from`'s kernel, if any.
+    fn apply_on(&mut self, steps: &mut [Step], from: usize, into: usize, plan: Plan) {
+        let within = self.of.get(&from).copied();
+        let changes = vec![(from, Step::Fused), (into, Step::Plan(plan))];
+        let id = self.apply(steps, changes);
+        if let Some(parent) = within {
+            self.list[parent].dependents.push(id);
+        }
+    }
+
     /// Undoes fold `id` (its dependents first); returns the nodes whose steps were restored.
     fn undo(&mut self, id: usize, steps: &mut [Step]) -> Vec<usize> {
         let mut restored = Vec::new();
@@ -494,14 +505,16 @@ impl Stream {
             if !available {
                 continue;
             }
-            let within = folds.of.get(&fold.projection).copied();
-            let changes = vec![
-                (fold.projection, Step::Fused),
-                (fold.rope, Step::Plan(fold.plan)),
-            ];
-            let id = folds.apply(&mut steps, changes);
-            if let Some(parent) = within {
-                folds.list[parent].dependents.push(id);
+            folds.apply_on(&mut steps, fold.projection, fold.rope, fold.plan);
+        }
+        for at in 0..nodes.len() {
+            let Some(fold) = ops::fold_ffn(nodes, at, |k| planned(&steps, k)) else {
+                continue;
+            };
+            let available = matches!(&fold.plan, Plan::Kernel { desc, .. }
+                if self.device.supports_kernel(desc));
+            if available {
+                folds.apply_on(&mut steps, fold.glu, fold.down, fold.plan);
             }
         }
         let mut kernels: Vec<Option<Arc<LoadedKernel>>> = vec![None; steps.len()];

@@ -17,7 +17,9 @@
 //! them, as `RMS_NORM_MUL_MAT` or `RMS_NORM_MUL_MAT_<GLU>` kernels ([`fold_rms_norm`]).
 //! After it, a `RMS_NORM_MUL_MAT` kernel whose product only a `ROPE` kernel reads (llama's Q
 //! and K) runs inside the ROPE's node as one `RMS_NORM_MUL_MAT_ROPE[_FF]` kernel
-//! ([`fold_rope`]). Last, once the kernels writing KV-cache rows themselves are known
+//! ([`fold_rope`]), and a `MUL_MAT_ADD` kernel whose activations only an
+//! `RMS_NORM_MUL_MAT_<GLU>` kernel writes (llama's ffn_down and residual after the normed
+//! gate/up pair) runs with it as one `RMS_NORM_FFN_<GLU>` kernel ([`fold_ffn`]). Last, once the kernels writing KV-cache rows themselves are known
 //! (`RowScatter::producer`), Q's, K's and V's kernels of one normalised x become one
 //! `RMS_NORM_QKV_ROPE[_FF]` kernel with three outputs ([`merge_qkv`]).
 
@@ -404,6 +406,88 @@ pub fn fold_rope<'a>(
             desc,
             operands: kernel_operands,
         },
+    })
+}
+
+/// A feed-forward block's two kernels as one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FfnFold {
+    /// The node of the `RMS_NORM_MUL_MAT_<GLU>` kernel (the gate/up pair): it runs nothing.
+    pub glu: usize,
+    /// The node of the `MUL_MAT_ADD` kernel (ffn_down and the residual), which runs `plan`.
+    pub down: usize,
+    pub plan: Plan,
+}
+
+/// The fold of the `RMS_NORM_MUL_MAT_<GLU>` kernel computing h, the activations of the
+/// `MUL_MAT_ADD` kernel planned at node `at` (`planned(k)`: node k's plan), into one
+/// `RMS_NORM_FFN_<GLU>` kernel at `at`: out = Wd . act(Wg . y) * (Wu . y) + r with
+/// y = rms_norm(x) * n, h its second output. Only when h is exactly the product's activations,
+/// nothing else reads h before its memory is reused, the application does not read it, no
+/// node between the two writes what the first kernel reads (it is read later than planned),
+/// and the output overlaps none of the inputs but r (an ADD in place). `None` otherwise.
+pub fn fold_ffn<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Option<FfnFold> {
+    let Planned::Kernel(down, [wd, h, r, out]) = planned(at) else {
+        return None;
+    };
+    if down.op != catalogue::MUL_MAT_ADD.name {
+        return None;
+    }
+    // The kernel that wrote h: the run holding the last node before `at` writing its memory.
+    let writer = (0..at)
+        .rev()
+        .find(|&k| !matches!(planned(k), Planned::Nothing) && overlaps(&nodes[k].dst, h))?;
+    let mut k = writer;
+    while matches!(planned(k), Planned::Covered) {
+        k = k.checked_sub(1)?;
+    }
+    let Planned::Kernel(glu, [wg, wu, x, n, hz]) = planned(k) else {
+        return None;
+    };
+    let act = glu.op.strip_prefix("RMS_NORM_MUL_MAT_")?;
+    let op = catalogue::OpEntry::by_name(&format!("RMS_NORM_FFN_{act}"))?;
+    if !same(hz, h) || nodes[writer].is_output || !same(&nodes[writer].dst, h) {
+        return None;
+    }
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
+    for (j, node) in nodes.iter().enumerate().skip(writer + 1) {
+        if j != at && runs(j) && node.src.iter().flatten().any(|t| overlaps(t, h)) {
+            return None;
+        }
+        if j > at && overlaps(&node.dst, h) {
+            break;
+        }
+    }
+    let first_inputs = [wg, wu, x, n];
+    let written =
+        (k + 1..at).any(|j| runs(j) && first_inputs.iter().any(|t| overlaps(&nodes[j].dst, t)));
+    let clobbers = [wg, wu, wd, n, h].iter().any(|t| overlaps(out, t))
+        || (overlaps(out, x) && !same(out, x))
+        || (overlaps(out, r) && !same(out, r));
+    if written || clobbers {
+        return None;
+    }
+    let mut inputs = glu.inputs[..2].to_vec();
+    inputs.push(down.inputs[0].clone());
+    inputs.extend_from_slice(&glu.inputs[2..4]);
+    inputs.push(down.inputs[2].clone());
+    let desc = KernelDesc {
+        op: op.name.to_owned(),
+        op_params: glu.op_params.clone(),
+        inputs,
+        output: down.output.clone(),
+        extra_outputs: vec![glu.output.clone()],
+        f16_as_bf16: glu.f16_as_bf16 || down.f16_as_bf16,
+    };
+    let operands = [wg, wu, wd, x, n, r, out, h].map(Tensor::clone).to_vec();
+    Some(FfnFold {
+        glu: k,
+        down: at,
+        plan: Plan::Kernel { desc, operands },
     })
 }
 

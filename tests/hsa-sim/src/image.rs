@@ -257,6 +257,25 @@ impl KernelDesc {
                     self.op
                 )));
             }
+        } else if let Op::NormedFfn(_) = op {
+            // As the two kernels it replaces: RMS_NORM_MUL_MAT_<GLU> into h, MUL_MAT_ADD of h.
+            let [wg, wu, wd, x, n, r] = self.inputs.as_slice() else {
+                return inv(format!("{} takes 6 inputs", self.op));
+            };
+            if wu.ty != wg.ty || wd.ty != wg.ty {
+                return inv(format!("{}: Wg, Wu and Wd must have one type", self.op));
+            }
+            let h = &self.extra_outputs[0];
+            let mut part = self.clone();
+            part.extra_outputs.clear();
+            part.op = self.op.replacen("RMS_NORM_FFN_", "RMS_NORM_MUL_MAT_", 1);
+            part.inputs = vec![wg.clone(), wu.clone(), x.clone(), n.clone()];
+            part.output = h.clone();
+            part.validate()?;
+            part.op = "MUL_MAT_ADD".into();
+            part.inputs = vec![wd.clone(), h.clone(), r.clone()];
+            part.output = self.output.clone();
+            part.validate()?;
         } else if let Op::NormedQkv { ff } = op {
             // Each projection as the NormedMulMatRope (Q, K) or NormedMulMat (V) it replaces.
             let [wq, wk, wv, x, n, pos, rest @ ..] = self.inputs.as_slice() else {
@@ -471,6 +490,7 @@ impl KernelDesc {
                 | Op::NormedMulMat(_)
                 | Op::NormedMulMatRope { .. }
                 | Op::NormedQkv { .. }
+                | Op::NormedFfn(_)
                 | Op::SoftMax { .. }
                 | Op::Rope { .. }
                 | Op::CountEqual

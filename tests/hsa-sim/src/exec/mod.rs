@@ -240,6 +240,39 @@ fn soft_max(
     }
 }
 
+/// The three ggml nodes of a gate/up pair as ggml-cpu runs them: both products (gate `wg`,
+/// up `wu`, of `x`) in f32, then the GLU act(gate) * up into `out`.
+fn glu_products(
+    wg: &Buf<'_>,
+    wu: &Buf<'_>,
+    x: &Buf<'_>,
+    act: crate::ops::UnaryOp,
+    out: &mut Buf<'_>,
+) {
+    let product = |w: &Buf<'_>| {
+        let mut p = Buf {
+            t: out.t,
+            bytes: vec![0u8; out.bytes.len()],
+            as_bf16: false,
+        };
+        mul_mat(w, x, &mut p);
+        p
+    };
+    let (gate, up) = (product(wg), product(wu));
+    for_each_index(out.t.ne, |i| {
+        out.set(i, unary_f32(act, gate.get(i)) * up.get(i))
+    });
+}
+
+/// out += r, r repeated over out (ggml's ADD broadcasting its second input), in f32.
+fn add_repeated(out: &mut Buf<'_>, r: &Buf<'_>) {
+    let rn = r.t.ne;
+    for_each_index(out.t.ne, |i| {
+        let j = [i[0] % rn[0], i[1] % rn[1], i[2] % rn[2], i[3] % rn[3]];
+        out.set(i, out.get(i) + r.get(j));
+    });
+}
+
 /// rms_norm(x) * n into a new f32 buffer of layout `yt` (x's shape, dense), as
 /// [`rms_norm_mul`] computes it.
 fn normed<'a>(x: &Buf<'_>, n: &Buf<'_>, eps: i32, yt: &'a TensorDesc) -> Buf<'a> {
@@ -515,20 +548,7 @@ pub unsafe fn execute(
             for_each_index(ne, |i| out.set(i, s0.get(i) * s + b));
         }
         Op::MulMat => mul_mat(&bufs[0], &bufs[1], &mut out),
-        Op::MulMatGlu(act) => {
-            // The three ggml nodes as ggml-cpu runs them: both products in f32, then the GLU.
-            let product = |w: &Buf<'_>| {
-                let mut p = Buf {
-                    t: out.t,
-                    bytes: vec![0u8; out.bytes.len()],
-                    as_bf16: false,
-                };
-                mul_mat(w, &bufs[2], &mut p);
-                p
-            };
-            let (gate, up) = (product(&bufs[0]), product(&bufs[1]));
-            for_each_index(ne, |i| out.set(i, unary_f32(act, gate.get(i)) * up.get(i)));
-        }
+        Op::MulMatGlu(act) => glu_products(&bufs[0], &bufs[1], &bufs[2], act, &mut out),
         Op::NormedMulMat(glu) => {
             // The nodes as ggml-cpu runs them: the norm rounded to f32, the f32 product with
             // the weight row, then the product(s) (and the GLU).
@@ -543,19 +563,7 @@ pub unsafe fn execute(
             rms_norm_mul(x, n, desc.op_params[0], &mut y);
             match glu {
                 None => mul_mat(&bufs[0], &y, &mut out),
-                Some(act) => {
-                    let product = |w: &Buf<'_>| {
-                        let mut p = Buf {
-                            t: out.t,
-                            bytes: vec![0u8; out.bytes.len()],
-                            as_bf16: false,
-                        };
-                        mul_mat(w, &y, &mut p);
-                        p
-                    };
-                    let (gate, up) = (product(&bufs[0]), product(&bufs[1]));
-                    for_each_index(ne, |i| out.set(i, unary_f32(act, gate.get(i)) * up.get(i)));
-                }
+                Some(act) => glu_products(&bufs[0], &bufs[1], &y, act, &mut out),
             }
         }
         Op::NormedMulMatRope { ff } => {
@@ -580,15 +588,22 @@ pub unsafe fn execute(
             rotated_product(&bufs[1], &y, rotation, k);
             mul_mat(&bufs[2], &y, v);
         }
+        Op::NormedFfn(act) => {
+            // The two kernels it replaces: RMS_NORM_MUL_MAT_<GLU> into h, then MUL_MAT_ADD.
+            let (x, n) = (&bufs[3], &bufs[4]);
+            let yt = TensorDesc::contiguous(x.t.ne, crate::ops::DType::F32);
+            let y = normed(x, n, desc.op_params[0], &yt);
+            let [h] = extra.as_mut_slice() else {
+                return Err(format!("kernel {}: the h output expected", desc.name));
+            };
+            glu_products(&bufs[0], &bufs[1], &y, act, h);
+            mul_mat(&bufs[2], h, &mut out);
+            add_repeated(&mut out, &bufs[5]);
+        }
         Op::MulMatAdd => {
             // The two ggml nodes as ggml-cpu runs them: the product in f32, then the f32 ADD.
             mul_mat(&bufs[0], &bufs[1], &mut out);
-            let r = &bufs[2];
-            let rn = r.t.ne;
-            for_each_index(ne, |i| {
-                let j = [i[0] % rn[0], i[1] % rn[1], i[2] % rn[2], i[3] % rn[3]];
-                out.set(i, out.get(i) + r.get(j));
-            });
+            add_repeated(&mut out, &bufs[2]);
         }
         Op::ArgMax => argmax(&bufs[0], &mut out),
         Op::CountEqual => {
@@ -661,6 +676,9 @@ pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
         bytes_written: outputs().map(TensorDesc::data_bytes).sum(),
         flops: if op.is_reduction() {
             desc.inputs[0].nelements() * op.flops_per_element(1)
+        } else if let (Op::NormedFfn(_), [h]) = (op, desc.extra_outputs.as_slice()) {
+            let (k, f) = (desc.inputs[3].ne[0] as u64, h.ne[0] as u64);
+            h.nelements() * op.flops_per_element(k) + desc.output.nelements() * (2 * f + 1)
         } else if let Op::FlashAttnExt { .. } = op {
             // Per query row and head, per key.
             let (q, k) = (&desc.inputs[0], &desc.inputs[1]);
