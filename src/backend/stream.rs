@@ -497,6 +497,24 @@ impl Stream {
             folds.apply(&mut steps, changes);
         }
         for at in 0..nodes.len() {
+            let Some(fold) = ops::fold_glu(nodes, at, |k| planned(&steps, k)) else {
+                continue;
+            };
+            let available = matches!(&fold.plan, Plan::Kernel { desc, .. }
+                if self.device.supports_kernel(desc));
+            if !available {
+                continue;
+            }
+            let within = folds.of.get(&fold.products[0]).copied();
+            let mut changes: Vec<(usize, Step)> =
+                fold.products.iter().map(|&k| (k, Step::Fused)).collect();
+            changes.push((fold.glu, Step::Plan(fold.plan)));
+            let id = folds.apply(&mut steps, changes);
+            if let Some(parent) = within {
+                folds.list[parent].dependents.push(id);
+            }
+        }
+        for at in 0..nodes.len() {
             let Some(fold) = ops::fold_rope(nodes, at, |k| planned(&steps, k)) else {
                 continue;
             };

@@ -15,7 +15,10 @@
 //! And one fold over the planned graph, not a run of nodes: an `RMS_NORM_MUL` kernel whose
 //! output only the projections read (llama's Q, K and V, the gate/up pair) runs inside each of
 //! them, as `RMS_NORM_MUL_MAT` or `RMS_NORM_MUL_MAT_<GLU>` kernels ([`fold_rms_norm`]).
-//! After it, a `RMS_NORM_MUL_MAT` kernel whose product only a `ROPE` kernel reads (llama's Q
+//! After it, two `RMS_NORM_MUL_MAT` kernels of one x whose products only a GLU kernel reads
+//! (a gate/up pair the run fusion left apart because the GLU's output reuses the norm's
+//! memory, which no kernel reads any more) become one `RMS_NORM_MUL_MAT_<GLU>` kernel
+//! ([`fold_glu`]); a `RMS_NORM_MUL_MAT` kernel whose product only a `ROPE` kernel reads (llama's Q
 //! and K) runs inside the ROPE's node as one `RMS_NORM_MUL_MAT_ROPE[_FF]` kernel
 //! ([`fold_rope`]), and a `MUL_MAT_ADD` kernel whose activations only an
 //! `RMS_NORM_MUL_MAT_<GLU>` kernel writes (llama's ffn_down and residual after the normed
@@ -306,6 +309,102 @@ pub fn fold_rms_norm<'a>(
         return None;
     }
     Some(NormFold { norm: at, readers })
+}
+
+/// A gate/up pair of normed projections folded into the GLU kernel reading their products.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GluFold {
+    /// The nodes of the gate's and the up projection's kernels: they run nothing.
+    pub products: [usize; 2],
+    /// The GLU's node, which runs `plan`: both projections and the GLU.
+    pub glu: usize,
+    pub plan: Plan,
+}
+
+/// The fold of the two `RMS_NORM_MUL_MAT` kernels computing the inputs of the GLU kernel
+/// planned at node `at` into it: one `RMS_NORM_MUL_MAT_<GLU>` kernel at `at`. Only when the
+/// two share x, n and eps, their weights have one type, shape and layout, nothing but the GLU
+/// reads the products before their memory is reused and the application does not read them,
+/// no node between writes what the projections read, and the GLU's output overlaps none of
+/// it. `None` otherwise.
+pub fn fold_glu<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Option<GluFold> {
+    let Planned::Kernel(glu, [a, b, out]) = planned(at) else {
+        return None;
+    };
+    const GLUS: [&str; 5] = ["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"];
+    if !GLUS.contains(&glu.op.as_str()) {
+        return None;
+    }
+    let op = OpEntry::by_name(&format!("RMS_NORM_MUL_MAT_{}", glu.op))?;
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing);
+    let projection = |t: &Tensor| {
+        let k = (0..at)
+            .rev()
+            .find(|&k| runs(k) && overlaps(&nodes[k].dst, t))?;
+        match planned(k) {
+            Planned::Kernel(desc, [w, x, n, p])
+                if desc.op == catalogue::RMS_NORM_MUL_MAT.name
+                    && same(p, t)
+                    && !nodes[k].is_output
+                    && same(&nodes[k].dst, t) =>
+            {
+                Some((k, desc, [w, x, n]))
+            }
+            _ => None,
+        }
+    };
+    let ((g, gate, [wg, x, n]), (u, up, [wu, xu, nu])) = (projection(a)?, projection(b)?);
+    let pair = g != u
+        && same(x, xu)
+        && same(n, nu)
+        && gate.op_params == up.op_params
+        && wg.dtype == wu.dtype
+        && wg.ne == wu.ne
+        && wg.nb == wu.nb
+        && out.dtype == DType::F32
+        && out.same_shape(a);
+    if !pair || [wg, wu, x, n].iter().any(|t| overlaps(out, t)) {
+        return None;
+    }
+    // Nothing but the GLU reads the products before their memory is reused.
+    for p in [a, b] {
+        for (j, node) in nodes.iter().enumerate().skip(g.min(u) + 1) {
+            if j != at && runs(j) && node.src.iter().flatten().any(|t| overlaps(t, p)) {
+                return None;
+            }
+            if j > at && overlaps(&node.dst, p) {
+                break;
+            }
+        }
+    }
+    let written = (g.min(u) + 1..at)
+        .any(|j| runs(j) && [wg, wu, x, n].iter().any(|t| overlaps(&nodes[j].dst, t)));
+    if written {
+        return None;
+    }
+    let desc = KernelDesc {
+        op: op.name.to_owned(),
+        op_params: gate.op_params.clone(),
+        inputs: vec![
+            gate.inputs[0].clone(),
+            up.inputs[0].clone(),
+            gate.inputs[1].clone(),
+            gate.inputs[2].clone(),
+        ],
+        output: as_layout(out),
+        extra_outputs: Vec::new(),
+        f16_as_bf16: gate.f16_as_bf16,
+    };
+    let operands = [wg, wu, x, n, out].map(Tensor::clone).to_vec();
+    Some(GluFold {
+        products: [g, u],
+        glu: at,
+        plan: Plan::Kernel { desc, operands },
+    })
 }
 
 /// A projection folded into the ROPE that reads its product.
@@ -1323,5 +1422,83 @@ mod tests {
         // Unrelated nodes in between change nothing.
         let (nodes, steps) = qkv_graph(Some((2, relu(f32(0x60000), f32(0x70000)))));
         assert_eq!(qkv_merges(&nodes, &steps).len(), 1);
+    }
+
+    /// A normed gate/up pair of one x (0x1000) and norm weight (0x2000) as two
+    /// RMS_NORM_MUL_MAT kernels (nodes 0 and 1, products at 0xa000 and 0xb000) and their
+    /// SWIGLU (node 2, into `out`), then `after`.
+    fn normed_pair_then_glu(out: u64, after: Vec<Node>) -> (Vec<Node>, Vec<Option<Plan>>) {
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let (x, n) = (f32([64, 1, 1, 1], 0x1000), f32([64, 1, 1, 1], 0x2000));
+        let projection = |w: u64, p: u64| {
+            let operands = vec![
+                f32([64, 32, 1, 1], w),
+                x.clone(),
+                n.clone(),
+                f32([32, 1, 1, 1], p),
+            ];
+            let plan = Plan::Kernel {
+                desc: KernelDesc {
+                    op: "RMS_NORM_MUL_MAT".into(),
+                    op_params: vec![1e-6f32.to_bits() as i32],
+                    inputs: operands[..3].iter().map(as_layout).collect(),
+                    output: as_layout(&operands[3]),
+                    extra_outputs: Vec::new(),
+                    f16_as_bf16: false,
+                },
+                operands: operands.clone(),
+            };
+            (node(Op::MulMat, operands[3].clone(), vec![]), plan)
+        };
+        let (g, u) = (projection(0x10000, 0xa000), projection(0x20000, 0xb000));
+        let glu = node(
+            Op::Glu {
+                name: "SWIGLU",
+                act: UnaryOp::Silu,
+            },
+            f32([32, 1, 1, 1], out),
+            vec![g.0.dst.clone(), u.0.dst.clone()],
+        );
+        let glu_plan = super::super::plan(&glu).unwrap();
+        let mut nodes = vec![g.0, u.0, glu];
+        let mut steps = vec![Some(g.1), Some(u.1), Some(glu_plan)];
+        for extra in after {
+            steps.push(Some(super::super::plan(&extra).unwrap()));
+            nodes.push(extra);
+        }
+        (nodes, steps)
+    }
+
+    fn glu_fold_in(nodes: &[Node], steps: &[Option<Plan>]) -> Option<GluFold> {
+        let planned = |k: usize| match &steps[k] {
+            Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
+            _ => Planned::Elsewhere,
+        };
+        fold_glu(nodes, 2, planned)
+    }
+
+    #[test]
+    fn a_normed_gate_and_up_pair_folds_into_its_glu() {
+        // The GLU's output in memory the norm's output had (0x3000): no kernel reads it now.
+        let (nodes, steps) = normed_pair_then_glu(0x3000, vec![]);
+        let fold = glu_fold_in(&nodes, &steps).expect("folds");
+        assert_eq!((fold.products, fold.glu), ([0, 1], 2));
+        let Plan::Kernel { desc, operands } = &fold.plan else {
+            panic!("a kernel");
+        };
+        assert_eq!(desc.op, "RMS_NORM_MUL_MAT_SWIGLU");
+        let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
+        assert_eq!(addrs, [0x10000, 0x20000, 0x1000, 0x2000, 0x3000]);
+        // Over x: the kernel would overwrite what it reads.
+        let (nodes, steps) = normed_pair_then_glu(0x1000, vec![]);
+        assert!(glu_fold_in(&nodes, &steps).is_none());
+        // A product read after the GLU.
+        let reader = node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [32, 1, 1, 1], 0x5000),
+            vec![tensor(DType::F32, [32, 1, 1, 1], 0xa000)],
+        );
+        let (nodes, steps) = normed_pair_then_glu(0x3000, vec![reader]);
+        assert!(glu_fold_in(&nodes, &steps).is_none());
     }
 }
