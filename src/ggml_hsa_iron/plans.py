@@ -1063,9 +1063,9 @@ def prepare_rms_norm_mul_mat(
         r = rope
         span = f"a head's {r.n_dims} rotated rows" if r.neox else "pairs of rows"
         raise UnsupportedError(
-            f"{op}: no GEMV plan of M={M}, N={N} rows (heads of {r.head}), K={K} on "
-            f"{arch.name} keeps {span} on one core in every round (or the rotation's tables "
-            f"do not fit the core's memory with n and the GEMV's buffers)"
+            f"{op}: no GEMV plan of {M} token(s), {N} product rows (heads of {r.head}) and "
+            f"K={K} of {w.dtype} weights on {arch.name} keeps {span} on one core in every "
+            f"round with the rotation's tables, n and the GEMV's buffers in the core's memory"
         )
     if plan is None:
         raise UnsupportedError(

@@ -835,7 +835,11 @@ def _row_options(rope: RopeRows | None) -> tuple[int, ...]:
 
 
 def _rows_ok(N: int, columns: int, rows: int, nr: int, rope: RopeRows | None) -> bool:
-    """`rope`: every core's rows of every round hold whole rotation pairs."""
+    """A column's rows of a round are one wrap-limited DMA dimension of W's taps (R*nr; only
+    `rope`'s rows per core of whole heads reach it); `rope`: every core's rows of every round
+    hold whole rotation pairs."""
+    if rows * nr > MAX_WRAP:
+        return False
     return rope is None or rope.rounds_ok(N, columns * rows * nr, nr)
 
 
