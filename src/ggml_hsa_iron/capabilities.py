@@ -11,6 +11,7 @@ from .registry import (
     OPS,
     RMS_NORM_MUL_MAT_COMBOS,
     RMS_NORM_MUL_MAT_GLU_COMBOS,
+    RMS_NORM_MUL_MAT_ROPE_COMBOS,
 )
 
 
@@ -41,6 +42,9 @@ def capabilities(target: str = "npu") -> dict:
         elif spec.op == "RMS_NORM_MUL_MAT":
             # (weights, x, dst); n is f32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_COMBOS]
+        elif spec.kind == "rms_norm_mul_mat_rope":
+            # (weights, x, dst); n and the frequency factors f32, the positions i32.
+            entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_ROPE_COMBOS]
         elif spec.kind == "rms_norm_mul_mat":
             # (weights, x, dst); the up weights have the weights' type, n is f32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_GLU_COMBOS]

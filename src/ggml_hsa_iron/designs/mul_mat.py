@@ -71,9 +71,24 @@ f16 output (the backend's V projection, its attn_norm folded in, written into th
 combines both: the normed chunks' sums in the core's f32 stash, scaled by s at the end of the
 round, then rounded to f16 once (the _<glu> variants keep an f32 output).
 
+RMS_NORM_MUL_MAT_ROPE and RMS_NORM_MUL_MAT_ROPE_FF (the backend's fold of llama's Q and K
+projections with the ROPE that follows each): RMS_NORM_MUL_MAT's GEMV (f32 or f16 output) with a
+rotation epilogue. A token's product of M rows is ggml's [D, H] view, heads of D rows whose first
+n_dims are rotated in pairs by the token's position, as ROPE (ROPE_FF) does (kernels/rope_math.h,
+shared with ROPE's cores). The per-dispatch constants travel as n does: on the x channel once
+per dispatch, behind n, in whole x objects (`GemvPlan.rope_taps`: the frequency factors, the
+positions of the x rows, n's first values as padding), kept by every core (mv_rope.h, counted
+by the plan). At the end of each round, after the norm's scale s, each core rotates its rows
+in place (y, or the f32 stash before the one rounding to f16); it knows their global rows from
+its first row within a round (a Worker argument: (column * R + row) * nr) and its own count of
+rounds (the token, and the round's start as GemvPlan lays the rounds out). The plan keeps every
+pair within one core's rows of a round (`tiling.RopeRows`: a NeoX head's whole n_dims span;
+rows per core of one or two heads are tried), or refuses the request.
+
 Runtime-sequence arguments: src0, src1, dst (the request's order); MUL_MAT_<glu>: W_g, W_u,
 x, dst; MUL_MAT_ADD: W, x, r, dst; RMS_NORM_MUL_MAT: W, x, n, dst; RMS_NORM_MUL_MAT_<glu>:
-W_g, W_u, x, n, dst.
+W_g, W_u, x, n, dst; RMS_NORM_MUL_MAT_ROPE: W, x, n, positions, dst; RMS_NORM_MUL_MAT_ROPE_FF:
+W, x, n, positions, factors, dst.
 """
 
 import numpy as np
@@ -239,29 +254,50 @@ def _gemv(spec):
     add = Kernel(f"{fn}_add", obj, [x_tile, y_tile, np.int32]) if spec.add else None
     # RMS_NORM_MUL_MAT: n kept aside, x normalised per chunk, y scaled per round (mv_norm.h).
     norm = _norm_kernels(spec, fn, obj, x_tile, y_tile)
+    # RMS_NORM_MUL_MAT_ROPE(_FF): the constants kept aside behind n, the round's rows rotated
+    # after the scale (mv_rope.h): (load, scale or store with the core's first row).
+    rope = spec.rope is not None
     if norm and spec.f16_out:
         # The normed chunks' sums in the stash, scaled by s and rounded to f16 by the store.
+        store = f"{fn}_norm_rope_store_f16" if rope else f"{fn}_norm_store_f16"
         kernels = [
             Kernel(f"{fn}_norm_stash_zero", obj, []),
             Kernel(f"{fn}_norm_stash", obj, [w_tile, x_tile]),
-            Kernel(f"{fn}_norm_store_f16", obj, [y_tile]),
+            Kernel(store, obj, [y_tile, np.int32] if rope else [y_tile]),
         ]
     elif norm:
         kernels = [
             Kernel(f"{fn}_norm_zero", obj, [y_tile]),
             Kernel(f"{fn}_norm", obj, [w_tile, x_tile, y_tile]),
         ]
+    if rope and not spec.f16_out:
+        norm = (norm[0], Kernel(f"{fn}_norm_rope_scale", obj, [y_tile, np.int32]))
+    rope_load = Kernel(f"{fn}_rope_load", obj, [x_tile]) if rope else None
 
     def core_fn(
-        of_w, of_x, of_y, zero_fn, mv_fn, add_fn=None, r_offset=0, load_fn=None, scale_fn=None
+        of_w,
+        of_x,
+        of_y,
+        zero_fn,
+        mv_fn,
+        add_fn=None,
+        r_offset=0,
+        load_fn=None,
+        scale_fn=None,
+        rope_fn=None,
+        row0=0,
     ):
         if load_fn is not None:
             _norm_prologue(of_x, load_fn, k_steps)
+        if rope_fn is not None:
+            _norm_prologue(of_x, rope_fn, p.rope_objects)
         for _ in range_(rounds):
             y = of_y.acquire(1)
             zero_fn(y)
             _k_chunks(of_w, of_x, k_steps, mv_fn, y)
-            if scale_fn is not None:
+            if rope_fn is not None:
+                scale_fn(y, row0)  # scaled, then rotated
+            elif scale_fn is not None:
                 scale_fn(y)
             if add_fn is not None:
                 r = of_x.acquire(1)
@@ -269,14 +305,21 @@ def _gemv(spec):
                 of_x.release(1)
             of_y.release(1)
 
-    def core_fn_f16(of_w, of_x, of_y, zero_fn, stash_fn, store_fn, load_fn=None):
+    def core_fn_f16(
+        of_w, of_x, of_y, zero_fn, stash_fn, store_fn, load_fn=None, rope_fn=None, row0=0
+    ):
         if load_fn is not None:
             _norm_prologue(of_x, load_fn, k_steps)
+        if rope_fn is not None:
+            _norm_prologue(of_x, rope_fn, p.rope_objects)
         for _ in range_(rounds):
             zero_fn()
             _k_chunks(of_w, of_x, k_steps, stash_fn)
             y = of_y.acquire(1)
-            store_fn(y)
+            if rope_fn is not None:
+                store_fn(y, row0)  # scaled, rotated, rounded
+            else:
+                store_fn(y)
             of_y.release(1)
 
     w_cols, x_cols, y_cols, workers = [], [], [], []
@@ -302,12 +345,16 @@ def _gemv(spec):
         y_cols.append(y_fifo)
         for i in range(R):
             args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), *kernels]
+            # The core's first row in a round (RMS_NORM_MUL_MAT_ROPE: its rows' heads).
+            row0 = (col * R + i) * nr
             if add is not None:
                 args += [add, i * nr]
             elif norm and spec.f16_out:
                 args += [*norm]  # the load; the store scales
+                args += [rope_load, row0] if rope else []
             elif norm:
                 args += [None, 0, *norm]
+                args += [rope_load, row0] if rope else []
             body = core_fn_f16 if spec.f16_out else core_fn
             workers.append(Worker(body, fn_args=args, tile=Tile(col, 2 + i)))
 
@@ -320,10 +367,12 @@ def _gemv(spec):
         handles += [w_cols[col].prod(tile=shim), x_cols[col].prod(tile=shim)]
         handles.append(y_cols[col].cons(tile=shim))
 
-    def sequence(W, X, Y, *hs, Nbuf=None):
+    def sequence(W, X, Y, *hs, Nbuf=None, consts=()):
         # Task groups from GemvPlan.tasks: per column the W (src0), x (src1 row) and y
         # (dst row) access patterns of a run of rounds of one matrix-vector product;
-        # RMS_NORM_MUL_MAT: n ahead of the first x row.
+        # RMS_NORM_MUL_MAT: n ahead of the first x row; RMS_NORM_MUL_MAT_ROPE(_FF): then the
+        # rotation's constants (GemvPlan.rope_taps: the factors, the positions, n's first
+        # values padding the last x object).
         for g, group in enumerate(groups):
             tg = TaskGroup()
             for col, (w, x, y) in enumerate(group):
@@ -331,12 +380,23 @@ def _gemv(spec):
                 hw.fill(W, tap=_tap(totals[0], w), group=tg)
                 if Nbuf is not None and g == 0:
                     hx.fill(Nbuf, tap=_tap(p.K, p.norm_tap()), group=tg)
+                    for buf, total, tap in consts:
+                        hx.fill(buf, tap=_tap(total, tap), group=tg)
                 hx.fill(X, tap=_tap(totals[1], x), group=tg)
                 hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
             tg.finish()
 
     def sequence_norm(W, X, Nbuf, Y, *hs):
         sequence(W, X, Y, *hs, Nbuf=Nbuf)
+
+    def sequence_rope(W, X, Nbuf, *rest):
+        # The positions (and the factors) behind n: their runtime buffers by name.
+        bufs = {"n": (Nbuf, p.K), "pos": (rest[0], totals[3])}
+        if spec.rope.ff is not None:
+            bufs["ff"] = (rest[1], totals[4])
+        consts = [(*bufs[name], tap) for name, tap in p.rope_taps()]
+        Y, hs = rest[n_seq - 4], rest[n_seq - 3 :]
+        sequence(W, X, Y, *hs, Nbuf=Nbuf, consts=consts)
 
     def sequence_add(W, X, Rbuf, Y, *hs):
         # GemvPlan.tasks with `add`: per round on the x channel the x row's K chunks, the
@@ -355,7 +415,10 @@ def _gemv(spec):
                 hy.drain(Y, tap=_tap(totals[3], y), group=tg, wait=True)
             tg.finish()
 
+    n_seq = len(seq_types)
     seq_fn = sequence_add if spec.add else sequence_norm if norm else sequence
+    if rope:
+        seq_fn = sequence_rope
     rt = Runtime(seq_fn, [*seq_types, *handles])
     return Program(dev, rt, workers=workers).resolve_program()
 
@@ -563,3 +626,15 @@ def ggml_op_rms_norm_mul_mat_geglu_erf(spec):
 def ggml_op_rms_norm_mul_mat_geglu_quick(spec):
     """RMS_NORM_MUL_MAT_GEGLU_QUICK: MUL_MAT_GEGLU_QUICK of y = rms_norm(x) * n."""
     return _gemv_glu(spec)
+
+
+def ggml_op_rms_norm_mul_mat_rope(spec):
+    """RMS_NORM_MUL_MAT_ROPE: ROPE of W . (rms_norm(x) * n), the GEMV with the norm's prologue
+    and the rotation's epilogue (see the module docstring)."""
+    return _gemv(spec)
+
+
+def ggml_op_rms_norm_mul_mat_rope_ff(spec):
+    """RMS_NORM_MUL_MAT_ROPE_FF: as RMS_NORM_MUL_MAT_ROPE, theta divided by the frequency
+    factors (ROPE_FF)."""
+    return _gemv(spec)
