@@ -261,9 +261,7 @@ fn set_rows_into_consecutive_rows_is_a_copy_into_them() {
         assert!(o.has(&format!("SET_ROWS {round} ok")), "{}", o.text);
     }
     assert_eq!(o.counter("dispatches"), 4, "{}", o.text);
-    let cache = common::scratch_path("graph-setrows")
-        .join("cache")
-        .join("aie2p");
+    let cache = kernel_cache("setrows");
     common::assert_kernels_built(&cache, &["cpy-f32_192-f16_192", "set_rows-f32_64x3"]);
     // Rounds 0 and 3 wrote 3 rows of 64 f16 (the copy); rounds 1 and 2 the whole cache (the
     // SET_ROWS kernel's output is the destination).
@@ -288,9 +286,7 @@ fn a_rope_into_consecutive_rows_writes_them_itself() {
     }
     // Rounds 0 and 3: one dispatch; rounds 1 and 2: two.
     assert_eq!(o.counter("dispatches"), 6, "{}", o.text);
-    let cache = common::scratch_path("graph-setrows-rope")
-        .join("cache")
-        .join("aie2p");
+    let cache = kernel_cache("setrows-rope");
     common::assert_kernels_built(
         &cache,
         &[
@@ -320,9 +316,7 @@ fn a_projection_into_consecutive_rows_writes_them_itself() {
         assert!(o.has(&format!("SET_ROWS {round} ok")), "{}", o.text);
     }
     assert_eq!(o.counter("dispatches"), 6, "{}", o.text);
-    let cache = common::scratch_path("graph-setrows-mul-mat")
-        .join("cache")
-        .join("aie2p");
+    let cache = kernel_cache("setrows-mul-mat");
     common::assert_kernels_built(
         &cache,
         &[
@@ -344,13 +338,8 @@ fn a_norm_read_only_by_projections_runs_inside_them_or_alone_if_they_cannot() {
         assert!(o.has(&format!("NORMFOLD {what} ok")), "{what}: {}", o.text);
     }
     assert_eq!(o.counter("dispatches"), 2, "{}", o.text);
-    let cache = |tag: &str| {
-        common::scratch_path(&format!("graph-{tag}"))
-            .join("cache")
-            .join("aie2p")
-    };
     common::assert_kernels_built(
-        &cache("normfold"),
+        &kernel_cache("normfold"),
         &[
             "rms_norm_mul_mat-f32_64x64-f32_64-f32_64-f32_64-",
             "rms_norm_mul_mat-f32_64x16-f32_64-f32_64-f16_16-",
@@ -358,13 +347,7 @@ fn a_norm_read_only_by_projections_runs_inside_them_or_alone_if_they_cannot() {
     );
     // A compiler that declines the folded kernels (exit 2, as the IRON package does for a
     // prompt's GEMM-sized products): the fold is undone, the norm runs, then the projections.
-    let wrapper = declining_compiler("normfold", "RMS_NORM_MUL_MAT");
-    let o = run(
-        "normfold-declined",
-        "normfold",
-        1,
-        &[("GGML_HSA_JIT_COMPILER", wrapper.to_str().unwrap())],
-    );
+    let o = run_declining("normfold-declined", "normfold", "RMS_NORM_MUL_MAT");
     assert!(o.has("STATUS 0 0"), "{}", o.text);
     for what in ["q", "cache"] {
         assert!(o.has(&format!("NORMFOLD {what} ok")), "{what}: {}", o.text);
@@ -372,7 +355,10 @@ fn a_norm_read_only_by_projections_runs_inside_them_or_alone_if_they_cannot() {
     // The norm, Q, and K (writing the cache row itself as a plain MUL_MAT).
     assert_eq!(o.counter("dispatches"), 3, "{}", o.text);
     assert!(!o.has("runs on the CPU"), "{}", o.text);
-    common::assert_kernels_built(&cache("normfold-declined"), &["rms_norm_mul-", "mul_mat-"]);
+    common::assert_kernels_built(
+        &kernel_cache("normfold-declined"),
+        &["rms_norm_mul-", "mul_mat-"],
+    );
 }
 
 #[test]
@@ -386,33 +372,30 @@ fn a_feed_forward_block_runs_as_one_kernel_or_two_if_declined() {
     let o = run("ffn", "ffn", 1, &[]);
     all_ok(&o);
     assert_eq!(o.counter("dispatches"), 1, "{}", o.text);
-    let cache = |tag: &str| {
-        common::scratch_path(&format!("graph-{tag}"))
-            .join("cache")
-            .join("aie2p")
-    };
     common::assert_kernels_built(
-        &cache("ffn"),
+        &kernel_cache("ffn"),
         &["rms_norm_ffn_swiglu-f32_64x128-f32_64x128-f32_128x64-f32_64-f32_64-f32_64-f32_64-f32_128-p"],
     );
     // Declined: the normed gate/up kernel, then the down projection with the residual.
-    let wrapper = declining_compiler("ffn", "RMS_NORM_FFN_SWIGLU");
-    let o = run(
-        "ffn-declined",
-        "ffn",
-        1,
-        &[("GGML_HSA_JIT_COMPILER", wrapper.to_str().unwrap())],
-    );
+    let o = run_declining("ffn-declined", "ffn", "RMS_NORM_FFN_SWIGLU");
     all_ok(&o);
     assert_eq!(o.counter("dispatches"), 2, "{}", o.text);
     common::assert_kernels_built(
-        &cache("ffn-declined"),
+        &kernel_cache("ffn-declined"),
         &["rms_norm_mul_mat_swiglu-", "mul_mat_add-"],
     );
 }
 
-/// hsa-sim-compile behind a wrapper that declines (exit 2) every kernel of protocol op `op`.
-fn declining_compiler(tag: &str, op: &str) -> std::path::PathBuf {
+/// The aie2p kernel cache of the run tagged `tag`.
+fn kernel_cache(tag: &str) -> std::path::PathBuf {
+    common::scratch_path(&format!("graph-{tag}"))
+        .join("cache")
+        .join("aie2p")
+}
+
+/// `run(tag, graph, 1, ..)` with a compiler that declines (exit 2) every kernel of protocol op
+/// `op`: hsa-sim-compile behind a wrapper.
+fn run_declining(tag: &str, graph: &str, op: &str) -> Outcome {
     let dir = common::scratch_dir(&format!("{tag}-declining-compiler"));
     let wrapper = dir.join("compiler.sh");
     std::fs::write(
@@ -429,7 +412,12 @@ fn declining_compiler(tag: &str, op: &str) -> std::path::PathBuf {
     let mut perms = std::fs::metadata(&wrapper).unwrap().permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
     std::fs::set_permissions(&wrapper, perms).unwrap();
-    wrapper
+    run(
+        tag,
+        graph,
+        1,
+        &[("GGML_HSA_JIT_COMPILER", wrapper.to_str().unwrap())],
+    )
 }
 
 #[test]
@@ -446,28 +434,21 @@ fn q_k_and_v_of_one_norm_run_as_one_kernel_or_apart_when_declined() {
     };
     all_ok(&o);
     assert_eq!(o.counter("dispatches"), 1, "{}", o.text);
-    let cache = |tag: &str| {
-        common::scratch_path(&format!("graph-{tag}"))
-            .join("cache")
-            .join("aie2p")
-    };
     common::assert_kernels_built(
-        &cache("normfold-rope"),
+        &kernel_cache("normfold-rope"),
         &["rms_norm_qkv_rope-f32_64x64-f32_64x16-f32_64x16-f32_64-f32_64-i32_1-f32_16x4-f16_16-f16_16-p"],
     );
     // The merged kernel declined: each projection with its norm and rotation is one kernel
     // (RMS_NORM_MUL_MAT_ROPE), K's and V's writing their cache rows themselves.
-    let wrapper = declining_compiler("normfold-qkv", "RMS_NORM_QKV_ROPE");
-    let o = run(
+    let o = run_declining(
         "normfold-qkv-declined",
         "normfold-rope",
-        1,
-        &[("GGML_HSA_JIT_COMPILER", wrapper.to_str().unwrap())],
+        "RMS_NORM_QKV_ROPE",
     );
     all_ok(&o);
     assert_eq!(o.counter("dispatches"), 3, "{}", o.text);
     common::assert_kernels_built(
-        &cache("normfold-qkv-declined"),
+        &kernel_cache("normfold-qkv-declined"),
         &[
             "rms_norm_mul_mat_rope-f32_64x64-f32_64-f32_64-i32_1-f32_16x4-p",
             "rms_norm_mul_mat_rope-f32_64x16-f32_64-f32_64-i32_1-f16_16-p",
@@ -476,18 +457,16 @@ fn q_k_and_v_of_one_norm_run_as_one_kernel_or_apart_when_declined() {
     );
     // The rotation declined too (a compiler without the op's shape): the projections and the
     // ROPEs run apart, K's ROPE and V's projection still writing the cache rows.
-    let wrapper = declining_compiler("normfold-rope", "RMS_NORM_MUL_MAT_ROPE");
-    let o = run(
+    let o = run_declining(
         "normfold-rope-declined",
         "normfold-rope",
-        1,
-        &[("GGML_HSA_JIT_COMPILER", wrapper.to_str().unwrap())],
+        "RMS_NORM_MUL_MAT_ROPE",
     );
     all_ok(&o);
     assert_eq!(o.counter("dispatches"), 5, "{}", o.text);
     assert!(!o.has("runs on the CPU"), "{}", o.text);
     common::assert_kernels_built(
-        &cache("normfold-rope-declined"),
+        &kernel_cache("normfold-rope-declined"),
         &[
             "rms_norm_mul_mat-",
             "rope-f32_16x4-",

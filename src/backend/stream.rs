@@ -103,11 +103,12 @@ impl Folds {
         id
     }
 
-    /// Folds the kernel of node `from` into node `into`, which runs `plan`; a dependent of the
-    /// fold that made `from`'s kernel, if any.
-    fn apply_on(&mut self, steps: &mut [Step], from: usize, into: usize, plan: Plan) {
-        let within = self.of.get(&from).copied();
-        let changes = vec![(from, Step::Fused), (into, Step::Plan(plan))];
+    /// Folds the kernels of nodes `from` into node `into`, which runs `plan`; a dependent of the
+    /// fold that made the first of them, if any.
+    fn apply_on(&mut self, steps: &mut [Step], from: &[usize], into: usize, plan: Plan) {
+        let within = from.first().and_then(|k| self.of.get(k)).copied();
+        let mut changes: Vec<(usize, Step)> = from.iter().map(|&k| (k, Step::Fused)).collect();
+        changes.push((into, Step::Plan(plan)));
         let id = self.apply(steps, changes);
         if let Some(parent) = within {
             self.list[parent].dependents.push(id);
@@ -496,43 +497,25 @@ impl Stream {
             changes.extend(fold.readers.into_iter().map(|(k, p)| (k, Step::Plan(p))));
             folds.apply(&mut steps, changes);
         }
-        for at in 0..nodes.len() {
-            let Some(fold) = ops::fold_glu(nodes, at, |k| planned(&steps, k)) else {
-                continue;
-            };
-            let available = matches!(&fold.plan, Plan::Kernel { desc, .. }
-                if self.device.supports_kernel(desc));
-            if !available {
-                continue;
-            }
-            let within = folds.of.get(&fold.products[0]).copied();
-            let mut changes: Vec<(usize, Step)> =
-                fold.products.iter().map(|&k| (k, Step::Fused)).collect();
-            changes.push((fold.glu, Step::Plan(fold.plan)));
-            let id = folds.apply(&mut steps, changes);
-            if let Some(parent) = within {
-                folds.list[parent].dependents.push(id);
-            }
-        }
-        for at in 0..nodes.len() {
-            let Some(fold) = ops::fold_rope(nodes, at, |k| planned(&steps, k)) else {
-                continue;
-            };
-            let available = matches!(&fold.plan, Plan::Kernel { desc, .. }
-                if self.device.supports_kernel(desc));
-            if !available {
-                continue;
-            }
-            folds.apply_on(&mut steps, fold.projection, fold.rope, fold.plan);
-        }
-        for at in 0..nodes.len() {
-            let Some(fold) = ops::fold_ffn(nodes, at, |k| planned(&steps, k)) else {
-                continue;
-            };
-            let available = matches!(&fold.plan, Plan::Kernel { desc, .. }
-                if self.device.supports_kernel(desc));
-            if available {
-                folds.apply_on(&mut steps, fold.glu, fold.down, fold.plan);
+        // The folds on top of them, each pattern over the whole graph in turn: the nodes whose
+        // kernels a fold takes over, the node that runs its kernel, the kernel.
+        let available = |plan: &Plan| match plan {
+            Plan::Kernel { desc, .. } => self.device.supports_kernel(desc),
+            _ => false,
+        };
+        for pattern in 0..3 {
+            for at in 0..nodes.len() {
+                let planned = |k| planned(&steps, k);
+                let fold = match pattern {
+                    0 => ops::fold_glu(nodes, at, planned)
+                        .map(|f| (f.products.to_vec(), f.glu, f.plan)),
+                    1 => ops::fold_rope(nodes, at, planned)
+                        .map(|f| (vec![f.projection], f.rope, f.plan)),
+                    _ => ops::fold_ffn(nodes, at, planned).map(|f| (vec![f.glu], f.down, f.plan)),
+                };
+                if let Some((from, into, plan)) = fold.filter(|(_, _, plan)| available(plan)) {
+                    folds.apply_on(&mut steps, &from, into, plan);
+                }
             }
         }
         let mut kernels: Vec<Option<Arc<LoadedKernel>>> = vec![None; steps.len()];
