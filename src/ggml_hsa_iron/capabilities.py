@@ -9,6 +9,7 @@ from .registry import (
     MUL_MAT_COMBOS,
     MUL_MAT_GLU_COMBOS,
     OPS,
+    RMS_NORM_FFN_COMBOS,
     RMS_NORM_MUL_MAT_COMBOS,
     RMS_NORM_MUL_MAT_GLU_COMBOS,
     RMS_NORM_MUL_MAT_ROPE_COMBOS,
@@ -31,6 +32,9 @@ def capabilities(target: str = "npu") -> dict:
             "kernel_source": spec.source,
             "constraints": spec.constraints,
         }
+        if spec.outputs > 1:
+            # `output`, then the request's extra_outputs.
+            entry["outputs"] = spec.outputs
         if spec.op == "MUL_MAT":
             entry["type_combos"] = [list(c) for c in MUL_MAT_COMBOS]
         elif spec.kind == "mul_mat_glu":
@@ -45,6 +49,9 @@ def capabilities(target: str = "npu") -> dict:
         elif spec.kind == "rms_norm_mul_mat_rope":
             # (weights, x, dst); n and the frequency factors f32, the positions i32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_ROPE_COMBOS]
+        elif spec.kind == "rms_norm_ffn":
+            # (weights, x, out); W_u and W_d have the weights' type, n, r and h are f32.
+            entry["type_combos"] = [list(c) for c in RMS_NORM_FFN_COMBOS]
         elif spec.kind == "rms_norm_mul_mat":
             # (weights, x, dst); the up weights have the weights' type, n is f32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_GLU_COMBOS]

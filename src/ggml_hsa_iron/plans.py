@@ -1284,6 +1284,11 @@ def prepare(req: Request):
         from .plans_reduce import prepare_reduce
 
         return prepare_reduce(req)
+    if spec.kind == "rms_norm_ffn":
+        # plans_ffn imports this module: imported here, not at the top.
+        from .plans_ffn import prepare_rms_norm_ffn
+
+        return prepare_rms_norm_ffn(req)
     if spec.kind in ("copy", "set_rows"):
         # plans_copy imports this module (CoreSource): imported here, not at the top.
         from .plans_copy import prepare_copy, prepare_set_rows

@@ -30,6 +30,7 @@ ROPE = "rope.py"
 COPY_OPS = "copy_ops.py"
 FLASH_ATTN = "flash_attn.py"
 REDUCE_OPS = "reduce_ops.py"
+FFN = "ffn.py"
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,20 @@ _NORM_MM_ROPE_LIMITS = (
     "request is refused; cos/sin accurate for |theta| below about 6000"
 )
 
+_NORM_FFN_LIMITS = (
+    "a feed-forward block in one dispatch, RMS_NORM_MUL_MAT_<glu> then MUL_MAT_ADD of its "
+    "result: inputs W_g, W_u [K,F] and W_d [F,K] (one type: RMS_NORM_MUL_MAT_<glu>'s weights), x "
+    "(f32 [K,N], the norm's input), n (f32 [K]), r (f32, MUL_MAT_ADD's r: [K,N] or repeated over "
+    "the output, e.g. x itself); op_params[0] eps; outputs out f32 [K,N] = W_d . h + r "
+    "(output, contiguous; may be the buffer of r and x: an ADD in place) and h f32 [F,N] = "
+    "act(W_g . y) * (W_u . y), y = x / sqrt(mean(x^2) + eps) * n (extra_outputs). Both GEMVs on "
+    "the same cores and fifos, h written to memory and read back after every write of it has "
+    "completed: one row tile and one K chunk for both (dividing K and F), K a multiple of the "
+    "array's rows per round of the down projection, n kept on every core; whatever "
+    "RMS_NORM_MUL_MAT_<glu> or MUL_MAT_ADD refuses (dense N that MUL_MAT's GEMM takes, more than "
+    "1024 DMA tasks per shim channel) is refused"
+)
+
 _ROWS_LIMITS = (
     "contiguous f32 rows (dimension 0) of any length up to what one compute tile holds "
     "with its other operands (a row is resident while it is computed, 48 KiB budget)"
@@ -145,6 +160,7 @@ _GLU_LIMITS = (
     "halves), such rows whole 32-bit words; the output contiguous"
 )
 _GLU_TYPES = ("bf16", "f16", "f32")
+_GLU_NAMES = ("REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK")
 
 _ROPE_LIMITS = (
     "x f32 or f16; the output x's shape, contiguous, of x's type or f16 from f32 x (rounded "
@@ -232,6 +248,13 @@ def _rms_norm_mul_mat_rope(op: str, inputs: int) -> OpSpec:
     )
 
 
+def _rms_norm_ffn(op: str) -> OpSpec:
+    # Like MUL_MAT: the inputs never have the outputs' shapes (declared as broadcast); eps; two
+    # outputs (out, then h).
+    types = ("bf16", "f16", "f32") + QUANT_TYPES
+    return OpSpec(op, FFN, 6, types, True, True, "rms_norm_ffn", _NORM_FFN_LIMITS, 1, outputs=2)
+
+
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
     return OpSpec(op, UNARY_OPS, 1, tuple(types), False, False, "unary", limits, params)
 
@@ -312,6 +335,9 @@ OPS: tuple[OpSpec, ...] = (
     # x, n, the positions (and the frequency factors); op_params ROPE's and eps.
     _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_ROPE", 4),
     _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_ROPE_FF", 5),
+    # A feed-forward block (RMS_NORM_MUL_MAT_<glu>, then MUL_MAT_ADD of its result) in one
+    # dispatch, two outputs: inputs W_g, W_u, W_d, x, n, r; op_params eps (designs/ffn.py).
+    *(_rms_norm_ffn(f"RMS_NORM_FFN_{glu}") for glu in _GLU_NAMES),
     # Row ops (designs/_rows.py): op_params eps (norms), scale and max_bias (SOFT_MAX).
     _rows("RMS_NORM", 1, ("f32",), 1),
     _rows("NORM", 1, ("f32",), 1),
@@ -441,6 +467,10 @@ RMS_NORM_MUL_MAT_ROPE_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_MUL_MA
 # the first type): MUL_MAT's with f32 x and dst (the GLU is computed in f32).
 RMS_NORM_MUL_MAT_GLU_COMBOS: tuple[tuple[str, str, str], ...] = MUL_MAT_ADD_COMBOS
 
+# (weights, x, outputs) type triples of RMS_NORM_FFN_<glu> (W_g, W_u and W_d of the first type;
+# n and r f32; out and h f32): RMS_NORM_MUL_MAT_<glu>'s, which are MUL_MAT_ADD's.
+RMS_NORM_FFN_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_MUL_MAT_GLU_COMBOS
+
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
 SOURCES: tuple[str, ...] = (
     BINARY_OPS,
@@ -452,6 +482,7 @@ SOURCES: tuple[str, ...] = (
     COPY_OPS,
     FLASH_ATTN,
     REDUCE_OPS,
+    FFN,
 )
 
 

@@ -71,6 +71,8 @@ MM_GLU = [f"MUL_MAT_{op}" for op in GLU]
 NORM_MM = ["RMS_NORM_MUL_MAT"] + [f"RMS_NORM_MUL_MAT_{op}" for op in GLU]
 # The Q and K projections with the norm folded in and their ROPE (positions i32, 12 op_params).
 NORM_MM_ROPE = ["RMS_NORM_MUL_MAT_ROPE", "RMS_NORM_MUL_MAT_ROPE_FF"]
+# A feed-forward block in one kernel (RMS_NORM_MUL_MAT_<glu>, then MUL_MAT_ADD; two outputs).
+NORM_FFN = [f"RMS_NORM_FFN_{op}" for op in GLU]
 ROPE = ["ROPE", "ROPE_FF"]
 # Issue 15: the copies and the KV-cache write (f32/f16/bf16; SET_ROWS' i32/i64 indices).
 COPIES = ["DUP", "CPY", "CONT"]
@@ -106,6 +108,7 @@ class CapabilitiesTest(unittest.TestCase):
             mm = (
                 op["op"] in ("MUL_MAT", "MUL_MAT_ADD")
                 or op["op"] in MM_GLU + NORM_MM + NORM_MM_ROPE
+                or op["op"] in NORM_FFN
             )
             extra = set(("f16",) + QUANT_TYPES) if mm else {"f16"}
             if op["op"] in ("SET_ROWS", "COUNT_EQUAL"):
@@ -129,6 +132,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + MM_GLU
                 + NORM_MM
                 + NORM_MM_ROPE
+                + NORM_FFN
                 + ROW_OPS
                 + GLU
                 + ROPE
@@ -175,6 +179,7 @@ class CapabilitiesTest(unittest.TestCase):
             if s.params
             and s.kind
             not in ("rows", "rope", "flash_attn", "rms_norm_mul_mat", "rms_norm_mul_mat_rope")
+            and s.kind != "rms_norm_ffn"
         }
         self.assertEqual(params, set(WITH_PARAMS))
         # eps
@@ -211,9 +216,18 @@ class CapabilitiesTest(unittest.TestCase):
         self.assertEqual(
             {s.params for s in registry.OPS if s.kind == "rms_norm_mul_mat_rope"}, {12}
         )
+        # W_g, W_u, W_d, x, n, r; eps; out, then h (extra_outputs).
+        for op in NORM_FFN:
+            o = ops[op]
+            got = (o["inputs"], o["outputs"], o["broadcast"], o["noncontiguous"])
+            self.assertEqual(got, (6, 2, True, True), op)
+            self.assertEqual(o["kernel_source"], "ffn.py")
+            self.assertEqual(o["type_combos"], ops["RMS_NORM_MUL_MAT_SWIGLU"]["type_combos"], op)
+            self.assertEqual(o["types"], ops["RMS_NORM_MUL_MAT_SWIGLU"]["types"], op)
+        self.assertEqual({s.params for s in registry.OPS if s.kind == "rms_norm_ffn"}, {1})
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
-            set(WITH_F16 + MM_GLU + NORM_MM + NORM_MM_ROPE + self.FLASH_ATTN)
+            set(WITH_F16 + MM_GLU + NORM_MM + NORM_MM_ROPE + NORM_FFN + self.FLASH_ATTN)
             | {"MUL_MAT", "MUL_MAT_ADD", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"}
             >= with_f16
         )
@@ -349,6 +363,21 @@ class CapabilitiesTest(unittest.TestCase):
                                 tensor(d, [16, 4, 1]),
                                 arch=arch,
                                 op_params=params + [0, 0, 0x3727C5AC],
+                            )
+                        elif spec.kind == "rms_norm_ffn":
+                            # The three weights of the type; x, n, r, out and h f32. K and F
+                            # multiples of 512: q6_K's K chunks of whole words.
+                            combos = registry.RMS_NORM_FFN_COMBOS
+                            s0, s1, d = [c for c in combos if dtype in c][0]
+                            w, wd = tensor(s0, [512, 1024]), tensor(s0, [1024, 512])
+                            x = tensor(s1, [512, 1])
+                            req = request_json(
+                                spec.op,
+                                [w, w, wd, x, tensor("f32", [512]), x],
+                                tensor(d, [512, 1]),
+                                arch=arch,
+                                op_params=[0x3727C5AC],
+                                extra_outputs=[tensor("f32", [1024, 1])],
                             )
                         elif spec.kind == "rows":
                             req = row_request(spec.op, dtype, arch)

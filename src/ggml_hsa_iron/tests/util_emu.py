@@ -85,11 +85,21 @@ class _Core:
         return op["fifo"], op.get("cons")
 
     def run(self, body):
+        for fifo, _ in self.steps(body):
+            raise RuntimeError(
+                f"worker {self.w['tile']}: fifo {fifo} is empty "
+                "(the sequence sent fewer objects than the core takes)"
+            )
+
+    def steps(self, body):
+        """`run` as a generator: while an acquire finds its queue empty, yields the fifo's name
+        and that queue, and goes on when resumed (util_emu_seq's executor, which feeds the
+        fifos as the runtime sequence goes)."""
         for op in body:
             k = op["op"]
             if k == "loop":
                 for _ in range(1 if op.get("forever") else op["count"]):
-                    self.run(op["body"])
+                    yield from self.steps(op["body"])
             elif k == "acquire":
                 fifo, held = self.fifos[op["fifo"]], self.held.setdefault(self._key(op), [])
                 while len(held) < op["n"]:
@@ -97,11 +107,8 @@ class _Core:
                         held.append(np.full(fifo.obj, 0xFF, dtype=np.uint8))
                     else:
                         q = fifo.queues[op["cons"]]
-                        if not q:
-                            raise RuntimeError(
-                                f"worker {self.w['tile']}: fifo {fifo.j['name']} is empty "
-                                "(the sequence sent fewer objects than the core takes)"
-                            )
+                        while not q:
+                            yield fifo.j["name"], q
                         held.append(q.pop(0))
                 self.vars[op["var"]] = held[: op["n"]]
             elif k == "release":
