@@ -295,11 +295,11 @@ class FfnEmulationTest(unittest.TestCase):
             want = _bf16([v for b in blocks for v in decode(ty, b)]).reshape(3, 64)
             np.testing.assert_array_equal(vals, want)
 
-    def check(self, glu, ty, N, K, F, arch, in_place, seed, two_kernels="ffn"):
+    def check(self, glu, ty, N, K, F, arch, layout, seed, two_kernels="ffn"):
         """The FFN against numpy, and bit for bit against the two kernels it replaces run in
         sequence: on the FFN's shape (`two_kernels` "ffn"), or as their ops plan them alone
         ("own": their K chunk must be the FFN's), or not (None)."""
-        case = FfnCase(glu, ty, N, K, F, arch, in_place, seed)
+        case = FfnCase(glu, ty, N, K, F, arch, layout, seed)
         h, out = case.run()
         case.check(self, h, out)
         if two_kernels:
@@ -314,38 +314,38 @@ class FfnEmulationTest(unittest.TestCase):
             assert_same_bits(self, h, h2, f"h of {what}")
             assert_same_bits(self, out, out2, f"out of {what}")
 
-    def test_small_odd_shapes_every_glu(self):
+    def test_small_odd_shapes_every_glu_and_layout(self):
         cases = [
-            ("SWIGLU", "f32", 1, 80, 60, "aie2p", False),
-            ("REGLU", "f32", 3, 48, 37, "aie2", True),
-            ("GEGLU_ERF", "f32", 2, 80, 60, "aie2", True),
-            ("GEGLU_QUICK", "q4_0", 2, 256, 192, "aie2p", False),
-            ("GEGLU", "q8_0", 1, 256, 192, "aie2", True),
+            ("SWIGLU", "f32", 1, 80, 60, "aie2p", "apart"),
+            ("REGLU", "f32", 3, 48, 37, "aie2", "in_place"),
+            ("GEGLU_ERF", "f32", 2, 80, 60, "aie2", "out_over_x"),
+            ("GEGLU_QUICK", "q4_0", 2, 256, 192, "aie2p", "bias"),
+            ("GEGLU", "q8_0", 1, 256, 192, "aie2", "in_place"),
         ]
-        for i, (glu, ty, N, K, F, arch, in_place) in enumerate(cases):
-            with self.subTest(glu=glu, ty=ty, N=N, K=K, F=F, arch=arch, in_place=in_place):
-                self.check(glu, ty, N, K, F, arch, in_place, seed=i)
+        for i, (glu, ty, N, K, F, arch, layout) in enumerate(cases):
+            with self.subTest(glu=glu, ty=ty, N=N, K=K, F=F, arch=arch, layout=layout):
+                self.check(glu, ty, N, K, F, arch, layout, seed=i)
 
     def test_llama_3_2_1b_ffn(self):
         # K = 2048, F = 8192, one token; r and out in x's memory as llama runs its residual
         # ADD, or apart.
         cases = [
-            ("SWIGLU", "f32", "aie2p", True, "ffn"),
-            ("GEGLU", "f32", "aie2", False, None),
-            ("SWIGLU", "q4_0", "aie2p", True, None),
-            ("GEGLU", "q4_0", "aie2", False, "ffn"),
+            ("SWIGLU", "f32", "aie2p", "in_place", "ffn"),
+            ("GEGLU", "f32", "aie2", "apart", None),
+            ("SWIGLU", "q4_0", "aie2p", "in_place", None),
+            ("GEGLU", "q4_0", "aie2", "apart", "ffn"),
             # RMS_NORM_MUL_MAT_SWIGLU and MUL_MAT_ADD alone plan this K chunk too.
-            ("SWIGLU", "q8_0", "aie2p", True, "own"),
+            ("SWIGLU", "q8_0", "aie2p", "in_place", "own"),
         ]
-        for i, (glu, ty, arch, in_place, two) in enumerate(cases):
-            with self.subTest(glu=glu, ty=ty, arch=arch, in_place=in_place):
-                self.check(glu, ty, 1, *LLAMA, arch, in_place, seed=10 + i, two_kernels=two)
+        for i, (glu, ty, arch, layout, two) in enumerate(cases):
+            with self.subTest(glu=glu, ty=ty, arch=arch, layout=layout):
+                self.check(glu, ty, 1, *LLAMA, arch, layout, seed=10 + i, two_kernels=two)
 
     def test_bit_for_bit_with_the_two_kernels_as_they_plan(self):
         # RMS_NORM_MUL_MAT_<glu>'s and MUL_MAT_ADD's own plans (their columns, rows and rows
         # per core) with the FFN's K chunk give its results bit for bit: only the K chunking
         # orders the sums.
-        case = FfnCase("SWIGLU", "q4_0", 1, 256, 192, "aie2", True, seed=30)
+        case = FfnCase("SWIGLU", "q4_0", 1, 256, 192, "aie2", "in_place", seed=30)
         spec = case.spec
         kc = spec.up.plan.k_chunk
         alone = []
@@ -366,7 +366,7 @@ class FfnEmulationTest(unittest.TestCase):
         from ggml_hsa_iron.emu.compile import record
         from ggml_hsa_iron.tests.util_emu_seq import run_program_in_order
 
-        case = FfnCase("SWIGLU", "f32", 1, 80, 60, "aie2p", True, seed=40)
+        case = FfnCase("SWIGLU", "f32", 1, 80, 60, "aie2p", "in_place", seed=40)
         spec = case.spec
         rec = record(spec)
         prog = rec.to_json("ffn", spec.arch.name)

@@ -74,29 +74,39 @@ def fast_weights(ty, rows, K, nrng):
     return raw.tobytes(), _bf16(vals).reshape(rows, K)
 
 
+# Where r and out are (FfnCase.layout): r and out apart; r and out in x's memory (llama's
+# residual ADD in place, its residual being the block's input); out in x's memory, r apart; r
+# one row [K] repeated over the tokens (a bias), out apart.
+LAYOUTS = ("apart", "in_place", "out_over_x", "bias")
+
+
 class FfnCase:
     """One request's random operands: weights (fast_weights), x and n (util_norm's: rows of
-    unequal magnitude), r apart or x itself (`in_place`: r and out are x's memory, as llama's
-    residual ADD runs in place)."""
+    unequal magnitude), and r and out as `layout` says (LAYOUTS)."""
 
-    def __init__(self, glu, ty, N, K, F, arch, in_place=False, seed=0):
+    def __init__(self, glu, ty, N, K, F, arch, layout="apart", seed=0):
+        assert layout in LAYOUTS, layout
         self.glu, self.ty, self.N, self.K, self.F, self.arch = glu, ty, N, K, F, arch
-        self.in_place = in_place
+        self.layout = layout
         nrng = np.random.default_rng(seed)
         self.wg_bytes, self.wg = fast_weights(ty, F, K, nrng)
         self.wu_bytes, self.wu = fast_weights(ty, F, K, nrng)
         self.wd_bytes, self.wd = fast_weights(ty, K, F, nrng)
         self.x, self.n = norm_inputs(nrng, N, K)
-        self.r = self.x if in_place else nrng.uniform(-4, 4, (N, K)).astype(np.float32)
-        self.spec = ffn_spec(glu, ty, N, K, F, arch)
+        rows = 1 if layout == "bias" else N
+        self.r = nrng.uniform(-4, 4, (rows, K)).astype(np.float32)
+        if layout == "in_place":
+            self.r = self.x
+        r = tensor("f32", [K, rows]) if layout == "bias" else None
+        self.spec = ffn_spec(glu, ty, N, K, F, arch, r=r)
 
     def args(self):
         """Fresh memories for a dispatch, in the sequence's order (W_g, W_u, W_d, x, n, r, out,
-        h): one array for x, r and out when in place."""
+        h): x, r and out one array in place, x and out one array with out over x."""
         sizes = arg_bytes(self.spec)
         x = buffer_of(self.x)
-        r = x if self.in_place else buffer_of(self.r)
-        out = x if self.in_place else new_buffer(sizes[6])
+        r = x if self.layout == "in_place" else buffer_of(self.r)
+        out = x if self.layout in ("in_place", "out_over_x") else new_buffer(sizes[6])
         ws = [buffer_of(b) for b in (self.wg_bytes, self.wu_bytes, self.wd_bytes)]
         return [*ws, x, buffer_of(self.n), r, out, new_buffer(sizes[7])]
 
