@@ -58,11 +58,30 @@ ROWS_SOURCE = "rows.cc"
 
 @dataclass(frozen=True)
 class CoreSource:
-    """One AIE C++ source compiled with Peano into `object_name`."""
+    """One AIE C++ source compiled with Peano into `object_name`.
+
+    A design whose Workers link different objects (RMS_NORM_QKV_ROPE's column groups: one
+    GEMV source per group, its own defines) has several (`core_sources`); each object's extern
+    "C" functions then get distinct names through defines renaming them (`renamed`), so that
+    the design's Kernels name distinct functions (one MLIR symbol each) and the emulation
+    links the objects into one library."""
 
     source: str  # file under kernels/
     object_name: str
     defines: dict = field(default_factory=dict)
+
+    def renamed(self, object_name: str, functions, suffix: str) -> "CoreSource":
+        """This source built into `object_name` with each of `functions` (the extern "C"
+        functions it may define) named with `suffix` appended."""
+        d = dict(self.defines)
+        d.update({f: f + suffix for f in functions})
+        return CoreSource(self.source, object_name, d)
+
+
+def core_sources(spec) -> tuple[CoreSource, ...]:
+    """The core sources a spec's design links: its `cores` when it has several, else its one
+    `core`."""
+    return tuple(getattr(spec, "cores", None) or (spec.core,))
 
 
 @dataclass(frozen=True)
@@ -426,9 +445,10 @@ def _check_common(req: Request, strided: bool = False) -> tuple[registry.OpSpec,
         raise UnsupportedError(
             f"{req.op} reads {spec.params} op_params word(s); the request has {list(req.op_params)}"
         )
-    for i, t in enumerate(req.inputs + (req.output,)):
+    for i, t in enumerate(req.operands):
         if t.dtype not in spec.types:
-            what = "output" if i == len(req.inputs) else f"input {i}"
+            j = i - len(req.inputs)
+            what = f"input {i}" if j < 0 else "output" if j == 0 else f"extra output {j - 1}"
             raise UnsupportedError(
                 f"{req.op} does not take {t.dtype} ({what}); types: {', '.join(spec.types)}"
             )

@@ -46,6 +46,9 @@ class OpSpec:
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
     # f32 bit patterns); non-zero words beyond them are refused.
     params: int = 0
+    # Outputs: the request's `output`, then `outputs - 1` tensors in its "extra_outputs"
+    # (RMS_NORM_QKV_ROPE(_FF): Q, then K and V); an op of one output refuses extra_outputs.
+    outputs: int = 1
 
     @property
     def kernel_name(self) -> str:
