@@ -114,9 +114,7 @@ class Request:
         return (*self.inputs, *self.outputs)
 
     def canonical_name(self) -> str:
-        return canonical_name(
-            self.op, self.op_params, self.inputs, self.output, self.extra_outputs
-        )
+        return canonical_name(self.op, self.op_params, self.inputs, self.output, self.extra_outputs)
 
 
 def fnv1a64(data: bytes) -> int:
