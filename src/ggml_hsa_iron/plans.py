@@ -962,10 +962,12 @@ def prepare_mul_mat_add(req: Request) -> MatmulSpec:
     return MatmulSpec(req, arch, w, x, dst, plan, compute, r=r)
 
 
-def prepare_rms_norm_mul_mat(req: Request) -> MatmulSpec:
+def prepare_rms_norm_mul_mat(req: Request, columns: int | None = None) -> MatmulSpec:
     """RMS_NORM_MUL_MAT(_<glu>): the projection(s) of x / sqrt(mean(x^2) + eps) * n, MUL_MAT's
     (MUL_MAT_<glu>'s) GEMV with n sent once ahead of x's rows and x normalised on the cores
-    (GemvPlan.norm). Inputs: the weights (gate, up), x, n; op_params[0] = eps."""
+    (GemvPlan.norm). Inputs: the weights (gate, up), x, n; op_params[0] = eps. `columns`: the
+    GEMV planned over at most that many of the array's columns (a group of RMS_NORM_QKV_ROPE's;
+    whether the GEMV applies at all is still asked of the whole array)."""
     spec, arch = _check_common(req, strided=True)  # the input count, op_params, types
     *ws, x, n = req.inputs
     dst = req.output
@@ -1005,6 +1007,8 @@ def prepare_rms_norm_mul_mat(req: Request) -> MatmulSpec:
     else:
         base = prepare_mul_mat(product)
     N, p = w.ne[1], base.plan
+    if columns is not None:
+        arch = dataclasses.replace(arch, columns=columns)
     if base.weight_bytes:
         plan = plan_gemv_blocks(
             N,
@@ -1170,6 +1174,11 @@ def prepare(req: Request):
         return prepare_mul_mat_add(req)
     if spec.kind == "rms_norm_mul_mat":
         return prepare_rms_norm_mul_mat(req)
+    if spec.kind == "rms_norm_qkv_rope":
+        # plans_qkv imports this module: imported here, not at the top.
+        from .plans_qkv import prepare_qkv
+
+        return prepare_qkv(req)
     if spec.kind == "rows":
         return prepare_rows(req)
     if spec.kind == "glu":

@@ -40,7 +40,7 @@ class OpSpec:
     broadcast: bool
     noncontiguous: bool
     # "binary", "unary", "mul_mat", "mul_mat_glu", "mul_mat_add", "rows", "glu", "rope", "copy", "set_rows",
-    # "flash_attn", "reduce", "rms_norm_mul_mat"
+    # "flash_attn", "reduce", "rms_norm_mul_mat", "rms_norm_qkv_rope"
     kind: str
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
@@ -114,6 +114,19 @@ _NORM_MM_LIMITS = (
     "x (then the GLU). MUL_MAT's GEMV only (one GEMV per src1 row): dense M that MUL_MAT's "
     "GEMM takes is refused (the norm then runs unfused); n is kept on every core, so K must "
     "fit the core's memory with the GEMV's buffers (4 bytes per value; K = 8192 does not)"
+)
+
+_NORM_QKV_LIMITS = (
+    "llama's Q, K and V projections of one normalised x in one kernel of three outputs: inputs "
+    "Wq [K,Mq], Wk [K,Mk], Wv [K,Mv] (one type, RMS_NORM_MUL_MAT's weights), x (f32 [K,N] "
+    "dense, the norm's input), n (f32 [K]), positions (i32, at least N), "
+    "RMS_NORM_QKV_ROPE_FF: frequency factors (f32, at least n_dims/2); op_params as "
+    "RMS_NORM_MUL_MAT_ROPE's (0..10 ROPE's, 11 eps); outputs Q f32 [D,Hq,N] (output), K f32 or "
+    "f16 [D,Hk,N] and V f32 or f16 [Mv,N] (extra_outputs), dense. Q and K as "
+    "RMS_NORM_MUL_MAT_ROPE computes them, V as RMS_NORM_MUL_MAT, each on its own group of the "
+    "array's columns (in proportion to Mq, Mk, Mv, at least one each); the GEMV only (decode: "
+    "dense N that MUL_MAT's GEMM takes is refused), and whatever those ops refuse for their "
+    "projection over their group's columns"
 )
 
 _ROWS_LIMITS = (
@@ -207,6 +220,14 @@ def _rms_norm_mul_mat(op: str, inputs: int) -> OpSpec:
     # Like MUL_MAT: the inputs never have the output's shape (declared as broadcast).
     types = ("bf16", "f16", "f32") + QUANT_TYPES
     return OpSpec(op, MUL_MAT, inputs, types, True, True, "rms_norm_mul_mat", _NORM_MM_LIMITS, 1)
+
+
+def _rms_norm_qkv_rope(op: str, inputs: int) -> OpSpec:
+    # Like MUL_MAT: the inputs never have the outputs' shapes (declared as broadcast); i32: the
+    # positions; op_params RMS_NORM_MUL_MAT_ROPE's 12 words; three outputs (Q, K, V).
+    types = ("bf16", "f16", "f32", "i32") + QUANT_TYPES
+    kind, limits = "rms_norm_qkv_rope", _NORM_QKV_LIMITS
+    return OpSpec(op, MUL_MAT, inputs, types, True, True, kind, limits, 12, outputs=3)
 
 
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
@@ -409,6 +430,17 @@ RMS_NORM_MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = tuple(
 # (weights, x, dst) type triples of RMS_NORM_MUL_MAT_<glu> (n is f32; both weight inputs have
 # the first type): MUL_MAT's with f32 x and dst (the GLU is computed in f32).
 RMS_NORM_MUL_MAT_GLU_COMBOS: tuple[tuple[str, str, str], ...] = MUL_MAT_ADD_COMBOS
+
+# (weights, x, K's and V's type) triples of RMS_NORM_QKV_ROPE(_FF) (Q f32; n and the frequency
+# factors f32, the positions i32): RMS_NORM_MUL_MAT's (K and V written into the f16 KV cache).
+RMS_NORM_QKV_ROPE_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_MUL_MAT_COMBOS
+
+# llama's Q, K and V projections in one dispatch (designs/mul_mat.py, plans_qkv.py): inputs Wq,
+# Wk, Wv, x, n, the positions (and the frequency factors); outputs Q, K, V.
+QKV_OPS: tuple[OpSpec, ...] = (
+    _rms_norm_qkv_rope("RMS_NORM_QKV_ROPE", 6),
+    _rms_norm_qkv_rope("RMS_NORM_QKV_ROPE_FF", 7),
+)
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
 SOURCES: tuple[str, ...] = (

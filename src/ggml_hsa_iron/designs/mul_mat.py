@@ -410,6 +410,40 @@ def _gemv(spec):
     return Program(dev, rt, workers=workers).resolve_program()
 
 
+def _qkv(spec):
+    """RMS_NORM_QKV_ROPE(_FF): three GEMVs side by side, each on its group of columns exactly as
+    its op alone runs it (`_gemv_group`, its own core object), their task groups issued
+    together (see the module docstring and plans_qkv)."""
+    dev = device(spec.arch, spec.columns)
+    seq_types = [vector_type(count, t) for t, count in spec.sequence]
+    workers, handles, spans = [], [], []
+    for g in spec.groups:
+        ws, hs = _gemv_group(g.spec, g.col0, g.suffix, g.core)
+        workers += ws
+        spans.append((len(handles), len(handles) + len(hs)))
+        handles += hs
+    tasks = spec.tasks()
+    n_args = len(seq_types)
+
+    def sequence(*args):
+        # Wq, Wk, Wv, x, n, the positions (and the factors), Q, K, V; then the groups' shim
+        # endpoints. Task group i of every group's GEMV in one task group: all the columns'
+        # weights stream at once.
+        W, (X, Nbuf), Y = args[:3], args[3:5], args[n_args - 3 : n_args]
+        hs = args[n_args:]
+        for i in range(max(len(t) for t in tasks)):
+            tg = TaskGroup()
+            for j, g in enumerate(spec.groups):
+                if i < len(tasks[j]):
+                    gh = hs[spans[j][0] : spans[j][1]]
+                    prologue = _norm_prologue_fills(g.spec, Nbuf) if i == 0 else ()
+                    _gemv_fill(g.spec, gh, tasks[j][i], tg, W[j], X, Y[j], prologue)
+            tg.finish()
+
+    rt = Runtime(sequence, [*seq_types, *handles])
+    return Program(dev, rt, workers=workers).resolve_program()
+
+
 def _norm_kernels(spec, kern, x_tile, y_tile):
     """RMS_NORM_MUL_MAT(_<glu>)'s load (a chunk of n kept aside) and scale (y, and the GLU's
     stash, times 1 / sqrt(mean(x^2) + eps)) kernels, `kern(name, args)` making the Kernel of
