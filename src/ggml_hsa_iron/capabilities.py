@@ -30,6 +30,9 @@ def capabilities(target: str = "npu") -> dict:
             "kernel_source": spec.source,
             "constraints": spec.constraints,
         }
+        if spec.outputs > 1:
+            # `output`, then the request's extra_outputs.
+            entry["outputs"] = spec.outputs
         if spec.op == "MUL_MAT":
             entry["type_combos"] = [list(c) for c in MUL_MAT_COMBOS]
         elif spec.kind == "mul_mat_glu":
