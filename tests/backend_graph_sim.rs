@@ -375,6 +375,42 @@ fn a_norm_read_only_by_projections_runs_inside_them_or_alone_if_they_cannot() {
     common::assert_kernels_built(&cache("normfold-declined"), &["rms_norm_mul-", "mul_mat-"]);
 }
 
+#[test]
+fn a_feed_forward_block_runs_as_one_kernel_or_two_if_declined() {
+    // llama's ffn_norm, gate/up pair with SWIGLU, ffn_down and residual ADD: one kernel
+    // (RMS_NORM_FFN_SWIGLU).
+    let all_ok = |o: &Outcome| {
+        assert!(o.has("STATUS 0 0"), "{}", o.text);
+        assert!(o.has("FFN ok"), "{}", o.text);
+    };
+    let o = run("ffn", "ffn", 1, &[]);
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 1, "{}", o.text);
+    let cache = |tag: &str| {
+        common::scratch_path(&format!("graph-{tag}"))
+            .join("cache")
+            .join("aie2p")
+    };
+    common::assert_kernels_built(
+        &cache("ffn"),
+        &["rms_norm_ffn_swiglu-f32_64x128-f32_64x128-f32_128x64-f32_64-f32_64-f32_64-f32_64-f32_128-p"],
+    );
+    // Declined: the normed gate/up kernel, then the down projection with the residual.
+    let wrapper = declining_compiler("ffn", "RMS_NORM_FFN_SWIGLU");
+    let o = run(
+        "ffn-declined",
+        "ffn",
+        1,
+        &[("GGML_HSA_JIT_COMPILER", wrapper.to_str().unwrap())],
+    );
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 2, "{}", o.text);
+    common::assert_kernels_built(
+        &cache("ffn-declined"),
+        &["rms_norm_mul_mat_swiglu-", "mul_mat_add-"],
+    );
+}
+
 /// hsa-sim-compile behind a wrapper that declines (exit 2) every kernel of protocol op `op`.
 fn declining_compiler(tag: &str, op: &str) -> std::path::PathBuf {
     let dir = common::scratch_dir(&format!("{tag}-declining-compiler"));
@@ -397,15 +433,19 @@ fn declining_compiler(tag: &str, op: &str) -> std::path::PathBuf {
 }
 
 #[test]
-fn a_normed_projection_rotated_by_a_rope_runs_in_the_ropes_kernel_or_apart_if_declined() {
-    // llama's Q and K with their ROPE: each projection, its norm and its rotation are one
-    // kernel (RMS_NORM_MUL_MAT_ROPE), K's writing its cache row in f16 itself: two dispatches.
+fn q_k_and_v_of_one_norm_run_as_one_kernel_or_apart_when_declined() {
+    // llama's Q, K and V with Q's and K's ROPE and K's and V's cache writes: one kernel
+    // (RMS_NORM_QKV_ROPE) normalises x, projects, rotates Q and K and writes K's and V's cache
+    // rows in f16: one dispatch.
     let o = run("normfold-rope", "normfold-rope", 1, &[]);
-    assert!(o.has("STATUS 0 0"), "{}", o.text);
-    for what in ["q", "cache"] {
-        assert!(o.has(&format!("NORMFOLD {what} ok")), "{what}: {}", o.text);
-    }
-    assert_eq!(o.counter("dispatches"), 2, "{}", o.text);
+    let all_ok = |o: &Outcome| {
+        assert!(o.has("STATUS 0 0"), "{}", o.text);
+        for what in ["q", "cache", "vcache"] {
+            assert!(o.has(&format!("NORMFOLD {what} ok")), "{what}: {}", o.text);
+        }
+    };
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 1, "{}", o.text);
     let cache = |tag: &str| {
         common::scratch_path(&format!("graph-{tag}"))
             .join("cache")
@@ -413,13 +453,29 @@ fn a_normed_projection_rotated_by_a_rope_runs_in_the_ropes_kernel_or_apart_if_de
     };
     common::assert_kernels_built(
         &cache("normfold-rope"),
+        &["rms_norm_qkv_rope-f32_64x64-f32_64x16-f32_64x16-f32_64-f32_64-i32_1-f32_16x4-f16_16-f16_16-p"],
+    );
+    // The merged kernel declined: each projection with its norm and rotation is one kernel
+    // (RMS_NORM_MUL_MAT_ROPE), K's and V's writing their cache rows themselves.
+    let wrapper = declining_compiler("normfold-qkv", "RMS_NORM_QKV_ROPE");
+    let o = run(
+        "normfold-qkv-declined",
+        "normfold-rope",
+        1,
+        &[("GGML_HSA_JIT_COMPILER", wrapper.to_str().unwrap())],
+    );
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 3, "{}", o.text);
+    common::assert_kernels_built(
+        &cache("normfold-qkv-declined"),
         &[
             "rms_norm_mul_mat_rope-f32_64x64-f32_64-f32_64-i32_1-f32_16x4-p",
             "rms_norm_mul_mat_rope-f32_64x16-f32_64-f32_64-i32_1-f16_16-p",
+            "rms_norm_mul_mat-f32_64x16-f32_64-f32_64-f16_16-p",
         ],
     );
-    // Declined (a compiler without the op's shape): the projections and the ROPEs run apart,
-    // K's ROPE still writing the cache row.
+    // The rotation declined too (a compiler without the op's shape): the projections and the
+    // ROPEs run apart, K's ROPE and V's projection still writing the cache rows.
     let wrapper = declining_compiler("normfold-rope", "RMS_NORM_MUL_MAT_ROPE");
     let o = run(
         "normfold-rope-declined",
@@ -427,11 +483,8 @@ fn a_normed_projection_rotated_by_a_rope_runs_in_the_ropes_kernel_or_apart_if_de
         1,
         &[("GGML_HSA_JIT_COMPILER", wrapper.to_str().unwrap())],
     );
-    assert!(o.has("STATUS 0 0"), "{}", o.text);
-    for what in ["q", "cache"] {
-        assert!(o.has(&format!("NORMFOLD {what} ok")), "{what}: {}", o.text);
-    }
-    assert_eq!(o.counter("dispatches"), 4, "{}", o.text);
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 5, "{}", o.text);
     assert!(!o.has("runs on the CPU"), "{}", o.text);
     common::assert_kernels_built(
         &cache("normfold-rope-declined"),
@@ -709,6 +762,10 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
     if graph == "evict" {
         // SAFETY: as for this function.
         return unsafe { compute_evict(reg, computes) };
+    }
+    if graph == "ffn" {
+        // SAFETY: as for this function.
+        return unsafe { compute_ffn(reg) };
     }
     if let Some(rope) = graph.strip_prefix("normfold") {
         // SAFETY: as for this function.
@@ -999,7 +1056,9 @@ unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t, source: &str) {
 /// as written into row 5 of an f16 cache of 8 rows (SET_ROWS, the index a graph input),
 /// within f16 rounding; prints `NORMFOLD <q|cache> <ok|bad>`. With `rope` (the "normfold-rope"
 /// child), each product is rotated as llama's Q and K are (ROPE in normal mode, heads of 16,
-/// position 7) before it is checked or written into the cache.
+/// position 7) before it is checked or written into the cache, and a V projection [64 x 16]
+/// of the same normalised x is written unrotated into row 5 of a second f16 cache
+/// (`NORMFOLD vcache <ok|bad>`).
 ///
 /// # Safety
 /// `reg` is the plugin's registry.
@@ -1014,9 +1073,15 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool) {
         let x = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, K as i64);
         let n = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, K as i64);
         let z = sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, x, EPS), n);
-        let weights: Vec<(usize, *mut sys::ggml_tensor)> = [K, 16]
-            .into_iter()
-            .map(|rows| {
+        // Q and K, rotated with `rope`; then V (never rotated) with `rope`.
+        let projections: &[(usize, bool)] = if rope {
+            &[(K, true), (16, true), (16, false)]
+        } else {
+            &[(K, false), (16, false)]
+        };
+        let weights: Vec<(usize, *mut sys::ggml_tensor)> = projections
+            .iter()
+            .map(|&(rows, _)| {
                 let w = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, K as i64, rows as i64);
                 (rows, w)
             })
@@ -1025,9 +1090,10 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool) {
         let pos = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, 1);
         let products: Vec<_> = weights
             .iter()
-            .map(|&(rows, w)| {
+            .zip(projections)
+            .map(|(&(rows, w), &(_, rotated))| {
                 let mut p = sys::ggml_mul_mat(ctx, w, z);
-                if rope {
+                if rotated {
                     let heads = sys::ggml_reshape_3d(ctx, p, HEAD as i64, (rows / HEAD) as i64, 1);
                     let roped = sys::ggml_rope(ctx, heads, pos, HEAD as i32, 0);
                     p = sys::ggml_reshape_2d(ctx, roped, rows as i64, 1);
@@ -1036,13 +1102,21 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool) {
                 p
             })
             .collect();
-        let cache = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F16, 16, 8);
         let idx = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, 1);
-        let k_row = sys::ggml_reshape_2d(ctx, products[1], 16, 1);
-        sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, cache, k_row, idx));
+        let caches: Vec<_> = products[1..]
+            .iter()
+            .map(|&p| {
+                let cache = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F16, 16, 8);
+                let row = sys::ggml_reshape_2d(ctx, p, 16, 1);
+                sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, cache, row, idx));
+                cache
+            })
+            .collect();
         let buffer = sys::ggml_backend_alloc_ctx_tensors(ctx, backend);
         assert!(!buffer.is_null());
-        sys::ggml_backend_tensor_memset(cache, 0, 0, 2 * 16 * 8);
+        for &cache in &caches {
+            sys::ggml_backend_tensor_memset(cache, 0, 0, 2 * 16 * 8);
+        }
         sys::ggml_backend_tensor_set(idx, 5i64.to_le_bytes().as_ptr().cast(), 0, 8);
         sys::ggml_backend_tensor_set(pos, POS.to_le_bytes().as_ptr().cast(), 0, 4);
         let xs: Vec<f32> = (0..K).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
@@ -1055,7 +1129,7 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool) {
             .map(|i| f64::from(xs[i]) * scale * f64::from(ns[i]))
             .collect();
         let mut expected = Vec::new();
-        for &(rows, w) in &weights {
+        for (&(rows, w), &(_, rotated)) in weights.iter().zip(projections) {
             let ws: Vec<f32> = (0..rows * K)
                 .map(|i| ((i % 11) as f32 - 5.0) * 0.1)
                 .collect();
@@ -1063,7 +1137,7 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool) {
             let product: Vec<f64> = (0..rows)
                 .map(|r| (0..K).map(|k| f64::from(ws[r * K + k]) * y[k]).sum::<f64>())
                 .collect();
-            expected.push(if rope {
+            expected.push(if rotated {
                 product
                     .chunks(HEAD)
                     .flat_map(|h| {
@@ -1089,23 +1163,105 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool) {
                 .all(|(g, e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0));
             println!("NORMFOLD {name} {}", if ok { "ok" } else { "bad" });
         }
-        let mut rows = vec![0u8; 2 * 16 * 8];
-        sys::ggml_backend_tensor_get(cache, rows.as_mut_ptr().cast(), 0, rows.len());
-        let rows: Vec<f32> = rows
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+        for ((name, &cache), want) in ["cache", "vcache"].iter().zip(&caches).zip(&expected[1..]) {
+            let mut rows = vec![0u8; 2 * 16 * 8];
+            sys::ggml_backend_tensor_get(cache, rows.as_mut_ptr().cast(), 0, rows.len());
+            let rows: Vec<f32> = rows
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect();
+            let ok = (0..8).all(|r| {
+                (0..16).all(|i| {
+                    let (g, e) = (f64::from(rows[r * 16 + i]), want[i]);
+                    if r == 5 {
+                        (g - e).abs() <= 1e-3 * e.abs().max(1.0)
+                    } else {
+                        g == 0.0
+                    }
+                })
+            });
+            println!("NORMFOLD {name} {}", if ok { "ok" } else { "bad" });
+        }
+        sys::ggml_backend_buffer_free(buffer);
+        sys::ggml_free(ctx);
+        sys::ggml_backend_free(backend);
+    }
+}
+
+/// The "ffn" child: llama's feed-forward block in small, x [64] normalised (RMS_NORM, MUL by a
+/// weight row), the gate and up projections [64 x 128] and their SWIGLU, the down projection
+/// [128 x 64] and the residual ADD of x, checked against the same computed in f64 (relative
+/// error 1e-4); prints `FFN <ok|bad>`.
+///
+/// # Safety
+/// `reg` is the plugin's registry.
+unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t) {
+    const K: usize = 64;
+    const F: usize = 128;
+    const EPS: f32 = 1e-5;
+    // SAFETY: see child_graph.
+    unsafe {
+        let (_, backend, ctx) = open_device(reg);
+        let vector = |n: usize| sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, n as i64);
+        let matrix = |k: usize, m: usize| {
+            sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, k as i64, m as i64)
+        };
+        let (x, n) = (vector(K), vector(K));
+        let (wg, wu, wd) = (matrix(K, F), matrix(K, F), matrix(F, K));
+        let z = sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, x, EPS), n);
+        let h = sys::ggml_swiglu_split(
+            ctx,
+            sys::ggml_mul_mat(ctx, wg, z),
+            sys::ggml_mul_mat(ctx, wu, z),
+        );
+        let out = sys::ggml_add(ctx, sys::ggml_mul_mat(ctx, wd, h), x);
+        let gf = sys::ggml_new_graph(ctx);
+        sys::ggml_build_forward_expand(gf, out);
+        let buffer = sys::ggml_backend_alloc_ctx_tensors(ctx, backend);
+        assert!(!buffer.is_null());
+        let values = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| (((i * 7 + seed) % 13) as f32 - 6.0) * 0.05)
+                .collect()
+        };
+        let xs: Vec<f32> = (0..K).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let ns: Vec<f32> = (0..K).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let (wgs, wus, wds) = (values(K * F, 1), values(K * F, 5), values(F * K, 9));
+        for (t, v) in [(x, &xs), (n, &ns), (wg, &wgs), (wu, &wus), (wd, &wds)] {
+            sys::ggml_backend_tensor_set(t, f32_bytes(v).as_ptr().cast(), 0, 4 * v.len());
+        }
+        let mean_sq = xs.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / K as f64;
+        let scale = 1.0 / (mean_sq + f64::from(EPS)).sqrt();
+        let y: Vec<f64> = (0..K)
+            .map(|i| f64::from(xs[i]) * scale * f64::from(ns[i]))
             .collect();
-        let ok = (0..8).all(|r| {
-            (0..16).all(|i| {
-                let (g, e) = (f64::from(rows[r * 16 + i]), expected[1][i]);
-                if r == 5 {
-                    (g - e).abs() <= 1e-3 * e.abs().max(1.0)
-                } else {
-                    g == 0.0
-                }
-            })
-        });
-        println!("NORMFOLD cache {}", if ok { "ok" } else { "bad" });
+        let product = |w: &[f32], rows: usize, v: &[f64]| -> Vec<f64> {
+            let k = v.len();
+            (0..rows)
+                .map(|r| (0..k).map(|i| f64::from(w[r * k + i]) * v[i]).sum())
+                .collect()
+        };
+        let (g, u) = (product(&wgs, F, &y), product(&wus, F, &y));
+        let hs: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+            .collect();
+        let want: Vec<f64> = product(&wds, K, &hs)
+            .iter()
+            .zip(&xs)
+            .map(|(&d, &x)| d + f64::from(x))
+            .collect();
+        let status = sys::ggml_backend_graph_compute(backend, gf);
+        println!("STATUS 0 {status}");
+        let mut got = vec![0u8; 4 * K];
+        sys::ggml_backend_tensor_get(out, got.as_mut_ptr().cast(), 0, got.len());
+        let ok = got
+            .chunks_exact(4)
+            .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+            .zip(&want)
+            .all(|(g, e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0));
+        println!("FFN {}", if ok { "ok" } else { "bad" });
         sys::ggml_backend_buffer_free(buffer);
         sys::ggml_free(ctx);
         sys::ggml_backend_free(backend);

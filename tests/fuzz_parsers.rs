@@ -78,6 +78,7 @@ proptest! {
                     inputs: vec![layout.clone(), Layout::dense(&layout.dtype, [1; 4]).unwrap()],
                     output: layout,
                     f16_as_bf16: false,
+                    extra_outputs: Vec::new(),
                 };
                 check_desc(&add);
                 // The compilers' capabilities judge any accepted layout (yes or no).
@@ -366,6 +367,7 @@ fn probe_descs() -> Vec<KernelDesc> {
             inputs: vec![t.clone(), row],
             output: t.clone(),
             f16_as_bf16: dtype == "f16",
+            extra_outputs: Vec::new(),
         });
         let mut strided = t.clone();
         strided.nb[1] *= 2;
@@ -375,6 +377,7 @@ fn probe_descs() -> Vec<KernelDesc> {
             inputs: vec![strided],
             output: t,
             f16_as_bf16: false,
+            extra_outputs: Vec::new(),
         });
     }
     out
@@ -389,6 +392,7 @@ fn seed_desc() -> KernelDesc {
         inputs: vec![t.clone()],
         output: t,
         f16_as_bf16: false,
+        extra_outputs: Vec::new(),
     }
 }
 
@@ -510,6 +514,7 @@ fn found_defects_stay_fixed() {
             inputs: vec![huge.clone()],
             output: huge,
             f16_as_bf16: false,
+            extra_outputs: Vec::new(),
         }
         .canonical_name(),
     );
@@ -524,6 +529,7 @@ fn found_defects_stay_fixed() {
         inputs: vec![t.clone()],
         output: t.clone(),
         f16_as_bf16: false,
+        extra_outputs: Vec::new(),
     };
     assert_ne!(
         relu(&spaced).canonical_name(),
@@ -541,6 +547,7 @@ fn found_defects_stay_fixed() {
         inputs: vec![wide.clone(), Layout::dense("i8", [1; 4]).unwrap()],
         output: wide,
         f16_as_bf16: false,
+        extra_outputs: Vec::new(),
     };
     assert_eq!(
         caps.check(Arch::Aie2, &add),

@@ -316,7 +316,10 @@ impl Device {
         let n_args: HashMap<&str, u32> = names
             .iter()
             .zip(descs)
-            .map(|(n, d)| (n.as_str(), d.inputs.len() as u32 + 1))
+            .map(|(n, d)| {
+                let operands = d.inputs.len() + 1 + d.extra_outputs.len();
+                (n.as_str(), operands as u32)
+            })
             .collect();
         let mut evicted = 0;
         let kernels = names

@@ -34,8 +34,8 @@ use crate::ops::{self, Memory, Node, Plan, RowScatter, RowsProducer, Tensor};
 pub const MAX_PACKETS_PER_DOORBELL: usize = 32;
 /// Distinct PDIs ROCR caches per queue.
 pub const MAX_PDIS_PER_QUEUE: usize = 32;
-/// Operands one kernel may take (inputs plus output).
-pub const MAX_OPERANDS: usize = 8;
+/// Operands one kernel may take (inputs plus outputs): RMS_NORM_QKV_ROPE_FF takes 10.
+pub const MAX_OPERANDS: usize = 12;
 
 const _: () = assert!(MAX_PACKETS_PER_DOORBELL as u32 <= QUEUE_SIZE);
 
@@ -101,6 +101,17 @@ impl Folds {
             dependents: Vec::new(),
         });
         id
+    }
+
+    /// Folds the kernel of node `from` into node `into`, which runs `plan`; a dependent of the
+    /// fold that made `from`'s kernel, if any.
+    fn apply_on(&mut self, steps: &mut [Step], from: usize, into: usize, plan: Plan) {
+        let within = self.of.get(&from).copied();
+        let changes = vec![(from, Step::Fused), (into, Step::Plan(plan))];
+        let id = self.apply(steps, changes);
+        if let Some(parent) = within {
+            self.list[parent].dependents.push(id);
+        }
     }
 
     /// Undoes fold `id` (its dependents first); returns the nodes whose steps were restored.
@@ -205,6 +216,21 @@ struct GraphPlan {
     /// The kernel steps that, when their SET_ROWS's indices are consecutive, write its
     /// destination rows themselves (`RowScatter::producer`), with the retargeted kernel.
     producers: Vec<Option<(RowsProducer, Arc<LoadedKernel>)>>,
+    /// Q's, K's and V's kernels merged into one (`ops::merge_qkv`), at the node where it runs.
+    merged: Vec<Option<MergedKernel>>,
+    /// The member nodes of a merge that run at the merge's node, not at their own.
+    deferred: Vec<bool>,
+}
+
+/// One kernel in place of several (`ops::merge_qkv`): dispatched when each member's rows can
+/// be written directly (its SET_ROWS's indices are consecutive); the members run one by one
+/// otherwise.
+#[derive(Debug)]
+struct MergedKernel {
+    members: [usize; 3],
+    kernel: Arc<LoadedKernel>,
+    /// Its operands before the rows of the members writing cache rows.
+    operands: Vec<Tensor>,
 }
 
 /// Plans of recent graphs, most recently used first.
@@ -369,68 +395,22 @@ impl Stream {
                 self.stats.node(op, run);
             }
         }
-        let node_error = |index: usize, reason: String| ComputeError::Node {
-            index,
-            op: plan.ops[index],
-            reason,
-        };
-        let enqueue_error = |i: usize, e: Enqueue| match e {
-            Enqueue::Submit(e) => e,
-            Enqueue::Operand(reason) => node_error(i, reason),
-        };
         // The SET_ROWS nodes whose rows their source's producer wrote.
         let mut rows_written = vec![false; plan.steps.len()];
-        let result = plan
-            .steps
-            .iter()
-            .zip(&plan.kernels)
-            .enumerate()
-            .try_for_each(|(i, (step, kernel))| match (step, kernel) {
-                (Step::Plan(Plan::Kernel { .. }), Some(_)) if rows_written[i] => Ok(()),
-                (Step::Plan(Plan::Kernel { operands, .. }), Some(kernel)) => {
-                    if let Some((producer, retargeted)) = &plan.producers[i] {
-                        let rows = match &plan.scatters[producer.set_rows] {
-                            Some((scatter, _)) => self
-                                .scatter_operands(scatter, host)
-                                .map_err(|e| enqueue_error(i, e))?,
-                            None => None,
-                        };
-                        if let Some([_, rows]) = rows {
-                            let mut into_rows = producer.inputs.clone();
-                            into_rows.push(rows);
-                            rows_written[producer.set_rows] = true;
-                            return self
-                                .enqueue(retargeted.clone(), &into_rows, (i, plan.ops[i]))
-                                .map_err(|e| enqueue_error(i, e));
-                        }
-                    }
-                    let rows = match &plan.scatters[i] {
-                        Some((scatter, copy)) => self
-                            .scatter_operands(scatter, host)
-                            .map_err(|e| enqueue_error(i, e))?
-                            .map(|operands| (copy, operands)),
-                        None => None,
-                    };
-                    match rows {
-                        Some((copy, rows)) => self.enqueue(copy.clone(), &rows, (i, plan.ops[i])),
-                        None => self.enqueue(kernel.clone(), operands, (i, plan.ops[i])),
-                    }
-                    .map_err(|e| enqueue_error(i, e))
-                }
-                (Step::Plan(Plan::Host(op)), _) => {
-                    self.host(op, host).map_err(|e| enqueue_error(i, e))
-                }
-                (Step::Cpu(why), _) => {
-                    crate::log::debug(&format!(
-                        "{}: node {i} ({}) on the CPU: {why}",
-                        self.device.name, plan.ops[i]
-                    ));
-                    // The CPU may read anything a pending kernel writes.
-                    self.flush()?;
-                    host.run_on_cpu(i).map_err(|r| node_error(i, r))
-                }
-                _ => Ok(()),
-            });
+        let mut result = Ok(());
+        for i in 0..plan.steps.len() {
+            let ran = if plan.deferred[i] {
+                Ok(())
+            } else if let Some(merged) = &plan.merged[i] {
+                self.run_merged(&plan, merged, i, host, &mut rows_written)
+            } else {
+                self.run_step(&plan, i, host, &mut rows_written)
+            };
+            if let Err(e) = ran {
+                result = Err(e);
+                break;
+            }
+        }
         let flushed = self.flush();
         let result = result.and(flushed);
         if result.is_err() {
@@ -517,6 +497,24 @@ impl Stream {
             folds.apply(&mut steps, changes);
         }
         for at in 0..nodes.len() {
+            let Some(fold) = ops::fold_glu(nodes, at, |k| planned(&steps, k)) else {
+                continue;
+            };
+            let available = matches!(&fold.plan, Plan::Kernel { desc, .. }
+                if self.device.supports_kernel(desc));
+            if !available {
+                continue;
+            }
+            let within = folds.of.get(&fold.products[0]).copied();
+            let mut changes: Vec<(usize, Step)> =
+                fold.products.iter().map(|&k| (k, Step::Fused)).collect();
+            changes.push((fold.glu, Step::Plan(fold.plan)));
+            let id = folds.apply(&mut steps, changes);
+            if let Some(parent) = within {
+                folds.list[parent].dependents.push(id);
+            }
+        }
+        for at in 0..nodes.len() {
             let Some(fold) = ops::fold_rope(nodes, at, |k| planned(&steps, k)) else {
                 continue;
             };
@@ -525,14 +523,16 @@ impl Stream {
             if !available {
                 continue;
             }
-            let within = folds.of.get(&fold.projection).copied();
-            let changes = vec![
-                (fold.projection, Step::Fused),
-                (fold.rope, Step::Plan(fold.plan)),
-            ];
-            let id = folds.apply(&mut steps, changes);
-            if let Some(parent) = within {
-                folds.list[parent].dependents.push(id);
+            folds.apply_on(&mut steps, fold.projection, fold.rope, fold.plan);
+        }
+        for at in 0..nodes.len() {
+            let Some(fold) = ops::fold_ffn(nodes, at, |k| planned(&steps, k)) else {
+                continue;
+            };
+            let available = matches!(&fold.plan, Plan::Kernel { desc, .. }
+                if self.device.supports_kernel(desc));
+            if available {
+                folds.apply_on(&mut steps, fold.glu, fold.down, fold.plan);
             }
         }
         let mut kernels: Vec<Option<Arc<LoadedKernel>>> = vec![None; steps.len()];
@@ -662,13 +662,157 @@ impl Stream {
                 None => {}
             }
         }
+        // Then Q's, K's and V's kernels into one, when K and V write their cache rows.
+        let mut merged: Vec<Option<MergedKernel>> = (0..nodes.len()).map(|_| None).collect();
+        let mut deferred = vec![false; nodes.len()];
+        let rows_kernel = |k: usize| producers[k].as_ref().map(|(p, _)| (&p.kernel, p.set_rows));
+        for merge in ops::merge_qkv(nodes, |k| planned(&steps, k), rows_kernel) {
+            let taken = merge
+                .members
+                .iter()
+                .any(|&m| deferred[m] || merged[m].is_some());
+            if taken || !self.device.supports_kernel(&merge.desc) {
+                continue;
+            }
+            let loaded = self.device.kernels(std::slice::from_ref(&merge.desc));
+            self.stats.load += loaded.loading;
+            self.stats.evictions += loaded.evicted;
+            match loaded.kernels.into_iter().next() {
+                Some(Ok(kernel)) => {
+                    for &m in &merge.members {
+                        deferred[m] = m != merge.at;
+                    }
+                    merged[merge.at] = Some(MergedKernel {
+                        members: merge.members,
+                        kernel,
+                        operands: merge.operands,
+                    });
+                }
+                Some(Err(e)) => crate::log::debug(&format!(
+                    "{}: nodes {:?} run their own kernels ({e})",
+                    self.device.name, merge.members
+                )),
+                None => {}
+            }
+        }
         Ok(GraphPlan {
             steps,
             kernels,
             ops: nodes.iter().map(|n| n.op.name()).collect(),
             scatters,
             producers,
+            merged,
+            deferred,
         })
+    }
+
+    /// Runs node `i` of `plan` (a member of a merge runs here only when the merged kernel
+    /// cannot be dispatched).
+    fn run_step(
+        &mut self,
+        plan: &GraphPlan,
+        i: usize,
+        host: &mut dyn HostMemory,
+        rows_written: &mut [bool],
+    ) -> Result<(), ComputeError> {
+        let node = (i, plan.ops[i]);
+        let failed = |e: Enqueue| enqueue_error(node, e);
+        match (&plan.steps[i], &plan.kernels[i]) {
+            (Step::Plan(Plan::Kernel { .. }), Some(_)) if rows_written[i] => Ok(()),
+            (Step::Plan(Plan::Kernel { operands, .. }), Some(kernel)) => {
+                if let Some((producer, retargeted)) = &plan.producers[i] {
+                    if let Some(rows) = self.rows_of(plan, producer, host).map_err(failed)? {
+                        let mut into_rows = producer.inputs.clone();
+                        into_rows.push(rows);
+                        rows_written[producer.set_rows] = true;
+                        return self
+                            .enqueue(retargeted.clone(), &into_rows, 1, node)
+                            .map_err(failed);
+                    }
+                }
+                let rows = match &plan.scatters[i] {
+                    Some((scatter, copy)) => self
+                        .scatter_operands(scatter, host)
+                        .map_err(failed)?
+                        .map(|operands| (copy, operands)),
+                    None => None,
+                };
+                match rows {
+                    Some((copy, rows)) => self.enqueue(copy.clone(), &rows, 1, node),
+                    None => self.enqueue(kernel.clone(), operands, 1, node),
+                }
+                .map_err(failed)
+            }
+            (Step::Plan(Plan::Host(op)), _) => self.host(op, host).map_err(failed),
+            (Step::Cpu(why), _) => {
+                crate::log::debug(&format!(
+                    "{}: node {i} ({}) on the CPU: {why}",
+                    self.device.name, plan.ops[i]
+                ));
+                // The CPU may read anything a pending kernel writes.
+                self.flush()?;
+                host.run_on_cpu(i).map_err(|reason| ComputeError::Node {
+                    index: i,
+                    op: plan.ops[i],
+                    reason,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs the merged kernel at node `i`: one dispatch when every member that writes cache
+    /// rows can write them now (consecutive indices), otherwise each member in turn.
+    fn run_merged(
+        &mut self,
+        plan: &GraphPlan,
+        merged: &MergedKernel,
+        i: usize,
+        host: &mut dyn HostMemory,
+        rows_written: &mut [bool],
+    ) -> Result<(), ComputeError> {
+        let node = (i, plan.ops[i]);
+        let mut operands = merged.operands.clone();
+        let mut set_rows = Vec::new();
+        for &m in &merged.members {
+            let Some((producer, _)) = &plan.producers[m] else {
+                continue;
+            };
+            match self
+                .rows_of(plan, producer, host)
+                .map_err(|e| enqueue_error(node, e))?
+            {
+                Some(rows) => {
+                    operands.push(rows);
+                    set_rows.push(producer.set_rows);
+                }
+                None => {
+                    for &m in &merged.members {
+                        self.run_step(plan, m, host, rows_written)?;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        for s in set_rows {
+            rows_written[s] = true;
+        }
+        let outputs = operands.len() + 1 - merged.operands.len();
+        self.enqueue(merged.kernel.clone(), &operands, outputs, node)
+            .map_err(|e| enqueue_error(node, e))
+    }
+
+    /// The destination rows `producer`'s SET_ROWS names when they are consecutive.
+    fn rows_of(
+        &mut self,
+        plan: &GraphPlan,
+        producer: &RowsProducer,
+        host: &mut dyn HostMemory,
+    ) -> Result<Option<Tensor>, Enqueue> {
+        let Some((scatter, _)) = &plan.scatters[producer.set_rows] else {
+            return Ok(None);
+        };
+        Ok(self.scatter_operands(scatter, host)?.map(|[_, rows]| rows))
     }
 
     /// The operands of `scatter`'s copy when the indices, read now, name consecutive rows;
@@ -738,10 +882,13 @@ impl Stream {
         host.run(op).map_err(Enqueue::Operand)
     }
 
+    /// Adds a dispatch of `kernel` on `tensors` (its inputs, then its `outputs` outputs) to the
+    /// pending batch.
     fn enqueue(
         &mut self,
         kernel: Arc<LoadedKernel>,
         tensors: &[Tensor],
+        outputs: usize,
         node: (usize, &'static str),
     ) -> Result<(), Enqueue> {
         if tensors.len() > MAX_OPERANDS {
@@ -818,12 +965,12 @@ impl Stream {
         self.batch.push(packet);
         self.batch_kernels.push(kernel);
         self.batch_nodes.push(node);
-        let last = tensors.len() - 1;
+        let first_output = tensors.len().saturating_sub(outputs);
         self.pending
             .extend(tensors.iter().enumerate().map(|(i, t)| Pending {
                 start: t.addr,
                 end: t.addr + t.bytes,
-                written: i == last,
+                written: i >= first_output,
             }));
         if self.batch.len() == MAX_PACKETS_PER_DOORBELL {
             self.flush().map_err(Enqueue::Submit)?;
@@ -902,6 +1049,18 @@ impl Stream {
             }
             other => other,
         }
+    }
+}
+
+/// A dispatch that could not be enqueued, as the error of node `node` (index, op).
+fn enqueue_error(node: (usize, &'static str), e: Enqueue) -> ComputeError {
+    match e {
+        Enqueue::Submit(e) => e,
+        Enqueue::Operand(reason) => ComputeError::Node {
+            index: node.0,
+            op: node.1,
+            reason,
+        },
     }
 }
 

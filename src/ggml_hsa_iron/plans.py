@@ -25,6 +25,7 @@ from .tiling import (
     EltwisePlan,
     GemmPlan,
     GemvPlan,
+    RopeRows,
     RowPlan,
     can_repeat,
     pad_words,
@@ -178,6 +179,17 @@ class EltwiseSpec:
 
 
 @dataclass(frozen=True)
+class MvRope:
+    """RMS_NORM_MUL_MAT_ROPE(_FF)'s rotation epilogue (the plan's side: GemvPlan.rope)."""
+
+    pos: Tensor  # i32 [P, 1, 1, 1], P >= the x rows: token t's position is pos[t]
+    ff: Tensor | None  # f32 [F, 1, 1, 1], F >= n_dims/2: ROPE_FF's frequency factors
+    constants: dict  # name -> f32 bit pattern (rope_constants; kernels/rope_math.h)
+    yarn: bool  # ext_factor != 0
+    eps: int  # the norm's eps, f32 bits (op_params word 11)
+
+
+@dataclass(frozen=True)
 class MatmulSpec:
     request: Request
     arch: Arch
@@ -195,6 +207,9 @@ class MatmulSpec:
     # RMS_NORM_MUL_MAT(_<glu>): n, the norm weight (the request's last input, f32 [K,1,1,1]);
     # src1 is then the norm's input, normalised on the cores (GemvPlan.norm).
     n: Tensor | None = None
+    # RMS_NORM_MUL_MAT_ROPE(_FF): the product rotated as ggml's ROPE (GemvPlan.rope); dst is
+    # then the product's [N, M] view of the request's [D, H, M] output (the same bytes).
+    rope: MvRope | None = None
 
     @property
     def add(self) -> bool:
@@ -219,13 +234,19 @@ class MatmulSpec:
     def sequence(self) -> list[tuple[str, int]]:
         """(type, elements) of the runtime-sequence arguments: src0, src1, dst (MUL_MAT_<glu>:
         W_g, W_u, x, dst; MUL_MAT_ADD: W, x, r, dst; RMS_NORM_MUL_MAT(_<glu>): the weights, x,
-        n, dst)."""
+        n, dst; RMS_NORM_MUL_MAT_ROPE(_FF): W, x, n, the positions, (the factors,) dst)."""
         w = ("i8", extent(self.src0)) if self.weight_bytes else (self.src0.dtype, _span(self.src0))
         ws = [w, w] if self.glu else [w]
         rest = (self.src1, self.r, self.dst) if self.add else (self.src1, self.dst)
         if self.n is not None:
             rest = (self.src1, self.n, self.dst)
-        return ws + [(t.dtype, _span(t)) for t in rest]
+        seq = ws + [(t.dtype, _span(t)) for t in rest]
+        if self.rope is not None:
+            # The positions (i32) and factors travel as 32-bit words on x's f32 fifo: declared
+            # f32 like its objects; the cores read the positions' bits back as i32.
+            consts = [self.rope.pos] + ([self.rope.ff] if self.rope.ff is not None else [])
+            seq[-1:-1] = [("f32", t.nelements) for t in consts]
+        return seq
 
     @property
     def batches(self) -> list[tuple[int, int, int]]:
@@ -261,8 +282,24 @@ class MatmulSpec:
         if self.n is not None:
             # eps as f32 bits, compiled into the kernel (the request's name carries it).
             eps = self.request.op_params[0] if self.request.op_params else 0
+            if self.rope is not None:
+                eps = self.rope.eps
             glu.update(MV_NORM=1, MV_NORM_K=self.src0.ne[0], OP_P0=eps)
         p = self.plan
+        if self.rope is not None:
+            r = p.rope
+            glu.update(
+                MV_ROPE=1,
+                MV_ROPE_HEAD=r.head,
+                MV_ROPE_N=p.N,
+                MV_ROPE_BLOCK=p.block,
+                MV_ROPE_TOKENS=r.tokens,
+                N_DIMS=r.n_dims,
+                NEOX=int(r.neox),
+                FF=int(r.ff > 0),
+                YARN=int(self.rope.yarn),
+                **self.rope.constants,
+            )
         # The GEMM's microkernel and tile shape (mm.cc and mmq.cc).
         gemm_tiles = (
             {}
@@ -962,18 +999,22 @@ def prepare_mul_mat_add(req: Request) -> MatmulSpec:
     return MatmulSpec(req, arch, w, x, dst, plan, compute, r=r)
 
 
-def prepare_rms_norm_mul_mat(req: Request, columns: int | None = None) -> MatmulSpec:
+def prepare_rms_norm_mul_mat(
+    req: Request, rope: RopeRows | None = None, what: str = "", columns: int | None = None
+) -> MatmulSpec:
     """RMS_NORM_MUL_MAT(_<glu>): the projection(s) of x / sqrt(mean(x^2) + eps) * n, MUL_MAT's
     (MUL_MAT_<glu>'s) GEMV with n sent once ahead of x's rows and x normalised on the cores
-    (GemvPlan.norm). Inputs: the weights (gate, up), x, n; op_params[0] = eps. `columns`: the
-    GEMV planned over at most that many of the array's columns (a group of RMS_NORM_QKV_ROPE's;
-    whether the GEMV applies at all is still asked of the whole array)."""
+    (GemvPlan.norm). Inputs: the weights (gate, up), x, n; op_params[0] = eps. `rope`: the
+    plan of RMS_NORM_MUL_MAT_ROPE(_FF)'s product (GemvPlan.rope), `what` its op name for the
+    refusals. `columns`: the GEMV planned over at most that many of the array's columns (a
+    group of RMS_NORM_QKV_ROPE's; whether the GEMV applies at all is still asked of the whole
+    array)."""
     spec, arch = _check_common(req, strided=True)  # the input count, op_params, types
     *ws, x, n = req.inputs
     dst = req.output
-    op, w = req.op, ws[0]
+    op, w = what or req.op, ws[0]
     K = w.ne[0]
-    glu = op[len("RMS_NORM_MUL_MAT_") :] if op != "RMS_NORM_MUL_MAT" else ""
+    glu = req.op[len("RMS_NORM_MUL_MAT_") :] if req.op != "RMS_NORM_MUL_MAT" else ""
     # An f16 output (RMS_NORM_MUL_MAT only: the backend's V projection into the f16 KV cache)
     # is MUL_MAT's: summed in the core's f32 stash, scaled by s, rounded once (mv_norm.h).
     outs = ("f32",) if glu else ("f32", "f16")
@@ -1009,22 +1050,24 @@ def prepare_rms_norm_mul_mat(req: Request, columns: int | None = None) -> Matmul
     N, p = w.ne[1], base.plan
     if columns is not None:
         arch = dataclasses.replace(arch, columns=columns)
-    if base.weight_bytes:
-        plan = plan_gemv_blocks(
-            N,
-            K,
-            w.block,
-            w.size,
-            arch,
-            products,
-            glu=bool(glu),
-            w_row=p.w_row,
-            y_size=dst.size,
-            stash=f16_out,
-            norm=True,
-        )
-    else:
-        plan = plan_gemv(
+
+    def plan_norm(rope):
+        if base.weight_bytes:
+            return plan_gemv_blocks(
+                N,
+                K,
+                w.block,
+                w.size,
+                arch,
+                products,
+                glu=bool(glu),
+                w_row=p.w_row,
+                y_size=dst.size,
+                stash=f16_out,
+                norm=True,
+                rope=rope,
+            )
+        return plan_gemv(
             N,
             K,
             w.size,
@@ -1036,6 +1079,17 @@ def prepare_rms_norm_mul_mat(req: Request, columns: int | None = None) -> Matmul
             p.w_row,
             stash=f16_out,
             norm=True,
+            rope=rope,
+        )
+
+    plan = plan_norm(rope)
+    if plan is None and rope is not None and plan_norm(None) is not None:
+        r = rope
+        span = f"a head's {r.n_dims} rotated rows" if r.neox else "pairs of rows"
+        raise UnsupportedError(
+            f"{op}: no GEMV plan of {M} token(s), {N} product rows (heads of {r.head}) and "
+            f"K={K} of {w.dtype} weights on {arch.name} keeps {span} on one core in every "
+            f"round with the rotation's tables, n and the GEMV's buffers in the core's memory"
         )
     if plan is None:
         raise UnsupportedError(
@@ -1044,6 +1098,69 @@ def prepare_rms_norm_mul_mat(req: Request, columns: int | None = None) -> Matmul
             f"buffers ({arch.l1_budget} bytes), or beyond {MAX_TASKS_PER_CHANNEL} DMA tasks"
         )
     return dataclasses.replace(base, request=req, plan=plan, n=n)
+
+
+# ggml's ROPE op_params words ahead of RMS_NORM_MUL_MAT_ROPE(_FF)'s eps (word 11).
+ROPE_PARAMS = 11
+
+
+def prepare_rms_norm_mul_mat_rope(req: Request, columns: int | None = None) -> MatmulSpec:
+    """RMS_NORM_MUL_MAT_ROPE(_FF): RMS_NORM_MUL_MAT's product y = W . (rms_norm(x) * n) of each
+    x row (token), viewed as [D, H] and rotated as ggml's ROPE (ROPE_FF) by the token's
+    position: the GEMV with the norm's prologue and a rotation epilogue (GemvPlan.rope). Inputs
+    W [K, M], x f32 [K, T], n f32 [K], pos i32 [>= T], (_FF) ff f32 [>= n_dims/2]; output f32 or
+    f16 [D, H, T] dense, D * H = M. op_params: ROPE's 11 words, then eps (word 11). `columns`:
+    as prepare_rms_norm_mul_mat's."""
+    op = req.op
+    _check_common(req, strided=True)  # the input count, op_params (12 words), types
+    w, x, n, pos, *rest = req.inputs
+    ff = rest[0] if rest else None
+    dst = req.output
+    p = list(req.op_params) + [0] * (ROPE_PARAMS + 1 - len(req.op_params))
+    n_dims, mode, n_ctx_orig = p[1], p[2], p[4]
+    (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow) = (
+        _bits_f32(b) for b in p[5:ROPE_PARAMS]
+    )
+    M, T = w.ne[1], x.ne[1]
+    if w.ne[2:] != (1, 1) or x.ne[2:] != (1, 1) or not x.is_dense():
+        raise UnsupportedError(
+            f"{op}: W {list(w.ne)} and x {list(x.ne)} (strides {list(x.nb)}) must be one "
+            f"matrix and dense rows of tokens (no batches)"
+        )
+    if dst.dtype not in ("f32", "f16") or not dst.is_dense():
+        raise UnsupportedError(
+            f"{op}: the output ({dst.dtype}, strides {list(dst.nb)}) must be dense f32 or f16"
+        )
+    D, H = dst.ne[0], dst.ne[1]
+    if dst.ne[2:] != (T, 1) or D * H != M:
+        raise UnsupportedError(
+            f"{op}: the output {list(dst.ne)} is not [D, H, {T}, 1] with D * H = M = {M} (the "
+            f"product's rows of each of the {T} x rows as heads)"
+        )
+    if mode not in (0, 2):
+        raise UnsupportedError(f"{op}: rope mode {mode} (normal and NeoX only)")
+    if n_dims <= 0 or n_dims % 2 or n_dims > D:
+        raise UnsupportedError(f"{op}: n_dims {n_dims} for heads of {D}")
+    if pos.dtype != "i32" or not pos.is_dense() or pos.nelements < T:
+        raise UnsupportedError(f"{op}: positions must be dense i32, one per x row ({T})")
+    if ff is not None and (ff.dtype != "f32" or not ff.is_dense() or ff.nelements < n_dims // 2):
+        raise UnsupportedError(
+            f"{op}: frequency factors must be dense f32 covering n_dims / 2 = {n_dims // 2}"
+        )
+    consts = rope_constants(
+        n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow
+    )
+    rows = RopeRows(D, n_dims, mode == 2, T, n_dims // 2 if ff is not None else 0)
+    norm = dataclasses.replace(
+        req,
+        op="RMS_NORM_MUL_MAT",
+        inputs=(w, x, n),
+        op_params=(p[ROPE_PARAMS],),
+        output=Tensor.dense(dst.dtype, (M, T, 1, 1)),
+    )
+    base = prepare_rms_norm_mul_mat(norm, rope=rows, what=op, columns=columns)
+    rope = MvRope(pos, ff, consts, bool(ext_factor != 0), p[ROPE_PARAMS])
+    return dataclasses.replace(base, request=req, rope=rope)
 
 
 def gemm_blocks_plan(src0: Tensor, src1: Tensor, dst: Tensor, arch: Arch) -> GemmPlan:
@@ -1174,6 +1291,8 @@ def prepare(req: Request):
         return prepare_mul_mat_add(req)
     if spec.kind == "rms_norm_mul_mat":
         return prepare_rms_norm_mul_mat(req)
+    if spec.kind == "rms_norm_mul_mat_rope":
+        return prepare_rms_norm_mul_mat_rope(req)
     if spec.kind == "rms_norm_qkv_rope":
         # plans_qkv imports this module: imported here, not at the top.
         from .plans_qkv import prepare_qkv

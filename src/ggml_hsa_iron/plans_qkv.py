@@ -27,7 +27,14 @@ from dataclasses import dataclass
 
 from .archs import Arch
 from .errors import RequestError, UnsupportedError
-from .plans import CoreSource, MatmulSpec, _check_common, prepare_rms_norm_mul_mat
+from .plans import (
+    ROPE_PARAMS,
+    CoreSource,
+    MatmulSpec,
+    _check_common,
+    prepare_rms_norm_mul_mat,
+    prepare_rms_norm_mul_mat_rope,
+)
 from .request import Request, Tensor
 from .tiling import (
     MAX_TASKS_PER_CHANNEL,
@@ -58,12 +65,18 @@ GEMV_FUNCTIONS = (
     "_norm_store_f16",
     "_norm_gate_zero",
     "_norm_gate",
+    "_rope_load",
+    "_norm_rope_scale",
+    "_norm_rope_store_f16",
 )
 
-# The projections: name, the op computing it alone (its group's GEMV), whether it is rotated.
-GROUP_OPS = (("q", "RMS_NORM_MUL_MAT", True), ("k", "RMS_NORM_MUL_MAT", True))
-GROUP_OPS += (("v", "RMS_NORM_MUL_MAT", False),)
-ROPE_PARAMS = 11  # ggml's ROPE op_params words ahead of eps (word 11)
+# The projections: name, and the op computing it alone (its group's GEMV; RMS_NORM_QKV_ROPE_FF:
+# RMS_NORM_MUL_MAT_ROPE_FF).
+GROUP_OPS = (
+    ("q", "RMS_NORM_MUL_MAT_ROPE"),
+    ("k", "RMS_NORM_MUL_MAT_ROPE"),
+    ("v", "RMS_NORM_MUL_MAT"),
+)
 
 
 @dataclass(frozen=True)
@@ -106,14 +119,12 @@ class QkvSpec:
     @property
     def sequence(self) -> list[tuple[str, int]]:
         """(type, elements) of the runtime-sequence arguments: the request's operands in order
-        (Wq, Wk, Wv, x, n, the positions, the factors, Q, K, V), each as its group's GEMV
-        declares it (weights moved as bytes: i8; the positions and factors f32, the x fifo's
-        words)."""
+        (Wq, Wk, Wv, x, n, the positions, (the factors,) Q, K, V), each as its group's GEMV
+        declares it (weights moved as bytes: i8; the positions and factors f32, the words of x's
+        fifo)."""
         q, k, v = (g.spec.sequence for g in self.groups)
-        # The positions (i32) and factors travel as 32-bit words on x's f32 fifo (as
-        # RMS_NORM_MUL_MAT_ROPE's): declared f32 like its objects.
-        consts = [("f32", t.nelements) for t in self.request.inputs[5:]]
-        return [q[0], k[0], v[0], q[1], q[2], *consts, q[-1], k[-1], v[-1]]
+        # Q's GEMV's: W, x, n, the positions, (the factors,) Q.
+        return [q[0], k[0], v[0], *q[1:-1], q[-1], k[-1], v[-1]]
 
     def tasks(self) -> list[list]:
         """Per group its GEMV's DMA task groups (GemvPlan.tasks); the design issues the
@@ -124,7 +135,7 @@ class QkvSpec:
 def _operand_checks(req: Request):
     """Shapes and types beyond the groups' own checks: one weight type and K, x f32 [K, N], n,
     Q f32 and the outputs' types and layouts, V's shape."""
-    wq, wk, wv, x, n, pos, *rest = req.inputs
+    wq, wk, wv, x, n = req.inputs[:5]
     q, k, v = req.outputs
     op = req.op
     if not wq.dtype == wk.dtype == wv.dtype:
@@ -152,50 +163,40 @@ def _operand_checks(req: Request):
         raise RequestError(f"{op}: V {list(v.ne)} is not [Mv, N] = [{wv.ne[1]}, {N}]")
 
 
-def _group_request(req: Request, op: str, w: Tensor, out: Tensor, rotated: bool) -> Request:
-    """The request of the op computing one projection alone."""
+def _group_request(req: Request, op: str, w: Tensor, out: Tensor) -> Request:
+    """The request of `op` computing one projection alone: RMS_NORM_MUL_MAT_ROPE(_FF) (W, x, n,
+    the positions, (the factors); the 12 words) or RMS_NORM_MUL_MAT (W, x, n; eps)."""
     wq, wk, wv, x, n, *consts = req.inputs
     params = list(req.op_params) + [0] * (ROPE_PARAMS + 1 - len(req.op_params))
-    if rotated and op != "RMS_NORM_MUL_MAT":
-        return Request(req.name, req.arch, op, tuple(params), (w, x, n, *consts), out)
-    # The unrotated product, its rows the output's [M, N] view (the same bytes).
-    flat = Tensor.dense(out.dtype, (w.ne[1], x.ne[1], 1, 1))
-    if out.nelements != flat.nelements:
-        raise RequestError(
-            f"{req.op}: the output {list(out.ne)} does not hold the product's {w.ne[1]} rows "
-            f"of {x.ne[1]} tokens"
-        )
-    return Request(req.name, req.arch, op, (params[ROPE_PARAMS],), (w, x, n), flat)
+    if op == "RMS_NORM_MUL_MAT":
+        return Request(req.name, req.arch, op, (params[ROPE_PARAMS],), (w, x, n), out)
+    op += "_FF" if req.op.endswith("_FF") else ""
+    return Request(req.name, req.arch, op, tuple(params), (w, x, n, *consts), out)
 
 
 def _check_limits(spec: QkvSpec) -> None:
-    """What the groups' plans do not see of each other: every column one group's (the
-    groups' columns go round), the memory tiles, and each column's shim tasks (one group per
-    column: its GEMV's, with the prologue's fills in the first task group)."""
-    arch = spec.arch
-    if spec.columns > arch.columns:
-        raise UnsupportedError(f"{spec.request.op}: {spec.columns} columns on {arch.name}")
+    """The limits of each column, every column one group's: its memory tile (the W and y
+    rings) and its shim channels' DMA tasks (its GEMV's task groups; on the x channel also the
+    prologue, n and the rotation's constants, whose fills join W's, x's and y's in the first
+    task group). A core's memory (n, the stash, the rotation's tables) is its group's plan's."""
+    op, arch = spec.request.op, spec.arch
     for g in spec.groups:
         p = g.spec.plan
-        if p.columns > g.columns:
-            raise UnsupportedError(f"{spec.request.op}: group {g.name} outgrows its columns")
         unit = 1 if g.spec.weight_bytes else g.spec.src0.size
         if gemv_memtile_bytes(p, unit, g.spec.dst.size) > arch.memtile_bytes:
-            raise UnsupportedError(f"{spec.request.op}: group {g.name}'s memory tile overflows")
-        tasks = g.spec.tasks()
-        prologue = len(g.spec.sequence) - 3  # n, and the rotation's constants
-        if len(tasks) + prologue > MAX_TASKS_PER_CHANNEL:
+            raise UnsupportedError(f"{op}: {g.name.upper()}'s memory tile rings overflow it")
+        prologue = 1 + (len(p.rope_taps()) if g.spec.rope is not None else 0)
+        if len(g.spec.tasks()) + prologue > MAX_TASKS_PER_CHANNEL:
             raise UnsupportedError(
-                f"{spec.request.op}: group {g.name} has more than {MAX_TASKS_PER_CHANNEL} DMA "
-                f"tasks on a shim channel"
+                f"{op}: {g.name.upper()}'s x channel takes more than {MAX_TASKS_PER_CHANNEL} "
+                f"DMA tasks"
             )
         if 3 + prologue > SHIM_GROUP_TASKS:
-            raise UnsupportedError(f"{spec.request.op}: group {g.name}'s first task group")
+            raise UnsupportedError(f"{op}: {g.name.upper()}'s first task group outgrows a shim")
 
 
-def prepare_qkv(req: Request, rotate: bool = True) -> QkvSpec:
-    """RMS_NORM_QKV_ROPE(_FF): see the module docstring. `rotate` False: Q and K are not
-    rotated (the groups' GEMVs without their rotation epilogue, for tests)."""
+def prepare_qkv(req: Request) -> QkvSpec:
+    """RMS_NORM_QKV_ROPE(_FF): see the module docstring."""
     _, arch = _check_common(req)  # the op, arch, input count, op_params, types, dense operands
     _operand_checks(req)
     wq, wk, wv = req.inputs[:3]
@@ -208,10 +209,9 @@ def prepare_qkv(req: Request, rotate: bool = True) -> QkvSpec:
             f"GEMVs (one column each at least)"
         )
     groups, col0 = [], 0
-    for (name, op, rotated), columns in zip(GROUP_OPS, split):
+    for (name, op), columns in zip(GROUP_OPS, split):
         w, out = outs[name]
-        sub = _group_request(req, op, w, out, rotated and rotate)
-        gspec = _group_spec(req, sub, rotated and rotate, columns, name)
+        gspec = _group_spec(req, _group_request(req, op, w, out), columns, name)
         groups.append(QkvGroup(name, gspec, col0, columns))
         col0 += columns
     spec = QkvSpec(req, arch, tuple(groups))
@@ -219,15 +219,13 @@ def prepare_qkv(req: Request, rotate: bool = True) -> QkvSpec:
     return spec
 
 
-def _group_spec(req: Request, sub: Request, rotated: bool, columns: int, name: str):
+def _group_spec(req: Request, sub: Request, columns: int, name: str) -> MatmulSpec:
     """One group's GEMV: the op computing the projection alone, planned over `columns`; its
     refusals are the request's."""
-    if rotated:
-        raise UnsupportedError(
-            f"{req.op}: the rotation epilogue of the Q and K projections "
-            "(RMS_NORM_MUL_MAT_ROPE's) is not available"
-        )
+    prepare = (
+        prepare_rms_norm_mul_mat if sub.op == "RMS_NORM_MUL_MAT" else prepare_rms_norm_mul_mat_rope
+    )
     try:
-        return prepare_rms_norm_mul_mat(sub, columns=columns)
+        return prepare(sub, columns=columns)
     except (UnsupportedError, RequestError) as e:
-        raise type(e)(f"{req.op} ({name.upper()}'s {columns} columns): {e}") from None
+        raise type(e)(f"{req.op}, {name.upper()} over {columns} column(s): {e}") from None

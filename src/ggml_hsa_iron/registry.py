@@ -13,7 +13,9 @@ vector units, f32 is emulated. Type rules beyond the per-op list:
 * MUL_MAT: see `MUL_MAT_COMBOS`; MUL_MAT_<glu>: `MUL_MAT_GLU_COMBOS` (input 1, the up
   weights, has input 0's type); MUL_MAT_ADD: `MUL_MAT_ADD_COMBOS` (r is f32);
   RMS_NORM_MUL_MAT: `RMS_NORM_MUL_MAT_COMBOS`, RMS_NORM_MUL_MAT_<glu>:
-  `RMS_NORM_MUL_MAT_GLU_COMBOS` (n is f32).
+  `RMS_NORM_MUL_MAT_GLU_COMBOS` (n is f32); RMS_NORM_MUL_MAT_ROPE(_FF): RMS_NORM_MUL_MAT's
+  combos (n and the frequency factors f32, the positions i32); RMS_NORM_QKV_ROPE(_FF):
+  `RMS_NORM_QKV_ROPE_COMBOS` (Q f32).
 """
 
 from dataclasses import dataclass
@@ -40,7 +42,8 @@ class OpSpec:
     broadcast: bool
     noncontiguous: bool
     # "binary", "unary", "mul_mat", "mul_mat_glu", "mul_mat_add", "rows", "glu", "rope", "copy", "set_rows",
-    # "flash_attn", "reduce", "rms_norm_mul_mat", "rms_norm_qkv_rope"
+    # "flash_attn", "reduce", "rms_norm_mul_mat", "rms_norm_mul_mat_rope",
+    # "rms_norm_qkv_rope"
     kind: str
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
@@ -114,6 +117,19 @@ _NORM_MM_LIMITS = (
     "x (then the GLU). MUL_MAT's GEMV only (one GEMV per src1 row): dense M that MUL_MAT's "
     "GEMM takes is refused (the norm then runs unfused); n is kept on every core, so K must "
     "fit the core's memory with the GEMV's buffers (4 bytes per value; K = 8192 does not)"
+)
+
+_NORM_MM_ROPE_LIMITS = (
+    "RMS_NORM_MUL_MAT's product rotated as ggml's ROPE (llama's Q and K projections and their "
+    "ROPE, one kernel): inputs W (RMS_NORM_MUL_MAT's weights, [K,M,1,1]), x (f32 [K,T,1,1] "
+    "dense, the norm's input), n (f32 [K,1,1,1]), positions (i32, at least T: token t's is "
+    "pos[t]), RMS_NORM_MUL_MAT_ROPE_FF: frequency factors (f32, at least n_dims/2); "
+    "op_params 0..10 ROPE's (normal and NeoX modes, YaRN parameters), 11 the norm's eps; dst "
+    "f32 or f16 [D,H,T,1] dense with D*H = M (f16: rounded once, as RMS_NORM_MUL_MAT's). out = "
+    "rope(W . (x / sqrt(mean(x^2) + eps) * n)) per token, heads of D rows, the first n_dims "
+    "<= D of each rotated in f32. RMS_NORM_MUL_MAT's GEMV only (its refusals apply); every "
+    "core's rows of a round hold whole rotation pairs (NeoX: a head's n_dims span), or the "
+    "request is refused; cos/sin accurate for |theta| below about 6000"
 )
 
 _NORM_QKV_LIMITS = (
@@ -222,6 +238,15 @@ def _rms_norm_mul_mat(op: str, inputs: int) -> OpSpec:
     return OpSpec(op, MUL_MAT, inputs, types, True, True, "rms_norm_mul_mat", _NORM_MM_LIMITS, 1)
 
 
+def _rms_norm_mul_mat_rope(op: str, inputs: int) -> OpSpec:
+    # Like MUL_MAT: the inputs never have the output's shape (declared as broadcast); i32: the
+    # positions; op_params ROPE's 11 words and eps.
+    types = ("bf16", "f16", "f32", "i32") + QUANT_TYPES
+    return OpSpec(
+        op, MUL_MAT, inputs, types, True, True, "rms_norm_mul_mat_rope", _NORM_MM_ROPE_LIMITS, 12
+    )
+
+
 def _rms_norm_qkv_rope(op: str, inputs: int) -> OpSpec:
     # Like MUL_MAT: the inputs never have the outputs' shapes (declared as broadcast); i32: the
     # positions; op_params RMS_NORM_MUL_MAT_ROPE's 12 words; three outputs (Q, K, V).
@@ -306,6 +331,14 @@ OPS: tuple[OpSpec, ...] = (
     _rms_norm_mul_mat("RMS_NORM_MUL_MAT_SWIGLU", 4),
     _rms_norm_mul_mat("RMS_NORM_MUL_MAT_GEGLU_ERF", 4),
     _rms_norm_mul_mat("RMS_NORM_MUL_MAT_GEGLU_QUICK", 4),
+    # llama's Q and K projections (their attn_norm folded in) and the ROPE of each: inputs W,
+    # x, n, the positions (and the frequency factors); op_params ROPE's and eps.
+    _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_ROPE", 4),
+    _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_ROPE_FF", 5),
+    # llama's Q, K and V projections in one dispatch, three outputs: inputs Wq, Wk, Wv, x, n,
+    # the positions (and the frequency factors); op_params RMS_NORM_MUL_MAT_ROPE's.
+    _rms_norm_qkv_rope("RMS_NORM_QKV_ROPE", 6),
+    _rms_norm_qkv_rope("RMS_NORM_QKV_ROPE_FF", 7),
     # Row ops (designs/_rows.py): op_params eps (norms), scale and max_bias (SOFT_MAX).
     _rows("RMS_NORM", 1, ("f32",), 1),
     _rows("NORM", 1, ("f32",), 1),
@@ -427,6 +460,10 @@ RMS_NORM_MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = tuple(
     c for c in MUL_MAT_COMBOS if c[1] == "f32" and c[2] in ("f32", "f16")
 )
 
+# (weights, x, dst) type triples of RMS_NORM_MUL_MAT_ROPE(_FF) (n and the frequency factors f32,
+# the positions i32): RMS_NORM_MUL_MAT's (K's rotated projection written into the f16 KV cache).
+RMS_NORM_MUL_MAT_ROPE_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_MUL_MAT_COMBOS
+
 # (weights, x, dst) type triples of RMS_NORM_MUL_MAT_<glu> (n is f32; both weight inputs have
 # the first type): MUL_MAT's with f32 x and dst (the GLU is computed in f32).
 RMS_NORM_MUL_MAT_GLU_COMBOS: tuple[tuple[str, str, str], ...] = MUL_MAT_ADD_COMBOS
@@ -434,13 +471,6 @@ RMS_NORM_MUL_MAT_GLU_COMBOS: tuple[tuple[str, str, str], ...] = MUL_MAT_ADD_COMB
 # (weights, x, K's and V's type) triples of RMS_NORM_QKV_ROPE(_FF) (Q f32; n and the frequency
 # factors f32, the positions i32): RMS_NORM_MUL_MAT's (K and V written into the f16 KV cache).
 RMS_NORM_QKV_ROPE_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_MUL_MAT_COMBOS
-
-# llama's Q, K and V projections in one dispatch (designs/mul_mat.py, plans_qkv.py): inputs Wq,
-# Wk, Wv, x, n, the positions (and the frequency factors); outputs Q, K, V.
-QKV_OPS: tuple[OpSpec, ...] = (
-    _rms_norm_qkv_rope("RMS_NORM_QKV_ROPE", 6),
-    _rms_norm_qkv_rope("RMS_NORM_QKV_ROPE_FF", 7),
-)
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
 SOURCES: tuple[str, ...] = (

@@ -558,6 +558,59 @@ def _gemm_dma_ok(p: GemmPlan, batches: int) -> bool:
 
 
 @dataclass(frozen=True)
+class RopeRows:
+    """RMS_NORM_MUL_MAT_ROPE(_FF)'s rotation as the GEMV plan sees it: the product's N rows
+    are heads of `head` rows (ggml's [D, H] view of a token's product), the first `n_dims` of
+    each rotated in pairs, (2i, 2i + 1), or (i, i + n_dims/2) with `neox`. Every core's rows of
+    a round must hold whole pairs (`rounds_ok`). Once per dispatch the x channel carries, behind
+    n, `ff` frequency factors (0 without) and the positions of the `tokens` x rows as 32-bit
+    words, padded to whole x objects (GemvPlan.rope_taps)."""
+
+    head: int
+    n_dims: int
+    neox: bool
+    tokens: int
+    ff: int = 0
+
+    @property
+    def words(self) -> int:
+        """32-bit words of the per-dispatch constants: the factors, then the positions."""
+        return self.ff + self.tokens
+
+    def objects(self, kc: int) -> int:
+        """x objects (kc values each) of the constants."""
+        return -(-self.words // kc)
+
+    def splits(self, row: int) -> bool:
+        """Whether a boundary between two cores' rows before `row` separates a pair."""
+        d = row % self.head
+        if d == 0 or d >= self.n_dims:
+            return False
+        return self.neox or d % 2 == 1
+
+    def rounds_ok(self, N: int, block: int, nr: int) -> bool:
+        """Every core's nr rows of every round (GemvPlan's rounds of `block` rows over N, the
+        last one shifted back when N is off the block) hold whole pairs."""
+        for start in block_starts(N, block):
+            if any(self.splits(start + j * nr) for j in range(block // nr + 1)):
+                return False
+        return True
+
+    def row_options(self) -> tuple[int, ...]:
+        """Rows per core (nr) the planner tries besides its usual ones: a head and two, so
+        that rounds can hold whole heads (a NeoX head's span) when a head is not one of them."""
+        return tuple(m * self.head for m in (1, 2) if m * self.head <= MAX_WRAP)
+
+
+def mv_rope_bytes(rope: RopeRows) -> int:
+    """RMS_NORM_MUL_MAT_ROPE(_FF)'s static data on a core (mv_rope.h, rope_math.h): six arrays
+    of n_dims/2 f32 padded to 16 (the frequency factors, the cos/sin cache, the theta table, two
+    pair staging buffers), the positions and the counters."""
+    half_pad = -(-(rope.n_dims // 2) // VECTOR_ELEMS) * VECTOR_ELEMS
+    return 6 * 4 * half_pad + 4 * rope.tokens + 16
+
+
+@dataclass(frozen=True)
 class GemvPlan:
     """y[N] = W[N,K] . x[K] for each of a list of x rows (ggml MUL_MAT with few src1 rows).
 
@@ -579,6 +632,11 @@ class GemvPlan:
     `norm` (RMS_NORM_MUL_MAT(_<glu>)): the x channel first carries the norm weight n once per
     dispatch, K // kc objects (`norm_tap`, one task ahead of the first group's x), which every
     core keeps aside (mv_norm.h); the rounds then run as without it.
+
+    `rope` (RMS_NORM_MUL_MAT_ROPE(_FF), with `norm`): behind n the x channel carries the
+    rotation's per-dispatch constants in whole x objects (`rope_taps`), which every core keeps
+    (mv_rope.h); each core's rows of a round hold whole rotation pairs (RopeRows.rounds_ok),
+    rotated at the end of the round.
     """
 
     N: int
@@ -598,6 +656,7 @@ class GemvPlan:
     w_row: int = 0
     add: bool = False
     norm: bool = False
+    rope: RopeRows | None = None
 
     def w_units(self, elems: int) -> int:
         """W's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
@@ -612,6 +671,25 @@ class GemvPlan:
         """`norm`: n's K values in K chunks, one task on the x channel per dispatch."""
         kc = self.k_chunk
         return Tap(0, (1, 1, self.K // kc, kc), (0, 0, kc, 1))
+
+    @property
+    def rope_objects(self) -> int:
+        """`rope`: x objects of the per-dispatch constants (0 without)."""
+        return self.rope.objects(self.k_chunk) if self.rope else 0
+
+    def rope_taps(self) -> list[tuple[str, Tap]]:
+        """`rope`: the constants' tasks on the x channel, behind n's: ("ff", the frequency
+        factors), ("pos", the tokens' positions), then ("n", n's first values padding the last
+        object), each one linear walk of 32-bit words."""
+        r = self.rope
+        if r is None:
+            return []
+        out = [("ff", Tap(0, (1, 1, 1, r.ff), (0, 0, 0, 1)))] if r.ff else []
+        out.append(("pos", Tap(0, (1, 1, 1, r.tokens), (0, 0, 0, 1))))
+        pad = self.rope_objects * self.k_chunk - r.words
+        if pad:
+            out.append(("n", Tap(0, (1, 1, 1, pad), (0, 0, 0, 1))))
+        return out
 
     @property
     def x_tasks_per_round(self) -> int:
@@ -741,9 +819,28 @@ def mv_norm_bytes(K: int, kc: int) -> int:
 
 
 def _norm_ok(plan: GemvPlan, products: int) -> bool:
-    """`norm`: n's task fits the x channel's DMA tasks."""
-    x_tasks = products * len(plan.round_tasks()) + 1
+    """`norm`: n's task (and `rope`'s constants' tasks) fit the x channel's DMA tasks."""
+    x_tasks = products * len(plan.round_tasks()) + 1 + len(plan.rope_taps())
     return not plan.norm or x_tasks <= MAX_TASKS_PER_CHANNEL
+
+
+GEMV_ROWS = (64, 32, 16, 8, 4, 2, 1)  # rows per core (nr) the GEMV planners try
+
+
+def _row_options(rope: RopeRows | None) -> tuple[int, ...]:
+    """nr values to try, largest first: GEMV_ROWS, and with `rope` a head and two."""
+    if rope is None:
+        return GEMV_ROWS
+    return tuple(sorted(set(GEMV_ROWS) | set(rope.row_options()), reverse=True))
+
+
+def _rows_ok(N: int, columns: int, rows: int, nr: int, rope: RopeRows | None) -> bool:
+    """A column's rows of a round are one wrap-limited DMA dimension of W's taps (R*nr; only
+    `rope`'s rows per core of whole heads reach it); `rope`: every core's rows of every round
+    hold whole rotation pairs."""
+    if rows * nr > MAX_WRAP:
+        return False
+    return rope is None or rope.rounds_ok(N, columns * rows * nr, nr)
 
 
 def _add_ok(N: int, rows: int, nr: int, block: int, kc: int) -> bool:
@@ -765,6 +862,7 @@ def plan_gemv(
     add: bool = False,
     stash: bool = False,
     norm: bool = False,
+    rope: RopeRows | None = None,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan for `products` matrix-vector products, or None. Any N; K
     chunks are divisors of K whose W and x runs are whole DMA words (any K for f32).
@@ -772,7 +870,9 @@ def plan_gemv(
     W's row stride in elements when src0 is strided (GemvPlan.w_row; 0: dense). `add`:
     MUL_MAT_ADD (GemvPlan.add: whole rounds, R*nr <= kc). `stash`: the core sums in its
     stash of nr f32 (an f16 output, rounded once per round: mv_stash.h). `norm`:
-    RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes)."""
+    RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes). `rope`:
+    RMS_NORM_MUL_MAT_ROPE(_FF) (GemvPlan.rope, with `norm`; whole rotation pairs per core and
+    round, the core also keeps mv_rope_bytes)."""
     if (K * w_size) % DMA_WORD or (K * x_size) % DMA_WORD:
         return None
     best, best_key = None, None
@@ -785,13 +885,16 @@ def plan_gemv(
     ]
     for columns in range(arch.columns, 0, -1):
         for rows in (4, 2, 1):
-            for nr in (64, 32, 16, 8, 4, 2, 1):
+            for nr in _row_options(rope):
                 if columns * rows * nr > N or (nr * y_size) % DMA_WORD:
+                    continue
+                if not _rows_ok(N, columns, rows, nr, rope):
                     continue
                 for kc in reversed(k_options):
                     l1 = 2 * nr * kc * w_size + 2 * kc * x_size + 2 * nr * y_size
                     l1 += stash_bytes(nr) if glu or stash else 0
                     l1 += mv_norm_bytes(K, kc) if norm else 0
+                    l1 += mv_rope_bytes(rope) if rope else 0
                     if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                         continue
                     if add and not _add_ok(N, rows, nr, columns * rows * nr, kc):
@@ -808,6 +911,7 @@ def plan_gemv(
                         w_row=w_row,
                         add=add,
                         norm=norm,
+                        rope=rope,
                     )
                     if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
                         continue
@@ -855,6 +959,7 @@ def plan_gemv_blocks(
     y_size: int = 4,
     stash: bool = False,
     norm: bool = False,
+    rope: RopeRows | None = None,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan over weights moved as bytes (`w_block` elements in
     `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results of
@@ -864,7 +969,8 @@ def plan_gemv_blocks(
     keeps on its stack besides the fifo buffers. K chunks are whole blocks. `glu`: MUL_MAT_<glu>
     (GemvPlan.glu; the core also keeps its stash of nr f32). `w_row`: W's row stride in bytes
     when src0 is strided (GemvPlan.w_row; 0: dense). `add`: MUL_MAT_ADD (GemvPlan.add).
-    `norm`: RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes)."""
+    `norm`: RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes).
+    `rope`: RMS_NORM_MUL_MAT_ROPE(_FF) (GemvPlan.rope, as plan_gemv's)."""
     if K % w_block:
         return None
     blocks = K // w_block
@@ -873,14 +979,17 @@ def plan_gemv_blocks(
     k_options = [w_block * d for d in divisors(blocks)]
     for columns in range(arch.columns, 0, -1):
         for rows in (4, 2, 1):
-            for nr in (64, 32, 16, 8, 4, 2, 1):
+            for nr in _row_options(rope):
                 if columns * rows * nr > N or (nr * y_size) % DMA_WORD:
+                    continue
+                if not _rows_ok(N, columns, rows, nr, rope):
                     continue
                 for kc in reversed(k_options):
                     kcw = kc // w_block * w_block_bytes
                     l1 = 2 * nr * kcw + 2 * kc * x_size + 2 * nr * y_size + staging
                     l1 += stash_bytes(nr) if glu or stash else 0
                     l1 += mv_norm_bytes(K, kc) if norm else 0
+                    l1 += mv_rope_bytes(rope) if rope else 0
                     if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                         continue
                     if (nr * kcw) % DMA_WORD:
@@ -911,6 +1020,7 @@ def plan_gemv_blocks(
                         w_row,
                         add,
                         norm,
+                        rope,
                     )
                     if plan.w_tasks(len(products)) > MAX_TASKS_PER_CHANNEL:
                         continue

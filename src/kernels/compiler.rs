@@ -75,7 +75,13 @@ impl Capabilities {
                 desc.inputs.len()
             ));
         }
-        for t in desc.inputs.iter().chain([&desc.output]) {
+        let operands = || {
+            desc.inputs
+                .iter()
+                .chain([&desc.output])
+                .chain(&desc.extra_outputs)
+        };
+        for t in operands() {
             if !op.types.contains(&t.dtype) {
                 return Err(format!("{} is not compiled for type {}", desc.op, t.dtype));
             }
@@ -96,7 +102,6 @@ impl Capabilities {
         if desc.f16_as_bf16 && !self.f16_as_bf16 {
             return Err("the compiler cannot compute f16 operands as bf16".into());
         }
-        let operands = || desc.inputs.iter().chain([&desc.output]);
         if !op.noncontiguous && !operands().all(super::desc::Layout::is_dense) {
             return Err(format!("{} kernels need contiguous operands", desc.op));
         }
@@ -240,6 +245,7 @@ mod tests {
             inputs: vec![t.clone(); n_inputs],
             output: t,
             f16_as_bf16: false,
+            extra_outputs: Vec::new(),
         }
     }
 

@@ -119,6 +119,9 @@ pub struct KernelDesc {
     pub op_params: Vec<i32>,
     pub inputs: Vec<Layout>,
     pub output: Layout,
+    /// The outputs after `output`, for ops with several (`RMS_NORM_QKV_ROPE`: K and V after
+    /// Q); the kernel receives them after `output`.
+    pub extra_outputs: Vec<Layout>,
     /// The f16 operands are computed as bf16 (`GGML_HSA_F16_AS_BF16`): the kernel rounds f16
     /// inputs to bf16 before computing and its f16 outputs to bf16 precision, as a kernel fed
     /// bf16 copies of them would. Only set when some operand is f16.
@@ -136,12 +139,15 @@ struct Request<'a> {
     op_params: &'a [i32],
     inputs: &'a [Layout],
     output: &'a Layout,
+    #[serde(skip_serializing_if = "<[Layout]>::is_empty")]
+    extra_outputs: &'a [Layout],
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     f16_as_bf16: bool,
 }
 
 impl KernelDesc {
-    /// The canonical kernel name: `<op>-<input>...-<output>[-p<params>][-f16asbf16]`, each operand as
+    /// The canonical kernel name: `<op>-<input>...-<output>[-<extra output>...][-p<params>][-f16asbf16]`,
+    /// each operand as
     /// `<type>_<ne0>x<ne1>...` (plus `_s<strides>` when strided), op parameters as hex words with
     /// trailing zeros dropped. Stable across runs, builds and machines; file-name safe
     /// (`[a-z0-9_x-]`). Names longer than 160 characters keep their first 143 characters and end
@@ -150,6 +156,7 @@ impl KernelDesc {
         let mut parts = vec![self.op.to_ascii_lowercase()];
         parts.extend(self.inputs.iter().map(Layout::name_part));
         parts.push(self.output.name_part());
+        parts.extend(self.extra_outputs.iter().map(Layout::name_part));
         let used = self
             .op_params
             .iter()
@@ -188,6 +195,7 @@ impl KernelDesc {
             op_params: &self.op_params,
             inputs: &self.inputs,
             output: &self.output,
+            extra_outputs: &self.extra_outputs,
             f16_as_bf16: self.f16_as_bf16,
         })
         .expect("kernel descriptions always serialise")
@@ -213,6 +221,7 @@ mod tests {
             inputs: vec![t.clone(), t.clone()],
             output: t,
             f16_as_bf16: false,
+            extra_outputs: Vec::new(),
         }
     }
 
@@ -246,6 +255,7 @@ mod tests {
             inputs: vec![w.clone(), x],
             output: Layout::contiguous("f32", 4, [3, 5, 2, 1]),
             f16_as_bf16: false,
+            extra_outputs: Vec::new(),
         };
         assert_eq!(
             d.canonical_name(),

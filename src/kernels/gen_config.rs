@@ -271,6 +271,10 @@ pub struct KernelEntry {
     /// Tensor descriptors of the inputs, in kernel order.
     pub input_tensors: Vec<String>,
     pub output_tensor: String,
+    /// Tensor descriptors of the outputs after the first, for ops with several (an extension
+    /// of the IRON config format, as `op_params` is).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_output_tensors: Vec<String>,
     /// The kernel files' name; the canonical name when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exported_name: Option<String>,
@@ -307,6 +311,7 @@ impl KernelEntry {
             arch: arch.name().to_owned(),
             input_tensors: desc.inputs.iter().map(format_tensor).collect(),
             output_tensor: format_tensor(&desc.output),
+            extra_output_tensors: desc.extra_outputs.iter().map(format_tensor).collect(),
             exported_name: Some(desc.canonical_name()),
             op_params: (!desc.op_params.is_empty()).then(|| desc.op_params.clone()),
             f16_as_bf16: desc.f16_as_bf16.then_some(true),
@@ -344,6 +349,11 @@ impl KernelEntry {
             .map(|t| parse_tensor(t))
             .collect::<Result<Vec<_>, _>>()?;
         let output = parse_tensor(&self.output_tensor)?;
+        let extra_outputs = self
+            .extra_output_tensors
+            .iter()
+            .map(|t| parse_tensor(t))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok((
             arch,
             KernelDesc {
@@ -351,6 +361,7 @@ impl KernelEntry {
                 op_params,
                 inputs,
                 output,
+                extra_outputs,
                 f16_as_bf16: self.f16_as_bf16.unwrap_or(false),
             },
         ))
@@ -525,6 +536,7 @@ mod tests {
             arch: "aie2p".into(),
             input_tensors: inputs.iter().map(|s| s.to_string()).collect(),
             output_tensor: output.into(),
+            extra_output_tensors: Vec::new(),
             exported_name: None,
             op_params: None,
             f16_as_bf16: None,
@@ -650,6 +662,7 @@ mod tests {
             inputs: vec![t.clone()],
             output: t,
             f16_as_bf16: false,
+            extra_outputs: Vec::new(),
         };
         let e = KernelEntry::from_desc(&desc, Arch::Aie2p);
         assert_eq!(e.kernel_name, "ggml_op_gelu_quick");

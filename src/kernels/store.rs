@@ -745,6 +745,7 @@ mod tests {
             inputs: vec![t.clone()],
             output: t,
             f16_as_bf16: false,
+            extra_outputs: Vec::new(),
         }
     }
 

@@ -15,9 +15,16 @@
 //! And one fold over the planned graph, not a run of nodes: an `RMS_NORM_MUL` kernel whose
 //! output only the projections read (llama's Q, K and V, the gate/up pair) runs inside each of
 //! them, as `RMS_NORM_MUL_MAT` or `RMS_NORM_MUL_MAT_<GLU>` kernels ([`fold_rms_norm`]).
-//! After it, a `RMS_NORM_MUL_MAT` kernel whose product only a `ROPE` kernel reads (llama's Q
+//! After it, two `RMS_NORM_MUL_MAT` kernels of one x whose products only a GLU kernel reads
+//! (a gate/up pair the run fusion left apart because the GLU's output reuses the norm's
+//! memory, which no kernel reads any more) become one `RMS_NORM_MUL_MAT_<GLU>` kernel
+//! ([`fold_glu`]); a `RMS_NORM_MUL_MAT` kernel whose product only a `ROPE` kernel reads (llama's Q
 //! and K) runs inside the ROPE's node as one `RMS_NORM_MUL_MAT_ROPE[_FF]` kernel
-//! ([`fold_rope`]).
+//! ([`fold_rope`]), and a `MUL_MAT_ADD` kernel whose activations only an
+//! `RMS_NORM_MUL_MAT_<GLU>` kernel writes (llama's ffn_down and residual after the normed
+//! gate/up pair) runs with it as one `RMS_NORM_FFN_<GLU>` kernel ([`fold_ffn`]). Last, once the kernels writing KV-cache rows themselves are known
+//! (`RowScatter::producer`), Q's, K's and V's kernels of one normalised x become one
+//! `RMS_NORM_QKV_ROPE[_FF]` kernel with three outputs ([`merge_qkv`]).
 
 use super::plan::{as_layout, kernel_as_laid_out, mul_mat, rows_layout, Plan, PlanOptions};
 use super::tensor::{BinaryOp, DType, Node, Op, Tensor};
@@ -113,6 +120,7 @@ pub fn fuse_rms_norm_mul(norm: &Node, mul: &Node, later: &[Node]) -> Option<Plan
             inputs: vec![rows_layout(x, true), as_layout(w)],
             output: rows_layout(out, true),
             f16_as_bf16: false,
+            extra_outputs: Vec::new(),
         },
         operands: vec![x.clone(), w.clone(), out.clone()],
     })
@@ -303,6 +311,102 @@ pub fn fold_rms_norm<'a>(
     Some(NormFold { norm: at, readers })
 }
 
+/// A gate/up pair of normed projections folded into the GLU kernel reading their products.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GluFold {
+    /// The nodes of the gate's and the up projection's kernels: they run nothing.
+    pub products: [usize; 2],
+    /// The GLU's node, which runs `plan`: both projections and the GLU.
+    pub glu: usize,
+    pub plan: Plan,
+}
+
+/// The fold of the two `RMS_NORM_MUL_MAT` kernels computing the inputs of the GLU kernel
+/// planned at node `at` into it: one `RMS_NORM_MUL_MAT_<GLU>` kernel at `at`. Only when the
+/// two share x, n and eps, their weights have one type, shape and layout, nothing but the GLU
+/// reads the products before their memory is reused and the application does not read them,
+/// no node between writes what the projections read, and the GLU's output overlaps none of
+/// it. `None` otherwise.
+pub fn fold_glu<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Option<GluFold> {
+    let Planned::Kernel(glu, [a, b, out]) = planned(at) else {
+        return None;
+    };
+    const GLUS: [&str; 5] = ["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"];
+    if !GLUS.contains(&glu.op.as_str()) {
+        return None;
+    }
+    let op = OpEntry::by_name(&format!("RMS_NORM_MUL_MAT_{}", glu.op))?;
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing);
+    let projection = |t: &Tensor| {
+        let k = (0..at)
+            .rev()
+            .find(|&k| runs(k) && overlaps(&nodes[k].dst, t))?;
+        match planned(k) {
+            Planned::Kernel(desc, [w, x, n, p])
+                if desc.op == catalogue::RMS_NORM_MUL_MAT.name
+                    && same(p, t)
+                    && !nodes[k].is_output
+                    && same(&nodes[k].dst, t) =>
+            {
+                Some((k, desc, [w, x, n]))
+            }
+            _ => None,
+        }
+    };
+    let ((g, gate, [wg, x, n]), (u, up, [wu, xu, nu])) = (projection(a)?, projection(b)?);
+    let pair = g != u
+        && same(x, xu)
+        && same(n, nu)
+        && gate.op_params == up.op_params
+        && wg.dtype == wu.dtype
+        && wg.ne == wu.ne
+        && wg.nb == wu.nb
+        && out.dtype == DType::F32
+        && out.same_shape(a);
+    if !pair || [wg, wu, x, n].iter().any(|t| overlaps(out, t)) {
+        return None;
+    }
+    // Nothing but the GLU reads the products before their memory is reused.
+    for p in [a, b] {
+        for (j, node) in nodes.iter().enumerate().skip(g.min(u) + 1) {
+            if j != at && runs(j) && node.src.iter().flatten().any(|t| overlaps(t, p)) {
+                return None;
+            }
+            if j > at && overlaps(&node.dst, p) {
+                break;
+            }
+        }
+    }
+    let written = (g.min(u) + 1..at)
+        .any(|j| runs(j) && [wg, wu, x, n].iter().any(|t| overlaps(&nodes[j].dst, t)));
+    if written {
+        return None;
+    }
+    let desc = KernelDesc {
+        op: op.name.to_owned(),
+        op_params: gate.op_params.clone(),
+        inputs: vec![
+            gate.inputs[0].clone(),
+            up.inputs[0].clone(),
+            gate.inputs[1].clone(),
+            gate.inputs[2].clone(),
+        ],
+        output: as_layout(out),
+        extra_outputs: Vec::new(),
+        f16_as_bf16: gate.f16_as_bf16,
+    };
+    let operands = [wg, wu, x, n, out].map(Tensor::clone).to_vec();
+    Some(GluFold {
+        products: [g, u],
+        glu: at,
+        plan: Plan::Kernel { desc, operands },
+    })
+}
+
 /// A projection folded into the ROPE that reads its product.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeFold {
@@ -402,6 +506,227 @@ pub fn fold_rope<'a>(
             operands: kernel_operands,
         },
     })
+}
+
+/// A feed-forward block's two kernels as one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FfnFold {
+    /// The node of the `RMS_NORM_MUL_MAT_<GLU>` kernel (the gate/up pair): it runs nothing.
+    pub glu: usize,
+    /// The node of the `MUL_MAT_ADD` kernel (ffn_down and the residual), which runs `plan`.
+    pub down: usize,
+    pub plan: Plan,
+}
+
+/// The fold of the `RMS_NORM_MUL_MAT_<GLU>` kernel computing h, the activations of the
+/// `MUL_MAT_ADD` kernel planned at node `at` (`planned(k)`: node k's plan), into one
+/// `RMS_NORM_FFN_<GLU>` kernel at `at`: out = Wd . act(Wg . y) * (Wu . y) + r with
+/// y = rms_norm(x) * n, h its second output. Only when h is exactly the product's activations,
+/// nothing else reads h before its memory is reused, the application does not read it, no
+/// node between the two writes what the first kernel reads (it is read later than planned),
+/// and the output overlaps none of the inputs but r (an ADD in place). `None` otherwise.
+pub fn fold_ffn<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Option<FfnFold> {
+    let Planned::Kernel(down, [wd, h, r, out]) = planned(at) else {
+        return None;
+    };
+    if down.op != catalogue::MUL_MAT_ADD.name {
+        return None;
+    }
+    // The kernel that wrote h: the run holding the last node before `at` writing its memory.
+    let writer = (0..at)
+        .rev()
+        .find(|&k| !matches!(planned(k), Planned::Nothing) && overlaps(&nodes[k].dst, h))?;
+    let mut k = writer;
+    while matches!(planned(k), Planned::Covered) {
+        k = k.checked_sub(1)?;
+    }
+    let Planned::Kernel(glu, [wg, wu, x, n, hz]) = planned(k) else {
+        return None;
+    };
+    let act = glu.op.strip_prefix("RMS_NORM_MUL_MAT_")?;
+    let op = catalogue::OpEntry::by_name(&format!("RMS_NORM_FFN_{act}"))?;
+    if !same(hz, h) || nodes[writer].is_output || !same(&nodes[writer].dst, h) {
+        return None;
+    }
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
+    for (j, node) in nodes.iter().enumerate().skip(writer + 1) {
+        if j != at && runs(j) && node.src.iter().flatten().any(|t| overlaps(t, h)) {
+            return None;
+        }
+        if j > at && overlaps(&node.dst, h) {
+            break;
+        }
+    }
+    let first_inputs = [wg, wu, x, n];
+    let written =
+        (k + 1..at).any(|j| runs(j) && first_inputs.iter().any(|t| overlaps(&nodes[j].dst, t)));
+    let clobbers = [wg, wu, wd, n, h].iter().any(|t| overlaps(out, t))
+        || (overlaps(out, x) && !same(out, x))
+        || (overlaps(out, r) && !same(out, r));
+    if written || clobbers {
+        return None;
+    }
+    let mut inputs = glu.inputs[..2].to_vec();
+    inputs.push(down.inputs[0].clone());
+    inputs.extend_from_slice(&glu.inputs[2..4]);
+    inputs.push(down.inputs[2].clone());
+    let desc = KernelDesc {
+        op: op.name.to_owned(),
+        op_params: glu.op_params.clone(),
+        inputs,
+        output: down.output.clone(),
+        extra_outputs: vec![glu.output.clone()],
+        f16_as_bf16: glu.f16_as_bf16 || down.f16_as_bf16,
+    };
+    let operands = [wg, wu, wd, x, n, r, out, h].map(Tensor::clone).to_vec();
+    Some(FfnFold {
+        glu: k,
+        down: at,
+        plan: Plan::Kernel { desc, operands },
+    })
+}
+
+/// llama's Q, K and V kernels merged into one `RMS_NORM_QKV_ROPE[_FF]` kernel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QkvMerge {
+    /// The nodes of Q's, K's and V's kernels.
+    pub members: [usize; 3],
+    /// Where the merged kernel runs: the last of the members.
+    pub at: usize,
+    /// The merged kernel: Q's output as planned, K's and V's as their rows in the cache.
+    pub desc: KernelDesc,
+    /// Its operands up to Q's output (Wq, Wk, Wv, x, n, the positions, [the frequency
+    /// factors], Q's output); K's and V's rows follow at run time.
+    pub operands: Vec<Tensor>,
+}
+
+/// The merges of Q's, K's and V's kernels in a planned graph (`planned(k)`: node k's plan;
+/// `rows_kernel(k)`: for a kernel that writes its SET_ROWS's destination rows itself when the
+/// indices are consecutive, its kernel writing them and that SET_ROWS's node). V is an
+/// `RMS_NORM_MUL_MAT` kernel writing cache rows, K an `RMS_NORM_MUL_MAT_ROPE[_FF]` kernel
+/// writing cache rows and Q one that does not, all three of one x, norm weight and eps, Q and
+/// K with one rotation (parameters, positions, frequency factors) and weights of one type. The
+/// merged kernel runs at the last of them, so only when no node between a member and it reads
+/// what the member writes (its output, the cache) or writes what the merged kernel reads, and
+/// both SET_ROWS come after it.
+pub fn merge_qkv<'a>(
+    nodes: &[Node],
+    planned: impl Fn(usize) -> Planned<'a>,
+    rows_kernel: impl Fn(usize) -> Option<(&'a KernelDesc, usize)>,
+) -> Vec<QkvMerge> {
+    let kernel = |k: usize| match planned(k) {
+        Planned::Kernel(desc, operands) => Some((desc, operands)),
+        _ => None,
+    };
+    let mut merges = Vec::new();
+    for v in 0..nodes.len() {
+        let Some((v_desc, [wv, x, n, _])) = kernel(v) else {
+            continue;
+        };
+        let Some((v_rows, v_set)) = rows_kernel(v) else {
+            continue;
+        };
+        if v_desc.op != catalogue::RMS_NORM_MUL_MAT.name {
+            continue;
+        }
+        let rotations: Vec<usize> = (0..nodes.len())
+            .filter(|&k| {
+                kernel(k).is_some_and(|(d, ops)| {
+                    d.op.starts_with(catalogue::RMS_NORM_MUL_MAT_ROPE.name)
+                        && ops.len() >= 5
+                        && same(&ops[1], x)
+                        && same(&ops[2], n)
+                })
+            })
+            .collect();
+        let (q, k) = match rotations.as_slice() {
+            [a, b] => match (rows_kernel(*a).is_some(), rows_kernel(*b).is_some()) {
+                (false, true) => (*a, *b),
+                (true, false) => (*b, *a),
+                _ => continue,
+            },
+            _ => continue,
+        };
+        let (Some((q_desc, q_ops)), Some((k_desc, k_ops)), Some((k_rows, k_set))) =
+            (kernel(q), kernel(k), rows_kernel(k))
+        else {
+            continue;
+        };
+        let eps = v_desc.op_params.first().copied();
+        let one_rotation = q_desc.op == k_desc.op
+            && q_desc.op_params == k_desc.op_params
+            && q_desc.inputs[3..] == k_desc.inputs[3..]
+            && q_ops[3..q_ops.len() - 1]
+                .iter()
+                .zip(&k_ops[3..k_ops.len() - 1])
+                .all(|(a, b)| same(a, b))
+            && q_desc.op_params.get(11).copied() == eps;
+        let one_type = q_desc.inputs[0].dtype == v_desc.inputs[0].dtype
+            && k_desc.inputs[0].dtype == v_desc.inputs[0].dtype;
+        if !one_rotation || !one_type || q_desc.output.dtype != "f32" {
+            continue;
+        }
+        let members = [q, k, v];
+        let at = q.max(k).max(v);
+        let first = q.min(k).min(v);
+        if k_set <= at || v_set <= at {
+            continue;
+        }
+        let runs = |j: usize| !matches!(planned(j), Planned::Nothing);
+        // What the merged kernel reads, written in between: it would read the new values.
+        let mut reads: Vec<&Tensor> = vec![&q_ops[0], &k_ops[0], wv, x, n];
+        reads.extend(&q_ops[3..q_ops.len() - 1]);
+        let overwritten = (first..at)
+            .filter(|&j| runs(j) && !members.contains(&j))
+            .any(|j| reads.iter().any(|t| overlaps(&nodes[j].dst, t)));
+        // What a member writes, touched between it and the merged kernel: read too early, or
+        // written before the member's late write.
+        let caches = [&nodes[k_set].dst, &nodes[v_set].dst];
+        let touched = members.iter().any(|&m| {
+            let out = &nodes[m].dst;
+            (m + 1..at).filter(|&j| runs(j)).any(|j| {
+                let node = &nodes[j];
+                let read = |t: &Tensor| node.src.iter().flatten().any(|s| overlaps(s, t));
+                let written = |t: &Tensor| overlaps(&node.dst, t);
+                read(out) || written(out) || caches.iter().any(|c| read(c) || written(c))
+            })
+        });
+        if overwritten || touched {
+            continue;
+        }
+        let op = if q_desc.op.ends_with("_FF") {
+            catalogue::RMS_NORM_QKV_ROPE_FF
+        } else {
+            catalogue::RMS_NORM_QKV_ROPE
+        };
+        let mut inputs = vec![
+            q_desc.inputs[0].clone(),
+            k_desc.inputs[0].clone(),
+            v_desc.inputs[0].clone(),
+        ];
+        inputs.extend_from_slice(&q_desc.inputs[1..]);
+        let desc = KernelDesc {
+            op: op.name.to_owned(),
+            op_params: q_desc.op_params.clone(),
+            inputs,
+            output: q_desc.output.clone(),
+            extra_outputs: vec![k_rows.output.clone(), v_rows.output.clone()],
+            f16_as_bf16: q_desc.f16_as_bf16 || k_rows.f16_as_bf16 || v_rows.f16_as_bf16,
+        };
+        let mut operands = vec![q_ops[0].clone(), k_ops[0].clone(), wv.clone()];
+        operands.extend(q_ops[1..].iter().cloned());
+        merges.push(QkvMerge {
+            members,
+            at,
+            desc,
+            operands,
+        });
+    }
+    merges
 }
 
 /// A reader's kernel (`MUL_MAT` or `MUL_MAT_<GLU>` with z as its activations, the last input)
@@ -971,5 +1296,209 @@ mod tests {
         let (nodes, _) = projections_then_rope(vec![]);
         let unfolded = planned_graph(&nodes);
         assert!(rope_fold_in(&nodes, &unfolded, 5).is_none());
+    }
+
+    /// Q's, K's and V's planned kernels of one x (0x1000) and norm weight (0x2000) at nodes 0,
+    /// 1 and 2, K's and V's writing cache rows (SET_ROWS at nodes 3 and 4), positions at
+    /// 0x3000; `extra` nodes inserted at `extra.0`.
+    fn qkv_graph(extra: Option<(usize, Node)>) -> (Vec<Node>, Vec<Option<Plan>>) {
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let (x, n, pos) = (
+            f32([64, 1, 1, 1], 0x1000),
+            f32([64, 1, 1, 1], 0x2000),
+            tensor(DType::I32, [1, 1, 1, 1], 0x3000),
+        );
+        let eps = 1e-6f32.to_bits() as i32;
+        let mut rope_params = vec![0, 16, 0, 0, 0, 10000f32.to_bits() as i32];
+        rope_params.resize(11, 0);
+        rope_params.push(eps);
+        let projection = |op: &str, rows: i64, w: u64, out: Tensor, rotated: bool| {
+            let mut operands = vec![f32([64, rows, 1, 1], w), x.clone(), n.clone()];
+            if rotated {
+                operands.push(pos.clone());
+            }
+            let inputs = operands.iter().map(as_layout).collect();
+            operands.push(out.clone());
+            let plan = Plan::Kernel {
+                desc: KernelDesc {
+                    op: op.into(),
+                    op_params: if rotated {
+                        rope_params.clone()
+                    } else {
+                        vec![eps]
+                    },
+                    inputs,
+                    output: as_layout(&out),
+                    extra_outputs: Vec::new(),
+                    f16_as_bf16: false,
+                },
+                operands,
+            };
+            (node(Op::MulMat, out, vec![]), plan)
+        };
+        let rope = "RMS_NORM_MUL_MAT_ROPE";
+        let q = projection(rope, 64, 0x10000, f32([16, 4, 1, 1], 0xa000), true);
+        let k = projection(rope, 16, 0x20000, f32([16, 1, 1, 1], 0xb000), true);
+        let v = projection(
+            "RMS_NORM_MUL_MAT",
+            16,
+            0x30000,
+            f32([16, 1, 1, 1], 0xc000),
+            false,
+        );
+        let set_rows = |src: &Tensor, cache| {
+            node(
+                Op::SetRows,
+                tensor(DType::F16, [16, 8, 1, 1], cache),
+                vec![src.clone(), tensor(DType::I64, [1, 1, 1, 1], 0x4000)],
+            )
+        };
+        let (sk, sv) = (set_rows(&k.0.dst, 0x40000), set_rows(&v.0.dst, 0x50000));
+        let mut nodes = vec![q.0, k.0, v.0, sk, sv];
+        let mut steps = vec![Some(q.1), Some(k.1), Some(v.1), None, None];
+        if let Some((at, extra)) = extra {
+            steps.insert(at, Some(super::super::plan(&extra).unwrap()));
+            nodes.insert(at, extra);
+        }
+        (nodes, steps)
+    }
+
+    fn qkv_merges(nodes: &[Node], steps: &[Option<Plan>]) -> Vec<QkvMerge> {
+        let planned = |k: usize| match &steps[k] {
+            Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
+            _ => Planned::Elsewhere,
+        };
+        // K and V write f16 rows into the caches of the SET_ROWS after them.
+        let rows: Vec<Option<(KernelDesc, usize)>> = (0..nodes.len())
+            .map(|k| match &steps[k] {
+                Some(Plan::Kernel { desc, .. }) if desc.output.ne[1] == 1 => {
+                    let set = (k + 1..nodes.len()).find(|&j| {
+                        nodes[j].op == Op::SetRows
+                            && nodes[j].src(0).is_some_and(|s| s.addr == nodes[k].dst.addr)
+                    })?;
+                    let mut d = desc.clone();
+                    d.output = crate::kernels::desc::Layout::contiguous("f16", 2, d.output.ne);
+                    Some((d, set))
+                }
+                _ => None,
+            })
+            .collect();
+        merge_qkv(nodes, planned, |k| rows[k].as_ref().map(|(d, s)| (d, *s)))
+    }
+
+    #[test]
+    fn q_k_and_v_of_one_norm_merge_into_one_kernel() {
+        let (nodes, steps) = qkv_graph(None);
+        let [merge] = qkv_merges(&nodes, &steps).try_into().expect("one merge");
+        assert_eq!((merge.members, merge.at), ([0, 1, 2], 2));
+        assert_eq!(merge.desc.op, "RMS_NORM_QKV_ROPE");
+        assert_eq!(merge.desc.op_params.len(), 12);
+        assert_eq!(merge.desc.inputs.len(), 6);
+        assert_eq!(merge.desc.output.ne, [16, 4, 1, 1]);
+        let extra: Vec<&str> = merge
+            .desc
+            .extra_outputs
+            .iter()
+            .map(|l| l.dtype.as_str())
+            .collect();
+        assert_eq!(extra, ["f16", "f16"]);
+        let addrs: Vec<u64> = merge.operands.iter().map(|t| t.addr).collect();
+        assert_eq!(
+            addrs,
+            [0x10000, 0x20000, 0x30000, 0x1000, 0x2000, 0x3000, 0xa000]
+        );
+    }
+
+    #[test]
+    fn q_k_and_v_stay_apart_when_moving_them_would_change_what_is_read() {
+        let f32 = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
+        let relu = |dst, src| node(Op::Unary(UnaryOp::Relu), dst, vec![src]);
+        // Q's output read before the merged kernel would have written it.
+        let (nodes, steps) = qkv_graph(Some((1, relu(f32(0x60000), f32(0xa000)))));
+        assert!(qkv_merges(&nodes, &steps).is_empty());
+        // x written between the members: V would read the new x.
+        let (nodes, steps) = qkv_graph(Some((2, relu(f32(0x1000), f32(0x60000)))));
+        assert!(qkv_merges(&nodes, &steps).is_empty());
+        // Unrelated nodes in between change nothing.
+        let (nodes, steps) = qkv_graph(Some((2, relu(f32(0x60000), f32(0x70000)))));
+        assert_eq!(qkv_merges(&nodes, &steps).len(), 1);
+    }
+
+    /// A normed gate/up pair of one x (0x1000) and norm weight (0x2000) as two
+    /// RMS_NORM_MUL_MAT kernels (nodes 0 and 1, products at 0xa000 and 0xb000) and their
+    /// SWIGLU (node 2, into `out`), then `after`.
+    fn normed_pair_then_glu(out: u64, after: Vec<Node>) -> (Vec<Node>, Vec<Option<Plan>>) {
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let (x, n) = (f32([64, 1, 1, 1], 0x1000), f32([64, 1, 1, 1], 0x2000));
+        let projection = |w: u64, p: u64| {
+            let operands = vec![
+                f32([64, 32, 1, 1], w),
+                x.clone(),
+                n.clone(),
+                f32([32, 1, 1, 1], p),
+            ];
+            let plan = Plan::Kernel {
+                desc: KernelDesc {
+                    op: "RMS_NORM_MUL_MAT".into(),
+                    op_params: vec![1e-6f32.to_bits() as i32],
+                    inputs: operands[..3].iter().map(as_layout).collect(),
+                    output: as_layout(&operands[3]),
+                    extra_outputs: Vec::new(),
+                    f16_as_bf16: false,
+                },
+                operands: operands.clone(),
+            };
+            (node(Op::MulMat, operands[3].clone(), vec![]), plan)
+        };
+        let (g, u) = (projection(0x10000, 0xa000), projection(0x20000, 0xb000));
+        let glu = node(
+            Op::Glu {
+                name: "SWIGLU",
+                act: UnaryOp::Silu,
+            },
+            f32([32, 1, 1, 1], out),
+            vec![g.0.dst.clone(), u.0.dst.clone()],
+        );
+        let glu_plan = super::super::plan(&glu).unwrap();
+        let mut nodes = vec![g.0, u.0, glu];
+        let mut steps = vec![Some(g.1), Some(u.1), Some(glu_plan)];
+        for extra in after {
+            steps.push(Some(super::super::plan(&extra).unwrap()));
+            nodes.push(extra);
+        }
+        (nodes, steps)
+    }
+
+    fn glu_fold_in(nodes: &[Node], steps: &[Option<Plan>]) -> Option<GluFold> {
+        let planned = |k: usize| match &steps[k] {
+            Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
+            _ => Planned::Elsewhere,
+        };
+        fold_glu(nodes, 2, planned)
+    }
+
+    #[test]
+    fn a_normed_gate_and_up_pair_folds_into_its_glu() {
+        // The GLU's output in memory the norm's output had (0x3000): no kernel reads it now.
+        let (nodes, steps) = normed_pair_then_glu(0x3000, vec![]);
+        let fold = glu_fold_in(&nodes, &steps).expect("folds");
+        assert_eq!((fold.products, fold.glu), ([0, 1], 2));
+        let Plan::Kernel { desc, operands } = &fold.plan else {
+            panic!("a kernel");
+        };
+        assert_eq!(desc.op, "RMS_NORM_MUL_MAT_SWIGLU");
+        let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
+        assert_eq!(addrs, [0x10000, 0x20000, 0x1000, 0x2000, 0x3000]);
+        // Over x: the kernel would overwrite what it reads.
+        let (nodes, steps) = normed_pair_then_glu(0x1000, vec![]);
+        assert!(glu_fold_in(&nodes, &steps).is_none());
+        // A product read after the GLU.
+        let reader = node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [32, 1, 1, 1], 0x5000),
+            vec![tensor(DType::F32, [32, 1, 1, 1], 0xa000)],
+        );
+        let (nodes, steps) = normed_pair_then_glu(0x3000, vec![reader]);
+        assert!(glu_fold_in(&nodes, &steps).is_none());
     }
 }

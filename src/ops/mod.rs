@@ -14,7 +14,10 @@ pub mod plan;
 pub mod scatter;
 pub mod tensor;
 
-pub use fusion::{fold_rms_norm, fold_rope, fuse_at, Fusion, NormFold, Planned, RopeFold};
+pub use fusion::{
+    fold_ffn, fold_glu, fold_rms_norm, fold_rope, fuse_at, merge_qkv, FfnFold, Fusion, GluFold,
+    NormFold, Planned, QkvMerge, RopeFold,
+};
 pub use plan::{plan, plan_preferring, plan_with, Plan, PlanOptions};
 pub use scatter::{RowScatter, RowsProducer};
 pub use tensor::{BinaryOp, DType, Memory, Node, Op, QuantType, Tensor, UnaryOp};

@@ -50,6 +50,9 @@ use crate::kernels::{KernelDesc, Layout};
 use crate::op_catalogue::{self as catalogue, OpEntry};
 
 /// What a node needs.
+// Kernel is the common variant (most nodes of a model's graph); boxing it would add an
+// allocation per node to save memory only on the rarer Skip and Host plans.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Plan {
     /// Nothing to compute (layout-only ops, empty tensors).
@@ -299,6 +302,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
                     inputs: vec![rows(a)],
                     output: rows(&node.dst),
                     f16_as_bf16: false,
+                    extra_outputs: Vec::new(),
                 },
                 operands: vec![a.clone(), node.dst.clone()],
             })
@@ -533,6 +537,7 @@ fn kernel(
             inputs: inputs.iter().map(|t| layout(t)).collect(),
             output: layout(dst),
             f16_as_bf16: false,
+            extra_outputs: Vec::new(),
         },
         operands: inputs
             .iter()

@@ -71,9 +71,35 @@ f16 output (the backend's V projection, its attn_norm folded in, written into th
 combines both: the normed chunks' sums in the core's f32 stash, scaled by s at the end of the
 round, then rounded to f16 once (the _<glu> variants keep an f32 output).
 
+RMS_NORM_MUL_MAT_ROPE and RMS_NORM_MUL_MAT_ROPE_FF (the backend's fold of llama's Q and K
+projections with the ROPE that follows each): RMS_NORM_MUL_MAT's GEMV (f32 or f16 output) with a
+rotation epilogue. A token's product of M rows is ggml's [D, H] view, heads of D rows whose first
+n_dims are rotated in pairs by the token's position, as ROPE (ROPE_FF) does (kernels/rope_math.h,
+shared with ROPE's cores). The per-dispatch constants travel as n does: on the x channel once
+per dispatch, behind n, in whole x objects (`GemvPlan.rope_taps`: the frequency factors, the
+positions of the x rows, n's first values as padding), kept by every core (mv_rope.h, counted
+by the plan). At the end of each round, after the norm's scale s, each core rotates its rows
+in place (y, or the f32 stash before the one rounding to f16); it knows their global rows from
+its first row within a round (a Worker argument: (column * R + row) * nr) and its own count of
+rounds (the token, and the round's start as GemvPlan lays the rounds out). The plan keeps every
+pair within one core's rows of a round (`tiling.RopeRows`: a NeoX head's whole n_dims span;
+rows per core of one or two heads are tried), or refuses the request.
+
+RMS_NORM_QKV_ROPE and RMS_NORM_QKV_ROPE_FF (the backend's merge of llama's Q, K and V
+projections of one normalised x, three outputs; plans_qkv): the array's columns partitioned
+between three GEMVs, each exactly the GEMV of the op computing its projection alone
+(RMS_NORM_MUL_MAT_ROPE(_FF) for Q and K, RMS_NORM_MUL_MAT for V) on its group of columns
+(`_gemv_group`: its W split over each column's cores, its x fifo per column, its y joined, its
+epilogue), linking its own core object (its Kernels' names end in _q, _k, _v). Every column's
+shim fills n (and for Q and K the rotation's constants) ahead of x as a lone GEMV's does; task
+group i of the runtime sequence holds task group i of every group's GEMV, so that the three
+weight matrices stream through all the columns at once.
+
 Runtime-sequence arguments: src0, src1, dst (the request's order); MUL_MAT_<glu>: W_g, W_u,
 x, dst; MUL_MAT_ADD: W, x, r, dst; RMS_NORM_MUL_MAT: W, x, n, dst; RMS_NORM_MUL_MAT_<glu>:
-W_g, W_u, x, n, dst.
+W_g, W_u, x, n, dst; RMS_NORM_MUL_MAT_ROPE: W, x, n, positions, dst; RMS_NORM_MUL_MAT_ROPE_FF:
+W, x, n, positions, factors, dst; RMS_NORM_QKV_ROPE(_FF): Wq, Wk, Wv, x, n, positions,
+(factors,) Q, K, V.
 """
 
 import numpy as np
@@ -231,7 +257,7 @@ def _gemv_tiles(spec):
 def _gemv_columns(spec, body, core_args, col0=0):
     """The GEMV dataflow of each of the plan's columns, from array column `col0`: the W fifo
     split over the column's R cores by the memory tile, x to every core, the cores' y joined;
-    the Worker of row i of a column runs `body(W, x, y, *core_args(i))`. Returns the Workers
+    the Worker of row i of the plan's column col runs `body(W, x, y, *core_args(col, i))`. Returns the Workers
     and the shim endpoints, per column the W and x fills and the y drain (`_gemv_fill`)."""
     p = spec.plan
     C, R, nr = p.columns, p.rows, p.rows_per_tile
@@ -259,7 +285,7 @@ def _gemv_columns(spec, body, core_args, col0=0):
         x_cols.append(x_fifo)
         y_cols.append(y_fifo)
         for i in range(R):
-            args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), *core_args(i)]
+            args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), *core_args(col - col0, i)]
             workers.append(Worker(body, fn_args=args, tile=Tile(col, 2 + i)))
     # Shim endpoints: per column, W (src0) and x (src1; MUL_MAT_ADD: and r) in, y (dst) out.
     handles = []
@@ -294,26 +320,47 @@ def _gemv_group(spec, col0=0, suffix="", core=None):
     add = kern("_add", [x_tile, y_tile, np.int32]) if spec.add else None
     # RMS_NORM_MUL_MAT: n kept aside, x normalised per chunk, y scaled per round (mv_norm.h).
     norm = _norm_kernels(spec, kern, x_tile, y_tile)
+    # RMS_NORM_MUL_MAT_ROPE(_FF): the constants kept aside behind n, the round's rows rotated
+    # after the scale (mv_rope.h): (load, scale or store with the core's first row).
+    rope = spec.rope is not None
     if norm and spec.f16_out:
         # The normed chunks' sums in the stash, scaled by s and rounded to f16 by the store.
+        store = "_norm_rope_store_f16" if rope else "_norm_store_f16"
         kernels = [
             kern("_norm_stash_zero", []),
             kern("_norm_stash", [w_tile, x_tile]),
-            kern("_norm_store_f16", [y_tile]),
+            kern(store, [y_tile, np.int32] if rope else [y_tile]),
         ]
     elif norm:
         kernels = [kern("_norm_zero", [y_tile]), kern("_norm", [w_tile, x_tile, y_tile])]
+    if rope and not spec.f16_out:
+        norm = (norm[0], kern("_norm_rope_scale", [y_tile, np.int32]))
+    rope_load = kern("_rope_load", [x_tile]) if rope else None
 
     def core_fn(
-        of_w, of_x, of_y, zero_fn, mv_fn, add_fn=None, r_offset=0, load_fn=None, scale_fn=None
+        of_w,
+        of_x,
+        of_y,
+        zero_fn,
+        mv_fn,
+        add_fn=None,
+        r_offset=0,
+        load_fn=None,
+        scale_fn=None,
+        rope_fn=None,
+        row0=0,
     ):
         if load_fn is not None:
             _norm_prologue(of_x, load_fn, k_steps)
+        if rope_fn is not None:
+            _norm_prologue(of_x, rope_fn, p.rope_objects)
         for _ in range_(rounds):
             y = of_y.acquire(1)
             zero_fn(y)
             _k_chunks(of_w, of_x, k_steps, mv_fn, y)
-            if scale_fn is not None:
+            if rope_fn is not None:
+                scale_fn(y, row0)  # scaled, then rotated
+            elif scale_fn is not None:
                 scale_fn(y)
             if add_fn is not None:
                 r = of_x.acquire(1)
@@ -321,23 +368,32 @@ def _gemv_group(spec, col0=0, suffix="", core=None):
                 of_x.release(1)
             of_y.release(1)
 
-    def core_fn_f16(of_w, of_x, of_y, zero_fn, stash_fn, store_fn, load_fn=None):
+    def core_fn_f16(
+        of_w, of_x, of_y, zero_fn, stash_fn, store_fn, load_fn=None, rope_fn=None, row0=0
+    ):
         if load_fn is not None:
             _norm_prologue(of_x, load_fn, k_steps)
+        if rope_fn is not None:
+            _norm_prologue(of_x, rope_fn, p.rope_objects)
         for _ in range_(rounds):
             zero_fn()
             _k_chunks(of_w, of_x, k_steps, stash_fn)
             y = of_y.acquire(1)
-            store_fn(y)
+            if rope_fn is not None:
+                store_fn(y, row0)  # scaled, rotated, rounded
+            else:
+                store_fn(y)
             of_y.release(1)
 
-    def core_args(i):
+    def core_args(col, i):
+        # The core's first row in a round (RMS_NORM_MUL_MAT_ROPE: its rows' heads).
+        rotation = [rope_load, (col * p.rows + i) * nr] if rope else []
         if add is not None:
             return [*kernels, add, i * nr]
         if norm and spec.f16_out:
-            return [*kernels, *norm]  # the load; the store scales
+            return [*kernels, *norm, *rotation]  # the load; the store scales
         if norm:
-            return [*kernels, None, 0, *norm]
+            return [*kernels, None, 0, *norm, *rotation]
         return kernels
 
     body = core_fn_f16 if spec.f16_out else core_fn
@@ -359,10 +415,20 @@ def _gemv_fill(spec, hs, group, tg, W, X, Y, prologue=()):
         hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
 
 
-def _norm_prologue_fills(spec, Nbuf):
+def _norm_prologue_fills(spec, Nbuf, consts=()):
     """RMS_NORM_MUL_MAT's fills ahead of the first x row, on every column's x channel: n's K
-    chunks (`GemvPlan.norm_tap`)."""
-    return [(Nbuf, spec.plan.K, spec.plan.norm_tap())]
+    chunks (`GemvPlan.norm_tap`); RMS_NORM_MUL_MAT_ROPE(_FF): then the rotation's constants
+    (`GemvPlan.rope_taps`: the factors, the positions, n's first values padding the last x
+    object), `consts` the runtime buffers of the positions (and the factors)."""
+    p = spec.plan
+    fills = [(Nbuf, p.K, p.norm_tap())]
+    if spec.rope is None:
+        return fills
+    totals = [count for _, count in spec.sequence]  # W, x, n, the positions, (factors,) dst
+    bufs = {"n": (Nbuf, p.K), "pos": (consts[0], totals[3])}
+    if spec.rope.ff is not None:
+        bufs["ff"] = (consts[1], totals[4])
+    return fills + [(*bufs[name], tap) for name, tap in p.rope_taps()]
 
 
 def _gemv(spec):
@@ -373,20 +439,22 @@ def _gemv(spec):
     totals = [count for _, count in spec.sequence]
     groups = spec.tasks()
 
-    def sequence(W, X, Y, *hs, Nbuf=None):
+    def sequence(W, X, Y, *hs, Nbuf=None, consts=()):
         # Task groups from GemvPlan.tasks: per column the W (src0), x (src1 row) and y
         # (dst row) access patterns of a run of rounds of one matrix-vector product;
-        # RMS_NORM_MUL_MAT: n ahead of the first x row.
+        # RMS_NORM_MUL_MAT: n (RMS_NORM_MUL_MAT_ROPE(_FF): and the rotation's constants)
+        # ahead of the first x row.
         for g, group in enumerate(groups):
             tg = TaskGroup()
-            first = Nbuf is not None and g == 0
-            _gemv_fill(
-                spec, hs, group, tg, W, X, Y, _norm_prologue_fills(spec, Nbuf) if first else ()
-            )
+            first = _norm_prologue_fills(spec, Nbuf, consts) if Nbuf is not None and g == 0 else ()
+            _gemv_fill(spec, hs, group, tg, W, X, Y, first)
             tg.finish()
 
-    def sequence_norm(W, X, Nbuf, Y, *hs):
-        sequence(W, X, Y, *hs, Nbuf=Nbuf)
+    n_consts = len(seq_types) - 4  # RMS_NORM_MUL_MAT_ROPE(_FF): the positions, (the factors)
+
+    def sequence_norm(W, X, Nbuf, *rest):
+        consts, Y, hs = rest[:n_consts], rest[n_consts], rest[n_consts + 1 :]
+        sequence(W, X, Y, *hs, Nbuf=Nbuf, consts=consts)
 
     def sequence_add(W, X, Rbuf, Y, *hs):
         # GemvPlan.tasks with `add`: per round on the x channel the x row's K chunks, the
@@ -430,13 +498,14 @@ def _qkv(spec):
         # endpoints. Task group i of every group's GEMV in one task group: all the columns'
         # weights stream at once.
         W, (X, Nbuf), Y = args[:3], args[3:5], args[n_args - 3 : n_args]
+        consts = args[5 : n_args - 3]  # the positions, (the factors)
         hs = args[n_args:]
         for i in range(max(len(t) for t in tasks)):
             tg = TaskGroup()
             for j, g in enumerate(spec.groups):
                 if i < len(tasks[j]):
                     gh = hs[spans[j][0] : spans[j][1]]
-                    prologue = _norm_prologue_fills(g.spec, Nbuf) if i == 0 else ()
+                    prologue = _norm_prologue_fills(g.spec, Nbuf, consts) if i == 0 else ()
                     _gemv_fill(g.spec, gh, tasks[j][i], tg, W[j], X, Y[j], prologue)
             tg.finish()
 
@@ -520,7 +589,7 @@ def _gemv_glu(spec):
             of_y.release(1)
 
     kernels = [gate_zero, gate, zero, matvec, glu, *norm]
-    workers, handles = _gemv_columns(spec, core_fn, lambda i: kernels)
+    workers, handles = _gemv_columns(spec, core_fn, lambda col, i: kernels)
     totals = [count for _, count in spec.sequence]
     groups = spec.tasks()
 
@@ -608,3 +677,27 @@ def ggml_op_rms_norm_mul_mat_geglu_erf(spec):
 def ggml_op_rms_norm_mul_mat_geglu_quick(spec):
     """RMS_NORM_MUL_MAT_GEGLU_QUICK: MUL_MAT_GEGLU_QUICK of y = rms_norm(x) * n."""
     return _gemv_glu(spec)
+
+
+def ggml_op_rms_norm_mul_mat_rope(spec):
+    """RMS_NORM_MUL_MAT_ROPE: ROPE of W . (rms_norm(x) * n), the GEMV with the norm's prologue
+    and the rotation's epilogue (see the module docstring)."""
+    return _gemv(spec)
+
+
+def ggml_op_rms_norm_mul_mat_rope_ff(spec):
+    """RMS_NORM_MUL_MAT_ROPE_FF: as RMS_NORM_MUL_MAT_ROPE, theta divided by the frequency
+    factors (ROPE_FF)."""
+    return _gemv(spec)
+
+
+def ggml_op_rms_norm_qkv_rope(spec):
+    """RMS_NORM_QKV_ROPE: Q = rope(Wq . y), K = rope(Wk . y), V = Wv . y of y = rms_norm(x) * n,
+    three GEMVs on their groups of columns (see the module docstring)."""
+    return _qkv(spec)
+
+
+def ggml_op_rms_norm_qkv_rope_ff(spec):
+    """RMS_NORM_QKV_ROPE_FF: as RMS_NORM_QKV_ROPE, Q's and K's theta divided by the frequency
+    factors (ROPE_FF)."""
+    return _qkv(spec)

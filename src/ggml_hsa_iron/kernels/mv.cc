@@ -10,6 +10,9 @@
 // each output rounded to f16 once, at the end of the round (mv_stash.h); no ggml_mv/_zero.
 // MV_NORM=1 with MV_NORM_K, OP_P0 (f32 x; y f32, or f16 with MV_OUT_F16): the fused
 // RMS_NORM_MUL_MAT(_<glu>) functions (mv_norm.h).
+// MV_ROPE=1 with MV_NORM (no MV_GLU), MV_ROPE_HEAD, MV_ROPE_N, MV_ROPE_BLOCK, MV_ROPE_TOKENS and
+// rope_math.h's defines: the fused RMS_NORM_MUL_MAT_ROPE(_FF) epilogue, each round's rows
+// rotated as ggml's ROPE after the norm's scale (mv_rope.h; f32 y, or f16 with MV_OUT_F16).
 // Floats: bf16 x bf16 uses the native bf16 multiply-accumulate into f32
 // accumulators; other float pairs are widened to f32. Integers: 32-bit sums.
 
@@ -154,6 +157,13 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) { accumulate(w, x, y); }
 #define GGML_MV_W_T W_T
 #endif
 #include "mv_norm.h"
+#if MV_ROPE
+// RMS_NORM_MUL_MAT_ROPE(_FF): see mv_rope.h.
+#define GGML_MV_ROPE_LOAD ggml_mv_rope_load
+#define GGML_MV_NORM_ROPE_SCALE ggml_mv_norm_rope_scale
+#define GGML_MV_NORM_ROPE_STORE_F16 ggml_mv_norm_rope_store_f16
+#include "mv_rope.h"
+#endif
 #endif
 
 #endif

@@ -21,7 +21,9 @@
 // MV_OUT_F16=1: an f16 output, the K chunks summed in an f32 stash and each output rounded
 // to f16 once, at the end of the round (mv_stash.h); no ggml_mvq/_zero.
 // MV_NORM=1 with MV_NORM_K, OP_P0: the fused RMS_NORM_MUL_MAT(_<glu>) functions (mv_norm.h;
-// with MV_OUT_F16, RMS_NORM_MUL_MAT's f16 output).
+// with MV_OUT_F16, RMS_NORM_MUL_MAT's f16 output). MV_ROPE=1 with MV_NORM: the fused
+// RMS_NORM_MUL_MAT_ROPE(_FF) epilogue (mv_rope.h: each round's rows rotated as ggml's ROPE after
+// the norm's scale, before the f32 store or the f16 rounding).
 
 #include "ggml_aie.h"
 #if MV_GLU
@@ -149,6 +151,13 @@ void ggml_mvq(int8_t *w, float *x, float *y) { accumulate(w, x, y); }
 #define GGML_MV_W_T int8_t
 #endif
 #include "mv_norm.h"
+#if MV_ROPE
+// RMS_NORM_MUL_MAT_ROPE(_FF): see mv_rope.h.
+#define GGML_MV_ROPE_LOAD ggml_mvq_rope_load
+#define GGML_MV_NORM_ROPE_SCALE ggml_mvq_norm_rope_scale
+#define GGML_MV_NORM_ROPE_STORE_F16 ggml_mvq_norm_rope_store_f16
+#include "mv_rope.h"
+#endif
 #endif
 
 } // extern "C"

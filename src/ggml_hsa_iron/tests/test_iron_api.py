@@ -28,6 +28,7 @@ OWN_METHODS = {
     "tasks",  # GemmPlan.tasks / GemvPlan.tasks via the spec
     "w_units",  # GemvPlan.w_units
     "norm_tap",  # GemvPlan.norm_tap (RMS_NORM_MUL_MAT)
+    "rope_taps",  # GemvPlan.rope_taps (RMS_NORM_MUL_MAT_ROPE)
     "first_row",  # RowSpec.first_row
     "rounds",  # RowSpec.rounds
     "share",  # ReduceSpec.share: a column's share of the operands

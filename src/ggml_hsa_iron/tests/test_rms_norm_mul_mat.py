@@ -45,8 +45,14 @@ from ggml_hsa_iron.tests.util import request_json, tensor
 
 try:
     import numpy as np
-    from ggml_hsa_iron.tests.test_mul_mat_glu import _bf16, _check_glu, _weights
+    from ggml_hsa_iron.tests.test_mul_mat_glu import _check_glu
     from ggml_hsa_iron.tests.util_emu import run_request
+    from ggml_hsa_iron.tests.util_norm import (
+        f16_half_ulp,
+        norm_inputs,
+        norm_reference,
+        norm_weights,
+    )
 
     HAVE_NUMPY = True
 except ImportError:  # numpy and ml_dtypes are installed by scripts/check-iron.sh
@@ -215,14 +221,6 @@ class NormRecordTest(unittest.TestCase):
                     record(norm_spec("", ty, M, N, K, arch, otype="f16"))
 
 
-def _weights_np(ty, rows, K, rng):
-    """f32 and f16 weights drawn with numpy (fast for Llama-sized shapes): (bytes, the values
-    the kernel multiplies as float64 [rows, K]; f16 is rounded to bf16 on the core)."""
-    w = rng.uniform(-0.2, 0.2, (rows, K)).astype(np.float32 if ty == "f32" else np.float16)
-    vals = w.astype(np.float64)
-    return w.tobytes(), vals if ty == "f32" else _bf16(vals)
-
-
 @unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
 class NormEmulationTest(unittest.TestCase):
     """The design compiled for `--target emu` and its recorded program run on real data."""
@@ -230,33 +228,17 @@ class NormEmulationTest(unittest.TestCase):
     def check(self, op, ty, M, N, K, arch, seed=0):
         rng = random.Random(seed)
         nrng = np.random.default_rng(seed)
-        if ty in ("f32", "f16"):
-            (wg_bytes, wg), (wu_bytes, wu) = (_weights_np(ty, N, K, nrng) for _ in range(2))
-        else:
-            (wg_bytes, wg), (wu_bytes, wu) = (_weights(ty, N, K, rng) for _ in range(2))
-        x = nrng.uniform(-1, 1, (M, K)).astype(np.float32)
-        x[:, ::7] *= 8  # rows of unequal magnitude: the scale matters
-        n = nrng.uniform(0.2, 2, K).astype(np.float32)
+        (wg_bytes, wg), (wu_bytes, wu) = (norm_weights(ty, N, K, nrng, rng) for _ in range(2))
+        x, n = norm_inputs(nrng, M, K)
         ins = [wg_bytes] + ([wu_bytes] if op else []) + [x.tobytes(), n.tobytes()]
         got = run_request(norm_request(op, ty, M, N, K, arch), ins)
         got = np.frombuffer(got, np.float32).astype(np.float64).reshape(M, N)
         # The cores multiply x by n in f32, round it to bf16 for the decoding GEMV, sum the
         # products in f32 and scale the sums by s (computed in f32) at the end of a round.
-        xn = x * n
-        xn = xn.astype(np.float64) if ty == "f32" else _bf16(xn)
-        x64 = x.astype(np.float64)
-        s = 1 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + EPS)  # [M, 1]
-
-        def projection(w):
-            prods = xn[:, None, :] * w[None, :, :]  # [M, N, K]
-            sums = s * prods.sum(axis=2)
-            err = s * np.abs(prods).sum(axis=2) * 2.0**-18 + np.abs(sums) * 1e-5
-            return sums, err
-
-        g, g_err = projection(wg)
+        g, g_err = norm_reference(ty, x, n, wg)
         what = f"{op or 'plain'} {ty} M={M} N={N} K={K} {arch}"
         if op:
-            u, u_err = projection(wu)
+            u, u_err = norm_reference(ty, x, n, wu)
             _check_glu(self, op, got, g, u, g_err, u_err, what)
             return
         bad = ~(np.abs(got - g) <= g_err + 1e-30)  # NaN fails too
@@ -284,13 +266,8 @@ class NormEmulationTest(unittest.TestCase):
     def check_f16(self, ty, M, N, K, arch, seed):
         """RMS_NORM_MUL_MAT's f16 output against the f32 design's (rounded) and numpy."""
         nrng = np.random.default_rng(seed)
-        if ty == "f32":
-            w_bytes, w = _weights_np(ty, N, K, nrng)
-        else:
-            w_bytes, w = _weights(ty, N, K, random.Random(seed))
-        x = nrng.uniform(-1, 1, (M, K)).astype(np.float32)
-        x[:, ::7] *= 8
-        n = nrng.uniform(0.2, 2, K).astype(np.float32)
+        w_bytes, w = norm_weights(ty, N, K, nrng, random.Random(seed))
+        x, n = norm_inputs(nrng, M, K)
         ins = [w_bytes, x.tobytes(), n.tobytes()]
         got = run_request(norm_request("", ty, M, N, K, arch, otype="f16"), ins)
         got = np.frombuffer(got, np.float16).reshape(M, N)
@@ -312,14 +289,8 @@ class NormEmulationTest(unittest.TestCase):
                 f"at {i}: {got[i]} vs {rounded[i]}"
             )
         # Against numpy: the f32 design's tolerance plus half an f16 ulp.
-        xn = x * n
-        xn = xn.astype(np.float64) if ty == "f32" else _bf16(xn)
-        x64 = x.astype(np.float64)
-        s = 1 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + EPS)
-        prods = xn[:, None, :] * w[None, :, :]
-        want = s * prods.sum(axis=2)
-        ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(want), 2.0**-14))) - 10)
-        tol = s * np.abs(prods).sum(axis=2) * 2.0**-18 + np.abs(want) * 1e-5 + ulp / 2
+        want, err = norm_reference(ty, x, n, w)
+        tol = err + f16_half_ulp(want)
         bad = ~(np.abs(got.astype(np.float64) - want) <= tol)  # NaN fails too
         if bad.any():
             self.fail(

@@ -234,8 +234,13 @@ def run_request_outputs(request_json: str, inputs: list[bytes]) -> list[bytes]:
     """`run_request` for a request of any number of outputs (`output`, then its
     `extra_outputs`): the bytes of each, in order. Every output operand must be written by some
     drain of the runtime sequence (an output left as it was allocated, 0xFF bytes, is not)."""
-    req = parse_request(request_json)
-    spec = prepare(req)
+    return run_spec_outputs(prepare(parse_request(request_json)), inputs)
+
+
+def run_spec_outputs(spec, inputs: list[bytes]) -> list[bytes]:
+    """`run_request_outputs` of a prepared spec (one not built by `prepare`: an op's design
+    planned over some of the array's columns, say)."""
+    req = spec.request
     rec = record(spec)
     cores = core_sources(spec)
     check_objects(rec, cores)

@@ -54,15 +54,17 @@ def gemm_streams(spec):
 
 
 def gemv_streams(spec):
-    """{(column, row): {"w": [...], "x": [...], "y": [...]}} for a GEMV spec."""
+    """{(column, row): {"w": [...], "x": [...], "y": [...]}} for a GEMV spec (W's indices in
+    W's DMA units: bytes for weights moved as bytes)."""
     p = spec.plan
     R, nr, kc = p.rows, p.rows_per_tile, p.k_chunk
+    kw = p.w_units(kc)
     cores = {(c, i): {"w": [], "x": [], "y": []} for c in range(p.columns) for i in range(R)}
     for group in spec.tasks():
         for col, (w, x, y) in enumerate(group):
-            for obj in _objects(w.indices(), R * nr * kc):
+            for obj in _objects(w.indices(), R * nr * kw):
                 for i in range(R):
-                    cores[(col, i)]["w"].append(obj[i * nr * kc : (i + 1) * nr * kc])
+                    cores[(col, i)]["w"].append(obj[i * nr * kw : (i + 1) * nr * kw])
             for obj in _objects(x.indices(), kc):
                 for i in range(R):
                     cores[(col, i)]["x"].append(obj)

@@ -90,6 +90,10 @@ pub struct KernelDesc {
     pub op_params: [i32; 16],
     pub inputs: Vec<TensorDesc>,
     pub output: TensorDesc,
+    /// The outputs after `output` of an op with several (`RMS_NORM_QKV_ROPE`: K and V), whose
+    /// operands follow the output's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_outputs: Vec<TensorDesc>,
     /// Compute the f16 operands as bf16 (the backend's `GGML_HSA_F16_AS_BF16`): f16 inputs are
     /// rounded to bf16 when read and f16 outputs to bf16 precision before they are stored.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -129,6 +133,14 @@ impl KernelDesc {
         serde_json::to_string(self).unwrap_or_default()
     }
 
+    /// The operands in dispatch order: the inputs, the output, the extra outputs.
+    pub fn operands(&self) -> impl Iterator<Item = &TensorDesc> {
+        self.inputs
+            .iter()
+            .chain(std::iter::once(&self.output))
+            .chain(&self.extra_outputs)
+    }
+
     /// Checks the description and returns its op.
     pub fn validate(&self) -> Result<Op, DescError> {
         let inv = |m: String| Err(DescError::Invalid(m));
@@ -145,7 +157,7 @@ impl KernelDesc {
                 self.name
             ));
         }
-        let tensors = self.inputs.iter().chain(std::iter::once(&self.output));
+        let tensors = self.operands();
         for (i, t) in tensors.enumerate() {
             if t.ne.iter().any(|&n| n < 0) || t.nb.iter().any(|&n| n < 0) {
                 return inv(format!("tensor {i}: ne and nb must be non-negative"));
@@ -157,6 +169,14 @@ impl KernelDesc {
         let Some(op) = Op::from_name(&self.op) else {
             return Err(DescError::Unsupported(format!("op {:?}", self.op)));
         };
+        if self.extra_outputs.len() + 1 != op.outputs() {
+            return inv(format!(
+                "op {} has {} output(s), request has {}",
+                self.op,
+                op.outputs(),
+                self.extra_outputs.len() + 1
+            ));
+        }
         if self.inputs.len() != op.arity() {
             return inv(format!(
                 "op {} takes {} input(s), request has {}",
@@ -237,6 +257,58 @@ impl KernelDesc {
                     self.op
                 )));
             }
+        } else if let Op::NormedFfn(_) = op {
+            // As the two kernels it replaces: RMS_NORM_MUL_MAT_<GLU> into h, MUL_MAT_ADD of h.
+            let [wg, wu, wd, x, n, r] = self.inputs.as_slice() else {
+                return inv(format!("{} takes 6 inputs", self.op));
+            };
+            if wu.ty != wg.ty || wd.ty != wg.ty {
+                return inv(format!("{}: Wg, Wu and Wd must have one type", self.op));
+            }
+            let h = &self.extra_outputs[0];
+            let mut part = self.clone();
+            part.extra_outputs.clear();
+            part.op = self.op.replacen("RMS_NORM_FFN_", "RMS_NORM_MUL_MAT_", 1);
+            part.inputs = vec![wg.clone(), wu.clone(), x.clone(), n.clone()];
+            part.output = h.clone();
+            part.validate()?;
+            part.op = "MUL_MAT_ADD".into();
+            part.inputs = vec![wd.clone(), h.clone(), r.clone()];
+            part.output = self.output.clone();
+            part.validate()?;
+        } else if let Op::NormedQkv { ff } = op {
+            // Each projection as the NormedMulMatRope (Q, K) or NormedMulMat (V) it replaces.
+            let [wq, wk, wv, x, n, pos, rest @ ..] = self.inputs.as_slice() else {
+                return inv(format!("{} takes 6 or 7 inputs", self.op));
+            };
+            if wk.ty != wq.ty || wv.ty != wq.ty {
+                return inv(format!("{}: Wq, Wk and Wv must have one type", self.op));
+            }
+            if self.output.ty != crate::ops::DType::F32 {
+                return Err(DescError::Unsupported(format!(
+                    "{}: Q other than f32",
+                    self.op
+                )));
+            }
+            let mut part = self.clone();
+            part.extra_outputs.clear();
+            part.op = if ff {
+                "RMS_NORM_MUL_MAT_ROPE_FF"
+            } else {
+                "RMS_NORM_MUL_MAT_ROPE"
+            }
+            .into();
+            for (w, out) in [(wq, &self.output), (wk, &self.extra_outputs[0])] {
+                part.inputs = [w, x, n, pos].into_iter().chain(rest).cloned().collect();
+                part.output = out.clone();
+                part.validate()?;
+            }
+            part.op = "RMS_NORM_MUL_MAT".into();
+            part.inputs = vec![wv.clone(), x.clone(), n.clone()];
+            part.output = self.extra_outputs[1].clone();
+            part.op_params = [0; 16];
+            part.op_params[0] = self.op_params[11];
+            part.validate()?;
         } else if let Op::NormedMulMatRope { ff } = op {
             let (w, x, n, pos) = (src0.ne, &self.inputs[1], &self.inputs[2], &self.inputs[3]);
             let o = self.output.ne;
@@ -417,6 +489,8 @@ impl KernelDesc {
                 | Op::MulMatAdd
                 | Op::NormedMulMat(_)
                 | Op::NormedMulMatRope { .. }
+                | Op::NormedQkv { .. }
+                | Op::NormedFfn(_)
                 | Op::SoftMax { .. }
                 | Op::Rope { .. }
                 | Op::CountEqual
@@ -440,7 +514,7 @@ impl KernelDesc {
         if !crate::ops::ARCHS.contains(&self.arch.as_str()) {
             return Err(DescError::Unsupported(format!("arch {:?}", self.arch)));
         }
-        let tensors = self.inputs.iter().chain(std::iter::once(&self.output));
+        let tensors = self.operands();
         for (i, t) in tensors.enumerate() {
             if t.ty.is_quantized() && op.is_weight(i) {
                 let (block, size) = (t.ty.block() as i64, t.ty.size() as i64);
@@ -453,8 +527,8 @@ impl KernelDesc {
                 }
             }
             if !op.operand_types(i).contains(&t.ty) {
-                let what = if i == op.arity() {
-                    "the output".to_owned()
+                let what = if i >= op.arity() {
+                    format!("output {}", i - op.arity())
                 } else {
                     format!("input {i}")
                 };

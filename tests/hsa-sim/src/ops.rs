@@ -187,6 +187,17 @@ pub enum Op {
     NormedMulMatRope {
         ff: bool,
     },
+    /// llama's Q, K and V projections of one normalised x, fused by the backend: Q and K as
+    /// `NormedMulMatRope`, V as `NormedMulMat(None)`; inputs Wq, Wk, Wv, x, n, the positions and
+    /// the frequency factors if `ff`; outputs Q (f32), then K and V (extra outputs); op_params
+    /// as `NormedMulMatRope`'s.
+    NormedQkv {
+        ff: bool,
+    },
+    /// A feed-forward block, fused by the backend: `NormedMulMat(Some(act))` then `MulMatAdd`
+    /// of its result; inputs Wg, Wu, Wd, x, n, r; outputs Wd . h + r, then h (the extra
+    /// output); op_params[0] = eps.
+    NormedFfn(UnaryOp),
     /// ggml's ARGMAX: per row of an f32 matrix, the i32 index of its largest value (the last
     /// one among equals, as ggml-cpu's loop finds it).
     ArgMax,
@@ -312,6 +323,13 @@ impl Op {
             "RMS_NORM_MUL_MAT_GEGLU_QUICK" => Some(Op::NormedMulMat(Some(UnaryOp::GeluQuick))),
             "RMS_NORM_MUL_MAT_ROPE" => Some(Op::NormedMulMatRope { ff: false }),
             "RMS_NORM_MUL_MAT_ROPE_FF" => Some(Op::NormedMulMatRope { ff: true }),
+            "RMS_NORM_QKV_ROPE" => Some(Op::NormedQkv { ff: false }),
+            "RMS_NORM_QKV_ROPE_FF" => Some(Op::NormedQkv { ff: true }),
+            "RMS_NORM_FFN_REGLU" => Some(Op::NormedFfn(UnaryOp::Relu)),
+            "RMS_NORM_FFN_GEGLU" => Some(Op::NormedFfn(UnaryOp::Gelu)),
+            "RMS_NORM_FFN_SWIGLU" => Some(Op::NormedFfn(UnaryOp::Silu)),
+            "RMS_NORM_FFN_GEGLU_ERF" => Some(Op::NormedFfn(UnaryOp::GeluErf)),
+            "RMS_NORM_FFN_GEGLU_QUICK" => Some(Op::NormedFfn(UnaryOp::GeluQuick)),
             "NORM" => Some(Op::Norm),
             "RMS_NORM_MUL" => Some(Op::RmsNormMul),
             "ARGMAX" => Some(Op::ArgMax),
@@ -339,6 +357,15 @@ impl Op {
         }
     }
 
+    /// Number of outputs (the output, then the extra outputs).
+    pub fn outputs(self) -> usize {
+        match self {
+            Op::NormedQkv { .. } => 3,
+            Op::NormedFfn(_) => 2,
+            _ => 1,
+        }
+    }
+
     /// Number of input tensors.
     pub fn arity(self) -> usize {
         match self {
@@ -354,6 +381,8 @@ impl Op {
             Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(None) => 3,
             Op::NormedMulMat(Some(_)) => 4,
             Op::NormedMulMatRope { ff } => 4 + usize::from(ff),
+            Op::NormedQkv { ff } => 6 + usize::from(ff),
+            Op::NormedFfn(_) => 6,
             Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
             _ => 1,
         }
@@ -401,6 +430,13 @@ impl Op {
             "RMS_NORM_MUL_MAT_GEGLU_QUICK",
             "RMS_NORM_MUL_MAT_ROPE",
             "RMS_NORM_MUL_MAT_ROPE_FF",
+            "RMS_NORM_QKV_ROPE",
+            "RMS_NORM_QKV_ROPE_FF",
+            "RMS_NORM_FFN_REGLU",
+            "RMS_NORM_FFN_GEGLU",
+            "RMS_NORM_FFN_SWIGLU",
+            "RMS_NORM_FFN_GEGLU_ERF",
+            "RMS_NORM_FFN_GEGLU_QUICK",
         ]);
         v.extend(["SET_ROWS", "DUP", "CPY", "CONT"]);
         v
@@ -412,16 +448,21 @@ impl Op {
         matches!(self, Op::ArgMax | Op::CountEqual | Op::CrossEntropyLoss)
     }
 
-    /// The element types operand `i` may have (the inputs in order, then the output at
+    /// The element types operand `i` may have (the inputs in order, then the outputs from
     /// `i == arity()`).
     pub fn operand_types(self, i: usize) -> Vec<DType> {
-        let output = i == self.arity();
+        let output = i >= self.arity();
         match self {
             Op::Rope { .. } if i == 1 => vec![DType::I32],
             Op::NormedMulMatRope { .. } if i == 3 => vec![DType::I32],
             // x, n and the frequency factors f32; the output f32, or f16/bf16 (K's rows of the
             // KV cache).
             Op::NormedMulMatRope { .. } if i > 0 && !output => vec![DType::F32],
+            Op::NormedQkv { .. } if i == 5 => vec![DType::I32],
+            // x, n and the frequency factors f32; Q f32; K and V f32, or f16/bf16 (the cache).
+            Op::NormedQkv { .. } if (3..=self.arity()).contains(&i) => vec![DType::F32],
+            // x, n, r and both outputs f32.
+            Op::NormedFfn(_) if i >= 3 => vec![DType::F32],
             _ if self.is_weight(i) => TYPES.iter().chain(WEIGHT_TYPES).copied().collect(),
             Op::ArgMax if output => vec![DType::I32],
             Op::ArgMax => vec![DType::F32],
@@ -448,6 +489,7 @@ impl Op {
                 i == 0
             }
             Op::MulMatGlu(_) | Op::NormedMulMat(Some(_)) => i < 2,
+            Op::NormedQkv { .. } | Op::NormedFfn(_) => i < 3,
             _ => false,
         }
     }
@@ -455,7 +497,7 @@ impl Op {
     /// Every type any operand may have, in the order the operands first name them.
     pub fn all_types(self) -> Vec<DType> {
         let mut all = Vec::new();
-        for i in 0..=self.arity() {
+        for i in 0..self.arity() + self.outputs() {
             for t in self.operand_types(i) {
                 if !all.contains(&t) {
                     all.push(t);
@@ -482,6 +524,11 @@ impl Op {
             Op::NormedMulMat(Some(_)) => 4 * k + 10,
             // The product's, then the rotation's.
             Op::NormedMulMatRope { .. } => 2 * k + 1 + 6,
+            // Per output element of Q, K and V (the rotation counted on all three).
+            Op::NormedQkv { .. } => 2 * k + 1 + 6,
+            // Per element of h (the norm, both products and the GLU); `stats_of` adds the down
+            // product and the ADD per output element.
+            Op::NormedFfn(_) => 4 * k + 10,
             // Per query row, head and key (the executor multiplies by rows and keys): the q·k
             // dot product and the v update, 2·D + 2·Dv, counted as 4·D with k = D.
             Op::FlashAttnExt { .. } => 4 * k,
@@ -513,6 +560,8 @@ impl Op {
             Op::NormedMulMat(None) => "op_params[0] = eps (f32 bit pattern); inputs[0] = weights (MUL_MAT's inputs[0]), inputs[1] = x f32 [K, N, ...] (not normalised), inputs[2] = n f32 [K]; output f32 [M, N, ...] = w . (rms_norm(x) * n)",
             Op::NormedMulMat(Some(_)) => "op_params[0] = eps (f32 bit pattern); inputs[0] = gate weights, inputs[1] = up weights, inputs[2] = x f32 [K, N, ...] (not normalised), inputs[3] = n f32 [K]; output f32 [M, N, ...] = act(gate . y) * (up . y), y = rms_norm(x) * n",
             Op::NormedMulMatRope { .. } => "op_params[0..=10] = ggml's rope op_params (as ROPE's), op_params[11] = eps (f32 bit pattern); inputs[0] = weights [K, M] (MUL_MAT's inputs[0]), inputs[1] = x f32 [K, N] (not normalised), inputs[2] = n f32 [K], inputs[3] = positions i32 [>= N], [inputs[4] = frequency factors f32 [>= n_dims / 2]]; output f32/f16/bf16 [D, H, N] with D * H = M: rope(w . (rms_norm(x) * n)) with the product viewed as [D, H, N]",
+            Op::NormedQkv { .. } => "op_params as RMS_NORM_MUL_MAT_ROPE's; inputs[0..3] = Wq [K, Mq], Wk [K, Mk], Wv [K, Mv] (one type), inputs[3] = x f32 [K, N] (not normalised), inputs[4] = n f32 [K], inputs[5] = positions i32 [>= N], [inputs[6] = frequency factors f32]; output Q f32 [D, Hq, N] = rope(Wq . y), extra outputs K f32/f16/bf16 [D, Hk, N] = rope(Wk . y) and V f32/f16/bf16 [Mv, N] = Wv . y, y = rms_norm(x) * n",
+            Op::NormedFfn(_) => "op_params[0] = eps (f32 bit pattern); inputs[0..3] = Wg, Wu [K, F] and Wd [F, K] (one type), inputs[3] = x f32 [K, N] (not normalised), inputs[4] = n f32 [K], inputs[5] = r f32 (repeated over the output); output f32 [K, N] = Wd . h + r, extra output h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(x) * n",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
             Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",

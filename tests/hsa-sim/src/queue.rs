@@ -485,14 +485,15 @@ fn prepare_and_execute(
         )));
     }
     image::check_insts(&insts, &img).map_err(bad_image)?;
-    // 3. Operands: inputs in order, then the output.
-    let tensors: Vec<&image::TensorDesc> = desc.inputs.iter().chain([&desc.output]).collect();
+    // 3. Operands: inputs in order, then the output(s).
+    let tensors: Vec<&image::TensorDesc> = desc.operands().collect();
     if cmd.operands.len() != tensors.len() {
         return Err(PacketError::format(format!(
-            "kernel {} takes {} operands ({} input(s) then the output), the packet has {}",
+            "kernel {} takes {} operands ({} input(s) then {} output(s)), the packet has {}",
             desc.name,
             tensors.len(),
             desc.inputs.len(),
+            1 + desc.extra_outputs.len(),
             cmd.operands.len()
         )));
     }

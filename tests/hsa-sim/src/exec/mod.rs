@@ -240,6 +240,77 @@ fn soft_max(
     }
 }
 
+/// The three ggml nodes of a gate/up pair as ggml-cpu runs them: both products (gate `wg`,
+/// up `wu`, of `x`) in f32, then the GLU act(gate) * up into `out`.
+fn glu_products(
+    wg: &Buf<'_>,
+    wu: &Buf<'_>,
+    x: &Buf<'_>,
+    act: crate::ops::UnaryOp,
+    out: &mut Buf<'_>,
+) {
+    let product = |w: &Buf<'_>| {
+        let mut p = Buf {
+            t: out.t,
+            bytes: vec![0u8; out.bytes.len()],
+            as_bf16: false,
+        };
+        mul_mat(w, x, &mut p);
+        p
+    };
+    let (gate, up) = (product(wg), product(wu));
+    for_each_index(out.t.ne, |i| {
+        out.set(i, unary_f32(act, gate.get(i)) * up.get(i))
+    });
+}
+
+/// out += r, r repeated over out (ggml's ADD broadcasting its second input), in f32.
+fn add_repeated(out: &mut Buf<'_>, r: &Buf<'_>) {
+    let rn = r.t.ne;
+    for_each_index(out.t.ne, |i| {
+        let j = [i[0] % rn[0], i[1] % rn[1], i[2] % rn[2], i[3] % rn[3]];
+        out.set(i, out.get(i) + r.get(j));
+    });
+}
+
+/// rms_norm(x) * n into a new f32 buffer of layout `yt` (x's shape, dense), as
+/// [`rms_norm_mul`] computes it.
+fn normed<'a>(x: &Buf<'_>, n: &Buf<'_>, eps: i32, yt: &'a TensorDesc) -> Buf<'a> {
+    let mut y = Buf {
+        t: yt,
+        bytes: vec![0u8; yt.extent() as usize],
+        as_bf16: false,
+    };
+    rms_norm_mul(x, n, eps, &mut y);
+    y
+}
+
+/// ggml's ROPE of the f32 product `w . y`, viewed as `out`'s [D, H, N]; `rotation` is the
+/// positions, the frequency factors (if any) and the rope's op_params.
+fn rotated_product(
+    w: &Buf<'_>,
+    y: &Buf<'_>,
+    rotation: (&Buf<'_>, Option<&Buf<'_>>, &[i32]),
+    out: &mut Buf<'_>,
+) {
+    let f32 = crate::ops::DType::F32;
+    let pt = TensorDesc::contiguous([w.t.ne[1], y.t.ne[1], 1, 1], f32);
+    let mut product = Buf {
+        t: &pt,
+        bytes: vec![0u8; pt.extent() as usize],
+        as_bf16: false,
+    };
+    mul_mat(w, y, &mut product);
+    let rt = TensorDesc::contiguous(out.t.ne, f32);
+    let heads = Buf {
+        t: &rt,
+        bytes: product.bytes,
+        as_bf16: false,
+    };
+    let (pos, ff, params) = rotation;
+    rope(&heads, pos, ff, params, out);
+}
+
 /// RMS_NORM then MUL by the weight row `n` as the two ggml nodes compute them (the norm
 /// rounded to f32, then the f32 product), into `y` (f32, x's shape); `eps` as f32 bits.
 fn rms_norm_mul(x: &Buf<'_>, n: &Buf<'_>, eps: i32, y: &mut Buf<'_>) {
@@ -395,15 +466,16 @@ pub unsafe fn execute(
     operands: &[OperandMem],
 ) -> Result<ExecStats, String> {
     let n_in = desc.inputs.len();
-    if operands.len() != n_in + 1 {
+    let n_out = 1 + desc.extra_outputs.len();
+    if operands.len() != n_in + n_out {
         return Err(format!(
-            "kernel {} takes {} operands (inputs then output), packet has {}",
+            "kernel {} takes {} operands (inputs then outputs), packet has {}",
             desc.name,
-            n_in + 1,
+            n_in + n_out,
             operands.len()
         ));
     }
-    let tensors: Vec<&TensorDesc> = desc.inputs.iter().chain([&desc.output]).collect();
+    let tensors: Vec<&TensorDesc> = desc.operands().collect();
     let mut bufs = Vec::with_capacity(tensors.len());
     for (t, m) in tensors.iter().zip(operands) {
         let ext = t.extent() as usize;
@@ -420,6 +492,7 @@ pub unsafe fn execute(
         let as_bf16 = desc.f16_as_bf16 && t.ty == crate::ops::DType::F16;
         bufs.push(Buf { t, bytes, as_bf16 });
     }
+    let mut extra = bufs.split_off(n_in + 1);
     let mut out = bufs.pop().ok_or("no output operand")?;
     let ne = out.t.ne;
     match op {
@@ -475,20 +548,7 @@ pub unsafe fn execute(
             for_each_index(ne, |i| out.set(i, s0.get(i) * s + b));
         }
         Op::MulMat => mul_mat(&bufs[0], &bufs[1], &mut out),
-        Op::MulMatGlu(act) => {
-            // The three ggml nodes as ggml-cpu runs them: both products in f32, then the GLU.
-            let product = |w: &Buf<'_>| {
-                let mut p = Buf {
-                    t: out.t,
-                    bytes: vec![0u8; out.bytes.len()],
-                    as_bf16: false,
-                };
-                mul_mat(w, &bufs[2], &mut p);
-                p
-            };
-            let (gate, up) = (product(&bufs[0]), product(&bufs[1]));
-            for_each_index(ne, |i| out.set(i, unary_f32(act, gate.get(i)) * up.get(i)));
-        }
+        Op::MulMatGlu(act) => glu_products(&bufs[0], &bufs[1], &bufs[2], act, &mut out),
         Op::NormedMulMat(glu) => {
             // The nodes as ggml-cpu runs them: the norm rounded to f32, the f32 product with
             // the weight row, then the product(s) (and the GLU).
@@ -503,58 +563,47 @@ pub unsafe fn execute(
             rms_norm_mul(x, n, desc.op_params[0], &mut y);
             match glu {
                 None => mul_mat(&bufs[0], &y, &mut out),
-                Some(act) => {
-                    let product = |w: &Buf<'_>| {
-                        let mut p = Buf {
-                            t: out.t,
-                            bytes: vec![0u8; out.bytes.len()],
-                            as_bf16: false,
-                        };
-                        mul_mat(w, &y, &mut p);
-                        p
-                    };
-                    let (gate, up) = (product(&bufs[0]), product(&bufs[1]));
-                    for_each_index(ne, |i| out.set(i, unary_f32(act, gate.get(i)) * up.get(i)));
-                }
+                Some(act) => glu_products(&bufs[0], &bufs[1], &y, act, &mut out),
             }
         }
         Op::NormedMulMatRope { ff } => {
             // The nodes as ggml-cpu runs them: RMS_NORM_MUL into f32, the f32 product, then the
             // ROPE of the product viewed as the output's [D, H, N].
-            let (w, x, n) = (&bufs[0], &bufs[1], &bufs[2]);
-            let f32 = crate::ops::DType::F32;
-            let yt = TensorDesc::contiguous(x.t.ne, f32);
-            let mut y = Buf {
-                t: &yt,
-                bytes: vec![0u8; yt.extent() as usize],
-                as_bf16: false,
+            let (x, n) = (&bufs[1], &bufs[2]);
+            let yt = TensorDesc::contiguous(x.t.ne, crate::ops::DType::F32);
+            let y = normed(x, n, desc.op_params[11], &yt);
+            let rotation = (&bufs[3], ff.then(|| &bufs[4]), &desc.op_params[..]);
+            rotated_product(&bufs[0], &y, rotation, &mut out);
+        }
+        Op::NormedQkv { ff } => {
+            // The three projections as the kernels they replace compute them.
+            let (x, n) = (&bufs[3], &bufs[4]);
+            let yt = TensorDesc::contiguous(x.t.ne, crate::ops::DType::F32);
+            let y = normed(x, n, desc.op_params[11], &yt);
+            let rotation = (&bufs[5], ff.then(|| &bufs[6]), &desc.op_params[..]);
+            rotated_product(&bufs[0], &y, rotation, &mut out);
+            let [k, v] = extra.as_mut_slice() else {
+                return Err(format!("kernel {}: K and V outputs expected", desc.name));
             };
-            rms_norm_mul(x, n, desc.op_params[11], &mut y);
-            let pt = TensorDesc::contiguous([w.t.ne[1], x.t.ne[1], 1, 1], f32);
-            let mut product = Buf {
-                t: &pt,
-                bytes: vec![0u8; pt.extent() as usize],
-                as_bf16: false,
+            rotated_product(&bufs[1], &y, rotation, k);
+            mul_mat(&bufs[2], &y, v);
+        }
+        Op::NormedFfn(act) => {
+            // The two kernels it replaces: RMS_NORM_MUL_MAT_<GLU> into h, then MUL_MAT_ADD.
+            let (x, n) = (&bufs[3], &bufs[4]);
+            let yt = TensorDesc::contiguous(x.t.ne, crate::ops::DType::F32);
+            let y = normed(x, n, desc.op_params[0], &yt);
+            let [h] = extra.as_mut_slice() else {
+                return Err(format!("kernel {}: the h output expected", desc.name));
             };
-            mul_mat(w, &y, &mut product);
-            let rt = TensorDesc::contiguous(ne, f32);
-            let rows = Buf {
-                t: &rt,
-                bytes: product.bytes,
-                as_bf16: false,
-            };
-            let ff = ff.then(|| &bufs[4]);
-            rope(&rows, &bufs[3], ff, &desc.op_params, &mut out);
+            glu_products(&bufs[0], &bufs[1], &y, act, h);
+            mul_mat(&bufs[2], h, &mut out);
+            add_repeated(&mut out, &bufs[5]);
         }
         Op::MulMatAdd => {
             // The two ggml nodes as ggml-cpu runs them: the product in f32, then the f32 ADD.
             mul_mat(&bufs[0], &bufs[1], &mut out);
-            let r = &bufs[2];
-            let rn = r.t.ne;
-            for_each_index(ne, |i| {
-                let j = [i[0] % rn[0], i[1] % rn[1], i[2] % rn[2], i[3] % rn[3]];
-                out.set(i, out.get(i) + r.get(j));
-            });
+            add_repeated(&mut out, &bufs[2]);
         }
         Op::ArgMax => argmax(&bufs[0], &mut out),
         Op::CountEqual => {
@@ -607,30 +656,37 @@ pub unsafe fn execute(
             });
         }
     }
-    let dst = operands[n_in];
-    // SAFETY: the caller guarantees [dst.addr, dst.addr+dst.len) is writable and the output's
-    // extent (out.bytes.len()) is <= dst.len (checked above); `out.bytes` is a distinct Vec.
-    unsafe {
-        std::ptr::copy_nonoverlapping(out.bytes.as_ptr(), dst.addr as *mut u8, out.bytes.len())
-    };
+    for (buf, dst) in std::iter::once(&out).chain(&extra).zip(&operands[n_in..]) {
+        // SAFETY: the caller guarantees [dst.addr, dst.addr+dst.len) is writable and each
+        // output's extent (buf.bytes.len()) is <= dst.len (checked above); `buf.bytes` is a
+        // distinct Vec.
+        unsafe {
+            std::ptr::copy_nonoverlapping(buf.bytes.as_ptr(), dst.addr as *mut u8, buf.bytes.len())
+        };
+    }
     Ok(stats_of(desc, op))
 }
 
 /// What running `desc` moves and computes (the cost model's input), without running it.
 pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
     let bytes_read = desc.inputs.iter().map(TensorDesc::data_bytes).sum();
+    let outputs = || std::iter::once(&desc.output).chain(&desc.extra_outputs);
     ExecStats {
         bytes_read,
-        bytes_written: desc.output.data_bytes(),
+        bytes_written: outputs().map(TensorDesc::data_bytes).sum(),
         flops: if op.is_reduction() {
             desc.inputs[0].nelements() * op.flops_per_element(1)
+        } else if let (Op::NormedFfn(_), [h]) = (op, desc.extra_outputs.as_slice()) {
+            let (k, f) = (desc.inputs[3].ne[0] as u64, h.ne[0] as u64);
+            h.nelements() * op.flops_per_element(k) + desc.output.nelements() * (2 * f + 1)
         } else if let Op::FlashAttnExt { .. } = op {
             // Per query row and head, per key.
             let (q, k) = (&desc.inputs[0], &desc.inputs[1]);
             let rows = q.nelements() / q.ne[0].max(1) as u64;
             rows * k.ne[1] as u64 * op.flops_per_element(q.ne[0] as u64)
         } else {
-            desc.output.nelements() * op.flops_per_element(desc.inputs[0].ne[0] as u64)
+            let elements: u64 = outputs().map(TensorDesc::nelements).sum();
+            elements * op.flops_per_element(desc.inputs[0].ne[0] as u64)
         },
     }
 }

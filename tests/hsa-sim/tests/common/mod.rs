@@ -158,6 +158,7 @@ pub fn desc(
         op_params: [0; 16],
         inputs,
         output,
+        extra_outputs: Vec::new(),
         f16_as_bf16: false,
     }
 }

@@ -1,0 +1,115 @@
+// mv_rope.h: the fused RMS_NORM_MUL_MAT_ROPE(_FF) epilogue of a GEMV core source (mv.cc,
+// mvq.cc), included inside its extern "C" block after mv_norm.h (its norm_s and
+// norm_scale_rows; with MV_OUT_F16 after mv_stash.h too). y is f32, or f16 with MV_OUT_F16.
+// The including file names the functions: GGML_MV_ROPE_LOAD, and GGML_MV_NORM_ROPE_SCALE (f32
+// y) or GGML_MV_NORM_ROPE_STORE_F16 (MV_OUT_F16).
+//
+// The product's rows are the rows of a [D, H] view per x row (token): row r is dimension
+// r % D of head r / D, and ggml's ROPE rotates each head's first N_DIMS dimensions in pairs by
+// the token's position (rope_math.h; dimensions past N_DIMS pass through). The rotation is
+// applied at the end of each round, after the norm's scale s, to the round's MV_ROWS rows in
+// the core (y, or the stash before its one rounding to f16), so the product never leaves the
+// core unrotated. The plan makes every core's rows of a round hold whole pairs (NeoX: a head's
+// whole N_DIMS span).
+//   GGML_MV_ROPE_LOAD(c)                 once per dispatch, per x object behind n's chunks:
+//                                        (FF) the N_DIMS/2 frequency factors, then the
+//                                        tokens' positions (i32 bits), then padding; kept
+//   GGML_MV_NORM_ROPE_SCALE(y, offset)   y *= s, then the round's rows rotated
+//   GGML_MV_NORM_ROPE_STORE_F16(y, offset)  stash *= s, rotated, y[r] = f16(stash[r])
+// `offset` is the core's first row within a round (its column's and its own share of the
+// round's block: (column * rows + row) * MV_ROWS). The core counts its rounds: round j of the
+// dispatch is token j / ROPE_ROUNDS's round j % ROPE_ROUNDS, starting at row
+// (j % ROPE_ROUNDS) * MV_ROPE_BLOCK, the last one shifted back to end at MV_ROPE_N when N is
+// off the block (GemvPlan's rounds).
+// Defines: MV_ROPE_HEAD (D), MV_ROPE_N (the product's rows, D * H), MV_ROPE_BLOCK (the rows of
+// a round over the array), MV_ROPE_TOKENS (x rows per dispatch), and rope_math.h's.
+// Static data (per core): rope_math.h's arrays and the positions; the plan counts
+// mv_rope_bytes() in the core's memory.
+
+#if MV_GLU || !MV_NORM
+#error "the rotation epilogue is RMS_NORM_MUL_MAT's (no GLU)"
+#endif
+
+#include "rope_math.h"
+
+constexpr int ROPE_ROUNDS = (MV_ROPE_N + MV_ROPE_BLOCK - 1) / MV_ROPE_BLOCK;
+constexpr int ROPE_WORDS = FF_WORDS + MV_ROPE_TOKENS;
+constexpr int ROPE_OBJECTS = (ROPE_WORDS + MV_KC - 1) / MV_KC;
+static_assert(MV_ROPE_BLOCK <= MV_ROPE_N, "a round within the rows");
+static_assert(N_DIMS <= MV_ROPE_HEAD, "the rotated dimensions within a head");
+
+static int32_t g_rope_positions[MV_ROPE_TOKENS];
+static int32_t g_rope_loaded; // constants objects kept this dispatch (mod ROPE_OBJECTS)
+static int32_t g_rope_round;  // rounds rotated this dispatch
+
+// The round's MV_ROWS rows (global rows row0 ..) of the product of token t, in place.
+static void rope_rows(float *v, int32_t offset) {
+  const int32_t j = g_rope_round++;
+  const int32_t t = j / ROPE_ROUNDS, k = j % ROPE_ROUNDS;
+  const int32_t start =
+      (k + 1) * MV_ROPE_BLOCK <= MV_ROPE_N ? k * MV_ROPE_BLOCK : MV_ROPE_N - MV_ROPE_BLOCK;
+  const int32_t row0 = start + offset;
+  const int32_t p = g_rope_positions[t];
+  if (!g_valid || p != g_pos)
+    rope_fill_cache(p);
+  // The heads the rows touch; a pair is rotated when both its rows are the core's (the plan
+  // splits no pair between two cores or rounds).
+  for (int32_t h = row0 / MV_ROPE_HEAD; h * MV_ROPE_HEAD < row0 + MV_ROWS; ++h) {
+    const int32_t base = h * MV_ROPE_HEAD - row0; // the head's dimension 0 in v
+    bool any = false;
+    for (int i = 0; i < HALF; ++i) {
+      const int32_t a = base + rope_ia(i), b = base + rope_ib(i);
+      const bool mine = a >= 0 && b < MV_ROWS;
+      g_a[i] = mine ? v[a] : 0.0f;
+      g_b[i] = mine ? v[b] : 0.0f;
+      any = any || mine;
+    }
+    if (!any)
+      continue; // only dimensions past N_DIMS of this head: unchanged
+    for (int i = HALF; i < HALF_PAD; ++i)
+      g_a[i] = g_b[i] = 0.0f;
+    rope_rotate_ab();
+    for (int i = 0; i < HALF; ++i) {
+      const int32_t a = base + rope_ia(i), b = base + rope_ib(i);
+      if (a >= 0 && b < MV_ROWS) {
+        v[a] = g_a[i];
+        v[b] = g_b[i];
+      }
+    }
+  }
+}
+
+void GGML_MV_ROPE_LOAD(float *c) {
+  const int32_t first = g_rope_loaded * MV_KC;
+  if (g_rope_loaded == 0) {
+    // A new dispatch: its positions, its rounds.
+    g_valid = false;
+    g_rope_round = 0;
+  }
+  for (int32_t j = 0; j < MV_KC && first + j < ROPE_WORDS; ++j) {
+    int32_t w;
+    __builtin_memcpy(&w, c + j, sizeof w); // the word's bits (positions are i32)
+    if (first + j < FF_WORDS)
+      g_ff[first + j] = __builtin_bit_cast(float, w);
+    else
+      g_rope_positions[first + j - FF_WORDS] = w;
+  }
+  g_rope_loaded = (g_rope_loaded + 1) % ROPE_OBJECTS;
+}
+
+#if !MV_OUT_F16
+void GGML_MV_NORM_ROPE_SCALE(float *y, int32_t offset) {
+  norm_scale_rows(y, norm_s());
+  set_ggml_rounding();
+  rope_rows(y, offset);
+}
+#else
+// The f32 sums are scaled and rotated first, so the one rounding to f16 is of the rotated
+// value.
+void GGML_MV_NORM_ROPE_STORE_F16(uint16_t *y, int32_t offset) {
+  norm_scale_rows(g_stash, norm_s());
+  set_ggml_rounding();
+  rope_rows(g_stash, offset);
+  GGML_MV_STORE_F16(y);
+}
+#endif
