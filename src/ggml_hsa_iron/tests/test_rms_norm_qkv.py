@@ -310,6 +310,39 @@ class QkvRecordTest(unittest.TestCase):
 
 
 @unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
+class QkvCompileTest(unittest.TestCase):
+    def test_the_emulation_target_writes_a_kernel_of_nine_operands(self):
+        # What `--target emu compile` installs: the image (its program takes the 9 operands,
+        # drains write the last three, one library of the three groups' objects) and the hsaco
+        # of 9 operands.
+        import struct
+        import tempfile
+
+        from ggml_hsa_iron import hsaco
+        from ggml_hsa_iron.emu.compile import compile_emu
+
+        req = parse_request(qkv_request("q4_0", 256, 16, 4, 2, 1, 0, True, "aie2"))
+        with tempfile.TemporaryDirectory() as d:
+            compile_emu(req, Path(d))
+            image = (Path(d) / f"{req.name}.pdi").read_bytes()
+            insts = (Path(d) / f"{req.name}_insts.bin").read_bytes()
+            code = (Path(d) / f"{req.name}.hsaco").read_bytes()
+        version, json_len, lib_len, _ = struct.unpack("<4I", image[8:24])
+        self.assertEqual(
+            (image[:8], version, len(image)), (b"HSASIMK1", 2, 24 + json_len + lib_len)
+        )
+        prog = json.loads(image[24 : 24 + json_len])
+        self.assertEqual(len(prog["args"]), 10)  # 7 inputs (with the factors), Q, K, V
+        drained = {op["arg"] for op in prog["sequence"] if op["op"] == "drain"}
+        self.assertEqual(drained, {7, 8, 9})
+        filled = {op["arg"] for op in prog["sequence"] if op["op"] == "fill"}
+        self.assertEqual(filled, set(range(7)))
+        names = {k["name"] for k in prog["kernels"]}
+        self.assertEqual({n.rsplit("_", 1)[1] for n in names}, {"q", "k", "v"})
+        self.assertEqual(code, hsaco.single_kernel("aie2", req.name, image, insts, 10, 4))
+
+
+@unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
 class QkvEmulationTest(unittest.TestCase):
     """The design compiled for `--target emu` and its recorded program run on real data."""
 
