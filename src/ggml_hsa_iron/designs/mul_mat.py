@@ -257,8 +257,9 @@ def _gemv_tiles(spec):
 def _gemv_columns(spec, body, core_args, col0=0):
     """The GEMV dataflow of each of the plan's columns, from array column `col0`: the W fifo
     split over the column's R cores by the memory tile, x to every core, the cores' y joined;
-    the Worker of row i of the plan's column col runs `body(W, x, y, *core_args(col, i))`. Returns the Workers
-    and the shim endpoints, per column the W and x fills and the y drain (`_gemv_fill`)."""
+    the Worker of row i of the plan's column col (counted from col0) runs
+    `body(W, x, y, *core_args(col, i))`. Returns the Workers and the shim endpoints, per column
+    the W and x fills and the y drain (`_gemv_fill`)."""
     p = spec.plan
     C, R, nr = p.columns, p.rows, p.rows_per_tile
     w_t, w_elems, w_tile, x_tile, y_tile = _gemv_tiles(spec)
