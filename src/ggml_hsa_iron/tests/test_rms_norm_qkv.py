@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import dataclasses
 import json
 import random
-import re
 import unittest
 from unittest import mock
 
@@ -52,7 +51,7 @@ from ggml_hsa_iron.tiling import (
 
 from ggml_hsa_iron.tests.test_kernels_host import CXX
 from ggml_hsa_iron.tests.test_rms_norm_mul_mat_rope import llama3_ff, rope_params
-from ggml_hsa_iron.tests.util import request_dict, request_json, tensor
+from ggml_hsa_iron.tests.util import request_json, tensor
 
 try:
     import numpy as np
@@ -112,46 +111,6 @@ def single_requests(req):
         request_json(rope, [wk, x, n, *consts], k, req.arch, op_params=p),
         request_json("RMS_NORM_MUL_MAT", [wv, x, n], v, req.arch, op_params=[p[11]]),
     ]
-
-
-class QkvRequestTest(unittest.TestCase):
-    """The request's extra_outputs: accepted for the three-output ops only, in the name."""
-
-    def test_extra_outputs_are_the_outputs_after_output(self):
-        text = qkv_request("q4_0", 256, 16, 4, 2, kty="f16", vty="f32")
-        req = parse_request(text)
-        self.assertEqual([t.dtype for t in req.outputs], ["f32", "f16", "f32"])
-        self.assertEqual(req.extra_outputs, (tensor("f16", [16, 2]), tensor("f32", [32])))
-        self.assertEqual(len(req.operands), 9)
-        name = req.canonical_name()
-        self.assertEqual(name, json.loads(text)["name"])
-        self.assertIn("-i32_1-f32_16x4-f16_16x2-f32_32-p0_10_0_0_0_", name)
-        # The outputs' order is in the name.
-        swapped = dataclasses.replace(req, extra_outputs=req.extra_outputs[::-1])
-        self.assertNotEqual(swapped.canonical_name(), name)
-
-    def test_malformed_or_misplaced_extra_outputs_are_refused(self):
-        good = json.loads(qkv_request("f32", 64, 16, 4, 2))
-        t = {"type": "f32", "ne": [4, 1, 1, 1], "nb": [4, 16, 16, 16]}
-        cases = {
-            "no 'extra_outputs'": {k: v for k, v in good.items() if k != "extra_outputs"},
-            "must hold 2 tensors": dict(good, extra_outputs=good["extra_outputs"][:1]),
-            "non-empty list": dict(good, extra_outputs=[]),
-            "non-empty list of tensors": dict(good, extra_outputs=t),
-            "extra_outputs[1].ne": dict(good, extra_outputs=[t, dict(t, ne=[4, 1])]),
-            "extra_outputs[0] has unknown type": dict(good, extra_outputs=[dict(t, type="x")] * 2),
-        }
-        add = request_dict("ADD", [tensor("f32", [4])] * 2, tensor("f32", [4]))
-        cases["ADD has one output"] = dict(add, extra_outputs=[t])
-        mm = request_dict("MUL_MAT", [tensor("f32", [4, 4])] * 2, tensor("f32", [4, 4]))
-        cases["MUL_MAT has one output"] = dict(mm, extra_outputs=[t, t])
-        for reason, obj in cases.items():
-            with self.subTest(reason=reason):
-                with self.assertRaisesRegex(RequestError, re.escape(reason)):
-                    parse_request(json.dumps(obj))
-        # An op no design implements is unsupported whatever its outputs.
-        with self.assertRaises(UnsupportedError):
-            prepare(parse_request(json.dumps(dict(add, op="NOPE", extra_outputs=[t]))))
 
 
 class QkvPlanTest(unittest.TestCase):
