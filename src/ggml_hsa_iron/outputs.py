@@ -29,7 +29,7 @@ def install_kernel(req, output_dir: Path, pdi: bytes, insts: bytes) -> None:
     """Writes the request's kernel files (the hsaco first, so the PDI's presence means all are)."""
     output_dir.mkdir(parents=True, exist_ok=True)
     columns = arch(req.arch).columns
-    code_object = hsaco.single_kernel(req.arch, req.name, pdi, insts, len(req.inputs) + 1, columns)
+    code_object = hsaco.single_kernel(req.arch, req.name, pdi, insts, len(req.operands), columns)
     install_bytes(code_object, output_dir / f"{req.name}.hsaco")
     install_bytes(insts, output_dir / f"{req.name}_insts.bin")
     install_bytes(pdi, output_dir / f"{req.name}.pdi")

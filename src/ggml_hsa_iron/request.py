@@ -11,6 +11,11 @@ A request (written by the backend into a file) describes one kernel::
 `ne` is ggml's elements per dimension (dimension 0 first), `nb` its byte
 strides. The kernel files are named after `name`, which must be a plain file
 name; the canonical name (`canonical_name`) is what the backend looks for.
+
+An op with several outputs (`registry.OpSpec.outputs`: RMS_NORM_QKV_ROPE(_FF)'s Q, K and V)
+takes the first as `output` and the others, in order, as `"extra_outputs": [tensor, ...]`; the
+kernel's operands are the inputs, `output`, then the extra outputs. Any other op refuses the
+field.
 """
 
 import json
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 
 from .dtypes import DTYPES
 from .errors import RequestError
+from .registry import lookup
 
 # A name is used as a file name: no separators, no leading dot, bounded length.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$")
@@ -93,10 +99,22 @@ class Request:
     op_params: tuple[int, ...]
     inputs: tuple[Tensor, ...]
     output: Tensor
+    # The outputs after `output` (the request's "extra_outputs"), in order.
+    extra_outputs: tuple[Tensor, ...] = ()
     extra: dict = field(default_factory=dict, compare=False)
 
+    @property
+    def outputs(self) -> tuple[Tensor, ...]:
+        """Every output: `output`, then the extra outputs."""
+        return (self.output, *self.extra_outputs)
+
+    @property
+    def operands(self) -> tuple[Tensor, ...]:
+        """The kernel's operands in dispatch order: the inputs, then the outputs."""
+        return (*self.inputs, *self.outputs)
+
     def canonical_name(self) -> str:
-        return canonical_name(self.op, self.op_params, self.inputs, self.output)
+        return canonical_name(self.op, self.op_params, self.inputs, self.output, self.extra_outputs)
 
 
 def fnv1a64(data: bytes) -> int:
@@ -106,11 +124,13 @@ def fnv1a64(data: bytes) -> int:
     return h
 
 
-def canonical_name(op: str, op_params, inputs, output) -> str:
-    """`<op>-<operand>...-<output>[-p<params>]`, as the backend computes it."""
+def canonical_name(op: str, op_params, inputs, output, extra_outputs=()) -> str:
+    """`<op>-<operand>...-<output>-<extra output>...[-p<params>]`, as the backend computes
+    it."""
     parts = [op.lower()]
     parts += [t.name_part() for t in inputs]
     parts.append(output.name_part())
+    parts += [t.name_part() for t in extra_outputs]
     params = list(op_params)
     while params and params[-1] == 0:
         params.pop()
@@ -192,8 +212,36 @@ def parse_request(text: str) -> Request:
         raise RequestError("inputs must be a non-empty list")
     tensors = tuple(_tensor(t, f"inputs[{i}]") for i, t in enumerate(inputs))
     output = _tensor(obj["output"], "output")
+    extra_outputs = _extra_outputs(obj, op)
     extra = {k: v for k, v in obj.items() if k not in _KNOWN}
-    return Request(name, arch, op, params, tensors, output, extra)
+    return Request(name, arch, op, params, tensors, output, extra_outputs, extra)
 
 
-_KNOWN = {"name", "arch", "op", "op_params", "inputs", "output"}
+def _extra_outputs(obj: dict, op: str) -> tuple[Tensor, ...]:
+    """The request's "extra_outputs": absent for an op of one output; for an op of several
+    (the registry's `outputs`), exactly the outputs after `output`. An op no design implements
+    is left to the planner (unsupported, whatever its outputs)."""
+    spec = lookup(op)
+    want = spec.outputs - 1 if spec is not None else None
+    if "extra_outputs" not in obj:
+        if want:
+            raise RequestError(
+                f"{op} has {spec.outputs} outputs: the request has no 'extra_outputs' (the "
+                f"{want} after 'output')"
+            )
+        return ()
+    items = obj["extra_outputs"]
+    if not isinstance(items, list) or not items:
+        raise RequestError(f"extra_outputs must be a non-empty list of tensors, got {items!r}")
+    tensors = tuple(_tensor(t, f"extra_outputs[{i}]") for i, t in enumerate(items))
+    if want is not None and len(tensors) != want:
+        if not want:
+            raise RequestError(f"{op} has one output: extra_outputs is not accepted")
+        raise RequestError(
+            f"{op} has {spec.outputs} outputs: extra_outputs must hold {want} tensors, the "
+            f"request has {len(tensors)}"
+        )
+    return tensors
+
+
+_KNOWN = {"name", "arch", "op", "op_params", "inputs", "output", "extra_outputs"}

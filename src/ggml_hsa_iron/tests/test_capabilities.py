@@ -71,6 +71,8 @@ MM_GLU = [f"MUL_MAT_{op}" for op in GLU]
 NORM_MM = ["RMS_NORM_MUL_MAT"] + [f"RMS_NORM_MUL_MAT_{op}" for op in GLU]
 # The Q and K projections with the norm folded in and their ROPE (positions i32, 12 op_params).
 NORM_MM_ROPE = ["RMS_NORM_MUL_MAT_ROPE", "RMS_NORM_MUL_MAT_ROPE_FF"]
+# Q, K and V of one normalised x in one kernel (three outputs; the inputs of both above).
+NORM_QKV = ["RMS_NORM_QKV_ROPE", "RMS_NORM_QKV_ROPE_FF"]
 ROPE = ["ROPE", "ROPE_FF"]
 # Issue 15: the copies and the KV-cache write (f32/f16/bf16; SET_ROWS' i32/i64 indices).
 COPIES = ["DUP", "CPY", "CONT"]
@@ -105,7 +107,7 @@ class CapabilitiesTest(unittest.TestCase):
             # MUL_MAT's weights may also be f16 or block-quantized; f16 elsewhere as listed.
             mm = (
                 op["op"] in ("MUL_MAT", "MUL_MAT_ADD")
-                or op["op"] in MM_GLU + NORM_MM + NORM_MM_ROPE
+                or op["op"] in MM_GLU + NORM_MM + NORM_MM_ROPE + NORM_QKV
             )
             extra = set(("f16",) + QUANT_TYPES) if mm else {"f16"}
             if op["op"] in ("SET_ROWS", "COUNT_EQUAL"):
@@ -129,6 +131,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + MM_GLU
                 + NORM_MM
                 + NORM_MM_ROPE
+                + NORM_QKV
                 + ROW_OPS
                 + GLU
                 + ROPE
@@ -174,7 +177,14 @@ class CapabilitiesTest(unittest.TestCase):
             for s in registry.OPS
             if s.params
             and s.kind
-            not in ("rows", "rope", "flash_attn", "rms_norm_mul_mat", "rms_norm_mul_mat_rope")
+            not in (
+                "rows",
+                "rope",
+                "flash_attn",
+                "rms_norm_mul_mat",
+                "rms_norm_mul_mat_rope",
+                "rms_norm_qkv_rope",
+            )
         }
         self.assertEqual(params, set(WITH_PARAMS))
         # eps
@@ -211,9 +221,20 @@ class CapabilitiesTest(unittest.TestCase):
         self.assertEqual(
             {s.params for s in registry.OPS if s.kind == "rms_norm_mul_mat_rope"}, {12}
         )
+        # Wq, Wk, Wv, x, n, the positions (, the frequency factors); RMS_NORM_MUL_MAT_ROPE's
+        # words; Q, then K and V (the only ops of several outputs).
+        for op, n in zip(NORM_QKV, (6, 7)):
+            o = ops[op]
+            got = (o["inputs"], o["outputs"], o["broadcast"], o["noncontiguous"])
+            self.assertEqual(got, (n, 3, True, True), op)
+            self.assertEqual(o["kernel_source"], "mul_mat.py")
+            self.assertEqual(o["type_combos"], ops["RMS_NORM_MUL_MAT"]["type_combos"], op)
+            self.assertEqual(o["types"], ops["RMS_NORM_MUL_MAT_ROPE"]["types"], op)
+        self.assertEqual({s.params for s in registry.OPS if s.kind == "rms_norm_qkv_rope"}, {12})
+        self.assertEqual({o["op"] for o in ops.values() if "outputs" in o}, set(NORM_QKV))
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
-            set(WITH_F16 + MM_GLU + NORM_MM + NORM_MM_ROPE + self.FLASH_ATTN)
+            set(WITH_F16 + MM_GLU + NORM_MM + NORM_MM_ROPE + NORM_QKV + self.FLASH_ATTN)
             | {"MUL_MAT", "MUL_MAT_ADD", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"}
             >= with_f16
         )
@@ -349,6 +370,28 @@ class CapabilitiesTest(unittest.TestCase):
                                 tensor(d, [16, 4, 1]),
                                 arch=arch,
                                 op_params=params + [0, 0, 0x3727C5AC],
+                            )
+                        elif spec.kind == "rms_norm_qkv_rope":
+                            # The three weights of the type (i32: the positions', covered by
+                            # the others); x, n, the factors and Q f32, K and V of the combo's
+                            # output type.
+                            if dtype == "i32":
+                                continue
+                            combos = registry.RMS_NORM_QKV_ROPE_COMBOS
+                            s0, s1, d = [c for c in combos if dtype in c][0]
+                            ins = [tensor(s0, [256, m]) for m in (64, 32, 32)]
+                            ins += [tensor(s1, [256, 1]), tensor("f32", [256])]
+                            ins.append(tensor("i32", [1]))
+                            if spec.op.endswith("_FF"):
+                                ins.append(tensor("f32", [8]))
+                            params = [0, 16, 0, 0, 0, 0x461C4000, 0x3F800000, 0, 0x3F800000]
+                            req = request_json(
+                                spec.op,
+                                ins,
+                                tensor("f32", [16, 4, 1]),
+                                arch=arch,
+                                op_params=params + [0, 0, 0x3727C5AC],
+                                extra_outputs=[tensor(d, [16, 2, 1]), tensor(d, [32, 1])],
                             )
                         elif spec.kind == "rows":
                             req = row_request(spec.op, dtype, arch)
