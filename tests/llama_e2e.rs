@@ -661,8 +661,7 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
             "FLASH_ATTN_EXT_MASK",
             // The attention output and ffn_down projections with their residual ADD.
             "MUL_MAT_ADD",
-            // Decode: the norms folded into the projections reading them (Q, K, V; gate/up).
-            "RMS_NORM_MUL_MAT",
+            // Decode: the norms folded into the projections reading them (gate/up).
             "RMS_NORM_MUL_MAT_SWIGLU",
             "ADD",
         ] {
@@ -672,19 +671,20 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
                 c["emulated_ops"]
             );
         }
-        // Decode: Q's and K's ROPE folded into their normed projections (one kernel each).
-        let roped = ["RMS_NORM_MUL_MAT_ROPE", "RMS_NORM_MUL_MAT_ROPE_FF"]
+        // Decode: Q, K and V with their norm, Q's and K's ROPE and K's and V's cache writes as
+        // one kernel.
+        let qkv = ["RMS_NORM_QKV_ROPE", "RMS_NORM_QKV_ROPE_FF"]
             .iter()
             .map(|op| c["emulated_ops"][op].as_u64().unwrap_or(0))
             .sum::<u64>();
         assert!(
-            roped > 0,
-            "{name}: no RMS_NORM_MUL_MAT_ROPE[_FF] ran as an emulated IRON kernel: {}",
+            qkv > 0,
+            "{name}: no RMS_NORM_QKV_ROPE[_FF] ran as an emulated IRON kernel: {}",
             c["emulated_ops"]
         );
         // The KV-cache writes (SET_ROWS into the consecutive slots of a cache filled in order,
-        // ops::scatter) dispatch nothing of their own: K's rows are written by its ROPE (its
-        // projection folded in, in decode) and V's by its projection, in f16 (the IRON ROPE's and GEMV's f16 outputs). Only the prompt's
+        // ops::scatter) dispatch nothing of their own: K's rows are written by its ROPE (in
+        // decode by the Q/K/V kernel) and V's by its projection, in f16 (the IRON ROPE's and GEMV's f16 outputs). Only the prompt's
         // V, a product the IRON GEMM computes (it writes f32 only), is copied: at most one
         // graph's V writes.
         let s = read_json(&stats);

@@ -316,10 +316,7 @@ impl Device {
         let n_args: HashMap<&str, u32> = names
             .iter()
             .zip(descs)
-            .map(|(n, d)| {
-                let operands = d.inputs.len() + 1 + d.extra_outputs.len();
-                (n.as_str(), operands as u32)
-            })
+            .map(|(n, d)| (n.as_str(), d.operand_count() as u32))
             .collect();
         let mut evicted = 0;
         let kernels = names

@@ -413,7 +413,7 @@ fn write_format(job: &Job, dir: &Path, format: Format) -> Result<(), String> {
     let pdi_path = dir.join(format!("{}.pdi", job.name));
     let insts_path = dir.join(format!("{}_insts.bin", job.name));
     let read = |p: &Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
-    let n_args = job.desc.inputs.len() as u32 + 1;
+    let n_args = job.desc.operand_count() as u32;
     let hsaco = job
         .arch
         .wrap_hsaco(&job.name, &read(&pdi_path)?, &read(&insts_path)?, n_args)

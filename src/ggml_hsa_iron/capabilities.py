@@ -13,6 +13,7 @@ from .registry import (
     RMS_NORM_MUL_MAT_COMBOS,
     RMS_NORM_MUL_MAT_GLU_COMBOS,
     RMS_NORM_MUL_MAT_ROPE_COMBOS,
+    RMS_NORM_QKV_ROPE_COMBOS,
 )
 
 
@@ -46,6 +47,10 @@ def capabilities(target: str = "npu") -> dict:
         elif spec.op == "RMS_NORM_MUL_MAT":
             # (weights, x, dst); n is f32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_COMBOS]
+        elif spec.kind == "rms_norm_qkv_rope":
+            # (weights, x, K's and V's type); Wk and Wv have the weights' type, Q is f32, n and
+            # the frequency factors f32, the positions i32.
+            entry["type_combos"] = [list(c) for c in RMS_NORM_QKV_ROPE_COMBOS]
         elif spec.kind == "rms_norm_mul_mat_rope":
             # (weights, x, dst); n and the frequency factors f32, the positions i32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_ROPE_COMBOS]

@@ -15,7 +15,7 @@ from pathlib import Path
 from . import environment
 from .errors import BuildError
 from .outputs import install_kernel
-from .plans import CoreSource, prepare
+from .plans import CoreSource, core_sources, prepare
 from .registry import lookup
 from .request import Request
 
@@ -92,12 +92,10 @@ def compile_request(req: Request, output_dir: Path) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{req.name}.", dir=output_dir))
     try:
-        core = spec.core
-        _run(
-            peano_command(core, spec.arch.peano_target, peano, aie_root, work / core.object_name),
-            work,
-            f"Peano ({core.source})",
-        )
+        for core in core_sources(spec):
+            obj = work / core.object_name
+            cmd = peano_command(core, spec.arch.peano_target, peano, aie_root, obj)
+            _run(cmd, work, f"Peano ({core.source})")
         try:
             mlir = build_module(spec)
         except Exception as e:  # IRON raises plain exceptions on bad designs

@@ -59,11 +59,30 @@ ROWS_SOURCE = "rows.cc"
 
 @dataclass(frozen=True)
 class CoreSource:
-    """One AIE C++ source compiled with Peano into `object_name`."""
+    """One AIE C++ source compiled with Peano into `object_name`.
+
+    A design whose Workers link different objects (RMS_NORM_QKV_ROPE's column groups: one
+    GEMV source per group, its own defines) has several (`core_sources`); each object's extern
+    "C" functions then get distinct names through defines renaming them (`renamed`), so that
+    the design's Kernels name distinct functions (one MLIR symbol each) and the emulation
+    links the objects into one library."""
 
     source: str  # file under kernels/
     object_name: str
     defines: dict = field(default_factory=dict)
+
+    def renamed(self, object_name: str, functions, suffix: str) -> "CoreSource":
+        """This source built into `object_name` with each of `functions` (the extern "C"
+        functions it may define) named with `suffix` appended."""
+        d = dict(self.defines)
+        d.update({f: f + suffix for f in functions})
+        return CoreSource(self.source, object_name, d)
+
+
+def core_sources(spec) -> tuple[CoreSource, ...]:
+    """The core sources a spec's design links: its `cores` when it has several, else its one
+    `core`."""
+    return tuple(getattr(spec, "cores", None) or (spec.core,))
 
 
 @dataclass(frozen=True)
@@ -463,9 +482,10 @@ def _check_common(req: Request, strided: bool = False) -> tuple[registry.OpSpec,
         raise UnsupportedError(
             f"{req.op} reads {spec.params} op_params word(s); the request has {list(req.op_params)}"
         )
-    for i, t in enumerate(req.inputs + (req.output,)):
+    for i, t in enumerate(req.operands):
         if t.dtype not in spec.types:
-            what = "output" if i == len(req.inputs) else f"input {i}"
+            j = i - len(req.inputs)
+            what = f"input {i}" if j < 0 else "output" if j == 0 else f"extra output {j - 1}"
             raise UnsupportedError(
                 f"{req.op} does not take {t.dtype} ({what}); types: {', '.join(spec.types)}"
             )
@@ -980,13 +1000,15 @@ def prepare_mul_mat_add(req: Request) -> MatmulSpec:
 
 
 def prepare_rms_norm_mul_mat(
-    req: Request, rope: RopeRows | None = None, what: str = ""
+    req: Request, rope: RopeRows | None = None, what: str = "", columns: int | None = None
 ) -> MatmulSpec:
     """RMS_NORM_MUL_MAT(_<glu>): the projection(s) of x / sqrt(mean(x^2) + eps) * n, MUL_MAT's
     (MUL_MAT_<glu>'s) GEMV with n sent once ahead of x's rows and x normalised on the cores
     (GemvPlan.norm). Inputs: the weights (gate, up), x, n; op_params[0] = eps. `rope`: the
     plan of RMS_NORM_MUL_MAT_ROPE(_FF)'s product (GemvPlan.rope), `what` its op name for the
-    refusals."""
+    refusals. `columns`: the GEMV planned over at most that many of the array's columns (a
+    group of RMS_NORM_QKV_ROPE's; whether the GEMV applies at all is still asked of the whole
+    array)."""
     spec, arch = _check_common(req, strided=True)  # the input count, op_params, types
     *ws, x, n = req.inputs
     dst = req.output
@@ -1026,6 +1048,8 @@ def prepare_rms_norm_mul_mat(
     else:
         base = prepare_mul_mat(product)
     N, p = w.ne[1], base.plan
+    if columns is not None:
+        arch = dataclasses.replace(arch, columns=columns)
 
     def plan_norm(rope):
         if base.weight_bytes:
@@ -1080,12 +1104,13 @@ def prepare_rms_norm_mul_mat(
 ROPE_PARAMS = 11
 
 
-def prepare_rms_norm_mul_mat_rope(req: Request) -> MatmulSpec:
+def prepare_rms_norm_mul_mat_rope(req: Request, columns: int | None = None) -> MatmulSpec:
     """RMS_NORM_MUL_MAT_ROPE(_FF): RMS_NORM_MUL_MAT's product y = W . (rms_norm(x) * n) of each
     x row (token), viewed as [D, H] and rotated as ggml's ROPE (ROPE_FF) by the token's
     position: the GEMV with the norm's prologue and a rotation epilogue (GemvPlan.rope). Inputs
     W [K, M], x f32 [K, T], n f32 [K], pos i32 [>= T], (_FF) ff f32 [>= n_dims/2]; output f32 or
-    f16 [D, H, T] dense, D * H = M. op_params: ROPE's 11 words, then eps (word 11)."""
+    f16 [D, H, T] dense, D * H = M. op_params: ROPE's 11 words, then eps (word 11). `columns`:
+    as prepare_rms_norm_mul_mat's."""
     op = req.op
     _check_common(req, strided=True)  # the input count, op_params (12 words), types
     w, x, n, pos, *rest = req.inputs
@@ -1133,7 +1158,7 @@ def prepare_rms_norm_mul_mat_rope(req: Request) -> MatmulSpec:
         op_params=(p[ROPE_PARAMS],),
         output=Tensor.dense(dst.dtype, (M, T, 1, 1)),
     )
-    base = prepare_rms_norm_mul_mat(norm, rope=rows, what=op)
+    base = prepare_rms_norm_mul_mat(norm, rope=rows, what=op, columns=columns)
     rope = MvRope(pos, ff, consts, bool(ext_factor != 0), p[ROPE_PARAMS])
     return dataclasses.replace(base, request=req, rope=rope)
 
@@ -1268,6 +1293,11 @@ def prepare(req: Request):
         return prepare_rms_norm_mul_mat(req)
     if spec.kind == "rms_norm_mul_mat_rope":
         return prepare_rms_norm_mul_mat_rope(req)
+    if spec.kind == "rms_norm_qkv_rope":
+        # plans_qkv imports this module: imported here, not at the top.
+        from .plans_qkv import prepare_qkv
+
+        return prepare_qkv(req)
     if spec.kind == "rows":
         return prepare_rows(req)
     if spec.kind == "glu":

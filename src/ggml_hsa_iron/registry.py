@@ -14,7 +14,8 @@ vector units, f32 is emulated. Type rules beyond the per-op list:
   weights, has input 0's type); MUL_MAT_ADD: `MUL_MAT_ADD_COMBOS` (r is f32);
   RMS_NORM_MUL_MAT: `RMS_NORM_MUL_MAT_COMBOS`, RMS_NORM_MUL_MAT_<glu>:
   `RMS_NORM_MUL_MAT_GLU_COMBOS` (n is f32); RMS_NORM_MUL_MAT_ROPE(_FF): RMS_NORM_MUL_MAT's
-  combos (n and the frequency factors f32, the positions i32).
+  combos (n and the frequency factors f32, the positions i32); RMS_NORM_QKV_ROPE(_FF):
+  `RMS_NORM_QKV_ROPE_COMBOS` (Q f32).
 """
 
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ class OpSpec:
     broadcast: bool
     noncontiguous: bool
     # "binary", "unary", "mul_mat", "mul_mat_glu", "mul_mat_add", "rows", "glu", "rope", "copy", "set_rows",
-    # "flash_attn", "reduce", "rms_norm_mul_mat", "rms_norm_mul_mat_rope"
+    # "flash_attn", "reduce", "rms_norm_mul_mat", "rms_norm_mul_mat_rope",
+    # "rms_norm_qkv_rope", "rms_norm_ffn"
     kind: str
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
@@ -129,6 +131,19 @@ _NORM_MM_ROPE_LIMITS = (
     "<= D of each rotated in f32. RMS_NORM_MUL_MAT's GEMV only (its refusals apply); every "
     "core's rows of a round hold whole rotation pairs (NeoX: a head's n_dims span), or the "
     "request is refused; cos/sin accurate for |theta| below about 6000"
+)
+
+_NORM_QKV_LIMITS = (
+    "llama's Q, K and V projections of one normalised x in one kernel of three outputs: inputs "
+    "Wq [K,Mq], Wk [K,Mk], Wv [K,Mv] (one type, RMS_NORM_MUL_MAT's weights), x (f32 [K,N] "
+    "dense, the norm's input), n (f32 [K]), positions (i32, at least N), "
+    "RMS_NORM_QKV_ROPE_FF: frequency factors (f32, at least n_dims/2); op_params as "
+    "RMS_NORM_MUL_MAT_ROPE's (0..10 ROPE's, 11 eps); outputs Q f32 [D,Hq,N] (output), K f32 or "
+    "f16 [D,Hk,N] and V f32 or f16 [Mv,N] (extra_outputs), dense. Q and K as "
+    "RMS_NORM_MUL_MAT_ROPE computes them, V as RMS_NORM_MUL_MAT, each on its own group of the "
+    "array's columns (in proportion to Mq, Mk, Mv, at least one each); the GEMV only (decode: "
+    "dense N that MUL_MAT's GEMM takes is refused), and whatever those ops refuse for their "
+    "projection over their group's columns"
 )
 
 _NORM_FFN_LIMITS = (
@@ -248,6 +263,14 @@ def _rms_norm_mul_mat_rope(op: str, inputs: int) -> OpSpec:
     )
 
 
+def _rms_norm_qkv_rope(op: str, inputs: int) -> OpSpec:
+    # Like MUL_MAT: the inputs never have the outputs' shapes (declared as broadcast); i32: the
+    # positions; op_params RMS_NORM_MUL_MAT_ROPE's 12 words; three outputs (Q, K, V).
+    types = ("bf16", "f16", "f32", "i32") + QUANT_TYPES
+    kind, limits = "rms_norm_qkv_rope", _NORM_QKV_LIMITS
+    return OpSpec(op, MUL_MAT, inputs, types, True, True, kind, limits, 12, outputs=3)
+
+
 def _rms_norm_ffn(op: str) -> OpSpec:
     # Like MUL_MAT: the inputs never have the outputs' shapes (declared as broadcast); eps; two
     # outputs (out, then h).
@@ -335,6 +358,10 @@ OPS: tuple[OpSpec, ...] = (
     # x, n, the positions (and the frequency factors); op_params ROPE's and eps.
     _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_ROPE", 4),
     _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_ROPE_FF", 5),
+    # llama's Q, K and V projections in one dispatch, three outputs: inputs Wq, Wk, Wv, x, n,
+    # the positions (and the frequency factors); op_params RMS_NORM_MUL_MAT_ROPE's.
+    _rms_norm_qkv_rope("RMS_NORM_QKV_ROPE", 6),
+    _rms_norm_qkv_rope("RMS_NORM_QKV_ROPE_FF", 7),
     # A feed-forward block (RMS_NORM_MUL_MAT_<glu>, then MUL_MAT_ADD of its result) in one
     # dispatch, two outputs: inputs W_g, W_u, W_d, x, n, r; op_params eps (designs/ffn.py).
     *(_rms_norm_ffn(f"RMS_NORM_FFN_{glu}") for glu in _GLU_NAMES),
@@ -466,6 +493,10 @@ RMS_NORM_MUL_MAT_ROPE_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_MUL_MA
 # (weights, x, dst) type triples of RMS_NORM_MUL_MAT_<glu> (n is f32; both weight inputs have
 # the first type): MUL_MAT's with f32 x and dst (the GLU is computed in f32).
 RMS_NORM_MUL_MAT_GLU_COMBOS: tuple[tuple[str, str, str], ...] = MUL_MAT_ADD_COMBOS
+
+# (weights, x, K's and V's type) triples of RMS_NORM_QKV_ROPE(_FF) (Q f32; n and the frequency
+# factors f32, the positions i32): RMS_NORM_MUL_MAT's (K and V written into the f16 KV cache).
+RMS_NORM_QKV_ROPE_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_MUL_MAT_COMBOS
 
 # (weights, x, outputs) type triples of RMS_NORM_FFN_<glu> (W_g, W_u and W_d of the first type;
 # n and r f32; out and h f32): RMS_NORM_MUL_MAT_<glu>'s, which are MUL_MAT_ADD's.

@@ -1037,6 +1037,41 @@ def plan_gemv_blocks(
     return best
 
 
+def split_columns(rows, columns: int) -> tuple[int, ...] | None:
+    """The array's `columns` shared between GEMVs of `rows` rows each (RMS_NORM_QKV_ROPE's Q, K
+    and V), at least one column each, in proportion to the rows: the split whose busiest
+    column has the fewest rows (rows / columns of its GEMV), then the next busiest, and so on
+    (the dispatch ends with its slowest GEMV; the weights stream through every column at once).
+    None when there are fewer columns than GEMVs. Llama-3.2-1B's 2048, 512, 512 rows: 4, 2, 2
+    of 8 columns and 2, 1, 1 of 4."""
+    n = len(rows)
+    if n < 1 or columns < n:
+        return None
+    best, best_key = None, None
+
+    def splits(left, parts):
+        if parts == 1:
+            yield (left,)
+            return
+        for c in range(1, left - parts + 2):
+            for rest in splits(left - c, parts - 1):
+                yield (c, *rest)
+
+    for split in splits(columns, n):
+        key = sorted((r / c for r, c in zip(rows, split)), reverse=True)
+        if best_key is None or key < best_key:
+            best, best_key = split, key
+    return best
+
+
+def gemv_memtile_bytes(plan: GemvPlan, w_unit_bytes: int, y_size: int) -> int:
+    """Memory tile bytes of one GEMV column: the W ring (R*nr rows of a K chunk, in W units of
+    `w_unit_bytes`) and the joined y ring (R*nr results of `y_size` bytes), each
+    double-buffered."""
+    R, nr = plan.rows, plan.rows_per_tile
+    return 2 * R * nr * plan.w_units(plan.k_chunk) * w_unit_bytes + 2 * R * nr * y_size
+
+
 def walk(dims) -> list[int]:
     """The element offsets a DMA access pattern [(size, stride), ...] visits, in order."""
     offsets = [0]

@@ -180,6 +180,11 @@ impl KernelDesc {
         format!("{}{hash}", &name[..MAX_NAME - hash.len()])
     }
 
+    /// How many operands the kernel takes at dispatch: the inputs, then every output.
+    pub fn operand_count(&self) -> usize {
+        self.inputs.len() + 1 + self.extra_outputs.len()
+    }
+
     /// The compile request (protocol 1) for `arch`, as JSON.
     pub fn request_json(&self, arch: Arch) -> String {
         self.request_json_named(arch, &self.canonical_name())

@@ -85,10 +85,21 @@ rounds (the token, and the round's start as GemvPlan lays the rounds out). The p
 pair within one core's rows of a round (`tiling.RopeRows`: a NeoX head's whole n_dims span;
 rows per core of one or two heads are tried), or refuses the request.
 
+RMS_NORM_QKV_ROPE and RMS_NORM_QKV_ROPE_FF (the backend's merge of llama's Q, K and V
+projections of one normalised x, three outputs; plans_qkv): the array's columns partitioned
+between three GEMVs, each exactly the GEMV of the op computing its projection alone
+(RMS_NORM_MUL_MAT_ROPE(_FF) for Q and K, RMS_NORM_MUL_MAT for V) on its group of columns
+(`_gemv_group`: its W split over each column's cores, its x fifo per column, its y joined, its
+epilogue), linking its own core object (its Kernels' names end in _q, _k, _v). Every column's
+shim fills n (and for Q and K the rotation's constants) ahead of x as a lone GEMV's does; task
+group i of the runtime sequence holds task group i of every group's GEMV, so that the three
+weight matrices stream through all the columns at once.
+
 Runtime-sequence arguments: src0, src1, dst (the request's order); MUL_MAT_<glu>: W_g, W_u,
 x, dst; MUL_MAT_ADD: W, x, r, dst; RMS_NORM_MUL_MAT: W, x, n, dst; RMS_NORM_MUL_MAT_<glu>:
 W_g, W_u, x, n, dst; RMS_NORM_MUL_MAT_ROPE: W, x, n, positions, dst; RMS_NORM_MUL_MAT_ROPE_FF:
-W, x, n, positions, factors, dst.
+W, x, n, positions, factors, dst; RMS_NORM_QKV_ROPE(_FF): Wq, Wk, Wv, x, n, positions,
+(factors,) Q, K, V.
 """
 
 import numpy as np
@@ -221,58 +232,111 @@ def _gemm(spec):
     return Program(dev, rt, workers=workers).resolve_program()
 
 
-def _gemv(spec):
-    p = spec.plan
-    C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk
-    w_t, x_t, y_t = spec.src0.dtype, spec.src1.dtype, spec.dst.dtype
-    # Weights moved as bytes: a tile is nr rows of the K chunk's blocks.
-    w_t, w_elems = ("i8", p.w_units(kc)) if spec.weight_bytes else (w_t, kc)
-    obj = spec.core.object_name
+def _gemv_kern(spec, suffix="", core=None):
+    """`kern(name, arg_types)`: the Kernel of the GEMV core function `<fn><name><suffix>` (fn
+    ggml_mv, or ggml_mvq for weights moved as bytes) in `core`'s object (default spec.core)."""
+    obj = (core or spec.core).object_name
     fn = "ggml_mvq" if spec.weight_bytes else "ggml_mv"
-    dev = device(spec.arch, C)
-    seq_types = [vector_type(count, t) for t, count in spec.sequence]  # src0, src1, dst
-    w_tile, x_tile, y_tile = (
+    return lambda name, args: Kernel(f"{fn}{name}{suffix}", obj, args)
+
+
+def _gemv_tiles(spec):
+    """The GEMV's object types: W's DMA element type and units per K chunk of a row (weights
+    moved as bytes: a tile is nr rows of the K chunk's blocks), then a core's W, x and y tiles."""
+    p = spec.plan
+    nr, kc = p.rows_per_tile, p.k_chunk
+    w_t, w_elems = ("i8", p.w_units(kc)) if spec.weight_bytes else (spec.src0.dtype, kc)
+    tiles = (
         vector_type(nr * w_elems, w_t),
-        vector_type(kc, x_t),
-        vector_type(nr, y_t),
+        vector_type(kc, spec.src1.dtype),
+        vector_type(nr, spec.dst.dtype),
     )
+    return w_t, w_elems, *tiles
+
+
+def _gemv_columns(spec, body, core_args, col0=0):
+    """The GEMV dataflow of each of the plan's columns, from array column `col0`: the W fifo
+    split over the column's R cores by the memory tile, x to every core, the cores' y joined;
+    the Worker of row i of the plan's column col (counted from col0) runs
+    `body(W, x, y, *core_args(col, i))`. Returns the Workers and the shim endpoints, per column
+    the W and x fills and the y drain (`_gemv_fill`)."""
+    p = spec.plan
+    C, R, nr = p.columns, p.rows, p.rows_per_tile
+    w_t, w_elems, w_tile, x_tile, y_tile = _gemv_tiles(spec)
+    y_t = spec.dst.dtype
+    w_cols, x_cols, y_cols, workers = [], [], [], []
+    for col in range(col0, col0 + C):
+        mem = Tile(col, MEM_ROW)
+        w_fifo = ObjectFifo(vector_type(R * nr * w_elems, w_t), name=f"W_c{col}")
+        w_subs = w_fifo.cons().split(
+            [i * nr * w_elems for i in range(R)],
+            obj_types=[w_tile] * R,
+            names=[f"W_c{col}_r{i}" for i in range(R)],
+            tile=mem,
+        )
+        x_fifo = ObjectFifo(x_tile, name=f"X_c{col}")
+        y_fifo = ObjectFifo(vector_type(R * nr, y_t), name=f"Y_c{col}")
+        y_subs = y_fifo.prod().join(
+            [i * nr for i in range(R)],
+            obj_types=[y_tile] * R,
+            names=[f"Y_c{col}_r{i}" for i in range(R)],
+            tile=mem,
+        )
+        w_cols.append(w_fifo)
+        x_cols.append(x_fifo)
+        y_cols.append(y_fifo)
+        for i in range(R):
+            args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), *core_args(col - col0, i)]
+            workers.append(Worker(body, fn_args=args, tile=Tile(col, 2 + i)))
+    # Shim endpoints: per column, W (src0) and x (src1; MUL_MAT_ADD: and r) in, y (dst) out.
+    handles = []
+    for col in range(C):
+        shim = Tile(col0 + col, SHIM_ROW)
+        handles += [w_cols[col].prod(tile=shim), x_cols[col].prod(tile=shim)]
+        handles.append(y_cols[col].cons(tile=shim))
+    return workers, handles
+
+
+def _gemv_group(spec, col0=0, suffix="", core=None):
+    """The GEMV of `spec` (MUL_MAT, MUL_MAT_ADD, RMS_NORM_MUL_MAT; f32 or f16 output) on its
+    plan's columns from array column `col0` (`_gemv_columns`): its Workers and shim endpoints.
+    Its Kernels are in `core` (default: spec.core), their names ending in `suffix` (a design of
+    several groups, each linking its own object: RMS_NORM_QKV_ROPE)."""
+    p = spec.plan
+    nr = p.rows_per_tile
+    _, _, w_tile, x_tile, y_tile = _gemv_tiles(spec)
+    kern = _gemv_kern(spec, suffix, core)
     rounds = spec.tiles_per_core
     k_steps = p.k_steps
     if spec.f16_out:
         # The sums go to the core's f32 stash; y (f16) is rounded from it once per round.
         kernels = [
-            Kernel(f"{fn}_stash_zero", obj, []),
-            Kernel(f"{fn}_stash", obj, [w_tile, x_tile]),
-            Kernel(f"{fn}_store_f16", obj, [y_tile]),
+            kern("_stash_zero", []),
+            kern("_stash", [w_tile, x_tile]),
+            kern("_store_f16", [y_tile]),
         ]
     else:
-        kernels = [
-            Kernel(f"{fn}_zero", obj, [y_tile]),
-            Kernel(fn, obj, [w_tile, x_tile, y_tile]),
-        ]
+        kernels = [kern("_zero", [y_tile]), kern("", [w_tile, x_tile, y_tile])]
     # MUL_MAT_ADD: y += the core's r values, from the object behind the round's x chunks.
-    add = Kernel(f"{fn}_add", obj, [x_tile, y_tile, np.int32]) if spec.add else None
+    add = kern("_add", [x_tile, y_tile, np.int32]) if spec.add else None
     # RMS_NORM_MUL_MAT: n kept aside, x normalised per chunk, y scaled per round (mv_norm.h).
-    norm = _norm_kernels(spec, fn, obj, x_tile, y_tile)
+    norm = _norm_kernels(spec, kern, x_tile, y_tile)
     # RMS_NORM_MUL_MAT_ROPE(_FF): the constants kept aside behind n, the round's rows rotated
     # after the scale (mv_rope.h): (load, scale or store with the core's first row).
     rope = spec.rope is not None
     if norm and spec.f16_out:
         # The normed chunks' sums in the stash, scaled by s and rounded to f16 by the store.
-        store = f"{fn}_norm_rope_store_f16" if rope else f"{fn}_norm_store_f16"
+        store = "_norm_rope_store_f16" if rope else "_norm_store_f16"
         kernels = [
-            Kernel(f"{fn}_norm_stash_zero", obj, []),
-            Kernel(f"{fn}_norm_stash", obj, [w_tile, x_tile]),
-            Kernel(store, obj, [y_tile, np.int32] if rope else [y_tile]),
+            kern("_norm_stash_zero", []),
+            kern("_norm_stash", [w_tile, x_tile]),
+            kern(store, [y_tile, np.int32] if rope else [y_tile]),
         ]
     elif norm:
-        kernels = [
-            Kernel(f"{fn}_norm_zero", obj, [y_tile]),
-            Kernel(f"{fn}_norm", obj, [w_tile, x_tile, y_tile]),
-        ]
+        kernels = [kern("_norm_zero", [y_tile]), kern("_norm", [w_tile, x_tile, y_tile])]
     if rope and not spec.f16_out:
-        norm = (norm[0], Kernel(f"{fn}_norm_rope_scale", obj, [y_tile, np.int32]))
-    rope_load = Kernel(f"{fn}_rope_load", obj, [x_tile]) if rope else None
+        norm = (norm[0], kern("_norm_rope_scale", [y_tile, np.int32]))
+    rope_load = kern("_rope_load", [x_tile]) if rope else None
 
     def core_fn(
         of_w,
@@ -322,80 +386,75 @@ def _gemv(spec):
                 store_fn(y)
             of_y.release(1)
 
-    w_cols, x_cols, y_cols, workers = [], [], [], []
-    for col in range(C):
-        mem = Tile(col, MEM_ROW)
-        w_fifo = ObjectFifo(vector_type(R * nr * w_elems, w_t), name=f"W_c{col}")
-        w_subs = w_fifo.cons().split(
-            [i * nr * w_elems for i in range(R)],
-            obj_types=[w_tile] * R,
-            names=[f"W_c{col}_r{i}" for i in range(R)],
-            tile=mem,
-        )
-        x_fifo = ObjectFifo(x_tile, name=f"X_c{col}")
-        y_fifo = ObjectFifo(vector_type(R * nr, y_t), name=f"Y_c{col}")
-        y_subs = y_fifo.prod().join(
-            [i * nr for i in range(R)],
-            obj_types=[y_tile] * R,
-            names=[f"Y_c{col}_r{i}" for i in range(R)],
-            tile=mem,
-        )
-        w_cols.append(w_fifo)
-        x_cols.append(x_fifo)
-        y_cols.append(y_fifo)
-        for i in range(R):
-            args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), *kernels]
-            # The core's first row in a round (RMS_NORM_MUL_MAT_ROPE: its rows' heads).
-            row0 = (col * R + i) * nr
-            if add is not None:
-                args += [add, i * nr]
-            elif norm and spec.f16_out:
-                args += [*norm]  # the load; the store scales
-                args += [rope_load, row0] if rope else []
-            elif norm:
-                args += [None, 0, *norm]
-                args += [rope_load, row0] if rope else []
-            body = core_fn_f16 if spec.f16_out else core_fn
-            workers.append(Worker(body, fn_args=args, tile=Tile(col, 2 + i)))
+    def core_args(col, i):
+        # The core's first row in a round (RMS_NORM_MUL_MAT_ROPE: its rows' heads).
+        rotation = [rope_load, (col * p.rows + i) * nr] if rope else []
+        if add is not None:
+            return [*kernels, add, i * nr]
+        if norm and spec.f16_out:
+            return [*kernels, *norm, *rotation]  # the load; the store scales
+        if norm:
+            return [*kernels, None, 0, *norm, *rotation]
+        return kernels
 
+    body = core_fn_f16 if spec.f16_out else core_fn
+    return _gemv_columns(spec, body, core_args, col0)
+
+
+def _gemv_fill(spec, hs, group, tg, W, X, Y, prologue=()):
+    """One task group of `spec`'s GEMV (`GemvPlan.tasks`): per column (its W, x and y
+    endpoints in `hs`, as `_gemv_group` returns them) the W fill of a run of rounds, the
+    `prologue` fills on the x channel ((buffer, elements, Tap): RMS_NORM_MUL_MAT's n ahead of
+    the first x row, `_norm_prologue_fills`), the x row's fill and the y drain."""
+    totals = [count for _, count in spec.sequence]
+    for col, (w, x, y) in enumerate(group):
+        hw, hx, hy = hs[3 * col : 3 * col + 3]
+        hw.fill(W, tap=_tap(totals[0], w), group=tg)
+        for buf, total, tap in prologue:
+            hx.fill(buf, tap=_tap(total, tap), group=tg)
+        hx.fill(X, tap=_tap(totals[1], x), group=tg)
+        hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
+
+
+def _norm_prologue_fills(spec, Nbuf, consts=()):
+    """RMS_NORM_MUL_MAT's fills ahead of the first x row, on every column's x channel: n's K
+    chunks (`GemvPlan.norm_tap`); RMS_NORM_MUL_MAT_ROPE(_FF): then the rotation's constants
+    (`GemvPlan.rope_taps`: the factors, the positions, n's first values padding the last x
+    object), `consts` the runtime buffers of the positions (and the factors)."""
+    p = spec.plan
+    fills = [(Nbuf, p.K, p.norm_tap())]
+    if spec.rope is None:
+        return fills
+    totals = [count for _, count in spec.sequence]  # W, x, n, the positions, (factors,) dst
+    bufs = {"n": (Nbuf, p.K), "pos": (consts[0], totals[3])}
+    if spec.rope.ff is not None:
+        bufs["ff"] = (consts[1], totals[4])
+    return fills + [(*bufs[name], tap) for name, tap in p.rope_taps()]
+
+
+def _gemv(spec):
+    p = spec.plan
+    dev = device(spec.arch, p.columns)
+    seq_types = [vector_type(count, t) for t, count in spec.sequence]  # src0, src1, dst
+    workers, handles = _gemv_group(spec)
     totals = [count for _, count in spec.sequence]
     groups = spec.tasks()
-    # Shim endpoints: per column, W (src0) and x (src1; MUL_MAT_ADD: and r) in, y (dst) out.
-    handles = []
-    for col in range(C):
-        shim = Tile(col, SHIM_ROW)
-        handles += [w_cols[col].prod(tile=shim), x_cols[col].prod(tile=shim)]
-        handles.append(y_cols[col].cons(tile=shim))
 
     def sequence(W, X, Y, *hs, Nbuf=None, consts=()):
         # Task groups from GemvPlan.tasks: per column the W (src0), x (src1 row) and y
         # (dst row) access patterns of a run of rounds of one matrix-vector product;
-        # RMS_NORM_MUL_MAT: n ahead of the first x row; RMS_NORM_MUL_MAT_ROPE(_FF): then the
-        # rotation's constants (GemvPlan.rope_taps: the factors, the positions, n's first
-        # values padding the last x object).
+        # RMS_NORM_MUL_MAT: n (RMS_NORM_MUL_MAT_ROPE(_FF): and the rotation's constants)
+        # ahead of the first x row.
         for g, group in enumerate(groups):
             tg = TaskGroup()
-            for col, (w, x, y) in enumerate(group):
-                hw, hx, hy = hs[3 * col : 3 * col + 3]
-                hw.fill(W, tap=_tap(totals[0], w), group=tg)
-                if Nbuf is not None and g == 0:
-                    hx.fill(Nbuf, tap=_tap(p.K, p.norm_tap()), group=tg)
-                    for buf, total, tap in consts:
-                        hx.fill(buf, tap=_tap(total, tap), group=tg)
-                hx.fill(X, tap=_tap(totals[1], x), group=tg)
-                hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
+            first = _norm_prologue_fills(spec, Nbuf, consts) if Nbuf is not None and g == 0 else ()
+            _gemv_fill(spec, hs, group, tg, W, X, Y, first)
             tg.finish()
 
-    def sequence_norm(W, X, Nbuf, Y, *hs):
-        sequence(W, X, Y, *hs, Nbuf=Nbuf)
+    n_consts = len(seq_types) - 4  # RMS_NORM_MUL_MAT_ROPE(_FF): the positions, (the factors)
 
-    def sequence_rope(W, X, Nbuf, *rest):
-        # The positions (and the factors) behind n: their runtime buffers by name.
-        bufs = {"n": (Nbuf, p.K), "pos": (rest[0], totals[3])}
-        if spec.rope.ff is not None:
-            bufs["ff"] = (rest[1], totals[4])
-        consts = [(*bufs[name], tap) for name, tap in p.rope_taps()]
-        Y, hs = rest[n_seq - 4], rest[n_seq - 3 :]
+    def sequence_norm(W, X, Nbuf, *rest):
+        consts, Y, hs = rest[:n_consts], rest[n_consts], rest[n_consts + 1 :]
         sequence(W, X, Y, *hs, Nbuf=Nbuf, consts=consts)
 
     def sequence_add(W, X, Rbuf, Y, *hs):
@@ -415,26 +474,56 @@ def _gemv(spec):
                 hy.drain(Y, tap=_tap(totals[3], y), group=tg, wait=True)
             tg.finish()
 
-    n_seq = len(seq_types)
-    seq_fn = sequence_add if spec.add else sequence_norm if norm else sequence
-    if rope:
-        seq_fn = sequence_rope
+    seq_fn = sequence_add if spec.add else sequence_norm if spec.n is not None else sequence
     rt = Runtime(seq_fn, [*seq_types, *handles])
     return Program(dev, rt, workers=workers).resolve_program()
 
 
-def _norm_kernels(spec, fn, obj, x_tile, y_tile):
+def _qkv(spec):
+    """RMS_NORM_QKV_ROPE(_FF): three GEMVs side by side, each on its group of columns exactly as
+    its op alone runs it (`_gemv_group`, its own core object), their task groups issued
+    together (see the module docstring and plans_qkv)."""
+    dev = device(spec.arch, spec.columns)
+    seq_types = [vector_type(count, t) for t, count in spec.sequence]
+    workers, handles, spans = [], [], []
+    for g in spec.groups:
+        ws, hs = _gemv_group(g.spec, g.col0, g.suffix, g.core)
+        workers += ws
+        spans.append((len(handles), len(handles) + len(hs)))
+        handles += hs
+    tasks = spec.tasks()
+    n_args = len(seq_types)
+
+    def sequence(*args):
+        # Wq, Wk, Wv, x, n, the positions (and the factors), Q, K, V; then the groups' shim
+        # endpoints. Task group i of every group's GEMV in one task group: all the columns'
+        # weights stream at once.
+        W, (X, Nbuf), Y = args[:3], args[3:5], args[n_args - 3 : n_args]
+        consts = args[5 : n_args - 3]  # the positions, (the factors)
+        hs = args[n_args:]
+        for i in range(max(len(t) for t in tasks)):
+            tg = TaskGroup()
+            for j, g in enumerate(spec.groups):
+                if i < len(tasks[j]):
+                    gh = hs[spans[j][0] : spans[j][1]]
+                    prologue = _norm_prologue_fills(g.spec, Nbuf, consts) if i == 0 else ()
+                    _gemv_fill(g.spec, gh, tasks[j][i], tg, W[j], X, Y[j], prologue)
+            tg.finish()
+
+    rt = Runtime(sequence, [*seq_types, *handles])
+    return Program(dev, rt, workers=workers).resolve_program()
+
+
+def _norm_kernels(spec, kern, x_tile, y_tile):
     """RMS_NORM_MUL_MAT(_<glu>)'s load (a chunk of n kept aside) and scale (y, and the GLU's
-    stash, times 1 / sqrt(mean(x^2) + eps)) kernels; () without the norm. With an f16 output
-    the load only: its store kernel scales the stash before rounding."""
+    stash, times 1 / sqrt(mean(x^2) + eps)) kernels, `kern(name, args)` making the Kernel of
+    `<fn><name>`; () without the norm. With an f16 output the load only: its store kernel
+    scales the stash before rounding."""
     if spec.n is None:
         return ()
     if spec.f16_out:
-        return (Kernel(f"{fn}_norm_load", obj, [x_tile]),)
-    return (
-        Kernel(f"{fn}_norm_load", obj, [x_tile]),
-        Kernel(f"{fn}_norm_scale", obj, [y_tile]),
-    )
+        return (kern("_norm_load", [x_tile]),)
+    return (kern("_norm_load", [x_tile]), kern("_norm_scale", [y_tile]))
 
 
 def _norm_prologue(of_x, load_fn, k_steps):
@@ -454,30 +543,22 @@ def _gemv_glu(spec):
     """MUL_MAT_<glu>: the GEMV dataflow with the gate and up weights on one W fifo (see the
     module docstring)."""
     p = spec.plan
-    C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk
-    x_t, y_t = spec.src1.dtype, spec.dst.dtype
-    w_t, w_elems = ("i8", p.w_units(kc)) if spec.weight_bytes else (spec.src0.dtype, kc)
-    obj = spec.core.object_name
-    fn = "ggml_mvq" if spec.weight_bytes else "ggml_mv"
-    dev = device(spec.arch, C)
+    dev = device(spec.arch, p.columns)
     seq_types = [vector_type(count, t) for t, count in spec.sequence]  # W_g, W_u, x, dst
-    w_tile, x_tile, y_tile = (
-        vector_type(nr * w_elems, w_t),
-        vector_type(kc, x_t),
-        vector_type(nr, y_t),
-    )
-    gate_zero = Kernel(f"{fn}_gate_zero", obj, [])
-    gate = Kernel(f"{fn}_gate", obj, [w_tile, x_tile])
-    zero = Kernel(f"{fn}_zero", obj, [y_tile])
-    matvec = Kernel(fn, obj, [w_tile, x_tile, y_tile])
-    glu = Kernel(f"{fn}_glu", obj, [y_tile])
+    _, _, w_tile, x_tile, y_tile = _gemv_tiles(spec)
+    kern = _gemv_kern(spec)
+    gate_zero = kern("_gate_zero", [])
+    gate = kern("_gate", [w_tile, x_tile])
+    zero = kern("_zero", [y_tile])
+    matvec = kern("", [w_tile, x_tile, y_tile])
+    glu = kern("_glu", [y_tile])
     # RMS_NORM_MUL_MAT_<glu>: n kept aside, x normalised per chunk, the gate and up sums scaled
     # before the GLU (mv_norm.h).
-    norm = _norm_kernels(spec, fn, obj, x_tile, y_tile)
+    norm = _norm_kernels(spec, kern, x_tile, y_tile)
     if norm:
-        gate_zero = Kernel(f"{fn}_norm_gate_zero", obj, [])
-        gate = Kernel(f"{fn}_norm_gate", obj, [w_tile, x_tile])
-        matvec = Kernel(f"{fn}_norm", obj, [w_tile, x_tile, y_tile])
+        gate_zero = kern("_norm_gate_zero", [])
+        gate = kern("_norm_gate", [w_tile, x_tile])
+        matvec = kern("_norm", [w_tile, x_tile, y_tile])
     rounds = spec.tiles_per_core
     k_steps = p.k_steps
 
@@ -508,39 +589,10 @@ def _gemv_glu(spec):
             glu_fn(y)
             of_y.release(1)
 
-    w_cols, x_cols, y_cols, workers = [], [], [], []
-    for col in range(C):
-        mem = Tile(col, MEM_ROW)
-        w_fifo = ObjectFifo(vector_type(R * nr * w_elems, w_t), name=f"W_c{col}")
-        w_subs = w_fifo.cons().split(
-            [i * nr * w_elems for i in range(R)],
-            obj_types=[w_tile] * R,
-            names=[f"W_c{col}_r{i}" for i in range(R)],
-            tile=mem,
-        )
-        x_fifo = ObjectFifo(x_tile, name=f"X_c{col}")
-        y_fifo = ObjectFifo(vector_type(R * nr, y_t), name=f"Y_c{col}")
-        y_subs = y_fifo.prod().join(
-            [i * nr for i in range(R)],
-            obj_types=[y_tile] * R,
-            names=[f"Y_c{col}_r{i}" for i in range(R)],
-            tile=mem,
-        )
-        w_cols.append(w_fifo)
-        x_cols.append(x_fifo)
-        y_cols.append(y_fifo)
-        for i in range(R):
-            args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod()]
-            args += [gate_zero, gate, zero, matvec, glu, *norm]
-            workers.append(Worker(core_fn, fn_args=args, tile=Tile(col, 2 + i)))
-
+    kernels = [gate_zero, gate, zero, matvec, glu, *norm]
+    workers, handles = _gemv_columns(spec, core_fn, lambda col, i: kernels)
     totals = [count for _, count in spec.sequence]
     groups = spec.tasks()
-    handles = []
-    for col in range(C):
-        shim = Tile(col, SHIM_ROW)
-        handles += [w_cols[col].prod(tile=shim), x_cols[col].prod(tile=shim)]
-        handles.append(y_cols[col].cons(tile=shim))
 
     def sequence(Wg, Wu, X, Y, *hs, Nbuf=None):
         # Task groups from GemvPlan.tasks (glu): per column one W tap per round, issued on
@@ -638,3 +690,15 @@ def ggml_op_rms_norm_mul_mat_rope_ff(spec):
     """RMS_NORM_MUL_MAT_ROPE_FF: as RMS_NORM_MUL_MAT_ROPE, theta divided by the frequency
     factors (ROPE_FF)."""
     return _gemv(spec)
+
+
+def ggml_op_rms_norm_qkv_rope(spec):
+    """RMS_NORM_QKV_ROPE: Q = rope(Wq . y), K = rope(Wk . y), V = Wv . y of y = rms_norm(x) * n,
+    three GEMVs on their groups of columns (see the module docstring)."""
+    return _qkv(spec)
+
+
+def ggml_op_rms_norm_qkv_rope_ff(spec):
+    """RMS_NORM_QKV_ROPE_FF: as RMS_NORM_QKV_ROPE, Q's and K's theta divided by the frequency
+    factors (ROPE_FF)."""
+    return _qkv(spec)

@@ -132,17 +132,28 @@ def precompiled_header(cxx: str, flags: list, cache: Path, log=None):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def build_library(core, kernels, arch: str, log=None) -> bytes:
-    """The stripped shared library of `core` (a plans.CoreSource) with the wrappers of
-    `kernels`, from the cache when it was built before."""
+def build_library(cores, kernels, arch: str, log=None) -> bytes:
+    """The stripped shared library of `cores` (a plans.CoreSource, or several: a design whose
+    Workers link different core objects, each Kernel naming its object in `bin_name`) with the
+    wrappers of `kernels`, from the cache when it was built before. Several core sources are
+    compiled one translation unit each (their own defines) and linked together: their extern
+    "C" functions must have distinct names (the plan renames them per unit, see
+    plans.CoreSource), everything else they define being static or the common header's inline
+    code, the same in every unit (the linker keeps one copy)."""
+    cores = (cores,) if not isinstance(cores, list | tuple) else tuple(cores)
     cxx = compiler()
-    src = wrapper_source(core.source, kernels)
-    defines = [f"-D{k}={v}" for k, v in sorted(core.defines.items())]
-    defines.append(f"-D__AIE_ARCH__={ARCH_DEFINE[arch]}")
-    cmd_tail = [*FLAGS, f"-I{INCLUDE}", f"-I{KERNELS}", *defines]
+    units = []  # (source, its defines)
+    for core in cores:
+        mine = [k for k in kernels if len(cores) == 1 or k.bin_name == core.object_name]
+        defines = [f"-D{k}={v}" for k, v in sorted(core.defines.items())]
+        defines.append(f"-D__AIE_ARCH__={ARCH_DEFINE[arch]}")
+        units.append((wrapper_source(core.source, mine), defines))
     h = hashlib.sha256()
-    for part in (cxx, *cmd_tail, src):
+    for part in (cxx, *FLAGS, f"-I{INCLUDE}", f"-I{KERNELS}"):
         h.update(part.encode() + b"\0")
+    for src, defines in units:
+        for part in (*defines, src):
+            h.update(part.encode() + b"\0")
     h.update(_inputs_digest())
     key = h.hexdigest()[:32]
     cache = cache_dir()
@@ -155,22 +166,36 @@ def build_library(core, kernels, arch: str, log=None) -> bytes:
     pch_flags = [f for f in FLAGS if f not in ("-shared", "-s")]
     pch_flags.append(f"-D__AIE_ARCH__={ARCH_DEFINE[arch]}")
     pch = precompiled_header(cxx, pch_flags, cache, log)
+    names = ", ".join(c.source for c in cores)
     with tempfile.TemporaryDirectory(prefix="ggml-hsa-emu-") as work:
         w = Path(work)
-        (w / "wrap.cc").write_text(src)
         out = w / "lib.so"
         # With the precompiled header: it comes first (-include), found before kernels/ (-I).
         first = [f"-I{pch}", "-include", COMMON_HEADER] if pch else []
-        cmd = [cxx, *first, *cmd_tail, str(w / "wrap.cc"), "-o", str(out)]
-        proc = _run(cmd, log)
-        if proc.returncode != 0:
-            raise BuildError(
-                f"host C++ build of {core.source} failed (exit status {proc.returncode}):\n"
-                + proc.stdout.decode(errors="replace")[-4000:]
-            )
+        objects = []
+        for i, (src, defines) in enumerate(units):
+            (w / f"wrap{i}.cc").write_text(src)
+            tail = [*FLAGS, f"-I{INCLUDE}", f"-I{KERNELS}", *defines, str(w / f"wrap{i}.cc")]
+            if len(units) == 1:
+                _check(_run([cxx, *first, *tail, "-o", str(out)], log), names)
+                break
+            obj = w / f"wrap{i}.o"
+            cmd = [cxx, *first, *[f for f in tail if f not in ("-shared", "-s")], "-c"]
+            _check(_run([*cmd, "-o", str(obj)], log), names)
+            objects.append(str(obj))
+        if objects:
+            _check(_run([cxx, "-shared", "-s", *objects, "-o", str(out)], log), names)
         data = out.read_bytes()
         fd, tmp = tempfile.mkstemp(prefix=f".{key}.", dir=cache)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, cached)
     return data
+
+
+def _check(proc, names: str) -> None:
+    if proc.returncode != 0:
+        raise BuildError(
+            f"host C++ build of {names} failed (exit status {proc.returncode}):\n"
+            + proc.stdout.decode(errors="replace")[-4000:]
+        )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import BuildError
 from ..outputs import install_kernel
-from ..plans import prepare
+from ..plans import core_sources, prepare
 from ..registry import lookup
 from ..request import Request
 from . import install, iron
@@ -62,20 +62,29 @@ def fnv1a64_bytes(data: bytes) -> int:
     return h
 
 
+def check_objects(rec, cores) -> None:
+    """Every recorded Kernel is in an object the design's core sources build, and the
+    objects' names are distinct."""
+    objects = [c.object_name for c in cores]
+    if len(set(objects)) != len(objects):
+        raise BuildError(f"the design's core sources build objects of one name: {objects}")
+    for k in rec.kernels:
+        if k.bin_name not in objects:
+            raise BuildError(
+                f"Kernel {k.name} is in {k.bin_name}, the design's core sources build "
+                f"{', '.join(objects)}"
+            )
+
+
 def compile_emu(req: Request, output_dir: Path) -> None:
     spec = prepare(req)  # UnsupportedError before anything runs
     rec = record(spec)
-    core = spec.core
-    for k in rec.kernels:
-        if k.bin_name != core.object_name:
-            raise BuildError(
-                f"Kernel {k.name} is in {k.bin_name}, the design's core source builds "
-                f"{core.object_name}"
-            )
+    cores = core_sources(spec)
+    check_objects(rec, cores)
     program = rec.to_json(req.name, req.arch)
     verbose = os.environ.get("GGML_HSA_JIT_VERBOSE", "").lower() in ("1", "true", "yes", "on")
     lib = build_library(
-        core, rec.kernels, req.arch, log=(lambda m: print(m, file=sys.stderr)) if verbose else None
+        cores, rec.kernels, req.arch, log=(lambda m: print(m, file=sys.stderr)) if verbose else None
     )
     image = image_bytes(program, lib)
     install_kernel(req, output_dir, image, insts_bytes(image))

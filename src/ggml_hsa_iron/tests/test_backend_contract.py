@@ -107,6 +107,8 @@ class OpNamesTest(unittest.TestCase):
                 want_kind = "rms_norm_mul_mat_rope"
             elif spec.op.startswith("RMS_NORM_MUL_MAT"):
                 want_kind = "rms_norm_mul_mat"
+            elif spec.op.startswith("RMS_NORM_QKV_ROPE"):
+                want_kind = "rms_norm_qkv_rope"
             elif spec.op.startswith("RMS_NORM_FFN_"):
                 want_kind = "rms_norm_ffn"
             elif spec.op in catalogue_kernels("MUL_MAT"):

@@ -71,6 +71,8 @@ MM_GLU = [f"MUL_MAT_{op}" for op in GLU]
 NORM_MM = ["RMS_NORM_MUL_MAT"] + [f"RMS_NORM_MUL_MAT_{op}" for op in GLU]
 # The Q and K projections with the norm folded in and their ROPE (positions i32, 12 op_params).
 NORM_MM_ROPE = ["RMS_NORM_MUL_MAT_ROPE", "RMS_NORM_MUL_MAT_ROPE_FF"]
+# Q, K and V of one normalised x in one kernel (three outputs; the inputs of both above).
+NORM_QKV = ["RMS_NORM_QKV_ROPE", "RMS_NORM_QKV_ROPE_FF"]
 # A feed-forward block in one kernel (RMS_NORM_MUL_MAT_<glu>, then MUL_MAT_ADD; two outputs).
 NORM_FFN = [f"RMS_NORM_FFN_{op}" for op in GLU]
 ROPE = ["ROPE", "ROPE_FF"]
@@ -107,7 +109,7 @@ class CapabilitiesTest(unittest.TestCase):
             # MUL_MAT's weights may also be f16 or block-quantized; f16 elsewhere as listed.
             mm = (
                 op["op"] in ("MUL_MAT", "MUL_MAT_ADD")
-                or op["op"] in MM_GLU + NORM_MM + NORM_MM_ROPE
+                or op["op"] in MM_GLU + NORM_MM + NORM_MM_ROPE + NORM_QKV
                 or op["op"] in NORM_FFN
             )
             extra = set(("f16",) + QUANT_TYPES) if mm else {"f16"}
@@ -132,6 +134,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + MM_GLU
                 + NORM_MM
                 + NORM_MM_ROPE
+                + NORM_QKV
                 + NORM_FFN
                 + ROW_OPS
                 + GLU
@@ -178,8 +181,15 @@ class CapabilitiesTest(unittest.TestCase):
             for s in registry.OPS
             if s.params
             and s.kind
-            not in ("rows", "rope", "flash_attn", "rms_norm_mul_mat", "rms_norm_mul_mat_rope")
-            and s.kind != "rms_norm_ffn"
+            not in (
+                "rows",
+                "rope",
+                "flash_attn",
+                "rms_norm_mul_mat",
+                "rms_norm_mul_mat_rope",
+                "rms_norm_qkv_rope",
+                "rms_norm_ffn",
+            )
         }
         self.assertEqual(params, set(WITH_PARAMS))
         # eps
@@ -216,6 +226,19 @@ class CapabilitiesTest(unittest.TestCase):
         self.assertEqual(
             {s.params for s in registry.OPS if s.kind == "rms_norm_mul_mat_rope"}, {12}
         )
+        # Wq, Wk, Wv, x, n, the positions (, the frequency factors); RMS_NORM_MUL_MAT_ROPE's
+        # words; Q, then K and V (ops of several outputs: these and RMS_NORM_FFN_<glu>).
+        for op, n in zip(NORM_QKV, (6, 7)):
+            o = ops[op]
+            got = (o["inputs"], o["outputs"], o["broadcast"], o["noncontiguous"])
+            self.assertEqual(got, (n, 3, True, True), op)
+            self.assertEqual(o["kernel_source"], "mul_mat.py")
+            self.assertEqual(o["type_combos"], ops["RMS_NORM_MUL_MAT"]["type_combos"], op)
+            self.assertEqual(o["types"], ops["RMS_NORM_MUL_MAT_ROPE"]["types"], op)
+        self.assertEqual({s.params for s in registry.OPS if s.kind == "rms_norm_qkv_rope"}, {12})
+        self.assertEqual(
+            {o["op"] for o in ops.values() if "outputs" in o}, set(NORM_QKV + NORM_FFN)
+        )
         # W_g, W_u, W_d, x, n, r; eps; out, then h (extra_outputs).
         for op in NORM_FFN:
             o = ops[op]
@@ -227,7 +250,7 @@ class CapabilitiesTest(unittest.TestCase):
         self.assertEqual({s.params for s in registry.OPS if s.kind == "rms_norm_ffn"}, {1})
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
-            set(WITH_F16 + MM_GLU + NORM_MM + NORM_MM_ROPE + NORM_FFN + self.FLASH_ATTN)
+            set(WITH_F16 + MM_GLU + NORM_MM + NORM_MM_ROPE + NORM_QKV + NORM_FFN + self.FLASH_ATTN)
             | {"MUL_MAT", "MUL_MAT_ADD", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"}
             >= with_f16
         )
@@ -363,6 +386,28 @@ class CapabilitiesTest(unittest.TestCase):
                                 tensor(d, [16, 4, 1]),
                                 arch=arch,
                                 op_params=params + [0, 0, 0x3727C5AC],
+                            )
+                        elif spec.kind == "rms_norm_qkv_rope":
+                            # The three weights of the type (i32: the positions', covered by
+                            # the others); x, n, the factors and Q f32, K and V of the combo's
+                            # output type.
+                            if dtype == "i32":
+                                continue
+                            combos = registry.RMS_NORM_QKV_ROPE_COMBOS
+                            s0, s1, d = [c for c in combos if dtype in c][0]
+                            ins = [tensor(s0, [256, m]) for m in (64, 32, 32)]
+                            ins += [tensor(s1, [256, 1]), tensor("f32", [256])]
+                            ins.append(tensor("i32", [1]))
+                            if spec.op.endswith("_FF"):
+                                ins.append(tensor("f32", [8]))
+                            params = [0, 16, 0, 0, 0, 0x461C4000, 0x3F800000, 0, 0x3F800000]
+                            req = request_json(
+                                spec.op,
+                                ins,
+                                tensor("f32", [16, 4, 1]),
+                                arch=arch,
+                                op_params=params + [0, 0, 0x3727C5AC],
+                                extra_outputs=[tensor(d, [16, 2, 1]), tensor(d, [32, 1])],
                             )
                         elif spec.kind == "rms_norm_ffn":
                             # The three weights of the type; x, n, r, out and h f32. K and F

@@ -7,10 +7,12 @@ from pathlib import Path
 # the package's parent directory (src/) goes on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import dataclasses
 import json
 import unittest
 
-from ggml_hsa_iron.errors import RequestError
+from ggml_hsa_iron.errors import RequestError, UnsupportedError
+from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import Tensor, canonical_name, fnv1a64, parse_request
 
 from ggml_hsa_iron.tests.util import request_dict, tensor
@@ -75,6 +77,81 @@ class RequestTest(unittest.TestCase):
                     parse_request(text)
                 self.assertIn(reason, str(ctx.exception))
                 self.assertNotIn("\n", str(ctx.exception))
+
+
+def qkv_dict(kty="f16", vty="f32", ff=False):
+    """An RMS_NORM_QKV_ROPE(_FF) request of three outputs: Q f32, then K and V (extra_outputs)."""
+    ins = [tensor("q4_0", [256, 64]), tensor("q4_0", [256, 32]), tensor("q4_0", [256, 32])]
+    ins += [tensor("f32", [256]), tensor("f32", [256]), tensor("i32", [1])]
+    ins += [tensor("f32", [8])] if ff else []
+    outs = [tensor("f32", [16, 4]), tensor(kty, [16, 2]), tensor(vty, [32])]
+    params = [0, 16, 0, 0, 0, 0x461C4000, 0x3F800000, 0, 0x3F800000, 0, 0, 0x3727C5AC]
+    op = "RMS_NORM_QKV_ROPE_FF" if ff else "RMS_NORM_QKV_ROPE"
+    return request_dict(op, ins, outs[0], op_params=params, extra_outputs=outs[1:])
+
+
+class ExtraOutputsTest(unittest.TestCase):
+    """The request's extra_outputs: the outputs after `output` of the ops of several (the
+    registry's `outputs`), refused for every other op."""
+
+    def test_accepted_for_the_ops_of_three_outputs(self):
+        for ff in (False, True):
+            d = qkv_dict(ff=ff)
+            req = parse_request(json.dumps(d))
+            self.assertEqual([t.dtype for t in req.outputs], ["f32", "f16", "f32"])
+            self.assertEqual(req.extra_outputs, (tensor("f16", [16, 2]), tensor("f32", [32])))
+            self.assertEqual(len(req.operands), 9 + ff)
+            self.assertNotIn("extra_outputs", req.extra)
+            self.assertEqual(req.canonical_name(), d["name"])
+
+    def test_names_list_the_outputs_in_order(self):
+        req = parse_request(json.dumps(qkv_dict(vty="f16")))
+        self.assertEqual(
+            req.canonical_name(),
+            "rms_norm_qkv_rope-q4_0_256x64-q4_0_256x32-q4_0_256x32-f32_256-f32_256-i32_1-"
+            "f32_16x4-f16_16x2-f16_32-p0_10_0_0_0_461c4000_3f800000_0_3f800000_0_0_3727c5ac",
+        )
+        swapped = dataclasses.replace(req, extra_outputs=req.extra_outputs[::-1])
+        self.assertNotEqual(swapped.canonical_name(), req.canonical_name())
+        # The protocol document's example (f32 weights).
+        f32 = [tensor("f32", [64, 64]), tensor("f32", [64, 32]), tensor("f32", [64, 32])]
+        f32 += [tensor("f32", [64]), tensor("f32", [64]), tensor("i32", [1])]
+        self.assertEqual(
+            canonical_name("RMS_NORM_QKV_ROPE", req.op_params, f32, req.output, req.extra_outputs),
+            "rms_norm_qkv_rope-f32_64x64-f32_64x32-f32_64x32-f32_64-f32_64-i32_1-f32_16x4-"
+            "f16_16x2-f16_32-p0_10_0_0_0_461c4000_3f800000_0_3f800000_0_0_3727c5ac",
+        )
+        # Without extra outputs a name is what it always was.
+        t = tensor("f32", [4096])
+        self.assertEqual(canonical_name("ADD", [], [t, t], t, ()), "add-f32_4096-f32_4096-f32_4096")
+
+    def test_refused_for_ops_of_one_output_and_when_malformed(self):
+        good = qkv_dict()
+        t = {"type": "f32", "ne": [4, 1, 1, 1], "nb": [4, 16, 16, 16]}
+        cases = {
+            "no 'extra_outputs'": {k: v for k, v in good.items() if k != "extra_outputs"},
+            "must hold 2 tensors": dict(good, extra_outputs=good["extra_outputs"][:1]),
+            "non-empty list": dict(good, extra_outputs=[]),
+            "non-empty list of tensors": dict(good, extra_outputs=t),
+            "extra_outputs[1].ne": dict(good, extra_outputs=[t, dict(t, ne=[4, 1])]),
+            "extra_outputs[0] has unknown type": dict(good, extra_outputs=[dict(t, type="x")] * 2),
+            "extra_outputs[0].nb [4, 6, 24, 24] is not a multiple": dict(
+                good, extra_outputs=[dict(t, ne=[4, 2, 1, 1], nb=[4, 6, 24, 24])] * 2
+            ),
+        }
+        add = dict(PROTOCOL_EXAMPLE)
+        cases["ADD has one output"] = dict(add, extra_outputs=[t])
+        mm = request_dict("MUL_MAT", [tensor("f32", [4, 4])] * 2, tensor("f32", [4, 4]))
+        cases["MUL_MAT has one output"] = dict(mm, extra_outputs=[t, t])
+        for reason, obj in cases.items():
+            with self.subTest(reason=reason):
+                with self.assertRaises(RequestError) as ctx:
+                    parse_request(json.dumps(obj))
+                self.assertIn(reason, str(ctx.exception))
+        # An op no design implements is left to the planner: unsupported, whatever its outputs.
+        req = parse_request(json.dumps(dict(add, op="NOPE", extra_outputs=[t])))
+        with self.assertRaises(UnsupportedError):
+            prepare(req)
 
 
 class CanonicalNameTest(unittest.TestCase):

@@ -29,7 +29,7 @@ import random
 import unittest
 
 from ggml_hsa_iron.errors import RequestError, UnsupportedError
-from ggml_hsa_iron.plans import _bits_f32, prepare
+from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import Tensor, parse_request
 from ggml_hsa_iron.tiling import (
     MAX_TASKS_PER_CHANNEL,
@@ -49,13 +49,13 @@ from ggml_hsa_iron.tests.util_matmul import gemv_streams
 try:
     import numpy as np
 
-    from ggml_hsa_iron.tests.test_rope_glu_host import rope_ref
     from ggml_hsa_iron.tests.util_emu import run_request
     from ggml_hsa_iron.tests.util_norm import (
         f16_half_ulp,
         norm_inputs,
         norm_reference,
         norm_weights,
+        rope_reference,
     )
 
     HAVE_NUMPY = True
@@ -327,22 +327,9 @@ class NormRopeEmulationTest(unittest.TestCase):
         ins += [ffv.tobytes()] if ff else []
         npt = np.float16 if otype == "f16" else np.float32
         got = np.frombuffer(run_request(text, ins), npt).astype(np.float64).reshape(T, M)
-        # The projection as the cores compute it, then ggml's ROPE of each token's heads: a
-        # rotated value mixes its pair's two errors; the rotation adds f32 rounding.
+        # The projection as the cores compute it, then ggml's ROPE of each token's heads.
         y, err = norm_reference(ty, x, n, w)
-        c = {k: _bits_f32(v) for k, v in spec.rope.constants.items()}
-        row_pos = np.repeat(pos[:T], H)
-        want = rope_ref(
-            y.reshape(T * H, D), row_pos, ffv, n_dims, mode == 2, c["THETA_SCALE"],
-            c["FREQ_SCALE"], c["EXT_FACTOR"], c["MSCALE"], c["CORR_LOW"], c["CORR_DEN"],
-        ).astype(np.float64)  # fmt: skip
-        e, a = err.reshape(T * H, D), np.abs(y).reshape(T * H, D)
-        ia, ib = zip(*pairs(D, D, n_dims, mode == 2))
-        ia, ib = list(ia), list(ib)
-        mixed = (e[:, ia] + e[:, ib] + (a[:, ia] + a[:, ib]) * 1e-5) * c["MSCALE"]
-        tol = e.copy()
-        tol[:, ia], tol[:, ib] = mixed, mixed
-        want, tol = want.reshape(T, M), tol.reshape(T, M)
+        want, tol = rope_reference(y, err, pos, ffv, n_dims, mode == 2, spec.rope.constants, D)
         if otype == "f16":
             tol = tol + f16_half_ulp(want)
         return spec, ins, got, want, tol

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from ggml_hsa_iron.emu.build import build_library
-from ggml_hsa_iron.emu.compile import record
-from ggml_hsa_iron.plans import prepare
+from ggml_hsa_iron.emu.compile import check_objects, record
+from ggml_hsa_iron.plans import core_sources, prepare
 from ggml_hsa_iron.request import parse_request
 from ggml_hsa_iron.tiling import walk
 
@@ -233,19 +233,41 @@ def run_program(prog: dict, lib: bytes, args: list[np.ndarray]) -> None:
 def run_request(request_json: str, inputs: list[bytes]) -> bytes:
     """Compiles `request_json` for the emulation target and runs it on the input operands'
     bytes; returns the output's bytes."""
-    req = parse_request(request_json)
-    spec = prepare(req)
+    (out,) = run_request_outputs(request_json, inputs)
+    return out
+
+
+def run_request_outputs(request_json: str, inputs: list[bytes]) -> list[bytes]:
+    """`run_request` for a request of any number of outputs (`output`, then its
+    `extra_outputs`): the bytes of each, in order. Every output operand must be written by some
+    drain of the runtime sequence (an output left as it was allocated, 0xFF bytes, is not)."""
+    return run_spec_outputs(prepare(parse_request(request_json)), inputs)
+
+
+def run_spec_outputs(spec, inputs: list[bytes]) -> list[bytes]:
+    """`run_request_outputs` of a prepared spec (one not built by `prepare`: an op's design
+    planned over some of the array's columns, say)."""
+    req = spec.request
     rec = record(spec)
+    cores = core_sources(spec)
+    check_objects(rec, cores)
     prog = rec.to_json(req.name, req.arch)
-    lib = build_library(spec.core, rec.kernels, req.arch)
+    lib = build_library(cores, rec.kernels, req.arch)
     sizes = [a["bytes"] for a in prog["args"]]
+    n_in, n_out = len(inputs), len(req.outputs)
+    if n_in + n_out != len(sizes):
+        raise ValueError(f"{n_in} inputs and {n_out} outputs, the design takes {len(sizes)}")
     args = [np.frombuffer(b, dtype=np.uint8).copy() for b in inputs]
     for a, n in zip(args, sizes):
         if a.size != n:
             raise ValueError(f"an input has {a.size} bytes, the design takes {n}")
-    args.append(np.full(sizes[-1], 0xFF, dtype=np.uint8))
+    args += [np.full(n, 0xFF, dtype=np.uint8) for n in sizes[n_in:]]
     run_program(prog, lib, args)
-    return args[-1].tobytes()
+    drained = {op["arg"] for op in prog["sequence"] if op["op"] == "drain"}
+    for i in range(n_in, n_in + n_out):
+        if i not in drained:
+            raise RuntimeError(f"output {i - n_in} (operand {i}) is never drained")
+    return [a.tobytes() for a in args[n_in:]]
 
 
 def have_tools() -> bool:
