@@ -39,146 +39,85 @@ ADD's functions: each core runs phase 1's rounds (the norm's prologue, gate and 
 GLU) and then phase 2's (down sums, + r), with the very functions the two ops' designs call, so
 with equal K chunks both outputs are bit for bit what the two kernels produce in sequence.
 
+The pieces are mul_mat.py's: the per-column fifos and Workers (`_gemv_columns`, on phase 1's
+spec: both phases' tiles are the same types), the GLU's core functions and rounds
+(`_glu_kernels`, `_glu_rounds`), MUL_MAT_ADD's epilogue (`_add_r`) and both ops' task groups
+(`_glu_fill` with n's `_norm_prologue_fills`, `_add_fill`), each on its phase's spec and plan.
+
 Runtime-sequence arguments (the request's order): W_g, W_u, W_d, x, n, r, out, h.
 """
 
 import numpy as np
-from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
+from aie.iron import Program, Runtime
 from aie.iron.controlflow import range_
-from aie.iron.device import Tile
 from aie.iron.runtime import TaskGroup
 
 from ._common import device, vector_type
-from .mul_mat import MEM_ROW, SHIM_ROW, _k_chunks, _norm_prologue, _tap
-
-
-def _kernels(spec, w_tile, x_tile, y_tile):
-    """The core functions of both phases, in the order the Worker body takes them: phase 1's
-    (RMS_NORM_MUL_MAT_<glu>: n's load, the gate's stash zero and sums, y's zero and the up sums,
-    the scale, the GLU), then phase 2's (MUL_MAT_ADD: the plain sums and the r epilogue; y's
-    zero is phase 1's)."""
-    obj = spec.core.object_name
-    fn = "ggml_mvq" if spec.weight_bytes else "ggml_mv"
-
-    def k(name, args):
-        return Kernel(f"{fn}{name}", obj, args)
-
-    return [
-        k("_norm_load", [x_tile]),
-        k("_norm_gate_zero", []),
-        k("_norm_gate", [w_tile, x_tile]),
-        k("_zero", [y_tile]),
-        k("_norm", [w_tile, x_tile, y_tile]),
-        k("_norm_scale", [y_tile]),
-        k("_glu", [y_tile]),
-        k("", [w_tile, x_tile, y_tile]),
-        k("_add", [x_tile, y_tile, np.int32]),
-    ]
+from .mul_mat import (
+    _add_fill,
+    _add_r,
+    _gemv_columns,
+    _gemv_kern,
+    _gemv_tiles,
+    _glu_fill,
+    _glu_kernels,
+    _glu_rounds,
+    _k_chunks,
+    _norm_prologue_fills,
+)
 
 
 def _ffn(spec):
     up, down = spec.up, spec.down
     p1, p2 = up.plan, down.plan
-    C, R, nr, kc = p1.columns, p1.rows, p1.rows_per_tile, p1.k_chunk
-    # Weights moved as bytes: a tile is nr rows of the K chunk's blocks.
-    w_t, w_elems = ("i8", p1.w_units(kc)) if spec.weight_bytes else (up.src0.dtype, kc)
-    dev = device(spec.arch, C)
+    dev = device(spec.arch, p1.columns)
     seq_types = [vector_type(count, t) for t, count in spec.sequence]
-    w_tile, x_tile, y_tile = (
-        vector_type(nr * w_elems, w_t),
-        vector_type(kc, "f32"),
-        vector_type(nr, "f32"),
-    )
-    kernels = _kernels(spec, w_tile, x_tile, y_tile)
+    # Phase 1's functions (RMS_NORM_MUL_MAT_<glu>'s, mul_mat._glu_kernels), then phase 2's
+    # (MUL_MAT_ADD's plain sums and r epilogue; y's zero is phase 1's): one object, both
+    # phases' tiles are the same types (one shape).
+    _, _, w_tile, x_tile, y_tile = _gemv_tiles(up)
+    kern = _gemv_kern(up)
+    kernels = [*_glu_kernels(up), kern("", [w_tile, x_tile, y_tile])]
+    kernels.append(kern("_add", [x_tile, y_tile, np.int32]))
     rounds1, rounds2 = up.tiles_per_core, down.tiles_per_core
     k1, k2 = p1.k_steps, p2.k_steps
 
     def core_fn(
-        of_w, of_x, of_y, load, gate_zero, gate, zero, up_mv, scale, glu, mv, add, r_offset
+        of_w, of_x, of_y, gate_zero, gate, zero, up_mv, glu, load, scale, mv, add, r_offset
     ):
-        # Phase 1, RMS_NORM_MUL_MAT_<glu>: n kept, then per round the gate rows' sums in the
-        # stash, the up rows' into y, both scaled, y = act(stash) * y: the round's rows of h.
-        _norm_prologue(of_x, load, k1)
-        for _ in range_(rounds1):
-            gate_zero()
-            _k_chunks(of_w, of_x, k1, gate)
-            y = of_y.acquire(1)
-            zero(y)
-            _k_chunks(of_w, of_x, k1, up_mv, y)
-            scale(y)
-            glu(y)
-            of_y.release(1)
-        # Phase 2, MUL_MAT_ADD over h: the down rows' sums into y, then the object behind the
-        # round's h chunks, the column's r values, added to them.
+        # Phase 1, RMS_NORM_MUL_MAT_<glu>'s dispatch: n kept, then per round the gate rows'
+        # sums in the stash, the up rows' in y, both scaled, y = act(stash) * y: rows of h.
+        _glu_rounds(of_w, of_x, of_y, rounds1, k1, gate_zero, gate, zero, up_mv, glu, load, scale)
+        # Phase 2, MUL_MAT_ADD's rounds over h: the down rows' sums into y, then the object
+        # behind the round's h chunks, the column's r values, added to them.
         for _ in range_(rounds2):
             y = of_y.acquire(1)
             zero(y)
             _k_chunks(of_w, of_x, k2, mv, y)
-            r = of_x.acquire(1)
-            add(r, y, r_offset)
-            of_x.release(1)
+            _add_r(of_x, add, y, r_offset)
             of_y.release(1)
 
-    # Per column: W split over the R cores, x to every core, the cores' y joined; the same
-    # fifos carry both phases' objects (one shape, see the module docstring).
-    handles, workers = [], []
-    for col in range(C):
-        mem = Tile(col, MEM_ROW)
-        w_fifo = ObjectFifo(vector_type(R * nr * w_elems, w_t), name=f"W_c{col}")
-        w_subs = w_fifo.cons().split(
-            [i * nr * w_elems for i in range(R)],
-            obj_types=[w_tile] * R,
-            names=[f"W_c{col}_r{i}" for i in range(R)],
-            tile=mem,
-        )
-        x_fifo = ObjectFifo(x_tile, name=f"X_c{col}")
-        y_fifo = ObjectFifo(vector_type(R * nr, "f32"), name=f"Y_c{col}")
-        y_subs = y_fifo.prod().join(
-            [i * nr for i in range(R)],
-            obj_types=[y_tile] * R,
-            names=[f"Y_c{col}_r{i}" for i in range(R)],
-            tile=mem,
-        )
-        for i in range(R):
-            args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), *kernels, i * nr]
-            workers.append(Worker(core_fn, fn_args=args, tile=Tile(col, 2 + i)))
-        shim = Tile(col, SHIM_ROW)
-        handles += [w_fifo.prod(tile=shim), x_fifo.prod(tile=shim), y_fifo.cons(tile=shim)]
-
-    totals = [count for _, count in spec.sequence]  # W_g, W_u, W_d, x, n, r, out, h
+    # Per column: W split over the R cores, x to every core, the cores' y joined; the same fifos
+    # carry both phases' objects. Core i of a column adds r's values i * nr ...
+    nr = p1.rows_per_tile
+    workers, handles = _gemv_columns(up, core_fn, lambda col, i: [*kernels, i * nr])
     groups1, groups2 = spec.tasks()
 
     def sequence(Wg, Wu, Wd, X, Nbuf, Rbuf, Out, H, *hs):
-        # Phase 1: RMS_NORM_MUL_MAT_<glu>'s task groups (GemvPlan.tasks with glu and norm): per
-        # column and round W_g's tap then W_u's, n ahead of the first x row, x repeated twice
-        # per round, the group's rows of h drained and awaited.
+        # Phase 1: RMS_NORM_MUL_MAT_<glu>'s task groups (mul_mat._glu_fill): per column and
+        # round W_g's tap then W_u's, n ahead of the first x row, x twice per round, the group's
+        # rows of h drained and awaited by the group's finish.
         for g, group in enumerate(groups1):
             tg = TaskGroup()
-            for col, (ws, x, y) in enumerate(group):
-                hw, hx, hy = hs[3 * col : 3 * col + 3]
-                for w in ws:
-                    hw.fill(Wg, tap=_tap(totals[0], w), group=tg)
-                    hw.fill(Wu, tap=_tap(totals[1], w), group=tg)
-                if g == 0:
-                    hx.fill(Nbuf, tap=_tap(totals[4], p1.norm_tap()), group=tg)
-                hx.fill(X, tap=_tap(totals[3], x), group=tg)
-                hy.drain(H, tap=_tap(totals[7], y), group=tg, wait=True)
+            first = _norm_prologue_fills(up, Nbuf) if g == 0 else ()
+            _glu_fill(up, hs, group, tg, Wg, Wu, X, H, first)
             tg.finish()
-        # Every drain of h has completed (each group's finish awaited its drains): phase 2
-        # reads h. MUL_MAT_ADD's task groups (GemvPlan.tasks with add): per column W_d's run
-        # of rounds, per round h's chunks, the column's r values and the padding, the group's
-        # rows of out drained and awaited.
+        # Every drain of h has completed: phase 2 reads h. MUL_MAT_ADD's task groups
+        # (mul_mat._add_fill): per column W_d's run of rounds, per round h's chunks, the
+        # column's r values and the padding, the group's rows of out drained and awaited.
         for group in groups2:
             tg = TaskGroup()
-            for col, (w, x, y, rs, pad) in enumerate(group):
-                hw, hx, hy = hs[3 * col : 3 * col + 3]
-                hw.fill(Wd, tap=_tap(totals[2], w), group=tg)
-                for r in rs:
-                    hx.fill(H, tap=_tap(totals[7], x), group=tg)
-                    hx.fill(Rbuf, tap=_tap(totals[5], r), group=tg)
-                    if pad is not None:
-                        hx.fill(H, tap=_tap(totals[7], pad), group=tg)
-                hy.drain(Out, tap=_tap(totals[6], y), group=tg, wait=True)
+            _add_fill(down, hs, group, tg, Wd, H, Rbuf, Out)
             tg.finish()
 
     rt = Runtime(sequence, [*seq_types, *handles])

@@ -364,9 +364,7 @@ def _gemv_group(spec, col0=0, suffix="", core=None):
             elif scale_fn is not None:
                 scale_fn(y)
             if add_fn is not None:
-                r = of_x.acquire(1)
-                add_fn(r, y, r_offset)
-                of_x.release(1)
+                _add_r(of_x, add_fn, y, r_offset)
             of_y.release(1)
 
     def core_fn_f16(
@@ -416,6 +414,39 @@ def _gemv_fill(spec, hs, group, tg, W, X, Y, prologue=()):
         hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
 
 
+def _add_fill(spec, hs, group, tg, W, X, Rbuf, Y):
+    """One task group of MUL_MAT_ADD's GEMV (`GemvPlan.tasks` with `add`): per column the W fill
+    of a run of rounds, per round on the x channel the x row's K chunks, the column's r values
+    of the round's rows and the padding of that object (x's first values), and the y drain."""
+    totals = [count for _, count in spec.sequence]  # W, x, r, dst
+    for col, (w, x, y, rs, pad) in enumerate(group):
+        hw, hx, hy = hs[3 * col : 3 * col + 3]
+        hw.fill(W, tap=_tap(totals[0], w), group=tg)
+        for r in rs:
+            hx.fill(X, tap=_tap(totals[1], x), group=tg)
+            hx.fill(Rbuf, tap=_tap(totals[2], r), group=tg)
+            if pad is not None:
+                hx.fill(X, tap=_tap(totals[1], pad), group=tg)
+        hy.drain(Y, tap=_tap(totals[3], y), group=tg, wait=True)
+
+
+def _glu_fill(spec, hs, group, tg, Wg, Wu, X, Y, prologue=()):
+    """One task group of MUL_MAT_<glu>'s GEMV (`GemvPlan.tasks` with `glu`): per column one W
+    tap per round, issued on W_g then on W_u, the `prologue` fills on the x channel
+    (RMS_NORM_MUL_MAT_<glu>'s n, `_norm_prologue_fills`), x repeated twice per round and the y
+    drain of the group's rounds."""
+    totals = [count for _, count in spec.sequence]  # W_g, W_u, x, (n,) dst
+    for col, (ws, x, y) in enumerate(group):
+        hw, hx, hy = hs[3 * col : 3 * col + 3]
+        for w in ws:
+            hw.fill(Wg, tap=_tap(totals[0], w), group=tg)
+            hw.fill(Wu, tap=_tap(totals[1], w), group=tg)
+        for buf, total, tap in prologue:
+            hx.fill(buf, tap=_tap(total, tap), group=tg)
+        hx.fill(X, tap=_tap(totals[2], x), group=tg)
+        hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
+
+
 def _norm_prologue_fills(spec, Nbuf, consts=()):
     """RMS_NORM_MUL_MAT's fills ahead of the first x row, on every column's x channel: n's K
     chunks (`GemvPlan.norm_tap`); RMS_NORM_MUL_MAT_ROPE(_FF): then the rotation's constants
@@ -437,7 +468,6 @@ def _gemv(spec):
     dev = device(spec.arch, p.columns)
     seq_types = [vector_type(count, t) for t, count in spec.sequence]  # src0, src1, dst
     workers, handles = _gemv_group(spec)
-    totals = [count for _, count in spec.sequence]
     groups = spec.tasks()
 
     def sequence(W, X, Y, *hs, Nbuf=None, consts=()):
@@ -458,20 +488,11 @@ def _gemv(spec):
         sequence(W, X, Y, *hs, Nbuf=Nbuf, consts=consts)
 
     def sequence_add(W, X, Rbuf, Y, *hs):
-        # GemvPlan.tasks with `add`: per round on the x channel the x row's K chunks, the
-        # column's r values of the round's rows, and the padding of that object (x's first
-        # values); W and y as for MUL_MAT.
+        # GemvPlan.tasks with `add` (`_add_fill`): per round on the x channel the x row's K
+        # chunks, the column's r values and the padding; W and y as for MUL_MAT.
         for group in groups:
             tg = TaskGroup()
-            for col, (w, x, y, rs, pad) in enumerate(group):
-                hw, hx, hy = hs[3 * col : 3 * col + 3]
-                hw.fill(W, tap=_tap(totals[0], w), group=tg)
-                for r in rs:
-                    hx.fill(X, tap=_tap(totals[1], x), group=tg)
-                    hx.fill(Rbuf, tap=_tap(totals[2], r), group=tg)
-                    if pad is not None:
-                        hx.fill(X, tap=_tap(totals[1], pad), group=tg)
-                hy.drain(Y, tap=_tap(totals[3], y), group=tg, wait=True)
+            _add_fill(spec, hs, group, tg, W, X, Rbuf, Y)
             tg.finish()
 
     seq_fn = sequence_add if spec.add else sequence_norm if spec.n is not None else sequence
@@ -539,12 +560,18 @@ def ggml_op_mul_mat(spec):
     return _gemv(spec) if spec.gemv else _gemm(spec)
 
 
-def _gemv_glu(spec):
-    """MUL_MAT_<glu>: the GEMV dataflow with the gate and up weights on one W fifo (see the
-    module docstring)."""
-    p = spec.plan
-    dev = device(spec.arch, p.columns)
-    seq_types = [vector_type(count, t) for t, count in spec.sequence]  # W_g, W_u, x, dst
+def _add_r(of_x, add_fn, y, r_offset):
+    """MUL_MAT_ADD's epilogue of a round: y += the core's r values, from the x object behind
+    the round's K chunks."""
+    r = of_x.acquire(1)
+    add_fn(r, y, r_offset)
+    of_x.release(1)
+
+
+def _glu_kernels(spec):
+    """MUL_MAT_<glu>'s core functions, in `_glu_rounds`' order: the gate's stash zero and sums,
+    y's zero, the up sums, the GLU; RMS_NORM_MUL_MAT_<glu>: the normed sums, then n's load and
+    the scale."""
     _, _, w_tile, x_tile, y_tile = _gemv_tiles(spec)
     kern = _gemv_kern(spec)
     gate_zero = kern("_gate_zero", [])
@@ -559,62 +586,72 @@ def _gemv_glu(spec):
         gate_zero = kern("_norm_gate_zero", [])
         gate = kern("_norm_gate", [w_tile, x_tile])
         matvec = kern("_norm", [w_tile, x_tile, y_tile])
+    return [gate_zero, gate, zero, matvec, glu, *norm]
+
+
+def _glu_rounds(
+    of_w,
+    of_x,
+    of_y,
+    rounds,
+    k_steps,
+    gate_zero_fn,
+    gate_fn,
+    zero_fn,
+    mv_fn,
+    glu_fn,
+    load_fn=None,
+    scale_fn=None,
+):
+    """A MUL_MAT_<glu> core's dispatch (`_glu_kernels`' functions): RMS_NORM_MUL_MAT_<glu>'s n
+    first, then per round the gate rows' sums into the stash, the up rows' into y (both scaled
+    by the norm's s) and y = act(stash) * y."""
+    if load_fn is not None:
+        _norm_prologue(of_x, load_fn, k_steps)
+    for _ in range_(rounds):
+        # The gate rows' sums into the core's stash.
+        gate_zero_fn()
+        _k_chunks(of_w, of_x, k_steps, gate_fn)
+        # The up rows' sums into y, then y = act(stash) * y.
+        y = of_y.acquire(1)
+        zero_fn(y)
+        _k_chunks(of_w, of_x, k_steps, mv_fn, y)
+        if scale_fn is not None:
+            scale_fn(y)
+        glu_fn(y)
+        of_y.release(1)
+
+
+def _gemv_glu(spec):
+    """MUL_MAT_<glu>: the GEMV dataflow with the gate and up weights on one W fifo (see the
+    module docstring)."""
+    p = spec.plan
+    dev = device(spec.arch, p.columns)
+    seq_types = [vector_type(count, t) for t, count in spec.sequence]  # W_g, W_u, x, dst
     rounds = spec.tiles_per_core
     k_steps = p.k_steps
 
-    def core_fn(
-        of_w,
-        of_x,
-        of_y,
-        gate_zero_fn,
-        gate_fn,
-        zero_fn,
-        mv_fn,
-        glu_fn,
-        load_fn=None,
-        scale_fn=None,
-    ):
-        if load_fn is not None:
-            _norm_prologue(of_x, load_fn, k_steps)
-        for _ in range_(rounds):
-            # The gate rows' sums into the core's stash.
-            gate_zero_fn()
-            _k_chunks(of_w, of_x, k_steps, gate_fn)
-            # The up rows' sums into y, then y = act(stash) * y.
-            y = of_y.acquire(1)
-            zero_fn(y)
-            _k_chunks(of_w, of_x, k_steps, mv_fn, y)
-            if scale_fn is not None:
-                scale_fn(y)
-            glu_fn(y)
-            of_y.release(1)
+    def core_fn(of_w, of_x, of_y, *kernels):
+        _glu_rounds(of_w, of_x, of_y, rounds, k_steps, *kernels)
 
-    kernels = [gate_zero, gate, zero, matvec, glu, *norm]
+    kernels = _glu_kernels(spec)
     workers, handles = _gemv_columns(spec, core_fn, lambda col, i: kernels)
-    totals = [count for _, count in spec.sequence]
     groups = spec.tasks()
 
     def sequence(Wg, Wu, X, Y, *hs, Nbuf=None):
-        # Task groups from GemvPlan.tasks (glu): per column one W tap per round, issued on
-        # W_g then on W_u, x repeated twice per round, y of the group's rounds;
+        # Task groups from GemvPlan.tasks (glu, `_glu_fill`): per column one W tap per round,
+        # issued on W_g then on W_u, x repeated twice per round, y of the group's rounds;
         # RMS_NORM_MUL_MAT_<glu>: n ahead of the first x row.
         for g, group in enumerate(groups):
             tg = TaskGroup()
-            for col, (ws, x, y) in enumerate(group):
-                hw, hx, hy = hs[3 * col : 3 * col + 3]
-                for w in ws:
-                    hw.fill(Wg, tap=_tap(totals[0], w), group=tg)
-                    hw.fill(Wu, tap=_tap(totals[1], w), group=tg)
-                if Nbuf is not None and g == 0:
-                    hx.fill(Nbuf, tap=_tap(p.K, p.norm_tap()), group=tg)
-                hx.fill(X, tap=_tap(totals[2], x), group=tg)
-                hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
+            first = _norm_prologue_fills(spec, Nbuf) if Nbuf is not None and g == 0 else ()
+            _glu_fill(spec, hs, group, tg, Wg, Wu, X, Y, first)
             tg.finish()
 
     def sequence_norm(Wg, Wu, X, Nbuf, Y, *hs):
         sequence(Wg, Wu, X, Y, *hs, Nbuf=Nbuf)
 
-    rt = Runtime(sequence_norm if norm else sequence, [*seq_types, *handles])
+    rt = Runtime(sequence_norm if spec.n is not None else sequence, [*seq_types, *handles])
     return Program(dev, rt, workers=workers).resolve_program()
 
 
