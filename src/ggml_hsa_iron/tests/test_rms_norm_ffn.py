@@ -362,15 +362,11 @@ class FfnEmulationTest(unittest.TestCase):
     def test_the_awaits_between_the_phases_are_needed(self):
         # The recorded program run in order without the awaits of phase 1's drains: the first
         # read of h races its writes, which the in-order executor refuses.
-        from ggml_hsa_iron.emu.build import build_library
-        from ggml_hsa_iron.emu.compile import record
+        from ggml_hsa_iron.tests.util_emu import build_spec
         from ggml_hsa_iron.tests.util_emu_seq import run_program_in_order
 
         case = FfnCase("SWIGLU", "f32", 1, 80, 60, "aie2p", "in_place", seed=40)
-        spec = case.spec
-        rec = record(spec)
-        prog = rec.to_json("ffn", spec.arch.name)
-        lib = build_library(spec.core, rec.kernels, spec.arch.name)
+        prog, lib = build_spec(case.spec)
         run_program_in_order(prog, lib, case.args())  # as designed: fine
         seq = prog["sequence"]
         first_read = next(i for i, op in enumerate(seq) if op["op"] == "fill" and op["arg"] == 7)

@@ -244,15 +244,21 @@ def run_request_outputs(request_json: str, inputs: list[bytes]) -> list[bytes]:
     return run_spec_outputs(prepare(parse_request(request_json)), inputs)
 
 
-def run_spec_outputs(spec, inputs: list[bytes]) -> list[bytes]:
-    """`run_request_outputs` of a prepared spec (one not built by `prepare`: an op's design
-    planned over some of the array's columns, say)."""
+def build_spec(spec) -> tuple[dict, bytes]:
+    """What `--target emu` builds of a prepared spec: the recorded program's JSON (the
+    stand-in's hardware checks passed) and the host library of its core sources."""
     req = spec.request
     rec = record(spec)
     cores = core_sources(spec)
     check_objects(rec, cores)
-    prog = rec.to_json(req.name, req.arch)
-    lib = build_library(cores, rec.kernels, req.arch)
+    return rec.to_json(req.name, req.arch), build_library(cores, rec.kernels, req.arch)
+
+
+def run_spec_outputs(spec, inputs: list[bytes]) -> list[bytes]:
+    """`run_request_outputs` of a prepared spec (one not built by `prepare`: an op's design
+    planned over some of the array's columns, say)."""
+    req = spec.request
+    prog, lib = build_spec(spec)
     sizes = [a["bytes"] for a in prog["args"]]
     n_in, n_out = len(inputs), len(req.outputs)
     if n_in + n_out != len(sizes):

@@ -25,9 +25,7 @@ import tempfile
 import numpy as np
 
 from ggml_hsa_iron.dtypes import DTYPES
-from ggml_hsa_iron.emu.build import build_library
-from ggml_hsa_iron.emu.compile import record
-from ggml_hsa_iron.tests.util_emu import _Core, _Fifo, _tap_bytes
+from ggml_hsa_iron.tests.util_emu import _Core, _Fifo, _tap_bytes, build_spec
 
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
@@ -207,10 +205,7 @@ def run_spec_in_order(spec, args: list[np.ndarray]) -> None:
     runs it in order on `args`: one np.uint8 array per runtime-sequence argument, inputs with
     their bytes, outputs of any content (written in place); one array given for several
     arguments is one memory."""
-    req = spec.request
-    rec = record(spec)
-    prog = rec.to_json(req.name, req.arch)
-    lib = build_library(spec.core, rec.kernels, req.arch)
+    prog, lib = build_spec(spec)
     sizes = [a["bytes"] for a in prog["args"]]
     if [a.size for a in args] != sizes:
         raise ValueError(f"arguments of {[a.size for a in args]} bytes, the design takes {sizes}")
