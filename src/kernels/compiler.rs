@@ -35,6 +35,9 @@ pub struct Capabilities {
 pub struct OpCapability {
     pub op: String,
     pub inputs: usize,
+    /// Number of outputs: `output`, then the request's `extra_outputs`.
+    #[serde(default = "one")]
+    pub outputs: usize,
     pub types: Vec<String>,
     /// Whether a second input smaller than the first is repeated over it (ggml broadcasting).
     #[serde(default)]
@@ -42,6 +45,10 @@ pub struct OpCapability {
     /// Whether operands may be strided views.
     #[serde(default)]
     pub noncontiguous: bool,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl Capabilities {
@@ -73,6 +80,14 @@ impl Capabilities {
                 desc.op,
                 op.inputs,
                 desc.inputs.len()
+            ));
+        }
+        if op.outputs != 1 + desc.extra_outputs.len() {
+            return Err(format!(
+                "{} has {} outputs in the compiler, {} here",
+                desc.op,
+                op.outputs,
+                1 + desc.extra_outputs.len()
             ));
         }
         let operands = || {

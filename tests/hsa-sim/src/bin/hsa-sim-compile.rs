@@ -27,6 +27,7 @@ fn capabilities() -> serde_json::Value {
             json!({
                 "op": name,
                 "inputs": op.arity(),
+                "outputs": op.outputs(),
                 "types": types,
                 "broadcast": matches!(op, Op::Binary(_) | Op::MulMat | Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(_) | Op::NormedMulMatRope { .. } | Op::NormedQkv { .. } | Op::NormedFfn(_) | Op::SoftMax { .. } | Op::Rope { .. } | Op::FlashAttnExt { .. } | Op::SetRows),
                 "noncontiguous": true,
