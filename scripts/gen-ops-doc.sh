@@ -2,7 +2,7 @@
 # Regenerates docs/ops.md: which op/type combinations of test-backend-ops run on HSA0 (the plugin
 # on the hsa-sim software NPU) and pass against the CPU backend. `support` mode finds the ops
 # with any supported case (it checks only each case's final node), then `test` mode runs them
-# (checking every node) and its CSV is summarised by scripts/ops_doc.py. Takes about 10 min.
+# (checking every node) and its CSV is summarised by scripts/ops_doc.py. Takes about 15 min.
 #
 # The "IRON emulated" columns (what a real NPU would run) come from docs/ops-emulated.json, the
 # record of the last `--emu` run: the ops the IRON package declares, run again with the IRON
