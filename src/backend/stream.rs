@@ -476,11 +476,10 @@ impl Stream {
         // declines it from then on.
         //
         // Then the norms the projections after them can compute themselves
-        // (`ops::fold_rms_norm`), and the projections the ROPE after them can compute
-        // (`ops::fold_rope`): the originals of each fold are kept, and if one of its kernels is
-        // refused, the whole fold is undone (the norm runs, the projections read its output; the
-        // projection runs, the ROPE reads its product), the rope folds of an undone norm fold's
-        // projections first.
+        // (`ops::fold_rms_norm`), then the folds built on their kernels (`ops::fold_glu`,
+        // `fold_rope`, `fold_ffn`): the originals of each fold are kept, and if one of its
+        // kernels is refused, the whole fold is undone (the norm runs and the projections read
+        // its output, say), the folds made on top of it first.
         let mut folds = Folds::default();
         for at in 0..nodes.len() {
             let Some(fold) = ops::fold_rms_norm(nodes, at, |k| planned(&steps, k)) else {

@@ -84,6 +84,40 @@ pub(super) fn read_later(t: &Tensor, later: &[Node]) -> bool {
     false
 }
 
+/// Whether a node after `from` other than `reader` (and those `counts` leaves out: views,
+/// nodes another kernel computes) reads `t` before a node after `reader` overwrites its memory.
+/// A fold whose kernel runs at `reader` never writes `t`, so no other node may need it.
+fn read_elsewhere(
+    nodes: &[Node],
+    t: &Tensor,
+    from: usize,
+    reader: usize,
+    counts: impl Fn(usize) -> bool,
+) -> bool {
+    for (j, node) in nodes.iter().enumerate().skip(from + 1) {
+        if j != reader && counts(j) && node.src.iter().flatten().any(|s| overlaps(s, t)) {
+            return true;
+        }
+        if j > reader && overlaps(&node.dst, t) {
+            break;
+        }
+    }
+    false
+}
+
+/// Whether a node of `range` that `counts` keeps writes any of `tensors`: a kernel moved past
+/// those nodes would read the new values.
+fn written_in(
+    nodes: &[Node],
+    range: std::ops::Range<usize>,
+    tensors: &[&Tensor],
+    counts: impl Fn(usize) -> bool,
+) -> bool {
+    range
+        .filter(|&j| counts(j))
+        .any(|j| tensors.iter().any(|t| overlaps(&nodes[j].dst, t)))
+}
+
 /// ggml's RMS_NORM → MUL fusion (llama's `attn_norm`, `ffn_norm`): `norm` is an RMS_NORM and
 /// `mul` the node after it, a MUL of the norm's output (input 0) by one f32 weight row repeated
 /// over it; `later` are the graph's nodes after the MUL. One `RMS_NORM_MUL` kernel (x and the
@@ -371,19 +405,12 @@ pub fn fold_glu<'a>(
         return None;
     }
     // Nothing but the GLU reads the products before their memory is reused.
-    for p in [a, b] {
-        for (j, node) in nodes.iter().enumerate().skip(g.min(u) + 1) {
-            if j != at && runs(j) && node.src.iter().flatten().any(|t| overlaps(t, p)) {
-                return None;
-            }
-            if j > at && overlaps(&node.dst, p) {
-                break;
-            }
-        }
-    }
-    let written = (g.min(u) + 1..at)
-        .any(|j| runs(j) && [wg, wu, x, n].iter().any(|t| overlaps(&nodes[j].dst, t)));
-    if written {
+    let first = g.min(u);
+    if [a, b]
+        .iter()
+        .any(|p| read_elsewhere(nodes, p, first, at, runs))
+        || written_in(nodes, first + 1..at, &[wg, wu, x, n], runs)
+    {
         return None;
     }
     let desc = KernelDesc {
@@ -464,20 +491,12 @@ pub fn fold_rope<'a>(
         return None;
     }
     // Nothing but the ROPE (and views, which compute nothing) reads the product.
-    let others = |k: usize| !matches!(planned(k), Planned::Nothing) && k != at;
-    for (j, node) in nodes.iter().enumerate().skip(k + 1) {
-        if others(j) && node.src.iter().flatten().any(|t| overlaps(t, z)) {
-            return None;
-        }
-        if j > at && overlaps(&node.dst, z) {
-            break;
-        }
-    }
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing);
     let inputs = [w, xin, n];
-    let written = (k + 1..at).any(|j| {
-        !matches!(planned(j), Planned::Nothing) && inputs.iter().any(|t| overlaps(&nodes[j].dst, t))
-    });
-    if written || inputs.iter().any(|t| overlaps(out, t)) {
+    if read_elsewhere(nodes, z, k, at, runs)
+        || written_in(nodes, k + 1..at, &inputs, runs)
+        || inputs.iter().any(|t| overlaps(out, t))
+    {
         return None;
     }
     let op = if ff {
@@ -553,17 +572,10 @@ pub fn fold_ffn<'a>(
         return None;
     }
     let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
-    for (j, node) in nodes.iter().enumerate().skip(writer + 1) {
-        if j != at && runs(j) && node.src.iter().flatten().any(|t| overlaps(t, h)) {
-            return None;
-        }
-        if j > at && overlaps(&node.dst, h) {
-            break;
-        }
+    if read_elsewhere(nodes, h, writer, at, runs) {
+        return None;
     }
-    let first_inputs = [wg, wu, x, n];
-    let written =
-        (k + 1..at).any(|j| runs(j) && first_inputs.iter().any(|t| overlaps(&nodes[j].dst, t)));
+    let written = written_in(nodes, k + 1..at, &[wg, wu, x, n], runs);
     let clobbers = [wg, wu, wd, n, h].iter().any(|t| overlaps(out, t))
         || (overlaps(out, x) && !same(out, x))
         || (overlaps(out, r) && !same(out, r));
@@ -680,9 +692,9 @@ pub fn merge_qkv<'a>(
         // What the merged kernel reads, written in between: it would read the new values.
         let mut reads: Vec<&Tensor> = vec![&q_ops[0], &k_ops[0], wv, x, n];
         reads.extend(&q_ops[3..q_ops.len() - 1]);
-        let overwritten = (first..at)
-            .filter(|&j| runs(j) && !members.contains(&j))
-            .any(|j| reads.iter().any(|t| overlaps(&nodes[j].dst, t)));
+        let overwritten = written_in(nodes, first..at, &reads, |j| {
+            runs(j) && !members.contains(&j)
+        });
         // What a member writes, touched between it and the merged kernel: read too early, or
         // written before the member's late write.
         let caches = [&nodes[k_set].dst, &nodes[v_set].dst];
