@@ -240,10 +240,18 @@ impl KernelStore {
                     || dir.join(format!("{name}.hsaco")).is_file()
             })
         };
-        match compilable {
+        let supported = match compilable {
             Err(_) if on_disk() => Ok(()),
             other => other,
+        };
+        // Every kernel a plan was allowed to count on is recorded, not only those it loaded: a
+        // fold is only made where the kernels it would fall back to exist (a fused projection
+        // under a rotation fold, say, or the single node `supports_op` asks about), so a server
+        // with JIT off makes the same plans from the pregenerated set only if they are in it.
+        if let (Ok(()), Some(path)) = (&supported, &self.record) {
+            super::record::record(path, self.arch, desc);
         }
+        supported
     }
 
     /// The kernel for `desc`: from disk, or compiled now.
