@@ -19,12 +19,23 @@ failures=()
 # shellcheck source=lib/apt.sh
 . scripts/lib/apt.sh
 
+# Each step's duration, printed with the summary: what to cut when CI gets slow.
+durations=()
+step_timed() {
+    local name=$1 start=$SECONDS status
+    shift
+    "$@"
+    status=$?
+    durations+=("$(printf '%6d s  %s' $((SECONDS - start)) "$name")")
+    return $status
+}
+
 # A check that counts as one case.
 check() {
     local name=$1
     shift
     log "$name: $*"
-    if "$@"; then
+    if step_timed "$name" "$@"; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1))
@@ -50,9 +61,12 @@ if [ "${1:-}" = "--deps" ]; then
     install_deps
     exit
 fi
-install_deps || { echo "0 passed, 1 failed"; exit 1; }
+step_timed "setup: system packages, cargo components, Python packages" install_deps ||
+    { echo "0 passed, 1 failed"; exit 1; }
 export GGML_HSA_REQUIRE_ROCR=1
-scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops || { echo "0 passed, 1 failed"; exit 1; }
+step_timed "llama.cpp: ggml-base ggml-cpu test-backend-ops" \
+    scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops ||
+    { echo "0 passed, 1 failed"; exit 1; }
 eval "$(scripts/llama-cpp.sh env)"
 # llama.cpp end to end (tests/llama_e2e.rs): the pinned tree built with the backend both ways the
 # README documents (the CMake hook, DL; the integration helper, in-tree static), and the models.
@@ -75,8 +89,10 @@ check "build (workspace)" cargo build --workspace --locked
 
 log "cargo test --workspace --locked --no-fail-fast"
 test_log=$(mktemp)
+test_start=$SECONDS
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$test_log"
 test_status=${PIPESTATUS[0]}
+durations+=("$(printf '%6d s  %s' $((SECONDS - test_start)) "cargo test (per binary: its 'finished in')")")
 read -r t_passed t_failed < <(awk '/^test result:/ {
         for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i }
     } END { print p + 0, f + 0 }' "$test_log")
@@ -150,6 +166,8 @@ release_links_ggml_base() {
 check "release build links libggml-base.so.0" release_links_ggml_base
 
 # --- summary ---------------------------------------------------------------------------------
+echo
+printf '%s\n' "durations:" "${durations[@]}" "$(printf '%6d s  in all' "$SECONDS")"
 echo
 [ ${#failures[@]} -eq 0 ] || printf 'failed: %s\n' "${failures[@]}"
 echo "$passed passed, $failed failed"

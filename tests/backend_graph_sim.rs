@@ -455,6 +455,15 @@ fn q_k_and_v_of_one_norm_run_as_one_kernel_or_apart_when_declined() {
             "rms_norm_mul_mat-f32_64x16-f32_64-f32_64-f16_16-p",
         ],
     );
+    // V's weights of another type than Q's and K's (llama.cpp's Q4_K_M: q6_K V in some layers):
+    // still one kernel, each projection reading its own type.
+    let o = run("normfold-rope-mixed", "normfold-rope-mixed", 1, &[]);
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 1, "{}", o.text);
+    common::assert_kernels_built(
+        &kernel_cache("normfold-rope-mixed"),
+        &["rms_norm_qkv_rope-f32_64x64-f32_64x16-f16_64x16-f32_64-f32_64-i32_1-f32_16x4-f16_16-f16_16-p"],
+    );
     // The rotation declined too (a compiler without the op's shape): the projections and the
     // ROPEs run apart, K's ROPE and V's projection still writing the cache rows.
     let o = run_declining(
@@ -748,7 +757,7 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
     }
     if let Some(rope) = graph.strip_prefix("normfold") {
         // SAFETY: as for this function.
-        return unsafe { compute_norm_fold(reg, rope == "-rope") };
+        return unsafe { compute_norm_fold(reg, rope.starts_with("-rope"), rope == "-rope-mixed") };
     }
     if let Some(source) = graph.strip_prefix("setrows") {
         // SAFETY: as for this function.
@@ -1037,11 +1046,13 @@ unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t, source: &str) {
 /// child), each product is rotated as llama's Q and K are (ROPE in normal mode, heads of 16,
 /// position 7) before it is checked or written into the cache, and a V projection [64 x 16]
 /// of the same normalised x is written unrotated into row 5 of a second f16 cache
-/// (`NORMFOLD vcache <ok|bad>`).
+/// (`NORMFOLD vcache <ok|bad>`). With `v_f16` ("normfold-rope-mixed"), V's weights are f16
+/// while Q's and K's are f32, as llama.cpp's Q4_K_M mixes q4_K and q6_K (the weights are
+/// multiples of 1/8: exact in both types).
 ///
 /// # Safety
 /// `reg` is the plugin's registry.
-unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool) {
+unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool, v_f16: bool) {
     const K: usize = 64;
     const EPS: f32 = 1e-5;
     const HEAD: usize = 16;
@@ -1060,9 +1071,17 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool) {
         };
         let weights: Vec<(usize, *mut sys::ggml_tensor)> = projections
             .iter()
-            .map(|&(rows, _)| {
-                let w = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, K as i64, rows as i64);
-                (rows, w)
+            .enumerate()
+            .map(|(i, &(rows, _))| {
+                let ty = if v_f16 && i == 2 {
+                    sys::GGML_TYPE_F16
+                } else {
+                    sys::GGML_TYPE_F32
+                };
+                (
+                    rows,
+                    sys::ggml_new_tensor_2d(ctx, ty, K as i64, rows as i64),
+                )
             })
             .collect();
         let gf = sys::ggml_new_graph(ctx);
@@ -1110,9 +1129,23 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool) {
         let mut expected = Vec::new();
         for (&(rows, w), &(_, rotated)) in weights.iter().zip(projections) {
             let ws: Vec<f32> = (0..rows * K)
-                .map(|i| ((i % 11) as f32 - 5.0) * 0.1)
+                .map(|i| ((i % 11) as f32 - 5.0) * 0.125)
                 .collect();
-            sys::ggml_backend_tensor_set(w, f32_bytes(&ws).as_ptr().cast(), 0, 4 * ws.len());
+            let bytes: Vec<u8> = if (*w).type_ == sys::GGML_TYPE_F16 {
+                ws.iter()
+                    .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                    .collect()
+            } else {
+                f32_bytes(&ws)
+            };
+            sys::ggml_backend_tensor_set(w, bytes.as_ptr().cast(), 0, bytes.len());
+            // ggml multiplies f16 weights by activations rounded to f16.
+            let y: Vec<f64> = if (*w).type_ == sys::GGML_TYPE_F16 {
+                let f16 = |v: f64| f64::from(half::f16::from_f64(v).to_f32());
+                y.iter().map(|&v| f16(v)).collect()
+            } else {
+                y.clone()
+            };
             let product: Vec<f64> = (0..rows)
                 .map(|r| (0..K).map(|k| f64::from(ws[r * K + k]) * y[k]).sum::<f64>())
                 .collect();

@@ -621,7 +621,8 @@ pub struct QkvMerge {
 /// indices are consecutive, its kernel writing them and that SET_ROWS's node). V is an
 /// `RMS_NORM_MUL_MAT` kernel writing cache rows, K an `RMS_NORM_MUL_MAT_ROPE[_FF]` kernel
 /// writing cache rows and Q one that does not, all three of one x, norm weight and eps, Q and
-/// K with one rotation (parameters, positions, frequency factors) and weights of one type. The
+/// K with one rotation (parameters, positions, frequency factors); each weight of its own type
+/// (llama.cpp's Q4_K_M has q6_K V weights in some layers, q4_K in the others). The
 /// merged kernel runs at the last of them, so only when no node between a member and it reads
 /// what the member writes (its output, the cache) or writes what the merged kernel reads, and
 /// both SET_ROWS come after it.
@@ -677,9 +678,7 @@ pub fn merge_qkv<'a>(
                 .zip(&k_ops[3..k_ops.len() - 1])
                 .all(|(a, b)| same(a, b))
             && q_desc.op_params.get(11).copied() == eps;
-        let one_type = q_desc.inputs[0].dtype == v_desc.inputs[0].dtype
-            && k_desc.inputs[0].dtype == v_desc.inputs[0].dtype;
-        if !one_rotation || !one_type || q_desc.output.dtype != "f32" {
+        if !one_rotation || q_desc.output.dtype != "f32" {
             continue;
         }
         let members = [q, k, v];

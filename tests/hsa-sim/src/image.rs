@@ -281,9 +281,6 @@ impl KernelDesc {
             let [wq, wk, wv, x, n, pos, rest @ ..] = self.inputs.as_slice() else {
                 return inv(format!("{} takes 6 or 7 inputs", self.op));
             };
-            if wk.ty != wq.ty || wv.ty != wq.ty {
-                return inv(format!("{}: Wq, Wk and Wv must have one type", self.op));
-            }
             if self.output.ty != crate::ops::DType::F32 {
                 return Err(DescError::Unsupported(format!(
                     "{}: Q other than f32",
