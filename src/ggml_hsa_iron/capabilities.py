@@ -48,9 +48,14 @@ def capabilities(target: str = "npu") -> dict:
             # (weights, x, dst); n is f32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_COMBOS]
         elif spec.kind == "rms_norm_qkv_rope":
-            # (weights, x, K's and V's type); Wk and Wv have the weights' type, Q is f32, n and
-            # the frequency factors f32, the positions i32.
-            entry["type_combos"] = [list(c) for c in RMS_NORM_QKV_ROPE_COMBOS]
+            # Per projection ("Q", "K", "V") its (weights, x, output) triples, each projection's
+            # independent of the others' (the weights may mix types); n and the frequency
+            # factors f32, the positions i32. One list of triples cannot say that (it would
+            # claim one weight type, or accept an f16 Q): another field, so that a reader of
+            # `type_combos` does not take these for triples of the whole request.
+            entry["group_type_combos"] = {
+                g: [list(c) for c in combos] for g, combos in RMS_NORM_QKV_ROPE_COMBOS.items()
+            }
         elif spec.kind == "rms_norm_mul_mat_rope":
             # (weights, x, dst); n and the frequency factors f32, the positions i32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_ROPE_COMBOS]

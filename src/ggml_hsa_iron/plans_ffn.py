@@ -204,9 +204,13 @@ def prepare_rms_norm_ffn(req: Request) -> FfnSpec:
     wg, wu, wd, x, n, r = req.inputs
     out, (h,) = req.output, req.extra_outputs
     if wd.dtype != wg.dtype:
+        # Not only the one core object: both phases' tiles go through the cores' one W fifo,
+        # whose objects have one size, and no shared shape gives tiles of two types one size
+        # (README, "Not done").
         raise UnsupportedError(
-            f"{op}: the down weights are {wd.dtype}, the gate and up weights {wg.dtype}: the "
-            f"program links one GEMV core source (one weight type); the backend runs "
+            f"{op}: the down weights are {wd.dtype}, the gate and up weights {wg.dtype}: both "
+            f"phases' weight tiles go through the cores' one W fifo (objects of one size) and "
+            f"one GEMV core object decodes them (one weight type); the backend runs "
             f"RMS_NORM_MUL_MAT_{op[len(PREFIX) :]} and MUL_MAT_ADD instead"
         )
     for what, t in (("x", x), ("n", n), ("r", r), ("out", out), ("h", h)):

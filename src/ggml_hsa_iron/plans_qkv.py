@@ -1,8 +1,10 @@
 """RMS_NORM_QKV_ROPE and RMS_NORM_QKV_ROPE_FF: llama's Q, K and V projections of one normalised x
 in one dispatch (three outputs), the array's columns partitioned between three GEMVs.
 
-Inputs Wq [K, Mq], Wk [K, Mk], Wv [K, Mv] (one weight type), x f32 [K, N] (the norm's input),
-n f32 [K], the i32 positions [>= N] and for _FF the f32 frequency factors [>= n_dims / 2];
+Inputs Wq [K, Mq], Wk [K, Mk], Wv [K, Mv] (one K; each of any type its group's op takes, so
+that llama.cpp's Q4_K_M layers of q4_K Wq, Wk and q6_K Wv are one dispatch too), x f32 [K, N]
+(the norm's input), n f32 [K], the i32 positions [>= N] and for _FF the f32 frequency factors
+[>= n_dims / 2];
 outputs Q f32 [D, Hq, N] (`output`), then K [D, Hk, N] and V [Mv, N], each f32 or f16 (the
 request's `extra_outputs`), dense. op_params: RMS_NORM_MUL_MAT_ROPE's 12 words (0..10 the ROPE's,
 11 eps). Q = rope(Wq . y), K = rope(Wk . y), V = Wv . y with y = x / sqrt(mean(x^2) + eps) * n
@@ -18,9 +20,13 @@ its values are bit for bit that op's when both plans chunk K alike. Every column
 shim tile as a lone GEMV's column does; the three groups' DMA task groups are issued together,
 so that the weights stream through every column at once.
 
-Each group links its own core object (its own defines: rows, K chunk, output type, epilogue):
-`QkvGroup.core`, the GEMV source with its extern "C" functions renamed with the group's suffix
-(`_q`, `_k`, `_v`), so that the design's Kernels name distinct functions.
+Each group links its own core object (its own defines: weight type, rows, K chunk, output type,
+epilogue): `QkvGroup.core`, the GEMV source of the group's weight type (mv.cc or mvq.cc) with its
+extern "C" functions renamed with the group's suffix (`_q`, `_k`, `_v`), so that the design's
+Kernels name distinct functions. A group's fifos, DMA taps and runtime-sequence argument are its
+own GEMV's too, so the three weight types need not agree: nothing of one group is sized or laid
+out by another's weights. What they share is x and n (each column's shim sends them in its own
+group's K chunks), hence the one K.
 """
 
 from dataclasses import dataclass
@@ -133,15 +139,12 @@ class QkvSpec:
 
 
 def _operand_checks(req: Request):
-    """Shapes and types beyond the groups' own checks: one weight type and K, x f32 [K, N], n,
-    Q f32 and the outputs' types and layouts, V's shape."""
+    """Shapes and types beyond the groups' own checks: one K, x f32 [K, N], n, Q f32 and the
+    outputs' types and layouts, V's shape. The weights' types are each group's: its op takes
+    or refuses its projection's weights (`_group_spec`)."""
     wq, wk, wv, x, n = req.inputs[:5]
     q, k, v = req.outputs
     op = req.op
-    if not wq.dtype == wk.dtype == wv.dtype:
-        raise UnsupportedError(
-            f"{op}: Wq, Wk and Wv must have one type, not {wq.dtype}, {wk.dtype}, {wv.dtype}"
-        )
     K = wq.ne[0]
     if any(t.ne[0] != K for t in (wk, wv, x, n)):
         raise RequestError(

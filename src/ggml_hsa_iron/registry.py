@@ -15,7 +15,7 @@ vector units, f32 is emulated. Type rules beyond the per-op list:
   RMS_NORM_MUL_MAT: `RMS_NORM_MUL_MAT_COMBOS`, RMS_NORM_MUL_MAT_<glu>:
   `RMS_NORM_MUL_MAT_GLU_COMBOS` (n is f32); RMS_NORM_MUL_MAT_ROPE(_FF): RMS_NORM_MUL_MAT's
   combos (n and the frequency factors f32, the positions i32); RMS_NORM_QKV_ROPE(_FF):
-  `RMS_NORM_QKV_ROPE_COMBOS` (Q f32).
+  `RMS_NORM_QKV_ROPE_COMBOS`, per projection (Q, K, V) and independent of the others'.
 """
 
 from dataclasses import dataclass
@@ -135,7 +135,8 @@ _NORM_MM_ROPE_LIMITS = (
 
 _NORM_QKV_LIMITS = (
     "llama's Q, K and V projections of one normalised x in one kernel of three outputs: inputs "
-    "Wq [K,Mq], Wk [K,Mk], Wv [K,Mv] (one type, RMS_NORM_MUL_MAT's weights), x (f32 [K,N] "
+    "Wq [K,Mq], Wk [K,Mk], Wv [K,Mv] (one K; each of RMS_NORM_MUL_MAT's weight types, the three "
+    "independently: see group_type_combos), x (f32 [K,N] "
     "dense, the norm's input), n (f32 [K]), positions (i32, at least N), "
     "RMS_NORM_QKV_ROPE_FF: frequency factors (f32, at least n_dims/2); op_params as "
     "RMS_NORM_MUL_MAT_ROPE's (0..10 ROPE's, 11 eps); outputs Q f32 [D,Hq,N] (output), K f32 or "
@@ -494,9 +495,17 @@ RMS_NORM_MUL_MAT_ROPE_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_MUL_MA
 # the first type): MUL_MAT's with f32 x and dst (the GLU is computed in f32).
 RMS_NORM_MUL_MAT_GLU_COMBOS: tuple[tuple[str, str, str], ...] = MUL_MAT_ADD_COMBOS
 
-# (weights, x, K's and V's type) triples of RMS_NORM_QKV_ROPE(_FF) (Q f32; n and the frequency
-# factors f32, the positions i32): RMS_NORM_MUL_MAT's (K and V written into the f16 KV cache).
-RMS_NORM_QKV_ROPE_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_MUL_MAT_COMBOS
+# RMS_NORM_QKV_ROPE(_FF) per projection: the (its weights, x, its output) type triples of the op
+# computing it alone, whose GEMV its group of columns runs (plans_qkv): Q RMS_NORM_MUL_MAT_ROPE's
+# with an f32 output, K RMS_NORM_MUL_MAT_ROPE's, V RMS_NORM_MUL_MAT's (K and V written into the
+# f16 KV cache); n and the frequency factors f32, the positions i32. Each projection's triple is
+# independent of the others' (every group has its own fifos, taps and core object), so a request
+# may mix weight types (llama.cpp's Q4_K_M: q4_K Wq and Wk, q6_K Wv); they share x, hence K.
+RMS_NORM_QKV_ROPE_COMBOS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "Q": tuple(c for c in RMS_NORM_MUL_MAT_ROPE_COMBOS if c[2] == "f32"),
+    "K": RMS_NORM_MUL_MAT_ROPE_COMBOS,
+    "V": RMS_NORM_MUL_MAT_COMBOS,
+}
 
 # (weights, x, outputs) type triples of RMS_NORM_FFN_<glu> (W_g, W_u and W_d of the first type;
 # n and r f32; out and h f32): RMS_NORM_MUL_MAT_<glu>'s, which are MUL_MAT_ADD's.

@@ -90,7 +90,9 @@ projections of one normalised x, three outputs; plans_qkv): the array's columns 
 between three GEMVs, each exactly the GEMV of the op computing its projection alone
 (RMS_NORM_MUL_MAT_ROPE(_FF) for Q and K, RMS_NORM_MUL_MAT for V) on its group of columns
 (`_gemv_group`: its W split over each column's cores, its x fifo per column, its y joined, its
-epilogue), linking its own core object (its Kernels' names end in _q, _k, _v). Every column's
+epilogue), linking its own core object (its Kernels' names end in _q, _k, _v). Every fifo,
+Kernel and tap of a group is typed by its own spec, so the three weight types may differ
+(llama.cpp's Q4_K_M: q4_K Wq and Wk, q6_K Wv). Every column's
 shim fills n (and for Q and K the rotation's constants) ahead of x as a lone GEMV's does; task
 group i of the runtime sequence holds task group i of every group's GEMV, so that the three
 weight matrices stream through all the columns at once.

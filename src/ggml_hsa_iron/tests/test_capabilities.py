@@ -83,6 +83,18 @@ REDUCTIONS = ["COUNT_EQUAL", "CROSS_ENTROPY_LOSS"]
 WITH_F16 = GLU + ROPE + COPIES + ["SET_ROWS"]
 
 
+def qkv_request(op: str, q, k, v, arch: str = "aie2p") -> str:
+    """RMS_NORM_QKV_ROPE(_FF) of K = 256, heads of 16 (4 for Q, 2 for K), one token, each
+    projection's (weights, x, output) types `q`, `k`, `v` (x: q's)."""
+    ins = [tensor(c[0], [256, m]) for c, m in zip((q, k, v), (64, 32, 32))]
+    ins += [tensor(q[1], [256, 1]), tensor("f32", [256]), tensor("i32", [1])]
+    if op.endswith("_FF"):
+        ins.append(tensor("f32", [8]))
+    params = [0, 16, 0, 0, 0, 0x461C4000, 0x3F800000, 0, 0x3F800000, 0, 0, 0x3727C5AC]
+    outs = [tensor(q[2], [16, 4, 1]), tensor(k[2], [16, 2, 1]), tensor(v[2], [32, 1])]
+    return request_json(op, ins, outs[0], arch=arch, op_params=params, extra_outputs=outs[1:])
+
+
 def defined_functions(source: str) -> set[str]:
     tree = ast.parse((PACKAGE / "designs" / source).read_text())
     return {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
@@ -233,7 +245,17 @@ class CapabilitiesTest(unittest.TestCase):
             got = (o["inputs"], o["outputs"], o["broadcast"], o["noncontiguous"])
             self.assertEqual(got, (n, 3, True, True), op)
             self.assertEqual(o["kernel_source"], "mul_mat.py")
-            self.assertEqual(o["type_combos"], ops["RMS_NORM_MUL_MAT"]["type_combos"], op)
+            # Per projection its (weights, x, output) triples, independent of the others': Q
+            # RMS_NORM_MUL_MAT_ROPE's of an f32 output, K RMS_NORM_MUL_MAT_ROPE's, V
+            # RMS_NORM_MUL_MAT's; no `type_combos`, whose triples would be the request's.
+            rope = ops["RMS_NORM_MUL_MAT_ROPE"]["type_combos"]
+            want = {
+                "Q": [c for c in rope if c[2] == "f32"],
+                "K": rope,
+                "V": ops["RMS_NORM_MUL_MAT"]["type_combos"],
+            }
+            self.assertEqual(o["group_type_combos"], want, op)
+            self.assertNotIn("type_combos", o, op)
             self.assertEqual(o["types"], ops["RMS_NORM_MUL_MAT_ROPE"]["types"], op)
         self.assertEqual({s.params for s in registry.OPS if s.kind == "rms_norm_qkv_rope"}, {12})
         self.assertEqual(
@@ -388,27 +410,18 @@ class CapabilitiesTest(unittest.TestCase):
                                 op_params=params + [0, 0, 0x3727C5AC],
                             )
                         elif spec.kind == "rms_norm_qkv_rope":
-                            # The three weights of the type (i32: the positions', covered by
-                            # the others); x, n, the factors and Q f32, K and V of the combo's
-                            # output type.
+                            # Each projection the first of its combos with the type (i32: the
+                            # positions', covered by the others), else its first: x, n and the
+                            # factors f32 (test_qkv_projections_take_their_combos_freely tries
+                            # every combo of each projection).
                             if dtype == "i32":
                                 continue
-                            combos = registry.RMS_NORM_QKV_ROPE_COMBOS
-                            s0, s1, d = [c for c in combos if dtype in c][0]
-                            ins = [tensor(s0, [256, m]) for m in (64, 32, 32)]
-                            ins += [tensor(s1, [256, 1]), tensor("f32", [256])]
-                            ins.append(tensor("i32", [1]))
-                            if spec.op.endswith("_FF"):
-                                ins.append(tensor("f32", [8]))
-                            params = [0, 16, 0, 0, 0, 0x461C4000, 0x3F800000, 0, 0x3F800000]
-                            req = request_json(
-                                spec.op,
-                                ins,
-                                tensor("f32", [16, 4, 1]),
-                                arch=arch,
-                                op_params=params + [0, 0, 0x3727C5AC],
-                                extra_outputs=[tensor(d, [16, 2, 1]), tensor(d, [32, 1])],
-                            )
+                            per = registry.RMS_NORM_QKV_ROPE_COMBOS
+                            combos = [
+                                next((c for c in per[g] if dtype in c), per[g][0]) for g in "QKV"
+                            ]
+                            self.assertIn(dtype, {t for c in combos for t in c})
+                            req = qkv_request(spec.op, *combos, arch=arch)
                         elif spec.kind == "rms_norm_ffn":
                             # The three weights of the type; x, n, r, out and h f32. K and F
                             # multiples of 512: q6_K's K chunks of whole words.
@@ -468,6 +481,33 @@ class CapabilitiesTest(unittest.TestCase):
                             t = tensor(dtype, [1024])
                             req = request_json(spec.op, [t] * spec.inputs, t, arch=arch)
                         prepare(parse_request(req))
+
+    def test_qkv_projections_take_their_combos_freely(self):
+        # RMS_NORM_QKV_ROPE(_FF)'s group_type_combos: every triple of a projection plans with
+        # the other projections' triples taken in turn from theirs (weights of up to three
+        # types, outputs f32 and f16), on both architectures; triples outside a projection's
+        # list are refused.
+        ops = {o["op"]: o for o in capabilities()["ops"]}
+        for op in NORM_QKV:
+            per = {g: [tuple(c) for c in cs] for g, cs in ops[op]["group_type_combos"].items()}
+            for arch in ("aie2", "aie2p"):
+                for g in "QKV":
+                    for i, combo in enumerate(per[g]):
+                        combos = [combo if h == g else per[h][i % len(per[h])] for h in "QKV"]
+                        with self.subTest(op=op, arch=arch, combos=combos):
+                            prepare(parse_request(qkv_request(op, *combos, arch=arch)))
+            mixed = [("q4_K", "f32", "f32"), ("q4_K", "f32", "f16"), ("q6_K", "f32", "f16")]
+            self.assertTrue(all(c in per[g] for c, g in zip(mixed, "QKV")))
+            for combos in (
+                [("f32", "f32", "f16"), *mixed[1:]],  # Q is f32
+                [mixed[0], ("q4_K", "f32", "bf16"), mixed[2]],
+                [("q4_K", "f16", "f32"), *mixed[1:]],  # x (one for the three) is f32
+                [*mixed[:2], ("i8", "f32", "f16")],
+            ):
+                with self.subTest(op=op, refused=combos):
+                    self.assertFalse(all(c in per[g] for c, g in zip(combos, "QKV")))
+                    with self.assertRaises(UnsupportedError):
+                        prepare(parse_request(qkv_request(op, *combos)))
 
     def test_undeclared_combinations_are_refused_as_unsupported(self):
         t16 = tensor("f16", [64])

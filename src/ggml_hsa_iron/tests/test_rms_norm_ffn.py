@@ -198,9 +198,12 @@ class FfnPlanTest(unittest.TestCase):
 
     def test_refusals(self):
         refused = [
-            # The down weights of another type (llama.cpp's Q4_K_M mixes q4_K and q6_K): one
-            # GEMV core source per program.
+            # The down weights of another type (llama.cpp's Q4_K_M mixes q4_K and q6_K; q4_0
+            # with q8_0): both phases' tiles go through one W fifo of one object size, decoded
+            # by one GEMV core object.
             ("SWIGLU", "q4_K", 1, 2048, 8192, {"wd_type": "q6_K"}),
+            ("SWIGLU", "q4_K", 1, 2048, 8192, {"wd_type": "q6_K", "arch": "aie2"}),
+            ("GEGLU", "q4_0", 1, 2048, 8192, {"wd_type": "q8_0", "arch": "aie2"}),
             ("SWIGLU", "f32", 1, 64, 96, {"wd_type": "bf16"}),
             # Dense N that MUL_MAT's GEMM takes: no norm prologue, no r epilogue there.
             ("SWIGLU", "f32", 8, 64, 96, {}),
@@ -232,6 +235,8 @@ class FfnPlanTest(unittest.TestCase):
                 with self.assertRaises(UnsupportedError) as e:
                     ffn_spec(glu, ty, N, K, F, **kw)
                 self.assertIn(f"RMS_NORM_FFN_{glu}", str(e.exception))
+                if "wd_type" in kw:
+                    self.assertIn(f"down weights are {kw['wd_type']}", str(e.exception))
         # Malformed: W_g and W_u differ; h or out of the wrong shape.
         bad = json.loads(ffn_request("SWIGLU", "f32", 1, 64, 96))
         bad["inputs"][1] = request_dict("ADD", [], tensor("f32", [64, 48]))["output"]

@@ -7,10 +7,12 @@ in one dispatch of three outputs, the array's columns partitioned between three 
   planned over its columns (the same plan and defines), its own core object with its functions
   renamed; the runtime sequence's arguments (the request's operands in dispatch order); the
   shim tasks of every column within the descriptors and channels; the memory tiles; the
-  refusals (GEMM-sized N, the outputs' types and shapes, one weight type and K, whatever the
-  groups' ops refuse);
+  refusals (GEMM-sized N, the outputs' types and shapes, one K, whatever the groups' ops refuse,
+  a weight type included); weights of different types (llama.cpp's Q4_K_M: q4_K Wq and Wk, q6_K
+  Wv), each group planned, typed and linked as its op alone;
 * Llama-sized shapes recorded against the emulation's stand-in (its DMA and memory checks, the
-  three groups' Workers and Kernels on their columns);
+  three groups' Workers and Kernels on their columns, each group's W fifos of its own weights'
+  tiles);
 * end to end: the design compiled for `--target emu` (three core objects linked into one
   library) and run on real data (tests/util_emu.py, every output written by the program's
   drains) against numpy (util_norm's RMS_NORM_MUL_MAT reference, ggml's ROPE for Q and K, f16
@@ -18,7 +20,9 @@ in one dispatch of three outputs, the array's columns partitioned between three 
   D = 64, one token) on aie2p and aie2, f32, q4_0 and q8_0 weights, K and V in f16 and in f32,
   mode 0 with and without the frequency factors, mode 2, and a small odd shape; each output bit
   for bit the separate RMS_NORM_MUL_MAT_ROPE (Q, K) and RMS_NORM_MUL_MAT (V) designs' when
-  their plans chunk K alike.
+  their plans chunk K alike; mixed weights (q4_K, q4_K, q6_K and q4_0, q4_0, q8_0 at Llama's
+  shapes on aie2p and aie2, f32, q8_0, q4_0 on a small shape) against numpy and bit for bit the
+  separate designs.
 """
 
 import sys
@@ -33,6 +37,7 @@ import unittest
 from unittest import mock
 
 from ggml_hsa_iron.archs import ARCHS
+from ggml_hsa_iron.dtypes import DTYPES
 from ggml_hsa_iron.errors import RequestError, UnsupportedError
 from ggml_hsa_iron.plans import (
     core_sources,
@@ -73,12 +78,19 @@ OP = "RMS_NORM_QKV_ROPE"
 LLAMA = dict(K=2048, D=64, Hq=32, Hk=8)  # Llama-3.2-1B: Mq = 2048, Mk = Mv = 512
 
 
+def weight_types(ty) -> tuple[str, str, str]:
+    """Wq's, Wk's and Wv's types: `ty` one type for the three, or a triple of them (llama.cpp's
+    Q4_K_M mixes q4_K and q6_K)."""
+    return (ty,) * 3 if isinstance(ty, str) else tuple(ty)
+
+
 def qkv_tensors(ty, K, D, Hq, Hk, T=1, ff=False, kty="f16", vty="f16", n_dims=None, P=None):
-    """(inputs, outputs): Wq [K, D*Hq], Wk and Wv [K, D*Hk] of type ty, x [K, T], n [K], the
-    positions [P] (T by default), (ff) the factors [n_dims/2]; Q f32 [D, Hq, T], K of kty
-    [D, Hk, T], V of vty [D*Hk, T]."""
+    """(inputs, outputs): Wq [K, D*Hq], Wk and Wv [K, D*Hk] of type ty (one type, or Wq's, Wk's
+    and Wv's: weight_types), x [K, T], n [K], the positions [P] (T by default), (ff) the factors
+    [n_dims/2]; Q f32 [D, Hq, T], K of kty [D, Hk, T], V of vty [D*Hk, T]."""
     n_dims = n_dims or D
-    ins = [tensor(ty, [K, D * Hq]), tensor(ty, [K, D * Hk]), tensor(ty, [K, D * Hk])]
+    tq, tk, tv = weight_types(ty)
+    ins = [tensor(tq, [K, D * Hq]), tensor(tk, [K, D * Hk]), tensor(tv, [K, D * Hk])]
     ins += [tensor("f32", [K, T]), tensor("f32", [K]), tensor("i32", [P or T])]
     ins += [tensor("f32", [n_dims // 2])] if ff else []
     outs = [tensor("f32", [D, Hq, T]), tensor(kty, [D, Hk, T]), tensor(vty, [D * Hk, T])]
@@ -137,6 +149,13 @@ class QkvPlanTest(unittest.TestCase):
             ("q4_0", "f16", "f16", True, 0, "aie2p"),
             ("f32", "f32", "f16", False, 2, "aie2"),
             ("q8_0", "f16", "f32", False, 0, "aie2p"),
+            # Mixed weights: llama.cpp's Q4_K_M (q6_K Wv), Q4_0 with a q8_0 Wv, and groups of
+            # both sources (mv.cc for f32 and bf16, mvq.cc for f16 and the blocks).
+            (("q4_K", "q4_K", "q6_K"), "f16", "f16", True, 0, "aie2p"),
+            (("q4_K", "q4_K", "q6_K"), "f16", "f16", False, 2, "aie2"),
+            (("q4_0", "q4_0", "q8_0"), "f16", "f32", True, 0, "aie2"),
+            (("f32", "f16", "q8_0"), "f32", "f16", False, 0, "aie2p"),
+            (("q6_K", "bf16", "q4_K"), "f16", "f32", True, 0, "aie2"),
         ):
             with self.subTest(ty=ty, kty=kty, vty=vty, ff=ff, mode=mode, arch=arch):
                 text = qkv_request(ty, **LLAMA, mode=mode, ff=ff, arch=arch, kty=kty, vty=vty)
@@ -154,9 +173,13 @@ class QkvPlanTest(unittest.TestCase):
                         self.assertEqual(g.spec.plan.rope.head, 64)
                     self.assertEqual(g.spec.plan, over.plan)
                     self.assertEqual((g.spec.src0, g.spec.dst.dtype), (alone.src0, alone.dst.dtype))
-                    # The object: the op's source and defines, every function renamed.
-                    core, fn = g.core, "ggml_mvq" if ty != "f32" else "ggml_mv"
+                    self.assertEqual(g.spec.src0.dtype, weight_types(ty)["qkv".index(g.name)])
+                    # The object: the op's source and defines (its weight type's), every
+                    # function renamed.
+                    core = g.core
+                    fn = "ggml_mvq" if g.spec.src0.dtype not in ("f32", "bf16") else "ggml_mv"
                     self.assertEqual(core.source, alone.core.source)
+                    self.assertEqual(core.source, "mvq.cc" if fn == "ggml_mvq" else "mv.cc")
                     renamed = {f"{fn}{f}": f"{fn}{f}_{g.name}" for f in GEMV_FUNCTIONS}
                     self.assertEqual(core.defines, {**over.core.defines, **renamed})
                     self.assertTrue(core.object_name.endswith(f"_{g.name}.o"))
@@ -174,16 +197,29 @@ class QkvPlanTest(unittest.TestCase):
             self.assertEqual(spec.sequence, want)
             q = spec.groups[0].spec.sequence  # W, x, n, positions, (factors,) Q: the same
             self.assertEqual(spec.sequence[3:-3], q[1:-1])
+        # Mixed weights: each its own type's bytes (q4_K: 144 per 256 values, q6_K: 210).
+        spec = qkv_spec(("q4_K", "q4_K", "q6_K"), **LLAMA, kty="f16", vty="f16")
+        wq, wk, wv = 2048 * 2048 // 256 * 144, 512 * 2048 // 256 * 144, 512 * 2048 // 256 * 210
+        self.assertEqual(spec.sequence[:3], [("i8", wq), ("i8", wk), ("i8", wv)])
+        spec = qkv_spec(("f32", "bf16", "q8_0"), **LLAMA, kty="f32", vty="f16")
+        want = [("f32", 2048 * 2048), ("bf16", 512 * 2048), ("i8", 512 * 2048 // 32 * 34)]
+        self.assertEqual(spec.sequence[:3], want)
+        self.assertEqual(spec.sequence[-3:], [("f32", 2048), ("f32", 512), ("f16", 512)])
 
     def test_shim_tasks_and_memory_tiles(self):
         for arch in ("aie2", "aie2p"):
-            for ty, T, ff in (("q4_K", 3, True), ("f32", 1, False)):
+            for ty, T, ff in (
+                ("q4_K", 3, True),
+                ("f32", 1, False),
+                (("q4_K", "q4_K", "q6_K"), 2, True),
+                (("q4_0", "q4_0", "q8_0"), 1, False),
+            ):
                 with self.subTest(arch=arch, ty=ty, T=T):
                     spec = qkv_spec(ty, **LLAMA, T=T, ff=ff, arch=arch)
                     a = spec.arch
                     for g, tasks in zip(spec.groups, spec.tasks()):
                         p = g.spec.plan
-                        unit = 1 if g.spec.weight_bytes else 4
+                        unit = 1 if g.spec.weight_bytes else DTYPES[g.spec.src0.dtype].size
                         mem = gemv_memtile_bytes(p, unit, g.spec.dst.size)
                         self.assertLessEqual(mem, a.memtile_bytes)
                         consts = len(p.rope_taps()) if g.spec.rope else 0
@@ -212,9 +248,7 @@ class QkvPlanTest(unittest.TestCase):
         refused(U, "strided", "f32", 256, 16, 4, 2, outputs=[outs[0], strided, outs[2]])
         refused(R, "V \\[16, 2, 1, 1\\] is not", "f32", 256, 16, 4, 2, outputs=[*outs[:2], outs[1]])
         refused(U, "D \\* H = M", "f32", 256, 16, 4, 2, outputs=[tensor("f32", [16, 3]), *outs[1:]])
-        # One weight type, one K.
-        mixed = [ins[0], tensor("q4_0", [256, 32]), *ins[2:]]
-        refused(U, "one type", "f32", 256, 16, 4, 2, inputs=mixed)
+        # One K (the weights' types are each group's: below).
         refused(
             R, "one K", "f32", 256, 16, 4, 2, inputs=[ins[0], tensor("f32", [128, 32])] + ins[2:]
         )
@@ -231,9 +265,18 @@ class QkvPlanTest(unittest.TestCase):
             refused(U, "do not go round", "f32", 256, 16, 4, 2, arch="aie2")
         # op_params past eps.
         refused(U, "op_params", "f32", 256, 16, 4, 2, params=rope_params(16, 0) + [1])
+        # A weight type one group's op refuses for its projection, the others' planning: V's
+        # 9 rows of 210-byte q6_K rows (K = 256) are no whole words over any of its cores,
+        # where K's 9 rows of q4_K (144 bytes) are.
+        tys = ("q4_K", "q4_K", "q6_K")
+        odd = dict(n_dims=2, kty="f32", vty="f32")
+        refused(U, "V over 3 column\\(s\\): .*q6_K", tys, 256, 3, 4, 3, **odd)
+        self.assertIsNotNone(qkv_spec(("q4_K",) * 3, 256, 3, 4, 3, **odd))
         # What is compiled: a few tokens below the GEMM's rows, K and V in f32, odd heads.
         self.assertIsNotNone(qkv_spec("f32", 256, 16, 4, 2, 3, kty="f32", vty="f32"))
         self.assertIsNotNone(qkv_spec("f32", 48, 6, 5, 3, 2, 2, n_dims=4, vty="f32"))
+        # ... and weights of three types (no "one type" refusal any more).
+        self.assertIsNotNone(qkv_spec(("f32", "q4_0", "bf16"), 256, 16, 4, 2, kty="f32"))
 
 
 class QkvRecordTest(unittest.TestCase):
@@ -250,6 +293,12 @@ class QkvRecordTest(unittest.TestCase):
             ("q4_K", 2048, 64, 32, 8, 3, 0, True, "f16", "f32"),
             ("q8_0", 4096, 128, 32, 8, 1, 0, True, "f16", "f16"),  # Llama-3-8B-sized
             ("q4_0", 3072, 128, 24, 8, 2, 0, True, "f16", "f16"),  # Llama-3.2-3B-sized
+            # Mixed weights: llama.cpp's Q4_K_M layers (q6_K Wv), Q4_0 with a q8_0 Wv, and
+            # the float GEMV's groups beside the decoding GEMV's.
+            (("q4_K", "q4_K", "q6_K"), 2048, 64, 32, 8, 1, 0, True, "f16", "f16"),
+            (("q4_K", "q4_K", "q6_K"), 4096, 128, 32, 8, 2, 0, True, "f16", "f16"),
+            (("q4_0", "q4_0", "q8_0"), 2048, 64, 32, 8, 1, 0, False, "f16", "f32"),
+            (("bf16", "q6_K", "f32"), 2048, 64, 32, 8, 1, 0, True, "f32", "f16"),
         ]
         for arch in ("aie2", "aie2p"):
             for ty, K, D, Hq, Hk, T, mode, ff, kty, vty in cases:
@@ -264,6 +313,16 @@ class QkvRecordTest(unittest.TestCase):
                     for k in rec.kernels:
                         g = k.bin_name.removesuffix(".o")[-1]
                         self.assertTrue(k.name.endswith(f"_{g}"), k.name)
+                    # Each group's W fifos carry its own weights' tiles: R rows of nr rows of
+                    # a K chunk, in its type's bytes (weights of three types: three sizes).
+                    fifos = {f.name: f.obj for f in rec.fifos}
+                    for g in spec.groups:
+                        p, w = g.spec.plan, g.spec.src0
+                        unit = 1 if g.spec.weight_bytes else DTYPES[w.dtype].size
+                        want = p.rows * p.rows_per_tile * p.w_units(p.k_chunk) * unit
+                        for col in range(g.col0, g.col0 + p.columns):
+                            self.assertEqual(fifos[f"W_c{col}"].bytes, want, (g.name, col))
+                            self.assertEqual(fifos[f"W_c{col}"].elem_bytes, unit, (g.name, col))
 
 
 @unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
@@ -310,15 +369,16 @@ class QkvEmulationTest(unittest.TestCase):
         text = qkv_request(ty, K, D, Hq, Hk, T, mode, ff, arch, kty, vty, P=T + 2, **kw)
         spec = prepare(parse_request(text))
         nrng, rng = np.random.default_rng(seed), random.Random(seed)
-        ws = [norm_weights(ty, D * H, K, nrng, rng) for H in (Hq, Hk, Hk)]
+        types = weight_types(ty)
+        ws = [norm_weights(t, D * H, K, nrng, rng) for t, H in zip(types, (Hq, Hk, Hk))]
         x, n = norm_inputs(nrng, T, K)
         pos = nrng.integers(0, 4096, T + 2).astype(np.int32)  # the last two are not read
         ffv = np.array(llama3_ff(n_dims), np.float32) if ff else None
         ins = [b for b, _ in ws] + [x.tobytes(), n.tobytes(), pos.tobytes()]
         ins += [ffv.tobytes()] if ff else []
         outs = run_request_outputs(text, ins)
-        for g, (_, w), out, dt in zip(spec.groups, ws, outs, ("f32", kty, vty)):
-            y, err = norm_reference(ty, x, n, w)
+        for g, t, (_, w), out, dt in zip(spec.groups, types, ws, outs, ("f32", kty, vty)):
+            y, err = norm_reference(t, x, n, w)
             if g.spec.rope is not None:
                 y, err = rope_reference(
                     y, err, pos, ffv, n_dims, mode == 2, g.spec.rope.constants, D
@@ -331,7 +391,7 @@ class QkvEmulationTest(unittest.TestCase):
             if bad.any():
                 i = tuple(np.argwhere(bad)[0])
                 self.fail(
-                    f"{g.name.upper()} of {ty} K={K} D={D} mode={mode} ff={ff} {arch}: "
+                    f"{g.name.upper()} of {t} ({types}) K={K} D={D} mode={mode} ff={ff} {arch}: "
                     f"{int(bad.sum())} of {got.size} wrong, first at {i}: {got[i]} vs {y[i]} "
                     f"(tolerance {err[i]})"
                 )
@@ -377,6 +437,31 @@ class QkvEmulationTest(unittest.TestCase):
         # round.
         self.run_case("f32", 30, 6, 5, 3, 2, 2, True, "aie2", "f16", "f32", seed=9, n_dims=4)
         self.run_case("q4_0", 64, 6, 7, 3, 1, 0, False, "aie2p", "f32", "f16", seed=8, n_dims=4)
+
+    def test_mixed_weight_types(self):
+        # Llama-3.2-1B's shapes with llama.cpp's Q4_K_M layers (q4_K Wq and Wk, q6_K Wv) and
+        # Q4_0 with a q8_0 Wv, aie2p and aie2: against numpy, and each output bit for bit the
+        # design of its op alone over the group's columns (its weight type's object; over the
+        # whole array too where that plan chunks K alike).
+        cases = [
+            (("q4_K", "q4_K", "q6_K"), 0, True, "f16", "f16", "aie2p"),
+            (("q4_K", "q4_K", "q6_K"), 2, False, "f16", "f32", "aie2"),
+            (("q4_0", "q4_0", "q8_0"), 0, True, "f16", "f16", "aie2"),
+            (("q4_0", "q4_0", "q8_0"), 0, False, "f32", "f16", "aie2p"),
+        ]
+        for i, (ty, mode, ff, kty, vty, arch) in enumerate(cases):
+            with self.subTest(ty=ty, mode=mode, ff=ff, kty=kty, vty=vty, arch=arch):
+                text, ins, outs = self.run_case(
+                    ty, 2048, 64, 32, 8, 1, mode, ff, arch, kty, vty, seed=20 + i
+                )
+                self.check_singles(text, ins, outs)
+        # A small odd shape whose groups link both sources (mv.cc for Wq, mvq.cc for Wk, Wv)
+        # into one library: two tokens, heads of 6 rows, shifted last rounds.
+        ty = ("f32", "q8_0", "q4_0")
+        text, ins, outs = self.run_case(
+            ty, 64, 6, 7, 3, 2, 0, True, "aie2p", "f16", "f32", seed=29, n_dims=4
+        )
+        self.assertEqual(self.check_singles(text, ins, outs), 3)
 
     def test_bit_for_bit_the_separate_designs(self):
         # Llama-3.2-1B on aie2: Q's group plans as RMS_NORM_MUL_MAT_ROPE's whole-array design
