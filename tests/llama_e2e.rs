@@ -640,6 +640,7 @@ fn tiny_llama_emulated(name: &str) -> Option<(String, std::path::PathBuf, std::p
 /// llama.cpp's automatic flash attention is on: the IRON package declares FLASH_ATTN_EXT.
 #[test]
 fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
+    let mut qkv_per_model = Vec::new();
     for name in [
         "tiny-llama-f32",
         "tiny-llama-f16",
@@ -683,6 +684,7 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
             "{name}: no RMS_NORM_QKV_ROPE[_FF] ran as an emulated IRON kernel: {}",
             c["emulated_ops"]
         );
+        qkv_per_model.push((name, qkv));
         // The KV-cache writes (SET_ROWS into the consecutive slots of a cache filled in order,
         // ops::scatter) dispatch nothing of their own: K's rows are written by its ROPE (in
         // decode by the Q/K/V kernel) and V's by its projection, in f16 (the IRON ROPE's and GEMV's f16 outputs). Only the prompt's
@@ -700,6 +702,15 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
             "{name}: {copies} KV-cache rows copied of {set_rows} SET_ROWS in {graphs} graphs: \
              K's and V's producers did not write them: {}",
             c["emulated_ops"]
+        );
+    }
+    // Every type merges Q, K and V in as many decode layers as f32 does: Q4_K_M's layers with
+    // q6_K V weights and q4_K Q/K weights too.
+    let (first, want) = qkv_per_model[0];
+    for &(name, qkv) in &qkv_per_model {
+        assert_eq!(
+            qkv, want,
+            "{name}: RMS_NORM_QKV_ROPE ran {qkv} times, {first} {want}"
         );
     }
 }
