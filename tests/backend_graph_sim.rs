@@ -394,24 +394,10 @@ fn kernel_cache(tag: &str) -> std::path::PathBuf {
 }
 
 /// `run(tag, graph, 1, ..)` with a compiler that declines (exit 2) every kernel of protocol op
-/// `op`: hsa-sim-compile behind a wrapper.
+/// `op` (`common::declining_compiler`).
 fn run_declining(tag: &str, graph: &str, op: &str) -> Outcome {
     let dir = common::scratch_dir(&format!("{tag}-declining-compiler"));
-    let wrapper = dir.join("compiler.sh");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\n\
-             if [ \"$1\" = compile ] && grep -q '\"op\":\"{op}\"' \"$3\"; then\n\
-             echo 'declined for the test' >&2; exit 2; fi\n\
-             exec {} \"$@\"\n",
-            common::sim_artifact("hsa-sim-compile").display()
-        ),
-    )
-    .unwrap();
-    let mut perms = std::fs::metadata(&wrapper).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&wrapper, perms).unwrap();
+    let wrapper = common::declining_compiler(&dir, op);
     run(
         tag,
         graph,

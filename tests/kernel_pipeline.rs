@@ -59,6 +59,52 @@ fn compiler() -> PathBuf {
     common::sim_artifact("hsa-sim-compile")
 }
 
+/// A kernel the compiler declines during the recorded run (a shape its design refuses) is not
+/// left in the record: pregenerating it could only fail, and its nodes ran another way.
+#[test]
+fn a_declined_kernel_is_not_recorded() {
+    let dir = common::scratch_dir("pipeline-record-declined");
+    let record = dir.join("record.json");
+    let wrapper = common::declining_compiler(&dir, "SCALE");
+    let run = tbo(&[
+        ("GGML_HSA_JIT_COMPILER", wrapper.to_str().unwrap()),
+        (
+            "GGML_HSA_KERNEL_CACHE_DIR",
+            dir.join("cache").to_str().unwrap(),
+        ),
+        ("GGML_HSA_KERNEL_RECORD", record.to_str().unwrap()),
+    ]);
+    assert!(
+        run.output.contains("declined by the compiler"),
+        "{}",
+        run.output
+    );
+    let config = std::fs::read_to_string(&record).expect("the record file was written");
+    let parsed: serde_json::Value = serde_json::from_str(&config).unwrap();
+    let ops: Vec<&str> = parsed["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["kernel_name"].as_str().unwrap())
+        .collect();
+    assert!(ops.contains(&"ggml_op_add"), "{config}");
+    assert!(!ops.contains(&"ggml_op_scale"), "{config}");
+    let out = Command::new(env!("CARGO_BIN_EXE_ggml-hsa-gen-kernels"))
+        .arg("--config")
+        .arg(&record)
+        .arg("--output-dir")
+        .arg(dir.join("kernels"))
+        .arg("--compiler")
+        .arg(compiler())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.contains(", 0 failed"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn record_pregenerate_and_run_without_jit() {
     let dir = common::scratch_dir("pipeline-record");

@@ -37,6 +37,28 @@ pub fn record(path: &Path, arch: Arch, desc: &KernelDesc) {
         .config
         .kernels
         .push(KernelEntry::from_desc(desc, arch));
+    write(state);
+}
+
+/// Removes the kernel `desc` for `arch` from the record file at `path`, if it is listed: the
+/// compiler declined it (a shape its design refuses), so pregenerating it could only fail, and a
+/// server without it declines it as this run did.
+pub fn forget(path: &Path, arch: Arch, desc: &KernelDesc) {
+    let key = (arch.name().to_owned(), desc.canonical_name());
+    let mut guard = RECORD.lock();
+    let state = guard.get_or_insert_with(|| open(path));
+    if !state.seen.remove(&key) {
+        return;
+    }
+    state.config.kernels.retain(|entry| {
+        !matches!(entry.to_desc(), Ok((a, d)) if a.name() == key.0 && d.canonical_name() == key.1)
+    });
+    write(state);
+}
+
+/// Rewrites the record file aside and renames it over the old one, so that it is always a
+/// complete config.
+fn write(state: &State) {
     let tmp = state
         .path
         .with_extension(format!("tmp.{}", std::process::id()));

@@ -390,6 +390,9 @@ impl KernelStore {
                                 },
                                 failure.reason
                             ));
+                            if let (true, Some(path)) = (failure.refused, &self.record) {
+                                super::record::forget(path, self.arch, &descs[i]);
+                            }
                             self.failed.lock().insert(names[i].clone(), failure);
                         }
                     }

@@ -5,7 +5,7 @@
 pub mod llama;
 pub mod test_backend_ops;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The cdylib cargo built for this test run. `cargo test` writes it to `target/<profile>/deps/`,
 /// next to the test executable, and does not refresh the copy in `target/<profile>/`.
@@ -161,4 +161,26 @@ pub fn assert_kernels_built(dir: &std::path::Path, prefixes: &[&str]) {
             dir.display()
         );
     }
+}
+
+/// hsa-sim-compile behind a wrapper script in `dir` that declines (exit 2, "cannot build this
+/// kernel", as the IRON package does for a shape its design refuses) every kernel of protocol op
+/// `op`; returns the script's path.
+pub fn declining_compiler(dir: &Path, op: &str) -> PathBuf {
+    let wrapper = dir.join("compiler.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n\
+             if [ \"$1\" = compile ] && grep -q '\"op\":\"{op}\"' \"$3\"; then\n\
+             echo 'declined for the test' >&2; exit 2; fi\n\
+             exec {} \"$@\"\n",
+            sim_artifact("hsa-sim-compile").display()
+        ),
+    )
+    .unwrap();
+    let mut perms = std::fs::metadata(&wrapper).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&wrapper, perms).unwrap();
+    wrapper
 }
