@@ -11,7 +11,7 @@
 //! descriptor of the host process (`hsa::child`).
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use serde::Deserialize;
 
@@ -147,16 +147,10 @@ impl Compiler {
 
     fn command(&self) -> Command {
         let mut cmd = Command::new(&self.argv[0]);
-        cmd.args(&self.argv[1..])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.args(&self.argv[1..]);
         if let Some(path) = self.package_path() {
             cmd.env("PYTHONPATH", path);
         }
-        // Nothing of the host but the three streams: inside ggml-rpc-server a compiler would
-        // otherwise hold the clients' sockets (ggml-rpc does not make them close-on-exec).
-        crate::hsa::child::inherit_only_stdio(&mut cmd);
         cmd
     }
 
@@ -179,8 +173,12 @@ impl Compiler {
         })
     }
 
+    /// Runs the compiler with nothing of the host but its three streams (inside
+    /// ggml-rpc-server it would otherwise hold the clients' sockets, which ggml-rpc does not
+    /// make close-on-exec), stdout and stderr captured, without forking the host's memory
+    /// (`hsa::child::output`).
     fn run(&self, cmd: &mut Command) -> Result<Output, String> {
-        cmd.output().map_err(|e| {
+        crate::hsa::child::output(cmd).map_err(|e| {
             format!(
                 "cannot run the kernel compiler `{}`: {e}",
                 self.argv.join(" ")
