@@ -386,6 +386,53 @@ fn a_feed_forward_block_runs_as_one_kernel_or_two_if_declined() {
     );
 }
 
+#[test]
+fn the_attention_output_and_the_feed_forward_block_run_as_one_kernel_or_apart_if_declined() {
+    // llama's attention output projection with its residual (ffn_inp), then the feed-forward
+    // block with ffn_inp as its norm's input and its residual: one kernel
+    // (MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU) writing ffn_inp, h and the output.
+    let all_ok = |o: &Outcome| {
+        assert!(o.has("STATUS 0 0"), "{}", o.text);
+        assert!(o.has("FFN ok") && o.has("FFN x ok"), "{}", o.text);
+    };
+    let o = run("ffn-attn", "ffn-attn", 1, &[]);
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 1, "{}", o.text);
+    common::assert_kernels_built(
+        &kernel_cache("ffn-attn"),
+        &["mul_mat_add_rms_norm_ffn_swiglu-f32_96x64-f32_96-f32_64-f32_64x128-f32_64x128-f32_128x64-f32_64-f32_64-f32_64-f32_128-p"],
+    );
+    // Declined: the projection with its residual, then the block as one kernel.
+    let o = run_declining(
+        "ffn-attn-declined",
+        "ffn-attn",
+        "MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU",
+    );
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 2, "{}", o.text);
+    common::assert_kernels_built(
+        &kernel_cache("ffn-attn-declined"),
+        &["mul_mat_add-f32_96x64-", "rms_norm_ffn_swiglu-"],
+    );
+    // Both declined (a basic regular expression of both names): the block's fold, restored
+    // when the fold on top of it is undone, is undone in turn: three kernels.
+    let o = run_declining(
+        "ffn-attn-both-declined",
+        "ffn-attn",
+        r"\(MUL_MAT_ADD_\)\{0,1\}RMS_NORM_FFN_SWIGLU",
+    );
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 3, "{}", o.text);
+    common::assert_kernels_built(
+        &kernel_cache("ffn-attn-both-declined"),
+        &[
+            "mul_mat_add-f32_96x64-",
+            "rms_norm_mul_mat_swiglu-",
+            "mul_mat_add-f32_128x64-",
+        ],
+    );
+}
+
 /// The aie2p kernel cache of the run tagged `tag`.
 fn kernel_cache(tag: &str) -> std::path::PathBuf {
     common::scratch_path(&format!("graph-{tag}"))
@@ -737,9 +784,9 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
         // SAFETY: as for this function.
         return unsafe { compute_evict(reg, computes) };
     }
-    if graph == "ffn" {
+    if let Some(variant) = graph.strip_prefix("ffn") {
         // SAFETY: as for this function.
-        return unsafe { compute_ffn(reg) };
+        return unsafe { compute_ffn(reg, variant == "-attn") };
     }
     if let Some(rope) = graph.strip_prefix("normfold") {
         // SAFETY: as for this function.
@@ -1189,11 +1236,13 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool, v_f16: boo
 /// The "ffn" child: llama's feed-forward block in small, x [64] normalised (RMS_NORM, MUL by a
 /// weight row), the gate and up projections [64 x 128] and their SWIGLU, the down projection
 /// [128 x 64] and the residual ADD of x, checked against the same computed in f64 (relative
-/// error 1e-4); prints `FFN <ok|bad>`.
+/// error 1e-4); prints `FFN <ok|bad>`. With `attn` (the "ffn-attn" child), x is itself the
+/// attention output projection [96 x 64] of an attention output a [96] plus the layer input r0
+/// (MUL_MAT, ADD), as llama's ffn_inp; x is checked too (`FFN x <ok|bad>`).
 ///
 /// # Safety
 /// `reg` is the plugin's registry.
-unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t) {
+unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t, attn: bool) {
     const K: usize = 64;
     const F: usize = 128;
     const EPS: f32 = 1e-5;
@@ -1204,7 +1253,14 @@ unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t) {
         let matrix = |k: usize, m: usize| {
             sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, k as i64, m as i64)
         };
-        let (x, n) = (vector(K), vector(K));
+        const KA: usize = 96;
+        let (a, r0, wo) = (vector(KA), vector(K), matrix(KA, K));
+        let x = if attn {
+            sys::ggml_add(ctx, sys::ggml_mul_mat(ctx, wo, a), r0)
+        } else {
+            vector(K)
+        };
+        let n = vector(K);
         let (wg, wu, wd) = (matrix(K, F), matrix(K, F), matrix(F, K));
         let z = sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, x, EPS), n);
         let h = sys::ggml_swiglu_split(
@@ -1222,12 +1278,33 @@ unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t) {
                 .map(|i| (((i * 7 + seed) % 13) as f32 - 6.0) * 0.05)
                 .collect()
         };
-        let xs: Vec<f32> = (0..K).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
         let ns: Vec<f32> = (0..K).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
         let (wgs, wus, wds) = (values(K * F, 1), values(K * F, 5), values(F * K, 9));
-        for (t, v) in [(x, &xs), (n, &ns), (wg, &wgs), (wu, &wus), (wd, &wds)] {
+        for (t, v) in [(n, &ns), (wg, &wgs), (wu, &wus), (wd, &wds)] {
             sys::ggml_backend_tensor_set(t, f32_bytes(v).as_ptr().cast(), 0, 4 * v.len());
         }
+        let sine = |len: usize, f: f32| -> Vec<f32> {
+            (0..len).map(|i| (i as f32 * f).sin() * 3.0).collect()
+        };
+        // x, or the projection it is made of (in f64, then rounded as the f32 tensor is).
+        let xs: Vec<f32> = if attn {
+            let (avs, r0s, wos) = (sine(KA, 0.23), sine(K, 0.37), values(KA * K, 3));
+            for (t, v) in [(a, &avs), (r0, &r0s), (wo, &wos)] {
+                sys::ggml_backend_tensor_set(t, f32_bytes(v).as_ptr().cast(), 0, 4 * v.len());
+            }
+            (0..K)
+                .map(|r| {
+                    let p: f64 = (0..KA)
+                        .map(|i| f64::from(wos[r * KA + i]) * f64::from(avs[i]))
+                        .sum();
+                    (p + f64::from(r0s[r])) as f32
+                })
+                .collect()
+        } else {
+            let xs = sine(K, 0.37);
+            sys::ggml_backend_tensor_set(x, f32_bytes(&xs).as_ptr().cast(), 0, 4 * K);
+            xs
+        };
         let mean_sq = xs.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / K as f64;
         let scale = 1.0 / (mean_sq + f64::from(EPS)).sqrt();
         let y: Vec<f64> = (0..K)
@@ -1260,6 +1337,15 @@ unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t) {
             .zip(&want)
             .all(|(g, e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0));
         println!("FFN {}", if ok { "ok" } else { "bad" });
+        if attn {
+            sys::ggml_backend_tensor_get(x, got.as_mut_ptr().cast(), 0, got.len());
+            let ok = got
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .zip(&xs)
+                .all(|(g, &e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0));
+            println!("FFN x {}", if ok { "ok" } else { "bad" });
+        }
         sys::ggml_backend_buffer_free(buffer);
         sys::ggml_free(ctx);
         sys::ggml_backend_free(backend);

@@ -79,8 +79,9 @@ struct Folds {
 
 #[derive(Default)]
 struct Fold {
-    /// Each changed node and its step before the fold (empty once undone).
-    originals: Vec<(usize, Step)>,
+    /// Each changed node, its step before the fold and the fold that made that step, if any
+    /// (empty once undone).
+    originals: Vec<(usize, Step, Option<usize>)>,
     /// Folds made on top of this one's kernels: undone before it.
     dependents: Vec<usize>,
 }
@@ -91,10 +92,12 @@ impl Folds {
         let id = self.list.len();
         let mut originals = Vec::with_capacity(changes.len());
         for (k, step) in changes {
-            if matches!(step, Step::Plan(_)) {
-                self.of.insert(k, id);
-            }
-            originals.push((k, std::mem::replace(&mut steps[k], step)));
+            let before = if matches!(step, Step::Plan(_)) {
+                self.of.insert(k, id)
+            } else {
+                self.of.get(&k).copied()
+            };
+            originals.push((k, std::mem::replace(&mut steps[k], step), before));
         }
         self.list.push(Fold {
             originals,
@@ -104,9 +107,13 @@ impl Folds {
     }
 
     /// Folds the kernels of nodes `from` into node `into`, which runs `plan`; a dependent of the
-    /// fold that made the first of them, if any.
+    /// fold that made `into`'s kernel, else of the one that made the first of `from`'s, if any.
     fn apply_on(&mut self, steps: &mut [Step], from: &[usize], into: usize, plan: Plan) {
-        let within = from.first().and_then(|k| self.of.get(k)).copied();
+        let within = self
+            .of
+            .get(&into)
+            .or_else(|| from.first().and_then(|k| self.of.get(k)))
+            .copied();
         let mut changes: Vec<(usize, Step)> = from.iter().map(|&k| (k, Step::Fused)).collect();
         changes.push((into, Step::Plan(plan)));
         let id = self.apply(steps, changes);
@@ -121,9 +128,14 @@ impl Folds {
         for d in std::mem::take(&mut self.list[id].dependents) {
             restored.extend(self.undo(d, steps));
         }
-        for (k, original) in std::mem::take(&mut self.list[id].originals) {
+        for (k, original, before) in std::mem::take(&mut self.list[id].originals) {
+            // The node's kernel is again the one the earlier fold made (a fold on top of
+            // another's kernel), or no fold's.
             if self.of.get(&k) == Some(&id) {
-                self.of.remove(&k);
+                match before {
+                    Some(b) => self.of.insert(k, b),
+                    None => self.of.remove(&k),
+                };
             }
             steps[k] = original;
             restored.push(k);
@@ -502,7 +514,7 @@ impl Stream {
             Plan::Kernel { desc, .. } => self.device.supports_kernel(desc),
             _ => false,
         };
-        for pattern in 0..3 {
+        for pattern in 0..4 {
             for at in 0..nodes.len() {
                 let planned = |k| planned(&steps, k);
                 let fold = match pattern {
@@ -510,7 +522,9 @@ impl Stream {
                         .map(|f| (f.products.to_vec(), f.glu, f.plan)),
                     1 => ops::fold_rope(nodes, at, planned)
                         .map(|f| (vec![f.projection], f.rope, f.plan)),
-                    _ => ops::fold_ffn(nodes, at, planned).map(|f| (vec![f.glu], f.down, f.plan)),
+                    2 => ops::fold_ffn(nodes, at, planned).map(|f| (vec![f.glu], f.down, f.plan)),
+                    _ => ops::fold_attn_ffn(nodes, at, planned)
+                        .map(|f| (vec![f.projection], f.ffn, f.plan)),
                 };
                 if let Some((from, into, plan)) = fold.filter(|(_, _, plan)| available(plan)) {
                     folds.apply_on(&mut steps, &from, into, plan);

@@ -22,7 +22,10 @@
 //! and K) runs inside the ROPE's node as one `RMS_NORM_MUL_MAT_ROPE[_FF]` kernel
 //! ([`fold_rope`]), and a `MUL_MAT_ADD` kernel whose activations only an
 //! `RMS_NORM_MUL_MAT_<GLU>` kernel writes (llama's ffn_down and residual after the normed
-//! gate/up pair) runs with it as one `RMS_NORM_FFN_<GLU>` kernel ([`fold_ffn`]). Last, once the kernels writing KV-cache rows themselves are known
+//! gate/up pair) runs with it as one `RMS_NORM_FFN_<GLU>` kernel ([`fold_ffn`]); the
+//! `MUL_MAT_ADD` kernel computing that block's input (llama's attention output projection and
+//! its residual) runs inside it as one `MUL_MAT_ADD_RMS_NORM_FFN_<GLU>` kernel
+//! ([`fold_attn_ffn`]). Last, once the kernels writing KV-cache rows themselves are known
 //! (`RowScatter::producer`), Q's, K's and V's kernels of one normalised x become one
 //! `RMS_NORM_QKV_ROPE[_FF]` kernel with three outputs ([`merge_qkv`]).
 
@@ -598,6 +601,82 @@ pub fn fold_ffn<'a>(
     Some(FfnFold {
         glu: k,
         down: at,
+        plan: Plan::Kernel { desc, operands },
+    })
+}
+
+/// The attention output projection's kernel folded into the feed-forward block's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttnFfnFold {
+    /// The node of the `MUL_MAT_ADD` kernel computing r1 (the attention output projection and
+    /// the residual): it runs nothing.
+    pub projection: usize,
+    /// The node of the `RMS_NORM_FFN_<GLU>` kernel, which runs `plan`.
+    pub ffn: usize,
+    pub plan: Plan,
+}
+
+/// The fold of the `MUL_MAT_ADD` kernel computing r1 = Wo . a + r0 (llama's attention output
+/// projection and its residual) into the `RMS_NORM_FFN_<GLU>` kernel planned at node `at`
+/// whose x and residual are both r1, as one `MUL_MAT_ADD_RMS_NORM_FFN_<GLU>` kernel at `at`
+/// writing r1 and h besides its output. Only when no node that runs between the two reads r1
+/// (the fused kernel writes it later than planned) or writes what the projection reads.
+/// `None` otherwise. (Whether four weights of different types fit one kernel is the
+/// compiler's to say: the IRON design's phases share one weight stream and refuse them.)
+pub fn fold_attn_ffn<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Option<AttnFfnFold> {
+    let Planned::Kernel(ffn, [wg, wu, wd, x, n, r, out, h]) = planned(at) else {
+        return None;
+    };
+    let act = ffn.op.strip_prefix("RMS_NORM_FFN_")?;
+    let op = catalogue::OpEntry::by_name(&format!("MUL_MAT_ADD_RMS_NORM_FFN_{act}"))?;
+    if !same(x, r) {
+        return None;
+    }
+    // The kernel that wrote r1: the run holding the last node before `at` writing its memory.
+    let writer = (0..at)
+        .rev()
+        .find(|&k| !matches!(planned(k), Planned::Nothing) && overlaps(&nodes[k].dst, x))?;
+    let mut k = writer;
+    while matches!(planned(k), Planned::Covered) {
+        k = k.checked_sub(1)?;
+    }
+    let Planned::Kernel(proj, [wo, a, r0, r1]) = planned(k) else {
+        return None;
+    };
+    if proj.op != catalogue::MUL_MAT_ADD.name || !same(r1, x) || !same(&nodes[writer].dst, x) {
+        return None;
+    }
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
+    let read_between = (writer + 1..at)
+        .filter(|&j| runs(j))
+        .any(|j| nodes[j].src.iter().flatten().any(|s| overlaps(s, x)));
+    let written = written_in(nodes, k + 1..at, &[wo, a, r0], runs);
+    // h and the output may take the memory of a or r0 (dead once r1 is computed): the kernel's
+    // phases run in order, r1 whole before the block reads it, as the nodes did.
+    if read_between || written {
+        return None;
+    }
+    let mut inputs = proj.inputs[..3].to_vec();
+    inputs.extend_from_slice(&ffn.inputs[..3]);
+    inputs.push(ffn.inputs[4].clone());
+    let desc = KernelDesc {
+        op: op.name.to_owned(),
+        op_params: ffn.op_params.clone(),
+        inputs,
+        output: ffn.output.clone(),
+        extra_outputs: vec![proj.output.clone(), ffn.extra_outputs[0].clone()],
+        f16_as_bf16: proj.f16_as_bf16 || ffn.f16_as_bf16,
+    };
+    let operands = [wo, a, r0, wg, wu, wd, n, out, r1, h]
+        .map(Tensor::clone)
+        .to_vec();
+    Some(AttnFfnFold {
+        projection: k,
+        ffn: at,
         plan: Plan::Kernel { desc, operands },
     })
 }
@@ -1433,6 +1512,109 @@ mod tests {
         // Unrelated nodes in between change nothing.
         let (nodes, steps) = qkv_graph(Some((2, relu(f32(0x60000), f32(0x70000)))));
         assert_eq!(qkv_merges(&nodes, &steps).len(), 1);
+    }
+
+    /// The attention output projection's MUL_MAT_ADD kernel (node 0: Wo 0x10000, a 0x1000,
+    /// r0 0x2000 into r1 0x3000) and the RMS_NORM_FFN_SWIGLU kernel of r1 (node 2, the down
+    /// projection's node; norm weight 0x4000, h 0x5000, output `out`), with `between` at node 1
+    /// (planned as its own kernel) and `covered` saying whether node 1 runs inside another.
+    fn attn_then_ffn(out: u64, between: Node, covered: bool) -> (Vec<Node>, Vec<Option<Plan>>) {
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let r1 = f32([64, 1, 1, 1], 0x3000);
+        let kernel = |op: &str, params: Vec<i32>, operands: Vec<Tensor>, extra: Vec<Tensor>| {
+            let n_in = operands.len() - 1 - extra.len();
+            Plan::Kernel {
+                desc: KernelDesc {
+                    op: op.into(),
+                    op_params: params,
+                    inputs: operands[..n_in].iter().map(as_layout).collect(),
+                    output: as_layout(&operands[n_in]),
+                    extra_outputs: extra.iter().map(as_layout).collect(),
+                    f16_as_bf16: false,
+                },
+                operands,
+            }
+        };
+        let proj = kernel(
+            "MUL_MAT_ADD",
+            vec![],
+            vec![
+                f32([96, 64, 1, 1], 0x10000),
+                f32([96, 1, 1, 1], 0x1000),
+                f32([64, 1, 1, 1], 0x2000),
+                r1.clone(),
+            ],
+            vec![],
+        );
+        let h = f32([128, 1, 1, 1], 0x5000);
+        let ffn = kernel(
+            "RMS_NORM_FFN_SWIGLU",
+            vec![1e-5f32.to_bits() as i32],
+            vec![
+                f32([64, 128, 1, 1], 0x20000),
+                f32([64, 128, 1, 1], 0x30000),
+                f32([128, 64, 1, 1], 0x40000),
+                r1.clone(),
+                f32([64, 1, 1, 1], 0x4000),
+                r1.clone(),
+                f32([64, 1, 1, 1], out),
+                h.clone(),
+            ],
+            vec![h],
+        );
+        let between_plan = (!covered).then(|| super::super::plan(&between).unwrap());
+        let nodes = vec![
+            node(Op::MulMat, r1.clone(), vec![]),
+            between,
+            node(Op::MulMat, f32([64, 1, 1, 1], out), vec![]),
+        ];
+        (nodes, vec![Some(proj), between_plan, Some(ffn)])
+    }
+
+    fn attn_ffn_fold(nodes: &[Node], steps: &[Option<Plan>]) -> Option<AttnFfnFold> {
+        let planned = |k: usize| match &steps[k] {
+            Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
+            None => Planned::Covered,
+            _ => Planned::Elsewhere,
+        };
+        fold_attn_ffn(nodes, 2, planned)
+    }
+
+    #[test]
+    fn the_attention_output_folds_into_the_feed_forward_kernel_of_its_result() {
+        let f32 = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
+        let relu = |dst, src| node(Op::Unary(UnaryOp::Relu), dst, vec![src]);
+        // A node computed inside another kernel in between (the norm, the gate/up pair); the
+        // output in r1's memory (the block's ADD in place).
+        let (nodes, steps) = attn_then_ffn(0x3000, relu(f32(0x6000), f32(0x3000)), true);
+        let fold = attn_ffn_fold(&nodes, &steps).expect("folds");
+        assert_eq!((fold.projection, fold.ffn), (0, 2));
+        let Plan::Kernel { desc, operands } = &fold.plan else {
+            panic!("{:?}", fold.plan)
+        };
+        assert_eq!(desc.op, "MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU");
+        assert_eq!(desc.op_params, [1e-5f32.to_bits() as i32]);
+        assert_eq!(desc.extra_outputs.len(), 2);
+        let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
+        assert_eq!(
+            addrs,
+            [0x10000, 0x1000, 0x2000, 0x20000, 0x30000, 0x40000, 0x4000, 0x3000, 0x3000, 0x5000]
+        );
+        // Unrelated nodes that run in between change nothing.
+        let (nodes, steps) = attn_then_ffn(0x7000, relu(f32(0x6000), f32(0x8000)), false);
+        assert!(attn_ffn_fold(&nodes, &steps).is_some());
+    }
+
+    #[test]
+    fn the_attention_output_stays_apart_when_moving_it_would_change_what_is_read() {
+        let f32 = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
+        let relu = |dst, src| node(Op::Unary(UnaryOp::Relu), dst, vec![src]);
+        // r1 read by a node that runs in between: it would read r1 before it is written.
+        let (nodes, steps) = attn_then_ffn(0x7000, relu(f32(0x6000), f32(0x3000)), false);
+        assert!(attn_ffn_fold(&nodes, &steps).is_none());
+        // r0 written in between: the projection would add the new values.
+        let (nodes, steps) = attn_then_ffn(0x7000, relu(f32(0x2000), f32(0x8000)), false);
+        assert!(attn_ffn_fold(&nodes, &steps).is_none());
     }
 
     /// A normed gate/up pair of one x (0x1000) and norm weight (0x2000) as two

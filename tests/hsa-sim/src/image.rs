@@ -276,6 +276,35 @@ impl KernelDesc {
             part.inputs = vec![wd.clone(), h.clone(), r.clone()];
             part.output = self.output.clone();
             part.validate()?;
+        } else if let Op::ProjectedFfn(_) = op {
+            // As the two kernels it replaces: MUL_MAT_ADD into r1, RMS_NORM_FFN_<GLU> of r1.
+            let [wo, a, r0, wg, wu, wd, n] = self.inputs.as_slice() else {
+                return inv(format!("{} takes 7 inputs", self.op));
+            };
+            let [r1, h] = self.extra_outputs.as_slice() else {
+                return inv(format!("{} has 3 outputs: out, r1, h", self.op));
+            };
+            if [wg, wu, wd].iter().any(|w| w.ty != wo.ty) {
+                return inv(format!("{}: Wo, Wg, Wu and Wd must have one type", self.op));
+            }
+            let mut part = self.clone();
+            part.op = "MUL_MAT_ADD".into();
+            part.inputs = vec![wo.clone(), a.clone(), r0.clone()];
+            part.output = r1.clone();
+            part.extra_outputs.clear();
+            part.validate()?;
+            part.op = self.op.replacen("MUL_MAT_ADD_", "", 1);
+            part.inputs = vec![
+                wg.clone(),
+                wu.clone(),
+                wd.clone(),
+                r1.clone(),
+                n.clone(),
+                r1.clone(),
+            ];
+            part.output = self.output.clone();
+            part.extra_outputs = vec![h.clone()];
+            part.validate()?;
         } else if let Op::NormedQkv { ff } = op {
             // Each projection as the NormedMulMatRope (Q, K) or NormedMulMat (V) it replaces.
             let [wq, wk, wv, x, n, pos, rest @ ..] = self.inputs.as_slice() else {
@@ -488,6 +517,7 @@ impl KernelDesc {
                 | Op::NormedMulMatRope { .. }
                 | Op::NormedQkv { .. }
                 | Op::NormedFfn(_)
+                | Op::ProjectedFfn(_)
                 | Op::SoftMax { .. }
                 | Op::Rope { .. }
                 | Op::CountEqual

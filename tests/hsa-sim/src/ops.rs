@@ -198,6 +198,11 @@ pub enum Op {
     /// of its result; inputs Wg, Wu, Wd, x, n, r; outputs Wd . h + r, then h (the extra
     /// output); op_params[0] = eps.
     NormedFfn(UnaryOp),
+    /// The attention output projection with its residual, then the feed-forward block, fused by
+    /// the backend: `MulMatAdd` (Wo, a, r0) into r1, then `NormedFfn` with x = r = r1; inputs
+    /// Wo, a, r0, Wg, Wu, Wd, n; outputs Wd . h + r1, then r1 and h (the extra outputs);
+    /// op_params[0] = eps.
+    ProjectedFfn(UnaryOp),
     /// ggml's ARGMAX: per row of an f32 matrix, the i32 index of its largest value (the last
     /// one among equals, as ggml-cpu's loop finds it).
     ArgMax,
@@ -330,6 +335,11 @@ impl Op {
             "RMS_NORM_FFN_SWIGLU" => Some(Op::NormedFfn(UnaryOp::Silu)),
             "RMS_NORM_FFN_GEGLU_ERF" => Some(Op::NormedFfn(UnaryOp::GeluErf)),
             "RMS_NORM_FFN_GEGLU_QUICK" => Some(Op::NormedFfn(UnaryOp::GeluQuick)),
+            "MUL_MAT_ADD_RMS_NORM_FFN_REGLU" => Some(Op::ProjectedFfn(UnaryOp::Relu)),
+            "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU" => Some(Op::ProjectedFfn(UnaryOp::Gelu)),
+            "MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU" => Some(Op::ProjectedFfn(UnaryOp::Silu)),
+            "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_ERF" => Some(Op::ProjectedFfn(UnaryOp::GeluErf)),
+            "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_QUICK" => Some(Op::ProjectedFfn(UnaryOp::GeluQuick)),
             "NORM" => Some(Op::Norm),
             "RMS_NORM_MUL" => Some(Op::RmsNormMul),
             "ARGMAX" => Some(Op::ArgMax),
@@ -360,7 +370,7 @@ impl Op {
     /// Number of outputs (the output, then the extra outputs).
     pub fn outputs(self) -> usize {
         match self {
-            Op::NormedQkv { .. } => 3,
+            Op::NormedQkv { .. } | Op::ProjectedFfn(_) => 3,
             Op::NormedFfn(_) => 2,
             _ => 1,
         }
@@ -383,6 +393,7 @@ impl Op {
             Op::NormedMulMatRope { ff } => 4 + usize::from(ff),
             Op::NormedQkv { ff } => 6 + usize::from(ff),
             Op::NormedFfn(_) => 6,
+            Op::ProjectedFfn(_) => 7,
             Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
             _ => 1,
         }
@@ -437,6 +448,11 @@ impl Op {
             "RMS_NORM_FFN_SWIGLU",
             "RMS_NORM_FFN_GEGLU_ERF",
             "RMS_NORM_FFN_GEGLU_QUICK",
+            "MUL_MAT_ADD_RMS_NORM_FFN_REGLU",
+            "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU",
+            "MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU",
+            "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_ERF",
+            "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_QUICK",
         ]);
         v.extend(["SET_ROWS", "DUP", "CPY", "CONT"]);
         v
@@ -463,6 +479,8 @@ impl Op {
             Op::NormedQkv { .. } if (3..=self.arity()).contains(&i) => vec![DType::F32],
             // x, n, r and both outputs f32.
             Op::NormedFfn(_) if i >= 3 => vec![DType::F32],
+            // a, r0, n and the three outputs f32.
+            Op::ProjectedFfn(_) if !self.is_weight(i) => vec![DType::F32],
             _ if self.is_weight(i) => TYPES.iter().chain(WEIGHT_TYPES).copied().collect(),
             Op::ArgMax if output => vec![DType::I32],
             Op::ArgMax => vec![DType::F32],
@@ -490,6 +508,7 @@ impl Op {
             }
             Op::MulMatGlu(_) | Op::NormedMulMat(Some(_)) => i < 2,
             Op::NormedQkv { .. } | Op::NormedFfn(_) => i < 3,
+            Op::ProjectedFfn(_) => matches!(i, 0 | 3 | 4 | 5),
             _ => false,
         }
     }
@@ -529,6 +548,8 @@ impl Op {
             // Per element of h (the norm, both products and the GLU); `stats_of` adds the down
             // product and the ADD per output element.
             Op::NormedFfn(_) => 4 * k + 10,
+            // Per element of r1 (the projection and the ADD); `stats_of` adds the block's.
+            Op::ProjectedFfn(_) => 2 * k + 1,
             // Per query row, head and key (the executor multiplies by rows and keys): the q·k
             // dot product and the v update, 2·D + 2·Dv, counted as 4·D with k = D.
             Op::FlashAttnExt { .. } => 4 * k,
@@ -562,6 +583,7 @@ impl Op {
             Op::NormedMulMatRope { .. } => "op_params[0..=10] = ggml's rope op_params (as ROPE's), op_params[11] = eps (f32 bit pattern); inputs[0] = weights [K, M] (MUL_MAT's inputs[0]), inputs[1] = x f32 [K, N] (not normalised), inputs[2] = n f32 [K], inputs[3] = positions i32 [>= N], [inputs[4] = frequency factors f32 [>= n_dims / 2]]; output f32/f16/bf16 [D, H, N] with D * H = M: rope(w . (rms_norm(x) * n)) with the product viewed as [D, H, N]",
             Op::NormedQkv { .. } => "op_params as RMS_NORM_MUL_MAT_ROPE's; inputs[0..3] = Wq [K, Mq], Wk [K, Mk], Wv [K, Mv] (each its own type, as llama.cpp's Q4_K_M mixes q4_K and q6_K), inputs[3] = x f32 [K, N] (not normalised), inputs[4] = n f32 [K], inputs[5] = positions i32 [>= N], [inputs[6] = frequency factors f32]; output Q f32 [D, Hq, N] = rope(Wq . y), extra outputs K f32/f16/bf16 [D, Hk, N] = rope(Wk . y) and V f32/f16/bf16 [Mv, N] = Wv . y, y = rms_norm(x) * n",
             Op::NormedFfn(_) => "op_params[0] = eps (f32 bit pattern); inputs[0..3] = Wg, Wu [K, F] and Wd [F, K] (one type), inputs[3] = x f32 [K, N] (not normalised), inputs[4] = n f32 [K], inputs[5] = r f32 (repeated over the output); output f32 [K, N] = Wd . h + r, extra output h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(x) * n",
+            Op::ProjectedFfn(_) => "op_params[0] = eps (f32 bit pattern); inputs[0] = Wo [Ka, K], inputs[1] = a f32 [Ka, N] (the attention output), inputs[2] = r0 f32 (repeated over [K, N]), inputs[3..6] = Wg, Wu [K, F] and Wd [F, K] (the four weights of one type), inputs[6] = n f32 [K]; output f32 [K, N] = Wd . h + r1, extra outputs r1 f32 [K, N] = Wo . a + r0 and h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
             Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",

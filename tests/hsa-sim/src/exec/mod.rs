@@ -600,6 +600,22 @@ pub unsafe fn execute(
             mul_mat(&bufs[2], h, &mut out);
             add_repeated(&mut out, &bufs[5]);
         }
+        Op::ProjectedFfn(act) => {
+            // The two kernels it replaces: MUL_MAT_ADD into r1, then RMS_NORM_FFN_<GLU> of r1.
+            let [r1, h] = extra.as_mut_slice() else {
+                return Err(format!(
+                    "kernel {}: the r1 and h outputs expected",
+                    desc.name
+                ));
+            };
+            mul_mat(&bufs[0], &bufs[1], r1);
+            add_repeated(r1, &bufs[2]);
+            let yt = TensorDesc::contiguous(r1.t.ne, crate::ops::DType::F32);
+            let y = normed(r1, &bufs[6], desc.op_params[0], &yt);
+            glu_products(&bufs[3], &bufs[4], &y, act, h);
+            mul_mat(&bufs[5], h, &mut out);
+            add_repeated(&mut out, r1);
+        }
         Op::MulMatAdd => {
             // The two ggml nodes as ggml-cpu runs them: the product in f32, then the f32 ADD.
             mul_mat(&bufs[0], &bufs[1], &mut out);
@@ -679,6 +695,11 @@ pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
         } else if let (Op::NormedFfn(_), [h]) = (op, desc.extra_outputs.as_slice()) {
             let (k, f) = (desc.inputs[3].ne[0] as u64, h.ne[0] as u64);
             h.nelements() * op.flops_per_element(k) + desc.output.nelements() * (2 * f + 1)
+        } else if let (Op::ProjectedFfn(act), [r1, h]) = (op, desc.extra_outputs.as_slice()) {
+            let (ka, k, f) = (desc.inputs[1].ne[0] as u64, r1.ne[0] as u64, h.ne[0] as u64);
+            r1.nelements() * op.flops_per_element(ka)
+                + h.nelements() * Op::NormedFfn(act).flops_per_element(k)
+                + desc.output.nelements() * (2 * f + 1)
         } else if let Op::FlashAttnExt { .. } = op {
             // Per query row and head, per key.
             let (q, k) = (&desc.inputs[0], &desc.inputs[1]);
