@@ -393,7 +393,10 @@ fn the_attention_output_and_the_feed_forward_block_run_as_one_kernel_or_apart_if
     // (MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU) writing ffn_inp, h and the output.
     let all_ok = |o: &Outcome| {
         assert!(o.has("STATUS 0 0"), "{}", o.text);
-        assert!(o.has("FFN ok") && o.has("FFN x ok"), "{}", o.text);
+        for what in ["FFN ok", "FFN x ok", "FFN gathered ok"] {
+            assert!(o.has(what), "{what}: {}", o.text);
+        }
+        assert!(!o.has("on the CPU"), "{}", o.text);
     };
     let o = run("ffn-attn", "ffn-attn", 1, &[]);
     all_ok(&o);
@@ -1238,7 +1241,8 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool, v_f16: boo
 /// [128 x 64] and the residual ADD of x, checked against the same computed in f64 (relative
 /// error 1e-4); prints `FFN <ok|bad>`. With `attn` (the "ffn-attn" child), x is itself the
 /// attention output projection [96 x 64] of an attention output a [96] plus the layer input r0
-/// (MUL_MAT, ADD), as llama's ffn_inp; x is checked too (`FFN x <ok|bad>`).
+/// (MUL_MAT, ADD), as llama's ffn_inp; x is checked too (`FFN x <ok|bad>`), and its row as a
+/// host GET_ROWS after the block gathers it (`FFN gathered <ok|bad>`).
 ///
 /// # Safety
 /// `reg` is the plugin's registry.
@@ -1271,8 +1275,16 @@ unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t, attn: bool) {
         let out = sys::ggml_add(ctx, sys::ggml_mul_mat(ctx, wd, h), x);
         let gf = sys::ggml_new_graph(ctx);
         sys::ggml_build_forward_expand(gf, out);
+        // With `attn`, x's row gathered on the host after the block (GET_ROWS, a host op): it
+        // must wait for the kernel that writes x among its outputs.
+        let row = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, 1);
+        let gathered = sys::ggml_get_rows(ctx, sys::ggml_reshape_2d(ctx, x, K as i64, 1), row);
+        if attn {
+            sys::ggml_build_forward_expand(gf, gathered);
+        }
         let buffer = sys::ggml_backend_alloc_ctx_tensors(ctx, backend);
         assert!(!buffer.is_null());
+        sys::ggml_backend_tensor_set(row, 0i32.to_le_bytes().as_ptr().cast(), 0, 4);
         let values = |len: usize, seed: usize| -> Vec<f32> {
             (0..len)
                 .map(|i| (((i * 7 + seed) % 13) as f32 - 6.0) * 0.05)
@@ -1338,13 +1350,15 @@ unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t, attn: bool) {
             .all(|(g, e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0));
         println!("FFN {}", if ok { "ok" } else { "bad" });
         if attn {
-            sys::ggml_backend_tensor_get(x, got.as_mut_ptr().cast(), 0, got.len());
-            let ok = got
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .zip(&xs)
-                .all(|(g, &e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0));
-            println!("FFN x {}", if ok { "ok" } else { "bad" });
+            for (what, t) in [("x", x), ("gathered", gathered)] {
+                sys::ggml_backend_tensor_get(t, got.as_mut_ptr().cast(), 0, got.len());
+                let ok = got
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .zip(&xs)
+                    .all(|(g, &e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0));
+                println!("FFN {what} {}", if ok { "ok" } else { "bad" });
+            }
         }
         sys::ggml_backend_buffer_free(buffer);
         sys::ggml_free(ctx);

@@ -715,7 +715,7 @@ impl Stream {
         let failed = |e: Enqueue| enqueue_error(node, e);
         match (&plan.steps[i], &plan.kernels[i]) {
             (Step::Plan(Plan::Kernel { .. }), Some(_)) if rows_written[i] => Ok(()),
-            (Step::Plan(Plan::Kernel { operands, .. }), Some(kernel)) => {
+            (Step::Plan(Plan::Kernel { operands, desc }), Some(kernel)) => {
                 if let Some((producer, retargeted)) = &plan.producers[i] {
                     if let Some(rows) = self.rows_of(plan, producer, host).map_err(failed)? {
                         let mut into_rows = producer.inputs.clone();
@@ -735,7 +735,12 @@ impl Stream {
                 };
                 match rows {
                     Some((copy, rows)) => self.enqueue(copy.clone(), &rows, 1, node),
-                    None => self.enqueue(kernel.clone(), operands, 1, node),
+                    // Every output counts as written (RMS_NORM_FFN_<GLU>'s output before h):
+                    // a host node reading one waits for the kernel.
+                    None => {
+                        let outputs = 1 + desc.extra_outputs.len();
+                        self.enqueue(kernel.clone(), operands, outputs, node)
+                    }
                 }
                 .map_err(failed)
             }
