@@ -6,6 +6,7 @@ from . import COMPILER_NAME, MLIR_AIE_VERSION, PROTOCOL
 from .archs import ARCHS
 from .registry import (
     MUL_MAT_ADD_COMBOS,
+    MUL_MAT_ADD_RMS_NORM_FFN_COMBOS,
     MUL_MAT_COMBOS,
     MUL_MAT_GLU_COMBOS,
     OPS,
@@ -62,6 +63,10 @@ def capabilities(target: str = "npu") -> dict:
         elif spec.kind == "rms_norm_ffn":
             # (weights, x, out); W_u and W_d have the weights' type, n, r and h are f32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_FFN_COMBOS]
+        elif spec.kind == "mul_mat_add_rms_norm_ffn":
+            # (weights, a, out); W_g, W_u and W_d have the weights' type, r0, n, r1 and h are
+            # f32.
+            entry["type_combos"] = [list(c) for c in MUL_MAT_ADD_RMS_NORM_FFN_COMBOS]
         elif spec.kind == "rms_norm_mul_mat":
             # (weights, x, dst); the up weights have the weights' type, n is f32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_GLU_COMBOS]

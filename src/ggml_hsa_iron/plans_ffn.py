@@ -1,18 +1,26 @@
-"""RMS_NORM_FFN_<glu>: a feed-forward block's two GEMVs as one program (designs/ffn.py).
+"""RMS_NORM_FFN_<glu> and MUL_MAT_ADD_RMS_NORM_FFN_<glu>: a feed-forward block's GEMVs (with
+the attention output projection ahead of them) as one program of phases (designs/ffn.py).
 
-The request: inputs W_g, W_u [K, F], W_d [F, K] (one weight type), x f32 [K, N] (the norm's
-input), n f32 [K], r f32 (MUL_MAT_ADD's r: [K, N], or repeated over the output); op_params[0]
-eps; `output` out f32 [K, N] = W_d . h + r and `extra_outputs` [h f32 [F, N]] with
-h = act(W_g . y) * (W_u . y), y = x / sqrt(mean(x^2) + eps) * n.
+RMS_NORM_FFN_<glu>: inputs W_g, W_u [K, F], W_d [F, K] (one weight type), x f32 [K, N] (the
+norm's input), n f32 [K], r f32 (MUL_MAT_ADD's r: [K, N], or repeated over the output);
+op_params[0] eps; `output` out f32 [K, N] = W_d . h + r and `extra_outputs` [h f32 [F, N]]
+with h = act(W_g . y) * (W_u . y), y = x / sqrt(mean(x^2) + eps) * n.
 
-It is planned as its two phases, each by its own op's planner, so that each phase refuses what
-that op refuses: phase 1 is RMS_NORM_MUL_MAT_<glu> (W_g, W_u, x, n) writing h, phase 2
-MUL_MAT_ADD (W_d, h, r) writing out. The design runs both on the same cores and fifos, so the
-phases' GemvPlans are then replanned onto one shape (`plan_ffn`): the same columns, rows per
-column, rows per core (nr: the W tiles' and y objects' rows) and K chunk (kc: the x objects,
-a divisor of both K and F), checked as each phase's planner checks a candidate, with the core's
-memory (both phases' buffers, n kept for the norm, the GLU's stash) and the DMA tasks of each
-shim channel counted over the whole program.
+MUL_MAT_ADD_RMS_NORM_FFN_<glu> (llama's attention output projection and residual ADD folded
+ahead of it): inputs W_o [Ka, K], a f32 [Ka, N] (the attention's output), r0 f32 (MUL_MAT_ADD's
+r: the layer's input), W_g, W_u [K, F], W_d [F, K], n f32 [K] (the four weights of one type);
+op_params[0] eps; `output` out f32 [K, N] and `extra_outputs` [r1 f32 [K, N], h f32 [F, N]]
+with r1 = W_o . a + r0, then as RMS_NORM_FFN_<glu> with x = r = r1.
+
+Each is planned as its phases, each by its own op's planner, so that each phase refuses what
+that op refuses: (phase 0, MUL_MAT_ADD (W_o, a, r0) writing r1;) phase 1 RMS_NORM_MUL_MAT_<glu>
+(W_g, W_u, x, n) writing h; phase 2 MUL_MAT_ADD (W_d, h, r) writing out. The design runs them
+all on the same cores and fifos, so the phases' GemvPlans are then replanned onto one shape
+(`plan_phases`): the same columns, rows per column, rows per core (nr: the W tiles' and y
+objects' rows) and K chunk (kc: the x objects, a divisor of every phase's K: Ka, K and F),
+checked as each phase's planner checks a candidate, with the core's memory (the fifos' buffers,
+n kept for the norm, the GLU's stash), the memory tile's rings and the DMA tasks of each shim
+channel counted over the whole program.
 """
 
 import dataclasses
@@ -37,27 +45,36 @@ from .tiling import (
     _rows_ok,
     _w_taps,
     divisors,
+    gemv_memtile_bytes,
     mv_norm_bytes,
     stash_bytes,
 )
 
 PREFIX = "RMS_NORM_FFN_"
+ATTN_PREFIX = "MUL_MAT_ADD_RMS_NORM_FFN_"
 # The phases' f32 operands: x and y objects of the GEMVs.
 F32 = 4
 
 
 @dataclass(frozen=True)
 class FfnSpec:
-    """RMS_NORM_FFN_<glu>'s spec: its two phases as MatmulSpecs on one shape of the array.
+    """A feed-forward program's spec: its phases as MatmulSpecs on one shape of the array.
 
     `up` is RMS_NORM_MUL_MAT_<glu>'s spec over (W_g, W_u, x, n) with h as its dst, `down`
-    MUL_MAT_ADD's over (W_d, h, r) with out as its dst; their plans share columns, rows,
-    rows_per_tile and k_chunk (`plan_ffn`)."""
+    MUL_MAT_ADD's over (W_d, h, r) with out as its dst; MUL_MAT_ADD_RMS_NORM_FFN_<glu>: `attn`
+    MUL_MAT_ADD's over (W_o, a, r0) with r1 as its dst (then up's x and down's r are r1). Their
+    plans share columns, rows, rows_per_tile and k_chunk (`plan_phases`)."""
 
     request: Request
     arch: Arch
     up: MatmulSpec
     down: MatmulSpec
+    attn: MatmulSpec | None = None
+
+    @property
+    def phases(self) -> tuple[MatmulSpec, ...]:
+        """The phases in the order the program runs them."""
+        return ((self.attn,) if self.attn is not None else ()) + (self.up, self.down)
 
     @property
     def glu(self) -> str:
@@ -69,55 +86,82 @@ class FfnSpec:
 
     @property
     def sequence(self) -> list[tuple[str, int]]:
-        """(type, elements) of the runtime-sequence arguments, in dispatch order: W_g, W_u, W_d,
-        x, n, r, out, h."""
+        """(type, elements) of the runtime-sequence arguments, in the request's operand order
+        (the dispatch's): W_g, W_u, W_d, x, n, r, out, h; MUL_MAT_ADD_RMS_NORM_FFN_<glu>: W_o, a,
+        r0, W_g, W_u, W_d, n, out, r1, h."""
         wg, wu, x, n, h = self.up.sequence
         wd, _, r, out = self.down.sequence
-        return [wg, wu, wd, x, n, r, out, h]
+        if self.attn is None:
+            return [wg, wu, wd, x, n, r, out, h]
+        wo, a, r0, r1 = self.attn.sequence
+        return [wo, a, r0, wg, wu, wd, n, out, r1, h]
 
     def tasks(self):
-        """Each phase's task groups (GemvPlan.tasks: the GLU's, then MUL_MAT_ADD's)."""
-        return self.up.tasks(), self.down.tasks()
+        """Each phase's task groups (GemvPlan.tasks), in the order of `phases`."""
+        return tuple(p.tasks() for p in self.phases)
 
     @property
     def core(self) -> CoreSource:
-        """One core source with both phases' functions: the GEMV source of the weight type with
-        the norm's and the GLU's defines (phase 1) and the ADD epilogue's (phase 2); the shared
-        defines (types, MV_ROWS, MV_KC) are equal, since the plans share nr and kc."""
-        a, b = self.up.core, self.down.core
-        clash = {k for k in a.defines.keys() & b.defines.keys() if a.defines[k] != b.defines[k]}
-        if (a.source, a.object_name) != (b.source, b.object_name) or clash:
-            raise AssertionError(f"the phases' core sources differ: {a} and {b}")
-        return CoreSource(a.source, a.object_name, {**b.defines, **a.defines})
+        """One core source with every phase's functions: the GEMV source of the weight type
+        with the norm's and the GLU's defines (phase 1) and the ADD epilogue's (MUL_MAT_ADD's
+        phases); the shared defines (types, MV_ROWS, MV_KC) are equal, since the plans share
+        nr and kc."""
+        cores = [p.core for p in self.phases]
+        a = cores[0]
+        defines = {}
+        # Merged from the last phase back: RMS_NORM_FFN_<glu>'s defines in the order they had
+        # before phase 0 existed (the down phase's, then the norm's and the GLU's).
+        for b in reversed(cores):
+            clash = {k for k in defines.keys() & b.defines.keys() if defines[k] != b.defines[k]}
+            if (a.source, a.object_name) != (b.source, b.object_name) or clash:
+                raise AssertionError(f"the phases' core sources differ: {a} and {b}")
+            defines.update(b.defines)
+        return CoreSource(a.source, a.object_name, defines)
 
 
 def ffn_core_bytes(up: GemvPlan) -> int:
-    """What a core holds besides its stack, over both phases: the W tiles, x and y objects
-    (double-buffered, the same fifos in both phases), n kept for the norm (mv_norm.h) and the
-    GLU's stash of nr gate sums (mv_stash.h). Phase 2 (MUL_MAT_ADD) keeps nothing else."""
+    """What a core holds besides its stack, over every phase: the W tiles, x and y objects
+    (double-buffered, the same fifos in every phase), n kept for the norm (mv_norm.h) and the
+    GLU's stash of nr gate sums (mv_stash.h), both of phase 1 (`up`). The MUL_MAT_ADD phases
+    keep nothing else."""
     nr, kc = up.rows_per_tile, up.k_chunk
     w = up.w_units(kc) * max(up.w_size, 1)
     return 2 * nr * w + 2 * kc * F32 + 2 * nr * F32 + stash_bytes(nr) + mv_norm_bytes(up.K, kc)
 
 
+def phase_tasks(q: GemvPlan, products: int) -> dict[str, int]:
+    """DMA tasks of a column's shim channels in one phase (`products` x rows): the GLU's (W_g's
+    and W_u's tap per round on W; n once, then x per group of rounds; h's drain per group) or
+    MUL_MAT_ADD's (W's runs of rounds; per round x's chunks, r and the padding; y's drain per
+    group)."""
+    groups = products * len(q.round_tasks())
+    if q.glu:
+        w, x = q.w_tasks(products), groups
+    else:
+        w, x = groups, q.w_tasks(products)
+    return {"W": w, "x": x + int(q.norm), "y": groups}
+
+
+def program_tasks(plans, products: int) -> dict[str, int]:
+    """DMA tasks of a column's shim channels over the whole program: every phase's."""
+    tasks = {"W": 0, "x": 0, "y": 0}
+    for q in plans:
+        for k, v in phase_tasks(q, products).items():
+            tasks[k] += v
+    return tasks
+
+
 def channel_tasks(up: GemvPlan, down: GemvPlan, products: int) -> dict[str, int]:
-    """DMA tasks of a column's shim channels over the whole program (`products` x rows, the
-    same for both phases): W (phase 1: W_g's and W_u's tap per round; phase 2: W_d's runs of
-    rounds), x (n once, x per group of rounds; then per round h's chunks, r and the padding) and
-    y (the drains of h's groups, then out's)."""
-    u, d = len(up.round_tasks()), len(down.round_tasks())
-    return {
-        "W": up.w_tasks(products) + products * d,
-        "x": 1 + products * u + down.w_tasks(products),
-        "y": products * (u + d),
-    }
+    """RMS_NORM_FFN_<glu>'s DMA tasks per shim channel of a column (`program_tasks` of its two
+    phases)."""
+    return program_tasks((up, down), products)
 
 
 def _phase_ok(q: GemvPlan, products, add: bool) -> bool:
     """Whether one phase's plan on a candidate shape is one its planner (tiling.plan_gemv,
     plan_gemv_blocks) could choose: the rows of a round, the K chunk's DMA runs (whole words,
     whole blocks, within a wrap), MUL_MAT_ADD's whole rounds with a column's r values in one x
-    object, n's task on the x channel. Memory, tasks and the weights' taps: `plan_ffn`."""
+    object, n's task on the x channel. Memory, tasks and the weights' taps: `plan_phases`."""
     C, R, nr, kc, K, N = q.columns, q.rows, q.rows_per_tile, q.k_chunk, q.K, q.N
     if C * R * nr > N or not _rows_ok(N, C, R, nr, None):
         return False
@@ -151,50 +195,129 @@ def _cost(q: GemvPlan, passes: int) -> int:
     return passes * q.rounds * q.k_steps * (q.rows_per_tile * vectors + 64)
 
 
-def k_chunks(up: GemvPlan, down: GemvPlan) -> list[int]:
-    """K chunks both phases can take, largest first: the divisors of K and F (whole blocks for
-    weights moved as bytes)."""
-    unit = up.w_block if up.w_block_bytes else 1
-    common = set(divisors(up.K)) & set(divisors(down.K))
+def k_chunks(*plans: GemvPlan) -> list[int]:
+    """K chunks every phase can take, largest first: the common divisors of their K (RMS_NORM_
+    FFN_<glu>: K and F; with the attention's phase also Ka), whole blocks for weights moved as
+    bytes (one weight type: the first plan's blocks)."""
+    unit = plans[0].w_block if plans[0].w_block_bytes else 1
+    common = set(divisors(plans[0].K))
+    for q in plans[1:]:
+        common &= set(divisors(q.K))
     return sorted((d for d in common if d % unit == 0), reverse=True)
 
 
-def plan_ffn(up: MatmulSpec, down: MatmulSpec, arch: Arch) -> tuple[GemvPlan, GemvPlan] | None:
-    """The cheapest shape (columns, rows, nr, kc) both phases' plans can take, as the pair of
-    plans on it, or None. Each candidate keeps what its phase's planner checks (`_phase_ok`),
-    the core's memory of both phases (`ffn_core_bytes`) and the DMA tasks of every shim
-    channel over the whole program (`channel_tasks`)."""
-    p1, p2 = up.plan, down.plan
-    pu, pd = up.products, down.products
-    options = k_chunks(p1, p2)
+def memtile_bytes(q: GemvPlan) -> int:
+    """A column's memory tile over the whole program: the W and y rings of the one shape (every
+    phase's tiles go through the same two rings; x goes from the shim to the cores)."""
+    return gemv_memtile_bytes(q, max(q.w_size, 1), F32)
+
+
+def plan_phases(specs, arch: Arch) -> tuple[GemvPlan, ...] | None:
+    """The cheapest shape (columns, rows, nr, kc) every phase's plan can take, as the phases'
+    plans on it, or None. `specs` are the phases' MatmulSpecs (one RMS_NORM_MUL_MAT_<glu>, the
+    others MUL_MAT_ADD's), all of one weight type and one count of products. Each candidate
+    keeps what its phase's planner checks (`_phase_ok`), the core's memory of every phase
+    (`ffn_core_bytes`), the memory tile's rings (`memtile_bytes`) and the DMA tasks of every
+    shim channel over the whole program (`program_tasks`)."""
+    base = [s.plan for s in specs]
+    products = [s.products for s in specs]
+    if len({len(p) for p in products}) != 1:
+        raise AssertionError("the phases have different counts of products")
+    count = len(products[0])
+    norm = next(i for i, s in enumerate(specs) if s.n is not None)
+    options = k_chunks(*base)
     best, best_key = None, None
     for columns in range(arch.columns, 0, -1):
         for rows in (4, 2, 1):
             for nr in GEMV_ROWS:
                 for kc in options:
                     shape = dict(columns=columns, rows=rows, rows_per_tile=nr, k_chunk=kc)
-                    a = dataclasses.replace(p1, **shape)
-                    b = dataclasses.replace(p2, **shape)
-                    if ffn_core_bytes(a) > arch.l1_budget:
+                    qs = [dataclasses.replace(p, **shape) for p in base]
+                    if ffn_core_bytes(qs[norm]) > arch.l1_budget:
                         continue
-                    if not (_phase_ok(a, pu, False) and _phase_ok(b, pd, True)):
+                    if memtile_bytes(qs[0]) > arch.memtile_bytes:
                         continue
-                    tasks = channel_tasks(a, b, len(pu))
-                    if max(tasks.values()) > MAX_TASKS_PER_CHANNEL:
+                    if not all(_phase_ok(q, ps, q.add) for q, ps in zip(qs, products)):
                         continue
-                    key = (_cost(a, 2) + _cost(b, 1), -columns * rows)
+                    if max(program_tasks(qs, count).values()) > MAX_TASKS_PER_CHANNEL:
+                        continue
+                    cost = sum(_cost(q, 2 if q.glu else 1) for q in qs)
+                    key = (cost, -columns * rows)
                     if best_key is not None and key >= best_key:
                         break  # smaller K chunks cost more: none of them is chosen
-                    if not (_taps_ok(a, pu) and _taps_ok(b, pd)):
+                    if not all(_taps_ok(q, ps) for q, ps in zip(qs, products)):
                         continue
-                    best, best_key = (a, b), key
+                    best, best_key = tuple(qs), key
                     break  # the largest K chunk that fits
     return best
 
 
+def plan_ffn(up: MatmulSpec, down: MatmulSpec, arch: Arch) -> tuple[GemvPlan, GemvPlan] | None:
+    """RMS_NORM_FFN_<glu>'s two phases on one shape (`plan_phases`)."""
+    return plan_phases((up, down), arch)
+
+
+def _same_weights(op: str, what: str, w, wg) -> None:
+    """Every phase's weights of the gate weights' type."""
+    if w.dtype == wg.dtype:
+        return
+    # Not only the one core object: every phase's tiles go through the cores' one W fifo,
+    # whose objects have one size, and no shared shape gives tiles of two types one size
+    # (README, "Not done").
+    raise UnsupportedError(
+        f"{op}: the {what} weights are {w.dtype}, the gate and up weights {wg.dtype}: every "
+        f"phase's weight tiles go through the cores' one W fifo (objects of one size) and "
+        f"one GEMV core object decodes them (one weight type); the backend runs the phases' "
+        f"ops unfused instead"
+    )
+
+
+def _phase(op: str, what: str, prepare, req: Request) -> MatmulSpec:
+    try:
+        return prepare(req)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{op}: the {what} phase: {e}") from None
+
+
+def _replan(op: str, specs, arch: Arch, wtype: str) -> tuple[MatmulSpec, ...]:
+    """The phases' specs with their plans on one shape (`plan_phases`), or the refusal."""
+    plans = plan_phases(specs, arch)
+    if plans is not None:
+        return tuple(dataclasses.replace(s, plan=q) for s, q in zip(specs, plans))
+    base = [s.plan for s in specs]
+    ks = " and ".join(f"{q.K}" for q in base)
+    if not k_chunks(*base):
+        why = f"K={ks} have no common K chunk of whole {base[0].w_block}-value blocks"
+    else:
+        why = (
+            f"no shape of the array fits every phase: one row tile and one K chunk (dividing "
+            f"{ks}, whole 32-bit words per row), rounds of the MUL_MAT_ADD phases dividing "
+            f"their rows with a column's rows within one chunk, the core's {arch.l1_budget} "
+            f"bytes holding the buffers, n and the GLU's stash, the memory tile's rings, and "
+            f"at most {MAX_TASKS_PER_CHANNEL} DMA tasks per shim channel over every phase"
+        )
+    raise UnsupportedError(f"{op} ({wtype} weights, {arch.name}): {why}")
+
+
+def _ffn_phases(req: Request, x, r, out, h, wg, wu, wd, n):
+    """Phase 1 (RMS_NORM_MUL_MAT_<glu> (W_g, W_u, x, n) -> h) and phase 2 (MUL_MAT_ADD (W_d, h,
+    r) -> out), each prepared by its op's planner."""
+    op = req.op
+    glu = op[op.index(PREFIX) + len(PREFIX) :]
+    phase1 = dataclasses.replace(
+        req, op=f"RMS_NORM_MUL_MAT_{glu}", inputs=(wg, wu, x, n), output=h, extra_outputs=()
+    )
+    phase2 = dataclasses.replace(
+        req, op="MUL_MAT_ADD", inputs=(wd, h, r), output=out, op_params=(), extra_outputs=()
+    )
+    up = _phase(op, "gate/up", prepare_rms_norm_mul_mat, phase1)
+    down = _phase(op, "down", prepare_mul_mat_add, phase2)
+    return up, down
+
+
 def prepare_rms_norm_ffn(req: Request) -> FfnSpec:
     """RMS_NORM_FFN_<glu>: RMS_NORM_MUL_MAT_<glu> (W_g, W_u, x, n) -> h, then MUL_MAT_ADD
-    (W_d, h, r) -> out, on one shape of the array (`plan_ffn`). Refused (UnsupportedError)
+    (W_d, h, r) -> out, on one shape of the array (`plan_phases`). Refused (UnsupportedError)
     where either phase is refused, where the weights are not of one type, and where no shape
     fits both phases."""
     _, arch = _check_common(req, strided=True)  # the input count, op_params, types
@@ -203,47 +326,38 @@ def prepare_rms_norm_ffn(req: Request) -> FfnSpec:
         raise RequestError(f"{op} has two outputs: out, then h in extra_outputs")
     wg, wu, wd, x, n, r = req.inputs
     out, (h,) = req.output, req.extra_outputs
-    if wd.dtype != wg.dtype:
-        # Not only the one core object: both phases' tiles go through the cores' one W fifo,
-        # whose objects have one size, and no shared shape gives tiles of two types one size
-        # (README, "Not done").
-        raise UnsupportedError(
-            f"{op}: the down weights are {wd.dtype}, the gate and up weights {wg.dtype}: both "
-            f"phases' weight tiles go through the cores' one W fifo (objects of one size) and "
-            f"one GEMV core object decodes them (one weight type); the backend runs "
-            f"RMS_NORM_MUL_MAT_{op[len(PREFIX) :]} and MUL_MAT_ADD instead"
-        )
+    _same_weights(op, "down", wd, wg)
     for what, t in (("x", x), ("n", n), ("r", r), ("out", out), ("h", h)):
         if t.dtype != "f32":
             raise UnsupportedError(f"{op}: {what} is {t.dtype}; x, n, r, out and h are f32")
-    glu = op[len(PREFIX) :]
-    phase1 = dataclasses.replace(
-        req, op=f"RMS_NORM_MUL_MAT_{glu}", inputs=(wg, wu, x, n), output=h, extra_outputs=()
+    up, down = _ffn_phases(req, x, r, out, h, wg, wu, wd, n)
+    up, down = _replan(op, (up, down), arch, wg.dtype)
+    return FfnSpec(req, arch, up, down)
+
+
+def prepare_mul_mat_add_rms_norm_ffn(req: Request) -> FfnSpec:
+    """MUL_MAT_ADD_RMS_NORM_FFN_<glu>: MUL_MAT_ADD (W_o, a, r0) -> r1, then RMS_NORM_FFN_<glu>'s
+    phases with x = r = r1, on one shape of the array (`plan_phases`). Refused
+    (UnsupportedError) where any phase is refused, where the four weights are not of one type,
+    and where no shape fits every phase."""
+    _, arch = _check_common(req, strided=True)  # the input count, op_params, types
+    op = req.op
+    if len(req.extra_outputs) != 2:
+        raise RequestError(f"{op} has three outputs: out, then r1 and h in extra_outputs")
+    wo, a, r0, wg, wu, wd, n = req.inputs
+    out, (r1, h) = req.output, req.extra_outputs
+    _same_weights(op, "output projection", wo, wg)
+    _same_weights(op, "down", wd, wg)
+    f32 = (("a", a), ("r0", r0), ("n", n), ("out", out), ("r1", r1), ("h", h))
+    for what, t in f32:
+        if t.dtype != "f32":
+            raise UnsupportedError(f"{op}: {what} is {t.dtype}; a, r0, n, out, r1 and h are f32")
+    phase0 = dataclasses.replace(
+        req, op="MUL_MAT_ADD", inputs=(wo, a, r0), output=r1, op_params=(), extra_outputs=()
     )
-    phase2 = dataclasses.replace(
-        req, op="MUL_MAT_ADD", inputs=(wd, h, r), output=out, op_params=(), extra_outputs=()
-    )
-    try:
-        up = prepare_rms_norm_mul_mat(phase1)
-    except UnsupportedError as e:
-        raise UnsupportedError(f"{op}: the gate/up phase: {e}") from None
-    try:
-        down = prepare_mul_mat_add(phase2)
-    except UnsupportedError as e:
-        raise UnsupportedError(f"{op}: the down phase: {e}") from None
-    plans = plan_ffn(up, down, arch)
-    if plans is None:
-        K, F = up.plan.K, down.plan.K
-        chunks = k_chunks(up.plan, down.plan)
-        why = (
-            f"K={K} and F={F} have no common K chunk of whole {up.plan.w_block}-value blocks"
-            if not chunks
-            else "no shape of the array fits both phases: one row tile and one K chunk "
-            f"(dividing K={K} and F={F}, whole 32-bit words per row), rounds of the down "
-            f"projection dividing K with a column's rows within one chunk, the core's "
-            f"{arch.l1_budget} bytes holding both phases' buffers, n and the GLU's stash, "
-            f"and at most {MAX_TASKS_PER_CHANNEL} DMA tasks per shim channel"
-        )
-        raise UnsupportedError(f"{op} ({wg.dtype} weights, {arch.name}): {why}")
-    a, b = plans
-    return FfnSpec(req, arch, dataclasses.replace(up, plan=a), dataclasses.replace(down, plan=b))
+    # Phase 0's checks first: r1 is its output (MUL_MAT_ADD's shapes, dense), which the other
+    # phases then read.
+    attn = _phase(op, "attention output", prepare_mul_mat_add, phase0)
+    up, down = _ffn_phases(req, r1, r1, out, h, wg, wu, wd, n)
+    attn, up, down = _replan(op, (attn, up, down), arch, wg.dtype)
+    return FfnSpec(req, arch, up, down, attn)

@@ -15,7 +15,9 @@ vector units, f32 is emulated. Type rules beyond the per-op list:
   RMS_NORM_MUL_MAT: `RMS_NORM_MUL_MAT_COMBOS`, RMS_NORM_MUL_MAT_<glu>:
   `RMS_NORM_MUL_MAT_GLU_COMBOS` (n is f32); RMS_NORM_MUL_MAT_ROPE(_FF): RMS_NORM_MUL_MAT's
   combos (n and the frequency factors f32, the positions i32); RMS_NORM_QKV_ROPE(_FF):
-  `RMS_NORM_QKV_ROPE_COMBOS`, per projection (Q, K, V) and independent of the others'.
+  `RMS_NORM_QKV_ROPE_COMBOS`, per projection (Q, K, V) and independent of the others';
+  RMS_NORM_FFN_<glu>: `RMS_NORM_FFN_COMBOS`, MUL_MAT_ADD_RMS_NORM_FFN_<glu>:
+  `MUL_MAT_ADD_RMS_NORM_FFN_COMBOS` (every weight input of the first type, the rest f32).
 """
 
 from dataclasses import dataclass
@@ -44,7 +46,7 @@ class OpSpec:
     noncontiguous: bool
     # "binary", "unary", "mul_mat", "mul_mat_glu", "mul_mat_add", "rows", "glu", "rope", "copy", "set_rows",
     # "flash_attn", "reduce", "rms_norm_mul_mat", "rms_norm_mul_mat_rope",
-    # "rms_norm_qkv_rope", "rms_norm_ffn"
+    # "rms_norm_qkv_rope", "rms_norm_ffn", "mul_mat_add_rms_norm_ffn"
     kind: str
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
@@ -159,6 +161,21 @@ _NORM_FFN_LIMITS = (
     "array's rows per round of the down projection, n kept on every core; whatever "
     "RMS_NORM_MUL_MAT_<glu> or MUL_MAT_ADD refuses (dense N that MUL_MAT's GEMM takes, more than "
     "1024 DMA tasks per shim channel) is refused"
+)
+
+_ATTN_FFN_LIMITS = (
+    "llama's attention output projection and residual ADD (MUL_MAT_ADD) and the feed-forward "
+    "block reading its result (RMS_NORM_FFN_<glu>) in one dispatch: inputs W_o [Ka,K], a (f32 "
+    "[Ka,N], the attention's output), r0 (f32, MUL_MAT_ADD's r: [K,N] or repeated over r1), W_g, "
+    "W_u [K,F], W_d [F,K], n (f32 [K]); the four weights of one type (RMS_NORM_MUL_MAT_<glu>'s "
+    "weights); op_params[0] eps; outputs out f32 [K,N] (output, contiguous) and r1 f32 [K,N] = "
+    "W_o . a + r0, h f32 [F,N] (extra_outputs, in that order), then h and out as "
+    "RMS_NORM_FFN_<glu> computes them with x = r = r1. The three GEMVs on the same cores and "
+    "fifos, r1 and h written to memory and read back after every write of them has completed: "
+    "one row tile and one K chunk for all (dividing Ka, K and F), K a multiple of the array's "
+    "rows per round of the MUL_MAT_ADD phases, n kept on every core, at most 1024 DMA tasks per "
+    "shim channel over the three phases; whatever MUL_MAT_ADD or RMS_NORM_MUL_MAT_<glu> refuses "
+    "for its phase (dense N that MUL_MAT's GEMM takes) is refused"
 )
 
 _ROWS_LIMITS = (
@@ -279,6 +296,14 @@ def _rms_norm_ffn(op: str) -> OpSpec:
     return OpSpec(op, FFN, 6, types, True, True, "rms_norm_ffn", _NORM_FFN_LIMITS, 1, outputs=2)
 
 
+def _mul_mat_add_rms_norm_ffn(op: str) -> OpSpec:
+    # RMS_NORM_FFN_<glu>'s types; inputs W_o, a, r0, W_g, W_u, W_d, n; eps; three outputs (out,
+    # then r1 and h).
+    types = ("bf16", "f16", "f32") + QUANT_TYPES
+    kind, limits = "mul_mat_add_rms_norm_ffn", _ATTN_FFN_LIMITS
+    return OpSpec(op, FFN, 7, types, True, True, kind, limits, 1, outputs=3)
+
+
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
     return OpSpec(op, UNARY_OPS, 1, tuple(types), False, False, "unary", limits, params)
 
@@ -366,6 +391,10 @@ OPS: tuple[OpSpec, ...] = (
     # A feed-forward block (RMS_NORM_MUL_MAT_<glu>, then MUL_MAT_ADD of its result) in one
     # dispatch, two outputs: inputs W_g, W_u, W_d, x, n, r; op_params eps (designs/ffn.py).
     *(_rms_norm_ffn(f"RMS_NORM_FFN_{glu}") for glu in _GLU_NAMES),
+    # The attention output projection and residual ADD (MUL_MAT_ADD) folded ahead of the
+    # feed-forward block reading its result, three outputs: inputs W_o, a, r0, W_g, W_u, W_d, n;
+    # op_params eps (designs/ffn.py).
+    *(_mul_mat_add_rms_norm_ffn(f"MUL_MAT_ADD_RMS_NORM_FFN_{glu}") for glu in _GLU_NAMES),
     # Row ops (designs/_rows.py): op_params eps (norms), scale and max_bias (SOFT_MAX).
     _rows("RMS_NORM", 1, ("f32",), 1),
     _rows("NORM", 1, ("f32",), 1),
@@ -510,6 +539,11 @@ RMS_NORM_QKV_ROPE_COMBOS: dict[str, tuple[tuple[str, str, str], ...]] = {
 # (weights, x, outputs) type triples of RMS_NORM_FFN_<glu> (W_g, W_u and W_d of the first type;
 # n and r f32; out and h f32): RMS_NORM_MUL_MAT_<glu>'s, which are MUL_MAT_ADD's.
 RMS_NORM_FFN_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_MUL_MAT_GLU_COMBOS
+
+# (weights, a, out) type triples of MUL_MAT_ADD_RMS_NORM_FFN_<glu> (W_o, W_g, W_u and W_d of the
+# first type; r0, n, r1 and h f32): RMS_NORM_FFN_<glu>'s (its phase 0 is MUL_MAT_ADD, whose
+# combos they are too).
+MUL_MAT_ADD_RMS_NORM_FFN_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_FFN_COMBOS
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
 SOURCES: tuple[str, ...] = (

@@ -75,6 +75,9 @@ NORM_MM_ROPE = ["RMS_NORM_MUL_MAT_ROPE", "RMS_NORM_MUL_MAT_ROPE_FF"]
 NORM_QKV = ["RMS_NORM_QKV_ROPE", "RMS_NORM_QKV_ROPE_FF"]
 # A feed-forward block in one kernel (RMS_NORM_MUL_MAT_<glu>, then MUL_MAT_ADD; two outputs).
 NORM_FFN = [f"RMS_NORM_FFN_{op}" for op in GLU]
+# The attention output projection and residual ADD ahead of the feed-forward block (MUL_MAT_ADD,
+# then RMS_NORM_FFN_<glu>'s phases; three outputs).
+ATTN_FFN = [f"MUL_MAT_ADD_RMS_NORM_FFN_{op}" for op in GLU]
 ROPE = ["ROPE", "ROPE_FF"]
 # Issue 15: the copies and the KV-cache write (f32/f16/bf16; SET_ROWS' i32/i64 indices).
 COPIES = ["DUP", "CPY", "CONT"]
@@ -122,7 +125,7 @@ class CapabilitiesTest(unittest.TestCase):
             mm = (
                 op["op"] in ("MUL_MAT", "MUL_MAT_ADD")
                 or op["op"] in MM_GLU + NORM_MM + NORM_MM_ROPE + NORM_QKV
-                or op["op"] in NORM_FFN
+                or op["op"] in NORM_FFN + ATTN_FFN
             )
             extra = set(("f16",) + QUANT_TYPES) if mm else {"f16"}
             if op["op"] in ("SET_ROWS", "COUNT_EQUAL"):
@@ -148,6 +151,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + NORM_MM_ROPE
                 + NORM_QKV
                 + NORM_FFN
+                + ATTN_FFN
                 + ROW_OPS
                 + GLU
                 + ROPE
@@ -201,6 +205,7 @@ class CapabilitiesTest(unittest.TestCase):
                 "rms_norm_mul_mat_rope",
                 "rms_norm_qkv_rope",
                 "rms_norm_ffn",
+                "mul_mat_add_rms_norm_ffn",
             )
         }
         self.assertEqual(params, set(WITH_PARAMS))
@@ -259,7 +264,8 @@ class CapabilitiesTest(unittest.TestCase):
             self.assertEqual(o["types"], ops["RMS_NORM_MUL_MAT_ROPE"]["types"], op)
         self.assertEqual({s.params for s in registry.OPS if s.kind == "rms_norm_qkv_rope"}, {12})
         self.assertEqual(
-            {o["op"] for o in ops.values() if "outputs" in o}, set(NORM_QKV + NORM_FFN)
+            {o["op"] for o in ops.values() if "outputs" in o},
+            set(NORM_QKV + NORM_FFN + ATTN_FFN),
         )
         # W_g, W_u, W_d, x, n, r; eps; out, then h (extra_outputs).
         for op in NORM_FFN:
@@ -270,9 +276,29 @@ class CapabilitiesTest(unittest.TestCase):
             self.assertEqual(o["type_combos"], ops["RMS_NORM_MUL_MAT_SWIGLU"]["type_combos"], op)
             self.assertEqual(o["types"], ops["RMS_NORM_MUL_MAT_SWIGLU"]["types"], op)
         self.assertEqual({s.params for s in registry.OPS if s.kind == "rms_norm_ffn"}, {1})
+        # W_o, a, r0, W_g, W_u, W_d, n; eps; out, then r1 and h (extra_outputs).
+        for op in ATTN_FFN:
+            o = ops[op]
+            got = (o["inputs"], o["outputs"], o["broadcast"], o["noncontiguous"])
+            self.assertEqual(got, (7, 3, True, True), op)
+            self.assertEqual(o["kernel_source"], "ffn.py")
+            self.assertEqual(o["type_combos"], ops["RMS_NORM_FFN_SWIGLU"]["type_combos"], op)
+            self.assertEqual(o["types"], ops["RMS_NORM_FFN_SWIGLU"]["types"], op)
+        self.assertEqual(
+            {s.params for s in registry.OPS if s.kind == "mul_mat_add_rms_norm_ffn"}, {1}
+        )
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
-            set(WITH_F16 + MM_GLU + NORM_MM + NORM_MM_ROPE + NORM_QKV + NORM_FFN + self.FLASH_ATTN)
+            set(
+                WITH_F16
+                + MM_GLU
+                + NORM_MM
+                + NORM_MM_ROPE
+                + NORM_QKV
+                + NORM_FFN
+                + ATTN_FFN
+                + self.FLASH_ATTN
+            )
             | {"MUL_MAT", "MUL_MAT_ADD", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"}
             >= with_f16
         )
@@ -436,6 +462,21 @@ class CapabilitiesTest(unittest.TestCase):
                                 arch=arch,
                                 op_params=[0x3727C5AC],
                                 extra_outputs=[tensor("f32", [1024, 1])],
+                            )
+                        elif spec.kind == "mul_mat_add_rms_norm_ffn":
+                            # The four weights of the type; a, r0, n, out, r1 and h f32. Ka, K
+                            # and F multiples of 512: q6_K's K chunks of whole words.
+                            combos = registry.MUL_MAT_ADD_RMS_NORM_FFN_COMBOS
+                            s0, s1, d = [c for c in combos if dtype in c][0]
+                            w, wd = tensor(s0, [512, 1024]), tensor(s0, [1024, 512])
+                            x = tensor(s1, [512, 1])
+                            req = request_json(
+                                spec.op,
+                                [tensor(s0, [512, 512]), x, x, w, w, wd, tensor("f32", [512])],
+                                tensor(d, [512, 1]),
+                                arch=arch,
+                                op_params=[0x3727C5AC],
+                                extra_outputs=[tensor("f32", [512, 1]), tensor("f32", [1024, 1])],
                             )
                         elif spec.kind == "rows":
                             req = row_request(spec.op, dtype, arch)

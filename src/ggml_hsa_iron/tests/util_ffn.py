@@ -1,8 +1,9 @@
-"""RMS_NORM_FFN_<glu>'s test scaffolding: its requests, Llama-sized random operands made with
-numpy, the design run in order (util_emu_seq.py) with r and out in x's memory or apart, the
-two kernels it replaces (RMS_NORM_MUL_MAT_<glu>, then MUL_MAT_ADD) run in sequence, and the
-numpy references (test_rms_norm_ffn.py). Everything past the requests needs numpy and
-ml_dtypes."""
+"""RMS_NORM_FFN_<glu>'s and MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s test scaffolding: their requests,
+Llama-sized random operands made with numpy, the design run in order (util_emu_seq.py) with r
+and out in x's memory or apart (r1 and out in r0's), the kernels it replaces
+(RMS_NORM_MUL_MAT_<glu>, then MUL_MAT_ADD; MUL_MAT_ADD ahead of them) run in sequence, and the
+numpy references (test_rms_norm_ffn.py, test_mul_mat_add_rms_norm_ffn.py). Everything past the
+requests needs numpy and ml_dtypes."""
 
 import struct
 
@@ -32,6 +33,29 @@ def ffn_request(glu, wtype, N, K, F, arch="aie2p", r=None, wd_type=None, **kw):
 
 def ffn_spec(*args, **kw):
     return prepare(parse_request(ffn_request(*args, **kw)))
+
+
+def attn_ffn_request(glu, wtype, N, Ka, K, F, arch="aie2p", r0=None, wo_type=None, **kw):
+    """MUL_MAT_ADD_RMS_NORM_FFN_<glu> of W_o [Ka, K] (of `wo_type`, default `wtype`), a [Ka, N],
+    r0 (default [K, N]), W_g, W_u [K, F], W_d [F, K] (of `wd_type`, default `wtype`) and n [K];
+    out [K, N], r1 [K, N], h [F, N]. `kw`: request_json's (and per-operand overrides: a, n,
+    out, r1, h as Tensors)."""
+    wo = tensor(wo_type or wtype, [Ka, K])
+    wg, wd = tensor(wtype, [K, F]), tensor(kw.pop("wd_type", None) or wtype, [F, K])
+    a = kw.pop("a", None) or tensor("f32", [Ka, N])
+    n = kw.pop("n", None) or tensor("f32", [K])
+    out = kw.pop("out", None) or tensor("f32", [K, N])
+    r1 = kw.pop("r1", None) or tensor("f32", [K, N])
+    h = kw.pop("h", None) or tensor("f32", [F, N])
+    r0 = r0 or tensor("f32", [K, N])
+    kw.setdefault("op_params", [EPS_BITS])
+    kw.setdefault("extra_outputs", [r1, h])
+    op = f"MUL_MAT_ADD_RMS_NORM_FFN_{glu}"
+    return request_json(op, [wo, a, r0, wg, wg, wd, n], out, arch, **kw)
+
+
+def attn_ffn_spec(*args, **kw):
+    return prepare(parse_request(attn_ffn_request(*args, **kw)))
 
 
 try:
@@ -134,19 +158,117 @@ class FfnCase:
         W_d . h + r computed from the h the design wrote (rounded to bf16 for the decoding
         GEMV of block weights), within f32 summation error."""
         what = f"{self.glu} {self.ty} N={self.N} K={self.K} F={self.F} {self.arch}"
-        g, g_err = norm_reference(self.ty, self.x, self.n, self.wg)
-        u, u_err = norm_reference(self.ty, self.x, self.n, self.wu)
-        _check_glu(test, self.glu, h.astype(np.float64), g, u, g_err, u_err, f"h of {what}")
-        hv = h.astype(np.float64) if self.ty == "f32" else _bf16(h)
-        prods = np.abs(hv) @ np.abs(self.wd).T
-        want = hv @ self.wd.T + self.r.astype(np.float64)
-        tol = prods * 2.0**-20 + np.abs(want) * 2.0**-22 + 1e-30
-        bad = ~(np.abs(out.astype(np.float64) - want) <= tol)  # NaN fails too
-        if bad.any():
-            test.fail(
-                f"out of {what}: {int(bad.sum())} of {out.size} wrong, first at "
-                f"{np.argwhere(bad)[0]}: {out[bad][0]} vs {want[bad][0]}"
-            )
+        check_h(test, self.glu, self.ty, self.x, self.n, self.wg, self.wu, h, f"h of {what}")
+        check_add(test, self.ty, h, self.wd, self.r, out, f"out of {what}")
+
+
+def check_h(test, glu, ty, x, n, wg, wu, h, what):
+    """h [N, F] against numpy: RMS_NORM_MUL_MAT_<glu>'s reference and tolerance of x [N, K]."""
+    g, g_err = norm_reference(ty, x, n, wg)
+    u, u_err = norm_reference(ty, x, n, wu)
+    _check_glu(test, glu, h.astype(np.float64), g, u, g_err, u_err, what)
+
+
+def check_add(test, ty, x, w, r, got, what):
+    """got [N, rows] against W . x + r (MUL_MAT_ADD) computed from x [N, cols] (rounded to bf16
+    for the decoding GEMV of block weights) and the weights' values w [rows, cols], within f32
+    summation error."""
+    xv = x.astype(np.float64) if ty == "f32" else _bf16(x)
+    prods = np.abs(xv) @ np.abs(w).T
+    want = xv @ w.T + r.astype(np.float64)
+    tol = prods * 2.0**-20 + np.abs(want) * 2.0**-22 + 1e-30
+    bad = ~(np.abs(got.astype(np.float64) - want) <= tol)  # NaN fails too
+    if bad.any():
+        test.fail(
+            f"{what}: {int(bad.sum())} of {got.size} wrong, first at "
+            f"{np.argwhere(bad)[0]}: {got[bad][0]} vs {want[bad][0]}"
+        )
+
+
+# Where r0, r1 and out are (AttnFfnCase.layout): apart; r1 in r0's memory and out in it too
+# (llama's two residual ADDs in place, each over its residual); r0 one row [K] repeated over
+# the tokens (a bias), r1 and out apart.
+ATTN_LAYOUTS = ("apart", "in_place", "bias")
+
+
+class AttnFfnCase:
+    """One MUL_MAT_ADD_RMS_NORM_FFN_<glu> request's random operands: weights (fast_weights), a
+    and n (util_norm's: rows of unequal magnitude), r0 (and r1 and out) as `layout` says
+    (ATTN_LAYOUTS)."""
+
+    def __init__(self, glu, ty, N, Ka, K, F, arch, layout="apart", seed=0):
+        assert layout in ATTN_LAYOUTS, layout
+        self.glu, self.ty, self.N, self.Ka, self.K, self.F = glu, ty, N, Ka, K, F
+        self.arch, self.layout = arch, layout
+        nrng = np.random.default_rng(seed)
+        self.wo_bytes, self.wo = fast_weights(ty, K, Ka, nrng)
+        self.wg_bytes, self.wg = fast_weights(ty, F, K, nrng)
+        self.wu_bytes, self.wu = fast_weights(ty, F, K, nrng)
+        self.wd_bytes, self.wd = fast_weights(ty, K, F, nrng)
+        self.a, _ = norm_inputs(nrng, N, Ka)
+        _, self.n = norm_inputs(nrng, N, K)
+        rows = 1 if layout == "bias" else N
+        self.r0 = nrng.uniform(-4, 4, (rows, K)).astype(np.float32)
+        r0 = tensor("f32", [K, rows]) if layout == "bias" else None
+        self.spec = attn_ffn_spec(glu, ty, N, Ka, K, F, arch, r0=r0)
+
+    def args(self):
+        """Fresh memories for a dispatch, in the sequence's order (W_o, a, r0, W_g, W_u, W_d, n,
+        out, r1, h): r0, r1 and out one array in place."""
+        sizes = arg_bytes(self.spec)
+        r0 = buffer_of(self.r0)
+        r1 = r0 if self.layout == "in_place" else new_buffer(sizes[8])
+        out = r0 if self.layout == "in_place" else new_buffer(sizes[7])
+        wo, wg, wu, wd = (
+            buffer_of(b) for b in (self.wo_bytes, self.wg_bytes, self.wu_bytes, self.wd_bytes)
+        )
+        a, n, h = buffer_of(self.a), buffer_of(self.n), new_buffer(sizes[9])
+        return [wo, a, r0, wg, wu, wd, n, out, r1, h]
+
+    def run(self):
+        """(r1 [N, K], h [N, F], out [N, K]) as f32 arrays from the emulated design; in place,
+        r1 is what the memory holds at the end (out)."""
+        args = self.args()
+        run_spec_in_order(self.spec, args)
+        return self._results(args[8], args[9], args[7])
+
+    def run_three_kernels(self, attn=None, up=None, down=None):
+        """(r1, h, out) from MUL_MAT_ADD's design (spec `attn`, default the program's phase 0 on
+        its shape), then RMS_NORM_MUL_MAT_<glu>'s (`up`, default phase 1) on the r1 it wrote
+        and MUL_MAT_ADD's (`down`, default phase 2) on that h and r1, with the same memories
+        (in place as the program runs)."""
+        wo, a, r0, wg, wu, wd, n, out, r1, h = self.args()
+        s = self.spec
+        run_spec_in_order(attn or s.attn, [wo, a, r0, r1])
+        run_spec_in_order(up or s.up, [wg, wu, r1, n, h])
+        run_spec_in_order(down or s.down, [wd, h, r1, out])
+        return self._results(r1, h, out)
+
+    def _results(self, r1, h, out):
+        def f32(buf, cols):
+            return np.frombuffer(buf.tobytes(), np.float32).reshape(self.N, cols).copy()
+
+        return f32(r1, self.K), f32(h, self.F), f32(out, self.K)
+
+    def check(self, test, r1, h, out):
+        """r1 against W_o . a + r0, h against RMS_NORM_MUL_MAT_<glu>'s reference of x = r1 (the
+        r1 the design wrote: the phases' references chained on the design's results) and out
+        against W_d . h + r1, each within its op's tolerance (check_add, check_h). In place the
+        memory of r1 ends holding out: r1 is then phase 0's alone (`r1_alone`)."""
+        what = f"{self.glu} {self.ty} N={self.N} Ka={self.Ka} K={self.K} F={self.F} {self.arch}"
+        if self.layout == "in_place":
+            # r1's memory holds out now: r1 recomputed by phase 0 alone (checked as well).
+            r1 = self.r1_alone()
+        check_add(test, self.ty, self.a, self.wo, self.r0, r1, f"r1 of {what}")
+        check_h(test, self.glu, self.ty, r1, self.n, self.wg, self.wu, h, f"h of {what}")
+        check_add(test, self.ty, h, self.wd, r1, out, f"out of {what}")
+
+    def r1_alone(self):
+        """r1 as the program's phase 0 computes it, from MUL_MAT_ADD's design alone, apart."""
+        wo, a, r0 = self.args()[:3]
+        r1 = new_buffer(arg_bytes(self.spec)[8])
+        run_spec_in_order(self.spec.attn, [wo, a, r0, r1])
+        return np.frombuffer(r1.tobytes(), np.float32).reshape(self.N, self.K).copy()
 
 
 def assert_same_bits(test, got, want, what):
