@@ -107,9 +107,9 @@ ops=$(python3 scripts/ops_doc.py --ops-only <"$csv")
 # Under packet ABI c (kernels loaded as AIE code objects, what the newest ROCR takes): CI's only
 # sweep of every op; the other packet ABIs run the starter and model ops
 # (tests/backend_ops_sim.rs). FLASH_ATTN_EXT (about 40% of the cases) and the other ops in two
-# processes one after the other: run at once on a 24 GiB machine, one of them sometimes stops
-# being able to start the kernel compiler (fork fails with ENOMEM) and every later case of it
-# fails. Not test-backend-ops' -j either, whose workers print CSV rows field by field into one
+# processes at once (the backend starts the kernel compiler with posix_spawn, which copies
+# nothing of the host's memory: with fork, two such processes on a 24 GiB machine made it fail
+# with ENOMEM). Not test-backend-ops' -j, whose workers print CSV rows field by field into one
 # stdout, interleaved.
 fa_ops=$(echo "$ops" | tr ',' '\n' | grep -x 'FLASH_ATTN_EXT' | paste -sd, || true)
 rest_ops=$(echo "$ops" | tr ',' '\n' | grep -vx 'FLASH_ATTN_EXT' | paste -sd,)
@@ -118,10 +118,11 @@ sweep() { # ops, CSV file
     HSA_SIM_PACKET_ABI=c GGML_HSA_PACKET_ABI=c \
         "$LLAMA_CPP_BIN/test-backend-ops" test -b HSA0 -o "$1" --output csv 2>/dev/null >"$2" || true
 }
-sweep "$rest_ops" "$csv"
 if [ -n "$fa_ops" ]; then
-    sweep "$fa_ops" "$csv.fa"
+    sweep "$fa_ops" "$csv.fa" &
 fi
+sweep "$rest_ops" "$csv"
+wait
 if [ -s "$csv.fa" ]; then tail -n +2 "$csv.fa" >>"$csv"; fi
 rm -f "$csv.fa"
 
