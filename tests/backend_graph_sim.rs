@@ -405,6 +405,11 @@ fn the_attention_output_and_the_feed_forward_block_run_as_one_kernel_or_apart_if
         &kernel_cache("ffn-attn"),
         &["mul_mat_add_rms_norm_ffn_swiglu-f32_96x64-f32_96-f32_64-f32_64x128-f32_64x128-f32_128x64-f32_64-f32_64-f32_64-f32_128-p"],
     );
+    // The block's ADD in place (its output in x's memory, as ggml's allocator may place it):
+    // still one kernel, the output written over r1 last.
+    let o = run("ffn-attn-inplace", "ffn-attn-inplace", 1, &[]);
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 1, "{}", o.text);
     // Declined: the projection with its residual, then the block as one kernel.
     let o = run_declining(
         "ffn-attn-declined",
@@ -789,7 +794,13 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
     }
     if let Some(variant) = graph.strip_prefix("ffn") {
         // SAFETY: as for this function.
-        return unsafe { compute_ffn(reg, variant == "-attn") };
+        return unsafe {
+            compute_ffn(
+                reg,
+                variant.starts_with("-attn"),
+                variant == "-attn-inplace",
+            )
+        };
     }
     if let Some(rope) = graph.strip_prefix("normfold") {
         // SAFETY: as for this function.
@@ -1242,11 +1253,13 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool, v_f16: boo
 /// error 1e-4); prints `FFN <ok|bad>`. With `attn` (the "ffn-attn" child), x is itself the
 /// attention output projection [96 x 64] of an attention output a [96] plus the layer input r0
 /// (MUL_MAT, ADD), as llama's ffn_inp; x is checked too (`FFN x <ok|bad>`), and its row as a
-/// host GET_ROWS after the block gathers it (`FFN gathered <ok|bad>`).
+/// host GET_ROWS after the block gathers it (`FFN gathered <ok|bad>`). With `inplace` (the
+/// "ffn-attn-inplace" child) the block's ADD writes into x (ggml_add_inplace), so x ends as
+/// the output, which both checks of x then expect.
 ///
 /// # Safety
 /// `reg` is the plugin's registry.
-unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t, attn: bool) {
+unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t, attn: bool, inplace: bool) {
     const K: usize = 64;
     const F: usize = 128;
     const EPS: f32 = 1e-5;
@@ -1272,7 +1285,11 @@ unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t, attn: bool) {
             sys::ggml_mul_mat(ctx, wg, z),
             sys::ggml_mul_mat(ctx, wu, z),
         );
-        let out = sys::ggml_add(ctx, sys::ggml_mul_mat(ctx, wd, h), x);
+        let out = if inplace {
+            sys::ggml_add_inplace(ctx, x, sys::ggml_mul_mat(ctx, wd, h))
+        } else {
+            sys::ggml_add(ctx, sys::ggml_mul_mat(ctx, wd, h), x)
+        };
         let gf = sys::ggml_new_graph(ctx);
         sys::ggml_build_forward_expand(gf, out);
         // With `attn`, x's row gathered on the host after the block (GET_ROWS, a host op): it
@@ -1350,12 +1367,17 @@ unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t, attn: bool) {
             .all(|(g, e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0));
         println!("FFN {}", if ok { "ok" } else { "bad" });
         if attn {
+            let x_want: Vec<f64> = if inplace {
+                want.clone()
+            } else {
+                xs.iter().map(|&v| f64::from(v)).collect()
+            };
             for (what, t) in [("x", x), ("gathered", gathered)] {
                 sys::ggml_backend_tensor_get(t, got.as_mut_ptr().cast(), 0, got.len());
                 let ok = got
                     .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                    .zip(&xs)
+                    .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+                    .zip(&x_want)
                     .all(|(g, &e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0));
                 println!("FFN {what} {}", if ok { "ok" } else { "bad" });
             }

@@ -672,7 +672,14 @@ pub unsafe fn execute(
             });
         }
     }
-    for (buf, dst) in std::iter::once(&out).chain(&extra).zip(&operands[n_in..]) {
+    // The extra outputs first, the output last: the output may be written in place of one
+    // (MUL_MAT_ADD_RMS_NORM_FFN's out over r1, the block's ADD in place), as the kernel's last
+    // phase writes it after the others.
+    let written = extra
+        .iter()
+        .zip(&operands[n_in + 1..])
+        .chain(std::iter::once((&out, &operands[n_in])));
+    for (buf, dst) in written {
         // SAFETY: the caller guarantees [dst.addr, dst.addr+dst.len) is writable and each
         // output's extent (buf.bytes.len()) is <= dst.len (checked above); `buf.bytes` is a
         // distinct Vec.
