@@ -151,12 +151,6 @@ def program_tasks(plans, products: int) -> dict[str, int]:
     return tasks
 
 
-def channel_tasks(up: GemvPlan, down: GemvPlan, products: int) -> dict[str, int]:
-    """RMS_NORM_FFN_<glu>'s DMA tasks per shim channel of a column (`program_tasks` of its two
-    phases)."""
-    return program_tasks((up, down), products)
-
-
 def _phase_ok(q: GemvPlan, products, add: bool) -> bool:
     """Whether one phase's plan on a candidate shape is one its planner (tiling.plan_gemv,
     plan_gemv_blocks) could choose: the rows of a round, the K chunk's DMA runs (whole words,
@@ -250,11 +244,6 @@ def plan_phases(specs, arch: Arch) -> tuple[GemvPlan, ...] | None:
                     best, best_key = tuple(qs), key
                     break  # the largest K chunk that fits
     return best
-
-
-def plan_ffn(up: MatmulSpec, down: MatmulSpec, arch: Arch) -> tuple[GemvPlan, GemvPlan] | None:
-    """RMS_NORM_FFN_<glu>'s two phases on one shape (`plan_phases`)."""
-    return plan_phases((up, down), arch)
 
 
 def _same_weights(op: str, what: str, w, wg) -> None:

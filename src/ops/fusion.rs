@@ -530,6 +530,24 @@ pub fn fold_rope<'a>(
     })
 }
 
+/// The last node before `at` writing `t`'s memory, and the node whose kernel computes it (the
+/// first of its run when a fused kernel covers it).
+fn kernel_writing<'a>(
+    nodes: &[Node],
+    at: usize,
+    t: &Tensor,
+    planned: &impl Fn(usize) -> Planned<'a>,
+) -> Option<(usize, usize)> {
+    let writer = (0..at)
+        .rev()
+        .find(|&k| !matches!(planned(k), Planned::Nothing) && overlaps(&nodes[k].dst, t))?;
+    let mut k = writer;
+    while matches!(planned(k), Planned::Covered) {
+        k = k.checked_sub(1)?;
+    }
+    Some((writer, k))
+}
+
 /// A feed-forward block's two kernels as one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FfnFold {
@@ -558,14 +576,7 @@ pub fn fold_ffn<'a>(
     if down.op != catalogue::MUL_MAT_ADD.name {
         return None;
     }
-    // The kernel that wrote h: the run holding the last node before `at` writing its memory.
-    let writer = (0..at)
-        .rev()
-        .find(|&k| !matches!(planned(k), Planned::Nothing) && overlaps(&nodes[k].dst, h))?;
-    let mut k = writer;
-    while matches!(planned(k), Planned::Covered) {
-        k = k.checked_sub(1)?;
-    }
+    let (writer, k) = kernel_writing(nodes, at, h, &planned)?;
     let Planned::Kernel(glu, [wg, wu, x, n, hz]) = planned(k) else {
         return None;
     };
@@ -636,14 +647,7 @@ pub fn fold_attn_ffn<'a>(
     if !same(x, r) {
         return None;
     }
-    // The kernel that wrote r1: the run holding the last node before `at` writing its memory.
-    let writer = (0..at)
-        .rev()
-        .find(|&k| !matches!(planned(k), Planned::Nothing) && overlaps(&nodes[k].dst, x))?;
-    let mut k = writer;
-    while matches!(planned(k), Planned::Covered) {
-        k = k.checked_sub(1)?;
-    }
+    let (writer, k) = kernel_writing(nodes, at, x, &planned)?;
     let Planned::Kernel(proj, [wo, a, r0, r1]) = planned(k) else {
         return None;
     };

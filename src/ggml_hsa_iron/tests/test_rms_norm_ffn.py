@@ -30,7 +30,7 @@ import unittest
 
 from ggml_hsa_iron.errors import RequestError, UnsupportedError
 from ggml_hsa_iron.plans import prepare
-from ggml_hsa_iron.plans_ffn import channel_tasks, ffn_core_bytes
+from ggml_hsa_iron.plans_ffn import ffn_core_bytes, program_tasks
 from ggml_hsa_iron.request import Tensor, parse_request
 from ggml_hsa_iron.tiling import MAX_TASKS_PER_CHANNEL, SHIM_GROUP_TASKS, mv_norm_bytes, stash_bytes
 
@@ -169,7 +169,7 @@ class FfnPlanTest(unittest.TestCase):
                         self.assertLessEqual(sum(tasks.values()), SHIM_GROUP_TASKS)
                         for k, v in tasks.items():
                             count[k][col] += v
-                want = channel_tasks(spec.up.plan, spec.down.plan, N)
+                want = program_tasks((spec.up.plan, spec.down.plan), N)
                 for k, v in count.items():
                     self.assertEqual(set(v), {want[k]}, k)
                     self.assertLessEqual(want[k], MAX_TASKS_PER_CHANNEL, k)
