@@ -441,6 +441,35 @@ fn the_attention_output_and_the_feed_forward_block_run_as_one_kernel_or_apart_if
     );
 }
 
+#[test]
+fn a_decode_attention_and_the_block_after_it_run_as_one_kernel_or_apart_if_declined() {
+    // llama's decode attention (FLASH_ATTN_EXT with its mask), its output projection with the
+    // residual, then the feed-forward block: one kernel (FLASH_ATTN_FFN_SWIGLU) writing the
+    // attention, ffn_inp, h and the output.
+    let all_ok = |o: &Outcome| {
+        assert!(o.has("STATUS 0 0"), "{}", o.text);
+        for what in ["FFN ok", "FFN x ok", "FFN gathered ok", "FFN a ok"] {
+            assert!(o.has(what), "{what}: {}", o.text);
+        }
+        assert!(!o.has("on the CPU"), "{}", o.text);
+    };
+    let o = run("ffn-fa", "ffn-fa", 1, &[]);
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 1, "{}", o.text);
+    common::assert_kernels_built(
+        &kernel_cache("ffn-fa"),
+        &["flash_attn_ffn_swiglu-f32_32x1x3-f16_32x16-f16_32x16-f16_16-f32_96x64-f32_64-"],
+    );
+    // Declined: the attention, then the projection and the block as one kernel.
+    let o = run_declining("ffn-fa-declined", "ffn-fa", "FLASH_ATTN_FFN_SWIGLU");
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 2, "{}", o.text);
+    common::assert_kernels_built(
+        &kernel_cache("ffn-fa-declined"),
+        &["flash_attn_ext_mask-", "mul_mat_add_rms_norm_ffn_swiglu-"],
+    );
+}
+
 /// The aie2p kernel cache of the run tagged `tag`.
 fn kernel_cache(tag: &str) -> std::path::PathBuf {
     common::scratch_path(&format!("graph-{tag}"))
@@ -793,12 +822,14 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
         return unsafe { compute_evict(reg, computes) };
     }
     if let Some(variant) = graph.strip_prefix("ffn") {
+        let fa = variant == "-fa";
         // SAFETY: as for this function.
         return unsafe {
             compute_ffn(
                 reg,
-                variant.starts_with("-attn"),
+                variant.starts_with("-attn") || fa,
                 variant == "-attn-inplace",
+                fa,
             )
         };
     }
@@ -1255,11 +1286,15 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool, v_f16: boo
 /// (MUL_MAT, ADD), as llama's ffn_inp; x is checked too (`FFN x <ok|bad>`), and its row as a
 /// host GET_ROWS after the block gathers it (`FFN gathered <ok|bad>`). With `inplace` (the
 /// "ffn-attn-inplace" child) the block's ADD writes into x (ggml_add_inplace), so x ends as
-/// the output, which both checks of x then expect.
+/// the output, which both checks of x then expect. With `fa` (the "ffn-fa" child) a is itself
+/// a decode step's attention, FLASH_ATTN_EXT of one query row of 3 heads (D 32) sharing one KV
+/// head over 16 f16 K/V rows with an f16 mask hiding the last 4 keys (their V rows NaN: a masked
+/// key is skipped), reshaped to [96] as llama's output projection reads it; a is checked too
+/// (`FFN a <ok|bad>`).
 ///
 /// # Safety
 /// `reg` is the plugin's registry.
-unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t, attn: bool, inplace: bool) {
+unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t, attn: bool, inplace: bool, fa: bool) {
     const K: usize = 64;
     const F: usize = 128;
     const EPS: f32 = 1e-5;
@@ -1271,7 +1306,27 @@ unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t, attn: bool, inplace: bool) {
             sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, k as i64, m as i64)
         };
         const KA: usize = 96;
-        let (a, r0, wo) = (vector(KA), vector(K), matrix(KA, K));
+        // The attention's shape with `fa`: D x heads = KA.
+        const D: usize = 32;
+        const HEADS: usize = KA / D;
+        const KV: usize = 16;
+        const MASKED: usize = 4;
+        let f16_matrix = |k: usize, m: usize| {
+            sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F16, k as i64, m as i64)
+        };
+        let q = sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, D as i64, 1, HEADS as i64);
+        let (kc, vc, mask) = (f16_matrix(D, KV), f16_matrix(D, KV), f16_matrix(KV, 1));
+        let attention =
+            sys::ggml_flash_attn_ext(ctx, q, kc, vc, mask, 1.0 / (D as f32).sqrt(), 0.0, 0.0);
+        let (a, r0, wo) = if fa {
+            (
+                sys::ggml_reshape_1d(ctx, attention, KA as i64),
+                vector(K),
+                matrix(KA, K),
+            )
+        } else {
+            (vector(KA), vector(K), matrix(KA, K))
+        };
         let x = if attn {
             sys::ggml_add(ctx, sys::ggml_mul_mat(ctx, wo, a), r0)
         } else {
@@ -1316,9 +1371,69 @@ unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t, attn: bool, inplace: bool) {
             (0..len).map(|i| (i as f32 * f).sin() * 3.0).collect()
         };
         // x, or the projection it is made of (in f64, then rounded as the f32 tensor is).
+        // With `fa`: q, K and V values f16 holds exactly (q goes to K's type first), the
+        // attention in f64; else a's values themselves.
+        let f16_bytes = |v: &[f32]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes())
+                .collect()
+        };
+        let sixteenths = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 5 + seed) % 11) as f32 / 16.0 - 0.3125)
+                .collect()
+        };
+        let avs: Vec<f32> = if fa {
+            let (qs, ks, mut vs) = (
+                sixteenths(KA, 1),
+                sixteenths(D * KV, 2),
+                sixteenths(D * KV, 3),
+            );
+            vs[D * (KV - MASKED)..].fill(f32::NAN);
+            let ms: Vec<f32> = (0..KV)
+                .map(|j| {
+                    if j < KV - MASKED {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect();
+            sys::ggml_backend_tensor_set(q, f32_bytes(&qs).as_ptr().cast(), 0, 4 * KA);
+            for (t, v) in [(kc, &ks), (vc, &vs), (mask, &ms)] {
+                sys::ggml_backend_tensor_set(t, f16_bytes(v).as_ptr().cast(), 0, 2 * v.len());
+            }
+            let scale = 1.0 / (D as f64).sqrt();
+            let keys = KV - MASKED;
+            (0..HEADS)
+                .flat_map(|h| {
+                    let s: Vec<f64> = (0..keys)
+                        .map(|j| {
+                            let dot: f64 = (0..D)
+                                .map(|i| f64::from(qs[h * D + i]) * f64::from(ks[j * D + i]))
+                                .sum();
+                            dot * scale
+                        })
+                        .collect();
+                    let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let p: Vec<f64> = s.iter().map(|&v| (v - max).exp()).collect();
+                    let sum: f64 = p.iter().sum();
+                    let vs = &vs;
+                    (0..D).map(move |d| {
+                        let acc: f64 = (0..keys).map(|j| p[j] * f64::from(vs[j * D + d])).sum();
+                        (acc / sum) as f32
+                    })
+                })
+                .collect()
+        } else {
+            sine(KA, 0.23)
+        };
         let xs: Vec<f32> = if attn {
-            let (avs, r0s, wos) = (sine(KA, 0.23), sine(K, 0.37), values(KA * K, 3));
-            for (t, v) in [(a, &avs), (r0, &r0s), (wo, &wos)] {
+            let (r0s, wos) = (sine(K, 0.37), values(KA * K, 3));
+            if !fa {
+                sys::ggml_backend_tensor_set(a, f32_bytes(&avs).as_ptr().cast(), 0, 4 * KA);
+            }
+            for (t, v) in [(r0, &r0s), (wo, &wos)] {
                 sys::ggml_backend_tensor_set(t, f32_bytes(v).as_ptr().cast(), 0, 4 * v.len());
             }
             (0..K)
@@ -1381,6 +1496,16 @@ unsafe fn compute_ffn(reg: sys::ggml_backend_reg_t, attn: bool, inplace: bool) {
                     .all(|(g, &e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0));
                 println!("FFN {what} {}", if ok { "ok" } else { "bad" });
             }
+        }
+        if fa {
+            let mut got = vec![0u8; 4 * KA];
+            sys::ggml_backend_tensor_get(attention, got.as_mut_ptr().cast(), 0, got.len());
+            let ok = got
+                .chunks_exact(4)
+                .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+                .zip(&avs)
+                .all(|(g, &e)| (g - f64::from(e)).abs() <= 1e-5 * f64::from(e).abs().max(1.0));
+            println!("FFN a {}", if ok { "ok" } else { "bad" });
         }
         sys::ggml_backend_buffer_free(buffer);
         sys::ggml_free(ctx);

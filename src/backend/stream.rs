@@ -34,8 +34,8 @@ use crate::ops::{self, Memory, Node, Plan, RowScatter, RowsProducer, Tensor};
 pub const MAX_PACKETS_PER_DOORBELL: usize = 32;
 /// Distinct PDIs ROCR caches per queue.
 pub const MAX_PDIS_PER_QUEUE: usize = 32;
-/// Operands one kernel may take (inputs plus outputs): RMS_NORM_QKV_ROPE_FF takes 10.
-pub const MAX_OPERANDS: usize = 12;
+/// Operands one kernel may take (inputs plus outputs): FLASH_ATTN_FFN_<GLU> takes 14.
+pub const MAX_OPERANDS: usize = 16;
 
 const _: () = assert!(MAX_PACKETS_PER_DOORBELL as u32 <= QUEUE_SIZE);
 
@@ -489,7 +489,7 @@ impl Stream {
         //
         // Then the norms the projections after them can compute themselves
         // (`ops::fold_rms_norm`), then the folds built on their kernels (`ops::fold_glu`,
-        // `fold_rope`, `fold_ffn`): the originals of each fold are kept, and if one of its
+        // `fold_rope`, `fold_ffn`, `fold_attn_ffn`, `fold_flash_attn_ffn`): the originals of each fold are kept, and if one of its
         // kernels is refused, the whole fold is undone (the norm runs and the projections read
         // its output, say), the folds made on top of it first.
         let mut folds = Folds::default();
@@ -514,7 +514,7 @@ impl Stream {
             Plan::Kernel { desc, .. } => self.device.supports_kernel(desc),
             _ => false,
         };
-        for pattern in 0..4 {
+        for pattern in 0..5 {
             for at in 0..nodes.len() {
                 let planned = |k| planned(&steps, k);
                 let fold = match pattern {
@@ -523,8 +523,10 @@ impl Stream {
                     1 => ops::fold_rope(nodes, at, planned)
                         .map(|f| (vec![f.projection], f.rope, f.plan)),
                     2 => ops::fold_ffn(nodes, at, planned).map(|f| (vec![f.glu], f.down, f.plan)),
-                    _ => ops::fold_attn_ffn(nodes, at, planned)
+                    3 => ops::fold_attn_ffn(nodes, at, planned)
                         .map(|f| (vec![f.projection], f.ffn, f.plan)),
+                    _ => ops::fold_flash_attn_ffn(nodes, at, planned)
+                        .map(|f| (vec![f.attention], f.ffn, f.plan)),
                 };
                 if let Some((from, into, plan)) = fold.filter(|(_, _, plan)| available(plan)) {
                     folds.apply_on(&mut steps, &from, into, plan);

@@ -25,7 +25,9 @@
 //! gate/up pair) runs with it as one `RMS_NORM_FFN_<GLU>` kernel ([`fold_ffn`]); the
 //! `MUL_MAT_ADD` kernel computing that block's input (llama's attention output projection and
 //! its residual) runs inside it as one `MUL_MAT_ADD_RMS_NORM_FFN_<GLU>` kernel
-//! ([`fold_attn_ffn`]). Last, once the kernels writing KV-cache rows themselves are known
+//! ([`fold_attn_ffn`]), and the `FLASH_ATTN_EXT_MASK` kernel writing that projection's input
+//! (a decode step's attention) runs inside that one as one `FLASH_ATTN_FFN_<GLU>` kernel
+//! ([`fold_flash_attn_ffn`]). Last, once the kernels writing KV-cache rows themselves are known
 //! (`RowScatter::producer`), Q's, K's and V's kernels of one normalised x become one
 //! `RMS_NORM_QKV_ROPE[_FF]` kernel with three outputs ([`merge_qkv`]).
 
@@ -680,6 +682,84 @@ pub fn fold_attn_ffn<'a>(
         .to_vec();
     Some(AttnFfnFold {
         projection: k,
+        ffn: at,
+        plan: Plan::Kernel { desc, operands },
+    })
+}
+
+/// A decode step's attention kernel folded into the kernel of the block after it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlashAttnFfnFold {
+    /// The node of the `FLASH_ATTN_EXT_MASK` kernel computing a: it runs nothing.
+    pub attention: usize,
+    /// The node of the `MUL_MAT_ADD_RMS_NORM_FFN_<GLU>` kernel, which runs `plan`.
+    pub ffn: usize,
+    pub plan: Plan,
+}
+
+/// The fold of the `FLASH_ATTN_EXT_MASK` kernel computing a (llama's attention, its output
+/// reshaped to [Ka, N] for the output projection) into the `MUL_MAT_ADD_RMS_NORM_FFN_<GLU>`
+/// kernel planned at node `at` reading a, as one `FLASH_ATTN_FFN_<GLU>` kernel at `at` writing
+/// a, r1 and h besides its output. Only when a is the attention's whole dense output, the
+/// application does not read it, no node that runs between the two reads it (the fused kernel
+/// writes it later than planned) and none writes what the attention reads. `None` otherwise.
+/// (Which shapes one kernel covers is the compiler's to say: the IRON design takes one token of
+/// one sequence and a context its cores' memory holds, and refuses the rest.)
+pub fn fold_flash_attn_ffn<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Option<FlashAttnFfnFold> {
+    let Planned::Kernel(ffn, [wo, a, r0, wg, wu, wd, n, out, r1, h]) = planned(at) else {
+        return None;
+    };
+    let act = ffn.op.strip_prefix("MUL_MAT_ADD_RMS_NORM_FFN_")?;
+    let op = catalogue::OpEntry::by_name(&format!("FLASH_ATTN_FFN_{act}"))?;
+    let (writer, k) = kernel_writing(nodes, at, a, &planned)?;
+    let Planned::Kernel(fa, [q, kc, vc, mask, fa_out]) = planned(k) else {
+        return None;
+    };
+    // a is the attention's output viewed as [Ka, N]: the same dense f32 memory, whole.
+    let whole_view = a.addr == fa_out.addr
+        && a.bytes == fa_out.bytes
+        && a.is_contiguous()
+        && fa_out.is_contiguous();
+    if fa.op != catalogue::FLASH_ATTN_EXT_MASK.name
+        || writer != k
+        || !same(&nodes[writer].dst, fa_out)
+        || nodes[writer].is_output
+        || !whole_view
+    {
+        return None;
+    }
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
+    if read_elsewhere(nodes, fa_out, writer, at, runs) {
+        return None;
+    }
+    if written_in(nodes, k + 1..at, &[q, kc, vc, mask], runs) {
+        return None;
+    }
+    let mut inputs = fa.inputs[..4].to_vec();
+    inputs.push(ffn.inputs[0].clone());
+    inputs.extend_from_slice(&ffn.inputs[2..]);
+    let mut op_params = fa.op_params.clone();
+    op_params.resize(3, 0);
+    op_params.push(ffn.op_params.first().copied().unwrap_or(0));
+    let mut extra_outputs = vec![fa.output.clone()];
+    extra_outputs.extend_from_slice(&ffn.extra_outputs);
+    let desc = KernelDesc {
+        op: op.name.to_owned(),
+        op_params,
+        inputs,
+        output: ffn.output.clone(),
+        extra_outputs,
+        f16_as_bf16: fa.f16_as_bf16 || ffn.f16_as_bf16,
+    };
+    let operands = [q, kc, vc, mask, wo, r0, wg, wu, wd, n, out, fa_out, r1, h]
+        .map(Tensor::clone)
+        .to_vec();
+    Some(FlashAttnFfnFold {
+        attention: k,
         ffn: at,
         plan: Plan::Kernel { desc, operands },
     })
@@ -1619,6 +1699,140 @@ mod tests {
         // r0 written in between: the projection would add the new values.
         let (nodes, steps) = attn_then_ffn(0x7000, relu(f32(0x2000), f32(0x8000)), false);
         assert!(attn_ffn_fold(&nodes, &steps).is_none());
+    }
+
+    /// A decode step's FLASH_ATTN_EXT_MASK kernel (node 0: q 0x100, k 0x8000, v 0x9000, mask
+    /// 0xa000 into its output [32, 2] at 0x1000; `fa_op` its op), the reshape of its output to
+    /// a [64, 1] (node 1, a view), `between` at node 2 (its own kernel, or `covered`) and the
+    /// MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU kernel reading a (node 3: Wo 0x10000, r0 0x2000, r1
+    /// 0x3000, h 0x5000, output 0x7000).
+    fn attention_then_block(
+        fa_op: &str,
+        between: Node,
+        covered: bool,
+    ) -> (Vec<Node>, Vec<Option<Plan>>) {
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let f16 = |ne, addr| tensor(DType::F16, ne, addr);
+        let kernel = |op: &str, params: Vec<i32>, operands: Vec<Tensor>, extra: usize| {
+            let n_in = operands.len() - 1 - extra;
+            Plan::Kernel {
+                desc: KernelDesc {
+                    op: op.into(),
+                    op_params: params,
+                    inputs: operands[..n_in].iter().map(as_layout).collect(),
+                    output: as_layout(&operands[n_in]),
+                    extra_outputs: operands[n_in + 1..].iter().map(as_layout).collect(),
+                    f16_as_bf16: false,
+                },
+                operands,
+            }
+        };
+        let fa_out = f32([32, 2, 1, 1], 0x1000);
+        let a = f32([64, 1, 1, 1], 0x1000);
+        let fa = kernel(
+            fa_op,
+            vec![0.125f32.to_bits() as i32, 0, 0],
+            vec![
+                f32([32, 1, 2, 1], 0x100),
+                f16([32, 16, 1, 1], 0x8000),
+                f16([32, 16, 1, 1], 0x9000),
+                f16([16, 1, 1, 1], 0xa000),
+                fa_out.clone(),
+            ],
+            0,
+        );
+        let (r1, h) = (f32([64, 1, 1, 1], 0x3000), f32([128, 1, 1, 1], 0x5000));
+        let ffn = kernel(
+            "MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU",
+            vec![1e-5f32.to_bits() as i32],
+            vec![
+                f32([64, 64, 1, 1], 0x10000),
+                a.clone(),
+                f32([64, 1, 1, 1], 0x2000),
+                f32([64, 128, 1, 1], 0x20000),
+                f32([64, 128, 1, 1], 0x30000),
+                f32([128, 64, 1, 1], 0x40000),
+                f32([64, 1, 1, 1], 0x4000),
+                f32([64, 1, 1, 1], 0x7000),
+                r1,
+                h,
+            ],
+            2,
+        );
+        let between_plan = (!covered).then(|| super::super::plan(&between).unwrap());
+        let nodes = vec![
+            node(Op::MulMat, fa_out.clone(), vec![]),
+            node(Op::MulMat, a, vec![fa_out]),
+            between,
+            node(Op::MulMat, f32([64, 1, 1, 1], 0x7000), vec![]),
+        ];
+        (
+            nodes,
+            vec![Some(fa), Some(Plan::Skip), between_plan, Some(ffn)],
+        )
+    }
+
+    fn flash_attn_ffn_fold(nodes: &[Node], steps: &[Option<Plan>]) -> Option<FlashAttnFfnFold> {
+        let planned = |k: usize| match &steps[k] {
+            Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
+            Some(Plan::Skip) => Planned::Nothing,
+            None => Planned::Covered,
+            _ => Planned::Elsewhere,
+        };
+        fold_flash_attn_ffn(nodes, 3, planned)
+    }
+
+    #[test]
+    fn a_decode_attention_folds_into_the_kernel_of_the_block_reading_it() {
+        let f32 = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
+        let relu = |dst, src| node(Op::Unary(UnaryOp::Relu), dst, vec![src]);
+        let mask = "FLASH_ATTN_EXT_MASK";
+        // A node computed inside the block's kernel in between (the projection's MUL_MAT).
+        let (nodes, steps) = attention_then_block(mask, relu(f32(0x6000), f32(0x1000)), true);
+        let fold = flash_attn_ffn_fold(&nodes, &steps).expect("folds");
+        assert_eq!((fold.attention, fold.ffn), (0, 3));
+        let Plan::Kernel { desc, operands } = &fold.plan else {
+            panic!("{:?}", fold.plan)
+        };
+        assert_eq!(desc.op, "FLASH_ATTN_FFN_SWIGLU");
+        let eps = 1e-5f32.to_bits() as i32;
+        assert_eq!(desc.op_params, [0.125f32.to_bits() as i32, 0, 0, eps]);
+        assert_eq!(desc.inputs.len(), 10);
+        assert_eq!(desc.extra_outputs.len(), 3);
+        assert_eq!(desc.extra_outputs[0].ne, [32, 2, 1, 1]);
+        let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
+        let inputs = [
+            0x100, 0x8000, 0x9000, 0xa000, 0x10000, 0x2000, 0x20000, 0x30000,
+        ];
+        let rest = [0x40000, 0x4000, 0x7000, 0x1000, 0x3000, 0x5000];
+        assert_eq!(addrs, [&inputs[..], &rest[..]].concat());
+        // Unrelated nodes that run in between change nothing.
+        let (nodes, steps) = attention_then_block(mask, relu(f32(0x6000), f32(0xc000)), false);
+        assert!(flash_attn_ffn_fold(&nodes, &steps).is_some());
+    }
+
+    #[test]
+    fn the_attention_stays_apart_when_its_output_is_needed_or_its_inputs_change() {
+        let f32 = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
+        let relu = |dst, src| node(Op::Unary(UnaryOp::Relu), dst, vec![src]);
+        let mask = "FLASH_ATTN_EXT_MASK";
+        // a read by a node that runs in between: it would read a before it is written.
+        let (nodes, steps) = attention_then_block(mask, relu(f32(0x6000), f32(0x1000)), false);
+        assert!(flash_attn_ffn_fold(&nodes, &steps).is_none());
+        // The V cache written in between: the attention would read the new rows.
+        let (nodes, steps) = attention_then_block(mask, relu(f32(0x9000), f32(0xc000)), false);
+        assert!(flash_attn_ffn_fold(&nodes, &steps).is_none());
+        // The application reads the attention's output.
+        let (mut nodes, steps) = attention_then_block(mask, relu(f32(0x6000), f32(0xc000)), false);
+        nodes[0].is_output = true;
+        assert!(flash_attn_ffn_fold(&nodes, &steps).is_none());
+        // Sinks (or no mask): the fused kernel takes FLASH_ATTN_EXT_MASK's inputs only.
+        let (nodes, steps) = attention_then_block(
+            "FLASH_ATTN_EXT_MASK_SINKS",
+            relu(f32(0x6000), f32(0xc000)),
+            false,
+        );
+        assert!(flash_attn_ffn_fold(&nodes, &steps).is_none());
     }
 
     /// A normed gate/up pair of one x (0x1000) and norm weight (0x2000) as two

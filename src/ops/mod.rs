@@ -15,8 +15,9 @@ pub mod scatter;
 pub mod tensor;
 
 pub use fusion::{
-    fold_attn_ffn, fold_ffn, fold_glu, fold_rms_norm, fold_rope, fuse_at, merge_qkv, AttnFfnFold,
-    FfnFold, Fusion, GluFold, NormFold, Planned, QkvMerge, RopeFold,
+    fold_attn_ffn, fold_ffn, fold_flash_attn_ffn, fold_glu, fold_rms_norm, fold_rope, fuse_at,
+    merge_qkv, AttnFfnFold, FfnFold, FlashAttnFfnFold, Fusion, GluFold, NormFold, Planned,
+    QkvMerge, RopeFold,
 };
 pub use plan::{plan, plan_preferring, plan_with, Plan, PlanOptions};
 pub use scatter::{RowScatter, RowsProducer};

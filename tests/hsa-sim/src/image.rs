@@ -305,6 +305,37 @@ impl KernelDesc {
             part.output = self.output.clone();
             part.extra_outputs = vec![h.clone()];
             part.validate()?;
+        } else if let Op::AttnFfn(_) = op {
+            // As the two kernels it replaces: FLASH_ATTN_EXT_MASK into a, then
+            // MUL_MAT_ADD_RMS_NORM_FFN_<GLU> reading a as [Ka, N] (a is dense).
+            let [q, k, v, mask, wo, r0, wg, wu, wd, n] = self.inputs.as_slice() else {
+                return inv(format!("{} takes 10 inputs", self.op));
+            };
+            let [a, r1, h] = self.extra_outputs.as_slice() else {
+                return inv(format!("{} has 4 outputs: out, a, r1, h", self.op));
+            };
+            let [dv, heads, rows, seqs] = a.ne;
+            let flat = TensorDesc::contiguous([dv * heads, rows * seqs, 1, 1], a.ty);
+            if *a != TensorDesc::contiguous(a.ne, a.ty) {
+                return inv(format!("{}: the attention output a must be dense", self.op));
+            }
+            let mut part = self.clone();
+            part.op = "FLASH_ATTN_EXT_MASK".into();
+            part.inputs = vec![q.clone(), k.clone(), v.clone(), mask.clone()];
+            part.output = a.clone();
+            part.extra_outputs.clear();
+            part.op_params = [0; 16];
+            part.op_params[..3].copy_from_slice(&self.op_params[..3]);
+            part.validate()?;
+            part.op = self.op.replacen("FLASH_ATTN_", "MUL_MAT_ADD_RMS_NORM_", 1);
+            part.inputs = [wo, &flat, r0, wg, wu, wd, n]
+                .map(TensorDesc::clone)
+                .to_vec();
+            part.output = self.output.clone();
+            part.extra_outputs = vec![r1.clone(), h.clone()];
+            part.op_params = [0; 16];
+            part.op_params[0] = self.op_params[3];
+            part.validate()?;
         } else if let Op::NormedQkv { ff } = op {
             // Each projection as the NormedMulMatRope (Q, K) or NormedMulMat (V) it replaces.
             let [wq, wk, wv, x, n, pos, rest @ ..] = self.inputs.as_slice() else {
@@ -518,6 +549,7 @@ impl KernelDesc {
                 | Op::NormedQkv { .. }
                 | Op::NormedFfn(_)
                 | Op::ProjectedFfn(_)
+                | Op::AttnFfn(_)
                 | Op::SoftMax { .. }
                 | Op::Rope { .. }
                 | Op::CountEqual

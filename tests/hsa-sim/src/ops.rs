@@ -203,6 +203,11 @@ pub enum Op {
     /// Wo, a, r0, Wg, Wu, Wd, n; outputs Wd . h + r1, then r1 and h (the extra outputs);
     /// op_params[0] = eps.
     ProjectedFfn(UnaryOp),
+    /// The attention of a decode step, then `ProjectedFfn`, fused by the backend:
+    /// `FlashAttnExt` (q, k, v, mask) into a, then `ProjectedFfn` (Wo, a viewed as [Ka, N], r0,
+    /// Wg, Wu, Wd, n); inputs q, k, v, mask, Wo, r0, Wg, Wu, Wd, n; outputs Wd . h + r1, then a,
+    /// r1 and h (the extra outputs); op_params FLASH_ATTN_EXT's three, then eps.
+    AttnFfn(UnaryOp),
     /// ggml's ARGMAX: per row of an f32 matrix, the i32 index of its largest value (the last
     /// one among equals, as ggml-cpu's loop finds it).
     ArgMax,
@@ -340,6 +345,11 @@ impl Op {
             "MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU" => Some(Op::ProjectedFfn(UnaryOp::Silu)),
             "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_ERF" => Some(Op::ProjectedFfn(UnaryOp::GeluErf)),
             "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_QUICK" => Some(Op::ProjectedFfn(UnaryOp::GeluQuick)),
+            "FLASH_ATTN_FFN_REGLU" => Some(Op::AttnFfn(UnaryOp::Relu)),
+            "FLASH_ATTN_FFN_GEGLU" => Some(Op::AttnFfn(UnaryOp::Gelu)),
+            "FLASH_ATTN_FFN_SWIGLU" => Some(Op::AttnFfn(UnaryOp::Silu)),
+            "FLASH_ATTN_FFN_GEGLU_ERF" => Some(Op::AttnFfn(UnaryOp::GeluErf)),
+            "FLASH_ATTN_FFN_GEGLU_QUICK" => Some(Op::AttnFfn(UnaryOp::GeluQuick)),
             "NORM" => Some(Op::Norm),
             "RMS_NORM_MUL" => Some(Op::RmsNormMul),
             "ARGMAX" => Some(Op::ArgMax),
@@ -370,6 +380,7 @@ impl Op {
     /// Number of outputs (the output, then the extra outputs).
     pub fn outputs(self) -> usize {
         match self {
+            Op::AttnFfn(_) => 4,
             Op::NormedQkv { .. } | Op::ProjectedFfn(_) => 3,
             Op::NormedFfn(_) => 2,
             _ => 1,
@@ -394,6 +405,7 @@ impl Op {
             Op::NormedQkv { ff } => 6 + usize::from(ff),
             Op::NormedFfn(_) => 6,
             Op::ProjectedFfn(_) => 7,
+            Op::AttnFfn(_) => 10,
             Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
             _ => 1,
         }
@@ -453,6 +465,11 @@ impl Op {
             "MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU",
             "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_ERF",
             "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_QUICK",
+            "FLASH_ATTN_FFN_REGLU",
+            "FLASH_ATTN_FFN_GEGLU",
+            "FLASH_ATTN_FFN_SWIGLU",
+            "FLASH_ATTN_FFN_GEGLU_ERF",
+            "FLASH_ATTN_FFN_GEGLU_QUICK",
         ]);
         v.extend(["SET_ROWS", "DUP", "CPY", "CONT"]);
         v
@@ -481,6 +498,10 @@ impl Op {
             Op::NormedFfn(_) if i >= 3 => vec![DType::F32],
             // a, r0, n and the three outputs f32.
             Op::ProjectedFfn(_) if !self.is_weight(i) => vec![DType::F32],
+            // k and v any float type, the mask f16, q, r0, n and the four outputs f32.
+            Op::AttnFfn(_) if matches!(i, 1 | 2) => TYPES.to_vec(),
+            Op::AttnFfn(_) if i == 3 => vec![DType::F16],
+            Op::AttnFfn(_) if !self.is_weight(i) => vec![DType::F32],
             _ if self.is_weight(i) => TYPES.iter().chain(WEIGHT_TYPES).copied().collect(),
             Op::ArgMax if output => vec![DType::I32],
             Op::ArgMax => vec![DType::F32],
@@ -509,6 +530,7 @@ impl Op {
             Op::MulMatGlu(_) | Op::NormedMulMat(Some(_)) => i < 2,
             Op::NormedQkv { .. } | Op::NormedFfn(_) => i < 3,
             Op::ProjectedFfn(_) => matches!(i, 0 | 3 | 4 | 5),
+            Op::AttnFfn(_) => matches!(i, 4 | 6 | 7 | 8),
             _ => false,
         }
     }
@@ -550,6 +572,8 @@ impl Op {
             Op::NormedFfn(_) => 4 * k + 10,
             // Per element of r1 (the projection and the ADD); `stats_of` adds the block's.
             Op::ProjectedFfn(_) => 2 * k + 1,
+            // Per query row, head and key, as FlashAttnExt's; `stats_of` adds the rest.
+            Op::AttnFfn(_) => 4 * k,
             // Per query row, head and key (the executor multiplies by rows and keys): the q·k
             // dot product and the v update, 2·D + 2·Dv, counted as 4·D with k = D.
             Op::FlashAttnExt { .. } => 4 * k,
@@ -584,6 +608,7 @@ impl Op {
             Op::NormedQkv { .. } => "op_params as RMS_NORM_MUL_MAT_ROPE's; inputs[0..3] = Wq [K, Mq], Wk [K, Mk], Wv [K, Mv] (each its own type, as llama.cpp's Q4_K_M mixes q4_K and q6_K), inputs[3] = x f32 [K, N] (not normalised), inputs[4] = n f32 [K], inputs[5] = positions i32 [>= N], [inputs[6] = frequency factors f32]; output Q f32 [D, Hq, N] = rope(Wq . y), extra outputs K f32/f16/bf16 [D, Hk, N] = rope(Wk . y) and V f32/f16/bf16 [Mv, N] = Wv . y, y = rms_norm(x) * n",
             Op::NormedFfn(_) => "op_params[0] = eps (f32 bit pattern); inputs[0..3] = Wg, Wu [K, F] and Wd [F, K] (one type), inputs[3] = x f32 [K, N] (not normalised), inputs[4] = n f32 [K], inputs[5] = r f32 (repeated over the output); output f32 [K, N] = Wd . h + r, extra output h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(x) * n",
             Op::ProjectedFfn(_) => "op_params[0] = eps (f32 bit pattern); inputs[0] = Wo [Ka, K], inputs[1] = a f32 [Ka, N] (the attention output), inputs[2] = r0 f32 (repeated over [K, N]), inputs[3..6] = Wg, Wu [K, F] and Wd [F, K] (the four weights of one type), inputs[6] = n f32 [K]; output f32 [K, N] = Wd . h + r1, extra outputs r1 f32 [K, N] = Wo . a + r0 and h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n",
+            Op::AttnFfn(_) => "op_params[0..3] = FLASH_ATTN_EXT's scale, max_bias, logit_softcap, op_params[3] = eps (f32 bit patterns); inputs[0..4] = q, k, v, mask as FLASH_ATTN_EXT_MASK's, inputs[4] = Wo [Ka, K] (Ka = Dv * n_head), inputs[5] = r0 f32 (repeated over [K, N]), inputs[6..9] = Wg, Wu [K, F] and Wd [F, K] (the four weights of one type), inputs[9] = n f32 [K]; output f32 [K, N] = Wd . h + r1, extra outputs a f32 [Dv, n_head, n_q, n_seq] = the attention, r1 f32 [K, N] = Wo . a + r0 (a viewed as [Ka, N]) and h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
             Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",

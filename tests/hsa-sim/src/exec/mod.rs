@@ -616,6 +616,45 @@ pub unsafe fn execute(
             mul_mat(&bufs[5], h, &mut out);
             add_repeated(&mut out, r1);
         }
+        Op::AttnFfn(act) => {
+            // The two kernels it replaces: FLASH_ATTN_EXT_MASK into a, then
+            // MUL_MAT_ADD_RMS_NORM_FFN_<GLU> with a viewed as [Ka, N].
+            let [a, r1, h] = extra.as_mut_slice() else {
+                return Err(format!(
+                    "kernel {}: the a, r1 and h outputs expected",
+                    desc.name
+                ));
+            };
+            let f = |i: usize| f32::from_bits(desc.op_params[i] as u32);
+            let params = attn::Params {
+                scale: f(0),
+                max_bias: f(1),
+                softcap: f(2),
+            };
+            attn::flash_attn_ext(
+                &bufs[0],
+                &bufs[1],
+                &bufs[2],
+                Some(&bufs[3]),
+                None,
+                params,
+                a,
+            );
+            let [dv, heads, rows, seqs] = a.t.ne;
+            let at = TensorDesc::contiguous([dv * heads, rows * seqs, 1, 1], a.t.ty);
+            let a2 = Buf {
+                t: &at,
+                bytes: a.bytes.clone(),
+                as_bf16: false,
+            };
+            mul_mat(&bufs[4], &a2, r1);
+            add_repeated(r1, &bufs[5]);
+            let yt = TensorDesc::contiguous(r1.t.ne, crate::ops::DType::F32);
+            let y = normed(r1, &bufs[9], desc.op_params[3], &yt);
+            glu_products(&bufs[6], &bufs[7], &y, act, h);
+            mul_mat(&bufs[8], h, &mut out);
+            add_repeated(&mut out, r1);
+        }
         Op::MulMatAdd => {
             // The two ggml nodes as ggml-cpu runs them: the product in f32, then the f32 ADD.
             mul_mat(&bufs[0], &bufs[1], &mut out);
@@ -706,6 +745,19 @@ pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
             let (ka, k, f) = (desc.inputs[1].ne[0] as u64, r1.ne[0] as u64, h.ne[0] as u64);
             r1.nelements() * op.flops_per_element(ka)
                 + h.nelements() * Op::NormedFfn(act).flops_per_element(k)
+                + desc.output.nelements() * (2 * f + 1)
+        } else if let (Op::AttnFfn(act), [a, r1, h]) = (op, desc.extra_outputs.as_slice()) {
+            // The attention as FlashAttnExt's, then the projection and the block.
+            let (q, k) = (&desc.inputs[0], &desc.inputs[1]);
+            let rows = q.nelements() / q.ne[0].max(1) as u64;
+            let (ka, kk, f) = (
+                a.nelements() / r1.ne[1].max(1) as u64,
+                r1.ne[0] as u64,
+                h.ne[0] as u64,
+            );
+            rows * k.ne[1] as u64 * op.flops_per_element(q.ne[0] as u64)
+                + r1.nelements() * Op::ProjectedFfn(act).flops_per_element(ka)
+                + h.nelements() * Op::NormedFfn(act).flops_per_element(kk)
                 + desc.output.nelements() * (2 * f + 1)
         } else if let Op::FlashAttnExt { .. } = op {
             // Per query row and head, per key.
