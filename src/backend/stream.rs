@@ -219,6 +219,9 @@ impl GraphKey<'_> {
 #[derive(Debug)]
 struct GraphPlan {
     steps: Vec<Step>,
+    /// The one-row GET_ROWS whose readers read their source (`ops::forward_gathers`): their
+    /// indices are checked before the graph runs.
+    forwarded: Vec<ops::Forwarded>,
     /// The loaded kernel of every kernel step.
     kernels: Vec<Option<Arc<LoadedKernel>>>,
     /// Each node's op, to name it in errors and statistics.
@@ -410,8 +413,18 @@ impl Stream {
         }
         // The SET_ROWS nodes whose rows their source's producer wrote.
         let mut rows_written = vec![false; plan.steps.len()];
-        let mut result = Ok(());
+        let mut result = plan.forwarded.iter().try_for_each(|f| {
+            let failed = |reason| ComputeError::Node {
+                index: f.node,
+                op: plan.ops[f.node],
+                reason,
+            };
+            f.check(&host.read(&f.idx).map_err(failed)?).map_err(failed)
+        });
         for i in 0..plan.steps.len() {
+            if result.is_err() {
+                break;
+            }
             let ran = if plan.deferred[i] {
                 Ok(())
             } else if let Some(merged) = &plan.merged[i] {
@@ -436,7 +449,11 @@ impl Stream {
 
     /// Plans `nodes`: each node's step, the fusions, and every kernel loaded (compiled first
     /// when missing).
-    fn plan_graph(&mut self, nodes: &[Node]) -> Result<GraphPlan, ComputeError> {
+    fn plan_graph(&mut self, graph: &[Node]) -> Result<GraphPlan, ComputeError> {
+        // A one-row GET_ROWS (llama's last layer decoding one token) is a view its readers read
+        // through, so that its layer folds and chains as the others do.
+        let (nodes, mut forwarded) = ops::forward_gathers(graph);
+        let nodes: &[Node] = &nodes;
         let node_error = |index: usize, node: &Node, reason: String| ComputeError::Node {
             index,
             op: node.op.name(),
@@ -461,9 +478,10 @@ impl Stream {
         let mut i = 0;
         while i < nodes.len() {
             let fusion = ops::fuse_at(&nodes[i..], options).filter(|f| {
+                // Views within the run (a forwarded gather) compute nothing.
                 let all_kernels = steps[i..i + f.nodes]
                     .iter()
-                    .all(|s| matches!(s, Step::Plan(Plan::Kernel { .. })));
+                    .all(|s| matches!(s, Step::Plan(Plan::Kernel { .. } | Plan::Skip)));
                 let Plan::Kernel { desc, .. } = &f.plan else {
                     return false;
                 };
@@ -604,6 +622,18 @@ impl Stream {
                 }
             }
         }
+        // A forwarded gather one of whose readers runs on the CPU runs again: the CPU reads the
+        // gather's own output.
+        forwarded.retain(|f| {
+            let on_cpu = f.readers.iter().any(|&r| matches!(steps[r], Step::Cpu(_)));
+            if on_cpu && matches!(steps[f.node], Step::Plan(Plan::Skip)) {
+                steps[f.node] = match self.device.plan(&graph[f.node]) {
+                    Ok(plan) => Step::Plan(plan),
+                    Err(reason) => Step::Cpu(reason),
+                };
+            }
+            !on_cpu
+        });
         // SET_ROWS kernels whose indices no node of this graph writes (an input the application
         // set, as llama.cpp's KV-cache slots are) may run as a copy into the rows they name.
         let scatters: Vec<Option<(RowScatter, Arc<LoadedKernel>)>> = nodes
@@ -695,8 +725,9 @@ impl Stream {
         }
         Ok(GraphPlan {
             steps,
+            forwarded,
             kernels,
-            ops: nodes.iter().map(|n| n.op.name()).collect(),
+            ops: graph.iter().map(|n| n.op.name()).collect(),
             scatters,
             producers,
             merged,

@@ -57,9 +57,17 @@ pub fn fuse_at(nodes: &[Node], options: PlanOptions) -> Option<Fusion> {
             return Some(Fusion { plan, nodes: 3 });
         }
     }
-    if let [mm, add, later @ ..] = nodes {
-        if let Some(plan) = fuse_mul_mat_add(mm, add, later, options) {
-            return Some(Fusion { plan, nodes: 2 });
+    // Views between the product and its ADD compute nothing (llama's last layer: its two
+    // one-row GET_ROWS, forwarded as views by `ops::forward_gathers`).
+    if let [mm, rest @ ..] = nodes {
+        let views = rest.iter().take_while(|n| n.op == Op::Layout).count();
+        if let [add, later @ ..] = &rest[views..] {
+            if let Some(plan) = fuse_mul_mat_add(mm, add, later, options) {
+                return Some(Fusion {
+                    plan,
+                    nodes: 2 + views,
+                });
+            }
         }
     }
     None
@@ -1225,6 +1233,29 @@ mod tests {
             add.dst.addr = at;
             assert_eq!(fused_add(&[mm, add]).expect("fuses")[3], at);
         }
+    }
+
+    #[test]
+    fn views_between_a_product_and_its_add_are_covered_by_the_kernel() {
+        // llama's last layer decoding one token: its two one-row GET_ROWS between the
+        // projection and the ADD, forwarded as views.
+        let [mm, add] = projection_then_add(1, [32, 1, 1, 1]);
+        let view = |addr| {
+            let t = tensor(DType::F32, [32, 1, 1, 1], addr);
+            node(Op::Layout, t.clone(), vec![t])
+        };
+        let nodes = [mm, view(0x7000), view(0x8000), add];
+        let fusion = fuse_at(&nodes, PlanOptions::default()).expect("fuses");
+        assert_eq!(fusion.nodes, 4);
+        // Any other node in between: not a run.
+        let relu = node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [32, 1, 1, 1], 0x7000),
+            vec![tensor(DType::F32, [32, 1, 1, 1], 0x8000)],
+        );
+        let mut nodes = nodes.to_vec();
+        nodes[1] = relu;
+        assert!(fuse_at(&nodes, PlanOptions::default()).is_none());
     }
 
     #[test]

@@ -6,14 +6,17 @@
 //! * [`plan`]: the support rules and the plan of one node.
 //! * [`fusion`]: the runs of nodes one kernel computes.
 //! * [`scatter`]: SET_ROWS as a copy into the rows its indices name, read at dispatch.
+//! * [`forward`]: one-row GET_ROWS turned into views their readers read through.
 //! * [`host`]: the ops that run on the host (type-converting copies).
 
+pub mod forward;
 pub mod fusion;
 pub mod host;
 pub mod plan;
 pub mod scatter;
 pub mod tensor;
 
+pub use forward::{forward_gathers, Forwarded};
 pub use fusion::{
     fold_attn_ffn, fold_ffn, fold_flash_attn_ffn, fold_glu, fold_rms_norm, fold_rope, fuse_at,
     merge_qkv, AttnFfnFold, FfnFold, FlashAttnFfnFold, Fusion, GluFold, NormFold, Planned,
