@@ -170,6 +170,19 @@ fn a_repeated_graph_reuses_its_plan_and_a_moved_tensor_misses() {
 }
 
 #[test]
+fn a_one_row_gather_between_kernels_is_read_through_and_its_index_still_checked() {
+    // A kernel's one-row result gathered by one index, then read by another kernel: the
+    // gather is a view (no host node, one command chain); index 1 (out of range) fails the
+    // second compute cleanly, before anything is dispatched.
+    let o = run("gather", "gather", 2, &[]);
+    assert!(o.has("STATUS 0 0") && o.has("RESULT 0 ok"), "{}", o.text);
+    assert!(!o.has("STATUS 1 0"), "{}", o.text);
+    assert!(o.has("GET_ROWS index 1 out of range"), "{}", o.text);
+    assert_eq!(o.counter("dispatches"), 2, "{}", o.text);
+    assert_eq!(o.counter("doorbells"), 1, "{}", o.text);
+}
+
+#[test]
 fn more_distinct_kernels_than_a_queue_holds_start_a_fresh_queue() {
     let o = run("pdis", "pdis", 1, &[]);
     assert!(o.has("STATUS 0 0") && o.has("RESULT 0 ok"), "{}", o.text);
@@ -870,7 +883,17 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
         // `rebind`: the chain, with `b` pointed at another tensor's memory for the second
         // compute and back for the third (the plan cache must miss, then hit the first plan).
         let b2 = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, N as i64);
+        // `gather`: the one row of a kernel's result gathered by one index (0, then 1 in the
+        // second compute) and read by another kernel.
+        let idx = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, 1);
         match graph {
+            "gather" => {
+                x = sys::ggml_scale(ctx, x, 2.0);
+                let row = sys::ggml_reshape_2d(ctx, x, N as i64, 1);
+                let gathered = sys::ggml_get_rows(ctx, row, idx);
+                x = sys::ggml_scale(ctx, gathered, 3.0);
+                expect.iter_mut().for_each(|e| *e *= 6.0);
+            }
             "chain" | "rebind" => {
                 for _ in 0..20 {
                     x = sys::ggml_add(ctx, x, b);
@@ -897,6 +920,8 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
             sys::ggml_backend_tensor_set(b2, f32_bytes(&vec![1.5; N]).as_ptr().cast(), 0, 4 * N);
             let (b_data, b2_data) = ((*b).data, (*b2).data);
             for round in 0..computes {
+                let index = round as i32;
+                sys::ggml_backend_tensor_set(idx, index.to_le_bytes().as_ptr().cast(), 0, 4);
                 if graph == "rebind" {
                     let rebound = round % 2 == 1;
                     (*b).data = if rebound { b2_data } else { b_data };
