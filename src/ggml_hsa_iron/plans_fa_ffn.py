@@ -41,9 +41,9 @@ from .archs import Arch
 from .errors import RequestError, UnsupportedError
 from .plans import _bits_f32, _check_common
 from .plans_fa import KV_CODE, Side, _extent_words, _rows_split, _side, prepare_flash_attn
-from .plans_ffn import FfnSpec, _replan, attn_ffn_phases
+from .plans_ffn import FfnSpec, _replan, attn_ffn_phases, ffn_core_bytes
 from .request import Request, Tensor
-from .tiling import MAX_WRAP, VECTOR_ELEMS, GemvPlan, Tap, split_run
+from .tiling import MAX_WRAP, VECTOR_ELEMS, Tap, split_run
 
 PREFIX = "FLASH_ATTN_FFN_"
 F32 = 4
@@ -221,12 +221,15 @@ class FaShapes:
         self.arch = arch
         self.why: dict[str, int] = {}
 
-    def __call__(self, p: GemvPlan) -> FaPhase | None:
-        got = fa_phase(*self.ops, self.params, p)
+    def __call__(self, plans) -> FaPhase | None:
+        """The phase on the shape of the candidate's GEMV plans (phase 0's first), or None."""
+        got = fa_phase(*self.ops, self.params, plans[0])
         if isinstance(got, str):
             self.why[got] = self.why.get(got, 0) + 1
             return None
-        if got.core_bytes > self.arch.l1_budget:
+        # Static arrays are allocated for every phase at once: the GEMV phases' too.
+        norm = next(p for p in plans if p.norm)
+        if ffn_core_bytes(norm) + got.core_bytes > self.arch.l1_budget:
             self.why["memory"] = self.why.get("memory", 0) + 1
             return None
         return got
@@ -254,7 +257,7 @@ class FaShapes:
         return "the attention phase needs " + "; ".join(seen) if seen else "none fits"
 
 
-def fa_phase(q, k, v, mask, a, params, p: GemvPlan) -> FaPhase | str:
+def fa_phase(q, k, v, mask, a, params, p) -> FaPhase | str:
     """The attention phase on the shape of GEMV plan p, or the key of why it does not fit
     there (FaShapes.explain): "gq", "dv", "rows", "sides"."""
     C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk
@@ -337,7 +340,7 @@ def prepare_flash_attn_ffn(req: Request) -> FfnSpec:
         raise UnsupportedError(f"{op}: {e}") from None
     shapes = FaShapes(q, k, v, mask, a, (fa.params[0], fa.params[2]), arch)
     attn, up, down = _replan(op, specs, arch, wg.dtype, shapes, shapes.explain)
-    phase = shapes(attn.plan)
+    phase = shapes((attn.plan, up.plan, down.plan))
     if phase is None:
         raise AssertionError("the chosen shape does not fit the attention phase")
     return FfnSpec(req, arch, up, down, attn, phase)

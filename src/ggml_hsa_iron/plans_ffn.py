@@ -224,7 +224,7 @@ def plan_phases(specs, arch: Arch, extra=None) -> tuple[GemvPlan, ...] | None:
     shim channel over the whole program (`program_tasks`).
 
     `extra` (FLASH_ATTN_FFN_<glu>'s attention phase on the same fifos): a function of a
-    candidate's first plan returning None where that phase does not fit the shape, else an
+    candidate's plans returning None where that phase does not fit the shape, else an
     object whose `core_bytes` are added to the core's memory and whose `tasks` (per shim
     channel of the busiest column) to the program's."""
     base = [s.plan for s in specs]
@@ -241,7 +241,7 @@ def plan_phases(specs, arch: Arch, extra=None) -> tuple[GemvPlan, ...] | None:
                 for kc in options:
                     shape = dict(columns=columns, rows=rows, rows_per_tile=nr, k_chunk=kc)
                     qs = [dataclasses.replace(p, **shape) for p in base]
-                    fa = extra(qs[0]) if extra is not None else None
+                    fa = extra(qs) if extra is not None else None
                     if extra is not None and fa is None:
                         continue
                     fa_bytes = fa.core_bytes if fa is not None else 0
