@@ -21,6 +21,9 @@ objects' rows) and K chunk (kc: the x objects, a divisor of every phase's K: Ka,
 checked as each phase's planner checks a candidate, with the core's memory (the fifos' buffers,
 n kept for the norm, the GLU's stash), the memory tile's rings and the DMA tasks of each shim
 channel counted over the whole program.
+
+FLASH_ATTN_FFN_<glu> (plans_fa_ffn.py) plans MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s phases with an
+attention phase ahead of them, checked on every candidate shape through `plan_phases`' `extra`.
 """
 
 import dataclasses

@@ -56,8 +56,17 @@ spec: every phase's tiles are the same types), the GLU's core functions and roun
 (`_glu_kernels`, `_glu_rounds`), MUL_MAT_ADD's epilogue (`_add_r`) and the ops' task groups
 (`_glu_fill` with n's `_norm_prologue_fills`, `_add_fill`), each on its phase's spec and plan.
 
+FLASH_ATTN_FFN_<glu> (plans_fa_ffn.py): a decode step's attention (FLASH_ATTN_EXT_MASK) as a
+phase ahead of phase 0, writing a, on the same fifos and cores: per round (a KV head of the
+column) the x fifo carries the group's q rows, the mask row, all the K rows, then all the V
+rows, each core keeps its gh heads' rows and scores (kernels/mv_fa.h) and writes their outputs
+as y objects, joined and drained into a with one strided task; the W fifo carries nothing.
+Every round's task group ends with `finish()`: every drain of a is awaited before phase 0
+reads it as x.
+
 Runtime-sequence arguments (the request's order): W_g, W_u, W_d, x, n, r, out, h;
-MUL_MAT_ADD_RMS_NORM_FFN_<glu>: W_o, a, r0, W_g, W_u, W_d, n, out, r1, h.
+MUL_MAT_ADD_RMS_NORM_FFN_<glu>: W_o, a, r0, W_g, W_u, W_d, n, out, r1, h; FLASH_ATTN_FFN_<glu>:
+q, k, v, mask, W_o, r0, W_g, W_u, W_d, n, out, a, r1, h.
 """
 
 import numpy as np
