@@ -5,6 +5,8 @@ import json
 from . import COMPILER_NAME, MLIR_AIE_VERSION, PROTOCOL
 from .archs import ARCHS
 from .registry import (
+    FLASH_ATTN_FFN_COMBOS,
+    FLASH_ATTN_FFN_KV_TYPES,
     MUL_MAT_ADD_COMBOS,
     MUL_MAT_ADD_RMS_NORM_FFN_COMBOS,
     MUL_MAT_COMBOS,
@@ -67,6 +69,12 @@ def capabilities(target: str = "npu") -> dict:
             # (weights, a, out); W_g, W_u and W_d have the weights' type, r0, n, r1 and h are
             # f32.
             entry["type_combos"] = [list(c) for c in MUL_MAT_ADD_RMS_NORM_FFN_COMBOS]
+        elif spec.kind == "flash_attn_ffn":
+            # (weights, q, out); W_g, W_u and W_d have the weights' type, r0, n, a, r1 and h
+            # are f32, the mask f16; K and V each of `kv_types` (a field of its own: the
+            # triples cannot say it).
+            entry["type_combos"] = [list(c) for c in FLASH_ATTN_FFN_COMBOS]
+            entry["kv_types"] = list(FLASH_ATTN_FFN_KV_TYPES)
         elif spec.kind == "rms_norm_mul_mat":
             # (weights, x, dst); the up weights have the weights' type, n is f32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_GLU_COMBOS]

@@ -1324,6 +1324,11 @@ def prepare(req: Request):
         from .plans_ffn import prepare_mul_mat_add_rms_norm_ffn
 
         return prepare_mul_mat_add_rms_norm_ffn(req)
+    if spec.kind == "flash_attn_ffn":
+        # plans_fa_ffn imports this module: imported here, not at the top.
+        from .plans_fa_ffn import prepare_flash_attn_ffn
+
+        return prepare_flash_attn_ffn(req)
     if spec.kind in ("copy", "set_rows"):
         # plans_copy imports this module (CoreSource): imported here, not at the top.
         from .plans_copy import prepare_copy, prepare_set_rows

@@ -21,6 +21,9 @@ objects' rows) and K chunk (kc: the x objects, a divisor of every phase's K: Ka,
 checked as each phase's planner checks a candidate, with the core's memory (the fifos' buffers,
 n kept for the norm, the GLU's stash), the memory tile's rings and the DMA tasks of each shim
 channel counted over the whole program.
+
+FLASH_ATTN_FFN_<glu> (plans_fa_ffn.py) plans MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s phases with an
+attention phase ahead of them, checked on every candidate shape through `plan_phases`' `extra`.
 """
 
 import dataclasses
@@ -70,6 +73,9 @@ class FfnSpec:
     up: MatmulSpec
     down: MatmulSpec
     attn: MatmulSpec | None = None
+    # FLASH_ATTN_FFN_<glu>: the attention phase ahead of `attn` (plans_fa_ffn.FaPhase), on the
+    # same shape; its output a is attn's x.
+    fa: object | None = None
 
     @property
     def phases(self) -> tuple[MatmulSpec, ...]:
@@ -94,6 +100,9 @@ class FfnSpec:
         if self.attn is None:
             return [wg, wu, wd, x, n, r, out, h]
         wo, a, r0, r1 = self.attn.sequence
+        if self.fa is not None:
+            # FLASH_ATTN_FFN_<glu>: q, k, v, mask, W_o, r0, W_g, W_u, W_d, n, out, a, r1, h.
+            return [*self.fa.sequence, wo, r0, wg, wu, wd, n, out, a, r1, h]
         return [wo, a, r0, wg, wu, wd, n, out, r1, h]
 
     def tasks(self):
@@ -116,6 +125,9 @@ class FfnSpec:
             if (a.source, a.object_name) != (b.source, b.object_name) or clash:
                 raise AssertionError(f"the phases' core sources differ: {a} and {b}")
             defines.update(b.defines)
+        if self.fa is not None:
+            # FLASH_ATTN_FFN_<glu>: the attention phase's functions (mv_fa.h) in the same object.
+            defines.update(self.fa.defines)
         return CoreSource(a.source, a.object_name, defines)
 
 
@@ -206,13 +218,18 @@ def memtile_bytes(q: GemvPlan) -> int:
     return gemv_memtile_bytes(q, max(q.w_size, 1), F32)
 
 
-def plan_phases(specs, arch: Arch) -> tuple[GemvPlan, ...] | None:
+def plan_phases(specs, arch: Arch, extra=None) -> tuple[GemvPlan, ...] | None:
     """The cheapest shape (columns, rows, nr, kc) every phase's plan can take, as the phases'
     plans on it, or None. `specs` are the phases' MatmulSpecs (one RMS_NORM_MUL_MAT_<glu>, the
     others MUL_MAT_ADD's), all of one weight type and one count of products. Each candidate
     keeps what its phase's planner checks (`_phase_ok`), the core's memory of every phase
     (`ffn_core_bytes`), the memory tile's rings (`memtile_bytes`) and the DMA tasks of every
-    shim channel over the whole program (`program_tasks`)."""
+    shim channel over the whole program (`program_tasks`).
+
+    `extra` (FLASH_ATTN_FFN_<glu>'s attention phase on the same fifos): a function of a
+    candidate's plans returning None where that phase does not fit the shape, else an
+    object whose `core_bytes` are added to the core's memory and whose `tasks` (per shim
+    channel of the busiest column) to the program's."""
     base = [s.plan for s in specs]
     products = [s.products for s in specs]
     if len({len(p) for p in products}) != 1:
@@ -227,13 +244,20 @@ def plan_phases(specs, arch: Arch) -> tuple[GemvPlan, ...] | None:
                 for kc in options:
                     shape = dict(columns=columns, rows=rows, rows_per_tile=nr, k_chunk=kc)
                     qs = [dataclasses.replace(p, **shape) for p in base]
-                    if ffn_core_bytes(qs[norm]) > arch.l1_budget:
+                    fa = extra(qs) if extra is not None else None
+                    if extra is not None and fa is None:
+                        continue
+                    fa_bytes = fa.core_bytes if fa is not None else 0
+                    if ffn_core_bytes(qs[norm]) + fa_bytes > arch.l1_budget:
                         continue
                     if memtile_bytes(qs[0]) > arch.memtile_bytes:
                         continue
                     if not all(_phase_ok(q, ps, q.add) for q, ps in zip(qs, products)):
                         continue
-                    if max(program_tasks(qs, count).values()) > MAX_TASKS_PER_CHANNEL:
+                    tasks = program_tasks(qs, count)
+                    for k, v in (fa.tasks if fa is not None else {}).items():
+                        tasks[k] += v
+                    if max(tasks.values()) > MAX_TASKS_PER_CHANNEL:
                         continue
                     cost = sum(_cost(q, 2 if q.glu else 1) for q in qs)
                     key = (cost, -columns * rows)
@@ -268,9 +292,10 @@ def _phase(op: str, what: str, prepare, req: Request) -> MatmulSpec:
         raise UnsupportedError(f"{op}: the {what} phase: {e}") from None
 
 
-def _replan(op: str, specs, arch: Arch, wtype: str) -> tuple[MatmulSpec, ...]:
-    """The phases' specs with their plans on one shape (`plan_phases`), or the refusal."""
-    plans = plan_phases(specs, arch)
+def _replan(op: str, specs, arch: Arch, wtype: str, extra=None, extra_why=None):
+    """The phases' specs with their plans on one shape (`plan_phases`, with `extra`), or the
+    refusal (`extra_why()`: what the extra phase adds to it)."""
+    plans = plan_phases(specs, arch, extra)
     if plans is not None:
         return tuple(dataclasses.replace(s, plan=q) for s, q in zip(specs, plans))
     base = [s.plan for s in specs]
@@ -285,6 +310,8 @@ def _replan(op: str, specs, arch: Arch, wtype: str) -> tuple[MatmulSpec, ...]:
             f"bytes holding the buffers, n and the GLU's stash, the memory tile's rings, and "
             f"at most {MAX_TASKS_PER_CHANNEL} DMA tasks per shim channel over every phase"
         )
+        if extra_why is not None:
+            why += f"; {extra_why()}"
     raise UnsupportedError(f"{op} ({wtype} weights, {arch.name}): {why}")
 
 
@@ -329,6 +356,14 @@ def prepare_mul_mat_add_rms_norm_ffn(req: Request) -> FfnSpec:
     phases with x = r = r1, on one shape of the array (`plan_phases`). Refused
     (UnsupportedError) where any phase is refused, where the four weights are not of one type,
     and where no shape fits every phase."""
+    arch, specs = attn_ffn_phases(req)
+    attn, up, down = _replan(req.op, specs, arch, specs[1].src0.dtype)
+    return FfnSpec(req, arch, up, down, attn)
+
+
+def attn_ffn_phases(req: Request) -> tuple[Arch, tuple[MatmulSpec, ...]]:
+    """MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s checks and its three phases, each planned by its own
+    op's planner (not yet on one shape: `_replan`)."""
     _, arch = _check_common(req, strided=True)  # the input count, op_params, types
     op = req.op
     if len(req.extra_outputs) != 2:
@@ -348,5 +383,4 @@ def prepare_mul_mat_add_rms_norm_ffn(req: Request) -> FfnSpec:
     # phases then read.
     attn = _phase(op, "attention output", prepare_mul_mat_add, phase0)
     up, down = _ffn_phases(req, r1, r1, out, h, wg, wu, wd, n)
-    attn, up, down = _replan(op, (attn, up, down), arch, wg.dtype)
-    return FfnSpec(req, arch, up, down, attn)
+    return arch, (attn, up, down)

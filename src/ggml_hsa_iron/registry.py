@@ -17,7 +17,9 @@ vector units, f32 is emulated. Type rules beyond the per-op list:
   combos (n and the frequency factors f32, the positions i32); RMS_NORM_QKV_ROPE(_FF):
   `RMS_NORM_QKV_ROPE_COMBOS`, per projection (Q, K, V) and independent of the others';
   RMS_NORM_FFN_<glu>: `RMS_NORM_FFN_COMBOS`, MUL_MAT_ADD_RMS_NORM_FFN_<glu>:
-  `MUL_MAT_ADD_RMS_NORM_FFN_COMBOS` (every weight input of the first type, the rest f32).
+  `MUL_MAT_ADD_RMS_NORM_FFN_COMBOS` (every weight input of the first type, the rest f32);
+  FLASH_ATTN_FFN_<glu>: `FLASH_ATTN_FFN_COMBOS` for its weights and activations, K and V of
+  `FLASH_ATTN_FFN_KV_TYPES` (each independently), the mask f16.
 """
 
 from dataclasses import dataclass
@@ -46,7 +48,7 @@ class OpSpec:
     noncontiguous: bool
     # "binary", "unary", "mul_mat", "mul_mat_glu", "mul_mat_add", "rows", "glu", "rope", "copy", "set_rows",
     # "flash_attn", "reduce", "rms_norm_mul_mat", "rms_norm_mul_mat_rope",
-    # "rms_norm_qkv_rope", "rms_norm_ffn", "mul_mat_add_rms_norm_ffn"
+    # "rms_norm_qkv_rope", "rms_norm_ffn", "mul_mat_add_rms_norm_ffn", "flash_attn_ffn"
     kind: str
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
@@ -178,6 +180,20 @@ _ATTN_FFN_LIMITS = (
     "for its phase (dense N that MUL_MAT's GEMM takes) is refused"
 )
 
+_FA_FFN_LIMITS = (
+    "llama's attention of a decode step (FLASH_ATTN_EXT_MASK) and the block after it "
+    "(MUL_MAT_ADD_RMS_NORM_FFN_<glu>) in one dispatch: inputs q f32 [D,1,n_head,1] (rows dense), "
+    "k [D,n_kv,n_head_kv,...] and v [Dv,n_kv,n_head_kv,...] (f32, f16 or bf16, rows dense, row "
+    "and head strides any: KV-cache views), mask f16 (one row shared by the heads), W_o [Ka,K] "
+    "(Ka = Dv n_head), r0 f32 [K,1], W_g, W_u [K,F], W_d [F,K] (one weight type), n f32 [K]; "
+    "op_params scale, max_bias (0: no ALiBi), logit_softcap, eps; outputs out f32 [K,1] and "
+    "a f32 [Dv,n_head,1,1] dense, r1 f32 [K,1], h f32 [F,1] (extra_outputs). The attention "
+    "runs on the GEMV's fifos and cores: a column per KV head (R cores dividing the q heads per "
+    "KV head), K and V rows whole x objects, a core's scores over all n_kv keys in its memory "
+    "(longer contexts are refused), Dv whole y objects; one query row only; whatever "
+    "FLASH_ATTN_EXT_MASK or MUL_MAT_ADD_RMS_NORM_FFN_<glu> refuses is refused"
+)
+
 _ROWS_LIMITS = (
     "contiguous f32 rows (dimension 0) of any length up to what one compute tile holds "
     "with its other operands (a row is resident while it is computed, 48 KiB budget)"
@@ -304,6 +320,15 @@ def _mul_mat_add_rms_norm_ffn(op: str) -> OpSpec:
     return OpSpec(op, FFN, 7, types, True, True, kind, limits, 1, outputs=3)
 
 
+def _flash_attn_ffn(op: str) -> OpSpec:
+    # MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s types (with f16: the mask; f16, bf16, f32: K and V);
+    # inputs q, k, v, mask, W_o, r0, W_g, W_u, W_d, n; scale, max_bias, softcap, eps; four
+    # outputs (out, then a, r1 and h).
+    types = ("bf16", "f16", "f32") + QUANT_TYPES
+    kind, limits = "flash_attn_ffn", _FA_FFN_LIMITS
+    return OpSpec(op, FFN, 10, types, True, True, kind, limits, 4, outputs=4)
+
+
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
     return OpSpec(op, UNARY_OPS, 1, tuple(types), False, False, "unary", limits, params)
 
@@ -395,6 +420,10 @@ OPS: tuple[OpSpec, ...] = (
     # feed-forward block reading its result, three outputs: inputs W_o, a, r0, W_g, W_u, W_d, n;
     # op_params eps (designs/ffn.py).
     *(_mul_mat_add_rms_norm_ffn(f"MUL_MAT_ADD_RMS_NORM_FFN_{glu}") for glu in _GLU_NAMES),
+    # A decode step's attention (FLASH_ATTN_EXT_MASK) ahead of that block, on its fifos, four
+    # outputs: inputs q, k, v, mask, W_o, r0, W_g, W_u, W_d, n; op_params scale, max_bias,
+    # logit_softcap, eps (designs/ffn.py).
+    *(_flash_attn_ffn(f"FLASH_ATTN_FFN_{glu}") for glu in _GLU_NAMES),
     # Row ops (designs/_rows.py): op_params eps (norms), scale and max_bias (SOFT_MAX).
     _rows("RMS_NORM", 1, ("f32",), 1),
     _rows("NORM", 1, ("f32",), 1),
@@ -544,6 +573,12 @@ RMS_NORM_FFN_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_MUL_MAT_GLU_COM
 # first type; r0, n, r1 and h f32): RMS_NORM_FFN_<glu>'s (its phase 0 is MUL_MAT_ADD, whose
 # combos they are too).
 MUL_MAT_ADD_RMS_NORM_FFN_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_FFN_COMBOS
+
+# (weights, q, out) type triples of FLASH_ATTN_FFN_<glu> (W_o, W_g, W_u and W_d of the first
+# type; q, r0, n, a, r1 and h f32): MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s. K and V take any of
+# FLASH_ATTN_FFN_KV_TYPES each (FLASH_ATTN_EXT's), the mask f16.
+FLASH_ATTN_FFN_COMBOS: tuple[tuple[str, str, str], ...] = MUL_MAT_ADD_RMS_NORM_FFN_COMBOS
+FLASH_ATTN_FFN_KV_TYPES: tuple[str, ...] = ("f16", "bf16", "f32")
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
 SOURCES: tuple[str, ...] = (

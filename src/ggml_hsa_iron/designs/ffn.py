@@ -56,8 +56,17 @@ spec: every phase's tiles are the same types), the GLU's core functions and roun
 (`_glu_kernels`, `_glu_rounds`), MUL_MAT_ADD's epilogue (`_add_r`) and the ops' task groups
 (`_glu_fill` with n's `_norm_prologue_fills`, `_add_fill`), each on its phase's spec and plan.
 
+FLASH_ATTN_FFN_<glu> (plans_fa_ffn.py): a decode step's attention (FLASH_ATTN_EXT_MASK) as a
+phase ahead of phase 0, writing a, on the same fifos and cores: per round (a KV head of the
+column) the x fifo carries the group's q rows, the mask row, all the K rows, then all the V
+rows, each core keeps its gh heads' rows and scores (kernels/mv_fa.h) and writes their outputs
+as y objects, joined and drained into a with one strided task; the W fifo carries nothing.
+Every round's task group ends with `finish()`: every drain of a is awaited before phase 0
+reads it as x.
+
 Runtime-sequence arguments (the request's order): W_g, W_u, W_d, x, n, r, out, h;
-MUL_MAT_ADD_RMS_NORM_FFN_<glu>: W_o, a, r0, W_g, W_u, W_d, n, out, r1, h.
+MUL_MAT_ADD_RMS_NORM_FFN_<glu>: W_o, a, r0, W_g, W_u, W_d, n, out, r1, h; FLASH_ATTN_FFN_<glu>:
+q, k, v, mask, W_o, r0, W_g, W_u, W_d, n, out, a, r1, h.
 """
 
 import numpy as np
@@ -68,6 +77,7 @@ from aie.iron.runtime import TaskGroup
 from ._common import device, vector_type
 from .mul_mat import (
     _add_fill,
+    _tap,
     _add_r,
     _gemv_columns,
     _gemv_kern,
@@ -91,6 +101,56 @@ def _add_rounds(of_w, of_x, of_y, rounds, k_steps, zero, mv, add, r_offset):
         of_y.release(1)
 
 
+def _fa_kernels(kern, x_tile, y_tile):
+    """FLASH_ATTN_FFN_<glu>'s attention functions (kernels/mv_fa.h), in `_fa_rounds`' order."""
+    return [
+        kern("_fa_q", [x_tile, np.int32]),
+        kern("_fa_mask", [x_tile]),
+        kern("_fa_k", [x_tile]),
+        kern("_fa_v", [x_tile]),
+        kern("_fa_out", [y_tile]),
+    ]
+
+
+def _fa_rounds(of_x, of_y, fa, rounds, q_fn, mask_fn, k_fn, v_fn, out_fn, first):
+    """The attention phase's rounds on a core, one per KV head of its column: the group's q
+    rows (the core's from word `first`), the mask row, the K rows, the V rows, then its heads'
+    outputs as y objects."""
+    pieces = (
+        (fa.q_side.objects, lambda x: q_fn(x, first)),
+        (fa.m_side.objects, mask_fn),
+        (fa.k_objects, k_fn),
+        (fa.v_objects, v_fn),
+    )
+    for _ in range_(rounds):
+        for count, fn in pieces:
+            for _ in range_(count):
+                x = of_x.acquire(1)
+                fn(x)
+                of_x.release(1)
+        for _ in range_(fa.out_objects):
+            y = of_y.acquire(1)
+            out_fn(y)
+            of_y.release(1)
+
+
+def _fa_fill(fa, hs, r, tg, bufs, totals):
+    """Round r of the attention phase on every column that has one: on the x channel the KV
+    head's q rows, mask row, K rows and V rows, and the drain of its heads' outputs into a."""
+    Q, Kb, V, M, A = bufs
+    for col in range(fa.columns):
+        heads = fa.column_heads(col)
+        if r >= len(heads):
+            continue  # columns past the last KV head
+        kvh = heads[r]
+        _, hx, hy = hs[3 * col : 3 * col + 3]
+        hx.fill(Q, tap=_tap(totals["q"], fa.q_tap(kvh)), group=tg)
+        hx.fill(M, tap=_tap(totals["mask"], fa.mask_tap()), group=tg)
+        hx.fill(Kb, tap=_tap(totals["k"], fa.k_tap(kvh)), group=tg)
+        hx.fill(V, tap=_tap(totals["v"], fa.v_tap(kvh)), group=tg)
+        hy.drain(A, tap=_tap(totals["a"], fa.a_tap(kvh)), group=tg, wait=True)
+
+
 def _ffn(spec):
     attn, up, down = spec.attn, spec.up, spec.down
     p1 = up.plan
@@ -103,15 +163,24 @@ def _ffn(spec):
     kern = _gemv_kern(up)
     kernels = [*_glu_kernels(up), kern("", [w_tile, x_tile, y_tile])]
     kernels.append(kern("_add", [x_tile, y_tile, np.int32]))
+    fa = spec.fa
+    if fa is not None:
+        kernels += _fa_kernels(kern, x_tile, y_tile)
     rounds1, rounds2 = up.tiles_per_core, down.tiles_per_core
     k1, k2 = p1.k_steps, down.plan.k_steps
     # Phase 0 (MUL_MAT_ADD_RMS_NORM_FFN_<glu>): none for RMS_NORM_FFN_<glu>, whose program is
     # then exactly the two phases'.
     rounds0, k0 = (attn.tiles_per_core, attn.plan.k_steps) if attn is not None else (0, 0)
 
-    def core_fn(
-        of_w, of_x, of_y, gate_zero, gate, zero, up_mv, glu, load, scale, mv, add, r_offset
-    ):
+    def core_fn(of_w, of_x, of_y, gate_zero, gate, zero, up_mv, glu, load, scale, mv, add, *rest):
+        # rest: FLASH_ATTN_FFN_<glu>'s attention functions, the core's first q word and its
+        # column's rounds of that phase; then the core's offset in the r objects.
+        *attention, r_offset = rest
+        if attention:
+            # The attention phase: per KV head of the column, the heads' outputs as rows of a.
+            *fns, first, fa_rounds = attention
+            if fa_rounds:
+                _fa_rounds(of_x, of_y, fa, fa_rounds, *fns, first)
         if rounds0:
             # Phase 0, MUL_MAT_ADD's dispatch over a: W_o's rows' sums + r0: rows of r1.
             _add_rounds(of_w, of_x, of_y, rounds0, k0, zero, mv, add, r_offset)
@@ -124,7 +193,14 @@ def _ffn(spec):
     # Per column: W split over the R cores, x to every core, the cores' y joined; the same fifos
     # carry every phase's objects. Core i of a column adds r's values i * nr ...
     nr = p1.rows_per_tile
-    workers, handles = _gemv_columns(up, core_fn, lambda col, i: [*kernels, i * nr])
+
+    def core_args(col, i):
+        if fa is None:
+            return [*kernels, i * nr]
+        # Core i of a column keeps q heads i gh ... of its KV heads: words from i gh D.
+        return [*kernels, i * fa.gh * fa.d, len(fa.column_heads(col)), i * nr]
+
+    workers, handles = _gemv_columns(up, core_fn, core_args)
     *groups0, groups1, groups2 = spec.tasks()
 
     def phases(Wg, Wu, Wd, X, Nbuf, Rbuf, Out, H, hs):
@@ -157,7 +233,20 @@ def _ffn(spec):
         # Every drain of r1 has completed: phase 1 reads it as x, phase 2 as r.
         phases(Wg, Wu, Wd, R1, Nbuf, R1, Out, H, hs)
 
-    rt = Runtime(sequence_attn if attn is not None else sequence, [*seq_types, *handles])
+    def sequence_fa(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nbuf, Out, A, R1, H, *hs):
+        # The attention phase: one task group per round (a KV head per column), a's rows
+        # drained and awaited by the group's finish.
+        totals = dict(zip(("q", "k", "v", "mask"), (n for _, n in fa.sequence)))
+        totals["a"] = attn.plan.K
+        for r in range(len(fa.column_heads(0))):
+            tg = TaskGroup()
+            _fa_fill(fa, hs, r, tg, (Q, Kb, V, M, A), totals)
+            tg.finish()
+        # Every drain of a has completed: phase 0 reads it as x.
+        sequence_attn(Wo, A, R0, Wg, Wu, Wd, Nbuf, Out, R1, H, *hs)
+
+    seq_fn = sequence_fa if fa is not None else sequence_attn if attn is not None else sequence
+    rt = Runtime(seq_fn, [*seq_types, *handles])
     return Program(dev, rt, workers=workers).resolve_program()
 
 
@@ -209,4 +298,31 @@ def ggml_op_mul_mat_add_rms_norm_ffn_geglu_erf(spec):
 
 def ggml_op_mul_mat_add_rms_norm_ffn_geglu_quick(spec):
     """MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_QUICK: the GLU gelu_quick."""
+    return _ffn(spec)
+
+
+def ggml_op_flash_attn_ffn_reglu(spec):
+    """FLASH_ATTN_FFN_REGLU: a = FLASH_ATTN_EXT(q, k, v, mask), then
+    MUL_MAT_ADD_RMS_NORM_FFN_REGLU of a."""
+    return _ffn(spec)
+
+
+def ggml_op_flash_attn_ffn_geglu(spec):
+    """FLASH_ATTN_FFN_GEGLU: the GLU gelu (tanh approximation)."""
+    return _ffn(spec)
+
+
+def ggml_op_flash_attn_ffn_swiglu(spec):
+    """FLASH_ATTN_FFN_SWIGLU: the GLU silu (llama's attention tail and feed-forward block of a
+    decode step)."""
+    return _ffn(spec)
+
+
+def ggml_op_flash_attn_ffn_geglu_erf(spec):
+    """FLASH_ATTN_FFN_GEGLU_ERF: the GLU gelu_erf."""
+    return _ffn(spec)
+
+
+def ggml_op_flash_attn_ffn_geglu_quick(spec):
+    """FLASH_ATTN_FFN_GEGLU_QUICK: the GLU gelu_quick."""
     return _ffn(spec)

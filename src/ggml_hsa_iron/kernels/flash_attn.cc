@@ -83,45 +83,15 @@ static inline int32_t block_mask_skip() {
 #endif
 }
 
-static inline float bits_to_float(uint32_t b) { return __builtin_bit_cast(float, b); }
-static inline uint32_t float_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
-static constexpr uint32_t NEG_INF = 0xff800000u;
+#include "fa_rows.h"
+
+using fa_rows::bits_to_float;
+using fa_rows::decode_row;
+using fa_rows::float_bits;
+using fa_rows::NEG_INF;
 
 // q rounded to K's type, as ggml-cpu converts q before the dot product.
-static inline float round_q(float x) {
-#if FA_K_TYPE == 1
-  return f16_to_f32(f32_to_f16(x));
-#elif FA_K_TYPE == 2
-  uint32_t b = float_bits(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) // NaN: quiet (ggml_compute_fp32_to_bf16)
-    return bits_to_float((b | 0x00400000u) & 0xffff0000u);
-  b += 0x7fffu + ((b >> 16) & 1u);
-  return bits_to_float(b & 0xffff0000u);
-#else
-  return x;
-#endif
-}
-
-// n (<= VEC) elements from element i of a K or V row of type T, the other lanes 0, as f32.
-template <int T> static inline vf load_kv(const int32_t *row, int i, int n) {
-  if constexpr (T == 1) {
-    return load_f16_zero(reinterpret_cast<const uint16_t *>(row) + i, n);
-  } else if constexpr (T == 2) {
-    const bfloat16 *p = reinterpret_cast<const bfloat16 *>(row) + i;
-    return n == (int)VEC ? load_any(p) : load_part_zero(p, n);
-  } else {
-    const float *p = reinterpret_cast<const float *>(row) + i;
-    return n == (int)VEC ? load_any(p) : load_part_zero(p, n);
-  }
-}
-
-// A K or V row of `len` elements of type T decoded to f32 in dst (whole vectors, tail 0).
-template <int T, int LEN> static inline void decode_row(const int32_t *row, float *dst) {
-  for (int i = 0; i < LEN; i += VEC) {
-    const int n = LEN - i < (int)VEC ? LEN - i : (int)VEC;
-    aie::store_v(dst + i, load_kv<T>(row, i, n));
-  }
-}
+static inline float round_q(float x) { return fa_rows::round_q<FA_K_TYPE>(x); }
 
 static inline int block_head0() { return (block % FA_NHB) * FA_GH; }
 

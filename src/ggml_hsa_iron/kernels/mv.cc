@@ -6,6 +6,7 @@
 // MV_KC is any chunk of K (whole vectors, then a zero-padded tail).
 // MV_GLU=1 with GGML_OP_<glu op> (f32 y): the fused MUL_MAT_<glu> functions (mv_glu.h).
 // MV_ADD=1 (f32 x and y): the fused MUL_MAT_ADD epilogue (mv_add.h).
+// MV_FA=1 with mv_fa.h's FA_* defines (f32 x and y): FLASH_ATTN_FFN_<glu>'s attention phase.
 // MV_OUT_F16=1 (Y_T uint16_t, f16 bit patterns): the K chunks are summed in an f32 stash and
 // each output rounded to f16 once, at the end of the round (mv_stash.h); no ggml_mv/_zero.
 // MV_NORM=1 with MV_NORM_K, OP_P0 (f32 x; y f32, or f16 with MV_OUT_F16): the fused
@@ -19,6 +20,9 @@
 #include "ggml_aie.h"
 #if MV_GLU
 #include "glu.h"
+#endif
+#if MV_FA
+#include "fa_rows.h"
 #endif
 
 using namespace ggml_aie;
@@ -135,6 +139,16 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) { accumulate(w, x, y); }
 // MUL_MAT_ADD: see mv_add.h.
 #define GGML_MV_ADD ggml_mv_add
 #include "mv_add.h"
+#endif
+
+#if MV_FA
+// FLASH_ATTN_FFN_<glu>'s attention phase on the GEMV's fifos: see mv_fa.h.
+#define GGML_MV_FA_Q ggml_mv_fa_q
+#define GGML_MV_FA_MASK ggml_mv_fa_mask
+#define GGML_MV_FA_K ggml_mv_fa_k
+#define GGML_MV_FA_V ggml_mv_fa_v
+#define GGML_MV_FA_OUT ggml_mv_fa_out
+#include "mv_fa.h"
 #endif
 
 #if MV_NORM

@@ -18,6 +18,7 @@
 // Defines: exactly one of MVQ_F16, MVQ_Q4_0, MVQ_Q4_1, MVQ_Q5_0, MVQ_Q8_0, MVQ_Q4_K,
 // MVQ_Q5_K, MVQ_Q6_K; MV_ROWS, MV_KC. MV_GLU=1 with GGML_OP_<glu op>: the fused
 // MUL_MAT_<glu> functions (mv_glu.h). MV_ADD=1: the fused MUL_MAT_ADD epilogue (mv_add.h).
+// MV_FA=1 with mv_fa.h's FA_* defines: FLASH_ATTN_FFN_<glu>'s attention phase (mv_fa.h).
 // MV_OUT_F16=1: an f16 output, the K chunks summed in an f32 stash and each output rounded
 // to f16 once, at the end of the round (mv_stash.h); no ggml_mvq/_zero.
 // MV_NORM=1 with MV_NORM_K, OP_P0: the fused RMS_NORM_MUL_MAT(_<glu>) functions (mv_norm.h;
@@ -28,6 +29,9 @@
 #include "ggml_aie.h"
 #if MV_GLU
 #include "glu.h"
+#endif
+#if MV_FA
+#include "fa_rows.h"
 #endif
 
 using namespace ggml_aie;
@@ -129,6 +133,16 @@ void ggml_mvq(int8_t *w, float *x, float *y) { accumulate(w, x, y); }
 // MUL_MAT_ADD: see mv_add.h.
 #define GGML_MV_ADD ggml_mvq_add
 #include "mv_add.h"
+#endif
+
+#if MV_FA
+// FLASH_ATTN_FFN_<glu>'s attention phase on the GEMV's fifos: see mv_fa.h.
+#define GGML_MV_FA_Q ggml_mvq_fa_q
+#define GGML_MV_FA_MASK ggml_mvq_fa_mask
+#define GGML_MV_FA_K ggml_mvq_fa_k
+#define GGML_MV_FA_V ggml_mvq_fa_v
+#define GGML_MV_FA_OUT ggml_mvq_fa_out
+#include "mv_fa.h"
 #endif
 
 #if MV_NORM

@@ -78,6 +78,8 @@ NORM_FFN = [f"RMS_NORM_FFN_{op}" for op in GLU]
 # The attention output projection and residual ADD ahead of the feed-forward block (MUL_MAT_ADD,
 # then RMS_NORM_FFN_<glu>'s phases; three outputs).
 ATTN_FFN = [f"MUL_MAT_ADD_RMS_NORM_FFN_{op}" for op in GLU]
+# A decode step's attention (FLASH_ATTN_EXT_MASK) ahead of that block (four outputs).
+FA_FFN = [f"FLASH_ATTN_FFN_{op}" for op in GLU]
 ROPE = ["ROPE", "ROPE_FF"]
 # Issue 15: the copies and the KV-cache write (f32/f16/bf16; SET_ROWS' i32/i64 indices).
 COPIES = ["DUP", "CPY", "CONT"]
@@ -125,7 +127,7 @@ class CapabilitiesTest(unittest.TestCase):
             mm = (
                 op["op"] in ("MUL_MAT", "MUL_MAT_ADD")
                 or op["op"] in MM_GLU + NORM_MM + NORM_MM_ROPE + NORM_QKV
-                or op["op"] in NORM_FFN + ATTN_FFN
+                or op["op"] in NORM_FFN + ATTN_FFN + FA_FFN
             )
             extra = set(("f16",) + QUANT_TYPES) if mm else {"f16"}
             if op["op"] in ("SET_ROWS", "COUNT_EQUAL"):
@@ -152,6 +154,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + NORM_QKV
                 + NORM_FFN
                 + ATTN_FFN
+                + FA_FFN
                 + ROW_OPS
                 + GLU
                 + ROPE
@@ -206,6 +209,7 @@ class CapabilitiesTest(unittest.TestCase):
                 "rms_norm_qkv_rope",
                 "rms_norm_ffn",
                 "mul_mat_add_rms_norm_ffn",
+                "flash_attn_ffn",
             )
         }
         self.assertEqual(params, set(WITH_PARAMS))
@@ -265,7 +269,7 @@ class CapabilitiesTest(unittest.TestCase):
         self.assertEqual({s.params for s in registry.OPS if s.kind == "rms_norm_qkv_rope"}, {12})
         self.assertEqual(
             {o["op"] for o in ops.values() if "outputs" in o},
-            set(NORM_QKV + NORM_FFN + ATTN_FFN),
+            set(NORM_QKV + NORM_FFN + ATTN_FFN + FA_FFN),
         )
         # W_g, W_u, W_d, x, n, r; eps; out, then h (extra_outputs).
         for op in NORM_FFN:
@@ -287,6 +291,18 @@ class CapabilitiesTest(unittest.TestCase):
         self.assertEqual(
             {s.params for s in registry.OPS if s.kind == "mul_mat_add_rms_norm_ffn"}, {1}
         )
+        # q, k, v, mask, W_o, r0, W_g, W_u, W_d, n; scale, max_bias, softcap, eps; out, then a,
+        # r1 and h (extra_outputs); the block's combos, K and V of FLASH_ATTN_EXT's types.
+        for op in FA_FFN:
+            o = ops[op]
+            got = (o["inputs"], o["outputs"], o["broadcast"], o["noncontiguous"])
+            self.assertEqual(got, (10, 4, True, True), op)
+            self.assertEqual(o["kernel_source"], "ffn.py")
+            want = ops["MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU"]["type_combos"]
+            self.assertEqual(o["type_combos"], want, op)
+            self.assertEqual(o["types"], ops["MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU"]["types"], op)
+            self.assertEqual(sorted(o["kv_types"]), sorted(ops["FLASH_ATTN_EXT"]["types"]), op)
+        self.assertEqual({s.params for s in registry.OPS if s.kind == "flash_attn_ffn"}, {4})
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
             set(
@@ -297,6 +313,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + NORM_QKV
                 + NORM_FFN
                 + ATTN_FFN
+                + FA_FFN
                 + self.FLASH_ATTN
             )
             | {"MUL_MAT", "MUL_MAT_ADD", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"}
@@ -477,6 +494,29 @@ class CapabilitiesTest(unittest.TestCase):
                                 arch=arch,
                                 op_params=[0x3727C5AC],
                                 extra_outputs=[tensor("f32", [512, 1]), tensor("f32", [1024, 1])],
+                            )
+                        elif spec.kind == "flash_attn_ffn":
+                            # The four weights of the type (or f32 when the type is K's and
+                            # V's only); K and V of the type where it is one of theirs, else
+                            # f16; q, r0, n and the outputs f32, the mask f16.
+                            combos = registry.FLASH_ATTN_FFN_COMBOS
+                            s0, s1, d = ([c for c in combos if dtype in c] or combos)[0]
+                            kv = dtype if dtype in registry.FLASH_ATTN_FFN_KV_TYPES else "f16"
+                            w, wd = tensor(s0, [512, 1024]), tensor(s0, [1024, 512])
+                            kvs = [tensor(kv, [64, 256, 2])] * 2
+                            ins = [tensor("f32", [64, 1, 8]), *kvs, tensor("f16", [256, 1])]
+                            ins += [tensor(s0, [512, 512]), tensor(s1, [512, 1]), w, w, wd]
+                            req = request_json(
+                                spec.op,
+                                [*ins, tensor("f32", [512])],
+                                tensor(d, [512, 1]),
+                                arch=arch,
+                                op_params=[0x3E000000, 0, 0, 0x3727C5AC],
+                                extra_outputs=[
+                                    tensor("f32", [64, 8, 1]),
+                                    tensor("f32", [512, 1]),
+                                    tensor("f32", [1024, 1]),
+                                ],
                             )
                         elif spec.kind == "rows":
                             req = row_request(spec.op, dtype, arch)

@@ -277,3 +277,129 @@ def assert_same_bits(test, got, want, what):
     if diff.any():
         i = tuple(np.argwhere(diff)[0])
         test.fail(f"{what}: {int(diff.sum())} values differ, first at {i}: {got[i]} vs {want[i]}")
+
+
+def fa_ffn_request(
+    glu,
+    wtype,
+    K,
+    n_head,
+    n_head_kv,
+    d,
+    F,
+    n_kv,
+    kv="f16",
+    arch="aie2p",
+    n_q=1,
+    scale=0.125,
+    max_bias=0.0,
+    softcap=0.0,
+    **kw,
+):
+    """FLASH_ATTN_FFN_<glu> of a decode step: q [d, n_q, n_head], k and v views of an f16 (or
+    `kv`) KV cache of llama.cpp's layout (the KV heads of a token in one cache row: row stride
+    n_head_kv d), the mask [n_kv, padded n_q] (f16), W_o [d n_head, K], r0 [K, n_q], W_g, W_u
+    [K, F], W_d [F, K] of `wtype`, n [K]; out [K, n_q], a [d, n_head, n_q], r1, h. `kw`:
+    request_json's and per-operand overrides (q, k, v, mask, a as Tensors)."""
+    from ggml_hsa_iron.tests.test_flash_attn import cache_view, f32_bits
+
+    Ka = d * n_head
+    q = kw.pop("q", None) or tensor("f32", [d, n_q, n_head])
+    k = kw.pop("k", None) or cache_view(kv, d, n_kv, n_head_kv, n_kv + 32)
+    v = kw.pop("v", None) or cache_view(kv, d, n_kv, n_head_kv, n_kv + 32)
+    mask = kw.pop("mask", None) or tensor("f16", [n_kv, -(-n_q // 64) * 64])
+    wo = tensor(wtype, [Ka, K])
+    wg, wd = tensor(wtype, [K, F]), tensor(wtype, [F, K])
+    r0, n = tensor("f32", [K, n_q]), tensor("f32", [K])
+    out = tensor("f32", [K, n_q])
+    a = kw.pop("a", None) or tensor("f32", [d, n_head, n_q])
+    extras = [a, tensor("f32", [K, n_q]), tensor("f32", [F, n_q])]
+    kw.setdefault("extra_outputs", extras)
+    kw.setdefault("op_params", [f32_bits(scale), f32_bits(max_bias), f32_bits(softcap), EPS_BITS])
+    op = f"FLASH_ATTN_FFN_{glu}"
+    ins = [q, k, v, mask, wo, r0, wg, wg, wd, n]
+    return request_json(op, ins, out, arch, **kw)
+
+
+def fa_ffn_spec(*args, **kw):
+    return prepare(parse_request(fa_ffn_request(*args, **kw)))
+
+
+class FaFfnCase:
+    """One FLASH_ATTN_FFN_<glu> request's random operands (a decode step: one query row): q, K
+    and V (of `kv`) placed in llama.cpp's cache layout (the gaps NaN), a mask with every
+    `masked`-th key -inf and NaN in those keys' K and V rows (masked keys are never read),
+    weights (fast_weights), n (util_norm's) and r0; W_o's Ka is d n_head."""
+
+    def __init__(self, glu, ty, K, n_head, n_head_kv, d, F, n_kv, arch, kv="f16", seed=0,
+                 masked=5, softcap=0.0):  # fmt: skip
+        from ggml_hsa_iron.tests.test_flash_attn import _np_type, place
+
+        self.glu, self.ty, self.K, self.F, self.arch = glu, ty, K, F, arch
+        self.Ka = d * n_head
+        text = fa_ffn_request(
+            glu, ty, K, n_head, n_head_kv, d, F, n_kv, kv=kv, arch=arch, softcap=softcap
+        )
+        self.req = parse_request(text)
+        self.spec = prepare(self.req)
+        qt, kt, vt, mt = self.req.inputs[:4]
+        nrng = np.random.default_rng(seed)
+        self.q = nrng.standard_normal((1, n_head, 1, d)).astype(np.float32)
+        k = nrng.standard_normal((1, n_head_kv, n_kv, d)).astype(_np_type(kv))
+        v = nrng.standard_normal((1, n_head_kv, n_kv, d)).astype(_np_type(kv))
+        mask = (nrng.standard_normal((1, 1, mt.ne[1], mt.ne[0])) * 2).astype(np.float16)
+        mask[..., ::masked] = -np.inf
+        self.k, self.v, self.mask = k.copy(), v.copy(), mask
+        k[:, :, ::masked] = np.nan  # masked keys: never read
+        v[:, :, ::masked] = np.nan
+        self.fa_bytes = [place(qt, self.q), place(kt, k), place(vt, v), place(mt, mask)]
+        self.wo_bytes, self.wo = fast_weights(ty, K, self.Ka, nrng)
+        self.wg_bytes, self.wg = fast_weights(ty, F, K, nrng)
+        self.wu_bytes, self.wu = fast_weights(ty, F, K, nrng)
+        self.wd_bytes, self.wd = fast_weights(ty, K, F, nrng)
+        _, self.n = norm_inputs(nrng, 1, K)
+        self.r0 = nrng.uniform(-4, 4, (1, K)).astype(np.float32)
+
+    def args(self):
+        """Fresh memories in the sequence's order: q, k, v, mask, W_o, r0, W_g, W_u, W_d, n, out,
+        a, r1, h."""
+        sizes = arg_bytes(self.spec)
+        ws = (self.wo_bytes, self.r0, self.wg_bytes, self.wu_bytes, self.wd_bytes, self.n)
+        ins = [buffer_of(b) for b in (*self.fa_bytes, *ws)]
+        return ins + [new_buffer(n) for n in sizes[10:]]
+
+    def run(self):
+        """(a [Ka], r1 [K], h [F], out [K]) as f32 arrays from the emulated design."""
+        args = self.args()
+        run_spec_in_order(self.spec, args)
+        out, a, r1, h = (np.frombuffer(b.tobytes(), np.float32).copy() for b in args[10:])
+        return a, r1, h, out
+
+    def run_block(self, spec, a):
+        """(r1, h, out) of MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s program `spec` on a (the same other
+        operands)."""
+        wo, r0, wg, wu, wd, n = self.args()[4:10]
+        sizes = arg_bytes(spec)
+        out, r1, h = (new_buffer(sizes[i]) for i in (7, 8, 9))
+        run_spec_in_order(spec, [wo, buffer_of(a), r0, wg, wu, wd, n, out, r1, h])
+        return tuple(np.frombuffer(b.tobytes(), np.float32).copy() for b in (r1, h, out))
+
+    def block_request(self):
+        """MUL_MAT_ADD_RMS_NORM_FFN_<glu> of this request's block (a read as [Ka, 1])."""
+        return attn_ffn_request(self.glu, self.ty, 1, self.Ka, self.K, self.F, self.arch)
+
+    def check(self, test, a, r1, h, out, tol=2e-5):
+        """a against numpy's FLASH_ATTN_EXT (test_flash_attn's reference and tolerance), then
+        r1, h and out as AttnFfnCase checks them, from the a the design wrote."""
+        from ggml_hsa_iron.tests.test_flash_attn import reference
+
+        fa_req = self.req
+        ref = reference(fa_req, self.q, self.k, self.v, self.mask).reshape(-1)
+        what = f"{self.glu} {self.ty} Ka={self.Ka} K={self.K} F={self.F} {self.arch}"
+        test.assertTrue(np.isfinite(a).all(), f"a of {what}: not finite")
+        err = np.abs(a - ref).max()
+        test.assertLess(err, tol * max(1.0, np.abs(ref).max()), f"a of {what}: error {err}")
+        a2, r1_, h_, out_ = a[None, :], r1[None, :], h[None, :], out[None, :]
+        check_add(test, self.ty, a2, self.wo, self.r0, r1_, f"r1 of {what}")
+        check_h(test, self.glu, self.ty, r1_, self.n, self.wg, self.wu, h_, f"h of {what}")
+        check_add(test, self.ty, h_, self.wd, r1_, out_, f"out of {what}")

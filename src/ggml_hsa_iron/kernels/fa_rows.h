@@ -1,0 +1,55 @@
+// fa_rows.h: the K/V row helpers of ggml's FLASH_ATTN_EXT shared by its core sources
+// (flash_attn.cc, and mv_fa.h: the attention phase of FLASH_ATTN_FFN_<glu>'s GEMV core), so
+// that both round q and decode K and V rows to the same f32 values. Included after
+// ggml_aie.h.
+//
+// Type codes (the plans' KV_CODE): 0 f32, 1 f16, 2 bf16.
+
+#pragma once
+
+namespace fa_rows {
+
+using namespace ggml_aie;
+
+inline float bits_to_float(uint32_t b) { return __builtin_bit_cast(float, b); }
+inline uint32_t float_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
+constexpr uint32_t NEG_INF = 0xff800000u;
+
+// q rounded to K's type T, as ggml-cpu converts q before the dot product (integer operations
+// on the bit patterns: the scalar unit has no floating point).
+template <int T> inline float round_q(float x) {
+  if constexpr (T == 1) {
+    return f16_to_f32(f32_to_f16(x));
+  } else if constexpr (T == 2) {
+    uint32_t b = float_bits(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) // NaN: quiet (ggml_compute_fp32_to_bf16)
+      return bits_to_float((b | 0x00400000u) & 0xffff0000u);
+    b += 0x7fffu + ((b >> 16) & 1u);
+    return bits_to_float(b & 0xffff0000u);
+  } else {
+    return x;
+  }
+}
+
+// n (<= VEC) elements from element i of a K or V row of type T, the other lanes 0, as f32.
+template <int T> inline vf load_kv(const int32_t *row, int i, int n) {
+  if constexpr (T == 1) {
+    return load_f16_zero(reinterpret_cast<const uint16_t *>(row) + i, n);
+  } else if constexpr (T == 2) {
+    const bfloat16 *p = reinterpret_cast<const bfloat16 *>(row) + i;
+    return n == (int)VEC ? load_any(p) : load_part_zero(p, n);
+  } else {
+    const float *p = reinterpret_cast<const float *>(row) + i;
+    return n == (int)VEC ? load_any(p) : load_part_zero(p, n);
+  }
+}
+
+// A K or V row of LEN elements of type T decoded to f32 in dst (whole vectors, tail 0).
+template <int T, int LEN> inline void decode_row(const int32_t *row, float *dst) {
+  for (int i = 0; i < LEN; i += VEC) {
+    const int n = LEN - i < (int)VEC ? LEN - i : (int)VEC;
+    aie::store_v(dst + i, load_kv<T>(row, i, n));
+  }
+}
+
+} // namespace fa_rows

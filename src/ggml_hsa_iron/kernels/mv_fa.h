@@ -1,0 +1,194 @@
+// mv_fa.h: the attention phase of FLASH_ATTN_FFN_<glu> in a GEMV core source (mv.cc, mvq.cc),
+// included inside its extern "C" block: ggml's FLASH_ATTN_EXT of one query row (a decode step)
+// for this core's FA_GH q heads of a KV head, computed from objects of the GEMV's own x fifo
+// (MV_KC 32-bit words each) and written as objects of its y fifo (MV_ROWS f32), so that the
+// attention needs no fifo, channel or program of its own (designs/ffn.py, plans_fa_ffn.py).
+//
+// Per KV head (a round of the phase) the column's x stream carries, each piece padded to
+// whole objects (the q rows and the mask row by repeating them; K and V are whole objects):
+//   the group's FA_GQ q rows (f32, FA_D each; this core keeps FA_GH of them from word
+//   `first`), the mask row (FA_NKV f16), all FA_NKV K rows (FA_K_ROW_WORDS words each, of
+//   type FA_K_TYPE), then all FA_NKV V rows (FA_V_ROW_WORDS words, FA_V_TYPE).
+// The softmax takes two passes over the scores, which the core keeps for every key of its
+// heads (FA_GH x FA_NKV f32: the plan counts them and refuses longer contexts): the scores are
+// complete when the last K object has been read, their maximum is then known before any
+// exponential, and the V objects only add p_j V_j.
+//
+// ggml-cpu's semantics (as flash_attn.cc, whose row helpers fa_rows.h this shares): q rounded
+// to K's type; s = scale q.k, softcap * tanh(s) with a softcap (the scale already divided by
+// it), + mask; a key whose mask is -inf is skipped (its K and V rows are never read: they may
+// hold anything); out = sum p_j V_j / sum p_j, 0 for a row whose every key is masked.
+//
+// Defines (plans_fa_ffn.FaPhase.defines): FA_D, FA_DV, FA_NKV, FA_GQ, FA_GH, FA_K_TYPE,
+// FA_V_TYPE (0 f32, 1 f16, 2 bf16), FA_K_ROW_WORDS, FA_V_ROW_WORDS, FA_SCALE, FA_SOFTCAP (f32
+// bits), FA_Q_OBJECTS, FA_M_OBJECTS, FA_K_OBJECTS, FA_V_OBJECTS. The including file names the
+// functions: GGML_MV_FA_Q, GGML_MV_FA_MASK, GGML_MV_FA_K, GGML_MV_FA_V, GGML_MV_FA_OUT:
+//   GGML_MV_FA_Q(x, first)   one object of the q rows; the first starts the KV head's round
+//   GGML_MV_FA_MASK(x)       one object of the mask row: every head's scores start as it
+//   GGML_MV_FA_K(x)          one object of K rows: their scores; after the last, the softmax
+//   GGML_MV_FA_V(x)          one object of V rows: acc += p_j V_j
+//   GGML_MV_FA_OUT(y)        the next MV_ROWS outputs (head by head, FA_DV / MV_ROWS objects
+//                            each) divided by the head's sum
+// fa_rows.h (templates: C++ linkage) is included by the including file at file scope.
+
+static_assert(MV_KC % FA_K_ROW_WORDS == 0 && MV_KC % FA_V_ROW_WORDS == 0,
+              "an x object holds whole K and V rows");
+static_assert(FA_DV % MV_ROWS == 0, "a head's outputs are whole y objects");
+
+constexpr int FA_DP = (FA_D + (int)VEC - 1) / (int)VEC * (int)VEC;
+constexpr int FA_DVP = (FA_DV + (int)VEC - 1) / (int)VEC * (int)VEC;
+constexpr int FA_NP = (FA_NKV + (int)VEC - 1) / (int)VEC * (int)VEC;
+constexpr int FA_ROWP = FA_DP > FA_DVP ? FA_DP : FA_DVP;
+constexpr int FA_K_PER_OBJ = MV_KC / FA_K_ROW_WORDS;
+constexpr int FA_V_PER_OBJ = MV_KC / FA_V_ROW_WORDS;
+constexpr int FA_OUT_PER_HEAD = FA_DV / MV_ROWS;
+
+alignas(64) static float g_fa_q[FA_GH * FA_DP];     // this core's q rows, rounded (tail 0)
+alignas(64) static float g_fa_s[FA_GH * FA_NP];     // the scores, then the p_j (tail -inf)
+alignas(64) static float g_fa_acc[FA_GH * FA_DVP];  // sum p_j V_j per head
+alignas(64) static float g_fa_row[FA_ROWP];         // the current K or V row, decoded
+alignas(64) static float g_fa_dots[FA_GH * VEC];    // a vector of keys' q.k per head
+alignas(64) static float g_fa_sum[FA_GH * VEC];     // per head its sum of p_j (splat)
+static int32_t g_fa_q_obj, g_fa_m_obj, g_fa_k_obj, g_fa_v_obj, g_fa_out_obj;
+
+static inline bool fa_is_neg_inf(float x) { return fa_rows::float_bits(x) == fa_rows::NEG_INF; }
+
+// A KV head's round starts: no scores (every lane -inf until the mask row sets the keys'),
+// no sums.
+static void fa_round() {
+  const vf ninf = from_bits(splat_i((int32_t)fa_rows::NEG_INF));
+  for (int i = 0; i < FA_GH * FA_NP; i += VEC)
+    aie::store_v(g_fa_s + i, ninf);
+  for (int i = 0; i < FA_GH * FA_DVP; i += VEC)
+    aie::store_v(g_fa_acc + i, splat(0.0f));
+  g_fa_m_obj = g_fa_k_obj = g_fa_v_obj = g_fa_out_obj = 0;
+}
+
+// The scores to p_j = exp(s_j - max) once every key's score is known; a head whose keys are
+// all masked keeps p = 0 everywhere (its sum 0: its output is 0).
+static void fa_softmax() {
+  for (int t = 0; t < FA_GH; ++t) {
+    float *s = g_fa_s + t * FA_NP;
+    vf vmax = from_bits(splat_i((int32_t)fa_rows::NEG_INF));
+    for (int j = 0; j < FA_NP; j += VEC)
+      vmax = fmax(vmax, load_aligned(s + j));
+    const float m = max_lanes(vmax);
+    vf psum = splat(0.0f);
+    if (fa_is_neg_inf(m)) {
+      for (int j = 0; j < FA_NP; j += VEC)
+        aie::store_v(s + j, splat(0.0f));
+    } else {
+      const vf mm = splat(m);
+      for (int j = 0; j < FA_NP; j += VEC) {
+        vf p = exp(sub(load_aligned(s + j), mm)); // masked keys and the tail: 0
+        aie::store_v(s + j, p);
+        psum = add(psum, p);
+      }
+    }
+    aie::store_v(g_fa_sum + t * VEC, splat(aie::reduce_add(psum)));
+  }
+}
+
+void GGML_MV_FA_Q(float *x, int32_t first) {
+  if (g_fa_q_obj == 0)
+    fa_round();
+  // The object's words w of the group's q rows; this core's FA_GH rows are words first ..
+  // first + FA_GH * FA_D (the repeats padding the last object lie beyond FA_GQ * FA_D).
+  const int o = g_fa_q_obj;
+  const uint32_t *b = reinterpret_cast<const uint32_t *>(x);
+  for (int i = 0; i < MV_KC; ++i) {
+    const int w = o * MV_KC + i - first;
+    if (w >= 0 && w < FA_GH * FA_D)
+      g_fa_q[(w / FA_D) * FA_DP + w % FA_D] =
+          fa_rows::round_q<FA_K_TYPE>(fa_rows::bits_to_float(b[i]));
+  }
+  g_fa_q_obj = (o + 1) % FA_Q_OBJECTS;
+}
+
+void GGML_MV_FA_MASK(float *x) {
+  // 2 MV_KC f16 values an object; the values past the row (repeats) are not read.
+  const uint16_t *m = reinterpret_cast<const uint16_t *>(x);
+  const int k0 = g_fa_m_obj * 2 * MV_KC;
+  for (int i = 0; i < 2 * MV_KC && k0 + i < FA_NKV; i += VEC) {
+    int n = 2 * MV_KC - i < (int)VEC ? 2 * MV_KC - i : (int)VEC;
+    n = FA_NKV - k0 - i < n ? FA_NKV - k0 - i : n;
+    const vf mv = load_f16_zero(m + i, n);
+    for (int t = 0; t < FA_GH; ++t)
+      store_part(g_fa_s + t * FA_NP + k0 + i, mv, n);
+  }
+  g_fa_m_obj = (g_fa_m_obj + 1) % FA_M_OBJECTS;
+}
+
+void GGML_MV_FA_K(float *x) {
+  set_ggml_rounding(); // aie2's f32 multiply splits into bf16 pieces rounded to nearest
+  const float scale = fa_rows::bits_to_float((uint32_t)FA_SCALE);
+  const float softcap = fa_rows::bits_to_float((uint32_t)FA_SOFTCAP);
+  const int32_t *rows = reinterpret_cast<const int32_t *>(x);
+  const int key0 = g_fa_k_obj * FA_K_PER_OBJ;
+  for (int j0 = 0; j0 < FA_K_PER_OBJ; j0 += VEC) {
+    const int n = FA_K_PER_OBJ - j0 < (int)VEC ? FA_K_PER_OBJ - j0 : (int)VEC;
+    for (int i = 0; i < FA_GH * (int)VEC; i += VEC)
+      aie::store_v(g_fa_dots + i, splat(0.0f));
+    for (int j = 0; j < n; ++j) {
+      // The mask is the group's (every head's score starts as it): a masked key's K row is
+      // not read, its score stays -inf (0 * scale + -inf).
+      const int key = key0 + j0 + j;
+      if (fa_is_neg_inf(g_fa_s[key]))
+        continue;
+      fa_rows::decode_row<FA_K_TYPE, FA_D>(rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
+      for (int t = 0; t < FA_GH; ++t) {
+        vf s = splat(0.0f);
+        for (int i = 0; i < FA_D; i += VEC)
+          s = add(s, mul(load_aligned(g_fa_row + i), load_aligned(g_fa_q + t * FA_DP + i)));
+        g_fa_dots[t * VEC + j] = aie::reduce_add(s);
+      }
+    }
+    for (int t = 0; t < FA_GH; ++t) {
+      float *sc = g_fa_s + t * FA_NP + key0 + j0;
+      vf s = mul(load_aligned(g_fa_dots + t * VEC), scale);
+      if (fa_rows::float_bits(softcap) != 0)
+        s = mul(tanh(s), softcap);
+      store_part(sc, add(s, load_part(sc, n)), n);
+    }
+  }
+  if (++g_fa_k_obj == FA_K_OBJECTS)
+    fa_softmax();
+}
+
+void GGML_MV_FA_V(float *x) {
+  set_ggml_rounding();
+  const int32_t *rows = reinterpret_cast<const int32_t *>(x);
+  const int key0 = g_fa_v_obj * FA_V_PER_OBJ;
+  for (int j = 0; j < FA_V_PER_OBJ; ++j) {
+    const int key = key0 + j;
+    bool used = false;
+    for (int t = 0; t < FA_GH && !used; ++t)
+      used = fa_rows::float_bits(g_fa_s[t * FA_NP + key]) != 0;
+    if (!used)
+      continue; // p = 0 for every head: a masked key (its V row may be NaN) or a negligible one
+    fa_rows::decode_row<FA_V_TYPE, FA_DV>(rows + j * FA_V_ROW_WORDS, g_fa_row);
+    for (int t = 0; t < FA_GH; ++t) {
+      const float pj = g_fa_s[t * FA_NP + key];
+      if (fa_rows::float_bits(pj) == 0)
+        continue;
+      const vf p = splat(pj);
+      float *acc = g_fa_acc + t * FA_DVP;
+      for (int i = 0; i < FA_DV; i += VEC)
+        aie::store_v(acc + i, add(aie::load_v<VEC>(acc + i), mul(load_aligned(g_fa_row + i), p)));
+    }
+  }
+  g_fa_v_obj = (g_fa_v_obj + 1) % FA_V_OBJECTS;
+}
+
+void GGML_MV_FA_OUT(float *y) {
+  set_ggml_rounding();
+  const int t = g_fa_out_obj / FA_OUT_PER_HEAD;
+  const float *acc = g_fa_acc + t * FA_DVP + (g_fa_out_obj % FA_OUT_PER_HEAD) * MV_ROWS;
+  const vf sum = load_aligned(g_fa_sum + t * VEC);
+  const vf inv = fa_rows::float_bits(lane0(sum)) == 0 ? splat(0.0f) : recip(sum);
+  for (int r = 0; r < MV_ROWS; r += VEC) {
+    const int n = MV_ROWS - r < (int)VEC ? MV_ROWS - r : (int)VEC;
+    store_part(y + r, mul(load_part(acc + r, n), inv), n);
+  }
+  g_fa_out_obj = (g_fa_out_obj + 1) % (FA_GH * FA_OUT_PER_HEAD);
+}

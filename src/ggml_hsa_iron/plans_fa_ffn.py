@@ -1,0 +1,346 @@
+"""FLASH_ATTN_FFN_<glu>: llama's attention of a decode step and the block after it as one
+program (designs/ffn.py): FLASH_ATTN_EXT_MASK, then MUL_MAT_ADD_RMS_NORM_FFN_<glu> on its output.
+
+The request: inputs q f32 [D, n_q, n_head, n_seq] (rows dense, other strides any), k [D, n_kv,
+n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, ...] (f32, f16 or bf16 views of the KV cache,
+rows dense, row and head strides any), the mask (f16, FLASH_ATTN_EXT_MASK's), W_o [Ka, K]
+(Ka = Dv n_head), r0 f32 [K, N], W_g, W_u [K, F], W_d [F, K] (the four weights of one type) and
+n f32 [K]; op_params scale, max_bias, logit_softcap (FLASH_ATTN_EXT's, f32 bits) and eps;
+`output` out f32 [K, N] and `extra_outputs` [a f32 [Dv, n_head, n_q, n_seq] dense, r1 f32
+[K, N], h f32 [F, N]]:
+
+    a   = FLASH_ATTN_EXT(q, k, v, mask)        r1 = W_o . a + r0  (a read as [Ka, N])
+    h   = act(W_g . y) * (W_u . y), y = rms_norm(r1) * n          out = W_d . h + r1
+
+Planned as MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s three phases (plans_ffn.attn_ffn_phases, each
+refusing what its op refuses) with a phase ahead of them, the attention (`FaPhase`), which runs
+on the very fifos and cores of the GEMV phases (a shim has two MM2S channels, both the GEMV's W
+and x in every column): so the shape (C columns, R cores per column, nr rows per core, kc words
+per x object) is chosen by plans_ffn.plan_phases with the attention's constraints checked for
+every candidate (`fa_phase`), its core memory and its DMA tasks counted with the other phases'.
+
+The attention phase: column c computes KV heads c, c + C, ... (a round each); its R cores share
+the KV head's K and V, which its x fifo broadcasts to them, read from DRAM once. Core i takes
+q heads kvh gq + i gh ... + gh - 1 (gq = n_head / n_head_kv, gh = gq / R). Per round the x
+stream carries the group's q rows, the mask row, all n_kv K rows, then all n_kv V rows (each
+piece whole kc-word objects: the q rows and the mask row padded by repeating them, K and V
+rows whole objects of whole rows), and each core writes its gh heads' Dv outputs as Dv / nr y
+objects each, joined by the memory tile and drained into a with one strided task per round.
+The W fifo carries nothing in this phase. The core keeps the scores of its gh heads for all
+n_kv keys (a two-pass softmax, kernels/mv_fa.h), which bounds the context a plan takes.
+
+Refused: more than one query row (n_q n_seq != 1: a decode step only), ALiBi (max_bias != 0),
+a per-head mask, what FLASH_ATTN_EXT_MASK or MUL_MAT_ADD_RMS_NORM_FFN_<glu> refuses, and
+where no shape fits (the refusal says which of the attention's constraints failed).
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+from .archs import Arch
+from .errors import RequestError, UnsupportedError
+from .plans import _bits_f32, _check_common
+from .plans_fa import KV_CODE, Side, _extent_words, _rows_split, _side, prepare_flash_attn
+from .plans_ffn import FfnSpec, _replan, attn_ffn_phases, ffn_core_bytes
+from .request import Request, Tensor
+from .tiling import MAX_WRAP, VECTOR_ELEMS, Tap, split_run
+
+PREFIX = "FLASH_ATTN_FFN_"
+F32 = 4
+
+
+def _vecs(n: int) -> int:
+    """n rounded up to whole vectors (the core's arrays, kernels/mv_fa.h)."""
+    return -(-n // VECTOR_ELEMS) * VECTOR_ELEMS
+
+
+@dataclass(frozen=True)
+class FaPhase:
+    """The attention phase of FLASH_ATTN_FFN_<glu> on one shape of the GEMV's array."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    mask: Tensor
+    a: Tensor
+    params: tuple[int, int]  # scale (divided by the softcap) and softcap, f32 bits
+    columns: int
+    rows: int  # R: cores per column
+    nr: int  # f32 values of a core's y object
+    kc: int  # 32-bit words of an x object
+    q_side: Side  # the group's q rows, repeated to whole objects
+    m_side: Side  # the mask row's words, repeated to whole objects
+
+    # --- shapes
+    @property
+    def d(self) -> int:
+        return self.q.ne[0]
+
+    @property
+    def dv(self) -> int:
+        return self.v.ne[0]
+
+    @property
+    def n_kv(self) -> int:
+        return self.k.ne[1]
+
+    @property
+    def n_head(self) -> int:
+        return self.q.ne[2]
+
+    @property
+    def n_head_kv(self) -> int:
+        return self.k.ne[2]
+
+    @property
+    def gq(self) -> int:
+        """q heads per KV head (the group a column's round computes)."""
+        return self.n_head // self.n_head_kv
+
+    @property
+    def gh(self) -> int:
+        """q heads of one core in a round."""
+        return self.gq // self.rows
+
+    @property
+    def k_row_words(self) -> int:
+        return self.d * self.k.size // 4
+
+    @property
+    def v_row_words(self) -> int:
+        return self.dv * self.v.size // 4
+
+    @property
+    def k_objects(self) -> int:
+        return self.n_kv * self.k_row_words // self.kc
+
+    @property
+    def v_objects(self) -> int:
+        return self.n_kv * self.v_row_words // self.kc
+
+    @property
+    def out_objects(self) -> int:
+        """y objects of a core per round: its gh heads' Dv outputs, nr at a time."""
+        return self.gh * self.dv // self.nr
+
+    def column_heads(self, c: int) -> list[int]:
+        """The KV heads column c computes, one per round."""
+        return list(range(c, self.n_head_kv, self.columns))
+
+    @property
+    def objects_per_round(self) -> int:
+        """x objects of a round: q rows, mask row, K rows, V rows."""
+        return self.q_side.objects + self.m_side.objects + self.k_objects + self.v_objects
+
+    # --- the plan's limits
+    @property
+    def core_bytes(self) -> int:
+        """The core's static data of the phase (kernels/mv_fa.h): q rows, scores, accumulators
+        of its gh heads, one decoded K or V row, a vector of dot products and the sum per
+        head, five counters."""
+        gh, v = self.gh, VECTOR_ELEMS
+        floats = gh * (_vecs(self.d) + _vecs(self.n_kv) + _vecs(self.dv) + 2 * v)
+        floats += max(_vecs(self.d), _vecs(self.dv))
+        return floats * F32 + 5 * 4
+
+    @property
+    def tasks(self) -> dict[str, int]:
+        """DMA tasks of the busiest column's shim channels (column 0's rounds): per round the
+        q rows, the mask row, K and V on x, a's drain on y."""
+        rounds = len(self.column_heads(0))
+        return {"W": 0, "x": 4 * rounds, "y": rounds}
+
+    # --- taps (q, k, v, mask as 32-bit words; a as f32)
+    def q_tap(self, kvh: int) -> Tap:
+        """The group's gq q rows (query row 0 of sequence 0), repeated to whole objects."""
+        hs = self.q.nb[2] // 4
+        s = self.q_side
+        return Tap(kvh * self.gq * hs, (s.rep, 1, self.gq, self.d), (0, 0, hs, 1))
+
+    def mask_tap(self) -> Tap:
+        """Mask row 0's words (n_kv f16 values, the last word's other half unused), repeated
+        to whole objects."""
+        s = self.m_side
+        a, w = split_run(s.words, 4)
+        return Tap(0, (s.rep, 1, a, w), (0, 0, w, 1))
+
+    def _kv_tap(self, t: Tensor, kvh: int, row_words: int) -> Tap:
+        off, n, stride = kvh * t.nb[2] // 4, self.n_kv, t.nb[1] // 4
+        if stride == row_words or n == 1:
+            return Tap(off, (1, 1, 1, n * row_words), (0, 0, 0, 1))
+        r = _rows_split(n)
+        return Tap(off, (1, n // r, r, row_words), (0, r * stride, stride, 1))
+
+    def k_tap(self, kvh: int) -> Tap:
+        return self._kv_tap(self.k, kvh, self.k_row_words)
+
+    def v_tap(self, kvh: int) -> Tap:
+        return self._kv_tap(self.v, kvh, self.v_row_words)
+
+    def a_tap(self, kvh: int) -> Tap:
+        """The joined y objects of a round: per object of a core (head t, part s) the R cores'
+        nr values, core i's head being kvh gq + i gh + t."""
+        dv, nr, gh = self.dv, self.nr, self.gh
+        return Tap(kvh * self.gq * dv, (gh, dv // nr, self.rows, nr), (dv, nr, gh * dv, 1))
+
+    @property
+    def sequence(self) -> list[tuple[str, int]]:
+        """q, k, v and the mask as 32-bit words: declared f32, the type of the x fifo they
+        fill (the cores reinterpret the words)."""
+        return [("f32", _extent_words(t)) for t in (self.q, self.k, self.v, self.mask)]
+
+    @property
+    def defines(self) -> dict[str, int]:
+        return {
+            "MV_FA": 1,
+            "FA_D": self.d,
+            "FA_DV": self.dv,
+            "FA_NKV": self.n_kv,
+            "FA_GQ": self.gq,
+            "FA_GH": self.gh,
+            "FA_K_TYPE": KV_CODE[self.k.dtype],
+            "FA_V_TYPE": KV_CODE[self.v.dtype],
+            "FA_K_ROW_WORDS": self.k_row_words,
+            "FA_V_ROW_WORDS": self.v_row_words,
+            "FA_SCALE": self.params[0],
+            "FA_SOFTCAP": self.params[1],
+            "FA_Q_OBJECTS": self.q_side.objects,
+            "FA_M_OBJECTS": self.m_side.objects,
+            "FA_K_OBJECTS": self.k_objects,
+            "FA_V_OBJECTS": self.v_objects,
+        }
+
+
+class FaShapes:
+    """`fa_phase` on the candidate shapes of plans_ffn.plan_phases, remembering why the ones
+    that do not fit were refused (for the refusal's message)."""
+
+    def __init__(self, q, k, v, mask, a, params, arch: Arch):
+        self.ops = (q, k, v, mask, a)
+        self.params = params
+        self.arch = arch
+        self.why: dict[str, int] = {}
+
+    def __call__(self, plans) -> FaPhase | None:
+        """The phase on the shape of the candidate's GEMV plans (phase 0's first), or None."""
+        got = fa_phase(*self.ops, self.params, plans[0])
+        if isinstance(got, str):
+            self.why[got] = self.why.get(got, 0) + 1
+            return None
+        # Static arrays are allocated for every phase at once: the GEMV phases' too.
+        norm = next(p for p in plans if p.norm)
+        if ffn_core_bytes(norm) + got.core_bytes > self.arch.l1_budget:
+            self.why["memory"] = self.why.get("memory", 0) + 1
+            return None
+        return got
+
+    def explain(self) -> str:
+        q, k, v, _, _ = self.ops
+        n_kv, d, dv = k.ne[1], q.ne[0], v.ne[0]
+        gq = q.ne[2] // k.ne[2]
+        text = {
+            "gq": f"R (cores per column) dividing the {gq} q heads per KV head",
+            "dv": f"Dv = {dv} whole y objects of nr values",
+            "rows": (
+                f"x objects of kc words holding whole K and V rows ({d} {k.dtype}, {dv} "
+                f"{v.dtype}) and all {n_kv} of them in whole objects"
+            ),
+            "sides": "the q rows and the mask row repeated to whole x objects",
+            "memory": (
+                f"the scores of a core's q heads over n_kv = {n_kv} keys (a context too long "
+                f"for the core's memory: the two-pass softmax keeps them all) with its q rows, "
+                f"accumulators and the other phases' buffers within "
+                f"{self.arch.l1_budget} bytes"
+            ),
+        }
+        seen = [text[k] for k in text if k in self.why]
+        return "the attention phase needs " + "; ".join(seen) if seen else "none fits"
+
+
+def fa_phase(q, k, v, mask, a, params, p) -> FaPhase | str:
+    """The attention phase on the shape of GEMV plan p, or the key of why it does not fit
+    there (FaShapes.explain): "gq", "dv", "rows", "sides"."""
+    C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk
+    n_head, n_head_kv = q.ne[2], k.ne[2]
+    gq = n_head // n_head_kv
+    if gq % R:
+        return "gq"
+    if v.ne[0] % nr:
+        return "dv"
+    n_kv = k.ne[1]
+    kw, vw = q.ne[0] * k.size // 4, v.ne[0] * v.size // 4
+    if kc % kw or kc % vw or (n_kv * kw) % kc or (n_kv * vw) % kc:
+        return "rows"
+    q_side = _side(gq * q.ne[0], kc)
+    m_words = -(-n_kv // 2)
+    m_side = _side(m_words, kc)
+    if q_side is None or m_side is None or split_run(m_words, 4) is None or gq > MAX_WRAP:
+        return "sides"
+    if m_words > _extent_words(mask):
+        return "sides"
+    return FaPhase(q, k, v, mask, a, params, C, R, nr, kc, q_side, m_side)
+
+
+def _dense_rows(a: Tensor) -> Tensor:
+    """a [Dv, n_head, 1, 1] as the MUL_MAT_ADD phase reads it: [Ka, 1] (dense)."""
+    return Tensor.dense(a.dtype, (a.ne[0] * a.ne[1] * a.ne[2] * a.ne[3], 1, 1, 1))
+
+
+def prepare_flash_attn_ffn(req: Request) -> FfnSpec:
+    """FLASH_ATTN_FFN_<glu> (see the module docstring): the attention phase and
+    MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s three on one shape of the array, or UnsupportedError."""
+    _, arch = _check_common(req, strided=True)  # the input count, op_params, types
+    op = req.op
+    glu = op[len(PREFIX) :]
+    if len(req.extra_outputs) != 3:
+        raise RequestError(f"{op} has four outputs: out, then a, r1 and h in extra_outputs")
+    q, k, v, mask, wo, r0, wg, wu, wd, n = req.inputs
+    out, (a, r1, h) = req.output, req.extra_outputs
+    params = tuple(req.op_params) + (0,) * (4 - len(req.op_params))
+    if q.ne[1] * q.ne[3] != 1:
+        raise UnsupportedError(
+            f"{op}: {q.ne[1]} query rows x {q.ne[3]} sequences: the attention phase computes "
+            "one query row (a decode step of one token); the backend runs FLASH_ATTN_EXT_MASK "
+            f"and MUL_MAT_ADD_RMS_NORM_FFN_{glu} instead"
+        )
+    if _bits_f32(params[1]) != 0:
+        raise UnsupportedError(
+            f"{op}: ALiBi (max_bias = {_bits_f32(params[1])}) is not computed by the attention "
+            f"phase; the backend runs FLASH_ATTN_EXT_MASK and MUL_MAT_ADD_RMS_NORM_FFN_{glu}"
+        )
+    if mask.ne[2] != 1:
+        raise UnsupportedError(
+            f"{op}: a per-head mask ({mask.ne[2]} heads): the cores of a column share one mask row"
+        )
+    # FLASH_ATTN_EXT_MASK's checks of q, k, v, the mask and a (and its scale and softcap).
+    fa_req = dataclasses.replace(
+        req,
+        op="FLASH_ATTN_EXT_MASK",
+        inputs=(q, k, v, mask),
+        output=a,
+        op_params=params[:3],
+        extra_outputs=(),
+    )
+    try:
+        fa = prepare_flash_attn(fa_req)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{op}: the attention phase: {e}") from None
+    # The block after it, a read as [Ka, N].
+    ffn_req = dataclasses.replace(
+        req,
+        op=f"MUL_MAT_ADD_RMS_NORM_FFN_{glu}",
+        inputs=(wo, _dense_rows(a), r0, wg, wu, wd, n),
+        output=out,
+        op_params=params[3:],
+        extra_outputs=(r1, h),
+    )
+    try:
+        _, specs = attn_ffn_phases(ffn_req)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{op}: {e}") from None
+    shapes = FaShapes(q, k, v, mask, a, (fa.params[0], fa.params[2]), arch)
+    attn, up, down = _replan(op, specs, arch, wg.dtype, shapes, shapes.explain)
+    phase = shapes((attn.plan, up.plan, down.plan))
+    if phase is None:
+        raise AssertionError("the chosen shape does not fit the attention phase")
+    return FfnSpec(req, arch, up, down, attn, phase)

@@ -1,0 +1,331 @@
+"""FLASH_ATTN_FFN_<glu>: a decode step's attention (FLASH_ATTN_EXT_MASK) ahead of
+MUL_MAT_ADD_RMS_NORM_FFN_<glu>, one program whose attention phase runs on the GEMV's own fifos
+and cores (designs/ffn.py, plans_fa_ffn.py, kernels/mv_fa.h).
+
+* the plan: Llama-3.2-1B's decode shape (n_embd 2048, 32 heads / 8 KV heads, D 64, n_ff 8192,
+  n_kv 256 of an f16 cache whose rows hold the 8 KV heads) with q4_0 and f16 weights on aie2p
+  and aie2 takes MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s own shape; the tiny llama's (n_embd 256, 4 /
+  2 heads); a group of 3 q heads per KV head (R = 1 only); the attention's taps read exactly
+  each KV head's q rows, mask row, K and V rows as whole x objects and its drains write every
+  row of a once; the core memory and the shim tasks counted over the whole program; the core
+  defines; the refusals (ALiBi, two query rows, a per-head mask, a context whose scores do
+  not fit a core, 3 q heads per KV head whose one core cannot hold them, the attention's and
+  the block's own refusals, the request's outputs);
+* the recorded program: every drain of a awaited before phase 0's first task (W_o's fill, then
+  a read back as x), the attention touching q, k, v, the mask and a only; the in-order
+  executor refusing the program with those awaits removed;
+* end to end through the emulation (the runtime sequence run in order) against numpy's
+  FLASH_ATTN_EXT (test_flash_attn's reference and tolerance; masked keys -inf, their K and V
+  rows NaN) and the block's references on the a the design wrote, on both archs; f16, bf16
+  and f32 caches, a softcap; and r1, h and out bit for bit equal to MUL_MAT_ADD_RMS_NORM_FFN's
+  own program given the same a.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import dataclasses
+import json
+import unittest
+
+from ggml_hsa_iron.errors import RequestError, UnsupportedError
+from ggml_hsa_iron.plans import prepare
+from ggml_hsa_iron.plans_ffn import ffn_core_bytes, program_tasks
+from ggml_hsa_iron.request import parse_request
+from ggml_hsa_iron.tiling import MAX_TASKS_PER_CHANNEL, SHIM_GROUP_TASKS
+
+from ggml_hsa_iron.tests.test_flash_attn import cache_view, f32_bits
+from ggml_hsa_iron.tests.test_kernels_host import CXX
+from ggml_hsa_iron.tests.util import tensor
+from ggml_hsa_iron.tests.util_ffn import attn_ffn_spec, fa_ffn_request, fa_ffn_spec
+
+try:
+    import numpy  # noqa: F401
+
+    from ggml_hsa_iron.tests.util_ffn import FaFfnCase, assert_same_bits
+
+    HAVE_NUMPY = True
+except ImportError:  # numpy and ml_dtypes are installed by scripts/check-iron.sh
+    HAVE_NUMPY = False
+
+# Llama-3.2-1B: n_embd, n_head, n_head_kv, head_dim, n_ff, n_kv (a 256-row f16 cache).
+LLAMA = (2048, 32, 8, 64, 8192, 256)
+# The tiny llama of the backend's tests: n_embd 256, 4 heads / 2 KV heads.
+TINY = (256, 4, 2, 64, 512, 256)
+# Operand indices of the runtime sequence.
+Q, K, V, M, WO, R0, WG, WU, WD, NORM, OUT, A, R1, H = range(14)
+
+
+def shape(p):
+    return (p.columns, p.rows, p.rows_per_tile, p.k_chunk)
+
+
+def block_spec(glu, ty, dims, arch):
+    """MUL_MAT_ADD_RMS_NORM_FFN_<glu> of the same block alone (a as [Ka, 1])."""
+    n_embd, n_head, _, d, ff, _ = dims
+    return attn_ffn_spec(glu, ty, 1, d * n_head, n_embd, ff, arch)
+
+
+class FaFfnPlanTest(unittest.TestCase):
+    def test_llama_3_2_1b_takes_the_blocks_shape(self):
+        # gq = 4 q heads per KV head over R = 4 cores: one head each; Dv = 64 whole y
+        # objects; K and V rows of 32 words, 8 of them an x object of 256 words.
+        want = {
+            ("aie2p", "q4_0"): (8, 4, 64, 256),
+            ("aie2p", "f16"): (8, 4, 32, 256),
+            ("aie2", "q4_0"): (4, 4, 64, 256),
+            ("aie2", "f16"): (4, 4, 32, 256),
+        }
+        for (arch, ty), got_want in want.items():
+            with self.subTest(arch=arch, ty=ty):
+                spec = fa_ffn_spec("SWIGLU", ty, *LLAMA, arch=arch)
+                got = shape(spec.attn.plan)
+                print(f"\nFLASH_ATTN_FFN_SWIGLU Llama-3.2-1B {ty} {arch}: C, R, nr, kc = {got}")
+                self.assertEqual(got, got_want)
+                self.assertEqual(got, shape(block_spec("SWIGLU", ty, LLAMA, arch).attn.plan))
+                for p in (spec.up.plan, spec.down.plan):
+                    self.assertEqual(shape(p), got)
+                fa = spec.fa
+                self.assertEqual((fa.gq, fa.gh, fa.out_objects), (4, 1, 64 // got[2]))
+                self.assertEqual((fa.k_objects, fa.v_objects), (32, 32))
+                self.assertEqual((fa.q_side.objects, fa.m_side.objects), (1, 1))
+                # aie2p: one KV head per column; aie2's 4 columns: two each.
+                rounds = [len(fa.column_heads(c)) for c in range(got[0])]
+                self.assertEqual(set(rounds), {8 // got[0]})
+
+    def test_tiny_llama(self):
+        for arch in ("aie2p", "aie2"):
+            with self.subTest(arch=arch):
+                spec = fa_ffn_spec("SWIGLU", "f32", *TINY, arch=arch)
+                fa = spec.fa
+                self.assertEqual(fa.gq % fa.rows, 0)
+                self.assertEqual(fa.gh * fa.rows, 2)
+                # Columns past the two KV heads compute no attention.
+                heads = [fa.column_heads(c) for c in range(fa.columns)]
+                self.assertEqual(sorted(h for hs in heads for h in hs), [0, 1])
+
+    def test_three_q_heads_per_kv_head_take_one_core_per_column(self):
+        spec = fa_ffn_spec("SWIGLU", "q4_0", 768, 12, 4, 64, 1536, 256)
+        self.assertEqual((spec.fa.rows, spec.fa.gh), (1, 3))
+        self.assertEqual(shape(spec.up.plan)[1], 1)
+
+    def test_the_phases_are_the_blocks_own_plans(self):
+        # Where the attention fits the block's own shape, phases 0-2 are exactly the plans
+        # MUL_MAT_ADD_RMS_NORM_FFN_<glu> makes alone (llama.cpp's cache view given).
+        for dims, ty, arch in ((LLAMA, "q4_0", "aie2"), (LLAMA, "f16", "aie2p")):
+            with self.subTest(dims=dims, ty=ty, arch=arch):
+                spec = fa_ffn_spec("SWIGLU", ty, *dims, arch=arch)
+                own = block_spec("SWIGLU", ty, dims, arch)
+                for mine, theirs in zip(spec.phases, own.phases, strict=True):
+                    self.assertEqual(mine.plan, theirs.plan)
+                n_head_kv, d, n_kv = dims[2], dims[3], dims[5]
+                k = cache_view("f16", d, n_kv, n_head_kv, n_kv + 32)
+                self.assertEqual(spec.request.inputs[K], k)
+        # The tiny llama's 2 q heads per KV head: R = 2 where the block alone takes 4.
+        spec = fa_ffn_spec("SWIGLU", "q4_0", *TINY, arch="aie2")
+        own = block_spec("SWIGLU", "q4_0", TINY, "aie2")
+        self.assertEqual((spec.up.plan.rows, own.up.plan.rows), (2, 4))
+
+    def test_the_taps_read_and_write_whole_heads(self):
+        for dims, arch in ((LLAMA, "aie2"), (TINY, "aie2p")):
+            with self.subTest(dims=dims, arch=arch):
+                spec = fa_ffn_spec("GEGLU", "q4_0", *dims, arch=arch)
+                fa, kc = spec.fa, spec.fa.kc
+                q, k, v, mask = spec.request.inputs[:4]
+                written = []
+                for col in range(fa.columns):
+                    for kvh in fa.column_heads(col):
+                        # q: the group's gq rows, repeated to whole objects.
+                        idx = fa.q_tap(kvh).indices()
+                        self.assertEqual(len(idx) % kc, 0)
+                        rows = [
+                            (kvh * fa.gq + j) * q.nb[2] // 4 + i
+                            for j in range(fa.gq)
+                            for i in range(fa.d)
+                        ]
+                        self.assertEqual(idx, rows * (len(idx) // len(rows)))
+                        # The mask row's words, repeated to whole objects.
+                        idx = fa.mask_tap().indices()
+                        self.assertEqual(len(idx) % kc, 0)
+                        self.assertEqual(set(idx), set(range(-(-fa.n_kv // 2))))
+                        # Every K and V row of the KV head once, whole objects.
+                        for t, tap, w in ((k, fa.k_tap(kvh), fa.k_row_words),
+                                          (v, fa.v_tap(kvh), fa.v_row_words)):  # fmt: skip
+                            want = [
+                                (kvh * t.nb[2] + j * t.nb[1]) // 4 + i
+                                for j in range(fa.n_kv)
+                                for i in range(w)
+                            ]
+                            self.assertEqual(tap.indices(), want)
+                            self.assertEqual(len(want) % kc, 0)
+                        # a: the joined y objects land on the column's heads' rows.
+                        idx = fa.a_tap(kvh).indices()
+                        self.assertEqual(len(idx), fa.gq * fa.dv)
+                        written += idx
+                self.assertEqual(sorted(written), list(range(fa.n_head * fa.dv)))
+
+    def test_the_limits_count_every_phase(self):
+        for dims, ty, arch in ((LLAMA, "f16", "aie2p"), (LLAMA, "q4_0", "aie2"), (TINY, "f32", "aie2")):  # fmt: skip
+            with self.subTest(ty=ty, arch=arch, dims=dims):
+                spec = fa_ffn_spec("SWIGLU", ty, *dims, arch=arch)
+                fa, a = spec.fa, spec.arch
+                self.assertLessEqual(ffn_core_bytes(spec.up.plan) + fa.core_bytes, a.l1_budget)
+                # The scores of all n_kv keys: the bulk of the phase's memory.
+                self.assertGreaterEqual(fa.core_bytes, 4 * fa.gh * fa.n_kv)
+                tasks = program_tasks([p.plan for p in spec.phases], 1)
+                for k, n in fa.tasks.items():
+                    self.assertLessEqual(tasks[k] + n, MAX_TASKS_PER_CHANNEL)
+                # A round's tasks of one column: q, mask, K, V and a's drain.
+                self.assertLessEqual(5, SHIM_GROUP_TASKS)
+                self.assertEqual(fa.tasks, {"W": 0, "x": 4 * len(fa.column_heads(0)),
+                                            "y": len(fa.column_heads(0))})  # fmt: skip
+
+    def test_core_defines_and_sequence(self):
+        spec = fa_ffn_spec("GEGLU_QUICK", "q4_0", *LLAMA, arch="aie2", softcap=30.0)
+        core = spec.core
+        self.assertEqual((core.source, core.object_name), ("mvq.cc", "mvq.o"))
+        d = core.defines
+        block = block_spec("GEGLU_QUICK", "q4_0", LLAMA, "aie2").core.defines
+        self.assertEqual({k: v for k, v in d.items() if not k.startswith(("FA_", "MV_FA"))}, block)
+        self.assertEqual(d["MV_FA"], 1)
+        self.assertEqual((d["FA_D"], d["FA_DV"], d["FA_NKV"], d["FA_GQ"]), (64, 64, 256, 4))
+        self.assertEqual((d["FA_K_TYPE"], d["FA_V_TYPE"]), (1, 1))
+        # ggml-cpu's softcap: s = softcap tanh(q.k scale / softcap): the scale divided.
+        self.assertEqual(d["FA_SCALE"], f32_bits(0.125 / 30.0) & 0xFFFFFFFF)
+        self.assertEqual(d["FA_SOFTCAP"], f32_bits(30.0))
+        # q, k, v and the mask as 32-bit words (f32, the x fifo's type), then the block's
+        # operands with a among the outputs.
+        seq = spec.sequence
+        self.assertEqual(len(seq), 14)
+        self.assertEqual(seq[Q], ("f32", 64 * 32))
+        self.assertEqual(seq[M], ("f32", 256 * 64 // 2))
+        self.assertEqual(seq[A], ("f32", 64 * 32))
+        self.assertEqual([t for t, _ in seq[R0:]], ["f32"] + ["i8"] * 3 + ["f32"] * 5)
+
+    def test_refusals(self):
+        op = "FLASH_ATTN_FFN_SWIGLU"
+        refused = [
+            ({"max_bias": 8.0}, "ALiBi"),
+            ({"n_q": 2}, "one query row"),
+            ({"mask": tensor("f16", [256, 64, 32])}, "per-head mask"),
+            # 16384 keys: 64 KiB of scores for one head per core.
+            ({"n_kv": 16384}, "context too long"),
+            ({"q": tensor("f16", [64, 1, 32])}, "the attention phase"),
+        ]
+        for kw, why in refused:
+            with self.subTest(why=why):
+                args = dict(zip(("K", "n_head", "n_head_kv", "d", "F", "n_kv"), LLAMA))
+                n_kv = kw.pop("n_kv", args.pop("n_kv"))
+                with self.assertRaises(UnsupportedError) as e:
+                    fa_ffn_spec("SWIGLU", "q4_0", *args.values(), n_kv, **kw)
+                self.assertIn(op, str(e.exception))
+                self.assertIn(why, str(e.exception))
+        # Three q heads per KV head: R = 1 only, whose core cannot hold the scores of three
+        # heads over 4096 keys (four heads over four cores, one each, fit).
+        with self.assertRaises(UnsupportedError) as e:
+            fa_ffn_spec("SWIGLU", "q4_0", 768, 12, 4, 64, 1536, 4096)
+        msg = str(e.exception)
+        self.assertIn("R (cores per column) dividing the 3 q heads per KV head", msg)
+        self.assertIn("n_kv = 4096 keys (a context too long", msg)
+        self.assertEqual(fa_ffn_spec("SWIGLU", "q4_0", 1024, 16, 4, 64, 2048, 4096).fa.gh, 1)
+        # The block's refusals: dense N is not one token; F with no common chunk with K.
+        with self.assertRaises(UnsupportedError) as e:
+            fa_ffn_spec("SWIGLU", "q4_0", 256, 4, 2, 64, 200, 256)
+        self.assertIn(op, str(e.exception))
+        # The request: four outputs, four op_params.
+        d = json.loads(fa_ffn_request("SWIGLU", "f32", *TINY))
+        del d["extra_outputs"][2]
+        with self.assertRaises(RequestError):
+            prepare(parse_request(json.dumps(d)))
+        with self.assertRaises(UnsupportedError):
+            fa_ffn_spec("SWIGLU", "f32", *TINY, op_params=[0x3E000000, 0, 0, 0x3727C5AC, 1])
+        # What is declared plans: every GLU, K/V of each type, a dense (contiguous) K and V.
+        for glu in ("REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"):
+            self.assertIsNotNone(fa_ffn_spec(glu, "f32", *TINY))
+        for kv in ("f32", "bf16"):
+            self.assertIsNotNone(fa_ffn_spec("SWIGLU", "q8_0", *TINY, kv=kv))
+        dense = tensor("f16", [64, 256, 2])
+        self.assertIsNotNone(fa_ffn_spec("SWIGLU", "f16", *TINY, k=dense, v=dense))
+
+
+class FaFfnRecordTest(unittest.TestCase):
+    def test_a_is_complete_before_phase_0_reads_it(self):
+        from ggml_hsa_iron.emu.compile import record
+
+        for dims, ty, arch in ((LLAMA, "q4_0", "aie2"), (TINY, "f32", "aie2p")):
+            with self.subTest(dims=dims, ty=ty, arch=arch):
+                spec = fa_ffn_spec("SWIGLU", ty, *dims, arch=arch)
+                prog = record(spec).to_json("fa_ffn", arch)
+                seq = prog["sequence"]
+                self.assertEqual(len(prog["args"]), 14)
+                first = next(i for i, op in enumerate(seq) if op.get("arg") == WO)
+                drains = {op["task"] for op in seq if op["op"] == "drain" and op["arg"] == A}
+                awaited = {t for op in seq[:first] if op["op"] == "await" for t in op["tasks"]}
+                self.assertTrue(drains)
+                self.assertLessEqual(drains, awaited)
+                # The attention phase reads q, k, v and the mask and writes a only; nothing
+                # after it touches q, k, v or the mask.
+                self.assertEqual({op["arg"] for op in seq[:first] if "arg" in op}, {Q, K, V, M, A})
+                later = {op["arg"] for op in seq[first:] if "arg" in op}
+                self.assertEqual(later & {Q, K, V, M}, set())
+                fill_a = next(
+                    i for i, op in enumerate(seq) if op["op"] == "fill" and op["arg"] == A
+                )
+                self.assertGreater(fill_a, first)
+
+    @unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
+    def test_the_awaits_of_a_are_needed(self):
+        from ggml_hsa_iron.tests.util_emu import build_spec
+        from ggml_hsa_iron.tests.util_emu_seq import run_program_in_order
+
+        case = FaFfnCase("SWIGLU", "f32", *TINY, "aie2p", seed=40)
+        prog, lib = build_spec(case.spec)
+        run_program_in_order(prog, lib, case.args())  # as designed: fine
+        seq = prog["sequence"]
+        first = next(i for i, op in enumerate(seq) if op["op"] == "fill" and op["arg"] == A)
+        broken = dict(prog, sequence=[op for op in seq[:first] if op["op"] != "await"])
+        broken["sequence"] += seq[first:]
+        with self.assertRaisesRegex(RuntimeError, "not awaited yet"):
+            run_program_in_order(broken, lib, case.args())
+
+
+@unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
+class FaFfnEmulationTest(unittest.TestCase):
+    """The design compiled for `--target emu`, its program run in order on real data."""
+
+    def check(self, glu, ty, dims, arch, kv="f16", seed=0, softcap=0.0, block=True):
+        case = FaFfnCase(glu, ty, *dims, arch, kv=kv, seed=seed, softcap=softcap)
+        a, r1, h, out = case.run()
+        case.check(self, a, r1, h, out)
+        if not block:
+            return
+        # MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s own program (its own plan, on this shape) on the
+        # a the design wrote: r1, h and out bit for bit.
+        # Where the attention needs another shape than the block's (the tiny llama's 2 q heads
+        # per KV head: R = 2), the block's program on the attention's shape.
+        own = prepare(parse_request(case.block_request()))
+        own = dataclasses.replace(own, attn=case.spec.attn, up=case.spec.up, down=case.spec.down)
+        what = f"{glu} {ty} {dims} {arch}"
+        for got, want, name in zip((r1, h, out), case.run_block(own, a), ("r1", "h", "out")):
+            assert_same_bits(self, got, want, f"{name} of {what}")
+
+    def test_tiny_llama(self):
+        for i, arch in enumerate(("aie2p", "aie2")):
+            with self.subTest(arch=arch):
+                self.check("SWIGLU", "f32", TINY, arch, seed=i)
+
+    def test_llama_3_2_1b(self):
+        self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=10)
+        self.check("GEGLU", "q8_0", LLAMA, "aie2", seed=11)
+
+    def test_caches_softcap_and_groups(self):
+        self.check("REGLU", "q4_0", TINY, "aie2", kv="bf16", seed=20)
+        self.check("GEGLU_QUICK", "f32", TINY, "aie2p", kv="f32", seed=21, softcap=20.0)
+        # Three q heads per KV head on one core per column.
+        self.check("SWIGLU", "q4_0", (768, 12, 4, 64, 1536, 256), "aie2p", seed=22)
+
+
+if __name__ == "__main__":
+    unittest.main()
