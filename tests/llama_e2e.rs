@@ -661,10 +661,10 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
             "ROPE",
             "FLASH_ATTN_EXT_MASK",
             "ADD",
-            // Decode: the attention output projection with its residual and the feed-forward
-            // block as one kernel, the block's norm folded in (Q4_K_M's blocks whose ffn_down
-            // weights are q6_K, unlike their q4_K gate/up pair, keep three).
-            "MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU",
+            // Decode: the attention, its output projection with the residual and the
+            // feed-forward block as one kernel, the block's norm folded in (Q4_K_M's blocks
+            // whose ffn_down weights are q6_K, unlike their q4_K gate/up pair, keep four).
+            "FLASH_ATTN_FFN_SWIGLU",
         ] {
             assert!(
                 c["emulated_ops"][op].as_u64().unwrap_or(0) > 0,
