@@ -77,8 +77,8 @@ pub fn generate(path: &Path) -> Result<String, String> {
                 "a host op has no simulator executor or IRON design".into()
             ));
         }
-        if e.inputs == 0 || e.inputs > 10 || e.params > 16 {
-            return Err(bad("inputs must be 1..=10 and params 0..=16".into()));
+        if e.inputs == 0 || e.inputs > 16 || e.params > 16 {
+            return Err(bad("inputs must be 1..=16 and params 0..=16".into()));
         }
         if let Some(a) = e.iron.iter().find(|a| !ARCHS.contains(&a.as_str())) {
             return Err(bad(format!("unknown arch {a:?} (expected {ARCHS:?})")));

@@ -34,8 +34,8 @@ use crate::ops::{self, Memory, Node, Plan, RowScatter, RowsProducer, Tensor};
 pub const MAX_PACKETS_PER_DOORBELL: usize = 32;
 /// Distinct PDIs ROCR caches per queue.
 pub const MAX_PDIS_PER_QUEUE: usize = 32;
-/// Operands one kernel may take (inputs plus outputs): FLASH_ATTN_FFN_<GLU> takes 14.
-pub const MAX_OPERANDS: usize = 16;
+/// Operands one kernel may take (inputs plus outputs): DECODE_LAYER_FF_<GLU> takes 22.
+pub const MAX_OPERANDS: usize = 24;
 
 const _: () = assert!(MAX_PACKETS_PER_DOORBELL as u32 <= QUEUE_SIZE);
 
@@ -236,6 +236,24 @@ struct GraphPlan {
     merged: Vec<Option<MergedKernel>>,
     /// The member nodes of a merge that run at the merge's node, not at their own.
     deferred: Vec<bool>,
+    /// A decode layer's Q/K/V merge and attention kernel as one (`ops::merge_layer`), at the
+    /// attention kernel's node.
+    layers: Vec<Option<LayerKernel>>,
+}
+
+/// One kernel for a llama decode layer (`ops::merge_layer`): dispatched when K's and V's rows
+/// can be written directly, as the Q/K/V merge it contains is; otherwise the merge (or its
+/// members), the two SET_ROWS and the attention's kernel run in turn.
+#[derive(Debug)]
+struct LayerKernel {
+    /// The node of the Q/K/V merge it contains (deferred to this one).
+    merge_at: usize,
+    /// K's and V's SET_ROWS (deferred to this one too).
+    set_rows: [usize; 2],
+    kernel: Arc<LoadedKernel>,
+    /// Its operands before K's and V's rows, and after them.
+    before_rows: Vec<Tensor>,
+    after_rows: Vec<Tensor>,
 }
 
 /// One kernel in place of several (`ops::merge_qkv`): dispatched when each member's rows can
@@ -425,7 +443,9 @@ impl Stream {
             if result.is_err() {
                 break;
             }
-            let ran = if plan.deferred[i] {
+            let ran = if let Some(layer) = &plan.layers[i] {
+                self.run_layer(&plan, layer, i, host, &mut rows_written)
+            } else if plan.deferred[i] {
                 Ok(())
             } else if let Some(merged) = &plan.merged[i] {
                 self.run_merged(&plan, merged, i, host, &mut rows_written)
@@ -693,6 +713,7 @@ impl Stream {
         // Then Q's, K's and V's kernels into one, when K and V write their cache rows.
         let mut merged: Vec<Option<MergedKernel>> = (0..nodes.len()).map(|_| None).collect();
         let mut deferred = vec![false; nodes.len()];
+        let mut layers: Vec<Option<LayerKernel>> = (0..nodes.len()).map(|_| None).collect();
         let rows_kernel = |k: usize| producers[k].as_ref().map(|(p, _)| (&p.kernel, p.set_rows));
         for merge in ops::merge_qkv(nodes, |k| planned(&steps, k), rows_kernel) {
             let taken = merge
@@ -709,6 +730,42 @@ impl Stream {
                 Some(Ok(kernel)) => {
                     for &m in &merge.members {
                         deferred[m] = m != merge.at;
+                    }
+                    // And the merged kernel into the attention's after it, when it is the same
+                    // layer's (one dispatch per decode layer).
+                    let set_rows = [1, 2].map(|i| {
+                        producers[merge.members[i]]
+                            .as_ref()
+                            .map(|(p, _)| p.set_rows)
+                    });
+                    if let [Some(k_set), Some(v_set)] = set_rows {
+                        let layer =
+                            ops::merge_layer(nodes, |k| planned(&steps, k), &merge, [k_set, v_set]);
+                        if let Some(layer) = layer.filter(|l| self.device.supports_kernel(&l.desc))
+                        {
+                            let loaded = self.device.kernels(std::slice::from_ref(&layer.desc));
+                            self.stats.load += loaded.loading;
+                            self.stats.evictions += loaded.evicted;
+                            match loaded.kernels.into_iter().next() {
+                                Some(Ok(kernel)) => {
+                                    for d in [merge.at, k_set, v_set] {
+                                        deferred[d] = true;
+                                    }
+                                    layers[layer.at] = Some(LayerKernel {
+                                        merge_at: merge.at,
+                                        set_rows: [k_set, v_set],
+                                        kernel,
+                                        before_rows: layer.before_rows,
+                                        after_rows: layer.after_rows,
+                                    });
+                                }
+                                Some(Err(e)) => crate::log::debug(&format!(
+                                    "{}: nodes {} and {} run their own kernels ({e})",
+                                    self.device.name, merge.at, layer.at
+                                )),
+                                None => {}
+                            }
+                        }
                     }
                     merged[merge.at] = Some(MergedKernel {
                         members: merge.members,
@@ -732,6 +789,7 @@ impl Stream {
             producers,
             merged,
             deferred,
+            layers,
         })
     }
 
@@ -833,6 +891,49 @@ impl Stream {
         }
         let outputs = operands.len() + 1 - merged.operands.len();
         self.enqueue(merged.kernel.clone(), &operands, outputs, node)
+            .map_err(|e| enqueue_error(node, e))
+    }
+
+    /// Runs the decode layer's kernel at node `i`: one dispatch when K's and V's rows can be
+    /// written directly (consecutive indices), otherwise the Q/K/V merge, the two SET_ROWS and
+    /// the attention's kernel in turn.
+    fn run_layer(
+        &mut self,
+        plan: &GraphPlan,
+        layer: &LayerKernel,
+        i: usize,
+        host: &mut dyn HostMemory,
+        rows_written: &mut [bool],
+    ) -> Result<(), ComputeError> {
+        let node = (i, plan.ops[i]);
+        let merged = plan.merged[layer.merge_at]
+            .as_ref()
+            .expect("a layer kernel contains a Q/K/V merge");
+        let mut operands = layer.before_rows.clone();
+        for &m in &merged.members {
+            let Some((producer, _)) = &plan.producers[m] else {
+                continue;
+            };
+            match self
+                .rows_of(plan, producer, host)
+                .map_err(|e| enqueue_error(node, e))?
+            {
+                Some(rows) => operands.push(rows),
+                None => {
+                    self.run_merged(plan, merged, layer.merge_at, host, rows_written)?;
+                    for s in layer.set_rows {
+                        self.run_step(plan, s, host, rows_written)?;
+                    }
+                    return self.run_step(plan, i, host, rows_written);
+                }
+            }
+        }
+        operands.extend(layer.after_rows.iter().cloned());
+        for s in layer.set_rows {
+            rows_written[s] = true;
+        }
+        // The layer's output, Q, K's and V's rows, a, r1 and h.
+        self.enqueue(layer.kernel.clone(), &operands, 7, node)
             .map_err(|e| enqueue_error(node, e))
     }
 

@@ -911,6 +911,88 @@ pub fn merge_qkv<'a>(
     merges
 }
 
+/// A llama decode layer's two kernels (the Q/K/V merge and the attention with the block after
+/// it) as one `DECODE_LAYER[_FF]_<GLU>` kernel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerMerge {
+    /// Where it runs: the node of the `FLASH_ATTN_FFN_<GLU>` kernel.
+    pub at: usize,
+    pub desc: KernelDesc,
+    /// Its operands before K's and V's cache rows (known when the graph runs): its inputs, its
+    /// output and Q.
+    pub before_rows: Vec<Tensor>,
+    /// Its operands after them: a, r1 and h.
+    pub after_rows: Vec<Tensor>,
+}
+
+/// The merge of the Q/K/V kernel `merge` (whose K and V rows the SET_ROWS nodes `set_rows`
+/// write) with the `FLASH_ATTN_FFN_<GLU>` kernel after it whose q is Q, whose residual is the
+/// layer's input x and whose k and v read those caches, as one `DECODE_LAYER[_FF]_<GLU>` kernel
+/// at the attention's node. Only when nothing runs between the two but those SET_ROWS (the
+/// views, and the nodes the attention's kernel covers, run nothing): the Q/K/V kernel then runs
+/// later than planned with no node in between to see the difference. `None` otherwise.
+pub fn merge_layer<'a>(
+    nodes: &[Node],
+    planned: impl Fn(usize) -> Planned<'a>,
+    merge: &QkvMerge,
+    set_rows: [usize; 2],
+) -> Option<LayerMerge> {
+    let x = merge.operands.get(3)?;
+    let q_out = merge.operands.last()?;
+    let (at, ffn, ops) = (merge.at + 1..nodes.len()).find_map(|j| match planned(j) {
+        Planned::Kernel(d, ops) if d.op.starts_with("FLASH_ATTN_FFN_") => Some((j, d, ops)),
+        _ => None,
+    })?;
+    let [q, k, v, mask, wo, r0, wg, wu, wd, n, out, a, r1, h] = ops else {
+        return None;
+    };
+    let glu = ffn.op.strip_prefix("FLASH_ATTN_FFN_")?;
+    let ff = merge.desc.op.ends_with("_FF");
+    let op = catalogue::OpEntry::by_name(&if ff {
+        format!("DECODE_LAYER_FF_{glu}")
+    } else {
+        format!("DECODE_LAYER_{glu}")
+    })?;
+    let q_is_q = q.addr == q_out.addr
+        && q.bytes == q_out.bytes
+        && q.is_contiguous()
+        && q_out.is_contiguous();
+    let caches = overlaps(k, &nodes[set_rows[0]].dst) && overlaps(v, &nodes[set_rows[1]].dst);
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
+    let between = (merge.at + 1..at).any(|j| runs(j) && !set_rows.contains(&j));
+    if !q_is_q || !same(r0, x) || !caches || between {
+        return None;
+    }
+    let mut op_params = merge.desc.op_params.clone();
+    op_params.resize(12, 0);
+    let mut attention = ffn.op_params.clone();
+    attention.resize(4, 0);
+    op_params.extend(attention);
+    let mut inputs = merge.desc.inputs.clone();
+    inputs.extend_from_slice(&ffn.inputs[1..5]);
+    inputs.extend_from_slice(&ffn.inputs[6..]);
+    let mut extra_outputs = vec![merge.desc.output.clone()];
+    extra_outputs.extend_from_slice(&merge.desc.extra_outputs);
+    extra_outputs.extend_from_slice(&ffn.extra_outputs);
+    let desc = KernelDesc {
+        op: op.name.to_owned(),
+        op_params,
+        inputs,
+        output: ffn.output.clone(),
+        extra_outputs,
+        f16_as_bf16: merge.desc.f16_as_bf16 || ffn.f16_as_bf16,
+    };
+    let qkv_inputs = &merge.operands[..merge.operands.len() - 1];
+    let mut before_rows = qkv_inputs.to_vec();
+    before_rows.extend([k, v, mask, wo, wg, wu, wd, n, out, q_out].map(Tensor::clone));
+    Some(LayerMerge {
+        at,
+        desc,
+        before_rows,
+        after_rows: vec![a.clone(), r1.clone(), h.clone()],
+    })
+}
+
 /// A reader's kernel (`MUL_MAT` or `MUL_MAT_<GLU>` with z as its activations, the last input)
 /// reading x and n instead: `RMS_NORM_MUL_MAT[_<GLU>]` with eps as its parameter.
 fn normed(
@@ -1864,6 +1946,156 @@ mod tests {
             false,
         );
         assert!(flash_attn_ffn_fold(&nodes, &steps).is_none());
+    }
+
+    /// A decode layer in small: Q/K/V merged at node 2 (x 0x1000, Q 0xb000), K's and V's
+    /// SET_ROWS into the caches 0x8000 and 0x9000 (nodes 3 and 4), `between` at node 5 (its own
+    /// kernel unless `covered`), the attention's node 6 (covered) and the FLASH_ATTN_FFN_SWIGLU
+    /// kernel at node 7 reading `q` as q and `r0` as its residual.
+    fn layer(
+        q: u64,
+        r0: u64,
+        between: Node,
+        covered: bool,
+    ) -> (Vec<Node>, Vec<Option<Plan>>, QkvMerge) {
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let f16 = |ne, addr| tensor(DType::F16, ne, addr);
+        let x = f32([64, 1, 1, 1], 0x1000);
+        let q_out = f32([32, 2, 1, 1], 0xb000);
+        let qkv_inputs = vec![
+            f32([64, 64, 1, 1], 0x10000),
+            f32([64, 32, 1, 1], 0x11000),
+            f32([64, 32, 1, 1], 0x12000),
+            x.clone(),
+            f32([64, 1, 1, 1], 0x2000),
+            tensor(DType::I32, [1, 1, 1, 1], 0x3000),
+        ];
+        let layout = |ts: &[Tensor]| ts.iter().map(as_layout).collect::<Vec<_>>();
+        let merge = QkvMerge {
+            members: [0, 1, 2],
+            at: 2,
+            desc: KernelDesc {
+                op: "RMS_NORM_QKV_ROPE".into(),
+                op_params: vec![0, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1e-5f32.to_bits() as i32],
+                inputs: layout(&qkv_inputs),
+                output: as_layout(&q_out),
+                extra_outputs: layout(&[f16([32, 1, 1, 1], 0x8000), f16([32, 1, 1, 1], 0x9000)]),
+                f16_as_bf16: false,
+            },
+            operands: [&qkv_inputs[..], std::slice::from_ref(&q_out)].concat(),
+        };
+        let ffn_ops = vec![
+            f32([32, 1, 2, 1], q),
+            f16([32, 16, 1, 1], 0x8000),
+            f16([32, 16, 1, 1], 0x9000),
+            f16([16, 1, 1, 1], 0xa000),
+            f32([64, 64, 1, 1], 0x13000),
+            f32([64, 1, 1, 1], r0),
+            f32([64, 128, 1, 1], 0x14000),
+            f32([64, 128, 1, 1], 0x15000),
+            f32([128, 64, 1, 1], 0x16000),
+            f32([64, 1, 1, 1], 0x4000),
+            f32([64, 1, 1, 1], 0x7000),
+            f32([32, 2, 1, 1], 0xc000),
+            f32([64, 1, 1, 1], 0xd000),
+            f32([128, 1, 1, 1], 0xe000),
+        ];
+        let ffn = Plan::Kernel {
+            desc: KernelDesc {
+                op: "FLASH_ATTN_FFN_SWIGLU".into(),
+                op_params: vec![0.125f32.to_bits() as i32, 0, 0, 1e-5f32.to_bits() as i32],
+                inputs: layout(&ffn_ops[..10]),
+                output: as_layout(&ffn_ops[10]),
+                extra_outputs: layout(&ffn_ops[11..]),
+                f16_as_bf16: false,
+            },
+            operands: ffn_ops,
+        };
+        let set_rows = |cache| node(Op::SetRows, f16([32, 16, 1, 1], cache), vec![]);
+        let between_plan = (!covered).then(|| super::super::plan(&between).unwrap());
+        let nodes = vec![
+            node(Op::MulMat, q_out.clone(), vec![]),
+            node(Op::MulMat, f32([32, 1, 1, 1], 0x5000), vec![]),
+            node(Op::MulMat, f32([32, 1, 1, 1], 0x6000), vec![]),
+            set_rows(0x8000),
+            set_rows(0x9000),
+            between,
+            node(Op::MulMat, f32([32, 2, 1, 1], 0xc000), vec![]),
+            node(Op::MulMat, f32([64, 1, 1, 1], 0x7000), vec![]),
+        ];
+        let kernel = |op: &str| Plan::Kernel {
+            desc: KernelDesc {
+                op: op.into(),
+                op_params: vec![],
+                inputs: vec![],
+                output: as_layout(&x),
+                extra_outputs: vec![],
+                f16_as_bf16: false,
+            },
+            operands: vec![],
+        };
+        let steps = vec![
+            None,
+            None,
+            Some(kernel("RMS_NORM_MUL_MAT")),
+            Some(kernel("SET_ROWS")),
+            Some(kernel("SET_ROWS")),
+            between_plan,
+            None,
+            Some(ffn),
+        ];
+        (nodes, steps, merge)
+    }
+
+    fn layer_merge(nodes: &[Node], steps: &[Option<Plan>], merge: &QkvMerge) -> Option<LayerMerge> {
+        let planned = |k: usize| match &steps[k] {
+            Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
+            Some(Plan::Skip) => Planned::Nothing,
+            None => Planned::Covered,
+            _ => Planned::Elsewhere,
+        };
+        merge_layer(nodes, planned, merge, [3, 4])
+    }
+
+    #[test]
+    fn a_decode_layer_s_two_kernels_merge_into_one() {
+        let f32 = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
+        let relu = |dst, src| node(Op::Unary(UnaryOp::Relu), dst, vec![src]);
+        let (nodes, steps, merge) = layer(0xb000, 0x1000, relu(f32(0xf000), f32(0xf100)), true);
+        let layer = layer_merge(&nodes, &steps, &merge).expect("merges");
+        assert_eq!(layer.at, 7);
+        assert_eq!(layer.desc.op, "DECODE_LAYER_SWIGLU");
+        assert_eq!(layer.desc.op_params.len(), 16);
+        assert_eq!(layer.desc.op_params[11], 1e-5f32.to_bits() as i32);
+        assert_eq!(layer.desc.op_params[12], 0.125f32.to_bits() as i32);
+        assert_eq!(layer.desc.inputs.len(), 14);
+        assert_eq!(layer.desc.extra_outputs.len(), 6);
+        let addrs = |ts: &[Tensor]| ts.iter().map(|t| t.addr).collect::<Vec<_>>();
+        let qkv = [0x10000, 0x11000, 0x12000, 0x1000, 0x2000, 0x3000];
+        let attn = [
+            0x8000, 0x9000, 0xa000, 0x13000, 0x14000, 0x15000, 0x16000, 0x4000,
+        ];
+        let outs = [0x7000, 0xb000];
+        assert_eq!(
+            addrs(&layer.before_rows),
+            [&qkv[..], &attn[..], &outs[..]].concat()
+        );
+        assert_eq!(addrs(&layer.after_rows), [0xc000, 0xd000, 0xe000]);
+    }
+
+    #[test]
+    fn a_decode_layer_s_kernels_stay_apart_when_they_are_not_one_layer_s() {
+        let f32 = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
+        let relu = |dst, src| node(Op::Unary(UnaryOp::Relu), dst, vec![src]);
+        let quiet = || relu(f32(0xf000), f32(0xf100));
+        // A node that runs in between: the Q/K/V kernel would run after it.
+        let (nodes, steps, merge) = layer(0xb000, 0x1000, quiet(), false);
+        assert!(layer_merge(&nodes, &steps, &merge).is_none());
+        // The attention's q is not this Q, or its residual not this x.
+        let (nodes, steps, merge) = layer(0xb100, 0x1000, quiet(), true);
+        assert!(layer_merge(&nodes, &steps, &merge).is_none());
+        let (nodes, steps, merge) = layer(0xb000, 0x1100, quiet(), true);
+        assert!(layer_merge(&nodes, &steps, &merge).is_none());
     }
 
     /// A normed gate/up pair of one x (0x1000) and norm weight (0x2000) as two

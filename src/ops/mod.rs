@@ -19,8 +19,8 @@ pub mod tensor;
 pub use forward::{forward_gathers, Forwarded};
 pub use fusion::{
     fold_attn_ffn, fold_ffn, fold_flash_attn_ffn, fold_glu, fold_rms_norm, fold_rope, fuse_at,
-    merge_qkv, AttnFfnFold, FfnFold, FlashAttnFfnFold, Fusion, GluFold, NormFold, Planned,
-    QkvMerge, RopeFold,
+    merge_layer, merge_qkv, AttnFfnFold, FfnFold, FlashAttnFfnFold, Fusion, GluFold, LayerMerge,
+    NormFold, Planned, QkvMerge, RopeFold,
 };
 pub use plan::{plan, plan_preferring, plan_with, Plan, PlanOptions};
 pub use scatter::{RowScatter, RowsProducer};

@@ -141,6 +141,57 @@ impl KernelDesc {
             .chain(&self.extra_outputs)
     }
 
+    /// A DECODE_LAYER(_FF)_<GLU> description as the two kernels it replaces:
+    /// RMS_NORM_QKV_ROPE(_FF) (Wq, Wk, Wv, x, n_attn, positions[, factors] into Q, K rows, V
+    /// rows), then FLASH_ATTN_FFN_<GLU> with q = Q viewed as [D, 1, Hq, 1] and r0 = x.
+    pub fn decode_layer_parts(&self, ff: bool) -> Result<(KernelDesc, KernelDesc), String> {
+        let b = 6 + usize::from(ff);
+        if self.inputs.len() != b + 8 || self.extra_outputs.len() != 6 {
+            return Err(format!(
+                "{} takes {} inputs and has 7 outputs: out, Q, K rows, V rows, a, r1, h",
+                self.op,
+                b + 8
+            ));
+        }
+        let (qkv_in, rest) = self.inputs.split_at(b);
+        let [q, k_rows, v_rows, a, r1, h] = self.extra_outputs.as_slice() else {
+            unreachable!("checked above")
+        };
+        let glu = self
+            .op
+            .strip_prefix(if ff {
+                "DECODE_LAYER_FF_"
+            } else {
+                "DECODE_LAYER_"
+            })
+            .ok_or_else(|| format!("{} is not a DECODE_LAYER op", self.op))?;
+        let mut qkv = self.clone();
+        qkv.op = if ff {
+            "RMS_NORM_QKV_ROPE_FF"
+        } else {
+            "RMS_NORM_QKV_ROPE"
+        }
+        .into();
+        qkv.inputs = qkv_in.to_vec();
+        qkv.output = q.clone();
+        qkv.extra_outputs = vec![k_rows.clone(), v_rows.clone()];
+        qkv.op_params = [0; 16];
+        qkv.op_params[..12].copy_from_slice(&self.op_params[..12]);
+        let [d, hq, n, _] = q.ne;
+        let mut attn = self.clone();
+        attn.op = format!("FLASH_ATTN_FFN_{glu}");
+        let q4 = TensorDesc::contiguous([d, n, hq, 1], q.ty);
+        attn.inputs = [&q4, &rest[0], &rest[1], &rest[2], &rest[3], &qkv_in[3]]
+            .into_iter()
+            .chain(&rest[4..])
+            .cloned()
+            .collect();
+        attn.extra_outputs = vec![a.clone(), r1.clone(), h.clone()];
+        attn.op_params = [0; 16];
+        attn.op_params[..4].copy_from_slice(&self.op_params[12..16]);
+        Ok((qkv, attn))
+    }
+
     /// Checks the description and returns its op.
     pub fn validate(&self) -> Result<Op, DescError> {
         let inv = |m: String| Err(DescError::Invalid(m));
@@ -336,6 +387,11 @@ impl KernelDesc {
             part.op_params = [0; 16];
             part.op_params[0] = self.op_params[3];
             part.validate()?;
+        } else if let Op::DecodeLayer { ff, .. } = op {
+            // As the two kernels it replaces.
+            let (qkv, attn) = self.decode_layer_parts(ff).map_err(DescError::Invalid)?;
+            qkv.validate()?;
+            attn.validate()?;
         } else if let Op::NormedQkv { ff } = op {
             // Each projection as the NormedMulMatRope (Q, K) or NormedMulMat (V) it replaces.
             let [wq, wk, wv, x, n, pos, rest @ ..] = self.inputs.as_slice() else {
@@ -550,6 +606,7 @@ impl KernelDesc {
                 | Op::NormedFfn(_)
                 | Op::ProjectedFfn(_)
                 | Op::AttnFfn(_)
+                | Op::DecodeLayer { .. }
                 | Op::SoftMax { .. }
                 | Op::Rope { .. }
                 | Op::CountEqual

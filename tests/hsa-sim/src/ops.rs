@@ -208,6 +208,16 @@ pub enum Op {
     /// Wg, Wu, Wd, n); inputs q, k, v, mask, Wo, r0, Wg, Wu, Wd, n; outputs Wd . h + r1, then a,
     /// r1 and h (the extra outputs); op_params FLASH_ATTN_EXT's three, then eps.
     AttnFfn(UnaryOp),
+    /// A llama decode layer, fused by the backend: `NormedQkv` (Wq, Wk, Wv, x, n_attn,
+    /// positions[, factors]) into Q, K rows and V rows, then `AttnFfn` with q = Q (viewed as
+    /// [D, 1, Hq, 1]) and r0 = x, its k and v cache views seeing the new rows; inputs Wq, Wk,
+    /// Wv, x, n_attn, positions, [factors,] k, v, mask, Wo, Wg, Wu, Wd, n_ffn; outputs the
+    /// layer's output, then Q, K rows, V rows, a, r1 and h; op_params `NormedQkv`'s twelve,
+    /// FLASH_ATTN_EXT's three, then the FFN norm's eps.
+    DecodeLayer {
+        ff: bool,
+        act: UnaryOp,
+    },
     /// ggml's ARGMAX: per row of an f32 matrix, the i32 index of its largest value (the last
     /// one among equals, as ggml-cpu's loop finds it).
     ArgMax,
@@ -345,6 +355,17 @@ impl Op {
             "MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU" => Some(Op::ProjectedFfn(UnaryOp::Silu)),
             "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_ERF" => Some(Op::ProjectedFfn(UnaryOp::GeluErf)),
             "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_QUICK" => Some(Op::ProjectedFfn(UnaryOp::GeluQuick)),
+            name if name.starts_with("DECODE_LAYER_") => {
+                let rest = &name["DECODE_LAYER_".len()..];
+                let (ff, glu) = match rest.strip_prefix("FF_") {
+                    Some(glu) => (true, glu),
+                    None => (false, rest),
+                };
+                match Op::from_name(&format!("FLASH_ATTN_FFN_{glu}"))? {
+                    Op::AttnFfn(act) => Some(Op::DecodeLayer { ff, act }),
+                    _ => None,
+                }
+            }
             "FLASH_ATTN_FFN_REGLU" => Some(Op::AttnFfn(UnaryOp::Relu)),
             "FLASH_ATTN_FFN_GEGLU" => Some(Op::AttnFfn(UnaryOp::Gelu)),
             "FLASH_ATTN_FFN_SWIGLU" => Some(Op::AttnFfn(UnaryOp::Silu)),
@@ -381,6 +402,7 @@ impl Op {
     pub fn outputs(self) -> usize {
         match self {
             Op::AttnFfn(_) => 4,
+            Op::DecodeLayer { .. } => 7,
             Op::NormedQkv { .. } | Op::ProjectedFfn(_) => 3,
             Op::NormedFfn(_) => 2,
             _ => 1,
@@ -406,6 +428,7 @@ impl Op {
             Op::NormedFfn(_) => 6,
             Op::ProjectedFfn(_) => 7,
             Op::AttnFfn(_) => 10,
+            Op::DecodeLayer { ff, .. } => 14 + usize::from(ff),
             Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
             _ => 1,
         }
@@ -471,6 +494,18 @@ impl Op {
             "FLASH_ATTN_FFN_GEGLU_ERF",
             "FLASH_ATTN_FFN_GEGLU_QUICK",
         ]);
+        v.extend([
+            "DECODE_LAYER_REGLU",
+            "DECODE_LAYER_GEGLU",
+            "DECODE_LAYER_SWIGLU",
+            "DECODE_LAYER_GEGLU_ERF",
+            "DECODE_LAYER_GEGLU_QUICK",
+            "DECODE_LAYER_FF_REGLU",
+            "DECODE_LAYER_FF_GEGLU",
+            "DECODE_LAYER_FF_SWIGLU",
+            "DECODE_LAYER_FF_GEGLU_ERF",
+            "DECODE_LAYER_FF_GEGLU_QUICK",
+        ]);
         v.extend(["SET_ROWS", "DUP", "CPY", "CONT"]);
         v
     }
@@ -502,6 +537,19 @@ impl Op {
             Op::AttnFfn(_) if matches!(i, 1 | 2) => TYPES.to_vec(),
             Op::AttnFfn(_) if i == 3 => vec![DType::F16],
             Op::AttnFfn(_) if !self.is_weight(i) => vec![DType::F32],
+            // The positions i32, the caches any float type, the mask f16; K's and V's rows f32,
+            // f16 or bf16 (the cache's); the rest f32.
+            Op::DecodeLayer { ff, .. } => {
+                let b = 6 + usize::from(ff);
+                match i {
+                    5 => vec![DType::I32],
+                    _ if i == b || i == b + 1 => TYPES.to_vec(),
+                    _ if i == b + 2 => vec![DType::F16],
+                    _ if self.is_weight(i) => TYPES.iter().chain(WEIGHT_TYPES).copied().collect(),
+                    _ if i == self.arity() + 2 || i == self.arity() + 3 => TYPES.to_vec(),
+                    _ => vec![DType::F32],
+                }
+            }
             _ if self.is_weight(i) => TYPES.iter().chain(WEIGHT_TYPES).copied().collect(),
             Op::ArgMax if output => vec![DType::I32],
             Op::ArgMax => vec![DType::F32],
@@ -531,6 +579,9 @@ impl Op {
             Op::NormedQkv { .. } | Op::NormedFfn(_) => i < 3,
             Op::ProjectedFfn(_) => matches!(i, 0 | 3 | 4 | 5),
             Op::AttnFfn(_) => matches!(i, 4 | 6 | 7 | 8),
+            // Wq, Wk, Wv, then Wo, Wg, Wu, Wd after x, n_attn, the positions, [the factors,]
+            // k, v and the mask.
+            Op::DecodeLayer { ff, .. } => i < 3 || (9..13).contains(&(i - usize::from(ff))),
             _ => false,
         }
     }
@@ -574,6 +625,8 @@ impl Op {
             Op::ProjectedFfn(_) => 2 * k + 1,
             // Per query row, head and key, as FlashAttnExt's; `stats_of` adds the rest.
             Op::AttnFfn(_) => 4 * k,
+            // Per element of the layer's output; `stats_of` counts the parts.
+            Op::DecodeLayer { .. } => 2 * k,
             // Per query row, head and key (the executor multiplies by rows and keys): the q·k
             // dot product and the v update, 2·D + 2·Dv, counted as 4·D with k = D.
             Op::FlashAttnExt { .. } => 4 * k,
@@ -609,6 +662,7 @@ impl Op {
             Op::NormedFfn(_) => "op_params[0] = eps (f32 bit pattern); inputs[0..3] = Wg, Wu [K, F] and Wd [F, K] (one type), inputs[3] = x f32 [K, N] (not normalised), inputs[4] = n f32 [K], inputs[5] = r f32 (repeated over the output); output f32 [K, N] = Wd . h + r, extra output h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(x) * n",
             Op::ProjectedFfn(_) => "op_params[0] = eps (f32 bit pattern); inputs[0] = Wo [Ka, K], inputs[1] = a f32 [Ka, N] (the attention output), inputs[2] = r0 f32 (repeated over [K, N]), inputs[3..6] = Wg, Wu [K, F] and Wd [F, K] (the four weights of one type), inputs[6] = n f32 [K]; output f32 [K, N] = Wd . h + r1, extra outputs r1 f32 [K, N] = Wo . a + r0 and h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n",
             Op::AttnFfn(_) => "op_params[0..3] = FLASH_ATTN_EXT's scale, max_bias, logit_softcap, op_params[3] = eps (f32 bit patterns); inputs[0..4] = q, k, v, mask as FLASH_ATTN_EXT_MASK's, inputs[4] = Wo [Ka, K] (Ka = Dv * n_head), inputs[5] = r0 f32 (repeated over [K, N]), inputs[6..9] = Wg, Wu [K, F] and Wd [F, K] (the four weights of one type), inputs[9] = n f32 [K]; output f32 [K, N] = Wd . h + r1, extra outputs a f32 [Dv, n_head, n_q, n_seq] = the attention, r1 f32 [K, N] = Wo . a + r0 (a viewed as [Ka, N]) and h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n",
+            Op::DecodeLayer { .. } => "op_params[0..12] = RMS_NORM_QKV_ROPE's (ROPE's op_params, then the attention norm's eps), op_params[12..15] = FLASH_ATTN_EXT's scale, max_bias, logit_softcap, op_params[15] = the FFN norm's eps (f32 bit patterns); inputs Wq, Wk, Wv, x f32 [K, 1], n_attn f32 [K], positions i32, [frequency factors f32,] k and v (KV-cache views as FLASH_ATTN_EXT's), mask f16, Wo, Wg, Wu, Wd, n_ffn f32 [K] (the seven weights of one type in the IRON design); output f32 [K, 1] = the layer's output; extra outputs Q f32 [D, Hq, 1] (rotated), K rows and V rows (this token's cache rows, f32/f16/bf16), a f32 [Dv, Hq, 1, 1], r1 f32 [K, 1], h f32 [F, 1]: RMS_NORM_QKV_ROPE, then FLASH_ATTN_FFN_<GLU> with q = Q and r0 = x, the attention reading the cache with the new rows",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
             Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",

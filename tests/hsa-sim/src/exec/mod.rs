@@ -394,6 +394,62 @@ fn cross_entropy_loss(logits: &Buf<'_>, labels: &Buf<'_>) -> f32 {
 /// ggml's MUL_MAT with block-quantized weights: each activation row is quantized to the
 /// weights' dot-product type and multiplied with each weight row block by block (see
 /// [`quant`] for why the activations are quantized).
+/// RMS_NORM_QKV_ROPE(_FF) on `bufs` (Wq, Wk, Wv, x, n, positions[, factors]) into Q, K and
+/// V as the three kernels it replaces compute them; `op_params` its twelve.
+fn normed_qkv(bufs: &[Buf<'_>], ff: bool, op_params: &[i32], [q, k, v]: [&mut Buf<'_>; 3]) {
+    let (x, n) = (&bufs[3], &bufs[4]);
+    let yt = TensorDesc::contiguous(x.t.ne, crate::ops::DType::F32);
+    let y = normed(x, n, op_params[11], &yt);
+    let rotation = (&bufs[5], ff.then(|| &bufs[6]), op_params);
+    rotated_product(&bufs[0], &y, rotation, q);
+    rotated_product(&bufs[1], &y, rotation, k);
+    mul_mat(&bufs[2], &y, v);
+}
+
+/// The block after a llama attention: the output projection, the residual, the normed
+/// feed-forward block.
+struct Ffn<'b, 'a> {
+    wo: &'b Buf<'a>,
+    r0: &'b Buf<'a>,
+    wg: &'b Buf<'a>,
+    wu: &'b Buf<'a>,
+    wd: &'b Buf<'a>,
+    n: &'b Buf<'a>,
+    act: crate::ops::UnaryOp,
+}
+
+/// FLASH_ATTN_FFN_<GLU>: FLASH_ATTN_EXT_MASK of `[q, k, v, mask]` into a, then
+/// MUL_MAT_ADD_RMS_NORM_FFN_<GLU> with a viewed as [Ka, N], as the two kernels it replaces
+/// compute them; `params` the attention's scale, max_bias and softcap, then the norm's eps.
+fn attention_ffn(
+    [q, k, v, mask]: [&Buf<'_>; 4],
+    f: Ffn<'_, '_>,
+    params: &[i32],
+    [out, a, r1, h]: [&mut Buf<'_>; 4],
+) {
+    let bits = |i: usize| f32::from_bits(params[i] as u32);
+    let attention = attn::Params {
+        scale: bits(0),
+        max_bias: bits(1),
+        softcap: bits(2),
+    };
+    attn::flash_attn_ext(q, k, v, Some(mask), None, attention, a);
+    let [dv, heads, rows, seqs] = a.t.ne;
+    let at = TensorDesc::contiguous([dv * heads, rows * seqs, 1, 1], a.t.ty);
+    let a2 = Buf {
+        t: &at,
+        bytes: a.bytes.clone(),
+        as_bf16: false,
+    };
+    mul_mat(f.wo, &a2, r1);
+    add_repeated(r1, f.r0);
+    let yt = TensorDesc::contiguous(r1.t.ne, crate::ops::DType::F32);
+    let y = normed(r1, f.n, params[3], &yt);
+    glu_products(f.wg, f.wu, &y, f.act, h);
+    mul_mat(f.wd, h, out);
+    add_repeated(out, r1);
+}
+
 fn mul_mat_quantized(w: &Buf<'_>, x: &Buf<'_>, out: &mut Buf<'_>) {
     let (wn, xn, ty) = (w.t.ne, x.t.ne, w.t.ty);
     let k = wn[0];
@@ -576,17 +632,10 @@ pub unsafe fn execute(
             rotated_product(&bufs[0], &y, rotation, &mut out);
         }
         Op::NormedQkv { ff } => {
-            // The three projections as the kernels they replace compute them.
-            let (x, n) = (&bufs[3], &bufs[4]);
-            let yt = TensorDesc::contiguous(x.t.ne, crate::ops::DType::F32);
-            let y = normed(x, n, desc.op_params[11], &yt);
-            let rotation = (&bufs[5], ff.then(|| &bufs[6]), &desc.op_params[..]);
-            rotated_product(&bufs[0], &y, rotation, &mut out);
             let [k, v] = extra.as_mut_slice() else {
                 return Err(format!("kernel {}: K and V outputs expected", desc.name));
             };
-            rotated_product(&bufs[1], &y, rotation, k);
-            mul_mat(&bufs[2], &y, v);
+            normed_qkv(&bufs, ff, &desc.op_params, [&mut out, k, v]);
         }
         Op::NormedFfn(act) => {
             // The two kernels it replaces: RMS_NORM_MUL_MAT_<GLU> into h, then MUL_MAT_ADD.
@@ -617,43 +666,82 @@ pub unsafe fn execute(
             add_repeated(&mut out, r1);
         }
         Op::AttnFfn(act) => {
-            // The two kernels it replaces: FLASH_ATTN_EXT_MASK into a, then
-            // MUL_MAT_ADD_RMS_NORM_FFN_<GLU> with a viewed as [Ka, N].
             let [a, r1, h] = extra.as_mut_slice() else {
                 return Err(format!(
                     "kernel {}: the a, r1 and h outputs expected",
                     desc.name
                 ));
             };
-            let f = |i: usize| f32::from_bits(desc.op_params[i] as u32);
-            let params = attn::Params {
-                scale: f(0),
-                max_bias: f(1),
-                softcap: f(2),
+            let [q, k, v, mask, wo, r0, wg, wu, wd, n] = &bufs[..] else {
+                return Err(format!("kernel {}: 10 inputs expected", desc.name));
             };
-            attn::flash_attn_ext(
-                &bufs[0],
-                &bufs[1],
-                &bufs[2],
-                Some(&bufs[3]),
-                None,
-                params,
-                a,
+            let ffn = Ffn {
+                wo,
+                r0,
+                wg,
+                wu,
+                wd,
+                n,
+                act,
+            };
+            attention_ffn(
+                [q, k, v, mask],
+                ffn,
+                &desc.op_params[..4],
+                [&mut out, a, r1, h],
             );
-            let [dv, heads, rows, seqs] = a.t.ne;
-            let at = TensorDesc::contiguous([dv * heads, rows * seqs, 1, 1], a.t.ty);
-            let a2 = Buf {
-                t: &at,
-                bytes: a.bytes.clone(),
+        }
+        Op::DecodeLayer { ff, act } => {
+            let [q, k_rows, v_rows, a, r1, h] = extra.as_mut_slice() else {
+                return Err(format!(
+                    "kernel {}: Q, K rows, V rows, a, r1 and h outputs expected",
+                    desc.name
+                ));
+            };
+            normed_qkv(&bufs, ff, &desc.op_params, [q, k_rows, v_rows]);
+            let b = 6 + usize::from(ff);
+            // The attention reads the caches with this token's rows in them: where the rows
+            // lie inside a cache view, its copy takes them.
+            let mut caches = bufs.split_off(b);
+            // Operands: K's rows and V's rows are outputs 2 and 3 (after the layer's and Q).
+            for (c, rows) in [(0, &*k_rows), (1, &*v_rows)] {
+                let offset = operands[n_in + 2 + c]
+                    .addr
+                    .wrapping_sub(operands[b + c].addr);
+                let cache = &mut caches[c];
+                let o = offset;
+                if let Some(dst) = o
+                    .checked_add(rows.bytes.len())
+                    .and_then(|end| cache.bytes.get_mut(o..end))
+                {
+                    dst.copy_from_slice(&rows.bytes);
+                }
+            }
+            let [d, hq, n_tok, _] = q.t.ne;
+            let qt = TensorDesc::contiguous([d, n_tok, hq, 1], q.t.ty);
+            let q4 = Buf {
+                t: &qt,
+                bytes: q.bytes.clone(),
                 as_bf16: false,
             };
-            mul_mat(&bufs[4], &a2, r1);
-            add_repeated(r1, &bufs[5]);
-            let yt = TensorDesc::contiguous(r1.t.ne, crate::ops::DType::F32);
-            let y = normed(r1, &bufs[9], desc.op_params[3], &yt);
-            glu_products(&bufs[6], &bufs[7], &y, act, h);
-            mul_mat(&bufs[8], h, &mut out);
-            add_repeated(&mut out, r1);
+            let [k, v, mask, wo, wg, wu, wd, n] = &caches[..] else {
+                return Err(format!(
+                    "kernel {}: {} inputs expected",
+                    desc.name,
+                    op.arity()
+                ));
+            };
+            let ffn = Ffn {
+                wo,
+                r0: &bufs[3],
+                wg,
+                wu,
+                wd,
+                n,
+                act,
+            };
+            let params = [12, 13, 14, 15].map(|i| desc.op_params[i]);
+            attention_ffn([&q4, k, v, mask], ffn, &params, [&mut out, a, r1, h]);
         }
         Op::MulMatAdd => {
             // The two ggml nodes as ggml-cpu runs them: the product in f32, then the f32 ADD.
@@ -729,6 +817,11 @@ pub unsafe fn execute(
     Ok(stats_of(desc, op))
 }
 
+/// Whether `op` takes RoPE frequency factors (DECODE_LAYER_FF_<GLU>).
+fn op_ff(op: Op) -> bool {
+    matches!(op, Op::DecodeLayer { ff: true, .. })
+}
+
 /// What running `desc` moves and computes (the cost model's input), without running it.
 pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
     let bytes_read = desc.inputs.iter().map(TensorDesc::data_bytes).sum();
@@ -746,6 +839,11 @@ pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
             r1.nelements() * op.flops_per_element(ka)
                 + h.nelements() * Op::NormedFfn(act).flops_per_element(k)
                 + desc.output.nelements() * (2 * f + 1)
+        } else if let (Op::DecodeLayer { ff, act }, Ok((qkv, attn))) =
+            (op, desc.decode_layer_parts(op_ff(op)))
+        {
+            // As the two kernels it replaces.
+            stats_of(&qkv, Op::NormedQkv { ff }).flops + stats_of(&attn, Op::AttnFfn(act)).flops
         } else if let (Op::AttnFfn(act), [a, r1, h]) = (op, desc.extra_outputs.as_slice()) {
             // The attention as FlashAttnExt's, then the projection and the block.
             let (q, k) = (&desc.inputs[0], &desc.inputs[1]);
