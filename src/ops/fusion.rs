@@ -723,7 +723,15 @@ pub fn fold_flash_attn_ffn<'a>(
     };
     let act = ffn.op.strip_prefix("MUL_MAT_ADD_RMS_NORM_FFN_")?;
     let op = catalogue::OpEntry::by_name(&format!("FLASH_ATTN_FFN_{act}"))?;
-    let (writer, k) = kernel_writing(nodes, at, a, &planned)?;
+    // a is read where the block's kernel starts (its projection); the block's own nodes after
+    // that may reuse a's memory (the norm's output, say), so the kernel writing a is the last
+    // before that start.
+    let start = (0..at)
+        .rev()
+        .take_while(|&j| matches!(planned(j), Planned::Covered | Planned::Nothing))
+        .last()
+        .unwrap_or(at);
+    let (writer, k) = kernel_writing(nodes, start, a, &planned)?;
     let Planned::Kernel(fa, [q, kc, vc, mask, fa_out]) = planned(k) else {
         return None;
     };
@@ -1921,6 +1929,10 @@ mod tests {
         assert_eq!(addrs, [&inputs[..], &rest[..]].concat());
         // Unrelated nodes that run in between change nothing.
         let (nodes, steps) = attention_then_block(mask, relu(f32(0x6000), f32(0xc000)), false);
+        assert!(flash_attn_ffn_fold(&nodes, &steps).is_some());
+        // A node of the block's kernel after its projection writing into a's memory (dead once
+        // projected: ggml's allocator gives it to the block's norm, say).
+        let (nodes, steps) = attention_then_block(mask, relu(f32(0x1000), f32(0xc000)), true);
         assert!(flash_attn_ffn_fold(&nodes, &steps).is_some());
     }
 
