@@ -75,8 +75,7 @@ fn tiny_llama_f32_on_hsa0_matches_cpu_with_one_split_per_layer_or_fewer() {
         assert!(g.splits.len() <= TINY_LLAMA_LAYERS, "{:?}", g.splits);
     }
     // A decode layer ran as one kernel (its Q/K/V, attention, output projection and
-    // feed-forward block: DECODE_LAYER_SWIGLU), its parts built for the prompt's graphs and for
-    // the last layer, whose attention output memory the block's residual reuses.
+    // feed-forward block: DECODE_LAYER_SWIGLU), its parts built for the prompt's graphs.
     common::assert_kernels_built(
         &common::scratch_path("e2e-f32").join("aie2p"),
         &[

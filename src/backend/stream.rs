@@ -219,6 +219,9 @@ impl GraphKey<'_> {
 #[derive(Debug)]
 struct GraphPlan {
     steps: Vec<Step>,
+    /// Memory of the attention outputs moved out of the way of the block after them
+    /// (`ops::relocate`); the plan's operands point into it.
+    _scratch: Option<crate::hsa::memory::PoolAlloc>,
     /// The one-row GET_ROWS whose readers read their source (`ops::forward_gathers`): their
     /// indices are checked before the graph runs.
     forwarded: Vec<ops::Forwarded>,
@@ -470,10 +473,51 @@ impl Stream {
     /// Plans `nodes`: each node's step, the fusions, and every kernel loaded (compiled first
     /// when missing).
     fn plan_graph(&mut self, graph: &[Node]) -> Result<GraphPlan, ComputeError> {
+        match self.plan_graph_moving(graph, true)? {
+            Some(plan) => Ok(plan),
+            // A node reading a moved attention output runs on the CPU, which reads the graph's
+            // own memory: planned again without the move.
+            None => Ok(self
+                .plan_graph_moving(graph, false)?
+                .expect("nothing moved")),
+        }
+    }
+
+    /// Plans `graph`, with the attention outputs the block after them would clobber moved to
+    /// scratch memory when `moving` (`ops::relocate`); `None` when a node reading a moved
+    /// output ended up on the CPU.
+    fn plan_graph_moving(
+        &mut self,
+        graph: &[Node],
+        moving: bool,
+    ) -> Result<Option<GraphPlan>, ComputeError> {
         // A one-row GET_ROWS (llama's last layer decoding one token) is a view its readers read
         // through, so that its layer folds and chains as the others do.
         let (nodes, mut forwarded) = ops::forward_gathers(graph);
-        let nodes: &[Node] = &nodes;
+        let (moves, bytes) = if moving {
+            ops::relocate::attention_outputs_to_move(&nodes)
+        } else {
+            (Vec::new(), 0)
+        };
+        let scratch = match moves.is_empty() {
+            true => None,
+            false => match self.device.alloc_buffer(bytes as usize) {
+                Ok(scratch) => Some(scratch),
+                Err(e) => {
+                    crate::log::debug(&format!(
+                        "{}: no scratch memory for attention outputs ({e}); the layers they \
+                         end stay unfused",
+                        self.device.name
+                    ));
+                    None
+                }
+            },
+        };
+        let moved = scratch.as_ref().map(|s| {
+            let memory = Memory::Device(self.device.index);
+            ops::relocate::relocate(&nodes, &moves, s.device_addr(), memory)
+        });
+        let nodes: &[Node] = moved.as_deref().unwrap_or(&nodes);
         let node_error = |index: usize, node: &Node, reason: String| ComputeError::Node {
             index,
             op: node.op.name(),
@@ -642,6 +686,14 @@ impl Stream {
                 }
             }
         }
+        let on_cpu = |k: usize| matches!(steps[k], Step::Cpu(_));
+        if scratch.is_some()
+            && moves
+                .iter()
+                .any(|m| on_cpu(m.node) || m.readers.iter().any(|&r| on_cpu(r)))
+        {
+            return Ok(None);
+        }
         // A forwarded gather one of whose readers runs on the CPU runs again: the CPU reads the
         // gather's own output.
         forwarded.retain(|f| {
@@ -780,8 +832,9 @@ impl Stream {
                 None => {}
             }
         }
-        Ok(GraphPlan {
+        Ok(Some(GraphPlan {
             steps,
+            _scratch: scratch,
             forwarded,
             kernels,
             ops: graph.iter().map(|n| n.op.name()).collect(),
@@ -790,7 +843,7 @@ impl Stream {
             merged,
             deferred,
             layers,
-        })
+        }))
     }
 
     /// Runs node `i` of `plan` (a member of a merge runs here only when the merged kernel

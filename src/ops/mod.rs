@@ -7,12 +7,14 @@
 //! * [`fusion`]: the runs of nodes one kernel computes.
 //! * [`scatter`]: SET_ROWS as a copy into the rows its indices name, read at dispatch.
 //! * [`forward`]: one-row GET_ROWS turned into views their readers read through.
+//! * [`relocate`]: attention outputs moved out of memory the block after them reuses.
 //! * [`host`]: the ops that run on the host (type-converting copies).
 
 pub mod forward;
 pub mod fusion;
 pub mod host;
 pub mod plan;
+pub mod relocate;
 pub mod scatter;
 pub mod tensor;
 
