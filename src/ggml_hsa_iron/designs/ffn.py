@@ -411,7 +411,7 @@ def ggml_op_mul_mat_add_rms_norm_ffn_geglu_quick(spec):
     return _ffn(spec)
 
 
-def ggml_op_decode_layer(spec):
+def _decode_layer(spec):
     """DECODE_LAYER(_FF)_<glu>: RMS_NORM_QKV_ROPE(_FF), then FLASH_ATTN_FFN_<glu> of q = Q and
     r0 = x, one program (see the module docstring and plans_decode)."""
     return _ffn(spec)
@@ -444,8 +444,51 @@ def ggml_op_flash_attn_ffn_geglu_quick(spec):
     return _ffn(spec)
 
 
-# DECODE_LAYER(_FF)_<glu>: one design for the ten ops (the GLU and the factors are the
-# plan's: the core's defines and the rotation's constants).
-for _glu in ("reglu", "geglu", "swiglu", "geglu_erf", "geglu_quick"):
-    for _ff in ("", "_ff"):
-        globals()[f"ggml_op_decode_layer{_ff}_{_glu}"] = ggml_op_decode_layer
+def ggml_op_decode_layer_reglu(spec):
+    """DECODE_LAYER_REGLU: a decode step's layer, the GLU relu."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_ff_reglu(spec):
+    """DECODE_LAYER_FF_REGLU: a decode step's layer, the GLU relu, Q's and K's theta divided by the frequency factors."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_geglu(spec):
+    """DECODE_LAYER_GEGLU: a decode step's layer, the GLU gelu (tanh approximation)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_ff_geglu(spec):
+    """DECODE_LAYER_FF_GEGLU: a decode step's layer, the GLU gelu (tanh approximation), Q's and K's theta divided by the frequency factors."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_swiglu(spec):
+    """DECODE_LAYER_SWIGLU: a decode step's layer, the GLU silu (llama's layer)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_ff_swiglu(spec):
+    """DECODE_LAYER_FF_SWIGLU: a decode step's layer, the GLU silu (llama's layer), Q's and K's theta divided by the frequency factors."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_geglu_erf(spec):
+    """DECODE_LAYER_GEGLU_ERF: a decode step's layer, the GLU gelu_erf."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_ff_geglu_erf(spec):
+    """DECODE_LAYER_FF_GEGLU_ERF: a decode step's layer, the GLU gelu_erf, Q's and K's theta divided by the frequency factors."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_geglu_quick(spec):
+    """DECODE_LAYER_GEGLU_QUICK: a decode step's layer, the GLU gelu_quick."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_ff_geglu_quick(spec):
+    """DECODE_LAYER_FF_GEGLU_QUICK: a decode step's layer, the GLU gelu_quick, Q's and K's theta divided by the frequency factors."""
+    return _decode_layer(spec)
