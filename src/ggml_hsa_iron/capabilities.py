@@ -5,6 +5,8 @@ import json
 from . import COMPILER_NAME, MLIR_AIE_VERSION, PROTOCOL
 from .archs import ARCHS
 from .registry import (
+    DECODE_LAYER_COMBOS,
+    DECODE_LAYER_ROW_TYPES,
     FLASH_ATTN_FFN_COMBOS,
     FLASH_ATTN_FFN_KV_TYPES,
     MUL_MAT_ADD_COMBOS,
@@ -75,6 +77,13 @@ def capabilities(target: str = "npu") -> dict:
             # triples cannot say it).
             entry["type_combos"] = [list(c) for c in FLASH_ATTN_FFN_COMBOS]
             entry["kv_types"] = list(FLASH_ATTN_FFN_KV_TYPES)
+        elif spec.kind == "decode_layer":
+            # (weights, x, out); all seven weights of the weights' type, x, n_attn, (the
+            # factors,) n_ffn, Q, a, r1 and h f32, the positions i32, the mask f16; the cache
+            # views K and V each of `kv_types`, the K and V rows each of `row_types`.
+            entry["type_combos"] = [list(c) for c in DECODE_LAYER_COMBOS]
+            entry["kv_types"] = list(FLASH_ATTN_FFN_KV_TYPES)
+            entry["row_types"] = list(DECODE_LAYER_ROW_TYPES)
         elif spec.kind == "rms_norm_mul_mat":
             # (weights, x, dst); the up weights have the weights' type, n is f32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_GLU_COMBOS]

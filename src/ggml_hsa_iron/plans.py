@@ -1324,6 +1324,11 @@ def prepare(req: Request):
         from .plans_ffn import prepare_mul_mat_add_rms_norm_ffn
 
         return prepare_mul_mat_add_rms_norm_ffn(req)
+    if spec.kind == "decode_layer":
+        # plans_decode imports this module: imported here, not at the top.
+        from .plans_decode import prepare_decode_layer
+
+        return prepare_decode_layer(req)
     if spec.kind == "flash_attn_ffn":
         # plans_fa_ffn imports this module: imported here, not at the top.
         from .plans_fa_ffn import prepare_flash_attn_ffn

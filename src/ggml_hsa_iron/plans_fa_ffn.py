@@ -289,6 +289,18 @@ def _dense_rows(a: Tensor) -> Tensor:
 def prepare_flash_attn_ffn(req: Request) -> FfnSpec:
     """FLASH_ATTN_FFN_<glu> (see the module docstring): the attention phase and
     MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s three on one shape of the array, or UnsupportedError."""
+    arch, specs, shapes = fa_ffn_phases(req)
+    attn, up, down = _replan(req.op, specs, arch, specs[1].src0.dtype, shapes, shapes.explain)
+    phase = shapes((attn.plan, up.plan, down.plan))
+    if phase is None:
+        raise AssertionError("the chosen shape does not fit the attention phase")
+    return FfnSpec(req, arch, up, down, attn, phase)
+
+
+def fa_ffn_phases(req: Request):
+    """FLASH_ATTN_FFN_<glu>'s checks: (arch, MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s three phases each
+    planned by its own op's planner, the attention phase's `FaShapes`), not yet on one shape
+    (DECODE_LAYER_<glu> adds its own phases before choosing it)."""
     _, arch = _check_common(req, strided=True)  # the input count, op_params, types
     op = req.op
     glu = op[len(PREFIX) :]
@@ -339,8 +351,4 @@ def prepare_flash_attn_ffn(req: Request) -> FfnSpec:
     except UnsupportedError as e:
         raise UnsupportedError(f"{op}: {e}") from None
     shapes = FaShapes(q, k, v, mask, a, (fa.params[0], fa.params[2]), arch)
-    attn, up, down = _replan(op, specs, arch, wg.dtype, shapes, shapes.explain)
-    phase = shapes((attn.plan, up.plan, down.plan))
-    if phase is None:
-        raise AssertionError("the chosen shape does not fit the attention phase")
-    return FfnSpec(req, arch, up, down, attn, phase)
+    return arch, specs, shapes

@@ -48,7 +48,8 @@ class OpSpec:
     noncontiguous: bool
     # "binary", "unary", "mul_mat", "mul_mat_glu", "mul_mat_add", "rows", "glu", "rope", "copy", "set_rows",
     # "flash_attn", "reduce", "rms_norm_mul_mat", "rms_norm_mul_mat_rope",
-    # "rms_norm_qkv_rope", "rms_norm_ffn", "mul_mat_add_rms_norm_ffn", "flash_attn_ffn"
+    # "rms_norm_qkv_rope", "rms_norm_ffn", "mul_mat_add_rms_norm_ffn", "flash_attn_ffn",
+    # "decode_layer"
     kind: str
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
@@ -194,6 +195,19 @@ _FA_FFN_LIMITS = (
     "FLASH_ATTN_EXT_MASK or MUL_MAT_ADD_RMS_NORM_FFN_<glu> refuses is refused"
 )
 
+_DECODE_LAYER_LIMITS = (
+    "a llama layer of one decode step in one dispatch: RMS_NORM_QKV_ROPE(_FF), then "
+    "FLASH_ATTN_FFN_<glu> with q = Q and r0 = x, on one shape of the array and one core "
+    "object. Inputs Wq, Wk, Wv, x f32 [K,1], n_attn f32 [K], the positions i32, (_FF) the "
+    "frequency factors f32, k, v (KV-cache views holding this token's rows), mask f16, W_o, "
+    "W_g, W_u, W_d, n_ffn f32 [K] (the seven weights of one type); op_params RMS_NORM_QKV_ROPE's "
+    "12 words, FLASH_ATTN_EXT's scale, max_bias, logit_softcap, the FFN norm's eps; outputs out "
+    "f32 [K,1] and Q f32 [D,Hq,1], K rows [D,Hk,1] and V rows [Mv,1] (f32 or f16, dense), a, "
+    "r1, h (extra_outputs). Q, K and V run side by side on groups of columns, each group whole "
+    "rounds (f16 rows: whole pairs of rounds, two rounds' f16 values per y object); one token "
+    "only; whatever RMS_NORM_QKV_ROPE(_FF) or FLASH_ATTN_FFN_<glu> refuses is refused"
+)
+
 _ROWS_LIMITS = (
     "contiguous f32 rows (dimension 0) of any length up to what one compute tile holds "
     "with its other operands (a row is resident while it is computed, 48 KiB budget)"
@@ -329,6 +343,15 @@ def _flash_attn_ffn(op: str) -> OpSpec:
     return OpSpec(op, FFN, 10, types, True, True, kind, limits, 4, outputs=4)
 
 
+def _decode_layer(op: str, ff: bool) -> OpSpec:
+    # FLASH_ATTN_FFN_<glu>'s types and i32 (the positions); inputs Wq, Wk, Wv, x, n_attn, the
+    # positions, (the factors,) k, v, mask, W_o, W_g, W_u, W_d, n_ffn; 16 op_params words;
+    # seven outputs (out, then Q, K rows, V rows, a, r1 and h).
+    types = ("bf16", "f16", "f32", "i32") + QUANT_TYPES
+    kind, limits = "decode_layer", _DECODE_LAYER_LIMITS
+    return OpSpec(op, FFN, 15 if ff else 14, types, True, True, kind, limits, 16, outputs=7)
+
+
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
     return OpSpec(op, UNARY_OPS, 1, tuple(types), False, False, "unary", limits, params)
 
@@ -424,6 +447,10 @@ OPS: tuple[OpSpec, ...] = (
     # outputs: inputs q, k, v, mask, W_o, r0, W_g, W_u, W_d, n; op_params scale, max_bias,
     # logit_softcap, eps (designs/ffn.py).
     *(_flash_attn_ffn(f"FLASH_ATTN_FFN_{glu}") for glu in _GLU_NAMES),
+    # A llama layer of a decode step: the Q, K, V projections (RMS_NORM_QKV_ROPE(_FF)) ahead
+    # of the attention and the block, seven outputs (designs/ffn.py).
+    *(_decode_layer(f"DECODE_LAYER_{glu}", False) for glu in _GLU_NAMES),
+    *(_decode_layer(f"DECODE_LAYER_FF_{glu}", True) for glu in _GLU_NAMES),
     # Row ops (designs/_rows.py): op_params eps (norms), scale and max_bias (SOFT_MAX).
     _rows("RMS_NORM", 1, ("f32",), 1),
     _rows("NORM", 1, ("f32",), 1),
@@ -579,6 +606,11 @@ MUL_MAT_ADD_RMS_NORM_FFN_COMBOS: tuple[tuple[str, str, str], ...] = RMS_NORM_FFN
 # FLASH_ATTN_FFN_KV_TYPES each (FLASH_ATTN_EXT's), the mask f16.
 FLASH_ATTN_FFN_COMBOS: tuple[tuple[str, str, str], ...] = MUL_MAT_ADD_RMS_NORM_FFN_COMBOS
 FLASH_ATTN_FFN_KV_TYPES: tuple[str, ...] = ("f16", "bf16", "f32")
+# (weights, x, out) type triples of DECODE_LAYER(_FF)_<glu>: FLASH_ATTN_FFN_<glu>'s (all seven
+# weights of the first type); K and V (the cache views) of FLASH_ATTN_FFN_KV_TYPES, the K and
+# V rows of DECODE_LAYER_ROW_TYPES (RMS_NORM_QKV_ROPE's outputs), the positions i32.
+DECODE_LAYER_COMBOS: tuple[tuple[str, str, str], ...] = FLASH_ATTN_FFN_COMBOS
+DECODE_LAYER_ROW_TYPES: tuple[str, ...] = ("f16", "f32")
 
 BY_OP: dict[str, OpSpec] = {spec.op: spec for spec in OPS}
 SOURCES: tuple[str, ...] = (

@@ -86,6 +86,7 @@ from .mul_mat import (
     _glu_kernels,
     _glu_rounds,
     _k_chunks,
+    _norm_prologue,
     _norm_prologue_fills,
 )
 
@@ -151,6 +152,66 @@ def _fa_fill(fa, hs, r, tg, bufs, totals):
         hy.drain(A, tap=_tap(totals["a"], fa.a_tap(kvh)), group=tg, wait=True)
 
 
+def _qkv_kernels(kern, x_tile, y_tile):
+    """DECODE_LAYER_<glu>'s projection functions besides the GLU's (mv_norm.h's y zero with a
+    new round; mv_decode.h's), in `_qkv_rounds`' order after the GLU's load, normed sums and
+    normed gate functions."""
+    return [
+        kern("_norm_zero", [y_tile]),
+        kern("_dl_rope_load", [x_tile]),
+        kern("_dl_scale_rope", [y_tile, np.int32]),
+        kern("_dl_scale", [y_tile]),
+        kern("_dl_store_f16", [y_tile, np.int32, np.int32]),
+    ]
+
+
+def _qkv_rounds(of_w, of_x, of_y, g, col, i, k_steps, fns):
+    """The projection phase on core i of column col of group g (plans_decode.QkvGroup): n_attn
+    kept, (Q, K) the rotation's constants kept, then per y object one round (f32 rows: normed
+    sums into y, scaled with the attention norm's eps, rotated at the round's global rows) or
+    two (f16 rows: normed sums into the stash, scaled, rotated, rounded to f16 into half s of
+    y). The rounds are unrolled: one token, a few rounds, each with its own first row."""
+    load, norm_mv, gate_zero, gate, norm_zero, dl_load, scale_rope, scale, store = fns
+    _norm_prologue(of_x, load, k_steps)
+    if g.rope:
+        _norm_prologue(of_x, dl_load, g.plan.rope_objects)
+    for u in range(g.units):
+        y = of_y.acquire(1)
+        if g.pack == 1:
+            norm_zero(y)
+            _k_chunks(of_w, of_x, k_steps, norm_mv, y)
+            if g.rope:
+                scale_rope(y, g.row0(col, i, u))
+            else:
+                scale(y)
+        else:
+            for s in range(g.pack):
+                gate_zero()
+                _k_chunks(of_w, of_x, k_steps, gate)
+                store(y, s, g.row0(col, i, u * g.pack + s) if g.rope else -1)
+        of_y.release(1)
+
+
+def _qkv_fill(qkv, hs, u, tg, ws, ys, x, n, consts, totals):
+    """Unit u of the projection phase on every column of every group that has one: per
+    round the group's W tile, (u == 0) n_attn and the rotation's constants ahead of x, x once
+    per round of the unit, and the drain of the unit's y objects into Q, K rows or V rows."""
+    for j, g in enumerate(qkv.groups):
+        if u >= g.units:
+            continue
+        for c in range(g.plan.columns):
+            hw, hx, hy = hs[3 * (g.col0 + c) : 3 * (g.col0 + c) + 3]
+            for w in g.w_taps(c, u):
+                hw.fill(ws[j], tap=_tap(totals["w"][j], w), group=tg)
+            if u == 0:
+                hx.fill(n[0], tap=_tap(n[1], g.plan.norm_tap()), group=tg)
+                for name, tap in g.plan.rope_taps() if g.rope else ():
+                    buf, total = consts[name]
+                    hx.fill(buf, tap=_tap(total, tap), group=tg)
+            hx.fill(x, tap=_tap(totals["x"], g.x_tap()), group=tg)
+            hy.drain(ys[j], tap=_tap(g.out_words, g.y_tap(c, u)), group=tg, wait=True)
+
+
 def _ffn(spec):
     attn, up, down = spec.attn, spec.up, spec.down
     p1 = up.plan
@@ -166,6 +227,10 @@ def _ffn(spec):
     fa = spec.fa
     if fa is not None:
         kernels += _fa_kernels(kern, x_tile, y_tile)
+    # DECODE_LAYER_<glu>: the projection phase ahead of the attention.
+    qkv = getattr(spec, "qkv", None)
+    if qkv is not None:
+        kernels += _qkv_kernels(kern, x_tile, y_tile)
     rounds1, rounds2 = up.tiles_per_core, down.tiles_per_core
     k1, k2 = p1.k_steps, down.plan.k_steps
     # Phase 0 (MUL_MAT_ADD_RMS_NORM_FFN_<glu>): none for RMS_NORM_FFN_<glu>, whose program is
@@ -176,6 +241,14 @@ def _ffn(spec):
         # rest: FLASH_ATTN_FFN_<glu>'s attention functions, the core's first q word and its
         # column's rounds of that phase; then the core's offset in the r objects.
         *attention, r_offset = rest
+        if qkv is not None:
+            # The projection phase: its functions, then the core's group (-1: no rows in it),
+            # its column within the group and its row.
+            *attention, gi, gcol, i = attention
+            q_fns, attention = attention[5:10], attention[:5] + attention[10:]
+            if gi >= 0:
+                fns = (load, up_mv, gate_zero, gate, *q_fns)
+                _qkv_rounds(of_w, of_x, of_y, qkv.groups[gi], gcol, i, k1, fns)
         if attention:
             # The attention phase: per KV head of the column, the heads' outputs as rows of a.
             *fns, first, fa_rounds = attention
@@ -198,7 +271,11 @@ def _ffn(spec):
         if fa is None:
             return [*kernels, i * nr]
         # Core i of a column keeps q heads i gh ... of its KV heads: words from i gh D.
-        return [*kernels, i * fa.gh * fa.d, len(fa.column_heads(col)), i * nr]
+        heads = [i * fa.gh * fa.d, len(fa.column_heads(col))]
+        if qkv is not None:
+            g, gcol = qkv.group_of(col)
+            heads += [qkv.groups.index(g) if g is not None else -1, gcol, i]
+        return [*kernels, *heads, i * nr]
 
     workers, handles = _gemv_columns(up, core_fn, core_args)
     *groups0, groups1, groups2 = spec.tasks()
@@ -245,7 +322,40 @@ def _ffn(spec):
         # Every drain of a has completed: phase 0 reads it as x.
         sequence_attn(Wo, A, R0, Wg, Wu, Wd, Nbuf, Out, R1, H, *hs)
 
-    seq_fn = sequence_fa if fa is not None else sequence_attn if attn is not None else sequence
+    def sequence_decode(*args):
+        # Wq, Wk, Wv, x, n_attn, the positions, (the factors,) k, v, the mask, W_o, W_g, W_u,
+        # W_d, n_ffn, out, Q, K rows, V rows, a, r1, h; then the shim endpoints.
+        n_args = len(seq_types)
+        hs, args = args[n_args:], args[:n_args]
+        nc = n_args - 20  # the positions, (the factors)
+        Wq, Wk, Wv, X, Na = args[:5]
+        cs = args[5 : 5 + nc]
+        Kc, Vc, M, Wo, Wg, Wu, Wd, Nf, Out, Qo, Kr, Vr, A, R1, H = args[5 + nc :]
+        counts = [n for _, n in spec.sequence]
+        K = counts[3]
+        consts = {"pos": (cs[0], counts[5]), "n": (Na, K)}
+        if nc == 2:
+            consts["ff"] = (cs[1], counts[6])
+        totals = {"w": counts[:3], "x": K}
+        # The projection phase: one task group per y object of a core (a unit), every drain
+        # of Q, K rows and V rows awaited by its group's finish.
+        for u in range(qkv.units):
+            tg = TaskGroup()
+            _qkv_fill(qkv, hs, u, tg, (Wq, Wk, Wv), (Qo, Kr, Vr), X, (Na, K), consts, totals)
+            tg.finish()
+        # Every drain of Q and of this token's K and V rows has completed: the attention reads
+        # Q as q and the cache views k and v, which hold those rows. r0 is x.
+        sequence_fa(Qo, Kc, Vc, M, Wo, X, Wg, Wu, Wd, Nf, Out, A, R1, H, *hs)
+
+    seq_fn = (
+        sequence_decode
+        if qkv is not None
+        else sequence_fa
+        if fa is not None
+        else sequence_attn
+        if attn is not None
+        else sequence
+    )
     rt = Runtime(seq_fn, [*seq_types, *handles])
     return Program(dev, rt, workers=workers).resolve_program()
 
@@ -301,6 +411,12 @@ def ggml_op_mul_mat_add_rms_norm_ffn_geglu_quick(spec):
     return _ffn(spec)
 
 
+def _decode_layer(spec):
+    """DECODE_LAYER(_FF)_<glu>: RMS_NORM_QKV_ROPE(_FF), then FLASH_ATTN_FFN_<glu> of q = Q and
+    r0 = x, one program (see the module docstring and plans_decode)."""
+    return _ffn(spec)
+
+
 def ggml_op_flash_attn_ffn_reglu(spec):
     """FLASH_ATTN_FFN_REGLU: a = FLASH_ATTN_EXT(q, k, v, mask), then
     MUL_MAT_ADD_RMS_NORM_FFN_REGLU of a."""
@@ -326,3 +442,53 @@ def ggml_op_flash_attn_ffn_geglu_erf(spec):
 def ggml_op_flash_attn_ffn_geglu_quick(spec):
     """FLASH_ATTN_FFN_GEGLU_QUICK: the GLU gelu_quick."""
     return _ffn(spec)
+
+
+def ggml_op_decode_layer_reglu(spec):
+    """DECODE_LAYER_REGLU: a decode step's layer, the GLU relu."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_ff_reglu(spec):
+    """DECODE_LAYER_FF_REGLU: a decode step's layer, the GLU relu, Q's and K's theta divided by the frequency factors."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_geglu(spec):
+    """DECODE_LAYER_GEGLU: a decode step's layer, the GLU gelu (tanh approximation)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_ff_geglu(spec):
+    """DECODE_LAYER_FF_GEGLU: a decode step's layer, the GLU gelu (tanh approximation), Q's and K's theta divided by the frequency factors."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_swiglu(spec):
+    """DECODE_LAYER_SWIGLU: a decode step's layer, the GLU silu (llama's layer)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_ff_swiglu(spec):
+    """DECODE_LAYER_FF_SWIGLU: a decode step's layer, the GLU silu (llama's layer), Q's and K's theta divided by the frequency factors."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_geglu_erf(spec):
+    """DECODE_LAYER_GEGLU_ERF: a decode step's layer, the GLU gelu_erf."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_ff_geglu_erf(spec):
+    """DECODE_LAYER_FF_GEGLU_ERF: a decode step's layer, the GLU gelu_erf, Q's and K's theta divided by the frequency factors."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_geglu_quick(spec):
+    """DECODE_LAYER_GEGLU_QUICK: a decode step's layer, the GLU gelu_quick."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_ff_geglu_quick(spec):
+    """DECODE_LAYER_FF_GEGLU_QUICK: a decode step's layer, the GLU gelu_quick, Q's and K's theta divided by the frequency factors."""
+    return _decode_layer(spec)

@@ -14,6 +14,8 @@
 // MV_ROPE=1 with MV_NORM (no MV_GLU), MV_ROPE_HEAD, MV_ROPE_N, MV_ROPE_BLOCK, MV_ROPE_TOKENS and
 // rope_math.h's defines: the fused RMS_NORM_MUL_MAT_ROPE(_FF) epilogue, each round's rows
 // rotated as ggml's ROPE after the norm's scale (mv_rope.h; f32 y, or f16 with MV_OUT_F16).
+// MV_DECODE=1 with MV_GLU, MV_NORM, DL_EPS, DL_HEAD, DL_FF_WORDS and rope_math.h's defines:
+// DECODE_LAYER(_FF)_<glu>'s projection phase (mv_decode.h).
 // Floats: bf16 x bf16 uses the native bf16 multiply-accumulate into f32
 // accumulators; other float pairs are widened to f32. Integers: 32-bit sums.
 
@@ -177,6 +179,14 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) { accumulate(w, x, y); }
 #define GGML_MV_NORM_ROPE_SCALE ggml_mv_norm_rope_scale
 #define GGML_MV_NORM_ROPE_STORE_F16 ggml_mv_norm_rope_store_f16
 #include "mv_rope.h"
+#endif
+#if MV_DECODE
+// DECODE_LAYER(_FF)_<glu>'s projection phase: see mv_decode.h.
+#define GGML_MV_DL_ROPE_LOAD ggml_mv_dl_rope_load
+#define GGML_MV_DL_SCALE_ROPE ggml_mv_dl_scale_rope
+#define GGML_MV_DL_SCALE ggml_mv_dl_scale
+#define GGML_MV_DL_STORE_F16 ggml_mv_dl_store_f16
+#include "mv_decode.h"
 #endif
 #endif
 

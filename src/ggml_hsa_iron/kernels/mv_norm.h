@@ -95,13 +95,17 @@ static inline void norm_scale_rows(float *v, vf s) {
 
 // ggml's RMS_NORM: s = 1 / sqrt(sum(x^2) / K + eps) of the round's x row, in vector code (the
 // scalar unit has no floating point), splat over the lanes.
-static inline vf norm_s() {
+// `eps_bits`: OP_P0 (norm_s), or DECODE_LAYER's attention norm's DL_EPS (mv_decode.h): one
+// object holds both norms of a layer.
+static inline vf norm_s_of(uint32_t eps_bits) {
   set_ggml_rounding();
-  const float eps = __builtin_bit_cast(float, (uint32_t)OP_P0);
+  const float eps = __builtin_bit_cast(float, eps_bits);
   const float sum = aie::reduce_add(load_aligned(g_norm_ss));
   const vf mean = mul(splat(sum), 1.0f / MV_NORM_K);
   return recip(sqrt(add(mean, splat(eps))));
 }
+
+static inline vf norm_s() { return norm_s_of((uint32_t)OP_P0); }
 
 #if !MV_OUT_F16
 void GGML_MV_NORM_SCALE(float *y) {

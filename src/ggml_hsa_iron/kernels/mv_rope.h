@@ -31,6 +31,7 @@
 #endif
 
 #include "rope_math.h"
+#include "mv_rope_rows.h"
 
 constexpr int ROPE_ROUNDS = (MV_ROPE_N + MV_ROPE_BLOCK - 1) / MV_ROPE_BLOCK;
 constexpr int ROPE_WORDS = FF_WORDS + MV_ROPE_TOKENS;
@@ -49,34 +50,7 @@ static void rope_rows(float *v, int32_t offset) {
   const int32_t start =
       (k + 1) * MV_ROPE_BLOCK <= MV_ROPE_N ? k * MV_ROPE_BLOCK : MV_ROPE_N - MV_ROPE_BLOCK;
   const int32_t row0 = start + offset;
-  const int32_t p = g_rope_positions[t];
-  if (!g_valid || p != g_pos)
-    rope_fill_cache(p);
-  // The heads the rows touch; a pair is rotated when both its rows are the core's (the plan
-  // splits no pair between two cores or rounds).
-  for (int32_t h = row0 / MV_ROPE_HEAD; h * MV_ROPE_HEAD < row0 + MV_ROWS; ++h) {
-    const int32_t base = h * MV_ROPE_HEAD - row0; // the head's dimension 0 in v
-    bool any = false;
-    for (int i = 0; i < HALF; ++i) {
-      const int32_t a = base + rope_ia(i), b = base + rope_ib(i);
-      const bool mine = a >= 0 && b < MV_ROWS;
-      g_a[i] = mine ? v[a] : 0.0f;
-      g_b[i] = mine ? v[b] : 0.0f;
-      any = any || mine;
-    }
-    if (!any)
-      continue; // only dimensions past N_DIMS of this head: unchanged
-    for (int i = HALF; i < HALF_PAD; ++i)
-      g_a[i] = g_b[i] = 0.0f;
-    rope_rotate_ab();
-    for (int i = 0; i < HALF; ++i) {
-      const int32_t a = base + rope_ia(i), b = base + rope_ib(i);
-      if (a >= 0 && b < MV_ROWS) {
-        v[a] = g_a[i];
-        v[b] = g_b[i];
-      }
-    }
-  }
+  rope_rows_at(v, row0, g_rope_positions[t], MV_ROPE_HEAD, MV_ROWS);
 }
 
 void GGML_MV_ROPE_LOAD(float *c) {

@@ -172,6 +172,14 @@ void ggml_mvq(int8_t *w, float *x, float *y) { accumulate(w, x, y); }
 #define GGML_MV_NORM_ROPE_STORE_F16 ggml_mvq_norm_rope_store_f16
 #include "mv_rope.h"
 #endif
+#if MV_DECODE
+// DECODE_LAYER(_FF)_<glu>'s projection phase: see mv_decode.h.
+#define GGML_MV_DL_ROPE_LOAD ggml_mvq_dl_rope_load
+#define GGML_MV_DL_SCALE_ROPE ggml_mvq_dl_scale_rope
+#define GGML_MV_DL_SCALE ggml_mvq_dl_scale
+#define GGML_MV_DL_STORE_F16 ggml_mvq_dl_store_f16
+#include "mv_decode.h"
+#endif
 #endif
 
 } // extern "C"

@@ -80,6 +80,8 @@ NORM_FFN = [f"RMS_NORM_FFN_{op}" for op in GLU]
 ATTN_FFN = [f"MUL_MAT_ADD_RMS_NORM_FFN_{op}" for op in GLU]
 # A decode step's attention (FLASH_ATTN_EXT_MASK) ahead of that block (four outputs).
 FA_FFN = [f"FLASH_ATTN_FFN_{op}" for op in GLU]
+# A decode step's layer: RMS_NORM_QKV_ROPE(_FF) ahead of FLASH_ATTN_FFN_<glu> (seven outputs).
+DECODE = [f"DECODE_LAYER_{ff}{op}" for op in GLU for ff in ("", "FF_")]
 ROPE = ["ROPE", "ROPE_FF"]
 # Issue 15: the copies and the KV-cache write (f32/f16/bf16; SET_ROWS' i32/i64 indices).
 COPIES = ["DUP", "CPY", "CONT"]
@@ -127,7 +129,7 @@ class CapabilitiesTest(unittest.TestCase):
             mm = (
                 op["op"] in ("MUL_MAT", "MUL_MAT_ADD")
                 or op["op"] in MM_GLU + NORM_MM + NORM_MM_ROPE + NORM_QKV
-                or op["op"] in NORM_FFN + ATTN_FFN + FA_FFN
+                or op["op"] in NORM_FFN + ATTN_FFN + FA_FFN + DECODE
             )
             extra = set(("f16",) + QUANT_TYPES) if mm else {"f16"}
             if op["op"] in ("SET_ROWS", "COUNT_EQUAL"):
@@ -155,6 +157,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + NORM_FFN
                 + ATTN_FFN
                 + FA_FFN
+                + DECODE
                 + ROW_OPS
                 + GLU
                 + ROPE
@@ -210,6 +213,7 @@ class CapabilitiesTest(unittest.TestCase):
                 "rms_norm_ffn",
                 "mul_mat_add_rms_norm_ffn",
                 "flash_attn_ffn",
+                "decode_layer",
             )
         }
         self.assertEqual(params, set(WITH_PARAMS))
@@ -269,7 +273,7 @@ class CapabilitiesTest(unittest.TestCase):
         self.assertEqual({s.params for s in registry.OPS if s.kind == "rms_norm_qkv_rope"}, {12})
         self.assertEqual(
             {o["op"] for o in ops.values() if "outputs" in o},
-            set(NORM_QKV + NORM_FFN + ATTN_FFN + FA_FFN),
+            set(NORM_QKV + NORM_FFN + ATTN_FFN + FA_FFN + DECODE),
         )
         # W_g, W_u, W_d, x, n, r; eps; out, then h (extra_outputs).
         for op in NORM_FFN:
@@ -303,6 +307,17 @@ class CapabilitiesTest(unittest.TestCase):
             self.assertEqual(o["types"], ops["MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU"]["types"], op)
             self.assertEqual(sorted(o["kv_types"]), sorted(ops["FLASH_ATTN_EXT"]["types"]), op)
         self.assertEqual({s.params for s in registry.OPS if s.kind == "flash_attn_ffn"}, {4})
+        # Wq, Wk, Wv, x, n_attn, the positions, (the factors,) k, v, mask, W_o, W_g, W_u, W_d,
+        # n_ffn; 16 op_params words; out, then Q, K rows, V rows, a, r1, h (extra_outputs).
+        for op in DECODE:
+            o = ops[op]
+            got = (o["inputs"], o["outputs"], o["broadcast"], o["noncontiguous"])
+            self.assertEqual(got, (15 if "_FF_" in op else 14, 7, True, True), op)
+            self.assertEqual(o["kernel_source"], "ffn.py")
+            self.assertEqual(o["type_combos"], ops["FLASH_ATTN_FFN_SWIGLU"]["type_combos"], op)
+            self.assertEqual(o["kv_types"], ops["FLASH_ATTN_FFN_SWIGLU"]["kv_types"], op)
+            self.assertEqual(sorted(o["row_types"]), ["f16", "f32"], op)
+        self.assertEqual({s.params for s in registry.OPS if s.kind == "decode_layer"}, {16})
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
             set(
@@ -314,6 +329,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + NORM_FFN
                 + ATTN_FFN
                 + FA_FFN
+                + DECODE
                 + self.FLASH_ATTN
             )
             | {"MUL_MAT", "MUL_MAT_ADD", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"}
@@ -518,6 +534,21 @@ class CapabilitiesTest(unittest.TestCase):
                                     tensor("f32", [1024, 1]),
                                 ],
                             )
+                        elif spec.kind == "decode_layer":
+                            # The seven weights of the type (f32 when the type is only the
+                            # positions' or the caches'); the caches and the K and V rows of
+                            # the type where it is theirs, else f16.
+                            from ggml_hsa_iron.tests.test_decode_layer import layer_request
+
+                            combos = registry.DECODE_LAYER_COMBOS
+                            s0 = ([c for c in combos if dtype in c] or [("f32",)])[0][0]
+                            kv = dtype if dtype in registry.FLASH_ATTN_FFN_KV_TYPES else "f16"
+                            rows = dtype if dtype in registry.DECODE_LAYER_ROW_TYPES else kv
+                            rows = rows if rows in registry.DECODE_LAYER_ROW_TYPES else "f16"
+                            ff = "_FF_" in spec.op
+                            glu = spec.op.rsplit("LAYER_", 1)[1].removeprefix("FF_")
+                            dims = (512, 8, 2, 64, 1024, 256)
+                            req = layer_request(glu, s0, dims, arch, ff=ff, kv=kv, rows=rows)
                         elif spec.kind == "rows":
                             req = row_request(spec.op, dtype, arch)
                         elif spec.kind == "set_rows":

@@ -49,6 +49,14 @@ OWN_METHODS = {
     "k_tap",
     "v_tap",
     "out_tap",
+    "column_heads",  # FaPhase (FLASH_ATTN_FFN_<glu>): a column's KV heads, a's drain
+    "a_tap",
+    "w_taps",  # QkvGroup (DECODE_LAYER_<glu>): a unit's taps, a core's rows, a column's group
+    "x_tap",
+    "y_tap",
+    "row0",
+    "group_of",
+    "index",
     "append",
     "extend",
     "items",

@@ -1,0 +1,319 @@
+"""DECODE_LAYER(_FF)_<glu>: a llama layer of one decode step in one program (plans_decode.py,
+designs/ffn.py): its plans at Llama-3.2-1B's and the tiny llama's shapes, its refusals, the
+recorded synchronisation (Q, K rows and V rows complete before the attention reads them), and
+end to end in the emulation: the projections bit for bit against the lone kernels on the same
+shape, the new token's K and V rows inside the cache views the attention reads, a, r1, h and out
+against numpy."""
+
+import shutil
+import types
+import unittest
+
+from ggml_hsa_iron.errors import RequestError, UnsupportedError
+from ggml_hsa_iron.plans import prepare
+from ggml_hsa_iron.request import parse_request
+from ggml_hsa_iron.tests.test_flash_attn import cache_view, f32_bits
+from ggml_hsa_iron.tests.test_rms_norm_mul_mat_rope import llama3_ff, rope_params
+from ggml_hsa_iron.tests.util import request_json, tensor
+from ggml_hsa_iron.tests.util_ffn import EPS_BITS, np
+
+CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+HAVE_NUMPY = np is not None
+# (K, n_head, n_head_kv, D, F, n_kv)
+LLAMA = (2048, 32, 8, 64, 8192, 256)
+TINY = (256, 4, 2, 64, 512, 256)
+GLUS = ("REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK")
+# The runtime-sequence arguments without the factors (the op's operand order).
+ARGS = "Wq Wk Wv x n_attn pos k v mask Wo Wg Wu Wd n_ffn out Q Kr Vr a r1 h".split()
+
+
+def layer_tensors(wt, K, H, Hk, D, F, n_kv, ff=False, kv="f16", rows=None, T=1, **over):
+    """(inputs, output, extra_outputs) of a decode layer: the cache of n_kv + 32 rows (llama's
+    layout, KV heads interleaved in a row), K and V rows of `rows` (default the cache's type).
+    `over`: per-input type overrides (wv, wd)."""
+    rows = rows or kv
+    Mq, Mk = D * H, D * Hk
+    ins = [
+        tensor(wt, [K, Mq]),
+        tensor(wt, [K, Mk]),
+        tensor(over.get("wv", wt), [K, Mk]),
+        tensor("f32", [K, T]),
+        tensor("f32", [K]),
+        tensor("i32", [T]),
+    ]
+    ins += [tensor("f32", [D // 2])] if ff else []
+    ins += [cache_view(kv, D, n_kv, Hk, n_kv + 32), cache_view(kv, D, n_kv, Hk, n_kv + 32)]
+    ins += [tensor("f16", [n_kv, 64]), tensor(wt, [Mq, K]), tensor(wt, [K, F])]
+    ins += [tensor(wt, [K, F]), tensor(over.get("wd", wt), [F, K]), tensor("f32", [K])]
+    extras = [
+        tensor("f32", [D, H, T]),
+        tensor(rows, [D, Hk, T]),
+        tensor(rows, [Mk, T]),
+        tensor("f32", [D, H, T]),
+        tensor("f32", [K, T]),
+        tensor("f32", [F, T]),
+    ]
+    return ins, tensor("f32", [K, T]), extras
+
+
+def layer_params(D, mode=0, scale=0.125, max_bias=0.0, softcap=0.0):
+    return rope_params(D, mode) + [f32_bits(scale), f32_bits(max_bias), f32_bits(softcap), EPS_BITS]
+
+
+def layer_request(glu, wt, dims, arch="aie2p", ff=False, kv="f16", rows=None, T=1, **kw):
+    ins, out, extras = layer_tensors(wt, *dims, ff=ff, kv=kv, rows=rows, T=T, **kw.pop("w", {}))
+    op = f"DECODE_LAYER_{'FF_' if ff else ''}{glu}"
+    params = kw.pop("op_params", None) or layer_params(dims[3], **kw)
+    return request_json(op, ins, out, arch, op_params=params, extra_outputs=extras)
+
+
+def layer_spec(*args, **kw):
+    return prepare(parse_request(layer_request(*args, **kw)))
+
+
+def shape(spec):
+    p = spec.up.plan
+    return p.columns, p.rows, p.rows_per_tile, p.k_chunk
+
+
+def groups(spec):
+    """(name, first column, columns, rounds, rounds per y object) of the projections."""
+    return [(g.name, g.col0, g.plan.columns, g.plan.rounds, g.pack) for g in spec.qkv.groups]
+
+
+class DecodeLayerPlanTest(unittest.TestCase):
+    def test_llama_3_2_1b(self):
+        # The block's own shape (FLASH_ATTN_FFN_<glu>'s), Q on half the columns, K and V on
+        # one column each, two rounds of f16 rows packed into each y object.
+        want = {
+            ("q4_0", "aie2p"): ((8, 4, 64, 256), [("q", 0, 4, 2, 1), ("k", 4, 1, 2, 2), ("v", 5, 1, 2, 2)]),
+            ("q4_0", "aie2"): ((4, 4, 64, 256), [("q", 0, 2, 4, 1), ("k", 2, 1, 2, 2), ("v", 3, 1, 2, 2)]),
+            ("f16", "aie2p"): ((8, 4, 32, 256), [("q", 0, 4, 4, 1), ("k", 4, 1, 4, 2), ("v", 5, 1, 4, 2)]),
+            ("f16", "aie2"): ((4, 4, 32, 256), [("q", 0, 2, 8, 1), ("k", 2, 1, 4, 2), ("v", 3, 1, 4, 2)]),
+        }  # fmt: skip
+        for (wt, arch), (sh, gs) in want.items():
+            for ff in (False, True):
+                with self.subTest(wt=wt, arch=arch, ff=ff):
+                    spec = layer_spec("SWIGLU", wt, LLAMA, arch, ff=ff)
+                    self.assertEqual(shape(spec), sh)
+                    self.assertEqual(groups(spec), gs)
+                    # FLASH_ATTN_FFN_<glu>'s phases on their own choose the same shape.
+                    from ggml_hsa_iron.tests.util_ffn import fa_ffn_spec
+
+                    own = fa_ffn_spec("SWIGLU", wt, *LLAMA, arch=arch)
+                    self.assertEqual(shape(own), sh)
+                    self.assertEqual(len(spec.sequence), 21 + ff)
+
+    def test_tiny_llama(self):
+        spec = layer_spec("SWIGLU", "f32", TINY)
+        self.assertEqual(shape(spec), (8, 2, 16, 256))
+        self.assertEqual(groups(spec), [("q", 0, 4, 2, 1), ("k", 4, 2, 2, 2), ("v", 6, 2, 2, 2)])
+        # f32 cache rows: one round per y object.
+        spec = layer_spec("SWIGLU", "f32", TINY, kv="f32")
+        self.assertEqual({g.pack for g in spec.qkv.groups}, {1})
+
+    def test_the_taps_write_each_row_once(self):
+        for kv in ("f16", "f32"):
+            spec = layer_spec("SWIGLU", "q4_0", LLAMA, kv=kv)
+            for g in spec.qkv.groups:
+                words = []
+                for c in range(g.plan.columns):
+                    for u in range(g.units):
+                        t = g.y_tap(c, u)
+                        for a in range(t.sizes[0]):
+                            for b in range(t.sizes[1]):
+                                for d in range(t.sizes[2]):
+                                    off = t.offset + a * t.strides[0] + b * t.strides[1]
+                                    off += d * t.strides[2]
+                                    words += range(off, off + t.sizes[3])
+                self.assertEqual(sorted(words), list(range(g.out_words)), (kv, g.name))
+
+    def test_limits_count_every_phase(self):
+        from ggml_hsa_iron.plans_ffn import ffn_core_bytes, program_tasks
+
+        for arch in ("aie2p", "aie2"):
+            spec = layer_spec("SWIGLU", "q4_0", LLAMA, arch)
+            core = ffn_core_bytes(spec.up.plan) + spec.fa.core_bytes + spec.qkv.core_bytes
+            self.assertLessEqual(core, spec.arch.l1_budget)
+            self.assertGreater(spec.qkv.core_bytes, 0)
+            tasks = program_tasks([s.plan for s in spec.phases], 1)
+            for k in tasks:
+                tasks[k] += spec.fa.tasks[k] + spec.qkv.tasks[k]
+            self.assertLessEqual(max(tasks.values()), 1024)
+            defines = spec.core.defines
+            self.assertEqual((defines["MV_DECODE"], defines["DL_HEAD"]), (1, 64))
+            self.assertEqual(defines["MV_FA"], 1)
+
+    def test_refusals(self):
+        with self.assertRaisesRegex(UnsupportedError, "one token"):
+            layer_spec("SWIGLU", "f32", TINY, T=2)
+        with self.assertRaisesRegex(UnsupportedError, "Wv is q6_K"):
+            layer_spec("SWIGLU", "q4_K", (2048, 32, 8, 64, 8192, 256), w={"wv": "q6_K"})
+        with self.assertRaisesRegex(UnsupportedError, "W_d is q6_K"):
+            layer_spec("SWIGLU", "q4_K", (2048, 32, 8, 64, 8192, 256), w={"wd": "q6_K"})
+        # RMS_NORM_QKV_ROPE's (rope mode 1) and FLASH_ATTN_FFN_<glu>'s (ALiBi) refusals.
+        with self.assertRaisesRegex(UnsupportedError, "rope mode"):
+            layer_spec("SWIGLU", "f32", TINY, mode=1)
+        with self.assertRaisesRegex(UnsupportedError, "ALiBi"):
+            layer_spec("SWIGLU", "f32", TINY, max_bias=8.0)
+        with self.assertRaises(RequestError):
+            req = parse_request(layer_request("SWIGLU", "f32", TINY))
+            import dataclasses
+
+            prepare(dataclasses.replace(req, extra_outputs=req.extra_outputs[:3]))
+        for glu in GLUS:
+            for ff in (False, True):
+                self.assertIsNotNone(layer_spec(glu, "f32", TINY, ff=ff))
+
+
+class DecodeLayerRecordTest(unittest.TestCase):
+    def test_projections_complete_before_the_attention(self):
+        from ggml_hsa_iron.emu.compile import record
+
+        for dims, wt, arch in ((LLAMA, "q4_0", "aie2"), (TINY, "f32", "aie2p")):
+            with self.subTest(dims=dims, arch=arch):
+                spec = layer_spec("SWIGLU", wt, dims, arch)
+                seq = record(spec).to_json("dl", arch)["sequence"]
+                a = {n: i for i, n in enumerate(ARGS)}
+                first = next(
+                    i for i, op in enumerate(seq) if op["op"] == "fill" and op["arg"] == a["Q"]
+                )
+                outs = {a["Q"], a["Kr"], a["Vr"]}
+                drains = {op["task"] for op in seq if op["op"] == "drain" and op["arg"] in outs}
+                awaited = {t for op in seq[:first] if op["op"] == "await" for t in op["tasks"]}
+                self.assertTrue(drains)
+                self.assertLessEqual(drains, awaited)
+                # Nothing of the attention reads k or v before that.
+                cache = {a["k"], a["v"]}
+                self.assertFalse([op for op in seq[:first] if op.get("arg") in cache])
+                # The drains of every projection happen before `first`.
+                before = {op["arg"] for op in seq[:first] if op["op"] == "drain"}
+                self.assertEqual(before, outs)
+
+
+class LayerCase:
+    """One request's operands: weights (fast_weights), x and n (util_norm's), the caches of
+    `kv` (masked keys' rows NaN, never read), the token at cache row `row`."""
+
+    def __init__(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, masked=5, pos=7):
+        from ggml_hsa_iron.tests.test_flash_attn import _np_type, place
+        from ggml_hsa_iron.tests.util_ffn import fast_weights
+        from ggml_hsa_iron.tests.util_norm import norm_inputs
+
+        K, H, Hk, D, F, n_kv = dims
+        self.dims, self.glu, self.wt, self.kv, self.arch = dims, glu, wt, kv, arch
+        self.req = parse_request(layer_request(glu, wt, dims, arch, ff=ff, kv=kv))
+        self.spec = prepare(self.req)
+        nrng = np.random.default_rng(seed)
+        self.w = {}
+        for name, rows, cols in (("Wq", D * H, K), ("Wk", D * Hk, K), ("Wv", D * Hk, K),
+                                 ("Wo", K, D * H), ("Wg", F, K), ("Wu", F, K), ("Wd", K, F)):  # fmt: skip
+            self.w[name] = fast_weights(wt, rows, cols, nrng)
+        self.x, self.n_attn = norm_inputs(nrng, 1, K)
+        _, self.n_ffn = norm_inputs(nrng, 1, K)
+        self.pos = np.array([pos], np.int32)
+        self.ff = np.array(llama3_ff(D), np.float32) if ff else None
+        kt, vt, mt = self.req.inputs[6 + ff : 9 + ff]
+        self.kt, self.vt = kt, vt
+        k = nrng.standard_normal((1, Hk, n_kv, D)).astype(_np_type(kv))
+        v = nrng.standard_normal((1, Hk, n_kv, D)).astype(_np_type(kv))
+        mask = (nrng.standard_normal((1, 1, mt.ne[1], mt.ne[0])) * 2).astype(np.float16)
+        mask[..., ::masked] = -np.inf
+        self.row = n_kv - 3  # the token's cache row: not masked
+        assert self.row % masked
+        self.k, self.v, self.mask = k.copy(), v.copy(), mask
+        k[:, :, ::masked] = np.nan
+        v[:, :, ::masked] = np.nan
+        self.cache = [place(kt, k), place(vt, v), place(mt, mask)]
+
+    def args(self):
+        """Fresh memories in the sequence's order; K rows and V rows are the token's row of the
+        cache memories (views: one memory)."""
+        from ggml_hsa_iron.tests.util_emu_seq import arg_bytes, buffer_of, new_buffer
+
+        sizes = arg_bytes(self.spec)
+        w = {k: buffer_of(b) for k, (b, _) in self.w.items()}
+        kc, vc, m = (buffer_of(b) for b in self.cache)
+        consts = [buffer_of(self.pos)] + ([buffer_of(self.ff)] if self.ff is not None else [])
+        nb1 = self.kt.nb[1]
+        kr = kc[self.row * nb1 : (self.row + 1) * nb1]
+        vr = vc[self.row * nb1 : (self.row + 1) * nb1]
+        outs = [new_buffer(sizes[i]) for i in (-7, -6)] + [kr, vr]
+        outs += [new_buffer(sizes[i]) for i in (-3, -2, -1)]
+        ins = [w["Wq"], w["Wk"], w["Wv"], buffer_of(self.x), buffer_of(self.n_attn), *consts]
+        ins += [kc, vc, m, w["Wo"], w["Wg"], w["Wu"], w["Wd"], buffer_of(self.n_ffn)]
+        return ins + outs
+
+    def run(self):
+        from ggml_hsa_iron.tests.util_emu_seq import run_spec_in_order
+
+        args = self.args()
+        run_spec_in_order(self.spec, args)
+        return args
+
+    def lone(self, g, args):
+        """The bytes of projection g computed by its lone kernel (RMS_NORM_MUL_MAT_ROPE(_FF),
+        RMS_NORM_MUL_MAT) planned on the group's shape."""
+        from ggml_hsa_iron.tests.util_emu_seq import arg_bytes, new_buffer, run_spec_in_order
+
+        w = args[("q", "k", "v").index(g.name)]
+        nc = 2 if self.ff is not None else 1
+        ins = [w, args[3], args[4]] + (args[5 : 5 + nc] if g.rope else [])
+        out = new_buffer(arg_bytes(g.spec)[-1])
+        run_spec_in_order(g.spec, [*ins, out])
+        return out
+
+
+@unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
+class DecodeLayerEmulationTest(unittest.TestCase):
+    def check(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0):
+        from ggml_hsa_iron.tests.test_flash_attn import _np_type, reference
+        from ggml_hsa_iron.tests.util_ffn import check_add, check_h
+
+        case = LayerCase(glu, wt, dims, arch, ff=ff, kv=kv, seed=seed)
+        args = case.run()
+        K, H, Hk, D, F, n_kv = dims
+        what = f"{glu} {wt} {dims} {arch} ff={ff} kv={kv}"
+        q_arg, kr_arg, vr_arg = args[-6], args[-5], args[-4]
+        # The projections: bit for bit the lone kernels' on the same shape.
+        for g, got in zip(case.spec.qkv.groups, (q_arg, kr_arg, vr_arg)):
+            want = case.lone(g, args)
+            self.assertEqual(got.tobytes(), want.tobytes(), f"{g.name.upper()} of {what}")
+        # The attention read the cache holding the new rows: numpy on the caches' values with
+        # the token's row replaced by what the design wrote.
+        kt = _np_type(kv)
+        k, v = case.k.copy(), case.v.copy()
+        k[0, :, case.row] = np.frombuffer(kr_arg.tobytes(), kt).reshape(Hk, D)
+        v[0, :, case.row] = np.frombuffer(vr_arg.tobytes(), kt).reshape(Hk, D)
+        q = np.frombuffer(q_arg.tobytes(), np.float32).reshape(1, H, 1, D)
+        params = case.req.op_params
+        fa = types.SimpleNamespace(
+            op_params=params[12:15], inputs=(case.spec.fa.q, case.kt, case.vt)
+        )
+        ref = reference(fa, q, k, v, case.mask).reshape(-1)
+        f32 = [np.frombuffer(b.tobytes(), np.float32).copy() for b in (args[-7], *args[-3:])]
+        out, a, r1, h = f32
+        self.assertTrue(np.isfinite(a).all(), f"a of {what}")
+        err = np.abs(a - ref).max()
+        self.assertLess(err, 2e-5 * max(1.0, np.abs(ref).max()), f"a of {what}: {err}")
+        wo, wg, wu, wd = (case.w[n][1] for n in ("Wo", "Wg", "Wu", "Wd"))
+        x = case.x.reshape(1, K)
+        check_add(self, wt, a[None, :], wo, x, r1[None, :], f"r1 of {what}")
+        check_h(self, glu, wt, r1[None, :], case.n_ffn, wg, wu, h[None, :], f"h of {what}")
+        check_add(self, wt, h[None, :], wd, r1[None, :], out[None, :], f"out of {what}")
+
+    def test_tiny_llama(self):
+        for i, arch in enumerate(("aie2p", "aie2")):
+            with self.subTest(arch=arch):
+                self.check("SWIGLU", "f32", TINY, arch, seed=i)
+
+    def test_tiny_llama_factors_and_f32_cache(self):
+        self.check("GEGLU", "q4_0", TINY, "aie2p", ff=True, seed=5)
+        self.check("REGLU", "f32", TINY, "aie2", kv="f32", seed=6)
+
+    def test_llama_3_2_1b(self):
+        self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=10)
+
+
+if __name__ == "__main__":
+    unittest.main()
