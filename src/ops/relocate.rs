@@ -6,9 +6,9 @@
 //! that computes the projection and its ADD together (MUL_MAT_ADD, and the layer kernels built
 //! on it) would then write its output over its own input, so that layer stayed in five kernels.
 //!
-//! [`attention_outputs_to_move`] finds such outputs: a FLASH_ATTN_EXT output that nothing reads
-//! but views of it and one MUL_MAT, and whose memory is next written by a node reading that
-//! MUL_MAT's product. [`relocate`] gives each of them memory of its own (the stream's scratch
+//! [`attention_outputs_to_move`] finds such outputs: a FLASH_ATTN_EXT output of one query row
+//! that nothing reads but views of it and one MUL_MAT, and whose memory is next written by a
+//! node reading that MUL_MAT's product. [`relocate`] gives each of them memory of its own (the stream's scratch
 //! buffer) and rewrites the attention's node, the views and the projection to use it. Nothing
 //! else reads the output, so no other node sees the move. The stream plans the graph again
 //! without the move if one of those nodes ends up on ggml's CPU backend, which reads the
@@ -37,10 +37,13 @@ pub fn attention_outputs_to_move(nodes: &[Node]) -> (Vec<Move>, u64) {
     let mut size = 0;
     for (f, node) in nodes.iter().enumerate() {
         let a = &node.dst;
+        // One query row (a decode step): only there do the kernels after it fold into one
+        // (a prompt's attention output is also far larger to copy aside).
         if node.op != Op::FlashAttnExt
             || node.is_output
             || a.dtype != DType::F32
             || !a.is_contiguous()
+            || a.ne[2] * a.ne[3] != 1
         {
             continue;
         }
@@ -185,6 +188,10 @@ mod tests {
         assert!(attention_outputs_to_move(&nodes).0.is_empty());
         let mut nodes = last_layer(0x1000);
         nodes[0].is_output = true;
+        assert!(attention_outputs_to_move(&nodes).0.is_empty());
+        // A prompt's attention (two query rows).
+        let mut nodes = last_layer(0x1000);
+        nodes[0].dst.ne = [32, 1, 2, 1];
         assert!(attention_outputs_to_move(&nodes).0.is_empty());
     }
 }
