@@ -362,18 +362,25 @@ impl Stream {
         nodes: &[Node],
         host: &mut dyn HostMemory,
     ) -> Result<(), ComputeError> {
-        self.compute_keyed(GraphKey::Nodes(nodes), &|| Cow::Borrowed(nodes), host)
+        let started = std::time::Instant::now();
+        self.compute_keyed(
+            GraphKey::Nodes(nodes),
+            &|| Cow::Borrowed(nodes),
+            host,
+            started,
+        )
     }
 
     /// Executes the graph `key` identifies: its cached plan when there is one, otherwise the
     /// plan of `nodes()` (called only then), which is kept for the next graph with this key.
+    /// `started`: when the caller began on the graph (reading the key is host time too).
     pub fn compute_keyed<'n>(
         &mut self,
         key: GraphKey,
         nodes: &dyn Fn() -> Cow<'n, [Node]>,
         host: &mut dyn HostMemory,
+        started: std::time::Instant,
     ) -> Result<(), ComputeError> {
-        let started = std::time::Instant::now();
         let result = UnwindGuard(self).compute_graph(key, nodes, host);
         let recorder = stats::recorder();
         let graph = std::mem::take(&mut self.stats);

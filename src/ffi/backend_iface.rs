@@ -147,6 +147,8 @@ unsafe extern "C" fn graph_compute(
             log::error("backend::graph_compute: no graph (NULL)");
             return GGML_STATUS_FAILED;
         }
+        // The backend's host time starts here: reading the graph's key is part of it.
+        let started = std::time::Instant::now();
         // SAFETY: a non-NULL graph from ggml is valid.
         let (key, tensors) = unsafe { descriptors::graph_key(graph) };
         // Descriptors are made only when the stream has no plan for this graph yet.
@@ -165,7 +167,7 @@ unsafe extern "C" fn graph_compute(
             nodes: &tensors,
             cpu,
         };
-        match stream.compute_keyed(GraphKey::Words(&key), &nodes, &mut memory) {
+        match stream.compute_keyed(GraphKey::Words(&key), &nodes, &mut memory, started) {
             Ok(()) => GGML_STATUS_SUCCESS,
             Err(e) => {
                 // A scheduler never hands us a node we declined; a caller that does not ask

@@ -191,7 +191,7 @@ unsafe fn tensor_key(t: *const ggml_tensor, key: &mut Vec<u64>) {
 pub(crate) unsafe fn graph_key(graph: *mut ggml_cgraph) -> (Vec<u64>, Vec<*mut ggml_tensor>) {
     // SAFETY: the caller passes a valid graph.
     let n = unsafe { ggml_graph_n_nodes(graph) };
-    let mut key = Vec::with_capacity(n.max(0) as usize * 40);
+    let mut key = Vec::with_capacity(n.max(0) as usize * 64);
     let mut tensors = Vec::with_capacity(n.max(0) as usize);
     for i in 0..n {
         // SAFETY: 0 <= i < n_nodes, so ggml_graph_node returns a valid node.
@@ -210,7 +210,15 @@ pub(crate) unsafe fn graph_key(graph: *mut ggml_cgraph) -> (Vec<u64>, Vec<*mut g
         );
         // SAFETY: as above.
         unsafe { tensor_key(t, &mut key) };
-        for &src in &tr.src {
+        // The slots up to the last source, then a marker per slot: most nodes have two or
+        // three of ggml's ten.
+        let slots = tr
+            .src
+            .iter()
+            .rposition(|s| !s.is_null())
+            .map_or(0, |i| i + 1);
+        key.push(slots as u64);
+        for &src in &tr.src[..slots] {
             if src.is_null() {
                 key.push(0);
             } else {
