@@ -924,8 +924,32 @@ impl Stream {
         rows_written: &mut [bool],
     ) -> Result<(), ComputeError> {
         let node = (i, plan.ops[i]);
+        let Some(rows) = self.member_rows(plan, merged, node, host)? else {
+            for &m in &merged.members {
+                self.run_step(plan, m, host, rows_written)?;
+            }
+            return Ok(());
+        };
         let mut operands = merged.operands.clone();
-        let mut set_rows = Vec::new();
+        for (set_rows, tensor) in rows {
+            rows_written[set_rows] = true;
+            operands.push(tensor);
+        }
+        let outputs = operands.len() + 1 - merged.operands.len();
+        self.enqueue(merged.kernel.clone(), &operands, outputs, node)
+            .map_err(|e| enqueue_error(node, e))
+    }
+
+    /// The cache rows each member of `merged` that writes them can write now (its SET_ROWS's
+    /// node and the rows, in member order), or `None` when some member's are not consecutive.
+    fn member_rows(
+        &mut self,
+        plan: &GraphPlan,
+        merged: &MergedKernel,
+        node: (usize, &'static str),
+        host: &mut dyn HostMemory,
+    ) -> Result<Option<Vec<(usize, Tensor)>>, ComputeError> {
+        let mut rows = Vec::new();
         for &m in &merged.members {
             let Some((producer, _)) = &plan.producers[m] else {
                 continue;
@@ -934,24 +958,11 @@ impl Stream {
                 .rows_of(plan, producer, host)
                 .map_err(|e| enqueue_error(node, e))?
             {
-                Some(rows) => {
-                    operands.push(rows);
-                    set_rows.push(producer.set_rows);
-                }
-                None => {
-                    for &m in &merged.members {
-                        self.run_step(plan, m, host, rows_written)?;
-                    }
-                    return Ok(());
-                }
+                Some(tensor) => rows.push((producer.set_rows, tensor)),
+                None => return Ok(None),
             }
         }
-        for s in set_rows {
-            rows_written[s] = true;
-        }
-        let outputs = operands.len() + 1 - merged.operands.len();
-        self.enqueue(merged.kernel.clone(), &operands, outputs, node)
-            .map_err(|e| enqueue_error(node, e))
+        Ok(Some(rows))
     }
 
     /// Runs the decode layer's kernel at node `i`: one dispatch when K's and V's rows can be
@@ -969,29 +980,19 @@ impl Stream {
         let merged = plan.merged[layer.merge_at]
             .as_ref()
             .expect("a layer kernel contains a Q/K/V merge");
-        let mut operands = layer.before_rows.clone();
-        for &m in &merged.members {
-            let Some((producer, _)) = &plan.producers[m] else {
-                continue;
-            };
-            match self
-                .rows_of(plan, producer, host)
-                .map_err(|e| enqueue_error(node, e))?
-            {
-                Some(rows) => operands.push(rows),
-                None => {
-                    self.run_merged(plan, merged, layer.merge_at, host, rows_written)?;
-                    for s in layer.set_rows {
-                        self.run_step(plan, s, host, rows_written)?;
-                    }
-                    return self.run_step(plan, i, host, rows_written);
-                }
+        let Some(rows) = self.member_rows(plan, merged, node, host)? else {
+            self.run_merged(plan, merged, layer.merge_at, host, rows_written)?;
+            for s in layer.set_rows {
+                self.run_step(plan, s, host, rows_written)?;
             }
+            return self.run_step(plan, i, host, rows_written);
+        };
+        let mut operands = layer.before_rows.clone();
+        for (set_rows, tensor) in rows {
+            rows_written[set_rows] = true;
+            operands.push(tensor);
         }
         operands.extend(layer.after_rows.iter().cloned());
-        for s in layer.set_rows {
-            rows_written[s] = true;
-        }
         // The layer's output, Q, K's and V's rows, a, r1 and h.
         self.enqueue(layer.kernel.clone(), &operands, 7, node)
             .map_err(|e| enqueue_error(node, e))
