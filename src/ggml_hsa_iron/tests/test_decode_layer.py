@@ -5,6 +5,11 @@ end to end in the emulation: the projections bit for bit against the lone kernel
 shape, the new token's K and V rows inside the cache views the attention reads, a, r1, h and out
 against numpy."""
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 import shutil
 import types
 import unittest
