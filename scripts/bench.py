@@ -205,10 +205,9 @@ def run_model(args, name: str, path: Path, work: Path) -> list[dict]:
         # The table rounds to one decimal: the log keeps two (a target like 70 t/s is judged
         # on these figures).
         tps, steady = row["sim_tps"], row["steady_tps"]
+        after = f", {steady:.2f} t/s after the first token" if first is not None else ""
         print(
-            f"[bench] {name} {kind}{tokens}: done, simulated {tps:.2f} t/s, "
-            f"{steady:.2f} t/s after the first token",
-            file=sys.stderr,
+            f"[bench] {name} {kind}{tokens}: done, simulated {tps:.2f} t/s{after}", file=sys.stderr
         )
     return rows
 
