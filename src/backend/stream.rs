@@ -506,9 +506,10 @@ impl Stream {
         } else {
             (Vec::new(), 0)
         };
-        let scratch = match moves.is_empty() {
-            true => None,
-            false => match self.device.alloc_buffer(bytes as usize) {
+        let scratch = if moves.is_empty() {
+            None
+        } else {
+            match self.device.alloc_buffer(bytes as usize) {
                 Ok(scratch) => Some(scratch),
                 Err(e) => {
                     crate::log::debug(&format!(
@@ -518,7 +519,7 @@ impl Stream {
                     ));
                     None
                 }
-            },
+            }
         };
         let moved = scratch.as_ref().map(|s| {
             let memory = Memory::Device(self.device.index);
