@@ -80,6 +80,8 @@ fn main() {
         include_dir.join("ggml.h"),
         include_dir.join("ggml-backend.h"),
         private_dir.join("ggml-backend-impl.h"),
+        // `struct ggml_cgraph`: its use counts tell which nodes a node of another split reads.
+        private_dir.join("ggml-impl.h"),
     ];
     for header in &headers {
         if !header.is_file() {

@@ -163,10 +163,11 @@ build_static() {
         rm -f "$tree/ggml/src/ggml-hsa"
         "$repo/cmake/integrate.sh" "$tree" >&2
     fi
-    if ! cache_has "$dir" "GGML_HSA_SOURCE_DIR:PATH=$repo" "GGML_RPC:BOOL=ON"; then
+    if ! cache_has "$dir" "GGML_HSA_SOURCE_DIR:PATH=$repo" "GGML_RPC:BOOL=ON" \
+        "LLAMA_BUILD_TESTS:BOOL=ON"; then
         log "configuring $dir (GGML_HSA=ON, GGML_BACKEND_DL=OFF, static)"
         GIT_CEILING_DIRECTORIES=$root cmake -S "$tree" -B "$dir" "${common_flags[@]}" \
-            -DBUILD_SHARED_LIBS=OFF -DGGML_BACKEND_DL=OFF -DGGML_HSA=ON -DLLAMA_BUILD_TESTS=OFF \
+            -DBUILD_SHARED_LIBS=OFF -DGGML_BACKEND_DL=OFF -DGGML_HSA=ON -DLLAMA_BUILD_TESTS=ON \
             -DGGML_HSA_JIT_COMPILE=ON -DGGML_HSA_SOURCE_DIR="$repo" \
             >"$root/configure-static.log" 2>&1 ||
             { tail -n 30 "$root/configure-static.log" >&2; die "configure failed (log: $root/configure-static.log)"; }

@@ -150,14 +150,19 @@ unsafe extern "C" fn graph_compute(
         // The backend's host time starts here: reading the graph's key is part of it.
         let started = std::time::Instant::now();
         // SAFETY: a non-NULL graph from ggml is valid.
-        let (key, tensors) = unsafe { descriptors::graph_key(graph) };
+        let descriptors::GraphNodes {
+            key,
+            tensors,
+            read_after,
+        } = unsafe { descriptors::graph_key(graph) };
         // Descriptors are made only when the stream has no plan for this graph yet.
         let nodes = || -> Cow<'_, [Node]> {
             // SAFETY: the graph's nodes, valid for the whole call.
             Cow::Owned(
                 tensors
                     .iter()
-                    .map(|&t| unsafe { descriptors::node(t) })
+                    .zip(&read_after)
+                    .map(|(&t, &after)| unsafe { descriptors::node(t, after) })
                     .collect(),
             )
         };

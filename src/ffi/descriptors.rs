@@ -130,11 +130,14 @@ unsafe fn op(t: *const ggml_tensor) -> Op {
     Op::from_ggml(name, sub)
 }
 
-/// The node descriptor of `t` (its op, parameters, output and inputs).
+/// The node descriptor of `t` (its op, parameters, output and inputs). `read_after` says
+/// that something outside the graph being planned reads `t` after it (a node of another
+/// split: [`GraphNodes::read_after`]); the descriptor then counts it as an output, which no
+/// fusion may skip writing, as ggml's OUTPUT flag does.
 ///
 /// # Safety
 /// `t` points to a valid `ggml_tensor` whose sources and buffers are valid or NULL.
-pub(crate) unsafe fn node(t: *const ggml_tensor) -> Node {
+pub(crate) unsafe fn node(t: *const ggml_tensor, read_after: bool) -> Node {
     // SAFETY: the caller passes a valid tensor.
     let tr = unsafe { &*t };
     let mut op_params = [0i32; 16];
@@ -156,7 +159,7 @@ pub(crate) unsafe fn node(t: *const ggml_tensor) -> Node {
         // SAFETY: as above.
         dst: unsafe { tensor(t) },
         src,
-        is_output: tr.flags & GGML_TENSOR_FLAG_OUTPUT as i32 != 0,
+        is_output: read_after || tr.flags & GGML_TENSOR_FLAG_OUTPUT as i32 != 0,
     }
 }
 
@@ -181,18 +184,31 @@ unsafe fn tensor_key(t: *const ggml_tensor, key: &mut Vec<u64>) {
     key.extend([tr.data as u64, buft]);
 }
 
-/// The nodes of `graph` that must be computed (those with the COMPUTE flag) and the key of the graph they
-/// make for the stream's plan cache: per node its op, op_params and flags, and the words of the
-/// node and of each source (a marker for an empty slot). Equal keys give equal descriptors, so
-/// a repeated graph is recognised without building them.
+/// The nodes of a graph that must be computed (those with the COMPUTE flag), and the key of the
+/// graph they make for the stream's plan cache.
+pub(crate) struct GraphNodes {
+    /// Per node its op, op_params, flags and `read_after`, and the words of the node and of
+    /// each source (a marker for an empty slot). Equal keys give equal descriptors, so a
+    /// repeated graph is recognised without building them.
+    pub key: Vec<u64>,
+    pub tensors: Vec<*mut ggml_tensor>,
+    /// Per node, whether a node outside the graph reads it, or a view of it, afterwards: see
+    /// [`read_by_other_splits`].
+    pub read_after: Vec<bool>,
+}
+
+/// The nodes of `graph` and their key.
 ///
 /// # Safety
 /// `graph` points to a valid `ggml_cgraph`.
-pub(crate) unsafe fn graph_key(graph: *mut ggml_cgraph) -> (Vec<u64>, Vec<*mut ggml_tensor>) {
+pub(crate) unsafe fn graph_key(graph: *mut ggml_cgraph) -> GraphNodes {
     // SAFETY: the caller passes a valid graph.
     let n = unsafe { ggml_graph_n_nodes(graph) };
+    // SAFETY: as above.
+    let elsewhere = unsafe { read_by_other_splits(graph) };
     let mut key = Vec::with_capacity(n.max(0) as usize * 64);
     let mut tensors = Vec::with_capacity(n.max(0) as usize);
+    let mut read_after = Vec::with_capacity(n.max(0) as usize);
     for i in 0..n {
         // SAFETY: 0 <= i < n_nodes, so ggml_graph_node returns a valid node.
         let t = unsafe { ggml_graph_node(graph, i) };
@@ -201,8 +217,10 @@ pub(crate) unsafe fn graph_key(graph: *mut ggml_cgraph) -> (Vec<u64>, Vec<*mut g
         if tr.flags & GGML_TENSOR_FLAG_COMPUTE as i32 == 0 {
             continue;
         }
+        let after = elsewhere.contains(&t.cast_const());
         tensors.push(t);
-        key.extend([tr.op as u64, tr.flags as u32 as u64]);
+        read_after.push(after);
+        key.extend([tr.op as u64, tr.flags as u32 as u64 | (after as u64) << 32]);
         key.extend(
             tr.op_params[..16]
                 .chunks_exact(2)
@@ -228,7 +246,83 @@ pub(crate) unsafe fn graph_key(graph: *mut ggml_cgraph) -> (Vec<u64>, Vec<*mut g
             }
         }
     }
-    (key, tensors)
+    GraphNodes {
+        key,
+        tensors,
+        read_after,
+    }
+}
+
+/// The nodes of `graph` that a node outside it reads: those ggml counts more uses of than
+/// `graph`'s nodes make, and the tensors such a node views (its `view_src` chain), whose memory
+/// that reader reads too.
+///
+/// A scheduler hands a backend one split of the model's graph, a view sharing the whole graph's
+/// use counts (`ggml_graph_view`). A node of a later split, on the CPU say, reads this split's
+/// results straight from its host-mapped memory, so a fusion that does not write an
+/// intermediate result must know of readers it cannot see; ggml's own backends ask the same
+/// counts (`ggml_node_has_n_uses`). A graph built by hand without them (ggml-rpc-server's) has
+/// no visited set: nothing is found, and only the graph's own readers count.
+///
+/// # Safety
+/// `graph` points to a valid `ggml_cgraph`.
+unsafe fn read_by_other_splits(
+    graph: *const ggml_cgraph,
+) -> std::collections::HashSet<*const ggml_tensor> {
+    use std::collections::{HashMap, HashSet};
+    // SAFETY: the caller passes a valid graph.
+    let g = unsafe { &*graph };
+    let mut found = HashSet::new();
+    let set = &g.visited_hash_set;
+    if g.use_counts.is_null() || set.size == 0 || set.used.is_null() || set.keys.is_null() {
+        return found;
+    }
+    let nodes: Vec<*const ggml_tensor> = (0..g.n_nodes.max(0) as usize)
+        // SAFETY: `nodes` holds `n_nodes` valid tensors.
+        .map(|i| unsafe { *g.nodes.add(i) }.cast_const())
+        .collect();
+    let mut uses_here: HashMap<*const ggml_tensor, i32> = HashMap::new();
+    for &t in &nodes {
+        // SAFETY: graph nodes are valid tensors.
+        for &s in unsafe { &(*t).src } {
+            if !s.is_null() {
+                *uses_here.entry(s.cast_const()).or_default() += 1;
+            }
+        }
+    }
+    let bits = ggml_bitset_t::BITS as usize;
+    // ggml's hash set: open addressing with linear probing from `address >> 4`
+    // (ggml-impl.h, ggml_hash_find), slots marked in the `used` bit set.
+    let use_count = |t: *const ggml_tensor| -> i32 {
+        let start = (t as usize >> 4) % set.size;
+        let mut i = start;
+        loop {
+            // SAFETY: i < size; `used` has size bits and `keys` size entries, `use_counts`
+            // size counts (ggml_new_graph_custom allocates them together).
+            let (used, key) = unsafe { (*set.used.add(i / bits) >> (i % bits) & 1, *set.keys.add(i)) };
+            if used == 0 {
+                return 0;
+            }
+            if key.cast_const() == t {
+                // SAFETY: as above.
+                return unsafe { *g.use_counts.add(i) };
+            }
+            i = (i + 1) % set.size;
+            if i == start {
+                return 0;
+            }
+        }
+    };
+    for &t in &nodes {
+        if use_count(t) > uses_here.get(&t).copied().unwrap_or(0) {
+            let mut v = t;
+            while !v.is_null() && found.insert(v) {
+                // SAFETY: a view's `view_src` is a valid tensor or NULL.
+                v = unsafe { (*v).view_src }.cast_const();
+            }
+        }
+    }
+    found
 }
 
 /// Runs host-side ops directly on the memory of the graph's tensors, and the CPU fallback's

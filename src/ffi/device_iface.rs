@@ -169,7 +169,7 @@ unsafe extern "C" fn dev_supports_op(dev: ggml_backend_dev_t, op: *const ggml_te
             return false;
         }
         // SAFETY: as above.
-        let node = unsafe { descriptors::node(op) };
+        let node = unsafe { descriptors::node(op, false) };
         // Kernels reach only NPU memory; a tensor already placed elsewhere cannot be an operand.
         if [&node.dst]
             .into_iter()
