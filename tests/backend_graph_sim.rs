@@ -375,6 +375,23 @@ fn a_norm_read_only_by_projections_runs_inside_them_or_alone_if_they_cannot() {
 }
 
 #[test]
+fn a_norm_another_split_reads_is_written_even_when_folded() {
+    // The graph is one split of a larger one (a view of it, as ggml's scheduler hands out):
+    // the norm's output z feeds a projection here and, through a reshape, a node of the next
+    // split (on the CPU, say: a MoE's experts beside its router). Folding the norm into the
+    // projection would leave z unwritten; the whole graph's use counts show the reader.
+    let o = run("normsplit", "normsplit", 1, &[]);
+    assert!(o.has("STATUS 0 0"), "{}", o.text);
+    for what in ["z", "router"] {
+        assert!(o.has(&format!("NORMSPLIT {what} ok")), "{what}: {}", o.text);
+    }
+    // Without a reader elsewhere the same split folds the norm: one dispatch, z not written.
+    let o = run("normsplit-alone", "normsplit-alone", 1, &[]);
+    assert!(o.has("NORMSPLIT router ok"), "{}", o.text);
+    assert_eq!(o.counter("dispatches"), 1, "{}", o.text);
+}
+
+#[test]
 fn a_feed_forward_block_runs_as_one_kernel_or_two_if_declined() {
     // llama's ffn_norm, gate/up pair with SWIGLU, ffn_down and residual ADD: one kernel
     // (RMS_NORM_FFN_SWIGLU).
@@ -846,6 +863,10 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
             )
         };
     }
+    if let Some(variant) = graph.strip_prefix("normsplit") {
+        // SAFETY: as for this function.
+        return unsafe { compute_norm_split(reg, variant != "-alone") };
+    }
     if let Some(rope) = graph.strip_prefix("normfold") {
         // SAFETY: as for this function.
         return unsafe { compute_norm_fold(reg, rope.starts_with("-rope"), rope == "-rope-mixed") };
@@ -1297,6 +1318,80 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool, v_f16: boo
             });
             println!("NORMFOLD {name} {}", if ok { "ok" } else { "bad" });
         }
+        sys::ggml_backend_buffer_free(buffer);
+        sys::ggml_free(ctx);
+        sys::ggml_backend_free(backend);
+    }
+}
+
+/// The "normsplit" child: z = RMS_NORM(x) * n [64], a projection of z by W [64 x 4] (a MoE
+/// router) and a reshape of z, computed as the first split of a graph whose next node (SCALE of
+/// the reshape) another backend would run: `ggml_graph_view` of the nodes up to the reshape,
+/// sharing the whole graph's use counts. Prints `NORMSPLIT z <ok|bad>` (z as read after the
+/// split, against f64; only `elsewhere`) and `NORMSPLIT router <ok|bad>`. Without `elsewhere`
+/// ("normsplit-alone") the graph has no SCALE, so nothing else reads z.
+///
+/// # Safety
+/// `reg` is the plugin's registry.
+unsafe fn compute_norm_split(reg: sys::ggml_backend_reg_t, elsewhere: bool) {
+    const K: usize = 64;
+    const ROWS: usize = 4;
+    const EPS: f32 = 1e-5;
+    // SAFETY: see child_graph.
+    unsafe {
+        let (_, backend, ctx) = open_device(reg);
+        let x = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, K as i64);
+        let n = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, K as i64);
+        let w = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, K as i64, ROWS as i64);
+        let z = sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, x, EPS), n);
+        let router = sys::ggml_mul_mat(ctx, w, z);
+        let gf = sys::ggml_new_graph(ctx);
+        sys::ggml_build_forward_expand(gf, router);
+        let split_end = if elsewhere {
+            let experts_in = sys::ggml_reshape_2d(ctx, z, (K / 2) as i64, 2);
+            sys::ggml_build_forward_expand(gf, sys::ggml_scale(ctx, experts_in, 2.0));
+            sys::ggml_graph_n_nodes(gf) - 1
+        } else {
+            sys::ggml_graph_n_nodes(gf)
+        };
+        let buffer = sys::ggml_backend_alloc_ctx_tensors(ctx, backend);
+        assert!(!buffer.is_null());
+        let xs: Vec<f32> = (0..K).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let ns: Vec<f32> = (0..K).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let ws: Vec<f32> = (0..ROWS * K)
+            .map(|i| ((i % 11) as f32 - 5.0) * 0.125)
+            .collect();
+        sys::ggml_backend_tensor_set(x, f32_bytes(&xs).as_ptr().cast(), 0, 4 * K);
+        sys::ggml_backend_tensor_set(n, f32_bytes(&ns).as_ptr().cast(), 0, 4 * K);
+        sys::ggml_backend_tensor_set(w, f32_bytes(&ws).as_ptr().cast(), 0, 4 * ROWS * K);
+        let mean_sq = xs.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / K as f64;
+        let scale = 1.0 / (mean_sq + f64::from(EPS)).sqrt();
+        let zs: Vec<f64> = (0..K)
+            .map(|i| f64::from(xs[i]) * scale * f64::from(ns[i]))
+            .collect();
+        let rs: Vec<f64> = (0..ROWS)
+            .map(|r| {
+                (0..K)
+                    .map(|k| f64::from(ws[r * K + k]) * zs[k])
+                    .sum::<f64>()
+            })
+            .collect();
+        let mut split = sys::ggml_graph_view(gf, 0, split_end);
+        let status = sys::ggml_backend_graph_compute(backend, &mut split);
+        println!("STATUS 0 {status}");
+        let close = |t: *mut sys::ggml_tensor, want: &[f64]| {
+            let mut got = vec![0u8; 4 * want.len()];
+            sys::ggml_backend_tensor_get(t, got.as_mut_ptr().cast(), 0, got.len());
+            got.chunks_exact(4)
+                .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+                .zip(want)
+                .all(|(g, e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0))
+        };
+        let verdict = |ok: bool| if ok { "ok" } else { "bad" };
+        if elsewhere {
+            println!("NORMSPLIT z {}", verdict(close(z, &zs)));
+        }
+        println!("NORMSPLIT router {}", verdict(close(router, &rs)));
         sys::ggml_backend_buffer_free(buffer);
         sys::ggml_free(ctx);
         sys::ggml_backend_free(backend);

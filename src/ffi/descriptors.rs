@@ -299,7 +299,8 @@ unsafe fn read_by_other_splits(
         loop {
             // SAFETY: i < size; `used` has size bits and `keys` size entries, `use_counts`
             // size counts (ggml_new_graph_custom allocates them together).
-            let (used, key) = unsafe { (*set.used.add(i / bits) >> (i % bits) & 1, *set.keys.add(i)) };
+            let (used, key) =
+                unsafe { (*set.used.add(i / bits) >> (i % bits) & 1, *set.keys.add(i)) };
             if used == 0 {
                 return 0;
             }
