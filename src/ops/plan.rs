@@ -354,6 +354,12 @@ fn rope(node: &Node) -> Result<Plan, String> {
             "ROPE with a dimension offset ({offset}) is not supported"
         ));
     }
+    // No dimension rotated: ggml copies the rows. Nothing computes that in real graphs, but
+    // llama.cpp asks it of every device for its frequency-factor weights (rope_freqs); declined,
+    // those weights go to a host buffer, and every split with a ROPE copies them again.
+    if n_dims == 0 && ff.is_none_or(|f| f.dtype == DType::F32) {
+        return HostOp::convert(x, &node.dst).map(|op| Plan::Host(Box::new(op)));
+    }
     if n_dims <= 0 || n_dims % 2 != 0 || n_dims > x.ne[0] {
         return Err(format!("ROPE: n_dims {n_dims} for rows of {}", x.ne[0]));
     }
@@ -627,6 +633,28 @@ mod tests {
             vec![a.clone(), tensor(DType::F32, [3, 1, 1, 1], 0)],
         );
         assert!(plan(&bad).unwrap_err().contains("repeated"));
+    }
+
+    #[test]
+    fn a_rope_rotating_no_dimension_is_a_copy() {
+        let x = tensor(DType::F32, [64, 2, 8, 1], 0);
+        let pos = tensor(DType::I32, [8, 1, 1, 1], 0x1000);
+        let ff = tensor(DType::F32, [32, 1, 1, 1], 0x2000);
+        let dst = tensor(DType::F32, [64, 2, 8, 1], 0x3000);
+        let rope = |n_dims: i32| {
+            node_with(
+                Op::Rope,
+                &[0, n_dims],
+                dst.clone(),
+                vec![x.clone(), pos.clone(), ff.clone()],
+            )
+        };
+        assert!(matches!(plan(&rope(0)), Ok(Plan::Host(_))));
+        let Ok(Plan::Kernel { desc, .. }) = plan(&rope(64)) else {
+            panic!("a rotation is a kernel");
+        };
+        assert_eq!(desc.op, catalogue::ROPE_FF.name);
+        assert!(plan(&rope(-2)).is_err());
     }
 
     #[test]
