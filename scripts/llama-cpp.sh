@@ -8,7 +8,8 @@
 #                                            CMake hook (GGML_BACKEND_DL=ON), in build-dl/
 #   scripts/llama-cpp.sh build-static [TARGET...]  a copy of the tree prepared by
 #                                            cmake/integrate.sh, built with -DGGML_HSA=ON and
-#                                            GGML_BACKEND_DL=OFF (static), in build-static/
+#                                            GGML_BACKEND_DL=OFF (static), in build-static/;
+#                                            its test-llama-archs finds HSA0 (no plugin to load)
 #                                            Both have ggml's RPC backend (GGML_RPC=ON) and its
 #                                            server, target ggml-rpc-server.
 #   scripts/llama-cpp.sh deps                install the system packages the builds need, nothing else

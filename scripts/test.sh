@@ -6,8 +6,9 @@
 # Ends with one line `N passed, N failed` over all suites; exits non-zero if anything failed.
 # `--long` adds the reliability checks at full size (issue 18), with their figures printed: the
 # parser property tests at 20,000 cases each, the soak at 10,000 decode graphs, test-backend-ops
-# and the tiny llama on HSA0 under valgrind memcheck, and the RPC figures (tokens/s and bytes per
-# token for a local, one remote and two remote HSA0s).
+# and the tiny llama on HSA0 under valgrind memcheck, the RPC figures (tokens/s and bytes per
+# token for a local, one remote and two remote HSA0s), and test-llama-archs for every architecture
+# (CI runs a sample).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -76,7 +77,7 @@ check "llama.cpp + ggml-hsa through the CMake hook (GGML_BACKEND_DL=ON, GGML_RPC
     scripts/llama-cpp.sh build-dl ggml-hsa llama-simple llama-embedding llama-parallel ggml-rpc \
     ggml-rpc-server test-backend-ops
 check "llama.cpp + ggml-hsa in-tree via cmake/integrate.sh (GGML_BACKEND_DL=OFF, static, GGML_RPC=ON)" \
-    scripts/llama-cpp.sh build-static llama-simple ggml-rpc-server
+    scripts/llama-cpp.sh build-static llama-simple ggml-rpc-server test-llama-archs
 check "models (scripts/models.sh)" scripts/models.sh
 export GGML_HSA_REQUIRE_E2E=1
 
@@ -120,6 +121,14 @@ if [ "${1:-}" = "--long" ]; then
         cargo test --locked --test rpc_e2e figures_local_vs_one_remote_vs_two_remote -- \
         --ignored --nocapture
 fi
+
+# llama.cpp's test-llama-archs on HSA0 through the IRON emulation (tests/llama_archs.rs): every
+# family with a fused path and a rotating eighth of the other architectures; all of them with
+# --long. Its per-architecture table is printed.
+archs_sample=()
+[ "${1:-}" = "--long" ] && archs_sample=(GGML_HSA_LLAMA_ARCHS=all)
+check "test-llama-archs on HSA0, IRON designs emulated (${archs_sample[*]:-a sample})" \
+    env "${archs_sample[@]}" cargo test --locked --test llama_archs -- --ignored --nocapture
 
 # Every op on HSA0 (hsa-sim) against the CPU: the per-op table, no failures, docs/ops.md current.
 check "ops on HSA0 (per-op counts, docs/ops.md)" scripts/gen-ops-doc.sh --check

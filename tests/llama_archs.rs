@@ -1,0 +1,337 @@
+//! llama.cpp's own `test-llama-archs` on HSA0: a random tiny model of each architecture the
+//! pinned llama.cpp knows, its logits on HSA0 against the CPU's (NMSE at most 1e-4) and a save
+//! and load round trip that must give the same logits bit for bit. HSA0 runs the IRON designs
+//! through the emulation target (`python3 -m ggml_hsa_iron --target emu`), what a real NPU
+//! would run; `GGML_HSA_LLAMA_ARCHS_COMPILER=reference` runs hsa-sim's reference executors
+//! instead.
+//!
+//! The program as upstream ships it loads no backend in a `GGML_BACKEND_DL` build, so it comes
+//! from the in-tree static build (`scripts/llama-cpp.sh build-static test-llama-archs`), where
+//! HSA0 is registered like the CPU. That build holds the backend as it was when it was built:
+//! build it again after changing the backend.
+//!
+//! One process per architecture, two at a time, seed 42. Which architectures
+//! (`GGML_HSA_LLAMA_ARCHS`): unset, a sample: every family a fused path serves and an eighth of
+//! the others, the eighth chosen by the commit, so that every architecture runs in some CI run
+//! of eight; `all` (`scripts/test.sh --long`); or a comma-separated list. It prints a table,
+//! one row per architecture and configuration (dense, MoE), and fails on any FAIL, crash or
+//! timeout.
+//!
+//! Ignored in the plain `cargo test` run: `scripts/test.sh` runs it as a step of its own so that
+//! the table shows in the log.
+
+mod common;
+
+use common::llama::{require, root, run_bounded, script_output};
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The families whose graphs the backend folds into fused kernels (llama's norms, Q/K/V with
+/// their rotation, GLU feed-forward blocks, attention), and MoE models whose experts run on the
+/// CPU between those kernels: every CI run has them.
+const FUSED_FAMILIES: &[&str] = &[
+    "llama",
+    "llama4",
+    "granite",
+    "granitemoe",
+    "mistral3",
+    "qwen2",
+    "qwen2moe",
+    "qwen3",
+    "qwen3moe",
+    "phi3",
+    "gemma2",
+    "gemma3",
+    "deepseek2",
+    "minicpm",
+    "smollm3",
+];
+
+/// The other architectures run one in this many per CI run.
+const SHARE: u64 = 8;
+
+const TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The architecture names of the pinned llama.cpp, from its `LLM_ARCH_NAMES` table.
+fn all_archs(src: &Path) -> Vec<String> {
+    let path = src.join("src/llama-arch.cpp");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let table = text
+        .split("LLM_ARCH_NAMES")
+        .nth(1)
+        .and_then(|t| t.split("};").next())
+        .unwrap_or_else(|| panic!("no LLM_ARCH_NAMES table in {}", path.display()));
+    let names: Vec<String> = table
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let rest = l.strip_prefix("{ LLM_ARCH_")?;
+            let name = rest.split('"').nth(1)?;
+            (!rest.starts_with("UNKNOWN")).then(|| name.to_owned())
+        })
+        .collect();
+    assert!(names.len() > 100, "only {} architectures read", names.len());
+    names
+}
+
+/// The commit being tested, as a number (0 outside a git checkout).
+fn commit_seed() -> u64 {
+    Command::new("git")
+        .args(["rev-parse", "--short=15", "HEAD"])
+        .current_dir(root())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| u64::from_str_radix(String::from_utf8_lossy(&o.stdout).trim(), 16).ok())
+        .unwrap_or(0)
+}
+
+fn selected(all: &[String]) -> Vec<String> {
+    match std::env::var("GGML_HSA_LLAMA_ARCHS").as_deref() {
+        Ok("all") => all.to_vec(),
+        Ok(list) if !list.is_empty() => list.split(',').map(|s| s.trim().to_owned()).collect(),
+        _ => sample(all, commit_seed() % SHARE),
+    }
+}
+
+/// The fused families, and of the other architectures those at positions `turn` modulo SHARE.
+fn sample(all: &[String], turn: u64) -> Vec<String> {
+    let rest = all.iter().filter(|a| !FUSED_FAMILIES.contains(&a.as_str()));
+    FUSED_FAMILIES
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain(
+            rest.enumerate()
+                .filter(|(i, _)| *i as u64 % SHARE == turn)
+                .map(|(_, a)| a.clone()),
+        )
+        .collect()
+}
+
+/// One architecture's run: its result rows (architecture, device, configuration, NMSE,
+/// round trip, with the colours stripped) and how it ended.
+struct ArchRun {
+    arch: String,
+    rows: Vec<[String; 3]>,
+    /// `None`: killed at the timeout.
+    code: Option<i32>,
+    seconds: f64,
+    tail: String,
+}
+
+impl ArchRun {
+    fn failed(&self) -> bool {
+        self.code != Some(0)
+            || self
+                .rows
+                .iter()
+                .any(|r| r.iter().any(|c| c.contains("FAIL")))
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The result rows of test-llama-archs' table: `|arch|device|config|nmse|roundtrip|`.
+fn rows(stdout: &str, arch: &str) -> Vec<[String; 3]> {
+    strip_ansi(stdout)
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells.len() >= 6 && cells[1] == arch && !cells[4].is_empty()).then(|| {
+                [
+                    cells[3].to_owned(),
+                    cells[4].to_owned(),
+                    cells[5].to_owned(),
+                ]
+            })
+        })
+        .collect()
+}
+
+fn run_arch(exe: &Path, arch: &str, env: &[(String, String)]) -> ArchRun {
+    // llama.cpp's log thread may lose the last lines of a process that ends at once: a run
+    // that passed without its rows is asked again.
+    let mut last = None;
+    for _ in 0..2 {
+        let mut cmd = Command::new(exe);
+        cmd.args(["-b", "HSA0", "-s", "42", "-a", arch])
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        let done = run_bounded(&mut cmd, TIMEOUT);
+        let run = ArchRun {
+            arch: arch.to_owned(),
+            rows: rows(&done.stdout, arch),
+            code: done.status.and_then(|s| s.code()),
+            seconds: done.elapsed.as_secs_f64(),
+            tail: common::llama::tail(&format!("{}\n{}", done.stdout, done.stderr)),
+        };
+        let lost = run.code == Some(0) && run.rows.is_empty() && done.stdout.contains(arch);
+        last = Some(run);
+        if !lost {
+            break;
+        }
+    }
+    last.expect("ran at least once")
+}
+
+#[test]
+#[ignore = "run by scripts/test.sh as a step of its own (the table in the log)"]
+fn test_llama_archs_on_hsa0_match_the_cpu() {
+    let static_bin = script_output("llama-cpp.sh", &["path", "bin-static"]);
+    let Some(exe) = require(
+        static_bin.join("test-llama-archs"),
+        "scripts/llama-cpp.sh build-static test-llama-archs",
+    ) else {
+        return;
+    };
+    let src = script_output("llama-cpp.sh", &["path", "src"]);
+    let archs = selected(&all_archs(&src));
+    let reference = std::env::var("GGML_HSA_LLAMA_ARCHS_COMPILER").as_deref() == Ok("reference");
+    let cache = common::scratch_dir("llama-archs");
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "GGML_HSA_LIBHSA_PATH".into(),
+            common::sim_artifact("libhsa_runtime64.so")
+                .display()
+                .to_string(),
+        ),
+        (
+            "GGML_HSA_KERNEL_CACHE_DIR".into(),
+            cache.join("kernels").display().to_string(),
+        ),
+        ("GGML_HSA_ENABLE_LOG".into(), "0".into()),
+    ];
+    if reference {
+        env.push((
+            "GGML_HSA_JIT_COMPILER".into(),
+            common::sim_artifact("hsa-sim-compile")
+                .display()
+                .to_string(),
+        ));
+    } else {
+        env.extend(common::emu_compiler_env(
+            &std::env::temp_dir().join("ggml-hsa-emu-archs-cache"),
+        ));
+    }
+
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<ArchRun>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let Some(arch) = archs.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    break;
+                };
+                let run = run_arch(&exe, arch, &env);
+                results.lock().unwrap().push(run);
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort_by_key(|r| archs.iter().position(|a| *a == r.arch));
+
+    let path = if reference {
+        "hsa-sim reference"
+    } else {
+        "IRON designs, emulated"
+    };
+    println!(
+        "\ntest-llama-archs on HSA0 ({path}), seed 42, {} architectures:\n",
+        results.len()
+    );
+    println!("| architecture | config | NMSE vs. CPU | round trip | s |");
+    println!("|---|---|---|---|---:|");
+    let (mut executed, mut failed, mut skipped) = (0usize, 0usize, 0usize);
+    for r in &results {
+        if r.rows.is_empty() {
+            let how = match r.code {
+                Some(0) => "no test (not supported by llama.cpp's test)".to_owned(),
+                Some(c) => format!("CRASH (exit {c})"),
+                None => "TIMEOUT".to_owned(),
+            };
+            println!("| {} | - | {how} | - | {:.0} |", r.arch, r.seconds);
+        }
+        for [config, nmse, roundtrip] in &r.rows {
+            println!(
+                "| {} | {config} | {nmse} | {roundtrip} | {:.0} |",
+                r.arch, r.seconds
+            );
+            if nmse.starts_with("SKIP") && roundtrip.starts_with("SKIP") {
+                skipped += 1;
+            } else {
+                executed += 1;
+                failed += usize::from(nmse.contains("FAIL") || roundtrip.contains("FAIL"));
+            }
+        }
+        if r.code.is_some_and(|c| c != 0)
+            && !r.rows.iter().any(|c| c.iter().any(|s| s.contains("FAIL")))
+        {
+            failed += 1;
+        }
+    }
+    println!(
+        "\n{executed} configurations tested: {} passed, {failed} failed; {skipped} skipped by the \
+         test itself",
+        executed.saturating_sub(failed)
+    );
+    let bad: Vec<String> = results
+        .iter()
+        .filter(|r| r.failed())
+        .map(|r| format!("{} (exit {:?}):\n{}", r.arch, r.code, r.tail))
+        .collect();
+    assert!(bad.is_empty(), "failing architectures:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn the_architecture_table_is_read_and_sampled() {
+    let src = script_output("llama-cpp.sh", &["path", "src"]);
+    if require(src.join("src/llama-arch.cpp"), "scripts/llama-cpp.sh fetch").is_none() {
+        return;
+    }
+    let all = all_archs(&src);
+    for family in FUSED_FAMILIES {
+        assert!(
+            all.iter().any(|a| a == family),
+            "{family} is not an architecture"
+        );
+    }
+    assert!(!all.iter().any(|a| a == "unknown"));
+    // Over SHARE consecutive turns every architecture runs, the others once each.
+    let mut runs = std::collections::HashMap::new();
+    for turn in 0..SHARE {
+        for arch in sample(&all, turn) {
+            *runs.entry(arch).or_insert(0) += 1;
+        }
+    }
+    for arch in &all {
+        let want = if FUSED_FAMILIES.contains(&arch.as_str()) {
+            SHARE
+        } else {
+            1
+        };
+        assert_eq!(runs.get(arch), Some(&want), "{arch}");
+    }
+    assert_eq!(
+        rows("|  granite|aie2p|   MoE|\u{1b}[1;31mFAIL\u{1b}[0m (1.42e+00)|  \u{1b}[1;32mOK\u{1b}[0m|", "granite"),
+        vec![["MoE".to_owned(), "FAIL (1.42e+00)".to_owned(), "OK".to_owned()]]
+    );
+    assert!(rows("|  granite|aie2p| Dense|", "granite").is_empty());
+}
