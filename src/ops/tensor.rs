@@ -436,8 +436,9 @@ pub struct Node {
     /// ggml's `src[]` up to the last non-NULL one; `None` where ggml has NULL (an optional
     /// input that is absent, e.g. SOFT_MAX without a mask but with sinks).
     pub src: Vec<Option<Tensor>>,
-    /// ggml's OUTPUT flag: the application reads the node's tensor after the graph, so no
-    /// fusion may skip writing it.
+    /// The node's tensor is read after the graph: ggml's OUTPUT flag (the application reads
+    /// it), or a node of another split of the scheduler's graph reads it or a view of it
+    /// (`ffi::descriptors`). No fusion may skip writing it.
     pub is_output: bool,
 }
 
