@@ -245,12 +245,11 @@ fn test_llama_archs_on_hsa0_match_the_cpu() {
     let results: Mutex<Vec<ArchRun>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..2 {
-            s.spawn(|| loop {
-                let Some(arch) = archs.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                    break;
-                };
-                let run = run_arch(&exe, arch, &env);
-                results.lock().unwrap().push(run);
+            s.spawn(|| {
+                while let Some(arch) = archs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    let run = run_arch(&exe, arch, &env);
+                    results.lock().unwrap().push(run);
+                }
             });
         }
     });
