@@ -23,6 +23,7 @@
 mod common;
 
 use common::llama::{require, root, run_bounded, script_output};
+use common::test_backend_ops::strip_ansi;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -150,23 +151,6 @@ impl ArchRun {
     fn failed(&self) -> bool {
         self.code != Some(0) || self.rows.iter().any(Row::failed)
     }
-}
-
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The result rows of test-llama-archs' table: `|arch|device|config|nmse|roundtrip|`.
