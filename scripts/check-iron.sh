@@ -30,6 +30,9 @@ fi
 python_emu_install || exit 1
 [ "${1:-}" = "--deps" ] && exit 0
 
+# The emulated cores' libraries go to the cache cargo test's emulated tests use too
+# (tests/common/mod.rs, emu_cache_dir): each is built once per content.
+export GGML_HSA_EMU_CACHE_DIR=${GGML_HSA_EMU_CACHE_DIR:-$(realpath -m "${CARGO_TARGET_DIR:-target}")/tmp/ggml-hsa-emu-cache}
 status=0
 step() {
   echo "== $*"

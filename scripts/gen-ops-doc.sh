@@ -1,35 +1,47 @@
 #!/usr/bin/env bash
 # Regenerates docs/ops.md: which op/type combinations of test-backend-ops run on HSA0 (the plugin
-# on the hsa-sim software NPU) and pass against the CPU backend. `support` mode finds the ops
-# with any supported case (it checks only each case's final node), then `test` mode runs them
-# (checking every node) and its CSV is summarised by scripts/ops_doc.py. Takes about 15 min.
+# on the hsa-sim software NPU) and pass against the CPU backend: every case of every op HSA0 takes,
+# run by tests/backend_ops_sim.rs (`every_op_under_packet_abi_c`), its CSV summarised by
+# scripts/ops_doc.py. Takes about 15 min.
 #
 # The "IRON emulated" columns (what a real NPU would run) come from docs/ops-emulated.json, the
 # record of the last `--emu` run: the ops the IRON package declares, run again with the IRON
 # designs emulated (`python3 -m ggml_hsa_iron --target emu` as the JIT compiler), once per
 # architecture (aie2p, aie2). That takes about 40 more minutes, so CI does not repeat it:
-# tests/backend_ops_emu.rs runs most of the same cases on every CI run.
+# tests/backend_ops_emu.rs runs a sample of the same cases on every CI run, all of them under
+# scripts/test.sh --long.
 #
 # `--emu-ops OPS` (comma-separated) runs only those ops emulated and updates their entries of
 # the record, for a change to some designs; then run the script without it for docs/ops.md.
 #
-# `--check` (what CI runs) prints the per-op table and fails if any case failed (in this run or
-# in the emulated record), if an op the IRON package declares has no emulated record, or if the
-# committed docs/ops.md is out of date.
+# `--check` prints the per-op table and fails if any case failed (in this run or in the emulated
+# record), if an op the IRON package declares has no emulated record, or if the committed
+# docs/ops.md is out of date.
+#
+# The sweep is tests/backend_ops_sim.rs `every_op_under_packet_abi_c`, run whole by this script.
+# `--check --sweep CSV` (what scripts/test.sh runs) reads the one cargo test just ran instead: that
+# test writes it, with the sample it covers next to it (CSV's name with .sample for .csv). A whole sweep (`all`, under
+# scripts/test.sh --long) is checked as above; a sample (CI's turn of the rotation) is checked
+# against the table: nothing failed, and per op no more cases ran or were declined than the
+# table counts, no element type it does not list.
 set -euo pipefail
 check=0
 emu=0
 emu_only=""
-usage() { echo "usage: scripts/gen-ops-doc.sh [--check] [--emu | --emu-ops OPS]" >&2; exit 2; }
+sweep_csv=""
+usage() { echo "usage: scripts/gen-ops-doc.sh [--check [--sweep CSV]] [--emu | --emu-ops OPS]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
     --check) check=1 ;;
+    --sweep) [ $# -ge 2 ] || usage; sweep_csv=$2; shift ;;
     --emu) emu=1 ;;
     --emu-ops) [ $# -ge 2 ] || usage; emu=1; emu_only=$2; shift ;;
     *) usage ;;
     esac
     shift
 done
+[ -z "$sweep_csv" ] || [ "$check" -eq 1 ] || usage
+[ -z "$sweep_csv" ] || [ "$emu" -eq 0 ] || usage
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops >/dev/null
@@ -101,30 +113,29 @@ if [ "$emu" -eq 1 ]; then
     fi
 fi
 
-csv=$(mktemp)
-"$LLAMA_CPP_BIN/test-backend-ops" support -b HSA0 --output csv 2>/dev/null >"$csv"
-ops=$(python3 scripts/ops_doc.py --ops-only <"$csv")
-# Under packet ABI c (kernels loaded as AIE code objects, what the newest ROCR takes): CI's only
-# sweep of every op; the other packet ABIs run the starter and model ops
-# (tests/backend_ops_sim.rs). FLASH_ATTN_EXT (about 40% of the cases) and the other ops in two
-# processes at once (the backend starts the kernel compiler with posix_spawn, which copies
-# nothing of the host's memory: with fork, two such processes on a 24 GiB machine made it fail
-# with ENOMEM). Not test-backend-ops' -j, whose workers print CSV rows field by field into one
-# stdout, interleaved.
-fa_ops=$(echo "$ops" | tr ',' '\n' | grep -x 'FLASH_ATTN_EXT' | paste -sd, || true)
-rest_ops=$(echo "$ops" | tr ',' '\n' | grep -vx 'FLASH_ATTN_EXT' | paste -sd,)
-# A failing case makes test-backend-ops exit 1: the table below shows it, --check fails on it.
-sweep() { # ops, CSV file
-    HSA_SIM_PACKET_ABI=c GGML_HSA_PACKET_ABI=c \
-        "$LLAMA_CPP_BIN/test-backend-ops" test -b HSA0 -o "$1" --output csv 2>/dev/null >"$2" || true
-}
-if [ -n "$fa_ops" ]; then
-    sweep "$fa_ops" "$csv.fa" &
+# The sweep of every op with the reference executors, under packet ABI c: the one
+# tests/backend_ops_sim.rs runs (`every_op_under_packet_abi_c`), whole unless --sweep names a
+# sample cargo test already ran. It writes its CSV even when cases fail (the table shows them).
+if [ -z "$sweep_csv" ]; then
+    GGML_HSA_TEST_SAMPLE=all cargo test --locked --quiet --test backend_ops_sim \
+        every_op_under_packet_abi_c -- --exact --nocapture >&2 || true
+    sweep_csv=$(realpath "${CARGO_TARGET_DIR:-target}")/tmp/ops-sweep.csv
 fi
-sweep "$rest_ops" "$csv"
-wait
-if [ -s "$csv.fa" ]; then tail -n +2 "$csv.fa" >>"$csv"; fi
-rm -f "$csv.fa"
+sample=$(cat "${sweep_csv%.csv}.sample" 2>/dev/null) ||
+    { echo "FAILED: no sweep at $sweep_csv (cargo test --test backend_ops_sim writes it)"; exit 1; }
+csv=$(mktemp)
+cp "$sweep_csv" "$csv"
+if [ "$sample" != all ]; then
+    echo "docs/ops.md against turn $sample of the rotation of cases (cargo test's sweep):"
+    status=0
+    python3 scripts/ops_doc.py --against docs/ops.md <"$csv" || status=1
+    # The emulated record still covers every op the IRON package declares.
+    python3 scripts/ops_doc.py --emulated docs/ops-emulated.json --iron-ops "$iron_ops" \
+        <"$csv" >/dev/null || status=1
+    rm -f "$csv"
+    [ "$status" -eq 0 ] || echo "FAILED: the sample disagrees with docs/ops.md (above)"
+    exit $status
+fi
 
 out=$(mktemp)
 python3 scripts/ops_doc.py --emulated docs/ops-emulated.json --iron-ops "$iron_ops" <"$csv" >"$out"

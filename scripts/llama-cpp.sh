@@ -3,9 +3,11 @@
 #
 #   scripts/llama-cpp.sh fetch               download the sdist, check its sha256, unpack it
 #   scripts/llama-cpp.sh build [TARGET...]   fetch, configure once, build only TARGETs
-#                                            (default: ggml-base ggml-cpu test-backend-ops)
-#   scripts/llama-cpp.sh build-dl [TARGET...]      the same tree built with ggml-hsa through the
-#                                            CMake hook (GGML_BACKEND_DL=ON), in build-dl/
+#                                            (default: ggml-base ggml-cpu test-backend-ops), in
+#                                            build/: configured with ggml-hsa's CMake hook
+#                                            (GGML_BACKEND_DL=ON), so one tree serves both
+#   scripts/llama-cpp.sh build-dl [TARGET...]      the same tree, default targets ggml-hsa (the
+#                                            plugin built through the hook) and llama's programs
 #   scripts/llama-cpp.sh build-static [TARGET...]  a copy of the tree prepared by
 #                                            cmake/integrate.sh, built with -DGGML_HSA=ON and
 #                                            GGML_BACKEND_DL=OFF (static), in build-static/;
@@ -22,8 +24,8 @@
 #
 # Everything lives outside the repository, keyed by the pinned version:
 #   ${GGML_HSA_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ggml-hsa-build}/llama-cpp-python-<version>/
-#     sdist.tar.gz   src/ (= vendor/llama.cpp)   build/ (CMake/Ninja tree; binaries in build/bin)
-#     build-dl/ (with the hook)   src-static/ + build-static/ (in-tree, static)
+#     sdist.tar.gz   src/ (= vendor/llama.cpp)   build/ (CMake/Ninja tree with the hook; binaries
+#     in build/bin)   src-static/ + build-static/ (in-tree, static)
 # It works from an empty cache and installs its own system dependencies when they are missing.
 set -euo pipefail
 
@@ -83,20 +85,6 @@ fetch() {
     touch "$src/.complete"
 }
 
-configure() {
-    [ -f "$build/build.ninja" ] && return 0
-    log "configuring $build"
-    # The tree is not a git checkout, so ggml_commit() reports "unknown"; GIT_CEILING_DIRECTORIES
-    # keeps git from picking up an enclosing repository's commit instead.
-    GIT_CEILING_DIRECTORIES=$root cmake -S "$src" -B "$build" -G Ninja \
-        -DCMAKE_BUILD_TYPE=Release \
-        -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF \
-        -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=ON \
-        -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-        -DLLAMA_OPENSSL=OFF >"$root/configure.log" 2>&1 ||
-        { tail -n 30 "$root/configure.log" >&2; die "cmake configure failed (log: $root/configure.log)"; }
-}
-
 build_targets() {
     local targets=("$@")
     [ ${#targets[@]} -gt 0 ] || targets=(ggml-base ggml-cpu test-backend-ops)
@@ -125,27 +113,27 @@ cache_has() {
     done
 }
 
-# The plugin through the documented hook, in an unmodified tree (README, "Building with llama.cpp").
-build_dl() {
-    local dir=$root/build-dl
+# The tree every step shares: unmodified upstream with the plugin through the documented hook
+# (README, "Building with llama.cpp"); its ggml-base, ggml-cpu and test programs are what the
+# crate links and the tests run, its ggml-hsa target the plugin as CMake builds it. Upstream's
+# loader does not load libggml-hsa.so by name, so the plain programs run without it unless
+# GGML_BACKEND_PATH names a plugin.
+configure() {
     "$repo/scripts/fetch-deps.sh" >/dev/null
     # The build tree is shared by checkouts of this repository (it lives in the cache): configure
-    # again when it was set up for another checkout.
-    if ! cache_has "$dir" "CMAKE_PROJECT_ggml_INCLUDE:UNINITIALIZED=$repo/cmake/hook.cmake" \
+    # again when it was set up for another checkout or without the hook.
+    if ! cache_has "$build" "CMAKE_PROJECT_ggml_INCLUDE:UNINITIALIZED=$repo/cmake/hook.cmake" \
         "GGML_RPC:BOOL=ON"; then
-        log "configuring $dir (GGML_BACKEND_DL=ON, CMAKE_PROJECT_ggml_INCLUDE=cmake/hook.cmake)"
-        GIT_CEILING_DIRECTORIES=$root cmake -S "$src" -B "$dir" "${common_flags[@]}" \
+        log "configuring $build (GGML_BACKEND_DL=ON, CMAKE_PROJECT_ggml_INCLUDE=cmake/hook.cmake)"
+        # The tree is not a git checkout, so ggml_commit() reports "unknown";
+        # GIT_CEILING_DIRECTORIES keeps git from picking up an enclosing repository's commit.
+        GIT_CEILING_DIRECTORIES=$root cmake -S "$src" -B "$build" "${common_flags[@]}" \
             -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DLLAMA_BUILD_TESTS=ON \
             -DCMAKE_PROJECT_ggml_INCLUDE="$repo/cmake/hook.cmake" -DGGML_HSA_JIT_COMPILE=ON \
             -DGGML_HSA_SOURCE_DIR="$repo" \
-            >"$root/configure-dl.log" 2>&1 ||
-            { tail -n 30 "$root/configure-dl.log" >&2; die "configure failed (log: $root/configure-dl.log)"; }
+            >"$root/configure.log" 2>&1 ||
+            { tail -n 30 "$root/configure.log" >&2; die "cmake configure failed (log: $root/configure.log)"; }
     fi
-    local targets=("$@")
-    [ ${#targets[@]} -gt 0 ] || targets=(ggml-hsa llama-simple llama-completion llama-embedding)
-    log "building ${targets[*]} in $dir"
-    cmake --build "$dir" -j "$(nproc)" --target "${targets[@]}" >"$root/build-dl.log" 2>&1 ||
-        { tail -n 40 "$root/build-dl.log" >&2; die "build failed (log: $root/build-dl.log)"; }
 }
 
 # In-tree and static: a copy of the pristine tree, prepared by cmake/integrate.sh.
@@ -195,13 +183,16 @@ case "$cmd" in
     deps) ensure_tools ;;
     fetch) ensure_tools; fetch ;;
     build) ensure_tools; fetch; configure; build_targets "$@" ;;
-    build-dl) ensure_tools; fetch; build_dl "$@" ;;
+    build-dl)
+        ensure_tools; fetch; configure
+        [ $# -gt 0 ] || set -- ggml-hsa llama-simple llama-completion llama-embedding
+        build_targets "$@" ;;
     build-static) ensure_tools; fetch; build_static "$@" ;;
     env) print_env ;;
     path)
         case "${1:-}" in
             src) echo "$src" ;; ggml) echo "$src/ggml" ;; build) echo "$build" ;; bin) echo "$build/bin" ;;
-            bin-dl) echo "$root/build-dl/bin" ;; bin-static) echo "$root/build-static/bin" ;;
+            bin-dl) echo "$build/bin" ;; bin-static) echo "$root/build-static/bin" ;;
             *) die "usage: $0 path src|ggml|build|bin|bin-dl|bin-static" ;;
         esac ;;
     *) die "unknown command '$cmd' (deps|fetch|build|build-dl|build-static|env|path)" ;;

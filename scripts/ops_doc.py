@@ -14,6 +14,11 @@ architecture and op of OPS the cases in the CSV, those that ran and those that f
 commit they ran at; LOG (the run's stderr) names the kernels a design refused at compile time,
 whose nodes ran on the CPU. The other ops' entries are kept.
 
+`--against DOC` (with a CSV of a sample of the cases, scripts/gen-ops-doc.sh --check --sweep)
+checks the sample against the committed table instead of writing one: no case failed, and per
+op no more cases ran or were declined than the table counts, with no element type it does not
+list. A whole sweep is compared with the table exactly by gen-ops-doc.sh.
+
 With `--ops-only`, prints instead the comma-separated ops that have at least one supported case
 (for a CSV of `test-backend-ops support`, whose check covers only each case's final node).
 """
@@ -111,6 +116,7 @@ def parse_args():
         metavar="OP=PATTERN",
         help="an op whose emulated run covered only the cases matching PATTERN (with --record)",
     )
+    ap.add_argument("--against", metavar="DOC", help="check a sample's CSV against DOC's table")
     ap.add_argument("--commit", default="", help="the commit the --emu runs built (with --record)")
     ap.add_argument("--ops", default="", help="the ops the --emu runs ran (with --record)")
     return ap.parse_args()
@@ -161,6 +167,50 @@ def emulated_cell(counts, sampled: bool) -> str:
     return f"{ran - bad}/{ran}" + (" (sample)" if sampled else "")
 
 
+def doc_table(path: str) -> dict:
+    """The per-op rows of a committed docs/ops.md: op -> (ran, declined, types)."""
+    rows = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) >= 6 and cells[1].isdigit() and cells[4].isdigit():
+                rows[cells[0]] = (int(cells[1]), int(cells[4]), set(cells[-1].split(", ")))
+    return rows
+
+
+def check_sample(sim: Run, doc_path: str) -> int:
+    """Prints what disagrees between a sample of the sweep and the committed table; 1 if any."""
+    doc = doc_table(doc_path)
+    problems = []
+    for op in sorted(sim.total):
+        ran, bad = sim.supported[op], sim.failed[op]
+        declined = sim.total[op] - ran
+        if bad:
+            problems.append(f"{op}: {bad} of the {ran} sampled cases that ran failed")
+        if op not in doc:
+            problems.append(f"{op}: {sim.total[op]} cases in the sample, no row in {doc_path}")
+            continue
+        doc_ran, doc_declined, doc_types = doc[op]
+        if ran > doc_ran:
+            problems.append(f"{op}: {ran} sampled cases ran, the table counts {doc_ran}")
+        if declined > doc_declined:
+            problems.append(
+                f"{op}: {declined} sampled cases declined, the table counts {doc_declined}"
+            )
+        if sim.types[op] - doc_types:
+            extra = ", ".join(sorted(sim.types[op] - doc_types))
+            problems.append(f"{op}: sampled cases of types {extra} ran, not in the table")
+    cases = sum(sim.total.values())
+    ran = sum(sim.supported.values())
+    print(
+        f"sample of the sweep: {cases} cases of {len(sim.total)} ops, {ran} ran on HSA0, "
+        f"{sum(sim.failed.values())} failed"
+    )
+    for p in problems:
+        print("  " + p)
+    return 1 if problems else 0
+
+
 def read_csv(f):
     rows = list(csv.DictReader(f))
     if not rows:
@@ -179,6 +229,8 @@ def main() -> int:
     if args.ops_only:
         print(",".join(sorted(op for op in total if supported[op])))
         return 0
+    if args.against:
+        return check_sample(sim, args.against)
     record = {"archs": {}, "commits": {}, "sampled": {}}
     if args.emulated:
         with open(args.emulated, encoding="utf-8") as f:

@@ -58,6 +58,10 @@ install_deps() {
         scripts/models.sh deps &&
         scripts/check-iron.sh --deps
 }
+# The long sweeps (test-backend-ops through the emulation and the reference executors,
+# test-llama-archs) take one turn of a rotation chosen by the commit in a default run, every case
+# under --long (tests/common/sample.rs).
+[ "${1:-}" = "--long" ] && export GGML_HSA_TEST_SAMPLE=all
 if [ "${1:-}" = "--deps" ]; then
     install_deps
     exit
@@ -125,13 +129,13 @@ fi
 # llama.cpp's test-llama-archs on HSA0 through the IRON emulation (tests/llama_archs.rs): every
 # family with a fused path and a rotating eighth of the other architectures; all of them with
 # --long. Its per-architecture table is printed.
-archs_sample=()
-[ "${1:-}" = "--long" ] && archs_sample=(GGML_HSA_LLAMA_ARCHS=all)
-check "test-llama-archs on HSA0, IRON designs emulated (${archs_sample[*]:-a sample})" \
-    env "${archs_sample[@]}" cargo test --locked --test llama_archs -- --ignored --nocapture
+check "test-llama-archs on HSA0, IRON designs emulated" \
+    cargo test --locked --test llama_archs -- --ignored --nocapture
 
-# Every op on HSA0 (hsa-sim) against the CPU: the per-op table, no failures, docs/ops.md current.
-check "ops on HSA0 (per-op counts, docs/ops.md)" scripts/gen-ops-doc.sh --check
+# docs/ops.md against the sweep of every op cargo test just ran (tests/backend_ops_sim.rs): no
+# failures, the table current (exactly under --long, where the sweep is whole).
+check "ops on HSA0 (per-op counts, docs/ops.md)" scripts/gen-ops-doc.sh --check \
+    --sweep "$(realpath "${CARGO_TARGET_DIR:-target}")/tmp/ops-sweep.csv"
 
 # The benchmark's quick form (tiny llamas on the CPU and HSA0): the figures print, nothing fails.
 check "benchmark (scripts/bench.sh --quick)" scripts/bench.sh --quick

@@ -3,9 +3,11 @@
 //! design (recorded by the `aie.iron` stand-in) with its AIE core kernels compiled for the
 //! host, executed by hsa-sim's dataflow emulator (`exec::iron`). Capabilities are the IRON
 //! package's own, so everything a real NPU would not take goes to the CPU (`not supported`).
-//! Every op the package declares, every case on aie2p, and on aie2 MUL_MAT whole and the f32
-//! cases of the others (see `every_iron_op_emulated`): 0 failures among the kernels the IRON
-//! designs build.
+//! Every op the package declares, on aie2p all their cases, on aie2 MUL_MAT's and the f32 cases
+//! of the others (see `every_iron_op_emulated`): 0 failures among the kernels the IRON designs
+//! build. A default run (CI's) takes a quarter of those cases, a turn of a rotation chosen by the
+//! commit with every op and type combination in each turn (tests/common/sample.rs);
+//! `GGML_HSA_TEST_SAMPLE=all` (scripts/test.sh --long) runs them all.
 //!
 //! The protocol's capabilities are per op and type, not per shape: a case the package declares
 //! (say ADD with a broadcast operand of 20 KiB, more than a compute tile keeps resident) may
@@ -16,6 +18,7 @@
 
 mod common;
 
+use common::sample::{sampled_runs, Sample};
 use common::test_backend_ops::{strip_ansi, Report};
 use std::process::Command;
 
@@ -52,9 +55,15 @@ fn iron_ops() -> String {
     ops.join(",")
 }
 
-fn tbo_emu(tag: &str, agents: &str, ops: &str, extra_args: &[&str]) -> Report {
+/// The share of the cases a default run (CI's) takes: one turn of a rotation, at least one case
+/// of every op and types (tests/common/sample.rs); `GGML_HSA_TEST_SAMPLE=all` runs every case.
+const SHARE: u64 = 4;
+
+/// Runs this run's sample of the cases `ops` and `filter` select through the IRON designs
+/// emulated on `agents`: one process per piece of the sample (every process keeps its own
+/// simulated NPU), one kernel cache for all.
+fn tbo_emu(tag: &str, agents: &str, ops: &str, filter: &[&str]) -> Report {
     let cache = common::scratch_dir(&format!("tbo-emu-{tag}"));
-    let emu_cache = std::env::temp_dir().join("ggml-hsa-emu-tbo-cache");
     let plugin = common::plugin_path();
     let sim = common::sim_artifact("libhsa_runtime64.so");
     let mut vars: Vec<(String, String)> = [
@@ -66,27 +75,42 @@ fn tbo_emu(tag: &str, agents: &str, ops: &str, extra_args: &[&str]) -> Report {
     ]
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .into();
-    vars.extend(common::emu_compiler_env(&emu_cache));
+    vars.extend(common::emu_compiler_env());
+    let program = common::llama_program("test-backend-ops");
+    let sample = Sample::from_env(SHARE);
     let t = std::time::Instant::now();
-    // Line-buffered and merged, so that the backend's log lines of a case come before its
-    // verdict line.
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg("exec stdbuf -oL -eL \"$0\" \"$@\" 2>&1")
-        .arg(common::llama_program("test-backend-ops"))
-        .args(["-b", "HSA0", "-o", ops])
-        .args(extra_args)
-        .envs(vars)
-        .output()
-        .expect("run test-backend-ops");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let report = Report::parse(&text, out.status.code(), "HSA0");
+    let (runs, picked) = sampled_runs(sample, &program, ops, filter, &vars);
+    let report = Report::combine(runs.iter().map(|args| {
+        // Line-buffered and merged, so that the backend's log lines of a case come before its
+        // verdict line.
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg("exec stdbuf -oL -eL \"$0\" \"$@\" 2>&1")
+            .arg(&program)
+            .args(["-b", "HSA0"])
+            .args(args)
+            .envs(vars.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("run test-backend-ops");
+        Report::parse(
+            &String::from_utf8_lossy(&out.stdout),
+            out.status.code(),
+            "HSA0",
+        )
+    }));
     println!(
-        "{tag}: {}/{} cases passed, {} not supported, {:.0} s",
+        "{tag}: {}/{} cases passed, {} not supported, {:.0} s; sample: {} ({picked} cases named)",
         report.passed,
         report.total,
         report.not_supported,
-        t.elapsed().as_secs_f64()
+        t.elapsed().as_secs_f64(),
+        sample.describe()
+    );
+    assert!(
+        report.total + report.not_supported >= picked as u64,
+        "{tag}: {picked} cases named, {} reported\n{}",
+        report.total + report.not_supported,
+        report.output
     );
     report
 }
@@ -156,7 +180,8 @@ fn every_iron_op_emulated(arch: &str, only_f32: bool) {
         // option); through the emulation, a sample: decode and three-row batches with
         // grouped-query heads at KV lengths 113 and 512, masks, sinks, ALiBi and softcap, f32,
         // f16 and bf16 K/V, views of a KV cache and permuted (the sample docs/ops.md's IRON
-        // columns record too). gen-ops-doc sweeps every case with the reference executor.
+        // columns record too). Every case runs with the reference executors in
+        // tests/backend_ops_sim.rs.
         let sample = include_str!("../scripts/lib/flash-attn-emu-sample.txt").trim();
         let r = tbo_emu(
             &format!("{arch}-flash-attn"),
@@ -166,7 +191,7 @@ fn every_iron_op_emulated(arch: &str, only_f32: bool) {
         );
         check(&r, &format!("{arch} FLASH_ATTN_EXT"));
         assert!(
-            r.total >= 50,
+            r.total >= Sample::from_env(SHARE).at_least(50),
             "{arch}: only {} FLASH_ATTN_EXT cases ran",
             r.total
         );

@@ -12,8 +12,9 @@
 //!
 //! One process per architecture, two at a time, seed 42. Which architectures
 //! (`GGML_HSA_LLAMA_ARCHS`): unset, a sample: every family a fused path serves and an eighth of
-//! the others, the eighth chosen by the commit, so that every architecture runs in some CI run
-//! of eight; `all` (`scripts/test.sh --long`); or a comma-separated list. It prints a table,
+//! the others, the eighth chosen by the commit (tests/common/sample.rs), so that every
+//! architecture runs in some CI run of eight; `all`, or `GGML_HSA_TEST_SAMPLE=all`
+//! (`scripts/test.sh --long`); or a comma-separated list. It prints a table,
 //! one row per architecture and configuration (dense, MoE), and fails on any FAIL, crash or
 //! timeout.
 //!
@@ -22,7 +23,8 @@
 
 mod common;
 
-use common::llama::{require, root, run_bounded, script_output};
+use common::llama::{require, run_bounded, script_output};
+use common::sample::Sample;
 use common::test_backend_ops::strip_ansi;
 use std::path::Path;
 use std::process::Command;
@@ -79,23 +81,14 @@ fn all_archs(src: &Path) -> Vec<String> {
     names
 }
 
-/// The commit being tested, as a number (0 outside a git checkout).
-fn commit_seed() -> u64 {
-    Command::new("git")
-        .args(["rev-parse", "--short=15", "HEAD"])
-        .current_dir(root())
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| u64::from_str_radix(String::from_utf8_lossy(&o.stdout).trim(), 16).ok())
-        .unwrap_or(0)
-}
-
 fn selected(all: &[String]) -> Vec<String> {
     match std::env::var("GGML_HSA_LLAMA_ARCHS").as_deref() {
         Ok("all") => all.to_vec(),
         Ok(list) if !list.is_empty() => list.split(',').map(|s| s.trim().to_owned()).collect(),
-        _ => sample(all, commit_seed() % SHARE),
+        _ => match Sample::from_env(SHARE) {
+            Sample::All => all.to_vec(),
+            Sample::Turn { turn, .. } => sample(all, turn),
+        },
     }
 }
 
@@ -220,9 +213,7 @@ fn test_llama_archs_on_hsa0_match_the_cpu() {
                 .to_string(),
         ));
     } else {
-        env.extend(common::emu_compiler_env(
-            &std::env::temp_dir().join("ggml-hsa-emu-archs-cache"),
-        ));
+        env.extend(common::emu_compiler_env());
     }
 
     let next = AtomicUsize::new(0);

@@ -533,8 +533,7 @@ fn emu_env(
     let dir = common::scratch_dir(&format!("e2e-emu-{tag}"));
     let (counters, stats) = (dir.join("counters.json"), dir.join("stats.json"));
     env.retain(|(k, _)| k != "GGML_HSA_JIT_COMPILER");
-    let emu_cache = std::env::temp_dir().join("ggml-hsa-emu-e2e-cache");
-    env.extend(common::emu_compiler_env(&emu_cache));
+    env.extend(common::emu_compiler_env());
     for (k, v) in [
         ("HSA_SIM_COUNTERS", counters.display().to_string()),
         ("GGML_HSA_STATS", stats.display().to_string()),

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod llama;
+pub mod sample;
 pub mod test_backend_ops;
 
 use std::path::{Path, PathBuf};
@@ -113,7 +114,8 @@ pub fn run_child_test(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> String {
 /// cache under the target dir even where the environment says not to (`PYTHONDONTWRITEBYTECODE`,
 /// set on some CI images: each compile then recompiles every module): an emulated test-backend-ops
 /// run starts one compiler per kernel, thousands of them, and both halve a compile's time.
-pub fn emu_compiler_env(emu_cache: &std::path::Path) -> Vec<(String, String)> {
+/// The AIE core libraries go to the one cache every emulated test shares ([`emu_cache_dir`]).
+pub fn emu_compiler_env() -> Vec<(String, String)> {
     static PYTHON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let python = PYTHON.get_or_init(|| {
         let out = std::process::Command::new("python3")
@@ -141,9 +143,16 @@ pub fn emu_compiler_env(emu_cache: &std::path::Path) -> Vec<(String, String)> {
         ),
         (
             "GGML_HSA_EMU_CACHE_DIR".into(),
-            emu_cache.display().to_string(),
+            emu_cache_dir().display().to_string(),
         ),
     ]
+}
+
+/// The cache of the emulation's AIE core libraries (built with g++ per core source and
+/// configuration, keyed by their content, so safe to share): one for every test of the workspace
+/// (hsa-sim's too) and for scripts/check-iron.sh, in cargo's scratch directory for tests.
+pub fn emu_cache_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ggml-hsa-emu-cache")
 }
 
 /// Asserts that the kernel cache directory `dir` (one architecture's) holds, for each of

@@ -72,6 +72,34 @@ impl Report {
         report
     }
 
+    /// One sweep split over several processes, as one report: counts added, outputs joined,
+    /// the first non-zero exit code kept.
+    pub fn combine(reports: impl IntoIterator<Item = Report>) -> Report {
+        let mut all = Report {
+            exit_code: Some(0),
+            device_tested: true,
+            ..Report::default()
+        };
+        let mut any = false;
+        for r in reports {
+            any = true;
+            all.device_tested &= r.device_tested;
+            if all.exit_code == Some(0) {
+                all.exit_code = r.exit_code;
+            }
+            all.passed += r.passed;
+            all.total += r.total;
+            all.not_supported += r.not_supported;
+            all.failing.extend(r.failing);
+            all.output.push_str(&r.output);
+        }
+        if any {
+            all
+        } else {
+            Report::default()
+        }
+    }
+
     /// `Ok` only if the device was tested, ran at least one case, every case passed and the
     /// program exited 0.
     pub fn expect_cases(&self, device: &str) -> Result<(), String> {
@@ -102,10 +130,7 @@ impl Report {
 /// reference and the device copy of large tensors), and the test harness's parallel threads
 /// running several such processes at once have exhausted a 24 GiB machine.
 pub fn run(program: &Path, args: &[&str], env: &[(&str, &str)], device: &str) -> Report {
-    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _turn = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _turn = one_at_a_time();
     let mut cmd = Command::new(program);
     cmd.args(args);
     for (k, v) in env {
@@ -120,6 +145,15 @@ pub fn run(program: &Path, args: &[&str], env: &[(&str, &str)], device: &str) ->
         String::from_utf8_lossy(&out.stderr)
     );
     Report::parse(&text, out.status.code(), device)
+}
+
+/// The turn of one test-backend-ops run (or of a sweep that runs its own processes) among the
+/// test harness's threads.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Removes ANSI colour sequences (test-backend-ops colours OK and FAIL).

@@ -17,8 +17,11 @@ pub fn package_src() -> PathBuf {
     repo().join("src")
 }
 
+/// The emulation's cache of AIE core libraries, shared with the workspace's other tests and
+/// scripts/check-iron.sh (content-keyed, so safe to share).
 pub fn cache_dir() -> PathBuf {
-    let d = std::env::var_os("CARGO_TARGET_TMPDIR")
+    // Tests know cargo's scratch directory; the example that shares this module does not.
+    let d = option_env!("CARGO_TARGET_TMPDIR")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir)
         .join("ggml-hsa-emu-cache");
