@@ -48,6 +48,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .archs import Arch
+from .dtypes import DMA_WORD
 from .errors import RequestError, UnsupportedError
 from .plans import ROPE_PARAMS, MatmulSpec, _check_common
 from .plans_fa_ffn import fa_ffn_phases
@@ -223,10 +224,16 @@ def _group_plan(spec: MatmulSpec, shape: GemvPlan, columns: int, pack: int) -> G
     if p.K % kc:
         return None
     if spec.weight_bytes:
+        # The group's W taps (QkvGroup.w_taps: one round each) differ only in their first row,
+        # and _byte_tap_ok reads their offset modulo a DMA word: one tap per residue of it.
         g = QkvGroup("", dataclasses.replace(spec, plan=q), 0)
+        firsts = {}
         for col in range(columns):
-            if not all(_byte_tap_ok(w) for u in range(g.units) for w in g.w_taps(col, u)):
-                return None
+            for rnd in range(g.units * g.pack):
+                first = g.row0(col, 0, rnd)
+                firsts.setdefault((first * q.row_stride) % DMA_WORD, first)
+        if not all(_byte_tap_ok(q._w_tap(0, first, 1)) for first in firsts.values()):
+            return None
     return q
 
 

@@ -761,6 +761,17 @@ class GemvPlan:
             return Tap(w_off + row0 * row, (count, 1, R * nr, Kw), (step, 0, row, 1))
         return Tap(w_off + row0 * row, (count, K // kc, R * nr, kcw), (step, kcw, row, 1))
 
+    def w_tap_rows(self):
+        """(first row, rounds) of each W tap `tasks` issues for one product."""
+        R, nr = self.rows, self.rows_per_tile
+        for r0, count in self.round_tasks():
+            for col in range(self.columns):
+                row0 = r0 + col * R * nr
+                if self.glu:
+                    yield from ((row0 + i * self.block, 1) for i in range(count))
+                else:
+                    yield row0, count
+
     def tasks(self, products) -> list[list[tuple]]:
         """Task groups, each a (W, x, y) tap per array column; `products` are the (src0,
         src1, dst) element offsets of each matrix-vector product (one per src1 row).
@@ -933,9 +944,18 @@ def stash_bytes(nr: int) -> int:
 
 
 def _w_taps(plan: GemvPlan, products):
-    for group in plan.tasks(products):
-        for w, *_ in group:
-            yield from (w if plan.glu else (w,))
+    """The W taps of `products`, as far as `_byte_tap_ok` can tell them apart: a tap's shape
+    depends on its rounds, its offset on src0's offset and its first row, and the check reads
+    the offset modulo a DMA word. So one tap per residue and rounds (a planner checks every
+    candidate plan this way; plan.tasks lists thousands per plan: every round of every src1
+    row)."""
+    offsets = {p[0] % DMA_WORD for p in products}
+    seen = set()
+    for first, count in plan.w_tap_rows():
+        key = ((first * plan.row_stride) % DMA_WORD, count)
+        if key not in seen:
+            seen.add(key)
+            yield from (plan._w_tap(off, first, count) for off in offsets)
 
 
 def _byte_tap_ok(tap: Tap) -> bool:
