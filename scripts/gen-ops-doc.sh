@@ -73,7 +73,7 @@ if [ "$emu" -eq 1 ]; then
         local arch=$1 ops=$2 out_csv=$3 log=$4
         shift 4
         GGML_HSA_JIT_COMPILER="python3 -m ggml_hsa_iron --target emu" PYTHONPATH=$PWD/src \
-            GGML_HSA_EMU_CACHE_DIR=${GGML_HSA_EMU_CACHE_DIR:-${TMPDIR:-/tmp}/ggml-hsa-emu-ops-doc} \
+            GGML_HSA_EMU_CACHE_DIR=${GGML_HSA_EMU_CACHE_DIR:-$(realpath "${CARGO_TARGET_DIR:-target}")/tmp/ggml-hsa-emu-cache} \
             GGML_HSA_KERNEL_CACHE_DIR=$(mktemp -d) HSA_SIM_AGENTS=$arch \
             "$LLAMA_CPP_BIN/test-backend-ops" test -b HSA0 -o "$ops" --output csv "$@" \
             2>>"$log" >"$out_csv.part" || emu_status="$emu_status $arch:$ops"

@@ -40,6 +40,7 @@ from ggml_hsa_iron.tiling import MAX_TASKS_PER_CHANNEL, SHIM_GROUP_TASKS
 
 from ggml_hsa_iron.tests.test_kernels_host import CXX
 from ggml_hsa_iron.tests.util import request_dict, tensor
+from ggml_hsa_iron.tests import sample
 from ggml_hsa_iron.tests.util_ffn import (
     EPS_BITS,
     GLU_OPS,
@@ -340,7 +341,7 @@ class AttnFfnEmulationTest(unittest.TestCase):
             ("SWIGLU", "q8_0", "aie2", "apart", "program"),
             ("GEGLU", "f32", "aie2p", "apart", None),
         ]
-        for i, (glu, ty, arch, layout, kernels) in enumerate(cases):
+        for i, (glu, ty, arch, layout, kernels) in sample.pick(enumerate(cases)):
             with self.subTest(glu=glu, ty=ty, arch=arch, layout=layout):
                 self.check(glu, ty, 1, *LLAMA, arch, layout, seed=20 + i, kernels=kernels)
 

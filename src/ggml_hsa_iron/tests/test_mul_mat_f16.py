@@ -31,6 +31,7 @@ from ggml_hsa_iron.tiling import stash_bytes
 from ggml_hsa_iron.tests.test_kernels_host import CXX
 from ggml_hsa_iron.tests.util import request_json, tensor
 from ggml_hsa_iron.tests.util_matmul import check_structure, gemv_streams
+from ggml_hsa_iron.tests import sample
 
 try:
     import numpy as np
@@ -218,7 +219,7 @@ class F16OutEmulationTest(unittest.TestCase):
                 (ty, 3, 38, small_k, "aie2p"),
             ]
         cases.append(("bf16", 2, 512, 2048, "aie2"))
-        for i, (ty, M, N, K, arch) in enumerate(cases):
+        for i, (ty, M, N, K, arch) in sample.pick(enumerate(cases)):
             with self.subTest(ty=ty, M=M, N=N, K=K, arch=arch):
                 self.check(ty, M, N, K, arch, seed=i)
 

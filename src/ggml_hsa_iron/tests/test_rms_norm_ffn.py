@@ -37,6 +37,7 @@ from ggml_hsa_iron.tiling import MAX_TASKS_PER_CHANNEL, SHIM_GROUP_TASKS, mv_nor
 from ggml_hsa_iron.tests.test_kernels_host import CXX
 from ggml_hsa_iron.tests.util import request_dict, tensor
 from ggml_hsa_iron.tests.util_ffn import EPS_BITS, GLU_OPS, ffn_request, ffn_spec
+from ggml_hsa_iron.tests import sample
 
 try:
     import numpy as np
@@ -342,7 +343,7 @@ class FfnEmulationTest(unittest.TestCase):
             # RMS_NORM_MUL_MAT_SWIGLU and MUL_MAT_ADD alone plan this K chunk too.
             ("SWIGLU", "q8_0", "aie2p", "in_place", "own"),
         ]
-        for i, (glu, ty, arch, layout, two) in enumerate(cases):
+        for i, (glu, ty, arch, layout, two) in sample.pick(enumerate(cases)):
             with self.subTest(glu=glu, ty=ty, arch=arch, layout=layout):
                 self.check(glu, ty, 1, *LLAMA, arch, layout, seed=10 + i, two_kernels=two)
 

@@ -42,6 +42,7 @@ from ggml_hsa_iron.tiling import (
 
 from ggml_hsa_iron.tests.test_kernels_host import CXX
 from ggml_hsa_iron.tests.util import request_json, tensor
+from ggml_hsa_iron.tests import sample
 
 try:
     import numpy as np
@@ -323,7 +324,7 @@ class NormEmulationTest(unittest.TestCase):
             ("SWIGLU", "q4_K", 2, 512, 2048, "aie2"),
             ("SWIGLU", "f32", 1, 512, 2048, "aie2p"),
         ]
-        for i, (op, ty, M, N, K, arch) in enumerate(cases):
+        for i, (op, ty, M, N, K, arch) in sample.pick(enumerate(cases)):
             with self.subTest(op=op, ty=ty, M=M, N=N, K=K, arch=arch):
                 self.check(op, ty, M, N, K, arch, seed=20 + i)
 

@@ -57,6 +57,7 @@ from ggml_hsa_iron.tiling import (
 from ggml_hsa_iron.tests.test_kernels_host import CXX
 from ggml_hsa_iron.tests.test_rms_norm_mul_mat_rope import llama3_ff, rope_params
 from ggml_hsa_iron.tests.util import request_json, tensor
+from ggml_hsa_iron.tests import sample
 
 try:
     import numpy as np
@@ -427,7 +428,7 @@ class QkvEmulationTest(unittest.TestCase):
             ("q4_0", 0, False, "f16", "f32", "aie2p"),
             ("q8_0", 0, True, "f32", "f16", "aie2"),
         ]
-        for i, (ty, mode, ff, kty, vty, arch) in enumerate(cases):
+        for i, (ty, mode, ff, kty, vty, arch) in sample.pick(enumerate(cases)):
             with self.subTest(ty=ty, mode=mode, ff=ff, kty=kty, vty=vty, arch=arch):
                 self.run_case(ty, 2048, 64, 32, 8, 1, mode, ff, arch, kty, vty, seed=i)
 
@@ -449,7 +450,7 @@ class QkvEmulationTest(unittest.TestCase):
             (("q4_0", "q4_0", "q8_0"), 0, True, "f16", "f16", "aie2"),
             (("q4_0", "q4_0", "q8_0"), 0, False, "f32", "f16", "aie2p"),
         ]
-        for i, (ty, mode, ff, kty, vty, arch) in enumerate(cases):
+        for i, (ty, mode, ff, kty, vty, arch) in sample.pick(enumerate(cases)):
             with self.subTest(ty=ty, mode=mode, ff=ff, kty=kty, vty=vty, arch=arch):
                 text, ins, outs = self.run_case(
                     ty, 2048, 64, 32, 8, 1, mode, ff, arch, kty, vty, seed=20 + i
