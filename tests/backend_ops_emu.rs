@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::sample::{sampled_runs, Sample};
+use common::sample::{named, sampled_runs, Sample};
 use common::test_backend_ops::{strip_ansi, Report};
 use std::process::Command;
 
@@ -100,13 +100,16 @@ fn tbo_emu(tag: &str, agents: &str, ops: &str, filter: &[&str]) -> Report {
             "HSA0",
         )
     }));
+    let secs = t.elapsed().as_secs_f64();
     println!(
-        "{tag}: {}/{} cases passed, {} not supported, {:.0} s; sample: {} ({picked} cases named)",
+        "{tag}: {}/{} cases passed, {} not supported, {secs:.0} s ({:.2} emulated cases per \
+         second); sample: {} {}",
         report.passed,
         report.total,
         report.not_supported,
-        t.elapsed().as_secs_f64(),
-        sample.describe()
+        report.total as f64 / secs,
+        sample.describe(),
+        named(picked)
     );
     assert!(
         report.total + report.not_supported >= picked as u64,

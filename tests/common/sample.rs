@@ -53,7 +53,7 @@ impl Sample {
     }
 
     /// The items of this turn, keeping in each stratum (`stratum_of`) at least one item: when
-    /// the hash gives a stratum none, its item at position `seed` modulo its size.
+    /// the hash gives a stratum none, its item at position `turn` modulo its size.
     pub fn pick<T: Clone>(
         &self,
         items: &[T],
@@ -96,13 +96,23 @@ impl Sample {
     /// One line for a test's output: which sample ran and how to run another.
     pub fn describe(&self) -> String {
         match *self {
-            Sample::All => "every case (GGML_HSA_TEST_SAMPLE=all)".to_owned(),
+            Sample::All => "every case".to_owned(),
             Sample::Turn { turn, share } => format!(
                 "turn {turn} of {share} of a rotation chosen by the commit, at least one case per \
                  op and types (GGML_HSA_TEST_SAMPLE=all runs every case, \
                  GGML_HSA_TEST_SAMPLE={turn}/{share} this turn again)"
             ),
         }
+    }
+}
+
+/// For a test's output line: how many cases a sample named (nothing when it named none: the
+/// sweep ran whole).
+pub fn named(picked: usize) -> String {
+    if picked > 0 {
+        format!(" ({picked} cases named)")
+    } else {
+        String::new()
     }
 }
 
