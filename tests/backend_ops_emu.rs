@@ -103,7 +103,7 @@ fn tbo_emu(tag: &str, agents: &str, ops: &str, filter: &[&str]) -> Report {
     let secs = t.elapsed().as_secs_f64();
     println!(
         "{tag}: {}/{} cases passed, {} not supported, {secs:.0} s ({:.2} emulated cases per \
-         second); sample: {} {}",
+         second); sample: {}{}",
         report.passed,
         report.total,
         report.not_supported,

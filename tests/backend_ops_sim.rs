@@ -71,7 +71,7 @@ fn tbo_sample(tag: &str, ops: &str, args: &[&str], env: &[(&str, &str)], sample:
         run(&program, &all, &env_refs, "HSA0")
     }));
     println!(
-        "{tag}: {}/{} cases passed, {} not supported; sample: {} {}",
+        "{tag}: {}/{} cases passed, {} not supported; sample: {}{}",
         report.passed,
         report.total,
         report.not_supported,
