@@ -4,11 +4,11 @@
 #   rustfmt --check, clippy -D warnings, cargo test (unit, ABI, header drift, C/C++ header check,
 #   test-backend-ops runs against the plugin), and a release build with its link check.
 # Ends with one line `N passed, N failed` over all suites; exits non-zero if anything failed.
-# `--long` adds the reliability checks at full size (issue 18), with their figures printed: the
-# parser property tests at 20,000 cases each, the soak at 10,000 decode graphs, test-backend-ops
-# and the tiny llama on HSA0 under valgrind memcheck, the RPC figures (tokens/s and bytes per
-# token for a local, one remote and two remote HSA0s), and test-llama-archs for every architecture
-# (CI runs a sample).
+# `--long` runs every case of the sampled sweeps (GGML_HSA_TEST_SAMPLE=all; a default run takes a
+# turn of a rotation, docs/testing.md) and adds the reliability checks at full size, with their
+# figures printed: the parser property tests at 20,000 cases each, the soak at 10,000 decode
+# graphs, test-backend-ops and the tiny llama on HSA0 under valgrind memcheck, and the RPC
+# figures (tokens/s and bytes per token for a local, one remote and two remote HSA0s).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
