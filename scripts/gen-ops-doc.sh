@@ -19,11 +19,11 @@
 # docs/ops.md is out of date.
 #
 # The sweep is tests/backend_ops_sim.rs `every_op_under_packet_abi_c`, run whole by this script.
-# `--check --sweep CSV` (what scripts/test.sh runs) reads the one cargo test just ran instead: that
-# test writes it, with the sample it covers next to it (CSV's name with .sample for .csv). A whole sweep (`all`, under
-# scripts/test.sh --long) is checked as above; a sample (CI's turn of the rotation) is checked
-# against the table: nothing failed, and per op no more cases ran or were declined than the
-# table counts, no element type it does not list.
+# `--check --sweep CSV` (what scripts/test.sh runs) reads the one cargo test just ran instead:
+# that test writes it, with the sample it covers next to it (CSV's name with .sample for .csv).
+# A whole sweep (`all`, under scripts/test.sh --long) is checked as above; a sample (CI's turn
+# of the rotation) is checked against the table: nothing failed, and per op no more cases ran or
+# were declined than the table counts, no element type it does not list.
 set -euo pipefail
 check=0
 emu=0

@@ -18,9 +18,6 @@ whose nodes ran on the CPU. The other ops' entries are kept.
 checks the sample against the committed table instead of writing one: no case failed, and per
 op no more cases ran or were declined than the table counts, with no element type it does not
 list. A whole sweep is compared with the table exactly by gen-ops-doc.sh.
-
-With `--ops-only`, prints instead the comma-separated ops that have at least one supported case
-(for a CSV of `test-backend-ops support`, whose check covers only each case's final node).
 """
 
 import argparse
@@ -98,7 +95,6 @@ def refused_kernels(log_path: str) -> list[str]:
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ops-only", action="store_true")
     ap.add_argument("--emulated", metavar="JSON", help="the record of the emulated runs")
     ap.add_argument("--iron-ops", metavar="OPS", help="the ops the IRON package declares")
     ap.add_argument("--record", metavar="JSON", help="write the record of the --emu runs")
@@ -226,9 +222,6 @@ def main() -> int:
         return write_record(args)
     sim = Run(read_csv(sys.stdin))
     total, supported, failed, types = sim.total, sim.supported, sim.failed, sim.types
-    if args.ops_only:
-        print(",".join(sorted(op for op in total if supported[op])))
-        return 0
     if args.against:
         return check_sample(sim, args.against)
     record = {"archs": {}, "commits": {}, "sampled": {}}

@@ -8,9 +8,12 @@
 //! Each stratum (an op with one combination of types: what selects a design) keeps at least one
 //! item in every turn. `GGML_HSA_TEST_SAMPLE=all` (scripts/test.sh --long) runs everything.
 
+use ggml_hsa::kernels::desc::fnv1a64;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
+
+use super::test_backend_ops::Report;
 
 /// One turn of a rotation, or everything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +51,8 @@ impl Sample {
     pub fn takes(&self, name: &str) -> bool {
         match *self {
             Sample::All => true,
-            Sample::Turn { turn, share } => stable_hash(name) % share == turn,
+            // The kernel names' hash: the same split on every machine and toolchain.
+            Sample::Turn { turn, share } => fnv1a64(name.as_bytes()) % share == turn,
         }
     }
 
@@ -60,14 +64,14 @@ impl Sample {
         name_of: impl Fn(&T) -> String,
         stratum_of: impl Fn(&T) -> String,
     ) -> Vec<T> {
-        let (turn, share) = match *self {
+        let turn = match *self {
             Sample::All => return items.to_vec(),
-            Sample::Turn { turn, share } => (turn, share),
+            Sample::Turn { turn, .. } => turn,
         };
         let mut strata: BTreeMap<String, (bool, Vec<usize>)> = BTreeMap::new();
         let mut keep = vec![false; items.len()];
         for (i, item) in items.iter().enumerate() {
-            keep[i] = stable_hash(&name_of(item)) % share == turn;
+            keep[i] = self.takes(&name_of(item));
             let entry = strata.entry(stratum_of(item)).or_default();
             entry.0 |= keep[i];
             entry.1.push(i);
@@ -116,13 +120,6 @@ pub fn named(picked: usize) -> String {
     }
 }
 
-/// FNV-1a: the same split on every machine and toolchain (std's hasher may change).
-fn stable_hash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// The commit being tested, as a number (0 outside a git checkout).
 pub fn commit_seed() -> u64 {
     Command::new("git")
@@ -133,6 +130,29 @@ pub fn commit_seed() -> u64 {
         .filter(|o| o.status.success())
         .and_then(|o| u64::from_str_radix(String::from_utf8_lossy(&o.stdout).trim(), 16).ok())
         .unwrap_or(0)
+}
+
+/// Runs `sample` of the cases `ops` and `args` select (`sampled_runs`), one process per piece
+/// through `one_process` (given the arguments after `-b HSA0`), as one report; fails when fewer
+/// cases were reported than named. Also returns how many were named (0: the sweep ran whole).
+pub fn run_sample(
+    tag: &str,
+    sample: Sample,
+    program: &Path,
+    ops: &str,
+    args: &[&str],
+    env: &[(String, String)],
+    one_process: impl Fn(&[String]) -> Report,
+) -> (Report, usize) {
+    let (runs, picked) = sampled_runs(sample, program, ops, args, env);
+    let report = Report::combine(runs.iter().map(|a| one_process(a)));
+    assert!(
+        report.total + report.not_supported >= picked as u64,
+        "{tag}: {picked} cases named, {} reported\n{}",
+        report.total + report.not_supported,
+        report.output
+    );
+    (report, picked)
 }
 
 /// One test-backend-ops case: its op as the program names it and its parameters.
