@@ -54,7 +54,8 @@ F16_AS_BF16 = [
     "SUB, MUL, DIV 185 of 185 (NMSE 1.5e-6 to 1.1e-5), ROPE 108/108 (about 5e-6), SWIGLU 12/12,",
     "GELU, SILU, SQR, SQRT, CLAMP all, EXP 4/4 (about 3.4e-4), SIGMOID 1/4, TANH 0/4, SOFT_MAX",
     "with an f16 mask 1/88. In all, 328 of the 1189 cases of those ops fail, each an f16 case;",
-    "f32 and bf16 cases and host-side ops are unaffected. See README, Run-time environment.",
+    "f32 and bf16 cases and host-side ops are unaffected. See",
+    "[environment.md](environment.md#ggml_hsa_f16_as_bf16).",
 ]
 
 
@@ -246,8 +247,8 @@ def main() -> int:
         "* **hsa-sim reference** (the first columns): the plugin on the hsa-sim software NPU with",
         "  its own compiler's capabilities; kernels computed by hsa-sim's Rust reference executors,",
         '  the oracle. "Ran" counts the cases whose whole graph the backend accepted; "declined"',
-        "  the others (a type, layout or mode it does not implement, listed per op in README,",
-        "  Status).",
+        "  the others (a type, layout or mode it does not implement: [status.md](status.md),",
+        "  [limitations.md](limitations.md)).",
     ]
     if archs:
         commits = ", ".join(f"`{c}`" for c in sorted(set(record["commits"].values())))
