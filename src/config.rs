@@ -3,8 +3,11 @@
 //! Bad values never abort: each one produces a warning (logged once, when the backend first
 //! starts) and the documented default is used instead.
 
+use std::cell::RefCell;
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use crate::hsa::packet::PacketAbi;
 
@@ -26,13 +29,22 @@ pub struct Config {
     /// `_insts.bin`), searched first.
     pub kernel_dir: Option<PathBuf>,
     /// Where JIT-compiled kernels are cached: `GGML_HSA_KERNEL_CACHE_DIR`, else
-    /// `$XDG_CACHE_HOME/ggml`, else `$HOME/.cache/ggml`, else `/tmp/ggml/ggml-hsa`.
+    /// `$XDG_CACHE_HOME/ggml`, else `$HOME/.cache/ggml`, else [`Config::cache_fallback`].
     pub cache_dir: PathBuf,
+    /// The per-user place used when `cache_dir` is refused (not private) or unknown:
+    /// `$XDG_RUNTIME_DIR/ggml-hsa`, else `/tmp/ggml-hsa-<uid>`.
+    pub cache_fallback: PathBuf,
+    /// `GGML_HSA_KERNEL_CACHE_MAX`: the most bytes of kernels kept per architecture in the
+    /// cache (a number with an optional K, M or G suffix). Default 2 GiB.
+    pub cache_max: u64,
     /// The JIT compiler's command line (`GGML_HSA_JIT_COMPILER`, default
     /// [`DEFAULT_JIT_COMPILER`]); `None` when JIT compilation was disabled at build time.
     pub jit_compiler: Option<String>,
     /// `GGML_HSA_JIT_VERBOSE`: log the compiler's output for every compile.
     pub jit_verbose: bool,
+    /// `GGML_HSA_JIT_TIMEOUT`: seconds a compile may take before it is stopped; `0`: no limit.
+    /// Default [`crate::kernels::compiler::DEFAULT_TIMEOUT`].
+    pub jit_timeout: Option<Duration>,
     /// `GGML_HSA_KERNEL_CACHE_CLEAR` (older name `GGML_HSA_JIT_CLEAR_CACHE`): remove the kernels
     /// this backend wrote into the cache, once, when the backend starts.
     pub cache_clear: bool,
@@ -44,11 +56,19 @@ pub struct Config {
     /// `GGML_HSA_F16_AS_BF16`: kernels compute their f16 operands as bf16 (off by default: it
     /// loses precision, see README).
     pub f16_as_bf16: bool,
-    /// `GGML_HSA_STATS`: write run statistics (nodes per op on the NPU, the host and the CPU;
-    /// doorbells, packets, wall and wait time) to this JSON file after every graph.
-    pub stats_path: Option<PathBuf>,
+    /// `GGML_HSA_STATS`: run statistics (nodes per op on the NPU, the host and the CPU;
+    /// doorbells, packets, wall and wait time): `1` (or another true value) logs them, a path
+    /// writes them to that JSON file after every graph.
+    pub stats: Option<StatsSink>,
     /// What was wrong with the environment, to be logged once.
     pub warnings: Vec<String>,
+}
+
+/// Where `GGML_HSA_STATS` sends the statistics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatsSink {
+    Log,
+    File(PathBuf),
 }
 
 /// The kernel compiler used when `GGML_HSA_JIT_COMPILER` is unset: the project's IRON package.
@@ -79,15 +99,85 @@ pub fn parse_bool(value: &str) -> Option<bool> {
     }
 }
 
+/// `GGML_HSA_KERNEL_CACHE_MAX`'s syntax: bytes, or a number with K, M or G (powers of 1024,
+/// an optional trailing `B` or `iB`).
+pub fn parse_size(value: &str) -> Option<u64> {
+    let v = value.trim().to_ascii_uppercase();
+    let v = v
+        .strip_suffix("IB")
+        .or_else(|| v.strip_suffix('B'))
+        .unwrap_or(&v);
+    let (number, shift) = match v.chars().last()? {
+        'K' => (&v[..v.len() - 1], 10),
+        'M' => (&v[..v.len() - 1], 20),
+        'G' => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    number.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+/// Reads variables through a lookup, collecting what was wrong with them.
+struct Reader<F> {
+    lookup: F,
+    warnings: RefCell<Vec<String>>,
+}
+
+impl<F: Fn(&str) -> Option<OsString>> Reader<F> {
+    fn warn(&self, message: String) {
+        self.warnings.borrow_mut().push(message);
+    }
+
+    /// The value of `name` as the bytes the user gave (for paths).
+    fn os(&self, name: &str) -> Option<OsString> {
+        (self.lookup)(name)
+    }
+
+    /// A non-empty path value.
+    fn path(&self, name: &str) -> Option<PathBuf> {
+        self.os(name).filter(|v| !v.is_empty()).map(PathBuf::from)
+    }
+
+    /// The value of `name` as text; a value that is not UTF-8 is reported (naming the
+    /// variable and what is used instead, `fallback`) and treated as unset.
+    fn text(&self, name: &str, fallback: &str) -> Option<String> {
+        let value = self.os(name)?;
+        match value.into_string() {
+            Ok(v) => Some(v),
+            Err(raw) => {
+                self.warn(format!("{name}={raw:?} is not valid UTF-8; {fallback}"));
+                None
+            }
+        }
+    }
+
+    /// A boolean switch with its default.
+    fn flag(&self, name: &str, default: bool) -> bool {
+        let shown = if default { "on" } else { "off" };
+        match self.text(name, &format!("using {shown}")) {
+            None => default,
+            Some(v) => parse_bool(&v).unwrap_or_else(|| {
+                self.warn(format!(
+                    "{name}={v:?} is not a boolean (1/true/yes/on or 0/false/no/off); using {shown}"
+                ));
+                default
+            }),
+        }
+    }
+}
+
 impl Config {
     /// Reads the configuration through `lookup` (the process environment in [`get`]).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Config {
-        let mut warnings = Vec::new();
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<OsString>) -> Config {
+        let r = Reader {
+            lookup,
+            warnings: RefCell::new(Vec::new()),
+        };
 
-        let enable_log = match lookup("GGML_HSA_ENABLE_LOG") {
+        let enable_log = match r.text("GGML_HSA_ENABLE_LOG", "logging stays off") {
+            None if r.os("GGML_HSA_ENABLE_LOG").is_some() => false,
             None => cfg!(debug_assertions),
             Some(v) => parse_bool(&v).unwrap_or_else(|| {
-                warnings.push(format!(
+                r.warn(format!(
                     "GGML_HSA_ENABLE_LOG={v:?} is not a boolean (1/true/yes/on or 0/false/no/off); \
                      logging stays off"
                 ));
@@ -95,16 +185,14 @@ impl Config {
             }),
         };
 
-        let libhsa_path = lookup("GGML_HSA_LIBHSA_PATH")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from);
+        let libhsa_path = r.path("GGML_HSA_LIBHSA_PATH");
 
-        let max_devices = match lookup("GGML_HSA_MAX_DEVICES") {
+        let max_devices = match r.text("GGML_HSA_MAX_DEVICES", &format!("using {MAX_DEVICES}")) {
             None => MAX_DEVICES,
             Some(v) => match v.trim().parse::<usize>() {
                 Ok(n) if (1..=MAX_DEVICES).contains(&n) => n,
                 _ => {
-                    warnings.push(format!(
+                    r.warn(format!(
                         "GGML_HSA_MAX_DEVICES={v:?} is not a number from 1 to {MAX_DEVICES}; \
                          using {MAX_DEVICES}"
                     ));
@@ -113,73 +201,101 @@ impl Config {
             },
         };
 
-        let mut flag_or = |name: &str, default: bool| match lookup(name) {
-            None => default,
-            Some(v) => parse_bool(&v).unwrap_or_else(|| {
-                let shown = if default { "on" } else { "off" };
-                warnings.push(format!(
-                    "{name}={v:?} is not a boolean (1/true/yes/on or 0/false/no/off); using {shown}"
-                ));
-                default
-            }),
-        };
-        let jit_verbose = flag_or("GGML_HSA_JIT_VERBOSE", false);
+        let jit_verbose = r.flag("GGML_HSA_JIT_VERBOSE", false);
         // Both names are read (no short-circuit), so a bad value of either is reported.
-        let cache_clear_new_name = flag_or("GGML_HSA_KERNEL_CACHE_CLEAR", false);
-        let cache_clear_old_name = flag_or("GGML_HSA_JIT_CLEAR_CACHE", false);
+        let cache_clear_new_name = r.flag("GGML_HSA_KERNEL_CACHE_CLEAR", false);
+        let cache_clear_old_name = r.flag("GGML_HSA_JIT_CLEAR_CACHE", false);
         let cache_clear = cache_clear_new_name || cache_clear_old_name;
-        let cpu_fallback = flag_or("GGML_HSA_CPU_FALLBACK", cpu_fallback_at_build());
-        let f16_as_bf16 = flag_or("GGML_HSA_F16_AS_BF16", false);
+        let cpu_fallback = r.flag("GGML_HSA_CPU_FALLBACK", cpu_fallback_at_build());
+        let f16_as_bf16 = r.flag("GGML_HSA_F16_AS_BF16", false);
 
-        let packet_abi = match lookup("GGML_HSA_PACKET_ABI") {
+        let packet_abi = match r.text("GGML_HSA_PACKET_ABI", "using auto") {
             None => None,
             Some(v) if v.trim().is_empty() || v.trim().eq_ignore_ascii_case("auto") => None,
             Some(v) => match v.parse::<PacketAbi>() {
                 Ok(abi) => Some(abi),
                 Err(e) => {
-                    warnings.push(format!("GGML_HSA_PACKET_ABI: {e}; using auto"));
+                    r.warn(format!("GGML_HSA_PACKET_ABI: {e}; using auto"));
                     None
                 }
             },
         };
 
-        let kernel_dir = lookup("GGML_HSA_KERNEL_DIR")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .filter(|dir| {
-                let ok = dir.is_dir();
-                if !ok {
-                    warnings.push(format!(
-                        "GGML_HSA_KERNEL_DIR={} is not a directory; no precompiled kernels are used",
-                        dir.display()
-                    ));
-                }
-                ok
-            });
+        let kernel_dir = r.path("GGML_HSA_KERNEL_DIR").filter(|dir| {
+            let ok = dir.is_dir();
+            if !ok {
+                r.warn(format!(
+                    "GGML_HSA_KERNEL_DIR={} is not a directory; no precompiled kernels are used",
+                    dir.display()
+                ));
+            }
+            ok
+        });
 
-        let non_empty = |name: &str| lookup(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-        let cache_dir = non_empty("GGML_HSA_KERNEL_CACHE_DIR")
-            .or_else(|| non_empty("XDG_CACHE_HOME").map(|d| d.join("ggml")))
-            .or_else(|| non_empty("HOME").map(|d| d.join(".cache").join("ggml")))
-            .unwrap_or_else(|| PathBuf::from("/tmp/ggml/ggml-hsa"));
+        let uid = crate::kernels::trust::euid();
+        let cache_fallback = r
+            .path("XDG_RUNTIME_DIR")
+            .map(|d| d.join("ggml-hsa"))
+            .unwrap_or_else(|| PathBuf::from(format!("/tmp/ggml-hsa-{uid}")));
+        let cache_dir = r
+            .path("GGML_HSA_KERNEL_CACHE_DIR")
+            .or_else(|| r.path("XDG_CACHE_HOME").map(|d| d.join("ggml")))
+            .or_else(|| r.path("HOME").map(|d| d.join(".cache").join("ggml")))
+            .unwrap_or_else(|| cache_fallback.clone());
+        let default_max = crate::kernels::store::DEFAULT_CACHE_MAX;
+        let cache_max = match r.text("GGML_HSA_KERNEL_CACHE_MAX", "using 2G") {
+            None => default_max,
+            Some(v) => parse_size(&v).filter(|&n| n > 0).unwrap_or_else(|| {
+                r.warn(format!(
+                    "GGML_HSA_KERNEL_CACHE_MAX={v:?} is not a size (bytes, or a number with K, \
+                     M or G); using 2G"
+                ));
+                default_max
+            }),
+        };
 
         // `off` (or `none`, `0`, `false`, `no`) disables JIT compilation at run time.
         let jit_compiler = jit_enabled_at_build()
-            .then(|| {
-                lookup("GGML_HSA_JIT_COMPILER")
-                    .filter(|v| !v.trim().is_empty())
-                    .unwrap_or_else(|| DEFAULT_JIT_COMPILER.to_owned())
-            })
+            .then(
+                || match r.text("GGML_HSA_JIT_COMPILER", "no kernels are compiled") {
+                    None if r.os("GGML_HSA_JIT_COMPILER").is_some() => "off".to_owned(),
+                    None => DEFAULT_JIT_COMPILER.to_owned(),
+                    Some(v) if v.trim().is_empty() => DEFAULT_JIT_COMPILER.to_owned(),
+                    Some(v) => v,
+                },
+            )
             .filter(|v| {
                 let v = v.trim().to_ascii_lowercase();
                 !(v == "none" || parse_bool(&v) == Some(false))
             });
-        let kernel_record = lookup("GGML_HSA_KERNEL_RECORD")
+        let default_timeout = crate::kernels::compiler::DEFAULT_TIMEOUT;
+        let jit_timeout = match r.text(
+            "GGML_HSA_JIT_TIMEOUT",
+            &format!("using {} s", default_timeout.as_secs()),
+        ) {
+            None => Some(default_timeout),
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(0) => None,
+                Ok(secs) => Some(Duration::from_secs(secs)),
+                Err(_) => {
+                    r.warn(format!(
+                        "GGML_HSA_JIT_TIMEOUT={v:?} is not a number of seconds (0: no limit); \
+                         using {}",
+                        default_timeout.as_secs()
+                    ));
+                    Some(default_timeout)
+                }
+            },
+        };
+        let kernel_record = r.path("GGML_HSA_KERNEL_RECORD");
+        let stats = r
+            .os("GGML_HSA_STATS")
             .filter(|v| !v.is_empty())
-            .map(PathBuf::from);
-        let stats_path = lookup("GGML_HSA_STATS")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from);
+            .and_then(|v| match v.to_str().map(parse_bool) {
+                Some(Some(true)) => Some(StatsSink::Log),
+                Some(Some(false)) => None,
+                _ => Some(StatsSink::File(PathBuf::from(v))),
+            });
 
         Config {
             enable_log,
@@ -188,14 +304,17 @@ impl Config {
             packet_abi,
             kernel_dir,
             cache_dir,
+            cache_fallback,
+            cache_max,
             jit_compiler,
             jit_verbose,
+            jit_timeout,
             cache_clear,
             kernel_record,
             cpu_fallback,
             f16_as_bf16,
-            stats_path,
-            warnings,
+            stats,
+            warnings: r.warnings.into_inner(),
         }
     }
 }
@@ -203,7 +322,7 @@ impl Config {
 /// The process configuration, read from the environment on first use.
 pub fn get() -> &'static Config {
     static CONFIG: OnceLock<Config> = OnceLock::new();
-    CONFIG.get_or_init(|| Config::from_lookup(|name| std::env::var(name).ok()))
+    CONFIG.get_or_init(|| Config::from_lookup(|name| std::env::var_os(name)))
 }
 
 #[cfg(test)]
@@ -212,9 +331,9 @@ mod tests {
     use std::collections::HashMap;
 
     fn config(vars: &[(&str, &str)]) -> Config {
-        let vars: HashMap<String, String> = vars
+        let vars: HashMap<String, OsString> = vars
             .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
             .collect();
         Config::from_lookup(|name| vars.get(name).cloned())
     }
@@ -248,7 +367,14 @@ mod tests {
         assert_eq!(c.max_devices, MAX_DEVICES);
         assert_eq!(c.packet_abi, None);
         assert_eq!(c.kernel_dir, None);
-        assert_eq!(c.cache_dir, PathBuf::from("/tmp/ggml/ggml-hsa"));
+        let private = PathBuf::from(format!("/tmp/ggml-hsa-{}", crate::kernels::trust::euid()));
+        assert_eq!((&c.cache_dir, &c.cache_fallback), (&private, &private));
+        assert_eq!(c.cache_max, 2 << 30);
+        assert_eq!(
+            c.jit_timeout,
+            Some(crate::kernels::compiler::DEFAULT_TIMEOUT)
+        );
+        assert_eq!(c.stats, None);
         assert_eq!(c.jit_compiler.as_deref(), Some(DEFAULT_JIT_COMPILER));
         assert!(!c.jit_verbose);
         assert!(!c.cache_clear);
@@ -359,5 +485,108 @@ mod tests {
         assert!(c.warnings[0].contains("GGML_HSA_ENABLE_LOG=\"loud\""));
         assert!(config(&[("GGML_HSA_MAX_DEVICES", "17")]).warnings[0].contains("1 to 16"));
         assert!(config(&[("GGML_HSA_MAX_DEVICES", "x")]).warnings[0].contains("\"x\""));
+    }
+
+    #[test]
+    fn the_cache_falls_back_to_a_per_user_place() {
+        let c = config(&[("XDG_RUNTIME_DIR", "/run/user/1000")]);
+        assert_eq!(c.cache_fallback, PathBuf::from("/run/user/1000/ggml-hsa"));
+        assert_eq!(c.cache_dir, c.cache_fallback);
+        let c = config(&[("HOME", "/home/u")]);
+        assert_eq!(c.cache_dir, PathBuf::from("/home/u/.cache/ggml"));
+        assert!(c
+            .cache_fallback
+            .to_string_lossy()
+            .starts_with("/tmp/ggml-hsa-"));
+    }
+
+    #[test]
+    fn sizes_timeouts_and_the_stats_switch() {
+        assert_eq!(parse_size("1000"), Some(1000));
+        assert_eq!(parse_size("64k"), Some(64 << 10));
+        assert_eq!(parse_size(" 3 MiB"), Some(3 << 20));
+        assert_eq!(parse_size("2G"), Some(2 << 30));
+        assert_eq!(parse_size("2T"), None);
+        assert_eq!(
+            config(&[("GGML_HSA_KERNEL_CACHE_MAX", "5M")]).cache_max,
+            5 << 20
+        );
+        let bad = config(&[("GGML_HSA_KERNEL_CACHE_MAX", "lots")]);
+        assert_eq!(bad.cache_max, 2 << 30);
+        assert!(bad.warnings[0].contains("GGML_HSA_KERNEL_CACHE_MAX=\"lots\""));
+        assert_eq!(
+            config(&[("GGML_HSA_JIT_TIMEOUT", "60")]).jit_timeout,
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(config(&[("GGML_HSA_JIT_TIMEOUT", "0")]).jit_timeout, None);
+        assert!(config(&[("GGML_HSA_JIT_TIMEOUT", "1h")]).warnings[0].contains("seconds"));
+        assert_eq!(
+            config(&[("GGML_HSA_STATS", "1")]).stats,
+            Some(StatsSink::Log)
+        );
+        assert_eq!(
+            config(&[("GGML_HSA_STATS", "on")]).stats,
+            Some(StatsSink::Log)
+        );
+        assert_eq!(config(&[("GGML_HSA_STATS", "0")]).stats, None);
+        assert_eq!(
+            config(&[("GGML_HSA_STATS", "/tmp/s.json")]).stats,
+            Some(StatsSink::File(PathBuf::from("/tmp/s.json")))
+        );
+    }
+
+    /// A value that is not UTF-8: paths are taken as the bytes given, every other variable is
+    /// reported by name and gets its default.
+    #[test]
+    fn values_that_are_not_utf8() {
+        use std::os::unix::ffi::OsStrExt;
+        let latin1 = std::ffi::OsStr::from_bytes(b"/data/mod\xe8les").to_owned();
+        let texts = [
+            "GGML_HSA_ENABLE_LOG",
+            "GGML_HSA_MAX_DEVICES",
+            "GGML_HSA_PACKET_ABI",
+            "GGML_HSA_JIT_COMPILER",
+            "GGML_HSA_JIT_VERBOSE",
+            "GGML_HSA_JIT_TIMEOUT",
+            "GGML_HSA_KERNEL_CACHE_CLEAR",
+            "GGML_HSA_JIT_CLEAR_CACHE",
+            "GGML_HSA_KERNEL_CACHE_MAX",
+            "GGML_HSA_CPU_FALLBACK",
+            "GGML_HSA_F16_AS_BF16",
+        ];
+        for name in texts {
+            let c = Config::from_lookup(|n| (n == name).then(|| latin1.clone()));
+            assert_eq!(c.warnings.len(), 1, "{name}: {:?}", c.warnings);
+            assert!(
+                c.warnings[0].starts_with(&format!("{name}=")) && c.warnings[0].contains("UTF-8"),
+                "{:?}",
+                c.warnings
+            );
+        }
+        let c = Config::from_lookup(|n| (n == "GGML_HSA_JIT_COMPILER").then(|| latin1.clone()));
+        assert_eq!(c.jit_compiler, None, "not run as some other program");
+        let paths = |name: &str| Config::from_lookup(|n| (n == name).then(|| latin1.clone()));
+        let want = PathBuf::from(latin1.clone());
+        assert_eq!(paths("GGML_HSA_KERNEL_CACHE_DIR").cache_dir, want);
+        assert_eq!(
+            paths("GGML_HSA_LIBHSA_PATH").libhsa_path,
+            Some(want.clone())
+        );
+        assert_eq!(
+            paths("GGML_HSA_KERNEL_RECORD").kernel_record,
+            Some(want.clone())
+        );
+        assert_eq!(
+            paths("GGML_HSA_STATS").stats,
+            Some(StatsSink::File(want.clone()))
+        );
+        // Not a directory here: reported by its name and path, not dropped silently.
+        let c = paths("GGML_HSA_KERNEL_DIR");
+        assert!(
+            c.warnings[0].contains("GGML_HSA_KERNEL_DIR=/data/mod"),
+            "{:?}",
+            c.warnings
+        );
+        assert!(paths("GGML_HSA_KERNEL_CACHE_DIR").warnings.is_empty());
     }
 }

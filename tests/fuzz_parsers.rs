@@ -19,7 +19,8 @@ use ggml_hsa::config::{parse_bool, Config, MAX_DEVICES};
 use ggml_hsa::kernels::compiler::{Capabilities, Compiler};
 use ggml_hsa::kernels::desc::{KernelDesc, Layout, DTYPES};
 use ggml_hsa::kernels::gen_config::{format_tensor, parse_tensor, KernelConfig, KernelEntry};
-use ggml_hsa::kernels::store::{clear_cache_dir, parse_manifest, KernelStore, MANIFEST};
+use ggml_hsa::kernels::kernel_dir::{clear_cache_dir, parse_manifest, MANIFEST};
+use ggml_hsa::kernels::store::KernelStore;
 use ggml_hsa::kernels::Arch;
 use mutate::{cases, corpus, mutated, mutated_text, no_hang};
 use proptest::prelude::*;
@@ -162,7 +163,7 @@ proptest! {
             values.iter().map(|(i, v)| (ENV_VARS[*i], v.clone())).collect();
         let lookup_env = env.clone();
         let config = no_hang("Config::from_lookup", move || {
-            Config::from_lookup(|name| lookup_env.get(name).cloned())
+            Config::from_lookup(|name| lookup_env.get(name).cloned().map(Into::into))
         });
         prop_assert!((1..=MAX_DEVICES).contains(&config.max_devices));
         if let Some(n) = env.get("GGML_HSA_MAX_DEVICES").and_then(|v| v.trim().parse().ok()) {
@@ -335,7 +336,7 @@ const FLAGS: [&str; 6] = [
     "GGML_HSA_F16_AS_BF16",
 ];
 
-const ENV_VARS: [&str; 16] = [
+const ENV_VARS: [&str; 19] = [
     "GGML_HSA_ENABLE_LOG",
     "GGML_HSA_LIBHSA_PATH",
     "GGML_HSA_MAX_DEVICES",
@@ -352,6 +353,9 @@ const ENV_VARS: [&str; 16] = [
     "GGML_HSA_CPU_FALLBACK",
     "GGML_HSA_F16_AS_BF16",
     "GGML_HSA_STATS",
+    "GGML_HSA_JIT_TIMEOUT",
+    "GGML_HSA_KERNEL_CACHE_MAX",
+    "XDG_RUNTIME_DIR",
 ];
 
 /// Descriptions the fuzzed capabilities are asked about: every operand type, broadcast and

@@ -110,12 +110,12 @@ fn the_example_configs_compile() {
                 assert!(
                     name.ends_with(".pdi")
                         || name.ends_with("_insts.bin")
-                        || name == ggml_hsa::kernels::store::MANIFEST,
+                        || name == ggml_hsa::kernels::kernel_dir::MANIFEST,
                     "{name}"
                 );
             }
             // Every kernel file is recorded with its size and checksum.
-            let manifest = ggml_hsa::kernels::store::parse_manifest(
+            let manifest = ggml_hsa::kernels::kernel_dir::parse_manifest(
                 &std::fs::read_to_string(out_dir.join(arch).join(".ggml-hsa-kernels"))
                     .unwrap_or_default(),
             );

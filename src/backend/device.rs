@@ -179,13 +179,20 @@ impl Device {
             .map_err(|e| e.to_string())
             .and_then(|p| select_pools(&p))
             .map_err(|e| format!("agent '{}': {e}", npu.agent.name))?;
+        let jit = config
+            .jit_compiler
+            .as_deref()
+            .and_then(Compiler::new)
+            .map(|c| c.with_timeout(config.jit_timeout));
         let store = KernelStore::new(
             npu.arch,
             config.kernel_dir.clone(),
             config.cache_dir.clone(),
-            config.jit_compiler.as_deref().and_then(Compiler::new),
+            jit,
             config.jit_verbose,
         )
+        .with_cache_fallback(Some(config.cache_fallback.clone()))
+        .with_cache_max(config.cache_max)
         .with_record(config.kernel_record.clone());
         if config.cache_clear {
             let removed = store.clear_cache();

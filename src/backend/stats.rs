@@ -1,4 +1,5 @@
-//! Run statistics: what the backend did with the graphs it was given (`GGML_HSA_STATS=<file>`).
+//! Run statistics: what the backend did with the graphs it was given (`GGML_HSA_STATS=1` logs
+//! them, `GGML_HSA_STATS=<file>` writes them).
 //!
 //! Per op: nodes that became NPU kernels, nodes run by the host in place (`HostOp`), nodes run on
 //! ggml's CPU backend (a kernel the compiler refused, or `GGML_HSA_CPU_FALLBACK`); per process:
@@ -10,15 +11,18 @@
 //! hsa-sim the device's work is part of the wait.
 //!
 //! The totals are rewritten to the file (atomically, through a rename) after every graph, so a
-//! process that ends without freeing its backends still leaves them behind. Nothing is counted or
-//! written unless the variable is set.
+//! process that ends without freeing its backends still leaves them behind. To the log they go
+//! after graphs 1, 2, 4, 8, ... (a handful of lines for a long run) and when a backend is freed.
+//! Nothing is counted or written unless the variable is set.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::Serialize;
+
+use crate::config::StatsSink;
 
 /// How one node of a graph ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,14 +125,14 @@ impl Totals {
 /// Where the totals go, if anywhere: set once from `GGML_HSA_STATS`.
 #[derive(Debug)]
 pub struct Recorder {
-    path: Option<PathBuf>,
+    sink: Option<StatsSink>,
     totals: Mutex<Totals>,
 }
 
 impl Recorder {
-    pub const fn new(path: Option<PathBuf>) -> Recorder {
+    pub const fn new(sink: Option<StatsSink>) -> Recorder {
         Recorder {
-            path,
+            sink,
             totals: Mutex::new(Totals {
                 graphs: 0,
                 nodes: 0,
@@ -150,14 +154,24 @@ impl Recorder {
     }
 
     pub fn enabled(&self) -> bool {
-        self.path.is_some()
+        self.sink.is_some()
     }
 
-    /// Adds one graph and rewrites the file. A file that cannot be written is reported once.
+    /// Adds one graph and rewrites the file (or logs the totals after graphs 1, 2, 4, ...). A
+    /// file that cannot be written is reported once.
     pub fn record(&self, graph: &GraphStats, wall: Duration) {
-        let Some(path) = &self.path else { return };
+        let Some(sink) = &self.sink else { return };
         let mut totals = self.totals.lock();
         totals.add(graph, wall);
+        let path = match sink {
+            StatsSink::Log => {
+                if totals.graphs.is_power_of_two() {
+                    log_totals(&totals);
+                }
+                return;
+            }
+            StatsSink::File(path) => path,
+        };
         let text = serde_json::to_string_pretty(&*totals).unwrap_or_default();
         if let Err(e) = write_atomic(path, &text) {
             static WARNED: std::sync::Once = std::sync::Once::new();
@@ -169,12 +183,30 @@ impl Recorder {
             });
         }
     }
+
+    /// Logs the totals when they go to the log (a backend is being freed).
+    pub fn flush(&self) {
+        if self.sink == Some(StatsSink::Log) {
+            let totals = self.totals.lock();
+            if totals.graphs > 0 {
+                log_totals(&totals);
+            }
+        }
+    }
+}
+
+fn log_totals(totals: &Totals) {
+    crate::log::notice(&format!(
+        "GGML_HSA_STATS after {} graph(s): {}",
+        totals.graphs,
+        serde_json::to_string(totals).unwrap_or_default()
+    ));
 }
 
 /// The process's recorder (`GGML_HSA_STATS`).
 pub fn recorder() -> &'static Recorder {
     static RECORDER: std::sync::OnceLock<Recorder> = std::sync::OnceLock::new();
-    RECORDER.get_or_init(|| Recorder::new(crate::config::get().stats_path.clone()))
+    RECORDER.get_or_init(|| Recorder::new(crate::config::get().stats.clone()))
 }
 
 fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
@@ -228,7 +260,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ggml-hsa-stats-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("stats.json");
-        let r = Recorder::new(Some(path.clone()));
+        let r = Recorder::new(Some(StatsSink::File(path.clone())));
         let mut g = GraphStats::default();
         g.node("ADD", NodeRun::Kernel);
         r.record(&g, Duration::from_micros(5));
@@ -241,8 +273,18 @@ mod tests {
     }
 
     #[test]
+    fn one_logs_the_totals_and_writes_no_file() {
+        let r = Recorder::new(Some(StatsSink::Log));
+        assert!(r.enabled());
+        r.record(&GraphStats::default(), Duration::ZERO);
+        r.flush();
+        assert_eq!(r.totals.lock().graphs, 1);
+        assert!(!Path::new("1").exists());
+    }
+
+    #[test]
     fn an_unwritable_file_loses_only_the_statistics() {
-        let r = Recorder::new(Some(PathBuf::from("/nonexistent-dir/stats.json")));
+        let r = Recorder::new(Some(StatsSink::File("/nonexistent-dir/stats.json".into())));
         r.record(&GraphStats::default(), Duration::ZERO);
         assert_eq!(r.totals.lock().graphs, 1);
     }

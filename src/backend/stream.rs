@@ -1316,6 +1316,7 @@ impl Drop for Stream {
         // Cached plans hold their kernels: released first, so the device can unload them.
         self.plans.entries.clear();
         self.device.stream_closed();
+        super::stats::recorder().flush();
     }
 }
 

@@ -126,13 +126,9 @@ fn run(args: &Args) -> Result<usize, GenError> {
         .or_else(|| std::env::var("GGML_HSA_JIT_COMPILER").ok())
         .filter(|c| !c.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_JIT_COMPILER.to_owned());
-    let compiler = Compiler::new(&command_line).ok_or(GenError::EmptyCompiler)?;
-    // Asked once up front: without a working compiler every compile would fail the same way, and
-    // one clear message beats N identical failures.
-    let caps = compiler
-        .capabilities()
-        .map_err(|reason| GenError::CompilerMissing { reason })?;
-
+    let compiler = Compiler::new(&command_line)
+        .ok_or(GenError::EmptyCompiler)?
+        .with_timeout(ggml_hsa::config::get().jit_timeout);
     for arch in [Arch::Aie2, Arch::Aie2p] {
         if jobs.iter().any(|j| j.arch == arch) {
             let path = args.output_dir.join(arch.name());
@@ -140,6 +136,11 @@ fn run(args: &Args) -> Result<usize, GenError> {
                 .map_err(|source| GenError::OutputDir { path, source })?;
         }
     }
+    // Asked once up front: without a working compiler every compile would fail the same way, and
+    // one clear message beats N identical failures.
+    let caps = compiler
+        .capabilities(&args.output_dir)
+        .map_err(|reason| GenError::CompilerMissing { reason })?;
     let workers = args
         .jobs
         .or_else(|| std::thread::available_parallelism().ok())
@@ -366,7 +367,10 @@ fn compile_one(
                 .and_then(|()| write_format(job, &dir, format))
                 // Sizes and checksums in the directory's manifest: the backend checks the
                 // files against them when it loads them (a truncated copy is declined).
-                .map(|()| ggml_hsa::kernels::store::record_written(&dir, &job.name)),
+                .map(|()| {
+                    ggml_hsa::kernels::kernel_dir::seal_kernel_files(&dir, &job.name);
+                    ggml_hsa::kernels::kernel_dir::record_written(&dir, &job.name)
+                }),
             output,
         ),
         Err(e) => {

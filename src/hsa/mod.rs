@@ -8,10 +8,8 @@
 //! * [`executable`]: AIE code objects loaded into executables (packet ABI c).
 //! * [`runtime`]: the process-wide runtime and agent discovery.
 //! * [`status`], [`error`]: status names and typed errors.
-//! * [`child`]: child processes (the JIT compiler) that inherit only their standard streams.
 
 pub mod api;
-pub mod child;
 pub mod error;
 pub mod executable;
 pub mod loader;

@@ -6,12 +6,21 @@
 //!   `<dir>/<name>_insts.bin`; exit 2 means "well-formed but unsupported", anything else non-zero
 //!   is a failure.
 //!
-//! The compiler's output is always captured, so it never reaches the application's stdout; it is
-//! shown in the log when a compile fails (or with `GGML_HSA_JIT_VERBOSE`). It inherits no other
-//! descriptor of the host process (`hsa::child`).
+//! The compiler's output is always captured (at most [`OUTPUT_CAP`] bytes of each stream), so it
+//! never reaches the application's stdout; it is shown in the log when a compile fails (or with
+//! `GGML_HSA_JIT_VERBOSE`). It runs as a program that might be fooled by what it finds around
+//! it, so it gets only what it needs: no descriptor of the host process but its three streams
+//! (the `child-process` crate), the cache directory as its working directory, only the
+//! variables listed in [`PASSED`] and [`PASSED_PREFIXES`] plus `PYTHONSAFEPATH=1` (Python does
+//! not import from the working directory or the script's folder), and a time limit
+//! (`GGML_HSA_JIT_TIMEOUT`).
 
+use std::ffi::OsString;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
+use std::time::Duration;
+
+use child_process::{Finished, Limits};
 
 use serde::Deserialize;
 
@@ -133,21 +142,80 @@ pub enum CompileError {
     Failed(String),
 }
 
-/// The compiler command line (`GGML_HSA_JIT_COMPILER`, split on whitespace).
+/// The most bytes kept of each of the compiler's stdout and stderr.
+pub const OUTPUT_CAP: usize = 1 << 20;
+
+/// How long a compile may take when `GGML_HSA_JIT_TIMEOUT` is not set: an IRON compile of the
+/// largest fused kernel takes minutes on a laptop, a hung one forever.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// Host variables the compiler is given: where programs, libraries and Python packages are,
+/// the user's home and locale.
+pub const PASSED: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "TZ",
+    "TMPDIR",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "XDG_CACHE_HOME",
+    "CC",
+    "CXX",
+];
+
+/// Families of host variables the compiler is given: the backend's own, the IRON toolchain's
+/// (mlir-aie, Peano, XRT), the locale's and ccache's.
+pub const PASSED_PREFIXES: &[&str] = &[
+    "GGML_HSA_",
+    "MLIR_AIE_",
+    "PEANO_",
+    "XILINX_",
+    "XRT_",
+    "LC_",
+    "CCACHE_",
+];
+
+/// Whether the host variable `name` is passed to the compiler.
+fn passed(name: &str) -> bool {
+    PASSED.contains(&name) || PASSED_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// The compiler command line (`GGML_HSA_JIT_COMPILER`, split on whitespace) and its time limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compiler {
     pub argv: Vec<String>,
+    /// `None`: no limit (`GGML_HSA_JIT_TIMEOUT=0`).
+    pub timeout: Option<Duration>,
 }
 
 impl Compiler {
     pub fn new(command_line: &str) -> Option<Compiler> {
         let argv: Vec<String> = command_line.split_whitespace().map(String::from).collect();
-        (!argv.is_empty()).then_some(Compiler { argv })
+        (!argv.is_empty()).then_some(Compiler {
+            argv,
+            timeout: Some(DEFAULT_TIMEOUT),
+        })
     }
 
-    fn command(&self) -> Command {
+    pub fn with_timeout(mut self, timeout: Option<Duration>) -> Compiler {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The command, run in `work_dir` with the environment described in the module's comment.
+    fn command(&self, work_dir: &Path) -> Command {
         let mut cmd = Command::new(&self.argv[0]);
-        cmd.args(&self.argv[1..]);
+        cmd.args(&self.argv[1..]).current_dir(work_dir);
+        let host: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| k.to_str().is_some_and(passed))
+            .collect();
+        cmd.envs(host).env("PYTHONSAFEPATH", "1");
         if let Some(path) = self.package_path() {
             cmd.env("PYTHONPATH", path);
         }
@@ -158,7 +226,11 @@ impl Compiler {
     /// without options such as `--target emu`): `PYTHONPATH` with the places a CMake build put the
     /// package in front (`GGML_HSA_IRON_PYTHONPATH`: the install tree, then the source tree), so
     /// it is found without setting anything.
-    fn package_path(&self) -> Option<String> {
+    ///
+    /// A built-in place is used only if it passes the rules of kernel directories (`trust`: owned
+    /// by the user or root, nobody else can write it or a folder above it) and holds the package:
+    /// a source tree that others can write is code others can change.
+    fn package_path(&self) -> Option<OsString> {
         let built_in = option_env!("GGML_HSA_IRON_PYTHONPATH").filter(|p| !p.is_empty())?;
         let runs_package = self
             .argv
@@ -167,28 +239,55 @@ impl Compiler {
         if !runs_package {
             return None;
         }
-        Some(match std::env::var("PYTHONPATH") {
-            Ok(user) if !user.is_empty() => format!("{built_in}:{user}"),
-            _ => built_in.to_owned(),
-        })
+        let mut path = OsString::new();
+        for place in trusted_package_dirs(built_in) {
+            if !path.is_empty() {
+                path.push(":");
+            }
+            path.push(place);
+        }
+        match std::env::var_os("PYTHONPATH") {
+            Some(user) if !user.is_empty() => {
+                if !path.is_empty() {
+                    path.push(":");
+                }
+                path.push(user);
+            }
+            _ => {}
+        }
+        (!path.is_empty()).then_some(path)
     }
 
-    /// Runs the compiler with nothing of the host but its three streams (inside
+    /// Runs the compiler in `work_dir` with nothing of the host but its three streams (inside
     /// ggml-rpc-server it would otherwise hold the clients' sockets, which ggml-rpc does not
-    /// make close-on-exec), stdout and stderr captured, without forking the host's memory
-    /// (`hsa::child::output`).
-    fn run(&self, cmd: &mut Command) -> Result<Output, String> {
-        crate::hsa::child::output(cmd).map_err(|e| {
+    /// make close-on-exec), stdout and stderr captured and bounded, without forking the host's
+    /// memory, within its time limit.
+    fn run(&self, cmd: &mut Command) -> Result<Finished, String> {
+        let limits = Limits {
+            timeout: self.timeout,
+            output_cap: OUTPUT_CAP,
+        };
+        let out = child_process::output(cmd, limits).map_err(|e| {
             format!(
                 "cannot run the kernel compiler `{}`: {e}",
                 self.argv.join(" ")
             )
-        })
+        })?;
+        if out.timed_out {
+            return Err(format!(
+                "the kernel compiler `{}` ran past its time limit of {} s \
+                 (GGML_HSA_JIT_TIMEOUT) and was stopped: {}",
+                self.argv.join(" "),
+                self.timeout.map_or(0, |t| t.as_secs()),
+                captured(&out)
+            ));
+        }
+        Ok(out)
     }
 
-    /// Asks the compiler what it can build.
-    pub fn capabilities(&self) -> Result<Capabilities, String> {
-        let out = self.run(self.command().arg("capabilities"))?;
+    /// Asks the compiler what it can build, running it in `work_dir`.
+    pub fn capabilities(&self, work_dir: &Path) -> Result<Capabilities, String> {
+        let out = self.run(self.command(work_dir).arg("capabilities"))?;
         if !out.status.success() {
             return Err(format!(
                 "`{} capabilities` failed ({}): {}",
@@ -205,7 +304,7 @@ impl Compiler {
     pub fn compile(&self, request_file: &Path, out_dir: &Path) -> Result<String, CompileError> {
         let out = self
             .run(
-                self.command()
+                self.command(out_dir)
                     .arg("compile")
                     .arg("--request")
                     .arg(request_file)
@@ -225,8 +324,32 @@ impl Compiler {
     }
 }
 
+/// The places of `built_in` (a `:`-separated list) that pass the rules and hold the package;
+/// each other existing place is refused with one warning.
+fn trusted_package_dirs(built_in: &str) -> Vec<&str> {
+    built_in
+        .split(':')
+        .filter(|place| !place.is_empty())
+        .filter(|place| {
+            let package = Path::new(place).join("ggml_hsa_iron").join("__main__.py");
+            if !package.exists() {
+                return false;
+            }
+            match super::trust::check_dir(Path::new(place)) {
+                Ok(_) => true,
+                Err(e) => {
+                    crate::log::warn(&format!(
+                        "the kernel compiler's package is not taken from {place}: {e}"
+                    ));
+                    false
+                }
+            }
+        })
+        .collect()
+}
+
 /// The compiler's stdout and stderr, trimmed, as one string.
-fn captured(out: &Output) -> String {
+fn captured(out: &Finished) -> String {
     let mut text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     let err = String::from_utf8_lossy(&out.stderr);
     if !err.trim().is_empty() {
@@ -317,7 +440,7 @@ mod tests {
     fn the_compiler_inherits_no_socket_of_the_host() {
         use std::os::fd::AsRawFd;
         use std::os::unix::fs::PermissionsExt;
-        let (_listener, stream) = crate::hsa::child::tests::inheritable_socket();
+        let (_listener, stream) = child_process::inheritable_socket().unwrap();
         let fd = stream.as_raw_fd();
         let dir = std::env::temp_dir().join(format!("ggml-hsa-fds-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -333,7 +456,7 @@ mod tests {
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         let err = Compiler::new(script.to_str().unwrap())
             .unwrap()
-            .capabilities()
+            .capabilities(&dir)
             .unwrap_err();
         assert!(err.contains("clean"), "{err}");
         let _ = std::fs::remove_dir_all(dir);
@@ -342,8 +465,30 @@ mod tests {
     #[test]
     fn a_missing_compiler_is_a_clear_error() {
         let c = Compiler::new("/nonexistent/ggml-hsa-compiler --x").unwrap();
-        let err = c.capabilities().unwrap_err();
+        let err = c.capabilities(&std::env::temp_dir()).unwrap_err();
         assert!(err.contains("/nonexistent/ggml-hsa-compiler --x"), "{err}");
         assert!(Compiler::new("   ").is_none());
+    }
+
+    #[test]
+    fn a_compile_past_its_time_limit_is_stopped_and_named() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("ggml-hsa-slow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("slow.sh");
+        std::fs::write(&script, "#!/bin/sh\necho working\nexec sleep 60\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let c = Compiler::new(script.to_str().unwrap())
+            .unwrap()
+            .with_timeout(Some(Duration::from_millis(500)));
+        let started = std::time::Instant::now();
+        let err = c.compile(&dir.join("request.json"), &dir).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(20));
+        let err = err.to_string();
+        assert!(
+            err.contains("GGML_HSA_JIT_TIMEOUT") && err.contains("working"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

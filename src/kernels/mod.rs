@@ -7,8 +7,10 @@
 pub mod compiler;
 pub mod desc;
 pub mod gen_config;
+pub mod kernel_dir;
 pub mod record;
 pub mod store;
+pub mod trust;
 
 use std::fmt;
 

@@ -22,6 +22,11 @@ struct State {
     seen: HashSet<(String, String)>,
 }
 
+/// The most kernels a record file lists: far more than any model's graph needs (a few hundred),
+/// few enough that a client spraying shapes at a recording server cannot grow the file (which is
+/// rewritten per new kernel) without bound.
+pub const MAX_RECORDED: usize = 10_000;
+
 /// The process's recording, if any (one file for every device).
 static RECORD: Mutex<Option<State>> = Mutex::new(None);
 
@@ -30,9 +35,21 @@ pub fn record(path: &Path, arch: Arch, desc: &KernelDesc) {
     let key = (arch.name().to_owned(), desc.canonical_name());
     let mut guard = RECORD.lock();
     let state = guard.get_or_insert_with(|| open(path));
-    if !state.seen.insert(key) {
+    if state.seen.contains(&key) {
         return;
     }
+    if state.config.kernels.len() >= MAX_RECORDED {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            log::warn(&format!(
+                "GGML_HSA_KERNEL_RECORD: {} lists {MAX_RECORDED} kernels, the most it may; \
+                 further kernels are not recorded",
+                state.path.display()
+            ))
+        });
+        return;
+    }
+    state.seen.insert(key);
     state
         .config
         .kernels

@@ -9,22 +9,21 @@
 //! only declined. Compile failures are remembered for the rest of the run (negative cache) so a
 //! graph does not retry them per node.
 //!
-//! The cache may be shared by several processes (and, at its default location, with other ggml
-//! tools). So: a compile holds an exclusive lock on `<cache>/<arch>/.<name>.lock`, and a process
-//! that finds the lock taken waits for it and then uses the other's result instead of compiling
-//! again; the compiler writes each file aside and renames it into place, so nobody sees half a
-//! kernel; and every kernel this backend wrote is listed in `<cache>/<arch>/.ggml-hsa-kernels`,
-//! which is what `GGML_HSA_KERNEL_CACHE_CLEAR` removes (never other files of the directory).
-//! Each manifest line is `<name> <file>:<size>:<fnv1a-64 hex> ...`, appended (one write, so
-//! atomic) while the kernel's lock is held, after the compiler renamed its files into place; the
-//! last line of a name wins. Files without a line (an older backend's, a failed append) get the
-//! format checks only. ggml-hsa-gen-kernels writes the same manifest into its output directory,
-//! so pregenerated kernels are checked the same way.
+//! The cache may be shared by several processes of the user. So: a compile holds an exclusive
+//! lock on `<cache>/<arch>/.<name>.lock`, and a process that finds the lock taken waits for it
+//! and then uses the other's result instead of compiling again; the compiler writes each file
+//! aside and renames it into place, so nobody sees half a kernel (`kernel_dir` has the manifest
+//! and the size cap).
+//!
+//! Where kernels may come from is decided once, when the store is first used (`trust`): the
+//! precompiled directory only if the user or root owns it and nobody else can write it; the
+//! cache likewise, created private (0700), else the per-user fallback, else none (then nothing
+//! is compiled or read from a cache, and nodes without a precompiled kernel are declined). Each
+//! refusal is one warning naming the path and the fix.
 
-use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -32,29 +31,14 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::compiler::{Capabilities, Compiler};
-use super::desc::{fnv1a64, KernelDesc};
-use super::Arch;
+use super::desc::KernelDesc;
+pub use super::kernel_dir::KernelFiles;
+use super::kernel_dir::{
+    enforce_cap, lock_kernel, read_kernel, record_written, remove_kernel_files,
+    remove_partial_files, touch, Manifests,
+};
+use super::{trust, Arch};
 use crate::log;
-
-/// The two files of a kernel, read into memory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelFiles {
-    pub name: String,
-    pub pdi: Vec<u8>,
-    pub insts: Vec<u8>,
-    /// The `.pdi` (or `.hsaco`) file they came from.
-    pub path: PathBuf,
-    /// The AIE code object when the kernel came from `<name>.hsaco` (packet ABI c loads it as
-    /// it is; the PDI and instruction stream above are its kernel's blobs).
-    pub hsaco: Option<Vec<u8>>,
-}
-
-/// The list of kernels this backend wrote into a cache directory, one line per kernel: its name,
-/// then `<file>:<size>:<checksum>` for each of its files.
-pub const MANIFEST: &str = ".ggml-hsa-kernels";
-
-/// What a manifest recorded of one kernel: size and checksum per file name.
-type Recorded = HashMap<String, (u64, u64)>;
 
 /// Why there is no kernel.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,21 +59,96 @@ struct Failure {
     refused: bool,
 }
 
+/// The most kernels remembered as failed, or as reported corrupt (the oldest are forgotten
+/// first): a run asks for few kernels; a client spraying shapes must not grow the process.
+const REMEMBERED: usize = 4096;
+
+/// The default size cap of a cache directory (`GGML_HSA_KERNEL_CACHE_MAX`), per architecture.
+pub const DEFAULT_CACHE_MAX: u64 = 2 << 30;
+
+/// A set of keys that forgets its oldest when full.
+#[derive(Debug)]
+struct Bounded<K, V> {
+    map: HashMap<K, V>,
+    order: VecDeque<K>,
+}
+
+impl<K: Hash + Eq + Clone, V> Bounded<K, V> {
+    fn new() -> Self {
+        Bounded {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    /// Inserts `k`; whether it was new.
+    fn insert(&mut self, k: K, v: V) -> bool {
+        if self.map.insert(k.clone(), v).is_some() {
+            return false;
+        }
+        self.order.push_back(k);
+        if self.order.len() > REMEMBERED {
+            if let Some(old) = self.order.pop_front() {
+                self.map.remove(&old);
+            }
+        }
+        true
+    }
+
+    fn get(&self, k: &K) -> Option<&V> {
+        self.map.get(k)
+    }
+
+    fn contains_key(&self, k: &K) -> bool {
+        self.map.contains_key(k)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// The directories a store may use, as decided by the trust rules.
+#[derive(Debug, Clone)]
+struct Places {
+    kernel_dir: Option<PathBuf>,
+    /// The cache root (its `<arch>` folder is created when a kernel is compiled).
+    cache: Option<PathBuf>,
+}
+
 /// Where kernels come from, for one architecture.
 #[derive(Debug)]
 pub struct KernelStore {
     arch: Arch,
     kernel_dir: Option<PathBuf>,
     cache_dir: PathBuf,
+    /// Where the cache goes when `cache_dir` is refused.
+    cache_fallback: Option<PathBuf>,
+    cache_max: u64,
+    places: OnceLock<Places>,
     jit: Option<Compiler>,
     verbose: bool,
     capabilities: OnceLock<Result<Capabilities, String>>,
-    failed: Mutex<HashMap<String, Failure>>,
+    failed: Mutex<Bounded<String, Failure>>,
     /// Precompiled kernels already reported as corrupt: `supports_op` searches for a kernel once
     /// per node, and the user needs to read about a bad file once, not once per node.
-    reported: Mutex<std::collections::HashSet<String>>,
+    reported: Mutex<Bounded<String, ()>>,
+    manifests: Manifests,
     /// `GGML_HSA_KERNEL_RECORD`: where to record the kernels used.
     record: Option<PathBuf>,
+}
+
+/// Logs `message` once per process (several devices share the same directories).
+fn warn_once(message: String) {
+    static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    if SAID
+        .lock()
+        .get_or_insert_with(HashSet::new)
+        .insert(message.clone())
+    {
+        log::warn(&message);
+    }
 }
 
 impl KernelStore {
@@ -106,13 +165,69 @@ impl KernelStore {
             arch,
             kernel_dir,
             cache_dir,
+            cache_fallback: None,
+            cache_max: DEFAULT_CACHE_MAX,
+            places: OnceLock::new(),
             jit,
             verbose,
             capabilities: OnceLock::new(),
-            failed: Mutex::new(HashMap::new()),
-            reported: Mutex::new(std::collections::HashSet::new()),
+            failed: Mutex::new(Bounded::new()),
+            reported: Mutex::new(Bounded::new()),
+            manifests: Manifests::default(),
             record: None,
         }
+    }
+
+    /// The private directory to cache kernels in when the cache directory is refused.
+    pub fn with_cache_fallback(mut self, dir: Option<PathBuf>) -> KernelStore {
+        self.cache_fallback = dir;
+        self
+    }
+
+    /// The most bytes of kernels kept in the cache directory of this architecture.
+    pub fn with_cache_max(mut self, bytes: u64) -> KernelStore {
+        self.cache_max = bytes;
+        self
+    }
+
+    /// The directories this store may use, decided (and each refusal logged) on first use.
+    fn places(&self) -> &Places {
+        self.places.get_or_init(|| {
+            let kernel_dir = self
+                .kernel_dir
+                .as_ref()
+                .and_then(|dir| match trust::check_dir(dir) {
+                    Ok(real) => Some(real),
+                    Err(e) => {
+                        warn_once(format!(
+                            "GGML_HSA_KERNEL_DIR refused, no precompiled kernels are read: {e}"
+                        ));
+                        None
+                    }
+                });
+            let mut cache = None;
+            for dir in std::iter::once(&self.cache_dir).chain(&self.cache_fallback) {
+                match trust::private_dir(dir) {
+                    Ok(real) => {
+                        cache = Some(real);
+                        break;
+                    }
+                    Err(e) => warn_once(format!(
+                        "kernel cache directory refused, nothing is read from or written to it: \
+                         {e}"
+                    )),
+                }
+            }
+            if cache.is_none() && self.jit.is_some() {
+                warn_once(
+                    "no private kernel cache directory: kernels are not compiled, only \
+                     precompiled ones (GGML_HSA_KERNEL_DIR) are used; set \
+                     GGML_HSA_KERNEL_CACHE_DIR to a directory of yours"
+                        .to_owned(),
+                );
+            }
+            Places { kernel_dir, cache }
+        })
     }
 
     /// Records every kernel this store provides into the gen-kernels config at `path`.
@@ -125,29 +240,51 @@ impl KernelStore {
         self.arch
     }
 
-    fn cache_arch_dir(&self) -> PathBuf {
-        self.cache_dir.join(self.arch.name())
+    /// The cache folder of this architecture, if there is a trusted cache and the folder exists
+    /// (or `create`, then it is made) and passes the rules.
+    fn cache_arch_dir(&self, create: bool) -> Option<PathBuf> {
+        let root = self.places().cache.as_ref()?;
+        self.arch_dir(root, create)
+    }
+
+    fn arch_dir(&self, root: &std::path::Path, create: bool) -> Option<PathBuf> {
+        match trust::sub_dir(root, self.arch.name(), create) {
+            Ok(dir) => Some(dir),
+            Err(e) => {
+                if std::fs::symlink_metadata(root.join(self.arch.name())).is_ok() || create {
+                    warn_once(format!("kernel directory refused: {e}"));
+                }
+                None
+            }
+        }
     }
 
     fn search_dirs(&self) -> impl Iterator<Item = PathBuf> + '_ {
-        self.kernel_dir
+        let places = self.places();
+        places
+            .kernel_dir
             .iter()
-            .map(|d| d.join(self.arch.name()))
-            .chain([self.cache_arch_dir()])
+            .filter_map(|d| self.arch_dir(d, false))
+            .chain(self.cache_arch_dir(false))
     }
 
     /// The kernel `name` from the first directory that has a usable copy. A corrupt copy in the
     /// precompiled directory is reported and skipped (the user's files are not ours to change);
     /// a corrupt copy in the cache is returned in the second field, to be removed under its lock.
     fn search(&self, name: &str) -> (Option<KernelFiles>, Option<String>) {
-        let cache = self.cache_arch_dir();
+        let cache = self.cache_arch_dir(false);
         for dir in self.search_dirs() {
-            match read_kernel(&dir, name, self.arch) {
-                Ok(Some(files)) => return (Some(files), None),
+            match read_kernel(&dir, name, self.arch, &self.manifests) {
+                Ok(Some(files)) => {
+                    if Some(&dir) == cache.as_ref() {
+                        touch(&dir, name);
+                    }
+                    return (Some(files), None);
+                }
                 Ok(None) => {}
-                Err(reason) if dir == cache => return (None, Some(reason)),
+                Err(reason) if Some(&dir) == cache.as_ref() => return (None, Some(reason)),
                 Err(reason) => {
-                    if self.reported.lock().insert(name.to_owned()) {
+                    if self.reported.lock().insert(name.to_owned(), ()) {
                         log::warn(&format!(
                             "ignoring corrupt kernel files of the precompiled kernel {name}: \
                              {reason} (GGML_HSA_KERNEL_DIR is left as it is; regenerate it with \
@@ -163,7 +300,9 @@ impl KernelStore {
     /// Removes the corrupt cached kernel `name` (found so by [`Self::search`]) under its lock,
     /// unless another process replaced it meanwhile. One log line either way.
     fn remove_corrupt(&self, name: &str, reason: &str) {
-        let dir = self.cache_arch_dir();
+        let Some(dir) = self.cache_arch_dir(false) else {
+            return;
+        };
         let lock = match lock_kernel(&dir, name) {
             Ok(lock) => lock,
             Err(why) => {
@@ -173,7 +312,7 @@ impl KernelStore {
                 return;
             }
         };
-        if let Err(reason) = read_kernel(&dir, name, self.arch) {
+        if let Err(reason) = read_kernel(&dir, name, self.arch, &self.manifests) {
             let failed = remove_kernel_files(&dir, name);
             let next = if self.capabilities().is_ok() {
                 "compiling it again"
@@ -201,9 +340,12 @@ impl KernelStore {
         let Some(jit) = &self.jit else {
             return Err("JIT compilation is disabled");
         };
+        let Some(cache) = &self.places().cache else {
+            return Err("there is no private cache directory to compile into");
+        };
         self.capabilities
             .get_or_init(|| {
-                let caps = jit.capabilities();
+                let caps = jit.capabilities(cache);
                 match &caps {
                     Ok(c) => log::info(&format!(
                         "kernel compiler `{}` ({}): {} ops",
@@ -236,8 +378,8 @@ impl KernelStore {
         };
         let on_disk = || {
             self.search_dirs().any(|dir| {
-                dir.join(format!("{name}.pdi")).is_file()
-                    || dir.join(format!("{name}.hsaco")).is_file()
+                trust::is_regular_file(&dir.join(format!("{name}.pdi")))
+                    || trust::is_regular_file(&dir.join(format!("{name}.hsaco")))
             })
         };
         let supported = match compilable {
@@ -285,9 +427,11 @@ impl KernelStore {
             .collect();
         self.compile_all(descs, &names, &missing);
         // What was compiled is in the cache now (the other directories were read above).
+        let cache = self.cache_arch_dir(false);
         for (i, name) in names.iter().enumerate() {
             if found[i].is_none() && !known_bad(name) {
-                found[i] = match read_kernel(&self.cache_arch_dir(), name, self.arch) {
+                let Some(cache) = &cache else { continue };
+                found[i] = match read_kernel(cache, name, self.arch, &self.manifests) {
                     Ok(files) => files,
                     Err(reason) => {
                         log::warn(&format!("kernel {name}: {reason}"));
@@ -316,7 +460,10 @@ impl KernelStore {
                         Ok(_) => format!(
                             "the compiler reported success but {} holds no usable kernel \
                                  files",
-                            self.cache_arch_dir().display()
+                            cache
+                                .as_deref()
+                                .unwrap_or(self.cache_dir.as_path())
+                                .display()
                         ),
                         Err(why) => {
                             format!("not found in the precompiled or cache directories and {why}")
@@ -343,9 +490,11 @@ impl KernelStore {
             return;
         }
         let total = missing.len();
-        let jobs = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(total);
+        // Asked once: on Linux the answer reads the cgroup's files.
+        static CORES: OnceLock<usize> = OnceLock::new();
+        let cores =
+            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let jobs = cores.min(total);
         let started = Instant::now();
         if total > 1 {
             log::info(&format!(
@@ -418,25 +567,30 @@ impl KernelStore {
             refused: true,
         })?;
         let jit = self.jit.as_ref().expect("capabilities imply a compiler");
-        let dir = self.cache_arch_dir();
-        std::fs::create_dir_all(&dir).map_err(|e| {
+        let dir = self.cache_arch_dir(true).ok_or_else(|| {
             failed(format!(
-                "cannot create the cache directory {}: {e}",
-                dir.display()
+                "the cache directory {} for {} is refused (see the log)",
+                self.cache_dir.display(),
+                self.arch
             ))
         })?;
         let lock = lock_kernel(&dir, name).map_err(failed)?;
-        if let Ok(Some(_)) = read_kernel(&dir, name, self.arch) {
+        if let Ok(Some(_)) = read_kernel(&dir, name, self.arch, &self.manifests) {
             return Ok("compiled by another process");
         }
         // Holding the lock, nobody else writes this kernel: temporary files of it are what a
         // compiler or a process killed mid-compile left behind.
         remove_partial_files(&dir, name, false);
         let request = dir.join(format!(".{name}.request.{}.json", std::process::id()));
-        std::fs::write(&request, desc.request_json(self.arch)).map_err(|e| {
+        let written = trust::create_new(&request).and_then(|mut f| {
+            use std::io::Write;
+            f.write_all(desc.request_json(self.arch).as_bytes())
+                .map_err(|e| format!("{}: {e}", request.display()))
+        });
+        written.map_err(|e| {
             // A full disk leaves the file created but short: keep nothing half-written.
             let _ = std::fs::remove_file(&request);
-            failed(format!("cannot write {}: {e}", request.display()))
+            failed(format!("cannot write the request {e}"))
         })?;
         let outcome = jit.compile(&request, &dir);
         let _ = std::fs::remove_file(&request);
@@ -452,8 +606,21 @@ impl KernelStore {
         // Sums of what the compiler wrote, recorded while the lock keeps anyone else from
         // writing these files. A compiler that reported success over unusable files is caught
         // by the read that follows (load_many), not recorded as good.
-        match read_kernel(&dir, name, self.arch) {
-            Ok(Some(_)) => record_written(&dir, name),
+        super::kernel_dir::seal_kernel_files(&dir, name);
+        match read_kernel(&dir, name, self.arch, &self.manifests) {
+            Ok(Some(_)) => {
+                record_written(&dir, name);
+                let evicted = enforce_cap(&dir, self.cache_max, name);
+                if !evicted.is_empty() {
+                    log::info(&format!(
+                        "kernel cache {} over its {} byte cap: removed the {} least recently \
+                         used kernel(s)",
+                        dir.display(),
+                        self.cache_max,
+                        evicted.len()
+                    ));
+                }
+            }
             // Nothing written: load_many reports it.
             Ok(None) => {}
             Err(reason) => {
@@ -474,279 +641,18 @@ impl KernelStore {
     /// Removes every kernel this backend wrote into the cache directory of this architecture
     /// (as listed in its manifest) and returns the paths removed. Other files stay.
     pub fn clear_cache(&self) -> Vec<PathBuf> {
-        clear_cache_dir(&self.cache_arch_dir())
+        self.cache_arch_dir(false)
+            .map(|dir| super::kernel_dir::clear_cache_dir(&dir))
+            .unwrap_or_default()
     }
-}
-
-/// Takes the compile lock of kernel `name` in `dir`, waiting while another process holds it.
-fn lock_kernel(dir: &Path, name: &str) -> Result<File, String> {
-    let path = dir.join(format!(".{name}.lock"));
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| format!("cannot create the lock file {}: {e}", path.display()))?;
-    file.lock()
-        .map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
-    Ok(file)
-}
-
-/// Removes the temporary files of kernel `name` in `dir` (`.<name>.pdi.*`, `.<name>_insts.bin.*`,
-/// `.<name>.hsaco.*`: the protocol's "written aside, renamed into place"; `.<name>.request.*`),
-/// and with `outputs` its kernel files too. The caller holds the kernel's lock. Canonical names
-/// have no dots, so these prefixes never reach another kernel's files.
-fn remove_partial_files(dir: &Path, name: &str, outputs: bool) {
-    let temporary = [
-        format!(".{name}.pdi."),
-        format!(".{name}_insts.bin."),
-        format!(".{name}.hsaco."),
-        format!(".{name}.request."),
-    ];
-    let kernel_files = [
-        format!("{name}.pdi"),
-        format!("{name}_insts.bin"),
-        format!("{name}.hsaco"),
-    ];
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let file = entry.file_name();
-        let file = file.to_string_lossy();
-        let partial = temporary.iter().any(|p| file.starts_with(p.as_str()))
-            || (outputs && kernel_files.iter().any(|k| file == k.as_str()));
-        if partial && std::fs::remove_file(entry.path()).is_ok() {
-            log::info(&format!(
-                "removed {} (left by an unfinished compile)",
-                entry.path().display()
-            ));
-        }
-    }
-}
-
-/// The files a kernel `name` may have.
-fn kernel_file_names(name: &str) -> [String; 3] {
-    [
-        format!("{name}.pdi"),
-        format!("{name}_insts.bin"),
-        format!("{name}.hsaco"),
-    ]
-}
-
-/// Removes the kernel files of `name` in `dir` (the caller holds its lock); returns why each
-/// file that exists could not be removed.
-fn remove_kernel_files(dir: &Path, name: &str) -> Vec<String> {
-    kernel_file_names(name)
-        .into_iter()
-        .map(|f| dir.join(f))
-        .filter_map(|p| match std::fs::remove_file(&p) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Some(format!("{}: {e}", p.display()))
-            }
-            _ => None,
-        })
-        .collect()
-}
-
-/// The manifest line of kernel `name` as its files in `dir` are now.
-fn manifest_line(dir: &Path, name: &str) -> String {
-    let mut line = name.to_owned();
-    for file in kernel_file_names(name) {
-        if let Ok(bytes) = std::fs::read(dir.join(&file)) {
-            line.push_str(&format!(" {file}:{}:{:016x}", bytes.len(), fnv1a64(&bytes)));
-        }
-    }
-    line.push('\n');
-    line
-}
-
-/// What `dir`'s manifest recorded for `name` (its last line for that name), if anything.
-/// Malformed fields (a line torn by a full disk, a hand edit) are ignored.
-fn recorded(dir: &Path, name: &str) -> Option<Recorded> {
-    let text = std::fs::read(dir.join(MANIFEST)).ok()?;
-    parse_manifest(&String::from_utf8_lossy(&text)).remove(name)
-}
-
-/// The manifest's lines: per kernel name, the files with size and checksum its last line
-/// records (a bare name records nothing).
-pub fn parse_manifest(text: &str) -> HashMap<String, Recorded> {
-    let mut out = HashMap::new();
-    for line in text.lines() {
-        let mut fields = line.split_whitespace();
-        let Some(name) = fields.next() else { continue };
-        let files = fields
-            .filter_map(|f| {
-                let mut parts = f.rsplitn(3, ':');
-                let (sum, size, file) = (parts.next()?, parts.next()?, parts.next()?);
-                let sum = u64::from_str_radix(sum, 16).ok()?;
-                Some((file.to_owned(), (size.parse().ok()?, sum)))
-            })
-            .collect();
-        out.insert(name.to_owned(), files);
-    }
-    out
-}
-
-/// Adds kernel `name` with the sizes and checksums of its files in `dir` to the manifest of
-/// `dir` (one short line, appended atomically). ggml-hsa-gen-kernels calls it for its outputs.
-pub fn record_written(dir: &Path, name: &str) {
-    let path = dir.join(MANIFEST);
-    let line = manifest_line(dir, name);
-    let appended = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(line.as_bytes()));
-    if let Err(e) = appended {
-        log::warn(&format!(
-            "cannot record {name} in {}: {e}; clearing the cache will not remove it",
-            path.display()
-        ));
-    }
-}
-
-/// Removes the kernels listed in `dir`'s manifest, their lock files and the manifest.
-pub fn clear_cache_dir(dir: &Path) -> Vec<PathBuf> {
-    let Ok(list) = std::fs::read_to_string(dir.join(MANIFEST)) else {
-        return Vec::new();
-    };
-    let mut removed = Vec::new();
-    // The name is a line's first field (the others are its files' sums).
-    let names = list
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| !n.contains('/') && !n.starts_with('.'));
-    for name in names {
-        let [pdi, insts, hsaco] = kernel_file_names(name);
-        for file in [pdi, insts, hsaco, format!(".{name}.lock")] {
-            let path = dir.join(file);
-            if std::fs::remove_file(&path).is_ok() {
-                removed.push(path);
-            }
-        }
-    }
-    let manifest = dir.join(MANIFEST);
-    if std::fs::remove_file(&manifest).is_ok() {
-        removed.push(manifest);
-    }
-    removed
-}
-
-/// Reads `<dir>/<name>.hsaco` (preferred: an AIE code object with a PDI + instructions kernel
-/// called `name` in the section of `arch`), else `<dir>/<name>.pdi` and `<dir>/<name>_insts.bin`;
-/// `Ok(None)` when absent, `Err` (why, with the path) when present but unusable. A corrupt
-/// hsaco beside a good pair is logged and the pair used.
-fn read_kernel(dir: &Path, name: &str, arch: Arch) -> Result<Option<KernelFiles>, String> {
-    let sums = recorded(dir, name).unwrap_or_default();
-    let hsaco_path = dir.join(format!("{name}.hsaco"));
-    let hsaco = hsaco_path
-        .is_file()
-        .then(|| read_hsaco(&hsaco_path, name, arch, &sums));
-    match hsaco {
-        Some(Ok(files)) => Ok(Some(files)),
-        Some(Err(reason)) => match read_pdi_insts(dir, name, &sums) {
-            Ok(Some(pair)) => {
-                log::warn(&format!("ignoring corrupt kernel file {reason}"));
-                Ok(Some(pair))
-            }
-            _ => Err(reason),
-        },
-        None => read_pdi_insts(dir, name, &sums),
-    }
-}
-
-/// `bytes`, read from `path`, checked against the manifest's record of the file, if any. The
-/// checksum (FNV-1a) is against torn and damaged files, not an authenticity check: whoever can
-/// write the cache can write its manifest.
-fn check_recorded(path: &Path, bytes: &[u8], sums: &Recorded) -> Result<(), String> {
-    let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
-    let Some(&(size, sum)) = file.and_then(|f| sums.get(&f)) else {
-        return Ok(());
-    };
-    if bytes.len() as u64 != size {
-        return Err(format!(
-            "{} is {} bytes, the manifest recorded {size} (truncated or overwritten)",
-            path.display(),
-            bytes.len()
-        ));
-    }
-    if fnv1a64(bytes) != sum {
-        return Err(format!(
-            "{} does not match the checksum the manifest recorded (damaged)",
-            path.display()
-        ));
-    }
-    Ok(())
-}
-
-/// The kernel `name` of an hsaco file, validated by the shared strict reader.
-fn read_hsaco(path: &Path, name: &str, arch: Arch, sums: &Recorded) -> Result<KernelFiles, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    check_recorded(path, &bytes, sums)?;
-    let at = |e: String| format!("{}: {e}", path.display());
-    let kernels = aie_hsaco::read(&bytes, arch.name()).map_err(|e| at(e.to_string()))?;
-    let k = kernels
-        .into_iter()
-        .find(|k| k.name == name)
-        .ok_or_else(|| {
-            at(format!(
-                "no kernel named {name} in its {} section",
-                arch.name()
-            ))
-        })?;
-    if k.kind != aie_hsaco::KernelKind::PdiInsts {
-        return Err(at(format!(
-            "kernel {name} is a full ELF; this backend dispatches PDI + instruction kernels"
-        )));
-    }
-    Ok(KernelFiles {
-        name: name.to_owned(),
-        pdi: k.pdi,
-        insts: k.insts,
-        path: path.to_owned(),
-        hsaco: Some(bytes),
-    })
-}
-
-fn read_pdi_insts(dir: &Path, name: &str, sums: &Recorded) -> Result<Option<KernelFiles>, String> {
-    let pdi_path = dir.join(format!("{name}.pdi"));
-    let insts_path = dir.join(format!("{name}_insts.bin"));
-    if !pdi_path.is_file() {
-        return Ok(None);
-    }
-    let read = |path: &Path| {
-        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        check_recorded(path, &bytes, sums)?;
-        Ok::<_, String>(bytes)
-    };
-    let (pdi, insts) = read(&pdi_path).and_then(|pdi| {
-        let insts = read(&insts_path)?;
-        if pdi.is_empty() {
-            return Err(format!("{} is empty", pdi_path.display()));
-        }
-        if insts.is_empty() || !insts.len().is_multiple_of(4) {
-            return Err(format!(
-                "{} is {} bytes, not a non-empty multiple of 4",
-                insts_path.display(),
-                insts.len()
-            ));
-        }
-        Ok((pdi, insts))
-    })?;
-    Ok(Some(KernelFiles {
-        name: name.to_owned(),
-        pdi,
-        insts,
-        path: pdi_path,
-        hsaco: None,
-    }))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::desc::Layout;
+    use super::super::desc::{fnv1a64, Layout};
+    use super::super::kernel_dir::{clear_cache_dir, parse_manifest, MANIFEST};
     use super::*;
+    use std::path::Path;
 
     fn desc() -> KernelDesc {
         let t = Layout::contiguous("f32", 4, [16, 1, 1, 1]);
@@ -825,7 +731,7 @@ mod tests {
         record_written(&dir, "k1");
         record_written(&dir, "gone"); // listed but already deleted by hand
         let removed = clear_cache_dir(&dir);
-        assert_eq!(removed.len(), 4, "{removed:?}");
+        assert_eq!(removed.len(), 5, "{removed:?}");
         let mut left: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -986,16 +892,18 @@ mv "$5/.$name"_insts.bin.tmp "$5/$name"_insts.bin
         std::fs::create_dir_all(&dir).unwrap();
         let good = aie_hsaco::write_single("aie2p", "k", b"PDI!", &[1, 0, 0, 0], 2, 1).unwrap();
         std::fs::write(dir.join("k.hsaco"), &good).unwrap();
-        let f = read_kernel(&dir, "k", Arch::Aie2p).unwrap().unwrap();
+        let f = read_kernel(&dir, "k", Arch::Aie2p, &Manifests::default())
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (f.pdi.as_slice(), f.insts.as_slice()),
             (&b"PDI!"[..], &[1, 0, 0, 0][..])
         );
         assert_eq!(f.hsaco.as_deref(), Some(good.as_slice()));
         // No aie2 section, no .pdi: no kernel for aie2; another name: none either.
-        assert!(read_kernel(&dir, "k", Arch::Aie2).is_err());
+        assert!(read_kernel(&dir, "k", Arch::Aie2, &Manifests::default()).is_err());
         std::fs::copy(dir.join("k.hsaco"), dir.join("other.hsaco")).unwrap();
-        assert!(read_kernel(&dir, "other", Arch::Aie2p).is_err());
+        assert!(read_kernel(&dir, "other", Arch::Aie2p, &Manifests::default()).is_err());
         // With the .pdi pair beside it, a corrupt hsaco falls back to the pair; whatever the
         // corruption (truncations, flipped bytes), the result is a clean kernel or the pair.
         std::fs::write(dir.join("k.pdi"), b"PAIR").unwrap();
@@ -1013,7 +921,7 @@ mv "$5/.$name"_insts.bin.tmp "$5/$name"_insts.bin
                 bytes[at] ^= 1 << (x >> 61);
             }
             std::fs::write(dir.join("k.hsaco"), &bytes).unwrap();
-            let f = read_kernel(&dir, "k", Arch::Aie2p)
+            let f = read_kernel(&dir, "k", Arch::Aie2p, &Manifests::default())
                 .unwrap()
                 .expect("the pair at least");
             assert!(!f.pdi.is_empty() && !f.insts.is_empty() && f.insts.len().is_multiple_of(4));
@@ -1022,5 +930,225 @@ mv "$5/.$name"_insts.bin.tmp "$5/$name"_insts.bin
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A kernel planted with a matching manifest, in a cache someone else could have written:
+    /// never read. The store uses its private fallback instead (compiling there) or declines.
+    #[test]
+    fn planted_kernels_in_a_foreign_or_writable_cache_are_not_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = scratch("planted");
+        let d = desc();
+        let name = d.canonical_name();
+        let shared = root.join("shared");
+        let plant = |dir: &Path| {
+            let arch = dir.join("aie2");
+            std::fs::create_dir_all(&arch).unwrap();
+            std::fs::write(arch.join(format!("{name}.pdi")), b"EVIL").unwrap();
+            std::fs::write(arch.join(format!("{name}_insts.bin")), [0u8; 8]).unwrap();
+            record_written(&arch, &name);
+        };
+        plant(&shared);
+        let chmod = |p: &Path, mode| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        // As a fresh `/tmp/ggml` made by another user would be: writable by anyone.
+        chmod(&shared, 0o777);
+        let store = KernelStore::new(Arch::Aie2, None, shared.clone(), None, false);
+        assert!(store.load(&d).is_err(), "the planted kernel was used");
+        let err = store.supports(&d).unwrap_err();
+        assert!(err.contains("JIT compilation is disabled"), "{err}");
+        // With a compiler and a private fallback: compiled into the fallback.
+        let log = root.join("compiles.log");
+        let fallback = root.join("private");
+        let store = KernelStore::new(
+            Arch::Aie2,
+            None,
+            shared.clone(),
+            Some(fake_compiler(&root, &log)),
+            false,
+        )
+        .with_cache_fallback(Some(fallback.clone()));
+        let k = store.load(&d).unwrap();
+        assert_eq!(k.pdi.len(), 64);
+        assert!(k
+            .path
+            .starts_with(std::fs::canonicalize(&fallback).unwrap()));
+        let mode = std::fs::metadata(&fallback).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        // The arch folder writable by others inside a private cache: refused as well.
+        chmod(&shared, 0o700);
+        chmod(&shared.join("aie2"), 0o777);
+        let store = KernelStore::new(Arch::Aie2, None, shared.clone(), None, false);
+        assert!(store.load(&d).is_err());
+        // Owned by another user (only root can set this up).
+        chmod(&shared.join("aie2"), 0o700);
+        if trust::euid() == 0 {
+            let store = KernelStore::new(Arch::Aie2, None, shared.clone(), None, false);
+            assert_eq!(
+                store.load(&d).unwrap().pdi,
+                b"EVIL",
+                "the premise: ours is read"
+            );
+            std::os::unix::fs::chown(&shared, Some(65534), None).unwrap();
+            let store = KernelStore::new(Arch::Aie2, None, shared.clone(), None, false);
+            assert!(store.load(&d).is_err(), "a foreign cache was read");
+            // The same for a precompiled directory.
+            let store = KernelStore::new(
+                Arch::Aie2,
+                Some(shared.clone()),
+                root.join("empty"),
+                None,
+                false,
+            );
+            assert!(
+                store.load(&d).is_err(),
+                "a foreign kernel directory was read"
+            );
+        }
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    /// A FIFO where a kernel file should be would hang every reader; a link to /dev/zero would
+    /// read without end; a link to another file would read what the link's author chose.
+    #[test]
+    fn fifos_links_and_oversized_files_are_declined_at_once() {
+        let root = scratch("special");
+        let d = desc();
+        let name = d.canonical_name();
+        let arch = root.join("cache").join("aie2");
+        std::fs::create_dir_all(&arch).unwrap();
+        std::fs::write(arch.join(format!("{name}.pdi")), b"PDI!").unwrap();
+        let insts = arch.join(format!("{name}_insts.bin"));
+        let status = std::process::Command::new("mkfifo")
+            .arg(&insts)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let cache = root.join("cache");
+        let store = move || KernelStore::new(Arch::Aie2, None, cache.clone(), None, false);
+        let (done, wait) = std::sync::mpsc::channel();
+        let first = store.clone();
+        std::thread::spawn(move || done.send(first().load(&desc()).is_err()));
+        let declined = wait.recv_timeout(std::time::Duration::from_secs(20));
+        assert_eq!(declined, Ok(true), "a FIFO hung or was read");
+        // The manifest and the lock file behind links: not followed.
+        for (file, target) in [
+            (insts.clone(), "/dev/zero"),
+            (arch.join(MANIFEST), "/dev/zero"),
+        ] {
+            let _ = std::fs::remove_file(&file);
+            std::os::unix::fs::symlink(target, &file).unwrap();
+        }
+        std::fs::write(arch.join(format!("{name}.pdi")), b"PDI!").unwrap();
+        assert!(store().load(&d).is_err());
+        let lock = arch.join(format!(".{name}.lock"));
+        std::os::unix::fs::symlink(root.join("elsewhere"), &lock).unwrap();
+        assert!(lock_kernel(&arch, &name).is_err());
+        assert!(
+            !root.join("elsewhere").exists(),
+            "the lock link was followed"
+        );
+        // A file past the size cap is declined without being read whole.
+        let _ = std::fs::remove_file(&insts);
+        std::fs::write(&insts, [0u8; 8]).unwrap();
+        let pdi = std::fs::File::create(arch.join(format!("{name}.pdi"))).unwrap();
+        pdi.set_len(trust::KERNEL_FILE_CAP + 4).unwrap();
+        let _ = std::fs::remove_file(arch.join(MANIFEST));
+        let err = read_kernel(&arch, &name, Arch::Aie2, &Manifests::default()).unwrap_err();
+        assert!(err.contains("more than"), "{err}");
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    /// A fast compiler (a shell script of builtins) that writes a 1 KiB kernel for any shape,
+    /// and declines (exit 2) the shapes whose first dimension is a multiple of 3.
+    fn spray_compiler(dir: &Path) -> Compiler {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("spray.sh");
+        let script = r#"#!/bin/sh
+if [ "$1" = capabilities ]; then
+  echo '{"protocol": 1, "archs": ["aie2"], "ops": [{"op": "RELU", "inputs": 1, "types": ["f32"]}]}'
+  exit 0
+fi
+f=${3##*/}; f=${f#.}; name=${f%%.request.*}
+case "$name" in *_3x*|*_6x*|*_9x*) ;; esac
+n=${name#*f32_}; n=${n%%[!0-9]*}
+if [ $((n % 3)) -eq 0 ]; then exit 2; fi
+printf '%1024s' P > "$5/$name.pdi"
+printf 'INS1INS2' > "$5/${name}_insts.bin"
+"#;
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Compiler::new(path.to_str().unwrap()).unwrap()
+    }
+
+    /// A client of ggml-rpc-server sending 10,000 shapes: the cache stays within its cap, the
+    /// manifest and the lock files do not pile up, the remembered failures are bounded.
+    #[test]
+    fn a_spray_of_shapes_stays_within_the_cache_cap() {
+        // In memory where there is a tmpfs: the test creates and removes some 50,000 files.
+        let shm = Path::new("/dev/shm");
+        let base = if shm.is_dir() {
+            shm.to_owned()
+        } else {
+            std::env::temp_dir()
+        };
+        let root = base.join(format!("ggml-hsa-spray-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let cap = 64 << 10;
+        let store = KernelStore::new(
+            Arch::Aie2,
+            None,
+            root.join("cache"),
+            Some(spray_compiler(&root)),
+            false,
+        )
+        .with_cache_max(cap);
+        let arch = root.join("cache").join("aie2");
+        let shape = |n: i64| {
+            let mut d = desc();
+            d.inputs[0] = Layout::contiguous("f32", 4, [n, 1, 1, 1]);
+            d.output = d.inputs[0].clone();
+            d
+        };
+        let mut declined = 0;
+        for n in 1..=10_000 {
+            match store.load(&shape(n)) {
+                Ok(k) => assert_eq!(k.pdi.len(), 1024),
+                Err(e) => {
+                    assert!(e.refused, "{e}");
+                    declined += 1;
+                }
+            }
+            if n % 2_500 == 0 {
+                let bytes: u64 = std::fs::read_dir(&arch)
+                    .unwrap()
+                    .map(|e| e.unwrap().metadata().unwrap().len())
+                    .sum();
+                let files = std::fs::read_dir(&arch).unwrap().count();
+                assert!(bytes <= cap + (64 << 10), "after {n} shapes: {bytes} bytes");
+                assert!(files < 200, "after {n} shapes: {files} files");
+            }
+        }
+        assert_eq!(declined, 3333);
+        assert!(store.failed.lock().len() <= REMEMBERED);
+        let locks = std::fs::read_dir(&arch)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".lock")
+            })
+            .count();
+        assert!(locks <= 1, "{locks} lock files left");
+        // The most recent kernels are still there; the first ones were evicted.
+        let kept = |n: i64| {
+            trust::is_regular_file(&arch.join(format!("{}.pdi", shape(n).canonical_name())))
+        };
+        assert!(kept(10_000) && kept(9_998) && !kept(1));
+        let _ = std::fs::remove_dir_all(root);
     }
 }

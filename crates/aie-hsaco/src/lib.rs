@@ -140,6 +140,11 @@ pub enum HsacoError {
     BadKernel { name: String, msg: String },
     #[error("section {0:?} appears twice in one file")]
     DuplicateSection(String),
+    #[error(
+        "the kernels' blobs add up to {copied} bytes, more than the {section}-byte section \
+         (entries sharing one blob)"
+    )]
+    Amplified { copied: u64, section: u64 },
     #[error("cannot write: {0}")]
     Write(String),
 }
@@ -324,6 +329,9 @@ pub fn parse_section(sec: &[u8], arch: &str) -> Result<Vec<Kernel>, HsacoError> 
         ));
     }
     let strings = &sec[str_off as usize..str_end as usize];
+    // Entries may point at the same bytes of the pool; each copy is counted, so that a small file
+    // whose many entries share one large blob cannot make the reader allocate without bound.
+    let copied = std::cell::Cell::new(0u64);
     let blob =
         |what: &'static str, name: &str, off: u32, size: u32| -> Result<Vec<u8>, HsacoError> {
             let (off, size) = (off as u64, size as u64);
@@ -335,6 +343,13 @@ pub fn parse_section(sec: &[u8], arch: &str) -> Result<Vec<Kernel>, HsacoError> 
                     off + size
                 ),
                 ));
+            }
+            copied.set(copied.get() + size);
+            if copied.get() > len {
+                return Err(HsacoError::Amplified {
+                    copied: copied.get(),
+                    section: len,
+                });
             }
             Ok(sec[off as usize..(off + size) as usize].to_vec())
         };

@@ -365,3 +365,37 @@ fn seed_corpus() {
     }
     assert!(n >= 7, "corpus has {n} files");
 }
+
+/// A 0.7 MiB section whose 8,192 entries all name one 256 KiB PDI would make a reader that copies
+/// each kernel's blobs allocate 2 GiB: refused, whatever the entries say.
+#[test]
+fn entries_sharing_one_blob_cannot_amplify_the_file() {
+    let kernel = |i: usize, pdi: Vec<u8>| Kernel {
+        name: format!("k{i}"),
+        kind: KernelKind::PdiInsts,
+        insts: vec![0; 4],
+        pdi,
+        kernarg_size: 16,
+        num_cols: 1,
+    };
+    let mut kernels = vec![kernel(0, vec![7; 256 << 10])];
+    kernels.extend((1..8192).map(|i| kernel(i, vec![1])));
+    let mut sec = build_section("aie2p", &kernels).unwrap();
+    assert!(
+        parse_section(&sec, "aie2p").is_ok(),
+        "the honest file reads"
+    );
+    let pdi = |sec: &[u8], k: usize, field: usize| {
+        let at = 48 + 44 * k + field;
+        u32::from_le_bytes(sec[at..at + 4].try_into().unwrap())
+    };
+    let (off, size) = (pdi(&sec, 0, 12), pdi(&sec, 0, 16));
+    assert_eq!(size, 256 << 10);
+    for k in 1..8192 {
+        put_u32(&mut sec, 48 + 44 * k + 12, off);
+        put_u32(&mut sec, 48 + 44 * k + 16, size);
+    }
+    assert!(sec.len() < 1 << 20, "{}", sec.len());
+    let err = parse_section(&sec, "aie2p").unwrap_err();
+    assert!(matches!(err, HsacoError::Amplified { .. }), "{err}");
+}

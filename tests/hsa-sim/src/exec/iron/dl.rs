@@ -1,16 +1,15 @@
-//! One private copy of a kernel library per core: the bytes are written to a temporary file,
-//! `dlopen`ed (RTLD_LOCAL, so copies never resolve symbols against each other) and the file is
-//! removed at once (the mapping stays). Each copy has its own static data, as each AIE core
+//! One private copy of a kernel library per core: the bytes are written to a new temporary file
+//! (created with a random name, mode 0600 and `O_EXCL`, so nothing planted at a guessed name is
+//! followed or loaded), `dlopen`ed (RTLD_LOCAL, so copies never resolve symbols against each
+//! other) and the file is removed at once (the mapping stays). Each copy has its own static data, as each AIE core
 //! links its own copy of the core functions.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::Write;
 
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 /// A core function wrapper: `void ggml_hsa_emu_<i>(const uint64_t *args)`.
 pub type EntryFn = unsafe extern "C" fn(*const u64);
-
-static SERIAL: AtomicU64 = AtomicU64::new(0);
 
 /// One loaded copy of a kernel library and its entry points (valid while `_lib` is loaded).
 #[derive(Debug)]
@@ -22,14 +21,23 @@ pub struct CoreLib {
 impl CoreLib {
     /// Loads a private copy of `bytes` and resolves `symbols`.
     pub fn load(bytes: &[u8], symbols: &[String]) -> Result<CoreLib, String> {
-        let n = SERIAL.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("hsa-sim-iron-{}-{n}.so", std::process::id()));
-        std::fs::write(&path, bytes)
-            .map_err(|e| format!("cannot write the kernel library to {}: {e}", path.display()))?;
-        // SAFETY: the library is ours (written just now from the image); its initialisers are
-        // those of a C++ kernel library built by the package.
-        let lib = unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_LOCAL) };
-        let _ = std::fs::remove_file(&path);
+        let mut file = tempfile::Builder::new()
+            .prefix("hsa-sim-iron-")
+            .suffix(".so")
+            .tempfile()
+            .map_err(|e| format!("cannot create a file for the kernel library: {e}"))?;
+        file.write_all(bytes)
+            .and_then(|()| file.flush())
+            .map_err(|e| {
+                format!(
+                    "cannot write the kernel library to {}: {e}",
+                    file.path().display()
+                )
+            })?;
+        // SAFETY: the library is ours (written just now from the image into a file only we
+        // created); its initialisers are those of a C++ kernel library built by the package.
+        let lib = unsafe { Library::open(Some(file.path()), RTLD_NOW | RTLD_LOCAL) };
+        drop(file);
         let lib = lib.map_err(|e| format!("cannot load the kernel library: {e}"))?;
         let entries = symbols
             .iter()
