@@ -68,13 +68,16 @@ if [ "${1:-}" = "--deps" ]; then
 fi
 step_timed "setup: system packages, cargo components, Python packages" install_deps ||
     { echo "0 passed, 1 failed"; exit 1; }
+# Every relative link and #anchor of README.md and docs/*.md resolves (cheap: first).
+check "docs: links and anchors (scripts/check_links.py)" python3 scripts/check_links.py
 export GGML_HSA_REQUIRE_ROCR=1
 step_timed "llama.cpp: ggml-base ggml-cpu test-backend-ops" \
     scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops ||
     { echo "0 passed, 1 failed"; exit 1; }
 eval "$(scripts/llama-cpp.sh env)"
-# llama.cpp end to end (tests/llama_e2e.rs): the pinned tree built with the backend both ways the
-# README documents (the CMake hook, DL; the integration helper, in-tree static), and the models.
+# llama.cpp end to end (tests/llama_e2e.rs): the pinned tree built with the backend both ways
+# docs/building.md documents (the CMake hook, DL; the integration helper, in-tree static), and the
+# models.
 # Both with ggml's RPC backend and ggml-rpc-server (tests/rpc_e2e.rs: HSA0 served to clients on
 # other "machines"); the hook build's test-backend-ops tests the RPC device backed by HSA0.
 check "llama.cpp + ggml-hsa through the CMake hook (GGML_BACKEND_DL=ON, GGML_RPC=ON)" \
@@ -143,7 +146,7 @@ check "benchmark (scripts/bench.sh --quick)" scripts/bench.sh --quick
 # The IRON kernel package (Python): ruff, byte-compilation, unit tests, the IRON API check.
 check "IRON package checks" scripts/check-iron.sh
 
-# The older ggml release (README, "Supported ggml releases"): its tree fetched and built by
+# The older ggml release (docs/building.md): its tree fetched and built by
 # scripts/llama-cpp.sh with the older pin (ggml-base, ggml-cpu and test-backend-ops only), the
 # plugin built against it, then the starter ops on HSA0 with that tree's test-backend-ops, and
 # each release's plugin loaded into the other release: declined in one line. After every other
