@@ -173,7 +173,7 @@ function(ggml_hsa_add_backend)
         # GGML_HSA_CPU_FALLBACK reaches ggml's CPU backend through ggml_backend_init_by_type,
         # looked up among the process's dynamic symbols (src/ffi/cpu.rs), which a static
         # executable does not export: every program linking ggml exports that one symbol.
-        # (ggml-rpc-server needs the fallback: README, "Several machines".)
+        # (ggml-rpc-server needs the fallback: docs/several-machines.md.)
         target_link_options(ggml-hsa INTERFACE
             "LINKER:--export-dynamic-symbol=ggml_backend_init_by_type")
         # ggml-config.cmake looks for each backend as lib<name>.

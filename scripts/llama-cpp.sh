@@ -15,7 +15,7 @@
 #                                            Both have ggml's RPC backend (GGML_RPC=ON) and its
 #                                            server, target ggml-rpc-server.
 #   scripts/llama-cpp.sh deps                install the system packages the builds need, nothing else
-#   scripts/llama-cpp.sh env                 print `export` lines for build.rs and the tests
+#   scripts/llama-cpp.sh env                 print `export` lines for the build script and the tests
 #   scripts/llama-cpp.sh path [src|ggml|build|bin]
 #
 # LLAMA_CPP_PIN=<file> selects another pin (default scripts/llama-cpp.pin; the older release the
@@ -94,8 +94,8 @@ build_targets() {
 }
 
 repo=$(cd "$here/.." && pwd)
-# GGML_RPC=ON: ggml's RPC backend and ggml-rpc-server, which serves HSA0 to other machines (README,
-# "Several machines"); RDMA off so that the build does not depend on what libibverbs is installed.
+# GGML_RPC=ON: ggml's RPC backend and ggml-rpc-server, which serves HSA0 to other machines
+# (docs/several-machines.md); RDMA off so that the build does not depend on what libibverbs is installed.
 common_flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF
     -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF
@@ -114,7 +114,7 @@ cache_has() {
 }
 
 # The tree every step shares: unmodified upstream with the plugin through the documented hook
-# (README, "Building with llama.cpp"); its ggml-base, ggml-cpu and test programs are what the
+# (docs/building.md); its ggml-base, ggml-cpu and test programs are what the
 # crate links and the tests run, its ggml-hsa target the plugin as CMake builds it. Upstream's
 # loader does not load libggml-hsa.so by name, so the plain programs run without it unless
 # GGML_BACKEND_PATH names a plugin.

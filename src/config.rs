@@ -54,7 +54,7 @@ pub struct Config {
     /// on ggml's CPU backend. Default: the CMake option of the same name ([`cpu_fallback_at_build`]).
     pub cpu_fallback: bool,
     /// `GGML_HSA_F16_AS_BF16`: kernels compute their f16 operands as bf16 (off by default: it
-    /// loses precision, see README).
+    /// loses precision, see docs/environment.md).
     pub f16_as_bf16: bool,
     /// `GGML_HSA_STATS`: run statistics (nodes per op on the NPU, the host and the CPU;
     /// doorbells, packets, wall and wait time): `1` (or another true value) logs them, a path

@@ -1,6 +1,6 @@
 //! The op catalogue: every op the backend runs, declared once in `src/op_catalogue.toml` and
-//! compiled into this module by `build/op_catalogue.rs`. The planner names kernel ops through
-//! its constants ([`ADD`], [`ROPE_FF`], ...), the kernel configs of `ggml-hsa-gen-kernels`
+//! compiled into this module by `build-script/op_catalogue_codegen.rs`. The planner names kernel
+//! ops through its constants ([`ADD`], [`ROPE_FF`], ...), the kernel configs of `ggml-hsa-gen-kernels`
 //! validate against [`CATALOGUE`], and the simulator's executor and the IRON package's registry
 //! are tested against it (`tests/op_catalogue.rs`, `src/ggml_hsa_iron/tests/test_catalogue.py`).
 

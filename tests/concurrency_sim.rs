@@ -1,4 +1,4 @@
-//! Concurrency and cache faults on the hsa-sim software NPU (issue 18), through ggml's API the
+//! Concurrency and cache faults on the hsa-sim software NPU, through ggml's API the
 //! way an application uses the plugin:
 //!
 //! * N threads, each with its own backend on device 0, compute graphs at the same time; every

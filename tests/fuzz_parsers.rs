@@ -1,4 +1,4 @@
-//! Property tests of every parser of the backend that reads outside input (issue 18): tensor
+//! Property tests of every parser of the backend that reads outside input: tensor
 //! descriptors and `ggml-hsa-gen-kernels` configs (and the kernel names and compile requests made
 //! from them), the compiler protocol's capabilities, the environment (`Config::from_lookup`, the
 //! compiler command line), AIE code objects (`aie-hsaco`), kernel files in the precompiled and

@@ -84,7 +84,7 @@ fn garbage_in_ggml_backend_path_is_reported_and_the_program_continues() {
 /// A plugin cut inside its ELF headers (an interrupted copy) is refused by the dynamic loader with
 /// a message, and the program goes on. (A file cut after its program headers makes glibc's dlopen
 /// itself fail with SIGBUS before any code of the plugin runs; no plugin can prevent that, see
-/// README "Known limitations".)
+/// docs/limitations.md.)
 #[test]
 fn a_truncated_plugin_is_reported_and_the_program_continues() {
     let dir = common::scratch_dir("tbo-truncated");

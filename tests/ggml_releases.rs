@@ -1,5 +1,5 @@
 //! A plugin built for one ggml release loaded into another: it must decline with exactly one line
-//! naming both releases, and the program must go on without it (README, "Supported ggml
+//! naming both releases, and the program must go on without it (docs/building.md, "Supported ggml
 //! releases"). Both directions: this build's plugin into the other release's `test-backend-ops`,
 //! and the other release's plugin into this build's.
 //!

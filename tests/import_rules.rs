@@ -50,15 +50,7 @@ const RULES: &[(&str, &[Allow])] = &[
         ],
     ),
     ("ops", &[all("kernels"), all("op_catalogue")]),
-    (
-        "kernels",
-        &[
-            all("op_catalogue"),
-            all("log"),
-            // The JIT compiler's process spawner, until it lives in its own crate.
-            some("hsa", &["child"]),
-        ],
-    ),
+    ("kernels", &[all("op_catalogue"), all("log")]),
     ("hsa", &[]),
     ("config", &[some("hsa", &["packet"]), all("kernels")]),
     ("log", &[all("config")]),

@@ -549,7 +549,7 @@ fn read_json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&text).expect("JSON")
 }
 
-/// Issue 15's gate for one run: every layer op ran as an emulated IRON kernel on HSA0. Only
+/// The gate for one run: every layer op ran as an emulated IRON kernel on HSA0. Only
 /// GET_ROWS (the token embedding lookup, which llama.cpp keeps on the CPU, and row gathers) may
 /// run elsewhere: off HSA0 in the scheduler's placement, or on the host inside the backend. No
 /// node ran on the CPU behind HSA0's back (a kernel the IRON package refused to build).
@@ -642,7 +642,7 @@ fn tiny_llama_emulated(name: &str) -> Option<(String, std::path::PathBuf, std::p
     Some((npu.log, counters, stats))
 }
 
-/// Issue 15's gate: the tiny llama in every type the project ships (f32, f16, Q8_0, Q4_0, and
+/// The gate of the NPU path: the tiny llama in every type the project ships (f32, f16, Q8_0, Q4_0, and
 /// Q4_K_M: Q4_K with Q6_K weights) through the emulated IRON designs: the output matches the
 /// CPU's, every layer op ran on HSA0 as an emulated IRON kernel (GET_ROWS on the host), every
 /// NPU dispatch is one, nothing failed to compile, and the ops of a llama layer all ran as such.
@@ -726,7 +726,7 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
 /// all-MiniLM-L6-v2 with the IRON designs emulated: every layer op on HSA0 as an emulated IRON
 /// kernel (its attention's MUL_MATs on permuted views included), GET_ROWS on the host, and
 /// embeddings close to the CPU's (the NPU's GEMMs multiply in bf16, so the bound is looser than
-/// the reference executors' 0.9999). Issue 15's gate for MiniLM.
+/// the reference executors' 0.9999). The same gate for MiniLM.
 #[test]
 fn minilm_runs_every_layer_op_through_the_emulated_iron_designs() {
     let (Some(bin), Some(model)) = (dl_bin(), model("minilm")) else {

@@ -1,4 +1,4 @@
-//! The plugin on HSA0 (hsa-sim) under valgrind memcheck (issue 18): no invalid read or write, no
+//! The plugin on HSA0 (hsa-sim) under valgrind memcheck: no invalid read or write, no
 //! definite or indirect leak, across the plugin's whole path (registry, buffers, graph planning,
 //! kernel compile and load, packets, dispatch, teardown):
 //! * test-backend-ops `-b HSA0 -o SQR` (the pinned plain build);

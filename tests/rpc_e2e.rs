@@ -1,4 +1,4 @@
-//! HSA0 served through ggml's RPC backend (README, "Several machines"): `ggml-rpc-server -d HSA0`
+//! HSA0 served through ggml's RPC backend (docs/several-machines.md): `ggml-rpc-server -d HSA0`
 //! processes of the hook build, each on its own simulated NPU (hsa-sim) with its own kernel
 //! cache, on 127.0.0.1 at ports chosen free at run time, and llama.cpp clients without the plugin:
 //! * the tiny llama (f32, Q4_0) with every layer on one remote HSA0 gives the CPU's greedy text;
@@ -30,7 +30,7 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a server may take to listen.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The serving environment the README documents: the plugin, hsa-sim, a kernel cache of the
+/// The serving environment docs/several-machines.md documents: the plugin, hsa-sim, a kernel cache of the
 /// server's own, and `GGML_HSA_CPU_FALLBACK=1` (ggml's RPC client claims every op for the
 /// remote device and the server aborts on a failed graph, so nodes without an NPU kernel must
 /// run on the server's CPU).
@@ -287,7 +287,7 @@ fn tiny_llama_on_one_remote_hsa0_gives_the_cpus_text() {
 
 /// f32: the CPU's logits within 1e-4 (tests/llama_e2e.rs). Q4_0: the CPU quantizes the
 /// activations to Q8_0 before its dot products and HSA0 keeps them in f32, so the logits differ
-/// more (README, "Status"); the text must still be the same.
+/// more (docs/status.md); the text must still be the same.
 fn quantized_tolerance(name: &str) -> f64 {
     if name.ends_with("f32") {
         MAX_LOGITS_NMSE
@@ -524,7 +524,7 @@ fn test_backend_ops_on_the_rpc_device_backed_by_hsa0() {
 /// The line a client whose server went away ended with: ggml-rpc's error, then an abort. The
 /// clients here ignore SIGPIPE (`--ignore-sigpipe`), so a send to a closed socket fails with
 /// EPIPE and is reported like any other failure; a client that does not ignore it dies of
-/// SIGPIPE, silently, whenever the server goes while it is sending (README, "Several machines").
+/// SIGPIPE, silently, whenever the server goes while it is sending (docs/several-machines.md).
 fn rpc_abort(status: std::process::ExitStatus, log: &str) -> String {
     use std::os::unix::process::ExitStatusExt;
     let line = log
@@ -662,7 +662,7 @@ fn a_kernel_that_fails_to_compile_on_the_server_runs_on_the_servers_cpu() {
     assert!(server.alive());
 }
 
-/// The documented limitation (README, "Known limitations"): without `GGML_HSA_CPU_FALLBACK` the
+/// The documented limitation (docs/limitations.md): without `GGML_HSA_CPU_FALLBACK` the
 /// first node HSA0 cannot run fails the server's graph and ggml-rpc-server aborts; its log says
 /// what to set, and the client ends with ggml's RPC error instead of hanging. hsa-sim runs every
 /// node of the tiny llama (FLASH_ATTN_EXT included, which the client turns on for an RPC
@@ -717,7 +717,7 @@ fn without_the_cpu_fallback_a_server_stops_and_says_why() {
     assert!(line.contains("GGML_HSA_CPU_FALLBACK=1"), "{line}");
 }
 
-/// README, "Several machines": one server records the kernels of a representative run,
+/// docs/several-machines.md: one server records the kernels of a representative run,
 /// `ggml-hsa-gen-kernels` pregenerates them, and a server with that directory and JIT off serves
 /// the same model without compiling anything: the CPU's text, and no node on the server's CPU
 /// but the ops HSA0 never takes (a missing kernel would put its nodes there).

@@ -389,7 +389,7 @@ fn libclang_path_replaces_libclang_dev_only_when_it_holds_a_loadable_libclang() 
     }
 
     // A path that exists but holds nothing bindgen loads (empty, or only libclang-cpp as on a
-    // stock Debian) fails the setup with the reason, before build.rs would.
+    // stock Debian) fails the setup with the reason, before the build script would.
     let unloadable: &[&[&str]] = &[&[], &["libclang-cpp.so.14"], &["libclang-cpp.so"]];
     for files in unloadable {
         let (m, _, ok, err) = llama_deps_with_libclang_dir("libclang-path-unloadable", files);

@@ -1,4 +1,4 @@
-//! Soak (issue 18): the tiny llama decodes `GGML_HSA_SOAK_GRAPHS` tokens (300 by default;
+//! Soak: the tiny llama decodes `GGML_HSA_SOAK_GRAPHS` tokens (300 by default;
 //! 10,000 in `scripts/test.sh --long`), one decode graph each, with HSA0 on hsa-sim and this
 //! crate's plugin, while the test samples the process's resident memory and open file
 //! descriptors. After the warm-up (model load, kernel compiles, first graphs) both must stay

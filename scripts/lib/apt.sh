@@ -34,7 +34,7 @@ deps_packages() {
                 echo libclang-dev
             fi ;;
         rocr) printf '%s\n' libhsa-runtime64-1 libhsa-runtime-dev ;;
-        # valgrind memcheck of the C header program and of test-backend-ops (issue 18).
+        # valgrind memcheck of the C header program and of test-backend-ops.
         memcheck) echo valgrind ;;
         cxx) echo g++ ;;
         *) printf 'deps_packages: unknown group %s\n' "$1" >&2; return 1 ;;
@@ -46,7 +46,7 @@ deps_packages() {
 # file itself, or a directory holding a file under one of the names it searches
 # (libclang.so, libclang-*.so, libclang.so.*, libclang-*.so.*), where libclang-cpp.so.N, which
 # it skips, does not count. Not "the path exists": an empty directory or one holding only
-# libclang-cpp would pass that and fail in build.rs.
+# libclang-cpp would pass that and fail in the build script.
 libclang_at() {
     local path=$1 file name
     if [ -f "$path" ]; then

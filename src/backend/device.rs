@@ -1,7 +1,7 @@
 //! One NPU as a ggml device: its pools, packet ABI, kernel store and the kernels loaded into its
 //! dev heap.
 //!
-//! Loaded kernels stay loaded (architecture §7) until the dev heap is full: a kernel that does
+//! Loaded kernels stay loaded (architecture §8) until the dev heap is full: a kernel that does
 //! not fit evicts the least recently used kernels that nothing but the device's table holds (no
 //! batch or graph in flight has them), freeing their PDI and instruction stream or destroying
 //! their executable, and is loaded again. When the last stream of the device is freed, every

@@ -77,6 +77,8 @@ enum GenError {
     InvalidEntries { path: PathBuf, count: usize },
     #[error("the kernel compiler command line is empty")]
     EmptyCompiler,
+    #[error("GGML_HSA_JIT_COMPILER={0:?} is not valid UTF-8; pass --compiler")]
+    CompilerNotUtf8(std::ffi::OsString),
     #[error(
         "kernel compiler environment missing: {reason}\n\
          Activate the IRON environment (e.g. `source env_setup.sh` in your mlir-aie/IRON checkout) \
@@ -123,7 +125,13 @@ fn run(args: &Args) -> Result<usize, GenError> {
     let command_line = args
         .compiler
         .clone()
-        .or_else(|| std::env::var("GGML_HSA_JIT_COMPILER").ok())
+        .map(Ok)
+        .or_else(|| match std::env::var("GGML_HSA_JIT_COMPILER") {
+            Ok(v) => Some(Ok(v)),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(raw)) => Some(Err(GenError::CompilerNotUtf8(raw))),
+        })
+        .transpose()?
         .filter(|c| !c.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_JIT_COMPILER.to_owned());
     let compiler = Compiler::new(&command_line)

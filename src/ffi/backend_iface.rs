@@ -49,9 +49,9 @@ pub(crate) fn init(index: usize) -> ggml_backend_t {
     }))
 }
 
-/// Every optional slot is left to ggml's synchronous fallbacks. Where the releases differ (README,
+/// Every optional slot is left to ggml's synchronous fallbacks. Where the releases differ (docs/building.md,
 /// "Supported ggml releases"): the 2-D async slots exist from ggml 0.10 on
-/// (`ggml_backend_tensor_2d_async`, set by build.rs), and `graph_optimize` gained a params argument
+/// (`ggml_backend_tensor_2d_async`, set by the build script), and `graph_optimize` gained a params argument
 /// there, which a NULL slot does not see.
 static BACKEND_IFACE: ggml_backend_i = ggml_backend_i {
     get_name: Some(get_name),

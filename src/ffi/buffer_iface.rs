@@ -46,7 +46,7 @@ pub(crate) fn alloc(
     buffer
 }
 
-/// The 2-D slots exist from ggml 0.10 on (`ggml_buffer_tensor_2d`, set by build.rs from the
+/// The 2-D slots exist from ggml 0.10 on (`ggml_buffer_tensor_2d`, set by the build script from the
 /// generated bindings); an older ggml has no 2-D copies, so nothing there asks for them.
 static BUFFER_IFACE: ggml_backend_buffer_i = ggml_backend_buffer_i {
     free_buffer: Some(free_buffer),

@@ -62,7 +62,7 @@ unsafe extern "C" fn buft_get_max_size(buft: ggml_backend_buffer_type_t) -> usiz
 }
 
 /// The data pool is system memory mapped into the host on these APUs: ggml and the CPU backend
-/// may read and write its tensors in place (README, "Memory").
+/// may read and write its tensors in place (docs/llama-cpp.md, "Memory").
 unsafe extern "C" fn buft_is_host(_buft: ggml_backend_buffer_type_t) -> bool {
     guard("buffer_type::is_host", false, || true)
 }

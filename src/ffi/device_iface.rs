@@ -1,7 +1,7 @@
 //! The device object's table of functions (`ggml_backend_device_i`): names, memory, properties,
 //! backends, buffer types and `supports_op`.
 //!
-//! Placement in llama.cpp (README, "Placement"): the device reports itself as an integrated GPU
+//! Placement in llama.cpp (docs/llama-cpp.md, "Placement"): the device reports itself as an integrated GPU
 //! (IGPU), so it is a *model device*: `--device`, `-ngl`, `-nkvo` and `-ot` place layers, the KV
 //! cache and tensors on it as they would on an iGPU. Both buffer types live in the NPU's data
 //! pool, which is host-mapped system memory, and both are host buffer types:
@@ -96,7 +96,7 @@ unsafe extern "C" fn dev_get_props(dev: ggml_backend_dev_t, props: *mut ggml_bac
                     host_buffer: true,
                     buffer_from_host_ptr: false,
                     events: false,
-                    // From ggml 0.10 on (`ggml_dev_caps_mmap_support`, set by build.rs).
+                    // From ggml 0.10 on (`ggml_dev_caps_mmap_support`, set by the build script).
                     #[cfg(ggml_dev_caps_mmap_support)]
                     mmap_support: false,
                 },

@@ -22,7 +22,7 @@ impl std::fmt::Display for GgmlIdentity {
     }
 }
 
-/// The ggml whose headers generated this build's bindings (recorded by `build.rs`).
+/// The ggml whose headers generated this build's bindings (recorded by `build-script/main.rs`).
 pub fn built_against() -> GgmlIdentity {
     GgmlIdentity {
         version: env!("GGML_HSA_BUILT_GGML_VERSION").to_owned(),
@@ -88,7 +88,7 @@ mod tests {
 
     #[test]
     fn the_linked_ggml_is_the_one_built_against() {
-        // Unit tests link the same libggml-base that build.rs inspected.
+        // Unit tests link the same libggml-base that the build script inspected.
         assert_eq!(running(), built_against());
     }
 }

@@ -1,5 +1,5 @@
 //! Compile-time check of [`super::sys`] against the ROCR headers the build was pointed at
-//! (`GGML_HSA_ROCR_INCLUDE_DIR`, found by CMake through `hsa-runtime64_DIR`): build.rs generates
+//! (`GGML_HSA_ROCR_INCLUDE_DIR`, found by CMake through `hsa-runtime64_DIR`): the build script generates
 //! one assertion per constant and struct that both declare, so a mismatch fails the build with
 //! the name of the declaration.
 

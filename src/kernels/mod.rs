@@ -1,5 +1,5 @@
 //! The kernel store: NPU architectures, canonical kernel names, the precompiled and cache
-//! directories and the JIT compiler protocol (architecture §5).
+//! directories and the JIT compiler protocol (architecture §8).
 //!
 //! Kernel files live under `<root>/<arch>/`, so the architecture is the first thing the store
 //! knows about a device.

@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parent.parent
 SRC = PACKAGE.parent
 KERNELS = PACKAGE / "kernels"
 
-# The seed's kernel list (issue 6): what the package must implement.
+# The seed's kernel list: what the package must implement.
 SEED_BINARY = ["ADD", "SUB", "MUL", "DIV"]
 SEED_UNARY = [
     "ABS", "SGN", "NEG", "STEP", "TANH", "ELU", "RELU", "SIGMOID", "GELU",
@@ -63,7 +63,7 @@ def row_request(op: str, dtype: str, arch: str) -> str:
     return request_json(op, inputs, x, arch=arch)
 
 
-# Issue 15: the GLU family (x, g; f32/f16/bf16) and ROPE (x, positions[, frequency
+# The GLU family (x, g; f32/f16/bf16) and ROPE (x, positions[, frequency
 # factors]; 11 op_params words).
 GLU = ["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]
 # The backend's fusion of MUL_MAT(W_g, x), MUL_MAT(W_u, x) and their split GLU.
@@ -83,7 +83,7 @@ FA_FFN = [f"FLASH_ATTN_FFN_{op}" for op in GLU]
 # A decode step's layer: RMS_NORM_QKV_ROPE(_FF) ahead of FLASH_ATTN_FFN_<glu> (seven outputs).
 DECODE = [f"DECODE_LAYER_{ff}{op}" for op in GLU for ff in ("", "FF_")]
 ROPE = ["ROPE", "ROPE_FF"]
-# Issue 15: the copies and the KV-cache write (f32/f16/bf16; SET_ROWS' i32/i64 indices).
+# The copies and the KV-cache write (f32/f16/bf16; SET_ROWS' i32/i64 indices).
 COPIES = ["DUP", "CPY", "CONT"]
 # The whole-tensor reductions to one scalar (designs/reduce_ops.py).
 REDUCTIONS = ["COUNT_EQUAL", "CROSS_ENTROPY_LOSS"]

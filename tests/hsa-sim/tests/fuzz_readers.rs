@@ -1,4 +1,4 @@
-//! Property tests of hsa-sim's readers of outside input (issue 18): kernel images (PDIs) and
+//! Property tests of hsa-sim's readers of outside input: kernel images (PDIs) and
 //! their instruction streams, compile requests (`hsa-sim-compile`'s input), the 64-byte packets
 //! of every ABI generation, and AIE code objects through the loader's C ABI.
 //!

@@ -161,7 +161,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
-/// Item 6 of the emulation issue: a design with a dataflow bug fails, with a wrong result or
+/// What makes the emulation worth trusting: a design with a dataflow bug fails, with a wrong result or
 /// a clear message, while the unmodified design passes (the other tests).
 #[test]
 fn mutated_designs_fail() {
