@@ -1145,7 +1145,10 @@ printf 'INS1INS2' > "$5/${name}_insts.bin"
             .count();
         assert!(locks <= 1, "{locks} lock files left");
         let manifest = std::fs::read_to_string(arch.join(MANIFEST)).unwrap();
-        assert!(manifest.lines().count() < 200, "the manifest was not compacted");
+        assert!(
+            manifest.lines().count() < 200,
+            "the manifest was not compacted"
+        );
         // The most recent kernels are still there; the first ones were evicted.
         let kept = |n: i64| {
             trust::is_regular_file(&arch.join(format!("{}.pdi", shape(n).canonical_name())))
