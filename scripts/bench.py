@@ -75,14 +75,16 @@ def iron_capabilities(out: Path) -> Path:
     return out
 
 
-def hsa_env(target: Path, work: Path, execute: bool, declare: Path | None) -> dict[str, str]:
+def hsa_env(
+    target: Path, plugin: Path, work: Path, execute: bool, declare: Path | None
+) -> dict[str, str]:
     env = dict(os.environ)
     if declare is not None:
         # HSA0 declares the IRON package's kernels only (hsa-sim-compile computes them): what
         # a real NPU would run as kernels; the rest goes to the CPU.
         env["HSA_SIM_COMPILE_DECLARE"] = str(declare)
     env.update(
-        GGML_BACKEND_PATH=str(target / "libggml_hsa.so"),
+        GGML_BACKEND_PATH=str(plugin),
         GGML_HSA_LIBHSA_PATH=str(target / "libhsa_runtime64.so"),
         GGML_HSA_JIT_COMPILER=str(target / "hsa-sim-compile"),
         GGML_HSA_KERNEL_CACHE_DIR=str(work.parent / "kernels"),
@@ -173,7 +175,7 @@ def run_model(args, name: str, path: Path, work: Path) -> list[dict]:
     ):
         d = work / f"{name}-{kind}"
         d.mkdir(parents=True, exist_ok=True)
-        env = hsa_env(args.target, d, args.mode == "quick", args.declare_file)
+        env = hsa_env(args.target, args.bin / "libggml-hsa.so", d, args.mode == "quick", args.declare_file)
         # No warm-up: the counters then hold exactly the test's tokens (kernels are compiled by
         # the first graph; their time is reported apart and left out of the host time).
         res, log = llama_bench(
@@ -191,7 +193,7 @@ def run_model(args, name: str, path: Path, work: Path) -> list[dict]:
             # spends once (the hardware context, planning its graph), for the steady state.
             d1 = work / f"{name}-tg1"
             d1.mkdir(parents=True, exist_ok=True)
-            env1 = hsa_env(args.target, d1, args.mode == "quick", args.declare_file)
+            env1 = hsa_env(args.target, args.bin / "libggml-hsa.so", d1, args.mode == "quick", args.declare_file)
             llama_bench(
                 args.bin, path, ["-p", "0", "-n", "1", "-dev", "HSA0", "-ngl", "99", "--no-warmup"],
                 env1,
@@ -309,8 +311,15 @@ def svg(rows: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=sorted(SIZES), required=True)
-    ap.add_argument("--bin", type=Path, required=True, help="llama.cpp's bin directory")
-    ap.add_argument("--target", type=Path, required=True, help="cargo's release directory")
+    ap.add_argument(
+        "--bin",
+        type=Path,
+        required=True,
+        help="llama.cpp's bin directory (the CMake hook's build: llama-bench and the plugin)",
+    )
+    ap.add_argument(
+        "--target", type=Path, required=True, help="cargo's release directory (hsa-sim)"
+    )
     ap.add_argument(
         "--kernels",
         choices=("iron", "reference"),

@@ -45,14 +45,15 @@ while [ $# -gt 0 ]; do
 done
 log() { printf '[bench] %s\n' "$*" >&2; }
 
-# llama-bench (the hook build, which loads the plugin through GGML_BACKEND_PATH), llama-quantize
-# and the test models; release builds of the plugin and the simulator.
+# llama-bench and the plugin (the hook build: cargo --release through CMake; llama-bench loads
+# the plugin through GGML_BACKEND_PATH), llama-quantize and the test models; a release build of
+# the simulator.
 scripts/llama-cpp.sh build-dl ggml-hsa llama-bench >/dev/null
 scripts/llama-cpp.sh build llama-quantize >/dev/null
 eval "$(scripts/llama-cpp.sh env)"
 scripts/models.sh tiny-llama >/dev/null
-log "release builds of the plugin and hsa-sim"
-cargo build --release --locked -p ggml-hsa -p hsa-sim --quiet
+log "release build of hsa-sim"
+cargo build --release --locked -p hsa-sim --quiet
 
 cache_root=${GGML_HSA_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ggml-hsa-build}
 models=()

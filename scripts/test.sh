@@ -175,11 +175,13 @@ older_ggml_release() {
 check "the older ggml release: build, starter ops on HSA0, cross-release loads declined" \
     older_ggml_release
 
+# The release build that ships: the plugin the CMake hook built (cargo --release) above, not a
+# second release build of every dependency in target/release.
 release_links_ggml_base() {
-    cargo build --release --locked -p ggml-hsa &&
-        readelf -d target/release/libggml_hsa.so | grep -q 'NEEDED.*\[libggml-base\.so\.0\]'
+    readelf -d "$(scripts/llama-cpp.sh path bin-dl)/libggml-hsa.so" |
+        grep -q 'NEEDED.*\[libggml-base\.so\.0\]'
 }
-check "release build links libggml-base.so.0" release_links_ggml_base
+check "release build (the CMake hook's) links libggml-base.so.0" release_links_ggml_base
 
 # --- summary ---------------------------------------------------------------------------------
 echo
