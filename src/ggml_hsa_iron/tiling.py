@@ -344,6 +344,13 @@ class GemmPlan:
         m, n, r, t = self.m, self.n, self.r, self.t
         return [(self.rows * m // r, r * n), (r, t), (n // t, r * t), (t, 1)]
 
+    def c_segment_dims(self) -> list[tuple[int, int]]:
+        """The same walk per core: one blocked m x n C tile into m x n row-major. IRON walks a
+        join's output one input's segment (one transfer) at a time with the same pattern, and
+        the R segments follow each other, so this walk over every segment is `c_dims`."""
+        m, n, r, t = self.m, self.n, self.r, self.t
+        return [(m // r, r * n), (r, t), (n // t, r * t), (t, 1)]
+
     def m_starts(self) -> list[int]:
         """First row of each M block (the last one shifted back when M is off the grid)."""
         return block_starts(self.M, self.m_block)

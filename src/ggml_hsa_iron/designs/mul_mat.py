@@ -172,7 +172,7 @@ def _gemm(spec):
             of_c.release(1)
 
     # Memory tile re-layouts, (size, stride) outermost first (see GemmPlan).
-    a_blocks, c_rows = p.a_dims(), p.c_dims()
+    a_blocks, c_rows = p.a_dims(), p.c_segment_dims()
     b_blocks = None if spec.weight_bytes else p.b_dims()
 
     a_cols, b_cols, c_cols, workers = [], [], [], []
@@ -193,8 +193,9 @@ def _gemm(spec):
         b_fwd = b_fifo.cons().forward(
             obj_type=b_tile, name=f"B_c{col}_w", to_stream=b_walk, tile=mem
         )
+        # The join's output walks each core's m x n segment (one transfer) alike.
         c_fifo = ObjectFifo(
-            vector_type(R * m * n, c_t), name=f"C_c{col}", to_stream=_walk(R * m * n, c_rows)
+            vector_type(R * m * n, c_t), name=f"C_c{col}", to_stream=_walk(m * n, c_rows)
         )
         c_subs = c_fifo.prod().join(
             [i * m * n for i in range(R)],

@@ -134,7 +134,7 @@ def precompiled_header(cxx: str, flags: list, cache: Path, log=None):
 
 def build_library(cores, kernels, arch: str, log=None) -> bytes:
     """The stripped shared library of `cores` (a plans.CoreSource, or several: a design whose
-    Workers link different core objects, each Kernel naming its object in `bin_name`) with the
+    Workers link different core objects, each Kernel naming its object in `object_file_name`) with the
     wrappers of `kernels`, from the cache when it was built before. Several core sources are
     compiled one translation unit each (their own defines) and linked together: their extern
     "C" functions must have distinct names (the plan renames them per unit, see
@@ -144,7 +144,7 @@ def build_library(cores, kernels, arch: str, log=None) -> bytes:
     cxx = compiler()
     units = []  # (source, its defines)
     for core in cores:
-        mine = [k for k in kernels if len(cores) == 1 or k.bin_name == core.object_name]
+        mine = [k for k in kernels if len(cores) == 1 or k.object_file_name == core.object_name]
         defines = [f"-D{k}={v}" for k, v in sorted(core.defines.items())]
         defines.append(f"-D__AIE_ARCH__={ARCH_DEFINE[arch]}")
         units.append((wrapper_source(core.source, mine), defines))

@@ -69,9 +69,9 @@ def check_objects(rec, cores) -> None:
     if len(set(objects)) != len(objects):
         raise BuildError(f"the design's core sources build objects of one name: {objects}")
     for k in rec.kernels:
-        if k.bin_name not in objects:
+        if k.object_file_name not in objects:
             raise BuildError(
-                f"Kernel {k.name} is in {k.bin_name}, the design's core sources build "
+                f"Kernel {k.name} is in {k.object_file_name}, the design's core sources build "
                 f"{', '.join(objects)}"
             )
 

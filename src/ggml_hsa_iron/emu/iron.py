@@ -71,14 +71,36 @@ def _is_tensor_type(t) -> bool:
     return typing.get_origin(t) is np.ndarray
 
 
+def _flatten(args):
+    """fn_args with nested lists and tuples flattened (upstream `flatten_fn_args`)."""
+    for a in args:
+        if isinstance(a, list | tuple):
+            yield from _flatten(a)
+        else:
+            yield a
+
+
 # --------------------------------------------------------------------------- device
 
 
 class Tile:
-    """A tile by column and row (row 0 shim, 1 memory tile, 2.. compute)."""
+    """`Tile(col=None, row=None, *, tile_type=None, allocation_scheme=None)` (python/iron/
+    device/tile.py): a tile by column and row (row 0 shim, 1 memory tile, 2.. compute). A tile
+    without both coordinates is unplaced (as AnyComputeTile & co.); `tile_type` and
+    `allocation_scheme` are not modelled."""
 
-    def __init__(self, col: int, row: int):
-        self.col, self.row = int(col), int(row)
+    def __init__(self, col=None, row=None, *, tile_type=None, allocation_scheme=None):
+        _refuse(
+            "Tile",
+            tile_type=(tile_type, None),
+            allocation_scheme=(allocation_scheme, None),
+        )
+        self.col = None if col is None else int(col)
+        self.row = None if row is None else int(row)
+
+    @property
+    def placed(self) -> bool:
+        return self.col is not None and self.row is not None
 
     def __eq__(self, o):
         return isinstance(o, Tile) and (self.col, self.row) == (o.col, o.row)
@@ -96,6 +118,20 @@ class _AnyTile:
 
     def __repr__(self):
         return f"Any{self.kind}Tile"
+
+
+def _placed(what, tile):
+    """The placed Tile `tile` stands for, or None for an unplaced one (AnyComputeTile & co.,
+    `Tile()`, or None, which upstream treats as the Any tile)."""
+    if tile is None or isinstance(tile, _AnyTile):
+        return None
+    if not isinstance(tile, Tile):
+        raise TypeError(f"{what}: tile= takes a Tile, got {tile!r}")
+    if tile.col is None and tile.row is None:
+        return None
+    if not tile.placed:
+        raise NotImplementedError(f"{what}: a partly placed {tile!r} is not modelled")
+    return tile
 
 
 AnyShimTile = _AnyTile("Shim")
@@ -171,21 +207,17 @@ def reset():
 
 
 class TensorAccessPattern:
-    """`aie.helpers.taplib.TensorAccessPattern(tensor_dims, offset=0, sizes=None, strides=None)`."""
+    """`aie.helpers.taplib.TensorAccessPattern(tensor_dims, offset, sizes, strides)`: every
+    parameter required, as upstream (python/helpers/taplib/tap.py)."""
 
-    def __init__(self, tensor_dims, offset=0, sizes=None, strides=None):
+    def __init__(self, tensor_dims, offset, sizes, strides):
         self.tensor_dims = tuple(int(d) for d in tensor_dims)
+        if not self.tensor_dims or any(d < 1 for d in self.tensor_dims):
+            raise ValueError(f"Tensor dimensions must be positive, got {tensor_dims!r}")
         total = 1
         for d in self.tensor_dims:
             total *= d
         self.total = total
-        if sizes is None:
-            sizes = list(self.tensor_dims)
-        if strides is None:
-            strides, acc = [], 1
-            for s in reversed(sizes):
-                strides.insert(0, acc)
-                acc *= s
         if len(sizes) != len(strides):
             raise ValueError(f"access pattern has {len(sizes)} sizes and {len(strides)} strides")
         self.offset = int(offset)
@@ -204,29 +236,41 @@ class TensorAccessPattern:
     def transformation_dims(self):
         return list(zip(self.sizes, self.strides))
 
-    @property
-    def count(self) -> int:
-        n = 1
-        for s in self.sizes:
-            n *= s
-        return n
-
-    def indices(self):
-        for dims in itertools.product(*[range(n) for n in self.sizes]):
-            yield self.offset + sum(d * s for d, s in zip(dims, self.strides))
-
-    def to_json(self) -> dict:
-        return {"offset": self.offset, "sizes": self.sizes, "strides": self.strides}
-
     def __repr__(self):
         return (
             f"TensorAccessPattern({self.tensor_dims}, {self.offset}, {self.sizes}, {self.strides})"
         )
 
 
-def _object_walk(what, tap, obj: ObjType):
-    """A stream re-layout: a TensorAccessPattern over one object at offset 0, moving every
-    element of it (upstream `_object_walk` / `_check_walk_size`)."""
+def linear_tap(n: int) -> TensorAccessPattern:
+    """The whole of a 1-D tensor of `n` elements, in order (upstream `default_tap()`)."""
+    return TensorAccessPattern((n,), 0, [n], [1])
+
+
+def tap_count(tap: TensorAccessPattern) -> int:
+    """The elements a pattern moves."""
+    n = 1
+    for s in tap.sizes:
+        n *= s
+    return n
+
+
+def tap_indices(tap: TensorAccessPattern):
+    """The element indices a pattern visits, in order."""
+    for dims in itertools.product(*[range(n) for n in tap.sizes]):
+        yield tap.offset + sum(d * s for d, s in zip(dims, tap.strides))
+
+
+def tap_json(tap: TensorAccessPattern) -> dict:
+    """A pattern in the program JSON (docs/kernel-compiler-protocol.md)."""
+    return {"offset": tap.offset, "sizes": list(tap.sizes), "strides": list(tap.strides)}
+
+
+def _object_walk(what, tap, obj: ObjType = None):
+    """A stream re-layout (upstream `_object_walk`): a TensorAccessPattern at offset 0 moving
+    every element of the tensor it walks. Which tensor that must be (one transfer: an object,
+    or one segment of a link's shared object) is checked when the program is resolved
+    (`check_walk_size`); `obj` is unused, kept for the callers' readability."""
     if tap is None:
         return None
     if not isinstance(tap, TensorAccessPattern):
@@ -234,25 +278,40 @@ def _object_walk(what, tap, obj: ObjType):
             f"{what} takes a TensorAccessPattern, got {type(tap).__name__}; "
             "TensorAccessPattern(shape, 0, sizes, strides) spells out a walk by its numbers"
         )
-    if tap.total != obj.elems or tap.offset != 0:
+    if tap.offset != 0:
+        raise ValueError(f"{what}: a stream walk starts at offset 0, got {tap}")
+    if tap_count(tap) != tap.total:
         raise ValueError(
-            f"{what}: the walk must be over one object of {obj.elems} elements at offset 0, "
-            f"got {tap}"
+            f"{what}: the walk moves {tap_count(tap)} elements of a tensor of {tap.total}"
         )
-    if tap.count != obj.elems:
-        raise ValueError(f"{what}: the walk moves {tap.count} elements, an object has {obj.elems}")
     return tap
+
+
+def check_walk_size(what, tap, sizes) -> None:
+    """Upstream `_check_walk_size`: a stream walk is over the tensor one transfer moves, each of
+    `sizes` (an object, or each segment of a link's shared object, a join's output walking
+    every input's segment alike)."""
+    if tap is None:
+        return
+    for size in sizes:
+        if tap.total != size:
+            raise ValueError(
+                f"{what} {tap!r} walks a tensor of shape {tuple(tap.tensor_dims)}, but each "
+                f"transfer moves {size} elements"
+            )
 
 
 # --------------------------------------------------------------------------- kernels
 
 
 class Kernel:
-    """`Kernel(name, bin_name, arg_types)`: an external core function in an object file."""
+    """`Kernel(name, object_file_name, arg_types=[])` (python/iron/kernel.py): an external core
+    function in a pre-compiled object file. A Worker resolves the Kernels in its `fn_args`; a
+    body calling one it was not given raises as upstream's unresolved Kernel does."""
 
-    def __init__(self, name: str, bin_name: str, arg_types=()):
+    def __init__(self, name: str, object_file_name: str, arg_types=()):
         self.name = name
-        self.bin_name = bin_name
+        self.object_file_name = object_file_name
         self.arg_types = list(arg_types)
         self.kinds = []
         for t in self.arg_types:
@@ -269,9 +328,12 @@ class Kernel:
     def __call__(self, *args):
         if STATE.body is None:
             raise RuntimeError(f"Kernel {self.name} called outside a Worker body")
+        if self not in STATE.worker.kernels:
+            raise ValueError("Kernel must be resolved before it can be called.")
         if len(args) != len(self.kinds):
-            raise TypeError(
-                f"Kernel {self.name} takes {len(self.kinds)} arguments, got {len(args)}"
+            raise ValueError(
+                f"Kernel '{self.name}' expects {len(self.kinds)} argument(s), but {len(args)} "
+                "were provided."
             )
         out = []
         for i, (a, k) in enumerate(zip(args, self.kinds)):
@@ -299,7 +361,19 @@ class Kernel:
 
 
 class ExternalFunction(Kernel):
-    def __init__(self, *a, **k):
+    """`ExternalFunction(name, object_file_name=None, source_file=None, source_string=None,
+    arg_types=[], include_dirs=[], compile_flags=[])`: compiled by IRON's JIT, not modelled."""
+
+    def __init__(
+        self,
+        name,
+        object_file_name=None,
+        source_file=None,
+        source_string=None,
+        arg_types=(),
+        include_dirs=(),
+        compile_flags=(),
+    ):
         raise NotImplementedError("ExternalFunction (compiled by IRON) is not modelled")
 
 
@@ -420,23 +494,41 @@ class ObjectFifo:
 
     def prod(self, depth=None, channel=None, tile=None):
         _refuse(f"ObjectFifo {self.name}.prod", channel=(channel, None))
+        if depth is not None and depth < 1:
+            raise ValueError(f"Depth must be > 1, but got {depth}")
         if self._prod is None:
             self._prod = ObjectFifoHandle(self, True, depth or self.depth, None, tile)
-        elif depth is not None and depth != self._prod.depth:
+            return self._prod
+        # Upstream returns the one producer handle again; it refuses re-pinning its shim tile
+        # (an earlier prod() without tile= left it unpinned: pinned to None).
+        if tile is not None and not _same_pin(self._prod.shim_tile, tile):
+            raise ValueError(
+                f"Producer handle for {self.name} already pinned to shim tile "
+                f"{self._prod.shim_tile}, cannot re-pin to {tile}."
+            )
+        if depth is not None and depth != self._prod.depth:
             raise ValueError(f"ObjectFifo {self.name}: producer depth {depth} differs from earlier")
-        elif tile is not None:
-            self._prod._set_tile(tile)
         return self._prod
 
     def cons(self, depth=None, from_stream=None, channel=None, tile=None):
         _refuse(f"ObjectFifo {self.name}.cons", channel=(channel, None))
         fs = _object_walk(f"ObjectFifo {self.name}.cons from_stream", from_stream, self.obj)
+        if depth is not None and depth < 1:
+            raise ValueError(f"Depth must be > 0 but is {depth}")
         h = ObjectFifoHandle(self, False, depth or self.depth, fs, tile)
         self._cons.append(h)
         return h
 
     def __repr__(self):
         return f"ObjectFifo({self.name})"
+
+
+def _same_pin(a, b) -> bool:
+    """Whether two shim-tile pins are the same placement (by column and row; two unpinned
+    ones are the same), as upstream's `_same_shim_pin`."""
+    if a is None or b is None:
+        return a is b
+    return (a.col, a.row) == (b.col, b.row)
 
 
 class ObjectFifoHandle:
@@ -446,14 +538,13 @@ class ObjectFifoHandle:
         self.depth = depth
         self.from_stream = from_stream
         self.endpoint = None  # a Worker, a _Link, or the Runtime
+        self.shim_tile = tile  # the tile= given, as given (upstream `_shim_tile`)
         self.tile = None
         if tile is not None:
             self._set_tile(tile)
 
     def _set_tile(self, tile):
-        if not isinstance(tile, Tile | _AnyTile):
-            raise TypeError(f"tile= takes a Tile, got {tile!r}")
-        self.tile = tile if isinstance(tile, Tile) else None
+        self.tile = _placed(f"ObjectFifo {self.name} handle", tile)
 
     @property
     def name(self):
@@ -483,13 +574,15 @@ class ObjectFifoHandle:
 
     def acquire(self, num_elem):
         self._check_body("acquire")
-        if not isinstance(num_elem, int) or num_elem < 1:
+        if not isinstance(num_elem, int):
             raise ValueError(f"acquire takes a positive int, got {num_elem!r}")
         if self.depth < num_elem:
             raise ValueError(
                 f"Number of elements to acquire {num_elem} must be smaller than depth "
                 f"{self.depth} (ObjectFifo {self.name})"
             )
+        if num_elem < 1:
+            raise ValueError("Must consume at least one element")
         var = STATE.next_var
         STATE.next_var += 1
         STATE.body.append({"op": "acquire", "handle": self, "n": num_elem, "var": var})
@@ -500,8 +593,14 @@ class ObjectFifoHandle:
 
     def release(self, num_elem):
         self._check_body("release")
-        if not isinstance(num_elem, int) or num_elem < 1:
+        if not isinstance(num_elem, int):
             raise ValueError(f"release takes a positive int, got {num_elem!r}")
+        if self.depth < num_elem:
+            raise ValueError(
+                f"Number of elements to release {num_elem} must be smaller than depth {self.depth}"
+            )
+        if num_elem < 1:
+            raise ValueError("Must produce at least one element")
         STATE.body.append({"op": "release", "handle": self, "n": num_elem})
 
     # --- memory-tile links
@@ -525,7 +624,7 @@ class ObjectFifoHandle:
             if len(lst) != n:
                 raise ValueError(f"{kind} of {self.name}: {n} offsets but {len(lst)} {what}")
         if kind == "join" and any(t is not None for t in to_stream):
-            raise NotImplementedError("join(to_stream=) is not modelled")
+            raise NotImplementedError("join(to_stream=) (the inputs' walks) is not modelled")
         if kind == "split" and len(to_stream) != n:
             raise ValueError(f"split of {self.name}: {n} offsets but {len(to_stream)} to_stream")
         link = _Link(kind, self, tile)
@@ -650,7 +749,7 @@ class ObjectFifoHandle:
                 "in fn_args (its shim endpoint binds there)"
             )
         if tap is None:
-            tap = TensorAccessPattern((buf.obj.elems,))
+            tap = linear_tap(buf.obj.elems)
         if not isinstance(tap, TensorAccessPattern):
             raise TypeError(f"{kind}: tap must be a TensorAccessPattern, got {tap!r}")
         if tap.total != buf.obj.elems:
@@ -716,18 +815,25 @@ class ObjectFifoHandle:
 
 class _Link:
     def __init__(self, kind, handle, tile):
-        if not isinstance(tile, Tile | _AnyTile):
-            raise TypeError(f"{kind}: tile= takes a Tile, got {tile!r}")
-        if isinstance(tile, Tile) and tile.row != 1:
+        tile = _placed(kind, tile)
+        if tile is not None and tile.row != 1:
             raise ValueError(f"{kind} of {handle.name}: {tile} is not a memory tile (row 1)")
         self.kind = kind
         self.handle = handle
-        self.tile = tile if isinstance(tile, Tile) else None
+        self.tile = tile
         self.inputs = []
         self.subs = []
         self.offsets = []
         self.id = len(STATE.links)
         STATE.links.append(self)
+
+    def transfer_sizes(self, fifo) -> list:
+        """The elements each transfer of `fifo`'s end of the link moves: every segment for the
+        shared fifo (the split's input, the join's output), its own for a sub-fifo (upstream
+        `ObjectFifoLink._transfer_sizes`)."""
+        if fifo is self.handle._object_fifo:
+            return [f.obj.elems for f in self.subs]
+        return [fifo.obj.elems]
 
     def __repr__(self):
         return f"{self.kind} of {self.handle.name}"
@@ -738,7 +844,8 @@ class _Link:
 
 class Worker:
     """`Worker(core_fn, fn_args=None, tile=AnyComputeTile, while_true=True, stack_size=None,
-    ...)` (1.4.x)."""
+    program_memory_reserved=None, allocation_scheme=None, trace=None, trace_events=None,
+    dynamic_objfifo_lowering=None)` (python/iron/worker.py)."""
 
     def __init__(
         self,
@@ -747,28 +854,32 @@ class Worker:
         tile=AnyComputeTile,
         while_true=True,
         stack_size=None,
-        data_size=None,
+        program_memory_reserved=None,
+        allocation_scheme=None,
         trace=None,
         trace_events=None,
         dynamic_objfifo_lowering=None,
     ):
         _refuse(
             "Worker",
-            data_size=(data_size, None),
+            program_memory_reserved=(program_memory_reserved, None),
+            allocation_scheme=(allocation_scheme, None),
             trace=(trace, None),
             trace_events=(trace_events, None),
             dynamic_objfifo_lowering=(dynamic_objfifo_lowering, None),
         )
-        if not isinstance(tile, Tile | _AnyTile):
-            raise TypeError(f"Worker: tile= takes a Tile, got {tile!r}")
-        if isinstance(tile, Tile) and tile.row < 2:
+        tile = _placed("Worker", tile)
+        if tile is not None and tile.row < 2:
             raise ValueError(f"Worker: {tile} is not a compute tile (rows 2 and up)")
         self.core_fn = core_fn
         self.fn_args = list(fn_args or [])
-        self.tile = tile if isinstance(tile, Tile) else None
+        self.tile = tile
         self.while_true = while_true
         self.stack_size = 1024 if stack_size is None else int(stack_size)
-        for a in self.fn_args:
+        # The Kernels the Worker resolves: those in fn_args (nested lists flattened, as
+        # upstream's flatten_fn_args).
+        self.kernels = []
+        for a in _flatten(self.fn_args):
             if isinstance(a, ObjectFifo):
                 raise ValueError(
                     f"Worker: pass a handle (.prod() or .cons()) of ObjectFifo {a.name}, "
@@ -776,6 +887,8 @@ class Worker:
                 )
             if isinstance(a, ObjectFifoHandle):
                 a._bind(self)
+            if isinstance(a, Kernel):
+                self.kernels.append(a)
         self.body = None
 
     def _record(self):
@@ -808,21 +921,41 @@ class RuntimeData:
         return f"RuntimeData({self.index}, {self.obj})"
 
 
-class TaskGroup:
-    """`aie.iron.runtime.TaskGroup()`; `finish()` awaits its waited tasks."""
+class IronRuntimeError(Exception):
+    """Upstream's error of a runtime sequence that cannot be resolved (runtime/runtime.py)."""
 
-    def __init__(self):
+
+class TaskGroup:
+    """`aie.iron.runtime.TaskGroup(id=None)` (runtime/taskgroup.py), constructed in the runtime
+    sequence; `finish()` awaits its waited transfers, then frees the rest: their buffer
+    descriptors are held until then. An explicit `id` (upstream: only for the runtime's own
+    default group) is not modelled."""
+
+    def __init__(self, id=None):
+        _refuse("TaskGroup", id=(id, None))
         if STATE.sequence is None:
-            raise RuntimeError("TaskGroup() outside the runtime sequence")
+            raise RuntimeError(
+                "TaskGroup() must be constructed within the function passed to "
+                "Runtime(seq_fn, fn_args)."
+            )
         self.seq = STATE.sequence
-        self.id = self.seq.new_group()
+        self.id = self.seq.new_group(self)
         self.finished = False
+
+    @property
+    def group_id(self) -> int:
+        return self.id
 
     def finish(self):
         if self.finished:
-            raise RuntimeError("TaskGroup finished twice")
+            raise RuntimeError(f"{self} finished twice")
         self.finished = True
         self.seq.finish(self.id)
+
+    def __str__(self):
+        return f"TaskGroup({self.id})"
+
+    __repr__ = __str__
 
 
 class _Task:
@@ -831,17 +964,26 @@ class _Task:
 
 
 class _Sequence:
+    """The runtime sequence as recorded: fills, drains and awaits in issue order, and for each
+    task the op that frees its buffer descriptors (`frees`: task -> index of the op after which
+    they are free again; the default group's at the end of the sequence, as upstream's
+    `ActiveSequence.finalize` emits its awaits and frees)."""
+
     def __init__(self, runtime):
         self.runtime = runtime
         self.ops = []
         self.tasks = 0
-        self.groups = {}  # group id -> [waited task ids not yet awaited]
+        self.groups = {0: []}  # group id -> [task ids not yet awaited or freed]
+        self.waited = set()
+        self.open = {}  # group id -> the TaskGroup, while not finished
+        self.frees = {}
         self.default_used = False
         self.explicit_used = False
 
-    def new_group(self):
-        gid = len(self.groups) + 1
+    def new_group(self, tg):
+        gid = len(self.groups)
         self.groups[gid] = []
+        self.open[gid] = tg
         return gid
 
     def add(self, kind, handle, buf, tap, wait, group):
@@ -855,10 +997,6 @@ class _Sequence:
                 raise RuntimeError("transfer added to a finished TaskGroup")
             self.explicit_used = True
             gid = group.id
-        if self.runtime.strict and self.default_used and self.explicit_used:
-            raise RuntimeError(
-                "Mixing explicit task groups and the default task group is prohibited"
-            )
         tid = self.tasks
         self.tasks += 1
         self.ops.append(
@@ -872,29 +1010,49 @@ class _Sequence:
                 "wait": bool(wait),
             }
         )
+        self.groups[gid].append(tid)
         if wait:
-            if gid == 0:
-                # Default group: a waited transfer is awaited (and freed) where it is issued.
-                self.ops.append({"op": "await", "tasks": [tid]})
-            else:
-                self.groups[gid].append(tid)
+            self.waited.add(tid)
         return _Task(tid)
 
     def finish(self, gid):
+        """Await the group's waited tasks, then free every task of the group."""
+        self.open.pop(gid, None)
         tasks = self.groups.get(gid, [])
-        if tasks:
-            self.ops.append({"op": "await", "tasks": list(tasks)})
+        waited = [t for t in tasks if t in self.waited]
+        if waited:
+            self.ops.append({"op": "await", "tasks": waited})
+        for t in tasks:
+            self.frees[t] = len(self.ops)
         self.groups[gid] = []
+
+    def finalize(self):
+        """Upstream's `ActiveSequence.finalize`: unfinished explicit groups and (strict) mixed
+        groups are errors; the default group is awaited and freed at the end."""
+        if self.open:
+            tgs = ", ".join(str(t) for t in self.open.values())
+            raise IronRuntimeError(f"Failed to close task groups: {tgs}")
+        if self.runtime.strict and self.default_used and self.explicit_used:
+            raise IronRuntimeError(
+                "Mixing explicit task groups and the default task group is prohibited. "
+                "Please assign all tasks to a task group."
+            )
+        self.finish(0)
 
 
 class Runtime:
     """`Runtime(seq_fn, fn_args=None, *, name=None, strict_task_groups=True,
-    implicit_configure=True)` (1.4.x): `seq_fn(*fn_args)` is the runtime sequence."""
+    implicit_configure=True)` (runtime/runtime.py): `seq_fn(*fn_args)` is the runtime
+    sequence. Tensor types in `fn_args` are the sequence's buffers; handles and other objects
+    pass through. Scalar types (a runtime scalar argument the backend does not pass) and ints
+    (upstream folds them into `arith.constant` values, not Python ints) are not modelled."""
 
     def __init__(
         self, seq_fn, fn_args=None, *, name=None, strict_task_groups=True, implicit_configure=True
     ):
         _refuse("Runtime", implicit_configure=(implicit_configure, True))
+        if name == "":
+            raise ValueError("Runtime name must not be empty.")
         if not callable(seq_fn):
             raise TypeError(f"Runtime: seq_fn must be callable, got {seq_fn!r}")
         self.seq_fn = seq_fn
@@ -907,14 +1065,23 @@ class Runtime:
                 d = RuntimeData(len(self.data), a)
                 self.data.append(d)
                 self.args.append(d)
-            else:
-                if isinstance(a, ObjectFifo):
+                continue
+            if isinstance(a, bool | int | np.integer) or (
+                isinstance(a, type) and issubclass(a, np.generic)
+            ):
+                raise NotImplementedError(
+                    f"Runtime fn_args: {a!r} is not modelled (an int is folded into an "
+                    "arith.constant value, a scalar type is a runtime argument the backend does "
+                    "not pass); put constants in the sequence function"
+                )
+            for h in _flatten([a]):
+                if isinstance(h, ObjectFifo):
                     raise ValueError(
-                        f"Runtime: pass a handle of ObjectFifo {a.name}, not the ObjectFifo"
+                        f"Runtime: pass a handle of ObjectFifo {h.name}, not the ObjectFifo"
                     )
-                if isinstance(a, ObjectFifoHandle):
-                    a._bind(self)
-                self.args.append(a)
+                if isinstance(h, ObjectFifoHandle):
+                    h._bind(self)
+            self.args.append(a)
         self.sequence = None
 
     def _record(self):
@@ -922,12 +1089,9 @@ class Runtime:
         STATE.sequence = seq
         try:
             self.seq_fn(*self.args)
+            seq.finalize()
         finally:
             STATE.sequence = None
-        # The implicit default group is flushed at the end of the body; explicit groups
-        # left unfinished are flushed too.
-        for gid in list(seq.groups):
-            seq.finish(gid)
         self.sequence = seq
 
     def __repr__(self):

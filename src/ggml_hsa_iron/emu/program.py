@@ -5,7 +5,7 @@ Validation raises `DesignError` with a message naming the tile, fifo or task at 
 limits are those of mlir-aie's AIE2 target model (aie2 and aie2p report the same numbers).
 """
 
-from .iron import ObjectFifoHandle, Runtime, Tile, Worker, _Link
+from .iron import ObjectFifoHandle, Runtime, Tile, Worker, _Link, check_walk_size, tap_json
 
 CORE_MEMORY = 64 * 1024
 MEMTILE_MEMORY = 512 * 1024
@@ -13,6 +13,16 @@ BDS = {"core": 16, "mem": 48, "shim": 16}
 LOCKS = {"core": 16, "mem": 64, "shim": 16}
 CHANNELS = {"core": 2, "mem": 6, "shim": 2}
 WORD = 4
+# Buffer descriptors every design leaves free on every tile, at any time: a margin for a
+# transfer the real toolchain splits into more BDs than counted here.
+BD_MARGIN = 2
+
+
+def task_bds(sizes, strides, elem_bytes) -> int:
+    """The BDs of one shim task: mlir-aie's fill/drain is one BD (`shim_dma_single_bd_task`);
+    `check_walk` refuses the walks that would need more (over 4 dimensions, repeats over 64,
+    wraps beyond the fields)."""
+    return 1
 
 
 class DmaLimits:
@@ -270,8 +280,6 @@ class Recorded:
                         self.ports[h] = (f.id, runtime_seen)
                         continue
                     runtime_seen = len(cons)
-                if h.from_stream is not None:
-                    c["from_stream"] = h.from_stream.to_json()
                 self.ports[h] = (f.id, len(cons))
                 cons.append((c, ctile, h))
             if not cons:
@@ -293,30 +301,35 @@ class Recorded:
                         f"ObjectFifo {f.name}: to_stream on a fifo the Runtime fills "
                         "(the fill's tap is the walk)"
                     )
-                entry["to_stream"] = f.to_stream.to_json()
-                check_walk(
-                    f"to_stream of {f.name}",
-                    _kind(ptile),
-                    0,
-                    f.to_stream.sizes,
-                    f.to_stream.strides,
-                    f.obj.elem_bytes,
+                entry["to_stream"] = self._stream_walk(
+                    f"{f.name} to_stream", f.to_stream, f, f._prod.endpoint, ptile
                 )
-            for _c, ctile, h in cons:
+            for c, ctile, h in cons:
                 if h.from_stream is not None:
-                    check_walk(
-                        f"from_stream of {f.name}",
-                        _kind(ctile),
-                        0,
-                        h.from_stream.sizes,
-                        h.from_stream.strides,
-                        f.obj.elem_bytes,
+                    c["from_stream"] = self._stream_walk(
+                        f"{f.name} from_stream", h.from_stream, f, h.endpoint, ctile
                     )
             self.fifo_json.append(entry)
             # Resources: buffers, BDs, locks, channels.
             self._use(ptile, f"{f.name} (producer)", f._prod, prod, out=True)
             for c, ctile, h in cons:
                 self._use(ctile, f"{f.name} (consumer)", h, c, out=False)
+
+    def _stream_walk(self, what, tap, f, endpoint, tile) -> dict:
+        """A fifo end's stream walk: checked against one transfer (an object, or each segment
+        of a link's shared object) and against that tile's BD limits; in the program JSON over
+        the whole object (the walk of each segment one after the other: an outer dimension of
+        the segments), as the executor applies it."""
+        sizes = [f.obj.elems]
+        if isinstance(endpoint, _Link):
+            sizes = endpoint.transfer_sizes(f)
+        check_walk_size(what, tap, sizes)
+        check_walk(what, _kind(tile), 0, tap.sizes, tap.strides, f.obj.elem_bytes)
+        j = tap_json(tap)
+        if len(sizes) > 1:
+            j["sizes"] = [len(sizes), *j["sizes"]]
+            j["strides"] = [sizes[0], *j["strides"]]
+        return j
 
     def _use(self, tile, what, h, ep, out):
         kind = ep["kind"]
@@ -339,6 +352,9 @@ class Recorded:
         elif (kind == "split" and not out) or (kind == "join" and out):
             # The link's ring in the memory tile: the sub-fifos share it.
             u["buffers"].append((f"{f.name} {depth} x {f.obj.bytes} B", depth * f.obj.bytes))
+            # Each buffer of the shared ring moves one transfer per segment (the sub-fifos'
+            # objects), each a BD of its own (upstream `ObjectFifoLink._transfer_sizes`).
+            depth *= len(self.links[ep["link"]].subs)
         u["bds"] += depth
         u["locks"] += 2
 
@@ -392,10 +408,7 @@ class Recorded:
                         f"{kind} tile {tile}: {u[d]} {what} DMA channels needed, it has "
                         f"{CHANNELS[kind]}"
                     )
-            if u["bds"] > BDS[kind]:
-                raise DesignError(
-                    f"{kind} tile {tile}: {u['bds']} buffer descriptors needed, it has {BDS[kind]}"
-                )
+            self._check_bds(f"{kind} tile {tile}", kind, u["bds"])
             if u["locks"] > LOCKS[kind]:
                 raise DesignError(
                     f"{kind} tile {tile}: {u['locks']} locks needed, it has {LOCKS[kind]}"
@@ -435,11 +448,23 @@ class Recorded:
         run(w.body, f"the body of {w!r}")
 
     def _check_sequence(self):
+        """Every fill's and drain's walk at the shim, and the shim tiles' buffer descriptors
+        over the sequence: a task holds its BDs (`task_bds`) from its issue until its group
+        frees them (`TaskGroup.finish()`; the default group's at the end of the sequence), as
+        mlir-aie's runtime-sequence BD allocation assigns them ("Too many simultaneously
+        active buffer descriptors")."""
         seq = self.rt.sequence
-        inflight = {}
-        for op in seq.ops:
+        held = {}  # shim tile -> BDs held
+        owner = {}  # task -> (tile, BDs)
+        frees = {}
+        for t, i in seq.frees.items():
+            frees.setdefault(i, []).append(t)
+        self.shim_bd_peak = {}
+        for i, op in enumerate(seq.ops):
+            for t in frees.get(i, []):
+                tile, n = owner.pop(t)
+                held[tile] -= n
             if op["op"] == "await":
-                inflight = {}
                 continue
             h = op["handle"]
             fid, _ = self.ports[h]
@@ -448,20 +473,31 @@ class Recorded:
                 ep = next(c for c in ep if c["kind"] == "shim")
             tile = tuple(ep["tile"])
             tap = op["tap"]
-            check_walk(
-                f"{op['op']} of {h.name} (task {op['task']}, runtime tensor {op['arg']})",
-                "shim",
-                tap.offset,
-                tap.sizes,
-                tap.strides,
-                op["elem_bytes"],
+            what = f"{op['op']} of {h.name} (task {op['task']}, runtime tensor {op['arg']})"
+            check_walk(what, "shim", tap.offset, tap.sizes, tap.strides, op["elem_bytes"])
+            n = task_bds(tap.sizes, tap.strides, op["elem_bytes"])
+            owner[op["task"]] = (tile, n)
+            held[tile] = held.get(tile, 0) + n
+            if held[tile] > self.shim_bd_peak.get(tile, (0, ""))[0]:
+                self.shim_bd_peak[tile] = (held[tile], f" ({what} issued)")
+            if held[tile] > BDS["shim"]:
+                self._check_bds(f"shim tile {tile}", "shim", held[tile], f" ({what} issued)")
+        for tile, (n, context) in self.shim_bd_peak.items():
+            self._check_bds(f"shim tile {tile}", "shim", n, context)
+        self.shim_bd_peak = {tile: n for tile, (n, _) in self.shim_bd_peak.items()}
+
+    def _check_bds(self, where, kind, n, context=""):
+        """The hardware's BD count, then the designs' margin (BD_MARGIN kept free)."""
+        if n > BDS[kind]:
+            raise DesignError(
+                f"Too many simultaneously active buffer descriptors on {where}, which supports "
+                f"up to {BDS[kind]}: {n} needed{context}"
             )
-            inflight[tile] = inflight.get(tile, 0) + 1
-            if inflight[tile] > BDS["shim"]:
-                raise DesignError(
-                    f"shim tile {tile}: more than {BDS['shim']} DMA tasks in flight before an "
-                    "await (buffer descriptors exhausted)"
-                )
+        if n > BDS[kind] - BD_MARGIN:
+            raise DesignError(
+                f"{where}: {n} buffer descriptors active at once{context}; the designs keep "
+                f"{BD_MARGIN} of its {BDS[kind]} free (BD_MARGIN)"
+            )
 
     # ------------------------------------------------------------------ JSON
 
@@ -522,7 +558,7 @@ class Recorded:
                     "task": op["task"],
                     "fifo": fid,
                     "arg": op["arg"],
-                    "tap": op["tap"].to_json(),
+                    "tap": tap_json(op["tap"]),
                     "elem_bytes": op["elem_bytes"],
                     "wait": op["wait"],
                 }

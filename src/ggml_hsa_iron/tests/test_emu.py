@@ -95,6 +95,223 @@ class StandInTest(unittest.TestCase):
         with self.assertRaises(NotImplementedError):
             self.m["ObjectFifo"](t(4), plio=True)
 
+    def small(self, seq=None, core=None, extra_args=(), rt_args=None, prod_tile=None):
+        """shim -> core -> shim with one kernel; `seq(a, b, hi, ho)` and `core(a, b, fn)`
+        replace the defaults."""
+        iron.reset()
+        m = self.m
+        fin = m["ObjectFifo"](t(16), name="fin")
+        fout = m["ObjectFifo"](t(16), name="fout")
+        k = m["Kernel"]("copy", "x.o", [t(16), t(16)])
+
+        def core_default(a, b, fn):
+            x, y = a.acquire(1), b.acquire(1)
+            fn(x, y)
+            a.release(1)
+            b.release(1)
+
+        def seq_default(a, b, hi, ho):
+            hi.fill(a)
+            ho.drain(b, wait=True)
+
+        w = m["Worker"](core or core_default, [fin.cons(), fout.prod(), *extra_args, k])
+        hin = fin.prod() if prod_tile is None else prod_tile(fin)
+        hout = fout.cons(tile=m["Tile"](0, 0))
+        args = [t(16), t(16), hin, hout] if rt_args is None else rt_args(hin, hout)
+        rt = m["Runtime"](seq or seq_default, args)
+        return m["Program"](m["NPU2"](), rt, workers=[w]).resolve_program()
+
+    def test_upstream_errors(self):
+        """What the real package raises, with its messages (iron_signatures.txt's sources)."""
+        from aie.iron.runtime import TaskGroup
+
+        def unfinished(a, b, hi, ho):
+            tg = TaskGroup()
+            hi.fill(a, group=tg)
+            ho.drain(b, wait=True, group=tg)
+
+        with self.assertRaisesRegex(iron.IronRuntimeError, r"Failed to close task groups: "):
+            self.small(seq=unfinished)
+
+        def mixed(a, b, hi, ho):
+            tg = TaskGroup()
+            hi.fill(a, group=tg)
+            tg.finish()
+            ho.drain(b, wait=True)
+
+        with self.assertRaisesRegex(iron.IronRuntimeError, "Mixing explicit task groups"):
+            self.small(seq=mixed)
+        with self.assertRaisesRegex(RuntimeError, r"must be constructed within the function"):
+            TaskGroup()
+        with self.assertRaises(NotImplementedError):
+            TaskGroup(id=3)
+
+        # prod() without tile=, then prod(tile=): the one producer handle cannot be re-pinned.
+        def repin(f):
+            f.prod()
+            return f.prod(tile=self.m["Tile"](0, 0))
+
+        with self.assertRaisesRegex(ValueError, r"already pinned to shim tile None, cannot re-pin"):
+            self.small(prod_tile=repin)
+        # The same pin again is fine.
+        self.small(
+            prod_tile=lambda f: (
+                f.prod(tile=self.m["Tile"](0, 0)),
+                f.prod(tile=self.m["Tile"](0, 0)),
+            )[1]
+        )
+
+        # A Kernel the Worker was not given.
+        other = self.m["Kernel"]("other", "x.o", [t(16), t(16)])
+
+        def stray(a, b, fn):
+            x, y = a.acquire(1), b.acquire(1)
+            other(x, y)
+            a.release(1)
+            b.release(1)
+
+        with self.assertRaisesRegex(ValueError, r"Kernel must be resolved before it can be called"):
+            self.small(core=stray)
+
+        def wrong_count(a, b, fn):
+            x, y = a.acquire(1), b.acquire(1)
+            fn(x)
+            a.release(1)
+            b.release(1)
+
+        with self.assertRaisesRegex(ValueError, r"Kernel 'copy' expects 2 argument\(s\), but 1"):
+            self.small(core=wrong_count)
+
+        def over_release(a, b, fn):
+            x, y = a.acquire(1), b.acquire(1)
+            fn(x, y)
+            a.release(3)
+            b.release(1)
+
+        with self.assertRaisesRegex(
+            ValueError, r"Number of elements to release 3 must be smaller than depth 2"
+        ):
+            self.small(core=over_release)
+
+        # Ints and scalar types in Runtime fn_args are not modelled (upstream folds an int into
+        # an arith.constant value and takes a scalar type as a runtime argument).
+        for bad in (4, np.int32):
+            with self.assertRaises(NotImplementedError):
+                self.small(rt_args=lambda hi, ho, bad=bad: [t(16), t(16), hi, ho, bad])
+
+        # TensorAccessPattern takes all of offset, sizes and strides.
+        tap_cls = iron.TensorAccessPattern
+        with self.assertRaises(TypeError):
+            tap_cls((16,))
+        with self.assertRaises(TypeError):
+            tap_cls((16,), 0, [16])
+        # Kernel's second parameter is object_file_name; ExternalFunction is not modelled.
+        self.assertEqual(self.m["Kernel"]("k", object_file_name="k.o").object_file_name, "k.o")
+        with self.assertRaises(TypeError):
+            self.m["Kernel"]("k", bin_name="k.o")
+        with self.assertRaises(NotImplementedError):
+            iron.ExternalFunction("f", source_file="f.cc")
+        with self.assertRaises(TypeError):
+            iron.ExternalFunction("f", bogus=1)
+        # Tile: keyword-only tile_type / allocation_scheme (not modelled).
+        with self.assertRaises(TypeError):
+            self.m["Tile"](0, 2, "core")
+        with self.assertRaises(NotImplementedError):
+            self.m["Tile"](0, 2, tile_type="core")
+
+    def test_join_output_walks_one_transfer(self):
+        """A join's output to_stream walks one input's segment (upstream `_check_walk_size`),
+        applied to every segment; over the whole object it is refused with upstream's message.
+        The program JSON carries it over the whole object (segments as an outer dimension)."""
+        m = self.m
+
+        def build(walk_elems):
+            iron.reset()
+            seg = 8
+            out = m["ObjectFifo"](
+                t(2 * seg),
+                name="out",
+                to_stream=iron.TensorAccessPattern((walk_elems,), 0, [2, 4], [1, 2])
+                if walk_elems == seg
+                else iron.TensorAccessPattern((walk_elems,), 0, [2, seg], [seg, 1]),
+            )
+            subs = out.prod().join([0, seg], obj_types=[t(seg)] * 2, tile=m["Tile"](0, 1))
+            fins = [m["ObjectFifo"](t(seg), name=f"in{i}") for i in range(2)]
+            k = m["Kernel"]("copy", "x.o", [t(seg), t(seg)])
+
+            def core(a, b, fn):
+                x, y = a.acquire(1), b.acquire(1)
+                fn(x, y)
+                a.release(1)
+                b.release(1)
+
+            ws = [
+                m["Worker"](core, [fins[i].cons(), subs[i].prod(), k], tile=m["Tile"](0, 2 + i))
+                for i in range(2)
+            ]
+            hs = [f.prod(tile=m["Tile"](0, 0)) for f in fins]
+            ho = out.cons(tile=m["Tile"](0, 0))
+
+            def seq(a, b, c, h0, h1, ho):
+                h0.fill(a)
+                h1.fill(b)
+                ho.drain(c, wait=True)
+
+            rt = m["Runtime"](seq, [t(seg), t(seg), t(2 * seg), *hs, ho])
+            return m["Program"](m["NPU2"](), rt, workers=ws).resolve_program()
+
+        with self.assertRaisesRegex(
+            ValueError, r"walks a tensor of shape \(16,\), but each transfer moves 8 elements"
+        ):
+            build(16)
+        j = build(8).to_json("k", "aie2p")
+        walk = next(f for f in j["fifos"] if f["name"] == "out")["to_stream"]
+        self.assertEqual(walk, {"offset": 0, "sizes": [2, 2, 4], "strides": [8, 1, 2]})
+
+    def test_default_group_lifetimes_and_bd_counts(self):
+        """The default group's tasks hold their BDs until the sequence ends (awaited there),
+        explicit groups' until finish(); every tile keeps BD_MARGIN BDs free."""
+        from aie.iron.runtime import TaskGroup
+
+        from ggml_hsa_iron.emu.program import BD_MARGIN, BDS
+
+        limit = BDS["shim"] - BD_MARGIN
+
+        def default(n):
+            def seq(a, b, hi, ho):
+                for _ in range(n - 1):
+                    hi.fill(a)
+                ho.drain(b, wait=True)
+
+            return seq
+
+        j = self.small(seq=default(2)).to_json("k", "aie2p")
+        self.assertEqual([s["op"] for s in j["sequence"]], ["fill", "drain", "await"])
+
+        # Awaiting at issue would have let these pass: the default group holds them all.
+        def awaited_each(a, b, hi, ho):
+            for _ in range(limit):
+                hi.fill(a, wait=True)
+            ho.drain(b, wait=True)
+
+        with self.assertRaisesRegex(DesignError, r"buffer descriptors active at once"):
+            self.small(seq=awaited_each)
+        with self.assertRaisesRegex(DesignError, r"Too many simultaneously active buffer"):
+            self.small(seq=default(BDS["shim"] + 1))
+        p = self.small(seq=default(limit))
+        self.assertEqual(p.shim_bd_peak[(0, 0)], limit)
+
+        def grouped(a, b, hi, ho):
+            for _ in range(3):
+                tg = TaskGroup()
+                for _ in range(limit - 1):
+                    hi.fill(a, group=tg)
+                ho.drain(b, wait=True, group=tg)
+                tg.finish()
+
+        p = self.small(seq=grouped)
+        self.assertEqual(p.shim_bd_peak[(0, 0)], limit)
+
     def test_acquire_beyond_depth(self):
         with self.assertRaisesRegex(ValueError, "must be smaller than depth 1"):
             self.passthrough(depth=1, acquire=2, release=2)

@@ -35,6 +35,7 @@ OWN_METHODS = {
     "a_dims",
     "b_dims",
     "c_dims",
+    "c_segment_dims",  # GemmPlan: the join output's walk of one transfer
     "fill_tap",  # EltwiseSpec.fill_tap (GLU's strided inputs), CopySpec.fill_tap
     "drain_tap",  # CopySpec.drain_tap (a strided output)
     "idx_tap",  # SetRowsSpec: a slab's indices, source rows and destination rows
@@ -205,3 +206,88 @@ class IronApiTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+SIGNATURES_FILE = PACKAGE / "iron_signatures.txt"
+
+
+def load_signatures(path=SIGNATURES_FILE):
+    """[(source, name, [(param, kind, default or None)])] from iron_signatures.txt; kind is
+    "pos" or "kw" (keyword-only), default the text after `=` (None: required)."""
+    out, source = [], None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("source:"):
+            source = line[len("source:") :].strip()
+            continue
+        name, _, rest = line.partition("(")
+        params, kind = [], "pos"
+        for p in filter(None, (x.strip() for x in rest.rstrip(")").split(","))):
+            if p == "*":
+                kind = "kw"
+                continue
+            pname, eq, default = p.partition("=")
+            params.append((pname, kind, default if eq else None))
+        out.append((source, name, params))
+    return out
+
+
+def _standin_params(obj):
+    """The stand-in's parameters of `obj` in the pinned list's form."""
+    import inspect
+
+    sig = inspect.signature(obj)
+    out = []
+    for p in sig.parameters.values():
+        if p.name == "self":
+            continue
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            out.append((("*" if p.kind == p.VAR_POSITIONAL else "**") + p.name, "var", None))
+            continue
+        kind = "kw" if p.kind == p.KEYWORD_ONLY else "pos"
+        if p.default is p.empty:
+            default = None
+        elif p.default == () or p.default == []:
+            default = "[]"
+        elif hasattr(p.default, "kind") and type(p.default).__name__ == "_AnyTile":
+            default = f"Any{p.default.kind}Tile"
+        else:
+            default = repr(p.default)
+        out.append((p.name, kind, default))
+    return out
+
+
+class SignatureTest(unittest.TestCase):
+    def test_stand_in_matches_the_pinned_signatures(self):
+        try:
+            from ggml_hsa_iron.emu import iron
+        except ImportError as e:  # numpy
+            self.skipTest(str(e))
+        sigs = load_signatures()
+        self.assertGreaterEqual(len(sigs), 18)
+        for source, name, params in sigs:
+            with self.subTest(name=name):
+                self.assertTrue(source, f"{name}: no source line before it")
+                cls, _, meth = name.partition(".")
+                obj = getattr(iron, cls)
+                obj = getattr(obj, meth) if meth else obj.__init__
+                self.assertEqual(_standin_params(obj), params, f"{name} (pinned from {source})")
+
+    def test_the_pinned_list_catches_a_drift(self):
+        from ggml_hsa_iron.emu import iron
+
+        params = _standin_params(iron.Kernel.__init__)
+        self.assertEqual(params[1], ("object_file_name", "pos", None))
+        self.assertNotEqual(
+            _standin_params(lambda self, name, bin_name, arg_types=(): None), params
+        )
+
+    def test_the_stand_in_has_no_extra_tap_methods(self):
+        """TensorAccessPattern has upstream's attributes only: the package's helpers (count,
+        indices, JSON) are module functions of the stand-in, so a design cannot use them."""
+        from ggml_hsa_iron.emu import iron
+
+        for extra in ("count", "indices", "to_json"):
+            self.assertFalse(hasattr(iron.TensorAccessPattern, extra), extra)

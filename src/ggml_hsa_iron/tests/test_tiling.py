@@ -174,6 +174,12 @@ class MatmulPlanTest(unittest.TestCase):
         self.assertEqual(sorted(walk(p.a_dims())), list(range(p.m * p.k)))
         self.assertEqual(sorted(walk(p.b_dims())), list(range(p.n * p.k)))
         self.assertEqual(sorted(walk(p.c_dims())), list(range(p.rows * p.m * p.n)))
+        # The design's per-transfer walk (IRON walks a join's output one core's segment at a
+        # time), the segments one after the other, is the whole walk.
+        seg = walk(p.c_segment_dims())
+        self.assertEqual(sorted(seg), list(range(p.m * p.n)))
+        mn = p.m * p.n
+        self.assertEqual([i * mn + j for i in range(p.rows) for j in seg], walk(p.c_dims()))
 
     def test_gemm_plans(self):
         for arch in (AIE2, AIE2P):
