@@ -1,8 +1,9 @@
-//! The JIT compiler cannot be fooled by the host's working directory or environment: it runs in
-//! the cache with `PYTHONSAFEPATH=1` and only the variables it needs.
+//! What the host process's state cannot change: the JIT compiler cannot be fooled by the host's
+//! working directory or environment (it runs in the cache with `PYTHONSAFEPATH=1` and only the
+//! variables it needs), and the cache is private whatever the umask.
 //!
-//! One test in its own binary: it changes the process's working directory and environment,
-//! which no other test may see.
+//! Tests in their own binary, run one after the other from one test function: they change the
+//! process's working directory, environment and umask, which no other test may see.
 
 use std::path::{Path, PathBuf};
 
@@ -48,6 +49,64 @@ fn marks(dir: &Path) -> Vec<String> {
 }
 
 #[test]
+fn process_state_does_not_reach_the_compiler_or_the_cache() {
+    the_cache_is_private_whatever_the_umask();
+    the_compiler_ignores_the_working_directory_and_gets_a_clean_environment();
+}
+
+fn set_umask(mask: u32) -> u32 {
+    // SAFETY: umask only swaps the process's file mode mask; no other thread of this binary
+    // creates files meanwhile (one test function).
+    unsafe { libc::umask(mask as libc::mode_t) as u32 }
+}
+
+/// Under umask 000 a compiler writes world-writable files and `mkdir` makes world-writable
+/// directories; under 777 the owner loses access. The cache is 0700 either way, and the
+/// compiled kernel is still read (its files are sealed before they are recorded).
+fn the_cache_is_private_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = std::env::temp_dir().join(format!("ggml-hsa-umask-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let compiler = root.join("compiler.sh");
+    std::fs::write(
+        &compiler,
+        r#"#!/bin/sh
+if [ "$1" = capabilities ]; then
+  echo '{"protocol": 1, "archs": ["aie2p"], "ops": [{"op": "RELU", "inputs": 1, "types": ["f32"]}]}'
+  exit 0
+fi
+f=${3##*/}; f=${f#.}; name=${f%%.request.*}
+printf 'PDI!' > "$5/$name.pdi"
+printf 'INS1' > "$5/${name}_insts.bin"
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&compiler, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for mask in [0o000, 0o777] {
+        let cache = root.join(format!("cache-{mask:o}"));
+        let old = set_umask(mask);
+        let store = KernelStore::new(
+            Arch::Aie2p,
+            None,
+            cache.clone(),
+            Compiler::new(compiler.to_str().unwrap()),
+            false,
+        );
+        let loaded = store.load(&relu());
+        set_umask(old);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&cache), 0o700, "umask {mask:o}");
+        assert_eq!(mode(&cache.join("aie2p")), 0o700, "umask {mask:o}");
+        if mask == 0 {
+            let k = loaded.unwrap();
+            assert_eq!(k.pdi, b"PDI!");
+            assert_eq!(mode(&k.path) & 0o022, 0, "{:o}", mode(&k.path));
+        }
+    }
+    let _ = std::fs::remove_dir_all(root);
+}
+
 fn the_compiler_ignores_the_working_directory_and_gets_a_clean_environment() {
     let root = std::env::temp_dir().join(format!("ggml-hsa-sandbox-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);

@@ -277,11 +277,10 @@ mod tests {
     }
 
     #[test]
-    fn a_private_dir_is_0700_whatever_the_umask() {
+    fn a_private_dir_and_its_arch_folder_are_0700() {
+        // Under other umasks: tests/compiler_sandbox.rs (the umask is the process's).
         let root = scratch("umask");
         let dir = root.join("a").join("cache");
-        // The widest umask effect there is: none. A 0700 request stays 0700; a umask that takes
-        // the owner's bits is repaired by the chmod.
         let real = private_dir(&dir).unwrap();
         assert_eq!(mode(&real), 0o700);
         let arch = sub_dir(&real, "aie2", true).unwrap();
