@@ -21,6 +21,7 @@ from .tiling import (
     MAX_REPEAT,
     MAX_STRIDE_WORDS,
     MAX_TASKS_PER_CHANNEL,
+    SHIM_GROUP_TASKS,
     Broadcast,
     EltwisePlan,
     GemmPlan,
@@ -1383,9 +1384,9 @@ class XTask:
     sink: bool = False
 
 
-# DMA tasks one round of a row design may have in flight on a shim tile (its 16 buffer
-# descriptors, one kept for the resident operand).
-ROUND_TASKS = 15
+# DMA tasks one round of a row design may have in flight on a shim tile (tiling's
+# SHIM_GROUP_TASKS, one kept for the resident operand).
+ROUND_TASKS = SHIM_GROUP_TASKS - 1
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from .tiling import (
     MAX_STRIDE_WORDS,
     MAX_TASKS_PER_CHANNEL,
     MAX_WRAP,
+    SHIM_GROUP_TASKS,
     Tap,
     block_starts,
     divisors,
@@ -64,7 +65,9 @@ from .tiling import (
 SOURCE = "flash_attn.cc"
 KV_TYPES = ("f32", "f16", "bf16")
 KV_CODE = {"f32": 0, "f16": 1, "bf16": 2}
-SHIM_BDS = 16  # buffer descriptors of a shim tile: DMA tasks in flight before an await
+# DMA tasks a round's task group may hold on a shim tile until its finish() (tiling's
+# SHIM_GROUP_TASKS: the shim's 16 BDs less the designs' margin).
+SHIM_BDS = SHIM_GROUP_TASKS
 MAX_CHUNK = 128  # K/V rows per object
 MAX_SIDE_OBJECTS = 64  # objects a block's padded q rows or mask span may take
 MAX_BLOCK = 64  # query rows of a block (G = gh x gr): the core's per-row state

@@ -822,11 +822,16 @@ class GemvPlan:
 
 
 GEMV_MAX_CHUNK_WORDS = MAX_WRAP  # a K chunk is one run of a DMA dimension
-# MUL_MAT_<glu>: rounds per task group, whose 2 W tasks per round, x and y must fit the 16
-# buffer descriptors of a shim tile between awaits: 2 * 7 + 2.
-GLU_GROUP_ROUNDS = 7
-# DMA tasks a shim tile may have in flight between awaits (its buffer descriptors).
-SHIM_GROUP_TASKS = 16
+# Buffer descriptors of a shim tile, and those every design leaves free (emu/program.py's
+# BD_MARGIN: a transfer the real toolchain splits into more BDs than counted).
+SHIM_BDS = 16
+BD_MARGIN = 2
+# DMA tasks a shim tile may have in flight between a task group's issue and its finish() (a
+# task holds its BD until then).
+SHIM_GROUP_TASKS = SHIM_BDS - BD_MARGIN
+# MUL_MAT_<glu>: rounds per task group, whose 2 W tasks per round, x and y must fit
+# SHIM_GROUP_TASKS: 2 * 6 + 2.
+GLU_GROUP_ROUNDS = (SHIM_GROUP_TASKS - 2) // 2
 
 
 def mv_norm_bytes(K: int, kc: int) -> int:

@@ -174,7 +174,7 @@ class StandInTest(unittest.TestCase):
             self.small(core=stray)
 
         def wrong_count(a, b, fn):
-            x, y = a.acquire(1), b.acquire(1)
+            x, _y = a.acquire(1), b.acquire(1)
             fn(x)
             a.release(1)
             b.release(1)
