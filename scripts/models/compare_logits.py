@@ -139,7 +139,7 @@ def main() -> int:
         print(f"  top-1 token: the same at {int(same.sum())} of {n} positions")
         print(
             f"    and at {clear_same} of the {n_clear} where the CPU's top two are >= "
-            f"{args.margin:g} apart,\n    as the tests require (check_quantized, tests/llama_e2e.rs)"
+            f"{args.margin:g} apart,\n    the tests' rule for clear winners (check_quantized, tests/llama_e2e.rs)"
         )
         if differ:
             print(f"    differs at position {where}" + (": a near-tie" if len(differ) == 1 else ""))
