@@ -325,12 +325,19 @@ fn is_root() -> bool {
 struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `size` at `dir`; `None` (see [`cannot_run`]) where mounting is not
+    /// Mounts a tmpfs of `size` at `dir`, private (mode 0700: a tmpfs is 1777 by default, a
+    /// cache the backend refuses); `None` (see [`cannot_run`]) where mounting is not
     /// permitted (not root, no CAP_SYS_ADMIN in a container).
     fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
         std::fs::create_dir_all(dir).unwrap();
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
             .arg(dir)
             .output();
         match out {

@@ -139,6 +139,23 @@ pub struct KernelStore {
     record: Option<PathBuf>,
 }
 
+/// Why a cache directory cannot be had, for a compile's error.
+fn cache_error(e: trust::Untrusted) -> String {
+    if e.refused {
+        format!(
+            "the cache directory {} is refused: {}",
+            e.path.display(),
+            e.why
+        )
+    } else {
+        format!(
+            "cannot create the cache directory {}: {}",
+            e.path.display(),
+            e.why
+        )
+    }
+}
+
 /// Logs `message` once per process (several devices share the same directories).
 fn warn_once(message: String) {
     static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
@@ -205,11 +222,18 @@ impl KernelStore {
                         None
                     }
                 });
+            // A directory refused by the rules sends the cache to the private fallback; one that
+            // cannot be created (a read-only or full file system) stays the cache, and the compile
+            // that needs it fails with the reason.
             let mut cache = None;
             for dir in std::iter::once(&self.cache_dir).chain(&self.cache_fallback) {
                 match trust::private_dir(dir) {
                     Ok(real) => {
                         cache = Some(real);
+                        break;
+                    }
+                    Err(e) if !e.refused => {
+                        cache = Some(dir.clone());
                         break;
                     }
                     Err(e) => warn_once(format!(
@@ -241,17 +265,31 @@ impl KernelStore {
     }
 
     /// The cache folder of this architecture, if there is a trusted cache and the folder exists
-    /// (or `create`, then it is made) and passes the rules.
-    fn cache_arch_dir(&self, create: bool) -> Option<PathBuf> {
+    /// and passes the rules.
+    fn cache_arch_dir(&self) -> Option<PathBuf> {
         let root = self.places().cache.as_ref()?;
-        self.arch_dir(root, create)
+        self.arch_dir(root)
     }
 
-    fn arch_dir(&self, root: &std::path::Path, create: bool) -> Option<PathBuf> {
-        match trust::sub_dir(root, self.arch.name(), create) {
+    /// The cache folder of this architecture, created (with the cache, which may have been
+    /// removed since the store was set up) when missing; the error says why it cannot be had.
+    fn make_cache_arch_dir(&self) -> Result<PathBuf, String> {
+        let root = self.places().cache.as_ref().ok_or_else(|| {
+            format!(
+                "the cache directory {} is refused (see the log)",
+                self.cache_dir.display()
+            )
+        })?;
+        let root = trust::private_dir(root).map_err(cache_error)?;
+        trust::sub_dir(&root, self.arch.name(), true).map_err(cache_error)
+    }
+
+    /// `<root>/<arch>` if it exists and passes the rules (a refusal is logged once).
+    fn arch_dir(&self, root: &std::path::Path) -> Option<PathBuf> {
+        match trust::sub_dir(root, self.arch.name(), false) {
             Ok(dir) => Some(dir),
             Err(e) => {
-                if std::fs::symlink_metadata(root.join(self.arch.name())).is_ok() || create {
+                if e.refused {
                     warn_once(format!("kernel directory refused: {e}"));
                 }
                 None
@@ -264,15 +302,15 @@ impl KernelStore {
         places
             .kernel_dir
             .iter()
-            .filter_map(|d| self.arch_dir(d, false))
-            .chain(self.cache_arch_dir(false))
+            .filter_map(|d| self.arch_dir(d))
+            .chain(self.cache_arch_dir())
     }
 
     /// The kernel `name` from the first directory that has a usable copy. A corrupt copy in the
     /// precompiled directory is reported and skipped (the user's files are not ours to change);
     /// a corrupt copy in the cache is returned in the second field, to be removed under its lock.
     fn search(&self, name: &str) -> (Option<KernelFiles>, Option<String>) {
-        let cache = self.cache_arch_dir(false);
+        let cache = self.cache_arch_dir();
         for dir in self.search_dirs() {
             match read_kernel(&dir, name, self.arch, &self.manifests) {
                 Ok(Some(files)) => {
@@ -300,7 +338,7 @@ impl KernelStore {
     /// Removes the corrupt cached kernel `name` (found so by [`Self::search`]) under its lock,
     /// unless another process replaced it meanwhile. One log line either way.
     fn remove_corrupt(&self, name: &str, reason: &str) {
-        let Some(dir) = self.cache_arch_dir(false) else {
+        let Some(dir) = self.cache_arch_dir() else {
             return;
         };
         let lock = match lock_kernel(&dir, name) {
@@ -345,7 +383,10 @@ impl KernelStore {
         };
         self.capabilities
             .get_or_init(|| {
-                let caps = jit.capabilities(cache);
+                // Asked in the cache, which is made first (the compiler runs there).
+                let caps = trust::private_dir(cache)
+                    .map_err(cache_error)
+                    .and_then(|dir| jit.capabilities(&dir));
                 match &caps {
                     Ok(c) => log::info(&format!(
                         "kernel compiler `{}` ({}): {} ops",
@@ -427,7 +468,7 @@ impl KernelStore {
             .collect();
         self.compile_all(descs, &names, &missing);
         // What was compiled is in the cache now (the other directories were read above).
-        let cache = self.cache_arch_dir(false);
+        let cache = self.cache_arch_dir();
         for (i, name) in names.iter().enumerate() {
             if found[i].is_none() && !known_bad(name) {
                 let Some(cache) = &cache else { continue };
@@ -567,13 +608,7 @@ impl KernelStore {
             refused: true,
         })?;
         let jit = self.jit.as_ref().expect("capabilities imply a compiler");
-        let dir = self.cache_arch_dir(true).ok_or_else(|| {
-            failed(format!(
-                "the cache directory {} for {} is refused (see the log)",
-                self.cache_dir.display(),
-                self.arch
-            ))
-        })?;
+        let dir = self.make_cache_arch_dir().map_err(failed)?;
         let lock = lock_kernel(&dir, name).map_err(failed)?;
         if let Ok(Some(_)) = read_kernel(&dir, name, self.arch, &self.manifests) {
             return Ok("compiled by another process");
@@ -641,7 +676,7 @@ impl KernelStore {
     /// Removes every kernel this backend wrote into the cache directory of this architecture
     /// (as listed in its manifest) and returns the paths removed. Other files stay.
     pub fn clear_cache(&self) -> Vec<PathBuf> {
-        self.cache_arch_dir(false)
+        self.cache_arch_dir()
             .map(|dir| super::kernel_dir::clear_cache_dir(&dir))
             .unwrap_or_default()
     }

@@ -24,12 +24,15 @@ pub const KERNEL_FILE_CAP: u64 = 64 << 20;
 /// The most bytes read of a manifest (one short line per kernel; compacted as it grows).
 pub const MANIFEST_CAP: u64 = 16 << 20;
 
-/// A directory or file that is not trusted, and what the user can do about it.
+/// A directory that cannot be used, and what the user can do about it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}: {why}", path.display())]
 pub struct Untrusted {
     pub path: PathBuf,
     pub why: String,
+    /// Refused by the rules (owner, mode, a link, not a directory), as opposed to unavailable
+    /// (it cannot be created or read: a read-only or full file system, a missing parent).
+    pub refused: bool,
 }
 
 impl Untrusted {
@@ -37,6 +40,15 @@ impl Untrusted {
         Untrusted {
             path: path.to_owned(),
             why: why.into(),
+            refused: true,
+        }
+    }
+
+    fn unavailable(path: &Path, why: impl ToString) -> Untrusted {
+        Untrusted {
+            path: path.to_owned(),
+            why: why.to_string(),
+            refused: false,
         }
     }
 }
@@ -83,7 +95,7 @@ fn ownership_problem(path: &Path, meta: &std::fs::Metadata, sticky_ok: bool) -> 
 /// directory above it owned by the user or root and not writable by others. Returns the real
 /// path, which the caller uses from then on.
 pub fn check_dir(dir: &Path) -> Result<PathBuf, Untrusted> {
-    let real = std::fs::canonicalize(dir).map_err(|e| Untrusted::new(dir, e.to_string()))?;
+    let real = std::fs::canonicalize(dir).map_err(|e| Untrusted::unavailable(dir, e))?;
     let meta =
         std::fs::symlink_metadata(&real).map_err(|e| Untrusted::new(&real, e.to_string()))?;
     if !meta.is_dir() {
@@ -113,10 +125,10 @@ pub fn private_dir(dir: &Path) -> Result<PathBuf, Untrusted> {
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|e| Untrusted::new(dir, format!("cannot create it: {e}")))?;
+            .map_err(|e| Untrusted::unavailable(dir, e))?;
         // The umask may have taken the owner's bits too.
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| Untrusted::new(dir, format!("cannot make it private: {e}")))?;
+            .map_err(|e| Untrusted::unavailable(dir, format!("cannot make it private: {e}")))?;
     }
     check_dir(dir)
 }
@@ -128,14 +140,15 @@ pub fn sub_dir(parent: &Path, name: &str, create: bool) -> Result<PathBuf, Untru
     if create {
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {
-                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-                    .map_err(|e| Untrusted::new(&dir, format!("cannot make it private: {e}")))?;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(
+                    |e| Untrusted::unavailable(&dir, format!("cannot make it private: {e}")),
+                )?;
             }
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(Untrusted::new(&dir, format!("cannot create it: {e}"))),
+            Err(e) => return Err(Untrusted::unavailable(&dir, e)),
         }
     }
-    let meta = std::fs::symlink_metadata(&dir).map_err(|e| Untrusted::new(&dir, e.to_string()))?;
+    let meta = std::fs::symlink_metadata(&dir).map_err(|e| Untrusted::unavailable(&dir, e))?;
     if meta.file_type().is_symlink() {
         return Err(Untrusted::new(&dir, "a symbolic link (not followed)"));
     }
