@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-# aie2p (XDNA2) constants of hsa-sim's cost model (tests/hsa-sim/src/cost.rs).
+# aie2p (XDNA2) constants of hsa-sim's cost model (crates/hsa-sim/src/cost.rs).
 DRAM_BYTES_PER_S = 56.0e9
 BF16_FLOPS = 14.71e12
 # Published figures on XDNA2 NPUs, for reference (landscape: FastFlowLM on Krackan, qvac
@@ -396,7 +396,7 @@ def write_docs(rows: list[dict], lines: list[str], kernels_note: str) -> None:
         "over the graph's nodes), and the device time hsa-sim's",
         "cost model gives for an XDNA2 NPU (aie2p: 90 µs per command chain, 46.7 µs per chained",
         "command switching PDI, 10 µs with the PDI loaded, 56 GB/s, 14.71 TFLOPS bf16; sources in",
-        "`tests/hsa-sim/README.md`). \"sim. t/s\" = tokens / (device time + host time); \"after the",
+        "`crates/hsa-sim/README.md`). \"sim. t/s\" = tokens / (device time + host time); \"after the",
         "1st token\" leaves out what a run of the first token alone costs (the hardware context",
         "built, its graph planned: once per process), as llama-bench's warm-up would; the bound is",
         "the weights' bytes at 56 GB/s for generation and the arithmetic at the measured bf16 GEMM",

@@ -17,7 +17,7 @@
 #                               package declares, what a real NPU would run (hsa-sim computes
 #                               them either way: HSA_SIM_COMPILE_DECLARE).
 #
-# The simulated figures come from hsa-sim's cost model (tests/hsa-sim/src/cost.rs, every
+# The simulated figures come from hsa-sim's cost model (crates/hsa-sim/src/cost.rs, every
 # constant with its source); nothing here has run on an NPU.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

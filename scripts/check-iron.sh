@@ -26,7 +26,7 @@ if [ "$(python3 -m ruff --version 2>/dev/null)" != "ruff ${RUFF#ruff==}" ]; then
     python3 -m pip install --quiet --break-system-packages "$RUFF"
 fi
 # numpy and ml_dtypes: the designs' tensor types, for the emulation target (--target emu) and
-# its tests here and in cargo test (tests/hsa-sim/tests/iron_emu.rs, tests/backend_ops_emu.rs).
+# its tests here and in cargo test (crates/hsa-sim/tests/iron_emu.rs, tests/backend_ops_emu.rs).
 python_emu_install || exit 1
 [ "${1:-}" = "--deps" ] && exit 0
 

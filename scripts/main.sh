@@ -221,8 +221,8 @@ from pathlib import Path
 arch, n, n_prompt, what = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 llama, reference, minilm = (Path(p) for p in sys.argv[5:8])
 
-# The constants of hsa-sim's cost model for this architecture (tests/hsa-sim/src/cost.rs).
-src = Path("tests/hsa-sim/src/cost.rs").read_text(encoding="utf-8")
+# The constants of hsa-sim's cost model for this architecture (crates/hsa-sim/src/cost.rs).
+src = Path("crates/hsa-sim/src/cost.rs").read_text(encoding="utf-8")
 block = re.search(rf"pub const {arch.upper()}: ArchModel = ArchModel \{{(.*?)\n\}};", src, re.S)
 k = {}
 for name, value in re.findall(r"^\s*(\w+): ([0-9_.e]+),", block.group(1) if block else "", re.M):
@@ -257,7 +257,7 @@ print(f"all-MiniLM-L6-v2, 3 sentences, HSA0 (reference executor): {m['dispatches
       f"{m['doorbells']} doorbells, simulated device time {ms(m['device_time_ns'])}")
 if k:
     text = (f"The device times are simulated, not measured (nothing ran on an NPU): hsa-sim's {arch} "
-          f"cost model (tests/hsa-sim/src/cost.rs; docs/perf.md): per command the slower of its "
+          f"cost model (crates/hsa-sim/src/cost.rs; docs/perf.md): per command the slower of its "
           f"bytes at {k['bandwidth_bytes_per_s'] / 1e9:g} GB/s and its arithmetic at "
           f"{k['measured_bf16_flops'] / 1e12:g} TFLOPS bf16, plus "
           f"{k['chain_latency_ns'] / 1e3:g} µs per command chain, "
@@ -266,7 +266,7 @@ if k:
           "hardware-context build.")
 else:
     text = (f"The device times are simulated, not measured: hsa-sim's {arch} cost model "
-            "(tests/hsa-sim/src/cost.rs; docs/perf.md).")
+            "(crates/hsa-sim/src/cost.rs; docs/perf.md).")
 print(textwrap.fill(text, width=96))
 print(f"All counters: {llama.parent}/counters-*.json")
 PY

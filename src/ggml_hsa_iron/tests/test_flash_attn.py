@@ -215,7 +215,7 @@ def attend_row(qr, K, V, scale, softcap, mv=None, slope=1.0, sink=None):
 
 
 def reference(req, q, k, v, mask=None, sinks=None):
-    """ggml-cpu's FLASH_ATTN_EXT (tests/hsa-sim/src/exec/attn.rs) in float64 on the same
+    """ggml-cpu's FLASH_ATTN_EXT (crates/hsa-sim/src/exec/attn.rs) in float64 on the same
     inputs (q rounded to K's type first)."""
     scale, max_bias, softcap = (
         struct.unpack("<f", struct.pack("<i", p))[0] for p in req.op_params[:3]

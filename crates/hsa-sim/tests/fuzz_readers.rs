@@ -8,7 +8,7 @@
 //! and what is accepted is consistent. `PROPTEST_CASES` raises the case count.
 
 mod common;
-#[path = "../../fuzz/mutate.rs"]
+#[path = "../../../tests/fuzz/mutate.rs"]
 mod mutate;
 
 use std::cell::Cell;
@@ -25,7 +25,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestRunner};
 
 fn corpus_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../corpus")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus")
 }
 
 fn seeds(reader: &str) -> Vec<Vec<u8>> {
