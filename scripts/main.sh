@@ -40,7 +40,7 @@ fi
 
 say() { printf '\n== %s\n' "$*"; }
 
-scripts/llama-cpp.sh build-dl ggml-hsa llama-simple llama-embedding test-backend-ops
+scripts/llama-cpp.sh build-dl ggml-hsa llama-embedding test-backend-ops
 bin=$(scripts/llama-cpp.sh path bin-dl)
 cargo build --release --locked -p hsa-sim
 out=$(mktemp -d)
