@@ -312,7 +312,7 @@ class QkvRecordTest(unittest.TestCase):
                         mine = [w for w in rec.workers if w.tile.col in cols]
                         self.assertEqual(len(mine), g.spec.plan.columns * g.spec.plan.rows)
                     for k in rec.kernels:
-                        g = k.bin_name.removesuffix(".o")[-1]
+                        g = k.object_file_name.removesuffix(".o")[-1]
                         self.assertTrue(k.name.endswith(f"_{g}"), k.name)
                     # Each group's W fifos carry its own weights' tiles: R rows of nr rows of
                     # a K chunk, in its type's bytes (weights of three types: three sizes).
