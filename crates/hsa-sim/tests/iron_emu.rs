@@ -188,7 +188,7 @@ fn mutated_designs_fail() {
         (
             "C re-layout dropped (to_stream of the memory tile's C fifo)",
             "designs/mul_mat.py",
-            vec![("to_stream=_walk(R * m * n, c_rows)", "")],
+            vec![("to_stream=_walk(m * n, c_rows)", "")],
             &gemm,
             None,
         ),
