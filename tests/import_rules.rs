@@ -314,12 +314,12 @@ fn references(code: &str, depth: usize, root: &str) -> Vec<Reference> {
                     inline_mods.pop();
                 }
             }
-            Tok::Ident(w) if w == "mod" => {
-                if ident(toks.get(i + 1)).is_some()
-                    && toks.get(i + 2).map(|t| &t.0) == Some(&Tok::Punct('{'))
-                {
-                    inline_mods.push(braces);
-                }
+            Tok::Ident(w)
+                if w == "mod"
+                    && ident(toks.get(i + 1)).is_some()
+                    && toks.get(i + 2).map(|t| &t.0) == Some(&Tok::Punct('{')) =>
+            {
+                inline_mods.push(braces);
             }
             Tok::Ident(w) if w == root => {
                 let after_sep = i > 0 && toks[i - 1].0 == Tok::PathSep;

@@ -4,8 +4,8 @@
 //!
 //! Every kernel this backend wrote is listed in `<dir>/.ggml-hsa-kernels`, which is what
 //! `GGML_HSA_KERNEL_CACHE_CLEAR` removes (never other files of the directory) and what the size
-//! cap counts. Each manifest line is `<name> <file>:<size>:<fnv1a-64 hex> ...`, appended under the
-//! manifest's lock (`.ggml-hsa-kernels.lock`) after the compiler renamed the kernel's files into
+//! cap counts. Each manifest line is `<name> <file>:<size>:<fnv1a-64 hex> ...`, appended with the
+//! manifest locked (`flock` on the file itself) after the compiler renamed the kernel's files into
 //! place; the last line of a name wins. Files without a line (an older backend's, a failed
 //! append) get the format checks only. ggml-hsa-gen-kernels writes the same manifest into its
 //! output directory, so pregenerated kernels are checked the same way. A manifest is parsed once
@@ -91,12 +91,21 @@ impl Manifests {
     }
 }
 
-/// Takes the lock that orders the writers of `dir`'s manifest (appends and rewrites).
+/// The manifest of `dir` opened for appending and locked: the lock orders its writers (appends
+/// and rewrites). A rewrite renames a new file over it, so a writer that waited on the old file
+/// opens the new one and locks again.
 fn lock_manifest(dir: &Path) -> Result<File, String> {
-    let file = trust::open_own(&dir.join(format!("{MANIFEST}.lock")), false)?;
-    file.lock()
-        .map_err(|e| format!("cannot lock the manifest: {e}"))?;
-    Ok(file)
+    let path = dir.join(MANIFEST);
+    loop {
+        let file = trust::open_own(&path, true)?;
+        file.lock()
+            .map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+        let locked = file.metadata().map(|m| m.ino()).ok();
+        let current = std::fs::symlink_metadata(&path).map(|m| m.ino()).ok();
+        if locked.is_some() && locked == current {
+            return Ok(file);
+        }
+    }
 }
 
 /// Marks kernel `name` in `dir` as used now (the size cap evicts the least recently used).
@@ -124,7 +133,7 @@ fn last_used(dir: &Path, name: &str) -> (i64, i64) {
 /// also rewritten when stale lines (names written again, removed kernels) outnumber live ones.
 /// Returns the names removed.
 pub(super) fn enforce_cap(dir: &Path, cap: u64, keep: &str) -> Vec<String> {
-    let Ok(_lock) = lock_manifest(dir) else {
+    let Ok(_locked) = lock_manifest(dir) else {
         return Vec::new();
     };
     let path = dir.join(MANIFEST);
@@ -333,10 +342,8 @@ pub fn parse_manifest(text: &str) -> HashMap<String, Recorded> {
 pub fn record_written(dir: &Path, name: &str) {
     let path = dir.join(MANIFEST);
     let line = manifest_line(dir, name);
-    let appended = lock_manifest(dir).and_then(|_lock| {
-        trust::open_own(&path, true)
-            .and_then(|mut f| f.write_all(line.as_bytes()).map_err(|e| e.to_string()))
-    });
+    let appended = lock_manifest(dir)
+        .and_then(|mut f| f.write_all(line.as_bytes()).map_err(|e| e.to_string()));
     if let Err(e) = appended {
         log::warn(&format!(
             "cannot record {name} in {}: {e}; clearing the cache will not remove it",
@@ -366,11 +373,9 @@ pub fn clear_cache_dir(dir: &Path) -> Vec<PathBuf> {
             }
         }
     }
-    for file in [MANIFEST.to_owned(), format!("{MANIFEST}.lock")] {
-        let path = dir.join(file);
-        if std::fs::remove_file(&path).is_ok() {
-            removed.push(path);
-        }
+    let manifest = dir.join(MANIFEST);
+    if std::fs::remove_file(&manifest).is_ok() {
+        removed.push(manifest);
     }
     removed
 }

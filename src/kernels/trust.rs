@@ -66,7 +66,8 @@ fn ownership_problem(path: &Path, meta: &std::fs::Metadata, sticky_ok: bool) -> 
         return Some(Untrusted::new(
             path,
             format!(
-                "owned by user {}, not by this user ({me}) or root",
+                "owned by user {}, not by this user ({me}) or root; fix: use a directory of \
+                 yours (GGML_HSA_KERNEL_CACHE_DIR, GGML_HSA_KERNEL_DIR)",
                 meta.uid()
             ),
         ));
