@@ -297,30 +297,31 @@ impl KernelStore {
         }
     }
 
-    fn search_dirs(&self) -> impl Iterator<Item = PathBuf> + '_ {
+    /// The directories to look in, in order, each with whether it is the cache.
+    fn search_dirs(&self) -> impl Iterator<Item = (PathBuf, bool)> + '_ {
         let places = self.places();
         places
             .kernel_dir
             .iter()
             .filter_map(|d| self.arch_dir(d))
-            .chain(self.cache_arch_dir())
+            .map(|d| (d, false))
+            .chain(self.cache_arch_dir().map(|d| (d, true)))
     }
 
     /// The kernel `name` from the first directory that has a usable copy. A corrupt copy in the
     /// precompiled directory is reported and skipped (the user's files are not ours to change);
     /// a corrupt copy in the cache is returned in the second field, to be removed under its lock.
     fn search(&self, name: &str) -> (Option<KernelFiles>, Option<String>) {
-        let cache = self.cache_arch_dir();
-        for dir in self.search_dirs() {
+        for (dir, is_cache) in self.search_dirs() {
             match read_kernel(&dir, name, self.arch, &self.manifests) {
                 Ok(Some(files)) => {
-                    if Some(&dir) == cache.as_ref() {
+                    if is_cache {
                         touch(&dir, name);
                     }
                     return (Some(files), None);
                 }
                 Ok(None) => {}
-                Err(reason) if Some(&dir) == cache.as_ref() => return (None, Some(reason)),
+                Err(reason) if is_cache => return (None, Some(reason)),
                 Err(reason) => {
                     if self.reported.lock().insert(name.to_owned(), ()) {
                         log::warn(&format!(
@@ -418,7 +419,7 @@ impl KernelStore {
             Err(why) => Err(format!("no kernel file {name}.pdi ({why})")),
         };
         let on_disk = || {
-            self.search_dirs().any(|dir| {
+            self.search_dirs().any(|(dir, _)| {
                 trust::is_regular_file(&dir.join(format!("{name}.pdi")))
                     || trust::is_regular_file(&dir.join(format!("{name}.hsaco")))
             })

@@ -162,9 +162,12 @@ pub fn sub_dir(parent: &Path, name: &str, create: bool) -> Result<PathBuf, Untru
     }
 }
 
-/// Opens `path` without following a symbolic link or blocking on a FIFO, and checks that it is
-/// a regular file with the ownership rules.
-fn open_checked(options: &mut OpenOptions, path: &Path) -> Result<File, std::io::Error> {
+/// Opens `path` without following a symbolic link or blocking on a FIFO; it must be a regular
+/// file.
+fn open_regular(
+    options: &mut OpenOptions,
+    path: &Path,
+) -> std::io::Result<(File, std::fs::Metadata)> {
     let file = options
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
@@ -179,6 +182,12 @@ fn open_checked(options: &mut OpenOptions, path: &Path) -> Result<File, std::io:
     if !meta.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
+    Ok((file, meta))
+}
+
+/// [`open_regular`], then the ownership rules.
+fn open_checked(options: &mut OpenOptions, path: &Path) -> Result<File, std::io::Error> {
+    let (file, meta) = open_regular(options, path)?;
     if let Some(problem) = ownership_problem(path, &meta, false) {
         return Err(std::io::Error::other(problem.why));
     }
@@ -263,15 +272,11 @@ pub fn set_modified_now(path: &Path) -> bool {
 /// `path` opened for reading without following a link, regular and owned by the user, whatever
 /// its mode (for [`seal`] and [`set_modified_now`]).
 fn open_checked_any_mode(path: &Path) -> std::io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
-    let meta = file.metadata()?;
-    if meta.is_file() && meta.uid() == euid() {
+    let (file, meta) = open_regular(OpenOptions::new().read(true), path)?;
+    if meta.uid() == euid() {
         Ok(file)
     } else {
-        Err(std::io::Error::other("not a regular file of this user"))
+        Err(std::io::Error::other("not a file of this user"))
     }
 }
 
