@@ -44,9 +44,13 @@ done
 [ -z "$sweep_csv" ] || [ "$emu" -eq 0 ] || usage
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops >/dev/null
 eval "$(scripts/llama-cpp.sh env)"
-cargo build --locked --workspace --quiet
+# A sweep cargo test already ran needs no build: a plain `cargo build` would resolve features
+# without the dev-dependencies and compile most dependencies a second time.
+if [ -z "$sweep_csv" ]; then
+    scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops >/dev/null
+    cargo build --locked --workspace --quiet
+fi
 debug=$(realpath "${CARGO_TARGET_DIR:-target}")/debug
 export GGML_BACKEND_PATH=$debug/libggml_hsa.so
 export GGML_HSA_LIBHSA_PATH=$debug/libhsa_runtime64.so

@@ -6,6 +6,10 @@
 #                                            (default: ggml-base ggml-cpu test-backend-ops), in
 #                                            build/: configured with ggml-hsa's CMake hook
 #                                            (GGML_BACKEND_DL=ON), so one tree serves both
+#   scripts/llama-cpp.sh build-ggml          the same tree, only ggml (base, CPU) and
+#                                            test-backend-ops compiled against ggml alone: its
+#                                            source includes no llama.cpp header, and CMake's
+#                                            target would build libllama and common first
 #   scripts/llama-cpp.sh build-dl [TARGET...]      the same tree, default targets ggml-hsa (the
 #                                            plugin built through the hook) and llama's programs
 #   scripts/llama-cpp.sh build-static [TARGET...]  a copy of the tree prepared by
@@ -93,6 +97,25 @@ build_targets() {
         { tail -n 40 "$root/build.log" >&2; die "build failed (log: $root/build.log)"; }
 }
 
+# test-backend-ops without libllama and common (CMake's target links both although the program
+# uses ggml alone): what the older release's check needs, at a fraction of the build.
+build_backend_ops_alone() {
+    build_targets ggml ggml-base ggml-cpu
+    local source=$src/tests/test-backend-ops.cpp out=$build/bin/test-backend-ops
+    [ -f "$source" ] || die "no $source in the pinned tree"
+    if [ -x "$out" ] && [ "$out" -nt "$source" ] && [ "$out" -nt "$build/bin/libggml.so" ]; then
+        return 0
+    fi
+    log "compiling test-backend-ops against ggml"
+    local launcher=()
+    command -v ccache >/dev/null 2>&1 && launcher=(ccache)
+    "${launcher[@]}" "${CXX:-c++}" -std=c++17 -O2 -DNDEBUG -DGGML_BACKEND_DL -DGGML_SHARED \
+        -I"$src/ggml/include" "$source" -o "$out.tmp" -L"$build/bin" -lggml -lggml-base \
+        -Wl,-rpath,'$ORIGIN' -pthread >"$root/build-backend-ops.log" 2>&1 ||
+        { tail -n 40 "$root/build-backend-ops.log" >&2; die "test-backend-ops failed to build (log: $root/build-backend-ops.log)"; }
+    mv "$out.tmp" "$out"
+}
+
 repo=$(cd "$here/.." && pwd)
 # GGML_RPC=ON: ggml's RPC backend and ggml-rpc-server, which serves HSA0 to other machines
 # (docs/several-machines.md); RDMA off so that the build does not depend on what libibverbs is installed.
@@ -152,12 +175,17 @@ build_static() {
         rm -f "$tree/ggml/src/ggml-hsa"
         "$repo/cmake/integrate.sh" "$tree" >&2
     fi
+    # -O1: this tree's programs run tiny models only (its CPU work is small), and at -O3 it
+    # compiles libllama and common a second time in about 8 minutes on 2 cores (the shared tree's
+    # objects cannot be reused: PIC and export flags differ). The plugin is cargo --release still.
+    local opt="-O1 -DNDEBUG"
     if ! cache_has "$dir" "GGML_HSA_SOURCE_DIR:PATH=$repo" "GGML_RPC:BOOL=ON" \
-        "LLAMA_BUILD_TESTS:BOOL=ON"; then
+        "LLAMA_BUILD_TESTS:BOOL=ON" "CMAKE_CXX_FLAGS_RELEASE:STRING=$opt"; then
         log "configuring $dir (GGML_HSA=ON, GGML_BACKEND_DL=OFF, static)"
         GIT_CEILING_DIRECTORIES=$root cmake -S "$tree" -B "$dir" "${common_flags[@]}" \
             -DBUILD_SHARED_LIBS=OFF -DGGML_BACKEND_DL=OFF -DGGML_HSA=ON -DLLAMA_BUILD_TESTS=ON \
             -DGGML_HSA_JIT_COMPILE=ON -DGGML_HSA_SOURCE_DIR="$repo" \
+            -DCMAKE_C_FLAGS_RELEASE="$opt" -DCMAKE_CXX_FLAGS_RELEASE="$opt" \
             >"$root/configure-static.log" 2>&1 ||
             { tail -n 30 "$root/configure-static.log" >&2; die "configure failed (log: $root/configure-static.log)"; }
     fi
@@ -183,6 +211,7 @@ case "$cmd" in
     deps) ensure_tools ;;
     fetch) ensure_tools; fetch ;;
     build) ensure_tools; fetch; configure; build_targets "$@" ;;
+    build-ggml) ensure_tools; fetch; configure; build_backend_ops_alone ;;
     build-dl)
         ensure_tools; fetch; configure
         [ $# -gt 0 ] || set -- ggml-hsa llama-simple llama-completion llama-embedding
@@ -195,5 +224,5 @@ case "$cmd" in
             bin-dl) echo "$build/bin" ;; bin-static) echo "$root/build-static/bin" ;;
             *) die "usage: $0 path src|ggml|build|bin|bin-dl|bin-static" ;;
         esac ;;
-    *) die "unknown command '$cmd' (deps|fetch|build|build-dl|build-static|env|path)" ;;
+    *) die "unknown command '$cmd' (deps|fetch|build|build-ggml|build-dl|build-static|env|path)" ;;
 esac

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check of the project, on a fresh machine too: installs what is missing (system
 # packages, rustfmt/clippy, the pinned llama.cpp built by scripts/llama-cpp.sh), then runs
-#   rustfmt --check, clippy -D warnings, cargo test (unit, ABI, header drift, C/C++ header check,
+#   rustfmt --check, clippy -D warnings (in the test build), cargo test (unit, ABI, header drift, C/C++ header check,
 #   test-backend-ops runs against the plugin), and a release build with its link check.
 # Ends with one line `N passed, N failed` over all suites; exits non-zero if anything failed.
 # `--long` runs every case of the sampled sweeps (GGML_HSA_TEST_SAMPLE=all; a default run takes a
@@ -90,15 +90,34 @@ export GGML_HSA_REQUIRE_E2E=1
 
 # --- checks ----------------------------------------------------------------------------------
 check rustfmt cargo fmt --all --check
-check clippy cargo clippy --workspace --all-targets --locked -- -D warnings
-
-# The simulator's runtime and compiler are used by the backend's tests as separate artifacts.
-check "build (workspace)" cargo build --workspace --locked
+# clippy-driver compiles the workspace's own crates (RUSTC_WORKSPACE_WRAPPER, what `cargo clippy`
+# sets for its check): the build the tests run is linted in the same pass, where a separate
+# `cargo clippy` would check every crate and rebuild every proc macro again (about 4 minutes on a
+# fresh machine). Every cargo command below runs through `linted` so that none rebuilds what
+# another built. The build is of the tests' targets: a plain `cargo build` resolves the
+# dependencies' features without the dev-dependencies (resolver 2) and would compile a second
+# copy of most of them.
+linted=(env "RUSTC_WORKSPACE_WRAPPER=$(rustc --print sysroot)/bin/clippy-driver")
+build_and_clippy() {
+    local out status
+    out=$(mktemp)
+    "${linted[@]}" cargo test --workspace --all-targets --locked --no-run 2>&1 | tee "$out"
+    status=${PIPESTATUS[0]}
+    # -D warnings: any warning of rustc, clippy or cargo fails the step (cargo replays the
+    # warnings of crates it does not rebuild).
+    if grep -qE '^(warning|error)(\[|:)' "$out"; then
+        echo "clippy: the warnings above fail the build (-D warnings)"
+        status=1
+    fi
+    rm -f "$out"
+    return "$status"
+}
+check "build and clippy -D warnings (workspace, all targets)" build_and_clippy
 
 log "cargo test --workspace --locked --no-fail-fast"
 test_log=$(mktemp)
 test_start=$SECONDS
-cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$test_log"
+"${linted[@]}" cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$test_log"
 test_status=${PIPESTATUS[0]}
 durations+=("$(printf '%6d s  %s' $((SECONDS - test_start)) "cargo test (per binary: its 'finished in')")")
 read -r t_passed t_failed < <(awk '/^test result:/ {
@@ -117,15 +136,15 @@ rm -f "$test_log"
 
 if [ "${1:-}" = "--long" ]; then
     check "parser properties, 20,000 cases each (long)" env PROPTEST_CASES=20000 \
-        cargo test --locked --test fuzz_parsers -- --nocapture
+        "${linted[@]}" cargo test --locked --test fuzz_parsers -- --nocapture
     check "hsa-sim reader properties, 20,000 cases each (long)" env PROPTEST_CASES=20000 \
-        cargo test --locked -p hsa-sim --test fuzz_readers -- --nocapture
+        "${linted[@]}" cargo test --locked -p hsa-sim --test fuzz_readers -- --nocapture
     check "soak: 10,000 decode graphs of the tiny llama (long)" env GGML_HSA_SOAK_GRAPHS=10000 \
-        cargo test --locked --test soak_sim -- --nocapture
+        "${linted[@]}" cargo test --locked --test soak_sim -- --nocapture
     check "test-backend-ops and the tiny llama on HSA0 under valgrind memcheck (long)" \
-        env GGML_HSA_MEMCHECK=1 cargo test --locked --test memcheck_sim -- --nocapture
+        env GGML_HSA_MEMCHECK=1 "${linted[@]}" cargo test --locked --test memcheck_sim -- --nocapture
     check "RPC figures: local vs one vs two remote HSA0s (long)" \
-        cargo test --locked --test rpc_e2e figures_local_vs_one_remote_vs_two_remote -- \
+        "${linted[@]}" cargo test --locked --test rpc_e2e figures_local_vs_one_remote_vs_two_remote -- \
         --ignored --nocapture
 fi
 
@@ -133,7 +152,7 @@ fi
 # family with a fused path and a rotating eighth of the other architectures; all of them with
 # --long. Its per-architecture table is printed.
 check "test-llama-archs on HSA0, IRON designs emulated" \
-    cargo test --locked --test llama_archs -- --ignored --nocapture
+    "${linted[@]}" cargo test --locked --test llama_archs -- --ignored --nocapture
 
 # docs/ops.md against the sweep of every op cargo test just ran (tests/backend_ops_sim.rs): no
 # failures, the table current (exactly under --long, where the sweep is whole).
@@ -147,26 +166,25 @@ check "benchmark (scripts/bench.sh --quick)" scripts/bench.sh --quick
 check "IRON package checks" scripts/check-iron.sh
 
 # The older ggml release (docs/building.md): its tree fetched and built by
-# scripts/llama-cpp.sh with the older pin (ggml-base, ggml-cpu and test-backend-ops only), the
-# plugin built against it, then the starter ops on HSA0 with that tree's test-backend-ops, and
+# scripts/llama-cpp.sh with the older pin (ggml, and test-backend-ops compiled against it alone:
+# `build-ggml`), the plugin built against it, then the starter ops on HSA0 with that tree's test-backend-ops, and
 # each release's plugin loaded into the other release: declined in one line. After every other
-# debug-build step: the plugin is rebuilt in place in target/debug (only the ggml-hsa crate
+# debug-build step: the plugin is rebuilt in place in target/debug/deps (only the ggml-hsa crate
 # depends on the ggml tree, so only it and the two test programs build again; a target dir of
 # its own would build every dependency a second time), the pinned release's plugin kept aside
 # first for the cross-release check.
 older_ggml_release() {
     local pin=scripts/llama-cpp-older.pin
-    LLAMA_CPP_PIN=$pin scripts/llama-cpp.sh build ggml-base ggml-cpu test-backend-ops || return 1
+    LLAMA_CPP_PIN=$pin scripts/llama-cpp.sh build-ggml || return 1
     local pinned_bin=$LLAMA_CPP_BIN keep
     keep=$(mktemp -d) || return 1
-    cp target/debug/libggml_hsa.so "$keep/" || return 1
+    cp target/debug/deps/libggml_hsa.so "$keep/" || return 1
     (
         eval "$(LLAMA_CPP_PIN=$pin scripts/llama-cpp.sh env)"
-        cargo build --locked -p ggml-hsa &&
-            cargo test --locked --test backend_ops_sim starter_ops_on_aie2p_with_packet_abi_a1 \
-                -- --exact --nocapture &&
+        "${linted[@]}" cargo test --locked --test backend_ops_sim starter_ops_on_aie2p_with_packet_abi_a1 \
+            -- --exact --nocapture &&
             GGML_HSA_OTHER_GGML_BIN=$pinned_bin GGML_HSA_OTHER_PLUGIN=$keep/libggml_hsa.so \
-                cargo test --locked --test ggml_releases -- --ignored --nocapture
+                "${linted[@]}" cargo test --locked --test ggml_releases -- --ignored --nocapture
     )
     local status=$?
     rm -rf "$keep"
