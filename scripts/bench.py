@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 # aie2p (XDNA2) constants of hsa-sim's cost model (crates/hsa-sim/src/cost.rs).
@@ -214,6 +215,86 @@ def run_model(args, name: str, path: Path, work: Path) -> list[dict]:
     return rows
 
 
+# Emulated test-backend-ops cases on HSA0 (the IRON designs through hsa-sim's dataflow emulator,
+# their AIE cores built for the host with g++): what the emulated sweeps of the tests cost.
+# (ops, -p filter) per mode; the same cases three times: "cold" with an empty core-library cache
+# (every core built by g++), "warm" with the cores built, and warm again with each compile a fork
+# of the compile server the tests use (src/ggml_hsa_iron/compile_server.py). The kernel cache is
+# fresh each time: every design is recorded again.
+EMU_CASES = {
+    "quick": [("ADD", r"type=f32,ne=\[10,5,4,3\]")],
+    "full": [
+        ("ADD,CONT,RMS_NORM,SOFT_MAX,GET_ROWS", None),
+        ("MUL_MAT", r"type_a=(q4_0|bf16),type_b=f32,"),
+    ],
+}
+TBO_SUMMARY = re.compile(r"(\d+)/(\d+) tests passed")
+
+
+def emulation_speed(args, work: Path) -> list[dict]:
+    """Emulated test-backend-ops cases per second, cold and warm (EMU_CASES)."""
+    root = Path(__file__).resolve().parent.parent
+    cores = work / "emu-cores"
+    server_dir = Path(tempfile.mkdtemp(dir=work))  # 0700
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ggml_hsa_iron.compile_server", "--socket", str(server_dir / "s")],
+        env={**os.environ, "PYTHONPATH": str(root / "src")},
+    )
+    rows = []
+    for state in ("cold", "warm", "warm, compile server"):
+        cases, start = 0, time.monotonic()
+        for i, (ops, pattern) in enumerate(EMU_CASES[args.mode]):
+            kernels = work / f"emu-kernels-{state}-{i}"
+            kernels.mkdir(parents=True)
+            env = dict(os.environ)
+            env.update(
+                GGML_BACKEND_PATH=str(args.bin / "libggml-hsa.so"),
+                GGML_HSA_LIBHSA_PATH=str(args.target / "libhsa_runtime64.so"),
+                GGML_HSA_JIT_COMPILER=f"{sys.executable} -m ggml_hsa_iron --target emu",
+                PYTHONPATH=str(root / "src"),
+                GGML_HSA_EMU_CACHE_DIR=str(cores),
+                GGML_HSA_KERNEL_CACHE_DIR=str(kernels),
+                GGML_HSA_ENABLE_LOG="0",
+                HSA_SIM_QUIET="1",
+                HSA_SIM_AGENTS="aie2p",
+            )
+            if "server" in state:
+                env["GGML_HSA_EMU_SERVER"] = str(server_dir / "s")
+            cmd = [str(args.bin / "test-backend-ops"), "test", "-b", "HSA0", "-o", ops]
+            if pattern:
+                cmd += ["-p", pattern]
+            run = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            found = TBO_SUMMARY.findall(run.stdout)
+            if run.returncode != 0 or not found or found[-1][0] != found[-1][1] or found[-1][1] == "0":
+                sys.stderr.write(run.stdout[-4000:] + run.stderr[-2000:])
+                raise SystemExit(f"emulated test-backend-ops failed: {' '.join(cmd)}")
+            cases += int(found[-1][1])
+        seconds = time.monotonic() - start
+        rows.append({"state": state, "cases": cases, "seconds": seconds})
+        print(
+            f"[bench] emulation ({state}): {cases} cases in {seconds:.0f} s, "
+            f"{cases / seconds:.2f} cases/s",
+            file=sys.stderr,
+        )
+    server.terminate()
+    server.wait()
+    return rows
+
+
+def emulation_lines(rows: list[dict], mode: str) -> list[str]:
+    selection = "; ".join(f"`-o {o}`" + (f" `-p '{p}'`" if p else "") for o, p in EMU_CASES[mode])
+    return [
+        f"Emulated test-backend-ops on HSA0, aie2p ({selection}), one process per selection:",
+        "",
+        "| AIE cores, compiles | cases | seconds | cases/s |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {r['state']} | {r['cases']} | {r['seconds']:.0f} | {r['cases'] / r['seconds']:.2f} |"
+            for r in rows
+        ),
+    ]
+
+
 COLUMNS = [
     ("model", "model", "{}"),
     ("test", "test", "{}"),
@@ -340,7 +421,9 @@ def main() -> int:
         for spec in args.models:
             name, _, path = spec.partition("=")
             rows += run_model(args, name, Path(path), Path(tmp) / "runs")
+        emu_rows = emulation_speed(args, Path(tmp) / "emulation")
     lines = table(rows)
+    emu_lines = emulation_lines(emu_rows, args.mode)
     mode_note = (
         "kernels computed by hsa-sim's reference executors"
         if args.mode == "quick"
@@ -362,12 +445,16 @@ def main() -> int:
         if r["host_nodes"] or r["cpu_nodes_by_op"]:
             print(f"{r['model']} {r['test']}: host nodes {r['host_nodes']}, "
                   f"CPU nodes {r['cpu_nodes_by_op']}")
+    print()
+    print("\n".join(emu_lines))
     if args.mode == "full":
-        write_docs(rows, lines, kernels_note)
+        write_docs(rows, lines, kernels_note, emu_lines)
     return 0
 
 
-def write_docs(rows: list[dict], lines: list[str], kernels_note: str) -> None:
+def write_docs(
+    rows: list[dict], lines: list[str], kernels_note: str, emu_lines: list[str]
+) -> None:
     load, cores = os.getloadavg()[1], os.cpu_count()
     docs = Path(__file__).resolve().parent.parent / "docs"
     (docs / "perf.svg").write_text(svg(rows))
@@ -419,6 +506,18 @@ def write_docs(rows: list[dict], lines: list[str], kernels_note: str) -> None:
         *peers,
         "",
         "![decode tokens/s: simulated, bound and peers](perf.svg)",
+        "",
+        "## Emulation speed",
+        "",
+        "How fast this machine runs the IRON designs through the emulation (the tests' emulated",
+        "sweeps, `docs/testing.md`): wall time of test-backend-ops with the IRON package as the",
+        "compiler, each case's kernels compiled (design recorded) and executed by hsa-sim's",
+        "dataflow emulator, then compared with the CPU. \"cold\": every AIE core built by g++",
+        "first; \"warm\": the cores' libraries cached (as in a test run after the first);",
+        "\"compile server\": each compile a fork of a Python that imported numpy and the package",
+        "once, as in the tests (`src/ggml_hsa_iron/compile_server.py`).",
+        "",
+        *emu_lines,
         "",
     ]
     (docs / "perf.md").write_text("\n".join(text))

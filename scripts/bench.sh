@@ -11,6 +11,8 @@
 #                               About 15 minutes on 2 cores, ~6 GB of models in the cache.
 #   scripts/bench.sh --quick    the tiny llamas (f32, Q4_0), pp32 and tg16, kernels computed by
 #                               hsa-sim: the same figures in about a minute (what CI runs).
+#   Both end with the emulation's speed: emulated test-backend-ops cases per second on HSA0
+#   (the IRON designs through hsa-sim's emulator), with the AIE cores built cold and warm.
 #   scripts/bench.sh --models "q4_0 f16"   only these types of the full run.
 #   scripts/bench.sh --kernels reference   HSA0 offers every kernel of hsa-sim's reference
 #                               compiler; by default (--kernels iron) only those the IRON
@@ -48,10 +50,13 @@ log() { printf '[bench] %s\n' "$*" >&2; }
 # llama-bench and the plugin (the hook build: cargo --release through CMake; llama-bench loads
 # the plugin through GGML_BACKEND_PATH), llama-quantize and the test models; a release build of
 # the simulator.
-scripts/llama-cpp.sh build-dl ggml-hsa llama-bench >/dev/null
+scripts/llama-cpp.sh build-dl ggml-hsa llama-bench test-backend-ops >/dev/null
 scripts/llama-cpp.sh build llama-quantize >/dev/null
 eval "$(scripts/llama-cpp.sh env)"
 scripts/models.sh tiny-llama >/dev/null
+# The emulation's Python packages and g++ (the emulation speed).
+. scripts/lib/apt.sh
+deps_install cxx >/dev/null && python_emu_install >/dev/null || exit 1
 log "release build of hsa-sim"
 cargo build --release --locked -p hsa-sim --quiet
 

@@ -73,10 +73,17 @@ if [ "$emu" -eq 1 ]; then
     fa_sample=$(cat scripts/lib/flash-attn-emu-sample.txt)
     # The commit the runs build, taken now: the record must not name a later one.
     emu_commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src crates || echo +changes)"
+    # The compiles are forks of one compile server (src/ggml_hsa_iron/compile_server.py), which
+    # has imported numpy and the package once; it goes when this script does.
+    server_dir=$(mktemp -d)
+    PYTHONPATH=$PWD/src python3 -m ggml_hsa_iron.compile_server --socket "$server_dir/sock" &
+    server_pid=$!
+    trap 'kill "$server_pid" 2>/dev/null; rm -rf "$server_dir"' EXIT
     emu_emit() { # arch, ops, CSV, log, extra test-backend-ops args...
         local arch=$1 ops=$2 out_csv=$3 log=$4
         shift 4
         GGML_HSA_JIT_COMPILER="python3 -m ggml_hsa_iron --target emu" PYTHONPATH=$PWD/src \
+            GGML_HSA_EMU_SERVER=$server_dir/sock \
             GGML_HSA_EMU_CACHE_DIR=${GGML_HSA_EMU_CACHE_DIR:-$(realpath "${CARGO_TARGET_DIR:-target}")/tmp/ggml-hsa-emu-cache} \
             GGML_HSA_KERNEL_CACHE_DIR=$(mktemp -d) HSA_SIM_AGENTS=$arch \
             "$LLAMA_CPP_BIN/test-backend-ops" test -b HSA0 -o "$ops" --output csv "$@" \

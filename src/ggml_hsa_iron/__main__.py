@@ -9,11 +9,21 @@ Exit status: 0 success, 2 well-formed but unsupported, 1 any other failure.
 Only `capabilities` writes to stdout; messages go to stderr as one line.
 """
 
-import argparse
-import gc
 import os
 import sys
-from pathlib import Path
+
+# A compile server of the emulation target (compile_server.py) runs the compile when one is
+# named: before the imports below, which are most of a short compile's time.
+if __name__ == "__main__" and os.environ.get("GGML_HSA_EMU_SERVER"):
+    from .compile_server import forward
+
+    _served = forward(os.environ["GGML_HSA_EMU_SERVER"], sys.argv[1:])
+    if _served is not None:
+        sys.exit(_served)
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 # One kernel per process and no linear algebra: numpy's BLAS threads would only spin on the
 # other cores while the design is recorded (a third of a compile's CPU time).

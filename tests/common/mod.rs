@@ -114,7 +114,8 @@ pub fn run_child_test(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> String {
 /// cache under the target dir even where the environment says not to (`PYTHONDONTWRITEBYTECODE`,
 /// set on some CI images: each compile then recompiles every module): an emulated test-backend-ops
 /// run starts one compiler per kernel, thousands of them, and both halve a compile's time.
-/// The AIE core libraries go to the one cache every emulated test shares ([`emu_cache_dir`]).
+/// The AIE core libraries go to the one cache every emulated test shares ([`emu_cache_dir`]), and
+/// the compiles to this test process's compile server ([`emu_compile_server`]).
 pub fn emu_compiler_env() -> Vec<(String, String)> {
     static PYTHON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let python = PYTHON.get_or_init(|| {
@@ -130,7 +131,7 @@ pub fn emu_compiler_env() -> Vec<(String, String)> {
         exe
     });
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    vec![
+    let mut env = vec![
         (
             "GGML_HSA_JIT_COMPILER".into(),
             format!("{python} -m ggml_hsa_iron --target emu"),
@@ -145,7 +146,58 @@ pub fn emu_compiler_env() -> Vec<(String, String)> {
             "GGML_HSA_EMU_CACHE_DIR".into(),
             emu_cache_dir().display().to_string(),
         ),
-    ]
+    ];
+    if let Some(socket) = emu_compile_server(python, &env) {
+        env.push(("GGML_HSA_EMU_SERVER".into(), socket.display().to_string()));
+    }
+    env
+}
+
+/// The emulation target's compile server (`src/ggml_hsa_iron/compile_server.py`) of this test
+/// process, started on first use: each compile the backend starts is then a fork of a Python
+/// that has imported numpy and the package already (half a short compile's time), with the same
+/// output. It exits with this process. None when it does not start or
+/// `GGML_HSA_TEST_EMU_SERVER=0` (each compile then runs in a process of its own, as without
+/// tests).
+pub fn emu_compile_server(python: &str, env: &[(String, String)]) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    static SERVER: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    SERVER
+        .get_or_init(|| {
+            if std::env::var_os("GGML_HSA_TEST_EMU_SERVER").is_some_and(|v| v == "0") {
+                return None;
+            }
+            let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+            // Earlier test processes' directories (their servers went with them).
+            for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with("emu-server-") && !e.path().join("sock").exists() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+            let dir = tmp.join(format!("emu-server-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).ok()?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).ok()?;
+            let socket = dir.join("sock");
+            let mut server = std::process::Command::new(python)
+                .args(["-m", "ggml_hsa_iron.compile_server", "--socket"])
+                .arg(&socket)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .ok()?;
+            let start = std::time::Instant::now();
+            while !socket.exists() {
+                let gone = !matches!(server.try_wait(), Ok(None));
+                if gone || start.elapsed() > std::time::Duration::from_secs(60) {
+                    eprintln!("the emulation's compile server did not start: compiles run alone");
+                    return None;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Some(socket)
+        })
+        .clone()
 }
 
 /// The cache of the emulation's AIE core libraries (built with g++ per core source and

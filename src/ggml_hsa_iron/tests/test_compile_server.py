@@ -1,0 +1,109 @@
+"""The emulation's compile server: the same files and exit statuses as a compile of its own."""
+
+import sys
+from pathlib import Path
+
+# Runnable as `python3 -m unittest discover -s src/ggml_hsa_iron/tests` too:
+# the package's parent directory (src/) goes on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+import unittest
+
+from ggml_hsa_iron.tests.util import request_dict, tensor
+
+SRC = Path(__file__).resolve().parent.parent.parent
+
+
+class CompileServerTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = Path(self.tmp.name)
+        self.env = dict(os.environ, PYTHONPATH=str(SRC))
+        self.env.setdefault("GGML_HSA_EMU_CACHE_DIR", str(self.dir / "cores"))
+        self.env.pop("GGML_HSA_EMU_SERVER", None)
+        self.servers = []
+
+    def tearDown(self):
+        for s in self.servers:
+            s.terminate()
+            s.wait()
+        self.tmp.cleanup()
+
+    def start(self, sock_dir: Path):
+        server = subprocess.Popen(
+            [sys.executable, "-m", "ggml_hsa_iron.compile_server", "--socket", str(sock_dir / "s")],
+            env=self.env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.servers.append(server)
+        deadline = time.monotonic() + 60
+        while not (sock_dir / "s").exists() and server.poll() is None:
+            self.assertLess(time.monotonic(), deadline, "the server did not start")
+            time.sleep(0.02)
+        return server
+
+    def compile(self, req: dict, out: Path, socket: Path | None):
+        path = self.dir / "request.json"
+        path.write_text(json.dumps(req))
+        env = dict(self.env)
+        if socket is not None:
+            env["GGML_HSA_EMU_SERVER"] = str(socket)
+        return subprocess.run(
+            [sys.executable, "-m", "ggml_hsa_iron", "--target", "emu", "compile"]
+            + ["--request", str(path), "--output-dir", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=self.dir,
+        )
+
+    @staticmethod
+    def files(out: Path) -> dict:
+        return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+    def test_served_compiles_match_compiles_of_their_own(self):
+        sock_dir = self.dir / "server"
+        sock_dir.mkdir(mode=0o700)
+        self.start(sock_dir)
+        t = tensor("f32", [4096])
+        req = request_dict("ADD", [t, t], t)
+        alone = self.compile(req, self.dir / "alone", None)
+        self.assertEqual(alone.returncode, 0, alone.stderr)
+        served = self.compile(req, self.dir / "served", sock_dir / "s")
+        self.assertEqual(served.returncode, 0, served.stderr)
+        self.assertEqual(self.files(self.dir / "alone"), self.files(self.dir / "served"))
+        # A relative output directory is the client's, not the server's.
+        rel = self.compile(req, Path("relative"), sock_dir / "s")
+        self.assertEqual(rel.returncode, 0, rel.stderr)
+        self.assertEqual(self.files(self.dir / "alone"), self.files(self.dir / "relative"))
+        # Unsupported (2) and its one line on the client's stderr.
+        h = tensor("f16", [64])
+        r = self.compile(request_dict("ADD", [h, h], h), self.dir / "f16", sock_dir / "s")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("ADD does not take f16", r.stderr)
+        self.assertEqual(r.stdout, "")
+
+    def test_without_a_listening_server_the_compile_runs_alone(self):
+        t = tensor("f32", [256])
+        r = self.compile(request_dict("ADD", [t, t], t), self.dir / "o", self.dir / "nothing")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(any((self.dir / "o").iterdir()))
+
+    def test_a_socket_in_a_directory_others_may_enter_is_refused(self):
+        sock_dir = self.dir / "open"
+        sock_dir.mkdir()
+        os.chmod(sock_dir, 0o755)
+        server = self.start(sock_dir)
+        self.assertEqual(server.wait(timeout=60), 1)
+        self.assertIn("0700 expected", server.stderr.read())
+        self.assertFalse((sock_dir / "s").exists())
+
+
+if __name__ == "__main__":
+    unittest.main()
