@@ -235,6 +235,7 @@ def emulation_speed(args, work: Path) -> list[dict]:
     """Emulated test-backend-ops cases per second, cold and warm (EMU_CASES)."""
     root = Path(__file__).resolve().parent.parent
     cores = work / "emu-cores"
+    work.mkdir(parents=True, exist_ok=True)
     server_dir = Path(tempfile.mkdtemp(dir=work))  # 0700
     server = subprocess.Popen(
         [sys.executable, "-m", "ggml_hsa_iron.compile_server", "--socket", str(server_dir / "s")],
