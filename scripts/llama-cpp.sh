@@ -175,9 +175,10 @@ build_static() {
         rm -f "$tree/ggml/src/ggml-hsa"
         "$repo/cmake/integrate.sh" "$tree" >&2
     fi
-    # -O1: this tree's programs run tiny models only (its CPU work is small), and at -O3 it
-    # compiles libllama and common a second time in about 8 minutes on 2 cores (the shared tree's
-    # objects cannot be reused: PIC and export flags differ). The plugin is cargo --release still.
+    # -O1: this tree's programs run tiny models only (its CPU work is small), and it compiles
+    # libllama, common and ggml a second time (the shared tree's objects cannot be reused: PIC and
+    # export flags differ; at -O3 the step took 8 minutes on a fresh 2-core machine). The plugin
+    # is cargo --release still.
     local opt="-O1 -DNDEBUG"
     if ! cache_has "$dir" "GGML_HSA_SOURCE_DIR:PATH=$repo" "GGML_RPC:BOOL=ON" \
         "LLAMA_BUILD_TESTS:BOOL=ON" "CMAKE_CXX_FLAGS_RELEASE:STRING=$opt"; then

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every check of the project, on a fresh machine too: installs what is missing (system
 # packages, rustfmt/clippy, the pinned llama.cpp built by scripts/llama-cpp.sh), then runs
-#   rustfmt --check, clippy -D warnings (in the test build), cargo test (unit, ABI, header drift, C/C++ header check,
-#   test-backend-ops runs against the plugin), and a release build with its link check.
+#   rustfmt --check, clippy -D warnings (in the test build), cargo test (unit, ABI, header drift,
+#   C/C++ header check, test-backend-ops runs against the plugin), and a release build with its
+#   link check.
 # Ends with one line `N passed, N failed` over all suites; exits non-zero if anything failed.
 # `--long` runs every case of the sampled sweeps (GGML_HSA_TEST_SAMPLE=all; a default run takes a
 # turn of a rotation, docs/testing.md) and adds the reliability checks at full size, with their
