@@ -12,7 +12,8 @@
 #   scripts/bench.sh --quick    the tiny llamas (f32, Q4_0), pp32 and tg16, kernels computed by
 #                               hsa-sim: the same figures in about a minute (what CI runs).
 #   Both end with the emulation's speed: emulated test-backend-ops cases per second on HSA0
-#   (the IRON designs through hsa-sim's emulator), with the AIE cores built cold and warm.
+#   (the IRON designs through hsa-sim's emulator): AIE cores built cold, warm, and warm with
+#   the compile server the tests use.
 #   scripts/bench.sh --models "q4_0 f16"   only these types of the full run.
 #   scripts/bench.sh --kernels reference   HSA0 offers every kernel of hsa-sim's reference
 #                               compiler; by default (--kernels iron) only those the IRON

@@ -17,8 +17,8 @@ in its own process as always. Only the emulation target is served: a real compil
 npu`) spends its time in mlir-aie and Peano, not in imports.
 
 The socket's directory must belong to the user and be closed to others; server and client each
-accept only the other's process of their own user (SO_PEERCRED); the server exits when its parent process goes (the test binary
-that started it) and after `--idle` seconds without a request.
+accept only a peer process of their own user (SO_PEERCRED). The server exits when its parent
+process goes (the test binary that started it) and after `--idle` seconds without a request.
 """
 
 from __future__ import annotations

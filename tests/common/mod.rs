@@ -167,16 +167,8 @@ pub fn emu_compile_server(python: &str, env: &[(String, String)]) -> Option<Path
             if std::env::var_os("GGML_HSA_TEST_EMU_SERVER").is_some_and(|v| v == "0") {
                 return None;
             }
-            let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-            // Earlier test processes' directories (their servers went with them).
-            for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with("emu-server-") && !e.path().join("sock").exists() {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-            let dir = tmp.join(format!("emu-server-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).ok()?;
+            // A short path: a socket's must fit in 108 bytes.
+            let dir = scratch_dir("emu-server");
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).ok()?;
             let socket = dir.join("sock");
             let mut server = std::process::Command::new(python)
