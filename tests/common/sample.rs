@@ -89,11 +89,20 @@ impl Sample {
             .collect()
     }
 
-    /// Of a sweep that runs at least `whole` cases whole, how many this sample must run.
+    /// Of a sweep that runs at least `whole` cases whole, how many this sample must run. A turn
+    /// takes the cases whose name hashes to it, so its count varies around `whole / share` from
+    /// commit to commit (binomially): the bound is that mean less four standard deviations (at
+    /// least 1), which a sample misses only when far fewer cases than expected ran (a filter that
+    /// matches nothing, a sweep cut short). Fifty cases in eighths: 3 ran at one commit.
     pub fn at_least(&self, whole: u64) -> u64 {
         match *self {
             Sample::All => whole,
-            Sample::Turn { share, .. } => whole / share,
+            Sample::Turn { share, .. } => {
+                let p = 1.0 / share as f64;
+                let mean = whole as f64 * p;
+                let sd = (whole as f64 * p * (1.0 - p)).sqrt();
+                (mean - 4.0 * sd).floor().max(1.0) as u64
+            }
         }
     }
 
