@@ -54,7 +54,8 @@ install_deps() {
     deps_install rocr memcheck &&
         # rustfmt and clippy: the exact commands the checks run.
         { cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt; } &&
-        { cargo clippy --version >/dev/null 2>&1 || rustup component add clippy; } &&
+        # clippy: the driver the linted build runs (`linted` below).
+        { [ -x "$(rustc --print sysroot)/bin/clippy-driver" ] || rustup component add clippy; } &&
         scripts/llama-cpp.sh deps &&
         scripts/models.sh deps &&
         scripts/check-iron.sh --deps
