@@ -58,9 +58,18 @@ esac
 const CARGO: &str = r#"#!/bin/bash
 case "$1" in
     fmt) grep -qx rustup:rustfmt "$FAKE_STATE/installed" ;;
-    clippy) grep -qx rustup:clippy "$FAKE_STATE/installed" ;;
     *) echo "cargo shim: unexpected $*" >&2; exit 3 ;;
 esac
+"#;
+
+/// `rustc --print sysroot`: a sysroot whose `bin/clippy-driver` exists once clippy is installed.
+const RUSTC: &str = r#"#!/bin/bash
+[ "$1 $2" = "--print sysroot" ] || { echo "rustc shim: unexpected $*" >&2; exit 3; }
+if grep -qx rustup:clippy "$FAKE_STATE/installed"; then
+    echo "$FAKE_STATE/sysroot-with-clippy"
+else
+    echo "$FAKE_STATE/sysroot"
+fi
 "#;
 
 const RUSTUP: &str = r#"#!/bin/bash
@@ -136,6 +145,7 @@ impl FakeMachine {
             ("apt-get", APT_GET),
             ("python3", PYTHON3),
             ("cargo", CARGO),
+            ("rustc", RUSTC),
             ("rustup", RUSTUP),
             ("sudo", SUDO),
         ];
@@ -147,6 +157,10 @@ impl FakeMachine {
             fs::write(&p, text).unwrap();
             fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
         }
+        let driver = state.join("sysroot-with-clippy/bin/clippy-driver");
+        fs::create_dir_all(driver.parent().unwrap()).unwrap();
+        fs::write(&driver, "#!/bin/bash\n").unwrap();
+        fs::set_permissions(&driver, fs::Permissions::from_mode(0o755)).unwrap();
         let mut list = installed.join("\n");
         list.push('\n');
         fs::write(state.join("installed"), list).unwrap();
