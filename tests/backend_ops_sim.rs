@@ -27,7 +27,7 @@ const F32_CASES: [&str; 2] = ["-p", "type(_a|_src)?=f32,"];
 /// A default run's share of the sweeps below that sample (`tbo_sampled`): one turn of a
 /// rotation chosen by the commit, every op and type combination in each turn
 /// (tests/common/sample.rs); `GGML_HSA_TEST_SAMPLE=all` (scripts/test.sh --long) runs them whole.
-const SHARE: u64 = 4;
+const SHARE: u64 = 8;
 
 /// The plugin on hsa-sim with its reference compiler and a fresh kernel cache for `tag`, then
 /// `env` (later settings win).

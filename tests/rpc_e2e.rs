@@ -488,8 +488,10 @@ fn test_backend_ops_on_the_rpc_device_backed_by_hsa0() {
     // endpoint).
     let device = "RPC0".to_owned();
     let plugin = rpc_devices_plugin(&bin);
+    // The cases with f32 operands (about a third): the transport carries every type alike, and
+    // HSA0's own sweeps (backend_ops_sim.rs, backend_ops_emu.rs) run every type.
     let mut cmd = Command::new(&program);
-    cmd.args(["-b", &device, "-o", STARTER_OPS])
+    cmd.args(["-b", &device, "-o", STARTER_OPS, "-p", "type(_a|_src)?=f32,"])
         .env("GGML_BACKEND_PATH", &plugin)
         .env("GGML_HSA_TEST_RPC_ENDPOINT", server.endpoint())
         .env("GGML_NO_BACKTRACE", "1");
@@ -512,10 +514,10 @@ fn test_backend_ops_on_the_rpc_device_backed_by_hsa0() {
             tail(&server.log_text())
         );
     }
-    assert!(report.total >= 1000, "only {} cases ran", report.total);
-    // Most of them on the NPU (1734 kernel dispatches measured; the rest on the server's CPU).
+    assert!(report.total >= 300, "only {} cases ran", report.total);
+    // Most of them on the NPU (the rest on the server's CPU).
     assert!(
-        server.dispatches() >= 1000,
+        server.dispatches() >= 300,
         "{} NPU dispatches",
         server.dispatches()
     );

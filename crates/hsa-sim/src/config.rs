@@ -77,6 +77,10 @@ pub struct Config {
     /// `HSA_SIM_DEV_HEAP_SIZE`: bytes of each AIE agent's dev heap (default ROCR's 64 MiB;
     /// smaller values let a test fill it, and exercise a client's kernel eviction, quickly).
     pub dev_heap_size: usize,
+    /// `HSA_SIM_DRAM_GBPS`: the DRAM bandwidth the NPU reaches, reads and writes together, in
+    /// GB/s (default the arch model's; published XDNA2 figures span 47-67 with the SoC's
+    /// memory). Held in bytes per second.
+    pub dram_bytes_per_s: Option<u64>,
 }
 
 impl Default for Config {
@@ -93,6 +97,7 @@ impl Default for Config {
             quiet: false,
             execute: true,
             dev_heap_size: DEV_HEAP_SIZE,
+            dram_bytes_per_s: None,
         }
     }
 }
@@ -167,6 +172,17 @@ impl Config {
                          suffix, KiB/MiB) from 4K to 64M"
                     )
                 })?;
+        }
+        if let Some(v) = get("HSA_SIM_DRAM_GBPS").filter(|v| !v.trim().is_empty()) {
+            let gbps = v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|g| (1.0..=1000.0).contains(g))
+                .ok_or_else(|| {
+                    format!("HSA_SIM_DRAM_GBPS={v:?}: expected GB/s from 1 to 1000 (say 56)")
+                })?;
+            cfg.dram_bytes_per_s = Some((gbps * 1e9) as u64);
         }
         Ok(cfg)
     }

@@ -33,8 +33,13 @@ pub struct ArchModel {
     pub rebuild_per_column_ns: f64,
     /// Extra latency of the first dispatch after a context rebuild.
     pub first_dispatch_after_rebuild_ns: f64,
-    /// Bytes per second the NPU can pull from / push to DRAM.
+    /// Bytes per second the NPU can pull from / push to DRAM, reads and writes together: a
+    /// parameter of the SoC's memory (`HSA_SIM_DRAM_GBPS`), default the middle of its range.
     pub bandwidth_bytes_per_s: f64,
+    /// A shim tile's DMA channel (2 MM2S + 2 S2MM per shim tile), bytes per array cycle.
+    pub shim_channel_bytes_per_cycle: f64,
+    /// A memory tile's or compute tile's DMA channel, bytes per array cycle.
+    pub tile_channel_bytes_per_cycle: f64,
     /// bf16 multiply-accumulates per core per cycle (the `aie::mmul` shape's r·s·t).
     pub bf16_macs_per_core_cycle: u32,
     /// int8 multiply-accumulates per core per cycle.
@@ -65,8 +70,16 @@ pub const AIE2P: ArchModel = ArchModel {
     rebuild_per_column_ns: 360_000.0,
     // +1.6 ms on the first dispatch after a switch (qvac).
     first_dispatch_after_rebuild_ns: 1_600_000.0,
-    // NPU-reachable DRAM bandwidth ~56 GB/s (qvac GEMV streaming; xdna-engine 52.7-62.7).
+    // NPU-reachable DRAM, read + write: 47-67 GB/s published depending on the SoC's memory
+    // (xdna-engine: pure DMA ~47 GB/s; amd/IRON PR #195: "63-70 GB/s" mixed; mlir-aie PR #2559:
+    // memcpy 66.6 GB/s); 56 GB/s is the middle (qvac's GEMV streaming measured about that).
     bandwidth_bytes_per_s: 56.0e9,
+    // AM020 (AIE-ML architecture manual): a shim DMA channel moves 32 bits per cycle; at the
+    // estimated clock that is 6.1 GB/s, what amd/IRON's 8-column GEMV reached per column
+    // (49.2 GB/s / 8, Xilinx/mlir-air PR #1360).
+    shim_channel_bytes_per_cycle: 4.0,
+    // AM020: memory-tile and compute-tile DMA channels and the stream switch are 32 bits wide.
+    tile_channel_bytes_per_cycle: 4.0,
     // mlir-aie's aie2p mm.cc: bf16 4x8x8, i8 8x8x8.
     bf16_macs_per_core_cycle: 256,
     int8_macs_per_core_cycle: 512,
@@ -94,6 +107,9 @@ pub const AIE2: ArchModel = ArchModel {
     first_dispatch_after_rebuild_ns: 1_600_000.0,
     // No XDNA measurement; ~7 GB/s per column (qvac) x 4 columns = 28 GB/s, an estimate.
     bandwidth_bytes_per_s: 28.0e9,
+    // AM020 (AIE-ML, which aie2 is): 32 bits per cycle per shim, memory-tile and core channel.
+    shim_channel_bytes_per_cycle: 4.0,
+    tile_channel_bytes_per_cycle: 4.0,
     // mlir-aie's aie2 mm.cc: bf16 4x8x4, i8 4x8x8.
     bf16_macs_per_core_cycle: 128,
     int8_macs_per_core_cycle: 256,

@@ -38,6 +38,16 @@ pub struct Counters {
     /// The part of `device_time_ns` the commands' dispatch costs make (chain latency, chained
     /// commands with a new or a loaded PDI), without their work and context rebuilds.
     pub dispatch_time_ns: u64,
+    /// The part of `device_time_ns` the commands' work makes: the dataflow time of emulated
+    /// IRON designs (`dataflow_timed` commands), the roofline of the others.
+    pub work_time_ns: u64,
+    /// Commands timed from their executed dataflow (emulated IRON designs).
+    pub dataflow_timed: u64,
+    /// The busiest core's kernel calls, summed over the dataflow-timed commands.
+    pub core_busy_ns: u64,
+    /// The roofline bound of every command's work (bytes at the DRAM bandwidth or arithmetic
+    /// at the best measured GEMM rate, the slower), printed beside the dataflow time.
+    pub roofline_time_ns: u64,
     /// Chained commands whose PDI differed from the previous command's (the array reconfigured).
     pub pdi_switches: u64,
     /// Last error message, empty if none.

@@ -238,7 +238,10 @@ fn process(
     write: u64,
     errors: &mut Vec<PacketError>,
 ) {
-    let model = cost::model_for(&rt.topo.agents[q.agent].name);
+    let mut model = cost::model_for(&rt.topo.agents[q.agent].name);
+    if let Some(bw) = rt.config.dram_bytes_per_s {
+        model.bandwidth_bytes_per_s = bw as f64;
+    }
     let mut chain_bytes: Option<usize> = None;
     // ROCR rebuilds the hardware context once for a batch that brings new PDIs.
     st.batch_rebuilt = false;
@@ -538,20 +541,35 @@ fn prepare_and_execute(
     Ok(Some(()))
 }
 
-/// Counts an executed command and charges its work (roofline) to the device time.
+/// Counts an executed command and charges its work to the device time: an emulated IRON
+/// design's dataflow time when it ran, else the roofline of its bytes and arithmetic (which is
+/// also summed alone, as the bound beside the dataflow times).
 fn charge(rt: &Runtime, stats: &exec::ExecStats, model: &cost::ArchModel, integer: bool) {
     let kind = if integer {
         cost::Arithmetic::Int8
     } else {
         cost::Arithmetic::Bf16
     };
+    let roofline =
+        model.command_ns(stats.bytes_read + stats.bytes_written, stats.flops, kind) as u64;
     let mut c = rt.counters.lock();
     c.dispatches += 1;
     c.bytes_read += stats.bytes_read;
     c.bytes_written += stats.bytes_written;
     c.flops += stats.flops;
-    c.device_time_ns +=
-        model.command_ns(stats.bytes_read + stats.bytes_written, stats.flops, kind) as u64;
+    c.roofline_time_ns += roofline;
+    match stats.timeline {
+        Some(t) => {
+            c.dataflow_timed += 1;
+            c.work_time_ns += t.device_ns;
+            c.core_busy_ns += t.core_busy_ns;
+            c.device_time_ns += t.device_ns;
+        }
+        None => {
+            c.work_time_ns += roofline;
+            c.device_time_ns += roofline;
+        }
+    }
 }
 
 /// The PDI cache / hardware-context bookkeeping of a dispatch (step 4 of both paths).
@@ -642,7 +660,8 @@ fn run_emulated(
     let stats = if rt.config.execute {
         // SAFETY: every operand range lies inside a live AIE allocation of `mem`, whose lock the
         // caller holds for the duration, so it can be neither freed nor reallocated.
-        unsafe { exec::iron::execute(&loaded, &mems) }.map_err(|m| PacketError {
+        unsafe { exec::iron::execute(&loaded, &mems, exec::iron::timing::Rates::of(model)) }
+            .map_err(|m| PacketError {
             status: HSA_STATUS_ERROR,
             msg: m,
         })?
@@ -656,6 +675,7 @@ fn run_emulated(
                 .sum(),
             bytes_written: cmd.operands.last().map_or(0, |o| o.size),
             flops: 0,
+            timeline: None,
         }
     };
     let mut c = rt.counters.lock();

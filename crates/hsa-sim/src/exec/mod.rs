@@ -27,6 +27,9 @@ pub struct ExecStats {
     pub bytes_read: u64,
     pub bytes_written: u64,
     pub flops: u64,
+    /// An emulated IRON design's time from its dataflow (None: reference executors, charged
+    /// by the roofline alone).
+    pub timeline: Option<iron::timing::Timeline>,
 }
 
 /// A tensor's bytes copied out of device memory.
@@ -827,6 +830,7 @@ pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
     let bytes_read = desc.inputs.iter().map(TensorDesc::data_bytes).sum();
     let outputs = || std::iter::once(&desc.output).chain(&desc.extra_outputs);
     ExecStats {
+        timeline: None,
         bytes_read,
         bytes_written: outputs().map(TensorDesc::data_bytes).sum(),
         flops: if op.is_reduction() {

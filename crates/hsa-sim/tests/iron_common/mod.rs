@@ -228,13 +228,26 @@ impl Buffers {
 
 /// Runs an emulation image over `b`.
 pub fn run_emu(img: &[u8], b: &mut Buffers) -> Result<(), String> {
+    run_emu_timed(img, b, &hsa_runtime64::cost::AIE2P).map(|_| ())
+}
+
+/// Runs an emulation image over `b` with the array rates of `model`; the dispatch's timeline.
+pub fn run_emu_timed(
+    img: &[u8],
+    b: &mut Buffers,
+    model: &hsa_runtime64::cost::ArchModel,
+) -> Result<exec::iron::timing::Timeline, String> {
     let (json, lib) = image::split_image_v2(img)?;
     let hash = image::fnv1a64(&img[image::IMAGE_V2_HEADER_LEN..]);
     let loaded = exec::iron::load(hash, json, lib)?;
     let loaded = loaded.lock();
     let mems = b.mems();
+    let rates = exec::iron::timing::Rates::of(model);
     // SAFETY: each OperandMem covers a live Vec owned by `b`, not otherwise used meanwhile.
-    unsafe { exec::iron::execute(&loaded, &mems) }.map(|_| ())
+    let stats = unsafe { exec::iron::execute(&loaded, &mems, rates) }?;
+    stats
+        .timeline
+        .ok_or_else(|| "an emulated design ran without a timeline".to_string())
 }
 
 /// The reference result of `c` on `b`'s inputs (the oracle), as f64 values.

@@ -11,10 +11,17 @@ use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 /// A core function wrapper: `void ggml_hsa_emu_<i>(const uint64_t *args)`.
 pub type EntryFn = unsafe extern "C" fn(*const u64);
 
+/// The core's cycle counter: `uint64_t ggml_hsa_emu_core_cycles(void)`, the cycles the AIE-API
+/// stand-in counted for this copy's calls so far.
+pub type CyclesFn = unsafe extern "C" fn() -> u64;
+
+const CYCLES_SYMBOL: &[u8] = b"ggml_hsa_emu_core_cycles";
+
 /// One loaded copy of a kernel library and its entry points (valid while `_lib` is loaded).
 #[derive(Debug)]
 pub struct CoreLib {
     pub entries: Vec<EntryFn>,
+    cycles: Option<CyclesFn>,
     _lib: Library,
 }
 
@@ -50,6 +57,27 @@ impl CoreLib {
                     .map_err(|e| format!("the kernel library has no symbol {s}: {e}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(CoreLib { entries, _lib: lib })
+        // SAFETY: the package generates the counter as `extern "C" uint64_t f(void)`, which is
+        // CyclesFn; used only while `_lib` keeps the library loaded. Libraries built before the
+        // counter existed lack it: their calls then cost no time.
+        let cycles = unsafe { lib.get::<CyclesFn>(CYCLES_SYMBOL) }.ok().map(|f| *f);
+        Ok(CoreLib {
+            entries,
+            cycles,
+            _lib: lib,
+        })
+    }
+
+    /// Cycles this copy's calls were counted so far (0 without a counter).
+    pub fn core_cycles(&self) -> u64 {
+        match self.cycles {
+            // SAFETY: see `load`; the counter only reads the library's own static data.
+            Some(f) => unsafe { f() },
+            None => 0,
+        }
+    }
+
+    pub fn counts_cycles(&self) -> bool {
+        self.cycles.is_some()
     }
 }

@@ -10,6 +10,7 @@
 pub mod dl;
 pub mod program;
 pub mod sched;
+pub mod timing;
 
 use crate::exec::{ExecStats, OperandMem};
 use parking_lot::Mutex;
@@ -82,7 +83,11 @@ pub fn load(hash: u64, json: &[u8], library: &[u8]) -> Result<Arc<Mutex<Loaded>>
 /// Every operand range `[addr, addr + len)` must be valid for reads and writes for the
 /// duration of the call; operands may overlap (in-place ops): the DMA walkers access them in
 /// the order the NPU would, through raw copies.
-pub unsafe fn execute(loaded: &Loaded, operands: &[OperandMem]) -> Result<ExecStats, String> {
+pub unsafe fn execute(
+    loaded: &Loaded,
+    operands: &[OperandMem],
+    rates: timing::Rates,
+) -> Result<ExecStats, String> {
     let p = &loaded.program;
     if operands.len() != p.args.len() {
         return Err(format!(
@@ -92,5 +97,5 @@ pub unsafe fn execute(loaded: &Loaded, operands: &[OperandMem]) -> Result<ExecSt
             operands.len()
         ));
     }
-    sched::Sim::new(p, &loaded.code, &loaded.libs, operands).run()
+    sched::Sim::new(p, &loaded.code, &loaded.libs, operands, rates).run()
 }

@@ -13,9 +13,14 @@
 //! A dispatch completes when the sequence has run and every drain task has finished (workers
 //! blocked in their forever loop are fine). If a whole round makes no progress before that,
 //! the dispatch fails with a deadlock message naming each blocked actor and what it waits for.
+//!
+//! Times travel with the data (see `timing`): the order in which the scheduler runs actors is
+//! not the order of events on the array, so every time is computed from the times of what the
+//! event waited for, never from the scheduler's order (except the DRAM ledger's bias).
 
 use super::dl::CoreLib;
 use super::program::{BodyOp, EpKind, Program, SeqOp, Walk};
+use super::timing::{DramLedger, Rates, Timeline};
 use crate::exec::{ExecStats, OperandMem};
 use std::collections::VecDeque;
 
@@ -112,7 +117,9 @@ pub fn flatten(body: &[BodyOp], out: &mut Vec<Ins>) {
 
 /// A ring of `depth` object buffers. Counters are absolute object numbers:
 /// `filled` objects were made full, `freed` were given back, `claimed` were acquired by a
-/// worker; link rings use `cursors` (one per sub-fifo) instead of a worker.
+/// worker; link rings use `cursors` (one per sub-fifo) instead of a worker. Per slot, the time
+/// its object was made full (`ready_t`) and the time its last occupant was given back
+/// (`free_t`); both only grow, so a link's parts combine with `max`.
 #[derive(Debug)]
 struct Ring {
     depth: u64,
@@ -122,6 +129,8 @@ struct Ring {
     filled: u64,
     freed: u64,
     cursors: Vec<u64>,
+    ready_t: Vec<f64>,
+    free_t: Vec<f64>,
 }
 
 impl Ring {
@@ -135,7 +144,20 @@ impl Ring {
             filled: 0,
             freed: 0,
             cursors: vec![0; cursors],
+            ready_t: vec![0.0; depth as usize],
+            free_t: vec![0.0; depth as usize],
         }
+    }
+
+    fn idx(&self, abs: u64) -> usize {
+        (abs % self.depth) as usize
+    }
+
+    /// The latest time among objects `base..base + n` of `times` (`ready_t` or `free_t`).
+    fn latest(&self, times: &[f64], base: u64, n: u64) -> f64 {
+        (base..base + n)
+            .map(|a| times[self.idx(a)])
+            .fold(0.0, f64::max)
     }
 
     fn slot(&self, abs: u64) -> &[u8] {
@@ -238,6 +260,8 @@ struct Transfer {
     task: usize,
     arg: usize,
     walker: Walker,
+    /// When the runtime sequence issued the task.
+    issued: f64,
 }
 
 #[derive(Debug)]
@@ -258,6 +282,15 @@ struct FifoRt {
     drain_len: usize,
     drains: VecDeque<Transfer>,
     sent: u64,
+    /// Shim producer: when the staged bytes were issued, and the fill tasks whose last bytes
+    /// they are (done when the object has gone).
+    fill_t: f64,
+    stage_tasks: Vec<usize>,
+    /// Shim consumer: when the staged object arrived.
+    drain_t: f64,
+    /// The producer's channel and each consumer's: free from these times.
+    prod_clock: f64,
+    cons_clock: Vec<f64>,
 }
 
 #[derive(Debug)]
@@ -266,6 +299,8 @@ struct WorkerRt {
     stack: Vec<u64>,
     vars: Vec<Option<(usize, u64, bool)>>,
     done: bool,
+    clock: f64,
+    busy: f64,
 }
 
 /// Per-dispatch state of a loaded program.
@@ -283,6 +318,12 @@ pub struct Sim<'a> {
     task_done: Vec<bool>,
     drain_tasks: Vec<usize>,
     stats: ExecStats,
+    rates: Rates,
+    dram: DramLedger,
+    seq_t: f64,
+    task_t: Vec<f64>,
+    shim_busy: Vec<f64>,
+    tile_busy: Vec<f64>,
 }
 
 fn walk_indices(w: &Walk) -> Vec<u32> {
@@ -306,6 +347,7 @@ impl<'a> Sim<'a> {
         code: &'a [Vec<Ins>],
         libs: &'a [CoreLib],
         ops: &'a [OperandMem],
+        rates: Rates,
     ) -> Sim<'a> {
         let nf = prog.fifos.len();
         let mut rings = Vec::new();
@@ -413,6 +455,11 @@ impl<'a> Sim<'a> {
                 drain_len: 0,
                 drains: VecDeque::new(),
                 sent: 0,
+                fill_t: 0.0,
+                stage_tasks: Vec::new(),
+                drain_t: 0.0,
+                prod_clock: 0.0,
+                cons_clock: vec![0.0; f.consumers.len()],
             });
         }
         let workers = code
@@ -431,6 +478,8 @@ impl<'a> Sim<'a> {
                     stack: Vec::new(),
                     vars: vec![None; nvars],
                     done: c.is_empty(),
+                    clock: 0.0,
+                    busy: 0.0,
                 }
             })
             .collect();
@@ -453,6 +502,12 @@ impl<'a> Sim<'a> {
             task_done: vec![false; ntasks],
             drain_tasks: Vec::new(),
             stats: ExecStats::default(),
+            rates,
+            dram: DramLedger::default(),
+            seq_t: 0.0,
+            task_t: vec![0.0; ntasks],
+            shim_busy: vec![0.0; nf],
+            tile_busy: vec![0.0; nf],
         }
     }
 
@@ -467,6 +522,7 @@ impl<'a> Sim<'a> {
         let nw = self.workers.len();
         loop {
             if self.complete() {
+                self.stats.timeline = Some(self.timeline());
                 return Ok(self.stats);
             }
             let mut progress = self.step_sequence();
@@ -500,6 +556,7 @@ impl<'a> Sim<'a> {
                     task: *task,
                     arg: *arg,
                     walker: Walker::new(tap),
+                    issued: self.seq_t,
                 }),
                 SeqOp::Drain {
                     task,
@@ -513,12 +570,14 @@ impl<'a> Sim<'a> {
                         task: *task,
                         arg: *arg,
                         walker: Walker::new(tap),
+                        issued: self.seq_t,
                     })
                 }
                 SeqOp::Await { tasks } => {
                     if !tasks.iter().all(|&t| self.task_done[t]) {
                         return progress;
                     }
+                    self.seq_t = tasks.iter().map(|&t| self.task_t[t]).fold(self.seq_t, f64::max);
                 }
             }
             self.seq_pc += 1;
@@ -559,7 +618,7 @@ impl<'a> Sim<'a> {
             let room = ((fr.obj_bytes - fr.fill_len) / eb) as u64;
             let fr = &mut self.fifos[f];
             let t = fr.fills.front_mut().expect("non-empty");
-            let (task, arg) = (t.task, t.arg);
+            let (task, arg, issued) = (t.task, t.arg, t.issued);
             match t.walker.next(room) {
                 Some((first, n)) => {
                     let what = format!("fill task {task} of fifo {}", self.prog.fifos[f].name);
@@ -572,16 +631,26 @@ impl<'a> Sim<'a> {
                     // `dst` is a distinct Rust buffer of len bytes.
                     unsafe { std::ptr::copy(addr as *const u8, dst.as_mut_ptr(), len) };
                     fr.fill_len += len;
+                    fr.fill_t = fr.fill_t.max(issued);
                     self.stats.bytes_read += len as u64;
                     if fr.fills.front().is_some_and(|t| t.walker.done) {
                         fr.fills.pop_front();
-                        self.task_done[task] = true;
+                        if fr.fill_len == fr.obj_bytes {
+                            // Done when this object has gone over the stream (move_one).
+                            fr.stage_tasks.push(task);
+                        } else {
+                            // Its last bytes wait in the channel for the next task's: done
+                            // when issued, a lower bound.
+                            self.task_done[task] = true;
+                            self.task_t[task] = issued;
+                        }
                     }
                     progress = true;
                 }
                 None => {
                     fr.fills.pop_front();
                     self.task_done[task] = true;
+                    self.task_t[task] = issued;
                     progress = true;
                 }
             }
@@ -599,7 +668,7 @@ impl<'a> Sim<'a> {
             let avail = ((fr.drain_len - fr.drain_pos) / eb) as u64;
             let fr = &mut self.fifos[f];
             let t = fr.drains.front_mut().expect("non-empty");
-            let (task, arg) = (t.task, t.arg);
+            let (task, arg, issued) = (t.task, t.arg, t.issued);
             if let Some((first, n)) = t.walker.next(avail) {
                 let what = format!("drain task {task} of fifo {}", self.prog.fifos[f].name);
                 let addr = self.host_range(arg, first, n, eb, &what)?;
@@ -617,6 +686,7 @@ impl<'a> Sim<'a> {
             if fr.drains.front().is_some_and(|t| t.walker.done) {
                 fr.drains.pop_front();
                 self.task_done[task] = true;
+                self.task_t[task] = fr.drain_t.max(issued);
                 progress = true;
             }
         }
@@ -659,7 +729,63 @@ impl<'a> Sim<'a> {
         progress
     }
 
+    /// When the transfer of fifo `f`'s next object ends: it starts once the object is full,
+    /// every consumer has its buffer free and every channel it uses is idle, and moves at the
+    /// slowest channel's rate (a shim's bytes also through the DRAM ledger).
+    fn transfer_end(&mut self, f: usize) -> f64 {
+        let fr = &self.fifos[f];
+        let r = self.rates;
+        let (mut start, mut rate, mut shim) = match fr.src {
+            Src::Shim => (fr.fill_t, r.shim_channel, true),
+            Src::Ring(g) => {
+                let g = &self.rings[g];
+                (g.ready_t[g.idx(fr.sent)], r.tile_channel, false)
+            }
+            Src::Split { ring, index, .. } => {
+                let g = &self.rings[ring];
+                (g.ready_t[g.idx(g.cursors[index])], r.tile_channel, false)
+            }
+        };
+        start = start.max(fr.prod_clock);
+        for (c, d) in fr.dsts.iter().enumerate() {
+            start = start.max(fr.cons_clock[c]);
+            match *d {
+                Dst::Shim => {
+                    rate = rate.min(r.shim_channel);
+                    shim = true;
+                }
+                Dst::Ring(g) => {
+                    let g = &self.rings[g];
+                    start = start.max(g.free_t[g.idx(g.filled)]);
+                    rate = rate.min(r.tile_channel);
+                }
+                Dst::Join { ring, index, .. } => {
+                    let g = &self.rings[ring];
+                    start = start.max(g.free_t[g.idx(g.cursors[index])]);
+                    rate = rate.min(r.tile_channel);
+                }
+            }
+        }
+        let bytes = fr.obj_bytes as f64;
+        let end = if shim {
+            self.dram.transfer(&r, start, bytes, rate)
+        } else {
+            start + bytes / rate
+        };
+        let busy = if shim {
+            &mut self.shim_busy
+        } else {
+            &mut self.tile_busy
+        };
+        busy[f] += end - start;
+        let fr = &mut self.fifos[f];
+        fr.prod_clock = end;
+        fr.cons_clock.iter_mut().for_each(|c| *c = end);
+        end
+    }
+
     fn move_one(&mut self, f: usize) {
+        let end = self.transfer_end(f);
         let (ob, eb) = (self.fifos[f].obj_bytes, self.fifos[f].elem_bytes);
         // The object as it goes over the stream.
         let raw: Vec<u8> = match self.fifos[f].src {
@@ -683,10 +809,25 @@ impl<'a> Sim<'a> {
         };
         // Producer side done with the object.
         match self.fifos[f].src {
-            Src::Shim => self.fifos[f].fill_len = 0,
-            Src::Ring(r) => self.rings[r].freed += 1,
+            Src::Shim => {
+                let fr = &mut self.fifos[f];
+                fr.fill_len = 0;
+                fr.fill_t = 0.0;
+                for task in fr.stage_tasks.drain(..) {
+                    self.task_done[task] = true;
+                    self.task_t[task] = end;
+                }
+            }
+            Src::Ring(r) => {
+                let g = &mut self.rings[r];
+                let i = g.idx(g.freed);
+                g.free_t[i] = end;
+                g.freed += 1;
+            }
             Src::Split { ring, index, .. } => {
                 let g = &mut self.rings[ring];
+                let i = g.idx(g.cursors[index]);
+                g.free_t[i] = g.free_t[i].max(end);
                 g.cursors[index] += 1;
                 g.freed = g.cursors.iter().copied().min().unwrap_or(0);
             }
@@ -710,17 +851,22 @@ impl<'a> Sim<'a> {
                     write(&mut fr.drain_stage[..]);
                     fr.drain_pos = 0;
                     fr.drain_len = ob;
+                    fr.drain_t = end;
                 }
                 Dst::Ring(r) => {
                     let g = &mut self.rings[r];
                     let abs = g.filled;
                     write(g.slot_mut(abs));
+                    let i = g.idx(abs);
+                    g.ready_t[i] = end;
                     g.filled += 1;
                 }
                 Dst::Join { ring, index, off } => {
                     let g = &mut self.rings[ring];
                     let abs = g.cursors[index];
                     write(&mut g.slot_mut(abs)[off..off + ob]);
+                    let i = g.idx(abs);
+                    g.ready_t[i] = g.ready_t[i].max(end);
                     g.cursors[index] += 1;
                     g.filled = g.cursors.iter().copied().min().unwrap_or(0);
                 }
@@ -792,6 +938,16 @@ impl<'a> Sim<'a> {
                     if !ok {
                         return Ok(progress);
                     }
+                    // A producer waits for its buffers' last occupants to be given back, a
+                    // consumer for its objects to be full.
+                    let t = if port.prod {
+                        g.latest(&g.free_t, base, *n)
+                    } else {
+                        g.latest(&g.ready_t, base, *n)
+                    };
+                    let wr = &mut self.workers[w];
+                    wr.clock = wr.clock.max(t);
+                    let g = &mut self.rings[r];
                     g.claimed = g.claimed.max(base + n);
                     self.workers[w].vars[*var] = Some((r, base, port.prod));
                     self.workers[w].pc += 1;
@@ -811,7 +967,17 @@ impl<'a> Sim<'a> {
                             self.prog.workers[w].tile, self.prog.fifos[port.fifo].name
                         ));
                     }
+                    let first = *rel;
                     *rel += n;
+                    let t = self.workers[w].clock;
+                    for abs in first..first + n {
+                        let i = g.idx(abs);
+                        if port.prod {
+                            g.ready_t[i] = t;
+                        } else {
+                            g.free_t[i] = t;
+                        }
+                    }
                     self.workers[w].pc += 1;
                 }
                 Ins::Call { kernel, args } => {
@@ -840,19 +1006,42 @@ impl<'a> Sim<'a> {
                             }
                         };
                     }
-                    let f = self.libs[w].entries[*kernel];
+                    let lib = &self.libs[w];
+                    let f = lib.entries[*kernel];
+                    let before = lib.core_cycles();
                     // SAFETY: `f` is the wrapper of kernel `kernel` in this worker's own copy
                     // of the library; each buffer argument points at a live object buffer of
                     // the recorded size (Program::check matched it with the kernel's argument
                     // type), which the worker holds; no other reference to it is used during
                     // the call.
                     unsafe { f(words.as_ptr()) };
-                    self.workers[w].pc += 1;
+                    let cycles = lib.core_cycles().saturating_sub(before) as f64;
+                    let wr = &mut self.workers[w];
+                    wr.clock += cycles;
+                    wr.busy += cycles;
+                    wr.pc += 1;
                 }
             }
             progress = true;
         }
         Ok(progress)
+    }
+
+    // ------------------------------------------------------------------ time
+
+    /// The dispatch's time: the sequence's end or its last task's, whichever is later.
+    fn timeline(&self) -> Timeline {
+        let end = self.task_t.iter().copied().fold(self.seq_t, f64::max);
+        let ns = |cycles: f64| (cycles * self.rates.cycle_ns).round() as u64;
+        let max = |v: &mut dyn Iterator<Item = f64>| v.fold(0.0, f64::max);
+        Timeline {
+            device_ns: ns(end),
+            core_busy_ns: ns(max(&mut self.workers.iter().map(|w| w.busy))),
+            shim_busy_ns: ns(max(&mut self.shim_busy.iter().copied())),
+            tile_busy_ns: ns(max(&mut self.tile_busy.iter().copied())),
+            dram_bytes: self.stats.bytes_read + self.stats.bytes_written,
+            cores_counted: self.libs.iter().all(|l| l.counts_cycles()),
+        }
     }
 
     // ------------------------------------------------------------------ diagnostics

@@ -13,6 +13,13 @@
 // with bf16-rounded inputs. Not modelled: saturation (integers wrap), fp32
 // accumulation rounding details, scalar float -> bf16 conversions (the
 // compiler's round-to-nearest-even).
+//
+// It also counts the core's cycles for hsa-sim's timing model: every
+// operation books its issue slots (two 256-bit load ports, one 256-bit store
+// port, the vector multiplier, the vector ALU/shuffle unit, the scalar unit)
+// and a kernel call lasts its busiest slot's count (docs/timing-model.md:
+// perfect software pipelining, an optimistic bound; plain C++ scalar code
+// outside this API is not counted).
 #pragma once
 
 #include <cmath>
@@ -78,6 +85,36 @@ static inline uint16_t bf16_round(float f, rounding_mode m) {
   }
   return (uint16_t)(hi + (up ? 1 : 0));
 }
+// Cycle counting (see the top of the file). Hidden, non-unique symbols: one
+// counter per loaded copy of the library, that is per core.
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+// aie2 (AIE-ML, mlir-aie's aie2 mm.cc shapes): bf16 4x8x4, int8 4x8x8, int16
+// 4x4x4 MACs per mmul; 16 accumulator lanes per element-wise multiply.
+inline constexpr unsigned kMacsBf16 = 128, kMacsI8 = 256, kMacsI16 = 64, kMulLanes = 16;
+#else
+// aie2p (mlir-aie's aie2p mm.cc shapes): bf16 4x8x8, int8 8x8x8, int16 4x4x8.
+inline constexpr unsigned kMacsBf16 = 256, kMacsI8 = 512, kMacsI16 = 128, kMulLanes = 32;
+#endif
+struct Slots {
+  uint64_t load = 0, store = 0, mul = 0, alu = 0, scalar = 0;
+};
+inline Slots g_slots;
+inline uint64_t g_cycles = 0;
+static inline uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+static inline void count_load(uint64_t bytes) { g_slots.load += ceil_div(bytes, 32); }
+static inline void count_store(uint64_t bytes) { g_slots.store += ceil_div(bytes, 32); }
+static inline void count_alu(uint64_t bytes) { g_slots.alu += ceil_div(bytes, 64); }
+static inline void count_mul(uint64_t lanes) { g_slots.mul += ceil_div(lanes, kMulLanes); }
+static inline void count_scalar(uint64_t n) { g_slots.scalar += n; }
+static inline void begin_call() { g_slots = Slots{}; }
+static inline void end_call() {
+  const uint64_t slots[] = {ceil_div(g_slots.load, 2), g_slots.store, g_slots.mul, g_slots.alu,
+                            g_slots.scalar};
+  uint64_t c = 0;
+  for (uint64_t s : slots)
+    c = s > c ? s : c;
+  g_cycles += c;
+}
 } // namespace detail
 static inline void set_rounding(rounding_mode m) { detail::g_rounding = m; }
 static inline rounding_mode get_rounding() { return detail::g_rounding; }
@@ -93,17 +130,26 @@ namespace aie {
 
 template <typename T, unsigned N> struct vector {
   T v[N];
-  T operator[](unsigned i) const { return v[i]; }
-  T get(unsigned i) const { return v[i]; }
-  void set(T x, unsigned i) { v[i] = x; }
+  // Lane access goes through the scalar unit.
+  T operator[](unsigned i) const {
+    detail::count_scalar(1);
+    return v[i];
+  }
+  T get(unsigned i) const { return (*this)[i]; }
+  void set(T x, unsigned i) {
+    detail::count_scalar(1);
+    v[i] = x;
+  }
   static constexpr unsigned size() { return N; }
   template <unsigned M> vector<T, M> extract(unsigned idx) const {
+    detail::count_alu(M * sizeof(T));
     vector<T, M> r;
     for (unsigned i = 0; i < M; ++i)
       r.v[i] = v[idx * M + i];
     return r;
   }
   template <unsigned M> vector &insert(unsigned idx, const vector<T, M> &x) {
+    detail::count_alu(M * sizeof(T));
     for (unsigned i = 0; i < M; ++i)
       v[idx * M + i] = x.v[i];
     return *this;
@@ -121,11 +167,13 @@ template <unsigned N> struct accum<accfloat, N> {
   accum() = default;
   template <typename T> explicit accum(const vector<T, N> &x) { from_vector(x); }
   template <typename T> void from_vector(const vector<T, N> &x) {
+    detail::count_alu(N * 4);
     for (unsigned i = 0; i < N; ++i)
       v[i] = (float)x.v[i];
   }
   // To bf16 in the core's rounding mode (aie::set_rounding); to float exactly.
   template <typename T> vector<T, N> to_vector() const {
+    detail::count_alu(N * 4);
     vector<T, N> r;
     for (unsigned i = 0; i < N; ++i) {
       if constexpr (std::is_same_v<T, bfloat16>)
@@ -140,10 +188,12 @@ template <unsigned N> struct accum<accfloat, N> {
 template <unsigned N> struct accum<acc32, N> {
   int64_t v[N] = {};
   template <typename T> void from_vector(const vector<T, N> &x) {
+    detail::count_alu(N * 4);
     for (unsigned i = 0; i < N; ++i)
       v[i] = x.v[i];
   }
   template <typename T> vector<T, N> to_vector(int shift = 0) const {
+    detail::count_alu(N * 4);
     vector<T, N> r;
     for (unsigned i = 0; i < N; ++i)
       r.v[i] = (T)(int32_t)(v[i] >> shift);
@@ -152,6 +202,7 @@ template <unsigned N> struct accum<acc32, N> {
 };
 
 template <unsigned N, typename T> vector<std::remove_const_t<T>, N> load_v(T *p) {
+  detail::count_load(N * sizeof(T));
   vector<std::remove_const_t<T>, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = p[i];
@@ -162,6 +213,7 @@ vector<std::remove_const_t<T>, N> load_unaligned_v(T *p, unsigned = 1) {
   return load_v<N>(p);
 }
 template <typename T, unsigned N> void store_v(T *p, const vector<T, N> &x) {
+  detail::count_store(N * sizeof(T));
   for (unsigned i = 0; i < N; ++i)
     p[i] = x.v[i];
 }
@@ -170,6 +222,7 @@ template <typename T, unsigned N> void store_unaligned_v(T *p, const vector<T, N
 }
 
 template <typename T, unsigned N> vector<T, N> broadcast(T x) {
+  detail::count_alu(N * sizeof(T));
   vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = x;
@@ -197,6 +250,7 @@ template <typename T> static T wrap_sub(T a, T b) {
 }
 
 template <typename T, unsigned N> vector<T, N> add(const vector<T, N> &a, const vector<T, N> &b) {
+  detail::count_alu(N * sizeof(T));
   vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = wrap_add(a.v[i], b.v[i]);
@@ -206,6 +260,7 @@ template <typename T, unsigned N> vector<T, N> add(const vector<T, N> &a, T b) {
   return add(a, broadcast<T, N>(b));
 }
 template <typename T, unsigned N> vector<T, N> sub(const vector<T, N> &a, const vector<T, N> &b) {
+  detail::count_alu(N * sizeof(T));
   vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = wrap_sub(a.v[i], b.v[i]);
@@ -216,6 +271,7 @@ template <typename T, unsigned N> vector<T, N> sub(const vector<T, N> &a, const 
 // product is emulated with bf16 inputs (rounded to nearest even) and an exact f32 product,
 // as mlir-aie's EmulateMulFInBF16Pattern does (accuracy "low"). aie2p multiplies in f32.
 template <unsigned N> accum<accfloat, N> mul(const vector<float, N> &a, const vector<float, N> &b) {
+  detail::count_mul(N);
   accum<accfloat, N> r;
   for (unsigned i = 0; i < N; ++i) {
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
@@ -228,6 +284,7 @@ template <unsigned N> accum<accfloat, N> mul(const vector<float, N> &a, const ve
 }
 // bf16 x bf16: exact products in the f32 accumulator.
 template <unsigned N> accum<accfloat, N> mul(const vector<bfloat16, N> &a, const vector<bfloat16, N> &b) {
+  detail::count_mul(N);
   accum<accfloat, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = (float)a.v[i] * (float)b.v[i];
@@ -238,42 +295,49 @@ template <unsigned N> accum<accfloat, N> mul(const vector<float, N> &a, float s)
 }
 
 template <unsigned N> vector<int32_t, N> bit_and(const vector<int32_t, N> &a, const vector<int32_t, N> &b) {
+  detail::count_alu(N * 4);
   vector<int32_t, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = a.v[i] & b.v[i];
   return r;
 }
 template <unsigned N> vector<int32_t, N> bit_or(const vector<int32_t, N> &a, const vector<int32_t, N> &b) {
+  detail::count_alu(N * 4);
   vector<int32_t, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = a.v[i] | b.v[i];
   return r;
 }
 template <unsigned N> vector<int32_t, N> bit_xor(const vector<int32_t, N> &a, const vector<int32_t, N> &b) {
+  detail::count_alu(N * 4);
   vector<int32_t, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = a.v[i] ^ b.v[i];
   return r;
 }
 template <unsigned N> vector<int32_t, N> downshift(const vector<int32_t, N> &a, unsigned s) {
+  detail::count_alu(N * 4);
   vector<int32_t, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = a.v[i] >> s;
   return r;
 }
 template <unsigned N> vector<int32_t, N> upshift(const vector<int32_t, N> &a, unsigned s) {
+  detail::count_alu(N * 4);
   vector<int32_t, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = (int32_t)((uint32_t)a.v[i] << s);
   return r;
 }
 template <typename T, unsigned N> mask<N> lt(const vector<T, N> &a, const vector<T, N> &b) {
+  detail::count_alu(N * sizeof(T));
   mask<N> m;
   for (unsigned i = 0; i < N; ++i)
     m.m[i] = a.v[i] < b.v[i];
   return m;
 }
 template <typename T, unsigned N> mask<N> eq(const vector<T, N> &a, const vector<T, N> &b) {
+  detail::count_alu(N * sizeof(T));
   mask<N> m;
   for (unsigned i = 0; i < N; ++i)
     m.m[i] = a.v[i] == b.v[i];
@@ -281,13 +345,17 @@ template <typename T, unsigned N> mask<N> eq(const vector<T, N> &a, const vector
 }
 // select(a, b, m): b where the mask bit is set, a elsewhere.
 template <typename T, unsigned N> vector<T, N> select(const vector<T, N> &a, const vector<T, N> &b, const mask<N> &m) {
+  detail::count_alu(N * sizeof(T));
   vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = m.m[i] ? b.v[i] : a.v[i];
   return r;
 }
 
+// A tree of shuffles and adds: log2(N) steps.
 template <typename T, unsigned N> T reduce_add(const vector<T, N> &a) {
+  for (unsigned n = N; n > 1; n /= 2)
+    detail::count_alu(1);
   T s = 0;
   for (unsigned i = 0; i < N; ++i)
     s += a.v[i];
@@ -297,6 +365,7 @@ template <typename T, unsigned N> T reduce_add(const vector<T, N> &a) {
 // transpose(v, rows, cols): v holds a rows x cols row-major matrix; the
 // result holds its transpose (cols x rows, row-major).
 template <typename T, unsigned N> vector<T, N> transpose(const vector<T, N> &a, unsigned rows, unsigned cols) {
+  detail::count_alu(N * sizeof(T));
   vector<T, N> r;
   for (unsigned i = 0; i < rows; ++i)
     for (unsigned j = 0; j < cols; ++j)
@@ -313,7 +382,16 @@ template <unsigned R, unsigned S, unsigned T, typename TA, typename TB, typename
     for (unsigned i = 0; i < R * T; ++i)
       c[i] = acc.v[i];
   }
+  static constexpr unsigned native_macs() {
+    if constexpr (std::is_integral_v<TA> && sizeof(TA) == 1)
+      return detail::kMacsI8;
+    else if constexpr (std::is_integral_v<TA>)
+      return detail::kMacsI16;
+    else
+      return detail::kMacsBf16;
+  }
   template <typename VA, typename VB> void mac(const VA &a, const VB &b) {
+    detail::g_slots.mul += detail::ceil_div(R * S * T, native_macs());
     for (unsigned i = 0; i < R; ++i)
       for (unsigned j = 0; j < T; ++j) {
         acc_t s = 0;
@@ -329,6 +407,7 @@ template <unsigned R, unsigned S, unsigned T, typename TA, typename TB, typename
       return (float)x;
   }
   template <typename U> vector<U, R * T> to_vector(int shift = 0) const {
+    detail::count_alu(R * T * 4);
     vector<U, R * T> r;
     for (unsigned i = 0; i < R * T; ++i) {
       if constexpr (std::is_integral_v<U>)
@@ -347,6 +426,7 @@ template <unsigned R, unsigned S, unsigned T, typename TA, typename TB, typename
 namespace aie {
 template <typename Tag, unsigned N> accum<Tag, N> zeros() { return accum<Tag, N>(); }
 template <unsigned N, typename T> accum<accfloat, N> mac(const accum<accfloat, N> &acc, const vector<T, N> &a, const vector<T, N> &b) {
+  detail::count_mul(N);
   accum<accfloat, N> r = acc;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] += (float)a.v[i] * (float)b.v[i];
