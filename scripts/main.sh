@@ -241,15 +241,16 @@ def per_token(label, c):
           f"doorbells: {c['doorbells'] / n:.1f} per token")
     print(f"  simulated device time: {ms(t / n)} per token ({ms(t)} in all), of which dispatch "
           f"costs {ms(c['dispatch_time_ns'] / n)}")
+    if c.get("dataflow_timed"):
+        print(f"    the kernels' work: {ms(c['work_time_ns'] / n)} per token, "
+              f"{c['dataflow_timed']} of {d} commands timed from their emulated dataflow "
+              f"(roofline bound of all: {ms(c['roofline_time_ns'] / n)})")
     if builds:
         print(f"    {ms((t - builds) / n)} per token without the {c['context_rebuilds']} one-time "
               f"hardware-context builds ({ms(builds)})")
 
 c = json.loads(llama.read_text())
 per_token(f"tiny llama, {what}", c)
-if c.get("emulated_ops"):
-    print("  (the emulation does not count arithmetic: the designs' work is charged by the bytes")
-    print("  they move, which bound a decode step anyway)")
 if reference.exists():
     per_token("tiny llama, HSA0 (f32 reference path)", json.loads(reference.read_text()))
 m = json.loads(minilm.read_text())
@@ -257,9 +258,12 @@ print(f"all-MiniLM-L6-v2, 3 sentences, HSA0 (reference executor): {m['dispatches
       f"{m['doorbells']} doorbells, simulated device time {ms(m['device_time_ns'])}")
 if k:
     text = (f"The device times are simulated, not measured (nothing ran on an NPU): hsa-sim's {arch} "
-          f"cost model (crates/hsa-sim/src/cost.rs; docs/perf.md): per command the slower of its "
-          f"bytes at {k['bandwidth_bytes_per_s'] / 1e9:g} GB/s and its arithmetic at "
-          f"{k['measured_bf16_flops'] / 1e12:g} TFLOPS bf16, plus "
+          f"cost model (crates/hsa-sim/src/cost.rs; docs/timing-model.md): an emulated IRON "
+          f"design's command takes the critical path of its dataflow (DMA channels at "
+          f"{k['shim_channel_bytes_per_cycle']:g} bytes per cycle, DRAM at "
+          f"{k['bandwidth_bytes_per_s'] / 1e9:g} GB/s, the cores' counted cycles), another the "
+          f"slower of its bytes at that bandwidth and its arithmetic at "
+          f"{k['measured_bf16_flops'] / 1e12:g} TFLOPS bf16; plus "
           f"{k['chain_latency_ns'] / 1e3:g} µs per command chain, "
           f"{k['chained_new_pdi_ns'] / 1e3:g} µs per further command switching PDI "
           f"({k['chained_loaded_pdi_ns'] / 1e3:g} µs without) and {ms(rebuild_ns)} per "

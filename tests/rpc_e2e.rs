@@ -491,10 +491,17 @@ fn test_backend_ops_on_the_rpc_device_backed_by_hsa0() {
     // The cases with f32 operands (about a third): the transport carries every type alike, and
     // HSA0's own sweeps (backend_ops_sim.rs, backend_ops_emu.rs) run every type.
     let mut cmd = Command::new(&program);
-    cmd.args(["-b", &device, "-o", STARTER_OPS, "-p", "type(_a|_src)?=f32,"])
-        .env("GGML_BACKEND_PATH", &plugin)
-        .env("GGML_HSA_TEST_RPC_ENDPOINT", server.endpoint())
-        .env("GGML_NO_BACKTRACE", "1");
+    cmd.args([
+        "-b",
+        &device,
+        "-o",
+        STARTER_OPS,
+        "-p",
+        "type(_a|_src)?=f32,",
+    ])
+    .env("GGML_BACKEND_PATH", &plugin)
+    .env("GGML_HSA_TEST_RPC_ENDPOINT", server.endpoint())
+    .env("GGML_NO_BACKTRACE", "1");
     let run = run_bounded(&mut cmd, Duration::from_secs(1500));
     let text = format!("{}{}", run.stdout, run.stderr);
     let report = Report::parse(&text, run.status.and_then(|s| s.code()), &device);

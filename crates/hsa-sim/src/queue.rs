@@ -662,9 +662,9 @@ fn run_emulated(
         // caller holds for the duration, so it can be neither freed nor reallocated.
         unsafe { exec::iron::execute(&loaded, &mems, exec::iron::timing::Rates::of(model)) }
             .map_err(|m| PacketError {
-            status: HSA_STATUS_ERROR,
-            msg: m,
-        })?
+                status: HSA_STATUS_ERROR,
+                msg: m,
+            })?
     } else {
         // Not run: the operands' bytes are what the design would move; its arithmetic is not
         // known without running it.

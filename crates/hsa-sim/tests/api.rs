@@ -234,6 +234,16 @@ fn config_parsing() {
     for bad in ["0", "100", "65M", "1G", "x", "-4K"] {
         assert!(heap(bad).is_err(), "{bad}");
     }
+    let dram = |v: &str| {
+        Config::from_lookup(|k| (k == "HSA_SIM_DRAM_GBPS").then(|| v.to_string()))
+            .map(|c| c.dram_bytes_per_s)
+    };
+    assert_eq!(dram(""), Ok(None));
+    assert_eq!(dram("47"), Ok(Some(47_000_000_000)));
+    assert_eq!(dram(" 66.5 "), Ok(Some(66_500_000_000)));
+    for bad in ["0", "0.5", "1e6", "fast", "-56", "NaN"] {
+        assert!(dram(bad).is_err(), "{bad}");
+    }
 }
 
 #[test]

@@ -5,6 +5,8 @@
 
 mod iron_common;
 
+use hsa_runtime64::cost::AIE2P;
+use hsa_runtime64::exec::iron::timing::Rates;
 use iron_common::*;
 
 fn f32_t(ne: [i64; 4]) -> Operand {
@@ -334,7 +336,8 @@ fn in_place_output_aliases_input_0() {
             len: b.bufs[1].len(),
         };
         // SAFETY: the operands cover live Vecs of `b`; the output is input 0 on purpose.
-        unsafe { hsa_runtime64::exec::iron::execute(&loaded, &[a, y, a]) }.expect("runs");
+        unsafe { hsa_runtime64::exec::iron::execute(&loaded, &[a, y, a], Rates::of(&AIE2P)) }
+            .expect("runs");
         let got = values(&case.output, &b.bufs[0]);
         assert_eq!(nmse(&got, &want), 0.0, "{op} in place");
     }

@@ -1,5 +1,5 @@
 //! The timing model against published measurements: designs that mirror published designs
-//! (src/ggml_hsa_iron/tests/calibration: columns, tiles, fifo depths and channel use of the
+//! (src/ggml_hsa_iron/tests/calibration.py: columns, tiles, fifo depths and channel use of the
 //! originals) are emulated with the arch's rates, and each time must land within its row's
 //! tolerance of the time measured on real hardware. A row that leaves its tolerance is a
 //! finding about the model: fix the model's mechanism, never fit a constant to one row.
@@ -96,7 +96,11 @@ fn published_designs_take_their_published_times() {
         let img = image(r.design, r.model.arch);
         let mut b = buffers(&img);
         let t = run_emu_timed(&img, &mut b, &r.model).expect("the design runs");
-        assert!(t.cores_counted, "{}: the core library counts no cycles", r.design);
+        assert!(
+            t.cores_counted,
+            "{}: the core library counts no cycles",
+            r.design
+        );
         let us = t.device_ns as f64 / 1e3;
         let ratio = us / r.published_us;
         let binds = [

@@ -11,7 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
-SHARE = 4
+SHARE = 8
 
 
 def _commit_seed() -> int:

@@ -60,7 +60,9 @@ impl CoreLib {
         // SAFETY: the package generates the counter as `extern "C" uint64_t f(void)`, which is
         // CyclesFn; used only while `_lib` keeps the library loaded. Libraries built before the
         // counter existed lack it: their calls then cost no time.
-        let cycles = unsafe { lib.get::<CyclesFn>(CYCLES_SYMBOL) }.ok().map(|f| *f);
+        let cycles = unsafe { lib.get::<CyclesFn>(CYCLES_SYMBOL) }
+            .ok()
+            .map(|f| *f);
         Ok(CoreLib {
             entries,
             cycles,

@@ -577,7 +577,10 @@ impl<'a> Sim<'a> {
                     if !tasks.iter().all(|&t| self.task_done[t]) {
                         return progress;
                     }
-                    self.seq_t = tasks.iter().map(|&t| self.task_t[t]).fold(self.seq_t, f64::max);
+                    self.seq_t = tasks
+                        .iter()
+                        .map(|&t| self.task_t[t])
+                        .fold(self.seq_t, f64::max);
                 }
             }
             self.seq_pc += 1;

@@ -92,3 +92,40 @@ pub struct Timeline {
     /// Whether every core's library counted its cycles (false: calls cost nothing).
     pub cores_counted: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rates(dram: f64) -> Rates {
+        Rates {
+            cycle_ns: 1.0,
+            shim_channel: 4.0,
+            tile_channel: 4.0,
+            dram,
+        }
+    }
+
+    #[test]
+    fn a_channel_alone_moves_at_its_rate() {
+        let r = rates(64.0);
+        let mut d = DramLedger::default();
+        assert_eq!(d.transfer(&r, 0.0, 4096.0, 4.0), 1024.0);
+        assert_eq!(d.transfer(&r, 1000.0, 40.0, 4.0), 1010.0);
+    }
+
+    #[test]
+    fn channels_share_the_dram_bandwidth() {
+        // Two channels fit in 8 bytes per cycle; a third does not.
+        let r = rates(8.0);
+        let mut d = DramLedger::default();
+        assert_eq!(d.transfer(&r, 0.0, 4096.0, 4.0), 1024.0);
+        assert_eq!(d.transfer(&r, 0.0, 4096.0, 4.0), 1024.0);
+        // The third gets nothing until the others are done: 4096 bytes from cycle 1024.
+        assert_eq!(d.transfer(&r, 0.0, 4096.0, 4.0), 2048.0);
+        // Whatever the order, the DRAM's total holds: 12 KiB in 1536 cycles at best.
+        let mut d = DramLedger::default();
+        let ends: Vec<f64> = (0..3).map(|_| d.transfer(&r, 0.0, 4096.0, 8.0)).collect();
+        assert_eq!(ends, [512.0, 1024.0, 1536.0]);
+    }
+}

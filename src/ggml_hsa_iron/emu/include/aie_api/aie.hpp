@@ -61,9 +61,12 @@ enum class rounding_mode {
 };
 enum class saturation_mode { none, saturate, symmetric };
 namespace detail {
-// Per core: internal linkage, and every core loads its own copy of the kernel library.
-static rounding_mode g_rounding = rounding_mode::floor; // the hardware's reset value
-static saturation_mode g_saturation = saturation_mode::none;
+// Per core: every core loads its own copy of the kernel library, and these hidden,
+// non-unique (-fno-gnu-unique) inline variables are one per copy, shared by the library's
+// translation units: a template any unit instantiates (the linker keeps one) reads the mode
+// the core set, whichever unit set it.
+inline rounding_mode g_rounding = rounding_mode::floor; // the hardware's reset value
+inline saturation_mode g_saturation = saturation_mode::none;
 
 // f32 -> bf16 bits in rounding mode m (NaNs stay quiet NaNs).
 static inline uint16_t bf16_round(float f, rounding_mode m) {

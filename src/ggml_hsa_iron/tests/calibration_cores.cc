@@ -1,4 +1,4 @@
-// Core functions of the calibration designs (calibration/__init__.py): vectorized as the
+// Core functions of the calibration designs (calibration.py): vectorized as the
 // published designs' kernels are (their facts: what each call moves and computes), written
 // against the AIE API so that the stand-in counts their cycles.
 //

@@ -2,13 +2,14 @@
 calibration of hsa-sim's timing model (crates/hsa-sim/tests/timing_calibration.rs,
 docs/timing-model.md). Each mirrors its original by its published facts (columns, tiles,
 fifo depths, channel use, the runtime sequence's tasks and groups), not by its code; the core
-functions are ours (cores.cc), vectorized as the originals are.
+functions are ours (calibration_cores.cc), vectorized as the originals are.
 
 `python3 -m ggml_hsa_iron.tests.calibration NAME ARCH IMAGE` writes design NAME for ARCH as
 an emulation image (what `--target emu compile` writes).
 """
 
 import hashlib
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from ggml_hsa_iron.emu.build import build_library
 from ggml_hsa_iron.emu.compile import check_objects, image_bytes
 from ggml_hsa_iron.plans import CoreSource
 
-CORES = Path(__file__).resolve().parent / "cores.cc"
+CORES = Path(__file__).resolve().parent / "calibration_cores.cc"
 OBJECT = "cal.o"
 
 
@@ -161,3 +162,10 @@ def image(name: str, arch: str) -> bytes:
     check_objects(rec, [core])
     return image_bytes(rec.to_json(f"cal-{name}", arch), build_library([core], rec.kernels, arch))
 
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] not in DESIGNS:
+        sys.exit(
+            f"usage: python3 -m ggml_hsa_iron.tests.calibration {{{','.join(DESIGNS)}}} ARCH IMAGE"
+        )
+    Path(sys.argv[3]).write_bytes(image(sys.argv[1], sys.argv[2]))
