@@ -15,6 +15,11 @@
 #   (the IRON designs through hsa-sim's emulator): AIE cores built cold, warm, and warm with
 #   the compile server the tests use.
 #   scripts/bench.sh --models "q4_0 f16"   only these types of the full run.
+#   scripts/bench.sh op 'CASE'  one test-backend-ops case (`OP(params)` as the program prints
+#                               it) on HSA0 through its emulated IRON design, aie2p and aie2:
+#                               the device time hsa-sim's timing model gives, GB/s, TFLOPS
+#                               (MUL_MAT), the shares of the DRAM and MAC roofs and where the
+#                               time went (scripts/bench_op.py; docs/timing-model.md).
 #   scripts/bench.sh --kernels reference   HSA0 offers every kernel of hsa-sim's reference
 #                               compiler; by default (--kernels iron) only those the IRON
 #                               package declares, what a real NPU would run (hsa-sim computes
@@ -24,6 +29,17 @@
 # constant with its source); nothing here has run on an NPU.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [ "${1:-}" = op ]; then
+    [ $# -eq 2 ] || { echo "usage: scripts/bench.sh op 'OP(params)'" >&2; exit 2; }
+    scripts/llama-cpp.sh build-dl ggml-hsa test-backend-ops >/dev/null
+    eval "$(scripts/llama-cpp.sh env)"
+    . scripts/lib/apt.sh
+    deps_install cxx >/dev/null && python_emu_install >/dev/null || exit 1
+    cargo build --release --locked -p hsa-sim --quiet
+    exec python3 scripts/bench_op.py --bin "$(scripts/llama-cpp.sh path bin-dl)" \
+        --target "${CARGO_TARGET_DIR:-target}/release" "$2"
+fi
 
 mode=full
 types="f16 q8_0 q4_0 q4_k_m"
@@ -40,7 +56,7 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     *)
-        echo "usage: scripts/bench.sh [--quick] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference]" >&2
+        echo "usage: scripts/bench.sh [--quick] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference] | scripts/bench.sh op 'OP(params)'" >&2
         exit 2
         ;;
     esac

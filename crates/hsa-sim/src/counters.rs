@@ -45,6 +45,10 @@ pub struct Counters {
     pub dataflow_timed: u64,
     /// The busiest core's kernel calls, summed over the dataflow-timed commands.
     pub core_busy_ns: u64,
+    /// The busiest shim DMA channel's transfers (DRAM waits included), summed likewise.
+    pub shim_busy_ns: u64,
+    /// The busiest memory-tile or core DMA channel's transfers, summed likewise.
+    pub tile_busy_ns: u64,
     /// The roofline bound of every command's work (bytes at the DRAM bandwidth or arithmetic
     /// at the best measured GEMM rate, the slower), printed beside the dataflow time.
     pub roofline_time_ns: u64,

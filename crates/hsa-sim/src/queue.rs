@@ -563,6 +563,8 @@ fn charge(rt: &Runtime, stats: &exec::ExecStats, model: &cost::ArchModel, intege
             c.dataflow_timed += 1;
             c.work_time_ns += t.device_ns;
             c.core_busy_ns += t.core_busy_ns;
+            c.shim_busy_ns += t.shim_busy_ns;
+            c.tile_busy_ns += t.tile_busy_ns;
             c.device_time_ns += t.device_ns;
         }
         None => {

@@ -1042,7 +1042,6 @@ impl<'a> Sim<'a> {
             core_busy_ns: ns(max(&mut self.workers.iter().map(|w| w.busy))),
             shim_busy_ns: ns(max(&mut self.shim_busy.iter().copied())),
             tile_busy_ns: ns(max(&mut self.tile_busy.iter().copied())),
-            dram_bytes: self.stats.bytes_read + self.stats.bytes_written,
             cores_counted: self.libs.iter().all(|l| l.counts_cycles()),
         }
     }

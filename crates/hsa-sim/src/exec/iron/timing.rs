@@ -87,8 +87,6 @@ pub struct Timeline {
     pub shim_busy_ns: u64,
     /// The busiest memory-tile or core-to-core channel's transfers.
     pub tile_busy_ns: u64,
-    /// Bytes through shim channels (DRAM traffic).
-    pub dram_bytes: u64,
     /// Whether every core's library counted its cycles (false: calls cost nothing).
     pub cores_counted: bool,
 }
