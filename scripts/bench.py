@@ -231,6 +231,24 @@ EMU_CASES = {
 TBO_SUMMARY = re.compile(r"(\d+)/(\d+) tests passed")
 
 
+def emulated_hsa0_env(bin_dir: Path, target: Path, kernels: Path, arch: str) -> dict:
+    """The environment of a llama.cpp program on HSA0 with the IRON package's emulation target
+    as the compiler: the plugin on hsa-sim, its kernels in `kernels`, agent `arch`."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ)
+    env.update(
+        GGML_BACKEND_PATH=str(bin_dir / "libggml-hsa.so"),
+        GGML_HSA_LIBHSA_PATH=str(target / "libhsa_runtime64.so"),
+        GGML_HSA_JIT_COMPILER=f"{sys.executable} -m ggml_hsa_iron --target emu",
+        PYTHONPATH=str(root / "src"),
+        GGML_HSA_KERNEL_CACHE_DIR=str(kernels),
+        GGML_HSA_ENABLE_LOG="0",
+        HSA_SIM_QUIET="1",
+        HSA_SIM_AGENTS=arch,
+    )
+    return env
+
+
 def emulation_speed(args, work: Path) -> list[dict]:
     """Emulated test-backend-ops cases per second, cold and warm (EMU_CASES)."""
     root = Path(__file__).resolve().parent.parent
@@ -247,18 +265,8 @@ def emulation_speed(args, work: Path) -> list[dict]:
         for i, (ops, pattern) in enumerate(EMU_CASES[args.mode]):
             kernels = work / f"emu-kernels-{state}-{i}"
             kernels.mkdir(parents=True)
-            env = dict(os.environ)
-            env.update(
-                GGML_BACKEND_PATH=str(args.bin / "libggml-hsa.so"),
-                GGML_HSA_LIBHSA_PATH=str(args.target / "libhsa_runtime64.so"),
-                GGML_HSA_JIT_COMPILER=f"{sys.executable} -m ggml_hsa_iron --target emu",
-                PYTHONPATH=str(root / "src"),
-                GGML_HSA_EMU_CACHE_DIR=str(cores),
-                GGML_HSA_KERNEL_CACHE_DIR=str(kernels),
-                GGML_HSA_ENABLE_LOG="0",
-                HSA_SIM_QUIET="1",
-                HSA_SIM_AGENTS="aie2p",
-            )
+            env = emulated_hsa0_env(args.bin, args.target, kernels, "aie2p")
+            env["GGML_HSA_EMU_CACHE_DIR"] = str(cores)
             if "server" in state:
                 env["GGML_HSA_EMU_SERVER"] = str(server_dir / "s")
             cmd = [str(args.bin / "test-backend-ops"), "test", "-b", "HSA0", "-o", ops]

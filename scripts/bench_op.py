@@ -18,8 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench import TBO_SUMMARY, emulated_hsa0_env
+
 ROOT = Path(__file__).resolve().parent.parent
-TBO_SUMMARY = re.compile(r"(\d+)/(\d+) tests passed")
 
 
 def arch_constants(arch: str) -> dict:
@@ -52,18 +53,8 @@ def run(args, arch: str, op: str, params: str, work: Path) -> dict | None:
     counters = work / f"counters-{arch}.json"
     kernels = work / f"kernels-{arch}"
     kernels.mkdir()
-    env = dict(os.environ)
-    env.update(
-        GGML_BACKEND_PATH=str(args.bin / "libggml-hsa.so"),
-        GGML_HSA_LIBHSA_PATH=str(args.target / "libhsa_runtime64.so"),
-        GGML_HSA_JIT_COMPILER=f"{sys.executable} -m ggml_hsa_iron --target emu",
-        PYTHONPATH=str(ROOT / "src"),
-        GGML_HSA_KERNEL_CACHE_DIR=str(kernels),
-        GGML_HSA_ENABLE_LOG="0",
-        HSA_SIM_QUIET="1",
-        HSA_SIM_AGENTS=arch,
-        HSA_SIM_COUNTERS=str(counters),
-    )
+    env = emulated_hsa0_env(args.bin, args.target, kernels, arch)
+    env["HSA_SIM_COUNTERS"] = str(counters)
     cmd = [str(args.bin / "test-backend-ops"), "test", "-b", "HSA0", "-o", op]
     # The params as an ECMAScript regex (std::regex), anchored: exactly this case.
     cmd += ["-p", "^" + re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", params) + "$"]
