@@ -191,7 +191,8 @@ def _phase_ok(q: GemvPlan, products, add: bool) -> bool:
 def _taps_ok(q: GemvPlan, products) -> bool:
     """Weights moved as bytes: every W tap of the phase moves whole, word-aligned words (the
     last of a candidate's checks: it walks the phase's tasks)."""
-    return not q.w_block_bytes or all(_byte_tap_ok(w) for w in _w_taps(q, products))
+    offsets = {p[0] % DMA_WORD for p in products}
+    return not q.w_block_bytes or all(_byte_tap_ok(w) for w in _w_taps(q, offsets))
 
 
 def _cost(q: GemvPlan, passes: int) -> int:

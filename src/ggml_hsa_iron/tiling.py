@@ -955,13 +955,12 @@ def stash_bytes(nr: int) -> int:
     return -(-nr * 4 // 64) * 64
 
 
-def _w_taps(plan: GemvPlan, products):
-    """The W taps of `products`, as far as `_byte_tap_ok` can tell them apart: a tap's shape
-    depends on its rounds, its offset on src0's offset and its first row, and the check reads
-    the offset modulo a DMA word. So one tap per residue and rounds (a planner checks every
-    candidate plan this way; plan.tasks lists thousands per plan: every round of every src1
-    row)."""
-    offsets = {p[0] % DMA_WORD for p in products}
+def _w_taps(plan: GemvPlan, offsets):
+    """The W taps of products whose src0 offsets are `offsets` modulo a DMA word, as far as
+    `_byte_tap_ok` can tell them apart: a tap's shape depends on its rounds, its offset on
+    src0's offset and its first row, and the check reads the offset modulo a DMA word. So one
+    tap per residue and rounds (a planner checks every candidate plan this way; plan.tasks
+    lists thousands per plan: every round of every src1 row)."""
     seen = set()
     for first, count in plan.w_tap_rows():
         key = ((first * plan.row_stride) % DMA_WORD, count)
@@ -1003,6 +1002,40 @@ def plan_gemv_blocks(
     when src0 is strided (GemvPlan.w_row; 0: dense). `add`: MUL_MAT_ADD (GemvPlan.add).
     `norm`: RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes).
     `rope`: RMS_NORM_MUL_MAT_ROPE(_FF) (GemvPlan.rope, as plan_gemv's)."""
+    # The planner reads of `products` only their count and src0 offsets modulo a DMA word;
+    # the fused planners ask for the same GEMV many times (every phase of a decode layer).
+    # Arch holds a dict (not hashable): its repr keys it.
+    offsets = frozenset(p[0] % DMA_WORD for p in products)
+    args = (N, K, w_block, w_block_bytes, arch, offsets, len(products), staging, glu, w_row)
+    args += (add, y_size, stash, norm, rope)
+    key = (repr(arch), *args[:4], *args[5:])
+    if key not in _GEMV_BLOCKS_PLANS:
+        if len(_GEMV_BLOCKS_PLANS) >= 4096:
+            _GEMV_BLOCKS_PLANS.clear()
+        _GEMV_BLOCKS_PLANS[key] = _plan_gemv_blocks(*args)
+    return _GEMV_BLOCKS_PLANS[key]
+
+
+_GEMV_BLOCKS_PLANS: dict = {}
+
+
+def _plan_gemv_blocks(
+    N,
+    K,
+    w_block,
+    w_block_bytes,
+    arch,
+    offsets,
+    products,
+    staging,
+    glu,
+    w_row,
+    add,
+    y_size,
+    stash,
+    norm,
+    rope,
+) -> GemvPlan | None:
     if K % w_block:
         return None
     blocks = K // w_block
@@ -1054,11 +1087,11 @@ def plan_gemv_blocks(
                         norm,
                         rope,
                     )
-                    if plan.w_tasks(len(products)) > MAX_TASKS_PER_CHANNEL:
+                    if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
                         continue
-                    if not _norm_ok(plan, len(products)):
+                    if not _norm_ok(plan, products):
                         continue
-                    if not all(_byte_tap_ok(w) for w in _w_taps(plan, products)):
+                    if not all(_byte_tap_ok(w) for w in _w_taps(plan, offsets)):
                         continue
                     vectors = -(-kc // VECTOR_ELEMS)
                     cost = plan.rounds * plan.k_steps * (nr * vectors + 64)
