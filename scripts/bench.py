@@ -231,6 +231,17 @@ EMU_CASES = {
 TBO_SUMMARY = re.compile(r"(\d+)/(\d+) tests passed")
 
 
+def cost_constants(arch: str) -> dict:
+    """The numeric constants of hsa-sim's model for `arch` (crates/hsa-sim/src/cost.rs), by
+    field name; empty when the file has no model of that name."""
+    src = (Path(__file__).resolve().parent.parent / "crates/hsa-sim/src/cost.rs").read_text()
+    block = re.search(rf"pub const {arch.upper()}: ArchModel = ArchModel \{{(.*?)\n\}};", src, re.S)
+    return {
+        name: float(value.replace("_", ""))
+        for name, value in re.findall(r"^\s*(\w+): ([0-9_.e]+),", block.group(1) if block else "", re.M)
+    }
+
+
 def emulated_hsa0_env(bin_dir: Path, target: Path, kernels: Path, arch: str) -> dict:
     """The environment of a llama.cpp program on HSA0 with the IRON package's emulation target
     as the compiler: the plugin on hsa-sim, its kernels in `kernels`, agent `arch`."""

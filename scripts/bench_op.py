@@ -18,21 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import TBO_SUMMARY, emulated_hsa0_env
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def arch_constants(arch: str) -> dict:
-    """The numeric constants of hsa-sim's model for `arch` (crates/hsa-sim/src/cost.rs)."""
-    src = (ROOT / "crates/hsa-sim/src/cost.rs").read_text(encoding="utf-8")
-    block = re.search(rf"pub const {arch.upper()}: ArchModel = ArchModel \{{(.*?)\n\}};", src, re.S)
-    if not block:
-        raise SystemExit(f"no model for {arch} in crates/hsa-sim/src/cost.rs")
-    return {
-        name: float(value.replace("_", ""))
-        for name, value in re.findall(r"^\s*(\w+): ([0-9_.e]+),", block.group(1), re.M)
-    }
+from bench import TBO_SUMMARY, cost_constants, emulated_hsa0_env
 
 
 def mul_mat_flops(params: str) -> int | None:
@@ -110,7 +96,9 @@ def main() -> int:
     print(f"{args.case}, simulated (hsa-sim's timing model; nothing ran on an NPU)")
     with tempfile.TemporaryDirectory(prefix="bench-op-") as work:
         for arch in args.arch or ["aie2p", "aie2"]:
-            k = arch_constants(arch)
+            k = cost_constants(arch)
+            if not k:
+                raise SystemExit(f"no model for {arch} in crates/hsa-sim/src/cost.rs")
             dram = float(os.environ.get("HSA_SIM_DRAM_GBPS") or k["bandwidth_bytes_per_s"] / 1e9)
             c = run(args, arch, op, params, Path(work))
             if c is None:

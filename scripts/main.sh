@@ -215,18 +215,16 @@ say "what it costs on the NPU: hsa-sim's counters, per token"
 arch=$(sed -n 's/.*using device HSA0 (\([a-z0-9]*\)).*/\1/p' "$out/llama.log" | head -n 1)
 python3 - "${arch:-aie2p}" "$n_predict" "$(field npu prompt_tokens)" "$npu_what" \
     "$out/counters-llama.json" "$out/counters-reference.json" "$out/counters-minilm.json" <<'PY'
-import json, re, sys, textwrap
+import json, sys, textwrap
 from pathlib import Path
 
 arch, n, n_prompt, what = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 llama, reference, minilm = (Path(p) for p in sys.argv[5:8])
 
 # The constants of hsa-sim's cost model for this architecture (crates/hsa-sim/src/cost.rs).
-src = Path("crates/hsa-sim/src/cost.rs").read_text(encoding="utf-8")
-block = re.search(rf"pub const {arch.upper()}: ArchModel = ArchModel \{{(.*?)\n\}};", src, re.S)
-k = {}
-for name, value in re.findall(r"^\s*(\w+): ([0-9_.e]+),", block.group(1) if block else "", re.M):
-    k[name] = float(value.replace("_", ""))
+sys.path.insert(0, "scripts")
+from bench import cost_constants
+k = cost_constants(arch)
 rebuild_ns = k.get("rebuild_per_column_ns", 0) * k.get("columns", 0) + k.get(
     "first_dispatch_after_rebuild_ns", 0)
 

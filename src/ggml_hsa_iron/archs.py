@@ -6,7 +6,7 @@ column has a shim tile (row 0, DMA to and from DDR), a memory tile (row 1,
 512 KiB) and 4 compute tiles (rows 2-5, 64 KiB data memory each).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -19,8 +19,9 @@ class Arch:
     l1_bytes: int  # data memory of one compute tile
     l1_budget: int  # what the designs allow themselves for buffers (stack, locks aside)
     memtile_bytes: int
-    # aie::mmul shapes (r, s, t) per (input type): A is r x s, B is s x t.
-    mmul: dict
+    # aie::mmul shapes (r, s, t) per (input type): A is r x s, B is s x t. Compared, not
+    # hashed (a dict): the name and sizes tell Archs apart for the planners' caches.
+    mmul: dict = field(hash=False)
 
     @property
     def first_compute_row(self) -> int:

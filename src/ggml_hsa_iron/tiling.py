@@ -18,6 +18,7 @@ Hardware facts the plans respect:
   several DMA tasks.
 """
 
+import functools
 from dataclasses import dataclass
 
 from .archs import Arch
@@ -1004,21 +1005,27 @@ def plan_gemv_blocks(
     `rope`: RMS_NORM_MUL_MAT_ROPE(_FF) (GemvPlan.rope, as plan_gemv's)."""
     # The planner reads of `products` only their count and src0 offsets modulo a DMA word;
     # the fused planners ask for the same GEMV many times (every phase of a decode layer).
-    # Arch holds a dict (not hashable): its repr keys it.
     offsets = frozenset(p[0] % DMA_WORD for p in products)
-    args = (N, K, w_block, w_block_bytes, arch, offsets, len(products), staging, glu, w_row)
-    args += (add, y_size, stash, norm, rope)
-    key = (repr(arch), *args[:4], *args[5:])
-    if key not in _GEMV_BLOCKS_PLANS:
-        if len(_GEMV_BLOCKS_PLANS) >= 4096:
-            _GEMV_BLOCKS_PLANS.clear()
-        _GEMV_BLOCKS_PLANS[key] = _plan_gemv_blocks(*args)
-    return _GEMV_BLOCKS_PLANS[key]
+    return _plan_gemv_blocks(
+        N,
+        K,
+        w_block,
+        w_block_bytes,
+        arch,
+        offsets,
+        len(products),
+        staging,
+        glu,
+        w_row,
+        add,
+        y_size,
+        stash,
+        norm,
+        rope,
+    )
 
 
-_GEMV_BLOCKS_PLANS: dict = {}
-
-
+@functools.lru_cache(maxsize=4096)
 def _plan_gemv_blocks(
     N,
     K,

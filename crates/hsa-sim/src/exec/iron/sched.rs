@@ -291,6 +291,15 @@ struct FifoRt {
     /// The producer's channel and each consumer's: free from these times.
     prod_clock: f64,
     cons_clock: Vec<f64>,
+    /// Time its transfers took (DRAM waits included).
+    busy: f64,
+}
+
+impl FifoRt {
+    /// Whether a shim tile is an endpoint: its bytes go to or come from DRAM.
+    fn through_shim(&self) -> bool {
+        matches!(self.src, Src::Shim) || self.dsts.iter().any(|d| matches!(d, Dst::Shim))
+    }
 }
 
 #[derive(Debug)]
@@ -322,8 +331,6 @@ pub struct Sim<'a> {
     dram: DramLedger,
     seq_t: f64,
     task_t: Vec<f64>,
-    shim_busy: Vec<f64>,
-    tile_busy: Vec<f64>,
 }
 
 fn walk_indices(w: &Walk) -> Vec<u32> {
@@ -460,6 +467,7 @@ impl<'a> Sim<'a> {
                 drain_t: 0.0,
                 prod_clock: 0.0,
                 cons_clock: vec![0.0; f.consumers.len()],
+                busy: 0.0,
             });
         }
         let workers = code
@@ -506,8 +514,6 @@ impl<'a> Sim<'a> {
             dram: DramLedger::default(),
             seq_t: 0.0,
             task_t: vec![0.0; ntasks],
-            shim_busy: vec![0.0; nf],
-            tile_busy: vec![0.0; nf],
         }
     }
 
@@ -738,25 +744,22 @@ impl<'a> Sim<'a> {
     fn transfer_end(&mut self, f: usize) -> f64 {
         let fr = &self.fifos[f];
         let r = self.rates;
-        let (mut start, mut rate, mut shim) = match fr.src {
-            Src::Shim => (fr.fill_t, r.shim_channel, true),
+        let (mut start, mut rate) = match fr.src {
+            Src::Shim => (fr.fill_t, r.shim_channel),
             Src::Ring(g) => {
                 let g = &self.rings[g];
-                (g.ready_t[g.idx(fr.sent)], r.tile_channel, false)
+                (g.ready_t[g.idx(fr.sent)], r.tile_channel)
             }
             Src::Split { ring, index, .. } => {
                 let g = &self.rings[ring];
-                (g.ready_t[g.idx(g.cursors[index])], r.tile_channel, false)
+                (g.ready_t[g.idx(g.cursors[index])], r.tile_channel)
             }
         };
         start = start.max(fr.prod_clock);
         for (c, d) in fr.dsts.iter().enumerate() {
             start = start.max(fr.cons_clock[c]);
             match *d {
-                Dst::Shim => {
-                    rate = rate.min(r.shim_channel);
-                    shim = true;
-                }
+                Dst::Shim => rate = rate.min(r.shim_channel),
                 Dst::Ring(g) => {
                     let g = &self.rings[g];
                     start = start.max(g.free_t[g.idx(g.filled)]);
@@ -770,18 +773,13 @@ impl<'a> Sim<'a> {
             }
         }
         let bytes = fr.obj_bytes as f64;
-        let end = if shim {
+        let end = if fr.through_shim() {
             self.dram.transfer(&r, start, bytes, rate)
         } else {
             start + bytes / rate
         };
-        let busy = if shim {
-            &mut self.shim_busy
-        } else {
-            &mut self.tile_busy
-        };
-        busy[f] += end - start;
         let fr = &mut self.fifos[f];
+        fr.busy += end - start;
         fr.prod_clock = end;
         fr.cons_clock.iter_mut().for_each(|c| *c = end);
         end
@@ -1037,11 +1035,18 @@ impl<'a> Sim<'a> {
         let end = self.task_t.iter().copied().fold(self.seq_t, f64::max);
         let ns = |cycles: f64| (cycles * self.rates.cycle_ns).round() as u64;
         let max = |v: &mut dyn Iterator<Item = f64>| v.fold(0.0, f64::max);
+        let busiest = |shim: bool| {
+            max(&mut self
+                .fifos
+                .iter()
+                .filter(|f| f.through_shim() == shim)
+                .map(|f| f.busy))
+        };
         Timeline {
             device_ns: ns(end),
             core_busy_ns: ns(max(&mut self.workers.iter().map(|w| w.busy))),
-            shim_busy_ns: ns(max(&mut self.shim_busy.iter().copied())),
-            tile_busy_ns: ns(max(&mut self.tile_busy.iter().copied())),
+            shim_busy_ns: ns(busiest(true)),
+            tile_busy_ns: ns(busiest(false)),
             cores_counted: self.libs.iter().all(|l| l.counts_cycles()),
         }
     }
