@@ -367,10 +367,11 @@ fn every_op_under_packet_abi_c() {
         &[("HSA_SIM_PACKET_ABI", "c"), ("GGML_HSA_PACKET_ABI", "c")],
     );
     let program = common::llama_program("test-backend-ops");
-    let mut ops: Vec<String> = common::sample::supported_cases(&program, &["-b", "HSA0"], &vars)
-        .into_iter()
-        .map(|c| c.op)
-        .collect();
+    let mut ops: Vec<String> =
+        common::sample::supported_cases(&program, "", &["-b", "HSA0"], &vars)
+            .into_iter()
+            .map(|c| c.op)
+            .collect();
     ops.sort();
     ops.dedup();
     assert!(

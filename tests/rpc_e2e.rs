@@ -16,7 +16,7 @@
 mod common;
 
 use common::llama::*;
-use common::test_backend_ops::Report;
+use common::test_backend_ops::{op_names_filter, Report};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -495,7 +495,7 @@ fn test_backend_ops_on_the_rpc_device_backed_by_hsa0() {
         "-b",
         &device,
         "-o",
-        STARTER_OPS,
+        &op_names_filter(STARTER_OPS),
         "-p",
         "type(_a|_src)?=f32,",
     ])

@@ -124,6 +124,22 @@ impl Report {
     }
 }
 
+/// An `-o` argument selecting the ops named in `ops` (a comma-separated list of exact names):
+/// one anchored regex (`^ADD$|^MUL$`) for several. test-backend-ops compiles a `std::regex` per
+/// case for every plain name that is not the case's op; one regex entry costs it one compile per
+/// case (a listing of 95 names: 4.8 s against 72 s).
+pub fn op_names_filter(ops: &str) -> String {
+    let names: Vec<&str> = ops.split(',').filter(|o| !o.is_empty()).collect();
+    if names.len() <= 1 {
+        return ops.to_owned();
+    }
+    names
+        .iter()
+        .map(|o| format!("^{o}$"))
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
 /// Runs `test-backend-ops` with `args` and extra environment, and reads its output for `device`.
 ///
 /// One run at a time per test binary: some test-backend-ops cases allocate several GiB (the CPU
