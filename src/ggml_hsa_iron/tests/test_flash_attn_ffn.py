@@ -37,7 +37,7 @@ from ggml_hsa_iron.request import parse_request
 from ggml_hsa_iron.tiling import MAX_TASKS_PER_CHANNEL, SHIM_GROUP_TASKS
 
 from ggml_hsa_iron.tests.test_flash_attn import cache_view, f32_bits
-from ggml_hsa_iron.tests.test_kernels_host import CXX
+from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.util import tensor
 from ggml_hsa_iron.tests.util_ffn import attn_ffn_spec, fa_ffn_request, fa_ffn_spec
 

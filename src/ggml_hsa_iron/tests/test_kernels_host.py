@@ -6,7 +6,9 @@ kernels are built with g++ using the defines the real build passes to Peano
 (from `plans.prepare`), run the way the designs run them, and compared with
 reference implementations of ggml's ops. This checks the kernels' logic
 (indexing, broadcasting, tails, vector math accuracy), not that Peano accepts
-them. Skipped when no host C++ compiler is installed.
+them. The case lists over ops, types and shapes take a turn of the rotation
+(tests/sample.py); the programs are built once per content (tests/host_program.py).
+Skipped when no host C++ compiler is installed.
 """
 
 import sys
@@ -16,20 +18,20 @@ from pathlib import Path
 # the package's parent directory (src/) goes on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import itertools
 import math
-import shutil
 import subprocess
-import tempfile
 import unittest
 
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import parse_request
 
+from ggml_hsa_iron.tests import host_program, sample
+from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.util import request_json, tensor
 
 HERE = Path(__file__).resolve().parent
 KERNELS = HERE.parent / "kernels"
-CXX = shutil.which("g++") or shutil.which("clang++")
 
 
 def bf16_round(x: float) -> float:
@@ -220,13 +222,11 @@ def run_kernel(spec, extra, specials=()):
     defines["N_TOTAL"] = p.n  # the elements the design moves
     if spec.kind != "unary":
         defines["N_B"] = spec.bcast_count if spec.kind == "bcast" else p.n
-    with tempfile.TemporaryDirectory() as d:
-        exe = Path(d) / "k"
-        cmd = [CXX, "-std=c++20", "-O0", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
-        cmd += [f"-D{k}={v}" for k, v in defines.items()]
-        cmd += [str(HERE / "host" / "eltwise_driver.cc"), "-o", str(exe)]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    cmd = ["-std=c++20", "-O0", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
+    cmd += [f"-D{k}={v}" for k, v in defines.items()]
+    cmd += [str(HERE / "host" / "eltwise_driver.cc")]
+    exe = host_program.build(cmd)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     values = {"a": [], "b": [], "o": []}
     for line in out.splitlines():
         tag, v = line.split()
@@ -277,12 +277,13 @@ class HostKernelTest(unittest.TestCase):
             self.assertEqual(v["o"][n:], v["a"][n:])
 
     def test_unary_f32_all_ops(self):
-        for op in UNARY_REF:
+        for op in sample.pick(UNARY_REF):
             with self.subTest(op=op):
                 self.unary(op, "f32", 200)  # 200 = 12 full vectors + a tail per tile
 
     def test_unary_bf16(self):
-        for op in ("GELU", "SILU", "EXP", "ABS", "SGN", "SQRT", "LOG", "SIN", "ROUND", "FLOOR"):
+        ops = ("GELU", "SILU", "EXP", "ABS", "SGN", "SQRT", "LOG", "SIN", "ROUND", "FLOOR")
+        for op in sample.pick(ops):
             with self.subTest(op=op):
                 self.unary(op, "bf16", 256)
 
@@ -296,20 +297,20 @@ class HostKernelTest(unittest.TestCase):
             ("CLAMP", (-2.0, 1.0), lambda x: max(min(x, 1.0), -2.0)),
             ("CLAMP", (1.0, -1.0), lambda x: max(min(x, -1.0), 1.0)),  # min > max: ggml gives min
         ]
-        for op, (p0, p1), ref in cases:
-            for dtype in ("f32", "bf16"):
-                with self.subTest(op=op, params=(p0, p1), dtype=dtype):
-                    params = [b(p0) - (1 << 32 if b(p0) >> 31 else 0), b(p1)]
-                    params[1] -= 1 << 32 if params[1] >> 31 else 0
-                    self.unary(op, dtype, 200, params=params, ref=ref, specials=[INF, -INF, 0.0])
+        both = [(c, dtype) for c in cases for dtype in ("f32", "bf16")]
+        for (op, (p0, p1), ref), dtype in sample.pick(both, name=lambda c: repr((c[0][:2], c[1]))):
+            with self.subTest(op=op, params=(p0, p1), dtype=dtype):
+                params = [b(p0) - (1 << 32 if b(p0) >> 31 else 0), b(p1)]
+                params[1] -= 1 << 32 if params[1] >> 31 else 0
+                self.unary(op, dtype, 200, params=params, ref=ref, specials=[INF, -INF, 0.0])
 
     def test_unary_int(self):
         # 3000 elements: tiles of 200 i8, 150 i16 or 125 i32 elements, i.e. whole
         # integer vectors (64, 32 or 16 lanes) and a scalar tail.
-        for op in ("ABS", "NEG", "SGN", "RELU", "STEP"):
-            for dtype in ("i8", "i16", "i32"):
-                with self.subTest(op=op, dtype=dtype):
-                    self.unary(op, dtype, 3000)
+        ops = ("ABS", "NEG", "SGN", "RELU", "STEP")
+        for op, dtype in sample.pick(itertools.product(ops, ("i8", "i16", "i32"))):
+            with self.subTest(op=op, dtype=dtype):
+                self.unary(op, dtype, 3000)
 
     def binary(self, op, ta, tb, to, ne, ne_b):
         a, b, o = tensor(ta, ne), tensor(tb, ne_b), tensor(to, ne)
@@ -379,11 +380,10 @@ class HostKernelTest(unittest.TestCase):
             ([12, 6, 2, 2], [4, 3, 1, 2]),  # repeat inside rows too
             ([10, 5, 4, 3], [10, 5, 1, 1]),
         ]
-        for ne, ne_b in cases:
-            for op in ("ADD", "MUL", "DIV"):
-                with self.subTest(ne=ne, ne_b=ne_b, op=op):
-                    spec = self.binary(op, "f32", "f32", "f32", ne, ne_b)
-                    self.assertEqual(spec.kind, "bcast")
+        for (ne, ne_b), op in sample.pick(itertools.product(cases, ("ADD", "MUL", "DIV"))):
+            with self.subTest(ne=ne, ne_b=ne_b, op=op):
+                spec = self.binary(op, "f32", "f32", "f32", ne, ne_b)
+                self.assertEqual(spec.kind, "bcast")
         self.binary("SUB", "bf16", "f32", "bf16", [64, 8], [64, 1])
         self.binary("ADD", "i32", "i32", "i32", [16, 4], [16, 1])
 

@@ -24,7 +24,9 @@ import subprocess
 import tempfile
 import unittest
 
-from ggml_hsa_iron.tests.test_kernels_host import CXX, HERE, KERNELS, bf16_round, f32
+from ggml_hsa_iron.tests import host_program
+from ggml_hsa_iron.tests.host_program import CXX
+from ggml_hsa_iron.tests.test_kernels_host import HERE, KERNELS, bf16_round, f32
 from ggml_hsa_iron.tests.test_tiling import mul_mat_spec, stream_of
 from ggml_hsa_iron.tests.util_matmul import check_structure
 
@@ -60,12 +62,12 @@ def run_driver(spec, src0, src1) -> list:
     defines = dict(spec.core.defines)
     defines["GEMV"] = int(spec.gemv)
     with tempfile.TemporaryDirectory() as d:
-        exe, data = Path(d) / "mm", Path(d) / "input.txt"
+        data = Path(d) / "input.txt"
         data.write_text(driver_input(spec, src0, src1))
-        cmd = [CXX, "-std=c++20", "-O0", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
+        cmd = ["-std=c++20", "-O0", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
         cmd += [f"-D{k}={v}" for k, v in defines.items()]
-        cmd += [str(HERE / "host" / "matmul_driver.cc"), "-o", str(exe)]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        cmd += [str(HERE / "host" / "matmul_driver.cc")]
+        exe = host_program.build(cmd)
         out = subprocess.run([str(exe), str(data)], check=True, capture_output=True, text=True)
     result = []
     for line in out.stdout.splitlines():

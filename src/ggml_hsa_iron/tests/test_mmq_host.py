@@ -24,7 +24,9 @@ import unittest
 
 from ggml_hsa_iron.archs import ARCHS
 from ggml_hsa_iron.dtypes import DTYPES
-from ggml_hsa_iron.tests.test_kernels_host import CXX, HERE, KERNELS, bf16_round, f32
+from ggml_hsa_iron.tests import host_program
+from ggml_hsa_iron.tests.host_program import CXX
+from ggml_hsa_iron.tests.test_kernels_host import HERE, KERNELS, bf16_round, f32
 from ggml_hsa_iron.tests.test_mvq_host import decode, random_block
 
 TYPES = ("f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K")
@@ -69,14 +71,14 @@ def run(ty, arch, m, n, k, steps):
                 want[i * n + j] += sum(prods)
                 mag[i * n + j] += sum(abs(p) for p in prods)
     with tempfile.TemporaryDirectory() as d:
-        exe, data = Path(d) / "mmq", Path(d) / "input.txt"
+        data = Path(d) / "input.txt"
         data.write_text("\n".join(lines) + "\n")
-        cmd = [CXX, "-std=c++20", "-O1", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
+        cmd = ["-std=c++20", "-O1", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
         cmd += [f"-DMVQ_{ty.upper()}=1", f"-DMM_R={r}", f"-DMM_S={s}", f"-DMM_T={t}"]
         cmd += [f"-DTILE_M={m}", f"-DTILE_N={n}", f"-DTILE_K={k}"]
         cmd += [f"-D__AIE_ARCH__={ {'aie2': 20, 'aie2p': 21}[arch] }"]
-        cmd += [str(HERE / "host" / "mmq_driver.cc"), "-o", str(exe)]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        cmd += [str(HERE / "host" / "mmq_driver.cc")]
+        exe = host_program.build(cmd)
         out = subprocess.run([str(exe), str(data)], check=True, capture_output=True, text=True)
     got_blocked = [float.fromhex(v) for v in out.stdout.split()]
     got = [None] * (m * n)

@@ -25,7 +25,7 @@ from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import Tensor, parse_request
 from ggml_hsa_iron.tiling import MAX_TASKS_PER_CHANNEL, SHIM_GROUP_TASKS
 
-from ggml_hsa_iron.tests.test_kernels_host import CXX
+from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.util import request_json, tensor
 from ggml_hsa_iron.tests.util_matmul import check_structure
 

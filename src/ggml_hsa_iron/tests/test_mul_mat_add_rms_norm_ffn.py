@@ -38,7 +38,7 @@ from ggml_hsa_iron.plans_ffn import ffn_core_bytes, memtile_bytes, program_tasks
 from ggml_hsa_iron.request import parse_request
 from ggml_hsa_iron.tiling import MAX_TASKS_PER_CHANNEL, SHIM_GROUP_TASKS
 
-from ggml_hsa_iron.tests.test_kernels_host import CXX
+from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.util import request_dict, tensor
 from ggml_hsa_iron.tests import sample
 from ggml_hsa_iron.tests.util_ffn import (

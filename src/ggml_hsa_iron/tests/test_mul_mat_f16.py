@@ -28,7 +28,7 @@ from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import Tensor, parse_request
 from ggml_hsa_iron.tiling import stash_bytes
 
-from ggml_hsa_iron.tests.test_kernels_host import CXX
+from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.util import request_json, tensor
 from ggml_hsa_iron.tests.util_matmul import check_structure, gemv_streams
 from ggml_hsa_iron.tests import sample

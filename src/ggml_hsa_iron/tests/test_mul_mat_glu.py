@@ -28,7 +28,9 @@ from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import Tensor, parse_request
 from ggml_hsa_iron.tiling import GLU_GROUP_ROUNDS, MAX_TASKS_PER_CHANNEL, stash_bytes
 
-from ggml_hsa_iron.tests.test_kernels_host import CXX, HERE, KERNELS
+from ggml_hsa_iron.tests import host_program
+from ggml_hsa_iron.tests.host_program import CXX
+from ggml_hsa_iron.tests.test_kernels_host import HERE, KERNELS
 from ggml_hsa_iron.tests.test_mvq_host import decode, random_block
 from ggml_hsa_iron.tests.util import request_json, tensor
 from ggml_hsa_iron.tests.util_matmul import check_structure
@@ -291,12 +293,11 @@ class GluKernelHostTest(unittest.TestCase):
             defs.update(W_T=ctype, X_T="float", Y_T="float", MV_INT=0)
         else:
             defs.update({f"MVQ_{ty.upper()}": 1, "DRIVER_MVQ": 1})
-        exe = tmp / f"glu_{ty}_{op}_{arch}"
-        cmd = [CXX, "-std=c++20", "-O1", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
+        cmd = ["-std=c++20", "-O1", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
         cmd += [f"-D{k}={v}" for k, v in defs.items()]
         cmd += [f"-D__AIE_ARCH__={ARCH_DEFINE[arch]}"]
-        cmd += [str(HERE / "host" / "mv_glu_driver.cc"), "-o", str(exe)]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        cmd += [str(HERE / "host" / "mv_glu_driver.cc")]
+        exe = host_program.build(cmd)
         data = tmp / "in.txt"
         text = " ".join(f"{b:x}" for t in tiles for b in t) + "\n"
         text += " ".join(float.hex(float(v)) for x in xs for v in x) + "\n"

@@ -20,7 +20,7 @@ import unittest
 
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import parse_request
-from ggml_hsa_iron.tests.test_kernels_host import CXX
+from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.util import request_json, tensor
 
 try:

@@ -31,7 +31,7 @@ from ggml_hsa_iron.dtypes import DTYPES, QUANT_TYPES
 from ggml_hsa_iron.errors import UnsupportedError
 from ggml_hsa_iron.plans import BYTE_WEIGHTS, extent, prepare
 from ggml_hsa_iron.request import Tensor, parse_request
-from ggml_hsa_iron.tests.test_kernels_host import CXX
+from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.util import request_json, tensor
 
 try:

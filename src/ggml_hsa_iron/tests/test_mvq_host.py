@@ -21,7 +21,9 @@ import tempfile
 import unittest
 
 from ggml_hsa_iron.dtypes import DTYPES
-from ggml_hsa_iron.tests.test_kernels_host import CXX, HERE, KERNELS, bf16_round, f32
+from ggml_hsa_iron.tests import host_program
+from ggml_hsa_iron.tests.host_program import CXX
+from ggml_hsa_iron.tests.test_kernels_host import HERE, KERNELS, bf16_round, f32
 
 
 def f16_bytes(v: float) -> bytes:
@@ -100,15 +102,14 @@ def random_block(ty: str, rng: random.Random) -> bytes:
 def run(ty: str, arch: str, rows: int, kc: int, w: bytes, x: list[float]) -> list[float]:
     arch_define = {"aie2": 20, "aie2p": 21}[arch]
     with tempfile.TemporaryDirectory() as d:
-        exe, data = Path(d) / "mvq", Path(d) / "input.txt"
+        data = Path(d) / "input.txt"
         data.write_text(
             " ".join(f"{v:x}" for v in w) + "\n" + " ".join(float.hex(v) for v in x) + "\n"
         )
-        cmd = [CXX, "-std=c++20", "-O1", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
+        cmd = ["-std=c++20", "-O1", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
         cmd += [f"-DMVQ_{ty.upper()}=1", f"-DMV_ROWS={rows}", f"-DMV_KC={kc}"]
         cmd += [f"-D__AIE_ARCH__={arch_define}", str(HERE / "host" / "mvq_driver.cc")]
-        cmd += ["-o", str(exe)]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        exe = host_program.build(cmd)
         out = subprocess.run([str(exe), str(data)], check=True, capture_output=True, text=True)
     return [float.fromhex(line) for line in out.stdout.split()]
 

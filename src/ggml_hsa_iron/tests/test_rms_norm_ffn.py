@@ -34,7 +34,7 @@ from ggml_hsa_iron.plans_ffn import ffn_core_bytes, program_tasks
 from ggml_hsa_iron.request import Tensor, parse_request
 from ggml_hsa_iron.tiling import MAX_TASKS_PER_CHANNEL, SHIM_GROUP_TASKS, mv_norm_bytes, stash_bytes
 
-from ggml_hsa_iron.tests.test_kernels_host import CXX
+from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.util import request_dict, tensor
 from ggml_hsa_iron.tests.util_ffn import EPS_BITS, GLU_OPS, ffn_request, ffn_spec
 from ggml_hsa_iron.tests import sample

@@ -40,7 +40,7 @@ from ggml_hsa_iron.tiling import (
     mv_norm_bytes,
 )
 
-from ggml_hsa_iron.tests.test_kernels_host import CXX
+from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.util import request_json, tensor
 from ggml_hsa_iron.tests import sample
 

@@ -40,7 +40,7 @@ from ggml_hsa_iron.tiling import (
     stash_bytes,
 )
 
-from ggml_hsa_iron.tests.test_kernels_host import CXX
+from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.test_rope_glu_host import fbits
 from ggml_hsa_iron.tests.test_rms_norm_mul_mat import EPS_BITS, norm_request
 from ggml_hsa_iron.tests.util import request_json, tensor

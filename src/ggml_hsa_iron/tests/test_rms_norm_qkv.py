@@ -54,7 +54,7 @@ from ggml_hsa_iron.tiling import (
     split_columns,
 )
 
-from ggml_hsa_iron.tests.test_kernels_host import CXX
+from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.test_rms_norm_mul_mat_rope import llama3_ff, rope_params
 from ggml_hsa_iron.tests.util import request_json, tensor
 from ggml_hsa_iron.tests import sample

@@ -9,7 +9,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import itertools
-import shutil
 import struct
 import subprocess
 import tempfile
@@ -19,7 +18,8 @@ from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import parse_request
 
 from ggml_hsa_iron.tests.util import request_json, tensor
-from ggml_hsa_iron.tests import sample
+from ggml_hsa_iron.tests import host_program, sample
+from ggml_hsa_iron.tests.host_program import CXX
 
 try:
     import numpy as np
@@ -28,7 +28,6 @@ except ImportError:  # pragma: no cover
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = HERE.parent
-CXX = shutil.which("g++") or shutil.which("clang++")
 ARCH_DEFINE = {"aie2": 20, "aie2p": 21}
 
 
@@ -37,8 +36,7 @@ def fbits(x: float) -> int:
 
 
 def build(tmp: Path, source: str, defines: dict, driver: str, arch: str) -> Path:
-    exe = tmp / f"drv_{driver}_{arch}"
-    cmd = [CXX, "-std=c++20", "-O1", f"-I{PACKAGE / 'emu' / 'include'}"]
+    cmd = ["-std=c++20", "-O1", f"-I{PACKAGE / 'emu' / 'include'}"]
     cmd += [f"-I{PACKAGE / 'kernels'}", f"-D__AIE_ARCH__={ARCH_DEFINE[arch]}"]
     cmd += [f"-D{k}={v}" for k, v in defines.items()] + [f"-DDRIVER_{driver}=1"]
     cmd += [
@@ -46,8 +44,7 @@ def build(tmp: Path, source: str, defines: dict, driver: str, arch: str) -> Path
         str(PACKAGE / "kernels" / source),
         str(HERE / "host" / "rope_glu_driver.cc"),
     ]
-    subprocess.run(cmd + ["-o", str(exe)], check=True)
-    return exe
+    return host_program.build(cmd)
 
 
 @unittest.skipUnless(CXX and np is not None, "no host C++ compiler or numpy")
