@@ -18,6 +18,9 @@ struct Row {
     model: ArchModel,
     published_us: f64,
     tolerance: f64,
+    /// Whether the test fails when the row leaves its tolerance: a row whose mirror is
+    /// uncertain (docs/timing-model.md says why) is printed, not held.
+    gated: bool,
     source: &'static str,
 }
 
@@ -78,6 +81,7 @@ fn published_designs_take_their_published_times() {
             },
             published_us: 2016.0,
             tolerance: 0.10,
+            gated: true,
             source: "Xilinx/mlir-aie PR #2559",
         },
         Row {
@@ -86,7 +90,29 @@ fn published_designs_take_their_published_times() {
             model: AIE2P,
             published_us: 682.0,
             tolerance: 0.15,
+            gated: true,
             source: "Xilinx/mlir-air PR #1360",
+        },
+        Row {
+            design: "gemv_air",
+            what: "mlir-air GEMV, bf16, 2048 x 2048, 8 columns x 1 core, A through L2",
+            model: AIE2P,
+            published_us: 330.0,
+            tolerance: 0.20,
+            gated: true,
+            source: "Xilinx/mlir-air kernel_registry/details/GEMV_bf16.md",
+        },
+        Row {
+            design: "gemv_air_8192",
+            what: "mlir-air GEMV, bf16, 8192 x 2048, 8 columns x 1 core, A through L2",
+            model: AIE2P,
+            published_us: 1067.0,
+            tolerance: 0.20,
+            // The published times of this design grow by about 8 µs per panel of 32 KiB per
+            // column from 2048 to 16384 rows; the mirror's single buffers in L2 and L1 take
+            // 10.7 µs, double buffers would take 5.4: how the lowering buffers is not known.
+            gated: false,
+            source: "Xilinx/mlir-air kernel_registry/details/GEMV_bf16.md",
         },
     ];
     let mut failures = Vec::new();
@@ -112,14 +138,16 @@ fn published_designs_take_their_published_times() {
         .max_by_key(|(_, ns)| *ns)
         .map(|(w, _)| w)
         .unwrap_or("-");
+        let tolerance = if r.gated {
+            format!("±{:.0} %", r.tolerance * 100.0)
+        } else {
+            "not held".to_owned()
+        };
         println!(
-            "| {} | {:.0} µs | {us:.0} µs | {ratio:.2} | ±{:.0} % | {binds} | {} |",
-            r.what,
-            r.published_us,
-            r.tolerance * 100.0,
-            r.source
+            "| {} | {:.0} µs | {us:.0} µs | {ratio:.2} | {tolerance} | {binds} | {} |",
+            r.what, r.published_us, r.source
         );
-        if (ratio - 1.0).abs() > r.tolerance {
+        if r.gated && (ratio - 1.0).abs() > r.tolerance {
             failures.push(format!(
                 "{}: {us:.0} µs, {ratio:.2} x the published {:.0} µs (tolerance ±{:.0} %)",
                 r.what,

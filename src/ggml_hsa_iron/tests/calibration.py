@@ -152,7 +152,84 @@ def gemv(arch: str, m: int = 2048, k: int = 8192, columns: int = 8, m_out: int =
     return Program(dev, rt, workers=workers).resolve_program(), _core(CAL_K=k, CAL_M_OUT=m_out)
 
 
-DESIGNS = {"memcpy": memcpy, "gemv": gemv}
+def gemv_air(arch: str, m: int = 2048, k: int = 2048, columns: int = 8, tile_m: int = 8):
+    """mlir-air `programming_examples/matrix_vector_multiplication/bf16` at its registry's best
+    2048 x 2048 configuration (herd_m 8, tile_m 8, m_input 8): a 1-D herd of one core per
+    column, each owning `tile_m` rows of every panel of `columns * tile_m` rows. A moves
+    DRAM -> memory tile (L2) -> core (L1) in objects of `tile_m` rows, one buffer at each level:
+    the builder's L2 budget holds one panel (`herd_m * tile_m * K * 2` bytes of A plus
+    `herd_m * tile_m * 2` of C, at most 512 KiB), and two 32 KiB A tiles would not fit the
+    64 KiB L1 beside B. C returns through L2 likewise; B (the vector) is loaded once. One
+    kernel call per panel (`m_input = tile_m`), f32 accumulation of bf16 products in 32 lanes.
+    Xilinx/mlir-air `kernel_registry/details/GEMV_bf16.md`: 330 µs on NPU2."""
+    from aie.helpers.taplib import TensorAccessPattern
+    from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
+    from aie.iron.controlflow import range_
+    from aie.iron.device import NPU1, NPU2, Tile
+    from ml_dtypes import bfloat16
+
+    bf16 = np.dtype[bfloat16]
+    panels = m // (columns * tile_m)
+    a_t = np.ndarray[(tile_m * k,), bf16]
+    b_t = np.ndarray[(k,), bf16]
+    c_t = np.ndarray[(tile_m,), bf16]
+    matvec = Kernel("cal_matvec_rows", OBJECT, [a_t, b_t, c_t])
+
+    def core(of_a, of_b, of_c, fn):
+        b = of_b.acquire(1)
+        for _ in range_(panels):
+            c = of_c.acquire(1)
+            a = of_a.acquire(1)
+            fn(a, b, c)
+            of_a.release(1)
+            of_c.release(1)
+        of_b.release(1)
+
+    fa = [ObjectFifo(a_t, name=f"A{c}", depth=1) for c in range(columns)]
+    fb = [ObjectFifo(b_t, name=f"B{c}", depth=1) for c in range(columns)]
+    fc = [ObjectFifo(c_t, name=f"C{c}", depth=1) for c in range(columns)]
+    a_l1 = [fa[c].cons().forward(tile=Tile(c, 1), depth=1, name=f"A{c}_l1") for c in range(columns)]
+    c_l2 = [fc[c].cons().forward(tile=Tile(c, 1), depth=1, name=f"C{c}_l2") for c in range(columns)]
+    workers = [
+        Worker(core, fn_args=[a_l1[c].cons(), fb[c].cons(), fc[c].prod(), matvec], tile=Tile(c, 2))
+        for c in range(columns)
+    ]
+    shim = [Tile(c, 0) for c in range(columns)]
+    handles = [fb[c].prod(tile=shim[c]) for c in range(columns)]
+    handles += [fa[c].prod(tile=shim[c]) for c in range(columns)]
+    handles += [c_l2[c].cons(tile=shim[c]) for c in range(columns)]
+
+    def sequence(a, b, out, *hs):
+        from aie.iron.runtime import TaskGroup
+
+        tg = TaskGroup()
+        for c in range(columns):
+            hs[c].fill(b, tap=TensorAccessPattern((k,), 0, [1, 1, 1, k], [0, 0, 0, 1]), group=tg)
+        for c in range(columns):
+            # A shim BD's innermost dimension runs at most 1023 words: runs of 1024 elements.
+            sizes = [1, panels, tile_m * k // 1024, 1024]
+            strides = [0, columns * tile_m * k, 1024, 1]
+            tap = TensorAccessPattern((m * k,), c * tile_m * k, sizes, strides)
+            hs[columns + c].fill(a, tap=tap, group=tg)
+        for c in range(columns):
+            strides = [0, 0, columns * tile_m, 1]
+            tap = TensorAccessPattern((m,), c * tile_m, [1, 1, panels, tile_m], strides)
+            hs[2 * columns + c].drain(out, tap=tap, group=tg, wait=True)
+        tg.finish()
+
+    dev = (NPU2 if arch == "aie2p" else NPU1)()
+    types = [np.ndarray[(m * k,), bf16], np.ndarray[(k,), bf16], np.ndarray[(m,), bf16]]
+    rt = Runtime(sequence, [*types, *handles])
+    core_src = _core(CAL_K=k, CAL_ROWS=tile_m)
+    return Program(dev, rt, workers=workers).resolve_program(), core_src
+
+
+DESIGNS = {
+    "memcpy": memcpy,
+    "gemv": gemv,
+    "gemv_air": gemv_air,
+    "gemv_air_8192": lambda arch: gemv_air(arch, m=8192),
+}
 
 
 def image(name: str, arch: str) -> bytes:
