@@ -52,6 +52,26 @@ fn head_rows(t: &Buf<'_>, i2: i64, i3: i64) -> Vec<f32> {
     rows
 }
 
+/// The dot product of `a` and `b` in eight partial sums (as ggml-cpu's vector dot products
+/// sum in SIMD lanes): independent additions the compiler vectorizes, where one running sum
+/// is a chain of dependent ones.
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
 /// Computes `out` from q, k, v and the optional mask and sinks.
 pub(super) fn flash_attn_ext(
     q: &Buf<'_>,
@@ -109,7 +129,7 @@ pub(super) fn flash_attn_ext(
                         continue;
                     }
                     let key = &keys[(ic * d) as usize..((ic + 1) * d) as usize];
-                    let dot: f32 = key.iter().zip(&qrow).map(|(a, b)| a * b).sum();
+                    let dot = dot_lanes(key, &qrow);
                     let mut s = dot * scale;
                     if p.softcap != 0.0 {
                         s = p.softcap * s.tanh();
