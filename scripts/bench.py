@@ -431,8 +431,21 @@ def main() -> int:
         help="iron: HSA0 declares the IRON package's kernels only (what a real NPU runs); "
         "reference: every kernel hsa-sim's reference compiler has",
     )
-    ap.add_argument("models", nargs="+", metavar="NAME=PATH")
+    ap.add_argument(
+        "--emulation-only",
+        action="store_true",
+        help="the emulation's speed alone, written over that section of docs/perf.md",
+    )
+    ap.add_argument("models", nargs="*", metavar="NAME=PATH")
     args = ap.parse_args()
+    if args.emulation_only:
+        with tempfile.TemporaryDirectory(prefix="ggml-hsa-bench-") as tmp:
+            emu_lines = emulation_lines(emulation_speed(args, Path(tmp)), args.mode)
+        print("\n".join(emu_lines))
+        write_emulation_section(emu_lines)
+        return 0
+    if not args.models:
+        ap.error("no models")
     args.target = args.target.resolve()
     rows = []
     with tempfile.TemporaryDirectory(prefix="ggml-hsa-bench-") as tmp:
@@ -473,6 +486,37 @@ def main() -> int:
     if args.mode == "full":
         write_docs(rows, lines, kernels_note, emu_lines)
     return 0
+
+
+EMULATION_HEADING = "## Emulation speed"
+
+
+def emulation_section(emu_lines: list[str]) -> list[str]:
+    return [
+        EMULATION_HEADING,
+        "",
+        "How fast this machine runs the IRON designs through the emulation (the tests' emulated",
+        "sweeps, `docs/testing.md`): wall time of test-backend-ops with the IRON package as the",
+        "compiler, each case's kernels compiled (design recorded) and executed by hsa-sim's",
+        "dataflow emulator, then compared with the CPU. \"cold\": every AIE core built by g++",
+        "first; \"warm\": the cores' libraries and the recorded designs cached (as in a test",
+        "run after the first);",
+        "\"compile server\": each compile a fork of a Python that imported numpy and the package",
+        "once, as in the tests (`src/ggml_hsa_iron/compile_server.py`). `scripts/bench.sh",
+        "--emulation` measures this section alone.",
+        "",
+        *emu_lines,
+        "",
+    ]
+
+
+def write_emulation_section(emu_lines: list[str]) -> None:
+    """docs/perf.md with its emulation section (the rest of the file from its heading) new."""
+    path = Path(__file__).resolve().parent.parent / "docs" / "perf.md"
+    text = path.read_text()
+    head = text.split("\n" + EMULATION_HEADING + "\n")[0].rstrip("\n")
+    path.write_text(head + "\n\n" + "\n".join(emulation_section(emu_lines)))
+    print("wrote the emulation section of docs/perf.md", file=sys.stderr)
 
 
 def write_docs(
@@ -530,18 +574,7 @@ def write_docs(
         "",
         "![decode tokens/s: simulated, bound and peers](perf.svg)",
         "",
-        "## Emulation speed",
-        "",
-        "How fast this machine runs the IRON designs through the emulation (the tests' emulated",
-        "sweeps, `docs/testing.md`): wall time of test-backend-ops with the IRON package as the",
-        "compiler, each case's kernels compiled (design recorded) and executed by hsa-sim's",
-        "dataflow emulator, then compared with the CPU. \"cold\": every AIE core built by g++",
-        "first; \"warm\": the cores' libraries cached (as in a test run after the first);",
-        "\"compile server\": each compile a fork of a Python that imported numpy and the package",
-        "once, as in the tests (`src/ggml_hsa_iron/compile_server.py`).",
-        "",
-        *emu_lines,
-        "",
+        *emulation_section(emu_lines),
     ]
     (docs / "perf.md").write_text("\n".join(text))
     print("wrote docs/perf.md and docs/perf.svg", file=sys.stderr)

@@ -15,6 +15,9 @@
 #   (the IRON designs through hsa-sim's emulator): AIE cores built cold, warm, and warm with
 #   the compile server the tests use.
 #   scripts/bench.sh --models "q4_0 f16"   only these types of the full run.
+#   scripts/bench.sh --emulation  the emulation's speed alone (the full run's selection),
+#                               written over that section of docs/perf.md (after a change to
+#                               the emulator or the compile path; about 15 minutes).
 #   scripts/bench.sh op 'CASE'  one test-backend-ops case (`OP(params)` as the program prints
 #                               it) on HSA0 through its emulated IRON design, aie2p and aie2:
 #                               the device time hsa-sim's timing model gives, GB/s, TFLOPS
@@ -47,6 +50,7 @@ kernels=iron
 while [ $# -gt 0 ]; do
     case $1 in
     --quick) mode=quick ;;
+    --emulation) mode=emulation ;;
     --models)
         types=$2
         shift
@@ -56,7 +60,7 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     *)
-        echo "usage: scripts/bench.sh [--quick] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference] | scripts/bench.sh op 'OP(params)'" >&2
+        echo "usage: scripts/bench.sh [--quick | --emulation] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference] | scripts/bench.sh op 'OP(params)'" >&2
         exit 2
         ;;
     esac
@@ -79,7 +83,10 @@ cargo build --release --locked -p hsa-sim --quiet
 
 cache_root=${GGML_HSA_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ggml-hsa-build}
 models=()
-if [ "$mode" = quick ]; then
+if [ "$mode" = emulation ]; then
+    exec python3 scripts/bench.py --mode full --emulation-only --kernels "$kernels" \
+        --bin "$(scripts/llama-cpp.sh path bin-dl)" --target target/release
+elif [ "$mode" = quick ]; then
     for t in f32 q4_0; do models+=("tiny-llama-$t=$(scripts/models.sh path "tiny-llama-$t")"); done
 else
     dir=$cache_root/bench-models

@@ -93,7 +93,7 @@ def wrapper_source(source: str, kernels, counter: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _inputs_digest() -> bytes:
+def sources_digest() -> bytes:
     h = hashlib.sha256()
     for d in (KERNELS, INCLUDE):
         for p in sorted(d.rglob("*")):
@@ -119,7 +119,7 @@ def precompiled_header(cxx: str, flags: list, cache: Path, log=None):
     h = hashlib.sha256()
     for part in (cxx, *flags):
         h.update(part.encode() + b"\0")
-    h.update(_inputs_digest())
+    h.update(sources_digest())
     d = cache / f"pch-{h.hexdigest()[:32]}"
     if (d / f"{COMMON_HEADER}.gch").is_file():
         return d
@@ -162,7 +162,7 @@ def build_library(cores, kernels, arch: str, log=None) -> bytes:
     for src, defines in units:
         for part in (*defines, src):
             h.update(part.encode() + b"\0")
-    h.update(_inputs_digest())
+    h.update(sources_digest())
     key = h.hexdigest()[:32]
     cache = cache_dir()
     cached = cache / f"{key}.so"

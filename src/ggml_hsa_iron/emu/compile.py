@@ -4,13 +4,18 @@ simulator image version 2 (`<name>.pdi`) and its instruction stream (`<name>_ins
 Image: "HSASIMK1" | version u32 = 2 | program JSON length u32 | library length u32 |
 reserved u32 = 0 | program JSON (UTF-8) | shared library. Instruction stream: the 8 words of
 version 1, hashing the payload (JSON + library bytes).
+
+Images are cached in the emulation's cache directory by what they depend on (the request, the
+package's sources, the C++ compiler), so a design is recorded once per shape.
 """
 
+import hashlib
 import importlib
 import json
 import os
 import struct
 import sys
+import tempfile
 from pathlib import Path
 
 from ..errors import BuildError
@@ -19,7 +24,7 @@ from ..plans import core_sources, prepare
 from ..registry import lookup
 from ..request import Request
 from . import install, iron
-from .build import build_library
+from .build import build_library, cache_dir, compiler, sources_digest
 from .program import DesignError
 
 MAGIC = b"HSASIMK1"
@@ -76,7 +81,48 @@ def check_objects(rec, cores) -> None:
             )
 
 
+PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def _design_key(req: Request) -> str:
+    """What an image depends on: the request, the package's Python (plans, designs, the
+    stand-in), the kernel sources and the AIE-API stand-in, and the C++ compiler."""
+    h = hashlib.sha256(repr(req).encode() + b"\0" + compiler().encode() + b"\0")
+    for p in sorted(PACKAGE.rglob("*.py")):
+        if "tests" not in p.relative_to(PACKAGE).parts:
+            h.update(str(p.relative_to(PACKAGE)).encode() + b"\0" + p.read_bytes())
+    h.update(sources_digest())
+    return h.hexdigest()[:32]
+
+
 def compile_emu(req: Request, output_dir: Path) -> None:
+    """Writes the kernel of `req`. A request compiled before with the same sources is installed
+    from the emulation cache (`designs/`): a design is recorded once per shape, whichever test
+    or run asks for it; refusals and failures are not cached."""
+    cached = cache_dir() / "designs" / f"{_design_key(req)}.pdi"
+    try:
+        image = cached.read_bytes()
+    except OSError:
+        image = None
+    if image is not None:
+        install_kernel(req, output_dir, image, insts_bytes(image))
+        return
+    image = _compile_image(req)
+    install_kernel(req, output_dir, image, insts_bytes(image))
+    tmp = None
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".design-", dir=cached.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(image)
+        os.replace(tmp, cached)
+    except OSError:
+        # A read-only or full cache: the next compile records the design again.
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _compile_image(req: Request) -> bytes:
     spec = prepare(req)  # UnsupportedError before anything runs
     rec = record(spec)
     cores = core_sources(spec)
@@ -86,5 +132,4 @@ def compile_emu(req: Request, output_dir: Path) -> None:
     lib = build_library(
         cores, rec.kernels, req.arch, log=(lambda m: print(m, file=sys.stderr)) if verbose else None
     )
-    image = image_bytes(program, lib)
-    install_kernel(req, output_dir, image, insts_bytes(image))
+    return image_bytes(program, lib)

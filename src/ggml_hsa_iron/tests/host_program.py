@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ggml_hsa_iron.emu.build import _inputs_digest, cache_dir
+from ggml_hsa_iron.emu.build import cache_dir, sources_digest
 
 HERE = Path(__file__).resolve().parent
 CXX = shutil.which("g++") or shutil.which("clang++")
@@ -31,7 +31,7 @@ def build(args: list) -> Path:
     h = hashlib.sha256()
     for part in (CXX, *args):
         h.update(part.encode() + b"\0")
-    h.update(_inputs_digest())
+    h.update(sources_digest())
     h.update(_drivers_digest())
     d = cache_dir() / "host-programs"
     exe = d / h.hexdigest()[:32]
