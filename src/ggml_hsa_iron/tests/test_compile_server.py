@@ -1,4 +1,5 @@
-"""The emulation's compile server: the same files and exit statuses as a compile of its own."""
+"""The emulation's compile server: the same files and exit statuses as a compile of its own; and
+the emulation's design cache: a design recorded once, a refusal never cached."""
 
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -48,10 +50,14 @@ class CompileServerTest(unittest.TestCase):
             time.sleep(0.02)
         return server
 
-    def compile(self, req: dict, out: Path, socket: Path | None):
+    def compile(self, req: dict, out: Path, socket: Path | None, fresh_design=True):
         path = self.dir / "request.json"
         path.write_text(json.dumps(req))
         env = dict(self.env)
+        if fresh_design:
+            # Each compile records its design: the emulation cache would hand a second compile
+            # the first one's image.
+            shutil.rmtree(Path(env["GGML_HSA_EMU_CACHE_DIR"]) / "designs", ignore_errors=True)
         if socket is not None:
             env["GGML_HSA_EMU_SERVER"] = str(socket)
         return subprocess.run(
@@ -88,6 +94,29 @@ class CompileServerTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("ADD does not take f16", r.stderr)
         self.assertEqual(r.stdout, "")
+
+    def test_a_design_is_recorded_once_and_a_refusal_never(self):
+        self.env["GGML_HSA_EMU_CACHE_DIR"] = str(self.dir / "cache")
+        designs = self.dir / "cache" / "designs"
+        t = tensor("f32", [512])
+        req = request_dict("ADD", [t, t], t)
+        first = self.compile(req, self.dir / "first", None)
+        self.assertEqual(first.returncode, 0, first.stderr)
+        cached = list(designs.iterdir())
+        self.assertEqual(len(cached), 1)
+        second = self.compile(req, self.dir / "second", None, fresh_design=False)
+        self.assertEqual(second.returncode, 0, second.stderr)
+        self.assertEqual(self.files(self.dir / "first"), self.files(self.dir / "second"))
+        self.assertEqual(list(designs.iterdir()), cached)
+        # Another shape is another design; a refused request leaves nothing.
+        u = tensor("f32", [1024])
+        other = self.compile(request_dict("ADD", [u, u], u), self.dir / "o", None, False)
+        self.assertEqual(other.returncode, 0, other.stderr)
+        self.assertEqual(len(list(designs.iterdir())), 2)
+        h = tensor("f16", [64])
+        refused = self.compile(request_dict("ADD", [h, h], h), self.dir / "f16", None, False)
+        self.assertEqual(refused.returncode, 2)
+        self.assertEqual(len(list(designs.iterdir())), 2)
 
     def test_without_a_listening_server_the_compile_runs_alone(self):
         t = tensor("f32", [256])
