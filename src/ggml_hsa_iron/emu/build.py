@@ -15,6 +15,7 @@ cache, which takes two thirds off each build; without a usable one the build jus
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -55,6 +56,38 @@ def cache_dir() -> Path:
         return Path(d)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "ggml-hsa" / "emu"
+
+
+def _owned(path: Path, kind) -> bool:
+    """`path` is of `kind` (stat.S_ISDIR, S_ISREG), not a symlink, this user's, and no one
+    else may write it."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return kind(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def trusted(path: Path) -> bool:
+    """Whether a cached file may be loaded or run as code: a regular file of this user in a
+    directory of this user, neither writable by others (docs/environment.md's trust rules)."""
+    return _owned(path.parent, stat.S_ISDIR) and _owned(path, stat.S_ISREG)
+
+
+def read_cached(path: Path) -> bytes | None:
+    """The bytes of a cached file the emulation loads as code (a core library, an image), or
+    None when it is missing or not `trusted`."""
+    if not trusted(path):
+        return None
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def private_dir(d: Path) -> None:
+    """Creates `d` (and its parents) closed to others when it is missing."""
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 def compiler() -> str:
@@ -121,9 +154,11 @@ def precompiled_header(cxx: str, flags: list, cache: Path, log=None):
         h.update(part.encode() + b"\0")
     h.update(sources_digest())
     d = cache / f"pch-{h.hexdigest()[:32]}"
-    if (d / f"{COMMON_HEADER}.gch").is_file():
-        return d
-    cache.mkdir(parents=True, exist_ok=True)
+    gch = d / f"{COMMON_HEADER}.gch"
+    if gch.is_file():
+        # g++ reads it as code: only a header of this user's, in directories of this user's.
+        return d if _owned(cache, stat.S_ISDIR) and trusted(gch) else None
+    private_dir(cache)
     work = Path(tempfile.mkdtemp(prefix=".pch-", dir=cache))
     try:
         shutil.copyfile(KERNELS / COMMON_HEADER, work / COMMON_HEADER)
@@ -166,9 +201,10 @@ def build_library(cores, kernels, arch: str, log=None) -> bytes:
     key = h.hexdigest()[:32]
     cache = cache_dir()
     cached = cache / f"{key}.so"
-    if cached.is_file():
-        return cached.read_bytes()
-    cache.mkdir(parents=True, exist_ok=True)
+    data = read_cached(cached)
+    if data is not None:
+        return data
+    private_dir(cache)
     # The header's flags: the library's without -shared/-s (link options) and without the
     # core's defines (the header does not read them; its arch define it does).
     pch_flags = [f for f in FLAGS if f not in ("-shared", "-s")]

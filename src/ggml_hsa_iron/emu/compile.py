@@ -24,7 +24,7 @@ from ..plans import core_sources, prepare
 from ..registry import lookup
 from ..request import Request
 from . import install, iron
-from .build import build_library, cache_dir, compiler, sources_digest
+from .build import build_library, cache_dir, compiler, private_dir, read_cached, sources_digest
 from .program import DesignError
 
 MAGIC = b"HSASIMK1"
@@ -87,7 +87,11 @@ PACKAGE = Path(__file__).resolve().parent.parent
 def _design_key(req: Request) -> str:
     """What an image depends on: the request, the package's Python (plans, designs, the
     stand-in), the kernel sources and the AIE-API stand-in, and the C++ compiler."""
-    h = hashlib.sha256(repr(req).encode() + b"\0" + compiler().encode() + b"\0")
+    try:
+        cxx = compiler()
+    except BuildError:
+        cxx = ""  # nothing cached is found; the compile then says what is missing, in order
+    h = hashlib.sha256(repr(req).encode() + b"\0" + cxx.encode() + b"\0")
     for p in sorted(PACKAGE.rglob("*.py")):
         if "tests" not in p.relative_to(PACKAGE).parts:
             h.update(str(p.relative_to(PACKAGE)).encode() + b"\0" + p.read_bytes())
@@ -100,10 +104,7 @@ def compile_emu(req: Request, output_dir: Path) -> None:
     from the emulation cache (`designs/`): a design is recorded once per shape, whichever test
     or run asks for it; refusals and failures are not cached."""
     cached = cache_dir() / "designs" / f"{_design_key(req)}.pdi"
-    try:
-        image = cached.read_bytes()
-    except OSError:
-        image = None
+    image = read_cached(cached)
     if image is not None:
         install_kernel(req, output_dir, image, insts_bytes(image))
         return
@@ -111,7 +112,7 @@ def compile_emu(req: Request, output_dir: Path) -> None:
     install_kernel(req, output_dir, image, insts_bytes(image))
     tmp = None
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(cached.parent)
         fd, tmp = tempfile.mkstemp(prefix=".design-", dir=cached.parent)
         with os.fdopen(fd, "wb") as f:
             f.write(image)

@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ggml_hsa_iron.emu.build import cache_dir, sources_digest
+from ggml_hsa_iron.emu.build import cache_dir, private_dir, sources_digest, trusted
 
 HERE = Path(__file__).resolve().parent
 CXX = shutil.which("g++") or shutil.which("clang++")
@@ -25,8 +25,8 @@ def _drivers_digest() -> bytes:
 
 def build(args: list) -> Path:
     """The program `CXX *args -o EXE` builds (args: flags, defines and sources), from the cache
-    or compiled into it. The cached file is replaced atomically, so concurrent tests race
-    benignly."""
+    (a file it trusts) or compiled into it. The cached file is replaced atomically, so
+    concurrent tests race benignly."""
     args = [str(a) for a in args]
     h = hashlib.sha256()
     for part in (CXX, *args):
@@ -35,9 +35,9 @@ def build(args: list) -> Path:
     h.update(_drivers_digest())
     d = cache_dir() / "host-programs"
     exe = d / h.hexdigest()[:32]
-    if exe.is_file():
+    if trusted(exe):
         return exe
-    d.mkdir(parents=True, exist_ok=True)
+    private_dir(d)
     fd, tmp = tempfile.mkstemp(prefix=".build-", dir=d)
     os.close(fd)
     try:

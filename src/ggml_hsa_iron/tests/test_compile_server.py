@@ -118,6 +118,28 @@ class CompileServerTest(unittest.TestCase):
         self.assertEqual(refused.returncode, 2)
         self.assertEqual(len(list(designs.iterdir())), 2)
 
+    def test_a_cached_design_others_could_write_is_recorded_again(self):
+        self.env["GGML_HSA_EMU_CACHE_DIR"] = str(self.dir / "cache")
+        t = tensor("f32", [512])
+        req = request_dict("ADD", [t, t], t)
+        self.assertEqual(self.compile(req, self.dir / "a", None).returncode, 0)
+        (cached,) = (self.dir / "cache" / "designs").iterdir()
+        decoy = self.dir / "decoy.pdi"
+        decoy.write_bytes(b"HSASIMK1 not an image")
+        for spoil in ("writable", "symlink"):
+            with self.subTest(spoil=spoil):
+                if spoil == "writable":
+                    cached.write_bytes(decoy.read_bytes())
+                    cached.chmod(0o666)
+                else:
+                    cached.unlink()
+                    cached.symlink_to(decoy)
+                r = self.compile(req, self.dir / spoil, None, fresh_design=False)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual(self.files(self.dir / "a"), self.files(self.dir / spoil))
+                self.assertFalse(cached.is_symlink())
+                self.assertEqual(cached.stat().st_mode & 0o777, 0o600)
+
     def test_without_a_listening_server_the_compile_runs_alone(self):
         t = tensor("f32", [256])
         r = self.compile(request_dict("ADD", [t, t], t), self.dir / "o", self.dir / "nothing")
