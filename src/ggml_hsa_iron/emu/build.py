@@ -12,6 +12,7 @@ stand-in, most of what the compiler parses) is precompiled once per architecture
 cache, which takes two thirds off each build; without a usable one the build just parses it.
 """
 
+import functools
 import hashlib
 import os
 import shutil
@@ -126,7 +127,10 @@ def wrapper_source(source: str, kernels, counter: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+@functools.cache
 def sources_digest() -> bytes:
+    """The kernel sources and the AIE-API stand-in, hashed once per process (a compile hashes
+    them for its design, its library and its precompiled header)."""
     h = hashlib.sha256()
     for d in (KERNELS, INCLUDE):
         for p in sorted(d.rglob("*")):

@@ -9,6 +9,7 @@ Images are cached in the emulation's cache directory by what they depend on (the
 package's sources, the C++ compiler), so a design is recorded once per shape.
 """
 
+import functools
 import hashlib
 import importlib
 import json
@@ -84,18 +85,26 @@ def check_objects(rec, cores) -> None:
 PACKAGE = Path(__file__).resolve().parent.parent
 
 
+@functools.cache
+def _package_digest() -> bytes:
+    """The package's Python (plans, designs, the stand-in), the kernel sources and the AIE-API
+    stand-in."""
+    h = hashlib.sha256()
+    for p in sorted(PACKAGE.rglob("*.py")):
+        if "tests" not in p.relative_to(PACKAGE).parts:
+            h.update(str(p.relative_to(PACKAGE)).encode() + b"\0" + p.read_bytes())
+    h.update(sources_digest())
+    return h.digest()
+
+
 def _design_key(req: Request) -> str:
-    """What an image depends on: the request, the package's Python (plans, designs, the
-    stand-in), the kernel sources and the AIE-API stand-in, and the C++ compiler."""
+    """What an image depends on: the request, the package's sources and the C++ compiler."""
     try:
         cxx = compiler()
     except BuildError:
         cxx = ""  # nothing cached is found; the compile then says what is missing, in order
     h = hashlib.sha256(repr(req).encode() + b"\0" + cxx.encode() + b"\0")
-    for p in sorted(PACKAGE.rglob("*.py")):
-        if "tests" not in p.relative_to(PACKAGE).parts:
-            h.update(str(p.relative_to(PACKAGE)).encode() + b"\0" + p.read_bytes())
-    h.update(sources_digest())
+    h.update(_package_digest())
     return h.hexdigest()[:32]
 
 

@@ -3,6 +3,7 @@ compiled once per content: cached in the emulation's cache directory by the hash
 compiler's arguments and of every source they can include (the kernels, the AIE-API stand-in,
 the drivers), so a second run of a test builds nothing it built before."""
 
+import functools
 import hashlib
 import os
 import shutil
@@ -16,6 +17,7 @@ HERE = Path(__file__).resolve().parent
 CXX = shutil.which("g++") or shutil.which("clang++")
 
 
+@functools.cache
 def _drivers_digest() -> bytes:
     h = hashlib.sha256()
     for p in sorted((HERE / "host").glob("*.cc")):
