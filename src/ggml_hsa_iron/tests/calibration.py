@@ -224,11 +224,153 @@ def gemv_air(arch: str, m: int = 2048, k: int = 2048, columns: int = 8, tile_m: 
     return Program(dev, rt, workers=workers).resolve_program(), core_src
 
 
+def gemm_air(
+    arch: str,
+    m: int = 2048,
+    k: int = 2048,
+    n: int = 2048,
+    tile_m: int = 64,
+    tile_k_l2: int = 512,
+    tile_k_l1: int = 32,
+    tile_n: int = 128,
+    herd_m: int = 8,
+    herd_n: int = 4,
+):
+    """mlir-air `programming_examples/matrix_multiplication/bf16_in_fp32_out`, external `mm.o`
+    path (its registry's 8 x 4 herd, tiles m / k_l2 / k_l1 / n): C[M, N] = A[M, K] B[K, N],
+    bf16 in, f32 out. One launch iteration per (tile_m * herd_m) x (tile_n * herd_n) block of
+    C; in each, every core zeroes its f32 tile_m x tile_n accumulator in L1 and adds one
+    tile_m x tile_k_l1 by tile_k_l1 x tile_n product per step of K, then drains it. Herd row
+    x (the M block) is column x: its A rows go DRAM -> that column's memory tile -> the
+    column's herd_n cores (broadcast); herd column y (the N block) is core row y: its B
+    columns go DRAM -> a memory tile -> the herd_m cores of that row (broadcast); each
+    column's cores' C tiles join in its memory tile on their way to DRAM. L1 A and B are
+    double-buffered, the C accumulator single (the registry's L1 budget: f32 C 32 KiB + A/B
+    ping-pong 24 KiB). The original's L2 buffers hold tile_k_l2 columns of A and rows of B
+    (ping-ponged, aircc's default) and hand the cores tile_k_l1 slices of them; an IRON
+    memory tile hands on objects of its own size, and a ring of tile_k_l1 objects that deep
+    would need more buffer descriptors than a memory tile has, so the mirror double-buffers
+    tile_k_l1 objects in L2: the same bytes over the same channels, in smaller transfers.
+
+    The operands are in DRAM already in the cores' block order (the original's BDs reorder
+    them on the way in, at no cost in the model): A as [M/R][K/S][R][S], B as
+    [N/T][K/S][S][T], C written as [M-block][N-block][column][row][tile] of the kernel's
+    [tile_m/R][tile_n/T][R][T] tiles (R, S, T: the arch's mmul shape, cal_matmul_bf16_f32).
+    Xilinx/mlir-air `kernel_registry/details/GEMM_bf16_in_fp32_out.md`, measured on NPU2:
+    8508 GFLOPS at 2048³ (tiles 64/512/32/128), 7342 at 2048 x 2048 x 512 (64/256/32/128)."""
+    from aie.helpers.taplib import TensorAccessPattern
+    from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
+    from aie.iron.controlflow import range_
+    from aie.iron.device import NPU1, NPU2, Tile
+    from aie.iron.runtime import TaskGroup
+    from ml_dtypes import bfloat16
+
+    r, s, t = (8, 8, 8) if arch == "aie2p" else (4, 8, 4)
+    assert m % (tile_m * herd_m) == 0 and n % (tile_n * herd_n) == 0
+    assert k % tile_k_l2 == 0 and tile_k_l2 % tile_k_l1 == 0
+    bf16 = np.dtype[bfloat16]
+    f32 = np.dtype[np.float32]
+    blocks_m, blocks_n, steps = m // (tile_m * herd_m), n // (tile_n * herd_n), k // tile_k_l1
+    a_t = np.ndarray[(tile_m * tile_k_l1,), bf16]
+    b_t = np.ndarray[(tile_k_l1 * tile_n,), bf16]
+    c_t = np.ndarray[(tile_m * tile_n,), f32]
+    c_col_t = np.ndarray[(herd_n * tile_m * tile_n,), f32]
+    zero = Kernel("cal_zero_f32", OBJECT, [c_t])
+    matmul = Kernel("cal_matmul_bf16_f32", OBJECT, [a_t, b_t, c_t])
+
+    def core(of_a, of_b, of_c, zero_fn, mm_fn):
+        for _ in range_(blocks_m * blocks_n):
+            c = of_c.acquire(1)
+            zero_fn(c)
+            for _ in range_(steps):
+                a = of_a.acquire(1)
+                b = of_b.acquire(1)
+                mm_fn(a, b, c)
+                of_a.release(1)
+                of_b.release(1)
+            of_c.release(1)
+
+    # B's memory tiles: spread over the columns, so that no shim or memory tile carries two.
+    b_col = [(2 * y + 1) % herd_m for y in range(herd_n)]
+    fa = [ObjectFifo(a_t, name=f"A{x}", depth=2) for x in range(herd_m)]
+    fb = [ObjectFifo(b_t, name=f"B{y}", depth=2) for y in range(herd_n)]
+    a_l1 = [fa[x].cons().forward(tile=Tile(x, 1), name=f"A{x}_l1") for x in range(herd_m)]
+    b_l1 = [fb[y].cons().forward(tile=Tile(b_col[y], 1), name=f"B{y}_l1") for y in range(herd_n)]
+    fc = [ObjectFifo(c_col_t, name=f"C{x}", depth=1) for x in range(herd_m)]
+    tile_elems = tile_m * tile_n
+    c_l1 = [
+        fc[x]
+        .prod()
+        .join(
+            [y * tile_elems for y in range(herd_n)],
+            tile=Tile(x, 1),
+            depths=[1] * herd_n,
+            obj_types=[c_t] * herd_n,
+            names=[f"C{x}_{y}" for y in range(herd_n)],
+        )
+        for x in range(herd_m)
+    ]
+    workers = [
+        Worker(
+            core,
+            fn_args=[a_l1[x].cons(depth=2), b_l1[y].cons(depth=2), c_l1[x][y].prod(), zero, matmul],
+            tile=Tile(x, 2 + y),
+        )
+        for x in range(herd_m)
+        for y in range(herd_n)
+    ]
+    handles = [fa[x].prod(tile=Tile(x, 0)) for x in range(herd_m)]
+    handles += [fb[y].prod(tile=Tile(b_col[y], 0)) for y in range(herd_n)]
+    handles += [fc[x].cons(tile=Tile(x, 0)) for x in range(herd_m)]
+
+    def sequence(a, b, out, *hs):
+        group = TaskGroup()
+        run = 512  # f32 words: a shim BD's innermost dimension runs at most 1023
+        for bm in range(blocks_m):
+            for x in range(herd_m):
+                # A's rows of this M block for column x: [K steps][row blocks][K blocks x R x S],
+                # again for every N block.
+                row0 = bm * tile_m * herd_m + x * tile_m
+                sizes = [blocks_n, steps, tile_m // r, tile_k_l1 * r]
+                strides = [0, tile_k_l1 * r, k * r, 1]
+                tap = TensorAccessPattern((m * k,), row0 * k, sizes, strides)
+                hs[x].fill(a, tap=tap, group=group)
+            for y in range(herd_n):
+                # B's columns of core row y for every N block: [N blocks][K steps][column blocks][...].
+                sizes = [blocks_n, steps, tile_n // t, tile_k_l1 * t]
+                strides = [tile_n * herd_n * k, tile_k_l1 * t, k * t, 1]
+                tap = TensorAccessPattern((k * n,), y * tile_n * k, sizes, strides)
+                hs[herd_m + y].fill(b, tap=tap, group=group)
+            for x in range(herd_m):
+                per_block = herd_m * herd_n * tile_elems
+                sizes = [1, blocks_n, herd_n * tile_elems // run, run]
+                strides = [0, per_block, run, 1]
+                first = bm * blocks_n * per_block + x * herd_n * tile_elems
+                tap = TensorAccessPattern((m * n,), first, sizes, strides)
+                hs[herd_m + herd_n + x].drain(out, tap=tap, group=group, wait=True)
+        group.finish()
+
+    dev = (NPU2 if arch == "aie2p" else NPU1)()
+    types = [
+        np.ndarray[(m * k,), bf16],
+        np.ndarray[(k * n,), bf16],
+        np.ndarray[(m * n,), f32],
+    ]
+    rt = Runtime(sequence, [*types, *handles])
+    core_src = _core(CAL_TM=tile_m, CAL_TK=tile_k_l1, CAL_TN=tile_n)
+    return Program(dev, rt, workers=workers).resolve_program(), core_src
+
+
 DESIGNS = {
     "memcpy": memcpy,
     "gemv": gemv,
     "gemv_air": gemv_air,
     "gemv_air_8192": lambda arch: gemv_air(arch, m=8192),
+    "gemm_air_2048": lambda arch: gemm_air(arch),
+    "gemm_air_2048_n512": lambda arch: gemm_air(arch, n=512, tile_k_l2=256),
+    "gemm_air_2048_tn64": lambda arch: gemm_air(arch, tile_n=64),
+    # A small GEMM whose result the test checks.
+    "gemm_air_small": lambda arch: gemm_air(arch, m=1024, k=256, n=1024, tile_k_l2=128),
 }
 
 

@@ -8,6 +8,13 @@
 //                                             accumulation, bf16 out
 //   cal_matvec_rows(a, b, c)                  c[r] = dot(a[r*CAL_K:(r+1)*CAL_K], b) for the
 //                                             object's CAL_ROWS rows, likewise
+//   cal_zero_f32(c)                           the f32 CAL_TM x CAL_TN accumulator zeroed
+//   cal_matmul_bf16_f32(a, b, c)              c += a (CAL_TM x CAL_TK) * b (CAL_TK x CAL_TN),
+//                                             bf16 in, f32 accumulator in L1, in blocks of
+//                                             the arch's mmul shape R x S x T: a's block
+//                                             (z, i) at (z*(TK/S) + i)*R*S, b's (j, i) at
+//                                             (j*(TK/S) + i)*S*T, c's (z, j) at
+//                                             (z*(TN/T) + j)*R*T, each block row-major
 
 #include "ggml_aie.h"
 
@@ -40,6 +47,51 @@ void cal_matvec_rows(bfloat16 *a, bfloat16 *b, bfloat16 *c) {
       acc = aie::mac(acc, aie::load_v<L>(a + r * CAL_K + k), aie::load_v<L>(b + k));
     c[r] = bfloat16(aie::reduce_add(acc.template to_vector<float>()));
   }
+}
+#endif
+
+#if defined(CAL_TM) && defined(CAL_TK) && defined(CAL_TN)
+// mlir-air's aie2p GEMM computes in 8x8x8 mmuls (bf16 through BFP16), mlir-aie's aie2 bf16
+// GEMM in 4x8x4; both expand 2x2 (two blocks of A by two of B per inner step, four
+// accumulators loaded from and stored back to the f32 tile around the K loop).
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+constexpr unsigned R = 4, S = 8, T = 4;
+#else
+constexpr unsigned R = 8, S = 8, T = 8;
+#endif
+constexpr unsigned ROWS = CAL_TM / R, DEPTH = CAL_TK / S, COLS = CAL_TN / T;
+static_assert(ROWS % 2 == 0 && COLS % 2 == 0 && CAL_TK % S == 0, "2x2 expansion");
+
+void cal_zero_f32(float *c) {
+  const aie::vector<float, 32> z = aie::broadcast<float, 32>(0.0f);
+  for (unsigned i = 0; i < CAL_TM * CAL_TN; i += 32)
+    aie::store_v(c + i, z);
+}
+
+void cal_matmul_bf16_f32(bfloat16 *a, bfloat16 *b, float *c) {
+  using MMUL = aie::mmul<R, S, T, bfloat16, bfloat16, accfloat>;
+  aie::set_rounding(aie::rounding_mode::conv_even);
+  for (unsigned z = 0; z < ROWS; z += 2)
+    for (unsigned j = 0; j < COLS; j += 2) {
+      float *c00 = c + (z * COLS + j) * MMUL::size_C, *c01 = c00 + MMUL::size_C;
+      float *c10 = c00 + COLS * MMUL::size_C, *c11 = c10 + MMUL::size_C;
+      MMUL m00(aie::load_v<MMUL::size_C>(c00)), m01(aie::load_v<MMUL::size_C>(c01));
+      MMUL m10(aie::load_v<MMUL::size_C>(c10)), m11(aie::load_v<MMUL::size_C>(c11));
+      for (unsigned i = 0; i < DEPTH; ++i) {
+        auto a0 = aie::load_v<MMUL::size_A>(a + (z * DEPTH + i) * MMUL::size_A);
+        auto a1 = aie::load_v<MMUL::size_A>(a + ((z + 1) * DEPTH + i) * MMUL::size_A);
+        auto b0 = aie::load_v<MMUL::size_B>(b + (j * DEPTH + i) * MMUL::size_B);
+        auto b1 = aie::load_v<MMUL::size_B>(b + ((j + 1) * DEPTH + i) * MMUL::size_B);
+        m00.mac(a0, b0);
+        m01.mac(a0, b1);
+        m10.mac(a1, b0);
+        m11.mac(a1, b1);
+      }
+      aie::store_v(c00, m00.template to_vector<float>());
+      aie::store_v(c01, m01.template to_vector<float>());
+      aie::store_v(c10, m10.template to_vector<float>());
+      aie::store_v(c11, m11.template to_vector<float>());
+    }
 }
 #endif
 
