@@ -510,13 +510,32 @@ def emulation_section(emu_lines: list[str]) -> list[str]:
     ]
 
 
-def write_emulation_section(emu_lines: list[str]) -> None:
-    """docs/perf.md with its emulation section (the rest of the file from its heading) new."""
+def sections(text: str) -> dict[str, str]:
+    """The `## ` sections of a markdown text by heading, each its body up to the next."""
+    parts = re.split(r"^(## .*)$", text, flags=re.M)
+    return {parts[i]: parts[i + 1].strip("\n") for i in range(1, len(parts) - 1, 2)}
+
+
+def write_section(heading: str, body: list[str]) -> None:
+    """docs/perf.md with the section under `heading` new (added before the emulation
+    section when it has none)."""
     path = Path(__file__).resolve().parent.parent / "docs" / "perf.md"
     text = path.read_text()
-    head = text.split("\n" + EMULATION_HEADING + "\n")[0].rstrip("\n")
-    path.write_text(head + "\n\n" + "\n".join(emulation_section(emu_lines)))
-    print("wrote the emulation section of docs/perf.md", file=sys.stderr)
+    block = heading + "\n\n" + "\n".join(body).strip("\n") + "\n"
+    found = re.search(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", text, flags=re.S | re.M)
+    if found:
+        text = text[: found.start()] + block + ("\n" if found.end() < len(text) else "") + text[found.end() :]
+    elif heading != EMULATION_HEADING and "\n" + EMULATION_HEADING + "\n" in text:
+        at = text.index("\n" + EMULATION_HEADING + "\n") + 1
+        text = text[:at] + block + "\n" + text[at:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.write_text(text)
+    print(f"wrote the section {heading!r} of docs/perf.md", file=sys.stderr)
+
+
+def write_emulation_section(emu_lines: list[str]) -> None:
+    write_section(EMULATION_HEADING, emulation_section(emu_lines)[2:])
 
 
 def write_docs(
@@ -524,6 +543,13 @@ def write_docs(
 ) -> None:
     load, cores = os.getloadavg()[1], os.cpu_count()
     docs = Path(__file__).resolve().parent.parent / "docs"
+    # Sections other runs write (`scripts/bench.sh --timing`) are kept.
+    kept = [
+        line
+        for heading, body in sections((docs / "perf.md").read_text()).items()
+        if heading != EMULATION_HEADING
+        for line in (heading, "", body, "")
+    ]
     (docs / "perf.svg").write_text(svg(rows))
     peers = [
         f"* {label}: {tg} t/s decode" + (f", {pp} t/s prefill" if pp else "")
@@ -550,7 +576,9 @@ def write_docs(
         "over the graph's nodes), and the device time hsa-sim's",
         "cost model gives for an XDNA2 NPU (aie2p: 90 µs per command chain, 46.7 µs per chained",
         "command switching PDI, 10 µs with the PDI loaded, 56 GB/s, 14.71 TFLOPS bf16; sources in",
-        "`crates/hsa-sim/README.md`). \"sim. t/s\" = tokens / (device time + host time); \"after the",
+        "`crates/hsa-sim/README.md`): the roofline, which does not look at the designs; the section",
+        "\"The timing model\" below times the emulated designs themselves. \"sim. t/s\" = tokens /",
+        "(device time + host time); \"after the",
         "1st token\" leaves out what a run of the first token alone costs (the hardware context",
         "built, its graph planned: once per process), as llama-bench's warm-up would; the bound is",
         "the weights' bytes at 56 GB/s for generation and the arithmetic at the measured bf16 GEMM",
@@ -574,6 +602,7 @@ def write_docs(
         "",
         "![decode tokens/s: simulated, bound and peers](perf.svg)",
         "",
+        *kept,
         *emulation_section(emu_lines),
     ]
     (docs / "perf.md").write_text("\n".join(text))

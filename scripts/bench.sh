@@ -18,11 +18,17 @@
 #   scripts/bench.sh --emulation  the emulation's speed alone (the full run's selection),
 #                               written over that section of docs/perf.md (after a change to
 #                               the emulator or the compile path; about 15 minutes).
+#   scripts/bench.sh --timing   the timing model's section of docs/perf.md alone: its
+#                               calibration table and the decode matmuls of the 1B shape per
+#                               weight type, as the emulated IRON designs run them
+#                               (scripts/bench_timing.py; about ten minutes).
 #   scripts/bench.sh op 'CASE'  one test-backend-ops case (`OP(params)` as the program prints
 #                               it) on HSA0 through its emulated IRON design, aie2p and aie2:
 #                               the device time hsa-sim's timing model gives, GB/s, TFLOPS
 #                               (MUL_MAT), the shares of the DRAM and MAC roofs and where the
-#                               time went (scripts/bench_op.py; docs/timing-model.md).
+#                               time went (scripts/bench_op.py; docs/timing-model.md). A
+#                               MUL_MAT shape test-backend-ops has no case of is built as the
+#                               backend would request it and timed alone (hsa-sim-time).
 #   scripts/bench.sh --kernels reference   HSA0 offers every kernel of hsa-sim's reference
 #                               compiler; by default (--kernels iron) only those the IRON
 #                               package declares, what a real NPU would run (hsa-sim computes
@@ -51,6 +57,7 @@ while [ $# -gt 0 ]; do
     case $1 in
     --quick) mode=quick ;;
     --emulation) mode=emulation ;;
+    --timing) mode=timing ;;
     --models)
         types=$2
         shift
@@ -60,13 +67,21 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     *)
-        echo "usage: scripts/bench.sh [--quick | --emulation] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference] | scripts/bench.sh op 'OP(params)'" >&2
+        echo "usage: scripts/bench.sh [--quick | --emulation | --timing] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference] | scripts/bench.sh op 'OP(params)'" >&2
         exit 2
         ;;
     esac
     shift
 done
 log() { printf '[bench] %s\n' "$*" >&2; }
+
+if [ "$mode" = timing ]; then
+    eval "$(scripts/llama-cpp.sh env)"
+    . scripts/lib/apt.sh
+    deps_install cxx >/dev/null && python_emu_install >/dev/null || exit 1
+    cargo build --release --locked -p hsa-sim --quiet
+    exec python3 scripts/bench_timing.py --target "${CARGO_TARGET_DIR:-target}/release"
+fi
 
 # llama-bench and the plugin (the hook build: cargo --release through CMake; llama-bench loads
 # the plugin through GGML_BACKEND_PATH), llama-quantize and the test models; a release build of

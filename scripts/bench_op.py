@@ -6,7 +6,10 @@ CASE is a test-backend-ops case string, `OP(params)` as the program prints it, f
 `MUL_MAT(type_a=q4_0,type_b=f32,m=8192,n=1,k=2048,bs=[1,1],nr=[1,1],per=[0,1,2,3],k_v=0,o=1)`.
 test-backend-ops builds that one node and runs it on HSA0 (the plugin on hsa-sim, the IRON
 package's emulation target as its compiler) and on the CPU, and compares them; the counters of
-hsa-sim give the figures. Nothing here ran on an NPU (docs/timing-model.md).
+hsa-sim give the figures. A MUL_MAT of contiguous operands that test-backend-ops has no case of
+(the shapes of a model's weights, say) is built as the backend would request it, compiled by
+the emulation target and timed by `hsa-sim-time`, without the backend: the kernel's work alone,
+no dispatch. Nothing here ran on an NPU (docs/timing-model.md).
 """
 
 import argparse
@@ -35,6 +38,95 @@ def mul_mat_flops(params: str) -> int | None:
     return 2 * m * n * k * batch
 
 
+# ggml's block sizes: (elements, bytes) per block of each type a MUL_MAT weight may have.
+BLOCKS = {
+    "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2),
+    "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q8_0": (32, 34),
+    "q2_K": (256, 84), "q3_K": (256, 110), "q4_K": (256, 144), "q5_K": (256, 176),
+    "q6_K": (256, 210),
+}  # fmt: skip
+
+
+def tensor(ty: str, ne: list[int]) -> dict:
+    """A contiguous tensor as the backend describes it in a compile request."""
+    elems, size = BLOCKS[ty]
+    if ne[0] % elems:
+        raise SystemExit(f"{ty}: a row of {ne[0]} is not whole blocks of {elems}")
+    nb = [size, size * ne[0] // elems]
+    nb += [nb[1] * ne[1], nb[1] * ne[1] * ne[2]]
+    return {"type": ty, "ne": ne, "nb": nb}
+
+
+def mul_mat_request(params: str, arch: str) -> dict:
+    """The compile request of a MUL_MAT case of contiguous operands (per=[0,1,2,3], k_v=0,
+    o=1), as the backend sends it: A [k, m, bs], B [k, n, bs * nr], f32 C [m, n, bs * nr]."""
+    p = dict(re.findall(r"(\w+)=(\[[^\]]*\]|[^,]+)", params))
+    layout = (p.get("per", "[0,1,2,3]"), p.get("k_v", "0"), p.get("o", "1"))
+    if layout != ("[0,1,2,3]", "0", "1"):
+        raise SystemExit("only contiguous MUL_MAT operands (per=[0,1,2,3],k_v=0,o=1) are built here")
+    try:
+        m, n, k = int(p["m"]), int(p["n"]), int(p["k"])
+        bs = [int(v) for v in p.get("bs", "[1,1]").strip("[]").split(",")]
+        nr = [int(v) for v in p.get("nr", "[1,1]").strip("[]").split(",")]
+        ta, tb = p["type_a"], p["type_b"]
+    except (KeyError, ValueError) as e:
+        raise SystemExit(f"not a MUL_MAT case: {params!r} ({e})") from None
+    if ta not in BLOCKS or tb != "f32":
+        raise SystemExit(f"type_a={ta}, type_b={tb}: built here are type_b=f32 and type_a of {', '.join(BLOCKS)}")
+    outer = [bs[0] * nr[0], bs[1] * nr[1]]
+    return {
+        "name": f"bench-mul_mat-{ta}-{m}x{n}x{k}-{arch}",
+        "arch": arch,
+        "op": "MUL_MAT",
+        "op_params": [],
+        "inputs": [tensor(ta, [k, m, *bs]), tensor("f32", [k, n, *outer])],
+        "output": tensor("f32", [m, n, *outer]),
+    }
+
+
+def run_direct(args, arch: str, params: str, work: Path, dram_gbps: float) -> dict | None:
+    """A MUL_MAT compiled by the emulation target and timed by hsa-sim-time, as counters;
+    None when the IRON package declines it."""
+    root = Path(__file__).resolve().parent.parent
+    req = mul_mat_request(params, arch)
+    out_dir = work / f"direct-{arch}"
+    out_dir.mkdir()
+    (work / f"req-{arch}.json").write_text(json.dumps(req))
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    cmd = [sys.executable, "-m", "ggml_hsa_iron", "--target", "emu", "compile"]
+    cmd += ["--request", str(work / f"req-{arch}.json"), "--output-dir", str(out_dir)]
+    c = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if c.returncode == 2:
+        return None
+    if c.returncode != 0:
+        raise SystemExit(f"{arch}: the IRON package failed to compile the node: {c.stderr[-2000:]}")
+    cmd = [str(args.target / "hsa-sim-time"), str(out_dir / f"{req['name']}.pdi"), "--arch", arch]
+    cmd += ["--dram-gbps", f"{dram_gbps:g}"]
+    t = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if t.returncode != 0:
+        raise SystemExit(f"{arch}: {t.stderr.strip()}")
+    r = json.loads(t.stdout)
+    out_bytes = req["output"]["nb"][3] * req["output"]["ne"][3]
+    # The roofline of crates/hsa-sim/src/cost.rs: bytes at the DRAM rate or flops at the
+    # measured bf16 GEMM rate, whichever is longer.
+    flops = mul_mat_flops(params) or 0
+    roof_s = max(r["operand_bytes"] / (dram_gbps * 1e9), flops / cost_constants(arch)["measured_bf16_flops"])
+    return {
+        "dispatches": 1,
+        "dataflow_timed": 1,
+        "work_time_ns": r["device_ns"],
+        "device_time_ns": r["device_ns"],
+        "dispatch_time_ns": 0,
+        "bytes_read": r["operand_bytes"] - out_bytes,
+        "bytes_written": out_bytes,
+        "core_busy_ns": r["core_busy_ns"],
+        "shim_busy_ns": r["shim_busy_ns"],
+        "tile_busy_ns": r["tile_busy_ns"],
+        "roofline_time_ns": roof_s * 1e9,
+        "direct": True,
+    }
+
+
 def run(args, arch: str, op: str, params: str, work: Path) -> dict | None:
     counters = work / f"counters-{arch}.json"
     kernels = work / f"kernels-{arch}"
@@ -46,6 +138,8 @@ def run(args, arch: str, op: str, params: str, work: Path) -> dict | None:
     cmd += ["-p", "^" + re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", params) + "$"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     found = TBO_SUMMARY.findall(out.stdout)
+    if out.returncode == 0 and found and found[-1] == ("0", "0") and op == "MUL_MAT":
+        return run_direct(args, arch, params, work, args.dram)
     if out.returncode != 0 or not found or found[-1] != ("1", "1"):
         if "not supported" in out.stdout:
             return None
@@ -64,10 +158,15 @@ def report(arch: str, c: dict, flops: int | None, k: dict, dram_gbps: float) -> 
     total = c["device_time_ns"]
     moved = c["bytes_read"] + c["bytes_written"]
     gbs = moved / work if work else 0.0
-    print(f"{arch}: {d} command(s), {c['dataflow_timed']} timed from their emulated dataflow")
-    print(f"  device time      {us(total)}: the work {us(work)}, dispatch {us(c['dispatch_time_ns'])},")
-    print(f"                   hardware-context build {us(total - work - c['dispatch_time_ns'])}")
-    print(f"  bytes moved      {moved:,} at {gbs:.1f} GB/s: {gbs / dram_gbps:.0%} of the DRAM roof")
+    if c.get("direct"):
+        print(f"{arch}: built as the backend would request it (no test-backend-ops case), timed alone")
+        print(f"  device time      {us(work)}: the work, without a dispatch")
+    else:
+        print(f"{arch}: {d} command(s), {c['dataflow_timed']} timed from their emulated dataflow")
+        print(f"  device time      {us(total)}: the work {us(work)}, dispatch {us(c['dispatch_time_ns'])},")
+        print(f"                   hardware-context build {us(total - work - c['dispatch_time_ns'])}")
+    what = "operand bytes" if c.get("direct") else "bytes moved  "
+    print(f"  {what}    {moved:,} at {gbs:.1f} GB/s: {gbs / dram_gbps:.0%} of the DRAM roof")
     if flops:
         peak = 2 * k["bf16_macs_per_core_cycle"] * k["cores"] * k["clock_hz"]
         rate = flops / (work * 1e-9)
@@ -100,6 +199,7 @@ def main() -> int:
             if not k:
                 raise SystemExit(f"no model for {arch} in crates/hsa-sim/src/cost.rs")
             dram = float(os.environ.get("HSA_SIM_DRAM_GBPS") or k["bandwidth_bytes_per_s"] / 1e9)
+            args.dram = dram
             c = run(args, arch, op, params, Path(work))
             if c is None:
                 print(f"{arch}: not supported on HSA0 (test-backend-ops ran it nowhere)")

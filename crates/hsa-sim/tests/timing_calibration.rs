@@ -264,3 +264,38 @@ fn the_gemm_design_multiplies() {
     }
     assert!(worst < 1e-3, "C differs from A x B by up to {worst}");
 }
+
+/// `hsa-sim-time` (what `scripts/bench.sh op` runs for a shape test-backend-ops has no case
+/// of) gives the design's time as the executor does, and refuses a file that is no image.
+#[test]
+fn hsa_sim_time_times_an_image() {
+    let img = image("gemm_air_small", "aie2p");
+    let mut b = buffers(&img);
+    let t = run_emu_timed(&img, &mut b, &AIE2P).expect("runs");
+    let dir = tempdir();
+    let path = dir.join("gemm.pdi");
+    std::fs::write(&path, &img).expect("write image");
+    let out = Command::new(env!("CARGO_BIN_EXE_hsa-sim-time"))
+        .arg(&path)
+        .args(["--arch", "aie2p"])
+        .output()
+        .expect("run hsa-sim-time");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["device_ns"].as_u64(), Some(t.device_ns));
+    assert_eq!(v["core_busy_ns"].as_u64(), Some(t.core_busy_ns));
+    assert_eq!(v["cores_counted"].as_bool(), Some(true));
+
+    std::fs::write(&path, b"not an image").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_hsa-sim-time"))
+        .arg(&path)
+        .output()
+        .expect("run hsa-sim-time");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("hsa-sim-time: "));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -77,6 +77,23 @@ pub fn load(hash: u64, json: &[u8], library: &[u8]) -> Result<Arc<Mutex<Loaded>>
     Ok(loaded)
 }
 
+/// [`execute`] over operand buffers the caller owns, one per runtime-sequence argument.
+pub fn execute_buffers(
+    loaded: &Loaded,
+    buffers: &mut [Vec<u8>],
+    rates: timing::Rates,
+) -> Result<ExecStats, String> {
+    let operands: Vec<OperandMem> = buffers
+        .iter_mut()
+        .map(|v| OperandMem {
+            addr: v.as_mut_ptr() as usize,
+            len: v.len(),
+        })
+        .collect();
+    // SAFETY: each range covers a distinct Vec borrowed mutably for the whole call.
+    unsafe { execute(loaded, &operands, rates) }
+}
+
 /// Runs a loaded program over `operands` (the runtime-sequence arguments in order).
 ///
 /// # Safety

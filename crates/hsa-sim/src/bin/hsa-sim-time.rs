@@ -1,0 +1,110 @@
+//! hsa-sim-time: one emulated IRON design timed by hsa-sim's timing model, without the
+//! backend (what `scripts/bench.sh op` runs for a node test-backend-ops has no case of).
+//!
+//! ```text
+//! hsa-sim-time <image.pdi> [--arch aie2p|aie2] [--dram-gbps GBPS]
+//! ```
+//! The image is what the IRON package's emulation target writes (image version 2). Its
+//! operands are allocated at the sizes the design declares, the inputs filled with small
+//! values (the time does not depend on them), and the design runs once. Prints one JSON
+//! object: the device time and the busiest units (docs/timing-model.md). Exit codes: 0
+//! success, 1 bad input or a design that fails to run.
+
+use hsa_runtime64::cost;
+use hsa_runtime64::exec::iron::{self, timing::Rates};
+use hsa_runtime64::image;
+use serde_json::json;
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: hsa-sim-time <image.pdi> [--arch aie2p|aie2] [--dram-gbps GBPS]";
+/// The largest image read (the emulation's core libraries included).
+const MAX_IMAGE: u64 = 256 << 20;
+
+fn run(args: &[String]) -> Result<serde_json::Value, String> {
+    let mut path = None;
+    let mut arch = "aie2p".to_owned();
+    let mut dram = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--arch" => arch = it.next().ok_or(USAGE)?.clone(),
+            "--dram-gbps" => {
+                let v = it.next().ok_or(USAGE)?;
+                let g: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|g| (1.0..=1000.0).contains(g))
+                    .ok_or_else(|| format!("--dram-gbps {v:?}: expected GB/s from 1 to 1000"))?;
+                dram = Some(g);
+            }
+            _ if path.is_none() && !a.starts_with('-') => path = Some(a.clone()),
+            _ => return Err(USAGE.to_owned()),
+        }
+    }
+    let path = path.ok_or(USAGE)?;
+    if !matches!(arch.as_str(), "aie2p" | "aie2") {
+        return Err(format!("--arch {arch:?}: expected aie2p or aie2"));
+    }
+    let size = std::fs::metadata(&path)
+        .map_err(|e| format!("{path}: {e}"))?
+        .len();
+    if size > MAX_IMAGE {
+        return Err(format!("{path}: {size} bytes, more than an image may have"));
+    }
+    let img = std::fs::read(&path).map_err(|e| format!("{path}: {e}"))?;
+    let (program, library) = image::split_image_v2(&img)?;
+    let prog: serde_json::Value =
+        serde_json::from_slice(program).map_err(|e| format!("{path}: the program: {e}"))?;
+    let sizes: Vec<usize> = prog["args"]
+        .as_array()
+        .ok_or_else(|| format!("{path}: the program declares no operands"))?
+        .iter()
+        .map(|a| a["bytes"].as_u64().map(|b| b as usize))
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("{path}: an operand without a size"))?;
+    let hash = image::fnv1a64(&img[image::IMAGE_V2_HEADER_LEN..]);
+    let loaded = iron::load(hash, program, library)?;
+    let loaded = loaded.lock();
+    // Inputs of small bf16 values (0.125 as bf16 bits, whatever the element type) keep the
+    // cores' host arithmetic off its slow paths; the output is overwritten.
+    let mut buffers: Vec<Vec<u8>> = sizes
+        .iter()
+        .map(|&n| [0x00, 0x3e].repeat(n.div_ceil(2)))
+        .collect();
+    for (b, &n) in buffers.iter_mut().zip(&sizes) {
+        b.truncate(n);
+    }
+    let mut model = cost::model_for(&arch);
+    if let Some(g) = dram {
+        model.bandwidth_bytes_per_s = g * 1e9;
+    }
+    let stats = iron::execute_buffers(&loaded, &mut buffers, Rates::of(&model))?;
+    let t = stats
+        .timeline
+        .ok_or("the design ran without a timeline (not an emulated IRON design)")?;
+    let operand_bytes: usize = sizes.iter().sum();
+    Ok(json!({
+        "arch": arch,
+        "device_ns": t.device_ns,
+        "core_busy_ns": t.core_busy_ns,
+        "shim_busy_ns": t.shim_busy_ns,
+        "tile_busy_ns": t.tile_busy_ns,
+        "cores_counted": t.cores_counted,
+        "operand_bytes": operand_bytes,
+        "dram_bytes_per_s": model.bandwidth_bytes_per_s,
+    }))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(v) => {
+            println!("{v}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hsa-sim-time: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
