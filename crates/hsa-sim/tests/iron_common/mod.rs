@@ -214,16 +214,6 @@ impl Buffers {
         }
         Buffers { bufs }
     }
-
-    pub fn mems(&mut self) -> Vec<OperandMem> {
-        self.bufs
-            .iter_mut()
-            .map(|b| OperandMem {
-                addr: b.as_mut_ptr() as usize,
-                len: b.len(),
-            })
-            .collect()
-    }
 }
 
 /// Runs an emulation image over `b`.
@@ -241,10 +231,8 @@ pub fn run_emu_timed(
     let hash = image::fnv1a64(&img[image::IMAGE_V2_HEADER_LEN..]);
     let loaded = exec::iron::load(hash, json, lib)?;
     let loaded = loaded.lock();
-    let mems = b.mems();
     let rates = exec::iron::timing::Rates::of(model);
-    // SAFETY: each OperandMem covers a live Vec owned by `b`, not otherwise used meanwhile.
-    let stats = unsafe { exec::iron::execute(&loaded, &mems, rates) }?;
+    let stats = exec::iron::execute_buffers(&loaded, &mut b.bufs, rates)?;
     stats
         .timeline
         .ok_or_else(|| "an emulated design ran without a timeline".to_string())
