@@ -39,6 +39,11 @@ FLAGS = [
     "-s",
     "-w",
     "-DNDEBUG",
+    # The core's scalar work: one cycle per basic block of the kernel's own code
+    # (aie_api/aie.hpp). Loops stay loops, as the core's scalar unit runs them.
+    "-DGGML_HSA_EMU_COUNT_SCALAR",
+    "-fsanitize-coverage=trace-pc",
+    "-fno-tree-vectorize",
 ]
 CTYPES = {
     "bfloat16": "bfloat16",
@@ -115,14 +120,19 @@ def wrapper_source(source: str, kernels, counter: bool) -> str:
             else:
                 args.append(f"({CTYPES[kind.dtype.name]} *)(uintptr_t)a[{i}]")
         lines.append(
-            f'extern "C" __attribute__((visibility("default"))) void ggml_hsa_emu_{k.index}'
-            f"(const uint64_t *a) {{ aie::detail::begin_call(); {k.name}({', '.join(args)}); "
+            f'extern "C" __attribute__((visibility("default"), no_sanitize_coverage)) void '
+            f"ggml_hsa_emu_{k.index}(const uint64_t *a) {{ aie::detail::begin_call(); {k.name}({', '.join(args)}); "
             "aie::detail::end_call(); }"
         )
     if counter:
         lines.append(
             'extern "C" __attribute__((visibility("default"))) uint64_t '
             "ggml_hsa_emu_core_cycles(void) { return aie::detail::g_cycles; }"
+        )
+        # A basic block of kernel code executed: one cycle of the scalar unit.
+        lines.append(
+            'extern "C" __attribute__((no_sanitize_coverage)) void '
+            "__sanitizer_cov_trace_pc(void) { ++aie::detail::g_slots.scalar; }"
         )
     return "\n".join(lines) + "\n"
 

@@ -16,10 +16,10 @@
 //
 // It also counts the core's cycles for hsa-sim's timing model: every
 // operation books its issue slots (two 256-bit load ports, one 256-bit store
-// port, the vector multiplier, the vector ALU/shuffle unit, the scalar unit)
-// and a kernel call lasts its busiest slot's count (docs/timing-model.md:
-// perfect software pipelining, an optimistic bound; plain C++ scalar code
-// outside this API is not counted).
+// port, the vector multiplier, the vector ALU/shuffle unit, the scalar unit),
+// the kernel's own code outside this API one scalar cycle per basic block it
+// executes, and a kernel call lasts its busiest slot's count
+// (docs/timing-model.md: perfect software pipelining, an optimistic bound).
 #pragma once
 
 #include <cmath>
@@ -27,11 +27,26 @@
 #include <cstring>
 #include <type_traits>
 
+// Scalar work is counted too (the emulation target builds with GGML_HSA_EMU_COUNT_SCALAR and
+// g++'s -fsanitize-coverage=trace-pc): every basic block a kernel executes outside this API
+// books one cycle on the scalar slot (__sanitizer_cov_trace_pc, in the library's generated
+// unit). So that the API's own loops over lanes are not counted as the kernel's, its
+// operations are calls that are not instrumented.
+// Their helpers are not instrumented either (and g++ inlines a function only into one that
+// is instrumented alike).
+#ifdef GGML_HSA_EMU_COUNT_SCALAR
+#define AIE_OP __attribute__((noinline, no_sanitize_coverage))
+#define AIE_INL __attribute__((no_sanitize_coverage))
+#else
+#define AIE_OP
+#define AIE_INL
+#endif
+
 struct bfloat16 {
   uint16_t bits = 0;
   bfloat16() = default;
   // Scalar conversion: the compiler's round-to-nearest-even (not the vector unit's mode).
-  bfloat16(float f) {
+  AIE_INL bfloat16(float f) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) {
@@ -40,7 +55,7 @@ struct bfloat16 {
       bits = (uint16_t)((u + (0x7fff + ((u >> 16) & 1))) >> 16);
     }
   }
-  operator float() const {
+  AIE_INL operator float() const {
     uint32_t u = (uint32_t)bits << 16;
     float f;
     std::memcpy(&f, &u, 4);
@@ -69,7 +84,7 @@ inline rounding_mode g_rounding = rounding_mode::floor; // the hardware's reset 
 inline saturation_mode g_saturation = saturation_mode::none;
 
 // f32 -> bf16 bits in rounding mode m (NaNs stay quiet NaNs).
-static inline uint16_t bf16_round(float f, rounding_mode m) {
+AIE_INL static inline uint16_t bf16_round(float f, rounding_mode m) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u)
@@ -103,14 +118,14 @@ struct Slots {
 };
 inline Slots g_slots;
 inline uint64_t g_cycles = 0;
-static inline uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
-static inline void count_load(uint64_t bytes) { g_slots.load += ceil_div(bytes, 32); }
-static inline void count_store(uint64_t bytes) { g_slots.store += ceil_div(bytes, 32); }
-static inline void count_alu(uint64_t bytes) { g_slots.alu += ceil_div(bytes, 64); }
-static inline void count_mul(uint64_t lanes) { g_slots.mul += ceil_div(lanes, kMulLanes); }
-static inline void count_scalar(uint64_t n) { g_slots.scalar += n; }
-static inline void begin_call() { g_slots = Slots{}; }
-static inline void end_call() {
+AIE_INL static inline uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+AIE_INL static inline void count_load(uint64_t bytes) { g_slots.load += ceil_div(bytes, 32); }
+AIE_INL static inline void count_store(uint64_t bytes) { g_slots.store += ceil_div(bytes, 32); }
+AIE_INL static inline void count_alu(uint64_t bytes) { g_slots.alu += ceil_div(bytes, 64); }
+AIE_INL static inline void count_mul(uint64_t lanes) { g_slots.mul += ceil_div(lanes, kMulLanes); }
+AIE_INL static inline void count_scalar(uint64_t n) { g_slots.scalar += n; }
+AIE_OP static inline void begin_call() { g_slots = Slots{}; }
+AIE_OP static inline void end_call() {
   const uint64_t slots[] = {ceil_div(g_slots.load, 2), g_slots.store, g_slots.mul, g_slots.alu,
                             g_slots.scalar};
   uint64_t c = 0;
@@ -119,10 +134,10 @@ static inline void end_call() {
   g_cycles += c;
 }
 } // namespace detail
-static inline void set_rounding(rounding_mode m) { detail::g_rounding = m; }
-static inline rounding_mode get_rounding() { return detail::g_rounding; }
-static inline void set_saturation(saturation_mode m) { detail::g_saturation = m; }
-static inline saturation_mode get_saturation() { return detail::g_saturation; }
+AIE_INL static inline void set_rounding(rounding_mode m) { detail::g_rounding = m; }
+AIE_INL static inline rounding_mode get_rounding() { return detail::g_rounding; }
+AIE_INL static inline void set_saturation(saturation_mode m) { detail::g_saturation = m; }
+AIE_INL static inline saturation_mode get_saturation() { return detail::g_saturation; }
 } // namespace aie
 
 struct accfloat {};
@@ -134,24 +149,24 @@ namespace aie {
 template <typename T, unsigned N> struct vector {
   T v[N];
   // Lane access goes through the scalar unit.
-  T operator[](unsigned i) const {
+  AIE_INL T operator[](unsigned i) const {
     detail::count_scalar(1);
     return v[i];
   }
-  T get(unsigned i) const { return (*this)[i]; }
-  void set(T x, unsigned i) {
+  AIE_INL T get(unsigned i) const { return (*this)[i]; }
+  AIE_INL void set(T x, unsigned i) {
     detail::count_scalar(1);
     v[i] = x;
   }
-  static constexpr unsigned size() { return N; }
-  template <unsigned M> vector<T, M> extract(unsigned idx) const {
+  AIE_INL static constexpr unsigned size() { return N; }
+  template <unsigned M> AIE_OP vector<T, M> extract(unsigned idx) const {
     detail::count_alu(M * sizeof(T));
     vector<T, M> r;
     for (unsigned i = 0; i < M; ++i)
       r.v[i] = v[idx * M + i];
     return r;
   }
-  template <unsigned M> vector &insert(unsigned idx, const vector<T, M> &x) {
+  template <unsigned M> AIE_OP vector &insert(unsigned idx, const vector<T, M> &x) {
     detail::count_alu(M * sizeof(T));
     for (unsigned i = 0; i < M; ++i)
       v[idx * M + i] = x.v[i];
@@ -168,14 +183,14 @@ template <typename Tag, unsigned N> struct accum;
 template <unsigned N> struct accum<accfloat, N> {
   float v[N] = {};
   accum() = default;
-  template <typename T> explicit accum(const vector<T, N> &x) { from_vector(x); }
-  template <typename T> void from_vector(const vector<T, N> &x) {
+  template <typename T> AIE_INL explicit accum(const vector<T, N> &x) { from_vector(x); }
+  template <typename T> AIE_OP void from_vector(const vector<T, N> &x) {
     detail::count_alu(N * 4);
     for (unsigned i = 0; i < N; ++i)
       v[i] = (float)x.v[i];
   }
   // To bf16 in the core's rounding mode (aie::set_rounding); to float exactly.
-  template <typename T> vector<T, N> to_vector() const {
+  template <typename T> AIE_OP vector<T, N> to_vector() const {
     detail::count_alu(N * 4);
     vector<T, N> r;
     for (unsigned i = 0; i < N; ++i) {
@@ -190,12 +205,12 @@ template <unsigned N> struct accum<accfloat, N> {
 
 template <unsigned N> struct accum<acc32, N> {
   int64_t v[N] = {};
-  template <typename T> void from_vector(const vector<T, N> &x) {
+  template <typename T> AIE_OP void from_vector(const vector<T, N> &x) {
     detail::count_alu(N * 4);
     for (unsigned i = 0; i < N; ++i)
       v[i] = x.v[i];
   }
-  template <typename T> vector<T, N> to_vector(int shift = 0) const {
+  template <typename T> AIE_OP vector<T, N> to_vector(int shift = 0) const {
     detail::count_alu(N * 4);
     vector<T, N> r;
     for (unsigned i = 0; i < N; ++i)
@@ -204,7 +219,7 @@ template <unsigned N> struct accum<acc32, N> {
   }
 };
 
-template <unsigned N, typename T> vector<std::remove_const_t<T>, N> load_v(T *p) {
+template <unsigned N, typename T> AIE_OP vector<std::remove_const_t<T>, N> load_v(T *p) {
   detail::count_load(N * sizeof(T));
   vector<std::remove_const_t<T>, N> r;
   for (unsigned i = 0; i < N; ++i)
@@ -212,19 +227,19 @@ template <unsigned N, typename T> vector<std::remove_const_t<T>, N> load_v(T *p)
   return r;
 }
 template <unsigned N, typename T>
-vector<std::remove_const_t<T>, N> load_unaligned_v(T *p, unsigned = 1) {
+AIE_OP vector<std::remove_const_t<T>, N> load_unaligned_v(T *p, unsigned = 1) {
   return load_v<N>(p);
 }
-template <typename T, unsigned N> void store_v(T *p, const vector<T, N> &x) {
+template <typename T, unsigned N> AIE_OP void store_v(T *p, const vector<T, N> &x) {
   detail::count_store(N * sizeof(T));
   for (unsigned i = 0; i < N; ++i)
     p[i] = x.v[i];
 }
-template <typename T, unsigned N> void store_unaligned_v(T *p, const vector<T, N> &x, unsigned = 1) {
+template <typename T, unsigned N> AIE_OP void store_unaligned_v(T *p, const vector<T, N> &x, unsigned = 1) {
   store_v(p, x);
 }
 
-template <typename T, unsigned N> vector<T, N> broadcast(T x) {
+template <typename T, unsigned N> AIE_OP vector<T, N> broadcast(T x) {
   detail::count_alu(N * sizeof(T));
   vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
@@ -232,37 +247,37 @@ template <typename T, unsigned N> vector<T, N> broadcast(T x) {
   return r;
 }
 
-template <typename U, typename T, unsigned N> vector<U, N * sizeof(T) / sizeof(U)> vector_cast(const vector<T, N> &x) {
+template <typename U, typename T, unsigned N> AIE_OP vector<U, N * sizeof(T) / sizeof(U)> vector_cast(const vector<T, N> &x) {
   vector<U, N * sizeof(T) / sizeof(U)> r;
   std::memcpy(r.v, x.v, sizeof(x.v));
   return r;
 }
 
 // Integer vectors wrap around; float vectors compute in float.
-template <typename T> static T wrap_add(T a, T b) {
+template <typename T> AIE_INL static T wrap_add(T a, T b) {
   if constexpr (std::is_integral_v<T>)
     return (T)((std::make_unsigned_t<T>)a + (std::make_unsigned_t<T>)b);
   else
     return (T)((float)a + (float)b);
 }
-template <typename T> static T wrap_sub(T a, T b) {
+template <typename T> AIE_INL static T wrap_sub(T a, T b) {
   if constexpr (std::is_integral_v<T>)
     return (T)((std::make_unsigned_t<T>)a - (std::make_unsigned_t<T>)b);
   else
     return (T)((float)a - (float)b);
 }
 
-template <typename T, unsigned N> vector<T, N> add(const vector<T, N> &a, const vector<T, N> &b) {
+template <typename T, unsigned N> AIE_OP vector<T, N> add(const vector<T, N> &a, const vector<T, N> &b) {
   detail::count_alu(N * sizeof(T));
   vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = wrap_add(a.v[i], b.v[i]);
   return r;
 }
-template <typename T, unsigned N> vector<T, N> add(const vector<T, N> &a, T b) {
+template <typename T, unsigned N> AIE_OP vector<T, N> add(const vector<T, N> &a, T b) {
   return add(a, broadcast<T, N>(b));
 }
-template <typename T, unsigned N> vector<T, N> sub(const vector<T, N> &a, const vector<T, N> &b) {
+template <typename T, unsigned N> AIE_OP vector<T, N> sub(const vector<T, N> &a, const vector<T, N> &b) {
   detail::count_alu(N * sizeof(T));
   vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
@@ -273,7 +288,7 @@ template <typename T, unsigned N> vector<T, N> sub(const vector<T, N> &a, const 
 // f32 x f32. On aie2 (__AIE_ARCH__ == 20) the vector unit has no f32 multiplier: the
 // product is emulated with bf16 inputs (rounded to nearest even) and an exact f32 product,
 // as mlir-aie's EmulateMulFInBF16Pattern does (accuracy "low"). aie2p multiplies in f32.
-template <unsigned N> accum<accfloat, N> mul(const vector<float, N> &a, const vector<float, N> &b) {
+template <unsigned N> AIE_OP accum<accfloat, N> mul(const vector<float, N> &a, const vector<float, N> &b) {
   detail::count_mul(N);
   accum<accfloat, N> r;
   for (unsigned i = 0; i < N; ++i) {
@@ -286,60 +301,60 @@ template <unsigned N> accum<accfloat, N> mul(const vector<float, N> &a, const ve
   return r;
 }
 // bf16 x bf16: exact products in the f32 accumulator.
-template <unsigned N> accum<accfloat, N> mul(const vector<bfloat16, N> &a, const vector<bfloat16, N> &b) {
+template <unsigned N> AIE_OP accum<accfloat, N> mul(const vector<bfloat16, N> &a, const vector<bfloat16, N> &b) {
   detail::count_mul(N);
   accum<accfloat, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = (float)a.v[i] * (float)b.v[i];
   return r;
 }
-template <unsigned N> accum<accfloat, N> mul(const vector<float, N> &a, float s) {
+template <unsigned N> AIE_OP accum<accfloat, N> mul(const vector<float, N> &a, float s) {
   return mul(a, broadcast<float, N>(s));
 }
 
-template <unsigned N> vector<int32_t, N> bit_and(const vector<int32_t, N> &a, const vector<int32_t, N> &b) {
+template <unsigned N> AIE_OP vector<int32_t, N> bit_and(const vector<int32_t, N> &a, const vector<int32_t, N> &b) {
   detail::count_alu(N * 4);
   vector<int32_t, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = a.v[i] & b.v[i];
   return r;
 }
-template <unsigned N> vector<int32_t, N> bit_or(const vector<int32_t, N> &a, const vector<int32_t, N> &b) {
+template <unsigned N> AIE_OP vector<int32_t, N> bit_or(const vector<int32_t, N> &a, const vector<int32_t, N> &b) {
   detail::count_alu(N * 4);
   vector<int32_t, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = a.v[i] | b.v[i];
   return r;
 }
-template <unsigned N> vector<int32_t, N> bit_xor(const vector<int32_t, N> &a, const vector<int32_t, N> &b) {
+template <unsigned N> AIE_OP vector<int32_t, N> bit_xor(const vector<int32_t, N> &a, const vector<int32_t, N> &b) {
   detail::count_alu(N * 4);
   vector<int32_t, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = a.v[i] ^ b.v[i];
   return r;
 }
-template <unsigned N> vector<int32_t, N> downshift(const vector<int32_t, N> &a, unsigned s) {
+template <unsigned N> AIE_OP vector<int32_t, N> downshift(const vector<int32_t, N> &a, unsigned s) {
   detail::count_alu(N * 4);
   vector<int32_t, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = a.v[i] >> s;
   return r;
 }
-template <unsigned N> vector<int32_t, N> upshift(const vector<int32_t, N> &a, unsigned s) {
+template <unsigned N> AIE_OP vector<int32_t, N> upshift(const vector<int32_t, N> &a, unsigned s) {
   detail::count_alu(N * 4);
   vector<int32_t, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = (int32_t)((uint32_t)a.v[i] << s);
   return r;
 }
-template <typename T, unsigned N> mask<N> lt(const vector<T, N> &a, const vector<T, N> &b) {
+template <typename T, unsigned N> AIE_OP mask<N> lt(const vector<T, N> &a, const vector<T, N> &b) {
   detail::count_alu(N * sizeof(T));
   mask<N> m;
   for (unsigned i = 0; i < N; ++i)
     m.m[i] = a.v[i] < b.v[i];
   return m;
 }
-template <typename T, unsigned N> mask<N> eq(const vector<T, N> &a, const vector<T, N> &b) {
+template <typename T, unsigned N> AIE_OP mask<N> eq(const vector<T, N> &a, const vector<T, N> &b) {
   detail::count_alu(N * sizeof(T));
   mask<N> m;
   for (unsigned i = 0; i < N; ++i)
@@ -347,7 +362,7 @@ template <typename T, unsigned N> mask<N> eq(const vector<T, N> &a, const vector
   return m;
 }
 // select(a, b, m): b where the mask bit is set, a elsewhere.
-template <typename T, unsigned N> vector<T, N> select(const vector<T, N> &a, const vector<T, N> &b, const mask<N> &m) {
+template <typename T, unsigned N> AIE_OP vector<T, N> select(const vector<T, N> &a, const vector<T, N> &b, const mask<N> &m) {
   detail::count_alu(N * sizeof(T));
   vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
@@ -356,7 +371,7 @@ template <typename T, unsigned N> vector<T, N> select(const vector<T, N> &a, con
 }
 
 // A tree of shuffles and adds: log2(N) steps.
-template <typename T, unsigned N> T reduce_add(const vector<T, N> &a) {
+template <typename T, unsigned N> AIE_OP T reduce_add(const vector<T, N> &a) {
   for (unsigned n = N; n > 1; n /= 2)
     detail::count_alu(1);
   T s = 0;
@@ -367,7 +382,7 @@ template <typename T, unsigned N> T reduce_add(const vector<T, N> &a) {
 
 // transpose(v, rows, cols): v holds a rows x cols row-major matrix; the
 // result holds its transpose (cols x rows, row-major).
-template <typename T, unsigned N> vector<T, N> transpose(const vector<T, N> &a, unsigned rows, unsigned cols) {
+template <typename T, unsigned N> AIE_OP vector<T, N> transpose(const vector<T, N> &a, unsigned rows, unsigned cols) {
   detail::count_alu(N * sizeof(T));
   vector<T, N> r;
   for (unsigned i = 0; i < rows; ++i)
@@ -381,11 +396,11 @@ template <unsigned R, unsigned S, unsigned T, typename TA, typename TB, typename
   using acc_t = std::conditional_t<std::is_integral_v<TA>, int64_t, float>;
   acc_t c[R * T] = {};
   mmul() = default;
-  template <typename V> explicit mmul(const V &acc) {
+  template <typename V> AIE_OP explicit mmul(const V &acc) {
     for (unsigned i = 0; i < R * T; ++i)
       c[i] = acc.v[i];
   }
-  static constexpr unsigned native_macs() {
+  AIE_INL static constexpr unsigned native_macs() {
     if constexpr (std::is_integral_v<TA> && sizeof(TA) == 1)
       return detail::kMacsI8;
     else if constexpr (std::is_integral_v<TA>)
@@ -393,7 +408,7 @@ template <unsigned R, unsigned S, unsigned T, typename TA, typename TB, typename
     else
       return detail::kMacsBf16;
   }
-  template <typename VA, typename VB> void mac(const VA &a, const VB &b) {
+  template <typename VA, typename VB> AIE_OP void mac(const VA &a, const VB &b) {
     detail::g_slots.mul += detail::ceil_div(R * S * T, native_macs());
     for (unsigned i = 0; i < R; ++i)
       for (unsigned j = 0; j < T; ++j) {
@@ -403,13 +418,13 @@ template <unsigned R, unsigned S, unsigned T, typename TA, typename TB, typename
         c[i * T + j] += s;
       }
   }
-  template <typename V> static auto float_or_int(V x) {
+  template <typename V> AIE_INL static auto float_or_int(V x) {
     if constexpr (std::is_integral_v<V>)
       return (int64_t)x;
     else
       return (float)x;
   }
-  template <typename U> vector<U, R * T> to_vector(int shift = 0) const {
+  template <typename U> AIE_OP vector<U, R * T> to_vector(int shift = 0) const {
     detail::count_alu(R * T * 4);
     vector<U, R * T> r;
     for (unsigned i = 0; i < R * T; ++i) {
@@ -427,8 +442,8 @@ template <unsigned R, unsigned S, unsigned T, typename TA, typename TB, typename
 } // namespace aie
 
 namespace aie {
-template <typename Tag, unsigned N> accum<Tag, N> zeros() { return accum<Tag, N>(); }
-template <unsigned N, typename T> accum<accfloat, N> mac(const accum<accfloat, N> &acc, const vector<T, N> &a, const vector<T, N> &b) {
+template <typename Tag, unsigned N> AIE_OP accum<Tag, N> zeros() { return accum<Tag, N>(); }
+template <unsigned N, typename T> AIE_OP accum<accfloat, N> mac(const accum<accfloat, N> &acc, const vector<T, N> &a, const vector<T, N> &b) {
   detail::count_mul(N);
   accum<accfloat, N> r = acc;
   for (unsigned i = 0; i < N; ++i)
