@@ -23,6 +23,10 @@ from pathlib import Path
 
 from bench import TBO_SUMMARY, cost_constants, emulated_hsa0_env
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+from ggml_hsa_iron.tests.util import request_dict, tensor  # noqa: E402  (the package's requests)
+
 
 def mul_mat_flops(params: str) -> int | None:
     """2 m n k per matrix of a MUL_MAT case (bs and nr broadcast the batch), else None."""
@@ -38,25 +42,6 @@ def mul_mat_flops(params: str) -> int | None:
     return 2 * m * n * k * batch
 
 
-# ggml's block sizes: (elements, bytes) per block of each type a MUL_MAT weight may have.
-BLOCKS = {
-    "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2),
-    "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q8_0": (32, 34),
-    "q2_K": (256, 84), "q3_K": (256, 110), "q4_K": (256, 144), "q5_K": (256, 176),
-    "q6_K": (256, 210),
-}  # fmt: skip
-
-
-def tensor(ty: str, ne: list[int]) -> dict:
-    """A contiguous tensor as the backend describes it in a compile request."""
-    elems, size = BLOCKS[ty]
-    if ne[0] % elems:
-        raise SystemExit(f"{ty}: a row of {ne[0]} is not whole blocks of {elems}")
-    nb = [size, size * ne[0] // elems]
-    nb += [nb[1] * ne[1], nb[1] * ne[1] * ne[2]]
-    return {"type": ty, "ne": ne, "nb": nb}
-
-
 def mul_mat_request(params: str, arch: str) -> dict:
     """The compile request of a MUL_MAT case of contiguous operands (per=[0,1,2,3], k_v=0,
     o=1), as the backend sends it: A [k, m, bs], B [k, n, bs * nr], f32 C [m, n, bs * nr]."""
@@ -68,38 +53,28 @@ def mul_mat_request(params: str, arch: str) -> dict:
         m, n, k = int(p["m"]), int(p["n"]), int(p["k"])
         bs = [int(v) for v in p.get("bs", "[1,1]").strip("[]").split(",")]
         nr = [int(v) for v in p.get("nr", "[1,1]").strip("[]").split(",")]
-        ta, tb = p["type_a"], p["type_b"]
+        outer = [bs[0] * nr[0], bs[1] * nr[1]]
+        a, b = tensor(p["type_a"], [k, m, *bs]), tensor(p["type_b"], [k, n, *outer])
     except (KeyError, ValueError) as e:
-        raise SystemExit(f"not a MUL_MAT case: {params!r} ({e})") from None
-    if ta not in BLOCKS or tb != "f32":
-        raise SystemExit(f"type_a={ta}, type_b={tb}: built here are type_b=f32 and type_a of {', '.join(BLOCKS)}")
-    outer = [bs[0] * nr[0], bs[1] * nr[1]]
-    return {
-        "name": f"bench-mul_mat-{ta}-{m}x{n}x{k}-{arch}",
-        "arch": arch,
-        "op": "MUL_MAT",
-        "op_params": [],
-        "inputs": [tensor(ta, [k, m, *bs]), tensor("f32", [k, n, *outer])],
-        "output": tensor("f32", [m, n, *outer]),
-    }
+        raise SystemExit(f"not a MUL_MAT case the backend would request: {params!r} ({e})") from None
+    return request_dict("MUL_MAT", [a, b], tensor("f32", [m, n, *outer]), arch)
 
 
-def run_direct(args, arch: str, params: str, work: Path, dram_gbps: float) -> dict | None:
-    """A MUL_MAT compiled by the emulation target and timed by hsa-sim-time, as counters;
-    None when the IRON package declines it."""
-    root = Path(__file__).resolve().parent.parent
-    req = mul_mat_request(params, arch)
+def time_request(args, req: dict, work: Path, dram_gbps: float, flops: int = 0) -> dict | None:
+    """A compile request compiled by the emulation target and timed alone by hsa-sim-time, as
+    counters (its kernel work, no dispatch); None when the IRON package declines it."""
+    arch = req["arch"]
     out_dir = work / f"direct-{arch}"
     out_dir.mkdir()
     (work / f"req-{arch}.json").write_text(json.dumps(req))
-    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "ggml_hsa_iron", "--target", "emu", "compile"]
     cmd += ["--request", str(work / f"req-{arch}.json"), "--output-dir", str(out_dir)]
     c = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if c.returncode == 2:
         return None
     if c.returncode != 0:
-        raise SystemExit(f"{arch}: the IRON package failed to compile the node: {c.stderr[-2000:]}")
+        raise SystemExit(f"{arch}: the IRON package failed to compile {req['op']}: {c.stderr[-2000:]}")
     cmd = [str(args.target / "hsa-sim-time"), str(out_dir / f"{req['name']}.pdi"), "--arch", arch]
     cmd += ["--dram-gbps", f"{dram_gbps:g}"]
     t = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -109,7 +84,6 @@ def run_direct(args, arch: str, params: str, work: Path, dram_gbps: float) -> di
     out_bytes = req["output"]["nb"][3] * req["output"]["ne"][3]
     # The roofline of crates/hsa-sim/src/cost.rs: bytes at the DRAM rate or flops at the
     # measured bf16 GEMM rate, whichever is longer.
-    flops = mul_mat_flops(params) or 0
     roof_s = max(r["operand_bytes"] / (dram_gbps * 1e9), flops / cost_constants(arch)["measured_bf16_flops"])
     return {
         "dispatches": 1,
@@ -125,6 +99,11 @@ def run_direct(args, arch: str, params: str, work: Path, dram_gbps: float) -> di
         "roofline_time_ns": roof_s * 1e9,
         "direct": True,
     }
+
+
+def run_direct(args, arch: str, params: str, work: Path, dram_gbps: float) -> dict | None:
+    """A MUL_MAT case test-backend-ops has none of, timed alone (time_request)."""
+    return time_request(args, mul_mat_request(params, arch), work, dram_gbps, mul_mat_flops(params) or 0)
 
 
 def run(args, arch: str, op: str, params: str, work: Path) -> dict | None:
