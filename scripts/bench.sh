@@ -19,9 +19,10 @@
 #                               written over that section of docs/perf.md (after a change to
 #                               the emulator or the compile path; about 15 minutes).
 #   scripts/bench.sh --timing   the timing model's section of docs/perf.md alone: its
-#                               calibration table and the decode matmuls of the 1B shape per
-#                               weight type, as the emulated IRON designs run them
-#                               (scripts/bench_timing.py; about ten minutes).
+#                               calibration table, then the 1B shape's decode matmuls per weight
+#                               type, its decode-layer kernel and its prompt's GEMMs, as the
+#                               emulated IRON designs run them (scripts/bench_timing.py; about
+#                               twenty minutes).
 #   scripts/bench.sh op 'CASE'  one test-backend-ops case (`OP(params)` as the program prints
 #                               it) on HSA0 through its emulated IRON design, aie2p and aie2:
 #                               the device time hsa-sim's timing model gives, GB/s, TFLOPS

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The timing model's section of docs/perf.md (`scripts/bench.sh --timing`): the calibration
-against published measurements (crates/hsa-sim/tests/timing_calibration.rs) and the decode
-matmuls of a Llama-3.2-1B-shaped model as the IRON package's emulated designs run them, timed
-by hsa-sim's timing model, each beside the roofline the old cost model charges. Nothing here
-ran on an NPU (docs/timing-model.md).
+against published measurements (crates/hsa-sim/tests/timing_calibration.rs), then a
+Llama-3.2-1B-shaped model's decode matmuls, its decode-layer kernel and its prompt's GEMMs as
+the IRON package's emulated designs run them, timed by hsa-sim's timing model, beside the
+roofline the old cost model charges. Nothing here ran on an NPU (docs/timing-model.md).
 """
 
 import argparse
@@ -17,13 +17,16 @@ from bench import cost_constants, write_section
 from bench_op import run_direct, time_request
 from ggml_hsa_iron.tests.test_decode_layer import layer_request
 
-HEADING = "## The timing model: calibration and decode matmuls"
+HEADING = "## The timing model"
 ROOT = Path(__file__).resolve().parent.parent
 # A decode token of the Llama-3.2-1B shape: per layer (16) the projections (m x k, count),
 # then the output projection once (tied embeddings, vocabulary 128256).
 LAYERS = 16
 LAYER_MATMULS = [("Q, O", 2048, 2048, 2), ("K, V", 512, 2048, 2), ("gate, up", 8192, 2048, 2), ("down", 2048, 8192, 1)]
-OUTPUT = ("output", 128256, 2048, 1)
+OUTPUT = ("output", 128256, 2048, None)
+# The prompt's GEMMs (its logits are its last token's), for these types.
+PROMPT = 512
+PROMPT_TYPES = ["q4_0", "f16"]
 TYPES = ["q4_0", "q8_0", "q4_K", "q6_K", "f16", "bf16"]
 ARCHS = ["aie2p", "aie2"]
 # The decode layer kernel at the 1B shape: (n_embd, n_head, n_head_kv, head_dim, n_ff, n_kv).
@@ -48,38 +51,40 @@ def binds(c: dict) -> str:
     return max(units, key=units.get)
 
 
-def decode_lines(args, work: Path) -> tuple[list[str], dict]:
-    shapes = [*LAYER_MATMULS, OUTPUT]
+def matmul_lines(args, work: Path, types: list[str], n: int, shapes: list) -> tuple[list[str], dict]:
+    """Each (name, m, k, count per layer) MUL_MAT of n columns timed alone per weight type and
+    arch (count None: once per token or prompt, for its last token, n = 1), and their sum over
+    the layers: the table's lines and each shape's time by (type, arch, name)."""
     head = " | ".join(f"{name} ({m} × {k})" for name, m, k, _ in shapes)
-    output_ns = {}
+    unit = "token" if n == 1 else f"{n}-token prompt"
+    times = {}
     lines = [
-        f"| weights | arch | {head} | per token | roofline | matmuls alone t/s | roofline t/s |",
+        f"| weights | arch | {head} | per {unit} | roofline | matmuls alone t/s | roofline t/s |",
         "|---|---|" + "---:|" * (len(shapes) + 4),
     ]
-    for ty in TYPES:
+    for ty in types:
         for arch in ARCHS:
             dram = cost_constants(arch)["bandwidth_bytes_per_s"] / 1e9
             cells, total_ns, roof_ns = [], 0.0, 0.0
             for name, m, k, count in shapes:
-                per_token = count * (LAYERS if (name, m, k, count) != OUTPUT else 1)
-                d = work / f"{ty}-{arch}-{m}x{k}"
+                cols = n if count else 1
+                d = work / f"{n}-{ty}-{arch}-{m}x{cols}x{k}"
                 d.mkdir()
-                c = run_direct(args, arch, f"type_a={ty},type_b=f32,m={m},n=1,k={k}", d, dram)
+                c = run_direct(args, arch, f"type_a={ty},type_b=f32,m={m},n={cols},k={k}", d, dram)
                 if c is None:
                     cells.append("declined")
                     total_ns = roof_ns = float("nan")
                     continue
                 cells.append(f"{c['work_time_ns'] / 1e3:,.0f} µs, {binds(c)}")
-                if (name, m, k, count) == OUTPUT:
-                    output_ns[ty, arch] = c["work_time_ns"]
-                total_ns += per_token * c["work_time_ns"]
-                roof_ns += per_token * c["roofline_time_ns"]
+                times[ty, arch, name] = c["work_time_ns"]
+                total_ns += (LAYERS * count if count else 1) * c["work_time_ns"]
+                roof_ns += (LAYERS * count if count else 1) * c["roofline_time_ns"]
             lines.append(
                 f"| {ty} | {arch} | {' | '.join(cells)} | {total_ns / 1e6:,.1f} ms | {roof_ns / 1e6:,.1f} ms"
-                f" | {1e9 / total_ns:.1f} | {1e9 / roof_ns:.1f} |"
+                f" | {n * 1e9 / total_ns:.1f} | {n * 1e9 / roof_ns:.1f} |"
             )
             print(lines[-1], file=sys.stderr)
-    return lines, output_ns
+    return lines, times
 
 
 def layer_lines(args, work: Path, output_ns: dict) -> list[str]:
@@ -98,7 +103,7 @@ def layer_lines(args, work: Path, output_ns: dict) -> list[str]:
             d.mkdir()
             req = json.loads(layer_request("SWIGLU", ty, LAYER_DIMS, arch=arch))
             c = time_request(args, req, d, dram)
-            out = output_ns.get((ty, arch))
+            out = output_ns.get((ty, arch, OUTPUT[0]))
             if c is None or out is None:
                 lines.append(f"| {ty} | {arch} | declined | | | | | |")
                 continue
@@ -115,9 +120,9 @@ def layer_lines(args, work: Path, output_ns: dict) -> list[str]:
     return lines
 
 
-def section(calibration: list[str], decode: list[str], layers: list[str]) -> list[str]:
+def section(calibration: list[str], decode: list[str], layers: list[str], prompt: list[str]) -> list[str]:
     return [
-        "Regenerated by `scripts/bench.sh --timing` (about ten minutes); the full run keeps it.",
+        "Regenerated by `scripts/bench.sh --timing` (about twenty minutes); the full run keeps it.",
         "hsa-sim's timing model (`docs/timing-model.md`) times an emulated IRON design from what",
         "it does: its DMA channels and the DRAM they share, the cores' counted cycles, the waits",
         "of its dataflow. Its calibration, published designs mirrored and timed against their",
@@ -150,6 +155,13 @@ def section(calibration: list[str], decode: list[str], layers: list[str]) -> lis
         "",
         *layers,
         "",
+        f"The GEMMs of a {PROMPT}-token prompt (pp{PROMPT}) of the same shape, each timed alone: the",
+        "layers' projections over the prompt's columns, the output projection once (its last",
+        "token, as in decode). Attention, norms and dispatches are not in these sums: the t/s columns bound",
+        "prefill from above.",
+        "",
+        *prompt,
+        "",
     ]
 
 
@@ -160,9 +172,10 @@ def main() -> int:
     args.target = args.target.resolve()
     calibration = calibration_lines()
     with tempfile.TemporaryDirectory(prefix="bench-timing-") as work:
-        decode, output_ns = decode_lines(args, Path(work))
+        decode, output_ns = matmul_lines(args, Path(work), TYPES, 1, [*LAYER_MATMULS, OUTPUT])
         layers = layer_lines(args, Path(work), output_ns)
-    lines = section(calibration, decode, layers)
+        prompt, _ = matmul_lines(args, Path(work), PROMPT_TYPES, PROMPT, [*LAYER_MATMULS, OUTPUT])
+    lines = section(calibration, decode, layers, prompt)
     print("\n".join(lines))
     write_section(HEADING, lines)
     return 0
