@@ -79,20 +79,23 @@ static inline vf group(const uint8_t *b, int g) {
 #else
   const int head = 6; // d, qh
 #endif
+  // One pass over the group's bytes, the nibble chosen outside the loop (a branch per value
+  // would be a scalar block per value).
   const uint8_t *qs = b + head;
-  for (int i = 0; i < (int)VEC; ++i)
-    codes[i] = g ? qs[i] >> 4 : qs[i] & 0x0f;
+  const int shift = g ? 4 : 0;
 #if MVQ_Q4_0
   for (int i = 0; i < (int)VEC; ++i)
-    codes[i] -= 8;
+    codes[i] = ((qs[i] >> shift) & 0x0f) - 8;
   return scaled(codes, half_splat(b), zero);
 #elif MVQ_Q4_1
+  for (int i = 0; i < (int)VEC; ++i)
+    codes[i] = (qs[i] >> shift) & 0x0f;
   return scaled(codes, half_splat(b), half_splat(b + 2));
 #else
   // The fifth bit of value j is bit j of the little-endian u32 after the scale.
-  const uint32_t qh = u32_at(b + 2);
+  const uint32_t qh = u32_at(b + 2) >> (16 * g);
   for (int i = 0; i < (int)VEC; ++i)
-    codes[i] = (codes[i] | int32_t(((qh >> (16 * g + i)) & 1) << 4)) - 16;
+    codes[i] = (((qs[i] >> shift) & 0x0f) | int32_t(((qh >> i) & 1) << 4)) - 16;
   return scaled(codes, half_splat(b), zero);
 #endif
 #elif MVQ_Q8_0
@@ -108,14 +111,14 @@ static inline vf group(const uint8_t *b, int g) {
 #else
   const uint8_t *qs = b + 48 + 32 * (s / 2); // after d, dmin, scales, qh
 #endif
-  for (int i = 0; i < (int)VEC; ++i) {
-    const uint8_t q = qs[l0 + i];
-    codes[i] = s % 2 ? q >> 4 : q & 0x0f;
-  }
-#if MVQ_Q5_K
+  const int shift = s % 2 ? 4 : 0;
+#if MVQ_Q4_K
+  for (int i = 0; i < (int)VEC; ++i)
+    codes[i] = (qs[l0 + i] >> shift) & 0x0f;
+#else
   const uint8_t *qh = b + 16;
   for (int i = 0; i < (int)VEC; ++i)
-    codes[i] |= ((qh[l0 + i] >> s) & 1) << 4;
+    codes[i] = ((qs[l0 + i] >> shift) & 0x0f) | (((qh[l0 + i] >> s) & 1) << 4);
 #endif
   int32_t sc, mn;
   k_scale_min(b + 4, s, sc, mn);
@@ -129,8 +132,9 @@ static inline vf group(const uint8_t *b, int g) {
   const int h = g / 8, q = (g % 8) / 2, l0 = 16 * (g % 2);
   const uint8_t *ql = b + 64 * h + 32 * (q % 2);
   const uint8_t *qh = b + 128 + 32 * h;
+  const int shift = q < 2 ? 0 : 4;
   for (int i = 0; i < (int)VEC; ++i) {
-    const int32_t lo = q < 2 ? ql[l0 + i] & 0x0f : ql[l0 + i] >> 4;
+    const int32_t lo = (ql[l0 + i] >> shift) & 0x0f;
     const int32_t hi = (qh[l0 + i] >> (2 * q)) & 3;
     codes[i] = (lo | (hi << 4)) - 32;
   }
