@@ -27,13 +27,11 @@
 #include <cstring>
 #include <type_traits>
 
-// Scalar work is counted too (the emulation target builds with GGML_HSA_EMU_COUNT_SCALAR and
-// g++'s -fsanitize-coverage=trace-pc): every basic block a kernel executes outside this API
-// books one cycle on the scalar slot (__sanitizer_cov_trace_pc, in the library's generated
-// unit). So that the API's own loops over lanes are not counted as the kernel's, its
-// operations are calls that are not instrumented.
-// Their helpers are not instrumented either (and g++ inlines a function only into one that
-// is instrumented alike).
+// The emulation target counts the kernel's own code with g++'s -fsanitize-coverage=trace-pc
+// (and GGML_HSA_EMU_COUNT_SCALAR): __sanitizer_cov_trace_pc, in the library's generated unit,
+// books a scalar cycle per basic block executed. This API's operations are calls that are not
+// instrumented, so that their loops over lanes are not counted as the kernel's; their helpers
+// are not instrumented either (g++ inlines a function only into one instrumented alike).
 #ifdef GGML_HSA_EMU_COUNT_SCALAR
 #define AIE_OP __attribute__((noinline, no_sanitize_coverage))
 #define AIE_INL __attribute__((no_sanitize_coverage))
