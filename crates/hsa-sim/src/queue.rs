@@ -624,9 +624,7 @@ fn run_emulated(
         msg: m,
     };
     image::check_insts(insts, img).map_err(bad_image)?;
-    let (json, lib) = image::split_image_v2(img).map_err(bad_image)?;
-    let hash = image::fnv1a64(&img[image::IMAGE_V2_HEADER_LEN..]);
-    let loaded = exec::iron::load(hash, json, lib).map_err(bad_image)?;
+    let loaded = exec::iron::load(img).map_err(bad_image)?;
     let loaded = loaded.lock();
     let prog = &loaded.program;
     let agent_name = &rt.topo.agents[q.agent].name;

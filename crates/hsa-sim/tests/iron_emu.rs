@@ -323,9 +323,7 @@ fn in_place_output_aliases_input_0() {
         let img = compile_emu_from(&package_src(), &req, &case.name("aie2p")).expect("compiles");
         let mut b = Buffers::new(&case, 11);
         let want = reference(&case, &req, &b);
-        let (json, lib) = hsa_runtime64::image::split_image_v2(&img).unwrap();
-        let hash = hsa_runtime64::image::fnv1a64(&img[24..]);
-        let loaded = hsa_runtime64::exec::iron::load(hash, json, lib).unwrap();
+        let loaded = hsa_runtime64::exec::iron::load(&img).unwrap();
         let loaded = loaded.lock();
         let a = OperandMem {
             addr: b.bufs[0].as_mut_ptr() as usize,

@@ -96,6 +96,20 @@ def private_dir(d: Path) -> None:
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
+def write_cached(path: Path, data: bytes) -> None:
+    """Puts `data` at `path` in a private cache directory, replacing it atomically (concurrent
+    builds of the same key race benignly); OSError when the cache cannot be written."""
+    private_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def compiler() -> str:
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
@@ -244,10 +258,7 @@ def build_library(cores, kernels, arch: str, log=None) -> bytes:
         if objects:
             _check(_run([cxx, "-shared", "-s", *objects, "-o", str(out)], log), names)
         data = out.read_bytes()
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", dir=cache)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, cached)
+    write_cached(cached, data)
     return data
 
 

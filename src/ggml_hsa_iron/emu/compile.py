@@ -16,7 +16,6 @@ import json
 import os
 import struct
 import sys
-import tempfile
 from pathlib import Path
 
 from ..errors import BuildError
@@ -25,7 +24,7 @@ from ..plans import core_sources, prepare
 from ..registry import lookup
 from ..request import Request
 from . import install, iron
-from .build import build_library, cache_dir, compiler, private_dir, read_cached, sources_digest
+from .build import build_library, cache_dir, compiler, read_cached, sources_digest, write_cached
 from .program import DesignError
 
 MAGIC = b"HSASIMK1"
@@ -119,17 +118,10 @@ def compile_emu(req: Request, output_dir: Path) -> None:
         return
     image = _compile_image(req)
     install_kernel(req, output_dir, image, insts_bytes(image))
-    tmp = None
     try:
-        private_dir(cached.parent)
-        fd, tmp = tempfile.mkstemp(prefix=".design-", dir=cached.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(image)
-        os.replace(tmp, cached)
+        write_cached(cached, image)
     except OSError:
-        # A read-only or full cache: the next compile records the design again.
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+        pass  # a read-only or full cache: the next compile records the design again
 
 
 def _compile_image(req: Request) -> bytes:

@@ -12,7 +12,6 @@
 
 use hsa_runtime64::cost;
 use hsa_runtime64::exec::iron::{self, timing::Rates};
-use hsa_runtime64::image;
 use serde_json::json;
 use std::process::ExitCode;
 
@@ -52,19 +51,14 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
         return Err(format!("{path}: {size} bytes, more than an image may have"));
     }
     let img = std::fs::read(&path).map_err(|e| format!("{path}: {e}"))?;
-    let (program, library) = image::split_image_v2(&img)?;
-    let prog: serde_json::Value =
-        serde_json::from_slice(program).map_err(|e| format!("{path}: the program: {e}"))?;
-    let sizes: Vec<usize> = prog["args"]
-        .as_array()
-        .ok_or_else(|| format!("{path}: the program declares no operands"))?
-        .iter()
-        .map(|a| a["bytes"].as_u64().map(|b| b as usize))
-        .collect::<Option<_>>()
-        .ok_or_else(|| format!("{path}: an operand without a size"))?;
-    let hash = image::fnv1a64(&img[image::IMAGE_V2_HEADER_LEN..]);
-    let loaded = iron::load(hash, program, library)?;
+    let loaded = iron::load(&img).map_err(|e| format!("{path}: {e}"))?;
     let loaded = loaded.lock();
+    let sizes: Vec<usize> = loaded
+        .program
+        .args
+        .iter()
+        .map(|a| a.bytes as usize)
+        .collect();
     // Inputs of small bf16 values (0.125 as bf16 bits, whatever the element type) keep the
     // cores' host arithmetic off its slow paths; the output is overwritten.
     let mut buffers: Vec<Vec<u8>> = sizes

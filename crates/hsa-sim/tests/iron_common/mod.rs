@@ -227,9 +227,7 @@ pub fn run_emu_timed(
     b: &mut Buffers,
     model: &hsa_runtime64::cost::ArchModel,
 ) -> Result<exec::iron::timing::Timeline, String> {
-    let (json, lib) = image::split_image_v2(img)?;
-    let hash = image::fnv1a64(&img[image::IMAGE_V2_HEADER_LEN..]);
-    let loaded = exec::iron::load(hash, json, lib)?;
+    let loaded = exec::iron::load(img)?;
     let loaded = loaded.lock();
     let rates = exec::iron::timing::Rates::of(model);
     let stats = exec::iron::execute_buffers(&loaded, &mut b.bufs, rates)?;

@@ -36,8 +36,11 @@ impl std::fmt::Debug for sched::Sim<'_> {
 type Cache = Vec<(u64, Arc<Mutex<Loaded>>)>;
 static CACHE: Mutex<Cache> = Mutex::new(Vec::new());
 
-/// Parses and loads an image-2 payload (`json`, `library`), or returns the cached one.
-pub fn load(hash: u64, json: &[u8], library: &[u8]) -> Result<Arc<Mutex<Loaded>>, String> {
+/// Parses and loads an image version 2 (its program JSON and core library), or returns the
+/// one loaded before (keyed by the payload's hash).
+pub fn load(image: &[u8]) -> Result<Arc<Mutex<Loaded>>, String> {
+    let (json, library) = crate::image::split_image_v2(image)?;
+    let hash = crate::image::fnv1a64(&image[crate::image::IMAGE_V2_HEADER_LEN..]);
     {
         let mut c = CACHE.lock();
         if let Some(i) = c.iter().position(|(h, _)| *h == hash) {
