@@ -50,6 +50,7 @@ from .tiling import (
     divisors,
     gemv_memtile_bytes,
     mv_norm_bytes,
+    mvq_x_bytes,
     stash_bytes,
 )
 
@@ -134,11 +135,12 @@ class FfnSpec:
 def ffn_core_bytes(up: GemvPlan) -> int:
     """What a core holds besides its stack, over every phase: the W tiles, x and y objects
     (double-buffered, the same fifos in every phase), n kept for the norm (mv_norm.h) and the
-    GLU's stash of nr gate sums (mv_stash.h), both of phase 1 (`up`). The MUL_MAT_ADD phases
-    keep nothing else."""
+    GLU's stash of nr gate sums (mv_stash.h), both of phase 1 (`up`), and the bf16 copy of x
+    of the 32-value block types (mvq.cc). The MUL_MAT_ADD phases keep nothing else."""
     nr, kc = up.rows_per_tile, up.k_chunk
     w = up.w_units(kc) * max(up.w_size, 1)
-    return 2 * nr * w + 2 * kc * F32 + 2 * nr * F32 + stash_bytes(nr) + mv_norm_bytes(up.K, kc)
+    keep = stash_bytes(nr) + mv_norm_bytes(up.K, kc) + mvq_x_bytes(up.w_block, kc)
+    return 2 * nr * w + 2 * kc * F32 + 2 * nr * F32 + keep
 
 
 def phase_tasks(q: GemvPlan, products: int) -> dict[str, int]:

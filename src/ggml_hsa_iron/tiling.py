@@ -950,6 +950,13 @@ def plan_gemv(
     return best
 
 
+def mvq_x_bytes(w_block: int, kc: int) -> int:
+    """The bf16 copy of a K chunk of x that the GEMV core keeps for the 32-value block types
+    (kernels/mvq.cc's g_xb: their blocks are decoded a whole block at a time), 64-byte
+    aligned; 0 for the others."""
+    return -(-kc * 2 // 64) * 64 if w_block == 32 else 0
+
+
 def stash_bytes(nr: int) -> int:
     """A GEMV core's stash of nr f32 sums (mv_stash.h, 64-byte aligned): MUL_MAT_<glu>'s gate
     sums, or the sums of an f16 output."""
@@ -1059,6 +1066,7 @@ def _plan_gemv_blocks(
                 for kc in reversed(k_options):
                     kcw = kc // w_block * w_block_bytes
                     l1 = 2 * nr * kcw + 2 * kc * x_size + 2 * nr * y_size + staging
+                    l1 += mvq_x_bytes(w_block, kc)
                     l1 += stash_bytes(nr) if glu or stash else 0
                     l1 += mv_norm_bytes(K, kc) if norm else 0
                     l1 += mv_rope_bytes(rope) if rope else 0

@@ -155,6 +155,95 @@ static inline vf halves(const uint8_t *p, int n) {
 
 #endif
 
+// The types whose blocks are decoded a whole block at a time on the vector unit (block32).
+#define MVQ_VECTOR_BLOCKS (MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0 || MVQ_Q8_0)
+
+#if MVQ_VECTOR_BLOCKS
+
+// The 32-value blocks decoded on the vector unit, a whole block at a time: the codes unpacked
+// with vector shifts and masks, turned into bf16 exactly (integers below 2^8) and multiplied by
+// the block's scale rounded to bf16; what the GEMV (mvq.cc) multiplies with x. The scalar unit
+// only converts the scale (and reads Q5_0's high bits).
+using vb32 = aie::vector<bfloat16, 32>;
+
+// An f16 field rounded to bf16 (nearest even; NaN stays NaN), on the scalar unit.
+static inline bfloat16 half_to_bf16(const uint8_t *p) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, f16_to_f32(uint16_t(u16_at(p))));
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    r = (u >> 16) | 0x40u;
+  return __builtin_bit_cast(bfloat16, uint16_t(r));
+}
+
+// The vectors every block's decoding uses, made once per call.
+struct BlockConsts {
+  aie::vector<uint16_t, 16> low_nibble = aie::broadcast<uint16_t, 16>(0x0f);
+#if MVQ_Q5_0
+  aie::vector<int16_t, 32> offset = aie::broadcast<int16_t, 32>(16);
+#else
+  aie::vector<int16_t, 32> offset = aie::broadcast<int16_t, 32>(8);
+#endif
+#if MVQ_Q5_0
+  // Lane i's fifth bit is bit i % 16 of its half of qh.
+  aie::vector<uint16_t, 32> lane_bit = lane_bits();
+  aie::vector<uint16_t, 32> zero = aie::broadcast<uint16_t, 32>(0);
+  aie::vector<uint16_t, 32> sixteen = aie::broadcast<uint16_t, 32>(16);
+  static aie::vector<uint16_t, 32> lane_bits() {
+    alignas(64) uint16_t b[32];
+    for (int i = 0; i < 32; ++i)
+      b[i] = uint16_t(1u << (i % 16));
+    return aie::load_v<32>(b);
+  }
+#endif
+};
+
+// The block's 32 codes as int16 lanes in value order (Q4_0, Q5_0 less their offset).
+static inline aie::vector<int16_t, 32> block_codes(const uint8_t *b, const BlockConsts &k) {
+#if MVQ_Q8_0
+  (void)k;
+  return aie::unpack(aie::load_unaligned_v<32>(reinterpret_cast<const int8_t *>(b + 2)));
+#else
+#if MVQ_Q4_0
+  const int head = 2; // d
+#elif MVQ_Q4_1
+  const int head = 4; // d, m
+#else
+  const int head = 6; // d, qh
+#endif
+  // Values 0..16 in the low nibbles of the 16 bytes, 16..32 in the high ones.
+  const auto q = aie::unpack(aie::load_unaligned_v<16>(b + head));
+  auto c = aie::concat(aie::bit_and(q, k.low_nibble), aie::downshift(q, 4));
+#if MVQ_Q5_0
+  // The fifth bit of value j is bit j of the little-endian u32 after the scale.
+  const uint32_t qh = u32_at(b + 2);
+  const auto h = aie::concat(aie::broadcast<uint16_t, 16>(uint16_t(qh & 0xffffu)),
+                             aie::broadcast<uint16_t, 16>(uint16_t(qh >> 16)));
+  const auto set = aie::lt(k.zero, aie::bit_and(h, k.lane_bit));
+  c = aie::bit_or(c, aie::select(k.zero, k.sixteen, set));
+#endif
+#if MVQ_Q4_1
+  return aie::vector_cast<int16_t>(c);
+#else
+  return aie::sub(aie::vector_cast<int16_t>(c), k.offset);
+#endif
+#endif
+}
+
+// The block's 32 values d * code in bf16 (Q4_1's m is added to the product by the caller: it
+// multiplies x's sum, block_min).
+static inline vb32 block32(const uint8_t *b, const BlockConsts &k) {
+  const vb32 codes = aie::to_float<bfloat16>(block_codes(b, k));
+  return aie::mul(codes, aie::broadcast<bfloat16, 32>(half_to_bf16(b))).template to_vector<bfloat16>();
+}
+
+#if MVQ_Q4_1
+static inline vb32 block_min(const uint8_t *b) { return aie::broadcast<bfloat16, 32>(half_to_bf16(b + 2)); }
+#endif
+
+#else
+struct BlockConsts {};
+#endif
+
 // Values 16g .. 16g + 16 of a row of whole blocks, in f32.
 static inline vf decode16(const uint8_t *row, int g) {
 #if MVQ_F16

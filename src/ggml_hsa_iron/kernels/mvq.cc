@@ -48,9 +48,38 @@ using namespace ggml_aie;
 static_assert(MV_KC % QB == 0, "a K chunk is whole blocks");
 constexpr int ROW_BYTES = MV_KC / QB * BB;
 
+// x's chunk in bf16, converted once per call for all the tile's rows, where the blocks are
+// decoded a whole block at a time (MVQ_VECTOR_BLOCKS: block32).
+#if MVQ_VECTOR_BLOCKS
+alignas(64) static bfloat16 g_xb[MV_KC];
+
+static inline void convert_x(const float *x) {
+  for (int k = 0; k < MV_KC; k += VEC)
+    aie::store_v(g_xb + k, narrow<bfloat16>(load_aligned(x + k)));
+}
+#else
+static inline void convert_x(const float *) {}
+#endif
+
 #if !MVQ_F16
 
-static inline float row_dot(const uint8_t *row, const float *x) {
+#if MVQ_VECTOR_BLOCKS
+
+static inline float row_dot(const uint8_t *row, const float *, const BlockConsts &k) {
+  auto acc = aie::zeros<accfloat, 32>();
+  for (int blk = 0; blk < MV_KC / QB; ++blk) {
+    const auto xb = aie::load_v<32>(g_xb + blk * QB);
+    acc = aie::mac(acc, block32(row + blk * BB, k), xb);
+#if MVQ_Q4_1
+    acc = aie::mac(acc, block_min(row + blk * BB), xb);
+#endif
+  }
+  return aie::reduce_add(acc.template to_vector<float>());
+}
+
+#else
+
+static inline float row_dot(const uint8_t *row, const float *x, const BlockConsts &) {
   auto acc = aie::zeros<accfloat, VEC>();
   for (int blk = 0; blk < MV_KC / QB; ++blk)
     for (int g = 0; g < QB / (int)VEC; ++g) {
@@ -61,9 +90,11 @@ static inline float row_dot(const uint8_t *row, const float *x) {
   return aie::reduce_add(acc.template to_vector<float>());
 }
 
+#endif
+
 #else // MVQ_F16
 
-static inline float row_dot(const uint8_t *row, const float *x) {
+static inline float row_dot(const uint8_t *row, const float *x, const BlockConsts &) {
   constexpr int body = MV_KC - MV_KC % VEC;
   auto acc = aie::zeros<accfloat, VEC>();
   for (int k = 0; k < body; k += VEC)
@@ -95,13 +126,15 @@ static inline void accumulate(const int8_t *w, const float *x, float *y) {
   // ggml converts to bf16; the core's reset mode (floor) would bias every product down.
   set_ggml_rounding();
   const uint8_t *wb = reinterpret_cast<const uint8_t *>(w);
+  convert_x(x);
+  const BlockConsts k;
   // Results are gathered VEC rows at a time and added to y with vector adds (the scalar
   // unit has no floating point).
   for (int r0 = 0; r0 < MV_ROWS; r0 += VEC) {
     int n = MV_ROWS - r0 < (int)VEC ? MV_ROWS - r0 : (int)VEC;
     vf sums = splat(0.0f);
     for (int i = 0; i < n; ++i)
-      sums.set(row_dot(wb + (r0 + i) * ROW_BYTES, x), i);
+      sums.set(row_dot(wb + (r0 + i) * ROW_BYTES, x, k), i);
     store_part(y + r0, add(load_part(y + r0, n), sums), n);
   }
 }

@@ -4,7 +4,9 @@ Random weight blocks of every type (scales chosen in a sane range, every other b
 are decoded by this file's own reading of ggml's block layouts (ggml-common.h) and the
 kernel's sums are compared with sum(bf16(w) * bf16(x)) in exact arithmetic: the kernel rounds
 the decoded weights and the activations to bf16 (round to nearest even) and sums the exact
-products in f32, so the difference is f32 summation error only. Built for aie2 and aie2p (on
+products in f32, so the difference is f32 summation error only. The types decoded a block at a
+time (VECTOR_BLOCKS) round the scale to bf16 first: w = bf16(bf16(d) * code), and Q4_1's min
+is a term of its own. Built for aie2 and aie2p (on
 aie2 the f32 vector multiplies that scale the codes are emulated with bf16 pieces). Skipped
 when no host C++ compiler is installed.
 """
@@ -44,19 +46,42 @@ def k_scale_min(sc: bytes, s: int) -> tuple[int, int]:
     return (sc[s + 4] & 0x0F) | ((sc[s - 4] >> 6) << 4), (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4)
 
 
+# The types whose blocks the kernel decodes a whole block at a time (block_decode.h's block32):
+# the weight is bf16(bf16(d) * code), Q4_1's m a second term bf16(m).
+VECTOR_BLOCKS = ("q4_0", "q4_1", "q5_0", "q8_0")
+
+
+def block_codes(ty: str, b: bytes) -> tuple[float, float, list[int]]:
+    """A 32-value block's scale d, min m (Q4_1; else 0) and integer codes: value = d * code + m."""
+    d = f16_at(b, 0)
+    if ty == "q4_0":
+        return d, 0.0, [nib32(b[2:], j) - 8 for j in range(32)]
+    if ty == "q4_1":
+        return d, f16_at(b, 2), [nib32(b[4:], j) for j in range(32)]
+    if ty == "q5_0":
+        qh = struct.unpack_from("<I", b, 2)[0]
+        return d, 0.0, [(nib32(b[6:], j) | ((qh >> j) & 1) << 4) - 16 for j in range(32)]
+    if ty == "q8_0":
+        return d, 0.0, [struct.unpack_from("b", b, 2 + j)[0] for j in range(32)]
+    raise ValueError(ty)
+
+
+def weight_terms(ty: str, b: bytes) -> list[list[float]]:
+    """Per value of one block, the bf16 terms the kernel multiplies with bf16(x)."""
+    if ty in VECTOR_BLOCKS:
+        d, m, codes = block_codes(ty, b)
+        extra = [bf16_round(m)] if ty == "q4_1" else []
+        return [[bf16_round(bf16_round(d) * c), *extra] for c in codes]
+    return [[bf16_round(f32(v))] for v in decode(ty, b)]
+
+
 def decode(ty: str, b: bytes) -> list[float]:
     """One block of `ty` as exact values (Python floats)."""
     if ty == "f16":
         return [f16_at(b, 0)]
-    if ty == "q4_0":
-        return [f16_at(b, 0) * (nib32(b[2:], j) - 8) for j in range(32)]
-    if ty == "q4_1":
-        return [f16_at(b, 0) * nib32(b[4:], j) + f16_at(b, 2) for j in range(32)]
-    if ty == "q5_0":
-        qh = struct.unpack_from("<I", b, 2)[0]
-        return [f16_at(b, 0) * ((nib32(b[6:], j) | ((qh >> j) & 1) << 4) - 16) for j in range(32)]
-    if ty == "q8_0":
-        return [f16_at(b, 0) * struct.unpack_from("b", b, 2 + j)[0] for j in range(32)]
+    if ty in VECTOR_BLOCKS:
+        d, m, codes = block_codes(ty, b)
+        return [d * c + m for c in codes]
     if ty in ("q4_K", "q5_K"):
         d, dmin, out = f16_at(b, 0), f16_at(b, 2), []
         qs = b[16:] if ty == "q4_K" else b[48:]
@@ -124,8 +149,8 @@ class MvqHostTest(unittest.TestCase):
         y = run(ty, arch, rows, kc, b"".join(blocks), x)
         per_row = kc // block
         for r in range(rows):
-            wv = [v for b in blocks[r * per_row : (r + 1) * per_row] for v in decode(ty, b)]
-            prods = [bf16_round(f32(a)) * bf16_round(v) for a, v in zip(wv, x)]
+            wv = [t for b in blocks[r * per_row : (r + 1) * per_row] for t in weight_terms(ty, b)]
+            prods = [w * bf16_round(v) for terms, v in zip(wv, x) for w in terms]
             # ggml_mvq ran twice on the same y: 2 * the dot product.
             want = 2 * sum(prods)
             tol = 2 * sum(abs(p) for p in prods) * 2.0**-21 + 1e-30

@@ -224,8 +224,11 @@ template <unsigned N, typename T> AIE_OP vector<std::remove_const_t<T>, N> load_
     r.v[i] = p[i];
   return r;
 }
+// A pointer not aligned to the vector: the two aligned vectors around it and a shift.
 template <unsigned N, typename T>
 AIE_OP vector<std::remove_const_t<T>, N> load_unaligned_v(T *p, unsigned = 1) {
+  detail::count_load(N * sizeof(T));
+  detail::count_alu(N * sizeof(T));
   return load_v<N>(p);
 }
 template <typename T, unsigned N> AIE_OP void store_v(T *p, const vector<T, N> &x) {
@@ -310,39 +313,88 @@ template <unsigned N> AIE_OP accum<accfloat, N> mul(const vector<float, N> &a, f
   return mul(a, broadcast<float, N>(s));
 }
 
-template <unsigned N> AIE_OP vector<int32_t, N> bit_and(const vector<int32_t, N> &a, const vector<int32_t, N> &b) {
-  detail::count_alu(N * 4);
-  vector<int32_t, N> r;
+template <typename T, unsigned N> AIE_OP vector<T, N> bit_and(const vector<T, N> &a, const vector<T, N> &b) {
+  static_assert(std::is_integral_v<T>, "bit operations are on integer vectors");
+  detail::count_alu(N * sizeof(T));
+  vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
-    r.v[i] = a.v[i] & b.v[i];
+    r.v[i] = (T)(a.v[i] & b.v[i]);
   return r;
 }
-template <unsigned N> AIE_OP vector<int32_t, N> bit_or(const vector<int32_t, N> &a, const vector<int32_t, N> &b) {
-  detail::count_alu(N * 4);
-  vector<int32_t, N> r;
+template <typename T, unsigned N> AIE_OP vector<T, N> bit_or(const vector<T, N> &a, const vector<T, N> &b) {
+  static_assert(std::is_integral_v<T>, "bit operations are on integer vectors");
+  detail::count_alu(N * sizeof(T));
+  vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
-    r.v[i] = a.v[i] | b.v[i];
+    r.v[i] = (T)(a.v[i] | b.v[i]);
   return r;
 }
-template <unsigned N> AIE_OP vector<int32_t, N> bit_xor(const vector<int32_t, N> &a, const vector<int32_t, N> &b) {
-  detail::count_alu(N * 4);
-  vector<int32_t, N> r;
+template <typename T, unsigned N> AIE_OP vector<T, N> bit_xor(const vector<T, N> &a, const vector<T, N> &b) {
+  static_assert(std::is_integral_v<T>, "bit operations are on integer vectors");
+  detail::count_alu(N * sizeof(T));
+  vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
-    r.v[i] = a.v[i] ^ b.v[i];
+    r.v[i] = (T)(a.v[i] ^ b.v[i]);
   return r;
 }
-template <unsigned N> AIE_OP vector<int32_t, N> downshift(const vector<int32_t, N> &a, unsigned s) {
-  detail::count_alu(N * 4);
-  vector<int32_t, N> r;
+// Arithmetic for signed lanes, logical for unsigned ones.
+template <typename T, unsigned N> AIE_OP vector<T, N> downshift(const vector<T, N> &a, unsigned s) {
+  static_assert(std::is_integral_v<T>, "shifts are on integer vectors");
+  detail::count_alu(N * sizeof(T));
+  vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
-    r.v[i] = a.v[i] >> s;
+    r.v[i] = (T)(a.v[i] >> s);
   return r;
 }
-template <unsigned N> AIE_OP vector<int32_t, N> upshift(const vector<int32_t, N> &a, unsigned s) {
-  detail::count_alu(N * 4);
-  vector<int32_t, N> r;
+template <typename T, unsigned N> AIE_OP vector<T, N> upshift(const vector<T, N> &a, unsigned s) {
+  static_assert(std::is_integral_v<T>, "shifts are on integer vectors");
+  detail::count_alu(N * sizeof(T));
+  vector<T, N> r;
   for (unsigned i = 0; i < N; ++i)
-    r.v[i] = (int32_t)((uint32_t)a.v[i] << s);
+    r.v[i] = (T)((std::make_unsigned_t<T>)a.v[i] << s);
+  return r;
+}
+
+// Lanes widened to twice their bits (sign- or zero-extended): one shuffle-unit op per 512
+// bits of result.
+template <typename T> struct unpacked;
+template <> struct unpacked<int8_t> { using type = int16_t; };
+template <> struct unpacked<uint8_t> { using type = uint16_t; };
+template <typename T, unsigned N> AIE_OP vector<typename unpacked<T>::type, N> unpack(const vector<T, N> &a) {
+  using U = typename unpacked<T>::type;
+  detail::count_alu(N * sizeof(U));
+  vector<U, N> r;
+  for (unsigned i = 0; i < N; ++i)
+    r.v[i] = (U)a.v[i];
+  return r;
+}
+
+// a's lanes, then b's.
+template <typename T, unsigned N> AIE_OP vector<T, 2 * N> concat(const vector<T, N> &a, const vector<T, N> &b) {
+  detail::count_alu(2 * N * sizeof(T));
+  vector<T, 2 * N> r;
+  for (unsigned i = 0; i < N; ++i) {
+    r.v[i] = a.v[i];
+    r.v[N + i] = b.v[i];
+  }
+  return r;
+}
+
+// Integers (scaled by 2^-shift) to float lanes through the accumulator: two conversions, as
+// from_vector and to_vector count them. Exact for the small integers the decoders make; the
+// bf16 result is rounded in the core's mode otherwise.
+template <typename TR, typename T, unsigned N> AIE_OP vector<TR, N> to_float(const vector<T, N> &a, int shift = 0) {
+  static_assert(std::is_integral_v<T>, "to_float converts integer vectors");
+  detail::count_alu(N * 4);
+  detail::count_alu(N * 4);
+  vector<TR, N> r;
+  for (unsigned i = 0; i < N; ++i) {
+    const float f = __builtin_ldexpf((float)a.v[i], -shift);
+    if constexpr (std::is_same_v<TR, bfloat16>)
+      r.v[i].bits = detail::bf16_round(f, detail::g_rounding);
+    else
+      r.v[i] = TR(f);
+  }
   return r;
 }
 template <typename T, unsigned N> AIE_OP mask<N> lt(const vector<T, N> &a, const vector<T, N> &b) {
