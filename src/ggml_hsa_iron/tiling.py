@@ -951,10 +951,9 @@ def plan_gemv(
 
 
 def mvq_x_bytes(w_block: int, kc: int) -> int:
-    """The bf16 copy of a K chunk of x that the GEMV core keeps for the 32-value block types
-    (kernels/mvq.cc's g_xb: their blocks are decoded a whole block at a time), 64-byte
-    aligned; 0 for the others."""
-    return -(-kc * 2 // 64) * 64 if w_block == 32 else 0
+    """The bf16 copy of a K chunk of x that the GEMV core keeps for block-quantized weights
+    (kernels/mvq.cc's g_xb), 64-byte aligned; 0 for the others (f16: w_block 1)."""
+    return -(-kc * 2 // 64) * 64 if w_block > 1 else 0
 
 
 def stash_bytes(nr: int) -> int:

@@ -1,12 +1,15 @@
-// block_decode.h: ggml's f16 and block-quantized weight layouts (ggml-common.h) decoded to
-// f32 on the core, 16 values at a time; shared by the GEMV (mvq.cc) and the GEMM (mmq.cc)
-// over weights moved as the bytes ggml stores them.
+// block_decode.h: ggml's f16 and block-quantized weight layouts (ggml-common.h) decoded on
+// the core, for the GEMV (mvq.cc) and the GEMM (mmq.cc) over weights moved as the bytes ggml
+// stores them.
 //
 // Every 16 values of a block share one scale and one offset (Q4_0, Q4_1, Q5_0, Q8_0: the
-// block's; Q4_K, Q5_K: their 32-value sub-block's; Q6_K: their own). A group's integer codes
-// are unpacked by the scalar unit (bytes, shifts and masks: no floating point, which the
-// scalar unit does not have), turned into f32 exactly (small integers) and scaled with f32
-// vector operations.
+// block's; Q4_K, Q5_K: their 32-value sub-block's; Q6_K: their own). Two decoders:
+//   group(b, g)   16 values to f32 (the GEMM's, which decodes each weight tile once for many
+//                 columns): the codes unpacked by the scalar unit (bytes, shifts and masks: it
+//                 has no floating point), turned into f32 exactly and scaled with f32 vector
+//                 operations;
+//   piece(b, j)   32 values to bf16 (the GEMV's, which decodes every weight once per token and
+//                 must keep up with its DMA): everything but the scales on the vector unit.
 //
 // Defines: exactly one of MVQ_F16, MVQ_Q4_0, MVQ_Q4_1, MVQ_Q5_0, MVQ_Q8_0, MVQ_Q4_K,
 // MVQ_Q5_K, MVQ_Q6_K. QB is the block's values, BB its bytes.
@@ -155,54 +158,109 @@ static inline vf halves(const uint8_t *p, int n) {
 
 #endif
 
-// The types whose blocks are decoded a whole block at a time on the vector unit (block32).
-#define MVQ_VECTOR_BLOCKS (MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0 || MVQ_Q8_0)
+#if !MVQ_F16
 
-#if MVQ_VECTOR_BLOCKS
-
-// The 32-value blocks decoded on the vector unit, a whole block at a time: the codes unpacked
-// with vector shifts and masks, turned into bf16 exactly (integers below 2^8) and multiplied by
-// the block's scale rounded to bf16; what the GEMV (mvq.cc) multiplies with x. The scalar unit
-// only converts the scale (and reads Q5_0's high bits).
+// The GEMV's decoding (mvq.cc), on the vector unit, 32 values of a row ("a piece") at a time:
+// the codes unpacked with vector shifts and masks, turned into bf16 exactly (integers below
+// 2^8) and multiplied by their scale rounded to bf16, which mvq.cc multiplies with x in bf16.
+// The scales are made once per block: the f16 fields rounded to bf16 on the scalar unit (which
+// has no floating point: integer code), the K-quants' sub-block scales and mins multiplied by
+// them on the vector unit. A min (Q4_1, Q4_K, Q5_K) is a term of its own: piece_min, which
+// mvq.cc multiplies with x too. So a weight is bf16(scale * code), with scale = bf16(d)
+// (Q4_0, Q4_1, Q5_0, Q8_0) or bf16(bf16(d) * sub-block scale) (K-quants): three roundings at
+// most, each relative 2^-9.
 using vb32 = aie::vector<bfloat16, 32>;
+using vb16 = aie::vector<bfloat16, 16>;
+using vs32 = aie::vector<int16_t, 32>;
+using vu32 = aie::vector<uint16_t, 32>;
+constexpr int PIECES = QB / 32;
+#if MVQ_Q4_1 || MVQ_Q4_K || MVQ_Q5_K
+#define MVQ_HAS_MIN 1
+#else
+#define MVQ_HAS_MIN 0
+#endif
 
 // An f16 field rounded to bf16 (nearest even; NaN stays NaN), on the scalar unit.
-static inline bfloat16 half_to_bf16(const uint8_t *p) {
-  const uint32_t u = __builtin_bit_cast(uint32_t, f16_to_f32(uint16_t(u16_at(p))));
+static inline bfloat16 half_to_bf16(const uint8_t *p, bool negate = false) {
+  uint32_t u = __builtin_bit_cast(uint32_t, f16_to_f32(uint16_t(u16_at(p))));
+  u ^= negate ? 0x80000000u : 0u;
   uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   if ((u & 0x7fffffffu) > 0x7f800000u)
     r = (u >> 16) | 0x40u;
   return __builtin_bit_cast(bfloat16, uint16_t(r));
 }
 
-// The vectors every block's decoding uses, made once per call.
+// The vectors every piece's decoding uses, made once per call.
 struct BlockConsts {
-  aie::vector<uint16_t, 16> low_nibble = aie::broadcast<uint16_t, 16>(0x0f);
+  aie::vector<uint16_t, 16> low_nibble16 = aie::broadcast<uint16_t, 16>(0x0f);
+  vu32 low_nibble = aie::broadcast<uint16_t, 32>(0x0f);
+  vu32 one = aie::broadcast<uint16_t, 32>(1);
+  vu32 three = aie::broadcast<uint16_t, 32>(3);
+  vu32 zero = aie::broadcast<uint16_t, 32>(0);
+  vu32 sixteen = aie::broadcast<uint16_t, 32>(16);
 #if MVQ_Q5_0
-  aie::vector<int16_t, 32> offset = aie::broadcast<int16_t, 32>(16);
-#else
-  aie::vector<int16_t, 32> offset = aie::broadcast<int16_t, 32>(8);
-#endif
-#if MVQ_Q5_0
+  vs32 offset = aie::broadcast<int16_t, 32>(16);
   // Lane i's fifth bit is bit i % 16 of its half of qh.
-  aie::vector<uint16_t, 32> lane_bit = lane_bits();
-  aie::vector<uint16_t, 32> zero = aie::broadcast<uint16_t, 32>(0);
-  aie::vector<uint16_t, 32> sixteen = aie::broadcast<uint16_t, 32>(16);
-  static aie::vector<uint16_t, 32> lane_bits() {
+  vu32 lane_bit = lane_bits();
+  static vu32 lane_bits() {
     alignas(64) uint16_t b[32];
     for (int i = 0; i < 32; ++i)
       b[i] = uint16_t(1u << (i % 16));
     return aie::load_v<32>(b);
   }
+#elif MVQ_Q6_K
+  vs32 offset = aie::broadcast<int16_t, 32>(32);
+#else
+  vs32 offset = aie::broadcast<int16_t, 32>(8);
 #endif
 };
 
-// The block's 32 codes as int16 lanes in value order (Q4_0, Q5_0 less their offset).
-static inline aie::vector<int16_t, 32> block_codes(const uint8_t *b, const BlockConsts &k) {
-#if MVQ_Q8_0
-  (void)k;
-  return aie::unpack(aie::load_unaligned_v<32>(reinterpret_cast<const int8_t *>(b + 2)));
+// A block's scales in bf16: d (and m) for the 32-value blocks; for Q4_K and Q5_K, lanes 0..8
+// the sub-blocks' d * scale, lanes 8..16 their -dmin * min; for Q6_K the 16 groups' d * scale.
+struct BlockScales {
+#if MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0 || MVQ_Q8_0
+  bfloat16 d;
+#if MVQ_Q4_1
+  bfloat16 m;
+#endif
 #else
+  vb16 v;
+#endif
+};
+
+static inline BlockScales block_scales(const uint8_t *b) {
+#if MVQ_Q4_1
+  return {half_to_bf16(b), half_to_bf16(b + 2)};
+#elif MVQ_Q4_0 || MVQ_Q5_0 || MVQ_Q8_0
+  return {half_to_bf16(b)};
+#elif MVQ_Q4_K || MVQ_Q5_K
+  alignas(32) int16_t sm[16];
+  for (int s = 0; s < 8; ++s) {
+    int32_t sc, mn;
+    k_scale_min(b + 4, s, sc, mn);
+    sm[s] = int16_t(sc);
+    sm[8 + s] = int16_t(mn);
+  }
+  const vb16 f = aie::concat(aie::broadcast<bfloat16, 8>(half_to_bf16(b)),
+                             aie::broadcast<bfloat16, 8>(half_to_bf16(b + 2, true)));
+  return {aie::mul(aie::to_float<bfloat16>(aie::load_v<16>(sm)), f).template to_vector<bfloat16>()};
+#else // MVQ_Q6_K: 16 signed 8-bit scales after ql and qh
+  const auto sc = aie::unpack(aie::load_unaligned_v<16>(reinterpret_cast<const int8_t *>(b + 192)));
+  const vb16 d = aie::broadcast<bfloat16, 16>(half_to_bf16(b + 208));
+  return {aie::mul(aie::to_float<bfloat16>(sc), d).template to_vector<bfloat16>()};
+#endif
+}
+
+// The 32 unsigned bytes at p as uint16 lanes.
+static inline vu32 bytes32(const uint8_t *p) { return aie::unpack(aie::load_unaligned_v<32>(p)); }
+
+// Piece j's 32 codes as int16 lanes in value order, less the type's offset.
+static inline vs32 piece_codes(const uint8_t *b, int j, const BlockConsts &k) {
+#if MVQ_Q8_0
+  (void)j, (void)k;
+  return aie::unpack(aie::load_unaligned_v<32>(reinterpret_cast<const int8_t *>(b + 2)));
+#elif MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0
+  (void)j;
 #if MVQ_Q4_0
   const int head = 2; // d
 #elif MVQ_Q4_1
@@ -212,32 +270,72 @@ static inline aie::vector<int16_t, 32> block_codes(const uint8_t *b, const Block
 #endif
   // Values 0..16 in the low nibbles of the 16 bytes, 16..32 in the high ones.
   const auto q = aie::unpack(aie::load_unaligned_v<16>(b + head));
-  auto c = aie::concat(aie::bit_and(q, k.low_nibble), aie::downshift(q, 4));
+  vu32 c = aie::concat(aie::bit_and(q, k.low_nibble16), aie::downshift(q, 4));
 #if MVQ_Q5_0
-  // The fifth bit of value j is bit j of the little-endian u32 after the scale.
+  // The fifth bit of value i is bit i of the little-endian u32 after the scale.
   const uint32_t qh = u32_at(b + 2);
-  const auto h = aie::concat(aie::broadcast<uint16_t, 16>(uint16_t(qh & 0xffffu)),
+  const vu32 h = aie::concat(aie::broadcast<uint16_t, 16>(uint16_t(qh & 0xffffu)),
                              aie::broadcast<uint16_t, 16>(uint16_t(qh >> 16)));
-  const auto set = aie::lt(k.zero, aie::bit_and(h, k.lane_bit));
-  c = aie::bit_or(c, aie::select(k.zero, k.sixteen, set));
+  c = aie::bit_or(c, aie::select(k.zero, k.sixteen, aie::lt(k.zero, aie::bit_and(h, k.lane_bit))));
 #endif
 #if MVQ_Q4_1
   return aie::vector_cast<int16_t>(c);
 #else
   return aie::sub(aie::vector_cast<int16_t>(c), k.offset);
 #endif
+#elif MVQ_Q4_K || MVQ_Q5_K
+  // Sub-block j uses the 32 bytes 32 * (j / 2) .. of the nibbles, low nibbles for even j;
+  // Q5_K's fifth bit of value l is bit j of qh[l].
+#if MVQ_Q4_K
+  const vu32 q = bytes32(b + 16 + 32 * (j / 2)); // after d, dmin, scales
+#else
+  const vu32 q = bytes32(b + 48 + 32 * (j / 2)); // after d, dmin, scales, qh
+#endif
+  vu32 c = j % 2 ? aie::downshift(q, 4) : aie::bit_and(q, k.low_nibble);
+#if MVQ_Q5_K
+  c = aie::bit_or(c, aie::upshift(aie::bit_and(aie::downshift(bytes32(b + 16), j), k.one), 4));
+#endif
+  return aie::vector_cast<int16_t>(c);
+#else // MVQ_Q6_K
+  // Half h = j / 4 (128 values) uses ql[64h ..] and qh[32h ..]; quarter q = j % 4 takes the low
+  // (q < 2) or high nibble of ql[64h + 32(q % 2) + l] and bits 2q, 2q+1 of qh[32h + l].
+  const int h = j / 4, q = j % 4;
+  const vu32 ql = bytes32(b + 64 * h + 32 * (q % 2));
+  const vu32 lo = q < 2 ? aie::bit_and(ql, k.low_nibble) : aie::downshift(ql, 4);
+  const vu32 hi = aie::bit_and(aie::downshift(bytes32(b + 128 + 32 * h), 2 * q), k.three);
+  return aie::sub(aie::vector_cast<int16_t>(aie::bit_or(lo, aie::upshift(hi, 4))), k.offset);
 #endif
 }
 
-// The block's 32 values d * code in bf16 (Q4_1's m is added to the product by the caller: it
-// multiplies x's sum, block_min).
-static inline vb32 block32(const uint8_t *b, const BlockConsts &k) {
-  const vb32 codes = aie::to_float<bfloat16>(block_codes(b, k));
-  return aie::mul(codes, aie::broadcast<bfloat16, 32>(half_to_bf16(b))).template to_vector<bfloat16>();
+// Piece j's scale in every lane.
+static inline vb32 piece_scale(const BlockScales &s, int j) {
+#if MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0 || MVQ_Q8_0
+  (void)j;
+  return aie::broadcast<bfloat16, 32>(s.d);
+#elif MVQ_Q4_K || MVQ_Q5_K
+  return aie::broadcast<bfloat16, 32>(s.v.get(j));
+#else // MVQ_Q6_K: one scale per 16 values
+  return aie::concat(aie::broadcast<bfloat16, 16>(s.v.get(2 * j)),
+                     aie::broadcast<bfloat16, 16>(s.v.get(2 * j + 1)));
+#endif
 }
 
+// Piece j's 32 weights scale * code in bf16 (without the min: piece_min).
+static inline vb32 piece(const uint8_t *b, int j, const BlockScales &s, const BlockConsts &k) {
+  const vb32 codes = aie::to_float<bfloat16>(piece_codes(b, j, k));
+  return aie::mul(codes, piece_scale(s, j)).template to_vector<bfloat16>();
+}
+
+#if MVQ_HAS_MIN
+// Piece j's min (m; -dmin * min for the K-quants) in every lane.
+static inline vb32 piece_min(const BlockScales &s, int j) {
 #if MVQ_Q4_1
-static inline vb32 block_min(const uint8_t *b) { return aie::broadcast<bfloat16, 32>(half_to_bf16(b + 2)); }
+  (void)j;
+  return aie::broadcast<bfloat16, 32>(s.m);
+#else
+  return aie::broadcast<bfloat16, 32>(s.v.get(8 + j));
+#endif
+}
 #endif
 
 #else

@@ -5,15 +5,17 @@
 // MV_KC / QB blocks of BB bytes (ggml's block layouts, ggml-common.h; f16: 2-byte values),
 // x is MV_KC f32 values, y MV_ROWS f32 sums accumulated over the K chunks.
 //
-// The blocks are decoded 16 values at a time by block_decode.h (shared with the GEMM, mmq.cc)
-// to f32; the f32 weights and activations are then rounded to bf16 and multiplied
-// in the bf16 MAC with f32 accumulators (bf16 in, f32 accumulate, as the float GEMV does).
+// The blocks are decoded 32 values at a time on the vector unit by block_decode.h's piece()
+// to bf16 weights; x is rounded to bf16 once per call; they are multiplied in the bf16 MAC
+// with f32 accumulators (bf16 in, f32 accumulate, as the float GEMV does). f16 weights are
+// converted 16 at a time (halves) with x.
 //
 // Precision against ggml's CPU backend: ggml-cpu quantizes each activation row to 8 bits per
 // value (Q8_0, Q8_1 or Q8_K) and sums integer products; here the activations and the decoded
-// weights are rounded to bf16 instead (8 significant bits, relative error <= 2^-9 each), so
-// the results differ from the CPU's by rounding of a similar size, within test-backend-ops'
-// MUL_MAT tolerance.
+// weights are rounded to bf16 instead (8 significant bits, relative error <= 2^-9 each; a
+// weight's scale is rounded too, up to three roundings: block_decode.h), so the results
+// differ from the CPU's by rounding of a similar size, within test-backend-ops' MUL_MAT
+// tolerance.
 //
 // Defines: exactly one of MVQ_F16, MVQ_Q4_0, MVQ_Q4_1, MVQ_Q5_0, MVQ_Q8_0, MVQ_Q4_K,
 // MVQ_Q5_K, MVQ_Q6_K; MV_ROWS, MV_KC. MV_GLU=1 with GGML_OP_<glu op>: the fused
@@ -48,51 +50,35 @@ using namespace ggml_aie;
 static_assert(MV_KC % QB == 0, "a K chunk is whole blocks");
 constexpr int ROW_BYTES = MV_KC / QB * BB;
 
-// x's chunk in bf16, converted once per call for all the tile's rows, where the blocks are
-// decoded a whole block at a time (MVQ_VECTOR_BLOCKS: block32).
-#if MVQ_VECTOR_BLOCKS
+#if !MVQ_F16
+
+// x's chunk in bf16, converted once per call for all the tile's rows.
 alignas(64) static bfloat16 g_xb[MV_KC];
 
 static inline void convert_x(const float *x) {
   for (int k = 0; k < MV_KC; k += VEC)
     aie::store_v(g_xb + k, narrow<bfloat16>(load_aligned(x + k)));
 }
-#else
-static inline void convert_x(const float *) {}
-#endif
-
-#if !MVQ_F16
-
-#if MVQ_VECTOR_BLOCKS
 
 static inline float row_dot(const uint8_t *row, const float *, const BlockConsts &k) {
   auto acc = aie::zeros<accfloat, 32>();
   for (int blk = 0; blk < MV_KC / QB; ++blk) {
-    const auto xb = aie::load_v<32>(g_xb + blk * QB);
-    acc = aie::mac(acc, block32(row + blk * BB, k), xb);
-#if MVQ_Q4_1
-    acc = aie::mac(acc, block_min(row + blk * BB), xb);
+    const uint8_t *b = row + blk * BB;
+    const BlockScales s = block_scales(b);
+    for (int j = 0; j < PIECES; ++j) {
+      const auto xb = aie::load_v<32>(g_xb + blk * QB + 32 * j);
+      acc = aie::mac(acc, piece(b, j, s, k), xb);
+#if MVQ_HAS_MIN
+      acc = aie::mac(acc, piece_min(s, j), xb);
 #endif
+    }
   }
   return aie::reduce_add(acc.template to_vector<float>());
 }
 
-#else
-
-static inline float row_dot(const uint8_t *row, const float *x, const BlockConsts &) {
-  auto acc = aie::zeros<accfloat, VEC>();
-  for (int blk = 0; blk < MV_KC / QB; ++blk)
-    for (int g = 0; g < QB / (int)VEC; ++g) {
-      vf wv = group(row + blk * BB, g);
-      vf xv = load_aligned(x + blk * QB + g * VEC);
-      acc = aie::mac(acc, narrow<bfloat16>(wv), narrow<bfloat16>(xv));
-    }
-  return aie::reduce_add(acc.template to_vector<float>());
-}
-
-#endif
-
 #else // MVQ_F16
+
+static inline void convert_x(const float *) {}
 
 static inline float row_dot(const uint8_t *row, const float *x, const BlockConsts &) {
   constexpr int body = MV_KC - MV_KC % VEC;

@@ -31,7 +31,7 @@ from ggml_hsa_iron.tiling import GLU_GROUP_ROUNDS, MAX_TASKS_PER_CHANNEL, stash_
 from ggml_hsa_iron.tests import host_program
 from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.test_kernels_host import HERE, KERNELS
-from ggml_hsa_iron.tests.test_mvq_host import decode, random_block
+from ggml_hsa_iron.tests.test_mvq_host import kernel_values, random_block
 from ggml_hsa_iron.tests.util import request_json, tensor
 from ggml_hsa_iron.tests.util_matmul import check_structure
 
@@ -257,9 +257,9 @@ def _weights(ty, rows, K, rng):
         return w.tobytes(), w.astype(np.float64).reshape(rows, K)
     block = DTYPES[ty].block
     blocks = [random_block(ty, rng) for _ in range(rows * K // block)]
-    vals = np.asarray([v for b in blocks for v in decode(ty, b)], np.float64)
-    # The kernel rounds the decoded weights to bf16 (round to nearest even).
-    return b"".join(blocks), _bf16(vals).reshape(rows, K)
+    # The decoding GEMV's weights: bf16 terms (test_mvq_host.weight_terms).
+    vals = np.asarray([v for b in blocks for v in kernel_values(ty, b)], np.float64)
+    return b"".join(blocks), vals.reshape(rows, K)
 
 
 # An upper bound of |act'(g)| (gelu's peaks at about 1.13, gelu_quick's at 1.09).

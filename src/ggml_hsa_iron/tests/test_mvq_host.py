@@ -4,9 +4,8 @@ Random weight blocks of every type (scales chosen in a sane range, every other b
 are decoded by this file's own reading of ggml's block layouts (ggml-common.h) and the
 kernel's sums are compared with sum(bf16(w) * bf16(x)) in exact arithmetic: the kernel rounds
 the decoded weights and the activations to bf16 (round to nearest even) and sums the exact
-products in f32, so the difference is f32 summation error only. The types decoded a block at a
-time (VECTOR_BLOCKS) round the scale to bf16 first: w = bf16(bf16(d) * code), and Q4_1's min
-is a term of its own. Built for aie2 and aie2p (on
+products in f32, so the difference is f32 summation error only. The quantized types round their
+scales to bf16 first (`weight_terms`). Built for aie2 and aie2p (on
 aie2 the f32 vector multiplies that scale the codes are emulated with bf16 pieces). Skipped
 when no host C++ compiler is installed.
 """
@@ -67,12 +66,59 @@ def block_codes(ty: str, b: bytes) -> tuple[float, float, list[int]]:
 
 
 def weight_terms(ty: str, b: bytes) -> list[list[float]]:
-    """Per value of one block, the bf16 terms the kernel multiplies with bf16(x)."""
+    """Per value of one block, the bf16 terms the kernel multiplies with bf16(x)
+    (block_decode.h): bf16(scale * code), scale = bf16(d) or, for the K-quants,
+    bf16(bf16(d) * sub-block scale); a min is a term of its own (Q4_1's bf16(m), the K-quants'
+    bf16(-bf16(dmin) * min))."""
     if ty in VECTOR_BLOCKS:
         d, m, codes = block_codes(ty, b)
         extra = [bf16_round(m)] if ty == "q4_1" else []
         return [[bf16_round(bf16_round(d) * c), *extra] for c in codes]
+    if ty in ("q4_K", "q5_K"):
+        d, dmin, out = bf16_round(f16_at(b, 0)), bf16_round(f16_at(b, 2)), []
+        for i, q in enumerate(k_codes(ty, b)):
+            sc, m = k_scale_min(b[4:16], i // 32)
+            out.append([bf16_round(bf16_round(d * sc) * q), bf16_round(-dmin * m)])
+        return out
+    if ty == "q6_K":
+        d = bf16_round(f16_at(b, 208))
+        return [
+            [bf16_round(bf16_round(d * struct.unpack_from("b", b, 192 + i // 16)[0]) * q)]
+            for i, q in enumerate(q6_codes(b))
+        ]
     return [[bf16_round(f32(v))] for v in decode(ty, b)]
+
+
+def kernel_values(ty: str, b: bytes) -> list[float]:
+    """One block of `ty` as the GEMV's decoding makes it: per value the sum of its bf16 terms
+    (`weight_terms`), each multiplied with bf16(x) exactly in the kernel."""
+    return [sum(t) for t in weight_terms(ty, b)]
+
+
+def k_codes(ty: str, b: bytes) -> list[int]:
+    """Q4_K's and Q5_K's 256 unsigned codes."""
+    qs = b[16:] if ty == "q4_K" else b[48:]
+    out = []
+    for i in range(256):
+        s = i // 32
+        byte = qs[32 * (s // 2) + i % 32]
+        q = byte & 0x0F if s % 2 == 0 else byte >> 4
+        if ty == "q5_K":
+            q |= ((b[16 + i % 32] >> s) & 1) << 4
+        out.append(q)
+    return out
+
+
+def q6_codes(b: bytes) -> list[int]:
+    """Q6_K's 256 codes, less their offset 32."""
+    out = []
+    for i in range(256):
+        h, q, lane = i // 128, (i % 128) // 32, i % 32
+        byte = b[64 * h + 32 * (q % 2) + lane]
+        low = byte & 0x0F if q < 2 else byte >> 4
+        high = (b[128 + 32 * h + lane] >> (2 * q)) & 3
+        out.append((low | high << 4) - 32)
+    return out
 
 
 def decode(ty: str, b: bytes) -> list[float]:
@@ -84,26 +130,15 @@ def decode(ty: str, b: bytes) -> list[float]:
         return [d * c + m for c in codes]
     if ty in ("q4_K", "q5_K"):
         d, dmin, out = f16_at(b, 0), f16_at(b, 2), []
-        qs = b[16:] if ty == "q4_K" else b[48:]
-        for i in range(256):
-            s = i // 32
-            byte = qs[32 * (s // 2) + i % 32]
-            q = byte & 0x0F if s % 2 == 0 else byte >> 4
-            if ty == "q5_K":
-                q |= ((b[16 + i % 32] >> s) & 1) << 4
-            sc, m = k_scale_min(b[4:16], s)
+        for i, q in enumerate(k_codes(ty, b)):
+            sc, m = k_scale_min(b[4:16], i // 32)
             out.append(d * sc * q - dmin * m)
         return out
     if ty == "q6_K":
-        d, out = f16_at(b, 208), []
-        for i in range(256):
-            h, q, lane = i // 128, (i % 128) // 32, i % 32
-            byte = b[64 * h + 32 * (q % 2) + lane]
-            low = byte & 0x0F if q < 2 else byte >> 4
-            high = (b[128 + 32 * h + lane] >> (2 * q)) & 3
-            scale = struct.unpack_from("b", b, 192 + i // 16)[0]
-            out.append(d * scale * ((low | high << 4) - 32))
-        return out
+        d = f16_at(b, 208)
+        return [
+            d * struct.unpack_from("b", b, 192 + i // 16)[0] * q for i, q in enumerate(q6_codes(b))
+        ]
     raise ValueError(ty)
 
 

@@ -292,13 +292,12 @@ class FfnEmulationTest(unittest.TestCase):
     """The design compiled for `--target emu`, its program run in order on real data."""
 
     def test_fast_weights_are_ggml_blocks(self):
-        from ggml_hsa_iron.tests.test_mul_mat_glu import _bf16
-        from ggml_hsa_iron.tests.test_mvq_host import decode
+        from ggml_hsa_iron.tests.test_mvq_host import kernel_values
 
         for ty, size in (("q4_0", 18), ("q8_0", 34)):
             raw, vals = fast_weights(ty, 3, 64, np.random.default_rng(1))
             blocks = [raw[i : i + size] for i in range(0, len(raw), size)]
-            want = _bf16([v for b in blocks for v in decode(ty, b)]).reshape(3, 64)
+            want = np.asarray([v for b in blocks for v in kernel_values(ty, b)]).reshape(3, 64)
             np.testing.assert_array_equal(vals, want)
 
     def check(self, glu, ty, N, K, F, arch, layout, seed, two_kernels="ffn"):
