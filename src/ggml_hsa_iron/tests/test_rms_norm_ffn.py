@@ -32,7 +32,13 @@ from ggml_hsa_iron.errors import RequestError, UnsupportedError
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.plans_ffn import ffn_core_bytes, program_tasks
 from ggml_hsa_iron.request import Tensor, parse_request
-from ggml_hsa_iron.tiling import MAX_TASKS_PER_CHANNEL, SHIM_GROUP_TASKS, mv_norm_bytes, stash_bytes
+from ggml_hsa_iron.tiling import (
+    MAX_TASKS_PER_CHANNEL,
+    SHIM_GROUP_TASKS,
+    mv_norm_bytes,
+    mvq_x_bytes,
+    stash_bytes,
+)
 
 from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.util import request_dict, tensor
@@ -142,8 +148,10 @@ class FfnPlanTest(unittest.TestCase):
                 nr, kc = p.rows_per_tile, p.k_chunk
                 w = p.w_units(kc) * max(p.w_size, 1)
                 want = 2 * nr * w + 2 * kc * 4 + 2 * nr * 4
-                want += stash_bytes(nr) + mv_norm_bytes(K, kc)
+                want += stash_bytes(nr) + mv_norm_bytes(K, kc) + mvq_x_bytes(p.w_block, kc)
                 self.assertEqual(ffn_core_bytes(p), want)
+                # The decoding GEMV keeps x's chunk in bf16 too; f32 and bf16 weights nothing.
+                self.assertEqual(mvq_x_bytes(p.w_block, kc) >= 2 * kc, ty not in ("f32", "bf16"))
                 self.assertLessEqual(want, spec.arch.l1_budget)
                 self.assertGreaterEqual(mv_norm_bytes(K, kc), K * 4)  # n kept whole
 
