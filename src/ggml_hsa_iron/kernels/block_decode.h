@@ -161,14 +161,13 @@ static inline vf halves(const uint8_t *p, int n) {
 #if !MVQ_F16
 
 // The GEMV's decoding (mvq.cc), on the vector unit, 32 values of a row ("a piece") at a time:
-// the codes unpacked with vector shifts and masks, turned into bf16 exactly (integers below
-// 2^8) and multiplied by their scale rounded to bf16, which mvq.cc multiplies with x in bf16.
-// The scales are made once per block: the f16 fields rounded to bf16 on the scalar unit (which
-// has no floating point: integer code), the K-quants' sub-block scales and mins multiplied by
-// them on the vector unit. A min (Q4_1, Q4_K, Q5_K) is a term of its own: piece_min, which
-// mvq.cc multiplies with x too. So a weight is bf16(scale * code), with scale = bf16(d)
-// (Q4_0, Q4_1, Q5_0, Q8_0) or bf16(bf16(d) * sub-block scale) (K-quants): three roundings at
-// most, each relative 2^-9.
+// the codes unpacked with vector shifts and masks and turned into bf16 exactly (integers below
+// 2^8), then weight = scale * code (+ min) formed in the f32 accumulator and rounded to bf16
+// once, as the scalar decoder's f32 weights are. The bf16 MAC takes the scale and the min as
+// two bf16 halves each (hi + lo: an f16 field exactly, the K-quants' d * sub-block scale to
+// 16 bits), so that a weight near zero (a scaled code less its min) keeps its own precision.
+// The scales are made once per block: the f16 fields split on the scalar unit (which has no
+// floating point: integer code), the K-quants' sub-block products on the vector unit.
 using vb32 = aie::vector<bfloat16, 32>;
 using vb16 = aie::vector<bfloat16, 16>;
 using vs32 = aie::vector<int16_t, 32>;
@@ -180,14 +179,26 @@ constexpr int PIECES = QB / 32;
 #define MVQ_HAS_MIN 0
 #endif
 
-// An f16 field rounded to bf16 (nearest even; NaN stays NaN), on the scalar unit.
-static inline bfloat16 half_to_bf16(const uint8_t *p, bool negate = false) {
-  uint32_t u = __builtin_bit_cast(uint32_t, f16_to_f32(uint16_t(u16_at(p))));
-  u ^= negate ? 0x80000000u : 0u;
-  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    r = (u >> 16) | 0x40u;
-  return __builtin_bit_cast(bfloat16, uint16_t(r));
+// A value as the sum of two bf16.
+struct Bf16Pair {
+  bfloat16 hi, lo;
+};
+
+// An f16 field (negated if asked) as hi + lo exactly: hi its f32 bits truncated to bf16, lo the
+// rest (at most 3 significant bits); inf and NaN in hi. On the scalar unit.
+static inline Bf16Pair half_split(const uint8_t *p, bool negate = false) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, f16_to_f32(uint16_t(u16_at(p)))) ^
+                     (negate ? 0x80000000u : 0u);
+  const uint32_t e = (u >> 23) & 0xffu, rem = u & 0xffffu;
+  uint16_t hi = uint16_t(u >> 16), lo = 0;
+  if (e == 0xffu) {
+    hi = (u & 0x7fffffu) ? uint16_t((u >> 16) | 0x40u) : hi; // NaN stays NaN
+  } else if (rem != 0) {
+    const uint32_t top = 31u - uint32_t(__builtin_clz(rem)); // rem = 2^top * (1 + f)
+    const uint32_t bits = (u & 0x80000000u) | ((e - 23u + top) << 23) | ((rem << (23u - top)) & 0x7fffffu);
+    lo = uint16_t(bits >> 16);
+  }
+  return {__builtin_bit_cast(bfloat16, hi), __builtin_bit_cast(bfloat16, lo)};
 }
 
 // The vectors every piece's decoding uses, made once per call.
@@ -198,6 +209,7 @@ struct BlockConsts {
   vu32 three = aie::broadcast<uint16_t, 32>(3);
   vu32 zero = aie::broadcast<uint16_t, 32>(0);
   vu32 sixteen = aie::broadcast<uint16_t, 32>(16);
+  vb32 ones = aie::broadcast<bfloat16, 32>(bfloat16(1.0f));
 #if MVQ_Q5_0
   vs32 offset = aie::broadcast<int16_t, 32>(16);
   // Lane i's fifth bit is bit i % 16 of its half of qh.
@@ -215,24 +227,34 @@ struct BlockConsts {
 #endif
 };
 
-// A block's scales in bf16: d (and m) for the 32-value blocks; for Q4_K and Q5_K, lanes 0..8
-// the sub-blocks' d * scale, lanes 8..16 their -dmin * min; for Q6_K the 16 groups' d * scale.
+// A block's scales (and mins) as bf16 halves: d (and m) for the 32-value blocks; for Q4_K and
+// Q5_K, lanes 0..8 the sub-blocks' d * scale, lanes 8..16 their -dmin * min; for Q6_K the 16
+// groups' d * scale.
 struct BlockScales {
 #if MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0 || MVQ_Q8_0
-  bfloat16 d;
+  Bf16Pair d;
 #if MVQ_Q4_1
-  bfloat16 m;
+  Bf16Pair m;
 #endif
 #else
-  vb16 v;
+  vb16 hi, lo;
 #endif
 };
 
+#if MVQ_Q4_K || MVQ_Q5_K || MVQ_Q6_K
+// f * c exactly in f32 (c small integers in bf16, f = fh + fl), split into bf16 halves.
+static inline BlockScales split_products(vb16 c, vb16 fh, vb16 fl) {
+  const vf p = aie::mac(aie::mul(c, fh), c, fl).template to_vector<float>();
+  const vb16 hi = narrow<bfloat16>(p);
+  return {hi, narrow<bfloat16>(sub(p, widen(hi)))};
+}
+#endif
+
 static inline BlockScales block_scales(const uint8_t *b) {
 #if MVQ_Q4_1
-  return {half_to_bf16(b), half_to_bf16(b + 2)};
+  return {half_split(b), half_split(b + 2)};
 #elif MVQ_Q4_0 || MVQ_Q5_0 || MVQ_Q8_0
-  return {half_to_bf16(b)};
+  return {half_split(b)};
 #elif MVQ_Q4_K || MVQ_Q5_K
   alignas(32) int16_t sm[16];
   for (int s = 0; s < 8; ++s) {
@@ -241,13 +263,15 @@ static inline BlockScales block_scales(const uint8_t *b) {
     sm[s] = int16_t(sc);
     sm[8 + s] = int16_t(mn);
   }
-  const vb16 f = aie::concat(aie::broadcast<bfloat16, 8>(half_to_bf16(b)),
-                             aie::broadcast<bfloat16, 8>(half_to_bf16(b + 2, true)));
-  return {aie::mul(aie::to_float<bfloat16>(aie::load_v<16>(sm)), f).template to_vector<bfloat16>()};
+  const Bf16Pair d = half_split(b), nm = half_split(b + 2, true);
+  return split_products(aie::to_float<bfloat16>(aie::load_v<16>(sm)),
+                        aie::concat(aie::broadcast<bfloat16, 8>(d.hi), aie::broadcast<bfloat16, 8>(nm.hi)),
+                        aie::concat(aie::broadcast<bfloat16, 8>(d.lo), aie::broadcast<bfloat16, 8>(nm.lo)));
 #else // MVQ_Q6_K: 16 signed 8-bit scales after ql and qh
   const auto sc = aie::unpack(aie::load_unaligned_v<16>(reinterpret_cast<const int8_t *>(b + 192)));
-  const vb16 d = aie::broadcast<bfloat16, 16>(half_to_bf16(b + 208));
-  return {aie::mul(aie::to_float<bfloat16>(sc), d).template to_vector<bfloat16>()};
+  const Bf16Pair d = half_split(b + 208);
+  return split_products(aie::to_float<bfloat16>(sc), aie::broadcast<bfloat16, 16>(d.hi),
+                        aie::broadcast<bfloat16, 16>(d.lo));
 #endif
 }
 
@@ -307,36 +331,42 @@ static inline vs32 piece_codes(const uint8_t *b, int j, const BlockConsts &k) {
 #endif
 }
 
-// Piece j's scale in every lane.
-static inline vb32 piece_scale(const BlockScales &s, int j) {
+// Piece j's scale half (hi or lo) in every lane.
+static inline vb32 scale_lanes(const BlockScales &s, int j, bool hi) {
 #if MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0 || MVQ_Q8_0
   (void)j;
-  return aie::broadcast<bfloat16, 32>(s.d);
+  return aie::broadcast<bfloat16, 32>(hi ? s.d.hi : s.d.lo);
 #elif MVQ_Q4_K || MVQ_Q5_K
-  return aie::broadcast<bfloat16, 32>(s.v.get(j));
+  return aie::broadcast<bfloat16, 32>((hi ? s.hi : s.lo).get(j));
 #else // MVQ_Q6_K: one scale per 16 values
-  return aie::concat(aie::broadcast<bfloat16, 16>(s.v.get(2 * j)),
-                     aie::broadcast<bfloat16, 16>(s.v.get(2 * j + 1)));
+  const vb16 &v = hi ? s.hi : s.lo;
+  return aie::concat(aie::broadcast<bfloat16, 16>(v.get(2 * j)), aie::broadcast<bfloat16, 16>(v.get(2 * j + 1)));
 #endif
-}
-
-// Piece j's 32 weights scale * code in bf16 (without the min: piece_min).
-static inline vb32 piece(const uint8_t *b, int j, const BlockScales &s, const BlockConsts &k) {
-  const vb32 codes = aie::to_float<bfloat16>(piece_codes(b, j, k));
-  return aie::mul(codes, piece_scale(s, j)).template to_vector<bfloat16>();
 }
 
 #if MVQ_HAS_MIN
-// Piece j's min (m; -dmin * min for the K-quants) in every lane.
-static inline vb32 piece_min(const BlockScales &s, int j) {
+// Piece j's min half (m; -dmin * min for the K-quants) in every lane.
+static inline vb32 min_lanes(const BlockScales &s, int j, bool hi) {
 #if MVQ_Q4_1
   (void)j;
-  return aie::broadcast<bfloat16, 32>(s.m);
+  return aie::broadcast<bfloat16, 32>(hi ? s.m.hi : s.m.lo);
 #else
-  return aie::broadcast<bfloat16, 32>(s.v.get(8 + j));
+  return aie::broadcast<bfloat16, 32>((hi ? s.hi : s.lo).get(8 + j));
 #endif
 }
 #endif
+
+// Piece j's 32 weights, scale * code (+ min) rounded to bf16 once.
+static inline vb32 piece(const uint8_t *b, int j, const BlockScales &s, const BlockConsts &k) {
+  const vb32 codes = aie::to_float<bfloat16>(piece_codes(b, j, k));
+  auto w = aie::mul(codes, scale_lanes(s, j, true));
+  w = aie::mac(w, codes, scale_lanes(s, j, false));
+#if MVQ_HAS_MIN
+  w = aie::mac(w, k.ones, min_lanes(s, j, true));
+  w = aie::mac(w, k.ones, min_lanes(s, j, false));
+#endif
+  return w.template to_vector<bfloat16>();
+}
 
 #else
 struct BlockConsts {};

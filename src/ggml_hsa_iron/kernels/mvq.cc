@@ -68,9 +68,6 @@ static inline float row_dot(const uint8_t *row, const float *, const BlockConsts
     for (int j = 0; j < PIECES; ++j) {
       const auto xb = aie::load_v<32>(g_xb + blk * QB + 32 * j);
       acc = aie::mac(acc, piece(b, j, s, k), xb);
-#if MVQ_HAS_MIN
-      acc = aie::mac(acc, piece_min(s, j), xb);
-#endif
     }
   }
   return aie::reduce_add(acc.template to_vector<float>());

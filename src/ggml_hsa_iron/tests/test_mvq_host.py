@@ -4,8 +4,8 @@ Random weight blocks of every type (scales chosen in a sane range, every other b
 are decoded by this file's own reading of ggml's block layouts (ggml-common.h) and the
 kernel's sums are compared with sum(bf16(w) * bf16(x)) in exact arithmetic: the kernel rounds
 the decoded weights and the activations to bf16 (round to nearest even) and sums the exact
-products in f32, so the difference is f32 summation error only. The quantized types round their
-scales to bf16 first (`weight_terms`). Built for aie2 and aie2p (on
+products in f32, so the difference is f32 summation error only. The quantized weights are
+formed as the kernel forms them (`kernel_values`). Built for aie2 and aie2p (on
 aie2 the f32 vector multiplies that scale the codes are emulated with bf16 pieces). Skipped
 when no host C++ compiler is installed.
 """
@@ -45,8 +45,7 @@ def k_scale_min(sc: bytes, s: int) -> tuple[int, int]:
     return (sc[s + 4] & 0x0F) | ((sc[s - 4] >> 6) << 4), (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4)
 
 
-# The types whose blocks the kernel decodes a whole block at a time (block_decode.h's block32):
-# the weight is bf16(bf16(d) * code), Q4_1's m a second term bf16(m).
+# The 32-value block types.
 VECTOR_BLOCKS = ("q4_0", "q4_1", "q5_0", "q8_0")
 
 
@@ -65,34 +64,50 @@ def block_codes(ty: str, b: bytes) -> tuple[float, float, list[int]]:
     raise ValueError(ty)
 
 
-def weight_terms(ty: str, b: bytes) -> list[list[float]]:
-    """Per value of one block, the bf16 terms the kernel multiplies with bf16(x)
-    (block_decode.h): bf16(scale * code), scale = bf16(d) or, for the K-quants,
-    bf16(bf16(d) * sub-block scale); a min is a term of its own (Q4_1's bf16(m), the K-quants'
-    bf16(-bf16(dmin) * min))."""
-    if ty in VECTOR_BLOCKS:
-        d, m, codes = block_codes(ty, b)
-        extra = [bf16_round(m)] if ty == "q4_1" else []
-        return [[bf16_round(bf16_round(d) * c), *extra] for c in codes]
-    if ty in ("q4_K", "q5_K"):
-        d, dmin, out = bf16_round(f16_at(b, 0)), bf16_round(f16_at(b, 2)), []
-        for i, q in enumerate(k_codes(ty, b)):
-            sc, m = k_scale_min(b[4:16], i // 32)
-            out.append([bf16_round(bf16_round(d * sc) * q), bf16_round(-dmin * m)])
-        return out
-    if ty == "q6_K":
-        d = bf16_round(f16_at(b, 208))
-        return [
-            [bf16_round(bf16_round(d * struct.unpack_from("b", b, 192 + i // 16)[0]) * q)]
-            for i, q in enumerate(q6_codes(b))
-        ]
-    return [[bf16_round(f32(v))] for v in decode(ty, b)]
+def trunc_split(v: float) -> tuple[float, float]:
+    """An f32 value as hi + lo: hi its bits truncated to bf16, lo the rest (block_decode.h's
+    half_split; exact for f16 values)."""
+    u = struct.unpack("<I", struct.pack("<f", v))[0]
+    hi = struct.unpack("<f", struct.pack("<I", u & 0xFFFF0000))[0]
+    return hi, v - hi
+
+
+def round_split(v: float) -> tuple[float, float]:
+    """An f32 value as bf16 hi + lo, each rounded to nearest even (split_products)."""
+    hi = bf16_round(v)
+    return hi, bf16_round(f32(v - hi))
+
+
+def formed(code: int, scale: tuple[float, float], mn: tuple[float, float] | None) -> float:
+    """The kernel's weight: code * scale (+ min) summed in f32 in its order, rounded to bf16."""
+    w = f32(f32(code * scale[0]) + f32(code * scale[1]))
+    if mn is not None:
+        w = f32(f32(w + mn[0]) + mn[1])
+    return bf16_round(w)
 
 
 def kernel_values(ty: str, b: bytes) -> list[float]:
-    """One block of `ty` as the GEMV's decoding makes it: per value the sum of its bf16 terms
-    (`weight_terms`), each multiplied with bf16(x) exactly in the kernel."""
-    return [sum(t) for t in weight_terms(ty, b)]
+    """One block of `ty` as the GEMV's decoding makes it (block_decode.h's piece): per value
+    bf16(scale * code + min) formed in f32 from the scale's and the min's bf16 halves; f16
+    weights rounded to bf16."""
+    if ty in VECTOR_BLOCKS:
+        d, m, codes = block_codes(ty, b)
+        mn = trunc_split(m) if ty == "q4_1" else None
+        return [formed(c, trunc_split(d), mn) for c in codes]
+    if ty in ("q4_K", "q5_K"):
+        d, dmin = f16_at(b, 0), f16_at(b, 2)
+        out = []
+        for i, q in enumerate(k_codes(ty, b)):
+            sc, m = k_scale_min(b[4:16], i // 32)
+            out.append(formed(q, round_split(f32(d * sc)), round_split(f32(-dmin * m))))
+        return out
+    if ty == "q6_K":
+        d = f16_at(b, 208)
+        return [
+            formed(q, round_split(f32(d * struct.unpack_from("b", b, 192 + i // 16)[0])), None)
+            for i, q in enumerate(q6_codes(b))
+        ]
+    return [bf16_round(f32(v)) for v in decode(ty, b)]
 
 
 def k_codes(ty: str, b: bytes) -> list[int]:
@@ -184,8 +199,8 @@ class MvqHostTest(unittest.TestCase):
         y = run(ty, arch, rows, kc, b"".join(blocks), x)
         per_row = kc // block
         for r in range(rows):
-            wv = [t for b in blocks[r * per_row : (r + 1) * per_row] for t in weight_terms(ty, b)]
-            prods = [w * bf16_round(v) for terms, v in zip(wv, x) for w in terms]
+            wv = [w for b in blocks[r * per_row : (r + 1) * per_row] for w in kernel_values(ty, b)]
+            prods = [w * bf16_round(v) for w, v in zip(wv, x)]
             # ggml_mvq ran twice on the same y: 2 * the dot product.
             want = 2 * sum(prods)
             tol = 2 * sum(abs(p) for p in prods) * 2.0**-21 + 1e-30

@@ -76,7 +76,7 @@ except ImportError:  # numpy and ml_dtypes are installed by scripts/check-iron.s
 def fast_weights(ty, rows, K, nrng):
     """(bytes as ggml stores them, the values the kernels multiply as float64 [rows, K]) of
     random f32, q4_0 or q8_0 weights, made with numpy (Llama-sized matrices in a second; the
-    block types' values are bf16(bf16(d) * code), as the decoding GEMV makes them).
+    block types' values are the decoded ones rounded to bf16, as the decoding GEMV rounds them).
     q4_0: the f16 scale d, then 16 bytes whose low nibbles are values 0..15 and high nibbles
     16..31, each d * (q - 8); q8_0: d, then 32 int8 q, each d * q (ggml's layouts)."""
     if ty == "f32":
@@ -87,16 +87,15 @@ def fast_weights(ty, rows, K, nrng):
     if ty == "q4_0":
         q = nrng.integers(0, 16, (blocks, 32), dtype=np.uint8)
         body = q[:, :16] | (q[:, 16:] << 4)
-        codes = q.astype(np.float32) - 8
+        vals = d.astype(np.float32)[:, None] * (q.astype(np.float32) - 8)
     elif ty == "q8_0":
         q = nrng.integers(-128, 128, (blocks, 32), dtype=np.int8)
         body = q.view(np.uint8)
-        codes = q.astype(np.float32)
+        vals = d.astype(np.float32)[:, None] * q.astype(np.float32)
     else:
         raise ValueError(f"no fast generator of {ty} weights")
     raw = np.concatenate([d.view(np.uint8).reshape(blocks, 2), body], axis=1)
-    vals = _bf16(_bf16(d.astype(np.float32))[:, None] * codes)
-    return raw.tobytes(), vals.reshape(rows, K)
+    return raw.tobytes(), _bf16(vals).reshape(rows, K)
 
 
 # Where r and out are (FfnCase.layout): r and out apart; r and out in x's memory (llama's
