@@ -361,6 +361,48 @@ def gemm_air(
     return Program(dev, rt, workers=workers).resolve_program(), core_src
 
 
+def expand(arch: str, out: str = "bf16", calls: int = 64):
+    """AMD's mlir-aie weight-expand examples (README "Explaining the weight expand examples":
+    traces on AIE2; the repository holding it was not identified): one core upconverts 1024 int4 values, one scale per 32 after them (576
+    bytes in), to 1024 bf16 (or int16) values * scale per call; `calls` objects streamed in
+    and out through depth-2 fifos. Their published figures are the core's cycles per call
+    (293 for bf16, 117 for int16), not the design's time: the output's DMA (2 KiB per call)
+    binds the design."""
+    from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
+    from aie.iron.controlflow import range_
+    from aie.iron.device import NPU1, NPU2, Tile
+    from aie.iron.runtime import TaskGroup
+    from ml_dtypes import bfloat16
+
+    elem = np.dtype[np.int16] if out == "int16" else np.dtype[bfloat16]
+    in_t = np.ndarray[(576,), np.dtype[np.int8]]
+    out_t = np.ndarray[(1024,), elem]
+    fn = Kernel(f"cal_expand_{out}", OBJECT, [in_t, out_t])
+
+    def core(of_in, of_out, kernel):
+        for _ in range_(calls):
+            o = of_out.acquire(1)
+            i = of_in.acquire(1)
+            kernel(i, o)
+            of_in.release(1)
+            of_out.release(1)
+
+    fin, fout = ObjectFifo(in_t, name="in"), ObjectFifo(out_t, name="out")
+    worker = Worker(core, fn_args=[fin.cons(), fout.prod(), fn], tile=Tile(0, 2))
+    handles = [fin.prod(tile=Tile(0, 0)), fout.cons(tile=Tile(0, 0))]
+
+    def sequence(a, b, fill, drain):
+        group = TaskGroup()
+        fill.fill(a, group=group)
+        drain.drain(b, group=group, wait=True)
+        group.finish()
+
+    dev = (NPU2 if arch == "aie2p" else NPU1)()
+    types = [np.ndarray[(576 * calls,), np.dtype[np.int8]], np.ndarray[(1024 * calls,), elem]]
+    rt = Runtime(sequence, [*types, *handles])
+    return Program(dev, rt, workers=[worker]).resolve_program(), _core(CAL_EXPAND=1)
+
+
 DESIGNS = {
     "memcpy": memcpy,
     "gemv": gemv,
@@ -369,6 +411,8 @@ DESIGNS = {
     "gemm_air_2048": lambda arch: gemm_air(arch),
     "gemm_air_2048_n512": lambda arch: gemm_air(arch, n=512, tile_k_l2=256),
     "gemm_air_2048_tn64": lambda arch: gemm_air(arch, tile_n=64),
+    "expand_bf16": lambda arch: expand(arch, "bf16"),
+    "expand_int16": lambda arch: expand(arch, "int16"),
     # A small GEMM whose result the test checks.
     "gemm_air_small": lambda arch: gemm_air(arch, m=1024, k=256, n=1024, tile_k_l2=128),
 }

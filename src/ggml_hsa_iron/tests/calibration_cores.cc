@@ -15,6 +15,9 @@
 //                                             (z, i) at (z*(TK/S) + i)*R*S, b's (j, i) at
 //                                             (j*(TK/S) + i)*S*T, c's (z, j) at
 //                                             (z*(TN/T) + j)*R*T, each block row-major
+//   cal_expand_bf16(in, out)                  1024 int4 values (512 bytes, then one bf16
+//                                             scale per 32 values) to bf16 value * scale
+//   cal_expand_int16(in, out)                 the same with int16 scales and results
 
 #include "ggml_aie.h"
 
@@ -96,3 +99,32 @@ void cal_matmul_bf16_f32(bfloat16 *a, bfloat16 *b, float *c) {
 #endif
 
 } // extern "C"
+
+#if defined(CAL_EXPAND)
+// AMD's mlir-aie weight-expand kernels, as published: per 8 blocks of 32 values their 8 scales
+// loaded as one vector; per block one int4 vector loaded, unpacked to int8 then int16, its
+// scale broadcast, converted (bf16) and multiplied, stored.
+template <typename S> static void expand(int8_t *in, S *out) {
+  constexpr int N = 1024, BLOCK = 32, BLOCKS = 8;
+  const int4 *q = reinterpret_cast<const int4 *>(in);
+  const S *scales = reinterpret_cast<const S *>(in + N / 2);
+  aie::set_rounding(aie::rounding_mode::conv_even);
+  for (int i = 0; i < N / (BLOCK * BLOCKS); ++i) {
+    const auto sf = aie::load_v<BLOCKS>(scales + i * BLOCKS);
+    for (int k = 0; k < BLOCKS; ++k) {
+      const auto v = aie::unpack(aie::unpack(aie::load_v<BLOCK>(q + (i * BLOCKS + k) * BLOCK)));
+      const auto s = aie::broadcast<S, BLOCK>(sf[k]);
+      if constexpr (std::is_same_v<S, bfloat16>)
+        aie::store_v(out, aie::mul(aie::to_float<bfloat16>(v), s).template to_vector<bfloat16>());
+      else
+        aie::store_v(out, aie::mul(v, s).template to_vector<int16_t>());
+      out += BLOCK;
+    }
+  }
+}
+
+extern "C" {
+void cal_expand_bf16(int8_t *in, bfloat16 *out) { expand(in, out); }
+void cal_expand_int16(int8_t *in, int16_t *out) { expand(in, out); }
+}
+#endif

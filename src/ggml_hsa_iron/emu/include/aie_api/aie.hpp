@@ -138,6 +138,12 @@ AIE_INL static inline void set_saturation(saturation_mode m) { detail::g_saturat
 AIE_INL static inline saturation_mode get_saturation() { return detail::g_saturation; }
 } // namespace aie
 
+// One lane of a packed 4-bit vector: two lanes per byte in memory, the low nibble first
+// (what a load_v of int4 reads and the AIE API's int4 vectors hold).
+struct int4 {
+  int8_t v = 0;
+};
+
 struct accfloat {};
 struct acc32 {};
 struct acc64 {};
@@ -225,6 +231,17 @@ template <unsigned N, typename T> AIE_OP vector<std::remove_const_t<T>, N> load_
   return r;
 }
 // A pointer not aligned to the vector: the two aligned vectors around it and a shift.
+// N 4-bit lanes from N / 2 bytes, sign-extended.
+template <unsigned N> AIE_OP vector<int4, N> load_v(const int4 *p) {
+  detail::count_load(N / 2);
+  const auto *b = reinterpret_cast<const uint8_t *>(p);
+  vector<int4, N> r;
+  for (unsigned i = 0; i < N; ++i) {
+    const int nib = (b[i / 2] >> (4 * (i % 2))) & 0x0f;
+    r.v[i].v = int8_t(nib >= 8 ? nib - 16 : nib);
+  }
+  return r;
+}
 template <unsigned N, typename T>
 AIE_OP vector<std::remove_const_t<T>, N> load_unaligned_v(T *p, unsigned = 1) {
   detail::count_load(N * sizeof(T));
@@ -309,6 +326,15 @@ template <unsigned N> AIE_OP accum<accfloat, N> mul(const vector<bfloat16, N> &a
     r.v[i] = (float)a.v[i] * (float)b.v[i];
   return r;
 }
+// Integers: exact products in the 32-bit accumulator, as many lanes per op as the float ones.
+template <typename T, unsigned N, typename = std::enable_if_t<std::is_integral_v<T>>>
+AIE_OP accum<acc32, N> mul(const vector<T, N> &a, const vector<T, N> &b) {
+  detail::count_mul(N);
+  accum<acc32, N> r;
+  for (unsigned i = 0; i < N; ++i)
+    r.v[i] = (int64_t)a.v[i] * (int64_t)b.v[i];
+  return r;
+}
 template <unsigned N> AIE_OP accum<accfloat, N> mul(const vector<float, N> &a, float s) {
   return mul(a, broadcast<float, N>(s));
 }
@@ -360,6 +386,13 @@ template <typename T, unsigned N> AIE_OP vector<T, N> upshift(const vector<T, N>
 template <typename T> struct unpacked;
 template <> struct unpacked<int8_t> { using type = int16_t; };
 template <> struct unpacked<uint8_t> { using type = uint16_t; };
+template <unsigned N> AIE_OP vector<int8_t, N> unpack(const vector<int4, N> &a) {
+  detail::count_alu(N);
+  vector<int8_t, N> r;
+  for (unsigned i = 0; i < N; ++i)
+    r.v[i] = a.v[i].v;
+  return r;
+}
 template <typename T, unsigned N> AIE_OP vector<typename unpacked<T>::type, N> unpack(const vector<T, N> &a) {
   using U = typename unpacked<T>::type;
   detail::count_alu(N * sizeof(U));
