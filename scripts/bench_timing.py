@@ -35,15 +35,23 @@ LAYER_DIMS = (2048, 32, 8, 64, 8192, N_KV)
 
 
 def calibration_lines() -> list[str]:
-    """The calibration table the test prints (its markdown rows)."""
+    """The calibration tables the tests print (the designs' times, then one core's cycles),
+    a blank line between them."""
     cmd = ["cargo", "test", "--locked", "-p", "hsa-sim", "--test", "timing_calibration"]
-    cmd += ["published", "--", "--nocapture"]
+    cmd += ["published", "--", "--nocapture", "--test-threads", "1"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    rows = [line for line in out.stdout.splitlines() if line.startswith("|")]
-    if out.returncode != 0 or not rows:
+    tables: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in out.stdout.splitlines():
+        if "| configuration |" in line or "| kernel |" in line:
+            line = line[line.index("|") :]  # behind libtest's "test ... " of its test
+            current = tables.setdefault(line.split("|")[1].strip(), [])
+        if line.startswith("|"):
+            current.append(line)
+    if out.returncode != 0 or set(tables) != {"configuration", "kernel"}:
         sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
         raise SystemExit("the calibration test failed")
-    return rows
+    return [*tables["configuration"], "", *tables["kernel"]]
 
 
 def binds(c: dict) -> str:
@@ -126,7 +134,8 @@ def section(calibration: list[str], decode: list[str], layers: list[str], prompt
         "hsa-sim's timing model (`docs/timing-model.md`) times an emulated IRON design from what",
         "it does: its DMA channels and the DRAM they share, the cores' counted cycles, the waits",
         "of its dataflow. Its calibration, published designs mirrored and timed against their",
-        "published times (`cargo test -p hsa-sim --test timing_calibration -- --nocapture`):",
+        "published times, then one core's kernels against the cycles of published traces",
+        "(`cargo test -p hsa-sim --test timing_calibration -- --nocapture`):",
         "",
         *calibration,
         "",

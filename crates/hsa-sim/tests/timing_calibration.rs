@@ -232,8 +232,9 @@ struct KernelRow {
 
 #[test]
 fn published_kernels_take_their_published_cycles() {
-    const EXPAND: &str =
-        "Xilinx/mlir-aie programming_examples/ml/weight_expand README (AIE2 traces)";
+    // AMD's mlir-aie weight-expand examples, README "Explaining the weight expand examples"
+    // (public, Apache-2.0 WITH LLVM-exception; the repository holding it was not identified).
+    const EXPAND: &str = "AMD's weight-expand examples (mlir-aie), README: AIE2 traces";
     let rows = [
         KernelRow {
             design: "expand_bf16",
