@@ -40,6 +40,16 @@ constexpr int QB = 256, BB = 210;
 #error "block_decode.h: define one MVQ_<type>"
 #endif
 
+// Q4_0, Q4_1, Q5_0: where a block's 16 bytes of nibbles start (after d; d, m; d, qh), values
+// 0..16 in their low nibbles, 16..32 in the high ones.
+#if MVQ_Q4_0
+constexpr int NIBBLES_AT = 2;
+#elif MVQ_Q4_1
+constexpr int NIBBLES_AT = 4;
+#elif MVQ_Q5_0
+constexpr int NIBBLES_AT = 6;
+#endif
+
 // Little-endian 16- and 32-bit fields of a block (blocks are not aligned: 18-, 20-, 22-,
 // 34- and 210-byte blocks follow each other).
 static inline int32_t u16_at(const uint8_t *p) { return int32_t(p[0]) | (int32_t(p[1]) << 8); }
@@ -74,17 +84,9 @@ static inline vf group(const uint8_t *b, int g) {
   alignas(64) int32_t codes[VEC];
   const vf zero = splat(0.0f);
 #if MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0
-  // 16 bytes of nibbles: values 0..16 in the low nibbles, 16..32 in the high ones.
-#if MVQ_Q4_0
-  const int head = 2; // d
-#elif MVQ_Q4_1
-  const int head = 4; // d, m
-#else
-  const int head = 6; // d, qh
-#endif
   // One pass over the group's bytes, the nibble chosen outside the loop (a branch per value
   // would be a scalar block per value).
-  const uint8_t *qs = b + head;
+  const uint8_t *qs = b + NIBBLES_AT;
   const int shift = g ? 4 : 0;
 #if MVQ_Q4_0
   for (int i = 0; i < (int)VEC; ++i)
@@ -285,15 +287,7 @@ static inline vs32 piece_codes(const uint8_t *b, int j, const BlockConsts &k) {
   return aie::unpack(aie::load_unaligned_v<32>(reinterpret_cast<const int8_t *>(b + 2)));
 #elif MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0
   (void)j;
-#if MVQ_Q4_0
-  const int head = 2; // d
-#elif MVQ_Q4_1
-  const int head = 4; // d, m
-#else
-  const int head = 6; // d, qh
-#endif
-  // Values 0..16 in the low nibbles of the 16 bytes, 16..32 in the high ones.
-  const auto q = aie::unpack(aie::load_unaligned_v<16>(b + head));
+  const auto q = aie::unpack(aie::load_unaligned_v<16>(b + NIBBLES_AT));
   vu32 c = aie::concat(aie::bit_and(q, k.low_nibble16), aie::downshift(q, 4));
 #if MVQ_Q5_0
   // The fifth bit of value i is bit i of the little-endian u32 after the scale.
