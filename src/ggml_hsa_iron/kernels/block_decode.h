@@ -203,17 +203,24 @@ static inline Bf16Pair half_split(const uint8_t *p, bool negate = false) {
   return {__builtin_bit_cast(bfloat16, hi), __builtin_bit_cast(bfloat16, lo)};
 }
 
-// The vectors every piece's decoding uses, made once per call.
+// The vectors the type's pieces are decoded with, made once per call.
 struct BlockConsts {
+#if MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0
   aie::vector<uint16_t, 16> low_nibble16 = aie::broadcast<uint16_t, 16>(0x0f);
+#endif
+#if MVQ_Q4_K || MVQ_Q5_K || MVQ_Q6_K
   vu32 low_nibble = aie::broadcast<uint16_t, 32>(0x0f);
+#endif
+#if MVQ_Q5_K
   vu32 one = aie::broadcast<uint16_t, 32>(1);
-  vu32 three = aie::broadcast<uint16_t, 32>(3);
-  vu32 zero = aie::broadcast<uint16_t, 32>(0);
-  vu32 sixteen = aie::broadcast<uint16_t, 32>(16);
+#endif
+#if MVQ_HAS_MIN
   vb32 ones = aie::broadcast<bfloat16, 32>(bfloat16(1.0f));
+#endif
 #if MVQ_Q5_0
   vs32 offset = aie::broadcast<int16_t, 32>(16);
+  vu32 zero = aie::broadcast<uint16_t, 32>(0);
+  vu32 sixteen = aie::broadcast<uint16_t, 32>(16);
   // Lane i's fifth bit is bit i % 16 of its half of qh.
   vu32 lane_bit = lane_bits();
   static vu32 lane_bits() {
@@ -224,7 +231,8 @@ struct BlockConsts {
   }
 #elif MVQ_Q6_K
   vs32 offset = aie::broadcast<int16_t, 32>(32);
-#else
+  vu32 three = aie::broadcast<uint16_t, 32>(3);
+#elif MVQ_Q4_0
   vs32 offset = aie::broadcast<int16_t, 32>(8);
 #endif
 };

@@ -12,10 +12,9 @@
 //
 // Precision against ggml's CPU backend: ggml-cpu quantizes each activation row to 8 bits per
 // value (Q8_0, Q8_1 or Q8_K) and sums integer products; here the activations and the decoded
-// weights are rounded to bf16 instead (8 significant bits, relative error <= 2^-9 each; a
-// weight's scale is rounded too, up to three roundings: block_decode.h), so the results
-// differ from the CPU's by rounding of a similar size, within test-backend-ops' MUL_MAT
-// tolerance.
+// weights are rounded to bf16 instead (8 significant bits, relative error <= 2^-9 each), so
+// the results differ from the CPU's by rounding of a similar size, within test-backend-ops'
+// MUL_MAT tolerance.
 //
 // Defines: exactly one of MVQ_F16, MVQ_Q4_0, MVQ_Q4_1, MVQ_Q5_0, MVQ_Q8_0, MVQ_Q4_K,
 // MVQ_Q5_K, MVQ_Q6_K; MV_ROWS, MV_KC. MV_GLU=1 with GGML_OP_<glu op>: the fused

@@ -230,7 +230,6 @@ template <unsigned N, typename T> AIE_OP vector<std::remove_const_t<T>, N> load_
     r.v[i] = p[i];
   return r;
 }
-// A pointer not aligned to the vector: the two aligned vectors around it and a shift.
 // N 4-bit lanes from N / 2 bytes, sign-extended.
 template <unsigned N> AIE_OP vector<int4, N> load_v(const int4 *p) {
   detail::count_load(N / 2);
@@ -242,6 +241,7 @@ template <unsigned N> AIE_OP vector<int4, N> load_v(const int4 *p) {
   }
   return r;
 }
+// A pointer not aligned to the vector: the two aligned vectors around it and a shift.
 template <unsigned N, typename T>
 AIE_OP vector<std::remove_const_t<T>, N> load_unaligned_v(T *p, unsigned = 1) {
   detail::count_load(N * sizeof(T));
