@@ -22,6 +22,11 @@ class Arch:
     # aie::mmul shapes (r, s, t) per (input type): A is r x s, B is s x t. Compared, not
     # hashed (a dict): the name and sizes tell Archs apart for the planners' caches.
     mmul: dict = field(hash=False)
+    # DRAM bytes per array cycle, every shim channel together: what the planners weigh a
+    # plan's traffic with (a shim channel moves 4 bytes per cycle, AM020). Published DRAM
+    # rates over estimated clocks (the NPU's clock is not published): XDNA2 47-67 GB/s
+    # measured, 56 over ~1.53 GHz; XDNA ~28 GB/s (7 GB/s per column, qvac) over ~1.0 GHz.
+    dram_bytes_per_cycle: float = 0.0
 
     @property
     def first_compute_row(self) -> int:
@@ -39,6 +44,7 @@ ARCHS: dict[str, Arch] = {
         l1_budget=48 * 1024,
         memtile_bytes=512 * 1024,
         mmul={"bf16": (4, 8, 4), "i8": (4, 8, 8), "i16": (4, 4, 4)},
+        dram_bytes_per_cycle=28.0,
     ),
     "aie2p": Arch(
         name="aie2p",
@@ -50,6 +56,7 @@ ARCHS: dict[str, Arch] = {
         l1_budget=48 * 1024,
         memtile_bytes=512 * 1024,
         mmul={"bf16": (4, 8, 8), "i8": (8, 8, 8), "i16": (4, 4, 8)},
+        dram_bytes_per_cycle=36.6,
     ),
 }
 

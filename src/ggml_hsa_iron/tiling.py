@@ -277,6 +277,14 @@ class GemmPlan:
     covers a (rows*m) x (columns*n) block of C: row i of the array takes M
     block i, column j takes N block j. Rounds walk N blocks fastest; the last
     M block and the last N round start early when M or N is off the grid.
+
+    A row's m x k A tiles are the same for every column, so A is read once per
+    round and broadcast along the array's rows: `a_feeds` shim channels (spread
+    over the columns, `a_feed_column`) each stream `a_feed_rows` consecutive
+    array rows' tiles to their memory tile, which sends row i's part to the
+    cores of row i in every column. B's n x k tiles go to the cores of their
+    column (broadcast down the column), C's come back through the column's
+    memory tile.
     """
 
     M: int
@@ -325,6 +333,22 @@ class GemmPlan:
     @property
     def k_steps(self) -> int:
         return self.K // self.k
+
+    @property
+    def a_feeds(self) -> int:
+        """Shim channels streaming A: one per array row where there are enough columns (a
+        shim tile has two input channels, one of them B's), otherwise groups of rows."""
+        return max(d for d in divisors(self.rows) if d <= self.columns)
+
+    @property
+    def a_feed_rows(self) -> int:
+        """Array rows whose A tiles one feed carries (consecutive rows, split by its memory
+        tile)."""
+        return self.rows // self.a_feeds
+
+    def a_feed_column(self, feed: int) -> int:
+        """The column whose shim and memory tile carry A feed `feed`."""
+        return feed * self.columns // self.a_feeds
 
     @property
     def tiles_per_core(self) -> int:
@@ -377,16 +401,20 @@ class GemmPlan:
             return Tap(self.b_units(off0) + first * Kb, (count, 1, 1, n * Kb), (step, 0, 0, 1))
         return Tap(self.b_units(off0) + first * Kb, (count, K // k, n, kb), (step, kb, Kb, 1))
 
-    def tasks(self, batches) -> list[list[tuple[Tap, Tap, Tap]]]:
-        """The runtime sequence: task groups, each an (A, B, C) tap per array column.
+    def tasks(self, batches) -> list[list[tuple[Tap | None, Tap, Tap]]]:
+        """The runtime sequence: task groups, each an (A, B, C) tap per array column, A None
+        where the column carries no A feed.
 
-        `batches` are the (src0, src1, dst) element offsets of the matrix products. A (src1)
-        feeds the column's memory tile R*m rows x k per K step, once per N round; B (src0)
-        n rows x k per K step for the column's N block (bytes of whole blocks when moved as
-        bytes, src0's offset converted to bytes); C (dst) takes (R*m) x n per round.
+        `batches` are the (src0, src1, dst) element offsets of the matrix products. A feed
+        (src1) streams its a_feed_rows * m rows x k per K step to its memory tile, once per N
+        round; B (src0) n rows x k per K step for the column's N block (bytes of whole blocks
+        when moved as bytes, src0's offset converted to bytes); C (dst) takes (R*m) x n per
+        round.
         """
         K, N, C, R = self.K, self.N, self.columns, self.rows
         m, n, k = self.m, self.n, self.k
+        feed_at = {self.a_feed_column(g): g for g in range(self.a_feeds)}
+        fm = self.a_feed_rows * m
         groups = []
         for off0, off1, offd in batches:
             for row0 in self.m_starts():
@@ -394,7 +422,10 @@ class GemmPlan:
                     group = []
                     for col in range(C):
                         first = n0 + col * n
-                        a = Tap(off1 + row0 * K, (count, K // k, R * m, k), (0, k, K, 1))
+                        a = None
+                        if col in feed_at:
+                            a0 = off1 + (row0 + feed_at[col] * fm) * K
+                            a = Tap(a0, (count, K // k, fm, k), (0, k, K, 1))
                         b = self._b_tap(off0, first, count)
                         c = Tap(offd + row0 * N + first, (1, count, R * m, n), (0, C * n, N, 1))
                         group.append((a, b, c))
@@ -456,7 +487,9 @@ def plan_gemm(
                         if not _gemm_dma_ok(plan, batches):
                             continue
                         macs = m * n * k // (r * s * t)
-                        cost = plan.tiles_per_core * plan.k_steps * (macs + GEMM_K_OVERHEAD)
+                        cost = gemm_cycles(
+                            plan, macs + GEMM_K_OVERHEAD, a_size, K * b_size, c_size, arch
+                        )
                         key = (cost, -(m * n * k))
                         if best_key is None or key < best_key:
                             best, best_key = plan, key
@@ -473,15 +506,38 @@ GEMM_DECODE_COST = 4  # cycle-equivalents per decoded weight (scalar unpacking) 
 def gemm_blocks_l1(m: int, n: int, k: int, t: int, w_block: int, w_block_bytes: int) -> int:
     """Core data memory of a GEMM over weights moved as bytes (mmq.cc): A (m x k f32), the
     weight bytes (n rows of k / w_block blocks) and C (m x n f32), each double-buffered, and
-    the decoded staging buffer of one column block (t x k bf16, static data of the core)."""
+    in the core's static data A in bf16 (m x k) and one decoded column block (t x k bf16)."""
     kw = k // w_block * w_block_bytes
-    return 2 * m * k * 4 + 2 * n * kw + 2 * m * n * 4 + t * k * 2
+    return 2 * m * k * 4 + 2 * n * kw + 2 * m * n * 4 + m * k * 2 + t * k * 2
 
 
 def gemm_blocks_memtile(p: GemmPlan) -> int:
-    """Memory tile bytes of one column: the A ring (R*m x k f32), the forwarded B ring and
-    the joined C ring (R*m x n f32), each double-buffered."""
-    return 2 * p.rows * p.m * p.k * 4 + 2 * p.b_tile + 2 * p.rows * p.m * p.n * 4
+    """Memory tile bytes of a column carrying an A feed: the A ring (a_feed_rows * m x k
+    f32), the forwarded B ring and the joined C ring (R*m x n f32), each double-buffered."""
+    return 2 * p.a_feed_rows * p.m * p.k * 4 + 2 * p.b_tile + 2 * p.rows * p.m * p.n * 4
+
+
+SHIM_CHANNEL_BYTES = 4  # bytes per cycle of a shim DMA channel (AM020: 32 bits per cycle)
+
+
+def gemm_cycles(
+    p: GemmPlan, core_step: int, a_size: int, b_row_bytes: int, c_size: int, arch: Arch
+) -> int:
+    """A GEMM plan's cycles as the planners weigh them: the slowest of a core's K steps
+    (`core_step` cycles each), an A feed's, a column's B and C shim channels, and the DRAM
+    all of them share (`b_row_bytes`: one of B's rows of K)."""
+    rounds = p.m_rounds * p.n_rounds
+    a_feed = rounds * p.a_feed_rows * p.m * p.K * a_size
+    b_col = rounds * p.n * b_row_bytes
+    c_col = rounds * p.rows * p.m * p.n * c_size
+    dram = a_feed * p.a_feeds + (b_col + c_col) * p.columns
+    return int(
+        max(
+            p.tiles_per_core * p.k_steps * core_step,
+            max(a_feed, b_col, c_col) / SHIM_CHANNEL_BYTES,
+            dram / arch.dram_bytes_per_cycle,
+        )
+    )
 
 
 def plan_gemm_blocks(
@@ -550,7 +606,7 @@ def plan_gemm_blocks(
                         # Every core of a column decodes the column's n x k weights.
                         decode = n * k * GEMM_DECODE_COST // VECTOR_ELEMS
                         step = macs + decode + GEMM_K_OVERHEAD
-                        cost = plan.tiles_per_core * plan.k_steps * step
+                        cost = gemm_cycles(plan, step, 4, row_bytes, 4, arch)
                         key = (cost, -(m * n * k))
                         if best_key is None or key < best_key:
                             best, best_key = plan, key

@@ -5,12 +5,14 @@ ggml: dst[N, M] = src1[K, M] . src0[K, N]^T per batch, src0 broadcast over
 src1's dimensions 2 and 3. In matrix terms C = A . B with A = src1 (M rows of
 K), B = src0 stored column-major (N rows of K) and C = dst (M rows of N).
 
-GEMM (plan `tiling.GemmPlan`): `rows` compute rows x `columns` columns. Per
-column, the shim tile streams R*m x k blocks of A to the memory tile, which
-hands each compute row its m x k block re-laid into r x s microkernel blocks;
-n x k blocks of B go through the memory tile (re-laid into t x s blocks) to
-all R cores of the column at once (broadcast); the R m x n results are joined
-in the memory tile and written back row-major. Each core walks its output
+GEMM (plan `tiling.GemmPlan`): `rows` compute rows x `columns` columns. A is
+read once per round and broadcast along the array's rows: each A feed (a shim
+channel and its memory tile, `GemmPlan.a_feeds` spread over the columns)
+streams the m x k blocks of consecutive array rows, and its memory tile sends
+row i's block, re-laid into r x s microkernel blocks, to the cores of row i in
+every column; n x k blocks of B go through the column's memory tile (re-laid
+into t x s blocks) to all R cores of the column at once (broadcast); the R
+m x n results are joined in the memory tile and written back row-major. Each core walks its output
 tiles (batch, M block, N block) and, for each, the K steps. M and N need not
 be multiples of the blocks: the last block starts early and overlaps the one
 before it (same inputs, same outputs written twice).
@@ -175,17 +177,25 @@ def _gemm(spec):
     a_blocks, c_rows = p.a_dims(), p.c_segment_dims()
     b_blocks = None if spec.weight_bytes else p.b_dims()
 
-    a_cols, b_cols, c_cols, workers = [], [], [], []
+    # A feeds: each streams fr consecutive array rows' tiles to its column's memory tile,
+    # which sends row i's part to the cores of row i in every column (GemmPlan.a_feeds).
+    fr = p.a_feed_rows
+    a_feeds, a_rows = {}, []
+    for g in range(p.a_feeds):
+        col = p.a_feed_column(g)
+        fifo = ObjectFifo(vector_type(fr * m * k, a_t), name=f"A_f{g}")
+        a_rows += fifo.cons().split(
+            [i * m * k for i in range(fr)],
+            obj_types=[a_tile] * fr,
+            names=[f"A_r{g * fr + i}" for i in range(fr)],
+            to_stream=[_walk(m * k, a_blocks)] * fr,
+            tile=Tile(col, MEM_ROW),
+        )
+        a_feeds[col] = fifo
+
+    b_cols, c_cols, workers = [], [], []
     for col in range(C):
         mem = Tile(col, MEM_ROW)
-        a_fifo = ObjectFifo(vector_type(R * m * k, a_t), name=f"A_c{col}")
-        a_subs = a_fifo.cons().split(
-            [i * m * k for i in range(R)],
-            obj_types=[a_tile] * R,
-            names=[f"A_c{col}_r{i}" for i in range(R)],
-            to_stream=[_walk(m * k, a_blocks)] * R,
-            tile=mem,
-        )
         b_fifo = ObjectFifo(b_tile, name=f"B_c{col}")
         # Blocks cannot be re-laid by the DMA (one block's bytes hold many values): weight
         # bytes go to the cores as the shim reads them, rows of whole blocks.
@@ -203,30 +213,33 @@ def _gemm(spec):
             names=[f"C_c{col}_r{i}" for i in range(R)],
             tile=mem,
         )
-        a_cols.append(a_fifo)
         b_cols.append(b_fifo)
         c_cols.append(c_fifo)
         for i in range(R):
-            args = [a_subs[i].cons(), b_fwd.cons(), c_subs[i].prod(), zero, matmul]
+            args = [a_rows[i].cons(), b_fwd.cons(), c_subs[i].prod(), zero, matmul]
             workers.append(Worker(core_fn, fn_args=args, tile=Tile(col, 2 + i)))
 
     totals = [count for _, count in spec.sequence]
     groups = spec.tasks()
-    # Shim endpoints: per column, A (src1) and B (src0) in, C (dst) out.
-    handles = []
+    # Shim endpoints: per column, its A feed (if any) and B (src0) in, C (dst) out.
+    handles, slots = [], []
     for col in range(C):
         shim = Tile(col, SHIM_ROW)
-        handles += [a_cols[col].prod(tile=shim), b_cols[col].prod(tile=shim)]
-        handles.append(c_cols[col].cons(tile=shim))
+        slot = len(handles)
+        if col in a_feeds:
+            handles.append(a_feeds[col].prod(tile=shim))
+        handles += [b_cols[col].prod(tile=shim), c_cols[col].cons(tile=shim)]
+        slots.append((slot, col in a_feeds))
 
     def sequence(B, A, Cbuf, *hs):
-        # Task groups from GemmPlan.tasks: per column the A (src1), B (src0) and C (dst)
-        # access patterns of one M block and a run of N rounds.
+        # Task groups from GemmPlan.tasks: per column its A feed's (src1), B (src0) and C
+        # (dst) access patterns of one M block and a run of N rounds.
         for group in groups:
             tg = TaskGroup()
-            for col, (a, b, c) in enumerate(group):
-                ha, hb, hc = hs[3 * col : 3 * col + 3]
-                ha.fill(A, tap=_tap(totals[1], a), group=tg)
+            for (slot, fed), (a, b, c) in zip(slots, group):
+                if fed:
+                    hs[slot].fill(A, tap=_tap(totals[1], a), group=tg)
+                hb, hc = hs[slot + fed], hs[slot + fed + 1]
                 hb.fill(B, tap=_tap(totals[0], b), group=tg)
                 hc.drain(Cbuf, tap=_tap(totals[2], c), group=tg, wait=True)
             tg.finish()

@@ -3,13 +3,10 @@
 // stores them.
 //
 // Every 16 values of a block share one scale and one offset (Q4_0, Q4_1, Q5_0, Q8_0: the
-// block's; Q4_K, Q5_K: their 32-value sub-block's; Q6_K: their own). Two decoders:
-//   group(b, g)   16 values to f32 (the GEMM's, which decodes each weight tile once for many
-//                 columns): the codes unpacked by the scalar unit (bytes, shifts and masks: it
-//                 has no floating point), turned into f32 exactly and scaled with f32 vector
-//                 operations;
-//   piece(b, j)   32 values to bf16 (the GEMV's, which decodes every weight once per token and
-//                 must keep up with its DMA): everything but the scales on the vector unit.
+// block's; Q4_K, Q5_K: their 32-value sub-block's; Q6_K: their own). piece(b, j, s, k) decodes
+// 32 values of a block to bf16 on the vector unit, for the GEMV, which decodes every weight
+// once per token and must keep up with its DMA, and for the GEMM, which decodes each weight
+// tile once for many rows of activations; f16 weights are converted 16 at a time (halves).
 //
 // Defines: exactly one of MVQ_F16, MVQ_Q4_0, MVQ_Q4_1, MVQ_Q5_0, MVQ_Q8_0, MVQ_Q4_K,
 // MVQ_Q5_K, MVQ_Q6_K. QB is the block's values, BB its bytes.
@@ -57,16 +54,19 @@ static inline uint32_t u32_at(const uint8_t *p) {
   return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
 }
 
-// One f16 field as 16 equal f32 lanes.
-static inline vf half_splat(const uint8_t *p) { return half_bits_to_f32(splat_i(u16_at(p))); }
+#if MVQ_F16
 
-// scale * code + offset for one group of 16 integer codes.
-static inline vf scaled(const int32_t *codes, vf scale, vf offset) {
-  vi c = aie::load_v<VEC>(codes);
-  return add(mul(small_int_to_float(c), scale), offset);
+// n (<= VEC) f16 values from p, the other lanes 0.
+static inline vf halves(const uint8_t *p, int n) {
+  alignas(64) int32_t u[VEC];
+  for (int i = 0; i < (int)VEC; ++i)
+    u[i] = i < n ? u16_at(p + 2 * i) : 0;
+  return half_bits_to_f32(aie::load_v<VEC>(u));
 }
 
-#if !MVQ_F16
+struct BlockConsts {};
+
+#else
 
 // Q4_K / Q5_K: the 6-bit scale and min of sub-block s (0..8) from the 12 packed bytes.
 static inline void k_scale_min(const uint8_t *sc, int s, int32_t &scale, int32_t &min) {
@@ -79,97 +79,14 @@ static inline void k_scale_min(const uint8_t *sc, int s, int32_t &scale, int32_t
   }
 }
 
-// Values 16g .. 16g+16 of the block at `b`, in f32.
-static inline vf group(const uint8_t *b, int g) {
-  alignas(64) int32_t codes[VEC];
-  const vf zero = splat(0.0f);
-#if MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0
-  // One pass over the group's bytes, the nibble chosen outside the loop (a branch per value
-  // would be a scalar block per value).
-  const uint8_t *qs = b + NIBBLES_AT;
-  const int shift = g ? 4 : 0;
-#if MVQ_Q4_0
-  for (int i = 0; i < (int)VEC; ++i)
-    codes[i] = ((qs[i] >> shift) & 0x0f) - 8;
-  return scaled(codes, half_splat(b), zero);
-#elif MVQ_Q4_1
-  for (int i = 0; i < (int)VEC; ++i)
-    codes[i] = (qs[i] >> shift) & 0x0f;
-  return scaled(codes, half_splat(b), half_splat(b + 2));
-#else
-  // The fifth bit of value j is bit j of the little-endian u32 after the scale.
-  const uint32_t qh = u32_at(b + 2) >> (16 * g);
-  for (int i = 0; i < (int)VEC; ++i)
-    codes[i] = (((qs[i] >> shift) & 0x0f) | int32_t(((qh >> i) & 1) << 4)) - 16;
-  return scaled(codes, half_splat(b), zero);
-#endif
-#elif MVQ_Q8_0
-  for (int i = 0; i < (int)VEC; ++i)
-    codes[i] = int8_t(b[2 + 16 * g + i]);
-  return scaled(codes, half_splat(b), zero);
-#elif MVQ_Q4_K || MVQ_Q5_K
-  // Sub-block s = g / 2 (32 values) uses bytes 32 * (s / 2) .. of the nibbles, low nibbles
-  // for even s; Q5_K's fifth bit of value l of a sub-block is bit s of qh[l].
-  const int s = g / 2, l0 = 16 * (g % 2);
-#if MVQ_Q4_K
-  const uint8_t *qs = b + 16 + 32 * (s / 2); // after d, dmin, scales
-#else
-  const uint8_t *qs = b + 48 + 32 * (s / 2); // after d, dmin, scales, qh
-#endif
-  const int shift = s % 2 ? 4 : 0;
-#if MVQ_Q4_K
-  for (int i = 0; i < (int)VEC; ++i)
-    codes[i] = (qs[l0 + i] >> shift) & 0x0f;
-#else
-  const uint8_t *qh = b + 16;
-  for (int i = 0; i < (int)VEC; ++i)
-    codes[i] = ((qs[l0 + i] >> shift) & 0x0f) | (((qh[l0 + i] >> s) & 1) << 4);
-#endif
-  int32_t sc, mn;
-  k_scale_min(b + 4, s, sc, mn);
-  vf scale = mul(half_splat(b), small_int_to_float(splat_i(sc)));
-  vf offset = fneg(mul(half_splat(b + 2), small_int_to_float(splat_i(mn))));
-  return scaled(codes, scale, offset);
-#elif MVQ_Q6_K
-  // Half h = g / 8 (128 values) uses ql[64h ..] and qh[32h ..]; quarter q = (g % 8) / 2
-  // (32 values) takes the low (q < 2) or high nibble of ql[64h + 32(q % 2) + l] and bits
-  // 2q, 2q+1 of qh[32h + l]; codes are offset by 32. One signed 8-bit scale per 16 values.
-  const int h = g / 8, q = (g % 8) / 2, l0 = 16 * (g % 2);
-  const uint8_t *ql = b + 64 * h + 32 * (q % 2);
-  const uint8_t *qh = b + 128 + 32 * h;
-  const int shift = q < 2 ? 0 : 4;
-  for (int i = 0; i < (int)VEC; ++i) {
-    const int32_t lo = (ql[l0 + i] >> shift) & 0x0f;
-    const int32_t hi = (qh[l0 + i] >> (2 * q)) & 3;
-    codes[i] = (lo | (hi << 4)) - 32;
-  }
-  vf scale = mul(half_splat(b + 208), small_int_to_float(splat_i(int8_t(b[192 + g]))));
-  return scaled(codes, scale, zero);
-#endif
-}
-
-#else // MVQ_F16
-
-// n (<= VEC) f16 values from p, the other lanes 0.
-static inline vf halves(const uint8_t *p, int n) {
-  alignas(64) int32_t u[VEC];
-  for (int i = 0; i < (int)VEC; ++i)
-    u[i] = i < n ? u16_at(p + 2 * i) : 0;
-  return half_bits_to_f32(aie::load_v<VEC>(u));
-}
-
-#endif
-
-#if !MVQ_F16
-
-// The GEMV's decoding (mvq.cc), on the vector unit, 32 values of a row ("a piece") at a time:
-// the codes unpacked with vector shifts and masks and turned into bf16 exactly (integers below
-// 2^8), then weight = scale * code (+ min) formed in the f32 accumulator and rounded to bf16
-// once, as the scalar decoder's f32 weights are. The bf16 MAC takes the scale and the min as
-// two bf16 halves each (hi + lo: an f16 field exactly, the K-quants' d * sub-block scale to
-// 16 bits), so that a weight near zero (a scaled code less its min) keeps its own precision.
-// The scales are made once per block: the f16 fields split on the scalar unit (which has no
-// floating point: integer code), the K-quants' sub-block products on the vector unit.
+// The decoding, on the vector unit, 32 values of a row ("a piece") at a time: the codes
+// unpacked with vector shifts and masks and turned into bf16 exactly (integers below 2^8),
+// then weight = scale * code (+ min) formed in the f32 accumulator and rounded to bf16 once.
+// The bf16 MAC takes the scale and the min as two bf16 halves each (hi + lo: an f16 field
+// exactly, the K-quants' d * sub-block scale to 16 bits), so that a weight near zero (a scaled
+// code less its min) keeps its own precision. The scales are made once per block: the f16
+// fields split on the scalar unit (which has no floating point: integer code), the K-quants'
+// sub-block products on the vector unit.
 using vb32 = aie::vector<bfloat16, 32>;
 using vb16 = aie::vector<bfloat16, 16>;
 using vs32 = aie::vector<int16_t, 32>;
@@ -370,18 +287,6 @@ static inline vb32 piece(const uint8_t *b, int j, const BlockScales &s, const Bl
   return w.template to_vector<bfloat16>();
 }
 
-#else
-struct BlockConsts {};
 #endif
-
-// Values 16g .. 16g + 16 of a row of whole blocks, in f32.
-static inline vf decode16(const uint8_t *row, int g) {
-#if MVQ_F16
-  return halves(row + 2 * VEC * g, VEC);
-#else
-  constexpr int per_block = QB / VEC;
-  return group(row + (g / per_block) * BB, g % per_block);
-#endif
-}
 
 } // namespace ggml_aie

@@ -8,15 +8,16 @@
 //   B: TILE_N rows of TILE_K / QB whole blocks of BB bytes each, as ggml stores src0 (the
 //      memory tile cannot re-lay blocks: one block's bytes hold QB values), decoded here;
 //   C: blocks (i < m/r, j < n/t), each r x t row-major, f32.
-// For each group of MM_T weight rows (one column block j of C) the rows are decoded
-// (block_decode.h) and rounded to bf16 into `wt`, in the t x s block layout mm.cc's B has
-// (blocks kk < k/s, each t x s, K contiguous), then every row block i of A is multiplied with
-// it. Only one column block is decoded at a time: the staging buffer is MM_T x TILE_K bf16
-// (static data, one copy per core, counted by the plan: tiling.plan_gemm_blocks), not the
-// whole n x k tile.
+// Each call rounds its A tile to bf16 once (`ab`, for every column block). For each group of
+// MM_T weight rows (one column block j of C) the rows are decoded 32 values at a time on the
+// vector unit (block_decode.h's piece(), the GEMV's decoder; f16: 16 values converted) into
+// `wt`, t x s blocks turned once to the s x t layout the microkernel takes B in, then every
+// row block i of A is multiplied with it. Only one column block is decoded at a time: `wt`
+// is MM_T x TILE_K bf16 and `ab` TILE_M x TILE_K bf16 (static data, one copy per core,
+// counted by the plan: tiling.gemm_blocks_l1), not the whole n x k tile.
 //
-// Precision: the GEMV's (mvq.cc): decoded weights and activations rounded to bf16 (round to
-// nearest even), exact products summed in f32.
+// Precision: the GEMV's (mvq.cc): weights formed as its decoder forms them and activations
+// rounded to bf16 (round to nearest even), exact products summed in f32.
 //
 // Defines: one of MVQ_<type> (block_decode.h); MM_R MM_S MM_T TILE_M TILE_N TILE_K.
 
@@ -29,35 +30,52 @@ using namespace ggml_aie;
 using MMUL = aie::mmul<MM_R, MM_S, MM_T, bfloat16, bfloat16>;
 
 static_assert(TILE_K % QB == 0, "a K step is whole blocks");
-static_assert(TILE_K % VEC == 0 && VEC % MM_S == 0, "decoded groups are whole s blocks");
+static_assert(32 % MM_S == 0 && VEC % MM_S == 0, "pieces (32 values, f16: VEC) are whole s blocks");
+#if MVQ_F16
+static_assert(TILE_K % VEC == 0, "a K step is whole pieces");
+#else
+static_assert(TILE_K % 32 == 0, "a K step is whole pieces");
+#endif
 static_assert(TILE_N % MM_T == 0 && TILE_M % MM_R == 0, "tiles are whole microkernel blocks");
+static_assert((TILE_M * TILE_K) % VEC == 0, "the A tile is whole vectors");
 constexpr int ROW_BYTES = TILE_K / QB * BB;
 constexpr unsigned KB = TILE_K / MM_S;
 
-// One column block's weights, decoded: KB blocks of MM_T x MM_S bf16.
+// The call's A tile in bf16, in its r x s block layout.
+alignas(64) static bfloat16 ab[TILE_M * TILE_K];
+// One column block's weights, decoded: KB blocks of MM_S x MM_T bf16.
 alignas(64) static bfloat16 wt[KB * MM_T * MM_S];
 
-// Rows j * MM_T .. (j + 1) * MM_T of the B tile into `wt`.
-static inline void decode_block_rows(const uint8_t *b, unsigned j) {
-  for (unsigned jj = 0; jj < MM_T; ++jj) {
-    const uint8_t *row = b + (j * MM_T + jj) * ROW_BYTES;
-    for (unsigned g = 0; g < TILE_K / VEC; ++g) {
-      const aie::vector<bfloat16, VEC> v = narrow<bfloat16>(decode16(row, g));
-      // Values 16g .. 16g + 16 of row jj are the rows jj of s blocks 16g / s, ...
-      for (unsigned h = 0; h < VEC / MM_S; ++h) {
-        const unsigned kk = g * (VEC / MM_S) + h;
-        aie::store_v(wt + (kk * MM_T + jj) * MM_S, v.template extract<MM_S>(h));
-      }
-    }
-  }
+// Values v0 .. v0 + N of weight row jj (< MM_T) into the rows jj of the t x s blocks they
+// fall in.
+template <unsigned N>
+static inline void stage(unsigned jj, unsigned v0, const aie::vector<bfloat16, N> &v) {
+  for (unsigned h = 0; h < N / MM_S; ++h)
+    aie::store_v(wt + ((v0 / MM_S + h) * MM_T + jj) * MM_S, v.template extract<MM_S>(h));
 }
 
-// MMUL::size_A f32 values rounded to bf16 (mm.cc's load_block for f32 operands).
-static inline aie::vector<bfloat16, MMUL::size_A> load_a(const float *p) {
-  aie::vector<bfloat16, MMUL::size_A> r;
-  for (unsigned i = 0; i < MMUL::size_A / VEC; ++i)
-    r.insert(i, narrow<bfloat16>(load_aligned(p + i * VEC)));
-  return r;
+// Rows j * MM_T .. (j + 1) * MM_T of the B tile into `wt`.
+static inline void decode_block_rows(const uint8_t *b, unsigned j, const BlockConsts &k) {
+  for (unsigned jj = 0; jj < MM_T; ++jj) {
+    const uint8_t *row = b + (j * MM_T + jj) * ROW_BYTES;
+#if MVQ_F16
+    (void)k;
+    for (unsigned v0 = 0; v0 < TILE_K; v0 += VEC)
+      stage(jj, v0, narrow<bfloat16>(halves(row + 2 * v0, VEC)));
+#else
+    for (unsigned blk = 0; blk < TILE_K / QB; ++blk) {
+      const uint8_t *bb = row + blk * BB;
+      const BlockScales s = block_scales(bb);
+      for (int p = 0; p < PIECES; ++p)
+        stage(jj, blk * QB + 32 * p, piece(bb, p, s, k));
+    }
+#endif
+  }
+  // Each t x s block turned to s x t once, for all the row blocks of A.
+  for (unsigned kk = 0; kk < KB; ++kk) {
+    bfloat16 *blk = wt + kk * MMUL::size_B;
+    aie::store_v(blk, aie::transpose(aie::load_v<MMUL::size_B>(blk), MM_T, MM_S));
+  }
 }
 
 extern "C" {
@@ -73,19 +91,20 @@ void ggml_mmq(float *a, int8_t *b, float *c) {
   // Round to nearest even, as ggml converts to bf16 (the reset mode, floor, would bias every
   // decoded weight and activation down).
   set_ggml_rounding();
+  for (unsigned e = 0; e < TILE_M * TILE_K; e += VEC)
+    aie::store_v(ab + e, narrow<bfloat16>(load_aligned(a + e)));
   const uint8_t *wb = reinterpret_cast<const uint8_t *>(b);
+  const BlockConsts k;
   constexpr unsigned NB = TILE_N / MM_T;
   for (unsigned j = 0; j < NB; ++j) {
-    decode_block_rows(wb, j);
+    decode_block_rows(wb, j, k);
     for (unsigned i = 0; i < TILE_M / MM_R; ++i) {
       float *pc = c + (i * NB + j) * MMUL::size_C;
       MMUL acc(aie::load_v<MMUL::size_C>(pc));
-      const float *pa = a + i * KB * MMUL::size_A;
-      for (unsigned kk = 0; kk < KB; ++kk) {
-        auto va = load_a(pa + kk * MMUL::size_A);
-        auto vb = aie::transpose(aie::load_v<MMUL::size_B>(wt + kk * MMUL::size_B), MM_T, MM_S);
-        acc.mac(va, vb);
-      }
+      const bfloat16 *pa = ab + i * KB * MMUL::size_A;
+      for (unsigned kk = 0; kk < KB; ++kk)
+        acc.mac(aie::load_v<MMUL::size_A>(pa + kk * MMUL::size_A),
+                aie::load_v<MMUL::size_B>(wt + kk * MMUL::size_B));
       aie::store_v(pc, acc.template to_vector<float>());
     }
   }

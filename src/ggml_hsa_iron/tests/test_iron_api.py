@@ -36,6 +36,7 @@ OWN_METHODS = {
     "b_dims",
     "c_dims",
     "c_segment_dims",  # GemmPlan: the join output's walk of one transfer
+    "a_feed_column",  # GemmPlan: the column carrying an A feed
     "fill_tap",  # EltwiseSpec.fill_tap (GLU's strided inputs), CopySpec.fill_tap
     "drain_tap",  # CopySpec.drain_tap (a strided output)
     "idx_tap",  # SetRowsSpec: a slab's indices, source rows and destination rows

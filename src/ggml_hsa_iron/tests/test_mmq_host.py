@@ -3,11 +3,12 @@
 One core's work as the design gives it: K steps of an A tile (f32, in the r x s block layout
 the memory tile delivers) and a B tile (n weight rows of whole blocks, the bytes ggml stores),
 accumulated into one C tile (r x t blocks). Random blocks of every type (test_mvq_host's
-generator) are decoded by test_mvq_host's own reading of ggml's block layouts; the kernel's
-results are compared with sum(bf16(w) * bf16(a)) in exact arithmetic (the kernel rounds the
-decoded weights and the activations to bf16, round to nearest even, and sums exact products
-in f32), so the difference is f32 summation error only. A wrong decode, a row or block
-misplaced in the decoded staging buffer or in the C layout, or a K step not accumulated fails.
+generator) are decoded by test_mvq_host's own reading of ggml's block layouts into the weights
+the vector decoder forms (`kernel_values`, the GEMV's); the kernel's results are compared with
+sum(w * bf16(a)) in exact arithmetic (the kernel rounds the activations to bf16, round to
+nearest even, and sums exact products in f32), so the difference is f32 summation error only.
+A wrong decode, a row or block misplaced in the decoded staging buffer or in the C layout, or a
+K step not accumulated fails.
 Built for aie2 and aie2p (their bf16 mmul shapes differ: 4x8x4 and 4x8x8). Skipped when no
 host C++ compiler is installed.
 """
@@ -27,7 +28,7 @@ from ggml_hsa_iron.dtypes import DTYPES
 from ggml_hsa_iron.tests import host_program
 from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.test_kernels_host import HERE, KERNELS, bf16_round, f32
-from ggml_hsa_iron.tests.test_mvq_host import decode, random_block
+from ggml_hsa_iron.tests.test_mvq_host import kernel_values, random_block
 
 TYPES = ("f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K")
 
@@ -63,7 +64,7 @@ def run(ty, arch, m, n, k, steps):
         rows = [[random_block(ty, rng) for _ in range(k // block)] for _ in range(n)]
         lines.append(" ".join(float.hex(v) for v in a_blocked(a, m, k, r, s)))
         lines.append(" ".join(f"{v:x}" for row in rows for blk in row for v in blk))
-        w = [[bf16_round(f32(v)) for blk in row for v in decode(ty, blk)] for row in rows]
+        w = [[v for blk in row for v in kernel_values(ty, blk)] for row in rows]
         for i in range(m):
             ai = [bf16_round(v) for v in a[i * k : (i + 1) * k]]
             for j in range(n):

@@ -31,7 +31,7 @@ from ggml_hsa_iron.tiling import GLU_GROUP_ROUNDS, MAX_TASKS_PER_CHANNEL, stash_
 from ggml_hsa_iron.tests import host_program
 from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.test_kernels_host import HERE, KERNELS
-from ggml_hsa_iron.tests.test_mvq_host import decode, kernel_values, random_block
+from ggml_hsa_iron.tests.test_mvq_host import kernel_values, random_block
 from ggml_hsa_iron.tests.util import request_json, tensor
 from ggml_hsa_iron.tests.util_matmul import check_structure
 
@@ -249,20 +249,16 @@ def _bf16(a):
     return np.asarray(a, dtype=np.float32).astype(bfloat16).astype(np.float64)
 
 
-def _weights(ty, rows, K, rng, gemm=False):
+def _weights(ty, rows, K, rng):
     """(bytes as ggml stores them, the values the kernel multiplies as float64 [rows, K]): as
-    the GEMV's decoding forms them, or (`gemm`) the GEMM's (mmq.cc: the decoded value rounded
-    to bf16)."""
+    the decoder forms them (block_decode.h)."""
     if ty in ("f32", "bf16"):
         npt = np.float32 if ty == "f32" else bfloat16
         w = np.asarray([rng.uniform(-0.2, 0.2) for _ in range(rows * K)], np.float32).astype(npt)
         return w.tobytes(), w.astype(np.float64).reshape(rows, K)
     block = DTYPES[ty].block
     blocks = [random_block(ty, rng) for _ in range(rows * K // block)]
-    if gemm:
-        vals = _bf16([v for b in blocks for v in decode(ty, b)])
-    else:
-        vals = np.asarray([v for b in blocks for v in kernel_values(ty, b)], np.float64)
+    vals = np.asarray([v for b in blocks for v in kernel_values(ty, b)], np.float64)
     return b"".join(blocks), vals.reshape(rows, K)
 
 

@@ -44,7 +44,7 @@ class ByteWeightsGemmEmulationTest(unittest.TestCase):
         spec = prepare(parse_request(text))
         self.assertFalse(spec.gemv, "the GEMM takes it")
         rng = random.Random(seed)
-        a_bytes, av = _random_rows(a, rng, gemm=True)
+        a_bytes, av = _random_rows(a, rng)
         b_bytes, bv = _random_rows(b, rng)
         got = np.frombuffer(run_request(text, [a_bytes, b_bytes]), np.float32)
         got = got.astype(np.float64).reshape(1, b2 * r2, M, N)

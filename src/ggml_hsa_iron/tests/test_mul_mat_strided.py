@@ -392,9 +392,9 @@ def _bf16(a):
     return np.asarray(a, dtype=np.float32).astype(bfloat16).astype(np.float64)
 
 
-def _random_rows(t: Tensor, rng, gemm=False):
+def _random_rows(t: Tensor, rng):
     """(bytes of t, its rows' values as the kernel multiplies them [ne3, ne2, ne1, K]; block
-    types as the GEMV decodes them, or as the GEMM does: `gemm`)."""
+    types as the decoder forms them)."""
     ne = t.ne
     K = ne[0]
     if t.dtype == "f32":
@@ -411,7 +411,7 @@ def _random_rows(t: Tensor, rng, gemm=False):
     rows = np.empty((ne[3], ne[2], ne[1]), dtype=object)
     vals = np.empty((ne[3], ne[2], ne[1], K))
     for idx in np.ndindex(rows.shape):
-        rows[idx], vals[idx] = _weights(t.dtype, 1, K, rng, gemm)
+        rows[idx], vals[idx] = _weights(t.dtype, 1, K, rng)
     return _fill(t, rows, lambda r: r), vals
 
 

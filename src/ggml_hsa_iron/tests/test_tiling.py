@@ -8,6 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import itertools
+import math
 import unittest
 
 import numpy as np
@@ -248,6 +249,35 @@ class MatmulPlanTest(unittest.TestCase):
                     writes = check_structure(spec, stream_of(spec))
                     self.assertGreaterEqual(writes, spec.dst.nelements)
 
+    def test_gemm_reads_a_once_per_round_whatever_the_columns(self):
+        # A is broadcast along the array's rows: a round reads the M block's rows of K once,
+        # not once per column; the feeds sit on distinct shims (one input channel each beside
+        # B's).
+        from ggml_hsa_iron.dtypes import DTYPES
+
+        for arch, ty, (M, N, K) in (
+            ("aie2p", "q4_0", (512, 8192, 2048)),
+            ("aie2", "q4_0", (512, 2048, 2048)),
+            ("aie2p", "bf16", (256, 4096, 512)),
+            ("aie2p", "q8_0", (256, 24, 256)),  # three columns, four rows: feeds of row pairs
+        ):
+            with self.subTest(arch=arch, ty=ty, M=M, N=N, K=K):
+                spec = mul_mat_spec(arch, ty, "f32", M, N, K)
+                p = spec.plan
+                self.assertFalse(spec.gemv)
+                self.assertEqual(p.rows % p.a_feeds, 0)
+                self.assertLessEqual(p.a_feeds, p.columns)
+                cols = [p.a_feed_column(g) for g in range(p.a_feeds)]
+                self.assertEqual(len(set(cols)), p.a_feeds)
+                a_read = sum(math.prod(a.sizes) for g in spec.tasks() for a, _, _ in g if a)
+                rounds = len(p.m_starts()) * p.n_rounds
+                self.assertEqual(a_read, rounds * p.rows * p.m * K)
+                # Every weight is read once per M block.
+                if DTYPES[ty].block > 1 or ty == "bf16":
+                    b_read = sum(math.prod(b.sizes) for g in spec.tasks() for _, b, _ in g)
+                    row = p.b_units(K) if p.w_block_bytes else K
+                    self.assertEqual(b_read, len(p.m_starts()) * p.n_rounds * p.n_block * row)
+
     def test_gemv_tasks_compute_every_output_from_the_right_rows(self):
         shapes = [
             ("bf16", "f32", (1, 37, 48, 2, 1)),  # N prime: the last round overlaps
@@ -467,11 +497,11 @@ class ByteWeightsGemmTest(unittest.TestCase):
 
     @staticmethod
     def core_bytes(p, t):
-        # A (f32) and C (f32) tiles and the weight bytes, double-buffered, and the t x k
-        # decoded bf16 block of mmq.cc's static data: written out here, not taken from the
-        # plan's own arithmetic.
+        # A (f32) and C (f32) tiles and the weight bytes, double-buffered, and mmq.cc's static
+        # data, A in bf16 and the t x k decoded bf16 block: written out here, not taken from
+        # the plan's own arithmetic.
         kw = p.k // p.w_block * p.w_block_bytes
-        return 2 * 4 * p.m * p.k + 2 * p.n * kw + 2 * 4 * p.m * p.n + 2 * t * p.k
+        return 2 * 4 * p.m * p.k + 2 * p.n * kw + 2 * 4 * p.m * p.n + 2 * p.m * p.k + 2 * t * p.k
 
     def test_every_type_tiles_in_budget_and_every_core_gets_its_rows(self):
         from ggml_hsa_iron.dtypes import DTYPES
@@ -499,7 +529,7 @@ class ByteWeightsGemmTest(unittest.TestCase):
                         self.assertEqual(p.k % block, 0)
                         self.assertEqual(K % p.k, 0)
                         self.assertLessEqual(self.core_bytes(p, t), a.l1_budget)
-                        mem = 2 * 4 * p.rows * p.m * p.k + 2 * p.n * p.b_units(p.k)
+                        mem = 2 * 4 * p.a_feed_rows * p.m * p.k + 2 * p.n * p.b_units(p.k)
                         mem += 2 * 4 * p.rows * p.m * p.n
                         self.assertLessEqual(mem, a.memtile_bytes)
                         self.assertEqual(spec.sequence[0], ("i8", N * K // block * size * b2))
@@ -605,7 +635,7 @@ class ByteWeightsGemmTest(unittest.TestCase):
         self.assertIsNotNone(ps)
         self.assertLessEqual(self.core_bytes(ps, 8), 24 * 1024)
         self.assertLess(self.core_bytes(ps, 8), self.core_bytes(p, 8))
-        # The memory tile: rings of R x m x k f32 A for every row of the column.
+        # The memory tile of an A feed: rings of m x k f32 A for each row the feed carries.
         no_mem = replace(a, memtile_bytes=16 * 1024)
         pm = plan_gemm_blocks(64, 256, 4096, a.mmul["bf16"], q.block, q.size, no_mem, batches)
-        self.assertTrue(pm is None or 2 * 4 * pm.rows * pm.m * pm.k <= 16 * 1024)
+        self.assertTrue(pm is None or 2 * 4 * pm.a_feed_rows * pm.m * pm.k <= 16 * 1024)

@@ -4,10 +4,12 @@ Built from the same pure-Python plan the design uses (`spec.tasks()`, the memory
 tile re-layouts `a_dims`/`b_dims`/`c_dims`), the way the DMAs move data:
 
 * a shim task walks its tap; the column's memory tile receives the stream in
-  objects (A: R*m*k, B: n*k, C: R*m*n; GEMV W: R*nr*kc, x: kc, y: R*nr);
-* A and W objects are split into R consecutive parts, one per core of the
-  column; B and x objects go to every core of the column; C and y objects are
-  joined from R consecutive parts;
+  objects (A: a_feed_rows*m*k per feed, B: n*k, C: R*m*n; GEMV W: R*nr*kc, x: kc,
+  y: R*nr);
+* an A feed's objects are split into a_feed_rows consecutive parts, each going
+  to the cores of its array row in every column; W objects are split into R
+  consecutive parts, one per core of the column; B and x objects go to every
+  core of the column; C and y objects are joined from R consecutive parts;
 * `dims_to_stream` re-lays a part on its way: the core's element j is the
   part's element walk(dims)[j]; for C, stream element j is the joined object's
   element walk(c_dims)[j].
@@ -32,13 +34,19 @@ def gemm_streams(spec):
     R, m, n, k = p.rows, p.m, p.n, p.k
     aw, cw = walk(p.a_dims()), walk(p.c_dims())
     bw = None if p.w_block_bytes else walk(p.b_dims())
+    fr = p.a_feed_rows
+    feed_of = {p.a_feed_column(g): g for g in range(p.a_feeds)}
     cores = {(c, i): {"a": [], "b": [], "c": []} for c in range(p.columns) for i in range(R)}
     for group in spec.tasks():
         for col, (a, b, c) in enumerate(group):
-            for obj in _objects(a.indices(), R * m * k):
-                for i in range(R):
+            assert (a is not None) == (col in feed_of), "an A tap on a column without a feed"
+            for obj in _objects(a.indices() if a else [], fr * m * k):
+                for i in range(fr):
                     part = obj[i * m * k : (i + 1) * m * k]
-                    cores[(col, i)]["a"].append([part[j] for j in aw])
+                    # The feed's part i goes to array row g * fr + i in every column.
+                    for cc in range(p.columns):
+                        row = feed_of[col] * fr + i
+                        cores[(cc, row)]["a"].append([part[j] for j in aw])
             for obj in _objects(b.indices(), p.b_tile):
                 # Weights moved as bytes reach the cores as read (rows of whole blocks).
                 blocked = obj if p.w_block_bytes else [obj[j] for j in bw]
