@@ -283,8 +283,9 @@ class GemmPlan:
     over the columns, `a_feed_column`) each stream `a_feed_rows` consecutive
     array rows' tiles to their memory tile, which sends row i's part to the
     cores of row i in every column. B's n x k tiles go to the cores of their
-    column (broadcast down the column), C's come back through the column's
-    memory tile.
+    column (broadcast down the column: through its memory tile, which re-lays
+    them, or straight from the shim when the weights move as bytes), C's come
+    back through the column's memory tile.
     """
 
     M: int
@@ -487,9 +488,7 @@ def plan_gemm(
                         if not _gemm_dma_ok(plan, batches):
                             continue
                         macs = m * n * k // (r * s * t)
-                        cost = gemm_cycles(
-                            plan, macs + GEMM_K_OVERHEAD, a_size, K * b_size, c_size, arch
-                        )
+                        cost = gemm_cycles(plan, macs, a_size, K * b_size, c_size, arch)
                         key = (cost, -(m * n * k))
                         if best_key is None or key < best_key:
                             best, best_key = plan, key
@@ -500,32 +499,40 @@ def plan_gemm(
 # K steps of the GEMM over weights moved as bytes: whole blocks, at most this many values (the
 # A tile is m x k f32, double-buffered, in the core's budget).
 GEMM_BLOCKS_MAX_K = 512
-GEMM_DECODE_COST = 4  # cycle-equivalents per decoded weight (scalar unpacking) in the cost
+# Vector ALU ops per 32 weights decoded (block_decode.h's piece and its staging in mmq.cc; about
+# 20 for Q4_0, counted through the AIE-API stand-in), the cores' binding unit in the cost.
+GEMM_DECODE_ALU = 20
 
 
 def gemm_blocks_l1(m: int, n: int, k: int, t: int, w_block: int, w_block_bytes: int) -> int:
-    """Core data memory of a GEMM over weights moved as bytes (mmq.cc): A (m x k f32), the
-    weight bytes (n rows of k / w_block blocks) and C (m x n f32), each double-buffered, and
-    in the core's static data A in bf16 (m x k) and one decoded column block (t x k bf16)."""
+    """Core data memory of a GEMM over weights moved as bytes (mmq.cc): A (m x k f32, rounded
+    to bf16 in place), the weight bytes (n rows of k / w_block blocks) and C (m x n f32), each
+    double-buffered, and one decoded column block (t x k bf16, the core's static data)."""
     kw = k // w_block * w_block_bytes
-    return 2 * m * k * 4 + 2 * n * kw + 2 * m * n * 4 + m * k * 2 + t * k * 2
+    return 2 * m * k * 4 + 2 * n * kw + 2 * m * n * 4 + t * k * 2
 
 
 def gemm_blocks_memtile(p: GemmPlan) -> int:
     """Memory tile bytes of a column carrying an A feed: the A ring (a_feed_rows * m x k
-    f32), the forwarded B ring and the joined C ring (R*m x n f32), each double-buffered."""
-    return 2 * p.a_feed_rows * p.m * p.k * 4 + 2 * p.b_tile + 2 * p.rows * p.m * p.n * 4
+    f32) and the joined C ring (R*m x n f32), each double-buffered (the weights go from the
+    shim to the cores)."""
+    return 2 * p.a_feed_rows * p.m * p.k * 4 + 2 * p.rows * p.m * p.n * 4
 
 
-SHIM_CHANNEL_BYTES = 4  # bytes per cycle of a shim DMA channel (AM020: 32 bits per cycle)
+# Bytes per cycle of a DMA channel, shim, memory tile or core (AM020: 32 bits per cycle).
+CHANNEL_BYTES = 4
 
 
 def gemm_cycles(
-    p: GemmPlan, core_step: int, a_size: int, b_row_bytes: int, c_size: int, arch: Arch
+    p: GemmPlan, compute: int, a_size: int, b_row_bytes: int, c_size: int, arch: Arch
 ) -> int:
-    """A GEMM plan's cycles as the planners weigh them: the slowest of a core's K steps
-    (`core_step` cycles each), an A feed's, a column's B and C shim channels, and the DRAM
-    all of them share (`b_row_bytes`: one of B's rows of K)."""
+    """A GEMM plan's cycles as the planners weigh them: the slowest of a core's K steps (its
+    `compute` cycles, or its A or B tile arriving over its input channels), an A feed's, a
+    column's B and C shim channels, and the DRAM all of them share (`b_row_bytes`: one of B's
+    rows of K)."""
+    a_tile = p.m * p.k * a_size
+    b_tile = p.n * b_row_bytes // p.k_steps
+    step = max(compute, a_tile // CHANNEL_BYTES, b_tile // CHANNEL_BYTES) + GEMM_K_OVERHEAD
     rounds = p.m_rounds * p.n_rounds
     a_feed = rounds * p.a_feed_rows * p.m * p.K * a_size
     b_col = rounds * p.n * b_row_bytes
@@ -533,8 +540,8 @@ def gemm_cycles(
     dram = a_feed * p.a_feeds + (b_col + c_col) * p.columns
     return int(
         max(
-            p.tiles_per_core * p.k_steps * core_step,
-            max(a_feed, b_col, c_col) / SHIM_CHANNEL_BYTES,
+            p.tiles_per_core * p.k_steps * step,
+            max(a_feed, b_col, c_col) / CHANNEL_BYTES,
             dram / arch.dram_bytes_per_cycle,
         )
     )
@@ -587,6 +594,10 @@ def plan_gemm_blocks(
                     continue
                 if k > MAX_WRAP or m * arch.compute_rows > MAX_WRAP:
                     continue
+                # Every core of a column decodes the column's n x k weights (vector ALU, beside
+                # the MACs) and rounds its A tile to bf16.
+                macs = m * n * k // (r * s * t)
+                compute = max(macs, n * k * GEMM_DECODE_ALU // 32 + m * k // VECTOR_ELEMS)
                 for rows in (4, 2, 1):
                     if rows > arch.compute_rows or rows * m > M:
                         continue
@@ -602,11 +613,7 @@ def plan_gemm_blocks(
                             continue
                         if not all(_byte_tap_ok(b) for g in plan.tasks(batches) for _, b, _ in g):
                             continue
-                        macs = m * n * k // (r * s * t)
-                        # Every core of a column decodes the column's n x k weights.
-                        decode = n * k * GEMM_DECODE_COST // VECTOR_ELEMS
-                        step = macs + decode + GEMM_K_OVERHEAD
-                        cost = gemm_cycles(plan, step, 4, row_bytes, 4, arch)
+                        cost = gemm_cycles(plan, compute, 4, row_bytes, 4, arch)
                         key = (cost, -(m * n * k))
                         if best_key is None or key < best_key:
                             best, best_key = plan, key

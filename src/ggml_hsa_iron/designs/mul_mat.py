@@ -10,18 +10,19 @@ read once per round and broadcast along the array's rows: each A feed (a shim
 channel and its memory tile, `GemmPlan.a_feeds` spread over the columns)
 streams the m x k blocks of consecutive array rows, and its memory tile sends
 row i's block, re-laid into r x s microkernel blocks, to the cores of row i in
-every column; n x k blocks of B go through the column's memory tile (re-laid
-into t x s blocks) to all R cores of the column at once (broadcast); the R
-m x n results are joined in the memory tile and written back row-major. Each core walks its output
+every column; n x k blocks of B go to all R cores of the column at once (broadcast),
+through the column's memory tile (re-laid into t x s blocks) or, for weights
+moved as bytes, straight from the shim; the R m x n results are joined in the
+memory tile and written back row-major. Each core walks its output
 tiles (batch, M block, N block) and, for each, the K steps. M and N need not
 be multiples of the blocks: the last block starts early and overlaps the one
 before it (same inputs, same outputs written twice).
 
 f16 and block-quantized weights (q4_0 ... q6_K) in the GEMM (plan
 `tiling.plan_gemm_blocks`): B is moved as the bytes ggml stores (int8 fifos, n rows of the
-K step's whole blocks; K steps of whole blocks, 256 values for the K-quants) and forwarded
-by the memory tile without a re-layout (one block's bytes hold 32 or 256 values: the DMA
-cannot re-lay them); each core decodes t rows at a time into the t x s bf16 blocks the
+K step's whole blocks; K steps of whole blocks, 256 values for the K-quants) from the shim
+to the cores without a re-layout (one block's bytes hold 32 or 256 values: the DMA cannot
+re-lay them); each core decodes t rows at a time into the t x s bf16 blocks the
 microkernel takes (kernels/mmq.cc) and multiplies them with its A blocks (f32, re-laid and
 rounded to bf16 as for f32 src1). Where that GEMM does not tile (M below r, N below the
 smallest N tile, K not whole K steps, rows that are not whole words, the 1024 DMA tasks),
@@ -197,12 +198,14 @@ def _gemm(spec):
     for col in range(C):
         mem = Tile(col, MEM_ROW)
         b_fifo = ObjectFifo(b_tile, name=f"B_c{col}")
-        # Blocks cannot be re-laid by the DMA (one block's bytes hold many values): weight
-        # bytes go to the cores as the shim reads them, rows of whole blocks.
-        b_walk = None if spec.weight_bytes else _walk(k * n, b_blocks)
-        b_fwd = b_fifo.cons().forward(
-            obj_type=b_tile, name=f"B_c{col}_w", to_stream=b_walk, tile=mem
-        )
+        if spec.weight_bytes:
+            # Blocks cannot be re-laid by the DMA (one block's bytes hold many values): the
+            # weight bytes go from the shim to the column's cores as read, rows of whole blocks.
+            b_fwd = b_fifo
+        else:
+            b_fwd = b_fifo.cons().forward(
+                obj_type=b_tile, name=f"B_c{col}_w", to_stream=_walk(k * n, b_blocks), tile=mem
+            )
         # The join's output walks each core's m x n segment (one transfer) alike.
         c_fifo = ObjectFifo(
             vector_type(R * m * n, c_t), name=f"C_c{col}", to_stream=_walk(m * n, c_rows)

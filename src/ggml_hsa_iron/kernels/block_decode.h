@@ -97,6 +97,16 @@ constexpr int PIECES = QB / 32;
 #else
 #define MVQ_HAS_MIN 0
 #endif
+// Q4_0, Q4_1, Q5_0: a code c (< 32) becomes the bf16 value 128 + c by its bits alone
+// (0x4300 | c), and the MAC takes scale * (128 + the type's offset) off again: no conversion on
+// the vector ALU. Exact: d's halves, 128 + c and 128 + offset are integers times d's last bit
+// of at most 11 + 8 bits, so every partial sum in the f32 accumulator is exact and the weight
+// is d * (c - offset), rounded to bf16 once, as when the codes are converted.
+#if MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0
+#define MVQ_CODE_BIAS 1
+#else
+#define MVQ_CODE_BIAS 0
+#endif
 
 // A value as the sum of two bf16.
 struct Bf16Pair {
@@ -134,8 +144,17 @@ struct BlockConsts {
 #if MVQ_HAS_MIN
   vb32 ones = aie::broadcast<bfloat16, 32>(bfloat16(1.0f));
 #endif
+#if MVQ_CODE_BIAS
+  vu32 bias_bits = aie::broadcast<uint16_t, 32>(0x4300); // bf16 128.0
+#if MVQ_Q4_0
+  vb32 neg_bias = aie::broadcast<bfloat16, 32>(bfloat16(-136.0f)); // 128 + 8
+#elif MVQ_Q4_1
+  vb32 neg_bias = aie::broadcast<bfloat16, 32>(bfloat16(-128.0f));
+#else
+  vb32 neg_bias = aie::broadcast<bfloat16, 32>(bfloat16(-144.0f)); // 128 + 16
+#endif
+#endif
 #if MVQ_Q5_0
-  vs32 offset = aie::broadcast<int16_t, 32>(16);
   vu32 zero = aie::broadcast<uint16_t, 32>(0);
   vu32 sixteen = aie::broadcast<uint16_t, 32>(16);
   // Lane i's fifth bit is bit i % 16 of its half of qh.
@@ -149,8 +168,6 @@ struct BlockConsts {
 #elif MVQ_Q6_K
   vs32 offset = aie::broadcast<int16_t, 32>(32);
   vu32 three = aie::broadcast<uint16_t, 32>(3);
-#elif MVQ_Q4_0
-  vs32 offset = aie::broadcast<int16_t, 32>(8);
 #endif
 };
 
@@ -205,11 +222,13 @@ static inline BlockScales block_scales(const uint8_t *b) {
 // The 32 unsigned bytes at p as uint16 lanes.
 static inline vu32 bytes32(const uint8_t *p) { return aie::unpack(aie::load_unaligned_v<32>(p)); }
 
-// Piece j's 32 codes as int16 lanes in value order, less the type's offset.
-static inline vs32 piece_codes(const uint8_t *b, int j, const BlockConsts &k) {
+// Piece j's 32 codes in value order as bf16: less the type's offset, or (MVQ_CODE_BIAS) plus
+// 128.
+static inline vb32 piece_codes(const uint8_t *b, int j, const BlockConsts &k) {
 #if MVQ_Q8_0
   (void)j, (void)k;
-  return aie::unpack(aie::load_unaligned_v<32>(reinterpret_cast<const int8_t *>(b + 2)));
+  return aie::to_float<bfloat16>(
+      aie::unpack(aie::load_unaligned_v<32>(reinterpret_cast<const int8_t *>(b + 2))));
 #elif MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0
   (void)j;
   const auto q = aie::unpack(aie::load_unaligned_v<16>(b + NIBBLES_AT));
@@ -221,11 +240,7 @@ static inline vs32 piece_codes(const uint8_t *b, int j, const BlockConsts &k) {
                              aie::broadcast<uint16_t, 16>(uint16_t(qh >> 16)));
   c = aie::bit_or(c, aie::select(k.zero, k.sixteen, aie::lt(k.zero, aie::bit_and(h, k.lane_bit))));
 #endif
-#if MVQ_Q4_1
-  return aie::vector_cast<int16_t>(c);
-#else
-  return aie::sub(aie::vector_cast<int16_t>(c), k.offset);
-#endif
+  return aie::vector_cast<bfloat16>(aie::bit_or(c, k.bias_bits));
 #elif MVQ_Q4_K || MVQ_Q5_K
   // Sub-block j uses the 32 bytes 32 * (j / 2) .. of the nibbles, low nibbles for even j;
   // Q5_K's fifth bit of value l is bit j of qh[l].
@@ -238,7 +253,7 @@ static inline vs32 piece_codes(const uint8_t *b, int j, const BlockConsts &k) {
 #if MVQ_Q5_K
   c = aie::bit_or(c, aie::upshift(aie::bit_and(aie::downshift(bytes32(b + 16), j), k.one), 4));
 #endif
-  return aie::vector_cast<int16_t>(c);
+  return aie::to_float<bfloat16>(aie::vector_cast<int16_t>(c));
 #else // MVQ_Q6_K
   // Half h = j / 4 (128 values) uses ql[64h ..] and qh[32h ..]; quarter q = j % 4 takes the low
   // (q < 2) or high nibble of ql[64h + 32(q % 2) + l] and bits 2q, 2q+1 of qh[32h + l].
@@ -246,7 +261,8 @@ static inline vs32 piece_codes(const uint8_t *b, int j, const BlockConsts &k) {
   const vu32 ql = bytes32(b + 64 * h + 32 * (q % 2));
   const vu32 lo = q < 2 ? aie::bit_and(ql, k.low_nibble) : aie::downshift(ql, 4);
   const vu32 hi = aie::bit_and(aie::downshift(bytes32(b + 128 + 32 * h), 2 * q), k.three);
-  return aie::sub(aie::vector_cast<int16_t>(aie::bit_or(lo, aie::upshift(hi, 4))), k.offset);
+  return aie::to_float<bfloat16>(
+      aie::sub(aie::vector_cast<int16_t>(aie::bit_or(lo, aie::upshift(hi, 4))), k.offset));
 #endif
 }
 
@@ -277,9 +293,14 @@ static inline vb32 min_lanes(const BlockScales &s, int j, bool hi) {
 
 // Piece j's 32 weights, scale * code (+ min) rounded to bf16 once.
 static inline vb32 piece(const uint8_t *b, int j, const BlockScales &s, const BlockConsts &k) {
-  const vb32 codes = aie::to_float<bfloat16>(piece_codes(b, j, k));
-  auto w = aie::mul(codes, scale_lanes(s, j, true));
-  w = aie::mac(w, codes, scale_lanes(s, j, false));
+  const vb32 codes = piece_codes(b, j, k);
+  const vb32 hi = scale_lanes(s, j, true), lo = scale_lanes(s, j, false);
+  auto w = aie::mul(codes, hi);
+  w = aie::mac(w, codes, lo);
+#if MVQ_CODE_BIAS
+  w = aie::mac(w, k.neg_bias, hi);
+  w = aie::mac(w, k.neg_bias, lo);
+#endif
 #if MVQ_HAS_MIN
   w = aie::mac(w, k.ones, min_lanes(s, j, true));
   w = aie::mac(w, k.ones, min_lanes(s, j, false));

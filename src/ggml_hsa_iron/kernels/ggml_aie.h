@@ -25,6 +25,16 @@ constexpr unsigned VEC = 16;
 // (truncation); ggml rounds to nearest even. Every core function that converts calls this.
 inline void set_ggml_rounding() { aie::set_rounding(aie::rounding_mode::conv_even); }
 
+// f(0), ..., f(N - 1) as straight-line code: a short loop of a fixed count unrolled, as the
+// kernels' compiler unrolls one (no loop control on the scalar unit).
+template <unsigned I, unsigned N, typename F> inline void unrolled_from(F &f) {
+  if constexpr (I < N) {
+    f(I);
+    unrolled_from<I + 1, N>(f);
+  }
+}
+template <unsigned N, typename F> inline void unrolled(F &&f) { unrolled_from<0, N>(f); }
+
 using vf = aie::vector<float, VEC>;
 using vi = aie::vector<int32_t, VEC>;
 using vmask = aie::mask<VEC>;

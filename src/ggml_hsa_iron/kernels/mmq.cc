@@ -8,13 +8,14 @@
 //   B: TILE_N rows of TILE_K / QB whole blocks of BB bytes each, as ggml stores src0 (the
 //      memory tile cannot re-lay blocks: one block's bytes hold QB values), decoded here;
 //   C: blocks (i < m/r, j < n/t), each r x t row-major, f32.
-// Each call rounds its A tile to bf16 once (`ab`, for every column block). For each group of
-// MM_T weight rows (one column block j of C) the rows are decoded 32 values at a time on the
+// Each call rounds its A tile to bf16 once, in place, for every column block. For each group
+// of MM_T weight rows (one column block j of C) the rows are decoded 32 values at a time on the
 // vector unit (block_decode.h's piece(), the GEMV's decoder; f16: 16 values converted) into
-// `wt`, t x s blocks turned once to the s x t layout the microkernel takes B in, then every
-// row block i of A is multiplied with it. Only one column block is decoded at a time: `wt`
-// is MM_T x TILE_K bf16 and `ab` TILE_M x TILE_K bf16 (static data, one copy per core,
-// counted by the plan: tiling.gemm_blocks_l1), not the whole n x k tile.
+// `wt`, t x s blocks turned once to the s x t layout the microkernel takes B in, then the row
+// blocks of A are multiplied with it, four at a time so that each load of a decoded block
+// serves four products. Only one column block is decoded at a time: `wt` is MM_T x TILE_K
+// bf16 (static data, one copy per core, counted by the plan: tiling.gemm_blocks_l1), not the
+// whole n x k tile.
 //
 // Precision: the GEMV's (mvq.cc): weights formed as its decoder forms them and activations
 // rounded to bf16 (round to nearest even), exact products summed in f32.
@@ -40,9 +41,10 @@ static_assert(TILE_N % MM_T == 0 && TILE_M % MM_R == 0, "tiles are whole microke
 static_assert((TILE_M * TILE_K) % VEC == 0, "the A tile is whole vectors");
 constexpr int ROW_BYTES = TILE_K / QB * BB;
 constexpr unsigned KB = TILE_K / MM_S;
+constexpr unsigned MB = TILE_M / MM_R;
+// Row blocks sharing each load of a decoded block (accumulators held at once).
+constexpr unsigned RB = MB % 4 == 0 ? 4 : MB % 2 == 0 ? 2 : 1;
 
-// The call's A tile in bf16, in its r x s block layout.
-alignas(64) static bfloat16 ab[TILE_M * TILE_K];
 // One column block's weights, decoded: KB blocks of MM_S x MM_T bf16.
 alignas(64) static bfloat16 wt[KB * MM_T * MM_S];
 
@@ -91,6 +93,9 @@ void ggml_mmq(float *a, int8_t *b, float *c) {
   // Round to nearest even, as ggml converts to bf16 (the reset mode, floor, would bias every
   // decoded weight and activation down).
   set_ggml_rounding();
+  // A rounded to bf16 once, in place: the first half of the f32 tile's buffer (each vector
+  // is written over values already read), kept in its r x s block layout.
+  bfloat16 *ab = reinterpret_cast<bfloat16 *>(a);
   for (unsigned e = 0; e < TILE_M * TILE_K; e += VEC)
     aie::store_v(ab + e, narrow<bfloat16>(load_aligned(a + e)));
   const uint8_t *wb = reinterpret_cast<const uint8_t *>(b);
@@ -98,14 +103,21 @@ void ggml_mmq(float *a, int8_t *b, float *c) {
   constexpr unsigned NB = TILE_N / MM_T;
   for (unsigned j = 0; j < NB; ++j) {
     decode_block_rows(wb, j, k);
-    for (unsigned i = 0; i < TILE_M / MM_R; ++i) {
-      float *pc = c + (i * NB + j) * MMUL::size_C;
-      MMUL acc(aie::load_v<MMUL::size_C>(pc));
-      const bfloat16 *pa = ab + i * KB * MMUL::size_A;
-      for (unsigned kk = 0; kk < KB; ++kk)
-        acc.mac(aie::load_v<MMUL::size_A>(pa + kk * MMUL::size_A),
-                aie::load_v<MMUL::size_B>(wt + kk * MMUL::size_B));
-      aie::store_v(pc, acc.template to_vector<float>());
+    // RB row blocks at a time, so that each decoded block loaded serves RB products.
+    for (unsigned i0 = 0; i0 < MB; i0 += RB) {
+      MMUL acc[RB];
+      unrolled<RB>([&](unsigned u) {
+        acc[u] = MMUL(aie::load_v<MMUL::size_C>(c + ((i0 + u) * NB + j) * MMUL::size_C));
+      });
+      for (unsigned kk = 0; kk < KB; ++kk) {
+        const auto vb = aie::load_v<MMUL::size_B>(wt + kk * MMUL::size_B);
+        unrolled<RB>([&](unsigned u) {
+          acc[u].mac(aie::load_v<MMUL::size_A>(ab + ((i0 + u) * KB + kk) * MMUL::size_A), vb);
+        });
+      }
+      unrolled<RB>([&](unsigned u) {
+        aie::store_v(c + ((i0 + u) * NB + j) * MMUL::size_C, acc[u].template to_vector<float>());
+      });
     }
   }
 }

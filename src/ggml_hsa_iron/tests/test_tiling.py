@@ -265,7 +265,7 @@ class MatmulPlanTest(unittest.TestCase):
                 spec = mul_mat_spec(arch, ty, "f32", M, N, K)
                 p = spec.plan
                 self.assertFalse(spec.gemv)
-                self.assertEqual(p.rows % p.a_feeds, 0)
+                self.assertEqual(p.a_feeds * p.a_feed_rows, p.rows)
                 self.assertLessEqual(p.a_feeds, p.columns)
                 cols = [p.a_feed_column(g) for g in range(p.a_feeds)]
                 self.assertEqual(len(set(cols)), p.a_feeds)
@@ -498,10 +498,10 @@ class ByteWeightsGemmTest(unittest.TestCase):
     @staticmethod
     def core_bytes(p, t):
         # A (f32) and C (f32) tiles and the weight bytes, double-buffered, and mmq.cc's static
-        # data, A in bf16 and the t x k decoded bf16 block: written out here, not taken from
-        # the plan's own arithmetic.
+        # data, the t x k decoded bf16 block (A is rounded to bf16 in place): written out here,
+        # not taken from the plan's own arithmetic.
         kw = p.k // p.w_block * p.w_block_bytes
-        return 2 * 4 * p.m * p.k + 2 * p.n * kw + 2 * 4 * p.m * p.n + 2 * p.m * p.k + 2 * t * p.k
+        return 2 * 4 * p.m * p.k + 2 * p.n * kw + 2 * 4 * p.m * p.n + 2 * t * p.k
 
     def test_every_type_tiles_in_budget_and_every_core_gets_its_rows(self):
         from ggml_hsa_iron.dtypes import DTYPES
