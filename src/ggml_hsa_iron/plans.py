@@ -315,7 +315,7 @@ class MatmulSpec:
             }
         )
         if self.weight_bytes and not self.gemv:
-            d = {f"MVQ_{b.upper()}": 1, **gemm_tiles}
+            d = {f"MVQ_{b.upper()}": 1, **gemm_tiles, "A_SPLIT": p.a_split}
             return CoreSource(GEMM_BLOCKS_SOURCE, "mmq.o", d)
         if self.weight_bytes:
             d = {

@@ -305,6 +305,9 @@ class GemmPlan:
     # elements.
     w_block: int = 1
     w_block_bytes: int = 0
+    # A tiles per K step (weights moved as bytes): A comes in m x a_k tiles, a_k = k / a_split,
+    # so that a K step of whole 256-value blocks does not need a 256-column A tile in the core.
+    a_split: int = 1
 
     def b_units(self, elems: int) -> int:
         """B's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
@@ -336,6 +339,11 @@ class GemmPlan:
         return self.K // self.k
 
     @property
+    def a_k(self) -> int:
+        """Columns of an A tile: the K step, or its part (a_split)."""
+        return self.k // self.a_split
+
+    @property
     def a_feeds(self) -> int:
         """Shim channels streaming A: one per array row where there are enough columns (a
         shim tile has two input channels, one of them B's), otherwise groups of rows."""
@@ -356,8 +364,8 @@ class GemmPlan:
         return self.m_rounds * self.n_rounds
 
     def a_dims(self) -> list[tuple[int, int]]:
-        """Memory tile -> core walk of an m x k row-major A tile into r x s blocks."""
-        m, k, r, s = self.m, self.k, self.r, self.s
+        """Memory tile -> core walk of an m x a_k row-major A tile into r x s blocks."""
+        m, k, r, s = self.m, self.a_k, self.r, self.s
         return [(m // r, r * k), (k // s, s), (r, k), (s, 1)]
 
     def b_dims(self) -> list[tuple[int, int]]:
@@ -407,13 +415,13 @@ class GemmPlan:
         where the column carries no A feed.
 
         `batches` are the (src0, src1, dst) element offsets of the matrix products. A feed
-        (src1) streams its a_feed_rows * m rows x k per K step to its memory tile, once per N
-        round; B (src0) n rows x k per K step for the column's N block (bytes of whole blocks
+        (src1) streams its a_feed_rows * m rows x a_k per A tile to its memory tile, once per
+        N round; B (src0) n rows x k per K step for the column's N block (bytes of whole blocks
         when moved as bytes, src0's offset converted to bytes); C (dst) takes (R*m) x n per
         round.
         """
         K, N, C, R = self.K, self.N, self.columns, self.rows
-        m, n, k = self.m, self.n, self.k
+        m, n = self.m, self.n
         feed_at = {self.a_feed_column(g): g for g in range(self.a_feeds)}
         fm = self.a_feed_rows * m
         groups = []
@@ -426,7 +434,8 @@ class GemmPlan:
                         a = None
                         if col in feed_at:
                             a0 = off1 + (row0 + feed_at[col] * fm) * K
-                            a = Tap(a0, (count, K // k, fm, k), (0, k, K, 1))
+                            ak = self.a_k
+                            a = Tap(a0, (count, K // ak, fm, ak), (0, ak, K, 1))
                         b = self._b_tap(off0, first, count)
                         c = Tap(offd + row0 * N + first, (1, count, R * m, n), (0, C * n, N, 1))
                         group.append((a, b, c))
@@ -499,24 +508,31 @@ def plan_gemm(
 # K steps of the GEMM over weights moved as bytes: whole blocks, at most this many values (the
 # A tile is m x k f32, double-buffered, in the core's budget).
 GEMM_BLOCKS_MAX_K = 512
+# A tiles per K step at most (the core's loop over them is unrolled in its program).
+GEMM_MAX_A_SPLIT = 8
 # Vector ALU ops per 32 weights decoded (block_decode.h's piece and its staging in mmq.cc; about
 # 20 for Q4_0, counted through the AIE-API stand-in), the cores' binding unit in the cost.
 GEMM_DECODE_ALU = 20
 
 
-def gemm_blocks_l1(m: int, n: int, k: int, t: int, w_block: int, w_block_bytes: int) -> int:
-    """Core data memory of a GEMM over weights moved as bytes (mmq.cc): A (m x k f32, rounded
-    to bf16 in place), the weight bytes (n rows of k / w_block blocks) and C (m x n f32), each
-    double-buffered, and one decoded column block (t x k bf16, the core's static data)."""
+def gemm_blocks_l1(
+    m: int, n: int, k: int, t: int, w_block: int, w_block_bytes: int, a_k: int
+) -> int:
+    """Core data memory of a GEMM over weights moved as bytes (mmq.cc): A (m x a_k f32,
+    rounded to bf16 in place), the weight bytes (n rows of k / w_block blocks) and C (m x n
+    f32), each double-buffered, and in the core's static data one decoded column block of an
+    A tile's columns (t x a_k bf16) and, where a block spans A tiles, the tile's blocks' scales
+    (32 bf16 each)."""
     kw = k // w_block * w_block_bytes
-    return 2 * m * k * 4 + 2 * n * kw + 2 * m * n * 4 + t * k * 2
+    kept = n * (k // w_block) * 64 if a_k < w_block else 0
+    return 2 * m * a_k * 4 + 2 * n * kw + 2 * m * n * 4 + t * a_k * 2 + kept
 
 
 def gemm_blocks_memtile(p: GemmPlan) -> int:
-    """Memory tile bytes of a column carrying an A feed: the A ring (a_feed_rows * m x k
+    """Memory tile bytes of a column carrying an A feed: the A ring (a_feed_rows * m x a_k
     f32) and the joined C ring (R*m x n f32), each double-buffered (the weights go from the
     shim to the cores)."""
-    return 2 * p.a_feed_rows * p.m * p.k * 4 + 2 * p.rows * p.m * p.n * 4
+    return 2 * p.a_feed_rows * p.m * p.a_k * 4 + 2 * p.rows * p.m * p.n * 4
 
 
 # Bytes per cycle of a DMA channel, shim, memory tile or core (AM020: 32 bits per cycle).
@@ -526,12 +542,13 @@ CHANNEL_BYTES = 4
 def gemm_cycles(
     p: GemmPlan, compute: int, a_size: int, b_row_bytes: int, c_size: int, arch: Arch
 ) -> int:
-    """A GEMM plan's cycles as the planners weigh them: the slowest of a core's K steps (its
-    `compute` cycles, or its A or B tile arriving over its input channels), an A feed's, a
+    """A GEMM plan's cycles as the planners weigh them: the slowest of a core's kernel calls (one
+    per A tile: its `compute` cycles, or its A tile or its share of B arriving over its input
+    channels), an A feed's, a
     column's B and C shim channels, and the DRAM all of them share (`b_row_bytes`: one of B's
     rows of K)."""
-    a_tile = p.m * p.k * a_size
-    b_tile = p.n * b_row_bytes // p.k_steps
+    a_tile = p.m * p.a_k * a_size
+    b_tile = p.n * b_row_bytes // p.k_steps // p.a_split
     step = max(compute, a_tile // CHANNEL_BYTES, b_tile // CHANNEL_BYTES) + GEMM_K_OVERHEAD
     rounds = p.m_rounds * p.n_rounds
     a_feed = rounds * p.a_feed_rows * p.m * p.K * a_size
@@ -540,7 +557,7 @@ def gemm_cycles(
     dram = a_feed * p.a_feeds + (b_col + c_col) * p.columns
     return int(
         max(
-            p.tiles_per_core * p.k_steps * step,
+            p.tiles_per_core * p.k_steps * p.a_split * step,
             max(a_feed, b_col, c_col) / CHANNEL_BYTES,
             dram / arch.dram_bytes_per_cycle,
         )
@@ -565,7 +582,8 @@ def plan_gemm_blocks(
     A K step k is whole blocks (256 values for the K-quants), a multiple of 16 (the decoder's
     groups) and of s, dividing K. A tile's weight rows are word runs (k's bytes and a row's
     bytes whole words), or, with k = K, the n dense rows are one run of whole words (q6_K's
-    210-byte rows, n even). Core memory (`gemm_blocks_l1`) within the 48 KiB budget, memory
+    210-byte rows, n even). A comes in a_split tiles of a_k columns per K step (whole 32-value
+    pieces, f16: 16 values). Core memory (`gemm_blocks_l1`) within the 48 KiB budget, memory
     tile (`gemm_blocks_memtile`) within its 512 KiB."""
     r, s, t = mmul
     if K % w_block:
@@ -590,39 +608,45 @@ def plan_gemm_blocks(
                         continue
                 elif kw % DMA_WORD or row_bytes % DMA_WORD or kw > DMA_WORD * MAX_WRAP:
                     continue
-                if gemm_blocks_l1(m, n, k, t, w_block, w_block_bytes) > arch.l1_budget:
-                    continue
                 if k > MAX_WRAP or m * arch.compute_rows > MAX_WRAP:
                     continue
-                # Every core of a column decodes the column's n x k weights (vector ALU, beside
-                # the MACs) and rounds its A tile to bf16.
-                macs = m * n * k // (r * s * t)
-                compute = max(macs, n * k * GEMM_DECODE_ALU // 32 + m * k // VECTOR_ELEMS)
-                for rows in (4, 2, 1):
-                    if rows > arch.compute_rows or rows * m > M:
+                for a_split in divisors(k // (32 if w_block >= 32 else VECTOR_ELEMS)):
+                    a_k = k // a_split
+                    if a_split > GEMM_MAX_A_SPLIT or a_k % s:
                         continue
-                    for columns in range(arch.columns, 0, -1):
-                        if columns * n > N:
+                    if gemm_blocks_l1(m, n, k, t, w_block, w_block_bytes, a_k) > arch.l1_budget:
+                        continue
+                    # Per A tile every core decodes its share of the column's n weight rows
+                    # (vector ALU, beside the MACs) and rounds the tile to bf16.
+                    macs = m * n * a_k // (r * s * t)
+                    compute = max(macs, n * a_k * GEMM_DECODE_ALU // 32 + m * a_k // VECTOR_ELEMS)
+                    for rows in (4, 2, 1):
+                        if rows > arch.compute_rows or rows * m > M:
                             continue
-                        plan = GemmPlan(
-                            M, N, K, m, n, k, r, s, t, columns, rows, w_block, w_block_bytes
-                        )
-                        if gemm_blocks_memtile(plan) > arch.memtile_bytes:
-                            continue
-                        if not _gemm_dma_ok(plan, len(batches)):
-                            continue
-                        if not all(_byte_tap_ok(b) for g in plan.tasks(batches) for _, b, _ in g):
-                            continue
-                        cost = gemm_cycles(plan, compute, 4, row_bytes, 4, arch)
-                        key = (cost, -(m * n * k))
-                        if best_key is None or key < best_key:
-                            best, best_key = plan, key
-                        break  # the most columns that fit N
+                        for columns in range(arch.columns, 0, -1):
+                            if columns * n > N:
+                                continue
+                            plan = GemmPlan(
+                                *(M, N, K, m, n, k, r, s, t, columns, rows),
+                                *(w_block, w_block_bytes, a_split),
+                            )
+                            if gemm_blocks_memtile(plan) > arch.memtile_bytes:
+                                continue
+                            if not _gemm_dma_ok(plan, len(batches)):
+                                continue
+                            taps = plan.tasks(batches)
+                            if not all(_byte_tap_ok(b) for g in taps for _, b, _ in g):
+                                continue
+                            cost = gemm_cycles(plan, compute, 4, row_bytes, 4, arch)
+                            key = (cost, a_split, -(m * n * k))
+                            if best_key is None or key < best_key:
+                                best, best_key = plan, key
+                            break  # the most columns that fit N
     return best
 
 
 def _gemm_dma_ok(p: GemmPlan, batches: int) -> bool:
-    if p.k_steps > MAX_WRAP or p.rows * p.m > MAX_WRAP or p.n > MAX_WRAP:
+    if p.K // p.a_k > MAX_WRAP or p.rows * p.m > MAX_WRAP or p.n > MAX_WRAP:
         return False
     tasks = batches * p.m_rounds * len(p.n_tasks())
     return tasks <= MAX_TASKS_PER_CHANNEL

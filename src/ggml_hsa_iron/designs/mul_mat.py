@@ -24,7 +24,8 @@ K step's whole blocks; K steps of whole blocks, 256 values for the K-quants) fro
 to the cores without a re-layout (one block's bytes hold 32 or 256 values: the DMA cannot
 re-lay them); each core decodes t rows at a time into the t x s bf16 blocks the
 microkernel takes (kernels/mmq.cc) and multiplies them with its A blocks (f32, re-laid and
-rounded to bf16 as for f32 src1). Where that GEMM does not tile (M below r, N below the
+rounded to bf16 as for f32 src1), a K step's A in `a_split` tiles of a_k columns (a
+K-quant block's 256 columns of f32 A would not fit a core beside its weights). Where that GEMM does not tile (M below r, N below the
 smallest N tile, K not whole K steps, rows that are not whole words, the 1024 DMA tasks),
 such weights take the GEMV.
 
@@ -153,12 +154,14 @@ def _gemm(spec):
     dev = device(spec.arch, C)
     seq_types = [vector_type(count, t) for t, count in spec.sequence]  # src0, src1, dst
     a_tile, b_tile, c_tile = (
-        vector_type(m * k, a_t),
+        vector_type(m * p.a_k, a_t),
         vector_type(p.b_tile, b_t),
         vector_type(m * n, c_t),
     )
     zero = Kernel(f"{fn}_zero", obj, [c_tile])
-    matmul = Kernel(fn, obj, [a_tile, b_tile, c_tile])
+    # mmq takes which of the K step's a_split A tiles it is given.
+    part_arg = [np.int32] if spec.weight_bytes else []
+    matmul = Kernel(fn, obj, [a_tile, b_tile, c_tile, *part_arg])
     tiles = spec.tiles_per_core
     k_steps = p.k_steps
 
@@ -167,10 +170,11 @@ def _gemm(spec):
             c = of_c.acquire(1)
             zero_fn(c)
             for _ in range_(k_steps):
-                a = of_a.acquire(1)
                 b = of_b.acquire(1)
-                mm_fn(a, b, c)
-                of_a.release(1)
+                for part in range(p.a_split):
+                    a = of_a.acquire(1)
+                    mm_fn(a, b, c, *([part] if part_arg else []))
+                    of_a.release(1)
                 of_b.release(1)
             of_c.release(1)
 
@@ -184,12 +188,12 @@ def _gemm(spec):
     a_feeds, a_rows = {}, []
     for g in range(p.a_feeds):
         col = p.a_feed_column(g)
-        fifo = ObjectFifo(vector_type(fr * m * k, a_t), name=f"A_f{g}")
+        fifo = ObjectFifo(vector_type(fr * m * p.a_k, a_t), name=f"A_f{g}")
         a_rows += fifo.cons().split(
-            [i * m * k for i in range(fr)],
+            [i * m * p.a_k for i in range(fr)],
             obj_types=[a_tile] * fr,
             names=[f"A_r{g * fr + i}" for i in range(fr)],
-            to_stream=[_walk(m * k, a_blocks)] * fr,
+            to_stream=[_walk(m * p.a_k, a_blocks)] * fr,
             tile=Tile(col, MEM_ROW),
         )
         a_feeds[col] = fifo

@@ -51,7 +51,7 @@ def c_position(e, n, r, t):
     return bi * r + within // t, bj * t + within % t
 
 
-def run(ty, arch, m, n, k, steps):
+def run(ty, arch, m, n, k, steps, a_split=1):
     """(kernel's C as an m x n row-major list, reference, magnitudes) for random data."""
     r, s, t = ARCHS[arch].mmul["bf16"]
     rng = random.Random(f"{ty}{arch}{m}{n}{k}")
@@ -62,7 +62,11 @@ def run(ty, arch, m, n, k, steps):
     for _ in range(steps):
         a = [f32(rng.uniform(-1, 1)) for _ in range(m * k)]
         rows = [[random_block(ty, rng) for _ in range(k // block)] for _ in range(n)]
-        lines.append(" ".join(float.hex(v) for v in a_blocked(a, m, k, r, s)))
+        # The K step's A in a_split tiles of ak columns, each in the r x s block layout.
+        ak = k // a_split
+        for h in range(a_split):
+            part = [a[i * k + h * ak + j] for i in range(m) for j in range(ak)]
+            lines.append(" ".join(float.hex(v) for v in a_blocked(part, m, ak, r, s)))
         lines.append(" ".join(f"{v:x}" for row in rows for blk in row for v in blk))
         w = [[v for blk in row for v in kernel_values(ty, blk)] for row in rows]
         for i in range(m):
@@ -76,7 +80,7 @@ def run(ty, arch, m, n, k, steps):
         data.write_text("\n".join(lines) + "\n")
         cmd = ["-std=c++20", "-O1", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
         cmd += [f"-DMVQ_{ty.upper()}=1", f"-DMM_R={r}", f"-DMM_S={s}", f"-DMM_T={t}"]
-        cmd += [f"-DTILE_M={m}", f"-DTILE_N={n}", f"-DTILE_K={k}"]
+        cmd += [f"-DTILE_M={m}", f"-DTILE_N={n}", f"-DTILE_K={k}", f"-DA_SPLIT={a_split}"]
         cmd += [f"-D__AIE_ARCH__={ {'aie2': 20, 'aie2p': 21}[arch] }"]
         cmd += [str(HERE / "host" / "mmq_driver.cc")]
         exe = host_program.build(cmd)
@@ -91,8 +95,8 @@ def run(ty, arch, m, n, k, steps):
 
 @unittest.skipUnless(CXX, "no host C++ compiler")
 class MmqHostTest(unittest.TestCase):
-    def check(self, ty, arch, m, n, k, steps):
-        got, want, mag = run(ty, arch, m, n, k, steps)
+    def check(self, ty, arch, m, n, k, steps, a_split=1):
+        got, want, mag = run(ty, arch, m, n, k, steps, a_split)
         self.assertEqual(len(got), m * n)
         for e, (g, v, a) in enumerate(zip(got, want, mag)):
             tol = a * 2.0**-20 + 1e-30
@@ -112,6 +116,21 @@ class MmqHostTest(unittest.TestCase):
     def test_k_quant_larger_tile(self):
         # One K-quant block per row, more row and column blocks (aie2's 4-wide t).
         self.check("q6_K", "aie2", m=16, n=16, k=256, steps=1)
+
+    def test_a_tiles_split_the_k_step(self):
+        # A K step of whole blocks in several A tiles: the K-quants' scales made by a block's
+        # first tile and kept for the others; a 32-value block type and f16 take each tile's
+        # own blocks.
+        for ty, k, a_split in (
+            ("q4_K", 512, 8),
+            ("q6_K", 256, 4),
+            ("q4_0", 128, 2),
+            ("f16", 64, 4),
+        ):
+            for arch in ("aie2", "aie2p"):
+                t = ARCHS[arch].mmul["bf16"][2]
+                with self.subTest(ty=ty, arch=arch, a_split=a_split):
+                    self.check(ty, arch, m=8, n=2 * t, k=k, steps=2, a_split=a_split)
 
 
 if __name__ == "__main__":

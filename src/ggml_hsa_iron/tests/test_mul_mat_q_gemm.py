@@ -83,6 +83,14 @@ class ByteWeightsGemmEmulationTest(unittest.TestCase):
         self.check("q4_0", "aie2p", 10, 24, 256, b2=2, r2=2, seed=20)
         self.check("q6_K", "aie2", 8, 16, 256, b2=2, r2=2, seed=21)
 
+    def test_a_tiles_split_the_k_step(self):
+        # K-quant K steps of 256 values with A in tiles of fewer columns: each core takes a
+        # K step's A tiles one by one against the same weight tile.
+        for ty, arch in (("q4_K", "aie2p"), ("q6_K", "aie2")):
+            with self.subTest(ty=ty, arch=arch):
+                spec = self.check(ty, arch, 136, 256, 1024, seed=40)
+                self.assertGreater(spec.plan.a_split, 1)
+
     def test_more_k_steps(self):
         # K over several K steps: the C tile accumulates across them.
         spec = self.check("q4_0", "aie2p", 70, 136, 4096, seed=30)

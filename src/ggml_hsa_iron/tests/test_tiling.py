@@ -497,11 +497,14 @@ class ByteWeightsGemmTest(unittest.TestCase):
 
     @staticmethod
     def core_bytes(p, t):
-        # A (f32) and C (f32) tiles and the weight bytes, double-buffered, and mmq.cc's static
-        # data, the t x k decoded bf16 block (A is rounded to bf16 in place): written out here,
-        # not taken from the plan's own arithmetic.
+        # A (f32, m x a_k) and C (f32) tiles and the weight bytes, double-buffered, and
+        # mmq.cc's static data, the t x a_k decoded bf16 block (A is rounded to bf16 in place)
+        # and, for blocks spanning A tiles, 64 bytes of scales per block of the B tile: written
+        # out here, not taken from the plan's own arithmetic.
         kw = p.k // p.w_block * p.w_block_bytes
-        return 2 * 4 * p.m * p.k + 2 * p.n * kw + 2 * 4 * p.m * p.n + 2 * t * p.k
+        ak = p.k // p.a_split
+        kept = 64 * p.n * (p.k // p.w_block) if ak < p.w_block else 0
+        return 2 * 4 * p.m * ak + 2 * p.n * kw + 2 * 4 * p.m * p.n + 2 * t * ak + kept
 
     def test_every_type_tiles_in_budget_and_every_core_gets_its_rows(self):
         from ggml_hsa_iron.dtypes import DTYPES
@@ -624,9 +627,10 @@ class ByteWeightsGemmTest(unittest.TestCase):
         q = DTYPES["q4_K"]
         p = plan_gemm_blocks(64, 256, 4096, a.mmul["bf16"], q.block, q.size, a, batches)
         self.assertIsNotNone(p)
-        # A core budget below the smallest tile (m 4, n 8, k 256: 8 KiB of A, 2.3 KiB of
-        # weights, C and 4 KiB decoded) refuses; a smaller budget shrinks the tile.
-        tiny = replace(a, l1_budget=8 * 1024)
+        # A core budget below the smallest tile (m 4, n 8, k 256 in A tiles of 32 columns:
+        # 1 KiB of A, 2.3 KiB of weights, C, 0.5 KiB decoded, 0.5 KiB of kept scales) refuses;
+        # a smaller budget shrinks the tile.
+        tiny = replace(a, l1_budget=4 * 1024)
         self.assertIsNone(
             plan_gemm_blocks(64, 256, 4096, a.mmul["bf16"], q.block, q.size, tiny, batches)
         )
@@ -635,7 +639,7 @@ class ByteWeightsGemmTest(unittest.TestCase):
         self.assertIsNotNone(ps)
         self.assertLessEqual(self.core_bytes(ps, 8), 24 * 1024)
         self.assertLess(self.core_bytes(ps, 8), self.core_bytes(p, 8))
-        # The memory tile of an A feed: rings of m x k f32 A for each row the feed carries.
+        # The memory tile of an A feed: rings of m x a_k f32 A for each row the feed carries.
         no_mem = replace(a, memtile_bytes=16 * 1024)
         pm = plan_gemm_blocks(64, 256, 4096, a.mmul["bf16"], q.block, q.size, no_mem, batches)
-        self.assertTrue(pm is None or 2 * 4 * pm.a_feed_rows * pm.m * pm.k <= 16 * 1024)
+        self.assertTrue(pm is None or 2 * 4 * pm.a_feed_rows * pm.m * pm.a_k <= 16 * 1024)

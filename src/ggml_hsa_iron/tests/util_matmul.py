@@ -4,7 +4,7 @@ Built from the same pure-Python plan the design uses (`spec.tasks()`, the memory
 tile re-layouts `a_dims`/`b_dims`/`c_dims`), the way the DMAs move data:
 
 * a shim task walks its tap; the column's memory tile receives the stream in
-  objects (A: a_feed_rows*m*k per feed, B: n*k, C: R*m*n; GEMV W: R*nr*kc, x: kc,
+  objects (A: a_feed_rows*m*a_k per feed, B: n*k, C: R*m*n; GEMV W: R*nr*kc, x: kc,
   y: R*nr);
 * an A feed's objects are split into a_feed_rows consecutive parts, each going
   to the cores of its array row in every column; W objects are split into R
@@ -31,7 +31,7 @@ def _objects(indices, size):
 def gemm_streams(spec):
     """{(column, row): {"a": [...], "b": [...], "c": [...]}} for a GEMM spec."""
     p = spec.plan
-    R, m, n, k = p.rows, p.m, p.n, p.k
+    R, m, n, ak = p.rows, p.m, p.n, p.a_k
     aw, cw = walk(p.a_dims()), walk(p.c_dims())
     bw = None if p.w_block_bytes else walk(p.b_dims())
     fr = p.a_feed_rows
@@ -40,9 +40,9 @@ def gemm_streams(spec):
     for group in spec.tasks():
         for col, (a, b, c) in enumerate(group):
             assert (a is not None) == (col in feed_of), "an A tap on a column without a feed"
-            for obj in _objects(a.indices() if a else [], fr * m * k):
+            for obj in _objects(a.indices() if a else [], fr * m * ak):
                 for i in range(fr):
-                    part = obj[i * m * k : (i + 1) * m * k]
+                    part = obj[i * m * ak : (i + 1) * m * ak]
                     # The feed's part i goes to array row g * fr + i in every column.
                     for cc in range(p.columns):
                         row = feed_of[col] * fr + i
@@ -121,7 +121,7 @@ def check_structure(spec, cores):
             assert len(core["w"]) == len(core["x"]) == len(outs) * steps
         else:
             steps, outs = p.k_steps, core["c"]
-            assert len(core["a"]) == len(core["b"]) == len(outs) * steps
+            assert len(core["a"]) == len(core["b"]) * p.a_split == len(outs) * steps * p.a_split
         for t, dest in enumerate(outs):
             for d in dest:
                 assert 0 <= d < sizes[2], f"dst write outside: {d}"
@@ -151,13 +151,16 @@ def check_structure(spec, cores):
                 lr, lc = bi * r + within // tt, bj * tt + within % tt
                 assert rows_of.setdefault(lr, (bd, i)) == (bd, i)
                 assert cols_of.setdefault(lc, (bd, j)) == (bd, j)
+            ak = p.a_k
             for st in range(steps):
-                a = core["a"][t * steps + st]
                 b = core["b"][t * steps + st]
                 for kk in range(k):
                     kb = kk // s
+                    # The K step's A comes in a_split tiles of a_k columns.
+                    a = core["a"][(t * steps + st) * p.a_split + kk // ak]
+                    ka = kk % ak
                     for lr, (bd, i) in rows_of.items():
-                        at = ((lr // r) * (k // s) + kb) * r * s + (lr % r) * s + kk % s
+                        at = ((lr // r) * (ak // s) + ka // s) * r * s + (lr % r) * s + ka % s
                         assert src_pos(a[at], M, sizes[1]) == (bd, i, st * k + kk)
                     if byte_b:
                         continue
