@@ -26,7 +26,7 @@ class Arch:
     # plan's traffic with (a shim channel moves 4 bytes per cycle, AM020). Published DRAM
     # rates over estimated clocks (the NPU's clock is not published): XDNA2 47-67 GB/s
     # measured, 56 over ~1.53 GHz; XDNA ~28 GB/s (7 GB/s per column, qvac) over ~1.0 GHz.
-    dram_bytes_per_cycle: float = 0.0
+    dram_bytes_per_cycle: float
 
     @property
     def first_compute_row(self) -> int:

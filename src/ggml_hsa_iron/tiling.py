@@ -505,8 +505,8 @@ def plan_gemm(
     return best
 
 
-# K steps of the GEMM over weights moved as bytes: whole blocks, at most this many values (the
-# A tile is m x k f32, double-buffered, in the core's budget).
+# K steps of the GEMM over weights moved as bytes: whole blocks, at most this many values (a
+# core holds n rows of a K step's weight bytes, double-buffered).
 GEMM_BLOCKS_MAX_K = 512
 # A tiles per K step at most (the core's loop over them is unrolled in its program).
 GEMM_MAX_A_SPLIT = 8
@@ -542,11 +542,10 @@ CHANNEL_BYTES = 4
 def gemm_cycles(
     p: GemmPlan, compute: int, a_size: int, b_row_bytes: int, c_size: int, arch: Arch
 ) -> int:
-    """A GEMM plan's cycles as the planners weigh them: the slowest of a core's kernel calls (one
-    per A tile: its `compute` cycles, or its A tile or its share of B arriving over its input
-    channels), an A feed's, a
-    column's B and C shim channels, and the DRAM all of them share (`b_row_bytes`: one of B's
-    rows of K)."""
+    """A GEMM plan's cycles as the planners weigh them: the slowest of a core's kernel calls
+    (one per A tile: its `compute` cycles, or its A tile or its share of B arriving over its
+    input channels), an A feed's, a column's B and C shim channels, and the DRAM all of them
+    share (`b_row_bytes`: one of B's rows of K)."""
     a_tile = p.m * p.a_k * a_size
     b_tile = p.n * b_row_bytes // p.k_steps // p.a_split
     step = max(compute, a_tile // CHANNEL_BYTES, b_tile // CHANNEL_BYTES) + GEMM_K_OVERHEAD

@@ -198,8 +198,8 @@ fn mutated_designs_fail() {
             "two strides of the A tap swapped",
             "tiling.py",
             vec![(
-                "(count, K // k, R * m, k), (0, k, K, 1))",
-                "(count, K // k, R * m, k), (0, K, k, 1))",
+                "(count, K // ak, fm, ak), (0, ak, K, 1))",
+                "(count, K // ak, fm, ak), (0, K, ak, 1))",
             )],
             &gemm,
             None,
@@ -220,7 +220,7 @@ fn mutated_designs_fail() {
             vec![
                 ("                a = of_a.acquire(1)\n", "                a = of_a.acquire(2)[0]\n"),
                 ("                of_a.release(1)\n", "                of_a.release(2)\n"),
-                ("a_subs[i].cons()", "a_subs[i].cons(depth=1)"),
+                ("a_rows[i].cons()", "a_rows[i].cons(depth=1)"),
             ],
             &gemm,
             Some("must be smaller than depth 1"),

@@ -10,10 +10,10 @@ read once per round and broadcast along the array's rows: each A feed (a shim
 channel and its memory tile, `GemmPlan.a_feeds` spread over the columns)
 streams the m x k blocks of consecutive array rows, and its memory tile sends
 row i's block, re-laid into r x s microkernel blocks, to the cores of row i in
-every column; n x k blocks of B go to all R cores of the column at once (broadcast),
-through the column's memory tile (re-laid into t x s blocks) or, for weights
-moved as bytes, straight from the shim; the R m x n results are joined in the
-memory tile and written back row-major. Each core walks its output
+every column; n x k blocks of B go to all R cores of the column at once
+(broadcast), through the column's memory tile (re-laid into t x s blocks) or,
+for weights moved as bytes, straight from the shim; the R m x n results are
+joined in the memory tile and written back row-major. Each core walks its output
 tiles (batch, M block, N block) and, for each, the K steps. M and N need not
 be multiples of the blocks: the last block starts early and overlaps the one
 before it (same inputs, same outputs written twice).
@@ -25,9 +25,9 @@ to the cores without a re-layout (one block's bytes hold 32 or 256 values: the D
 re-lay them); each core decodes t rows at a time into the t x s bf16 blocks the
 microkernel takes (kernels/mmq.cc) and multiplies them with its A blocks (f32, re-laid and
 rounded to bf16 as for f32 src1), a K step's A in `a_split` tiles of a_k columns (a
-K-quant block's 256 columns of f32 A would not fit a core beside its weights). Where that GEMM does not tile (M below r, N below the
-smallest N tile, K not whole K steps, rows that are not whole words, the 1024 DMA tasks),
-such weights take the GEMV.
+K-quant block's 256 columns of f32 A would not fit a core beside its weights). Where that
+GEMM does not tile (M below r, N below the smallest N tile, K not whole K steps, rows that
+are not whole words, the 1024 DMA tasks), such weights take the GEMV.
 
 GEMV: W = src0 (N rows of K) is split by rows over columns x rows cores; x =
 a src1 row is broadcast to the cores of each column, K in chunks; each core
@@ -205,9 +205,9 @@ def _gemm(spec):
         if spec.weight_bytes:
             # Blocks cannot be re-laid by the DMA (one block's bytes hold many values): the
             # weight bytes go from the shim to the column's cores as read, rows of whole blocks.
-            b_fwd = b_fifo
+            b_to_cores = b_fifo
         else:
-            b_fwd = b_fifo.cons().forward(
+            b_to_cores = b_fifo.cons().forward(
                 obj_type=b_tile, name=f"B_c{col}_w", to_stream=_walk(k * n, b_blocks), tile=mem
             )
         # The join's output walks each core's m x n segment (one transfer) alike.
@@ -223,7 +223,7 @@ def _gemm(spec):
         b_cols.append(b_fifo)
         c_cols.append(c_fifo)
         for i in range(R):
-            args = [a_rows[i].cons(), b_fwd.cons(), c_subs[i].prod(), zero, matmul]
+            args = [a_rows[i].cons(), b_to_cores.cons(), c_subs[i].prod(), zero, matmul]
             workers.append(Worker(core_fn, fn_args=args, tile=Tile(col, 2 + i)))
 
     totals = [count for _, count in spec.sequence]
