@@ -27,7 +27,7 @@ OUTPUT = ("output", 128256, 2048, None)
 # The prompt's GEMMs (its logits are its last token's), for these types.
 PROMPT = 512
 PROMPT_TYPES = ["q4_0", "q8_0", "q4_K", "q6_K", "f16"]
-TYPES = ["q4_0", "q8_0", "q4_K", "q6_K", "f16", "bf16"]
+TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K", "f16", "bf16"]
 ARCHS = ["aie2p", "aie2"]
 # The decode layer kernel at the 1B shape: (n_embd, n_head, n_head_kv, head_dim, n_ff, n_kv).
 N_KV = 1024
