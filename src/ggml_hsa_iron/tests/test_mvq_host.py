@@ -5,9 +5,8 @@ are decoded by this file's own reading of ggml's block layouts (ggml-common.h) a
 kernel's sums are compared with sum(bf16(w) * bf16(x)) in exact arithmetic: the kernel rounds
 the decoded weights and the activations to bf16 (round to nearest even) and sums the exact
 products in f32, so the difference is f32 summation error only. The quantized weights are
-formed as the kernel forms them (`kernel_values`). Built for aie2 and aie2p (on
-aie2 the f32 vector multiplies that scale the codes are emulated with bf16 pieces). Skipped
-when no host C++ compiler is installed.
+formed as the kernel forms them (`kernel_values`). Built for aie2 and aie2p. Skipped when no
+host C++ compiler is installed.
 """
 
 import sys
@@ -87,9 +86,9 @@ def formed(code: int, scale: tuple[float, float], mn: tuple[float, float] | None
 
 
 def kernel_values(ty: str, b: bytes) -> list[float]:
-    """One block of `ty` as the GEMV's decoding makes it (block_decode.h's piece): per value
-    bf16(scale * code + min) formed in f32 from the scale's and the min's bf16 halves; f16
-    weights rounded to bf16."""
+    """One block of `ty` as block_decode.h's piece makes it (the GEMV's and the GEMM's
+    decoder): per value bf16(scale * code + min) formed in f32 from the scale's and the min's
+    bf16 halves; f16 weights rounded to bf16."""
     if ty in VECTOR_BLOCKS:
         d, m, codes = block_codes(ty, b)
         mn = trunc_split(m) if ty == "q4_1" else None

@@ -44,8 +44,8 @@ def gemm_streams(spec):
                 for i in range(fr):
                     part = obj[i * m * ak : (i + 1) * m * ak]
                     # The feed's part i goes to array row g * fr + i in every column.
+                    row = feed_of[col] * fr + i
                     for cc in range(p.columns):
-                        row = feed_of[col] * fr + i
                         cores[(cc, row)]["a"].append([part[j] for j in aw])
             for obj in _objects(b.indices(), p.b_tile):
                 # Weights moved as bytes reach the cores as read (rows of whole blocks).
