@@ -98,6 +98,7 @@ def time_request(args, req: dict, work: Path, dram_gbps: float, flops: int = 0) 
         "tile_busy_ns": r["tile_busy_ns"],
         "roofline_time_ns": roof_s * 1e9,
         "direct": True,
+        "groups": r["groups"],
     }
 
 

@@ -391,6 +391,19 @@ class DecodeSpec(FfnSpec):
         c = super().core
         return dataclasses.replace(c, defines={**c.defines, **self.qkv.defines})
 
+    def sequence_phases(self) -> list[tuple[str, int]]:
+        """The runtime sequence's phases in the order designs/ffn.py issues them, each with
+        its count of task groups (each group ends with an await): how a timing of the program
+        splits into its phases."""
+        o, gate_up, down = self.tasks()
+        return [
+            ("Q, K, V", self.qkv.units),
+            ("attention", len(self.fa.column_heads(0))),
+            ("O + residual", len(o)),
+            ("norm, gate, up", len(gate_up)),
+            ("down + residual", len(down)),
+        ]
+
 
 def _q_view(q: Tensor) -> Tensor:
     """Q [D, Hq, 1] (dense f32) as the attention's q [D, 1, Hq, 1]: the same bytes."""

@@ -558,7 +558,7 @@ fn charge(rt: &Runtime, stats: &exec::ExecStats, model: &cost::ArchModel, intege
     c.bytes_written += stats.bytes_written;
     c.flops += stats.flops;
     c.roofline_time_ns += roofline;
-    match stats.timeline {
+    match &stats.timeline {
         Some(t) => {
             c.dataflow_timed += 1;
             c.work_time_ns += t.device_ns;

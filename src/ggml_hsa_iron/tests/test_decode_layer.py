@@ -194,6 +194,19 @@ class DecodeLayerRecordTest(unittest.TestCase):
                 # The drains of every projection happen before `first`.
                 before = {op["arg"] for op in seq[:first] if op["op"] == "drain"}
                 self.assertEqual(before, outs)
+                # sequence_phases counts the awaits: each phase after the first starts (its
+                # first fill of what only it reads) between the last await of the phase
+                # before and its own first await; together they are the sequence's.
+                phases = spec.sequence_phases()
+                awaits = [i for i, op in enumerate(seq) if op["op"] == "await"]
+                self.assertEqual(sum(n for _, n in phases), len(awaits))
+                ends = np.cumsum([n for _, n in phases])
+                for arg, before in zip(("Q", "Wo", "Wg", "Wd"), ends[:-1]):
+                    start = next(
+                        i for i, op in enumerate(seq) if op["op"] == "fill" and op["arg"] == a[arg]
+                    )
+                    self.assertLess(awaits[before - 1], start, arg)
+                    self.assertLess(start, awaits[before], arg)
 
 
 class LayerCase:

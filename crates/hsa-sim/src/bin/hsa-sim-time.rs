@@ -7,7 +7,8 @@
 //! The image is what the IRON package's emulation target writes (image version 2). Its
 //! operands are allocated at the sizes the design declares, the inputs filled with small
 //! values (the time does not depend on them), and the design runs once. Prints one JSON
-//! object: the device time and the busiest units (docs/timing-model.md). Exit codes: 0
+//! object: the device time, the busiest units and the runtime sequence's task groups (when
+//! each ended, the bytes its tasks moved; docs/timing-model.md). Exit codes: 0
 //! success, 1 bad input or a design that fails to run.
 
 use hsa_runtime64::cost;
@@ -84,6 +85,11 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
         "shim_busy_ns": t.shim_busy_ns,
         "tile_busy_ns": t.tile_busy_ns,
         "cores_counted": t.cores_counted,
+        "groups": t
+            .groups
+            .iter()
+            .map(|g| json!({"end_ns": g.end_ns, "shim_bytes": g.shim_bytes}))
+            .collect::<Vec<_>>(),
         "operand_bytes": operand_bytes,
         "dram_bytes_per_s": model.bandwidth_bytes_per_s,
     }))

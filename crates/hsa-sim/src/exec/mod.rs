@@ -22,7 +22,7 @@ pub struct OperandMem {
 }
 
 /// What one execution moved and computed (cost-model inputs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExecStats {
     pub bytes_read: u64,
     pub bytes_written: u64,

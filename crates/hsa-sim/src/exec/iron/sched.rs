@@ -20,7 +20,7 @@
 
 use super::dl::CoreLib;
 use super::program::{BodyOp, EpKind, Program, SeqOp, Walk};
-use super::timing::{DramLedger, Rates, Timeline};
+use super::timing::{DramLedger, Rates, TaskGroupTime, Timeline};
 use crate::exec::{ExecStats, OperandMem};
 use std::collections::VecDeque;
 
@@ -331,6 +331,10 @@ pub struct Sim<'a> {
     dram: DramLedger,
     seq_t: f64,
     task_t: Vec<f64>,
+    /// Task groups whose await has returned: (sequence clock, shim bytes), and the bytes of
+    /// the tasks issued since the last one.
+    groups: Vec<(f64, u64)>,
+    group_bytes: u64,
 }
 
 fn walk_indices(w: &Walk) -> Vec<u32> {
@@ -514,6 +518,8 @@ impl<'a> Sim<'a> {
             dram: DramLedger::default(),
             seq_t: 0.0,
             task_t: vec![0.0; ntasks],
+            groups: Vec::new(),
+            group_bytes: 0,
         }
     }
 
@@ -557,20 +563,26 @@ impl<'a> Sim<'a> {
                     fifo,
                     arg,
                     tap,
+                    elem_bytes,
                     ..
-                } => self.fifos[*fifo].fills.push_back(Transfer {
-                    task: *task,
-                    arg: *arg,
-                    walker: Walker::new(tap),
-                    issued: self.seq_t,
-                }),
+                } => {
+                    self.group_bytes += tap.count() * elem_bytes;
+                    self.fifos[*fifo].fills.push_back(Transfer {
+                        task: *task,
+                        arg: *arg,
+                        walker: Walker::new(tap),
+                        issued: self.seq_t,
+                    })
+                }
                 SeqOp::Drain {
                     task,
                     fifo,
                     arg,
                     tap,
+                    elem_bytes,
                     ..
                 } => {
+                    self.group_bytes += tap.count() * elem_bytes;
                     self.drain_tasks.push(*task);
                     self.fifos[*fifo].drains.push_back(Transfer {
                         task: *task,
@@ -587,6 +599,7 @@ impl<'a> Sim<'a> {
                         .iter()
                         .map(|&t| self.task_t[t])
                         .fold(self.seq_t, f64::max);
+                    self.groups.push((self.seq_t, std::mem::take(&mut self.group_bytes)));
                 }
             }
             self.seq_pc += 1;
@@ -1042,12 +1055,28 @@ impl<'a> Sim<'a> {
                 .filter(|f| f.through_shim() == shim)
                 .map(|f| f.busy))
         };
+        let mut groups: Vec<TaskGroupTime> = self
+            .groups
+            .iter()
+            .map(|&(t, bytes)| TaskGroupTime {
+                end_ns: ns(t),
+                shim_bytes: bytes,
+            })
+            .collect();
+        if self.group_bytes > 0 {
+            // Tasks issued after the last await: they end with the dispatch.
+            groups.push(TaskGroupTime {
+                end_ns: ns(end),
+                shim_bytes: self.group_bytes,
+            });
+        }
         Timeline {
             device_ns: ns(end),
             core_busy_ns: ns(max(&mut self.workers.iter().map(|w| w.busy))),
             shim_busy_ns: ns(busiest(true)),
             tile_busy_ns: ns(busiest(false)),
             cores_counted: self.libs.iter().all(|l| l.counts_cycles()),
+            groups,
         }
     }
 

@@ -76,8 +76,18 @@ impl DramLedger {
     }
 }
 
-/// Where a dispatch's time went (cycles of the array clock, converted to ns on output).
+/// One task group of the runtime sequence: the tasks issued since the previous await, up to
+/// and including the await that ends them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskGroupTime {
+    /// The sequence's clock once the await returned (from the dispatch's start).
+    pub end_ns: u64,
+    /// Bytes its fills and drains move between DRAM and the shims (their taps' sizes).
+    pub shim_bytes: u64,
+}
+
+/// Where a dispatch's time went (cycles of the array clock, converted to ns on output).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Timeline {
     /// Start of the runtime sequence to its last task's completion.
     pub device_ns: u64,
@@ -89,6 +99,8 @@ pub struct Timeline {
     pub tile_busy_ns: u64,
     /// Whether every core's library counted its cycles (false: calls cost nothing).
     pub cores_counted: bool,
+    /// The runtime sequence's task groups in order (a design's phases are runs of them).
+    pub groups: Vec<TaskGroupTime>,
 }
 
 #[cfg(test)]
