@@ -109,7 +109,7 @@ class QkvGroup:
 
     @property
     def units(self) -> int:
-        """y objects of a core (and task groups of a column): rounds / pack."""
+        """y objects of a core: rounds / pack."""
         return self.plan.rounds // self.pack
 
     def row0(self, col: int, i: int, rnd: int) -> int:
@@ -140,11 +140,13 @@ class QkvGroup:
             return Tap(first, (1, 1, 1, R * nr), (0, 0, 0, 1))
         return Tap(first // 2, (1, R, 2, nr // 2), (0, nr // 2, block // 2, 1))
 
-    def tasks(self) -> dict[str, int]:
-        """DMA tasks of one of the group's columns in the phase: W one per round, x the
-        prologue (n, and the rotation's constants) and one per unit, y one per unit."""
+    def tasks(self, units: int | None = None) -> dict[str, int]:
+        """DMA tasks of one of the group's columns in the phase (or in its first `units`
+        units): W one per round, x the prologue (n, and the rotation's constants) and one per
+        unit, y one per unit."""
+        u = self.units if units is None else min(units, self.units)
         prologue = 1 + (len(self.plan.rope_taps()) if self.rope else 0)
-        return {"W": self.plan.rounds, "x": prologue + self.units, "y": self.units}
+        return {"W": u * self.pack, "x": prologue + u, "y": u}
 
     @property
     def out_words(self) -> int:
@@ -176,6 +178,24 @@ class QkvPhase:
     @property
     def units(self) -> int:
         return max(g.units for g in self.groups)
+
+    @property
+    def units_per_task_group(self) -> int:
+        """Units the runtime sequence issues in one task group: as many as every column's
+        shim tasks allow (its first group holds the prologue too), so that a group of
+        one-round units (Q's f32 rows) runs beside a group of two-round ones (f16 rows)."""
+        fits = [
+            u
+            for u in range(1, self.units + 1)
+            if all(sum(g.tasks(u).values()) <= SHIM_GROUP_TASKS for g in self.groups)
+        ]
+        return max(fits, default=0)
+
+    @property
+    def task_groups(self) -> list[range]:
+        """The units of each of the phase's task groups."""
+        n = self.units_per_task_group
+        return [range(u, min(u + n, self.units)) for u in range(0, self.units, n)]
 
     @property
     def core_bytes(self) -> int:
@@ -285,11 +305,9 @@ class QkvShapes:
             col0 += q.columns
         rope = {k: v for k, v in self.lone["q"].core.defines.items() if k in ROPE_DEFINES}
         phase = QkvPhase(tuple(groups), self.eps, rope)
-        for g in phase.groups:
-            first = 3 + len(g.w_taps(0, 0)) + (len(g.plan.rope_taps()) if g.rope else 0)
-            if first > SHIM_GROUP_TASKS:
-                self.why["tasks"] = self.why.get("tasks", 0) + 1
-                return None
+        if phase.units_per_task_group == 0:
+            self.why["tasks"] = self.why.get("tasks", 0) + 1
+            return None
         return phase
 
     def __call__(self, plans):
@@ -397,7 +415,7 @@ class DecodeSpec(FfnSpec):
         splits into its phases."""
         o, gate_up, down = self.tasks()
         return [
-            ("Q, K, V", self.qkv.units),
+            ("Q, K, V", len(self.qkv.task_groups)),
             ("attention", len(self.fa.column_heads(0))),
             ("O + residual", len(o)),
             ("norm, gate, up", len(gate_up)),

@@ -193,7 +193,8 @@ def _qkv_rounds(of_w, of_x, of_y, g, col, i, k_steps, fns):
 
 
 def _qkv_fill(qkv, hs, u, tg, ws, ys, x, n, consts, totals):
-    """Unit u of the projection phase on every column of every group that has one: per
+    """Unit u of the projection phase, in task group tg, on every column of every group that
+    has one: per
     round the group's W tile, (u == 0) n_attn and the rotation's constants ahead of x, x once
     per round of the unit, and the drain of the unit's y objects into Q, K rows or V rows."""
     for j, g in enumerate(qkv.groups):
@@ -337,11 +338,13 @@ def _ffn(spec):
         if nc == 2:
             consts["ff"] = (cs[1], counts[6])
         totals = {"w": counts[:3], "x": K}
-        # The projection phase: one task group per y object of a core (a unit), every drain
-        # of Q, K rows and V rows awaited by its group's finish.
-        for u in range(qkv.units):
+        # The projection phase: task groups of as many units (y objects of a core) as the
+        # shims' tasks allow (QkvPhase.task_groups), every drain of Q, K rows and V rows
+        # awaited by its group's finish.
+        for units in qkv.task_groups:
             tg = TaskGroup()
-            _qkv_fill(qkv, hs, u, tg, (Wq, Wk, Wv), (Qo, Kr, Vr), X, (Na, K), consts, totals)
+            for u in units:
+                _qkv_fill(qkv, hs, u, tg, (Wq, Wk, Wv), (Qo, Kr, Vr), X, (Na, K), consts, totals)
             tg.finish()
         # Every drain of Q and of this token's K and V rows has completed: the attention reads
         # Q as q and the cache views k and v, which hold those rows. r0 is x.

@@ -52,4 +52,22 @@ template <int T, int LEN> inline void decode_row(const int32_t *row, float *dst)
   }
 }
 
+// Where value i of an f16 row decoded in pair order lands: per 2 VEC values the even-indexed
+// ones, then the odd ones (half_pairs_to_f32's order).
+constexpr int pair_slot(int i) {
+  return i / (2 * (int)VEC) * (2 * (int)VEC) + (i % 2) * (int)VEC + i % (2 * (int)VEC) / 2;
+}
+
+// A row of LEN f16 values (LEN a multiple of 2 VEC, the row at a multiple of 64 bytes) decoded
+// to f32 in dst in pair order (pair_slot).
+template <int LEN> inline void decode_f16_pairs(const int32_t *row, float *dst) {
+  static_assert(LEN % (2 * (int)VEC) == 0, "whole pairs of vectors");
+  for (int i = 0; i < LEN; i += 2 * (int)VEC) {
+    vf even, odd;
+    half_pairs_to_f32(aie::load_v<VEC>(row + i / 2), even, odd);
+    aie::store_v(dst + i, even);
+    aie::store_v(dst + i + (int)VEC, odd);
+  }
+}
+
 } // namespace fa_rows

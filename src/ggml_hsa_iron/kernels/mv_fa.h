@@ -42,6 +42,10 @@ constexpr int FA_ROWP = FA_DP > FA_DVP ? FA_DP : FA_DVP;
 constexpr int FA_K_PER_OBJ = MV_KC / FA_K_ROW_WORDS;
 constexpr int FA_V_PER_OBJ = MV_KC / FA_V_ROW_WORDS;
 constexpr int FA_OUT_PER_HEAD = FA_DV / MV_ROWS;
+// f16 K and V rows of whole pairs of vectors are decoded in pair order (fa_rows::pair_slot):
+// q is kept in K's order, the accumulators in V's, put back in order by GGML_MV_FA_OUT.
+constexpr bool FA_K_PAIRS = FA_K_TYPE == 1 && FA_D % (2 * (int)VEC) == 0;
+constexpr bool FA_V_PAIRS = FA_V_TYPE == 1 && FA_DV % (2 * (int)VEC) == 0;
 
 alignas(64) static float g_fa_q[FA_GH * FA_DP];     // this core's q rows, rounded (tail 0)
 alignas(64) static float g_fa_s[FA_GH * FA_NP];     // the scores, then the p_j (tail -inf)
@@ -99,7 +103,7 @@ void GGML_MV_FA_Q(float *x, int32_t first) {
   for (int i = 0; i < MV_KC; ++i) {
     const int w = o * MV_KC + i - first;
     if (w >= 0 && w < FA_GH * FA_D)
-      g_fa_q[(w / FA_D) * FA_DP + w % FA_D] =
+      g_fa_q[(w / FA_D) * FA_DP + (FA_K_PAIRS ? fa_rows::pair_slot(w % FA_D) : w % FA_D)] =
           fa_rows::round_q<FA_K_TYPE>(fa_rows::bits_to_float(b[i]));
   }
   g_fa_q_obj = (o + 1) % FA_Q_OBJECTS;
@@ -135,7 +139,10 @@ void GGML_MV_FA_K(float *x) {
       const int key = key0 + j0 + j;
       if (fa_is_neg_inf(g_fa_s[key]))
         continue;
-      fa_rows::decode_row<FA_K_TYPE, FA_D>(rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
+      if constexpr (FA_K_PAIRS)
+        fa_rows::decode_f16_pairs<FA_D>(rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
+      else
+        fa_rows::decode_row<FA_K_TYPE, FA_D>(rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
       for (int t = 0; t < FA_GH; ++t) {
         vf s = splat(0.0f);
         for (int i = 0; i < FA_D; i += VEC)
@@ -166,7 +173,10 @@ void GGML_MV_FA_V(float *x) {
       used = fa_rows::float_bits(g_fa_s[t * FA_NP + key]) != 0;
     if (!used)
       continue; // p = 0 for every head: a masked key (its V row may be NaN) or a negligible one
-    fa_rows::decode_row<FA_V_TYPE, FA_DV>(rows + j * FA_V_ROW_WORDS, g_fa_row);
+    if constexpr (FA_V_PAIRS)
+      fa_rows::decode_f16_pairs<FA_DV>(rows + j * FA_V_ROW_WORDS, g_fa_row);
+    else
+      fa_rows::decode_row<FA_V_TYPE, FA_DV>(rows + j * FA_V_ROW_WORDS, g_fa_row);
     for (int t = 0; t < FA_GH; ++t) {
       const float pj = g_fa_s[t * FA_NP + key];
       if (fa_rows::float_bits(pj) == 0)
@@ -183,7 +193,14 @@ void GGML_MV_FA_V(float *x) {
 void GGML_MV_FA_OUT(float *y) {
   set_ggml_rounding();
   const int t = g_fa_out_obj / FA_OUT_PER_HEAD;
-  const float *acc = g_fa_acc + t * FA_DVP + (g_fa_out_obj % FA_OUT_PER_HEAD) * MV_ROWS;
+  const int e0 = (g_fa_out_obj % FA_OUT_PER_HEAD) * MV_ROWS;
+  const float *acc = g_fa_acc + t * FA_DVP + e0;
+  alignas(64) float ordered[FA_V_PAIRS ? MV_ROWS : 1];
+  if constexpr (FA_V_PAIRS) {
+    for (int r = 0; r < MV_ROWS; ++r)
+      ordered[r] = g_fa_acc[t * FA_DVP + fa_rows::pair_slot(e0 + r)];
+    acc = ordered;
+  }
   const vf sum = load_aligned(g_fa_sum + t * VEC);
   const vf inv = fa_rows::float_bits(lane0(sum)) == 0 ? splat(0.0f) : recip(sum);
   for (int r = 0; r < MV_ROWS; r += VEC) {
