@@ -53,20 +53,31 @@ template <int T, int LEN> inline void decode_row(const int32_t *row, float *dst)
 }
 
 // Where value i of an f16 row decoded in pair order lands: per 2 VEC values the even-indexed
-// ones, then the odd ones (half_pairs_to_f32's order).
+// ones, then the odd ones (the order of ggml_aie.h's HalfPairs).
 constexpr int pair_slot(int i) {
   return i / (2 * (int)VEC) * (2 * (int)VEC) + (i % 2) * (int)VEC + i % (2 * (int)VEC) / 2;
 }
 
 // A row of LEN f16 values (LEN a multiple of 2 VEC, the row at a multiple of 64 bytes) decoded
-// to f32 in dst in pair order (pair_slot).
-template <int LEN> inline void decode_f16_pairs(const int32_t *row, float *dst) {
+// to f32 in dst in pair order (pair_slot): by shifts and masks when every value of the row is
+// a normal number (one test per row), else exactly for every value (HalfPairs).
+template <int LEN> inline void decode_f16_pairs(const HalfPairs &h, const int32_t *row, float *dst) {
   static_assert(LEN % (2 * (int)VEC) == 0, "whole pairs of vectors");
-  for (int i = 0; i < LEN; i += 2 * (int)VEC) {
-    vf even, odd;
-    half_pairs_to_f32(aie::load_v<VEC>(row + i / 2), even, odd);
-    aie::store_v(dst + i, even);
-    aie::store_v(dst + i + (int)VEC, odd);
+  constexpr int N = LEN / (2 * (int)VEC);
+  vi w[N];
+  vi odd = h.odd_exponents(w[0] = aie::load_v<VEC>(row));
+  for (int i = 1; i < N; ++i)
+    odd = aie::bit_or(odd, h.odd_exponents(w[i] = aie::load_v<VEC>(row + i * (int)VEC)));
+  // Lanes 0, 1, -65536 or -65535 (bit 15, bit 31 and both): the sum is 0 only when all are.
+  const bool normal = aie::reduce_add(aie::downshift(odd, 15)) == 0;
+  for (int i = 0; i < N; ++i) {
+    vf even_v, odd_v;
+    if (normal)
+      h.normal(w[i], even_v, odd_v);
+    else
+      HalfPairs::any(w[i], even_v, odd_v);
+    aie::store_v(dst + 2 * i * (int)VEC, even_v);
+    aie::store_v(dst + (2 * i + 1) * (int)VEC, odd_v);
   }
 }
 

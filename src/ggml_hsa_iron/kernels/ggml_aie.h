@@ -434,32 +434,44 @@ inline vf half_bits_to_f32(vi u) {
   return from_bits(aie::bit_or(r, sign));
 }
 
-// 2 VEC f16 values held in pairs (VEC 32-bit words, value 2i in word i's low half, 2i + 1 in
-// its high half) to f32, exactly, as two vectors: the even-indexed values, then the odd ones
-// (no shuffle: a caller that keeps its operands in this order, as the attention's q and
-// accumulators do, never reorders them). Each value is first moved to the top of its lane
-// (h << 16): one arithmetic shift right by 3 then leaves the exponent and mantissa where f32
-// has them, under the sign smeared over the three bits above the exponent, which one mask
-// clears; an add re-biases the exponent (15 to 127). That is exact for normal numbers; when
-// any of the 2 VEC values is zero, subnormal, infinite or NaN (exponent 0 or 31, found in both
-// halves of the words at once: adding 1 to each 5-bit exponent wraps both to 0 or 1, whose top
-// four bits are zero), both vectors take half_bits_to_f32.
-inline void half_pairs_to_f32(vi w, vf &even, vf &odd) {
-  const vi u = aie::bit_and(aie::add(w, splat_i(0x04000400)), splat_i(0x78007800));
-  // A zero 4-bit field borrows through the bit above it (15 or 31), clear in u.
-  const vi z = aie::bit_and(aie::sub(u, splat_i(0x08000800)), splat_i(int32_t(0x80008000u)));
-  const vi flags = aie::bit_and(aie::downshift(z, 15), splat_i(0x00010001));
-  if (aie::reduce_add(flags) != 0) {
+// f16 values held in pairs in 32-bit words (value 2i in word i's low half, 2i + 1 in its
+// high half), as the decode attention reads f16 K and V rows (fa_rows::decode_f16_pairs), to
+// f32, exactly, without a shuffle: the even-indexed values of VEC words in one vector, the
+// odd ones in another (a caller that keeps its operands in this pair order, as the attention
+// keeps q and its accumulators, never reorders them). The constants are made once per object
+// of the caller's (a vector register each on the core, not a broadcast per row).
+struct HalfPairs {
+  const vi exp_one = splat_i(0x04000400), exp_top4 = splat_i(0x78007800);
+  const vi field_one = splat_i(0x08000800), borrows = splat_i(int32_t(0x80008000u));
+  const vi keep_even = splat_i(int32_t(0x8fffffffu)), keep_odd = splat_i(int32_t(0x8fffe000u));
+  const vi bias = splat_i(112 << 23);
+
+  // Whether any value of the words has exponent 0 or 31 (zero, subnormal, infinite, NaN),
+  // for both halves at once: adding 1 to each 5-bit exponent wraps those two to 0 or 1,
+  // whose top four bits are zero, and a zero field borrows through the bit above it (15 or
+  // 31, clear in u). Nonzero lanes are such words; or them over a row, test once.
+  vi odd_exponents(vi w) const {
+    return aie::bit_and(aie::sub(aie::bit_and(aie::add(w, exp_one), exp_top4), field_one),
+                        borrows);
+  }
+
+  // Words of normal values only: each value at the top of its lane (the even one moved there,
+  // the odd one already there), one arithmetic shift right by 3 leaves the exponent and
+  // mantissa where f32 has them under the sign smeared over the three bits above the
+  // exponent, which one mask clears (for the odd value with the even one's bits below); an add
+  // re-biases the exponent (15 to 127).
+  void normal(vi w, vf &even, vf &odd) const {
+    even = from_bits(
+        aie::add(aie::bit_and(aie::downshift(aie::upshift(w, 16), 3), keep_even), bias));
+    odd = from_bits(aie::add(aie::bit_and(aie::downshift(w, 3), keep_odd), bias));
+  }
+
+  // Any words (half_bits_to_f32 for both halves).
+  static void any(vi w, vf &even, vf &odd) {
     even = half_bits_to_f32(w);
     odd = half_bits_to_f32(aie::downshift(w, 16));
-    return;
   }
-  const vi keep = splat_i(int32_t(0x8fffffffu)), bias = splat_i(112 << 23);
-  even = from_bits(aie::add(aie::bit_and(aie::downshift(aie::upshift(w, 16), 3), keep), bias));
-  odd = from_bits(aie::add(
-      aie::bit_and(aie::downshift(aie::bit_and(w, splat_i(int32_t(0xffff0000u))), 3), keep),
-      bias));
-}
+};
 
 // n (<= VEC) f16 values from p (any 2-byte alignment), the other lanes 0, as f32.
 inline vf load_f16_zero(const uint16_t *p, int n) {

@@ -128,6 +128,7 @@ void GGML_MV_FA_K(float *x) {
   const float scale = fa_rows::bits_to_float((uint32_t)FA_SCALE);
   const float softcap = fa_rows::bits_to_float((uint32_t)FA_SOFTCAP);
   const int32_t *rows = reinterpret_cast<const int32_t *>(x);
+  const HalfPairs halves;
   const int key0 = g_fa_k_obj * FA_K_PER_OBJ;
   for (int j0 = 0; j0 < FA_K_PER_OBJ; j0 += VEC) {
     const int n = FA_K_PER_OBJ - j0 < (int)VEC ? FA_K_PER_OBJ - j0 : (int)VEC;
@@ -140,13 +141,14 @@ void GGML_MV_FA_K(float *x) {
       if (fa_is_neg_inf(g_fa_s[key]))
         continue;
       if constexpr (FA_K_PAIRS)
-        fa_rows::decode_f16_pairs<FA_D>(rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
+        fa_rows::decode_f16_pairs<FA_D>(halves, rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
       else
         fa_rows::decode_row<FA_K_TYPE, FA_D>(rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
       for (int t = 0; t < FA_GH; ++t) {
-        vf s = splat(0.0f);
-        for (int i = 0; i < FA_D; i += VEC)
-          s = add(s, mul(load_aligned(g_fa_row + i), load_aligned(g_fa_q + t * FA_DP + i)));
+        const float *q = g_fa_q + t * FA_DP;
+        vf s = mul(load_aligned(g_fa_row), load_aligned(q));
+        for (int i = VEC; i < FA_D; i += VEC)
+          s = add(s, mul(load_aligned(g_fa_row + i), load_aligned(q + i)));
         g_fa_dots[t * VEC + j] = aie::reduce_add(s);
       }
     }
@@ -165,6 +167,7 @@ void GGML_MV_FA_K(float *x) {
 void GGML_MV_FA_V(float *x) {
   set_ggml_rounding();
   const int32_t *rows = reinterpret_cast<const int32_t *>(x);
+  const HalfPairs halves;
   const int key0 = g_fa_v_obj * FA_V_PER_OBJ;
   for (int j = 0; j < FA_V_PER_OBJ; ++j) {
     const int key = key0 + j;
@@ -174,7 +177,7 @@ void GGML_MV_FA_V(float *x) {
     if (!used)
       continue; // p = 0 for every head: a masked key (its V row may be NaN) or a negligible one
     if constexpr (FA_V_PAIRS)
-      fa_rows::decode_f16_pairs<FA_DV>(rows + j * FA_V_ROW_WORDS, g_fa_row);
+      fa_rows::decode_f16_pairs<FA_DV>(halves, rows + j * FA_V_ROW_WORDS, g_fa_row);
     else
       fa_rows::decode_row<FA_V_TYPE, FA_DV>(rows + j * FA_V_ROW_WORDS, g_fa_row);
     for (int t = 0; t < FA_GH; ++t) {

@@ -1,7 +1,7 @@
-"""ggml_aie.h's half_pairs_to_f32 (the decode attention's f16 K and V rows, mv_fa.h) on the
-host: every f16 bit pattern, in words of consecutive patterns (vectors of normal numbers take
-the shift-and-mask path, the zeros, subnormals, infinities and NaNs the exact fallback) and in
-shuffled words (one odd value sends a whole vector to the fallback), against numpy's f16 to
+"""fa_rows.h's decode_f16_pairs (the decode attention's f16 K and V rows, mv_fa.h) on the
+host: every f16 bit pattern in rows of 64 and 128 values, consecutive patterns (rows of normal
+numbers take the shift-and-mask path, rows with zeros, subnormals, infinities or NaNs the exact
+one) and shuffled (one odd value sends a whole row to the exact path), against numpy's f16 to
 f32 conversion, bit for bit (NaN payloads included). Built for aie2 and aie2p. Skipped when no
 host C++ compiler or numpy is installed."""
 
@@ -20,17 +20,16 @@ try:
 except ImportError:  # pragma: no cover
     np = None
 
-VEC = 16
 
-
-def decode(patterns: list[int], arch: str) -> list[int]:
-    """The f32 bits the driver gives for f16 `patterns` (a multiple of 2 VEC), in order."""
+def decode(patterns: list[int], arch: str, row: int) -> list[int]:
+    """The f32 bits the driver gives for f16 `patterns` (rows of `row` values), in order."""
     words = [patterns[i] | patterns[i + 1] << 16 for i in range(0, len(patterns), 2)]
     with tempfile.TemporaryDirectory() as d:
         data = Path(d) / "words.txt"
         data.write_text(" ".join(f"{w:x}" for w in words))
         cmd = ["-std=c++20", "-O1", f"-I{HERE.parent / 'emu' / 'include'}", f"-I{KERNELS}"]
-        cmd += [f"-D__AIE_ARCH__={ {'aie2': 20, 'aie2p': 21}[arch] }"]
+        arch_define = {"aie2": 20, "aie2p": 21}[arch]
+        cmd += [f"-D__AIE_ARCH__={arch_define}", f"-DROW={row}"]
         exe = host_program.build([*cmd, str(HERE / "host" / "f16_pairs_driver.cc")])
         out = subprocess.run([str(exe), str(data)], check=True, capture_output=True, text=True)
     return [int(v, 16) for v in out.stdout.split()]
@@ -38,8 +37,8 @@ def decode(patterns: list[int], arch: str) -> list[int]:
 
 @unittest.skipUnless(CXX and np is not None, "no host C++ compiler or numpy")
 class F16PairsHostTest(unittest.TestCase):
-    def check(self, patterns: list[int], arch: str):
-        got = decode(patterns, arch)
+    def check(self, patterns: list[int], arch: str, row: int):
+        got = decode(patterns, arch, row)
         want = np.array(patterns, dtype=np.uint16).view(np.float16).astype(np.float32)
         want = want.view(np.uint32).tolist()
         bad = [(hex(p), hex(g), hex(w)) for p, g, w in zip(patterns, got, want) if g != w]
@@ -49,10 +48,10 @@ class F16PairsHostTest(unittest.TestCase):
         every = list(range(1 << 16))
         shuffled = every[:]
         random.Random(7).shuffle(shuffled)
-        for arch in ("aie2p", "aie2"):
-            with self.subTest(arch=arch):
-                self.check(every, arch)
-                self.check(shuffled, arch)
+        for arch, row in (("aie2p", 64), ("aie2", 128)):
+            with self.subTest(arch=arch, row=row):
+                self.check(every, arch, row)
+                self.check(shuffled, arch, row)
 
 
 if __name__ == "__main__":

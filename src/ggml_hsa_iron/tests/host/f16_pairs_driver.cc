@@ -1,8 +1,10 @@
-// f16_pairs_driver.cc: ggml_aie.h's half_pairs_to_f32 on the host (test_f16_pairs_host.py).
-// Reads 32-bit words (hex, two f16 values each: value 2i in word i's low half) from the file
-// named by argv[1], VEC words per vector; writes each value's f32 bits (hex, one per line) in
-// the values' order, the pair order undone.
+// f16_pairs_driver.cc: fa_rows.h's decode_f16_pairs (with ggml_aie.h's HalfPairs) on the host (test_f16_pairs_host.py). Reads 32-bit words (hex, two f16 values each: value
+// 2i in word i's low half) from the file named by argv[1], rows of ROW values (2 VEC per
+// vector pair); writes each value's f32 bits (hex, one per line) in the values' order, the
+// pair order undone.
 #include "ggml_aie.h"
+
+#include "fa_rows.h"
 
 #include <cstdio>
 #include <vector>
@@ -20,17 +22,18 @@ int main(int argc, char **argv) {
   while (std::fscanf(f, "%x", &w) == 1)
     words.push_back(w);
   std::fclose(f);
-  if (words.size() % VEC)
+  constexpr int WORDS = ROW / 2;
+  if (words.size() % WORDS)
     return 2;
-  for (size_t i = 0; i < words.size(); i += VEC) {
-    alignas(64) int32_t in[VEC];
-    for (unsigned j = 0; j < VEC; ++j)
+  const HalfPairs halves;
+  for (size_t i = 0; i < words.size(); i += WORDS) {
+    alignas(64) int32_t in[WORDS];
+    alignas(64) float out[ROW];
+    for (int j = 0; j < WORDS; ++j)
       in[j] = int32_t(words[i + j]);
-    vf even, odd;
-    half_pairs_to_f32(aie::load_v<VEC>(in), even, odd);
-    for (unsigned j = 0; j < VEC; ++j)
-      std::printf("%08x\n%08x\n", __builtin_bit_cast(uint32_t, even.get(j)),
-                  __builtin_bit_cast(uint32_t, odd.get(j)));
+    fa_rows::decode_f16_pairs<ROW>(halves, in, out);
+    for (int v = 0; v < ROW; ++v)
+      std::printf("%08x\n", __builtin_bit_cast(uint32_t, out[fa_rows::pair_slot(v)]));
   }
   return 0;
 }
