@@ -5,11 +5,15 @@ one) and shuffled (one odd value sends a whole row to the exact path), against n
 f32 conversion, bit for bit (NaN payloads included). Built for aie2 and aie2p. Skipped when no
 host C++ compiler or numpy is installed."""
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 import random
 import subprocess
 import tempfile
 import unittest
-from pathlib import Path
 
 from ggml_hsa_iron.tests import host_program
 from ggml_hsa_iron.tests.host_program import CXX
