@@ -599,7 +599,8 @@ impl<'a> Sim<'a> {
                         .iter()
                         .map(|&t| self.task_t[t])
                         .fold(self.seq_t, f64::max);
-                    self.groups.push((self.seq_t, std::mem::take(&mut self.group_bytes)));
+                    self.groups
+                        .push((self.seq_t, std::mem::take(&mut self.group_bytes)));
                 }
             }
             self.seq_pc += 1;
