@@ -509,7 +509,7 @@ def plan_gemm(
 # core holds n rows of a K step's weight bytes, double-buffered).
 GEMM_BLOCKS_MAX_K = 512
 # A tiles per K step at most (the core's loop over them is unrolled in its program).
-GEMM_MAX_A_SPLIT = 8
+GEMM_MAX_A_SPLIT = 16
 # Vector ALU ops per 32 weights decoded (block_decode.h's piece and its staging in mmq.cc; about
 # 20 for Q4_0, counted through the AIE-API stand-in), the cores' binding unit in the cost.
 GEMM_DECODE_ALU = 20

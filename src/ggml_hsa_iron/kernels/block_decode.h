@@ -97,12 +97,16 @@ constexpr int PIECES = QB / 32;
 #else
 #define MVQ_HAS_MIN 0
 #endif
-// Q4_0, Q4_1, Q5_0: a code c (< 32) becomes the bf16 value 128 + c by its bits alone
-// (0x4300 | c), and the MAC takes scale * (128 + the type's offset) off again: no conversion on
-// the vector ALU. Exact: d's halves, 128 + c and 128 + offset are integers times d's last bit
-// of at most 11 + 8 bits, so every partial sum in the f32 accumulator is exact and the weight
-// is d * (c - offset), rounded to bf16 once, as when the codes are converted.
-#if MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0
+// Every type but Q8_0: a code c (< 64) becomes the bf16 value 128 + c by its bits alone
+// (0x4300 | c), and the MAC takes scale * (128 + the type's offset) off again, half by half:
+// no conversion on the vector ALU. Exact, so the weight is the one the converted codes give:
+// the scale (an f16 d of 11 significant bits, times a K-quant sub-block scale of at most 7)
+// has at most 18 significant bits, 2^e its top one, so its halves lie on the grids of
+// 2^(e-7) (hi) and 2^(e-17) (lo); (128 + c) hi less (128 + offset) hi is (c - offset) hi, 16
+// bits; adding (128 + c) lo stays below 2^(e+7) on the grid of 2^(e-17), 24 bits; taking
+// (128 + offset) lo off leaves (c - offset)(hi + lo): every partial sum exact in the f32
+// accumulator (the mins follow as before).
+#if MVQ_Q4_0 || MVQ_Q4_1 || MVQ_Q5_0 || MVQ_Q4_K || MVQ_Q5_K || MVQ_Q6_K
 #define MVQ_CODE_BIAS 1
 #else
 #define MVQ_CODE_BIAS 0
@@ -148,10 +152,12 @@ struct BlockConsts {
   vu32 bias_bits = aie::broadcast<uint16_t, 32>(0x4300); // bf16 128.0
 #if MVQ_Q4_0
   vb32 neg_bias = aie::broadcast<bfloat16, 32>(bfloat16(-136.0f)); // 128 + 8
-#elif MVQ_Q4_1
-  vb32 neg_bias = aie::broadcast<bfloat16, 32>(bfloat16(-128.0f));
-#else
+#elif MVQ_Q5_0
   vb32 neg_bias = aie::broadcast<bfloat16, 32>(bfloat16(-144.0f)); // 128 + 16
+#elif MVQ_Q6_K
+  vb32 neg_bias = aie::broadcast<bfloat16, 32>(bfloat16(-160.0f)); // 128 + 32
+#else // Q4_1, Q4_K, Q5_K: unsigned codes
+  vb32 neg_bias = aie::broadcast<bfloat16, 32>(bfloat16(-128.0f));
 #endif
 #endif
 #if MVQ_Q5_0
@@ -166,7 +172,6 @@ struct BlockConsts {
     return aie::load_v<32>(b);
   }
 #elif MVQ_Q6_K
-  vs32 offset = aie::broadcast<int16_t, 32>(32);
   vu32 three = aie::broadcast<uint16_t, 32>(3);
 #endif
 };
@@ -222,8 +227,8 @@ static inline BlockScales block_scales(const uint8_t *b) {
 // The 32 unsigned bytes at p as uint16 lanes.
 static inline vu32 bytes32(const uint8_t *p) { return aie::unpack(aie::load_unaligned_v<32>(p)); }
 
-// Piece j's 32 codes in value order as bf16: less the type's offset, or (MVQ_CODE_BIAS) plus
-// 128.
+// Piece j's 32 codes in value order as bf16: Q8_0's as they are, the others' plus 128
+// (MVQ_CODE_BIAS).
 static inline vb32 piece_codes(const uint8_t *b, int j, const BlockConsts &k) {
 #if MVQ_Q8_0
   (void)j, (void)k;
@@ -253,7 +258,7 @@ static inline vb32 piece_codes(const uint8_t *b, int j, const BlockConsts &k) {
 #if MVQ_Q5_K
   c = aie::bit_or(c, aie::upshift(aie::bit_and(aie::downshift(bytes32(b + 16), j), k.one), 4));
 #endif
-  return aie::to_float<bfloat16>(aie::vector_cast<int16_t>(c));
+  return aie::vector_cast<bfloat16>(aie::bit_or(c, k.bias_bits));
 #else // MVQ_Q6_K
   // Half h = j / 4 (128 values) uses ql[64h ..] and qh[32h ..]; quarter q = j % 4 takes the low
   // (q < 2) or high nibble of ql[64h + 32(q % 2) + l] and bits 2q, 2q+1 of qh[32h + l].
@@ -261,8 +266,7 @@ static inline vb32 piece_codes(const uint8_t *b, int j, const BlockConsts &k) {
   const vu32 ql = bytes32(b + 64 * h + 32 * (q % 2));
   const vu32 lo = q < 2 ? aie::bit_and(ql, k.low_nibble) : aie::downshift(ql, 4);
   const vu32 hi = aie::bit_and(aie::downshift(bytes32(b + 128 + 32 * h), 2 * q), k.three);
-  return aie::to_float<bfloat16>(
-      aie::sub(aie::vector_cast<int16_t>(aie::bit_or(lo, aie::upshift(hi, 4))), k.offset));
+  return aie::vector_cast<bfloat16>(aie::bit_or(aie::bit_or(lo, aie::upshift(hi, 4)), k.bias_bits));
 #endif
 }
 
@@ -296,10 +300,13 @@ static inline vb32 piece(const uint8_t *b, int j, const BlockScales &s, const Bl
   const vb32 codes = piece_codes(b, j, k);
   const vb32 hi = scale_lanes(s, j, true), lo = scale_lanes(s, j, false);
   auto w = aie::mul(codes, hi);
-  w = aie::mac(w, codes, lo);
 #if MVQ_CODE_BIAS
+  // In this order: every partial sum exact (above).
   w = aie::mac(w, k.neg_bias, hi);
+  w = aie::mac(w, codes, lo);
   w = aie::mac(w, k.neg_bias, lo);
+#else
+  w = aie::mac(w, codes, lo);
 #endif
 #if MVQ_HAS_MIN
   w = aie::mac(w, k.ones, min_lanes(s, j, true));

@@ -124,6 +124,7 @@ class MmqHostTest(unittest.TestCase):
         for ty, k, a_split in (
             ("q4_K", 512, 8),
             ("q6_K", 256, 4),
+            ("q6_K", 512, 16),
             ("q4_0", 128, 2),
             ("f16", 64, 4),
         ):

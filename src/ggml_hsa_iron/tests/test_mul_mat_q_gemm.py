@@ -90,6 +90,10 @@ class ByteWeightsGemmEmulationTest(unittest.TestCase):
             with self.subTest(ty=ty, arch=arch):
                 spec = self.check(ty, arch, 136, 256, 1024, seed=40)
                 self.assertGreater(spec.plan.a_split, 1)
+        # q6_K's K steps are pairs of blocks (420 bytes a row: whole DMA words): A in tiles of
+        # a piece's 32 columns, so that 32 rows of A fit beside 32 weight rows.
+        spec = self.check("q6_K", "aie2p", 128, 256, 512, seed=41)
+        self.assertEqual((spec.plan.m, spec.plan.k, spec.plan.a_split), (32, 512, 16))
 
     def test_more_k_steps(self):
         # K over several K steps: the C tile accumulates across them.
