@@ -72,6 +72,12 @@ MAX_CHUNK = 128  # K/V rows per object
 MAX_SIDE_OBJECTS = 64  # objects a block's padded q rows or mask span may take
 MAX_BLOCK = 64  # query rows of a block (G = gh x gr): the core's per-row state
 CHUNK_OVERHEAD = 256  # words-equivalent of one object handshake (cost model)
+# The core's vector work in cycles (word-equivalents), as the emulation's stand-in counts
+# flash_attn.cc on aie2p (D = Dv = 64, f16 K and V): per query row and key, two cycles per
+# vector of q.k and of p.V plus two (about 18); per query row and chunk, its softmax step
+# (scale, mask, maximum, two exponentials, the accumulators' rescaling: about 165).
+PAIR_CYCLES_BASE = 2
+ROW_CHUNK_CYCLES = 165
 MAX_MASK_SKIP = 0xFFFF  # f16 values before a block's first mask row in its span (a u16 table)
 STATIC_SLACK = 512  # bytes of the core function's scalar state
 DDR_SHARE = 2  # shim channels' worth of DRAM bandwidth all columns share (cost model)
@@ -381,10 +387,11 @@ class FlashAttnSpec:
 
     def static_bytes(self) -> int:
         """The core function's static data: G q rows, accumulators and score rows, the
-        running maxima and sums, a decoded K and V row, the mask span and its skip table,
-        the sinks and slopes."""
+        running maxima and sums, a decoded K row and a batch of V rows (V_BATCH in
+        flash_attn.cc), the mask span and its skip table, the sinks and slopes."""
         g, dp, dvp, cp = self.g, _vecs(self.d), _vecs(self.dv), _vecs(self.chunk)
-        words = g * (dp + dvp + cp + 2) + dp + dvp
+        v_batch = next(b for b in (8, 4, 2, 1) if self.chunk % b == 0)
+        words = g * (dp + dvp + cp + 2) + dp + v_batch * dvp
         words += self.n_head * ((self.s_side is not None) + bool(self.slopes))
         if self.m_side is not None:
             words += self.m_side.words + VEC // 2
@@ -397,13 +404,15 @@ class FlashAttnSpec:
 
     def cost(self) -> int:
         """Word-equivalents of the busiest column's work (DMA words, a handshake per object,
-        the vector work: a q.k and a p.v per row and key, VEC lanes at a time) plus every
-        column's DMA words over DDR_SHARE: the columns share the DRAM's bandwidth, so reading
-        K and V once per KV group beats spreading a decode's heads over more columns."""
+        the vector work: a q.k and a p.v per row and key, VEC lanes at a time, and a softmax
+        step per row and chunk) plus every column's DMA words over DDR_SHARE: the columns
+        share the DRAM's bandwidth, so reading K and V once per KV group beats spreading a
+        decode's heads over more columns."""
         words = (self.side_objects + self.chunks) * self.a_words
         words += (self.q_objects + self.chunks) * self.b_words
         handshakes = (self.side_objects + self.q_objects + 2 * self.chunks) * CHUNK_OVERHEAD
-        vector = self.g * self.n_kv * (_vecs(self.d) + _vecs(self.dv)) // VEC
+        per_pair = 2 * (_vecs(self.d) + _vecs(self.dv)) // VEC + PAIR_CYCLES_BASE
+        vector = self.g * (self.n_kv * per_pair + self.chunks * ROW_CHUNK_CYCLES)
         sink_words = self.sink_objects * self.a_words
         busiest = len(self.column_blocks(0)) * (words + handshakes + vector) + sink_words
         total = self.blocks * words + self.columns * sink_words

@@ -63,7 +63,10 @@ alignas(64) static float q_rows[G * DP];
 alignas(64) static float acc[G * DVP];
 alignas(64) static float scores[G * CP];
 alignas(64) static float k_row[DP]; // the chunk's current K row, decoded
-alignas(64) static float v_row[DVP]; // the chunk's current V row, decoded
+// V rows decoded V_BATCH at a time, so that each row's accumulators take all of them at once
+// (on aie2p in the accumulator registers).
+static constexpr int V_BATCH = FA_CHUNK % 8 == 0 ? 8 : FA_CHUNK % 4 == 0 ? 4 : FA_CHUNK % 2 == 0 ? 2 : 1;
+alignas(64) static float v_rows[V_BATCH * DVP];
 static float run_max[G], run_sum[G];
 #if HAS_MASK
 alignas(64) static uint32_t mask_words[FA_M_WORDS + VEC / 2];
@@ -89,6 +92,19 @@ using fa_rows::bits_to_float;
 using fa_rows::decode_row;
 using fa_rows::float_bits;
 using fa_rows::NEG_INF;
+
+// f16 K and V rows of whole pairs of vectors are decoded in pair order (fa_rows::pair_slot):
+// q is kept in K's order, the accumulators in V's, put back in order by ggml_fa_out.
+static constexpr bool K_PAIRS = FA_K_TYPE == 1 && FA_D % (2 * (int)VEC) == 0;
+static constexpr bool V_PAIRS = FA_V_TYPE == 1 && FA_DV % (2 * (int)VEC) == 0;
+
+template <int T, int LEN, bool PAIRS>
+static inline void decode(const HalfPairs &h, const int32_t *row, float *dst) {
+  if constexpr (PAIRS)
+    fa_rows::decode_f16_pairs<LEN>(h, row, dst);
+  else
+    decode_row<T, LEN>(row, dst);
+}
 
 // q rounded to K's type, as ggml-cpu converts q before the dot product.
 static inline float round_q(float x) { return fa_rows::round_q<FA_K_TYPE>(x); }
@@ -133,7 +149,8 @@ void ggml_fa_q(int32_t *b) {
   // The block's q rows, FA_D words each, back to back (then repeated).
   const int o = q_object++;
   for (int w = o * FA_B_WORDS; w < (o + 1) * FA_B_WORDS && w < G * FA_D; ++w)
-    q_rows[(w / FA_D) * DP + w % FA_D] = round_q(bits_to_float((uint32_t)b[w - o * FA_B_WORDS]));
+    q_rows[(w / FA_D) * DP + (K_PAIRS ? fa_rows::pair_slot(w % FA_D) : w % FA_D)] =
+        round_q(bits_to_float((uint32_t)b[w - o * FA_B_WORDS]));
 }
 
 void ggml_fa_side(int32_t *a) {
@@ -150,15 +167,25 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
   set_ggml_rounding(); // aie2's f32 multiply splits into bf16 pieces rounded to nearest
   const float scale = bits_to_float((uint32_t)FA_SCALE);
   const float softcap = bits_to_float((uint32_t)FA_SOFTCAP);
+  const HalfPairs halves;
   // The raw dot products q.k of the chunk's rows with every row of the block: each K row
   // decoded once.
   for (int j = 0; j < FA_CHUNK; ++j) {
-    decode_row<FA_K_TYPE, FA_D>(a + j * K_ROW_WORDS, k_row);
+    decode<FA_K_TYPE, FA_D, K_PAIRS>(halves, a + j * K_ROW_WORDS, k_row);
     for (int g = 0; g < G; ++g) {
-      vf s = splat(0.0f);
-      for (int i = 0; i < FA_D; i += VEC)
-        s = add(s, mul(load_aligned(k_row + i), load_aligned(q_rows + g * DP + i)));
+      const float *q = q_rows + g * DP;
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+      vf s = mul(load_aligned(k_row), load_aligned(q));
+      for (int i = VEC; i < FA_D; i += VEC)
+        s = add(s, mul(load_aligned(k_row + i), load_aligned(q + i)));
       scores[g * CP + j] = aie::reduce_add(s);
+#else
+      // The products rounded and summed lane by lane in the accumulator, as mul and add do.
+      auto s = aie::mul(load_aligned(k_row), load_aligned(q));
+      for (int i = VEC; i < FA_D; i += VEC)
+        s = aie::mac(s, load_aligned(k_row + i), load_aligned(q + i));
+      scores[g * CP + j] = aie::reduce_add(s.template to_vector<float>());
+#endif
     }
   }
   const int h0 = block_head0();
@@ -201,10 +228,7 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
       aie::store_v(sc + j, s);
       vmax = fmax(vmax, s);
     }
-    float cmax = bits_to_float(NEG_INF);
-    for (int i = 0; i < (int)VEC; ++i)
-      if (greater(vmax.get(i), cmax))
-        cmax = vmax.get(i);
+    const float cmax = max_lanes_vec(vmax);
     if (float_bits(cmax) == NEG_INF) {
       // Every key of the chunk masked for this row: nothing of it changes.
       for (int j = 0; j < CP; j += VEC)
@@ -231,25 +255,54 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
   kv_row += FA_CHUNK;
   if (!any_p)
     return;
-  // p . V: each V row decoded once, for the rows with p != 0.
-  for (int j = 0; j < FA_CHUNK; ++j) {
-    bool used = false;
-    for (int g = 0; g < G && !used; ++g)
-      used = float_bits(scores[g * CP + j]) != 0;
-    if (!used) {
-      // p = 0 for every row: a masked key (skipped as ggml skips it: its V row may hold
-      // anything) or scores too far below the maxima to count.
-      continue;
+  // p . V: each V row decoded once, for the rows with p != 0 (for no row: a masked key,
+  // skipped as ggml skips it: its V row may hold anything, or scores too far below the
+  // maxima to count); V_BATCH rows at a time, each row's accumulators taking them in key
+  // order.
+  for (int j0 = 0; j0 < FA_CHUNK; j0 += V_BATCH) {
+    bool used[V_BATCH];
+    bool any = false;
+    for (int j = 0; j < V_BATCH; ++j) {
+      used[j] = false;
+      for (int g = 0; g < G && !used[j]; ++g)
+        used[j] = float_bits(scores[g * CP + j0 + j]) != 0;
+      if (used[j])
+        decode<FA_V_TYPE, FA_DV, V_PAIRS>(halves, b + (j0 + j) * V_ROW_WORDS, v_rows + j * DVP);
+      any = any || used[j];
     }
-    decode_row<FA_V_TYPE, FA_DV>(b + j * V_ROW_WORDS, v_row);
+    if (!any)
+      continue;
+    constexpr int NV = DVP / (int)VEC;
     for (int g = 0; g < G; ++g) {
-      const float pj = scores[g * CP + j];
-      if (float_bits(pj) == 0)
-        continue; // this row: a masked key (its V row may be NaN) or a negligible one
-      const vf p = splat(pj);
       float *ag = acc + g * DVP;
-      for (int i = 0; i < FA_DV; i += VEC)
-        aie::store_v(ag + i, add(aie::load_v<VEC>(ag + i), mul(load_aligned(v_row + i), p)));
+      const float *pg = scores + g * CP + j0;
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+      vf sum[NV];
+      for (int v = 0; v < NV; ++v)
+        sum[v] = aie::load_v<VEC>(ag + v * VEC);
+#else
+      // The products rounded and added in key order in the accumulator, as mul and add do.
+      aie::accum<accfloat, VEC> sum[NV];
+      for (int v = 0; v < NV; ++v)
+        sum[v].from_vector(aie::load_v<VEC>(ag + v * VEC));
+#endif
+      for (int j = 0; j < V_BATCH; ++j) {
+        if (float_bits(pg[j]) == 0)
+          continue; // this row: a masked key (its V row may be NaN) or a negligible one
+        const vf p = splat(pg[j]);
+        for (int v = 0; v < NV; ++v)
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+          sum[v] = add(sum[v], mul(load_aligned(v_rows + j * DVP + v * VEC), p));
+#else
+          sum[v] = aie::mac(sum[v], load_aligned(v_rows + j * DVP + v * VEC), p);
+#endif
+      }
+      for (int v = 0; v < NV; ++v)
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+        aie::store_v(ag + v * VEC, sum[v]);
+#else
+        aie::store_v(ag + v * VEC, sum[v].template to_vector<float>());
+#endif
     }
   }
 }
@@ -271,6 +324,12 @@ void ggml_fa_out(float *o) {
   }
 #endif
   const vf inv = float_bits(run_sum[g]) == 0 ? splat(0.0f) : recip(splat(run_sum[g]));
+  alignas(64) float ordered[V_PAIRS ? DVP : 1];
+  if constexpr (V_PAIRS) {
+    for (int i = 0; i < FA_DV; ++i)
+      ordered[i] = ag[fa_rows::pair_slot(i)];
+    ag = ordered;
+  }
   for (int i = 0; i < FA_DV; i += VEC) {
     const int n = FA_DV - i < (int)VEC ? FA_DV - i : (int)VEC;
     vf r = mul(aie::load_v<VEC>(ag + i), inv);

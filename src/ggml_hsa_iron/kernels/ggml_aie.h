@@ -577,6 +577,13 @@ template <typename T> inline void store_part(T *p, vf v, int n) {
 // Scalar results computed with the vector code (the scalar unit has no float hardware).
 inline float lane0(vf v) { return v.get(0); }
 
+// The largest lane in the order of `greater`, on the vector unit (sortable views: their
+// transform is its own inverse).
+inline float max_lanes_vec(vf v) {
+  const int32_t s = aie::reduce_max(sortable(v));
+  return __builtin_bit_cast(float, s < 0 ? s ^ 0x7fffffff : s);
+}
+
 // The largest lane in the order of `greater` (the first of equal ones).
 inline float max_lanes(vf v) {
   float m = v.get(0);

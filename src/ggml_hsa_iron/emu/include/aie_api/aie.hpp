@@ -463,6 +463,17 @@ template <typename T, unsigned N> AIE_OP T reduce_add(const vector<T, N> &a) {
   return s;
 }
 
+// A tree of shuffles and maxima: log2(N) steps.
+template <typename T, unsigned N> AIE_OP T reduce_max(const vector<T, N> &a) {
+  static_assert(std::is_integral_v<T>, "reduce_max here takes integer vectors");
+  for (unsigned n = N; n > 1; n /= 2)
+    detail::count_alu(1);
+  T m = a.v[0];
+  for (unsigned i = 1; i < N; ++i)
+    m = a.v[i] > m ? a.v[i] : m;
+  return m;
+}
+
 // transpose(v, rows, cols): v holds a rows x cols row-major matrix; the
 // result holds its transpose (cols x rows, row-major).
 template <typename T, unsigned N> AIE_OP vector<T, N> transpose(const vector<T, N> &a, unsigned rows, unsigned cols) {
