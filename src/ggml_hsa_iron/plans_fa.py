@@ -17,7 +17,9 @@ the output's order: the block's output rows are one strided walk. With a per-hea
 1) a block has one head (gh = 1): the rows of a block then always have one mask row each, in
 consecutive mask rows.
 
-Column c computes blocks c, c + C, ... with one worker; its shim fills two fifos moving
+Column c computes blocks c, c + C, ... with gh workers, worker j head h0 + j of each block (gr
+rows; gh is at most the column's cores), the inputs broadcast to them and their output rows
+joined by the column's memory tile into the output's order; its shim fills two fifos moving
 32-bit words (every operand is declared as i32 in the runtime sequence, so that the mask, the
 sinks and K share fifo A, q and V fifo B): A (objects of `a_words`, a chunk of `chunk` K rows),
 first once per column the n_head sinks (repeated to whole objects, or, when that takes more
@@ -35,10 +37,11 @@ dimensions and at most MAX_REPEAT: the only DMA dimension that may have stride 0
 address dimensions cannot re-read data).
 
 G is chosen (with the chunk) by a cost model: the busiest column's DMA words (q, mask, K and
-V), a handshake per object and its vector work, plus all columns' DMA words over DDR_SHARE
-(the DRAM bandwidth the columns share, which makes a GQA decode take whole KV groups), within
-the compute tile's budget (q, the f32 accumulators, scores and running max/sum of G rows, a
-decoded K and V row, the mask span, the fifos) and within 1024 DMA tasks per shim channel;
+V), a handshake per object and a core's vector work (its gr rows), plus all columns' DMA
+words over DDR_SHARE (the DRAM bandwidth the columns share, which makes a GQA decode take whole
+KV groups), within a core's budget (q, the f32 accumulators, scores and running max/sum of its
+gr rows, a decoded K row and a batch of V rows, the mask span, the fifos) and within 1024 DMA
+tasks per shim channel;
 what has no such plan is refused.
 """
 
@@ -70,7 +73,7 @@ KV_CODE = {"f32": 0, "f16": 1, "bf16": 2}
 SHIM_BDS = SHIM_GROUP_TASKS
 MAX_CHUNK = 128  # K/V rows per object
 MAX_SIDE_OBJECTS = 64  # objects a block's padded q rows or mask span may take
-MAX_BLOCK = 64  # query rows of a block (G = gh x gr): the core's per-row state
+MAX_BLOCK = 64  # query rows of a core in a block (gr): its per-row state
 CHUNK_OVERHEAD = 256  # words-equivalent of one object handshake (cost model)
 # The core's vector work in cycles (word-equivalents), as the emulation's stand-in counts
 # flash_attn.cc on aie2p (D = Dv = 64, f16 K and V): per query row and key, two cycles per
@@ -386,10 +389,10 @@ class FlashAttnSpec:
         return CoreSource(SOURCE, "flash_attn.o", d)
 
     def static_bytes(self) -> int:
-        """The core function's static data: G q rows, accumulators and score rows, the
+        """A core's static data: its gr q rows (one head's), accumulators and score rows, the
         running maxima and sums, a decoded K row and a batch of V rows (V_BATCH in
         flash_attn.cc), the mask span and its skip table, the sinks and slopes."""
-        g, dp, dvp, cp = self.g, _vecs(self.d), _vecs(self.dv), _vecs(self.chunk)
+        g, dp, dvp, cp = self.gr, _vecs(self.d), _vecs(self.dv), _vecs(self.chunk)
         v_batch = next(b for b in (8, 4, 2, 1) if self.chunk % b == 0)
         words = g * (dp + dvp + cp + 2) + dp + v_batch * dvp
         words += self.n_head * ((self.s_side is not None) + bool(self.slopes))
@@ -412,7 +415,7 @@ class FlashAttnSpec:
         words += (self.q_objects + self.chunks) * self.b_words
         handshakes = (self.side_objects + self.q_objects + 2 * self.chunks) * CHUNK_OVERHEAD
         per_pair = 2 * (_vecs(self.d) + _vecs(self.dv)) // VEC + PAIR_CYCLES_BASE
-        vector = self.g * (self.n_kv * per_pair + self.chunks * ROW_CHUNK_CYCLES)
+        vector = self.gr * (self.n_kv * per_pair + self.chunks * ROW_CHUNK_CYCLES)
         sink_words = self.sink_objects * self.a_words
         busiest = len(self.column_blocks(0)) * (words + handshakes + vector) + sink_words
         total = self.blocks * words + self.columns * sink_words
@@ -521,7 +524,9 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
     # A block's heads share a KV head; with a per-head mask a block has one head, so that its
     # mask rows are consecutive.
     r2 = n_head // k.ne[2]
+    # A block's heads are its column's cores, one each.
     ghs = [1] if mask is not None and mask.ne[2] > 1 else divisors(r2)
+    ghs = [gh for gh in ghs if gh <= arch.compute_rows]
     chunks = [
         c
         for c in divisors(n_kv)
@@ -529,7 +534,7 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
     ]
     best, min_tasks, fits_tasks = None, None, False
     for gh in ghs:
-        for gr in range(1, min(n_q, MAX_BLOCK // gh) + 1):
+        for gr in range(1, min(n_q, MAX_BLOCK) + 1):
             blocks = n_seq * len(block_starts(n_q, gr)) * (n_head // gh)
             columns = min(arch.columns, blocks)
             per_col = -(-blocks // columns)

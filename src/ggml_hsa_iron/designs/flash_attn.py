@@ -4,17 +4,19 @@ out[:, h, i1, i3] = softmax(s) . V with s_j = scale q.k_j (softcap * tanh(s_j) w
 + slope(h) mask[j, i1] (the sink as one more logit without a value), ggml-cpu's semantics; the
 core function is kernels/flash_attn.cc, the plan plans_fa.py (see its docstring).
 
-Layout: C columns, one worker each (row 2). Column c computes the blocks c, c + C, ... (a
-block: G = gh x gr query rows, gr consecutive rows of gh heads sharing a KV head). Its shim
-fills fifo A (first the sinks of every head, once, padded to whole objects with K's first
-words; then per block its mask span, repeated to whole objects, then the KV head's K chunks)
-and fifo B (per block its q rows, repeated to whole objects, then the V chunks) straight to
-the worker, and drains each block's G output rows with one strided task. A repeat is the
-task's repeat count (outermost dimension, at most 64), the one DMA dimension that may have
-stride 0. The worker consumes the sink objects (`ggml_fa_sinks`), then per
-block the q objects (`ggml_fa_q`) and the mask objects (`ggml_fa_side`), FA_NKV / FA_CHUNK
-pairs of K and V objects (`ggml_fa_chunk`, the online softmax of all G rows) and writes the G
-rows (`ggml_fa_out`, one output object each).
+Layout: C columns of gh workers (rows 2 ..). Column c computes the blocks c, c + C, ... (a
+block: G = gh x gr query rows, gr consecutive rows of gh heads sharing a KV head), its worker j
+head j of each block (gr rows). Its shim fills fifo A (first the sinks of every head, once,
+padded to whole objects with K's first words; then per block its mask span, repeated to whole
+objects, then the KV head's K chunks) and fifo B (per block its q rows, repeated to whole
+objects, then the V chunks), each broadcast to the column's workers; the workers' output rows
+are joined in the column's memory tile (a query row's gh rows, consecutive in the output) and
+the shim drains each block's G output rows with one strided task. A repeat is the task's repeat
+count (outermost dimension, at most 64), the one DMA dimension that may have stride 0. A worker
+consumes the sink objects (`ggml_fa_sinks`), then per block the q objects (`ggml_fa_q`: it
+keeps its head's rows) and the mask objects (`ggml_fa_side`), FA_NKV / FA_CHUNK pairs of K and
+V objects (`ggml_fa_chunk`, the online softmax of its gr rows) and writes its gr rows
+(`ggml_fa_out`, one output object each).
 
 Every input is declared as 32-bit words in the runtime sequence (the mask, the sinks and K
 share fifo A, q and V fifo B); the output is f32. Runtime-sequence arguments: the inputs in request order,
@@ -31,6 +33,7 @@ from aie.iron.runtime import TaskGroup
 from ._common import device, vector_type
 
 SHIM_ROW = 0
+MEM_ROW = 1
 CORE_ROW = 2
 
 
@@ -47,19 +50,19 @@ def _build(spec):
     a_obj = vector_type(spec.a_words, "i32")
     b_obj = vector_type(spec.b_words, "i32")
     o_obj = vector_type(spec.dv, "f32")
-    begin = Kernel("ggml_fa_begin", obj, [np.int32, np.int32])
+    begin = Kernel("ggml_fa_begin", obj, [np.int32, np.int32, np.int32])
     sinks_k = Kernel("ggml_fa_sinks", obj, [a_obj])
     q_k = Kernel("ggml_fa_q", obj, [b_obj])
     side = Kernel("ggml_fa_side", obj, [a_obj])
     chunk = Kernel("ggml_fa_chunk", obj, [a_obj, b_obj])
     finish = Kernel("ggml_fa_out", obj, [o_obj])
-    n_sink, n_side, n_chunks, rows = spec.sink_objects, spec.side_objects, spec.chunks, spec.g
+    n_sink, n_side, n_chunks, rows = spec.sink_objects, spec.side_objects, spec.chunks, spec.gr
     n_q = spec.q_objects
 
     # The kernels are passed one by one: IRON finds a Worker's kernels among its fn_args.
     def core(of_a, of_b, of_o, begin_fn, sinks_fn, q_fn, side_fn, chunk_fn, out_fn, first, step,
-             blocks):  # fmt: skip
-        begin_fn(first, step)
+             head, blocks):  # fmt: skip
+        begin_fn(first, step, head)
         if n_sink:
             for _ in range_(n_sink):
                 a = of_a.acquire(1)
@@ -86,17 +89,26 @@ def _build(spec):
                 of_o.release(1)
 
     a_fifos, b_fifos, o_fifos, workers = [], [], [], []
+    gh, dv = spec.gh, spec.dv
     for c in range(C):
         a_f = ObjectFifo(a_obj, name=f"fa_a_c{c}", depth=2)
         b_f = ObjectFifo(b_obj, name=f"fa_b_c{c}", depth=2)
-        o_f = ObjectFifo(o_obj, name=f"fa_out_c{c}", depth=2)
+        # A query row's gh output rows (one per worker), joined in the memory tile.
+        o_f = ObjectFifo(vector_type(gh * dv, "f32"), name=f"fa_out_c{c}", depth=2)
+        o_subs = o_f.prod().join(
+            [j * dv for j in range(gh)],
+            obj_types=[o_obj] * gh,
+            names=[f"fa_out_c{c}_r{j}" for j in range(gh)],
+            tile=Tile(c, MEM_ROW),
+        )
         a_fifos.append(a_f)
         b_fifos.append(b_f)
         o_fifos.append(o_f)
         blocks = len(spec.column_blocks(c))
         fns = [begin, sinks_k, q_k, side, chunk, finish]
-        args = [a_f.cons(), b_f.cons(), o_f.prod(), *fns, c, C, blocks]
-        workers.append(Worker(core, fn_args=args, tile=Tile(c, CORE_ROW)))
+        for j in range(gh):
+            args = [a_f.cons(), b_f.cons(), o_subs[j].prod(), *fns, c, C, j, blocks]
+            workers.append(Worker(core, fn_args=args, tile=Tile(c, CORE_ROW + j)))
 
     handles = []
     for c in range(C):

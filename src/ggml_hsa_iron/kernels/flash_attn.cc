@@ -1,7 +1,8 @@
-// flash_attn.cc: ggml's FLASH_ATTN_EXT on one core (aie2 / aie2p), one block of G = FA_GH x
-// FA_GR query rows (FA_GR consecutive rows of FA_GH heads sharing one KV head) at a time, the
-// online softmax of all G rows over each chunk of K and V rows, so K and V are read once per
-// block.
+// flash_attn.cc: ggml's FLASH_ATTN_EXT on the cores of a column (aie2 / aie2p), one block of
+// FA_GH x FA_GR query rows (FA_GR consecutive rows of FA_GH heads sharing one KV head) at a
+// time: the block's K and V rows go to its FA_GH cores at once, core j computing head j's
+// G = FA_GR rows (the online softmax of all of them over each chunk of K and V rows), so K
+// and V are read once per block.
 //
 // Built once per kernel with Peano; the design (designs/flash_attn.py, plan plans_fa.py) sets:
 //   FA_D, FA_DV        head sizes of q/K and of V
@@ -9,8 +10,8 @@
 //   FA_K_TYPE, FA_V_TYPE   0 f32, 1 f16, 2 bf16
 //   FA_A_WORDS, FA_B_WORDS 32-bit words of an object of fifo A (K chunks, mask, sinks) and
 //                      of fifo B (V chunks, q)
-//   FA_GH, FA_GR       heads and query rows of a block; its row g = r FA_GH + j is query row
-//                      r of head h0 + j (the output's order)
+//   FA_GH, FA_GR       heads (and cores) and query rows of a block; its row r FA_GH + j is
+//                      query row r of head h0 + j (the output's order), core j's row r
 //   FA_NHB             head blocks (block b's first head is (b % FA_NHB) FA_GH)
 //   FA_Q_OBJECTS       objects of the block's q rows on fifo B (G rows of FA_D, repeated to
 //                      whole objects)
@@ -27,12 +28,14 @@
 //   ALIBI_SLOPES       the slope of every head (max_bias > 0)
 //
 // Functions (arguments as the object fifos deliver them, 32-bit words):
-//   ggml_fa_begin(first, step)   the core's first block and the block stride (columns)
+//   ggml_fa_begin(first, step, head)   the core's first block, the block stride (columns)
+//                                and its head within a block (its row of the column's cores)
 //   ggml_fa_sinks(a)             one object of the sinks (FA_S_OBJECTS, before the blocks)
-//   ggml_fa_q(b)                 one object of the block's q rows (fifo B), kept in static data
+//   ggml_fa_q(b)                 one object of the block's q rows (fifo B); the core's head's
+//                                rows kept in static data
 //   ggml_fa_side(a)              one object of the block's mask span (fifo A), kept likewise
 //   ggml_fa_chunk(a, b)          FA_CHUNK K rows (a) and V rows (b), for all G rows
-//   ggml_fa_out(o)               the block's next output row (FA_DV f32); after G rows the
+//   ggml_fa_out(o)               the core's next output row (FA_DV f32); after G rows the
 //                                next block
 //
 // ggml-cpu's semantics: q rounded to K's type, s = scale * q.k; softcap * tanh(s) with a
@@ -51,7 +54,7 @@
 
 using namespace ggml_aie;
 
-static constexpr int G = FA_GH * FA_GR;
+static constexpr int G = FA_GR; // this core's rows of a block: its head's
 static constexpr int K_ROW_WORDS = FA_A_WORDS / FA_CHUNK;
 static constexpr int V_ROW_WORDS = FA_B_WORDS / FA_CHUNK;
 // Rows of the static arrays padded to whole vectors (aligned loads; the pad lanes stay 0).
@@ -74,7 +77,8 @@ alignas(64) static uint32_t mask_words[FA_M_WORDS + VEC / 2];
 #if HAS_SINKS
 static float sinks[FA_N_HEAD];
 #endif
-static int32_t block, block_step, q_object, side_object, sink_object, kv_row, mask_skip, out_row;
+static int32_t block, block_step, head, q_object, side_object, sink_object, kv_row, mask_skip,
+    out_row;
 
 // The f16 values of the block's mask span before its first row.
 static inline int32_t block_mask_skip() {
@@ -127,9 +131,10 @@ static void reset_block() {
 
 extern "C" {
 
-void ggml_fa_begin(int32_t first, int32_t step) {
+void ggml_fa_begin(int32_t first, int32_t step, int32_t core_head) {
   block = first;
   block_step = step;
+  head = core_head;
   sink_object = 0;
   reset_block();
 }
@@ -146,11 +151,13 @@ void ggml_fa_sinks(int32_t *a) {
 }
 
 void ggml_fa_q(int32_t *b) {
-  // The block's q rows, FA_D words each, back to back (then repeated).
+  // The block's q rows, FA_D words each, back to back in the output's order (then repeated):
+  // row r of head j is row r FA_GH + j; this core keeps its head's.
   const int o = q_object++;
-  for (int w = o * FA_B_WORDS; w < (o + 1) * FA_B_WORDS && w < G * FA_D; ++w)
-    q_rows[(w / FA_D) * DP + (K_PAIRS ? fa_rows::pair_slot(w % FA_D) : w % FA_D)] =
-        round_q(bits_to_float((uint32_t)b[w - o * FA_B_WORDS]));
+  for (int w = o * FA_B_WORDS; w < (o + 1) * FA_B_WORDS && w < FA_GH * G * FA_D; ++w)
+    if ((w / FA_D) % FA_GH == head)
+      q_rows[(w / FA_D) / FA_GH * DP + (K_PAIRS ? fa_rows::pair_slot(w % FA_D) : w % FA_D)] =
+          round_q(bits_to_float((uint32_t)b[w - o * FA_B_WORDS]));
 }
 
 void ggml_fa_side(int32_t *a) {
@@ -200,9 +207,9 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
     float *sc = scores + g * CP;
 #if HAS_MASK
     const uint16_t *m16 =
-        reinterpret_cast<const uint16_t *>(mask_words) + mask_skip + (g / FA_GH) * FA_M_STRIDE;
+        reinterpret_cast<const uint16_t *>(mask_words) + mask_skip + g * FA_M_STRIDE;
 #ifdef ALIBI_SLOPES
-    const float slope = bits_to_float(slopes[h0 + g % FA_GH]);
+    const float slope = bits_to_float(slopes[h0 + head]);
 #endif
 #endif
     vf vmax = from_bits(splat_i((int32_t)NEG_INF));
@@ -312,7 +319,7 @@ void ggml_fa_out(float *o) {
   const int g = out_row;
   float *ag = acc + g * DVP;
 #if HAS_SINKS
-  const float sink_value = sinks[block_head0() + g % FA_GH];
+  const float sink_value = sinks[block_head0() + head];
   if (float_bits(sink_value) != NEG_INF || float_bits(run_max[g]) != NEG_INF) {
     const float new_max = greater(sink_value, run_max[g]) ? sink_value : run_max[g];
     const vf mm = splat(new_max);

@@ -514,10 +514,10 @@ class PlanTest(unittest.TestCase):
                     sink = spec.sink_tasks if i == 0 else 0
                     self.assertLessEqual(len(r) * (ta + tb + to) + sink, SHIM_BDS)
             self.assertLessEqual(spec.fifo_bytes() + spec.static_bytes(), spec.arch.l1_budget)
-        # A prefill of 4096 rows: more than 1024 tasks on a channel even with the largest
-        # blocks, refused.
+        # A prefill of 8192 rows: more than 1024 tasks on a channel with every block that fits
+        # a core, refused.
         with self.assertRaisesRegex(UnsupportedError, "DMA tasks"):
-            spec_of(**llama_1b(4096, 512, arch="aie2"))
+            spec_of(**llama_1b(8192, 512, arch="aie2"))
 
     def test_refusals(self):
         cases = [
@@ -560,7 +560,7 @@ def core_library(spec, directory):
 
     buf = SimpleNamespace(dtype=np.dtype("int32"))
     out = SimpleNamespace(dtype=np.dtype("float32"))
-    names = [("ggml_fa_begin", ["i32", "i32"]), ("ggml_fa_sinks", [buf]), ("ggml_fa_q", [buf]),
+    names = [("ggml_fa_begin", ["i32"] * 3), ("ggml_fa_sinks", [buf]), ("ggml_fa_q", [buf]),
              ("ggml_fa_side", [buf]), ("ggml_fa_chunk", [buf, buf]), ("ggml_fa_out", [out])]  # fmt: skip
     kernels = [_Kernel(i, n, kinds) for i, (n, kinds) in enumerate(names)]
     path = Path(directory) / "core.so"
@@ -626,43 +626,49 @@ class CoreBlockTest(unittest.TestCase):
             scale = float(np.float32(scale / softcap))
         slopes = alibi_slopes(spec.n_head, max_bias) if max_bias > 0 else [1.0] * spec.n_head
         sinks = rng.standard_normal(spec.n_head).astype(np.float32)
+        first = 1  # a block whose heads do not start at 0
+        cases = []
+        for b in (first, first + 1):
+            q = rng.standard_normal((spec.g, d)).astype(np.float32)
+            K = rng.standard_normal((n_kv, d)).astype(kt)
+            V = rng.standard_normal((n_kv, dv)).astype(_np_type(spec.v.dtype))
+            sides, m = [], None
+            if spec.mask is not None:
+                m0 = spec.mask.ne[0]
+                m = (rng.standard_normal((spec.gr, n_kv)) * 2).astype(np.float16)
+                m[:, ::5] = -np.inf
+                if spec.gr > 1:
+                    m[1] = -np.inf  # a row with every key masked
+                V[::5] = np.nan  # never used: their keys are masked in every row
+                span = np.full(2 * spec.m_side.words, np.nan, dtype=np.float16)
+                for r in range(spec.gr):
+                    span[r * m0 : r * m0 + n_kv] = m[r]
+                sides += objects(as_words(span), A, spec.m_side.objects)
+            cases.append((b, q, K, V, m, sides, np.zeros((spec.g, dv), dtype=np.float32)))
         with tempfile.TemporaryDirectory() as tmp:
             fns = core_library(spec, tmp)
-            first = 1  # a block whose heads do not start at 0
-            fns["ggml_fa_begin"](first, 1)
-            if spec.sinks is not None:
-                for o in objects(as_words(sinks), A, spec.sink_objects):
-                    fns["ggml_fa_sinks"](o)
-            for b in (first, first + 1):
-                h0 = (b % spec.n_hb) * spec.gh
-                q = rng.standard_normal((spec.g, d)).astype(np.float32)
-                K = rng.standard_normal((n_kv, d)).astype(kt)
-                V = rng.standard_normal((n_kv, dv)).astype(_np_type(spec.v.dtype))
-                for o in objects(as_words(q), B, spec.q_objects):
-                    fns["ggml_fa_q"](o)
-                sides, m = [], None
-                if spec.mask is not None:
-                    m0 = spec.mask.ne[0]
-                    m = (rng.standard_normal((spec.gr, n_kv)) * 2).astype(np.float16)
-                    m[:, ::5] = -np.inf
-                    if spec.gr > 1:
-                        m[1] = -np.inf  # a row with every key masked
-                    V[::5] = np.nan  # never used: their keys are masked in every row
-                    span = np.full(2 * spec.m_side.words, np.nan, dtype=np.float16)
+            # Each of the block's cores in turn (core j: head j of each block), fed the same
+            # objects; its rows are the block's rows r gh + j.
+            for j in range(spec.gh):
+                fns["ggml_fa_begin"](first, 1, j)
+                if spec.sinks is not None:
+                    for o in objects(as_words(sinks), A, spec.sink_objects):
+                        fns["ggml_fa_sinks"](o)
+                for b, q, K, V, m, sides, got in cases:
+                    for o in objects(as_words(q), B, spec.q_objects):
+                        fns["ggml_fa_q"](o)
+                    for o in sides:
+                        fns["ggml_fa_side"](o)
+                    kw_, vw = as_words(K), as_words(V)
+                    for c in range(spec.chunks):
+                        fns["ggml_fa_chunk"](kw_[c * A : (c + 1) * A].copy(),
+                                             vw[c * B : (c + 1) * B].copy())  # fmt: skip
                     for r in range(spec.gr):
-                        span[r * m0 : r * m0 + n_kv] = m[r]
-                    sides += objects(as_words(span), A, spec.m_side.objects)
-                for o in sides:
-                    fns["ggml_fa_side"](o)
-                kw_, vw = as_words(K), as_words(V)
-                for c in range(spec.chunks):
-                    fns["ggml_fa_chunk"](kw_[c * A : (c + 1) * A].copy(),
-                                         vw[c * B : (c + 1) * B].copy())  # fmt: skip
-                got = np.zeros((spec.g, dv), dtype=np.float32)
-                for g in range(spec.g):
-                    row = np.full(dv, np.nan, dtype=np.float32)
-                    fns["ggml_fa_out"](row)
-                    got[g] = row
+                        row = np.full(dv, np.nan, dtype=np.float32)
+                        fns["ggml_fa_out"](row)
+                        got[r * spec.gh + j] = row
+            for b, q, K, V, m, sides, got in cases:
+                h0 = (b % spec.n_hb) * spec.gh
                 Kf, Vf = K.astype(np.float64), V.astype(np.float64)
                 for g in range(spec.g):
                     h, r = h0 + g % spec.gh, g // spec.gh
