@@ -654,7 +654,7 @@ class CoreBlockTest(unittest.TestCase):
                 if spec.sinks is not None:
                     for o in objects(as_words(sinks), A, spec.sink_objects):
                         fns["ggml_fa_sinks"](o)
-                for b, q, K, V, m, sides, got in cases:
+                for _b, q, K, V, _m, sides, got in cases:
                     for o in objects(as_words(q), B, spec.q_objects):
                         fns["ggml_fa_q"](o)
                     for o in sides:
@@ -667,7 +667,7 @@ class CoreBlockTest(unittest.TestCase):
                         row = np.full(dv, np.nan, dtype=np.float32)
                         fns["ggml_fa_out"](row)
                         got[r * spec.gh + j] = row
-            for b, q, K, V, m, sides, got in cases:
+            for b, q, K, V, m, _sides, got in cases:
                 h0 = (b % spec.n_hb) * spec.gh
                 Kf, Vf = K.astype(np.float64), V.astype(np.float64)
                 for g in range(spec.g):
