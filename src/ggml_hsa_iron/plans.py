@@ -29,6 +29,7 @@ from .tiling import (
     RopeRows,
     RowPlan,
     can_repeat,
+    gemv_cycles,
     pad_words,
     plan_eltwise,
     plan_gemm,
@@ -1244,8 +1245,16 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
                 return gemm_spec(plan, "bf16")
         elif M > 1:
             gemm_refusal = "; the GEMM takes dense operands only"
-        plan = plan_gemv_blocks(
-            N, K, src0.block, src0.size, arch, products, w_row=w_row, y_size=y, stash=f16_out
+        plan = _faster_gemv(
+            arch,
+            len(products),
+            lambda shared_x: plan_gemv_blocks(
+                *(N, K, src0.block, src0.size, arch, products),
+                w_row=w_row,
+                y_size=y,
+                stash=f16_out,
+                shared_x=shared_x,
+            ),
         )
         if plan is None:
             raise UnsupportedError(
@@ -1267,7 +1276,13 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
     # One src1 row, strided operands, or a GEMM that does not tile (M below the microkernel
     # rows, K not a multiple of a K step): one matrix-vector product per src1 row.
     _check_aligned("MUL_MAT", products, src0, src1, dst, w_row)
-    plan = plan_gemv(N, K, w, x, y, arch, batches * M, w_row=w_row, stash=f16_out)
+    plan = _faster_gemv(
+        arch,
+        batches * M,
+        lambda shared_x: plan_gemv(
+            N, K, w, x, y, arch, batches * M, w_row=w_row, stash=f16_out, shared_x=shared_x
+        ),
+    )
     if plan is None:
         r, s, t = arch.mmul["bf16" if src0.dtype in FLOAT_TYPES else src0.dtype]
         raise UnsupportedError(
@@ -1277,6 +1292,16 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
             f"M >= {r}, N >= {max(t, 8)}, K a multiple of {max(s, 8)}"
         )
     return MatmulSpec(req, arch, src0, src1, dst, plan, src0.dtype)
+
+
+def _faster_gemv(arch: Arch, products: int, plan_of):
+    """MUL_MAT's GEMV: the plan of x on every column's channel or of x shared by all cores
+    (GemvPlan.shared_x: W on the other 2 C - 1 shim channels), whichever `gemv_cycles` finds
+    faster; `plan_of(shared_x)` plans one or the other (None where none fits)."""
+    plans = [p for p in (plan_of(False), plan_of(True)) if p is not None]
+    if not plans:
+        return None
+    return min(plans, key=lambda p: gemv_cycles(p, products, arch))
 
 
 def prepare(req: Request):

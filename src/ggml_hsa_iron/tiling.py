@@ -731,6 +731,12 @@ class GemvPlan:
     rotation's per-dispatch constants in whole x objects (`rope_taps`), which every core keeps
     (mv_rope.h); each core's rows of a round hold whole rotation pairs (RopeRows.rounds_ok),
     rotated at the end of the round.
+
+    `shared_x` (MUL_MAT's plain GEMV): x goes to every core from one shim channel (the first
+    array column's second), so that W streams over every other shim channel: `columns` are
+    then W channels, 2 A - 1 of them on A array columns, `rows` cores each (at most half a
+    column's): channel 0 on array column 0 (its first cores), channels 2a - 1 and 2a on array
+    column a (`array_tile`). Every column's x taps are the same (one x row), issued once.
     """
 
     N: int
@@ -751,6 +757,18 @@ class GemvPlan:
     add: bool = False
     norm: bool = False
     rope: RopeRows | None = None
+    shared_x: bool = False
+
+    @property
+    def array_columns(self) -> int:
+        """Columns of the array the plan uses."""
+        return (self.columns + 2) // 2 if self.shared_x else self.columns
+
+    def array_tile(self, col: int) -> tuple[int, int]:
+        """(array column, first core of it) of the plan's column col."""
+        if not self.shared_x:
+            return col, 0
+        return (col + 1) // 2, self.rows if col > 0 and col % 2 == 0 else 0
 
     def w_units(self, elems: int) -> int:
         """W's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
@@ -973,6 +991,7 @@ def plan_gemv(
     stash: bool = False,
     norm: bool = False,
     rope: RopeRows | None = None,
+    shared_x: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan for `products` matrix-vector products, or None. Any N; K
     chunks are divisors of K whose W and x runs are whole DMA words (any K for f32).
@@ -982,7 +1001,7 @@ def plan_gemv(
     stash of nr f32 (an f16 output, rounded once per round: mv_stash.h). `norm`:
     RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes). `rope`:
     RMS_NORM_MUL_MAT_ROPE(_FF) (GemvPlan.rope, with `norm`; whole rotation pairs per core and
-    round, the core also keeps mv_rope_bytes)."""
+    round, the core also keeps mv_rope_bytes). `shared_x`: GemvPlan.shared_x plans only."""
     if (K * w_size) % DMA_WORD or (K * x_size) % DMA_WORD:
         return None
     best, best_key = None, None
@@ -993,47 +1012,69 @@ def plan_gemv(
         and (d * x_size) % DMA_WORD == 0
         and d * max(w_size, x_size) <= DMA_WORD * GEMV_MAX_CHUNK_WORDS
     ]
-    for columns in range(arch.columns, 0, -1):
-        for rows in (4, 2, 1):
-            for nr in _row_options(rope):
-                if columns * rows * nr > N or (nr * y_size) % DMA_WORD:
+    for columns, rows in _gemv_shapes(arch, shared_x):
+        for nr in _row_options(rope):
+            if columns * rows * nr > N or (nr * y_size) % DMA_WORD:
+                continue
+            if not _rows_ok(N, columns, rows, nr, rope):
+                continue
+            for kc in reversed(k_options):
+                l1 = 2 * nr * kc * w_size + 2 * kc * x_size + 2 * nr * y_size
+                l1 += stash_bytes(nr) if glu or stash else 0
+                l1 += mv_norm_bytes(K, kc) if norm else 0
+                l1 += mv_rope_bytes(rope) if rope else 0
+                if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                     continue
-                if not _rows_ok(N, columns, rows, nr, rope):
+                if add and not _add_ok(N, rows, nr, columns * rows * nr, kc):
                     continue
-                for kc in reversed(k_options):
-                    l1 = 2 * nr * kc * w_size + 2 * kc * x_size + 2 * nr * y_size
-                    l1 += stash_bytes(nr) if glu or stash else 0
-                    l1 += mv_norm_bytes(K, kc) if norm else 0
-                    l1 += mv_rope_bytes(rope) if rope else 0
-                    if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
-                        continue
-                    if add and not _add_ok(N, rows, nr, columns * rows * nr, kc):
-                        continue
-                    plan = GemvPlan(
-                        N,
-                        K,
-                        columns,
-                        rows,
-                        nr,
-                        kc,
-                        glu=glu,
-                        w_size=w_size,
-                        w_row=w_row,
-                        add=add,
-                        norm=norm,
-                        rope=rope,
-                    )
-                    if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
-                        continue
-                    if not _norm_ok(plan, products):
-                        continue
-                    vectors = -(-kc // VECTOR_ELEMS)
-                    cost = plan.rounds * plan.k_steps * (nr * vectors + 64)
-                    key = (cost, -columns * rows)
-                    if best_key is None or key < best_key:
-                        best, best_key = plan, key
-                    break  # the largest K chunk that fits
+                plan = GemvPlan(
+                    N,
+                    K,
+                    columns,
+                    rows,
+                    nr,
+                    kc,
+                    glu=glu,
+                    w_size=w_size,
+                    w_row=w_row,
+                    add=add,
+                    norm=norm,
+                    rope=rope,
+                    shared_x=shared_x,
+                )
+                if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
+                    continue
+                if not _norm_ok(plan, products):
+                    continue
+                vectors = -(-kc // VECTOR_ELEMS)
+                cost = plan.rounds * plan.k_steps * (nr * vectors + 64)
+                key = (cost, -columns * rows)
+                if best_key is None or key < best_key:
+                    best, best_key = plan, key
+                break  # the largest K chunk that fits
     return best
+
+
+def _gemv_shapes(arch: Arch, shared_x: bool):
+    """(columns, rows) a GEMV plan may take, the most cores first: the array's columns and
+    cores, or with `shared_x` (GemvPlan.shared_x) W channels on two array columns or more,
+    at most half a column's cores each."""
+    if not shared_x:
+        return [(c, r) for c in range(arch.columns, 0, -1) for r in (4, 2, 1)]
+    rows = [r for r in (2, 1) if 2 * r <= arch.compute_rows]
+    return [(2 * a - 1, r) for a in range(arch.columns, 1, -1) for r in rows]
+
+
+def gemv_cycles(plan: GemvPlan, products: int, arch: Arch) -> float:
+    """A GEMV's array cycles as its busiest resource sets them: a core's calls (the planners'
+    estimate), a W channel's bytes at CHANNEL_BYTES per cycle, or all the weights' bytes
+    through the DRAM."""
+    vectors = -(-plan.k_chunk // VECTOR_ELEMS)
+    core = plan.rounds * plan.k_steps * (plan.rows_per_tile * vectors + 64)
+    round_bytes = plan.rows * plan.rows_per_tile * plan.w_units(plan.K) * max(plan.w_size, 1)
+    channel = plan.rounds * round_bytes / CHANNEL_BYTES
+    dram = plan.rounds * plan.columns * round_bytes / arch.dram_bytes_per_cycle
+    return products * max(core, channel, dram)
 
 
 def mvq_x_bytes(w_block: int, kc: int) -> int:
@@ -1084,6 +1125,7 @@ def plan_gemv_blocks(
     stash: bool = False,
     norm: bool = False,
     rope: RopeRows | None = None,
+    shared_x: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan over weights moved as bytes (`w_block` elements in
     `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results of
@@ -1094,7 +1136,8 @@ def plan_gemv_blocks(
     (GemvPlan.glu; the core also keeps its stash of nr f32). `w_row`: W's row stride in bytes
     when src0 is strided (GemvPlan.w_row; 0: dense). `add`: MUL_MAT_ADD (GemvPlan.add).
     `norm`: RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes).
-    `rope`: RMS_NORM_MUL_MAT_ROPE(_FF) (GemvPlan.rope, as plan_gemv's)."""
+    `rope`: RMS_NORM_MUL_MAT_ROPE(_FF) (GemvPlan.rope, as plan_gemv's). `shared_x`:
+    GemvPlan.shared_x plans only."""
     # The planner reads of `products` only their count and src0 offsets modulo a DMA word;
     # the fused planners ask for the same GEMV many times (every phase of a decode layer).
     offsets = frozenset(p[0] % DMA_WORD for p in products)
@@ -1114,6 +1157,7 @@ def plan_gemv_blocks(
         stash,
         norm,
         rope,
+        shared_x,
     )
 
 
@@ -1134,6 +1178,7 @@ def _plan_gemv_blocks(
     stash,
     norm,
     rope,
+    shared_x,
 ) -> GemvPlan | None:
     if K % w_block:
         return None
@@ -1141,64 +1186,64 @@ def _plan_gemv_blocks(
     x_size = 4
     best, best_key = None, None
     k_options = [w_block * d for d in divisors(blocks)]
-    for columns in range(arch.columns, 0, -1):
-        for rows in (4, 2, 1):
-            for nr in _row_options(rope):
-                if columns * rows * nr > N or (nr * y_size) % DMA_WORD:
+    for columns, rows in _gemv_shapes(arch, shared_x):
+        for nr in _row_options(rope):
+            if columns * rows * nr > N or (nr * y_size) % DMA_WORD:
+                continue
+            if not _rows_ok(N, columns, rows, nr, rope):
+                continue
+            for kc in reversed(k_options):
+                kcw = kc // w_block * w_block_bytes
+                l1 = 2 * nr * kcw + 2 * kc * x_size + 2 * nr * y_size + staging
+                l1 += mvq_x_bytes(w_block, kc)
+                l1 += stash_bytes(nr) if glu or stash else 0
+                l1 += mv_norm_bytes(K, kc) if norm else 0
+                l1 += mv_rope_bytes(rope) if rope else 0
+                if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                     continue
-                if not _rows_ok(N, columns, rows, nr, rope):
+                if (nr * kcw) % DMA_WORD:
                     continue
-                for kc in reversed(k_options):
-                    kcw = kc // w_block * w_block_bytes
-                    l1 = 2 * nr * kcw + 2 * kc * x_size + 2 * nr * y_size + staging
-                    l1 += mvq_x_bytes(w_block, kc)
-                    l1 += stash_bytes(nr) if glu or stash else 0
-                    l1 += mv_norm_bytes(K, kc) if norm else 0
-                    l1 += mv_rope_bytes(rope) if rope else 0
-                    if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
-                        continue
-                    if (nr * kcw) % DMA_WORD:
-                        continue
-                    if kc != K and (kcw % DMA_WORD or kcw > DMA_WORD * GEMV_MAX_CHUNK_WORDS):
-                        continue
-                    # x's chunks too are one run of a wrap-limited dimension (whole rows
-                    # included: a K-long x chunk read as one run gave wrong results).
-                    if kc * x_size > DMA_WORD * GEMV_MAX_CHUNK_WORDS:
-                        continue
-                    # Whole rows: a core row's tiles are one run of the shim's innermost
-                    # dimension.
-                    if kc == K and rows * nr * kcw > DMA_WORD * MAX_WRAP:
-                        continue
-                    if add and not _add_ok(N, rows, nr, columns * rows * nr, kc):
-                        continue
-                    plan = GemvPlan(
-                        N,
-                        K,
-                        columns,
-                        rows,
-                        nr,
-                        kc,
-                        w_block,
-                        w_block_bytes,
-                        glu,
-                        1,
-                        w_row,
-                        add,
-                        norm,
-                        rope,
-                    )
-                    if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
-                        continue
-                    if not _norm_ok(plan, products):
-                        continue
-                    if not all(_byte_tap_ok(w) for w in _w_taps(plan, offsets)):
-                        continue
-                    vectors = -(-kc // VECTOR_ELEMS)
-                    cost = plan.rounds * plan.k_steps * (nr * vectors + 64)
-                    key = (cost, -columns * rows)
-                    if best_key is None or key < best_key:
-                        best, best_key = plan, key
-                    break  # the largest K chunk that fits
+                if kc != K and (kcw % DMA_WORD or kcw > DMA_WORD * GEMV_MAX_CHUNK_WORDS):
+                    continue
+                # x's chunks too are one run of a wrap-limited dimension (whole rows
+                # included: a K-long x chunk read as one run gave wrong results).
+                if kc * x_size > DMA_WORD * GEMV_MAX_CHUNK_WORDS:
+                    continue
+                # Whole rows: a core row's tiles are one run of the shim's innermost
+                # dimension.
+                if kc == K and rows * nr * kcw > DMA_WORD * MAX_WRAP:
+                    continue
+                if add and not _add_ok(N, rows, nr, columns * rows * nr, kc):
+                    continue
+                plan = GemvPlan(
+                    N,
+                    K,
+                    columns,
+                    rows,
+                    nr,
+                    kc,
+                    w_block,
+                    w_block_bytes,
+                    glu,
+                    1,
+                    w_row,
+                    add,
+                    norm,
+                    rope,
+                    shared_x,
+                )
+                if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
+                    continue
+                if not _norm_ok(plan, products):
+                    continue
+                if not all(_byte_tap_ok(w) for w in _w_taps(plan, offsets)):
+                    continue
+                vectors = -(-kc // VECTOR_ELEMS)
+                cost = plan.rounds * plan.k_steps * (nr * vectors + 64)
+                key = (cost, -columns * rows)
+                if best_key is None or key < best_key:
+                    best, best_key = plan, key
+                break  # the largest K chunk that fits
     return best
 
 

@@ -282,42 +282,60 @@ def _gemv_columns(spec, body, core_args, col0=0):
     split over the column's R cores by the memory tile, x to every core, the cores' y joined;
     the Worker of row i of the plan's column col (counted from col0) runs
     `body(W, x, y, *core_args(col, i))`. Returns the Workers and the shim endpoints, per column
-    the W and x fills and the y drain (`_gemv_fill`)."""
+    the W and x fills and the y drain (`_gemv_fill`; `_column_handles` reads them). With
+    `GemvPlan.shared_x` the plan's columns are W channels on the array's tiles
+    (`GemvPlan.array_tile`) and one x fifo from the first array column's shim reaches every
+    core: its endpoint is listed once, after column 0's W."""
     p = spec.plan
     C, R, nr = p.columns, p.rows, p.rows_per_tile
     w_t, w_elems, w_tile, x_tile, y_tile = _gemv_tiles(spec)
     y_t = spec.dst.dtype
     w_cols, x_cols, y_cols, workers = [], [], [], []
-    for col in range(col0, col0 + C):
-        mem = Tile(col, MEM_ROW)
-        w_fifo = ObjectFifo(vector_type(R * nr * w_elems, w_t), name=f"W_c{col}")
+    shared = ObjectFifo(x_tile, name="X") if p.shared_x else None
+    for col in range(C):
+        a, first = p.array_tile(col)
+        a += col0
+        mem = Tile(a, MEM_ROW)
+        w_fifo = ObjectFifo(vector_type(R * nr * w_elems, w_t), name=f"W_c{col0 + col}")
         w_subs = w_fifo.cons().split(
             [i * nr * w_elems for i in range(R)],
             obj_types=[w_tile] * R,
-            names=[f"W_c{col}_r{i}" for i in range(R)],
+            names=[f"W_c{col0 + col}_r{i}" for i in range(R)],
             tile=mem,
         )
-        x_fifo = ObjectFifo(x_tile, name=f"X_c{col}")
-        y_fifo = ObjectFifo(vector_type(R * nr, y_t), name=f"Y_c{col}")
+        x_fifo = shared or ObjectFifo(x_tile, name=f"X_c{col0 + col}")
+        y_fifo = ObjectFifo(vector_type(R * nr, y_t), name=f"Y_c{col0 + col}")
         y_subs = y_fifo.prod().join(
             [i * nr for i in range(R)],
             obj_types=[y_tile] * R,
-            names=[f"Y_c{col}_r{i}" for i in range(R)],
+            names=[f"Y_c{col0 + col}_r{i}" for i in range(R)],
             tile=mem,
         )
         w_cols.append(w_fifo)
         x_cols.append(x_fifo)
         y_cols.append(y_fifo)
         for i in range(R):
-            args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), *core_args(col - col0, i)]
-            workers.append(Worker(body, fn_args=args, tile=Tile(col, 2 + i)))
+            args = [w_subs[i].cons(), x_fifo.cons(), y_subs[i].prod(), *core_args(col, i)]
+            workers.append(Worker(body, fn_args=args, tile=Tile(a, 2 + first + i)))
     # Shim endpoints: per column, W (src0) and x (src1; MUL_MAT_ADD: and r) in, y (dst) out.
     handles = []
     for col in range(C):
-        shim = Tile(col0 + col, SHIM_ROW)
-        handles += [w_cols[col].prod(tile=shim), x_cols[col].prod(tile=shim)]
+        shim = Tile(col0 + p.array_tile(col)[0], SHIM_ROW)
+        handles.append(w_cols[col].prod(tile=shim))
+        if not p.shared_x or col == 0:
+            handles.append(x_cols[col].prod(tile=shim))
         handles.append(y_cols[col].cons(tile=shim))
     return workers, handles
+
+
+def _column_handles(plan, hs, col):
+    """(W, x, y) shim endpoints of the plan's column col among `_gemv_columns`' handles; x
+    None for the columns after the first of a GemvPlan.shared_x plan (x is filled once)."""
+    if not plan.shared_x:
+        return tuple(hs[3 * col : 3 * col + 3])
+    if col == 0:
+        return tuple(hs[:3])
+    return hs[2 * col + 1], None, hs[2 * col + 2]
 
 
 def _gemv_group(spec, col0=0, suffix="", core=None):
@@ -429,11 +447,12 @@ def _gemv_fill(spec, hs, group, tg, W, X, Y, prologue=()):
     the first x row, `_norm_prologue_fills`), the x row's fill and the y drain."""
     totals = [count for _, count in spec.sequence]
     for col, (w, x, y) in enumerate(group):
-        hw, hx, hy = hs[3 * col : 3 * col + 3]
+        hw, hx, hy = _column_handles(spec.plan, hs, col)
         hw.fill(W, tap=_tap(totals[0], w), group=tg)
-        for buf, total, tap in prologue:
-            hx.fill(buf, tap=_tap(total, tap), group=tg)
-        hx.fill(X, tap=_tap(totals[1], x), group=tg)
+        if hx is not None:
+            for buf, total, tap in prologue:
+                hx.fill(buf, tap=_tap(total, tap), group=tg)
+            hx.fill(X, tap=_tap(totals[1], x), group=tg)
         hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
 
 
@@ -460,13 +479,14 @@ def _glu_fill(spec, hs, group, tg, Wg, Wu, X, Y, prologue=()):
     drain of the group's rounds."""
     totals = [count for _, count in spec.sequence]  # W_g, W_u, x, (n,) dst
     for col, (ws, x, y) in enumerate(group):
-        hw, hx, hy = hs[3 * col : 3 * col + 3]
+        hw, hx, hy = _column_handles(spec.plan, hs, col)
         for w in ws:
             hw.fill(Wg, tap=_tap(totals[0], w), group=tg)
             hw.fill(Wu, tap=_tap(totals[1], w), group=tg)
-        for buf, total, tap in prologue:
-            hx.fill(buf, tap=_tap(total, tap), group=tg)
-        hx.fill(X, tap=_tap(totals[2], x), group=tg)
+        if hx is not None:
+            for buf, total, tap in prologue:
+                hx.fill(buf, tap=_tap(total, tap), group=tg)
+            hx.fill(X, tap=_tap(totals[2], x), group=tg)
         hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
 
 
@@ -488,7 +508,7 @@ def _norm_prologue_fills(spec, Nbuf, consts=()):
 
 def _gemv(spec):
     p = spec.plan
-    dev = device(spec.arch, p.columns)
+    dev = device(spec.arch, p.array_columns)
     seq_types = [vector_type(count, t) for t, count in spec.sequence]  # src0, src1, dst
     workers, handles = _gemv_group(spec)
     groups = spec.tasks()
@@ -649,7 +669,7 @@ def _gemv_glu(spec):
     """MUL_MAT_<glu>: the GEMV dataflow with the gate and up weights on one W fifo (see the
     module docstring)."""
     p = spec.plan
-    dev = device(spec.arch, p.columns)
+    dev = device(spec.arch, p.array_columns)
     seq_types = [vector_type(count, t) for t, count in spec.sequence]  # W_g, W_u, x, dst
     rounds = spec.tiles_per_core
     k_steps = p.k_steps

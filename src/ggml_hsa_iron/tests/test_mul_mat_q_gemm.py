@@ -36,19 +36,19 @@ except ImportError:  # numpy and ml_dtypes are installed by scripts/check-iron.s
 
 @unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
 class ByteWeightsGemmEmulationTest(unittest.TestCase):
-    def check(self, ty, arch, M, N, K, b2=1, r2=1, seed=0):
+    def check(self, ty, arch, M, N, K, b2=1, r2=1, seed=0, gemv=False):
         a = tensor(ty, [K, N, b2])
         b = tensor("f32", [K, M, b2 * r2])
         d = tensor("f32", [N, M, b2 * r2])
         text = request_json("MUL_MAT", [a, b], d, arch)
         spec = prepare(parse_request(text))
-        self.assertFalse(spec.gemv, "the GEMM takes it")
+        self.assertEqual(spec.gemv, gemv, "the GEMV takes it" if gemv else "the GEMM takes it")
         rng = random.Random(seed)
         a_bytes, av = _random_rows(a, rng)
         b_bytes, bv = _random_rows(b, rng)
         got = np.frombuffer(run_request(text, [a_bytes, b_bytes]), np.float32)
         got = got.astype(np.float64).reshape(1, b2 * r2, M, N)
-        want, err = _reference(a, b, av, bv, True)
+        want, err = _reference(a, b, av, bv, spec.weight_bytes or not gemv)
         bad = ~(np.abs(got - want) <= err + 2e-6 * np.abs(want))
         if bad.any():
             self.fail(
@@ -94,6 +94,16 @@ class ByteWeightsGemmEmulationTest(unittest.TestCase):
         # a piece's 32 columns, so that 32 rows of A fit beside 32 weight rows.
         spec = self.check("q6_K", "aie2p", 128, 256, 512, seed=41)
         self.assertEqual((spec.plan.m, spec.plan.k, spec.plan.a_split), (32, 512, 16))
+
+    def test_gemv_with_x_shared_by_every_core(self):
+        # One src1 row over 960 weight rows: x from one shim channel to every core, the
+        # weights over the 2 C - 1 others (GemvPlan.shared_x), two cores each.
+        for ty, arch in (("q4_0", "aie2p"), ("q6_K", "aie2"), ("f16", "aie2p"), ("f32", "aie2")):
+            with self.subTest(ty=ty, arch=arch):
+                spec = self.check(ty, arch, 1, 960, 256, seed=50, gemv=True)
+                p = spec.plan
+                self.assertTrue(p.shared_x)
+                self.assertEqual((p.columns, p.rows), (2 * spec.arch.columns - 1, 2))
 
     def test_more_k_steps(self):
         # K over several K steps: the C tile accumulates across them.
