@@ -37,6 +37,7 @@ OWN_METHODS = {
     "c_dims",
     "c_segment_dims",  # GemmPlan: the join output's walk of one transfer
     "a_feed_column",  # GemmPlan: the column carrying an A feed
+    "array_tile",  # GemvPlan.array_tile: a shared_x plan column's array column and cores
     "fill_tap",  # EltwiseSpec.fill_tap (GLU's strided inputs), CopySpec.fill_tap
     "drain_tap",  # CopySpec.drain_tap (a strided output)
     "idx_tap",  # SetRowsSpec: a slab's indices, source rows and destination rows
