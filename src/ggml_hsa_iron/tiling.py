@@ -1046,9 +1046,7 @@ def plan_gemv(
                     continue
                 if not _norm_ok(plan, products):
                     continue
-                vectors = -(-kc // VECTOR_ELEMS)
-                cost = plan.rounds * plan.k_steps * (nr * vectors + 64)
-                key = (cost, -columns * rows)
+                key = (gemv_core_cycles(plan), -columns * rows)
                 if best_key is None or key < best_key:
                     best, best_key = plan, key
                 break  # the largest K chunk that fits
@@ -1065,12 +1063,18 @@ def _gemv_shapes(arch: Arch, shared_x: bool):
     return [(2 * a - 1, r) for a in range(arch.columns, 1, -1) for r in rows]
 
 
-def gemv_cycles(plan: GemvPlan, products: int, arch: Arch) -> float:
-    """A GEMV's array cycles as its busiest resource sets them: a core's calls (the planners'
-    estimate), a W channel's bytes at CHANNEL_BYTES per cycle, or all the weights' bytes
-    through the DRAM."""
+def gemv_core_cycles(plan: GemvPlan) -> int:
+    """The planners' estimate of a GEMV core's calls for one product: per round and K chunk,
+    a vector per row and VECTOR_ELEMS of the chunk, and a call's overhead."""
     vectors = -(-plan.k_chunk // VECTOR_ELEMS)
-    core = plan.rounds * plan.k_steps * (plan.rows_per_tile * vectors + 64)
+    return plan.rounds * plan.k_steps * (plan.rows_per_tile * vectors + 64)
+
+
+def gemv_cycles(plan: GemvPlan, products: int, arch: Arch) -> float:
+    """A GEMV's array cycles as its busiest resource sets them: a core's calls
+    (gemv_core_cycles), a W channel's bytes at CHANNEL_BYTES per cycle, or all the weights'
+    bytes through the DRAM."""
+    core = gemv_core_cycles(plan)
     round_bytes = plan.rows * plan.rows_per_tile * plan.w_units(plan.K) * max(plan.w_size, 1)
     channel = plan.rounds * round_bytes / CHANNEL_BYTES
     dram = plan.rounds * plan.columns * round_bytes / arch.dram_bytes_per_cycle
@@ -1238,9 +1242,7 @@ def _plan_gemv_blocks(
                     continue
                 if not all(_byte_tap_ok(w) for w in _w_taps(plan, offsets)):
                     continue
-                vectors = -(-kc // VECTOR_ELEMS)
-                cost = plan.rounds * plan.k_steps * (nr * vectors + 64)
-                key = (cost, -columns * rows)
+                key = (gemv_core_cycles(plan), -columns * rows)
                 if best_key is None or key < best_key:
                     best, best_key = plan, key
                 break  # the largest K chunk that fits
