@@ -296,13 +296,19 @@ fn published_kernels_take_their_published_cycles() {
 }
 
 /// The memcpy design moves its input to its output unchanged (the timing rides on a correct
-/// dataflow).
+/// dataflow); its task groups end in order within the dispatch and move, between them, the
+/// input in and the output out.
 #[test]
 fn the_memcpy_design_copies() {
     let img = image("memcpy", "aie2p");
     let mut b = buffers(&img);
-    run_emu_timed(&img, &mut b, &AIE2P).expect("runs");
+    let t = run_emu_timed(&img, &mut b, &AIE2P).expect("runs");
     assert!(b.bufs[0] == b.bufs[1], "output differs from input");
+    assert!(!t.groups.is_empty());
+    assert!(t.groups.windows(2).all(|w| w[0].end_ns <= w[1].end_ns));
+    assert!(t.groups.last().expect("a group").end_ns <= t.device_ns);
+    let moved: u64 = t.groups.iter().map(|g| g.shim_bytes).sum();
+    assert_eq!(moved, (b.bufs[0].len() + b.bufs[1].len()) as u64);
 }
 
 /// The GEMM mirror computes its product: every core gets its tiles of A and B in the order the
@@ -368,6 +374,9 @@ fn hsa_sim_time_times_an_image() {
     assert_eq!(v["device_ns"].as_u64(), Some(t.device_ns));
     assert_eq!(v["core_busy_ns"].as_u64(), Some(t.core_busy_ns));
     assert_eq!(v["cores_counted"].as_bool(), Some(true));
+    let groups = v["groups"].as_array().expect("the task groups");
+    assert_eq!(groups.len(), t.groups.len());
+    assert_eq!(groups[0]["end_ns"].as_u64(), Some(t.groups[0].end_ns));
 
     std::fs::write(&path, b"not an image").expect("write");
     let out = Command::new(env!("CARGO_BIN_EXE_hsa-sim-time"))

@@ -194,9 +194,9 @@ def _qkv_rounds(of_w, of_x, of_y, g, col, i, k_steps, fns):
 
 def _qkv_fill(qkv, hs, u, tg, ws, ys, x, n, consts, totals):
     """Unit u of the projection phase, in task group tg, on every column of every group that
-    has one: per
-    round the group's W tile, (u == 0) n_attn and the rotation's constants ahead of x, x once
-    per round of the unit, and the drain of the unit's y objects into Q, K rows or V rows."""
+    has one: per round the group's W tile, (u == 0) n_attn and the rotation's constants ahead
+    of x, x once per round of the unit, and the drain of the unit's y objects into Q, K rows
+    or V rows."""
     for j, g in enumerate(qkv.groups):
         if u >= g.units:
             continue
