@@ -64,7 +64,10 @@ static inline vf halves(const uint8_t *p, int n) {
   return half_bits_to_f32(aie::load_v<VEC>(u));
 }
 
-struct BlockConsts {};
+// The pair decoder's constants, made once per call.
+struct BlockConsts {
+  HalfPairs halves;
+};
 
 #else
 

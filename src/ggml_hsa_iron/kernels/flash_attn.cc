@@ -97,7 +97,7 @@ using fa_rows::decode_row;
 using fa_rows::float_bits;
 using fa_rows::NEG_INF;
 
-// f16 K and V rows of whole pairs of vectors are decoded in pair order (fa_rows::pair_slot):
+// f16 K and V rows of whole pairs of vectors are decoded in pair order (HalfPairs::slot):
 // q is kept in K's order, the accumulators in V's, put back in order by ggml_fa_out.
 static constexpr bool K_PAIRS = FA_K_TYPE == 1 && FA_D % (2 * (int)VEC) == 0;
 static constexpr bool V_PAIRS = FA_V_TYPE == 1 && FA_DV % (2 * (int)VEC) == 0;
@@ -156,7 +156,7 @@ void ggml_fa_q(int32_t *b) {
   const int o = q_object++;
   for (int w = o * FA_B_WORDS; w < (o + 1) * FA_B_WORDS && w < FA_GH * G * FA_D; ++w)
     if ((w / FA_D) % FA_GH == head)
-      q_rows[(w / FA_D) / FA_GH * DP + (K_PAIRS ? fa_rows::pair_slot(w % FA_D) : w % FA_D)] =
+      q_rows[(w / FA_D) / FA_GH * DP + (K_PAIRS ? HalfPairs::slot(w % FA_D) : w % FA_D)] =
           round_q(bits_to_float((uint32_t)b[w - o * FA_B_WORDS]));
 }
 
@@ -334,7 +334,7 @@ void ggml_fa_out(float *o) {
   alignas(64) float ordered[V_PAIRS ? DVP : 1];
   if constexpr (V_PAIRS) {
     for (int i = 0; i < FA_DV; ++i)
-      ordered[i] = ag[fa_rows::pair_slot(i)];
+      ordered[i] = ag[HalfPairs::slot(i)];
     ag = ordered;
   }
   for (int i = 0; i < FA_DV; i += VEC) {

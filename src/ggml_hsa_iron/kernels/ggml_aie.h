@@ -471,6 +471,12 @@ struct HalfPairs {
     even = half_bits_to_f32(w);
     odd = half_bits_to_f32(aie::downshift(w, 16));
   }
+
+  // Where value i of a run decoded in pair order lands: per 2 VEC values the even-indexed
+  // ones, then the odd ones.
+  static constexpr int slot(int i) {
+    return i / (2 * (int)VEC) * (2 * (int)VEC) + (i % 2) * (int)VEC + i % (2 * (int)VEC) / 2;
+  }
 };
 
 // n (<= VEC) f16 values from p (any 2-byte alignment), the other lanes 0, as f32.

@@ -42,7 +42,7 @@ constexpr int FA_ROWP = FA_DP > FA_DVP ? FA_DP : FA_DVP;
 constexpr int FA_K_PER_OBJ = MV_KC / FA_K_ROW_WORDS;
 constexpr int FA_V_PER_OBJ = MV_KC / FA_V_ROW_WORDS;
 constexpr int FA_OUT_PER_HEAD = FA_DV / MV_ROWS;
-// f16 K and V rows of whole pairs of vectors are decoded in pair order (fa_rows::pair_slot):
+// f16 K and V rows of whole pairs of vectors are decoded in pair order (HalfPairs::slot):
 // q is kept in K's order, the accumulators in V's, put back in order by GGML_MV_FA_OUT.
 constexpr bool FA_K_PAIRS = FA_K_TYPE == 1 && FA_D % (2 * (int)VEC) == 0;
 constexpr bool FA_V_PAIRS = FA_V_TYPE == 1 && FA_DV % (2 * (int)VEC) == 0;
@@ -103,7 +103,7 @@ void GGML_MV_FA_Q(float *x, int32_t first) {
   for (int i = 0; i < MV_KC; ++i) {
     const int w = o * MV_KC + i - first;
     if (w >= 0 && w < FA_GH * FA_D)
-      g_fa_q[(w / FA_D) * FA_DP + (FA_K_PAIRS ? fa_rows::pair_slot(w % FA_D) : w % FA_D)] =
+      g_fa_q[(w / FA_D) * FA_DP + (FA_K_PAIRS ? HalfPairs::slot(w % FA_D) : w % FA_D)] =
           fa_rows::round_q<FA_K_TYPE>(fa_rows::bits_to_float(b[i]));
   }
   g_fa_q_obj = (o + 1) % FA_Q_OBJECTS;
@@ -201,7 +201,7 @@ void GGML_MV_FA_OUT(float *y) {
   alignas(64) float ordered[FA_V_PAIRS ? MV_ROWS : 1];
   if constexpr (FA_V_PAIRS) {
     for (int r = 0; r < MV_ROWS; ++r)
-      ordered[r] = g_fa_acc[t * FA_DVP + fa_rows::pair_slot(e0 + r)];
+      ordered[r] = g_fa_acc[t * FA_DVP + HalfPairs::slot(e0 + r)];
     acc = ordered;
   }
   const vf sum = load_aligned(g_fa_sum + t * VEC);

@@ -8,7 +8,9 @@
 // The blocks are decoded 32 values at a time on the vector unit by block_decode.h's piece()
 // to bf16 weights; x is rounded to bf16 once per call; they are multiplied in the bf16 MAC
 // with f32 accumulators (bf16 in, f32 accumulate, as the float GEMV does). f16 weights are
-// converted 16 at a time (halves) with x.
+// converted 32 at a time by shifts and masks (ggml_aie.h's HalfPairs, in an order x is
+// converted to once per call) where K chunks are whole pairs of vectors, else 16 at a time
+// (halves) with x.
 //
 // Precision against ggml's CPU backend: ggml-cpu quantizes each activation row to 8 bits per
 // value (Q8_0, Q8_1 or Q8_K) and sums integer products; here the activations and the decoded
@@ -72,7 +74,47 @@ static inline float row_dot(const uint8_t *row, const float *, const BlockConsts
   return aie::reduce_add(acc.template to_vector<float>());
 }
 
-#else // MVQ_F16
+#elif MV_KC % 32 == 0 // MVQ_F16, K chunks of whole pairs of vectors
+static_assert(2 * VEC == 32, "HalfPairs decode 32 values a word vector");
+
+// x's chunk in bf16 in the weights' pair order (HalfPairs: per 32 values the even-indexed,
+// then the odd ones), converted once per call for all the tile's rows.
+alignas(64) static bfloat16 g_xb[MV_KC];
+
+static inline void convert_x(const float *x) {
+  alignas(64) float t[2 * VEC];
+  for (int k = 0; k < MV_KC; k += 2 * VEC) {
+    for (int i = 0; i < 2 * (int)VEC; ++i)
+      t[HalfPairs::slot(i)] = x[k + i];
+    aie::store_v(g_xb + k, narrow<bfloat16>(aie::load_v<VEC>(t)));
+    aie::store_v(g_xb + k + VEC, narrow<bfloat16>(aie::load_v<VEC>(t + VEC)));
+  }
+}
+
+// A row's f16 weights 32 at a time by HalfPairs (shifts and masks when the whole row holds
+// normal numbers, one test per row; else exactly), in pair order against g_xb.
+static inline float row_dot(const uint8_t *row, const float *, const BlockConsts &k) {
+  constexpr int N = MV_KC / (2 * VEC);
+  const int32_t *w = reinterpret_cast<const int32_t *>(row);
+  vi odd = k.halves.odd_exponents(aie::load_v<VEC>(w));
+  for (int i = 1; i < N; ++i)
+    odd = aie::bit_or(odd, k.halves.odd_exponents(aie::load_v<VEC>(w + i * VEC)));
+  // Lanes 0, 1, -65536 or -65535: the sum is 0 only when all are (fa_rows.h).
+  const bool normal = aie::reduce_add(aie::downshift(odd, 15)) == 0;
+  auto acc = aie::zeros<accfloat, VEC>();
+  for (int i = 0; i < N; ++i) {
+    vf even_v, odd_v;
+    if (normal)
+      k.halves.normal(aie::load_v<VEC>(w + i * VEC), even_v, odd_v);
+    else
+      HalfPairs::any(aie::load_v<VEC>(w + i * VEC), even_v, odd_v);
+    acc = aie::mac(acc, narrow<bfloat16>(even_v), aie::load_v<VEC>(g_xb + 2 * i * VEC));
+    acc = aie::mac(acc, narrow<bfloat16>(odd_v), aie::load_v<VEC>(g_xb + (2 * i + 1) * VEC));
+  }
+  return aie::reduce_add(acc.template to_vector<float>());
+}
+
+#else // MVQ_F16, other K chunks
 
 static inline void convert_x(const float *) {}
 

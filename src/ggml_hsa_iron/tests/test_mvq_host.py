@@ -190,10 +190,10 @@ def run(ty: str, arch: str, rows: int, kc: int, w: bytes, x: list[float]) -> lis
 
 @unittest.skipUnless(CXX, "no host C++ compiler")
 class MvqHostTest(unittest.TestCase):
-    def check(self, ty: str, arch: str, rows: int, kc: int, seed: int):
+    def check(self, ty: str, arch: str, rows: int, kc: int, seed: int, blocks=None):
         rng = random.Random(seed)
         block = DTYPES[ty].block
-        blocks = [random_block(ty, rng) for _ in range(rows * kc // block)]
+        blocks = blocks or [random_block(ty, rng) for _ in range(rows * kc // block)]
         x = [f32(rng.uniform(-1, 1)) for _ in range(kc)]
         y = run(ty, arch, rows, kc, b"".join(blocks), x)
         per_row = kc // block
@@ -213,10 +213,22 @@ class MvqHostTest(unittest.TestCase):
                     self.check(ty, arch, rows=3, kc=kc, seed=i)
 
     def test_f16_with_a_tail_and_subnormals(self):
+        # 64: whole pairs of vectors (HalfPairs); 16 and 38: 16 at a time, a tail.
         for arch in ("aie2", "aie2p"):
-            for kc in (16, 38):
+            for kc in (16, 38, 64):
                 with self.subTest(arch=arch, kc=kc):
                     self.check("f16", arch, rows=17, kc=kc, seed=kc)
+
+    def test_f16_rows_of_normal_numbers(self):
+        # Rows of normal numbers only take HalfPairs' shifts and masks; a row with one zero
+        # among them the exact conversion.
+        rng = random.Random(5)
+        values = [rng.choice((-1, 1)) * rng.uniform(2.0**-14, 60000.0) for _ in range(9 * 64)]
+        values[3 * 64 + 17] = 0.0
+        blocks = [f16_bytes(v) for v in values]
+        for arch in ("aie2", "aie2p"):
+            with self.subTest(arch=arch):
+                self.check("f16", arch, rows=9, kc=64, seed=0, blocks=blocks)
 
 
 if __name__ == "__main__":

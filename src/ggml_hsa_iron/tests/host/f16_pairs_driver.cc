@@ -33,7 +33,7 @@ int main(int argc, char **argv) {
       in[j] = int32_t(words[i + j]);
     fa_rows::decode_f16_pairs<ROW>(halves, in, out);
     for (int v = 0; v < ROW; ++v)
-      std::printf("%08x\n", __builtin_bit_cast(uint32_t, out[fa_rows::pair_slot(v)]));
+      std::printf("%08x\n", __builtin_bit_cast(uint32_t, out[HalfPairs::slot(v)]));
   }
   return 0;
 }
