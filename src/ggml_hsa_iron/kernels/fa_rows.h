@@ -53,9 +53,10 @@ template <int T, int LEN> inline void decode_row(const int32_t *row, float *dst)
 }
 
 // A row of LEN f16 values (LEN a multiple of 2 VEC, the row at a multiple of 64 bytes) decoded
-// to f32 in dst in pair order (HalfPairs::slot): by shifts and masks when every value of the row is
-// a normal number (one test per row), else exactly for every value (HalfPairs).
-template <int LEN> inline void decode_f16_pairs(const HalfPairs &h, const int32_t *row, float *dst) {
+// to f32 in dst in pair order (HalfPairs::slot): by shifts and masks when every value of the
+// row is a normal number (one test per row), else exactly for every value (HalfPairs).
+template <int LEN>
+inline void decode_f16_pairs(const HalfPairs &h, const int32_t *row, float *dst) {
   static_assert(LEN % (2 * (int)VEC) == 0, "whole pairs of vectors");
   constexpr int N = LEN / (2 * (int)VEC);
   vi w[N];

@@ -68,7 +68,8 @@ alignas(64) static float scores[G * CP];
 alignas(64) static float k_row[DP]; // the chunk's current K row, decoded
 // V rows decoded V_BATCH at a time, so that each row's accumulators take all of them at once
 // (on aie2p in the accumulator registers).
-static constexpr int V_BATCH = FA_CHUNK % 8 == 0 ? 8 : FA_CHUNK % 4 == 0 ? 4 : FA_CHUNK % 2 == 0 ? 2 : 1;
+static constexpr int V_BATCH =
+    FA_CHUNK % 8 == 0 ? 8 : FA_CHUNK % 4 == 0 ? 4 : FA_CHUNK % 2 == 0 ? 2 : 1;
 alignas(64) static float v_rows[V_BATCH * DVP];
 static float run_max[G], run_sum[G];
 #if HAS_MASK
