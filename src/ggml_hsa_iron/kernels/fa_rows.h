@@ -52,6 +52,10 @@ template <int T, int LEN> inline void decode_row(const int32_t *row, float *dst)
   }
 }
 
+// Whether rows of LEN values of type T are decoded in pair order (HalfPairs::slot): f16 rows
+// of whole pairs of vectors. The kernels keep q in K's order and the accumulators in V's.
+template <int T, int LEN> constexpr bool in_pairs = T == 1 && LEN % (2 * (int)VEC) == 0;
+
 // A row of LEN f16 values (LEN a multiple of 2 VEC, the row at a multiple of 64 bytes) decoded
 // to f32 in dst in pair order (HalfPairs::slot): by shifts and masks when every value of the
 // row is a normal number (one test per row), else exactly for every value (HalfPairs).
@@ -59,21 +63,27 @@ template <int LEN>
 inline void decode_f16_pairs(const HalfPairs &h, const int32_t *row, float *dst) {
   static_assert(LEN % (2 * (int)VEC) == 0, "whole pairs of vectors");
   constexpr int N = LEN / (2 * (int)VEC);
-  vi w[N];
-  vi odd = h.odd_exponents(w[0] = aie::load_v<VEC>(row));
-  for (int i = 1; i < N; ++i)
-    odd = aie::bit_or(odd, h.odd_exponents(w[i] = aie::load_v<VEC>(row + i * (int)VEC)));
-  // Lanes 0, 1, -65536 or -65535 (bit 15, bit 31 and both): the sum is 0 only when all are.
-  const bool normal = aie::reduce_add(aie::downshift(odd, 15)) == 0;
+  const bool normal = h.all_normal(row, N);
   for (int i = 0; i < N; ++i) {
+    const vi w = aie::load_v<VEC>(row + i * (int)VEC);
     vf even_v, odd_v;
     if (normal)
-      h.normal(w[i], even_v, odd_v);
+      h.normal(w, even_v, odd_v);
     else
-      HalfPairs::any(w[i], even_v, odd_v);
+      HalfPairs::any(w, even_v, odd_v);
     aie::store_v(dst + 2 * i * (int)VEC, even_v);
     aie::store_v(dst + (2 * i + 1) * (int)VEC, odd_v);
   }
+}
+
+// A K or V row of LEN values of type T decoded to f32 in dst: in pair order where in_pairs,
+// else in order (decode_row).
+template <int T, int LEN>
+inline void decode_kv_row(const HalfPairs &h, const int32_t *row, float *dst) {
+  if constexpr (in_pairs<T, LEN>)
+    decode_f16_pairs<LEN>(h, row, dst);
+  else
+    decode_row<T, LEN>(row, dst);
 }
 
 } // namespace fa_rows

@@ -94,22 +94,13 @@ static inline int32_t block_mask_skip() {
 #include "fa_rows.h"
 
 using fa_rows::bits_to_float;
-using fa_rows::decode_row;
 using fa_rows::float_bits;
 using fa_rows::NEG_INF;
 
-// f16 K and V rows of whole pairs of vectors are decoded in pair order (HalfPairs::slot):
-// q is kept in K's order, the accumulators in V's, put back in order by ggml_fa_out.
-static constexpr bool K_PAIRS = FA_K_TYPE == 1 && FA_D % (2 * (int)VEC) == 0;
-static constexpr bool V_PAIRS = FA_V_TYPE == 1 && FA_DV % (2 * (int)VEC) == 0;
-
-template <int T, int LEN, bool PAIRS>
-static inline void decode(const HalfPairs &h, const int32_t *row, float *dst) {
-  if constexpr (PAIRS)
-    fa_rows::decode_f16_pairs<LEN>(h, row, dst);
-  else
-    decode_row<T, LEN>(row, dst);
-}
+// Rows decoded in pair order (fa_rows::in_pairs): q kept in K's order, the accumulators in
+// V's, put back in order by ggml_fa_out.
+static constexpr bool K_PAIRS = fa_rows::in_pairs<FA_K_TYPE, FA_D>;
+static constexpr bool V_PAIRS = fa_rows::in_pairs<FA_V_TYPE, FA_DV>;
 
 // q rounded to K's type, as ggml-cpu converts q before the dot product.
 static inline float round_q(float x) { return fa_rows::round_q<FA_K_TYPE>(x); }
@@ -179,7 +170,7 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
   // The raw dot products q.k of the chunk's rows with every row of the block: each K row
   // decoded once.
   for (int j = 0; j < FA_CHUNK; ++j) {
-    decode<FA_K_TYPE, FA_D, K_PAIRS>(halves, a + j * K_ROW_WORDS, k_row);
+    fa_rows::decode_kv_row<FA_K_TYPE, FA_D>(halves, a + j * K_ROW_WORDS, k_row);
     for (int g = 0; g < G; ++g) {
       const float *q = q_rows + g * DP;
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
@@ -275,7 +266,8 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
       for (int g = 0; g < G && !used[j]; ++g)
         used[j] = float_bits(scores[g * CP + j0 + j]) != 0;
       if (used[j])
-        decode<FA_V_TYPE, FA_DV, V_PAIRS>(halves, b + (j0 + j) * V_ROW_WORDS, v_rows + j * DVP);
+        fa_rows::decode_kv_row<FA_V_TYPE, FA_DV>(halves, b + (j0 + j) * V_ROW_WORDS,
+                                                 v_rows + j * DVP);
       any = any || used[j];
     }
     if (!any)

@@ -449,10 +449,20 @@ struct HalfPairs {
   // Whether any value of the words has exponent 0 or 31 (zero, subnormal, infinite, NaN),
   // for both halves at once: adding 1 to each 5-bit exponent wraps those two to 0 or 1,
   // whose top four bits are zero, and a zero field borrows through the bit above it (15 or
-  // 31, clear in u). Nonzero lanes are such words; or them over a row, test once.
+  // 31, clear in u). Nonzero lanes are such words (all_normal tests a run of them once).
   vi odd_exponents(vi w) const {
     return aie::bit_and(aie::sub(aie::bit_and(aie::add(w, exp_one), exp_top4), field_one),
                         borrows);
+  }
+
+  // Whether the n vectors of words from w (64-byte aligned) hold normal numbers only: their
+  // odd_exponents or'ed, one reduction (lanes 0, 1, -65536 or -65535 for bit 15, bit 31 and
+  // both: the sum is 0 only when all are).
+  bool all_normal(const int32_t *w, int n) const {
+    vi odd = odd_exponents(aie::load_v<VEC>(w));
+    for (int i = 1; i < n; ++i)
+      odd = aie::bit_or(odd, odd_exponents(aie::load_v<VEC>(w + i * (int)VEC)));
+    return aie::reduce_add(aie::downshift(odd, 15)) == 0;
   }
 
   // Words of normal values only: each value at the top of its lane (the even one moved there,

@@ -42,10 +42,10 @@ constexpr int FA_ROWP = FA_DP > FA_DVP ? FA_DP : FA_DVP;
 constexpr int FA_K_PER_OBJ = MV_KC / FA_K_ROW_WORDS;
 constexpr int FA_V_PER_OBJ = MV_KC / FA_V_ROW_WORDS;
 constexpr int FA_OUT_PER_HEAD = FA_DV / MV_ROWS;
-// f16 K and V rows of whole pairs of vectors are decoded in pair order (HalfPairs::slot):
-// q is kept in K's order, the accumulators in V's, put back in order by GGML_MV_FA_OUT.
-constexpr bool FA_K_PAIRS = FA_K_TYPE == 1 && FA_D % (2 * (int)VEC) == 0;
-constexpr bool FA_V_PAIRS = FA_V_TYPE == 1 && FA_DV % (2 * (int)VEC) == 0;
+// Rows decoded in pair order (fa_rows::in_pairs): q kept in K's order, the accumulators in
+// V's, put back in order by GGML_MV_FA_OUT.
+constexpr bool FA_K_PAIRS = fa_rows::in_pairs<FA_K_TYPE, FA_D>;
+constexpr bool FA_V_PAIRS = fa_rows::in_pairs<FA_V_TYPE, FA_DV>;
 
 alignas(64) static float g_fa_q[FA_GH * FA_DP];     // this core's q rows, rounded (tail 0)
 alignas(64) static float g_fa_s[FA_GH * FA_NP];     // the scores, then the p_j (tail -inf)
@@ -140,10 +140,7 @@ void GGML_MV_FA_K(float *x) {
       const int key = key0 + j0 + j;
       if (fa_is_neg_inf(g_fa_s[key]))
         continue;
-      if constexpr (FA_K_PAIRS)
-        fa_rows::decode_f16_pairs<FA_D>(halves, rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
-      else
-        fa_rows::decode_row<FA_K_TYPE, FA_D>(rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
+      fa_rows::decode_kv_row<FA_K_TYPE, FA_D>(halves, rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
       for (int t = 0; t < FA_GH; ++t) {
         const float *q = g_fa_q + t * FA_DP;
         vf s = mul(load_aligned(g_fa_row), load_aligned(q));
@@ -176,10 +173,7 @@ void GGML_MV_FA_V(float *x) {
       used = fa_rows::float_bits(g_fa_s[t * FA_NP + key]) != 0;
     if (!used)
       continue; // p = 0 for every head: a masked key (its V row may be NaN) or a negligible one
-    if constexpr (FA_V_PAIRS)
-      fa_rows::decode_f16_pairs<FA_DV>(halves, rows + j * FA_V_ROW_WORDS, g_fa_row);
-    else
-      fa_rows::decode_row<FA_V_TYPE, FA_DV>(rows + j * FA_V_ROW_WORDS, g_fa_row);
+    fa_rows::decode_kv_row<FA_V_TYPE, FA_DV>(halves, rows + j * FA_V_ROW_WORDS, g_fa_row);
     for (int t = 0; t < FA_GH; ++t) {
       const float pj = g_fa_s[t * FA_NP + key];
       if (fa_rows::float_bits(pj) == 0)

@@ -96,11 +96,7 @@ static inline void convert_x(const float *x) {
 static inline float row_dot(const uint8_t *row, const float *, const BlockConsts &k) {
   constexpr int N = MV_KC / (2 * VEC);
   const int32_t *w = reinterpret_cast<const int32_t *>(row);
-  vi odd = k.halves.odd_exponents(aie::load_v<VEC>(w));
-  for (int i = 1; i < N; ++i)
-    odd = aie::bit_or(odd, k.halves.odd_exponents(aie::load_v<VEC>(w + i * VEC)));
-  // Lanes 0, 1, -65536 or -65535: the sum is 0 only when all are (fa_rows.h).
-  const bool normal = aie::reduce_add(aie::downshift(odd, 15)) == 0;
+  const bool normal = k.halves.all_normal(w, N);
   auto acc = aie::zeros<accfloat, VEC>();
   for (int i = 0; i < N; ++i) {
     vf even_v, odd_v;

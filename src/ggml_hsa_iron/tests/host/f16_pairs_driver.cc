@@ -1,7 +1,7 @@
-// f16_pairs_driver.cc: fa_rows.h's decode_f16_pairs (with ggml_aie.h's HalfPairs) on the host (test_f16_pairs_host.py). Reads 32-bit words (hex, two f16 values each: value
-// 2i in word i's low half) from the file named by argv[1], rows of ROW values (2 VEC per
-// vector pair); writes each value's f32 bits (hex, one per line) in the values' order, the
-// pair order undone.
+// f16_pairs_driver.cc: fa_rows.h's decode_f16_pairs (with ggml_aie.h's HalfPairs) on the
+// host (test_f16_pairs_host.py). Reads 32-bit words (hex, two f16 values each: value 2i in
+// word i's low half) from the file named by argv[1], rows of ROW values; writes each value's
+// f32 bits (hex, one per line) in the values' order, the pair order undone.
 #include "ggml_aie.h"
 
 #include "fa_rows.h"
