@@ -31,7 +31,10 @@ are not whole words, the 1024 DMA tasks), such weights take the GEMV.
 
 GEMV: W = src0 (N rows of K) is split by rows over columns x rows cores; x =
 a src1 row is broadcast to the cores of each column, K in chunks; each core
-accumulates its rows' dot products. One product per src1 row and batch.
+accumulates its rows' dot products. One product per src1 row and batch. Where the plan is
+faster so (`GemvPlan.shared_x`, chosen by `tiling.gemv_cycles`), one x fifo from the first
+column's shim reaches every core and W streams over the 2 C - 1 other shim channels, two
+cores each.
 f16 and block-quantized weights take it for M = 1, strided operands and what their GEMM
 does not tile: W is moved as the bytes ggml stores (int8 fifos, whole blocks per K chunk)
 and the cores decode it (kernels/mvq.cc).
