@@ -60,9 +60,13 @@ def mul_mat_request(params: str, arch: str) -> dict:
     return request_dict("MUL_MAT", [a, b], tensor("f32", [m, n, *outer]), arch)
 
 
-def time_request(args, req: dict, work: Path, dram_gbps: float, flops: int = 0) -> dict | None:
+def time_request(
+    args, req: dict, work: Path, dram_gbps: float, flops: int = 0, inputs: dict[int, bytes] | None = None
+) -> dict | None:
     """A compile request compiled by the emulation target and timed alone by hsa-sim-time, as
-    counters (its kernel work, no dispatch); None when the IRON package declines it."""
+    counters (its kernel work, no dispatch); None when the IRON package declines it. `inputs`:
+    the bytes of operands (by their index in the request: inputs, then outputs) whose values
+    the kernel's work depends on (an attention's mask); the others hold small values."""
     arch = req["arch"]
     out_dir = work / f"direct-{arch}"
     out_dir.mkdir()
@@ -77,6 +81,9 @@ def time_request(args, req: dict, work: Path, dram_gbps: float, flops: int = 0) 
         raise SystemExit(f"{arch}: the IRON package failed to compile {req['op']}: {c.stderr[-2000:]}")
     cmd = [str(args.target / "hsa-sim-time"), str(out_dir / f"{req['name']}.pdi"), "--arch", arch]
     cmd += ["--dram-gbps", f"{dram_gbps:g}"]
+    for n, data in (inputs or {}).items():
+        (work / f"input-{arch}-{n}.bin").write_bytes(data)
+        cmd += ["--input", f"{n}={work / f'input-{arch}-{n}.bin'}"]
     t = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if t.returncode != 0:
         raise SystemExit(f"{arch}: {t.stderr.strip()}")

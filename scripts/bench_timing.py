@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from bench import cost_constants, write_section
 from bench_op import run_direct, time_request
 from ggml_hsa_iron.tests.test_decode_layer import layer_request, layer_spec
@@ -170,27 +171,64 @@ def layer_lines(args, work: Path, output_ns: dict) -> tuple[list[str], list[str]
     return lines, head + phases
 
 
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's choice of the layers whose attn_v and ffn_down weights a Q4_K_M model keeps
+    in q6_K (src/llama-quant.cpp): the first and last eighth and every third between (8 of
+    the 1B shape's 16)."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def q4_k_m_prompt_ns(times: dict, arch: str) -> float:
+    """A prompt's GEMMs in llama.cpp's Q4_K_M mix, from the q4_K and q6_K shapes timed alone:
+    q4_K, but V and down in q6_K in the layers use_more_bits picks, and the output in q6_K."""
+    t = lambda ty, name: times[ty, arch, name]  # noqa: E731
+    more = sum(use_more_bits(i, LAYERS) for i in range(LAYERS))
+    every = 2 * t("q4_K", "Q, O") + t("q4_K", "K, V") + 2 * t("q4_K", "gate, up")
+    v_down = {ty: t(ty, "K, V") + t(ty, "down") for ty in ("q4_K", "q6_K")}
+    return (
+        LAYERS * every
+        + (LAYERS - more) * v_down["q4_K"]
+        + more * v_down["q6_K"]
+        + t("q6_K", "output")
+    )
+
+
+def causal_mask(n_q: int, n_kv: int, rows: int) -> bytes:
+    """llama.cpp's mask of a prompt's n_q tokens after n_kv - n_q cached ones, as f16 bytes of
+    [n_kv, rows]: query row i sees keys 0 .. n_kv - n_q + i (0); the later keys and the
+    padding rows are -inf."""
+    row = np.arange(rows)[:, None]
+    key = np.arange(n_kv)[None, :]
+    seen = (row < n_q) & (key <= n_kv - n_q + row)
+    return np.where(seen, 0.0, -np.inf).astype(np.float16).tobytes()
+
+
 def attention_lines(args, work: Path, prompt_ns: dict) -> list[str]:
     """A prompt's attention per layer (FLASH_ATTN_EXT_MASK at n_q = n_kv = PROMPT, the 1B
-    shape's 32 heads over 8 KV heads, f16 cache, llama.cpp's mask) per arch, and the prompt's
-    GEMMs and attention together per weight type."""
+    shape's 32 heads over 8 KV heads, f16 cache, llama.cpp's causal mask: the kernel skips
+    the keys it hides) per arch, and the prompt's GEMMs and attention together per weight type
+    and for the Q4_K_M mix."""
     lines = [
         f"| arch | attention per layer ({PROMPT} × {PROMPT}) | busiest unit | plan (block rows, K/V rows per chunk, columns) | per prompt ({LAYERS} layers) |"
-        + "".join(f" GEMMs + attention t/s, {ty} |" for ty in PROMPT_TYPES),
-        "|---|---:|---|---|---:|" + "---:|" * len(PROMPT_TYPES),
+        + "".join(f" GEMMs + attention t/s, {ty} |" for ty in PROMPT_TYPES)
+        + " GEMMs + attention t/s, Q4_K_M mix |",
+        "|---|---:|---|---|---:|" + "---:|" * (len(PROMPT_TYPES) + 1),
     ]
     for arch in ARCHS:
         dram = cost_constants(arch)["bandwidth_bytes_per_s"] / 1e9
         d = work / f"attention-{arch}"
         d.mkdir()
         kw = llama_1b(PROMPT, PROMPT, arch=arch)
-        c = time_request(args, json.loads(fa_request(**kw)), d, dram)
+        mask = causal_mask(PROMPT, PROMPT, kw["mask_ne"][1])
+        c = time_request(args, json.loads(fa_request(**kw)), d, dram, inputs={3: mask})
         if c is None:
-            lines.append(f"| {arch} | declined | | | |" + " |" * len(PROMPT_TYPES))
+            lines.append(f"| {arch} | declined | | | |" + " |" * (len(PROMPT_TYPES) + 1))
             continue
         spec = spec_of(**kw)
         attn = LAYERS * c["work_time_ns"]
-        rates = [PROMPT * 1e9 / (prompt_ns[ty, arch, "total"] + attn) for ty in PROMPT_TYPES]
+        gemms = [prompt_ns[ty, arch, "total"] for ty in PROMPT_TYPES]
+        gemms.append(q4_k_m_prompt_ns(prompt_ns, arch))
+        rates = [PROMPT * 1e9 / (g + attn) for g in gemms]
         lines.append(
             f"| {arch} | {c['work_time_ns'] / 1e3:,.0f} µs | {binds(c)} | {spec.g}, {spec.chunk}, {spec.columns}"
             f" | {attn / 1e6:,.1f} ms |" + "".join(f" {r:.0f} |" for r in rates)
@@ -262,11 +300,15 @@ def section(
         *prompt,
         "",
         "The prompt's attention (FLASH_ATTN_EXT_MASK, one kernel per layer: 32 heads over 8 KV",
-        f"heads, D = 64, the f16 cache's {PROMPT} rows, llama.cpp's causal mask), timed alone the",
-        "same way, and a prompt's GEMMs and attention together: a bound on prefill from above",
-        "that leaves out the norms, rotations, residuals, the cache copies and the dispatches.",
-        "A block of query rows of the heads of one KV head goes to a column's cores, one head",
-        "each, its KV head's K and V rows streamed to them once per block (plans_fa.py).",
+        f"heads, D = 64, the f16 cache's {PROMPT} rows, llama.cpp's causal mask as its data:",
+        "`hsa-sim-time --input`), timed alone the same way, and a prompt's GEMMs and attention",
+        "together: a bound on prefill from above that leaves out the norms, rotations, residuals,",
+        "the cache copies and the dispatches. A block of query rows of the heads of one KV head",
+        "goes to a column's cores, one head each, its KV head's K and V rows streamed to them once",
+        "per block (plans_fa.py); a core skips the keys the mask hides from its rows (about half",
+        "of a causal prompt's), though their rows still stream. The Q4_K_M mix is llama.cpp's",
+        "(src/llama-quant.cpp): q4_K, but V and down in q6_K in 8 of the 16 layers and the output",
+        "in q6_K, summed from the q4_K and q6_K rows of the table above.",
         "",
         *attention,
         "",

@@ -209,6 +209,7 @@ static inline BlockScales block_scales(const uint8_t *b) {
   return {half_split(b)};
 #elif MVQ_Q4_K || MVQ_Q5_K
   alignas(32) int16_t sm[16];
+#pragma GCC unroll 8
   for (int s = 0; s < 8; ++s) {
     int32_t sc, mn;
     k_scale_min(b + 4, s, sc, mn);

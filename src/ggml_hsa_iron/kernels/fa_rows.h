@@ -14,6 +14,7 @@ using namespace ggml_aie;
 inline float bits_to_float(uint32_t b) { return __builtin_bit_cast(float, b); }
 inline uint32_t float_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
 constexpr uint32_t NEG_INF = 0xff800000u;
+constexpr uint16_t F16_NEG_INF = 0xfc00u; // -inf as f16 (a mask value hiding a key)
 
 // q rounded to K's type T, as ggml-cpu converts q before the dot product (integer operations
 // on the bit patterns: the scalar unit has no floating point).

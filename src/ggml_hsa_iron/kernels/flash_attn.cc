@@ -71,7 +71,10 @@ alignas(64) static float k_row[DP]; // the chunk's current K row, decoded
 static constexpr int V_BATCH =
     FA_CHUNK % 8 == 0 ? 8 : FA_CHUNK % 4 == 0 ? 4 : FA_CHUNK % 2 == 0 ? 2 : 1;
 alignas(64) static float v_rows[V_BATCH * DVP];
-static float run_max[G], run_sum[G];
+// Rows padded to whole vectors: the running maxima are rescaled VEC rows at a time.
+static constexpr int GV = (G + (int)VEC - 1) / (int)VEC * (int)VEC;
+alignas(64) static float run_max[GV];
+static float run_sum[G];
 #if HAS_MASK
 alignas(64) static uint32_t mask_words[FA_M_WORDS + VEC / 2];
 #endif
@@ -95,6 +98,7 @@ static inline int32_t block_mask_skip() {
 
 using fa_rows::bits_to_float;
 using fa_rows::float_bits;
+using fa_rows::F16_NEG_INF;
 using fa_rows::NEG_INF;
 
 // Rows decoded in pair order (fa_rows::in_pairs): q kept in K's order, the accumulators in
@@ -117,9 +121,71 @@ static void reset_block() {
     run_max[g] = bits_to_float(NEG_INF);
     run_sum[g] = 0.0f;
   }
+  for (int g = G; g < GV; ++g)
+    run_max[g] = 0.0f;
   for (int i = 0; i < G * DVP; i += VEC)
     aie::store_v(acc + i, splat(0.0f));
 }
+
+// How the mask treats a row's keys of the chunk: it hides every one (-inf), none (SEEN_ZERO:
+// none, and adds 0 to every score), or some (then tested key by key).
+enum : uint8_t { SEEN_NONE, SEEN_ALL, SEEN_ZERO, SEEN_SOME };
+
+#if HAS_MASK
+// Row g's mask value of the chunk's key j.
+static inline uint16_t mask_value(int g, int j) {
+  return reinterpret_cast<const uint16_t *>(mask_words)[mask_skip + g * FA_M_STRIDE + kv_row + j];
+}
+
+static inline bool hides(int head_of_block) {
+#ifdef ALIBI_SLOPES
+  static const uint32_t slopes[] = {ALIBI_SLOPES};
+  return greater(bits_to_float(slopes[head_of_block]), 0.0f); // slope * -inf stays -inf
+#else
+  (void)head_of_block;
+  return true;
+#endif
+}
+
+static inline bool hidden(int g, int j) { return mask_value(g, j) == F16_NEG_INF; }
+
+// The row's hidden keys and zeros counted a vector of words (2 VEC values) at a time where
+// they start at a word, one by one otherwise.
+static uint8_t row_seen(int g) {
+  const int first = mask_skip + g * FA_M_STRIDE + kv_row;
+  int n_inf = 0, n_zero = 0;
+  if (FA_CHUNK % (2 * (int)VEC) == 0 && first % 2 == 0) {
+    const int32_t *w = reinterpret_cast<const int32_t *>(mask_words) + first / 2;
+    const vi lo_inf = splat_i(F16_NEG_INF), hi_inf = splat_i(int32_t(uint32_t(F16_NEG_INF) << 16));
+    const vi lo = splat_i(0xffff), hi = splat_i(int32_t(0xffff0000u));
+    const vi one = splat_i(1), zero = splat_i(0);
+    vi infs = zero, zeros = zero;
+    for (int i = 0; i < FA_CHUNK / 2; i += VEC) {
+      const vi x = aie::load_unaligned_v<VEC>(w + i);
+      const vi xl = aie::bit_and(x, lo), xh = aie::bit_and(x, hi);
+      infs = aie::add(infs, pick_i(aie::eq(xl, lo_inf), one, zero));
+      infs = aie::add(infs, pick_i(aie::eq(xh, hi_inf), one, zero));
+      zeros = aie::add(zeros, pick_i(aie::eq(xl, zero), one, zero));
+      zeros = aie::add(zeros, pick_i(aie::eq(xh, zero), one, zero));
+    }
+    n_inf = aie::reduce_add(infs);
+    n_zero = aie::reduce_add(zeros);
+  } else {
+    for (int j = 0; j < FA_CHUNK; ++j) {
+      n_inf += hidden(g, j);
+      n_zero += mask_value(g, j) == 0;
+    }
+  }
+  if (n_zero == FA_CHUNK)
+    return SEEN_ZERO;
+  if (!hides(block_head0() + head) || n_inf == 0)
+    return SEEN_ALL;
+  return n_inf == FA_CHUNK ? SEEN_NONE : SEEN_SOME;
+}
+#else
+static inline bool hidden(int, int) { return false; }
+static inline uint8_t row_seen(int) { return SEEN_ZERO; }
+#endif
 
 extern "C" {
 
@@ -144,19 +210,33 @@ void ggml_fa_sinks(int32_t *a) {
 
 void ggml_fa_q(int32_t *b) {
   // The block's q rows, FA_D words each, back to back in the output's order (then repeated):
-  // row r of head j is row r FA_GH + j; this core keeps its head's.
+  // row r of head j is row r FA_GH + j; this core keeps its head's (the object's rows that
+  // are, whole or in part).
   const int o = q_object++;
-  for (int w = o * FA_B_WORDS; w < (o + 1) * FA_B_WORDS && w < FA_GH * G * FA_D; ++w)
-    if ((w / FA_D) % FA_GH == head)
-      q_rows[(w / FA_D) / FA_GH * DP + (K_PAIRS ? HalfPairs::slot(w % FA_D) : w % FA_D)] =
-          round_q(bits_to_float((uint32_t)b[w - o * FA_B_WORDS]));
+  const int w0 = o * FA_B_WORDS, w1 = w0 + FA_B_WORDS < FA_GH * G * FA_D ? w0 + FA_B_WORDS
+                                                                         : FA_GH * G * FA_D;
+  for (int row = w0 / FA_D; row * FA_D < w1; ++row) {
+    if (row % FA_GH != head)
+      continue;
+    float *dst = q_rows + row / FA_GH * DP;
+    const int d0 = w0 > row * FA_D ? w0 - row * FA_D : 0;
+    const int d1 = w1 < (row + 1) * FA_D ? w1 - row * FA_D : FA_D;
+    for (int d = d0; d < d1; ++d)
+      dst[K_PAIRS ? HalfPairs::slot(d) : d] =
+          round_q(bits_to_float((uint32_t)b[row * FA_D + d - w0]));
+  }
 }
 
 void ggml_fa_side(int32_t *a) {
 #if HAS_MASK
-  const int o = side_object++;
-  for (int w = o * FA_A_WORDS; w < (o + 1) * FA_A_WORDS && w < FA_M_WORDS; ++w)
-    mask_words[w] = (uint32_t)a[w - o * FA_A_WORDS];
+  // Whole vectors of the span copied as vectors, the rest word by word.
+  const int w0 = side_object++ * FA_A_WORDS;
+  const int n = FA_M_WORDS - w0 < FA_A_WORDS ? FA_M_WORDS - w0 : FA_A_WORDS;
+  int w = 0;
+  for (; w + (int)VEC <= n; w += VEC)
+    aie::store_v(mask_words + w0 + w, aie::load_v<VEC>(reinterpret_cast<uint32_t *>(a) + w));
+  for (; w < n; ++w)
+    mask_words[w0 + w] = (uint32_t)a[w];
 #else
   (void)a;
 #endif
@@ -167,36 +247,84 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
   const float scale = bits_to_float((uint32_t)FA_SCALE);
   const float softcap = bits_to_float((uint32_t)FA_SOFTCAP);
   const HalfPairs halves;
-  // The raw dot products q.k of the chunk's rows with every row of the block: each K row
-  // decoded once.
-  for (int j = 0; j < FA_CHUNK; ++j) {
-    fa_rows::decode_kv_row<FA_K_TYPE, FA_D>(halves, a + j * K_ROW_WORDS, k_row);
-    for (int g = 0; g < G; ++g) {
-      const float *q = q_rows + g * DP;
-#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
-      vf s = mul(load_aligned(k_row), load_aligned(q));
-      for (int i = VEC; i < FA_D; i += VEC)
-        s = add(s, mul(load_aligned(k_row + i), load_aligned(q + i)));
-      scores[g * CP + j] = aie::reduce_add(s);
-#else
-      // The products rounded and summed lane by lane in the accumulator, as mul and add do.
-      auto s = aie::mul(load_aligned(k_row), load_aligned(q));
-      for (int i = VEC; i < FA_D; i += VEC)
-        s = aie::mac(s, load_aligned(k_row + i), load_aligned(q + i));
-      scores[g * CP + j] = aie::reduce_add(s.template to_vector<float>());
-#endif
-    }
-  }
   const int h0 = block_head0();
 #ifdef ALIBI_SLOPES
   static const uint32_t slopes[] = {ALIBI_SLOPES};
 #endif
-  // Per row: scaled, softcapped, masked scores; the chunk's maximum; the row's rescaling and
-  // its probabilities in place of its scores (0 for masked keys and for every key of a row
-  // whose chunk is all masked: those add nothing).
+  // A key whose mask value is -inf for a row adds nothing to it: ggml-cpu skips it before its
+  // dot product (with ALiBi, where a positive slope keeps it -inf). Its score is left 0,
+  // which the mask makes -inf below; a key hidden from every row is not decoded, and a chunk
+  // hidden from every row is skipped whole (a causal mask hides about half of a prompt's).
+  for (int i = 0; i < G * CP; i += VEC)
+    aie::store_v(scores + i, splat(0.0f));
+  uint8_t seen[G];
+  bool chunk_seen = false, every_key = false;
+  for (int g = 0; g < G; ++g) {
+    seen[g] = row_seen(g);
+    chunk_seen = chunk_seen || seen[g] != SEEN_NONE;
+    every_key = every_key || seen[g] == SEEN_ALL || seen[g] == SEEN_ZERO;
+  }
+  if (!chunk_seen) {
+    kv_row += FA_CHUNK;
+    return;
+  }
+  // The raw dot products q.k of the chunk's rows with every row of the block: each K row
+  // decoded once, its vectors held in registers for all the rows (up to K_HELD of them;
+  // longer rows are loaded again for each row).
+  constexpr int K_VECS = DP / (int)VEC;
+  constexpr int K_HELD = 8;
+  constexpr bool HOLD = K_VECS <= K_HELD;
+  for (int j = 0; j < FA_CHUNK; ++j) {
+    bool key_seen = every_key;
+    for (int g = 0; g < G && !key_seen; ++g)
+      key_seen = seen[g] == SEEN_SOME && !hidden(g, j);
+    if (!key_seen)
+      continue;
+    fa_rows::decode_kv_row<FA_K_TYPE, FA_D>(halves, a + j * K_ROW_WORDS, k_row);
+    vf held[HOLD ? K_VECS : 1];
+    if constexpr (HOLD)
+#pragma GCC unroll 8
+      for (int v = 0; v < K_VECS; ++v)
+        held[v] = load_aligned(k_row + v * VEC);
+    const auto k_vec = [&](int v) {
+      if constexpr (HOLD)
+        return held[v];
+      else
+        return load_aligned(k_row + v * VEC);
+    };
+    for (int g = 0; g < G; ++g) {
+      if (seen[g] == SEEN_NONE || (seen[g] == SEEN_SOME && hidden(g, j)))
+        continue;
+      const float *q = q_rows + g * DP;
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+      vf s = mul(k_vec(0), load_aligned(q));
+#pragma GCC unroll 8
+      for (int i = VEC; i < FA_D; i += VEC)
+        s = add(s, mul(k_vec(i / VEC), load_aligned(q + i)));
+      scores[g * CP + j] = aie::reduce_add(s);
+#else
+      // The products rounded and summed lane by lane in the accumulator, as mul and add do.
+      auto s = aie::mul(k_vec(0), load_aligned(q));
+#pragma GCC unroll 8
+      for (int i = VEC; i < FA_D; i += VEC)
+        s = aie::mac(s, k_vec(i / VEC), load_aligned(q + i));
+      scores[g * CP + j] = aie::reduce_add(s.template to_vector<float>());
+#endif
+    }
+  }
+  // Per row: scaled, softcapped, masked scores and the chunk's maximum; a row that sees a key
+  // of the chunk takes its new running maximum (a row whose chunk is all masked: its scores
+  // become 0, it adds nothing).
+  alignas(64) float new_max[GV];
+  bool live[G];
   bool any_p = false;
   for (int g = 0; g < G; ++g) {
     float *sc = scores + g * CP;
+    if (seen[g] == SEEN_NONE) {
+      live[g] = false;
+      new_max[g] = run_max[g];
+      continue;
+    }
 #if HAS_MASK
     const uint16_t *m16 =
         reinterpret_cast<const uint16_t *>(mask_words) + mask_skip + g * FA_M_STRIDE;
@@ -205,17 +333,20 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
 #endif
 #endif
     vf vmax = from_bits(splat_i((int32_t)NEG_INF));
+#pragma GCC unroll 8
     for (int j = 0; j < FA_CHUNK; j += VEC) {
       const int n = FA_CHUNK - j < (int)VEC ? FA_CHUNK - j : (int)VEC;
       vf s = mul(load_aligned(sc + j), scale);
       if (float_bits(softcap) != 0)
         s = mul(tanh(s), softcap);
 #if HAS_MASK
-      vf mv = load_f16_zero(m16 + kv_row + j, n);
+      if (seen[g] != SEEN_ZERO) {
+        vf mv = load_f16_zero(m16 + kv_row + j, n);
 #ifdef ALIBI_SLOPES
-      mv = mul(mv, slope);
+        mv = mul(mv, slope);
 #endif
-      s = add(s, mv);
+        s = add(s, mv);
+      }
 #endif
       if (n < (int)VEC) { // lanes past the chunk: -inf
         alignas(64) float tmp[VEC];
@@ -228,32 +359,45 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
       vmax = fmax(vmax, s);
     }
     const float cmax = max_lanes_vec(vmax);
-    if (float_bits(cmax) == NEG_INF) {
-      // Every key of the chunk masked for this row: nothing of it changes.
+    live[g] = float_bits(cmax) != NEG_INF;
+    new_max[g] = live[g] && greater(cmax, run_max[g]) ? cmax : run_max[g];
+    if (!live[g])
       for (int j = 0; j < CP; j += VEC)
         aie::store_v(sc + j, splat(0.0f));
-      continue;
-    }
-    const float new_max = greater(cmax, run_max[g]) ? cmax : run_max[g];
-    const vf mm = splat(new_max);
-    const float alpha = lane0(exp(sub(splat(run_max[g]), mm))); // 0 while run_max is -inf
-    vf psum = splat(0.0f);
-    for (int j = 0; j < FA_CHUNK; j += VEC) {
-      vf p = exp(sub(load_aligned(sc + j), mm)); // -inf lanes: 0
-      aie::store_v(sc + j, p);
-      psum = add(psum, p);
-    }
-    run_sum[g] = lane0(add(mul(splat(run_sum[g]), alpha), splat(aie::reduce_add(psum))));
-    run_max[g] = new_max;
-    const vf va = splat(alpha);
-    float *ag = acc + g * DVP;
-    for (int i = 0; i < FA_DV; i += VEC)
-      aie::store_v(ag + i, mul(aie::load_v<VEC>(ag + i), va));
-    any_p = true;
+    any_p = any_p || live[g];
   }
   kv_row += FA_CHUNK;
   if (!any_p)
     return;
+  // The rows' rescalings of what they summed before, VEC rows at a time (0 while a row's
+  // running maximum is -inf).
+  for (int g = G; g < GV; ++g)
+    new_max[g] = 0.0f;
+  alignas(64) float alpha[GV];
+  for (int g = 0; g < GV; g += VEC)
+    aie::store_v(alpha + g, exp_nonpos(sub(load_aligned(run_max + g), load_aligned(new_max + g))));
+  // The live rows' probabilities in place of their scores (0 for masked keys), their sums
+  // and accumulators rescaled.
+  for (int g = 0; g < G; ++g) {
+    if (!live[g])
+      continue;
+    float *sc = scores + g * CP;
+    const vf mm = splat(new_max[g]);
+    vf psum = splat(0.0f);
+#pragma GCC unroll 8
+    for (int j = 0; j < FA_CHUNK; j += VEC) {
+      vf p = exp_nonpos(sub(load_aligned(sc + j), mm)); // -inf lanes: 0
+      aie::store_v(sc + j, p);
+      psum = add(psum, p);
+    }
+    run_sum[g] = lane0(add(mul(splat(run_sum[g]), alpha[g]), splat(aie::reduce_add(psum))));
+    run_max[g] = new_max[g];
+    const vf va = splat(alpha[g]);
+    float *ag = acc + g * DVP;
+#pragma GCC unroll 8
+    for (int i = 0; i < FA_DV; i += VEC)
+      aie::store_v(ag + i, mul(aie::load_v<VEC>(ag + i), va));
+  }
   // p . V: each V row decoded once, for the rows with p != 0 (for no row: a masked key,
   // skipped as ggml skips it: its V row may hold anything, or scores too far below the
   // maxima to count); V_BATCH rows at a time, each row's accumulators taking them in key
@@ -278,18 +422,22 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
       const float *pg = scores + g * CP + j0;
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
       vf sum[NV];
+#pragma GCC unroll 8
       for (int v = 0; v < NV; ++v)
         sum[v] = aie::load_v<VEC>(ag + v * VEC);
 #else
       // The products rounded and added in key order in the accumulator, as mul and add do.
       aie::accum<accfloat, VEC> sum[NV];
+#pragma GCC unroll 8
       for (int v = 0; v < NV; ++v)
         sum[v].from_vector(aie::load_v<VEC>(ag + v * VEC));
 #endif
+#pragma GCC unroll 8
       for (int j = 0; j < V_BATCH; ++j) {
         if (float_bits(pg[j]) == 0)
           continue; // this row: a masked key (its V row may be NaN) or a negligible one
         const vf p = splat(pg[j]);
+#pragma GCC unroll 8
         for (int v = 0; v < NV; ++v)
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
           sum[v] = add(sum[v], mul(load_aligned(v_rows + j * DVP + v * VEC), p));
@@ -297,6 +445,7 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
           sum[v] = aie::mac(sum[v], load_aligned(v_rows + j * DVP + v * VEC), p);
 #endif
       }
+#pragma GCC unroll 8
       for (int v = 0; v < NV; ++v)
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
         aie::store_v(ag + v * VEC, sum[v]);

@@ -62,6 +62,7 @@ alignas(64) static bfloat16 wt[KB * MM_T * MM_S];
 // the t x s blocks they fall in.
 template <unsigned N>
 static inline void stage(unsigned jj, unsigned v0, const aie::vector<bfloat16, N> &v) {
+#pragma GCC unroll 8
   for (unsigned h = 0; h < N / MM_S; ++h)
     aie::store_v(wt + ((v0 / MM_S + h) * MM_T + jj) * MM_S, v.template extract<MM_S>(h));
 }
@@ -112,6 +113,7 @@ static inline void decode_block_rows(const uint8_t *b, unsigned j, unsigned k0,
 #endif
   }
   // Each t x s block turned to s x t once, for all the row blocks of A.
+#pragma GCC unroll 8
   for (unsigned kk = 0; kk < KB; ++kk) {
     bfloat16 *blk = wt + kk * MMUL::size_B;
     aie::store_v(blk, aie::transpose(aie::load_v<MMUL::size_B>(blk), MM_T, MM_S));
@@ -148,6 +150,7 @@ void ggml_mmq(float *a, int8_t *b, float *c, int32_t part) {
       unrolled<RB>([&](unsigned u) {
         acc[u] = MMUL(aie::load_v<MMUL::size_C>(c + ((i0 + u) * NB + j) * MMUL::size_C));
       });
+#pragma GCC unroll 8
       for (unsigned kk = 0; kk < KB; ++kk) {
         const auto vb = aie::load_v<MMUL::size_B>(wt + kk * MMUL::size_B);
         unrolled<RB>([&](unsigned u) {

@@ -84,7 +84,7 @@ static void fa_softmax() {
     } else {
       const vf mm = splat(m);
       for (int j = 0; j < FA_NP; j += VEC) {
-        vf p = exp(sub(load_aligned(s + j), mm)); // masked keys and the tail: 0
+        vf p = exp_nonpos(sub(load_aligned(s + j), mm)); // masked keys and the tail: 0
         aie::store_v(s + j, p);
         psum = add(psum, p);
       }
@@ -144,6 +144,7 @@ void GGML_MV_FA_K(float *x) {
       for (int t = 0; t < FA_GH; ++t) {
         const float *q = g_fa_q + t * FA_DP;
         vf s = mul(load_aligned(g_fa_row), load_aligned(q));
+#pragma GCC unroll 8
         for (int i = VEC; i < FA_D; i += VEC)
           s = add(s, mul(load_aligned(g_fa_row + i), load_aligned(q + i)));
         g_fa_dots[t * VEC + j] = aie::reduce_add(s);
@@ -180,6 +181,7 @@ void GGML_MV_FA_V(float *x) {
         continue;
       const vf p = splat(pj);
       float *acc = g_fa_acc + t * FA_DVP;
+#pragma GCC unroll 8
       for (int i = 0; i < FA_DV; i += VEC)
         aie::store_v(acc + i, add(aie::load_v<VEC>(acc + i), mul(load_aligned(g_fa_row + i), p)));
     }

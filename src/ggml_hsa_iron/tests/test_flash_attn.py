@@ -595,7 +595,7 @@ class CoreBlockTest(unittest.TestCase):
     """kernels/flash_attn.cc on the host, fed hand-made objects (not the plan's taps) for two
     consecutive blocks of G > 1 rows, against attend_row: q rows of several heads and query
     rows, one mask row per query row shared by the block's heads (a row all -inf, every 5th
-    key -inf, NaN in the V rows of masked keys), per-head sinks and ALiBi slopes (the second
+    key and the last chunk's keys -inf, NaN in the K and V rows of those keys), per-head sinks and ALiBi slopes (the second
     block's heads are not the first's), softcap, f32/f16/bf16 K and V, Dv != D."""
 
     CASES = (
@@ -639,7 +639,11 @@ class CoreBlockTest(unittest.TestCase):
                 m[:, ::5] = -np.inf
                 if spec.gr > 1:
                     m[1] = -np.inf  # a row with every key masked
-                V[::5] = np.nan  # never used: their keys are masked in every row
+                if spec.chunks > 1:
+                    m[:, -spec.chunk :] = -np.inf  # a chunk hidden from every row: skipped
+                hidden = np.isneginf(m).all(axis=0)
+                K[hidden] = np.nan  # never used: their keys are masked in every row
+                V[hidden] = np.nan
                 span = np.full(2 * spec.m_side.words, np.nan, dtype=np.float16)
                 for r in range(spec.gr):
                     span[r * m0 : r * m0 + n_kv] = m[r]

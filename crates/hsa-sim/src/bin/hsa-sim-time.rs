@@ -2,11 +2,13 @@
 //! backend (what `scripts/bench.sh op` runs for a node test-backend-ops has no case of).
 //!
 //! ```text
-//! hsa-sim-time <image.pdi> [--arch aie2p|aie2] [--dram-gbps GBPS]
+//! hsa-sim-time <image.pdi> [--arch aie2p|aie2] [--dram-gbps GBPS] [--input N=FILE]...
 //! ```
 //! The image is what the IRON package's emulation target writes (image version 2). Its
 //! operands are allocated at the sizes the design declares, the inputs filled with small
-//! values (the time does not depend on them), and the design runs once. Prints one JSON
+//! values, and the design runs once. `--input N=FILE` fills operand N (the runtime sequence's
+//! argument, from 0) from the file's bytes instead: for kernels whose work depends on the
+//! data (an attention skips the keys its mask hides), the data the time is meant for. Prints one JSON
 //! object: the device time, the busiest units and the runtime sequence's task groups (when
 //! each ended, the bytes its tasks moved; docs/timing-model.md). Exit codes: 0
 //! success, 1 bad input or a design that fails to run.
@@ -16,7 +18,8 @@ use hsa_runtime64::exec::iron::{self, timing::Rates};
 use serde_json::json;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: hsa-sim-time <image.pdi> [--arch aie2p|aie2] [--dram-gbps GBPS]";
+const USAGE: &str =
+    "usage: hsa-sim-time <image.pdi> [--arch aie2p|aie2] [--dram-gbps GBPS] [--input N=FILE]...";
 /// The largest image read (the emulation's core libraries included).
 const MAX_IMAGE: u64 = 256 << 20;
 
@@ -24,6 +27,7 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
     let mut path = None;
     let mut arch = "aie2p".to_owned();
     let mut dram = None;
+    let mut inputs: Vec<(usize, String)> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -36,6 +40,14 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
                     .filter(|g| (1.0..=1000.0).contains(g))
                     .ok_or_else(|| format!("--dram-gbps {v:?}: expected GB/s from 1 to 1000"))?;
                 dram = Some(g);
+            }
+            "--input" => {
+                let v = it.next().ok_or(USAGE)?;
+                let (n, file) = v
+                    .split_once('=')
+                    .and_then(|(n, f)| Some((n.parse::<usize>().ok()?, f)))
+                    .ok_or_else(|| format!("--input {v:?}: expected N=FILE"))?;
+                inputs.push((n, file.to_owned()));
             }
             _ if path.is_none() && !a.starts_with('-') => path = Some(a.clone()),
             _ => return Err(USAGE.to_owned()),
@@ -68,6 +80,25 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
         .collect();
     for (b, &n) in buffers.iter_mut().zip(&sizes) {
         b.truncate(n);
+    }
+    for (n, file) in &inputs {
+        let buffer = buffers.get_mut(*n).ok_or_else(|| {
+            format!(
+                "--input {n}={file}: the design has {} operands",
+                sizes.len()
+            )
+        })?;
+        let len = std::fs::metadata(file)
+            .map_err(|e| format!("{file}: {e}"))?
+            .len();
+        if len > buffer.len() as u64 {
+            return Err(format!(
+                "{file}: {len} bytes, more than operand {n}'s {}",
+                buffer.len()
+            ));
+        }
+        let data = std::fs::read(file).map_err(|e| format!("{file}: {e}"))?;
+        buffer[..data.len()].copy_from_slice(&data);
     }
     let mut model = cost::model_for(&arch);
     if let Some(g) = dram {
