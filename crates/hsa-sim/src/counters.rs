@@ -59,12 +59,27 @@ pub struct Counters {
     /// Dispatches of IRON emulation images (version 2), per op (the kernel name's first part,
     /// upper case): the nodes that ran as emulated IRON designs.
     pub emulated_ops: std::collections::BTreeMap<String, u64>,
+    /// Dispatches per kernel (its name), with its compile request where the image carries it
+    /// (the simulator's reference images): what a benchmark needs to time each kernel of a
+    /// graph on its own (`hsa-sim-time`) and weigh it by its dispatches.
+    pub kernels: std::collections::BTreeMap<String, KernelTally>,
     /// Host wall time spent emulating them, in nanoseconds (a benchmark figure).
     pub emulation_wall_ns: u64,
     /// Executables created (`hsa_executable_create_alt`, packet ABI c).
     pub executables_created: u64,
     /// Executables destroyed (`hsa_executable_destroy`); created minus destroyed are live.
     pub executables_destroyed: u64,
+}
+
+/// One kernel's dispatches (`Counters::kernels`).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct KernelTally {
+    pub dispatches: u64,
+    /// The work its dispatches were charged (nanoseconds; `work_time_ns`'s share).
+    pub work_ns: u64,
+    /// The compile request (the reference image's description); absent for emulated images.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request: Option<crate::image::KernelDesc>,
 }
 
 impl Counters {
