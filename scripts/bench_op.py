@@ -60,6 +60,34 @@ def mul_mat_request(params: str, arch: str) -> dict:
     return request_dict("MUL_MAT", [a, b], tensor("f32", [m, n, *outer]), arch)
 
 
+GLUS = ("REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK")
+
+
+def unfused_requests(req: dict) -> list[dict]:
+    """The kernels the backend runs for a fused MUL_MAT_ADD or MUL_MAT_<glu> the IRON package
+    declines (a prompt's GEMM-sized ones): the MUL_MAT (both, for the GLU's gate and up) into
+    a dense f32 product, then the ADD of the residual or the GLU of the two products; [] for
+    any other op."""
+    op, arch = req["op"], req["arch"]
+    ins = [tensor(t["type"], t["ne"]) for t in req["inputs"]]
+    out = tensor(req["output"]["type"], req["output"]["ne"])
+    if op == "MUL_MAT_ADD":
+        w, x, r = ins
+        return [
+            request_dict("MUL_MAT", [w, x], out, arch),
+            request_dict("ADD", [out, r], out, arch),
+        ]
+    glu = op.removeprefix("MUL_MAT_")
+    if op.startswith("MUL_MAT_") and glu in GLUS:
+        wg, wu, x = ins
+        return [
+            request_dict("MUL_MAT", [wg, x], out, arch),
+            request_dict("MUL_MAT", [wu, x], out, arch),
+            request_dict(glu, [out, out], out, arch),
+        ]
+    return []
+
+
 def time_request(
     args, req: dict, work: Path, dram_gbps: float, flops: int = 0, inputs: dict[int, bytes] | None = None
 ) -> dict | None:

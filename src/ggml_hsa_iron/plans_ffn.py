@@ -36,6 +36,7 @@ from .plans import CoreSource, MatmulSpec, _check_common, prepare_mul_mat_add
 from .plans import prepare_rms_norm_mul_mat
 from .request import Request
 from .tiling import (
+    BD_MARGIN,
     GEMV_MAX_CHUNK_WORDS,
     GEMV_ROWS,
     MAX_TASKS_PER_CHANNEL,
@@ -213,6 +214,27 @@ def k_chunks(*plans: GemvPlan) -> list[int]:
     for q in plans[1:]:
         common &= set(divisors(q.K))
     return sorted((d for d in common if d % unit == 0), reverse=True)
+
+
+# W objects a column's memory tile holds at most: a phase's first W tiles stream into this
+# ring while the phase before it runs (designs/ffn.py issues each task group's W fills before
+# the group before it finishes), a phase without weights (the attention) its whole length.
+MAX_W_RING = 8
+# A memory tile's buffer descriptors (AM020: 48), and those the designs leave free.
+MEM_BDS = 48
+# The memory tile's other BDs per core of the column: W's split and y's join, 2 objects each
+# side of each link.
+OTHER_MEM_BDS_PER_CORE = 6
+
+
+def w_ring_depth(q: GemvPlan, arch: Arch) -> int:
+    """The W ring's objects in a column's memory tile: as many as its memory holds beside y's
+    ring and its buffer descriptors allow (a ring object takes one per core it is split to),
+    at least the two `memtile_bytes` counts, at most MAX_W_RING."""
+    w_object = q.rows * q.rows_per_tile * q.w_units(q.k_chunk) * max(q.w_size, 1)
+    room = arch.memtile_bytes - (memtile_bytes(q) - 2 * w_object)
+    bds = (MEM_BDS - BD_MARGIN) // q.rows - OTHER_MEM_BDS_PER_CORE
+    return max(2, min(MAX_W_RING, room // w_object, bds))
 
 
 def memtile_bytes(q: GemvPlan) -> int:

@@ -74,6 +74,8 @@ from aie.iron import Program, Runtime
 from aie.iron.controlflow import range_
 from aie.iron.runtime import TaskGroup
 
+from ..plans_ffn import w_ring_depth
+from ..tiling import SHIM_GROUP_TASKS
 from ._common import device, vector_type
 from .mul_mat import (
     _add_fill,
@@ -137,7 +139,8 @@ def _fa_rounds(of_x, of_y, fa, rounds, q_fn, mask_fn, k_fn, v_fn, out_fn, first)
 
 def _fa_fill(fa, hs, r, tg, bufs, totals):
     """Round r of the attention phase on every column that has one: on the x channel the KV
-    head's q rows, mask row, K rows and V rows, and the drain of its heads' outputs into a."""
+    head's q rows, mask row, K rows and V rows, and the drain of its heads' outputs into a.
+    Returns the most tasks it issued on one column's shim (`_ahead`)."""
     Q, Kb, V, M, A = bufs
     for col in range(fa.columns):
         heads = fa.column_heads(col)
@@ -150,6 +153,7 @@ def _fa_fill(fa, hs, r, tg, bufs, totals):
         hx.fill(Kb, tap=_tap(totals["k"], fa.k_tap(kvh)), group=tg)
         hx.fill(V, tap=_tap(totals["v"], fa.v_tap(kvh)), group=tg)
         hy.drain(A, tap=_tap(totals["a"], fa.a_tap(kvh)), group=tg, wait=True)
+    return 5
 
 
 def _qkv_kernels(kern, x_tile, y_tile):
@@ -192,25 +196,71 @@ def _qkv_rounds(of_w, of_x, of_y, g, col, i, k_steps, fns):
         of_y.release(1)
 
 
-def _qkv_fill(qkv, hs, u, tg, ws, ys, x, n, consts, totals):
-    """Unit u of the projection phase, in task group tg, on every column of every group that
-    has one: per round the group's W tile, (u == 0) n_attn and the rotation's constants ahead
-    of x, x once per round of the unit, and the drain of the unit's y objects into Q, K rows
-    or V rows."""
-    for j, g in enumerate(qkv.groups):
-        if u >= g.units:
-            continue
-        for c in range(g.plan.columns):
-            hw, hx, hy = hs[3 * (g.col0 + c) : 3 * (g.col0 + c) + 3]
-            for w in g.w_taps(c, u):
-                hw.fill(ws[j], tap=_tap(totals["w"][j], w), group=tg)
-            if u == 0:
-                hx.fill(n[0], tap=_tap(n[1], g.plan.norm_tap()), group=tg)
-                for name, tap in g.plan.rope_taps() if g.rope else ():
-                    buf, total = consts[name]
-                    hx.fill(buf, tap=_tap(total, tap), group=tg)
-            hx.fill(x, tap=_tap(totals["x"], g.x_tap()), group=tg)
-            hy.drain(ys[j], tap=_tap(g.out_words, g.y_tap(c, u)), group=tg, wait=True)
+def _qkv_fill(qkv, hs, units, tg, ws, ys, x, n, consts, totals, part=None):
+    """The units of the projection phase, in task group tg, on every column of every group
+    that has them: per round the group's W tile, (unit 0) n_attn and the rotation's constants
+    ahead of x, x once per round of the unit, and the drain of the unit's y objects into Q, K
+    rows or V rows. `part` and the result: mul_mat._add_fill's."""
+    tasks = {}
+    for u in units:
+        for j, g in enumerate(qkv.groups):
+            if u >= g.units:
+                continue
+            for c in range(g.plan.columns):
+                col = g.col0 + c
+                hw, hx, hy = hs[3 * col : 3 * col + 3]
+                if part != "rest":
+                    for w in g.w_taps(c, u):
+                        if tg is not None:
+                            hw.fill(ws[j], tap=_tap(totals["w"][j], w), group=tg)
+                        tasks[col] = tasks.get(col, 0) + 1
+                if part == "w":
+                    continue
+                if u == 0:
+                    hx.fill(n[0], tap=_tap(n[1], g.plan.norm_tap()), group=tg)
+                    for name, tap in g.plan.rope_taps() if g.rope else ():
+                        buf, total = consts[name]
+                        hx.fill(buf, tap=_tap(total, tap), group=tg)
+                        tasks[col] = tasks.get(col, 0) + 1
+                    tasks[col] = tasks.get(col, 0) + 1
+                hx.fill(x, tap=_tap(totals["x"], g.x_tap()), group=tg)
+                hy.drain(ys[j], tap=_tap(g.out_words, g.y_tap(c, u)), group=tg, wait=True)
+                tasks[col] = tasks.get(col, 0) + 2
+    return max(tasks.values(), default=0)
+
+
+def _ahead(groups):
+    """Issues task groups, each (w, rest): functions that issue a group's W fills and its
+    other tasks in the TaskGroup given and return the most tasks they put on one column's
+    shim. Each group's W fills go out before the group before it finishes, where the shim's
+    buffer descriptors allow (SHIM_GROUP_TASKS: the group before it holds its tasks until
+    then): the weights have no producer in the program, so a column's W channel streams the
+    next group's tiles into the memory tile's ring while the cores finish the group before,
+    or while a phase without weights (the attention) runs. Its other tasks wait for that
+    finish, which awaits the drains of what they may read (x, r). `w(None)` counts a group's
+    W fills without issuing them."""
+    prev, held = None, 0
+    for w, rest in groups:
+        if prev is not None and held + w(None) > SHIM_GROUP_TASKS:
+            prev.finish()
+            prev = None
+        tg = TaskGroup()
+        n_w = w(tg)
+        if prev is not None:
+            prev.finish()
+        held = n_w + rest(tg)
+        prev = tg
+    if prev is not None:
+        prev.finish()
+
+
+def _parts(fill, head, tail):
+    """One task group for `_ahead`: fill(*head, tg, *tail, part=...) for its W fills and for
+    the rest."""
+    return (
+        lambda tg: fill(*head, tg, *tail, part="w"),
+        lambda tg: fill(*head, tg, *tail, part="rest"),
+    )
 
 
 def _ffn(spec):
@@ -278,50 +328,51 @@ def _ffn(spec):
             heads += [qkv.groups.index(g) if g is not None else -1, gcol, i]
         return [*kernels, *heads, i * nr]
 
-    workers, handles = _gemv_columns(up, core_fn, core_args)
+    workers, handles = _gemv_columns(up, core_fn, core_args, w_depth=w_ring_depth(p1, spec.arch))
     *groups0, groups1, groups2 = spec.tasks()
 
+    # Each phase's task groups as `_ahead` takes them; every group's drains are awaited by its
+    # finish, so a phase reads what the one before it wrote (x, r) complete.
     def phases(Wg, Wu, Wd, X, Nbuf, Rbuf, Out, H, hs):
         # Phase 1: RMS_NORM_MUL_MAT_<glu>'s task groups (mul_mat._glu_fill): per column and
         # round W_g's tap then W_u's, n ahead of the first x row, x twice per round, the group's
-        # rows of h drained and awaited by the group's finish.
-        for g, group in enumerate(groups1):
-            tg = TaskGroup()
-            first = _norm_prologue_fills(up, Nbuf) if g == 0 else ()
-            _glu_fill(up, hs, group, tg, Wg, Wu, X, H, first)
-            tg.finish()
-        # Every drain of h has completed: phase 2 reads h. MUL_MAT_ADD's task groups
+        # rows of h drained. Then phase 2, over h: MUL_MAT_ADD's task groups
         # (mul_mat._add_fill): per column W_d's run of rounds, per round h's chunks, the
-        # column's r values and the padding, the group's rows of out drained and awaited.
+        # column's r values and the padding, the group's rows of out drained.
+        groups = []
+        for g, group in enumerate(groups1):
+            first = _norm_prologue_fills(up, Nbuf) if g == 0 else ()
+            groups.append(_parts(_glu_fill, (up, hs, group), (Wg, Wu, X, H, first)))
         for group in groups2:
-            tg = TaskGroup()
-            _add_fill(down, hs, group, tg, Wd, H, Rbuf, Out)
-            tg.finish()
+            groups.append(_parts(_add_fill, (down, hs, group), (Wd, H, Rbuf, Out)))
+        return groups
 
     def sequence(Wg, Wu, Wd, X, Nbuf, Rbuf, Out, H, *hs):
-        phases(Wg, Wu, Wd, X, Nbuf, Rbuf, Out, H, hs)
+        _ahead(phases(Wg, Wu, Wd, X, Nbuf, Rbuf, Out, H, hs))
+
+    def attn_groups(Wo, A, R0, Wg, Wu, Wd, Nbuf, Out, R1, H, hs):
+        # Phase 0: MUL_MAT_ADD's task groups over a and r0, the group's rows of r1 drained;
+        # then the phases reading r1 as x (phase 1) and as r (phase 2).
+        groups = [_parts(_add_fill, (attn, hs, group), (Wo, A, R0, R1)) for group in groups0[0]]
+        return groups + phases(Wg, Wu, Wd, R1, Nbuf, R1, Out, H, hs)
 
     def sequence_attn(Wo, A, R0, Wg, Wu, Wd, Nbuf, Out, R1, H, *hs):
-        # Phase 0: MUL_MAT_ADD's task groups over a and r0, the group's rows of r1 drained and
-        # awaited by the group's finish.
-        for group in groups0[0]:
-            tg = TaskGroup()
-            _add_fill(attn, hs, group, tg, Wo, A, R0, R1)
-            tg.finish()
-        # Every drain of r1 has completed: phase 1 reads it as x, phase 2 as r.
-        phases(Wg, Wu, Wd, R1, Nbuf, R1, Out, H, hs)
+        _ahead(attn_groups(Wo, A, R0, Wg, Wu, Wd, Nbuf, Out, R1, H, hs))
 
-    def sequence_fa(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nbuf, Out, A, R1, H, *hs):
+    def fa_groups(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nbuf, Out, A, R1, H, hs):
         # The attention phase: one task group per round (a KV head per column), a's rows
-        # drained and awaited by the group's finish.
+        # drained; it has no W fills, so phase 0's go out while it runs. Then phase 0 over a.
         totals = dict(zip(("q", "k", "v", "mask"), (n for _, n in fa.sequence)))
         totals["a"] = attn.plan.K
-        for r in range(len(fa.column_heads(0))):
-            tg = TaskGroup()
-            _fa_fill(fa, hs, r, tg, (Q, Kb, V, M, A), totals)
-            tg.finish()
-        # Every drain of a has completed: phase 0 reads it as x.
-        sequence_attn(Wo, A, R0, Wg, Wu, Wd, Nbuf, Out, R1, H, *hs)
+        bufs = (Q, Kb, V, M, A)
+        groups = [
+            (lambda tg: 0, lambda tg, r=r: _fa_fill(fa, hs, r, tg, bufs, totals))
+            for r in range(len(fa.column_heads(0)))
+        ]
+        return groups + attn_groups(Wo, A, R0, Wg, Wu, Wd, Nbuf, Out, R1, H, hs)
+
+    def sequence_fa(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nbuf, Out, A, R1, H, *hs):
+        _ahead(fa_groups(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nbuf, Out, A, R1, H, hs))
 
     def sequence_decode(*args):
         # Wq, Wk, Wv, x, n_attn, the positions, (the factors,) k, v, the mask, W_o, W_g, W_u,
@@ -339,16 +390,13 @@ def _ffn(spec):
             consts["ff"] = (cs[1], counts[6])
         totals = {"w": counts[:3], "x": K}
         # The projection phase: task groups of as many units (y objects of a core) as the
-        # shims' tasks allow (QkvPhase.task_groups), every drain of Q, K rows and V rows
-        # awaited by its group's finish.
-        for units in qkv.task_groups:
-            tg = TaskGroup()
-            for u in units:
-                _qkv_fill(qkv, hs, u, tg, (Wq, Wk, Wv), (Qo, Kr, Vr), X, (Na, K), consts, totals)
-            tg.finish()
-        # Every drain of Q and of this token's K and V rows has completed: the attention reads
-        # Q as q and the cache views k and v, which hold those rows. r0 is x.
-        sequence_fa(Qo, Kc, Vc, M, Wo, X, Wg, Wu, Wd, Nf, Out, A, R1, H, *hs)
+        # shims' tasks allow (QkvPhase.task_groups), the drains of Q, K rows and V rows. The
+        # attention then reads Q as q and the cache views k and v, which hold this token's
+        # rows; r0 is x.
+        head = ((Wq, Wk, Wv), (Qo, Kr, Vr), X, (Na, K), consts, totals)
+        groups = [_parts(_qkv_fill, (qkv, hs, units), head) for units in qkv.task_groups]
+        rest = fa_groups(Qo, Kc, Vc, M, Wo, X, Wg, Wu, Wd, Nf, Out, A, R1, H, hs)
+        _ahead(groups + rest)
 
     seq_fn = (
         sequence_decode

@@ -280,7 +280,7 @@ def _gemv_tiles(spec):
     return w_t, w_elems, *tiles
 
 
-def _gemv_columns(spec, body, core_args, col0=0):
+def _gemv_columns(spec, body, core_args, col0=0, w_depth=2):
     """The GEMV dataflow of each of the plan's columns, from array column `col0`: the W fifo
     split over the column's R cores by the memory tile, x to every core, the cores' y joined;
     the Worker of row i of the plan's column col (counted from col0) runs
@@ -288,7 +288,9 @@ def _gemv_columns(spec, body, core_args, col0=0):
     the W and x fills and the y drain (`_gemv_fill`; `_column_handles` reads them). With
     `GemvPlan.shared_x` the plan's columns are W channels on the array's tiles
     (`GemvPlan.array_tile`) and one x fifo from the first array column's shim reaches every
-    core: its endpoint is listed once, after column 0's W."""
+    core: its endpoint is listed once, after column 0's W. `w_depth`: the W objects the
+    memory tile holds (the ring a phase's first tiles stream into while the phase before it
+    runs, designs/ffn.py)."""
     p = spec.plan
     C, R, nr = p.columns, p.rows, p.rows_per_tile
     w_t, w_elems, w_tile, x_tile, y_tile = _gemv_tiles(spec)
@@ -300,9 +302,10 @@ def _gemv_columns(spec, body, core_args, col0=0):
         a += col0
         mem = Tile(a, MEM_ROW)
         w_fifo = ObjectFifo(vector_type(R * nr * w_elems, w_t), name=f"W_c{col0 + col}")
-        w_subs = w_fifo.cons().split(
+        w_subs = w_fifo.cons(depth=w_depth).split(
             [i * nr * w_elems for i in range(R)],
             obj_types=[w_tile] * R,
+            depths=[2] * R,
             names=[f"W_c{col0 + col}_r{i}" for i in range(R)],
             tile=mem,
         )
@@ -459,38 +462,61 @@ def _gemv_fill(spec, hs, group, tg, W, X, Y, prologue=()):
         hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
 
 
-def _add_fill(spec, hs, group, tg, W, X, Rbuf, Y):
+def _add_fill(spec, hs, group, tg, W, X, Rbuf, Y, part=None):
     """One task group of MUL_MAT_ADD's GEMV (`GemvPlan.tasks` with `add`): per column the W fill
     of a run of rounds, per round on the x channel the x row's K chunks, the column's r values
-    of the round's rows and the padding of that object (x's first values), and the y drain."""
+    of the round's rows and the padding of that object (x's first values), and the y drain.
+    `part` "w": the W fills only (tg None: counted, not issued), "rest": the others only
+    (designs/ffn.py's `_ahead`). Returns the most tasks it issued on one column's shim."""
     totals = [count for _, count in spec.sequence]  # W, x, r, dst
+    most = 0
     for col, (w, x, y, rs, pad) in enumerate(group):
         hw, hx, hy = hs[3 * col : 3 * col + 3]
-        hw.fill(W, tap=_tap(totals[0], w), group=tg)
-        for r in rs:
-            hx.fill(X, tap=_tap(totals[1], x), group=tg)
-            hx.fill(Rbuf, tap=_tap(totals[2], r), group=tg)
-            if pad is not None:
-                hx.fill(X, tap=_tap(totals[1], pad), group=tg)
-        hy.drain(Y, tap=_tap(totals[3], y), group=tg, wait=True)
+        n = 0
+        if part != "rest":
+            if tg is not None:
+                hw.fill(W, tap=_tap(totals[0], w), group=tg)
+            n += 1
+        if part != "w":
+            for r in rs:
+                hx.fill(X, tap=_tap(totals[1], x), group=tg)
+                hx.fill(Rbuf, tap=_tap(totals[2], r), group=tg)
+                n += 2
+                if pad is not None:
+                    hx.fill(X, tap=_tap(totals[1], pad), group=tg)
+                    n += 1
+            hy.drain(Y, tap=_tap(totals[3], y), group=tg, wait=True)
+            n += 1
+        most = max(most, n)
+    return most
 
 
-def _glu_fill(spec, hs, group, tg, Wg, Wu, X, Y, prologue=()):
+def _glu_fill(spec, hs, group, tg, Wg, Wu, X, Y, prologue=(), part=None):
     """One task group of MUL_MAT_<glu>'s GEMV (`GemvPlan.tasks` with `glu`): per column one W
     tap per round, issued on W_g then on W_u, the `prologue` fills on the x channel
     (RMS_NORM_MUL_MAT_<glu>'s n, `_norm_prologue_fills`), x repeated twice per round and the y
-    drain of the group's rounds."""
+    drain of the group's rounds. `part` and the result: `_add_fill`'s."""
     totals = [count for _, count in spec.sequence]  # W_g, W_u, x, (n,) dst
+    most = 0
     for col, (ws, x, y) in enumerate(group):
         hw, hx, hy = _column_handles(spec.plan, hs, col)
-        for w in ws:
-            hw.fill(Wg, tap=_tap(totals[0], w), group=tg)
-            hw.fill(Wu, tap=_tap(totals[1], w), group=tg)
-        if hx is not None:
-            for buf, total, tap in prologue:
-                hx.fill(buf, tap=_tap(total, tap), group=tg)
-            hx.fill(X, tap=_tap(totals[2], x), group=tg)
-        hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
+        n = 0
+        if part != "rest":
+            for w in ws:
+                if tg is not None:
+                    hw.fill(Wg, tap=_tap(totals[0], w), group=tg)
+                    hw.fill(Wu, tap=_tap(totals[1], w), group=tg)
+                n += 2
+        if part != "w":
+            if hx is not None:
+                for buf, total, tap in prologue:
+                    hx.fill(buf, tap=_tap(total, tap), group=tg)
+                hx.fill(X, tap=_tap(totals[2], x), group=tg)
+                n += len(prologue) + 1
+            hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
+            n += 1
+        most = max(most, n)
+    return most
 
 
 def _norm_prologue_fills(spec, Nbuf, consts=()):

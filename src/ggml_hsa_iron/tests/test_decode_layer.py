@@ -194,19 +194,30 @@ class DecodeLayerRecordTest(unittest.TestCase):
                 # The drains of every projection happen before `first`.
                 before = {op["arg"] for op in seq[:first] if op["op"] == "drain"}
                 self.assertEqual(before, outs)
-                # sequence_phases counts the awaits: each phase after the first starts (its
-                # first fill of what only it reads) between the last await of the phase
-                # before and its own first await; together they are the sequence's.
+                # sequence_phases counts the awaits: each phase after the first reads what the
+                # phase before wrote (its first fill of it) between that phase's last await
+                # and its own first await; its weights go out at most one task group early
+                # (designs/ffn.py's _ahead), after the await of the group before that one.
+                # Together the phases' awaits are the sequence's.
                 phases = spec.sequence_phases()
                 awaits = [i for i, op in enumerate(seq) if op["op"] == "await"]
                 self.assertEqual(sum(n for _, n in phases), len(awaits))
                 ends = np.cumsum([n for _, n in phases])
-                for arg, before in zip(("Q", "Wo", "Wg", "Wd"), ends[:-1]):
-                    start = next(
+
+                def first_fill(arg, seq=seq, a=a):
+                    return next(
                         i for i, op in enumerate(seq) if op["op"] == "fill" and op["arg"] == a[arg]
                     )
-                    self.assertLess(awaits[before - 1], start, arg)
-                    self.assertLess(start, awaits[before], arg)
+
+                for arg, before in zip(("Q", "a", "r1", "h"), ends[:-1]):
+                    self.assertLess(awaits[before - 1], first_fill(arg), arg)
+                    self.assertLess(first_fill(arg), awaits[before], arg)
+                for arg, before in zip(("Wo", "Wg", "Wd"), ends[1:-1]):
+                    self.assertLess(awaits[before - 2] if before > 1 else -1, first_fill(arg), arg)
+                    self.assertLess(first_fill(arg), awaits[before], arg)
+                # Here the attention has one task group per column round: its KV head's
+                # rows. W_o's tiles go out while it runs.
+                self.assertLess(first_fill("Wo"), awaits[ends[1] - 1])
 
 
 class LayerCase:

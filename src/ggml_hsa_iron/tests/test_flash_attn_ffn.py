@@ -260,20 +260,23 @@ class FaFfnRecordTest(unittest.TestCase):
                 prog = record(spec).to_json("fa_ffn", arch)
                 seq = prog["sequence"]
                 self.assertEqual(len(prog["args"]), 14)
-                first = next(i for i, op in enumerate(seq) if op.get("arg") == WO)
+                first = next(i for i, op in enumerate(seq) if op["op"] == "fill" and op["arg"] == A)
                 drains = {op["task"] for op in seq if op["op"] == "drain" and op["arg"] == A}
                 awaited = {t for op in seq[:first] if op["op"] == "await" for t in op["tasks"]}
                 self.assertTrue(drains)
                 self.assertLessEqual(drains, awaited)
-                # The attention phase reads q, k, v and the mask and writes a only; nothing
-                # after it touches q, k, v or the mask.
-                self.assertEqual({op["arg"] for op in seq[:first] if "arg" in op}, {Q, K, V, M, A})
+                # The attention phase reads q, k, v and the mask and writes a only, while W_o's
+                # first tiles go out (designs/ffn.py's _ahead); nothing after it touches q, k,
+                # v or the mask.
+                self.assertEqual(
+                    {op["arg"] for op in seq[:first] if "arg" in op}, {Q, K, V, M, A, WO}
+                )
                 later = {op["arg"] for op in seq[first:] if "arg" in op}
                 self.assertEqual(later & {Q, K, V, M}, set())
-                fill_a = next(
-                    i for i, op in enumerate(seq) if op["op"] == "fill" and op["arg"] == A
+                w_o = next(i for i, op in enumerate(seq) if op.get("arg") == WO)
+                self.assertLess(
+                    w_o, max(i for i, op in enumerate(seq) if op["op"] == "await" and i < first)
                 )
-                self.assertGreater(fill_a, first)
 
     @unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
     def test_the_awaits_of_a_are_needed(self):
