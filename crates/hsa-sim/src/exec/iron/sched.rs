@@ -331,10 +331,11 @@ pub struct Sim<'a> {
     dram: DramLedger,
     seq_t: f64,
     task_t: Vec<f64>,
-    /// Task groups whose await has returned: (sequence clock, shim bytes), and the bytes of
-    /// the tasks issued since the last one.
-    groups: Vec<(f64, u64)>,
-    group_bytes: u64,
+    /// The sequence's clock at each await that returned (the task groups' ends), and every
+    /// object a shim channel moved (when its move ended, its bytes): the bytes moved within
+    /// each group's span of time (`timeline`).
+    group_ends: Vec<f64>,
+    shim_moves: Vec<(f64, u64)>,
 }
 
 fn walk_indices(w: &Walk) -> Vec<u32> {
@@ -518,8 +519,8 @@ impl<'a> Sim<'a> {
             dram: DramLedger::default(),
             seq_t: 0.0,
             task_t: vec![0.0; ntasks],
-            groups: Vec::new(),
-            group_bytes: 0,
+            group_ends: Vec::new(),
+            shim_moves: Vec::new(),
         }
     }
 
@@ -563,26 +564,20 @@ impl<'a> Sim<'a> {
                     fifo,
                     arg,
                     tap,
-                    elem_bytes,
                     ..
-                } => {
-                    self.group_bytes += tap.count() * elem_bytes;
-                    self.fifos[*fifo].fills.push_back(Transfer {
-                        task: *task,
-                        arg: *arg,
-                        walker: Walker::new(tap),
-                        issued: self.seq_t,
-                    })
-                }
+                } => self.fifos[*fifo].fills.push_back(Transfer {
+                    task: *task,
+                    arg: *arg,
+                    walker: Walker::new(tap),
+                    issued: self.seq_t,
+                }),
                 SeqOp::Drain {
                     task,
                     fifo,
                     arg,
                     tap,
-                    elem_bytes,
                     ..
                 } => {
-                    self.group_bytes += tap.count() * elem_bytes;
                     self.drain_tasks.push(*task);
                     self.fifos[*fifo].drains.push_back(Transfer {
                         task: *task,
@@ -599,8 +594,7 @@ impl<'a> Sim<'a> {
                         .iter()
                         .map(|&t| self.task_t[t])
                         .fold(self.seq_t, f64::max);
-                    self.groups
-                        .push((self.seq_t, std::mem::take(&mut self.group_bytes)));
+                    self.group_ends.push(self.seq_t);
                 }
             }
             self.seq_pc += 1;
@@ -802,6 +796,9 @@ impl<'a> Sim<'a> {
     fn move_one(&mut self, f: usize) {
         let end = self.transfer_end(f);
         let (ob, eb) = (self.fifos[f].obj_bytes, self.fifos[f].elem_bytes);
+        if self.fifos[f].through_shim() {
+            self.shim_moves.push((end, ob as u64));
+        }
         // The object as it goes over the stream.
         let raw: Vec<u8> = match self.fifos[f].src {
             Src::Shim => self.fifos[f].fill_stage.clone(),
@@ -1056,20 +1053,30 @@ impl<'a> Sim<'a> {
                 .filter(|f| f.through_shim() == shim)
                 .map(|f| f.busy))
         };
-        let mut groups: Vec<TaskGroupTime> = self
-            .groups
+        // Each group's span: from the end of the one before (the dispatch's start) to its
+        // own; moves after the last await end with the dispatch, as one more span.
+        let mut ends = self.group_ends.clone();
+        if self
+            .shim_moves
             .iter()
-            .map(|&(t, bytes)| TaskGroupTime {
+            .any(|&(t, _)| ends.last().is_none_or(|&e| t > e))
+        {
+            ends.push(end);
+        }
+        let mut groups: Vec<TaskGroupTime> = ends
+            .iter()
+            .map(|&t| TaskGroupTime {
                 end_ns: ns(t),
-                shim_bytes: bytes,
+                shim_bytes: 0,
             })
             .collect();
-        if self.group_bytes > 0 {
-            // Tasks issued after the last await: they end with the dispatch.
-            groups.push(TaskGroupTime {
-                end_ns: ns(end),
-                shim_bytes: self.group_bytes,
-            });
+        for &(t, bytes) in &self.shim_moves {
+            let i = ends
+                .partition_point(|&e| e < t)
+                .min(groups.len().saturating_sub(1));
+            if let Some(g) = groups.get_mut(i) {
+                g.shim_bytes += bytes;
+            }
         }
         Timeline {
             device_ns: ns(end),

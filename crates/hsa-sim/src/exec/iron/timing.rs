@@ -76,13 +76,15 @@ impl DramLedger {
     }
 }
 
-/// One task group of the runtime sequence: the tasks issued since the previous await, up to
-/// and including the await that ends them.
+/// One task group of the runtime sequence, as a span of time: from the previous await's return
+/// (the dispatch's start) to its own await's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TaskGroupTime {
     /// The sequence's clock once the await returned (from the dispatch's start).
     pub end_ns: u64,
-    /// Bytes its fills and drains move between DRAM and the shims (their taps' sizes).
+    /// Bytes the shim channels moved between DRAM and the array within the span (whole
+    /// objects, by when each one's move ended), whichever task group issued them: a design
+    /// that issues the next group's fills early (weights streaming ahead) moves them here.
     pub shim_bytes: u64,
 }
 
