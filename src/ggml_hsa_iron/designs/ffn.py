@@ -226,7 +226,7 @@ def _qkv_fill(qkv, hs, units, tg, ws, ys, x, n, consts, totals, part=None):
                 hx.fill(x, tap=_tap(totals["x"], g.x_tap()), group=tg)
                 hy.drain(ys[j], tap=_tap(g.out_words, g.y_tap(c, u)), group=tg, wait=True)
                 tasks[col] = tasks.get(col, 0) + 2
-    return max(tasks.values(), default=0)
+    return max((tasks[col] for col in tasks), default=0)
 
 
 def _ahead(groups):
