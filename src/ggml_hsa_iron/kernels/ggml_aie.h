@@ -192,77 +192,77 @@ inline vf recip(vf b) {
 
 inline vf div(vf a, vf b) { return mul(a, recip(b)); }
 
-// e^x. x*log2(e) = n + f with n an integer (rounded with the 1.5*2^23 trick)
-// and |f| <= 0.5; e^x = 2^n * e^(f ln 2), the latter by a degree-7 polynomial.
-inline vf exp(vf x) {
-  // hi: the largest float whose e^x is finite (ln FLT_MAX = 88.7228391...); above it, inf.
-  const float hi = 88.7228317f, lo = -103.97f;
-  vmask over = gt(x, splat(hi));
-  vmask under = lt(x, splat(lo));
-  x = fmin(fmax(x, splat(lo)), splat(hi));
-  vf t = mul(x, 1.44269504088896341f);
-  const float magic = 12582912.0f; // 1.5 * 2^23
-  vf big = add(t, splat(magic));
-  vi n = aie::sub(bits(big), bits(splat(magic)));
-  vf nf = sub(big, splat(magic));
-  vf y = mul(sub(t, nf), 0.69314718055994531f);
-  vf p = splat(1.0f / 5040.0f);
-  p = fma(p, y, splat(1.0f / 720.0f));
-  p = fma(p, y, splat(1.0f / 120.0f));
-  p = fma(p, y, splat(1.0f / 24.0f));
-  p = fma(p, y, splat(1.0f / 6.0f));
-  p = fma(p, y, splat(0.5f));
-  p = fma(p, y, splat(1.0f));
-  p = fma(p, y, splat(1.0f));
-  // 2^n in two halves so that subnormal results (n < -126) stay representable.
-  vi n1 = aie::downshift(n, 1);
-  vi n2 = aie::sub(n, n1);
-  vf s1 = from_bits(aie::upshift(aie::add(n1, splat_i(127)), 23));
-  vf s2 = from_bits(aie::upshift(aie::add(n2, splat_i(127)), 23));
-  vf r = mul(mul(p, s1), s2);
-  r = pick(over, from_bits(splat_i(0x7f800000)), r);
-  return pick(under, splat(0.0f), r);
-}
-
-// The constants of exp_nonpos, each a vector in memory.
-struct ExpNonPosTable {
-  enum { LO, LOG2E, MAGIC, LN2, C7, C6, C5, C4, C3, C2, C1, C0, BIAS, ZERO, COUNT };
+// The constants of exp and exp_nonpos, each a vector in memory: loaded where used (a load
+// each) rather than broadcast (an ALU operation each), as a loop over vectors holds them.
+struct ExpTable {
+  enum { HI, LO, NONPOS_LO, LOG2E, MAGIC, LN2, C7, C6, C5, C4, C3, C2, C1, C0, BIAS, ZERO, INF,
+         COUNT };
   alignas(64) float v[COUNT][VEC];
 };
-constexpr ExpNonPosTable make_exp_nonpos_table() {
-  const float c[ExpNonPosTable::COUNT] = {
-      -87.33f, 1.44269504088896341f, 12582912.0f, 0.69314718055994531f,
-      1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f,
-      1.0f, __builtin_bit_cast(float, int32_t(127)), 0.0f};
-  ExpNonPosTable t{};
-  for (int i = 0; i < ExpNonPosTable::COUNT; ++i)
+constexpr ExpTable make_exp_table() {
+  const float c[ExpTable::COUNT] = {
+      // hi: the largest float whose e^x is finite (ln FLT_MAX = 88.7228391...); above it, inf.
+      88.7228317f, -103.97f,
+      // exp_nonpos's: below it 2^n would be subnormal.
+      -87.33f, 1.44269504088896341f,
+      12582912.0f, // 1.5 * 2^23
+      0.69314718055994531f, 1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+      1.0f / 6.0f, 0.5f, 1.0f, 1.0f, __builtin_bit_cast(float, int32_t(127)), 0.0f,
+      __builtin_bit_cast(float, int32_t(0x7f800000))};
+  ExpTable t{};
+  for (int i = 0; i < ExpTable::COUNT; ++i)
     for (unsigned l = 0; l < VEC; ++l)
       t.v[i][l] = c[i];
   return t;
 }
-inline constexpr ExpNonPosTable kExpNonPos = make_exp_nonpos_table();
+inline constexpr ExpTable kExp = make_exp_table();
+inline vf exp_const(int i) { return load_aligned(kExp.v[i]); }
+
+// e^(f ln 2) for |f| <= 0.5 by a degree-7 polynomial (Horner).
+inline vf exp_poly(vf y) {
+  vf p = exp_const(ExpTable::C7);
+#pragma GCC unroll 8
+  for (int c = ExpTable::C6; c <= ExpTable::C0; ++c)
+    p = fma(p, y, exp_const(c));
+  return p;
+}
+
+// e^x. x*log2(e) = n + f with n an integer (rounded with the 1.5*2^23 trick)
+// and |f| <= 0.5; e^x = 2^n * e^(f ln 2), the latter by a degree-7 polynomial.
+inline vf exp(vf x) {
+  using T = ExpTable;
+  vmask over = gt(x, exp_const(T::HI));
+  vmask under = lt(x, exp_const(T::LO));
+  x = fmin(fmax(x, exp_const(T::LO)), exp_const(T::HI));
+  vf t = mul(x, exp_const(T::LOG2E));
+  vf big = add(t, exp_const(T::MAGIC));
+  vi n = aie::sub(bits(big), bits(exp_const(T::MAGIC)));
+  vf nf = sub(big, exp_const(T::MAGIC));
+  vf p = exp_poly(mul(sub(t, nf), exp_const(T::LN2)));
+  // 2^n in two halves so that subnormal results (n < -126) stay representable.
+  vi n1 = aie::downshift(n, 1);
+  vi n2 = aie::sub(n, n1);
+  vf s1 = from_bits(aie::upshift(aie::add(n1, bits(exp_const(T::BIAS))), 23));
+  vf s2 = from_bits(aie::upshift(aie::add(n2, bits(exp_const(T::BIAS))), 23));
+  vf r = mul(mul(p, s1), s2);
+  r = pick(over, exp_const(T::INF), r);
+  return pick(under, exp_const(T::ZERO), r);
+}
 
 // e^x for a softmax's exponents (x <= 0, -inf or NaN): exp's arithmetic, so the same values,
 // without its overflow test (nothing overflows; a positive NaN stays NaN where exp gives inf)
 // and with the results below FLT_MIN (x under -87.33, where 2^n would be subnormal) 0 instead
 // of subnormal: a probability under 2^-126 beside the row's largest, 1, changes no f32 sum.
-// Its constants are loaded from memory where used (a load each) rather than broadcast (an ALU
-// operation each), as a loop over vectors holds them.
 inline vf exp_nonpos(vf x) {
-  const auto k = [](int i) { return load_aligned(kExpNonPos.v[i]); };
-  using T = ExpNonPosTable;
-  vmask under = lt(x, k(T::LO));
-  vf t = mul(x, k(T::LOG2E));
-  vf big = add(t, k(T::MAGIC));
-  vi n = aie::sub(bits(big), bits(k(T::MAGIC)));
-  vf nf = sub(big, k(T::MAGIC));
-  vf y = mul(sub(t, nf), k(T::LN2));
-  vf p = k(T::C7);
-#pragma GCC unroll 8
-  for (int c = T::C6; c <= T::C0; ++c)
-    p = fma(p, y, k(c));
-  vf scale = from_bits(aie::upshift(aie::add(n, bits(k(T::BIAS))), 23));
-  return pick(under, k(T::ZERO), mul(p, scale));
+  using T = ExpTable;
+  vmask under = lt(x, exp_const(T::NONPOS_LO));
+  vf t = mul(x, exp_const(T::LOG2E));
+  vf big = add(t, exp_const(T::MAGIC));
+  vi n = aie::sub(bits(big), bits(exp_const(T::MAGIC)));
+  vf nf = sub(big, exp_const(T::MAGIC));
+  vf p = exp_poly(mul(sub(t, nf), exp_const(T::LN2)));
+  vf scale = from_bits(aie::upshift(aie::add(n, bits(exp_const(T::BIAS))), 23));
+  return pick(under, exp_const(T::ZERO), mul(p, scale));
 }
 
 inline vf sigmoid(vf x) { return recip(add(splat(1.0f), exp(fneg(x)))); }
