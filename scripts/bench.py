@@ -130,17 +130,14 @@ class KernelTimes:
         return self.ns[name]
 
     def _time(self, req: dict) -> float | None:
-        from bench_op import time_request
-        from bench_timing import causal_mask
+        from bench_op import time_request, timed_inputs
 
         d = Path(tempfile.mkdtemp(dir=self.work))
         dram = cost_constants(req["arch"])["bandwidth_bytes_per_s"] / 1e9
-        inputs = None
-        if req["op"].startswith("FLASH_ATTN_EXT_MASK") and req["inputs"][0]["ne"][1] > 1:
-            q, k, mask = (req["inputs"][i] for i in (0, 1, 3))
-            inputs = {3: causal_mask(q["ne"][1], k["ne"][1], mask["ne"][1])}
         try:
-            c = time_request(argparse.Namespace(target=self.target), req, d, dram, inputs=inputs)
+            c = time_request(
+                argparse.Namespace(target=self.target), req, d, dram, inputs=timed_inputs(req)
+            )
         except SystemExit as e:  # the design failed to compile or to run: left at the roofline
             print(f"[bench] {req['name']}: not timed: {e}", file=sys.stderr)
             return None

@@ -63,6 +63,27 @@ def mul_mat_request(params: str, arch: str) -> dict:
 GLUS = ("REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK")
 
 
+def causal_mask(n_q: int, n_kv: int, rows: int) -> bytes:
+    """llama.cpp's mask of a prompt's n_q tokens after n_kv - n_q cached ones, as f16 bytes of
+    [n_kv, rows]: query row i sees keys 0 .. n_kv - n_q + i (0); the later keys and the
+    padding rows are -inf."""
+    import numpy as np  # the emulation's packages (bench.sh installs them)
+
+    row = np.arange(rows)[:, None]
+    key = np.arange(n_kv)[None, :]
+    seen = (row < n_q) & (key <= n_kv - n_q + row)
+    return np.where(seen, 0.0, -np.inf).astype(np.float16).tobytes()
+
+
+def timed_inputs(req: dict) -> dict[int, bytes] | None:
+    """The operands a kernel's time depends on, as `time_request` takes them: a prompt's
+    FLASH_ATTN_EXT_MASK gets llama.cpp's causal mask (its cores skip the keys it hides)."""
+    if not req["op"].startswith("FLASH_ATTN_EXT_MASK") or req["inputs"][0]["ne"][1] == 1:
+        return None
+    q, k, mask = (req["inputs"][i] for i in (0, 1, 3))
+    return {3: causal_mask(q["ne"][1], k["ne"][1], mask["ne"][1])}
+
+
 def unfused_requests(req: dict) -> list[dict]:
     """The kernels the backend runs for a fused MUL_MAT_ADD or MUL_MAT_<glu> the IRON package
     declines (a prompt's GEMM-sized ones): the MUL_MAT (both, for the GLU's gate and up) into

@@ -13,9 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 from bench import cost_constants, write_section
-from bench_op import run_direct, time_request
+from bench_op import run_direct, time_request, timed_inputs
 from ggml_hsa_iron.tests.test_decode_layer import layer_request, layer_spec
 from ggml_hsa_iron.tests.test_flash_attn import fa_request, llama_1b, spec_of
 
@@ -193,16 +192,6 @@ def q4_k_m_prompt_ns(times: dict, arch: str) -> float:
     )
 
 
-def causal_mask(n_q: int, n_kv: int, rows: int) -> bytes:
-    """llama.cpp's mask of a prompt's n_q tokens after n_kv - n_q cached ones, as f16 bytes of
-    [n_kv, rows]: query row i sees keys 0 .. n_kv - n_q + i (0); the later keys and the
-    padding rows are -inf."""
-    row = np.arange(rows)[:, None]
-    key = np.arange(n_kv)[None, :]
-    seen = (row < n_q) & (key <= n_kv - n_q + row)
-    return np.where(seen, 0.0, -np.inf).astype(np.float16).tobytes()
-
-
 def attention_lines(args, work: Path, prompt_ns: dict) -> list[str]:
     """A prompt's attention per layer (FLASH_ATTN_EXT_MASK at n_q = n_kv = PROMPT, the 1B
     shape's 32 heads over 8 KV heads, f16 cache, llama.cpp's causal mask: the kernel skips
@@ -219,8 +208,8 @@ def attention_lines(args, work: Path, prompt_ns: dict) -> list[str]:
         d = work / f"attention-{arch}"
         d.mkdir()
         kw = llama_1b(PROMPT, PROMPT, arch=arch)
-        mask = causal_mask(PROMPT, PROMPT, kw["mask_ne"][1])
-        c = time_request(args, json.loads(fa_request(**kw)), d, dram, inputs={3: mask})
+        req = json.loads(fa_request(**kw))
+        c = time_request(args, req, d, dram, inputs=timed_inputs(req))
         if c is None:
             lines.append(f"| {arch} | declined | | | |" + " |" * (len(PROMPT_TYPES) + 1))
             continue

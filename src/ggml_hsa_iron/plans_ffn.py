@@ -41,6 +41,7 @@ from .tiling import (
     GEMV_ROWS,
     MAX_TASKS_PER_CHANNEL,
     MAX_WRAP,
+    MEM_BDS,
     VECTOR_ELEMS,
     GemvPlan,
     _add_ok,
@@ -220,8 +221,6 @@ def k_chunks(*plans: GemvPlan) -> list[int]:
 # ring while the phase before it runs (designs/ffn.py issues each task group's W fills before
 # the group before it finishes), a phase without weights (the attention) its whole length.
 MAX_W_RING = 8
-# A memory tile's buffer descriptors (AM020: 48), and those the designs leave free.
-MEM_BDS = 48
 # The memory tile's other BDs per core of the column: W's split and y's join, 2 objects each
 # side of each link.
 OTHER_MEM_BDS_PER_CORE = 6

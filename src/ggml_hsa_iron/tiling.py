@@ -927,9 +927,11 @@ class GemvPlan:
 
 
 GEMV_MAX_CHUNK_WORDS = MAX_WRAP  # a K chunk is one run of a DMA dimension
-# Buffer descriptors of a shim tile, and those every design leaves free (emu/program.py's
-# BD_MARGIN: a transfer the real toolchain splits into more BDs than counted).
+# Buffer descriptors of a shim tile and of a memory tile (AM020), and those every design
+# leaves free (emu/program.py's BD_MARGIN: a transfer the real toolchain splits into more BDs
+# than counted).
 SHIM_BDS = 16
+MEM_BDS = 48
 BD_MARGIN = 2
 # DMA tasks a shim tile may have in flight between a task group's issue and its finish() (a
 # task holds its BD until then).

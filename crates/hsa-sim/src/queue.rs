@@ -537,15 +537,22 @@ fn prepare_and_execute(
         use crate::ops::DType;
         matches!(t.ty, DType::I8 | DType::I16 | DType::I32 | DType::I64)
     });
-    let work = charge(rt, &stats, model, integer);
-    tally(rt, &desc.name, Some(&desc), work);
+    charge(rt, &stats, model, integer, &desc.name, Some(&desc));
     Ok(Some(()))
 }
 
 /// Counts an executed command and charges its work to the device time: an emulated IRON
 /// design's dataflow time when it ran, else the roofline of its bytes and arithmetic (which is
-/// also summed alone, as the bound beside the dataflow times). Returns the work charged.
-fn charge(rt: &Runtime, stats: &exec::ExecStats, model: &cost::ArchModel, integer: bool) -> u64 {
+/// also summed alone, as the bound beside the dataflow times), and tallies it as one more
+/// dispatch of kernel `name` (`Counters::kernels`, with its request where the image has one).
+fn charge(
+    rt: &Runtime,
+    stats: &exec::ExecStats,
+    model: &cost::ArchModel,
+    integer: bool,
+    name: &str,
+    request: Option<&image::KernelDesc>,
+) {
     let kind = if integer {
         cost::Arithmetic::Int8
     } else {
@@ -559,33 +566,24 @@ fn charge(rt: &Runtime, stats: &exec::ExecStats, model: &cost::ArchModel, intege
     c.bytes_written += stats.bytes_written;
     c.flops += stats.flops;
     c.roofline_time_ns += roofline;
-    match &stats.timeline {
+    let work = match &stats.timeline {
         Some(t) => {
             c.dataflow_timed += 1;
-            c.work_time_ns += t.device_ns;
             c.core_busy_ns += t.core_busy_ns;
             c.shim_busy_ns += t.shim_busy_ns;
             c.tile_busy_ns += t.tile_busy_ns;
-            c.device_time_ns += t.device_ns;
             t.device_ns
         }
-        None => {
-            c.work_time_ns += roofline;
-            c.device_time_ns += roofline;
-            roofline
-        }
-    }
-}
-
-/// One more dispatch of kernel `name` (`Counters::kernels`), whose work cost `work_ns`.
-fn tally(rt: &Runtime, name: &str, request: Option<&image::KernelDesc>, work_ns: u64) {
-    let mut c = rt.counters.lock();
+        None => roofline,
+    };
+    c.work_time_ns += work;
+    c.device_time_ns += work;
     let t = c.kernels.entry(name.to_owned()).or_default();
     if t.request.is_none() {
         t.request = request.cloned();
     }
     t.dispatches += 1;
-    t.work_ns += work_ns;
+    t.work_ns += work;
 }
 
 /// The PDI cache / hardware-context bookkeeping of a dispatch (step 4 of both paths).
@@ -698,7 +696,6 @@ fn run_emulated(
     *c.emulated_ops.entry(op).or_insert(0) += 1;
     drop(c);
     let integer = prog.args.iter().all(|a| a.ty.starts_with('i'));
-    let work = charge(rt, &stats, model, integer);
-    tally(rt, &prog.name, None, work);
+    charge(rt, &stats, model, integer, &prog.name, None);
     Ok(Some(()))
 }

@@ -8,10 +8,10 @@
 //! operands are allocated at the sizes the design declares, the inputs filled with small
 //! values, and the design runs once. `--input N=FILE` fills operand N (the runtime sequence's
 //! argument, from 0) from the file's bytes instead: for kernels whose work depends on the
-//! data (an attention skips the keys its mask hides), the data the time is meant for. Prints one JSON
-//! object: the device time, the busiest units and the runtime sequence's task groups (when
-//! each ended, the bytes its tasks moved; docs/timing-model.md). Exit codes: 0
-//! success, 1 bad input or a design that fails to run.
+//! data (an attention skips the keys its mask hides), the data the time is meant for. Prints
+//! one JSON object: the device time, the busiest units and the runtime sequence's task groups
+//! (when each ended, the bytes the shim channels moved in its span; docs/timing-model.md).
+//! Exit codes: 0 success, 1 bad input or a design that fails to run.
 
 use hsa_runtime64::cost;
 use hsa_runtime64::exec::iron::{self, timing::Rates};
