@@ -16,7 +16,7 @@
 //! time than the node takes on the device.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::device::{Device, DeviceError, LoadedKernel, OPERAND_ALIGNMENT};
@@ -27,7 +27,8 @@ use crate::hsa::queue::{Queue, SubmitError, QUEUE_SIZE};
 use crate::hsa::signal::{Signal, DEVICE_TIMEOUT};
 use crate::kernels::KernelDesc;
 use crate::ops::host::HostOp;
-use crate::ops::{self, Memory, Node, Plan, RowScatter, RowsProducer, Tensor};
+use crate::ops::rewrite::{self, Stage};
+use crate::ops::{self, Memory, Node, RowScatter, Tensor};
 
 /// Packets behind one doorbell: half the ring, and below the ~40 commands ROCR fits into one
 /// command chain.
@@ -48,101 +49,8 @@ pub trait HostMemory {
     fn read(&mut self, t: &Tensor) -> Result<Vec<u8>, String>;
 }
 
-/// What one node becomes.
-#[derive(Debug)]
-enum Step {
-    Plan(Plan),
-    /// No NPU kernel (`reason`): ggml's CPU backend computes it (`GGML_HSA_CPU_FALLBACK`).
-    Cpu(String),
-    /// Computed by another node's kernel: the first node of its fused run, or a fold's kernel.
-    Fused,
-}
-
-/// What the folds over the planned graph (`ops::fold_rms_norm`, `ops::fold_rope`) see of a step.
-fn planned(steps: &[Step], k: usize) -> ops::Planned<'_> {
-    match &steps[k] {
-        Step::Plan(Plan::Kernel { desc, operands }) => ops::Planned::Kernel(desc, operands),
-        Step::Fused => ops::Planned::Covered,
-        Step::Plan(Plan::Skip) => ops::Planned::Nothing,
-        _ => ops::Planned::Elsewhere,
-    }
-}
-
-/// The folds applied to a graph's steps, each with the steps it replaced, so that a fold whose
-/// kernel is refused at compile time can be undone.
-#[derive(Default)]
-struct Folds {
-    list: Vec<Fold>,
-    /// The fold whose kernel each node runs.
-    of: HashMap<usize, usize>,
-}
-
-#[derive(Default)]
-struct Fold {
-    /// Each changed node, its step before the fold and the fold that made that step, if any
-    /// (empty once undone).
-    originals: Vec<(usize, Step, Option<usize>)>,
-    /// Folds made on top of this one's kernels: undone before it.
-    dependents: Vec<usize>,
-}
-
-impl Folds {
-    /// Replaces the steps of `changes`' nodes; returns the fold's id.
-    fn apply(&mut self, steps: &mut [Step], changes: Vec<(usize, Step)>) -> usize {
-        let id = self.list.len();
-        let mut originals = Vec::with_capacity(changes.len());
-        for (k, step) in changes {
-            let before = if matches!(step, Step::Plan(_)) {
-                self.of.insert(k, id)
-            } else {
-                self.of.get(&k).copied()
-            };
-            originals.push((k, std::mem::replace(&mut steps[k], step), before));
-        }
-        self.list.push(Fold {
-            originals,
-            dependents: Vec::new(),
-        });
-        id
-    }
-
-    /// Folds the kernels of nodes `from` into node `into`, which runs `plan`; a dependent of the
-    /// fold that made `into`'s kernel, else of the one that made the first of `from`'s, if any.
-    fn apply_on(&mut self, steps: &mut [Step], from: &[usize], into: usize, plan: Plan) {
-        let within = self
-            .of
-            .get(&into)
-            .or_else(|| from.first().and_then(|k| self.of.get(k)))
-            .copied();
-        let mut changes: Vec<(usize, Step)> = from.iter().map(|&k| (k, Step::Fused)).collect();
-        changes.push((into, Step::Plan(plan)));
-        let id = self.apply(steps, changes);
-        if let Some(parent) = within {
-            self.list[parent].dependents.push(id);
-        }
-    }
-
-    /// Undoes fold `id` (its dependents first); returns the nodes whose steps were restored.
-    fn undo(&mut self, id: usize, steps: &mut [Step]) -> Vec<usize> {
-        let mut restored = Vec::new();
-        for d in std::mem::take(&mut self.list[id].dependents) {
-            restored.extend(self.undo(d, steps));
-        }
-        for (k, original, before) in std::mem::take(&mut self.list[id].originals) {
-            // The node's kernel is again the one the earlier fold made (a fold on top of
-            // another's kernel), or no fold's.
-            if self.of.get(&k) == Some(&id) {
-                match before {
-                    Some(b) => self.of.insert(k, b),
-                    None => self.of.remove(&k),
-                };
-            }
-            steps[k] = original;
-            restored.push(k);
-        }
-        restored
-    }
-}
+/// What a node of a planned graph becomes, with its kernel loaded.
+type Step = ops::Step<Arc<LoadedKernel>>;
 
 /// Why a graph failed.
 #[derive(Debug, thiserror::Error)]
@@ -218,6 +126,7 @@ impl GraphKey<'_> {
 /// A planned graph: what the nodes became, before anything ran.
 #[derive(Debug)]
 struct GraphPlan {
+    /// One step per node (`ops::rewrite`).
     steps: Vec<Step>,
     /// Memory of the attention outputs moved out of the way of the block after them
     /// (`ops::relocate`); the plan's operands point into it.
@@ -225,49 +134,8 @@ struct GraphPlan {
     /// The one-row GET_ROWS whose readers read their source (`ops::forward_gathers`): their
     /// indices are checked before the graph runs.
     forwarded: Vec<ops::Forwarded>,
-    /// The loaded kernel of every kernel step.
-    kernels: Vec<Option<Arc<LoadedKernel>>>,
     /// Each node's op, to name it in errors and statistics.
     ops: Vec<&'static str>,
-    /// The SET_ROWS kernel steps that run as a copy into the rows their indices name when the
-    /// indices are consecutive (`ops::scatter`), with the copy's loaded kernel.
-    scatters: Vec<Option<(RowScatter, Arc<LoadedKernel>)>>,
-    /// The kernel steps that, when their SET_ROWS's indices are consecutive, write its
-    /// destination rows themselves (`RowScatter::producer`), with the retargeted kernel.
-    producers: Vec<Option<(RowsProducer, Arc<LoadedKernel>)>>,
-    /// Q's, K's and V's kernels merged into one (`ops::merge_qkv`), at the node where it runs.
-    merged: Vec<Option<MergedKernel>>,
-    /// The member nodes of a merge that run at the merge's node, not at their own.
-    deferred: Vec<bool>,
-    /// A decode layer's Q/K/V merge and attention kernel as one (`ops::merge_layer`), at the
-    /// attention kernel's node.
-    layers: Vec<Option<LayerKernel>>,
-}
-
-/// One kernel for a llama decode layer (`ops::merge_layer`): dispatched when K's and V's rows
-/// can be written directly, as the Q/K/V merge it contains is; otherwise the merge (or its
-/// members), the two SET_ROWS and the attention's kernel run in turn.
-#[derive(Debug)]
-struct LayerKernel {
-    /// The node of the Q/K/V merge it contains (deferred to this one).
-    merge_at: usize,
-    /// K's and V's SET_ROWS (deferred to this one too).
-    set_rows: [usize; 2],
-    kernel: Arc<LoadedKernel>,
-    /// Its operands before K's and V's rows, and after them.
-    before_rows: Vec<Tensor>,
-    after_rows: Vec<Tensor>,
-}
-
-/// One kernel in place of several (`ops::merge_qkv`): dispatched when each member's rows can
-/// be written directly (its SET_ROWS's indices are consecutive); the members run one by one
-/// otherwise.
-#[derive(Debug)]
-struct MergedKernel {
-    members: [usize; 3],
-    kernel: Arc<LoadedKernel>,
-    /// Its operands before the rows of the members writing cache rows.
-    operands: Vec<Tensor>,
 }
 
 /// Plans of recent graphs, most recently used first.
@@ -430,17 +298,17 @@ impl Stream {
         if stats::recorder().enabled() {
             for (step, &op) in plan.steps.iter().zip(&plan.ops) {
                 let run = match step {
-                    Step::Plan(Plan::Skip) => NodeRun::Skipped,
-                    // The fused node runs inside the kernel of the node before it.
-                    Step::Plan(Plan::Kernel { .. }) | Step::Fused => NodeRun::Kernel,
-                    Step::Plan(Plan::Host(_)) => NodeRun::Host,
+                    Step::Skip => NodeRun::Skipped,
+                    // A covered node runs inside the kernel of another.
+                    Step::Kernel(_) | Step::Covered => NodeRun::Kernel,
+                    Step::Host(_) => NodeRun::Host,
                     Step::Cpu(_) => NodeRun::Cpu,
                 };
                 self.stats.node(op, run);
             }
         }
-        // The SET_ROWS nodes whose rows their source's producer wrote.
-        let mut rows_written = vec![false; plan.steps.len()];
+        // The SET_ROWS nodes whose rows a kernel wrote.
+        let mut done = vec![false; plan.steps.len()];
         let mut result = plan.forwarded.iter().try_for_each(|f| {
             let failed = |reason| ComputeError::Node {
                 index: f.node,
@@ -449,23 +317,11 @@ impl Stream {
             };
             f.check(&host.read(&f.idx).map_err(failed)?).map_err(failed)
         });
-        for i in 0..plan.steps.len() {
+        for (i, step) in plan.steps.iter().enumerate() {
             if result.is_err() {
                 break;
             }
-            let ran = if let Some(layer) = &plan.layers[i] {
-                self.run_layer(&plan, layer, i, host, &mut rows_written)
-            } else if plan.deferred[i] {
-                Ok(())
-            } else if let Some(merged) = &plan.merged[i] {
-                self.run_merged(&plan, merged, i, host, &mut rows_written)
-            } else {
-                self.run_step(&plan, i, host, &mut rows_written)
-            };
-            if let Err(e) = ran {
-                result = Err(e);
-                break;
-            }
+            result = self.run_step(&plan, i, step, host, &mut done);
         }
         let flushed = self.flush();
         let result = result.and(flushed);
@@ -526,378 +382,163 @@ impl Stream {
             ops::relocate::relocate(&nodes, &moves, s.device_addr(), memory)
         });
         let nodes: &[Node] = moved.as_deref().unwrap_or(&nodes);
-        let node_error = |index: usize, node: &Node, reason: String| ComputeError::Node {
-            index,
-            op: node.op.name(),
-            reason,
-        };
         let fallback = self.device.cpu_fallback;
         let mut steps = nodes
             .iter()
             .enumerate()
             .map(|(i, n)| match self.device.plan(n) {
-                Ok(plan) => Ok(Step::Plan(plan)),
+                Ok(plan) => Ok(Step::of(plan)),
                 Err(reason) if fallback => Ok(Step::Cpu(reason)),
-                Err(reason) => Err(node_error(i, n, reason)),
+                Err(reason) => Err(ComputeError::Node {
+                    index: i,
+                    op: n.op.name(),
+                    reason,
+                }),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        // Fusion (architecture §7: fewer dispatches, `ops::fusion`): a run of nodes planned as
-        // kernels becomes one fused kernel when the kernel store can provide it. The original
-        // steps are kept: if the fused kernel is refused at compile time, the nodes run as
-        // planned.
-        let mut unfused: HashMap<usize, Vec<Step>> = HashMap::new();
-        let options = self.device.plan_options;
-        let mut i = 0;
-        while i < nodes.len() {
-            let fusion = ops::fuse_at(&nodes[i..], options).filter(|f| {
-                // Views within the run (a forwarded gather) compute nothing.
-                let all_kernels = steps[i..i + f.nodes]
+        // The rewrites (architecture §7: fewer dispatches), a stage at a time, the kernels of
+        // each stage loaded before the next looks at the plan: every kernel is loaded before
+        // anything runs, so a missing kernel fails the graph without leaving it half computed.
+        let device = self.device;
+        let available = |desc: &KernelDesc| device.supports_kernel(desc);
+        for stage in Stage::ALL {
+            rewrite::apply(stage, nodes, &mut steps, device.plan_options, &available);
+            self.load(nodes, &mut steps)?;
+            if stage != Stage::Fusions {
+                continue;
+            }
+            let on_cpu = |k: usize| matches!(steps[k], Step::Cpu(_));
+            if scratch.is_some()
+                && moves
                     .iter()
-                    .all(|s| matches!(s, Step::Plan(Plan::Kernel { .. } | Plan::Skip)));
-                let Plan::Kernel { desc, .. } = &f.plan else {
-                    return false;
-                };
-                all_kernels && self.device.supports_kernel(desc)
+                    .any(|m| on_cpu(m.node) || m.readers.iter().any(|&r| on_cpu(r)))
+            {
+                return Ok(None);
+            }
+            // A forwarded gather one of whose readers runs on the CPU runs again: the CPU reads
+            // the gather's own output.
+            forwarded.retain(|f| {
+                let on_cpu = f.readers.iter().any(|&r| matches!(steps[r], Step::Cpu(_)));
+                if on_cpu && matches!(steps[f.node], Step::Skip) {
+                    steps[f.node] = match device.plan(&graph[f.node]) {
+                        Ok(plan) => Step::of(plan),
+                        Err(reason) => Step::Cpu(reason),
+                    };
+                }
+                !on_cpu
             });
-            let Some(fusion) = fusion else {
-                i += 1;
-                continue;
-            };
-            let first = std::mem::replace(&mut steps[i], Step::Plan(fusion.plan));
-            let mut originals = vec![first];
-            for step in &mut steps[i + 1..i + fusion.nodes] {
-                originals.push(std::mem::replace(step, Step::Fused));
-            }
-            unfused.insert(i, originals);
-            i += fusion.nodes;
-        }
-        // Every kernel is loaded before anything runs (the missing ones compiled in parallel), so
-        // a missing kernel fails the graph without leaving it half computed. A kernel the
-        // compiler refused (declared op, shape it cannot build: known only when it compiles) runs
-        // on ggml's CPU backend instead, as every node does with the CPU fallback; `supports_op`
-        // declines it from then on.
-        //
-        // Then the norms the projections after them can compute themselves
-        // (`ops::fold_rms_norm`), then the folds built on their kernels (`ops::fold_glu`,
-        // `fold_rope`, `fold_ffn`, `fold_attn_ffn`, `fold_flash_attn_ffn`): the originals of each fold are kept, and if one of its
-        // kernels is refused, the whole fold is undone (the norm runs and the projections read
-        // its output, say), the folds made on top of it first.
-        let mut folds = Folds::default();
-        for at in 0..nodes.len() {
-            let Some(fold) = ops::fold_rms_norm(nodes, at, |k| planned(&steps, k)) else {
-                continue;
-            };
-            let available = fold.readers.iter().all(|(_, plan)| match plan {
-                Plan::Kernel { desc, .. } => self.device.supports_kernel(desc),
-                _ => false,
-            });
-            if !available {
-                continue;
-            }
-            let mut changes = vec![(at, Step::Fused)];
-            changes.extend(fold.readers.into_iter().map(|(k, p)| (k, Step::Plan(p))));
-            folds.apply(&mut steps, changes);
-        }
-        // The folds on top of them, each pattern over the whole graph in turn: the nodes whose
-        // kernels a fold takes over, the node that runs its kernel, the kernel.
-        let available = |plan: &Plan| match plan {
-            Plan::Kernel { desc, .. } => self.device.supports_kernel(desc),
-            _ => false,
-        };
-        for pattern in 0..5 {
-            for at in 0..nodes.len() {
-                let planned = |k| planned(&steps, k);
-                let fold = match pattern {
-                    0 => ops::fold_glu(nodes, at, planned)
-                        .map(|f| (f.products.to_vec(), f.glu, f.plan)),
-                    1 => ops::fold_rope(nodes, at, planned)
-                        .map(|f| (vec![f.projection], f.rope, f.plan)),
-                    2 => ops::fold_ffn(nodes, at, planned).map(|f| (vec![f.glu], f.down, f.plan)),
-                    3 => ops::fold_attn_ffn(nodes, at, planned)
-                        .map(|f| (vec![f.projection], f.ffn, f.plan)),
-                    _ => ops::fold_flash_attn_ffn(nodes, at, planned)
-                        .map(|f| (vec![f.attention], f.ffn, f.plan)),
-                };
-                if let Some((from, into, plan)) = fold.filter(|(_, _, plan)| available(plan)) {
-                    folds.apply_on(&mut steps, &from, into, plan);
-                }
-            }
-        }
-        let mut kernels: Vec<Option<Arc<LoadedKernel>>> = vec![None; steps.len()];
-        let mut todo: Vec<usize> = (0..steps.len()).collect();
-        while !todo.is_empty() {
-            let (at, descs): (Vec<usize>, Vec<KernelDesc>) = todo
-                .iter()
-                .filter_map(|&i| match &steps[i] {
-                    Step::Plan(Plan::Kernel { desc, .. }) => Some((i, desc.clone())),
-                    _ => None,
-                })
-                .unzip();
-            todo.clear();
-            let loaded = self.device.kernels(&descs);
-            self.stats.load += loaded.loading;
-            self.stats.evictions += loaded.evicted;
-            let mut results: Vec<_> = at.into_iter().zip(loaded.kernels).collect();
-            // A fold with a refused kernel is undone first, its other kernels dropped: the
-            // restored steps are loaded in the next round.
-            let refused_folds: Vec<usize> = results
-                .iter()
-                .filter(|(_, k)| k.is_err())
-                .filter_map(|(i, _)| folds.of.get(i).copied())
-                .collect();
-            for id in refused_folds {
-                for k in folds.undo(id, &mut steps) {
-                    crate::log::debug(&format!(
-                        "{}: node {k}: a folded kernel is not available; the fold is undone",
-                        self.device.name
-                    ));
-                    kernels[k] = None;
-                    results.retain(|(i, _)| *i != k);
-                    if !todo.contains(&k) {
-                        todo.push(k);
-                    }
-                }
-            }
-            for (i, kernel) in results {
-                match kernel {
-                    Ok(k) => kernels[i] = Some(k),
-                    Err(e) if unfused.contains_key(&i) => {
-                        let originals = unfused.remove(&i).expect("checked");
-                        crate::log::debug(&format!(
-                            "{}: node {i}: the fused kernel is not available ({e}); the {} \
-                             nodes run unfused",
-                            self.device.name,
-                            originals.len()
-                        ));
-                        let run = i..i + originals.len();
-                        todo.extend(run.clone());
-                        for (step, original) in steps[run].iter_mut().zip(originals) {
-                            *step = original;
-                        }
-                    }
-                    Err(e) if fallback || e.is_refused() => {
-                        // Once per kernel: supports_op declines the node from now on.
-                        crate::log::warn(&format!(
-                            "{}: node {i} ({}) runs on the CPU: {e}",
-                            self.device.name,
-                            nodes[i].op.name()
-                        ));
-                        steps[i] = Step::Cpu(e.to_string())
-                    }
-                    Err(source) => {
-                        return Err(ComputeError::Device {
-                            index: i,
-                            op: nodes[i].op.name(),
-                            source,
-                        })
-                    }
-                }
-            }
-        }
-        let on_cpu = |k: usize| matches!(steps[k], Step::Cpu(_));
-        if scratch.is_some()
-            && moves
-                .iter()
-                .any(|m| on_cpu(m.node) || m.readers.iter().any(|&r| on_cpu(r)))
-        {
-            return Ok(None);
-        }
-        // A forwarded gather one of whose readers runs on the CPU runs again: the CPU reads the
-        // gather's own output.
-        forwarded.retain(|f| {
-            let on_cpu = f.readers.iter().any(|&r| matches!(steps[r], Step::Cpu(_)));
-            if on_cpu && matches!(steps[f.node], Step::Plan(Plan::Skip)) {
-                steps[f.node] = match self.device.plan(&graph[f.node]) {
-                    Ok(plan) => Step::Plan(plan),
-                    Err(reason) => Step::Cpu(reason),
-                };
-            }
-            !on_cpu
-        });
-        // SET_ROWS kernels whose indices no node of this graph writes (an input the application
-        // set, as llama.cpp's KV-cache slots are) may run as a copy into the rows they name.
-        let scatters: Vec<Option<(RowScatter, Arc<LoadedKernel>)>> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| {
-                kernels[i].as_ref()?;
-                let scatter = RowScatter::of(node, |d| self.device.supports_kernel(d))?;
-                let idx = &scatter.idx;
-                let computed = nodes[..i].iter().any(|n| {
-                    n.dst.addr < idx.addr + idx.bytes && idx.addr < n.dst.addr + n.dst.bytes
-                });
-                if computed || idx.addr == 0 {
-                    return None;
-                }
-                let loaded = self.device.kernels(std::slice::from_ref(&scatter.copy));
-                self.stats.load += loaded.loading;
-                self.stats.evictions += loaded.evicted;
-                let copy = loaded.kernels.into_iter().next()?.ok()?;
-                Some((scatter, copy))
-            })
-            .collect();
-        // The kernels that compute those SET_ROWS's sources may write the rows themselves.
-        let mut producers: Vec<Option<(RowsProducer, Arc<LoadedKernel>)>> = vec![None; nodes.len()];
-        for (at, scatter) in scatters.iter().enumerate() {
-            let Some((scatter, _)) = scatter else {
-                continue;
-            };
-            // A fused run's kernel computes more than its node: it is not retargeted.
-            let kernel_of = |k: usize| match (&steps[k], &kernels[k]) {
-                (Step::Plan(Plan::Kernel { desc, operands }), Some(_))
-                    if !unfused.contains_key(&k) =>
-                {
-                    Some((desc, operands.as_slice()))
-                }
-                _ => None,
-            };
-            let skipped = |k: usize| matches!(steps[k], Step::Plan(Plan::Skip));
-            let Some((j, producer)) = scatter.producer(nodes, at, kernel_of, skipped) else {
-                continue;
-            };
-            if producers[j].is_some() || !self.device.supports_kernel(&producer.kernel) {
-                continue;
-            }
-            let loaded = self.device.kernels(std::slice::from_ref(&producer.kernel));
-            self.stats.load += loaded.loading;
-            self.stats.evictions += loaded.evicted;
-            match loaded.kernels.into_iter().next() {
-                Some(Ok(kernel)) => producers[j] = Some((producer, kernel)),
-                Some(Err(e)) => crate::log::debug(&format!(
-                    "{}: node {j} cannot write node {at}'s rows itself ({e}); they are copied",
-                    self.device.name
-                )),
-                None => {}
-            }
-        }
-        // Then Q's, K's and V's kernels into one, when K and V write their cache rows.
-        let mut merged: Vec<Option<MergedKernel>> = (0..nodes.len()).map(|_| None).collect();
-        let mut deferred = vec![false; nodes.len()];
-        let mut layers: Vec<Option<LayerKernel>> = (0..nodes.len()).map(|_| None).collect();
-        let rows_kernel = |k: usize| producers[k].as_ref().map(|(p, _)| (&p.kernel, p.set_rows));
-        for merge in ops::merge_qkv(nodes, |k| planned(&steps, k), rows_kernel) {
-            let taken = merge
-                .members
-                .iter()
-                .any(|&m| deferred[m] || merged[m].is_some());
-            if taken || !self.device.supports_kernel(&merge.desc) {
-                continue;
-            }
-            let loaded = self.device.kernels(std::slice::from_ref(&merge.desc));
-            self.stats.load += loaded.loading;
-            self.stats.evictions += loaded.evicted;
-            match loaded.kernels.into_iter().next() {
-                Some(Ok(kernel)) => {
-                    for &m in &merge.members {
-                        deferred[m] = m != merge.at;
-                    }
-                    // And the merged kernel into the attention's after it, when it is the same
-                    // layer's (one dispatch per decode layer).
-                    let set_rows = [1, 2].map(|i| {
-                        producers[merge.members[i]]
-                            .as_ref()
-                            .map(|(p, _)| p.set_rows)
-                    });
-                    if let [Some(k_set), Some(v_set)] = set_rows {
-                        let layer =
-                            ops::merge_layer(nodes, |k| planned(&steps, k), &merge, [k_set, v_set]);
-                        if let Some(layer) = layer.filter(|l| self.device.supports_kernel(&l.desc))
-                        {
-                            let loaded = self.device.kernels(std::slice::from_ref(&layer.desc));
-                            self.stats.load += loaded.loading;
-                            self.stats.evictions += loaded.evicted;
-                            match loaded.kernels.into_iter().next() {
-                                Some(Ok(kernel)) => {
-                                    for d in [merge.at, k_set, v_set] {
-                                        deferred[d] = true;
-                                    }
-                                    layers[layer.at] = Some(LayerKernel {
-                                        merge_at: merge.at,
-                                        set_rows: [k_set, v_set],
-                                        kernel,
-                                        before_rows: layer.before_rows,
-                                        after_rows: layer.after_rows,
-                                    });
-                                }
-                                Some(Err(e)) => crate::log::debug(&format!(
-                                    "{}: nodes {} and {} run their own kernels ({e})",
-                                    self.device.name, merge.at, layer.at
-                                )),
-                                None => {}
-                            }
-                        }
-                    }
-                    merged[merge.at] = Some(MergedKernel {
-                        members: merge.members,
-                        kernel,
-                        operands: merge.operands,
-                    });
-                }
-                Some(Err(e)) => crate::log::debug(&format!(
-                    "{}: nodes {:?} run their own kernels ({e})",
-                    self.device.name, merge.members
-                )),
-                None => {}
-            }
         }
         Ok(Some(GraphPlan {
             steps,
             _scratch: scratch,
             forwarded,
-            kernels,
             ops: graph.iter().map(|n| n.op.name()).collect(),
-            scatters,
-            producers,
-            merged,
-            deferred,
-            layers,
         }))
     }
 
-    /// Runs node `i` of `plan` (a member of a merge runs here only when the merged kernel
-    /// cannot be dispatched).
+    /// Loads every kernel of `steps` not loaded yet (the missing ones compiled in parallel). A
+    /// kernel the compiler refused (a declared op or a shape it cannot build: known only when
+    /// it compiles) gives its nodes back the steps it replaced, loaded in turn; one that
+    /// replaced nothing runs on ggml's CPU backend, as every node does with the CPU fallback,
+    /// and `supports_op` declines it from then on.
+    fn load(&mut self, nodes: &[Node], steps: &mut [Step]) -> Result<(), ComputeError> {
+        loop {
+            let (at, descs): (Vec<usize>, Vec<KernelDesc>) = steps
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| match s {
+                    Step::Kernel(k) if k.loaded.is_none() => Some((i, k.desc.clone())),
+                    _ => None,
+                })
+                .unzip();
+            if at.is_empty() {
+                return Ok(());
+            }
+            let loaded = self.device.kernels(&descs);
+            self.stats.load += loaded.loading;
+            self.stats.evictions += loaded.evicted;
+            let mut refused = Vec::new();
+            for (i, kernel) in at.into_iter().zip(loaded.kernels) {
+                match (kernel, &mut steps[i]) {
+                    (Ok(kernel), Step::Kernel(step)) => step.loaded = Some(kernel),
+                    (Err(e), _) => refused.push((i, e)),
+                    _ => {}
+                }
+            }
+            // Then the refused ones, whose fallbacks may put back steps loaded just now.
+            for (i, e) in refused {
+                let Step::Kernel(step) = &mut steps[i] else {
+                    continue;
+                };
+                if !step.fallback.is_empty() {
+                    crate::log::debug(&format!(
+                        "{}: node {i}: kernel {} is not available ({e}); the nodes it covers \
+                         run as before",
+                        self.device.name, step.desc.op
+                    ));
+                    for (j, before) in std::mem::take(&mut step.fallback) {
+                        steps[j] = before;
+                    }
+                } else if self.device.cpu_fallback || e.is_refused() {
+                    // Once per kernel: supports_op declines the node from now on.
+                    crate::log::warn(&format!(
+                        "{}: node {i} ({}) runs on the CPU: {e}",
+                        self.device.name,
+                        nodes[i].op.name()
+                    ));
+                    steps[i] = Step::Cpu(e.to_string());
+                } else {
+                    return Err(ComputeError::Device {
+                        index: i,
+                        op: nodes[i].op.name(),
+                        source: e,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Runs `step` of node `i` (inside a kernel's fallback, the step the node had before).
+    /// `done`: the SET_ROWS nodes whose rows a kernel wrote.
     fn run_step(
         &mut self,
         plan: &GraphPlan,
         i: usize,
+        step: &Step,
         host: &mut dyn HostMemory,
-        rows_written: &mut [bool],
+        done: &mut [bool],
     ) -> Result<(), ComputeError> {
         let node = (i, plan.ops[i]);
         let failed = |e: Enqueue| enqueue_error(node, e);
-        match (&plan.steps[i], &plan.kernels[i]) {
-            (Step::Plan(Plan::Kernel { .. }), Some(_)) if rows_written[i] => Ok(()),
-            (Step::Plan(Plan::Kernel { operands, desc }), Some(kernel)) => {
-                if let Some((producer, retargeted)) = &plan.producers[i] {
-                    if let Some(rows) = self.rows_of(plan, producer, host).map_err(failed)? {
-                        let mut into_rows = producer.inputs.clone();
-                        into_rows.push(rows);
-                        rows_written[producer.set_rows] = true;
-                        return self
-                            .enqueue(retargeted.clone(), &into_rows, 1, node)
-                            .map_err(failed);
-                    }
-                }
-                let rows = match &plan.scatters[i] {
-                    Some((scatter, copy)) => self
-                        .scatter_operands(scatter, host)
-                        .map_err(failed)?
-                        .map(|operands| (copy, operands)),
-                    None => None,
+        match step {
+            Step::Skip | Step::Covered => Ok(()),
+            _ if done[i] => Ok(()),
+            Step::Kernel(k) => {
+                let Some(kernel) = &k.loaded else {
+                    return Err(failed(Enqueue::Operand("its kernel is not loaded".into())));
                 };
-                match rows {
-                    Some((copy, rows)) => self.enqueue(copy.clone(), &rows, 1, node),
-                    // Every output counts as written (RMS_NORM_FFN_<GLU>'s output before h):
-                    // a host node reading one waits for the kernel.
-                    None => {
-                        let outputs = 1 + desc.extra_outputs.len();
-                        self.enqueue(kernel.clone(), operands, outputs, node)
+                let mut operands = Cow::Borrowed(k.operands.as_slice());
+                for r in &k.rows {
+                    match self.cache_rows(&r.scatter, host).map_err(failed)? {
+                        Some(rows) => operands.to_mut()[r.operand] = rows,
+                        None => {
+                            for (j, before) in &k.fallback {
+                                self.run_step(plan, *j, before, host, done)?;
+                            }
+                            return Ok(());
+                        }
                     }
                 }
-                .map_err(failed)
+                for r in &k.rows {
+                    done[r.set_rows] = true;
+                }
+                // Every output counts as written (RMS_NORM_FFN_<GLU>'s output before h): a host
+                // node reading one waits for the kernel.
+                self.enqueue(kernel.clone(), &operands, k.outputs(), node)
+                    .map_err(failed)
             }
-            (Step::Plan(Plan::Host(op)), _) => self.host(op, host).map_err(failed),
-            (Step::Cpu(why), _) => {
+            Step::Host(op) => self.host(op, host).map_err(failed),
+            Step::Cpu(why) => {
                 crate::log::debug(&format!(
                     "{}: node {i} ({}) on the CPU: {why}",
                     self.device.name, plan.ops[i]
@@ -910,116 +551,16 @@ impl Stream {
                     reason,
                 })
             }
-            _ => Ok(()),
         }
     }
 
-    /// Runs the merged kernel at node `i`: one dispatch when every member that writes cache
-    /// rows can write them now (consecutive indices), otherwise each member in turn.
-    fn run_merged(
-        &mut self,
-        plan: &GraphPlan,
-        merged: &MergedKernel,
-        i: usize,
-        host: &mut dyn HostMemory,
-        rows_written: &mut [bool],
-    ) -> Result<(), ComputeError> {
-        let node = (i, plan.ops[i]);
-        let Some(rows) = self.member_rows(plan, merged, node, host)? else {
-            for &m in &merged.members {
-                self.run_step(plan, m, host, rows_written)?;
-            }
-            return Ok(());
-        };
-        let mut operands = merged.operands.clone();
-        for (set_rows, tensor) in rows {
-            rows_written[set_rows] = true;
-            operands.push(tensor);
-        }
-        let outputs = operands.len() + 1 - merged.operands.len();
-        self.enqueue(merged.kernel.clone(), &operands, outputs, node)
-            .map_err(|e| enqueue_error(node, e))
-    }
-
-    /// The cache rows each member of `merged` that writes them can write now (its SET_ROWS's
-    /// node and the rows, in member order), or `None` when some member's are not consecutive.
-    fn member_rows(
-        &mut self,
-        plan: &GraphPlan,
-        merged: &MergedKernel,
-        node: (usize, &'static str),
-        host: &mut dyn HostMemory,
-    ) -> Result<Option<Vec<(usize, Tensor)>>, ComputeError> {
-        let mut rows = Vec::new();
-        for &m in &merged.members {
-            let Some((producer, _)) = &plan.producers[m] else {
-                continue;
-            };
-            match self
-                .rows_of(plan, producer, host)
-                .map_err(|e| enqueue_error(node, e))?
-            {
-                Some(tensor) => rows.push((producer.set_rows, tensor)),
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(rows))
-    }
-
-    /// Runs the decode layer's kernel at node `i`: one dispatch when K's and V's rows can be
-    /// written directly (consecutive indices), otherwise the Q/K/V merge, the two SET_ROWS and
-    /// the attention's kernel in turn.
-    fn run_layer(
-        &mut self,
-        plan: &GraphPlan,
-        layer: &LayerKernel,
-        i: usize,
-        host: &mut dyn HostMemory,
-        rows_written: &mut [bool],
-    ) -> Result<(), ComputeError> {
-        let node = (i, plan.ops[i]);
-        let merged = plan.merged[layer.merge_at]
-            .as_ref()
-            .expect("a layer kernel contains a Q/K/V merge");
-        let Some(rows) = self.member_rows(plan, merged, node, host)? else {
-            self.run_merged(plan, merged, layer.merge_at, host, rows_written)?;
-            for s in layer.set_rows {
-                self.run_step(plan, s, host, rows_written)?;
-            }
-            return self.run_step(plan, i, host, rows_written);
-        };
-        let mut operands = layer.before_rows.clone();
-        for (set_rows, tensor) in rows {
-            rows_written[set_rows] = true;
-            operands.push(tensor);
-        }
-        operands.extend(layer.after_rows.iter().cloned());
-        // The layer's output, Q, K's and V's rows, a, r1 and h.
-        self.enqueue(layer.kernel.clone(), &operands, 7, node)
-            .map_err(|e| enqueue_error(node, e))
-    }
-
-    /// The destination rows `producer`'s SET_ROWS names when they are consecutive.
-    fn rows_of(
-        &mut self,
-        plan: &GraphPlan,
-        producer: &RowsProducer,
-        host: &mut dyn HostMemory,
-    ) -> Result<Option<Tensor>, Enqueue> {
-        let Some((scatter, _)) = &plan.scatters[producer.set_rows] else {
-            return Ok(None);
-        };
-        Ok(self.scatter_operands(scatter, host)?.map(|[_, rows]| rows))
-    }
-
-    /// The operands of `scatter`'s copy when the indices, read now, name consecutive rows;
-    /// `None` when the SET_ROWS kernel must run. A pending kernel that writes the indices runs
-    /// first.
-    fn scatter_operands(
+    /// The cache rows `scatter`'s indices, read now, name when they are consecutive; `None`
+    /// when they are not. A pending kernel that writes the indices runs first.
+    fn cache_rows(
         &mut self,
         scatter: &RowScatter,
         host: &mut dyn HostMemory,
-    ) -> Result<Option<[Tensor; 2]>, Enqueue> {
+    ) -> Result<Option<Tensor>, Enqueue> {
         let idx = &scatter.idx;
         let hazard = self
             .pending
@@ -1029,7 +570,7 @@ impl Stream {
             self.flush().map_err(Enqueue::Submit)?;
         }
         let indices = host.read(idx).map_err(Enqueue::Operand)?;
-        Ok(scatter.operands(&indices))
+        Ok(scatter.operands(&indices).map(|[_, rows]| rows))
     }
 
     /// Waits for everything submitted. Submissions are synchronous, so only a pending batch can

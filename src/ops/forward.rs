@@ -17,7 +17,7 @@
 
 use std::borrow::Cow;
 
-use super::fusion::overlaps;
+use super::rewrite::rules::overlaps;
 use super::tensor::{DType, Node, Op, Tensor};
 
 /// A GET_ROWS turned into a view of its source.

@@ -4,26 +4,23 @@
 //!
 //! * [`tensor`]: the descriptors (types, tensors, ops, nodes).
 //! * [`plan`]: the support rules and the plan of one node.
-//! * [`fusion`]: the runs of nodes one kernel computes.
+//! * [`rewrite`]: the table of graph rewrites (which nodes one kernel computes) and the plan of
+//!   a graph, one step per node.
 //! * [`scatter`]: SET_ROWS as a copy into the rows its indices name, read at dispatch.
 //! * [`forward`]: one-row GET_ROWS turned into views their readers read through.
 //! * [`relocate`]: attention outputs moved out of memory the block after them reuses.
 //! * [`host`]: the ops that run on the host (type-converting copies).
 
 pub mod forward;
-pub mod fusion;
 pub mod host;
 pub mod plan;
 pub mod relocate;
+pub mod rewrite;
 pub mod scatter;
 pub mod tensor;
 
 pub use forward::{forward_gathers, Forwarded};
-pub use fusion::{
-    fold_attn_ffn, fold_ffn, fold_flash_attn_ffn, fold_glu, fold_rms_norm, fold_rope, fuse_at,
-    merge_layer, merge_qkv, AttnFfnFold, FfnFold, FlashAttnFfnFold, Fusion, GluFold, LayerMerge,
-    NormFold, Planned, QkvMerge, RopeFold,
-};
 pub use plan::{plan, plan_preferring, plan_with, Plan, PlanOptions};
+pub use rewrite::{CacheRows, KernelStep, Stage, Step};
 pub use scatter::{RowScatter, RowsProducer};
 pub use tensor::{BinaryOp, DType, Memory, Node, Op, QuantType, Tensor, UnaryOp};

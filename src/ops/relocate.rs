@@ -14,7 +14,7 @@
 //! without the move if one of those nodes ends up on ggml's CPU backend, which reads the
 //! graph's own memory.
 
-use super::fusion::overlaps;
+use super::rewrite::rules::overlaps;
 use super::tensor::{DType, Memory, Node, Op, Tensor};
 
 /// Alignment of each moved output in the scratch buffer.

@@ -13,8 +13,8 @@
 //! write the destination rows itself, in their type: [`RowScatter::producer`]. The copy's
 //! dispatch then disappears too.
 
-use super::fusion::overlaps;
 use super::plan::{device_copy, Plan};
+use super::rewrite::rules::overlaps;
 use super::tensor::{DType, Node, Op, Tensor};
 use crate::kernels::{KernelDesc, Layout};
 
@@ -108,6 +108,17 @@ impl RowScatter {
             }),
             _ => None,
         }
+    }
+
+    /// The destination rows at row 0: what a kernel's operand is bound to until the indices
+    /// name the rows (`operands`).
+    pub fn rows_placeholder(&self) -> Tensor {
+        self.rows.clone()
+    }
+
+    /// The copy kernel's operands with the destination rows' placeholder.
+    pub fn copy_operands(&self) -> Vec<Tensor> {
+        vec![self.src.clone(), self.rows_placeholder()]
     }
 
     /// The copy kernel's operands (source rows, destination rows) when `indices` (the index

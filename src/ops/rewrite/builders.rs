@@ -1,135 +1,15 @@
-//! Fusion (architecture §7: fewer dispatches): runs of graph nodes one kernel computes.
-//!
-//! Each pattern is recognised with checks that leave the nodes unfused whenever the graph
-//! differs from it: other ops, types or layouts, an intermediate tensor the application or a
-//! later node reads. The stream fuses only what the kernel store can provide, and runs the
-//! nodes unfused when the fused kernel is refused at compile time.
-//!
-//! * `RMS_NORM` → `MUL` by one weight row: one `RMS_NORM_MUL` kernel ([`fuse_rms_norm_mul`]).
-//! * Two `MUL_MAT`s of one activation by weights of one type and shape → their split `GLU`
-//!   (a feed-forward block's gate and up projections): one `MUL_MAT_<GLU>` kernel
-//!   ([`fuse_mul_mat_glu`]).
-//! * `MUL_MAT` → `ADD` of its product and another f32 tensor (residual connections, biases):
-//!   one `MUL_MAT_ADD` kernel ([`fuse_mul_mat_add`]).
-//!
-//! And one fold over the planned graph, not a run of nodes: an `RMS_NORM_MUL` kernel whose
-//! output only the projections read (llama's Q, K and V, the gate/up pair) runs inside each of
-//! them, as `RMS_NORM_MUL_MAT` or `RMS_NORM_MUL_MAT_<GLU>` kernels ([`fold_rms_norm`]).
-//! After it, two `RMS_NORM_MUL_MAT` kernels of one x whose products only a GLU kernel reads
-//! (a gate/up pair the run fusion left apart because the GLU's output reuses the norm's
-//! memory, which no kernel reads any more) become one `RMS_NORM_MUL_MAT_<GLU>` kernel
-//! ([`fold_glu`]); a `RMS_NORM_MUL_MAT` kernel whose product only a `ROPE` kernel reads (llama's Q
-//! and K) runs inside the ROPE's node as one `RMS_NORM_MUL_MAT_ROPE[_FF]` kernel
-//! ([`fold_rope`]), and a `MUL_MAT_ADD` kernel whose activations only an
-//! `RMS_NORM_MUL_MAT_<GLU>` kernel writes (llama's ffn_down and residual after the normed
-//! gate/up pair) runs with it as one `RMS_NORM_FFN_<GLU>` kernel ([`fold_ffn`]); the
-//! `MUL_MAT_ADD` kernel computing that block's input (llama's attention output projection and
-//! its residual) runs inside it as one `MUL_MAT_ADD_RMS_NORM_FFN_<GLU>` kernel
-//! ([`fold_attn_ffn`]), and the `FLASH_ATTN_EXT_MASK` kernel writing that projection's input
-//! (a decode step's attention) runs inside that one as one `FLASH_ATTN_FFN_<GLU>` kernel
-//! ([`fold_flash_attn_ffn`]). Last, once the kernels writing KV-cache rows themselves are known
-//! (`RowScatter::producer`), Q's, K's and V's kernels of one normalised x become one
-//! `RMS_NORM_QKV_ROPE[_FF]` kernel with three outputs ([`merge_qkv`]).
+//! The builders of the rewrites of `table.rs`: each recognises its pattern, with checks that
+//! leave the nodes as they are whenever the graph differs from it (other ops, types or layouts,
+//! an intermediate tensor the application or a later node reads), and lays out the kernel's
+//! operands and parameters.
 
-use super::plan::{as_layout, kernel_as_laid_out, mul_mat, rows_layout, Plan, PlanOptions};
-use super::tensor::{BinaryOp, DType, Node, Op, Tensor};
+use super::fused::{Fused, Glu};
+use super::rules::{kernel_writing, overlaps, read_elsewhere, read_later, same, written_in};
+use super::{Planned, Rewritten};
 use crate::kernels::KernelDesc;
 use crate::op_catalogue::{self as catalogue, OpEntry};
-
-/// A run of nodes, starting at the node it was asked for, that one kernel computes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fusion {
-    /// The fused kernel, run where the first node of the run was.
-    pub plan: Plan,
-    /// How many nodes it computes (the first and those right after it).
-    pub nodes: usize,
-}
-
-/// The fusion that starts at `nodes[0]` (`nodes` are the graph from that node on), if one does.
-pub fn fuse_at(nodes: &[Node], options: PlanOptions) -> Option<Fusion> {
-    if let [norm, mul, later @ ..] = nodes {
-        if let Some(plan) = fuse_rms_norm_mul(norm, mul, later) {
-            return Some(Fusion { plan, nodes: 2 });
-        }
-    }
-    if let [a, b, glu, later @ ..] = nodes {
-        if let Some(plan) = fuse_mul_mat_glu([a, b], glu, later, options) {
-            return Some(Fusion { plan, nodes: 3 });
-        }
-    }
-    // Views between the product and its ADD compute nothing (llama's last layer: its two
-    // one-row GET_ROWS, forwarded as views by `ops::forward_gathers`).
-    if let [mm, rest @ ..] = nodes {
-        let views = rest.iter().take_while(|n| n.op == Op::Layout).count();
-        if let [add, later @ ..] = &rest[views..] {
-            if let Some(plan) = fuse_mul_mat_add(mm, add, later, options) {
-                return Some(Fusion {
-                    plan,
-                    nodes: 2 + views,
-                });
-            }
-        }
-    }
-    None
-}
-
-/// Whether `p` and `q` are the same tensor (address, type, shape and strides).
-fn same(p: &Tensor, q: &Tensor) -> bool {
-    p.addr == q.addr && p.ne == q.ne && p.nb == q.nb && p.dtype == q.dtype
-}
-
-/// Whether `t`'s memory overlaps `u`'s.
-pub(super) fn overlaps(t: &Tensor, u: &Tensor) -> bool {
-    t.addr < u.addr + u.bytes && u.addr < t.addr + t.bytes
-}
-
-/// Whether a node of `later` reads `t` before a node overwrites its memory: ggml's allocator
-/// gives the memory of dead tensors to later ones, so what is read there afterwards is not `t`.
-pub(super) fn read_later(t: &Tensor, later: &[Node]) -> bool {
-    for n in later {
-        if n.src.iter().flatten().any(|s| overlaps(s, t)) {
-            return true;
-        }
-        if overlaps(&n.dst, t) {
-            return false;
-        }
-    }
-    false
-}
-
-/// Whether a node after `from` other than `reader` (and those `counts` leaves out: views,
-/// nodes another kernel computes) reads `t` before a node after `reader` overwrites its memory.
-/// A fold whose kernel runs at `reader` never writes `t`, so no other node may need it.
-fn read_elsewhere(
-    nodes: &[Node],
-    t: &Tensor,
-    from: usize,
-    reader: usize,
-    counts: impl Fn(usize) -> bool,
-) -> bool {
-    for (j, node) in nodes.iter().enumerate().skip(from + 1) {
-        if j != reader && counts(j) && node.src.iter().flatten().any(|s| overlaps(s, t)) {
-            return true;
-        }
-        if j > reader && overlaps(&node.dst, t) {
-            break;
-        }
-    }
-    false
-}
-
-/// Whether a node of `range` that `counts` keeps writes any of `tensors`: a kernel moved past
-/// those nodes would read the new values.
-fn written_in(
-    nodes: &[Node],
-    range: std::ops::Range<usize>,
-    tensors: &[&Tensor],
-    counts: impl Fn(usize) -> bool,
-) -> bool {
-    range
-        .filter(|&j| counts(j))
-        .any(|j| tensors.iter().any(|t| overlaps(&nodes[j].dst, t)))
-}
+use crate::ops::plan::{as_layout, kernel_as_laid_out, mul_mat, rows_layout, Plan, PlanOptions};
+use crate::ops::tensor::{BinaryOp, DType, Node, Op, Tensor};
 
 /// ggml's RMS_NORM → MUL fusion (llama's `attn_norm`, `ffn_norm`): `norm` is an RMS_NORM and
 /// `mul` the node after it, a MUL of the norm's output (input 0) by one f32 weight row repeated
@@ -219,7 +99,7 @@ pub fn fuse_mul_mat_glu(
     {
         return None;
     }
-    let op = OpEntry::by_name(&format!("MUL_MAT_{name}"))?;
+    let op = Fused::MulMatGlu(Glu::of(name)?).entry()?;
     Some(mul_mat_kernel(op, &[wg, wu, x], out, options))
 }
 
@@ -283,29 +163,6 @@ pub fn fuse_mul_mat_add(
     ))
 }
 
-/// What the stream planned for a node, as [`fold_rms_norm`] sees it.
-#[derive(Debug, Clone, Copy)]
-pub enum Planned<'a> {
-    /// The node's kernel (fused with the nodes after it that are `Covered`), and its operands.
-    Kernel(&'a KernelDesc, &'a [Tensor]),
-    /// Computed by the kernel of an earlier node.
-    Covered,
-    /// Nothing to compute (views).
-    Nothing,
-    /// The host or the CPU computes it.
-    Elsewhere,
-}
-
-/// An `RMS_NORM_MUL` kernel folded into the projections that read its output.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NormFold {
-    /// The RMS_NORM node (its MUL is the node after it): neither runs.
-    pub norm: usize,
-    /// Each projection reading the norm's output: its node, and its kernel reading the norm's
-    /// input and weight instead.
-    pub readers: Vec<(usize, Plan)>,
-}
-
 /// The fold of the `RMS_NORM_MUL` kernel planned at node `at` (`planned(k)`: node k's plan)
 /// into the projections that read its output z (llama's attn_norm into Q, K and V, its
 /// ffn_norm into the gate/up pair): each reader, a `MUL_MAT` or `MUL_MAT_<GLU>` kernel taking
@@ -313,12 +170,12 @@ pub struct NormFold {
 /// n, and the norm runs nowhere. Only when every node reading z before its memory is reused is
 /// such a kernel (a view of z computes nothing, but a node reading it must be one), the
 /// application does not read z, x has z's layout, and no node until the last reader writes x
-/// or n. `None` otherwise.
+/// or n. The readers' kernels cover the norm's two nodes. Empty otherwise.
 pub fn fold_rms_norm<'a>(
     nodes: &[Node],
     at: usize,
     planned: impl Fn(usize) -> Planned<'a>,
-) -> Option<NormFold> {
+) -> Option<Vec<Rewritten>> {
     let Planned::Kernel(desc, [x, n, z]) = planned(at) else {
         return None;
     };
@@ -343,7 +200,8 @@ pub fn fold_rms_norm<'a>(
             let Planned::Kernel(desc, operands) = planned(k) else {
                 return None;
             };
-            readers.push((k, normed(desc, operands, x, n, z, eps)?));
+            let (desc, operands) = normed(desc, operands, x, n, z, eps)?;
+            readers.push(Rewritten::kernel(k, vec![at, at + 1], desc, operands));
             reader_end = k + 1 + (k + 1..nodes.len()).take_while(|&j| covered(j)).count();
         }
         if k >= reader_end && overlaps(&node.dst, z) {
@@ -355,17 +213,7 @@ pub fn fold_rms_norm<'a>(
     if readers.is_empty() || written(x) || written(n) {
         return None;
     }
-    Some(NormFold { norm: at, readers })
-}
-
-/// A gate/up pair of normed projections folded into the GLU kernel reading their products.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GluFold {
-    /// The nodes of the gate's and the up projection's kernels: they run nothing.
-    pub products: [usize; 2],
-    /// The GLU's node, which runs `plan`: both projections and the GLU.
-    pub glu: usize,
-    pub plan: Plan,
+    Some(readers)
 }
 
 /// The fold of the two `RMS_NORM_MUL_MAT` kernels computing the inputs of the GLU kernel
@@ -373,20 +221,16 @@ pub struct GluFold {
 /// two share x, n and eps, their weights have one type, shape and layout, nothing but the GLU
 /// reads the products before their memory is reused and the application does not read them,
 /// no node between writes what the projections read, and the GLU's output overlaps none of
-/// it. `None` otherwise.
+/// it. It covers the projections' nodes. `None` otherwise.
 pub fn fold_glu<'a>(
     nodes: &[Node],
     at: usize,
     planned: impl Fn(usize) -> Planned<'a>,
-) -> Option<GluFold> {
+) -> Option<Rewritten> {
     let Planned::Kernel(glu, [a, b, out]) = planned(at) else {
         return None;
     };
-    const GLUS: [&str; 5] = ["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"];
-    if !GLUS.contains(&glu.op.as_str()) {
-        return None;
-    }
-    let op = OpEntry::by_name(&format!("RMS_NORM_MUL_MAT_{}", glu.op))?;
+    let op = Fused::RmsNormMulMatGlu(Glu::of(&glu.op)?).entry()?;
     let runs = |j: usize| !matches!(planned(j), Planned::Nothing);
     let projection = |t: &Tensor| {
         let k = (0..at)
@@ -440,21 +284,7 @@ pub fn fold_glu<'a>(
         f16_as_bf16: gate.f16_as_bf16,
     };
     let operands = [wg, wu, x, n, out].map(Tensor::clone).to_vec();
-    Some(GluFold {
-        products: [g, u],
-        glu: at,
-        plan: Plan::Kernel { desc, operands },
-    })
-}
-
-/// A projection folded into the ROPE that reads its product.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RopeFold {
-    /// The projection's node (`RMS_NORM_MUL_MAT`): it runs nowhere.
-    pub projection: usize,
-    /// The ROPE's node, which runs `plan` instead: the projection, then the rotation.
-    pub rope: usize,
-    pub plan: Plan,
+    Some(Rewritten::kernel(at, vec![g, u], desc, operands))
 }
 
 /// The fold of the `RMS_NORM_MUL_MAT` kernel that computes the input of the ROPE kernel planned
@@ -463,12 +293,12 @@ pub struct RopeFold {
 /// nothing. Only when the ROPE's input is exactly the product's memory (a reshape of it, f32,
 /// dense, one matrix), nothing else reads the product before its memory is reused and the
 /// application does not read it, and no node between the two writes the projection's inputs
-/// (they are read later than planned). `None` otherwise.
+/// (they are read later than planned). It covers the projection's node. `None` otherwise.
 pub fn fold_rope<'a>(
     nodes: &[Node],
     at: usize,
     planned: impl Fn(usize) -> Planned<'a>,
-) -> Option<RopeFold> {
+) -> Option<Rewritten> {
     let Planned::Kernel(rope, rope_operands) = planned(at) else {
         return None;
     };
@@ -494,7 +324,7 @@ pub fn fold_rope<'a>(
         return None;
     };
     let exact = z.addr == x.addr && z.bytes == x.bytes && f32_dense(z) && z.ne[2..] == [1, 1];
-    if projection.op != catalogue::RMS_NORM_MUL_MAT.name
+    if Fused::of(&projection.op) != Some(Fused::RmsNormMulMat)
         || nodes[k].is_output
         || !exact
         || projection.output.dtype != "f32"
@@ -512,11 +342,7 @@ pub fn fold_rope<'a>(
     {
         return None;
     }
-    let op = if ff {
-        catalogue::RMS_NORM_MUL_MAT_ROPE_FF
-    } else {
-        catalogue::RMS_NORM_MUL_MAT_ROPE
-    };
+    let op = Fused::RmsNormMulMatRope { ff }.entry()?;
     let eps = *projection.op_params.first()?;
     let mut op_params = rope.op_params.clone();
     op_params.resize(catalogue::ROPE.params, 0);
@@ -530,42 +356,7 @@ pub fn fold_rope<'a>(
     let mut kernel_operands = vec![w.clone(), xin.clone(), n.clone()];
     kernel_operands.extend(rope_inputs[1..].iter().cloned());
     kernel_operands.push(out.clone());
-    Some(RopeFold {
-        projection: k,
-        rope: at,
-        plan: Plan::Kernel {
-            desc,
-            operands: kernel_operands,
-        },
-    })
-}
-
-/// The last node before `at` writing `t`'s memory, and the node whose kernel computes it (the
-/// first of its run when a fused kernel covers it).
-fn kernel_writing<'a>(
-    nodes: &[Node],
-    at: usize,
-    t: &Tensor,
-    planned: &impl Fn(usize) -> Planned<'a>,
-) -> Option<(usize, usize)> {
-    let writer = (0..at)
-        .rev()
-        .find(|&k| !matches!(planned(k), Planned::Nothing) && overlaps(&nodes[k].dst, t))?;
-    let mut k = writer;
-    while matches!(planned(k), Planned::Covered) {
-        k = k.checked_sub(1)?;
-    }
-    Some((writer, k))
-}
-
-/// A feed-forward block's two kernels as one.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FfnFold {
-    /// The node of the `RMS_NORM_MUL_MAT_<GLU>` kernel (the gate/up pair): it runs nothing.
-    pub glu: usize,
-    /// The node of the `MUL_MAT_ADD` kernel (ffn_down and the residual), which runs `plan`.
-    pub down: usize,
-    pub plan: Plan,
+    Some(Rewritten::kernel(at, vec![k], desc, kernel_operands))
 }
 
 /// The fold of the `RMS_NORM_MUL_MAT_<GLU>` kernel computing h, the activations of the
@@ -574,12 +365,13 @@ pub struct FfnFold {
 /// y = rms_norm(x) * n, h its second output. Only when h is exactly the product's activations,
 /// nothing else reads h before its memory is reused, the application does not read it, no
 /// node between the two writes what the first kernel reads (it is read later than planned),
-/// and the output overlaps none of the inputs but r (an ADD in place). `None` otherwise.
+/// and the output overlaps none of the inputs but r (an ADD in place). It covers the pair's node.
+/// `None` otherwise.
 pub fn fold_ffn<'a>(
     nodes: &[Node],
     at: usize,
     planned: impl Fn(usize) -> Planned<'a>,
-) -> Option<FfnFold> {
+) -> Option<Rewritten> {
     let Planned::Kernel(down, [wd, h, r, out]) = planned(at) else {
         return None;
     };
@@ -590,8 +382,10 @@ pub fn fold_ffn<'a>(
     let Planned::Kernel(glu, [wg, wu, x, n, hz]) = planned(k) else {
         return None;
     };
-    let act = glu.op.strip_prefix("RMS_NORM_MUL_MAT_")?;
-    let op = catalogue::OpEntry::by_name(&format!("RMS_NORM_FFN_{act}"))?;
+    let Some(Fused::RmsNormMulMatGlu(act)) = Fused::of(&glu.op) else {
+        return None;
+    };
+    let op = Fused::RmsNormFfn(act).entry()?;
     if !same(hz, h) || nodes[writer].is_output || !same(&nodes[writer].dst, h) {
         return None;
     }
@@ -619,22 +413,7 @@ pub fn fold_ffn<'a>(
         f16_as_bf16: glu.f16_as_bf16 || down.f16_as_bf16,
     };
     let operands = [wg, wu, wd, x, n, r, out, h].map(Tensor::clone).to_vec();
-    Some(FfnFold {
-        glu: k,
-        down: at,
-        plan: Plan::Kernel { desc, operands },
-    })
-}
-
-/// The attention output projection's kernel folded into the feed-forward block's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AttnFfnFold {
-    /// The node of the `MUL_MAT_ADD` kernel computing r1 (the attention output projection and
-    /// the residual): it runs nothing.
-    pub projection: usize,
-    /// The node of the `RMS_NORM_FFN_<GLU>` kernel, which runs `plan`.
-    pub ffn: usize,
-    pub plan: Plan,
+    Some(Rewritten::kernel(at, vec![k], desc, operands))
 }
 
 /// The fold of the `MUL_MAT_ADD` kernel computing r1 = Wo . a + r0 (llama's attention output
@@ -642,18 +421,21 @@ pub struct AttnFfnFold {
 /// whose x and residual are both r1, as one `MUL_MAT_ADD_RMS_NORM_FFN_<GLU>` kernel at `at`
 /// writing r1 and h besides its output. Only when no node that runs between the two reads r1
 /// (the fused kernel writes it later than planned) or writes what the projection reads.
-/// `None` otherwise. (Whether four weights of different types fit one kernel is the
-/// compiler's to say: the IRON design's phases share one weight stream and refuse them.)
+/// It covers the projection's node. `None` otherwise. (Whether four weights of different types
+/// fit one kernel is the compiler's to say: the IRON design's phases share one weight stream
+/// and refuse them.)
 pub fn fold_attn_ffn<'a>(
     nodes: &[Node],
     at: usize,
     planned: impl Fn(usize) -> Planned<'a>,
-) -> Option<AttnFfnFold> {
+) -> Option<Rewritten> {
     let Planned::Kernel(ffn, [wg, wu, wd, x, n, r, out, h]) = planned(at) else {
         return None;
     };
-    let act = ffn.op.strip_prefix("RMS_NORM_FFN_")?;
-    let op = catalogue::OpEntry::by_name(&format!("MUL_MAT_ADD_RMS_NORM_FFN_{act}"))?;
+    let Some(Fused::RmsNormFfn(act)) = Fused::of(&ffn.op) else {
+        return None;
+    };
+    let op = Fused::MulMatAddRmsNormFfn(act).entry()?;
     if !same(x, r) {
         return None;
     }
@@ -688,21 +470,7 @@ pub fn fold_attn_ffn<'a>(
     let operands = [wo, a, r0, wg, wu, wd, n, out, r1, h]
         .map(Tensor::clone)
         .to_vec();
-    Some(AttnFfnFold {
-        projection: k,
-        ffn: at,
-        plan: Plan::Kernel { desc, operands },
-    })
-}
-
-/// A decode step's attention kernel folded into the kernel of the block after it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FlashAttnFfnFold {
-    /// The node of the `FLASH_ATTN_EXT_MASK` kernel computing a: it runs nothing.
-    pub attention: usize,
-    /// The node of the `MUL_MAT_ADD_RMS_NORM_FFN_<GLU>` kernel, which runs `plan`.
-    pub ffn: usize,
-    pub plan: Plan,
+    Some(Rewritten::kernel(at, vec![k], desc, operands))
 }
 
 /// The fold of the `FLASH_ATTN_EXT_MASK` kernel computing a (llama's attention, its output
@@ -710,19 +478,21 @@ pub struct FlashAttnFfnFold {
 /// kernel planned at node `at` reading a, as one `FLASH_ATTN_FFN_<GLU>` kernel at `at` writing
 /// a, r1 and h besides its output. Only when a is the attention's whole dense output, the
 /// application does not read it, no node that runs between the two reads it (the fused kernel
-/// writes it later than planned) and none writes what the attention reads. `None` otherwise.
-/// (Which shapes one kernel covers is the compiler's to say: the IRON design takes one token of
+/// writes it later than planned) and none writes what the attention reads. It covers the
+/// attention's node. `None` otherwise. (Which shapes one kernel covers is the compiler's to say: the IRON design takes one token of
 /// one sequence and a context its cores' memory holds, and refuses the rest.)
 pub fn fold_flash_attn_ffn<'a>(
     nodes: &[Node],
     at: usize,
     planned: impl Fn(usize) -> Planned<'a>,
-) -> Option<FlashAttnFfnFold> {
+) -> Option<Rewritten> {
     let Planned::Kernel(ffn, [wo, a, r0, wg, wu, wd, n, out, r1, h]) = planned(at) else {
         return None;
     };
-    let act = ffn.op.strip_prefix("MUL_MAT_ADD_RMS_NORM_FFN_")?;
-    let op = catalogue::OpEntry::by_name(&format!("FLASH_ATTN_FFN_{act}"))?;
+    let Some(Fused::MulMatAddRmsNormFfn(act)) = Fused::of(&ffn.op) else {
+        return None;
+    };
+    let op = Fused::FlashAttnFfn(act).entry()?;
     // a is read where the block's kernel starts (its projection); the block's own nodes after
     // that may reuse a's memory (the norm's output, say), so the kernel writing a is the last
     // before that start.
@@ -774,11 +544,7 @@ pub fn fold_flash_attn_ffn<'a>(
     let operands = [q, kc, vc, mask, wo, r0, wg, wu, wd, n, out, fa_out, r1, h]
         .map(Tensor::clone)
         .to_vec();
-    Some(FlashAttnFfnFold {
-        attention: k,
-        ffn: at,
-        plan: Plan::Kernel { desc, operands },
-    })
+    Some(Rewritten::kernel(at, vec![k], desc, operands))
 }
 
 /// llama's Q, K and V kernels merged into one `RMS_NORM_QKV_ROPE[_FF]` kernel.
@@ -795,7 +561,7 @@ pub struct QkvMerge {
     pub operands: Vec<Tensor>,
 }
 
-/// The merges of Q's, K's and V's kernels in a planned graph (`planned(k)`: node k's plan;
+/// The merge of V's kernel at node `v` with Q's and K's (`planned(k)`: node k's plan;
 /// `rows_kernel(k)`: for a kernel that writes its SET_ROWS's destination rows itself when the
 /// indices are consecutive, its kernel writing them and that SET_ROWS's node). V is an
 /// `RMS_NORM_MUL_MAT` kernel writing cache rows, K an `RMS_NORM_MUL_MAT_ROPE[_FF]` kernel
@@ -807,116 +573,110 @@ pub struct QkvMerge {
 /// both SET_ROWS come after it.
 pub fn merge_qkv<'a>(
     nodes: &[Node],
+    v: usize,
     planned: impl Fn(usize) -> Planned<'a>,
     rows_kernel: impl Fn(usize) -> Option<(&'a KernelDesc, usize)>,
-) -> Vec<QkvMerge> {
+) -> Option<QkvMerge> {
     let kernel = |k: usize| match planned(k) {
         Planned::Kernel(desc, operands) => Some((desc, operands)),
         _ => None,
     };
-    let mut merges = Vec::new();
-    for v in 0..nodes.len() {
-        let Some((v_desc, [wv, x, n, _])) = kernel(v) else {
-            continue;
-        };
-        let Some((v_rows, v_set)) = rows_kernel(v) else {
-            continue;
-        };
-        if v_desc.op != catalogue::RMS_NORM_MUL_MAT.name {
-            continue;
-        }
-        let rotations: Vec<usize> = (0..nodes.len())
-            .filter(|&k| {
-                kernel(k).is_some_and(|(d, ops)| {
-                    d.op.starts_with(catalogue::RMS_NORM_MUL_MAT_ROPE.name)
-                        && ops.len() >= 5
-                        && same(&ops[1], x)
-                        && same(&ops[2], n)
-                })
-            })
-            .collect();
-        let (q, k) = match rotations.as_slice() {
-            [a, b] => match (rows_kernel(*a).is_some(), rows_kernel(*b).is_some()) {
-                (false, true) => (*a, *b),
-                (true, false) => (*b, *a),
-                _ => continue,
-            },
-            _ => continue,
-        };
-        let (Some((q_desc, q_ops)), Some((k_desc, k_ops)), Some((k_rows, k_set))) =
-            (kernel(q), kernel(k), rows_kernel(k))
-        else {
-            continue;
-        };
-        let eps = v_desc.op_params.first().copied();
-        let one_rotation = q_desc.op == k_desc.op
-            && q_desc.op_params == k_desc.op_params
-            && q_desc.inputs[3..] == k_desc.inputs[3..]
-            && q_ops[3..q_ops.len() - 1]
-                .iter()
-                .zip(&k_ops[3..k_ops.len() - 1])
-                .all(|(a, b)| same(a, b))
-            && q_desc.op_params.get(11).copied() == eps;
-        if !one_rotation || q_desc.output.dtype != "f32" {
-            continue;
-        }
-        let members = [q, k, v];
-        let at = q.max(k).max(v);
-        let first = q.min(k).min(v);
-        if k_set <= at || v_set <= at {
-            continue;
-        }
-        let runs = |j: usize| !matches!(planned(j), Planned::Nothing);
-        // What the merged kernel reads, written in between: it would read the new values.
-        let mut reads: Vec<&Tensor> = vec![&q_ops[0], &k_ops[0], wv, x, n];
-        reads.extend(&q_ops[3..q_ops.len() - 1]);
-        let overwritten = written_in(nodes, first..at, &reads, |j| {
-            runs(j) && !members.contains(&j)
-        });
-        // What a member writes, touched between it and the merged kernel: read too early, or
-        // written before the member's late write.
-        let caches = [&nodes[k_set].dst, &nodes[v_set].dst];
-        let touched = members.iter().any(|&m| {
-            let out = &nodes[m].dst;
-            (m + 1..at).filter(|&j| runs(j)).any(|j| {
-                let node = &nodes[j];
-                let read = |t: &Tensor| node.src.iter().flatten().any(|s| overlaps(s, t));
-                let written = |t: &Tensor| overlaps(&node.dst, t);
-                read(out) || written(out) || caches.iter().any(|c| read(c) || written(c))
-            })
-        });
-        if overwritten || touched {
-            continue;
-        }
-        let op = if q_desc.op.ends_with("_FF") {
-            catalogue::RMS_NORM_QKV_ROPE_FF
-        } else {
-            catalogue::RMS_NORM_QKV_ROPE
-        };
-        let mut inputs = vec![
-            q_desc.inputs[0].clone(),
-            k_desc.inputs[0].clone(),
-            v_desc.inputs[0].clone(),
-        ];
-        inputs.extend_from_slice(&q_desc.inputs[1..]);
-        let desc = KernelDesc {
-            op: op.name.to_owned(),
-            op_params: q_desc.op_params.clone(),
-            inputs,
-            output: q_desc.output.clone(),
-            extra_outputs: vec![k_rows.output.clone(), v_rows.output.clone()],
-            f16_as_bf16: q_desc.f16_as_bf16 || k_rows.f16_as_bf16 || v_rows.f16_as_bf16,
-        };
-        let mut operands = vec![q_ops[0].clone(), k_ops[0].clone(), wv.clone()];
-        operands.extend(q_ops[1..].iter().cloned());
-        merges.push(QkvMerge {
-            members,
-            at,
-            desc,
-            operands,
-        });
+    let Some((v_desc, [wv, x, n, _])) = kernel(v) else {
+        return None;
+    };
+    let (v_rows, v_set) = rows_kernel(v)?;
+    if Fused::of(&v_desc.op) != Some(Fused::RmsNormMulMat) {
+        return None;
     }
-    merges
+    let rotations: Vec<usize> = (0..nodes.len())
+        .filter(|&k| {
+            kernel(k).is_some_and(|(d, ops)| {
+                matches!(Fused::of(&d.op), Some(Fused::RmsNormMulMatRope { .. }))
+                    && ops.len() >= 5
+                    && same(&ops[1], x)
+                    && same(&ops[2], n)
+            })
+        })
+        .collect();
+    let (q, k) = match rotations.as_slice() {
+        [a, b] => match (rows_kernel(*a).is_some(), rows_kernel(*b).is_some()) {
+            (false, true) => (*a, *b),
+            (true, false) => (*b, *a),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let (Some((q_desc, q_ops)), Some((k_desc, k_ops)), Some((k_rows, k_set))) =
+        (kernel(q), kernel(k), rows_kernel(k))
+    else {
+        return None;
+    };
+    let eps = v_desc.op_params.first().copied();
+    let one_rotation = q_desc.op == k_desc.op
+        && q_desc.op_params == k_desc.op_params
+        && q_desc.inputs[3..] == k_desc.inputs[3..]
+        && q_ops[3..q_ops.len() - 1]
+            .iter()
+            .zip(&k_ops[3..k_ops.len() - 1])
+            .all(|(a, b)| same(a, b))
+        && q_desc.op_params.get(11).copied() == eps;
+    if !one_rotation || q_desc.output.dtype != "f32" {
+        return None;
+    }
+    let members = [q, k, v];
+    let at = q.max(k).max(v);
+    let first = q.min(k).min(v);
+    if k_set <= at || v_set <= at {
+        return None;
+    }
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing);
+    // What the merged kernel reads, written in between: it would read the new values.
+    let mut reads: Vec<&Tensor> = vec![&q_ops[0], &k_ops[0], wv, x, n];
+    reads.extend(&q_ops[3..q_ops.len() - 1]);
+    let overwritten = written_in(nodes, first..at, &reads, |j| {
+        runs(j) && !members.contains(&j)
+    });
+    // What a member writes, touched between it and the merged kernel: read too early, or
+    // written before the member's late write.
+    let caches = [&nodes[k_set].dst, &nodes[v_set].dst];
+    let touched = members.iter().any(|&m| {
+        let out = &nodes[m].dst;
+        (m + 1..at).filter(|&j| runs(j)).any(|j| {
+            let node = &nodes[j];
+            let read = |t: &Tensor| node.src.iter().flatten().any(|s| overlaps(s, t));
+            let written = |t: &Tensor| overlaps(&node.dst, t);
+            read(out) || written(out) || caches.iter().any(|c| read(c) || written(c))
+        })
+    });
+    if overwritten || touched {
+        return None;
+    }
+    let Some(Fused::RmsNormMulMatRope { ff }) = Fused::of(&q_desc.op) else {
+        return None;
+    };
+    let op = Fused::RmsNormQkvRope { ff }.entry()?;
+    let mut inputs = vec![
+        q_desc.inputs[0].clone(),
+        k_desc.inputs[0].clone(),
+        v_desc.inputs[0].clone(),
+    ];
+    inputs.extend_from_slice(&q_desc.inputs[1..]);
+    let desc = KernelDesc {
+        op: op.name.to_owned(),
+        op_params: q_desc.op_params.clone(),
+        inputs,
+        output: q_desc.output.clone(),
+        extra_outputs: vec![k_rows.output.clone(), v_rows.output.clone()],
+        f16_as_bf16: q_desc.f16_as_bf16 || k_rows.f16_as_bf16 || v_rows.f16_as_bf16,
+    };
+    let mut operands = vec![q_ops[0].clone(), k_ops[0].clone(), wv.clone()];
+    operands.extend(q_ops[1..].iter().cloned());
+    Some(QkvMerge {
+        members,
+        at,
+        desc,
+        operands,
+    })
 }
 
 /// A llama decode layer's two kernels (the Q/K/V merge and the attention with the block after
@@ -933,8 +693,8 @@ pub struct LayerMerge {
     pub after_rows: Vec<Tensor>,
 }
 
-/// The merge of the Q/K/V kernel `merge` (whose K and V rows the SET_ROWS nodes `set_rows`
-/// write) with the `FLASH_ATTN_FFN_<GLU>` kernel after it whose q is Q, whose residual is the
+/// The merge of the Q/K/V kernel `merge` at node `merge_at` (`operands`: its operands up to Q's
+/// output; K's and V's rows, which the SET_ROWS nodes `set_rows` name, follow) with the `FLASH_ATTN_FFN_<GLU>` kernel after it whose q is Q, whose residual is the
 /// layer's input x and whose k and v read those caches, as one `DECODE_LAYER[_FF]_<GLU>` kernel
 /// at the attention's node. Only when nothing runs between the two but those SET_ROWS (the
 /// views, and the nodes the attention's kernel covers, run nothing): the Q/K/V kernel then runs
@@ -942,45 +702,47 @@ pub struct LayerMerge {
 pub fn merge_layer<'a>(
     nodes: &[Node],
     planned: impl Fn(usize) -> Planned<'a>,
-    merge: &QkvMerge,
+    merge_at: usize,
+    merge: &KernelDesc,
+    operands: &[Tensor],
     set_rows: [usize; 2],
 ) -> Option<LayerMerge> {
-    let x = merge.operands.get(3)?;
-    let q_out = merge.operands.last()?;
-    let (at, ffn, ops) = (merge.at + 1..nodes.len()).find_map(|j| match planned(j) {
-        Planned::Kernel(d, ops) if d.op.starts_with("FLASH_ATTN_FFN_") => Some((j, d, ops)),
+    let Some(Fused::RmsNormQkvRope { ff }) = Fused::of(&merge.op) else {
+        return None;
+    };
+    let x = operands.get(3)?;
+    let q_out = operands.last()?;
+    let (at, glu, ffn, ops) = (merge_at + 1..nodes.len()).find_map(|j| match planned(j) {
+        Planned::Kernel(d, ops) => match Fused::of(&d.op) {
+            Some(Fused::FlashAttnFfn(glu)) => Some((j, glu, d, ops)),
+            _ => None,
+        },
         _ => None,
     })?;
     let [q, k, v, mask, wo, r0, wg, wu, wd, n, out, a, r1, h] = ops else {
         return None;
     };
-    let glu = ffn.op.strip_prefix("FLASH_ATTN_FFN_")?;
-    let ff = merge.desc.op.ends_with("_FF");
-    let op = catalogue::OpEntry::by_name(&if ff {
-        format!("DECODE_LAYER_FF_{glu}")
-    } else {
-        format!("DECODE_LAYER_{glu}")
-    })?;
+    let op = Fused::DecodeLayer { ff, glu }.entry()?;
     let q_is_q = q.addr == q_out.addr
         && q.bytes == q_out.bytes
         && q.is_contiguous()
         && q_out.is_contiguous();
     let caches = overlaps(k, &nodes[set_rows[0]].dst) && overlaps(v, &nodes[set_rows[1]].dst);
     let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
-    let between = (merge.at + 1..at).any(|j| runs(j) && !set_rows.contains(&j));
+    let between = (merge_at + 1..at).any(|j| runs(j) && !set_rows.contains(&j));
     if !q_is_q || !same(r0, x) || !caches || between {
         return None;
     }
-    let mut op_params = merge.desc.op_params.clone();
+    let mut op_params = merge.op_params.clone();
     op_params.resize(12, 0);
     let mut attention = ffn.op_params.clone();
     attention.resize(4, 0);
     op_params.extend(attention);
-    let mut inputs = merge.desc.inputs.clone();
+    let mut inputs = merge.inputs.clone();
     inputs.extend_from_slice(&ffn.inputs[1..5]);
     inputs.extend_from_slice(&ffn.inputs[6..]);
-    let mut extra_outputs = vec![merge.desc.output.clone()];
-    extra_outputs.extend_from_slice(&merge.desc.extra_outputs);
+    let mut extra_outputs = vec![merge.output.clone()];
+    extra_outputs.extend_from_slice(&merge.extra_outputs);
     extra_outputs.extend_from_slice(&ffn.extra_outputs);
     let desc = KernelDesc {
         op: op.name.to_owned(),
@@ -988,9 +750,9 @@ pub fn merge_layer<'a>(
         inputs,
         output: ffn.output.clone(),
         extra_outputs,
-        f16_as_bf16: merge.desc.f16_as_bf16 || ffn.f16_as_bf16,
+        f16_as_bf16: merge.f16_as_bf16 || ffn.f16_as_bf16,
     };
-    let qkv_inputs = &merge.operands[..merge.operands.len() - 1];
+    let qkv_inputs = &operands[..operands.len() - 1];
     let mut before_rows = qkv_inputs.to_vec();
     before_rows.extend([k, v, mask, wo, wg, wu, wd, n, out, q_out].map(Tensor::clone));
     Some(LayerMerge {
@@ -1010,13 +772,17 @@ fn normed(
     n: &Tensor,
     z: &Tensor,
     eps: i32,
-) -> Option<Plan> {
-    let op = catalogue::OpEntry::by_name(&format!("RMS_NORM_{}", desc.op))?;
+) -> Option<(KernelDesc, Vec<Tensor>)> {
+    let fused = match Fused::of(&desc.op) {
+        _ if desc.op == catalogue::MUL_MAT.name => Fused::RmsNormMulMat,
+        Some(Fused::MulMatGlu(glu)) => Fused::RmsNormMulMatGlu(glu),
+        _ => return None,
+    };
+    let op = fused.entry()?;
     let (out, inputs) = operands.split_last()?;
     let (activations, weights) = inputs.split_last()?;
     let reads_only_as_x = same(activations, z) && !weights.iter().any(|w| overlaps(w, z));
-    if !desc.op.starts_with("MUL_MAT")
-        || op.inputs != inputs.len() + 1
+    if op.inputs != inputs.len() + 1
         || !reads_only_as_x
         || [x, n].into_iter().any(|t| overlaps(out, t))
     {
@@ -1028,14 +794,47 @@ fn normed(
     desc.inputs.push(as_layout(n));
     let mut operands = weights.to_vec();
     operands.extend([x.clone(), n.clone(), out.clone()]);
-    Some(Plan::Kernel { desc, operands })
+    Some((desc, operands))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::tensor::test_util::{node, tensor};
-    use super::super::tensor::{BinaryOp, DType, QuantType, UnaryOp};
+    use super::super::{Graph, Step, StepList, REWRITES};
     use super::*;
+    use crate::ops::tensor::test_util::{node, tensor};
+    use crate::ops::tensor::{BinaryOp, DType, QuantType, UnaryOp};
+
+    /// A run of nodes one kernel computes: the kernel, and how many nodes (the first and those
+    /// right after it).
+    #[derive(Debug)]
+    struct Fusion {
+        plan: Plan,
+        nodes: usize,
+    }
+
+    /// The run the table's run rows (the first three) make at node 0 of `nodes`.
+    fn fuse_at(nodes: &[Node], options: PlanOptions) -> Option<Fusion> {
+        let steps: Vec<Step<()>> = nodes
+            .iter()
+            .map(|n| crate::ops::plan(n).map_or(Step::Cpu(String::new()), Step::of))
+            .collect();
+        let view = StepList(&steps);
+        let graph = Graph {
+            nodes,
+            steps: &view,
+            options,
+        };
+        REWRITES[..3].iter().find_map(|row| {
+            let [r] = (row.build)(&graph, 0).try_into().ok()?;
+            Some(Fusion {
+                plan: Plan::Kernel {
+                    desc: r.desc,
+                    operands: r.operands,
+                },
+                nodes: 1 + r.covers.len(),
+            })
+        })
+    }
 
     /// llama's `ffn_norm`: RMS_NORM of x [64, 5] at 0x1000 into y at 0x2000, then MUL of y by
     /// the weight row at 0x3000 into z at 0x4000; then `later` (nodes after the MUL).
@@ -1390,13 +1189,13 @@ mod tests {
                     steps.push(Some(f.plan));
                     steps.extend((1..f.nodes).map(|_| None));
                 }
-                None => steps.push(Some(super::super::plan(&nodes[i]).unwrap())),
+                None => steps.push(Some(crate::ops::plan(&nodes[i]).unwrap())),
             }
         }
         steps
     }
 
-    fn fold_in(nodes: &[Node]) -> Option<NormFold> {
+    fn fold_in(nodes: &[Node]) -> Option<Vec<Rewritten>> {
         let steps = planned_graph(nodes);
         let planned = |k: usize| match &steps[k] {
             Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
@@ -1437,13 +1236,17 @@ mod tests {
     #[test]
     fn a_norm_only_projections_read_runs_inside_them() {
         let fold = fold_in(&norm_then_projections(vec![])).expect("folds");
-        assert_eq!(fold.norm, 0);
-        let readers: Vec<usize> = fold.readers.iter().map(|(k, _)| *k).collect();
+        let readers: Vec<usize> = fold.iter().map(|r| r.at).collect();
         assert_eq!(readers, [2, 3]);
-        for (_, plan) in &fold.readers {
-            let Plan::Kernel { desc, operands } = plan else {
-                panic!("a kernel");
-            };
+        for Rewritten {
+            desc,
+            operands,
+            covers,
+            ..
+        } in &fold
+        {
+            // The norm and its MUL run nowhere.
+            assert_eq!(covers, &[0, 1]);
             assert_eq!(desc.op, "RMS_NORM_MUL_MAT");
             assert_eq!(desc.op_params, vec![1e-6f32.to_bits() as i32]);
             assert_eq!(desc.inputs.len(), 3);
@@ -1492,7 +1295,13 @@ mod tests {
         );
         nodes.push(glu);
         let fold = fold_in(&nodes).expect("folds");
-        let [(2, Plan::Kernel { desc, operands })] = fold.readers.as_slice() else {
+        let [Rewritten {
+            at: 2,
+            desc,
+            operands,
+            ..
+        }] = fold.as_slice()
+        else {
             panic!("one reader, the GLU kernel at node 2: {fold:?}");
         };
         assert_eq!(desc.op, "RMS_NORM_MUL_MAT_SWIGLU");
@@ -1523,15 +1332,17 @@ mod tests {
         tail.extend(after);
         let nodes = norm_then_projections(tail);
         let mut steps = planned_graph(&nodes);
-        let fold = fold_in(&nodes).expect("the norm folds");
-        steps[fold.norm] = None;
-        for (k, plan) in fold.readers {
-            steps[k] = Some(plan);
+        for r in fold_in(&nodes).expect("the norm folds") {
+            steps[r.covers[0]] = None;
+            steps[r.at] = Some(Plan::Kernel {
+                desc: r.desc,
+                operands: r.operands,
+            });
         }
         (nodes, steps)
     }
 
-    fn rope_fold_in(nodes: &[Node], steps: &[Option<Plan>], at: usize) -> Option<RopeFold> {
+    fn rope_fold_in(nodes: &[Node], steps: &[Option<Plan>], at: usize) -> Option<Rewritten> {
         let planned = |k: usize| match &steps[k] {
             Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
             Some(Plan::Skip) => Planned::Nothing,
@@ -1546,10 +1357,8 @@ mod tests {
         let (nodes, steps) = projections_then_rope(vec![]);
         assert!(rope_fold_in(&nodes, &steps, 3).is_none(), "K is no ROPE");
         let fold = rope_fold_in(&nodes, &steps, 5).expect("folds");
-        assert_eq!((fold.projection, fold.rope), (2, 5));
-        let Plan::Kernel { desc, operands } = &fold.plan else {
-            panic!("a kernel");
-        };
+        assert_eq!((&fold.covers[..], fold.at), (&[2][..], 5));
+        let (desc, operands) = (&fold.desc, &fold.operands);
         assert_eq!(desc.op, "RMS_NORM_MUL_MAT_ROPE");
         // The rope's 11 words, then eps.
         assert_eq!(desc.op_params.len(), 12);
@@ -1584,7 +1393,7 @@ mod tests {
             out(0x1000),
             vec![out(0x7000), out(0x7000)],
         );
-        steps.insert(4, Some(super::super::plan(&writer).unwrap()));
+        steps.insert(4, Some(crate::ops::plan(&writer).unwrap()));
         nodes.insert(4, writer);
         assert!(rope_fold_in(&nodes, &steps, 6).is_none());
         // A projection still reading the norm's output (the norm not folded).
@@ -1652,7 +1461,7 @@ mod tests {
         let mut nodes = vec![q.0, k.0, v.0, sk, sv];
         let mut steps = vec![Some(q.1), Some(k.1), Some(v.1), None, None];
         if let Some((at, extra)) = extra {
-            steps.insert(at, Some(super::super::plan(&extra).unwrap()));
+            steps.insert(at, Some(crate::ops::plan(&extra).unwrap()));
             nodes.insert(at, extra);
         }
         (nodes, steps)
@@ -1678,7 +1487,13 @@ mod tests {
                 _ => None,
             })
             .collect();
-        merge_qkv(nodes, planned, |k| rows[k].as_ref().map(|(d, s)| (d, *s)))
+        (0..nodes.len())
+            .filter_map(|v| {
+                merge_qkv(nodes, v, planned, |k| {
+                    rows[k].as_ref().map(|(d, s)| (d, *s))
+                })
+            })
+            .collect()
     }
 
     #[test]
@@ -1767,7 +1582,7 @@ mod tests {
             ],
             vec![h],
         );
-        let between_plan = (!covered).then(|| super::super::plan(&between).unwrap());
+        let between_plan = (!covered).then(|| crate::ops::plan(&between).unwrap());
         let nodes = vec![
             node(Op::MulMat, r1.clone(), vec![]),
             between,
@@ -1776,7 +1591,7 @@ mod tests {
         (nodes, vec![Some(proj), between_plan, Some(ffn)])
     }
 
-    fn attn_ffn_fold(nodes: &[Node], steps: &[Option<Plan>]) -> Option<AttnFfnFold> {
+    fn attn_ffn_fold(nodes: &[Node], steps: &[Option<Plan>]) -> Option<Rewritten> {
         let planned = |k: usize| match &steps[k] {
             Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
             None => Planned::Covered,
@@ -1793,10 +1608,8 @@ mod tests {
         // output in r1's memory (the block's ADD in place).
         let (nodes, steps) = attn_then_ffn(0x3000, relu(f32(0x6000), f32(0x3000)), true);
         let fold = attn_ffn_fold(&nodes, &steps).expect("folds");
-        assert_eq!((fold.projection, fold.ffn), (0, 2));
-        let Plan::Kernel { desc, operands } = &fold.plan else {
-            panic!("{:?}", fold.plan)
-        };
+        assert_eq!((&fold.covers[..], fold.at), (&[0][..], 2));
+        let (desc, operands) = (&fold.desc, &fold.operands);
         assert_eq!(desc.op, "MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU");
         assert_eq!(desc.op_params, [1e-5f32.to_bits() as i32]);
         assert_eq!(desc.extra_outputs.len(), 2);
@@ -1880,7 +1693,7 @@ mod tests {
             ],
             2,
         );
-        let between_plan = (!covered).then(|| super::super::plan(&between).unwrap());
+        let between_plan = (!covered).then(|| crate::ops::plan(&between).unwrap());
         let nodes = vec![
             node(Op::MulMat, fa_out.clone(), vec![]),
             node(Op::MulMat, a, vec![fa_out]),
@@ -1893,7 +1706,7 @@ mod tests {
         )
     }
 
-    fn flash_attn_ffn_fold(nodes: &[Node], steps: &[Option<Plan>]) -> Option<FlashAttnFfnFold> {
+    fn flash_attn_ffn_fold(nodes: &[Node], steps: &[Option<Plan>]) -> Option<Rewritten> {
         let planned = |k: usize| match &steps[k] {
             Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
             Some(Plan::Skip) => Planned::Nothing,
@@ -1911,10 +1724,8 @@ mod tests {
         // A node computed inside the block's kernel in between (the projection's MUL_MAT).
         let (nodes, steps) = attention_then_block(mask, relu(f32(0x6000), f32(0x1000)), true);
         let fold = flash_attn_ffn_fold(&nodes, &steps).expect("folds");
-        assert_eq!((fold.attention, fold.ffn), (0, 3));
-        let Plan::Kernel { desc, operands } = &fold.plan else {
-            panic!("{:?}", fold.plan)
-        };
+        assert_eq!((&fold.covers[..], fold.at), (&[0][..], 3));
+        let (desc, operands) = (&fold.desc, &fold.operands);
         assert_eq!(desc.op, "FLASH_ATTN_FFN_SWIGLU");
         let eps = 1e-5f32.to_bits() as i32;
         assert_eq!(desc.op_params, [0.125f32.to_bits() as i32, 0, 0, eps]);
@@ -2024,7 +1835,7 @@ mod tests {
             operands: ffn_ops,
         };
         let set_rows = |cache| node(Op::SetRows, f16([32, 16, 1, 1], cache), vec![]);
-        let between_plan = (!covered).then(|| super::super::plan(&between).unwrap());
+        let between_plan = (!covered).then(|| crate::ops::plan(&between).unwrap());
         let nodes = vec![
             node(Op::MulMat, q_out.clone(), vec![]),
             node(Op::MulMat, f32([32, 1, 1, 1], 0x5000), vec![]),
@@ -2066,7 +1877,14 @@ mod tests {
             None => Planned::Covered,
             _ => Planned::Elsewhere,
         };
-        merge_layer(nodes, planned, merge, [3, 4])
+        merge_layer(
+            nodes,
+            planned,
+            merge.at,
+            &merge.desc,
+            &merge.operands,
+            [3, 4],
+        )
     }
 
     #[test]
@@ -2145,17 +1963,17 @@ mod tests {
             f32([32, 1, 1, 1], out),
             vec![g.0.dst.clone(), u.0.dst.clone()],
         );
-        let glu_plan = super::super::plan(&glu).unwrap();
+        let glu_plan = crate::ops::plan(&glu).unwrap();
         let mut nodes = vec![g.0, u.0, glu];
         let mut steps = vec![Some(g.1), Some(u.1), Some(glu_plan)];
         for extra in after {
-            steps.push(Some(super::super::plan(&extra).unwrap()));
+            steps.push(Some(crate::ops::plan(&extra).unwrap()));
             nodes.push(extra);
         }
         (nodes, steps)
     }
 
-    fn glu_fold_in(nodes: &[Node], steps: &[Option<Plan>]) -> Option<GluFold> {
+    fn glu_fold_in(nodes: &[Node], steps: &[Option<Plan>]) -> Option<Rewritten> {
         let planned = |k: usize| match &steps[k] {
             Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
             _ => Planned::Elsewhere,
@@ -2168,10 +1986,8 @@ mod tests {
         // The GLU's output in memory the norm's output had (0x3000): no kernel reads it now.
         let (nodes, steps) = normed_pair_then_glu(0x3000, vec![]);
         let fold = glu_fold_in(&nodes, &steps).expect("folds");
-        assert_eq!((fold.products, fold.glu), ([0, 1], 2));
-        let Plan::Kernel { desc, operands } = &fold.plan else {
-            panic!("a kernel");
-        };
+        assert_eq!((&fold.covers[..], fold.at), (&[0, 1][..], 2));
+        let (desc, operands) = (&fold.desc, &fold.operands);
         assert_eq!(desc.op, "RMS_NORM_MUL_MAT_SWIGLU");
         let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
         assert_eq!(addrs, [0x10000, 0x20000, 0x1000, 0x2000, 0x3000]);

@@ -1,0 +1,146 @@
+//! The fused kernels' families and their parameters. A fused kernel's catalogue name spells its
+//! parameters (`RMS_NORM_FFN_SWIGLU`: the GLU; `RMS_NORM_QKV_ROPE_FF`: frequency factors), since
+//! the kernel compilers know ops by name; this is the one place that reads and writes them, so
+//! that builders match on a family and carry its parameters over as values.
+
+use crate::op_catalogue::OpEntry;
+
+/// The gated linear unit a feed-forward kernel applies (ggml's split GLU ops).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Glu {
+    Reglu,
+    Geglu,
+    Swiglu,
+    GegluErf,
+    GegluQuick,
+}
+
+impl Glu {
+    const ALL: [Glu; 5] = [
+        Glu::Reglu,
+        Glu::Geglu,
+        Glu::Swiglu,
+        Glu::GegluErf,
+        Glu::GegluQuick,
+    ];
+
+    /// ggml's name of the op (`SWIGLU`), which is also its kernel's.
+    pub fn name(self) -> &'static str {
+        match self {
+            Glu::Reglu => "REGLU",
+            Glu::Geglu => "GEGLU",
+            Glu::Swiglu => "SWIGLU",
+            Glu::GegluErf => "GEGLU_ERF",
+            Glu::GegluQuick => "GEGLU_QUICK",
+        }
+    }
+
+    /// The GLU named `name`.
+    pub fn of(name: &str) -> Option<Glu> {
+        Glu::ALL.into_iter().find(|g| g.name() == name)
+    }
+}
+
+/// A fused kernel: its family and the parameters its name carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fused {
+    /// `MUL_MAT_<GLU>`: a gate/up pair and its GLU.
+    MulMatGlu(Glu),
+    /// `RMS_NORM_MUL_MAT`: a projection of a normalised x.
+    RmsNormMulMat,
+    /// `RMS_NORM_MUL_MAT_<GLU>`: a gate/up pair of a normalised x and its GLU.
+    RmsNormMulMatGlu(Glu),
+    /// `RMS_NORM_MUL_MAT_ROPE[_FF]`: a projection of a normalised x, rotated (`ff`: with
+    /// frequency factors).
+    RmsNormMulMatRope { ff: bool },
+    /// `RMS_NORM_FFN_<GLU>`: a feed-forward block and its residual.
+    RmsNormFfn(Glu),
+    /// `MUL_MAT_ADD_RMS_NORM_FFN_<GLU>`: the attention output projection, then the block.
+    MulMatAddRmsNormFfn(Glu),
+    /// `FLASH_ATTN_FFN_<GLU>`: a decode step's attention, then the two above.
+    FlashAttnFfn(Glu),
+    /// `RMS_NORM_QKV_ROPE[_FF]`: Q, K and V of one normalised x, Q and K rotated.
+    RmsNormQkvRope { ff: bool },
+    /// `DECODE_LAYER[_FF]_<GLU>`: the Q/K/V kernel, then the attention and the block.
+    DecodeLayer { ff: bool, glu: Glu },
+}
+
+impl Fused {
+    /// The catalogue name.
+    pub fn name(self) -> String {
+        let ff = |ff: bool| if ff { "_FF" } else { "" };
+        match self {
+            Fused::MulMatGlu(g) => format!("MUL_MAT_{}", g.name()),
+            Fused::RmsNormMulMat => "RMS_NORM_MUL_MAT".to_owned(),
+            Fused::RmsNormMulMatGlu(g) => format!("RMS_NORM_MUL_MAT_{}", g.name()),
+            Fused::RmsNormMulMatRope { ff: f } => format!("RMS_NORM_MUL_MAT_ROPE{}", ff(f)),
+            Fused::RmsNormFfn(g) => format!("RMS_NORM_FFN_{}", g.name()),
+            Fused::MulMatAddRmsNormFfn(g) => format!("MUL_MAT_ADD_RMS_NORM_FFN_{}", g.name()),
+            Fused::FlashAttnFfn(g) => format!("FLASH_ATTN_FFN_{}", g.name()),
+            Fused::RmsNormQkvRope { ff: f } => format!("RMS_NORM_QKV_ROPE{}", ff(f)),
+            Fused::DecodeLayer { ff: f, glu } => format!("DECODE_LAYER{}_{}", ff(f), glu.name()),
+        }
+    }
+
+    /// The fused kernel a kernel op name is, if it is one.
+    pub fn of(op: &str) -> Option<Fused> {
+        let glu = |prefix: &str| op.strip_prefix(prefix).and_then(Glu::of);
+        let ff = |name: &str| match op.strip_prefix(name)? {
+            "" => Some(false),
+            "_FF" => Some(true),
+            _ => None,
+        };
+        if op == "RMS_NORM_MUL_MAT" {
+            return Some(Fused::RmsNormMulMat);
+        }
+        if let Some(f) = ff("RMS_NORM_MUL_MAT_ROPE") {
+            return Some(Fused::RmsNormMulMatRope { ff: f });
+        }
+        if let Some(f) = ff("RMS_NORM_QKV_ROPE") {
+            return Some(Fused::RmsNormQkvRope { ff: f });
+        }
+        if let Some(g) = glu("DECODE_LAYER_FF_") {
+            return Some(Fused::DecodeLayer { ff: true, glu: g });
+        }
+        type Family = fn(Glu) -> Fused;
+        let families: [(&str, Family); 6] = [
+            ("MUL_MAT_ADD_RMS_NORM_FFN_", Fused::MulMatAddRmsNormFfn),
+            ("RMS_NORM_MUL_MAT_", Fused::RmsNormMulMatGlu),
+            ("RMS_NORM_FFN_", Fused::RmsNormFfn),
+            ("FLASH_ATTN_FFN_", Fused::FlashAttnFfn),
+            ("MUL_MAT_", Fused::MulMatGlu),
+            ("DECODE_LAYER_", |glu| Fused::DecodeLayer { ff: false, glu }),
+        ];
+        families
+            .into_iter()
+            .find_map(|(prefix, family)| glu(prefix).map(family))
+    }
+
+    /// Its catalogue entry (`None` when the catalogue has no such kernel).
+    pub fn entry(self) -> Option<&'static OpEntry> {
+        OpEntry::by_name(&self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fused_kernel_of_the_catalogue_reads_back_as_its_name() {
+        let mut fused = 0;
+        for entry in crate::op_catalogue::CATALOGUE {
+            if let Some(f) = Fused::of(entry.name) {
+                assert_eq!(f.name(), entry.name);
+                assert_eq!(f.entry(), Some(entry));
+                fused += 1;
+            }
+        }
+        // Every family with each of its parameters.
+        let glus = Glu::ALL.len();
+        assert_eq!(fused, 5 * glus + 2 * glus + 1 + 2 + 2);
+        assert_eq!(Fused::of("MUL_MAT"), None);
+        assert_eq!(Fused::of("MUL_MAT_ADD"), None);
+        assert_eq!(Fused::of("RMS_NORM_MUL_MAT_ROPE_X"), None);
+    }
+}

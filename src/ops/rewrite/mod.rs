@@ -1,0 +1,261 @@
+//! Graph rewrites (architecture §7: fewer dispatches): which nodes one kernel computes.
+//!
+//! A graph's plan is one [`Step`] per node. Every rewrite is one row of [`REWRITES`]
+//! (`table.rs`): its name, the node it is asked about, the work its kernel takes over and its
+//! builder (`builders.rs`). A builder recognises its pattern with the shared rules of `rules.rs`
+//! (nothing else reads what the absorbed nodes wrote, nothing in between writes what the kernel
+//! reads, no output overlaps an input), leaving the nodes as they are whenever the graph differs
+//! from it, and lays out the kernel's operands and parameters ([`Rewritten`]). [`apply`] puts a
+//! rewrite into the plan: the kernel's node gets a [`KernelStep`] holding the steps it replaced
+//! (its `fallback`), and the nodes it covers get [`Step::Covered`].
+//!
+//! The stream applies the rows one [`Stage`] at a time and loads the kernels each stage made
+//! before the next stage looks at them. A kernel the compiler refuses gives its nodes back the
+//! steps they had before. A kernel writing KV-cache rows ([`CacheRows`]) learns which rows when
+//! the graph runs, from the indices of the SET_ROWS it absorbs; when they are not consecutive, its
+//! fallback runs in its place.
+
+mod builders;
+pub mod fused;
+pub mod rules;
+mod table;
+
+pub use builders::{fuse_mul_mat_add, fuse_mul_mat_glu, fuse_rms_norm_mul};
+pub use fused::{Fused, Glu};
+pub use table::{Rewrite, Stage, REWRITES};
+
+use super::host::HostOp;
+use super::plan::{Plan, PlanOptions};
+use super::scatter::RowScatter;
+use super::tensor::{Node, Tensor};
+use crate::kernels::KernelDesc;
+
+/// What one node of a graph becomes. `K` is the loaded kernel's handle (the stream's).
+// Kernel is the common variant (most nodes of a model's graph); boxing it would add an
+// allocation per node to save memory only on the rarer ones.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step<K> {
+    /// A kernel, computing this node and those it covers.
+    Kernel(KernelStep<K>),
+    /// Runs on the host.
+    Host(Box<HostOp>),
+    /// No NPU kernel (the reason): ggml's CPU backend computes it (`GGML_HSA_CPU_FALLBACK`).
+    Cpu(String),
+    /// Nothing to compute (layout-only ops, empty tensors).
+    Skip,
+    /// Computed by the kernel of another node.
+    Covered,
+}
+
+/// A kernel step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelStep<K> {
+    pub desc: KernelDesc,
+    /// The tensors bound to its operands: inputs in the kernel's order, the output, then
+    /// `desc.extra_outputs`'. Those `rows` names stand for the whole cache until dispatch.
+    pub operands: Vec<Tensor>,
+    /// The other nodes it computes.
+    pub covers: Vec<usize>,
+    /// Operands that are KV-cache rows named when the graph runs.
+    pub rows: Vec<CacheRows>,
+    /// The steps of its node and of the nodes it covers before it replaced them, in node
+    /// order: put back when its kernel is refused, and run in its place when its rows are not
+    /// consecutive.
+    pub fallback: Vec<(usize, Step<K>)>,
+    /// The kernel, once loaded.
+    pub loaded: Option<K>,
+}
+
+impl<K> KernelStep<K> {
+    /// How many of the operands (the last ones) it writes.
+    pub fn outputs(&self) -> usize {
+        1 + self.desc.extra_outputs.len()
+    }
+}
+
+/// A kernel operand that is the rows of a KV cache a SET_ROWS names: addressed when the graph
+/// runs, if its indices name consecutive rows (`RowScatter::operands`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheRows {
+    /// The operand's index.
+    pub operand: usize,
+    /// The SET_ROWS node: it runs nothing once the kernel wrote its rows.
+    pub set_rows: usize,
+    pub scatter: RowScatter,
+}
+
+impl<K> Step<K> {
+    /// The step of a node planned on its own.
+    pub fn of(plan: Plan) -> Step<K> {
+        match plan {
+            Plan::Skip => Step::Skip,
+            Plan::Host(op) => Step::Host(op),
+            Plan::Kernel { desc, operands } => Step::Kernel(KernelStep {
+                desc,
+                operands,
+                covers: Vec::new(),
+                rows: Vec::new(),
+                fallback: Vec::new(),
+                loaded: None,
+            }),
+        }
+    }
+
+    /// What the builders see of it.
+    pub fn planned(&self) -> Planned<'_> {
+        match self {
+            Step::Kernel(k) => Planned::Kernel(&k.desc, &k.operands),
+            Step::Covered => Planned::Covered,
+            Step::Skip => Planned::Nothing,
+            Step::Host(_) | Step::Cpu(_) => Planned::Elsewhere,
+        }
+    }
+}
+
+/// What a builder sees of a node's step.
+#[derive(Debug, Clone, Copy)]
+pub enum Planned<'a> {
+    /// A kernel, and its operands.
+    Kernel(&'a KernelDesc, &'a [Tensor]),
+    /// Computed by the kernel of another node.
+    Covered,
+    /// Nothing to compute (views).
+    Nothing,
+    /// The host or the CPU computes it.
+    Elsewhere,
+}
+
+/// The steps of a graph as builders see them, whatever the stream's kernel handles are.
+pub trait Steps {
+    fn planned(&self, k: usize) -> Planned<'_>;
+    /// A kernel step's cache-row operands and covered nodes (empty for other steps).
+    fn rows(&self, k: usize) -> &[CacheRows];
+    fn covers(&self, k: usize) -> &[usize];
+}
+
+/// A graph's steps seen as [`Steps`].
+struct StepList<'a, K>(&'a [Step<K>]);
+
+impl<K> Steps for StepList<'_, K> {
+    fn planned(&self, k: usize) -> Planned<'_> {
+        self.0[k].planned()
+    }
+
+    fn rows(&self, k: usize) -> &[CacheRows] {
+        match &self.0[k] {
+            Step::Kernel(step) => &step.rows,
+            _ => &[],
+        }
+    }
+
+    fn covers(&self, k: usize) -> &[usize] {
+        match &self.0[k] {
+            Step::Kernel(step) => &step.covers,
+            _ => &[],
+        }
+    }
+}
+
+/// What a builder is given: the graph's nodes, their steps so far, the plan options.
+pub struct Graph<'a> {
+    pub nodes: &'a [Node],
+    pub steps: &'a dyn Steps,
+    pub options: PlanOptions,
+}
+
+impl std::fmt::Debug for Graph<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Graph({} nodes)", self.nodes.len())
+    }
+}
+
+impl<'a> Graph<'a> {
+    pub fn planned(&self, k: usize) -> Planned<'a> {
+        self.steps.planned(k)
+    }
+}
+
+/// A kernel a builder made: it runs at node `at` and computes the nodes of `covers` too.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rewritten {
+    pub at: usize,
+    pub covers: Vec<usize>,
+    pub desc: KernelDesc,
+    pub operands: Vec<Tensor>,
+    pub rows: Vec<CacheRows>,
+}
+
+impl Rewritten {
+    /// A kernel at `at` covering `covers`, with no cache rows.
+    pub fn kernel(
+        at: usize,
+        covers: Vec<usize>,
+        desc: KernelDesc,
+        operands: Vec<Tensor>,
+    ) -> Rewritten {
+        Rewritten {
+            at,
+            covers,
+            desc,
+            operands,
+            rows: Vec::new(),
+        }
+    }
+}
+
+/// Applies the rows of `stage` to `steps`, in table order, each at every node in turn; a
+/// kernel `available` declines is not made. Returns how many rewrites were applied.
+pub fn apply<K: Clone>(
+    stage: Stage,
+    nodes: &[Node],
+    steps: &mut [Step<K>],
+    options: PlanOptions,
+    available: &dyn Fn(&KernelDesc) -> bool,
+) -> usize {
+    let mut applied = 0;
+    for row in REWRITES.iter().filter(|r| r.stage == stage) {
+        for anchor in 0..nodes.len() {
+            let view = StepList(&*steps);
+            let graph = Graph {
+                nodes,
+                steps: &view,
+                options,
+            };
+            let group = (row.build)(&graph, anchor);
+            if group.is_empty() || !group.iter().all(|r| available(&r.desc)) {
+                continue;
+            }
+            replace(steps, group);
+            applied += 1;
+        }
+    }
+    applied
+}
+
+/// Puts the kernels of one rewrite into `steps`; each keeps the steps it replaced (taken before
+/// any of the group's changes).
+fn replace<K: Clone>(steps: &mut [Step<K>], group: Vec<Rewritten>) {
+    let fallbacks: Vec<Vec<(usize, Step<K>)>> = group
+        .iter()
+        .map(|r| {
+            let mut nodes: Vec<usize> = r.covers.iter().copied().chain([r.at]).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            nodes.into_iter().map(|k| (k, steps[k].clone())).collect()
+        })
+        .collect();
+    for (r, fallback) in group.into_iter().zip(fallbacks) {
+        for &c in &r.covers {
+            steps[c] = Step::Covered;
+        }
+        steps[r.at] = Step::Kernel(KernelStep {
+            desc: r.desc,
+            operands: r.operands,
+            covers: r.covers,
+            rows: r.rows,
+            fallback,
+            loaded: None,
+        });
+    }
+}

@@ -1,0 +1,83 @@
+//! The rules every rewrite checks before a kernel takes over other nodes' work: ggml's allocator
+//! gives the memory of dead tensors to later ones, and a fused kernel reads its inputs and writes
+//! its outputs at one node, so nothing else may read what the absorbed nodes wrote, nothing in
+//! between may write what the kernel reads, and its outputs may overlap none of its inputs.
+
+use super::Planned;
+use crate::ops::tensor::{Node, Tensor};
+
+/// Whether `p` and `q` are the same tensor (address, type, shape and strides).
+pub fn same(p: &Tensor, q: &Tensor) -> bool {
+    p.addr == q.addr && p.ne == q.ne && p.nb == q.nb && p.dtype == q.dtype
+}
+
+/// Whether `t`'s memory overlaps `u`'s.
+pub fn overlaps(t: &Tensor, u: &Tensor) -> bool {
+    t.addr < u.addr + u.bytes && u.addr < t.addr + t.bytes
+}
+
+/// Whether a node of `later` reads `t` before a node overwrites its memory: ggml's allocator
+/// gives the memory of dead tensors to later ones, so what is read there afterwards is not `t`.
+pub fn read_later(t: &Tensor, later: &[Node]) -> bool {
+    for n in later {
+        if n.src.iter().flatten().any(|s| overlaps(s, t)) {
+            return true;
+        }
+        if overlaps(&n.dst, t) {
+            return false;
+        }
+    }
+    false
+}
+
+/// Whether a node after `from` other than `reader` (and those `counts` leaves out: views,
+/// nodes another kernel computes) reads `t` before a node after `reader` overwrites its memory.
+/// A fold whose kernel runs at `reader` never writes `t`, so no other node may need it.
+pub fn read_elsewhere(
+    nodes: &[Node],
+    t: &Tensor,
+    from: usize,
+    reader: usize,
+    counts: impl Fn(usize) -> bool,
+) -> bool {
+    for (j, node) in nodes.iter().enumerate().skip(from + 1) {
+        if j != reader && counts(j) && node.src.iter().flatten().any(|s| overlaps(s, t)) {
+            return true;
+        }
+        if j > reader && overlaps(&node.dst, t) {
+            break;
+        }
+    }
+    false
+}
+
+/// Whether a node of `range` that `counts` keeps writes any of `tensors`: a kernel moved past
+/// those nodes would read the new values.
+pub fn written_in(
+    nodes: &[Node],
+    range: std::ops::Range<usize>,
+    tensors: &[&Tensor],
+    counts: impl Fn(usize) -> bool,
+) -> bool {
+    range
+        .filter(|&j| counts(j))
+        .any(|j| tensors.iter().any(|t| overlaps(&nodes[j].dst, t)))
+}
+
+/// The last node before `at` writing `t`'s memory, and the node whose kernel computes it (the
+/// first of its run when a fused kernel covers it).
+pub fn kernel_writing<'a>(
+    nodes: &[Node],
+    at: usize,
+    t: &Tensor,
+    planned: &impl Fn(usize) -> Planned<'a>,
+) -> Option<(usize, usize)> {
+    let writer = (0..at)
+        .rev()
+        .find(|&k| !matches!(planned(k), Planned::Nothing) && overlaps(&nodes[k].dst, t))?;
+    let mut k = writer;
+    while matches!(planned(k), Planned::Covered) {
+        k = k.checked_sub(1)?;
+    }
+    Some((writer, k))
+}

@@ -1,0 +1,376 @@
+//! The table of rewrites, in the order they are tried, and the adapters that turn each builder's
+//! finding into [`Rewritten`] kernels.
+
+use super::builders::{self as b};
+use super::rules::overlaps;
+use super::{CacheRows, Graph, Planned, Rewritten};
+use crate::ops::plan::Plan;
+use crate::ops::scatter::RowScatter;
+use crate::ops::tensor::Op;
+
+/// When a rewrite is tried: the kernels of each stage are loaded (and the refused ones given
+/// back their nodes' steps) before the next stage looks at the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Runs of nodes into one kernel, and kernels folded into the kernels reading their
+    /// results.
+    Fusions,
+    /// SET_ROWS as a copy into the cache rows its indices name.
+    CacheCopies,
+    /// The kernel computing a copy's source writing the rows itself.
+    CacheProducers,
+    /// Q's, K's and V's kernels into one.
+    Projections,
+    /// A decode layer's kernels into one.
+    Layers,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 5] = [
+        Stage::Fusions,
+        Stage::CacheCopies,
+        Stage::CacheProducers,
+        Stage::Projections,
+        Stage::Layers,
+    ];
+}
+
+/// One rewrite.
+#[derive(Debug)]
+pub struct Rewrite {
+    /// The kernel it makes (catalogue name; `<GLU>` and `[_FF]` are parameters).
+    pub name: &'static str,
+    pub stage: Stage,
+    /// The node the builder is asked about.
+    pub anchor: &'static str,
+    /// The work its kernel takes over.
+    pub absorbs: &'static str,
+    /// The builder: the kernels to make when the graph has the pattern at the anchor (none
+    /// otherwise).
+    pub build: fn(&Graph, usize) -> Vec<Rewritten>,
+}
+
+/// Every rewrite, in the order they are tried.
+pub const REWRITES: &[Rewrite] = &[
+    Rewrite {
+        name: "RMS_NORM_MUL",
+        stage: Stage::Fusions,
+        anchor: "RMS_NORM",
+        absorbs: "the MUL by one weight row right after it (ggml's own fusion rule)",
+        build: rms_norm_mul,
+    },
+    Rewrite {
+        name: "MUL_MAT_<GLU>",
+        stage: Stage::Fusions,
+        anchor: "MUL_MAT",
+        absorbs: "the next MUL_MAT of the same x (weights of one type and shape) and the split \
+                  GLU of the two products after them",
+        build: mul_mat_glu,
+    },
+    Rewrite {
+        name: "MUL_MAT_ADD",
+        stage: Stage::Fusions,
+        anchor: "MUL_MAT",
+        absorbs: "the ADD of its product and an f32 tensor after it (views in between)",
+        build: mul_mat_add,
+    },
+    Rewrite {
+        name: "RMS_NORM_MUL_MAT[_<GLU>]",
+        stage: Stage::Fusions,
+        anchor: "an RMS_NORM_MUL kernel",
+        absorbs: "itself, into every MUL_MAT or MUL_MAT_<GLU> kernel reading its output",
+        build: rms_norm_fold,
+    },
+    Rewrite {
+        name: "RMS_NORM_MUL_MAT_<GLU>",
+        stage: Stage::Fusions,
+        anchor: "a GLU kernel",
+        absorbs: "the two RMS_NORM_MUL_MAT kernels of one x computing its inputs",
+        build: glu_fold,
+    },
+    Rewrite {
+        name: "RMS_NORM_MUL_MAT_ROPE[_FF]",
+        stage: Stage::Fusions,
+        anchor: "a ROPE kernel",
+        absorbs: "the RMS_NORM_MUL_MAT kernel computing its input",
+        build: rope_fold,
+    },
+    Rewrite {
+        name: "RMS_NORM_FFN_<GLU>",
+        stage: Stage::Fusions,
+        anchor: "a MUL_MAT_ADD kernel",
+        absorbs: "the RMS_NORM_MUL_MAT_<GLU> kernel computing its activations",
+        build: ffn_fold,
+    },
+    Rewrite {
+        name: "MUL_MAT_ADD_RMS_NORM_FFN_<GLU>",
+        stage: Stage::Fusions,
+        anchor: "an RMS_NORM_FFN_<GLU> kernel",
+        absorbs: "the MUL_MAT_ADD kernel computing its input and residual",
+        build: attn_ffn_fold,
+    },
+    Rewrite {
+        name: "FLASH_ATTN_FFN_<GLU>",
+        stage: Stage::Fusions,
+        anchor: "a MUL_MAT_ADD_RMS_NORM_FFN_<GLU> kernel",
+        absorbs: "the FLASH_ATTN_EXT_MASK kernel computing its projection's input",
+        build: flash_attn_ffn_fold,
+    },
+    Rewrite {
+        name: "CPY",
+        stage: Stage::CacheCopies,
+        anchor: "a SET_ROWS kernel whose indices no node of the graph writes",
+        absorbs: "nothing: it copies into the rows the indices name, when they are consecutive",
+        build: cache_copy,
+    },
+    Rewrite {
+        name: "<the source's kernel, writing the cache's type>",
+        stage: Stage::CacheProducers,
+        anchor: "a SET_ROWS copy",
+        absorbs: "the copy: the ROPE or MUL_MAT kernel computing its source writes the rows",
+        build: cache_producer,
+    },
+    Rewrite {
+        name: "RMS_NORM_QKV_ROPE[_FF]",
+        stage: Stage::Projections,
+        anchor: "V's RMS_NORM_MUL_MAT kernel writing cache rows",
+        absorbs: "Q's and K's RMS_NORM_MUL_MAT_ROPE[_FF] kernels of the same x (K's writing \
+                  cache rows)",
+        build: qkv_merge,
+    },
+    Rewrite {
+        name: "DECODE_LAYER[_FF]_<GLU>",
+        stage: Stage::Layers,
+        anchor: "an RMS_NORM_QKV_ROPE[_FF] kernel",
+        absorbs: "K's and V's SET_ROWS and the FLASH_ATTN_FFN_<GLU> kernel reading Q and the \
+                  caches",
+        build: layer_merge,
+    },
+];
+
+/// A run of `n` nodes from `at` as the kernel `plan`: each a kernel of its own or a view.
+fn run(g: &Graph, at: usize, n: usize, plan: Option<Plan>) -> Vec<Rewritten> {
+    let Some(Plan::Kernel { desc, operands }) = plan else {
+        return Vec::new();
+    };
+    let own = (at..at + n).all(|k| {
+        matches!(g.planned(k), Planned::Kernel(..) | Planned::Nothing)
+            && g.steps.covers(k).is_empty()
+    });
+    if !own {
+        return Vec::new();
+    }
+    vec![Rewritten::kernel(
+        at,
+        (at + 1..at + n).collect(),
+        desc,
+        operands,
+    )]
+}
+
+fn rms_norm_mul(g: &Graph, at: usize) -> Vec<Rewritten> {
+    let [norm, mul, later @ ..] = &g.nodes[at..] else {
+        return Vec::new();
+    };
+    run(g, at, 2, b::fuse_rms_norm_mul(norm, mul, later))
+}
+
+fn mul_mat_glu(g: &Graph, at: usize) -> Vec<Rewritten> {
+    let [p, q, glu, later @ ..] = &g.nodes[at..] else {
+        return Vec::new();
+    };
+    run(g, at, 3, b::fuse_mul_mat_glu([p, q], glu, later, g.options))
+}
+
+fn mul_mat_add(g: &Graph, at: usize) -> Vec<Rewritten> {
+    let [mm, rest @ ..] = &g.nodes[at..] else {
+        return Vec::new();
+    };
+    // Views between the product and its ADD compute nothing (llama's last layer: its two
+    // one-row GET_ROWS, forwarded as views by `ops::forward_gathers`).
+    let views = rest.iter().take_while(|n| n.op == Op::Layout).count();
+    let [add, later @ ..] = &rest[views..] else {
+        return Vec::new();
+    };
+    run(
+        g,
+        at,
+        2 + views,
+        b::fuse_mul_mat_add(mm, add, later, g.options),
+    )
+}
+
+fn rms_norm_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
+    b::fold_rms_norm(g.nodes, at, |k| g.planned(k)).unwrap_or_default()
+}
+
+fn glu_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
+    b::fold_glu(g.nodes, at, |k| g.planned(k))
+        .into_iter()
+        .collect()
+}
+
+fn rope_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
+    b::fold_rope(g.nodes, at, |k| g.planned(k))
+        .into_iter()
+        .collect()
+}
+
+fn ffn_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
+    b::fold_ffn(g.nodes, at, |k| g.planned(k))
+        .into_iter()
+        .collect()
+}
+
+fn attn_ffn_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
+    b::fold_attn_ffn(g.nodes, at, |k| g.planned(k))
+        .into_iter()
+        .collect()
+}
+
+fn flash_attn_ffn_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
+    b::fold_flash_attn_ffn(g.nodes, at, |k| g.planned(k))
+        .into_iter()
+        .collect()
+}
+
+/// A SET_ROWS kernel whose indices the application set (llama.cpp's KV-cache slots): a copy
+/// into the rows they name.
+fn cache_copy(g: &Graph, at: usize) -> Vec<Rewritten> {
+    let node = &g.nodes[at];
+    if !matches!(g.planned(at), Planned::Kernel(..)) || !g.steps.rows(at).is_empty() {
+        return Vec::new();
+    }
+    let Some(scatter) = RowScatter::of(node, |_| true) else {
+        return Vec::new();
+    };
+    let computed = g.nodes[..at].iter().any(|n| overlaps(&n.dst, &scatter.idx));
+    if scatter.idx.addr == 0 || computed {
+        return Vec::new();
+    }
+    let operands = scatter.copy_operands();
+    vec![Rewritten {
+        at,
+        covers: Vec::new(),
+        desc: scatter.copy.clone(),
+        rows: vec![CacheRows {
+            operand: operands.len() - 1,
+            set_rows: at,
+            scatter,
+        }],
+        operands,
+    }]
+}
+
+/// The producer of a SET_ROWS copy's source, writing the rows itself.
+fn cache_producer(g: &Graph, at: usize) -> Vec<Rewritten> {
+    let [copy] = g.steps.rows(at) else {
+        return Vec::new();
+    };
+    if copy.set_rows != at {
+        return Vec::new();
+    }
+    // A kernel computing nodes after its own computes more than its node: it is not
+    // retargeted.
+    let kernel_of = |k: usize| match g.planned(k) {
+        Planned::Kernel(desc, operands)
+            if g.steps.rows(k).is_empty() && g.steps.covers(k).iter().all(|&c| c < k) =>
+        {
+            Some((desc, operands))
+        }
+        _ => None,
+    };
+    let skipped = |k: usize| matches!(g.planned(k), Planned::Nothing);
+    let Some((j, producer)) = copy.scatter.producer(g.nodes, at, kernel_of, skipped) else {
+        return Vec::new();
+    };
+    let mut operands = producer.inputs;
+    operands.push(copy.scatter.rows_placeholder());
+    vec![Rewritten {
+        at: j,
+        covers: Vec::new(),
+        desc: producer.kernel,
+        rows: vec![CacheRows {
+            operand: operands.len() - 1,
+            set_rows: at,
+            scatter: copy.scatter.clone(),
+        }],
+        operands,
+    }]
+}
+
+/// The cache rows node `k`'s kernel writes in place of its SET_ROWS's copy.
+fn produced_rows<'a>(g: &Graph<'a>, k: usize) -> Option<&'a CacheRows> {
+    match g.steps.rows(k) {
+        [rows] if rows.set_rows != k => Some(rows),
+        _ => None,
+    }
+}
+
+fn qkv_merge(g: &Graph, v: usize) -> Vec<Rewritten> {
+    let rows_kernel = |k: usize| match (g.planned(k), produced_rows(g, k)) {
+        (Planned::Kernel(desc, _), Some(rows)) => Some((desc, rows.set_rows)),
+        _ => None,
+    };
+    let Some(merge) = b::merge_qkv(g.nodes, v, |k| g.planned(k), rows_kernel) else {
+        return Vec::new();
+    };
+    let [_, k, v] = merge.members;
+    let (Some(k_rows), Some(v_rows)) = (produced_rows(g, k), produced_rows(g, v)) else {
+        return Vec::new();
+    };
+    let mut operands = merge.operands;
+    let first = operands.len();
+    operands.extend([k_rows, v_rows].map(|r| r.scatter.rows_placeholder()));
+    let rows = [k_rows, v_rows]
+        .iter()
+        .enumerate()
+        .map(|(i, r)| CacheRows {
+            operand: first + i,
+            ..(*r).clone()
+        })
+        .collect();
+    vec![Rewritten {
+        at: merge.at,
+        covers: merge
+            .members
+            .into_iter()
+            .filter(|&m| m != merge.at)
+            .collect(),
+        desc: merge.desc,
+        operands,
+        rows,
+    }]
+}
+
+fn layer_merge(g: &Graph, at: usize) -> Vec<Rewritten> {
+    let (Planned::Kernel(desc, operands), [k_rows, v_rows]) = (g.planned(at), g.steps.rows(at))
+    else {
+        return Vec::new();
+    };
+    let qkv_operands = &operands[..operands.len() - 2];
+    let set_rows = [k_rows.set_rows, v_rows.set_rows];
+    let Some(layer) = b::merge_layer(g.nodes, |k| g.planned(k), at, desc, qkv_operands, set_rows)
+    else {
+        return Vec::new();
+    };
+    let mut operands = layer.before_rows;
+    let first = operands.len();
+    operands.extend([k_rows, v_rows].map(|r| r.scatter.rows_placeholder()));
+    operands.extend(layer.after_rows);
+    let rows = [k_rows, v_rows]
+        .iter()
+        .enumerate()
+        .map(|(i, r)| CacheRows {
+            operand: first + i,
+            ..(*r).clone()
+        })
+        .collect();
+    vec![Rewritten {
+        at: layer.at,
+        covers: vec![at, set_rows[0], set_rows[1]],
+        desc: layer.desc,
+        operands,
+        rows,
+    }]
+}
