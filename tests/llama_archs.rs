@@ -16,7 +16,9 @@
 //! architecture runs in some CI run of eight; `all`, or `GGML_HSA_TEST_SAMPLE=all`
 //! (`scripts/test.sh --long`); or a comma-separated list. It prints a table,
 //! one row per architecture and configuration (dense, MoE), and fails on any FAIL, crash or
-//! timeout.
+//! timeout. Each row also counts, over the architecture's whole run (`GGML_HSA_STATS`), the
+//! nodes HSA0 ran as NPU kernels (emulated IRON designs, or the reference executors), on the
+//! host and on the CPU, and the kernels it dispatched.
 //!
 //! Ignored in the plain `cargo test` run: `scripts/test.sh` runs it as a step of its own so that
 //! the table shows in the log.
@@ -114,6 +116,48 @@ struct ArchRun {
     code: Option<i32>,
     seconds: f64,
     tail: String,
+    /// What HSA0 did with the graphs (`GGML_HSA_STATS`), if it wrote anything.
+    stats: Option<Stats>,
+}
+
+/// Of the statistics file: nodes per op that ran as NPU kernels, on the host, on the CPU.
+#[derive(Debug, Default)]
+struct Stats {
+    kernel: u64,
+    host: u64,
+    cpu: u64,
+    graphs: u64,
+    packets: u64,
+}
+
+impl Stats {
+    fn read(path: &Path) -> Option<Stats> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        let sum = |key: &str| {
+            v[key]
+                .as_object()
+                .map_or(0, |m| m.values().filter_map(|n| n.as_u64()).sum())
+        };
+        Some(Stats {
+            kernel: sum("kernel_nodes"),
+            host: sum("host_nodes"),
+            cpu: sum("cpu_nodes"),
+            graphs: v["graphs"].as_u64()?,
+            packets: v["packets"].as_u64()?,
+        })
+    }
+
+    /// The table's cells: nodes as kernels / on the host / on the CPU, dispatches per graph.
+    fn cells(stats: Option<&Stats>) -> (String, String) {
+        match stats {
+            Some(s) => (
+                format!("{} / {} / {}", s.kernel, s.host, s.cpu),
+                format!("{:.1}", s.packets as f64 / s.graphs.max(1) as f64),
+            ),
+            None => ("-".into(), "-".into()),
+        }
+    }
 }
 
 /// A row of test-llama-archs' table: the configuration (Dense, MoE) and, unless the line was
@@ -164,10 +208,13 @@ fn rows(stdout: &str, arch: &str) -> Vec<Row> {
         .collect()
 }
 
-fn run_arch(exe: &Path, arch: &str, env: &[(String, String)]) -> ArchRun {
+fn run_arch(exe: &Path, arch: &str, env: &[(String, String)], stats: &Path) -> ArchRun {
+    let stats = stats.join(format!("{arch}.json"));
+    let _ = std::fs::remove_file(&stats);
     let mut cmd = Command::new(exe);
     cmd.args(["-b", "HSA0", "-s", "42", "-a", arch])
-        .envs(env.iter().map(|(k, v)| (k, v)));
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("GGML_HSA_STATS", &stats);
     let done = run_bounded(&mut cmd, TIMEOUT);
     ArchRun {
         arch: arch.to_owned(),
@@ -175,6 +222,7 @@ fn run_arch(exe: &Path, arch: &str, env: &[(String, String)]) -> ArchRun {
         code: done.status.and_then(|s| s.code()),
         seconds: done.elapsed.as_secs_f64(),
         tail: common::llama::tail(&format!("{}\n{}", done.stdout, done.stderr)),
+        stats: Stats::read(&stats),
     }
 }
 
@@ -222,7 +270,7 @@ fn test_llama_archs_on_hsa0_match_the_cpu() {
         for _ in 0..2 {
             s.spawn(|| {
                 while let Some(arch) = archs.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    let run = run_arch(&exe, arch, &env);
+                    let run = run_arch(&exe, arch, &env, &cache);
                     results.lock().unwrap().push(run);
                 }
             });
@@ -240,10 +288,14 @@ fn test_llama_archs_on_hsa0_match_the_cpu() {
         "\ntest-llama-archs on HSA0 ({path}), seed 42, {} architectures:\n",
         results.len()
     );
-    println!("| architecture | config | NMSE vs. CPU | round trip | s |");
-    println!("|---|---|---|---|---:|");
+    println!(
+        "| architecture | config | NMSE vs. CPU | round trip | nodes: NPU / host / CPU | \
+         dispatches per graph | s |"
+    );
+    println!("|---|---|---|---|---:|---:|---:|");
     let (mut executed, mut failed, mut skipped) = (0usize, 0usize, 0usize);
     for r in &results {
+        let (nodes, dispatches) = Stats::cells(r.stats.as_ref());
         let ended = match r.code {
             Some(0) => "passed (row not printed)".to_owned(),
             Some(c) => format!("FAILED (exit {c})"),
@@ -255,7 +307,10 @@ fn test_llama_archs_on_hsa0_match_the_cpu() {
             } else {
                 &ended
             };
-            println!("| {} | - | {how} | - | {:.0} |", r.arch, r.seconds);
+            println!(
+                "| {} | - | {how} | - | {nodes} | {dispatches} | {:.0} |",
+                r.arch, r.seconds
+            );
             failed += usize::from(r.code != Some(0));
         }
         for row in &r.rows {
@@ -264,7 +319,7 @@ fn test_llama_archs_on_hsa0_match_the_cpu() {
                 None => (ended.as_str(), "-"),
             };
             println!(
-                "| {} | {} | {nmse} | {roundtrip} | {:.0} |",
+                "| {} | {} | {nmse} | {roundtrip} | {nodes} | {dispatches} | {:.0} |",
                 r.arch, row.config, r.seconds
             );
             if row.skipped() {

@@ -723,6 +723,26 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
     }
 }
 
+/// The phi3 family (Q, K and V in one attn_qkv matrix, gate and up in one ffn_up, Q scaled
+/// before the attention, NeoX rotation) with the IRON designs emulated: the same gate as the
+/// tiny llamas', and a decode step's layer is one kernel as llama's is: the rewrite table reads
+/// the fused matrices as row slices (`ops::rewrite`).
+#[test]
+fn tiny_phi3_runs_every_layer_op_through_the_emulated_iron_designs() {
+    let name = "tiny-phi3-f32";
+    let Some((log, counters, stats)) = tiny_llama_emulated(name) else {
+        return;
+    };
+    assert_all_layer_ops_emulated(name, &log, &counters, &stats);
+    let c = read_json(&counters);
+    let ran = |op: &str| c["emulated_ops"][op].as_u64().unwrap_or(0);
+    assert!(
+        ran("DECODE_LAYER_SWIGLU") > 0,
+        "{name}: no DECODE_LAYER_SWIGLU ran as an emulated IRON kernel: {}",
+        c["emulated_ops"]
+    );
+}
+
 /// all-MiniLM-L6-v2 with the IRON designs emulated: every layer op on HSA0 as an emulated IRON
 /// kernel (its attention's MUL_MATs on permuted views included), GET_ROWS on the host, and
 /// embeddings close to the CPU's (the NPU's GEMMs multiply in bf16, so the bound is looser than

@@ -1,4 +1,5 @@
-"""Write a tiny llama-architecture GGUF with seeded random weights.
+"""Write a tiny llama-architecture GGUF with seeded random weights (or, with --arch phi3, the
+same weights as a phi3 model: Q, K and V in one attn_qkv matrix, gate and up in one ffn_up).
 
 The tokenizer (every tokenizer.* key) is copied from the pinned llama.cpp tree's
 models/ggml-vocab-llama-spm.gguf, so prompts tokenize like a real LLaMA model. The
@@ -8,7 +9,7 @@ greedy decoding follows the weights rather than rounding noise, and it wanders t
 varied tokens instead of repeating one.
 
 Usage: make_tiny_llama.py --gguf-py <src>/gguf-py --vocab <src>/models/ggml-vocab-llama-spm.gguf
-                          --out tiny-llama-f32.gguf
+                          [--arch llama|phi3] --out tiny-llama-f32.gguf
 """
 
 from __future__ import annotations
@@ -112,27 +113,47 @@ def main() -> None:
     parser.add_argument(
         "--vocab", type=Path, required=True, help="ggml-vocab-llama-spm.gguf"
     )
+    parser.add_argument("--arch", choices=["llama", "phi3"], default="llama")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
     gguf = load_gguf(args.gguf_py)
+    weights = make_weights if args.arch == "llama" else phi3_weights
     write_llama(
         gguf,
         args.out,
         args.vocab,
-        name="tiny-llama (random weights)",
+        # llama.cpp sets special-token attributes of models named "phi3" that a LLaMA
+        # vocabulary does not have: the name leaves it out.
+        name="tiny-llama (random weights)" if args.arch == "llama" else "tiny (random weights)",
         file_type=gguf.LlamaFileType.ALL_F32,
         shape=(N_LAYER, N_CTX, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, ROPE_THETA, RMS_EPS),
-        tensors=lambda n_vocab: make_weights(n_vocab).items(),
+        tensors=lambda n_vocab: weights(n_vocab).items(),
+        arch=gguf.MODEL_ARCH.LLAMA if args.arch == "llama" else gguf.MODEL_ARCH.PHI3,
     )
 
 
-def write_llama(gguf, out: Path, vocab: Path, name: str, file_type, shape, tensors) -> None:
-    """Write a llama-architecture GGUF: hyperparameters `shape` = (layers, context, n_embd,
-    n_ff, heads, KV heads, RoPE base, RMS eps), the tokenizer of `vocab`, and the (name,
-    array) pairs `tensors(n_vocab)` yields."""
+def phi3_weights(n_vocab: int) -> dict[str, np.ndarray]:
+    """The llama weights as phi3 lays them out: attn_qkv is Q's rows, then K's, then V's;
+    ffn_up is the gate's rows, then the up projection's."""
+    tensors = make_weights(n_vocab)
+    for i in range(N_LAYER):
+        blk = f"blk.{i}"
+        q, k, v = (tensors.pop(f"{blk}.attn_{p}.weight") for p in "qkv")
+        tensors[f"{blk}.attn_qkv.weight"] = np.concatenate([q, k, v])
+        gate, up = tensors.pop(f"{blk}.ffn_gate.weight"), tensors.pop(f"{blk}.ffn_up.weight")
+        tensors[f"{blk}.ffn_up.weight"] = np.concatenate([gate, up])
+    return tensors
+
+
+def write_llama(
+    gguf, out: Path, vocab: Path, name: str, file_type, shape, tensors, arch=None
+) -> None:
+    """Write a llama-architecture GGUF (or `arch`'s, a gguf.MODEL_ARCH): hyperparameters
+    `shape` = (layers, context, n_embd, n_ff, heads, KV heads, RoPE base, RMS eps), the
+    tokenizer of `vocab`, and the (name, array) pairs `tensors(n_vocab)` yields."""
     n_layer, n_ctx, n_embd, n_ff, n_head, n_head_kv, rope_theta, rms_eps = shape
-    arch = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA]
+    arch = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA if arch is None else arch]
     writer = gguf.GGUFWriter(out, arch)
     writer.add_name(name)
     writer.add_file_type(file_type)
