@@ -697,8 +697,9 @@ class RopeSpec:
 
     @property
     def sequence(self) -> list[tuple[str, int]]:
-        """(type, elements) of the runtime-sequence arguments: x, positions, [ff,] output."""
-        out = [(self.x.dtype, self.x.nelements), ("i32", self.pos.nelements)]
+        """(type, elements) of the runtime-sequence arguments: x (its span: a view's tokens
+        may lie apart), positions, [ff,] output."""
+        out = [(self.x.dtype, _span(self.x)), ("i32", self.pos.nelements)]
         if self.ff is not None:
             # Moved as 32-bit words through the positions' FIFO (i32 objects); the core
             # reads them back as f32.
@@ -720,6 +721,18 @@ class RopeSpec:
         """32-bit words of the one object of the positions' FIFO: ROPE_FF's n_dims/2
         frequency factors, then the positions table."""
         return (self.ff_count if self.ff is not None else 0) + self.pos_table
+
+    def x_tap(self, start_row: int):
+        """(offset, sizes, strides) over x: the rows of the column whose rows start at
+        `start_row`. Dense x is one linear walk; a view whose tokens lie apart (phi3's Q and K
+        of one attn_qkv product: each token's heads contiguous, tokens a product's column
+        apart) walks its tokens, their heads, their elements."""
+        x, chunk = self.x, self.plan.column_chunk
+        ne0, ne1 = x.ne[0], x.ne[1]
+        if x.is_dense():
+            return start_row * ne0, (1, 1, 1, chunk * ne0), (0, 0, 0, 1)
+        nb2 = x.nb[2] // x.size
+        return (start_row // ne1) * nb2, (1, chunk // ne1, ne1, ne0), (0, nb2, ne0, 1)
 
     def pos_tap(self, start_row: int):
         """(offset, sizes, strides) over the positions: the table of the column whose rows
@@ -830,9 +843,23 @@ def prepare_rope(req: Request) -> RopeSpec:
         raise UnsupportedError(f"{req.op}: positions must be i32, one per row of dimension 2")
     if ff is not None and (ff.dtype != "f32" or ff.nelements < n_dims // 2):
         raise UnsupportedError(f"{req.op}: frequency factors must be f32 covering n_dims / 2")
-    for t in req.inputs + (out,):
+    for t in req.inputs[1:] + (out,):
         if not t.is_dense():
             raise UnsupportedError(f"{req.op}: strided operands are not supported")
+    # x may be a view whose tokens (dimension 2) lie apart, each token's rows contiguous.
+    token_rows = x.ne[1] * x.ne[0] * x.size
+    tokens_apart = (
+        x.nb[0] == x.size
+        and (x.ne[1] == 1 or x.nb[1] == x.ne[0] * x.size)
+        and x.ne[3] == 1
+        and x.nb[2] % 4 == 0
+        and x.nb[2] >= token_rows
+    )
+    if not (x.is_dense() or tokens_apart):
+        raise UnsupportedError(
+            f"{req.op}: strided x other than tokens apart (each token's rows contiguous, one "
+            "matrix) is not supported"
+        )
     if mode not in (0, 2):
         raise UnsupportedError(f"{req.op}: mode {mode} (normal and NeoX only)")
     if n_dims <= 0 or n_dims % 2 or n_dims > x.ne[0]:

@@ -226,7 +226,9 @@ _GLU_TYPES = ("bf16", "f16", "f32")
 _GLU_NAMES = ("REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK")
 
 _ROPE_LIMITS = (
-    "x f32 or f16; the output x's shape, contiguous, of x's type or f16 from f32 x (rounded "
+    "x f32 or f16, contiguous or a view whose tokens (dimension 2) lie apart, each token's "
+    "rows contiguous (phi3's Q and K of one attn_qkv product); the output x's shape, "
+    "contiguous, of x's type or f16 from f32 x (rounded "
     "to nearest even on the core), rows whole 32-bit words; positions "
     "i32 (one per i2); ROPE_FF: f32 frequency factors; normal and NeoX modes, YaRN parameters "
     "(op_params 0..10), n_dims <= ne0 (the rest copied); cos/sin accurate for |theta| below "
@@ -496,8 +498,8 @@ OPS: tuple[OpSpec, ...] = (
     _glu("GEGLU_QUICK"),
     # ROPE's inputs (positions, frequency factors) are smaller than the output, which the
     # protocol calls broadcast; op_params 0..10 are ggml's rope parameters.
-    OpSpec("ROPE", ROPE, 2, ("f16", "f32", "i32"), True, False, "rope", _ROPE_LIMITS, 11),
-    OpSpec("ROPE_FF", ROPE, 3, ("f16", "f32", "i32"), True, False, "rope", _ROPE_LIMITS, 11),
+    OpSpec("ROPE", ROPE, 2, ("f16", "f32", "i32"), True, True, "rope", _ROPE_LIMITS, 11),
+    OpSpec("ROPE_FF", ROPE, 3, ("f16", "f32", "i32"), True, True, "rope", _ROPE_LIMITS, 11),
     # The copies and the KV-cache write (designs/copy_ops.py). SET_ROWS's rows and indices
     # are smaller than its output: declared as broadcast for the backend to consider it.
     OpSpec(

@@ -344,6 +344,18 @@ fn rope(node: &Node) -> Result<Plan, String> {
     if pos.dtype != DType::I32 || pos.nelements() < x.ne[2] {
         return Err("ROPE: positions must be i32, one per row of dimension 2".into());
     }
+    // x contiguous, or a view whose tokens (dimension 2) lie apart, each token's rows
+    // contiguous: phi3's Q and K, views of one attn_qkv product.
+    let size = x.dtype.size().unwrap_or(0);
+    let token = size * (x.ne[0] * x.ne[1]) as u64;
+    let tokens_apart = x.nb[0] == size
+        && (x.ne[1] == 1 || x.nb[1] == size * x.ne[0] as u64)
+        && x.ne[3] == 1
+        && x.nb[2] % 4 == 0
+        && x.nb[2] >= token;
+    if !(x.is_contiguous() || tokens_apart) || !node.dst.is_contiguous() {
+        return Err("ROPE: strided data other than tokens apart is not supported".into());
+    }
     if !(mode == 0 || mode == 2) {
         return Err(format!(
             "ROPE mode {mode} is not supported (normal and NeoX only)"
@@ -655,6 +667,23 @@ mod tests {
         };
         assert_eq!(desc.op, catalogue::ROPE_FF.name);
         assert!(plan(&rope(-2)).is_err());
+    }
+
+    #[test]
+    fn a_rope_takes_x_contiguous_or_with_its_tokens_apart() {
+        let pos = tensor(DType::I32, [8, 1, 1, 1], 0x1000);
+        let dst = tensor(DType::F32, [64, 2, 8, 1], 0x3000);
+        let rope = |x: Tensor| node_with(Op::Rope, &[0, 64], dst.clone(), vec![x, pos.clone()]);
+        let mut x = tensor(DType::F32, [64, 2, 8, 1], 0);
+        assert!(plan(&rope(x.clone())).is_ok());
+        // phi3's Q of one attn_qkv product: a token's 2 heads, then the next token 384 values on.
+        x.nb[2] = 384 * 4;
+        assert!(plan(&rope(x.clone())).is_ok());
+        // A token's heads apart, or tokens overlapping: declined.
+        for nb in [[4, 512, 4096, 32768], [4, 256, 256, 2048]] {
+            x.nb = nb;
+            assert!(plan(&rope(x.clone())).is_err(), "{nb:?}");
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! dispatch then disappears too.
 
 use super::plan::{device_copy, Plan};
-use super::rewrite::rules::overlaps;
+use super::rewrite::rules::{overlaps, reads};
 use super::tensor::{DType, Node, Op, Tensor};
 use crate::kernels::{KernelDesc, Layout};
 
@@ -189,13 +189,8 @@ impl RowScatter {
         {
             return None;
         }
-        let touches = |n: &Node| {
-            overlaps(&n.dst, &self.dst)
-                || n.src
-                    .iter()
-                    .flatten()
-                    .any(|t| overlaps(t, src) || overlaps(t, &self.dst))
-        };
+        let touches =
+            |n: &Node| overlaps(&n.dst, &self.dst) || reads(n, src) || reads(n, &self.dst);
         if (j + 1..at).any(|k| !skipped(k) && touches(&nodes[k])) {
             return None;
         }
@@ -205,7 +200,7 @@ impl RowScatter {
             if skipped(k) {
                 continue;
             }
-            if n.src.iter().flatten().any(|t| overlaps(t, src)) {
+            if reads(n, src) {
                 return None;
             }
             if overlaps(&n.dst, src) {

@@ -4,7 +4,7 @@ the rotated rows, so the output FIFOs carry f16 objects).
 
 Layout (plan `plans.RopeSpec.plan`, an element-wise plan over rows of x): C columns x R
 workers. Column c streams its contiguous share of x's rows (whole i2 groups, or whole i3
-slices) from its shim tile to its memory tile, which splits each object of R*T rows into
+slices; x may be a view whose tokens lie apart, each token's rows contiguous) from its shim tile to its memory tile, which splits each object of R*T rows into
 R tiles of T rows, one per compute tile; results are joined in the memory tile and written
 back. The positions are not streamed per row: the column's shim sends one object per
 dispatch straight to its R workers (a broadcast FIFO of depth 1), the table of the
@@ -107,12 +107,8 @@ def _build(spec):
         for c in range(C):
             hx, hp = hs[2 * c], hs[2 * c + 1]
             start = c * chunk_rows
-            hx.fill(
-                x_buf,
-                tap=TensorAccessPattern(
-                    (n_x,), start * ne0, [1, 1, 1, chunk_rows * ne0], [0, 0, 0, 1]
-                ),
-            )
+            offset, sizes, strides = spec.x_tap(start)
+            hx.fill(x_buf, tap=TensorAccessPattern((n_x,), offset, list(sizes), list(strides)))
             # The table object: ROPE_FF's factors, then the column's positions (two tasks
             # on the channel, one object).
             if has_ff:
@@ -127,9 +123,10 @@ def _build(spec):
                 tap=TensorAccessPattern((totals[1],), offset, list(sizes), list(strides)),
             )
         drains = hs[2 * C :]
+        n_out = totals[-1]
         for c, h in enumerate(drains):
             tap = TensorAccessPattern(
-                (n_x,), c * chunk_rows * ne0, [1, 1, 1, chunk_rows * ne0], [0, 0, 0, 1]
+                (n_out,), c * chunk_rows * ne0, [1, 1, 1, chunk_rows * ne0], [0, 0, 0, 1]
             )
             h.drain(out_buf, tap=tap, wait=True)
 

@@ -83,8 +83,8 @@ class OpNamesTest(unittest.TestCase):
         sent |= catalogue_kernels("FLASH_ATTN_EXT")
         for spec in registry.OPS:
             if spec.op in PLANNER_NAMES:
-                # Named by the planner (plan.rs) or its fusions (fusion.rs).
-                ops_rs = "".join(p.read_text() for p in sorted((SRC / "ops").glob("*.rs")))
+                # Named by the planner (plan.rs) or its rewrites (rewrite/).
+                ops_rs = "".join(p.read_text() for p in sorted((SRC / "ops").rglob("*.rs")))
                 self.assertIn(f"catalogue::{spec.op}", ops_rs, spec.op)
                 continue
             self.assertIn(spec.op, sent, f"{spec.op} is declared but the backend has no such op")

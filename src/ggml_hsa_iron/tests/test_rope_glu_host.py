@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import unittest
 
+from ggml_hsa_iron.errors import UnsupportedError
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import parse_request
 
@@ -293,6 +294,55 @@ class RopeEmuTest(unittest.TestCase):
                 np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=tol)
         # several columns, several workers per column and several tiles per worker
         self.assertIn((True, True, True), seen)
+
+    def test_a_view_whose_tokens_lie_apart(self):
+        """x a view of one product of several projections (phi3's Q or K of one attn_qkv
+        matrix): each token's heads contiguous, the tokens a column of the product apart."""
+        from ggml_hsa_iron.request import Tensor
+        from ggml_hsa_iron.tests.util_emu import run_request
+
+        rng = np.random.default_rng(12)
+        for (ne0, ne1, ne2), column, dtype, arch, mode in (
+            ((64, 4, 6), 384, "f32", "aie2p", 2),
+            ((96, 3, 5), 400, "f32", "aie2", 0),
+            ((32, 2, 7), 96, "f16", "aie2p", 2),
+        ):
+            with self.subTest(ne=(ne0, ne1, ne2), dtype=dtype, arch=arch):
+                size = 4 if dtype == "f32" else 2
+                nb = (size, ne0 * size, column * size, column * ne2 * size)
+                x = Tensor(dtype, (ne0, ne1, ne2, 1), nb)
+                out = tensor(dtype, [ne0, ne1, ne2])
+                params = [0, ne0, mode, 0, 0, fbits(10000.0), fbits(1.0), 0, fbits(1.0), 0, 0]
+                text = request_json("ROPE", [x, tensor("i32", [ne2])], out, arch=arch,
+                                    op_params=params)  # fmt: skip
+                spec = prepare(parse_request(text))
+                npt = np.float32 if dtype == "f32" else np.float16
+                product = rng.uniform(-1, 1, (ne2, column)).astype(npt)
+                span = (ne2 - 1) * column + ne1 * ne0
+                xv = product[:, : ne1 * ne0].reshape(ne2 * ne1, ne0)
+                pos = rng.permutation(1000)[:ne2].astype(np.int32)
+                data = [product.reshape(-1)[:span].tobytes(), pos.tobytes()]
+                got = np.frombuffer(run_request(text, data), dtype=npt).reshape(-1, ne0)
+                consts = {
+                    k: struct.unpack("<f", struct.pack("<I", v))[0]
+                    for k, v in spec.constants.items()
+                }
+                want = rope_ref(
+                    xv.astype(np.float32), pos[np.arange(ne1 * ne2) // ne1], None, ne0,
+                    mode == 2, consts["THETA_SCALE"], 1.0, 0.0, consts["MSCALE"],
+                    consts["CORR_LOW"], consts["CORR_DEN"],
+                )  # fmt: skip
+                tol = 1e-5 if dtype == "f32" else 2e-3
+                np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=tol)
+        # Rows of one token apart, or tokens overlapping, are refused.
+        for nb in ((4, 512, 1024, 4096), (4, 256, 512, 4096)):
+            with self.subTest(nb=nb):
+                x = Tensor("f32", (64, 4, 6, 1), nb)
+                params = [0, 64, 0, 0, 0, fbits(10000.0), fbits(1.0), 0, fbits(1.0), 0, 0]
+                text = request_json("ROPE", [x, tensor("i32", [6])], tensor("f32", [64, 4, 6]),
+                                    op_params=params)  # fmt: skip
+                with self.assertRaises(UnsupportedError):
+                    prepare(parse_request(text))
 
 
 @unittest.skipUnless(CXX and np is not None, "no host C++ compiler or numpy")

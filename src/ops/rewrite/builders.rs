@@ -4,7 +4,9 @@
 //! operands and parameters.
 
 use super::fused::{Fused, Glu};
-use super::rules::{kernel_writing, overlaps, read_elsewhere, read_later, same, written_in};
+use super::rules::{
+    kernel_writing, overlaps, read_elsewhere, read_later, reads, same, step_io, written_in,
+};
 use super::{Planned, Rewritten};
 use crate::kernels::KernelDesc;
 use crate::op_catalogue::{self as catalogue, OpEntry};
@@ -119,6 +121,57 @@ fn mul_mat_kernel(
     plan
 }
 
+/// A MUL_MAT and the split GLU right after it of its product's two halves (phi3's `ffn_up`,
+/// whose weights are the gate's rows and then the up projection's, and its `swiglu`): one
+/// `MUL_MAT_<GLU>` kernel whose gate and up weights are the two halves of the rows, when the
+/// application and no later node read the product and the output overlaps no input. ggml's
+/// GLU of one tensor activates the first half (not swapped).
+pub fn fuse_mul_mat_glu_halves(
+    mm: &Node,
+    glu: &Node,
+    later: &[Node],
+    options: PlanOptions,
+) -> Option<Plan> {
+    let Op::Glu { name, .. } = glu.op else {
+        return None;
+    };
+    if mm.op != Op::MulMat || mm.is_output || glu.op_params[1] != 0 || glu.src(1).is_some() {
+        return None;
+    }
+    let (w, x, product, out) = (mm.src(0)?, mm.src(1)?, &mm.dst, &glu.dst);
+    let f = product.ne[0] / 2;
+    if !same(glu.src(0)?, product) || product.ne[0] != 2 * f || w.ne[1] != product.ne[0] {
+        return None;
+    }
+    let (wg, wu) = (weight_rows(w, 0, f)?, weight_rows(w, f, f)?);
+    let fuses = mul_mat(&wg, x, out).is_ok()
+        && out.dtype == DType::F32
+        && out.ne == [f, product.ne[1], product.ne[2], product.ne[3]]
+        && ![w, x].into_iter().any(|t| overlaps(t, out));
+    if !fuses || read_later(product, later) {
+        return None;
+    }
+    let op = Fused::MulMatGlu(Glu::of(name)?).entry()?;
+    Some(mul_mat_kernel(op, &[&wg, &wu, x], out, options))
+}
+
+/// Rows `first .. first + rows` of the weights `w` (one matrix) as a tensor of their own, when
+/// they start on a 32-bit word (the NPU's DMA addresses words).
+fn weight_rows(w: &Tensor, first: i64, rows: i64) -> Option<Tensor> {
+    let row = w.nb[1];
+    let offset = first as u64 * row;
+    if w.ne[2..] != [1, 1] || first + rows > w.ne[1] || rows < 1 || offset % 4 != 0 {
+        return None;
+    }
+    Some(Tensor {
+        addr: w.addr + offset,
+        ne: [w.ne[0], rows, 1, 1],
+        nb: [w.nb[0], row, row * rows as u64, row * rows as u64],
+        bytes: row * rows as u64,
+        ..w.clone()
+    })
+}
+
 /// A MUL_MAT and the ADD after it of its product and another f32 tensor r (llama's residual
 /// connections after `attn_output` and `ffn_down`, a projection's bias); `later` are the
 /// graph's nodes after the ADD. One `MUL_MAT_ADD` kernel (the weights, x and r into the ADD's
@@ -195,8 +248,7 @@ pub fn fold_rms_norm<'a>(
     // Nodes before `reader_end` belong to an accepted reader's kernel.
     let mut reader_end = 0;
     for (k, node) in nodes.iter().enumerate().skip(at + 2) {
-        let reads = node.src.iter().flatten().any(|t| overlaps(t, z));
-        if reads && k >= reader_end && !matches!(planned(k), Planned::Nothing) {
+        if reads(node, z) && k >= reader_end && !matches!(planned(k), Planned::Nothing) {
             let Planned::Kernel(desc, operands) = planned(k) else {
                 return None;
             };
@@ -221,7 +273,9 @@ pub fn fold_rms_norm<'a>(
 /// two share x, n and eps, their weights have one type, shape and layout, nothing but the GLU
 /// reads the products before their memory is reused and the application does not read them,
 /// no node between writes what the projections read, and the GLU's output overlaps none of
-/// it. It covers the projections' nodes. `None` otherwise.
+/// it. Or the one `RMS_NORM_MUL_MAT` kernel of one token writing both halves of the GLU's one
+/// input, with the halves of its weight rows. It covers the projections' nodes. `None`
+/// otherwise.
 pub fn fold_glu<'a>(
     nodes: &[Node],
     at: usize,
@@ -248,25 +302,58 @@ pub fn fold_glu<'a>(
             _ => None,
         }
     };
-    let ((g, gate, [wg, x, n]), (u, up, [wu, xu, nu])) = (projection(a)?, projection(b)?);
-    let pair = g != u
-        && same(x, xu)
-        && same(n, nu)
-        && gate.op_params == up.op_params
-        && wg.dtype == wu.dtype
-        && wg.ne == wu.ne
-        && wg.nb == wu.nb
-        && out.dtype == DType::F32
-        && out.same_shape(a);
-    if !pair || [wg, wu, x, n].iter().any(|t| overlaps(out, t)) {
+    // One projection of one token writing both halves of the GLU's one input (phi3's ffn_up:
+    // the gate's rows, then the up projection's), as ggml's GLU of one tensor splits it.
+    let halves = || {
+        let k = (0..at)
+            .rev()
+            .find(|&k| runs(k) && overlaps(&nodes[k].dst, a))?;
+        let Planned::Kernel(desc, [w, x, n, p]) = planned(k) else {
+            return None;
+        };
+        let f = a.nelements();
+        let dense = |t: &Tensor| t.dtype == DType::F32 && t.is_contiguous();
+        let exact = [a, b, p].into_iter().all(dense)
+            && p.ne == [2 * f, 1, 1, 1]
+            && a.addr == p.addr
+            && b.addr == p.addr + 4 * f as u64
+            && a.bytes == 4 * f as u64
+            && b.bytes == a.bytes;
+        let projection = Fused::of(&desc.op) == Some(Fused::RmsNormMulMat);
+        if !exact || !projection || nodes[k].is_output || !same(&nodes[k].dst, p) {
+            return None;
+        }
+        Some((k, desc, weight_rows(w, 0, f)?, weight_rows(w, f, f)?, x, n))
+    };
+    let (covers, gate, wg, wu, x, n) = match (projection(a), projection(b)) {
+        (Some((g, gate, [wg, x, n])), Some((u, up, [wu, xu, nu]))) => {
+            let pair = g != u
+                && same(x, xu)
+                && same(n, nu)
+                && gate.op_params == up.op_params
+                && wg.dtype == wu.dtype
+                && wg.ne == wu.ne
+                && wg.nb == wu.nb;
+            if !pair {
+                return None;
+            }
+            (vec![g.min(u), g.max(u)], gate, wg.clone(), wu.clone(), x, n)
+        }
+        _ => {
+            let (k, desc, wg, wu, x, n) = halves()?;
+            (vec![k], desc, wg, wu, x, n)
+        }
+    };
+    let fits = out.dtype == DType::F32 && out.same_shape(a);
+    if !fits || [&wg, &wu, x, n].iter().any(|t| overlaps(out, t)) {
         return None;
     }
     // Nothing but the GLU reads the products before their memory is reused.
-    let first = g.min(u);
+    let first = covers[0];
     if [a, b]
         .iter()
         .any(|p| read_elsewhere(nodes, p, first, at, runs))
-        || written_in(nodes, first + 1..at, &[wg, wu, x, n], runs)
+        || written_in(nodes, first + 1..at, &[&wg, &wu, x, n], runs)
     {
         return None;
     }
@@ -274,8 +361,8 @@ pub fn fold_glu<'a>(
         op: op.name.to_owned(),
         op_params: gate.op_params.clone(),
         inputs: vec![
-            gate.inputs[0].clone(),
-            up.inputs[0].clone(),
+            as_layout(&wg),
+            as_layout(&wu),
             gate.inputs[1].clone(),
             gate.inputs[2].clone(),
         ],
@@ -283,8 +370,166 @@ pub fn fold_glu<'a>(
         extra_outputs: Vec::new(),
         f16_as_bf16: gate.f16_as_bf16,
     };
-    let operands = [wg, wu, x, n, out].map(Tensor::clone).to_vec();
-    Some(Rewritten::kernel(at, vec![g, u], desc, operands))
+    let operands = vec![wg, wu, x.clone(), n.clone(), out.clone()];
+    Some(Rewritten::kernel(at, covers, desc, operands))
+}
+
+/// The split of the projection planned at node `at` (a `MUL_MAT` or `RMS_NORM_MUL_MAT` kernel
+/// of one token) whose product P only views of whole row ranges read (phi3's Q, K and V of one
+/// attn_qkv matrix): each view's node runs the projection by the weight rows that make its
+/// rows, into the view's memory, and the projection's node runs nothing. The kernels that read
+/// a view (a ROPE, a cache write) then find their input computed at its node, as llama's
+/// separate projections are. Only when no node reads P but inside a view after its node (and
+/// none that another kernel computes reads it at all), the application reads neither P nor a
+/// view, and no node before the last view writes what the projection reads. Each kernel covers
+/// the projection's node. Empty otherwise.
+pub fn split_projection<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Vec<Rewritten> {
+    split(nodes, at, planned).unwrap_or_default()
+}
+
+fn split<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Option<Vec<Rewritten>> {
+    let Planned::Kernel(desc, operands) = planned(at) else {
+        return None;
+    };
+    let projection =
+        desc.op == catalogue::MUL_MAT.name || Fused::of(&desc.op) == Some(Fused::RmsNormMulMat);
+    let (p, inputs) = operands.split_last()?;
+    let w = inputs.first()?;
+    let one_token = p.dtype == DType::F32 && p.is_contiguous() && p.ne[1..] == [1, 1, 1];
+    if !projection || !one_token || nodes[at].is_output || !same(&nodes[at].dst, p) {
+        return None;
+    }
+    let within = |t: &Tensor, v: &Tensor| v.addr <= t.addr && t.addr + t.bytes <= v.addr + v.bytes;
+    let computes = |j: usize| !matches!(planned(j), Planned::Nothing);
+    // The views of P until its memory is written again.
+    let mut views: Vec<usize> = Vec::new();
+    let mut end = nodes.len();
+    for (j, node) in nodes.iter().enumerate().skip(at + 1) {
+        if computes(j) {
+            if overlaps(&node.dst, p) {
+                end = j;
+                break;
+            }
+            continue;
+        }
+        let v = &node.dst;
+        if node.op == Op::Layout && node.src(0).is_some_and(|s| same(s, p)) {
+            let dense = v.dtype == DType::F32 && v.is_contiguous() && within(v, p);
+            let apart = views.iter().all(|&u| !overlaps(&nodes[u].dst, v));
+            if !dense || !apart || node.is_output {
+                return None;
+            }
+            views.push(j);
+        }
+    }
+    let last = *views.last()?;
+    if views.len() < 2 {
+        return None;
+    }
+    // Every read of P's memory is inside a view, after the view's node, by a node that runs
+    // there.
+    for (j, node) in nodes.iter().enumerate().take(end).skip(at + 1) {
+        if !computes(j) || !reads(node, p) {
+            continue;
+        }
+        for t in node.src.iter().flatten().filter(|t| overlaps(t, p)) {
+            let inside = views.iter().any(|&v| v < j && within(t, &nodes[v].dst));
+            if !inside || matches!(planned(j), Planned::Covered) {
+                return None;
+            }
+        }
+    }
+    let read: Vec<&Tensor> = inputs.iter().collect();
+    if written_in(nodes, at + 1..last, &read, computes) {
+        return None;
+    }
+    views
+        .into_iter()
+        .map(|j| {
+            let v = &nodes[j].dst;
+            let rows = v.nelements();
+            let slice = weight_rows(w, ((v.addr - p.addr) / 4) as i64, rows)?;
+            let out = Tensor {
+                addr: v.addr,
+                ne: [rows, 1, 1, 1],
+                nb: [4, 4 * rows as u64, 4 * rows as u64, 4 * rows as u64],
+                bytes: 4 * rows as u64,
+                ..p.clone()
+            };
+            let mut desc = desc.clone();
+            desc.inputs[0] = as_layout(&slice);
+            desc.output = as_layout(&out);
+            let mut operands = vec![slice];
+            operands.extend(inputs[1..].iter().cloned());
+            operands.push(out);
+            Some(Rewritten::kernel(j, vec![at], desc, operands))
+        })
+        .collect()
+}
+
+/// The fold of the SCALE kernel computing q, the first input of the attention kernel planned
+/// at node `at` (phi3 scales Q before the attention and passes it a scale of 1), into the
+/// attention's own scale: its q is the SCALE's input and its scale the product of both
+/// (ggml scales the scores q . k, and a bias-free SCALE of q scales each of them alike). Only
+/// when nothing but the attention reads the scaled q, the application does not, and no node
+/// in between writes the SCALE's input. It covers the SCALE's node. `None` otherwise.
+pub fn fold_scale_into_attention<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Option<Rewritten> {
+    let Planned::Kernel(fa, operands) = planned(at) else {
+        return None;
+    };
+    let attention = OpEntry::by_name(&fa.op)
+        .is_some_and(|e| e.ggml == "FLASH_ATTN_EXT" && Fused::of(e.name).is_none());
+    let (q, out) = (operands.first()?, operands.last()?);
+    if !attention {
+        return None;
+    }
+    let (writer, k) = kernel_writing(nodes, at, q, &planned)?;
+    let Planned::Kernel(scale, [x, scaled]) = planned(k) else {
+        return None;
+    };
+    let f32_dense = |t: &Tensor| t.dtype == DType::F32 && t.is_contiguous();
+    let exact = scaled.addr == q.addr
+        && scaled.bytes == q.bytes
+        && x.bytes == q.bytes
+        && [q, x, scaled].into_iter().all(f32_dense);
+    let no_bias = scale
+        .op_params
+        .get(1)
+        .is_none_or(|&b| f32::from_bits(b as u32) == 0.0);
+    if scale.op != catalogue::SCALE.name || writer != k || nodes[k].is_output || !exact || !no_bias
+    {
+        return None;
+    }
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
+    if read_elsewhere(nodes, scaled, k, at, runs)
+        || written_in(nodes, k + 1..at, &[x], runs)
+        || overlaps(out, x)
+    {
+        return None;
+    }
+    let s = f32::from_bits(*scale.op_params.first()? as u32);
+    let mut desc = fa.clone();
+    let kq_scale = f32::from_bits(*desc.op_params.first()? as u32);
+    desc.op_params[0] = (kq_scale * s).to_bits() as i32;
+    let mut operands = operands.to_vec();
+    operands[0] = Tensor {
+        addr: x.addr,
+        memory: x.memory,
+        ..q.clone()
+    };
+    Some(Rewritten::kernel(at, vec![k], desc, operands))
 }
 
 /// The fold of the `RMS_NORM_MUL_MAT` kernel that computes the input of the ROPE kernel planned
@@ -449,7 +694,7 @@ pub fn fold_attn_ffn<'a>(
     let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
     let read_between = (writer + 1..at)
         .filter(|&j| runs(j))
-        .any(|j| nodes[j].src.iter().flatten().any(|s| overlaps(s, x)));
+        .any(|j| reads(&nodes[j], x));
     let written = written_in(nodes, k + 1..at, &[wo, a, r0], runs);
     // h and the output may take the memory of a or r0 (dead once r1 is computed): the kernel's
     // phases run in order, r1 whole before the block reads it, as the nodes did.
@@ -629,23 +874,31 @@ pub fn merge_qkv<'a>(
     if k_set <= at || v_set <= at {
         return None;
     }
-    let runs = |j: usize| !matches!(planned(j), Planned::Nothing);
+    // The other steps between the first member and the merged kernel, what they read and
+    // write where they run (a node another kernel computes runs at that kernel's node).
+    let between: Vec<(usize, Vec<&Tensor>, Vec<&Tensor>)> = (first + 1..at)
+        .filter(|j| !members.contains(j))
+        .map(|j| {
+            let (read, written) = step_io(nodes, j, planned(j));
+            (j, read, written)
+        })
+        .collect();
+    let touches = |ts: &[&Tensor], t: &Tensor| ts.iter().any(|u| overlaps(u, t));
     // What the merged kernel reads, written in between: it would read the new values.
-    let mut reads: Vec<&Tensor> = vec![&q_ops[0], &k_ops[0], wv, x, n];
-    reads.extend(&q_ops[3..q_ops.len() - 1]);
-    let overwritten = written_in(nodes, first..at, &reads, |j| {
-        runs(j) && !members.contains(&j)
-    });
+    let mut read: Vec<&Tensor> = vec![&q_ops[0], &k_ops[0], wv, x, n];
+    read.extend(&q_ops[3..q_ops.len() - 1]);
+    let overwritten = between
+        .iter()
+        .any(|(_, _, w)| read.iter().any(|t| touches(w, t)));
     // What a member writes, touched between it and the merged kernel: read too early, or
     // written before the member's late write.
     let caches = [&nodes[k_set].dst, &nodes[v_set].dst];
     let touched = members.iter().any(|&m| {
         let out = &nodes[m].dst;
-        (m + 1..at).filter(|&j| runs(j)).any(|j| {
-            let node = &nodes[j];
-            let read = |t: &Tensor| node.src.iter().flatten().any(|s| overlaps(s, t));
-            let written = |t: &Tensor| overlaps(&node.dst, t);
-            read(out) || written(out) || caches.iter().any(|c| read(c) || written(c))
+        between.iter().filter(|(j, _, _)| *j > m).any(|(_, r, w)| {
+            [out, caches[0], caches[1]]
+                .into_iter()
+                .any(|t| touches(r, t) || touches(w, t))
         })
     });
     if overwritten || touched {
@@ -812,7 +1065,7 @@ mod tests {
         nodes: usize,
     }
 
-    /// The run the table's run rows (the first three) make at node 0 of `nodes`.
+    /// The run the table's run rows (the first four) make at node 0 of `nodes`.
     fn fuse_at(nodes: &[Node], options: PlanOptions) -> Option<Fusion> {
         let steps: Vec<Step<()>> = nodes
             .iter()
@@ -824,7 +1077,7 @@ mod tests {
             steps: &view,
             options,
         };
-        REWRITES[..3].iter().find_map(|row| {
+        REWRITES[..4].iter().find_map(|row| {
             let [r] = (row.build)(&graph, 0).try_into().ok()?;
             Some(Fusion {
                 plan: Plan::Kernel {
@@ -2002,5 +2255,233 @@ mod tests {
         );
         let (nodes, steps) = normed_pair_then_glu(0x3000, vec![reader]);
         assert!(glu_fold_in(&nodes, &steps).is_none());
+    }
+
+    /// A planned step as the builders see it: `None` is a node another kernel computes.
+    fn as_planned(step: &Option<Plan>) -> Planned<'_> {
+        match step {
+            Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
+            Some(Plan::Skip) => Planned::Nothing,
+            Some(Plan::Host(_)) => Planned::Elsewhere,
+            None => Planned::Covered,
+        }
+    }
+
+    /// phi3's feed-forward projection of one token: x [64] at 0x1000 by W [64 x 64] at 0x10000
+    /// (the gate's 32 rows, then the up projection's) into P at 0x2000, then SWIGLU of P's two
+    /// halves into `out`.
+    fn up_then_glu(out: u64) -> Vec<Node> {
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let p = f32([64, 1, 1, 1], 0x2000);
+        let glu = Op::Glu {
+            name: "SWIGLU",
+            act: UnaryOp::Silu,
+        };
+        vec![
+            node(
+                Op::MulMat,
+                p.clone(),
+                vec![f32([64, 64, 1, 1], 0x10000), f32([64, 1, 1, 1], 0x1000)],
+            ),
+            node(glu, f32([32, 1, 1, 1], out), vec![p]),
+        ]
+    }
+
+    #[test]
+    fn a_product_and_the_glu_of_its_two_halves_fuse_with_the_halves_of_the_rows() {
+        let Some(Fusion {
+            plan: Plan::Kernel { desc, operands },
+            nodes: 2,
+        }) = fuse_at(&up_then_glu(0x3000), PlanOptions::default())
+        else {
+            panic!("does not fuse");
+        };
+        assert_eq!(desc.op, "MUL_MAT_SWIGLU");
+        assert_eq!(desc.inputs[0].ne, [64, 32, 1, 1]);
+        // The gate's rows, the up projection's 32 rows of 256 bytes on, x, the output.
+        let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
+        assert_eq!(addrs, [0x10000, 0x10000 + 32 * 256, 0x1000, 0x3000]);
+        // Swapped halves, the product read later, the output over x: no.
+        let mut swapped = up_then_glu(0x3000);
+        swapped[1].op_params[1] = 1;
+        assert!(fuse_at(&swapped, PlanOptions::default()).is_none());
+        let mut read = up_then_glu(0x3000);
+        read.push(node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [64, 1, 1, 1], 0x5000),
+            vec![read[0].dst.clone()],
+        ));
+        assert!(fuse_at(&read, PlanOptions::default()).is_none());
+        assert!(fuse_at(&up_then_glu(0x1000), PlanOptions::default()).is_none());
+    }
+
+    #[test]
+    fn a_normed_projection_of_both_halves_folds_into_the_glu() {
+        // The norm folded into the projection (x 0x1000, n 0x4000), the GLU's output over the
+        // norm's output (0x1800), which no kernel reads any more.
+        let nodes = up_then_glu(0x1800);
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let operands = vec![
+            f32([64, 64, 1, 1], 0x10000),
+            f32([64, 1, 1, 1], 0x1000),
+            f32([64, 1, 1, 1], 0x4000),
+            nodes[0].dst.clone(),
+        ];
+        let normed = Plan::Kernel {
+            desc: KernelDesc {
+                op: "RMS_NORM_MUL_MAT".into(),
+                op_params: vec![1e-6f32.to_bits() as i32],
+                inputs: operands[..3].iter().map(as_layout).collect(),
+                output: as_layout(&operands[3]),
+                extra_outputs: Vec::new(),
+                f16_as_bf16: false,
+            },
+            operands,
+        };
+        let steps = vec![Some(normed), Some(crate::ops::plan(&nodes[1]).unwrap())];
+        let fold = fold_glu(&nodes, 1, |k| as_planned(&steps[k])).expect("folds");
+        assert_eq!((&fold.covers[..], fold.at), (&[0][..], 1));
+        assert_eq!(fold.desc.op, "RMS_NORM_MUL_MAT_SWIGLU");
+        let addrs: Vec<u64> = fold.operands.iter().map(|t| t.addr).collect();
+        assert_eq!(addrs, [0x10000, 0x10000 + 32 * 256, 0x1000, 0x4000, 0x1800]);
+    }
+
+    /// phi3's Q, K and V of one token: x [64] at 0x1000 by W [64 x 48] at 0x10000 into P at
+    /// 0x2000, viewed as Q (32 values), K and V (8 each) at nodes 1 to 3, each read by a RELU
+    /// (nodes 4 to 6), then `after`.
+    fn qkv_views(after: Vec<Node>) -> (Vec<Node>, Vec<Option<Plan>>) {
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let p = f32([48, 1, 1, 1], 0x2000);
+        let view = |ne, offset: u64| node(Op::Layout, f32(ne, 0x2000 + offset), vec![p.clone()]);
+        let relu = |src: &Node, out| {
+            let v = &src.dst;
+            node(Op::Unary(UnaryOp::Relu), f32(v.ne, out), vec![v.clone()])
+        };
+        let (q, k, v) = (
+            view([16, 2, 1, 1], 0),
+            view([8, 1, 1, 1], 128),
+            view([8, 1, 1, 1], 160),
+        );
+        let readers = [relu(&q, 0x5000), relu(&k, 0x6000), relu(&v, 0x7000)];
+        let mm = node(
+            Op::MulMat,
+            p.clone(),
+            vec![f32([64, 48, 1, 1], 0x10000), f32([64, 1, 1, 1], 0x1000)],
+        );
+        let mut nodes = vec![mm, q, k, v];
+        nodes.extend(readers);
+        nodes.extend(after);
+        let steps = nodes
+            .iter()
+            .map(|n| Some(crate::ops::plan(n).unwrap()))
+            .collect();
+        (nodes, steps)
+    }
+
+    fn split_in(nodes: &[Node], steps: &[Option<Plan>]) -> Vec<Rewritten> {
+        split_projection(nodes, 0, |k| as_planned(&steps[k]))
+    }
+
+    #[test]
+    fn a_product_read_through_views_of_its_rows_splits_into_a_kernel_per_view() {
+        let (nodes, steps) = qkv_views(vec![]);
+        let split = split_in(&nodes, &steps);
+        let at: Vec<usize> = split.iter().map(|r| r.at).collect();
+        assert_eq!(at, [1, 2, 3]);
+        for (r, (first, rows)) in split.iter().zip([(0u64, 32), (32, 8), (40, 8)]) {
+            assert_eq!(r.covers, [0]);
+            assert_eq!(r.desc.op, "MUL_MAT");
+            // The weight rows that make the view's rows, into the view's memory.
+            assert_eq!(r.operands[0].addr, 0x10000 + first * 256);
+            assert_eq!(r.operands[0].ne, [64, rows, 1, 1]);
+            assert_eq!(r.operands[1].addr, 0x1000);
+            assert_eq!(r.operands[2].addr, 0x2000 + first * 4);
+            assert_eq!(r.desc.output.ne, [rows, 1, 1, 1]);
+        }
+    }
+
+    #[test]
+    fn a_product_read_whole_or_of_several_tokens_stays_one_kernel() {
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let relu = |out, src| node(Op::Unary(UnaryOp::Relu), f32([48, 1, 1, 1], out), vec![src]);
+        // P read whole after the views.
+        let (nodes, steps) = qkv_views(vec![relu(0x8000, f32([48, 1, 1, 1], 0x2000))]);
+        assert!(split_in(&nodes, &steps).is_empty());
+        // x overwritten between the projection and a view: the view's kernel would read it.
+        let (mut nodes, mut steps) = qkv_views(vec![]);
+        let writer = relu(0x1000, f32([48, 1, 1, 1], 0x9000));
+        steps.insert(2, Some(crate::ops::plan(&writer).unwrap()));
+        nodes.insert(2, writer);
+        assert!(split_in(&nodes, &steps).is_empty());
+        // A view's rows read before its node.
+        let (mut nodes, mut steps) = qkv_views(vec![]);
+        let early = node(
+            Op::Unary(UnaryOp::Relu),
+            f32([8, 1, 1, 1], 0x9000),
+            vec![f32([8, 1, 1, 1], 0x2000 + 160)],
+        );
+        steps.insert(1, Some(crate::ops::plan(&early).unwrap()));
+        nodes.insert(1, early);
+        assert!(split_in(&nodes, &steps).is_empty());
+        // Two tokens: a view's rows are not all the weights' rows.
+        let (mut nodes, mut steps) = qkv_views(vec![]);
+        nodes[0].src[1] = Some(f32([64, 2, 1, 1], 0x1000));
+        nodes[0].dst = f32([48, 2, 1, 1], 0x2000);
+        steps[0] = Some(crate::ops::plan(&nodes[0]).unwrap());
+        assert!(split_in(&nodes, &steps).is_empty());
+    }
+
+    /// phi3's attention: q_raw [16, 2] at 0x1000 scaled by `scale` (SCALE, bias `bias`) into q
+    /// at 0x2000, then the attention kernel (scale 0.5) of q, K, V and the mask into 0x3000,
+    /// then `after`.
+    fn scaled_attention(bias: f32, after: Vec<Node>) -> (Vec<Node>, Vec<Option<Plan>>) {
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let f16 = |ne, addr| tensor(DType::F16, ne, addr);
+        let q = f32([16, 2, 1, 1], 0x2000);
+        let mut scale = node(Op::Scale, q.clone(), vec![f32([16, 2, 1, 1], 0x1000)]);
+        scale.op_params[0] = 0.25f32.to_bits() as i32;
+        scale.op_params[1] = bias.to_bits() as i32;
+        let inputs = vec![
+            q,
+            f16([16, 8, 1, 1], 0x10000),
+            f16([16, 8, 1, 1], 0x11000),
+            f16([8, 1, 1, 1], 0x12000),
+        ];
+        let out = f32([16, 2, 1, 1], 0x3000);
+        let attention = Plan::Kernel {
+            desc: KernelDesc {
+                op: "FLASH_ATTN_EXT_MASK".into(),
+                op_params: vec![0.5f32.to_bits() as i32, 0, 0],
+                inputs: inputs.iter().map(as_layout).collect(),
+                output: as_layout(&out),
+                extra_outputs: Vec::new(),
+                f16_as_bf16: false,
+            },
+            operands: [&inputs[..], std::slice::from_ref(&out)].concat(),
+        };
+        let mut nodes = vec![scale.clone(), node(Op::FlashAttnExt, out, inputs)];
+        let mut steps = vec![Some(crate::ops::plan(&scale).unwrap()), Some(attention)];
+        for n in after {
+            steps.push(Some(crate::ops::plan(&n).unwrap()));
+            nodes.push(n);
+        }
+        (nodes, steps)
+    }
+
+    #[test]
+    fn a_scaled_q_folds_into_the_attention_s_scale() {
+        let (nodes, steps) = scaled_attention(0.0, vec![]);
+        let fold = fold_scale_into_attention(&nodes, 1, |k| as_planned(&steps[k])).expect("folds");
+        assert_eq!((&fold.covers[..], fold.at), (&[0][..], 1));
+        assert_eq!(fold.desc.op_params[0], 0.125f32.to_bits() as i32);
+        assert_eq!(fold.operands[0].addr, 0x1000);
+        assert_eq!(fold.operands[0].ne, [16, 2, 1, 1]);
+        // A bias, or the scaled q read by another node: no.
+        let (nodes, steps) = scaled_attention(1.0, vec![]);
+        assert!(fold_scale_into_attention(&nodes, 1, |k| as_planned(&steps[k])).is_none());
+        let f32 = |addr| tensor(DType::F32, [16, 2, 1, 1], addr);
+        let reader = node(Op::Unary(UnaryOp::Relu), f32(0x4000), vec![f32(0x2000)]);
+        let (nodes, steps) = scaled_attention(0.0, vec![reader]);
+        assert!(fold_scale_into_attention(&nodes, 1, |k| as_planned(&steps[k])).is_none());
     }
 }

@@ -4,7 +4,7 @@
 //! between may write what the kernel reads, and its outputs may overlap none of its inputs.
 
 use super::Planned;
-use crate::ops::tensor::{Node, Tensor};
+use crate::ops::tensor::{Node, Op, Tensor};
 
 /// Whether `p` and `q` are the same tensor (address, type, shape and strides).
 pub fn same(p: &Tensor, q: &Tensor) -> bool {
@@ -16,11 +16,17 @@ pub fn overlaps(t: &Tensor, u: &Tensor) -> bool {
     t.addr < u.addr + u.bytes && u.addr < t.addr + t.bytes
 }
 
+/// Whether `node` reads `t`'s memory. A view reads nothing: the nodes reading it read through
+/// it (and a kernel a rewrite put at a view's node reads its own operands).
+pub fn reads(node: &Node, t: &Tensor) -> bool {
+    node.op != Op::Layout && node.src.iter().flatten().any(|s| overlaps(s, t))
+}
+
 /// Whether a node of `later` reads `t` before a node overwrites its memory: ggml's allocator
 /// gives the memory of dead tensors to later ones, so what is read there afterwards is not `t`.
 pub fn read_later(t: &Tensor, later: &[Node]) -> bool {
     for n in later {
-        if n.src.iter().flatten().any(|s| overlaps(s, t)) {
+        if reads(n, t) {
             return true;
         }
         if overlaps(&n.dst, t) {
@@ -41,7 +47,7 @@ pub fn read_elsewhere(
     counts: impl Fn(usize) -> bool,
 ) -> bool {
     for (j, node) in nodes.iter().enumerate().skip(from + 1) {
-        if j != reader && counts(j) && node.src.iter().flatten().any(|s| overlaps(s, t)) {
+        if j != reader && counts(j) && reads(node, t) {
             return true;
         }
         if j > reader && overlaps(&node.dst, t) {
@@ -80,4 +86,23 @@ pub fn kernel_writing<'a>(
         k = k.checked_sub(1)?;
     }
     Some((writer, k))
+}
+
+/// What node `j`'s step reads and writes where it runs: a kernel its operands (the inputs,
+/// then its outputs), a node the host or the CPU computes its sources and its output; a view,
+/// or a node a kernel elsewhere computes, nothing here.
+pub fn step_io<'a>(
+    nodes: &'a [Node],
+    j: usize,
+    planned: Planned<'a>,
+) -> (Vec<&'a Tensor>, Vec<&'a Tensor>) {
+    match planned {
+        Planned::Kernel(desc, operands) => {
+            let inputs = operands.len().saturating_sub(1 + desc.extra_outputs.len());
+            let (read, written) = operands.split_at(inputs);
+            (read.iter().collect(), written.iter().collect())
+        }
+        Planned::Elsewhere => (nodes[j].src.iter().flatten().collect(), vec![&nodes[j].dst]),
+        Planned::Covered | Planned::Nothing => (Vec::new(), Vec::new()),
+    }
 }

@@ -68,6 +68,14 @@ pub const REWRITES: &[Rewrite] = &[
         build: mul_mat_glu,
     },
     Rewrite {
+        name: "MUL_MAT_<GLU>",
+        stage: Stage::Fusions,
+        anchor: "MUL_MAT",
+        absorbs: "the split GLU of its product's two halves right after it (phi3's ffn_up: the \
+                  gate's rows, then the up projection's)",
+        build: mul_mat_glu_halves,
+    },
+    Rewrite {
         name: "MUL_MAT_ADD",
         stage: Stage::Fusions,
         anchor: "MUL_MAT",
@@ -82,10 +90,19 @@ pub const REWRITES: &[Rewrite] = &[
         build: rms_norm_fold,
     },
     Rewrite {
+        name: "[RMS_NORM_]MUL_MAT of weight rows",
+        stage: Stage::Fusions,
+        anchor: "a MUL_MAT or RMS_NORM_MUL_MAT kernel of one token",
+        absorbs: "itself, into the views of whole row ranges of its product (phi3's Q, K and V \
+                  of one attn_qkv matrix), each computing its rows at its node",
+        build: split_projection,
+    },
+    Rewrite {
         name: "RMS_NORM_MUL_MAT_<GLU>",
         stage: Stage::Fusions,
         anchor: "a GLU kernel",
-        absorbs: "the two RMS_NORM_MUL_MAT kernels of one x computing its inputs",
+        absorbs: "the two RMS_NORM_MUL_MAT kernels of one x computing its inputs, or the one \
+                  computing both halves of its one input (phi3's ffn_up, one token)",
         build: glu_fold,
     },
     Rewrite {
@@ -94,6 +111,13 @@ pub const REWRITES: &[Rewrite] = &[
         anchor: "a ROPE kernel",
         absorbs: "the RMS_NORM_MUL_MAT kernel computing its input",
         build: rope_fold,
+    },
+    Rewrite {
+        name: "FLASH_ATTN_EXT[_MASK][_SINKS]",
+        stage: Stage::Fusions,
+        anchor: "an attention kernel",
+        absorbs: "the bias-free SCALE kernel computing its q, as a factor of its scale",
+        build: scale_fold,
     },
     Rewrite {
         name: "RMS_NORM_FFN_<GLU>",
@@ -182,6 +206,18 @@ fn mul_mat_glu(g: &Graph, at: usize) -> Vec<Rewritten> {
     run(g, at, 3, b::fuse_mul_mat_glu([p, q], glu, later, g.options))
 }
 
+fn mul_mat_glu_halves(g: &Graph, at: usize) -> Vec<Rewritten> {
+    let [mm, glu, later @ ..] = &g.nodes[at..] else {
+        return Vec::new();
+    };
+    run(
+        g,
+        at,
+        2,
+        b::fuse_mul_mat_glu_halves(mm, glu, later, g.options),
+    )
+}
+
 fn mul_mat_add(g: &Graph, at: usize) -> Vec<Rewritten> {
     let [mm, rest @ ..] = &g.nodes[at..] else {
         return Vec::new();
@@ -202,6 +238,16 @@ fn mul_mat_add(g: &Graph, at: usize) -> Vec<Rewritten> {
 
 fn rms_norm_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
     b::fold_rms_norm(g.nodes, at, |k| g.planned(k)).unwrap_or_default()
+}
+
+fn split_projection(g: &Graph, at: usize) -> Vec<Rewritten> {
+    b::split_projection(g.nodes, at, |k| g.planned(k))
+}
+
+fn scale_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
+    b::fold_scale_into_attention(g.nodes, at, |k| g.planned(k))
+        .into_iter()
+        .collect()
 }
 
 fn glu_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
@@ -288,7 +334,7 @@ fn cache_producer(g: &Graph, at: usize) -> Vec<Rewritten> {
     operands.push(copy.scatter.rows_placeholder());
     vec![Rewritten {
         at: j,
-        covers: Vec::new(),
+        covers: g.steps.covers(j).to_vec(),
         desc: producer.kernel,
         rows: vec![CacheRows {
             operand: operands.len() - 1,
