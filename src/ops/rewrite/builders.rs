@@ -160,7 +160,7 @@ pub fn fuse_mul_mat_glu_halves(
 fn weight_rows(w: &Tensor, first: i64, rows: i64) -> Option<Tensor> {
     let row = w.nb[1];
     let offset = first as u64 * row;
-    if w.ne[2..] != [1, 1] || first + rows > w.ne[1] || rows < 1 || offset % 4 != 0 {
+    if w.ne[2..] != [1, 1] || first + rows > w.ne[1] || rows < 1 || !offset.is_multiple_of(4) {
         return None;
     }
     Some(Tensor {
@@ -2338,7 +2338,7 @@ mod tests {
             },
             operands,
         };
-        let steps = vec![Some(normed), Some(crate::ops::plan(&nodes[1]).unwrap())];
+        let steps = [Some(normed), Some(crate::ops::plan(&nodes[1]).unwrap())];
         let fold = fold_glu(&nodes, 1, |k| as_planned(&steps[k])).expect("folds");
         assert_eq!((&fold.covers[..], fold.at), (&[0][..], 1));
         assert_eq!(fold.desc.op, "RMS_NORM_MUL_MAT_SWIGLU");
