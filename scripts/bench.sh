@@ -23,6 +23,11 @@
 #                               type, its decode-layer kernel and its prompt's GEMMs, as the
 #                               emulated IRON designs run them (scripts/bench_timing.py; about
 #                               twenty minutes).
+#   scripts/bench.sh --families the model families' section of docs/perf.md alone: each family's
+#                               tiny model decoding on HSA0 (emulated), its dispatches per
+#                               token and layer, and where a layer is one kernel the decode of
+#                               the family's smallest common shape under the timing model
+#                               (scripts/bench_families.py; about ten minutes).
 #   scripts/bench.sh op 'CASE'  one test-backend-ops case (`OP(params)` as the program prints
 #                               it) on HSA0 through its emulated IRON design, aie2p and aie2:
 #                               the device time hsa-sim's timing model gives, GB/s, TFLOPS
@@ -59,6 +64,7 @@ while [ $# -gt 0 ]; do
     --quick) mode=quick ;;
     --emulation) mode=emulation ;;
     --timing) mode=timing ;;
+    --families) mode=families ;;
     --models)
         types=$2
         shift
@@ -68,7 +74,7 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     *)
-        echo "usage: scripts/bench.sh [--quick | --emulation | --timing] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference] | scripts/bench.sh op 'OP(params)'" >&2
+        echo "usage: scripts/bench.sh [--quick | --emulation | --timing | --families] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference] | scripts/bench.sh op 'OP(params)'" >&2
         exit 2
         ;;
     esac
@@ -82,6 +88,17 @@ if [ "$mode" = timing ]; then
     deps_install cxx >/dev/null && python_emu_install >/dev/null || exit 1
     cargo build --release --locked -p hsa-sim --quiet
     exec python3 scripts/bench_timing.py --target "${CARGO_TARGET_DIR:-target}/release"
+fi
+
+if [ "$mode" = families ]; then
+    scripts/llama-cpp.sh build-dl ggml-hsa llama-simple >/dev/null
+    eval "$(scripts/llama-cpp.sh env)"
+    scripts/models.sh tiny-llama >/dev/null
+    . scripts/lib/apt.sh
+    deps_install cxx >/dev/null && python_emu_install >/dev/null || exit 1
+    cargo build --release --locked -p hsa-sim --quiet
+    exec python3 scripts/bench_families.py --bin "$(scripts/llama-cpp.sh path bin-dl)" \
+        --target "${CARGO_TARGET_DIR:-target}/release"
 fi
 
 # llama-bench and the plugin (the hook build: cargo --release through CMake; llama-bench loads

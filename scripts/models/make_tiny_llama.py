@@ -1,5 +1,6 @@
-"""Write a tiny llama-architecture GGUF with seeded random weights (or, with --arch phi3, the
-same weights as a phi3 model: Q, K and V in one attn_qkv matrix, gate and up in one ffn_up).
+"""Write a tiny llama-architecture GGUF with seeded random weights, or the same weights as
+another family's model (--arch): phi3 (Q, K and V in one attn_qkv matrix, gate and up in one
+ffn_up), qwen2 (plus seeded Q, K and V biases), qwen3 (plus per-head Q and K norm weights).
 
 The tokenizer (every tokenizer.* key) is copied from the pinned llama.cpp tree's
 models/ggml-vocab-llama-spm.gguf, so prompts tokenize like a real LLaMA model. The
@@ -9,7 +10,7 @@ greedy decoding follows the weights rather than rounding noise, and it wanders t
 varied tokens instead of repeating one.
 
 Usage: make_tiny_llama.py --gguf-py <src>/gguf-py --vocab <src>/models/ggml-vocab-llama-spm.gguf
-                          [--arch llama|phi3] --out tiny-llama-f32.gguf
+                          [--arch llama|phi3|qwen2|qwen3] --out tiny-llama-f32.gguf
 """
 
 from __future__ import annotations
@@ -113,12 +114,12 @@ def main() -> None:
     parser.add_argument(
         "--vocab", type=Path, required=True, help="ggml-vocab-llama-spm.gguf"
     )
-    parser.add_argument("--arch", choices=["llama", "phi3"], default="llama")
+    parser.add_argument("--arch", choices=list(FAMILIES), default="llama")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
     gguf = load_gguf(args.gguf_py)
-    weights = make_weights if args.arch == "llama" else phi3_weights
+    weights, arch = FAMILIES[args.arch]
     write_llama(
         gguf,
         args.out,
@@ -129,7 +130,7 @@ def main() -> None:
         file_type=gguf.LlamaFileType.ALL_F32,
         shape=(N_LAYER, N_CTX, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, ROPE_THETA, RMS_EPS),
         tensors=lambda n_vocab: weights(n_vocab).items(),
-        arch=gguf.MODEL_ARCH.LLAMA if args.arch == "llama" else gguf.MODEL_ARCH.PHI3,
+        arch=getattr(gguf.MODEL_ARCH, arch),
     )
 
 
@@ -144,6 +145,39 @@ def phi3_weights(n_vocab: int) -> dict[str, np.ndarray]:
         gate, up = tensors.pop(f"{blk}.ffn_gate.weight"), tensors.pop(f"{blk}.ffn_up.weight")
         tensors[f"{blk}.ffn_up.weight"] = np.concatenate([gate, up])
     return tensors
+
+
+def qwen2_weights(n_vocab: int) -> dict[str, np.ndarray]:
+    """The llama weights with Q, K and V biases (seeded, small)."""
+    tensors = make_weights(n_vocab)
+    rng = np.random.default_rng(SEED + 1)
+    for i in range(N_LAYER):
+        for p in "qkv":
+            rows = tensors[f"blk.{i}.attn_{p}.weight"].shape[0]
+            bias = rng.standard_normal(rows, dtype=np.float32) * np.float32(0.1)
+            tensors[f"blk.{i}.attn_{p}.bias"] = bias.astype(np.float32)
+    return tensors
+
+
+def qwen3_weights(n_vocab: int) -> dict[str, np.ndarray]:
+    """The llama weights with per-head RMS norm weights of Q and K."""
+    tensors = make_weights(n_vocab)
+    rng = np.random.default_rng(SEED + 2)
+    head_dim = N_EMBD // N_HEAD
+    for i in range(N_LAYER):
+        for p in "qk":
+            w = 1 + rng.standard_normal(head_dim, dtype=np.float32) * np.float32(0.1)
+            tensors[f"blk.{i}.attn_{p}_norm.weight"] = w.astype(np.float32)
+    return tensors
+
+
+# --arch: its weights and gguf's MODEL_ARCH member.
+FAMILIES = {
+    "llama": (make_weights, "LLAMA"),
+    "phi3": (phi3_weights, "PHI3"),
+    "qwen2": (qwen2_weights, "QWEN2"),
+    "qwen3": (qwen3_weights, "QWEN3"),
+}
 
 
 def write_llama(

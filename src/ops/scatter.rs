@@ -42,8 +42,6 @@ pub struct RowsProducer {
     pub kernel: KernelDesc,
     /// Its input operands; the output operand is the rows the indices name.
     pub inputs: Vec<Tensor>,
-    /// The SET_ROWS node whose copy it makes unnecessary.
-    pub set_rows: usize,
 }
 
 /// The kernels whose result in another float type is their f32 result converted as SET_ROWS
@@ -215,7 +213,6 @@ impl RowScatter {
             RowsProducer {
                 kernel,
                 inputs: inputs.to_vec(),
-                set_rows: at,
             },
         ))
     }
@@ -331,7 +328,7 @@ mod tests {
     fn a_rope_whose_output_only_feeds_the_rows_writes_them() {
         let nodes = rope_then_set_rows(vec![], vec![]);
         let (j, p) = producer_in(&nodes).expect("the ROPE writes the rows");
-        assert_eq!((j, p.set_rows), (0, 2));
+        assert_eq!(j, 0);
         assert_eq!(p.kernel.op, "ROPE");
         // f16, the cache's type, in the ROPE's shape; x and the positions as inputs.
         assert_eq!(p.kernel.output.dtype, "f16");
@@ -349,7 +346,7 @@ mod tests {
         let v = tensor(DType::F32, [64, 3, 1, 1], 0x1000);
         let nodes = vec![node(Op::MulMat, v, vec![w, x]), set_rows(3)];
         let (j, p) = producer_in(&nodes).expect("the product writes the rows");
-        assert_eq!((j, p.set_rows), (0, 1));
+        assert_eq!(j, 0);
         assert_eq!(p.kernel.op, "MUL_MAT");
         assert_eq!(p.kernel.output.dtype, "f16");
         let inputs: Vec<u64> = p.inputs.iter().map(|t| t.addr).collect();

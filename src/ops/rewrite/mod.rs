@@ -234,7 +234,7 @@ pub fn apply<K: Clone>(
 }
 
 /// Puts the kernels of one rewrite into `steps`; each keeps the steps it replaced (taken before
-/// any of the group's changes).
+/// any of the group's changes) and covers the nodes they covered.
 fn replace<K: Clone>(steps: &mut [Step<K>], group: Vec<Rewritten>) {
     let fallbacks: Vec<Vec<(usize, Step<K>)>> = group
         .iter()
@@ -246,13 +246,23 @@ fn replace<K: Clone>(steps: &mut [Step<K>], group: Vec<Rewritten>) {
         })
         .collect();
     for (r, fallback) in group.into_iter().zip(fallbacks) {
-        for &c in &r.covers {
+        // It computes the nodes the kernels it takes over computed too.
+        let mut covers = r.covers;
+        for (_, before) in &fallback {
+            if let Step::Kernel(k) = before {
+                covers.extend(&k.covers);
+            }
+        }
+        covers.retain(|&c| c != r.at);
+        covers.sort_unstable();
+        covers.dedup();
+        for &c in &covers {
             steps[c] = Step::Covered;
         }
         steps[r.at] = Step::Kernel(KernelStep {
             desc: r.desc,
             operands: r.operands,
-            covers: r.covers,
+            covers,
             rows: r.rows,
             fallback,
             loaded: None,

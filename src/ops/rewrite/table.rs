@@ -334,7 +334,7 @@ fn cache_producer(g: &Graph, at: usize) -> Vec<Rewritten> {
     operands.push(copy.scatter.rows_placeholder());
     vec![Rewritten {
         at: j,
-        covers: g.steps.covers(j).to_vec(),
+        covers: Vec::new(),
         desc: producer.kernel,
         rows: vec![CacheRows {
             operand: operands.len() - 1,
