@@ -16,12 +16,10 @@
 //! fallback runs in its place.
 
 mod builders;
-pub mod fused;
+mod fused;
 pub mod rules;
 mod table;
 
-pub use builders::{fuse_mul_mat_add, fuse_mul_mat_glu, fuse_rms_norm_mul};
-pub use fused::{Fused, Glu};
 pub use table::{Rewrite, Stage, REWRITES};
 
 use super::host::HostOp;
@@ -205,15 +203,14 @@ impl Rewritten {
 }
 
 /// Applies the rows of `stage` to `steps`, in table order, each at every node in turn; a
-/// kernel `available` declines is not made. Returns how many rewrites were applied.
+/// kernel `available` declines is not made.
 pub fn apply<K: Clone>(
     stage: Stage,
     nodes: &[Node],
     steps: &mut [Step<K>],
     options: PlanOptions,
     available: &dyn Fn(&KernelDesc) -> bool,
-) -> usize {
-    let mut applied = 0;
+) {
     for row in REWRITES.iter().filter(|r| r.stage == stage) {
         for anchor in 0..nodes.len() {
             let view = StepList(&*steps);
@@ -227,10 +224,8 @@ pub fn apply<K: Clone>(
                 continue;
             }
             replace(steps, group);
-            applied += 1;
         }
     }
-    applied
 }
 
 /// Puts the kernels of one rewrite into `steps`; each keeps the steps it replaced (taken before

@@ -1,7 +1,7 @@
 //! The table of rewrites, in the order they are tried, and the adapters that turn each builder's
 //! finding into [`Rewritten`] kernels.
 
-use super::builders::{self as b};
+use super::builders as b;
 use super::rules::overlaps;
 use super::{CacheRows, Graph, Planned, Rewritten};
 use crate::ops::plan::Plan;
