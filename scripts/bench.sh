@@ -27,7 +27,7 @@
 #                               tiny model decoding on HSA0 (emulated), its dispatches per
 #                               token and layer, and where a layer is one kernel the decode of
 #                               the family's smallest common shape under the timing model
-#                               (scripts/bench_families.py; about ten minutes).
+#                               (scripts/bench_families.py; a few minutes).
 #   scripts/bench.sh op 'CASE'  one test-backend-ops case (`OP(params)` as the program prints
 #                               it) on HSA0 through its emulated IRON design, aie2p and aie2:
 #                               the device time hsa-sim's timing model gives, GB/s, TFLOPS

@@ -264,3 +264,59 @@ fn replace<K: Clone>(steps: &mut [Step<K>], group: Vec<Rewritten>) {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::tensor::test_util::{node, tensor};
+    use crate::ops::tensor::{DType, Op};
+
+    /// A SET_ROWS of 3 f32 rows of 64 into a 16-row f16 cache at 0x10000, by i64 indices the
+    /// application sets (at 0x2000).
+    fn set_rows() -> Node {
+        node(
+            Op::SetRows,
+            tensor(DType::F16, [64, 16, 1, 1], 0x10000),
+            vec![
+                tensor(DType::F32, [64, 3, 1, 1], 0x1000),
+                tensor(DType::I64, [3, 1, 1, 1], 0x2000),
+            ],
+        )
+    }
+
+    #[test]
+    fn a_set_rows_on_the_cpu_or_the_host_becomes_a_copy_falling_back_to_it() {
+        let nodes = [set_rows()];
+        for before in [Step::<()>::Cpu("refused".into()), Step::Skip] {
+            let mut steps = vec![before.clone()];
+            apply(
+                Stage::CacheCopies,
+                &nodes,
+                &mut steps,
+                PlanOptions::default(),
+                &|_| true,
+            );
+            match (&before, &steps[0]) {
+                (Step::Cpu(_), Step::Kernel(k)) => {
+                    assert_eq!(k.desc.op, "CPY");
+                    assert_eq!(k.rows.len(), 1);
+                    assert_eq!((k.rows[0].operand, k.rows[0].set_rows), (1, 0));
+                    assert_eq!(k.fallback, vec![(0, before.clone())]);
+                }
+                // Nothing planned to run there: nothing to copy in its place.
+                (Step::Skip, Step::Skip) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        // A copy the kernel store does not provide: the SET_ROWS stays as planned.
+        let mut steps = vec![Step::<()>::Cpu("refused".into())];
+        apply(
+            Stage::CacheCopies,
+            &nodes,
+            &mut steps,
+            PlanOptions::default(),
+            &|_| false,
+        );
+        assert!(matches!(steps[0], Step::Cpu(_)));
+    }
+}

@@ -143,7 +143,8 @@ pub const REWRITES: &[Rewrite] = &[
     Rewrite {
         name: "CPY",
         stage: Stage::CacheCopies,
-        anchor: "a SET_ROWS kernel whose indices no node of the graph writes",
+        anchor: "a SET_ROWS (a kernel, or on the host or the CPU) whose indices no node of the \
+                 graph writes",
         absorbs: "nothing: it copies into the rows the indices name, when they are consecutive",
         build: cache_copy,
     },
@@ -280,11 +281,13 @@ fn flash_attn_ffn_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
         .collect()
 }
 
-/// A SET_ROWS kernel whose indices the application set (llama.cpp's KV-cache slots): a copy
-/// into the rows they name.
+/// A SET_ROWS whose indices the application set (llama.cpp's KV-cache slots): a copy into the
+/// rows they name. The SET_ROWS as planned (its kernel, or the host or the CPU where no kernel
+/// takes its shape or types) is the copy's fallback.
 fn cache_copy(g: &Graph, at: usize) -> Vec<Rewritten> {
     let node = &g.nodes[at];
-    if !matches!(g.planned(at), Planned::Kernel(..)) || !g.steps.rows(at).is_empty() {
+    let planned = matches!(g.planned(at), Planned::Kernel(..) | Planned::Elsewhere);
+    if !planned || !g.steps.rows(at).is_empty() {
         return Vec::new();
     }
     let Some(scatter) = RowScatter::of(node, |_| true) else {
