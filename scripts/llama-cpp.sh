@@ -17,7 +17,8 @@
 #                                            GGML_BACKEND_DL=OFF (static), in build-static/;
 #                                            its test-llama-archs finds HSA0 (no plugin to load)
 #                                            Both have ggml's RPC backend (GGML_RPC=ON) and its
-#                                            server, target ggml-rpc-server.
+#                                            server, target ggml-rpc-server; build/ also has
+#                                            llama-server (LLAMA_BUILD_SERVER=ON).
 #   scripts/llama-cpp.sh deps                install the system packages the builds need, nothing else
 #   scripts/llama-cpp.sh env                 print `export` lines for the build script and the tests
 #   scripts/llama-cpp.sh path [src|ggml|build|bin]
@@ -146,12 +147,13 @@ configure() {
     # The build tree is shared by checkouts of this repository (it lives in the cache): configure
     # again when it was set up for another checkout or without the hook.
     if ! cache_has "$build" "CMAKE_PROJECT_ggml_INCLUDE:UNINITIALIZED=$repo/cmake/hook.cmake" \
-        "GGML_RPC:BOOL=ON"; then
+        "GGML_RPC:BOOL=ON" "LLAMA_BUILD_SERVER:BOOL=ON"; then
         log "configuring $build (GGML_BACKEND_DL=ON, CMAKE_PROJECT_ggml_INCLUDE=cmake/hook.cmake)"
         # The tree is not a git checkout, so ggml_commit() reports "unknown";
         # GIT_CEILING_DIRECTORIES keeps git from picking up an enclosing repository's commit.
         GIT_CEILING_DIRECTORIES=$root cmake -S "$src" -B "$build" "${common_flags[@]}" \
             -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DLLAMA_BUILD_TESTS=ON \
+            -DLLAMA_BUILD_SERVER=ON \
             -DCMAKE_PROJECT_ggml_INCLUDE="$repo/cmake/hook.cmake" -DGGML_HSA_JIT_COMPILE=ON \
             -DGGML_HSA_SOURCE_DIR="$repo" \
             >"$root/configure.log" 2>&1 ||
