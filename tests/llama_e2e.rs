@@ -926,3 +926,155 @@ fn parallel_sequences_on_hsa0_match_serial_runs_and_mostly_the_cpu() {
     // The graphs (batches of several sequences) ran on HSA0: every layer, every step.
     assert!(on_hsa0 >= 1000, "{on_hsa0} kernel dispatches on HSA0");
 }
+
+/// One completion of llama-server at `port`: the text of `prompt`'s 12 greedy tokens.
+fn complete(port: u16, prompt: &str) -> String {
+    use std::io::{Read, Write};
+    let body = serde_json::json!({
+        "prompt": prompt,
+        "n_predict": 12,
+        "temperature": 0.0,
+        "seed": 42,
+        "cache_prompt": false,
+    })
+    .to_string();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(RUN_TIMEOUT)).expect("timeout");
+    write!(
+        s,
+        "POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).expect("receive");
+    let (head, json) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
+    assert!(head.starts_with("HTTP/1.1 200"), "{reply}");
+    let v: serde_json::Value = serde_json::from_str(json).expect("JSON");
+    v["content"].as_str().expect("content").to_owned()
+}
+
+/// llama-server (`-np slots`, on HSA0 with `env`, on the CPU without) answering `prompts`, all
+/// at once from one thread each when `concurrent`; the texts in the prompts' order, and the
+/// kernels hsa-sim dispatched.
+fn served(
+    server: &Path,
+    model: &Path,
+    env: Option<&[(String, String)]>,
+    prompts: &[&str],
+    slots: usize,
+    concurrent: bool,
+) -> (Vec<String>, u64) {
+    let tag = format!("server-{slots}-{}", env.is_some());
+    let dir = common::scratch_dir(&tag);
+    let counters = dir.join("counters.json");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let log = std::fs::File::create(dir.join("server.log")).expect("log");
+    let mut cmd = Command::new(server);
+    cmd.arg("-m")
+        .arg(model)
+        .args(["-np", &slots.to_string(), "-c", "1024", "-ngl", "99"])
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .env_remove("GGML_BACKEND_PATH")
+        .env("HSA_SIM_COUNTERS", &counters)
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
+    if let Some(env) = env {
+        cmd.args(["-dev", "HSA0"])
+            .env("GGML_BACKEND_PATH", server.with_file_name("libggml-hsa.so"))
+            .envs(env.iter().map(|(k, v)| (k, v)));
+    }
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Killed(cmd.spawn().expect("llama-server starts"));
+    let deadline = std::time::Instant::now() + RUN_TIMEOUT;
+    let server_log = || std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+    // Ready once /health answers 200 (503 while the model loads).
+    loop {
+        assert!(
+            child.0.try_wait().expect("wait").is_none(),
+            "llama-server exited:\n{}",
+            tail(&server_log())
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "llama-server not ready:\n{}",
+            tail(&server_log())
+        );
+        let ready = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok_and(|mut s| {
+            use std::io::{Read, Write};
+            let mut reply = String::new();
+            write!(
+                s,
+                "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            )
+            .is_ok()
+                && s.read_to_string(&mut reply).is_ok()
+                && reply.starts_with("HTTP/1.1 200")
+        });
+        if ready {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let texts: Vec<String> = if concurrent {
+        std::thread::scope(|s| {
+            let replies: Vec<_> = prompts
+                .iter()
+                .map(|p| s.spawn(move || complete(port, p)))
+                .collect();
+            replies
+                .into_iter()
+                .map(|r| r.join().expect("a reply"))
+                .collect()
+        })
+    } else {
+        prompts.iter().map(|p| complete(port, p)).collect()
+    };
+    drop(child);
+    let dispatches = std::fs::read_to_string(&counters)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["dispatches"].as_u64())
+        .unwrap_or(0);
+    (texts, dispatches)
+}
+
+/// Serving several users: llama-server with four slots (`-np 4`) on HSA0 answers four
+/// completions sent at once, each the text one slot gives it alone, and the CPU's text.
+#[test]
+fn llama_server_answers_four_concurrent_completions_with_the_cpu_s_texts() {
+    let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
+        return;
+    };
+    let Some(server) = require(
+        bin.join("llama-server"),
+        "scripts/llama-cpp.sh build-dl llama-server",
+    ) else {
+        return;
+    };
+    let prompts = [
+        "Hello",
+        "Hello world",
+        "The weather today",
+        "Once upon a time",
+    ];
+    let env = sim_env("server");
+    let (cpu, _) = served(&server, &model, None, &prompts, 4, true);
+    let (npu, on_hsa0) = served(&server, &model, Some(&env), &prompts, 4, true);
+    let (alone, _) = served(&server, &model, Some(&env), &prompts, 1, false);
+    println!("llama-server -np 4 on HSA0: {on_hsa0} kernel dispatches; texts {npu:?}");
+    assert!(on_hsa0 > 0, "nothing ran on HSA0");
+    assert!(cpu.iter().all(|t| !t.is_empty()), "{cpu:?}");
+    assert_eq!(npu, alone, "four slots at once vs one slot at a time");
+    assert_eq!(npu, cpu, "HSA0 vs the CPU");
+}
