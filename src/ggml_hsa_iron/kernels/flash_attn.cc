@@ -131,6 +131,11 @@ static void reset_block() {
 // none, and adds 0 to every score), or some (then tested key by key).
 enum : uint8_t { SEEN_NONE, SEEN_ALL, SEEN_ZERO, SEEN_SOME };
 
+#ifdef ALIBI_SLOPES
+// Every head's ALiBi slope (f32 bits), the block's heads from block_head0().
+static const uint32_t alibi_slopes[] = {ALIBI_SLOPES};
+#endif
+
 #if HAS_MASK
 // Row g's mask value of the chunk's key j.
 static inline uint16_t mask_value(int g, int j) {
@@ -139,8 +144,7 @@ static inline uint16_t mask_value(int g, int j) {
 
 static inline bool hides(int head_of_block) {
 #ifdef ALIBI_SLOPES
-  static const uint32_t slopes[] = {ALIBI_SLOPES};
-  return greater(bits_to_float(slopes[head_of_block]), 0.0f); // slope * -inf stays -inf
+  return greater(bits_to_float(alibi_slopes[head_of_block]), 0.0f); // slope * -inf stays -inf
 #else
   (void)head_of_block;
   return true;
@@ -248,9 +252,6 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
   const float softcap = bits_to_float((uint32_t)FA_SOFTCAP);
   const HalfPairs halves;
   const int h0 = block_head0();
-#ifdef ALIBI_SLOPES
-  static const uint32_t slopes[] = {ALIBI_SLOPES};
-#endif
   // A key whose mask value is -inf for a row adds nothing to it: ggml-cpu skips it before its
   // dot product (with ALiBi, where a positive slope keeps it -inf). Its score is left 0,
   // which the mask makes -inf below; a key hidden from every row is not decoded, and a chunk
@@ -329,7 +330,7 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
     const uint16_t *m16 =
         reinterpret_cast<const uint16_t *>(mask_words) + mask_skip + g * FA_M_STRIDE;
 #ifdef ALIBI_SLOPES
-    const float slope = bits_to_float(slopes[h0 + head]);
+    const float slope = bits_to_float(alibi_slopes[h0 + head]);
 #endif
 #endif
     vf vmax = from_bits(splat_i((int32_t)NEG_INF));
