@@ -6,7 +6,7 @@ use super::rules::overlaps;
 use super::{CacheRows, Graph, Planned, Rewritten};
 use crate::ops::plan::Plan;
 use crate::ops::scatter::RowScatter;
-use crate::ops::tensor::Op;
+use crate::ops::tensor::{Op, Tensor};
 
 /// When a rewrite is tried: the kernels of each stage are loaded (and the refused ones given
 /// back their nodes' steps) before the next stage looks at the plan.
@@ -87,7 +87,7 @@ pub const REWRITES: &[Rewrite] = &[
         stage: Stage::Fusions,
         anchor: "an RMS_NORM_MUL kernel",
         absorbs: "itself, into every MUL_MAT or MUL_MAT_<GLU> kernel reading its output",
-        build: rms_norm_fold,
+        build: |g, at| b::fold_rms_norm(g.nodes, at, |k| g.planned(k)).unwrap_or_default(),
     },
     Rewrite {
         name: "[RMS_NORM_]MUL_MAT of weight rows",
@@ -95,7 +95,7 @@ pub const REWRITES: &[Rewrite] = &[
         anchor: "a MUL_MAT or RMS_NORM_MUL_MAT kernel of one token",
         absorbs: "itself, into the views of whole row ranges of its product (phi3's Q, K and V \
                   of one attn_qkv matrix), each computing its rows at its node",
-        build: split_projection,
+        build: |g, at| b::split_projection(g.nodes, at, |k| g.planned(k)),
     },
     Rewrite {
         name: "RMS_NORM_MUL_MAT_<GLU>",
@@ -103,42 +103,42 @@ pub const REWRITES: &[Rewrite] = &[
         anchor: "a GLU kernel",
         absorbs: "the two RMS_NORM_MUL_MAT kernels of one x computing its inputs, or the one \
                   computing both halves of its one input (phi3's ffn_up, one token)",
-        build: glu_fold,
+        build: |g, at| one(b::fold_glu(g.nodes, at, |k| g.planned(k))),
     },
     Rewrite {
         name: "RMS_NORM_MUL_MAT_ROPE[_FF]",
         stage: Stage::Fusions,
         anchor: "a ROPE kernel",
         absorbs: "the RMS_NORM_MUL_MAT kernel computing its input",
-        build: rope_fold,
+        build: |g, at| one(b::fold_rope(g.nodes, at, |k| g.planned(k))),
     },
     Rewrite {
         name: "FLASH_ATTN_EXT[_MASK][_SINKS]",
         stage: Stage::Fusions,
         anchor: "an attention kernel",
         absorbs: "the bias-free SCALE kernel computing its q, as a factor of its scale",
-        build: scale_fold,
+        build: |g, at| one(b::fold_scale_into_attention(g.nodes, at, |k| g.planned(k))),
     },
     Rewrite {
         name: "RMS_NORM_FFN_<GLU>",
         stage: Stage::Fusions,
         anchor: "a MUL_MAT_ADD kernel",
         absorbs: "the RMS_NORM_MUL_MAT_<GLU> kernel computing its activations",
-        build: ffn_fold,
+        build: |g, at| one(b::fold_ffn(g.nodes, at, |k| g.planned(k))),
     },
     Rewrite {
         name: "MUL_MAT_ADD_RMS_NORM_FFN_<GLU>",
         stage: Stage::Fusions,
         anchor: "an RMS_NORM_FFN_<GLU> kernel",
         absorbs: "the MUL_MAT_ADD kernel computing its input and residual",
-        build: attn_ffn_fold,
+        build: |g, at| one(b::fold_attn_ffn(g.nodes, at, |k| g.planned(k))),
     },
     Rewrite {
         name: "FLASH_ATTN_FFN_<GLU>",
         stage: Stage::Fusions,
         anchor: "a MUL_MAT_ADD_RMS_NORM_FFN_<GLU> kernel",
         absorbs: "the FLASH_ATTN_EXT_MASK kernel computing its projection's input",
-        build: flash_attn_ffn_fold,
+        build: |g, at| one(b::fold_flash_attn_ffn(g.nodes, at, |k| g.planned(k))),
     },
     Rewrite {
         name: "CPY",
@@ -172,6 +172,11 @@ pub const REWRITES: &[Rewrite] = &[
         build: layer_merge,
     },
 ];
+
+/// The one kernel a builder found, if it found one.
+fn one(found: Option<Rewritten>) -> Vec<Rewritten> {
+    found.into_iter().collect()
+}
 
 /// A run of `n` nodes from `at` as the kernel `plan`: each a kernel of its own or a view.
 fn run(g: &Graph, at: usize, n: usize, plan: Option<Plan>) -> Vec<Rewritten> {
@@ -235,50 +240,6 @@ fn mul_mat_add(g: &Graph, at: usize) -> Vec<Rewritten> {
         2 + views,
         b::fuse_mul_mat_add(mm, add, later, g.options),
     )
-}
-
-fn rms_norm_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
-    b::fold_rms_norm(g.nodes, at, |k| g.planned(k)).unwrap_or_default()
-}
-
-fn split_projection(g: &Graph, at: usize) -> Vec<Rewritten> {
-    b::split_projection(g.nodes, at, |k| g.planned(k))
-}
-
-fn scale_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
-    b::fold_scale_into_attention(g.nodes, at, |k| g.planned(k))
-        .into_iter()
-        .collect()
-}
-
-fn glu_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
-    b::fold_glu(g.nodes, at, |k| g.planned(k))
-        .into_iter()
-        .collect()
-}
-
-fn rope_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
-    b::fold_rope(g.nodes, at, |k| g.planned(k))
-        .into_iter()
-        .collect()
-}
-
-fn ffn_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
-    b::fold_ffn(g.nodes, at, |k| g.planned(k))
-        .into_iter()
-        .collect()
-}
-
-fn attn_ffn_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
-    b::fold_attn_ffn(g.nodes, at, |k| g.planned(k))
-        .into_iter()
-        .collect()
-}
-
-fn flash_attn_ffn_fold(g: &Graph, at: usize) -> Vec<Rewritten> {
-    b::fold_flash_attn_ffn(g.nodes, at, |k| g.planned(k))
-        .into_iter()
-        .collect()
 }
 
 /// A SET_ROWS whose indices the application set (llama.cpp's KV-cache slots): a copy into the
@@ -356,6 +317,19 @@ fn produced_rows<'a>(g: &Graph<'a>, k: usize) -> Option<&'a CacheRows> {
     }
 }
 
+/// K's and V's cache rows as the next two operands (their placeholders until the graph runs).
+fn append_rows(operands: &mut Vec<Tensor>, rows: [&CacheRows; 2]) -> Vec<CacheRows> {
+    rows.iter()
+        .map(|r| {
+            operands.push(r.scatter.rows_placeholder());
+            CacheRows {
+                operand: operands.len() - 1,
+                ..(*r).clone()
+            }
+        })
+        .collect()
+}
+
 fn qkv_merge(g: &Graph, v: usize) -> Vec<Rewritten> {
     let rows_kernel = |k: usize| match (g.planned(k), produced_rows(g, k)) {
         (Planned::Kernel(desc, _), Some(rows)) => Some((desc, rows.set_rows)),
@@ -369,16 +343,7 @@ fn qkv_merge(g: &Graph, v: usize) -> Vec<Rewritten> {
         return Vec::new();
     };
     let mut operands = merge.operands;
-    let first = operands.len();
-    operands.extend([k_rows, v_rows].map(|r| r.scatter.rows_placeholder()));
-    let rows = [k_rows, v_rows]
-        .iter()
-        .enumerate()
-        .map(|(i, r)| CacheRows {
-            operand: first + i,
-            ..(*r).clone()
-        })
-        .collect();
+    let rows = append_rows(&mut operands, [k_rows, v_rows]);
     vec![Rewritten {
         at: merge.at,
         covers: merge
@@ -404,17 +369,8 @@ fn layer_merge(g: &Graph, at: usize) -> Vec<Rewritten> {
         return Vec::new();
     };
     let mut operands = layer.before_rows;
-    let first = operands.len();
-    operands.extend([k_rows, v_rows].map(|r| r.scatter.rows_placeholder()));
+    let rows = append_rows(&mut operands, [k_rows, v_rows]);
     operands.extend(layer.after_rows);
-    let rows = [k_rows, v_rows]
-        .iter()
-        .enumerate()
-        .map(|(i, r)| CacheRows {
-            operand: first + i,
-            ..(*r).clone()
-        })
-        .collect();
     vec![Rewritten {
         at: layer.at,
         covers: vec![at, set_rows[0], set_rows[1]],
