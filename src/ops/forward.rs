@@ -17,7 +17,6 @@
 
 use std::borrow::Cow;
 
-use super::rewrite::rules::overlaps;
 use super::tensor::{DType, Node, Op, Tensor};
 
 /// A GET_ROWS turned into a view of its source.
@@ -75,7 +74,7 @@ pub fn forward_gathers(nodes: &[Node]) -> (Cow<'_, [Node]>, Vec<Forwarded>) {
         .filter(|&i| {
             let node = &nodes[i];
             // The index an input of the graph (read when it runs), not a node's result.
-            let idx_input = |idx: &Tensor| !nodes[..i].iter().any(|n| overlaps(&n.dst, idx));
+            let idx_input = |idx: &Tensor| !nodes[..i].iter().any(|n| n.dst.overlaps(idx));
             copies_whole(node) && !node.is_output && node.src[1].as_ref().is_some_and(idx_input)
         })
         .collect();
@@ -131,7 +130,7 @@ fn forwardable(nodes: &[Node], g: usize, gathers: &[usize]) -> Option<Forwarded>
     let tangled = gathers
         .iter()
         .filter(|&&o| o > g)
-        .any(|&o| nodes[o].src[0].as_ref().is_some_and(|s| overlaps(s, dst)));
+        .any(|&o| nodes[o].src[0].as_ref().is_some_and(|s| s.overlaps(dst)));
     if tangled {
         return None;
     }
@@ -143,7 +142,7 @@ fn forwardable(nodes: &[Node], g: usize, gathers: &[usize]) -> Option<Forwarded>
             .src
             .iter()
             .flatten()
-            .filter(|s| overlaps(s, dst))
+            .filter(|s| s.overlaps(dst))
             .collect();
         if !reads.is_empty() {
             // Read whole, by a node that computes (a view would pass the memory on).
@@ -152,7 +151,7 @@ fn forwardable(nodes: &[Node], g: usize, gathers: &[usize]) -> Option<Forwarded>
             }
             readers.push(j);
         }
-        if overlaps(&node.dst, dst) && !gathers.contains(&j) {
+        if node.dst.overlaps(dst) && !gathers.contains(&j) {
             break;
         }
     }
@@ -160,7 +159,7 @@ fn forwardable(nodes: &[Node], g: usize, gathers: &[usize]) -> Option<Forwarded>
     // The source unchanged until the last reader reads it.
     let rewritten = (g + 1..=last)
         .filter(|j| !gathers.contains(j))
-        .any(|j| overlaps(&nodes[j].dst, src));
+        .any(|j| nodes[j].dst.overlaps(src));
     if rewritten {
         return None;
     }

@@ -14,7 +14,6 @@
 //! without the move if one of those nodes ends up on ggml's CPU backend, which reads the
 //! graph's own memory.
 
-use super::rewrite::rules::overlaps;
 use super::tensor::{DType, Memory, Node, Op, Tensor};
 
 /// Alignment of each moved output in the scratch buffer.
@@ -67,7 +66,7 @@ fn clobbered_readers(nodes: &[Node], f: usize) -> Option<Vec<usize>> {
     let mut readers = Vec::new();
     let mut product: Option<&Tensor> = None;
     for (j, node) in nodes.iter().enumerate().skip(f + 1) {
-        let reads = node.src.iter().flatten().any(|s| overlaps(s, a));
+        let reads = node.src.iter().flatten().any(|s| s.overlaps(a));
         if node.op == Op::Layout {
             // A view of the output passes its memory on; any other view is nothing to it.
             if reads {
@@ -75,7 +74,7 @@ fn clobbered_readers(nodes: &[Node], f: usize) -> Option<Vec<usize>> {
             }
             continue;
         }
-        if overlaps(&node.dst, a) {
+        if node.dst.overlaps(a) {
             // The next write: by a node reading the product (the residual ADD), or no move.
             let by_reader = product.is_some_and(|p| node.src.iter().flatten().any(|s| s == p));
             return (by_reader && !reads).then_some(readers);
@@ -106,11 +105,11 @@ pub fn relocate(nodes: &[Node], moves: &[Move], base: u64, memory: Memory) -> Ve
         for &r in &m.readers {
             let node = &mut out[r];
             for s in node.src.iter_mut().flatten() {
-                if overlaps(s, &a) {
+                if s.overlaps(&a) {
                     *s = moved(s);
                 }
             }
-            if node.op == Op::Layout && overlaps(&node.dst, &a) {
+            if node.op == Op::Layout && node.dst.overlaps(&a) {
                 node.dst = moved(&node.dst);
             }
         }

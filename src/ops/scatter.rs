@@ -14,7 +14,6 @@
 //! dispatch then disappears too.
 
 use super::plan::{device_copy, Plan};
-use super::rewrite::rules::{overlaps, reads};
 use super::tensor::{DType, Node, Op, Tensor};
 use crate::kernels::{KernelDesc, Layout};
 
@@ -169,7 +168,7 @@ impl RowScatter {
         }
         let j = (0..at)
             .rev()
-            .find(|&k| !skipped(k) && overlaps(&nodes[k].dst, src))?;
+            .find(|&k| !skipped(k) && nodes[k].dst.overlaps(src))?;
         let out = &nodes[j].dst;
         let exact = out.addr == src.addr
             && out.bytes == src.bytes
@@ -183,12 +182,11 @@ impl RowScatter {
             || !RETARGETABLE.contains(&desc.op.as_str())
             || desc.output != f32_dense
             || output.addr != out.addr
-            || inputs.iter().any(|t| overlaps(t, &self.dst))
+            || inputs.iter().any(|t| t.overlaps(&self.dst))
         {
             return None;
         }
-        let touches =
-            |n: &Node| overlaps(&n.dst, &self.dst) || reads(n, src) || reads(n, &self.dst);
+        let touches = |n: &Node| n.dst.overlaps(&self.dst) || n.reads(src) || n.reads(&self.dst);
         if (j + 1..at).any(|k| !skipped(k) && touches(&nodes[k])) {
             return None;
         }
@@ -198,10 +196,10 @@ impl RowScatter {
             if skipped(k) {
                 continue;
             }
-            if reads(n, src) {
+            if n.reads(src) {
                 return None;
             }
-            if overlaps(&n.dst, src) {
+            if n.dst.overlaps(src) {
                 break;
             }
         }

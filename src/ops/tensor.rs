@@ -144,6 +144,11 @@ impl Tensor {
         true
     }
 
+    /// Whether this tensor's memory overlaps `u`'s.
+    pub fn overlaps(&self, u: &Tensor) -> bool {
+        self.addr < u.addr + u.bytes && u.addr < self.addr + self.bytes
+    }
+
     /// Whether `self` can be repeated over `to` (ggml broadcasting: every dimension divides).
     pub fn can_repeat_to(&self, to: &Tensor) -> bool {
         !self.is_empty() && (0..4).all(|d| self.ne[d] > 0 && to.ne[d] % self.ne[d] == 0)
@@ -424,6 +429,12 @@ impl Node {
     /// The inputs that are present.
     pub fn inputs(&self) -> impl Iterator<Item = &Tensor> {
         self.src.iter().flatten()
+    }
+
+    /// Whether the node reads `t`'s memory. A view reads nothing: the nodes reading it read
+    /// through it (and a kernel a rewrite put at a view's node reads its own operands).
+    pub fn reads(&self, t: &Tensor) -> bool {
+        self.op != Op::Layout && self.inputs().any(|s| s.overlaps(t))
     }
 }
 

@@ -4,9 +4,7 @@
 //! operands and parameters.
 
 use super::fused::{Fused, Glu};
-use super::rules::{
-    kernel_writing, overlaps, read_elsewhere, read_later, reads, same, step_io, written_in,
-};
+use super::rules::{kernel_writing, read_elsewhere, read_later, same, step_io, written_in};
 use super::{Planned, Rewritten};
 use crate::kernels::KernelDesc;
 use crate::op_catalogue::{self as catalogue, OpEntry};
@@ -38,7 +36,7 @@ pub fn fuse_rms_norm_mul(norm: &Node, mul: &Node, later: &[Node]) -> Option<Plan
         return None;
     }
     // An in-place MUL (ggml's allocator puts its output in y's memory) ends y itself.
-    if !overlaps(out, y) && read_later(y, later) {
+    if !out.overlaps(y) && read_later(y, later) {
         return None;
     }
     let op = catalogue::RMS_NORM_MUL;
@@ -93,7 +91,7 @@ pub fn fuse_mul_mat_glu(
         && out.dtype == DType::F32
         && out.same_shape(&gate.dst)
         && gate.dst.addr != up.dst.addr
-        && ![wg, wu, x].into_iter().any(|t| overlaps(t, out));
+        && ![wg, wu, x].into_iter().any(|t| t.overlaps(out));
     if !fuses
         || [&gate.dst, &up.dst]
             .into_iter()
@@ -147,7 +145,7 @@ pub fn fuse_mul_mat_glu_halves(
     let fuses = mul_mat(&wg, x, out).is_ok()
         && out.dtype == DType::F32
         && out.ne == [f, product.ne[1], product.ne[2], product.ne[3]]
-        && ![w, x].into_iter().any(|t| overlaps(t, out));
+        && ![w, x].into_iter().any(|t| t.overlaps(out));
     if !fuses || read_later(product, later) {
         return None;
     }
@@ -203,9 +201,9 @@ pub fn fuse_mul_mat_add(
         && out.dtype == DType::F32
         && out.same_shape(product)
         && out.is_contiguous()
-        && ![w, x].into_iter().any(|t| overlaps(t, out))
-        && (!overlaps(r, out) || same(r, out));
-    if !fuses || (!overlaps(out, product) && read_later(product, later)) {
+        && ![w, x].into_iter().any(|t| t.overlaps(out))
+        && (!r.overlaps(out) || same(r, out));
+    if !fuses || (!out.overlaps(product) && read_later(product, later)) {
         return None;
     }
     Some(mul_mat_kernel(
@@ -239,7 +237,7 @@ pub fn fold_rms_norm<'a>(
         || x.ne != z.ne
         || x.nb != z.nb
         || x.dtype != z.dtype
-        || overlaps(x, z)
+        || x.overlaps(z)
     {
         return None;
     }
@@ -248,7 +246,7 @@ pub fn fold_rms_norm<'a>(
     // Nodes before `reader_end` belong to an accepted reader's kernel.
     let mut reader_end = 0;
     for (k, node) in nodes.iter().enumerate().skip(at + 2) {
-        if reads(node, z) && k >= reader_end && !matches!(planned(k), Planned::Nothing) {
+        if node.reads(z) && k >= reader_end && !matches!(planned(k), Planned::Nothing) {
             let Planned::Kernel(desc, operands) = planned(k) else {
                 return None;
             };
@@ -256,12 +254,12 @@ pub fn fold_rms_norm<'a>(
             readers.push(Rewritten::kernel(k, vec![at, at + 1], desc, operands));
             reader_end = k + 1 + (k + 1..nodes.len()).take_while(|&j| covered(j)).count();
         }
-        if k >= reader_end && overlaps(&node.dst, z) {
+        if k >= reader_end && node.dst.overlaps(z) {
             break;
         }
     }
     let last = reader_end.checked_sub(1)?;
-    let written = |t: &Tensor| (at + 2..=last).any(|k| overlaps(&nodes[k].dst, t));
+    let written = |t: &Tensor| (at + 2..=last).any(|k| nodes[k].dst.overlaps(t));
     if readers.is_empty() || written(x) || written(n) {
         return None;
     }
@@ -289,7 +287,7 @@ pub fn fold_glu<'a>(
     let projection = |t: &Tensor| {
         let k = (0..at)
             .rev()
-            .find(|&k| runs(k) && overlaps(&nodes[k].dst, t))?;
+            .find(|&k| runs(k) && nodes[k].dst.overlaps(t))?;
         match planned(k) {
             Planned::Kernel(desc, [w, x, n, p])
                 if desc.op == catalogue::RMS_NORM_MUL_MAT.name
@@ -307,7 +305,7 @@ pub fn fold_glu<'a>(
     let halves = || {
         let k = (0..at)
             .rev()
-            .find(|&k| runs(k) && overlaps(&nodes[k].dst, a))?;
+            .find(|&k| runs(k) && nodes[k].dst.overlaps(a))?;
         let Planned::Kernel(desc, [w, x, n, p]) = planned(k) else {
             return None;
         };
@@ -345,7 +343,7 @@ pub fn fold_glu<'a>(
         }
     };
     let fits = out.dtype == DType::F32 && out.same_shape(a);
-    if !fits || [&wg, &wu, x, n].iter().any(|t| overlaps(out, t)) {
+    if !fits || [&wg, &wu, x, n].iter().any(|t| out.overlaps(t)) {
         return None;
     }
     // Nothing but the GLU reads the products before their memory is reused.
@@ -414,7 +412,7 @@ fn split<'a>(
     let mut end = nodes.len();
     for (j, node) in nodes.iter().enumerate().skip(at + 1) {
         if computes(j) {
-            if overlaps(&node.dst, p) {
+            if node.dst.overlaps(p) {
                 end = j;
                 break;
             }
@@ -423,7 +421,7 @@ fn split<'a>(
         let v = &node.dst;
         if node.op == Op::Layout && node.src(0).is_some_and(|s| same(s, p)) {
             let dense = v.dtype == DType::F32 && v.is_contiguous() && within(v, p);
-            let apart = views.iter().all(|&u| !overlaps(&nodes[u].dst, v));
+            let apart = views.iter().all(|&u| !nodes[u].dst.overlaps(v));
             if !dense || !apart || node.is_output {
                 return None;
             }
@@ -437,10 +435,10 @@ fn split<'a>(
     // Every read of P's memory is inside a view, after the view's node, by a node that runs
     // there.
     for (j, node) in nodes.iter().enumerate().take(end).skip(at + 1) {
-        if !computes(j) || !reads(node, p) {
+        if !computes(j) || !node.reads(p) {
             continue;
         }
-        for t in node.src.iter().flatten().filter(|t| overlaps(t, p)) {
+        for t in node.src.iter().flatten().filter(|t| t.overlaps(p)) {
             let inside = views.iter().any(|&v| v < j && within(t, &nodes[v].dst));
             if !inside || matches!(planned(j), Planned::Covered) {
                 return None;
@@ -515,7 +513,7 @@ pub fn fold_scale_into_attention<'a>(
     let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
     if read_elsewhere(nodes, scaled, k, at, runs)
         || written_in(nodes, k + 1..at, &[x], runs)
-        || overlaps(out, x)
+        || out.overlaps(x)
     {
         return None;
     }
@@ -561,7 +559,7 @@ pub fn fold_rope<'a>(
     // The node that computed the ROPE's input: the last before it writing that memory.
     let k = (0..at)
         .rev()
-        .find(|&k| !matches!(planned(k), Planned::Nothing) && overlaps(&nodes[k].dst, x))?;
+        .find(|&k| !matches!(planned(k), Planned::Nothing) && nodes[k].dst.overlaps(x))?;
     let Planned::Kernel(projection, operands) = planned(k) else {
         return None;
     };
@@ -583,7 +581,7 @@ pub fn fold_rope<'a>(
     let inputs = [w, xin, n];
     if read_elsewhere(nodes, z, k, at, runs)
         || written_in(nodes, k + 1..at, &inputs, runs)
-        || inputs.iter().any(|t| overlaps(out, t))
+        || inputs.iter().any(|t| out.overlaps(t))
     {
         return None;
     }
@@ -639,9 +637,9 @@ pub fn fold_ffn<'a>(
         return None;
     }
     let written = written_in(nodes, k + 1..at, &[wg, wu, x, n], runs);
-    let clobbers = [wg, wu, wd, n, h].iter().any(|t| overlaps(out, t))
-        || (overlaps(out, x) && !same(out, x))
-        || (overlaps(out, r) && !same(out, r));
+    let clobbers = [wg, wu, wd, n, h].iter().any(|t| out.overlaps(t))
+        || (out.overlaps(x) && !same(out, x))
+        || (out.overlaps(r) && !same(out, r));
     if written || clobbers {
         return None;
     }
@@ -694,7 +692,7 @@ pub fn fold_attn_ffn<'a>(
     let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
     let read_between = (writer + 1..at)
         .filter(|&j| runs(j))
-        .any(|j| reads(&nodes[j], x));
+        .any(|j| nodes[j].reads(x));
     let written = written_in(nodes, k + 1..at, &[wo, a, r0], runs);
     // h and the output may take the memory of a or r0 (dead once r1 is computed): the kernel's
     // phases run in order, r1 whole before the block reads it, as the nodes did.
@@ -883,7 +881,7 @@ pub fn merge_qkv<'a>(
             (j, read, written)
         })
         .collect();
-    let touches = |ts: &[&Tensor], t: &Tensor| ts.iter().any(|u| overlaps(u, t));
+    let touches = |ts: &[&Tensor], t: &Tensor| ts.iter().any(|u| u.overlaps(t));
     // What the merged kernel reads, written in between: it would read the new values.
     let mut read: Vec<&Tensor> = vec![&q_ops[0], &k_ops[0], wv, x, n];
     read.extend(&q_ops[3..q_ops.len() - 1]);
@@ -980,7 +978,7 @@ pub fn merge_layer<'a>(
         && q.bytes == q_out.bytes
         && q.is_contiguous()
         && q_out.is_contiguous();
-    let caches = overlaps(k, &nodes[set_rows[0]].dst) && overlaps(v, &nodes[set_rows[1]].dst);
+    let caches = k.overlaps(&nodes[set_rows[0]].dst) && v.overlaps(&nodes[set_rows[1]].dst);
     let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
     let between = (merge_at + 1..at).any(|j| runs(j) && !set_rows.contains(&j));
     if !q_is_q || !same(r0, x) || !caches || between {
@@ -1034,10 +1032,10 @@ fn normed(
     let op = fused.entry()?;
     let (out, inputs) = operands.split_last()?;
     let (activations, weights) = inputs.split_last()?;
-    let reads_only_as_x = same(activations, z) && !weights.iter().any(|w| overlaps(w, z));
+    let reads_only_as_x = same(activations, z) && !weights.iter().any(|w| w.overlaps(z));
     if op.inputs != inputs.len() + 1
         || !reads_only_as_x
-        || [x, n].into_iter().any(|t| overlaps(out, t))
+        || [x, n].into_iter().any(|t| out.overlaps(t))
     {
         return None;
     }

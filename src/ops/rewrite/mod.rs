@@ -17,7 +17,7 @@
 
 mod builders;
 mod fused;
-pub mod rules;
+mod rules;
 mod table;
 
 pub use table::{Rewrite, Stage, REWRITES};

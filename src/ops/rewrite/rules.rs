@@ -4,32 +4,21 @@
 //! between may write what the kernel reads, and its outputs may overlap none of its inputs.
 
 use super::Planned;
-use crate::ops::tensor::{Node, Op, Tensor};
+use crate::ops::tensor::{Node, Tensor};
 
 /// Whether `p` and `q` are the same tensor (address, type, shape and strides).
 pub fn same(p: &Tensor, q: &Tensor) -> bool {
     p.addr == q.addr && p.ne == q.ne && p.nb == q.nb && p.dtype == q.dtype
 }
 
-/// Whether `t`'s memory overlaps `u`'s.
-pub fn overlaps(t: &Tensor, u: &Tensor) -> bool {
-    t.addr < u.addr + u.bytes && u.addr < t.addr + t.bytes
-}
-
-/// Whether `node` reads `t`'s memory. A view reads nothing: the nodes reading it read through
-/// it (and a kernel a rewrite put at a view's node reads its own operands).
-pub fn reads(node: &Node, t: &Tensor) -> bool {
-    node.op != Op::Layout && node.src.iter().flatten().any(|s| overlaps(s, t))
-}
-
 /// Whether a node of `later` reads `t` before a node overwrites its memory: ggml's allocator
 /// gives the memory of dead tensors to later ones, so what is read there afterwards is not `t`.
 pub fn read_later(t: &Tensor, later: &[Node]) -> bool {
     for n in later {
-        if reads(n, t) {
+        if n.reads(t) {
             return true;
         }
-        if overlaps(&n.dst, t) {
+        if n.dst.overlaps(t) {
             return false;
         }
     }
@@ -47,10 +36,10 @@ pub fn read_elsewhere(
     counts: impl Fn(usize) -> bool,
 ) -> bool {
     for (j, node) in nodes.iter().enumerate().skip(from + 1) {
-        if j != reader && counts(j) && reads(node, t) {
+        if j != reader && counts(j) && node.reads(t) {
             return true;
         }
-        if j > reader && overlaps(&node.dst, t) {
+        if j > reader && node.dst.overlaps(t) {
             break;
         }
     }
@@ -67,7 +56,7 @@ pub fn written_in(
 ) -> bool {
     range
         .filter(|&j| counts(j))
-        .any(|j| tensors.iter().any(|t| overlaps(&nodes[j].dst, t)))
+        .any(|j| tensors.iter().any(|t| nodes[j].dst.overlaps(t)))
 }
 
 /// The last node before `at` writing `t`'s memory, and the node whose kernel computes it (the
@@ -80,7 +69,7 @@ pub fn kernel_writing<'a>(
 ) -> Option<(usize, usize)> {
     let writer = (0..at)
         .rev()
-        .find(|&k| !matches!(planned(k), Planned::Nothing) && overlaps(&nodes[k].dst, t))?;
+        .find(|&k| !matches!(planned(k), Planned::Nothing) && nodes[k].dst.overlaps(t))?;
     let mut k = writer;
     while matches!(planned(k), Planned::Covered) {
         k = k.checked_sub(1)?;

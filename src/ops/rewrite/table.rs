@@ -2,7 +2,6 @@
 //! finding into [`Rewritten`] kernels.
 
 use super::builders as b;
-use super::rules::overlaps;
 use super::{CacheRows, Graph, Planned, Rewritten};
 use crate::ops::plan::Plan;
 use crate::ops::scatter::RowScatter;
@@ -254,7 +253,7 @@ fn cache_copy(g: &Graph, at: usize) -> Vec<Rewritten> {
     let Some(scatter) = RowScatter::of(node, |_| true) else {
         return Vec::new();
     };
-    let computed = g.nodes[..at].iter().any(|n| overlaps(&n.dst, &scatter.idx));
+    let computed = g.nodes[..at].iter().any(|n| n.dst.overlaps(&scatter.idx));
     if scatter.idx.addr == 0 || computed {
         return Vec::new();
     }
