@@ -26,15 +26,18 @@ SHORT, LONG = 2, 10
 ARCH = "aie2p"
 WEIGHTS = "q4_0"
 N_KV = 1024
-# family, its tiny model, and where its decode layer is one kernel its smallest common shape:
-# (name, layers, (n_embd, n_head, n_head_kv, head_dim, n_ff, n_kv), output (rows, n_embd)).
+# family, its tiny model, the dispatches of a decode token outside its layers (the output norm
+# and projection; gemma2's embedding scale and logit softcap too), and where its decode layer
+# is one kernel its smallest common shape: (name, layers, (n_embd, n_head, n_head_kv, head_dim,
+# n_ff, n_kv), output (rows, n_embd)).
 FAMILIES = [
-    ("llama", "tiny-llama-f32", ("Llama-3.2-1B", 16, (2048, 32, 8, 64, 8192, N_KV), (128256, 2048))),
+    ("llama", "tiny-llama-f32", 2, ("Llama-3.2-1B", 16, (2048, 32, 8, 64, 8192, N_KV), (128256, 2048))),
     # Phi-3-mini's attention (32 KV heads of 96) is refused by the layer design; Phi-4-mini,
     # the same architecture with 8 KV heads of 128, is not.
-    ("phi3", "tiny-phi3-f32", ("Phi-4-mini (3.8B)", 32, (3072, 24, 8, 128, 8192, N_KV), (200064, 3072))),
-    ("qwen2", "tiny-qwen2-f32", None),
-    ("qwen3", "tiny-qwen3-f32", None),
+    ("phi3", "tiny-phi3-f32", 2, ("Phi-4-mini (3.8B)", 32, (3072, 24, 8, 128, 8192, N_KV), (200064, 3072))),
+    ("qwen2", "tiny-qwen2-f32", 2, None),
+    ("qwen3", "tiny-qwen3-f32", 2, None),
+    ("gemma2", "tiny-gemma2-f32", 6, None),
 ]
 
 
@@ -104,9 +107,9 @@ def main() -> int:
         "|---|---|---:|---:|---:|---|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory(prefix="bench-families-") as work:
-        for family, tiny, shape in FAMILIES:
+        for family, tiny, outside, shape in FAMILIES:
             per_token, layers = decode_counts(args, model_path(tiny), Path(work) / "runs")
-            per_layer = (per_token - 2) / TINY_LAYERS
+            per_layer = (per_token - outside) / TINY_LAYERS
             cells = [family, tiny, f"{per_token:.0f}", f"{layers:.0f}", f"{per_layer:.0f}"]
             timed = timed_decode(args, shape, Path(work)) if shape else None
             if shape and timed:
@@ -123,13 +126,14 @@ def main() -> int:
         f"model ({TINY_LAYERS} layers, n_embd 256: the tiny llama's weights as that family lays them",
         "out, `scripts/models.sh`) decodes on HSA0 with the IRON designs emulated (llama-simple,",
         f"{ARCH}); a decode token's dispatches are the difference of a {LONG}-token and a {SHORT}-token run",
-        'over the tokens between, "per layer" leaves out the output norm and projection (2).',
+        'over the tokens between, "per layer" leaves out the dispatches outside the layers (the',
+        "output norm and projection; gemma2's embedding scale and logit softcap too).",
         "Where a decode layer is one kernel, the family's smallest common shape is timed as",
         f"`--timing` times the Llama-3.2-1B shape: the layer kernel ({WEIGHTS} weights, n_kv {N_KV}) and the",
         "output projection each alone under hsa-sim's timing model, a token being every layer,",
         "the output projection and one chain's dispatches (the output norm is not timed).",
-        "qwen2's Q, K and V biases and qwen3's per-head Q and K norms have no rewrite yet: their",
-        "layers run as several kernels.",
+        "qwen2's Q, K and V biases, qwen3's per-head Q and K norms and gemma2's norms after the",
+        "attention and the block have no rewrite yet: their layers run as several kernels.",
         "",
         *lines,
     ]

@@ -728,14 +728,16 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
 /// every layer op an emulated IRON kernel on HSA0). phi3 (Q, K and V in one attn_qkv matrix,
 /// gate and up in one ffn_up, Q scaled before the attention, NeoX rotation) decodes a layer as
 /// one kernel as llama does: the rewrite table reads its fused matrices as row slices
-/// (`ops::rewrite`). qwen2 (Q, K and V biases) and qwen3 (per-head Q and K norms) decode in
-/// more kernels, which this prints.
+/// (`ops::rewrite`). qwen2 (Q, K and V biases), qwen3 (per-head Q and K norms) and gemma2
+/// (norms after the attention and the block, softcaps, a sliding window) decode in more
+/// kernels, which this prints.
 #[test]
 fn tiny_families_run_every_layer_op_through_the_emulated_iron_designs() {
     for (name, one_kernel_layers) in [
         ("tiny-phi3-f32", true),
         ("tiny-qwen2-f32", false),
         ("tiny-qwen3-f32", false),
+        ("tiny-gemma2-f32", false),
     ] {
         let Some((log, counters, stats)) = tiny_llama_emulated(name) else {
             return;

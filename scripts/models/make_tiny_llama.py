@@ -1,6 +1,7 @@
 """Write a tiny llama-architecture GGUF with seeded random weights, or the same weights as
 another family's model (--arch): phi3 (Q, K and V in one attn_qkv matrix, gate and up in one
-ffn_up), qwen2 (plus seeded Q, K and V biases), qwen3 (plus per-head Q and K norm weights).
+ffn_up), qwen2 (plus seeded Q, K and V biases), qwen3 (plus per-head Q and K norm weights),
+gemma2 (plus norms after the attention and the block, the output tied to the embedding).
 
 The tokenizer (every tokenizer.* key) is copied from the pinned llama.cpp tree's
 models/ggml-vocab-llama-spm.gguf, so prompts tokenize like a real LLaMA model. The
@@ -10,7 +11,7 @@ greedy decoding follows the weights rather than rounding noise, and it wanders t
 varied tokens instead of repeating one.
 
 Usage: make_tiny_llama.py --gguf-py <src>/gguf-py --vocab <src>/models/ggml-vocab-llama-spm.gguf
-                          [--arch llama|phi3|qwen2|qwen3] --out tiny-llama-f32.gguf
+                          [--arch llama|phi3|qwen2|qwen3|gemma2] --out tiny-llama-f32.gguf
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def main() -> None:
         shape=(N_LAYER, N_CTX, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, ROPE_THETA, RMS_EPS),
         tensors=lambda n_vocab: weights(n_vocab).items(),
         arch=getattr(gguf.MODEL_ARCH, arch),
+        extra=EXTRA_KEYS.get(args.arch),
     )
 
 
@@ -171,23 +173,46 @@ def qwen3_weights(n_vocab: int) -> dict[str, np.ndarray]:
     return tensors
 
 
+def gemma2_weights(n_vocab: int) -> dict[str, np.ndarray]:
+    """The llama weights with norms after the attention and the feed-forward block (weight
+    rows of ones, as gemma stores them: ggml's RMS norm of gemma multiplies by them as they
+    are); the token embedding is the output matrix, so the untied output goes."""
+    tensors = make_weights(n_vocab)
+    del tensors["output.weight"]
+    for i in range(N_LAYER):
+        tensors[f"blk.{i}.post_attention_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+        tensors[f"blk.{i}.post_ffw_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+    return tensors
+
+
 # --arch: its weights and gguf's MODEL_ARCH member.
 FAMILIES = {
     "llama": (make_weights, "LLAMA"),
     "phi3": (phi3_weights, "PHI3"),
     "qwen2": (qwen2_weights, "QWEN2"),
     "qwen3": (qwen3_weights, "QWEN3"),
+    "gemma2": (gemma2_weights, "GEMMA2"),
+}
+# Hyperparameters a family's loader reads beside the llama's: gemma2's softcaps and its
+# sliding window (every other layer), half the context so that it hides keys.
+EXTRA_KEYS = {
+    "gemma2": {
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "attention.sliding_window": N_CTX // 2,
+    },
 }
 
 
 def write_llama(
-    gguf, out: Path, vocab: Path, name: str, file_type, shape, tensors, arch=None
+    gguf, out: Path, vocab: Path, name: str, file_type, shape, tensors, arch=None, extra=None
 ) -> None:
     """Write a llama-architecture GGUF (or `arch`'s, a gguf.MODEL_ARCH): hyperparameters
     `shape` = (layers, context, n_embd, n_ff, heads, KV heads, RoPE base, RMS eps), the
     tokenizer of `vocab`, and the (name, array) pairs `tensors(n_vocab)` yields."""
     n_layer, n_ctx, n_embd, n_ff, n_head, n_head_kv, rope_theta, rms_eps = shape
     arch = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA if arch is None else arch]
+    extra = extra or {}
     writer = gguf.GGUFWriter(out, arch)
     writer.add_name(name)
     writer.add_file_type(file_type)
@@ -202,6 +227,12 @@ def write_llama(
     writer.add_layer_norm_rms_eps(rms_eps)
     n_vocab = copy_tokenizer(gguf, writer, vocab)
     writer.add_vocab_size(n_vocab)
+    for key, value in extra.items():
+        name = f"{arch}.{key}"
+        if isinstance(value, float):
+            writer.add_float32(name, value)
+        else:
+            writer.add_uint32(name, value)
     for tensor_name, data in tensors(n_vocab):
         writer.add_tensor(tensor_name, data)
     writer.write_header_to_file()
