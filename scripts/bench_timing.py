@@ -111,15 +111,20 @@ def matmul_lines(
 def phase_cells(spec, c: dict, dram_gbps: float) -> list[str]:
     """Each phase of a decode layer's runtime sequence (DecodeSpec.sequence_phases: runs of
     its task groups): its time, the bytes its shim tasks move over that time and their share
-    of the DRAM roof."""
+    of the DRAM roof, and the share of it the busiest core computes (each group's busiest,
+    summed)."""
     groups, cells, i, t0 = c["groups"], [], 0, 0
     phases = spec.sequence_phases()
     if sum(n for _, n in phases) != len(groups):
         raise SystemExit(f"the design's {len(groups)} task groups are not its phases' {phases}")
     for _, n in phases:
         end = groups[i + n - 1]["end_ns"]
-        rate = sum(g["shim_bytes"] for g in groups[i : i + n]) / max(end - t0, 1)
-        cells.append(f"{(end - t0) / 1e3:,.0f} µs, {rate:.1f} GB/s ({rate / dram_gbps:.0%})")
+        span = max(end - t0, 1)
+        rate = sum(g["shim_bytes"] for g in groups[i : i + n]) / span
+        cores = sum(g["core_busy_ns"] for g in groups[i : i + n]) / span
+        cells.append(
+            f"{(end - t0) / 1e3:,.0f} µs, {rate:.1f} GB/s ({rate / dram_gbps:.0%}), cores {cores:.0%}"
+        )
         i, t0 = i + n, end
     return cells
 
@@ -273,8 +278,10 @@ def section(
         "",
         "The layer kernel by phase (`DecodeSpec.sequence_phases`: runs of the runtime sequence's",
         "task groups, each ending with an await): each phase's time from the end of the one",
-        "before, the bytes the shim channels move over that time, and their share of the DRAM",
-        "roof. Each column streams a phase's weights through one shim channel (its other one",
+        "before, the bytes the shim channels move over that time, their share of the DRAM roof,",
+        "and the share of the time the busiest core computes (\"cores\": near 100 % a phase is",
+        "bound by its cores, not its channels). Each column streams a phase's weights through",
+        "one shim channel (its other one",
         "carries x, the norms, the residual and the attention's K and V rows), so a GEMV phase on",
         "every column tops out at 8 × 4 bytes per cycle, 49 GB/s, on aie2p (88 % of 56 GB/s) and",
         "16 GB/s on aie2 (57 % of 28 GB/s); Q, K and V leave columns idle where their rows do",

@@ -313,14 +313,27 @@ fn the_memcpy_design_copies() {
 
 /// The GEMM mirror computes its product: every core gets its tiles of A and B in the order the
 /// kernel expects, and its C tile lands where the runtime sequence drains it
-/// (calibration.py's `gemm_air` layouts, aie2p's 8 x 8 x 8 blocks).
+/// (calibration.py's `gemm_air` layouts, aie2p's 8 x 8 x 8 blocks). Its cores' work falls
+/// within its task groups' spans: each span's busiest core computes no longer than the span,
+/// and together no less than the busiest core over the whole dispatch.
 #[test]
 fn the_gemm_design_multiplies() {
     let (m, k, n) = (1024usize, 256usize, 1024usize);
     let (tm, tn, herd_m, herd_n, blk) = (64usize, 128usize, 8usize, 4usize, 8usize);
     let img = image("gemm_air_small", "aie2p");
     let mut b = buffers(&img);
-    run_emu_timed(&img, &mut b, &AIE2P).expect("runs");
+    let t = run_emu_timed(&img, &mut b, &AIE2P).expect("runs");
+    let mut start = 0;
+    for g in &t.groups {
+        assert!(g.core_busy_ns <= g.end_ns - start + 1, "{g:?} from {start}");
+        start = g.end_ns;
+    }
+    let per_span: u64 = t.groups.iter().map(|g| g.core_busy_ns).sum();
+    assert!(
+        per_span >= t.core_busy_ns && t.core_busy_ns > 0,
+        "{per_span} {}",
+        t.core_busy_ns
+    );
     // A as [M/8][K/8][8][8], B as [N/8][K/8][8][8] (each block k-major: [k][n]).
     let a = |i: usize, kk: usize| {
         let at = ((i / blk) * (k / blk) + kk / blk) * 64 + (i % blk) * blk + kk % blk;

@@ -119,7 +119,13 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
         "groups": t
             .groups
             .iter()
-            .map(|g| json!({"end_ns": g.end_ns, "shim_bytes": g.shim_bytes}))
+            .map(|g| {
+                json!({
+                    "end_ns": g.end_ns,
+                    "shim_bytes": g.shim_bytes,
+                    "core_busy_ns": g.core_busy_ns,
+                })
+            })
             .collect::<Vec<_>>(),
         "operand_bytes": operand_bytes,
         "dram_bytes_per_s": model.bandwidth_bytes_per_s,

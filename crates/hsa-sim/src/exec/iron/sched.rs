@@ -331,11 +331,13 @@ pub struct Sim<'a> {
     dram: DramLedger,
     seq_t: f64,
     task_t: Vec<f64>,
-    /// The sequence's clock at each await that returned (the task groups' ends), and every
-    /// object a shim channel moved (when its move ended, its bytes): the bytes moved within
-    /// each group's span of time (`timeline`).
+    /// The sequence's clock at each await that returned (the task groups' ends), every
+    /// object a shim channel moved (when its move ended, its bytes) and every kernel call
+    /// (its core, when it ended, its cycles): what each group's span of time holds
+    /// (`timeline`).
     group_ends: Vec<f64>,
     shim_moves: Vec<(f64, u64)>,
+    core_calls: Vec<(usize, f64, f64)>,
 }
 
 fn walk_indices(w: &Walk) -> Vec<u32> {
@@ -521,6 +523,7 @@ impl<'a> Sim<'a> {
             task_t: vec![0.0; ntasks],
             group_ends: Vec::new(),
             shim_moves: Vec::new(),
+            core_calls: Vec::new(),
         }
     }
 
@@ -1032,6 +1035,8 @@ impl<'a> Sim<'a> {
                     wr.clock += cycles;
                     wr.busy += cycles;
                     wr.pc += 1;
+                    let end = wr.clock;
+                    self.core_calls.push((w, end, cycles));
                 }
             }
             progress = true;
@@ -1056,10 +1061,9 @@ impl<'a> Sim<'a> {
         // Each group's span: from the end of the one before (the dispatch's start) to its
         // own; moves after the last await end with the dispatch, as one more span.
         let mut ends = self.group_ends.clone();
-        if self
-            .shim_moves
-            .iter()
-            .any(|&(t, _)| ends.last().is_none_or(|&e| t > e))
+        let after_last = |t: f64| ends.last().is_none_or(|&e| t > e);
+        if self.shim_moves.iter().any(|&(t, _)| after_last(t))
+            || self.core_calls.iter().any(|&(_, t, _)| after_last(t))
         {
             ends.push(end);
         }
@@ -1067,12 +1071,20 @@ impl<'a> Sim<'a> {
             .iter()
             .map(|&t| TaskGroupTime {
                 end_ns: ns(t),
-                shim_bytes: 0,
+                ..TaskGroupTime::default()
             })
             .collect();
+        // The last span ends at or after every move and call (above).
+        let span = |t: f64| ends.partition_point(|&e| e < t);
         for &(t, bytes) in &self.shim_moves {
-            // The last span ends at or after every move (above).
-            groups[ends.partition_point(|&e| e < t)].shim_bytes += bytes;
+            groups[span(t)].shim_bytes += bytes;
+        }
+        let mut busy = vec![vec![0.0; self.workers.len()]; groups.len()];
+        for &(w, t, cycles) in &self.core_calls {
+            busy[span(t)][w] += cycles;
+        }
+        for (g, per_core) in groups.iter_mut().zip(&mut busy) {
+            g.core_busy_ns = ns(max(&mut per_core.iter().copied()));
         }
         Timeline {
             device_ns: ns(end),

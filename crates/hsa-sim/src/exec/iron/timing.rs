@@ -86,6 +86,8 @@ pub struct TaskGroupTime {
     /// objects, by when each one's move ended), whichever task group issued them: a design
     /// that issues the next group's fills early (weights streaming ahead) moves them here.
     pub shim_bytes: u64,
+    /// The busiest core's kernel calls within the span (each call by when it ended).
+    pub core_busy_ns: u64,
 }
 
 /// Where a dispatch's time went (cycles of the array clock, converted to ns on output).
