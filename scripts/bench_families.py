@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bench import cost_constants, emulated_hsa0_env, write_section
 from bench_op import run_direct, time_request
+from bench_timing import chain_dispatch_ns
 from ggml_hsa_iron.tests.test_decode_layer import layer_request
 
 HEADING = "## Model families"
@@ -88,11 +89,7 @@ def timed_decode(args, shape, work: Path) -> tuple[float, float, float] | None:
     out = run_direct(args, ARCH, f"type_a={WEIGHTS},type_b=f32,m={rows},n=1,k={n_embd}", d, dram)
     if layer is None or out is None:
         return None
-    # One chain per token, as `--timing` counts it: its first command, the other layers with
-    # their PDI loaded, then the output norm and projection, each switching PDI.
-    dispatch = k["chain_latency_ns"] + (layers - 1) * k["chained_loaded_pdi_ns"]
-    dispatch += 2 * k["chained_new_pdi_ns"]
-    token = layers * layer["work_time_ns"] + out["work_time_ns"] + dispatch
+    token = layers * layer["work_time_ns"] + out["work_time_ns"] + chain_dispatch_ns(k, layers)
     return layer["work_time_ns"], out["work_time_ns"], token
 
 

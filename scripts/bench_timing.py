@@ -129,6 +129,17 @@ def phase_cells(spec, c: dict, dram_gbps: float) -> list[str]:
     return cells
 
 
+def chain_dispatch_ns(k: dict, layers: int) -> float:
+    """A decode token's dispatches as one chain (cost constants `k`): its first command, the
+    other layers with their PDI loaded, then the output norm and projection, each switching
+    PDI."""
+    return (
+        k["chain_latency_ns"]
+        + (layers - 1) * k["chained_loaded_pdi_ns"]
+        + 2 * k["chained_new_pdi_ns"]
+    )
+
+
 def layer_lines(args, work: Path, output_ns: dict) -> tuple[list[str], list[str]]:
     """The decode layer kernel (DECODE_LAYER_SWIGLU: norms, Q/K/V with their rotations, the
     attention over N_KV cached rows, O, the SwiGLU FFN, both residuals) at the 1B shape, and a
@@ -152,10 +163,7 @@ def layer_lines(args, work: Path, output_ns: dict) -> tuple[list[str], list[str]
             if c is None or out is None:
                 lines.append(f"| {ty} | {arch} | declined | | | | | |")
                 continue
-            # One chain per token: its first command, fifteen more layers with their PDI
-            # loaded, then the output norm and projection, each switching PDI.
-            dispatch = k["chain_latency_ns"] + (LAYERS - 1) * k["chained_loaded_pdi_ns"]
-            dispatch += 2 * k["chained_new_pdi_ns"]
+            dispatch = chain_dispatch_ns(k, LAYERS)
             token = LAYERS * c["work_time_ns"] + out + dispatch
             lines.append(
                 f"| {ty} | {arch} | {c['work_time_ns'] / 1e3:,.0f} µs | {binds(c)} | {out / 1e3:,.0f} µs"

@@ -846,12 +846,16 @@ fn parallel_run(
         };
         assert!(requests.insert(seq, request).is_none(), "seq {seq} twice");
     }
-    let dispatches = std::fs::read_to_string(&counters)
+    (requests, dispatches_in(&counters))
+}
+
+/// The kernel dispatches hsa-sim counted (its `HSA_SIM_COUNTERS` file), 0 when it wrote none.
+fn dispatches_in(counters: &Path) -> u64 {
+    std::fs::read_to_string(counters)
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .and_then(|v| v["dispatches"].as_u64())
-        .unwrap_or(0);
-    (requests, dispatches)
+        .unwrap_or(0)
 }
 
 #[test]
@@ -1043,12 +1047,7 @@ fn served(
         prompts.iter().map(|p| complete(port, p)).collect()
     };
     drop(child);
-    let dispatches = std::fs::read_to_string(&counters)
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v["dispatches"].as_u64())
-        .unwrap_or(0);
-    (texts, dispatches)
+    (texts, dispatches_in(&counters))
 }
 
 /// Serving several users: llama-server with four slots (`-np 4`) on HSA0 answers four
