@@ -728,30 +728,30 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
 /// every layer op an emulated IRON kernel on HSA0). phi3 (Q, K and V in one attn_qkv matrix,
 /// gate and up in one ffn_up, Q scaled before the attention, NeoX rotation) decodes a layer as
 /// one kernel as llama does: the rewrite table reads its fused matrices as row slices
-/// (`ops::rewrite`). qwen2 (Q, K and V biases), qwen3 (per-head Q and K norms) and gemma2
-/// (norms after the attention and the block, softcaps, a sliding window) decode in more
-/// kernels, which this prints.
+/// (`ops::rewrite`). qwen3 (per-head Q and K norms) decodes a layer as two: its Q, K and V with
+/// the heads' norms (RMS_NORM_QKV_HEAD_NORM_ROPE), then the attention and the block. qwen2 (Q,
+/// K and V biases) and gemma2 (norms after the attention and the block, softcaps, a sliding
+/// window) decode in more kernels, which this prints.
 #[test]
 fn tiny_families_run_every_layer_op_through_the_emulated_iron_designs() {
-    for (name, one_kernel_layers) in [
-        ("tiny-phi3-f32", true),
-        ("tiny-qwen2-f32", false),
-        ("tiny-qwen3-f32", false),
-        ("tiny-gemma2-f32", false),
+    for (name, layer_kernel) in [
+        ("tiny-phi3-f32", Some("DECODE_LAYER_SWIGLU")),
+        ("tiny-qwen2-f32", None),
+        ("tiny-qwen3-f32", Some("RMS_NORM_QKV_HEAD_NORM_ROPE")),
+        ("tiny-gemma2-f32", None),
     ] {
         let Some((log, counters, stats)) = tiny_llama_emulated(name) else {
             return;
         };
         assert_all_layer_ops_emulated(name, &log, &counters, &stats);
         let c = read_json(&counters);
-        let layers = c["emulated_ops"]["DECODE_LAYER_SWIGLU"]
-            .as_u64()
-            .unwrap_or(0);
-        println!("{name}: {layers} decode layers ran as one kernel each");
-        if one_kernel_layers {
+        let kernel = layer_kernel.unwrap_or("DECODE_LAYER_SWIGLU");
+        let layers = c["emulated_ops"][kernel].as_u64().unwrap_or(0);
+        println!("{name}: {layers} decode layers ran {kernel}");
+        if layer_kernel.is_some() {
             assert!(
                 layers > 0,
-                "{name}: no DECODE_LAYER_SWIGLU ran as an emulated IRON kernel: {}",
+                "{name}: no {kernel} ran as an emulated IRON kernel: {}",
                 c["emulated_ops"]
             );
         }

@@ -189,6 +189,10 @@ class MvRope:
     constants: dict  # name -> f32 bit pattern (rope_constants; kernels/rope_math.h)
     yarn: bool  # ext_factor != 0
     eps: int  # the norm's eps, f32 bits (op_params word 11)
+    # RMS_NORM_MUL_MAT_HEAD_NORM_ROPE(_FF): the head norm's weights f32 [D] and its eps (f32
+    # bits, op_params word 12).
+    head_norm: Tensor | None = None
+    head_eps: int = 0
 
 
 @dataclass(frozen=True)
@@ -236,7 +240,8 @@ class MatmulSpec:
     def sequence(self) -> list[tuple[str, int]]:
         """(type, elements) of the runtime-sequence arguments: src0, src1, dst (MUL_MAT_<glu>:
         W_g, W_u, x, dst; MUL_MAT_ADD: W, x, r, dst; RMS_NORM_MUL_MAT(_<glu>): the weights, x,
-        n, dst; RMS_NORM_MUL_MAT_ROPE(_FF): W, x, n, the positions, (the factors,) dst)."""
+        n, dst; RMS_NORM_MUL_MAT[_HEAD_NORM]_ROPE(_FF): W, x, n, the positions, (the
+        factors,) (the head norm's weights,) dst)."""
         w = ("i8", extent(self.src0)) if self.weight_bytes else (self.src0.dtype, _span(self.src0))
         ws = [w, w] if self.glu else [w]
         rest = (self.src1, self.r, self.dst) if self.add else (self.src1, self.dst)
@@ -246,7 +251,8 @@ class MatmulSpec:
         if self.rope is not None:
             # The positions (i32) and factors travel as 32-bit words on x's f32 fifo: declared
             # f32 like its objects; the cores read the positions' bits back as i32.
-            consts = [self.rope.pos] + ([self.rope.ff] if self.rope.ff is not None else [])
+            r = self.rope
+            consts = [t for t in (r.pos, r.ff, r.head_norm) if t is not None]
             seq[-1:-1] = [("f32", t.nelements) for t in consts]
         return seq
 
@@ -302,6 +308,8 @@ class MatmulSpec:
                 YARN=int(self.rope.yarn),
                 **self.rope.constants,
             )
+            if r.head_norm:
+                glu.update(MV_ROPE_HEAD_NORM=1, HEAD_NORM_EPS=self.rope.head_eps)
         # The GEMM's microkernel and tile shape (mm.cc and mmq.cc).
         gemm_tiles = (
             {}
@@ -1129,8 +1137,10 @@ def prepare_rms_norm_mul_mat(
     return dataclasses.replace(base, request=req, plan=plan, n=n)
 
 
-# ggml's ROPE op_params words ahead of RMS_NORM_MUL_MAT_ROPE(_FF)'s eps (word 11).
+# ggml's ROPE op_params words ahead of RMS_NORM_MUL_MAT_ROPE(_FF)'s eps (word 11); the head
+# norm's eps follows (word 12, RMS_NORM_MUL_MAT_HEAD_NORM_ROPE(_FF)).
 ROPE_PARAMS = 11
+HEAD_NORM_EPS = ROPE_PARAMS + 1
 
 
 def prepare_rms_norm_mul_mat_rope(req: Request, columns: int | None = None) -> MatmulSpec:
@@ -1139,13 +1149,20 @@ def prepare_rms_norm_mul_mat_rope(req: Request, columns: int | None = None) -> M
     position: the GEMV with the norm's prologue and a rotation epilogue (GemvPlan.rope). Inputs
     W [K, M], x f32 [K, T], n f32 [K], pos i32 [>= T], (_FF) ff f32 [>= n_dims/2]; output f32 or
     f16 [D, H, T] dense, D * H = M. op_params: ROPE's 11 words, then eps (word 11). `columns`:
-    as prepare_rms_norm_mul_mat's."""
+    as prepare_rms_norm_mul_mat's.
+
+    RMS_NORM_MUL_MAT_HEAD_NORM_ROPE(_FF) (qwen3's Q and K): each head of the product is
+    RMS-normalised and multiplied by the head norm's weights (the last input, f32 [D]; eps in
+    word 12) before the rotation, as ggml's RMS_NORM then MUL by a row of D do. Every core's
+    rows of a round are then whole heads (RopeRows.head_norm)."""
     op = req.op
-    _check_common(req, strided=True)  # the input count, op_params (12 words), types
+    _check_common(req, strided=True)  # the input count, op_params (12 or 13 words), types
+    head_norm = "_HEAD_NORM_" in op
     w, x, n, pos, *rest = req.inputs
+    hn = rest.pop() if head_norm else None
     ff = rest[0] if rest else None
     dst = req.output
-    p = list(req.op_params) + [0] * (ROPE_PARAMS + 1 - len(req.op_params))
+    p = list(req.op_params) + [0] * (HEAD_NORM_EPS + 1 - len(req.op_params))
     n_dims, mode, n_ctx_orig = p[1], p[2], p[4]
     (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow) = (
         _bits_f32(b) for b in p[5:ROPE_PARAMS]
@@ -1176,10 +1193,15 @@ def prepare_rms_norm_mul_mat_rope(req: Request, columns: int | None = None) -> M
         raise UnsupportedError(
             f"{op}: frequency factors must be dense f32 covering n_dims / 2 = {n_dims // 2}"
         )
+    if hn is not None and (hn.dtype != "f32" or not hn.is_dense() or hn.ne != (D, 1, 1, 1)):
+        raise UnsupportedError(
+            f"{op}: the head norm's weights ({hn.dtype} {list(hn.ne)}) must be dense f32 [{D}]"
+        )
     consts = rope_constants(
         n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow
     )
-    rows = RopeRows(D, n_dims, mode == 2, T, n_dims // 2 if ff is not None else 0)
+    ff_words = n_dims // 2 if ff is not None else 0
+    rows = RopeRows(D, n_dims, mode == 2, T, ff_words, head_norm)
     norm = dataclasses.replace(
         req,
         op="RMS_NORM_MUL_MAT",
@@ -1188,7 +1210,9 @@ def prepare_rms_norm_mul_mat_rope(req: Request, columns: int | None = None) -> M
         output=Tensor.dense(dst.dtype, (M, T, 1, 1)),
     )
     base = prepare_rms_norm_mul_mat(norm, rope=rows, what=op, columns=columns)
-    rope = MvRope(pos, ff, consts, bool(ext_factor != 0), p[ROPE_PARAMS])
+    rope = MvRope(
+        pos, ff, consts, bool(ext_factor != 0), p[ROPE_PARAMS], hn, p[HEAD_NORM_EPS] if hn else 0
+    )
     return dataclasses.replace(base, request=req, rope=rope)
 
 

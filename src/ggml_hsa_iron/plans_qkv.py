@@ -77,12 +77,17 @@ GEMV_FUNCTIONS = (
 )
 
 # The projections: name, and the op computing it alone (its group's GEMV; RMS_NORM_QKV_ROPE_FF:
-# RMS_NORM_MUL_MAT_ROPE_FF).
+# RMS_NORM_MUL_MAT_ROPE_FF; RMS_NORM_QKV_HEAD_NORM_ROPE: RMS_NORM_MUL_MAT_HEAD_NORM_ROPE).
 GROUP_OPS = (
     ("q", "RMS_NORM_MUL_MAT_ROPE"),
     ("k", "RMS_NORM_MUL_MAT_ROPE"),
     ("v", "RMS_NORM_MUL_MAT"),
 )
+
+
+def head_norms(op: str) -> int:
+    """The head norms' weights among the inputs of `op` (Q's and K's, qwen3), or 0."""
+    return 2 if "_HEAD_NORM_" in op else 0
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,11 @@ class QkvSpec:
         return sum(g.columns for g in self.groups)
 
     @property
+    def head_norms(self) -> int:
+        """The head norms' weights among the inputs (Q's and K's), or 0."""
+        return head_norms(self.request.op)
+
+    @property
     def cores(self) -> tuple[CoreSource, ...]:
         return tuple(g.core for g in self.groups)
 
@@ -129,8 +139,9 @@ class QkvSpec:
         declares it (weights moved as bytes: i8; the positions and factors f32, the words of x's
         fifo)."""
         q, k, v = (g.spec.sequence for g in self.groups)
-        # Q's GEMV's: W, x, n, the positions, (the factors,) Q.
-        return [q[0], k[0], v[0], *q[1:-1], q[-1], k[-1], v[-1]]
+        # Q's GEMV's: W, x, n, the positions, (the factors,) (Q's head norm weights,) Q.
+        norms = [k[-2]] if self.head_norms else []
+        return [q[0], k[0], v[0], *q[1:-1], *norms, q[-1], k[-1], v[-1]]
 
     def tasks(self) -> list[list]:
         """Per group its GEMV's DMA task groups (GemvPlan.tasks); the design issues the
@@ -166,13 +177,19 @@ def _operand_checks(req: Request):
         raise RequestError(f"{op}: V {list(v.ne)} is not [Mv, N] = [{wv.ne[1]}, {N}]")
 
 
-def _group_request(req: Request, op: str, w: Tensor, out: Tensor) -> Request:
-    """The request of `op` computing one projection alone: RMS_NORM_MUL_MAT_ROPE(_FF) (W, x, n,
-    the positions, (the factors); the 12 words) or RMS_NORM_MUL_MAT (W, x, n; eps)."""
-    wq, wk, wv, x, n, *consts = req.inputs
+def _group_request(req: Request, name: str, op: str, w: Tensor, out: Tensor) -> Request:
+    """The request of `op` computing one projection alone: RMS_NORM_MUL_MAT[_HEAD_NORM]_ROPE(_FF)
+    (W, x, n, the positions, (the factors,) (its head norm's weights); the 12 or 13 words) or
+    RMS_NORM_MUL_MAT (W, x, n; eps)."""
+    x, n, *consts = req.inputs[3:]
     params = list(req.op_params) + [0] * (ROPE_PARAMS + 1 - len(req.op_params))
     if op == "RMS_NORM_MUL_MAT":
         return Request(req.name, req.arch, op, (params[ROPE_PARAMS],), (w, x, n), out)
+    hn = head_norms(req.op)
+    if hn:
+        norms = consts[len(consts) - hn :]
+        consts = [*consts[: len(consts) - hn], norms["qk".index(name)]]
+        op = op.replace("_ROPE", "_HEAD_NORM_ROPE")
     op += "_FF" if req.op.endswith("_FF") else ""
     return Request(req.name, req.arch, op, tuple(params), (w, x, n, *consts), out)
 
@@ -214,7 +231,7 @@ def prepare_qkv(req: Request) -> QkvSpec:
     groups, col0 = [], 0
     for (name, op), columns in zip(GROUP_OPS, split):
         w, out = outs[name]
-        gspec = _group_spec(req, _group_request(req, op, w, out), columns, name)
+        gspec = _group_spec(req, _group_request(req, name, op, w, out), columns, name)
         groups.append(QkvGroup(name, gspec, col0, columns))
         col0 += columns
     spec = QkvSpec(req, arch, tuple(groups))

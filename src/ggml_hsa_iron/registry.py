@@ -130,6 +130,9 @@ _NORM_MM_ROPE_LIMITS = (
     "ROPE, one kernel): inputs W (RMS_NORM_MUL_MAT's weights, [K,M,1,1]), x (f32 [K,T,1,1] "
     "dense, the norm's input), n (f32 [K,1,1,1]), positions (i32, at least T: token t's is "
     "pos[t]), RMS_NORM_MUL_MAT_ROPE_FF: frequency factors (f32, at least n_dims/2); "
+    "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE(_FF): last the head norm's weights (f32 [D]), each head "
+    "RMS-normalised (eps op_params 12) and multiplied by them before its rotation, every core's "
+    "rows of a round whole heads; "
     "op_params 0..10 ROPE's (normal and NeoX modes, YaRN parameters), 11 the norm's eps; dst "
     "f32 or f16 [D,H,T,1] dense with D*H = M (f16: rounded once, as RMS_NORM_MUL_MAT's). out = "
     "rope(W . (x / sqrt(mean(x^2) + eps) * n)) per token, heads of D rows, the first n_dims "
@@ -143,7 +146,9 @@ _NORM_QKV_LIMITS = (
     "Wq [K,Mq], Wk [K,Mk], Wv [K,Mv] (one K; each of RMS_NORM_MUL_MAT's weight types, the three "
     "independently: see group_type_combos), x (f32 [K,N] "
     "dense, the norm's input), n (f32 [K]), positions (i32, at least N), "
-    "RMS_NORM_QKV_ROPE_FF: frequency factors (f32, at least n_dims/2); op_params as "
+    "RMS_NORM_QKV_ROPE_FF: frequency factors (f32, at least n_dims/2); "
+    "RMS_NORM_QKV_HEAD_NORM_ROPE(_FF): then Q's and K's head norm weights (f32 [D]), Q and K as "
+    "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE computes them; op_params as "
     "RMS_NORM_MUL_MAT_ROPE's (0..10 ROPE's, 11 eps); outputs Q f32 [D,Hq,N] (output), K f32 or "
     "f16 [D,Hk,N] and V f32 or f16 [Mv,N] (extra_outputs), dense. Q and K as "
     "RMS_NORM_MUL_MAT_ROPE computes them, V as RMS_NORM_MUL_MAT, each on its own group of the "
@@ -306,19 +311,20 @@ def _rms_norm_mul_mat(op: str, inputs: int) -> OpSpec:
 
 def _rms_norm_mul_mat_rope(op: str, inputs: int) -> OpSpec:
     # Like MUL_MAT: the inputs never have the output's shape (declared as broadcast); i32: the
-    # positions; op_params ROPE's 11 words and eps.
+    # positions; op_params ROPE's 11 words and eps (and the head norm's eps).
     types = ("bf16", "f16", "f32", "i32") + QUANT_TYPES
-    return OpSpec(
-        op, MUL_MAT, inputs, types, True, True, "rms_norm_mul_mat_rope", _NORM_MM_ROPE_LIMITS, 12
-    )
+    params = 13 if "_HEAD_NORM_" in op else 12
+    kind, limits = "rms_norm_mul_mat_rope", _NORM_MM_ROPE_LIMITS
+    return OpSpec(op, MUL_MAT, inputs, types, True, True, kind, limits, params)
 
 
 def _rms_norm_qkv_rope(op: str, inputs: int) -> OpSpec:
     # Like MUL_MAT: the inputs never have the outputs' shapes (declared as broadcast); i32: the
-    # positions; op_params RMS_NORM_MUL_MAT_ROPE's 12 words; three outputs (Q, K, V).
+    # positions; op_params RMS_NORM_MUL_MAT[_HEAD_NORM]_ROPE's; three outputs (Q, K, V).
     types = ("bf16", "f16", "f32", "i32") + QUANT_TYPES
+    params = 13 if "_HEAD_NORM_" in op else 12
     kind, limits = "rms_norm_qkv_rope", _NORM_QKV_LIMITS
-    return OpSpec(op, MUL_MAT, inputs, types, True, True, kind, limits, 12, outputs=3)
+    return OpSpec(op, MUL_MAT, inputs, types, True, True, kind, limits, params, outputs=3)
 
 
 def _rms_norm_ffn(op: str) -> OpSpec:
@@ -434,10 +440,17 @@ OPS: tuple[OpSpec, ...] = (
     # x, n, the positions (and the frequency factors); op_params ROPE's and eps.
     _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_ROPE", 4),
     _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_ROPE_FF", 5),
+    # The same with each head normalised before its rotation (qwen3's Q and K norms): the head
+    # norm's weights after the other inputs, its eps in op_params word 12.
+    _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_HEAD_NORM_ROPE", 5),
+    _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_HEAD_NORM_ROPE_FF", 6),
     # llama's Q, K and V projections in one dispatch, three outputs: inputs Wq, Wk, Wv, x, n,
     # the positions (and the frequency factors); op_params RMS_NORM_MUL_MAT_ROPE's.
     _rms_norm_qkv_rope("RMS_NORM_QKV_ROPE", 6),
     _rms_norm_qkv_rope("RMS_NORM_QKV_ROPE_FF", 7),
+    # The same with Q's and K's heads normalised (qwen3): their head norm weights last.
+    _rms_norm_qkv_rope("RMS_NORM_QKV_HEAD_NORM_ROPE", 8),
+    _rms_norm_qkv_rope("RMS_NORM_QKV_HEAD_NORM_ROPE_FF", 9),
     # A feed-forward block (RMS_NORM_MUL_MAT_<glu>, then MUL_MAT_ADD of its result) in one
     # dispatch, two outputs: inputs W_g, W_u, W_d, x, n, r; op_params eps (designs/ffn.py).
     *(_rms_norm_ffn(f"RMS_NORM_FFN_{glu}") for glu in _GLU_NAMES),

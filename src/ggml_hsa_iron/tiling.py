@@ -657,19 +657,28 @@ class RopeRows:
     are heads of `head` rows (ggml's [D, H] view of a token's product), the first `n_dims` of
     each rotated in pairs, (2i, 2i + 1), or (i, i + n_dims/2) with `neox`. Every core's rows of
     a round must hold whole pairs (`rounds_ok`). Once per dispatch the x channel carries, behind
-    n, `ff` frequency factors (0 without) and the positions of the `tokens` x rows as 32-bit
-    words, padded to whole x objects (GemvPlan.rope_taps)."""
+    n, `ff` frequency factors (0 without), with `head_norm` the head norm's `head` weights, and
+    the positions of the `tokens` x rows as 32-bit words, padded to whole x objects
+    (GemvPlan.rope_taps). `head_norm` (RMS_NORM_MUL_MAT_HEAD_NORM_ROPE): each head is
+    normalised before its rotation, so every core's rows of a round must be whole heads."""
 
     head: int
     n_dims: int
     neox: bool
     tokens: int
     ff: int = 0
+    head_norm: bool = False
+
+    @property
+    def head_norm_words(self) -> int:
+        """Words of the head norm's weights among the constants (0 without)."""
+        return self.head if self.head_norm else 0
 
     @property
     def words(self) -> int:
-        """32-bit words of the per-dispatch constants: the factors, then the positions."""
-        return self.ff + self.tokens
+        """32-bit words of the per-dispatch constants: the factors, the head norm's weights,
+        then the positions."""
+        return self.ff + self.head_norm_words + self.tokens
 
     def objects(self, kc: int) -> int:
         """x objects (kc values each) of the constants."""
@@ -678,7 +687,11 @@ class RopeRows:
     def splits(self, row: int) -> bool:
         """Whether a boundary between two cores' rows before `row` separates a pair."""
         d = row % self.head
-        if d == 0 or d >= self.n_dims:
+        if d == 0:
+            return False
+        if self.head_norm:
+            return True
+        if d >= self.n_dims:
             return False
         return self.neox or d % 2 == 1
 
@@ -699,9 +712,10 @@ class RopeRows:
 def mv_rope_bytes(rope: RopeRows) -> int:
     """RMS_NORM_MUL_MAT_ROPE(_FF)'s static data on a core (mv_rope.h, rope_math.h): six arrays
     of n_dims/2 f32 padded to 16 (the frequency factors, the cos/sin cache, the theta table, two
-    pair staging buffers), the positions and the counters."""
+    pair staging buffers), the positions and the counters; the head norm's weights."""
     half_pad = -(-(rope.n_dims // 2) // VECTOR_ELEMS) * VECTOR_ELEMS
-    return 6 * 4 * half_pad + 4 * rope.tokens + 16
+    head_pad = -(-rope.head_norm_words // VECTOR_ELEMS) * VECTOR_ELEMS
+    return 6 * 4 * half_pad + 4 * rope.tokens + 4 * head_pad + 16
 
 
 @dataclass(frozen=True)
@@ -791,12 +805,14 @@ class GemvPlan:
 
     def rope_taps(self) -> list[tuple[str, Tap]]:
         """`rope`: the constants' tasks on the x channel, behind n's: ("ff", the frequency
-        factors), ("pos", the tokens' positions), then ("n", n's first values padding the last
-        object), each one linear walk of 32-bit words."""
+        factors), ("hn", the head norm's weights), ("pos", the tokens' positions), then ("n",
+        n's first values padding the last object), each one linear walk of 32-bit words."""
         r = self.rope
         if r is None:
             return []
         out = [("ff", Tap(0, (1, 1, 1, r.ff), (0, 0, 0, 1)))] if r.ff else []
+        if r.head_norm:
+            out.append(("hn", Tap(0, (1, 1, 1, r.head), (0, 0, 0, 1))))
         out.append(("pos", Tap(0, (1, 1, 1, r.tokens), (0, 0, 0, 1))))
         pad = self.rope_objects * self.k_chunk - r.words
         if pad:

@@ -45,16 +45,19 @@ pub struct RowsProducer {
 
 /// The kernels whose result in another float type is their f32 result converted as SET_ROWS
 /// converts it (rounded to nearest even), so that writing the rows directly changes nothing:
-/// llama's K (ROPE, or RMS_NORM_MUL_MAT_ROPE[_FF] when its projection is folded into it) and V
-/// (MUL_MAT, or RMS_NORM_MUL_MAT when its norm is folded into it). A compiler that cannot write
-/// the type declines the retargeted kernel, and the copy runs.
-const RETARGETABLE: [&str; 6] = [
+/// llama's K (ROPE, or RMS_NORM_MUL_MAT[_HEAD_NORM]_ROPE[_FF] when its projection, and qwen3's
+/// head norm, are folded into it) and V (MUL_MAT, or RMS_NORM_MUL_MAT when its norm is folded
+/// into it). A compiler that cannot write the type declines the retargeted kernel, and the copy
+/// runs.
+const RETARGETABLE: [&str; 8] = [
     "ROPE",
     "ROPE_FF",
     "MUL_MAT",
     "RMS_NORM_MUL_MAT",
     "RMS_NORM_MUL_MAT_ROPE",
     "RMS_NORM_MUL_MAT_ROPE_FF",
+    "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE",
+    "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE_FF",
 ];
 
 impl RowScatter {

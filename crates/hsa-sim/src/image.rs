@@ -392,11 +392,12 @@ impl KernelDesc {
             let (qkv, attn) = self.decode_layer_parts(ff).map_err(DescError::Invalid)?;
             qkv.validate()?;
             attn.validate()?;
-        } else if let Op::NormedQkv { ff } = op {
+        } else if let Op::NormedQkv { ff, head_norm } = op {
             // Each projection as the NormedMulMatRope (Q, K) or NormedMulMat (V) it replaces.
             let [wq, wk, wv, x, n, pos, rest @ ..] = self.inputs.as_slice() else {
-                return inv(format!("{} takes 6 or 7 inputs", self.op));
+                return inv(format!("{} takes 6 to 9 inputs", self.op));
             };
+            let (consts, norms) = rest.split_at(usize::from(ff));
             if self.output.ty != crate::ops::DType::F32 {
                 return Err(DescError::Unsupported(format!(
                     "{}: Q other than f32",
@@ -405,14 +406,17 @@ impl KernelDesc {
             }
             let mut part = self.clone();
             part.extra_outputs.clear();
-            part.op = if ff {
-                "RMS_NORM_MUL_MAT_ROPE_FF"
-            } else {
-                "RMS_NORM_MUL_MAT_ROPE"
-            }
-            .into();
-            for (w, out) in [(wq, &self.output), (wk, &self.extra_outputs[0])] {
-                part.inputs = [w, x, n, pos].into_iter().chain(rest).cloned().collect();
+            part.op = format!(
+                "RMS_NORM_MUL_MAT_{}ROPE{}",
+                if head_norm { "HEAD_NORM_" } else { "" },
+                if ff { "_FF" } else { "" }
+            );
+            for (i, (w, out)) in [(wq, &self.output), (wk, &self.extra_outputs[0])]
+                .into_iter()
+                .enumerate()
+            {
+                part.inputs = [w, x, n, pos].into_iter().chain(consts).cloned().collect();
+                part.inputs.extend(norms.get(i).cloned());
                 part.output = out.clone();
                 part.validate()?;
             }
@@ -422,7 +426,7 @@ impl KernelDesc {
             part.op_params = [0; 16];
             part.op_params[0] = self.op_params[11];
             part.validate()?;
-        } else if let Op::NormedMulMatRope { ff } = op {
+        } else if let Op::NormedMulMatRope { ff, head_norm } = op {
             let (w, x, n, pos) = (src0.ne, &self.inputs[1], &self.inputs[2], &self.inputs[3]);
             let o = self.output.ne;
             let p = |i: usize| self.op_params.get(i).copied().unwrap_or(0);
@@ -462,6 +466,18 @@ impl KernelDesc {
                     "{}: frequency factors must be f32 covering n_dims / 2",
                     self.op
                 ));
+            }
+            if head_norm {
+                let w = &self.inputs[4 + usize::from(ff)];
+                if w.ty != f32 || w.ne != [o[0], 1, 1, 1] {
+                    return inv(format!(
+                        "{}: the head norm's weights must be f32 [{}] (one head), not {} {:?}",
+                        self.op,
+                        o[0],
+                        w.ty.name(),
+                        w.ne
+                    ));
+                }
             }
             if !(mode == 0 || mode == 2) || p(15) != 0 {
                 return Err(DescError::Unsupported(format!(

@@ -523,15 +523,19 @@ def _norm_prologue_fills(spec, Nbuf, consts=()):
     """RMS_NORM_MUL_MAT's fills ahead of the first x row, on every column's x channel: n's K
     chunks (`GemvPlan.norm_tap`); RMS_NORM_MUL_MAT_ROPE(_FF): then the rotation's constants
     (`GemvPlan.rope_taps`: the factors, the positions, n's first values padding the last x
-    object), `consts` the runtime buffers of the positions (and the factors)."""
+    object), `consts` the runtime buffers of the positions (and the factors, and the head
+    norm's weights)."""
     p = spec.plan
     fills = [(Nbuf, p.K, p.norm_tap())]
     if spec.rope is None:
         return fills
-    totals = [count for _, count in spec.sequence]  # W, x, n, the positions, (factors,) dst
-    bufs = {"n": (Nbuf, p.K), "pos": (consts[0], totals[3])}
-    if spec.rope.ff is not None:
-        bufs["ff"] = (consts[1], totals[4])
+    # W, x, n, then the constants: the positions, (the factors,) (the head norm's weights,)
+    totals = [count for _, count in spec.sequence][3:]
+    names = (
+        ["pos"] + ["ff"] * (spec.rope.ff is not None) + ["hn"] * (spec.rope.head_norm is not None)
+    )
+    bufs = {name: (buf, total) for name, buf, total in zip(names, consts, totals)}
+    bufs["n"] = (Nbuf, p.K)
     return fills + [(*bufs[name], tap) for name, tap in p.rope_taps()]
 
 
@@ -588,18 +592,22 @@ def _qkv(spec):
     n_args = len(seq_types)
 
     def sequence(*args):
-        # Wq, Wk, Wv, x, n, the positions (and the factors), Q, K, V; then the groups' shim
-        # endpoints. Task group i of every group's GEMV in one task group: all the columns'
-        # weights stream at once.
+        # Wq, Wk, Wv, x, n, the positions (and the factors) (and Q's and K's head norm
+        # weights), Q, K, V; then the groups' shim endpoints. Task group i of every group's
+        # GEMV in one task group: all the columns' weights stream at once.
         W, (X, Nbuf), Y = args[:3], args[3:5], args[n_args - 3 : n_args]
-        consts = args[5 : n_args - 3]  # the positions, (the factors)
+        consts = args[5 : n_args - 3]  # the positions, (the factors,) (the head norms)
+        n_shared = len(consts) - spec.head_norms
+        shared, norms = consts[:n_shared], consts[n_shared:]
+        group_consts = [(*shared, *norms[j : j + 1]) for j in range(len(spec.groups))]
         hs = args[n_args:]
         for i in range(max(len(t) for t in tasks)):
             tg = TaskGroup()
             for j, g in enumerate(spec.groups):
                 if i < len(tasks[j]):
                     gh = hs[spans[j][0] : spans[j][1]]
-                    prologue = _norm_prologue_fills(g.spec, Nbuf, consts) if i == 0 else ()
+                    c = group_consts[j]
+                    prologue = _norm_prologue_fills(g.spec, Nbuf, c) if i == 0 else ()
                     _gemv_fill(g.spec, gh, tasks[j][i], tg, W[j], X, Y[j], prologue)
             tg.finish()
 
@@ -810,4 +818,28 @@ def ggml_op_rms_norm_qkv_rope(spec):
 def ggml_op_rms_norm_qkv_rope_ff(spec):
     """RMS_NORM_QKV_ROPE_FF: as RMS_NORM_QKV_ROPE, Q's and K's theta divided by the frequency
     factors (ROPE_FF)."""
+    return _qkv(spec)
+
+
+def ggml_op_rms_norm_mul_mat_head_norm_rope(spec):
+    """RMS_NORM_MUL_MAT_HEAD_NORM_ROPE: as RMS_NORM_MUL_MAT_ROPE, each head of the product
+    RMS-normalised and multiplied by the head norm's weights before its rotation (qwen3)."""
+    return _gemv(spec)
+
+
+def ggml_op_rms_norm_mul_mat_head_norm_rope_ff(spec):
+    """RMS_NORM_MUL_MAT_HEAD_NORM_ROPE_FF: as RMS_NORM_MUL_MAT_HEAD_NORM_ROPE with ROPE_FF's
+    frequency factors."""
+    return _gemv(spec)
+
+
+def ggml_op_rms_norm_qkv_head_norm_rope(spec):
+    """RMS_NORM_QKV_HEAD_NORM_ROPE: as RMS_NORM_QKV_ROPE, Q and K as
+    RMS_NORM_MUL_MAT_HEAD_NORM_ROPE computes them (qwen3)."""
+    return _qkv(spec)
+
+
+def ggml_op_rms_norm_qkv_head_norm_rope_ff(spec):
+    """RMS_NORM_QKV_HEAD_NORM_ROPE_FF: as RMS_NORM_QKV_HEAD_NORM_ROPE with ROPE_FF's frequency
+    factors."""
     return _qkv(spec)

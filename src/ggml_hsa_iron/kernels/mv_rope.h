@@ -12,8 +12,9 @@
 // core unrotated. The plan makes every core's rows of a round hold whole pairs (NeoX: a head's
 // whole N_DIMS span).
 //   GGML_MV_ROPE_LOAD(c)                 once per dispatch, per x object behind n's chunks:
-//                                        (FF) the N_DIMS/2 frequency factors, then the
-//                                        tokens' positions (i32 bits), then padding; kept
+//                                        (FF) the N_DIMS/2 frequency factors, (HEAD_NORM)
+//                                        the head norm's D weights, then the tokens'
+//                                        positions (i32 bits), then padding; kept
 //   GGML_MV_NORM_ROPE_SCALE(y, offset)   y *= s, then the round's rows rotated
 //   GGML_MV_NORM_ROPE_STORE_F16(y, offset)  stash *= s, rotated, y[r] = f16(stash[r])
 // `offset` is the core's first row within a round (its column's and its own share of the
@@ -21,6 +22,10 @@
 // dispatch is token j / ROPE_ROUNDS's round j % ROPE_ROUNDS, starting at row
 // (j % ROPE_ROUNDS) * MV_ROPE_BLOCK, the last one shifted back to end at MV_ROPE_N when N is
 // off the block (GemvPlan's rounds).
+// With MV_ROPE_HEAD_NORM (qwen3's Q and K norms) each head of the round's rows is first
+// RMS-normalised and multiplied by the head norm's weights, as ggml's RMS_NORM over the head's
+// D values then MUL by a row of D compute it (eps HEAD_NORM_EPS, f32 bits); the plan makes
+// every core's rows of a round whole heads.
 // Defines: MV_ROPE_HEAD (D), MV_ROPE_N (the product's rows, D * H), MV_ROPE_BLOCK (the rows of
 // a round over the array), MV_ROPE_TOKENS (x rows per dispatch), and rope_math.h's.
 // Static data (per core): rope_math.h's arrays and the positions; the plan counts
@@ -33,15 +38,47 @@
 #include "rope_math.h"
 #include "mv_rope_rows.h"
 
+#ifndef MV_ROPE_HEAD_NORM
+#define MV_ROPE_HEAD_NORM 0
+#endif
+
 constexpr int ROPE_ROUNDS = (MV_ROPE_N + MV_ROPE_BLOCK - 1) / MV_ROPE_BLOCK;
-constexpr int ROPE_WORDS = FF_WORDS + MV_ROPE_TOKENS;
+constexpr int HEAD_NORM_WORDS = MV_ROPE_HEAD_NORM ? MV_ROPE_HEAD : 0;
+constexpr int ROPE_WORDS = FF_WORDS + HEAD_NORM_WORDS + MV_ROPE_TOKENS;
 constexpr int ROPE_OBJECTS = (ROPE_WORDS + MV_KC - 1) / MV_KC;
 static_assert(MV_ROPE_BLOCK <= MV_ROPE_N, "a round within the rows");
 static_assert(N_DIMS <= MV_ROPE_HEAD, "the rotated dimensions within a head");
 
+static_assert(!MV_ROPE_HEAD_NORM || MV_ROWS % MV_ROPE_HEAD == 0, "a core's rows whole heads");
+
 static int32_t g_rope_positions[MV_ROPE_TOKENS];
 static int32_t g_rope_loaded; // constants objects kept this dispatch (mod ROPE_OBJECTS)
 static int32_t g_rope_round;  // rounds rotated this dispatch
+
+#if MV_ROPE_HEAD_NORM
+alignas(64) static float g_head_norm[(MV_ROPE_HEAD + VEC - 1) / VEC * VEC];
+
+// Each of the MV_ROWS rows' heads: v *= 1 / sqrt(mean(v^2) + eps), then v *= the weights (the
+// two roundings of ggml's RMS_NORM and MUL).
+static void head_norm_rows(float *v) {
+  const float eps = __builtin_bit_cast(float, (uint32_t)HEAD_NORM_EPS);
+  for (int h = 0; h < MV_ROWS; h += MV_ROPE_HEAD) {
+    float *r = v + h;
+    vf ss = splat(0.0f);
+    for (int i = 0; i < MV_ROPE_HEAD; i += VEC) {
+      const int n = MV_ROPE_HEAD - i < (int)VEC ? MV_ROPE_HEAD - i : (int)VEC;
+      const vf a = load_part_zero(r + i, n);
+      ss = add(ss, mul(a, a));
+    }
+    const vf mean = mul(splat(aie::reduce_add(ss)), 1.0f / MV_ROPE_HEAD);
+    const vf s = recip(sqrt(add(mean, splat(eps))));
+    for (int i = 0; i < MV_ROPE_HEAD; i += VEC) {
+      const int n = MV_ROPE_HEAD - i < (int)VEC ? MV_ROPE_HEAD - i : (int)VEC;
+      store_part(r + i, mul(mul(load_part(r + i, n), s), load_part(g_head_norm + i, n)), n);
+    }
+  }
+}
+#endif
 
 // The round's MV_ROWS rows (global rows row0 ..) of the product of token t, in place.
 static void rope_rows(float *v, int32_t offset) {
@@ -50,6 +87,9 @@ static void rope_rows(float *v, int32_t offset) {
   const int32_t start =
       (k + 1) * MV_ROPE_BLOCK <= MV_ROPE_N ? k * MV_ROPE_BLOCK : MV_ROPE_N - MV_ROPE_BLOCK;
   const int32_t row0 = start + offset;
+#if MV_ROPE_HEAD_NORM
+  head_norm_rows(v);
+#endif
   rope_rows_at(v, row0, g_rope_positions[t], MV_ROPE_HEAD, MV_ROWS);
 }
 
@@ -63,10 +103,15 @@ void GGML_MV_ROPE_LOAD(float *c) {
   for (int32_t j = 0; j < MV_KC && first + j < ROPE_WORDS; ++j) {
     int32_t w;
     __builtin_memcpy(&w, c + j, sizeof w); // the word's bits (positions are i32)
-    if (first + j < FF_WORDS)
-      g_ff[first + j] = __builtin_bit_cast(float, w);
+    const int32_t i = first + j;
+    if (i < FF_WORDS)
+      g_ff[i] = __builtin_bit_cast(float, w);
+#if MV_ROPE_HEAD_NORM
+    else if (i < FF_WORDS + HEAD_NORM_WORDS)
+      g_head_norm[i - FF_WORDS] = __builtin_bit_cast(float, w);
+#endif
     else
-      g_rope_positions[first + j - FF_WORDS] = w;
+      g_rope_positions[i - FF_WORDS - HEAD_NORM_WORDS] = w;
   }
   g_rope_loaded = (g_rope_loaded + 1) % ROPE_OBJECTS;
 }

@@ -106,11 +106,11 @@ class OpNamesTest(unittest.TestCase):
                 want_kind = "mul_mat"
             elif spec.op == "MUL_MAT_ADD":
                 want_kind = "mul_mat_add"
-            elif spec.op.startswith("RMS_NORM_MUL_MAT_ROPE"):
+            elif spec.op.startswith("RMS_NORM_MUL_MAT") and "_ROPE" in spec.op:
                 want_kind = "rms_norm_mul_mat_rope"
             elif spec.op.startswith("RMS_NORM_MUL_MAT"):
                 want_kind = "rms_norm_mul_mat"
-            elif spec.op.startswith("RMS_NORM_QKV_ROPE"):
+            elif spec.op.startswith("RMS_NORM_QKV_"):
                 want_kind = "rms_norm_qkv_rope"
             elif spec.op.startswith("RMS_NORM_FFN_"):
                 want_kind = "rms_norm_ffn"

@@ -69,10 +69,21 @@ GLU = ["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]
 # The backend's fusion of MUL_MAT(W_g, x), MUL_MAT(W_u, x) and their split GLU.
 MM_GLU = [f"MUL_MAT_{op}" for op in GLU]
 NORM_MM = ["RMS_NORM_MUL_MAT"] + [f"RMS_NORM_MUL_MAT_{op}" for op in GLU]
-# The Q and K projections with the norm folded in and their ROPE (positions i32, 12 op_params).
-NORM_MM_ROPE = ["RMS_NORM_MUL_MAT_ROPE", "RMS_NORM_MUL_MAT_ROPE_FF"]
+# The Q and K projections with the norm folded in and their ROPE (positions i32, 12 op_params;
+# with qwen3's heads' norm, its weights and eps: 13).
+NORM_MM_ROPE = [
+    "RMS_NORM_MUL_MAT_ROPE",
+    "RMS_NORM_MUL_MAT_ROPE_FF",
+    "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE",
+    "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE_FF",
+]
 # Q, K and V of one normalised x in one kernel (three outputs; the inputs of both above).
-NORM_QKV = ["RMS_NORM_QKV_ROPE", "RMS_NORM_QKV_ROPE_FF"]
+NORM_QKV = [
+    "RMS_NORM_QKV_ROPE",
+    "RMS_NORM_QKV_ROPE_FF",
+    "RMS_NORM_QKV_HEAD_NORM_ROPE",
+    "RMS_NORM_QKV_HEAD_NORM_ROPE_FF",
+]
 # A feed-forward block in one kernel (RMS_NORM_MUL_MAT_<glu>, then MUL_MAT_ADD; two outputs).
 NORM_FFN = [f"RMS_NORM_FFN_{op}" for op in GLU]
 # The attention output projection and residual ADD ahead of the feed-forward block (MUL_MAT_ADD,
@@ -98,6 +109,9 @@ def qkv_request(op: str, q, k, v, arch: str = "aie2p") -> str:
     if op.endswith("_FF"):
         ins.append(tensor("f32", [8]))
     params = [0, 16, 0, 0, 0, 0x461C4000, 0x3F800000, 0, 0x3F800000, 0, 0, 0x3727C5AC]
+    if "_HEAD_NORM_" in op:
+        ins += [tensor("f32", [16])] * 2
+        params.append(0x358637BD)  # eps 1e-6
     outs = [tensor(q[2], [16, 4, 1]), tensor(k[2], [16, 2, 1]), tensor(v[2], [32, 1])]
     return request_json(op, ins, outs[0], arch=arch, op_params=params, extra_outputs=outs[1:])
 
@@ -242,18 +256,19 @@ class CapabilitiesTest(unittest.TestCase):
                 want = want + [c for c in ops["MUL_MAT"]["type_combos"] if c[1:] == ["f32", "f16"]]
             self.assertEqual(o["type_combos"], want, op)
         # W, x, n, the positions (, the frequency factors); ROPE's 11 words and eps.
-        for op, n in zip(NORM_MM_ROPE, (4, 5)):
+        for op, n in zip(NORM_MM_ROPE, (4, 5, 5, 6)):
             o = ops[op]
             got = (o["inputs"], o["broadcast"], o["noncontiguous"], o["kernel_source"])
             self.assertEqual(got, (n, True, True, "mul_mat.py"), op)
             self.assertEqual(o["type_combos"], ops["RMS_NORM_MUL_MAT"]["type_combos"], op)
             self.assertIn("i32", o["types"])
         self.assertEqual(
-            {s.params for s in registry.OPS if s.kind == "rms_norm_mul_mat_rope"}, {12}
+            {s.op: s.params for s in registry.OPS if s.kind == "rms_norm_mul_mat_rope"},
+            {op: 13 if "_HEAD_NORM_" in op else 12 for op in NORM_MM_ROPE},
         )
         # Wq, Wk, Wv, x, n, the positions (, the frequency factors); RMS_NORM_MUL_MAT_ROPE's
         # words; Q, then K and V (ops of several outputs: these and RMS_NORM_FFN_<glu>).
-        for op, n in zip(NORM_QKV, (6, 7)):
+        for op, n in zip(NORM_QKV, (6, 7, 8, 9)):
             o = ops[op]
             got = (o["inputs"], o["outputs"], o["broadcast"], o["noncontiguous"])
             self.assertEqual(got, (n, 3, True, True), op)
@@ -270,7 +285,10 @@ class CapabilitiesTest(unittest.TestCase):
             self.assertEqual(o["group_type_combos"], want, op)
             self.assertNotIn("type_combos", o, op)
             self.assertEqual(o["types"], ops["RMS_NORM_MUL_MAT_ROPE"]["types"], op)
-        self.assertEqual({s.params for s in registry.OPS if s.kind == "rms_norm_qkv_rope"}, {12})
+        self.assertEqual(
+            {s.op: s.params for s in registry.OPS if s.kind == "rms_norm_qkv_rope"},
+            {op: 13 if "_HEAD_NORM_" in op else 12 for op in NORM_QKV},
+        )
         self.assertEqual(
             {o["op"] for o in ops.values() if "outputs" in o},
             set(NORM_QKV + NORM_FFN + ATTN_FFN + FA_FFN + DECODE),
@@ -461,12 +479,12 @@ class CapabilitiesTest(unittest.TestCase):
                             if spec.op.endswith("_FF"):
                                 ins.append(tensor("f32", [8]))
                             params = [0, 16, 0, 0, 0, 0x461C4000, 0x3F800000, 0, 0x3F800000]
+                            params += [0, 0, 0x3727C5AC]
+                            if "_HEAD_NORM_" in spec.op:
+                                ins.append(tensor("f32", [16]))
+                                params.append(0x358637BD)  # the heads' eps, 1e-6
                             req = request_json(
-                                spec.op,
-                                ins,
-                                tensor(d, [16, 4, 1]),
-                                arch=arch,
-                                op_params=params + [0, 0, 0x3727C5AC],
+                                spec.op, ins, tensor(d, [16, 4, 1]), arch=arch, op_params=params
                             )
                         elif spec.kind == "rms_norm_qkv_rope":
                             # Each projection the first of its combos with the type (i32: the

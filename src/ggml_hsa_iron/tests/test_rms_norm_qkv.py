@@ -55,7 +55,7 @@ from ggml_hsa_iron.tiling import (
 )
 
 from ggml_hsa_iron.tests.host_program import CXX
-from ggml_hsa_iron.tests.test_rms_norm_mul_mat_rope import llama3_ff, rope_params
+from ggml_hsa_iron.tests.test_rms_norm_mul_mat_rope import fbits, llama3_ff, rope_params
 from ggml_hsa_iron.tests.util import request_json, tensor
 from ggml_hsa_iron.tests import sample
 
@@ -76,6 +76,7 @@ except ImportError:  # numpy and ml_dtypes are installed by scripts/check-iron.s
     HAVE_NUMPY = False
 
 OP = "RMS_NORM_QKV_ROPE"
+HEAD_EPS = 1e-6  # the head norms' eps (qwen3's rms_norm_eps)
 LLAMA = dict(K=2048, D=64, Hq=32, Hk=8)  # Llama-3.2-1B: Mq = 2048, Mk = Mv = 512
 
 
@@ -85,27 +86,35 @@ def weight_types(ty) -> tuple[str, str, str]:
     return (ty,) * 3 if isinstance(ty, str) else tuple(ty)
 
 
-def qkv_tensors(ty, K, D, Hq, Hk, T=1, ff=False, kty="f16", vty="f16", n_dims=None, P=None):
+def qkv_tensors(
+    ty, K, D, Hq, Hk, T=1, ff=False, kty="f16", vty="f16", n_dims=None, P=None, head_norm=False
+):
     """(inputs, outputs): Wq [K, D*Hq], Wk and Wv [K, D*Hk] of type ty (one type, or Wq's, Wk's
     and Wv's: weight_types), x [K, T], n [K], the positions [P] (T by default), (ff) the factors
-    [n_dims/2]; Q f32 [D, Hq, T], K of kty [D, Hk, T], V of vty [D*Hk, T]."""
+    [n_dims/2], (head_norm) Q's and K's head norm weights [D]; Q f32 [D, Hq, T], K of kty
+    [D, Hk, T], V of vty [D*Hk, T]."""
     n_dims = n_dims or D
     tq, tk, tv = weight_types(ty)
     ins = [tensor(tq, [K, D * Hq]), tensor(tk, [K, D * Hk]), tensor(tv, [K, D * Hk])]
     ins += [tensor("f32", [K, T]), tensor("f32", [K]), tensor("i32", [P or T])]
     ins += [tensor("f32", [n_dims // 2])] if ff else []
+    ins += [tensor("f32", [D])] * 2 if head_norm else []
     outs = [tensor("f32", [D, Hq, T]), tensor(kty, [D, Hk, T]), tensor(vty, [D * Hk, T])]
     return ins, outs
 
 
 def qkv_request(ty, K, D, Hq, Hk, T=1, mode=0, ff=False, arch="aie2p", kty="f16", vty="f16", **kw):
-    """The request of qkv_tensors' operands. kw: n_dims, P, rope_params' (freq_scale, ext, ...),
-    or `inputs`, `outputs`, `params` replacing the request's."""
-    n_dims, P = kw.pop("n_dims", None), kw.pop("P", None)
-    ins, outs = qkv_tensors(ty, K, D, Hq, Hk, T, ff, kty, vty, n_dims, P)
+    """The request of qkv_tensors' operands. kw: n_dims, P, head_norm (RMS_NORM_QKV_HEAD_NORM_ROPE,
+    its eps HEAD_EPS), rope_params' (freq_scale, ext, ...), or `inputs`, `outputs`, `params`
+    replacing the request's."""
+    n_dims, P, hn = kw.pop("n_dims", None), kw.pop("P", None), kw.pop("head_norm", False)
+    ins, outs = qkv_tensors(ty, K, D, Hq, Hk, T, ff, kty, vty, n_dims, P, hn)
     ins, outs = kw.pop("inputs", ins), kw.pop("outputs", outs)
-    params = kw.pop("params", None) or rope_params(n_dims or D, mode, **kw)
-    op = f"{OP}_FF" if len(ins) == 7 else OP
+    params = kw.pop("params", None) or rope_params(n_dims or D, mode, **kw) + (
+        [fbits(HEAD_EPS)] if hn else []
+    )
+    op = "RMS_NORM_QKV_HEAD_NORM_ROPE" if hn else OP
+    op += "_FF" if ff else ""
     return request_json(op, ins, outs[0], arch, op_params=params, extra_outputs=outs[1:])
 
 
@@ -360,13 +369,30 @@ class QkvCompileTest(unittest.TestCase):
 
 
 @unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
+def head_norm_reference(y, err, w, D):
+    """qwen3's norm of each head of y [T, M] (heads of D rows) as the cores compute it: s =
+    1 / sqrt(mean(h^2) + eps) in f32, h * s, then times the weights w [D]; (the values, their
+    tolerance: y's error scaled, and f32 rounding)."""
+    T, M = y.shape
+    h = y.reshape(T, M // D, D)
+    s = 1 / np.sqrt((h * h).mean(axis=2, keepdims=True) + HEAD_EPS)
+    out = (h * s * w.astype(np.float64)).reshape(T, M)
+    scale = np.broadcast_to(s * np.abs(w), h.shape).reshape(T, M)
+    # A head's s moves with its values' errors: ds / s <= sum(|h| err) / sum(h^2).
+    e = err.reshape(T, M // D, D)
+    rel = (np.abs(h) * e).sum(axis=2, keepdims=True) / (h * h).sum(axis=2, keepdims=True)
+    rel = np.broadcast_to(rel, h.shape).reshape(T, M)
+    return out, err * scale + rel * np.abs(out) + np.abs(out) * 2e-6
+
+
 class QkvEmulationTest(unittest.TestCase):
     """The design compiled for `--target emu` and its recorded program run on real data."""
 
     def run_case(self, ty, K, D, Hq, Hk, T, mode, ff, arch, kty, vty, seed=0, **kw):
         """(the request, the operands' bytes, the outputs' bytes) after checking each output
-        against numpy."""
+        against numpy. kw `head_norm`: Q's and K's heads normalised (qwen3)."""
         n_dims = kw.get("n_dims") or D
+        head_norm = kw.get("head_norm", False)
         text = qkv_request(ty, K, D, Hq, Hk, T, mode, ff, arch, kty, vty, P=T + 2, **kw)
         spec = prepare(parse_request(text))
         nrng, rng = np.random.default_rng(seed), random.Random(seed)
@@ -377,9 +403,15 @@ class QkvEmulationTest(unittest.TestCase):
         ffv = np.array(llama3_ff(n_dims), np.float32) if ff else None
         ins = [b for b, _ in ws] + [x.tobytes(), n.tobytes(), pos.tobytes()]
         ins += [ffv.tobytes()] if ff else []
+        norms = [nrng.uniform(0.2, 2, D).astype(np.float32) for _ in range(2 * head_norm)]
+        ins += [w.tobytes() for w in norms]
         outs = run_request_outputs(text, ins)
-        for g, t, (_, w), out, dt in zip(spec.groups, types, ws, outs, ("f32", kty, vty)):
+        for i, (g, t, (_, w), out, dt) in enumerate(
+            zip(spec.groups, types, ws, outs, ("f32", kty, vty))
+        ):
             y, err = norm_reference(t, x, n, w)
+            if g.spec.rope is not None and head_norm:
+                y, err = head_norm_reference(y, err, norms[i], D)
             if g.spec.rope is not None:
                 y, err = rope_reference(
                     y, err, pos, ffv, n_dims, mode == 2, g.spec.rope.constants, D
@@ -463,6 +495,23 @@ class QkvEmulationTest(unittest.TestCase):
             ty, 64, 6, 7, 3, 2, 0, True, "aie2p", "f16", "f32", seed=29, n_dims=4
         )
         self.assertEqual(self.check_singles(text, ins, outs), 3)
+
+    def test_qwen3_head_norms(self):
+        # Qwen3-0.6B's shapes (K = 1024, heads of 128, 16 / 8 heads, NeoX): each core's rows of
+        # a round whole heads, normalised before the rotation; a small shape with normal
+        # rotation, the frequency factors and two tokens.
+        cases = [
+            ("q4_0", 1024, "f16", "f16", "aie2p"),
+            ("f32", 1024, "f32", "f16", "aie2"),
+        ]
+        for i, (ty, K, kty, vty, arch) in sample.pick(enumerate(cases)):
+            with self.subTest(ty=ty, arch=arch):
+                self.run_case(
+                    ty, K, 128, 16, 8, 1, 2, False, arch, kty, vty, seed=40 + i, head_norm=True
+                )
+        self.run_case(
+            "f32", 64, 8, 5, 3, 2, 0, True, "aie2p", "f16", "f32", seed=49, head_norm=True
+        )
 
     def test_bit_for_bit_the_separate_designs(self):
         # Llama-3.2-1B on aie2: Q's group plans as RMS_NORM_MUL_MAT_ROPE's whole-array design

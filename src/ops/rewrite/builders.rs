@@ -536,7 +536,12 @@ pub fn fold_scale_into_attention<'a>(
 /// nothing. Only when the ROPE's input is exactly the product's memory (a reshape of it, f32,
 /// dense, one matrix), nothing else reads the product before its memory is reused and the
 /// application does not read it, and no node between the two writes the projection's inputs
-/// (they are read later than planned). It covers the projection's node. `None` otherwise.
+/// (they are read later than planned). It covers the projection's node.
+///
+/// Between the two there may be an `RMS_NORM_MUL` kernel normalising each head of the product
+/// (qwen3's Q and K norms: the norm over rows of the head's D values, then the MUL by one head's
+/// weights): its work joins the kernel (`RMS_NORM_MUL_MAT_HEAD_NORM_ROPE[_FF]`), under the same
+/// rules for its result. `None` otherwise.
 pub fn fold_rope<'a>(
     nodes: &[Node],
     at: usize,
@@ -556,17 +561,26 @@ pub fn fold_rope<'a>(
     if !f32_dense(x) || !f32_dense(out) || x.ne != out.ne || out.ne[3] != 1 {
         return None;
     }
-    // The node that computed the ROPE's input: the last before it writing that memory.
-    let k = (0..at)
-        .rev()
-        .find(|&k| !matches!(planned(k), Planned::Nothing) && nodes[k].dst.overlaps(x))?;
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing);
+    // The kernel that computed the ROPE's input: the projection, or the heads' norm of its
+    // product.
+    let (writer, k) = kernel_writing(nodes, at, x, &planned)?;
+    let head_norm = head_norm_of(nodes, at, (writer, k), x, &planned);
+    let (k, product) = match &head_norm {
+        Some(h) => {
+            let (writer, j) = kernel_writing(nodes, k, h.x, &planned)?;
+            (writer == j).then_some((j, h.x))?
+        }
+        None => (writer == k).then_some((k, x))?,
+    };
     let Planned::Kernel(projection, operands) = planned(k) else {
         return None;
     };
     let [w, xin, n, z] = operands else {
         return None;
     };
-    let exact = z.addr == x.addr && z.bytes == x.bytes && f32_dense(z) && z.ne[2..] == [1, 1];
+    let exact =
+        z.addr == product.addr && z.bytes == product.bytes && f32_dense(z) && z.ne[2..] == [1, 1];
     if Fused::of(&projection.op) != Some(Fused::RmsNormMulMat)
         || nodes[k].is_output
         || !exact
@@ -576,30 +590,86 @@ pub fn fold_rope<'a>(
     {
         return None;
     }
-    // Nothing but the ROPE (and views, which compute nothing) reads the product.
-    let runs = |j: usize| !matches!(planned(j), Planned::Nothing);
-    let inputs = [w, xin, n];
-    if read_elsewhere(nodes, z, k, at, runs)
+    // Nothing but the ROPE (or the heads' norm; and views, which compute nothing) reads the
+    // product.
+    let reader = head_norm.as_ref().map_or(at, |h| h.at);
+    let mut inputs = vec![w, xin, n];
+    inputs.extend(head_norm.as_ref().map(|h| h.w));
+    if read_elsewhere(nodes, z, k, reader, runs)
         || written_in(nodes, k + 1..at, &inputs, runs)
         || inputs.iter().any(|t| out.overlaps(t))
     {
         return None;
     }
-    let op = Fused::RmsNormMulMatRope { ff }.entry()?;
+    let op = Fused::RmsNormMulMatRope {
+        ff,
+        head_norm: head_norm.is_some(),
+    }
+    .entry()?;
     let eps = *projection.op_params.first()?;
     let mut op_params = rope.op_params.clone();
     op_params.resize(catalogue::ROPE.params, 0);
     op_params.push(eps);
+    op_params.extend(head_norm.as_ref().map(|h| h.eps));
     let mut desc = rope.clone();
     desc.op = op.name.to_owned();
     desc.op_params = op_params;
     desc.inputs = projection.inputs.clone();
     desc.inputs.extend_from_slice(&rope.inputs[1..]);
+    desc.inputs
+        .extend(head_norm.as_ref().map(|h| as_layout(h.w)));
     desc.f16_as_bf16 = projection.f16_as_bf16 || rope.f16_as_bf16;
     let mut kernel_operands = vec![w.clone(), xin.clone(), n.clone()];
     kernel_operands.extend(rope_inputs[1..].iter().cloned());
+    kernel_operands.extend(head_norm.as_ref().map(|h| h.w.clone()));
     kernel_operands.push(out.clone());
-    Some(Rewritten::kernel(at, vec![k], desc, kernel_operands))
+    let mut covers = vec![k];
+    covers.extend(head_norm.map(|h| h.at));
+    Some(Rewritten::kernel(at, covers, desc, kernel_operands))
+}
+
+/// An `RMS_NORM_MUL` kernel normalising each head of a projection's product ahead of a ROPE.
+struct HeadNorm<'a> {
+    /// Its node.
+    at: usize,
+    /// Its input: the product, as heads [D, H, N].
+    x: &'a Tensor,
+    /// The weights of one head, f32 [D].
+    w: &'a Tensor,
+    /// The norm's eps (f32 bits).
+    eps: i32,
+}
+
+/// The `RMS_NORM_MUL` kernel (`writer`: the node of its MUL, `k`: its kernel's node) that wrote
+/// the ROPE's input `x` at node `rope`, when it normalises heads of f32 rows of x's shape by one
+/// head's weights, its result is exactly x, and nothing but the ROPE reads that result.
+fn head_norm_of<'a>(
+    nodes: &[Node],
+    rope: usize,
+    (writer, k): (usize, usize),
+    x: &Tensor,
+    planned: &impl Fn(usize) -> Planned<'a>,
+) -> Option<HeadNorm<'a>> {
+    let Planned::Kernel(desc, [hx, hw, hout]) = planned(k) else {
+        return None;
+    };
+    let f32_dense = |t: &Tensor| t.dtype == DType::F32 && t.is_contiguous();
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing);
+    let ok = desc.op == catalogue::RMS_NORM_MUL.name
+        && writer == k + 1
+        && same(hout, x)
+        && f32_dense(hx)
+        && hx.ne == x.ne
+        && f32_dense(hw)
+        && hw.ne == [x.ne[0], 1, 1, 1]
+        && !nodes[writer].is_output
+        && !read_elsewhere(nodes, x, writer, rope, runs);
+    ok.then(|| HeadNorm {
+        at: k,
+        x: hx,
+        w: hw,
+        eps: desc.op_params.first().copied().unwrap_or(0),
+    })
 }
 
 /// The fold of the `RMS_NORM_MUL_MAT_<GLU>` kernel computing h, the activations of the
@@ -854,14 +924,20 @@ pub fn merge_qkv<'a>(
     else {
         return None;
     };
+    let Some(Fused::RmsNormMulMatRope { ff, head_norm }) = Fused::of(&q_desc.op) else {
+        return None;
+    };
+    // The rotation's operands (the positions, the factors), then each one's head norm weights.
+    let rotation = |ops: &'a [Tensor]| {
+        let consts = &ops[3..ops.len() - 1];
+        consts.split_at(consts.len() - usize::from(head_norm))
+    };
+    let ((q_consts, q_norm), (k_consts, k_norm)) = (rotation(q_ops), rotation(k_ops));
     let eps = v_desc.op_params.first().copied();
     let one_rotation = q_desc.op == k_desc.op
         && q_desc.op_params == k_desc.op_params
         && q_desc.inputs[3..] == k_desc.inputs[3..]
-        && q_ops[3..q_ops.len() - 1]
-            .iter()
-            .zip(&k_ops[3..k_ops.len() - 1])
-            .all(|(a, b)| same(a, b))
+        && q_consts.iter().zip(k_consts).all(|(a, b)| same(a, b))
         && q_desc.op_params.get(11).copied() == eps;
     if !one_rotation || q_desc.output.dtype != "f32" {
         return None;
@@ -884,7 +960,7 @@ pub fn merge_qkv<'a>(
     let touches = |ts: &[&Tensor], t: &Tensor| ts.iter().any(|u| u.overlaps(t));
     // What the merged kernel reads, written in between: it would read the new values.
     let mut read: Vec<&Tensor> = vec![&q_ops[0], &k_ops[0], wv, x, n];
-    read.extend(&q_ops[3..q_ops.len() - 1]);
+    read.extend(q_consts.iter().chain(q_norm).chain(k_norm));
     let overwritten = between
         .iter()
         .any(|(_, _, w)| read.iter().any(|t| touches(w, t)));
@@ -902,16 +978,17 @@ pub fn merge_qkv<'a>(
     if overwritten || touched {
         return None;
     }
-    let Some(Fused::RmsNormMulMatRope { ff }) = Fused::of(&q_desc.op) else {
-        return None;
-    };
-    let op = Fused::RmsNormQkvRope { ff }.entry()?;
+    let op = Fused::RmsNormQkvRope { ff, head_norm }.entry()?;
     let mut inputs = vec![
         q_desc.inputs[0].clone(),
         k_desc.inputs[0].clone(),
         v_desc.inputs[0].clone(),
     ];
+    // x, n, the positions, (the factors,) (Q's head norm weights, then K's).
     inputs.extend_from_slice(&q_desc.inputs[1..]);
+    if head_norm {
+        inputs.extend(k_desc.inputs.last().cloned());
+    }
     let desc = KernelDesc {
         op: op.name.to_owned(),
         op_params: q_desc.op_params.clone(),
@@ -920,8 +997,15 @@ pub fn merge_qkv<'a>(
         extra_outputs: vec![k_rows.output.clone(), v_rows.output.clone()],
         f16_as_bf16: q_desc.f16_as_bf16 || k_rows.f16_as_bf16 || v_rows.f16_as_bf16,
     };
-    let mut operands = vec![q_ops[0].clone(), k_ops[0].clone(), wv.clone()];
-    operands.extend(q_ops[1..].iter().cloned());
+    let mut operands = vec![
+        q_ops[0].clone(),
+        k_ops[0].clone(),
+        wv.clone(),
+        x.clone(),
+        n.clone(),
+    ];
+    operands.extend(q_consts.iter().chain(q_norm).chain(k_norm).cloned());
+    operands.extend(q_ops.last().cloned());
     Some(QkvMerge {
         members,
         at,
@@ -958,7 +1042,12 @@ pub fn merge_layer<'a>(
     operands: &[Tensor],
     set_rows: [usize; 2],
 ) -> Option<LayerMerge> {
-    let Some(Fused::RmsNormQkvRope { ff }) = Fused::of(&merge.op) else {
+    // The layer kernel has no heads' norm (qwen3's layers run as the two kernels).
+    let Some(Fused::RmsNormQkvRope {
+        ff,
+        head_norm: false,
+    }) = Fused::of(&merge.op)
+    else {
         return None;
     };
     let x = operands.get(3)?;

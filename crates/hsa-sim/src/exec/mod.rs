@@ -290,12 +290,7 @@ fn normed<'a>(x: &Buf<'_>, n: &Buf<'_>, eps: i32, yt: &'a TensorDesc) -> Buf<'a>
 
 /// ggml's ROPE of the f32 product `w . y`, viewed as `out`'s [D, H, N]; `rotation` is the
 /// positions, the frequency factors (if any) and the rope's op_params.
-fn rotated_product(
-    w: &Buf<'_>,
-    y: &Buf<'_>,
-    rotation: (&Buf<'_>, Option<&Buf<'_>>, &[i32]),
-    out: &mut Buf<'_>,
-) {
+fn rotated_product(w: &Buf<'_>, y: &Buf<'_>, rotation: Rotation<'_, '_>, out: &mut Buf<'_>) {
     let f32 = crate::ops::DType::F32;
     let pt = TensorDesc::contiguous([w.t.ne[1], y.t.ne[1], 1, 1], f32);
     let mut product = Buf {
@@ -305,13 +300,34 @@ fn rotated_product(
     };
     mul_mat(w, y, &mut product);
     let rt = TensorDesc::contiguous(out.t.ne, f32);
-    let heads = Buf {
+    let mut heads = Buf {
         t: &rt,
         bytes: product.bytes,
         as_bf16: false,
     };
-    let (pos, ff, params) = rotation;
+    let Rotation {
+        pos,
+        ff,
+        params,
+        head_norm,
+    } = rotation;
+    if let Some(w) = head_norm {
+        // qwen3's per-head norm: RMS_NORM over each head's D rows, then MUL by its weights.
+        let normed_heads = normed(&heads, w, params[12], &rt);
+        heads.bytes = normed_heads.bytes;
+    }
     rope(&heads, pos, ff, params, out);
+}
+
+/// What rotates a product: the positions, the frequency factors (if any), the rope's
+/// op_params, and the weights of a norm of each head ahead of the rotation (if any; its eps
+/// is op_params[12]).
+#[derive(Clone, Copy)]
+struct Rotation<'b, 'a> {
+    pos: &'b Buf<'a>,
+    ff: Option<&'b Buf<'a>>,
+    params: &'b [i32],
+    head_norm: Option<&'b Buf<'a>>,
 }
 
 /// RMS_NORM then MUL by the weight row `n` as the two ggml nodes compute them (the norm
@@ -397,15 +413,27 @@ fn cross_entropy_loss(logits: &Buf<'_>, labels: &Buf<'_>) -> f32 {
 /// ggml's MUL_MAT with block-quantized weights: each activation row is quantized to the
 /// weights' dot-product type and multiplied with each weight row block by block (see
 /// [`quant`] for why the activations are quantized).
-/// RMS_NORM_QKV_ROPE(_FF) on `bufs` (Wq, Wk, Wv, x, n, positions[, factors]) into Q, K and
-/// V as the three kernels it replaces compute them; `op_params` its twelve.
-fn normed_qkv(bufs: &[Buf<'_>], ff: bool, op_params: &[i32], [q, k, v]: [&mut Buf<'_>; 3]) {
+/// RMS_NORM_QKV[_HEAD_NORM]_ROPE(_FF) on `bufs` (Wq, Wk, Wv, x, n, positions[, factors][, Q's
+/// and K's head norm weights]) into Q, K and V as the three kernels it replaces compute them;
+/// `op_params` its own.
+fn normed_qkv(
+    bufs: &[Buf<'_>],
+    (ff, head_norm): (bool, bool),
+    op_params: &[i32],
+    [q, k, v]: [&mut Buf<'_>; 3],
+) {
     let (x, n) = (&bufs[3], &bufs[4]);
     let yt = TensorDesc::contiguous(x.t.ne, crate::ops::DType::F32);
     let y = normed(x, n, op_params[11], &yt);
-    let rotation = (&bufs[5], ff.then(|| &bufs[6]), op_params);
-    rotated_product(&bufs[0], &y, rotation, q);
-    rotated_product(&bufs[1], &y, rotation, k);
+    let norms = 6 + usize::from(ff);
+    let rotation = |i: usize| Rotation {
+        pos: &bufs[5],
+        ff: ff.then(|| &bufs[6]),
+        params: op_params,
+        head_norm: head_norm.then(|| &bufs[norms + i]),
+    };
+    rotated_product(&bufs[0], &y, rotation(0), q);
+    rotated_product(&bufs[1], &y, rotation(1), k);
     mul_mat(&bufs[2], &y, v);
 }
 
@@ -625,20 +653,26 @@ pub unsafe fn execute(
                 Some(act) => glu_products(&bufs[0], &bufs[1], &y, act, &mut out),
             }
         }
-        Op::NormedMulMatRope { ff } => {
-            // The nodes as ggml-cpu runs them: RMS_NORM_MUL into f32, the f32 product, then the
-            // ROPE of the product viewed as the output's [D, H, N].
+        Op::NormedMulMatRope { ff, head_norm } => {
+            // The nodes as ggml-cpu runs them: RMS_NORM_MUL into f32, the f32 product, (the
+            // RMS_NORM_MUL of each head,) then the ROPE of the product viewed as the output's
+            // [D, H, N].
             let (x, n) = (&bufs[1], &bufs[2]);
             let yt = TensorDesc::contiguous(x.t.ne, crate::ops::DType::F32);
             let y = normed(x, n, desc.op_params[11], &yt);
-            let rotation = (&bufs[3], ff.then(|| &bufs[4]), &desc.op_params[..]);
+            let rotation = Rotation {
+                pos: &bufs[3],
+                ff: ff.then(|| &bufs[4]),
+                params: &desc.op_params[..],
+                head_norm: head_norm.then(|| &bufs[4 + usize::from(ff)]),
+            };
             rotated_product(&bufs[0], &y, rotation, &mut out);
         }
-        Op::NormedQkv { ff } => {
+        Op::NormedQkv { ff, head_norm } => {
             let [k, v] = extra.as_mut_slice() else {
                 return Err(format!("kernel {}: K and V outputs expected", desc.name));
             };
-            normed_qkv(&bufs, ff, &desc.op_params, [&mut out, k, v]);
+            normed_qkv(&bufs, (ff, head_norm), &desc.op_params, [&mut out, k, v]);
         }
         Op::NormedFfn(act) => {
             // The two kernels it replaces: RMS_NORM_MUL_MAT_<GLU> into h, then MUL_MAT_ADD.
@@ -701,7 +735,7 @@ pub unsafe fn execute(
                     desc.name
                 ));
             };
-            normed_qkv(&bufs, ff, &desc.op_params, [q, k_rows, v_rows]);
+            normed_qkv(&bufs, (ff, false), &desc.op_params, [q, k_rows, v_rows]);
             let b = 6 + usize::from(ff);
             // The attention reads the caches with this token's rows in them: where the rows
             // lie inside a cache view, its copy takes them.
@@ -847,7 +881,15 @@ pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
             (op, desc.decode_layer_parts(op_ff(op)))
         {
             // As the two kernels it replaces.
-            stats_of(&qkv, Op::NormedQkv { ff }).flops + stats_of(&attn, Op::AttnFfn(act)).flops
+            stats_of(
+                &qkv,
+                Op::NormedQkv {
+                    ff,
+                    head_norm: false,
+                },
+            )
+            .flops
+                + stats_of(&attn, Op::AttnFfn(act)).flops
         } else if let (Op::AttnFfn(act), [a, r1, h]) = (op, desc.extra_outputs.as_slice()) {
             // The attention as FlashAttnExt's, then the projection and the block.
             let (q, k) = (&desc.inputs[0], &desc.inputs[1]);
