@@ -728,15 +728,16 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
 /// every layer op an emulated IRON kernel on HSA0). phi3 (Q, K and V in one attn_qkv matrix,
 /// gate and up in one ffn_up, Q scaled before the attention, NeoX rotation) decodes a layer as
 /// one kernel as llama does: the rewrite table reads its fused matrices as row slices
-/// (`ops::rewrite`). qwen3 (per-head Q and K norms) decodes a layer as two: its Q, K and V with
-/// the heads' norms (RMS_NORM_QKV_HEAD_NORM_ROPE), then the attention and the block. qwen2 (Q,
-/// K and V biases) and gemma2 (norms after the attention and the block, softcaps, a sliding
-/// window) decode in more kernels, which this prints.
+/// (`ops::rewrite`). qwen3 (per-head Q and K norms) and qwen2 (Q, K and V biases) decode a
+/// layer as two: its Q, K and V with the heads' norms (RMS_NORM_QKV_HEAD_NORM_ROPE) or the
+/// biases (RMS_NORM_QKV_BIAS_ROPE), then the attention and the block. gemma2 (norms after the
+/// attention and the block, softcaps, a sliding window) decodes in more kernels, which this
+/// prints.
 #[test]
 fn tiny_families_run_every_layer_op_through_the_emulated_iron_designs() {
     for (name, layer_kernel) in [
         ("tiny-phi3-f32", Some("DECODE_LAYER_SWIGLU")),
-        ("tiny-qwen2-f32", None),
+        ("tiny-qwen2-f32", Some("RMS_NORM_QKV_BIAS_ROPE")),
         ("tiny-qwen3-f32", Some("RMS_NORM_QKV_HEAD_NORM_ROPE")),
         ("tiny-gemma2-f32", None),
     ] {

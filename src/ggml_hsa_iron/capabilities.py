@@ -49,8 +49,8 @@ def capabilities(target: str = "npu") -> dict:
         elif spec.kind == "mul_mat_add":
             # (weights, x, dst); r is f32.
             entry["type_combos"] = [list(c) for c in MUL_MAT_ADD_COMBOS]
-        elif spec.op == "RMS_NORM_MUL_MAT":
-            # (weights, x, dst); n is f32.
+        elif spec.op in ("RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_BIAS"):
+            # (weights, x, dst); n (and the bias) f32.
             entry["type_combos"] = [list(c) for c in RMS_NORM_MUL_MAT_COMBOS]
         elif spec.kind == "rms_norm_qkv_rope":
             # Per projection ("Q", "K", "V") its (weights, x, output) triples, each projection's

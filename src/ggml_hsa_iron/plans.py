@@ -216,6 +216,9 @@ class MatmulSpec:
     # RMS_NORM_MUL_MAT_ROPE(_FF): the product rotated as ggml's ROPE (GemvPlan.rope); dst is
     # then the product's [N, M] view of the request's [D, H, M] output (the same bytes).
     rope: MvRope | None = None
+    # RMS_NORM_MUL_MAT_BIAS(...): one row of N values added to every product after the norm's
+    # scale, before a rotation (qwen2's Q, K and V biases; GemvPlan.bias).
+    bias: Tensor | None = None
 
     @property
     def add(self) -> bool:
@@ -254,6 +257,8 @@ class MatmulSpec:
             r = self.rope
             consts = [t for t in (r.pos, r.ff, r.head_norm) if t is not None]
             seq[-1:-1] = [("f32", t.nelements) for t in consts]
+        if self.bias is not None:
+            seq[-1:-1] = [("f32", self.bias.nelements)]
         return seq
 
     @property
@@ -310,6 +315,10 @@ class MatmulSpec:
             )
             if r.head_norm:
                 glu.update(MV_ROPE_HEAD_NORM=1, HEAD_NORM_EPS=self.rope.head_eps)
+        if self.bias is not None:
+            glu.update(
+                MV_BIAS=1, MV_BIAS_ROUNDS=p.rounds, MV_BIAS_COLUMN_ROWS=p.rows * p.rows_per_tile
+            )
         # The GEMM's microkernel and tile shape (mm.cc and mmq.cc).
         gemm_tiles = (
             {}
@@ -1048,10 +1057,14 @@ def prepare_rms_norm_mul_mat(
     array)."""
     spec, arch = _check_common(req, strided=True)  # the input count, op_params, types
     *ws, x, n = req.inputs
+    bias = None
+    if req.op == "RMS_NORM_MUL_MAT_BIAS":
+        *ws, x, n, bias = req.inputs
     dst = req.output
     op, w = what or req.op, ws[0]
     K = w.ne[0]
-    glu = req.op[len("RMS_NORM_MUL_MAT_") :] if req.op != "RMS_NORM_MUL_MAT" else ""
+    glu = req.op[len("RMS_NORM_MUL_MAT_") :] if req.op.startswith("RMS_NORM_MUL_MAT_") else ""
+    glu = "" if glu == "BIAS" else glu
     # An f16 output (RMS_NORM_MUL_MAT only: the backend's V projection into the f16 KV cache)
     # is MUL_MAT's: summed in the core's f32 stash, scaled by s, rounded once (mv_norm.h).
     outs = ("f32",) if glu else ("f32", "f16")
@@ -1064,6 +1077,13 @@ def prepare_rms_norm_mul_mat(
         raise RequestError(f"{op}: n {list(n.ne)} is not one row of K = {K} values")
     if not n.is_dense():
         raise UnsupportedError(f"{op}: n (strides {list(n.nb)}) is strided")
+    if bias is not None and (
+        bias.dtype != "f32" or bias.ne != (w.ne[1], 1, 1, 1) or not bias.is_dense()
+    ):
+        raise UnsupportedError(
+            f"{op}: the bias ({bias.dtype} {list(bias.ne)}) must be one dense f32 row of the "
+            f"product's {w.ne[1]} values"
+        )
     f16_out = dst.dtype == "f16"
     products = _products(w, x, dst)
     if f16_out:
@@ -1103,6 +1123,7 @@ def prepare_rms_norm_mul_mat(
                 stash=f16_out,
                 norm=True,
                 rope=rope,
+                bias=bias is not None,
             )
         return plan_gemv(
             N,
@@ -1117,6 +1138,7 @@ def prepare_rms_norm_mul_mat(
             stash=f16_out,
             norm=True,
             rope=rope,
+            bias=bias is not None,
         )
 
     plan = plan_norm(rope)
@@ -1133,8 +1155,9 @@ def prepare_rms_norm_mul_mat(
             f"{op}: no tiling of {w.dtype} weights for M={M}, N={N}, K={K} on {arch.name} with "
             f"n kept on every core: K = {K} too large for the core's memory with the GEMV's "
             f"buffers ({arch.l1_budget} bytes), or beyond {MAX_TASKS_PER_CHANNEL} DMA tasks"
+            + (", in whole rounds with the bias kept" if bias is not None else "")
         )
-    return dataclasses.replace(base, request=req, plan=plan, n=n)
+    return dataclasses.replace(base, request=req, plan=plan, n=n, bias=bias)
 
 
 # ggml's ROPE op_params words ahead of RMS_NORM_MUL_MAT_ROPE(_FF)'s eps (word 11); the head
@@ -1154,11 +1177,15 @@ def prepare_rms_norm_mul_mat_rope(req: Request, columns: int | None = None) -> M
     RMS_NORM_MUL_MAT_HEAD_NORM_ROPE(_FF) (qwen3's Q and K): each head of the product is
     RMS-normalised and multiplied by the head norm's weights (the last input, f32 [D]; eps in
     word 12) before the rotation, as ggml's RMS_NORM then MUL by a row of D do. Every core's
-    rows of a round are then whole heads (RopeRows.head_norm)."""
+    rows of a round are then whole heads (RopeRows.head_norm).
+
+    RMS_NORM_MUL_MAT_BIAS_ROPE(_FF) (qwen2's Q and K): one row of M values (the last input, f32
+    [M]) added to the product before the rotation, as RMS_NORM_MUL_MAT_BIAS adds it."""
     op = req.op
     _check_common(req, strided=True)  # the input count, op_params (12 or 13 words), types
     head_norm = "_HEAD_NORM_" in op
     w, x, n, pos, *rest = req.inputs
+    bias = rest.pop() if "_BIAS_" in op else None
     hn = rest.pop() if head_norm else None
     ff = rest[0] if rest else None
     dst = req.output
@@ -1204,8 +1231,8 @@ def prepare_rms_norm_mul_mat_rope(req: Request, columns: int | None = None) -> M
     rows = RopeRows(D, n_dims, mode == 2, T, ff_words, head_norm)
     norm = dataclasses.replace(
         req,
-        op="RMS_NORM_MUL_MAT",
-        inputs=(w, x, n),
+        op="RMS_NORM_MUL_MAT" if bias is None else "RMS_NORM_MUL_MAT_BIAS",
+        inputs=(w, x, n) if bias is None else (w, x, n, bias),
         op_params=(p[ROPE_PARAMS],),
         output=Tensor.dense(dst.dtype, (M, T, 1, 1)),
     )

@@ -74,6 +74,7 @@ GEMV_FUNCTIONS = (
     "_rope_load",
     "_norm_rope_scale",
     "_norm_rope_store_f16",
+    "_bias_load",
 )
 
 # The projections: name, and the op computing it alone (its group's GEMV; RMS_NORM_QKV_ROPE_FF:
@@ -85,9 +86,12 @@ GROUP_OPS = (
 )
 
 
-def head_norms(op: str) -> int:
-    """The head norms' weights among the inputs of `op` (Q's and K's, qwen3), or 0."""
-    return 2 if "_HEAD_NORM_" in op else 0
+def own_inputs(op: str) -> int:
+    """The inputs of `op` that are one group's own, after those all share: Q's and K's head
+    norm weights (qwen3), or Q's, K's and V's biases (qwen2); 0 without."""
+    if "_HEAD_NORM_" in op:
+        return 2
+    return 3 if "_BIAS_" in op else 0
 
 
 @dataclass(frozen=True)
@@ -124,9 +128,9 @@ class QkvSpec:
         return sum(g.columns for g in self.groups)
 
     @property
-    def head_norms(self) -> int:
-        """The head norms' weights among the inputs (Q's and K's), or 0."""
-        return head_norms(self.request.op)
+    def own_inputs(self) -> int:
+        """The groups' own inputs (`own_inputs`)."""
+        return own_inputs(self.request.op)
 
     @property
     def cores(self) -> tuple[CoreSource, ...]:
@@ -139,9 +143,10 @@ class QkvSpec:
         declares it (weights moved as bytes: i8; the positions and factors f32, the words of x's
         fifo)."""
         q, k, v = (g.spec.sequence for g in self.groups)
-        # Q's GEMV's: W, x, n, the positions, (the factors,) (Q's head norm weights,) Q.
-        norms = [k[-2]] if self.head_norms else []
-        return [q[0], k[0], v[0], *q[1:-1], *norms, q[-1], k[-1], v[-1]]
+        # Q's GEMV's: W, x, n, the positions, (the factors,) (Q's head norm weights or bias,)
+        # Q; then K's (and V's) own.
+        own = [k[-2], v[-2]][: max(self.own_inputs - 1, 0)]
+        return [q[0], k[0], v[0], *q[1:-1], *own, q[-1], k[-1], v[-1]]
 
     def tasks(self) -> list[list]:
         """Per group its GEMV's DMA task groups (GemvPlan.tasks); the design issues the
@@ -183,15 +188,18 @@ def _group_request(req: Request, name: str, op: str, w: Tensor, out: Tensor) -> 
     RMS_NORM_MUL_MAT (W, x, n; eps)."""
     x, n, *consts = req.inputs[3:]
     params = list(req.op_params) + [0] * (ROPE_PARAMS + 1 - len(req.op_params))
+    own = own_inputs(req.op)
+    consts, mine = consts[: len(consts) - own], consts[len(consts) - own :]
+    mine = mine["qkv".index(name) : "qkv".index(name) + 1]
     if op == "RMS_NORM_MUL_MAT":
-        return Request(req.name, req.arch, op, (params[ROPE_PARAMS],), (w, x, n), out)
-    hn = head_norms(req.op)
-    if hn:
-        norms = consts[len(consts) - hn :]
-        consts = [*consts[: len(consts) - hn], norms["qk".index(name)]]
+        op += "_BIAS" if mine else ""  # V's bias
+        return Request(req.name, req.arch, op, (params[ROPE_PARAMS],), (w, x, n, *mine), out)
+    if "_HEAD_NORM_" in req.op:
         op = op.replace("_ROPE", "_HEAD_NORM_ROPE")
+    elif "_BIAS_" in req.op:
+        op = op.replace("_ROPE", "_BIAS_ROPE")
     op += "_FF" if req.op.endswith("_FF") else ""
-    return Request(req.name, req.arch, op, tuple(params), (w, x, n, *consts), out)
+    return Request(req.name, req.arch, op, tuple(params), (w, x, n, *consts, *mine), out)
 
 
 def _check_limits(spec: QkvSpec) -> None:
@@ -242,9 +250,8 @@ def prepare_qkv(req: Request) -> QkvSpec:
 def _group_spec(req: Request, sub: Request, columns: int, name: str) -> MatmulSpec:
     """One group's GEMV: the op computing the projection alone, planned over `columns`; its
     refusals are the request's."""
-    prepare = (
-        prepare_rms_norm_mul_mat if sub.op == "RMS_NORM_MUL_MAT" else prepare_rms_norm_mul_mat_rope
-    )
+    lone = sub.op in ("RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_BIAS")
+    prepare = prepare_rms_norm_mul_mat if lone else prepare_rms_norm_mul_mat_rope
     try:
         return prepare(sub, columns=columns)
     except (UnsupportedError, RequestError) as e:

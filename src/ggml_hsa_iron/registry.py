@@ -117,7 +117,9 @@ _NORM_MM_LIMITS = (
     "RMS_NORM then MUL by one weight row n, folded into the projection(s) reading the result: "
     "inputs the weights (MUL_MAT's src0; RMS_NORM_MUL_MAT_<glu>: W_g then W_u, as "
     "MUL_MAT_<glu>), x (f32, the norm's input, MUL_MAT's src1 layout), n (f32 [K,1,1,1], "
-    "dense); op_params[0] eps; dst f32, or for RMS_NORM_MUL_MAT f16 (summed in f32, rounded "
+    "dense), RMS_NORM_MUL_MAT_BIAS: a bias b (f32 [N], one row added to every product "
+    "after the norm's scale, qwen2's biases; whole rounds); "
+    "op_params[0] eps; dst f32, or for RMS_NORM_MUL_MAT(_BIAS) f16 (summed in f32, rounded "
     "once per value; rows of an even N starting on 32-bit words, as MUL_MAT's f16 output). "
     "out = W . (x / sqrt(mean(x^2) + eps) * n) per row of "
     "x (then the GLU). MUL_MAT's GEMV only (one GEMV per src1 row): dense M that MUL_MAT's "
@@ -132,7 +134,8 @@ _NORM_MM_ROPE_LIMITS = (
     "pos[t]), RMS_NORM_MUL_MAT_ROPE_FF: frequency factors (f32, at least n_dims/2); "
     "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE(_FF): last the head norm's weights (f32 [D]), each head "
     "RMS-normalised (eps op_params 12) and multiplied by them before its rotation, every core's "
-    "rows of a round whole heads; "
+    "rows of a round whole heads; RMS_NORM_MUL_MAT_BIAS_ROPE(_FF): last a bias (f32 [M]) added "
+    "before the rotation, in whole rounds; "
     "op_params 0..10 ROPE's (normal and NeoX modes, YaRN parameters), 11 the norm's eps; dst "
     "f32 or f16 [D,H,T,1] dense with D*H = M (f16: rounded once, as RMS_NORM_MUL_MAT's). out = "
     "rope(W . (x / sqrt(mean(x^2) + eps) * n)) per token, heads of D rows, the first n_dims "
@@ -148,7 +151,9 @@ _NORM_QKV_LIMITS = (
     "dense, the norm's input), n (f32 [K]), positions (i32, at least N), "
     "RMS_NORM_QKV_ROPE_FF: frequency factors (f32, at least n_dims/2); "
     "RMS_NORM_QKV_HEAD_NORM_ROPE(_FF): then Q's and K's head norm weights (f32 [D]), Q and K as "
-    "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE computes them; op_params as "
+    "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE computes them; RMS_NORM_QKV_BIAS_ROPE(_FF): then Q's, K's "
+    "and V's biases (f32 [Mq], [Mk], [Mv]), added as RMS_NORM_MUL_MAT_BIAS(_ROPE) adds them; "
+    "op_params as "
     "RMS_NORM_MUL_MAT_ROPE's (0..10 ROPE's, 11 eps); outputs Q f32 [D,Hq,N] (output), K f32 or "
     "f16 [D,Hk,N] and V f32 or f16 [Mv,N] (extra_outputs), dense. Q and K as "
     "RMS_NORM_MUL_MAT_ROPE computes them, V as RMS_NORM_MUL_MAT, each on its own group of the "
@@ -431,6 +436,8 @@ OPS: tuple[OpSpec, ...] = (
     # llama's attn_norm / ffn_norm (RMS_NORM, MUL by n) folded by the backend into the
     # projections reading it: inputs the weights, x, n; op_params eps (designs/mul_mat.py).
     _rms_norm_mul_mat("RMS_NORM_MUL_MAT", 3),
+    # ... plus one row of values added to the product (qwen2's V bias): inputs W, x, n, b.
+    _rms_norm_mul_mat("RMS_NORM_MUL_MAT_BIAS", 4),
     _rms_norm_mul_mat("RMS_NORM_MUL_MAT_REGLU", 4),
     _rms_norm_mul_mat("RMS_NORM_MUL_MAT_GEGLU", 4),
     _rms_norm_mul_mat("RMS_NORM_MUL_MAT_SWIGLU", 4),
@@ -444,6 +451,9 @@ OPS: tuple[OpSpec, ...] = (
     # norm's weights after the other inputs, its eps in op_params word 12.
     _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_HEAD_NORM_ROPE", 5),
     _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_HEAD_NORM_ROPE_FF", 6),
+    # The same with a bias added before the rotation (qwen2's Q and K): the bias last.
+    _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_BIAS_ROPE", 5),
+    _rms_norm_mul_mat_rope("RMS_NORM_MUL_MAT_BIAS_ROPE_FF", 6),
     # llama's Q, K and V projections in one dispatch, three outputs: inputs Wq, Wk, Wv, x, n,
     # the positions (and the frequency factors); op_params RMS_NORM_MUL_MAT_ROPE's.
     _rms_norm_qkv_rope("RMS_NORM_QKV_ROPE", 6),
@@ -451,6 +461,9 @@ OPS: tuple[OpSpec, ...] = (
     # The same with Q's and K's heads normalised (qwen3): their head norm weights last.
     _rms_norm_qkv_rope("RMS_NORM_QKV_HEAD_NORM_ROPE", 8),
     _rms_norm_qkv_rope("RMS_NORM_QKV_HEAD_NORM_ROPE_FF", 9),
+    # The same with Q's, K's and V's biases (qwen2): the three biases last.
+    _rms_norm_qkv_rope("RMS_NORM_QKV_BIAS_ROPE", 9),
+    _rms_norm_qkv_rope("RMS_NORM_QKV_BIAS_ROPE_FF", 10),
     # A feed-forward block (RMS_NORM_MUL_MAT_<glu>, then MUL_MAT_ADD of its result) in one
     # dispatch, two outputs: inputs W_g, W_u, W_d, x, n, r; op_params eps (designs/ffn.py).
     *(_rms_norm_ffn(f"RMS_NORM_FFN_{glu}") for glu in _GLU_NAMES),

@@ -746,6 +746,13 @@ class GemvPlan:
     (mv_rope.h); each core's rows of a round hold whole rotation pairs (RopeRows.rounds_ok),
     rotated at the end of the round.
 
+    `bias` (RMS_NORM_MUL_MAT[_BIAS...]'s one row of values added to every product, qwen2's Q, K
+    and V biases): behind n (and `rope`'s constants) the x channel carries, once per dispatch,
+    the column's R*nr values of every round (`bias_taps`), padded to whole x objects; each core
+    keeps its nr values of each round (mv_bias.h) and adds them after the norm's scale, before
+    a rotation. Rounds are whole (N a multiple of the block), so that a column's values of all
+    its rounds are one tap.
+
     `shared_x` (MUL_MAT's plain GEMV): x goes to every core from one shim channel (the first
     array column's second), so that W streams over every other shim channel: `columns` are
     then W channels, 2 A - 1 of them on A array columns, `rows` cores each (at most half a
@@ -772,6 +779,7 @@ class GemvPlan:
     norm: bool = False
     rope: RopeRows | None = None
     shared_x: bool = False
+    bias: bool = False
 
     @property
     def array_columns(self) -> int:
@@ -817,6 +825,26 @@ class GemvPlan:
         pad = self.rope_objects * self.k_chunk - r.words
         if pad:
             out.append(("n", Tap(0, (1, 1, 1, pad), (0, 0, 0, 1))))
+        return out
+
+    @property
+    def bias_objects(self) -> int:
+        """`bias`: x objects of the column's values (0 without)."""
+        if not self.bias:
+            return 0
+        return -(-self.rounds * self.rows * self.rows_per_tile // self.k_chunk)
+
+    def bias_taps(self, col: int) -> list[tuple[str, Tap]]:
+        """`bias`: the tasks on column col's x channel behind the rotation's constants: ("b",
+        the column's R*nr values of each round), then ("x", x's first values padding the last
+        object)."""
+        if not self.bias:
+            return []
+        cr = self.rows * self.rows_per_tile
+        out = [("b", Tap(col * cr, (1, 1, self.rounds, cr), (0, 0, self.block, 1)))]
+        pad = self.bias_objects * self.k_chunk - self.rounds * cr
+        if pad:
+            out.append(("x", Tap(0, (1, 1, 1, pad), (0, 0, 0, 1))))
         return out
 
     @property
@@ -964,10 +992,25 @@ def mv_norm_bytes(K: int, kc: int) -> int:
     return (K // kc + 1) * pad * 4 + VECTOR_ELEMS * 4 + 8
 
 
+def mv_bias_bytes(plan: GemvPlan) -> int:
+    """`bias`: a core's nr values of each round (mv_bias.h, padded to 16 f32) and two
+    counters."""
+    return -(-plan.rounds * plan.rows_per_tile // VECTOR_ELEMS) * VECTOR_ELEMS * 4 + 8
+
+
 def _norm_ok(plan: GemvPlan, products: int) -> bool:
-    """`norm`: n's task (and `rope`'s constants' tasks) fit the x channel's DMA tasks."""
-    x_tasks = products * len(plan.round_tasks()) + 1 + len(plan.rope_taps())
+    """`norm`: n's task (and `rope`'s constants' and `bias`'s tasks) fit the x channel's DMA
+    tasks."""
+    prologue = 1 + len(plan.rope_taps()) + len(plan.bias_taps(0))
+    x_tasks = products * len(plan.round_tasks()) + prologue
     return not plan.norm or x_tasks <= MAX_TASKS_PER_CHANNEL
+
+
+def _bias_ok(plan: GemvPlan, l1: int, budget: int) -> bool:
+    """`bias` (with `norm`): whole rounds, and the kept values within the core's memory."""
+    if not plan.bias:
+        return True
+    return plan.N % plan.block == 0 and l1 + mv_bias_bytes(plan) <= budget
 
 
 GEMV_ROWS = (64, 32, 16, 8, 4, 2, 1)  # rows per core (nr) the GEMV planners try
@@ -1010,6 +1053,7 @@ def plan_gemv(
     norm: bool = False,
     rope: RopeRows | None = None,
     shared_x: bool = False,
+    bias: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan for `products` matrix-vector products, or None. Any N; K
     chunks are divisors of K whose W and x runs are whole DMA words (any K for f32).
@@ -1019,7 +1063,8 @@ def plan_gemv(
     stash of nr f32 (an f16 output, rounded once per round: mv_stash.h). `norm`:
     RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes). `rope`:
     RMS_NORM_MUL_MAT_ROPE(_FF) (GemvPlan.rope, with `norm`; whole rotation pairs per core and
-    round, the core also keeps mv_rope_bytes). `shared_x`: GemvPlan.shared_x plans only."""
+    round, the core also keeps mv_rope_bytes). `shared_x`: GemvPlan.shared_x plans only.
+    `bias`: GemvPlan.bias (with `norm`: whole rounds, the core also keeps mv_bias_bytes)."""
     if (K * w_size) % DMA_WORD or (K * x_size) % DMA_WORD:
         return None
     best, best_key = None, None
@@ -1059,10 +1104,11 @@ def plan_gemv(
                     norm=norm,
                     rope=rope,
                     shared_x=shared_x,
+                    bias=bias,
                 )
                 if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
                     continue
-                if not _norm_ok(plan, products):
+                if not _norm_ok(plan, products) or not _bias_ok(plan, l1, arch.l1_budget):
                     continue
                 key = (gemv_core_cycles(plan), -columns * rows)
                 if best_key is None or key < best_key:
@@ -1148,6 +1194,7 @@ def plan_gemv_blocks(
     norm: bool = False,
     rope: RopeRows | None = None,
     shared_x: bool = False,
+    bias: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan over weights moved as bytes (`w_block` elements in
     `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results of
@@ -1159,7 +1206,7 @@ def plan_gemv_blocks(
     when src0 is strided (GemvPlan.w_row; 0: dense). `add`: MUL_MAT_ADD (GemvPlan.add).
     `norm`: RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes).
     `rope`: RMS_NORM_MUL_MAT_ROPE(_FF) (GemvPlan.rope, as plan_gemv's). `shared_x`:
-    GemvPlan.shared_x plans only."""
+    GemvPlan.shared_x plans only. `bias`: GemvPlan.bias (as plan_gemv's)."""
     # The planner reads of `products` only their count and src0 offsets modulo a DMA word;
     # the fused planners ask for the same GEMV many times (every phase of a decode layer).
     offsets = frozenset(p[0] % DMA_WORD for p in products)
@@ -1180,6 +1227,7 @@ def plan_gemv_blocks(
         norm,
         rope,
         shared_x,
+        bias,
     )
 
 
@@ -1201,6 +1249,7 @@ def _plan_gemv_blocks(
     norm,
     rope,
     shared_x,
+    bias,
 ) -> GemvPlan | None:
     if K % w_block:
         return None
@@ -1253,10 +1302,11 @@ def _plan_gemv_blocks(
                     norm,
                     rope,
                     shared_x,
+                    bias,
                 )
                 if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
                     continue
-                if not _norm_ok(plan, products):
+                if not _norm_ok(plan, products) or not _bias_ok(plan, l1, arch.l1_budget):
                     continue
                 if not all(_byte_tap_ok(w) for w in _w_taps(plan, offsets)):
                     continue

@@ -45,19 +45,22 @@ pub struct RowsProducer {
 
 /// The kernels whose result in another float type is their f32 result converted as SET_ROWS
 /// converts it (rounded to nearest even), so that writing the rows directly changes nothing:
-/// llama's K (ROPE, or RMS_NORM_MUL_MAT[_HEAD_NORM]_ROPE[_FF] when its projection, and qwen3's
-/// head norm, are folded into it) and V (MUL_MAT, or RMS_NORM_MUL_MAT when its norm is folded
-/// into it). A compiler that cannot write the type declines the retargeted kernel, and the copy
+/// llama's K (ROPE, or RMS_NORM_MUL_MAT[_BIAS|_HEAD_NORM]_ROPE[_FF] when its projection, and
+/// qwen2's bias or qwen3's head norm, are folded into it) and V (MUL_MAT, or
+/// RMS_NORM_MUL_MAT[_BIAS] when its norm is folded into it). A compiler that cannot write the type declines the retargeted kernel, and the copy
 /// runs.
-const RETARGETABLE: [&str; 8] = [
+const RETARGETABLE: [&str; 11] = [
     "ROPE",
     "ROPE_FF",
     "MUL_MAT",
     "RMS_NORM_MUL_MAT",
+    "RMS_NORM_MUL_MAT_BIAS",
     "RMS_NORM_MUL_MAT_ROPE",
     "RMS_NORM_MUL_MAT_ROPE_FF",
     "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE",
     "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE_FF",
+    "RMS_NORM_MUL_MAT_BIAS_ROPE",
+    "RMS_NORM_MUL_MAT_BIAS_ROPE_FF",
 ];
 
 impl RowScatter {
@@ -151,9 +154,11 @@ impl RowScatter {
         Some([self.src.clone(), rows])
     }
 
-    /// The node among `nodes[..at]` (`at` is this SET_ROWS) that computes the source, when its
-    /// kernel can write the destination rows instead: a ROPE or MUL_MAT kernel (`kernel_of(k)`:
-    /// node k's own kernel and operands, `None` when it runs otherwise or inside a fused kernel)
+    /// The node among `nodes[..at]` (`at` is this SET_ROWS) whose kernel computes the source,
+    /// when that kernel can write the destination rows instead: a ROPE or MUL_MAT kernel
+    /// (`kernel_of(k)`: the node of the kernel computing node k, its own or one whose result is
+    /// node k's (qwen2's biased V: its kernel at the MUL_MAT, covering the ADD), the kernel and
+    /// its operands; `None` when it runs otherwise or inside a fused kernel computing more)
     /// whose f32 output is exactly the source, which no other node reads before its memory is
     /// reused (the retargeted kernel never writes it) and the application does not read; the
     /// nodes in between (`skipped(k)`: views, which compute nothing) must not touch the
@@ -162,7 +167,7 @@ impl RowScatter {
         &self,
         nodes: &[Node],
         at: usize,
-        kernel_of: impl Fn(usize) -> Option<(&'a KernelDesc, &'a [Tensor])>,
+        kernel_of: impl Fn(usize) -> Option<(usize, &'a KernelDesc, &'a [Tensor])>,
         skipped: impl Fn(usize) -> bool,
     ) -> Option<(usize, RowsProducer)> {
         let src = &self.src;
@@ -178,7 +183,7 @@ impl RowScatter {
             && out.dtype == DType::F32
             && out.is_contiguous()
             && !nodes[j].is_output;
-        let (desc, operands) = kernel_of(j)?;
+        let (k, desc, operands) = kernel_of(j)?;
         let (output, inputs) = operands.split_last()?;
         let f32_dense = Layout::contiguous("f32", 4, desc.output.ne);
         if !exact
@@ -210,7 +215,7 @@ impl RowScatter {
         let mut kernel = desc.clone();
         kernel.output = Layout::contiguous(self.rows.dtype.name(), elem, desc.output.ne);
         Some((
-            j,
+            k,
             RowsProducer {
                 kernel,
                 inputs: inputs.to_vec(),
@@ -319,7 +324,7 @@ mod tests {
         let at = nodes.iter().position(|n| n.op == Op::SetRows).unwrap();
         let s = RowScatter::of(&nodes[at], |_| true).unwrap();
         let kernel_of = |k: usize| match &plans[k] {
-            Plan::Kernel { desc, operands } => Some((desc, operands.as_slice())),
+            Plan::Kernel { desc, operands } => Some((k, desc, operands.as_slice())),
             _ => None,
         };
         s.producer(nodes, at, kernel_of, |k| matches!(plans[k], Plan::Skip))

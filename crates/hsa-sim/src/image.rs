@@ -280,7 +280,11 @@ impl KernelDesc {
         }
         if matches!(
             op,
-            Op::MulMat | Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(_)
+            Op::MulMat
+                | Op::MulMatGlu(_)
+                | Op::MulMatAdd
+                | Op::NormedMulMat(_)
+                | Op::NormedMulMatBias
         ) {
             let x = if matches!(op, Op::MulMatGlu(_) | Op::NormedMulMat(Some(_))) {
                 2
@@ -297,16 +301,24 @@ impl KernelDesc {
             }
             // A plain product may be written in f16 or bf16 (the backend writes llama's V
             // projection straight into the f16 KV cache): the f32 result, converted once.
-            let converting = matches!(op, Op::MulMat | Op::NormedMulMat(None))
-                && matches!(
-                    self.output.ty,
-                    crate::ops::DType::F16 | crate::ops::DType::Bf16
-                );
+            let converting = matches!(
+                op,
+                Op::MulMat | Op::NormedMulMat(None) | Op::NormedMulMatBias
+            ) && matches!(
+                self.output.ty,
+                crate::ops::DType::F16 | crate::ops::DType::Bf16
+            );
             if self.output.ty != crate::ops::DType::F32 && !converting {
                 return Err(DescError::Unsupported(format!(
                     "{} output other than f32 (f16 or bf16 for MUL_MAT and RMS_NORM_MUL_MAT)",
                     self.op
                 )));
+            }
+            if op == Op::NormedMulMatBias && self.inputs[3].ne != [a[1], 1, 1, 1] {
+                return inv(format!(
+                    "{}: the bias must be one row of the product's {} values, not {:?}",
+                    self.op, a[1], self.inputs[3].ne
+                ));
             }
         } else if let Op::NormedFfn(_) = op {
             // As the two kernels it replaces: RMS_NORM_MUL_MAT_<GLU> into h, MUL_MAT_ADD of h.
@@ -392,12 +404,19 @@ impl KernelDesc {
             let (qkv, attn) = self.decode_layer_parts(ff).map_err(DescError::Invalid)?;
             qkv.validate()?;
             attn.validate()?;
-        } else if let Op::NormedQkv { ff, head_norm } = op {
-            // Each projection as the NormedMulMatRope (Q, K) or NormedMulMat (V) it replaces.
+        } else if let Op::NormedQkv {
+            ff,
+            head_norm,
+            bias,
+        } = op
+        {
+            // Each projection as the NormedMulMatRope (Q, K) or NormedMulMat[Bias] (V) it
+            // replaces.
             let [wq, wk, wv, x, n, pos, rest @ ..] = self.inputs.as_slice() else {
-                return inv(format!("{} takes 6 to 9 inputs", self.op));
+                return inv(format!("{} takes 6 to 10 inputs", self.op));
             };
-            let (consts, norms) = rest.split_at(usize::from(ff));
+            // The rotation's shared operands, then each projection's own.
+            let (consts, own) = rest.split_at(usize::from(ff));
             if self.output.ty != crate::ops::DType::F32 {
                 return Err(DescError::Unsupported(format!(
                     "{}: Q other than f32",
@@ -406,9 +425,13 @@ impl KernelDesc {
             }
             let mut part = self.clone();
             part.extra_outputs.clear();
+            let extra = match (head_norm, bias) {
+                (true, _) => "HEAD_NORM_",
+                (_, true) => "BIAS_",
+                _ => "",
+            };
             part.op = format!(
-                "RMS_NORM_MUL_MAT_{}ROPE{}",
-                if head_norm { "HEAD_NORM_" } else { "" },
+                "RMS_NORM_MUL_MAT_{extra}ROPE{}",
                 if ff { "_FF" } else { "" }
             );
             for (i, (w, out)) in [(wq, &self.output), (wk, &self.extra_outputs[0])]
@@ -416,17 +439,28 @@ impl KernelDesc {
                 .enumerate()
             {
                 part.inputs = [w, x, n, pos].into_iter().chain(consts).cloned().collect();
-                part.inputs.extend(norms.get(i).cloned());
+                part.inputs.extend(own.get(i).cloned());
                 part.output = out.clone();
                 part.validate()?;
             }
-            part.op = "RMS_NORM_MUL_MAT".into();
+            part.op = if bias {
+                "RMS_NORM_MUL_MAT_BIAS"
+            } else {
+                "RMS_NORM_MUL_MAT"
+            }
+            .into();
             part.inputs = vec![wv.clone(), x.clone(), n.clone()];
+            part.inputs.extend(own.get(2).filter(|_| bias).cloned());
             part.output = self.extra_outputs[1].clone();
             part.op_params = [0; 16];
             part.op_params[0] = self.op_params[11];
             part.validate()?;
-        } else if let Op::NormedMulMatRope { ff, head_norm } = op {
+        } else if let Op::NormedMulMatRope {
+            ff,
+            head_norm,
+            bias,
+        } = op
+        {
             let (w, x, n, pos) = (src0.ne, &self.inputs[1], &self.inputs[2], &self.inputs[3]);
             let o = self.output.ne;
             let p = |i: usize| self.op_params.get(i).copied().unwrap_or(0);
@@ -466,6 +500,18 @@ impl KernelDesc {
                     "{}: frequency factors must be f32 covering n_dims / 2",
                     self.op
                 ));
+            }
+            if bias {
+                let b = &self.inputs[4 + usize::from(ff) + usize::from(head_norm)];
+                if b.ty != f32 || b.ne != [w[1], 1, 1, 1] {
+                    return inv(format!(
+                        "{}: the bias must be f32 [{}] (one row of the product), not {} {:?}",
+                        self.op,
+                        w[1],
+                        b.ty.name(),
+                        b.ne
+                    ));
+                }
             }
             if head_norm {
                 let w = &self.inputs[4 + usize::from(ff)];

@@ -187,17 +187,25 @@ pub enum Op {
     /// `head_norm` (qwen3's per-head Q and K norms, RMS_NORM then MUL by a weight row of one
     /// head) each head of the product is normalised before the rotation: one more input, the
     /// head's weights f32 [D], and op_params[12] = that norm's eps.
+    /// With `bias` (qwen2's Q and K) one row of the product's values is added before the
+    /// rotation: the last input, f32 [M].
     NormedMulMatRope {
         ff: bool,
         head_norm: bool,
+        bias: bool,
     },
+    /// `NormedMulMat(None)` plus one row of values added to every product (qwen2's V bias):
+    /// inputs the weights, x, n, the bias f32 [M]; op_params[0] = eps.
+    NormedMulMatBias,
     /// llama's Q, K and V projections of one normalised x, fused by the backend: Q and K as
     /// `NormedMulMatRope`, V as `NormedMulMat(None)`; inputs Wq, Wk, Wv, x, n, the positions and
     /// the frequency factors if `ff`, then with `head_norm` Q's and K's head weights; outputs Q
     /// (f32), then K and V (extra outputs); op_params as `NormedMulMatRope`'s.
+    /// With `bias`, then Q's, K's and V's biases.
     NormedQkv {
         ff: bool,
         head_norm: bool,
+        bias: bool,
     },
     /// A feed-forward block, fused by the backend: `NormedMulMat(Some(act))` then `MulMatAdd`
     /// of its result; inputs Wg, Wu, Wd, x, n, r; outputs Wd . h + r, then h (the extra
@@ -349,35 +357,64 @@ impl Op {
             "RMS_NORM_MUL_MAT_ROPE" => Some(Op::NormedMulMatRope {
                 ff: false,
                 head_norm: false,
+                bias: false,
             }),
             "RMS_NORM_MUL_MAT_ROPE_FF" => Some(Op::NormedMulMatRope {
                 ff: true,
                 head_norm: false,
+                bias: false,
             }),
             "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE" => Some(Op::NormedMulMatRope {
                 ff: false,
                 head_norm: true,
+                bias: false,
             }),
             "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE_FF" => Some(Op::NormedMulMatRope {
                 ff: true,
                 head_norm: true,
+                bias: false,
+            }),
+            "RMS_NORM_MUL_MAT_BIAS_ROPE" => Some(Op::NormedMulMatRope {
+                ff: false,
+                head_norm: false,
+                bias: true,
+            }),
+            "RMS_NORM_MUL_MAT_BIAS_ROPE_FF" => Some(Op::NormedMulMatRope {
+                ff: true,
+                head_norm: false,
+                bias: true,
             }),
             "RMS_NORM_QKV_ROPE" => Some(Op::NormedQkv {
                 ff: false,
                 head_norm: false,
+                bias: false,
             }),
             "RMS_NORM_QKV_ROPE_FF" => Some(Op::NormedQkv {
                 ff: true,
                 head_norm: false,
+                bias: false,
             }),
             "RMS_NORM_QKV_HEAD_NORM_ROPE" => Some(Op::NormedQkv {
                 ff: false,
                 head_norm: true,
+                bias: false,
             }),
             "RMS_NORM_QKV_HEAD_NORM_ROPE_FF" => Some(Op::NormedQkv {
                 ff: true,
                 head_norm: true,
+                bias: false,
             }),
+            "RMS_NORM_QKV_BIAS_ROPE" => Some(Op::NormedQkv {
+                ff: false,
+                head_norm: false,
+                bias: true,
+            }),
+            "RMS_NORM_QKV_BIAS_ROPE_FF" => Some(Op::NormedQkv {
+                ff: true,
+                head_norm: false,
+                bias: true,
+            }),
+            "RMS_NORM_MUL_MAT_BIAS" => Some(Op::NormedMulMatBias),
             "RMS_NORM_FFN_REGLU" => Some(Op::NormedFfn(UnaryOp::Relu)),
             "RMS_NORM_FFN_GEGLU" => Some(Op::NormedFfn(UnaryOp::Gelu)),
             "RMS_NORM_FFN_SWIGLU" => Some(Op::NormedFfn(UnaryOp::Silu)),
@@ -456,8 +493,17 @@ impl Op {
             Op::Rope { ff } => 2 + usize::from(ff),
             Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(None) => 3,
             Op::NormedMulMat(Some(_)) => 4,
-            Op::NormedMulMatRope { ff, head_norm } => 4 + usize::from(ff) + usize::from(head_norm),
-            Op::NormedQkv { ff, head_norm } => 6 + usize::from(ff) + 2 * usize::from(head_norm),
+            Op::NormedMulMatBias => 4,
+            Op::NormedMulMatRope {
+                ff,
+                head_norm,
+                bias,
+            } => 4 + usize::from(ff) + usize::from(head_norm) + usize::from(bias),
+            Op::NormedQkv {
+                ff,
+                head_norm,
+                bias,
+            } => 6 + usize::from(ff) + 2 * usize::from(head_norm) + 3 * usize::from(bias),
             Op::NormedFfn(_) => 6,
             Op::ProjectedFfn(_) => 7,
             Op::AttnFfn(_) => 10,
@@ -511,10 +557,15 @@ impl Op {
             "RMS_NORM_MUL_MAT_ROPE_FF",
             "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE",
             "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE_FF",
+            "RMS_NORM_MUL_MAT_BIAS",
+            "RMS_NORM_MUL_MAT_BIAS_ROPE",
+            "RMS_NORM_MUL_MAT_BIAS_ROPE_FF",
             "RMS_NORM_QKV_ROPE",
             "RMS_NORM_QKV_ROPE_FF",
             "RMS_NORM_QKV_HEAD_NORM_ROPE",
             "RMS_NORM_QKV_HEAD_NORM_ROPE_FF",
+            "RMS_NORM_QKV_BIAS_ROPE",
+            "RMS_NORM_QKV_BIAS_ROPE_FF",
             "RMS_NORM_FFN_REGLU",
             "RMS_NORM_FFN_GEGLU",
             "RMS_NORM_FFN_SWIGLU",
@@ -609,9 +660,11 @@ impl Op {
     /// Whether operand `i` is a MUL_MAT's weights (f32/f16/bf16 or ggml's quantized blocks).
     pub fn is_weight(self, i: usize) -> bool {
         match self {
-            Op::MulMat | Op::MulMatAdd | Op::NormedMulMat(None) | Op::NormedMulMatRope { .. } => {
-                i == 0
-            }
+            Op::MulMat
+            | Op::MulMatAdd
+            | Op::NormedMulMat(None)
+            | Op::NormedMulMatBias
+            | Op::NormedMulMatRope { .. } => i == 0,
             Op::MulMatGlu(_) | Op::NormedMulMat(Some(_)) => i < 2,
             Op::NormedQkv { .. } | Op::NormedFfn(_) => i < 3,
             Op::ProjectedFfn(_) => matches!(i, 0 | 3 | 4 | 5),
@@ -650,6 +703,7 @@ impl Op {
             // The products, and the norm of x's row (3 per element of it) spread over the row's
             // outputs: counted as one more operation per output.
             Op::NormedMulMat(None) => 2 * k + 1,
+            Op::NormedMulMatBias => 2 * k + 2,
             Op::NormedMulMat(Some(_)) => 4 * k + 10,
             // The product's, then the rotation's.
             Op::NormedMulMatRope { .. } => 2 * k + 1 + 6,
@@ -693,9 +747,10 @@ impl Op {
             Op::MulMatGlu(_) => "unused; inputs[0] = gate weights, inputs[1] = up weights (one type and shape: MUL_MAT's inputs[0]), inputs[2] = activations (MUL_MAT's inputs[1]), output f32 [M, N, ...] = act(gate . x) * (up . x)",
             Op::MulMatAdd => "unused; inputs[0] = weights, inputs[1] = activations (MUL_MAT's inputs), inputs[2] = r f32, repeated over the product; output f32 [M, N, ...] = w . x + r",
             Op::NormedMulMat(None) => "op_params[0] = eps (f32 bit pattern); inputs[0] = weights (MUL_MAT's inputs[0]), inputs[1] = x f32 [K, N, ...] (not normalised), inputs[2] = n f32 [K]; output f32 [M, N, ...] = w . (rms_norm(x) * n)",
+            Op::NormedMulMatBias => "op_params[0] = eps (f32 bit pattern); inputs[0] = weights (MUL_MAT's inputs[0]), inputs[1] = x f32 [K, N, ...] (not normalised), inputs[2] = n f32 [K], inputs[3] = b f32 [M]; output f32/f16/bf16 [M, N, ...] = w . (rms_norm(x) * n) + b (qwen2's V and its bias)",
             Op::NormedMulMat(Some(_)) => "op_params[0] = eps (f32 bit pattern); inputs[0] = gate weights, inputs[1] = up weights, inputs[2] = x f32 [K, N, ...] (not normalised), inputs[3] = n f32 [K]; output f32 [M, N, ...] = act(gate . y) * (up . y), y = rms_norm(x) * n",
-            Op::NormedMulMatRope { .. } => "op_params[0..=10] = ggml's rope op_params (as ROPE's), op_params[11] = eps (f32 bit pattern); inputs[0] = weights [K, M] (MUL_MAT's inputs[0]), inputs[1] = x f32 [K, N] (not normalised), inputs[2] = n f32 [K], inputs[3] = positions i32 [>= N], [inputs[4] = frequency factors f32 [>= n_dims / 2]]; output f32/f16/bf16 [D, H, N] with D * H = M: rope(w . (rms_norm(x) * n)) with the product viewed as [D, H, N]; RMS_NORM_MUL_MAT_HEAD_NORM_ROPE(_FF): one more input, the head norm's weights f32 [D] (after the factors), and op_params[12] = its eps: each head of the product RMS-normalised and multiplied by them before the rotation (qwen3's Q and K norms)",
-            Op::NormedQkv { .. } => "op_params as RMS_NORM_MUL_MAT_ROPE's; inputs[0..3] = Wq [K, Mq], Wk [K, Mk], Wv [K, Mv] (each its own type, as llama.cpp's Q4_K_M mixes q4_K and q6_K), inputs[3] = x f32 [K, N] (not normalised), inputs[4] = n f32 [K], inputs[5] = positions i32 [>= N], [inputs[6] = frequency factors f32]; output Q f32 [D, Hq, N] = rope(Wq . y), extra outputs K f32/f16/bf16 [D, Hk, N] = rope(Wk . y) and V f32/f16/bf16 [Mv, N] = Wv . y, y = rms_norm(x) * n; RMS_NORM_QKV_HEAD_NORM_ROPE(_FF): then Q's and K's head norm weights f32 [D], Q and K as RMS_NORM_MUL_MAT_HEAD_NORM_ROPE computes them",
+            Op::NormedMulMatRope { .. } => "op_params[0..=10] = ggml's rope op_params (as ROPE's), op_params[11] = eps (f32 bit pattern); inputs[0] = weights [K, M] (MUL_MAT's inputs[0]), inputs[1] = x f32 [K, N] (not normalised), inputs[2] = n f32 [K], inputs[3] = positions i32 [>= N], [inputs[4] = frequency factors f32 [>= n_dims / 2]]; output f32/f16/bf16 [D, H, N] with D * H = M: rope(w . (rms_norm(x) * n)) with the product viewed as [D, H, N]; RMS_NORM_MUL_MAT_HEAD_NORM_ROPE(_FF): one more input, the head norm's weights f32 [D] (after the factors), and op_params[12] = its eps: each head of the product RMS-normalised and multiplied by them before the rotation (qwen3's Q and K norms); RMS_NORM_MUL_MAT_BIAS_ROPE(_FF): the last input a bias f32 [M] added to the product before the rotation (qwen2)",
+            Op::NormedQkv { .. } => "op_params as RMS_NORM_MUL_MAT_ROPE's; inputs[0..3] = Wq [K, Mq], Wk [K, Mk], Wv [K, Mv] (each its own type, as llama.cpp's Q4_K_M mixes q4_K and q6_K), inputs[3] = x f32 [K, N] (not normalised), inputs[4] = n f32 [K], inputs[5] = positions i32 [>= N], [inputs[6] = frequency factors f32]; output Q f32 [D, Hq, N] = rope(Wq . y), extra outputs K f32/f16/bf16 [D, Hk, N] = rope(Wk . y) and V f32/f16/bf16 [Mv, N] = Wv . y, y = rms_norm(x) * n; RMS_NORM_QKV_HEAD_NORM_ROPE(_FF): then Q's and K's head norm weights f32 [D], Q and K as RMS_NORM_MUL_MAT_HEAD_NORM_ROPE computes them; RMS_NORM_QKV_BIAS_ROPE(_FF): then Q's, K's and V's biases f32 [Mq], [Mk], [Mv], added before the rotation (qwen2)",
             Op::NormedFfn(_) => "op_params[0] = eps (f32 bit pattern); inputs[0..3] = Wg, Wu [K, F] and Wd [F, K] (one type), inputs[3] = x f32 [K, N] (not normalised), inputs[4] = n f32 [K], inputs[5] = r f32 (repeated over the output); output f32 [K, N] = Wd . h + r, extra output h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(x) * n",
             Op::ProjectedFfn(_) => "op_params[0] = eps (f32 bit pattern); inputs[0] = Wo [Ka, K], inputs[1] = a f32 [Ka, N] (the attention output), inputs[2] = r0 f32 (repeated over [K, N]), inputs[3..6] = Wg, Wu [K, F] and Wd [F, K] (the four weights of one type), inputs[6] = n f32 [K]; output f32 [K, N] = Wd . h + r1, extra outputs r1 f32 [K, N] = Wo . a + r0 and h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n",
             Op::AttnFfn(_) => "op_params[0..3] = FLASH_ATTN_EXT's scale, max_bias, logit_softcap, op_params[3] = eps (f32 bit patterns); inputs[0..4] = q, k, v, mask as FLASH_ATTN_EXT_MASK's, inputs[4] = Wo [Ka, K] (Ka = Dv * n_head), inputs[5] = r0 f32 (repeated over [K, N]), inputs[6..9] = Wg, Wu [K, F] and Wd [F, K] (the four weights of one type), inputs[9] = n f32 [K]; output f32 [K, N] = Wd . h + r1, extra outputs a f32 [Dv, n_head, n_q, n_seq] = the attention, r1 f32 [K, N] = Wo . a + r0 (a viewed as [Ka, N]) and h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n",

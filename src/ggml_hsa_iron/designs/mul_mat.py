@@ -384,6 +384,9 @@ def _gemv_group(spec, col0=0, suffix="", core=None):
     if rope and not spec.f16_out:
         norm = (norm[0], kern("_norm_rope_scale", [y_tile, np.int32]))
     rope_load = kern("_rope_load", [x_tile]) if rope else None
+    # RMS_NORM_MUL_MAT_BIAS(...): the core's values of the bias kept behind the constants
+    # (mv_bias.h, given its first row in a round's column block); the scale adds them.
+    bias_load = kern("_bias_load", [x_tile, np.int32]) if spec.bias is not None else None
 
     def core_fn(
         of_w,
@@ -397,11 +400,15 @@ def _gemv_group(spec, col0=0, suffix="", core=None):
         scale_fn=None,
         rope_fn=None,
         row0=0,
+        bias_fn=None,
+        bias_row=0,
     ):
         if load_fn is not None:
             _norm_prologue(of_x, load_fn, k_steps)
         if rope_fn is not None:
             _norm_prologue(of_x, rope_fn, p.rope_objects)
+        if bias_fn is not None:
+            _bias_prologue(of_x, bias_fn, bias_row, p.bias_objects)
         for _ in range_(rounds):
             y = of_y.acquire(1)
             zero_fn(y)
@@ -415,12 +422,24 @@ def _gemv_group(spec, col0=0, suffix="", core=None):
             of_y.release(1)
 
     def core_fn_f16(
-        of_w, of_x, of_y, zero_fn, stash_fn, store_fn, load_fn=None, rope_fn=None, row0=0
+        of_w,
+        of_x,
+        of_y,
+        zero_fn,
+        stash_fn,
+        store_fn,
+        load_fn=None,
+        rope_fn=None,
+        row0=0,
+        bias_fn=None,
+        bias_row=0,
     ):
         if load_fn is not None:
             _norm_prologue(of_x, load_fn, k_steps)
         if rope_fn is not None:
             _norm_prologue(of_x, rope_fn, p.rope_objects)
+        if bias_fn is not None:
+            _bias_prologue(of_x, bias_fn, bias_row, p.bias_objects)
         for _ in range_(rounds):
             zero_fn()
             _k_chunks(of_w, of_x, k_steps, stash_fn)
@@ -433,30 +452,37 @@ def _gemv_group(spec, col0=0, suffix="", core=None):
 
     def core_args(col, i):
         # The core's first row in a round (RMS_NORM_MUL_MAT_ROPE: its rows' heads).
-        rotation = [rope_load, (col * p.rows + i) * nr] if rope else []
+        rotation = [rope_load, (col * p.rows + i) * nr] if rope else [None, 0]
+        # Its first row within the column's block of a round (the bias values it keeps).
+        bias = [bias_load, i * nr] if bias_load is not None else []
         if add is not None:
             return [*kernels, add, i * nr]
         if norm and spec.f16_out:
-            return [*kernels, *norm, *rotation]  # the load; the store scales
+            return [*kernels, *norm, *rotation, *bias]  # the load; the store scales
         if norm:
-            return [*kernels, None, 0, *norm, *rotation]
+            return [*kernels, None, 0, *norm, *rotation, *bias]
         return kernels
 
     body = core_fn_f16 if spec.f16_out else core_fn
     return _gemv_columns(spec, body, core_args, col0)
 
 
-def _gemv_fill(spec, hs, group, tg, W, X, Y, prologue=()):
+def _gemv_fill(spec, hs, group, tg, W, X, Y, prologue=(), bias=None):
     """One task group of `spec`'s GEMV (`GemvPlan.tasks`): per column (its W, x and y
     endpoints in `hs`, as `_gemv_group` returns them) the W fill of a run of rounds, the
     `prologue` fills on the x channel ((buffer, elements, Tap): RMS_NORM_MUL_MAT's n ahead of
-    the first x row, `_norm_prologue_fills`), the x row's fill and the y drain."""
+    the first x row, `_norm_prologue_fills`), the column's values of `bias` (the bias's
+    runtime buffer, in the first group only: GemvPlan.bias_taps), the x row's fill and the y
+    drain."""
     totals = [count for _, count in spec.sequence]
     for col, (w, x, y) in enumerate(group):
         hw, hx, hy = _column_handles(spec.plan, hs, col)
         hw.fill(W, tap=_tap(totals[0], w), group=tg)
         if hx is not None:
             for buf, total, tap in prologue:
+                hx.fill(buf, tap=_tap(total, tap), group=tg)
+            for name, tap in spec.plan.bias_taps(col) if bias is not None else ():
+                buf, total = (bias, totals[-2]) if name == "b" else (X, totals[1])
                 hx.fill(buf, tap=_tap(total, tap), group=tg)
             hx.fill(X, tap=_tap(totals[1], x), group=tg)
         hy.drain(Y, tap=_tap(totals[-1], y), group=tg, wait=True)
@@ -546,22 +572,26 @@ def _gemv(spec):
     workers, handles = _gemv_group(spec)
     groups = spec.tasks()
 
-    def sequence(W, X, Y, *hs, Nbuf=None, consts=()):
+    def sequence(W, X, Y, *hs, Nbuf=None, consts=(), bias=None):
         # Task groups from GemvPlan.tasks: per column the W (src0), x (src1 row) and y
         # (dst row) access patterns of a run of rounds of one matrix-vector product;
-        # RMS_NORM_MUL_MAT: n (RMS_NORM_MUL_MAT_ROPE(_FF): and the rotation's constants)
-        # ahead of the first x row.
+        # RMS_NORM_MUL_MAT: n (RMS_NORM_MUL_MAT_ROPE(_FF): and the rotation's constants;
+        # RMS_NORM_MUL_MAT_BIAS(...): and the column's bias values) ahead of the first x row.
         for g, group in enumerate(groups):
             tg = TaskGroup()
             first = _norm_prologue_fills(spec, Nbuf, consts) if Nbuf is not None and g == 0 else ()
-            _gemv_fill(spec, hs, group, tg, W, X, Y, first)
+            _gemv_fill(spec, hs, group, tg, W, X, Y, first, bias if g == 0 else None)
             tg.finish()
 
-    n_consts = len(seq_types) - 4  # RMS_NORM_MUL_MAT_ROPE(_FF): the positions, (the factors)
+    # RMS_NORM_MUL_MAT_ROPE(_FF): the positions, (the factors,) (the head norm's weights);
+    # RMS_NORM_MUL_MAT_BIAS(...): then the bias.
+    n_consts = len(seq_types) - 4
 
     def sequence_norm(W, X, Nbuf, *rest):
         consts, Y, hs = rest[:n_consts], rest[n_consts], rest[n_consts + 1 :]
-        sequence(W, X, Y, *hs, Nbuf=Nbuf, consts=consts)
+        bias = consts[-1] if spec.bias is not None else None
+        consts = consts[:-1] if spec.bias is not None else consts
+        sequence(W, X, Y, *hs, Nbuf=Nbuf, consts=consts, bias=bias)
 
     def sequence_add(W, X, Rbuf, Y, *hs):
         # GemvPlan.tasks with `add` (`_add_fill`): per round on the x channel the x row's K
@@ -597,18 +627,22 @@ def _qkv(spec):
         # GEMV in one task group: all the columns' weights stream at once.
         W, (X, Nbuf), Y = args[:3], args[3:5], args[n_args - 3 : n_args]
         consts = args[5 : n_args - 3]  # the positions, (the factors,) (the head norms)
-        n_shared = len(consts) - spec.head_norms
-        shared, norms = consts[:n_shared], consts[n_shared:]
-        group_consts = [(*shared, *norms[j : j + 1]) for j in range(len(spec.groups))]
+        # The constants all rotations share, then each group's own (Q's and K's head norm
+        # weights, or Q's, K's and V's biases).
+        n_shared = len(consts) - spec.own_inputs
+        shared, own = consts[:n_shared], consts[n_shared:]
         hs = args[n_args:]
         for i in range(max(len(t) for t in tasks)):
             tg = TaskGroup()
             for j, g in enumerate(spec.groups):
                 if i < len(tasks[j]):
                     gh = hs[spans[j][0] : spans[j][1]]
-                    c = group_consts[j]
+                    mine = own[j : j + 1]
+                    bias = mine[0] if g.spec.bias is not None else None
+                    c = shared if bias is not None else (*shared, *mine)
                     prologue = _norm_prologue_fills(g.spec, Nbuf, c) if i == 0 else ()
-                    _gemv_fill(g.spec, gh, tasks[j][i], tg, W[j], X, Y[j], prologue)
+                    b = bias if i == 0 else None
+                    _gemv_fill(g.spec, gh, tasks[j][i], tg, W[j], X, Y[j], prologue, b)
             tg.finish()
 
     rt = Runtime(sequence, [*seq_types, *handles])
@@ -632,6 +666,15 @@ def _norm_prologue(of_x, load_fn, k_steps):
     for _ in range_(k_steps):
         n = of_x.acquire(1)
         load_fn(n)
+        of_x.release(1)
+
+
+def _bias_prologue(of_x, load_fn, row, objects):
+    """Once per dispatch, behind the constants: the column's bias values of every round, of
+    which the core keeps its own (`row`: its first row in the column's block of a round)."""
+    for _ in range_(objects):
+        b = of_x.acquire(1)
+        load_fn(b, row)
         of_x.release(1)
 
 
@@ -842,4 +885,32 @@ def ggml_op_rms_norm_qkv_head_norm_rope(spec):
 def ggml_op_rms_norm_qkv_head_norm_rope_ff(spec):
     """RMS_NORM_QKV_HEAD_NORM_ROPE_FF: as RMS_NORM_QKV_HEAD_NORM_ROPE with ROPE_FF's frequency
     factors."""
+    return _qkv(spec)
+
+
+def ggml_op_rms_norm_mul_mat_bias(spec):
+    """RMS_NORM_MUL_MAT_BIAS: W . (rms_norm(x) * n) + b, the bias kept by the cores and added
+    after the norm's scale (qwen2's V; see the module docstring)."""
+    return _gemv(spec)
+
+
+def ggml_op_rms_norm_mul_mat_bias_rope(spec):
+    """RMS_NORM_MUL_MAT_BIAS_ROPE: as RMS_NORM_MUL_MAT_ROPE, the bias added before the
+    rotation (qwen2's Q and K)."""
+    return _gemv(spec)
+
+
+def ggml_op_rms_norm_mul_mat_bias_rope_ff(spec):
+    """RMS_NORM_MUL_MAT_BIAS_ROPE_FF: as RMS_NORM_MUL_MAT_BIAS_ROPE with ROPE_FF's frequency
+    factors."""
+    return _gemv(spec)
+
+
+def ggml_op_rms_norm_qkv_bias_rope(spec):
+    """RMS_NORM_QKV_BIAS_ROPE: as RMS_NORM_QKV_ROPE, Q, K and V with their biases (qwen2)."""
+    return _qkv(spec)
+
+
+def ggml_op_rms_norm_qkv_bias_rope_ff(spec):
+    """RMS_NORM_QKV_BIAS_ROPE_FF: as RMS_NORM_QKV_BIAS_ROPE with ROPE_FF's frequency factors."""
     return _qkv(spec)

@@ -107,12 +107,19 @@ static inline vf norm_s_of(uint32_t eps_bits) {
 
 static inline vf norm_s() { return norm_s_of((uint32_t)OP_P0); }
 
+#if MV_BIAS && MV_GLU
+#error "a bias is added to a projection's rows, not a GLU's"
+#endif
+
 #if !MV_OUT_F16
 void GGML_MV_NORM_SCALE(float *y) {
   const vf s = norm_s();
   norm_scale_rows(y, s);
 #if MV_GLU
   norm_scale_rows(g_stash, s);
+#endif
+#if MV_BIAS
+  bias_rows(y);
 #endif
 }
 #endif
@@ -130,6 +137,9 @@ void GGML_MV_NORM_STASH(GGML_MV_W_T *w, float *x) { accumulate(w, norm_chunk(x),
 // The f32 sums are scaled first, so the one rounding to f16 is of s * (W . (x * n)).
 void GGML_MV_NORM_STORE_F16(uint16_t *y) {
   norm_scale_rows(g_stash, norm_s());
+#if MV_BIAS
+  bias_rows(g_stash);
+#endif
   GGML_MV_STORE_F16(y);
 }
 #endif

@@ -119,6 +119,9 @@ void GGML_MV_ROPE_LOAD(float *c) {
 #if !MV_OUT_F16
 void GGML_MV_NORM_ROPE_SCALE(float *y, int32_t offset) {
   norm_scale_rows(y, norm_s());
+#if MV_BIAS
+  bias_rows(y);
+#endif
   set_ggml_rounding();
   rope_rows(y, offset);
 }
@@ -127,6 +130,9 @@ void GGML_MV_NORM_ROPE_SCALE(float *y, int32_t offset) {
 // value.
 void GGML_MV_NORM_ROPE_STORE_F16(uint16_t *y, int32_t offset) {
   norm_scale_rows(g_stash, norm_s());
+#if MV_BIAS
+  bias_rows(g_stash);
+#endif
   set_ggml_rounding();
   rope_rows(g_stash, offset);
   GGML_MV_STORE_F16(y);

@@ -199,6 +199,11 @@ void ggml_mvq(int8_t *w, float *x, float *y) { accumulate(w, x, y); }
 #endif
 
 #if MV_NORM
+#if MV_BIAS
+// RMS_NORM_MUL_MAT_BIAS(...): see mv_bias.h (its epilogue runs in mv_norm.h's and mv_rope.h's).
+#define GGML_MV_BIAS_LOAD ggml_mvq_bias_load
+#include "mv_bias.h"
+#endif
 // RMS_NORM_MUL_MAT(_<glu>): see mv_norm.h.
 #define GGML_MV_NORM_LOAD ggml_mvq_norm_load
 #define GGML_MV_NORM_ZERO ggml_mvq_norm_zero

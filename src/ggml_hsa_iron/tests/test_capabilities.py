@@ -68,14 +68,18 @@ def row_request(op: str, dtype: str, arch: str) -> str:
 GLU = ["REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"]
 # The backend's fusion of MUL_MAT(W_g, x), MUL_MAT(W_u, x) and their split GLU.
 MM_GLU = [f"MUL_MAT_{op}" for op in GLU]
-NORM_MM = ["RMS_NORM_MUL_MAT"] + [f"RMS_NORM_MUL_MAT_{op}" for op in GLU]
+NORM_MM = ["RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_BIAS"] + [f"RMS_NORM_MUL_MAT_{op}" for op in GLU]
+# The projections that take f16 outputs (the V projection into the KV cache; with qwen2's bias).
+NORM_MM_V = ("RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_BIAS")
 # The Q and K projections with the norm folded in and their ROPE (positions i32, 12 op_params;
-# with qwen3's heads' norm, its weights and eps: 13).
+# with qwen3's heads' norm, its weights and eps: 13; with qwen2's bias, the bias).
 NORM_MM_ROPE = [
     "RMS_NORM_MUL_MAT_ROPE",
     "RMS_NORM_MUL_MAT_ROPE_FF",
     "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE",
     "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE_FF",
+    "RMS_NORM_MUL_MAT_BIAS_ROPE",
+    "RMS_NORM_MUL_MAT_BIAS_ROPE_FF",
 ]
 # Q, K and V of one normalised x in one kernel (three outputs; the inputs of both above).
 NORM_QKV = [
@@ -83,6 +87,8 @@ NORM_QKV = [
     "RMS_NORM_QKV_ROPE_FF",
     "RMS_NORM_QKV_HEAD_NORM_ROPE",
     "RMS_NORM_QKV_HEAD_NORM_ROPE_FF",
+    "RMS_NORM_QKV_BIAS_ROPE",
+    "RMS_NORM_QKV_BIAS_ROPE_FF",
 ]
 # A feed-forward block in one kernel (RMS_NORM_MUL_MAT_<glu>, then MUL_MAT_ADD; two outputs).
 NORM_FFN = [f"RMS_NORM_FFN_{op}" for op in GLU]
@@ -112,6 +118,8 @@ def qkv_request(op: str, q, k, v, arch: str = "aie2p") -> str:
     if "_HEAD_NORM_" in op:
         ins += [tensor("f32", [16])] * 2
         params.append(0x358637BD)  # eps 1e-6
+    if "_BIAS_" in op:
+        ins += [tensor("f32", [m]) for m in (64, 32, 32)]
     outs = [tensor(q[2], [16, 4, 1]), tensor(k[2], [16, 2, 1]), tensor(v[2], [32, 1])]
     return request_json(op, ins, outs[0], arch=arch, op_params=params, extra_outputs=outs[1:])
 
@@ -245,18 +253,18 @@ class CapabilitiesTest(unittest.TestCase):
             o["type_combos"],
             [list(c) for c in registry.MUL_MAT_COMBOS if c[1:] == ("f32", "f32")],
         )
-        for op in NORM_MM:  # the weights, (the up weights,) x, n; eps
+        for op in NORM_MM:  # the weights, (the up weights,) x, n, (the bias); eps
             o = ops[op]
             want = (3 if op == "RMS_NORM_MUL_MAT" else 4, True, True, "mul_mat.py")
             got = (o["inputs"], o["broadcast"], o["noncontiguous"], o["kernel_source"])
             self.assertEqual(got, want, op)
             want = ops["MUL_MAT_ADD"]["type_combos"]
-            if op == "RMS_NORM_MUL_MAT":
+            if op in NORM_MM_V:
                 # ... and MUL_MAT's f16 outputs of f32 x (the V projection into the KV cache).
                 want = want + [c for c in ops["MUL_MAT"]["type_combos"] if c[1:] == ["f32", "f16"]]
             self.assertEqual(o["type_combos"], want, op)
         # W, x, n, the positions (, the frequency factors); ROPE's 11 words and eps.
-        for op, n in zip(NORM_MM_ROPE, (4, 5, 5, 6)):
+        for op, n in zip(NORM_MM_ROPE, (4, 5, 5, 6, 5, 6)):
             o = ops[op]
             got = (o["inputs"], o["broadcast"], o["noncontiguous"], o["kernel_source"])
             self.assertEqual(got, (n, True, True, "mul_mat.py"), op)
@@ -268,7 +276,7 @@ class CapabilitiesTest(unittest.TestCase):
         )
         # Wq, Wk, Wv, x, n, the positions (, the frequency factors); RMS_NORM_MUL_MAT_ROPE's
         # words; Q, then K and V (ops of several outputs: these and RMS_NORM_FFN_<glu>).
-        for op, n in zip(NORM_QKV, (6, 7, 8, 9)):
+        for op, n in zip(NORM_QKV, (6, 7, 8, 9, 9, 10)):
             o = ops[op]
             got = (o["inputs"], o["outputs"], o["broadcast"], o["noncontiguous"])
             self.assertEqual(got, (n, 3, True, True), op)
@@ -452,17 +460,18 @@ class CapabilitiesTest(unittest.TestCase):
                             # The weights of the type; x, n and the output f32.
                             combos = (
                                 registry.RMS_NORM_MUL_MAT_COMBOS
-                                if spec.op == "RMS_NORM_MUL_MAT"
+                                if spec.op in NORM_MM_V
                                 else registry.RMS_NORM_MUL_MAT_GLU_COMBOS
                             )
                             combos = [c for c in combos if dtype in c]
                             self.assertTrue(combos)
                             s0, s1, d = combos[0]
                             w = tensor(s0, [256, 64])
-                            ws = [w] if spec.op == "RMS_NORM_MUL_MAT" else [w, w]
+                            ws = [w] if spec.op in NORM_MM_V else [w, w]
+                            bias = [tensor("f32", [64])] if spec.op.endswith("_BIAS") else []
                             req = request_json(
                                 spec.op,
-                                ws + [tensor(s1, [256, 2]), tensor("f32", [256])],
+                                ws + [tensor(s1, [256, 2]), tensor("f32", [256])] + bias,
                                 tensor(d, [64, 2]),
                                 arch=arch,
                                 op_params=[0x3727C5AC],  # eps 1e-5
@@ -483,6 +492,8 @@ class CapabilitiesTest(unittest.TestCase):
                             if "_HEAD_NORM_" in spec.op:
                                 ins.append(tensor("f32", [16]))
                                 params.append(0x358637BD)  # the heads' eps, 1e-6
+                            if "_BIAS_" in spec.op:
+                                ins.append(tensor("f32", [64]))
                             req = request_json(
                                 spec.op, ins, tensor(d, [16, 4, 1]), arch=arch, op_params=params
                             )

@@ -87,18 +87,31 @@ def weight_types(ty) -> tuple[str, str, str]:
 
 
 def qkv_tensors(
-    ty, K, D, Hq, Hk, T=1, ff=False, kty="f16", vty="f16", n_dims=None, P=None, head_norm=False
+    ty,
+    K,
+    D,
+    Hq,
+    Hk,
+    T=1,
+    ff=False,
+    kty="f16",
+    vty="f16",
+    n_dims=None,
+    P=None,
+    head_norm=False,
+    bias=False,
 ):
     """(inputs, outputs): Wq [K, D*Hq], Wk and Wv [K, D*Hk] of type ty (one type, or Wq's, Wk's
     and Wv's: weight_types), x [K, T], n [K], the positions [P] (T by default), (ff) the factors
-    [n_dims/2], (head_norm) Q's and K's head norm weights [D]; Q f32 [D, Hq, T], K of kty
-    [D, Hk, T], V of vty [D*Hk, T]."""
+    [n_dims/2], (head_norm) Q's and K's head norm weights [D], (bias) Q's, K's and V's biases;
+    Q f32 [D, Hq, T], K of kty [D, Hk, T], V of vty [D*Hk, T]."""
     n_dims = n_dims or D
     tq, tk, tv = weight_types(ty)
     ins = [tensor(tq, [K, D * Hq]), tensor(tk, [K, D * Hk]), tensor(tv, [K, D * Hk])]
     ins += [tensor("f32", [K, T]), tensor("f32", [K]), tensor("i32", [P or T])]
     ins += [tensor("f32", [n_dims // 2])] if ff else []
     ins += [tensor("f32", [D])] * 2 if head_norm else []
+    ins += [tensor("f32", [D * H]) for H in (Hq, Hk, Hk)] if bias else []
     outs = [tensor("f32", [D, Hq, T]), tensor(kty, [D, Hk, T]), tensor(vty, [D * Hk, T])]
     return ins, outs
 
@@ -108,12 +121,13 @@ def qkv_request(ty, K, D, Hq, Hk, T=1, mode=0, ff=False, arch="aie2p", kty="f16"
     its eps HEAD_EPS), rope_params' (freq_scale, ext, ...), or `inputs`, `outputs`, `params`
     replacing the request's."""
     n_dims, P, hn = kw.pop("n_dims", None), kw.pop("P", None), kw.pop("head_norm", False)
-    ins, outs = qkv_tensors(ty, K, D, Hq, Hk, T, ff, kty, vty, n_dims, P, hn)
+    bias = kw.pop("bias", False)
+    ins, outs = qkv_tensors(ty, K, D, Hq, Hk, T, ff, kty, vty, n_dims, P, hn, bias)
     ins, outs = kw.pop("inputs", ins), kw.pop("outputs", outs)
     params = kw.pop("params", None) or rope_params(n_dims or D, mode, **kw) + (
         [fbits(HEAD_EPS)] if hn else []
     )
-    op = "RMS_NORM_QKV_HEAD_NORM_ROPE" if hn else OP
+    op = "RMS_NORM_QKV_HEAD_NORM_ROPE" if hn else "RMS_NORM_QKV_BIAS_ROPE" if bias else OP
     op += "_FF" if ff else ""
     return request_json(op, ins, outs[0], arch, op_params=params, extra_outputs=outs[1:])
 
@@ -390,9 +404,10 @@ class QkvEmulationTest(unittest.TestCase):
 
     def run_case(self, ty, K, D, Hq, Hk, T, mode, ff, arch, kty, vty, seed=0, **kw):
         """(the request, the operands' bytes, the outputs' bytes) after checking each output
-        against numpy. kw `head_norm`: Q's and K's heads normalised (qwen3)."""
+        against numpy. kw `head_norm`: Q's and K's heads normalised (qwen3); `bias`: Q's, K's
+        and V's biases (qwen2)."""
         n_dims = kw.get("n_dims") or D
-        head_norm = kw.get("head_norm", False)
+        head_norm, bias = kw.get("head_norm", False), kw.get("bias", False)
         text = qkv_request(ty, K, D, Hq, Hk, T, mode, ff, arch, kty, vty, P=T + 2, **kw)
         spec = prepare(parse_request(text))
         nrng, rng = np.random.default_rng(seed), random.Random(seed)
@@ -405,11 +420,16 @@ class QkvEmulationTest(unittest.TestCase):
         ins += [ffv.tobytes()] if ff else []
         norms = [nrng.uniform(0.2, 2, D).astype(np.float32) for _ in range(2 * head_norm)]
         ins += [w.tobytes() for w in norms]
+        biases = [nrng.uniform(-1, 1, D * H).astype(np.float32) for H in (Hq, Hk, Hk) if bias]
+        ins += [b.tobytes() for b in biases]
         outs = run_request_outputs(text, ins)
         for i, (g, t, (_, w), out, dt) in enumerate(
             zip(spec.groups, types, ws, outs, ("f32", kty, vty))
         ):
             y, err = norm_reference(t, x, n, w)
+            if bias:
+                y = y + biases[i].astype(np.float64)
+                err = err + np.abs(y) * 2.0**-24
             if g.spec.rope is not None and head_norm:
                 y, err = head_norm_reference(y, err, norms[i], D)
             if g.spec.rope is not None:
@@ -512,6 +532,22 @@ class QkvEmulationTest(unittest.TestCase):
         self.run_case(
             "f32", 64, 8, 5, 3, 2, 0, True, "aie2p", "f16", "f32", seed=49, head_norm=True
         )
+
+    def test_qwen2_biases(self):
+        # Qwen2.5-0.5B's shapes (K = 896, heads of 64, 14 / 2 heads, NeoX): each column's bias
+        # values sent once, each core adding its own after the norm's scale, before the
+        # rotation and the f16 rounding; a small shape with normal rotation, the frequency
+        # factors and two tokens.
+        cases = [
+            ("q4_0", "f16", "f16", "aie2p"),
+            ("q8_0", "f32", "f16", "aie2"),
+        ]
+        for i, (ty, kty, vty, arch) in sample.pick(enumerate(cases)):
+            with self.subTest(ty=ty, arch=arch):
+                self.run_case(
+                    ty, 896, 64, 14, 2, 1, 2, False, arch, kty, vty, seed=50 + i, bias=True
+                )
+        self.run_case("f32", 64, 8, 4, 2, 2, 0, True, "aie2p", "f16", "f32", seed=59, bias=True)
 
     def test_bit_for_bit_the_separate_designs(self):
         # Llama-3.2-1B on aie2: Q's group plans as RMS_NORM_MUL_MAT_ROPE's whole-array design

@@ -6,7 +6,7 @@
 use super::fused::{Fused, Glu};
 use super::rules::{kernel_writing, read_elsewhere, read_later, same, step_io, written_in};
 use super::{Planned, Rewritten};
-use crate::kernels::KernelDesc;
+use crate::kernels::{KernelDesc, Layout};
 use crate::op_catalogue::{self as catalogue, OpEntry};
 use crate::ops::plan::{as_layout, kernel_as_laid_out, mul_mat, rows_layout, Plan, PlanOptions};
 use crate::ops::tensor::{BinaryOp, DType, Node, Op, Tensor};
@@ -566,23 +566,29 @@ pub fn fold_rope<'a>(
     // product.
     let (writer, k) = kernel_writing(nodes, at, x, &planned)?;
     let head_norm = head_norm_of(nodes, at, (writer, k), x, &planned);
-    let (k, product) = match &head_norm {
+    // The projection's kernel, and the node of its result (its ADD's with a bias: a node the
+    // kernel covers).
+    let (k, writer, product) = match &head_norm {
         Some(h) => {
             let (writer, j) = kernel_writing(nodes, k, h.x, &planned)?;
-            (writer == j).then_some((j, h.x))?
+            (j, writer, h.x)
         }
-        None => (writer == k).then_some((k, x))?,
+        None => (k, writer, x),
     };
     let Planned::Kernel(projection, operands) = planned(k) else {
         return None;
     };
-    let [w, xin, n, z] = operands else {
-        return None;
+    // RMS_NORM_MUL_MAT's operands, or RMS_NORM_MUL_MAT_BIAS's (then the bias).
+    let (w, xin, n, z, bias, kind) = match operands {
+        [w, xin, n, z] => (w, xin, n, z, None, Fused::RmsNormMulMat),
+        [w, xin, n, b, z] => (w, xin, n, z, Some(b), Fused::RmsNormMulMatBias),
+        _ => return None,
     };
     let exact =
         z.addr == product.addr && z.bytes == product.bytes && f32_dense(z) && z.ne[2..] == [1, 1];
-    if Fused::of(&projection.op) != Some(Fused::RmsNormMulMat)
+    if Fused::of(&projection.op) != Some(kind)
         || nodes[k].is_output
+        || nodes[writer].is_output
         || !exact
         || projection.output.dtype != "f32"
         || z.ne[0] != x.ne[0] * x.ne[1]
@@ -595,7 +601,11 @@ pub fn fold_rope<'a>(
     let reader = head_norm.as_ref().map_or(at, |h| h.at);
     let mut inputs = vec![w, xin, n];
     inputs.extend(head_norm.as_ref().map(|h| h.w));
-    if read_elsewhere(nodes, z, k, reader, runs)
+    inputs.extend(bias);
+    // The nodes the projection's kernel covers (its ADD's, with a bias) read the product
+    // inside it.
+    let outside = |j: usize| runs(j) && !(k < j && j <= writer);
+    if read_elsewhere(nodes, z, k, reader, outside)
         || written_in(nodes, k + 1..at, &inputs, runs)
         || inputs.iter().any(|t| out.overlaps(t))
     {
@@ -604,6 +614,7 @@ pub fn fold_rope<'a>(
     let op = Fused::RmsNormMulMatRope {
         ff,
         head_norm: head_norm.is_some(),
+        bias: bias.is_some(),
     }
     .entry()?;
     let eps = *projection.op_params.first()?;
@@ -614,14 +625,17 @@ pub fn fold_rope<'a>(
     let mut desc = rope.clone();
     desc.op = op.name.to_owned();
     desc.op_params = op_params;
-    desc.inputs = projection.inputs.clone();
+    // W, x, n, the positions, (the factors,) (the heads' norm weights,) (the bias).
+    desc.inputs = projection.inputs[..3].to_vec();
     desc.inputs.extend_from_slice(&rope.inputs[1..]);
     desc.inputs
         .extend(head_norm.as_ref().map(|h| as_layout(h.w)));
+    desc.inputs.extend(bias.map(as_layout));
     desc.f16_as_bf16 = projection.f16_as_bf16 || rope.f16_as_bf16;
     let mut kernel_operands = vec![w.clone(), xin.clone(), n.clone()];
     kernel_operands.extend(rope_inputs[1..].iter().cloned());
     kernel_operands.extend(head_norm.as_ref().map(|h| h.w.clone()));
+    kernel_operands.extend(bias.cloned());
     kernel_operands.push(out.clone());
     let mut covers = vec![k];
     covers.extend(head_norm.map(|h| h.at));
@@ -894,13 +908,14 @@ pub fn merge_qkv<'a>(
         Planned::Kernel(desc, operands) => Some((desc, operands)),
         _ => None,
     };
-    let Some((v_desc, [wv, x, n, _])) = kernel(v) else {
-        return None;
+    let (v_desc, v_ops) = kernel(v)?;
+    // RMS_NORM_MUL_MAT's operands, or RMS_NORM_MUL_MAT_BIAS's (qwen2: then V's bias).
+    let (wv, x, n, v_bias) = match (Fused::of(&v_desc.op)?, v_ops) {
+        (Fused::RmsNormMulMat, [wv, x, n, _]) => (wv, x, n, None),
+        (Fused::RmsNormMulMatBias, [wv, x, n, b, _]) => (wv, x, n, Some(b)),
+        _ => return None,
     };
     let (v_rows, v_set) = rows_kernel(v)?;
-    if Fused::of(&v_desc.op) != Some(Fused::RmsNormMulMat) {
-        return None;
-    }
     let rotations: Vec<usize> = (0..nodes.len())
         .filter(|&k| {
             kernel(k).is_some_and(|(d, ops)| {
@@ -924,19 +939,30 @@ pub fn merge_qkv<'a>(
     else {
         return None;
     };
-    let Some(Fused::RmsNormMulMatRope { ff, head_norm }) = Fused::of(&q_desc.op) else {
+    let Some(Fused::RmsNormMulMatRope {
+        ff,
+        head_norm,
+        bias,
+    }) = Fused::of(&q_desc.op)
+    else {
         return None;
     };
-    // The rotation's operands (the positions, the factors), then each one's head norm weights.
+    if bias != v_bias.is_some() {
+        return None;
+    }
+    // The rotation's operands (the positions, the factors), then each one's own: its heads'
+    // norm weights or its bias.
     let rotation = |ops: &'a [Tensor]| {
         let consts = &ops[3..ops.len() - 1];
-        consts.split_at(consts.len() - usize::from(head_norm))
+        consts.split_at(consts.len() - usize::from(head_norm || bias))
     };
     let ((q_consts, q_norm), (k_consts, k_norm)) = (rotation(q_ops), rotation(k_ops));
+    // The layouts of the rotation's operands.
+    let shared = |inputs: &'a [Layout]| &inputs[3..inputs.len() - usize::from(head_norm || bias)];
     let eps = v_desc.op_params.first().copied();
     let one_rotation = q_desc.op == k_desc.op
         && q_desc.op_params == k_desc.op_params
-        && q_desc.inputs[3..] == k_desc.inputs[3..]
+        && shared(&q_desc.inputs) == shared(&k_desc.inputs)
         && q_consts.iter().zip(k_consts).all(|(a, b)| same(a, b))
         && q_desc.op_params.get(11).copied() == eps;
     if !one_rotation || q_desc.output.dtype != "f32" {
@@ -960,7 +986,7 @@ pub fn merge_qkv<'a>(
     let touches = |ts: &[&Tensor], t: &Tensor| ts.iter().any(|u| u.overlaps(t));
     // What the merged kernel reads, written in between: it would read the new values.
     let mut read: Vec<&Tensor> = vec![&q_ops[0], &k_ops[0], wv, x, n];
-    read.extend(q_consts.iter().chain(q_norm).chain(k_norm));
+    read.extend(q_consts.iter().chain(q_norm).chain(k_norm).chain(v_bias));
     let overwritten = between
         .iter()
         .any(|(_, _, w)| read.iter().any(|t| touches(w, t)));
@@ -978,16 +1004,24 @@ pub fn merge_qkv<'a>(
     if overwritten || touched {
         return None;
     }
-    let op = Fused::RmsNormQkvRope { ff, head_norm }.entry()?;
+    let op = Fused::RmsNormQkvRope {
+        ff,
+        head_norm,
+        bias,
+    }
+    .entry()?;
     let mut inputs = vec![
         q_desc.inputs[0].clone(),
         k_desc.inputs[0].clone(),
         v_desc.inputs[0].clone(),
     ];
-    // x, n, the positions, (the factors,) (Q's head norm weights, then K's).
+    // x, n, the positions, (the factors,) (Q's own, then K's, then V's bias).
     inputs.extend_from_slice(&q_desc.inputs[1..]);
-    if head_norm {
+    if head_norm || bias {
         inputs.extend(k_desc.inputs.last().cloned());
+    }
+    if bias {
+        inputs.extend(v_desc.inputs.last().cloned());
     }
     let desc = KernelDesc {
         op: op.name.to_owned(),
@@ -1004,7 +1038,14 @@ pub fn merge_qkv<'a>(
         x.clone(),
         n.clone(),
     ];
-    operands.extend(q_consts.iter().chain(q_norm).chain(k_norm).cloned());
+    operands.extend(
+        q_consts
+            .iter()
+            .chain(q_norm)
+            .chain(k_norm)
+            .chain(v_bias)
+            .cloned(),
+    );
     operands.extend(q_ops.last().cloned());
     Some(QkvMerge {
         members,
@@ -1042,10 +1083,12 @@ pub fn merge_layer<'a>(
     operands: &[Tensor],
     set_rows: [usize; 2],
 ) -> Option<LayerMerge> {
-    // The layer kernel has no heads' norm (qwen3's layers run as the two kernels).
+    // The layer kernel has no heads' norm and no biases (qwen3's and qwen2's layers run as the
+    // two kernels).
     let Some(Fused::RmsNormQkvRope {
         ff,
         head_norm: false,
+        bias: false,
     }) = Fused::of(&merge.op)
     else {
         return None;
@@ -1113,6 +1156,9 @@ fn normed(
     z: &Tensor,
     eps: i32,
 ) -> Option<(KernelDesc, Vec<Tensor>)> {
+    if desc.op == catalogue::MUL_MAT_ADD.name {
+        return normed_bias(desc, operands, x, n, z, eps);
+    }
     let fused = match Fused::of(&desc.op) {
         _ if desc.op == catalogue::MUL_MAT.name => Fused::RmsNormMulMat,
         Some(Fused::MulMatGlu(glu)) => Fused::RmsNormMulMatGlu(glu),
@@ -1134,6 +1180,42 @@ fn normed(
     desc.inputs.push(as_layout(n));
     let mut operands = weights.to_vec();
     operands.extend([x.clone(), n.clone(), out.clone()]);
+    Some((desc, operands))
+}
+
+/// A `MUL_MAT_ADD` kernel with z as its activations and one f32 row of the product's values
+/// as r (qwen2's Q, K and V biases; for one token llama's residual looks the same, and is the
+/// same sum) reading x and n instead: `RMS_NORM_MUL_MAT_BIAS` with eps as its parameter.
+fn normed_bias(
+    desc: &KernelDesc,
+    operands: &[Tensor],
+    x: &Tensor,
+    n: &Tensor,
+    z: &Tensor,
+    eps: i32,
+) -> Option<(KernelDesc, Vec<Tensor>)> {
+    let [w, activations, b, out] = operands else {
+        return None;
+    };
+    let one_row = b.dtype == DType::F32 && b.is_contiguous() && b.ne == [out.ne[0], 1, 1, 1];
+    if !same(activations, z)
+        || [w, b].into_iter().any(|t| t.overlaps(z))
+        || !one_row
+        || [x, n, b].into_iter().any(|t| out.overlaps(t))
+    {
+        return None;
+    }
+    let op = Fused::RmsNormMulMatBias.entry()?;
+    let mut desc = desc.clone();
+    desc.op = op.name.to_owned();
+    desc.op_params = vec![eps];
+    desc.inputs = vec![
+        desc.inputs[0].clone(),
+        desc.inputs[1].clone(),
+        as_layout(n),
+        as_layout(b),
+    ];
+    let operands = vec![w.clone(), x.clone(), n.clone(), b.clone(), out.clone()];
     Some((desc, operands))
 }
 

@@ -48,20 +48,31 @@ pub enum Fused {
     MulMatGlu(Glu),
     /// `RMS_NORM_MUL_MAT`: a projection of a normalised x.
     RmsNormMulMat,
+    /// `RMS_NORM_MUL_MAT_BIAS`: the same plus one row of values (qwen2's V and its bias).
+    RmsNormMulMatBias,
     /// `RMS_NORM_MUL_MAT_<GLU>`: a gate/up pair of a normalised x and its GLU.
     RmsNormMulMatGlu(Glu),
-    /// `RMS_NORM_MUL_MAT[_HEAD_NORM]_ROPE[_FF]`: a projection of a normalised x, rotated (`ff`:
-    /// with frequency factors; `head_norm`: each head normalised first, qwen3's Q and K norms).
-    RmsNormMulMatRope { ff: bool, head_norm: bool },
+    /// `RMS_NORM_MUL_MAT[_BIAS][_HEAD_NORM]_ROPE[_FF]`: a projection of a normalised x, rotated
+    /// (`ff`: with frequency factors; `bias`: a bias added first, qwen2's Q and K; `head_norm`:
+    /// each head normalised first, qwen3's Q and K norms).
+    RmsNormMulMatRope {
+        ff: bool,
+        head_norm: bool,
+        bias: bool,
+    },
     /// `RMS_NORM_FFN_<GLU>`: a feed-forward block and its residual.
     RmsNormFfn(Glu),
     /// `MUL_MAT_ADD_RMS_NORM_FFN_<GLU>`: the attention output projection, then the block.
     MulMatAddRmsNormFfn(Glu),
     /// `FLASH_ATTN_FFN_<GLU>`: a decode step's attention, then the two above.
     FlashAttnFfn(Glu),
-    /// `RMS_NORM_QKV[_HEAD_NORM]_ROPE[_FF]`: Q, K and V of one normalised x, Q and K rotated
-    /// (and their heads normalised first).
-    RmsNormQkvRope { ff: bool, head_norm: bool },
+    /// `RMS_NORM_QKV[_BIAS][_HEAD_NORM]_ROPE[_FF]`: Q, K and V of one normalised x, Q and K
+    /// rotated (with their biases added, and their heads normalised first).
+    RmsNormQkvRope {
+        ff: bool,
+        head_norm: bool,
+        bias: bool,
+    },
     /// `DECODE_LAYER[_FF]_<GLU>`: the Q/K/V kernel, then the attention and the block.
     DecodeLayer { ff: bool, glu: Glu },
 }
@@ -70,20 +81,29 @@ impl Fused {
     /// The catalogue name.
     pub fn name(self) -> String {
         let ff = |ff: bool| if ff { "_FF" } else { "" };
-        let hn = |head_norm: bool| if head_norm { "_HEAD_NORM" } else { "" };
+        let extra = |bias: bool, head_norm: bool| {
+            let b = if bias { "_BIAS" } else { "" };
+            let h = if head_norm { "_HEAD_NORM" } else { "" };
+            format!("{b}{h}")
+        };
         match self {
             Fused::MulMatGlu(g) => format!("MUL_MAT_{}", g.name()),
             Fused::RmsNormMulMat => "RMS_NORM_MUL_MAT".to_owned(),
+            Fused::RmsNormMulMatBias => "RMS_NORM_MUL_MAT_BIAS".to_owned(),
             Fused::RmsNormMulMatGlu(g) => format!("RMS_NORM_MUL_MAT_{}", g.name()),
-            Fused::RmsNormMulMatRope { ff: f, head_norm } => {
-                format!("RMS_NORM_MUL_MAT{}_ROPE{}", hn(head_norm), ff(f))
-            }
+            Fused::RmsNormMulMatRope {
+                ff: f,
+                head_norm,
+                bias,
+            } => format!("RMS_NORM_MUL_MAT{}_ROPE{}", extra(bias, head_norm), ff(f)),
             Fused::RmsNormFfn(g) => format!("RMS_NORM_FFN_{}", g.name()),
             Fused::MulMatAddRmsNormFfn(g) => format!("MUL_MAT_ADD_RMS_NORM_FFN_{}", g.name()),
             Fused::FlashAttnFfn(g) => format!("FLASH_ATTN_FFN_{}", g.name()),
-            Fused::RmsNormQkvRope { ff: f, head_norm } => {
-                format!("RMS_NORM_QKV{}_ROPE{}", hn(head_norm), ff(f))
-            }
+            Fused::RmsNormQkvRope {
+                ff: f,
+                head_norm,
+                bias,
+            } => format!("RMS_NORM_QKV{}_ROPE{}", extra(bias, head_norm), ff(f)),
             Fused::DecodeLayer { ff: f, glu } => format!("DECODE_LAYER{}_{}", ff(f), glu.name()),
         }
     }
@@ -91,27 +111,41 @@ impl Fused {
     /// The fused kernel a kernel op name is, if it is one.
     pub fn of(op: &str) -> Option<Fused> {
         let glu = |prefix: &str| op.strip_prefix(prefix).and_then(Glu::of);
-        // `<stem>[_HEAD_NORM]_ROPE[_FF]`: (head_norm, ff).
+        // `<stem>[_BIAS][_HEAD_NORM]_ROPE[_FF]`: (bias, head_norm, ff).
         let rotated = |stem: &str| {
             let rest = op.strip_prefix(stem)?;
+            let (bias, rest) = match rest.strip_prefix("_BIAS") {
+                Some(r) => (true, r),
+                None => (false, rest),
+            };
             let (head_norm, rest) = match rest.strip_prefix("_HEAD_NORM") {
                 Some(r) => (true, r),
                 None => (false, rest),
             };
             match rest {
-                "_ROPE" => Some((head_norm, false)),
-                "_ROPE_FF" => Some((head_norm, true)),
+                "_ROPE" => Some((bias, head_norm, false)),
+                "_ROPE_FF" => Some((bias, head_norm, true)),
                 _ => None,
             }
         };
-        if op == "RMS_NORM_MUL_MAT" {
-            return Some(Fused::RmsNormMulMat);
+        match op {
+            "RMS_NORM_MUL_MAT" => return Some(Fused::RmsNormMulMat),
+            "RMS_NORM_MUL_MAT_BIAS" => return Some(Fused::RmsNormMulMatBias),
+            _ => {}
         }
-        if let Some((head_norm, ff)) = rotated("RMS_NORM_MUL_MAT") {
-            return Some(Fused::RmsNormMulMatRope { ff, head_norm });
+        if let Some((bias, head_norm, ff)) = rotated("RMS_NORM_MUL_MAT") {
+            return Some(Fused::RmsNormMulMatRope {
+                ff,
+                head_norm,
+                bias,
+            });
         }
-        if let Some((head_norm, ff)) = rotated("RMS_NORM_QKV") {
-            return Some(Fused::RmsNormQkvRope { ff, head_norm });
+        if let Some((bias, head_norm, ff)) = rotated("RMS_NORM_QKV") {
+            return Some(Fused::RmsNormQkvRope {
+                ff,
+                head_norm,
+                bias,
+            });
         }
         if let Some(g) = glu("DECODE_LAYER_FF_") {
             return Some(Fused::DecodeLayer { ff: true, glu: g });
@@ -152,7 +186,7 @@ mod tests {
         }
         // Every family with each of its parameters.
         let glus = Glu::ALL.len();
-        assert_eq!(fused, 5 * glus + 2 * glus + 1 + 4 + 4);
+        assert_eq!(fused, 5 * glus + 2 * glus + 2 + 6 + 6);
         assert_eq!(Fused::of("MUL_MAT"), None);
         assert_eq!(Fused::of("MUL_MAT_ADD"), None);
         assert_eq!(Fused::of("RMS_NORM_MUL_MAT_ROPE_X"), None);

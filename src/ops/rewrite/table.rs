@@ -279,15 +279,22 @@ fn cache_producer(g: &Graph, at: usize) -> Vec<Rewritten> {
     if copy.set_rows != at {
         return Vec::new();
     }
-    // A kernel computing nodes after its own computes more than its node: it is not
+    // The kernel computing node j: its own, or the one covering it whose last node it is (a
+    // MUL_MAT_ADD's ADD). A kernel computing nodes after j computes more than j: it is not
     // retargeted.
-    let kernel_of = |k: usize| match g.planned(k) {
-        Planned::Kernel(desc, operands)
-            if g.steps.rows(k).is_empty() && g.steps.covers(k).iter().all(|&c| c < k) =>
-        {
-            Some((desc, operands))
+    let kernel_of = |j: usize| {
+        let k = match g.planned(j) {
+            Planned::Covered => (0..j).rev().find(|&k| g.steps.covers(k).contains(&j))?,
+            _ => j,
+        };
+        match g.planned(k) {
+            Planned::Kernel(desc, operands)
+                if g.steps.rows(k).is_empty() && g.steps.covers(k).iter().all(|&c| c <= j) =>
+            {
+                Some((k, desc, operands))
+            }
+            _ => None,
         }
-        _ => None,
     };
     let skipped = |k: usize| matches!(g.planned(k), Planned::Nothing);
     let Some((j, producer)) = copy.scatter.producer(g.nodes, at, kernel_of, skipped) else {

@@ -299,6 +299,9 @@ fn rotated_product(w: &Buf<'_>, y: &Buf<'_>, rotation: Rotation<'_, '_>, out: &m
         as_bf16: false,
     };
     mul_mat(w, y, &mut product);
+    if let Some(b) = rotation.bias {
+        add_repeated(&mut product, b);
+    }
     let rt = TensorDesc::contiguous(out.t.ne, f32);
     let mut heads = Buf {
         t: &rt,
@@ -310,6 +313,7 @@ fn rotated_product(w: &Buf<'_>, y: &Buf<'_>, rotation: Rotation<'_, '_>, out: &m
         ff,
         params,
         head_norm,
+        ..
     } = rotation;
     if let Some(w) = head_norm {
         // qwen3's per-head norm: RMS_NORM over each head's D rows, then MUL by its weights.
@@ -320,14 +324,29 @@ fn rotated_product(w: &Buf<'_>, y: &Buf<'_>, rotation: Rotation<'_, '_>, out: &m
 }
 
 /// What rotates a product: the positions, the frequency factors (if any), the rope's
-/// op_params, and the weights of a norm of each head ahead of the rotation (if any; its eps
-/// is op_params[12]).
+/// op_params, the weights of a norm of each head ahead of the rotation (if any; its eps is
+/// op_params[12]), and a bias added to the product first (if any).
 #[derive(Clone, Copy)]
 struct Rotation<'b, 'a> {
     pos: &'b Buf<'a>,
     ff: Option<&'b Buf<'a>>,
     params: &'b [i32],
     head_norm: Option<&'b Buf<'a>>,
+    bias: Option<&'b Buf<'a>>,
+}
+
+/// `w . y + b` (b one row, repeated) in f32, then converted once into `out` (f32, f16 or bf16:
+/// llama's V into its cache).
+fn biased_product(w: &Buf<'_>, y: &Buf<'_>, b: &Buf<'_>, out: &mut Buf<'_>) {
+    let pt = TensorDesc::contiguous(out.t.ne, crate::ops::DType::F32);
+    let mut product = Buf {
+        t: &pt,
+        bytes: vec![0u8; pt.extent() as usize],
+        as_bf16: false,
+    };
+    mul_mat(w, y, &mut product);
+    add_repeated(&mut product, b);
+    for_each_index(out.t.ne, |i| out.set(i, product.get(i)));
 }
 
 /// RMS_NORM then MUL by the weight row `n` as the two ggml nodes compute them (the norm
@@ -418,23 +437,29 @@ fn cross_entropy_loss(logits: &Buf<'_>, labels: &Buf<'_>) -> f32 {
 /// `op_params` its own.
 fn normed_qkv(
     bufs: &[Buf<'_>],
-    (ff, head_norm): (bool, bool),
+    (ff, head_norm, bias): (bool, bool, bool),
     op_params: &[i32],
     [q, k, v]: [&mut Buf<'_>; 3],
 ) {
     let (x, n) = (&bufs[3], &bufs[4]);
     let yt = TensorDesc::contiguous(x.t.ne, crate::ops::DType::F32);
     let y = normed(x, n, op_params[11], &yt);
-    let norms = 6 + usize::from(ff);
+    // Each projection's own inputs after the shared ones.
+    let own = 6 + usize::from(ff);
     let rotation = |i: usize| Rotation {
         pos: &bufs[5],
         ff: ff.then(|| &bufs[6]),
         params: op_params,
-        head_norm: head_norm.then(|| &bufs[norms + i]),
+        head_norm: head_norm.then(|| &bufs[own + i]),
+        bias: bias.then(|| &bufs[own + i]),
     };
     rotated_product(&bufs[0], &y, rotation(0), q);
     rotated_product(&bufs[1], &y, rotation(1), k);
-    mul_mat(&bufs[2], &y, v);
+    if bias {
+        biased_product(&bufs[2], &y, &bufs[own + 2], v);
+    } else {
+        mul_mat(&bufs[2], &y, v);
+    }
 }
 
 /// The block after a llama attention: the output projection, the residual, the normed
@@ -653,7 +678,18 @@ pub unsafe fn execute(
                 Some(act) => glu_products(&bufs[0], &bufs[1], &y, act, &mut out),
             }
         }
-        Op::NormedMulMatRope { ff, head_norm } => {
+        Op::NormedMulMatBias => {
+            // RMS_NORM_MUL into f32, the f32 product, the ADD of the bias, one conversion.
+            let (x, n) = (&bufs[1], &bufs[2]);
+            let yt = TensorDesc::contiguous(x.t.ne, crate::ops::DType::F32);
+            let y = normed(x, n, desc.op_params[0], &yt);
+            biased_product(&bufs[0], &y, &bufs[3], &mut out);
+        }
+        Op::NormedMulMatRope {
+            ff,
+            head_norm,
+            bias,
+        } => {
             // The nodes as ggml-cpu runs them: RMS_NORM_MUL into f32, the f32 product, (the
             // RMS_NORM_MUL of each head,) then the ROPE of the product viewed as the output's
             // [D, H, N].
@@ -665,14 +701,24 @@ pub unsafe fn execute(
                 ff: ff.then(|| &bufs[4]),
                 params: &desc.op_params[..],
                 head_norm: head_norm.then(|| &bufs[4 + usize::from(ff)]),
+                bias: bias.then(|| &bufs[4 + usize::from(ff) + usize::from(head_norm)]),
             };
             rotated_product(&bufs[0], &y, rotation, &mut out);
         }
-        Op::NormedQkv { ff, head_norm } => {
+        Op::NormedQkv {
+            ff,
+            head_norm,
+            bias,
+        } => {
             let [k, v] = extra.as_mut_slice() else {
                 return Err(format!("kernel {}: K and V outputs expected", desc.name));
             };
-            normed_qkv(&bufs, (ff, head_norm), &desc.op_params, [&mut out, k, v]);
+            normed_qkv(
+                &bufs,
+                (ff, head_norm, bias),
+                &desc.op_params,
+                [&mut out, k, v],
+            );
         }
         Op::NormedFfn(act) => {
             // The two kernels it replaces: RMS_NORM_MUL_MAT_<GLU> into h, then MUL_MAT_ADD.
@@ -735,7 +781,12 @@ pub unsafe fn execute(
                     desc.name
                 ));
             };
-            normed_qkv(&bufs, (ff, false), &desc.op_params, [q, k_rows, v_rows]);
+            normed_qkv(
+                &bufs,
+                (ff, false, false),
+                &desc.op_params,
+                [q, k_rows, v_rows],
+            );
             let b = 6 + usize::from(ff);
             // The attention reads the caches with this token's rows in them: where the rows
             // lie inside a cache view, its copy takes them.
@@ -886,6 +937,7 @@ pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
                 Op::NormedQkv {
                     ff,
                     head_norm: false,
+                    bias: false,
                 },
             )
             .flops
