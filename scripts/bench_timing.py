@@ -129,14 +129,16 @@ def phase_cells(spec, c: dict, dram_gbps: float) -> list[str]:
     return cells
 
 
-def chain_dispatch_ns(k: dict, layers: int) -> float:
+def chain_dispatch_ns(k: dict, layers: int, per_layer: int = 1) -> float:
     """A decode token's dispatches as one chain (cost constants `k`): its first command, the
-    other layers with their PDI loaded, then the output norm and projection, each switching
-    PDI."""
+    other layers' (`per_layer` kernels each: with one, every layer's PDI is loaded; with more,
+    each command switches PDI), then the output norm and projection, each switching PDI."""
+    rest = layers * per_layer - 1
+    loaded = rest if per_layer == 1 else 0
     return (
         k["chain_latency_ns"]
-        + (layers - 1) * k["chained_loaded_pdi_ns"]
-        + 2 * k["chained_new_pdi_ns"]
+        + loaded * k["chained_loaded_pdi_ns"]
+        + (rest - loaded + 2) * k["chained_new_pdi_ns"]
     )
 
 

@@ -1735,32 +1735,15 @@ mod tests {
     /// and rotated (normal mode, n_dims 16) with the positions at 0x9000 into 0xa000, then
     /// `after`; the steps as the stream plans them, the norm folded into Q and K.
     fn projections_then_rope(after: Vec<Node>) -> (Vec<Node>, Vec<Option<Plan>>) {
-        let heads = tensor(DType::F32, [16, 4, 1, 1], 0x5000);
         let view = node(
             Op::Layout,
-            heads.clone(),
+            tensor(DType::F32, [16, 4, 1, 1], 0x5000),
             vec![tensor(DType::F32, [64, 1, 1, 1], 0x5000)],
         );
-        let mut rope = node(
-            Op::Rope,
-            tensor(DType::F32, [16, 4, 1, 1], 0xa000),
-            vec![heads, tensor(DType::I32, [1, 1, 1, 1], 0x9000)],
-        );
-        rope.op_params[1] = 16;
-        rope.op_params[5] = 10000f32.to_bits() as i32;
-        rope.op_params[6] = 1f32.to_bits() as i32;
-        rope.op_params[8] = 1f32.to_bits() as i32;
-        let mut tail = vec![view, rope];
+        let mut tail = vec![view, rope_of(0x5000)];
         tail.extend(after);
         let nodes = norm_then_projections(tail);
-        let mut steps = planned_graph(&nodes);
-        for r in fold_in(&nodes).expect("the norm folds") {
-            steps[r.covers[0]] = None;
-            steps[r.at] = Some(Plan::Kernel {
-                desc: r.desc,
-                operands: r.operands,
-            });
-        }
+        let steps = folded(&nodes);
         (nodes, steps)
     }
 
@@ -1824,10 +1807,138 @@ mod tests {
         assert!(rope_fold_in(&nodes, &unfolded, 5).is_none());
     }
 
+    /// ROPE of heads [16, 4] at `x` (normal mode, n_dims 16, the positions at 0x9000) into
+    /// 0xa000.
+    fn rope_of(x: u64) -> Node {
+        let mut rope = node(
+            Op::Rope,
+            tensor(DType::F32, [16, 4, 1, 1], 0xa000),
+            vec![
+                tensor(DType::F32, [16, 4, 1, 1], x),
+                tensor(DType::I32, [1, 1, 1, 1], 0x9000),
+            ],
+        );
+        rope.op_params[1] = 16;
+        rope.op_params[5] = 10000f32.to_bits() as i32;
+        rope.op_params[6] = 1f32.to_bits() as i32;
+        rope.op_params[8] = 1f32.to_bits() as i32;
+        rope
+    }
+
+    /// The steps of `nodes` as the stream plans them, the norm at node 0 folded into its
+    /// readers.
+    fn folded(nodes: &[Node]) -> Vec<Option<Plan>> {
+        let mut steps = planned_graph(nodes);
+        for r in fold_in(nodes).expect("the norm folds") {
+            for &c in &r.covers {
+                steps[c] = None;
+            }
+            steps[r.at] = Some(Plan::Kernel {
+                desc: r.desc,
+                operands: r.operands,
+            });
+        }
+        steps
+    }
+
+    #[test]
+    fn a_rope_of_a_projection_s_normed_heads_runs_their_norm_too() {
+        // qwen3's Q: the product's heads [16, 4] normalised (RMS_NORM into 0xc000, MUL by one
+        // head's weights at 0xd000 into 0xe000), then rotated.
+        let heads = tensor(DType::F32, [16, 4, 1, 1], 0x5000);
+        let view = node(
+            Op::Layout,
+            heads.clone(),
+            vec![tensor(DType::F32, [64, 1, 1, 1], 0x5000)],
+        );
+        let mut norm = node(
+            Op::Norm { rms: true },
+            tensor(DType::F32, [16, 4, 1, 1], 0xc000),
+            vec![heads],
+        );
+        norm.op_params[0] = 1e-5f32.to_bits() as i32;
+        let mul = node(
+            Op::Binary(BinaryOp::Mul),
+            tensor(DType::F32, [16, 4, 1, 1], 0xe000),
+            vec![
+                tensor(DType::F32, [16, 4, 1, 1], 0xc000),
+                tensor(DType::F32, [16, 1, 1, 1], 0xd000),
+            ],
+        );
+        let nodes = norm_then_projections(vec![view, norm, mul, rope_of(0xe000)]);
+        let steps = folded(&nodes);
+        let fold = rope_fold_in(&nodes, &steps, 7).expect("folds");
+        // The projection and the heads' norm (its MUL covered by its kernel) run nowhere.
+        assert_eq!((&fold.covers[..], fold.at), (&[2, 5][..], 7));
+        assert_eq!(fold.desc.op, "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE");
+        // The rope's 11 words, the norm's eps, the heads' norm's eps.
+        assert_eq!(fold.desc.op_params.len(), 13);
+        assert_eq!(fold.desc.op_params[12], 1e-5f32.to_bits() as i32);
+        assert_eq!(fold.desc.inputs.last().unwrap().ne, [16, 1, 1, 1]);
+        let addrs: Vec<u64> = fold.operands.iter().map(|t| t.addr).collect();
+        assert_eq!(addrs, [0x10000, 0x1000, 0x3000, 0x9000, 0xd000, 0xa000]);
+        // The application reads the normed heads: they stay.
+        let mut read = nodes.clone();
+        read[6].is_output = true;
+        assert!(rope_fold_in(&read, &folded(&read), 7).is_none());
+    }
+
+    #[test]
+    fn a_rope_of_a_biased_projection_adds_the_bias_first() {
+        // qwen2's Q: the product plus a bias row (at 0xf000) into 0x5800, its heads rotated.
+        let mut nodes = norm_then_projections(vec![]);
+        let add = node(
+            Op::Binary(BinaryOp::Add),
+            tensor(DType::F32, [64, 1, 1, 1], 0x5800),
+            vec![
+                tensor(DType::F32, [64, 1, 1, 1], 0x5000),
+                tensor(DType::F32, [64, 1, 1, 1], 0xf000),
+            ],
+        );
+        nodes.insert(3, add);
+        let view = node(
+            Op::Layout,
+            tensor(DType::F32, [16, 4, 1, 1], 0x5800),
+            vec![tensor(DType::F32, [64, 1, 1, 1], 0x5800)],
+        );
+        nodes.extend([view, rope_of(0x5800)]);
+        let steps = folded(&nodes);
+        match &steps[2] {
+            Some(Plan::Kernel { desc, .. }) => assert_eq!(desc.op, "RMS_NORM_MUL_MAT_BIAS"),
+            other => panic!("the biased projection's kernel: {other:?}"),
+        }
+        let fold = rope_fold_in(&nodes, &steps, 6).expect("folds");
+        assert_eq!((&fold.covers[..], fold.at), (&[2][..], 6));
+        assert_eq!(fold.desc.op, "RMS_NORM_MUL_MAT_BIAS_ROPE");
+        assert_eq!(fold.desc.op_params.len(), 12);
+        assert_eq!(fold.desc.inputs.last().unwrap().ne, [64, 1, 1, 1]);
+        // The weights, x, n, the positions, the bias, the ROPE's output.
+        let addrs: Vec<u64> = fold.operands.iter().map(|t| t.addr).collect();
+        assert_eq!(addrs, [0x10000, 0x1000, 0x3000, 0x9000, 0xf000, 0xa000]);
+        // Another reader of the biased product: it stays.
+        let mut read = nodes.clone();
+        read.push(node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [64, 1, 1, 1], 0xb000),
+            vec![tensor(DType::F32, [64, 1, 1, 1], 0x5800)],
+        ));
+        assert!(rope_fold_in(&read, &folded(&read), 6).is_none());
+    }
+
     /// Q's, K's and V's planned kernels of one x (0x1000) and norm weight (0x2000) at nodes 0,
     /// 1 and 2, K's and V's writing cache rows (SET_ROWS at nodes 3 and 4), positions at
     /// 0x3000; `extra` nodes inserted at `extra.0`.
     fn qkv_graph(extra: Option<(usize, Node)>) -> (Vec<Node>, Vec<Option<Plan>>) {
+        qkv_graph_of(extra, None)
+    }
+
+    /// `qkv_graph` whose projections have their own inputs (`own`): qwen2's biases (Q's at
+    /// 0xd000, K's at 0xe000, V's at 0xf000) or qwen3's head norm weights (Q's at 0xd000, K's
+    /// at 0xe000, eps 1e-5).
+    fn qkv_graph_of(
+        extra: Option<(usize, Node)>,
+        own: Option<&str>,
+    ) -> (Vec<Node>, Vec<Option<Plan>>) {
         let f32 = |ne, addr| tensor(DType::F32, ne, addr);
         let (x, n, pos) = (
             f32([64, 1, 1, 1], 0x1000),
@@ -1843,16 +1954,33 @@ mod tests {
             if rotated {
                 operands.push(pos.clone());
             }
+            // The projection's own input, and its op's name.
+            let own_at = 0xd000 + (w / 0x10000 - 1) * 0x1000;
+            let op = match own {
+                Some("bias") => {
+                    operands.push(f32([rows, 1, 1, 1], own_at));
+                    op.replace("_MAT", "_MAT_BIAS")
+                }
+                Some("head_norm") if rotated => {
+                    operands.push(f32([16, 1, 1, 1], own_at));
+                    op.replace("_MAT", "_MAT_HEAD_NORM")
+                }
+                _ => op.to_owned(),
+            };
+            let mut op_params = if rotated {
+                rope_params.clone()
+            } else {
+                vec![eps]
+            };
+            if own == Some("head_norm") && rotated {
+                op_params.push(1e-5f32.to_bits() as i32);
+            }
             let inputs = operands.iter().map(as_layout).collect();
             operands.push(out.clone());
             let plan = Plan::Kernel {
                 desc: KernelDesc {
-                    op: op.into(),
-                    op_params: if rotated {
-                        rope_params.clone()
-                    } else {
-                        vec![eps]
-                    },
+                    op,
+                    op_params,
                     inputs,
                     output: as_layout(&out),
                     extra_outputs: Vec::new(),
@@ -1939,6 +2067,38 @@ mod tests {
             addrs,
             [0x10000, 0x20000, 0x30000, 0x1000, 0x2000, 0x3000, 0xa000]
         );
+    }
+
+    #[test]
+    fn q_k_and_v_merge_with_their_biases_or_their_heads_norms() {
+        // qwen2: Q's, K's and V's biases after the shared inputs, in that order.
+        let (nodes, steps) = qkv_graph_of(None, Some("bias"));
+        let [merge] = qkv_merges(&nodes, &steps).try_into().expect("one merge");
+        assert_eq!(merge.desc.op, "RMS_NORM_QKV_BIAS_ROPE");
+        assert_eq!(merge.desc.inputs.len(), 9);
+        let addrs: Vec<u64> = merge.operands.iter().map(|t| t.addr).collect();
+        assert_eq!(
+            addrs,
+            [0x10000, 0x20000, 0x30000, 0x1000, 0x2000, 0x3000, 0xd000, 0xe000, 0xf000, 0xa000]
+        );
+        // qwen3: Q's and K's head norm weights, and the heads' eps.
+        let (nodes, steps) = qkv_graph_of(None, Some("head_norm"));
+        let [merge] = qkv_merges(&nodes, &steps).try_into().expect("one merge");
+        assert_eq!(merge.desc.op, "RMS_NORM_QKV_HEAD_NORM_ROPE");
+        assert_eq!(merge.desc.op_params.len(), 13);
+        let addrs: Vec<u64> = merge.operands.iter().map(|t| t.addr).collect();
+        assert_eq!(
+            addrs,
+            [0x10000, 0x20000, 0x30000, 0x1000, 0x2000, 0x3000, 0xd000, 0xe000, 0xa000]
+        );
+        // A bias written between the members: the merged kernel would read the new one.
+        let relu = node(
+            Op::Unary(UnaryOp::Relu),
+            tensor(DType::F32, [64, 1, 1, 1], 0xd000),
+            vec![tensor(DType::F32, [64, 1, 1, 1], 0x60000)],
+        );
+        let (nodes, steps) = qkv_graph_of(Some((1, relu)), Some("bias"));
+        assert!(qkv_merges(&nodes, &steps).is_empty());
     }
 
     #[test]
