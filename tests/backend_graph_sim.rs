@@ -564,6 +564,18 @@ fn q_k_and_v_of_one_norm_run_as_one_kernel_or_apart_when_declined() {
         &kernel_cache("normfold-rope-mixed"),
         &["rms_norm_qkv_rope-f32_64x64-f32_64x16-f16_64x16-f32_64-f32_64-i32_1-f32_16x4-f16_16-f16_16-p"],
     );
+    // qwen2's Q, K and V biases and qwen3's per-head Q and K norms: one kernel each, the
+    // biases or the heads' norm on the projections' cores.
+    for (family, kernel) in [
+        ("qwen2", "rms_norm_qkv_bias_rope-f32_64x64-f32_64x16-f32_64x16-f32_64-f32_64-i32_1-f32_64-f32_16-f32_16-f32_16x4-f16_16-f16_16-p"),
+        ("qwen3", "rms_norm_qkv_head_norm_rope-f32_64x64-f32_64x16-f32_64x16-f32_64-f32_64-i32_1-f32_16-f32_16-f32_16x4-f16_16-f16_16-p"),
+    ] {
+        let tag = format!("normfold-rope-{family}");
+        let o = run(&tag, &tag, 1, &[]);
+        all_ok(&o);
+        assert_eq!(o.counter("dispatches"), 1, "{family}: {}", o.text);
+        common::assert_kernels_built(&kernel_cache(&tag), &[kernel]);
+    }
     // The rotation declined too (a compiler without the op's shape): the projections and the
     // ROPEs run apart, K's ROPE and V's projection still writing the cache rows.
     let o = run_declining(
@@ -869,7 +881,14 @@ unsafe fn compute(reg: sys::ggml_backend_reg_t, graph: &str, computes: u32) {
     }
     if let Some(rope) = graph.strip_prefix("normfold") {
         // SAFETY: as for this function.
-        return unsafe { compute_norm_fold(reg, rope.starts_with("-rope"), rope == "-rope-mixed") };
+        return unsafe {
+            compute_norm_fold(
+                reg,
+                rope.starts_with("-rope"),
+                rope == "-rope-mixed",
+                rope.strip_prefix("-rope-").unwrap_or(""),
+            )
+        };
     }
     if let Some(source) = graph.strip_prefix("setrows") {
         // SAFETY: as for this function.
@@ -1172,15 +1191,20 @@ unsafe fn compute_set_rows(reg: sys::ggml_backend_reg_t, source: &str) {
 /// of the same normalised x is written unrotated into row 5 of a second f16 cache
 /// (`NORMFOLD vcache <ok|bad>`). With `v_f16` ("normfold-rope-mixed"), V's weights are f16
 /// while Q's and K's are f32, as llama.cpp's Q4_K_M mixes q4_K and q6_K (the weights are
-/// multiples of 1/8: exact in both types).
+/// multiples of 1/8: exact in both types). `family` "qwen2" ("normfold-rope-qwen2"): each
+/// product plus its bias before the rotation; "qwen3": each rotated product's heads normalised
+/// (RMS_NORM over the head, MUL by one head's weights) before the rotation.
 ///
 /// # Safety
 /// `reg` is the plugin's registry.
-unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool, v_f16: bool) {
+unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool, v_f16: bool, family: &str) {
     const K: usize = 64;
     const EPS: f32 = 1e-5;
     const HEAD: usize = 16;
     const POS: i32 = 7;
+    let (qwen2, qwen3) = (family == "qwen2", family == "qwen3");
+    let bias_of = |rows: usize| -> Vec<f32> { (0..rows).map(|i| (i as f32 * 0.7).cos()).collect() };
+    let head_w: Vec<f32> = (0..HEAD).map(|i| 0.75 + (i % 5) as f32 * 0.125).collect();
     // SAFETY: see child_graph.
     unsafe {
         let (_, backend, ctx) = open_device(reg);
@@ -1210,13 +1234,27 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool, v_f16: boo
             .collect();
         let gf = sys::ggml_new_graph(ctx);
         let pos = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, 1);
+        // qwen2's biases, qwen3's head norm weights (one per rotated projection).
+        let mut biases = Vec::new();
+        let mut norms = Vec::new();
         let products: Vec<_> = weights
             .iter()
             .zip(projections)
             .map(|(&(rows, w), &(_, rotated))| {
                 let mut p = sys::ggml_mul_mat(ctx, w, z);
+                if qwen2 {
+                    let b = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, rows as i64);
+                    biases.push(b);
+                    p = sys::ggml_add(ctx, p, b);
+                }
                 if rotated {
-                    let heads = sys::ggml_reshape_3d(ctx, p, HEAD as i64, (rows / HEAD) as i64, 1);
+                    let mut heads =
+                        sys::ggml_reshape_3d(ctx, p, HEAD as i64, (rows / HEAD) as i64, 1);
+                    if qwen3 {
+                        let w = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_F32, HEAD as i64);
+                        norms.push(w);
+                        heads = sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, heads, EPS), w);
+                    }
                     let roped = sys::ggml_rope(ctx, heads, pos, HEAD as i32, 0);
                     p = sys::ggml_reshape_2d(ctx, roped, rows as i64, 1);
                 }
@@ -1245,6 +1283,14 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool, v_f16: boo
         let ns: Vec<f32> = (0..K).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
         sys::ggml_backend_tensor_set(x, f32_bytes(&xs).as_ptr().cast(), 0, 4 * K);
         sys::ggml_backend_tensor_set(n, f32_bytes(&ns).as_ptr().cast(), 0, 4 * K);
+        for &b in &biases {
+            let rows = (*b).ne[0] as usize;
+            let bytes = f32_bytes(&bias_of(rows));
+            sys::ggml_backend_tensor_set(b, bytes.as_ptr().cast(), 0, bytes.len());
+        }
+        for &w in &norms {
+            sys::ggml_backend_tensor_set(w, f32_bytes(&head_w).as_ptr().cast(), 0, 4 * HEAD);
+        }
         let mean_sq = xs.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / K as f64;
         let scale = 1.0 / (mean_sq + f64::from(EPS)).sqrt();
         let y: Vec<f64> = (0..K)
@@ -1270,14 +1316,29 @@ unsafe fn compute_norm_fold(reg: sys::ggml_backend_reg_t, rope: bool, v_f16: boo
             } else {
                 y.clone()
             };
+            let bias = bias_of(rows);
             let product: Vec<f64> = (0..rows)
                 .map(|r| (0..K).map(|k| f64::from(ws[r * K + k]) * y[k]).sum::<f64>())
+                .zip(&bias)
+                .map(|(v, &b)| if qwen2 { v + f64::from(b) } else { v })
                 .collect();
+            // qwen3: each head normalised and multiplied by the head's weights.
+            let head_normed = |h: &[f64]| -> Vec<f64> {
+                if !qwen3 {
+                    return h.to_vec();
+                }
+                let ms = h.iter().map(|v| v * v).sum::<f64>() / h.len() as f64;
+                let s = 1.0 / (ms + f64::from(EPS)).sqrt();
+                h.iter()
+                    .zip(&head_w)
+                    .map(|(v, &w)| v * s * f64::from(w))
+                    .collect()
+            };
             expected.push(if rotated {
                 product
                     .chunks(HEAD)
                     .flat_map(|h| {
-                        let h: Vec<f32> = h.iter().map(|&v| v as f32).collect();
+                        let h: Vec<f32> = head_normed(h).iter().map(|&v| v as f32).collect();
                         rope_normal(&h, f64::from(POS))
                     })
                     .map(f64::from)
