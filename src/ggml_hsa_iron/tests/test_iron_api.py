@@ -29,6 +29,7 @@ OWN_METHODS = {
     "w_units",  # GemvPlan.w_units
     "norm_tap",  # GemvPlan.norm_tap (RMS_NORM_MUL_MAT)
     "rope_taps",  # GemvPlan.rope_taps (RMS_NORM_MUL_MAT_ROPE)
+    "bias_taps",  # GemvPlan.bias_taps (RMS_NORM_MUL_MAT_BIAS)
     "first_row",  # RowSpec.first_row
     "rounds",  # RowSpec.rounds
     "share",  # ReduceSpec.share: a column's share of the operands

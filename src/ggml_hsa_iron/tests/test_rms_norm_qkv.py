@@ -128,7 +128,8 @@ def qkv_request(ty, K, D, Hq, Hk, T=1, mode=0, ff=False, arch="aie2p", kty="f16"
         [fbits(HEAD_EPS)] if hn else []
     )
     op = "RMS_NORM_QKV_HEAD_NORM_ROPE" if hn else "RMS_NORM_QKV_BIAS_ROPE" if bias else OP
-    op += "_FF" if ff else ""
+    # _FF: one input more than the op's (the factors; `inputs` may add them).
+    op += "_FF" if len(ins) == 7 + 2 * hn + 3 * bias else ""
     return request_json(op, ins, outs[0], arch, op_params=params, extra_outputs=outs[1:])
 
 
