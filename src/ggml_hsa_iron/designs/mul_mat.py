@@ -92,6 +92,19 @@ rounds (the token, and the round's start as GemvPlan lays the rounds out). The p
 pair within one core's rows of a round (`tiling.RopeRows`: a NeoX head's whole n_dims span;
 rows per core of one or two heads are tried), or refuses the request.
 
+RMS_NORM_MUL_MAT_HEAD_NORM_ROPE(_FF) (qwen3's Q and K, with the norm of each head folded in):
+the head norm's D weights travel with the rotation's constants and are kept by every core;
+each core's rows of a round are whole heads (`RopeRows.head_norm`), which it normalises (RMS
+over the head's D values, times the weights) after the norm's scale and before the rotation
+(mv_rope.h).
+
+RMS_NORM_MUL_MAT_BIAS and RMS_NORM_MUL_MAT_BIAS_ROPE(_FF) (qwen2's V, Q and K with their
+biases): once per dispatch, behind n and the rotation's constants, each column's x channel
+carries the bias values of the column's rows of every round (`GemvPlan.bias_taps`), of which
+each core keeps its own (mv_bias.h; its first row in the column's block is a Worker
+argument); rounds are whole, and each core adds its round's values after the norm's scale,
+before the rotation or the rounding to f16.
+
 RMS_NORM_QKV_ROPE and RMS_NORM_QKV_ROPE_FF (the backend's merge of llama's Q, K and V
 projections of one normalised x, three outputs; plans_qkv): the array's columns partitioned
 between three GEMVs, each exactly the GEMV of the op computing its projection alone
@@ -99,7 +112,9 @@ between three GEMVs, each exactly the GEMV of the op computing its projection al
 (`_gemv_group`: its W split over each column's cores, its x fifo per column, its y joined, its
 epilogue), linking its own core object (its Kernels' names end in _q, _k, _v). Every fifo,
 Kernel and tap of a group is typed by its own spec, so the three weight types may differ
-(llama.cpp's Q4_K_M: q4_K Wq and Wk, q6_K Wv). Every column's
+(llama.cpp's Q4_K_M: q4_K Wq and Wk, q6_K Wv). RMS_NORM_QKV_HEAD_NORM_ROPE(_FF) and
+RMS_NORM_QKV_BIAS_ROPE(_FF) give each group its own head norm weights or bias, as the ops
+above take them. Every column's
 shim fills n (and for Q and K the rotation's constants) ahead of x as a lone GEMV's does; task
 group i of the runtime sequence holds task group i of every group's GEMV, so that the three
 weight matrices stream through all the columns at once.
@@ -107,8 +122,10 @@ weight matrices stream through all the columns at once.
 Runtime-sequence arguments: src0, src1, dst (the request's order); MUL_MAT_<glu>: W_g, W_u,
 x, dst; MUL_MAT_ADD: W, x, r, dst; RMS_NORM_MUL_MAT: W, x, n, dst; RMS_NORM_MUL_MAT_<glu>:
 W_g, W_u, x, n, dst; RMS_NORM_MUL_MAT_ROPE: W, x, n, positions, dst; RMS_NORM_MUL_MAT_ROPE_FF:
-W, x, n, positions, factors, dst; RMS_NORM_QKV_ROPE(_FF): Wq, Wk, Wv, x, n, positions,
-(factors,) Q, K, V.
+W, x, n, positions, factors, dst; RMS_NORM_MUL_MAT_BIAS: W, x, n, b, dst;
+RMS_NORM_MUL_MAT_{HEAD_NORM,BIAS}_ROPE(_FF): W, x, n, positions, (factors,) the head norm's
+weights or the bias, dst; RMS_NORM_QKV_ROPE(_FF): Wq, Wk, Wv, x, n, positions, (factors,)
+(Q's and K's head norm weights, or Q's, K's and V's biases,) Q, K, V.
 """
 
 import numpy as np
