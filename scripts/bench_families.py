@@ -49,9 +49,9 @@ def two_kernels(extra):
 
 
 # family, its tiny model, the dispatches of a decode token outside its layers (the output norm
-# and projection; gemma2's embedding scale and logit softcap too), and where its decode layer
-# is one or two kernels a common shape: (name, layers, (n_embd, n_head, n_head_kv, head_dim,
-# n_ff, n_kv), output (rows, n_embd), the layer's kernels' requests).
+# and projection; gemma2's and gemma3's embedding scale, gemma2's logit softcap too), and where
+# its decode layer is one or two kernels a common shape: (name, layers, (n_embd, n_head,
+# n_head_kv, head_dim, n_ff, n_kv), output (rows, n_embd), the layer's kernels' requests).
 FAMILIES = [
     ("llama", "tiny-llama-f32", 2, ("Llama-3.2-1B", 16, (2048, 32, 8, 64, 8192, N_KV), (128256, 2048), one_kernel)),
     # Phi-3-mini's attention (32 KV heads of 96) is refused by the layer design; Phi-4-mini,
@@ -61,6 +61,7 @@ FAMILIES = [
     # FastFlowLM's published Qwen3 figure is of this shape (66.5 t/s decode, Krackan).
     ("qwen3", "tiny-qwen3-f32", 2, ("Qwen3-0.6B", 28, (1024, 16, 8, 128, 3072, N_KV), (151936, 1024), two_kernels("head_norm"))),
     ("gemma2", "tiny-gemma2-f32", 6, None),
+    ("gemma3", "tiny-gemma3-f32", 3, None),
 ]
 
 
@@ -156,7 +157,8 @@ def main() -> int:
         "out, `scripts/models.sh`) decodes on HSA0 with the IRON designs emulated (llama-simple,",
         f"{ARCH}); a decode token's dispatches are the difference of a {LONG}-token and a {SHORT}-token run",
         'over the tokens between, "per layer" leaves out the dispatches outside the layers (the',
-        "output norm and projection; gemma2's embedding scale and logit softcap too).",
+        "output norm and projection; gemma2's and gemma3's embedding scale, gemma2's logit",
+        "softcap too).",
         "Where a decode layer is one or two kernels, a common shape of the family is timed as",
         f"`--timing` times the Llama-3.2-1B shape: the layer's kernels ({WEIGHTS} weights, n_kv {N_KV}) and the",
         "output projection each alone under hsa-sim's timing model, a token being every layer,",
@@ -167,8 +169,9 @@ def main() -> int:
         "keeps its PDI loaded. The block's cores per column must divide its q heads per KV head",
         "(Llama-3.2-1B 4, Qwen3-0.6B 2, Qwen2.5-1.5B 6, Phi-4-mini 3): the qwen shapes run on two",
         "cores per column, Phi-4-mini on one. For reference, FastFlowLM decodes Qwen3-0.6B at",
-        "66.5 t/s on Krackan (real hardware). gemma2's norms after the attention and the block",
-        "have no rewrite yet: its layers run as several kernels.",
+        "66.5 t/s on Krackan (real hardware). gemma2's and gemma3's norms after the attention",
+        "and the block have no rewrite yet: their layers run as several kernels (gemma3's Q, K",
+        "and V with their per-head norms as one).",
         "",
         *lines,
     ]

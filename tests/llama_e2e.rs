@@ -732,7 +732,8 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
 /// layer as two: its Q, K and V with the heads' norms (RMS_NORM_QKV_HEAD_NORM_ROPE) or the
 /// biases (RMS_NORM_QKV_BIAS_ROPE), then the attention and the block. gemma2 (norms after the
 /// attention and the block, softcaps, a sliding window) decodes in more kernels, which this
-/// prints.
+/// prints; gemma3 too (gemma2's layout without softcaps, with qwen3's per-head norms: its Q,
+/// K and V in one kernel).
 #[test]
 fn tiny_families_run_every_layer_op_through_the_emulated_iron_designs() {
     for (name, layer_kernel) in [
@@ -740,6 +741,7 @@ fn tiny_families_run_every_layer_op_through_the_emulated_iron_designs() {
         ("tiny-qwen2-f32", Some("RMS_NORM_QKV_BIAS_ROPE")),
         ("tiny-qwen3-f32", Some("RMS_NORM_QKV_HEAD_NORM_ROPE")),
         ("tiny-gemma2-f32", None),
+        ("tiny-gemma3-f32", Some("RMS_NORM_QKV_HEAD_NORM_ROPE")),
     ] {
         let Some((log, counters, stats)) = tiny_llama_emulated(name) else {
             return;

@@ -1,7 +1,8 @@
 """Write a tiny llama-architecture GGUF with seeded random weights, or the same weights as
 another family's model (--arch): phi3 (Q, K and V in one attn_qkv matrix, gate and up in one
 ffn_up), qwen2 (plus seeded Q, K and V biases), qwen3 (plus per-head Q and K norm weights),
-gemma2 (plus norms after the attention and the block, the output tied to the embedding).
+gemma2 (plus norms after the attention and the block, the output tied to the embedding),
+gemma3 (gemma2's layout plus qwen3's per-head Q and K norms).
 
 The tokenizer (every tokenizer.* key) is copied from the pinned llama.cpp tree's
 models/ggml-vocab-llama-spm.gguf, so prompts tokenize like a real LLaMA model. The
@@ -11,7 +12,7 @@ greedy decoding follows the weights rather than rounding noise, and it wanders t
 varied tokens instead of repeating one.
 
 Usage: make_tiny_llama.py --gguf-py <src>/gguf-py --vocab <src>/models/ggml-vocab-llama-spm.gguf
-                          [--arch llama|phi3|qwen2|qwen3|gemma2] --out tiny-llama-f32.gguf
+                          [--arch llama|phi3|qwen2|qwen3|gemma2|gemma3] --out tiny-llama-f32.gguf
 """
 
 from __future__ import annotations
@@ -161,9 +162,8 @@ def qwen2_weights(n_vocab: int) -> dict[str, np.ndarray]:
     return tensors
 
 
-def qwen3_weights(n_vocab: int) -> dict[str, np.ndarray]:
-    """The llama weights with per-head RMS norm weights of Q and K."""
-    tensors = make_weights(n_vocab)
+def with_head_norms(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`tensors` with seeded per-head RMS norm weights of Q and K."""
     rng = np.random.default_rng(SEED + 2)
     head_dim = N_EMBD // N_HEAD
     for i in range(N_LAYER):
@@ -171,6 +171,11 @@ def qwen3_weights(n_vocab: int) -> dict[str, np.ndarray]:
             w = 1 + rng.standard_normal(head_dim, dtype=np.float32) * np.float32(0.1)
             tensors[f"blk.{i}.attn_{p}_norm.weight"] = w.astype(np.float32)
     return tensors
+
+
+def qwen3_weights(n_vocab: int) -> dict[str, np.ndarray]:
+    """The llama weights with per-head RMS norm weights of Q and K."""
+    return with_head_norms(make_weights(n_vocab))
 
 
 def gemma2_weights(n_vocab: int) -> dict[str, np.ndarray]:
@@ -185,6 +190,11 @@ def gemma2_weights(n_vocab: int) -> dict[str, np.ndarray]:
     return tensors
 
 
+def gemma3_weights(n_vocab: int) -> dict[str, np.ndarray]:
+    """gemma2's weights with per-head RMS norm weights of Q and K."""
+    return with_head_norms(gemma2_weights(n_vocab))
+
+
 # --arch: its weights and gguf's MODEL_ARCH member.
 FAMILIES = {
     "llama": (make_weights, "LLAMA"),
@@ -192,15 +202,18 @@ FAMILIES = {
     "qwen2": (qwen2_weights, "QWEN2"),
     "qwen3": (qwen3_weights, "QWEN3"),
     "gemma2": (gemma2_weights, "GEMMA2"),
+    "gemma3": (gemma3_weights, "GEMMA3"),
 }
 # Hyperparameters a family's loader reads beside the llama's: gemma2's softcaps and its
-# sliding window (every other layer), half the context so that it hides keys.
+# sliding window (every other layer), half the context so that it hides keys; gemma3's sliding
+# window (five layers of six: every layer of the tiny model), no softcaps.
 EXTRA_KEYS = {
     "gemma2": {
         "attn_logit_softcapping": 50.0,
         "final_logit_softcapping": 30.0,
         "attention.sliding_window": N_CTX // 2,
     },
+    "gemma3": {"attention.sliding_window": N_CTX // 2},
 }
 
 

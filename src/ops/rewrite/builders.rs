@@ -1881,6 +1881,18 @@ mod tests {
         let mut read = nodes.clone();
         read[6].is_output = true;
         assert!(rope_fold_in(&read, &folded(&read), 7).is_none());
+        // gemma3's Q: the rotation in place over the normed heads (ggml's allocator), then a
+        // SCALE of it. The SCALE reads the rotated heads, not the normed ones: still one kernel.
+        let mut in_place = nodes.clone();
+        in_place[7].dst.addr = 0xe000;
+        let rotated = in_place[7].dst.clone();
+        in_place.push(node(
+            Op::Scale,
+            tensor(DType::F32, [16, 4, 1, 1], 0xf000),
+            vec![rotated],
+        ));
+        let fold = rope_fold_in(&in_place, &folded(&in_place), 7).expect("folds");
+        assert_eq!(fold.desc.op, "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE");
     }
 
     #[test]

@@ -26,8 +26,10 @@ pub fn read_later(t: &Tensor, later: &[Node]) -> bool {
 }
 
 /// Whether a node after `from` other than `reader` (and those `counts` leaves out: views,
-/// nodes another kernel computes) reads `t` before a node after `reader` overwrites its memory.
-/// A fold whose kernel runs at `reader` never writes `t`, so no other node may need it.
+/// nodes another kernel computes) reads `t` before `reader` or a node after it overwrites its
+/// memory (a reader computed in place, as ggml's allocator may put a ROPE's output over its
+/// input, ends `t` too). A fold whose kernel runs at `reader` never writes `t`, so no other node
+/// may need it.
 pub fn read_elsewhere(
     nodes: &[Node],
     t: &Tensor,
@@ -39,7 +41,7 @@ pub fn read_elsewhere(
         if j != reader && counts(j) && node.reads(t) {
             return true;
         }
-        if j > reader && node.dst.overlaps(t) {
+        if j >= reader && node.dst.overlaps(t) {
             break;
         }
     }
