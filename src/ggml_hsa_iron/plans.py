@@ -243,8 +243,9 @@ class MatmulSpec:
     def sequence(self) -> list[tuple[str, int]]:
         """(type, elements) of the runtime-sequence arguments: src0, src1, dst (MUL_MAT_<glu>:
         W_g, W_u, x, dst; MUL_MAT_ADD: W, x, r, dst; RMS_NORM_MUL_MAT(_<glu>): the weights, x,
-        n, dst; RMS_NORM_MUL_MAT[_HEAD_NORM]_ROPE(_FF): W, x, n, the positions, (the
-        factors,) (the head norm's weights,) dst)."""
+        n, dst; RMS_NORM_MUL_MAT_BIAS: W, x, n, the bias, dst;
+        RMS_NORM_MUL_MAT[_HEAD_NORM|_BIAS]_ROPE(_FF): W, x, n, the positions, (the factors,)
+        (the head norm's weights or the bias,) dst)."""
         w = ("i8", extent(self.src0)) if self.weight_bytes else (self.src0.dtype, _span(self.src0))
         ws = [w, w] if self.glu else [w]
         rest = (self.src1, self.r, self.dst) if self.add else (self.src1, self.dst)
@@ -1050,7 +1051,8 @@ def prepare_rms_norm_mul_mat(
 ) -> MatmulSpec:
     """RMS_NORM_MUL_MAT(_<glu>): the projection(s) of x / sqrt(mean(x^2) + eps) * n, MUL_MAT's
     (MUL_MAT_<glu>'s) GEMV with n sent once ahead of x's rows and x normalised on the cores
-    (GemvPlan.norm). Inputs: the weights (gate, up), x, n; op_params[0] = eps. `rope`: the
+    (GemvPlan.norm). Inputs: the weights (gate, up), x, n (RMS_NORM_MUL_MAT_BIAS: then one
+    f32 row of N values added to each product, GemvPlan.bias); op_params[0] = eps. `rope`: the
     plan of RMS_NORM_MUL_MAT_ROPE(_FF)'s product (GemvPlan.rope), `what` its op name for the
     refusals. `columns`: the GEMV planned over at most that many of the array's columns (a
     group of RMS_NORM_QKV_ROPE's; whether the GEMV applies at all is still asked of the whole
@@ -1063,8 +1065,8 @@ def prepare_rms_norm_mul_mat(
     dst = req.output
     op, w = what or req.op, ws[0]
     K = w.ne[0]
-    glu = req.op[len("RMS_NORM_MUL_MAT_") :] if req.op.startswith("RMS_NORM_MUL_MAT_") else ""
-    glu = "" if glu == "BIAS" else glu
+    plain = req.op in ("RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_BIAS")
+    glu = "" if plain else req.op.removeprefix("RMS_NORM_MUL_MAT_")
     # An f16 output (RMS_NORM_MUL_MAT only: the backend's V projection into the f16 KV cache)
     # is MUL_MAT's: summed in the core's f32 stash, scaled by s, rounded once (mv_norm.h).
     outs = ("f32",) if glu else ("f32", "f16")

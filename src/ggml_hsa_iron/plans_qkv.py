@@ -183,9 +183,10 @@ def _operand_checks(req: Request):
 
 
 def _group_request(req: Request, name: str, op: str, w: Tensor, out: Tensor) -> Request:
-    """The request of `op` computing one projection alone: RMS_NORM_MUL_MAT[_HEAD_NORM]_ROPE(_FF)
-    (W, x, n, the positions, (the factors,) (its head norm's weights); the 12 or 13 words) or
-    RMS_NORM_MUL_MAT (W, x, n; eps)."""
+    """The request of `op` computing projection `name` alone:
+    RMS_NORM_MUL_MAT[_HEAD_NORM|_BIAS]_ROPE(_FF) (W, x, n, the positions, (the factors,) (its
+    head norm's weights or bias); the 12 or 13 words) or RMS_NORM_MUL_MAT[_BIAS] (W, x, n, (its
+    bias); eps)."""
     x, n, *consts = req.inputs[3:]
     params = list(req.op_params) + [0] * (ROPE_PARAMS + 1 - len(req.op_params))
     own = own_inputs(req.op)
