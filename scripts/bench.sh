@@ -28,6 +28,11 @@
 #                               token and layer, and where a layer is one kernel the decode of
 #                               the family's smallest common shape under the timing model
 #                               (scripts/bench_families.py; a few minutes).
+#   scripts/bench.sh --compiles [--models "q4_0 q4_k_m"]
+#                               the compiles section of docs/perf.md alone: a 512-token prompt
+#                               and 4,095 generated tokens of the 1B shape on HSA0 (counted),
+#                               the kernels compiled and the PDIs loaded after the first
+#                               generated token (scripts/bench_compiles.py; a few minutes).
 #   scripts/bench.sh op 'CASE'  one test-backend-ops case (`OP(params)` as the program prints
 #                               it) on HSA0 through its emulated IRON design, aie2p and aie2:
 #                               the device time hsa-sim's timing model gives, GB/s, TFLOPS
@@ -57,7 +62,7 @@ if [ "${1:-}" = op ]; then
 fi
 
 mode=full
-types="f16 q8_0 q4_0 q4_k_m"
+types=""
 kernels=iron
 while [ $# -gt 0 ]; do
     case $1 in
@@ -65,6 +70,7 @@ while [ $# -gt 0 ]; do
     --emulation) mode=emulation ;;
     --timing) mode=timing ;;
     --families) mode=families ;;
+    --compiles) mode=compiles ;;
     --models)
         types=$2
         shift
@@ -74,12 +80,15 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     *)
-        echo "usage: scripts/bench.sh [--quick | --emulation | --timing | --families] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference] | scripts/bench.sh op 'OP(params)'" >&2
+        echo "usage: scripts/bench.sh [--quick | --emulation | --timing | --families | --compiles] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference] | scripts/bench.sh op 'OP(params)'" >&2
         exit 2
         ;;
     esac
     shift
 done
+if [ -z "$types" ]; then
+    if [ "$mode" = compiles ]; then types="q4_0 q4_k_m"; else types="f16 q8_0 q4_0 q4_k_m"; fi
+fi
 log() { printf '[bench] %s\n' "$*" >&2; }
 
 if [ "$mode" = timing ]; then
@@ -146,6 +155,10 @@ else
         fi
         models+=("llama-1b-shape-$t=$out")
     done
+fi
+if [ "$mode" = compiles ]; then
+    exec python3 scripts/bench_compiles.py --bin "$(scripts/llama-cpp.sh path bin-dl)" \
+        --target target/release "${models[@]}"
 fi
 exec python3 scripts/bench.py --mode "$mode" --kernels "$kernels" \
     --bin "$(scripts/llama-cpp.sh path bin-dl)" --target target/release "${models[@]}"
