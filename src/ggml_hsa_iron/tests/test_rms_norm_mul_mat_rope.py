@@ -200,6 +200,50 @@ class NormRopePlanTest(unittest.TestCase):
                 x_tasks = len(groups) + 1 + len(taps)
                 self.assertLessEqual(x_tasks, MAX_TASKS_PER_CHANNEL)
 
+    def test_heads_norm_keeps_whole_heads_on_a_core_and_rides_with_the_constants(self):
+        # qwen3's Q: every boundary inside a head splits it (normal mode too, past n_dims too);
+        # the head's D weights travel between the factors and the positions.
+        rows = RopeRows(64, 32, False, 1, 0, True)
+        self.assertEqual([b for b in range(130) if not rows.splits(b)], [0, 64, 128])
+        self.assertEqual(rows.words, 64 + 1)
+        self.assertGreater(mv_rope_bytes(rows), mv_rope_bytes(RopeRows(64, 32, False, 1)))
+        ins = [tensor("q4_0", [1024, 2048]), tensor("f32", [1024, 1]), tensor("f32", [1024])]
+        ins += [tensor("i32", [1]), tensor("f32", [128])]
+        params = rope_params(128, 2) + [fbits(1e-6)]
+        text = request_json(
+            "RMS_NORM_MUL_MAT_HEAD_NORM_ROPE", ins, tensor("f32", [128, 16, 1]), op_params=params
+        )
+        spec = prepare(parse_request(text))
+        p = spec.plan
+        self.assertEqual(p.rows_per_tile % 128, 0)
+        self.assertEqual([name for name, _ in p.rope_taps()][:2], ["hn", "pos"])
+        self.assertEqual(spec.core.defines["MV_ROPE_HEAD_NORM"], 1)
+        self.assertEqual(spec.core.defines["HEAD_NORM_EPS"], fbits(1e-6))
+
+    def test_a_bias_rides_once_per_dispatch_per_column_in_whole_rounds(self):
+        # qwen2's Q: each column's values of every round in one tap behind the constants, x's
+        # first values padding the last object; rounds whole.
+        ins = [tensor("q4_0", [896, 896]), tensor("f32", [896, 1]), tensor("f32", [896])]
+        ins += [tensor("i32", [1]), tensor("f32", [896])]
+        text = request_json(
+            "RMS_NORM_MUL_MAT_BIAS_ROPE", ins, tensor("f32", [64, 14, 1]),
+            op_params=rope_params(64, 2),
+        )  # fmt: skip
+        spec = prepare(parse_request(text))
+        p = spec.plan
+        self.assertEqual(p.N % p.block, 0)
+        cr = p.rows * p.rows_per_tile
+        for col in range(p.columns):
+            taps = dict(p.bias_taps(col))
+            self.assertEqual(taps["b"].offset, col * cr)
+            self.assertEqual(taps["b"].sizes, (1, 1, p.rounds, cr))
+            self.assertEqual(taps["b"].strides[2], p.block)
+            pad = taps["x"].sizes[3] if "x" in taps else 0
+            self.assertEqual(p.rounds * cr + pad, p.bias_objects * p.k_chunk)
+        self.assertEqual(spec.sequence[-2], ("f32", 896))
+        d = spec.core.defines
+        self.assertEqual((d["MV_BIAS_ROUNDS"], d["MV_BIAS_COLUMN_ROWS"]), (p.rounds, cr))
+
     def test_the_static_data_is_counted_in_the_core_memory(self):
         for arch in ("aie2", "aie2p"):
             for ty, ot in (("f32", "f32"), ("f32", "f16"), ("q4_K", "f32")):
