@@ -616,7 +616,12 @@ fn assert_all_layer_ops_emulated(tag: &str, log: &str, counters: &Path, stats: &
 /// One tiny llama with the IRON designs emulated: teacher-forced with the CPU's tokens (the NPU's
 /// GEMMs multiply in bf16 and dequantize on the cores), logits close to the CPU's; returns the
 /// run's log and where its counters and statistics went.
-fn tiny_llama_emulated(name: &str) -> Option<(String, std::path::PathBuf, std::path::PathBuf)> {
+/// The emulated run of `name` (the tiny llama's greedy run through the IRON designs) checked
+/// against the CPU's logits: its log, counters and stats files, and how many tokens it
+/// generated.
+fn tiny_llama_emulated(
+    name: &str,
+) -> Option<(String, std::path::PathBuf, std::path::PathBuf, usize)> {
     let bin = dl_bin()?;
     let model = model(name)?;
     let (env, counters, stats) = emu_env(name);
@@ -639,7 +644,7 @@ fn tiny_llama_emulated(name: &str) -> Option<(String, std::path::PathBuf, std::p
         worst <= MAX_QUANTIZED_LOGITS_NMSE,
         "{name}: NMSE {worst:.3e}"
     );
-    Some((npu.log, counters, stats))
+    Some((npu.log, counters, stats, npu.tokens.len()))
 }
 
 /// The gate of the NPU path: the tiny llama in every type the project ships (f32, f16, Q8_0, Q4_0, and
@@ -657,7 +662,7 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
         "tiny-llama-q4_0",
         "tiny-llama-q4_k_m",
     ] {
-        let Some((log, counters, stats)) = tiny_llama_emulated(name) else {
+        let Some((log, counters, stats, _)) = tiny_llama_emulated(name) else {
             return;
         };
         report_placement(name, &graphs(&log));
@@ -734,6 +739,9 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
 /// attention and the block, softcaps, a sliding window) decodes in more kernels, which this
 /// prints; gemma3 too (gemma2's layout without softcaps, with qwen3's per-head norms: its Q,
 /// K and V in one kernel).
+/// Layers of the tiny models (`scripts/models/make_tiny_llama.py`).
+const TINY_LAYERS: u64 = 4;
+
 #[test]
 fn tiny_families_run_every_layer_op_through_the_emulated_iron_designs() {
     for (name, layer_kernel) in [
@@ -743,7 +751,7 @@ fn tiny_families_run_every_layer_op_through_the_emulated_iron_designs() {
         ("tiny-gemma2-f32", None),
         ("tiny-gemma3-f32", Some("RMS_NORM_QKV_HEAD_NORM_ROPE")),
     ] {
-        let Some((log, counters, stats)) = tiny_llama_emulated(name) else {
+        let Some((log, counters, stats, tokens)) = tiny_llama_emulated(name) else {
             return;
         };
         assert_all_layer_ops_emulated(name, &log, &counters, &stats);
@@ -752,9 +760,12 @@ fn tiny_families_run_every_layer_op_through_the_emulated_iron_designs() {
         let layers = c["emulated_ops"][kernel].as_u64().unwrap_or(0);
         println!("{name}: {layers} decode layers ran {kernel}");
         if layer_kernel.is_some() {
-            assert!(
-                layers > 0,
-                "{name}: no {kernel} ran as an emulated IRON kernel: {}",
+            // Every layer of every decode step (each generated token but the first, which
+            // the prompt's graph gives).
+            let want = TINY_LAYERS * (tokens as u64 - 1);
+            assert_eq!(
+                layers, want,
+                "{name}: {kernel} ran {layers} times, not once per decode layer: {}",
                 c["emulated_ops"]
             );
         }
