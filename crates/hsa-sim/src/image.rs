@@ -501,27 +501,20 @@ impl KernelDesc {
                     self.op
                 ));
             }
-            if bias {
-                let b = &self.inputs[4 + usize::from(ff) + usize::from(head_norm)];
-                if b.ty != f32 || b.ne != [w[1], 1, 1, 1] {
+            // The inputs after the factors: the head norm's weights, then the bias.
+            let own = [
+                (head_norm, o[0], "the head norm's weights", "one head"),
+                (bias, w[1], "the bias", "one row of the product"),
+            ];
+            let present = own.into_iter().filter(|o| o.0);
+            for (at, (_, len, what, of)) in (4 + usize::from(ff)..).zip(present) {
+                let t = &self.inputs[at];
+                if t.ty != f32 || t.ne != [len, 1, 1, 1] {
                     return inv(format!(
-                        "{}: the bias must be f32 [{}] (one row of the product), not {} {:?}",
+                        "{}: {what} must be f32 [{len}] ({of}), not {} {:?}",
                         self.op,
-                        w[1],
-                        b.ty.name(),
-                        b.ne
-                    ));
-                }
-            }
-            if head_norm {
-                let w = &self.inputs[4 + usize::from(ff)];
-                if w.ty != f32 || w.ne != [o[0], 1, 1, 1] {
-                    return inv(format!(
-                        "{}: the head norm's weights must be f32 [{}] (one head), not {} {:?}",
-                        self.op,
-                        o[0],
-                        w.ty.name(),
-                        w.ne
+                        t.ty.name(),
+                        t.ne
                     ));
                 }
             }

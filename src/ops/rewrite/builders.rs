@@ -952,13 +952,14 @@ pub fn merge_qkv<'a>(
     }
     // The rotation's operands (the positions, the factors), then each one's own: its heads'
     // norm weights or its bias.
+    let own = usize::from(head_norm || bias);
     let rotation = |ops: &'a [Tensor]| {
         let consts = &ops[3..ops.len() - 1];
-        consts.split_at(consts.len() - usize::from(head_norm || bias))
+        consts.split_at(consts.len() - own)
     };
     let ((q_consts, q_norm), (k_consts, k_norm)) = (rotation(q_ops), rotation(k_ops));
     // The layouts of the rotation's operands.
-    let shared = |inputs: &'a [Layout]| &inputs[3..inputs.len() - usize::from(head_norm || bias)];
+    let shared = |inputs: &'a [Layout]| &inputs[3..inputs.len() - own];
     let eps = v_desc.op_params.first().copied();
     let one_rotation = q_desc.op == k_desc.op
         && q_desc.op_params == k_desc.op_params
