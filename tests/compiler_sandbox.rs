@@ -17,6 +17,7 @@ fn relu() -> KernelDesc {
         inputs: vec![t.clone()],
         output: t,
         f16_as_bf16: false,
+        n_kv_step: None,
         extra_outputs: Vec::new(),
     }
 }

@@ -79,6 +79,7 @@ proptest! {
                     inputs: vec![layout.clone(), Layout::dense(&layout.dtype, [1; 4]).unwrap()],
                     output: layout,
                     f16_as_bf16: false,
+                    n_kv_step: None,
                     extra_outputs: Vec::new(),
                 };
                 check_desc(&add);
@@ -371,6 +372,7 @@ fn probe_descs() -> Vec<KernelDesc> {
             inputs: vec![t.clone(), row],
             output: t.clone(),
             f16_as_bf16: dtype == "f16",
+            n_kv_step: None,
             extra_outputs: Vec::new(),
         });
         let mut strided = t.clone();
@@ -381,6 +383,7 @@ fn probe_descs() -> Vec<KernelDesc> {
             inputs: vec![strided],
             output: t,
             f16_as_bf16: false,
+            n_kv_step: None,
             extra_outputs: Vec::new(),
         });
     }
@@ -396,6 +399,7 @@ fn seed_desc() -> KernelDesc {
         inputs: vec![t.clone()],
         output: t,
         f16_as_bf16: false,
+        n_kv_step: None,
         extra_outputs: Vec::new(),
     }
 }
@@ -518,6 +522,7 @@ fn found_defects_stay_fixed() {
             inputs: vec![huge.clone()],
             output: huge,
             f16_as_bf16: false,
+            n_kv_step: None,
             extra_outputs: Vec::new(),
         }
         .canonical_name(),
@@ -533,6 +538,7 @@ fn found_defects_stay_fixed() {
         inputs: vec![t.clone()],
         output: t.clone(),
         f16_as_bf16: false,
+        n_kv_step: None,
         extra_outputs: Vec::new(),
     };
     assert_ne!(
@@ -551,6 +557,7 @@ fn found_defects_stay_fixed() {
         inputs: vec![wide.clone(), Layout::dense("i8", [1; 4]).unwrap()],
         output: wide,
         f16_as_bf16: false,
+        n_kv_step: None,
         extra_outputs: Vec::new(),
     };
     assert_eq!(

@@ -52,11 +52,23 @@ pub enum KernelCode {
         insts: PoolAlloc,
         /// Length of the instruction stream (the allocation may be rounded up).
         insts_bytes: u64,
+        /// A kernel told its KV length at dispatch: its streams, one per length.
+        by_n_kv: Option<NkvStreams>,
     },
     /// c: a kernel of an AIE code object loaded into an executable. The executable lives as
     /// long as this kernel (an `Arc`): the device's table and every batch that dispatches it
     /// hold one, so it is destroyed only after its last dispatch has completed.
     Object(KernelObject),
+}
+
+/// The instruction streams of a kernel told its KV length at dispatch (`KernelDesc::n_kv_step`):
+/// the stream's last word is the length (docs/kernel-compiler-protocol.md), so each length gets
+/// its own copy, made on first use and kept while the kernel is loaded: a batch in flight may
+/// still read any of them, and a context grows through a few dozen lengths at most.
+#[derive(Debug)]
+pub struct NkvStreams {
+    template: Vec<u8>,
+    copies: Mutex<Vec<(u32, PoolAlloc)>>,
 }
 
 impl LoadedKernel {
@@ -73,6 +85,7 @@ impl LoadedKernel {
                 pdi,
                 insts,
                 insts_bytes,
+                ..
             } => Dispatch {
                 kernel_object: 0,
                 pdi_addr: pdi.device_addr(),
@@ -279,7 +292,49 @@ impl Device {
     /// Whether the kernel store can provide `desc` (files on disk or the compiler's declared
     /// capabilities; a compile may still refuse the shape). Never compiles.
     pub fn supports_kernel(&self, desc: &KernelDesc) -> bool {
+        // Under ABI c the instruction stream is inside the loaded code object: one per kernel,
+        // not one per KV length.
+        if desc.n_kv_step.is_some() && self.packet_abi == PacketAbi::C {
+            return false;
+        }
         self.store.supports(desc).is_ok()
+    }
+
+    /// The address of `kernel`'s instruction stream telling it `n_kv` (a kernel told its KV
+    /// length at dispatch), made now if this length is new.
+    pub fn n_kv_insts(&self, kernel: &LoadedKernel, n_kv: u32) -> Result<u64, String> {
+        let KernelCode::Blobs {
+            by_n_kv: Some(streams),
+            insts_bytes,
+            ..
+        } = &kernel.code
+        else {
+            return Err(format!(
+                "kernel {} does not take its KV length at dispatch",
+                kernel.name
+            ));
+        };
+        let mut copies = streams.copies.lock();
+        if let Some((_, a)) = copies.iter().find(|(n, _)| *n == n_kv) {
+            return Ok(a.device_addr());
+        }
+        let mut words = streams.template.clone();
+        let last = words
+            .len()
+            .checked_sub(4)
+            .filter(|_| *insts_bytes as usize == words.len())
+            .ok_or_else(|| format!("kernel {}: an empty instruction stream", kernel.name))?;
+        words[last..].copy_from_slice(&n_kv.to_le_bytes());
+        let alloc = self
+            .runtime
+            .allocate(self.pools.dev_heap.pool, words.len())
+            .map_err(|e| format!("kernel {}: its stream for n_kv {n_kv}: {e}", kernel.name))?;
+        alloc
+            .write_at(0, &words)
+            .map_err(|e| format!("kernel {}: {e}", kernel.name))?;
+        let addr = alloc.device_addr();
+        copies.push((n_kv, alloc));
+        Ok(addr)
     }
 
     /// The kernels for `descs`, in order: those not loaded yet are found or compiled (the
@@ -320,10 +375,15 @@ impl Device {
             loading += started.elapsed();
             files
         };
-        let n_args: HashMap<&str, u32> = names
+        let n_args: HashMap<&str, (u32, bool)> = names
             .iter()
             .zip(descs)
-            .map(|(n, d)| (n.as_str(), d.operand_count() as u32))
+            .map(|(n, d)| {
+                (
+                    n.as_str(),
+                    (d.operand_count() as u32, d.n_kv_step.is_some()),
+                )
+            })
             .collect();
         let mut evicted = 0;
         let kernels = names
@@ -350,7 +410,8 @@ impl Device {
                     }),
                 }?;
                 let uploading = std::time::Instant::now();
-                let kernel = self.load(&files, n_args[name.as_str()], now, &mut evicted);
+                let (args, n_kv) = n_args[name.as_str()];
+                let kernel = self.load(&files, args, n_kv, now, &mut evicted);
                 loading += uploading.elapsed();
                 let kernel = kernel?;
                 Ok(self
@@ -374,11 +435,12 @@ impl Device {
         &self,
         files: &KernelFiles,
         n_args: u32,
+        n_kv: bool,
         now: u64,
         evicted: &mut u64,
     ) -> Result<Arc<LoadedKernel>, DeviceError> {
         loop {
-            match self.upload(files, n_args) {
+            match self.upload(files, n_args, n_kv) {
                 Ok(code) => {
                     return Ok(Arc::new(LoadedKernel {
                         name: files.name.clone(),
@@ -467,7 +529,12 @@ impl Device {
     /// instruction stream: a kind-0 kernel under the agent's architecture, named by the
     /// kernel's canonical name, taking `n_args` buffers); otherwise copies its PDI and
     /// instruction stream into the dev heap. A full dev heap is told apart from other failures.
-    fn upload(&self, files: &KernelFiles, n_args: u32) -> Result<KernelCode, UploadError> {
+    fn upload(
+        &self,
+        files: &KernelFiles,
+        n_args: u32,
+        n_kv: bool,
+    ) -> Result<KernelCode, UploadError> {
         let failed = |reason: String| {
             UploadError::Failed(DeviceError::KernelLoad {
                 name: files.name.clone(),
@@ -520,6 +587,10 @@ impl Device {
             pdi: load(&files.pdi)?,
             insts: load(&files.insts)?,
             insts_bytes: files.insts.len() as u64,
+            by_n_kv: n_kv.then(|| NkvStreams {
+                template: files.insts.clone(),
+                copies: Mutex::new(Vec::new()),
+            }),
         })
     }
 }

@@ -534,7 +534,15 @@ impl Stream {
                 }
                 // Every output counts as written (RMS_NORM_FFN_<GLU>'s output before h): a host
                 // node reading one waits for the kernel.
-                self.enqueue(kernel.clone(), &operands, k.outputs(), node)
+                let insts = match k.n_kv {
+                    Some(n) => Some(
+                        self.device
+                            .n_kv_insts(kernel, n)
+                            .map_err(|e| failed(Enqueue::Operand(e)))?,
+                    ),
+                    None => None,
+                };
+                self.enqueue(kernel.clone(), &operands, k.outputs(), insts, node)
                     .map_err(failed)
             }
             Step::Host(op) => self.host(op, host).map_err(failed),
@@ -622,11 +630,14 @@ impl Stream {
 
     /// Adds a dispatch of `kernel` on `tensors` (its inputs, then its `outputs` outputs) to the
     /// pending batch.
+    /// `insts`: the instruction stream to run instead of the kernel's own (one telling it its
+    /// KV length, `Device::n_kv_insts`).
     fn enqueue(
         &mut self,
         kernel: Arc<LoadedKernel>,
         tensors: &[Tensor],
         outputs: usize,
+        insts: Option<u64>,
         node: (usize, &'static str),
     ) -> Result<(), Enqueue> {
         if tensors.len() > MAX_OPERANDS {
@@ -686,16 +697,15 @@ impl Stream {
         let stride = self.args_stride;
         let args_addr = self.args.device_addr() + (slot * stride) as u64;
         let args = &mut self.args.as_mut_slice()[slot * stride..(slot + 1) * stride];
+        let mut dispatch = kernel.dispatch(operands);
+        if let Some(addr) = insts {
+            dispatch.insts_addr = addr;
+        }
         let packet = self
             .device
             .packet_abi
             .format()
-            .encode(
-                &kernel.dispatch(operands),
-                args,
-                args_addr,
-                self.completion.handle(),
-            )
+            .encode(&dispatch, args, args_addr, self.completion.handle())
             .map_err(|e| Enqueue::Operand(format!("kernel {}: {e}", kernel.name)))?;
         if self.resident_pdis.insert(pdi) {
             self.stats.pdi_loads += 1;

@@ -24,7 +24,8 @@ from .registry import (
 
 def capabilities(target: str = "npu") -> dict:
     """What the designs compile; the same for both targets (the emulation target runs the
-    designs a real NPU would run, so it takes exactly what they take)."""
+    designs a real NPU would run, so it takes exactly what they take), but for a run-time n_kv,
+    which only the emulation target compiles."""
     ops = []
     for spec in OPS:
         entry = {
@@ -41,6 +42,10 @@ def capabilities(target: str = "npu") -> dict:
         if spec.outputs > 1:
             # `output`, then the request's extra_outputs.
             entry["outputs"] = spec.outputs
+        if spec.run_time_n_kv and target == "emu":
+            # The request may give n_kv at dispatch (`n_kv_step`): the emulation target
+            # records the design for every n_kv at once; the npu target cannot yet.
+            entry["run_time_n_kv"] = True
         if spec.op == "MUL_MAT":
             entry["type_combos"] = [list(c) for c in MUL_MAT_COMBOS]
         elif spec.kind == "mul_mat_glu":

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from . import environment
-from .errors import BuildError
+from .errors import BuildError, UnsupportedError
 from .outputs import install_kernel
 from .plans import CoreSource, core_sources, prepare
 from .registry import lookup
@@ -84,6 +84,12 @@ def build_module(spec) -> str:
 
 
 def compile_request(req: Request, output_dir: Path) -> None:
+    if "n_kv_step" in req.extra:
+        # The emulation target records such a design at several n_kv and writes where the
+        # value goes (emu/params.py); aiecc's instruction stream has no such table yet.
+        raise UnsupportedError(
+            f"{req.op}: a run-time n_kv (n_kv_step) is compiled by the emulation target only"
+        )
     spec = prepare(req)  # UnsupportedError before any tool runs
     environment.check()
     peano = environment.peano_dir()

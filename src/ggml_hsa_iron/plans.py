@@ -1389,6 +1389,8 @@ def prepare(req: Request):
     spec = registry.lookup(req.op)
     if spec is None:
         raise UnsupportedError(f"no design implements op {req.op}")
+    if "n_kv_step" in req.extra and not spec.run_time_n_kv:
+        raise UnsupportedError(f"{req.op} takes no run-time n_kv (n_kv_step)")
     if spec.kind == "mul_mat":
         return prepare_mul_mat(req)
     if spec.kind == "mul_mat_glu":

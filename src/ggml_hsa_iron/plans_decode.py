@@ -480,6 +480,7 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
         (_q_view(q), kc, vc, mask, wo, x, wg, wu, wd, n_ffn),
         out,
         (a, r1, h),
+        req.extra,
     )
     try:
         _, specs, fa_shapes = fa_ffn_phases(fa_req)

@@ -35,6 +35,7 @@ where no shape fits (the refusal says which of the attention's constraints faile
 """
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from .archs import Arch
@@ -43,10 +44,15 @@ from .plans import _bits_f32, _check_common
 from .plans_fa import KV_CODE, Side, _extent_words, _rows_split, _side, prepare_flash_attn
 from .plans_ffn import FfnSpec, _replan, attn_ffn_phases, ffn_core_bytes
 from .request import Request, Tensor
-from .tiling import MAX_WRAP, VECTOR_ELEMS, Tap, split_run
+from .tiling import MAX_REPEAT, MAX_WRAP, VECTOR_ELEMS, Tap, split_run
 
 PREFIX = "FLASH_ATTN_FFN_"
 F32 = 4
+# The request field of a run-time KV length (`run_time_step`).
+RUN_TIME_KEY = "n_kv_step"
+# The run-time KV lengths' granularity the design takes: step / 2 mask words and step K or V
+# rows are one DMA dimension each (at most MAX_WRAP), the mask's f16 values whole words.
+MAX_STEP = MAX_WRAP
 
 
 def _vecs(n: int) -> int:
@@ -69,7 +75,12 @@ class FaPhase:
     nr: int  # f32 values of a core's y object
     kc: int  # 32-bit words of an x object
     q_side: Side  # the group's q rows, repeated to whole objects
-    m_side: Side  # the mask row's words, repeated to whole objects
+    m_side: Side  # the mask row's words, repeated to whole objects (at n_kv_max)
+    # A run-time KV length (`run_time_step`): n_kv is any multiple of `step` up to n_kv_max
+    # (k's rows), given at dispatch; `n` is the one this instance of the program is recorded
+    # for (0: n_kv_max). 0: n_kv is k's rows, fixed.
+    step: int = 0
+    n: int = 0
 
     # --- shapes
     @property
@@ -82,7 +93,28 @@ class FaPhase:
 
     @property
     def n_kv(self) -> int:
+        """The keys this instance reads (the run-time value it is recorded for)."""
+        return self.n or self.k.ne[1]
+
+    @property
+    def n_kv_max(self) -> int:
+        """The keys the core's arrays hold: k's rows (a run-time n_kv's largest value)."""
         return self.k.ne[1]
+
+    def at(self, n: int) -> "FaPhase":
+        """This phase recorded for a run-time n_kv of n (the same shape and core source)."""
+        if not self.step or n % self.step or not 0 < n <= self.n_kv_max:
+            raise ValueError(f"n_kv {n} is not a multiple of {self.step} up to {self.n_kv_max}")
+        return dataclasses.replace(self, n=n)
+
+    @property
+    def mask_side(self) -> Side:
+        """The mask row's words repeated to whole objects for this instance: with a run-time
+        n_kv, the same repeat count for every n_kv (so that the objects are n_kv's multiple)."""
+        if not self.step:
+            return self.m_side
+        words = self.n_kv // 2
+        return Side(words, self.m_side.rep, self.m_side.rep * words // self.kc)
 
     @property
     def n_head(self) -> int:
@@ -130,7 +162,7 @@ class FaPhase:
     @property
     def objects_per_round(self) -> int:
         """x objects of a round: q rows, mask row, K rows, V rows."""
-        return self.q_side.objects + self.m_side.objects + self.k_objects + self.v_objects
+        return self.q_side.objects + self.mask_side.objects + self.k_objects + self.v_objects
 
     # --- the plan's limits
     @property
@@ -139,7 +171,7 @@ class FaPhase:
         of its gh heads, one decoded K or V row, a vector of dot products and the sum per
         head, five counters."""
         gh, v = self.gh, VECTOR_ELEMS
-        floats = gh * (_vecs(self.d) + _vecs(self.n_kv) + _vecs(self.dv) + 2 * v)
+        floats = gh * (_vecs(self.d) + _vecs(self.n_kv_max) + _vecs(self.dv) + 2 * v)
         floats += max(_vecs(self.d), _vecs(self.dv))
         return floats * F32 + 5 * 4
 
@@ -159,16 +191,17 @@ class FaPhase:
 
     def mask_tap(self) -> Tap:
         """Mask row 0's words (n_kv f16 values, the last word's other half unused), repeated
-        to whole objects."""
-        s = self.m_side
-        a, w = split_run(s.words, 4)
+        to whole objects; with a run-time n_kv, in runs of step / 2 words (every size then
+        n_kv's multiple)."""
+        s = self.mask_side
+        a, w = (s.words // (self.step // 2), self.step // 2) if self.step else split_run(s.words, 4)
         return Tap(0, (s.rep, 1, a, w), (0, 0, w, 1))
 
     def _kv_tap(self, t: Tensor, kvh: int, row_words: int) -> Tap:
         off, n, stride = kvh * t.nb[2] // 4, self.n_kv, t.nb[1] // 4
         if stride == row_words or n == 1:
             return Tap(off, (1, 1, 1, n * row_words), (0, 0, 0, 1))
-        r = _rows_split(n)
+        r = self.step or _rows_split(n)
         return Tap(off, (1, n // r, r, row_words), (0, r * stride, stride, 1))
 
     def k_tap(self, kvh: int) -> Tap:
@@ -195,7 +228,7 @@ class FaPhase:
             "MV_FA": 1,
             "FA_D": self.d,
             "FA_DV": self.dv,
-            "FA_NKV": self.n_kv,
+            "FA_NKV": self.n_kv_max,
             "FA_GQ": self.gq,
             "FA_GH": self.gh,
             "FA_K_TYPE": KV_CODE[self.k.dtype],
@@ -205,9 +238,7 @@ class FaPhase:
             "FA_SCALE": self.params[0],
             "FA_SOFTCAP": self.params[1],
             "FA_Q_OBJECTS": self.q_side.objects,
-            "FA_M_OBJECTS": self.m_side.objects,
-            "FA_K_OBJECTS": self.k_objects,
-            "FA_V_OBJECTS": self.v_objects,
+            "FA_M_REP": self.m_side.rep,
         }
 
 
@@ -215,15 +246,16 @@ class FaShapes:
     """`fa_phase` on the candidate shapes of plans_ffn.plan_phases, remembering why the ones
     that do not fit were refused (for the refusal's message)."""
 
-    def __init__(self, q, k, v, mask, a, params, arch: Arch):
+    def __init__(self, q, k, v, mask, a, params, arch: Arch, step: int = 0):
         self.ops = (q, k, v, mask, a)
         self.params = params
         self.arch = arch
+        self.step = step
         self.why: dict[str, int] = {}
 
     def __call__(self, plans) -> FaPhase | None:
         """The phase on the shape of the candidate's GEMV plans (phase 0's first), or None."""
-        got = fa_phase(*self.ops, self.params, plans[0])
+        got = fa_phase(*self.ops, self.params, plans[0], self.step)
         if isinstance(got, str):
             self.why[got] = self.why.get(got, 0) + 1
             return None
@@ -246,6 +278,10 @@ class FaShapes:
                 f"{v.dtype}) and all {n_kv} of them in whole objects"
             ),
             "sides": "the q rows and the mask row repeated to whole x objects",
+            "step": (
+                f"x objects of kc words holding the K and V rows of every multiple of "
+                f"{self.step} keys (a run-time n_kv)"
+            ),
             "memory": (
                 f"the scores of a core's q heads over n_kv = {n_kv} keys (a context too long "
                 f"for the core's memory: the two-pass softmax keeps them all) with its q rows, "
@@ -257,9 +293,10 @@ class FaShapes:
         return "the attention phase needs " + "; ".join(seen) if seen else "none fits"
 
 
-def fa_phase(q, k, v, mask, a, params, p) -> FaPhase | str:
+def fa_phase(q, k, v, mask, a, params, p, step: int = 0) -> FaPhase | str:
     """The attention phase on the shape of GEMV plan p, or the key of why it does not fit
-    there (FaShapes.explain): "gq", "dv", "rows", "sides"."""
+    there (FaShapes.explain): "gq", "dv", "rows", "sides"; with a run-time n_kv (`step`),
+    "step" when some multiple of step would not be whole objects."""
     C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk
     n_head, n_head_kv = q.ne[2], k.ne[2]
     gq = n_head // n_head_kv
@@ -273,12 +310,31 @@ def fa_phase(q, k, v, mask, a, params, p) -> FaPhase | str:
         return "rows"
     q_side = _side(gq * q.ne[0], kc)
     m_words = -(-n_kv // 2)
-    m_side = _side(m_words, kc)
-    if q_side is None or m_side is None or split_run(m_words, 4) is None or gq > MAX_WRAP:
+    if step:
+        # Every multiple of step: K and V rows in whole objects, the mask row's step / 2 word
+        # runs repeated to whole objects by one repeat count.
+        if (step * kw) % kc or (step * vw) % kc:
+            return "step"
+        rep = kc // math.gcd(kc, step // 2)
+        m_side = Side(m_words, rep, rep * m_words // kc) if rep <= MAX_REPEAT else None
+    else:
+        m_side = _side(m_words, kc)
+        if m_side is not None and split_run(m_words, 4) is None:
+            m_side = None
+    if q_side is None or m_side is None or gq > MAX_WRAP:
         return "sides"
     if m_words > _extent_words(mask):
         return "sides"
-    return FaPhase(q, k, v, mask, a, params, C, R, nr, kc, q_side, m_side)
+    return FaPhase(q, k, v, mask, a, params, C, R, nr, kc, q_side, m_side, step)
+
+
+def run_time_step(req: Request) -> int:
+    """The request's run-time KV length (`n_kv_step`, docs/kernel-compiler-protocol.md): n_kv
+    is given at dispatch, any multiple of the step up to k's rows; 0 when n_kv is k's rows."""
+    step = req.extra.get(RUN_TIME_KEY, 0)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise RequestError(f"{RUN_TIME_KEY} must be a non-negative integer, got {step!r}")
+    return step
 
 
 def _dense_rows(a: Tensor) -> Tensor:
@@ -350,5 +406,11 @@ def fa_ffn_phases(req: Request):
         _, specs = attn_ffn_phases(ffn_req)
     except UnsupportedError as e:
         raise UnsupportedError(f"{op}: {e}") from None
-    shapes = FaShapes(q, k, v, mask, a, (fa.params[0], fa.params[2]), arch)
+    step = run_time_step(req)
+    if step and (step % 2 or step > MAX_STEP or k.ne[1] % step):
+        raise UnsupportedError(
+            f"{op}: a run-time n_kv in steps of {step} up to {k.ne[1]}: the step must be even, "
+            f"at most {MAX_STEP} and divide the largest n_kv (k's rows)"
+        )
+    shapes = FaShapes(q, k, v, mask, a, (fa.params[0], fa.params[2]), arch, step)
     return arch, specs, shapes

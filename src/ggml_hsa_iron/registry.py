@@ -63,6 +63,12 @@ class OpSpec:
     def kernel_name(self) -> str:
         return f"ggml_op_{self.op.lower()}"
 
+    @property
+    def run_time_n_kv(self) -> bool:
+        """Whether the request may make n_kv a run-time argument (`n_kv_step`): the ops whose
+        attention reads one query row against the KV cache (plans_fa_ffn.run_time_step)."""
+        return self.kind in ("flash_attn_ffn", "decode_layer")
+
 
 _ELTWISE_LIMITS = (
     "contiguous operands; float operands may mix bf16 and f32, integer operands share "

@@ -54,6 +54,9 @@ pub struct OpCapability {
     /// Whether operands may be strided views.
     #[serde(default)]
     pub noncontiguous: bool,
+    /// Whether a request may give the KV length at dispatch (`n_kv_step`).
+    #[serde(default)]
+    pub run_time_n_kv: bool,
 }
 
 fn one() -> usize {
@@ -89,6 +92,12 @@ impl Capabilities {
                 desc.op,
                 op.inputs,
                 desc.inputs.len()
+            ));
+        }
+        if desc.n_kv_step.is_some() && !op.run_time_n_kv {
+            return Err(format!(
+                "{} takes no run-time KV length in the compiler",
+                desc.op
             ));
         }
         if op.outputs != 1 + desc.extra_outputs.len() {
@@ -383,6 +392,7 @@ mod tests {
             inputs: vec![t.clone(); n_inputs],
             output: t,
             f16_as_bf16: false,
+            n_kv_step: None,
             extra_outputs: Vec::new(),
         }
     }

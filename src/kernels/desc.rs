@@ -126,6 +126,9 @@ pub struct KernelDesc {
     /// inputs to bf16 before computing and its f16 outputs to bf16 precision, as a kernel fed
     /// bf16 copies of them would. Only set when some operand is f16.
     pub f16_as_bf16: bool,
+    /// The KV length is given at dispatch, a multiple of this step up to the K and V operands'
+    /// rows (`ops::kv_length`): one kernel for every length a growing context takes.
+    pub n_kv_step: Option<u32>,
 }
 
 /// Longest canonical name; longer descriptions end in a hash of the full name instead.
@@ -143,10 +146,13 @@ struct Request<'a> {
     extra_outputs: &'a [Layout],
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     f16_as_bf16: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    n_kv_step: Option<u32>,
 }
 
 impl KernelDesc {
-    /// The canonical kernel name: `<op>-<input>...-<output>[-<extra output>...][-p<params>][-f16asbf16]`,
+    /// The canonical kernel name:
+    /// `<op>-<input>...-<output>[-<extra output>...][-p<params>][-kv<step>][-f16asbf16]`,
     /// each operand as
     /// `<type>_<ne0>x<ne1>...` (plus `_s<strides>` when strided), op parameters as hex words with
     /// trailing zeros dropped. Stable across runs, builds and machines; file-name safe
@@ -168,6 +174,9 @@ impl KernelDesc {
                 .map(|p| format!("{:x}", *p as u32))
                 .collect();
             parts.push(format!("p{}", words.join("_")));
+        }
+        if let Some(step) = self.n_kv_step {
+            parts.push(format!("kv{step}"));
         }
         if self.f16_as_bf16 {
             parts.push("f16asbf16".into());
@@ -202,6 +211,7 @@ impl KernelDesc {
             output: &self.output,
             extra_outputs: &self.extra_outputs,
             f16_as_bf16: self.f16_as_bf16,
+            n_kv_step: self.n_kv_step,
         })
         .expect("kernel descriptions always serialise")
     }
@@ -226,6 +236,7 @@ mod tests {
             inputs: vec![t.clone(), t.clone()],
             output: t,
             f16_as_bf16: false,
+            n_kv_step: None,
             extra_outputs: Vec::new(),
         }
     }
@@ -260,6 +271,7 @@ mod tests {
             inputs: vec![w.clone(), x],
             output: Layout::contiguous("f32", 4, [3, 5, 2, 1]),
             f16_as_bf16: false,
+            n_kv_step: None,
             extra_outputs: Vec::new(),
         };
         assert_eq!(

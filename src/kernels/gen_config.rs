@@ -285,6 +285,9 @@ pub struct KernelEntry {
     /// `true`: the kernel computes its f16 operands as bf16 (`GGML_HSA_F16_AS_BF16`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub f16_as_bf16: Option<bool>,
+    /// The kernel is told its KV length at dispatch, in these steps (`KernelDesc::n_kv_step`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_kv_step: Option<u32>,
 }
 
 impl KernelConfig {
@@ -315,6 +318,7 @@ impl KernelEntry {
             exported_name: Some(desc.canonical_name()),
             op_params: (!desc.op_params.is_empty()).then(|| desc.op_params.clone()),
             f16_as_bf16: desc.f16_as_bf16.then_some(true),
+            n_kv_step: desc.n_kv_step,
         }
     }
 
@@ -363,6 +367,7 @@ impl KernelEntry {
                 output,
                 extra_outputs,
                 f16_as_bf16: self.f16_as_bf16.unwrap_or(false),
+                n_kv_step: self.n_kv_step,
             },
         ))
     }
@@ -540,6 +545,7 @@ mod tests {
             exported_name: None,
             op_params: None,
             f16_as_bf16: None,
+            n_kv_step: None,
         }
     }
 
@@ -662,6 +668,7 @@ mod tests {
             inputs: vec![t.clone()],
             output: t,
             f16_as_bf16: false,
+            n_kv_step: None,
             extra_outputs: Vec::new(),
         };
         let e = KernelEntry::from_desc(&desc, Arch::Aie2p);

@@ -302,6 +302,7 @@ pub fn plan(node: &Node) -> Result<Plan, String> {
                     inputs: vec![rows(a)],
                     output: rows(&node.dst),
                     f16_as_bf16: false,
+                    n_kv_step: None,
                     extra_outputs: Vec::new(),
                 },
                 operands: vec![a.clone(), node.dst.clone()],
@@ -555,6 +556,7 @@ fn kernel(
             inputs: inputs.iter().map(|t| layout(t)).collect(),
             output: layout(dst),
             f16_as_bf16: false,
+            n_kv_step: None,
             extra_outputs: Vec::new(),
         },
         operands: inputs

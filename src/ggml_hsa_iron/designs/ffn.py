@@ -107,7 +107,7 @@ def _add_rounds(of_w, of_x, of_y, rounds, k_steps, zero, mv, add, r_offset):
 def _fa_kernels(kern, x_tile, y_tile):
     """FLASH_ATTN_FFN_<glu>'s attention functions (kernels/mv_fa.h), in `_fa_rounds`' order."""
     return [
-        kern("_fa_q", [x_tile, np.int32]),
+        kern("_fa_q", [x_tile, np.int32, np.int32]),
         kern("_fa_mask", [x_tile]),
         kern("_fa_k", [x_tile]),
         kern("_fa_v", [x_tile]),
@@ -117,11 +117,11 @@ def _fa_kernels(kern, x_tile, y_tile):
 
 def _fa_rounds(of_x, of_y, fa, rounds, q_fn, mask_fn, k_fn, v_fn, out_fn, first):
     """The attention phase's rounds on a core, one per KV head of its column: the group's q
-    rows (the core's from word `first`), the mask row, the K rows, the V rows, then its heads'
-    outputs as y objects."""
+    rows (the core's from word `first`; the first object tells the core n_kv), the mask row,
+    the K rows, the V rows, then its heads' outputs as y objects."""
     pieces = (
-        (fa.q_side.objects, lambda x: q_fn(x, first)),
-        (fa.m_side.objects, mask_fn),
+        (fa.q_side.objects, lambda x: q_fn(x, first, fa.n_kv)),
+        (fa.mask_side.objects, mask_fn),
         (fa.k_objects, k_fn),
         (fa.v_objects, v_fn),
     )

@@ -3,12 +3,14 @@ simulator image version 2 (`<name>.pdi`) and its instruction stream (`<name>_ins
 
 Image: "HSASIMK1" | version u32 = 2 | program JSON length u32 | library length u32 |
 reserved u32 = 0 | program JSON (UTF-8) | shared library. Instruction stream: the 8 words of
-version 1, hashing the payload (JSON + library bytes).
+version 1, hashing the payload (JSON + library bytes), then a word per run-time argument
+(a request with `n_kv_step`: n_kv, written by the backend at dispatch).
 
 Images are cached in the emulation's cache directory by what they depend on (the request, the
 package's sources, the C++ compiler), so a design is recorded once per shape.
 """
 
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -25,6 +27,7 @@ from ..registry import lookup
 from ..request import Request
 from . import install, iron
 from .build import build_library, cache_dir, compiler, read_cached, sources_digest, write_cached
+from .params import parametrize
 from .program import DesignError
 
 MAGIC = b"HSASIMK1"
@@ -51,11 +54,13 @@ def image_bytes(program: dict, library: bytes) -> bytes:
     return head + text + library
 
 
-def insts_bytes(image: bytes) -> bytes:
+def insts_bytes(image: bytes, params: int = 0) -> bytes:
+    """The stream naming `image`, then one word per run-time argument of its program, which
+    the backend writes at each dispatch (0 here: not a valid value)."""
     payload = image[24:]
     h = fnv1a64_bytes(payload)
-    words = [0x4D495348, 0x31534E49, 1, 8, h & 0xFFFFFFFF, h >> 32, len(payload), 0]
-    return struct.pack("<8I", *words)
+    words = [0x4D495348, 0x31534E49, 1, 8 + params, h & 0xFFFFFFFF, h >> 32, len(payload), 0]
+    return struct.pack(f"<{8 + params}I", *words, *[0] * params)
 
 
 def fnv1a64_bytes(data: bytes) -> int:
@@ -112,12 +117,13 @@ def compile_emu(req: Request, output_dir: Path) -> None:
     from the emulation cache (`designs/`): a design is recorded once per shape, whichever test
     or run asks for it; refusals and failures are not cached."""
     cached = cache_dir() / "designs" / f"{_design_key(req)}.pdi"
+    params = 1 if req.extra.get("n_kv_step") else 0
     image = read_cached(cached)
     if image is not None:
-        install_kernel(req, output_dir, image, insts_bytes(image))
+        install_kernel(req, output_dir, image, insts_bytes(image, params))
         return
     image = _compile_image(req)
-    install_kernel(req, output_dir, image, insts_bytes(image))
+    install_kernel(req, output_dir, image, insts_bytes(image, params))
     try:
         write_cached(cached, image)
     except OSError:
@@ -126,12 +132,44 @@ def compile_emu(req: Request, output_dir: Path) -> None:
 
 def _compile_image(req: Request) -> bytes:
     spec = prepare(req)  # UnsupportedError before anything runs
-    rec = record(spec)
-    cores = core_sources(spec)
-    check_objects(rec, cores)
-    program = rec.to_json(req.name, req.arch)
-    verbose = os.environ.get("GGML_HSA_JIT_VERBOSE", "").lower() in ("1", "true", "yes", "on")
-    lib = build_library(
-        cores, rec.kernels, req.arch, log=(lambda m: print(m, file=sys.stderr)) if verbose else None
-    )
+    program, lib = build_program(spec)
     return image_bytes(program, lib)
+
+
+def build_program(spec) -> tuple[dict, bytes]:
+    """The program JSON of `spec`'s recorded design (the stand-in's hardware checks passed)
+    and the host library of its core sources. A spec whose n_kv is a run-time argument
+    (`fa.step`) is recorded at several values and merged into one program (emu/params.py),
+    every recording with the same core sources."""
+    req = spec.request
+    fa = getattr(spec, "fa", None)
+    if fa is None or not fa.step:
+        rec = record(spec)
+        cores = core_sources(spec)
+        check_objects(rec, cores)
+        return rec.to_json(req.name, req.arch), _library(cores, rec.kernels, req.arch)
+    lo, hi = fa.step, fa.n_kv_max
+    # Two values fit each number's line, the others check it (the middle one, the largest).
+    ns = sorted({lo, min(2 * lo, hi), max(lo, hi // 2 // lo * lo), hi})
+    programs, cores, kernels = [], None, None
+    for n in ns:
+        at = dataclasses.replace(spec, fa=fa.at(n))
+        rec = record(at)
+        got = core_sources(at)
+        check_objects(rec, got)
+        if cores is not None and got != cores:
+            raise BuildError(f"the core sources differ between n_kv {ns[0]} and {n}")
+        cores, kernels = got, rec.kernels
+        programs.append((n, rec.to_json(req.name, req.arch)))
+    try:
+        program = parametrize(programs, lo, hi, lo)
+    except DesignError as e:
+        raise BuildError(f"the IRON design is invalid: {e}") from e
+    return program, _library(cores, kernels, req.arch)
+
+
+def _library(cores, kernels, arch) -> bytes:
+    verbose = os.environ.get("GGML_HSA_JIT_VERBOSE", "").lower() in ("1", "true", "yes", "on")
+    return build_library(
+        cores, kernels, arch, log=(lambda m: print(m, file=sys.stderr)) if verbose else None
+    )

@@ -7,8 +7,11 @@
 // Per KV head (a round of the phase) the column's x stream carries, each piece padded to
 // whole objects (the q rows and the mask row by repeating them; K and V are whole objects):
 //   the group's FA_GQ q rows (f32, FA_D each; this core keeps FA_GH of them from word
-//   `first`), the mask row (FA_NKV f16), all FA_NKV K rows (FA_K_ROW_WORDS words each, of
-//   type FA_K_TYPE), then all FA_NKV V rows (FA_V_ROW_WORDS words, FA_V_TYPE).
+//   `first`), the mask row (n_kv f16, repeated FA_M_REP times), all n_kv K rows
+//   (FA_K_ROW_WORDS words each, of type FA_K_TYPE), then all n_kv V rows (FA_V_ROW_WORDS
+//   words, FA_V_TYPE).
+// n_kv (at most FA_NKV) is an argument of the round's first q object, not a define: a kernel
+// whose KV length is given at dispatch runs every length with one core program.
 // The softmax takes two passes over the scores, which the core keeps for every key of its
 // heads (FA_GH x FA_NKV f32: the plan counts them and refuses longer contexts): the scores are
 // complete when the last K object has been read, their maximum is then known before any
@@ -21,9 +24,10 @@
 //
 // Defines (plans_fa_ffn.FaPhase.defines): FA_D, FA_DV, FA_NKV, FA_GQ, FA_GH, FA_K_TYPE,
 // FA_V_TYPE (0 f32, 1 f16, 2 bf16), FA_K_ROW_WORDS, FA_V_ROW_WORDS, FA_SCALE, FA_SOFTCAP (f32
-// bits), FA_Q_OBJECTS, FA_M_OBJECTS, FA_K_OBJECTS, FA_V_OBJECTS. The including file names the
+// bits), FA_Q_OBJECTS, FA_M_REP. The including file names the
 // functions: GGML_MV_FA_Q, GGML_MV_FA_MASK, GGML_MV_FA_K, GGML_MV_FA_V, GGML_MV_FA_OUT:
-//   GGML_MV_FA_Q(x, first)   one object of the q rows; the first starts the KV head's round
+//   GGML_MV_FA_Q(x, first, n_kv)   one object of the q rows; the first starts the KV head's
+//                            round over n_kv keys
 //   GGML_MV_FA_MASK(x)       one object of the mask row: every head's scores start as it
 //   GGML_MV_FA_K(x)          one object of K rows: their scores; after the last, the softmax
 //   GGML_MV_FA_V(x)          one object of V rows: acc += p_j V_j
@@ -54,15 +58,23 @@ alignas(64) static float g_fa_row[FA_ROWP];         // the current K or V row, d
 alignas(64) static float g_fa_dots[FA_GH * VEC];    // a vector of keys' q.k per head
 alignas(64) static float g_fa_sum[FA_GH * VEC];     // per head its sum of p_j (splat)
 static int32_t g_fa_q_obj, g_fa_m_obj, g_fa_k_obj, g_fa_v_obj, g_fa_out_obj;
+// The round's keys: n_kv, rounded up to whole vectors, and its mask, K and V objects.
+static int32_t g_fa_nkv, g_fa_np, g_fa_m_objects, g_fa_k_objects, g_fa_v_objects;
 
 static inline bool fa_is_neg_inf(float x) { return fa_rows::float_bits(x) == fa_rows::NEG_INF; }
 
-// A KV head's round starts: no scores (every lane -inf until the mask row sets the keys'),
-// no sums.
-static void fa_round() {
+// A KV head's round over n_kv keys starts: no scores (every lane -inf until the mask row sets
+// the keys'), no sums.
+static void fa_round(int32_t n_kv) {
+  g_fa_nkv = n_kv;
+  g_fa_np = (n_kv + (int)VEC - 1) / (int)VEC * (int)VEC;
+  g_fa_m_objects = FA_M_REP * ((n_kv + 1) / 2) / MV_KC;
+  g_fa_k_objects = n_kv / FA_K_PER_OBJ;
+  g_fa_v_objects = n_kv / FA_V_PER_OBJ;
   const vf ninf = from_bits(splat_i((int32_t)fa_rows::NEG_INF));
-  for (int i = 0; i < FA_GH * FA_NP; i += VEC)
-    aie::store_v(g_fa_s + i, ninf);
+  for (int t = 0; t < FA_GH; ++t)
+    for (int i = 0; i < g_fa_np; i += VEC)
+      aie::store_v(g_fa_s + t * FA_NP + i, ninf);
   for (int i = 0; i < FA_GH * FA_DVP; i += VEC)
     aie::store_v(g_fa_acc + i, splat(0.0f));
   g_fa_m_obj = g_fa_k_obj = g_fa_v_obj = g_fa_out_obj = 0;
@@ -74,16 +86,16 @@ static void fa_softmax() {
   for (int t = 0; t < FA_GH; ++t) {
     float *s = g_fa_s + t * FA_NP;
     vf vmax = from_bits(splat_i((int32_t)fa_rows::NEG_INF));
-    for (int j = 0; j < FA_NP; j += VEC)
+    for (int j = 0; j < g_fa_np; j += VEC)
       vmax = fmax(vmax, load_aligned(s + j));
     const float m = max_lanes(vmax);
     vf psum = splat(0.0f);
     if (fa_is_neg_inf(m)) {
-      for (int j = 0; j < FA_NP; j += VEC)
+      for (int j = 0; j < g_fa_np; j += VEC)
         aie::store_v(s + j, splat(0.0f));
     } else {
       const vf mm = splat(m);
-      for (int j = 0; j < FA_NP; j += VEC) {
+      for (int j = 0; j < g_fa_np; j += VEC) {
         vf p = exp_nonpos(sub(load_aligned(s + j), mm)); // masked keys and the tail: 0
         aie::store_v(s + j, p);
         psum = add(psum, p);
@@ -93,9 +105,9 @@ static void fa_softmax() {
   }
 }
 
-void GGML_MV_FA_Q(float *x, int32_t first) {
+void GGML_MV_FA_Q(float *x, int32_t first, int32_t n_kv) {
   if (g_fa_q_obj == 0)
-    fa_round();
+    fa_round(n_kv);
   // The object's words w of the group's q rows; this core's FA_GH rows are words first ..
   // first + FA_GH * FA_D (the repeats padding the last object lie beyond FA_GQ * FA_D).
   const int o = g_fa_q_obj;
@@ -113,14 +125,14 @@ void GGML_MV_FA_MASK(float *x) {
   // 2 MV_KC f16 values an object; the values past the row (repeats) are not read.
   const uint16_t *m = reinterpret_cast<const uint16_t *>(x);
   const int k0 = g_fa_m_obj * 2 * MV_KC;
-  for (int i = 0; i < 2 * MV_KC && k0 + i < FA_NKV; i += VEC) {
+  for (int i = 0; i < 2 * MV_KC && k0 + i < g_fa_nkv; i += VEC) {
     int n = 2 * MV_KC - i < (int)VEC ? 2 * MV_KC - i : (int)VEC;
-    n = FA_NKV - k0 - i < n ? FA_NKV - k0 - i : n;
+    n = g_fa_nkv - k0 - i < n ? g_fa_nkv - k0 - i : n;
     const vf mv = load_f16_zero(m + i, n);
     for (int t = 0; t < FA_GH; ++t)
       store_part(g_fa_s + t * FA_NP + k0 + i, mv, n);
   }
-  g_fa_m_obj = (g_fa_m_obj + 1) % FA_M_OBJECTS;
+  g_fa_m_obj = (g_fa_m_obj + 1) % g_fa_m_objects;
 }
 
 void GGML_MV_FA_K(float *x) {
@@ -158,7 +170,7 @@ void GGML_MV_FA_K(float *x) {
       store_part(sc, add(s, load_part(sc, n)), n);
     }
   }
-  if (++g_fa_k_obj == FA_K_OBJECTS)
+  if (++g_fa_k_obj == g_fa_k_objects)
     fa_softmax();
 }
 
@@ -186,7 +198,7 @@ void GGML_MV_FA_V(float *x) {
         aie::store_v(acc + i, add(aie::load_v<VEC>(acc + i), mul(load_aligned(g_fa_row + i), p)));
     }
   }
-  g_fa_v_obj = (g_fa_v_obj + 1) % FA_V_OBJECTS;
+  g_fa_v_obj = (g_fa_v_obj + 1) % g_fa_v_objects;
 }
 
 void GGML_MV_FA_OUT(float *y) {

@@ -10,6 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import json
 import shutil
 import types
 import unittest
@@ -66,10 +67,15 @@ def layer_params(D, mode=0, scale=0.125, max_bias=0.0, softcap=0.0):
 
 
 def layer_request(glu, wt, dims, arch="aie2p", ff=False, kv="f16", rows=None, T=1, **kw):
+    """The request; `n_kv_step`: n_kv given at dispatch in these steps, dims' n_kv the most."""
     ins, out, extras = layer_tensors(wt, *dims, ff=ff, kv=kv, rows=rows, T=T, **kw.pop("w", {}))
     op = f"DECODE_LAYER_{'FF_' if ff else ''}{glu}"
+    step = kw.pop("n_kv_step", 0)
     params = kw.pop("op_params", None) or layer_params(dims[3], **kw)
-    return request_json(op, ins, out, arch, op_params=params, extra_outputs=extras)
+    text = request_json(op, ins, out, arch, op_params=params, extra_outputs=extras)
+    if not step:
+        return text
+    return json.dumps({**json.loads(text), "n_kv_step": step})
 
 
 def layer_spec(*args, **kw):
@@ -224,14 +230,16 @@ class LayerCase:
     """One request's operands: weights (fast_weights), x and n (util_norm's), the caches of
     `kv` (masked keys' rows NaN, never read), the token at cache row `row`."""
 
-    def __init__(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, masked=5, pos=7):
+    def __init__(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, masked=5, pos=7, n=0):
         from ggml_hsa_iron.tests.test_flash_attn import _np_type, place
         from ggml_hsa_iron.tests.util_ffn import fast_weights
         from ggml_hsa_iron.tests.util_norm import norm_inputs
 
         K, H, Hk, D, F, n_kv = dims
         self.dims, self.glu, self.wt, self.kv, self.arch = dims, glu, wt, kv, arch
-        self.req = parse_request(layer_request(glu, wt, dims, arch, ff=ff, kv=kv))
+        step = 256 if n else 0
+        self.n = n or n_kv
+        self.req = parse_request(layer_request(glu, wt, dims, arch, ff=ff, kv=kv, n_kv_step=step))
         self.spec = prepare(self.req)
         nrng = np.random.default_rng(seed)
         self.w = {}
@@ -246,14 +254,20 @@ class LayerCase:
         self.kt, self.vt = kt, vt
         k = nrng.standard_normal((1, Hk, n_kv, D)).astype(_np_type(kv))
         v = nrng.standard_normal((1, Hk, n_kv, D)).astype(_np_type(kv))
-        mask = (nrng.standard_normal((1, 1, mt.ne[1], mt.ne[0])) * 2).astype(np.float16)
+        # n: a run-time n_kv of a request whose n_kv (dims') is the largest: the mask is then
+        # n values a row, dense (llama.cpp's for n_kv = n), the cache's first n rows are read.
+        cols = self.n
+        mask = (nrng.standard_normal((1, 1, mt.ne[1], cols)) * 2).astype(np.float16)
         mask[..., ::masked] = -np.inf
-        self.row = n_kv - 3  # the token's cache row: not masked
-        assert self.row % masked
-        self.k, self.v, self.mask = k.copy(), v.copy(), mask
+        # The token's cache row: not masked.
+        self.row = self.n - 3 if (self.n - 3) % masked else self.n - 2
+        self.k, self.v, self.mask = k[:, :, : self.n].copy(), v[:, :, : self.n].copy(), mask
         k[:, :, ::masked] = np.nan
         v[:, :, ::masked] = np.nan
-        self.cache = [place(kt, k), place(vt, v), place(mt, mask)]
+        m = place(mt, np.zeros((1, 1, mt.ne[1], mt.ne[0]), np.float16))
+        m = np.frombuffer(m, np.uint8).copy()
+        m[: mask.nbytes] = mask.reshape(-1).view(np.uint8)
+        self.cache = [place(kt, k), place(vt, v), m.tobytes()]
 
     def args(self):
         """Fresh memories in the sequence's order; K rows and V rows are the token's row of the
@@ -277,7 +291,7 @@ class LayerCase:
         from ggml_hsa_iron.tests.util_emu_seq import run_spec_in_order
 
         args = self.args()
-        run_spec_in_order(self.spec, args)
+        run_spec_in_order(self.spec, args, self.n)
         return args
 
     def lone(self, g, args):
@@ -295,14 +309,14 @@ class LayerCase:
 
 @unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
 class DecodeLayerEmulationTest(unittest.TestCase):
-    def check(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0):
+    def check(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, n=0):
         from ggml_hsa_iron.tests.test_flash_attn import _np_type, reference
         from ggml_hsa_iron.tests.util_ffn import check_add, check_h
 
-        case = LayerCase(glu, wt, dims, arch, ff=ff, kv=kv, seed=seed)
+        case = LayerCase(glu, wt, dims, arch, ff=ff, kv=kv, seed=seed, n=n)
         args = case.run()
         K, H, Hk, D, F, n_kv = dims
-        what = f"{glu} {wt} {dims} {arch} ff={ff} kv={kv}"
+        what = f"{glu} {wt} {dims} {arch} ff={ff} kv={kv} n={n}"
         q_arg, kr_arg, vr_arg = args[-6], args[-5], args[-4]
         # The projections: bit for bit the lone kernels' on the same shape.
         for g, got in zip(case.spec.qkv.groups, (q_arg, kr_arg, vr_arg)):
@@ -342,6 +356,14 @@ class DecodeLayerEmulationTest(unittest.TestCase):
 
     def test_llama_3_2_1b(self):
         self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=10)
+
+    def test_run_time_n_kv(self):
+        # One program for n_kv up to 1024 in steps of 256, run at a few of them: the cache's
+        # rows past n_kv (NaN) and the mask row's end are never read.
+        dims = TINY[:5] + (1024,)
+        for arch, n in (("aie2p", 256), ("aie2p", 768), ("aie2", 512), ("aie2", 1024)):
+            with self.subTest(arch=arch, n=n):
+                self.check("SWIGLU", "q4_0", dims, arch, seed=n, n=n)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ggml_hsa_iron.emu.build import build_library
-from ggml_hsa_iron.emu.compile import check_objects, record
-from ggml_hsa_iron.plans import core_sources, prepare
+from ggml_hsa_iron.emu.compile import build_program
+from ggml_hsa_iron.emu.params import instantiate
+from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import parse_request
 from ggml_hsa_iron.tiling import walk
 
@@ -244,21 +244,22 @@ def run_request_outputs(request_json: str, inputs: list[bytes]) -> list[bytes]:
     return run_spec_outputs(prepare(parse_request(request_json)), inputs)
 
 
-def build_spec(spec) -> tuple[dict, bytes]:
+def build_spec(spec, n_kv: int | None = None) -> tuple[dict, bytes]:
     """What `--target emu` builds of a prepared spec: the recorded program's JSON (the
-    stand-in's hardware checks passed) and the host library of its core sources."""
-    req = spec.request
-    rec = record(spec)
-    cores = core_sources(spec)
-    check_objects(rec, cores)
-    return rec.to_json(req.name, req.arch), build_library(cores, rec.kernels, req.arch)
+    stand-in's hardware checks passed) and the host library of its core sources; a program
+    whose n_kv is a run-time argument as hsa-sim instantiates it at dispatch, for `n_kv`
+    (its largest by default)."""
+    prog, lib = build_program(spec)
+    if prog.get("params"):
+        prog = instantiate(prog, [n_kv or prog["params"][0]["max"]])
+    return prog, lib
 
 
-def run_spec_outputs(spec, inputs: list[bytes]) -> list[bytes]:
+def run_spec_outputs(spec, inputs: list[bytes], n_kv: int | None = None) -> list[bytes]:
     """`run_request_outputs` of a prepared spec (one not built by `prepare`: an op's design
-    planned over some of the array's columns, say)."""
+    planned over some of the array's columns, say); `n_kv` for a run-time KV length."""
     req = spec.request
-    prog, lib = build_spec(spec)
+    prog, lib = build_spec(spec, n_kv)
     sizes = [a["bytes"] for a in prog["args"]]
     n_in, n_out = len(inputs), len(req.outputs)
     if n_in + n_out != len(sizes):

@@ -200,12 +200,12 @@ def arg_bytes(spec) -> list[int]:
     return [count * DTYPES[t].size for t, count in spec.sequence]
 
 
-def run_spec_in_order(spec, args: list[np.ndarray]) -> None:
+def run_spec_in_order(spec, args: list[np.ndarray], n_kv: int | None = None) -> None:
     """Records `spec`'s design (the stand-in's hardware checks), builds its core library and
     runs it in order on `args`: one np.uint8 array per runtime-sequence argument, inputs with
     their bytes, outputs of any content (written in place); one array given for several
-    arguments is one memory."""
-    prog, lib = build_spec(spec)
+    arguments is one memory. `n_kv`: a run-time KV length's value (its largest by default)."""
+    prog, lib = build_spec(spec, n_kv)
     sizes = [a["bytes"] for a in prog["args"]]
     if [a.size for a in args] != sizes:
         raise ValueError(f"arguments of {[a.size for a in args]} bytes, the design takes {sizes}")

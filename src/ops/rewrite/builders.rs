@@ -47,6 +47,7 @@ pub fn fuse_rms_norm_mul(norm: &Node, mul: &Node, later: &[Node]) -> Option<Plan
             inputs: vec![rows_layout(x, true), as_layout(w)],
             output: rows_layout(out, true),
             f16_as_bf16: false,
+            n_kv_step: None,
             extra_outputs: Vec::new(),
         },
         operands: vec![x.clone(), w.clone(), out.clone()],
@@ -367,6 +368,7 @@ pub fn fold_glu<'a>(
         output: as_layout(out),
         extra_outputs: Vec::new(),
         f16_as_bf16: gate.f16_as_bf16,
+        n_kv_step: None,
     };
     let operands = vec![wg, wu, x.clone(), n.clone(), out.clone()];
     Some(Rewritten::kernel(at, covers, desc, operands))
@@ -738,6 +740,7 @@ pub fn fold_ffn<'a>(
         output: down.output.clone(),
         extra_outputs: vec![glu.output.clone()],
         f16_as_bf16: glu.f16_as_bf16 || down.f16_as_bf16,
+        n_kv_step: None,
     };
     let operands = [wg, wu, wd, x, n, r, out, h].map(Tensor::clone).to_vec();
     Some(Rewritten::kernel(at, vec![k], desc, operands))
@@ -793,6 +796,7 @@ pub fn fold_attn_ffn<'a>(
         output: ffn.output.clone(),
         extra_outputs: vec![proj.output.clone(), ffn.extra_outputs[0].clone()],
         f16_as_bf16: proj.f16_as_bf16 || ffn.f16_as_bf16,
+        n_kv_step: None,
     };
     let operands = [wo, a, r0, wg, wu, wd, n, out, r1, h]
         .map(Tensor::clone)
@@ -867,6 +871,7 @@ pub fn fold_flash_attn_ffn<'a>(
         output: ffn.output.clone(),
         extra_outputs,
         f16_as_bf16: fa.f16_as_bf16 || ffn.f16_as_bf16,
+        n_kv_step: None,
     };
     let operands = [q, kc, vc, mask, wo, r0, wg, wu, wd, n, out, fa_out, r1, h]
         .map(Tensor::clone)
@@ -1031,6 +1036,7 @@ pub fn merge_qkv<'a>(
         output: q_desc.output.clone(),
         extra_outputs: vec![k_rows.output.clone(), v_rows.output.clone()],
         f16_as_bf16: q_desc.f16_as_bf16 || k_rows.f16_as_bf16 || v_rows.f16_as_bf16,
+        n_kv_step: None,
     };
     let mut operands = vec![
         q_ops[0].clone(),
@@ -1135,6 +1141,7 @@ pub fn merge_layer<'a>(
         output: ffn.output.clone(),
         extra_outputs,
         f16_as_bf16: merge.f16_as_bf16 || ffn.f16_as_bf16,
+        n_kv_step: ffn.n_kv_step,
     };
     let qkv_inputs = &operands[..operands.len() - 1];
     let mut before_rows = qkv_inputs.to_vec();
@@ -1998,6 +2005,7 @@ mod tests {
                     output: as_layout(&out),
                     extra_outputs: Vec::new(),
                     f16_as_bf16: false,
+                    n_kv_step: None,
                 },
                 operands,
             };
@@ -2146,6 +2154,7 @@ mod tests {
                     output: as_layout(&operands[n_in]),
                     extra_outputs: extra.iter().map(as_layout).collect(),
                     f16_as_bf16: false,
+                    n_kv_step: None,
                 },
                 operands,
             }
@@ -2252,6 +2261,7 @@ mod tests {
                     output: as_layout(&operands[n_in]),
                     extra_outputs: operands[n_in + 1..].iter().map(as_layout).collect(),
                     f16_as_bf16: false,
+                    n_kv_step: None,
                 },
                 operands,
             }
@@ -2399,6 +2409,7 @@ mod tests {
                 output: as_layout(&q_out),
                 extra_outputs: layout(&[f16([32, 1, 1, 1], 0x8000), f16([32, 1, 1, 1], 0x9000)]),
                 f16_as_bf16: false,
+                n_kv_step: None,
             },
             operands: [&qkv_inputs[..], std::slice::from_ref(&q_out)].concat(),
         };
@@ -2426,6 +2437,7 @@ mod tests {
                 output: as_layout(&ffn_ops[10]),
                 extra_outputs: layout(&ffn_ops[11..]),
                 f16_as_bf16: false,
+                n_kv_step: None,
             },
             operands: ffn_ops,
         };
@@ -2449,6 +2461,7 @@ mod tests {
                 output: as_layout(&x),
                 extra_outputs: vec![],
                 f16_as_bf16: false,
+                n_kv_step: None,
             },
             operands: vec![],
         };
@@ -2544,6 +2557,7 @@ mod tests {
                     output: as_layout(&operands[3]),
                     extra_outputs: Vec::new(),
                     f16_as_bf16: false,
+                    n_kv_step: None,
                 },
                 operands: operands.clone(),
             };
@@ -2677,6 +2691,7 @@ mod tests {
                 output: as_layout(&operands[3]),
                 extra_outputs: Vec::new(),
                 f16_as_bf16: false,
+                n_kv_step: None,
             },
             operands,
         };
@@ -2798,6 +2813,7 @@ mod tests {
                 output: as_layout(&out),
                 extra_outputs: Vec::new(),
                 f16_as_bf16: false,
+                n_kv_step: None,
             },
             operands: [&inputs[..], std::slice::from_ref(&out)].concat(),
         };

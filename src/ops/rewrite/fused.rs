@@ -164,6 +164,17 @@ impl Fused {
             .find_map(|(prefix, family)| glu(prefix).map(family))
     }
 
+    /// The input index of the attention's K cache view, followed by V's and the mask's, for
+    /// the kernels attending over a KV cache with one query row (a decode step).
+    pub fn kv_inputs(self) -> Option<usize> {
+        match self {
+            Fused::FlashAttnFfn(_) => Some(1),
+            // Wq, Wk, Wv, x, n_attn, the positions, (the factors,) k, v, the mask, ...
+            Fused::DecodeLayer { ff, .. } => Some(6 + usize::from(ff)),
+            _ => None,
+        }
+    }
+
     /// Its catalogue entry (`None` when the catalogue has no such kernel).
     pub fn entry(self) -> Option<&'static OpEntry> {
         OpEntry::by_name(&self.name())

@@ -17,6 +17,7 @@
 
 mod builders;
 mod fused;
+mod kv_length;
 mod rules;
 mod table;
 
@@ -61,6 +62,8 @@ pub struct KernelStep<K> {
     /// order: put back when its kernel is refused, and run in its place when its rows are not
     /// consecutive.
     pub fallback: Vec<(usize, Step<K>)>,
+    /// The KV length given to a kernel that takes it at dispatch (`KernelDesc::n_kv_step`).
+    pub n_kv: Option<u32>,
     /// The kernel, once loaded.
     pub loaded: Option<K>,
 }
@@ -95,6 +98,7 @@ impl<K> Step<K> {
                 covers: Vec::new(),
                 rows: Vec::new(),
                 fallback: Vec::new(),
+                n_kv: None,
                 loaded: None,
             }),
         }
@@ -182,6 +186,8 @@ pub struct Rewritten {
     pub desc: KernelDesc,
     pub operands: Vec<Tensor>,
     pub rows: Vec<CacheRows>,
+    /// The KV length given at dispatch, when its desc takes one (`ops::kv_length`).
+    pub n_kv: Option<u32>,
 }
 
 impl Rewritten {
@@ -198,6 +204,7 @@ impl Rewritten {
             desc,
             operands,
             rows: Vec::new(),
+            n_kv: None,
         }
     }
 }
@@ -219,7 +226,10 @@ pub fn apply<K: Clone>(
                 steps: &view,
                 options,
             };
-            let group = (row.build)(&graph, anchor);
+            let mut group = (row.build)(&graph, anchor);
+            for r in &mut group {
+                kv_length::at_run_time(r, nodes, available);
+            }
             if group.is_empty() || !group.iter().all(|r| available(&r.desc)) {
                 continue;
             }
@@ -260,6 +270,7 @@ fn replace<K: Clone>(steps: &mut [Step<K>], group: Vec<Rewritten>) {
             covers,
             rows: r.rows,
             fallback,
+            n_kv: r.n_kv,
             loaded: None,
         });
     }

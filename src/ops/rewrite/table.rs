@@ -268,6 +268,7 @@ fn cache_copy(g: &Graph, at: usize) -> Vec<Rewritten> {
             scatter,
         }],
         operands,
+        n_kv: None,
     }]
 }
 
@@ -312,6 +313,7 @@ fn cache_producer(g: &Graph, at: usize) -> Vec<Rewritten> {
             scatter: copy.scatter.clone(),
         }],
         operands,
+        n_kv: None,
     }]
 }
 
@@ -360,6 +362,7 @@ fn qkv_merge(g: &Graph, v: usize) -> Vec<Rewritten> {
         desc: merge.desc,
         operands,
         rows,
+        n_kv: None,
     }]
 }
 
@@ -383,5 +386,6 @@ fn layer_merge(g: &Graph, at: usize) -> Vec<Rewritten> {
         desc: layer.desc,
         operands,
         rows,
+        n_kv: None,
     }]
 }

@@ -1,0 +1,174 @@
+//! KV lengths given at dispatch. A decode step's attention reads the first n_kv rows of the KV
+//! cache, and llama.cpp grows n_kv in steps of 256 with the context
+//! (`llama_kv_cache::get_n_kv`). A kernel whose name carried n_kv would be compiled, and loaded
+//! as a new PDI, every 256 tokens of a conversation. When the compiler builds the kernel for
+//! every n_kv up to the cache's rows (it declares `run_time_n_kv`), the kernel is asked for at
+//! that size (`KernelDesc::n_kv_step`) and told n_kv at each dispatch: one kernel from the first
+//! token to the context's end.
+
+use super::fused::Fused;
+use super::Rewritten;
+use crate::kernels::{KernelDesc, Layout};
+use crate::ops::tensor::{Node, Op, Tensor};
+
+/// The granularity of n_kv: llama.cpp pads it to a multiple of 256 (the last step may be the
+/// cache's size, which then takes the fixed kernel).
+pub const STEP: u32 = 256;
+
+/// Makes `r` take its KV length at dispatch when it attends over a KV cache that a SET_ROWS of
+/// `nodes` writes (the cache's rows are then known) and the kernel store provides that kernel.
+pub(super) fn at_run_time(
+    r: &mut Rewritten,
+    nodes: &[Node],
+    available: &dyn Fn(&KernelDesc) -> bool,
+) {
+    let Some(k) = Fused::of(&r.desc.op).and_then(Fused::kv_inputs) else {
+        return;
+    };
+    if r.desc.inputs.len() < k + 3 || r.operands.len() < k + 3 {
+        return;
+    }
+    // n_kv is what the graph's K view has (the operands keep the graph's shapes).
+    let n = r.operands[k].ne[1];
+    if r.desc.n_kv_step.is_some() {
+        // Merged from a kernel that takes it at dispatch (the layer from its attention).
+        r.n_kv = u32::try_from(n).ok();
+        return;
+    }
+    let (kl, vl, ml) = (
+        &r.desc.inputs[k],
+        &r.desc.inputs[k + 1],
+        &r.desc.inputs[k + 2],
+    );
+    let step = i64::from(STEP);
+    let lengths = [kl.ne[1], vl.ne[1], ml.ne[0]];
+    if n <= 0 || n % step != 0 || lengths != [n; 3] || !ml.is_dense() {
+        return;
+    }
+    let (Some(kr), Some(vr)) = (
+        cache_rows(kl, &r.operands[k], nodes),
+        cache_rows(vl, &r.operands[k + 1], nodes),
+    ) else {
+        return;
+    };
+    let most = kr.min(vr) / step * step;
+    let Ok(n_kv) = u32::try_from(n) else {
+        return;
+    };
+    let mut mask_ne = ml.ne;
+    mask_ne[0] = most;
+    let Some(mask) = Layout::dense(&ml.dtype, mask_ne) else {
+        return;
+    };
+    let mut desc = r.desc.clone();
+    desc.inputs[k].ne[1] = most;
+    desc.inputs[k + 1].ne[1] = most;
+    desc.inputs[k + 2] = mask;
+    desc.n_kv_step = Some(STEP);
+    if most >= n && available(&desc) {
+        r.desc = desc;
+        r.n_kv = Some(n_kv);
+    }
+}
+
+/// The rows a view of a KV cache (dimension 1 its rows, as the attention reads K and V) can
+/// take before it leaves the cache: the output of the SET_ROWS node writing the memory it
+/// starts in.
+fn cache_rows(layout: &Layout, t: &Tensor, nodes: &[Node]) -> Option<i64> {
+    let cache = nodes
+        .iter()
+        .filter(|n| n.op == Op::SetRows)
+        .map(|n| &n.dst)
+        .find(|c| c.memory == t.memory && c.addr <= t.addr && t.addr < c.addr + c.bytes)?;
+    let end = cache.addr + cache.bytes;
+    let room = end.checked_sub(t.addr + t.bytes)?;
+    let row = layout.nb[1];
+    if row == 0 {
+        return None;
+    }
+    layout.ne[1].checked_add(i64::try_from(room / row).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::rewrite::fused::Glu;
+    use crate::ops::tensor::test_util::{node, tensor};
+    use crate::ops::tensor::DType;
+
+    /// A FLASH_ATTN_FFN_SWIGLU kernel over the first `n` rows of a 64-wide f16 cache of `rows`
+    /// rows at 0x100000, one KV head, and the SET_ROWS writing that cache.
+    fn case(n: i64, rows: i64) -> (Rewritten, Vec<Node>) {
+        let cache = tensor(DType::F16, [64, rows, 1, 1], 0x10_0000);
+        let mut view = cache.clone();
+        view.ne[1] = n;
+        view.bytes = (64 * 2 * n) as u64;
+        let mask = tensor(DType::F16, [n, 1, 1, 1], 0x1000);
+        let q = tensor(DType::F32, [64, 1, 1, 1], 0x2000);
+        let set_rows = node(
+            Op::SetRows,
+            cache,
+            vec![
+                tensor(DType::F32, [64, 1, 1, 1], 0x3000),
+                tensor(DType::I64, [1, 1, 1, 1], 0x4000),
+            ],
+        );
+        let layout = |t: &Tensor| Layout {
+            dtype: t.dtype.name().to_owned(),
+            ne: t.ne,
+            nb: t.nb,
+        };
+        let desc = KernelDesc {
+            op: Fused::FlashAttnFfn(Glu::Swiglu).name(),
+            op_params: vec![],
+            inputs: vec![layout(&q), layout(&view), layout(&view), layout(&mask)],
+            output: layout(&q),
+            extra_outputs: vec![],
+            f16_as_bf16: false,
+            n_kv_step: None,
+        };
+        let r = Rewritten::kernel(
+            1,
+            vec![],
+            desc,
+            vec![q.clone(), view.clone(), view, mask, q],
+        );
+        (r, vec![set_rows])
+    }
+
+    #[test]
+    fn a_decode_attention_is_asked_for_at_the_cache_s_rows_and_told_n_kv() {
+        let (mut r, nodes) = case(512, 4608 + 100);
+        at_run_time(&mut r, &nodes, &|_| true);
+        assert_eq!((r.desc.n_kv_step, r.n_kv), (Some(STEP), Some(512)));
+        assert_eq!(
+            (r.desc.inputs[1].ne[1], r.desc.inputs[2].ne[1]),
+            (4608, 4608)
+        );
+        assert_eq!(r.desc.inputs[3].ne[0], 4608);
+        assert!(r.desc.inputs[3].is_dense());
+        assert!(r.desc.canonical_name().ends_with("-kv256"));
+        // The same kernel at another length.
+        let (mut other, nodes) = case(1024, 4608 + 100);
+        at_run_time(&mut other, &nodes, &|_| true);
+        assert_eq!(other.desc, r.desc);
+        assert_eq!(other.n_kv, Some(1024));
+        // Operands keep what the graph has: the dispatch reads n_kv rows.
+        assert_eq!(other.operands[1].ne[1], 1024);
+    }
+
+    #[test]
+    fn lengths_off_the_step_no_cache_or_no_such_kernel_keep_the_fixed_kernel() {
+        for (n, rows, available, cache) in [
+            (500, 4608, true, true),
+            (512, 4608, false, true),
+            (512, 4608, true, false),
+        ] {
+            let (mut r, nodes) = case(n, rows);
+            let before = r.clone();
+            let nodes = if cache { nodes } else { vec![] };
+            at_run_time(&mut r, &nodes, &|_| available);
+            assert_eq!(r, before, "n {n} available {available} cache {cache}");
+        }
+    }
+}
