@@ -728,6 +728,76 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
     }
 }
 
+/// A conversation growing past 256 tokens of context: llama.cpp grows the attention's KV
+/// length by 256 (n_kv 256, then 512), and the decode layer is still the one kernel compiled
+/// at the first token, told n_kv at each dispatch (`ops::rewrite::kv_length`): its instruction
+/// stream carries the length's word, the logits stay the CPU's at every length.
+#[test]
+fn a_growing_context_runs_the_layer_kernel_compiled_at_its_first_token() {
+    const STEPS: usize = 300;
+    let name = "tiny-llama-q4_0";
+    let (Some(bin), Some(model)) = (dl_bin(), model(name)) else {
+        return;
+    };
+    let (env, counters, _) = emu_env("growing");
+    let args = |env, forced| GreedyArgs {
+        plugin_env: env,
+        forced,
+        extra: &[],
+        n_predict: Some(STEPS),
+    };
+    let (run, logits) = greedy_run(&bin, &model, LONG_PROMPT, &args(None, &[]), RUN_TIMEOUT);
+    let cpu = parse_greedy(&run, &logits);
+    let (run, logits) = greedy_run(
+        &bin,
+        &model,
+        LONG_PROMPT,
+        &args(Some(&env), &cpu.tokens),
+        RUN_TIMEOUT,
+    );
+    let npu = parse_greedy(&run, &logits);
+    assert!(
+        cpu.prompt_tokens + STEPS > 256,
+        "the context must pass 256 tokens"
+    );
+    let n_vocab = cpu.logits.len() / cpu.tokens.len();
+    let worst = (0..cpu.tokens.len())
+        .map(|s| {
+            let r = s * n_vocab..(s + 1) * n_vocab;
+            nmse(&npu.logits[r.clone()], &cpu.logits[r])
+        })
+        .fold(0.0, f64::max);
+    assert!(worst <= MAX_QUANTIZED_LOGITS_NMSE, "NMSE {worst:.3e}");
+    let c = read_json(&counters);
+    let layers = c["emulated_ops"]["DECODE_LAYER_SWIGLU"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        layers >= TINY_LAYERS * (STEPS as u64 - 1),
+        "{layers} decode layers ran: {}",
+        c["emulated_ops"]
+    );
+    // One layer kernel (and one attention-and-block kernel, its fallback) in the kernel cache,
+    // each with the length's word after the stream's eight.
+    let cache = env
+        .iter()
+        .find(|(k, _)| k == "GGML_HSA_KERNEL_CACHE_DIR")
+        .map(|(_, v)| Path::new(v).join("aie2p"))
+        .expect("a kernel cache");
+    for stem in ["decode_layer_swiglu-", "flash_attn_ffn_swiglu-"] {
+        let streams: Vec<u64> = std::fs::read_dir(&cache)
+            .expect("the kernel cache")
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let n = e.file_name().to_string_lossy().into_owned();
+                (n.starts_with(stem) && n.ends_with("_insts.bin")).then(|| e.metadata().ok())?
+            })
+            .map(|m| m.len())
+            .collect();
+        assert_eq!(streams, vec![9 * 4], "{stem}* in {}", cache.display());
+    }
+}
+
 /// Other families' tiny models with the IRON designs emulated (the tiny llama's weights as
 /// each lays them out, `scripts/models.sh`): the tiny llamas' gate (logits close to the CPU's,
 /// every layer op an emulated IRON kernel on HSA0). phi3 (Q, K and V in one attn_qkv matrix,

@@ -11,10 +11,11 @@
 //! and library bytes.
 //!
 //! Instruction stream: 8 little-endian u32 words:
-//! `[0x4d495348 "HSIM", 0x31534e49 "INS1", version = 1, word count = 8,
+//! `[0x4d495348 "HSIM", 0x31534e49 "INS1", version = 1, word count = 8 + k,
 //!   payload hash low, payload hash high, payload length, 0]`,
 //! where the hash is FNV-1a 64 of the image payload bytes, so the runtime can check that an
-//! instruction stream belongs to the PDI it is dispatched with.
+//! instruction stream belongs to the PDI it is dispatched with; then k words, the values of a
+//! version-2 program's run-time parameters in order (`exec::iron::params`; k = 0 otherwise).
 
 use crate::ops::{DType, Op};
 use serde::{Deserialize, Serialize};
@@ -737,28 +738,51 @@ pub fn encode_image(desc: &KernelDesc) -> Vec<u8> {
 
 /// Builds the instruction stream that belongs to `image`.
 pub fn encode_insts(image: &[u8]) -> Vec<u8> {
-    insts_for_payload(&image[IMAGE_HEADER_LEN.min(image.len())..])
+    insts_for_payload(&image[IMAGE_HEADER_LEN.min(image.len())..], &[])
 }
 
-/// Builds the instruction stream of a version-2 image (its payload: JSON and library bytes).
+/// Builds the instruction stream of a version-2 image (its payload: JSON and library bytes)
+/// whose program has no run-time parameters.
 pub fn encode_insts_v2(image: &[u8]) -> Vec<u8> {
-    insts_for_payload(&image[IMAGE_V2_HEADER_LEN.min(image.len())..])
+    encode_insts_v2_with(image, &[])
 }
 
-/// The instruction stream naming an image payload by its length and FNV-1a 64 hash.
-fn insts_for_payload(payload: &[u8]) -> Vec<u8> {
+/// Builds the instruction stream dispatching a version-2 image at run-time parameter `values`
+/// (one per param of its program, in order).
+pub fn encode_insts_v2_with(image: &[u8], values: &[u32]) -> Vec<u8> {
+    insts_for_payload(&image[IMAGE_V2_HEADER_LEN.min(image.len())..], values)
+}
+
+/// The instruction stream naming an image payload by its length and FNV-1a 64 hash, then
+/// `values`.
+fn insts_for_payload(payload: &[u8], values: &[u32]) -> Vec<u8> {
     let h = fnv1a64(payload);
     let words = [
         INSTS_MAGIC0,
         INSTS_MAGIC1,
         INSTS_VERSION,
-        INSTS_WORDS as u32,
+        (INSTS_WORDS + values.len()) as u32,
         h as u32,
         (h >> 32) as u32,
         payload.len() as u32,
         0,
     ];
-    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    words
+        .iter()
+        .chain(values)
+        .flat_map(|w| w.to_le_bytes())
+        .collect()
+}
+
+/// The run-time parameter values of a stream [`check_insts`] accepted: its words after the
+/// 8th.
+pub fn insts_values(insts: &[u8]) -> Vec<u32> {
+    insts
+        .get(INSTS_WORDS * 4..)
+        .unwrap_or_default()
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// The format version of an image (after checking the magic).

@@ -488,6 +488,15 @@ fn prepare_and_execute(
         )));
     }
     image::check_insts(&insts, &img).map_err(bad_image)?;
+    // Run-time parameters are a version-2 program's; a reference image takes none.
+    let values = image::insts_values(&insts);
+    if !values.is_empty() {
+        return Err(bad_image(format!(
+            "kernel {} takes no run-time parameters, the instruction stream carries {} value(s)",
+            desc.name,
+            values.len()
+        )));
+    }
     // 3. Operands: inputs in order, then the output(s).
     let tensors: Vec<&image::TensorDesc> = desc.operands().collect();
     if cmd.operands.len() != tensors.len() {
@@ -636,9 +645,10 @@ fn run_emulated(
         msg: m,
     };
     image::check_insts(insts, img).map_err(bad_image)?;
+    let values = image::insts_values(insts);
     let loaded = exec::iron::load(img).map_err(bad_image)?;
-    let loaded = loaded.lock();
-    let prog = &loaded.program;
+    let mut loaded = loaded.lock();
+    let prog = loaded.program();
     let agent_name = &rt.topo.agents[q.agent].name;
     if &prog.arch != agent_name {
         return Err(bad_image(format!(
@@ -646,6 +656,11 @@ fn run_emulated(
             prog.name, prog.arch
         )));
     }
+    // Checked here too so that HSA_SIM_EXECUTE=0, which does not instantiate, refuses what
+    // a run would.
+    loaded.check_values(&values).map_err(bad_image)?;
+    let name = prog.name.clone();
+    let integer = prog.args.iter().all(|a| a.ty.starts_with('i'));
     if cmd.operands.len() != prog.args.len() {
         return Err(PacketError::format(format!(
             "kernel {} takes {} operands (inputs then the output), the packet has {}",
@@ -664,19 +679,21 @@ fn run_emulated(
             len: a.end() - o.addr as usize,
         });
     }
-    note_pdi(rt, st, pdi_id, &prog.name, model)?;
-    if injected_fault(rt, &prog.name)? {
+    note_pdi(rt, st, pdi_id, &name, model)?;
+    if injected_fault(rt, &name)? {
         return Ok(None);
     }
     let t0 = std::time::Instant::now();
     let stats = if rt.config.execute {
+        let rates = exec::iron::timing::Rates::of(model);
         // SAFETY: every operand range lies inside a live AIE allocation of `mem`, whose lock the
         // caller holds for the duration, so it can be neither freed nor reallocated.
-        unsafe { exec::iron::execute(&loaded, &mems, exec::iron::timing::Rates::of(model)) }
-            .map_err(|m| PacketError {
+        unsafe { exec::iron::execute(&mut loaded, &values, &mems, rates) }.map_err(|m| {
+            PacketError {
                 status: HSA_STATUS_ERROR,
                 msg: m,
-            })?
+            }
+        })?
     } else {
         // Not run: the operands' bytes are what the design would move; its arithmetic is not
         // known without running it.
@@ -692,10 +709,9 @@ fn run_emulated(
     };
     let mut c = rt.counters.lock();
     c.emulation_wall_ns += t0.elapsed().as_nanos() as u64;
-    let op = prog.name.split('-').next().unwrap_or("").to_uppercase();
+    let op = name.split('-').next().unwrap_or("").to_uppercase();
     *c.emulated_ops.entry(op).or_insert(0) += 1;
     drop(c);
-    let integer = prog.args.iter().all(|a| a.ty.starts_with('i'));
-    charge(rt, &stats, model, integer, &prog.name, None);
+    charge(rt, &stats, model, integer, &name, None);
     Ok(Some(()))
 }

@@ -324,7 +324,7 @@ fn in_place_output_aliases_input_0() {
         let mut b = Buffers::new(&case, 11);
         let want = reference(&case, &req, &b);
         let loaded = hsa_runtime64::exec::iron::load(&img).unwrap();
-        let loaded = loaded.lock();
+        let mut loaded = loaded.lock();
         let a = OperandMem {
             addr: b.bufs[0].as_mut_ptr() as usize,
             len: b.bufs[0].len(),
@@ -334,8 +334,10 @@ fn in_place_output_aliases_input_0() {
             len: b.bufs[1].len(),
         };
         // SAFETY: the operands cover live Vecs of `b`; the output is input 0 on purpose.
-        unsafe { hsa_runtime64::exec::iron::execute(&loaded, &[a, y, a], Rates::of(&AIE2P)) }
-            .expect("runs");
+        unsafe {
+            hsa_runtime64::exec::iron::execute(&mut loaded, &[], &[a, y, a], Rates::of(&AIE2P))
+        }
+        .expect("runs");
         let got = values(&case.output, &b.bufs[0]);
         assert_eq!(nmse(&got, &want), 0.0, "{op} in place");
     }

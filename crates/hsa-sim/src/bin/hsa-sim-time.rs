@@ -3,14 +3,18 @@
 //!
 //! ```text
 //! hsa-sim-time <image.pdi> [--arch aie2p|aie2] [--dram-gbps GBPS] [--input N=FILE]...
+//!               [--params V1[,V2...]]
 //! ```
 //! The image is what the IRON package's emulation target writes (image version 2). Its
 //! operands are allocated at the sizes the design declares, the inputs filled with small
 //! values, and the design runs once. `--input N=FILE` fills operand N (the runtime sequence's
 //! argument, from 0) from the file's bytes instead: for kernels whose work depends on the
-//! data (an attention skips the keys its mask hides), the data the time is meant for. Prints
+//! data (an attention skips the keys its mask hides), the data the time is meant for.
+//! `--params` gives a design with run-time parameters (an attention's n_kv) their values, in
+//! the order of the program's `params`; such a design cannot be timed without them. Prints
 //! one JSON object: the device time, the busiest units and the runtime sequence's task groups
-//! (when each ended, the bytes the shim channels moved in its span; docs/timing-model.md).
+//! (when each ended, the bytes the shim channels moved in its span; docs/timing-model.md),
+//! and for a parametric design `"params"`, the values it ran at by name.
 //! Exit codes: 0 success, 1 bad input or a design that fails to run.
 
 use hsa_runtime64::cost;
@@ -19,7 +23,8 @@ use serde_json::json;
 use std::process::ExitCode;
 
 const USAGE: &str =
-    "usage: hsa-sim-time <image.pdi> [--arch aie2p|aie2] [--dram-gbps GBPS] [--input N=FILE]...";
+    "usage: hsa-sim-time <image.pdi> [--arch aie2p|aie2] [--dram-gbps GBPS] [--input N=FILE]... \
+     [--params V1[,V2...]]";
 /// The largest image read (the emulation's core libraries included).
 const MAX_IMAGE: u64 = 256 << 20;
 
@@ -28,6 +33,7 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
     let mut arch = "aie2p".to_owned();
     let mut dram = None;
     let mut inputs: Vec<(usize, String)> = Vec::new();
+    let mut values: Option<Vec<u32>> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -49,6 +55,15 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
                     .ok_or_else(|| format!("--input {v:?}: expected N=FILE"))?;
                 inputs.push((n, file.to_owned()));
             }
+            "--params" => {
+                let v = it.next().ok_or(USAGE)?;
+                let parsed = v
+                    .split(',')
+                    .map(|x| x.trim().parse::<u32>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| format!("--params {v:?}: expected V1[,V2...], integers"))?;
+                values = Some(parsed);
+            }
             _ if path.is_none() && !a.starts_with('-') => path = Some(a.clone()),
             _ => return Err(USAGE.to_owned()),
         }
@@ -65,9 +80,46 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
     }
     let img = std::fs::read(&path).map_err(|e| format!("{path}: {e}"))?;
     let loaded = iron::load(&img).map_err(|e| format!("{path}: {e}"))?;
-    let loaded = loaded.lock();
+    let mut loaded = loaded.lock();
+    let values = match values {
+        Some(v) => v,
+        None if loaded.params().is_empty() => Vec::new(),
+        None => {
+            let takes: Vec<String> = loaded
+                .params()
+                .iter()
+                .map(|p| format!("{} ({} to {} in steps of {})", p.name, p.min, p.max, p.step))
+                .collect();
+            return Err(format!(
+                "{path}: the design takes run-time parameters {}: give their values with \
+                 --params",
+                takes.join(", ")
+            ));
+        }
+    };
+    if values.len() != loaded.params().len() {
+        let names: Vec<&str> = loaded.params().iter().map(|p| p.name.as_str()).collect();
+        let takes = if names.is_empty() {
+            "none".to_owned()
+        } else {
+            format!("{} ({})", names.len(), names.join(", "))
+        };
+        return Err(format!(
+            "{path}: --params gives {} value(s), the design takes {takes}",
+            values.len()
+        ));
+    }
+    loaded
+        .check_values(&values)
+        .map_err(|e| format!("{path}: {e}"))?;
+    let params: serde_json::Map<String, serde_json::Value> = loaded
+        .params()
+        .iter()
+        .zip(&values)
+        .map(|(p, &v)| (p.name.clone(), json!(v)))
+        .collect();
     let sizes: Vec<usize> = loaded
-        .program
+        .program()
         .args
         .iter()
         .map(|a| a.bytes as usize)
@@ -104,12 +156,12 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
     if let Some(g) = dram {
         model.bandwidth_bytes_per_s = g * 1e9;
     }
-    let stats = iron::execute_buffers(&loaded, &mut buffers, Rates::of(&model))?;
+    let stats = iron::execute_buffers(&mut loaded, &values, &mut buffers, Rates::of(&model))?;
     let t = stats
         .timeline
         .ok_or("the design ran without a timeline (not an emulated IRON design)")?;
     let operand_bytes: usize = sizes.iter().sum();
-    Ok(json!({
+    let mut out = json!({
         "arch": arch,
         "device_ns": t.device_ns,
         "core_busy_ns": t.core_busy_ns,
@@ -129,7 +181,13 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
             .collect::<Vec<_>>(),
         "operand_bytes": operand_bytes,
         "dram_bytes_per_s": model.bandwidth_bytes_per_s,
-    }))
+    });
+    // Only a parametric design's output says at which values it was timed: the others' output
+    // stays what it was.
+    if !params.is_empty() {
+        out["params"] = serde_json::Value::Object(params);
+    }
+    Ok(out)
 }
 
 fn main() -> ExitCode {

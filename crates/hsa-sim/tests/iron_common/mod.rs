@@ -227,10 +227,20 @@ pub fn run_emu_timed(
     b: &mut Buffers,
     model: &hsa_runtime64::cost::ArchModel,
 ) -> Result<exec::iron::timing::Timeline, String> {
+    run_emu_timed_with(img, &[], b, model)
+}
+
+/// [`run_emu_timed`] of a design with run-time parameters, at `values` (in its params' order).
+pub fn run_emu_timed_with(
+    img: &[u8],
+    values: &[u32],
+    b: &mut Buffers,
+    model: &hsa_runtime64::cost::ArchModel,
+) -> Result<exec::iron::timing::Timeline, String> {
     let loaded = exec::iron::load(img)?;
-    let loaded = loaded.lock();
+    let mut loaded = loaded.lock();
     let rates = exec::iron::timing::Rates::of(model);
-    let stats = exec::iron::execute_buffers(&loaded, &mut b.bufs, rates)?;
+    let stats = exec::iron::execute_buffers(&mut loaded, values, &mut b.bufs, rates)?;
     stats
         .timeline
         .ok_or_else(|| "an emulated design ran without a timeline".to_string())
