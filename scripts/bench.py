@@ -61,12 +61,12 @@ def graph_nodes(log: str, kind: str) -> int | None:
     return int(tg) if kind == "tg" and tg else int(pp)
 
 
-def iron_capabilities(out: Path) -> Path:
-    """The IRON package's declared capabilities (`python3 -m ggml_hsa_iron capabilities`: its
-    registry, no mlir-aie needed), written to `out`."""
+def iron_capabilities(out: Path, target: str = "npu") -> Path:
+    """The IRON package's declared capabilities (`python3 -m ggml_hsa_iron --target <target>
+    capabilities`: its registry, no mlir-aie needed), written to `out`."""
     root = Path(__file__).resolve().parent.parent
     caps = subprocess.run(
-        [sys.executable, "-m", "ggml_hsa_iron", "capabilities"],
+        [sys.executable, "-m", "ggml_hsa_iron", "--target", target, "capabilities"],
         env={**os.environ, "PYTHONPATH": str(root / "src")},
         check=True,
         capture_output=True,

@@ -181,9 +181,11 @@ pub const PASSED: &[&str] = &[
 ];
 
 /// Families of host variables the compiler is given: the backend's own, the IRON toolchain's
-/// (mlir-aie, Peano, XRT), the locale's and ccache's.
+/// (mlir-aie, Peano, XRT), the locale's and ccache's, and the simulator's (its compiler's
+/// `HSA_SIM_COMPILE_DECLARE`, which the benchmarks set).
 pub const PASSED_PREFIXES: &[&str] = &[
     "GGML_HSA_",
+    "HSA_SIM_",
     "MLIR_AIE_",
     "PEANO_",
     "XILINX_",

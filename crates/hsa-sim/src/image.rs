@@ -99,6 +99,11 @@ pub struct KernelDesc {
     /// rounded to bf16 when read and f16 outputs to bf16 precision before they are stored.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub f16_as_bf16: bool,
+    /// The KV length is given at dispatch (the instruction stream's word after the eighth), a
+    /// multiple of this step up to the K and V operands' rows; the mask's rows are that long
+    /// (docs/kernel-compiler-protocol.md, `n_kv_step`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_kv_step: Option<u32>,
 }
 
 fn de_params<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[i32; 16], D::Error> {
@@ -194,6 +199,48 @@ impl KernelDesc {
     }
 
     /// Checks the description and returns its op.
+    /// The input index of the attention's K cache view (V's and the mask's follow) of an op
+    /// that may take its KV length at dispatch.
+    fn kv_input(op: Op) -> Option<usize> {
+        match op {
+            Op::AttnFfn(_) => Some(1),
+            Op::DecodeLayer { ff, .. } => Some(6 + usize::from(ff)),
+            _ => None,
+        }
+    }
+
+    /// The description of a kernel taking its KV length at dispatch, for `n_kv`: K's and V's
+    /// rows and the mask's row length `n_kv`, the mask dense; `Err` for a value off the step or
+    /// beyond the operands' rows, or a description without `n_kv_step`.
+    pub fn at_n_kv(&self, n_kv: u32) -> Result<KernelDesc, String> {
+        let (Some(step), Some(k)) = (
+            self.n_kv_step,
+            Op::from_name(&self.op).and_then(Self::kv_input),
+        ) else {
+            return Err(format!(
+                "kernel {} takes no KV length at dispatch",
+                self.name
+            ));
+        };
+        let n = i64::from(n_kv);
+        let most = self.inputs.get(k).map_or(0, |t| t.ne[1]);
+        if n_kv == 0 || n_kv % step != 0 || n > most {
+            return Err(format!(
+                "kernel {}: n_kv {n_kv} is not a multiple of {step} up to {most}",
+                self.name
+            ));
+        }
+        let mut d = self.clone();
+        d.n_kv_step = None;
+        d.inputs[k].ne[1] = n;
+        d.inputs[k + 1].ne[1] = n;
+        let m = &d.inputs[k + 2];
+        let mut ne = m.ne;
+        ne[0] = n;
+        d.inputs[k + 2] = TensorDesc::contiguous(ne, m.ty);
+        Ok(d)
+    }
+
     pub fn validate(&self) -> Result<Op, DescError> {
         let inv = |m: String| Err(DescError::Invalid(m));
         let name_ok = !self.name.is_empty()
@@ -221,6 +268,23 @@ impl KernelDesc {
         let Some(op) = Op::from_name(&self.op) else {
             return Err(DescError::Unsupported(format!("op {:?}", self.op)));
         };
+        if let Some(step) = self.n_kv_step {
+            // Checked as the kernel of its largest KV length.
+            let k = Self::kv_input(op).filter(|&k| k + 2 < self.inputs.len());
+            let most = k.map_or(0, |k| self.inputs[k].ne[1]);
+            if k.is_none() || step == 0 || most % i64::from(step) != 0 {
+                return Err(DescError::Unsupported(format!(
+                    "{} with n_kv_step {step} (K's rows {most})",
+                    self.op
+                )));
+            }
+            let most = u32::try_from(most)
+                .map_err(|_| DescError::Invalid(format!("K's rows {most} out of range")))?;
+            return self
+                .at_n_kv(most)
+                .map_err(DescError::Unsupported)?
+                .validate();
+        }
         if self.extra_outputs.len() + 1 != op.outputs() {
             return inv(format!(
                 "op {} has {} output(s), request has {}",
@@ -738,7 +802,13 @@ pub fn encode_image(desc: &KernelDesc) -> Vec<u8> {
 
 /// Builds the instruction stream that belongs to `image`.
 pub fn encode_insts(image: &[u8]) -> Vec<u8> {
-    insts_for_payload(&image[IMAGE_HEADER_LEN.min(image.len())..], &[])
+    encode_insts_with(image, &[])
+}
+
+/// The instruction stream of a version-1 image dispatched with run-time `values` (a kernel
+/// taking its KV length at dispatch: one word, n_kv).
+pub fn encode_insts_with(image: &[u8], values: &[u32]) -> Vec<u8> {
+    insts_for_payload(&image[IMAGE_HEADER_LEN.min(image.len())..], values)
 }
 
 /// Builds the instruction stream of a version-2 image (its payload: JSON and library bytes)

@@ -480,6 +480,26 @@ fn prepare_and_execute(
         return run_emulated(rt, q, st, mem, cmd, model, &img, &insts, pdi_id);
     }
     let (desc, op) = image::parse_image(&img).map_err(bad_image)?;
+    // A kernel taking its KV length at dispatch computes what the fixed one of that length
+    // does: the stream's one run-time value.
+    let values = image::insts_values(&insts);
+    let takes_n_kv = desc.n_kv_step.is_some();
+    let (desc, op) = match (desc.n_kv_step, values.as_slice()) {
+        (Some(_), &[n_kv]) => {
+            let d = desc.at_n_kv(n_kv).map_err(bad_image)?;
+            let op = d.validate().map_err(|e| bad_image(e.to_string()))?;
+            (d, op)
+        }
+        (Some(_), _) => {
+            return Err(bad_image(format!(
+                "kernel {} takes its KV length at dispatch: the instruction stream carries {} \
+                 value(s), not one",
+                desc.name,
+                values.len()
+            )))
+        }
+        (None, _) => (desc, op),
+    };
     let agent_name = &rt.topo.agents[q.agent].name;
     if &desc.arch != agent_name {
         return Err(bad_image(format!(
@@ -488,9 +508,8 @@ fn prepare_and_execute(
         )));
     }
     image::check_insts(&insts, &img).map_err(bad_image)?;
-    // Run-time parameters are a version-2 program's; a reference image takes none.
-    let values = image::insts_values(&insts);
-    if !values.is_empty() {
+    // Run-time parameters are a version-2 program's; a reference image takes n_kv at most.
+    if !takes_n_kv && !values.is_empty() {
         return Err(bad_image(format!(
             "kernel {} takes no run-time parameters, the instruction stream carries {} value(s)",
             desc.name,

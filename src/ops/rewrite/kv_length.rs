@@ -25,7 +25,8 @@ pub(super) fn at_run_time(
     let Some(k) = Fused::of(&r.desc.op).and_then(Fused::kv_inputs) else {
         return;
     };
-    if r.desc.inputs.len() < k + 3 || r.operands.len() < k + 3 {
+    // A decode step: one token (a prompt's attention reads every row it has).
+    if r.desc.inputs.len() < k + 3 || r.operands.len() < k + 3 || r.desc.output.ne[1] != 1 {
         return;
     }
     // n_kv is what the graph's K view has (the operands keep the graph's shapes).

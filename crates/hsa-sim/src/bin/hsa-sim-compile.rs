@@ -31,6 +31,8 @@ fn capabilities() -> serde_json::Value {
                 "types": types,
                 "broadcast": matches!(op, Op::Binary(_) | Op::RmsNormMul | Op::MulMat | Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(_) | Op::NormedMulMatBias | Op::NormedMulMatRope { .. } | Op::NormedQkv { .. } | Op::NormedFfn(_) | Op::ProjectedFfn(_) | Op::AttnFfn(_) | Op::DecodeLayer { .. } | Op::SoftMax { .. } | Op::Rope { .. } | Op::FlashAttnExt { .. } | Op::SetRows),
                 "noncontiguous": true,
+                // The decode attention's KV length may be given at dispatch (`n_kv_step`).
+                "run_time_n_kv": matches!(op, Op::AttnFfn(_) | Op::DecodeLayer { .. }),
                 "op_params": op.params_doc(),
             })
         })
@@ -109,7 +111,8 @@ fn compile(request: &Path, out_dir: &Path, hsaco: bool) -> Result<(), (u8, Strin
     std::fs::create_dir_all(out_dir)
         .map_err(|e| (1, format!("cannot create {}: {e}", out_dir.display())))?;
     let pdi = image::encode_image(&desc);
-    let insts = image::encode_insts(&pdi);
+    // A kernel taking its KV length at dispatch: the backend writes it into the last word.
+    let insts = image::encode_insts_with(&pdi, if desc.n_kv_step.is_some() { &[0] } else { &[] });
     write_atomic(out_dir, &format!("{}.pdi", desc.name), &pdi)
         .and_then(|_| write_atomic(out_dir, &format!("{}_insts.bin", desc.name), &insts))
         .map_err(|e| (1, format!("cannot write to {}: {e}", out_dir.display())))?;
