@@ -110,12 +110,19 @@ def unfused_requests(req: dict) -> list[dict]:
 
 
 def time_request(
-    args, req: dict, work: Path, dram_gbps: float, flops: int = 0, inputs: dict[int, bytes] | None = None
+    args,
+    req: dict,
+    work: Path,
+    dram_gbps: float,
+    flops: int = 0,
+    inputs: dict[int, bytes] | None = None,
+    params: list[int] | None = None,
 ) -> dict | None:
     """A compile request compiled by the emulation target and timed alone by hsa-sim-time, as
     counters (its kernel work, no dispatch); None when the IRON package declines it. `inputs`:
     the bytes of operands (by their index in the request: inputs, then outputs) whose values
-    the kernel's work depends on (an attention's mask); the others hold small values."""
+    the kernel's work depends on (an attention's mask); the others hold small values.
+    `params`: the run-time values of a kernel taking them (a request with `n_kv_step`: n_kv)."""
     arch = req["arch"]
     out_dir = work / f"direct-{arch}"
     out_dir.mkdir()
@@ -130,6 +137,8 @@ def time_request(
         raise SystemExit(f"{arch}: the IRON package failed to compile {req['op']}: {c.stderr[-2000:]}")
     cmd = [str(args.target / "hsa-sim-time"), str(out_dir / f"{req['name']}.pdi"), "--arch", arch]
     cmd += ["--dram-gbps", f"{dram_gbps:g}"]
+    if params:
+        cmd += ["--params", ",".join(str(p) for p in params)]
     for n, data in (inputs or {}).items():
         (work / f"input-{arch}-{n}.bin").write_bytes(data)
         cmd += ["--input", f"{n}={work / f'input-{arch}-{n}.bin'}"]

@@ -38,6 +38,9 @@ ARCHS = ["aie2p", "aie2"]
 # The decode layer kernel at the 1B shape: (n_embd, n_head, n_head_kv, head_dim, n_ff, n_kv).
 N_KV = 1024
 LAYER_DIMS = (2048, 32, 8, 64, 8192, N_KV)
+# The KV cache of the layer kernel told n_kv at dispatch (`n_kv_step`): planned for its rows,
+# timed at N_KV (llama-bench's -pg 512,4095 context, docs/perf.md "Compiles during generation").
+CACHE_ROWS = 4608
 
 
 def calibration_lines() -> list[str]:
@@ -148,8 +151,8 @@ def layer_lines(args, work: Path, output_ns: dict) -> tuple[list[str], list[str]
     token of 16 of them, the output projection and the chain's dispatches; then the layer by
     phase."""
     lines = [
-        f"| weights | arch | layer kernel (n_kv {N_KV}) | busiest unit | output projection | dispatches per token | token | decode t/s |",
-        "|---|---|---:|---|---:|---:|---:|---:|",
+        f"| weights | arch | layer kernel (n_kv {N_KV}) | busiest unit | output projection | dispatches per token | token | decode t/s | told n_kv ({CACHE_ROWS:,}-row cache) | its decode t/s |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     phase_names = None
     phases = []
@@ -163,13 +166,23 @@ def layer_lines(args, work: Path, output_ns: dict) -> tuple[list[str], list[str]
             c = time_request(args, req, d, dram)
             out = output_ns.get((ty, arch, OUTPUT[0]))
             if c is None or out is None:
-                lines.append(f"| {ty} | {arch} | declined | | | | | |")
+                lines.append(f"| {ty} | {arch} | declined | | | | | | | |")
                 continue
             dispatch = chain_dispatch_ns(k, LAYERS)
             token = LAYERS * c["work_time_ns"] + out + dispatch
+            # The same layer compiled once for every n_kv up to the cache's rows, at N_KV.
+            rd = work / f"layer-rt-{ty}-{arch}"
+            rd.mkdir()
+            dims = LAYER_DIMS[:-1] + (CACHE_ROWS,)
+            rt_req = json.loads(layer_request("SWIGLU", ty, dims, arch=arch, n_kv_step=256))
+            rt = time_request(args, rt_req, rd, dram, params=[N_KV])
+            rt_cells = "declined | "
+            if rt is not None:
+                rt_token = LAYERS * rt["work_time_ns"] + out + dispatch
+                rt_cells = f"{rt['work_time_ns'] / 1e3:,.0f} µs | {1e9 / rt_token:.1f}"
             lines.append(
                 f"| {ty} | {arch} | {c['work_time_ns'] / 1e3:,.0f} µs | {binds(c)} | {out / 1e3:,.0f} µs"
-                f" | {dispatch / 1e3:,.0f} µs | {token / 1e6:,.1f} ms | {1e9 / token:.1f} |"
+                f" | {dispatch / 1e3:,.0f} µs | {token / 1e6:,.1f} ms | {1e9 / token:.1f} | {rt_cells} |"
             )
             print(lines[-1], file=sys.stderr)
             spec = layer_spec("SWIGLU", ty, LAYER_DIMS, arch)
@@ -283,6 +296,10 @@ def section(
         "norm and projection switching PDI). This is the decode the emulated designs reach under",
         "the timing model at n_kv 1024 with a same-type output projection; the llama-bench",
         "table at the top times the runs' own kernels (a q6_K output projection, n_kv up to 128).",
+        f"The last two columns: the layer kernel the backend asks for when it tells n_kv at",
+        f"dispatch (one kernel for every n_kv of a {CACHE_ROWS:,}-row cache, planned for its",
+        "largest: its cores keep the scores of every key, which leaves less room for the",
+        "projections' tiles), timed at the same n_kv.",
         "",
         *layers,
         "",

@@ -224,7 +224,7 @@ impl KernelDesc {
         };
         let n = i64::from(n_kv);
         let most = self.inputs.get(k).map_or(0, |t| t.ne[1]);
-        if n_kv == 0 || n_kv % step != 0 || n > most {
+        if n_kv == 0 || !n_kv.is_multiple_of(step) || n > most {
             return Err(format!(
                 "kernel {}: n_kv {n_kv} is not a multiple of {step} up to {most}",
                 self.name

@@ -160,6 +160,7 @@ pub fn desc(
         output,
         extra_outputs: Vec::new(),
         f16_as_bf16: false,
+        n_kv_step: None,
     }
 }
 
