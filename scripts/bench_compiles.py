@@ -101,10 +101,9 @@ def main() -> int:
         "alternative when a step's cache rows are not consecutive, and Q4_K_M's attention apart",
         "beside q6_K weights), so every 256 tokens they are new kernels, compiled while the model",
         "generates, each a new PDI; on a real NPU each compile is seconds to minutes of `aiecc`",
-        "and Peano. The emulation target builds the layer kernel and the attention-and-block",
-        "kernel for every length up to the cache's rows, told the length at dispatch",
-        "(`ops::rewrite::kv_length`); its instruction stream for the npu target is not written",
-        "yet. Q4_K_M's separate attention (FLASH_ATTN_EXT_MASK) is still named by the length.",
+        "and Peano. The emulation target builds these kernels for every length up to the",
+        "cache's rows, told the length at dispatch (`ops::rewrite::kv_length`); their",
+        "instruction stream for the npu target is not written yet.",
         "",
         *lines,
     ]

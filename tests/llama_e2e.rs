@@ -729,72 +729,83 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
 }
 
 /// A conversation growing past 256 tokens of context: llama.cpp grows the attention's KV
-/// length by 256 (n_kv 256, then 512), and the decode layer is still the one kernel compiled
-/// at the first token, told n_kv at each dispatch (`ops::rewrite::kv_length`): its instruction
-/// stream carries the length's word, the logits stay the CPU's at every length.
+/// length by 256 (n_kv 256, then 512), and the decode's attention kernels (the layer kernel, the
+/// attention-and-block kernel it falls back to, and in Q4_K_M's layers with q6_K weights the
+/// attention alone) are still the ones compiled at the first token, told n_kv at each dispatch
+/// (`ops::rewrite::kv_length`): their instruction streams carry the length's word, the logits
+/// stay the CPU's at every length.
 #[test]
-fn a_growing_context_runs_the_layer_kernel_compiled_at_its_first_token() {
+fn a_growing_context_runs_the_attention_kernels_compiled_at_its_first_token() {
     const STEPS: usize = 300;
-    let name = "tiny-llama-q4_0";
-    let (Some(bin), Some(model)) = (dl_bin(), model(name)) else {
+    let Some(bin) = dl_bin() else {
         return;
     };
-    let (env, counters, _) = emu_env("growing");
-    let args = |env, forced| GreedyArgs {
-        plugin_env: env,
-        forced,
-        extra: &[],
-        n_predict: Some(STEPS),
-    };
-    let (run, logits) = greedy_run(&bin, &model, LONG_PROMPT, &args(None, &[]), RUN_TIMEOUT);
-    let cpu = parse_greedy(&run, &logits);
-    let (run, logits) = greedy_run(
-        &bin,
-        &model,
-        LONG_PROMPT,
-        &args(Some(&env), &cpu.tokens),
-        RUN_TIMEOUT,
-    );
-    let npu = parse_greedy(&run, &logits);
-    assert!(
-        cpu.prompt_tokens + STEPS > 256,
-        "the context must pass 256 tokens"
-    );
-    let n_vocab = cpu.logits.len() / cpu.tokens.len();
-    let worst = (0..cpu.tokens.len())
-        .map(|s| {
-            let r = s * n_vocab..(s + 1) * n_vocab;
-            nmse(&npu.logits[r.clone()], &cpu.logits[r])
-        })
-        .fold(0.0, f64::max);
-    assert!(worst <= MAX_QUANTIZED_LOGITS_NMSE, "NMSE {worst:.3e}");
-    let c = read_json(&counters);
-    let layers = c["emulated_ops"]["DECODE_LAYER_SWIGLU"]
-        .as_u64()
-        .unwrap_or(0);
-    assert!(
-        layers >= TINY_LAYERS * (STEPS as u64 - 1),
-        "{layers} decode layers ran: {}",
-        c["emulated_ops"]
-    );
-    // One layer kernel (and one attention-and-block kernel, its fallback) in the kernel cache,
-    // each with the length's word after the stream's eight.
-    let cache = env
-        .iter()
-        .find(|(k, _)| k == "GGML_HSA_KERNEL_CACHE_DIR")
-        .map(|(_, v)| Path::new(v).join("aie2p"))
-        .expect("a kernel cache");
-    for stem in ["decode_layer_swiglu-", "flash_attn_ffn_swiglu-"] {
-        let streams: Vec<u64> = std::fs::read_dir(&cache)
-            .expect("the kernel cache")
-            .filter_map(|e| {
-                let e = e.ok()?;
-                let n = e.file_name().to_string_lossy().into_owned();
-                (n.starts_with(stem) && n.ends_with("_insts.bin")).then(|| e.metadata().ok())?
+    for name in ["tiny-llama-q4_0", "tiny-llama-q4_k_m"] {
+        let Some(model) = model(name) else {
+            return;
+        };
+        let (env, counters, _) = emu_env(&format!("growing-{name}"));
+        let args = |env, forced| GreedyArgs {
+            plugin_env: env,
+            forced,
+            extra: &[],
+            n_predict: Some(STEPS),
+        };
+        let (run, logits) = greedy_run(&bin, &model, LONG_PROMPT, &args(None, &[]), RUN_TIMEOUT);
+        let cpu = parse_greedy(&run, &logits);
+        let (run, logits) = greedy_run(
+            &bin,
+            &model,
+            LONG_PROMPT,
+            &args(Some(&env), &cpu.tokens),
+            RUN_TIMEOUT,
+        );
+        let npu = parse_greedy(&run, &logits);
+        assert!(cpu.prompt_tokens + STEPS > 256, "the context must pass 256 tokens");
+        let n_vocab = cpu.logits.len() / cpu.tokens.len();
+        let worst = (0..cpu.tokens.len())
+            .map(|s| {
+                let r = s * n_vocab..(s + 1) * n_vocab;
+                nmse(&npu.logits[r.clone()], &cpu.logits[r])
             })
-            .map(|m| m.len())
-            .collect();
-        assert_eq!(streams, vec![9 * 4], "{stem}* in {}", cache.display());
+            .fold(0.0, f64::max);
+        assert!(worst <= MAX_QUANTIZED_LOGITS_NMSE, "{name}: NMSE {worst:.3e}");
+        let c = read_json(&counters);
+        let layers = c["emulated_ops"]["DECODE_LAYER_SWIGLU"].as_u64().unwrap_or(0);
+        assert!(layers > 0, "{name}: no layer kernel ran: {}", c["emulated_ops"]);
+        // Each decode attention kernel once in the kernel cache, with the length's word after
+        // the stream's eight (9 words); a prompt's attention, named by its length, besides.
+        let cache = env
+            .iter()
+            .find(|(k, _)| k == "GGML_HSA_KERNEL_CACHE_DIR")
+            .map(|(_, v)| Path::new(v).join("aie2p"))
+            .expect("a kernel cache");
+        let mut told = 0;
+        for stem in [
+            "decode_layer_swiglu-",
+            "flash_attn_ffn_swiglu-",
+            "flash_attn_ext_mask-",
+        ] {
+            let streams: Vec<u64> = std::fs::read_dir(&cache)
+                .expect("the kernel cache")
+                .filter_map(|e| {
+                    let e = e.ok()?;
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    (n.starts_with(stem) && n.ends_with("_insts.bin"))
+                        .then(|| e.metadata().ok())?
+                })
+                .map(|m| m.len())
+                .collect();
+            let runtime = streams.iter().filter(|&&b| b == 9 * 4).count();
+            assert!(
+                runtime <= 1 && streams.len() - runtime <= 1,
+                "{name}: {stem}* streams of {streams:?} bytes in {}",
+                cache.display()
+            );
+            told += runtime;
+        }
+        let want = if name.ends_with("q4_k_m") { 3 } else { 2 };
+        assert_eq!(told, want, "{name}: kernels told n_kv in {}", cache.display());
     }
 }
 

@@ -45,6 +45,7 @@ tasks per shim channel;
 what has no such plan is refused.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -144,6 +145,11 @@ class FlashAttnSpec:
     s_side: Side | None
     params: tuple[int, int, int]  # scale, max_bias, softcap bits
     slopes: tuple[int, ...]
+    # A run-time KV length (`run_time_step`): n_kv is any multiple of `step` up to n_kv_max
+    # (k's rows), given at dispatch; `n` is the one this instance is recorded for (0:
+    # n_kv_max). 0: n_kv is k's rows, fixed.
+    step: int = 0
+    n: int = 0
 
     # --- shapes
     @property
@@ -156,7 +162,27 @@ class FlashAttnSpec:
 
     @property
     def n_kv(self) -> int:
+        """The keys this instance reads (the run-time value it is recorded for)."""
+        return self.n or self.k.ne[1]
+
+    @property
+    def n_kv_max(self) -> int:
         return self.k.ne[1]
+
+    def at(self, n: int) -> "FlashAttnSpec":
+        """This spec recorded for a run-time n_kv of n (the same plan and core source)."""
+        if not self.step or n % self.step or not 0 < n <= self.n_kv_max:
+            raise ValueError(f"n_kv {n} is not a multiple of {self.step} up to {self.n_kv_max}")
+        return dataclasses.replace(self, n=n)
+
+    @property
+    def mask_side(self) -> Side | None:
+        """The mask span's side for this instance: with a run-time n_kv (one query row), its
+        n_kv / 2 words in runs of step / 2 repeated to whole objects by one repeat count."""
+        if not self.step or self.m_side is None:
+            return self.m_side
+        words = self.n_kv // 2
+        return Side(words, self.m_side.rep, self.m_side.rep * words // self.a_words)
 
     @property
     def n_q(self) -> int:
@@ -206,7 +232,7 @@ class FlashAttnSpec:
     @property
     def side_objects(self) -> int:
         """Objects of fifo A before a block's K chunks: its mask span."""
-        return self.m_side.objects if self.m_side is not None else 0
+        return self.mask_side.objects if self.m_side is not None else 0
 
     @property
     def q_objects(self) -> int:
@@ -256,8 +282,8 @@ class FlashAttnSpec:
         return tuple(self.mask_span(b)[1] for b in range(self.blocks))
 
     def mask_tap(self, b: int) -> Tap:
-        s = self.m_side
-        a, w = split_run(s.words, 4)
+        s = self.mask_side
+        a, w = (s.words // (self.step // 2), self.step // 2) if self.step else split_run(s.words, 4)
         return Tap(self.mask_span(b)[0], (s.rep, 1, a, w), (0, 0, w, 1))
 
     @property
@@ -289,7 +315,7 @@ class FlashAttnSpec:
         n, stride = self.n_kv, t.nb[1] // 4
         if stride == row_words or n == 1:
             return Tap(off, (1, n * row_words), (0, 1))
-        r = _rows_split(n)
+        r = self.step or _rows_split(n)
         return Tap(off, (n // r, r, row_words), (r * stride, stride, 1))
 
     def k_tap(self, b: int) -> Tap:
@@ -359,7 +385,7 @@ class FlashAttnSpec:
         d = {
             "FA_D": self.d,
             "FA_DV": self.dv,
-            "FA_NKV": self.n_kv,
+            "FA_NKV": self.n_kv_max,
             "FA_CHUNK": self.chunk,
             "FA_K_TYPE": KV_CODE[self.k.dtype],
             "FA_V_TYPE": KV_CODE[self.v.dtype],
@@ -443,6 +469,26 @@ def _mask_side(mask: Tensor, n_kv: int, gr: int, obj: int) -> Side | None:
     return None
 
 
+# The request field of a run-time KV length (`run_time_step`).
+RUN_TIME_KEY = "n_kv_step"
+
+
+def run_time_step(req: Request) -> int:
+    """The request's run-time KV length (`n_kv_step`, docs/kernel-compiler-protocol.md): n_kv
+    is given at dispatch, any multiple of the step up to k's rows; 0 when n_kv is k's rows."""
+    step = req.extra.get(RUN_TIME_KEY, 0)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise RequestError(f"{RUN_TIME_KEY} must be a non-negative integer, got {step!r}")
+    return step
+
+
+def _run_time_mask_side(n_kv: int, step: int, obj: int) -> Side | None:
+    """A run-time n_kv's mask row (one query row): its n_kv / 2 words, moved in runs of step / 2,
+    repeated to whole objects of `obj` words by one repeat count for every multiple of step."""
+    rep = obj // math.gcd(obj, step // 2)
+    return Side(n_kv // 2, rep, rep * (n_kv // 2) // obj) if rep <= MAX_REPEAT else None
+
+
 def _rows_split(n: int) -> int:
     """The inner row count r (n = a r, both within a DMA wrap) of a strided K/V walk."""
     for r in reversed(divisors(n)):
@@ -506,7 +552,23 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
         raise UnsupportedError(f"{op}: head sizes above {MAX_WRAP} are not supported")
     if any(s // 4 > MAX_STRIDE_WORDS for s in q.nb[1:3]):
         raise UnsupportedError(f"{op}: q's rows are too far apart for a DMA")
-    _rows_split(n_kv)  # the K/V walk of a block (refused when n_kv has no split)
+    step = run_time_step(req)
+    if step and (
+        mask is None
+        or sinks is not None
+        or n_q * n_seq != 1
+        or step % 2
+        or step > MAX_WRAP
+        or n_kv % step
+        or mask.ne[0] != n_kv
+    ):
+        raise UnsupportedError(
+            f"{op}: a run-time n_kv (n_kv_step {step}) takes one query row, a mask of the largest "
+            f"n_kv's row ({n_kv}, a multiple of the step) and no sinks; the step even, at most "
+            f"{MAX_WRAP}"
+        )
+    if not step:
+        _rows_split(n_kv)  # the K/V walk of a block (refused when n_kv has no split)
     params = tuple(req.op_params[:3]) + (0,) * (3 - len(req.op_params[:3]))
     max_bias = _bits_f32(params[1])
     if max_bias > 0 and mask is None:
@@ -527,9 +589,10 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
     # A block's heads are its column's cores, one each.
     ghs = [1] if mask is not None and mask.ne[2] > 1 else divisors(r2)
     ghs = [gh for gh in ghs if gh <= arch.compute_rows]
+    # With a run-time n_kv the chunks of every multiple of the step are whole.
     chunks = [
         c
-        for c in divisors(n_kv)
+        for c in divisors(step or n_kv)
         if c <= MAX_CHUNK and (c * d * k.size) % 4 == 0 and (c * dv * v.size) % 4 == 0
     ]
     best, min_tasks, fits_tasks = None, None, False
@@ -547,7 +610,10 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
             for c in chunks:
                 a_words, b_words = c * d * k.size // 4, c * dv * v.size // 4
                 q_side = _side(gh * gr * d, b_words)
-                m_side = _mask_side(mask, n_kv, gr, a_words) if mask is not None else None
+                if step:
+                    m_side = _run_time_mask_side(n_kv, step, a_words)
+                else:
+                    m_side = _mask_side(mask, n_kv, gr, a_words) if mask is not None else None
                 s_side = _sink_side(n_head, a_words) if sinks is not None else None
                 if q_side is None:
                     continue
@@ -558,7 +624,7 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
                     continue
                 cand = FlashAttnSpec(
                     req, arch, op, q, k, v, mask, sinks, out, c, gh, gr, columns, 1,
-                    q_side, m_side, s_side, core_params, slopes,
+                    q_side, m_side, s_side, core_params, slopes, step,
                 )  # fmt: skip
                 if cand.fifo_bytes() + cand.static_bytes() > arch.l1_budget:
                     continue
@@ -586,5 +652,5 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
     group = min(group, len(cand.column_blocks(0)))
     return FlashAttnSpec(
         req, arch, op, q, k, v, mask, sinks, out, cand.chunk, cand.gh, cand.gr, cand.columns,
-        group, cand.q_side, cand.m_side, cand.s_side, core_params, slopes,
+        group, cand.q_side, cand.m_side, cand.s_side, core_params, slopes, step,
     )  # fmt: skip

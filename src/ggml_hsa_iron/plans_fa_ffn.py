@@ -41,15 +41,21 @@ from dataclasses import dataclass
 from .archs import Arch
 from .errors import RequestError, UnsupportedError
 from .plans import _bits_f32, _check_common
-from .plans_fa import KV_CODE, Side, _extent_words, _rows_split, _side, prepare_flash_attn
+from .plans_fa import (
+    KV_CODE,
+    Side,
+    _extent_words,
+    _rows_split,
+    _side,
+    prepare_flash_attn,
+    run_time_step,
+)
 from .plans_ffn import FfnSpec, _replan, attn_ffn_phases, ffn_core_bytes
 from .request import Request, Tensor
 from .tiling import MAX_REPEAT, MAX_WRAP, VECTOR_ELEMS, Tap, split_run
 
 PREFIX = "FLASH_ATTN_FFN_"
 F32 = 4
-# The request field of a run-time KV length (`run_time_step`).
-RUN_TIME_KEY = "n_kv_step"
 # The run-time KV lengths' granularity the design takes: step / 2 mask words and step K or V
 # rows are one DMA dimension each (at most MAX_WRAP), the mask's f16 values whole words.
 MAX_STEP = MAX_WRAP
@@ -326,15 +332,6 @@ def fa_phase(q, k, v, mask, a, params, p, step: int = 0) -> FaPhase | str:
     if m_words > _extent_words(mask):
         return "sides"
     return FaPhase(q, k, v, mask, a, params, C, R, nr, kc, q_side, m_side, step)
-
-
-def run_time_step(req: Request) -> int:
-    """The request's run-time KV length (`n_kv_step`, docs/kernel-compiler-protocol.md): n_kv
-    is given at dispatch, any multiple of the step up to k's rows; 0 when n_kv is k's rows."""
-    step = req.extra.get(RUN_TIME_KEY, 0)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise RequestError(f"{RUN_TIME_KEY} must be a non-negative integer, got {step!r}")
-    return step
 
 
 def _dense_rows(a: Tensor) -> Tensor:

@@ -203,7 +203,11 @@ impl KernelDesc {
     /// that may take its KV length at dispatch.
     fn kv_input(op: Op) -> Option<usize> {
         match op {
-            Op::AttnFfn(_) => Some(1),
+            Op::FlashAttnExt {
+                mask: true,
+                sinks: false,
+            }
+            | Op::AttnFfn(_) => Some(1),
             Op::DecodeLayer { ff, .. } => Some(6 + usize::from(ff)),
             _ => None,
         }

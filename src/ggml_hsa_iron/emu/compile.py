@@ -142,8 +142,9 @@ def build_program(spec) -> tuple[dict, bytes]:
     (`fa.step`) is recorded at several values and merged into one program (emu/params.py),
     every recording with the same core sources."""
     req = spec.request
-    fa = getattr(spec, "fa", None)
-    if fa is None or not fa.step:
+    # The attention's spec: the op's own (FLASH_ATTN_EXT_MASK) or its phase.
+    fa = getattr(spec, "fa", spec)
+    if not getattr(fa, "step", 0):
         rec = record(spec)
         cores = core_sources(spec)
         check_objects(rec, cores)
@@ -153,7 +154,7 @@ def build_program(spec) -> tuple[dict, bytes]:
     ns = sorted({lo, min(2 * lo, hi), max(lo, hi // 2 // lo * lo), hi})
     programs, cores, kernels = [], None, None
     for n in ns:
-        at = dataclasses.replace(spec, fa=fa.at(n))
+        at = fa.at(n) if fa is spec else dataclasses.replace(spec, fa=fa.at(n))
         rec = record(at)
         got = core_sources(at)
         check_objects(rec, got)

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import json
 import struct
 import tempfile
+import types
 import unittest
 
 from ggml_hsa_iron.errors import RequestError, UnsupportedError
@@ -699,6 +700,47 @@ class EndToEndTest(unittest.TestCase):
             ):
                 with self.subTest(arch=arch, **kw):
                     run_case(self, arch=arch, **kw)
+
+    def test_run_time_n_kv(self):
+        # One program for n_kv up to 1024 in steps of 256 (a decode step against a growing
+        # cache), run at several: the mask is n values, the cache's rows past n are NaN.
+        from ggml_hsa_iron.emu.compile import build_program
+        from ggml_hsa_iron.emu.params import instantiate
+        from ggml_hsa_iron.tests.util_emu_seq import buffer_of, new_buffer, run_program_in_order
+
+        most = 1024
+        kw = llama_1b(1, most, mask_ne=[most, 1, 1, 1])
+        for arch in ("aie2p", "aie2"):
+            text = json.dumps({**json.loads(fa_request(**{**kw, "arch": arch})), "n_kv_step": 256})
+            req = parse_request(text)
+            spec = prepare(req)
+            program, lib = build_program(spec)
+            for n in (256, 768, 1024):
+                with self.subTest(arch=arch, n=n):
+                    rng = np.random.default_rng(n)
+                    qt, kt, vt, mt = req.inputs
+                    q = rng.standard_normal((1, 32, 1, 64)).astype(np.float32)
+                    k = rng.standard_normal((1, 8, most, 64)).astype(np.float16)
+                    v = rng.standard_normal((1, 8, most, 64)).astype(np.float16)
+                    mask = (rng.standard_normal((1, 1, 1, n)) * 2).astype(np.float16)
+                    mask[..., ::5] = -np.inf
+                    k[:, :, n:] = np.nan
+                    v[:, :, n:] = np.nan
+                    m = np.zeros(-(-_extent(mt) // 4) * 4, np.uint8)
+                    m[: mask.nbytes] = mask.reshape(-1).view(np.uint8)
+                    ins = [
+                        buffer_of(place(qt, q)),
+                        buffer_of(place(kt, k)),
+                        buffer_of(place(vt, v)),
+                    ]
+                    out = new_buffer(req.output.nelements * 4)
+                    run_program_in_order(instantiate(program, [n]), lib, [*ins, m, out])
+                    sub = types.SimpleNamespace(op_params=req.op_params, inputs=(qt, kt, vt))
+                    ref = reference(sub, q, k[:, :, :n], v[:, :, :n], mask)
+                    got = np.frombuffer(out.tobytes(), np.float32).reshape(ref.shape)
+                    err = np.abs(got - ref).max()
+                    self.assertTrue(np.isfinite(got).all())
+                    self.assertLess(err, 2e-5 * max(1.0, np.abs(ref).max()), f"{arch} n {n}: {err}")
 
     def test_softcap_sinks_gqa_and_odd_chunks(self):
         for kw in (

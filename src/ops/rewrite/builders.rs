@@ -871,7 +871,7 @@ pub fn fold_flash_attn_ffn<'a>(
         output: ffn.output.clone(),
         extra_outputs,
         f16_as_bf16: fa.f16_as_bf16 || ffn.f16_as_bf16,
-        n_kv_step: None,
+        n_kv_step: fa.n_kv_step,
     };
     let operands = [q, kc, vc, mask, wo, r0, wg, wu, wd, n, out, fa_out, r1, h]
         .map(Tensor::clone)

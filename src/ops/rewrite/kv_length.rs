@@ -7,8 +7,9 @@
 //! token to the context's end.
 
 use super::fused::Fused;
-use super::Rewritten;
+use super::{Rewritten, Step};
 use crate::kernels::{KernelDesc, Layout};
+use crate::op_catalogue as catalogue;
 use crate::ops::tensor::{Node, Op, Tensor};
 
 /// The granularity of n_kv: llama.cpp pads it to a multiple of 256 (the last step may be the
@@ -22,54 +23,81 @@ pub(super) fn at_run_time(
     nodes: &[Node],
     available: &dyn Fn(&KernelDesc) -> bool,
 ) {
-    let Some(k) = Fused::of(&r.desc.op).and_then(Fused::kv_inputs) else {
-        return;
-    };
-    // A decode step: one token (a prompt's attention reads every row it has).
-    if r.desc.inputs.len() < k + 3 || r.operands.len() < k + 3 || r.desc.output.ne[1] != 1 {
-        return;
+    if let Some(n) = told_n_kv(&mut r.desc, &r.operands, nodes, available) {
+        r.n_kv = Some(n);
+    }
+}
+
+/// [`at_run_time`] for the kernels planned node by node (a decode step's FLASH_ATTN_EXT_MASK),
+/// before the rewrites fold them into others.
+pub(super) fn steps_at_run_time<K>(
+    steps: &mut [Step<K>],
+    nodes: &[Node],
+    available: &dyn Fn(&KernelDesc) -> bool,
+) {
+    for step in steps.iter_mut() {
+        if let Step::Kernel(k) = step {
+            if k.loaded.is_none() && k.n_kv.is_none() {
+                k.n_kv = told_n_kv(&mut k.desc, &k.operands, nodes, available);
+            }
+        }
+    }
+}
+
+/// The input index of a decode attention's K cache view (V's and the mask's follow) in a
+/// kernel of one token, or `None` for other kernels (a prompt's attention reads every row).
+fn kv_input(desc: &KernelDesc) -> Option<usize> {
+    if desc.op == catalogue::FLASH_ATTN_EXT_MASK.name {
+        // q [D, n_q, n_head, n_seq]: one query row.
+        let q = desc.inputs.first()?;
+        return (q.ne[1] * q.ne[3] == 1).then_some(1);
+    }
+    // out [K, N]: one token.
+    let k = Fused::of(&desc.op).and_then(Fused::kv_inputs)?;
+    (desc.output.ne[1] == 1).then_some(k)
+}
+
+/// Rewrites `desc` to take its KV length at dispatch and returns that length (the graph's,
+/// `operands`' K view's rows); `None`, `desc` untouched, when it cannot. A desc that takes it
+/// already (a layer merged from its attention) returns it.
+fn told_n_kv(
+    desc: &mut KernelDesc,
+    operands: &[Tensor],
+    nodes: &[Node],
+    available: &dyn Fn(&KernelDesc) -> bool,
+) -> Option<u32> {
+    let k = kv_input(desc)?;
+    if desc.inputs.len() < k + 3 || operands.len() < k + 3 {
+        return None;
     }
     // n_kv is what the graph's K view has (the operands keep the graph's shapes).
-    let n = r.operands[k].ne[1];
-    if r.desc.n_kv_step.is_some() {
-        // Merged from a kernel that takes it at dispatch (the layer from its attention).
-        r.n_kv = u32::try_from(n).ok();
-        return;
+    let n = operands[k].ne[1];
+    if desc.n_kv_step.is_some() {
+        return u32::try_from(n).ok();
     }
-    let (kl, vl, ml) = (
-        &r.desc.inputs[k],
-        &r.desc.inputs[k + 1],
-        &r.desc.inputs[k + 2],
-    );
+    let (kl, vl, ml) = (&desc.inputs[k], &desc.inputs[k + 1], &desc.inputs[k + 2]);
     let step = i64::from(STEP);
     let lengths = [kl.ne[1], vl.ne[1], ml.ne[0]];
     if n <= 0 || n % step != 0 || lengths != [n; 3] || !ml.is_dense() {
-        return;
+        return None;
     }
-    let (Some(kr), Some(vr)) = (
-        cache_rows(kl, &r.operands[k], nodes),
-        cache_rows(vl, &r.operands[k + 1], nodes),
-    ) else {
-        return;
-    };
+    let kr = cache_rows(kl, &operands[k], nodes)?;
+    let vr = cache_rows(vl, &operands[k + 1], nodes)?;
     let most = kr.min(vr) / step * step;
-    let Ok(n_kv) = u32::try_from(n) else {
-        return;
-    };
+    let n_kv = u32::try_from(n).ok()?;
     let mut mask_ne = ml.ne;
     mask_ne[0] = most;
-    let Some(mask) = Layout::dense(&ml.dtype, mask_ne) else {
-        return;
-    };
-    let mut desc = r.desc.clone();
-    desc.inputs[k].ne[1] = most;
-    desc.inputs[k + 1].ne[1] = most;
-    desc.inputs[k + 2] = mask;
-    desc.n_kv_step = Some(STEP);
-    if most >= n && available(&desc) {
-        r.desc = desc;
-        r.n_kv = Some(n_kv);
+    let mask = Layout::dense(&ml.dtype, mask_ne)?;
+    let mut told = desc.clone();
+    told.inputs[k].ne[1] = most;
+    told.inputs[k + 1].ne[1] = most;
+    told.inputs[k + 2] = mask;
+    told.n_kv_step = Some(STEP);
+    if most < n || !available(&told) {
+        return None;
     }
+    *desc = told;
+    Some(n_kv)
 }
 
 /// The rows a view of a KV cache (dimension 1 its rows, as the attention reads K and V) can
@@ -156,6 +184,31 @@ mod tests {
         assert_eq!(other.n_kv, Some(1024));
         // Operands keep what the graph has: the dispatch reads n_kv rows.
         assert_eq!(other.operands[1].ne[1], 1024);
+    }
+
+    #[test]
+    fn a_planned_decode_attention_is_told_n_kv_and_a_prompt_s_is_not() {
+        for (rows, told) in [(1, Some(512)), (4, None)] {
+            let (r, nodes) = case(512, 4608);
+            let mut desc = r.desc.clone();
+            desc.op = catalogue::FLASH_ATTN_EXT_MASK.name.to_owned();
+            desc.inputs[0].ne[1] = rows;
+            let mut steps = vec![Step::<()>::Kernel(crate::ops::rewrite::KernelStep {
+                desc,
+                operands: r.operands[..4].to_vec(),
+                covers: vec![],
+                rows: vec![],
+                fallback: vec![],
+                n_kv: None,
+                loaded: None,
+            })];
+            steps_at_run_time(&mut steps, &nodes, &|_| true);
+            let Step::Kernel(k) = &steps[0] else {
+                unreachable!()
+            };
+            assert_eq!(k.n_kv, told, "{rows} query rows");
+            assert_eq!(k.desc.n_kv_step.is_some(), told.is_some());
+        }
     }
 
     #[test]

@@ -218,6 +218,9 @@ pub fn apply<K: Clone>(
     options: PlanOptions,
     available: &dyn Fn(&KernelDesc) -> bool,
 ) {
+    if stage == Stage::Fusions {
+        kv_length::steps_at_run_time(steps, nodes, available);
+    }
     for row in REWRITES.iter().filter(|r| r.stage == stage) {
         for anchor in 0..nodes.len() {
             let view = StepList(&*steps);
