@@ -629,13 +629,7 @@ fn tiny_llama_emulated(
     let t = std::time::Instant::now();
     let npu = greedy_args(&bin, &model, LONG_PROMPT, Some(&env), &cpu.tokens, &[]);
     let secs = t.elapsed().as_secs_f64();
-    let n_vocab = cpu.logits.len() / cpu.tokens.len();
-    let worst = (0..cpu.tokens.len())
-        .map(|s| {
-            let r = s * n_vocab..(s + 1) * n_vocab;
-            nmse(&npu.logits[r.clone()], &cpu.logits[r])
-        })
-        .fold(0.0, f64::max);
+    let worst = worst_step_nmse(&npu, &cpu);
     println!(
         "{name}, IRON emulated: worst logits NMSE {worst:.2e} (limit \
          {MAX_QUANTIZED_LOGITS_NMSE:.0e}), {secs:.1} s"
@@ -761,18 +755,24 @@ fn a_growing_context_runs_the_attention_kernels_compiled_at_its_first_token() {
             RUN_TIMEOUT,
         );
         let npu = parse_greedy(&run, &logits);
-        assert!(cpu.prompt_tokens + STEPS > 256, "the context must pass 256 tokens");
-        let n_vocab = cpu.logits.len() / cpu.tokens.len();
-        let worst = (0..cpu.tokens.len())
-            .map(|s| {
-                let r = s * n_vocab..(s + 1) * n_vocab;
-                nmse(&npu.logits[r.clone()], &cpu.logits[r])
-            })
-            .fold(0.0, f64::max);
-        assert!(worst <= MAX_QUANTIZED_LOGITS_NMSE, "{name}: NMSE {worst:.3e}");
+        assert!(
+            cpu.prompt_tokens + STEPS > 256,
+            "the context must pass 256 tokens"
+        );
+        let worst = worst_step_nmse(&npu, &cpu);
+        assert!(
+            worst <= MAX_QUANTIZED_LOGITS_NMSE,
+            "{name}: NMSE {worst:.3e}"
+        );
         let c = read_json(&counters);
-        let layers = c["emulated_ops"]["DECODE_LAYER_SWIGLU"].as_u64().unwrap_or(0);
-        assert!(layers > 0, "{name}: no layer kernel ran: {}", c["emulated_ops"]);
+        let layers = c["emulated_ops"]["DECODE_LAYER_SWIGLU"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(
+            layers > 0,
+            "{name}: no layer kernel ran: {}",
+            c["emulated_ops"]
+        );
         // Each decode attention kernel once in the kernel cache, with the length's word after
         // the stream's eight (9 words); a prompt's attention, named by its length, besides.
         let cache = env
@@ -791,8 +791,7 @@ fn a_growing_context_runs_the_attention_kernels_compiled_at_its_first_token() {
                 .filter_map(|e| {
                     let e = e.ok()?;
                     let n = e.file_name().to_string_lossy().into_owned();
-                    (n.starts_with(stem) && n.ends_with("_insts.bin"))
-                        .then(|| e.metadata().ok())?
+                    (n.starts_with(stem) && n.ends_with("_insts.bin")).then(|| e.metadata().ok())?
                 })
                 .map(|m| m.len())
                 .collect();
@@ -805,7 +804,12 @@ fn a_growing_context_runs_the_attention_kernels_compiled_at_its_first_token() {
             told += runtime;
         }
         let want = if name.ends_with("q4_k_m") { 3 } else { 2 };
-        assert_eq!(told, want, "{name}: kernels told n_kv in {}", cache.display());
+        assert_eq!(
+            told,
+            want,
+            "{name}: kernels told n_kv in {}",
+            cache.display()
+        );
     }
 }
 

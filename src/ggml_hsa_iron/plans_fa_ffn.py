@@ -35,7 +35,6 @@ where no shape fits (the refusal says which of the attention's constraints faile
 """
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from .archs import Arch
@@ -46,13 +45,14 @@ from .plans_fa import (
     Side,
     _extent_words,
     _rows_split,
+    _run_time_mask_side,
     _side,
     prepare_flash_attn,
     run_time_step,
 )
 from .plans_ffn import FfnSpec, _replan, attn_ffn_phases, ffn_core_bytes
 from .request import Request, Tensor
-from .tiling import MAX_REPEAT, MAX_WRAP, VECTOR_ELEMS, Tap, split_run
+from .tiling import MAX_WRAP, VECTOR_ELEMS, Tap, split_run
 
 PREFIX = "FLASH_ATTN_FFN_"
 F32 = 4
@@ -321,8 +321,7 @@ def fa_phase(q, k, v, mask, a, params, p, step: int = 0) -> FaPhase | str:
         # runs repeated to whole objects by one repeat count.
         if (step * kw) % kc or (step * vw) % kc:
             return "step"
-        rep = kc // math.gcd(kc, step // 2)
-        m_side = Side(m_words, rep, rep * m_words // kc) if rep <= MAX_REPEAT else None
+        m_side = _run_time_mask_side(n_kv, step, kc)
     else:
         m_side = _side(m_words, kc)
         if m_side is not None and split_run(m_words, 4) is None:

@@ -127,7 +127,7 @@ pub struct KernelDesc {
     /// bf16 copies of them would. Only set when some operand is f16.
     pub f16_as_bf16: bool,
     /// The KV length is given at dispatch, a multiple of this step up to the K and V operands'
-    /// rows (`ops::kv_length`): one kernel for every length a growing context takes.
+    /// rows (`ops::rewrite::kv_length`): one kernel for every length a growing context takes.
     pub n_kv_step: Option<u32>,
 }
 

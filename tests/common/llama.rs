@@ -378,6 +378,18 @@ pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
     err / norm.max(f64::MIN_POSITIVE)
 }
 
+/// The worst NMSE of a step's logits, `npu`'s against `cpu`'s (the same steps: a run forced
+/// with the other's tokens).
+pub fn worst_step_nmse(npu: &Greedy, cpu: &Greedy) -> f64 {
+    let n_vocab = cpu.logits.len() / cpu.tokens.len();
+    (0..cpu.tokens.len())
+        .map(|s| {
+            let r = s * n_vocab..(s + 1) * n_vocab;
+            nmse(&npu.logits[r.clone()], &cpu.logits[r])
+        })
+        .fold(0.0, f64::max)
+}
+
 /// Tokens equal, logits close step by step; returns the worst NMSE.
 pub fn compare(tag: &str, npu: &Greedy, cpu: &Greedy, max_nmse: f64) -> f64 {
     assert_eq!(
@@ -387,13 +399,7 @@ pub fn compare(tag: &str, npu: &Greedy, cpu: &Greedy, max_nmse: f64) -> f64 {
     );
     assert_eq!(npu.logits.len(), cpu.logits.len(), "{tag}: logits sizes");
     let steps = npu.tokens.len();
-    let n_vocab = cpu.logits.len() / steps;
-    let worst = (0..steps)
-        .map(|s| {
-            let r = s * n_vocab..(s + 1) * n_vocab;
-            nmse(&npu.logits[r.clone()], &cpu.logits[r])
-        })
-        .fold(0.0, f64::max);
+    let worst = worst_step_nmse(npu, cpu);
     println!(
         "{tag}: {} tokens identical, worst logits NMSE {worst:.2e} (limit {max_nmse:.0e}); text:{}",
         steps, npu.text

@@ -186,7 +186,7 @@ pub struct Rewritten {
     pub desc: KernelDesc,
     pub operands: Vec<Tensor>,
     pub rows: Vec<CacheRows>,
-    /// The KV length given at dispatch, when its desc takes one (`ops::kv_length`).
+    /// The KV length given at dispatch, when its desc takes one (`kv_length`).
     pub n_kv: Option<u32>,
 }
 
