@@ -470,6 +470,21 @@ impl Stream {
                 let Step::Kernel(step) = &mut steps[i] else {
                     continue;
                 };
+                // A kernel for every KV length refused (a cache too long for the design): the
+                // one named by this graph's length, loaded on the next pass.
+                let named = step
+                    .n_kv
+                    .and_then(|n| rewrite::named_by_n_kv(&step.desc, n));
+                if let Some(named) = named.filter(|d| self.device.supports_kernel(d)) {
+                    crate::log::debug(&format!(
+                        "{}: node {i}: kernel {} is not available for every KV length ({e}); \
+                         this graph's length is asked for",
+                        self.device.name, step.desc.op
+                    ));
+                    step.desc = named;
+                    step.n_kv = None;
+                    continue;
+                }
                 if !step.fallback.is_empty() {
                     crate::log::debug(&format!(
                         "{}: node {i}: kernel {} is not available ({e}); the nodes it covers \

@@ -100,6 +100,24 @@ fn told_n_kv(
     Some(n_kv)
 }
 
+/// The kernel of `desc` (told its KV length at dispatch) named by `n_kv` instead: the K and V
+/// rows and the mask's row `n_kv` long, as the graph has them. What a step runs when the
+/// compiler refuses to build the kernel for every length (a cache too long for the design).
+pub fn named_by_n_kv(desc: &KernelDesc, n_kv: u32) -> Option<KernelDesc> {
+    desc.n_kv_step?;
+    let k = kv_input(desc)?;
+    let n = i64::from(n_kv);
+    let mut named = desc.clone();
+    named.n_kv_step = None;
+    named.inputs.get_mut(k)?.ne[1] = n;
+    named.inputs.get_mut(k + 1)?.ne[1] = n;
+    let m = named.inputs.get(k + 2)?;
+    let mut ne = m.ne;
+    ne[0] = n;
+    named.inputs[k + 2] = Layout::dense(&m.dtype, ne)?;
+    Some(named)
+}
+
 /// The rows a view of a KV cache (dimension 1 its rows, as the attention reads K and V) can
 /// take before it leaves the cache: the output of the SET_ROWS node writing the memory it
 /// starts in.
@@ -177,6 +195,9 @@ mod tests {
         assert_eq!(r.desc.inputs[3].ne[0], 4608);
         assert!(r.desc.inputs[3].is_dense());
         assert!(r.desc.canonical_name().ends_with("-kv256"));
+        // Named by its length, it is the kernel the graph asked for.
+        let (plain, _) = case(512, 4608 + 100);
+        assert_eq!(named_by_n_kv(&r.desc, 512), Some(plain.desc));
         // The same kernel at another length.
         let (mut other, nodes) = case(1024, 4608 + 100);
         at_run_time(&mut other, &nodes, &|_| true);

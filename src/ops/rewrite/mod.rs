@@ -21,6 +21,7 @@ mod kv_length;
 mod rules;
 mod table;
 
+pub use kv_length::named_by_n_kv;
 pub use table::{Rewrite, Stage, REWRITES};
 
 use super::host::HostOp;
