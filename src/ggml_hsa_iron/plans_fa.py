@@ -124,8 +124,30 @@ def _sink_side(n_head: int, obj: int) -> Side:
     return _side(n_head, obj) or Side(n_head, 1, -(-n_head // obj))
 
 
+class RunTimeLength:
+    """n_kv of an attention spec with fields `k`, `step` and `n`: a run-time KV length
+    (`run_time_step`) is any multiple of `step` up to n_kv_max (k's rows), given at dispatch, and
+    `n` the one an instance is recorded for (0: n_kv_max); `step` 0: n_kv is k's rows, fixed."""
+
+    @property
+    def n_kv(self) -> int:
+        """The keys this instance reads (the run-time value it is recorded for)."""
+        return self.n or self.k.ne[1]
+
+    @property
+    def n_kv_max(self) -> int:
+        """The keys the core's arrays hold: k's rows (a run-time n_kv's largest value)."""
+        return self.k.ne[1]
+
+    def at(self, n: int):
+        """This spec recorded for a run-time n_kv of n (the same plan and core source)."""
+        if not self.step or n % self.step or not 0 < n <= self.n_kv_max:
+            raise ValueError(f"n_kv {n} is not a multiple of {self.step} up to {self.n_kv_max}")
+        return dataclasses.replace(self, n=n)
+
+
 @dataclass(frozen=True)
-class FlashAttnSpec:
+class FlashAttnSpec(RunTimeLength):
     request: Request
     arch: Arch
     op: str
@@ -145,10 +167,7 @@ class FlashAttnSpec:
     s_side: Side | None
     params: tuple[int, int, int]  # scale, max_bias, softcap bits
     slopes: tuple[int, ...]
-    # A run-time KV length (`run_time_step`): n_kv is any multiple of `step` up to n_kv_max
-    # (k's rows), given at dispatch; `n` is the one this instance is recorded for (0:
-    # n_kv_max). 0: n_kv is k's rows, fixed.
-    step: int = 0
+    step: int = 0  # RunTimeLength
     n: int = 0
 
     # --- shapes
@@ -159,21 +178,6 @@ class FlashAttnSpec:
     @property
     def dv(self) -> int:
         return self.v.ne[0]
-
-    @property
-    def n_kv(self) -> int:
-        """The keys this instance reads (the run-time value it is recorded for)."""
-        return self.n or self.k.ne[1]
-
-    @property
-    def n_kv_max(self) -> int:
-        return self.k.ne[1]
-
-    def at(self, n: int) -> "FlashAttnSpec":
-        """This spec recorded for a run-time n_kv of n (the same plan and core source)."""
-        if not self.step or n % self.step or not 0 < n <= self.n_kv_max:
-            raise ValueError(f"n_kv {n} is not a multiple of {self.step} up to {self.n_kv_max}")
-        return dataclasses.replace(self, n=n)
 
     @property
     def mask_side(self) -> Side | None:
@@ -471,6 +475,8 @@ def _mask_side(mask: Tensor, n_kv: int, gr: int, obj: int) -> Side | None:
 
 # The request field of a run-time KV length (`run_time_step`).
 RUN_TIME_KEY = "n_kv_step"
+# Its largest step: step / 2 mask words and step K or V rows are one DMA dimension each.
+MAX_STEP = MAX_WRAP
 
 
 def run_time_step(req: Request) -> int:
@@ -558,14 +564,14 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
         or sinks is not None
         or n_q * n_seq != 1
         or step % 2
-        or step > MAX_WRAP
+        or step > MAX_STEP
         or n_kv % step
         or mask.ne[0] != n_kv
     ):
         raise UnsupportedError(
             f"{op}: a run-time n_kv (n_kv_step {step}) takes one query row, a mask of the largest "
             f"n_kv's row ({n_kv}, a multiple of the step) and no sinks; the step even, at most "
-            f"{MAX_WRAP}"
+            f"{MAX_STEP}"
         )
     if not step:
         _rows_split(n_kv)  # the K/V walk of a block (refused when n_kv has no split)

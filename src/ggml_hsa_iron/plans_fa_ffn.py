@@ -42,6 +42,8 @@ from .errors import RequestError, UnsupportedError
 from .plans import _bits_f32, _check_common
 from .plans_fa import (
     KV_CODE,
+    MAX_STEP,
+    RunTimeLength,
     Side,
     _extent_words,
     _rows_split,
@@ -56,9 +58,6 @@ from .tiling import MAX_WRAP, VECTOR_ELEMS, Tap, split_run
 
 PREFIX = "FLASH_ATTN_FFN_"
 F32 = 4
-# The run-time KV lengths' granularity the design takes: step / 2 mask words and step K or V
-# rows are one DMA dimension each (at most MAX_WRAP), the mask's f16 values whole words.
-MAX_STEP = MAX_WRAP
 
 
 def _vecs(n: int) -> int:
@@ -67,7 +66,7 @@ def _vecs(n: int) -> int:
 
 
 @dataclass(frozen=True)
-class FaPhase:
+class FaPhase(RunTimeLength):
     """The attention phase of FLASH_ATTN_FFN_<glu> on one shape of the GEMV's array."""
 
     q: Tensor
@@ -82,10 +81,7 @@ class FaPhase:
     kc: int  # 32-bit words of an x object
     q_side: Side  # the group's q rows, repeated to whole objects
     m_side: Side  # the mask row's words, repeated to whole objects (at n_kv_max)
-    # A run-time KV length (`run_time_step`): n_kv is any multiple of `step` up to n_kv_max
-    # (k's rows), given at dispatch; `n` is the one this instance of the program is recorded
-    # for (0: n_kv_max). 0: n_kv is k's rows, fixed.
-    step: int = 0
+    step: int = 0  # RunTimeLength
     n: int = 0
 
     # --- shapes
@@ -96,22 +92,6 @@ class FaPhase:
     @property
     def dv(self) -> int:
         return self.v.ne[0]
-
-    @property
-    def n_kv(self) -> int:
-        """The keys this instance reads (the run-time value it is recorded for)."""
-        return self.n or self.k.ne[1]
-
-    @property
-    def n_kv_max(self) -> int:
-        """The keys the core's arrays hold: k's rows (a run-time n_kv's largest value)."""
-        return self.k.ne[1]
-
-    def at(self, n: int) -> "FaPhase":
-        """This phase recorded for a run-time n_kv of n (the same shape and core source)."""
-        if not self.step or n % self.step or not 0 < n <= self.n_kv_max:
-            raise ValueError(f"n_kv {n} is not a multiple of {self.step} up to {self.n_kv_max}")
-        return dataclasses.replace(self, n=n)
 
     @property
     def mask_side(self) -> Side:
