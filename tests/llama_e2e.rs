@@ -813,6 +813,59 @@ fn a_growing_context_runs_the_attention_kernels_compiled_at_its_first_token() {
     }
 }
 
+/// A compiler that refuses every kernel told its KV length at dispatch (as one that cannot build
+/// the design for a cache that long would): each such kernel is asked for again named by the
+/// graph's length, so the decode layer is still one kernel, and the text is the CPU's.
+#[test]
+fn kernels_refused_for_every_kv_length_are_asked_for_by_the_graph_s_length() {
+    let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
+        return;
+    };
+    let dir = common::scratch_dir("refusing-n-kv");
+    let script = dir.join("compiler.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = compile ] && grep -q '\"n_kv_step\"' \"$3\"; then\n  \
+             echo 'not for every n_kv' >&2; exit 2\nfi\nexec '{}' \"$@\"\n",
+            common::sim_artifact("hsa-sim-compile").display()
+        ),
+    )
+    .unwrap();
+    let chmod = Command::new("chmod").arg("+x").arg(&script).status();
+    assert!(chmod.is_ok_and(|s| s.success()));
+    let mut env = sim_env("refusing-n-kv");
+    for (k, v) in &mut env {
+        if k == "GGML_HSA_JIT_COMPILER" {
+            *v = script.display().to_string();
+        }
+    }
+    let cpu = greedy(&bin, &model, LONG_PROMPT, None);
+    let npu = greedy(&bin, &model, LONG_PROMPT, Some(&env));
+    compare("tiny-llama-f32, n_kv refused", &npu, &cpu, MAX_LOGITS_NMSE);
+    let cache = env
+        .iter()
+        .find(|(k, _)| k == "GGML_HSA_KERNEL_CACHE_DIR")
+        .map(|(_, v)| Path::new(v).join("aie2p"))
+        .expect("a kernel cache");
+    let layers: Vec<u64> = std::fs::read_dir(&cache)
+        .expect("the kernel cache")
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let n = e.file_name().to_string_lossy().into_owned();
+            (n.starts_with("decode_layer_swiglu-") && n.ends_with("_insts.bin"))
+                .then(|| e.metadata().ok())?
+        })
+        .map(|m| m.len())
+        .collect();
+    assert_eq!(
+        layers,
+        vec![8 * 4],
+        "decode layer streams in {}",
+        cache.display()
+    );
+}
+
 /// Other families' tiny models with the IRON designs emulated (the tiny llama's weights as
 /// each lays them out, `scripts/models.sh`): the tiny llamas' gate (logits close to the CPU's,
 /// every layer op an emulated IRON kernel on HSA0). phi3 (Q, K and V in one attn_qkv matrix,
