@@ -821,23 +821,16 @@ fn kernels_refused_for_every_kv_length_are_asked_for_by_the_graph_s_length() {
     let (Some(bin), Some(model)) = (dl_bin(), model("tiny-llama-f32")) else {
         return;
     };
-    let dir = common::scratch_dir("refusing-n-kv");
-    let script = dir.join("compiler.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nif [ \"$1\" = compile ] && grep -q '\"n_kv_step\"' \"$3\"; then\n  \
-             echo 'not for every n_kv' >&2; exit 2\nfi\nexec '{}' \"$@\"\n",
-            common::sim_artifact("hsa-sim-compile").display()
-        ),
-    )
-    .unwrap();
-    let chmod = Command::new("chmod").arg("+x").arg(&script).status();
-    assert!(chmod.is_ok_and(|s| s.success()));
+    let script = common::compiler_declining(
+        "refusing-n-kv-compiler",
+        "\"n_kv_step\"",
+        "not for every n_kv",
+        2,
+    );
     let mut env = sim_env("refusing-n-kv");
     for (k, v) in &mut env {
         if k == "GGML_HSA_JIT_COMPILER" {
-            *v = script.display().to_string();
+            v.clone_from(&script);
         }
     }
     let cpu = greedy(&bin, &model, LONG_PROMPT, None);

@@ -613,22 +613,12 @@ fn a_server_killed_mid_generation_gives_the_client_a_clear_error() {
 /// A JIT compiler that fails (exit 1, a compile failure rather than a refusal) every request
 /// containing `pattern` and compiles the rest with hsa-sim-compile; returns its command.
 fn failing_compiler(tag: &str, pattern: &str, what: &str) -> String {
-    let script = common::scratch_dir(tag).join("compiler.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nif [ \"$1\" = compile ] && grep -q '{pattern}' \"$3\"; then\n  \
-             echo 'injected failure: no {what} today' >&2; exit 1\nfi\nexec '{}' \"$@\"\n",
-            common::sim_artifact("hsa-sim-compile").display()
-        ),
+    common::compiler_declining(
+        tag,
+        pattern,
+        &format!("injected failure: no {what} today"),
+        1,
     )
-    .unwrap();
-    Command::new("chmod")
-        .arg("+x")
-        .arg(&script)
-        .status()
-        .unwrap();
-    script.display().to_string()
 }
 
 #[test]

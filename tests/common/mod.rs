@@ -58,6 +58,32 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// A JIT compiler that exits with `status` (1: a compile failure, 2: a refusal), saying
+/// `message`, for every compile request containing `pattern` (a grep pattern), and compiles the
+/// rest with hsa-sim-compile; returns its command.
+pub fn compiler_declining(tag: &str, pattern: &str, message: &str, status: u8) -> String {
+    let script = scratch_dir(tag).join("compiler.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = compile ] && grep -q '{pattern}' \"$3\"; then\n  \
+             echo '{message}' >&2; exit {status}\nfi\nexec '{}' \"$@\"\n",
+            sim_artifact("hsa-sim-compile").display()
+        ),
+    )
+    .unwrap();
+    let chmod = std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status();
+    assert!(
+        chmod.is_ok_and(|s| s.success()),
+        "chmod {}",
+        script.display()
+    );
+    script.display().to_string()
+}
+
 /// A build output of the hsa-sim workspace member (`libhsa_runtime64.so`, `hsa-sim-compile`),
 /// preferring the copy cargo refreshed for this run (`deps/`) over the uplifted one.
 pub fn sim_artifact(name: &str) -> PathBuf {
