@@ -305,7 +305,6 @@ impl Device {
     pub fn n_kv_insts(&self, kernel: &LoadedKernel, n_kv: u32) -> Result<u64, String> {
         let KernelCode::Blobs {
             by_n_kv: Some(streams),
-            insts_bytes,
             ..
         } = &kernel.code
         else {
@@ -322,7 +321,6 @@ impl Device {
         let last = words
             .len()
             .checked_sub(4)
-            .filter(|_| *insts_bytes as usize == words.len())
             .ok_or_else(|| format!("kernel {}: an empty instruction stream", kernel.name))?;
         words[last..].copy_from_slice(&n_kv.to_le_bytes());
         let alloc = self

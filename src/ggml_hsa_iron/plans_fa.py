@@ -185,8 +185,7 @@ class FlashAttnSpec(RunTimeLength):
         n_kv / 2 words in runs of step / 2 repeated to whole objects by one repeat count."""
         if not self.step or self.m_side is None:
             return self.m_side
-        words = self.n_kv // 2
-        return Side(words, self.m_side.rep, self.m_side.rep * words // self.a_words)
+        return _run_time_mask_side(self.n_kv, self.step, self.a_words)
 
     @property
     def n_q(self) -> int:

@@ -99,8 +99,7 @@ class FaPhase(RunTimeLength):
         n_kv, the same repeat count for every n_kv (so that the objects are n_kv's multiple)."""
         if not self.step:
             return self.m_side
-        words = self.n_kv // 2
-        return Side(words, self.m_side.rep, self.m_side.rep * words // self.kc)
+        return _run_time_mask_side(self.n_kv, self.step, self.kc)
 
     @property
     def n_head(self) -> int:
