@@ -27,6 +27,7 @@ struct Entry {
     sim: bool,
     iron: Vec<String>,
     iron_source: Option<String>,
+    rows: Option<Vec<String>>,
 }
 
 /// The generated Rust source, or what is wrong with the catalogue.
@@ -92,6 +93,30 @@ pub fn generate(path: &Path) -> Result<String, String> {
                 ))
             }
         }
+        let rows = match &e.rows {
+            None => String::new(),
+            Some(rows) => {
+                if rows.len() <= e.inputs || rows.iter().all(|r| r == "-") {
+                    return Err(bad(
+                        "rows names each input and at least one output, and some dimension".into(),
+                    ));
+                }
+                let mut cells = Vec::new();
+                for r in rows {
+                    cells.push(match r.as_str() {
+                        "-" => "Rows::Whole".to_owned(),
+                        "outer" => "Rows::Outer".to_owned(),
+                        "0" | "1" | "2" | "3" => format!("Rows::Dim({r})"),
+                        other => {
+                            return Err(bad(format!(
+                                "rows entry {other:?}: expected \"0\" to \"3\", \"outer\" or \"-\""
+                            )))
+                        }
+                    });
+                }
+                cells.join(", ")
+            }
+        };
         let iron = e
             .iron
             .iter()
@@ -105,7 +130,7 @@ pub fn generate(path: &Path) -> Result<String, String> {
         writeln!(
             table,
             "    OpEntry {{ name: {:?}, ggml: {:?}, inputs: {}, params: {}, runs: {runs}, \
-             sim: {}, iron: &[{iron}], iron_source: {source} }},",
+             sim: {}, iron: &[{iron}], iron_source: {source}, rows: &[{rows}] }},",
             e.name, e.ggml, e.inputs, e.params, e.sim
         )
         .unwrap();

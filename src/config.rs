@@ -56,6 +56,9 @@ pub struct Config {
     /// `GGML_HSA_F16_AS_BF16`: kernels compute their f16 operands as bf16 (off by default: it
     /// loses precision, see docs/environment.md).
     pub f16_as_bf16: bool,
+    /// `GGML_HSA_ROW_PIECES` (default on): kernels over many rows run as kernels over
+    /// power-of-two counts of them, so that new prompt lengths compile nothing (`ops::pieces`).
+    pub row_pieces: bool,
     /// `GGML_HSA_STATS`: run statistics (nodes per op on the NPU, the host and the CPU;
     /// doorbells, packets, wall and wait time): `1` (or another true value) logs them, a path
     /// writes them to that JSON file after every graph.
@@ -208,6 +211,7 @@ impl Config {
         let cache_clear = cache_clear_new_name || cache_clear_old_name;
         let cpu_fallback = r.flag("GGML_HSA_CPU_FALLBACK", cpu_fallback_at_build());
         let f16_as_bf16 = r.flag("GGML_HSA_F16_AS_BF16", false);
+        let row_pieces = r.flag("GGML_HSA_ROW_PIECES", true);
 
         let packet_abi = match r.text("GGML_HSA_PACKET_ABI", "using auto") {
             None => None,
@@ -313,6 +317,7 @@ impl Config {
             kernel_record,
             cpu_fallback,
             f16_as_bf16,
+            row_pieces,
             stats,
             warnings: r.warnings.into_inner(),
         }

@@ -24,6 +24,20 @@ impl Runs {
     }
 }
 
+/// How one operand of a kernel relates to the rows its outputs are computed in
+/// (`ops::pieces`): the kernel over a slice of the rows reads and writes the same slice of each
+/// operand's dimension, and the rest whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    /// Read or written whole (weights, norms, the KV cache).
+    Whole,
+    /// Sliced along this dimension.
+    Dim(usize),
+    /// Sliced along the output's outermost dimension longer than 1 (element-wise ops; a
+    /// flattened one along its elements), unless repeated over it.
+    Outer,
+}
+
 /// One op of the catalogue (see the header of `src/op_catalogue.toml` for the fields).
 #[derive(Debug, PartialEq, Eq)]
 pub struct OpEntry {
@@ -41,6 +55,9 @@ pub struct OpEntry {
     pub iron: &'static [&'static str],
     /// The IRON design file defining `ggml_op_<name>`.
     pub iron_source: Option<&'static str>,
+    /// Per operand (inputs, then outputs), how a kernel over fewer rows slices it; empty: the
+    /// op always runs whole.
+    pub rows: &'static [Rows],
 }
 
 include!(concat!(env!("OUT_DIR"), "/op_catalogue.rs"));

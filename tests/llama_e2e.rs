@@ -813,6 +813,102 @@ fn a_growing_context_runs_the_attention_kernels_compiled_at_its_first_token() {
     }
 }
 
+/// Prompts of lengths that are not powers of two run, through the emulated IRON designs, as
+/// the kernels of power-of-two row counts and of counts below 16 (`ops::pieces`): no kernel in
+/// the cache is named by either prompt's token count, so a new prompt length compiles only the
+/// counts it adds; the logits are the CPU's. The shorter prompt's last rows, fewer than 16, run
+/// after its power of two; the longer one's, 16 or more, run as the next power of two ending at
+/// its last row, computing some rows twice.
+#[test]
+fn prompts_run_as_kernels_of_power_of_two_rows_with_the_cpu_s_logits() {
+    let Some(bin) = dl_bin() else {
+        return;
+    };
+    let Some(model) = model("tiny-llama-q4_0") else {
+        return;
+    };
+    let (env, counters, _) = emu_env("row-pieces");
+    let longer = format!(
+        "{LONG_PROMPT}, then the farmer counts his sheep in the green valley below the old hill"
+    );
+    let mut lengths = Vec::new();
+    for (prompt, tail_of_16_or_more) in [(LONG_PROMPT, false), (longer.as_str(), true)] {
+        let args = |env, forced| GreedyArgs {
+            plugin_env: env,
+            forced,
+            extra: &[],
+            n_predict: Some(2),
+        };
+        let (run, logits) = greedy_run(&bin, &model, prompt, &args(None, &[]), RUN_TIMEOUT);
+        let cpu = parse_greedy(&run, &logits);
+        let (run, logits) = greedy_run(
+            &bin,
+            &model,
+            prompt,
+            &args(Some(&env), &cpu.tokens),
+            RUN_TIMEOUT,
+        );
+        let npu = parse_greedy(&run, &logits);
+        let n = cpu.prompt_tokens;
+        let tail = n - (n.next_power_of_two() / 2);
+        assert!(
+            n > 16 && !n.is_power_of_two() && (tail >= 16) == tail_of_16_or_more,
+            "a prompt of {n} tokens: its rows past the largest power of two ({tail}) must be \
+             {} 16",
+            if tail_of_16_or_more {
+                "at least"
+            } else {
+                "fewer than"
+            }
+        );
+        let worst = worst_step_nmse(&npu, &cpu);
+        println!("a prompt of {n} tokens: worst logits NMSE {worst:.2e}");
+        assert!(
+            worst <= MAX_QUANTIZED_LOGITS_NMSE,
+            "{n} tokens: NMSE {worst:.3e}"
+        );
+        lengths.push(n);
+    }
+    let c = read_json(&counters);
+    assert!(
+        c["emulated_ops"]["MUL_MAT"].as_u64().unwrap_or(0) > 0,
+        "no emulated product ran: {}",
+        c["emulated_ops"]
+    );
+    let cache = env
+        .iter()
+        .find(|(k, _)| k == "GGML_HSA_KERNEL_CACHE_DIR")
+        .map(|(_, v)| Path::new(v).join("aie2p"))
+        .expect("a kernel cache");
+    let names: Vec<String> = std::fs::read_dir(&cache)
+        .expect("the kernel cache")
+        .filter_map(|e| {
+            let n = e.ok()?.file_name().to_string_lossy().into_owned();
+            n.strip_suffix(".pdi").map(str::to_owned)
+        })
+        .collect();
+    assert!(!names.is_empty(), "no kernel in {}", cache.display());
+    for n in &lengths {
+        // A dimension of n rows: `x<n>` followed by another dimension, a stride list or the
+        // next operand.
+        let named: Vec<&String> = names
+            .iter()
+            .filter(|name| {
+                name.match_indices(&format!("x{n}")).any(|(at, m)| {
+                    matches!(
+                        name[at + m.len()..].chars().next(),
+                        Some('x' | '_' | '-') | None
+                    )
+                })
+            })
+            .collect();
+        assert!(
+            named.is_empty(),
+            "kernels named by the prompt's {n} tokens: {named:#?}"
+        );
+    }
+}
+
 /// A compiler that refuses every kernel told its KV length at dispatch (as one that cannot build
 /// the design for a cache that long would): each such kernel is asked for again named by the
 /// graph's length, so the decode layer is still one kernel, and the text is the CPU's.

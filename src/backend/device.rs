@@ -230,6 +230,7 @@ impl Device {
             pools,
             plan_options: PlanOptions {
                 f16_as_bf16: config.f16_as_bf16,
+                row_pieces: config.row_pieces,
             },
             store,
             loaded: Mutex::new(HashMap::new()),

@@ -443,14 +443,31 @@ impl Stream {
     /// and `supports_op` declines it from then on.
     fn load(&mut self, nodes: &[Node], steps: &mut [Step]) -> Result<(), ComputeError> {
         loop {
-            let (at, descs): (Vec<usize>, Vec<KernelDesc>) = steps
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| match s {
-                    Step::Kernel(k) if k.loaded.is_none() => Some((i, k.desc.clone())),
-                    _ => None,
-                })
-                .unzip();
+            // Kernels over many rows run as kernels over power-of-two counts of them: every step
+            // made since the last pass, and those a refused kernel put back.
+            if self.device.plan_options.row_pieces {
+                ops::pieces::split_steps(steps, OPERAND_ALIGNMENT);
+            }
+            // (node, piece) of every kernel to load: a step's own, or its pieces'.
+            let mut at: Vec<(usize, Option<usize>)> = Vec::new();
+            let mut descs: Vec<KernelDesc> = Vec::new();
+            for (i, s) in steps.iter().enumerate() {
+                let Step::Kernel(k) = s else { continue };
+                let pieces = k.pieces.as_deref().unwrap_or_default();
+                if pieces.is_empty() {
+                    if k.loaded.is_none() {
+                        at.push((i, None));
+                        descs.push(k.desc.clone());
+                    }
+                    continue;
+                }
+                for (p, piece) in pieces.iter().enumerate() {
+                    if piece.loaded.is_none() {
+                        at.push((i, Some(p)));
+                        descs.push(piece.desc.clone());
+                    }
+                }
+            }
             if at.is_empty() {
                 return Ok(());
             }
@@ -458,11 +475,29 @@ impl Stream {
             self.stats.load += loaded.loading;
             self.stats.evictions += loaded.evicted;
             let mut refused = Vec::new();
-            for (i, kernel) in at.into_iter().zip(loaded.kernels) {
-                match (kernel, &mut steps[i]) {
-                    (Ok(kernel), Step::Kernel(step)) => step.loaded = Some(kernel),
-                    (Err(e), _) => refused.push((i, e)),
-                    _ => {}
+            for ((i, piece), kernel) in at.into_iter().zip(loaded.kernels) {
+                let Step::Kernel(step) = &mut steps[i] else {
+                    continue;
+                };
+                match (kernel, piece) {
+                    (Ok(kernel), None) => step.loaded = Some(kernel),
+                    (Ok(kernel), Some(p)) => {
+                        if let Some(piece) = step.pieces.as_mut().and_then(|v| v.get_mut(p)) {
+                            piece.loaded = Some(kernel);
+                        }
+                    }
+                    (Err(e), None) => refused.push((i, e)),
+                    // A piece refused (a design declining the smaller shape): the step runs
+                    // whole, loaded on the next pass.
+                    (Err(e), Some(_)) if step.pieces.as_ref().is_some_and(|v| !v.is_empty()) => {
+                        crate::log::debug(&format!(
+                            "{}: node {i}: kernel {} over part of its rows is not available \
+                             ({e}); it runs over all of them",
+                            self.device.name, step.desc.op
+                        ));
+                        step.pieces = Some(Vec::new());
+                    }
+                    (Err(_), Some(_)) => {}
                 }
             }
             // Then the refused ones, whose fallbacks may put back steps loaded just now.
@@ -529,9 +564,7 @@ impl Stream {
             Step::Skip | Step::Covered => Ok(()),
             _ if done[i] => Ok(()),
             Step::Kernel(k) => {
-                let Some(kernel) = &k.loaded else {
-                    return Err(failed(Enqueue::Operand("its kernel is not loaded".into())));
-                };
+                let not_loaded = || failed(Enqueue::Operand("its kernel is not loaded".into()));
                 let mut operands = Cow::Borrowed(k.operands.as_slice());
                 for r in &k.rows {
                     match self.cache_rows(&r.scatter, host).map_err(failed)? {
@@ -547,6 +580,17 @@ impl Stream {
                 for r in &k.rows {
                     done[r.set_rows] = true;
                 }
+                let pieces = k.pieces.as_deref().unwrap_or_default();
+                for piece in pieces {
+                    let kernel = piece.loaded.as_ref().ok_or_else(not_loaded)?;
+                    let slices = piece.operands(&operands);
+                    self.enqueue(kernel.clone(), &slices, k.outputs(), None, node)
+                        .map_err(failed)?;
+                }
+                if !pieces.is_empty() {
+                    return Ok(());
+                }
+                let kernel = k.loaded.as_ref().ok_or_else(not_loaded)?;
                 // Every output counts as written (RMS_NORM_FFN_<GLU>'s output before h): a host
                 // node reading one waits for the kernel.
                 let insts = match k.n_kv {

@@ -91,8 +91,23 @@ impl Layout {
         true
     }
 
-    /// `f32_8x3` (trailing dimensions of 1 dropped), plus `_s4x64x192x192` for strided layouts;
-    /// the type in lower case (`q4_k`), so names stay lower case.
+    /// The same layout with the stride of every dimension of size 1 after the first set as if
+    /// the dimensions up to it were dense: such a stride addresses nothing, and a view of some of
+    /// a tensor's rows would otherwise carry the whole tensor's size into its kernel's name.
+    pub fn canonical(&self) -> Layout {
+        let (block, _) = dtype_block(&self.dtype).unwrap_or((1, self.nb[0]));
+        let mut out = self.clone();
+        for d in 1..4 {
+            if self.ne[d] == 1 {
+                let steps = self.ne[d - 1].max(1) as u64 / if d == 1 { block } else { 1 };
+                out.nb[d] = out.nb[d - 1].saturating_mul(steps);
+            }
+        }
+        out
+    }
+
+    /// `f32_8x3` (trailing dimensions of 1 dropped), plus `_s4x64x192x192` for strided layouts
+    /// (canonical strides); the type in lower case (`q4_k`), so names stay lower case.
     fn name_part(&self) -> String {
         let dims = self
             .ne
@@ -102,7 +117,7 @@ impl Layout {
         let ne: Vec<String> = self.ne[..dims].iter().map(i64::to_string).collect();
         let mut part = format!("{}_{}", self.dtype.to_ascii_lowercase(), ne.join("x"));
         if !self.is_dense() {
-            let nb: Vec<String> = self.nb.iter().map(u64::to_string).collect();
+            let nb: Vec<String> = self.canonical().nb.iter().map(u64::to_string).collect();
             part.push_str(&format!("_s{}", nb.join("x")));
         }
         part
@@ -201,15 +216,18 @@ impl KernelDesc {
 
     /// The compile request for `arch` with the kernel files called `name` instead of the canonical
     /// name: `ggml-hsa-gen-kernels` honours a config's `exported_name` this way.
+    /// The operands' strides are the canonical ones the name carries ([`Layout::canonical`]).
     pub fn request_json_named(&self, arch: Arch, name: &str) -> String {
+        let inputs: Vec<Layout> = self.inputs.iter().map(Layout::canonical).collect();
+        let extra_outputs: Vec<Layout> = self.extra_outputs.iter().map(Layout::canonical).collect();
         serde_json::to_string(&Request {
             name,
             arch: arch.name(),
             op: &self.op,
             op_params: &self.op_params,
-            inputs: &self.inputs,
-            output: &self.output,
-            extra_outputs: &self.extra_outputs,
+            inputs: &inputs,
+            output: &self.output.canonical(),
+            extra_outputs: &extra_outputs,
             f16_as_bf16: self.f16_as_bf16,
             n_kv_step: self.n_kv_step,
         })
@@ -251,11 +269,20 @@ mod tests {
         d.inputs[1] = Layout::contiguous("bf16", 2, [8, 1, 1, 1]);
         d.op_params = vec![0x3f80_0000, 0, 0];
         assert_eq!(d.canonical_name(), "add-f32_8x3-bf16_8-f32_8x3-p3f800000");
-        // A transposed input carries its strides.
+        // A transposed input carries its strides; those of dimensions of size 1 address
+        // nothing and are named as if the dimensions before were dense, so that a view of
+        // some of a tensor's rows is named by their count alone.
         d.inputs[0].nb = [12, 4, 96, 96];
         assert_eq!(
             d.canonical_name(),
-            "add-f32_8x3_s12x4x96x96-bf16_8-f32_8x3-p3f800000"
+            "add-f32_8x3_s12x4x12x12-bf16_8-f32_8x3-p3f800000"
+        );
+        let mut rows_of_a_larger_tensor = d.clone();
+        rows_of_a_larger_tensor.inputs[0].nb = [12, 4, 1200, 1200];
+        assert_eq!(rows_of_a_larger_tensor.canonical_name(), d.canonical_name());
+        assert_eq!(
+            rows_of_a_larger_tensor.request_json(Arch::Aie2p),
+            d.request_json(Arch::Aie2p)
         );
     }
 
@@ -282,7 +309,7 @@ mod tests {
         let mut p = w;
         p.nb = [144, 576, 288, 1728];
         assert!(!p.is_dense());
-        assert_eq!(p.name_part(), "q4_k_512x3x2_s144x576x288x1728");
+        assert_eq!(p.name_part(), "q4_k_512x3x2_s144x576x288x576");
         assert_eq!(Layout::dense("q5_1", [256, 1, 1, 1]), None);
         let q8 = Layout::dense("q8_0", [64, 2, 1, 1]).unwrap();
         assert_eq!(q8.nb, [34, 68, 136, 136]);

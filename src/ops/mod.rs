@@ -7,12 +7,14 @@
 //! * [`rewrite`]: the table of graph rewrites (which nodes one kernel computes) and the plan of
 //!   a graph, one step per node.
 //! * [`scatter`]: SET_ROWS as a copy into the rows its indices name, read at dispatch.
+//! * [`pieces`]: kernels over many rows run over power-of-two counts of them.
 //! * [`forward`]: one-row GET_ROWS turned into views their readers read through.
 //! * [`relocate`]: attention outputs moved out of memory the block after them reuses.
 //! * [`host`]: the ops that run on the host (type-converting copies).
 
 pub mod forward;
 pub mod host;
+pub mod pieces;
 pub mod plan;
 pub mod relocate;
 pub mod rewrite;

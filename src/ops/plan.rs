@@ -68,11 +68,23 @@ pub enum Plan {
 }
 
 /// Run-time choices that change plans.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlanOptions {
     /// `GGML_HSA_F16_AS_BF16`: kernels compute their f16 operands as bf16 (the NPUs have no
     /// f16 arithmetic; bf16 is native), trading precision for support.
     pub f16_as_bf16: bool,
+    /// `GGML_HSA_ROW_PIECES`: kernels over many rows run as kernels over power-of-two counts
+    /// of them ([`super::pieces`]).
+    pub row_pieces: bool,
+}
+
+impl Default for PlanOptions {
+    fn default() -> PlanOptions {
+        PlanOptions {
+            f16_as_bf16: false,
+            row_pieces: true,
+        }
+    }
 }
 
 /// Plans `node` with `options`, or says why this backend cannot run it.
@@ -941,7 +953,10 @@ mod tests {
     fn copies_and_set_rows_are_kernels_when_available_and_host_ops_otherwise() {
         let yes = |_: &KernelDesc| true;
         let no = |_: &KernelDesc| false;
-        let opts = PlanOptions { f16_as_bf16: true };
+        let opts = PlanOptions {
+            f16_as_bf16: true,
+            ..PlanOptions::default()
+        };
         // A dense f32 -> f16 copy: one flat CPY kernel, never computed as bf16.
         let src = tensor(DType::F32, [8, 3, 1, 1], 0);
         let cpy = node(
@@ -1006,7 +1021,10 @@ mod tests {
 
     #[test]
     fn f16_as_bf16_marks_only_kernels_with_f16_operands() {
-        let on = PlanOptions { f16_as_bf16: true };
+        let on = PlanOptions {
+            f16_as_bf16: true,
+            ..PlanOptions::default()
+        };
         let h = tensor(DType::F16, [8, 1, 1, 1], 0);
         let f = tensor(DType::F32, [8, 1, 1, 1], 0);
         let desc = |n: &Node, o: PlanOptions| match plan_with(n, o).unwrap() {

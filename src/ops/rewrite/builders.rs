@@ -1452,7 +1452,10 @@ mod tests {
         let (desc, _) = fused_operands(&nodes).expect("fuses");
         assert_eq!(desc.inputs[1].dtype, "q4_0");
         let f16 = feed_forward(DType::F16, 1);
-        let as_bf16 = PlanOptions { f16_as_bf16: true };
+        let as_bf16 = PlanOptions {
+            f16_as_bf16: true,
+            ..PlanOptions::default()
+        };
         let Some(Fusion {
             plan: Plan::Kernel { desc, .. },
             ..

@@ -222,6 +222,7 @@ mod tests {
                 fallback: vec![],
                 n_kv: None,
                 loaded: None,
+                pieces: None,
             })];
             steps_at_run_time(&mut steps, &nodes, &|_| true);
             let Step::Kernel(k) = &steps[0] else {

@@ -25,6 +25,7 @@ pub use kv_length::named_by_n_kv;
 pub use table::{Rewrite, Stage, REWRITES};
 
 use super::host::HostOp;
+use super::pieces::Piece;
 use super::plan::{Plan, PlanOptions};
 use super::scatter::RowScatter;
 use super::tensor::{Node, Tensor};
@@ -67,6 +68,9 @@ pub struct KernelStep<K> {
     pub n_kv: Option<u32>,
     /// The kernel, once loaded.
     pub loaded: Option<K>,
+    /// The kernels over slices of its rows it runs as instead ([`crate::ops::pieces`]): `None`
+    /// until that is decided; empty: it runs whole, as `loaded`.
+    pub pieces: Option<Vec<Piece<K>>>,
 }
 
 impl<K> KernelStep<K> {
@@ -101,6 +105,7 @@ impl<K> Step<K> {
                 fallback: Vec::new(),
                 n_kv: None,
                 loaded: None,
+                pieces: None,
             }),
         }
     }
@@ -276,6 +281,7 @@ fn replace<K: Clone>(steps: &mut [Step<K>], group: Vec<Rewritten>) {
             fallback,
             n_kv: r.n_kv,
             loaded: None,
+            pieces: None,
         });
     }
 }

@@ -1,0 +1,321 @@
+//! Kernels over many rows run as kernels over power-of-two counts of them, so that a new token
+//! count compiles nothing new.
+//!
+//! Kernel names carry shapes, and a prompt's token count is in most of its kernels' shapes: every
+//! new prompt length would compile them again (on an NPU, seconds to minutes of aiecc and Peano
+//! each, in the middle of a conversation). But an op whose rows are computed independently (the
+//! catalogue's `rows`: a product's columns of x, a norm's rows, attention's query rows, an
+//! element-wise op's elements) computes any slice of them with the kernel of the slice's shape.
+//! So a kernel over R rows, R at least [`MIN_ROWS`] and not a power of two, runs as two:
+//! * the largest power of two P ≤ R, from row 0;
+//! * then the rest: the next power of two Q ≥ R − P ending at row R (it computes some of P's
+//!   rows again, with the same values), or the R − P rows themselves when fewer than
+//!   [`MIN_ROWS`].
+//!
+//! A kernel one of whose outputs shares memory with an input (an in-place residual) must not
+//! compute a row twice: its pieces are disjoint, the powers of two of R from the largest down,
+//! the last fewer than [`MIN_ROWS`] rows as they are.
+//!
+//! Row counts below [`MIN_ROWS`] keep their kernels: a few lengths (parallel sequences, a
+//! speculative batch), each bound by its weights, which a second kernel would read again. A
+//! model thus compiles each kernel for at most 15 + log2(batch) row counts, whatever its
+//! prompts. The cost: a second dispatch per kernel, and its weights read again, for a prompt
+//! whose length is not a power of two (`docs/perf.md`, "Compiles across prompts").
+//!
+//! `GGML_HSA_ROW_PIECES=0` runs every kernel whole (a program of fixed shapes then dispatches
+//! each kernel once).
+
+use super::rewrite::Step;
+use super::tensor::Tensor;
+use crate::kernels::desc::dtype_block;
+use crate::kernels::{KernelDesc, Layout};
+use crate::op_catalogue::{OpEntry, Rows};
+
+/// Row counts below this run as they are.
+pub const MIN_ROWS: i64 = 16;
+
+/// One kernel over a slice of a step's rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Piece<K> {
+    pub desc: KernelDesc,
+    /// Per operand of the step, `(byte offset, bytes)` of its slice; `None`: passed whole.
+    pub slices: Vec<Option<(u64, u64)>>,
+    /// The kernel, once loaded.
+    pub loaded: Option<K>,
+}
+
+impl<K> Piece<K> {
+    /// The step's operands (their addresses resolved) as this piece passes them.
+    pub fn operands(&self, whole: &[Tensor]) -> Vec<Tensor> {
+        whole
+            .iter()
+            .zip(&self.slices)
+            .map(|(t, slice)| match slice {
+                Some((offset, bytes)) => Tensor {
+                    addr: t.addr + offset,
+                    bytes: *bytes,
+                    ..t.clone()
+                },
+                None => t.clone(),
+            })
+            .collect()
+    }
+}
+
+/// Decides the pieces of every kernel step not loaded yet whose pieces are undecided (see the
+/// module docstring); `alignment`: the bytes every operand's address must be a multiple of.
+pub fn split_steps<K>(steps: &mut [Step<K>], alignment: u64) {
+    for step in steps {
+        if let Step::Kernel(k) = step {
+            if k.loaded.is_none() && k.pieces.is_none() {
+                k.pieces = Some(pieces(&k.desc, &k.operands, alignment));
+            }
+        }
+    }
+}
+
+/// `(first row, rows)` of each piece of `rows` rows; empty when they run whole.
+pub fn spans(rows: i64, disjoint: bool) -> Vec<(i64, i64)> {
+    if rows < MIN_ROWS || (rows as u64).is_power_of_two() {
+        return Vec::new();
+    }
+    let below = |n: i64| 1_i64 << (63 - n.leading_zeros());
+    if disjoint {
+        let (mut start, mut spans) = (0, Vec::new());
+        while rows - start >= MIN_ROWS {
+            let p = below(rows - start);
+            spans.push((start, p));
+            start += p;
+        }
+        if start < rows {
+            spans.push((start, rows - start));
+        }
+        return spans;
+    }
+    let p = below(rows);
+    let rest = rows - p;
+    if rest < MIN_ROWS {
+        return vec![(0, p), (p, rest)];
+    }
+    let q = (rest as u64).next_power_of_two() as i64;
+    vec![(0, p), (rows - q, q)]
+}
+
+/// The pieces of a kernel over `operands` (inputs, then outputs); empty when it runs whole: its
+/// op has no `rows`, its rows are few or a power of two, or a slice would not start on an
+/// aligned address.
+fn pieces<K>(desc: &KernelDesc, operands: &[Tensor], alignment: u64) -> Vec<Piece<K>> {
+    let Some(entry) = OpEntry::by_name(&desc.op) else {
+        return Vec::new();
+    };
+    let layouts: Vec<&Layout> = desc
+        .inputs
+        .iter()
+        .chain([&desc.output])
+        .chain(&desc.extra_outputs)
+        .collect();
+    if entry.rows.len() != layouts.len()
+        || operands.len() != layouts.len()
+        || desc.n_kv_step.is_some()
+    {
+        return Vec::new();
+    }
+    let out = &desc.output;
+    let outer = (0..4).rev().find(|&d| out.ne[d] != 1).unwrap_or(0);
+    let mut dims = Vec::with_capacity(layouts.len());
+    for (rows, l) in entry.rows.iter().zip(&layouts) {
+        dims.push(match rows {
+            Rows::Whole => None,
+            Rows::Dim(d) => Some(*d),
+            // The output's shape, or repeated over it.
+            Rows::Outer if (0..4).all(|d| l.ne[d] == out.ne[d] || l.ne[d] == 1) => Some(outer),
+            Rows::Outer => return Vec::new(),
+        });
+    }
+    // The rows: the output's, or (an output written whole) the first sliced input's.
+    let first = desc.inputs.len();
+    let Some(reference) = (first..layouts.len())
+        .chain(0..first)
+        .find(|&i| dims[i].is_some())
+    else {
+        return Vec::new();
+    };
+    let rows = layouts[reference].ne[dims[reference].expect("found above")];
+    for (dim, l) in dims.iter_mut().zip(&layouts) {
+        let Some(d) = *dim else { continue };
+        let elements = dtype_block(&l.dtype).filter(|&(block, _)| block == 1);
+        match l.ne[d] {
+            // Repeated over the rows: read whole.
+            1 if rows > 1 => *dim = None,
+            // As many rows, or more (a mask's padded rows, the positions): sliced. Only whole
+            // elements are sliced (never blocks of weights).
+            n if n >= rows && elements.is_some() => {}
+            _ => return Vec::new(),
+        }
+    }
+    let disjoint =
+        (first..operands.len()).any(|o| (0..first).any(|i| operands[o].overlaps(&operands[i])));
+    let spans = spans(rows, disjoint);
+    let aligned = spans.iter().all(|&(start, _)| {
+        dims.iter()
+            .zip(&layouts)
+            .all(|(d, l)| d.is_none_or(|d| (start as u64 * l.nb[d]).is_multiple_of(alignment)))
+    });
+    if !aligned {
+        return Vec::new();
+    }
+    spans
+        .into_iter()
+        .map(|(start, size)| {
+            let mut piece = desc.clone();
+            let mut slices = Vec::with_capacity(layouts.len());
+            let parts = piece
+                .inputs
+                .iter_mut()
+                .chain([&mut piece.output])
+                .chain(&mut piece.extra_outputs);
+            for (l, d) in parts.zip(&dims) {
+                slices.push(d.map(|d| {
+                    l.ne[d] = size;
+                    (start as u64 * l.nb[d], extent(l))
+                }));
+            }
+            Piece {
+                desc: piece,
+                slices,
+                loaded: None,
+            }
+        })
+        .collect()
+}
+
+/// Bytes from the first element of `l` to the end of its last (a type of single elements).
+fn extent(l: &Layout) -> u64 {
+    let size = dtype_block(&l.dtype).map_or(0, |(_, bytes)| bytes);
+    (0..4).map(|d| (l.ne[d] - 1) as u64 * l.nb[d]).sum::<u64>() + size
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::plan::{plan, Plan};
+    use crate::ops::tensor::test_util::{node, tensor};
+    use crate::ops::tensor::{BinaryOp, DType, Op};
+
+    #[test]
+    fn rows_split_into_at_most_two_powers_of_two_or_disjoint_ones() {
+        for rows in [1, 8, 15, 16, 64, 512] {
+            assert!(spans(rows, false).is_empty(), "{rows}");
+        }
+        assert_eq!(spans(17, false), vec![(0, 16), (16, 1)]);
+        assert_eq!(spans(100, false), vec![(0, 64), (36, 64)]);
+        assert_eq!(spans(300, false), vec![(0, 256), (236, 64)]);
+        assert_eq!(spans(511, false), vec![(0, 256), (255, 256)]);
+        assert_eq!(spans(300, true), vec![(0, 256), (256, 32), (288, 12)]);
+        assert_eq!(spans(100, true), vec![(0, 64), (64, 32), (96, 4)]);
+        // Every row is covered, nothing past the last one, and every size is a power of two
+        // or below MIN_ROWS.
+        for rows in 16..=1100 {
+            for disjoint in [false, true] {
+                let s = spans(rows, disjoint);
+                if (rows as u64).is_power_of_two() {
+                    assert!(s.is_empty());
+                    continue;
+                }
+                let mut covered = vec![false; rows as usize];
+                for &(start, n) in &s {
+                    assert!(
+                        n < MIN_ROWS || (n as u64).is_power_of_two(),
+                        "{rows}: {s:?}"
+                    );
+                    assert!(start >= 0 && start + n <= rows, "{rows}: {s:?}");
+                    for r in start..start + n {
+                        assert!(!(disjoint && covered[r as usize]), "{rows}: {s:?}");
+                        covered[r as usize] = true;
+                    }
+                }
+                assert!(covered.iter().all(|&c| c), "{rows}: {s:?}");
+                assert!(s.len() <= if disjoint { 11 } else { 2 });
+            }
+        }
+    }
+
+    fn kernel(n: &crate::ops::tensor::Node) -> (KernelDesc, Vec<Tensor>) {
+        match plan(n).unwrap() {
+            Plan::Kernel { desc, operands } => (desc, operands),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn copy(n: &crate::ops::tensor::Node) -> (KernelDesc, Vec<Tensor>) {
+        match crate::ops::plan::device_copy(n) {
+            Some(Plan::Kernel { desc, operands }) => (desc, operands),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_product_of_100_columns_runs_as_two_of_64() {
+        let w = tensor(DType::F16, [2048, 512, 1, 1], 0x100000);
+        let x = tensor(DType::F32, [2048, 100, 1, 1], 0x400000);
+        let y = tensor(DType::F32, [512, 100, 1, 1], 0x800000);
+        let (desc, operands) = kernel(&node(Op::MulMat, y, vec![w, x]));
+        let pieces: Vec<Piece<()>> = pieces(&desc, &operands, 4);
+        assert_eq!(pieces.len(), 2);
+        // One kernel for both: the same name, whatever the prompt's length.
+        assert_eq!(pieces[0].desc, pieces[1].desc);
+        assert_eq!(
+            pieces[0].desc.canonical_name(),
+            "mul_mat-f16_2048x512-f32_2048x64-f32_512x64"
+        );
+        // The weights whole; x's and y's columns 36..100 for the second.
+        assert_eq!(pieces[1].slices[0], None);
+        assert_eq!(pieces[1].slices[1], Some((36 * 8192, 64 * 8192)));
+        assert_eq!(pieces[1].slices[2], Some((36 * 2048, 64 * 2048)));
+        let sliced = pieces[1].operands(&operands);
+        assert_eq!(sliced[1].addr, 0x400000 + 36 * 8192);
+        assert_eq!(sliced[0], operands[0]);
+    }
+
+    #[test]
+    fn in_place_outputs_take_disjoint_pieces_and_repeated_inputs_stay_whole() {
+        // x + b in place, b one row repeated over x's 100.
+        let x = tensor(DType::F32, [2048, 100, 1, 1], 0x400000);
+        let b = tensor(DType::F32, [2048, 1, 1, 1], 0x100000);
+        let (desc, operands) = kernel(&node(Op::Binary(BinaryOp::Add), x.clone(), vec![x, b]));
+        let pieces: Vec<Piece<()>> = pieces(&desc, &operands, 4);
+        let rows: Vec<i64> = pieces.iter().map(|p| p.desc.output.ne[1]).collect();
+        assert_eq!(rows, vec![64, 32, 4]);
+        assert!(pieces.iter().all(|p| p.slices[1].is_none()));
+        assert_eq!(pieces[2].slices[0], Some((96 * 8192, 4 * 8192)));
+    }
+
+    #[test]
+    fn few_rows_powers_of_two_and_ops_without_rows_run_whole() {
+        let w = tensor(DType::F16, [2048, 512, 1, 1], 0x100000);
+        for n in [1, 4, 15, 64] {
+            let x = tensor(DType::F32, [2048, n, 1, 1], 0x400000);
+            let y = tensor(DType::F32, [512, n, 1, 1], 0x800000);
+            let (desc, operands) = kernel(&node(Op::MulMat, y, vec![w.clone(), x]));
+            assert!(pieces::<()>(&desc, &operands, 4).is_empty(), "{n}");
+        }
+        let a = tensor(DType::I32, [100, 3, 1, 1], 0x1000);
+        let b = tensor(DType::I32, [100, 3, 1, 1], 0x2000);
+        let count = tensor(DType::I64, [1, 1, 1, 1], 0x3000);
+        let (desc, operands) = kernel(&node(Op::CountEqual, count, vec![a, b]));
+        assert!(pieces::<()>(&desc, &operands, 4).is_empty());
+    }
+
+    #[test]
+    fn a_slice_starting_off_the_alignment_runs_whole() {
+        // 101 f16 elements flattened: the second piece would start at element 37, byte 74.
+        let x = tensor(DType::F32, [101, 1, 1, 1], 0x1000);
+        let y = tensor(DType::F16, [101, 1, 1, 1], 0x2000);
+        let (desc, operands) = copy(&node(Op::Cpy, y, vec![x]));
+        assert!(pieces::<()>(&desc, &operands, 4).is_empty());
+        let x = tensor(DType::F32, [100, 1, 1, 1], 0x1000);
+        let y = tensor(DType::F16, [100, 1, 1, 1], 0x2000);
+        let (desc, operands) = copy(&node(Op::Cpy, y, vec![x]));
+        assert_eq!(pieces::<()>(&desc, &operands, 4).len(), 2);
+    }
+}
