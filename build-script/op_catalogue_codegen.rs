@@ -105,11 +105,12 @@ pub fn generate(path: &Path) -> Result<String, String> {
                 for r in rows {
                     cells.push(match r.as_str() {
                         "-" => "Rows::Whole".to_owned(),
-                        "outer" => "Rows::Outer".to_owned(),
+                        "outer" => "Rows::Outer(0)".to_owned(),
+                        "outer_row" => "Rows::Outer(1)".to_owned(),
                         "0" | "1" | "2" | "3" => format!("Rows::Dim({r})"),
                         other => {
                             return Err(bad(format!(
-                                "rows entry {other:?}: expected \"0\" to \"3\", \"outer\" or \"-\""
+                                "rows entry {other:?}: expected \"0\" to \"3\", \"outer\", \"outer_row\" or \"-\""
                             )))
                         }
                     });

@@ -29,10 +29,12 @@
 #                               the family's smallest common shape under the timing model
 #                               (scripts/bench_families.py; a few minutes).
 #   scripts/bench.sh --compiles [--models "q4_0 q4_k_m"]
-#                               the compiles section of docs/perf.md alone: a 512-token prompt
+#                               the compiles sections of docs/perf.md alone: a 512-token prompt
 #                               and 4,095 generated tokens of the 1B shape on HSA0 (counted),
 #                               the kernels compiled and the PDIs loaded after the first
-#                               generated token (scripts/bench_compiles.py; a few minutes).
+#                               generated token; then prompts of six lengths, the kernels each
+#                               compiles with and without power-of-two row counts
+#                               (scripts/bench_compiles.py; a few minutes).
 #   scripts/bench.sh op 'CASE'  one test-backend-ops case (`OP(params)` as the program prints
 #                               it) on HSA0 through its emulated IRON design, aie2p and aie2:
 #                               the device time hsa-sim's timing model gives, GB/s, TFLOPS
@@ -113,7 +115,7 @@ fi
 # llama-bench and the plugin (the hook build: cargo --release through CMake; llama-bench loads
 # the plugin through GGML_BACKEND_PATH), llama-quantize and the test models; a release build of
 # the simulator.
-scripts/llama-cpp.sh build-dl ggml-hsa llama-bench test-backend-ops >/dev/null
+scripts/llama-cpp.sh build-dl ggml-hsa llama-bench llama-batched-bench test-backend-ops >/dev/null
 scripts/llama-cpp.sh build llama-quantize >/dev/null
 eval "$(scripts/llama-cpp.sh env)"
 scripts/models.sh tiny-llama >/dev/null

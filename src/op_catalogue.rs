@@ -33,9 +33,10 @@ pub enum Rows {
     Whole,
     /// Sliced along this dimension.
     Dim(usize),
-    /// Sliced along the output's outermost dimension longer than 1 (element-wise ops; a
-    /// flattened one along its elements), unless repeated over it.
-    Outer,
+    /// Sliced along the output's outermost dimension longer than 1 among this one and those
+    /// after it (0 for element-wise ops, a flattened one along its elements; 1 for rows reduced
+    /// along dimension 0), unless repeated over it.
+    Outer(usize),
 }
 
 /// One op of the catalogue (see the header of `src/op_catalogue.toml` for the fields).

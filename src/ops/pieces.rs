@@ -6,21 +6,19 @@
 //! each, in the middle of a conversation). But an op whose rows are computed independently (the
 //! catalogue's `rows`: a product's columns of x, a norm's rows, attention's query rows, an
 //! element-wise op's elements) computes any slice of them with the kernel of the slice's shape.
-//! So a kernel over R rows, R at least [`MIN_ROWS`] and not a power of two, runs as two:
-//! * the largest power of two P ≤ R, from row 0;
-//! * then the rest: the next power of two Q ≥ R − P ending at row R (it computes some of P's
-//!   rows again, with the same values), or the R − P rows themselves when fewer than
-//!   [`MIN_ROWS`].
+//! So a kernel over R rows, R at least [`MIN_ROWS`] and not a power of two, runs as two: the
+//! largest power of two P ≤ R from row 0, then the next power of two Q ≥ R − P ending at row R
+//! (it computes some of P's rows again, with the same values).
 //!
 //! A kernel one of whose outputs shares memory with an input (an in-place residual) must not
-//! compute a row twice: its pieces are disjoint, the powers of two of R from the largest down,
-//! the last fewer than [`MIN_ROWS`] rows as they are.
+//! compute a row twice: it runs as the powers of two of R's binary expansion, from the largest.
 //!
 //! Row counts below [`MIN_ROWS`] keep their kernels: a few lengths (parallel sequences, a
 //! speculative batch), each bound by its weights, which a second kernel would read again. A
-//! model thus compiles each kernel for at most 15 + log2(batch) row counts, whatever its
-//! prompts. The cost: a second dispatch per kernel, and its weights read again, for a prompt
-//! whose length is not a power of two (`docs/perf.md`, "Compiles across prompts").
+//! model thus compiles each kernel for at most 15 row counts below 16 and the powers of two up to
+//! its batch, whatever its prompts. The cost: a second dispatch per kernel (a few in place) and
+//! the weights read again, for a prompt whose length is not a power of two (`docs/perf.md`,
+//! "Compiles across prompts").
 //!
 //! `GGML_HSA_ROW_PIECES=0` runs every kernel whole (a program of fixed shapes then dispatches
 //! each kernel once).
@@ -81,23 +79,17 @@ pub fn spans(rows: i64, disjoint: bool) -> Vec<(i64, i64)> {
     }
     let below = |n: i64| 1_i64 << (63 - n.leading_zeros());
     if disjoint {
+        // The powers of two of its binary expansion, from the largest.
         let (mut start, mut spans) = (0, Vec::new());
-        while rows - start >= MIN_ROWS {
+        while start < rows {
             let p = below(rows - start);
             spans.push((start, p));
             start += p;
         }
-        if start < rows {
-            spans.push((start, rows - start));
-        }
         return spans;
     }
     let p = below(rows);
-    let rest = rows - p;
-    if rest < MIN_ROWS {
-        return vec![(0, p), (p, rest)];
-    }
-    let q = (rest as u64).next_power_of_two() as i64;
+    let q = ((rows - p) as u64).next_power_of_two() as i64;
     vec![(0, p), (rows - q, q)]
 }
 
@@ -121,15 +113,17 @@ fn pieces<K>(desc: &KernelDesc, operands: &[Tensor], alignment: u64) -> Vec<Piec
         return Vec::new();
     }
     let out = &desc.output;
-    let outer = (0..4).rev().find(|&d| out.ne[d] != 1).unwrap_or(0);
+    let outer = |first: usize| (first..4).rev().find(|&d| out.ne[d] != 1).unwrap_or(first);
     let mut dims = Vec::with_capacity(layouts.len());
     for (rows, l) in entry.rows.iter().zip(&layouts) {
-        dims.push(match rows {
+        dims.push(match *rows {
             Rows::Whole => None,
-            Rows::Dim(d) => Some(*d),
+            Rows::Dim(d) => Some(d),
             // The output's shape, or repeated over it.
-            Rows::Outer if (0..4).all(|d| l.ne[d] == out.ne[d] || l.ne[d] == 1) => Some(outer),
-            Rows::Outer => return Vec::new(),
+            Rows::Outer(first) if (0..4).all(|d| l.ne[d] == out.ne[d] || l.ne[d] == 1) => {
+                Some(outer(first))
+            }
+            Rows::Outer(_) => return Vec::new(),
         });
     }
     // The rows: the output's, or (an output written whole) the first sliced input's.
@@ -208,13 +202,16 @@ mod tests {
             assert!(spans(rows, false).is_empty(), "{rows}");
         }
         assert_eq!(spans(17, false), vec![(0, 16), (16, 1)]);
+        assert_eq!(spans(37, false), vec![(0, 32), (29, 8)]);
         assert_eq!(spans(100, false), vec![(0, 64), (36, 64)]);
         assert_eq!(spans(300, false), vec![(0, 256), (236, 64)]);
         assert_eq!(spans(511, false), vec![(0, 256), (255, 256)]);
-        assert_eq!(spans(300, true), vec![(0, 256), (256, 32), (288, 12)]);
+        assert_eq!(
+            spans(300, true),
+            vec![(0, 256), (256, 32), (288, 8), (296, 4)]
+        );
         assert_eq!(spans(100, true), vec![(0, 64), (64, 32), (96, 4)]);
-        // Every row is covered, nothing past the last one, and every size is a power of two
-        // or below MIN_ROWS.
+        // Every row is covered, nothing past the last one, every size a power of two.
         for rows in 16..=1100 {
             for disjoint in [false, true] {
                 let s = spans(rows, disjoint);
@@ -224,10 +221,7 @@ mod tests {
                 }
                 let mut covered = vec![false; rows as usize];
                 for &(start, n) in &s {
-                    assert!(
-                        n < MIN_ROWS || (n as u64).is_power_of_two(),
-                        "{rows}: {s:?}"
-                    );
+                    assert!((n as u64).is_power_of_two(), "{rows}: {s:?}");
                     assert!(start >= 0 && start + n <= rows, "{rows}: {s:?}");
                     for r in start..start + n {
                         assert!(!(disjoint && covered[r as usize]), "{rows}: {s:?}");
@@ -304,6 +298,25 @@ mod tests {
         let count = tensor(DType::I64, [1, 1, 1, 1], 0x3000);
         let (desc, operands) = kernel(&node(Op::CountEqual, count, vec![a, b]));
         assert!(pieces::<()>(&desc, &operands, 4).is_empty());
+    }
+
+    #[test]
+    fn a_norm_splits_its_rows_never_the_elements_it_reduces() {
+        let norm = |ne: [i64; 4]| {
+            let mut n = node(
+                Op::Norm { rms: true },
+                tensor(DType::F32, ne, 0x800000),
+                vec![tensor(DType::F32, ne, 0x400000)],
+            );
+            n.op_params[0] = 0x3727_c5ac;
+            kernel(&n)
+        };
+        let (desc, operands) = norm([1536, 1, 1, 1]);
+        assert!(pieces::<()>(&desc, &operands, 4).is_empty());
+        let (desc, operands) = norm([1536, 100, 1, 1]);
+        let pieces: Vec<Piece<()>> = pieces(&desc, &operands, 4);
+        assert_eq!(pieces.len(), 2);
+        assert_eq!(pieces[0].desc.output.ne, [1536, 64, 1, 1]);
     }
 
     #[test]
