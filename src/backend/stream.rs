@@ -580,27 +580,21 @@ impl Stream {
                 for r in &k.rows {
                     done[r.set_rows] = true;
                 }
+                // Every output counts as written (RMS_NORM_FFN_<GLU>'s output before h): a host
+                // node reading one waits for the kernel.
                 let pieces = k.pieces.as_deref().unwrap_or_default();
                 for piece in pieces {
                     let kernel = piece.loaded.as_ref().ok_or_else(not_loaded)?;
+                    let insts = self.n_kv_insts(kernel, k.n_kv).map_err(failed)?;
                     let slices = piece.operands(&operands);
-                    self.enqueue(kernel.clone(), &slices, k.outputs(), None, node)
+                    self.enqueue(kernel.clone(), &slices, k.outputs(), insts, node)
                         .map_err(failed)?;
                 }
                 if !pieces.is_empty() {
                     return Ok(());
                 }
                 let kernel = k.loaded.as_ref().ok_or_else(not_loaded)?;
-                // Every output counts as written (RMS_NORM_FFN_<GLU>'s output before h): a host
-                // node reading one waits for the kernel.
-                let insts = match k.n_kv {
-                    Some(n) => Some(
-                        self.device
-                            .n_kv_insts(kernel, n)
-                            .map_err(|e| failed(Enqueue::Operand(e)))?,
-                    ),
-                    None => None,
-                };
+                let insts = self.n_kv_insts(kernel, k.n_kv).map_err(failed)?;
                 self.enqueue(kernel.clone(), &operands, k.outputs(), insts, node)
                     .map_err(failed)
             }
@@ -619,6 +613,13 @@ impl Stream {
                 })
             }
         }
+    }
+
+    /// The instruction stream telling `kernel` the KV length `n_kv` (`Device::n_kv_insts`), or
+    /// `None` (its own) without one.
+    fn n_kv_insts(&self, kernel: &LoadedKernel, n_kv: Option<u32>) -> Result<Option<u64>, Enqueue> {
+        n_kv.map(|n| self.device.n_kv_insts(kernel, n).map_err(Enqueue::Operand))
+            .transpose()
     }
 
     /// The cache rows `scatter`'s indices, read now, name when they are consecutive; `None`

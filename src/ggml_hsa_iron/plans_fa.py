@@ -181,11 +181,31 @@ class FlashAttnSpec(RunTimeLength):
 
     @property
     def mask_side(self) -> Side | None:
-        """The mask span's side for this instance: with a run-time n_kv (one query row), its
-        n_kv / 2 words in runs of step / 2 repeated to whole objects by one repeat count."""
+        """The mask span's side for this instance: with a run-time n_kv, its gr rows' n_kv / 2
+        words each in runs of step / 2, repeated to whole objects by one repeat count."""
         if not self.step or self.m_side is None:
             return self.m_side
-        return _run_time_mask_side(self.n_kv, self.step, self.a_words)
+        return _run_time_mask_side(self.n_kv, self.step, self.a_words, self.gr)
+
+    @property
+    def mask_ne(self) -> tuple[int, int, int, int]:
+        """The mask's shape at this instance: with a run-time n_kv, rows of n_kv values (the
+        mask llama.cpp makes for the graph's n_kv, dense), else the request's."""
+        m = self.mask.ne
+        return (self.n_kv, m[1], m[2], m[3]) if self.step else m
+
+    @property
+    def mask_stride(self) -> int:
+        """Values between two mask rows at this instance (ggml_fa_begin's argument; 0
+        without a mask)."""
+        return self.mask_ne[0] if self.mask is not None else 0
+
+    @property
+    def mask_words(self) -> int:
+        """The mask buffer's 32-bit words at this instance."""
+        if not self.step:
+            return _extent_words(self.mask)
+        return -(-math.prod(self.mask_ne) // 2)
 
     @property
     def n_q(self) -> int:
@@ -275,9 +295,9 @@ class FlashAttnSpec(RunTimeLength):
         (one skipped when it starts mid-word); when it would run past the mask buffer it is
         moved back to end on the buffer's last word (more values skipped)."""
         i1, h0, i3 = self.block_index(b)
-        m = self.mask.ne
+        m = self.mask_ne
         elem = (((i3 % m[3]) * m[2] + h0 % m[2]) * m[1] + i1) * m[0]
-        first = min(elem // 2, _extent_words(self.mask) - self.m_side.words)
+        first = min(elem // 2, self.mask_words - self.mask_side.words)
         return first, elem - 2 * first
 
     def mask_skips(self) -> tuple[int, ...]:
@@ -366,6 +386,9 @@ class FlashAttnSpec(RunTimeLength):
         """Whether some block's mask span skips values (then the core keeps the table)."""
         if self.m_side is None:
             return False
+        if self.step:
+            # Rows of a multiple of the (even) step, whole words; every span inside the mask.
+            return False
         if self.mask.ne[0] % 2:
             return True
         # Even rows start on a word: only spans moved back at the buffer's end skip values;
@@ -406,7 +429,6 @@ class FlashAttnSpec(RunTimeLength):
             d["HAS_MASK"] = 1
             d["FA_M_WORDS"] = self.m_side.words
             d["FA_M_OBJECTS"] = self.m_side.objects
-            d["FA_M_STRIDE"] = self.mask.ne[0]
             if self.has_skips():
                 d["FA_BLOCKS"] = self.blocks
                 d["FA_M_SKIPS"] = ",".join(map(str, self.mask_skips()))
@@ -487,11 +509,13 @@ def run_time_step(req: Request) -> int:
     return step
 
 
-def _run_time_mask_side(n_kv: int, step: int, obj: int) -> Side | None:
-    """A run-time n_kv's mask row (one query row): its n_kv / 2 words, moved in runs of step / 2,
-    repeated to whole objects of `obj` words by one repeat count for every multiple of step."""
-    rep = obj // math.gcd(obj, step // 2)
-    return Side(n_kv // 2, rep, rep * (n_kv // 2) // obj) if rep <= MAX_REPEAT else None
+def _run_time_mask_side(n_kv: int, step: int, obj: int, rows: int = 1) -> Side | None:
+    """A run-time n_kv's mask span of `rows` consecutive query rows (dense rows of n_kv
+    values): rows n_kv / 2 words, moved in runs of step / 2, repeated to whole objects of `obj`
+    words by one repeat count for every multiple of step."""
+    words = rows * n_kv // 2
+    rep = obj // math.gcd(obj, rows * step // 2)
+    return Side(words, rep, rep * words // obj) if rep <= MAX_REPEAT else None
 
 
 def _rows_split(n: int) -> int:
@@ -561,16 +585,14 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
     if step and (
         mask is None
         or sinks is not None
-        or n_q * n_seq != 1
         or step % 2
         or step > MAX_STEP
         or n_kv % step
         or mask.ne[0] != n_kv
     ):
         raise UnsupportedError(
-            f"{op}: a run-time n_kv (n_kv_step {step}) takes one query row, a mask of the largest "
-            f"n_kv's row ({n_kv}, a multiple of the step) and no sinks; the step even, at most "
-            f"{MAX_STEP}"
+            f"{op}: a run-time n_kv (n_kv_step {step}) takes a mask of the largest n_kv's rows "
+            f"({n_kv}, a multiple of the step) and no sinks; the step even, at most {MAX_STEP}"
         )
     if not step:
         _rows_split(n_kv)  # the K/V walk of a block (refused when n_kv has no split)
@@ -616,7 +638,7 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
                 a_words, b_words = c * d * k.size // 4, c * dv * v.size // 4
                 q_side = _side(gh * gr * d, b_words)
                 if step:
-                    m_side = _run_time_mask_side(n_kv, step, a_words)
+                    m_side = _run_time_mask_side(n_kv, step, a_words, gr)
                 else:
                     m_side = _mask_side(mask, n_kv, gr, a_words) if mask is not None else None
                 s_side = _sink_side(n_head, a_words) if sinks is not None else None

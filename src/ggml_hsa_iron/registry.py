@@ -65,8 +65,8 @@ class OpSpec:
 
     @property
     def run_time_n_kv(self) -> bool:
-        """Whether the request may make n_kv a run-time argument (`n_kv_step`): the ops whose
-        attention may read one query row against the KV cache (plans_fa.run_time_step)."""
+        """Whether the request may make n_kv a run-time argument (`n_kv_step`): the lone
+        attention with a mask, and the fused ones of one token (plans_fa.run_time_step)."""
         return self.kind in ("flash_attn_ffn", "decode_layer") or self.op == "FLASH_ATTN_EXT_MASK"
 
 

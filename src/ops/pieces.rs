@@ -10,8 +10,9 @@
 //! largest power of two P ≤ R from row 0, then the next power of two Q ≥ R − P ending at row R
 //! (it computes some of P's rows again, with the same values).
 //!
-//! A kernel one of whose outputs shares memory with an input (an in-place residual) must not
-//! compute a row twice: it runs as the powers of two of R's binary expansion, from the largest.
+//! A kernel one of whose outputs shares memory with an input (an in-place residual, an attention
+//! writing over its q) must not compute a row twice: it runs as the powers of two of
+//! R's binary expansion, from the largest.
 //!
 //! Row counts below [`MIN_ROWS`] keep their kernels: a few lengths (parallel sequences, a
 //! speculative batch), each bound by its weights, which a second kernel would read again. A
@@ -73,7 +74,7 @@ pub fn split_steps<K>(steps: &mut [Step<K>], alignment: u64) {
 }
 
 /// `(first row, rows)` of each piece of `rows` rows; empty when they run whole.
-pub fn spans(rows: i64, disjoint: bool) -> Vec<(i64, i64)> {
+fn spans(rows: i64, disjoint: bool) -> Vec<(i64, i64)> {
     if rows < MIN_ROWS || (rows as u64).is_power_of_two() {
         return Vec::new();
     }
@@ -106,10 +107,7 @@ fn pieces<K>(desc: &KernelDesc, operands: &[Tensor], alignment: u64) -> Vec<Piec
         .chain([&desc.output])
         .chain(&desc.extra_outputs)
         .collect();
-    if entry.rows.len() != layouts.len()
-        || operands.len() != layouts.len()
-        || desc.n_kv_step.is_some()
-    {
+    if entry.rows.len() != layouts.len() || operands.len() != layouts.len() {
         return Vec::new();
     }
     let out = &desc.output;
@@ -150,10 +148,14 @@ fn pieces<K>(desc: &KernelDesc, operands: &[Tensor], alignment: u64) -> Vec<Piec
     let disjoint =
         (first..operands.len()).any(|o| (0..first).any(|i| operands[o].overlaps(&operands[i])));
     let spans = spans(rows, disjoint);
-    let aligned = spans.iter().all(|&(start, _)| {
-        dims.iter()
-            .zip(&layouts)
-            .all(|(d, l)| d.is_none_or(|d| (start as u64 * l.nb[d]).is_multiple_of(alignment)))
+    let aligned = spans.iter().all(|&(start, size)| {
+        (0..layouts.len()).all(|i| {
+            dims[i].is_none_or(|d| {
+                slice(layouts[i], &operands[i], d, start, size)
+                    .0
+                    .is_multiple_of(alignment)
+            })
+        })
     });
     if !aligned {
         return Vec::new();
@@ -162,17 +164,18 @@ fn pieces<K>(desc: &KernelDesc, operands: &[Tensor], alignment: u64) -> Vec<Piec
         .into_iter()
         .map(|(start, size)| {
             let mut piece = desc.clone();
-            let mut slices = Vec::with_capacity(layouts.len());
+            let slices = (0..layouts.len())
+                .map(|i| dims[i].map(|d| slice(layouts[i], &operands[i], d, start, size)))
+                .collect();
             let parts = piece
                 .inputs
                 .iter_mut()
                 .chain([&mut piece.output])
                 .chain(&mut piece.extra_outputs);
             for (l, d) in parts.zip(&dims) {
-                slices.push(d.map(|d| {
+                if let Some(d) = *d {
                     l.ne[d] = size;
-                    (start as u64 * l.nb[d], extent(l))
-                }));
+                }
             }
             Piece {
                 desc: piece,
@@ -183,10 +186,22 @@ fn pieces<K>(desc: &KernelDesc, operands: &[Tensor], alignment: u64) -> Vec<Piec
         .collect()
 }
 
-/// Bytes from the first element of `l` to the end of its last (a type of single elements).
-fn extent(l: &Layout) -> u64 {
-    let size = dtype_block(&l.dtype).map_or(0, |(_, bytes)| bytes);
-    (0..4).map(|d| (l.ne[d] - 1) as u64 * l.nb[d]).sum::<u64>() + size
+/// `(byte offset, bytes)` of rows `start .. start + size` along dimension `d` of operand `t`
+/// laid out as `l`. The layout's strides, except where the layout and the tensor have the same
+/// rows (dimensions 1 to 3) and so the tensor's own strides apply: a layout told its KV length
+/// at dispatch has the largest length's row stride, the tensor the graph's. (A flattened layout,
+/// or one of the KV cache's rows, differs from its tensor's shape.)
+fn slice(l: &Layout, t: &Tensor, d: usize, start: i64, size: i64) -> (u64, u64) {
+    if l.ne[1..] == t.ne[1..] {
+        let mut rows = t.clone();
+        rows.ne[d] = size;
+        return (start as u64 * t.nb[d], rows.extent());
+    }
+    let elem = dtype_block(&l.dtype).map_or(0, |(_, bytes)| bytes);
+    let mut ne = l.ne;
+    ne[d] = size;
+    let extent = (0..4).map(|i| (ne[i] - 1) as u64 * l.nb[i]).sum::<u64>() + elem;
+    (start as u64 * l.nb[d], extent)
 }
 
 #[cfg(test)]

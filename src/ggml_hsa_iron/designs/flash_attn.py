@@ -50,7 +50,7 @@ def _build(spec):
     a_obj = vector_type(spec.a_words, "i32")
     b_obj = vector_type(spec.b_words, "i32")
     o_obj = vector_type(spec.dv, "f32")
-    begin = Kernel("ggml_fa_begin", obj, [np.int32, np.int32, np.int32])
+    begin = Kernel("ggml_fa_begin", obj, [np.int32, np.int32, np.int32, np.int32])
     sinks_k = Kernel("ggml_fa_sinks", obj, [a_obj])
     q_k = Kernel("ggml_fa_q", obj, [b_obj])
     side = Kernel("ggml_fa_side", obj, [a_obj])
@@ -61,8 +61,8 @@ def _build(spec):
 
     # The kernels are passed one by one: IRON finds a Worker's kernels among its fn_args.
     def core(of_a, of_b, of_o, begin_fn, sinks_fn, q_fn, side_fn, chunk_fn, out_fn, first, step,
-             head, blocks):  # fmt: skip
-        begin_fn(first, step, head)
+             head, blocks, m_stride):  # fmt: skip
+        begin_fn(first, step, head, m_stride)
         if n_sink:
             for _ in range_(n_sink):
                 a = of_a.acquire(1)
@@ -108,6 +108,7 @@ def _build(spec):
         fns = [begin, sinks_k, q_k, side, chunk, finish]
         for j in range(gh):
             args = [a_f.cons(), b_f.cons(), o_subs[j].prod(), *fns, c, C, j, blocks]
+            args.append(spec.mask_stride)
             workers.append(Worker(core, fn_args=args, tile=Tile(c, CORE_ROW + j)))
 
     handles = []

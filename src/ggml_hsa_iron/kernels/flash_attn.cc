@@ -15,10 +15,10 @@
 //   FA_NHB             head blocks (block b's first head is (b % FA_NHB) FA_GH)
 //   FA_Q_OBJECTS       objects of the block's q rows on fifo B (G rows of FA_D, repeated to
 //                      whole objects)
-//   HAS_MASK, FA_M_WORDS, FA_M_OBJECTS, FA_M_STRIDE   the block's f16 mask span: its words, its
-//                      objects, the values between two of its rows (the mask's ne0); row r of
-//                      the block's rows reads mask row r of the span (the mask is broadcast
-//                      over the block's heads)
+//   HAS_MASK, FA_M_WORDS, FA_M_OBJECTS   the block's f16 mask span: its words (the most, with
+//                      the KV length given at dispatch), its objects; row r of the block's rows
+//                      reads mask row r of the span (the mask is broadcast over the block's
+//                      heads), rows ggml_fa_begin's m_stride values apart
 //   FA_BLOCKS, FA_M_SKIPS  per block, the f16 values of its span before its first row (one
 //                      when rows of an odd length start mid-word, more at the buffer's end;
 //                      0 for every block when undefined)
@@ -28,8 +28,10 @@
 //   ALIBI_SLOPES       the slope of every head (max_bias > 0)
 //
 // Functions (arguments as the object fifos deliver them, 32-bit words):
-//   ggml_fa_begin(first, step, head)   the core's first block, the block stride (columns)
-//                                and its head within a block (its row of the column's cores)
+//   ggml_fa_begin(first, step, head, m_stride)   the core's first block, the block stride
+//                                (columns), its head within a block (its row of the column's
+//                                cores) and the values between two mask rows (the mask's ne0:
+//                                n_kv when the KV length is given at dispatch)
 //   ggml_fa_sinks(a)             one object of the sinks (FA_S_OBJECTS, before the blocks)
 //   ggml_fa_q(b)                 one object of the block's q rows (fifo B); the core's head's
 //                                rows kept in static data
@@ -82,7 +84,7 @@ alignas(64) static uint32_t mask_words[FA_M_WORDS + VEC / 2];
 static float sinks[FA_N_HEAD];
 #endif
 static int32_t block, block_step, head, q_object, side_object, sink_object, kv_row, mask_skip,
-    out_row;
+    out_row, m_stride;
 
 // The f16 values of the block's mask span before its first row.
 static inline int32_t block_mask_skip() {
@@ -139,7 +141,7 @@ static const uint32_t alibi_slopes[] = {ALIBI_SLOPES};
 #if HAS_MASK
 // Row g's mask value of the chunk's key j.
 static inline uint16_t mask_value(int g, int j) {
-  return reinterpret_cast<const uint16_t *>(mask_words)[mask_skip + g * FA_M_STRIDE + kv_row + j];
+  return reinterpret_cast<const uint16_t *>(mask_words)[mask_skip + g * m_stride + kv_row + j];
 }
 
 static inline bool hides(int head_of_block) {
@@ -156,7 +158,7 @@ static inline bool hidden(int g, int j) { return mask_value(g, j) == F16_NEG_INF
 // The row's hidden keys and zeros counted a vector of words (2 VEC values) at a time where
 // they start at a word, one by one otherwise.
 static uint8_t row_seen(int g) {
-  const int first = mask_skip + g * FA_M_STRIDE + kv_row;
+  const int first = mask_skip + g * m_stride + kv_row;
   int n_inf = 0, n_zero = 0;
   if (FA_CHUNK % (2 * (int)VEC) == 0 && first % 2 == 0) {
     const int32_t *w = reinterpret_cast<const int32_t *>(mask_words) + first / 2;
@@ -193,7 +195,8 @@ static inline uint8_t row_seen(int) { return SEEN_ZERO; }
 
 extern "C" {
 
-void ggml_fa_begin(int32_t first, int32_t step, int32_t core_head) {
+void ggml_fa_begin(int32_t first, int32_t step, int32_t core_head, int32_t mask_stride) {
+  m_stride = mask_stride;
   block = first;
   block_step = step;
   head = core_head;
@@ -328,7 +331,7 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
     }
 #if HAS_MASK
     const uint16_t *m16 =
-        reinterpret_cast<const uint16_t *>(mask_words) + mask_skip + g * FA_M_STRIDE;
+        reinterpret_cast<const uint16_t *>(mask_words) + mask_skip + g * m_stride;
 #ifdef ALIBI_SLOPES
     const float slope = bits_to_float(alibi_slopes[h0 + head]);
 #endif

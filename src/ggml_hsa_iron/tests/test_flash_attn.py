@@ -561,7 +561,7 @@ def core_library(spec, directory):
 
     buf = SimpleNamespace(dtype=np.dtype("int32"))
     out = SimpleNamespace(dtype=np.dtype("float32"))
-    names = [("ggml_fa_begin", ["i32"] * 3), ("ggml_fa_sinks", [buf]), ("ggml_fa_q", [buf]),
+    names = [("ggml_fa_begin", ["i32"] * 4), ("ggml_fa_sinks", [buf]), ("ggml_fa_q", [buf]),
              ("ggml_fa_side", [buf]), ("ggml_fa_chunk", [buf, buf]), ("ggml_fa_out", [out])]  # fmt: skip
     kernels = [_Kernel(i, n, kinds) for i, (n, kinds) in enumerate(names)]
     path = Path(directory) / "core.so"
@@ -655,7 +655,7 @@ class CoreBlockTest(unittest.TestCase):
             # Each of the block's cores in turn (core j: head j of each block), fed the same
             # objects; its rows are the block's rows r gh + j.
             for j in range(spec.gh):
-                fns["ggml_fa_begin"](first, 1, j)
+                fns["ggml_fa_begin"](first, 1, j, spec.mask_stride)
                 if spec.sinks is not None:
                     for o in objects(as_words(sinks), A, spec.sink_objects):
                         fns["ggml_fa_sinks"](o)
@@ -702,45 +702,53 @@ class EndToEndTest(unittest.TestCase):
                     run_case(self, arch=arch, **kw)
 
     def test_run_time_n_kv(self):
-        # One program for n_kv up to 1024 in steps of 256 (a decode step against a growing
-        # cache), run at several: the mask is n values, the cache's rows past n are NaN.
+        # One program for n_kv up to 1024 in steps of 256 (a decode step, or a prompt's rows,
+        # against a growing cache), run at several: the mask is rows of n values (llama.cpp's
+        # for that n_kv, dense), the cache's rows past n are NaN.
         from ggml_hsa_iron.emu.compile import build_program
         from ggml_hsa_iron.emu.params import instantiate
         from ggml_hsa_iron.tests.util_emu_seq import buffer_of, new_buffer, run_program_in_order
 
         most = 1024
-        kw = llama_1b(1, most, mask_ne=[most, 1, 1, 1])
+        # (query rows, mask rows): a decode step, a prompt's piece of 32 rows, 20 rows of a
+        # mask padded to 64.
+        shapes = ((1, 1), (32, 32), (20, 64))
         for arch in ("aie2p", "aie2"):
-            text = json.dumps({**json.loads(fa_request(**{**kw, "arch": arch})), "n_kv_step": 256})
-            req = parse_request(text)
-            spec = prepare(req)
-            program, lib = build_program(spec)
-            for n in (256, 768, 1024):
-                with self.subTest(arch=arch, n=n):
-                    rng = np.random.default_rng(n)
-                    qt, kt, vt, mt = req.inputs
-                    q = rng.standard_normal((1, 32, 1, 64)).astype(np.float32)
-                    k = rng.standard_normal((1, 8, most, 64)).astype(np.float16)
-                    v = rng.standard_normal((1, 8, most, 64)).astype(np.float16)
-                    mask = (rng.standard_normal((1, 1, 1, n)) * 2).astype(np.float16)
-                    mask[..., ::5] = -np.inf
-                    k[:, :, n:] = np.nan
-                    v[:, :, n:] = np.nan
-                    m = np.zeros(-(-_extent(mt) // 4) * 4, np.uint8)
-                    m[: mask.nbytes] = mask.reshape(-1).view(np.uint8)
-                    ins = [
-                        buffer_of(place(qt, q)),
-                        buffer_of(place(kt, k)),
-                        buffer_of(place(vt, v)),
-                    ]
-                    out = new_buffer(req.output.nelements * 4)
-                    run_program_in_order(instantiate(program, [n]), lib, [*ins, m, out])
-                    sub = types.SimpleNamespace(op_params=req.op_params, inputs=(qt, kt, vt))
-                    ref = reference(sub, q, k[:, :, :n], v[:, :, :n], mask)
-                    got = np.frombuffer(out.tobytes(), np.float32).reshape(ref.shape)
-                    err = np.abs(got - ref).max()
-                    self.assertTrue(np.isfinite(got).all())
-                    self.assertLess(err, 2e-5 * max(1.0, np.abs(ref).max()), f"{arch} n {n}: {err}")
+            for n_q, m_rows in shapes if arch == "aie2p" else shapes[:2]:
+                kw = llama_1b(n_q, most, mask_ne=[most, m_rows, 1, 1])
+                text = json.dumps(
+                    {**json.loads(fa_request(**{**kw, "arch": arch})), "n_kv_step": 256}
+                )
+                req = parse_request(text)
+                spec = prepare(req)
+                program, lib = build_program(spec)
+                for n in (256, 768, 1024):
+                    with self.subTest(arch=arch, n_q=n_q, n=n):
+                        rng = np.random.default_rng(n + n_q)
+                        qt, kt, vt, mt = req.inputs
+                        q = rng.standard_normal((1, 32, n_q, 64)).astype(np.float32)
+                        k = rng.standard_normal((1, 8, most, 64)).astype(np.float16)
+                        v = rng.standard_normal((1, 8, most, 64)).astype(np.float16)
+                        mask = (rng.standard_normal((1, 1, m_rows, n)) * 2).astype(np.float16)
+                        mask[..., ::5] = -np.inf
+                        k[:, :, n:] = np.nan
+                        v[:, :, n:] = np.nan
+                        m = np.zeros(-(-_extent(mt) // 4) * 4, np.uint8)
+                        m[: mask.nbytes] = mask.reshape(-1).view(np.uint8)
+                        ins = [
+                            buffer_of(place(qt, q)),
+                            buffer_of(place(kt, k)),
+                            buffer_of(place(vt, v)),
+                        ]
+                        out = new_buffer(req.output.nelements * 4)
+                        run_program_in_order(instantiate(program, [n]), lib, [*ins, m, out])
+                        sub = types.SimpleNamespace(op_params=req.op_params, inputs=(qt, kt, vt))
+                        ref = reference(sub, q, k[:, :, :n], v[:, :, :n], mask)
+                        got = np.frombuffer(out.tobytes(), np.float32).reshape(ref.shape)
+                        err = np.abs(got - ref).max()
+                        self.assertTrue(np.isfinite(got).all())
+                        bound = 2e-5 * max(1.0, np.abs(ref).max())
+                        self.assertLess(err, bound, f"{arch} {n_q} rows, n {n}: {err}")
 
     def test_softcap_sinks_gqa_and_odd_chunks(self):
         for kw in (

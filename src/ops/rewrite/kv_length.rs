@@ -1,6 +1,6 @@
-//! KV lengths given at dispatch. A decode step's attention reads the first n_kv rows of the KV
-//! cache, and llama.cpp grows n_kv in steps of 256 with the context
-//! (`llama_kv_cache::get_n_kv`). A kernel whose name carried n_kv would be compiled, and loaded
+//! KV lengths given at dispatch. An attention (a decode step's, or a prompt's after earlier
+//! turns) reads the first n_kv rows of the KV cache, and llama.cpp grows n_kv in steps of 256
+//! with the context (`llama_kv_cache::get_n_kv`). A kernel whose name carried n_kv would be compiled, and loaded
 //! as a new PDI, every 256 tokens of a conversation. When the compiler builds the kernel for
 //! every n_kv up to the cache's rows (it declares `run_time_n_kv`), the kernel is asked for at
 //! that size (`KernelDesc::n_kv_step`) and told n_kv at each dispatch: one kernel from the first
@@ -44,13 +44,12 @@ pub(super) fn steps_at_run_time<K>(
     }
 }
 
-/// The input index of a decode attention's K cache view (V's and the mask's follow) in a
-/// kernel of one token, or `None` for other kernels (a prompt's attention reads every row).
+/// The input index of an attention's K cache view (V's and the mask's follow): the lone
+/// attention's, of any query rows (a decode step's or a prompt's), or a fused kernel's of one
+/// token; `None` for other kernels.
 fn kv_input(desc: &KernelDesc) -> Option<usize> {
     if desc.op == catalogue::FLASH_ATTN_EXT_MASK.name {
-        // q [D, n_q, n_head, n_seq]: one query row.
-        let q = desc.inputs.first()?;
-        return (q.ne[1] * q.ne[3] == 1).then_some(1);
+        return Some(1);
     }
     // out [K, N]: one token.
     let k = Fused::of(&desc.op).and_then(Fused::kv_inputs)?;
@@ -208,8 +207,8 @@ mod tests {
     }
 
     #[test]
-    fn a_planned_decode_attention_is_told_n_kv_and_a_prompt_s_is_not() {
-        for (rows, told) in [(1, Some(512)), (4, None)] {
+    fn a_planned_attention_of_any_query_rows_is_told_n_kv() {
+        for (rows, told) in [(1, Some(512)), (4, Some(512))] {
             let (r, nodes) = case(512, 4608);
             let mut desc = r.desc.clone();
             desc.op = catalogue::FLASH_ATTN_EXT_MASK.name.to_owned();
@@ -231,6 +230,12 @@ mod tests {
             assert_eq!(k.n_kv, told, "{rows} query rows");
             assert_eq!(k.desc.n_kv_step.is_some(), told.is_some());
         }
+        // The attention and the block of several tokens stay named by n_kv.
+        let (mut r, nodes) = case(512, 4608);
+        r.desc.output.ne[1] = 4;
+        let before = r.clone();
+        at_run_time(&mut r, &nodes, &|_| true);
+        assert_eq!(r, before);
     }
 
     #[test]

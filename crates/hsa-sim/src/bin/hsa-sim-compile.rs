@@ -31,7 +31,7 @@ fn capabilities() -> serde_json::Value {
                 "types": types,
                 "broadcast": matches!(op, Op::Binary(_) | Op::RmsNormMul | Op::MulMat | Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(_) | Op::NormedMulMatBias | Op::NormedMulMatRope { .. } | Op::NormedQkv { .. } | Op::NormedFfn(_) | Op::ProjectedFfn(_) | Op::AttnFfn(_) | Op::DecodeLayer { .. } | Op::SoftMax { .. } | Op::Rope { .. } | Op::FlashAttnExt { .. } | Op::SetRows),
                 "noncontiguous": true,
-                // The decode attention's KV length may be given at dispatch (`n_kv_step`).
+                // An attention's KV length may be given at dispatch (`n_kv_step`).
                 "run_time_n_kv": matches!(
                     op,
                     Op::AttnFfn(_)
