@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from bench import cost_constants, write_section
-from bench_op import run_direct, time_request, timed_inputs
+from bench_op import causal_mask, run_direct, time_request, timed_inputs
 from ggml_hsa_iron.tests.test_decode_layer import layer_request, layer_spec
 from ggml_hsa_iron.tests.test_flash_attn import fa_request, llama_1b, spec_of
 
@@ -228,8 +228,9 @@ def attention_lines(args, work: Path, prompt_ns: dict) -> list[str]:
     lines = [
         f"| arch | attention per layer ({PROMPT} × {PROMPT}) | busiest unit | plan (block rows, K/V rows per chunk, columns) | per prompt ({LAYERS} layers) |"
         + "".join(f" GEMMs + attention t/s, {ty} |" for ty in PROMPT_TYPES)
-        + " GEMMs + attention t/s, Q4_K_M mix |",
-        "|---|---:|---|---|---:|" + "---:|" * (len(PROMPT_TYPES) + 1),
+        + " GEMMs + attention t/s, Q4_K_M mix |"
+        + f" told n_kv ({CACHE_ROWS:,}-row cache) |",
+        "|---|---:|---|---|---:|" + "---:|" * (len(PROMPT_TYPES) + 2),
     ]
     for arch in ARCHS:
         dram = cost_constants(arch)["bandwidth_bytes_per_s"] / 1e9
@@ -246,9 +247,18 @@ def attention_lines(args, work: Path, prompt_ns: dict) -> list[str]:
         gemms = [prompt_ns[ty, arch, "total"] for ty in PROMPT_TYPES]
         gemms.append(q4_k_m_prompt_ns(prompt_ns, arch))
         rates = [PROMPT * 1e9 / (g + attn) for g in gemms]
+        # The same attention compiled once for every n_kv up to the cache's rows, at PROMPT:
+        # the mask llama.cpp makes for n_kv = PROMPT, rows PROMPT values apart.
+        rd = work / f"attention-rt-{arch}"
+        rd.mkdir()
+        rt_kw = llama_1b(PROMPT, CACHE_ROWS, arch=arch, mask_ne=[CACHE_ROWS, PROMPT, 1, 1])
+        rt_req = {**json.loads(fa_request(**rt_kw)), "n_kv_step": 256}
+        mask = {3: causal_mask(PROMPT, PROMPT, PROMPT)}
+        rt = time_request(args, rt_req, rd, dram, inputs=mask, params=[PROMPT])
+        rt_cell = "declined" if rt is None else f"{rt['work_time_ns'] / 1e3:,.0f} µs"
         lines.append(
             f"| {arch} | {c['work_time_ns'] / 1e3:,.0f} µs | {binds(c)} | {spec.g}, {spec.chunk}, {spec.columns}"
-            f" | {attn / 1e6:,.1f} ms |" + "".join(f" {r:.0f} |" for r in rates)
+            f" | {attn / 1e6:,.1f} ms |" + "".join(f" {r:.0f} |" for r in rates) + f" {rt_cell} |"
         )
         print(lines[-1], file=sys.stderr)
     return lines
@@ -334,7 +344,9 @@ def section(
         "per block (plans_fa.py); a core skips the keys the mask hides from its rows (about half",
         "of a causal prompt's), though their rows still stream. The Q4_K_M mix is llama.cpp's",
         "(src/llama-quant.cpp): q4_K, but V and down in q6_K in 8 of the 16 layers and the output",
-        "in q6_K, summed from the q4_K and q6_K rows of the table above.",
+        "in q6_K, summed from the q4_K and q6_K rows of the table above. The last column: the",
+        "attention the backend asks for when it tells n_kv at dispatch (one kernel for every",
+        f"n_kv of a {CACHE_ROWS:,}-row cache, planned for its largest), timed at n_kv = {PROMPT}.",
         "",
         *attention,
         "",

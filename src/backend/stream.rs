@@ -518,6 +518,7 @@ impl Stream {
                     ));
                     step.desc = named;
                     step.n_kv = None;
+                    step.pieces = None;
                     continue;
                 }
                 if !step.fallback.is_empty() {

@@ -44,16 +44,20 @@ pub(super) fn steps_at_run_time<K>(
     }
 }
 
-/// The input index of an attention's K cache view (V's and the mask's follow): the lone
-/// attention's, of any query rows (a decode step's or a prompt's), or a fused kernel's of one
-/// token; `None` for other kernels.
-fn kv_input(desc: &KernelDesc) -> Option<usize> {
+/// The input index of an attention's K cache view (V's and the mask's follow), in a kernel
+/// with one; `None` for other kernels.
+fn kv_index(desc: &KernelDesc) -> Option<usize> {
     if desc.op == catalogue::FLASH_ATTN_EXT_MASK.name {
         return Some(1);
     }
-    // out [K, N]: one token.
-    let k = Fused::of(&desc.op).and_then(Fused::kv_inputs)?;
-    (desc.output.ne[1] == 1).then_some(k)
+    Fused::of(&desc.op).and_then(Fused::kv_inputs)
+}
+
+/// [`kv_index`] of a kernel that may take its KV length at dispatch: the lone attention of any
+/// query rows (a decode step's or a prompt's), a fused one of one token (out [K, 1]).
+fn kv_input(desc: &KernelDesc) -> Option<usize> {
+    let k = kv_index(desc)?;
+    (desc.op == catalogue::FLASH_ATTN_EXT_MASK.name || desc.output.ne[1] == 1).then_some(k)
 }
 
 /// Rewrites `desc` to take its KV length at dispatch and returns that length (the graph's,
@@ -65,7 +69,18 @@ fn told_n_kv(
     nodes: &[Node],
     available: &dyn Fn(&KernelDesc) -> bool,
 ) -> Option<u32> {
-    let k = kv_input(desc)?;
+    let Some(k) = kv_input(desc) else {
+        // Folded from an attention told its KV length into a kernel that takes none (the
+        // attention and block of several tokens): named by the graph's length again.
+        let n = kv_index(desc)
+            .and_then(|k| operands.get(k))
+            .map(|t| t.ne[1]);
+        let named = n.and_then(|n| named_by_n_kv(desc, u32::try_from(n).ok()?));
+        if let Some(named) = named {
+            *desc = named;
+        }
+        return None;
+    };
     if desc.inputs.len() < k + 3 || operands.len() < k + 3 {
         return None;
     }
@@ -104,7 +119,7 @@ fn told_n_kv(
 /// compiler refuses to build the kernel for every length (a cache too long for the design).
 pub fn named_by_n_kv(desc: &KernelDesc, n_kv: u32) -> Option<KernelDesc> {
     desc.n_kv_step?;
-    let k = kv_input(desc)?;
+    let k = kv_index(desc)?;
     let n = i64::from(n_kv);
     let mut named = desc.clone();
     named.n_kv_step = None;
@@ -230,12 +245,20 @@ mod tests {
             assert_eq!(k.n_kv, told, "{rows} query rows");
             assert_eq!(k.desc.n_kv_step.is_some(), told.is_some());
         }
-        // The attention and the block of several tokens stay named by n_kv.
+        // The attention and the block of several tokens stay named by n_kv, and are named by
+        // it again when folded from an attention told it.
         let (mut r, nodes) = case(512, 4608);
         r.desc.output.ne[1] = 4;
         let before = r.clone();
         at_run_time(&mut r, &nodes, &|_| true);
         assert_eq!(r, before);
+        let (mut told, nodes) = case(512, 4608);
+        at_run_time(&mut told, &nodes, &|_| true);
+        assert_eq!(told.n_kv, Some(512));
+        told.desc.output.ne[1] = 4;
+        told.n_kv = None;
+        at_run_time(&mut told, &nodes, &|_| true);
+        assert_eq!((told.desc, told.n_kv), (before.desc, None));
     }
 
     #[test]
