@@ -119,11 +119,11 @@ fn record_pregenerate_and_run_without_jit() {
     assert!(compiled > 5, "{}", first.output);
     let config = std::fs::read_to_string(&record).expect("the record file was written");
     let parsed: serde_json::Value = serde_json::from_str(&config).unwrap();
-    assert_eq!(
-        parsed["kernels"].as_array().unwrap().len(),
-        compiled,
-        "{config}"
-    );
+    // Every kernel compiled, and the whole kernels of those that ran over power-of-two counts
+    // of their rows (`ops::pieces`): `supports_op` counts on them, so a run with JIT off
+    // needs them too.
+    let recorded = parsed["kernels"].as_array().unwrap().len();
+    assert!(recorded >= compiled, "{compiled} compiled: {config}");
 
     // Pregenerate the recorded kernels into a fresh directory.
     let kernels = dir.join("kernels");
@@ -146,12 +146,12 @@ fn record_pregenerate_and_run_without_jit() {
     let generated = files(&kernels.join("aie2p"));
     assert_eq!(
         generated.len(),
-        2 * compiled + 1,
+        2 * recorded + 1,
         "one .pdi and one _insts.bin per kernel, and the manifest: {generated:?}"
     );
     let manifest =
         std::fs::read_to_string(kernels.join("aie2p").join(".ggml-hsa-kernels")).unwrap();
-    assert_eq!(manifest.lines().count(), compiled, "{manifest}");
+    assert_eq!(manifest.lines().count(), recorded, "{manifest}");
 
     // The same run with JIT off and an empty cache: everything comes from the kernel dir.
     let empty_cache = dir.join("empty-cache");

@@ -703,9 +703,11 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
             s["graphs"].as_u64().unwrap_or(0),
         );
         assert!(set_rows > 0 && graphs > 1, "{name}: {s}");
+        // A copy of the prompt's rows may run as two kernels over power-of-two counts of its
+        // elements (`ops::pieces`).
         let copies = c["emulated_ops"]["CPY"].as_u64().unwrap_or(0);
         assert!(
-            copies <= set_rows / graphs / 2,
+            copies <= 2 * (set_rows / graphs / 2),
             "{name}: {copies} KV-cache rows copied of {set_rows} SET_ROWS in {graphs} graphs: \
              K's and V's producers did not write them: {}",
             c["emulated_ops"]
