@@ -724,6 +724,41 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
     }
 }
 
+/// The aie2p directory of the kernel cache of a run with `env`.
+fn aie2p_kernels(env: &[(String, String)]) -> std::path::PathBuf {
+    env.iter()
+        .find(|(k, _)| k == "GGML_HSA_KERNEL_CACHE_DIR")
+        .map(|(_, v)| Path::new(v).join("aie2p"))
+        .expect("a kernel cache")
+}
+
+/// `prompt` and `steps` generated tokens on the CPU, then on HSA0 with `env` fed the CPU's
+/// tokens (teacher forcing): the two runs.
+fn teacher_forced(
+    bin: &Path,
+    model: &Path,
+    prompt: &str,
+    env: &[(String, String)],
+    steps: usize,
+) -> (Greedy, Greedy) {
+    let args = |env, forced| GreedyArgs {
+        plugin_env: env,
+        forced,
+        extra: &[],
+        n_predict: Some(steps),
+    };
+    let (run, logits) = greedy_run(bin, model, prompt, &args(None, &[]), RUN_TIMEOUT);
+    let cpu = parse_greedy(&run, &logits);
+    let (run, logits) = greedy_run(
+        bin,
+        model,
+        prompt,
+        &args(Some(env), &cpu.tokens),
+        RUN_TIMEOUT,
+    );
+    (cpu, parse_greedy(&run, &logits))
+}
+
 /// A conversation growing past 256 tokens of context: llama.cpp grows the attention's KV
 /// length by 256 (n_kv 256, then 512), and the decode's attention kernels (the layer kernel, the
 /// attention-and-block kernel it falls back to, and in Q4_K_M's layers with q6_K weights the
@@ -741,22 +776,7 @@ fn a_growing_context_runs_the_attention_kernels_compiled_at_its_first_token() {
             return;
         };
         let (env, counters, _) = emu_env(&format!("growing-{name}"));
-        let args = |env, forced| GreedyArgs {
-            plugin_env: env,
-            forced,
-            extra: &[],
-            n_predict: Some(STEPS),
-        };
-        let (run, logits) = greedy_run(&bin, &model, LONG_PROMPT, &args(None, &[]), RUN_TIMEOUT);
-        let cpu = parse_greedy(&run, &logits);
-        let (run, logits) = greedy_run(
-            &bin,
-            &model,
-            LONG_PROMPT,
-            &args(Some(&env), &cpu.tokens),
-            RUN_TIMEOUT,
-        );
-        let npu = parse_greedy(&run, &logits);
+        let (cpu, npu) = teacher_forced(&bin, &model, LONG_PROMPT, &env, STEPS);
         assert!(
             cpu.prompt_tokens + STEPS > 256,
             "the context must pass 256 tokens"
@@ -778,11 +798,7 @@ fn a_growing_context_runs_the_attention_kernels_compiled_at_its_first_token() {
         // Each decode attention kernel once in the kernel cache, with the length's word after
         // the stream's eight (9 words). The attention of one query row alone is the decode's
         // where q6_K weights keep a layer's kernels apart (Q4_K_M).
-        let cache = env
-            .iter()
-            .find(|(k, _)| k == "GGML_HSA_KERNEL_CACHE_DIR")
-            .map(|(_, v)| Path::new(v).join("aie2p"))
-            .expect("a kernel cache");
+        let cache = aie2p_kernels(&env);
         for (stem, required) in [
             ("decode_layer_swiglu-", true),
             ("flash_attn_ffn_swiglu-", true),
@@ -830,22 +846,7 @@ fn prompts_run_as_kernels_of_power_of_two_rows_with_the_cpu_s_logits() {
     let mut lengths = Vec::new();
     let longest = [LONG_PROMPT; 9].join(" ");
     for prompt in [LONG_PROMPT, longer.as_str(), longest.as_str()] {
-        let args = |env, forced| GreedyArgs {
-            plugin_env: env,
-            forced,
-            extra: &[],
-            n_predict: Some(2),
-        };
-        let (run, logits) = greedy_run(&bin, &model, prompt, &args(None, &[]), RUN_TIMEOUT);
-        let cpu = parse_greedy(&run, &logits);
-        let (run, logits) = greedy_run(
-            &bin,
-            &model,
-            prompt,
-            &args(Some(&env), &cpu.tokens),
-            RUN_TIMEOUT,
-        );
-        let npu = parse_greedy(&run, &logits);
+        let (cpu, npu) = teacher_forced(&bin, &model, prompt, &env, 2);
         let n = cpu.prompt_tokens;
         assert!(
             n > 16 && !n.is_power_of_two(),
@@ -865,11 +866,7 @@ fn prompts_run_as_kernels_of_power_of_two_rows_with_the_cpu_s_logits() {
         "no emulated product ran: {}",
         c["emulated_ops"]
     );
-    let cache = env
-        .iter()
-        .find(|(k, _)| k == "GGML_HSA_KERNEL_CACHE_DIR")
-        .map(|(_, v)| Path::new(v).join("aie2p"))
-        .expect("a kernel cache");
+    let cache = aie2p_kernels(&env);
     let names: Vec<String> = std::fs::read_dir(&cache)
         .expect("the kernel cache")
         .filter_map(|e| {
@@ -935,11 +932,7 @@ fn kernels_refused_for_every_kv_length_are_asked_for_by_the_graph_s_length() {
     let cpu = greedy(&bin, &model, LONG_PROMPT, None);
     let npu = greedy(&bin, &model, LONG_PROMPT, Some(&env));
     compare("tiny-llama-f32, n_kv refused", &npu, &cpu, MAX_LOGITS_NMSE);
-    let cache = env
-        .iter()
-        .find(|(k, _)| k == "GGML_HSA_KERNEL_CACHE_DIR")
-        .map(|(_, v)| Path::new(v).join("aie2p"))
-        .expect("a kernel cache");
+    let cache = aie2p_kernels(&env);
     let layers: Vec<u64> = std::fs::read_dir(&cache)
         .expect("the kernel cache")
         .filter_map(|e| {
