@@ -151,44 +151,49 @@ fn pieces<K>(desc: &KernelDesc, operands: &[Tensor], alignment: u64) -> Vec<Piec
     }
     let disjoint =
         (first..operands.len()).any(|o| (0..first).any(|i| operands[o].overlaps(&operands[i])));
-    let spans = spans(rows, disjoint);
-    // Every slice starts on an aligned address; one along rows (a dimension above 0) has
-    // rows of whole words too, as the DMA moves them.
-    let aligned = spans.iter().all(|&(start, size)| {
-        (0..layouts.len()).all(|i| {
-            dims[i].is_none_or(|d| {
-                let at = |start| slice(layouts[i], &operands[i], d, start, size).0;
-                at(start).is_multiple_of(alignment) && (d == 0 || at(1).is_multiple_of(alignment))
-            })
+    // One along rows (a dimension above 0) has rows of whole words, as the DMA moves them.
+    let whole_words = (0..layouts.len()).all(|i| {
+        dims[i].is_none_or(|d| {
+            d == 0
+                || slice(layouts[i], &operands[i], d, 1, 1)
+                    .0
+                    .is_multiple_of(alignment)
         })
     });
-    if !aligned {
+    if !whole_words {
         return Vec::new();
     }
-    spans
-        .into_iter()
-        .map(|(start, size)| {
-            let mut piece = desc.clone();
-            let slices = (0..layouts.len())
-                .map(|i| dims[i].map(|d| slice(layouts[i], &operands[i], d, start, size)))
-                .collect();
-            let parts = piece
-                .inputs
-                .iter_mut()
-                .chain([&mut piece.output])
-                .chain(&mut piece.extra_outputs);
-            for (l, d) in parts.zip(&dims) {
-                if let Some(d) = *d {
-                    l.ne[d] = size;
-                }
+    let mut pieces = Vec::new();
+    for (start, size) in spans(rows, disjoint) {
+        let slices: Vec<Option<(u64, u64)>> = (0..layouts.len())
+            .map(|i| dims[i].map(|d| slice(layouts[i], &operands[i], d, start, size)))
+            .collect();
+        // Every slice starts on an aligned address.
+        if slices
+            .iter()
+            .flatten()
+            .any(|&(offset, _)| !offset.is_multiple_of(alignment))
+        {
+            return Vec::new();
+        }
+        let mut desc = desc.clone();
+        let parts = desc
+            .inputs
+            .iter_mut()
+            .chain([&mut desc.output])
+            .chain(&mut desc.extra_outputs);
+        for (l, d) in parts.zip(&dims) {
+            if let Some(d) = *d {
+                l.ne[d] = size;
             }
-            Piece {
-                desc: piece,
-                slices,
-                loaded: None,
-            }
-        })
-        .collect()
+        }
+        pieces.push(Piece {
+            desc,
+            slices,
+            loaded: None,
+        });
+    }
+    pieces
 }
 
 /// `(byte offset, bytes)` of rows `start .. start + size` along dimension `d` of operand `t`
