@@ -797,7 +797,9 @@ fn a_growing_context_runs_the_attention_kernels_compiled_at_its_first_token() {
         );
         // Each decode attention kernel once in the kernel cache, with the length's word after
         // the stream's eight (9 words). The attention of one query row alone is the decode's
-        // where q6_K weights keep a layer's kernels apart (Q4_K_M).
+        // where q6_K weights keep a layer's kernels apart (Q4_K_M), and in either model the
+        // prompt's last row: its attention writes over q, so its rows run as disjoint pieces
+        // (`ops::pieces`), 32 and 1, told n_kv as well.
         let cache = aie2p_kernels(&env);
         for (stem, required) in [
             ("decode_layer_swiglu-", true),
@@ -824,10 +826,10 @@ fn a_growing_context_runs_the_attention_kernels_compiled_at_its_first_token() {
 }
 
 /// Prompts of lengths that are not powers of two run, through the emulated IRON designs, as
-/// the kernels of power-of-two row counts (`ops::pieces`): no kernel but the attention (which
-/// runs whole) is named by a prompt's token count, so a new prompt length compiles only the
-/// counts it adds; the logits are the CPU's. A kernel's second piece ends at the last row,
-/// computing some of the first's rows again; an in-place kernel's pieces (the residuals) are
+/// the kernels of power-of-two row counts (`ops::pieces`): no kernel in the cache is named by
+/// a prompt's token count, so a new prompt length compiles only the counts it adds; the logits
+/// are the CPU's. A kernel's second piece ends at the last row, computing some of the first's
+/// rows again; an in-place kernel's pieces (the residuals, an attention over its q) are
 /// disjoint. The prompts' attention is told its KV length at dispatch
 /// (`ops::rewrite::kv_length`): the longest prompt's n_kv is 512, the others' 256, and every
 /// attention kernel is one for every length.
@@ -892,7 +894,6 @@ fn prompts_run_as_kernels_of_power_of_two_rows_with_the_cpu_s_logits() {
         // next operand.
         let named: Vec<&String> = names
             .iter()
-            .filter(|name| !name.starts_with("flash_attn_"))
             .filter(|name| {
                 name.match_indices(&format!("x{n}")).any(|(at, m)| {
                     matches!(

@@ -4,19 +4,15 @@
 //! Kernel names carry shapes, and a prompt's token count is in most of its kernels' shapes: every
 //! new prompt length would compile them again (on an NPU, seconds to minutes of aiecc and Peano
 //! each, in the middle of a conversation). But an op whose rows are computed independently (the
-//! catalogue's `rows`: a product's columns of x, a norm's rows, a softmax's rows, an
-//! element-wise op's elements) computes any slice of them with the kernel of the slice's shape.
+//! catalogue's `rows`: a product's columns of x, a norm's rows, a softmax's rows,
+//! attention's query rows, an element-wise op's elements) computes any slice of them with the kernel of the slice's shape.
 //! So a kernel over R rows, R at least [`MIN_ROWS`] and not a power of two, runs as two: the
 //! largest power of two P ≤ R from row 0, then the next power of two Q ≥ R − P ending at row R
 //! (it computes some of P's rows again, with the same values).
 //!
-//! A kernel one of whose outputs shares memory with an input (an in-place residual) must not
-//! compute a row twice: it runs as the powers of two of R's binary expansion, from the largest.
-//!
-//! The attentions run whole: emulated by hsa-sim, FLASH_ATTN_EXT over a slice of 64 query rows
-//! gave wrong rows for some head sizes (40, 72, 80) where the package's own interpreters of
-//! the same program agree with numpy; until that is understood, a prompt's attention is named
-//! by its length (and told its KV length at dispatch where the compiler can).
+//! A kernel one of whose outputs shares memory with an input (an in-place residual, an attention
+//! whose output ggml-alloc placed over its q) must not compute a row twice: it runs as the
+//! powers of two of R's binary expansion, from the largest.
 //!
 //! Row counts below [`MIN_ROWS`] keep their kernels: a few lengths (parallel sequences, a
 //! speculative batch), each bound by its weights, which a second kernel would read again. A

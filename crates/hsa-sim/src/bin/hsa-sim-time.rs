@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! hsa-sim-time <image.pdi> [--arch aie2p|aie2] [--dram-gbps GBPS] [--input N=FILE]...
-//!               [--params V1[,V2...]]
+//!               [--params V1[,V2...]] [--output N=FILE]...
 //! ```
 //! The image is what the IRON package's emulation target writes (image version 2). Its
 //! operands are allocated at the sizes the design declares, the inputs filled with small
@@ -14,7 +14,9 @@
 //! the order of the program's `params`; such a design cannot be timed without them. Prints
 //! one JSON object: the device time, the busiest units and the runtime sequence's task groups
 //! (when each ended, the bytes the shim channels moved in its span; docs/timing-model.md),
-//! and for a parametric design `"params"`, the values it ran at by name.
+//! and for a parametric design `"params"`, the values it ran at by name. `--output N=FILE`
+//! writes operand N's bytes after the run to the file: the design's results, to check against
+//! a reference.
 //! Exit codes: 0 success, 1 bad input or a design that fails to run.
 
 use hsa_runtime64::cost;
@@ -24,7 +26,7 @@ use std::process::ExitCode;
 
 const USAGE: &str =
     "usage: hsa-sim-time <image.pdi> [--arch aie2p|aie2] [--dram-gbps GBPS] [--input N=FILE]... \
-     [--params V1[,V2...]]";
+     [--params V1[,V2...]] [--output N=FILE]...";
 /// The largest image read (the emulation's core libraries included).
 const MAX_IMAGE: u64 = 256 << 20;
 
@@ -33,6 +35,7 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
     let mut arch = "aie2p".to_owned();
     let mut dram = None;
     let mut inputs: Vec<(usize, String)> = Vec::new();
+    let mut outputs: Vec<(usize, String)> = Vec::new();
     let mut values: Option<Vec<u32>> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -47,13 +50,17 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
                     .ok_or_else(|| format!("--dram-gbps {v:?}: expected GB/s from 1 to 1000"))?;
                 dram = Some(g);
             }
-            "--input" => {
+            flag @ ("--input" | "--output") => {
                 let v = it.next().ok_or(USAGE)?;
                 let (n, file) = v
                     .split_once('=')
-                    .and_then(|(n, f)| Some((n.parse::<usize>().ok()?, f)))
-                    .ok_or_else(|| format!("--input {v:?}: expected N=FILE"))?;
-                inputs.push((n, file.to_owned()));
+                    .and_then(|(n, f)| Some((n.parse::<usize>().ok()?, f.to_owned())))
+                    .ok_or_else(|| format!("{flag} {v:?}: expected N=FILE"))?;
+                if flag == "--input" {
+                    inputs.push((n, file));
+                } else {
+                    outputs.push((n, file));
+                }
             }
             "--params" => {
                 let v = it.next().ok_or(USAGE)?;
@@ -156,7 +163,16 @@ fn run(args: &[String]) -> Result<serde_json::Value, String> {
     if let Some(g) = dram {
         model.bandwidth_bytes_per_s = g * 1e9;
     }
+    if let Some((n, file)) = outputs.iter().find(|(n, _)| *n >= sizes.len()) {
+        return Err(format!(
+            "--output {n}={file}: the design has {} operands",
+            sizes.len()
+        ));
+    }
     let stats = iron::execute_buffers(&mut loaded, &values, &mut buffers, Rates::of(&model))?;
+    for (n, file) in &outputs {
+        std::fs::write(file, &buffers[*n]).map_err(|e| format!("{file}: {e}"))?;
+    }
     let t = stats
         .timeline
         .ok_or("the design ran without a timeline (not an emulated IRON design)")?;

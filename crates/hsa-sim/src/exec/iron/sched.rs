@@ -1059,11 +1059,15 @@ impl<'a> Sim<'a> {
                 .map(|f| f.busy))
         };
         // Each group's span: from the end of the one before (the dispatch's start) to its
-        // own; moves after the last await end with the dispatch, as one more span.
+        // own; moves after the last await end with the dispatch, as one more span. A call
+        // ending after the dispatch (a worker's forever loop starting its next round, which
+        // no drain waits for) is in no span.
+        let moves = self.shim_moves.iter().filter(|&&(t, _)| t <= end);
+        let calls = self.core_calls.iter().filter(|&&(_, t, _)| t <= end);
         let mut ends = self.group_ends.clone();
         let after_last = |t: f64| ends.last().is_none_or(|&e| t > e);
-        if self.shim_moves.iter().any(|&(t, _)| after_last(t))
-            || self.core_calls.iter().any(|&(_, t, _)| after_last(t))
+        if moves.clone().any(|&(t, _)| after_last(t))
+            || calls.clone().any(|&(_, t, _)| after_last(t))
         {
             ends.push(end);
         }
@@ -1076,11 +1080,11 @@ impl<'a> Sim<'a> {
             .collect();
         // The last span ends at or after every move and call (above).
         let span = |t: f64| ends.partition_point(|&e| e < t);
-        for &(t, bytes) in &self.shim_moves {
+        for &(t, bytes) in moves {
             groups[span(t)].shim_bytes += bytes;
         }
         let mut busy = vec![vec![0.0; self.workers.len()]; groups.len()];
-        for &(w, t, cycles) in &self.core_calls {
+        for &(w, t, cycles) in calls {
             busy[span(t)][w] += cycles;
         }
         for (g, per_core) in groups.iter_mut().zip(&mut busy) {
