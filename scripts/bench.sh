@@ -35,6 +35,13 @@
 #                               generated token; then prompts of six lengths, the kernels each
 #                               compiles with and without power-of-two row counts
 #                               (scripts/bench_compiles.py; a few minutes).
+#   scripts/bench.sh --parallel [--models "q4_0 q4_k_m"]
+#                               the section "Several sequences" of docs/perf.md alone: decode
+#                               steps of 1, 4 and 8 sequences of the 1B shape on HSA0
+#                               (llama-batched-bench, counted), per step the dispatches, bytes
+#                               read, device time (roofline and timing model) and tokens per
+#                               second in total and per sequence (scripts/bench_parallel.py;
+#                               about ten minutes).
 #   scripts/bench.sh op 'CASE'  one test-backend-ops case (`OP(params)` as the program prints
 #                               it) on HSA0 through its emulated IRON design, aie2p and aie2:
 #                               the device time hsa-sim's timing model gives, GB/s, TFLOPS
@@ -73,6 +80,7 @@ while [ $# -gt 0 ]; do
     --timing) mode=timing ;;
     --families) mode=families ;;
     --compiles) mode=compiles ;;
+    --parallel) mode=parallel ;;
     --models)
         types=$2
         shift
@@ -82,14 +90,17 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     *)
-        echo "usage: scripts/bench.sh [--quick | --emulation | --timing | --families | --compiles] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference] | scripts/bench.sh op 'OP(params)'" >&2
+        echo "usage: scripts/bench.sh [--quick | --emulation | --timing | --families | --compiles | --parallel] [--models \"f16 q8_0 q4_0 q4_k_m\"] [--kernels iron|reference] | scripts/bench.sh op 'OP(params)'" >&2
         exit 2
         ;;
     esac
     shift
 done
 if [ -z "$types" ]; then
-    if [ "$mode" = compiles ]; then types="q4_0 q4_k_m"; else types="f16 q8_0 q4_0 q4_k_m"; fi
+    case $mode in
+    compiles | parallel) types="q4_0 q4_k_m" ;;
+    *) types="f16 q8_0 q4_0 q4_k_m" ;;
+    esac
 fi
 log() { printf '[bench] %s\n' "$*" >&2; }
 
@@ -157,6 +168,10 @@ else
         fi
         models+=("llama-1b-shape-$t=$out")
     done
+fi
+if [ "$mode" = parallel ]; then
+    exec python3 scripts/bench_parallel.py --bin "$(scripts/llama-cpp.sh path bin-dl)" \
+        --target target/release "${models[@]}"
 fi
 if [ "$mode" = compiles ]; then
     exec python3 scripts/bench_compiles.py --bin "$(scripts/llama-cpp.sh path bin-dl)" \

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""The section "Several sequences" of docs/perf.md (`scripts/bench.sh --parallel`): decode
+steps of 1, 4 and 8 sequences at once of the 1B shape on HSA0 (llama-batched-bench, the
+kernels counted by hsa-sim, not computed), per step: the tokens, the dispatches, the bytes the
+kernels read, the device time (the roofline and the timing model) and the tokens per second
+in total and per sequence. Nothing here ran on an NPU.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import KernelTimes, device_and_host_s, hsa_env, iron_capabilities, timed_device_ns
+from bench import write_section
+
+HEADING = "## Several sequences"
+SEQUENCES = (1, 4, 8)
+# Each sequence's prompt, and the decode steps counted: the steps of a run of 1 + STEPS
+# generated tokens less those of a run of 1, so that the prompts and the first step are not.
+PROMPT = 64
+STEPS = 32
+CONTEXT = 4096
+
+
+def run(args, model: Path, work: Path, sequences: int, generated: int) -> dict:
+    """One llama-batched-bench process: `sequences` prompts of PROMPT tokens, then `generated`
+    steps of one token of each; hsa-sim's counters and the plugin's statistics."""
+    work.mkdir(parents=True)
+    env = hsa_env(args.target, args.bin / "libggml-hsa.so", work, False, args.declare)
+    cmd = [str(args.bin / "llama-batched-bench"), "-m", str(model), "-c", str(CONTEXT)]
+    cmd += ["-b", "512", "-ub", "512", "-npp", str(PROMPT), "-ntg", str(generated)]
+    cmd += ["-npl", str(sequences), "-dev", "HSA0", "-ngl", "99"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"llama-batched-bench failed ({done.returncode}): {' '.join(cmd)}")
+    return {
+        "counters": json.loads((work / "counters.json").read_text()),
+        "stats": json.loads((work / "stats.json").read_text()),
+    }
+
+
+def steps_of(long: dict, short: dict) -> dict:
+    """The counters and statistics of the steps `long` ran beyond `short`."""
+    a, b = long["counters"], short["counters"]
+    counters = {k: a[k] - b.get(k, 0) for k in ("device_time_ns", "dispatches", "bytes_read")}
+    counters["kernels"] = {}
+    for name, t in a.get("kernels", {}).items():
+        before = b.get("kernels", {}).get(name, {})
+        dispatches = t["dispatches"] - before.get("dispatches", 0)
+        if dispatches:
+            counters["kernels"][name] = {
+                "dispatches": dispatches,
+                "work_ns": t["work_ns"] - before.get("work_ns", 0),
+                "request": t.get("request"),
+            }
+    stats = {
+        k: long["stats"][k] - short["stats"][k]
+        for k in ("compute_wall_us", "device_wait_us", "kernel_load_us")
+    }
+    return {"counters": counters, "stats": stats}
+
+
+def print_heaviest(counters: dict, times: KernelTimes, count: int = 8) -> None:
+    """The kernels taking the most of a step's device time under the timing model (the log's
+    account of where a step's time goes)."""
+    spent = []
+    for name, t in counters["kernels"].items():
+        ns = times.work_ns(name, t.get("request"))
+        ns = t["work_ns"] / t["dispatches"] if ns is None else ns
+        spent.append((t["dispatches"] * ns / STEPS, t["dispatches"] / STEPS, name))
+    for ns, per_step, name in sorted(spent, reverse=True)[:count]:
+        print(f"    {ns / 1e6:7.2f} ms  {per_step:5.1f} x  {name}", file=sys.stderr)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", type=Path, required=True, help="llama.cpp's bin directory (the hook build)")
+    ap.add_argument("--target", type=Path, required=True, help="hsa-sim's release directory")
+    ap.add_argument("models", nargs="+", help="NAME=PATH of each GGUF")
+    args = ap.parse_args()
+    args.target = args.target.resolve()
+    lines = [
+        "| model | sequences | dispatches per step | MB read per step | device ms per step, roofline | device ms per step, timing model | t/s in total, timing model | t/s per sequence, timing model |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    with tempfile.TemporaryDirectory(prefix="bench-parallel-") as work:
+        args.declare = iron_capabilities(Path(work) / "npu.json", "npu")
+        (Path(work) / "timed").mkdir()
+        times = KernelTimes(args.target, Path(work) / "timed")
+        for spec in args.models:
+            name, path = spec.split("=", 1)
+            for n in SEQUENCES:
+                at = Path(work) / name / str(n)
+                short = run(args, Path(path), at / "short", n, 1)
+                steps = steps_of(run(args, Path(path), at / "long", n, 1 + STEPS), short)
+                roofline_s, host_s = device_and_host_s(steps["counters"], steps["stats"])
+                timed_ns, _ = timed_device_ns(steps["counters"], times)
+                total = n * STEPS / (timed_ns / 1e9 + host_s)
+                c = steps["counters"]
+                cells = [name, str(n), f"{c['dispatches'] / STEPS:.1f}"]
+                cells += [f"{c['bytes_read'] / STEPS / 1e6:.1f}"]
+                cells += [f"{roofline_s * 1e3 / STEPS:.2f}", f"{timed_ns / 1e6 / STEPS:.2f}"]
+                cells += [f"{total:.1f}", f"{total / n:.1f}"]
+                lines.append("| " + " | ".join(cells) + " |")
+                print(lines[-1], file=sys.stderr)
+                print_heaviest(steps["counters"], times)
+    body = [
+        "Regenerated by `scripts/bench.sh --parallel`. llama-batched-bench on HSA0:",
+        f"1, 4 or 8 sequences, each a {PROMPT}-token prompt, then steps of one token of each",
+        f"(a {CONTEXT}-token context; llama-batched-bench's default KV cache, one stream per",
+        f"sequence). The figures are those of {STEPS} steps: a run of {1 + STEPS} steps less a run",
+        "of one, in processes of their own, hsa-sim counting the kernels (`HSA_SIM_EXECUTE=0`)",
+        "with the npu target's declarations; per step, the device time as hsa-sim's roofline",
+        "charges it and with each kernel's work from the timing model (each kernel compiled by",
+        "the IRON package's emulation target and timed alone, as in the table at the top), and",
+        "the tokens per second this gives (the backend's host time included). A step of several",
+        "sequences is not one kernel per layer yet: the layer kernel takes one token.",
+        "",
+        *lines,
+    ]
+    print("\n".join(body))
+    write_section(HEADING, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
