@@ -84,7 +84,7 @@ eval "$(scripts/llama-cpp.sh env)"
 # other "machines"); the hook build's test-backend-ops tests the RPC device backed by HSA0.
 check "llama.cpp + ggml-hsa through the CMake hook (GGML_BACKEND_DL=ON, GGML_RPC=ON)" \
     scripts/llama-cpp.sh build-dl ggml-hsa llama-simple llama-embedding llama-parallel \
-    llama-server ggml-rpc ggml-rpc-server test-backend-ops
+    llama-speculative llama-server ggml-rpc ggml-rpc-server test-backend-ops
 check "llama.cpp + ggml-hsa in-tree via cmake/integrate.sh (GGML_BACKEND_DL=OFF, static, GGML_RPC=ON)" \
     scripts/llama-cpp.sh build-static llama-simple ggml-rpc-server test-llama-archs
 check "models (scripts/models.sh)" scripts/models.sh

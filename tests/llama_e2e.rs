@@ -1043,8 +1043,7 @@ fn parallel_run(
         .args([
             "--temp", "0", "--seed", "42", "-c", "4096", "-ngl", "99", "-pps",
         ])
-        .env_remove("GGML_BACKEND_PATH")
-        .env("HSA_SIM_COUNTERS", &counters);
+        .env_remove("GGML_BACKEND_PATH");
     if let Some(env) = env {
         cmd.env(
             "GGML_BACKEND_PATH",
@@ -1052,6 +1051,7 @@ fn parallel_run(
         )
         .envs(env.iter().map(|(k, v)| (k, v)));
     }
+    cmd.env("HSA_SIM_COUNTERS", &counters);
     let run = run_bounded(&mut cmd, RUN_TIMEOUT);
     let log = format!("{}{}", run.stdout, run.stderr);
     assert!(
@@ -1172,6 +1172,207 @@ fn parallel_sequences_on_hsa0_match_serial_runs_and_mostly_the_cpu() {
     assert!(
         on_hsa0 >= 4 * (8 * 12 / 4),
         "{on_hsa0} kernel dispatches on HSA0"
+    );
+}
+
+/// No node of a run ran on the CPU behind HSA0's back (the token embeddings' GET_ROWS aside):
+/// its statistics file (`GGML_HSA_STATS`), written when the program ends.
+fn assert_no_node_on_the_cpu(tag: &str, stats: &Path) {
+    let on_cpu = read_json(stats)["cpu_nodes"].clone();
+    assert!(
+        on_cpu
+            .as_object()
+            .is_none_or(|m| m.keys().all(|op| op == "GET_ROWS")),
+        "{tag}: nodes on the CPU: {on_cpu}"
+    );
+}
+
+/// Several sequences decoding side by side through the emulated IRON designs, as llama-server's
+/// slots and llama-parallel's clients do: four sequences of the tiny llama Q4_0 (prompts of
+/// different lengths, so different positions and cache cells), their prompts in one batch, then
+/// one token of each per step, teacher-forced along the CPU's tokens, each sequence's logits at
+/// every step within the quantized bound of the CPU's; with a KV cache per sequence (llama.cpp's
+/// default) and with one shared cache (`--kv-unified`, the sequences told apart by the mask).
+/// Then llama-parallel (`-np 4`, 8 requests, the f32 tiny llama) on HSA0: most texts the CPU's,
+/// the others parting from it after a common start (greedy near-ties of the random model).
+#[test]
+fn several_sequences_decode_side_by_side_with_the_cpu_s_logits() {
+    const STEPS: usize = 8;
+    let Some(bin) = dl_bin() else {
+        return;
+    };
+    let (Some(q4_0), Some(f32_model)) = (model("tiny-llama-q4_0"), model("tiny-llama-f32")) else {
+        return;
+    };
+    let Some(parallel) = require(
+        bin.join("llama-parallel"),
+        "scripts/llama-cpp.sh build-dl llama-parallel",
+    ) else {
+        return;
+    };
+    let (env, counters, stats) = emu_env("sequences");
+    for cache in [&["--seqs", "4"][..], &["--seqs", "4", "--kv-unified"]] {
+        let args = |env, forced| GreedyArgs {
+            plugin_env: env,
+            forced,
+            extra: cache,
+            n_predict: Some(STEPS),
+        };
+        let (run, logits) = greedy_run(&bin, &q4_0, LONG_PROMPT, &args(None, &[]), RUN_TIMEOUT);
+        let cpu = parse_greedy(&run, &logits);
+        let (run, logits) = greedy_run(
+            &bin,
+            &q4_0,
+            LONG_PROMPT,
+            &args(Some(&env), &cpu.tokens),
+            RUN_TIMEOUT,
+        );
+        let npu = parse_greedy(&run, &logits);
+        let tag = cache.join(" ");
+        assert_all_layer_ops_emulated(&tag, &npu.log, &counters, &stats);
+        let worst = worst_step_nmse(&npu, &cpu);
+        println!("{tag}, teacher-forced: worst NMSE of a sequence's step {worst:.3e}");
+        assert!(
+            worst <= MAX_QUANTIZED_LOGITS_NMSE,
+            "{tag}: NMSE {worst:.3e}"
+        );
+    }
+
+    let (cpu, _) = parallel_run(&parallel, &f32_model, 4, None);
+    let (npu, _) = parallel_run(&parallel, &f32_model, 4, Some(&env));
+    assert_no_node_on_the_cpu("llama-parallel", &stats);
+    assert_eq!(npu.len(), cpu.len(), "{npu:?}");
+    let mut same = 0;
+    for (seq, want) in &cpu {
+        let got = &npu[seq];
+        assert_eq!(got.input, want.input);
+        let common = got
+            .response
+            .chars()
+            .zip(want.response.chars())
+            .take_while(|(a, b)| a == b)
+            .count();
+        same += usize::from(got == want);
+        assert!(common > 0, "sequence {seq}: {got:?} vs the CPU's {want:?}");
+    }
+    println!(
+        "llama-parallel -np 4 -ns 8 on HSA0 (emulated): {same} of {} texts the CPU's",
+        cpu.len()
+    );
+    assert!(
+        same * 2 >= cpu.len(),
+        "{same} of {} texts the CPU's",
+        cpu.len()
+    );
+}
+
+/// Decode steps of several tokens of one sequence, as a speculative draft's verification batch
+/// runs them, through the emulated IRON designs: the tiny llama Q4_0 teacher-forced along the
+/// CPU's greedy tokens, the tokens after the prompt decoded 4 at a time with the logits of every
+/// position (llama_greedy `--batch 4`), each position's logits within the quantized bound of the
+/// CPU's, decoded one token at a time. Then llama-speculative (the f32 tiny llama drafted by the
+/// Q4_0 one, both on HSA0, drafts of up to 4 tokens) writes the text HSA0 gives without a draft
+/// (llama-simple): its verification batches, the drafts it rejects and the cache rows it drops
+/// after them change nothing.
+#[test]
+fn verification_batches_of_several_tokens_match_one_token_at_a_time() {
+    const STEPS: usize = 13;
+    let Some(bin) = dl_bin() else {
+        return;
+    };
+    let (Some(q4_0), Some(f32_model)) = (model("tiny-llama-q4_0"), model("tiny-llama-f32")) else {
+        return;
+    };
+    let Some(speculative) = require(
+        bin.join("llama-speculative"),
+        "scripts/llama-cpp.sh build-dl llama-speculative",
+    ) else {
+        return;
+    };
+    let (env, counters, stats) = emu_env("verify");
+    let args = |env, forced, extra| GreedyArgs {
+        plugin_env: env,
+        forced,
+        extra,
+        n_predict: Some(STEPS),
+    };
+    let (run, logits) = greedy_run(&bin, &q4_0, LONG_PROMPT, &args(None, &[], &[]), RUN_TIMEOUT);
+    let cpu = parse_greedy(&run, &logits);
+    let batched = args(Some(&env), &cpu.tokens, &["--batch", "4"]);
+    let (run, logits) = greedy_run(&bin, &q4_0, LONG_PROMPT, &batched, RUN_TIMEOUT);
+    let npu = parse_greedy(&run, &logits);
+    assert_all_layer_ops_emulated("batches of 4 tokens", &npu.log, &counters, &stats);
+    let worst = worst_step_nmse(&npu, &cpu);
+    println!("batches of 4 tokens, teacher-forced: worst step NMSE {worst:.3e}");
+    assert!(worst <= MAX_QUANTIZED_LOGITS_NMSE, "NMSE {worst:.3e}");
+
+    let prompt = "Once upon a time";
+    let mut cmd = Command::new(&speculative);
+    cmd.arg("-m")
+        .arg(&f32_model)
+        .arg("-md")
+        .arg(&q4_0)
+        .args(["-p", prompt, "-n", "24", "--temp", "0", "-c", "512"])
+        .args(["--spec-draft-n-max", "4", "--spec-draft-n-min", "1"])
+        .args(["-dev", "HSA0", "-devd", "HSA0", "-ngl", "99", "-ngld", "99"])
+        .env("GGML_BACKEND_PATH", bin.join("libggml-hsa.so"))
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    let run = run_bounded(&mut cmd, RUN_TIMEOUT);
+    assert!(
+        run.status.is_some_and(|s| s.success()),
+        "llama-speculative failed ({:?}):\n{}",
+        run.status,
+        tail(&run.stderr)
+    );
+    let count = |name: &str| -> usize {
+        run.stderr
+            .lines()
+            .find_map(|l| {
+                let (key, value) = l.split_once(&format!(" {name} "))?.1.split_once('=')?;
+                key.trim().is_empty().then(|| value.trim().parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("no {name} in the log:\n{}", tail(&run.stderr)))
+    };
+    let (drafted, accepted) = (count("n_drafted"), count("n_accept"));
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "drafts accepted and rejected: {accepted} of {drafted}"
+    );
+    let simple = require(
+        bin.join("llama-simple"),
+        "scripts/llama-cpp.sh build-dl llama-simple",
+    )
+    .expect("llama-simple");
+    cmd.arg("-m")
+        .arg(&f32_model)
+        .args(["-n", "24", prompt])
+        .env("GGML_BACKEND_PATH", bin.join("libggml-hsa.so"))
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    // Its statistics are written at its end, before llama-simple runs.
+    assert_no_node_on_the_cpu("llama-speculative", &stats);
+    let mut cmd = Command::new(simple);
+    cmd.arg("-m")
+        .arg(&f32_model)
+        .args(["-n", "24", prompt])
+        .env("GGML_BACKEND_PATH", bin.join("libggml-hsa.so"))
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    let plain = run_bounded(&mut cmd, RUN_TIMEOUT);
+    assert!(
+        plain.status.is_some_and(|s| s.success()),
+        "llama-simple failed:\n{}",
+        tail(&plain.stderr)
+    );
+    // Both print the prompt, then the generated text; llama-speculative may accept a draft's
+    // tokens past the 24th.
+    let (with_draft, without) = (run.stdout.trim(), plain.stdout.trim());
+    println!(
+        "llama-speculative on HSA0: {accepted} of {drafted} drafted tokens accepted; its text \
+         {:?} begins with llama-simple's {without:?}",
+        with_draft
+    );
+    assert!(
+        without.len() > prompt.len() + 10 && with_draft.starts_with(without),
+        "llama-speculative {with_draft:?} vs llama-simple {without:?} on HSA0"
     );
 }
 

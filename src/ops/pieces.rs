@@ -189,7 +189,34 @@ fn pieces<K>(desc: &KernelDesc, operands: &[Tensor], alignment: u64) -> Vec<Piec
             loaded: None,
         });
     }
+    if disjoint && !in_order(&pieces, operands, first) {
+        return Vec::new();
+    }
     pieces
+}
+
+/// Whether pieces run one after the other compute what the whole kernel does when outputs
+/// share memory with inputs: no piece reads bytes an earlier one wrote. (Row i of an output in
+/// place of row i of an input is fine; an output whose rows are longer than the input's, as a
+/// feed-forward's hidden rows over the residual, covers later rows of the input.) An operand
+/// read or written whole counts whole.
+fn in_order<K>(pieces: &[Piece<K>], operands: &[Tensor], first: usize) -> bool {
+    let bytes = |piece: &Piece<K>, i: usize| {
+        let (offset, extent) = piece.slices[i].unwrap_or((0, operands[i].bytes));
+        let at = operands[i].addr + offset;
+        at..at + extent
+    };
+    pieces.iter().enumerate().all(|(k, later)| {
+        pieces[..k].iter().all(|earlier| {
+            (first..operands.len()).all(|o| {
+                let written = bytes(earlier, o);
+                (0..first).all(|i| {
+                    let read = bytes(later, i);
+                    written.end <= read.start || read.end <= written.start
+                })
+            })
+        })
+    })
 }
 
 /// `(byte offset, bytes)` of rows `start .. start + size` along dimension `d` of operand `t`
@@ -303,6 +330,19 @@ mod tests {
         assert_eq!(rows, vec![64, 32, 4]);
         assert!(pieces.iter().all(|p| p.slices[1].is_none()));
         assert_eq!(pieces[2].slices[0], Some((96 * 8192, 4 * 8192)));
+    }
+
+    #[test]
+    fn an_output_over_later_input_rows_runs_whole() {
+        // y = W x with y in x's memory: y's rows as long as x's, or four times longer, so that
+        // the first piece's rows of y cover the second's rows of x.
+        for (m, pieces_of) in [(64, 2), (256, 0)] {
+            let w = tensor(DType::F32, [64, m, 1, 1], 0x100000);
+            let x = tensor(DType::F32, [64, 20, 1, 1], 0x400000);
+            let y = tensor(DType::F32, [m, 20, 1, 1], 0x400000);
+            let (desc, operands) = kernel(&node(Op::MulMat, y, vec![w, x]));
+            assert_eq!(pieces::<()>(&desc, &operands, 4).len(), pieces_of, "{m}");
+        }
     }
 
     #[test]

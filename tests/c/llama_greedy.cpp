@@ -9,6 +9,17 @@
 // another run's tokens, so that both runs see the same sequence); "tokens:" still lists the
 // argmax of every step.
 //
+// With --batch N (and --force covering every step) the forced tokens after the prompt are decoded
+// N at a time, each batch's logits read at every position, as a speculative draft's
+// verification batch is: the same logits as one token at a time, from kernels over N tokens.
+//
+// With --seqs S, S sequences decode side by side: sequence s's prompt is the prompt's first
+// n - s tokens (its own positions and cache cells), the prompts are one batch, then every step is
+// one batch of one token of each, as llama-parallel's and llama-server's slots decode. "tokens:",
+// the logits file and --force go step by step, the sequences in order within a step; "text:" is
+// sequence 0's. --kv-unified puts the sequences in one KV cache (llama.cpp's --kv-unified), told
+// apart by the attention's mask; by default each has its own.
+//
 // With --rpc HOST:PORT[,HOST:PORT...] the model's devices are the RPC servers' (ggml's RPC
 // backend, as llama.cpp's --rpc registers them); -ts A,B,... splits the layers between them as
 // llama.cpp's -ts does. stdout then also has "gen_seconds: <s>", the wall time of the
@@ -18,8 +29,9 @@
 // ggml-rpc sends without MSG_NOSIGNAL, so a program that does not ignore it dies silently of
 // SIGPIPE when its server goes away while it is sending; one that does gets ggml-rpc's error.
 //
-//   llama_greedy -m MODEL [-n N] [-ngl N] [-nkvo] [--logits FILE] [--force IDS] [--backend-dir DIR]
-//                [--rpc SERVERS] [-ts SPLIT] [--ignore-sigpipe] PROMPT
+//   llama_greedy -m MODEL [-n N] [-ngl N] [-nkvo] [--logits FILE] [--force IDS] [--batch N]
+//                [--seqs S [--kv-unified]] [--backend-dir DIR] [--rpc SERVERS] [-ts SPLIT]
+//                [--ignore-sigpipe] PROMPT
 // (DIR: where ggml looks for its backend libraries; default: next to the executable)
 #include "llama.h"
 
@@ -37,20 +49,27 @@ static void log_all(enum ggml_log_level, const char * text, void *) {
     fputs(text, stderr);
 }
 
-static void set_tokens(llama_batch_ext * batch, const llama_token * tokens, int32_t n, llama_pos pos0) {
+// The batch of `n` tokens from position pos0, with logits at the last or, `every`, at each.
+static void set_tokens(llama_batch_ext * batch, const llama_token * tokens, int32_t n, llama_pos pos0,
+                       bool every = false) {
     llama_batch_ext_clear(batch);
     for (int32_t i = 0; i < n; ++i) {
         const int32_t idx = llama_batch_ext_add_token(batch, 0, tokens[i]);
         const llama_pos pos = pos0 + i;
         llama_batch_ext_set_pos(batch, idx, &pos);
+        if (every || i == n - 1) {
+            llama_batch_ext_set_output_logits(batch, idx, true);
+        }
     }
-    llama_batch_ext_set_output_logits(batch, n - 1, true);
 }
 
 int main(int argc, char ** argv) {
     std::setlocale(LC_NUMERIC, "C");
     std::string model_path, logits_path, backend_dir, prompt;
     int n_predict = 16;
+    int n_verify = 1;
+    int n_seqs = 1;
+    bool kv_unified = false;
     std::vector<llama_token> forced;
     int ngl = 99;
     bool offload_kqv = true;
@@ -62,6 +81,12 @@ int main(int argc, char ** argv) {
             model_path = argv[++i];
         } else if (a == "-n" && i + 1 < argc) {
             n_predict = std::atoi(argv[++i]);
+        } else if (a == "--seqs" && i + 1 < argc) {
+            n_seqs = std::atoi(argv[++i]);
+        } else if (a == "--kv-unified") {
+            kv_unified = true;
+        } else if (a == "--batch" && i + 1 < argc) {
+            n_verify = std::atoi(argv[++i]);
         } else if (a == "-ngl" && i + 1 < argc) {
             ngl = std::atoi(argv[++i]);
         } else if (a == "--force" && i + 1 < argc) {
@@ -100,6 +125,14 @@ int main(int argc, char ** argv) {
     }
     if (model_path.empty() || prompt.empty() || n_predict < 1) {
         fprintf(stderr, "usage: %s -m MODEL [-n N] [-ngl N] [--logits FILE] [--backend-dir DIR] PROMPT\n", argv[0]);
+        return 2;
+    }
+    if (n_verify < 1 || (n_verify > 1 && (int) forced.size() < n_predict - 1)) {
+        fprintf(stderr, "error: --batch N takes N >= 1, and --force of every step's token when N > 1\n");
+        return 2;
+    }
+    if (n_seqs < 1 || (n_seqs > 1 && n_verify > 1)) {
+        fprintf(stderr, "error: --seqs S takes S >= 1, and no --batch\n");
         return 2;
     }
 
@@ -164,9 +197,16 @@ int main(int argc, char ** argv) {
         return 1;
     }
 
+    if (n_seqs > n_prompt) {
+        fprintf(stderr, "error: --seqs %d: the prompt has %d tokens\n", n_seqs, n_prompt);
+        return 2;
+    }
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = n_prompt + n_predict;
-    cp.n_batch = n_prompt;
+    cp.n_ctx = n_seqs * (n_prompt + n_predict);
+    cp.n_batch = std::max(n_seqs * n_prompt, n_verify);
+    cp.n_ubatch = cp.n_batch;
+    cp.n_seq_max = n_seqs;
+    cp.kv_unified = kv_unified;
     cp.offload_kqv = offload_kqv;
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) {
@@ -180,30 +220,14 @@ int main(int argc, char ** argv) {
         return 1;
     }
 
-    llama_batch_ext * batch = llama_batch_ext_init(ctx);
-    set_tokens(batch, tokens.data(), n_prompt, 0);
-    int n_pos = 0;
-    int n_batch = n_prompt;
     std::vector<llama_token> generated;
     std::string text;
-    auto gen_start = std::chrono::steady_clock::now();
-    for (int step = 0; step < n_predict; ++step) {
-        if (step == 1) {
-            gen_start = std::chrono::steady_clock::now();
-        }
-        if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch)) {
-            fprintf(stderr, "error: decode failed at step %d\n", step);
-            return 1;
-        }
-        n_pos += n_batch;
-        const float * logits = llama_get_logits_ith(ctx, -1);
-        if (!logits) {
-            fprintf(stderr, "error: no logits at step %d\n", step);
-            return 1;
-        }
+    // One position's logits: written, their argmax listed (and, `spoken`, its piece appended to
+    // the text); returns the argmax.
+    auto emit = [&](const float * logits, bool spoken) -> llama_token {
         if (logits_file && fwrite(logits, sizeof(float), n_vocab, logits_file) != (size_t) n_vocab) {
             fprintf(stderr, "error: cannot write the logits\n");
-            return 1;
+            exit(1);
         }
         llama_token best = 0;
         for (int t = 1; t < n_vocab; ++t) {
@@ -214,12 +238,94 @@ int main(int argc, char ** argv) {
         generated.push_back(best);
         char piece[256];
         const int n = llama_token_to_piece(vocab, best, piece, sizeof(piece), 0, true);
-        if (n > 0) {
+        if (spoken && n > 0) {
             text.append(piece, n);
         }
-        llama_token next = step < (int) forced.size() ? forced[step] : best;
-        set_tokens(batch, &next, 1, n_pos);
-        n_batch = 1;
+        return best;
+    };
+
+    llama_batch_ext * batch = llama_batch_ext_init(ctx);
+    auto gen_start = std::chrono::steady_clock::now();
+    if (n_seqs > 1) {
+        // Every sequence's prompt in one batch, then one token of each per step.
+        std::vector<int32_t> outputs(n_seqs);
+        std::vector<llama_pos> pos(n_seqs);
+        llama_batch_ext_clear(batch);
+        for (int s = 0; s < n_seqs; ++s) {
+            for (pos[s] = 0; pos[s] < n_prompt - s; ++pos[s]) {
+                outputs[s] = llama_batch_ext_add_token(batch, s, tokens[pos[s]]);
+                llama_batch_ext_set_pos(batch, outputs[s], &pos[s]);
+            }
+            llama_batch_ext_set_output_logits(batch, outputs[s], true);
+        }
+        for (int step = 0; step < n_predict; ++step) {
+            if (step == 1) {
+                gen_start = std::chrono::steady_clock::now();
+            }
+            if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch)) {
+                fprintf(stderr, "error: decode failed at step %d\n", step);
+                return 1;
+            }
+            std::vector<llama_token> next(n_seqs);
+            for (int s = 0; s < n_seqs; ++s) {
+                const float * logits = llama_get_logits_ith(ctx, outputs[s]);
+                if (!logits) {
+                    fprintf(stderr, "error: no logits at step %d\n", step);
+                    return 1;
+                }
+                const llama_token best = emit(logits, s == 0);
+                const size_t at = (size_t) step * n_seqs + s;
+                next[s] = at < forced.size() ? forced[at] : best;
+            }
+            llama_batch_ext_clear(batch);
+            for (int s = 0; s < n_seqs; ++s) {
+                outputs[s] = llama_batch_ext_add_token(batch, s, next[s]);
+                llama_batch_ext_set_pos(batch, outputs[s], &pos[s]);
+                llama_batch_ext_set_output_logits(batch, outputs[s], true);
+                ++pos[s];
+            }
+        }
+    } else {
+        set_tokens(batch, tokens.data(), n_prompt, 0);
+        int n_pos = 0;
+        int n_batch = n_prompt;
+        // Logits at the batch's last position (the prompt, one token) or at each (a batch of N).
+        std::vector<int32_t> outputs = {-1};
+        for (int step = 0; step < n_predict;) {
+            if (step == 1) {
+                gen_start = std::chrono::steady_clock::now();
+            }
+            if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch)) {
+                fprintf(stderr, "error: decode failed at step %d\n", step);
+                return 1;
+            }
+            n_pos += n_batch;
+            llama_token best = 0;
+            for (int32_t at : outputs) {
+                const float * logits = llama_get_logits_ith(ctx, at);
+                if (!logits) {
+                    fprintf(stderr, "error: no logits at step %d\n", step);
+                    return 1;
+                }
+                best = emit(logits, true);
+                ++step;
+            }
+            if (step >= n_predict) {
+                break;
+            }
+            if (n_verify > 1) {
+                n_batch = std::min(n_verify, n_predict - step);
+                set_tokens(batch, forced.data() + step - 1, n_batch, n_pos, true);
+                outputs.resize(n_batch);
+                for (int32_t i = 0; i < n_batch; ++i) {
+                    outputs[i] = i;
+                }
+            } else {
+                llama_token next = step - 1 < (int) forced.size() ? forced[step - 1] : best;
+                set_tokens(batch, &next, 1, n_pos);
+                n_batch = 1;
+            }
+    }
     }
     if (logits_file) {
         fclose(logits_file);

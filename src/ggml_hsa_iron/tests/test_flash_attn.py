@@ -541,6 +541,11 @@ class PlanTest(unittest.TestCase):
             req = json.loads(fa_request())
             req["output"]["ne"] = [64, 1, 4, 1]
             prepare(parse_request(json.dumps(req)))
+        # Some query rows of two sequences: a view of a larger output, declined.
+        req = json.loads(fa_request(n_q=16, n_seq=2, mask=True))
+        req["output"]["nb"][3] *= 2
+        with self.assertRaisesRegex(UnsupportedError, "output must be dense"):
+            prepare(parse_request(json.dumps(req)))
 
 
 class _Kernel:
