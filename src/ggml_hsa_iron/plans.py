@@ -54,6 +54,9 @@ GEMM_SOURCE = "mm.cc"
 GEMV_SOURCE = "mv.cc"
 GEMV_BLOCKS_SOURCE = "mvq.cc"
 GEMM_BLOCKS_SOURCE = "mmq.cc"
+# The most src1 rows one GEMV of block-quantized weights computes from each decoded W tile
+# (GemvPlan.nx): a decode step's tokens, eight sequences or a speculative batch.
+GEMV_MAX_X_ROWS = 8
 # Weights moved as bytes and decoded on the cores (f16 has no AIE arithmetic).
 BYTE_WEIGHTS = ("f16",) + QUANT_TYPES
 ROWS_SOURCE = "rows.cc"
@@ -282,7 +285,7 @@ class MatmulSpec:
     def tiles_per_core(self) -> int:
         """Output tiles (GEMM) or rounds (GEMV) each core computes per dispatch."""
         if self.gemv:
-            return len(self.products) * self.plan.rounds
+            return -(-len(self.products) // self.plan.nx) * self.plan.rounds
         return len(self.batches) * self.plan.tiles_per_core
 
     @property
@@ -343,6 +346,8 @@ class MatmulSpec:
                 "MV_KC": p.k_chunk,
                 **glu,
             }
+            if p.nx > 1:
+                d["MV_NX"] = p.nx
             return CoreSource(GEMV_BLOCKS_SOURCE, "mvq.o", d)
         if self.gemv:
             d = {
@@ -1311,6 +1316,23 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
         return MatmulSpec(req, arch, src0, src1, dst, plan, compute)
 
     if src0.dtype in BYTE_WEIGHTS:
+        # A few src1 rows (a decode step of several tokens) of block-quantized weights: one
+        # GEMV whose cores decode each W tile once for all of them (GemvPlan.nx), the weights
+        # streamed once over every column, where the GEMM's M block would leave most cores idle.
+        if 1 < M <= GEMV_MAX_X_ROWS and batches == 1 and not f16_out:
+            plan = _faster_gemv(
+                arch,
+                len(products),
+                lambda shared_x: plan_gemv_blocks(
+                    *(N, K, src0.block, src0.size, arch, products),
+                    w_row=w_row,
+                    y_size=y,
+                    shared_x=shared_x,
+                    nx=(M, src1.nb[1] // src1.size, dst.nb[1] // dst.size),
+                ),
+            )
+            if plan is not None:
+                return MatmulSpec(req, arch, src0, src1, dst, plan, "bf16")
         # M > 1 with dense operands: the GEMM decoding the weights' blocks on the cores
         # (mmq.cc), which streams the weights once per M block instead of once per src1 row.
         # Where it does not tile, every src1 row is one GEMV over the weights as ggml stores

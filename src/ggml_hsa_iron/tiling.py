@@ -758,6 +758,11 @@ class GemvPlan:
     then W channels, 2 A - 1 of them on A array columns, `rows` cores each (at most half a
     column's): channel 0 on array column 0 (its first cores), channels 2a - 1 and 2a on array
     column a (`array_tile`). Every column's x taps are the same (one x row), issued once.
+
+    `nx` (MUL_MAT's plain GEMV of block-quantized weights over a few src1 rows, a decode step
+    of several tokens): each x object holds the K chunk of nx x rows (`x_row` elements apart)
+    and each y object a core's nr sums of each, so that a W tile, streamed and decoded once,
+    serves nx products; a product group's y rows are `y_row` elements apart.
     """
 
     N: int
@@ -780,6 +785,9 @@ class GemvPlan:
     rope: RopeRows | None = None
     shared_x: bool = False
     bias: bool = False
+    nx: int = 1
+    x_row: int = 0
+    y_row: int = 0
 
     @property
     def array_columns(self) -> int:
@@ -901,7 +909,7 @@ class GemvPlan:
         if self.add:
             # The x channel's tasks per round outnumber W's.
             return products * self.rounds * self.x_tasks_per_round
-        return products * len(self.round_tasks())
+        return -(-products // self.nx) * len(self.round_tasks())
 
     def _w_tap(self, w_off: int, row0: int, count: int) -> Tap:
         K, R, nr, kc = self.K, self.rows, self.rows_per_tile, self.k_chunk
@@ -943,6 +951,20 @@ class GemvPlan:
         block = self.block
         per_round = 2 if self.glu else 1
         groups = []
+        if self.nx > 1:
+            # `nx`: the products nx at a time, each group's x rows in one object per K chunk.
+            nx = self.nx
+            for w_off, x_off, y_off in products[::nx]:
+                for r0, count in self.round_tasks():
+                    group = []
+                    for col in range(C):
+                        row0 = r0 + col * R * nr
+                        w = self._w_tap(w_off, row0, count)
+                        x = Tap(x_off, (count, K // kc, nx, kc), (0, kc, self.x_row, 1))
+                        y = Tap(y_off + row0, (count, R, nx, nr), (block, nr, self.y_row, 1))
+                        group.append((w, x, y))
+                    groups.append(group)
+            return groups
         for w_off, x_off, y_off, *r_off in products:
             for r0, count in self.round_tasks():
                 group = []
@@ -1131,7 +1153,7 @@ def gemv_core_cycles(plan: GemvPlan) -> int:
     """The planners' estimate of a GEMV core's calls for one product: per round and K chunk,
     a vector per row and VECTOR_ELEMS of the chunk, and a call's overhead."""
     vectors = -(-plan.k_chunk // VECTOR_ELEMS)
-    return plan.rounds * plan.k_steps * (plan.rows_per_tile * vectors + 64)
+    return plan.rounds * plan.k_steps * (plan.nx * plan.rows_per_tile * vectors + 64)
 
 
 def gemv_cycles(plan: GemvPlan, products: int, arch: Arch) -> float:
@@ -1142,7 +1164,7 @@ def gemv_cycles(plan: GemvPlan, products: int, arch: Arch) -> float:
     round_bytes = plan.rows * plan.rows_per_tile * plan.w_units(plan.K) * max(plan.w_size, 1)
     channel = plan.rounds * round_bytes / CHANNEL_BYTES
     dram = plan.rounds * plan.columns * round_bytes / arch.dram_bytes_per_cycle
-    return products * max(core, channel, dram)
+    return -(-products // plan.nx) * max(core, channel, dram)
 
 
 def mvq_x_bytes(w_block: int, kc: int) -> int:
@@ -1195,6 +1217,7 @@ def plan_gemv_blocks(
     rope: RopeRows | None = None,
     shared_x: bool = False,
     bias: bool = False,
+    nx: tuple[int, int, int] = (1, 0, 0),
 ) -> GemvPlan | None:
     """The cheapest GEMV plan over weights moved as bytes (`w_block` elements in
     `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results of
@@ -1206,7 +1229,8 @@ def plan_gemv_blocks(
     when src0 is strided (GemvPlan.w_row; 0: dense). `add`: MUL_MAT_ADD (GemvPlan.add).
     `norm`: RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes).
     `rope`: RMS_NORM_MUL_MAT_ROPE(_FF) (GemvPlan.rope, as plan_gemv's). `shared_x`:
-    GemvPlan.shared_x plans only. `bias`: GemvPlan.bias (as plan_gemv's)."""
+    GemvPlan.shared_x plans only. `bias`: GemvPlan.bias (as plan_gemv's). `nx`: (x rows per
+    object, their stride, the y rows' stride) of GemvPlan.nx, for the plain GEMV only."""
     # The planner reads of `products` only their count and src0 offsets modulo a DMA word;
     # the fused planners ask for the same GEMV many times (every phase of a decode layer).
     offsets = frozenset(p[0] % DMA_WORD for p in products)
@@ -1228,6 +1252,7 @@ def plan_gemv_blocks(
         rope,
         shared_x,
         bias,
+        nx,
     )
 
 
@@ -1250,8 +1275,12 @@ def _plan_gemv_blocks(
     rope,
     shared_x,
     bias,
+    nx,
 ) -> GemvPlan | None:
     if K % w_block:
+        return None
+    n_x, x_row, y_row = nx
+    if n_x > 1 and (glu or add or stash or norm or rope or bias or w_block == 1):
         return None
     blocks = K // w_block
     x_size = 4
@@ -1265,8 +1294,8 @@ def _plan_gemv_blocks(
                 continue
             for kc in reversed(k_options):
                 kcw = kc // w_block * w_block_bytes
-                l1 = 2 * nr * kcw + 2 * kc * x_size + 2 * nr * y_size + staging
-                l1 += mvq_x_bytes(w_block, kc)
+                l1 = 2 * nr * kcw + 2 * n_x * (kc * x_size + nr * y_size) + staging
+                l1 += n_x * mvq_x_bytes(w_block, kc)
                 l1 += stash_bytes(nr) if glu or stash else 0
                 l1 += mv_norm_bytes(K, kc) if norm else 0
                 l1 += mv_rope_bytes(rope) if rope else 0
@@ -1279,6 +1308,10 @@ def _plan_gemv_blocks(
                 # x's chunks too are one run of a wrap-limited dimension (whole rows
                 # included: a K-long x chunk read as one run gave wrong results).
                 if kc * x_size > DMA_WORD * GEMV_MAX_CHUNK_WORDS:
+                    continue
+                # `nx`: a round's y rows of a column are one dimension of the drain (R cores
+                # of nx rows).
+                if n_x > 1 and max(x_row * x_size, y_row * y_size) > DMA_WORD * MAX_STRIDE_WORDS:
                     continue
                 # Whole rows: a core row's tiles are one run of the shim's innermost
                 # dimension.
@@ -1303,6 +1336,9 @@ def _plan_gemv_blocks(
                     rope,
                     shared_x,
                     bias,
+                    n_x,
+                    x_row,
+                    y_row,
                 )
                 if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
                     continue

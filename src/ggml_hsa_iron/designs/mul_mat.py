@@ -285,14 +285,15 @@ def _gemv_kern(spec, suffix="", core=None):
 
 def _gemv_tiles(spec):
     """The GEMV's object types: W's DMA element type and units per K chunk of a row (weights
-    moved as bytes: a tile is nr rows of the K chunk's blocks), then a core's W, x and y tiles."""
+    moved as bytes: a tile is nr rows of the K chunk's blocks), then a core's W, x and y tiles
+    (GemvPlan.nx: x the K chunk of nx rows, y nr sums of each)."""
     p = spec.plan
     nr, kc = p.rows_per_tile, p.k_chunk
     w_t, w_elems = ("i8", p.w_units(kc)) if spec.weight_bytes else (spec.src0.dtype, kc)
     tiles = (
         vector_type(nr * w_elems, w_t),
-        vector_type(kc, spec.src1.dtype),
-        vector_type(nr, spec.dst.dtype),
+        vector_type(p.nx * kc, spec.src1.dtype),
+        vector_type(p.nx * nr, spec.dst.dtype),
     )
     return w_t, w_elems, *tiles
 
@@ -327,9 +328,9 @@ def _gemv_columns(spec, body, core_args, col0=0, w_depth=2):
             tile=mem,
         )
         x_fifo = shared or ObjectFifo(x_tile, name=f"X_c{col0 + col}")
-        y_fifo = ObjectFifo(vector_type(R * nr, y_t), name=f"Y_c{col0 + col}")
+        y_fifo = ObjectFifo(vector_type(R * nr * p.nx, y_t), name=f"Y_c{col0 + col}")
         y_subs = y_fifo.prod().join(
-            [i * nr for i in range(R)],
+            [i * nr * p.nx for i in range(R)],
             obj_types=[y_tile] * R,
             names=[f"Y_c{col0 + col}_r{i}" for i in range(R)],
             tile=mem,

@@ -27,7 +27,10 @@
 // MV_NORM=1 with MV_NORM_K, OP_P0: the fused RMS_NORM_MUL_MAT(_<glu>) functions (mv_norm.h;
 // with MV_OUT_F16, RMS_NORM_MUL_MAT's f16 output). MV_ROPE=1 with MV_NORM: the fused
 // RMS_NORM_MUL_MAT_ROPE(_FF) epilogue (mv_rope.h: each round's rows rotated as ggml's ROPE after
-// the norm's scale, before the f32 store or the f16 rounding).
+// the norm's scale, before the f32 store or the f16 rounding). MV_NX=n (block-quantized plain
+// MUL_MAT only): x is the K chunk of n activation rows one after the other and y their n runs of
+// MV_ROWS sums; each 32-value piece of a row is decoded once and multiplied with every row's
+// chunk, so a W tile serves n products (a decode step of several tokens).
 
 #include "ggml_aie.h"
 #if MV_GLU
@@ -47,19 +50,46 @@ using namespace ggml_aie;
 #if MV_OUT_F16 && (MV_GLU || MV_ADD)
 #error "an f16 output is MUL_MAT's and RMS_NORM_MUL_MAT's"
 #endif
+#if !defined(MV_NX)
+#define MV_NX 1
+#endif
+#if MV_NX > 1 && (MVQ_F16 || MV_OUT_F16 || MV_GLU || MV_ADD || MV_FA || MV_NORM)
+#error "several activation rows per call are the plain GEMV's of block-quantized weights"
+#endif
 
 static_assert(MV_KC % QB == 0, "a K chunk is whole blocks");
 constexpr int ROW_BYTES = MV_KC / QB * BB;
 
 #if !MVQ_F16
 
-// x's chunk in bf16, converted once per call for all the tile's rows.
-alignas(64) static bfloat16 g_xb[MV_KC];
+// x's chunk in bf16 (MV_NX rows' chunks, one after the other), converted once per call for all
+// the tile's rows.
+alignas(64) static bfloat16 g_xb[MV_NX * MV_KC];
 
 static inline void convert_x(const float *x) {
-  for (int k = 0; k < MV_KC; k += VEC)
+  for (int k = 0; k < MV_NX * MV_KC; k += VEC)
     aie::store_v(g_xb + k, narrow<bfloat16>(load_aligned(x + k)));
 }
+
+#if MV_NX > 1
+// A row's dot products with each of the MV_NX activation rows' chunks: every piece decoded once.
+static inline void row_dots(const uint8_t *row, const BlockConsts &k, float *out) {
+  aie::accum<accfloat, 32> acc[MV_NX];
+  for (int n = 0; n < MV_NX; ++n)
+    acc[n] = aie::zeros<accfloat, 32>();
+  for (int blk = 0; blk < MV_KC / QB; ++blk) {
+    const uint8_t *b = row + blk * BB;
+    const BlockScales s = block_scales(b);
+    for (int j = 0; j < PIECES; ++j) {
+      const auto w = piece(b, j, s, k);
+      for (int n = 0; n < MV_NX; ++n)
+        acc[n] = aie::mac(acc[n], w, aie::load_v<32>(g_xb + n * MV_KC + blk * QB + 32 * j));
+    }
+  }
+  for (int n = 0; n < MV_NX; ++n)
+    out[n] = aie::reduce_add(acc[n].template to_vector<float>());
+}
+#endif
 
 static inline float row_dot(const uint8_t *row, const float *, const BlockConsts &k) {
   auto acc = aie::zeros<accfloat, 32>();
@@ -134,7 +164,7 @@ static inline float row_dot(const uint8_t *row, const float *x, const BlockConst
 extern "C" {
 
 void ggml_mvq_zero(float *y) {
-  for (int r = 0; r < MV_ROWS; ++r)
+  for (int r = 0; r < MV_NX * MV_ROWS; ++r)
     y[r] = 0.0f;
 }
 
@@ -148,6 +178,25 @@ static inline void accumulate(const int8_t *w, const float *x, float *y) {
   const uint8_t *wb = reinterpret_cast<const uint8_t *>(w);
   convert_x(x);
   const BlockConsts k;
+#if MV_NX > 1
+  for (int r0 = 0; r0 < MV_ROWS; r0 += VEC) {
+    int n = MV_ROWS - r0 < (int)VEC ? MV_ROWS - r0 : (int)VEC;
+    vf sums[MV_NX];
+    for (int x_row = 0; x_row < MV_NX; ++x_row)
+      sums[x_row] = splat(0.0f);
+    for (int i = 0; i < n; ++i) {
+      float dots[MV_NX];
+      row_dots(wb + (r0 + i) * ROW_BYTES, k, dots);
+      for (int x_row = 0; x_row < MV_NX; ++x_row)
+        sums[x_row].set(dots[x_row], i);
+    }
+    for (int x_row = 0; x_row < MV_NX; ++x_row) {
+      float *yr = y + x_row * MV_ROWS + r0;
+      store_part(yr, add(load_part(yr, n), sums[x_row]), n);
+    }
+  }
+  return;
+#endif
   // Results are gathered VEC rows at a time and added to y with vector adds (the scalar
   // unit has no floating point).
   for (int r0 = 0; r0 < MV_ROWS; r0 += VEC) {

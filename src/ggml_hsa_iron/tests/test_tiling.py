@@ -506,11 +506,29 @@ class ByteWeightsGemmTest(unittest.TestCase):
         kept = 64 * p.n * (p.k // p.w_block) if ak < p.w_block else 0
         return 2 * 4 * p.m * ak + 2 * p.n * kw + 2 * 4 * p.m * p.n + 2 * t * ak + kept
 
+    def test_a_few_rows_take_one_gemv_decoding_each_tile_once(self):
+        # A decode step of M tokens: W streamed once, its tiles decoded once for all M rows.
+        for ty in ("q4_0", "q4_K", "q6_K"):
+            for M in (2, 5, 8):
+                with self.subTest(ty=ty, M=M):
+                    spec = mul_mat_spec("aie2p", ty, "f32", M, 2048, 2048)
+                    p = spec.plan
+                    self.assertTrue(spec.gemv)
+                    self.assertEqual(p.nx, M)
+                    self.assertEqual(spec.core.defines["MV_NX"], M)
+                    self.assertEqual(p.w_tasks(M), len(p.round_tasks()))
+                    for group in spec.tasks():
+                        for _w, x, y in group:
+                            self.assertEqual(x.sizes[1:], (2048 // p.k_chunk, M, p.k_chunk))
+                            self.assertEqual(y.sizes[1:], (p.rows, M, p.rows_per_tile))
+                            self.assertEqual((x.strides[2], y.strides[2]), (2048, 2048))
+        self.assertFalse(mul_mat_spec("aie2p", "q4_0", "f32", 9, 2048, 2048).gemv)
+
     def test_every_type_tiles_in_budget_and_every_core_gets_its_rows(self):
         from ggml_hsa_iron.dtypes import DTYPES
 
         shapes = [
-            (4, 8, 256, 1, 1, 1),  # the smallest GEMM
+            (4, 8, 256, 2, 2, 1),  # the smallest GEMM (one batch of 4 rows takes the GEMV)
             (13, 44, 512, 1, 1, 1),  # M and N off the grid
             (9, 40, 256, 2, 2, 1),  # batches, src0 broadcast over src1's dimension 2
         ]
