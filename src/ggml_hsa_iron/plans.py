@@ -1027,7 +1027,7 @@ def prepare_mul_mat_add(req: Request) -> MatmulSpec:
         # Where MUL_MAT's GEMM tiles the product it reads the weights once per M block; the
         # fused GEMV would read them once per src1 row, more than the ADD it saves costs.
         product = dataclasses.replace(req, op="MUL_MAT", inputs=(w, x))
-        if not prepare_mul_mat(product).gemv:
+        if not prepare_mul_mat(product, several_rows=False).gemv:
             raise UnsupportedError(
                 f"MUL_MAT_ADD: M={M} dense rows take MUL_MAT's GEMM, which has no r epilogue; "
                 f"the GEMM and the ADD run unfused"
@@ -1101,7 +1101,7 @@ def prepare_rms_norm_mul_mat(
     product = dataclasses.replace(req, op="MUL_MAT", inputs=(w, x), op_params=())
     f32_dst = Tensor("f32", dst.ne, tuple(b * 2 for b in dst.nb)) if f16_out else dst
     M = x.ne[1]
-    if not prepare_mul_mat(dataclasses.replace(product, output=f32_dst)).gemv:
+    if not prepare_mul_mat(dataclasses.replace(product, output=f32_dst), several_rows=False).gemv:
         raise UnsupportedError(
             f"{op}: M={M} dense rows take MUL_MAT's GEMM, which has no norm prologue; the "
             f"norm and the projections run unfused"
@@ -1283,7 +1283,10 @@ def gemm_blocks_plan(src0: Tensor, src1: Tensor, dst: Tensor, arch: Arch) -> Gem
     return plan
 
 
-def prepare_mul_mat(req: Request) -> MatmulSpec:
+def prepare_mul_mat(req: Request, several_rows: bool = True) -> MatmulSpec:
+    """MUL_MAT's spec. `several_rows` False leaves out the GEMV of several src1 rows at once
+    (GemvPlan.nx): the fused GEMVs, which take their rows one at a time, ask whether the GEMM
+    would take their product."""
     _, arch = _check_common(req, strided=True)
     src0, src1 = req.inputs
     dst = req.output
@@ -1319,7 +1322,7 @@ def prepare_mul_mat(req: Request) -> MatmulSpec:
         # A few src1 rows (a decode step of several tokens) of block-quantized weights: one
         # GEMV whose cores decode each W tile once for all of them (GemvPlan.nx), the weights
         # streamed once over every column, where the GEMM's M block would leave most cores idle.
-        if 1 < M <= GEMV_MAX_X_ROWS and batches == 1 and not f16_out:
+        if several_rows and 1 < M <= GEMV_MAX_X_ROWS and batches == 1 and not f16_out:
             plan = _faster_gemv(
                 arch,
                 len(products),
