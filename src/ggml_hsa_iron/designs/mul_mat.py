@@ -37,7 +37,10 @@ column's shim reaches every core and W streams over the 2 C - 1 other shim chann
 cores each.
 f16 and block-quantized weights take it for M = 1, strided operands and what their GEMM
 does not tile: W is moved as the bytes ggml stores (int8 fifos, whole blocks per K chunk)
-and the cores decode it (kernels/mvq.cc).
+and the cores decode it (kernels/mvq.cc). Block-quantized weights with 2 to 8 src1 rows in one
+batch (a decode step of several tokens) take it ahead of the GEMM, all the rows at once
+(`GemvPlan.nx`): an x object is the K chunk of every row, a y object a core's sums of each,
+and each W tile, streamed once, is decoded once for all of them (mvq.cc's MV_NX).
 
 The DMA access patterns of the runtime sequence come from `GemmPlan.tasks` and
 `GemvPlan.tasks` (pure Python, walked by the host tests).
