@@ -1319,11 +1319,9 @@ def prepare_mul_mat(req: Request, several_rows: bool = True) -> MatmulSpec:
         return MatmulSpec(req, arch, src0, src1, dst, plan, compute)
 
     if src0.dtype in BYTE_WEIGHTS:
-        # A few src1 rows (a decode step of several tokens) of block-quantized weights: one
-        # GEMV whose cores decode each W tile once for all of them (GemvPlan.nx), the weights
-        # streamed once over every column, where the GEMM's M block would leave most cores idle.
-        if several_rows and 1 < M <= GEMV_MAX_X_ROWS and batches == 1 and not f16_out:
-            plan = _faster_gemv(
+
+        def byte_gemv(**options):
+            return _faster_gemv(
                 arch,
                 len(products),
                 lambda shared_x: plan_gemv_blocks(
@@ -1331,9 +1329,15 @@ def prepare_mul_mat(req: Request, several_rows: bool = True) -> MatmulSpec:
                     w_row=w_row,
                     y_size=y,
                     shared_x=shared_x,
-                    nx=(M, src1.nb[1] // src1.size, dst.nb[1] // dst.size),
+                    **options,
                 ),
             )
+
+        # A few src1 rows (a decode step of several tokens) of block-quantized weights: one
+        # GEMV whose cores decode each W tile once for all of them (GemvPlan.nx), the weights
+        # streamed once over every column, where the GEMM's M block would leave most cores idle.
+        if several_rows and 1 < M <= GEMV_MAX_X_ROWS and batches == 1 and not f16_out:
+            plan = byte_gemv(nx=(M, src1.nb[1] // src1.size, dst.nb[1] // dst.size))
             if plan is not None:
                 return MatmulSpec(req, arch, src0, src1, dst, plan, "bf16")
         # M > 1 with dense operands: the GEMM decoding the weights' blocks on the cores
@@ -1350,17 +1354,7 @@ def prepare_mul_mat(req: Request, several_rows: bool = True) -> MatmulSpec:
                 return gemm_spec(plan, "bf16")
         elif M > 1:
             gemm_refusal = "; the GEMM takes dense operands only"
-        plan = _faster_gemv(
-            arch,
-            len(products),
-            lambda shared_x: plan_gemv_blocks(
-                *(N, K, src0.block, src0.size, arch, products),
-                w_row=w_row,
-                y_size=y,
-                stash=f16_out,
-                shared_x=shared_x,
-            ),
-        )
+        plan = byte_gemv(stash=f16_out)
         if plan is None:
             raise UnsupportedError(
                 f"MUL_MAT: no tiling of {src0.dtype} weights for M={M}, N={N}, K={K} on "
