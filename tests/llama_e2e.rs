@@ -12,7 +12,10 @@
 //! * no usable NPU (no runtime, a runtime that is not a library, an unsupported agent): llama.cpp
 //!   runs on the CPU with one log line saying why;
 //! * parallel sequences (`llama-parallel -np 4`, greedy): every sequence's text on HSA0 equals a
-//!   serial (`-np 1`) HSA0 run's, and the CPU's except after a near-tie (printed).
+//!   serial (`-np 1`) HSA0 run's, and the CPU's except after a near-tie (printed);
+//! * through the emulated designs, decode steps of several tokens: four sequences side by side
+//!   and batches of four tokens of one sequence with the CPU's logits, `llama-parallel` and
+//!   `llama-speculative` on HSA0.
 //!
 //! The builds and models are made by scripts/test.sh before `cargo test`. When one is missing the
 //! test says so and passes, unless `GGML_HSA_REQUIRE_E2E=1` (set by CI), where it fails.
@@ -1193,8 +1196,9 @@ fn assert_no_node_on_the_cpu(tag: &str, stats: &Path) {
 /// one token of each per step, teacher-forced along the CPU's tokens, each sequence's logits at
 /// every step within the quantized bound of the CPU's; with a KV cache per sequence (llama.cpp's
 /// default) and with one shared cache (`--kv-unified`, the sequences told apart by the mask).
-/// Then llama-parallel (`-np 4`, 8 requests, the f32 tiny llama) on HSA0: most texts the CPU's,
-/// the others parting from it after a common start (greedy near-ties of the random model).
+/// Then llama-parallel (`-np 4`, 8 requests, the f32 tiny llama) on HSA0: at least half its
+/// texts the CPU's, the others parting from it after a common start (greedy near-ties of the
+/// random model, which HSA0 computes in bf16).
 #[test]
 fn several_sequences_decode_side_by_side_with_the_cpu_s_logits() {
     const STEPS: usize = 8;
