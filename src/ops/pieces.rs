@@ -4,8 +4,9 @@
 //! Kernel names carry shapes, and a prompt's token count is in most of its kernels' shapes: every
 //! new prompt length would compile them again (on an NPU, seconds to minutes of aiecc and Peano
 //! each, in the middle of a conversation). But an op whose rows are computed independently (the
-//! catalogue's `rows`: a product's columns of x, a norm's rows, a softmax's rows,
-//! attention's query rows, an element-wise op's elements) computes any slice of them with the kernel of the slice's shape.
+//! catalogue's `rows`: a product's columns of x, a norm's rows, a softmax's rows, attention's
+//! query rows, an element-wise op's elements) computes any slice of them with the kernel of the
+//! slice's shape.
 //! So a kernel over R rows, R at least [`MIN_ROWS`] and not a power of two, runs as two: the
 //! largest power of two P ≤ R from row 0, then the next power of two Q ≥ R − P ending at row R
 //! (it computes some of P's rows again, with the same values).

@@ -49,20 +49,6 @@ static void log_all(enum ggml_log_level, const char * text, void *) {
     fputs(text, stderr);
 }
 
-// The batch of `n` tokens from position pos0, with logits at the last or, `every`, at each.
-static void set_tokens(llama_batch_ext * batch, const llama_token * tokens, int32_t n, llama_pos pos0,
-                       bool every = false) {
-    llama_batch_ext_clear(batch);
-    for (int32_t i = 0; i < n; ++i) {
-        const int32_t idx = llama_batch_ext_add_token(batch, 0, tokens[i]);
-        const llama_pos pos = pos0 + i;
-        llama_batch_ext_set_pos(batch, idx, &pos);
-        if (every || i == n - 1) {
-            llama_batch_ext_set_output_logits(batch, idx, true);
-        }
-    }
-}
-
 int main(int argc, char ** argv) {
     std::setlocale(LC_NUMERIC, "C");
     std::string model_path, logits_path, backend_dir, prompt;
@@ -244,88 +230,61 @@ int main(int argc, char ** argv) {
         return best;
     };
 
+    // A round decodes `batch` and emits the logits of its `outputs` in order: first every
+    // sequence's prompt, then one token of each sequence or, with --batch, N forced tokens.
     llama_batch_ext * batch = llama_batch_ext_init(ctx);
-    auto gen_start = std::chrono::steady_clock::now();
-    if (n_seqs > 1) {
-        // Every sequence's prompt in one batch, then one token of each per step.
-        std::vector<int32_t> outputs(n_seqs);
-        std::vector<llama_pos> pos(n_seqs);
-        llama_batch_ext_clear(batch);
-        for (int s = 0; s < n_seqs; ++s) {
-            for (pos[s] = 0; pos[s] < n_prompt - s; ++pos[s]) {
-                outputs[s] = llama_batch_ext_add_token(batch, s, tokens[pos[s]]);
-                llama_batch_ext_set_pos(batch, outputs[s], &pos[s]);
-            }
-            llama_batch_ext_set_output_logits(batch, outputs[s], true);
+    std::vector<int32_t> outputs;
+    std::vector<llama_pos> pos(n_seqs, 0);
+    std::vector<llama_token> best(n_seqs);
+    auto add = [&](llama_seq_id s, llama_token token, bool output) {
+        const int32_t idx = llama_batch_ext_add_token(batch, s, token);
+        llama_batch_ext_set_pos(batch, idx, &pos[s]);
+        ++pos[s];
+        if (output) {
+            llama_batch_ext_set_output_logits(batch, idx, true);
+            outputs.push_back(idx);
         }
-        for (int step = 0; step < n_predict; ++step) {
-            if (step == 1) {
-                gen_start = std::chrono::steady_clock::now();
-            }
-            if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch)) {
-                fprintf(stderr, "error: decode failed at step %d\n", step);
-                return 1;
-            }
-            std::vector<llama_token> next(n_seqs);
-            for (int s = 0; s < n_seqs; ++s) {
-                const float * logits = llama_get_logits_ith(ctx, outputs[s]);
-                if (!logits) {
-                    fprintf(stderr, "error: no logits at step %d\n", step);
-                    return 1;
-                }
-                const llama_token best = emit(logits, s == 0);
-                const size_t at = (size_t) step * n_seqs + s;
-                next[s] = at < forced.size() ? forced[at] : best;
-            }
-            llama_batch_ext_clear(batch);
-            for (int s = 0; s < n_seqs; ++s) {
-                outputs[s] = llama_batch_ext_add_token(batch, s, next[s]);
-                llama_batch_ext_set_pos(batch, outputs[s], &pos[s]);
-                llama_batch_ext_set_output_logits(batch, outputs[s], true);
-                ++pos[s];
-            }
+    };
+    for (int s = 0; s < n_seqs; ++s) {
+        for (int i = 0; i < n_prompt - s; ++i) {
+            add(s, tokens[i], i == n_prompt - s - 1);
         }
-    } else {
-        set_tokens(batch, tokens.data(), n_prompt, 0);
-        int n_pos = 0;
-        int n_batch = n_prompt;
-        // Logits at the batch's last position (the prompt, one token) or at each (a batch of N).
-        std::vector<int32_t> outputs = {-1};
-        for (int step = 0; step < n_predict;) {
-            if (step == 1) {
-                gen_start = std::chrono::steady_clock::now();
-            }
-            if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch)) {
-                fprintf(stderr, "error: decode failed at step %d\n", step);
-                return 1;
-            }
-            n_pos += n_batch;
-            llama_token best = 0;
-            for (int32_t at : outputs) {
-                const float * logits = llama_get_logits_ith(ctx, at);
-                if (!logits) {
-                    fprintf(stderr, "error: no logits at step %d\n", step);
-                    return 1;
-                }
-                best = emit(logits, true);
-                ++step;
-            }
-            if (step >= n_predict) {
-                break;
-            }
-            if (n_verify > 1) {
-                n_batch = std::min(n_verify, n_predict - step);
-                set_tokens(batch, forced.data() + step - 1, n_batch, n_pos, true);
-                outputs.resize(n_batch);
-                for (int32_t i = 0; i < n_batch; ++i) {
-                    outputs[i] = i;
-                }
-            } else {
-                llama_token next = step - 1 < (int) forced.size() ? forced[step - 1] : best;
-                set_tokens(batch, &next, 1, n_pos);
-                n_batch = 1;
-            }
     }
+    // n_predict steps of each sequence.
+    const size_t rows = (size_t) n_predict * n_seqs;
+    auto gen_start = std::chrono::steady_clock::now();
+    for (int round = 0; generated.size() < rows; ++round) {
+        if (round == 1) {
+            gen_start = std::chrono::steady_clock::now();
+        }
+        if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch)) {
+            fprintf(stderr, "error: decode failed at step %zu\n", generated.size());
+            return 1;
+        }
+        for (size_t k = 0; k < outputs.size() && generated.size() < rows; ++k) {
+            const float * logits = llama_get_logits_ith(ctx, outputs[k]);
+            if (!logits) {
+                fprintf(stderr, "error: no logits at step %zu\n", generated.size());
+                return 1;
+            }
+            // With several sequences output k is sequence k's; with --batch all are sequence 0's.
+            best[n_seqs > 1 ? k : 0] = emit(logits, n_seqs == 1 || k == 0);
+        }
+        const size_t done = generated.size();
+        llama_batch_ext_clear(batch);
+        outputs.clear();
+        if (n_verify > 1) {
+            // The token of the last step emitted and the forced ones after it.
+            for (size_t i = done - 1; i < done - 1 + n_verify && (int) i < n_predict - 1; ++i) {
+                add(0, forced[i], true);
+            }
+        } else {
+            // Each sequence's token of the step just emitted: forced, or its argmax.
+            for (int s = 0; s < n_seqs; ++s) {
+                const size_t at = done - n_seqs + s;
+                add(s, at < forced.size() ? forced[at] : best[s], true);
+            }
+        }
     }
     if (logits_file) {
         fclose(logits_file);
