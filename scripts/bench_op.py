@@ -25,6 +25,7 @@ from bench import TBO_SUMMARY, cost_constants, emulated_hsa0_env
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+from ggml_hsa_iron.request import Tensor  # noqa: E402
 from ggml_hsa_iron.tests.util import request_dict, tensor  # noqa: E402  (the package's requests)
 
 
@@ -48,7 +49,9 @@ def mul_mat_request(params: str, arch: str) -> dict:
     p = dict(re.findall(r"(\w+)=(\[[^\]]*\]|[^,]+)", params))
     layout = (p.get("per", "[0,1,2,3]"), p.get("k_v", "0"), p.get("o", "1"))
     if layout != ("[0,1,2,3]", "0", "1"):
-        raise SystemExit("only contiguous MUL_MAT operands (per=[0,1,2,3],k_v=0,o=1) are built here")
+        raise SystemExit(
+            "only contiguous MUL_MAT operands (per=[0,1,2,3],k_v=0,o=1) are built here"
+        )
     try:
         m, n, k = int(p["m"]), int(p["n"]), int(p["k"])
         bs = [int(v) for v in p.get("bs", "[1,1]").strip("[]").split(",")]
@@ -56,7 +59,9 @@ def mul_mat_request(params: str, arch: str) -> dict:
         outer = [bs[0] * nr[0], bs[1] * nr[1]]
         a, b = tensor(p["type_a"], [k, m, *bs]), tensor(p["type_b"], [k, n, *outer])
     except (KeyError, ValueError) as e:
-        raise SystemExit(f"not a MUL_MAT case the backend would request: {params!r} ({e})") from None
+        raise SystemExit(
+            f"not a MUL_MAT case the backend would request: {params!r} ({e})"
+        ) from None
     return request_dict("MUL_MAT", [a, b], tensor("f32", [m, n, *outer]), arch)
 
 
@@ -87,11 +92,32 @@ def timed_inputs(req: dict) -> dict[int, bytes] | None:
 def unfused_requests(req: dict) -> list[dict]:
     """The kernels the backend runs for a fused MUL_MAT_ADD or MUL_MAT_<glu> the IRON package
     declines (a prompt's GEMM-sized ones): the MUL_MAT (both, for the GLU's gate and up) into
-    a dense f32 product, then the ADD of the residual or the GLU of the two products; [] for
-    any other op."""
+    a dense f32 product, then the ADD of the residual or the GLU of the two products; for a
+    FLASH_ATTN_FFN_<glu> (a step of several tokens, whose attention takes one query row) the
+    attention alone, then MUL_MAT_ADD_RMS_NORM_FFN_<glu> of its output; [] for any other op."""
     op, arch = req["op"], req["arch"]
     ins = [tensor(t["type"], t["ne"]) for t in req["inputs"]]
     out = tensor(req["output"]["type"], req["output"]["ne"])
+    if op.startswith("FLASH_ATTN_FFN_"):
+        # Its operands as sent (the cache views' strides kept): q, k, v, mask, W_o, r0, W_g,
+        # W_u, W_d, n; out, then a, r1 and h; op_params the attention's three words, then eps.
+        q, k, v, mask, wo, r0, wg, wu, wd, n = [as_sent(t) for t in req["inputs"]]
+        a, r1, h = [as_sent(t) for t in req["extra_outputs"]]
+        a_rows = Tensor.dense(a.dtype, (wo.ne[0], r0.ne[1], 1, 1))  # a read as [Ka, N]
+        params = req["op_params"]
+        glu = op.removeprefix("FLASH_ATTN_FFN_")
+        block = [wo, a_rows, r0, wg, wu, wd, n]
+        return [
+            request_dict("FLASH_ATTN_EXT_MASK", [q, k, v, mask], a, arch, params[:3]),
+            request_dict(
+                f"MUL_MAT_ADD_RMS_NORM_FFN_{glu}",
+                block,
+                out,
+                arch,
+                params[3:],
+                extra_outputs=[r1, h],
+            ),
+        ]
     if op == "MUL_MAT_ADD":
         w, x, r = ins
         return [
@@ -107,6 +133,12 @@ def unfused_requests(req: dict) -> list[dict]:
             request_dict(glu, [out, out], out, arch),
         ]
     return []
+
+
+def as_sent(t: dict) -> Tensor:
+    """A request's tensor with its strides."""
+    ne = tuple(t["ne"]) + (1,) * (4 - len(t["ne"]))
+    return Tensor(t["type"], ne, tuple(t["nb"]))
 
 
 def time_request(
@@ -134,7 +166,9 @@ def time_request(
     if c.returncode == 2:
         return None
     if c.returncode != 0:
-        raise SystemExit(f"{arch}: the IRON package failed to compile {req['op']}: {c.stderr[-2000:]}")
+        raise SystemExit(
+            f"{arch}: the IRON package failed to compile {req['op']}: {c.stderr[-2000:]}"
+        )
     cmd = [str(args.target / "hsa-sim-time"), str(out_dir / f"{req['name']}.pdi"), "--arch", arch]
     cmd += ["--dram-gbps", f"{dram_gbps:g}"]
     if params:
@@ -149,7 +183,9 @@ def time_request(
     out_bytes = req["output"]["nb"][3] * req["output"]["ne"][3]
     # The roofline of crates/hsa-sim/src/cost.rs: bytes at the DRAM rate or flops at the
     # measured bf16 GEMM rate, whichever is longer.
-    roof_s = max(r["operand_bytes"] / (dram_gbps * 1e9), flops / cost_constants(arch)["measured_bf16_flops"])
+    roof_s = max(
+        r["operand_bytes"] / (dram_gbps * 1e9), flops / cost_constants(arch)["measured_bf16_flops"]
+    )
     return {
         "dispatches": 1,
         "dataflow_timed": 1,
@@ -169,7 +205,9 @@ def time_request(
 
 def run_direct(args, arch: str, params: str, work: Path, dram_gbps: float) -> dict | None:
     """A MUL_MAT case test-backend-ops has none of, timed alone (time_request)."""
-    return time_request(args, mul_mat_request(params, arch), work, dram_gbps, mul_mat_flops(params) or 0)
+    return time_request(
+        args, mul_mat_request(params, arch), work, dram_gbps, mul_mat_flops(params) or 0
+    )
 
 
 def run(args, arch: str, op: str, params: str, work: Path) -> dict | None:
@@ -204,25 +242,37 @@ def report(arch: str, c: dict, flops: int | None, k: dict, dram_gbps: float) -> 
     moved = c["bytes_read"] + c["bytes_written"]
     gbs = moved / work if work else 0.0
     if c.get("direct"):
-        print(f"{arch}: built as the backend would request it (no test-backend-ops case), timed alone")
+        print(
+            f"{arch}: built as the backend would request it (no test-backend-ops case), timed alone"
+        )
         print(f"  device time      {us(work)}: the work, without a dispatch")
     else:
         print(f"{arch}: {d} command(s), {c['dataflow_timed']} timed from their emulated dataflow")
-        print(f"  device time      {us(total)}: the work {us(work)}, dispatch {us(c['dispatch_time_ns'])},")
-        print(f"                   hardware-context build {us(total - work - c['dispatch_time_ns'])}")
+        print(
+            f"  device time      {us(total)}: the work {us(work)}, dispatch {us(c['dispatch_time_ns'])},"
+        )
+        print(
+            f"                   hardware-context build {us(total - work - c['dispatch_time_ns'])}"
+        )
     what = "operand bytes" if c.get("direct") else "bytes moved  "
     print(f"  {what}    {moved:,} at {gbs:.1f} GB/s: {gbs / dram_gbps:.0%} of the DRAM roof")
     if flops:
         peak = 2 * k["bf16_macs_per_core_cycle"] * k["cores"] * k["clock_hz"]
         rate = flops / (work * 1e-9)
-        print(f"  arithmetic       {flops:,} flop at {rate / 1e12:.3f} TFLOPS: {rate / peak:.1%} of the bf16 MAC roof")
+        print(
+            f"  arithmetic       {flops:,} flop at {rate / 1e12:.3f} TFLOPS: {rate / peak:.1%} of the bf16 MAC roof"
+        )
     print("  where the time went (busiest unit, summed over commands):")
     print(f"    cores          {us(c['core_busy_ns'])}")
     print(f"    shim DMA       {us(c['shim_busy_ns'])} (DRAM waits included)")
     print(f"    tile DMA       {us(c['tile_busy_ns'])} (memory tiles and core-to-core)")
     busiest = max(c["core_busy_ns"], c["shim_busy_ns"], c["tile_busy_ns"])
-    print(f"    waits          {us(max(work - busiest, 0))} (the critical path beyond the busiest unit)")
-    print(f"  roofline bound   {us(c['roofline_time_ns'])} (bytes at {dram_gbps:g} GB/s, the old model)")
+    print(
+        f"    waits          {us(max(work - busiest, 0))} (the critical path beyond the busiest unit)"
+    )
+    print(
+        f"  roofline bound   {us(c['roofline_time_ns'])} (bytes at {dram_gbps:g} GB/s, the old model)"
+    )
 
 
 def main() -> int:

@@ -57,6 +57,22 @@ GEMM_BLOCKS_SOURCE = "mmq.cc"
 # The most src1 rows one GEMV of block-quantized weights computes from each decoded W tile
 # (GemvPlan.nx): a decode step's tokens, eight sequences or a speculative batch.
 GEMV_MAX_X_ROWS = 8
+
+
+def rows_at_once(w: Tensor, x: Tensor, dst: Tensor, r: Tensor | None = None):
+    """GemvPlan.nx's (rows, x's row stride, dst's, r's) for a GEMV taking x's few rows at once
+    (a decode step of several tokens), or None where it takes them one at a time: weights not
+    block-quantized, one row or more than GEMV_MAX_X_ROWS, several batches, or (MUL_MAT_ADD)
+    an r that is not one row per x row."""
+    M = x.ne[1]
+    if w.dtype not in QUANT_TYPES or not 1 < M <= GEMV_MAX_X_ROWS or x.ne[2] * x.ne[3] != 1:
+        return None
+    if r is not None and r.ne[1] != M:
+        return None
+    r_row = r.nb[1] // r.size if r is not None else 0
+    return (M, x.nb[1] // x.size, dst.nb[1] // dst.size, r_row)
+
+
 # Weights moved as bytes and decoded on the cores (f16 has no AIE arithmetic).
 BYTE_WEIGHTS = ("f16",) + QUANT_TYPES
 ROWS_SOURCE = "rows.cc"
@@ -348,6 +364,8 @@ class MatmulSpec:
             }
             if p.nx > 1:
                 d["MV_NX"] = p.nx
+                if self.add:
+                    d["MV_ADD_ROWS"] = p.rows * p.rows_per_tile
             return CoreSource(GEMV_BLOCKS_SOURCE, "mvq.o", d)
         if self.gemv:
             d = {
@@ -967,7 +985,17 @@ def prepare_mul_mat_glu(req: Request) -> MatmulSpec:
     products = _products(gate, x, dst)
     glu = spec.op[len("MUL_MAT_") :]
     if gate.dtype in BYTE_WEIGHTS:
-        plan = plan_gemv_blocks(N, K, gate.block, gate.size, arch, products, glu=True, w_row=w_row)
+        nx = rows_at_once(gate, x, dst)
+        plan = None
+        if nx is not None:
+            # A few rows: each W tile decoded once for all of them (GemvPlan.nx).
+            plan = plan_gemv_blocks(
+                N, K, gate.block, gate.size, arch, products, glu=True, w_row=w_row, nx=nx
+            )
+        if plan is None:
+            plan = plan_gemv_blocks(
+                N, K, gate.block, gate.size, arch, products, glu=True, w_row=w_row
+            )
         compute = "bf16"
     else:
         _check_aligned(req.op, products, gate, x, dst, w_row)
@@ -1023,6 +1051,13 @@ def prepare_mul_mat_add(req: Request) -> MatmulSpec:
         raise UnsupportedError(f"MUL_MAT_ADD: the output (strides {list(dst.nb)}) is strided")
     w_row = _gemv_layout(req.op, w, x, dst)
     K, N, M = w.ne[0], w.ne[1], x.ne[1]
+    products = _products(w, x, dst, r)
+    nx = rows_at_once(w, x, dst, r)
+    if nx is not None:
+        # A few rows: each W tile decoded once for all of them (GemvPlan.nx), r's rows added.
+        plan = plan_gemv_blocks(N, K, w.block, w.size, arch, products, w_row=w_row, add=True, nx=nx)
+        if plan is not None:
+            return MatmulSpec(req, arch, w, x, dst, plan, "bf16", r=r)
     if M > 1 and all(t.is_dense() for t in (w, x)):
         # Where MUL_MAT's GEMM tiles the product it reads the weights once per M block; the
         # fused GEMV would read them once per src1 row, more than the ADD it saves costs.
@@ -1032,7 +1067,6 @@ def prepare_mul_mat_add(req: Request) -> MatmulSpec:
                 f"MUL_MAT_ADD: M={M} dense rows take MUL_MAT's GEMM, which has no r epilogue; "
                 f"the GEMM and the ADD run unfused"
             )
-    products = _products(w, x, dst, r)
     if w.dtype in BYTE_WEIGHTS:
         plan = plan_gemv_blocks(N, K, w.block, w.size, arch, products, w_row=w_row, add=True)
         compute = "bf16"
@@ -1101,21 +1135,34 @@ def prepare_rms_norm_mul_mat(
     product = dataclasses.replace(req, op="MUL_MAT", inputs=(w, x), op_params=())
     f32_dst = Tensor("f32", dst.ne, tuple(b * 2 for b in dst.nb)) if f16_out else dst
     M = x.ne[1]
-    if not prepare_mul_mat(dataclasses.replace(product, output=f32_dst), several_rows=False).gemv:
-        raise UnsupportedError(
-            f"{op}: M={M} dense rows take MUL_MAT's GEMM, which has no norm prologue; the "
-            f"norm and the projections run unfused"
-        )
+    gemm_refusal = UnsupportedError(
+        f"{op}: M={M} dense rows take MUL_MAT's GEMM, which has no norm prologue; the "
+        f"norm and the projections run unfused"
+    )
+    # A few rows of block-quantized weights into f32: the GEMV of all of them at once
+    # (GemvPlan.nx), planned by the product's planner first; otherwise a row at a time, where
+    # the GEMM would not take the product.
+    at_once = rope is None and bias is None and not f16_out and rows_at_once(w, x, dst)
+
+    f32_product = dataclasses.replace(product, output=f32_dst)
+
+    def gemm_takes() -> bool:
+        return not prepare_mul_mat(f32_product, several_rows=False).gemv
+
+    if not at_once and gemm_takes():
+        raise gemm_refusal
     if glu:
         product = dataclasses.replace(product, op=f"MUL_MAT_{glu}", inputs=(*ws, x))
         base = prepare_mul_mat_glu(product)
     else:
         base = prepare_mul_mat(product)
+    if at_once and (not base.gemv or base.plan.nx == 1) and gemm_takes():
+        raise gemm_refusal
     N, p = w.ne[1], base.plan
     if columns is not None:
         arch = dataclasses.replace(arch, columns=columns)
 
-    def plan_norm(rope):
+    def plan_norm(rope, nx=(1, 0, 0, 0)):
         if base.weight_bytes:
             return plan_gemv_blocks(
                 N,
@@ -1131,6 +1178,7 @@ def prepare_rms_norm_mul_mat(
                 norm=True,
                 rope=rope,
                 bias=bias is not None,
+                nx=nx,
             )
         return plan_gemv(
             N,
@@ -1148,7 +1196,11 @@ def prepare_rms_norm_mul_mat(
             bias=bias is not None,
         )
 
-    plan = plan_norm(rope)
+    plan = None
+    if p.nx > 1:
+        plan = plan_norm(rope, (p.nx, p.x_row, p.y_row, 0))
+    if plan is None:
+        plan = plan_norm(rope)
     if plan is None and rope is not None and plan_norm(None) is not None:
         r = rope
         span = f"a head's {r.n_dims} rotated rows" if r.neox else "pairs of rows"
@@ -1336,8 +1388,9 @@ def prepare_mul_mat(req: Request, several_rows: bool = True) -> MatmulSpec:
         # A few src1 rows (a decode step of several tokens) of block-quantized weights: one
         # GEMV whose cores decode each W tile once for all of them (GemvPlan.nx), the weights
         # streamed once over every column, where the GEMM's M block would leave most cores idle.
-        if several_rows and 1 < M <= GEMV_MAX_X_ROWS and batches == 1 and not f16_out:
-            plan = byte_gemv(nx=(M, src1.nb[1] // src1.size, dst.nb[1] // dst.size))
+        nx = rows_at_once(src0, src1, dst)
+        if several_rows and nx is not None and not f16_out:
+            plan = byte_gemv(nx=nx)
             if plan is not None:
                 return MatmulSpec(req, arch, src0, src1, dst, plan, "bf16")
         # M > 1 with dense operands: the GEMM decoding the weights' blocks on the cores

@@ -138,11 +138,12 @@ def ffn_core_bytes(up: GemvPlan) -> int:
     """What a core holds besides its stack, over every phase: the W tiles, x and y objects
     (double-buffered, the same fifos in every phase), n kept for the norm (mv_norm.h) and the
     GLU's stash of nr gate sums (mv_stash.h), both of phase 1 (`up`), and the bf16 copy of x
-    of the 32-value block types (mvq.cc). The MUL_MAT_ADD phases keep nothing else."""
-    nr, kc = up.rows_per_tile, up.k_chunk
+    of the 32-value block types (mvq.cc); x, y, the stash and the copy of each of nx rows
+    (GemvPlan.nx). The MUL_MAT_ADD phases keep nothing else."""
+    nr, kc, nx = up.rows_per_tile, up.k_chunk, up.nx
     w = up.w_units(kc) * max(up.w_size, 1)
-    keep = stash_bytes(nr) + mv_norm_bytes(up.K, kc) + mvq_x_bytes(up.w_block, kc)
-    return 2 * nr * w + 2 * kc * F32 + 2 * nr * F32 + keep
+    keep = stash_bytes(nx * nr) + mv_norm_bytes(up.K, kc, nx) + nx * mvq_x_bytes(up.w_block, kc)
+    return 2 * nr * w + 2 * nx * (kc + nr) * F32 + keep
 
 
 def phase_tasks(q: GemvPlan, products: int) -> dict[str, int]:
@@ -150,12 +151,12 @@ def phase_tasks(q: GemvPlan, products: int) -> dict[str, int]:
     and W_u's tap per round on W; n once, then x per group of rounds; h's drain per group) or
     MUL_MAT_ADD's (W's runs of rounds; per round x's chunks, r and the padding; y's drain per
     group)."""
-    groups = products * len(q.round_tasks())
+    groups = q.passes(products) * len(q.round_tasks())
     if q.glu:
         w, x = q.w_tasks(products), groups
     else:
         w, x = groups, q.w_tasks(products)
-    return {"W": w, "x": x + int(q.norm), "y": groups}
+    return {"W": w, "x": x + (len(q.norm_taps()) if q.norm else 0), "y": groups}
 
 
 def program_tasks(plans, products: int) -> dict[str, int]:
@@ -200,10 +201,10 @@ def _taps_ok(q: GemvPlan, products) -> bool:
 
 
 def _cost(q: GemvPlan, passes: int) -> int:
-    """The GEMV planners' cost of a phase: rounds x K steps x (vector MACs + a fifo round trip)
-    per pass over the weights (2 for the GLU's gate and up rows)."""
+    """The GEMV planners' cost of a phase: rounds x K steps x (vector MACs of the nx rows + a
+    fifo round trip) per pass over the weights (2 for the GLU's gate and up rows)."""
     vectors = -(-q.k_chunk // VECTOR_ELEMS)
-    return passes * q.rounds * q.k_steps * (q.rows_per_tile * vectors + 64)
+    return passes * q.rounds * q.k_steps * (q.nx * q.rows_per_tile * vectors + 64)
 
 
 def k_chunks(*plans: GemvPlan) -> list[int]:
@@ -319,6 +320,11 @@ def _phase(op: str, what: str, prepare, req: Request) -> MatmulSpec:
 def _replan(op: str, specs, arch: Arch, wtype: str, extra=None, extra_why=None):
     """The phases' specs with their plans on one shape (`plan_phases`, with `extra`), or the
     refusal (`extra_why()`: what the extra phase adds to it)."""
+    if len({s.plan.nx for s in specs}) > 1:
+        # One shape of the fifos' objects carries every phase's: where a phase takes its x rows
+        # one at a time (MUL_MAT_ADD with one r row repeated over them), every phase does.
+        one = dict(nx=1, x_row=0, y_row=0, r_row=0)
+        specs = [dataclasses.replace(s, plan=dataclasses.replace(s.plan, **one)) for s in specs]
     plans = plan_phases(specs, arch, extra)
     if plans is not None:
         return tuple(dataclasses.replace(s, plan=q) for s, q in zip(specs, plans))

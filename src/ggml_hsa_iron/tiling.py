@@ -759,10 +759,12 @@ class GemvPlan:
     column's): channel 0 on array column 0 (its first cores), channels 2a - 1 and 2a on array
     column a (`array_tile`). Every column's x taps are the same (one x row), issued once.
 
-    `nx` (MUL_MAT's plain GEMV of block-quantized weights over a few src1 rows, a decode step
+    `nx` (GEMVs of block-quantized weights with f32 outputs over a few src1 rows, a decode step
     of several tokens): each x object holds the K chunk of nx x rows (`x_row` elements apart)
     and each y object a core's nr sums of each, so that a W tile, streamed and decoded once,
-    serves nx products; a product group's y rows are `y_row` elements apart.
+    serves nx products; a product group's y rows are `y_row` elements apart. With `add` the r
+    object of a round holds nx runs of the column's R*nr values (r's rows `r_row` elements
+    apart), then the padding; with `norm` each n object holds nx chunks of n (`norm_taps`).
     """
 
     N: int
@@ -788,6 +790,11 @@ class GemvPlan:
     nx: int = 1
     x_row: int = 0
     y_row: int = 0
+    r_row: int = 0
+
+    def passes(self, products: int) -> int:
+        """Passes over the weights for `products` x rows (nx at a time)."""
+        return -(-products // self.nx)
 
     @property
     def array_columns(self) -> int:
@@ -806,13 +813,27 @@ class GemvPlan:
 
     @property
     def r_pad(self) -> int:
-        """`add`: the values of x padding each round's r object (kc - R*nr)."""
-        return self.k_chunk - self.rows * self.rows_per_tile
+        """`add`: the values of x padding each round's r object (nx (kc - R*nr))."""
+        return self.nx * (self.k_chunk - self.rows * self.rows_per_tile)
 
     def norm_tap(self) -> Tap:
         """`norm`: n's K values in K chunks, one task on the x channel per dispatch."""
         kc = self.k_chunk
         return Tap(0, (1, 1, self.K // kc, kc), (0, 0, kc, 1))
+
+    @property
+    def norm_objects(self) -> int:
+        """`norm`: x objects carrying n (nx chunks each)."""
+        return -(-self.k_steps // self.nx)
+
+    def norm_taps(self) -> list[tuple[str, Tap]]:
+        """`norm`: the tasks carrying n on the x channel, once per dispatch: ("n", n's K values,
+        `norm_tap`), then with `nx` ("x", x's first chunks padding the last object; fewer than
+        nx chunks, within x's nx rows, while n may be shorter)."""
+        kc = self.k_chunk
+        pad = self.norm_objects * self.nx - self.k_steps
+        taps = [("n", self.norm_tap())]
+        return taps + ([("x", Tap(0, (1, 1, pad, kc), (0, 0, kc, 1)))] if pad else [])
 
     @property
     def rope_objects(self) -> int:
@@ -904,12 +925,13 @@ class GemvPlan:
     def w_tasks(self, products: int) -> int:
         """DMA tasks on a column's W channel over `products` matrix-vector products (the
         busiest shim channel)."""
+        passes = self.passes(products)
         if self.glu:
-            return products * 2 * self.rounds
+            return passes * 2 * self.rounds
         if self.add:
             # The x channel's tasks per round outnumber W's.
-            return products * self.rounds * self.x_tasks_per_round
-        return -(-products // self.nx) * len(self.round_tasks())
+            return passes * self.rounds * self.x_tasks_per_round
+        return passes * len(self.round_tasks())
 
     def _w_tap(self, w_off: int, row0: int, count: int) -> Tap:
         K, R, nr, kc = self.K, self.rows, self.rows_per_tile, self.k_chunk
@@ -946,26 +968,23 @@ class GemvPlan:
         With `add` (products are (src0, src1, dst, r) offsets): each a (W, x, y, rs, pad) per
         column, x one round's K chunks, rs one r tap per round (the column's R*nr values of
         the round's rows), pad the x values padding each r object (None when R*nr == kc); the
-        x channel takes, per round, x, its r tap, then pad."""
+        x channel takes, per round, x, its r tap, then pad.
+
+        With `nx` the products go nx at a time: each tap carries the nx rows (per x object the
+        K chunk of every row; per y object and r object a core's nr or a column's R*nr values
+        of each)."""
         K, C, R, nr, kc = self.K, self.columns, self.rows, self.rows_per_tile, self.k_chunk
-        block = self.block
+        nx, block = self.nx, self.block
         per_round = 2 if self.glu else 1
+
+        def x_tap(x_off: int, repeat: int) -> Tap:
+            # One row: its K chunks; nx rows: per K chunk each row's.
+            if nx == 1:
+                return Tap(x_off, (repeat, 1, K // kc, kc), (0, 0, kc, 1))
+            return Tap(x_off, (repeat, K // kc, nx, kc), (0, kc, self.x_row, 1))
+
         groups = []
-        if self.nx > 1:
-            # `nx`: the products nx at a time, each group's x rows in one object per K chunk.
-            nx = self.nx
-            for w_off, x_off, y_off in products[::nx]:
-                for r0, count in self.round_tasks():
-                    group = []
-                    for col in range(C):
-                        row0 = r0 + col * R * nr
-                        w = self._w_tap(w_off, row0, count)
-                        x = Tap(x_off, (count, K // kc, nx, kc), (0, kc, self.x_row, 1))
-                        y = Tap(y_off + row0, (count, R, nx, nr), (block, nr, self.y_row, 1))
-                        group.append((w, x, y))
-                    groups.append(group)
-            return groups
-        for w_off, x_off, y_off, *r_off in products:
+        for w_off, x_off, y_off, *r_off in products[::nx]:
             for r0, count in self.round_tasks():
                 group = []
                 for col in range(C):
@@ -974,20 +993,25 @@ class GemvPlan:
                         w = tuple(self._w_tap(w_off, row0 + i * block, 1) for i in range(count))
                     else:
                         w = self._w_tap(w_off, row0, count)
-                    y = Tap(y_off + row0, (1, 1, count, R * nr), (0, 0, block, 1))
+                    if nx > 1:
+                        y = Tap(y_off + row0, (count, R, nx, nr), (block, nr, self.y_row, 1))
+                    else:
+                        y = Tap(y_off + row0, (1, 1, count, R * nr), (0, 0, block, 1))
                     if self.add:
-                        x = Tap(x_off, (1, 1, K // kc, kc), (0, 0, kc, 1))
+                        x = x_tap(x_off, 1)
                         rs = tuple(
-                            Tap(r_off[0] + row0 + i * block, (1, 1, 1, R * nr), (0, 0, 0, 1))
+                            Tap(
+                                r_off[0] + row0 + i * block,
+                                (1, 1, nx, R * nr),
+                                (0, 0, self.r_row, 1),
+                            )
                             for i in range(count)
                         )
-                        pad = (
-                            Tap(x_off, (1, 1, 1, self.r_pad), (0, 0, 0, 1)) if self.r_pad else None
-                        )
+                        cols = kc - R * nr
+                        pad = Tap(x_off, (1, 1, nx, cols), (0, 0, cols, 1)) if cols else None
                         group.append((w, x, y, rs, pad))
                         continue
-                    x = Tap(x_off, (per_round * count, 1, K // kc, kc), (0, 0, kc, 1))
-                    group.append((w, x, y))
+                    group.append((w, x_tap(x_off, per_round * count), y))
                 groups.append(group)
         return groups
 
@@ -1007,11 +1031,12 @@ SHIM_GROUP_TASKS = SHIM_BDS - BD_MARGIN
 GLU_GROUP_ROUNDS = (SHIM_GROUP_TASKS - 2) // 2
 
 
-def mv_norm_bytes(K: int, kc: int) -> int:
+def mv_norm_bytes(K: int, kc: int, nx: int = 1) -> int:
     """RMS_NORM_MUL_MAT(_<glu>)'s static data on a core (mv_norm.h): n's K chunks each padded
-    to 16 f32, the normalised chunk, the sums of squares and two counters."""
+    to 16 f32, the normalised chunk and the sums of squares of each of `nx` rows, and two
+    counters."""
     pad = -(-kc // VECTOR_ELEMS) * VECTOR_ELEMS
-    return (K // kc + 1) * pad * 4 + VECTOR_ELEMS * 4 + 8
+    return (K // kc + nx) * pad * 4 + nx * VECTOR_ELEMS * 4 + 8
 
 
 def mv_bias_bytes(plan: GemvPlan) -> int:
@@ -1023,8 +1048,8 @@ def mv_bias_bytes(plan: GemvPlan) -> int:
 def _norm_ok(plan: GemvPlan, products: int) -> bool:
     """`norm`: n's task (and `rope`'s constants' and `bias`'s tasks) fit the x channel's DMA
     tasks."""
-    prologue = 1 + len(plan.rope_taps()) + len(plan.bias_taps(0))
-    x_tasks = products * len(plan.round_tasks()) + prologue
+    prologue = len(plan.norm_taps()) + len(plan.rope_taps()) + len(plan.bias_taps(0))
+    x_tasks = plan.passes(products) * len(plan.round_tasks()) + prologue
     return not plan.norm or x_tasks <= MAX_TASKS_PER_CHANNEL
 
 
@@ -1217,7 +1242,7 @@ def plan_gemv_blocks(
     rope: RopeRows | None = None,
     shared_x: bool = False,
     bias: bool = False,
-    nx: tuple[int, int, int] = (1, 0, 0),
+    nx: tuple[int, int, int, int] = (1, 0, 0, 0),
 ) -> GemvPlan | None:
     """The cheapest GEMV plan over weights moved as bytes (`w_block` elements in
     `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results of
@@ -1230,7 +1255,7 @@ def plan_gemv_blocks(
     `norm`: RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes).
     `rope`: RMS_NORM_MUL_MAT_ROPE(_FF) (GemvPlan.rope, as plan_gemv's). `shared_x`:
     GemvPlan.shared_x plans only. `bias`: GemvPlan.bias (as plan_gemv's). `nx`: (x rows per
-    object, their stride, the y rows' stride) of GemvPlan.nx, for the plain GEMV only."""
+    object, their stride, the y rows' stride, r's rows' stride) of GemvPlan.nx."""
     # The planner reads of `products` only their count and src0 offsets modulo a DMA word;
     # the fused planners ask for the same GEMV many times (every phase of a decode layer).
     offsets = frozenset(p[0] % DMA_WORD for p in products)
@@ -1279,8 +1304,10 @@ def _plan_gemv_blocks(
 ) -> GemvPlan | None:
     if K % w_block:
         return None
-    n_x, x_row, y_row = nx
-    if n_x > 1 and (glu or add or stash or norm or rope or bias or w_block == 1):
+    n_x, x_row, y_row, r_row = nx
+    # Several rows: f32 outputs (no stash rounding to f16), no rotation or bias, whole blocks
+    # of more than one value (not f16), r's rows apart (mv_add.h reads each row's values).
+    if n_x > 1 and (stash or rope or bias or w_block == 1 or (add and not r_row)):
         return None
     blocks = K // w_block
     x_size = 4
@@ -1296,8 +1323,8 @@ def _plan_gemv_blocks(
                 kcw = kc // w_block * w_block_bytes
                 l1 = 2 * nr * kcw + 2 * n_x * (kc * x_size + nr * y_size) + staging
                 l1 += n_x * mvq_x_bytes(w_block, kc)
-                l1 += stash_bytes(nr) if glu or stash else 0
-                l1 += mv_norm_bytes(K, kc) if norm else 0
+                l1 += stash_bytes(n_x * nr) if glu or stash else 0
+                l1 += mv_norm_bytes(K, kc, n_x) if norm else 0
                 l1 += mv_rope_bytes(rope) if rope else 0
                 if l1 > arch.l1_budget or nr > MAX_WRAP or K // kc > MAX_WRAP:
                     continue
@@ -1311,7 +1338,8 @@ def _plan_gemv_blocks(
                     continue
                 # `nx`: a round's y rows of a column are one dimension of the drain (R cores
                 # of nx rows).
-                if n_x > 1 and max(x_row * x_size, y_row * y_size) > DMA_WORD * MAX_STRIDE_WORDS:
+                rows_apart = max(x_row * x_size, y_row * y_size, r_row * x_size)
+                if n_x > 1 and rows_apart > DMA_WORD * MAX_STRIDE_WORDS:
                     continue
                 # Whole rows: a core row's tiles are one run of the shim's innermost
                 # dimension.
@@ -1339,6 +1367,7 @@ def _plan_gemv_blocks(
                     n_x,
                     x_row,
                     y_row,
+                    r_row,
                 )
                 if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
                     continue
@@ -1385,7 +1414,8 @@ def gemv_memtile_bytes(plan: GemvPlan, w_unit_bytes: int, y_size: int) -> int:
     `w_unit_bytes`) and the joined y ring (R*nr results of `y_size` bytes), each
     double-buffered."""
     R, nr = plan.rows, plan.rows_per_tile
-    return 2 * R * nr * plan.w_units(plan.k_chunk) * w_unit_bytes + 2 * R * nr * y_size
+    y_ring = 2 * R * nr * plan.nx * y_size
+    return 2 * R * nr * plan.w_units(plan.k_chunk) * w_unit_bytes + y_ring
 
 
 def walk(dims) -> list[int]:

@@ -310,7 +310,8 @@ def _ffn(spec):
             _add_rounds(of_w, of_x, of_y, rounds0, k0, zero, mv, add, r_offset)
         # Phase 1, RMS_NORM_MUL_MAT_<glu>'s dispatch: n kept, then per round the gate rows'
         # sums in the stash, the up rows' in y, both scaled, y = act(stash) * y: rows of h.
-        _glu_rounds(of_w, of_x, of_y, rounds1, k1, gate_zero, gate, zero, up_mv, glu, load, scale)
+        glu_fns = (gate_zero, gate, zero, up_mv, glu, load, scale)
+        _glu_rounds(of_w, of_x, of_y, rounds1, k1, *glu_fns, norm_objects=p1.norm_objects)
         # Phase 2, MUL_MAT_ADD's rounds over h: the down rows' sums + r: rows of out.
         _add_rounds(of_w, of_x, of_y, rounds2, k2, zero, mv, add, r_offset)
 
@@ -341,7 +342,7 @@ def _ffn(spec):
         # column's r values and the padding, the group's rows of out drained.
         groups = []
         for g, group in enumerate(groups1):
-            first = _norm_prologue_fills(up, Nbuf) if g == 0 else ()
+            first = _norm_prologue_fills(up, Nbuf, X) if g == 0 else ()
             groups.append(_parts(_glu_fill, (up, hs, group), (Wg, Wu, X, H, first)))
         for group in groups2:
             groups.append(_parts(_add_fill, (down, hs, group), (Wd, H, Rbuf, Out)))

@@ -425,7 +425,7 @@ def _gemv_group(spec, col0=0, suffix="", core=None):
         bias_row=0,
     ):
         if load_fn is not None:
-            _norm_prologue(of_x, load_fn, k_steps)
+            _norm_prologue(of_x, load_fn, p.norm_objects)
         if rope_fn is not None:
             _norm_prologue(of_x, rope_fn, p.rope_objects)
         if bias_fn is not None:
@@ -456,7 +456,7 @@ def _gemv_group(spec, col0=0, suffix="", core=None):
         bias_row=0,
     ):
         if load_fn is not None:
-            _norm_prologue(of_x, load_fn, k_steps)
+            _norm_prologue(of_x, load_fn, p.norm_objects)
         if rope_fn is not None:
             _norm_prologue(of_x, rope_fn, p.rope_objects)
         if bias_fn is not None:
@@ -566,18 +566,21 @@ def _glu_fill(spec, hs, group, tg, Wg, Wu, X, Y, prologue=(), part=None):
     return most
 
 
-def _norm_prologue_fills(spec, Nbuf, consts=()):
+def _norm_prologue_fills(spec, Nbuf, X, consts=()):
     """RMS_NORM_MUL_MAT's fills ahead of the first x row, on every column's x channel: n's K
-    chunks (`GemvPlan.norm_tap`); RMS_NORM_MUL_MAT_ROPE(_FF): then the rotation's constants
+    chunks and their padding from X, x's runtime buffer (`GemvPlan.norm_taps`);
+    RMS_NORM_MUL_MAT_ROPE(_FF): then the rotation's constants
     (`GemvPlan.rope_taps`: the factors, the positions, n's first values padding the last x
     object), `consts` the runtime buffers of the positions (and the factors, and the head
     norm's weights)."""
     p = spec.plan
-    fills = [(Nbuf, p.K, p.norm_tap())]
+    totals = [count for _, count in spec.sequence]
+    x = (X, totals[2 if spec.glu else 1])
+    fills = [(*((Nbuf, p.K) if name == "n" else x), tap) for name, tap in p.norm_taps()]
     if spec.rope is None:
         return fills
     # W, x, n, then the constants: the positions, (the factors,) (the head norm's weights,)
-    totals = [count for _, count in spec.sequence][3:]
+    totals = totals[3:]
     names = (
         ["pos"] + ["ff"] * (spec.rope.ff is not None) + ["hn"] * (spec.rope.head_norm is not None)
     )
@@ -600,7 +603,9 @@ def _gemv(spec):
         # RMS_NORM_MUL_MAT_BIAS(...): and the column's bias values) ahead of the first x row.
         for g, group in enumerate(groups):
             tg = TaskGroup()
-            first = _norm_prologue_fills(spec, Nbuf, consts) if Nbuf is not None and g == 0 else ()
+            first = (
+                _norm_prologue_fills(spec, Nbuf, X, consts) if Nbuf is not None and g == 0 else ()
+            )
             _gemv_fill(spec, hs, group, tg, W, X, Y, first, bias if g == 0 else None)
             tg.finish()
 
@@ -661,7 +666,7 @@ def _qkv(spec):
                     mine = own[j : j + 1]
                     bias = mine[0] if g.spec.bias is not None else None
                     c = shared if bias is not None else (*shared, *mine)
-                    prologue = _norm_prologue_fills(g.spec, Nbuf, c) if i == 0 else ()
+                    prologue = _norm_prologue_fills(g.spec, Nbuf, X, c) if i == 0 else ()
                     b = bias if i == 0 else None
                     _gemv_fill(g.spec, gh, tasks[j][i], tg, W[j], X, Y[j], prologue, b)
             tg.finish()
@@ -682,9 +687,10 @@ def _norm_kernels(spec, kern, x_tile, y_tile):
     return (kern("_norm_load", [x_tile]), kern("_norm_scale", [y_tile]))
 
 
-def _norm_prologue(of_x, load_fn, k_steps):
-    """Once per dispatch: n's K chunks, ahead of x's rows on the x fifo, kept by the core."""
-    for _ in range_(k_steps):
+def _norm_prologue(of_x, load_fn, objects):
+    """Once per dispatch: n's K chunks in `objects` x objects (GemvPlan.norm_objects), ahead of
+    x's rows on the x fifo, kept by the core."""
+    for _ in range_(objects):
         n = of_x.acquire(1)
         load_fn(n)
         of_x.release(1)
@@ -746,12 +752,13 @@ def _glu_rounds(
     glu_fn,
     load_fn=None,
     scale_fn=None,
+    norm_objects=0,
 ):
     """A MUL_MAT_<glu> core's dispatch (`_glu_kernels`' functions): RMS_NORM_MUL_MAT_<glu>'s n
-    first, then per round the gate rows' sums into the stash, the up rows' into y (both scaled
-    by the norm's s) and y = act(stash) * y."""
+    first (`norm_objects` x objects, GemvPlan.norm_objects), then per round the gate rows' sums
+    into the stash, the up rows' into y (both scaled by the norm's s) and y = act(stash) * y."""
     if load_fn is not None:
-        _norm_prologue(of_x, load_fn, k_steps)
+        _norm_prologue(of_x, load_fn, norm_objects)
     for _ in range_(rounds):
         # The gate rows' sums into the core's stash.
         gate_zero_fn()
@@ -776,7 +783,7 @@ def _gemv_glu(spec):
     k_steps = p.k_steps
 
     def core_fn(of_w, of_x, of_y, *kernels):
-        _glu_rounds(of_w, of_x, of_y, rounds, k_steps, *kernels)
+        _glu_rounds(of_w, of_x, of_y, rounds, k_steps, *kernels, norm_objects=p.norm_objects)
 
     kernels = _glu_kernels(spec)
     workers, handles = _gemv_columns(spec, core_fn, lambda col, i: kernels)
@@ -788,7 +795,7 @@ def _gemv_glu(spec):
         # RMS_NORM_MUL_MAT_<glu>: n ahead of the first x row.
         for g, group in enumerate(groups):
             tg = TaskGroup()
-            first = _norm_prologue_fills(spec, Nbuf) if Nbuf is not None and g == 0 else ()
+            first = _norm_prologue_fills(spec, Nbuf, X) if Nbuf is not None and g == 0 else ()
             _glu_fill(spec, hs, group, tg, Wg, Wu, X, Y, first)
             tg.finish()
 

@@ -32,6 +32,11 @@ using namespace ggml_aie;
 #if !defined(MV_OUT_F16)
 #define MV_OUT_F16 0
 #endif
+// One activation row per call: several at once (MV_NX) are mvq.cc's, for block-quantized weights.
+#if defined(MV_NX) && MV_NX != 1
+#error "MV_NX is mvq.cc's"
+#endif
+#define MV_NX 1
 #if MV_OUT_F16 && (MV_GLU || MV_ADD || MV_INT)
 #error "an f16 output is MUL_MAT's and RMS_NORM_MUL_MAT's, over float operands"
 #endif

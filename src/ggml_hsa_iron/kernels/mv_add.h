@@ -8,11 +8,24 @@
 // One f32 addition per value after the whole product, as ggml adds r to the MUL_MAT's f32
 // result. The object's values start at any multiple of MV_ROWS: loaded through load_part's
 // aligned staging (no scalar float arithmetic).
+// With MV_NX activation rows per call (mvq.cc) the object holds MV_NX runs of the column's
+// MV_ADD_ROWS values (R cores' MV_ROWS each), one per activation row, and y their MV_NX runs of
+// MV_ROWS sums: y[x * MV_ROWS + j] += r[x * MV_ADD_ROWS + offset + j].
+
+#if MV_NX > 1 && !defined(MV_ADD_ROWS)
+#error "MV_NX > 1 with MV_ADD needs MV_ADD_ROWS, the values of one row in the r object"
+#endif
+#if !defined(MV_ADD_ROWS)
+#define MV_ADD_ROWS 0
+#endif
 
 void GGML_MV_ADD(float *r, float *y, int32_t offset) {
-  const float *rr = r + offset;
-  for (int j = 0; j < MV_ROWS; j += VEC) {
-    const int n = MV_ROWS - j < (int)VEC ? MV_ROWS - j : (int)VEC;
-    store_part(y + j, add(load_part(y + j, n), load_part(rr + j, n)), n);
+  for (int x = 0; x < MV_NX; ++x) {
+    const float *rr = r + x * MV_ADD_ROWS + offset;
+    float *yx = y + x * MV_ROWS;
+    for (int j = 0; j < MV_ROWS; j += VEC) {
+      const int n = MV_ROWS - j < (int)VEC ? MV_ROWS - j : (int)VEC;
+      store_part(yx + j, add(load_part(yx + j, n), load_part(rr + j, n)), n);
+    }
   }
 }

@@ -15,11 +15,13 @@
 
 void GGML_MV_GLU(float *y) {
   set_ggml_rounding();
+  // y and the stash hold MV_NX runs of MV_ROWS values, laid out alike: one walk over all.
+  constexpr int total = MV_NX * MV_ROWS;
   int r = 0;
-  for (; r + (int)VEC <= MV_ROWS; r += VEC)
+  for (; r + (int)VEC <= total; r += VEC)
     store_aligned(y + r, glu_op(load_aligned(g_stash + r), load_aligned(y + r)));
-  if (r < MV_ROWS) {
-    const int n = MV_ROWS - r;
+  if (r < total) {
+    const int n = total - r;
     store_part(y + r, glu_op(load_part(g_stash + r, n), load_part(y + r, n)), n);
   }
 }

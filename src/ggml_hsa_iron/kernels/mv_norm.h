@@ -24,61 +24,79 @@
 // are summed in the first pass).
 // n is kept in this core's static data (each core links its own copy); the plan counts
 // mv_norm_bytes() in the core's memory and refuses a K that does not fit.
+// With MV_NX activation rows per call (mvq.cc): an x object holds MV_NX rows' K chunks, each
+// row has its own sum of squares and s, and each n object MV_NX consecutive chunks of n (the
+// last object padded with n's first chunks, which are not kept).
 
 constexpr int NORM_STEPS = MV_NORM_K / MV_KC;
 static_assert(NORM_STEPS * MV_KC == MV_NORM_K, "K is whole chunks");
 // Each chunk of n at a multiple of VEC values: aligned vector loads for any MV_KC.
 constexpr int NORM_KC_PAD = (MV_KC + (int)VEC - 1) / (int)VEC * (int)VEC;
 constexpr int NORM_BODY = MV_KC - MV_KC % (int)VEC;
+// n objects of a dispatch (MV_NX chunks each).
+constexpr int NORM_OBJECTS = (NORM_STEPS + MV_NX - 1) / MV_NX;
+// Several rows' chunks follow each other in x and in g_norm_x, as mvq.cc's products read them.
+static_assert(MV_NX == 1 || NORM_KC_PAD == MV_KC, "several rows: K chunks of whole vectors");
 
 alignas(64) static float g_norm_w[NORM_STEPS * NORM_KC_PAD];
-alignas(64) static float g_norm_x[NORM_KC_PAD]; // the chunk x * n the dot products read
-alignas(64) static float g_norm_ss[VEC];        // the round's sums of x^2 (lanes)
-static int32_t g_norm_loaded;                   // chunks of n kept (mod NORM_STEPS)
-static int32_t g_norm_chunk;                    // chunks of x seen this round
+alignas(64) static float g_norm_x[MV_NX * NORM_KC_PAD]; // the chunks x * n the products read
+alignas(64) static float g_norm_ss[MV_NX * VEC];        // each row's sums of x^2 (lanes)
+static int32_t g_norm_loaded;                           // n objects kept (mod NORM_OBJECTS)
+static int32_t g_norm_chunk;                            // chunks of x seen this round
 
-void GGML_MV_NORM_LOAD(float *n) {
-  float *d = g_norm_w + g_norm_loaded * NORM_KC_PAD;
-  for (int i = 0; i < NORM_BODY; i += VEC)
-    store_aligned(d + i, load_aligned(n + i));
-  if constexpr (NORM_BODY < MV_KC)
-    store_aligned(d + NORM_BODY, load_part_zero(n + NORM_BODY, MV_KC - NORM_BODY));
-  // Wraps after a dispatch's NORM_STEPS chunks: the next dispatch refills from the start.
-  g_norm_loaded = (g_norm_loaded + 1) % NORM_STEPS;
+void GGML_MV_NORM_LOAD(float *n_object) {
+  for (int j = 0; j < MV_NX; ++j) {
+    const int chunk = g_norm_loaded * MV_NX + j;
+    if (chunk >= NORM_STEPS)
+      break; // the last object's padding
+    const float *n = n_object + j * MV_KC;
+    float *d = g_norm_w + chunk * NORM_KC_PAD;
+    for (int i = 0; i < NORM_BODY; i += VEC)
+      store_aligned(d + i, load_aligned(n + i));
+    if constexpr (NORM_BODY < MV_KC)
+      store_aligned(d + NORM_BODY, load_part_zero(n + NORM_BODY, MV_KC - NORM_BODY));
+  }
+  // Wraps after a dispatch's NORM_OBJECTS objects: the next dispatch refills from the start.
+  g_norm_loaded = (g_norm_loaded + 1) % NORM_OBJECTS;
 }
 
 static inline void norm_round() {
   g_norm_chunk = 0;
-  store_aligned(g_norm_ss, splat(0.0f));
+  for (int x = 0; x < MV_NX; ++x)
+    store_aligned(g_norm_ss + x * VEC, splat(0.0f));
 }
 
-// x * n of the round's next chunk into g_norm_x (zero past MV_KC), its squares summed once
-// per round (the GLU's second pass over x adds nothing).
-static inline const float *norm_chunk(const float *x) {
+// x * n of the round's next chunk of each row into g_norm_x (zero past MV_KC), the squares
+// summed once per round (the GLU's second pass over x adds nothing).
+static inline const float *norm_chunk(const float *x_rows) {
   set_ggml_rounding();
   const float *n = g_norm_w + (g_norm_chunk % NORM_STEPS) * NORM_KC_PAD;
   const bool first = g_norm_chunk < NORM_STEPS;
-  vf ss = load_aligned(g_norm_ss);
-  for (int i = 0; i < NORM_BODY; i += VEC) {
-    vf v = load_aligned(x + i);
-    if (first)
-      ss = add(ss, mul(v, v));
-    store_aligned(g_norm_x + i, mul(v, load_aligned(n + i)));
+  for (int row = 0; row < MV_NX; ++row) {
+    const float *x = x_rows + row * MV_KC;
+    float *nx = g_norm_x + row * NORM_KC_PAD;
+    vf ss = load_aligned(g_norm_ss + row * VEC);
+    for (int i = 0; i < NORM_BODY; i += VEC) {
+      vf v = load_aligned(x + i);
+      if (first)
+        ss = add(ss, mul(v, v));
+      store_aligned(nx + i, mul(v, load_aligned(n + i)));
+    }
+    if constexpr (NORM_BODY < MV_KC) {
+      vf v = load_part_zero(x + NORM_BODY, MV_KC - NORM_BODY);
+      if (first)
+        ss = add(ss, mul(v, v));
+      store_aligned(nx + NORM_BODY, mul(v, load_aligned(n + NORM_BODY)));
+    }
+    store_aligned(g_norm_ss + row * VEC, ss);
   }
-  if constexpr (NORM_BODY < MV_KC) {
-    vf v = load_part_zero(x + NORM_BODY, MV_KC - NORM_BODY);
-    if (first)
-      ss = add(ss, mul(v, v));
-    store_aligned(g_norm_x + NORM_BODY, mul(v, load_aligned(n + NORM_BODY)));
-  }
-  store_aligned(g_norm_ss, ss);
   ++g_norm_chunk;
   return g_norm_x;
 }
 
 #if !MV_OUT_F16
 void GGML_MV_NORM_ZERO(float *y) {
-  for (int r = 0; r < MV_ROWS; ++r)
+  for (int r = 0; r < MV_NX * MV_ROWS; ++r)
     y[r] = 0.0f;
   norm_round();
 }
@@ -93,19 +111,19 @@ static inline void norm_scale_rows(float *v, vf s) {
   }
 }
 
-// ggml's RMS_NORM: s = 1 / sqrt(sum(x^2) / K + eps) of the round's x row, in vector code (the
-// scalar unit has no floating point), splat over the lanes.
+// ggml's RMS_NORM: s = 1 / sqrt(sum(x^2) / K + eps) of the round's x row `row`, in vector
+// code (the scalar unit has no floating point), splat over the lanes.
 // `eps_bits`: OP_P0 (norm_s), or DECODE_LAYER's attention norm's DL_EPS (mv_decode.h): one
 // object holds both norms of a layer.
-static inline vf norm_s_of(uint32_t eps_bits) {
+static inline vf norm_s_of(uint32_t eps_bits, int row = 0) {
   set_ggml_rounding();
   const float eps = __builtin_bit_cast(float, eps_bits);
-  const float sum = aie::reduce_add(load_aligned(g_norm_ss));
+  const float sum = aie::reduce_add(load_aligned(g_norm_ss + row * VEC));
   const vf mean = mul(splat(sum), 1.0f / MV_NORM_K);
   return recip(sqrt(add(mean, splat(eps))));
 }
 
-static inline vf norm_s() { return norm_s_of((uint32_t)OP_P0); }
+static inline vf norm_s(int row = 0) { return norm_s_of((uint32_t)OP_P0, row); }
 
 #if MV_BIAS && MV_GLU
 #error "a bias is added to a projection's rows, not a GLU's"
@@ -113,11 +131,13 @@ static inline vf norm_s() { return norm_s_of((uint32_t)OP_P0); }
 
 #if !MV_OUT_F16
 void GGML_MV_NORM_SCALE(float *y) {
-  const vf s = norm_s();
-  norm_scale_rows(y, s);
+  for (int row = 0; row < MV_NX; ++row) {
+    const vf s = norm_s(row);
+    norm_scale_rows(y + row * MV_ROWS, s);
 #if MV_GLU
-  norm_scale_rows(g_stash, s);
+    norm_scale_rows(g_stash + row * MV_ROWS, s);
 #endif
+  }
 #if MV_BIAS
   bias_rows(y);
 #endif

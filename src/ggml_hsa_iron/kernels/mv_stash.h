@@ -14,11 +14,12 @@
 // with the normed chunks, scaling the stash by the norm's s before the store (mv_norm.h).
 // The stash is static: on the NPU each core links its own copy of the object (the emulation
 // loads one copy of the library per core); the plan counts its bytes in the core's memory.
+// With MV_NX activation rows per call (mvq.cc) it holds MV_NX runs of MV_ROWS sums, as y does.
 
-alignas(64) static float g_stash[MV_ROWS];
+alignas(64) static float g_stash[MV_NX * MV_ROWS];
 
 void GGML_MV_STASH_ZERO() {
-  for (int r = 0; r < MV_ROWS; ++r)
+  for (int r = 0; r < MV_NX * MV_ROWS; ++r)
     g_stash[r] = 0.0f;
 }
 

@@ -27,10 +27,11 @@
 // MV_NORM=1 with MV_NORM_K, OP_P0: the fused RMS_NORM_MUL_MAT(_<glu>) functions (mv_norm.h;
 // with MV_OUT_F16, RMS_NORM_MUL_MAT's f16 output). MV_ROPE=1 with MV_NORM: the fused
 // RMS_NORM_MUL_MAT_ROPE(_FF) epilogue (mv_rope.h: each round's rows rotated as ggml's ROPE after
-// the norm's scale, before the f32 store or the f16 rounding). MV_NX=n (block-quantized plain
-// MUL_MAT only): x is the K chunk of n activation rows one after the other and y their n runs of
-// MV_ROWS sums; each 32-value piece of a row is decoded once and multiplied with every row's
-// chunk, so a W tile serves n products (a decode step of several tokens).
+// the norm's scale, before the f32 store or the f16 rounding). MV_NX=n (block-quantized
+// weights; MUL_MAT, and the GLU, ADD and norm functions with f32 outputs): x is the K chunk of n
+// activation rows one after the other and y their n runs of MV_ROWS sums; each 32-value piece
+// of a row is decoded once and multiplied with every row's chunk, so a W tile serves n products
+// (a decode step of several tokens). With MV_ADD it needs MV_ADD_ROWS (mv_add.h).
 
 #include "ggml_aie.h"
 #if MV_GLU
@@ -53,8 +54,8 @@ using namespace ggml_aie;
 #if !defined(MV_NX)
 #define MV_NX 1
 #endif
-#if MV_NX > 1 && (MVQ_F16 || MV_OUT_F16 || MV_GLU || MV_ADD || MV_FA || MV_NORM)
-#error "several activation rows per call are the plain GEMV's of block-quantized weights"
+#if MV_NX > 1 && (MVQ_F16 || MV_OUT_F16 || MV_FA || MV_ROPE || MV_BIAS || MV_DECODE)
+#error "several activation rows per call: block-quantized weights, f32 outputs, no rotation or bias"
 #endif
 
 static_assert(MV_KC % QB == 0, "a K chunk is whole blocks");

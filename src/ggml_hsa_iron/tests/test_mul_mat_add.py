@@ -194,7 +194,7 @@ class AddPlanTest(unittest.TestCase):
             prepare(parse_request(request_json("MUL_MAT_ADD", [w, x, r], out)))
         # Rows MUL_MAT's GEMM takes (it reads the weights once per M block, the GEMV once
         # per row): the GEMM and the ADD run unfused.
-        for ty, M in (("f32", 4), ("q4_0", 8), ("q4_K", 512)):
+        for ty, M in (("f32", 4), ("q4_0", 16), ("q4_K", 512)):
             with self.subTest(ty=ty, M=M), self.assertRaisesRegex(UnsupportedError, "GEMM"):
                 add_spec(ty, M, 64, 256)
         # A long batch the GEMM does not take (K not whole K steps): x's channel takes 2 or 3

@@ -133,11 +133,12 @@ class GluPlanTest(unittest.TestCase):
                             self.assertLessEqual(2 * len(ws) + 2, 16)
                             self.assertEqual(x.sizes[0], 2 * len(ws))
                             self.assertEqual(x.strides[0], 0)
-                            self.assertEqual(y.sizes[2], len(ws))
+                            # Its rounds of y (GemvPlan.nx: the outer dimension).
+                            self.assertEqual(y.sizes[0 if p.nx > 1 else 2], len(ws))
                             for w in ws:
                                 self.assertEqual(w.sizes[0], 1)  # one round per W task
                         w_tasks += 2 * len(group[0][0])
-                    self.assertEqual(w_tasks, 2 * len(spec.products) * p.rounds)
+                    self.assertEqual(w_tasks, 2 * p.passes(len(spec.products)) * p.rounds)
                     self.assertLessEqual(w_tasks, MAX_TASKS_PER_CHANNEL)
                     self.assertEqual(spec.sequence[0], spec.sequence[1])
 
@@ -151,8 +152,10 @@ class GluPlanTest(unittest.TestCase):
                     row = K // block * size
                     self.assertEqual(spec.sequence[:2], [("i8", N * row)] * 2)
                     groups = spec.tasks()
-                    per = len(groups) // len(spec.products)
-                    for i, (w_off, _, _) in enumerate(spec.products):
+                    # One pass over the weights per group of nx rows (GemvPlan.nx).
+                    nx = spec.plan.nx
+                    per = len(groups) // spec.plan.passes(len(spec.products))
+                    for i, (w_off, _, _) in enumerate(spec.products[::nx]):
                         read = []
                         for g in groups[i * per : (i + 1) * per]:
                             for ws, _, _ in g:

@@ -145,10 +145,12 @@ class FfnPlanTest(unittest.TestCase):
             with self.subTest(ty=ty, K=K, F=F, arch=arch):
                 spec = ffn_spec("GEGLU", ty, N, K, F, arch)
                 p = spec.up.plan
-                nr, kc = p.rows_per_tile, p.k_chunk
+                nr, kc, nx = p.rows_per_tile, p.k_chunk, p.nx
                 w = p.w_units(kc) * max(p.w_size, 1)
-                want = 2 * nr * w + 2 * kc * 4 + 2 * nr * 4
-                want += stash_bytes(nr) + mv_norm_bytes(K, kc) + mvq_x_bytes(p.w_block, kc)
+                # x, y, the stash and x in bf16 of each of nx rows (GemvPlan.nx).
+                want = 2 * nr * w + nx * (2 * kc * 4 + 2 * nr * 4)
+                want += stash_bytes(nx * nr) + mv_norm_bytes(K, kc, nx)
+                want += nx * mvq_x_bytes(p.w_block, kc)
                 self.assertEqual(ffn_core_bytes(p), want)
                 # The decoding GEMV keeps x's chunk in bf16 too; f32 and bf16 weights nothing.
                 self.assertEqual(mvq_x_bytes(p.w_block, kc) >= 2 * kc, ty not in ("f32", "bf16"))
@@ -357,6 +359,23 @@ class FfnEmulationTest(unittest.TestCase):
         for i, (glu, ty, arch, layout, two) in sample.pick(enumerate(cases)):
             with self.subTest(glu=glu, ty=ty, arch=arch, layout=layout):
                 self.check(glu, ty, 1, *LLAMA, arch, layout, seed=10 + i, two_kernels=two)
+
+    def test_a_few_tokens_decode_each_weight_tile_once(self):
+        # A decode step of several tokens (sequences side by side, a draft's verification):
+        # every phase's GEMV takes the N rows at once (GemvPlan.nx), each row normed with its
+        # own s and added to its own r row; against numpy and bit for bit against the two
+        # kernels, which take the rows at once too.
+        cases = [
+            ("SWIGLU", "q4_0", 4, 256, 192, "aie2p", "in_place"),
+            ("GEGLU", "q8_0", 3, 512, 256, "aie2", "apart"),
+            ("REGLU", "q4_0", 8, 256, 512, "aie2p", "out_over_x"),
+            ("SWIGLU", "q4_0", 4, *LLAMA, "aie2p", "in_place"),
+        ]
+        for i, (glu, ty, N, K, F, arch, layout) in enumerate(cases):
+            with self.subTest(glu=glu, ty=ty, N=N, K=K, F=F, arch=arch, layout=layout):
+                spec = ffn_spec(glu, ty, N, K, F, arch)
+                self.assertEqual((spec.up.plan.nx, spec.down.plan.nx), (N, N))
+                self.check(glu, ty, N, K, F, arch, layout, seed=50 + i)
 
     def test_bit_for_bit_with_the_two_kernels_as_they_plan(self):
         # RMS_NORM_MUL_MAT_<glu>'s and MUL_MAT_ADD's own plans (their columns, rows and rows
