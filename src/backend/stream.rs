@@ -161,6 +161,24 @@ impl PlanCache {
     }
 }
 
+/// Which kernel of a step `Stream::load` loads: its own, a piece's, or its one-row copy.
+enum Slot {
+    Own,
+    Piece(usize),
+    RowCopy,
+}
+
+/// The cache rows a SET_ROWS's indices name when the graph runs (`Stream::cache_rows`).
+enum NamedRows {
+    /// Consecutive rows: the operand in their place.
+    Consecutive(Tensor),
+    /// Rows apart, in range: a (source row, destination row) pair per index, for the one-row
+    /// copy.
+    Apart(Vec<[Tensor; 2]>),
+    /// Neither (rows out of range, or no one-row copy): the SET_ROWS as planned runs.
+    Elsewhere,
+}
+
 /// A byte range `[start, end)` of a pending kernel's operand.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
@@ -448,22 +466,27 @@ impl Stream {
             if self.device.plan_options.row_pieces {
                 ops::pieces::split_steps(steps, OPERAND_ALIGNMENT);
             }
-            // (node, piece) of every kernel to load: a step's own, or its pieces'.
-            let mut at: Vec<(usize, Option<usize>)> = Vec::new();
+            // (node, piece) of every kernel to load: a step's own, or its pieces', or (`Slot::
+            // RowCopy`) a cache copy's one-row copy.
+            let mut at: Vec<(usize, Slot)> = Vec::new();
             let mut descs: Vec<KernelDesc> = Vec::new();
             for (i, s) in steps.iter().enumerate() {
                 let Step::Kernel(k) = s else { continue };
+                if let (Some(desc), None) = (k.row_copy_desc(), &k.row_copy) {
+                    at.push((i, Slot::RowCopy));
+                    descs.push(desc.clone());
+                }
                 let pieces = k.pieces.as_deref().unwrap_or_default();
                 if pieces.is_empty() {
                     if k.loaded.is_none() {
-                        at.push((i, None));
+                        at.push((i, Slot::Own));
                         descs.push(k.desc.clone());
                     }
                     continue;
                 }
                 for (p, piece) in pieces.iter().enumerate() {
                     if piece.loaded.is_none() {
-                        at.push((i, Some(p)));
+                        at.push((i, Slot::Piece(p)));
                         descs.push(piece.desc.clone());
                     }
                 }
@@ -480,16 +503,31 @@ impl Stream {
                     continue;
                 };
                 match (kernel, piece) {
-                    (Ok(kernel), None) => step.loaded = Some(kernel),
-                    (Ok(kernel), Some(p)) => {
+                    (Ok(kernel), Slot::Own) => step.loaded = Some(kernel),
+                    (Ok(kernel), Slot::Piece(p)) => {
                         if let Some(piece) = step.pieces.as_mut().and_then(|v| v.get_mut(p)) {
                             piece.loaded = Some(kernel);
                         }
                     }
-                    (Err(e), None) => refused.push((i, e)),
+                    (Ok(kernel), Slot::RowCopy) => step.row_copy = Some(kernel),
+                    (Err(e), Slot::Own) => refused.push((i, e)),
+                    // The one-row copy refused: indices that are not consecutive run the
+                    // SET_ROWS as planned. Asked for once: the scatter forgets it.
+                    (Err(e), Slot::RowCopy) => {
+                        crate::log::debug(&format!(
+                            "{}: node {i}: the copy of one cache row is not available ({e}); \
+                             rows that are not consecutive run the SET_ROWS",
+                            self.device.name
+                        ));
+                        if let Some(r) = step.rows.first_mut() {
+                            r.scatter.row_copy = None;
+                        }
+                    }
                     // A piece refused (a design declining the smaller shape): the step runs
                     // whole, loaded on the next pass.
-                    (Err(e), Some(_)) if step.pieces.as_ref().is_some_and(|v| !v.is_empty()) => {
+                    (Err(e), Slot::Piece(_))
+                        if step.pieces.as_ref().is_some_and(|v| !v.is_empty()) =>
+                    {
                         crate::log::debug(&format!(
                             "{}: node {i}: kernel {} over part of its rows is not available \
                              ({e}); it runs over all of them",
@@ -497,7 +535,7 @@ impl Stream {
                         ));
                         step.pieces = Some(Vec::new());
                     }
-                    (Err(_), Some(_)) => {}
+                    (Err(_), Slot::Piece(_)) => {}
                 }
             }
             // Then the refused ones, whose fallbacks may put back steps loaded just now.
@@ -569,8 +607,18 @@ impl Stream {
                 let mut operands = Cow::Borrowed(k.operands.as_slice());
                 for r in &k.rows {
                     match self.cache_rows(&r.scatter, host).map_err(failed)? {
-                        Some(rows) => operands.to_mut()[r.operand] = rows,
-                        None => {
+                        NamedRows::Consecutive(rows) => operands.to_mut()[r.operand] = rows,
+                        // A copy into rows apart (a step of several sequences): a row each.
+                        NamedRows::Apart(copies) if k.row_copy.is_some() => {
+                            let kernel = k.row_copy.as_ref().ok_or_else(not_loaded)?;
+                            for pair in copies {
+                                self.enqueue(kernel.clone(), &pair, 1, None, node)
+                                    .map_err(failed)?;
+                            }
+                            done[r.set_rows] = true;
+                            return Ok(());
+                        }
+                        _ => {
                             for (j, before) in &k.fallback {
                                 self.run_step(plan, *j, before, host, done)?;
                             }
@@ -623,13 +671,13 @@ impl Stream {
             .transpose()
     }
 
-    /// The cache rows `scatter`'s indices, read now, name when they are consecutive; `None`
-    /// when they are not. A pending kernel that writes the indices runs first.
+    /// The cache rows `scatter`'s indices, read now, name. A pending kernel that writes the
+    /// indices runs first.
     fn cache_rows(
         &mut self,
         scatter: &RowScatter,
         host: &mut dyn HostMemory,
-    ) -> Result<Option<Tensor>, Enqueue> {
+    ) -> Result<NamedRows, Enqueue> {
         let idx = &scatter.idx;
         let hazard = self
             .pending
@@ -639,7 +687,11 @@ impl Stream {
             self.flush().map_err(Enqueue::Submit)?;
         }
         let indices = host.read(idx).map_err(Enqueue::Operand)?;
-        Ok(scatter.operands(&indices).map(|[_, rows]| rows))
+        if let Some([_, rows]) = scatter.operands(&indices) {
+            return Ok(NamedRows::Consecutive(rows));
+        }
+        let apart = scatter.row_copy.as_ref().and_then(|_| scatter.row_operands(&indices));
+        Ok(apart.map_or(NamedRows::Elsewhere, NamedRows::Apart))
     }
 
     /// Waits for everything submitted. Submissions are synchronous, so only a pending batch can

@@ -7,7 +7,10 @@
 //! application set before the graph ran, and the NPU shares system memory, so the host can read
 //! them at dispatch: when they name consecutive rows in range (every decode step and every
 //! prompt of a KV cache filled in order), the node is one copy kernel from the source rows into
-//! those rows, addressed at dispatch. Other indices run the SET_ROWS kernel as planned.
+//! those rows, addressed at dispatch. Other indices in range (a step of several sequences, each
+//! writing its own cells) are one copy of a row per index, each addressed at dispatch: a few
+//! rows' bytes, where the SET_ROWS kernel would read and write the whole cache. Indices out of
+//! range run the SET_ROWS kernel as planned.
 //!
 //! Better still, the node that computes the source (llama's roped K, its V projection) can
 //! write the destination rows itself, in their type: [`RowScatter::producer`]. The copy's
@@ -22,6 +25,9 @@ use crate::kernels::{KernelDesc, Layout};
 pub struct RowScatter {
     /// The copy kernel: the source rows into `rows` destination rows.
     pub copy: KernelDesc,
+    /// The copy of one row, dispatched once per index when the indices are not consecutive
+    /// (`row_operands`); `None` for one row, or source rows not dense.
+    pub row_copy: Option<KernelDesc>,
     src: Tensor,
     /// The indices, read when the graph runs.
     pub idx: Tensor,
@@ -100,9 +106,26 @@ impl RowScatter {
             src: vec![Some(src.clone())],
             is_output: false,
         };
+        // One row of each side, for indices that are not consecutive.
+        let one_row = |t: &Tensor| Tensor {
+            ne: [t.ne[0], 1, 1, 1],
+            bytes: t.ne[0] as u64 * t.nb[0],
+            ..t.clone()
+        };
+        let row_copy = Node {
+            dst: one_row(&rows),
+            src: vec![Some(one_row(src))],
+            ..copy.clone()
+        };
+        let src_elem = src.dtype.size()?;
+        let row_copy = match device_copy(&row_copy) {
+            Some(Plan::Kernel { desc, .. }) if n > 1 && src.nb[0] == src_elem => Some(desc),
+            _ => None,
+        };
         match device_copy(&copy)? {
             Plan::Kernel { desc, .. } if available(&desc) => Some(RowScatter {
                 copy: desc,
+                row_copy,
                 src: src.clone(),
                 idx: idx.clone(),
                 rows,
@@ -128,16 +151,7 @@ impl RowScatter {
     /// tensor's bytes) name consecutive rows inside the destination; `None` otherwise.
     pub fn operands(&self, indices: &[u8]) -> Option<[Tensor; 2]> {
         let n = self.src.ne[1];
-        let stride = self.idx.nb[0] as usize;
-        let index = |i: i64| -> Option<i64> {
-            let at = i as usize * stride;
-            Some(match self.idx.dtype {
-                DType::I64 => i64::from_le_bytes(indices.get(at..at + 8)?.try_into().ok()?),
-                _ => i64::from(i32::from_le_bytes(
-                    indices.get(at..at + 4)?.try_into().ok()?,
-                )),
-            })
-        };
+        let index = |i: i64| self.index(indices, i);
         let first = index(0)?;
         if first < 0 || first + n > self.dst_rows {
             return None;
@@ -152,6 +166,42 @@ impl RowScatter {
             ..self.rows.clone()
         };
         Some([self.src.clone(), rows])
+    }
+
+    /// The operands (source row, destination row) of `row_copy` for each index, in order (a
+    /// later row wins where two indices are equal, as in ggml-cpu), when `indices` (the index
+    /// tensor's bytes) all name rows inside the destination; `None` otherwise.
+    pub fn row_operands(&self, indices: &[u8]) -> Option<Vec<[Tensor; 2]>> {
+        let n = self.src.ne[1];
+        let elem = self.rows.dtype.size()?;
+        let row = |t: &Tensor, addr: u64, elem: u64| Tensor {
+            ne: [t.ne[0], 1, 1, 1],
+            nb: [elem, t.ne[0] as u64 * elem, t.ne[0] as u64 * elem, t.ne[0] as u64 * elem],
+            bytes: t.ne[0] as u64 * elem,
+            addr,
+            ..t.clone()
+        };
+        let src_elem = self.src.dtype.size()?;
+        (0..n)
+            .map(|i| {
+                let at = self.index(indices, i)?;
+                if at < 0 || at >= self.dst_rows {
+                    return None;
+                }
+                let src = row(&self.src, self.src.addr + i as u64 * self.src.nb[1], src_elem);
+                let dst = row(&self.rows, self.rows.addr + at as u64 * self.rows.nb[1], elem);
+                Some([src, dst])
+            })
+            .collect()
+    }
+
+    /// Index `i` of `indices` (the index tensor's bytes), read through its stride.
+    fn index(&self, indices: &[u8], i: i64) -> Option<i64> {
+        let at = i as usize * self.idx.nb[0] as usize;
+        Some(match self.idx.dtype {
+            DType::I64 => i64::from_le_bytes(indices.get(at..at + 8)?.try_into().ok()?),
+            _ => i64::from(i32::from_le_bytes(indices.get(at..at + 4)?.try_into().ok()?)),
+        })
     }
 
     /// The node among `nodes[..at]` (`at` is this SET_ROWS) whose kernel computes the source,
@@ -277,6 +327,34 @@ mod tests {
         let one = RowScatter::of(&set_rows(1), |_| true).unwrap();
         let [_, rows] = one.operands(&i64_bytes(&[15])).expect("the last row");
         assert_eq!(rows.addr, 0x10000 + 15 * 128);
+    }
+
+    #[test]
+    fn indices_apart_are_a_copy_of_a_row_each() {
+        let s = RowScatter::of(&set_rows(3), |_| true).expect("a scatter");
+        let row_copy = s.row_copy.clone().expect("a one-row copy");
+        assert_eq!(row_copy.op, "CPY");
+        assert_eq!(row_copy.output.ne, [64, 1, 1, 1]);
+        // Three sequences' cells, one repeated: in order, each source row to its cell.
+        let pairs = s.row_operands(&i64_bytes(&[9, 2, 9])).expect("in range");
+        let at: Vec<(u64, u64)> = pairs.iter().map(|[a, b]| (a.addr, b.addr)).collect();
+        assert_eq!(
+            at,
+            [
+                (0x1000, 0x10000 + 9 * 128),
+                (0x1000 + 256, 0x10000 + 2 * 128),
+                (0x1000 + 512, 0x10000 + 9 * 128)
+            ]
+        );
+        for [src, dst] in &pairs {
+            assert_eq!((src.ne, src.bytes), ([64, 1, 1, 1], 256));
+            assert_eq!((dst.ne, dst.bytes, dst.dtype), ([64, 1, 1, 1], 128, DType::F16));
+        }
+        assert!(s.row_operands(&i64_bytes(&[9, 16, 0])).is_none(), "past the last row");
+        assert!(s.row_operands(&i64_bytes(&[9, -1, 0])).is_none(), "negative");
+        assert!(s.row_operands(&i64_bytes(&[9, 2])).is_none(), "too few bytes");
+        // One row is always consecutive: no copy of a row apart.
+        assert!(RowScatter::of(&set_rows(1), |_| true).unwrap().row_copy.is_none());
     }
 
     #[test]

@@ -237,6 +237,7 @@ mod tests {
                 n_kv: None,
                 loaded: None,
                 pieces: None,
+                row_copy: None,
             })];
             steps_at_run_time(&mut steps, &nodes, &|_| true);
             let Step::Kernel(k) = &steps[0] else {

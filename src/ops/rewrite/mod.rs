@@ -71,9 +71,21 @@ pub struct KernelStep<K> {
     /// The kernels over slices of its rows it runs as instead ([`crate::ops::pieces`]): `None`
     /// until that is decided; empty: it runs whole, as `loaded`.
     pub pieces: Option<Vec<Piece<K>>>,
+    /// A copy into cache rows (its one `rows` entry's `scatter.copy`): the one-row copy
+    /// (`scatter.row_copy`) once loaded, dispatched once per index when they are not
+    /// consecutive.
+    pub row_copy: Option<K>,
 }
 
 impl<K> KernelStep<K> {
+    /// The one-row copy to load for a copy into cache rows (see `row_copy`).
+    pub fn row_copy_desc(&self) -> Option<&KernelDesc> {
+        match self.rows.as_slice() {
+            [r] if r.scatter.copy == self.desc => r.scatter.row_copy.as_ref(),
+            _ => None,
+        }
+    }
+
     /// How many of the operands (the last ones) it writes.
     pub fn outputs(&self) -> usize {
         1 + self.desc.extra_outputs.len()
@@ -106,6 +118,7 @@ impl<K> Step<K> {
                 n_kv: None,
                 loaded: None,
                 pieces: None,
+                row_copy: None,
             }),
         }
     }
@@ -282,6 +295,7 @@ fn replace<K: Clone>(steps: &mut [Step<K>], group: Vec<Rewritten>) {
             n_kv: r.n_kv,
             loaded: None,
             pieces: None,
+            row_copy: None,
         });
     }
 }
