@@ -49,9 +49,7 @@ def mul_mat_request(params: str, arch: str) -> dict:
     p = dict(re.findall(r"(\w+)=(\[[^\]]*\]|[^,]+)", params))
     layout = (p.get("per", "[0,1,2,3]"), p.get("k_v", "0"), p.get("o", "1"))
     if layout != ("[0,1,2,3]", "0", "1"):
-        raise SystemExit(
-            "only contiguous MUL_MAT operands (per=[0,1,2,3],k_v=0,o=1) are built here"
-        )
+        raise SystemExit("only contiguous MUL_MAT operands (per=[0,1,2,3],k_v=0,o=1) are built here")
     try:
         m, n, k = int(p["m"]), int(p["n"]), int(p["k"])
         bs = [int(v) for v in p.get("bs", "[1,1]").strip("[]").split(",")]
@@ -59,9 +57,7 @@ def mul_mat_request(params: str, arch: str) -> dict:
         outer = [bs[0] * nr[0], bs[1] * nr[1]]
         a, b = tensor(p["type_a"], [k, m, *bs]), tensor(p["type_b"], [k, n, *outer])
     except (KeyError, ValueError) as e:
-        raise SystemExit(
-            f"not a MUL_MAT case the backend would request: {params!r} ({e})"
-        ) from None
+        raise SystemExit(f"not a MUL_MAT case the backend would request: {params!r} ({e})") from None
     return request_dict("MUL_MAT", [a, b], tensor("f32", [m, n, *outer]), arch)
 
 
@@ -104,19 +100,11 @@ def unfused_requests(req: dict) -> list[dict]:
         q, k, v, mask, wo, r0, wg, wu, wd, n = [as_sent(t) for t in req["inputs"]]
         a, r1, h = [as_sent(t) for t in req["extra_outputs"]]
         a_rows = Tensor.dense(a.dtype, (wo.ne[0], r0.ne[1], 1, 1))  # a read as [Ka, N]
-        params = req["op_params"]
-        glu = op.removeprefix("FLASH_ATTN_FFN_")
-        block = [wo, a_rows, r0, wg, wu, wd, n]
+        params, glu = req["op_params"], op.removeprefix("FLASH_ATTN_FFN_")
+        block = f"MUL_MAT_ADD_RMS_NORM_FFN_{glu}"
         return [
             request_dict("FLASH_ATTN_EXT_MASK", [q, k, v, mask], a, arch, params[:3]),
-            request_dict(
-                f"MUL_MAT_ADD_RMS_NORM_FFN_{glu}",
-                block,
-                out,
-                arch,
-                params[3:],
-                extra_outputs=[r1, h],
-            ),
+            request_dict(block, [wo, a_rows, r0, wg, wu, wd, n], out, arch, params[3:], None, [r1, h]),
         ]
     if op == "MUL_MAT_ADD":
         w, x, r = ins
@@ -166,9 +154,7 @@ def time_request(
     if c.returncode == 2:
         return None
     if c.returncode != 0:
-        raise SystemExit(
-            f"{arch}: the IRON package failed to compile {req['op']}: {c.stderr[-2000:]}"
-        )
+        raise SystemExit(f"{arch}: the IRON package failed to compile {req['op']}: {c.stderr[-2000:]}")
     cmd = [str(args.target / "hsa-sim-time"), str(out_dir / f"{req['name']}.pdi"), "--arch", arch]
     cmd += ["--dram-gbps", f"{dram_gbps:g}"]
     if params:
@@ -183,9 +169,7 @@ def time_request(
     out_bytes = req["output"]["nb"][3] * req["output"]["ne"][3]
     # The roofline of crates/hsa-sim/src/cost.rs: bytes at the DRAM rate or flops at the
     # measured bf16 GEMM rate, whichever is longer.
-    roof_s = max(
-        r["operand_bytes"] / (dram_gbps * 1e9), flops / cost_constants(arch)["measured_bf16_flops"]
-    )
+    roof_s = max(r["operand_bytes"] / (dram_gbps * 1e9), flops / cost_constants(arch)["measured_bf16_flops"])
     return {
         "dispatches": 1,
         "dataflow_timed": 1,
@@ -205,9 +189,7 @@ def time_request(
 
 def run_direct(args, arch: str, params: str, work: Path, dram_gbps: float) -> dict | None:
     """A MUL_MAT case test-backend-ops has none of, timed alone (time_request)."""
-    return time_request(
-        args, mul_mat_request(params, arch), work, dram_gbps, mul_mat_flops(params) or 0
-    )
+    return time_request(args, mul_mat_request(params, arch), work, dram_gbps, mul_mat_flops(params) or 0)
 
 
 def run(args, arch: str, op: str, params: str, work: Path) -> dict | None:
@@ -242,37 +224,25 @@ def report(arch: str, c: dict, flops: int | None, k: dict, dram_gbps: float) -> 
     moved = c["bytes_read"] + c["bytes_written"]
     gbs = moved / work if work else 0.0
     if c.get("direct"):
-        print(
-            f"{arch}: built as the backend would request it (no test-backend-ops case), timed alone"
-        )
+        print(f"{arch}: built as the backend would request it (no test-backend-ops case), timed alone")
         print(f"  device time      {us(work)}: the work, without a dispatch")
     else:
         print(f"{arch}: {d} command(s), {c['dataflow_timed']} timed from their emulated dataflow")
-        print(
-            f"  device time      {us(total)}: the work {us(work)}, dispatch {us(c['dispatch_time_ns'])},"
-        )
-        print(
-            f"                   hardware-context build {us(total - work - c['dispatch_time_ns'])}"
-        )
+        print(f"  device time      {us(total)}: the work {us(work)}, dispatch {us(c['dispatch_time_ns'])},")
+        print(f"                   hardware-context build {us(total - work - c['dispatch_time_ns'])}")
     what = "operand bytes" if c.get("direct") else "bytes moved  "
     print(f"  {what}    {moved:,} at {gbs:.1f} GB/s: {gbs / dram_gbps:.0%} of the DRAM roof")
     if flops:
         peak = 2 * k["bf16_macs_per_core_cycle"] * k["cores"] * k["clock_hz"]
         rate = flops / (work * 1e-9)
-        print(
-            f"  arithmetic       {flops:,} flop at {rate / 1e12:.3f} TFLOPS: {rate / peak:.1%} of the bf16 MAC roof"
-        )
+        print(f"  arithmetic       {flops:,} flop at {rate / 1e12:.3f} TFLOPS: {rate / peak:.1%} of the bf16 MAC roof")
     print("  where the time went (busiest unit, summed over commands):")
     print(f"    cores          {us(c['core_busy_ns'])}")
     print(f"    shim DMA       {us(c['shim_busy_ns'])} (DRAM waits included)")
     print(f"    tile DMA       {us(c['tile_busy_ns'])} (memory tiles and core-to-core)")
     busiest = max(c["core_busy_ns"], c["shim_busy_ns"], c["tile_busy_ns"])
-    print(
-        f"    waits          {us(max(work - busiest, 0))} (the critical path beyond the busiest unit)"
-    )
-    print(
-        f"  roofline bound   {us(c['roofline_time_ns'])} (bytes at {dram_gbps:g} GB/s, the old model)"
-    )
+    print(f"    waits          {us(max(work - busiest, 0))} (the critical path beyond the busiest unit)")
+    print(f"  roofline bound   {us(c['roofline_time_ns'])} (bytes at {dram_gbps:g} GB/s, the old model)")
 
 
 def main() -> int:

@@ -321,10 +321,14 @@ def _replan(op: str, specs, arch: Arch, wtype: str, extra=None, extra_why=None):
     """The phases' specs with their plans on one shape (`plan_phases`, with `extra`), or the
     refusal (`extra_why()`: what the extra phase adds to it)."""
     if len({s.plan.nx for s in specs}) > 1:
-        # One shape of the fifos' objects carries every phase's: where a phase takes its x rows
-        # one at a time (MUL_MAT_ADD with one r row repeated over them), every phase does.
-        one = dict(nx=1, x_row=0, y_row=0, r_row=0)
-        specs = [dataclasses.replace(s, plan=dataclasses.replace(s.plan, **one)) for s in specs]
+        # One shape of the fifos' objects carries every phase's x rows. Taking them all one at
+        # a time would read some weights once per row: the ops unfused read each once where
+        # they can (MUL_MAT_ADD's r repeated over the rows; q6_K's norm with 8 rows).
+        raise UnsupportedError(
+            f"{op} ({wtype} weights, {arch.name}): its phases' GEMVs take "
+            f"{' and '.join(str(s.plan.nx) for s in specs)} rows at once, and one shape of "
+            f"the fifos' objects carries every phase's; the backend runs the phases' ops unfused"
+        )
     plans = plan_phases(specs, arch, extra)
     if plans is not None:
         return tuple(dataclasses.replace(s, plan=q) for s, q in zip(specs, plans))

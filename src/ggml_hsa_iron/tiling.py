@@ -1033,10 +1033,11 @@ GLU_GROUP_ROUNDS = (SHIM_GROUP_TASKS - 2) // 2
 
 def mv_norm_bytes(K: int, kc: int, nx: int = 1) -> int:
     """RMS_NORM_MUL_MAT(_<glu>)'s static data on a core (mv_norm.h): n's K chunks each padded
-    to 16 f32, the normalised chunk and the sums of squares of each of `nx` rows, and two
-    counters."""
+    to 16 f32, the normalised chunk (one row; `nx` rows are normalised in their x object), the
+    sums of squares of each row, and two counters."""
     pad = -(-kc // VECTOR_ELEMS) * VECTOR_ELEMS
-    return (K // kc + nx) * pad * 4 + nx * VECTOR_ELEMS * 4 + 8
+    copy = 1 if nx == 1 else 0
+    return (K // kc + copy) * pad * 4 + nx * VECTOR_ELEMS * 4 + 8
 
 
 def mv_bias_bytes(plan: GemvPlan) -> int:

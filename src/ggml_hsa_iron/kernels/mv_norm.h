@@ -26,7 +26,9 @@
 // mv_norm_bytes() in the core's memory and refuses a K that does not fit.
 // With MV_NX activation rows per call (mvq.cc): an x object holds MV_NX rows' K chunks, each
 // row has its own sum of squares and s, and each n object MV_NX consecutive chunks of n (the
-// last object padded with n's first chunks, which are not kept).
+// last object padded with x's first chunks, which are not kept). The chunks x * n are then
+// written over x in its object (the core's own buffer, filled anew for every pass), sparing a
+// copy of MV_NX chunks; one row keeps a padded copy (K chunks off the vector lanes).
 
 constexpr int NORM_STEPS = MV_NORM_K / MV_KC;
 static_assert(NORM_STEPS * MV_KC == MV_NORM_K, "K is whole chunks");
@@ -39,8 +41,10 @@ constexpr int NORM_OBJECTS = (NORM_STEPS + MV_NX - 1) / MV_NX;
 static_assert(MV_NX == 1 || NORM_KC_PAD == MV_KC, "several rows: K chunks of whole vectors");
 
 alignas(64) static float g_norm_w[NORM_STEPS * NORM_KC_PAD];
-alignas(64) static float g_norm_x[MV_NX * NORM_KC_PAD]; // the chunks x * n the products read
-alignas(64) static float g_norm_ss[MV_NX * VEC];        // each row's sums of x^2 (lanes)
+#if MV_NX == 1
+alignas(64) static float g_norm_x[NORM_KC_PAD]; // the chunk x * n the products read
+#endif
+alignas(64) static float g_norm_ss[MV_NX * VEC]; // each row's sums of x^2 (lanes)
 static int32_t g_norm_loaded;                           // n objects kept (mod NORM_OBJECTS)
 static int32_t g_norm_chunk;                            // chunks of x seen this round
 
@@ -66,15 +70,20 @@ static inline void norm_round() {
     store_aligned(g_norm_ss + x * VEC, splat(0.0f));
 }
 
-// x * n of the round's next chunk of each row into g_norm_x (zero past MV_KC), the squares
-// summed once per round (the GLU's second pass over x adds nothing).
-static inline const float *norm_chunk(const float *x_rows) {
+// x * n of the round's next chunk of each row (into g_norm_x, zero past MV_KC; several rows:
+// over x), the squares summed once per round (the GLU's second pass over x adds nothing).
+static inline const float *norm_chunk(float *x_rows) {
   set_ggml_rounding();
   const float *n = g_norm_w + (g_norm_chunk % NORM_STEPS) * NORM_KC_PAD;
   const bool first = g_norm_chunk < NORM_STEPS;
+#if MV_NX == 1
+  float *out = g_norm_x;
+#else
+  float *out = x_rows;
+#endif
   for (int row = 0; row < MV_NX; ++row) {
     const float *x = x_rows + row * MV_KC;
-    float *nx = g_norm_x + row * NORM_KC_PAD;
+    float *nx = out + row * NORM_KC_PAD;
     vf ss = load_aligned(g_norm_ss + row * VEC);
     for (int i = 0; i < NORM_BODY; i += VEC) {
       vf v = load_aligned(x + i);
@@ -91,7 +100,7 @@ static inline const float *norm_chunk(const float *x_rows) {
     store_aligned(g_norm_ss + row * VEC, ss);
   }
   ++g_norm_chunk;
-  return g_norm_x;
+  return out;
 }
 
 #if !MV_OUT_F16

@@ -231,6 +231,11 @@ class FfnPlanTest(unittest.TestCase):
             ("SWIGLU", "q4_0", 1, 96, 160, {}),
             # r repeated along dimension 0 (MUL_MAT_ADD's refusal).
             ("SWIGLU", "f32", 1, 64, 96, {"r": tensor("f32", [1])}),
+            # Phases taking their rows differently: the gate/up GEMV the 2 rows at once, the
+            # down projection one at a time (one row of r repeated over them); and q6_K's
+            # gate/up GEMV with the norm and 8 rows does not fit a core, the down GEMV does.
+            ("SWIGLU", "q4_0", 2, 256, 192, {"r": tensor("f32", [256])}),
+            ("SWIGLU", "q6_K", 8, 2048, 8192, {}),
             # A strided output (MUL_MAT_ADD writes contiguous rows).
             (
                 "SWIGLU",
@@ -338,7 +343,7 @@ class FfnEmulationTest(unittest.TestCase):
             ("SWIGLU", "f32", 1, 80, 60, "aie2p", "apart"),
             ("REGLU", "f32", 3, 48, 37, "aie2", "in_place"),
             ("GEGLU_ERF", "f32", 2, 80, 60, "aie2", "out_over_x"),
-            ("GEGLU_QUICK", "q4_0", 2, 256, 192, "aie2p", "bias"),
+            ("GEGLU_QUICK", "q4_0", 1, 256, 192, "aie2p", "bias"),
             ("GEGLU", "q8_0", 1, 256, 192, "aie2", "in_place"),
         ]
         for i, (glu, ty, N, K, F, arch, layout) in enumerate(cases):
