@@ -1139,10 +1139,10 @@ def prepare_rms_norm_mul_mat(
         f"{op}: M={M} dense rows take MUL_MAT's GEMM, which has no norm prologue; the "
         f"norm and the projections run unfused"
     )
-    # A few rows of block-quantized weights into f32: the GEMV of all of them at once
-    # (GemvPlan.nx), planned by the product's planner first; otherwise a row at a time, where
-    # the GEMM would not take the product.
-    at_once = rope is None and bias is None and not f16_out and rows_at_once(w, x, dst)
+    # A few rows of block-quantized weights: the GEMV of all of them at once (GemvPlan.nx),
+    # planned by the product's planner first; otherwise a row at a time, where the GEMM would
+    # not take the product.
+    at_once = bias is None and rows_at_once(w, x, dst)
 
     f32_product = dataclasses.replace(product, output=f32_dst)
 
@@ -1389,7 +1389,7 @@ def prepare_mul_mat(req: Request, several_rows: bool = True) -> MatmulSpec:
         # GEMV whose cores decode each W tile once for all of them (GemvPlan.nx), the weights
         # streamed once over every column, where the GEMM's M block would leave most cores idle.
         nx = rows_at_once(src0, src1, dst)
-        if several_rows and nx is not None and not f16_out:
+        if several_rows and nx is not None:
             plan = byte_gemv(nx=nx)
             if plan is not None:
                 return MatmulSpec(req, arch, src0, src1, dst, plan, "bf16")

@@ -759,12 +759,13 @@ class GemvPlan:
     column's): channel 0 on array column 0 (its first cores), channels 2a - 1 and 2a on array
     column a (`array_tile`). Every column's x taps are the same (one x row), issued once.
 
-    `nx` (GEMVs of block-quantized weights with f32 outputs over a few src1 rows, a decode step
-    of several tokens): each x object holds the K chunk of nx x rows (`x_row` elements apart)
+    `nx` (GEMVs of block-quantized weights over a few src1 rows, a decode step of several
+    tokens): each x object holds the K chunk of nx x rows (`x_row` elements apart)
     and each y object a core's nr sums of each, so that a W tile, streamed and decoded once,
     serves nx products; a product group's y rows are `y_row` elements apart. With `add` the r
     object of a round holds nx runs of the column's R*nr values (r's rows `r_row` elements
-    apart), then the padding; with `norm` each n object holds nx chunks of n (`norm_taps`).
+    apart), then the padding; with `norm` each n object holds nx chunks of n (`norm_taps`);
+    with `rope` each row's run is rotated by its own token's position.
     """
 
     N: int
@@ -838,12 +839,13 @@ class GemvPlan:
     @property
     def rope_objects(self) -> int:
         """`rope`: x objects of the per-dispatch constants (0 without)."""
-        return self.rope.objects(self.k_chunk) if self.rope else 0
+        return self.rope.objects(self.nx * self.k_chunk) if self.rope else 0
 
     def rope_taps(self) -> list[tuple[str, Tap]]:
         """`rope`: the constants' tasks on the x channel, behind n's: ("ff", the frequency
         factors), ("hn", the head norm's weights), ("pos", the tokens' positions), then ("n",
-        n's first values padding the last object), each one linear walk of 32-bit words."""
+        n's first values padding the last object; with `nx`, "x": x's first values, in K
+        chunks then the rest), each one linear walk of 32-bit words."""
         r = self.rope
         if r is None:
             return []
@@ -851,9 +853,17 @@ class GemvPlan:
         if r.head_norm:
             out.append(("hn", Tap(0, (1, 1, 1, r.head), (0, 0, 0, 1))))
         out.append(("pos", Tap(0, (1, 1, 1, r.tokens), (0, 0, 0, 1))))
-        pad = self.rope_objects * self.k_chunk - r.words
-        if pad:
+        kc = self.k_chunk
+        pad = self.rope_objects * self.nx * kc - r.words
+        if pad and self.nx == 1:
             out.append(("n", Tap(0, (1, 1, 1, pad), (0, 0, 0, 1))))
+        elif pad:
+            # Fewer than nx chunks: within x's nx rows, while n may be shorter.
+            chunks, rest = divmod(pad, kc)
+            if chunks:
+                out.append(("x", Tap(0, (1, 1, chunks, kc), (0, 0, kc, 1))))
+            if rest:
+                out.append(("x", Tap(chunks * kc, (1, 1, 1, rest), (0, 0, 0, 1))))
         return out
 
     @property
@@ -1306,9 +1316,9 @@ def _plan_gemv_blocks(
     if K % w_block:
         return None
     n_x, x_row, y_row, r_row = nx
-    # Several rows: f32 outputs (no stash rounding to f16), no rotation or bias, whole blocks
-    # of more than one value (not f16), r's rows apart (mv_add.h reads each row's values).
-    if n_x > 1 and (stash or rope or bias or w_block == 1 or (add and not r_row)):
+    # Several rows: no bias (its values are kept per row of a round, not per x row), whole
+    # blocks of more than one value (not f16), r's rows apart (mv_add.h reads each row's).
+    if n_x > 1 and (bias or w_block == 1 or (add and not r_row)):
         return None
     blocks = K // w_block
     x_size = 4

@@ -585,7 +585,7 @@ def _norm_prologue_fills(spec, Nbuf, X, consts=()):
         ["pos"] + ["ff"] * (spec.rope.ff is not None) + ["hn"] * (spec.rope.head_norm is not None)
     )
     bufs = {name: (buf, total) for name, buf, total in zip(names, consts, totals)}
-    bufs["n"] = (Nbuf, p.K)
+    bufs["n"], bufs["x"] = (Nbuf, p.K), x
     return fills + [(*bufs[name], tap) for name, tap in p.rope_taps()]
 
 

@@ -134,19 +134,22 @@ static inline vf norm_s_of(uint32_t eps_bits, int row = 0) {
 
 static inline vf norm_s(int row = 0) { return norm_s_of((uint32_t)OP_P0, row); }
 
+// Each x row's run of MV_ROWS values of v (y or the stash) times the row's s.
+static inline void norm_scale_runs(float *v) {
+  for (int row = 0; row < MV_NX; ++row)
+    norm_scale_rows(v + row * MV_ROWS, norm_s(row));
+}
+
 #if MV_BIAS && MV_GLU
 #error "a bias is added to a projection's rows, not a GLU's"
 #endif
 
 #if !MV_OUT_F16
 void GGML_MV_NORM_SCALE(float *y) {
-  for (int row = 0; row < MV_NX; ++row) {
-    const vf s = norm_s(row);
-    norm_scale_rows(y + row * MV_ROWS, s);
+  norm_scale_runs(y);
 #if MV_GLU
-    norm_scale_rows(g_stash + row * MV_ROWS, s);
+  norm_scale_runs(g_stash);
 #endif
-  }
 #if MV_BIAS
   bias_rows(y);
 #endif
@@ -165,7 +168,7 @@ void GGML_MV_NORM_STASH(GGML_MV_W_T *w, float *x) { accumulate(w, norm_chunk(x),
 #if MV_OUT_F16
 // The f32 sums are scaled first, so the one rounding to f16 is of s * (W . (x * n)).
 void GGML_MV_NORM_STORE_F16(uint16_t *y) {
-  norm_scale_rows(g_stash, norm_s());
+  norm_scale_runs(g_stash);
 #if MV_BIAS
   bias_rows(g_stash);
 #endif

@@ -19,9 +19,10 @@
 //   GGML_MV_NORM_ROPE_STORE_F16(y, offset)  stash *= s, rotated, y[r] = f16(stash[r])
 // `offset` is the core's first row within a round (its column's and its own share of the
 // round's block: (column * rows + row) * MV_ROWS). The core counts its rounds: round j of the
-// dispatch is token j / ROPE_ROUNDS's round j % ROPE_ROUNDS, starting at row
+// dispatch is pass j / ROPE_ROUNDS's round j % ROPE_ROUNDS, starting at row
 // (j % ROPE_ROUNDS) * MV_ROPE_BLOCK, the last one shifted back to end at MV_ROPE_N when N is
-// off the block (GemvPlan's rounds).
+// off the block (GemvPlan's rounds); a pass is one token, or with MV_NX the MV_NX tokens whose
+// runs of MV_ROWS values y holds, each rotated by its own position.
 // With MV_ROPE_HEAD_NORM (qwen3's Q and K norms) each head of the round's rows is first
 // RMS-normalised and multiplied by the head norm's weights, as ggml's RMS_NORM over the head's
 // D values then MUL by a row of D compute it (eps HEAD_NORM_EPS, f32 bits); the plan makes
@@ -45,7 +46,9 @@
 constexpr int ROPE_ROUNDS = (MV_ROPE_N + MV_ROPE_BLOCK - 1) / MV_ROPE_BLOCK;
 constexpr int HEAD_NORM_WORDS = MV_ROPE_HEAD_NORM ? MV_ROPE_HEAD : 0;
 constexpr int ROPE_WORDS = FF_WORDS + HEAD_NORM_WORDS + MV_ROPE_TOKENS;
-constexpr int ROPE_OBJECTS = (ROPE_WORDS + MV_KC - 1) / MV_KC;
+// x objects are MV_NX * MV_KC words (one K chunk of each x row).
+constexpr int ROPE_OBJECT_WORDS = MV_NX * MV_KC;
+constexpr int ROPE_OBJECTS = (ROPE_WORDS + ROPE_OBJECT_WORDS - 1) / ROPE_OBJECT_WORDS;
 static_assert(MV_ROPE_BLOCK <= MV_ROPE_N, "a round within the rows");
 static_assert(N_DIMS <= MV_ROPE_HEAD, "the rotated dimensions within a head");
 
@@ -80,27 +83,31 @@ static void head_norm_rows(float *v) {
 }
 #endif
 
-// The round's MV_ROWS rows (global rows row0 ..) of the product of token t, in place.
+// The round's MV_ROWS rows (global rows row0 ..) of the product of each token of the pass, in
+// place (v holds MV_NX runs of them).
 static void rope_rows(float *v, int32_t offset) {
   const int32_t j = g_rope_round++;
-  const int32_t t = j / ROPE_ROUNDS, k = j % ROPE_ROUNDS;
+  const int32_t pass = j / ROPE_ROUNDS, k = j % ROPE_ROUNDS;
   const int32_t start =
       (k + 1) * MV_ROPE_BLOCK <= MV_ROPE_N ? k * MV_ROPE_BLOCK : MV_ROPE_N - MV_ROPE_BLOCK;
   const int32_t row0 = start + offset;
+  for (int t = 0; t < MV_NX; ++t) {
+    float *run = v + t * MV_ROWS;
 #if MV_ROPE_HEAD_NORM
-  head_norm_rows(v);
+    head_norm_rows(run);
 #endif
-  rope_rows_at(v, row0, g_rope_positions[t], MV_ROPE_HEAD, MV_ROWS);
+    rope_rows_at(run, row0, g_rope_positions[pass * MV_NX + t], MV_ROPE_HEAD, MV_ROWS);
+  }
 }
 
 void GGML_MV_ROPE_LOAD(float *c) {
-  const int32_t first = g_rope_loaded * MV_KC;
+  const int32_t first = g_rope_loaded * ROPE_OBJECT_WORDS;
   if (g_rope_loaded == 0) {
     // A new dispatch: its positions, its rounds.
     g_valid = false;
     g_rope_round = 0;
   }
-  for (int32_t j = 0; j < MV_KC && first + j < ROPE_WORDS; ++j) {
+  for (int32_t j = 0; j < ROPE_OBJECT_WORDS && first + j < ROPE_WORDS; ++j) {
     int32_t w;
     __builtin_memcpy(&w, c + j, sizeof w); // the word's bits (positions are i32)
     const int32_t i = first + j;
@@ -118,7 +125,7 @@ void GGML_MV_ROPE_LOAD(float *c) {
 
 #if !MV_OUT_F16
 void GGML_MV_NORM_ROPE_SCALE(float *y, int32_t offset) {
-  norm_scale_rows(y, norm_s());
+  norm_scale_runs(y);
 #if MV_BIAS
   bias_rows(y);
 #endif
@@ -129,7 +136,7 @@ void GGML_MV_NORM_ROPE_SCALE(float *y, int32_t offset) {
 // The f32 sums are scaled and rotated first, so the one rounding to f16 is of the rotated
 // value.
 void GGML_MV_NORM_ROPE_STORE_F16(uint16_t *y, int32_t offset) {
-  norm_scale_rows(g_stash, norm_s());
+  norm_scale_runs(g_stash);
 #if MV_BIAS
   bias_rows(g_stash);
 #endif

@@ -28,7 +28,7 @@ void GGML_MV_STASH(GGML_MV_W_T *w, GGML_MV_X_T *x) { accumulate(w, x, g_stash); 
 #if defined(GGML_MV_STORE_F16)
 // Integer operations on the bit patterns only (the scalar unit has no floating point).
 void GGML_MV_STORE_F16(uint16_t *y) {
-  for (int r = 0; r < MV_ROWS; ++r)
+  for (int r = 0; r < MV_NX * MV_ROWS; ++r)
     y[r] = f32_to_f16(g_stash[r]);
 }
 #endif

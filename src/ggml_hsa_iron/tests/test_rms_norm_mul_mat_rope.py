@@ -304,7 +304,7 @@ class NormRopePlanTest(unittest.TestCase):
         # RMS_NORM_MUL_MAT's refusals: dense M that MUL_MAT's GEMM takes, x not f32, a K that
         # does not keep n on a core, an f16 output of rows off whole words.
         refused("GEMM, which has no norm", "f32", 256, 64, 4, 8)
-        refused("GEMM, which has no norm", "q4_0", 2048, 64, 8, 8, otype="f16")
+        refused("GEMM, which has no norm", "q4_0", 2048, 64, 8, 16, otype="f16")
         xh = tensor("f16", [256, 1])
         refused("f32 x and n", "f32", 256, 64, 4, inputs=[w, xh, n, tensor("i32", [1])])
         refused("K = 16384 too large", "f32", 16384, 64, 4)
@@ -432,6 +432,15 @@ class NormRopeEmulationTest(unittest.TestCase):
         for i, (ty, mode, ff, arch) in enumerate(cases):
             with self.subTest(ty=ty, mode=mode, ff=ff, arch=arch):
                 self.check_f16(ty, 2048, 64, 8, 1, mode, ff, arch, seed=10 + i)
+
+    def test_a_few_tokens_at_once(self):
+        # A decode step of several tokens: one GEMV takes them all (GemvPlan.nx), each token's
+        # rows rotated by its own position; Q in f32, K written as f16 (the cache rows).
+        for i, (ty, T, arch) in enumerate((("q4_0", 4, "aie2p"), ("q4_K", 3, "aie2"))):
+            with self.subTest(ty=ty, T=T, arch=arch):
+                self.assertEqual(rope_spec(ty, 2048, 64, 32, T, 0, True, arch).plan.nx, T)
+                self.check(ty, 2048, 64, 32, T, 0, True, arch, seed=60 + i)
+                self.check_f16(ty, 2048, 64, 8, T, 2, False, arch, seed=70 + i)
 
     def test_small_odd_shapes(self):
         # Heads whose last rows pass through (n_dims < D), NeoX heads on cores of whole heads

@@ -264,7 +264,7 @@ class QkvPlanTest(unittest.TestCase):
         ins, outs = qkv_tensors("f32", 256, 16, 4, 2)
         # GEMM-sized: dense N that MUL_MAT's GEMM takes has no norm prologue (any projection).
         refused(U, "GEMM, which has no norm", "f32", 256, 16, 4, 2, 8)
-        refused(U, "GEMM, which has no norm", "q4_0", 2048, 64, 32, 8, 8)
+        refused(U, "GEMM, which has no norm", "q4_0", 2048, 64, 32, 8, 16)
         # The outputs: Q f32, K and V f32 or f16, dense; V [Mv, N].
         refused(U, "Q \\(the output\\) is f32", "f32", 256, 16, 4, 2, outputs=[outs[1]] * 3)
         refused(U, "K \\(bf16", "f32", 256, 16, 4, 2, kty="bf16")
@@ -491,6 +491,13 @@ class QkvEmulationTest(unittest.TestCase):
         # round.
         self.run_case("f32", 30, 6, 5, 3, 2, 2, True, "aie2", "f16", "f32", seed=9, n_dims=4)
         self.run_case("q4_0", 64, 6, 7, 3, 1, 0, False, "aie2p", "f32", "f16", seed=8, n_dims=4)
+
+    def test_a_few_tokens_at_once(self):
+        # Llama-3.2-1B's Q, K and V of 4 tokens: each group's GEMV takes them at once
+        # (GemvPlan.nx), K and V written as f16 cache rows.
+        text, ins, outs = self.run_case("q4_0", 2048, 64, 32, 8, 4, 0, True, "aie2p", "f16", "f16")
+        self.assertEqual({g.spec.plan.nx for g in prepare(parse_request(text)).groups}, {4})
+        self.check_singles(text, ins, outs)
 
     def test_mixed_weight_types(self):
         # Llama-3.2-1B's shapes with llama.cpp's Q4_K_M layers (q4_K Wq and Wk, q6_K Wv) and
