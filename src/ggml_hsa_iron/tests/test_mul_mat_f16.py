@@ -115,7 +115,7 @@ class F16OutPlanTest(unittest.TestCase):
 
     def test_refusals(self):
         # Rows the GEMM takes: its C tile is f32 (the MUL_MAT and the copy run unfused).
-        for ty, M in (("f32", 4), ("bf16", 16), ("f16", 8), ("q4_0", 8), ("q4_K", 512)):
+        for ty, M in (("f32", 4), ("bf16", 16), ("f16", 8), ("q4_0", 16), ("q4_K", 512)):
             with self.subTest(ty=ty, M=M), self.assertRaisesRegex(UnsupportedError, "GEMV only"):
                 mm_spec(ty, M, 64, 256)
         # ... but M >= 4 rows the GEMM does not tile take the GEMV (K not a multiple of 8).
