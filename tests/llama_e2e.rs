@@ -1234,6 +1234,19 @@ fn several_sequences_decode_side_by_side_with_the_cpu_s_logits() {
         let npu = parse_greedy(&run, &logits);
         let tag = cache.join(" ");
         assert_all_layer_ops_emulated(&tag, &npu.log, &counters, &stats);
+        // A step's projections take its four tokens at once: the block after the attention
+        // as one kernel, and with one cache Q, K and V as one kernel writing the cache rows.
+        let emulated = &read_json(&counters)["emulated_ops"];
+        let mut several = vec!["MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU"];
+        if cache.contains(&"--kv-unified") {
+            several.push("RMS_NORM_QKV_ROPE");
+        }
+        for op in several {
+            assert!(
+                emulated.get(op).is_some(),
+                "{tag}: no {op} kernel: {emulated}"
+            );
+        }
         let worst = worst_step_nmse(&npu, &cpu);
         println!("{tag}, teacher-forced: worst NMSE of a sequence's step {worst:.3e}");
         assert!(

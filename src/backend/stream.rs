@@ -690,7 +690,10 @@ impl Stream {
         if let Some([_, rows]) = scatter.operands(&indices) {
             return Ok(NamedRows::Consecutive(rows));
         }
-        let apart = scatter.row_copy.as_ref().and_then(|_| scatter.row_operands(&indices));
+        let apart = scatter
+            .row_copy
+            .as_ref()
+            .and_then(|_| scatter.row_operands(&indices));
         Ok(apart.map_or(NamedRows::Elsewhere, NamedRows::Apart))
     }
 

@@ -174,12 +174,15 @@ impl RowScatter {
     pub fn row_operands(&self, indices: &[u8]) -> Option<Vec<[Tensor; 2]>> {
         let n = self.src.ne[1];
         let elem = self.rows.dtype.size()?;
-        let row = |t: &Tensor, addr: u64, elem: u64| Tensor {
-            ne: [t.ne[0], 1, 1, 1],
-            nb: [elem, t.ne[0] as u64 * elem, t.ne[0] as u64 * elem, t.ne[0] as u64 * elem],
-            bytes: t.ne[0] as u64 * elem,
-            addr,
-            ..t.clone()
+        let row = |t: &Tensor, addr: u64, elem: u64| {
+            let bytes = t.ne[0] as u64 * elem;
+            Tensor {
+                ne: [t.ne[0], 1, 1, 1],
+                nb: [elem, bytes, bytes, bytes],
+                bytes,
+                addr,
+                ..t.clone()
+            }
         };
         let src_elem = self.src.dtype.size()?;
         (0..n)
@@ -188,8 +191,16 @@ impl RowScatter {
                 if at < 0 || at >= self.dst_rows {
                     return None;
                 }
-                let src = row(&self.src, self.src.addr + i as u64 * self.src.nb[1], src_elem);
-                let dst = row(&self.rows, self.rows.addr + at as u64 * self.rows.nb[1], elem);
+                let src = row(
+                    &self.src,
+                    self.src.addr + i as u64 * self.src.nb[1],
+                    src_elem,
+                );
+                let dst = row(
+                    &self.rows,
+                    self.rows.addr + at as u64 * self.rows.nb[1],
+                    elem,
+                );
                 Some([src, dst])
             })
             .collect()
@@ -200,7 +211,9 @@ impl RowScatter {
         let at = i as usize * self.idx.nb[0] as usize;
         Some(match self.idx.dtype {
             DType::I64 => i64::from_le_bytes(indices.get(at..at + 8)?.try_into().ok()?),
-            _ => i64::from(i32::from_le_bytes(indices.get(at..at + 4)?.try_into().ok()?)),
+            _ => i64::from(i32::from_le_bytes(
+                indices.get(at..at + 4)?.try_into().ok()?,
+            )),
         })
     }
 
@@ -348,13 +361,28 @@ mod tests {
         );
         for [src, dst] in &pairs {
             assert_eq!((src.ne, src.bytes), ([64, 1, 1, 1], 256));
-            assert_eq!((dst.ne, dst.bytes, dst.dtype), ([64, 1, 1, 1], 128, DType::F16));
+            assert_eq!(
+                (dst.ne, dst.bytes, dst.dtype),
+                ([64, 1, 1, 1], 128, DType::F16)
+            );
         }
-        assert!(s.row_operands(&i64_bytes(&[9, 16, 0])).is_none(), "past the last row");
-        assert!(s.row_operands(&i64_bytes(&[9, -1, 0])).is_none(), "negative");
-        assert!(s.row_operands(&i64_bytes(&[9, 2])).is_none(), "too few bytes");
+        assert!(
+            s.row_operands(&i64_bytes(&[9, 16, 0])).is_none(),
+            "past the last row"
+        );
+        assert!(
+            s.row_operands(&i64_bytes(&[9, -1, 0])).is_none(),
+            "negative"
+        );
+        assert!(
+            s.row_operands(&i64_bytes(&[9, 2])).is_none(),
+            "too few bytes"
+        );
         // One row is always consecutive: no copy of a row apart.
-        assert!(RowScatter::of(&set_rows(1), |_| true).unwrap().row_copy.is_none());
+        assert!(RowScatter::of(&set_rows(1), |_| true)
+            .unwrap()
+            .row_copy
+            .is_none());
     }
 
     #[test]
