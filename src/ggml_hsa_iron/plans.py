@@ -1142,8 +1142,7 @@ def prepare_rms_norm_mul_mat(
     # A few rows of block-quantized weights: the GEMV of all of them at once (GemvPlan.nx),
     # planned by the product's planner first; otherwise a row at a time, where the GEMM would
     # not take the product.
-    at_once = bias is None and rows_at_once(w, x, dst)
-
+    at_once = bias is None and rows_at_once(w, x, dst) is not None
     f32_product = dataclasses.replace(product, output=f32_dst)
 
     def gemm_takes() -> bool:
@@ -1156,7 +1155,7 @@ def prepare_rms_norm_mul_mat(
         base = prepare_mul_mat_glu(product)
     else:
         base = prepare_mul_mat(product)
-    if at_once and (not base.gemv or base.plan.nx == 1) and gemm_takes():
+    if at_once and not (base.gemv and base.plan.nx > 1) and gemm_takes():
         raise gemm_refusal
     N, p = w.ne[1], base.plan
     if columns is not None:

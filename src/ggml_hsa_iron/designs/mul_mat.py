@@ -570,8 +570,8 @@ def _norm_prologue_fills(spec, Nbuf, X, consts=()):
     """RMS_NORM_MUL_MAT's fills ahead of the first x row, on every column's x channel: n's K
     chunks and their padding from X, x's runtime buffer (`GemvPlan.norm_taps`);
     RMS_NORM_MUL_MAT_ROPE(_FF): then the rotation's constants
-    (`GemvPlan.rope_taps`: the factors, the positions, n's first values padding the last x
-    object), `consts` the runtime buffers of the positions (and the factors, and the head
+    (`GemvPlan.rope_taps`: the factors, the positions, n's or x's first values padding the
+    last x object), `consts` the runtime buffers of the positions (and the factors, and the head
     norm's weights)."""
     p = spec.plan
     totals = [count for _, count in spec.sequence]
@@ -752,7 +752,8 @@ def _glu_rounds(
     glu_fn,
     load_fn=None,
     scale_fn=None,
-    norm_objects=0,
+    *,
+    norm_objects,
 ):
     """A MUL_MAT_<glu> core's dispatch (`_glu_kernels`' functions): RMS_NORM_MUL_MAT_<glu>'s n
     first (`norm_objects` x objects, GemvPlan.norm_objects), then per round the gate rows' sums

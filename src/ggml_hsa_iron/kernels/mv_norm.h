@@ -37,7 +37,7 @@ constexpr int NORM_KC_PAD = (MV_KC + (int)VEC - 1) / (int)VEC * (int)VEC;
 constexpr int NORM_BODY = MV_KC - MV_KC % (int)VEC;
 // n objects of a dispatch (MV_NX chunks each).
 constexpr int NORM_OBJECTS = (NORM_STEPS + MV_NX - 1) / MV_NX;
-// Several rows' chunks follow each other in x and in g_norm_x, as mvq.cc's products read them.
+// Several rows' chunks follow each other in x, as mvq.cc's products read them (normalised there).
 static_assert(MV_NX == 1 || NORM_KC_PAD == MV_KC, "several rows: K chunks of whole vectors");
 
 alignas(64) static float g_norm_w[NORM_STEPS * NORM_KC_PAD];
@@ -45,8 +45,8 @@ alignas(64) static float g_norm_w[NORM_STEPS * NORM_KC_PAD];
 alignas(64) static float g_norm_x[NORM_KC_PAD]; // the chunk x * n the products read
 #endif
 alignas(64) static float g_norm_ss[MV_NX * VEC]; // each row's sums of x^2 (lanes)
-static int32_t g_norm_loaded;                           // n objects kept (mod NORM_OBJECTS)
-static int32_t g_norm_chunk;                            // chunks of x seen this round
+static int32_t g_norm_loaded;                    // n objects kept (mod NORM_OBJECTS)
+static int32_t g_norm_chunk;                     // chunks of x seen this round
 
 void GGML_MV_NORM_LOAD(float *n_object) {
   for (int j = 0; j < MV_NX; ++j) {

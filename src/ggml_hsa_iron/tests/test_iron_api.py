@@ -27,7 +27,8 @@ OWN_METHODS = {
     "start",  # EltwisePlan.start (also Runtime.start, listed)
     "tasks",  # GemmPlan.tasks / GemvPlan.tasks via the spec
     "w_units",  # GemvPlan.w_units
-    "norm_tap",  # GemvPlan.norm_tap (RMS_NORM_MUL_MAT)
+    "norm_tap",  # GemvPlan.norm_tap / norm_taps (RMS_NORM_MUL_MAT)
+    "norm_taps",
     "rope_taps",  # GemvPlan.rope_taps (RMS_NORM_MUL_MAT_ROPE)
     "bias_taps",  # GemvPlan.bias_taps (RMS_NORM_MUL_MAT_BIAS)
     "first_row",  # RowSpec.first_row
