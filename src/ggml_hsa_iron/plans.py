@@ -1142,7 +1142,7 @@ def prepare_rms_norm_mul_mat(
     # A few rows of block-quantized weights: the GEMV of all of them at once (GemvPlan.nx),
     # planned by the product's planner first; otherwise a row at a time, where the GEMM would
     # not take the product.
-    at_once = bias is None and rows_at_once(w, x, dst) is not None
+    at_once = rows_at_once(w, x, dst) is not None
     f32_product = dataclasses.replace(product, output=f32_dst)
 
     def gemm_takes() -> bool:

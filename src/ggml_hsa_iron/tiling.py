@@ -871,7 +871,7 @@ class GemvPlan:
         """`bias`: x objects of the column's values (0 without)."""
         if not self.bias:
             return 0
-        return -(-self.rounds * self.rows * self.rows_per_tile // self.k_chunk)
+        return -(-self.rounds * self.rows * self.rows_per_tile // (self.nx * self.k_chunk))
 
     def bias_taps(self, col: int) -> list[tuple[str, Tap]]:
         """`bias`: the tasks on column col's x channel behind the rotation's constants: ("b",
@@ -879,11 +879,18 @@ class GemvPlan:
         object)."""
         if not self.bias:
             return []
-        cr = self.rows * self.rows_per_tile
+        cr, kc = self.rows * self.rows_per_tile, self.k_chunk
         out = [("b", Tap(col * cr, (1, 1, self.rounds, cr), (0, 0, self.block, 1)))]
-        pad = self.bias_objects * self.k_chunk - self.rounds * cr
-        if pad:
+        pad = self.bias_objects * self.nx * kc - self.rounds * cr
+        if pad and self.nx == 1:
             out.append(("x", Tap(0, (1, 1, 1, pad), (0, 0, 0, 1))))
+        elif pad:
+            # Fewer than nx chunks: in K chunks of x's nx rows, then the rest.
+            chunks, rest = divmod(pad, kc)
+            if chunks:
+                out.append(("x", Tap(0, (1, 1, chunks, kc), (0, 0, kc, 1))))
+            if rest:
+                out.append(("x", Tap(chunks * kc, (1, 1, 1, rest), (0, 0, 0, 1))))
         return out
 
     @property
@@ -1316,9 +1323,9 @@ def _plan_gemv_blocks(
     if K % w_block:
         return None
     n_x, x_row, y_row, r_row = nx
-    # Several rows: no bias (its values are kept per row of a round, not per x row), whole
-    # blocks of more than one value (not f16), r's rows apart (mv_add.h reads each row's).
-    if n_x > 1 and (bias or w_block == 1 or (add and not r_row)):
+    # Several rows: whole blocks of more than one value (not f16), r's rows apart (mv_add.h
+    # reads each row's).
+    if n_x > 1 and (w_block == 1 or (add and not r_row)):
         return None
     blocks = K // w_block
     x_size = 4

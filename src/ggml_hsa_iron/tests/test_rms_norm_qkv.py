@@ -556,6 +556,11 @@ class QkvEmulationTest(unittest.TestCase):
                     ty, 896, 64, 14, 2, 1, 2, False, arch, kty, vty, seed=50 + i, bias=True
                 )
         self.run_case("f32", 64, 8, 4, 2, 2, 0, True, "aie2p", "f16", "f32", seed=59, bias=True)
+        # Three tokens at once (GemvPlan.nx): each token's rows get the same bias values.
+        text, _, _ = self.run_case(
+            "q4_0", 896, 64, 14, 2, 3, 2, False, "aie2p", "f16", "f16", seed=58, bias=True
+        )
+        self.assertEqual({g.spec.plan.nx for g in prepare(parse_request(text)).groups}, {3})
 
     def test_bit_for_bit_the_separate_designs(self):
         # Llama-3.2-1B on aie2: Q's group plans as RMS_NORM_MUL_MAT_ROPE's whole-array design
