@@ -831,10 +831,8 @@ class GemvPlan:
         """`norm`: the tasks carrying n on the x channel, once per dispatch: ("n", n's K values,
         `norm_tap`), then with `nx` ("x", x's first chunks padding the last object; fewer than
         nx chunks, within x's nx rows, while n may be shorter)."""
-        kc = self.k_chunk
-        pad = self.norm_objects * self.nx - self.k_steps
-        taps = [("n", self.norm_tap())]
-        return taps + ([("x", Tap(0, (1, 1, pad, kc), (0, 0, kc, 1)))] if pad else [])
+        pad = (self.norm_objects * self.nx - self.k_steps) * self.k_chunk
+        return [("n", self.norm_tap())] + [("x", tap) for tap in self._padding(pad)]
 
     @property
     def rope_objects(self) -> int:
@@ -853,18 +851,10 @@ class GemvPlan:
         if r.head_norm:
             out.append(("hn", Tap(0, (1, 1, 1, r.head), (0, 0, 0, 1))))
         out.append(("pos", Tap(0, (1, 1, 1, r.tokens), (0, 0, 0, 1))))
-        kc = self.k_chunk
-        pad = self.rope_objects * self.nx * kc - r.words
-        if pad and self.nx == 1:
-            out.append(("n", Tap(0, (1, 1, 1, pad), (0, 0, 0, 1))))
-        elif pad:
-            # Fewer than nx chunks: within x's nx rows, while n may be shorter.
-            chunks, rest = divmod(pad, kc)
-            if chunks:
-                out.append(("x", Tap(0, (1, 1, chunks, kc), (0, 0, kc, 1))))
-            if rest:
-                out.append(("x", Tap(chunks * kc, (1, 1, 1, rest), (0, 0, 0, 1))))
-        return out
+        pad = self.rope_objects * self.nx * self.k_chunk - r.words
+        # nx rows: x's first values (within its nx rows, while n may be shorter).
+        source = "n" if self.nx == 1 else "x"
+        return out + [(source, tap) for tap in self._padding(pad)]
 
     @property
     def bias_objects(self) -> int:
@@ -879,19 +869,22 @@ class GemvPlan:
         object)."""
         if not self.bias:
             return []
-        cr, kc = self.rows * self.rows_per_tile, self.k_chunk
+        cr = self.rows * self.rows_per_tile
         out = [("b", Tap(col * cr, (1, 1, self.rounds, cr), (0, 0, self.block, 1)))]
-        pad = self.bias_objects * self.nx * kc - self.rounds * cr
-        if pad and self.nx == 1:
-            out.append(("x", Tap(0, (1, 1, 1, pad), (0, 0, 0, 1))))
-        elif pad:
-            # Fewer than nx chunks: in K chunks of x's nx rows, then the rest.
-            chunks, rest = divmod(pad, kc)
-            if chunks:
-                out.append(("x", Tap(0, (1, 1, chunks, kc), (0, 0, kc, 1))))
-            if rest:
-                out.append(("x", Tap(chunks * kc, (1, 1, 1, rest), (0, 0, 0, 1))))
-        return out
+        pad = self.bias_objects * self.nx * self.k_chunk - self.rounds * cr
+        return out + [("x", tap) for tap in self._padding(pad)]
+
+    def _padding(self, words: int) -> list[Tap]:
+        """The taps of a source's first `words` words padding the last x object: one run, or
+        with `nx` (fewer than nx*kc words, past a DMA wrap) K chunks, then the rest."""
+        if not words:
+            return []
+        if self.nx == 1:
+            return [Tap(0, (1, 1, 1, words), (0, 0, 0, 1))]
+        kc = self.k_chunk
+        chunks, rest = divmod(words, kc)
+        taps = [Tap(0, (1, 1, chunks, kc), (0, 0, kc, 1))] if chunks else []
+        return taps + ([Tap(chunks * kc, (1, 1, 1, rest), (0, 0, 0, 1))] if rest else [])
 
     @property
     def x_tasks_per_round(self) -> int:
