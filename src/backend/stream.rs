@@ -466,8 +466,8 @@ impl Stream {
             if self.device.plan_options.row_pieces {
                 ops::pieces::split_steps(steps, OPERAND_ALIGNMENT);
             }
-            // (node, piece) of every kernel to load: a step's own, or its pieces', or (`Slot::
-            // RowCopy`) a cache copy's one-row copy.
+            // (node, slot) of every kernel to load: a step's own, its pieces', or a cache copy's
+            // one-row copy.
             let mut at: Vec<(usize, Slot)> = Vec::new();
             let mut descs: Vec<KernelDesc> = Vec::new();
             for (i, s) in steps.iter().enumerate() {
@@ -498,11 +498,11 @@ impl Stream {
             self.stats.load += loaded.loading;
             self.stats.evictions += loaded.evicted;
             let mut refused = Vec::new();
-            for ((i, piece), kernel) in at.into_iter().zip(loaded.kernels) {
+            for ((i, slot), kernel) in at.into_iter().zip(loaded.kernels) {
                 let Step::Kernel(step) = &mut steps[i] else {
                     continue;
                 };
-                match (kernel, piece) {
+                match (kernel, slot) {
                     (Ok(kernel), Slot::Own) => step.loaded = Some(kernel),
                     (Ok(kernel), Slot::Piece(p)) => {
                         if let Some(piece) = step.pieces.as_mut().and_then(|v| v.get_mut(p)) {
