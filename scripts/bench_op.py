@@ -25,7 +25,7 @@ from bench import TBO_SUMMARY, cost_constants, emulated_hsa0_env
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
-from ggml_hsa_iron.request import Tensor  # noqa: E402
+from ggml_hsa_iron.request import Tensor, parse_request  # noqa: E402
 from ggml_hsa_iron.tests.util import request_dict, tensor  # noqa: E402  (the package's requests)
 
 
@@ -97,8 +97,9 @@ def unfused_requests(req: dict) -> list[dict]:
     if op.startswith("FLASH_ATTN_FFN_"):
         # Its operands as sent (the cache views' strides kept): q, k, v, mask, W_o, r0, W_g,
         # W_u, W_d, n; out, then a, r1 and h; op_params the attention's three words, then eps.
-        q, k, v, mask, wo, r0, wg, wu, wd, n = [as_sent(t) for t in req["inputs"]]
-        a, r1, h = [as_sent(t) for t in req["extra_outputs"]]
+        sent = parse_request(json.dumps(req))
+        q, k, v, mask, wo, r0, wg, wu, wd, n = sent.inputs
+        a, r1, h = sent.extra_outputs
         a_rows = Tensor.dense(a.dtype, (wo.ne[0], r0.ne[1], 1, 1))  # a read as [Ka, N]
         params, glu = req["op_params"], op.removeprefix("FLASH_ATTN_FFN_")
         block = f"MUL_MAT_ADD_RMS_NORM_FFN_{glu}"
@@ -121,12 +122,6 @@ def unfused_requests(req: dict) -> list[dict]:
             request_dict(glu, [out, out], out, arch),
         ]
     return []
-
-
-def as_sent(t: dict) -> Tensor:
-    """A request's tensor with its strides."""
-    ne = tuple(t["ne"]) + (1,) * (4 - len(t["ne"]))
-    return Tensor(t["type"], ne, tuple(t["nb"]))
 
 
 def time_request(

@@ -175,7 +175,7 @@ enum NamedRows {
     /// Rows apart, in range: a (source row, destination row) pair per index, for the one-row
     /// copy.
     Apart(Vec<[Tensor; 2]>),
-    /// Neither (rows out of range, or no one-row copy): the SET_ROWS as planned runs.
+    /// Neither (rows out of range, or a step without the one-row copy): its fallback runs.
     Elsewhere,
 }
 
@@ -606,11 +606,15 @@ impl Stream {
                 let not_loaded = || failed(Enqueue::Operand("its kernel is not loaded".into()));
                 let mut operands = Cow::Borrowed(k.operands.as_slice());
                 for r in &k.rows {
-                    match self.cache_rows(&r.scatter, host).map_err(failed)? {
+                    let row_copy = k.row_copy.as_ref();
+                    match self
+                        .cache_rows(&r.scatter, row_copy.is_some(), host)
+                        .map_err(failed)?
+                    {
                         NamedRows::Consecutive(rows) => operands.to_mut()[r.operand] = rows,
                         // A copy into rows apart (a step of several sequences): a row each.
-                        NamedRows::Apart(copies) if k.row_copy.is_some() => {
-                            let kernel = k.row_copy.as_ref().ok_or_else(not_loaded)?;
+                        NamedRows::Apart(copies) => {
+                            let kernel = row_copy.ok_or_else(not_loaded)?;
                             for pair in copies {
                                 self.enqueue(kernel.clone(), &pair, 1, None, node)
                                     .map_err(failed)?;
@@ -618,7 +622,7 @@ impl Stream {
                             done[r.set_rows] = true;
                             return Ok(());
                         }
-                        _ => {
+                        NamedRows::Elsewhere => {
                             for (j, before) in &k.fallback {
                                 self.run_step(plan, *j, before, host, done)?;
                             }
@@ -671,11 +675,12 @@ impl Stream {
             .transpose()
     }
 
-    /// The cache rows `scatter`'s indices, read now, name. A pending kernel that writes the
-    /// indices runs first.
+    /// The cache rows `scatter`'s indices, read now, name (rows apart only when the step can
+    /// copy them one at a time: `apart`). A pending kernel that writes the indices runs first.
     fn cache_rows(
         &mut self,
         scatter: &RowScatter,
+        apart: bool,
         host: &mut dyn HostMemory,
     ) -> Result<NamedRows, Enqueue> {
         let idx = &scatter.idx;
@@ -690,11 +695,8 @@ impl Stream {
         if let Some([_, rows]) = scatter.operands(&indices) {
             return Ok(NamedRows::Consecutive(rows));
         }
-        let apart = scatter
-            .row_copy
-            .as_ref()
-            .and_then(|_| scatter.row_operands(&indices));
-        Ok(apart.map_or(NamedRows::Elsewhere, NamedRows::Apart))
+        let copies = apart.then(|| scatter.row_operands(&indices)).flatten();
+        Ok(copies.map_or(NamedRows::Elsewhere, NamedRows::Apart))
     }
 
     /// Waits for everything submitted. Submissions are synchronous, so only a pending batch can
