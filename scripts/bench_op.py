@@ -138,6 +138,15 @@ def time_request(
     the bytes of operands (by their index in the request: inputs, then outputs) whose values
     the kernel's work depends on (an attention's mask); the others hold small values.
     `params`: the run-time values of a kernel taking them (a request with `n_kv_step`: n_kv)."""
+    pdi = compile_request(req, work)
+    if pdi is None:
+        return None
+    return time_pdi(args, req, pdi, work, dram_gbps, flops, inputs, params)
+
+
+def compile_request(req: dict, work: Path) -> Path | None:
+    """The PDI the emulation target compiles for request `req` (in work), or None when the
+    IRON package declines it."""
     arch = req["arch"]
     out_dir = work / f"direct-{arch}"
     out_dir.mkdir()
@@ -150,7 +159,22 @@ def time_request(
         return None
     if c.returncode != 0:
         raise SystemExit(f"{arch}: the IRON package failed to compile {req['op']}: {c.stderr[-2000:]}")
-    cmd = [str(args.target / "hsa-sim-time"), str(out_dir / f"{req['name']}.pdi"), "--arch", arch]
+    return out_dir / f"{req['name']}.pdi"
+
+
+def time_pdi(
+    args,
+    req: dict,
+    pdi: Path,
+    work: Path,
+    dram_gbps: float,
+    flops: int = 0,
+    inputs: dict[int, bytes] | None = None,
+    params: list[int] | None = None,
+) -> dict:
+    """compile_request's PDI timed alone by hsa-sim-time (time_request's counters)."""
+    arch = req["arch"]
+    cmd = [str(args.target / "hsa-sim-time"), str(pdi), "--arch", arch]
     cmd += ["--dram-gbps", f"{dram_gbps:g}"]
     if params:
         cmd += ["--params", ",".join(str(p) for p in params)]

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from bench import cost_constants, write_section
-from bench_op import causal_mask, run_direct, time_request, timed_inputs
+from bench_op import causal_mask, compile_request, run_direct, time_pdi, time_request, timed_inputs
 from ggml_hsa_iron.tests.test_decode_layer import layer_request, layer_spec
 from ggml_hsa_iron.tests.test_flash_attn import fa_request, llama_1b, spec_of
 
@@ -41,6 +41,11 @@ LAYER_DIMS = (2048, 32, 8, 64, 8192, N_KV)
 # The KV cache of the layer kernel told n_kv at dispatch (`n_kv_step`): planned for its rows,
 # timed at N_KV (llama-bench's -pg 512,4095 context, docs/perf.md "Compiles during generation").
 CACHE_ROWS = 4608
+# Decode at long contexts: the layer kernel of a cache of LONG_CACHE rows told n_kv at
+# dispatch, timed at each of LONG_N_KV, for these weight types.
+LONG_CACHE = 32768
+LONG_N_KV = [1024, 8192, 32768]
+LONG_TYPES = ["q4_0", "q4_K"]
 
 
 def calibration_lines() -> list[str]:
@@ -111,25 +116,70 @@ def matmul_lines(
     return lines, times
 
 
-def phase_cells(spec, c: dict, dram_gbps: float) -> list[str]:
+def phase_spans(spec, c: dict) -> dict[str, tuple[float, float, float]]:
     """Each phase of a decode layer's runtime sequence (DecodeSpec.sequence_phases: runs of
-    its task groups): its time, the bytes its shim tasks move over that time and their share
-    of the DRAM roof, and the share of it the busiest core computes (each group's busiest,
-    summed)."""
-    groups, cells, i, t0 = c["groups"], [], 0, 0
+    its task groups) by name: its time from the end of the one before (ns), the bytes its shim
+    tasks move and the busiest cores' time (each group's busiest, summed)."""
+    groups, spans, i, t0 = c["groups"], {}, 0, 0
     phases = spec.sequence_phases()
     if sum(n for _, n in phases) != len(groups):
         raise SystemExit(f"the design's {len(groups)} task groups are not its phases' {phases}")
-    for _, n in phases:
+    for name, n in phases:
         end = groups[i + n - 1]["end_ns"]
-        span = max(end - t0, 1)
-        rate = sum(g["shim_bytes"] for g in groups[i : i + n]) / span
-        cores = sum(g["core_busy_ns"] for g in groups[i : i + n]) / span
-        cells.append(
-            f"{(end - t0) / 1e3:,.0f} µs, {rate:.1f} GB/s ({rate / dram_gbps:.0%}), cores {cores:.0%}"
-        )
+        shim = sum(g["shim_bytes"] for g in groups[i : i + n])
+        spans[name] = (end - t0, shim, sum(g["core_busy_ns"] for g in groups[i : i + n]))
         i, t0 = i + n, end
+    return spans
+
+
+def phase_cells(spec, c: dict, dram_gbps: float) -> list[str]:
+    """Each phase's time, the bytes its shim tasks move over that time and their share of the
+    DRAM roof, and the share of it the busiest core computes (phase_spans)."""
+    cells = []
+    for ns, shim, cores in phase_spans(spec, c).values():
+        span = max(ns, 1)
+        rate = shim / span
+        cells.append(
+            f"{ns / 1e3:,.0f} µs, {rate:.1f} GB/s ({rate / dram_gbps:.0%}), cores {cores / span:.0%}"
+        )
     return cells
+
+
+def long_context_lines(args, work: Path, output_ns: dict) -> list[str]:
+    """The decode layer kernel of a LONG_CACHE-row cache told n_kv at dispatch (one compile),
+    timed at each of LONG_N_KV: its chunks of keys, the layer, its attention phase with the
+    rate at which it reads K and V, and the token (layer_lines' sum)."""
+    lines = [
+        "| weights | arch | chunks of keys | n_kv | layer kernel | attention phase | K and V read at | token | decode t/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    _, _, n_head_kv, d, _, _ = LAYER_DIMS
+    for ty in LONG_TYPES:
+        for arch in ARCHS:
+            k = cost_constants(arch)
+            dram = k["bandwidth_bytes_per_s"] / 1e9
+            out = output_ns.get((ty, arch, OUTPUT[0]))
+            dims = LAYER_DIMS[:-1] + (LONG_CACHE,)
+            req = json.loads(layer_request("SWIGLU", ty, dims, arch=arch, n_kv_step=256))
+            d_work = work / f"long-{ty}-{arch}"
+            d_work.mkdir()
+            pdi = compile_request(req, d_work)
+            if pdi is None or out is None:
+                lines.append(f"| {ty} | {arch} | declined | | | | | | |")
+                continue
+            spec = layer_spec("SWIGLU", ty, dims, arch, n_kv_step=256)
+            for n in LONG_N_KV:
+                c = time_pdi(args, req, pdi, d_work, dram, params=[n])
+                attn_ns = phase_spans(spec, c)["attention"][0]
+                kv_gbps = 2 * n * n_head_kv * d * 2 / attn_ns  # f16 K and V rows
+                token = LAYERS * c["work_time_ns"] + out + chain_dispatch_ns(k, LAYERS)
+                lines.append(
+                    f"| {ty} | {arch} | {spec.fa.nc} | {n:,} | {c['work_time_ns'] / 1e3:,.0f} µs"
+                    f" | {attn_ns / 1e3:,.0f} µs | {kv_gbps:.1f} GB/s ({kv_gbps / dram:.0%})"
+                    f" | {token / 1e6:,.1f} ms | {1e9 / token:.1f} |"
+                )
+                print(lines[-1], file=sys.stderr)
+    return lines
 
 
 def chain_dispatch_ns(k: dict, layers: int, per_layer: int = 1) -> float:
@@ -269,6 +319,7 @@ def section(
     decode: list[str],
     layers: list[str],
     layer_phases: list[str],
+    long_context: list[str],
     prompt: list[str],
     attention: list[str],
 ) -> list[str]:
@@ -307,9 +358,9 @@ def section(
         "the timing model at n_kv 1024 with a same-type output projection; the llama-bench",
         "table at the top times the runs' own kernels (a q6_K output projection, n_kv up to 128).",
         f"The last two columns: the layer kernel the backend asks for when it tells n_kv at",
-        f"dispatch (one kernel for every n_kv of a {CACHE_ROWS:,}-row cache, planned for its",
-        "largest: its cores keep the scores of every key, which leaves less room for the",
-        "projections' tiles), timed at the same n_kv.",
+        f"dispatch (one kernel for every n_kv of a {CACHE_ROWS:,}-row cache: its keys in as many",
+        "chunks as the cores' memory needs for the largest, each n_kv / chunks keys), timed at",
+        "the same n_kv.",
         "",
         *layers,
         "",
@@ -327,6 +378,18 @@ def section(
         "attention (whose bytes include them) and the next phase never starts from an empty ring.",
         "",
         *layer_phases,
+        "",
+        f"Decode at long contexts: the layer kernel of a {LONG_CACHE:,}-row cache told n_kv at",
+        "dispatch (one compile for every n_kv), timed at a few n_kv, and the token as above. Its",
+        "attention takes the keys in a fixed count of chunks (each n_kv / chunks keys: an online",
+        "softmax, the cores keeping one chunk's scores), K and V streamed once per KV head through",
+        "each column's x channel, all of a KV head's rows valid (no masked key skipped). \"K and",
+        "V read at\": their f16 bytes over the attention phase's time (W_o's first tiles stream",
+        "beside them), and the share of the DRAM roof. One x channel per column tops out near",
+        "49 GB/s on aie2p and 16 GB/s on aie2; the f16 cache of 8,192 keys alone is 268 MB a",
+        "token, 4.8 ms at 56 GB/s before any weight is read.",
+        "",
+        *long_context,
         "",
         f"The GEMMs of a {PROMPT}-token prompt (pp{PROMPT}) of the same shape, each timed alone: the",
         "layers' projections over the prompt's columns, the output projection once (its last",
@@ -362,11 +425,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-timing-") as work:
         decode, output_ns = matmul_lines(args, Path(work), TYPES, 1, [*LAYER_MATMULS, OUTPUT])
         layers, layer_phases = layer_lines(args, Path(work), output_ns)
+        long_context = long_context_lines(args, Path(work), output_ns)
         prompt, prompt_ns = matmul_lines(
             args, Path(work), PROMPT_TYPES, PROMPT, [*LAYER_MATMULS, OUTPUT]
         )
         attention = attention_lines(args, Path(work), prompt_ns)
-    lines = section(calibration, decode, layers, layer_phases, prompt, attention)
+    lines = section(calibration, decode, layers, layer_phases, long_context, prompt, attention)
     print("\n".join(lines))
     write_section(HEADING, lines)
     return 0

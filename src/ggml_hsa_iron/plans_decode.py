@@ -313,19 +313,12 @@ class QkvShapes:
     def __call__(self, plans):
         """The attention and projection phases on the candidate's shape, as one `extra` of
         plan_phases (their core bytes and shim tasks summed), or None."""
-        fa = self.fa(plans)
-        if fa is None:
-            return None
         qkv = self.phase(plans[0])
         if qkv is None:
             return None
-        norm = next(p for p in plans if p.norm)
-        from .plans_ffn import ffn_core_bytes
-
-        if ffn_core_bytes(norm) + fa.core_bytes + qkv.core_bytes > self.arch.l1_budget:
-            self.why["memory"] = self.why.get("memory", 0) + 1
-            return None
-        return Extra(fa, qkv)
+        # The attention's chunks fit beside the block's and the projections' static data.
+        fa = self.fa(plans, qkv.core_bytes)
+        return Extra(fa, qkv) if fa is not None else None
 
     def explain(self) -> str:
         text = {
@@ -336,10 +329,6 @@ class QkvShapes:
             ),
             "columns": "the Q, K and V groups side by side within the program's columns",
             "tasks": f"a first task group within a shim's {SHIM_GROUP_TASKS} DMA tasks",
-            "memory": (
-                "the rotation's constants with the attention's and the block's static data "
-                f"within {self.arch.l1_budget} bytes"
-            ),
         }
         seen = [text[k] for k in text if k in self.why]
         fa = self.fa.explain() if self.fa.why else ""
@@ -416,7 +405,7 @@ class DecodeSpec(FfnSpec):
         o, gate_up, down = self.tasks()
         return [
             ("Q, K, V", len(self.qkv.task_groups)),
-            ("attention", len(self.fa.column_heads(0))),
+            ("attention", len(self.fa.column_heads(0)) * len(self.fa.round_groups)),
             ("O + residual", len(o)),
             ("norm, gate, up", len(gate_up)),
             ("down + residual", len(down)),

@@ -526,7 +526,27 @@ def _rows_split(n: int) -> int:
     raise UnsupportedError(f"FLASH_ATTN_EXT: {n} K/V rows cannot be walked by one DMA task")
 
 
-def prepare_flash_attn(req: Request) -> FlashAttnSpec:
+@dataclass(frozen=True)
+class FlashAttnOperands:
+    """A FLASH_ATTN_EXT request's operands once checked (`check_flash_attn`), before any plan."""
+
+    arch: Arch
+    op: str
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    mask: Tensor | None
+    sinks: Tensor | None
+    out: Tensor
+    step: int  # run_time_step
+    params: tuple[int, int, int]  # the cores': scale (divided by the softcap), max_bias, softcap
+    slopes: tuple[int, ...]  # ALiBi's per head, f32 bits
+
+
+def check_flash_attn(req: Request) -> FlashAttnOperands:
+    """What FLASH_ATTN_EXT's semantics and the DMA's words ask of the operands, whatever the
+    plan: the types, the shapes, the mask, rows of whole words within a DMA's reach, a
+    run-time n_kv's step; RequestError or UnsupportedError."""
     spec = registry.lookup(req.op)
     # The common checks but the dense-operand rule: K and V are strided cache views.
     _, arch = _check_common(req, strided=True)
@@ -612,6 +632,17 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
         # ggml-cpu folds 1/softcap into the scale: s = softcap * tanh(q.k * (scale / softcap)).
         scale = _f32(scale / softcap)
     core_params = (_f32_bits(scale), params[1], params[2])
+    return FlashAttnOperands(arch, op, q, k, v, mask, sinks, out, step, core_params, slopes)
+
+
+def prepare_flash_attn(req: Request) -> FlashAttnSpec:
+    ops = check_flash_attn(req)
+    arch, op, q, k, v, mask, sinks, out = (
+        ops.arch, ops.op, ops.q, ops.k, ops.v, ops.mask, ops.sinks, ops.out
+    )  # fmt: skip
+    step, core_params, slopes = ops.step, ops.params, ops.slopes
+    d, n_q, n_head, n_seq = q.ne
+    dv, n_kv = v.ne[0], k.ne[1]
 
     # A block's heads share a KV head; with a per-head mask a block has one head, so that its
     # mask rows are consecutive.

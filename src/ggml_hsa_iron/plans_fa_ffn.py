@@ -22,12 +22,17 @@ every candidate (`fa_phase`), its core memory and its DMA tasks counted with the
 The attention phase: column c computes KV heads c, c + C, ... (a round each); its R cores share
 the KV head's K and V, which its x fifo broadcasts to them, read from DRAM once. Core i takes
 q heads kvh gq + i gh ... + gh - 1 (gq = n_head / n_head_kv, gh = gq / R). Per round the x
-stream carries the group's q rows, the mask row, all n_kv K rows, then all n_kv V rows (each
-piece whole kc-word objects: the q rows and the mask row padded by repeating them, K and V
-rows whole objects of whole rows), and each core writes its gh heads' Dv outputs as Dv / nr y
-objects each, joined by the memory tile and drained into a with one strided task per round.
-The W fifo carries nothing in this phase. The core keeps the scores of its gh heads for all
-n_kv keys (a two-pass softmax, kernels/mv_fa.h), which bounds the context a plan takes.
+stream carries the group's q rows, then the keys in `nc` chunks of n_kv / nc keys each: the
+chunk's part of the mask row, its K rows, its V rows (each piece whole kc-word objects: the q
+rows and the mask part padded by repeating them, K and V rows whole objects of whole rows).
+The core keeps its gh heads' scores of one chunk and an online softmax over the chunks
+(kernels/mv_fa.h: the running maximum rescales the sums and the accumulators), so the context
+is not bounded by the core's memory: the plan takes the fewest chunks whose scores fit. The
+chunk count is fixed in the program and the chunk's length a fraction of n_kv, so that a
+run-time n_kv changes the tasks' lengths and the loops' counts, never the program's shape.
+Each core writes its gh heads' Dv outputs as Dv / nr y objects each, joined by the memory
+tile and drained into a with one strided task per round. The W fifo carries nothing in this
+phase.
 
 Refused: more than one query row (n_q n_seq != 1: a decode step only), ALiBi (max_bias != 0),
 a per-head mask, what FLASH_ATTN_EXT_MASK or MUL_MAT_ADD_RMS_NORM_FFN_<glu> refuses, and
@@ -49,15 +54,17 @@ from .plans_fa import (
     _rows_split,
     _run_time_mask_side,
     _side,
-    prepare_flash_attn,
+    check_flash_attn,
     run_time_step,
 )
 from .plans_ffn import FfnSpec, _replan, attn_ffn_phases, ffn_core_bytes
 from .request import Request, Tensor
-from .tiling import MAX_WRAP, VECTOR_ELEMS, Tap, split_run
+from .tiling import MAX_WRAP, SHIM_GROUP_TASKS, VECTOR_ELEMS, Tap, split_run
 
 PREFIX = "FLASH_ATTN_FFN_"
 F32 = 4
+# Chunks of keys a round may take: each costs three DMA tasks on the x channel.
+MAX_CHUNKS = 32
 
 
 def _vecs(n: int) -> int:
@@ -80,9 +87,10 @@ class FaPhase(RunTimeLength):
     nr: int  # f32 values of a core's y object
     kc: int  # 32-bit words of an x object
     q_side: Side  # the group's q rows, repeated to whole objects
-    m_side: Side  # the mask row's words, repeated to whole objects (at n_kv_max)
+    m_side: Side  # a chunk's mask words, repeated to whole objects (at n_kv_max)
     step: int = 0  # RunTimeLength
     n: int = 0
+    nc: int = 1  # chunks of keys per round (the online softmax's blocks)
 
     # --- shapes
     @property
@@ -94,12 +102,22 @@ class FaPhase(RunTimeLength):
         return self.v.ne[0]
 
     @property
+    def chunk(self) -> int:
+        """Keys of a chunk in this instance: n_kv / nc."""
+        return self.n_kv // self.nc
+
+    @property
+    def chunk_max(self) -> int:
+        """Keys of a chunk at n_kv_max: the scores the core keeps per head."""
+        return self.n_kv_max // self.nc
+
+    @property
     def mask_side(self) -> Side:
-        """The mask row's words repeated to whole objects for this instance: with a run-time
+        """A chunk's mask words repeated to whole objects for this instance: with a run-time
         n_kv, the same repeat count for every n_kv (so that the objects are n_kv's multiple)."""
         if not self.step:
             return self.m_side
-        return _run_time_mask_side(self.n_kv, self.step, self.kc)
+        return _run_time_mask_side(self.chunk, self.step // self.nc, self.kc)
 
     @property
     def n_head(self) -> int:
@@ -129,11 +147,13 @@ class FaPhase(RunTimeLength):
 
     @property
     def k_objects(self) -> int:
-        return self.n_kv * self.k_row_words // self.kc
+        """x objects of a chunk's K rows."""
+        return self.chunk * self.k_row_words // self.kc
 
     @property
     def v_objects(self) -> int:
-        return self.n_kv * self.v_row_words // self.kc
+        """x objects of a chunk's V rows."""
+        return self.chunk * self.v_row_words // self.kc
 
     @property
     def out_objects(self) -> int:
@@ -146,26 +166,44 @@ class FaPhase(RunTimeLength):
 
     @property
     def objects_per_round(self) -> int:
-        """x objects of a round: q rows, mask row, K rows, V rows."""
-        return self.q_side.objects + self.mask_side.objects + self.k_objects + self.v_objects
+        """x objects of a round: q rows, then per chunk its mask words, K rows, V rows."""
+        chunk = self.mask_side.objects + self.k_objects + self.v_objects
+        return self.q_side.objects + self.nc * chunk
 
     # --- the plan's limits
     @property
     def core_bytes(self) -> int:
-        """The core's static data of the phase (kernels/mv_fa.h): q rows, scores, accumulators
-        of its gh heads, one decoded K or V row, a vector of dot products and the sum per
-        head, five counters."""
+        """The core's static data of the phase (kernels/mv_fa.h): q rows, one chunk's
+        scores, accumulators of its gh heads, one decoded K or V row, a vector of dot products,
+        the running maximum and sum per head, nine counters."""
         gh, v = self.gh, VECTOR_ELEMS
-        floats = gh * (_vecs(self.d) + _vecs(self.n_kv_max) + _vecs(self.dv) + 2 * v)
+        floats = gh * (_vecs(self.d) + _vecs(self.chunk_max) + _vecs(self.dv) + v + 2)
         floats += max(_vecs(self.d), _vecs(self.dv))
-        return floats * F32 + 5 * 4
+        return floats * F32 + 9 * 4
+
+    @property
+    def round_groups(self) -> list[range]:
+        """A round's chunks by task group: the first group's tasks start with the q rows, the
+        last's end with a's drain, each group within a shim's buffer descriptors with room
+        for the next phase's first W fills (designs/ffn.py's `_ahead`)."""
+        room = SHIM_GROUP_TASKS - 2
+        groups, first = [], 0
+        while first < self.nc:
+            tasks = 1 if first == 0 else 0  # the q rows
+            last = first
+            while last < self.nc and tasks + 3 + (last + 1 == self.nc) <= room:
+                tasks += 3
+                last += 1
+            groups.append(range(first, max(last, first + 1)))
+            first = groups[-1].stop
+        return groups
 
     @property
     def tasks(self) -> dict[str, int]:
         """DMA tasks of the busiest column's shim channels (column 0's rounds): per round the
-        q rows, the mask row, K and V on x, a's drain on y."""
+        q rows and per chunk its mask words, K and V on x, a's drain on y."""
         rounds = len(self.column_heads(0))
-        return {"W": 0, "x": 4 * rounds, "y": rounds}
+        return {"W": 0, "x": (1 + 3 * self.nc) * rounds, "y": rounds}
 
     # --- taps (q, k, v, mask as 32-bit words; a as f32)
     def q_tap(self, kvh: int) -> Tap:
@@ -174,26 +212,29 @@ class FaPhase(RunTimeLength):
         s = self.q_side
         return Tap(kvh * self.gq * hs, (s.rep, 1, self.gq, self.d), (0, 0, hs, 1))
 
-    def mask_tap(self) -> Tap:
-        """Mask row 0's words (n_kv f16 values, the last word's other half unused), repeated
-        to whole objects; with a run-time n_kv, in runs of step / 2 words (every size then
-        n_kv's multiple)."""
-        s = self.mask_side
-        a, w = (s.words // (self.step // 2), self.step // 2) if self.step else split_run(s.words, 4)
-        return Tap(0, (s.rep, 1, a, w), (0, 0, w, 1))
+    def mask_tap(self, c: int) -> Tap:
+        """Chunk c's words of mask row 0 (its keys' f16 values; with one chunk of an odd n_kv
+        the last word's other half unused), repeated to whole objects; with a run-time n_kv,
+        in runs of step / (2 nc) words (every size then n_kv's multiple)."""
+        s, unit = self.mask_side, self.step // self.nc
+        a, w = (s.words // (unit // 2), unit // 2) if self.step else split_run(s.words, 4)
+        return Tap(c * self.chunk // 2, (s.rep, 1, a, w), (0, 0, w, 1))
 
-    def _kv_tap(self, t: Tensor, kvh: int, row_words: int) -> Tap:
-        off, n, stride = kvh * t.nb[2] // 4, self.n_kv, t.nb[1] // 4
+    def _kv_tap(self, t: Tensor, kvh: int, c: int, row_words: int) -> Tap:
+        n, stride = self.chunk, t.nb[1] // 4
+        off = kvh * t.nb[2] // 4 + c * n * stride
         if stride == row_words or n == 1:
             return Tap(off, (1, 1, 1, n * row_words), (0, 0, 0, 1))
-        r = self.step or _rows_split(n)
+        r = self.step // self.nc or _rows_split(n)
         return Tap(off, (1, n // r, r, row_words), (0, r * stride, stride, 1))
 
-    def k_tap(self, kvh: int) -> Tap:
-        return self._kv_tap(self.k, kvh, self.k_row_words)
+    def k_tap(self, kvh: int, c: int) -> Tap:
+        """Chunk c's K rows of KV head kvh."""
+        return self._kv_tap(self.k, kvh, c, self.k_row_words)
 
-    def v_tap(self, kvh: int) -> Tap:
-        return self._kv_tap(self.v, kvh, self.v_row_words)
+    def v_tap(self, kvh: int, c: int) -> Tap:
+        """Chunk c's V rows of KV head kvh."""
+        return self._kv_tap(self.v, kvh, c, self.v_row_words)
 
     def a_tap(self, kvh: int) -> Tap:
         """The joined y objects of a round: per object of a core (head t, part s) the R cores'
@@ -213,7 +254,8 @@ class FaPhase(RunTimeLength):
             "MV_FA": 1,
             "FA_D": self.d,
             "FA_DV": self.dv,
-            "FA_NKV": self.n_kv_max,
+            "FA_CHUNK": self.chunk_max,
+            "FA_NC": self.nc,
             "FA_GQ": self.gq,
             "FA_GH": self.gh,
             "FA_K_TYPE": KV_CODE[self.k.dtype],
@@ -238,18 +280,29 @@ class FaShapes:
         self.step = step
         self.why: dict[str, int] = {}
 
-    def __call__(self, plans) -> FaPhase | None:
-        """The phase on the shape of the candidate's GEMV plans (phase 0's first), or None."""
-        got = fa_phase(*self.ops, self.params, plans[0], self.step)
-        if isinstance(got, str):
-            self.why[got] = self.why.get(got, 0) + 1
-            return None
+    def _refused(self, why: str) -> None:
+        self.why[why] = self.why.get(why, 0) + 1
+
+    def __call__(self, plans, other_bytes: int = 0) -> FaPhase | None:
+        """The phase on the shape of the candidate's GEMV plans (phase 0's first) in the fewest
+        chunks whose scores fit the core beside the GEMV phases' static data (and
+        `other_bytes` of another phase's), or None."""
         # Static arrays are allocated for every phase at once: the GEMV phases' too.
         norm = next(p for p in plans if p.norm)
-        if ffn_core_bytes(norm) + got.core_bytes > self.arch.l1_budget:
-            self.why["memory"] = self.why.get("memory", 0) + 1
-            return None
-        return got
+        room = self.arch.l1_budget - ffn_core_bytes(norm) - other_bytes
+        why = None
+        for nc in range(1, MAX_CHUNKS + 1):
+            fa = fa_phase(*self.ops, self.params, plans[0], self.step, nc)
+            if not isinstance(fa, str):
+                if fa.core_bytes <= room:
+                    return fa
+                why = "memory"
+            elif why is None:
+                why = fa  # one chunk's reason, unless more chunks fit the shape
+                if fa in ("gq", "dv"):
+                    break  # the same for every chunk count
+        self._refused(why)
+        return None
 
     def explain(self) -> str:
         q, k, v, _, _ = self.ops
@@ -268,9 +321,9 @@ class FaShapes:
                 f"{self.step} keys (a run-time n_kv)"
             ),
             "memory": (
-                f"the scores of a core's q heads over n_kv = {n_kv} keys (a context too long "
-                f"for the core's memory: the two-pass softmax keeps them all) with its q rows, "
-                f"accumulators and the other phases' buffers within "
+                f"the scores of a core's q heads over a chunk of n_kv = {n_kv} keys (a context "
+                f"too long for the core's memory in {MAX_CHUNKS} equal chunks of whole K and V "
+                f"objects) with its q rows, accumulators and the other phases' buffers within "
                 f"{self.arch.l1_budget} bytes"
             ),
         }
@@ -278,10 +331,11 @@ class FaShapes:
         return "the attention phase needs " + "; ".join(seen) if seen else "none fits"
 
 
-def fa_phase(q, k, v, mask, a, params, p, step: int = 0) -> FaPhase | str:
-    """The attention phase on the shape of GEMV plan p, or the key of why it does not fit
-    there (FaShapes.explain): "gq", "dv", "rows", "sides"; with a run-time n_kv (`step`),
-    "step" when some multiple of step would not be whole objects."""
+def fa_phase(q, k, v, mask, a, params, p, step: int = 0, nc: int = 1) -> FaPhase | str:
+    """The attention phase on the shape of GEMV plan p with nc chunks of keys per round, or
+    the key of why it does not fit there (FaShapes.explain): "gq", "dv", "rows", "sides";
+    with a run-time n_kv (`step`), "step" when some multiple of step would not be whole
+    objects or chunks."""
     C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk
     n_head, n_head_kv = q.ne[2], k.ne[2]
     gq = n_head // n_head_kv
@@ -290,26 +344,30 @@ def fa_phase(q, k, v, mask, a, params, p, step: int = 0) -> FaPhase | str:
     if v.ne[0] % nr:
         return "dv"
     n_kv = k.ne[1]
+    chunk = n_kv // nc
     kw, vw = q.ne[0] * k.size // 4, v.ne[0] * v.size // 4
-    if kc % kw or kc % vw or (n_kv * kw) % kc or (n_kv * vw) % kc:
+    if n_kv % nc or (nc > 1 and chunk % 2):
+        return "rows"  # a chunk's mask words start on a word
+    if kc % kw or kc % vw or (chunk * kw) % kc or (chunk * vw) % kc:
         return "rows"
     q_side = _side(gq * q.ne[0], kc)
-    m_words = -(-n_kv // 2)
     if step:
-        # Every multiple of step: K and V rows in whole objects, the mask row's step / 2 word
-        # runs repeated to whole objects by one repeat count.
-        if (step * kw) % kc or (step * vw) % kc:
+        # Every multiple of step in nc chunks: K and V rows in whole objects, the mask words
+        # of a chunk in runs of step / (2 nc) words repeated to whole objects by one count.
+        unit = step // nc
+        if step % nc or unit % 2 or (unit * kw) % kc or (unit * vw) % kc:
             return "step"
-        m_side = _run_time_mask_side(n_kv, step, kc)
+        m_side = _run_time_mask_side(chunk, unit, kc)
     else:
+        m_words = -(-chunk // 2)
         m_side = _side(m_words, kc)
         if m_side is not None and split_run(m_words, 4) is None:
             m_side = None
     if q_side is None or m_side is None or gq > MAX_WRAP:
         return "sides"
-    if m_words > _extent_words(mask):
+    if -(-n_kv // 2) > _extent_words(mask):
         return "sides"
-    return FaPhase(q, k, v, mask, a, params, C, R, nr, kc, q_side, m_side, step)
+    return FaPhase(q, k, v, mask, a, params, C, R, nr, kc, q_side, m_side, step, nc=nc)
 
 
 def _dense_rows(a: Tensor) -> Tensor:
@@ -355,7 +413,8 @@ def fa_ffn_phases(req: Request):
         raise UnsupportedError(
             f"{op}: a per-head mask ({mask.ne[2]} heads): the cores of a column share one mask row"
         )
-    # FLASH_ATTN_EXT_MASK's checks of q, k, v, the mask and a (and its scale and softcap).
+    # FLASH_ATTN_EXT_MASK's checks of q, k, v, the mask and a (and its scale and softcap); its
+    # own plan's limits (a mask span on the core) are not the phase's.
     fa_req = dataclasses.replace(
         req,
         op="FLASH_ATTN_EXT_MASK",
@@ -365,7 +424,7 @@ def fa_ffn_phases(req: Request):
         extra_outputs=(),
     )
     try:
-        fa = prepare_flash_attn(fa_req)
+        fa = check_flash_attn(fa_req)
     except UnsupportedError as e:
         raise UnsupportedError(f"{op}: the attention phase: {e}") from None
     # The block after it, a read as [Ka, N].

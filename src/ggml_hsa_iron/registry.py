@@ -206,9 +206,10 @@ _FA_FFN_LIMITS = (
     "op_params scale, max_bias (0: no ALiBi), logit_softcap, eps; outputs out f32 [K,1] and "
     "a f32 [Dv,n_head,1,1] dense, r1 f32 [K,1], h f32 [F,1] (extra_outputs). The attention "
     "runs on the GEMV's fifos and cores: a column per KV head (R cores dividing the q heads per "
-    "KV head), K and V rows whole x objects, a core's scores over all n_kv keys in its memory "
-    "(longer contexts are refused), Dv whole y objects; one query row only; whatever "
-    "FLASH_ATTN_EXT_MASK or MUL_MAT_ADD_RMS_NORM_FFN_<glu> refuses is refused"
+    "KV head), K and V rows whole x objects, an online softmax over at most 32 equal chunks of "
+    "keys, a core's scores of one chunk in its memory (longer contexts are refused), Dv whole "
+    "y objects; one query row only; whatever FLASH_ATTN_EXT_MASK's operand checks or "
+    "MUL_MAT_ADD_RMS_NORM_FFN_<glu> refuse is refused"
 )
 
 _DECODE_LAYER_LIMITS = (

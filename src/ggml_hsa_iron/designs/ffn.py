@@ -58,11 +58,11 @@ spec: every phase's tiles are the same types), the GLU's core functions and roun
 
 FLASH_ATTN_FFN_<glu> (plans_fa_ffn.py): a decode step's attention (FLASH_ATTN_EXT_MASK) as a
 phase ahead of phase 0, writing a, on the same fifos and cores: per round (a KV head of the
-column) the x fifo carries the group's q rows, the mask row, all the K rows, then all the V
-rows, each core keeps its gh heads' rows and scores (kernels/mv_fa.h) and writes their outputs
-as y objects, joined and drained into a with one strided task; the W fifo carries nothing.
-Every round's task group ends with `finish()`: every drain of a is awaited before phase 0
-reads it as x.
+column) the x fifo carries the group's q rows, then per chunk of keys its part of the mask
+row, its K rows and its V rows; each core keeps its gh heads' rows and one chunk's scores (an
+online softmax, kernels/mv_fa.h) and writes their outputs as y objects, joined and drained
+into a with one strided task; the W fifo carries nothing. Every task group ends with
+`finish()`: every drain of a is awaited before phase 0 reads it as x.
 
 Runtime-sequence arguments (the request's order): W_g, W_u, W_d, x, n, r, out, h;
 MUL_MAT_ADD_RMS_NORM_FFN_<glu>: W_o, a, r0, W_g, W_u, W_d, n, out, r1, h; FLASH_ATTN_FFN_<glu>:
@@ -117,43 +117,52 @@ def _fa_kernels(kern, x_tile, y_tile):
 
 def _fa_rounds(of_x, of_y, fa, rounds, q_fn, mask_fn, k_fn, v_fn, out_fn, first):
     """The attention phase's rounds on a core, one per KV head of its column: the group's q
-    rows (the core's from word `first`; the first object tells the core n_kv), the mask row,
-    the K rows, the V rows, then its heads' outputs as y objects."""
-    pieces = (
-        (fa.q_side.objects, lambda x: q_fn(x, first, fa.n_kv)),
-        (fa.mask_side.objects, mask_fn),
-        (fa.k_objects, k_fn),
-        (fa.v_objects, v_fn),
-    )
-    for _ in range_(rounds):
-        for count, fn in pieces:
+    rows (the core's from word `first`; the first object tells the core n_kv), per chunk of
+    keys its mask words, K rows and V rows, then its heads' outputs as y objects."""
+
+    def pieces(parts):
+        for count, fn in parts:
             for _ in range_(count):
                 x = of_x.acquire(1)
                 fn(x)
                 of_x.release(1)
+
+    chunk = ((fa.mask_side.objects, mask_fn), (fa.k_objects, k_fn), (fa.v_objects, v_fn))
+    for _ in range_(rounds):
+        pieces(((fa.q_side.objects, lambda x: q_fn(x, first, fa.n_kv)),))
+        for _ in range_(fa.nc):
+            pieces(chunk)
         for _ in range_(fa.out_objects):
             y = of_y.acquire(1)
             out_fn(y)
             of_y.release(1)
 
 
-def _fa_fill(fa, hs, r, tg, bufs, totals):
-    """Round r of the attention phase on every column that has one: on the x channel the KV
-    head's q rows, mask row, K rows and V rows, and the drain of its heads' outputs into a.
-    Returns the most tasks it issued on one column's shim (`_ahead`)."""
+def _fa_fill(fa, hs, r, chunks, tg, bufs, totals):
+    """Round r's task group of the attention phase (its `chunks`, FaPhase.round_groups) on
+    every column that has the round: on the x channel the KV head's q rows (with the first
+    chunk), per chunk its mask words, K rows and V rows, and (with the last) the drain of its
+    heads' outputs into a. Returns the most tasks it issued on one column's shim (`_ahead`)."""
     Q, Kb, V, M, A = bufs
+    first, last = chunks.start == 0, chunks.stop == fa.nc
     for col in range(fa.columns):
         heads = fa.column_heads(col)
         if r >= len(heads):
             continue  # columns past the last KV head
         kvh = heads[r]
         _, hx, hy = hs[3 * col : 3 * col + 3]
-        hx.fill(Q, tap=_tap(totals["q"], fa.q_tap(kvh)), group=tg)
-        hx.fill(M, tap=_tap(totals["mask"], fa.mask_tap()), group=tg)
-        hx.fill(Kb, tap=_tap(totals["k"], fa.k_tap(kvh)), group=tg)
-        hx.fill(V, tap=_tap(totals["v"], fa.v_tap(kvh)), group=tg)
-        hy.drain(A, tap=_tap(totals["a"], fa.a_tap(kvh)), group=tg, wait=True)
-    return 5
+        if first:
+            hx.fill(Q, tap=_tap(totals["q"], fa.q_tap(kvh)), group=tg)
+        for c in chunks:
+            hx.fill(M, tap=_tap(totals["mask"], fa.mask_tap(c)), group=tg)
+            hx.fill(Kb, tap=_tap(totals["k"], fa.k_tap(kvh, c)), group=tg)
+            # A group without the drain awaits its last fill: its buffer descriptors are
+            # free for the next group's only once the channel has moved it.
+            wait = not last and c == chunks.stop - 1
+            hx.fill(V, tap=_tap(totals["v"], fa.v_tap(kvh, c)), group=tg, wait=wait)
+        if last:
+            hy.drain(A, tap=_tap(totals["a"], fa.a_tap(kvh)), group=tg, wait=True)
+    return first + 3 * len(chunks) + last
 
 
 def _qkv_kernels(kern, x_tile, y_tile):
@@ -361,14 +370,16 @@ def _ffn(spec):
         _ahead(attn_groups(Wo, A, R0, Wg, Wu, Wd, Nbuf, Out, R1, H, hs))
 
     def fa_groups(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nbuf, Out, A, R1, H, hs):
-        # The attention phase: one task group per round (a KV head per column), a's rows
-        # drained; it has no W fills, so phase 0's go out while it runs. Then phase 0 over a.
+        # The attention phase: task groups of a round's chunks (a KV head per column), a's
+        # rows drained with the round's last; it has no W fills, so phase 0's go out while it
+        # runs. Then phase 0 over a.
         totals = dict(zip(("q", "k", "v", "mask"), (n for _, n in fa.sequence)))
         totals["a"] = attn.plan.K
         bufs = (Q, Kb, V, M, A)
         groups = [
-            (lambda tg: 0, lambda tg, r=r: _fa_fill(fa, hs, r, tg, bufs, totals))
+            (lambda tg: 0, lambda tg, r=r, g=g: _fa_fill(fa, hs, r, g, tg, bufs, totals))
             for r in range(len(fa.column_heads(0)))
+            for g in fa.round_groups
         ]
         return groups + attn_groups(Wo, A, R0, Wg, Wu, Wd, Nbuf, Out, R1, H, hs)
 

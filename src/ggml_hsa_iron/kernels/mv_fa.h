@@ -5,32 +5,37 @@
 // attention needs no fifo, channel or program of its own (designs/ffn.py, plans_fa_ffn.py).
 //
 // Per KV head (a round of the phase) the column's x stream carries, each piece padded to
-// whole objects (the q rows and the mask row by repeating them; K and V are whole objects):
+// whole objects (the q rows and the mask words by repeating them; K and V are whole objects):
 //   the group's FA_GQ q rows (f32, FA_D each; this core keeps FA_GH of them from word
-//   `first`), the mask row (n_kv f16, repeated FA_M_REP times), all n_kv K rows
-//   (FA_K_ROW_WORDS words each, of type FA_K_TYPE), then all n_kv V rows (FA_V_ROW_WORDS
-//   words, FA_V_TYPE).
-// n_kv (at most FA_NKV) is an argument of the round's first q object, not a define: a kernel
-// whose KV length is given at dispatch runs every length with one core program.
-// The softmax takes two passes over the scores, which the core keeps for every key of its
-// heads (FA_GH x FA_NKV f32: the plan counts them and refuses longer contexts): the scores are
-// complete when the last K object has been read, their maximum is then known before any
-// exponential, and the V objects only add p_j V_j.
+//   `first`), then the keys in FA_NC chunks of n_kv / FA_NC keys, each as its part of the
+//   mask row (f16, repeated FA_M_REP times), its K rows (FA_K_ROW_WORDS words each, of type
+//   FA_K_TYPE), then its V rows (FA_V_ROW_WORDS words, FA_V_TYPE).
+// n_kv is an argument of the round's first q object, not a define: a kernel whose KV length
+// is given at dispatch runs every length with one core program.
+// The softmax is online over the chunks: the core keeps one chunk's scores (FA_GH x FA_CHUNK
+// f32, FA_CHUNK the largest chunk), the running maximum m and sum l per head, and the
+// accumulators. Once a chunk's last K object is in, its maximum updates m, the sums and
+// accumulators so far are rescaled by exp(m_old - m) (only when m grew), and its scores become
+// p_j = exp(s_j - m); its V objects then add p_j V_j. With one chunk this is the two-pass
+// softmax exactly.
 //
 // ggml-cpu's semantics (as flash_attn.cc, whose row helpers fa_rows.h this shares): q rounded
 // to K's type; s = scale q.k, softcap * tanh(s) with a softcap (the scale already divided by
 // it), + mask; a key whose mask is -inf is skipped (its K and V rows are never read: they may
 // hold anything); out = sum p_j V_j / sum p_j, 0 for a row whose every key is masked.
 //
-// Defines (plans_fa_ffn.FaPhase.defines): FA_D, FA_DV, FA_NKV, FA_GQ, FA_GH, FA_K_TYPE,
-// FA_V_TYPE (0 f32, 1 f16, 2 bf16), FA_K_ROW_WORDS, FA_V_ROW_WORDS, FA_SCALE, FA_SOFTCAP (f32
-// bits), FA_Q_OBJECTS, FA_M_REP. The including file names the
+// Defines (plans_fa_ffn.FaPhase.defines): FA_D, FA_DV, FA_CHUNK, FA_NC, FA_GQ, FA_GH,
+// FA_K_TYPE, FA_V_TYPE (0 f32, 1 f16, 2 bf16), FA_K_ROW_WORDS, FA_V_ROW_WORDS, FA_SCALE,
+// FA_SOFTCAP (f32 bits), FA_Q_OBJECTS, FA_M_REP. The including file names the
 // functions: GGML_MV_FA_Q, GGML_MV_FA_MASK, GGML_MV_FA_K, GGML_MV_FA_V, GGML_MV_FA_OUT:
 //   GGML_MV_FA_Q(x, first, n_kv)   one object of the q rows; the first starts the KV head's
 //                            round over n_kv keys
-//   GGML_MV_FA_MASK(x)       one object of the mask row: every head's scores start as it
-//   GGML_MV_FA_K(x)          one object of K rows: their scores; after the last, the softmax
-//   GGML_MV_FA_V(x)          one object of V rows: acc += p_j V_j
+//   GGML_MV_FA_MASK(x)       one object of the chunk's mask words: every head's scores start
+//                            as it
+//   GGML_MV_FA_K(x)          one object of K rows: their scores; after the chunk's last, the
+//                            chunk's softmax step
+//   GGML_MV_FA_V(x)          one object of V rows: acc += p_j V_j; after the chunk's last, the
+//                            next chunk starts
 //   GGML_MV_FA_OUT(y)        the next MV_ROWS outputs (head by head, FA_DV / MV_ROWS objects
 //                            each) divided by the head's sum
 // fa_rows.h (templates: C++ linkage) is included by the including file at file scope.
@@ -41,7 +46,7 @@ static_assert(FA_DV % MV_ROWS == 0, "a head's outputs are whole y objects");
 
 constexpr int FA_DP = (FA_D + (int)VEC - 1) / (int)VEC * (int)VEC;
 constexpr int FA_DVP = (FA_DV + (int)VEC - 1) / (int)VEC * (int)VEC;
-constexpr int FA_NP = (FA_NKV + (int)VEC - 1) / (int)VEC * (int)VEC;
+constexpr int FA_NP = (FA_CHUNK + (int)VEC - 1) / (int)VEC * (int)VEC;
 constexpr int FA_ROWP = FA_DP > FA_DVP ? FA_DP : FA_DVP;
 constexpr int FA_K_PER_OBJ = MV_KC / FA_K_ROW_WORDS;
 constexpr int FA_V_PER_OBJ = MV_KC / FA_V_ROW_WORDS;
@@ -52,56 +57,78 @@ constexpr bool FA_K_PAIRS = fa_rows::in_pairs<FA_K_TYPE, FA_D>;
 constexpr bool FA_V_PAIRS = fa_rows::in_pairs<FA_V_TYPE, FA_DV>;
 
 alignas(64) static float g_fa_q[FA_GH * FA_DP];     // this core's q rows, rounded (tail 0)
-alignas(64) static float g_fa_s[FA_GH * FA_NP];     // the scores, then the p_j (tail -inf)
+alignas(64) static float g_fa_s[FA_GH * FA_NP];     // a chunk's scores, then its p_j (tail -inf)
 alignas(64) static float g_fa_acc[FA_GH * FA_DVP];  // sum p_j V_j per head
 alignas(64) static float g_fa_row[FA_ROWP];         // the current K or V row, decoded
 alignas(64) static float g_fa_dots[FA_GH * VEC];    // a vector of keys' q.k per head
-alignas(64) static float g_fa_sum[FA_GH * VEC];     // per head its sum of p_j (splat)
+static float g_fa_max[FA_GH];                       // per head the running maximum m
+static float g_fa_sum[FA_GH];                       // per head its sum of p_j (scaled to m)
 static int32_t g_fa_q_obj, g_fa_m_obj, g_fa_k_obj, g_fa_v_obj, g_fa_out_obj;
-// The round's keys: n_kv, rounded up to whole vectors, and its mask, K and V objects.
-static int32_t g_fa_nkv, g_fa_np, g_fa_m_objects, g_fa_k_objects, g_fa_v_objects;
+// A chunk's keys, rounded up to whole vectors, and its mask, K and V objects.
+static int32_t g_fa_chunk, g_fa_np, g_fa_m_objects, g_fa_k_objects, g_fa_v_objects;
 
 static inline bool fa_is_neg_inf(float x) { return fa_rows::float_bits(x) == fa_rows::NEG_INF; }
 
-// A KV head's round over n_kv keys starts: no scores (every lane -inf until the mask row sets
-// the keys'), no sums.
-static void fa_round(int32_t n_kv) {
-  g_fa_nkv = n_kv;
-  g_fa_np = (n_kv + (int)VEC - 1) / (int)VEC * (int)VEC;
-  g_fa_m_objects = FA_M_REP * ((n_kv + 1) / 2) / MV_KC;
-  g_fa_k_objects = n_kv / FA_K_PER_OBJ;
-  g_fa_v_objects = n_kv / FA_V_PER_OBJ;
+// A chunk starts: no scores (every lane -inf until the mask words set the keys').
+static void fa_chunk_start() {
   const vf ninf = from_bits(splat_i((int32_t)fa_rows::NEG_INF));
   for (int t = 0; t < FA_GH; ++t)
     for (int i = 0; i < g_fa_np; i += VEC)
       aie::store_v(g_fa_s + t * FA_NP + i, ninf);
-  for (int i = 0; i < FA_GH * FA_DVP; i += VEC)
-    aie::store_v(g_fa_acc + i, splat(0.0f));
-  g_fa_m_obj = g_fa_k_obj = g_fa_v_obj = g_fa_out_obj = 0;
+  g_fa_m_obj = g_fa_k_obj = g_fa_v_obj = 0;
 }
 
-// The scores to p_j = exp(s_j - max) once every key's score is known; a head whose keys are
-// all masked keeps p = 0 everywhere (its sum 0: its output is 0).
+// A KV head's round over n_kv keys in FA_NC chunks starts: no maximum, no sums.
+static void fa_round(int32_t n_kv) {
+  g_fa_chunk = n_kv / FA_NC;
+  g_fa_np = (g_fa_chunk + (int)VEC - 1) / (int)VEC * (int)VEC;
+  g_fa_m_objects = FA_M_REP * ((g_fa_chunk + 1) / 2) / MV_KC;
+  g_fa_k_objects = g_fa_chunk / FA_K_PER_OBJ;
+  g_fa_v_objects = g_fa_chunk / FA_V_PER_OBJ;
+  for (int i = 0; i < FA_GH * FA_DVP; i += VEC)
+    aie::store_v(g_fa_acc + i, splat(0.0f));
+  for (int t = 0; t < FA_GH; ++t) {
+    g_fa_max[t] = fa_rows::bits_to_float(fa_rows::NEG_INF);
+    g_fa_sum[t] = 0.0f;
+  }
+  g_fa_out_obj = 0;
+  fa_chunk_start();
+}
+
+// A chunk's scores are complete: per head the new maximum m (the chunk's or the one before),
+// the sum and accumulators so far rescaled to it, the scores to p_j = exp(s_j - m). A head
+// whose keys so far are all masked keeps p = 0 everywhere (its sum 0: its output is 0).
 static void fa_softmax() {
   for (int t = 0; t < FA_GH; ++t) {
     float *s = g_fa_s + t * FA_NP;
     vf vmax = from_bits(splat_i((int32_t)fa_rows::NEG_INF));
     for (int j = 0; j < g_fa_np; j += VEC)
       vmax = fmax(vmax, load_aligned(s + j));
-    const float m = max_lanes(vmax);
+    const float old = g_fa_max[t];
+    const float top = max_lanes(vmax);
+    const float m = old < top ? top : old;
     vf psum = splat(0.0f);
     if (fa_is_neg_inf(m)) {
       for (int j = 0; j < g_fa_np; j += VEC)
         aie::store_v(s + j, splat(0.0f));
-    } else {
-      const vf mm = splat(m);
-      for (int j = 0; j < g_fa_np; j += VEC) {
-        vf p = exp_nonpos(sub(load_aligned(s + j), mm)); // masked keys and the tail: 0
-        aie::store_v(s + j, p);
-        psum = add(psum, p);
-      }
+      continue;
     }
-    aie::store_v(g_fa_sum + t * VEC, splat(aie::reduce_add(psum)));
+    if (fa_rows::float_bits(m) != fa_rows::float_bits(old)) {
+      // exp(old - m) < 1 (0 when old is -inf: nothing was added yet).
+      const vf alpha = exp_nonpos(sub(splat(old), splat(m)));
+      float *acc = g_fa_acc + t * FA_DVP;
+      for (int i = 0; i < FA_DVP; i += VEC)
+        aie::store_v(acc + i, mul(load_aligned(acc + i), alpha));
+      g_fa_sum[t] *= lane0(alpha);
+      g_fa_max[t] = m;
+    }
+    const vf mm = splat(m);
+    for (int j = 0; j < g_fa_np; j += VEC) {
+      vf p = exp_nonpos(sub(load_aligned(s + j), mm)); // masked keys and the tail: 0
+      aie::store_v(s + j, p);
+      psum = add(psum, p);
+    }
+    g_fa_sum[t] += aie::reduce_add(psum);
   }
 }
 
@@ -122,12 +149,12 @@ void GGML_MV_FA_Q(float *x, int32_t first, int32_t n_kv) {
 }
 
 void GGML_MV_FA_MASK(float *x) {
-  // 2 MV_KC f16 values an object; the values past the row (repeats) are not read.
+  // 2 MV_KC f16 values an object; the values past the chunk (repeats) are not read.
   const uint16_t *m = reinterpret_cast<const uint16_t *>(x);
   const int k0 = g_fa_m_obj * 2 * MV_KC;
-  for (int i = 0; i < 2 * MV_KC && k0 + i < g_fa_nkv; i += VEC) {
+  for (int i = 0; i < 2 * MV_KC && k0 + i < g_fa_chunk; i += VEC) {
     int n = 2 * MV_KC - i < (int)VEC ? 2 * MV_KC - i : (int)VEC;
-    n = g_fa_nkv - k0 - i < n ? g_fa_nkv - k0 - i : n;
+    n = g_fa_chunk - k0 - i < n ? g_fa_chunk - k0 - i : n;
     const vf mv = load_f16_zero(m + i, n);
     for (int t = 0; t < FA_GH; ++t)
       store_part(g_fa_s + t * FA_NP + k0 + i, mv, n);
@@ -198,7 +225,8 @@ void GGML_MV_FA_V(float *x) {
         aie::store_v(acc + i, add(aie::load_v<VEC>(acc + i), mul(load_aligned(g_fa_row + i), p)));
     }
   }
-  g_fa_v_obj = (g_fa_v_obj + 1) % g_fa_v_objects;
+  if (++g_fa_v_obj == g_fa_v_objects)
+    fa_chunk_start(); // the next chunk's (after the round's last: the next round resets)
 }
 
 void GGML_MV_FA_OUT(float *y) {
@@ -212,8 +240,8 @@ void GGML_MV_FA_OUT(float *y) {
       ordered[r] = g_fa_acc[t * FA_DVP + HalfPairs::slot(e0 + r)];
     acc = ordered;
   }
-  const vf sum = load_aligned(g_fa_sum + t * VEC);
-  const vf inv = fa_rows::float_bits(lane0(sum)) == 0 ? splat(0.0f) : recip(sum);
+  const float sum = g_fa_sum[t];
+  const vf inv = fa_rows::float_bits(sum) == 0 ? splat(0.0f) : recip(splat(sum));
   for (int r = 0; r < MV_ROWS; r += VEC) {
     const int n = MV_ROWS - r < (int)VEC ? MV_ROWS - r : (int)VEC;
     store_part(y + r, mul(load_part(acc + r, n), inv), n);

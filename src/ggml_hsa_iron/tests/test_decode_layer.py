@@ -365,6 +365,16 @@ class DecodeLayerEmulationTest(unittest.TestCase):
             with self.subTest(arch=arch, n=n):
                 self.check("SWIGLU", "q4_0", dims, arch, seed=n, n=n)
 
+    def test_run_time_n_kv_in_chunks(self):
+        # A 16384-row cache whose scores take chunks of keys (nc of them for every n_kv: each
+        # n_kv / nc keys), run at a short and at the longest n_kv.
+        dims = TINY[:5] + (16384,)
+        for arch, n in (("aie2p", 768), ("aie2", 16384)):
+            with self.subTest(arch=arch, n=n):
+                spec = layer_spec("SWIGLU", "q4_0", dims, arch, n_kv_step=256)
+                self.assertGreater(spec.fa.nc, 1)
+                self.check("SWIGLU", "q4_0", dims, arch, seed=n, n=n)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -146,25 +146,54 @@ class FaFfnPlanTest(unittest.TestCase):
                             for i in range(fa.d)
                         ]
                         self.assertEqual(idx, rows * (len(idx) // len(rows)))
-                        # The mask row's words, repeated to whole objects.
-                        idx = fa.mask_tap().indices()
-                        self.assertEqual(len(idx) % kc, 0)
-                        self.assertEqual(set(idx), set(range(-(-fa.n_kv // 2))))
-                        # Every K and V row of the KV head once, whole objects.
-                        for t, tap, w in ((k, fa.k_tap(kvh), fa.k_row_words),
-                                          (v, fa.v_tap(kvh), fa.v_row_words)):  # fmt: skip
-                            want = [
-                                (kvh * t.nb[2] + j * t.nb[1]) // 4 + i
-                                for j in range(fa.n_kv)
-                                for i in range(w)
-                            ]
-                            self.assertEqual(tap.indices(), want)
-                            self.assertEqual(len(want) % kc, 0)
+                        self.check_chunks(fa, kvh, k, v)
                         # a: the joined y objects land on the column's heads' rows.
                         idx = fa.a_tap(kvh).indices()
                         self.assertEqual(len(idx), fa.gq * fa.dv)
                         written += idx
                 self.assertEqual(sorted(written), list(range(fa.n_head * fa.dv)))
+
+    def check_chunks(self, fa, kvh, k, v):
+        """Per chunk its mask words repeated to whole objects, its K and V rows once in whole
+        objects: over the chunks every key's once."""
+        kc = fa.kc
+        for c in range(fa.nc):
+            keys = range(c * fa.chunk, (c + 1) * fa.chunk)
+            idx = fa.mask_tap(c).indices()
+            self.assertEqual(len(idx) % kc, 0)
+            self.assertEqual(len(idx) // kc, fa.mask_side.objects)
+            self.assertEqual(set(idx), set(range(keys.start // 2, -(-keys.stop // 2))))
+            for t, tap, w in ((k, fa.k_tap(kvh, c), fa.k_row_words),
+                              (v, fa.v_tap(kvh, c), fa.v_row_words)):  # fmt: skip
+                want = [(kvh * t.nb[2] + j * t.nb[1]) // 4 + i for j in keys for i in range(w)]
+                self.assertEqual(tap.indices(), want)
+                self.assertEqual(len(want) % kc, 0)
+
+    def test_a_long_context_takes_chunks_of_keys(self):
+        """16384 keys of the 1B shape (64 KiB of one head's scores): the fewest equal chunks
+        whose scores fit beside the block's data, each read once, in task groups within a
+        shim's buffer descriptors."""
+        for ty, arch in (("q4_0", "aie2p"), ("q4_0", "aie2"), ("f16", "aie2p")):
+            with self.subTest(ty=ty, arch=arch):
+                spec = fa_ffn_spec("SWIGLU", ty, *LLAMA[:5], 16384, arch=arch)
+                fa = spec.fa
+                self.assertGreater(fa.nc, 1)
+                self.assertEqual(fa.chunk * fa.nc, 16384)
+                room = spec.arch.l1_budget - ffn_core_bytes(spec.up.plan)
+                self.assertLessEqual(fa.core_bytes, room)
+                # One chunk fewer would not fit (the fewest that do).
+                fewer = [n for n in range(1, fa.nc) if 16384 % n == 0]
+                for n in fewer:
+                    bigger = dataclasses.replace(fa, nc=n)
+                    self.assertGreater(bigger.core_bytes, room)
+                k, v = spec.request.inputs[1:3]
+                for kvh in fa.column_heads(0):
+                    self.check_chunks(fa, kvh, k, v)
+                groups = fa.round_groups
+                self.assertEqual([c for g in groups for c in g], list(range(fa.nc)))
+                for i, g in enumerate(groups):
+                    tasks = (i == 0) + 3 * len(g) + (i == len(groups) - 1)
+                    self.assertLessEqual(tasks, SHIM_GROUP_TASKS)
 
     def test_the_limits_count_every_phase(self):
         for dims, ty, arch in ((LLAMA, "f16", "aie2p"), (LLAMA, "q4_0", "aie2"), (TINY, "f32", "aie2")):  # fmt: skip
@@ -172,7 +201,8 @@ class FaFfnPlanTest(unittest.TestCase):
                 spec = fa_ffn_spec("SWIGLU", ty, *dims, arch=arch)
                 fa, a = spec.fa, spec.arch
                 self.assertLessEqual(ffn_core_bytes(spec.up.plan) + fa.core_bytes, a.l1_budget)
-                # The scores of all n_kv keys: the bulk of the phase's memory.
+                # The scores of all n_kv keys in one chunk: the bulk of the phase's memory.
+                self.assertEqual((fa.nc, fa.chunk), (1, fa.n_kv))
                 self.assertGreaterEqual(fa.core_bytes, 4 * fa.gh * fa.n_kv)
                 tasks = program_tasks([p.plan for p in spec.phases], 1)
                 for k, n in fa.tasks.items():
@@ -181,6 +211,7 @@ class FaFfnPlanTest(unittest.TestCase):
                 self.assertLessEqual(5, SHIM_GROUP_TASKS)
                 self.assertEqual(fa.tasks, {"W": 0, "x": 4 * len(fa.column_heads(0)),
                                             "y": len(fa.column_heads(0))})  # fmt: skip
+                self.assertEqual(fa.round_groups, [range(1)])
 
     def test_core_defines_and_sequence(self):
         spec = fa_ffn_spec("GEGLU_QUICK", "q4_0", *LLAMA, arch="aie2", softcap=30.0)
@@ -190,7 +221,8 @@ class FaFfnPlanTest(unittest.TestCase):
         block = block_spec("GEGLU_QUICK", "q4_0", LLAMA, "aie2").core.defines
         self.assertEqual({k: v for k, v in d.items() if not k.startswith(("FA_", "MV_FA"))}, block)
         self.assertEqual(d["MV_FA"], 1)
-        self.assertEqual((d["FA_D"], d["FA_DV"], d["FA_NKV"], d["FA_GQ"]), (64, 64, 256, 4))
+        self.assertEqual((d["FA_D"], d["FA_DV"], d["FA_CHUNK"], d["FA_NC"]), (64, 64, 256, 1))
+        self.assertEqual(d["FA_GQ"], 4)
         self.assertEqual((d["FA_K_TYPE"], d["FA_V_TYPE"]), (1, 1))
         # ggml-cpu's softcap: s = softcap tanh(q.k scale / softcap): the scale divided.
         self.assertEqual(d["FA_SCALE"], f32_bits(0.125 / 30.0) & 0xFFFFFFFF)
@@ -210,8 +242,8 @@ class FaFfnPlanTest(unittest.TestCase):
             ({"max_bias": 8.0}, "ALiBi"),
             ({"n_q": 2}, "one query row"),
             ({"mask": tensor("f16", [256, 64, 32])}, "per-head mask"),
-            # 16384 keys: 64 KiB of scores for one head per core.
-            ({"n_kv": 16384}, "context too long"),
+            # 1008 x 512 keys: 63 KiB of one head's scores in each of 32 chunks.
+            ({"n_kv": 1008 * 512}, "context too long"),
             ({"q": tensor("f16", [64, 1, 32])}, "the attention phase"),
         ]
         for kw, why in refused:
@@ -222,14 +254,13 @@ class FaFfnPlanTest(unittest.TestCase):
                     fa_ffn_spec("SWIGLU", "q4_0", *args.values(), n_kv, **kw)
                 self.assertIn(op, str(e.exception))
                 self.assertIn(why, str(e.exception))
-        # Three q heads per KV head: R = 1 only, whose core cannot hold the scores of three
-        # heads over 4096 keys (four heads over four cores, one each, fit).
-        with self.assertRaises(UnsupportedError) as e:
-            fa_ffn_spec("SWIGLU", "q4_0", 768, 12, 4, 64, 1536, 4096)
-        msg = str(e.exception)
-        self.assertIn("R (cores per column) dividing the 3 q heads per KV head", msg)
-        self.assertIn("n_kv = 4096 keys (a context too long", msg)
-        self.assertEqual(fa_ffn_spec("SWIGLU", "q4_0", 1024, 16, 4, 64, 2048, 4096).fa.gh, 1)
+        # Three q heads per KV head: R = 1 only, its core holding three heads' scores over a
+        # chunk of the 4096 keys (four heads over four cores, one each, in one chunk).
+        fa = fa_ffn_spec("SWIGLU", "q4_0", 768, 12, 4, 64, 1536, 4096).fa
+        self.assertEqual(fa.gh, 3)
+        self.assertGreater(fa.nc, 1)
+        fa = fa_ffn_spec("SWIGLU", "q4_0", 1024, 16, 4, 64, 2048, 4096).fa
+        self.assertEqual((fa.gh, fa.nc), (1, 1))
         # The block's refusals: dense N is not one token; F with no common chunk with K.
         with self.assertRaises(UnsupportedError) as e:
             fa_ffn_spec("SWIGLU", "q4_0", 256, 4, 2, 64, 200, 256)
@@ -278,6 +309,31 @@ class FaFfnRecordTest(unittest.TestCase):
                     w_o, max(i for i, op in enumerate(seq) if op["op"] == "await" and i < first)
                 )
 
+    def test_each_task_group_of_chunks_awaits_its_last_task(self):
+        """A long context's round in several task groups: each ends with an await of its last
+        task (a's drain, or the group's last fill), so that no group's buffer descriptors are
+        reused while the channel still moves them."""
+        from ggml_hsa_iron.emu.compile import record
+
+        spec = fa_ffn_spec("SWIGLU", "f32", *TINY[:5], 16384, arch="aie2p")
+        fa = spec.fa
+        self.assertGreater(len(fa.round_groups), 1)
+        seq = record(spec).to_json("fa_ffn", "aie2p")["sequence"]
+        first = next(i for i, op in enumerate(seq) if op["op"] == "fill" and op["arg"] == A)
+        awaits = [i for i, op in enumerate(seq[:first]) if op["op"] == "await"]
+        self.assertEqual(len(awaits), len(fa.column_heads(0)) * len(fa.round_groups))
+        start = 0
+        for i in awaits:
+            issued = [op for op in seq[start:i] if op["op"] in ("fill", "drain")]
+            issued = [op for op in issued if op["arg"] != WO]  # phase 0's, issued ahead
+            # One awaited task per column: the last the group issued on its fifo.
+            last_on_fifo = {op["fifo"]: op["task"] for op in issued}
+            awaited = seq[i]["tasks"]
+            columns = {op["fifo"] for op in issued if op["op"] == "fill"}
+            self.assertEqual(len(awaited), len(columns))
+            self.assertLessEqual(set(awaited), set(last_on_fifo.values()))
+            start = i + 1
+
     @unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
     def test_the_awaits_of_a_are_needed(self):
         from ggml_hsa_iron.tests.util_emu import build_spec
@@ -298,8 +354,8 @@ class FaFfnRecordTest(unittest.TestCase):
 class FaFfnEmulationTest(unittest.TestCase):
     """The design compiled for `--target emu`, its program run in order on real data."""
 
-    def check(self, glu, ty, dims, arch, kv="f16", seed=0, softcap=0.0, block=True):
-        case = FaFfnCase(glu, ty, *dims, arch, kv=kv, seed=seed, softcap=softcap)
+    def check(self, glu, ty, dims, arch, kv="f16", seed=0, softcap=0.0, block=True, **kw):
+        case = FaFfnCase(glu, ty, *dims, arch, kv=kv, seed=seed, softcap=softcap, **kw)
         a, r1, h, out = case.run()
         case.check(self, a, r1, h, out)
         if not block:
@@ -322,6 +378,15 @@ class FaFfnEmulationTest(unittest.TestCase):
     def test_llama_3_2_1b(self):
         self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=10)
         self.check("GEGLU", "q8_0", LLAMA, "aie2", seed=11)
+
+    def test_a_long_context_in_chunks(self):
+        """The tiny llama over 16384 keys: the online softmax over chunks of keys, the first
+        chunk wholly masked in the second case (the maximum stays -inf through it)."""
+        dims = TINY[:5] + (16384,)
+        fa = fa_ffn_spec("SWIGLU", "f32", *dims, arch="aie2p").fa
+        self.assertGreater(fa.nc, 1)
+        self.check("SWIGLU", "f32", dims, "aie2p", seed=30, block=False)
+        self.check("SWIGLU", "f32", dims, "aie2", seed=31, block=False, masked_first=fa.chunk)
 
     def test_caches_softcap_and_groups(self):
         self.check("REGLU", "q4_0", TINY, "aie2", kv="bf16", seed=20)

@@ -7,7 +7,8 @@ tests/util_emu.py's `run_program` issues every fill first (there they read input
 the cores, then the drains. Here the sequence runs in order, on the fifos, links and cores of
 util_emu.py: a fill reads its bytes when it is issued, a drain is queued, and an await runs the
 dataflow (splits, every core as far as its fifos let it, joins, drains) until nothing moves,
-then requires the awaited tasks to have completed. Operands given as one array are one memory.
+then requires the awaited tasks to have completed (a drain: its bytes written; a fill: its
+objects taken by every consumer of its fifo). Operands given as one array are one memory.
 The sequence's synchronisation is checked, as the hardware needs it:
 
 * a fill must not read bytes that an issued drain not yet awaited writes (the read would race
@@ -62,6 +63,7 @@ class _Run:
         self.drained = {}  # fifo -> bytes taken from the fifo for its first drain
         self.unawaited = {}  # drain task -> (memory, byte indices)
         self.done = set()  # completed drain tasks
+        self.fill_ends = {}  # fill task -> (fifo, its last object)
 
     def cons(self, fid: int, link_id) -> int:
         return next(
@@ -80,8 +82,9 @@ class _Run:
                 )
         fifo.push_stream(mem[idx])
         self.streamed[op["fifo"]] += idx.size
+        last = (self.streamed[op["fifo"]] - 1) // fifo.obj
+        self.fill_ends[op["task"]] = (op["fifo"], last)
         if id(mem) in self.written:
-            last = (self.streamed[op["fifo"]] - 1) // fifo.obj
             self.fills.append((mem, idx, op["fifo"], last, op["task"]))
 
     def delivered(self, fid: int, last: int) -> bool:
@@ -158,7 +161,13 @@ class _Run:
             else:  # await
                 self.pump()
                 for task in op["tasks"]:
-                    if task not in self.done:
+                    if task in self.fill_ends:
+                        if not self.delivered(*self.fill_ends[task]):
+                            raise RuntimeError(
+                                f"the sequence awaits fill task {task}, which cannot complete: "
+                                "the cores took too little of it"
+                            )
+                    elif task not in self.done:
                         raise RuntimeError(
                             f"the sequence awaits task {task}, which cannot complete: the "
                             "cores produced too little for it"

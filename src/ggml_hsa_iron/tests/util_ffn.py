@@ -328,11 +328,12 @@ def fa_ffn_spec(*args, **kw):
 class FaFfnCase:
     """One FLASH_ATTN_FFN_<glu> request's random operands (a decode step: one query row): q, K
     and V (of `kv`) placed in llama.cpp's cache layout (the gaps NaN), a mask with every
-    `masked`-th key -inf and NaN in those keys' K and V rows (masked keys are never read),
-    weights (fast_weights), n (util_norm's) and r0; W_o's Ka is d n_head."""
+    `masked`-th key and the first `masked_first` keys -inf and NaN in those keys' K and V rows
+    (masked keys are never read), weights (fast_weights), n (util_norm's) and r0; W_o's Ka is
+    d n_head."""
 
     def __init__(self, glu, ty, K, n_head, n_head_kv, d, F, n_kv, arch, kv="f16", seed=0,
-                 masked=5, softcap=0.0):  # fmt: skip
+                 masked=5, softcap=0.0, masked_first=0):  # fmt: skip
         from ggml_hsa_iron.tests.test_flash_attn import _np_type, place
 
         self.glu, self.ty, self.K, self.F, self.arch = glu, ty, K, F, arch
@@ -349,9 +350,11 @@ class FaFfnCase:
         v = nrng.standard_normal((1, n_head_kv, n_kv, d)).astype(_np_type(kv))
         mask = (nrng.standard_normal((1, 1, mt.ne[1], mt.ne[0])) * 2).astype(np.float16)
         mask[..., ::masked] = -np.inf
+        mask[..., :masked_first] = -np.inf
         self.k, self.v, self.mask = k.copy(), v.copy(), mask
-        k[:, :, ::masked] = np.nan  # masked keys: never read
-        v[:, :, ::masked] = np.nan
+        for t in (k, v):  # masked keys: never read
+            t[:, :, ::masked] = np.nan
+            t[:, :, :masked_first] = np.nan
         self.fa_bytes = [place(qt, self.q), place(kt, k), place(vt, v), place(mt, mask)]
         self.wo_bytes, self.wo = fast_weights(ty, K, self.Ka, nrng)
         self.wg_bytes, self.wg = fast_weights(ty, F, K, nrng)
