@@ -89,8 +89,8 @@ def unfused_requests(req: dict) -> list[dict]:
     """The kernels the backend runs for a fused MUL_MAT_ADD or MUL_MAT_<glu> the IRON package
     declines (a prompt's GEMM-sized ones): the MUL_MAT (both, for the GLU's gate and up) into
     a dense f32 product, then the ADD of the residual or the GLU of the two products; for a
-    FLASH_ATTN_FFN_<glu> (a step of several tokens, whose attention takes one query row) the
-    attention alone, then MUL_MAT_ADD_RMS_NORM_FFN_<glu> of its output; [] for any other op."""
+    FLASH_ATTN_FFN_<glu> (a step of several sequences with a cache each) the attention alone,
+    then MUL_MAT_ADD_RMS_NORM_FFN_<glu> of its output; [] for any other op."""
     op, arch = req["op"], req["arch"]
     ins = [tensor(t["type"], t["ne"]) for t in req["inputs"]]
     out = tensor(req["output"]["type"], req["output"]["ne"])

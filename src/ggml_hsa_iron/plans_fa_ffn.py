@@ -1,15 +1,15 @@
 """FLASH_ATTN_FFN_<glu>: llama's attention of a decode step and the block after it as one
 program (designs/ffn.py): FLASH_ATTN_EXT_MASK, then MUL_MAT_ADD_RMS_NORM_FFN_<glu> on its output.
 
-The request: inputs q f32 [D, n_q, n_head, n_seq] (rows dense, other strides any), k [D, n_kv,
-n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, ...] (f32, f16 or bf16 views of the KV cache,
-rows dense, row and head strides any), the mask (f16, FLASH_ATTN_EXT_MASK's), W_o [Ka, K]
-(Ka = Dv n_head), r0 f32 [K, N], W_g, W_u [K, F], W_d [F, K] (the four weights of one type) and
-n f32 [K]; op_params scale, max_bias, logit_softcap (FLASH_ATTN_EXT's, f32 bits) and eps;
-`output` out f32 [K, N] and `extra_outputs` [a f32 [Dv, n_head, n_q, n_seq] dense, r1 f32
-[K, N], h f32 [F, N]]:
+The request: inputs q f32 [D, T, n_head, 1] (T query rows: a decode step's tokens of one KV
+cache; rows dense, other strides any), k [D, n_kv, n_head_kv, 1] and v [Dv, n_kv, n_head_kv, 1]
+(f32, f16 or bf16 views of the KV cache, rows dense, row and head strides any), the mask (f16
+[>= n_kv, >= T], a row per token, FLASH_ATTN_EXT_MASK's), W_o [Ka, K] (Ka = Dv n_head), r0 f32
+[K, T], W_g, W_u [K, F], W_d [F, K] (the four weights of one type) and n f32 [K]; op_params
+scale, max_bias, logit_softcap (FLASH_ATTN_EXT's, f32 bits) and eps; `output` out f32 [K, T] and
+`extra_outputs` [a f32 [Dv, n_head, T, 1] dense, r1 f32 [K, T], h f32 [F, T]]:
 
-    a   = FLASH_ATTN_EXT(q, k, v, mask)        r1 = W_o . a + r0  (a read as [Ka, N])
+    a   = FLASH_ATTN_EXT(q, k, v, mask)        r1 = W_o . a + r0  (a read as [Ka, T])
     h   = act(W_g . y) * (W_u . y), y = rms_norm(r1) * n          out = W_d . h + r1
 
 Planned as MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s three phases (plans_ffn.attn_ffn_phases, each
@@ -22,21 +22,26 @@ every candidate (`fa_phase`), its core memory and its DMA tasks counted with the
 The attention phase: column c computes KV heads c, c + C, ... (a round each); its R cores share
 the KV head's K and V, which its x fifo broadcasts to them, read from DRAM once. Core i takes
 q heads kvh gq + i gh ... + gh - 1 (gq = n_head / n_head_kv, gh = gq / R). Per round the x
-stream carries the group's q rows, then the keys in `nc` chunks of n_kv / nc keys each: the
-chunk's part of the mask row, its K rows, its V rows (each piece whole kc-word objects: the q
-rows and the mask part padded by repeating them, K and V rows whole objects of whole rows).
-The core keeps its gh heads' scores of one chunk and an online softmax over the chunks
+stream carries every token's group q rows, then the keys in `nc` chunks of n_kv / nc keys
+each: every token's part of its mask row, the chunk's K rows, its V rows (each piece whole
+x objects: the q rows and the mask parts padded by repeating them, K and V rows whole objects
+of whole rows; with T > 1 the block's phases take the T rows at once, GemvPlan.nx, and an x
+object holds T K chunks' words). So each K and V row is read once for the T tokens; a key is
+skipped only where every token's mask hides it. The core keeps the scores of its gh heads of
+every token over one chunk and an online softmax over the chunks
 (kernels/mv_fa.h: the running maximum rescales the sums and the accumulators), so the context
 is not bounded by the core's memory: the plan takes the fewest chunks whose scores fit. The
 chunk count is fixed in the program and the chunk's length a fraction of n_kv, so that a
 run-time n_kv changes the tasks' lengths and the loops' counts, never the program's shape.
-Each core writes its gh heads' Dv outputs as Dv / nr y objects each, joined by the memory
-tile and drained into a with one strided task per round. The W fifo carries nothing in this
-phase.
+Each core writes its gh heads' Dv outputs as Dv / nr y objects each (an object: the T tokens'
+nr values), joined by the memory tile and drained into a with one strided task per round. The
+W fifo carries nothing in this phase.
 
-Refused: more than one query row (n_q n_seq != 1: a decode step only), ALiBi (max_bias != 0),
-a per-head mask, what FLASH_ATTN_EXT_MASK or MUL_MAT_ADD_RMS_NORM_FFN_<glu> refuses, and
-where no shape fits (the refusal says which of the attention's constraints failed).
+Refused: more than 8 query rows or several sequences with a cache each (n_seq != 1), T > 1
+where the block's phases take the rows one at a time (weights not block-quantized), ALiBi
+(max_bias != 0), a per-head mask, what FLASH_ATTN_EXT_MASK's operand checks or
+MUL_MAT_ADD_RMS_NORM_FFN_<glu> refuse, and where no shape fits (the refusal says which of the
+attention's constraints failed).
 """
 
 import dataclasses
@@ -44,7 +49,7 @@ from dataclasses import dataclass
 
 from .archs import Arch
 from .errors import RequestError, UnsupportedError
-from .plans import _bits_f32, _check_common
+from .plans import GEMV_MAX_X_ROWS, _bits_f32, _check_common
 from .plans_fa import (
     KV_CODE,
     MAX_STEP,
@@ -86,8 +91,8 @@ class FaPhase(RunTimeLength):
     rows: int  # R: cores per column
     nr: int  # f32 values of a core's y object
     kc: int  # 32-bit words of an x object
-    q_side: Side  # the group's q rows, repeated to whole objects
-    m_side: Side  # a chunk's mask words, repeated to whole objects (at n_kv_max)
+    q_side: Side  # the group's q rows of every token, repeated to whole objects
+    m_side: Side  # a chunk's mask words of every token, repeated to whole objects (at n_kv_max)
     step: int = 0  # RunTimeLength
     n: int = 0
     nc: int = 1  # chunks of keys per round (the online softmax's blocks)
@@ -96,6 +101,11 @@ class FaPhase(RunTimeLength):
     @property
     def d(self) -> int:
         return self.q.ne[0]
+
+    @property
+    def tokens(self) -> int:
+        """T: the query rows (a step's tokens, one sequence's or a unified cache's)."""
+        return self.q.ne[1]
 
     @property
     def dv(self) -> int:
@@ -117,7 +127,13 @@ class FaPhase(RunTimeLength):
         n_kv, the same repeat count for every n_kv (so that the objects are n_kv's multiple)."""
         if not self.step:
             return self.m_side
-        return _run_time_mask_side(self.chunk, self.step // self.nc, self.kc)
+        return _run_time_mask_side(self.chunk, self.step // self.nc, self.kc, self.tokens)
+
+    @property
+    def mask_row_words(self) -> int:
+        """Words between two tokens' mask rows at this instance: with a run-time n_kv, rows of
+        n_kv values (the mask llama.cpp makes for the graph's n_kv, dense)."""
+        return (self.n_kv if self.step else self.mask.ne[0]) // 2
 
     @property
     def n_head(self) -> int:
@@ -157,7 +173,8 @@ class FaPhase(RunTimeLength):
 
     @property
     def out_objects(self) -> int:
-        """y objects of a core per round: its gh heads' Dv outputs, nr at a time."""
+        """y objects of a core per round: its gh heads' Dv outputs, nr at a time, each with
+        every token's (the GEMV's y objects hold its T rows' nr values)."""
         return self.gh * self.dv // self.nr
 
     def column_heads(self, c: int) -> list[int]:
@@ -173,11 +190,11 @@ class FaPhase(RunTimeLength):
     # --- the plan's limits
     @property
     def core_bytes(self) -> int:
-        """The core's static data of the phase (kernels/mv_fa.h): q rows, one chunk's
-        scores, accumulators of its gh heads, one decoded K or V row, a vector of dot products,
-        the running maximum and sum per head, nine counters."""
-        gh, v = self.gh, VECTOR_ELEMS
-        floats = gh * (_vecs(self.d) + _vecs(self.chunk_max) + _vecs(self.dv) + v + 2)
+        """The core's static data of the phase (kernels/mv_fa.h): per token and head of its gh
+        its q row, one chunk's scores, the accumulators, a vector of dot products, the running
+        maximum and sum; one decoded K or V row, nine counters."""
+        rows, v = self.tokens * self.gh, VECTOR_ELEMS
+        floats = rows * (_vecs(self.d) + _vecs(self.chunk_max) + _vecs(self.dv) + v + 2)
         floats += max(_vecs(self.d), _vecs(self.dv))
         return floats * F32 + 9 * 4
 
@@ -207,18 +224,21 @@ class FaPhase(RunTimeLength):
 
     # --- taps (q, k, v, mask as 32-bit words; a as f32)
     def q_tap(self, kvh: int) -> Tap:
-        """The group's gq q rows (query row 0 of sequence 0), repeated to whole objects."""
-        hs = self.q.nb[2] // 4
+        """Per token the group's gq q rows (sequence 0), repeated to whole objects."""
+        ts, hs = self.q.nb[1] // 4, self.q.nb[2] // 4
         s = self.q_side
-        return Tap(kvh * self.gq * hs, (s.rep, 1, self.gq, self.d), (0, 0, hs, 1))
+        return Tap(kvh * self.gq * hs, (s.rep, self.tokens, self.gq, self.d), (0, ts, hs, 1))
 
     def mask_tap(self, c: int) -> Tap:
-        """Chunk c's words of mask row 0 (its keys' f16 values; with one chunk of an odd n_kv
-        the last word's other half unused), repeated to whole objects; with a run-time n_kv,
-        in runs of step / (2 nc) words (every size then n_kv's multiple)."""
-        s, unit = self.mask_side, self.step // self.nc
-        a, w = (s.words // (unit // 2), unit // 2) if self.step else split_run(s.words, 4)
-        return Tap(c * self.chunk // 2, (s.rep, 1, a, w), (0, 0, w, 1))
+        """Per token chunk c's words of its mask row (the chunk's keys' f16 values; with one
+        chunk of an odd n_kv and one token the last word's other half unused), repeated to
+        whole objects; with a run-time n_kv, in runs of step / (2 nc) words (every size then
+        n_kv's multiple)."""
+        s, unit, t = self.mask_side, self.step // self.nc, self.tokens
+        words = s.words // t  # a token's
+        a, w = (words // (unit // 2), unit // 2) if self.step else split_run(words, 4)
+        off = c * self.chunk // 2
+        return Tap(off, (s.rep, t, a, w), (0, self.mask_row_words, w, 1))
 
     def _kv_tap(self, t: Tensor, kvh: int, c: int, row_words: int) -> Tap:
         n, stride = self.chunk, t.nb[1] // 4
@@ -237,10 +257,12 @@ class FaPhase(RunTimeLength):
         return self._kv_tap(self.v, kvh, c, self.v_row_words)
 
     def a_tap(self, kvh: int) -> Tap:
-        """The joined y objects of a round: per object of a core (head t, part s) the R cores'
-        nr values, core i's head being kvh gq + i gh + t."""
+        """The joined y objects of a round: per object of a core (its gh heads' outputs, nr at
+        a time: head j's part s is object j Dv / nr + s) the R cores' objects, each the T
+        tokens' nr values; core i's head j is kvh gq + i gh + j."""
         dv, nr, gh = self.dv, self.nr, self.gh
-        return Tap(kvh * self.gq * dv, (gh, dv // nr, self.rows, nr), (dv, nr, gh * dv, 1))
+        sizes = (gh * dv // nr, self.rows, self.tokens, nr)
+        return Tap(kvh * self.gq * dv, sizes, (nr, gh * dv, self.n_head * dv, 1))
 
     @property
     def sequence(self) -> list[tuple[str, int]]:
@@ -258,6 +280,7 @@ class FaPhase(RunTimeLength):
             "FA_NC": self.nc,
             "FA_GQ": self.gq,
             "FA_GH": self.gh,
+            "FA_T": self.tokens,
             "FA_K_TYPE": KV_CODE[self.k.dtype],
             "FA_V_TYPE": KV_CODE[self.v.dtype],
             "FA_K_ROW_WORDS": self.k_row_words,
@@ -336,43 +359,46 @@ def fa_phase(q, k, v, mask, a, params, p, step: int = 0, nc: int = 1) -> FaPhase
     the key of why it does not fit there (FaShapes.explain): "gq", "dv", "rows", "sides";
     with a run-time n_kv (`step`), "step" when some multiple of step would not be whole
     objects or chunks."""
-    C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk
+    # x objects hold the GEMV's nx rows' K chunks: the attention's objects are as long.
+    C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk * p.nx
     n_head, n_head_kv = q.ne[2], k.ne[2]
     gq = n_head // n_head_kv
     if gq % R:
         return "gq"
     if v.ne[0] % nr:
         return "dv"
-    n_kv = k.ne[1]
+    n_kv, tokens = k.ne[1], q.ne[1]
     chunk = n_kv // nc
     kw, vw = q.ne[0] * k.size // 4, v.ne[0] * v.size // 4
     if n_kv % nc or (nc > 1 and chunk % 2):
         return "rows"  # a chunk's mask words start on a word
+    if tokens > 1 and (n_kv % 2 or mask.ne[0] % 2):
+        return "rows"  # every token's mask row starts on a word
     if kc % kw or kc % vw or (chunk * kw) % kc or (chunk * vw) % kc:
         return "rows"
-    q_side = _side(gq * q.ne[0], kc)
+    q_side = _side(tokens * gq * q.ne[0], kc)
     if step:
         # Every multiple of step in nc chunks: K and V rows in whole objects, the mask words
         # of a chunk in runs of step / (2 nc) words repeated to whole objects by one count.
         unit = step // nc
         if step % nc or unit % 2 or (unit * kw) % kc or (unit * vw) % kc:
             return "step"
-        m_side = _run_time_mask_side(chunk, unit, kc)
+        m_side = _run_time_mask_side(chunk, unit, kc, tokens)
     else:
         m_words = -(-chunk // 2)
-        m_side = _side(m_words, kc)
+        m_side = _side(tokens * m_words, kc)
         if m_side is not None and split_run(m_words, 4) is None:
             m_side = None
-    if q_side is None or m_side is None or gq > MAX_WRAP:
+    if q_side is None or m_side is None or max(gq, tokens) > MAX_WRAP:
         return "sides"
-    if -(-n_kv // 2) > _extent_words(mask):
+    if (tokens - 1) * (mask.ne[0] // 2) + -(-n_kv // 2) > _extent_words(mask):
         return "sides"
     return FaPhase(q, k, v, mask, a, params, C, R, nr, kc, q_side, m_side, step, nc=nc)
 
 
 def _dense_rows(a: Tensor) -> Tensor:
-    """a [Dv, n_head, 1, 1] as the MUL_MAT_ADD phase reads it: [Ka, 1] (dense)."""
-    return Tensor.dense(a.dtype, (a.ne[0] * a.ne[1] * a.ne[2] * a.ne[3], 1, 1, 1))
+    """a [Dv, n_head, T, 1] as the MUL_MAT_ADD phase reads it: [Ka, T] (dense)."""
+    return Tensor.dense(a.dtype, (a.ne[0] * a.ne[1], a.ne[2] * a.ne[3], 1, 1))
 
 
 def prepare_flash_attn_ffn(req: Request) -> FfnSpec:
@@ -398,11 +424,12 @@ def fa_ffn_phases(req: Request):
     q, k, v, mask, wo, r0, wg, wu, wd, n = req.inputs
     out, (a, r1, h) = req.output, req.extra_outputs
     params = tuple(req.op_params) + (0,) * (4 - len(req.op_params))
-    if q.ne[1] * q.ne[3] != 1:
+    if q.ne[3] != 1 or q.ne[1] > GEMV_MAX_X_ROWS:
         raise UnsupportedError(
             f"{op}: {q.ne[1]} query rows x {q.ne[3]} sequences: the attention phase computes "
-            "one query row (a decode step of one token); the backend runs FLASH_ATTN_EXT_MASK "
-            f"and MUL_MAT_ADD_RMS_NORM_FFN_{glu} instead"
+            f"up to {GEMV_MAX_X_ROWS} query rows of one KV cache (a decode step's tokens, a unified "
+            f"cache's sequences); the backend runs FLASH_ATTN_EXT_MASK and "
+            f"MUL_MAT_ADD_RMS_NORM_FFN_{glu} instead"
         )
     if _bits_f32(params[1]) != 0:
         raise UnsupportedError(
@@ -440,6 +467,13 @@ def fa_ffn_phases(req: Request):
         _, specs = attn_ffn_phases(ffn_req)
     except UnsupportedError as e:
         raise UnsupportedError(f"{op}: {e}") from None
+    tokens = q.ne[1]
+    if tokens > 1 and any(s.plan.nx != tokens for s in specs):
+        raise UnsupportedError(
+            f"{op}: {tokens} query rows, which the block's phases take one at a time "
+            f"({specs[1].src0.dtype} weights): the attention's objects are theirs, one row "
+            "each; the backend runs the ops unfused"
+        )
     step = run_time_step(req)
     if step and (step % 2 or step > MAX_STEP or k.ne[1] % step):
         raise UnsupportedError(

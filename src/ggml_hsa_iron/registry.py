@@ -66,7 +66,7 @@ class OpSpec:
     @property
     def run_time_n_kv(self) -> bool:
         """Whether the request may make n_kv a run-time argument (`n_kv_step`): the lone
-        attention with a mask, and the fused ones of one token (plans_fa.run_time_step)."""
+        attention with a mask, and the fused ones (plans_fa.run_time_step)."""
         return self.kind in ("flash_attn_ffn", "decode_layer") or self.op == "FLASH_ATTN_EXT_MASK"
 
 
@@ -199,16 +199,17 @@ _ATTN_FFN_LIMITS = (
 
 _FA_FFN_LIMITS = (
     "llama's attention of a decode step (FLASH_ATTN_EXT_MASK) and the block after it "
-    "(MUL_MAT_ADD_RMS_NORM_FFN_<glu>) in one dispatch: inputs q f32 [D,1,n_head,1] (rows dense), "
-    "k [D,n_kv,n_head_kv,...] and v [Dv,n_kv,n_head_kv,...] (f32, f16 or bf16, rows dense, row "
-    "and head strides any: KV-cache views), mask f16 (one row shared by the heads), W_o [Ka,K] "
-    "(Ka = Dv n_head), r0 f32 [K,1], W_g, W_u [K,F], W_d [F,K] (one weight type), n f32 [K]; "
-    "op_params scale, max_bias (0: no ALiBi), logit_softcap, eps; outputs out f32 [K,1] and "
-    "a f32 [Dv,n_head,1,1] dense, r1 f32 [K,1], h f32 [F,1] (extra_outputs). The attention "
-    "runs on the GEMV's fifos and cores: a column per KV head (R cores dividing the q heads per "
-    "KV head), K and V rows whole x objects, an online softmax over at most 32 equal chunks of "
-    "keys, a core's scores of one chunk in its memory (longer contexts are refused), Dv whole "
-    "y objects; one query row only; whatever FLASH_ATTN_EXT_MASK's operand checks or "
+    "(MUL_MAT_ADD_RMS_NORM_FFN_<glu>) in one dispatch: inputs q f32 [D,T,n_head,1] (T up to 8 "
+    "query rows of one cache, rows dense), k [D,n_kv,n_head_kv,1] and v [Dv,n_kv,n_head_kv,1] "
+    "(f32, f16 or bf16, rows dense, row and head strides any: KV-cache views), mask f16 (a row "
+    "per token, shared by the heads), W_o [Ka,K] (Ka = Dv n_head), r0 f32 [K,T], W_g, W_u "
+    "[K,F], W_d [F,K] (one weight type; block-quantized when T > 1), n f32 [K]; op_params "
+    "scale, max_bias (0: no ALiBi), logit_softcap, eps; outputs out f32 [K,T] and a f32 "
+    "[Dv,n_head,T,1] dense, r1 f32 [K,T], h f32 [F,T] (extra_outputs). The attention runs on "
+    "the GEMV's fifos and cores: a column per KV head (R cores dividing the q heads per KV "
+    "head), K and V rows whole x objects read once for the T tokens, an online softmax over at "
+    "most 32 equal chunks of keys, a core's scores of one chunk in its memory (longer contexts "
+    "are refused), Dv whole y objects; whatever FLASH_ATTN_EXT_MASK's operand checks or "
     "MUL_MAT_ADD_RMS_NORM_FFN_<glu> refuse is refused"
 )
 

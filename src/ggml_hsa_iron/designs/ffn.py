@@ -374,7 +374,7 @@ def _ffn(spec):
         # rows drained with the round's last; it has no W fills, so phase 0's go out while it
         # runs. Then phase 0 over a.
         totals = dict(zip(("q", "k", "v", "mask"), (n for _, n in fa.sequence)))
-        totals["a"] = attn.plan.K
+        totals["a"] = attn.plan.K * fa.tokens
         bufs = (Q, Kb, V, M, A)
         groups = [
             (lambda tg: 0, lambda tg, r=r, g=g: _fa_fill(fa, hs, r, g, tg, bufs, totals))

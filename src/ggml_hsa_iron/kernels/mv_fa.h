@@ -1,19 +1,23 @@
 // mv_fa.h: the attention phase of FLASH_ATTN_FFN_<glu> in a GEMV core source (mv.cc, mvq.cc),
-// included inside its extern "C" block: ggml's FLASH_ATTN_EXT of one query row (a decode step)
-// for this core's FA_GH q heads of a KV head, computed from objects of the GEMV's own x fifo
-// (MV_KC 32-bit words each) and written as objects of its y fifo (MV_ROWS f32), so that the
-// attention needs no fifo, channel or program of its own (designs/ffn.py, plans_fa_ffn.py).
+// included inside its extern "C" block: ggml's FLASH_ATTN_EXT of FA_T query rows (a decode
+// step's tokens) for this core's FA_GH q heads of a KV head, computed from objects of the
+// GEMV's own x fifo (FA_XW = MV_NX x MV_KC 32-bit words each: the GEMV takes the FA_T = MV_NX
+// tokens' rows at once) and written as objects of its y fifo (MV_NX x MV_ROWS f32), so that
+// the attention needs no fifo, channel or program of its own (designs/ffn.py,
+// plans_fa_ffn.py).
 //
 // Per KV head (a round of the phase) the column's x stream carries, each piece padded to
 // whole objects (the q rows and the mask words by repeating them; K and V are whole objects):
-//   the group's FA_GQ q rows (f32, FA_D each; this core keeps FA_GH of them from word
-//   `first`), then the keys in FA_NC chunks of n_kv / FA_NC keys, each as its part of the
-//   mask row (f16, repeated FA_M_REP times), its K rows (FA_K_ROW_WORDS words each, of type
-//   FA_K_TYPE), then its V rows (FA_V_ROW_WORDS words, FA_V_TYPE).
+//   per token the group's FA_GQ q rows (f32, FA_D each; this core keeps FA_GH of them from
+//   word `first` of each token's), then the keys in FA_NC chunks of n_kv / FA_NC keys, each
+//   as every token's part of its mask row (f16, all repeated FA_M_REP times), its K rows
+//   (FA_K_ROW_WORDS words each, of type FA_K_TYPE), then its V rows (FA_V_ROW_WORDS words,
+//   FA_V_TYPE).
+// A row of the core's state is a (token, head) pair, FA_R = FA_T x FA_GH of them, token-major.
 // n_kv is an argument of the round's first q object, not a define: a kernel whose KV length
 // is given at dispatch runs every length with one core program.
-// The softmax is online over the chunks: the core keeps one chunk's scores (FA_GH x FA_CHUNK
-// f32, FA_CHUNK the largest chunk), the running maximum m and sum l per head, and the
+// The softmax is online over the chunks: the core keeps one chunk's scores (FA_R x FA_CHUNK
+// f32, FA_CHUNK the largest chunk), the running maximum m and sum l per row, and the
 // accumulators. Once a chunk's last K object is in, its maximum updates m, the sums and
 // accumulators so far are rescaled by exp(m_old - m) (only when m grew), and its scores become
 // p_j = exp(s_j - m); its V objects then add p_j V_j. With one chunk this is the two-pass
@@ -21,26 +25,29 @@
 //
 // ggml-cpu's semantics (as flash_attn.cc, whose row helpers fa_rows.h this shares): q rounded
 // to K's type; s = scale q.k, softcap * tanh(s) with a softcap (the scale already divided by
-// it), + mask; a key whose mask is -inf is skipped (its K and V rows are never read: they may
-// hold anything); out = sum p_j V_j / sum p_j, 0 for a row whose every key is masked.
+// it), + mask; a key whose mask is -inf for every token is skipped (its K and V rows are never
+// read: they may hold anything); out = sum p_j V_j / sum p_j, 0 for a row whose every key is
+// masked.
 //
-// Defines (plans_fa_ffn.FaPhase.defines): FA_D, FA_DV, FA_CHUNK, FA_NC, FA_GQ, FA_GH,
+// Defines (plans_fa_ffn.FaPhase.defines): FA_D, FA_DV, FA_CHUNK, FA_NC, FA_GQ, FA_GH, FA_T,
 // FA_K_TYPE, FA_V_TYPE (0 f32, 1 f16, 2 bf16), FA_K_ROW_WORDS, FA_V_ROW_WORDS, FA_SCALE,
 // FA_SOFTCAP (f32 bits), FA_Q_OBJECTS, FA_M_REP. The including file names the
 // functions: GGML_MV_FA_Q, GGML_MV_FA_MASK, GGML_MV_FA_K, GGML_MV_FA_V, GGML_MV_FA_OUT:
 //   GGML_MV_FA_Q(x, first, n_kv)   one object of the q rows; the first starts the KV head's
 //                            round over n_kv keys
-//   GGML_MV_FA_MASK(x)       one object of the chunk's mask words: every head's scores start
-//                            as it
+//   GGML_MV_FA_MASK(x)       one object of the chunk's mask words: the scores of a token's
+//                            heads start as its row
 //   GGML_MV_FA_K(x)          one object of K rows: their scores; after the chunk's last, the
 //                            chunk's softmax step
 //   GGML_MV_FA_V(x)          one object of V rows: acc += p_j V_j; after the chunk's last, the
 //                            next chunk starts
-//   GGML_MV_FA_OUT(y)        the next MV_ROWS outputs (head by head, FA_DV / MV_ROWS objects
-//                            each) divided by the head's sum
+//   GGML_MV_FA_OUT(y)        the next MV_ROWS outputs of a head (head by head, FA_DV / MV_ROWS
+//                            objects each) for each token, divided by the row's sum
 // fa_rows.h (templates: C++ linkage) is included by the including file at file scope.
 
-static_assert(MV_KC % FA_K_ROW_WORDS == 0 && MV_KC % FA_V_ROW_WORDS == 0,
+static_assert(FA_T == MV_NX, "the tokens are the GEMV's activation rows");
+constexpr int FA_XW = MV_NX * MV_KC;
+static_assert(FA_XW % FA_K_ROW_WORDS == 0 && FA_XW % FA_V_ROW_WORDS == 0,
               "an x object holds whole K and V rows");
 static_assert(FA_DV % MV_ROWS == 0, "a head's outputs are whole y objects");
 
@@ -48,21 +55,22 @@ constexpr int FA_DP = (FA_D + (int)VEC - 1) / (int)VEC * (int)VEC;
 constexpr int FA_DVP = (FA_DV + (int)VEC - 1) / (int)VEC * (int)VEC;
 constexpr int FA_NP = (FA_CHUNK + (int)VEC - 1) / (int)VEC * (int)VEC;
 constexpr int FA_ROWP = FA_DP > FA_DVP ? FA_DP : FA_DVP;
-constexpr int FA_K_PER_OBJ = MV_KC / FA_K_ROW_WORDS;
-constexpr int FA_V_PER_OBJ = MV_KC / FA_V_ROW_WORDS;
+constexpr int FA_K_PER_OBJ = FA_XW / FA_K_ROW_WORDS;
+constexpr int FA_V_PER_OBJ = FA_XW / FA_V_ROW_WORDS;
 constexpr int FA_OUT_PER_HEAD = FA_DV / MV_ROWS;
+constexpr int FA_R = FA_T * FA_GH;
 // Rows decoded in pair order (fa_rows::in_pairs): q kept in K's order, the accumulators in
 // V's, put back in order by GGML_MV_FA_OUT.
 constexpr bool FA_K_PAIRS = fa_rows::in_pairs<FA_K_TYPE, FA_D>;
 constexpr bool FA_V_PAIRS = fa_rows::in_pairs<FA_V_TYPE, FA_DV>;
 
-alignas(64) static float g_fa_q[FA_GH * FA_DP];     // this core's q rows, rounded (tail 0)
-alignas(64) static float g_fa_s[FA_GH * FA_NP];     // a chunk's scores, then its p_j (tail -inf)
-alignas(64) static float g_fa_acc[FA_GH * FA_DVP];  // sum p_j V_j per head
-alignas(64) static float g_fa_row[FA_ROWP];         // the current K or V row, decoded
-alignas(64) static float g_fa_dots[FA_GH * VEC];    // a vector of keys' q.k per head
-static float g_fa_max[FA_GH];                       // per head the running maximum m
-static float g_fa_sum[FA_GH];                       // per head its sum of p_j (scaled to m)
+alignas(64) static float g_fa_q[FA_R * FA_DP];     // this core's q rows, rounded (tail 0)
+alignas(64) static float g_fa_s[FA_R * FA_NP];     // a chunk's scores, then its p_j (tail -inf)
+alignas(64) static float g_fa_acc[FA_R * FA_DVP];  // sum p_j V_j per row
+alignas(64) static float g_fa_row[FA_ROWP];        // the current K or V row, decoded
+alignas(64) static float g_fa_dots[FA_R * VEC];    // a vector of keys' q.k per row
+static float g_fa_max[FA_R];                       // per row the running maximum m
+static float g_fa_sum[FA_R];                       // per row its sum of p_j (scaled to m)
 static int32_t g_fa_q_obj, g_fa_m_obj, g_fa_k_obj, g_fa_v_obj, g_fa_out_obj;
 // A chunk's keys, rounded up to whole vectors, and its mask, K and V objects.
 static int32_t g_fa_chunk, g_fa_np, g_fa_m_objects, g_fa_k_objects, g_fa_v_objects;
@@ -72,7 +80,7 @@ static inline bool fa_is_neg_inf(float x) { return fa_rows::float_bits(x) == fa_
 // A chunk starts: no scores (every lane -inf until the mask words set the keys').
 static void fa_chunk_start() {
   const vf ninf = from_bits(splat_i((int32_t)fa_rows::NEG_INF));
-  for (int t = 0; t < FA_GH; ++t)
+  for (int t = 0; t < FA_R; ++t)
     for (int i = 0; i < g_fa_np; i += VEC)
       aie::store_v(g_fa_s + t * FA_NP + i, ninf);
   g_fa_m_obj = g_fa_k_obj = g_fa_v_obj = 0;
@@ -82,12 +90,12 @@ static void fa_chunk_start() {
 static void fa_round(int32_t n_kv) {
   g_fa_chunk = n_kv / FA_NC;
   g_fa_np = (g_fa_chunk + (int)VEC - 1) / (int)VEC * (int)VEC;
-  g_fa_m_objects = FA_M_REP * ((g_fa_chunk + 1) / 2) / MV_KC;
+  g_fa_m_objects = FA_M_REP * FA_T * ((g_fa_chunk + 1) / 2) / FA_XW;
   g_fa_k_objects = g_fa_chunk / FA_K_PER_OBJ;
   g_fa_v_objects = g_fa_chunk / FA_V_PER_OBJ;
-  for (int i = 0; i < FA_GH * FA_DVP; i += VEC)
+  for (int i = 0; i < FA_R * FA_DVP; i += VEC)
     aie::store_v(g_fa_acc + i, splat(0.0f));
-  for (int t = 0; t < FA_GH; ++t) {
+  for (int t = 0; t < FA_R; ++t) {
     g_fa_max[t] = fa_rows::bits_to_float(fa_rows::NEG_INF);
     g_fa_sum[t] = 0.0f;
   }
@@ -95,11 +103,11 @@ static void fa_round(int32_t n_kv) {
   fa_chunk_start();
 }
 
-// A chunk's scores are complete: per head the new maximum m (the chunk's or the one before),
-// the sum and accumulators so far rescaled to it, the scores to p_j = exp(s_j - m). A head
+// A chunk's scores are complete: per row the new maximum m (the chunk's or the one before),
+// the sum and accumulators so far rescaled to it, the scores to p_j = exp(s_j - m). A row
 // whose keys so far are all masked keeps p = 0 everywhere (its sum 0: its output is 0).
 static void fa_softmax() {
-  for (int t = 0; t < FA_GH; ++t) {
+  for (int t = 0; t < FA_R; ++t) {
     float *s = g_fa_s + t * FA_NP;
     vf vmax = from_bits(splat_i((int32_t)fa_rows::NEG_INF));
     for (int j = 0; j < g_fa_np; j += VEC)
@@ -135,29 +143,34 @@ static void fa_softmax() {
 void GGML_MV_FA_Q(float *x, int32_t first, int32_t n_kv) {
   if (g_fa_q_obj == 0)
     fa_round(n_kv);
-  // The object's words w of the group's q rows; this core's FA_GH rows are words first ..
-  // first + FA_GH * FA_D (the repeats padding the last object lie beyond FA_GQ * FA_D).
+  // The object's words w of the tokens' group q rows (FA_GQ * FA_D words a token); this
+  // core's FA_GH rows of a token are its words first .. first + FA_GH * FA_D (the repeats
+  // padding the last object lie beyond FA_T * FA_GQ * FA_D).
   const int o = g_fa_q_obj;
   const uint32_t *b = reinterpret_cast<const uint32_t *>(x);
-  for (int i = 0; i < MV_KC; ++i) {
-    const int w = o * MV_KC + i - first;
-    if (w >= 0 && w < FA_GH * FA_D)
-      g_fa_q[(w / FA_D) * FA_DP + (FA_K_PAIRS ? HalfPairs::slot(w % FA_D) : w % FA_D)] =
+  for (int i = 0; i < FA_XW; ++i) {
+    const int w = o * FA_XW + i;
+    const int t = w / (FA_GQ * FA_D), e = w % (FA_GQ * FA_D) - first;
+    if (t < FA_T && e >= 0 && e < FA_GH * FA_D)
+      g_fa_q[(t * FA_GH + e / FA_D) * FA_DP + (FA_K_PAIRS ? HalfPairs::slot(e % FA_D) : e % FA_D)] =
           fa_rows::round_q<FA_K_TYPE>(fa_rows::bits_to_float(b[i]));
   }
   g_fa_q_obj = (o + 1) % FA_Q_OBJECTS;
 }
 
 void GGML_MV_FA_MASK(float *x) {
-  // 2 MV_KC f16 values an object; the values past the chunk (repeats) are not read.
+  // 2 FA_XW f16 values an object of the tokens' chunk rows, token-major; the values past
+  // the last token's (repeats) are not read.
   const uint16_t *m = reinterpret_cast<const uint16_t *>(x);
-  const int k0 = g_fa_m_obj * 2 * MV_KC;
-  for (int i = 0; i < 2 * MV_KC && k0 + i < g_fa_chunk; i += VEC) {
-    int n = 2 * MV_KC - i < (int)VEC ? 2 * MV_KC - i : (int)VEC;
-    n = g_fa_chunk - k0 - i < n ? g_fa_chunk - k0 - i : n;
+  const int p0 = g_fa_m_obj * 2 * FA_XW;
+  for (int i = 0; i < 2 * FA_XW && p0 + i < FA_T * g_fa_chunk;) {
+    const int t = (p0 + i) / g_fa_chunk, key = (p0 + i) % g_fa_chunk;
+    int n = 2 * FA_XW - i < (int)VEC ? 2 * FA_XW - i : (int)VEC;
+    n = g_fa_chunk - key < n ? g_fa_chunk - key : n;
     const vf mv = load_f16_zero(m + i, n);
-    for (int t = 0; t < FA_GH; ++t)
-      store_part(g_fa_s + t * FA_NP + k0 + i, mv, n);
+    for (int h = 0; h < FA_GH; ++h)
+      store_part(g_fa_s + (t * FA_GH + h) * FA_NP + key, mv, n);
+    i += n;
   }
   g_fa_m_obj = (g_fa_m_obj + 1) % g_fa_m_objects;
 }
@@ -171,16 +184,19 @@ void GGML_MV_FA_K(float *x) {
   const int key0 = g_fa_k_obj * FA_K_PER_OBJ;
   for (int j0 = 0; j0 < FA_K_PER_OBJ; j0 += VEC) {
     const int n = FA_K_PER_OBJ - j0 < (int)VEC ? FA_K_PER_OBJ - j0 : (int)VEC;
-    for (int i = 0; i < FA_GH * (int)VEC; i += VEC)
+    for (int i = 0; i < FA_R * (int)VEC; i += VEC)
       aie::store_v(g_fa_dots + i, splat(0.0f));
     for (int j = 0; j < n; ++j) {
-      // The mask is the group's (every head's score starts as it): a masked key's K row is
-      // not read, its score stays -inf (0 * scale + -inf).
+      // A token's mask row is its heads' (their scores start as it): a key masked for every
+      // token is not read, its scores stay -inf (0 * scale + -inf).
       const int key = key0 + j0 + j;
-      if (fa_is_neg_inf(g_fa_s[key]))
+      bool used = false;
+      for (int t = 0; t < FA_T && !used; ++t)
+        used = !fa_is_neg_inf(g_fa_s[t * FA_GH * FA_NP + key]);
+      if (!used)
         continue;
       fa_rows::decode_kv_row<FA_K_TYPE, FA_D>(halves, rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
-      for (int t = 0; t < FA_GH; ++t) {
+      for (int t = 0; t < FA_R; ++t) {
         const float *q = g_fa_q + t * FA_DP;
         vf s = mul(load_aligned(g_fa_row), load_aligned(q));
 #pragma GCC unroll 8
@@ -189,7 +205,7 @@ void GGML_MV_FA_K(float *x) {
         g_fa_dots[t * VEC + j] = aie::reduce_add(s);
       }
     }
-    for (int t = 0; t < FA_GH; ++t) {
+    for (int t = 0; t < FA_R; ++t) {
       float *sc = g_fa_s + t * FA_NP + key0 + j0;
       vf s = mul(load_aligned(g_fa_dots + t * VEC), scale);
       if (fa_rows::float_bits(softcap) != 0)
@@ -209,12 +225,12 @@ void GGML_MV_FA_V(float *x) {
   for (int j = 0; j < FA_V_PER_OBJ; ++j) {
     const int key = key0 + j;
     bool used = false;
-    for (int t = 0; t < FA_GH && !used; ++t)
+    for (int t = 0; t < FA_R && !used; ++t)
       used = fa_rows::float_bits(g_fa_s[t * FA_NP + key]) != 0;
     if (!used)
-      continue; // p = 0 for every head: a masked key (its V row may be NaN) or a negligible one
+      continue; // p = 0 for every row: a masked key (its V row may be NaN) or a negligible one
     fa_rows::decode_kv_row<FA_V_TYPE, FA_DV>(halves, rows + j * FA_V_ROW_WORDS, g_fa_row);
-    for (int t = 0; t < FA_GH; ++t) {
+    for (int t = 0; t < FA_R; ++t) {
       const float pj = g_fa_s[t * FA_NP + key];
       if (fa_rows::float_bits(pj) == 0)
         continue;
@@ -230,21 +246,25 @@ void GGML_MV_FA_V(float *x) {
 }
 
 void GGML_MV_FA_OUT(float *y) {
+  // Object (head j, part s): per token t the MV_ROWS outputs s MV_ROWS .. of row (t, j).
   set_ggml_rounding();
-  const int t = g_fa_out_obj / FA_OUT_PER_HEAD;
+  const int j = g_fa_out_obj / FA_OUT_PER_HEAD;
   const int e0 = (g_fa_out_obj % FA_OUT_PER_HEAD) * MV_ROWS;
-  const float *acc = g_fa_acc + t * FA_DVP + e0;
-  alignas(64) float ordered[FA_V_PAIRS ? MV_ROWS : 1];
-  if constexpr (FA_V_PAIRS) {
-    for (int r = 0; r < MV_ROWS; ++r)
-      ordered[r] = g_fa_acc[t * FA_DVP + HalfPairs::slot(e0 + r)];
-    acc = ordered;
-  }
-  const float sum = g_fa_sum[t];
-  const vf inv = fa_rows::float_bits(sum) == 0 ? splat(0.0f) : recip(splat(sum));
-  for (int r = 0; r < MV_ROWS; r += VEC) {
-    const int n = MV_ROWS - r < (int)VEC ? MV_ROWS - r : (int)VEC;
-    store_part(y + r, mul(load_part(acc + r, n), inv), n);
+  for (int t = 0; t < FA_T; ++t) {
+    const int u = t * FA_GH + j;
+    const float *acc = g_fa_acc + u * FA_DVP + e0;
+    alignas(64) float ordered[FA_V_PAIRS ? MV_ROWS : 1];
+    if constexpr (FA_V_PAIRS) {
+      for (int r = 0; r < MV_ROWS; ++r)
+        ordered[r] = g_fa_acc[u * FA_DVP + HalfPairs::slot(e0 + r)];
+      acc = ordered;
+    }
+    const float sum = g_fa_sum[u];
+    const vf inv = fa_rows::float_bits(sum) == 0 ? splat(0.0f) : recip(splat(sum));
+    for (int r = 0; r < MV_ROWS; r += VEC) {
+      const int n = MV_ROWS - r < (int)VEC ? MV_ROWS - r : (int)VEC;
+      store_part(y + t * MV_ROWS + r, mul(load_part(acc + r, n), inv), n);
+    }
   }
   g_fa_out_obj = (g_fa_out_obj + 1) % (FA_GH * FA_OUT_PER_HEAD);
 }

@@ -54,8 +54,8 @@ using namespace ggml_aie;
 #if !defined(MV_NX)
 #define MV_NX 1
 #endif
-#if MV_NX > 1 && (MVQ_F16 || MV_FA || MV_DECODE)
-#error "several activation rows per call: block-quantized weights, no attention"
+#if MV_NX > 1 && (MVQ_F16 || MV_DECODE)
+#error "several activation rows per call: block-quantized weights, no projection phase"
 #endif
 
 static_assert(MV_KC % QB == 0, "a K chunk is whole blocks");

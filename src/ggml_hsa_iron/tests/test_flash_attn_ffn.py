@@ -195,6 +195,40 @@ class FaFfnPlanTest(unittest.TestCase):
                     tasks = (i == 0) + 3 * len(g) + (i == len(groups) - 1)
                     self.assertLessEqual(tasks, SHIM_GROUP_TASKS)
 
+    def test_a_few_tokens_at_once(self):
+        """Four tokens of one cache (llama.cpp's unified KV cache, four sequences): the
+        attention reads each KV head's K and V rows once for the four, each token's q rows
+        and mask row go to the cores, a's rows of every token are written once, and the
+        block's phases take the four rows at once."""
+        for ty, arch in (("q4_0", "aie2p"), ("q4_K", "aie2")):
+            with self.subTest(ty=ty, arch=arch):
+                spec = fa_ffn_spec("SWIGLU", ty, *LLAMA, n_q=4, arch=arch)
+                fa = spec.fa
+                self.assertEqual(fa.tokens, 4)
+                self.assertEqual([p.plan.nx for p in spec.phases], [4, 4, 4])
+                q, k, v, mask = spec.request.inputs[:4]
+                written = []
+                for col in range(fa.columns):
+                    for kvh in fa.column_heads(col):
+                        idx = fa.q_tap(kvh).indices()
+                        rows = [
+                            t * q.nb[1] // 4 + (kvh * fa.gq + j) * q.nb[2] // 4 + i
+                            for t in range(4)
+                            for j in range(fa.gq)
+                            for i in range(fa.d)
+                        ]
+                        self.assertEqual(idx, rows * (len(idx) // len(rows)))
+                        for c in range(fa.nc):
+                            keys = range(c * fa.chunk // 2, (c + 1) * fa.chunk // 2)
+                            row = [t * mask.nb[1] // 4 + w for t in range(4) for w in keys]
+                            idx = fa.mask_tap(c).indices()
+                            self.assertEqual(idx, row * (len(idx) // len(row)))
+                            self.assertEqual(len(idx), fa.mask_side.objects * fa.kc)
+                        written += fa.a_tap(kvh).indices()
+                self.assertEqual(sorted(written), list(range(4 * fa.n_head * fa.dv)))
+                self.assertLessEqual(ffn_core_bytes(spec.up.plan) + fa.core_bytes,
+                                     spec.arch.l1_budget)  # fmt: skip
+
     def test_the_limits_count_every_phase(self):
         for dims, ty, arch in ((LLAMA, "f16", "aie2p"), (LLAMA, "q4_0", "aie2"), (TINY, "f32", "aie2")):  # fmt: skip
             with self.subTest(ty=ty, arch=arch, dims=dims):
@@ -240,7 +274,7 @@ class FaFfnPlanTest(unittest.TestCase):
         op = "FLASH_ATTN_FFN_SWIGLU"
         refused = [
             ({"max_bias": 8.0}, "ALiBi"),
-            ({"n_q": 2}, "one query row"),
+            ({"n_q": 9}, "up to 8 query rows"),
             ({"mask": tensor("f16", [256, 64, 32])}, "per-head mask"),
             # 1008 x 512 keys: 63 KiB of one head's scores in each of 32 chunks.
             ({"n_kv": 1008 * 512}, "context too long"),
@@ -387,6 +421,19 @@ class FaFfnEmulationTest(unittest.TestCase):
         self.assertGreater(fa.nc, 1)
         self.check("SWIGLU", "f32", dims, "aie2p", seed=30, block=False)
         self.check("SWIGLU", "f32", dims, "aie2", seed=31, block=False, masked_first=fa.chunk)
+
+    def test_a_few_tokens_at_once(self):
+        """Several query rows (a unified cache's sequences), each with its own mask row: the
+        1B shape over 4 tokens, the tiny llama over 2 tokens and a long context in chunks."""
+        self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=40, n_q=4)
+        dims = TINY[:5] + (16384,)
+        self.assertGreater(fa_ffn_spec("GEGLU", "q8_0", *dims, n_q=2, arch="aie2").fa.nc, 1)
+        self.check("GEGLU", "q8_0", dims, "aie2", seed=41, n_q=2)
+
+    def test_a_few_tokens_with_n_kv_at_dispatch(self):
+        """Four tokens of a 4096-row cache told n_kv at dispatch (one program for every
+        multiple of 256), run at 768 keys: the mask rows n_kv values apart."""
+        self.check("SWIGLU", "q4_0", TINY[:5] + (4096,), "aie2p", seed=50, n_q=4, at=768)
 
     def test_caches_softcap_and_groups(self):
         self.check("REGLU", "q4_0", TINY, "aie2", kv="bf16", seed=20)

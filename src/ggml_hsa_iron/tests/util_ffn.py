@@ -5,6 +5,7 @@ and out in x's memory or apart (r1 and out in r0's), the kernels it replaces
 numpy references (test_rms_norm_ffn.py, test_mul_mat_add_rms_norm_ffn.py). Everything past the
 requests needs numpy and ml_dtypes."""
 
+import json
 import struct
 
 from ggml_hsa_iron.plans import prepare
@@ -326,42 +327,53 @@ def fa_ffn_spec(*args, **kw):
 
 
 class FaFfnCase:
-    """One FLASH_ATTN_FFN_<glu> request's random operands (a decode step: one query row): q, K
-    and V (of `kv`) placed in llama.cpp's cache layout (the gaps NaN), a mask with every
+    """One FLASH_ATTN_FFN_<glu> request's random operands (a decode step of n_q query rows):
+    q, K and V (of `kv`) placed in llama.cpp's cache layout (the gaps NaN), a mask with every
     `masked`-th key and the first `masked_first` keys -inf and NaN in those keys' K and V rows
-    (masked keys are never read), weights (fast_weights), n (util_norm's) and r0; W_o's Ka is
-    d n_head."""
+    (masked keys are never read; with several rows, each row after the first also masks every
+    seventh key of its own, whose rows the others read), weights (fast_weights), n
+    (util_norm's) and r0; W_o's Ka is d n_head. `at`: n_kv given at dispatch (steps of 256 up
+    to n_kv, the request's `n_kv_step`), the case run at `at` keys: the mask then `at` values
+    a row, dense (llama.cpp's for that n_kv), the cache's first `at` rows read."""
 
     def __init__(self, glu, ty, K, n_head, n_head_kv, d, F, n_kv, arch, kv="f16", seed=0,
-                 masked=5, softcap=0.0, masked_first=0):  # fmt: skip
+                 masked=5, softcap=0.0, masked_first=0, n_q=1, at=0):  # fmt: skip
         from ggml_hsa_iron.tests.test_flash_attn import _np_type, place
 
         self.glu, self.ty, self.K, self.F, self.arch = glu, ty, K, F, arch
-        self.Ka = d * n_head
+        self.Ka, self.n_q, self.at = d * n_head, n_q, at
         text = fa_ffn_request(
-            glu, ty, K, n_head, n_head_kv, d, F, n_kv, kv=kv, arch=arch, softcap=softcap
+            glu, ty, K, n_head, n_head_kv, d, F, n_kv, n_q=n_q, kv=kv, arch=arch, softcap=softcap
         )
+        if at:
+            text = json.dumps({**json.loads(text), "n_kv_step": 256})
         self.req = parse_request(text)
         self.spec = prepare(self.req)
         qt, kt, vt, mt = self.req.inputs[:4]
         nrng = np.random.default_rng(seed)
-        self.q = nrng.standard_normal((1, n_head, 1, d)).astype(np.float32)
+        self.q = nrng.standard_normal((1, n_head, n_q, d)).astype(np.float32)
         k = nrng.standard_normal((1, n_head_kv, n_kv, d)).astype(_np_type(kv))
         v = nrng.standard_normal((1, n_head_kv, n_kv, d)).astype(_np_type(kv))
-        mask = (nrng.standard_normal((1, 1, mt.ne[1], mt.ne[0])) * 2).astype(np.float16)
+        cols = at or mt.ne[0]
+        mask = (nrng.standard_normal((1, 1, mt.ne[1], cols)) * 2).astype(np.float16)
         mask[..., ::masked] = -np.inf
         mask[..., :masked_first] = -np.inf
-        self.k, self.v, self.mask = k.copy(), v.copy(), mask
+        for t in range(1, n_q):
+            mask[0, 0, t, t % 7 :: 7] = -np.inf
+        self.k, self.v, self.mask = k[:, :, :cols].copy(), v[:, :, :cols].copy(), mask
         for t in (k, v):  # masked keys: never read
             t[:, :, ::masked] = np.nan
             t[:, :, :masked_first] = np.nan
-        self.fa_bytes = [place(qt, self.q), place(kt, k), place(vt, v), place(mt, mask)]
+        m = np.frombuffer(place(mt, np.zeros((1, 1, mt.ne[1], mt.ne[0]), np.float16)), np.uint8)
+        m = m.copy()
+        m[: mask.nbytes] = mask.reshape(-1).view(np.uint8)  # rows `cols` values apart
+        self.fa_bytes = [place(qt, self.q), place(kt, k), place(vt, v), m.tobytes()]
         self.wo_bytes, self.wo = fast_weights(ty, K, self.Ka, nrng)
         self.wg_bytes, self.wg = fast_weights(ty, F, K, nrng)
         self.wu_bytes, self.wu = fast_weights(ty, F, K, nrng)
         self.wd_bytes, self.wd = fast_weights(ty, K, F, nrng)
         _, self.n = norm_inputs(nrng, 1, K)
-        self.r0 = nrng.uniform(-4, 4, (1, K)).astype(np.float32)
+        self.r0 = nrng.uniform(-4, 4, (n_q, K)).astype(np.float32)
 
     def args(self):
         """Fresh memories in the sequence's order: q, k, v, mask, W_o, r0, W_g, W_u, W_d, n, out,
@@ -374,7 +386,7 @@ class FaFfnCase:
     def run(self):
         """(a [Ka], r1 [K], h [F], out [K]) as f32 arrays from the emulated design."""
         args = self.args()
-        run_spec_in_order(self.spec, args)
+        run_spec_in_order(self.spec, args, self.at or None)
         out, a, r1, h = (np.frombuffer(b.tobytes(), np.float32).copy() for b in args[10:])
         return a, r1, h, out
 
@@ -389,7 +401,7 @@ class FaFfnCase:
 
     def block_request(self):
         """MUL_MAT_ADD_RMS_NORM_FFN_<glu> of this request's block (a read as [Ka, 1])."""
-        return attn_ffn_request(self.glu, self.ty, 1, self.Ka, self.K, self.F, self.arch)
+        return attn_ffn_request(self.glu, self.ty, self.n_q, self.Ka, self.K, self.F, self.arch)
 
     def check(self, test, a, r1, h, out, tol=2e-5):
         """a against numpy's FLASH_ATTN_EXT (test_flash_attn's reference and tolerance), then
@@ -402,7 +414,9 @@ class FaFfnCase:
         test.assertTrue(np.isfinite(a).all(), f"a of {what}: not finite")
         err = np.abs(a - ref).max()
         test.assertLess(err, tol * max(1.0, np.abs(ref).max()), f"a of {what}: error {err}")
-        a2, r1_, h_, out_ = a[None, :], r1[None, :], h[None, :], out[None, :]
+        n = self.n_q
+        a2, r1_ = a.reshape(n, self.Ka), r1.reshape(n, self.K)
+        h_, out_ = h.reshape(n, self.F), out.reshape(n, self.K)
         check_add(test, self.ty, a2, self.wo, self.r0, r1_, f"r1 of {what}")
         check_h(test, self.glu, self.ty, r1_, self.n, self.wg, self.wu, h_, f"h of {what}")
         check_add(test, self.ty, h_, self.wd, r1_, out_, f"out of {what}")

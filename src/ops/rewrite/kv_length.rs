@@ -16,6 +16,11 @@ use crate::ops::tensor::{Node, Op, Tensor};
 /// cache's size, which then takes the fixed kernel).
 pub const STEP: u32 = 256;
 
+/// The most tokens of a decode step whose fused attention is asked for told n_kv: several
+/// sequences of one cache side by side or a draft's verification batch, which the IRON
+/// package's fused attention takes at once. A prompt's (more rows) keeps the graph's length.
+const STEP_TOKENS: i64 = 8;
+
 /// Makes `r` take its KV length at dispatch when it attends over a KV cache that a SET_ROWS of
 /// `nodes` writes (the cache's rows are then known) and the kernel store provides that kernel.
 pub(super) fn at_run_time(
@@ -54,10 +59,12 @@ fn kv_index(desc: &KernelDesc) -> Option<usize> {
 }
 
 /// [`kv_index`] of a kernel that may take its KV length at dispatch: the lone attention of any
-/// query rows (a decode step's or a prompt's), a fused one of one token (out [K, 1]).
+/// query rows (a decode step's or a prompt's), a fused one of a decode step (out [K, T], T up
+/// to [`STEP_TOKENS`]).
 fn kv_input(desc: &KernelDesc) -> Option<usize> {
     let k = kv_index(desc)?;
-    (desc.op == catalogue::FLASH_ATTN_EXT_MASK.name || desc.output.ne[1] == 1).then_some(k)
+    (desc.op == catalogue::FLASH_ATTN_EXT_MASK.name || desc.output.ne[1] <= STEP_TOKENS)
+        .then_some(k)
 }
 
 /// Rewrites `desc` to take its KV length at dispatch and returns that length (the graph's,
@@ -71,7 +78,7 @@ fn told_n_kv(
 ) -> Option<u32> {
     let Some(k) = kv_input(desc) else {
         // Folded from an attention told its KV length into a kernel that takes none (the
-        // attention and block of several tokens): named by the graph's length again.
+        // attention and block of a prompt): named by the graph's length again.
         let n = kv_index(desc)
             .and_then(|k| operands.get(k))
             .map(|t| t.ne[1]);
@@ -246,17 +253,22 @@ mod tests {
             assert_eq!(k.n_kv, told, "{rows} query rows");
             assert_eq!(k.desc.n_kv_step.is_some(), told.is_some());
         }
-        // The attention and the block of several tokens stay named by n_kv, and are named by
-        // it again when folded from an attention told it.
+        // The attention and the block of a decode step's tokens are told n_kv; of a prompt's
+        // they stay named by n_kv, and are named by it again when folded from an attention
+        // told it.
+        let (mut step, nodes) = case(512, 4608);
+        step.desc.output.ne[1] = STEP_TOKENS;
+        at_run_time(&mut step, &nodes, &|_| true);
+        assert_eq!((step.desc.n_kv_step, step.n_kv), (Some(STEP), Some(512)));
         let (mut r, nodes) = case(512, 4608);
-        r.desc.output.ne[1] = 4;
+        r.desc.output.ne[1] = STEP_TOKENS + 1;
         let before = r.clone();
         at_run_time(&mut r, &nodes, &|_| true);
         assert_eq!(r, before);
         let (mut told, nodes) = case(512, 4608);
         at_run_time(&mut told, &nodes, &|_| true);
         assert_eq!(told.n_kv, Some(512));
-        told.desc.output.ne[1] = 4;
+        told.desc.output.ne[1] = STEP_TOKENS + 1;
         told.n_kv = None;
         at_run_time(&mut told, &nodes, &|_| true);
         assert_eq!((told.desc, told.n_kv), (before.desc, None));
