@@ -192,11 +192,14 @@ class FaPhase(RunTimeLength):
     def core_bytes(self) -> int:
         """The core's static data of the phase (kernels/mv_fa.h): per token and head of its gh
         its q row, one chunk's scores, the accumulators, a vector of dot products, the running
-        maximum and sum; one decoded K or V row, nine counters."""
+        maximum and sum; one decoded K or V row, nine counters; on aie2 (counted on both) the
+        bf16 pieces of each q row and of the current row, three at most."""
         rows, v = self.tokens * self.gh, VECTOR_ELEMS
         floats = rows * (_vecs(self.d) + _vecs(self.chunk_max) + _vecs(self.dv) + v + 2)
-        floats += max(_vecs(self.d), _vecs(self.dv))
-        return floats * F32 + 9 * 4
+        row = max(_vecs(self.d), _vecs(self.dv))
+        floats += row
+        pieces = 3 * (rows * _vecs(self.d) + row) * 2
+        return floats * F32 + pieces + 9 * 4
 
     @property
     def round_groups(self) -> list[range]:

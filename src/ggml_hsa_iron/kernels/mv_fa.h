@@ -77,6 +77,61 @@ static int32_t g_fa_chunk, g_fa_np, g_fa_m_objects, g_fa_k_objects, g_fa_v_objec
 
 static inline bool fa_is_neg_inf(float x) { return fa_rows::float_bits(x) == fa_rows::NEG_INF; }
 
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+// aie2 multiplies bf16 only (ggml_aie.h's f32 mul splits both operands into three bf16 pieces
+// every time). A K row and the q rows it meets are values of K's type: f16 values are exactly
+// two bf16 pieces, bf16 values one, so each is split once (q per round, K per key) and a q.k
+// is the sum of the pieces' exact products in the f32 accumulator: f16 x f16 and bf16 x bf16
+// exactly, f32 as mul (the smallest product dropped). A V row is split once per key; p (any
+// f32) into three pieces per key and row.
+constexpr int fa_pieces(int type) { return type == 2 ? 1 : type == 1 ? 2 : 3; }
+constexpr int FA_PK = fa_pieces(FA_K_TYPE), FA_PV = fa_pieces(FA_V_TYPE);
+using fa_bvec = aie::vector<bfloat16, VEC>;
+alignas(64) static bfloat16 g_fa_qp[FA_R * FA_PK * FA_DP]; // per row its q pieces
+alignas(64) static bfloat16 g_fa_rp[3 * FA_ROWP];          // the current K or V row's pieces
+
+// n values of src (whole vectors) as `pieces` bf16 pieces, piece k at dst + k * stride.
+static void fa_split(const float *src, int n, int pieces, bfloat16 *dst, int stride) {
+  for (int i = 0; i < n; i += VEC) {
+    fa_bvec p0, p1, p2;
+    split3(load_aligned(src + i), p0, p1, p2);
+    aie::store_v(dst + i, p0);
+    if (pieces > 1)
+      aie::store_v(dst + stride + i, p1);
+    if (pieces > 2)
+      aie::store_v(dst + 2 * stride + i, p2);
+  }
+}
+
+// The products of a's pieces (pa of them, stride sa) and b's (pb, stride sb) over n values
+// (whole vectors) whose pieces' orders sum to at most 3, smallest first, in one accumulator
+// per vector added lane by lane: a's . b's when `dot` (one f32 sum of all lanes), else stored
+// as n products in out.
+static float fa_products(const bfloat16 *a, int pa, int sa, const bfloat16 *b, int pb, int sb,
+                         int n, bool dot, float *out) {
+  vf total = splat(0.0f);
+  for (int i = 0; i < n; i += VEC) {
+    aie::accum<accfloat, VEC> acc;
+    bool first = true;
+    for (int order = pa + pb - 2; order >= 0; --order)
+      for (int x = 0; x < pa; ++x) {
+        const int y = order - x;
+        if (y < 0 || y >= pb || x + y > 3)
+          continue;
+        const fa_bvec u = aie::load_v<VEC>(a + x * sa + i), v = aie::load_v<VEC>(b + y * sb + i);
+        acc = first ? aie::mul(u, v) : aie::mac(acc, u, v);
+        first = false;
+      }
+    const vf prod = acc.template to_vector<float>();
+    if (dot)
+      total = add(total, prod);
+    else
+      aie::store_v(out + i, prod);
+  }
+  return dot ? aie::reduce_add(total) : 0.0f;
+}
+#endif
+
 // A chunk starts: no scores (every lane -inf until the mask words set the keys').
 static void fa_chunk_start() {
   const vf ninf = from_bits(splat_i((int32_t)fa_rows::NEG_INF));
@@ -155,6 +210,11 @@ void GGML_MV_FA_Q(float *x, int32_t first, int32_t n_kv) {
       g_fa_q[(t * FA_GH + e / FA_D) * FA_DP + (FA_K_PAIRS ? HalfPairs::slot(e % FA_D) : e % FA_D)] =
           fa_rows::round_q<FA_K_TYPE>(fa_rows::bits_to_float(b[i]));
   }
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+  if (o == FA_Q_OBJECTS - 1)
+    for (int u = 0; u < FA_R; ++u)
+      fa_split(g_fa_q + u * FA_DP, FA_DP, FA_PK, g_fa_qp + u * FA_PK * FA_DP, FA_DP);
+#endif
   g_fa_q_obj = (o + 1) % FA_Q_OBJECTS;
 }
 
@@ -196,14 +256,22 @@ void GGML_MV_FA_K(float *x) {
       if (!used)
         continue;
       fa_rows::decode_kv_row<FA_K_TYPE, FA_D>(halves, rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+      fa_split(g_fa_row, FA_DP, FA_PK, g_fa_rp, FA_ROWP);
+      for (int t = 0; t < FA_R; ++t)
+        g_fa_dots[t * VEC + j] = fa_products(g_fa_rp, FA_PK, FA_ROWP, g_fa_qp + t * FA_PK * FA_DP,
+                                             FA_PK, FA_DP, FA_DP, true, nullptr);
+#else
+      // The products rounded and summed lane by lane in the accumulator.
       for (int t = 0; t < FA_R; ++t) {
         const float *q = g_fa_q + t * FA_DP;
-        vf s = mul(load_aligned(g_fa_row), load_aligned(q));
+        auto s = aie::mul(load_aligned(g_fa_row), load_aligned(q));
 #pragma GCC unroll 8
         for (int i = VEC; i < FA_D; i += VEC)
-          s = add(s, mul(load_aligned(g_fa_row + i), load_aligned(q + i)));
-        g_fa_dots[t * VEC + j] = aie::reduce_add(s);
+          s = aie::mac(s, load_aligned(g_fa_row + i), load_aligned(q + i));
+        g_fa_dots[t * VEC + j] = aie::reduce_add(s.template to_vector<float>());
       }
+#endif
     }
     for (int t = 0; t < FA_R; ++t) {
       float *sc = g_fa_s + t * FA_NP + key0 + j0;
@@ -230,15 +298,32 @@ void GGML_MV_FA_V(float *x) {
     if (!used)
       continue; // p = 0 for every row: a masked key (its V row may be NaN) or a negligible one
     fa_rows::decode_kv_row<FA_V_TYPE, FA_DV>(halves, rows + j * FA_V_ROW_WORDS, g_fa_row);
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+    fa_split(g_fa_row, FA_DVP, FA_PV, g_fa_rp, FA_ROWP);
+#endif
     for (int t = 0; t < FA_R; ++t) {
       const float pj = g_fa_s[t * FA_NP + key];
       if (fa_rows::float_bits(pj) == 0)
         continue;
-      const vf p = splat(pj);
       float *acc = g_fa_acc + t * FA_DVP;
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+      // p's three pieces (one vector each, splat) times the row's: p V_j rounded once.
+      alignas(64) float ps[VEC];
+      alignas(64) bfloat16 pp[3 * VEC];
+      alignas(64) float prod[FA_DVP];
+      aie::store_v(ps, splat(pj));
+      fa_split(ps, VEC, 3, pp, VEC);
+      for (int i = 0; i < FA_DVP; i += VEC) {
+        // The splat's pieces: the same three vectors for every part of the row.
+        fa_products(g_fa_rp + i, FA_PV, FA_ROWP, pp, 3, VEC, VEC, false, prod + i);
+        aie::store_v(acc + i, add(aie::load_v<VEC>(acc + i), aie::load_v<VEC>(prod + i)));
+      }
+#else
+      const vf p = splat(pj);
 #pragma GCC unroll 8
       for (int i = 0; i < FA_DV; i += VEC)
         aie::store_v(acc + i, add(aie::load_v<VEC>(acc + i), mul(load_aligned(g_fa_row + i), p)));
+#endif
     }
   }
   if (++g_fa_v_obj == g_fa_v_objects)
