@@ -147,8 +147,9 @@ class RunTimeLength:
 
 
 @dataclass(frozen=True)
-class FlashAttnSpec(RunTimeLength):
-    request: Request
+class FlashAttnOperands:
+    """A FLASH_ATTN_EXT request's operands once checked (`check_flash_attn`), before any plan."""
+
     arch: Arch
     op: str
     q: Tensor
@@ -157,6 +158,16 @@ class FlashAttnSpec(RunTimeLength):
     mask: Tensor | None
     sinks: Tensor | None
     out: Tensor
+    params: tuple[int, int, int]  # the cores': scale (divided by the softcap), max_bias, softcap
+    slopes: tuple[int, ...]  # ALiBi's per head, f32 bits
+    step: int = 0  # run_time_step (RunTimeLength)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlashAttnSpec(FlashAttnOperands, RunTimeLength):
+    """The checked operands and their plan."""
+
+    request: Request
     chunk: int  # K/V rows per object
     gh: int  # heads of a block (of one KV head)
     gr: int  # consecutive query rows of a block
@@ -165,10 +176,7 @@ class FlashAttnSpec(RunTimeLength):
     q_side: Side
     m_side: Side | None
     s_side: Side | None
-    params: tuple[int, int, int]  # scale, max_bias, softcap bits
-    slopes: tuple[int, ...]
-    step: int = 0  # RunTimeLength
-    n: int = 0
+    n: int = 0  # RunTimeLength
 
     # --- shapes
     @property
@@ -526,23 +534,6 @@ def _rows_split(n: int) -> int:
     raise UnsupportedError(f"FLASH_ATTN_EXT: {n} K/V rows cannot be walked by one DMA task")
 
 
-@dataclass(frozen=True)
-class FlashAttnOperands:
-    """A FLASH_ATTN_EXT request's operands once checked (`check_flash_attn`), before any plan."""
-
-    arch: Arch
-    op: str
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    mask: Tensor | None
-    sinks: Tensor | None
-    out: Tensor
-    step: int  # run_time_step
-    params: tuple[int, int, int]  # the cores': scale (divided by the softcap), max_bias, softcap
-    slopes: tuple[int, ...]  # ALiBi's per head, f32 bits
-
-
 def check_flash_attn(req: Request) -> FlashAttnOperands:
     """What FLASH_ATTN_EXT's semantics and the DMA's words ask of the operands, whatever the
     plan: the types, the shapes, the mask, rows of whole words within a DMA's reach, a
@@ -632,15 +623,15 @@ def check_flash_attn(req: Request) -> FlashAttnOperands:
         # ggml-cpu folds 1/softcap into the scale: s = softcap * tanh(q.k * (scale / softcap)).
         scale = _f32(scale / softcap)
     core_params = (_f32_bits(scale), params[1], params[2])
-    return FlashAttnOperands(arch, op, q, k, v, mask, sinks, out, step, core_params, slopes)
+    return FlashAttnOperands(arch, op, q, k, v, mask, sinks, out, core_params, slopes, step)
 
 
 def prepare_flash_attn(req: Request) -> FlashAttnSpec:
     ops = check_flash_attn(req)
-    arch, op, q, k, v, mask, sinks, out = (
-        ops.arch, ops.op, ops.q, ops.k, ops.v, ops.mask, ops.sinks, ops.out
+    arch, op, q, k, v, mask, sinks, step = (
+        ops.arch, ops.op, ops.q, ops.k, ops.v, ops.mask, ops.sinks, ops.step
     )  # fmt: skip
-    step, core_params, slopes = ops.step, ops.params, ops.slopes
+    checked = {f.name: getattr(ops, f.name) for f in dataclasses.fields(ops)}
     d, n_q, n_head, n_seq = q.ne
     dv, n_kv = v.ne[0], k.ne[1]
 
@@ -684,8 +675,8 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
                 if s_side and s_side.objects * a_words - s_side.rep * n_head > _extent_words(k):
                     continue
                 cand = FlashAttnSpec(
-                    req, arch, op, q, k, v, mask, sinks, out, c, gh, gr, columns, 1,
-                    q_side, m_side, s_side, core_params, slopes, step,
+                    **checked, request=req, chunk=c, gh=gh, gr=gr, columns=columns, group=1,
+                    q_side=q_side, m_side=m_side, s_side=s_side,
                 )  # fmt: skip
                 if cand.fifo_bytes() + cand.static_bytes() > arch.l1_budget:
                     continue
@@ -711,7 +702,4 @@ def prepare_flash_attn(req: Request) -> FlashAttnSpec:
     ta, tb, to = cand.tasks_per_block
     group = max(1, (SHIM_BDS - cand.sink_tasks) // (ta + tb + to))
     group = min(group, len(cand.column_blocks(0)))
-    return FlashAttnSpec(
-        req, arch, op, q, k, v, mask, sinks, out, cand.chunk, cand.gh, cand.gr, cand.columns,
-        group, cand.q_side, cand.m_side, cand.s_side, core_params, slopes, step,
-    )  # fmt: skip
+    return dataclasses.replace(cand, group=group)
