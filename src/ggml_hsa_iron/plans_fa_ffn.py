@@ -96,6 +96,7 @@ class FaPhase(RunTimeLength):
     step: int = 0  # RunTimeLength
     n: int = 0
     nc: int = 1  # chunks of keys per round (the online softmax's blocks)
+    pieces: bool = False  # aie2: q and K/V rows kept as bf16 pieces too (kernels/mv_fa.h)
 
     # --- shapes
     @property
@@ -192,13 +193,13 @@ class FaPhase(RunTimeLength):
     def core_bytes(self) -> int:
         """The core's static data of the phase (kernels/mv_fa.h): per token and head of its gh
         its q row, one chunk's scores, the accumulators, a vector of dot products, the running
-        maximum and sum; one decoded K or V row, nine counters; on aie2 (counted on both) the
-        bf16 pieces of each q row and of the current row, three at most."""
+        maximum and sum; one decoded K or V row, nine counters; with `pieces` (aie2) the bf16
+        pieces of each q row and of the current row, three at most."""
         rows, v = self.tokens * self.gh, VECTOR_ELEMS
         floats = rows * (_vecs(self.d) + _vecs(self.chunk_max) + _vecs(self.dv) + v + 2)
         row = max(_vecs(self.d), _vecs(self.dv))
         floats += row
-        pieces = 3 * (rows * _vecs(self.d) + row) * 2
+        pieces = 3 * (rows * _vecs(self.d) + row) * 2 if self.pieces else 0
         return floats * F32 + pieces + 9 * 4
 
     @property
@@ -318,7 +319,7 @@ class FaShapes:
         room = self.arch.l1_budget - ffn_core_bytes(norm) - other_bytes
         why = None
         for nc in range(1, MAX_CHUNKS + 1):
-            fa = fa_phase(*self.ops, self.params, plans[0], self.step, nc)
+            fa = fa_phase(*self.ops, self.params, plans[0], self.step, nc, self.arch.name == "aie2")
             if not isinstance(fa, str):
                 if fa.core_bytes <= room:
                     return fa
@@ -357,9 +358,10 @@ class FaShapes:
         return "the attention phase needs " + "; ".join(seen) if seen else "none fits"
 
 
-def fa_phase(q, k, v, mask, a, params, p, step: int = 0, nc: int = 1) -> FaPhase | str:
-    """The attention phase on the shape of GEMV plan p with nc chunks of keys per round, or
-    the key of why it does not fit there (FaShapes.explain): "gq", "dv", "rows", "sides";
+def fa_phase(q, k, v, mask, a, params, p, step=0, nc=1, pieces=False) -> FaPhase | str:
+    """The attention phase on the shape of GEMV plan p with nc chunks of keys per round
+    (`pieces`: FaPhase.pieces), or the key of why it does not fit there (FaShapes.explain):
+    "gq", "dv", "rows", "sides";
     with a run-time n_kv (`step`), "step" when some multiple of step would not be whole
     objects or chunks."""
     # x objects hold the GEMV's nx rows' K chunks: the attention's objects are as long.
@@ -396,7 +398,9 @@ def fa_phase(q, k, v, mask, a, params, p, step: int = 0, nc: int = 1) -> FaPhase
         return "sides"
     if (tokens - 1) * (mask.ne[0] // 2) + -(-n_kv // 2) > _extent_words(mask):
         return "sides"
-    return FaPhase(q, k, v, mask, a, params, C, R, nr, kc, q_side, m_side, step, nc=nc)
+    return FaPhase(
+        q, k, v, mask, a, params, C, R, nr, kc, q_side, m_side, step, nc=nc, pieces=pieces
+    )
 
 
 def _dense_rows(a: Tensor) -> Tensor:
