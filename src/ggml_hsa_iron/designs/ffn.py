@@ -58,10 +58,11 @@ spec: every phase's tiles are the same types), the GLU's core functions and roun
 
 FLASH_ATTN_FFN_<glu> (plans_fa_ffn.py): a decode step's attention (FLASH_ATTN_EXT_MASK) as a
 phase ahead of phase 0, writing a, on the same fifos and cores: per round (a KV head of the
-column) the x fifo carries the group's q rows, then per chunk of keys its part of the mask
-row, its K rows and its V rows; each core keeps its gh heads' rows and one chunk's scores (an
-online softmax, kernels/mv_fa.h) and writes their outputs as y objects, joined and drained
-into a with one strided task; the W fifo carries nothing. Every task group ends with
+column) the x fifo carries every token's group q rows, then per chunk of keys every token's
+part of its mask row, the chunk's K rows and its V rows; each core keeps its gh heads' rows
+and one chunk's scores of every token (an online softmax, kernels/mv_fa.h) and writes their
+outputs as y objects, joined and drained into a with one strided task; the W fifo carries
+nothing. Every task group ends with
 `finish()`: every drain of a is awaited before phase 0 reads it as x.
 
 Runtime-sequence arguments (the request's order): W_g, W_u, W_d, x, n, r, out, h;
