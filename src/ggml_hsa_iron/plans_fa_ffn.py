@@ -182,12 +182,6 @@ class FaPhase(RunTimeLength):
         """The KV heads column c computes, one per round."""
         return list(range(c, self.n_head_kv, self.columns))
 
-    @property
-    def objects_per_round(self) -> int:
-        """x objects of a round: q rows, then per chunk its mask words, K rows, V rows."""
-        chunk = self.mask_side.objects + self.k_objects + self.v_objects
-        return self.q_side.objects + self.nc * chunk
-
     # --- the plan's limits
     @property
     def core_bytes(self) -> int:
