@@ -148,10 +148,11 @@ def phase_cells(spec, c: dict, dram_gbps: float) -> list[str]:
 def long_context_lines(args, work: Path, output_ns: dict) -> list[str]:
     """The decode layer kernel of a LONG_CACHE-row cache told n_kv at dispatch (one compile),
     timed at each of LONG_N_KV: its chunks of keys, the layer, its attention phase with the
-    rate at which it reads K and V, and the token (layer_lines' sum)."""
+    rate at which it reads K and V and the share of it its busiest cores compute, and the token
+    (layer_lines' sum)."""
     lines = [
-        "| weights | arch | chunks of keys | n_kv | layer kernel | attention phase | K and V read at | token | decode t/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| weights | arch | chunks of keys | n_kv | layer kernel | attention phase | K and V read at | attention's cores busy | token | decode t/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     _, _, n_head_kv, d, _, _ = LAYER_DIMS
     for ty in LONG_TYPES:
@@ -165,17 +166,18 @@ def long_context_lines(args, work: Path, output_ns: dict) -> list[str]:
             d_work.mkdir()
             pdi = compile_request(req, d_work)
             if pdi is None or out is None:
-                lines.append(f"| {ty} | {arch} | declined | | | | | | |")
+                lines.append(f"| {ty} | {arch} | declined | | | | | | | |")
                 continue
             spec = layer_spec("SWIGLU", ty, dims, arch, n_kv_step=256)
             for n in LONG_N_KV:
                 c = time_pdi(args, req, pdi, d_work, dram, params=[n])
-                attn_ns = phase_spans(spec, c)["attention"][0]
+                attn_ns, _, cores_ns = phase_spans(spec, c)["attention"]
                 kv_gbps = 2 * n * n_head_kv * d * 2 / attn_ns  # f16 K and V rows
                 token = LAYERS * c["work_time_ns"] + out + chain_dispatch_ns(k, LAYERS)
                 lines.append(
                     f"| {ty} | {arch} | {spec.fa.nc} | {n:,} | {c['work_time_ns'] / 1e3:,.0f} µs"
                     f" | {attn_ns / 1e3:,.0f} µs | {kv_gbps:.1f} GB/s ({kv_gbps / dram:.0%})"
+                    f" | {cores_ns / attn_ns:.0%}"
                     f" | {token / 1e6:,.1f} ms | {1e9 / token:.1f} |"
                 )
                 print(lines[-1], file=sys.stderr)
@@ -385,7 +387,8 @@ def section(
         "softmax, the cores keeping one chunk's scores), K and V streamed once per KV head through",
         "each column's x channel, all of a KV head's rows valid (no masked key skipped). \"K and",
         "V read at\": their f16 bytes over the attention phase's time (W_o's first tiles stream",
-        "beside them), and the share of the DRAM roof. One x channel per column tops out near",
+        "beside them), and the share of the DRAM roof; the share of the phase its busiest cores",
+        "compute (near 100 %: the cores bind, not the channels). One x channel per column tops out near",
         "49 GB/s on aie2p and 16 GB/s on aie2; the f16 cache of 8,192 keys alone is 268 MB a",
         "token, 4.8 ms at 56 GB/s before any weight is read.",
         "",
