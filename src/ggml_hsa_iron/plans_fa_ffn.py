@@ -52,7 +52,6 @@ from .errors import RequestError, UnsupportedError
 from .plans import GEMV_MAX_X_ROWS, _bits_f32, _check_common
 from .plans_fa import (
     KV_CODE,
-    MAX_STEP,
     RunTimeLength,
     Side,
     _extent_words,
@@ -60,7 +59,6 @@ from .plans_fa import (
     _run_time_mask_side,
     _side,
     check_flash_attn,
-    run_time_step,
 )
 from .plans_ffn import FfnSpec, _replan, attn_ffn_phases, ffn_core_bytes
 from .request import Request, Tensor
@@ -204,13 +202,11 @@ class FaPhase(RunTimeLength):
         room = SHIM_GROUP_TASKS - 2
         groups, first = [], 0
         while first < self.nc:
-            tasks = 1 if first == 0 else 0  # the q rows
-            last = first
-            while last < self.nc and tasks + 3 + (last + 1 == self.nc) <= room:
-                tasks += 3
-                last += 1
-            groups.append(range(first, max(last, first + 1)))
-            first = groups[-1].stop
+            tasks, last = int(first == 0), first  # the q rows
+            while last < self.nc and (last == first or tasks + 3 + (last + 1 == self.nc) <= room):
+                tasks, last = tasks + 3, last + 1
+            groups.append(range(first, last))
+            first = last
         return groups
 
     @property
@@ -301,9 +297,6 @@ class FaShapes:
         self.step = step
         self.why: dict[str, int] = {}
 
-    def _refused(self, why: str) -> None:
-        self.why[why] = self.why.get(why, 0) + 1
-
     def __call__(self, plans, other_bytes: int = 0) -> FaPhase | None:
         """The phase on the shape of the candidate's GEMV plans (phase 0's first) in the fewest
         chunks whose scores fit the core beside the GEMV phases' static data (and
@@ -322,7 +315,7 @@ class FaShapes:
                 why = fa  # one chunk's reason, unless more chunks fit the shape
                 if fa in ("gq", "dv"):
                     break  # the same for every chunk count
-        self._refused(why)
+        self.why[why] = self.why.get(why, 0) + 1
         return None
 
     def explain(self) -> str:
@@ -355,9 +348,8 @@ class FaShapes:
 def fa_phase(q, k, v, mask, a, params, p, step=0, nc=1, pieces=False) -> FaPhase | str:
     """The attention phase on the shape of GEMV plan p with nc chunks of keys per round
     (`pieces`: FaPhase.pieces), or the key of why it does not fit there (FaShapes.explain):
-    "gq", "dv", "rows", "sides";
-    with a run-time n_kv (`step`), "step" when some multiple of step would not be whole
-    objects or chunks."""
+    "gq", "dv", "rows", "sides"; with a run-time n_kv (`step`), "step" when some multiple of
+    step would not be whole objects or chunks."""
     # x objects hold the GEMV's nx rows' K chunks: the attention's objects are as long.
     C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk * p.nx
     n_head, n_head_kv = q.ne[2], k.ne[2]
@@ -475,11 +467,7 @@ def fa_ffn_phases(req: Request):
             f"({specs[1].src0.dtype} weights): the attention's objects are theirs, one row "
             "each; the backend runs the ops unfused"
         )
-    step = run_time_step(req)
-    if step and (step % 2 or step > MAX_STEP or k.ne[1] % step):
-        raise UnsupportedError(
-            f"{op}: a run-time n_kv in steps of {step} up to {k.ne[1]}: the step must be even, "
-            f"at most {MAX_STEP} and divide the largest n_kv (k's rows)"
-        )
-    shapes = FaShapes(q, k, v, mask, a, (fa.params[0], fa.params[2]), arch, step)
+    # check_flash_attn has refused a run-time n_kv's step that is odd, too long or not a
+    # divisor of k's rows.
+    shapes = FaShapes(q, k, v, mask, a, (fa.params[0], fa.params[2]), arch, fa.step)
     return arch, specs, shapes

@@ -103,32 +103,26 @@ static void fa_split(const float *src, int n, int pieces, bfloat16 *dst, int str
   }
 }
 
-// The products of a's pieces (pa of them, stride sa) and b's (pb, stride sb) over n values
-// (whole vectors) whose pieces' orders sum to at most 3, smallest first, in one accumulator
-// per vector added lane by lane: a's . b's when `dot` (one f32 sum of all lanes), else stored
-// as n products in out.
-static float fa_products(const bfloat16 *a, int pa, int sa, const bfloat16 *b, int pb, int sb,
-                         int n, bool dot, float *out) {
-  vf total = splat(0.0f);
-  for (int i = 0; i < n; i += VEC) {
-    aie::accum<accfloat, VEC> acc;
-    bool first = true;
-    for (int order = pa + pb - 2; order >= 0; --order)
-      for (int x = 0; x < pa; ++x) {
-        const int y = order - x;
-        if (y < 0 || y >= pb || x + y > 3)
-          continue;
-        const fa_bvec u = aie::load_v<VEC>(a + x * sa + i), v = aie::load_v<VEC>(b + y * sb + i);
-        acc = first ? aie::mul(u, v) : aie::mac(acc, u, v);
-        first = false;
-      }
-    const vf prod = acc.template to_vector<float>();
-    if (dot)
-      total = add(total, prod);
-    else
-      aie::store_v(out + i, prod);
-  }
-  return dot ? aie::reduce_add(total) : 0.0f;
+// The sum of the products of a's pieces (pa vectors) and b's (pb) whose orders sum to at most
+// 3, smallest first, in the f32 accumulator: one vector of VEC lanes' products.
+static vf fa_product(const fa_bvec *a, int pa, const fa_bvec *b, int pb) {
+  aie::accum<accfloat, VEC> acc;
+  bool first = true;
+  for (int order = pa + pb - 2; order >= 0; --order)
+    for (int x = 0; x < pa; ++x) {
+      const int y = order - x;
+      if (y < 0 || y >= pb || x + y > 3)
+        continue;
+      acc = first ? aie::mul(a[x], b[y]) : aie::mac(acc, a[x], b[y]);
+      first = false;
+    }
+  return acc.template to_vector<float>();
+}
+
+// The pieces of VEC values from p (piece k at p + k * stride).
+static void fa_load_pieces(const bfloat16 *p, int pieces, int stride, fa_bvec *v) {
+  for (int k = 0; k < pieces; ++k)
+    v[k] = aie::load_v<VEC>(p + k * stride);
 }
 #endif
 
@@ -258,9 +252,17 @@ void GGML_MV_FA_K(float *x) {
       fa_rows::decode_kv_row<FA_K_TYPE, FA_D>(halves, rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
       fa_split(g_fa_row, FA_DP, FA_PK, g_fa_rp, FA_ROWP);
-      for (int t = 0; t < FA_R; ++t)
-        g_fa_dots[t * VEC + j] = fa_products(g_fa_rp, FA_PK, FA_ROWP, g_fa_qp + t * FA_PK * FA_DP,
-                                             FA_PK, FA_DP, FA_DP, true, nullptr);
+      for (int t = 0; t < FA_R; ++t) {
+        const bfloat16 *q = g_fa_qp + t * FA_PK * FA_DP;
+        vf s = splat(0.0f);
+        for (int i = 0; i < FA_DP; i += VEC) {
+          fa_bvec kp[3], qp[3];
+          fa_load_pieces(g_fa_rp + i, FA_PK, FA_ROWP, kp);
+          fa_load_pieces(q + i, FA_PK, FA_DP, qp);
+          s = add(s, fa_product(kp, FA_PK, qp, FA_PK));
+        }
+        g_fa_dots[t * VEC + j] = aie::reduce_add(s);
+      }
 #else
       // The products rounded and summed lane by lane in the accumulator.
       for (int t = 0; t < FA_R; ++t) {
@@ -307,16 +309,14 @@ void GGML_MV_FA_V(float *x) {
         continue;
       float *acc = g_fa_acc + t * FA_DVP;
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
-      // p's three pieces (one vector each, splat) times the row's: p V_j rounded once.
-      alignas(64) float ps[VEC];
-      alignas(64) bfloat16 pp[3 * VEC];
-      alignas(64) float prod[FA_DVP];
-      aie::store_v(ps, splat(pj));
-      fa_split(ps, VEC, 3, pp, VEC);
+      // p's three pieces (splat: the same for every part of the row) times the row's: p V_j
+      // rounded once.
+      fa_bvec pp[3];
+      split3(splat(pj), pp[0], pp[1], pp[2]);
       for (int i = 0; i < FA_DVP; i += VEC) {
-        // The splat's pieces: the same three vectors for every part of the row.
-        fa_products(g_fa_rp + i, FA_PV, FA_ROWP, pp, 3, VEC, VEC, false, prod + i);
-        aie::store_v(acc + i, add(aie::load_v<VEC>(acc + i), aie::load_v<VEC>(prod + i)));
+        fa_bvec vp[3];
+        fa_load_pieces(g_fa_rp + i, FA_PV, FA_ROWP, vp);
+        aie::store_v(acc + i, add(aie::load_v<VEC>(acc + i), fa_product(vp, FA_PV, pp, 3)));
       }
 #else
       const vf p = splat(pj);
