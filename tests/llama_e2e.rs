@@ -1235,11 +1235,11 @@ fn several_sequences_decode_side_by_side_with_the_cpu_s_logits() {
         let tag = cache.join(" ");
         assert_all_layer_ops_emulated(&tag, &npu.log, &counters, &stats);
         // A step's projections take its four tokens at once: the block after the attention
-        // as one kernel; with one cache, Q, K and V as one kernel writing the cache rows, and
-        // the attention (each K and V row read once for the four) with the block.
+        // as one kernel; with one cache, the whole layer as one kernel (Q, K and V writing the
+        // cache rows, the attention reading each K and V row once for the four, the block).
         let emulated = &read_json(&counters)["emulated_ops"];
         let several = if cache.contains(&"--kv-unified") {
-            vec!["RMS_NORM_QKV_ROPE", "FLASH_ATTN_FFN_SWIGLU"]
+            vec!["DECODE_LAYER_SWIGLU"]
         } else {
             vec!["MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU"]
         };

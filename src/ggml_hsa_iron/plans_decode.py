@@ -125,27 +125,30 @@ class QkvGroup:
         return [p._w_tap(0, self.row0(col, 0, u * self.pack + s), 1) for s in range(self.pack)]
 
     def x_tap(self) -> Tap:
-        """x's K chunks, once per round of the unit."""
+        """x's K chunks, once per round of the unit; with several tokens (`nx`) per K chunk
+        each token's (the lone GEMV's order)."""
         p = self.plan
         kc = p.k_chunk
-        return Tap(0, (self.pack, 1, p.K // kc, kc), (0, 0, kc, 1))
+        return Tap(0, (self.pack, p.K // kc, p.nx, kc), (0, kc, p.x_row, 1))
 
     def y_tap(self, col: int, u: int) -> Tap:
-        """The joined y object of unit u of column col, as f32 words of the output. f32: R nr
-        rows. f16 (pack 2): core i's nr words hold its nr rows of round 2u, then of 2u + 1."""
+        """The joined y object of unit u of column col, as f32 words of the output. f32: core
+        i's nr rows of each token (nx runs). f16 (pack 2): core i's nx nr words hold its nr
+        rows of round 2u of each token, then of round 2u + 1 (mv_decode.h's store)."""
         p = self.plan
-        R, nr, block = p.rows, p.rows_per_tile, p.block
+        R, nr, block, nx = p.rows, p.rows_per_tile, p.block, p.nx
         first = self.row0(col, 0, u * self.pack)
+        token = p.N  # the output's rows per token (dense)
         if self.pack == 1:
-            return Tap(first, (1, 1, 1, R * nr), (0, 0, 0, 1))
-        return Tap(first // 2, (1, R, 2, nr // 2), (0, nr // 2, block // 2, 1))
+            return Tap(first, (1, R, nx, nr), (0, nr, token, 1))
+        return Tap(first // 2, (R, 2, nx, nr // 2), (nr // 2, block // 2, token // 2, 1))
 
     def tasks(self, units: int | None = None) -> dict[str, int]:
         """DMA tasks of one of the group's columns in the phase (or in its first `units`
-        units): W one per round, x the prologue (n, and the rotation's constants) and one per
-        unit, y one per unit."""
+        units): W one per round, x the prologue (n and its padding, the rotation's constants)
+        and one per unit, y one per unit."""
         u = self.units if units is None else min(units, self.units)
-        prologue = 1 + (len(self.plan.rope_taps()) if self.rope else 0)
+        prologue = len(self.plan.norm_taps()) + (len(self.plan.rope_taps()) if self.rope else 0)
         return {"W": u * self.pack, "x": prologue + u, "y": u}
 
     @property
@@ -413,9 +416,10 @@ class DecodeSpec(FfnSpec):
 
 
 def _q_view(q: Tensor) -> Tensor:
-    """Q [D, Hq, 1] (dense f32) as the attention's q [D, 1, Hq, 1]: the same bytes."""
-    D, H = q.ne[0], q.ne[1]
-    return Tensor(q.dtype, (D, 1, H, 1), (4, 4 * D, 4 * D, 4 * D * H))
+    """Q [D, Hq, T] (dense f32) as the attention's q [D, T, Hq, 1]: the same bytes (llama's
+    permuted view of Q)."""
+    D, H, T = q.ne[0], q.ne[1], q.ne[2]
+    return Tensor(q.dtype, (D, T, H, 1), (4, 4 * D * H, 4 * D, 4 * D * H * T))
 
 
 def prepare_decode_layer(req: Request) -> DecodeSpec:
@@ -433,11 +437,11 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
     consts, (kc, vc, mask, wo, wg, wu, wd, n_ffn) = rest[:n_consts], rest[n_consts:]
     out, (q, kr, vr, a, r1, h) = req.output, req.extra_outputs
     params = tuple(req.op_params) + (0,) * (PARAMS - len(req.op_params))
-    if x.ne[1:] != (1, 1, 1):
+    if x.ne[2:] != (1, 1):
         raise UnsupportedError(
-            f"{op}: x {list(x.ne)} is not one token: the layer's program decodes one token "
-            f"(the attention phase computes one query row); the backend runs "
-            f"RMS_NORM_QKV_ROPE{'_FF' if ff else ''} and FLASH_ATTN_FFN_{glu} instead"
+            f"{op}: x {list(x.ne)} is not [K, tokens]: the layer's program decodes tokens of "
+            f"one step; the backend runs RMS_NORM_QKV_ROPE{'_FF' if ff else ''} and "
+            f"FLASH_ATTN_FFN_{glu} instead"
         )
     weights = (("Wq", wq), ("Wk", wk), ("Wv", wv), ("W_o", wo), ("W_g", wg), ("W_u", wu))
     for what, w in weights[1:] + (("W_d", wd),):

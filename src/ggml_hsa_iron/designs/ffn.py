@@ -186,7 +186,7 @@ def _qkv_rounds(of_w, of_x, of_y, g, col, i, k_steps, fns):
     two (f16 rows: normed sums into the stash, scaled, rotated, rounded to f16 into half s of
     y). The rounds are unrolled: one token, a few rounds, each with its own first row."""
     load, norm_mv, gate_zero, gate, norm_zero, dl_load, scale_rope, scale, store = fns
-    _norm_prologue(of_x, load, k_steps)
+    _norm_prologue(of_x, load, g.plan.norm_objects)
     if g.rope:
         _norm_prologue(of_x, dl_load, g.plan.rope_objects)
     for u in range(g.units):
@@ -206,11 +206,12 @@ def _qkv_rounds(of_w, of_x, of_y, g, col, i, k_steps, fns):
         of_y.release(1)
 
 
-def _qkv_fill(qkv, hs, units, tg, ws, ys, x, n, consts, totals, part=None):
+def _qkv_fill(qkv, hs, units, tg, ws, ys, x, consts, totals, part=None):
     """The units of the projection phase, in task group tg, on every column of every group
     that has them: per round the group's W tile, (unit 0) n_attn and the rotation's constants
-    ahead of x, x once per round of the unit, and the drain of the unit's y objects into Q, K
-    rows or V rows. `part` and the result: mul_mat._add_fill's."""
+    ahead of x (`consts`: each source's buffer and words), x once per round of the unit, and
+    the drain of the unit's y objects into Q, K rows or V rows. `part` and the result:
+    mul_mat._add_fill's."""
     tasks = {}
     for u in units:
         for j, g in enumerate(qkv.groups):
@@ -227,12 +228,12 @@ def _qkv_fill(qkv, hs, units, tg, ws, ys, x, n, consts, totals, part=None):
                 if part == "w":
                     continue
                 if u == 0:
-                    hx.fill(n[0], tap=_tap(n[1], g.plan.norm_tap()), group=tg)
-                    for name, tap in g.plan.rope_taps() if g.rope else ():
+                    # n (padded from x's first chunks), then the rotation's constants.
+                    prologue = g.plan.norm_taps() + (g.plan.rope_taps() if g.rope else [])
+                    for name, tap in prologue:
                         buf, total = consts[name]
                         hx.fill(buf, tap=_tap(total, tap), group=tg)
                         tasks[col] = tasks.get(col, 0) + 1
-                    tasks[col] = tasks.get(col, 0) + 1
                 hx.fill(x, tap=_tap(totals["x"], g.x_tap()), group=tg)
                 hy.drain(ys[j], tap=_tap(g.out_words, g.y_tap(c, u)), group=tg, wait=True)
                 tasks[col] = tasks.get(col, 0) + 2
@@ -397,16 +398,16 @@ def _ffn(spec):
         cs = args[5 : 5 + nc]
         Kc, Vc, M, Wo, Wg, Wu, Wd, Nf, Out, Qo, Kr, Vr, A, R1, H = args[5 + nc :]
         counts = [n for _, n in spec.sequence]
-        K = counts[3]
-        consts = {"pos": (cs[0], counts[5]), "n": (Na, K)}
+        # The x channel's sources: n_attn, its padding from x, the rotation's constants.
+        consts = {"pos": (cs[0], counts[5]), "n": (Na, counts[4]), "x": (X, counts[3])}
         if nc == 2:
             consts["ff"] = (cs[1], counts[6])
-        totals = {"w": counts[:3], "x": K}
+        totals = {"w": counts[:3], "x": counts[3]}
         # The projection phase: task groups of as many units (y objects of a core) as the
         # shims' tasks allow (QkvPhase.task_groups), the drains of Q, K rows and V rows. The
         # attention then reads Q as q and the cache views k and v, which hold this token's
         # rows; r0 is x.
-        head = ((Wq, Wk, Wv), (Qo, Kr, Vr), X, (Na, K), consts, totals)
+        head = ((Wq, Wk, Wv), (Qo, Kr, Vr), X, consts, totals)
         groups = [_parts(_qkv_fill, (qkv, hs, units), head) for units in qkv.task_groups]
         rest = fa_groups(Qo, Kc, Vc, M, Wo, X, Wg, Wu, Wd, Nf, Out, A, R1, H, hs)
         _ahead(groups + rest)

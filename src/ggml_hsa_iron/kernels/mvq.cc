@@ -28,7 +28,8 @@
 // with MV_OUT_F16, RMS_NORM_MUL_MAT's f16 output). MV_ROPE=1 with MV_NORM: the fused
 // RMS_NORM_MUL_MAT_ROPE(_FF) epilogue (mv_rope.h: each round's rows rotated as ggml's ROPE after
 // the norm's scale, before the f32 store or the f16 rounding). MV_NX=n (block-quantized
-// weights; MUL_MAT and the GLU, ADD, norm, bias and rotation functions, f32 or f16 outputs): x is the
+// weights; MUL_MAT and the GLU, ADD, norm, bias, rotation, attention and layer's projection
+// functions, f32 or f16 outputs): x is the
 // K chunk of n activation rows one after the other and y their n runs of MV_ROWS sums; each 32-value piece
 // of a row is decoded once and multiplied with every row's chunk, so a W tile serves n products
 // (a decode step of several tokens). With MV_ADD it needs MV_ADD_ROWS (mv_add.h).
@@ -54,8 +55,8 @@ using namespace ggml_aie;
 #if !defined(MV_NX)
 #define MV_NX 1
 #endif
-#if MV_NX > 1 && (MVQ_F16 || MV_DECODE)
-#error "several activation rows per call: block-quantized weights, no projection phase"
+#if MV_NX > 1 && MVQ_F16
+#error "several activation rows per call: block-quantized weights"
 #endif
 
 static_assert(MV_KC % QB == 0, "a K chunk is whole blocks");

@@ -156,7 +156,8 @@ class DecodeLayerPlanTest(unittest.TestCase):
             self.assertEqual(defines["MV_FA"], 1)
 
     def test_refusals(self):
-        with self.assertRaisesRegex(UnsupportedError, "one token"):
+        # f32 weights take their tokens one at a time, the attention's objects all of them.
+        with self.assertRaisesRegex(UnsupportedError, "one at a time"):
             layer_spec("SWIGLU", "f32", TINY, T=2)
         with self.assertRaisesRegex(UnsupportedError, "Wv is q6_K"):
             layer_spec("SWIGLU", "q4_K", (2048, 32, 8, 64, 8192, 256), w={"wv": "q6_K"})
@@ -228,27 +229,31 @@ class DecodeLayerRecordTest(unittest.TestCase):
 
 class LayerCase:
     """One request's operands: weights (fast_weights), x and n (util_norm's), the caches of
-    `kv` (masked keys' rows NaN, never read), the token at cache row `row`."""
+    `kv` (masked keys' rows NaN, never read), the T tokens at cache rows `row` ..."""
 
-    def __init__(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, masked=5, pos=7, n=0):
+    def __init__(
+        self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, masked=5, pos=7, n=0, T=1
+    ):
         from ggml_hsa_iron.tests.test_flash_attn import _np_type, place
         from ggml_hsa_iron.tests.util_ffn import fast_weights
         from ggml_hsa_iron.tests.util_norm import norm_inputs
 
         K, H, Hk, D, F, n_kv = dims
-        self.dims, self.glu, self.wt, self.kv, self.arch = dims, glu, wt, kv, arch
+        self.dims, self.glu, self.wt, self.kv, self.arch, self.T = dims, glu, wt, kv, arch, T
         step = 256 if n else 0
         self.n = n or n_kv
-        self.req = parse_request(layer_request(glu, wt, dims, arch, ff=ff, kv=kv, n_kv_step=step))
+        req = layer_request(glu, wt, dims, arch, ff=ff, kv=kv, n_kv_step=step, T=T)
+        self.req = parse_request(req)
         self.spec = prepare(self.req)
         nrng = np.random.default_rng(seed)
         self.w = {}
         for name, rows, cols in (("Wq", D * H, K), ("Wk", D * Hk, K), ("Wv", D * Hk, K),
                                  ("Wo", K, D * H), ("Wg", F, K), ("Wu", F, K), ("Wd", K, F)):  # fmt: skip
             self.w[name] = fast_weights(wt, rows, cols, nrng)
-        self.x, self.n_attn = norm_inputs(nrng, 1, K)
+        self.x, self.n_attn = norm_inputs(nrng, T, K)
         _, self.n_ffn = norm_inputs(nrng, 1, K)
-        self.pos = np.array([pos], np.int32)
+        # Each token its own position (a unified cache's sequences), not in order.
+        self.pos = np.array([pos + 5 * ((3 * t) % T) for t in range(T)], np.int32)
         self.ff = np.array(llama3_ff(D), np.float32) if ff else None
         kt, vt, mt = self.req.inputs[6 + ff : 9 + ff]
         self.kt, self.vt = kt, vt
@@ -259,8 +264,9 @@ class LayerCase:
         cols = self.n
         mask = (nrng.standard_normal((1, 1, mt.ne[1], cols)) * 2).astype(np.float16)
         mask[..., ::masked] = -np.inf
-        # The token's cache row: not masked.
-        self.row = self.n - 3 if (self.n - 3) % masked else self.n - 2
+        # The tokens' cache rows, consecutive: the first not masked.
+        last = self.n - 2 - T
+        self.row = last if last % masked else last + 1
         self.k, self.v, self.mask = k[:, :, : self.n].copy(), v[:, :, : self.n].copy(), mask
         k[:, :, ::masked] = np.nan
         v[:, :, ::masked] = np.nan
@@ -279,8 +285,8 @@ class LayerCase:
         kc, vc, m = (buffer_of(b) for b in self.cache)
         consts = [buffer_of(self.pos)] + ([buffer_of(self.ff)] if self.ff is not None else [])
         nb1 = self.kt.nb[1]
-        kr = kc[self.row * nb1 : (self.row + 1) * nb1]
-        vr = vc[self.row * nb1 : (self.row + 1) * nb1]
+        kr = kc[self.row * nb1 : (self.row + self.T) * nb1]
+        vr = vc[self.row * nb1 : (self.row + self.T) * nb1]
         outs = [new_buffer(sizes[i]) for i in (-7, -6)] + [kr, vr]
         outs += [new_buffer(sizes[i]) for i in (-3, -2, -1)]
         ins = [w["Wq"], w["Wk"], w["Wv"], buffer_of(self.x), buffer_of(self.n_attn), *consts]
@@ -309,26 +315,27 @@ class LayerCase:
 
 @unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
 class DecodeLayerEmulationTest(unittest.TestCase):
-    def check(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, n=0):
+    def check(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, n=0, T=1):
         from ggml_hsa_iron.tests.test_flash_attn import _np_type, reference
         from ggml_hsa_iron.tests.util_ffn import check_add, check_h
 
-        case = LayerCase(glu, wt, dims, arch, ff=ff, kv=kv, seed=seed, n=n)
+        case = LayerCase(glu, wt, dims, arch, ff=ff, kv=kv, seed=seed, n=n, T=T)
         args = case.run()
         K, H, Hk, D, F, n_kv = dims
-        what = f"{glu} {wt} {dims} {arch} ff={ff} kv={kv} n={n}"
+        what = f"{glu} {wt} {dims} {arch} ff={ff} kv={kv} n={n} T={T}"
         q_arg, kr_arg, vr_arg = args[-6], args[-5], args[-4]
         # The projections: bit for bit the lone kernels' on the same shape.
         for g, got in zip(case.spec.qkv.groups, (q_arg, kr_arg, vr_arg)):
             want = case.lone(g, args)
             self.assertEqual(got.tobytes(), want.tobytes(), f"{g.name.upper()} of {what}")
         # The attention read the cache holding the new rows: numpy on the caches' values with
-        # the token's row replaced by what the design wrote.
+        # the tokens' rows replaced by what the design wrote.
         kt = _np_type(kv)
         k, v = case.k.copy(), case.v.copy()
-        k[0, :, case.row] = np.frombuffer(kr_arg.tobytes(), kt).reshape(Hk, D)
-        v[0, :, case.row] = np.frombuffer(vr_arg.tobytes(), kt).reshape(Hk, D)
-        q = np.frombuffer(q_arg.tobytes(), np.float32).reshape(1, H, 1, D)
+        rows = slice(case.row, case.row + T)
+        k[0, :, rows] = np.frombuffer(kr_arg.tobytes(), kt).reshape(T, Hk, D).transpose(1, 0, 2)
+        v[0, :, rows] = np.frombuffer(vr_arg.tobytes(), kt).reshape(T, Hk, D).transpose(1, 0, 2)
+        q = np.frombuffer(q_arg.tobytes(), np.float32).reshape(T, H, D).transpose(1, 0, 2)[None]
         params = case.req.op_params
         fa = types.SimpleNamespace(
             op_params=params[12:15], inputs=(case.spec.fa.q, case.kt, case.vt)
@@ -340,10 +347,10 @@ class DecodeLayerEmulationTest(unittest.TestCase):
         err = np.abs(a - ref).max()
         self.assertLess(err, 2e-5 * max(1.0, np.abs(ref).max()), f"a of {what}: {err}")
         wo, wg, wu, wd = (case.w[n][1] for n in ("Wo", "Wg", "Wu", "Wd"))
-        x = case.x.reshape(1, K)
-        check_add(self, wt, a[None, :], wo, x, r1[None, :], f"r1 of {what}")
-        check_h(self, glu, wt, r1[None, :], case.n_ffn, wg, wu, h[None, :], f"h of {what}")
-        check_add(self, wt, h[None, :], wd, r1[None, :], out[None, :], f"out of {what}")
+        a, r1, h, out = (t.reshape(T, -1) for t in (a, r1, h, out))
+        check_add(self, wt, a, wo, case.x, r1, f"r1 of {what}")
+        check_h(self, glu, wt, r1, case.n_ffn, wg, wu, h, f"h of {what}")
+        check_add(self, wt, h, wd, r1, out, f"out of {what}")
 
     def test_tiny_llama(self):
         for i, arch in enumerate(("aie2p", "aie2")):
@@ -364,6 +371,15 @@ class DecodeLayerEmulationTest(unittest.TestCase):
         for arch, n in (("aie2p", 256), ("aie2p", 768), ("aie2", 512), ("aie2", 1024)):
             with self.subTest(arch=arch, n=n):
                 self.check("SWIGLU", "q4_0", dims, arch, seed=n, n=n)
+
+    def test_a_few_tokens_at_once(self):
+        """A step of several tokens (a unified cache's sequences, a draft's verification): the
+        1B shape over 4 tokens, the tiny llama's shape in q8_0 over 2 with the factors on aie2,
+        and 8 tokens told n_kv at dispatch."""
+        self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=60, T=4)
+        tiny = (256, 4, 2, 64, 512, 256)
+        self.check("GEGLU", "q8_0", tiny, "aie2", ff=True, seed=61, T=2)
+        self.check("SWIGLU", "q4_0", tiny[:5] + (1024,), "aie2p", seed=62, n=512, T=8)
 
     def test_run_time_n_kv_in_chunks(self):
         # A 16384-row cache whose scores take chunks of keys (nc of them for every n_kv: each
