@@ -1190,6 +1190,21 @@ fn assert_no_node_on_the_cpu(tag: &str, stats: &Path) {
     );
 }
 
+/// The gate for a step of several tokens: a decode layer kernel (`DECODE_LAYER_SWIGLU`) ran
+/// over `tokens` tokens at once (its name carries the positions' operand, i32 of `tokens`).
+fn assert_layer_kernel_of_tokens(tag: &str, counters: &Path, tokens: usize) {
+    let c = read_json(counters);
+    let kernels = c["kernels"].as_object().expect("per-kernel counters");
+    let positions = format!("-i32_{tokens}-");
+    assert!(
+        kernels
+            .keys()
+            .any(|k| k.starts_with("decode_layer_swiglu-") && k.contains(&positions)),
+        "{tag}: no decode layer kernel of {tokens} tokens: {:?}",
+        kernels.keys().collect::<Vec<_>>()
+    );
+}
+
 /// Several sequences decoding side by side through the emulated IRON designs, as llama-server's
 /// slots and llama-parallel's clients do: four sequences of the tiny llama Q4_0 (prompts of
 /// different lengths, so different positions and cache cells), their prompts in one batch, then
@@ -1237,13 +1252,11 @@ fn several_sequences_decode_side_by_side_with_the_cpu_s_logits() {
         // A step's projections take its four tokens at once: the block after the attention
         // as one kernel; with one cache, the whole layer as one kernel (Q, K and V writing the
         // cache rows, the attention reading each K and V row once for the four, the block).
-        let emulated = &read_json(&counters)["emulated_ops"];
-        let several = if cache.contains(&"--kv-unified") {
-            vec!["DECODE_LAYER_SWIGLU"]
+        if cache.contains(&"--kv-unified") {
+            assert_layer_kernel_of_tokens(&tag, &counters, 4);
         } else {
-            vec!["MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU"]
-        };
-        for op in several {
+            let emulated = &read_json(&counters)["emulated_ops"];
+            let op = "MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU";
             assert!(
                 emulated.get(op).is_some(),
                 "{tag}: no {op} kernel: {emulated}"
@@ -1288,8 +1301,8 @@ fn several_sequences_decode_side_by_side_with_the_cpu_s_logits() {
 /// Decode steps of several tokens of one sequence, as a speculative draft's verification batch
 /// runs them, through the emulated IRON designs: the tiny llama Q4_0 teacher-forced along the
 /// CPU's greedy tokens, the tokens after the prompt decoded 4 at a time with the logits of every
-/// position (llama_greedy `--batch 4`), each position's logits within the quantized bound of the
-/// CPU's, decoded one token at a time. Then llama-speculative (the f32 tiny llama drafted by the
+/// position (llama_greedy `--batch 4`), each layer one kernel over the batch's tokens, each
+/// position's logits within the quantized bound of the CPU's, decoded one token at a time. Then llama-speculative (the f32 tiny llama drafted by the
 /// Q4_0 one, both on HSA0, drafts of up to 4 tokens) writes the text HSA0 gives without a draft
 /// (llama-simple): its verification batches, the drafts it rejects and the cache rows it drops
 /// after them change nothing.
@@ -1321,6 +1334,7 @@ fn verification_batches_of_several_tokens_match_one_token_at_a_time() {
     let (run, logits) = greedy_run(&bin, &q4_0, LONG_PROMPT, &batched, RUN_TIMEOUT);
     let npu = parse_greedy(&run, &logits);
     assert_all_layer_ops_emulated("batches of 4 tokens", &npu.log, &counters, &stats);
+    assert_layer_kernel_of_tokens("batches of 4 tokens", &counters, 4);
     let worst = worst_step_nmse(&npu, &cpu);
     println!("batches of 4 tokens, teacher-forced: worst step NMSE {worst:.3e}");
     assert!(worst <= MAX_QUANTIZED_LOGITS_NMSE, "NMSE {worst:.3e}");

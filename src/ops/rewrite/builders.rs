@@ -1113,10 +1113,7 @@ pub fn merge_layer<'a>(
         return None;
     };
     let op = Fused::DecodeLayer { ff, glu }.entry()?;
-    let q_is_q = q.addr == q_out.addr
-        && q.bytes == q_out.bytes
-        && q.is_contiguous()
-        && q_out.is_contiguous();
+    let q_is_q = views_heads_of(q, q_out);
     let caches = k.overlaps(&nodes[set_rows[0]].dst) && v.overlaps(&nodes[set_rows[1]].dst);
     let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
     let between = (merge_at + 1..at).any(|j| runs(j) && !set_rows.contains(&j));
@@ -1152,6 +1149,20 @@ pub fn merge_layer<'a>(
         before_rows,
         after_rows: vec![a.clone(), r1.clone(), h.clone()],
     })
+}
+
+/// Whether the attention's q is the projection Q [D, H, T] (dense) viewed as [D, T, H]: the same
+/// bytes, llama's permuted view (for one token Q's own layout).
+fn views_heads_of(q: &Tensor, q_out: &Tensor) -> bool {
+    let [d, h, t, one] = q_out.ne;
+    q.addr == q_out.addr
+        && q.dtype == q_out.dtype
+        && q_out.is_contiguous()
+        && one == 1
+        && q.ne == [d, t, h, 1]
+        && q.nb[0] == q_out.nb[0]
+        && (t == 1 || q.nb[1] == q_out.nb[2])
+        && (h == 1 || q.nb[2] == q_out.nb[1])
 }
 
 /// A reader's kernel (`MUL_MAT` or `MUL_MAT_<GLU>` with z as its activations, the last input)
@@ -2496,6 +2507,25 @@ mod tests {
             &merge.operands,
             [3, 4],
         )
+    }
+
+    #[test]
+    fn the_attention_s_q_is_q_viewed_by_heads() {
+        // Q [64, 4, T] dense; llama's q: its view [64, T, 4] (permuted), or for one token Q.
+        for t in [1, 4] {
+            let q_out = tensor(DType::F32, [64, 4, t, 1], 0x1000);
+            let mut q = tensor(DType::F32, [64, t, 4, 1], 0x1000);
+            q.nb = [4, q_out.nb[2], q_out.nb[1], q_out.nb[3]];
+            assert!(views_heads_of(&q, &q_out), "{t} tokens");
+            let dense = tensor(DType::F32, [64, t, 4, 1], 0x1000);
+            assert_eq!(
+                views_heads_of(&dense, &q_out),
+                t == 1,
+                "{t} tokens, not permuted"
+            );
+            let elsewhere = Tensor { addr: 0x2000, ..q };
+            assert!(!views_heads_of(&elsewhere, &q_out));
+        }
     }
 
     #[test]
