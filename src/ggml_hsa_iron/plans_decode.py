@@ -39,9 +39,18 @@ phase's static data). The FFN's n later replaces n_attn in the same array (mv_no
 from its start at each load of K values). The attention norm's eps and the FFN norm's are two
 compile-time constants of the one object (DL_EPS and OP_P0).
 
-Refused (UnsupportedError): more than one token; weights not all of one type (llama.cpp's
-Q4_K_M layers with a q6_K Wv or W_d); whatever RMS_NORM_QKV_ROPE(_FF) or FLASH_ATTN_FFN_<glu>
-refuses; and where no shape fits every phase.
+Several tokens (up to 8 of one KV cache: a unified cache's sequences, a draft's verification
+batch): every phase takes them at once, each weight tile decoded once for all (GemvPlan.nx),
+the projection phase's x objects holding each token's K chunk and its y objects each token's
+run of rows (mv_decode.h: each token's scale and position); the attention reads Q as its
+permuted view [D, T, Hq]. The layer then takes the block's own shape (FLASH_ATTN_FFN_<glu>'s
+alone) or is refused: the cores bind over several tokens, so a smaller shape would cost more
+than the dispatch it saves.
+
+Refused (UnsupportedError): weights not all of one type (llama.cpp's Q4_K_M layers with a q6_K
+Wv or W_d); whatever RMS_NORM_QKV_ROPE(_FF) or FLASH_ATTN_FFN_<glu> refuses (more than 8
+tokens, several tokens of unquantized weights); several tokens where the projections do not fit
+beside the block's own shape; and where no shape fits every phase.
 """
 
 import dataclasses
@@ -415,6 +424,11 @@ class DecodeSpec(FfnSpec):
         ]
 
 
+def _shape(p: GemvPlan) -> tuple[int, int, int, int]:
+    """A program's shape: columns, cores per column, rows per core, K chunk."""
+    return p.columns, p.rows, p.rows_per_tile, p.k_chunk
+
+
 def _q_view(q: Tensor) -> Tensor:
     """Q [D, Hq, T] (dense f32) as the attention's q [D, T, Hq, 1]: the same bytes (llama's
     permuted view of Q)."""
@@ -480,7 +494,27 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
     except UnsupportedError as e:
         raise UnsupportedError(f"{op}: {e}") from None
     shapes = QkvShapes({g.name: g.spec for g in lone.groups}, params[ROPE_PARAMS], fa_shapes, arch)
-    attn, up, down = _replan(op, specs, arch, wg.dtype, shapes, shapes.explain)
+    extra_fn, why = shapes, shapes.explain
+    tokens = x.ne[1]
+    if tokens > 1:
+        # Over several tokens the cores' work grows with the tokens and binds (the block over
+        # 8 tokens on aie2p): a shape smaller than the block's own, where the projections'
+        # data do not fit beside it, costs the layer more than the dispatch it saves. The
+        # layer then takes the block's own shape or is refused.
+        own = _shape(_replan(op, specs, arch, wg.dtype, fa_shapes, fa_shapes.explain)[0].plan)
+
+        def extra_fn(plans):
+            return shapes(plans) if _shape(plans[0]) == own else None
+
+        def why():
+            return (
+                f"{shapes.explain()}; over {tokens} tokens the layer takes the shape "
+                f"FLASH_ATTN_FFN_{glu} takes alone, {own} (columns, cores per column, rows per "
+                f"core, K chunk), where the projections' data must fit beside it; the backend "
+                f"runs RMS_NORM_QKV_ROPE{'_FF' if ff else ''} and FLASH_ATTN_FFN_{glu}"
+            )
+
+    attn, up, down = _replan(op, specs, arch, wg.dtype, extra_fn, why)
     extra = shapes((attn.plan, up.plan, down.plan))
     if extra is None:
         raise AssertionError("the chosen shape does not fit the attention and projections")

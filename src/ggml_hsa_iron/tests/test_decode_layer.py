@@ -115,6 +115,17 @@ class DecodeLayerPlanTest(unittest.TestCase):
                     self.assertEqual(shape(own), sh)
                     self.assertEqual(len(spec.sequence), 21 + ff)
 
+    def test_a_few_tokens_take_the_block_s_own_shape(self):
+        from ggml_hsa_iron.tests.util_ffn import fa_ffn_spec
+
+        for arch, T in (("aie2p", 4), ("aie2", 8)):
+            with self.subTest(arch=arch, T=T):
+                spec = layer_spec("SWIGLU", "q4_0", LLAMA[:5] + (1024,), arch, T=T)
+                own = fa_ffn_spec("SWIGLU", "q4_0", *LLAMA[:5], 1024, n_q=T, arch=arch)
+                self.assertEqual(shape(spec), shape(own))
+                self.assertEqual({p.plan.nx for p in spec.phases}, {T})
+                self.assertEqual({g.plan.nx for g in spec.qkv.groups}, {T})
+
     def test_tiny_llama(self):
         spec = layer_spec("SWIGLU", "f32", TINY)
         self.assertEqual(shape(spec), (8, 2, 16, 256))
@@ -163,6 +174,10 @@ class DecodeLayerPlanTest(unittest.TestCase):
             layer_spec("SWIGLU", "q4_K", (2048, 32, 8, 64, 8192, 256), w={"wv": "q6_K"})
         with self.assertRaisesRegex(UnsupportedError, "W_d is q6_K"):
             layer_spec("SWIGLU", "q4_K", (2048, 32, 8, 64, 8192, 256), w={"wd": "q6_K"})
+        # Over several tokens the block's own shape or nothing: the 1B shape's 8 tokens on
+        # aie2p would need a smaller K chunk beside the projections' data.
+        with self.assertRaisesRegex(UnsupportedError, "takes alone, \\(8, 4, 32, 256\\)"):
+            layer_spec("SWIGLU", "q4_0", LLAMA[:5] + (1024,), "aie2p", T=8)
         # RMS_NORM_QKV_ROPE's (rope mode 1) and FLASH_ATTN_FFN_<glu>'s (ALiBi) refusals.
         with self.assertRaisesRegex(UnsupportedError, "rope mode"):
             layer_spec("SWIGLU", "f32", TINY, mode=1)
