@@ -246,9 +246,7 @@ class LayerCase:
     """One request's operands: weights (fast_weights), x and n (util_norm's), the caches of
     `kv` (masked keys' rows NaN, never read), the T tokens at cache rows `row` ..."""
 
-    def __init__(
-        self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, masked=5, pos=7, n=0, T=1
-    ):
+    def __init__(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, masked=5, pos=7, n=0, T=1):
         from ggml_hsa_iron.tests.test_flash_attn import _np_type, place
         from ggml_hsa_iron.tests.util_ffn import fast_weights
         from ggml_hsa_iron.tests.util_norm import norm_inputs
