@@ -116,16 +116,20 @@ class KernelTimes:
 
     def work_ns(self, name: str, request: dict | None) -> float | None:
         """The kernel's device time alone, or None: no request, or the IRON package declines
-        it and it is no fused op whose parts the backend would run instead. A declined
-        MUL_MAT_ADD or MUL_MAT_<glu> (a prompt's GEMM-sized ones) is timed as those parts, one
-        after the other (bench_op.unfused_requests); their dispatches are not counted."""
+        it and it is no fused op whose parts the backend would run instead. A declined fused
+        kernel (a prompt's GEMM-sized MUL_MAT_ADD or MUL_MAT_<glu>, a layer's kernel over
+        tokens that do not fit it) is timed as those parts, one after the other
+        (bench_op.unfused_requests, each itself timed so), each part after the first charged
+        one more chained command switching PDI (the parts alternate)."""
         from bench_op import unfused_requests  # both import this module
 
         if name not in self.ns:
             ns = self._time(request) if request else None
             if ns is None and request:
-                parts = [self._time(r) for r in unfused_requests(request)]
-                ns = sum(parts) if parts and None not in parts else None
+                parts = [self.work_ns(r["name"], r) for r in unfused_requests(request)]
+                if parts and None not in parts:
+                    switch = cost_constants(request["arch"])["chained_new_pdi_ns"]
+                    ns = sum(parts) + (len(parts) - 1) * switch
             self.ns[name] = ns
         return self.ns[name]
 

@@ -90,10 +90,38 @@ def unfused_requests(req: dict) -> list[dict]:
     declines (a prompt's GEMM-sized ones): the MUL_MAT (both, for the GLU's gate and up) into
     a dense f32 product, then the ADD of the residual or the GLU of the two products; for a
     FLASH_ATTN_FFN_<glu> (a step of several sequences with a cache each) the attention alone,
-    then MUL_MAT_ADD_RMS_NORM_FFN_<glu> of its output; [] for any other op."""
+    then MUL_MAT_ADD_RMS_NORM_FFN_<glu> of its output; for a DECODE_LAYER(_FF)_<glu> (a step of
+    tokens whose projections do not fit beside the block's own shape) the Q/K/V kernel, then
+    FLASH_ATTN_FFN_<glu> reading Q; [] for any other op."""
     op, arch = req["op"], req["arch"]
     ins = [tensor(t["type"], t["ne"]) for t in req["inputs"]]
     out = tensor(req["output"]["type"], req["output"]["ne"])
+    if op.startswith("DECODE_LAYER_"):
+        # Wq, Wk, Wv, x, n_attn, the positions, (the factors,) k, v, the mask, W_o, W_g, W_u,
+        # W_d, n_ffn; out, then Q, K rows, V rows, a, r1, h; op_params RMS_NORM_QKV_ROPE's 12
+        # words, FLASH_ATTN_FFN_<glu>'s 4.
+        sent = parse_request(json.dumps(req))
+        ff = op.startswith("DECODE_LAYER_FF_")
+        glu = op.removeprefix("DECODE_LAYER_FF_" if ff else "DECODE_LAYER_")
+        n = 6 + ff
+        qkv_ins, (k, v, mask, wo, wg, wu, wd, n_ffn) = sent.inputs[:n], sent.inputs[n:]
+        q, kr, vr, a, r1, h = sent.extra_outputs
+        D, H, T = q.ne[:3]
+        q_heads = Tensor(q.dtype, (D, T, H, 1), (4, 4 * D * H, 4 * D, 4 * D * H * T))
+        x, params = qkv_ins[3], req["op_params"]
+        qkv = "RMS_NORM_QKV_ROPE" + ("_FF" if ff else "")
+        attn = request_dict(
+            f"FLASH_ATTN_FFN_{glu}",
+            [q_heads, k, v, mask, wo, x, wg, wu, wd, n_ffn],
+            sent.output,
+            arch,
+            params[12:],
+            None,
+            [a, r1, h],
+        )
+        if "n_kv_step" in req:
+            attn["n_kv_step"] = req["n_kv_step"]
+        return [request_dict(qkv, list(qkv_ins), q, arch, params[:12], None, [kr, vr]), attn]
     if op.startswith("FLASH_ATTN_FFN_"):
         # Its operands as sent (the cache views' strides kept): q, k, v, mask, W_o, r0, W_g,
         # W_u, W_d, n; out, then a, r1 and h; op_params the attention's three words, then eps.
