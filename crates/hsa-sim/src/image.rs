@@ -59,6 +59,18 @@ impl TensorDesc {
         self.ne.iter().map(|&n| n.max(0) as u64).product()
     }
 
+    /// A dense Q [D, H, T] as an attention reads it: [D, T, H, 1], the same bytes (llama's
+    /// permuted view of Q).
+    pub fn heads_view(&self) -> TensorDesc {
+        let [d, h, t, _] = self.ne;
+        let nb = TensorDesc::contiguous(self.ne, self.ty).nb;
+        TensorDesc {
+            ne: [d, t, h, 1],
+            nb: [nb[0], nb[2], nb[1], nb[3]],
+            ty: self.ty,
+        }
+    }
+
     /// Bytes spanned from the first to one past the last element (0 if empty). Dimension 0 of
     /// a block-quantized tensor is stepped over in blocks.
     pub fn extent(&self) -> u64 {
@@ -149,7 +161,8 @@ impl KernelDesc {
 
     /// A DECODE_LAYER(_FF)_<GLU> description as the two kernels it replaces:
     /// RMS_NORM_QKV_ROPE(_FF) (Wq, Wk, Wv, x, n_attn, positions[, factors] into Q, K rows, V
-    /// rows), then FLASH_ATTN_FFN_<GLU> with q = Q viewed as [D, 1, Hq, 1] and r0 = x.
+    /// rows), then FLASH_ATTN_FFN_<GLU> with q = Q [D, Hq, T] viewed as [D, T, Hq, 1] (llama's
+    /// permuted view: the same bytes) and r0 = x.
     pub fn decode_layer_parts(&self, ff: bool) -> Result<(KernelDesc, KernelDesc), String> {
         let b = 6 + usize::from(ff);
         if self.inputs.len() != b + 8 || self.extra_outputs.len() != 6 {
@@ -183,10 +196,9 @@ impl KernelDesc {
         qkv.extra_outputs = vec![k_rows.clone(), v_rows.clone()];
         qkv.op_params = [0; 16];
         qkv.op_params[..12].copy_from_slice(&self.op_params[..12]);
-        let [d, hq, n, _] = q.ne;
         let mut attn = self.clone();
         attn.op = format!("FLASH_ATTN_FFN_{glu}");
-        let q4 = TensorDesc::contiguous([d, n, hq, 1], q.ty);
+        let q4 = q.heads_view();
         attn.inputs = [&q4, &rest[0], &rest[1], &rest[2], &rest[3], &qkv_in[3]]
             .into_iter()
             .chain(&rest[4..])

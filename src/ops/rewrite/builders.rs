@@ -4,6 +4,7 @@
 //! operands and parameters.
 
 use super::fused::{Fused, Glu};
+use super::kv_length::STEP_TOKENS;
 use super::rules::{kernel_writing, read_elsewhere, read_later, same, step_io, written_in};
 use super::{Planned, Rewritten};
 use crate::kernels::{KernelDesc, Layout};
@@ -1113,7 +1114,8 @@ pub fn merge_layer<'a>(
         return None;
     };
     let op = Fused::DecodeLayer { ff, glu }.entry()?;
-    let q_is_q = views_heads_of(q, q_out);
+    // A decode step's tokens (a prompt keeps its two kernels, which split into pieces).
+    let q_is_q = views_heads_of(q, q_out) && q_out.ne[2] <= STEP_TOKENS;
     let caches = k.overlaps(&nodes[set_rows[0]].dst) && v.overlaps(&nodes[set_rows[1]].dst);
     let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
     let between = (merge_at + 1..at).any(|j| runs(j) && !set_rows.contains(&j));

@@ -19,7 +19,7 @@ pub const STEP: u32 = 256;
 /// The most tokens of a decode step whose fused attention is asked for told n_kv: several
 /// sequences of one cache side by side or a draft's verification batch, which the IRON
 /// package's fused attention takes at once. A prompt's (more rows) keeps the graph's length.
-const STEP_TOKENS: i64 = 8;
+pub(super) const STEP_TOKENS: i64 = 8;
 
 /// Makes `r` take its KV length at dispatch when it attends over a KV cache that a SET_ROWS of
 /// `nodes` writes (the cache's rows are then known) and the kernel store provides that kernel.

@@ -805,8 +805,7 @@ pub unsafe fn execute(
                     dst.copy_from_slice(&rows.bytes);
                 }
             }
-            let [d, hq, n_tok, _] = q.t.ne;
-            let qt = TensorDesc::contiguous([d, n_tok, hq, 1], q.t.ty);
+            let qt = q.t.heads_view();
             let q4 = Buf {
                 t: &qt,
                 bytes: q.bytes.clone(),
