@@ -26,7 +26,10 @@ stream carries every token's group q rows, then the keys in `nc` chunks of n_kv 
 each: every token's part of its mask row, the chunk's K rows, its V rows (each piece whole
 x objects: the q rows and the mask parts padded by repeating them, K and V rows whole objects
 of whole rows; with T > 1 the block's phases take the T rows at once, GemvPlan.nx, and an x
-object holds T K chunks' words). So each K and V row is read once for the T tokens; a key is
+object holds T K chunks' words). An object's rows carry a divisor of every chunk's keys
+(`ObjectKeys`): all of them where they divide it, else (3, 5, 6 or 7 tokens' objects against
+chunks of powers of two) fewer, read as two overlapping runs of rows within the chunk, the
+core taking each key once. So each K and V row is read once for the T tokens; a key is
 skipped only where every token's mask hides it. The core keeps the scores of its gh heads of
 every token over one chunk and an online softmax over the chunks
 (kernels/mv_fa.h: the running maximum rescales the sums and the accumulators), so the context
@@ -62,7 +65,7 @@ from .plans_fa import (
 )
 from .plans_ffn import FfnSpec, _replan, attn_ffn_phases, ffn_core_bytes
 from .request import Request, Tensor
-from .tiling import MAX_WRAP, SHIM_GROUP_TASKS, VECTOR_ELEMS, Tap, split_run
+from .tiling import MAX_WRAP, SHIM_GROUP_TASKS, VECTOR_ELEMS, Tap, divisors, split_run
 
 PREFIX = "FLASH_ATTN_FFN_"
 F32 = 4
@@ -73,6 +76,35 @@ MAX_CHUNKS = 32
 def _vecs(n: int) -> int:
     """n rounded up to whole vectors (the core's arrays, kernels/mv_fa.h)."""
     return -(-n // VECTOR_ELEMS) * VECTOR_ELEMS
+
+
+@dataclass(frozen=True)
+class ObjectKeys:
+    """How an x object of K (or V) rows carries a chunk's keys: `keys` of them, its rows read
+    as `parts` runs of `part_rows` consecutive rows, run j from the object's key j * `part_step`
+    (runs overlapping where the object holds more rows than keys: the core takes each key
+    once, kernels/mv_fa.h)."""
+
+    keys: int
+    parts: int
+    part_rows: int
+    part_step: int
+
+
+def object_keys(rows: int, unit: int) -> ObjectKeys | None:
+    """An object of `rows` K or V rows for chunks whose lengths are multiples of `unit` keys:
+    the `rows` keys where they divide unit, else the largest divisor u of unit below them and
+    above half of them, read as two overlapping runs of rows / 2 (the second from key
+    u - rows / 2: a shim task repeats rows only by its outermost dimension): every read stays
+    within the chunk, a DMA pattern of whole objects for every chunk length; None where no
+    divisor fits."""
+    if unit % rows == 0:
+        return ObjectKeys(rows, 1, rows, 0)
+    if rows % 2:
+        return None
+    half = rows // 2
+    u = max((d for d in divisors(unit) if half < d < rows), default=0)
+    return ObjectKeys(u, 2, half, u - half) if u else None
 
 
 @dataclass(frozen=True)
@@ -161,14 +193,30 @@ class FaPhase(RunTimeLength):
         return self.dv * self.v.size // 4
 
     @property
+    def unit(self) -> int:
+        """What every chunk length is a multiple of: a run-time n_kv's step's share, or the
+        one chunk length."""
+        return self.step // self.nc if self.step else self.chunk_max
+
+    @property
+    def k_keys(self) -> ObjectKeys:
+        """The keys an x object of K rows carries."""
+        return object_keys(self.kc // self.k_row_words, self.unit)
+
+    @property
+    def v_keys(self) -> ObjectKeys:
+        """The keys an x object of V rows carries."""
+        return object_keys(self.kc // self.v_row_words, self.unit)
+
+    @property
     def k_objects(self) -> int:
         """x objects of a chunk's K rows."""
-        return self.chunk * self.k_row_words // self.kc
+        return self.chunk // self.k_keys.keys
 
     @property
     def v_objects(self) -> int:
         """x objects of a chunk's V rows."""
-        return self.chunk * self.v_row_words // self.kc
+        return self.chunk // self.v_keys.keys
 
     @property
     def out_objects(self) -> int:
@@ -234,9 +282,13 @@ class FaPhase(RunTimeLength):
         off = c * self.chunk // 2
         return Tap(off, (s.rep, t, a, w), (0, self.mask_row_words, w, 1))
 
-    def _kv_tap(self, t: Tensor, kvh: int, c: int, row_words: int) -> Tap:
+    def _kv_tap(self, t: Tensor, kvh: int, c: int, row_words: int, keys: ObjectKeys) -> Tap:
         n, stride = self.chunk, t.nb[1] // 4
         off = kvh * t.nb[2] // 4 + c * n * stride
+        if keys.parts > 1:
+            # Per object its runs of rows, each from key j * part_step of the object.
+            sizes = (n // keys.keys, keys.parts, keys.part_rows, row_words)
+            return Tap(off, sizes, (keys.keys * stride, keys.part_step * stride, stride, 1))
         if stride == row_words or n == 1:
             return Tap(off, (1, 1, 1, n * row_words), (0, 0, 0, 1))
         r = self.step // self.nc or _rows_split(n)
@@ -244,11 +296,11 @@ class FaPhase(RunTimeLength):
 
     def k_tap(self, kvh: int, c: int) -> Tap:
         """Chunk c's K rows of KV head kvh."""
-        return self._kv_tap(self.k, kvh, c, self.k_row_words)
+        return self._kv_tap(self.k, kvh, c, self.k_row_words, self.k_keys)
 
     def v_tap(self, kvh: int, c: int) -> Tap:
         """Chunk c's V rows of KV head kvh."""
-        return self._kv_tap(self.v, kvh, c, self.v_row_words)
+        return self._kv_tap(self.v, kvh, c, self.v_row_words, self.v_keys)
 
     def a_tap(self, kvh: int) -> Tap:
         """The joined y objects of a round: per object of a core (its gh heads' outputs, nr at
@@ -279,6 +331,12 @@ class FaPhase(RunTimeLength):
             "FA_V_TYPE": KV_CODE[self.v.dtype],
             "FA_K_ROW_WORDS": self.k_row_words,
             "FA_V_ROW_WORDS": self.v_row_words,
+            "FA_K_KEYS": self.k_keys.keys,
+            "FA_K_PART_ROWS": self.k_keys.part_rows,
+            "FA_K_PART_STEP": self.k_keys.part_step,
+            "FA_V_KEYS": self.v_keys.keys,
+            "FA_V_PART_ROWS": self.v_keys.part_rows,
+            "FA_V_PART_STEP": self.v_keys.part_step,
             "FA_SCALE": self.params[0],
             "FA_SOFTCAP": self.params[1],
             "FA_Q_OBJECTS": self.q_side.objects,
@@ -327,7 +385,8 @@ class FaShapes:
             "dv": f"Dv = {dv} whole y objects of nr values",
             "rows": (
                 f"x objects of kc words holding whole K and V rows ({d} {k.dtype}, {dv} "
-                f"{v.dtype}) and all {n_kv} of them in whole objects"
+                f"{v.dtype}) and a divisor of a chunk's keys (of {n_kv}), at least half the "
+                f"rows an object holds"
             ),
             "sides": "the q rows and the mask row repeated to whole x objects",
             "step": (
@@ -365,15 +424,21 @@ def fa_phase(q, k, v, mask, a, params, p, step=0, nc=1, pieces=False) -> FaPhase
         return "rows"  # a chunk's mask words start on a word
     if tokens > 1 and (n_kv % 2 or mask.ne[0] % 2):
         return "rows"  # every token's mask row starts on a word
-    if kc % kw or kc % vw or (chunk * kw) % kc or (chunk * vw) % kc:
+    if kc % kw or kc % vw:
         return "rows"
+    # Every chunk (with a run-time n_kv: of every multiple of step) whole objects of K and V
+    # rows, each object a divisor of its keys (ObjectKeys) within a DMA wrap.
+    unit = step // nc if step else chunk
+    if step and (step % nc or unit % 2):
+        return "step"
+    why = "step" if step else "rows"
+    for keys in (object_keys(kc // kw, unit), object_keys(kc // vw, unit)):
+        if keys is None or (n_kv // nc) // keys.keys > MAX_WRAP:
+            return why
     q_side = _side(tokens * gq * q.ne[0], kc)
     if step:
-        # Every multiple of step in nc chunks: K and V rows in whole objects, the mask words
-        # of a chunk in runs of step / (2 nc) words repeated to whole objects by one count.
-        unit = step // nc
-        if step % nc or unit % 2 or (unit * kw) % kc or (unit * vw) % kc:
-            return "step"
+        # The mask words of a chunk in runs of step / (2 nc) words repeated to whole objects
+        # by one count for every multiple of step.
         m_side = _run_time_mask_side(chunk, unit, kc, tokens)
     else:
         m_words = -(-chunk // 2)

@@ -7,7 +7,10 @@
 // plans_fa_ffn.py).
 //
 // Per KV head (a round of the phase) the column's x stream carries, each piece padded to
-// whole objects (the q rows and the mask words by repeating them; K and V are whole objects):
+// whole objects (the q rows and the mask words by repeating them; K and V are whole objects,
+// each FA_K_KEYS (FA_V_KEYS) keys of the chunk: its rows read as runs of FA_K_PART_ROWS
+// consecutive rows, run j from key j FA_K_PART_STEP of the object, overlapping where the object
+// holds more rows than keys; each key is taken once, from the first run that holds it):
 //   per token the group's FA_GQ q rows (f32, FA_D each; this core keeps FA_GH of them from
 //   word `first` of each token's), then the keys in FA_NC chunks of n_kv / FA_NC keys, each
 //   as every token's part of its mask row (f16, all repeated FA_M_REP times), its K rows
@@ -30,7 +33,8 @@
 // masked.
 //
 // Defines (plans_fa_ffn.FaPhase.defines): FA_D, FA_DV, FA_CHUNK, FA_NC, FA_GQ, FA_GH, FA_T,
-// FA_K_TYPE, FA_V_TYPE (0 f32, 1 f16, 2 bf16), FA_K_ROW_WORDS, FA_V_ROW_WORDS, FA_SCALE,
+// FA_K_TYPE, FA_V_TYPE (0 f32, 1 f16, 2 bf16), FA_K_ROW_WORDS, FA_V_ROW_WORDS, FA_K_KEYS,
+// FA_K_PART_ROWS, FA_K_PART_STEP, FA_V_KEYS, FA_V_PART_ROWS, FA_V_PART_STEP, FA_SCALE,
 // FA_SOFTCAP (f32 bits), FA_Q_OBJECTS, FA_M_REP. The including file names the
 // functions: GGML_MV_FA_Q, GGML_MV_FA_MASK, GGML_MV_FA_K, GGML_MV_FA_V, GGML_MV_FA_OUT:
 //   GGML_MV_FA_Q(x, first, n_kv)   one object of the q rows; the first starts the KV head's
@@ -55,8 +59,13 @@ constexpr int FA_DP = (FA_D + (int)VEC - 1) / (int)VEC * (int)VEC;
 constexpr int FA_DVP = (FA_DV + (int)VEC - 1) / (int)VEC * (int)VEC;
 constexpr int FA_NP = (FA_CHUNK + (int)VEC - 1) / (int)VEC * (int)VEC;
 constexpr int FA_ROWP = FA_DP > FA_DVP ? FA_DP : FA_DVP;
-constexpr int FA_K_PER_OBJ = FA_XW / FA_K_ROW_WORDS;
+constexpr int FA_K_PER_OBJ = FA_XW / FA_K_ROW_WORDS; // rows of an object
 constexpr int FA_V_PER_OBJ = FA_XW / FA_V_ROW_WORDS;
+static_assert(FA_K_PER_OBJ % FA_K_PART_ROWS == 0 && FA_V_PER_OBJ % FA_V_PART_ROWS == 0,
+              "an object's rows are whole runs");
+static_assert((FA_K_PER_OBJ / FA_K_PART_ROWS - 1) * FA_K_PART_STEP + FA_K_PART_ROWS == FA_K_KEYS &&
+                  (FA_V_PER_OBJ / FA_V_PART_ROWS - 1) * FA_V_PART_STEP + FA_V_PART_ROWS == FA_V_KEYS,
+              "the runs end at the object's last key");
 constexpr int FA_OUT_PER_HEAD = FA_DV / MV_ROWS;
 constexpr int FA_R = FA_T * FA_GH;
 // Rows decoded in pair order (fa_rows::in_pairs): q kept in K's order, the accumulators in
@@ -140,8 +149,8 @@ static void fa_round(int32_t n_kv) {
   g_fa_chunk = n_kv / FA_NC;
   g_fa_np = (g_fa_chunk + (int)VEC - 1) / (int)VEC * (int)VEC;
   g_fa_m_objects = FA_M_REP * FA_T * ((g_fa_chunk + 1) / 2) / FA_XW;
-  g_fa_k_objects = g_fa_chunk / FA_K_PER_OBJ;
-  g_fa_v_objects = g_fa_chunk / FA_V_PER_OBJ;
+  g_fa_k_objects = g_fa_chunk / FA_K_KEYS;
+  g_fa_v_objects = g_fa_chunk / FA_V_KEYS;
   for (int i = 0; i < FA_R * FA_DVP; i += VEC)
     aie::store_v(g_fa_acc + i, splat(0.0f));
   for (int t = 0; t < FA_R; ++t) {
@@ -229,15 +238,13 @@ void GGML_MV_FA_MASK(float *x) {
   g_fa_m_obj = (g_fa_m_obj + 1) % g_fa_m_objects;
 }
 
-void GGML_MV_FA_K(float *x) {
-  set_ggml_rounding(); // aie2's f32 multiply splits into bf16 pieces rounded to nearest
+// The scores of keys key0 .. key0 + keys of the chunk, their K rows consecutive from `rows`.
+static void fa_k_keys(const int32_t *rows, int key0, int keys) {
   const float scale = fa_rows::bits_to_float((uint32_t)FA_SCALE);
   const float softcap = fa_rows::bits_to_float((uint32_t)FA_SOFTCAP);
-  const int32_t *rows = reinterpret_cast<const int32_t *>(x);
   const HalfPairs halves;
-  const int key0 = g_fa_k_obj * FA_K_PER_OBJ;
-  for (int j0 = 0; j0 < FA_K_PER_OBJ; j0 += VEC) {
-    const int n = FA_K_PER_OBJ - j0 < (int)VEC ? FA_K_PER_OBJ - j0 : (int)VEC;
+  for (int j0 = 0; j0 < keys; j0 += VEC) {
+    const int n = keys - j0 < (int)VEC ? keys - j0 : (int)VEC;
     for (int i = 0; i < FA_R * (int)VEC; i += VEC)
       aie::store_v(g_fa_dots + i, splat(0.0f));
     for (int j = 0; j < n; ++j) {
@@ -283,16 +290,33 @@ void GGML_MV_FA_K(float *x) {
       store_part(sc, add(s, load_part(sc, n)), n);
     }
   }
+}
+
+// An object's runs of rows (run j from its key j * step): each key from the first run that
+// holds it, the keys run j adds starting where run j - 1 ended.
+static void fa_runs(const float *x, int key0, int parts, int part_rows, int step, int row_words,
+                    void (*keys_fn)(const int32_t *, int, int)) {
+  const int32_t *rows = reinterpret_cast<const int32_t *>(x);
+  for (int j = 0, done = 0; j < parts; ++j) {
+    const int first = j * step, end = first + part_rows;
+    keys_fn(rows + (j * part_rows + done - first) * row_words, key0 + done, end - done);
+    done = end;
+  }
+}
+
+void GGML_MV_FA_K(float *x) {
+  set_ggml_rounding(); // aie2's f32 multiply splits into bf16 pieces rounded to nearest
+  fa_runs(x, g_fa_k_obj * FA_K_KEYS, FA_K_PER_OBJ / FA_K_PART_ROWS, FA_K_PART_ROWS,
+          FA_K_PART_STEP, FA_K_ROW_WORDS, fa_k_keys);
   if (++g_fa_k_obj == g_fa_k_objects)
     fa_softmax();
 }
 
-void GGML_MV_FA_V(float *x) {
-  set_ggml_rounding();
-  const int32_t *rows = reinterpret_cast<const int32_t *>(x);
+// acc += p_j V_j for keys key0 .. key0 + keys of the chunk, their V rows consecutive from
+// `rows`.
+static void fa_v_keys(const int32_t *rows, int key0, int keys) {
   const HalfPairs halves;
-  const int key0 = g_fa_v_obj * FA_V_PER_OBJ;
-  for (int j = 0; j < FA_V_PER_OBJ; ++j) {
+  for (int j = 0; j < keys; ++j) {
     const int key = key0 + j;
     bool used = false;
     for (int t = 0; t < FA_R && !used; ++t)
@@ -326,6 +350,12 @@ void GGML_MV_FA_V(float *x) {
 #endif
     }
   }
+}
+
+void GGML_MV_FA_V(float *x) {
+  set_ggml_rounding();
+  fa_runs(x, g_fa_v_obj * FA_V_KEYS, FA_V_PER_OBJ / FA_V_PART_ROWS, FA_V_PART_ROWS,
+          FA_V_PART_STEP, FA_V_ROW_WORDS, fa_v_keys);
   if (++g_fa_v_obj == g_fa_v_objects)
     fa_chunk_start(); // the next chunk's (after the round's last: the next round resets)
 }

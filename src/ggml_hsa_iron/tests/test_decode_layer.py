@@ -393,6 +393,8 @@ class DecodeLayerEmulationTest(unittest.TestCase):
         tiny = (256, 4, 2, 64, 512, 256)
         self.check("GEGLU", "q8_0", tiny, "aie2", ff=True, seed=61, T=2)
         self.check("SWIGLU", "q4_0", tiny[:5] + (1024,), "aie2p", seed=62, n=512, T=8)
+        # Three tokens: the attention's objects of 24 K rows carry 16 keys each.
+        self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=63, T=3)
 
     def test_run_time_n_kv_in_chunks(self):
         # A 16384-row cache whose scores take chunks of keys (nc of them for every n_kv: each

@@ -195,6 +195,34 @@ class FaFfnPlanTest(unittest.TestCase):
                     tasks = (i == 0) + 3 * len(g) + (i == len(groups) - 1)
                     self.assertLessEqual(tasks, SHIM_GROUP_TASKS)
 
+    def test_object_keys(self):
+        """An object's rows carry a divisor of the chunk's keys: all of them where they divide
+        it, else two overlapping runs of half the rows ending at the object's last key."""
+        from ggml_hsa_iron.plans_fa_ffn import ObjectKeys, object_keys
+
+        self.assertEqual(object_keys(8, 256), ObjectKeys(8, 1, 8, 0))
+        self.assertEqual(object_keys(24, 256), ObjectKeys(16, 2, 12, 4))
+        self.assertEqual(object_keys(56, 1024), ObjectKeys(32, 2, 28, 4))
+        self.assertEqual(object_keys(48, 128), ObjectKeys(32, 2, 24, 8))
+        self.assertIsNone(object_keys(40, 8))  # no divisor of 8 from 21 to 39
+        self.assertIsNone(object_keys(64, 32))  # half the rows: the same run twice
+        self.assertIsNone(object_keys(3, 4))  # an odd count of rows
+        for T in (3, 5, 6, 7):
+            with self.subTest(T=T):
+                fa = fa_ffn_spec("SWIGLU", "q4_0", *LLAMA, n_q=T).fa
+                rows = fa.kc // fa.k_row_words
+                self.assertEqual(rows, 8 * T)
+                keys = fa.k_keys
+                self.assertEqual((keys.parts, keys.part_rows), (2, rows // 2))
+                self.assertEqual(fa.k_objects * keys.keys, fa.chunk)
+                # Every key of a chunk read, and nothing past it.
+                for c in range(fa.nc):
+                    idx = fa.k_tap(0, c).indices()
+                    stride = fa.k.nb[1] // 4
+                    first = c * fa.chunk
+                    keys_read = {i // stride for i in idx}
+                    self.assertEqual(keys_read, set(range(first, first + fa.chunk)))
+
     def test_a_few_tokens_at_once(self):
         """Four tokens of one cache (llama.cpp's unified KV cache, four sequences): the
         attention reads each KV head's K and V rows once for the four, each token's q rows
@@ -429,6 +457,14 @@ class FaFfnEmulationTest(unittest.TestCase):
         dims = TINY[:5] + (16384,)
         self.assertGreater(fa_ffn_spec("GEGLU", "q8_0", *dims, n_q=2, arch="aie2").fa.nc, 1)
         self.check("GEGLU", "q8_0", dims, "aie2", seed=41, n_q=2)
+
+    def test_tokens_whose_objects_hold_no_whole_chunk(self):
+        """3, 5, 6 and 7 tokens' x objects (24, 40, 48, 56 K rows at the 1B shape) against
+        chunks of powers of two: each object carries 16 or 32 keys, read as two overlapping
+        runs of rows within the chunk. The 1B shape over 3 tokens, and 6 tokens of a 4096-row
+        cache told n_kv at dispatch on aie2, run at 768 keys."""
+        self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=60, n_q=3)
+        self.check("GEGLU", "q8_0", TINY[:5] + (4096,), "aie2", seed=61, n_q=6, at=768)
 
     def test_a_few_tokens_with_n_kv_at_dispatch(self):
         """Four tokens of a 4096-row cache told n_kv at dispatch (one program for every
