@@ -74,33 +74,14 @@ def steps_of(long: dict, short: dict) -> dict:
     return {"counters": counters, "stats": stats}
 
 
-def ffn_lines(times: KernelTimes) -> list[str]:
-    """The table of the feed-forward block (RMS_NORM_FFN_SWIGLU) over FFN_TOKENS tokens, each
-    kernel compiled by the emulation target and timed alone (KernelTimes)."""
-    from ggml_hsa_iron.tests.util_ffn import ffn_request
-
-    head = " | ".join(f"{n} token{'s' * (n > 1)}" for n in FFN_TOKENS)
-    lines = [f"| weights | arch | {head} |", "|---|---|" + "---:|" * len(FFN_TOKENS)]
-    for ty in FFN_TYPES:
-        for arch in ("aie2p", "aie2"):
-            cells = [ty, arch]
-            for n in FFN_TOKENS:
-                req = json.loads(ffn_request("SWIGLU", ty, n, *FFN_SHAPE, arch))
-                ns = times.work_ns(f"{arch}/{req['name']}", req)  # names omit the arch
-                cells.append("declined" if ns is None else f"{ns / 1e3:,.0f} µs")
-            lines.append("| " + " | ".join(cells) + " |")
-            print(lines[-1], file=sys.stderr)
-    return lines
-
-
-def layer_lines(times: KernelTimes) -> list[str]:
-    """The table of the decode layer kernel (DECODE_LAYER_SWIGLU) over FFN_TOKENS tokens, timed
-    alone (KernelTimes); where the IRON package declines it, its two kernels (the Q/K/V kernel,
-    then the attention with the block) with the PDI switch between them."""
+def tokens_table(times: KernelTimes, request_of) -> list[str]:
+    """A table of FFN_TYPES on both archs by FFN_TOKENS tokens: each cell the kernel whose
+    request JSON `request_of(type, arch, tokens)` gives, compiled by the emulation target and
+    timed alone (KernelTimes; a declined fused kernel as the kernels the backend runs instead,
+    marked "two kernels" for a layer's)."""
     from ggml_hsa_iron.errors import UnsupportedError
     from ggml_hsa_iron.plans import prepare
     from ggml_hsa_iron.request import parse_request
-    from ggml_hsa_iron.tests.test_decode_layer import layer_request
 
     head = " | ".join(f"{n} token{'s' * (n > 1)}" for n in FFN_TOKENS)
     lines = [f"| weights | arch | {head} |", "|---|---|" + "---:|" * len(FFN_TOKENS)]
@@ -108,18 +89,37 @@ def layer_lines(times: KernelTimes) -> list[str]:
         for arch in ("aie2p", "aie2"):
             cells = [ty, arch]
             for n in FFN_TOKENS:
-                text = layer_request("SWIGLU", ty, LAYER_DIMS, arch=arch, T=n)
-                try:
-                    prepare(parse_request(text))
-                    how = ""
-                except UnsupportedError:
-                    how = " (two kernels)"
+                text = request_of(ty, arch, n)
                 req = json.loads(text)
+                how = ""
+                if req["op"].startswith("DECODE_LAYER_"):
+                    try:
+                        prepare(parse_request(text))
+                    except UnsupportedError:
+                        how = " (two kernels)"
                 ns = times.work_ns(f"{arch}/{req['name']}", req)  # names omit the arch
                 cells.append("declined" if ns is None else f"{ns / 1e3:,.0f} µs{how}")
             lines.append("| " + " | ".join(cells) + " |")
             print(lines[-1], file=sys.stderr)
     return lines
+
+
+def ffn_lines(times: KernelTimes) -> list[str]:
+    """The feed-forward block (RMS_NORM_FFN_SWIGLU) over FFN_TOKENS tokens."""
+    from ggml_hsa_iron.tests.util_ffn import ffn_request
+
+    return tokens_table(times, lambda ty, arch, n: ffn_request("SWIGLU", ty, n, *FFN_SHAPE, arch))
+
+
+def layer_lines(times: KernelTimes) -> list[str]:
+    """The decode layer kernel (DECODE_LAYER_SWIGLU) over FFN_TOKENS tokens; where the IRON
+    package declines it, its two kernels (the Q/K/V kernel, then the attention with the block)
+    with the PDI switch between them."""
+    from ggml_hsa_iron.tests.test_decode_layer import layer_request
+
+    return tokens_table(
+        times, lambda ty, arch, n: layer_request("SWIGLU", ty, LAYER_DIMS, arch=arch, T=n)
+    )
 
 
 def print_heaviest(counters: dict, times: KernelTimes, count: int = 8) -> None:

@@ -184,7 +184,7 @@ def _qkv_rounds(of_w, of_x, of_y, g, col, i, k_steps, fns):
     kept, (Q, K) the rotation's constants kept, then per y object one round (f32 rows: normed
     sums into y, scaled with the attention norm's eps, rotated at the round's global rows) or
     two (f16 rows: normed sums into the stash, scaled, rotated, rounded to f16 into half s of
-    y). The rounds are unrolled: one token, a few rounds, each with its own first row."""
+    y). The rounds are unrolled: one step, a few rounds, each with its own first row."""
     load, norm_mv, gate_zero, gate, norm_zero, dl_load, scale_rope, scale, store = fns
     _norm_prologue(of_x, load, g.plan.norm_objects)
     if g.rope:

@@ -16,9 +16,10 @@ use crate::ops::tensor::{Node, Op, Tensor};
 /// cache's size, which then takes the fixed kernel).
 pub const STEP: u32 = 256;
 
-/// The most tokens of a decode step whose fused attention is asked for told n_kv: several
-/// sequences of one cache side by side or a draft's verification batch, which the IRON
-/// package's fused attention takes at once. A prompt's (more rows) keeps the graph's length.
+/// The most tokens of a decode step whose fused attention is asked for told n_kv, and that a
+/// layer kernel takes: several sequences of one cache side by side or a draft's verification
+/// batch, which the IRON package's fused attention takes at once. A prompt's (more rows) keeps
+/// the graph's length.
 pub(super) const STEP_TOKENS: i64 = 8;
 
 /// Makes `r` take its KV length at dispatch when it attends over a KV cache that a SET_ROWS of
