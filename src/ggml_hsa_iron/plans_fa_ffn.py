@@ -385,8 +385,8 @@ class FaShapes:
             "dv": f"Dv = {dv} whole y objects of nr values",
             "rows": (
                 f"x objects of kc words holding whole K and V rows ({d} {k.dtype}, {dv} "
-                f"{v.dtype}) and a divisor of a chunk's keys (of {n_kv}), at least half the "
-                f"rows an object holds"
+                f"{v.dtype}) and a divisor of a chunk's keys (of {n_kv}) above half the rows "
+                f"an object holds"
             ),
             "sides": "the q rows and the mask row repeated to whole x objects",
             "step": (
