@@ -27,7 +27,7 @@ STEPS = 32
 CONTEXT = 4096
 # The feed-forward block of the 1B shape timed alone over a step's tokens.
 FFN_SHAPE = (2048, 8192)  # K (n_embd), F (n_ff)
-FFN_TOKENS = (1, 2, 4, 8)
+FFN_TOKENS = (1, 2, 3, 4, 8)
 FFN_TYPES = ("q4_0", "q4_K")
 # The decode layer kernel of the 1B shape over a step's tokens: (n_embd, n_head, n_head_kv,
 # head_dim, n_ff, n_kv).
