@@ -25,6 +25,7 @@ from bench import TBO_SUMMARY, cost_constants, emulated_hsa0_env
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+from ggml_hsa_iron.plans_decode import q_heads_view  # noqa: E402
 from ggml_hsa_iron.request import Tensor, parse_request  # noqa: E402
 from ggml_hsa_iron.tests.util import request_dict, tensor  # noqa: E402  (the package's requests)
 
@@ -106,13 +107,11 @@ def unfused_requests(req: dict) -> list[dict]:
         n = 6 + ff
         qkv_ins, (k, v, mask, wo, wg, wu, wd, n_ffn) = sent.inputs[:n], sent.inputs[n:]
         q, kr, vr, a, r1, h = sent.extra_outputs
-        D, H, T = q.ne[:3]
-        q_heads = Tensor(q.dtype, (D, T, H, 1), (4, 4 * D * H, 4 * D, 4 * D * H * T))
         x, params = qkv_ins[3], req["op_params"]
         qkv = "RMS_NORM_QKV_ROPE" + ("_FF" if ff else "")
         attn = request_dict(
             f"FLASH_ATTN_FFN_{glu}",
-            [q_heads, k, v, mask, wo, x, wg, wu, wd, n_ffn],
+            [q_heads_view(q), k, v, mask, wo, x, wg, wu, wd, n_ffn],
             sent.output,
             arch,
             params[12:],

@@ -429,7 +429,7 @@ def _shape(p: GemvPlan) -> tuple[int, int, int, int]:
     return p.columns, p.rows, p.rows_per_tile, p.k_chunk
 
 
-def _q_view(q: Tensor) -> Tensor:
+def q_heads_view(q: Tensor) -> Tensor:
     """Q [D, Hq, T] (dense f32) as the attention's q [D, T, Hq, 1]: the same bytes (llama's
     permuted view of Q)."""
     D, H, T = q.ne[0], q.ne[1], q.ne[2]
@@ -484,7 +484,7 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
         req.arch,
         f"FLASH_ATTN_FFN_{glu}",
         params[QKV_PARAMS:],
-        (_q_view(q), kc, vc, mask, wo, x, wg, wu, wd, n_ffn),
+        (q_heads_view(q), kc, vc, mask, wo, x, wg, wu, wd, n_ffn),
         out,
         (a, r1, h),
         req.extra,

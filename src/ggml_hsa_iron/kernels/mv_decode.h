@@ -1,7 +1,7 @@
 // mv_decode.h: DECODE_LAYER(_FF)_<glu>'s projection phase in the GEMV core source of the
 // layer's program (mv.cc, mvq.cc with MV_GLU, MV_NORM, MV_ADD and MV_FA: the attention's and
 // the block's functions), included inside its extern "C" block after mv_norm.h (its norm
-// chunks, norm_s_of, norm_scale_rows; the GLU's stash g_stash). The including file names the
+// chunks, norm_scale_runs; the GLU's stash g_stash). The including file names the
 // functions: GGML_MV_DL_ROPE_LOAD, GGML_MV_DL_SCALE_ROPE, GGML_MV_DL_SCALE, GGML_MV_DL_STORE_F16.
 //
 // The projections' sums are the lone RMS_NORM_MUL_MAT(_ROPE)'s: y (f32 rows: Q, f32 K or V)
@@ -52,12 +52,6 @@ void GGML_MV_DL_ROPE_LOAD(float *c) {
   g_dl_loaded = (g_dl_loaded + 1) % DL_OBJECTS;
 }
 
-// Each token's run of v (y or the stash) times its s.
-static inline void dl_scale_runs(float *v) {
-  for (int t = 0; t < MV_NX; ++t)
-    norm_scale_rows(v + t * MV_ROWS, norm_s_of((uint32_t)DL_EPS, t));
-}
-
 // Each token's run of v, global rows row0 .., rotated by its position.
 static inline void dl_rope_runs(float *v, int32_t row0) {
   set_ggml_rounding();
@@ -66,16 +60,16 @@ static inline void dl_rope_runs(float *v, int32_t row0) {
 }
 
 void GGML_MV_DL_SCALE_ROPE(float *y, int32_t row0) {
-  dl_scale_runs(y);
+  norm_scale_runs(y, (uint32_t)DL_EPS);
   dl_rope_runs(y, row0);
 }
 
-void GGML_MV_DL_SCALE(float *y) { dl_scale_runs(y); }
+void GGML_MV_DL_SCALE(float *y) { norm_scale_runs(y, (uint32_t)DL_EPS); }
 
 // The f32 sums scaled and rotated first, so the one rounding to f16 is of the rotated value
 // (as mv_rope.h's store).
 void GGML_MV_DL_STORE_F16(float *y, int32_t half, int32_t row0) {
-  dl_scale_runs(g_stash);
+  norm_scale_runs(g_stash, (uint32_t)DL_EPS);
   if (row0 >= 0)
     dl_rope_runs(g_stash, row0);
   uint16_t *out = reinterpret_cast<uint16_t *>(y) + half * MV_NX * MV_ROWS;

@@ -134,10 +134,11 @@ static inline vf norm_s_of(uint32_t eps_bits, int row = 0) {
 
 static inline vf norm_s(int row = 0) { return norm_s_of((uint32_t)OP_P0, row); }
 
-// Each x row's run of MV_ROWS values of v (y or the stash) times the row's s.
-static inline void norm_scale_runs(float *v) {
+// Each x row's run of MV_ROWS values of v (y or the stash) times the row's s (of the norm
+// whose eps is `eps_bits`, norm_s_of's).
+static inline void norm_scale_runs(float *v, uint32_t eps_bits = (uint32_t)OP_P0) {
   for (int row = 0; row < MV_NX; ++row)
-    norm_scale_rows(v + row * MV_ROWS, norm_s(row));
+    norm_scale_rows(v + row * MV_ROWS, norm_s_of(eps_bits, row));
 }
 
 #if MV_BIAS && MV_GLU
