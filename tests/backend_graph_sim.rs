@@ -502,6 +502,16 @@ fn a_decode_attention_and_the_block_after_it_run_as_one_kernel_or_apart_if_decli
         &kernel_cache("ffn-fa-declined"),
         &["flash_attn_ext_mask-", "mul_mat_add_rms_norm_ffn_swiglu-"],
     );
+    // Every kernel of the whole block declined (as the IRON package declines a down projection
+    // of another weight type): the attention through the gate and up products, then the down
+    // projection with its residual.
+    let o = run_declining("ffn-fa-glu", "ffn-fa", "[A-Z_]*FFN_SWIGLU");
+    all_ok(&o);
+    assert_eq!(o.counter("dispatches"), 2, "{}", o.text);
+    common::assert_kernels_built(
+        &kernel_cache("ffn-fa-glu"),
+        &["flash_attn_glu_swiglu-", "mul_mat_add-"],
+    );
 }
 
 /// The aie2p kernel cache of the run tagged `tag`.
@@ -512,7 +522,7 @@ fn kernel_cache(tag: &str) -> std::path::PathBuf {
 }
 
 /// `run(tag, graph, 1, ..)` with a compiler that declines (exit 2) every kernel of protocol op
-/// `op` (`common::declining_compiler`).
+/// `op` (a grep pattern: `common::declining_compiler`).
 fn run_declining(tag: &str, graph: &str, op: &str) -> Outcome {
     let dir = common::scratch_dir(&format!("{tag}-declining-compiler"));
     let wrapper = common::declining_compiler(&dir, op);

@@ -682,12 +682,20 @@ fn tiny_llamas_run_every_layer_op_through_the_emulated_iron_designs() {
         // Decode: a layer as one kernel (Q, K and V with their norm, rotation and cache writes,
         // the attention, its output projection with the residual, the normed feed-forward
         // block). Q4_K_M's layers with q6_K weights (V, ffn_down) beside q4_K ones are refused
-        // by the design (one weight type) and run in more kernels.
+        // by the design (one weight type) and run in three: Q, K and V; the attention through
+        // the gate and up products; ffn_down with its residual.
         let ran = |op: &str| c["emulated_ops"][op].as_u64().unwrap_or(0);
         let layers = ran("DECODE_LAYER_SWIGLU");
         assert!(
             layers > 0,
             "{name}: no DECODE_LAYER_SWIGLU ran as an emulated IRON kernel: {}",
+            c["emulated_ops"]
+        );
+        let split = ran("FLASH_ATTN_GLU_SWIGLU");
+        assert_eq!(
+            split > 0,
+            name.ends_with("q4_k_m"),
+            "{name}: FLASH_ATTN_GLU_SWIGLU ran {split} times: {}",
             c["emulated_ops"]
         );
         // Q, K and V of one norm with their rotation and cache writes as one kernel, alone or
@@ -765,7 +773,8 @@ fn teacher_forced(
 /// A conversation growing past 256 tokens of context: llama.cpp grows the attention's KV
 /// length by 256 (n_kv 256, then 512), and the decode's attention kernels (the layer kernel, the
 /// attention-and-block kernel it falls back to, and in Q4_K_M's layers with q6_K weights the
-/// attention alone) are still the ones compiled at the first token, told n_kv at each dispatch
+/// attention through the gate and up products) are still the ones compiled at the first token,
+/// told n_kv at each dispatch
 /// (`ops::rewrite::kv_length`): their instruction streams carry the length's word, the logits
 /// stay the CPU's at every length.
 #[test]
@@ -799,15 +808,16 @@ fn a_growing_context_runs_the_attention_kernels_compiled_at_its_first_token() {
             c["emulated_ops"]
         );
         // Each decode attention kernel once in the kernel cache, with the length's word after
-        // the stream's eight (9 words). The attention of one query row alone is the decode's
-        // where q6_K weights keep a layer's kernels apart (Q4_K_M), and in either model the
-        // prompt's last row: its attention writes over q, so its rows run as disjoint pieces
-        // (`ops::pieces`), 32 and 1, told n_kv as well.
+        // the stream's eight (9 words). Where q6_K weights keep ffn_down apart (Q4_K_M) the
+        // decode's attention runs through the gate and up products. The attention of one query
+        // row alone is, in either model, the prompt's last row's: its attention writes over q,
+        // so its rows run as disjoint pieces (`ops::pieces`), 32 and 1, told n_kv as well.
         let cache = aie2p_kernels(&env);
         for (stem, required) in [
             ("decode_layer_swiglu-", true),
             ("flash_attn_ffn_swiglu-", true),
-            ("flash_attn_ext_mask-f32_64x1x", name.ends_with("q4_k_m")),
+            ("flash_attn_glu_swiglu-", name.ends_with("q4_k_m")),
+            ("flash_attn_ext_mask-f32_64x1x", false),
         ] {
             let streams: Vec<u64> = std::fs::read_dir(&cache)
                 .expect("the kernel cache")

@@ -76,8 +76,8 @@ def capabilities(target: str = "npu") -> dict:
             # (weights, a, out); W_g, W_u and W_d have the weights' type, r0, n, r1 and h are
             # f32.
             entry["type_combos"] = [list(c) for c in MUL_MAT_ADD_RMS_NORM_FFN_COMBOS]
-        elif spec.kind == "flash_attn_ffn":
-            # (weights, q, out); W_g, W_u and W_d have the weights' type, r0, n, a, r1 and h
+        elif spec.kind in ("flash_attn_ffn", "flash_attn_glu"):
+            # (weights, q, out); W_g, W_u (and W_d) have the weights' type, r0, n, a, r1 and h
             # are f32, the mask f16; K and V each of `kv_types` (a field of its own: the
             # triples cannot say it).
             entry["type_combos"] = [list(c) for c in FLASH_ATTN_FFN_COMBOS]

@@ -1508,10 +1508,12 @@ def prepare(req: Request):
         from .plans_decode import prepare_decode_layer
 
         return prepare_decode_layer(req)
-    if spec.kind == "flash_attn_ffn":
+    if spec.kind in ("flash_attn_ffn", "flash_attn_glu"):
         # plans_fa_ffn imports this module: imported here, not at the top.
-        from .plans_fa_ffn import prepare_flash_attn_ffn
+        from .plans_fa_ffn import prepare_flash_attn_ffn, prepare_flash_attn_glu
 
+        if spec.kind == "flash_attn_glu":
+            return prepare_flash_attn_glu(req)
         return prepare_flash_attn_ffn(req)
     if spec.kind in ("copy", "set_rows"):
         # plans_copy imports this module (CoreSource): imported here, not at the top.

@@ -40,6 +40,12 @@ Each core writes its gh heads' Dv outputs as Dv / nr y objects each (an object: 
 nr values), joined by the memory tile and drained into a with one strided task per round. The
 W fifo carries nothing in this phase.
 
+FLASH_ATTN_GLU_<glu>: the same program without the block's down phase, for a layer whose W_d
+has another weight type than W_o, W_g and W_u (llama.cpp's Q4_K_M: q6_K ffn_down beside q4_K):
+the phases share one W fifo, whose objects have one size, so such a W_d runs as its own
+MUL_MAT_ADD after it. Inputs q, k, v, the mask, W_o, r0, W_g, W_u, n; the same op_params;
+`output` h f32 [F, T] and `extra_outputs` [a, r1].
+
 Refused: more than 8 query rows or several sequences with a cache each (n_seq != 1), T > 1
 where the block's phases take the rows one at a time (weights not block-quantized), ALiBi
 (max_bias != 0), a per-head mask, what FLASH_ATTN_EXT_MASK's operand checks or
@@ -63,11 +69,12 @@ from .plans_fa import (
     _side,
     check_flash_attn,
 )
-from .plans_ffn import FfnSpec, _replan, attn_ffn_phases, ffn_core_bytes
+from .plans_ffn import FfnSpec, _replan, attn_ffn_phases, attn_phases, ffn_core_bytes
 from .request import Request, Tensor
-from .tiling import MAX_WRAP, SHIM_GROUP_TASKS, VECTOR_ELEMS, Tap, divisors, split_run
+from .tiling import MAX_REPEAT, MAX_WRAP, SHIM_GROUP_TASKS, VECTOR_ELEMS, Tap, divisors, split_run
 
 PREFIX = "FLASH_ATTN_FFN_"
+GLU_PREFIX = "FLASH_ATTN_GLU_"
 F32 = 4
 # Chunks of keys a round may take: each costs three DMA tasks on the x channel.
 MAX_CHUNKS = 32
@@ -433,7 +440,10 @@ def fa_phase(q, k, v, mask, a, params, p, step=0, nc=1, pieces=False) -> FaPhase
         return "step"
     why = "step" if step else "rows"
     for keys in (object_keys(kc // kw, unit), object_keys(kc // vw, unit)):
-        if keys is None or (n_kv // nc) // keys.keys > MAX_WRAP:
+        if keys is None:
+            return why
+        # A chunk's objects: a wrap of one run, or the repeat count of two (_kv_tap).
+        if (n_kv // nc) // keys.keys > (MAX_REPEAT if keys.parts > 1 else MAX_WRAP):
             return why
     q_side = _side(tokens * gq * q.ne[0], kc)
     if step:
@@ -470,29 +480,52 @@ def prepare_flash_attn_ffn(req: Request) -> FfnSpec:
     return FfnSpec(req, arch, up, down, attn, phase)
 
 
+def prepare_flash_attn_glu(req: Request) -> FfnSpec:
+    """FLASH_ATTN_GLU_<glu> (see the module docstring): FLASH_ATTN_FFN_<glu> without its down
+    phase, the attention, W_o's MUL_MAT_ADD and RMS_NORM_MUL_MAT_<glu> on one shape of the
+    array, or UnsupportedError."""
+    arch, specs, shapes = fa_ffn_phases(req)
+    attn, up = _replan(req.op, specs, arch, specs[1].src0.dtype, shapes, shapes.explain)
+    phase = shapes((attn.plan, up.plan))
+    if phase is None:
+        raise AssertionError("the chosen shape does not fit the attention phase")
+    return FfnSpec(req, arch, up, None, attn, phase)
+
+
 def fa_ffn_phases(req: Request):
-    """FLASH_ATTN_FFN_<glu>'s checks: (arch, MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s three phases each
-    planned by its own op's planner, the attention phase's `FaShapes`), not yet on one shape
-    (DECODE_LAYER_<glu> adds its own phases before choosing it)."""
+    """FLASH_ATTN_FFN_<glu>'s (or FLASH_ATTN_GLU_<glu>'s) checks: (arch, the block's phases
+    (MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s three, or its first two) each planned by its own op's
+    planner, the attention phase's `FaShapes`), not yet on one shape (DECODE_LAYER_<glu> adds
+    its own phases before choosing it)."""
     _, arch = _check_common(req, strided=True)  # the input count, op_params, types
     op = req.op
-    glu = op[len(PREFIX) :]
-    if len(req.extra_outputs) != 3:
-        raise RequestError(f"{op} has four outputs: out, then a, r1 and h in extra_outputs")
-    q, k, v, mask, wo, r0, wg, wu, wd, n = req.inputs
-    out, (a, r1, h) = req.output, req.extra_outputs
+    glu_only = op.startswith(GLU_PREFIX)
+    glu = op[len(GLU_PREFIX if glu_only else PREFIX) :]
+    if glu_only:
+        if len(req.extra_outputs) != 2:
+            raise RequestError(f"{op} has three outputs: h, then a and r1 in extra_outputs")
+        q, k, v, mask, wo, r0, wg, wu, n = req.inputs
+        h, (a, r1) = req.output, req.extra_outputs
+    else:
+        if len(req.extra_outputs) != 3:
+            raise RequestError(f"{op} has four outputs: out, then a, r1 and h in extra_outputs")
+        q, k, v, mask, wo, r0, wg, wu, wd, n = req.inputs
+        out, (a, r1, h) = req.output, req.extra_outputs
+    # What runs instead of a refused kernel: the attention, then the block's kernel(s).
+    block_ops = (
+        f"MUL_MAT_ADD and RMS_NORM_MUL_MAT_{glu}" if glu_only else f"MUL_MAT_ADD_RMS_NORM_FFN_{glu}"
+    )
     params = tuple(req.op_params) + (0,) * (4 - len(req.op_params))
     if q.ne[3] != 1 or q.ne[1] > GEMV_MAX_X_ROWS:
         raise UnsupportedError(
             f"{op}: {q.ne[1]} query rows x {q.ne[3]} sequences: the attention phase computes "
             f"up to {GEMV_MAX_X_ROWS} query rows of one KV cache (a decode step's tokens, a unified "
-            f"cache's sequences); the backend runs FLASH_ATTN_EXT_MASK and "
-            f"MUL_MAT_ADD_RMS_NORM_FFN_{glu} instead"
+            f"cache's sequences); the backend runs FLASH_ATTN_EXT_MASK and {block_ops} instead"
         )
     if _bits_f32(params[1]) != 0:
         raise UnsupportedError(
             f"{op}: ALiBi (max_bias = {_bits_f32(params[1])}) is not computed by the attention "
-            f"phase; the backend runs FLASH_ATTN_EXT_MASK and MUL_MAT_ADD_RMS_NORM_FFN_{glu}"
+            f"phase; the backend runs FLASH_ATTN_EXT_MASK and {block_ops}"
         )
     if mask.ne[2] != 1:
         raise UnsupportedError(
@@ -513,16 +546,20 @@ def fa_ffn_phases(req: Request):
     except UnsupportedError as e:
         raise UnsupportedError(f"{op}: the attention phase: {e}") from None
     # The block after it, a read as [Ka, N].
-    ffn_req = dataclasses.replace(
-        req,
-        op=f"MUL_MAT_ADD_RMS_NORM_FFN_{glu}",
-        inputs=(wo, _dense_rows(a), r0, wg, wu, wd, n),
-        output=out,
-        op_params=params[3:],
-        extra_outputs=(r1, h),
-    )
     try:
-        _, specs = attn_ffn_phases(ffn_req)
+        if glu_only:
+            block = dataclasses.replace(req, op_params=params[3:])
+            specs = attn_phases(block, glu, wo, _dense_rows(a), r0, wg, wu, n, r1, h)
+        else:
+            ffn_req = dataclasses.replace(
+                req,
+                op=f"MUL_MAT_ADD_RMS_NORM_FFN_{glu}",
+                inputs=(wo, _dense_rows(a), r0, wg, wu, wd, n),
+                output=out,
+                op_params=params[3:],
+                extra_outputs=(r1, h),
+            )
+            _, specs = attn_ffn_phases(ffn_req)
     except UnsupportedError as e:
         raise UnsupportedError(f"{op}: {e}") from None
     tokens = q.ne[1]

@@ -68,13 +68,14 @@ class FfnSpec:
 
     `up` is RMS_NORM_MUL_MAT_<glu>'s spec over (W_g, W_u, x, n) with h as its dst, `down`
     MUL_MAT_ADD's over (W_d, h, r) with out as its dst; MUL_MAT_ADD_RMS_NORM_FFN_<glu>: `attn`
-    MUL_MAT_ADD's over (W_o, a, r0) with r1 as its dst (then up's x and down's r are r1). Their
-    plans share columns, rows, rows_per_tile and k_chunk (`plan_phases`)."""
+    MUL_MAT_ADD's over (W_o, a, r0) with r1 as its dst (then up's x and down's r are r1);
+    FLASH_ATTN_GLU_<glu> has no `down`. Their plans share columns, rows, rows_per_tile and
+    k_chunk (`plan_phases`)."""
 
     request: Request
     arch: Arch
     up: MatmulSpec
-    down: MatmulSpec
+    down: MatmulSpec | None
     attn: MatmulSpec | None = None
     # FLASH_ATTN_FFN_<glu>: the attention phase ahead of `attn` (plans_fa_ffn.FaPhase), on the
     # same shape; its output a is attn's x.
@@ -83,7 +84,8 @@ class FfnSpec:
     @property
     def phases(self) -> tuple[MatmulSpec, ...]:
         """The phases in the order the program runs them."""
-        return ((self.attn,) if self.attn is not None else ()) + (self.up, self.down)
+        phases = (self.attn, self.up, self.down)
+        return tuple(p for p in phases if p is not None)
 
     @property
     def glu(self) -> str:
@@ -97,8 +99,12 @@ class FfnSpec:
     def sequence(self) -> list[tuple[str, int]]:
         """(type, elements) of the runtime-sequence arguments, in the request's operand order
         (the dispatch's): W_g, W_u, W_d, x, n, r, out, h; MUL_MAT_ADD_RMS_NORM_FFN_<glu>: W_o, a,
-        r0, W_g, W_u, W_d, n, out, r1, h."""
+        r0, W_g, W_u, W_d, n, out, r1, h; FLASH_ATTN_GLU_<glu>: q, k, v, mask, W_o, r0, W_g, W_u,
+        n, h, a, r1."""
         wg, wu, x, n, h = self.up.sequence
+        if self.down is None:
+            wo, a, r0, r1 = self.attn.sequence
+            return [*self.fa.sequence, wo, r0, wg, wu, n, h, a, r1]
         wd, _, r, out = self.down.sequence
         if self.attn is None:
             return [wg, wu, wd, x, n, r, out, h]
@@ -399,22 +405,40 @@ def attn_ffn_phases(req: Request) -> tuple[Arch, tuple[MatmulSpec, ...]]:
     """MUL_MAT_ADD_RMS_NORM_FFN_<glu>'s checks and its three phases, each planned by its own
     op's planner (not yet on one shape: `_replan`)."""
     _, arch = _check_common(req, strided=True)  # the input count, op_params, types
-    op = req.op
     if len(req.extra_outputs) != 2:
-        raise RequestError(f"{op} has three outputs: out, then r1 and h in extra_outputs")
+        raise RequestError(f"{req.op} has three outputs: out, then r1 and h in extra_outputs")
     wo, a, r0, wg, wu, wd, n = req.inputs
     out, (r1, h) = req.output, req.extra_outputs
+    glu = req.op.removeprefix(ATTN_PREFIX)
+    return arch, attn_phases(req, glu, wo, a, r0, wg, wu, n, r1, h, (wd, out))
+
+
+def attn_phases(
+    req: Request, glu: str, wo, a, r0, wg, wu, n, r1, h, down=None
+) -> tuple[MatmulSpec, ...]:
+    """Phase 0 (MUL_MAT_ADD (W_o, a, r0) -> r1) and phase 1 (RMS_NORM_MUL_MAT_<glu> (W_g, W_u,
+    r1, n) -> h), then with `down` = (W_d, out) phase 2 (MUL_MAT_ADD (W_d, h, r1) -> out), each
+    planned by its own op's planner; the weights of one type, the other operands f32."""
+    op = req.op
     _same_weights(op, "output projection", wo, wg)
-    _same_weights(op, "down", wd, wg)
-    f32 = (("a", a), ("r0", r0), ("n", n), ("out", out), ("r1", r1), ("h", h))
+    f32 = [("a", a), ("r0", r0), ("n", n), ("r1", r1), ("h", h)]
+    if down is not None:
+        _same_weights(op, "down", down[0], wg)
+        f32.append(("out", down[1]))
     for what, t in f32:
         if t.dtype != "f32":
-            raise UnsupportedError(f"{op}: {what} is {t.dtype}; a, r0, n, out, r1 and h are f32")
+            names = ", ".join(w for w, _ in f32)
+            raise UnsupportedError(f"{op}: {what} is {t.dtype}; {names} are f32")
     phase0 = dataclasses.replace(
         req, op="MUL_MAT_ADD", inputs=(wo, a, r0), output=r1, op_params=(), extra_outputs=()
     )
     # Phase 0's checks first: r1 is its output (MUL_MAT_ADD's shapes, dense), which the other
     # phases then read.
     attn = _phase(op, "attention output", prepare_mul_mat_add, phase0)
-    up, down = _ffn_phases(req, r1, r1, out, h, wg, wu, wd, n)
-    return arch, (attn, up, down)
+    if down is None:
+        phase1 = dataclasses.replace(
+            req, op=f"RMS_NORM_MUL_MAT_{glu}", inputs=(wg, wu, r1, n), output=h, extra_outputs=()
+        )
+        return attn, _phase(op, "gate/up", prepare_rms_norm_mul_mat, phase1)
+    up, down = _ffn_phases(req, r1, r1, down[1], h, wg, wu, down[0], n)
+    return attn, up, down

@@ -18,8 +18,8 @@ vector units, f32 is emulated. Type rules beyond the per-op list:
   `RMS_NORM_QKV_ROPE_COMBOS`, per projection (Q, K, V) and independent of the others';
   RMS_NORM_FFN_<glu>: `RMS_NORM_FFN_COMBOS`, MUL_MAT_ADD_RMS_NORM_FFN_<glu>:
   `MUL_MAT_ADD_RMS_NORM_FFN_COMBOS` (every weight input of the first type, the rest f32);
-  FLASH_ATTN_FFN_<glu>: `FLASH_ATTN_FFN_COMBOS` for its weights and activations, K and V of
-  `FLASH_ATTN_FFN_KV_TYPES` (each independently), the mask f16.
+  FLASH_ATTN_FFN_<glu> and FLASH_ATTN_GLU_<glu>: `FLASH_ATTN_FFN_COMBOS` for their weights and
+  activations, K and V of `FLASH_ATTN_FFN_KV_TYPES` (each independently), the mask f16.
 """
 
 from dataclasses import dataclass
@@ -49,7 +49,7 @@ class OpSpec:
     # "binary", "unary", "mul_mat", "mul_mat_glu", "mul_mat_add", "rows", "glu", "rope", "copy", "set_rows",
     # "flash_attn", "reduce", "rms_norm_mul_mat", "rms_norm_mul_mat_rope",
     # "rms_norm_qkv_rope", "rms_norm_ffn", "mul_mat_add_rms_norm_ffn", "flash_attn_ffn",
-    # "decode_layer"
+    # "flash_attn_glu", "decode_layer"
     kind: str
     constraints: str  # human-readable limits beyond the protocol fields
     # op_params words the op reads (the backend sends none, or SCALE's and CLAMP's two
@@ -67,7 +67,8 @@ class OpSpec:
     def run_time_n_kv(self) -> bool:
         """Whether the request may make n_kv a run-time argument (`n_kv_step`): the lone
         attention with a mask, and the fused ones (plans_fa.run_time_step)."""
-        return self.kind in ("flash_attn_ffn", "decode_layer") or self.op == "FLASH_ATTN_EXT_MASK"
+        fused = ("flash_attn_ffn", "flash_attn_glu", "decode_layer")
+        return self.kind in fused or self.op == "FLASH_ATTN_EXT_MASK"
 
 
 _ELTWISE_LIMITS = (
@@ -211,6 +212,14 @@ _FA_FFN_LIMITS = (
     "most 32 equal chunks of keys, a core's scores of one chunk in its memory (longer contexts "
     "are refused), Dv whole y objects; whatever FLASH_ATTN_EXT_MASK's operand checks or "
     "MUL_MAT_ADD_RMS_NORM_FFN_<glu> refuse is refused"
+)
+
+_FA_GLU_LIMITS = (
+    "FLASH_ATTN_FFN_<glu> without the block's down projection, for a layer whose W_d has "
+    "another type than W_o, W_g and W_u (llama.cpp's Q4_K_M: q6_K ffn_down beside q4_K): inputs "
+    "q, k, v, mask, W_o, r0, W_g, W_u (one weight type), n; op_params scale, max_bias, "
+    "logit_softcap, eps; outputs h f32 [F,T] and a, r1 (extra_outputs); the attention, W_o's "
+    "MUL_MAT_ADD and RMS_NORM_MUL_MAT_<glu> as FLASH_ATTN_FFN_<glu> runs them, with its limits"
 )
 
 _DECODE_LAYER_LIMITS = (
@@ -364,6 +373,14 @@ def _flash_attn_ffn(op: str) -> OpSpec:
     return OpSpec(op, FFN, 10, types, True, True, kind, limits, 4, outputs=4)
 
 
+def _flash_attn_glu(op: str) -> OpSpec:
+    # FLASH_ATTN_FFN_<glu>'s types; inputs q, k, v, mask, W_o, r0, W_g, W_u, n; its four
+    # op_params words; three outputs (h, then a and r1).
+    types = ("bf16", "f16", "f32") + QUANT_TYPES
+    kind, limits = "flash_attn_glu", _FA_GLU_LIMITS
+    return OpSpec(op, FFN, 9, types, True, True, kind, limits, 4, outputs=3)
+
+
 def _decode_layer(op: str, ff: bool) -> OpSpec:
     # FLASH_ATTN_FFN_<glu>'s types and i32 (the positions); inputs Wq, Wk, Wv, x, n_attn, the
     # positions, (the factors,) k, v, mask, W_o, W_g, W_u, W_d, n_ffn; 16 op_params words;
@@ -483,6 +500,9 @@ OPS: tuple[OpSpec, ...] = (
     # outputs: inputs q, k, v, mask, W_o, r0, W_g, W_u, W_d, n; op_params scale, max_bias,
     # logit_softcap, eps (designs/ffn.py).
     *(_flash_attn_ffn(f"FLASH_ATTN_FFN_{glu}") for glu in _GLU_NAMES),
+    # The same without the block's down projection (a W_d of another weight type runs as its
+    # MUL_MAT_ADD after it), three outputs: inputs q, k, v, mask, W_o, r0, W_g, W_u, n.
+    *(_flash_attn_glu(f"FLASH_ATTN_GLU_{glu}") for glu in _GLU_NAMES),
     # A llama layer of a decode step: the Q, K, V projections (RMS_NORM_QKV_ROPE(_FF)) ahead
     # of the attention and the block, seven outputs (designs/ffn.py).
     *(_decode_layer(f"DECODE_LAYER_{glu}", False) for glu in _GLU_NAMES),

@@ -219,7 +219,8 @@ impl KernelDesc {
                 mask: true,
                 sinks: false,
             }
-            | Op::AttnFfn(_) => Some(1),
+            | Op::AttnFfn(_)
+            | Op::AttnGlu(_) => Some(1),
             Op::DecodeLayer { ff, .. } => Some(6 + usize::from(ff)),
             _ => None,
         }
@@ -478,6 +479,41 @@ impl KernelDesc {
             part.output = self.output.clone();
             part.extra_outputs = vec![r1.clone(), h.clone()];
             part.op_params = [0; 16];
+            part.op_params[0] = self.op_params[3];
+            part.validate()?;
+        } else if let Op::AttnGlu(_) = op {
+            // As the three kernels it replaces: FLASH_ATTN_EXT_MASK into a, MUL_MAT_ADD reading
+            // a as [Ka, N] into r1, RMS_NORM_MUL_MAT_<GLU> of r1 into h (a is dense).
+            let [q, k, v, mask, wo, r0, wg, wu, n] = self.inputs.as_slice() else {
+                return inv(format!("{} takes 9 inputs", self.op));
+            };
+            let [a, r1] = self.extra_outputs.as_slice() else {
+                return inv(format!("{} has 3 outputs: h, a, r1", self.op));
+            };
+            let [dv, heads, rows, seqs] = a.ne;
+            let flat = TensorDesc::contiguous([dv * heads, rows * seqs, 1, 1], a.ty);
+            if *a != TensorDesc::contiguous(a.ne, a.ty) {
+                return inv(format!("{}: the attention output a must be dense", self.op));
+            }
+            if [wg, wu].iter().any(|w| w.ty != wo.ty) {
+                return inv(format!("{}: Wo, Wg and Wu must have one type", self.op));
+            }
+            let mut part = self.clone();
+            part.op = "FLASH_ATTN_EXT_MASK".into();
+            part.inputs = vec![q.clone(), k.clone(), v.clone(), mask.clone()];
+            part.output = a.clone();
+            part.extra_outputs.clear();
+            part.op_params = [0; 16];
+            part.op_params[..3].copy_from_slice(&self.op_params[..3]);
+            part.validate()?;
+            part.op = "MUL_MAT_ADD".into();
+            part.inputs = [wo, &flat, r0].map(TensorDesc::clone).to_vec();
+            part.output = r1.clone();
+            part.op_params = [0; 16];
+            part.validate()?;
+            part.op = self.op.replacen("FLASH_ATTN_GLU_", "RMS_NORM_MUL_MAT_", 1);
+            part.inputs = [wg, wu, r1, n].map(TensorDesc::clone).to_vec();
+            part.output = self.output.clone();
             part.op_params[0] = self.op_params[3];
             part.validate()?;
         } else if let Op::DecodeLayer { ff, .. } = op {
@@ -742,6 +778,7 @@ impl KernelDesc {
                 | Op::NormedFfn(_)
                 | Op::ProjectedFfn(_)
                 | Op::AttnFfn(_)
+                | Op::AttnGlu(_)
                 | Op::DecodeLayer { .. }
                 | Op::SoftMax { .. }
                 | Op::Rope { .. }

@@ -221,6 +221,11 @@ pub enum Op {
     /// Wg, Wu, Wd, n); inputs q, k, v, mask, Wo, r0, Wg, Wu, Wd, n; outputs Wd . h + r1, then a,
     /// r1 and h (the extra outputs); op_params FLASH_ATTN_EXT's three, then eps.
     AttnFfn(UnaryOp),
+    /// `AttnFfn` without the block's down projection (for a Wd of another weight type, which
+    /// runs as its MUL_MAT_ADD after it): `FlashAttnExt` into a, `MulMatAdd` (Wo, a, r0) into
+    /// r1, then `NormedMulMat(Some(_))` (Wg, Wu, r1, n) into h; inputs q, k, v, mask, Wo, r0,
+    /// Wg, Wu, n; outputs h, then a and r1; op_params `AttnFfn`'s.
+    AttnGlu(UnaryOp),
     /// A llama decode layer, fused by the backend: `NormedQkv` (Wq, Wk, Wv, x, n_attn,
     /// positions[, factors]) into Q, K rows and V rows, then `AttnFfn` with q = Q (viewed as
     /// [D, 1, Hq, 1]) and r0 = x, its k and v cache views seeing the new rows; inputs Wq, Wk,
@@ -441,6 +446,11 @@ impl Op {
             "FLASH_ATTN_FFN_SWIGLU" => Some(Op::AttnFfn(UnaryOp::Silu)),
             "FLASH_ATTN_FFN_GEGLU_ERF" => Some(Op::AttnFfn(UnaryOp::GeluErf)),
             "FLASH_ATTN_FFN_GEGLU_QUICK" => Some(Op::AttnFfn(UnaryOp::GeluQuick)),
+            "FLASH_ATTN_GLU_REGLU" => Some(Op::AttnGlu(UnaryOp::Relu)),
+            "FLASH_ATTN_GLU_GEGLU" => Some(Op::AttnGlu(UnaryOp::Gelu)),
+            "FLASH_ATTN_GLU_SWIGLU" => Some(Op::AttnGlu(UnaryOp::Silu)),
+            "FLASH_ATTN_GLU_GEGLU_ERF" => Some(Op::AttnGlu(UnaryOp::GeluErf)),
+            "FLASH_ATTN_GLU_GEGLU_QUICK" => Some(Op::AttnGlu(UnaryOp::GeluQuick)),
             "NORM" => Some(Op::Norm),
             "RMS_NORM_MUL" => Some(Op::RmsNormMul),
             "ARGMAX" => Some(Op::ArgMax),
@@ -473,7 +483,7 @@ impl Op {
         match self {
             Op::AttnFfn(_) => 4,
             Op::DecodeLayer { .. } => 7,
-            Op::NormedQkv { .. } | Op::ProjectedFfn(_) => 3,
+            Op::NormedQkv { .. } | Op::ProjectedFfn(_) | Op::AttnGlu(_) => 3,
             Op::NormedFfn(_) => 2,
             _ => 1,
         }
@@ -507,6 +517,7 @@ impl Op {
             Op::NormedFfn(_) => 6,
             Op::ProjectedFfn(_) => 7,
             Op::AttnFfn(_) => 10,
+            Op::AttnGlu(_) => 9,
             Op::DecodeLayer { ff, .. } => 14 + usize::from(ff),
             Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
             _ => 1,
@@ -581,6 +592,11 @@ impl Op {
             "FLASH_ATTN_FFN_SWIGLU",
             "FLASH_ATTN_FFN_GEGLU_ERF",
             "FLASH_ATTN_FFN_GEGLU_QUICK",
+            "FLASH_ATTN_GLU_REGLU",
+            "FLASH_ATTN_GLU_GEGLU",
+            "FLASH_ATTN_GLU_SWIGLU",
+            "FLASH_ATTN_GLU_GEGLU_ERF",
+            "FLASH_ATTN_GLU_GEGLU_QUICK",
         ]);
         v.extend([
             "DECODE_LAYER_REGLU",
@@ -621,10 +637,10 @@ impl Op {
             Op::NormedFfn(_) if i >= 3 => vec![DType::F32],
             // a, r0, n and the three outputs f32.
             Op::ProjectedFfn(_) if !self.is_weight(i) => vec![DType::F32],
-            // k and v any float type, the mask f16, q, r0, n and the four outputs f32.
-            Op::AttnFfn(_) if matches!(i, 1 | 2) => TYPES.to_vec(),
-            Op::AttnFfn(_) if i == 3 => vec![DType::F16],
-            Op::AttnFfn(_) if !self.is_weight(i) => vec![DType::F32],
+            // k and v any float type, the mask f16, q, r0, n and the outputs f32.
+            Op::AttnFfn(_) | Op::AttnGlu(_) if matches!(i, 1 | 2) => TYPES.to_vec(),
+            Op::AttnFfn(_) | Op::AttnGlu(_) if i == 3 => vec![DType::F16],
+            Op::AttnFfn(_) | Op::AttnGlu(_) if !self.is_weight(i) => vec![DType::F32],
             // The positions i32, the caches any float type, the mask f16; K's and V's rows f32,
             // f16 or bf16 (the cache's); the rest f32.
             Op::DecodeLayer { ff, .. } => {
@@ -669,6 +685,7 @@ impl Op {
             Op::NormedQkv { .. } | Op::NormedFfn(_) => i < 3,
             Op::ProjectedFfn(_) => matches!(i, 0 | 3 | 4 | 5),
             Op::AttnFfn(_) => matches!(i, 4 | 6 | 7 | 8),
+            Op::AttnGlu(_) => matches!(i, 4 | 6 | 7),
             // Wq, Wk, Wv, then Wo, Wg, Wu, Wd after x, n_attn, the positions, [the factors,]
             // k, v and the mask.
             Op::DecodeLayer { ff, .. } => i < 3 || (9..13).contains(&(i - usize::from(ff))),
@@ -715,7 +732,7 @@ impl Op {
             // Per element of r1 (the projection and the ADD); `stats_of` adds the block's.
             Op::ProjectedFfn(_) => 2 * k + 1,
             // Per query row, head and key, as FlashAttnExt's; `stats_of` adds the rest.
-            Op::AttnFfn(_) => 4 * k,
+            Op::AttnFfn(_) | Op::AttnGlu(_) => 4 * k,
             // Per element of the layer's output; `stats_of` counts the parts.
             Op::DecodeLayer { .. } => 2 * k,
             // Per query row, head and key (the executor multiplies by rows and keys): the q·k
@@ -754,6 +771,7 @@ impl Op {
             Op::NormedFfn(_) => "op_params[0] = eps (f32 bit pattern); inputs[0..3] = Wg, Wu [K, F] and Wd [F, K] (one type), inputs[3] = x f32 [K, N] (not normalised), inputs[4] = n f32 [K], inputs[5] = r f32 (repeated over the output); output f32 [K, N] = Wd . h + r, extra output h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(x) * n",
             Op::ProjectedFfn(_) => "op_params[0] = eps (f32 bit pattern); inputs[0] = Wo [Ka, K], inputs[1] = a f32 [Ka, N] (the attention output), inputs[2] = r0 f32 (repeated over [K, N]), inputs[3..6] = Wg, Wu [K, F] and Wd [F, K] (the four weights of one type), inputs[6] = n f32 [K]; output f32 [K, N] = Wd . h + r1, extra outputs r1 f32 [K, N] = Wo . a + r0 and h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n",
             Op::AttnFfn(_) => "op_params[0..3] = FLASH_ATTN_EXT's scale, max_bias, logit_softcap, op_params[3] = eps (f32 bit patterns); inputs[0..4] = q, k, v, mask as FLASH_ATTN_EXT_MASK's, inputs[4] = Wo [Ka, K] (Ka = Dv * n_head), inputs[5] = r0 f32 (repeated over [K, N]), inputs[6..9] = Wg, Wu [K, F] and Wd [F, K] (the four weights of one type), inputs[9] = n f32 [K]; output f32 [K, N] = Wd . h + r1, extra outputs a f32 [Dv, n_head, n_q, n_seq] = the attention, r1 f32 [K, N] = Wo . a + r0 (a viewed as [Ka, N]) and h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n",
+            Op::AttnGlu(_) => "as FLASH_ATTN_FFN_<GLU>'s without Wd: op_params[0..3] = FLASH_ATTN_EXT's scale, max_bias, logit_softcap, op_params[3] = eps; inputs[0..4] = q, k, v, mask as FLASH_ATTN_EXT_MASK's, inputs[4] = Wo [Ka, K], inputs[5] = r0 f32, inputs[6..8] = Wg, Wu [K, F] (the three weights of one type), inputs[8] = n f32 [K]; output h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n, extra outputs a f32 [Dv, n_head, n_q, n_seq] = the attention and r1 f32 [K, N] = Wo . a + r0 (a viewed as [Ka, N])",
             Op::DecodeLayer { .. } => "op_params[0..12] = RMS_NORM_QKV_ROPE's (ROPE's op_params, then the attention norm's eps), op_params[12..15] = FLASH_ATTN_EXT's scale, max_bias, logit_softcap, op_params[15] = the FFN norm's eps (f32 bit patterns); inputs Wq, Wk, Wv, x f32 [K, 1], n_attn f32 [K], positions i32, [frequency factors f32,] k and v (KV-cache views as FLASH_ATTN_EXT's), mask f16, Wo, Wg, Wu, Wd, n_ffn f32 [K] (the seven weights of one type in the IRON design); output f32 [K, 1] = the layer's output; extra outputs Q f32 [D, Hq, 1] (rotated), K rows and V rows (this token's cache rows, f32/f16/bf16), a f32 [Dv, Hq, 1, 1], r1 f32 [K, 1], h f32 [F, 1]: RMS_NORM_QKV_ROPE, then FLASH_ATTN_FFN_<GLU> with q = Q and r0 = x, the attention reading the cache with the new rows",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",

@@ -65,9 +65,13 @@ outputs as y objects, joined and drained into a with one strided task; the W fif
 nothing. Every task group ends with
 `finish()`: every drain of a is awaited before phase 0 reads it as x.
 
+FLASH_ATTN_GLU_<glu>: FLASH_ATTN_FFN_<glu> without phase 2 (a W_d of another weight type runs as
+its own MUL_MAT_ADD after it): the attention, phase 0 and phase 1, writing h, a and r1.
+
 Runtime-sequence arguments (the request's order): W_g, W_u, W_d, x, n, r, out, h;
 MUL_MAT_ADD_RMS_NORM_FFN_<glu>: W_o, a, r0, W_g, W_u, W_d, n, out, r1, h; FLASH_ATTN_FFN_<glu>:
-q, k, v, mask, W_o, r0, W_g, W_u, W_d, n, out, a, r1, h.
+q, k, v, mask, W_o, r0, W_g, W_u, W_d, n, out, a, r1, h; FLASH_ATTN_GLU_<glu>: q, k, v, mask,
+W_o, r0, W_g, W_u, n, h, a, r1.
 """
 
 import numpy as np
@@ -293,8 +297,10 @@ def _ffn(spec):
     qkv = getattr(spec, "qkv", None)
     if qkv is not None:
         kernels += _qkv_kernels(kern, x_tile, y_tile)
-    rounds1, rounds2 = up.tiles_per_core, down.tiles_per_core
-    k1, k2 = p1.k_steps, down.plan.k_steps
+    # FLASH_ATTN_GLU_<glu> has no phase 2.
+    rounds1 = up.tiles_per_core
+    rounds2, k2 = (down.tiles_per_core, down.plan.k_steps) if down is not None else (0, 0)
+    k1 = p1.k_steps
     # Phase 0 (MUL_MAT_ADD_RMS_NORM_FFN_<glu>): none for RMS_NORM_FFN_<glu>, whose program is
     # then exactly the two phases'.
     rounds0, k0 = (attn.tiles_per_core, attn.plan.k_steps) if attn is not None else (0, 0)
@@ -324,7 +330,8 @@ def _ffn(spec):
         glu_fns = (gate_zero, gate, zero, up_mv, glu, load, scale)
         _glu_rounds(of_w, of_x, of_y, rounds1, k1, *glu_fns, norm_objects=p1.norm_objects)
         # Phase 2, MUL_MAT_ADD's rounds over h: the down rows' sums + r: rows of out.
-        _add_rounds(of_w, of_x, of_y, rounds2, k2, zero, mv, add, r_offset)
+        if rounds2:
+            _add_rounds(of_w, of_x, of_y, rounds2, k2, zero, mv, add, r_offset)
 
     # Per column: W split over the R cores, x to every core, the cores' y joined; the same fifos
     # carry every phase's objects. Core i of a column adds r's values i * nr ...
@@ -341,7 +348,7 @@ def _ffn(spec):
         return [*kernels, *heads, i * nr]
 
     workers, handles = _gemv_columns(up, core_fn, core_args, w_depth=w_ring_depth(p1, spec.arch))
-    *groups0, groups1, groups2 = spec.tasks()
+    *groups0, groups1, groups2 = spec.tasks() + (() if down is not None else ([],))
 
     # Each phase's task groups as `_ahead` takes them; every group's drains are awaited by its
     # finish, so a phase reads what the one before it wrote (x, r) complete.
@@ -388,6 +395,10 @@ def _ffn(spec):
     def sequence_fa(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nbuf, Out, A, R1, H, *hs):
         _ahead(fa_groups(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nbuf, Out, A, R1, H, hs))
 
+    def sequence_fa_glu(Q, Kb, V, M, Wo, R0, Wg, Wu, Nbuf, H, A, R1, *hs):
+        # FLASH_ATTN_GLU_<glu>: no W_d, no out (phase 2 has no task groups).
+        _ahead(fa_groups(Q, Kb, V, M, Wo, R0, Wg, Wu, None, Nbuf, None, A, R1, H, hs))
+
     def sequence_decode(*args):
         # Wq, Wk, Wv, x, n_attn, the positions, (the factors,) k, v, the mask, W_o, W_g, W_u,
         # W_d, n_ffn, out, Q, K rows, V rows, a, r1, h; then the shim endpoints.
@@ -415,6 +426,8 @@ def _ffn(spec):
     seq_fn = (
         sequence_decode
         if qkv is not None
+        else sequence_fa_glu
+        if down is None
         else sequence_fa
         if fa is not None
         else sequence_attn
@@ -506,6 +519,32 @@ def ggml_op_flash_attn_ffn_geglu_erf(spec):
 
 def ggml_op_flash_attn_ffn_geglu_quick(spec):
     """FLASH_ATTN_FFN_GEGLU_QUICK: the GLU gelu_quick."""
+    return _ffn(spec)
+
+
+def ggml_op_flash_attn_glu_reglu(spec):
+    """FLASH_ATTN_GLU_REGLU: FLASH_ATTN_FFN_REGLU without the down phase: h, a and r1."""
+    return _ffn(spec)
+
+
+def ggml_op_flash_attn_glu_geglu(spec):
+    """FLASH_ATTN_GLU_GEGLU: the GLU gelu (tanh approximation)."""
+    return _ffn(spec)
+
+
+def ggml_op_flash_attn_glu_swiglu(spec):
+    """FLASH_ATTN_GLU_SWIGLU: the GLU silu (the layers of llama.cpp's Q4_K_M whose ffn_down is
+    q6_K beside q4_K W_o, W_g and W_u)."""
+    return _ffn(spec)
+
+
+def ggml_op_flash_attn_glu_geglu_erf(spec):
+    """FLASH_ATTN_GLU_GEGLU_ERF: the GLU gelu_erf."""
+    return _ffn(spec)
+
+
+def ggml_op_flash_attn_glu_geglu_quick(spec):
+    """FLASH_ATTN_GLU_GEGLU_QUICK: the GLU gelu_quick."""
     return _ffn(spec)
 
 

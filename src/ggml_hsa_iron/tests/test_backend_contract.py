@@ -78,8 +78,8 @@ class OpNamesTest(unittest.TestCase):
         sent |= catalogue_kernels("GLU:") | catalogue_kernels("ROPE")
         # The fused MUL_MAT_<glu> kernels go by their catalogue names (ggml op MUL_MAT).
         sent |= catalogue_kernels("MUL_MAT")
-        # And the attention folded into the block after it (FLASH_ATTN_FFN_<glu>, ggml op
-        # FLASH_ATTN_EXT).
+        # And the attention folded into the block after it (FLASH_ATTN_FFN_<glu> and
+        # FLASH_ATTN_GLU_<glu>, ggml op FLASH_ATTN_EXT).
         sent |= catalogue_kernels("FLASH_ATTN_EXT")
         for spec in registry.OPS:
             if spec.op in PLANNER_NAMES:
@@ -118,6 +118,8 @@ class OpNamesTest(unittest.TestCase):
                 want_kind = "mul_mat_add_rms_norm_ffn"
             elif spec.op.startswith("FLASH_ATTN_FFN_"):
                 want_kind = "flash_attn_ffn"
+            elif spec.op.startswith("FLASH_ATTN_GLU_"):
+                want_kind = "flash_attn_glu"
             elif spec.op.startswith("DECODE_LAYER_"):
                 want_kind = "decode_layer"
             elif spec.op in catalogue_kernels("MUL_MAT"):

@@ -97,6 +97,8 @@ NORM_FFN = [f"RMS_NORM_FFN_{op}" for op in GLU]
 ATTN_FFN = [f"MUL_MAT_ADD_RMS_NORM_FFN_{op}" for op in GLU]
 # A decode step's attention (FLASH_ATTN_EXT_MASK) ahead of that block (four outputs).
 FA_FFN = [f"FLASH_ATTN_FFN_{op}" for op in GLU]
+# The same without the block's down projection (three outputs).
+FA_GLU = [f"FLASH_ATTN_GLU_{op}" for op in GLU]
 # A decode step's layer: RMS_NORM_QKV_ROPE(_FF) ahead of FLASH_ATTN_FFN_<glu> (seven outputs).
 DECODE = [f"DECODE_LAYER_{ff}{op}" for op in GLU for ff in ("", "FF_")]
 ROPE = ["ROPE", "ROPE_FF"]
@@ -151,7 +153,7 @@ class CapabilitiesTest(unittest.TestCase):
             mm = (
                 op["op"] in ("MUL_MAT", "MUL_MAT_ADD")
                 or op["op"] in MM_GLU + NORM_MM + NORM_MM_ROPE + NORM_QKV
-                or op["op"] in NORM_FFN + ATTN_FFN + FA_FFN + DECODE
+                or op["op"] in NORM_FFN + ATTN_FFN + FA_FFN + FA_GLU + DECODE
             )
             extra = set(("f16",) + QUANT_TYPES) if mm else {"f16"}
             if op["op"] in ("SET_ROWS", "COUNT_EQUAL"):
@@ -179,6 +181,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + NORM_FFN
                 + ATTN_FFN
                 + FA_FFN
+                + FA_GLU
                 + DECODE
                 + ROW_OPS
                 + GLU
@@ -235,6 +238,7 @@ class CapabilitiesTest(unittest.TestCase):
                 "rms_norm_ffn",
                 "mul_mat_add_rms_norm_ffn",
                 "flash_attn_ffn",
+                "flash_attn_glu",
                 "decode_layer",
             )
         }
@@ -299,7 +303,7 @@ class CapabilitiesTest(unittest.TestCase):
         )
         self.assertEqual(
             {o["op"] for o in ops.values() if "outputs" in o},
-            set(NORM_QKV + NORM_FFN + ATTN_FFN + FA_FFN + DECODE),
+            set(NORM_QKV + NORM_FFN + ATTN_FFN + FA_FFN + FA_GLU + DECODE),
         )
         # W_g, W_u, W_d, x, n, r; eps; out, then h (extra_outputs).
         for op in NORM_FFN:
@@ -333,6 +337,15 @@ class CapabilitiesTest(unittest.TestCase):
             self.assertEqual(o["types"], ops["MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU"]["types"], op)
             self.assertEqual(sorted(o["kv_types"]), sorted(ops["FLASH_ATTN_EXT"]["types"]), op)
         self.assertEqual({s.params for s in registry.OPS if s.kind == "flash_attn_ffn"}, {4})
+        # FLASH_ATTN_FFN_<glu>'s without W_d: a and r1 (extra_outputs) after h.
+        for op in FA_GLU:
+            o, ffn = ops[op], ops["FLASH_ATTN_FFN_SWIGLU"]
+            got = (o["inputs"], o["outputs"], o["broadcast"], o["noncontiguous"])
+            self.assertEqual(got, (9, 3, True, True), op)
+            self.assertEqual(o["kernel_source"], "ffn.py")
+            for key in ("type_combos", "types", "kv_types"):
+                self.assertEqual(o[key], ffn[key], op)
+        self.assertEqual({s.params for s in registry.OPS if s.kind == "flash_attn_glu"}, {4})
         # Wq, Wk, Wv, x, n_attn, the positions, (the factors,) k, v, mask, W_o, W_g, W_u, W_d,
         # n_ffn; 16 op_params words; out, then Q, K rows, V rows, a, r1, h (extra_outputs).
         for op in DECODE:
@@ -355,6 +368,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + NORM_FFN
                 + ATTN_FFN
                 + FA_FFN
+                + FA_GLU
                 + DECODE
                 + self.FLASH_ATTN
             )
@@ -540,10 +554,10 @@ class CapabilitiesTest(unittest.TestCase):
                                 op_params=[0x3727C5AC],
                                 extra_outputs=[tensor("f32", [512, 1]), tensor("f32", [1024, 1])],
                             )
-                        elif spec.kind == "flash_attn_ffn":
-                            # The four weights of the type (or f32 when the type is K's and
-                            # V's only); K and V of the type where it is one of theirs, else
-                            # f16; q, r0, n and the outputs f32, the mask f16.
+                        elif spec.kind in ("flash_attn_ffn", "flash_attn_glu"):
+                            # The four (three) weights of the type (or f32 when the type is K's
+                            # and V's only); K and V of the type where it is one of theirs,
+                            # else f16; q, r0, n and the outputs f32, the mask f16.
                             combos = registry.FLASH_ATTN_FFN_COMBOS
                             s0, s1, d = ([c for c in combos if dtype in c] or combos)[0]
                             kv = dtype if dtype in registry.FLASH_ATTN_FFN_KV_TYPES else "f16"
@@ -551,17 +565,22 @@ class CapabilitiesTest(unittest.TestCase):
                             kvs = [tensor(kv, [64, 256, 2])] * 2
                             ins = [tensor("f32", [64, 1, 8]), *kvs, tensor("f16", [256, 1])]
                             ins += [tensor(s0, [512, 512]), tensor(s1, [512, 1]), w, w, wd]
+                            outs = [
+                                tensor(d, [512, 1]),
+                                tensor("f32", [64, 8, 1]),
+                                tensor("f32", [512, 1]),
+                                tensor("f32", [1024, 1]),
+                            ]
+                            if spec.kind == "flash_attn_glu":
+                                # No W_d, no out: h first.
+                                ins, outs = ins[:-1], [outs[3], *outs[1:3]]
                             req = request_json(
                                 spec.op,
                                 [*ins, tensor("f32", [512])],
-                                tensor(d, [512, 1]),
+                                outs[0],
                                 arch=arch,
                                 op_params=[0x3E000000, 0, 0, 0x3727C5AC],
-                                extra_outputs=[
-                                    tensor("f32", [64, 8, 1]),
-                                    tensor("f32", [512, 1]),
-                                    tensor("f32", [1024, 1]),
-                                ],
+                                extra_outputs=outs[1:],
                             )
                         elif spec.kind == "decode_layer":
                             # The seven weights of the type (f32 when the type is only the

@@ -34,7 +34,7 @@ from ggml_hsa_iron.errors import RequestError, UnsupportedError
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.plans_ffn import ffn_core_bytes, program_tasks
 from ggml_hsa_iron.request import parse_request
-from ggml_hsa_iron.tiling import MAX_TASKS_PER_CHANNEL, SHIM_GROUP_TASKS
+from ggml_hsa_iron.tiling import MAX_REPEAT, MAX_TASKS_PER_CHANNEL, SHIM_GROUP_TASKS
 
 from ggml_hsa_iron.tests.test_flash_attn import cache_view, f32_bits
 from ggml_hsa_iron.tests.host_program import CXX
@@ -257,6 +257,16 @@ class FaFfnPlanTest(unittest.TestCase):
                 self.assertLessEqual(ffn_core_bytes(spec.up.plan) + fa.core_bytes,
                                      spec.arch.l1_budget)  # fmt: skip
 
+    def test_a_chunks_objects_within_a_tasks_repeat_count(self):
+        """3 tokens' K objects (6 rows, 4 keys read as two runs) repeat their runs by the
+        tap's outermost dimension, at most MAX_REPEAT times: 3 tokens of a 4096-row cache told
+        n_kv at dispatch take 8 chunks, not 2."""
+        text = fa_ffn_request("SWIGLU", "q4_0", *TINY[:5], 4096, arch="aie2p", n_q=3)
+        fa = prepare(parse_request(json.dumps({**json.loads(text), "n_kv_step": 256}))).fa
+        self.assertEqual(fa.k_keys.parts, 2)
+        self.assertLessEqual(fa.k_tap(0, 0).sizes[0], MAX_REPEAT)
+        self.assertEqual(fa.nc, 8)
+
     def test_the_limits_count_every_phase(self):
         for dims, ty, arch in ((LLAMA, "f16", "aie2p"), (LLAMA, "q4_0", "aie2"), (TINY, "f32", "aie2")):  # fmt: skip
             with self.subTest(ty=ty, arch=arch, dims=dims):
@@ -341,6 +351,38 @@ class FaFfnPlanTest(unittest.TestCase):
             self.assertIsNotNone(fa_ffn_spec("SWIGLU", "q8_0", *TINY, kv=kv))
         dense = tensor("f16", [64, 256, 2])
         self.assertIsNotNone(fa_ffn_spec("SWIGLU", "f16", *TINY, k=dense, v=dense))
+
+
+class FaGluPlanTest(unittest.TestCase):
+    """FLASH_ATTN_GLU_<glu>: FLASH_ATTN_FFN_<glu> without the down phase."""
+
+    def test_the_attention_and_the_blocks_first_two_phases(self):
+        spec = fa_ffn_spec("SWIGLU", "q4_K", *LLAMA, arch="aie2p", glu_only=True)
+        self.assertIsNone(spec.down)
+        self.assertEqual(len(spec.phases), 2)
+        self.assertEqual(len(spec.tasks()), 2)
+        self.assertEqual(spec.attn.dst.ne[:2], (2048, 1))
+        self.assertEqual(spec.up.dst.ne[:2], (8192, 1))
+        # q, k, v, the mask, W_o, r0, W_g, W_u, n, then h, a and r1.
+        seq = spec.sequence
+        self.assertEqual(len(seq), 12)
+        self.assertEqual(seq[9], ("f32", 8192))
+        self.assertEqual(seq[10], ("f32", 64 * 32))
+        self.assertEqual(seq[11], ("f32", 2048))
+        self.assertEqual([t for t, _ in seq[4:9]], ["i8", "f32", "i8", "i8", "f32"])
+        # The weights of W_o, W_g and W_u of one type; W_d is not the kernel's.
+        with self.assertRaises(UnsupportedError) as e:
+            d = json.loads(fa_ffn_request("SWIGLU", "q4_K", *LLAMA, glu_only=True))
+            d["inputs"][4] = json.loads(fa_ffn_request("SWIGLU", "q6_K", *LLAMA))["inputs"][4]
+            prepare(parse_request(json.dumps(d)))
+        self.assertIn("FLASH_ATTN_GLU_SWIGLU", str(e.exception))
+        # Three outputs.
+        d = json.loads(fa_ffn_request("SWIGLU", "f32", *TINY, glu_only=True))
+        del d["extra_outputs"][1]
+        with self.assertRaises(RequestError):
+            prepare(parse_request(json.dumps(d)))
+        for glu in ("REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"):
+            self.assertIsNotNone(fa_ffn_spec(glu, "f32", *TINY, glu_only=True))
 
 
 class FaFfnRecordTest(unittest.TestCase):
@@ -470,6 +512,32 @@ class FaFfnEmulationTest(unittest.TestCase):
         """Four tokens of a 4096-row cache told n_kv at dispatch (one program for every
         multiple of 256), run at 768 keys: the mask rows n_kv values apart."""
         self.check("SWIGLU", "q4_0", TINY[:5] + (4096,), "aie2p", seed=50, n_q=4, at=768)
+
+    def check_glu(self, glu, ty, dims, arch, seed, **kw):
+        """FLASH_ATTN_GLU_<glu> against numpy; where it takes FLASH_ATTN_FFN_<glu>'s shape
+        and chunks, its a, r1 and h bit for bit that program's on the same operands."""
+        case = FaFfnCase(glu, ty, *dims, arch, seed=seed, glu_only=True, **kw)
+        a, r1, h, out = case.run()
+        self.assertIsNone(out)
+        case.check(self, a, r1, h, out)
+        ffn = FaFfnCase(glu, ty, *dims, arch, seed=seed, **kw)
+        same = (
+            shape(ffn.spec.up.plan) == shape(case.spec.up.plan)
+            and ffn.spec.fa.nc == case.spec.fa.nc
+        )
+        if same:
+            what = f"{glu} {ty} {dims} {arch}"
+            for got, want, name in zip((a, r1, h), ffn.run()[:3], ("a", "r1", "h")):
+                assert_same_bits(self, got, want, f"{name} of FLASH_ATTN_GLU {what}")
+        return same
+
+    def test_without_the_down_phase(self):
+        """FLASH_ATTN_GLU_<glu> (Q4_K_M's layers whose ffn_down is q6_K; the weights' type is
+        the GEMV's own business): the 1B shape on aie2p, the tiny llama over 2 tokens on aie2,
+        and 3 tokens of a 4096-row cache told n_kv at dispatch."""
+        self.assertTrue(self.check_glu("SWIGLU", "q4_0", LLAMA, "aie2p", seed=70))
+        self.check_glu("GEGLU", "q8_0", TINY, "aie2", seed=71, n_q=2)
+        self.check_glu("SWIGLU", "q4_0", TINY[:5] + (4096,), "aie2p", seed=72, n_q=3, at=768)
 
     def test_caches_softcap_and_groups(self):
         self.check("REGLU", "q4_0", TINY, "aie2", kv="bf16", seed=20)

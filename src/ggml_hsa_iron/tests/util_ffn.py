@@ -295,13 +295,15 @@ def fa_ffn_request(
     scale=0.125,
     max_bias=0.0,
     softcap=0.0,
+    glu_only=False,
     **kw,
 ):
     """FLASH_ATTN_FFN_<glu> of a decode step: q [d, n_q, n_head], k and v views of an f16 (or
     `kv`) KV cache of llama.cpp's layout (the KV heads of a token in one cache row: row stride
     n_head_kv d), the mask [n_kv, padded n_q] (f16), W_o [d n_head, K], r0 [K, n_q], W_g, W_u
-    [K, F], W_d [F, K] of `wtype`, n [K]; out [K, n_q], a [d, n_head, n_q], r1, h. `kw`:
-    request_json's and per-operand overrides (q, k, v, mask, a as Tensors)."""
+    [K, F], W_d [F, K] of `wtype`, n [K]; out [K, n_q], a [d, n_head, n_q], r1, h. `glu_only`:
+    FLASH_ATTN_GLU_<glu> (no W_d; h, then a and r1). `kw`: request_json's and per-operand
+    overrides (q, k, v, mask, a as Tensors)."""
     from ggml_hsa_iron.tests.test_flash_attn import cache_view, f32_bits
 
     Ka = d * n_head
@@ -317,9 +319,12 @@ def fa_ffn_request(
     extras = [a, tensor("f32", [K, n_q]), tensor("f32", [F, n_q])]
     kw.setdefault("extra_outputs", extras)
     kw.setdefault("op_params", [f32_bits(scale), f32_bits(max_bias), f32_bits(softcap), EPS_BITS])
-    op = f"FLASH_ATTN_FFN_{glu}"
+    if glu_only:
+        kw["extra_outputs"] = kw["extra_outputs"][:2]
+        ins = [q, k, v, mask, wo, r0, wg, wg, n]
+        return request_json(f"FLASH_ATTN_GLU_{glu}", ins, extras[2], arch, **kw)
     ins = [q, k, v, mask, wo, r0, wg, wg, wd, n]
-    return request_json(op, ins, out, arch, **kw)
+    return request_json(f"FLASH_ATTN_FFN_{glu}", ins, out, arch, **kw)
 
 
 def fa_ffn_spec(*args, **kw):
@@ -334,16 +339,30 @@ class FaFfnCase:
     seventh key of its own, whose rows the others read), weights (fast_weights), n
     (util_norm's) and r0; W_o's Ka is d n_head. `at`: n_kv given at dispatch (steps of 256 up
     to n_kv, the request's `n_kv_step`), the case run at `at` keys: the mask then `at` values
-    a row, dense (llama.cpp's for that n_kv), the cache's first `at` rows read."""
+    a row, dense (llama.cpp's for that n_kv), the cache's first `at` rows read. `glu_only`:
+    FLASH_ATTN_GLU_<glu>'s request (no W_d, no out)."""
 
     def __init__(self, glu, ty, K, n_head, n_head_kv, d, F, n_kv, arch, kv="f16", seed=0,
-                 masked=5, softcap=0.0, masked_first=0, n_q=1, at=0):  # fmt: skip
+                 masked=5, softcap=0.0, masked_first=0, n_q=1, at=0, glu_only=False):  # fmt: skip
         from ggml_hsa_iron.tests.test_flash_attn import _np_type, place
 
         self.glu, self.ty, self.K, self.F, self.arch = glu, ty, K, F, arch
         self.Ka, self.n_q, self.at = d * n_head, n_q, at
+        self.glu_only = glu_only
         text = fa_ffn_request(
-            glu, ty, K, n_head, n_head_kv, d, F, n_kv, n_q=n_q, kv=kv, arch=arch, softcap=softcap
+            glu,
+            ty,
+            K,
+            n_head,
+            n_head_kv,
+            d,
+            F,
+            n_kv,
+            n_q=n_q,
+            kv=kv,
+            arch=arch,
+            softcap=softcap,
+            glu_only=glu_only,
         )
         if at:
             text = json.dumps({**json.loads(text), "n_kv_step": 256})
@@ -377,16 +396,20 @@ class FaFfnCase:
 
     def args(self):
         """Fresh memories in the sequence's order: q, k, v, mask, W_o, r0, W_g, W_u, W_d, n, out,
-        a, r1, h."""
+        a, r1, h (FLASH_ATTN_GLU_<glu>: q, k, v, mask, W_o, r0, W_g, W_u, n, h, a, r1)."""
         sizes = arg_bytes(self.spec)
-        ws = (self.wo_bytes, self.r0, self.wg_bytes, self.wu_bytes, self.wd_bytes, self.n)
+        wd = () if self.glu_only else (self.wd_bytes,)
+        ws = (self.wo_bytes, self.r0, self.wg_bytes, self.wu_bytes, *wd, self.n)
         ins = [buffer_of(b) for b in (*self.fa_bytes, *ws)]
-        return ins + [new_buffer(n) for n in sizes[10:]]
+        return ins + [new_buffer(n) for n in sizes[len(ins) :]]
 
     def run(self):
-        """(a [Ka], r1 [K], h [F], out [K]) as f32 arrays from the emulated design."""
+        """(a [Ka], r1 [K], h [F], out [K] or None) as f32 arrays from the emulated design."""
         args = self.args()
         run_spec_in_order(self.spec, args, self.at or None)
+        if self.glu_only:
+            h, a, r1 = (np.frombuffer(b.tobytes(), np.float32).copy() for b in args[9:])
+            return a, r1, h, None
         out, a, r1, h = (np.frombuffer(b.tobytes(), np.float32).copy() for b in args[10:])
         return a, r1, h, out
 
@@ -416,7 +439,8 @@ class FaFfnCase:
         test.assertLess(err, tol * max(1.0, np.abs(ref).max()), f"a of {what}: error {err}")
         n = self.n_q
         a2, r1_ = a.reshape(n, self.Ka), r1.reshape(n, self.K)
-        h_, out_ = h.reshape(n, self.F), out.reshape(n, self.K)
+        h_ = h.reshape(n, self.F)
         check_add(test, self.ty, a2, self.wo, self.r0, r1_, f"r1 of {what}")
         check_h(test, self.glu, self.ty, r1_, self.n, self.wg, self.wu, h_, f"h of {what}")
-        check_add(test, self.ty, h_, self.wd, r1_, out_, f"out of {what}")
+        if out is not None:
+            check_add(test, self.ty, h_, self.wd, r1_, out.reshape(n, self.K), f"out of {what}")

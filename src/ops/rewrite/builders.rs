@@ -880,6 +880,90 @@ pub fn fold_flash_attn_ffn<'a>(
     Some(Rewritten::kernel(at, vec![k], desc, operands))
 }
 
+/// The fold of the `MUL_MAT_ADD` kernel computing x = r1 = Wo . a + r0 of the
+/// `RMS_NORM_MUL_MAT_<GLU>` kernel planned at node `at`, and of the `FLASH_ATTN_EXT_MASK`
+/// kernel computing a, into one `FLASH_ATTN_GLU_<GLU>` kernel at `at` writing a and r1 besides
+/// h: what `FLASH_ATTN_FFN_<GLU>` takes over but the block's down projection, which stays a
+/// kernel of its own (asked for where the compiler refused the whole block: a Wd of another
+/// weight type, as llama.cpp's Q4_K_M has). Only when `fold_attn_ffn`'s rules hold for the
+/// projection (no node that runs before `at` reads r1 or writes what the projection reads)
+/// and `fold_flash_attn_ffn`'s for the attention (a its whole dense output, read by the
+/// projection only, the application not reading it, nothing in between writing what it
+/// reads). It covers both kernels' nodes. `None` otherwise.
+pub fn fold_flash_attn_glu<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Option<Rewritten> {
+    let Planned::Kernel(glu, [wg, wu, x, n, h]) = planned(at) else {
+        return None;
+    };
+    let Some(Fused::RmsNormMulMatGlu(act)) = Fused::of(&glu.op) else {
+        return None;
+    };
+    let op = Fused::FlashAttnGlu(act).entry()?;
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
+    // The projection: r1 is x, written at `at` now.
+    let (writer, k) = kernel_writing(nodes, at, x, &planned)?;
+    let Planned::Kernel(proj, [wo, a, r0, r1]) = planned(k) else {
+        return None;
+    };
+    if proj.op != catalogue::MUL_MAT_ADD.name || !same(r1, x) || !same(&nodes[writer].dst, x) {
+        return None;
+    }
+    let read_between = (writer + 1..at)
+        .filter(|&j| runs(j))
+        .any(|j| nodes[j].reads(x));
+    if read_between || written_in(nodes, k + 1..at, &[wo, a, r0], runs) {
+        return None;
+    }
+    // The attention: a is read where the projection's kernel starts.
+    let start = (0..k)
+        .rev()
+        .take_while(|&j| matches!(planned(j), Planned::Covered | Planned::Nothing))
+        .last()
+        .unwrap_or(k);
+    let (fa_writer, f) = kernel_writing(nodes, start, a, &planned)?;
+    let Planned::Kernel(fa, [q, kc, vc, mask, fa_out]) = planned(f) else {
+        return None;
+    };
+    let whole_view = a.addr == fa_out.addr
+        && a.bytes == fa_out.bytes
+        && a.is_contiguous()
+        && fa_out.is_contiguous();
+    if fa.op != catalogue::FLASH_ATTN_EXT_MASK.name
+        || fa_writer != f
+        || !same(&nodes[f].dst, fa_out)
+        || nodes[f].is_output
+        || !whole_view
+        || read_elsewhere(nodes, fa_out, f, k, runs)
+        || written_in(nodes, f + 1..at, &[q, kc, vc, mask], runs)
+    {
+        return None;
+    }
+    let mut inputs = fa.inputs[..4].to_vec();
+    inputs.push(proj.inputs[0].clone());
+    inputs.push(proj.inputs[2].clone());
+    inputs.extend_from_slice(&glu.inputs[..2]);
+    inputs.push(glu.inputs[3].clone());
+    let mut op_params = fa.op_params.clone();
+    op_params.resize(3, 0);
+    op_params.push(glu.op_params.first().copied().unwrap_or(0));
+    let desc = KernelDesc {
+        op: op.name.to_owned(),
+        op_params,
+        inputs,
+        output: glu.output.clone(),
+        extra_outputs: vec![fa.output.clone(), proj.output.clone()],
+        f16_as_bf16: fa.f16_as_bf16 || proj.f16_as_bf16 || glu.f16_as_bf16,
+        n_kv_step: fa.n_kv_step,
+    };
+    let operands = [q, kc, vc, mask, wo, r0, wg, wu, n, h, fa_out, r1]
+        .map(Tensor::clone)
+        .to_vec();
+    Some(Rewritten::kernel(at, vec![f, k], desc, operands))
+}
+
 /// llama's Q, K and V kernels merged into one `RMS_NORM_QKV_ROPE[_FF]` kernel.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QkvMerge {
@@ -2390,6 +2474,129 @@ mod tests {
             false,
         );
         assert!(flash_attn_ffn_fold(&nodes, &steps).is_none());
+    }
+
+    /// A decode step's FLASH_ATTN_EXT_MASK kernel (node 0, as `attention_then_block`'s), the
+    /// view of its output as a (node 1), the output projection's MUL_MAT (node 2, covered) and
+    /// its MUL_MAT_ADD kernel (node 3: Wo 0x10000, a, r0 0x2000 into r1 0x3000), `between` at
+    /// node 4 (its own kernel, or `covered`) and the RMS_NORM_MUL_MAT_SWIGLU kernel of r1
+    /// (node 5: Wg 0x20000, Wu 0x30000, n 0x4000 into h 0x5000): what the backend has after
+    /// the compiler refused the block's FLASH_ATTN_FFN_SWIGLU.
+    fn attention_then_gate_up(between: Node, covered: bool) -> (Vec<Node>, Vec<Option<Plan>>) {
+        let (mut nodes, mut steps) = attention_then_block(
+            "FLASH_ATTN_EXT_MASK",
+            node(
+                Op::MulMat,
+                tensor(DType::F32, [64, 1, 1, 1], 0x6800),
+                vec![],
+            ),
+            true,
+        );
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let kernel = |op: &str, params: Vec<i32>, operands: Vec<Tensor>| Plan::Kernel {
+            desc: KernelDesc {
+                op: op.into(),
+                op_params: params,
+                inputs: operands[..operands.len() - 1]
+                    .iter()
+                    .map(as_layout)
+                    .collect(),
+                output: as_layout(&operands[operands.len() - 1]),
+                extra_outputs: vec![],
+                f16_as_bf16: false,
+                n_kv_step: None,
+            },
+            operands,
+        };
+        let (a, r1) = (f32([64, 1, 1, 1], 0x1000), f32([64, 1, 1, 1], 0x3000));
+        let proj = kernel(
+            "MUL_MAT_ADD",
+            vec![],
+            vec![
+                f32([64, 64, 1, 1], 0x10000),
+                a,
+                f32([64, 1, 1, 1], 0x2000),
+                r1.clone(),
+            ],
+        );
+        let glu = kernel(
+            "RMS_NORM_MUL_MAT_SWIGLU",
+            vec![1e-5f32.to_bits() as i32],
+            vec![
+                f32([64, 128, 1, 1], 0x20000),
+                f32([64, 128, 1, 1], 0x30000),
+                r1.clone(),
+                f32([64, 1, 1, 1], 0x4000),
+                f32([128, 1, 1, 1], 0x5000),
+            ],
+        );
+        let between_plan = (!covered).then(|| crate::ops::plan(&between).unwrap());
+        nodes.truncate(3);
+        steps.truncate(3);
+        nodes.extend([
+            node(Op::Binary(BinaryOp::Add), r1, vec![]),
+            between,
+            node(Op::MulMat, f32([128, 1, 1, 1], 0x5000), vec![]),
+        ]);
+        steps.extend([Some(proj), between_plan, Some(glu)]);
+        (nodes, steps)
+    }
+
+    fn flash_attn_glu_fold(nodes: &[Node], steps: &[Option<Plan>]) -> Option<Rewritten> {
+        let planned = |k: usize| match &steps[k] {
+            Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
+            Some(Plan::Skip) => Planned::Nothing,
+            None => Planned::Covered,
+            _ => Planned::Elsewhere,
+        };
+        fold_flash_attn_glu(nodes, 5, planned)
+    }
+
+    #[test]
+    fn the_attention_and_projection_fold_into_the_gate_up_kernel_of_a_refused_block() {
+        let f32 = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
+        let relu = |dst, src| node(Op::Unary(UnaryOp::Relu), dst, vec![src]);
+        // The block's norm in between, inside the gate/up kernel.
+        let (nodes, steps) = attention_then_gate_up(relu(f32(0x6000), f32(0x3000)), true);
+        let fold = flash_attn_glu_fold(&nodes, &steps).expect("folds");
+        assert_eq!((&fold.covers[..], fold.at), (&[0, 3][..], 5));
+        let (desc, operands) = (&fold.desc, &fold.operands);
+        assert_eq!(desc.op, "FLASH_ATTN_GLU_SWIGLU");
+        let eps = 1e-5f32.to_bits() as i32;
+        assert_eq!(desc.op_params, [0.125f32.to_bits() as i32, 0, 0, eps]);
+        assert_eq!((desc.inputs.len(), desc.extra_outputs.len()), (9, 2));
+        assert_eq!(desc.output.ne, [128, 1, 1, 1]);
+        let addrs: Vec<u64> = operands.iter().map(|t| t.addr).collect();
+        let inputs = [
+            0x100, 0x8000, 0x9000, 0xa000, 0x10000, 0x2000, 0x20000, 0x30000, 0x4000,
+        ];
+        assert_eq!(addrs, [&inputs[..], &[0x5000, 0x1000, 0x3000]].concat());
+        // Unrelated nodes that run in between change nothing.
+        let (nodes, steps) = attention_then_gate_up(relu(f32(0x6000), f32(0xc000)), false);
+        assert!(flash_attn_glu_fold(&nodes, &steps).is_some());
+    }
+
+    #[test]
+    fn the_attention_and_projection_stay_apart_when_moving_them_would_change_what_is_read() {
+        let f32 = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
+        let relu = |dst, src| node(Op::Unary(UnaryOp::Relu), dst, vec![src]);
+        // r1 or a read by a node that runs in between: read before they are written.
+        for read in [0x3000, 0x1000] {
+            let (nodes, steps) = attention_then_gate_up(relu(f32(0x6000), f32(read)), false);
+            assert!(flash_attn_glu_fold(&nodes, &steps).is_none(), "{read:#x}");
+        }
+        // The V cache or r0 written in between: the kernel would read the new values.
+        for written in [0x9000, 0x2000] {
+            let (nodes, steps) = attention_then_gate_up(relu(f32(written), f32(0xc000)), false);
+            assert!(
+                flash_attn_glu_fold(&nodes, &steps).is_none(),
+                "{written:#x}"
+            );
+        }
+        // The application reads the attention's output.
+        let (mut nodes, steps) = attention_then_gate_up(relu(f32(0x6000), f32(0xc000)), false);
+        nodes[0].is_output = true;
+        assert!(flash_attn_glu_fold(&nodes, &steps).is_none());
     }
 
     /// A decode layer in small: Q/K/V merged at node 2 (x 0x1000, Q 0xb000), K's and V's

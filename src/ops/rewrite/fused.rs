@@ -66,6 +66,9 @@ pub enum Fused {
     MulMatAddRmsNormFfn(Glu),
     /// `FLASH_ATTN_FFN_<GLU>`: a decode step's attention, then the two above.
     FlashAttnFfn(Glu),
+    /// `FLASH_ATTN_GLU_<GLU>`: the same up to the block's GLU (its down projection, of another
+    /// weight type, a kernel of its own).
+    FlashAttnGlu(Glu),
     /// `RMS_NORM_QKV[_BIAS][_HEAD_NORM]_ROPE[_FF]`: Q, K and V of one normalised x, Q and K
     /// rotated (with their biases added, and their heads normalised first).
     RmsNormQkvRope {
@@ -99,6 +102,7 @@ impl Fused {
             Fused::RmsNormFfn(g) => format!("RMS_NORM_FFN_{}", g.name()),
             Fused::MulMatAddRmsNormFfn(g) => format!("MUL_MAT_ADD_RMS_NORM_FFN_{}", g.name()),
             Fused::FlashAttnFfn(g) => format!("FLASH_ATTN_FFN_{}", g.name()),
+            Fused::FlashAttnGlu(g) => format!("FLASH_ATTN_GLU_{}", g.name()),
             Fused::RmsNormQkvRope {
                 ff: f,
                 head_norm,
@@ -151,11 +155,12 @@ impl Fused {
             return Some(Fused::DecodeLayer { ff: true, glu: g });
         }
         type Family = fn(Glu) -> Fused;
-        let families: [(&str, Family); 6] = [
+        let families: [(&str, Family); 7] = [
             ("MUL_MAT_ADD_RMS_NORM_FFN_", Fused::MulMatAddRmsNormFfn),
             ("RMS_NORM_MUL_MAT_", Fused::RmsNormMulMatGlu),
             ("RMS_NORM_FFN_", Fused::RmsNormFfn),
             ("FLASH_ATTN_FFN_", Fused::FlashAttnFfn),
+            ("FLASH_ATTN_GLU_", Fused::FlashAttnGlu),
             ("MUL_MAT_", Fused::MulMatGlu),
             ("DECODE_LAYER_", |glu| Fused::DecodeLayer { ff: false, glu }),
         ];
@@ -168,7 +173,7 @@ impl Fused {
     /// the kernels attending over a KV cache with one query row (a decode step).
     pub fn kv_inputs(self) -> Option<usize> {
         match self {
-            Fused::FlashAttnFfn(_) => Some(1),
+            Fused::FlashAttnFfn(_) | Fused::FlashAttnGlu(_) => Some(1),
             // Wq, Wk, Wv, x, n_attn, the positions, (the factors,) k, v, the mask, ...
             Fused::DecodeLayer { ff, .. } => Some(6 + usize::from(ff)),
             _ => None,
@@ -197,7 +202,7 @@ mod tests {
         }
         // Every family with each of its parameters.
         let glus = Glu::ALL.len();
-        assert_eq!(fused, 5 * glus + 2 * glus + 2 + 6 + 6);
+        assert_eq!(fused, 6 * glus + 2 * glus + 2 + 6 + 6);
         assert_eq!(Fused::of("MUL_MAT"), None);
         assert_eq!(Fused::of("MUL_MAT_ADD"), None);
         assert_eq!(Fused::of("RMS_NORM_MUL_MAT_ROPE_X"), None);

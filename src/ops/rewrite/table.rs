@@ -14,6 +14,8 @@ pub enum Stage {
     /// Runs of nodes into one kernel, and kernels folded into the kernels reading their
     /// results.
     Fusions,
+    /// Where the compiler refused a block's kernel, the largest part of it it may take.
+    Parts,
     /// SET_ROWS as a copy into the cache rows its indices name.
     CacheCopies,
     /// The kernel computing a copy's source writing the rows itself.
@@ -25,8 +27,9 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 5] = [
+    pub const ALL: [Stage; 6] = [
         Stage::Fusions,
+        Stage::Parts,
         Stage::CacheCopies,
         Stage::CacheProducers,
         Stage::Projections,
@@ -138,6 +141,15 @@ pub const REWRITES: &[Rewrite] = &[
         anchor: "a MUL_MAT_ADD_RMS_NORM_FFN_<GLU> kernel",
         absorbs: "the FLASH_ATTN_EXT_MASK kernel computing its projection's input",
         build: |g, at| one(b::fold_flash_attn_ffn(g.nodes, at, |k| g.planned(k))),
+    },
+    Rewrite {
+        name: "FLASH_ATTN_GLU_<GLU>",
+        stage: Stage::Parts,
+        anchor: "an RMS_NORM_MUL_MAT_<GLU> kernel (left where FLASH_ATTN_FFN_<GLU> was refused)",
+        absorbs: "the MUL_MAT_ADD kernel computing its x and the FLASH_ATTN_EXT_MASK kernel \
+                  computing that projection's input: the block's down projection stays a \
+                  kernel of its own (a Wd of another weight type)",
+        build: |g, at| one(b::fold_flash_attn_glu(g.nodes, at, |k| g.planned(k))),
     },
     Rewrite {
         name: "CPY",

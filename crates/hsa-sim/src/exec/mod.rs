@@ -462,26 +462,27 @@ fn normed_qkv(
     }
 }
 
-/// The block after a llama attention: the output projection, the residual, the normed
-/// feed-forward block.
+/// The block after a llama attention up to its GLU: the output projection, the residual, the
+/// norm, the gate and up products.
 struct Ffn<'b, 'a> {
     wo: &'b Buf<'a>,
     r0: &'b Buf<'a>,
     wg: &'b Buf<'a>,
     wu: &'b Buf<'a>,
-    wd: &'b Buf<'a>,
     n: &'b Buf<'a>,
     act: crate::ops::UnaryOp,
 }
 
 /// FLASH_ATTN_FFN_<GLU>: FLASH_ATTN_EXT_MASK of `[q, k, v, mask]` into a, then
 /// MUL_MAT_ADD_RMS_NORM_FFN_<GLU> with a viewed as [Ka, N], as the two kernels it replaces
-/// compute them; `params` the attention's scale, max_bias and softcap, then the norm's eps.
+/// compute them; `params` the attention's scale, max_bias and softcap, then the norm's eps;
+/// `down` Wd and the output. Without it (FLASH_ATTN_GLU_<GLU>) the block stops at h.
 fn attention_ffn(
     [q, k, v, mask]: [&Buf<'_>; 4],
     f: Ffn<'_, '_>,
     params: &[i32],
-    [out, a, r1, h]: [&mut Buf<'_>; 4],
+    [a, r1, h]: [&mut Buf<'_>; 3],
+    down: Option<(&Buf<'_>, &mut Buf<'_>)>,
 ) {
     let bits = |i: usize| f32::from_bits(params[i] as u32);
     let attention = attn::Params {
@@ -502,8 +503,10 @@ fn attention_ffn(
     let yt = TensorDesc::contiguous(r1.t.ne, crate::ops::DType::F32);
     let y = normed(r1, f.n, params[3], &yt);
     glu_products(f.wg, f.wu, &y, f.act, h);
-    mul_mat(f.wd, h, out);
-    add_repeated(out, r1);
+    if let Some((wd, out)) = down {
+        mul_mat(wd, h, out);
+        add_repeated(out, r1);
+    }
 }
 
 fn mul_mat_quantized(w: &Buf<'_>, x: &Buf<'_>, out: &mut Buf<'_>) {
@@ -763,16 +766,38 @@ pub unsafe fn execute(
                 r0,
                 wg,
                 wu,
-                wd,
                 n,
                 act,
             };
+            let params = &desc.op_params[..4];
             attention_ffn(
                 [q, k, v, mask],
                 ffn,
-                &desc.op_params[..4],
-                [&mut out, a, r1, h],
+                params,
+                [a, r1, h],
+                Some((wd, &mut out)),
             );
+        }
+        Op::AttnGlu(act) => {
+            let [a, r1] = extra.as_mut_slice() else {
+                return Err(format!(
+                    "kernel {}: the a and r1 outputs expected",
+                    desc.name
+                ));
+            };
+            let [q, k, v, mask, wo, r0, wg, wu, n] = &bufs[..] else {
+                return Err(format!("kernel {}: 9 inputs expected", desc.name));
+            };
+            let ffn = Ffn {
+                wo,
+                r0,
+                wg,
+                wu,
+                n,
+                act,
+            };
+            let params = &desc.op_params[..4];
+            attention_ffn([q, k, v, mask], ffn, params, [a, r1, &mut out], None);
         }
         Op::DecodeLayer { ff, act } => {
             let [q, k_rows, v_rows, a, r1, h] = extra.as_mut_slice() else {
@@ -823,12 +848,17 @@ pub unsafe fn execute(
                 r0: &bufs[3],
                 wg,
                 wu,
-                wd,
                 n,
                 act,
             };
             let params = [12, 13, 14, 15].map(|i| desc.op_params[i]);
-            attention_ffn([&q4, k, v, mask], ffn, &params, [&mut out, a, r1, h]);
+            attention_ffn(
+                [&q4, k, v, mask],
+                ffn,
+                &params,
+                [a, r1, h],
+                Some((wd, &mut out)),
+            );
         }
         Op::MulMatAdd => {
             // The two ggml nodes as ggml-cpu runs them: the product in f32, then the f32 ADD.
@@ -954,6 +984,14 @@ pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
                 + r1.nelements() * Op::ProjectedFfn(act).flops_per_element(ka)
                 + h.nelements() * Op::NormedFfn(act).flops_per_element(kk)
                 + desc.output.nelements() * (2 * f + 1)
+        } else if let (Op::AttnGlu(act), [a, r1]) = (op, desc.extra_outputs.as_slice()) {
+            // The attention as FlashAttnExt's, then the projection and the gate and up half.
+            let (q, k) = (&desc.inputs[0], &desc.inputs[1]);
+            let rows = q.nelements() / q.ne[0].max(1) as u64;
+            let ka = a.nelements() / r1.ne[1].max(1) as u64;
+            rows * k.ne[1] as u64 * op.flops_per_element(q.ne[0] as u64)
+                + r1.nelements() * Op::ProjectedFfn(act).flops_per_element(ka)
+                + desc.output.nelements() * Op::NormedFfn(act).flops_per_element(r1.ne[0] as u64)
         } else if let Op::FlashAttnExt { .. } = op {
             // Per query row and head, per key.
             let (q, k) = (&desc.inputs[0], &desc.inputs[1]);
