@@ -91,7 +91,8 @@ def unfused_requests(req: dict) -> list[dict]:
     declines (a prompt's GEMM-sized ones): the MUL_MAT (both, for the GLU's gate and up) into
     a dense f32 product, then the ADD of the residual or the GLU of the two products; for a
     FLASH_ATTN_FFN_<glu> (a step of several sequences with a cache each) the attention alone,
-    then MUL_MAT_ADD_RMS_NORM_FFN_<glu> of its output; for a DECODE_LAYER(_FF)_<glu> (a step of
+    then MUL_MAT_ADD_RMS_NORM_FFN_<glu> of its output (FLASH_ATTN_GLU_<glu>: then W_o's
+    MUL_MAT_ADD and RMS_NORM_MUL_MAT_<glu>); for a DECODE_LAYER(_FF)_<glu> (a step of
     tokens whose projections do not fit beside the block's own shape) the Q/K/V kernel, then
     FLASH_ATTN_FFN_<glu> reading Q; [] for any other op."""
     op, arch = req["op"], req["arch"]
@@ -133,6 +134,19 @@ def unfused_requests(req: dict) -> list[dict]:
         return [
             request_dict("FLASH_ATTN_EXT_MASK", [q, k, v, mask], a, arch, params[:3]),
             request_dict(block, [wo, a_rows, r0, wg, wu, wd, n], out, arch, params[3:], None, [r1, h]),
+        ]
+    if op.startswith("FLASH_ATTN_GLU_"):
+        # q, k, v, mask, W_o, r0, W_g, W_u, n; h, then a and r1: the attention alone, W_o's
+        # MUL_MAT_ADD over it, then the gate and up products of r1 normed.
+        sent = parse_request(json.dumps(req))
+        q, k, v, mask, wo, r0, wg, wu, n = sent.inputs
+        a, r1 = sent.extra_outputs
+        a_rows = Tensor.dense(a.dtype, (wo.ne[0], r0.ne[1], 1, 1))
+        params, glu = req["op_params"], op.removeprefix("FLASH_ATTN_GLU_")
+        return [
+            request_dict("FLASH_ATTN_EXT_MASK", [q, k, v, mask], a, arch, params[:3]),
+            request_dict("MUL_MAT_ADD", [wo, a_rows, r0], r1, arch),
+            request_dict(f"RMS_NORM_MUL_MAT_{glu}", [wg, wu, r1, n], out, arch, params[3:]),
         ]
     if op == "MUL_MAT_ADD":
         w, x, r = ins
