@@ -80,14 +80,18 @@ def hsa_env(
     target: Path, plugin: Path, work: Path, execute: bool, declare: Path | None
 ) -> dict[str, str]:
     env = dict(os.environ)
+    compiler = str(target / "hsa-sim-compile")
     if declare is not None:
-        # HSA0 declares the IRON package's kernels only (hsa-sim-compile computes them): what
-        # a real NPU would run as kernels; the rest goes to the CPU.
+        # HSA0 declares the IRON package's kernels only (hsa-sim-compile computes them), and
+        # declines what its planners refuse: what a real NPU would run as kernels; the rest
+        # goes to the CPU.
         env["HSA_SIM_COMPILE_DECLARE"] = str(declare)
+        declines = Path(__file__).resolve().parent / "iron_declines.py"
+        compiler = f"{sys.executable} {declines} {compiler}"
     env.update(
         GGML_BACKEND_PATH=str(plugin),
         GGML_HSA_LIBHSA_PATH=str(target / "libhsa_runtime64.so"),
-        GGML_HSA_JIT_COMPILER=str(target / "hsa-sim-compile"),
+        GGML_HSA_JIT_COMPILER=compiler,
         GGML_HSA_KERNEL_CACHE_DIR=str(work.parent / "kernels"),
         GGML_HSA_ENABLE_LOG="0",
         HSA_SIM_QUIET="1",
@@ -672,18 +676,19 @@ def write_docs(
         "dispatch costs make, the rest being their work. Kernels were counted, not computed",
         "(`HSA_SIM_EXECUTE=0`). HSA0 offered " + kernels_note + " (`--kernels`; hsa-sim-compile",
         "with `HSA_SIM_COMPILE_DECLARE`): kernels the simulator has but no IRON design are not",
-        "counted as NPU work unless `--kernels reference`. A shape the IRON package would decline",
-        "when compiling (the GEMM-sized MUL_MAT_ADD of a prompt, which it leaves unfused) is",
-        "still built by the simulator, so the prompt figures count a few fused kernels a real",
-        "NPU would run as two. The \"timing model\" columns take the same run's device time with",
-        "each kernel's work from hsa-sim's timing model instead of the roofline: every kernel",
-        "the run dispatched compiled by the IRON package's emulation target and timed alone",
-        "(`hsa-sim-time`; the prompt's attention with its causal mask), a fused kernel the",
-        "package declines as the kernels the backend runs instead (a prompt's GEMM-sized",
-        "MUL_MAT_<GLU>: two GEMMs and the GLU; MUL_MAT_ADD: the GEMM and the ADD); the dispatch",
-        "and context costs as above; \"dispatches at the roofline\" are those of kernels still",
-        "charged the roofline (declined, no parts to time: the V projection's GEMM into the f16",
-        "cache). These are the figures the kernels' work is measured by (`docs/timing-model.md`,",
+        "counted as NPU work unless `--kernels reference`. A kernel the IRON package's planners",
+        "refuse (a prompt's GEMM-sized fused kernels, a block of two weight types) is declined",
+        "as its compiler declines it (`scripts/iron_declines.py`), so the backend runs what it",
+        "falls back to, the kernels a real NPU would run. The \"timing model\" columns take the",
+        "same run's device time with each kernel's work from hsa-sim's timing model instead of",
+        "the roofline: every kernel the run dispatched compiled by the IRON package's emulation",
+        "target and timed alone (`hsa-sim-time`; the prompt's attention with its causal mask),",
+        "a fused kernel the package declines as the kernels the backend runs instead (a",
+        "prompt's GEMM-sized MUL_MAT_<GLU>: two GEMMs and the GLU; MUL_MAT_ADD: the GEMM and",
+        "the ADD); the dispatch and context costs as above; \"dispatches at the roofline\" are",
+        "those of kernels still charged the roofline (declined, no parts to time: the V",
+        "projection's GEMM into the f16 cache). These are the figures the kernels' work is",
+        "measured by (`docs/timing-model.md`,",
         "\"A whole run\").",
         f"The machine's load average (5 min) at the end of the run was {load:.1f} on {cores}",
         "cores: other work slows the CPU columns and the host time per node, not the simulated",

@@ -41,9 +41,10 @@ fn iron_ops() -> String {
         .iter()
         .map(|o| o["op"].as_str().expect("op").to_owned())
         .collect();
-    // test-backend-ops' fused RMS_NORM -> MUL -> ADD cases (the backend fuses the first two
-    // into RMS_NORM_MUL when the weight is one row).
-    if ops.iter().any(|o| o == "RMS_NORM_MUL") {
+    // test-backend-ops' fused RMS_NORM -> MUL -> ADD cases (named as the IRON package's
+    // RMS_NORM_MUL_ADD: the backend fuses the three where the weight is one row, the first
+    // two into RMS_NORM_MUL otherwise).
+    if ops.iter().any(|o| o == "RMS_NORM_MUL") && !ops.iter().any(|o| o == "RMS_NORM_MUL_ADD") {
         ops.push("RMS_NORM_MUL_ADD".into());
     }
     // Its fused gate/up MUL_MAT + GLU cases (the backend fuses the three nodes into

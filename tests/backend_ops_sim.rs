@@ -196,7 +196,8 @@ fn row_and_reduction_ops() {
 /// test-backend-ops' fusion cases (whole graphs compared with the CPU): a feed-forward block's
 /// gate and up MUL_MATs and their GLU, and MUL_MATs followed by a bias ADD
 /// (`MUL_MAT_VEC_FUSION`, glu_op 1 GEGLU, 2 SWIGLU; f32, f16 and quantized weights, batches of
-/// 1 to 8 rows), and RMS_NORM -> MUL -> ADD. They must pass, and the fused kernels
+/// 1 to 8 rows), and RMS_NORM -> MUL -> ADD (one kernel where the weight is one row). They
+/// must pass, and the fused kernels
 /// must be what ran: each is compiled into the kernel cache only when a graph asks for it.
 #[test]
 fn fused_feed_forward_and_norm_cases_run_as_one_kernel() {
@@ -217,7 +218,7 @@ fn fused_feed_forward_and_norm_cases_run_as_one_kernel() {
             "mul_mat_swiglu-q4_0_",
             "mul_mat_geglu-f32_",
             "mul_mat_add-q8_0_",
-            "rms_norm_mul-f32_",
+            "rms_norm_mul_add-f32_",
         ],
     );
 }

@@ -1598,8 +1598,9 @@ class RowSpec:
     """A row design request: every row (dimension 0) of input 0 computed on its own.
 
     Operands: x [L, ne1, ne2, ne3] (f32), then SOFT_MAX's mask (f32 or f16) and sinks
-    (f32), or RMS_NORM_MUL's weight row (f32), then the output (x's shape, or one i32 per
-    row for ARGMAX).
+    (f32), or RMS_NORM_MUL's weight row (f32), or RMS_NORM_MUL_ADD's residual r (f32 of x's
+    shape, in `mask`: its rows travel as a mask's) and weight row, then the output (x's
+    shape, or one i32 per row for ARGMAX).
     """
 
     request: Request
@@ -1747,7 +1748,13 @@ def prepare_rows(req: Request) -> RowSpec:
         mask = rest.pop(0)
     if op in ("SOFT_MAX_SINKS", "SOFT_MAX_MASK_SINKS"):
         sinks = rest.pop(0)
-    if op == "RMS_NORM_MUL":
+    if op == "RMS_NORM_MUL_ADD":
+        # The residual's rows travel as a mask's would (beside x's, one task per run of
+        # rows), then the weight row, resident.
+        mask = rest.pop(0)
+        if mask.dtype != "f32" or mask.ne != x.ne:
+            raise UnsupportedError(f"{op}: r must be f32 of x's shape {list(x.ne)}")
+    if op in ("RMS_NORM_MUL", "RMS_NORM_MUL_ADD"):
         weight = rest.pop(0)
     if op == "ARGMAX":
         if out.dtype != "i32" or out.nelements != rows:
@@ -1788,8 +1795,11 @@ def prepare_rows(req: Request) -> RowSpec:
             raise UnsupportedError(f"{op}: the weight must be one f32 row of {length}")
         resident += weight.nbytes
     # One column is kept for the shim channel that broadcasts the resident operand to every
-    # worker.
-    max_columns = arch.columns - (1 if resident else 0)
+    # worker; RMS_NORM_MUL_ADD's weight row comes on each column's second channel instead (a
+    # core has two input channels, x and r), as its first object, the row repeated to the
+    # object's rows by the task's repeat count (ROW_BLOCK_MAX rows, within MAX_REPEAT).
+    weight_in_r = op == "RMS_NORM_MUL_ADD"
+    max_columns = arch.columns - (1 if resident and not weight_in_r else 0)
     plan = plan_rows(length, rows, streamed, resident, max_columns, arch)
     # Smaller objects when one object's rows need more DMA tasks than a round may have (rows
     # of many heads, each with its own sink run).

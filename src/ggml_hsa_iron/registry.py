@@ -517,6 +517,16 @@ OPS: tuple[OpSpec, ...] = (
         1,
         _ROWS_LIMITS + "; the weight is one f32 row, resident in every worker",
     ),
+    # The same plus a residual of x's shape (gemma's norms after the attention and the
+    # block, ahead of the residual ADD): inputs x, r, the weight row; y = rms_norm(x) * w + r.
+    _rows(
+        "RMS_NORM_MUL_ADD",
+        3,
+        ("f32",),
+        1,
+        _ROWS_LIMITS + "; r of x's shape, dense, beside x's rows (the second input channel); "
+        "the weight is one f32 row, resident in every worker",
+    ),
     _rows("SOFT_MAX", 1, ("f32",), 2, _SOFT_MAX_LIMITS),
     _rows("SOFT_MAX_MASK", 2, ("f32", "f16"), 2, _SOFT_MAX_LIMITS),
     _rows("SOFT_MAX_SINKS", 2, ("f32",), 2, _SOFT_MAX_LIMITS),

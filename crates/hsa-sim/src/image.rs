@@ -723,6 +723,13 @@ impl KernelDesc {
                 "RMS_NORM_MUL's weight must be one row of x's {} elements: {:?}",
                 src0.ne[0], self.inputs[1].ne
             ));
+        } else if op == Op::RmsNormMulAdd
+            && (self.inputs[1].ne != src0.ne || self.inputs[2].ne != [src0.ne[0], 1, 1, 1])
+        {
+            return inv(format!(
+                "RMS_NORM_MUL_ADD takes r of x's shape {:?} and one weight row: {:?}, {:?}",
+                src0.ne, self.inputs[1].ne, self.inputs[2].ne
+            ));
         } else if self.output.ne != src0.ne {
             return inv(format!(
                 "output ne {:?} differs from inputs[0] ne {:?}",

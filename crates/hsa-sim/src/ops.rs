@@ -166,6 +166,9 @@ pub enum Op {
     /// RMS_NORM followed by MUL with one weight row (llama's attn_norm / ffn_norm, fused by
     /// the backend): y = x / sqrt(mean(x²) + eps) * w, w of ne[0] elements repeated over rows.
     RmsNormMul,
+    /// `RmsNormMul` then the ADD of a residual of x's shape (gemma's norms after the attention
+    /// and the block, fused by the backend): inputs x, r, w; y = rms_norm(x) * w + r.
+    RmsNormMulAdd,
     /// ggml's MUL_MAT: dst[m, n, i2, i3] = sum_k src0[k, m, i2/r2, i3/r3] * src1[k, n, i2, i3].
     MulMat,
     /// Two MUL_MATs of one activation and their split GLU, fused by the backend (a feed-forward
@@ -453,6 +456,7 @@ impl Op {
             "FLASH_ATTN_GLU_GEGLU_QUICK" => Some(Op::AttnGlu(UnaryOp::GeluQuick)),
             "NORM" => Some(Op::Norm),
             "RMS_NORM_MUL" => Some(Op::RmsNormMul),
+            "RMS_NORM_MUL_ADD" => Some(Op::RmsNormMulAdd),
             "ARGMAX" => Some(Op::ArgMax),
             "COUNT_EQUAL" => Some(Op::CountEqual),
             "CROSS_ENTROPY_LOSS" => Some(Op::CrossEntropyLoss),
@@ -501,7 +505,7 @@ impl Op {
             | Op::SetRows => 2,
             Op::SoftMax { mask, sinks } => 1 + usize::from(mask) + usize::from(sinks),
             Op::Rope { ff } => 2 + usize::from(ff),
-            Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(None) => 3,
+            Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(None) | Op::RmsNormMulAdd => 3,
             Op::NormedMulMat(Some(_)) => 4,
             Op::NormedMulMatBias => 4,
             Op::NormedMulMatRope {
@@ -557,6 +561,7 @@ impl Op {
             "FLASH_ATTN_EXT_MASK_SINKS",
         ]);
         v.push("RMS_NORM_MUL");
+        v.push("RMS_NORM_MUL_ADD");
         v.extend([
             "RMS_NORM_MUL_MAT",
             "RMS_NORM_MUL_MAT_REGLU",
@@ -740,6 +745,7 @@ impl Op {
             Op::FlashAttnExt { .. } => 4 * k,
             Op::RmsNorm | Op::Norm => 4,
             Op::RmsNormMul => 5,
+            Op::RmsNormMulAdd => 6,
             Op::Glu(_) => 9,
             Op::SoftMax { .. } => 5,
             Op::Rope { .. } => 6,
@@ -760,6 +766,7 @@ impl Op {
             Op::Glu(_) => "unused; inputs (x, g) of the output's shape; y = act(x) * g",
             Op::RmsNorm | Op::Norm => "op_params[0] = eps (f32 bit pattern); normalises each row (dimension 0)",
             Op::RmsNormMul => "op_params[0] = eps (f32 bit pattern); inputs x and one weight row w [ne0]; y = rms_norm(x) * w per row",
+            Op::RmsNormMulAdd => "op_params[0] = eps (f32 bit pattern); inputs x, r of x's shape and one weight row w [ne0]; y = rms_norm(x) * w + r per row",
             Op::MulMat => "unused; inputs[0] = weights [K, M, B2, B3] (f32/f16/bf16, or q4_0/q4_1/q5_0/q8_0/q4_K/q5_K/q6_K blocks as ggml stores them: nb[0] = block bytes), inputs[1] = activations [K, N, B2*r2, B3*r3], output f32 [M, N, ...]",
             Op::MulMatGlu(_) => "unused; inputs[0] = gate weights, inputs[1] = up weights (one type and shape: MUL_MAT's inputs[0]), inputs[2] = activations (MUL_MAT's inputs[1]), output f32 [M, N, ...] = act(gate . x) * (up . x)",
             Op::MulMatAdd => "unused; inputs[0] = weights, inputs[1] = activations (MUL_MAT's inputs), inputs[2] = r f32, repeated over the product; output f32 [M, N, ...] = w . x + r",

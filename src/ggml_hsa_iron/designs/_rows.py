@@ -19,7 +19,10 @@ its sinks ride in the x objects (a compute tile has two input channels): behind 
 an object come their sinks, one DMA task per run of rows of one head (at most 64 rows: the
 task's repeat count copies sinks[head], a BD's only dimension that may have stride 0).
 RMS_NORM_MUL's weight row is sent once per dispatch from the shim tile of a column without
-a worker to every worker (one broadcast FIFO) and stays resident.
+a worker to every worker (one broadcast FIFO) and stays resident. RMS_NORM_MUL_ADD's residual
+rows come as a mask's do (beside x's, on the second input channel), and its weight row as the
+first object of that channel (the row repeated to the object's rows by the task's repeat
+count), which the worker copies into its static data: a core has two input channels.
 
 Runtime-sequence arguments: the inputs in request order, then the output.
 """
@@ -60,7 +63,10 @@ def build(spec):
     C, B, L = p.columns, p.block, spec.length
     has_mask = spec.mask is not None
     resident = spec.weight
-    dev = device(spec.arch, C + (1 if resident is not None else 0))
+    # RMS_NORM_MUL_ADD: the weight row is the second channel's first object, kept by the core.
+    weight_in_mask = spec.op == "RMS_NORM_MUL_ADD"
+    fifo_weight = resident is not None and not weight_in_mask
+    dev = device(spec.arch, C + (1 if fifo_weight else 0))
     seq_types = [vector_type(count, t) for t, count in spec.sequence]
 
     x_obj = vector_type(B * (L + spec.x_row_extra), "f32")
@@ -69,11 +75,12 @@ def build(spec):
     if has_mask:
         m_obj = vector_type(B * L, spec.mask.dtype)
         args.append(m_obj)
-    if resident is not None:
+    if fifo_weight:
         r_obj = vector_type(resident.nelements, resident.dtype)
         args.append(r_obj)
     args.append(out_obj)
     kern = Kernel("ggml_rows", OBJECT, args)
+    kern_weight = Kernel("ggml_rows_weight", OBJECT, [m_obj]) if weight_in_mask else None
     # The first row of the worker (SOFT_MAX's head index for ALiBi).
     kern_begin = Kernel("ggml_rows_begin", OBJECT, [np.int32])
 
@@ -83,10 +90,14 @@ def build(spec):
         args = iter(a)
         of_x = next(args)
         of_m = next(args) if has_mask else None
-        of_r = next(args) if resident is not None else None
-        of_o, fn, fn_begin, first = args
+        of_r = next(args) if fifo_weight else None
+        of_o, fn, fn_begin, *weight_fn, first = args
         r = of_r.acquire(1) if of_r is not None else None
         fn_begin(first)
+        if weight_fn:
+            w = of_m.acquire(1)
+            weight_fn[0](w)
+            of_m.release(1)
         for _ in range_(p.iterations):
             x = of_x.acquire(1)
             m = of_m.acquire(1) if of_m is not None else None
@@ -100,7 +111,7 @@ def build(spec):
             of_r.release(1)
 
     r_fifo = None
-    if resident is not None:
+    if fifo_weight:
         r_fifo = ObjectFifo(r_obj, name="resident", depth=1)
     x_fifos, m_fifos, o_fifos, workers = [], [], [], []
     for c in range(C):
@@ -115,7 +126,9 @@ def build(spec):
             fn_args.append(m_fifo.cons())
         if r_fifo is not None:
             fn_args.append(r_fifo.cons())
-        fn_args += [o_fifo.prod(), kern, kern_begin, spec.first_row(c)]
+        fn_args += [o_fifo.prod(), kern, kern_begin]
+        fn_args += [kern_weight] if weight_in_mask else []
+        fn_args.append(spec.first_row(c))
         workers.append(Worker(core, fn_args=fn_args, tile=Tile(c, FIRST_CORE_ROW)))
 
     # Runtime endpoints: column c's shim fills x (and the mask) and drains the output; the
@@ -154,6 +167,10 @@ def build(spec):
                     continue
                 rd = rounds[c][i]
                 hx, hm = fills[c]
+                if i == 0 and weight_in_mask:
+                    a, b = spec.mask_split
+                    tap = TensorAccessPattern((L,), 0, [B, 1, a, b], [0, 0, b, 1])
+                    hm.fill(r_buf, tap=tap, group=tg)
                 for t in rd.x:
                     if t.sink:  # a head's sink, once for each of its rows in the object
                         # The copies are the task's repeat (outermost dimension, the only one

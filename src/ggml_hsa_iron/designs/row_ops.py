@@ -1,4 +1,4 @@
-"""Row ops: RMS_NORM, NORM and the fused RMS_NORM_MUL (op_params eps), SOFT_MAX in its four forms (op_params scale
+"""Row ops: RMS_NORM, NORM and the fused RMS_NORM_MUL and RMS_NORM_MUL_ADD (op_params eps), SOFT_MAX in its four forms (op_params scale
 and max_bias; mask, sinks), ARGMAX. One design (`_rows.py`), one core source
 (kernels/rows.cc) compiled with -DGGML_OP_<OP>."""
 
@@ -18,6 +18,13 @@ def ggml_op_norm(spec):
 def ggml_op_rms_norm_mul(spec):
     """RMS_NORM followed by MUL with one weight row, fused by the backend: rms_norm(x) * w per
     row; w is sent once to every worker and stays resident."""
+    return _rows.build(spec)
+
+
+def ggml_op_rms_norm_mul_add(spec):
+    """RMS_NORM, MUL with one weight row and the ADD of a residual, fused by the backend:
+    rms_norm(x) * w + r per row; r's rows come beside x's on the second input channel (as
+    SOFT_MAX's mask), w stays resident."""
     return _rows.build(spec)
 
 

@@ -1,8 +1,8 @@
 // rows.cc: row-wise core functions of ggml_hsa_iron (aie2 / aie2p).
 //
 // Built once per kernel with Peano; the design (designs/_rows.py) sets:
-//   GGML_OP_<OP>=1   RMS_NORM, NORM, RMS_NORM_MUL, SOFT_MAX, SOFT_MAX_MASK, SOFT_MAX_SINKS,
-//                    SOFT_MAX_MASK_SINKS or ARGMAX
+//   GGML_OP_<OP>=1   RMS_NORM, NORM, RMS_NORM_MUL, RMS_NORM_MUL_ADD, SOFT_MAX, SOFT_MAX_MASK,
+//                    SOFT_MAX_SINKS, SOFT_MAX_MASK_SINKS or ARGMAX
 //   ROW_LEN          elements per row (dimension 0 of input 0)
 //   ROW_BLOCK        rows per object FIFO buffer
 //   ROWS_NE1, ROWS_NE2   x's dimensions 1 and 2 (a row's head index i2 for SOFT_MAX)
@@ -13,9 +13,13 @@
 //
 // Functions (arguments as the object FIFOs deliver them):
 //   ggml_rows_begin(first_row)               the index of the worker's first row
-//   ggml_rows(x, [mask | weight], out)       ROW_BLOCK rows of ROW_LEN f32 (ARGMAX: one
+//   ggml_rows_weight(m)                      RMS_NORM_MUL_ADD: the weight row, the residual
+//                                            channel's first object, kept for the dispatch
+//   ggml_rows(x, [mask | weight | r], out)
+//                                            ROW_BLOCK rows of ROW_LEN f32 (ARGMAX: one
 //                                            i32 per row out); RMS_NORM_MUL's weight row
-//                                            is resident for the dispatch
+//                                            is resident for the dispatch, RMS_NORM_MUL_ADD's
+//                                            residual rows come beside x's
 //
 // Every sum is accumulated in f32, 16 lanes of partial sums reduced at the end of the row
 // (ggml's CPU sums the norms in double; the lanes keep the error near f32 rounding for the
@@ -51,12 +55,18 @@ extern "C" void ggml_rows_begin(int32_t first_row) { next_row = first_row; }
 #define RMS_WEIGHT 1
 #define GGML_OP_RMS_NORM 1
 #endif
+#if defined(GGML_OP_RMS_NORM_MUL_ADD)
+#define RMS_WEIGHT 1
+#define RMS_ADD 1
+#define GGML_OP_RMS_NORM 1
+#endif
 
 #if defined(GGML_OP_RMS_NORM) || defined(GGML_OP_NORM)
 
 // ------------------------------------------------------------------------ norms
 
-static void norm_row(const float *x, const float *w, float *y) {
+// r: RMS_NORM_MUL_ADD's residual row (nullptr otherwise).
+static void norm_row(const float *x, const float *w, const float *r, float *y) {
   const float eps = bits_to_float((uint32_t)OP_P0);
 #if defined(GGML_OP_RMS_NORM)
   // ggml: scale = 1 / sqrt(mean(x^2) + eps); y = x * scale.
@@ -71,7 +81,18 @@ static void norm_row(const float *x, const float *w, float *y) {
   }
   const float mean = lane0(mul(splat(aie::reduce_add(acc)), 1.0f / ROW_LEN));
   const float scale = rsqrt_scalar(lane0(add(splat(mean), splat(eps))));
-#if RMS_WEIGHT
+#if RMS_ADD
+  // RMS_NORM_MUL_ADD: ggml's three nodes, each result rounded to f32, then plus r.
+  for (int i = 0; i < FULL; i += VEC) {
+    vf v = mul(mul(load_aligned(x + i), scale), load_aligned(w + i));
+    store_aligned(y + i, add(v, load_aligned(r + i)));
+  }
+  if (TAIL) {
+    vf v = mul(mul(load_part(x + FULL, TAIL), scale), load_part(w + FULL, TAIL));
+    store_part(y + FULL, add(v, load_part(r + FULL, TAIL)), TAIL);
+  }
+#elif RMS_WEIGHT
+  (void)r;
   // RMS_NORM_MUL: ggml's two nodes, the norm rounded to f32, then times the weight row.
   for (int i = 0; i < FULL; i += VEC)
     store_aligned(y + i, mul(mul(load_aligned(x + i), scale), load_aligned(w + i)));
@@ -79,6 +100,7 @@ static void norm_row(const float *x, const float *w, float *y) {
     store_part(y + FULL, mul(mul(load_part(x + FULL, TAIL), scale), load_part(w + FULL, TAIL)),
                TAIL);
 #else
+  (void)r;
   (void)w;
   for (int i = 0; i < FULL; i += VEC)
     store_aligned(y + i, mul(load_aligned(x + i), scale));
@@ -87,6 +109,7 @@ static void norm_row(const float *x, const float *w, float *y) {
 #endif
 #else
   (void)w;
+  (void)r;
   // ggml: mean = sum(x) / n; y = x - mean; var = sum(y^2) / n; y *= 1 / sqrt(var + eps).
   vf acc = splat(0.0f);
   for (int i = 0; i < FULL; i += VEC)
@@ -116,19 +139,29 @@ static void norm_row(const float *x, const float *w, float *y) {
 #endif
 }
 
-static void norm_block(const float *x, const float *w, float *out) {
+static void norm_block(const float *x, const float *r, const float *w, float *out) {
   // f32 in and out, but aie2's f32 multiply splits its operands into bf16 pieces: round to
   // nearest even there as the split assumes (the reset mode truncates).
   set_ggml_rounding();
-  for (int r = 0; r < ROW_BLOCK; ++r)
-    norm_row(x + r * ROW_LEN, w, out + r * ROW_LEN);
+  for (int i = 0; i < ROW_BLOCK; ++i)
+    norm_row(x + i * ROW_LEN, w, r ? r + i * ROW_LEN : nullptr, out + i * ROW_LEN);
   next_row += ROW_BLOCK;
 }
 
-#if RMS_WEIGHT
-extern "C" void ggml_rows(float *x, float *w, float *out) { norm_block(x, w, out); }
+#if RMS_ADD
+// The weight row arrives as the residual channel's first object, kept for the dispatch.
+alignas(64) static float weight_row[ROW_LEN];
+extern "C" void ggml_rows_weight(float *m) {
+  for (int i = 0; i < FULL; i += VEC)
+    store_aligned(weight_row + i, load_aligned(m + i));
+  if (TAIL)
+    store_part(weight_row + FULL, load_part(m + FULL, TAIL), TAIL);
+}
+extern "C" void ggml_rows(float *x, float *r, float *out) { norm_block(x, r, weight_row, out); }
+#elif RMS_WEIGHT
+extern "C" void ggml_rows(float *x, float *w, float *out) { norm_block(x, nullptr, w, out); }
 #else
-extern "C" void ggml_rows(float *x, float *out) { norm_block(x, nullptr, out); }
+extern "C" void ggml_rows(float *x, float *out) { norm_block(x, nullptr, nullptr, out); }
 #endif
 
 #elif defined(GGML_OP_SOFT_MAX) || defined(GGML_OP_SOFT_MAX_MASK) ||                       \

@@ -40,10 +40,11 @@ COPY_OPS = {"DUP", "CPY", "CONT"}
 # kernel names the backend's planner makes (src/ops/plan.rs), not ggml op names.
 ROW_OPS = {
     "RMS_NORM", "NORM", "ARGMAX", "SOFT_MAX", "SOFT_MAX_MASK", "SOFT_MAX_SINKS",
-    "SOFT_MAX_MASK_SINKS", "RMS_NORM_MUL",
+    "SOFT_MAX_MASK_SINKS", "RMS_NORM_MUL", "RMS_NORM_MUL_ADD",
 }  # fmt: skip
 PLANNER_NAMES = {
-    "SOFT_MAX_MASK", "SOFT_MAX_SINKS", "SOFT_MAX_MASK_SINKS", "RMS_NORM_MUL", *FLASH_ATTN_OPS,
+    "SOFT_MAX_MASK", "SOFT_MAX_SINKS", "SOFT_MAX_MASK_SINKS", "RMS_NORM_MUL", "RMS_NORM_MUL_ADD",
+    *FLASH_ATTN_OPS,
 }  # fmt: skip
 CATALOGUE = SRC / "op_catalogue.toml"
 

@@ -40,6 +40,7 @@ ROW_OPS = [
     "RMS_NORM",
     "NORM",
     "RMS_NORM_MUL",
+    "RMS_NORM_MUL_ADD",
     "SOFT_MAX",
     "SOFT_MAX_MASK",
     "SOFT_MAX_SINKS",
@@ -58,7 +59,9 @@ def row_request(op: str, dtype: str, arch: str) -> str:
         inputs.append(tensor(dtype, [64, 8]))
     if op.endswith("SINKS"):
         inputs.append(tensor("f32", [4]))
-    if op == "RMS_NORM_MUL":
+    if op == "RMS_NORM_MUL_ADD":
+        inputs.append(tensor("f32", [64, 8, 4]))
+    if op in ("RMS_NORM_MUL", "RMS_NORM_MUL_ADD"):
         inputs.append(tensor("f32", [64]))
     return request_json(op, inputs, x, arch=arch)
 

@@ -55,6 +55,67 @@ pub fn fuse_rms_norm_mul(norm: &Node, mul: &Node, later: &[Node]) -> Option<Plan
     })
 }
 
+/// The fold of the `RMS_NORM_MUL` kernel computing one input y of the ADD kernel planned at
+/// node `at` (gemma's norms after the attention and the block, then the residual ADD) into one
+/// `RMS_NORM_MUL_ADD` kernel at `at`: out = rms_norm(x) * w + r, r the ADD's other input, of
+/// the output's shape (no broadcasting). Only when y is the norm's whole output, the
+/// application does not read it, no node that runs reads it elsewhere (it is never written
+/// now), no node between the two writes x or w, and the output overlaps no input but x or r
+/// (an ADD in place; the row design computes a row before writing it). It covers the norm's
+/// node. `None` otherwise.
+pub fn fold_rms_norm_mul_add<'a>(
+    nodes: &[Node],
+    at: usize,
+    planned: impl Fn(usize) -> Planned<'a>,
+) -> Option<Rewritten> {
+    let Planned::Kernel(add, [p, q, out]) = planned(at) else {
+        return None;
+    };
+    if nodes[at].op != Op::Binary(BinaryOp::Add) || add.op != catalogue::ADD.name {
+        return None;
+    }
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
+    let f32_dense = |t: &Tensor| t.dtype == DType::F32 && t.is_contiguous();
+    for (y, r) in [(p, q), (q, p)] {
+        let Some((writer, k)) = kernel_writing(nodes, at, y, &planned) else {
+            continue;
+        };
+        let Planned::Kernel(norm, [x, w, yn]) = planned(k) else {
+            continue;
+        };
+        let fits = norm.op == catalogue::RMS_NORM_MUL.name
+            && same(yn, y)
+            && same(&nodes[writer].dst, y)
+            && !nodes[writer].is_output
+            && [r, out].into_iter().all(f32_dense)
+            && r.same_shape(out)
+            && y.same_shape(out)
+            && !read_elsewhere(nodes, y, writer, at, runs)
+            && !written_in(nodes, k + 1..at, &[x, w], runs)
+            && !out.overlaps(w);
+        if !fits {
+            continue;
+        }
+        let op = catalogue::RMS_NORM_MUL_ADD;
+        let desc = KernelDesc {
+            op: op.name.to_owned(),
+            op_params: norm.op_params.clone(),
+            inputs: vec![
+                norm.inputs[0].clone(),
+                rows_layout(r, true),
+                norm.inputs[1].clone(),
+            ],
+            output: rows_layout(out, true),
+            f16_as_bf16: false,
+            n_kv_step: None,
+            extra_outputs: Vec::new(),
+        };
+        let operands = [x, r, w, out].map(Tensor::clone).to_vec();
+        return Some(Rewritten::kernel(at, vec![k], desc, operands));
+    }
+    None
+}
+
 /// A feed-forward block's gate and up projections and their GLU (llama's `ffn_gate`, `ffn_up`,
 /// `swiglu`): `products` are two MUL_MATs, in either order, of one activation x by weights of
 /// one type, shape and layout; `glu` the node after them, a split GLU (not swapped) of their
@@ -2302,6 +2363,64 @@ mod tests {
             _ => Planned::Elsewhere,
         };
         fold_attn_ffn(nodes, 2, planned)
+    }
+
+    /// gemma's norm after the attention in small: RMS_NORM of x 0x1000 (node 0), the MUL by
+    /// the weight row 0x3000 (node 1: y 0x4000), both one RMS_NORM_MUL kernel at node 0, then
+    /// `add` at node 2 (its own kernel): the residual ADD of y and r 0x5000.
+    fn norm_then_add(add: Node) -> (Vec<Node>, Vec<Option<Plan>>) {
+        let f32 = |addr| tensor(DType::F32, [64, 2, 1, 1], addr);
+        let norm = node(Op::Norm { rms: true }, f32(0x2000), vec![f32(0x1000)]);
+        let w = tensor(DType::F32, [64, 1, 1, 1], 0x3000);
+        let mul = node(Op::Binary(BinaryOp::Mul), f32(0x4000), vec![f32(0x2000), w]);
+        let fused = fuse_rms_norm_mul(&norm, &mul, std::slice::from_ref(&add)).expect("fuses");
+        let add_plan = crate::ops::plan(&add).unwrap();
+        (
+            vec![norm, mul, add],
+            vec![Some(fused), None, Some(add_plan)],
+        )
+    }
+
+    fn norm_add_fold(nodes: &[Node], steps: &[Option<Plan>]) -> Option<Rewritten> {
+        let planned = |k: usize| match &steps[k] {
+            Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
+            None => Planned::Covered,
+            _ => Planned::Elsewhere,
+        };
+        fold_rms_norm_mul_add(nodes, 2, planned)
+    }
+
+    #[test]
+    fn a_norm_times_a_row_folds_into_the_residual_add_reading_it() {
+        let f32 = |addr| tensor(DType::F32, [64, 2, 1, 1], addr);
+        let add = |a: u64, b: u64, out: u64| {
+            node(Op::Binary(BinaryOp::Add), f32(out), vec![f32(a), f32(b)])
+        };
+        // Either operand order; the output in r's memory (an ADD in place) too.
+        for (a, b, out) in [(0x4000, 0x5000, 0x6000), (0x5000, 0x4000, 0x5000)] {
+            let (nodes, steps) = norm_then_add(add(a, b, out));
+            let fold = norm_add_fold(&nodes, &steps).expect("folds");
+            assert_eq!((&fold.covers[..], fold.at), (&[0][..], 2));
+            assert_eq!(fold.desc.op, "RMS_NORM_MUL_ADD");
+            assert_eq!(fold.desc.inputs[1].ne, [64, 2, 1, 1]);
+            let addrs: Vec<u64> = fold.operands.iter().map(|t| t.addr).collect();
+            assert_eq!(addrs, [0x1000, 0x5000, 0x3000, out]);
+        }
+        // The output over the weight row, a residual broadcast over the rows, y the
+        // application reads: none fold.
+        let (nodes, steps) = norm_then_add(add(0x4000, 0x5000, 0x3000));
+        assert!(norm_add_fold(&nodes, &steps).is_none());
+        let row = tensor(DType::F32, [64, 1, 1, 1], 0x5000);
+        let bias = node(
+            Op::Binary(BinaryOp::Add),
+            f32(0x6000),
+            vec![f32(0x4000), row],
+        );
+        let (nodes, steps) = norm_then_add(bias);
+        assert!(norm_add_fold(&nodes, &steps).is_none());
+        let (mut nodes, steps) = norm_then_add(add(0x4000, 0x5000, 0x6000));
+        nodes[1].is_output = true;
+        assert!(norm_add_fold(&nodes, &steps).is_none());
     }
 
     #[test]

@@ -85,6 +85,14 @@ pub const REWRITES: &[Rewrite] = &[
         build: mul_mat_add,
     },
     Rewrite {
+        name: "RMS_NORM_MUL_ADD",
+        stage: Stage::Fusions,
+        anchor: "an ADD kernel",
+        absorbs: "the RMS_NORM_MUL kernel computing one of its inputs (gemma's norms after the \
+                  attention and the block, then the residual)",
+        build: |g, at| one(b::fold_rms_norm_mul_add(g.nodes, at, |k| g.planned(k))),
+    },
+    Rewrite {
         name: "RMS_NORM_MUL_MAT[_<GLU>]",
         stage: Stage::Fusions,
         anchor: "an RMS_NORM_MUL kernel",

@@ -29,7 +29,7 @@ fn capabilities() -> serde_json::Value {
                 "inputs": op.arity(),
                 "outputs": op.outputs(),
                 "types": types,
-                "broadcast": matches!(op, Op::Binary(_) | Op::RmsNormMul | Op::MulMat | Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(_) | Op::NormedMulMatBias | Op::NormedMulMatRope { .. } | Op::NormedQkv { .. } | Op::NormedFfn(_) | Op::ProjectedFfn(_) | Op::AttnFfn(_) | Op::AttnGlu(_) | Op::DecodeLayer { .. } | Op::SoftMax { .. } | Op::Rope { .. } | Op::FlashAttnExt { .. } | Op::SetRows),
+                "broadcast": matches!(op, Op::Binary(_) | Op::RmsNormMul | Op::RmsNormMulAdd | Op::MulMat | Op::MulMatGlu(_) | Op::MulMatAdd | Op::NormedMulMat(_) | Op::NormedMulMatBias | Op::NormedMulMatRope { .. } | Op::NormedQkv { .. } | Op::NormedFfn(_) | Op::ProjectedFfn(_) | Op::AttnFfn(_) | Op::AttnGlu(_) | Op::DecodeLayer { .. } | Op::SoftMax { .. } | Op::Rope { .. } | Op::FlashAttnExt { .. } | Op::SetRows),
                 "noncontiguous": true,
                 // An attention's KV length may be given at dispatch (`n_kv_step`).
                 "run_time_n_kv": matches!(

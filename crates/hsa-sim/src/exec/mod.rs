@@ -883,6 +883,12 @@ pub unsafe fn execute(
         Op::RmsNormMul => {
             rms_norm_mul(&bufs[0], &bufs[1], desc.op_params[0], &mut out);
         }
+        Op::RmsNormMulAdd => {
+            // ggml-cpu's three nodes: the norm times w rounded to f32, then plus r.
+            rms_norm_mul(&bufs[0], &bufs[2], desc.op_params[0], &mut out);
+            let r = &bufs[1];
+            for_each_index(out.t.ne, |i| out.set(i, out.get(i) + r.get(i)));
+        }
         Op::Copy => {
             // Both sides walked in logical order: the k-th element of one is the k-th of the
             // other, whatever their shapes.
