@@ -133,7 +133,15 @@ fn pieces<K>(desc: &KernelDesc, operands: &[Tensor], alignment: u64) -> Vec<Piec
     else {
         return Vec::new();
     };
-    let rows = layouts[reference].ne[dims[reference].expect("found above")];
+    let along = dims[reference].expect("found above");
+    // An element-wise op flattened to its elements is sliced along them, but its rows are the
+    // graph's (the tokens): a step of a few tokens (a decode step's logits softcapped over the
+    // vocabulary) keeps its kernel, as any kernel of fewer than MIN_ROWS rows does.
+    let graph_rows = |t: &Tensor| t.ne[1..].iter().product::<i64>();
+    if along == 0 && graph_rows(&operands[reference]) < MIN_ROWS {
+        return Vec::new();
+    }
+    let rows = layouts[reference].ne[along];
     for (dim, l) in dims.iter_mut().zip(&layouts) {
         let Some(d) = *dim else { continue };
         let elements = dtype_block(&l.dtype).filter(|&(block, _)| block == 1);
@@ -243,7 +251,7 @@ mod tests {
     use super::*;
     use crate::ops::plan::{plan, Plan};
     use crate::ops::tensor::test_util::{node, tensor};
-    use crate::ops::tensor::{BinaryOp, DType, Op};
+    use crate::ops::tensor::{BinaryOp, DType, Op, UnaryOp};
 
     #[test]
     fn rows_split_into_at_most_two_powers_of_two_or_disjoint_ones() {
@@ -396,14 +404,29 @@ mod tests {
 
     #[test]
     fn a_slice_starting_off_the_alignment_runs_whole() {
-        // 101 f16 elements flattened: the second piece would start at element 37, byte 74.
-        let x = tensor(DType::F32, [101, 1, 1, 1], 0x1000);
-        let y = tensor(DType::F16, [101, 1, 1, 1], 0x2000);
+        // 101 rows of 17 f16 elements flattened: the second piece would start at element 693
+        // (byte 1386).
+        let x = tensor(DType::F32, [17, 101, 1, 1], 0x10000);
+        let y = tensor(DType::F16, [17, 101, 1, 1], 0x100000);
         let (desc, operands) = copy(&node(Op::Cpy, y, vec![x]));
         assert!(pieces::<()>(&desc, &operands, 4).is_empty());
-        let x = tensor(DType::F32, [100, 1, 1, 1], 0x1000);
-        let y = tensor(DType::F16, [100, 1, 1, 1], 0x2000);
+        let x = tensor(DType::F32, [20, 101, 1, 1], 0x10000);
+        let y = tensor(DType::F16, [20, 101, 1, 1], 0x100000);
         let (desc, operands) = copy(&node(Op::Cpy, y, vec![x]));
+        assert_eq!(pieces::<()>(&desc, &operands, 4).len(), 2);
+    }
+
+    #[test]
+    fn an_element_wise_op_over_a_few_rows_runs_whole() {
+        // A decode step's logits softcapped in place (gemma2): 32,000 elements of one token
+        // keep one kernel, not the six of their binary expansion.
+        let x = tensor(DType::F32, [32000, 1, 1, 1], 0x10000);
+        let (desc, operands) = kernel(&node(Op::Unary(UnaryOp::Tanh), x.clone(), vec![x]));
+        assert!(pieces::<()>(&desc, &operands, 4).is_empty());
+        // The same over a prompt's 20 tokens is sliced along its elements.
+        let x = tensor(DType::F32, [1000, 20, 1, 1], 0x10000);
+        let y = tensor(DType::F32, [1000, 20, 1, 1], 0x100000);
+        let (desc, operands) = kernel(&node(Op::Unary(UnaryOp::Tanh), y, vec![x]));
         assert_eq!(pieces::<()>(&desc, &operands, 4).len(), 2);
     }
 }
