@@ -207,7 +207,7 @@ fn every_iron_op_emulated(arch: &str, only_f32: bool) {
     common::assert_kernels_built(
         &common::scratch_path(&format!("tbo-emu-{arch}")).join(arch),
         &[
-            "rms_norm_mul-f32_",
+            "rms_norm_mul_add-f32_",
             "mul_mat_swiglu-f32_",
             "mul_mat_geglu-f32_",
             // MUL_MAT_VEC_FUSION's cases with a bias.
