@@ -258,6 +258,33 @@ impl KernelDesc {
         Ok(d)
     }
 
+    /// The attention of FLASH_ATTN_FFN_<GLU> and FLASH_ATTN_GLU_<GLU>, validated as the
+    /// FLASH_ATTN_EXT_MASK kernel it replaces (`qkvm` into `a`, which must be dense); returns a
+    /// as the output projection reads it, [Ka, N].
+    fn attention_part(
+        &self,
+        qkvm: [&TensorDesc; 4],
+        a: &TensorDesc,
+    ) -> Result<TensorDesc, DescError> {
+        if *a != TensorDesc::contiguous(a.ne, a.ty) {
+            let why = format!("{}: the attention output a must be dense", self.op);
+            return Err(DescError::Invalid(why));
+        }
+        let mut part = self.clone();
+        part.op = "FLASH_ATTN_EXT_MASK".into();
+        part.inputs = qkvm.map(TensorDesc::clone).to_vec();
+        part.output = a.clone();
+        part.extra_outputs.clear();
+        part.op_params = [0; 16];
+        part.op_params[..3].copy_from_slice(&self.op_params[..3]);
+        part.validate()?;
+        let [dv, heads, rows, seqs] = a.ne;
+        Ok(TensorDesc::contiguous(
+            [dv * heads, rows * seqs, 1, 1],
+            a.ty,
+        ))
+    }
+
     pub fn validate(&self) -> Result<Op, DescError> {
         let inv = |m: String| Err(DescError::Invalid(m));
         let name_ok = !self.name.is_empty()
@@ -459,19 +486,8 @@ impl KernelDesc {
             let [a, r1, h] = self.extra_outputs.as_slice() else {
                 return inv(format!("{} has 4 outputs: out, a, r1, h", self.op));
             };
-            let [dv, heads, rows, seqs] = a.ne;
-            let flat = TensorDesc::contiguous([dv * heads, rows * seqs, 1, 1], a.ty);
-            if *a != TensorDesc::contiguous(a.ne, a.ty) {
-                return inv(format!("{}: the attention output a must be dense", self.op));
-            }
+            let flat = self.attention_part([q, k, v, mask], a)?;
             let mut part = self.clone();
-            part.op = "FLASH_ATTN_EXT_MASK".into();
-            part.inputs = vec![q.clone(), k.clone(), v.clone(), mask.clone()];
-            part.output = a.clone();
-            part.extra_outputs.clear();
-            part.op_params = [0; 16];
-            part.op_params[..3].copy_from_slice(&self.op_params[..3]);
-            part.validate()?;
             part.op = self.op.replacen("FLASH_ATTN_", "MUL_MAT_ADD_RMS_NORM_", 1);
             part.inputs = [wo, &flat, r0, wg, wu, wd, n]
                 .map(TensorDesc::clone)
@@ -490,26 +506,16 @@ impl KernelDesc {
             let [a, r1] = self.extra_outputs.as_slice() else {
                 return inv(format!("{} has 3 outputs: h, a, r1", self.op));
             };
-            let [dv, heads, rows, seqs] = a.ne;
-            let flat = TensorDesc::contiguous([dv * heads, rows * seqs, 1, 1], a.ty);
-            if *a != TensorDesc::contiguous(a.ne, a.ty) {
-                return inv(format!("{}: the attention output a must be dense", self.op));
-            }
             if [wg, wu].iter().any(|w| w.ty != wo.ty) {
                 return inv(format!("{}: Wo, Wg and Wu must have one type", self.op));
             }
+            let flat = self.attention_part([q, k, v, mask], a)?;
             let mut part = self.clone();
-            part.op = "FLASH_ATTN_EXT_MASK".into();
-            part.inputs = vec![q.clone(), k.clone(), v.clone(), mask.clone()];
-            part.output = a.clone();
             part.extra_outputs.clear();
             part.op_params = [0; 16];
-            part.op_params[..3].copy_from_slice(&self.op_params[..3]);
-            part.validate()?;
             part.op = "MUL_MAT_ADD".into();
             part.inputs = [wo, &flat, r0].map(TensorDesc::clone).to_vec();
             part.output = r1.clone();
-            part.op_params = [0; 16];
             part.validate()?;
             part.op = self.op.replacen("FLASH_ATTN_GLU_", "RMS_NORM_MUL_MAT_", 1);
             part.inputs = [wg, wu, r1, n].map(TensorDesc::clone).to_vec();

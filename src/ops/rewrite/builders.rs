@@ -866,6 +866,46 @@ pub fn fold_attn_ffn<'a>(
     Some(Rewritten::kernel(at, vec![k], desc, operands))
 }
 
+/// The `FLASH_ATTN_EXT_MASK` kernel computing a (an attention's output viewed as [Ka, N]: the
+/// same dense f32 memory, whole), which the kernel planned at node `reader` reads, for a fold
+/// whose kernel runs at node `at`: its node, desc and operands (q, k, v, mask, output). Only
+/// when the application does not read its output, no node that runs reads it but `reader`
+/// (the fold writes it later than planned) and none before `at` writes what it reads. a is read
+/// where the reader's kernel starts: the nodes that kernel covers after that may reuse a's
+/// memory (the norm's output, say), so the kernel writing a is the last before that start.
+fn attention_read_by<'a>(
+    nodes: &[Node],
+    reader: usize,
+    at: usize,
+    a: &Tensor,
+    planned: &impl Fn(usize) -> Planned<'a>,
+) -> Option<(usize, &'a KernelDesc, &'a [Tensor; 5])> {
+    let start = (0..reader)
+        .rev()
+        .take_while(|&j| matches!(planned(j), Planned::Covered | Planned::Nothing))
+        .last()
+        .unwrap_or(reader);
+    let (writer, k) = kernel_writing(nodes, start, a, planned)?;
+    let Planned::Kernel(fa, operands) = planned(k) else {
+        return None;
+    };
+    let ops: &[Tensor; 5] = operands.try_into().ok()?;
+    let [q, kc, vc, mask, fa_out] = ops;
+    let whole_view = a.addr == fa_out.addr
+        && a.bytes == fa_out.bytes
+        && a.is_contiguous()
+        && fa_out.is_contiguous();
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
+    let fits = fa.op == catalogue::FLASH_ATTN_EXT_MASK.name
+        && writer == k
+        && same(&nodes[writer].dst, fa_out)
+        && !nodes[writer].is_output
+        && whole_view
+        && !read_elsewhere(nodes, fa_out, writer, reader, runs)
+        && !written_in(nodes, k + 1..at, &[q, kc, vc, mask], runs);
+    fits.then_some((k, fa, ops))
+}
+
 /// The fold of the `FLASH_ATTN_EXT_MASK` kernel computing a (llama's attention, its output
 /// reshaped to [Ka, N] for the output projection) into the `MUL_MAT_ADD_RMS_NORM_FFN_<GLU>`
 /// kernel planned at node `at` reading a, as one `FLASH_ATTN_FFN_<GLU>` kernel at `at` writing
@@ -886,38 +926,7 @@ pub fn fold_flash_attn_ffn<'a>(
         return None;
     };
     let op = Fused::FlashAttnFfn(act).entry()?;
-    // a is read where the block's kernel starts (its projection); the block's own nodes after
-    // that may reuse a's memory (the norm's output, say), so the kernel writing a is the last
-    // before that start.
-    let start = (0..at)
-        .rev()
-        .take_while(|&j| matches!(planned(j), Planned::Covered | Planned::Nothing))
-        .last()
-        .unwrap_or(at);
-    let (writer, k) = kernel_writing(nodes, start, a, &planned)?;
-    let Planned::Kernel(fa, [q, kc, vc, mask, fa_out]) = planned(k) else {
-        return None;
-    };
-    // a is the attention's output viewed as [Ka, N]: the same dense f32 memory, whole.
-    let whole_view = a.addr == fa_out.addr
-        && a.bytes == fa_out.bytes
-        && a.is_contiguous()
-        && fa_out.is_contiguous();
-    if fa.op != catalogue::FLASH_ATTN_EXT_MASK.name
-        || writer != k
-        || !same(&nodes[writer].dst, fa_out)
-        || nodes[writer].is_output
-        || !whole_view
-    {
-        return None;
-    }
-    let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
-    if read_elsewhere(nodes, fa_out, writer, at, runs) {
-        return None;
-    }
-    if written_in(nodes, k + 1..at, &[q, kc, vc, mask], runs) {
-        return None;
-    }
+    let (k, fa, [q, kc, vc, mask, fa_out]) = attention_read_by(nodes, at, at, a, &planned)?;
     let mut inputs = fa.inputs[..4].to_vec();
     inputs.push(ffn.inputs[0].clone());
     inputs.extend_from_slice(&ffn.inputs[2..]);
@@ -978,30 +987,7 @@ pub fn fold_flash_attn_glu<'a>(
     if read_between || written_in(nodes, k + 1..at, &[wo, a, r0], runs) {
         return None;
     }
-    // The attention: a is read where the projection's kernel starts.
-    let start = (0..k)
-        .rev()
-        .take_while(|&j| matches!(planned(j), Planned::Covered | Planned::Nothing))
-        .last()
-        .unwrap_or(k);
-    let (fa_writer, f) = kernel_writing(nodes, start, a, &planned)?;
-    let Planned::Kernel(fa, [q, kc, vc, mask, fa_out]) = planned(f) else {
-        return None;
-    };
-    let whole_view = a.addr == fa_out.addr
-        && a.bytes == fa_out.bytes
-        && a.is_contiguous()
-        && fa_out.is_contiguous();
-    if fa.op != catalogue::FLASH_ATTN_EXT_MASK.name
-        || fa_writer != f
-        || !same(&nodes[f].dst, fa_out)
-        || nodes[f].is_output
-        || !whole_view
-        || read_elsewhere(nodes, fa_out, f, k, runs)
-        || written_in(nodes, f + 1..at, &[q, kc, vc, mask], runs)
-    {
-        return None;
-    }
+    let (f, fa, [q, kc, vc, mask, fa_out]) = attention_read_by(nodes, k, at, a, &planned)?;
     let mut inputs = fa.inputs[..4].to_vec();
     inputs.push(proj.inputs[0].clone());
     inputs.push(proj.inputs[2].clone());

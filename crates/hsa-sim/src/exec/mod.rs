@@ -751,53 +751,39 @@ pub unsafe fn execute(
             mul_mat(&bufs[5], h, &mut out);
             add_repeated(&mut out, r1);
         }
-        Op::AttnFfn(act) => {
-            let [a, r1, h] = extra.as_mut_slice() else {
+        Op::AttnFfn(act) | Op::AttnGlu(act) => {
+            // q, k, v, mask, Wo, r0, Wg, Wu, [Wd,] n.
+            let down = matches!(op, Op::AttnFfn(_));
+            if bufs.len() != op.arity() {
                 return Err(format!(
-                    "kernel {}: the a, r1 and h outputs expected",
-                    desc.name
+                    "kernel {}: {} inputs expected",
+                    desc.name,
+                    op.arity()
                 ));
-            };
-            let [q, k, v, mask, wo, r0, wg, wu, wd, n] = &bufs[..] else {
-                return Err(format!("kernel {}: 10 inputs expected", desc.name));
-            };
+            }
             let ffn = Ffn {
-                wo,
-                r0,
-                wg,
-                wu,
-                n,
+                wo: &bufs[4],
+                r0: &bufs[5],
+                wg: &bufs[6],
+                wu: &bufs[7],
+                n: &bufs[op.arity() - 1],
                 act,
             };
+            let qkvm = [&bufs[0], &bufs[1], &bufs[2], &bufs[3]];
             let params = &desc.op_params[..4];
-            attention_ffn(
-                [q, k, v, mask],
-                ffn,
-                params,
-                [a, r1, h],
-                Some((wd, &mut out)),
-            );
-        }
-        Op::AttnGlu(act) => {
-            let [a, r1] = extra.as_mut_slice() else {
-                return Err(format!(
-                    "kernel {}: the a and r1 outputs expected",
-                    desc.name
-                ));
-            };
-            let [q, k, v, mask, wo, r0, wg, wu, n] = &bufs[..] else {
-                return Err(format!("kernel {}: 9 inputs expected", desc.name));
-            };
-            let ffn = Ffn {
-                wo,
-                r0,
-                wg,
-                wu,
-                n,
-                act,
-            };
-            let params = &desc.op_params[..4];
-            attention_ffn([q, k, v, mask], ffn, params, [a, r1, &mut out], None);
+            match (extra.as_mut_slice(), down) {
+                ([a, r1, h], true) => {
+                    attention_ffn(qkvm, ffn, params, [a, r1, h], Some((&bufs[8], &mut out)))
+                }
+                ([a, r1], false) => attention_ffn(qkvm, ffn, params, [a, r1, &mut out], None),
+                _ => {
+                    return Err(format!(
+                        "kernel {}: {} outputs expected",
+                        desc.name,
+                        op.outputs()
+                    ))
+                }
+            }
         }
         Op::DecodeLayer { ff, act } => {
             let [q, k_rows, v_rows, a, r1, h] = extra.as_mut_slice() else {
