@@ -2444,6 +2444,23 @@ mod tests {
         assert!(attn_ffn_fold(&nodes, &steps).is_none());
     }
 
+    /// A kernel plan of `op` over `operands`: its inputs, its output, then `extra` outputs.
+    fn kernel_plan(op: &str, params: Vec<i32>, operands: Vec<Tensor>, extra: usize) -> Plan {
+        let n_in = operands.len() - 1 - extra;
+        Plan::Kernel {
+            desc: KernelDesc {
+                op: op.into(),
+                op_params: params,
+                inputs: operands[..n_in].iter().map(as_layout).collect(),
+                output: as_layout(&operands[n_in]),
+                extra_outputs: operands[n_in + 1..].iter().map(as_layout).collect(),
+                f16_as_bf16: false,
+                n_kv_step: None,
+            },
+            operands,
+        }
+    }
+
     /// A decode step's FLASH_ATTN_EXT_MASK kernel (node 0: q 0x100, k 0x8000, v 0x9000, mask
     /// 0xa000 into its output [32, 2] at 0x1000; `fa_op` its op), the reshape of its output to
     /// a [64, 1] (node 1, a view), `between` at node 2 (its own kernel, or `covered`) and the
@@ -2456,21 +2473,7 @@ mod tests {
     ) -> (Vec<Node>, Vec<Option<Plan>>) {
         let f32 = |ne, addr| tensor(DType::F32, ne, addr);
         let f16 = |ne, addr| tensor(DType::F16, ne, addr);
-        let kernel = |op: &str, params: Vec<i32>, operands: Vec<Tensor>, extra: usize| {
-            let n_in = operands.len() - 1 - extra;
-            Plan::Kernel {
-                desc: KernelDesc {
-                    op: op.into(),
-                    op_params: params,
-                    inputs: operands[..n_in].iter().map(as_layout).collect(),
-                    output: as_layout(&operands[n_in]),
-                    extra_outputs: operands[n_in + 1..].iter().map(as_layout).collect(),
-                    f16_as_bf16: false,
-                    n_kv_step: None,
-                },
-                operands,
-            }
-        };
+        let kernel = kernel_plan;
         let fa_out = f32([32, 2, 1, 1], 0x1000);
         let a = f32([64, 1, 1, 1], 0x1000);
         let fa = kernel(
@@ -2598,21 +2601,7 @@ mod tests {
             true,
         );
         let f32 = |ne, addr| tensor(DType::F32, ne, addr);
-        let kernel = |op: &str, params: Vec<i32>, operands: Vec<Tensor>| Plan::Kernel {
-            desc: KernelDesc {
-                op: op.into(),
-                op_params: params,
-                inputs: operands[..operands.len() - 1]
-                    .iter()
-                    .map(as_layout)
-                    .collect(),
-                output: as_layout(&operands[operands.len() - 1]),
-                extra_outputs: vec![],
-                f16_as_bf16: false,
-                n_kv_step: None,
-            },
-            operands,
-        };
+        let kernel = |op: &str, params, operands| kernel_plan(op, params, operands, 0);
         let (a, r1) = (f32([64, 1, 1, 1], 0x1000), f32([64, 1, 1, 1], 0x3000));
         let proj = kernel(
             "MUL_MAT_ADD",
