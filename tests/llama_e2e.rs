@@ -1259,14 +1259,15 @@ fn several_sequences_decode_side_by_side_with_the_cpu_s_logits() {
         let npu = parse_greedy(&run, &logits);
         let tag = cache.join(" ");
         assert_all_layer_ops_emulated(&tag, &npu.log, &counters, &stats);
-        // A step's projections take its four tokens at once: the block after the attention
-        // as one kernel; with one cache, the whole layer as one kernel (Q, K and V writing the
-        // cache rows, the attention reading each K and V row once for the four, the block).
+        // A step's projections take its four tokens at once. With one cache, the whole layer
+        // is one kernel (Q, K and V writing the cache rows, the attention reading each K and
+        // V row once for the four, the block); with a cache per sequence, the attention (each
+        // sequence's tokens against its own cache) and the block after it are one.
         if cache.contains(&"--kv-unified") {
             assert_layer_kernel_of_tokens(&tag, &counters, 4);
         } else {
             let emulated = &read_json(&counters)["emulated_ops"];
-            let op = "MUL_MAT_ADD_RMS_NORM_FFN_SWIGLU";
+            let op = "FLASH_ATTN_FFN_SWIGLU";
             assert!(
                 emulated.get(op).is_some(),
                 "{tag}: no {op} kernel: {emulated}"

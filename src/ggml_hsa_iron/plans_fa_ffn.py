@@ -1,13 +1,16 @@
 """FLASH_ATTN_FFN_<glu>: llama's attention of a decode step and the block after it as one
 program (designs/ffn.py): FLASH_ATTN_EXT_MASK, then MUL_MAT_ADD_RMS_NORM_FFN_<glu> on its output.
 
-The request: inputs q f32 [D, T, n_head, 1] (T query rows: a decode step's tokens of one KV
-cache; rows dense, other strides any), k [D, n_kv, n_head_kv, 1] and v [Dv, n_kv, n_head_kv, 1]
-(f32, f16 or bf16 views of the KV cache, rows dense, row and head strides any), the mask (f16
-[>= n_kv, >= T], a row per token, FLASH_ATTN_EXT_MASK's), W_o [Ka, K] (Ka = Dv n_head), r0 f32
-[K, T], W_g, W_u [K, F], W_d [F, K] (the four weights of one type) and n f32 [K]; op_params
-scale, max_bias, logit_softcap (FLASH_ATTN_EXT's, f32 bits) and eps; `output` out f32 [K, T] and
-`extra_outputs` [a f32 [Dv, n_head, T, 1] dense, r1 f32 [K, T], h f32 [F, T]]:
+The request: inputs q f32 [D, Ts, n_head, S] (a decode step's tokens: Ts query rows of each of
+S streams, T = Ts S in all; rows dense, other strides any, the streams' rows evenly strided as
+llama.cpp's view of one Q makes them), k [D, n_kv, n_head_kv, S] and v [Dv, n_kv, n_head_kv, S]
+(f32, f16 or bf16 views of the KV cache, rows dense, row, head and stream strides any: S = 1
+for one cache, unified; S > 1 for llama.cpp's cache per sequence, each stream's tokens
+attending to its own), the mask (f16 [>= n_kv, >= Ts, 1, S], a row per token,
+FLASH_ATTN_EXT_MASK's), W_o [Ka, K] (Ka = Dv n_head), r0 f32 [K, T], W_g, W_u [K, F], W_d [F,
+K] (the four weights of one type) and n f32 [K]; op_params scale, max_bias, logit_softcap
+(FLASH_ATTN_EXT's, f32 bits) and eps; `output` out f32 [K, T] and `extra_outputs` [a f32 [Dv,
+n_head, Ts, S] dense, r1 f32 [K, T], h f32 [F, T]]:
 
     a   = FLASH_ATTN_EXT(q, k, v, mask)        r1 = W_o . a + r0  (a read as [Ka, T])
     h   = act(W_g . y) * (W_u . y), y = rms_norm(r1) * n          out = W_d . h + r1
@@ -22,16 +25,17 @@ every candidate (`fa_phase`), its core memory and its DMA tasks counted with the
 The attention phase: column c computes KV heads c, c + C, ... (a round each); its R cores share
 the KV head's K and V, which its x fifo broadcasts to them, read from DRAM once. Core i takes
 q heads kvh gq + i gh ... + gh - 1 (gq = n_head / n_head_kv, gh = gq / R). Per round the x
-stream carries every token's group q rows, then the keys in `nc` chunks of n_kv / nc keys
-each: every token's part of its mask row, the chunk's K rows, its V rows (each piece whole
-x objects: the q rows and the mask parts padded by repeating them, K and V rows whole objects
-of whole rows; with T > 1 the block's phases take the T rows at once, GemvPlan.nx, and an x
-object holds T K chunks' words). An object's rows carry a divisor of every chunk's keys
-(`ObjectKeys`): all of them where they divide it, else (3, 5, 6 or 7 tokens' objects against
-chunks of powers of two) fewer, read as two overlapping runs of rows within the chunk, the
-core taking each key once. So each K and V row is read once for the T tokens; a key is
-skipped only where every token's mask hides it. The core keeps the scores of its gh heads of
-every token over one chunk and an online softmax over the chunks
+stream carries every token's group q rows, then stream by stream the keys of its cache in `nc`
+chunks of n_kv / nc keys each: every one of its tokens' part of its mask row, the chunk's K
+rows, its V rows (each piece whole x objects: the q rows and the mask parts padded by
+repeating them, K and V rows whole objects of whole rows; with T > 1 the block's phases take
+the T rows at once, GemvPlan.nx, and an x object holds T K chunks' words). An object's rows
+carry a divisor of every chunk's keys (`ObjectKeys`): all of them where they divide it, else
+(3, 5, 6 or 7 tokens' objects against chunks of powers of two) fewer, read as two overlapping
+runs of rows within the chunk, the core taking each key once. So each K and V row is read
+once for the tokens of its stream; a key is skipped only where every one of their mask rows
+hides it. The core keeps the scores of its gh heads of a stream's tokens over one chunk and
+an online softmax over the chunks
 (kernels/mv_fa.h: the running maximum rescales the sums and the accumulators), so the context
 is not bounded by the core's memory: the plan takes the fewest chunks whose scores fit. The
 chunk count is fixed in the program and the chunk's length a fraction of n_kv, so that a
@@ -46,7 +50,7 @@ the phases share one W fifo, whose objects have one size, so such a W_d runs as 
 MUL_MAT_ADD after it. Inputs q, k, v, the mask, W_o, r0, W_g, W_u, n; the same op_params;
 `output` h f32 [F, T] and `extra_outputs` [a, r1].
 
-Refused: more than 8 query rows or several sequences with a cache each (n_seq != 1), T > 1
+Refused: more than 8 query rows (T), several streams of q rows over one cache, T > 1
 where the block's phases take the rows one at a time (weights not block-quantized), ALiBi
 (max_bias != 0), a per-head mask, what FLASH_ATTN_EXT_MASK's operand checks or
 MUL_MAT_ADD_RMS_NORM_FFN_<glu> refuse, and where no shape fits (the refusal says which of the
@@ -141,9 +145,26 @@ class FaPhase(RunTimeLength):
         return self.q.ne[0]
 
     @property
-    def tokens(self) -> int:
-        """T: the query rows (a step's tokens, one sequence's or a unified cache's)."""
+    def streams(self) -> int:
+        """S: the sequences with a KV cache each (llama.cpp's cache per sequence: q, K, V and
+        the mask have one of each along dimension 3), 1 for one cache (unified)."""
+        return self.q.ne[3]
+
+    @property
+    def stream_tokens(self) -> int:
+        """The query rows of one stream (a stream's tokens of the step)."""
         return self.q.ne[1]
+
+    @property
+    def tokens(self) -> int:
+        """T: the query rows of every stream (the step's tokens, stream by stream)."""
+        return self.q.ne[1] * self.q.ne[3]
+
+    @property
+    def steps(self) -> int:
+        """Chunks of keys per round: each stream's nc chunks of its own cache, stream by
+        stream."""
+        return self.streams * self.nc
 
     @property
     def dv(self) -> int:
@@ -165,13 +186,21 @@ class FaPhase(RunTimeLength):
         n_kv, the same repeat count for every n_kv (so that the objects are n_kv's multiple)."""
         if not self.step:
             return self.m_side
-        return _run_time_mask_side(self.chunk, self.step // self.nc, self.kc, self.tokens)
+        return _run_time_mask_side(self.chunk, self.step // self.nc, self.kc, self.stream_tokens)
 
     @property
     def mask_row_words(self) -> int:
         """Words between two tokens' mask rows at this instance: with a run-time n_kv, rows of
         n_kv values (the mask llama.cpp makes for the graph's n_kv, dense)."""
         return (self.n_kv if self.step else self.mask.ne[0]) // 2
+
+    @property
+    def mask_stream_words(self) -> int:
+        """Words between two streams' mask rows at this instance (with a run-time n_kv, a
+        stream's rows of n_kv values, dense)."""
+        if self.step:
+            return self.mask.ne[1] * self.mask_row_words
+        return self.mask.nb[3] // 4
 
     @property
     def n_head(self) -> int:
@@ -239,26 +268,29 @@ class FaPhase(RunTimeLength):
     @property
     def core_bytes(self) -> int:
         """The core's static data of the phase (kernels/mv_fa.h): per token and head of its gh
-        its q row, one chunk's scores, the accumulators, a vector of dot products, the running
-        maximum and sum; one decoded K or V row, nine counters; with `pieces` (aie2) the bf16
-        pieces of each q row and of the current row, three at most."""
+        its q row, the accumulators, the running maximum and sum; per token of one stream
+        and head one chunk's scores and a vector of dot products; one decoded K or V row,
+        eleven counters; with `pieces` (aie2) the bf16 pieces of each q row and of the
+        current row, three at most."""
         rows, v = self.tokens * self.gh, VECTOR_ELEMS
-        floats = rows * (_vecs(self.d) + _vecs(self.chunk_max) + _vecs(self.dv) + v + 2)
+        floats = rows * (_vecs(self.d) + _vecs(self.dv) + 2)
+        floats += self.stream_tokens * self.gh * (_vecs(self.chunk_max) + v)
         row = max(_vecs(self.d), _vecs(self.dv))
         floats += row
         pieces = 3 * (rows * _vecs(self.d) + row) * 2 if self.pieces else 0
-        return floats * F32 + pieces + 9 * 4
+        return floats * F32 + pieces + 11 * 4
 
     @property
     def round_groups(self) -> list[range]:
-        """A round's chunks by task group: the first group's tasks start with the q rows, the
-        last's end with a's drain, each group within a shim's buffer descriptors with room
-        for the next phase's first W fills (designs/ffn.py's `_ahead`)."""
-        room = SHIM_GROUP_TASKS - 2
+        """A round's chunk steps (`steps`) by task group: the first group's tasks start with
+        the q rows, the last's end with a's drain, each group within a shim's buffer
+        descriptors with room for the next phase's first W fills (designs/ffn.py's
+        `_ahead`)."""
+        room, n = SHIM_GROUP_TASKS - 2, self.steps
         groups, first = [], 0
-        while first < self.nc:
+        while first < n:
             tasks, last = int(first == 0), first  # the q rows
-            while last < self.nc and (last == first or tasks + 3 + (last + 1 == self.nc) <= room):
+            while last < n and (last == first or tasks + 3 + (last + 1 == n) <= room):
                 tasks, last = tasks + 3, last + 1
             groups.append(range(first, last))
             first = last
@@ -267,31 +299,34 @@ class FaPhase(RunTimeLength):
     @property
     def tasks(self) -> dict[str, int]:
         """DMA tasks of the busiest column's shim channels (column 0's rounds): per round the
-        q rows and per chunk its mask words, K and V on x, a's drain on y."""
+        q rows and per chunk step its mask words, K and V on x, a's drain on y."""
         rounds = len(self.column_heads(0))
-        return {"W": 0, "x": (1 + 3 * self.nc) * rounds, "y": rounds}
+        return {"W": 0, "x": (1 + 3 * self.steps) * rounds, "y": rounds}
 
     # --- taps (q, k, v, mask as 32-bit words; a as f32)
     def q_tap(self, kvh: int) -> Tap:
-        """Per token the group's gq q rows (sequence 0), repeated to whole objects."""
+        """Per token (stream by stream: their rows evenly strided) the group's gq q rows,
+        repeated to whole objects."""
         ts, hs = self.q.nb[1] // 4, self.q.nb[2] // 4
         s = self.q_side
         return Tap(kvh * self.gq * hs, (s.rep, self.tokens, self.gq, self.d), (0, ts, hs, 1))
 
-    def mask_tap(self, c: int) -> Tap:
-        """Per token chunk c's words of its mask row (the chunk's keys' f16 values; with one
-        chunk of an odd n_kv and one token the last word's other half unused), repeated to
-        whole objects; with a run-time n_kv, in runs of step / (2 nc) words (every size then
-        n_kv's multiple)."""
-        s, unit, t = self.mask_side, self.step // self.nc, self.tokens
+    def mask_tap(self, st: int, c: int) -> Tap:
+        """Per token of stream st chunk c's words of its mask row (the chunk's keys' f16
+        values; with one chunk of an odd n_kv and one token the last word's other half
+        unused), repeated to whole objects; with a run-time n_kv, in runs of step / (2 nc)
+        words (every size then n_kv's multiple)."""
+        s, unit, t = self.mask_side, self.step // self.nc, self.stream_tokens
         words = s.words // t  # a token's
         a, w = (words // (unit // 2), unit // 2) if self.step else split_run(words, 4)
-        off = c * self.chunk // 2
+        off = st * self.mask_stream_words + c * self.chunk // 2
         return Tap(off, (s.rep, t, a, w), (0, self.mask_row_words, w, 1))
 
-    def _kv_tap(self, t: Tensor, kvh: int, c: int, row_words: int, keys: ObjectKeys) -> Tap:
+    def _kv_tap(
+        self, t: Tensor, kvh: int, st: int, c: int, row_words: int, keys: ObjectKeys
+    ) -> Tap:
         n, stride = self.chunk, t.nb[1] // 4
-        off = kvh * t.nb[2] // 4 + c * n * stride
+        off = st * t.nb[3] // 4 + kvh * t.nb[2] // 4 + c * n * stride
         if keys.parts > 1:
             # Per object its runs of rows, each from key j * part_step of the object.
             sizes = (n // keys.keys, keys.parts, keys.part_rows, row_words)
@@ -301,13 +336,13 @@ class FaPhase(RunTimeLength):
         r = self.step // self.nc or _rows_split(n)
         return Tap(off, (1, n // r, r, row_words), (0, r * stride, stride, 1))
 
-    def k_tap(self, kvh: int, c: int) -> Tap:
-        """Chunk c's K rows of KV head kvh."""
-        return self._kv_tap(self.k, kvh, c, self.k_row_words, self.k_keys)
+    def k_tap(self, kvh: int, st: int, c: int) -> Tap:
+        """Chunk c's K rows of KV head kvh in stream st's cache."""
+        return self._kv_tap(self.k, kvh, st, c, self.k_row_words, self.k_keys)
 
-    def v_tap(self, kvh: int, c: int) -> Tap:
-        """Chunk c's V rows of KV head kvh."""
-        return self._kv_tap(self.v, kvh, c, self.v_row_words, self.v_keys)
+    def v_tap(self, kvh: int, st: int, c: int) -> Tap:
+        """Chunk c's V rows of KV head kvh in stream st's cache."""
+        return self._kv_tap(self.v, kvh, st, c, self.v_row_words, self.v_keys)
 
     def a_tap(self, kvh: int) -> Tap:
         """The joined y objects of a round: per object of a core (its gh heads' outputs, nr at
@@ -334,6 +369,7 @@ class FaPhase(RunTimeLength):
             "FA_GQ": self.gq,
             "FA_GH": self.gh,
             "FA_T": self.tokens,
+            "FA_S": self.streams,
             "FA_K_TYPE": KV_CODE[self.k.dtype],
             "FA_V_TYPE": KV_CODE[self.v.dtype],
             "FA_K_ROW_WORDS": self.k_row_words,
@@ -396,6 +432,11 @@ class FaShapes:
                 f"an object holds"
             ),
             "sides": "the q rows and the mask row repeated to whole x objects",
+            "streams": (
+                "one stream of q rows per KV cache (K, V and the mask with as many along "
+                "dimension 3), the q rows of the streams evenly strided and each stream's mask "
+                "on whole words"
+            ),
             "step": (
                 f"x objects of kc words holding the K and V rows of every multiple of "
                 f"{self.step} keys (a run-time n_kv)"
@@ -414,8 +455,8 @@ class FaShapes:
 def fa_phase(q, k, v, mask, a, params, p, step=0, nc=1, pieces=False) -> FaPhase | str:
     """The attention phase on the shape of GEMV plan p with nc chunks of keys per round
     (`pieces`: FaPhase.pieces), or the key of why it does not fit there (FaShapes.explain):
-    "gq", "dv", "rows", "sides"; with a run-time n_kv (`step`), "step" when some multiple of
-    step would not be whole objects or chunks."""
+    "gq", "dv", "rows", "sides", "streams"; with a run-time n_kv (`step`), "step" when some
+    multiple of step would not be whole objects or chunks."""
     # x objects hold the GEMV's nx rows' K chunks: the attention's objects are as long.
     C, R, nr, kc = p.columns, p.rows, p.rows_per_tile, p.k_chunk * p.nx
     n_head, n_head_kv = q.ne[2], k.ne[2]
@@ -424,7 +465,13 @@ def fa_phase(q, k, v, mask, a, params, p, step=0, nc=1, pieces=False) -> FaPhase
         return "gq"
     if v.ne[0] % nr:
         return "dv"
-    n_kv, tokens = k.ne[1], q.ne[1]
+    n_kv, ts, streams = k.ne[1], q.ne[1], q.ne[3]
+    tokens = ts * streams
+    # A cache per sequence: each stream's q rows, K, V and mask along dimension 3, the q rows
+    # of all evenly strided (llama.cpp's view of one Q), the mask's streams on whole words.
+    per_stream = (k.ne[3], v.ne[3], mask.ne[3]) == (streams,) * 3
+    if not per_stream or (streams > 1 and (q.nb[3] != ts * q.nb[1] or mask.nb[3] % 4)):
+        return "streams"
     chunk = n_kv // nc
     kw, vw = q.ne[0] * k.size // 4, v.ne[0] * v.size // 4
     if n_kv % nc or (nc > 1 and chunk % 2):
@@ -449,15 +496,16 @@ def fa_phase(q, k, v, mask, a, params, p, step=0, nc=1, pieces=False) -> FaPhase
     if step:
         # The mask words of a chunk in runs of step / (2 nc) words repeated to whole objects
         # by one count for every multiple of step.
-        m_side = _run_time_mask_side(chunk, unit, kc, tokens)
+        m_side = _run_time_mask_side(chunk, unit, kc, ts)
     else:
         m_words = -(-chunk // 2)
-        m_side = _side(tokens * m_words, kc)
+        m_side = _side(ts * m_words, kc)
         if m_side is not None and split_run(m_words, 4) is None:
             m_side = None
     if q_side is None or m_side is None or max(gq, tokens) > MAX_WRAP:
         return "sides"
-    if (tokens - 1) * (mask.ne[0] // 2) + -(-n_kv // 2) > _extent_words(mask):
+    last_row = (streams - 1) * (mask.nb[3] // 4) + (ts - 1) * (mask.ne[0] // 2)
+    if last_row + -(-n_kv // 2) > _extent_words(mask):
         return "sides"
     return FaPhase(
         q, k, v, mask, a, params, C, R, nr, kc, q_side, m_side, step, nc=nc, pieces=pieces
@@ -516,11 +564,11 @@ def fa_ffn_phases(req: Request):
         f"MUL_MAT_ADD and RMS_NORM_MUL_MAT_{glu}" if glu_only else f"MUL_MAT_ADD_RMS_NORM_FFN_{glu}"
     )
     params = tuple(req.op_params) + (0,) * (4 - len(req.op_params))
-    if q.ne[3] != 1 or q.ne[1] > GEMV_MAX_X_ROWS:
+    if q.ne[1] * q.ne[3] > GEMV_MAX_X_ROWS:
         raise UnsupportedError(
             f"{op}: {q.ne[1]} query rows x {q.ne[3]} sequences: the attention phase computes "
-            f"up to {GEMV_MAX_X_ROWS} query rows of one KV cache (a decode step's tokens, a unified "
-            f"cache's sequences); the backend runs FLASH_ATTN_EXT_MASK and {block_ops} instead"
+            f"up to {GEMV_MAX_X_ROWS} query rows (a decode step's tokens, of one KV cache or of a "
+            f"cache per sequence); the backend runs FLASH_ATTN_EXT_MASK and {block_ops} instead"
         )
     if _bits_f32(params[1]) != 0:
         raise UnsupportedError(
@@ -562,7 +610,7 @@ def fa_ffn_phases(req: Request):
             _, specs = attn_ffn_phases(ffn_req)
     except UnsupportedError as e:
         raise UnsupportedError(f"{op}: {e}") from None
-    tokens = q.ne[1]
+    tokens = q.ne[1] * q.ne[3]
     if tokens > 1 and any(s.plan.nx != tokens for s in specs):
         raise UnsupportedError(
             f"{op}: {tokens} query rows, which the block's phases take one at a time "

@@ -123,7 +123,8 @@ def _fa_kernels(kern, x_tile, y_tile):
 def _fa_rounds(of_x, of_y, fa, rounds, q_fn, mask_fn, k_fn, v_fn, out_fn, first):
     """The attention phase's rounds on a core, one per KV head of its column: the group's q
     rows (the core's from word `first`; the first object tells the core n_kv), per chunk of
-    keys its mask words, K rows and V rows, then its heads' outputs as y objects."""
+    keys (each stream's in turn) its mask words, K rows and V rows, then its heads' outputs as
+    y objects."""
 
     def pieces(parts):
         for count, fn in parts:
@@ -135,7 +136,7 @@ def _fa_rounds(of_x, of_y, fa, rounds, q_fn, mask_fn, k_fn, v_fn, out_fn, first)
     chunk = ((fa.mask_side.objects, mask_fn), (fa.k_objects, k_fn), (fa.v_objects, v_fn))
     for _ in range_(rounds):
         pieces(((fa.q_side.objects, lambda x: q_fn(x, first, fa.n_kv)),))
-        for _ in range_(fa.nc):
+        for _ in range_(fa.steps):
             pieces(chunk)
         for _ in range_(fa.out_objects):
             y = of_y.acquire(1)
@@ -144,12 +145,13 @@ def _fa_rounds(of_x, of_y, fa, rounds, q_fn, mask_fn, k_fn, v_fn, out_fn, first)
 
 
 def _fa_fill(fa, hs, r, chunks, tg, bufs, totals):
-    """Round r's task group of the attention phase (its `chunks`, FaPhase.round_groups) on
-    every column that has the round: on the x channel the KV head's q rows (with the first
-    chunk), per chunk its mask words, K rows and V rows, and (with the last) the drain of its
-    heads' outputs into a. Returns the most tasks it issued on one column's shim (`_ahead`)."""
+    """Round r's task group of the attention phase (its `chunks`, steps of FaPhase.round_groups)
+    on every column that has the round: on the x channel the KV head's q rows (with the first
+    step), per step (a stream's chunk) its mask words, K rows and V rows, and (with the last)
+    the drain of its heads' outputs into a. Returns the most tasks it issued on one column's
+    shim (`_ahead`)."""
     Q, Kb, V, M, A = bufs
-    first, last = chunks.start == 0, chunks.stop == fa.nc
+    first, last = chunks.start == 0, chunks.stop == fa.steps
     for col in range(fa.columns):
         heads = fa.column_heads(col)
         if r >= len(heads):
@@ -158,13 +160,14 @@ def _fa_fill(fa, hs, r, chunks, tg, bufs, totals):
         _, hx, hy = hs[3 * col : 3 * col + 3]
         if first:
             hx.fill(Q, tap=_tap(totals["q"], fa.q_tap(kvh)), group=tg)
-        for c in chunks:
-            hx.fill(M, tap=_tap(totals["mask"], fa.mask_tap(c)), group=tg)
-            hx.fill(Kb, tap=_tap(totals["k"], fa.k_tap(kvh, c)), group=tg)
+        for step in chunks:
+            st, c = divmod(step, fa.nc)
+            hx.fill(M, tap=_tap(totals["mask"], fa.mask_tap(st, c)), group=tg)
+            hx.fill(Kb, tap=_tap(totals["k"], fa.k_tap(kvh, st, c)), group=tg)
             # A group without the drain awaits its last fill: its buffer descriptors are
             # free for the next group's only once the channel has moved it.
-            wait = not last and c == chunks.stop - 1
-            hx.fill(V, tap=_tap(totals["v"], fa.v_tap(kvh, c)), group=tg, wait=wait)
+            wait = not last and step == chunks.stop - 1
+            hx.fill(V, tap=_tap(totals["v"], fa.v_tap(kvh, st, c)), group=tg, wait=wait)
         if last:
             hy.drain(A, tap=_tap(totals["a"], fa.a_tap(kvh)), group=tg, wait=True)
     return first + 3 * len(chunks) + last

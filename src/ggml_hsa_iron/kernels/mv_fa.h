@@ -1,6 +1,7 @@
 // mv_fa.h: the attention phase of FLASH_ATTN_FFN_<glu> in a GEMV core source (mv.cc, mvq.cc),
 // included inside its extern "C" block: ggml's FLASH_ATTN_EXT of FA_T query rows (a decode
-// step's tokens) for this core's FA_GH q heads of a KV head, computed from objects of the
+// step's tokens, of one KV cache or of FA_S caches, one per sequence, FA_T / FA_S rows each)
+// for this core's FA_GH q heads of a KV head, computed from objects of the
 // GEMV's own x fifo (FA_XW = MV_NX x MV_KC 32-bit words each: the GEMV takes the FA_T = MV_NX
 // tokens' rows at once) and written as objects of its y fifo (MV_NX x MV_ROWS f32), so that
 // the attention needs no fifo, channel or program of its own (designs/ffn.py,
@@ -12,14 +13,15 @@
 // consecutive rows, run j from key j FA_K_PART_STEP of the object, overlapping where the object
 // holds more rows than keys; each key is taken once, from the first run that holds it):
 //   per token the group's FA_GQ q rows (f32, FA_D each; this core keeps FA_GH of them from
-//   word `first` of each token's), then the keys in FA_NC chunks of n_kv / FA_NC keys, each
-//   as every token's part of its mask row (f16, all repeated FA_M_REP times), its K rows
-//   (FA_K_ROW_WORDS words each, of type FA_K_TYPE), then its V rows (FA_V_ROW_WORDS words,
-//   FA_V_TYPE).
-// A row of the core's state is a (token, head) pair, FA_R = FA_T x FA_GH of them, token-major.
+//   word `first` of each token's), then per stream (its cache, its tokens) the keys in FA_NC
+//   chunks of n_kv / FA_NC keys, each as every one of its tokens' part of its mask row (f16,
+//   all repeated FA_M_REP times), its K rows (FA_K_ROW_WORDS words each, of type FA_K_TYPE),
+//   then its V rows (FA_V_ROW_WORDS words, FA_V_TYPE).
+// A row of the core's state is a (token, head) pair, FA_R = FA_T x FA_GH of them, token-major;
+// a stream's are FA_RS consecutive ones, whose scores the core keeps while its chunks pass.
 // n_kv is an argument of the round's first q object, not a define: a kernel whose KV length
 // is given at dispatch runs every length with one core program.
-// The softmax is online over the chunks: the core keeps one chunk's scores (FA_R x FA_CHUNK
+// The softmax is online over the chunks: the core keeps one chunk's scores (FA_RS x FA_CHUNK
 // f32, FA_CHUNK the largest chunk), the running maximum m and sum l per row, and the
 // accumulators. Once a chunk's last K object is in, its maximum updates m, the sums and
 // accumulators so far are rescaled by exp(m_old - m) (only when m grew), and its scores become
@@ -32,7 +34,7 @@
 // read: they may hold anything); out = sum p_j V_j / sum p_j, 0 for a row whose every key is
 // masked.
 //
-// Defines (plans_fa_ffn.FaPhase.defines): FA_D, FA_DV, FA_CHUNK, FA_NC, FA_GQ, FA_GH, FA_T,
+// Defines (plans_fa_ffn.FaPhase.defines): FA_D, FA_DV, FA_CHUNK, FA_NC, FA_GQ, FA_GH, FA_T, FA_S,
 // FA_K_TYPE, FA_V_TYPE (0 f32, 1 f16, 2 bf16), FA_K_ROW_WORDS, FA_V_ROW_WORDS, FA_K_KEYS,
 // FA_K_PART_ROWS, FA_K_PART_STEP, FA_V_KEYS, FA_V_PART_ROWS, FA_V_PART_STEP, FA_SCALE,
 // FA_SOFTCAP (f32 bits), FA_Q_OBJECTS, FA_M_REP. The including file names the
@@ -67,20 +69,25 @@ static_assert((FA_K_PER_OBJ / FA_K_PART_ROWS - 1) * FA_K_PART_STEP + FA_K_PART_R
                   (FA_V_PER_OBJ / FA_V_PART_ROWS - 1) * FA_V_PART_STEP + FA_V_PART_ROWS == FA_V_KEYS,
               "the runs end at the object's last key");
 constexpr int FA_OUT_PER_HEAD = FA_DV / MV_ROWS;
+static_assert(FA_T % FA_S == 0, "every stream has the same query rows");
+constexpr int FA_TS = FA_T / FA_S;
 constexpr int FA_R = FA_T * FA_GH;
+constexpr int FA_RS = FA_TS * FA_GH;
 // Rows decoded in pair order (fa_rows::in_pairs): q kept in K's order, the accumulators in
 // V's, put back in order by GGML_MV_FA_OUT.
 constexpr bool FA_K_PAIRS = fa_rows::in_pairs<FA_K_TYPE, FA_D>;
 constexpr bool FA_V_PAIRS = fa_rows::in_pairs<FA_V_TYPE, FA_DV>;
 
 alignas(64) static float g_fa_q[FA_R * FA_DP];     // this core's q rows, rounded (tail 0)
-alignas(64) static float g_fa_s[FA_R * FA_NP];     // a chunk's scores, then its p_j (tail -inf)
+alignas(64) static float g_fa_s[FA_RS * FA_NP];    // a chunk's scores, then its p_j (tail -inf)
 alignas(64) static float g_fa_acc[FA_R * FA_DVP];  // sum p_j V_j per row
 alignas(64) static float g_fa_row[FA_ROWP];        // the current K or V row, decoded
-alignas(64) static float g_fa_dots[FA_R * VEC];    // a vector of keys' q.k per row
+alignas(64) static float g_fa_dots[FA_RS * VEC];   // a vector of keys' q.k per row
 static float g_fa_max[FA_R];                       // per row the running maximum m
 static float g_fa_sum[FA_R];                       // per row its sum of p_j (scaled to m)
 static int32_t g_fa_q_obj, g_fa_m_obj, g_fa_k_obj, g_fa_v_obj, g_fa_out_obj;
+// The stream whose chunks pass (its rows start at row g_fa_row0), and its chunks so far.
+static int32_t g_fa_row0, g_fa_chunks;
 // A chunk's keys, rounded up to whole vectors, and its mask, K and V objects.
 static int32_t g_fa_chunk, g_fa_np, g_fa_m_objects, g_fa_k_objects, g_fa_v_objects;
 
@@ -138,7 +145,7 @@ static void fa_load_pieces(const bfloat16 *p, int pieces, int stride, fa_bvec *v
 // A chunk starts: no scores (every lane -inf until the mask words set the keys').
 static void fa_chunk_start() {
   const vf ninf = from_bits(splat_i((int32_t)fa_rows::NEG_INF));
-  for (int t = 0; t < FA_R; ++t)
+  for (int t = 0; t < FA_RS; ++t)
     for (int i = 0; i < g_fa_np; i += VEC)
       aie::store_v(g_fa_s + t * FA_NP + i, ninf);
   g_fa_m_obj = g_fa_k_obj = g_fa_v_obj = 0;
@@ -148,7 +155,7 @@ static void fa_chunk_start() {
 static void fa_round(int32_t n_kv) {
   g_fa_chunk = n_kv / FA_NC;
   g_fa_np = (g_fa_chunk + (int)VEC - 1) / (int)VEC * (int)VEC;
-  g_fa_m_objects = FA_M_REP * FA_T * ((g_fa_chunk + 1) / 2) / FA_XW;
+  g_fa_m_objects = FA_M_REP * FA_TS * ((g_fa_chunk + 1) / 2) / FA_XW;
   g_fa_k_objects = g_fa_chunk / FA_K_KEYS;
   g_fa_v_objects = g_fa_chunk / FA_V_KEYS;
   for (int i = 0; i < FA_R * FA_DVP; i += VEC)
@@ -158,15 +165,18 @@ static void fa_round(int32_t n_kv) {
     g_fa_sum[t] = 0.0f;
   }
   g_fa_out_obj = 0;
+  g_fa_row0 = g_fa_chunks = 0;
   fa_chunk_start();
 }
 
-// A chunk's scores are complete: per row the new maximum m (the chunk's or the one before),
-// the sum and accumulators so far rescaled to it, the scores to p_j = exp(s_j - m). A row
-// whose keys so far are all masked keeps p = 0 everywhere (its sum 0: its output is 0).
+// A chunk's scores are complete: per row of its stream the new maximum m (the chunk's or the
+// one before), the sum and accumulators so far rescaled to it, the scores to p_j =
+// exp(s_j - m). A row whose keys so far are all masked keeps p = 0 everywhere (its sum 0: its
+// output is 0).
 static void fa_softmax() {
-  for (int t = 0; t < FA_R; ++t) {
-    float *s = g_fa_s + t * FA_NP;
+  for (int r = 0; r < FA_RS; ++r) {
+    const int t = g_fa_row0 + r;
+    float *s = g_fa_s + r * FA_NP;
     vf vmax = from_bits(splat_i((int32_t)fa_rows::NEG_INF));
     for (int j = 0; j < g_fa_np; j += VEC)
       vmax = fmax(vmax, load_aligned(s + j));
@@ -222,11 +232,11 @@ void GGML_MV_FA_Q(float *x, int32_t first, int32_t n_kv) {
 }
 
 void GGML_MV_FA_MASK(float *x) {
-  // 2 FA_XW f16 values an object of the tokens' chunk rows, token-major; the values past
-  // the last token's (repeats) are not read.
+  // 2 FA_XW f16 values an object of the stream's tokens' chunk rows, token-major; the values
+  // past the last token's (repeats) are not read.
   const uint16_t *m = reinterpret_cast<const uint16_t *>(x);
   const int p0 = g_fa_m_obj * 2 * FA_XW;
-  for (int i = 0; i < 2 * FA_XW && p0 + i < FA_T * g_fa_chunk;) {
+  for (int i = 0; i < 2 * FA_XW && p0 + i < FA_TS * g_fa_chunk;) {
     const int t = (p0 + i) / g_fa_chunk, key = (p0 + i) % g_fa_chunk;
     int n = 2 * FA_XW - i < (int)VEC ? 2 * FA_XW - i : (int)VEC;
     n = g_fa_chunk - key < n ? g_fa_chunk - key : n;
@@ -245,22 +255,22 @@ static void fa_k_keys(const int32_t *rows, int key0, int keys) {
   const HalfPairs halves;
   for (int j0 = 0; j0 < keys; j0 += VEC) {
     const int n = keys - j0 < (int)VEC ? keys - j0 : (int)VEC;
-    for (int i = 0; i < FA_R * (int)VEC; i += VEC)
+    for (int i = 0; i < FA_RS * (int)VEC; i += VEC)
       aie::store_v(g_fa_dots + i, splat(0.0f));
     for (int j = 0; j < n; ++j) {
       // A token's mask row is its heads' (their scores start as it): a key masked for every
       // token is not read, its scores stay -inf (0 * scale + -inf).
       const int key = key0 + j0 + j;
       bool used = false;
-      for (int t = 0; t < FA_T && !used; ++t)
+      for (int t = 0; t < FA_TS && !used; ++t)
         used = !fa_is_neg_inf(g_fa_s[t * FA_GH * FA_NP + key]);
       if (!used)
         continue;
       fa_rows::decode_kv_row<FA_K_TYPE, FA_D>(halves, rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
       fa_split(g_fa_row, FA_DP, FA_PK, g_fa_rp, FA_ROWP);
-      for (int t = 0; t < FA_R; ++t) {
-        const bfloat16 *q = g_fa_qp + t * FA_PK * FA_DP;
+      for (int t = 0; t < FA_RS; ++t) {
+        const bfloat16 *q = g_fa_qp + (g_fa_row0 + t) * FA_PK * FA_DP;
         vf s = splat(0.0f);
         for (int i = 0; i < FA_DP; i += VEC) {
           fa_bvec kp[3], qp[3];
@@ -272,8 +282,8 @@ static void fa_k_keys(const int32_t *rows, int key0, int keys) {
       }
 #else
       // The products rounded and summed lane by lane in the accumulator.
-      for (int t = 0; t < FA_R; ++t) {
-        const float *q = g_fa_q + t * FA_DP;
+      for (int t = 0; t < FA_RS; ++t) {
+        const float *q = g_fa_q + (g_fa_row0 + t) * FA_DP;
         auto s = aie::mul(load_aligned(g_fa_row), load_aligned(q));
 #pragma GCC unroll 8
         for (int i = VEC; i < FA_D; i += VEC)
@@ -282,7 +292,7 @@ static void fa_k_keys(const int32_t *rows, int key0, int keys) {
       }
 #endif
     }
-    for (int t = 0; t < FA_R; ++t) {
+    for (int t = 0; t < FA_RS; ++t) {
       float *sc = g_fa_s + t * FA_NP + key0 + j0;
       vf s = mul(load_aligned(g_fa_dots + t * VEC), scale);
       if (fa_rows::float_bits(softcap) != 0)
@@ -319,7 +329,7 @@ static void fa_v_keys(const int32_t *rows, int key0, int keys) {
   for (int j = 0; j < keys; ++j) {
     const int key = key0 + j;
     bool used = false;
-    for (int t = 0; t < FA_R && !used; ++t)
+    for (int t = 0; t < FA_RS && !used; ++t)
       used = fa_rows::float_bits(g_fa_s[t * FA_NP + key]) != 0;
     if (!used)
       continue; // p = 0 for every row: a masked key (its V row may be NaN) or a negligible one
@@ -327,11 +337,11 @@ static void fa_v_keys(const int32_t *rows, int key0, int keys) {
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
     fa_split(g_fa_row, FA_DVP, FA_PV, g_fa_rp, FA_ROWP);
 #endif
-    for (int t = 0; t < FA_R; ++t) {
+    for (int t = 0; t < FA_RS; ++t) {
       const float pj = g_fa_s[t * FA_NP + key];
       if (fa_rows::float_bits(pj) == 0)
         continue;
-      float *acc = g_fa_acc + t * FA_DVP;
+      float *acc = g_fa_acc + (g_fa_row0 + t) * FA_DVP;
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
       // p's three pieces (splat: the same for every part of the row) times the row's: p V_j
       // rounded once.
@@ -356,8 +366,13 @@ void GGML_MV_FA_V(float *x) {
   set_ggml_rounding();
   fa_runs(x, g_fa_v_obj * FA_V_KEYS, FA_V_PER_OBJ / FA_V_PART_ROWS, FA_V_PART_ROWS,
           FA_V_PART_STEP, FA_V_ROW_WORDS, fa_v_keys);
-  if (++g_fa_v_obj == g_fa_v_objects)
+  if (++g_fa_v_obj == g_fa_v_objects) {
+    if (++g_fa_chunks == FA_NC) { // the stream's last chunk: the next stream's rows
+      g_fa_chunks = 0;
+      g_fa_row0 = (g_fa_row0 + FA_RS) % FA_R;
+    }
     fa_chunk_start(); // the next chunk's (after the round's last: the next round resets)
+  }
 }
 
 void GGML_MV_FA_OUT(float *y) {

@@ -159,12 +159,12 @@ class FaFfnPlanTest(unittest.TestCase):
         kc = fa.kc
         for c in range(fa.nc):
             keys = range(c * fa.chunk, (c + 1) * fa.chunk)
-            idx = fa.mask_tap(c).indices()
+            idx = fa.mask_tap(0, c).indices()
             self.assertEqual(len(idx) % kc, 0)
             self.assertEqual(len(idx) // kc, fa.mask_side.objects)
             self.assertEqual(set(idx), set(range(keys.start // 2, -(-keys.stop // 2))))
-            for t, tap, w in ((k, fa.k_tap(kvh, c), fa.k_row_words),
-                              (v, fa.v_tap(kvh, c), fa.v_row_words)):  # fmt: skip
+            for t, tap, w in ((k, fa.k_tap(kvh, 0, c), fa.k_row_words),
+                              (v, fa.v_tap(kvh, 0, c), fa.v_row_words)):  # fmt: skip
                 want = [(kvh * t.nb[2] + j * t.nb[1]) // 4 + i for j in keys for i in range(w)]
                 self.assertEqual(tap.indices(), want)
                 self.assertEqual(len(want) % kc, 0)
@@ -217,7 +217,7 @@ class FaFfnPlanTest(unittest.TestCase):
                 self.assertEqual(fa.k_objects * keys.keys, fa.chunk)
                 # Every key of a chunk read, and nothing past it.
                 for c in range(fa.nc):
-                    idx = fa.k_tap(0, c).indices()
+                    idx = fa.k_tap(0, 0, c).indices()
                     stride = fa.k.nb[1] // 4
                     first = c * fa.chunk
                     keys_read = {i // stride for i in idx}
@@ -249,13 +249,70 @@ class FaFfnPlanTest(unittest.TestCase):
                         for c in range(fa.nc):
                             keys = range(c * fa.chunk // 2, (c + 1) * fa.chunk // 2)
                             row = [t * mask.nb[1] // 4 + w for t in range(4) for w in keys]
-                            idx = fa.mask_tap(c).indices()
+                            idx = fa.mask_tap(0, c).indices()
                             self.assertEqual(idx, row * (len(idx) // len(row)))
                             self.assertEqual(len(idx), fa.mask_side.objects * fa.kc)
                         written += fa.a_tap(kvh).indices()
                 self.assertEqual(sorted(written), list(range(4 * fa.n_head * fa.dv)))
                 self.assertLessEqual(ffn_core_bytes(spec.up.plan) + fa.core_bytes,
                                      spec.arch.l1_budget)  # fmt: skip
+
+    def test_a_cache_per_sequence(self):
+        """Four sequences of one token, each with a cache of its own (llama.cpp's KV cache per
+        sequence): a round carries every token's q rows once, then each stream's chunks (its
+        tokens' mask rows, its own K and V rows); a's rows of every token are written once and
+        the block's phases take the four rows at once. Two sequences of two tokens each on
+        aie2. A K and V of one cache under several streams of q rows are refused."""
+        for n_q, n_seq, arch in ((1, 4, "aie2p"), (2, 2, "aie2")):
+            with self.subTest(n_q=n_q, n_seq=n_seq, arch=arch):
+                spec = fa_ffn_spec("SWIGLU", "q4_0", *LLAMA, n_q=n_q, n_seq=n_seq, arch=arch)
+                fa = spec.fa
+                T = n_q * n_seq
+                self.assertEqual((fa.streams, fa.stream_tokens, fa.tokens), (n_seq, n_q, T))
+                self.assertEqual([p.plan.nx for p in spec.phases], [T] * 3)
+                self.assertEqual(fa.steps, n_seq * fa.nc)
+                rounds = len(fa.column_heads(0))
+                self.assertEqual(fa.tasks["x"], (1 + 3 * fa.steps) * rounds)
+                q, k, v, mask = spec.request.inputs[:4]
+                written = []
+                for col in range(fa.columns):
+                    for kvh in fa.column_heads(col):
+                        idx = fa.q_tap(kvh).indices()
+                        rows = [
+                            t * q.nb[1] // 4 + (kvh * fa.gq + j) * q.nb[2] // 4 + i
+                            for t in range(T)
+                            for j in range(fa.gq)
+                            for i in range(fa.d)
+                        ]
+                        self.assertEqual(idx, rows * (len(idx) // len(rows)))
+                        for st in range(n_seq):
+                            for c in range(fa.nc):
+                                keys = range(c * fa.chunk, (c + 1) * fa.chunk)
+                                words = [
+                                    (st * mask.nb[3] + t * mask.nb[1]) // 4 + w // 2
+                                    for t in range(n_q)
+                                    for w in keys[::2]
+                                ]
+                                idx = fa.mask_tap(st, c).indices()
+                                self.assertEqual(idx, words * (len(idx) // len(words)))
+                                for t, tap, w in ((k, fa.k_tap(kvh, st, c), fa.k_row_words),
+                                                  (v, fa.v_tap(kvh, st, c), fa.v_row_words)):  # fmt: skip
+                                    base = st * t.nb[3] + kvh * t.nb[2]
+                                    want = [
+                                        (base + j * t.nb[1]) // 4 + i
+                                        for j in keys
+                                        for i in range(w)
+                                    ]
+                                    self.assertEqual(tap.indices(), want)
+                        written += fa.a_tap(kvh).indices()
+                self.assertEqual(sorted(written), list(range(T * fa.n_head * fa.dv)))
+                self.assertLessEqual(ffn_core_bytes(spec.up.plan) + fa.core_bytes,
+                                     spec.arch.l1_budget)  # fmt: skip
+        # One cache (K and V of one stream) under four streams of q rows.
+        one = cache_view("f16", 64, 256, 8, 288)
+        with self.assertRaises(UnsupportedError) as e:
+            fa_ffn_spec("SWIGLU", "q4_0", *LLAMA, n_seq=4, k=one, v=one)
+        self.assertIn("one stream of q rows per KV cache", str(e.exception))
 
     def test_a_chunks_objects_within_a_tasks_repeat_count(self):
         """3 tokens' K objects (6 rows, 4 keys read as two runs) repeat their runs by the
@@ -264,7 +321,7 @@ class FaFfnPlanTest(unittest.TestCase):
         text = fa_ffn_request("SWIGLU", "q4_0", *TINY[:5], 4096, arch="aie2p", n_q=3)
         fa = prepare(parse_request(json.dumps({**json.loads(text), "n_kv_step": 256}))).fa
         self.assertEqual(fa.k_keys.parts, 2)
-        self.assertLessEqual(fa.k_tap(0, 0).sizes[0], MAX_REPEAT)
+        self.assertLessEqual(fa.k_tap(0, 0, 0).sizes[0], MAX_REPEAT)
         self.assertEqual(fa.nc, 8)
 
     def test_the_limits_count_every_phase(self):
@@ -512,6 +569,16 @@ class FaFfnEmulationTest(unittest.TestCase):
         """Four tokens of a 4096-row cache told n_kv at dispatch (one program for every
         multiple of 256), run at 768 keys: the mask rows n_kv values apart."""
         self.check("SWIGLU", "q4_0", TINY[:5] + (4096,), "aie2p", seed=50, n_q=4, at=768)
+
+    def test_a_cache_per_sequence(self):
+        """Sequences with a KV cache each (llama.cpp's cache per sequence): each stream's
+        tokens attend to their own cache under their own mask (keys masked for one sequence
+        only, NaN in its cache alone). The 1B shape over 4 sequences of one token; the tiny
+        llama over 2 sequences of 2 tokens on aie2; 3 sequences of 4096-row caches told n_kv
+        at dispatch, run at 768 keys."""
+        self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=80, n_seq=4)
+        self.check("GEGLU", "q8_0", TINY, "aie2", seed=81, n_q=2, n_seq=2)
+        self.check("SWIGLU", "q4_0", TINY[:5] + (4096,), "aie2p", seed=82, n_seq=3, at=768)
 
     def check_glu(self, glu, ty, dims, arch, seed, **kw):
         """FLASH_ATTN_GLU_<glu> against numpy; where it takes FLASH_ATTN_FFN_<glu>'s shape

@@ -296,27 +296,38 @@ def fa_ffn_request(
     max_bias=0.0,
     softcap=0.0,
     glu_only=False,
+    n_seq=1,
     **kw,
 ):
     """FLASH_ATTN_FFN_<glu> of a decode step: q [d, n_q, n_head], k and v views of an f16 (or
     `kv`) KV cache of llama.cpp's layout (the KV heads of a token in one cache row: row stride
     n_head_kv d), the mask [n_kv, padded n_q] (f16), W_o [d n_head, K], r0 [K, n_q], W_g, W_u
-    [K, F], W_d [F, K] of `wtype`, n [K]; out [K, n_q], a [d, n_head, n_q], r1, h. `glu_only`:
-    FLASH_ATTN_GLU_<glu> (no W_d; h, then a and r1). `kw`: request_json's and per-operand
-    overrides (q, k, v, mask, a as Tensors)."""
+    [K, F], W_d [F, K] of `wtype`, n [K]; out [K, n_q], a [d, n_head, n_q], r1, h. `n_seq` > 1:
+    a cache per sequence, as llama.cpp lays it out: q [d, n_q, n_head, n_seq] (the view of one
+    Q [d, n_head, n_q n_seq]), k and v [d, n_kv, n_head_kv, n_seq] (each sequence's cache of
+    n_kv + 32 rows after the other's), the mask [n_kv, n_q, 1, n_seq]; the block's rows, a's
+    too, n_q n_seq. `glu_only`: FLASH_ATTN_GLU_<glu> (no W_d; h, then a and r1). `kw`:
+    request_json's and per-operand overrides (q, k, v, mask, a as Tensors)."""
+    from ggml_hsa_iron.request import Tensor
     from ggml_hsa_iron.tests.test_flash_attn import cache_view, f32_bits
 
-    Ka = d * n_head
-    q = kw.pop("q", None) or tensor("f32", [d, n_q, n_head])
-    k = kw.pop("k", None) or cache_view(kv, d, n_kv, n_head_kv, n_kv + 32)
-    v = kw.pop("v", None) or cache_view(kv, d, n_kv, n_head_kv, n_kv + 32)
-    mask = kw.pop("mask", None) or tensor("f16", [n_kv, -(-n_q // 64) * 64])
+    Ka, T = d * n_head, n_q * n_seq
+    if n_seq == 1:
+        q = tensor("f32", [d, n_q, n_head])
+        mask = tensor("f16", [n_kv, -(-n_q // 64) * 64])
+    else:
+        row = 4 * d * n_head
+        q = Tensor("f32", (d, n_q, n_head, n_seq), (4, row, 4 * d, row * n_q))
+        mask = tensor("f16", [n_kv, n_q, 1, n_seq])
+    q, mask = kw.pop("q", None) or q, kw.pop("mask", None) or mask
+    k = kw.pop("k", None) or cache_view(kv, d, n_kv, n_head_kv, n_kv + 32, n_seq)
+    v = kw.pop("v", None) or cache_view(kv, d, n_kv, n_head_kv, n_kv + 32, n_seq)
     wo = tensor(wtype, [Ka, K])
     wg, wd = tensor(wtype, [K, F]), tensor(wtype, [F, K])
-    r0, n = tensor("f32", [K, n_q]), tensor("f32", [K])
-    out = tensor("f32", [K, n_q])
-    a = kw.pop("a", None) or tensor("f32", [d, n_head, n_q])
-    extras = [a, tensor("f32", [K, n_q]), tensor("f32", [F, n_q])]
+    r0, n = tensor("f32", [K, T]), tensor("f32", [K])
+    out = tensor("f32", [K, T])
+    a = kw.pop("a", None) or tensor("f32", [d, n_head, n_q, n_seq])
+    extras = [a, tensor("f32", [K, T]), tensor("f32", [F, T])]
     kw.setdefault("extra_outputs", extras)
     kw.setdefault("op_params", [f32_bits(scale), f32_bits(max_bias), f32_bits(softcap), EPS_BITS])
     if glu_only:
@@ -340,14 +351,17 @@ class FaFfnCase:
     (util_norm's) and r0; W_o's Ka is d n_head. `at`: n_kv given at dispatch (steps of 256 up
     to n_kv, the request's `n_kv_step`), the case run at `at` keys: the mask then `at` values
     a row, dense (llama.cpp's for that n_kv), the cache's first `at` rows read. `glu_only`:
-    FLASH_ATTN_GLU_<glu>'s request (no W_d, no out)."""
+    FLASH_ATTN_GLU_<glu>'s request (no W_d, no out). `n_seq` > 1: a cache per sequence
+    (fa_ffn_request's), sequence s > 0 masking every third key from key s % 3 too, those keys'
+    K and V rows NaN in its cache only."""
 
     def __init__(self, glu, ty, K, n_head, n_head_kv, d, F, n_kv, arch, kv="f16", seed=0,
-                 masked=5, softcap=0.0, masked_first=0, n_q=1, at=0, glu_only=False):  # fmt: skip
+                 masked=5, softcap=0.0, masked_first=0, n_q=1, at=0, glu_only=False,
+                 n_seq=1):  # fmt: skip
         from ggml_hsa_iron.tests.test_flash_attn import _np_type, place
 
         self.glu, self.ty, self.K, self.F, self.arch = glu, ty, K, F, arch
-        self.Ka, self.n_q, self.at = d * n_head, n_q, at
+        self.Ka, self.n_q, self.at = d * n_head, n_q * n_seq, at
         self.glu_only = glu_only
         text = fa_ffn_request(
             glu,
@@ -363,6 +377,7 @@ class FaFfnCase:
             arch=arch,
             softcap=softcap,
             glu_only=glu_only,
+            n_seq=n_seq,
         )
         if at:
             text = json.dumps({**json.loads(text), "n_kv_step": 256})
@@ -370,20 +385,25 @@ class FaFfnCase:
         self.spec = prepare(self.req)
         qt, kt, vt, mt = self.req.inputs[:4]
         nrng = np.random.default_rng(seed)
-        self.q = nrng.standard_normal((1, n_head, n_q, d)).astype(np.float32)
-        k = nrng.standard_normal((1, n_head_kv, n_kv, d)).astype(_np_type(kv))
-        v = nrng.standard_normal((1, n_head_kv, n_kv, d)).astype(_np_type(kv))
+        self.q = nrng.standard_normal((n_seq, n_head, n_q, d)).astype(np.float32)
+        k = nrng.standard_normal((n_seq, n_head_kv, n_kv, d)).astype(_np_type(kv))
+        v = nrng.standard_normal((n_seq, n_head_kv, n_kv, d)).astype(_np_type(kv))
         cols = at or mt.ne[0]
-        mask = (nrng.standard_normal((1, 1, mt.ne[1], cols)) * 2).astype(np.float16)
+        mask = (nrng.standard_normal((n_seq, 1, mt.ne[1], cols)) * 2).astype(np.float16)
         mask[..., ::masked] = -np.inf
         mask[..., :masked_first] = -np.inf
         for t in range(1, n_q):
-            mask[0, 0, t, t % 7 :: 7] = -np.inf
+            mask[:, 0, t, t % 7 :: 7] = -np.inf
+        for s in range(1, n_seq):
+            mask[s, 0, :, s % 3 :: 3] = -np.inf
         self.k, self.v, self.mask = k[:, :, :cols].copy(), v[:, :, :cols].copy(), mask
         for t in (k, v):  # masked keys: never read
             t[:, :, ::masked] = np.nan
             t[:, :, :masked_first] = np.nan
-        m = np.frombuffer(place(mt, np.zeros((1, 1, mt.ne[1], mt.ne[0]), np.float16)), np.uint8)
+            for s in range(1, n_seq):
+                t[s, :, s % 3 : cols : 3] = np.nan
+        shape = (n_seq, 1, mt.ne[1], mt.ne[0])
+        m = np.frombuffer(place(mt, np.zeros(shape, np.float16)), np.uint8)
         m = m.copy()
         m[: mask.nbytes] = mask.reshape(-1).view(np.uint8)  # rows `cols` values apart
         self.fa_bytes = [place(qt, self.q), place(kt, k), place(vt, v), m.tobytes()]
@@ -392,7 +412,7 @@ class FaFfnCase:
         self.wu_bytes, self.wu = fast_weights(ty, F, K, nrng)
         self.wd_bytes, self.wd = fast_weights(ty, K, F, nrng)
         _, self.n = norm_inputs(nrng, 1, K)
-        self.r0 = nrng.uniform(-4, 4, (n_q, K)).astype(np.float32)
+        self.r0 = nrng.uniform(-4, 4, (self.n_q, K)).astype(np.float32)
 
     def args(self):
         """Fresh memories in the sequence's order: q, k, v, mask, W_o, r0, W_g, W_u, W_d, n, out,
