@@ -1261,17 +1261,19 @@ fn several_sequences_decode_side_by_side_with_the_cpu_s_logits() {
         assert_all_layer_ops_emulated(&tag, &npu.log, &counters, &stats);
         // A step's projections take its four tokens at once. With one cache, the whole layer
         // is one kernel (Q, K and V writing the cache rows, the attention reading each K and
-        // V row once for the four, the block); with a cache per sequence, the attention (each
-        // sequence's tokens against its own cache) and the block after it are one.
+        // V row once for the four, the block); with a cache per sequence, Q, K and V are one
+        // (their rows copied into each sequence's cache after it), and the attention (each
+        // sequence's tokens against its own cache) with the block after it another.
         if cache.contains(&"--kv-unified") {
             assert_layer_kernel_of_tokens(&tag, &counters, 4);
         } else {
             let emulated = &read_json(&counters)["emulated_ops"];
-            let op = "FLASH_ATTN_FFN_SWIGLU";
-            assert!(
-                emulated.get(op).is_some(),
-                "{tag}: no {op} kernel: {emulated}"
-            );
+            for op in ["RMS_NORM_QKV_ROPE", "FLASH_ATTN_FFN_SWIGLU"] {
+                assert!(
+                    emulated.get(op).is_some(),
+                    "{tag}: no {op} kernel: {emulated}"
+                );
+            }
         }
         let worst = worst_step_nmse(&npu, &cpu);
         println!("{tag}, teacher-forced: worst NMSE of a sequence's step {worst:.3e}");

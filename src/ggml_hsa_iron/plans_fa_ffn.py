@@ -307,7 +307,7 @@ class FaPhase(RunTimeLength):
     def q_tap(self, kvh: int) -> Tap:
         """Per token (stream by stream: their rows evenly strided) the group's gq q rows,
         repeated to whole objects."""
-        ts, hs = self.q.nb[1] // 4, self.q.nb[2] // 4
+        ts, hs = _token_stride(self.q) // 4, self.q.nb[2] // 4
         s = self.q_side
         return Tap(kvh * self.gq * hs, (s.rep, self.tokens, self.gq, self.d), (0, ts, hs, 1))
 
@@ -452,6 +452,12 @@ class FaShapes:
         return "the attention phase needs " + "; ".join(seen) if seen else "none fits"
 
 
+def _token_stride(q: Tensor) -> int:
+    """Bytes between two consecutive query rows of q, stream by stream (fa_phase checks that
+    they are evenly strided): q's row stride, or its stream stride for one row a stream."""
+    return q.nb[3] if q.ne[1] == 1 else q.nb[1]
+
+
 def fa_phase(q, k, v, mask, a, params, p, step=0, nc=1, pieces=False) -> FaPhase | str:
     """The attention phase on the shape of GEMV plan p with nc chunks of keys per round
     (`pieces`: FaPhase.pieces), or the key of why it does not fit there (FaShapes.explain):
@@ -470,7 +476,8 @@ def fa_phase(q, k, v, mask, a, params, p, step=0, nc=1, pieces=False) -> FaPhase
     # A cache per sequence: each stream's q rows, K, V and mask along dimension 3, the q rows
     # of all evenly strided (llama.cpp's view of one Q), the mask's streams on whole words.
     per_stream = (k.ne[3], v.ne[3], mask.ne[3]) == (streams,) * 3
-    if not per_stream or (streams > 1 and (q.nb[3] != ts * q.nb[1] or mask.nb[3] % 4)):
+    even = ts == 1 or streams == 1 or q.nb[3] == ts * q.nb[1]
+    if not per_stream or not even or (streams > 1 and mask.nb[3] % 4):
         return "streams"
     chunk = n_kv // nc
     kw, vw = q.ne[0] * k.size // 4, v.ne[0] * v.size // 4

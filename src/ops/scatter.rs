@@ -136,6 +136,16 @@ impl RowScatter {
         }
     }
 
+    /// The source rows.
+    pub fn source(&self) -> &Tensor {
+        &self.src
+    }
+
+    /// The whole destination.
+    pub fn destination(&self) -> &Tensor {
+        &self.dst
+    }
+
     /// The destination rows at row 0: what a kernel's operand is bound to until the indices
     /// name the rows (`operands`).
     pub fn rows_placeholder(&self) -> Tensor {

@@ -274,12 +274,14 @@ class FaFfnPlanTest(unittest.TestCase):
                 rounds = len(fa.column_heads(0))
                 self.assertEqual(fa.tasks["x"], (1 + 3 * fa.steps) * rounds)
                 q, k, v, mask = spec.request.inputs[:4]
+                # Token t of stream s at s nb3 + t nb1 (one token a stream: a dense q).
+                token = [s * q.nb[3] + t * q.nb[1] for s in range(n_seq) for t in range(n_q)]
                 written = []
                 for col in range(fa.columns):
                     for kvh in fa.column_heads(col):
                         idx = fa.q_tap(kvh).indices()
                         rows = [
-                            t * q.nb[1] // 4 + (kvh * fa.gq + j) * q.nb[2] // 4 + i
+                            token[t] // 4 + (kvh * fa.gq + j) * q.nb[2] // 4 + i
                             for t in range(T)
                             for j in range(fa.gq)
                             for i in range(fa.d)

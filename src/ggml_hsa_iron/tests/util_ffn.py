@@ -304,7 +304,7 @@ def fa_ffn_request(
     n_head_kv d), the mask [n_kv, padded n_q] (f16), W_o [d n_head, K], r0 [K, n_q], W_g, W_u
     [K, F], W_d [F, K] of `wtype`, n [K]; out [K, n_q], a [d, n_head, n_q], r1, h. `n_seq` > 1:
     a cache per sequence, as llama.cpp lays it out: q [d, n_q, n_head, n_seq] (the view of one
-    Q [d, n_head, n_q n_seq]), k and v [d, n_kv, n_head_kv, n_seq] (each sequence's cache of
+    Q [d, n_head, n_q n_seq]; dense for one row a sequence), k and v [d, n_kv, n_head_kv, n_seq] (each sequence's cache of
     n_kv + 32 rows after the other's), the mask [n_kv, n_q, 1, n_seq]; the block's rows, a's
     too, n_q n_seq. `glu_only`: FLASH_ATTN_GLU_<glu> (no W_d; h, then a and r1). `kw`:
     request_json's and per-operand overrides (q, k, v, mask, a as Tensors)."""
@@ -315,6 +315,10 @@ def fa_ffn_request(
     if n_seq == 1:
         q = tensor("f32", [d, n_q, n_head])
         mask = tensor("f16", [n_kv, -(-n_q // 64) * 64])
+    elif n_q == 1:
+        # One row a stream: the view is dense (the backend's request says so).
+        q = tensor("f32", [d, 1, n_head, n_seq])
+        mask = tensor("f16", [n_kv, 1, 1, n_seq])
     else:
         row = 4 * d * n_head
         q = Tensor("f32", (d, n_q, n_head, n_seq), (4, row, 4 * d, row * n_q))

@@ -1018,18 +1018,20 @@ pub struct QkvMerge {
     pub members: [usize; 3],
     /// Where the merged kernel runs: the last of the members.
     pub at: usize,
-    /// The merged kernel: Q's output as planned, K's and V's as their rows in the cache.
+    /// The merged kernel: Q's output as planned, K's and V's as their kernels write them (the
+    /// cache's rows, or their f32 outputs that SET_ROWS copies).
     pub desc: KernelDesc,
     /// Its operands up to Q's output (Wq, Wk, Wv, x, n, the positions, [the frequency
-    /// factors], Q's output); K's and V's rows follow at run time.
+    /// factors], Q's output); K's and V's outputs follow.
     pub operands: Vec<Tensor>,
 }
 
 /// The merge of V's kernel at node `v` with Q's and K's (`planned(k)`: node k's plan;
-/// `rows_kernel(k)`: for a kernel that writes its SET_ROWS's destination rows itself when the
-/// indices are consecutive, its kernel writing them and that SET_ROWS's node). V is an
-/// `RMS_NORM_MUL_MAT` kernel writing cache rows, K an `RMS_NORM_MUL_MAT_ROPE[_FF]` kernel
-/// writing cache rows and Q one that does not, all three of one x, norm weight and eps, Q and
+/// `cache_kernel(k)`: for a kernel whose result goes into a KV cache, by writing its SET_ROWS's
+/// destination rows itself when the indices are consecutive or by that SET_ROWS's copy after
+/// it, its kernel and that SET_ROWS's node). V is an `RMS_NORM_MUL_MAT` kernel and K an
+/// `RMS_NORM_MUL_MAT_ROPE[_FF]` kernel going into the cache, Q one that does not, all three of
+/// one x, norm weight and eps, Q and
 /// K with one rotation (parameters, positions, frequency factors); each weight of its own type
 /// (llama.cpp's Q4_K_M has q6_K V weights in some layers, q4_K in the others). The
 /// merged kernel runs at the last of them, so only when no node between a member and it reads
@@ -1039,7 +1041,7 @@ pub fn merge_qkv<'a>(
     nodes: &[Node],
     v: usize,
     planned: impl Fn(usize) -> Planned<'a>,
-    rows_kernel: impl Fn(usize) -> Option<(&'a KernelDesc, usize)>,
+    cache_kernel: impl Fn(usize) -> Option<(&'a KernelDesc, usize)>,
 ) -> Option<QkvMerge> {
     let kernel = |k: usize| match planned(k) {
         Planned::Kernel(desc, operands) => Some((desc, operands)),
@@ -1052,7 +1054,7 @@ pub fn merge_qkv<'a>(
         (Fused::RmsNormMulMatBias, [wv, x, n, b, _]) => (wv, x, n, Some(b)),
         _ => return None,
     };
-    let (v_rows, v_set) = rows_kernel(v)?;
+    let (v_rows, v_set) = cache_kernel(v)?;
     let rotations: Vec<usize> = (0..nodes.len())
         .filter(|&k| {
             kernel(k).is_some_and(|(d, ops)| {
@@ -1064,7 +1066,7 @@ pub fn merge_qkv<'a>(
         })
         .collect();
     let (q, k) = match rotations.as_slice() {
-        [a, b] => match (rows_kernel(*a).is_some(), rows_kernel(*b).is_some()) {
+        [a, b] => match (cache_kernel(*a).is_some(), cache_kernel(*b).is_some()) {
             (false, true) => (*a, *b),
             (true, false) => (*b, *a),
             _ => return None,
@@ -1072,7 +1074,7 @@ pub fn merge_qkv<'a>(
         _ => return None,
     };
     let (Some((q_desc, q_ops)), Some((k_desc, k_ops)), Some((k_rows, k_set))) =
-        (kernel(q), kernel(k), rows_kernel(k))
+        (kernel(q), kernel(k), cache_kernel(k))
     else {
         return None;
     };

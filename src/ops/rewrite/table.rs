@@ -5,7 +5,7 @@ use super::builders as b;
 use super::{CacheRows, Graph, Planned, Rewritten};
 use crate::ops::plan::Plan;
 use crate::ops::scatter::RowScatter;
-use crate::ops::tensor::{Op, Tensor};
+use crate::ops::tensor::{Node, Op, Tensor};
 
 /// When a rewrite is tried: the kernels of each stage are loaded (and the refused ones given
 /// back their nodes' steps) before the next stage looks at the plan.
@@ -177,9 +177,10 @@ pub const REWRITES: &[Rewrite] = &[
     Rewrite {
         name: "RMS_NORM_QKV_ROPE[_FF]",
         stage: Stage::Projections,
-        anchor: "V's RMS_NORM_MUL_MAT kernel writing cache rows",
+        anchor: "V's RMS_NORM_MUL_MAT kernel writing cache rows (or, for a cache per \
+                 sequence, its f32 output copied into them)",
         absorbs: "Q's and K's RMS_NORM_MUL_MAT_ROPE[_FF] kernels of the same x (K's writing \
-                  cache rows)",
+                  cache rows, or copied into them as V's)",
         build: qkv_merge,
     },
     Rewrite {
@@ -292,12 +293,29 @@ fn cache_copy(g: &Graph, at: usize) -> Vec<Rewritten> {
     }]
 }
 
-/// The producer of a SET_ROWS copy's source, writing the rows itself.
+/// Whether the cache `dst` (a SET_ROWS's destination at node `at`) is read by an attention
+/// over several streams: llama.cpp's cache per sequence with a step of several sequences, each
+/// writing its own stream's rows, which are never consecutive.
+fn per_sequence_cache(nodes: &[Node], at: usize, dst: &Tensor) -> bool {
+    nodes[at + 1..].iter().any(|n| {
+        n.op == Op::FlashAttnExt
+            && n.src(0).is_some_and(|q| q.ne[3] > 1)
+            && [n.src(1), n.src(2)]
+                .into_iter()
+                .flatten()
+                .any(|kv| kv.overlaps(dst))
+    })
+}
+
+/// The producer of a SET_ROWS copy's source, writing the rows itself. Not for a cache per
+/// sequence read by several streams at once: its rows are apart, and the producer would run as
+/// its f32 kernel and the copies anyway (Q's, K's and V's f32 kernels merge instead:
+/// `qkv_merge`).
 fn cache_producer(g: &Graph, at: usize) -> Vec<Rewritten> {
     let [copy] = g.steps.rows(at) else {
         return Vec::new();
     };
-    if copy.set_rows != at {
+    if copy.set_rows != at || per_sequence_cache(g.nodes, at, copy.scatter.destination()) {
         return Vec::new();
     }
     // The kernel computing node j: its own, or the one covering it whose last node it is (a
@@ -358,20 +376,47 @@ fn append_rows(operands: &mut Vec<Tensor>, rows: [&CacheRows; 2]) -> Vec<CacheRo
         .collect()
 }
 
+/// The SET_ROWS copy (its node) of the f32 output of node `k`'s kernel, where the kernel does
+/// not write the rows itself (a cache per sequence: `cache_producer`).
+fn copied_by(g: &Graph, k: usize) -> Option<usize> {
+    let Planned::Kernel(_, operands) = g.planned(k) else {
+        return None;
+    };
+    let out = operands.last()?;
+    (k + 1..g.nodes.len()).find(
+        |&s| matches!(g.steps.rows(s), [r] if r.set_rows == s && r.scatter.source().overlaps(out)),
+    )
+}
+
+/// Q's, K's and V's kernels into one: K's and V's writing their cache rows (the rows as its
+/// last two operands, named when the graph runs), or, for a cache per sequence, their f32
+/// outputs, which the SET_ROWS copies after it put into the rows.
 fn qkv_merge(g: &Graph, v: usize) -> Vec<Rewritten> {
-    let rows_kernel = |k: usize| match (g.planned(k), produced_rows(g, k)) {
+    let cache_kernel = |k: usize| match (g.planned(k), produced_rows(g, k)) {
         (Planned::Kernel(desc, _), Some(rows)) => Some((desc, rows.set_rows)),
+        (Planned::Kernel(desc, _), None) => copied_by(g, k).map(|s| (desc, s)),
         _ => None,
     };
-    let Some(merge) = b::merge_qkv(g.nodes, v, |k| g.planned(k), rows_kernel) else {
+    let Some(merge) = b::merge_qkv(g.nodes, v, |k| g.planned(k), cache_kernel) else {
         return Vec::new();
     };
     let [_, k, v] = merge.members;
-    let (Some(k_rows), Some(v_rows)) = (produced_rows(g, k), produced_rows(g, v)) else {
-        return Vec::new();
-    };
     let mut operands = merge.operands;
-    let rows = append_rows(&mut operands, [k_rows, v_rows]);
+    let rows = match (produced_rows(g, k), produced_rows(g, v)) {
+        (Some(k_rows), Some(v_rows)) => append_rows(&mut operands, [k_rows, v_rows]),
+        (None, None) => {
+            let output = |m: usize| match g.planned(m) {
+                Planned::Kernel(_, ops) => ops.last().cloned(),
+                _ => None,
+            };
+            let (Some(k_out), Some(v_out)) = (output(k), output(v)) else {
+                return Vec::new();
+            };
+            operands.extend([k_out, v_out]);
+            Vec::new()
+        }
+        _ => return Vec::new(),
+    };
     vec![Rewritten {
         at: merge.at,
         covers: merge
