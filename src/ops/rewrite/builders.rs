@@ -1374,7 +1374,7 @@ fn normed_bias(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::{Graph, Step, StepList, REWRITES};
     use super::*;
     use crate::ops::tensor::test_util::{node, tensor};
@@ -2097,7 +2097,9 @@ mod tests {
     /// Q's, K's and V's planned kernels of one x (0x1000) and norm weight (0x2000) at nodes 0,
     /// 1 and 2, K's and V's writing cache rows (SET_ROWS at nodes 3 and 4), positions at
     /// 0x3000; `extra` nodes inserted at `extra.0`.
-    fn qkv_graph(extra: Option<(usize, Node)>) -> (Vec<Node>, Vec<Option<Plan>>) {
+    pub(in crate::ops::rewrite) fn qkv_graph(
+        extra: Option<(usize, Node)>,
+    ) -> (Vec<Node>, Vec<Option<Plan>>) {
         qkv_graph_of(extra, None)
     }
 

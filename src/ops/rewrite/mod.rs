@@ -304,7 +304,7 @@ fn replace<K: Clone>(steps: &mut [Step<K>], group: Vec<Rewritten>) {
 mod tests {
     use super::*;
     use crate::ops::tensor::test_util::{node, tensor};
-    use crate::ops::tensor::{DType, Op};
+    use crate::ops::tensor::{BinaryOp, DType, Op};
 
     /// A SET_ROWS of 3 f32 rows of 64 into a 16-row f16 cache at 0x10000, by i64 indices the
     /// application sets (at 0x2000).
@@ -353,5 +353,96 @@ mod tests {
             &|_| false,
         );
         assert!(matches!(steps[0], Step::Cpu(_)));
+    }
+
+    /// Q's, K's and V's kernels and the SET_ROWS of K and V into their caches, then an
+    /// attention over those caches whose q has `streams` streams (`streams` > 1: a cache per
+    /// sequence, its rows never consecutive), through the stages up to the projections' merge.
+    fn qkv_steps(streams: i64) -> (Vec<Node>, Vec<Step<()>>) {
+        let (mut nodes, plans) = builders::tests::qkv_graph(None);
+        let mut steps: Vec<Step<()>> = plans
+            .into_iter()
+            .map(|p| p.map_or_else(|| Step::Cpu("SET_ROWS".into()), Step::of))
+            .collect();
+        let cache = |addr| tensor(DType::F16, [16, 8, 1, streams], addr);
+        let q = tensor(DType::F32, [16, 1, 4, streams], 0xa000);
+        let out = tensor(DType::F32, [16, 4, 1, streams], 0x60000);
+        nodes.push(node(
+            Op::FlashAttnExt,
+            out,
+            vec![q, cache(0x40000), cache(0x50000)],
+        ));
+        steps.push(Step::Cpu("FLASH_ATTN_EXT".into()));
+        // A later layer's K in Q's memory (reused), copied into its own cache: Q's result is
+        // not that copy's source.
+        let reused = tensor(DType::F32, [16, 1, 1, 1], 0xa000);
+        let set = node(
+            Op::SetRows,
+            tensor(DType::F16, [16, 8, 1, 1], 0x70000),
+            vec![reused.clone(), tensor(DType::I64, [1, 1, 1, 1], 0x4000)],
+        );
+        nodes.extend([node(Op::Binary(BinaryOp::Add), reused, vec![]), set]);
+        steps.extend([Step::Cpu("ADD".into()), Step::Cpu("SET_ROWS".into())]);
+        for stage in [
+            Stage::CacheCopies,
+            Stage::CacheProducers,
+            Stage::Projections,
+        ] {
+            apply(stage, &nodes, &mut steps, PlanOptions::default(), &|_| true);
+        }
+        (nodes, steps)
+    }
+
+    #[test]
+    fn q_k_and_v_merge_writing_the_cache_rows_or_for_a_cache_per_sequence_their_own() {
+        // One cache: K and V write their rows (named when the graph runs), Q, K and V one
+        // kernel at V's node, the copies' nodes running nothing once it has run.
+        let (_, steps) = qkv_steps(1);
+        let Step::Kernel(k) = &steps[2] else {
+            panic!("{:?}", steps[2]);
+        };
+        assert_eq!(k.desc.op, "RMS_NORM_QKV_ROPE");
+        let types: Vec<&str> = k
+            .desc
+            .extra_outputs
+            .iter()
+            .map(|l| l.dtype.as_str())
+            .collect();
+        assert_eq!(types, ["f16", "f16"]);
+        assert_eq!(
+            k.rows.iter().map(|r| r.set_rows).collect::<Vec<_>>(),
+            [3, 4]
+        );
+        // A cache per sequence: K and V are not retargeted (their rows are apart in every step
+        // of several sequences); the merged kernel writes their f32 results, which the SET_ROWS
+        // copies after it put into each sequence's rows.
+        let (nodes, steps) = qkv_steps(4);
+        let Step::Kernel(k) = &steps[2] else {
+            panic!("{:?}", steps[2]);
+        };
+        assert_eq!(k.desc.op, "RMS_NORM_QKV_ROPE");
+        let types: Vec<&str> = k
+            .desc
+            .extra_outputs
+            .iter()
+            .map(|l| l.dtype.as_str())
+            .collect();
+        assert_eq!(types, ["f32", "f32"]);
+        assert!(k.rows.is_empty());
+        let outputs: Vec<u64> = k.operands[k.operands.len() - 3..]
+            .iter()
+            .map(|t| t.addr)
+            .collect();
+        assert_eq!(
+            outputs,
+            [nodes[0].dst.addr, nodes[1].dst.addr, nodes[2].dst.addr]
+        );
+        assert_eq!((&steps[0], &steps[1]), (&Step::Covered, &Step::Covered));
+        for s in [3, 4] {
+            let Step::Kernel(copy) = &steps[s] else {
+                panic!("{:?}", steps[s]);
+            };
+            assert_eq!((copy.desc.op.as_str(), copy.rows[0].set_rows), ("CPY", s));
+        }
     }
 }

@@ -377,15 +377,26 @@ fn append_rows(operands: &mut Vec<Tensor>, rows: [&CacheRows; 2]) -> Vec<CacheRo
 }
 
 /// The SET_ROWS copy (its node) of the f32 output of node `k`'s kernel, where the kernel does
-/// not write the rows itself (a cache per sequence: `cache_producer`).
+/// not write the rows itself (a cache per sequence: `cache_producer`): the copy of exactly that
+/// output, before a node computes over its memory (reused by a later node's result).
 fn copied_by(g: &Graph, k: usize) -> Option<usize> {
     let Planned::Kernel(_, operands) = g.planned(k) else {
         return None;
     };
     let out = operands.last()?;
-    (k + 1..g.nodes.len()).find(
-        |&s| matches!(g.steps.rows(s), [r] if r.set_rows == s && r.scatter.source().overlaps(out)),
-    )
+    for s in k + 1..g.nodes.len() {
+        match g.steps.rows(s) {
+            [r] if r.set_rows == s => {
+                let src = r.scatter.source();
+                if src.addr == out.addr && src.bytes == out.bytes {
+                    return Some(s);
+                }
+            }
+            _ if g.nodes[s].op != Op::Layout && g.nodes[s].dst.overlaps(out) => return None,
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Q's, K's and V's kernels into one: K's and V's writing their cache rows (the rows as its
