@@ -1262,13 +1262,14 @@ fn several_sequences_decode_side_by_side_with_the_cpu_s_logits() {
         // A step's projections take its four tokens at once. With one cache, the whole layer
         // is one kernel (Q, K and V writing the cache rows, the attention reading each K and
         // V row once for the four, the block); with a cache per sequence, Q, K and V are one
-        // (their rows copied into each sequence's cache after it), and the attention (each
-        // sequence's tokens against its own cache) with the block after it another.
+        // (their rows copied into each sequence's cache after it, K's in one kernel and V's in
+        // another), and the attention (each sequence's tokens against its own cache) with the
+        // block after it another.
         if cache.contains(&"--kv-unified") {
             assert_layer_kernel_of_tokens(&tag, &counters, 4);
         } else {
             let emulated = &read_json(&counters)["emulated_ops"];
-            for op in ["RMS_NORM_QKV_ROPE", "FLASH_ATTN_FFN_SWIGLU"] {
+            for op in ["RMS_NORM_QKV_ROPE", "FLASH_ATTN_FFN_SWIGLU", "CPY_ROWS"] {
                 assert!(
                     emulated.get(op).is_some(),
                     "{tag}: no {op} kernel: {emulated}"

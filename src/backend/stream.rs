@@ -166,6 +166,7 @@ enum Slot {
     Own,
     Piece(usize),
     RowCopy,
+    RowsCopy,
 }
 
 /// The cache rows a SET_ROWS's indices name when the graph runs (`Stream::cache_rows`).
@@ -476,6 +477,10 @@ impl Stream {
                     at.push((i, Slot::RowCopy));
                     descs.push(desc.clone());
                 }
+                if let (Some(desc), None) = (k.rows_copy_desc(), &k.rows_copy) {
+                    at.push((i, Slot::RowsCopy));
+                    descs.push(desc.clone());
+                }
                 let pieces = k.pieces.as_deref().unwrap_or_default();
                 if pieces.is_empty() {
                     if k.loaded.is_none() {
@@ -510,6 +515,18 @@ impl Stream {
                         }
                     }
                     (Ok(kernel), Slot::RowCopy) => step.row_copy = Some(kernel),
+                    (Ok(kernel), Slot::RowsCopy) => step.rows_copy = Some(kernel),
+                    // The copy of all rows apart refused: one copy per row. Asked for once.
+                    (Err(e), Slot::RowsCopy) => {
+                        crate::log::debug(&format!(
+                            "{}: node {i}: the copy of cache rows apart in one kernel is not \
+                             available ({e}); they are copied one at a time",
+                            self.device.name
+                        ));
+                        if let Some(r) = step.rows.first_mut() {
+                            r.scatter.rows_copy = None;
+                        }
+                    }
                     (Err(e), Slot::Own) => refused.push((i, e)),
                     // The one-row copy refused: indices that are not consecutive run the
                     // SET_ROWS as planned. Asked for once: the scatter forgets it.
@@ -612,12 +629,26 @@ impl Stream {
                         .map_err(failed)?
                     {
                         NamedRows::Consecutive(rows) => operands.to_mut()[r.operand] = rows,
-                        // A copy into rows apart (a step of several sequences): a row each.
+                        // A copy into rows apart (a step of several sequences): all of them in
+                        // one kernel, or a row each (in order where a row is named twice: the
+                        // later one wins).
                         NamedRows::Apart(copies) => {
-                            let kernel = row_copy.ok_or_else(not_loaded)?;
-                            for pair in copies {
-                                self.enqueue(kernel.clone(), &pair, 1, None, node)
+                            let mut at: Vec<u64> = copies.iter().map(|[_, d]| d.addr).collect();
+                            at.sort_unstable();
+                            at.dedup();
+                            let distinct = at.len() == copies.len();
+                            if let Some(kernel) = k.rows_copy.as_ref().filter(|_| distinct) {
+                                let mut rows = vec![r.scatter.source().clone()];
+                                rows.extend(copies.into_iter().map(|[_, dst]| dst));
+                                let outputs = rows.len() - 1;
+                                self.enqueue(kernel.clone(), &rows, outputs, None, node)
                                     .map_err(failed)?;
+                            } else {
+                                let kernel = row_copy.ok_or_else(not_loaded)?;
+                                for pair in copies {
+                                    self.enqueue(kernel.clone(), &pair, 1, None, node)
+                                        .map_err(failed)?;
+                                }
                             }
                             done[r.set_rows] = true;
                             return Ok(());

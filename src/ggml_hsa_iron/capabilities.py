@@ -39,8 +39,8 @@ def capabilities(target: str = "npu") -> dict:
             "kernel_source": spec.source,
             "constraints": spec.constraints,
         }
-        if spec.outputs > 1:
-            # `output`, then the request's extra_outputs.
+        if spec.outputs != 1:
+            # `output`, then the request's extra_outputs (0: one per row of input 0).
             entry["outputs"] = spec.outputs
         if spec.run_time_n_kv and target == "emu":
             # The request may give n_kv at dispatch (`n_kv_step`): the emulation target

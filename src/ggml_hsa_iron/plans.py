@@ -1515,11 +1515,12 @@ def prepare(req: Request):
         if spec.kind == "flash_attn_glu":
             return prepare_flash_attn_glu(req)
         return prepare_flash_attn_ffn(req)
-    if spec.kind in ("copy", "set_rows"):
+    if spec.kind in ("copy", "copy_rows", "set_rows"):
         # plans_copy imports this module (CoreSource): imported here, not at the top.
-        from .plans_copy import prepare_copy, prepare_set_rows
+        from .plans_copy import prepare_copy, prepare_copy_rows, prepare_set_rows
 
-        return prepare_copy(req) if spec.kind == "copy" else prepare_set_rows(req)
+        prepare = {"copy": prepare_copy, "copy_rows": prepare_copy_rows}
+        return prepare.get(spec.kind, prepare_set_rows)(req)
     return prepare_eltwise(req)
 
 

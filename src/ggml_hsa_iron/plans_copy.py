@@ -16,6 +16,7 @@ Pure Python like plans.py: a request the designs cannot build raises Unsupported
   not the rows written.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -188,6 +189,47 @@ class CopySpec:
     def drain_tap(self, start: int, length: int):
         return self.dst_walk.tap(start, length)
 
+    def drains(self, column: int) -> list[tuple[int, tuple]]:
+        """Column `column`'s drains: (output, tap) pairs, its share of the logical order."""
+        chunk = self.plan.column_chunk
+        return [(0, self.drain_tap(column * chunk, chunk))]
+
+
+@dataclass(frozen=True)
+class CopyRowsSpec:
+    """CPY_ROWS: CPY of input 0's rows into as many one-row outputs; the copy of the rows into
+    a dense [ne0, T] (`copy`, whose dataflow and fills it is) with each column's share drained
+    into the outputs it spans."""
+
+    copy: CopySpec
+    rows: int
+
+    def __getattr__(self, name):
+        return getattr(self.copy, name)
+
+    @property
+    def kind(self) -> str:
+        return "copy_rows"
+
+    @property
+    def sequence(self) -> list[tuple[str, int]]:
+        """The source's span, then each output row."""
+        row = (self.copy.dst.dtype, self.copy.dst.ne[0])
+        return [self.copy.sequence[0]] + [row] * self.rows
+
+    def drains(self, column: int) -> list[tuple[int, tuple]]:
+        """Column `column`'s share of the rows' elements, one drain per row it spans: (output,
+        linear tap within that row)."""
+        chunk, ne0 = self.plan.column_chunk, self.copy.dst.ne[0]
+        start, end = column * chunk, (column + 1) * chunk
+        out = []
+        while start < end:
+            row, at = divmod(start, ne0)
+            length = min(end, (row + 1) * ne0) - start
+            out.append((row, (at, (1, 1, 1, length), (0, 0, 0, 1))))
+            start += length
+        return out
+
 
 def _arch(req: Request) -> Arch:
     arch = ARCHS.get(req.arch)
@@ -243,6 +285,42 @@ def prepare_copy(req: Request) -> CopySpec:
         "column shares the shim DMA can walk (whole 32-bit words, 4 dimensions, wraps of "
         f"at most {MAX_WRAP} words, a repeat count of at most {MAX_REPEAT})"
     )
+
+
+# The most rows of one CPY_ROWS (the backend's scatter::MAX_ROWS_APART).
+MAX_ROWS_APART = 8
+
+
+def prepare_copy_rows(req: Request) -> CopyRowsSpec:
+    """CPY_ROWS: the rows of input 0 [ne0, T] (2 <= T <= MAX_ROWS_APART, dense rows) into T
+    outputs [ne0] of one type (`output`, then extra_outputs)."""
+    outputs = (req.output, *req.extra_outputs)
+    if len(req.inputs) != 1:
+        raise RequestError(f"{req.op} takes 1 input, the request has {len(req.inputs)}")
+    src = req.inputs[0]
+    T, ne0 = src.ne[1], src.ne[0]
+    if src.ne[2:] != (1, 1) or src.nb[0] != src.size:
+        raise UnsupportedError(f"{req.op}: input 0 {list(src.ne)} is not one matrix of dense rows")
+    if len(outputs) != T:
+        raise RequestError(f"{req.op}: {T} rows into {len(outputs)} outputs")
+    if not 2 <= T <= MAX_ROWS_APART:
+        raise UnsupportedError(f"{req.op}: {T} rows; a kernel copies 2 to {MAX_ROWS_APART}")
+    dst = outputs[0]
+    for o in outputs:
+        if o.dtype != dst.dtype or o.ne != (ne0, 1, 1, 1) or not o.is_dense():
+            raise RequestError(f"{req.op}: the outputs must be dense rows [{ne0}] of one type")
+    rows = Tensor.dense(dst.dtype, (ne0, T, 1, 1))
+    copy = prepare_copy(dataclasses.replace(req, op="CPY", output=rows, extra_outputs=()))
+    spec = CopyRowsSpec(copy, T)
+    # Every drain whole 32-bit words of its row.
+    for c in range(copy.plan.columns):
+        for _, (at, sizes, _) in spec.drains(c):
+            if (at * dst.size) % DMA_WORD or (sizes[-1] * dst.size) % DMA_WORD:
+                raise UnsupportedError(
+                    f"{req.op}: a column's share of {T} rows of {ne0} {dst.dtype} is not whole "
+                    "32-bit words of each row"
+                )
+    return spec
 
 
 SET_ROWS_SRC = ("f32", "f16")

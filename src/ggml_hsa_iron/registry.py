@@ -46,7 +46,8 @@ class OpSpec:
     types: tuple[str, ...]
     broadcast: bool
     noncontiguous: bool
-    # "binary", "unary", "mul_mat", "mul_mat_glu", "mul_mat_add", "rows", "glu", "rope", "copy", "set_rows",
+    # "binary", "unary", "mul_mat", "mul_mat_glu", "mul_mat_add", "rows", "glu", "rope", "copy",
+    # "copy_rows", "set_rows",
     # "flash_attn", "reduce", "rms_norm_mul_mat", "rms_norm_mul_mat_rope",
     # "rms_norm_qkv_rope", "rms_norm_ffn", "mul_mat_add_rms_norm_ffn", "flash_attn_ffn",
     # "flash_attn_glu", "decode_layer"
@@ -56,7 +57,8 @@ class OpSpec:
     # f32 bit patterns); non-zero words beyond them are refused.
     params: int = 0
     # Outputs: the request's `output`, then `outputs - 1` tensors in its "extra_outputs"
-    # (RMS_NORM_QKV_ROPE(_FF): Q, then K and V); an op of one output refuses extra_outputs.
+    # (RMS_NORM_QKV_ROPE(_FF): Q, then K and V); an op of one output refuses extra_outputs;
+    # 0: one per row of input 0 (CPY_ROWS).
     outputs: int = 1
 
     @property
@@ -269,6 +271,11 @@ _COPY_LIMITS = (
     "or sliced view) is walked by the shim DMA: at most 4 dimensions after merging the "
     "contiguous ones, 2-byte elements in contiguous runs of whole words, inner wraps of at "
     "most 1023 words, each column's share whole outer slices (at most 64 when 4 dimensions)"
+)
+_COPY_ROWS_LIMITS = (
+    "input 0's 2 to 8 rows (dense rows) copied and converted into as many outputs (`output`, "
+    "then extra_outputs), one row each, of one type; CPY's dataflow over the rows' elements, "
+    "each column's share drained into the rows it spans, every piece whole 32-bit words"
 )
 _SET_ROWS_LIMITS = (
     "f32 or f16 rows, i32 or i64 indices (repeated over dimensions 2 and 3), an f32, f16 or "
@@ -579,6 +586,7 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec("DUP", COPY_OPS, 1, _COPY_TYPES, False, True, "copy", _COPY_LIMITS),
     OpSpec("CPY", COPY_OPS, 1, _COPY_TYPES, False, True, "copy", _COPY_LIMITS),
     OpSpec("CONT", COPY_OPS, 1, _COPY_TYPES, False, True, "copy", _COPY_LIMITS),
+    OpSpec("CPY_ROWS", COPY_OPS, 1, _COPY_TYPES, False, True, "copy_rows", _COPY_ROWS_LIMITS, 0, 0),
     # Attention (designs/flash_attn.py): K and V are strided cache views (noncontiguous); the
     # mask and the sinks are smaller than the output (broadcast); op_params scale, max_bias,
     # logit_softcap.

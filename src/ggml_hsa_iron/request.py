@@ -222,7 +222,8 @@ def _extra_outputs(obj: dict, op: str) -> tuple[Tensor, ...]:
     (the registry's `outputs`), exactly the outputs after `output`. An op no design implements
     is left to the planner (unsupported, whatever its outputs)."""
     spec = lookup(op)
-    want = spec.outputs - 1 if spec is not None else None
+    # An op of one output per row of input 0 (outputs 0): its planner counts them.
+    want = spec.outputs - 1 if spec is not None and spec.outputs else None
     if "extra_outputs" not in obj:
         if want:
             raise RequestError(

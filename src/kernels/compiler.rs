@@ -44,7 +44,8 @@ pub struct Capabilities {
 pub struct OpCapability {
     pub op: String,
     pub inputs: usize,
-    /// Number of outputs: `output`, then the request's `extra_outputs`.
+    /// Number of outputs: `output`, then the request's `extra_outputs`; 0: one per row of
+    /// input 0 (CPY_ROWS).
     #[serde(default = "one")]
     pub outputs: usize,
     pub types: Vec<String>,
@@ -100,11 +101,15 @@ impl Capabilities {
                 desc.op
             ));
         }
-        if op.outputs != 1 + desc.extra_outputs.len() {
+        let outputs = match op.outputs {
+            0 => desc.inputs.first().map_or(0, |t| t.ne[1].max(0) as usize),
+            n => n,
+        };
+        if outputs != 1 + desc.extra_outputs.len() {
             return Err(format!(
                 "{} has {} outputs in the compiler, {} here",
                 desc.op,
-                op.outputs,
+                outputs,
                 1 + desc.extra_outputs.len()
             ));
         }

@@ -16,9 +16,14 @@
 //! write the destination rows itself, in their type: [`RowScatter::producer`]. The copy's
 //! dispatch then disappears too.
 
-use super::plan::{device_copy, Plan};
+use super::plan::{as_layout, device_copy, Plan};
 use super::tensor::{DType, Node, Op, Tensor};
 use crate::kernels::{KernelDesc, Layout};
+use crate::op_catalogue as catalogue;
+
+/// The most rows one CPY_ROWS copies (a decode step's tokens: llama.cpp's sequences of a step,
+/// a speculative draft's batch).
+pub const MAX_ROWS_APART: usize = 8;
 
 /// A SET_ROWS node that can run as a copy into consecutive destination rows.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +33,10 @@ pub struct RowScatter {
     /// The copy of one row, dispatched once per index when the indices are not consecutive
     /// (`row_operands`); `None` for one row, or source rows not dense.
     pub row_copy: Option<KernelDesc>,
+    /// The copy of every row into its own destination row (CPY_ROWS), dispatched once when the
+    /// indices are not consecutive, in place of `row_copy` per index; `None` without
+    /// `row_copy` or over more than `MAX_ROWS_APART` rows.
+    pub rows_copy: Option<KernelDesc>,
     src: Tensor,
     /// The indices, read when the graph runs.
     pub idx: Tensor,
@@ -124,6 +133,16 @@ impl RowScatter {
         };
         match device_copy(&copy)? {
             Plan::Kernel { desc, .. } if available(&desc) => Some(RowScatter {
+                rows_copy: row_copy
+                    .as_ref()
+                    .filter(|_| n as usize <= MAX_ROWS_APART)
+                    .map(|one| KernelDesc {
+                        op: catalogue::CPY_ROWS.name.to_owned(),
+                        inputs: vec![as_layout(src)],
+                        output: one.output.clone(),
+                        extra_outputs: vec![one.output.clone(); n as usize - 1],
+                        ..one.clone()
+                    }),
                 copy: desc,
                 row_copy,
                 src: src.clone(),
@@ -358,6 +377,17 @@ mod tests {
         let row_copy = s.row_copy.clone().expect("a one-row copy");
         assert_eq!(row_copy.op, "CPY");
         assert_eq!(row_copy.output.ne, [64, 1, 1, 1]);
+        // All three in one kernel: the source rows, then one output row each.
+        let rows_copy = s.rows_copy.clone().expect("the copy of the rows apart");
+        assert_eq!(rows_copy.op, "CPY_ROWS");
+        assert_eq!(rows_copy.inputs[0].ne, [64, 3, 1, 1]);
+        assert_eq!(rows_copy.extra_outputs.len(), 2);
+        for out in std::iter::once(&rows_copy.output).chain(&rows_copy.extra_outputs) {
+            assert_eq!((out.dtype.as_str(), out.ne), ("f16", [64, 1, 1, 1]));
+        }
+        // More rows than one CPY_ROWS copies: a row each.
+        let many = RowScatter::of(&set_rows(MAX_ROWS_APART as i64 + 1), |_| true).unwrap();
+        assert!(many.row_copy.is_some() && many.rows_copy.is_none());
         // Three sequences' cells, one repeated: in order, each source row to its cell.
         let pairs = s.row_operands(&i64_bytes(&[9, 2, 9])).expect("in range");
         let at: Vec<(u64, u64)> = pairs.iter().map(|[a, b]| (a.addr, b.addr)).collect();

@@ -329,11 +329,16 @@ impl KernelDesc {
                 .map_err(DescError::Unsupported)?
                 .validate();
         }
-        if self.extra_outputs.len() + 1 != op.outputs() {
+        // 0: one output per row of input 0.
+        let outputs = match op.outputs() {
+            0 => self.inputs.first().map_or(0, |t| t.ne[1].max(0) as usize),
+            n => n,
+        };
+        if self.extra_outputs.len() + 1 != outputs {
             return inv(format!(
                 "op {} has {} output(s), request has {}",
                 self.op,
-                op.outputs(),
+                outputs,
                 self.extra_outputs.len() + 1
             ));
         }
@@ -707,6 +712,18 @@ impl KernelDesc {
                     src0.nelements(),
                     self.output.nelements()
                 ));
+            }
+        } else if op == Op::CopyRows {
+            let rows = src0.ne;
+            let row = [rows[0], 1, 1, 1];
+            if rows[2] != 1 || rows[3] != 1 || rows[1] < 2 {
+                return inv(format!(
+                    "CPY_ROWS copies 2 or more rows of one matrix, not {rows:?}"
+                ));
+            }
+            let outputs = std::iter::once(&self.output).chain(&self.extra_outputs);
+            if let Some(o) = outputs.into_iter().find(|o| o.ne != row) {
+                return inv(format!("CPY_ROWS writes rows {row:?}, not {:?}", o.ne));
             }
         } else if op == Op::SetRows {
             let (s, i, d) = (src0.ne, self.inputs[1].ne, self.output.ne);

@@ -261,6 +261,10 @@ pub enum Op {
     /// inputs the rows (f32/f16) and the i32/i64 indices, the output the whole destination
     /// (f32/f16/bf16), written in place (rows not indexed keep their values).
     SetRows,
+    /// SET_ROWS into rows apart: input 0's rows (f32/f16/bf16) `[ne0, T]` copied and converted
+    /// into T outputs, row t into output t (`[ne0]` each, f32/f16/bf16): the output and the
+    /// extra outputs, one per row (`outputs` 0 in the capabilities).
+    CopyRows,
 }
 
 const BINARY: &[(&str, BinaryOp)] = &[
@@ -478,13 +482,15 @@ impl Op {
             }),
             "DUP" | "CPY" | "CONT" => Some(Op::Copy),
             "SET_ROWS" => Some(Op::SetRows),
+            "CPY_ROWS" => Some(Op::CopyRows),
             _ => None,
         }
     }
 
-    /// Number of outputs (the output, then the extra outputs).
+    /// Number of outputs (the output, then the extra outputs); 0: one per row of input 0.
     pub fn outputs(self) -> usize {
         match self {
+            Op::CopyRows => 0,
             Op::AttnFfn(_) => 4,
             Op::DecodeLayer { .. } => 7,
             Op::NormedQkv { .. } | Op::ProjectedFfn(_) | Op::AttnGlu(_) => 3,
@@ -615,7 +621,7 @@ impl Op {
             "DECODE_LAYER_FF_GEGLU_ERF",
             "DECODE_LAYER_FF_GEGLU_QUICK",
         ]);
-        v.extend(["SET_ROWS", "DUP", "CPY", "CONT"]);
+        v.extend(["SET_ROWS", "DUP", "CPY", "CONT", "CPY_ROWS"]);
         v
     }
 
@@ -749,7 +755,7 @@ impl Op {
             Op::Glu(_) => 9,
             Op::SoftMax { .. } => 5,
             Op::Rope { .. } => 6,
-            Op::Binary(_) | Op::Copy | Op::SetRows => 1,
+            Op::Binary(_) | Op::Copy | Op::SetRows | Op::CopyRows => 1,
             Op::Scale | Op::Clamp => 2,
             Op::Unary(UnaryOp::Gelu | UnaryOp::GeluErf | UnaryOp::GeluQuick | UnaryOp::Silu) => 8,
             Op::Unary(_) => 2,
@@ -784,6 +790,7 @@ impl Op {
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
             Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",
             Op::Copy => "unused; input 0 copied into the output in logical (row-major) order, converting between f32, f16 and bf16; equal element counts, any shapes and strides",
+            Op::CopyRows => "unused; input 0 rows [ne0, T] (dense rows); outputs T rows [ne0] (the output, then the extra outputs), row t of input 0 copied into output t, converting between f32, f16 and bf16",
             Op::SetRows => "unused; inputs rows [ne0, n, ne2, ne3] (f32/f16) and indices [n, n11, n12] (i32/i64, repeated over dimensions 2 and 3), output the destination [ne0, rows, ne2, ne3] (f32/f16/bf16) written in place: row i of slab (i2, i3) into row idx[i, i2 % n11, i3 % n12]",
             Op::CrossEntropyLoss => "unused; inputs f32 logits and f32 labels of one shape (rows along dimension 0), output f32 [1]: -(1/rows) sum labels * log_softmax(logits)",
             _ => "unused",

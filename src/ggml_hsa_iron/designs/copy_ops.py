@@ -44,8 +44,9 @@ def _build_copy(spec):
     p = spec.plan
     C, R, T, K = p.columns, p.rows, p.tile, p.iterations
     dev = device(spec.arch, C)
-    (st, s_total), (dt, d_total) = spec.sequence
-    seq_types = [vector_type(s_total, st), vector_type(d_total, dt)]
+    (st, s_total), (dt, _) = spec.sequence[:2]
+    seq_types = [vector_type(n, t) for t, n in spec.sequence]
+    totals = [n for _, n in spec.sequence]
     tile_in, tile_out = vector_type(T, st), vector_type(T, dt)
     kern = Kernel("ggml_copy", OBJECT, [tile_in, tile_out, np.int32])
 
@@ -84,11 +85,16 @@ def _build_copy(spec):
     drains = [outs[c].cons(tile=Tile(c, SHIM_ROW)) for c in range(C)]
     chunk = p.column_chunk
 
-    def sequence(src, dst, *handles):
+    n_out = len(seq_types) - 1
+
+    def sequence(src, *rest):
+        # The source, the output(s) (CPY_ROWS: one per row), then the shim endpoints.
+        dsts, handles = rest[:n_out], rest[n_out:]
         for c, h in enumerate(handles[:C]):
             h.fill(src, tap=_tap(s_total, spec.fill_tap(c * chunk, chunk)))
         for c, h in enumerate(handles[C:]):
-            h.drain(dst, tap=_tap(d_total, spec.drain_tap(c * chunk, chunk)), wait=True)
+            for j, tap in spec.drains(c):
+                h.drain(dsts[j], tap=_tap(totals[1 + j], tap), wait=True)
 
     rt = Runtime(sequence, [*seq_types, *fills, *drains])
     return Program(dev, rt, workers=workers).resolve_program()
@@ -164,6 +170,12 @@ def ggml_op_cpy(spec):
 
 def ggml_op_cont(spec):
     """GGML CONT: a strided view made contiguous (and converted) in logical order."""
+    return _build_copy(spec)
+
+
+def ggml_op_cpy_rows(spec):
+    """CPY_ROWS: the rows copied (and converted) into as many one-row outputs: CPY's dataflow,
+    each column's share drained into the rows it spans."""
     return _build_copy(spec)
 
 

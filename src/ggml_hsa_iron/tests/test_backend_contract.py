@@ -44,6 +44,7 @@ ROW_OPS = {
 }  # fmt: skip
 PLANNER_NAMES = {
     "SOFT_MAX_MASK", "SOFT_MAX_SINKS", "SOFT_MAX_MASK_SINKS", "RMS_NORM_MUL", "RMS_NORM_MUL_ADD",
+    "CPY_ROWS",
     *FLASH_ATTN_OPS,
 }  # fmt: skip
 CATALOGUE = SRC / "op_catalogue.toml"
@@ -135,6 +136,8 @@ class OpNamesTest(unittest.TestCase):
                 want_kind = "copy"
             if spec.op == "SET_ROWS":
                 want_kind = "set_rows"
+            if spec.op == "CPY_ROWS":
+                want_kind = "copy_rows"
             if spec.op in FLASH_ATTN_OPS:
                 want_kind = "flash_attn"
             if spec.op in REDUCE_OPS:

@@ -190,7 +190,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + GLU
                 + ROPE
                 + COPIES
-                + ["SET_ROWS"]
+                + ["SET_ROWS", "CPY_ROWS"]
                 + self.FLASH_ATTN
                 + REDUCTIONS
             ),
@@ -306,8 +306,10 @@ class CapabilitiesTest(unittest.TestCase):
         )
         self.assertEqual(
             {o["op"] for o in ops.values() if "outputs" in o},
-            set(NORM_QKV + NORM_FFN + ATTN_FFN + FA_FFN + FA_GLU + DECODE),
+            set(NORM_QKV + NORM_FFN + ATTN_FFN + FA_FFN + FA_GLU + DECODE + ["CPY_ROWS"]),
         )
+        # CPY_ROWS: one output per row of its input.
+        self.assertEqual((ops["CPY_ROWS"]["inputs"], ops["CPY_ROWS"]["outputs"]), (1, 0))
         # W_g, W_u, W_d, x, n, r; eps; out, then h (extra_outputs).
         for op in NORM_FFN:
             o = ops[op]
@@ -375,7 +377,7 @@ class CapabilitiesTest(unittest.TestCase):
                 + DECODE
                 + self.FLASH_ATTN
             )
-            | {"MUL_MAT", "MUL_MAT_ADD", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS"}
+            | {"MUL_MAT", "MUL_MAT_ADD", "SOFT_MAX_MASK", "SOFT_MAX_MASK_SINKS", "CPY_ROWS"}
             >= with_f16
         )
         self.assertTrue(with_f16 >= set(WITH_F16))
@@ -602,6 +604,16 @@ class CapabilitiesTest(unittest.TestCase):
                             req = layer_request(glu, s0, dims, arch, ff=ff, kv=kv, rows=rows)
                         elif spec.kind == "rows":
                             req = row_request(spec.op, dtype, arch)
+                        elif spec.kind == "copy_rows":
+                            # Two rows of the type into two one-row outputs of it.
+                            rows = [tensor(dtype, [64]), tensor(dtype, [64])]
+                            req = request_json(
+                                spec.op,
+                                [tensor(dtype, [64, 2])],
+                                rows[0],
+                                arch=arch,
+                                extra_outputs=rows[1:],
+                            )
                         elif spec.kind == "set_rows":
                             # Rows f32 (or f16), indices i32 (or i64), the destination of
                             # the type; each declared type in its place.

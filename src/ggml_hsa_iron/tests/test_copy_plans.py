@@ -1,7 +1,8 @@
 """The copy plans' DMA walks and SET_ROWS' side objects, in pure Python: every column of a
 CPY / CONT reads and writes exactly its share of the logical order, SET_ROWS covers every
-destination row once per slab with the slab's indices and rows, and what the DMA cannot
-walk is refused (exit 2)."""
+destination row once per slab with the slab's indices and rows, CPY_ROWS drains every row
+into its own output, and what the DMA cannot walk is refused (exit 2); CPY_ROWS through the
+emulation against numpy."""
 
 import sys
 from pathlib import Path
@@ -11,12 +12,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import itertools
 import unittest
 
-from ggml_hsa_iron.errors import UnsupportedError
+from ggml_hsa_iron.errors import RequestError, UnsupportedError
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.plans_copy import shim_walk_ok
 from ggml_hsa_iron.request import Tensor, parse_request
 
+from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.util import request_json, tensor
+
+try:
+    import ml_dtypes
+    import numpy as np
+
+    from ggml_hsa_iron.tests.util_emu_seq import arg_bytes, buffer_of, new_buffer, run_spec_in_order
+
+    HAVE_NUMPY = True
+except ImportError:  # numpy and ml_dtypes are installed by scripts/check-iron.sh
+    HAVE_NUMPY = False
 
 
 def walk(offset, sizes, strides):
@@ -130,3 +142,57 @@ class SetRowsPlanTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def cpy_rows_request(src, n_out, dtype, arch="aie2p"):
+    """CPY_ROWS of src [ne0, T] into n_out rows [ne0] of dtype."""
+    rows = [tensor(dtype, (src.ne[0],)) for _ in range(n_out)]
+    return request_json("CPY_ROWS", [src], rows[0], arch=arch, extra_outputs=rows[1:])
+
+
+class CopyRowsTest(unittest.TestCase):
+    """CPY_ROWS: T rows into T one-row outputs (a step of several sequences writing a row of
+    each one's cache): CPY's dataflow, each column's share drained into the rows it spans."""
+
+    def test_every_element_lands_in_its_row_once(self):
+        for ne0, T, dtype, arch in ((512, 4, "f16", "aie2p"), (128, 8, "f16", "aie2"),
+                                    (64, 3, "bf16", "aie2p"), (256, 2, "f32", "aie2")):  # fmt: skip
+            with self.subTest(ne0=ne0, T=T, dtype=dtype, arch=arch):
+                src = tensor("f32", (ne0, T))
+                spec = prepare(parse_request(cpy_rows_request(src, T, dtype, arch)))
+                self.assertEqual(spec.kind, "copy_rows")
+                self.assertEqual(len(spec.sequence), 1 + T)
+                written = []
+                for c in range(spec.plan.columns):
+                    for row, tap in spec.drains(c):
+                        written += [(row, i) for i in walk(*tap)]
+                self.assertEqual(sorted(written), [(t, i) for t in range(T) for i in range(ne0)])
+
+    def test_refusals(self):
+        src = tensor("f32", (512, 4))
+        with self.assertRaises(RequestError):
+            prepare(parse_request(cpy_rows_request(src, 3, "f16")))  # 4 rows, 3 outputs
+        with self.assertRaises(UnsupportedError):
+            prepare(parse_request(cpy_rows_request(tensor("f32", (64, 9)), 9, "f16")))
+        with self.assertRaises(UnsupportedError):
+            # Rows of 3 f16: a row's drain is not whole 32-bit words.
+            prepare(parse_request(cpy_rows_request(tensor("f32", (3, 4)), 4, "f16")))
+
+
+@unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
+class CopyRowsEmulationTest(unittest.TestCase):
+    def test_rows_go_to_their_outputs(self):
+        for ne0, T, dtype, arch in ((512, 4, "f16", "aie2p"), (128, 8, "bf16", "aie2")):
+            with self.subTest(ne0=ne0, T=T, dtype=dtype, arch=arch):
+                src = tensor("f32", (ne0, T))
+                spec = prepare(parse_request(cpy_rows_request(src, T, dtype, arch)))
+                rng = np.random.default_rng(T)
+                x = rng.standard_normal((T, ne0)).astype(np.float32)
+                args = [buffer_of(x)] + [new_buffer(n) for n in arg_bytes(spec)[1:]]
+                run_spec_in_order(spec, args)
+                np_type = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}[dtype]
+                for t in range(T):
+                    got = np.frombuffer(args[1 + t].tobytes(), np_type)
+                    # Rounded to nearest even, as ggml-cpu's conversion.
+                    want = x[t].astype(np_type)
+                    self.assertEqual(got.tobytes(), want.tobytes(), f"row {t}")

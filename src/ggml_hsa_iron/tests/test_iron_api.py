@@ -42,6 +42,7 @@ OWN_METHODS = {
     "array_tile",  # GemvPlan.array_tile: a shared_x plan column's array column and cores
     "fill_tap",  # EltwiseSpec.fill_tap (GLU's strided inputs), CopySpec.fill_tap
     "drain_tap",  # CopySpec.drain_tap (a strided output)
+    "drains",  # CopySpec, CopyRowsSpec: a column's drains (into CPY_ROWS' rows)
     "idx_tap",  # SetRowsSpec: a slab's indices, source rows and destination rows
     "src_tap",
     "dst_tap",

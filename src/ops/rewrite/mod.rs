@@ -75,6 +75,9 @@ pub struct KernelStep<K> {
     /// (`scatter.row_copy`) once loaded, dispatched once per index when they are not
     /// consecutive.
     pub row_copy: Option<K>,
+    /// A copy into cache rows: the copy of all its rows apart at once (`scatter.rows_copy`)
+    /// once loaded, dispatched in place of the one-row copies.
+    pub rows_copy: Option<K>,
 }
 
 impl<K> KernelStep<K> {
@@ -82,6 +85,14 @@ impl<K> KernelStep<K> {
     pub fn row_copy_desc(&self) -> Option<&KernelDesc> {
         match self.rows.as_slice() {
             [r] if r.scatter.copy == self.desc => r.scatter.row_copy.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The copy of all rows apart to load for a copy into cache rows (see `rows_copy`).
+    pub fn rows_copy_desc(&self) -> Option<&KernelDesc> {
+        match self.rows.as_slice() {
+            [r] if r.scatter.copy == self.desc => r.scatter.rows_copy.as_ref(),
             _ => None,
         }
     }
@@ -119,6 +130,7 @@ impl<K> Step<K> {
                 loaded: None,
                 pieces: None,
                 row_copy: None,
+                rows_copy: None,
             }),
         }
     }
@@ -296,6 +308,7 @@ fn replace<K: Clone>(steps: &mut [Step<K>], group: Vec<Rewritten>) {
             loaded: None,
             pieces: None,
             row_copy: None,
+            rows_copy: None,
         });
     }
 }

@@ -896,6 +896,18 @@ pub unsafe fn execute(
             });
         }
         Op::SetRows => set_rows(&bufs[0], &bufs[1], &mut out)?,
+        Op::CopyRows => {
+            // Row t of the source into output t (the output, then the extra outputs).
+            let src = &bufs[0];
+            for (t, row) in std::iter::once(&mut out)
+                .chain(extra.iter_mut())
+                .enumerate()
+            {
+                for e in 0..src.t.ne[0] {
+                    row.set([e, 0, 0, 0], src.get([e, t as i64, 0, 0]));
+                }
+            }
+        }
         Op::Clamp => {
             let lo = f32::from_bits(desc.op_params[0] as u32);
             let hi = f32::from_bits(desc.op_params[1] as u32);
