@@ -477,9 +477,11 @@ impl Stream {
                     at.push((i, Slot::RowCopy));
                     descs.push(desc.clone());
                 }
-                if let (Some(desc), None) = (k.rows_copy_desc(), &k.rows_copy) {
-                    at.push((i, Slot::RowsCopy));
-                    descs.push(desc.clone());
+                if k.rows_copies.is_empty() {
+                    for desc in k.rows_copy_descs() {
+                        at.push((i, Slot::RowsCopy));
+                        descs.push(desc.clone());
+                    }
                 }
                 let pieces = k.pieces.as_deref().unwrap_or_default();
                 if pieces.is_empty() {
@@ -515,17 +517,25 @@ impl Stream {
                         }
                     }
                     (Ok(kernel), Slot::RowCopy) => step.row_copy = Some(kernel),
-                    (Ok(kernel), Slot::RowsCopy) => step.rows_copy = Some(kernel),
-                    // The copy of all rows apart refused: one copy per row. Asked for once.
+                    // Loaded in `rows_copy_descs`' order; a step with any of them refused
+                    // forgets them all.
+                    (Ok(kernel), Slot::RowsCopy) => {
+                        if step.rows_copy_descs().len() > step.rows_copies.len() {
+                            step.rows_copies.push(kernel);
+                        }
+                    }
+                    // A copy of cache rows apart in groups refused: one copy per row. Asked
+                    // for once.
                     (Err(e), Slot::RowsCopy) => {
                         crate::log::debug(&format!(
-                            "{}: node {i}: the copy of cache rows apart in one kernel is not \
+                            "{}: node {i}: the copy of cache rows apart in groups is not \
                              available ({e}); they are copied one at a time",
                             self.device.name
                         ));
                         if let Some(r) = step.rows.first_mut() {
-                            r.scatter.rows_copy = None;
+                            r.scatter.rows_copies.clear();
                         }
+                        step.rows_copies.clear();
                     }
                     (Err(e), Slot::Own) => refused.push((i, e)),
                     // The one-row copy refused: indices that are not consecutive run the
@@ -629,20 +639,26 @@ impl Stream {
                         .map_err(failed)?
                     {
                         NamedRows::Consecutive(rows) => operands.to_mut()[r.operand] = rows,
-                        // A copy into rows apart (a step of several sequences): all of them in
-                        // one kernel, or a row each (in order where a row is named twice: the
-                        // later one wins).
+                        // A copy into rows apart (a step of several sequences, their prompts):
+                        // in groups of rows, or a row each (in order where a row is named
+                        // twice: the later one wins).
                         NamedRows::Apart(copies) => {
                             let mut at: Vec<u64> = copies.iter().map(|[_, d]| d.addr).collect();
                             at.sort_unstable();
                             at.dedup();
-                            let distinct = at.len() == copies.len();
-                            if let Some(kernel) = k.rows_copy.as_ref().filter(|_| distinct) {
-                                let mut rows = vec![r.scatter.source().clone()];
-                                rows.extend(copies.into_iter().map(|[_, dst]| dst));
-                                let outputs = rows.len() - 1;
-                                self.enqueue(kernel.clone(), &rows, outputs, None, node)
-                                    .map_err(failed)?;
+                            let grouped = at.len() == copies.len()
+                                && !k.rows_copies.is_empty()
+                                && k.rows_copies.len() == k.rows_copy_descs().len();
+                            if grouped {
+                                for (kernel, operands) in r.scatter.rows_copy_groups(&copies) {
+                                    let kernel = match kernel {
+                                        Some(g) => &k.rows_copies[g],
+                                        None => row_copy.ok_or_else(not_loaded)?,
+                                    };
+                                    let outputs = operands.len() - 1;
+                                    self.enqueue(kernel.clone(), &operands, outputs, None, node)
+                                        .map_err(failed)?;
+                                }
                             } else {
                                 let kernel = row_copy.ok_or_else(not_loaded)?;
                                 for pair in copies {

@@ -25,6 +25,12 @@ use crate::op_catalogue as catalogue;
 /// a speculative draft's batch).
 pub const MAX_ROWS_APART: usize = 8;
 
+/// The group sizes of `n` rows apart: whole groups of at most `MAX_ROWS_APART`, and the rest.
+fn group_sizes(n: usize) -> (usize, usize) {
+    let whole = n.clamp(1, MAX_ROWS_APART);
+    (whole, if n > whole { n % whole } else { 0 })
+}
+
 /// A SET_ROWS node that can run as a copy into consecutive destination rows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowScatter {
@@ -33,10 +39,11 @@ pub struct RowScatter {
     /// The copy of one row, dispatched once per index when the indices are not consecutive
     /// (`row_operands`); `None` for one row, or source rows not dense.
     pub row_copy: Option<KernelDesc>,
-    /// The copy of every row into its own destination row (CPY_ROWS), dispatched once when the
-    /// indices are not consecutive, in place of `row_copy` per index; `None` without
-    /// `row_copy` or over more than `MAX_ROWS_APART` rows.
-    pub rows_copy: Option<KernelDesc>,
+    /// The copies of groups of rows into their own destination rows (CPY_ROWS), dispatched
+    /// when the indices are not consecutive, in place of `row_copy` per index: the rows in
+    /// groups of `MAX_ROWS_APART` (all of them when fewer), then the rest; one kernel per group
+    /// size, that of the whole groups first (`rows_copy_groups`). Empty without `row_copy`.
+    pub rows_copies: Vec<KernelDesc>,
     src: Tensor,
     /// The indices, read when the graph runs.
     pub idx: Tensor,
@@ -131,18 +138,29 @@ impl RowScatter {
             Some(Plan::Kernel { desc, .. }) if n > 1 && src.nb[0] == src_elem => Some(desc),
             _ => None,
         };
+        // A group of `g` rows into as many destination rows.
+        let group = |one: &KernelDesc, g: usize| KernelDesc {
+            op: catalogue::CPY_ROWS.name.to_owned(),
+            inputs: vec![as_layout(&Tensor {
+                ne: [src.ne[0], g as i64, 1, 1],
+                ..src.clone()
+            })],
+            output: one.output.clone(),
+            extra_outputs: vec![one.output.clone(); g - 1],
+            ..one.clone()
+        };
+        let (whole, rest) = group_sizes(n as usize);
+        let rows_copies = match &row_copy {
+            Some(one) => [whole, rest]
+                .into_iter()
+                .filter(|&g| g > 1)
+                .map(|g| group(one, g))
+                .collect(),
+            None => Vec::new(),
+        };
         match device_copy(&copy)? {
             Plan::Kernel { desc, .. } if available(&desc) => Some(RowScatter {
-                rows_copy: row_copy
-                    .as_ref()
-                    .filter(|_| n as usize <= MAX_ROWS_APART)
-                    .map(|one| KernelDesc {
-                        op: catalogue::CPY_ROWS.name.to_owned(),
-                        inputs: vec![as_layout(src)],
-                        output: one.output.clone(),
-                        extra_outputs: vec![one.output.clone(); n as usize - 1],
-                        ..one.clone()
-                    }),
+                rows_copies,
                 copy: desc,
                 row_copy,
                 src: src.clone(),
@@ -153,6 +171,35 @@ impl RowScatter {
             }),
             _ => None,
         }
+    }
+
+    /// The groups of `copies` (the one-row copies' operands, in order) that `rows_copies`
+    /// copies: per group the index of its kernel in `rows_copies` (`None`: one row, the
+    /// one-row copy) and its operands, the group's source rows then its destination rows.
+    pub fn rows_copy_groups(&self, copies: &[[Tensor; 2]]) -> Vec<(Option<usize>, Vec<Tensor>)> {
+        let (whole, _) = group_sizes(copies.len());
+        copies
+            .chunks(whole)
+            .enumerate()
+            .map(|(i, group)| {
+                let kernel = match group.len() {
+                    1 => None,
+                    g if g == whole => Some(0),
+                    _ => Some(1),
+                };
+                let first = (i * whole) as u64;
+                let src = Tensor {
+                    addr: self.src.addr + first * self.src.nb[1],
+                    ne: [self.src.ne[0], group.len() as i64, 1, 1],
+                    bytes: (group.len() as u64 - 1) * self.src.nb[1]
+                        + self.src.ne[0] as u64 * self.src.nb[0],
+                    ..self.src.clone()
+                };
+                let mut operands = vec![src];
+                operands.extend(group.iter().map(|[_, dst]| dst.clone()));
+                (kernel, operands)
+            })
+            .collect()
     }
 
     /// The source rows.
@@ -378,16 +425,54 @@ mod tests {
         assert_eq!(row_copy.op, "CPY");
         assert_eq!(row_copy.output.ne, [64, 1, 1, 1]);
         // All three in one kernel: the source rows, then one output row each.
-        let rows_copy = s.rows_copy.clone().expect("the copy of the rows apart");
+        let [rows_copy] = s.rows_copies.as_slice() else {
+            panic!("one CPY_ROWS: {:?}", s.rows_copies);
+        };
         assert_eq!(rows_copy.op, "CPY_ROWS");
         assert_eq!(rows_copy.inputs[0].ne, [64, 3, 1, 1]);
         assert_eq!(rows_copy.extra_outputs.len(), 2);
         for out in std::iter::once(&rows_copy.output).chain(&rows_copy.extra_outputs) {
             assert_eq!((out.dtype.as_str(), out.ne), ("f16", [64, 1, 1, 1]));
         }
-        // More rows than one CPY_ROWS copies: a row each.
-        let many = RowScatter::of(&set_rows(MAX_ROWS_APART as i64 + 1), |_| true).unwrap();
-        assert!(many.row_copy.is_some() && many.rows_copy.is_none());
+        let pairs = s.row_operands(&i64_bytes(&[9, 2, 9])).expect("in range");
+        let groups = s.rows_copy_groups(&pairs);
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].0, Some(0));
+        let addrs: Vec<u64> = groups[0].1.iter().map(|t| t.addr).collect();
+        assert_eq!(
+            addrs,
+            [
+                0x1000,
+                0x10000 + 9 * 128,
+                0x10000 + 2 * 128,
+                0x10000 + 9 * 128
+            ]
+        );
+        // More rows than one CPY_ROWS copies (a prompt of several sequences): groups of
+        // MAX_ROWS_APART, then the rest (one row: the one-row copy).
+        for (n, kernels, groups) in [(13, vec![8, 5], 2), (9, vec![8], 2), (16, vec![8], 2)] {
+            let s = RowScatter::of(&set_rows(n), |_| true).unwrap();
+            let sizes: Vec<usize> = s
+                .rows_copies
+                .iter()
+                .map(|d| 1 + d.extra_outputs.len())
+                .collect();
+            assert_eq!(sizes, kernels, "{n} rows");
+            let indices: Vec<i64> = (0..n).map(|i| (i * 5) % 16).collect();
+            let pairs = s.row_operands(&i64_bytes(&indices)).unwrap();
+            let got = s.rows_copy_groups(&pairs);
+            assert_eq!(got.len(), groups, "{n} rows");
+            for (g, (kernel, operands)) in got.iter().enumerate() {
+                let rows = operands.len() - 1;
+                assert_eq!(
+                    *kernel,
+                    (rows > 1).then(|| usize::from(rows < 8)),
+                    "{n} rows"
+                );
+                assert_eq!(operands[0].addr, 0x1000 + (g * 8 * 256) as u64);
+                assert_eq!(operands[0].ne, [64, rows as i64, 1, 1]);
+            }
+        }
         // Three sequences' cells, one repeated: in order, each source row to its cell.
         let pairs = s.row_operands(&i64_bytes(&[9, 2, 9])).expect("in range");
         let at: Vec<(u64, u64)> = pairs.iter().map(|[a, b]| (a.addr, b.addr)).collect();

@@ -246,7 +246,7 @@ mod tests {
                 loaded: None,
                 pieces: None,
                 row_copy: None,
-                rows_copy: None,
+                rows_copies: Vec::new(),
             })];
             steps_at_run_time(&mut steps, &nodes, &|_| true);
             let Step::Kernel(k) = &steps[0] else {

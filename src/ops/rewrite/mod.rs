@@ -75,9 +75,9 @@ pub struct KernelStep<K> {
     /// (`scatter.row_copy`) once loaded, dispatched once per index when they are not
     /// consecutive.
     pub row_copy: Option<K>,
-    /// A copy into cache rows: the copy of all its rows apart at once (`scatter.rows_copy`)
-    /// once loaded, dispatched in place of the one-row copies.
-    pub rows_copy: Option<K>,
+    /// A copy into cache rows: the copies of its rows apart in groups (`scatter.rows_copies`,
+    /// in their order) once loaded, dispatched in place of the one-row copies.
+    pub rows_copies: Vec<K>,
 }
 
 impl<K> KernelStep<K> {
@@ -89,11 +89,12 @@ impl<K> KernelStep<K> {
         }
     }
 
-    /// The copy of all rows apart to load for a copy into cache rows (see `rows_copy`).
-    pub fn rows_copy_desc(&self) -> Option<&KernelDesc> {
+    /// The copies of rows apart in groups to load for a copy into cache rows (see
+    /// `rows_copies`).
+    pub fn rows_copy_descs(&self) -> &[KernelDesc] {
         match self.rows.as_slice() {
-            [r] if r.scatter.copy == self.desc => r.scatter.rows_copy.as_ref(),
-            _ => None,
+            [r] if r.scatter.copy == self.desc => &r.scatter.rows_copies,
+            _ => &[],
         }
     }
 
@@ -130,7 +131,7 @@ impl<K> Step<K> {
                 loaded: None,
                 pieces: None,
                 row_copy: None,
-                rows_copy: None,
+                rows_copies: Vec::new(),
             }),
         }
     }
@@ -308,7 +309,7 @@ fn replace<K: Clone>(steps: &mut [Step<K>], group: Vec<Rewritten>) {
             loaded: None,
             pieces: None,
             row_copy: None,
-            rows_copy: None,
+            rows_copies: Vec::new(),
         });
     }
 }
