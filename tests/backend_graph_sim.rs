@@ -266,24 +266,26 @@ fn a_full_dev_heap_evicts_the_least_recently_used_kernels() {
 #[test]
 fn set_rows_into_consecutive_rows_is_a_copy_into_them() {
     // The indices are read when the graph runs: consecutive ones make the node a copy kernel
-    // into those rows (the cache is not streamed whole), others in range a copy of one row per
-    // index; the same graph (one plan) takes either path per compute.
+    // into those rows (the cache is not streamed whole), others in range one copy of the rows
+    // apart (CPY_ROWS), or a copy of one row per index where a row is named twice (in order:
+    // the later one wins); the same graph (one plan) takes each path per compute.
     let o = run("setrows", "setrows", 1, &[]);
     for round in 0..SET_ROWS_ROUNDS.len() {
         assert!(o.has(&format!("STATUS {round} 0")), "{}", o.text);
         assert!(o.has(&format!("SET_ROWS {round} ok")), "{}", o.text);
     }
     // Rounds 0 and 3 wrote 3 rows of 64 f16 (the copy, one kernel over its 192 elements: 3
-    // rows, too few to run as powers of two, `ops::pieces`); rounds 1 and 2 too, a row per
-    // dispatch (the copy of 64 elements). The SET_ROWS kernel, loaded for indices out of range,
-    // never ran.
-    assert_eq!(o.counter("dispatches"), 1 + 3 + 3 + 1, "{}", o.text);
+    // rows, too few to run as powers of two, `ops::pieces`); round 1 too, the rows apart in one
+    // kernel, and round 2, a row per dispatch (the copy of 64 elements). The SET_ROWS kernel,
+    // loaded for indices out of range, never ran.
+    assert_eq!(o.counter("dispatches"), 1 + 1 + 3 + 1, "{}", o.text);
     let cache = kernel_cache("setrows");
     common::assert_kernels_built(
         &cache,
         &[
             "cpy-f32_192-f16_192",
             "cpy-f32_64-f16_64",
+            "cpy_rows-f32_64x3",
             "set_rows-f32_64x3",
         ],
     );
@@ -295,20 +297,23 @@ fn set_rows_into_consecutive_rows_is_a_copy_into_them() {
 fn a_rope_into_consecutive_rows_writes_them_itself() {
     // llama's K: the ROPE's f32 output only feeds a SET_ROWS into an f16 cache. When the
     // indices are consecutive, the ROPE kernel writes the cache rows in f16 and nothing else
-    // dispatches; other indices run the ROPE into its own output, then a copy of each row.
+    // dispatches; other indices run the ROPE into its own output, then one copy of the rows
+    // apart (a copy of each row where a row is named twice).
     let o = run("setrows-rope", "setrows-rope", 1, &[]);
     for round in 0..SET_ROWS_ROUNDS.len() {
         assert!(o.has(&format!("STATUS {round} 0")), "{}", o.text);
         assert!(o.has(&format!("SET_ROWS {round} ok")), "{}", o.text);
     }
-    // Rounds 0 and 3: one dispatch; rounds 1 and 2: the ROPE and three copies.
-    assert_eq!(o.counter("dispatches"), 1 + 4 + 4 + 1, "{}", o.text);
+    // Rounds 0 and 3: one dispatch; round 1: the ROPE and the copy of the rows apart; round
+    // 2: the ROPE and three copies.
+    assert_eq!(o.counter("dispatches"), 1 + 2 + 4 + 1, "{}", o.text);
     let cache = kernel_cache("setrows-rope");
     common::assert_kernels_built(
         &cache,
         &[
             "rope-f32_64x1x3-i32_3-f32_64x1x3",
             "rope-f32_64x1x3-i32_3-f16_64x1x3",
+            "cpy_rows-f32_64x3",
             "set_rows-f32_64x3",
         ],
     );
@@ -327,19 +332,21 @@ fn a_rope_into_consecutive_rows_writes_them_itself() {
 fn a_projection_into_consecutive_rows_writes_them_itself() {
     // llama's V: a MUL_MAT whose f32 product only feeds a SET_ROWS into an f16 cache. With
     // consecutive indices the product is written into the cache rows in f16, one dispatch;
-    // other indices: the product, then a copy of each row.
+    // other indices: the product, then one copy of the rows apart (a copy of each row where a
+    // row is named twice).
     let o = run("setrows-mul-mat", "setrows-mul-mat", 1, &[]);
     for round in 0..SET_ROWS_ROUNDS.len() {
         assert!(o.has(&format!("STATUS {round} 0")), "{}", o.text);
         assert!(o.has(&format!("SET_ROWS {round} ok")), "{}", o.text);
     }
-    assert_eq!(o.counter("dispatches"), 1 + 4 + 4 + 1, "{}", o.text);
+    assert_eq!(o.counter("dispatches"), 1 + 2 + 4 + 1, "{}", o.text);
     let cache = kernel_cache("setrows-mul-mat");
     common::assert_kernels_built(
         &cache,
         &[
             "mul_mat-f32_32x64-f32_32x3-f32_64x3",
             "mul_mat-f32_32x64-f32_32x3-f16_64x3",
+            "cpy_rows-f32_64x3",
             "set_rows-f32_64x3",
         ],
     );
@@ -1052,7 +1059,7 @@ unsafe fn open_device(
 /// Index sets of the "setrows" child, one per compute of the same graph: consecutive rows (a
 /// copy into them), then scattered and descending ones (a copy of a row each), then consecutive
 /// again up to the last row.
-const SET_ROWS_ROUNDS: [[i64; 3]; 4] = [[3, 4, 5], [9, 2, 7], [6, 5, 4], [13, 14, 15]];
+const SET_ROWS_ROUNDS: [[i64; 3]; 4] = [[3, 4, 5], [9, 2, 7], [6, 5, 6], [13, 14, 15]];
 
 /// ggml's ROPE of one head of `x.len()` values at position `pos` in normal mode (pairs of
 /// neighbours rotated by pos * 10000^(-2i / n), no scaling), computed in f64.
