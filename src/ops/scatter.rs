@@ -434,7 +434,7 @@ mod tests {
         for out in std::iter::once(&rows_copy.output).chain(&rows_copy.extra_outputs) {
             assert_eq!((out.dtype.as_str(), out.ne), ("f16", [64, 1, 1, 1]));
         }
-        let pairs = s.row_operands(&i64_bytes(&[9, 2, 9])).expect("in range");
+        let pairs = s.row_operands(&i64_bytes(&[9, 2, 7])).expect("in range");
         let groups = s.rows_copy_groups(&pairs);
         assert_eq!(groups.len(), 1);
         assert_eq!(groups[0].0, Some(0));
@@ -445,7 +445,7 @@ mod tests {
                 0x1000,
                 0x10000 + 9 * 128,
                 0x10000 + 2 * 128,
-                0x10000 + 9 * 128
+                0x10000 + 7 * 128
             ]
         );
         // More rows than one CPY_ROWS copies (a prompt of several sequences): groups of

@@ -407,40 +407,30 @@ mod tests {
         (nodes, steps)
     }
 
+    /// The merged Q/K/V kernel at V's node of `qkv_steps`, and its K's and V's output types.
+    fn merged(steps: &[Step<()>]) -> (&KernelStep<()>, Vec<&str>) {
+        let Step::Kernel(k) = &steps[2] else {
+            panic!("{:?}", steps[2]);
+        };
+        assert_eq!(k.desc.op, "RMS_NORM_QKV_ROPE");
+        let types = k.desc.extra_outputs.iter().map(|l| l.dtype.as_str());
+        (k, types.collect())
+    }
+
     #[test]
     fn q_k_and_v_merge_writing_the_cache_rows_or_for_a_cache_per_sequence_their_own() {
         // One cache: K and V write their rows (named when the graph runs), Q, K and V one
         // kernel at V's node, the copies' nodes running nothing once it has run.
         let (_, steps) = qkv_steps(1);
-        let Step::Kernel(k) = &steps[2] else {
-            panic!("{:?}", steps[2]);
-        };
-        assert_eq!(k.desc.op, "RMS_NORM_QKV_ROPE");
-        let types: Vec<&str> = k
-            .desc
-            .extra_outputs
-            .iter()
-            .map(|l| l.dtype.as_str())
-            .collect();
+        let (k, types) = merged(&steps);
         assert_eq!(types, ["f16", "f16"]);
-        assert_eq!(
-            k.rows.iter().map(|r| r.set_rows).collect::<Vec<_>>(),
-            [3, 4]
-        );
+        let set_rows: Vec<usize> = k.rows.iter().map(|r| r.set_rows).collect();
+        assert_eq!(set_rows, [3, 4]);
         // A cache per sequence: K and V are not retargeted (their rows are apart in every step
         // of several sequences); the merged kernel writes their f32 results, which the SET_ROWS
         // copies after it put into each sequence's rows.
         let (nodes, steps) = qkv_steps(4);
-        let Step::Kernel(k) = &steps[2] else {
-            panic!("{:?}", steps[2]);
-        };
-        assert_eq!(k.desc.op, "RMS_NORM_QKV_ROPE");
-        let types: Vec<&str> = k
-            .desc
-            .extra_outputs
-            .iter()
-            .map(|l| l.dtype.as_str())
-            .collect();
+        let (k, types) = merged(&steps);
         assert_eq!(types, ["f32", "f32"]);
         assert!(k.rows.is_empty());
         let outputs: Vec<u64> = k.operands[k.operands.len() - 3..]
