@@ -71,6 +71,7 @@ from .tiling import (
     _byte_tap_ok,
     _rows_ok,
     mv_rope_bytes,
+    rope_array_floats,
 )
 
 PREFIX = "DECODE_LAYER_"
@@ -173,6 +174,8 @@ class QkvPhase:
     groups: tuple[QkvGroup, ...]  # Q, K, V
     eps: int  # the attention norm's eps, f32 bits
     defines_rope: dict  # rope_math.h's defines (the lone Q op's)
+    # The rotation's arrays kept in the attention's q rows (which are loaded after this phase).
+    rope_in_fa_q: bool = False
 
     @property
     def q(self) -> QkvGroup:
@@ -211,9 +214,11 @@ class QkvPhase:
 
     @property
     def core_bytes(self) -> int:
-        """Static data the phase adds to a core: the rotation's (mv_rope.h's arrays and the
-        position); n_attn shares n's array, the f16 groups the GLU's stash."""
-        return mv_rope_bytes(self.rope_rows)
+        """Static data the phase adds to a core: the rotation's (rope_math.h's arrays, unless
+        the attention's q rows hold them, and the positions); n_attn shares n's array, the f16
+        groups the GLU's stash."""
+        shared = rope_array_floats(self.rope_rows) * 4 if self.rope_in_fa_q else 0
+        return mv_rope_bytes(self.rope_rows) - shared
 
     @property
     def tasks(self) -> dict[str, int]:
@@ -238,6 +243,7 @@ class QkvPhase:
             "DL_EPS": self.eps,
             "DL_HEAD": self.rope_rows.head,
             "DL_FF_WORDS": self.rope_rows.ff,
+            "DL_ROPE_IN_FA_Q": int(self.rope_in_fa_q),
             **self.defines_rope,
         }
 
@@ -328,8 +334,14 @@ class QkvShapes:
         qkv = self.phase(plans[0])
         if qkv is None:
             return None
-        # The attention's chunks fit beside the block's and the projections' static data.
+        # The attention's chunks fit beside the block's and the projections' static data;
+        # else, where its q rows can hold them, beside all but the rotation's arrays.
         fa = self.fa(plans, qkv.core_bytes)
+        if fa is None:
+            qkv = dataclasses.replace(qkv, rope_in_fa_q=True)
+            fa = self.fa(plans, qkv.core_bytes)
+            if fa is not None and fa.q_floats < rope_array_floats(qkv.rope_rows):
+                fa = None
         return Extra(fa, qkv) if fa is not None else None
 
     def explain(self) -> str:

@@ -264,6 +264,13 @@ class FaPhase(RunTimeLength):
         """The KV heads column c computes, one per round."""
         return list(range(c, self.n_head_kv, self.columns))
 
+    @property
+    def q_floats(self) -> int:
+        """f32 of the core's q rows (mv_fa.h's g_fa_q) another phase may keep its data in: all
+        of them where the rows have no tail the attention relies on being zero (D whole
+        vectors), else none."""
+        return self.tokens * self.gh * self.d if self.d % VECTOR_ELEMS == 0 else 0
+
     # --- the plan's limits
     @property
     def core_bytes(self) -> int:

@@ -709,13 +709,17 @@ class RopeRows:
         return tuple(m * self.head for m in (1, 2) if m * self.head <= MAX_WRAP)
 
 
+def rope_array_floats(rope: RopeRows) -> int:
+    """rope_math.h's six arrays of n_dims/2 f32 padded to 16 (the frequency factors, the
+    cos/sin cache, the theta table, two pair staging buffers), in f32."""
+    return 6 * (-(-(rope.n_dims // 2) // VECTOR_ELEMS) * VECTOR_ELEMS)
+
+
 def mv_rope_bytes(rope: RopeRows) -> int:
-    """RMS_NORM_MUL_MAT_ROPE(_FF)'s static data on a core (mv_rope.h, rope_math.h): six arrays
-    of n_dims/2 f32 padded to 16 (the frequency factors, the cos/sin cache, the theta table, two
-    pair staging buffers), the positions and the counters; the head norm's weights."""
-    half_pad = -(-(rope.n_dims // 2) // VECTOR_ELEMS) * VECTOR_ELEMS
+    """RMS_NORM_MUL_MAT_ROPE(_FF)'s static data on a core (mv_rope.h, rope_math.h): the six
+    arrays, the positions and the counters; the head norm's weights."""
     head_pad = -(-rope.head_norm_words // VECTOR_ELEMS) * VECTOR_ELEMS
-    return 6 * 4 * half_pad + 4 * rope.tokens + 4 * head_pad + 16
+    return 4 * rope_array_floats(rope) + 4 * rope.tokens + 4 * head_pad + 16
 
 
 @dataclass(frozen=True)

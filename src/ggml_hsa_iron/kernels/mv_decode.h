@@ -19,14 +19,24 @@
 //                                      into y: token t's MV_ROWS values at f16 value
 //                                      (half * MV_NX + t) * MV_ROWS (an object of MV_NX nr
 //                                      f32 holds two rounds' f16 rows)
-// Defines: DL_EPS (f32 bits), DL_HEAD (D), DL_FF_WORDS, rope_math.h's.
+// Defines: DL_EPS (f32 bits), DL_HEAD (D), DL_FF_WORDS, rope_math.h's; DL_ROPE_IN_FA_Q=1 keeps
+// rope_math.h's arrays in the attention's q rows (mv_fa.h's g_fa_q, which must hold them).
 
 #if !MV_GLU || !MV_NORM || MV_ROPE || MV_OUT_F16
 #error "the projection phase is DECODE_LAYER's: in the block's GLU object"
 #endif
 
+#if DL_ROPE_IN_FA_Q
+// The rotation's arrays in the attention's q rows: the projection phase ends before the
+// attention loads them, and each dispatch reloads the factors and its positions' cos/sin.
+#define ROPE_MATH_SHARED g_fa_q
+#endif
 #include "rope_math.h"
 #include "mv_rope_rows.h"
+#if DL_ROPE_IN_FA_Q
+static_assert(FA_D == FA_DP && FA_R * FA_DP >= 6 * HALF_PAD,
+              "the rotation's arrays within the q rows, which have no zero tail");
+#endif
 
 static_assert(DL_FF_WORDS == FF_WORDS, "the factors' words");
 constexpr int DL_WORDS = FF_WORDS + MV_NX; // the factors, then the tokens' positions

@@ -30,6 +30,10 @@
 //
 // Everything of HALF_PAD floats is static, per core (each core links its own copy): 6 arrays
 // the plans count against the core's data memory, so the stack stays small.
+//   ROPE_MATH_SHARED    an includer's 64-byte-aligned f32 array of 6 HALF_PAD floats or more
+//                       holding the 6 arrays instead (the includer checks its size): its own
+//                       data are never live while a rotation's are, and the includer rebuilds
+//                       the rotation's (g_ff, g_valid) each time it starts rotating again
 
 #if !defined(NEOX)
 #define NEOX 0
@@ -47,12 +51,21 @@ static inline float f32_of(uint32_t bits) { return __builtin_bit_cast(float, bit
 
 static int32_t g_pos;  // the position of the cache
 static bool g_valid;   // the cache holds g_pos's values
+#if defined(ROPE_MATH_SHARED)
+static float *const g_cos = ROPE_MATH_SHARED;
+static float *const g_sin = ROPE_MATH_SHARED + HALF_PAD;
+static float *const g_ff = ROPE_MATH_SHARED + 2 * HALF_PAD;
+static float *const g_theta = ROPE_MATH_SHARED + 3 * HALF_PAD;
+static float *const g_a = ROPE_MATH_SHARED + 4 * HALF_PAD;
+static float *const g_b = ROPE_MATH_SHARED + 5 * HALF_PAD;
+#else
 alignas(64) static float g_cos[HALF_PAD];
 alignas(64) static float g_sin[HALF_PAD];
 alignas(64) static float g_ff[HALF_PAD];
 alignas(64) static float g_theta[HALF_PAD];
 alignas(64) static float g_a[HALF_PAD];
 alignas(64) static float g_b[HALF_PAD];
+#endif
 
 static constexpr int rope_ia(int i) { return NEOX ? i : 2 * i; }
 static constexpr int rope_ib(int i) { return NEOX ? i + HALF : 2 * i + 1; }

@@ -18,6 +18,7 @@ import unittest
 from ggml_hsa_iron.errors import RequestError, UnsupportedError
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import parse_request
+from ggml_hsa_iron.tiling import rope_array_floats
 from ggml_hsa_iron.tests.test_flash_attn import cache_view, f32_bits
 from ggml_hsa_iron.tests.test_rms_norm_mul_mat_rope import llama3_ff, rope_params
 from ggml_hsa_iron.tests.util import request_json, tensor
@@ -166,6 +167,20 @@ class DecodeLayerPlanTest(unittest.TestCase):
             self.assertEqual((defines["MV_DECODE"], defines["DL_HEAD"]), (1, 64))
             self.assertEqual(defines["MV_FA"], 1)
 
+    def test_rotation_kept_in_the_q_rows(self):
+        # Over several tokens the layer takes the block's own shape: the 1B shape's 8 tokens
+        # on aie2p fit it only with the rotation's arrays in the attention's q rows (not live
+        # at once); 4 tokens fit without.
+        for n_kv in (256, 1024):
+            spec = layer_spec("SWIGLU", "q4_0", LLAMA[:5] + (n_kv,), "aie2p", T=8)
+            self.assertEqual(shape(spec), (8, 4, 32, 256))
+            self.assertTrue(spec.qkv.rope_in_fa_q)
+            self.assertEqual(spec.core.defines["DL_ROPE_IN_FA_Q"], 1)
+            self.assertGreaterEqual(spec.fa.q_floats, rope_array_floats(spec.qkv.rope_rows))
+        spec = layer_spec("SWIGLU", "q4_0", LLAMA, "aie2p", T=4)
+        self.assertFalse(spec.qkv.rope_in_fa_q)
+        self.assertEqual(spec.core.defines["DL_ROPE_IN_FA_Q"], 0)
+
     def test_refusals(self):
         # f32 weights take their tokens one at a time, the attention's objects all of them.
         with self.assertRaisesRegex(UnsupportedError, "one at a time"):
@@ -174,10 +189,6 @@ class DecodeLayerPlanTest(unittest.TestCase):
             layer_spec("SWIGLU", "q4_K", (2048, 32, 8, 64, 8192, 256), w={"wv": "q6_K"})
         with self.assertRaisesRegex(UnsupportedError, "W_d is q6_K"):
             layer_spec("SWIGLU", "q4_K", (2048, 32, 8, 64, 8192, 256), w={"wd": "q6_K"})
-        # Over several tokens the block's own shape or nothing: the 1B shape's 8 tokens on
-        # aie2p would need a smaller K chunk beside the projections' data.
-        with self.assertRaisesRegex(UnsupportedError, "takes alone, \\(8, 4, 32, 256\\)"):
-            layer_spec("SWIGLU", "q4_0", LLAMA[:5] + (1024,), "aie2p", T=8)
         # RMS_NORM_QKV_ROPE's (rope mode 1) and FLASH_ATTN_FFN_<glu>'s (ALiBi) refusals.
         with self.assertRaisesRegex(UnsupportedError, "rope mode"):
             layer_spec("SWIGLU", "f32", TINY, mode=1)
@@ -395,6 +406,8 @@ class DecodeLayerEmulationTest(unittest.TestCase):
         self.check("SWIGLU", "q4_0", tiny[:5] + (1024,), "aie2p", seed=62, n=512, T=8)
         # Three tokens: the attention's objects of 24 K rows carry 16 keys each.
         self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=63, T=3)
+        # Eight at the 1B shape: the rotation's arrays in the attention's q rows.
+        self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=64, T=8)
 
     def test_run_time_n_kv_in_chunks(self):
         # A 16384-row cache whose scores take chunks of keys (nc of them for every n_kv: each
