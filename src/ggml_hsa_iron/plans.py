@@ -377,6 +377,8 @@ class MatmulSpec:
                 "MV_INT": int(self.compute in INT_TYPES),
                 **glu,
             }
+            if p.x_bf16:
+                d["MV_X_BF16"] = 1
             return CoreSource(GEMV_SOURCE, "mv.o", d)
         d = {
             "A_T": DTYPES[a].ctype,
@@ -480,6 +482,11 @@ def _gemv_layout(op: str, src0: Tensor, src1: Tensor, dst: Tensor) -> int:
             f"{op}: src0's row stride {src0.nb[1]} bytes is beyond a DMA stride (2^20 words)"
         )
     return src0.nb[1] if src0.dtype in BYTE_WEIGHTS else src0.nb[1] // src0.size
+
+
+def _x_bf16(w: Tensor, x: Tensor) -> bool:
+    """bf16 weights against f32 x: the GEMV core rounds x to bf16 (GemvPlan.x_bf16)."""
+    return w.dtype == "bf16" and x.dtype == "f32"
 
 
 def _check_aligned(op: str, products, src0: Tensor, src1: Tensor, dst: Tensor, w_row: int):
@@ -1000,7 +1007,16 @@ def prepare_mul_mat_glu(req: Request) -> MatmulSpec:
     else:
         _check_aligned(req.op, products, gate, x, dst, w_row)
         plan = plan_gemv(
-            N, K, gate.size, x.size, dst.size, arch, len(products), glu=True, w_row=w_row
+            N,
+            K,
+            gate.size,
+            x.size,
+            dst.size,
+            arch,
+            len(products),
+            glu=True,
+            w_row=w_row,
+            x_bf16=_x_bf16(gate, x),
         )
         compute = gate.dtype
     if plan is None:
@@ -1072,7 +1088,18 @@ def prepare_mul_mat_add(req: Request) -> MatmulSpec:
         compute = "bf16"
     else:
         _check_aligned(req.op, [p[:3] for p in products], w, x, dst, w_row)
-        plan = plan_gemv(N, K, w.size, x.size, dst.size, arch, len(products), w_row=w_row, add=True)
+        plan = plan_gemv(
+            N,
+            K,
+            w.size,
+            x.size,
+            dst.size,
+            arch,
+            len(products),
+            w_row=w_row,
+            add=True,
+            x_bf16=_x_bf16(w, x),
+        )
         compute = w.dtype
     if plan is None:
         raise UnsupportedError(
@@ -1193,6 +1220,7 @@ def prepare_rms_norm_mul_mat(
             norm=True,
             rope=rope,
             bias=bias is not None,
+            x_bf16=_x_bf16(w, x),
         )
 
     plan = None
@@ -1431,7 +1459,17 @@ def prepare_mul_mat(req: Request, several_rows: bool = True) -> MatmulSpec:
         arch,
         batches * M,
         lambda shared_x: plan_gemv(
-            N, K, w, x, y, arch, batches * M, w_row=w_row, stash=f16_out, shared_x=shared_x
+            N,
+            K,
+            w,
+            x,
+            y,
+            arch,
+            batches * M,
+            w_row=w_row,
+            stash=f16_out,
+            shared_x=shared_x,
+            x_bf16=_x_bf16(src0, src1),
         ),
     )
     if plan is None:

@@ -52,7 +52,7 @@ from .tiling import (
     divisors,
     gemv_memtile_bytes,
     mv_norm_bytes,
-    mvq_x_bytes,
+    x_copy_bytes,
     stash_bytes,
 )
 
@@ -144,11 +144,10 @@ def ffn_core_bytes(up: GemvPlan) -> int:
     """What a core holds besides its stack, over every phase: the W tiles, x and y objects
     (double-buffered, the same fifos in every phase), n kept for the norm (mv_norm.h) and the
     GLU's stash of nr gate sums (mv_stash.h), both of phase 1 (`up`), and the bf16 copy of x
-    of the 32-value block types (mvq.cc); x, y, the stash and the copy of each of nx rows
-    (GemvPlan.nx). The MUL_MAT_ADD phases keep nothing else."""
+    (`x_copy_bytes`); x, y, the stash and the copy of each of nx rows (GemvPlan.nx). The MUL_MAT_ADD phases keep nothing else."""
     nr, kc, nx = up.rows_per_tile, up.k_chunk, up.nx
     w = up.w_units(kc) * max(up.w_size, 1)
-    keep = stash_bytes(nx * nr) + mv_norm_bytes(up.K, kc, nx) + nx * mvq_x_bytes(up.w_block, kc)
+    keep = stash_bytes(nx * nr) + mv_norm_bytes(up.K, kc, nx) + x_copy_bytes(up)
     return 2 * nr * w + 2 * nx * (kc + nr) * F32 + keep
 
 

@@ -796,6 +796,9 @@ class GemvPlan:
     x_row: int = 0
     y_row: int = 0
     r_row: int = 0
+    # bf16 weights against f32 x: the core rounds each K chunk of x to bf16 once (mv.cc's
+    # MV_X_BF16, as ggml's CPU backend does) and keeps the copy (`x_copy_bytes`).
+    x_bf16: bool = False
 
     def passes(self, products: int) -> int:
         """Passes over the weights for `products` x rows (nx at a time)."""
@@ -1116,6 +1119,7 @@ def plan_gemv(
     rope: RopeRows | None = None,
     shared_x: bool = False,
     bias: bool = False,
+    x_bf16: bool = False,
 ) -> GemvPlan | None:
     """The cheapest GEMV plan for `products` matrix-vector products, or None. Any N; K
     chunks are divisors of K whose W and x runs are whole DMA words (any K for f32).
@@ -1126,7 +1130,8 @@ def plan_gemv(
     RMS_NORM_MUL_MAT(_<glu>) (GemvPlan.norm; the core also keeps n, mv_norm_bytes). `rope`:
     RMS_NORM_MUL_MAT_ROPE(_FF) (GemvPlan.rope, with `norm`; whole rotation pairs per core and
     round, the core also keeps mv_rope_bytes). `shared_x`: GemvPlan.shared_x plans only.
-    `bias`: GemvPlan.bias (with `norm`: whole rounds, the core also keeps mv_bias_bytes)."""
+    `bias`: GemvPlan.bias (with `norm`: whole rounds, the core also keeps mv_bias_bytes).
+    `x_bf16`: GemvPlan.x_bf16 (the core also keeps a bf16 copy of x's chunk)."""
     if (K * w_size) % DMA_WORD or (K * x_size) % DMA_WORD:
         return None
     best, best_key = None, None
@@ -1145,6 +1150,7 @@ def plan_gemv(
                 continue
             for kc in reversed(k_options):
                 l1 = 2 * nr * kc * w_size + 2 * kc * x_size + 2 * nr * y_size
+                l1 += -(-kc * 2 // 64) * 64 if x_bf16 else 0
                 l1 += stash_bytes(nr) if glu or stash else 0
                 l1 += mv_norm_bytes(K, kc) if norm else 0
                 l1 += mv_rope_bytes(rope) if rope else 0
@@ -1167,6 +1173,7 @@ def plan_gemv(
                     rope=rope,
                     shared_x=shared_x,
                     bias=bias,
+                    x_bf16=x_bf16,
                 )
                 if plan.w_tasks(products) > MAX_TASKS_PER_CHANNEL:
                     continue
@@ -1211,6 +1218,14 @@ def mvq_x_bytes(w_block: int, kc: int) -> int:
     """The bf16 copy of a K chunk of x that the GEMV core keeps for block-quantized weights
     (kernels/mvq.cc's g_xb), 64-byte aligned; 0 for the others (f16: w_block 1)."""
     return -(-kc * 2 // 64) * 64 if w_block > 1 else 0
+
+
+def x_copy_bytes(plan: "GemvPlan") -> int:
+    """The bf16 copy of a K chunk of x the GEMV core keeps (64-byte aligned): for each x row
+    with block-quantized weights (mvq.cc), once with bf16 weights against f32 x (mv.cc)."""
+    if plan.x_bf16:
+        return -(-plan.k_chunk * 2 // 64) * 64
+    return plan.nx * mvq_x_bytes(plan.w_block, plan.k_chunk)
 
 
 def stash_bytes(nr: int) -> int:

@@ -17,7 +17,9 @@
 // MV_DECODE=1 with MV_GLU, MV_NORM, DL_EPS, DL_HEAD, DL_FF_WORDS and rope_math.h's defines:
 // DECODE_LAYER(_FF)_<glu>'s projection phase (mv_decode.h).
 // Floats: bf16 x bf16 uses the native bf16 multiply-accumulate into f32
-// accumulators; other float pairs are widened to f32. Integers: 32-bit sums.
+// accumulators, and so does bf16 W against f32 x with MV_X_BF16=1 (x rounded to bf16 once per
+// call, as ggml's CPU backend rounds it); other float pairs are widened to f32. Integers:
+// 32-bit sums.
 
 #include "ggml_aie.h"
 #if MV_GLU
@@ -104,10 +106,32 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) {
 
 } // extern "C"
 
+#if MV_X_BF16
+// bf16 weights against f32 x: x's chunk rounded to bf16 once per call, for every row of the
+// tile, as ggml's CPU backend rounds src1 for bf16 weights (its vec_dot_type is bf16, to nearest
+// even); the rows then take the native bf16 multiply-accumulate. Widened to f32 instead, each
+// product would be aie2's emulated f32 multiply (six bf16 products a lane).
+static_assert(std::is_same_v<W_T, bfloat16> && std::is_same_v<X_T, float>, "bf16 W, f32 x");
+alignas(64) static bfloat16 g_xb[(MV_KC + VEC - 1) / VEC * VEC];
+
+static inline const bfloat16 *x_in_bf16(const float *x) {
+  for (int k = 0; k < KC_BODY; k += VEC)
+    aie::store_v(g_xb + k, narrow<bfloat16>(raw_load(x + k)));
+  if constexpr (KC_BODY < MV_KC)
+    aie::store_v(g_xb + KC_BODY, narrow<bfloat16>(load_part_zero(x + KC_BODY, MV_KC - KC_BODY)));
+  return g_xb;
+}
+#endif
+
 // y[r] += dot(W[r], x): results are gathered VEC rows at a time and added to y with vector
 // adds (the scalar unit has no floating point).
-static inline void accumulate(const W_T *w, const X_T *x, float *y) {
+static inline void accumulate(const W_T *w, const X_T *x_in, float *y) {
   set_ggml_rounding();
+#if MV_X_BF16
+  const bfloat16 *x = x_in_bf16(x_in);
+#else
+  const X_T *x = x_in;
+#endif
   for (int r0 = 0; r0 < MV_ROWS; r0 += VEC) {
     int n = MV_ROWS - r0 < (int)VEC ? MV_ROWS - r0 : (int)VEC;
     vf sums = splat(0.0f);

@@ -194,7 +194,7 @@ class F16OutEmulationTest(unittest.TestCase):
                 f"at {i}: {got[i]} vs {rounded[i]}"
             )
         # Against numpy: the summation error of the f32 design plus half an f16 ulp.
-        xv = x.astype(np.float64) if ty in ("f32", "bf16") else _bf16(x)
+        xv = x.astype(np.float64) if ty == "f32" else _bf16(x)  # bf16 weights: bf16 x too
         prods = xv.reshape(M, K)[:, None, :] * w[None, :, :]  # [M, N, K]
         want = prods.sum(axis=2)
         tol = np.abs(prods).sum(axis=2) * 2.0**-20 + _f16_ulp(want) / 2 + 1e-30

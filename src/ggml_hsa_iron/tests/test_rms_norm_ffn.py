@@ -147,13 +147,16 @@ class FfnPlanTest(unittest.TestCase):
                 p = spec.up.plan
                 nr, kc, nx = p.rows_per_tile, p.k_chunk, p.nx
                 w = p.w_units(kc) * max(p.w_size, 1)
-                # x, y, the stash and x in bf16 of each of nx rows (GemvPlan.nx).
+                # x, y, the stash and x in bf16 of each of nx rows (GemvPlan.nx) for the
+                # decoding GEMV, one chunk of x in bf16 for bf16 weights (rounded as ggml's CPU
+                # backend rounds x for them); f32 weights keep no copy.
                 want = 2 * nr * w + nx * (2 * kc * 4 + 2 * nr * 4)
                 want += stash_bytes(nx * nr) + mv_norm_bytes(K, kc, nx)
-                want += nx * mvq_x_bytes(p.w_block, kc)
+                copy = -(-2 * kc // 64) * 64
+                want += nx * copy if p.w_block > 1 else copy if ty == "bf16" else 0
                 self.assertEqual(ffn_core_bytes(p), want)
-                # The decoding GEMV keeps x's chunk in bf16 too; f32 and bf16 weights nothing.
                 self.assertEqual(mvq_x_bytes(p.w_block, kc) >= 2 * kc, ty not in ("f32", "bf16"))
+                self.assertEqual(p.x_bf16, ty == "bf16")
                 self.assertLessEqual(want, spec.arch.l1_budget)
                 self.assertGreaterEqual(mv_norm_bytes(K, kc), K * 4)  # n kept whole
 
