@@ -136,6 +136,15 @@ impl std::fmt::Debug for sched::Sim<'_> {
 type Cache = Vec<(u64, Arc<Mutex<Loaded>>)>;
 static CACHE: Mutex<Cache> = Mutex::new(Vec::new());
 
+/// The program loaded from the image of payload hash `hash`, made the most recently used.
+fn cached(c: &mut Cache, hash: u64) -> Option<Arc<Mutex<Loaded>>> {
+    let i = c.iter().position(|(h, _)| *h == hash)?;
+    let e = c.remove(i);
+    let l = e.1.clone();
+    c.push(e);
+    Some(l)
+}
+
 /// Parses and loads an image version 2 (its program JSON and core library), or returns the
 /// one loaded before (keyed by the payload's hash). A program with run-time parameters is
 /// checked as a template and instantiated at every param's minimum and maximum, so that a
@@ -143,14 +152,8 @@ static CACHE: Mutex<Cache> = Mutex::new(Vec::new());
 pub fn load(image: &[u8]) -> Result<Arc<Mutex<Loaded>>, String> {
     let (json, library) = crate::image::split_image_v2(image)?;
     let hash = crate::image::fnv1a64(&image[crate::image::IMAGE_V2_HEADER_LEN..]);
-    {
-        let mut c = CACHE.lock();
-        if let Some(i) = c.iter().position(|(h, _)| *h == hash) {
-            let e = c.remove(i);
-            let l = e.1.clone();
-            c.push(e);
-            return Ok(l);
-        }
+    if let Some(l) = cached(&mut CACHE.lock(), hash) {
+        return Ok(l);
     }
     let text = std::str::from_utf8(json)
         .map_err(|_| "emulation image: program is not UTF-8".to_string())?;
@@ -188,6 +191,10 @@ pub fn load(image: &[u8]) -> Result<Arc<Mutex<Loaded>>, String> {
     }
     let loaded = Arc::new(Mutex::new(loaded));
     let mut c = CACHE.lock();
+    // Another thread may have loaded the same image meanwhile: every caller gets that one.
+    if let Some(l) = cached(&mut c, hash) {
+        return Ok(l);
+    }
     if c.len() >= CACHE_PROGRAMS {
         c.remove(0);
     }
