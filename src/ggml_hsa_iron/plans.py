@@ -484,9 +484,11 @@ def _gemv_layout(op: str, src0: Tensor, src1: Tensor, dst: Tensor) -> int:
     return src0.nb[1] if src0.dtype in BYTE_WEIGHTS else src0.nb[1] // src0.size
 
 
-def _x_bf16(w: Tensor, x: Tensor) -> bool:
-    """bf16 weights against f32 x: the GEMV core rounds x to bf16 (GemvPlan.x_bf16)."""
-    return w.dtype == "bf16" and x.dtype == "f32"
+def _plan_float_gemv(N: int, K: int, w: Tensor, x: Tensor, dst: Tensor, arch: Arch, products, **kw):
+    """tiling.plan_gemv for weights w, activations x and output dst of float or integer types
+    (mv.cc); bf16 weights against f32 x round x to bf16 on the cores (GemvPlan.x_bf16)."""
+    x_bf16 = w.dtype == "bf16" and x.dtype == "f32"
+    return plan_gemv(N, K, w.size, x.size, dst.size, arch, products, x_bf16=x_bf16, **kw)
 
 
 def _check_aligned(op: str, products, src0: Tensor, src1: Tensor, dst: Tensor, w_row: int):
@@ -1006,18 +1008,7 @@ def prepare_mul_mat_glu(req: Request) -> MatmulSpec:
         compute = "bf16"
     else:
         _check_aligned(req.op, products, gate, x, dst, w_row)
-        plan = plan_gemv(
-            N,
-            K,
-            gate.size,
-            x.size,
-            dst.size,
-            arch,
-            len(products),
-            glu=True,
-            w_row=w_row,
-            x_bf16=_x_bf16(gate, x),
-        )
+        plan = _plan_float_gemv(N, K, gate, x, dst, arch, len(products), glu=True, w_row=w_row)
         compute = gate.dtype
     if plan is None:
         raise UnsupportedError(
@@ -1088,18 +1079,7 @@ def prepare_mul_mat_add(req: Request) -> MatmulSpec:
         compute = "bf16"
     else:
         _check_aligned(req.op, [p[:3] for p in products], w, x, dst, w_row)
-        plan = plan_gemv(
-            N,
-            K,
-            w.size,
-            x.size,
-            dst.size,
-            arch,
-            len(products),
-            w_row=w_row,
-            add=True,
-            x_bf16=_x_bf16(w, x),
-        )
+        plan = _plan_float_gemv(N, K, w, x, dst, arch, len(products), w_row=w_row, add=True)
         compute = w.dtype
     if plan is None:
         raise UnsupportedError(
@@ -1206,21 +1186,20 @@ def prepare_rms_norm_mul_mat(
                 bias=bias is not None,
                 nx=nx,
             )
-        return plan_gemv(
+        return _plan_float_gemv(
             N,
             K,
-            w.size,
-            x.size,
-            dst.size,
+            w,
+            x,
+            dst,
             arch,
             len(products),
-            bool(glu),
-            p.w_row,
+            glu=bool(glu),
+            w_row=p.w_row,
             stash=f16_out,
             norm=True,
             rope=rope,
             bias=bias is not None,
-            x_bf16=_x_bf16(w, x),
         )
 
     plan = None
@@ -1458,18 +1437,8 @@ def prepare_mul_mat(req: Request, several_rows: bool = True) -> MatmulSpec:
     plan = _faster_gemv(
         arch,
         batches * M,
-        lambda shared_x: plan_gemv(
-            N,
-            K,
-            w,
-            x,
-            y,
-            arch,
-            batches * M,
-            w_row=w_row,
-            stash=f16_out,
-            shared_x=shared_x,
-            x_bf16=_x_bf16(src0, src1),
+        lambda shared_x: _plan_float_gemv(
+            N, K, src0, src1, dst, arch, batches * M, w_row=w_row, stash=f16_out, shared_x=shared_x
         ),
     )
     if plan is None:
