@@ -52,8 +52,8 @@ from .tiling import (
     divisors,
     gemv_memtile_bytes,
     mv_norm_bytes,
-    x_copy_bytes,
     stash_bytes,
+    x_copy_bytes,
 )
 
 PREFIX = "RMS_NORM_FFN_"
@@ -144,7 +144,8 @@ def ffn_core_bytes(up: GemvPlan) -> int:
     """What a core holds besides its stack, over every phase: the W tiles, x and y objects
     (double-buffered, the same fifos in every phase), n kept for the norm (mv_norm.h) and the
     GLU's stash of nr gate sums (mv_stash.h), both of phase 1 (`up`), and the bf16 copy of x
-    (`x_copy_bytes`); x, y, the stash and the copy of each of nx rows (GemvPlan.nx). The MUL_MAT_ADD phases keep nothing else."""
+    (`x_copy_bytes`); x, y, the stash and the copy of each of nx rows (GemvPlan.nx). The
+    MUL_MAT_ADD phases keep nothing else."""
     nr, kc, nx = up.rows_per_tile, up.k_chunk, up.nx
     w = up.w_units(kc) * max(up.w_size, 1)
     keep = stash_bytes(nx * nr) + mv_norm_bytes(up.K, kc, nx) + x_copy_bytes(up)

@@ -1150,7 +1150,7 @@ def plan_gemv(
                 continue
             for kc in reversed(k_options):
                 l1 = 2 * nr * kc * w_size + 2 * kc * x_size + 2 * nr * y_size
-                l1 += -(-kc * 2 // 64) * 64 if x_bf16 else 0
+                l1 += bf16_copy_bytes(kc) if x_bf16 else 0
                 l1 += stash_bytes(nr) if glu or stash else 0
                 l1 += mv_norm_bytes(K, kc) if norm else 0
                 l1 += mv_rope_bytes(rope) if rope else 0
@@ -1214,17 +1214,23 @@ def gemv_cycles(plan: GemvPlan, products: int, arch: Arch) -> float:
     return -(-products // plan.nx) * max(core, channel, dram)
 
 
+def bf16_copy_bytes(kc: int) -> int:
+    """A K chunk of x in bf16 as a GEMV core keeps it (g_xb of mvq.cc and mv.cc), 64-byte
+    aligned."""
+    return -(-kc * 2 // 64) * 64
+
+
 def mvq_x_bytes(w_block: int, kc: int) -> int:
     """The bf16 copy of a K chunk of x that the GEMV core keeps for block-quantized weights
-    (kernels/mvq.cc's g_xb), 64-byte aligned; 0 for the others (f16: w_block 1)."""
-    return -(-kc * 2 // 64) * 64 if w_block > 1 else 0
+    (kernels/mvq.cc's g_xb); 0 for the others (f16: w_block 1)."""
+    return bf16_copy_bytes(kc) if w_block > 1 else 0
 
 
 def x_copy_bytes(plan: "GemvPlan") -> int:
-    """The bf16 copy of a K chunk of x the GEMV core keeps (64-byte aligned): for each x row
-    with block-quantized weights (mvq.cc), once with bf16 weights against f32 x (mv.cc)."""
+    """The bf16 copies of a K chunk of x the GEMV core keeps: one per x row with
+    block-quantized weights (mvq.cc), one with bf16 weights against f32 x (mv.cc)."""
     if plan.x_bf16:
-        return -(-plan.k_chunk * 2 // 64) * 64
+        return bf16_copy_bytes(plan.k_chunk)
     return plan.nx * mvq_x_bytes(plan.w_block, plan.k_chunk)
 
 
