@@ -17,6 +17,9 @@ from pathlib import Path
 from bench import cost_constants, emulated_hsa0_env, write_section
 from bench_op import run_direct, time_request
 from bench_timing import chain_dispatch_ns
+from ggml_hsa_iron.errors import UnsupportedError
+from ggml_hsa_iron.plans import prepare
+from ggml_hsa_iron.request import parse_request
 from ggml_hsa_iron.tests.test_decode_layer import layer_request
 from ggml_hsa_iron.tests.test_rms_norm_qkv import qkv_request
 from ggml_hsa_iron.tests.util_ffn import fa_ffn_request
@@ -31,18 +34,22 @@ WEIGHTS = "q4_0"
 N_KV = 1024
 
 
-def one_kernel(dims):
-    """A decode layer as DECODE_LAYER_SWIGLU (llama's rotation, mode 0)."""
-    return [layer_request("SWIGLU", WEIGHTS, dims, arch=ARCH)]
-
-
-def two_kernels(extra):
-    """A decode layer as its Q/K/V kernel with `extra` (RMS_NORM_QKV_<extra>_ROPE: "bias" or
-    "head_norm"; NeoX rotation, the cache rows f16) and FLASH_ATTN_FFN_SWIGLU."""
+def layer(kind="", mode=0):
+    """A decode layer as the backend runs it: DECODE_LAYER[_<KIND>]_SWIGLU (`kind` "bias":
+    qwen2's Q, K and V biases, "head_norm": qwen3's per-head norms; `mode` the rotation's, 2
+    NeoX; the cache rows f16), or where the IRON package declines it at the shape, its Q/K/V
+    kernel (RMS_NORM_QKV[_<KIND>]_ROPE) and FLASH_ATTN_FFN_SWIGLU."""
 
     def requests(dims):
         K, H, Hk, D, F, n_kv = dims
-        qkv = qkv_request(WEIGHTS, K, D, H, Hk, 1, 2, False, ARCH, "f16", "f16", **{extra: True})
+        one = layer_request("SWIGLU", WEIGHTS, dims, arch=ARCH, kind=kind.upper(), mode=mode)
+        try:
+            prepare(parse_request(one))
+            return [one]
+        except UnsupportedError:
+            pass
+        extra = {kind: True} if kind else {}
+        qkv = qkv_request(WEIGHTS, K, D, H, Hk, 1, mode, False, ARCH, "f16", "f16", **extra)
         return [qkv, fa_ffn_request("SWIGLU", WEIGHTS, K, H, Hk, D, F, n_kv, arch=ARCH)]
 
     return requests
@@ -53,13 +60,13 @@ def two_kernels(extra):
 # its decode layer is one or two kernels a common shape: (name, layers, (n_embd, n_head,
 # n_head_kv, head_dim, n_ff, n_kv), output (rows, n_embd), the layer's kernels' requests).
 FAMILIES = [
-    ("llama", "tiny-llama-f32", 2, ("Llama-3.2-1B", 16, (2048, 32, 8, 64, 8192, N_KV), (128256, 2048), one_kernel)),
+    ("llama", "tiny-llama-f32", 2, ("Llama-3.2-1B", 16, (2048, 32, 8, 64, 8192, N_KV), (128256, 2048), layer())),
     # Phi-3-mini's attention (32 KV heads of 96) is refused by the layer design; Phi-4-mini,
     # the same architecture with 8 KV heads of 128, is not.
-    ("phi3", "tiny-phi3-f32", 2, ("Phi-4-mini (3.8B)", 32, (3072, 24, 8, 128, 8192, N_KV), (200064, 3072), one_kernel)),
-    ("qwen2", "tiny-qwen2-f32", 2, ("Qwen2.5-1.5B", 28, (1536, 12, 2, 128, 8960, N_KV), (151936, 1536), two_kernels("bias"))),
+    ("phi3", "tiny-phi3-f32", 2, ("Phi-4-mini (3.8B)", 32, (3072, 24, 8, 128, 8192, N_KV), (200064, 3072), layer(mode=2))),
+    ("qwen2", "tiny-qwen2-f32", 2, ("Qwen2.5-1.5B", 28, (1536, 12, 2, 128, 8960, N_KV), (151936, 1536), layer("bias", mode=2))),
     # FastFlowLM's published Qwen3 figure is of this shape (66.5 t/s decode, Krackan).
-    ("qwen3", "tiny-qwen3-f32", 2, ("Qwen3-0.6B", 28, (1024, 16, 8, 128, 3072, N_KV), (151936, 1024), two_kernels("head_norm"))),
+    ("qwen3", "tiny-qwen3-f32", 2, ("Qwen3-0.6B", 28, (1024, 16, 8, 128, 3072, N_KV), (151936, 1024), layer("head_norm", mode=2))),
     ("gemma2", "tiny-gemma2-f32", 6, None),
     ("gemma3", "tiny-gemma3-f32", 3, None),
 ]
@@ -162,11 +169,15 @@ def main() -> int:
         "Where a decode layer is one or two kernels, a common shape of the family is timed as",
         f"`--timing` times the Llama-3.2-1B shape: the layer's kernels ({WEIGHTS} weights, n_kv {N_KV}) and the",
         "output projection each alone under hsa-sim's timing model, a token being every layer,",
-        "the output projection and one chain's dispatches (the output norm is not timed). A",
-        "layer of two kernels (qwen2: Q, K and V with their biases, then the attention and the",
-        "block; qwen3: with the per-head Q and K norms) switches PDI at every command, each",
-        "switch charged as the cost model's chained command with a new PDI; one layer kernel",
-        "keeps its PDI loaded. The block's cores per column must divide its q heads per KV head",
+        "the output projection and one chain's dispatches (the output norm is not timed). Each",
+        "shape is timed with its family's rotation (NeoX for phi3, qwen2 and qwen3), as the",
+        "backend would run it: one layer kernel where the IRON package takes it, else its",
+        "two kernels, which switch PDI at every command (each switch charged as the cost",
+        "model's chained command with a new PDI; one layer kernel keeps its PDI loaded). Heads",
+        "of 128 rows (Phi-4-mini, the qwen shapes) are each a core's rows of two rounds: NeoX",
+        "pairs and qwen3's head norms need a head whole on one core. qwen2's layer adds its Q, K",
+        "and V biases, qwen3's normalises Q's and K's heads, in the same kernel. The block's",
+        "cores per column must divide its q heads per KV head",
         "(Llama-3.2-1B 4, Qwen3-0.6B 2, Qwen2.5-1.5B 6, Phi-4-mini 3): the qwen shapes run on two",
         "cores per column, Phi-4-mini on one. For reference, FastFlowLM decodes Qwen3-0.6B at",
         "66.5 t/s on Krackan (real hardware). gemma2's and gemma3's layers run as several",

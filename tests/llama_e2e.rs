@@ -971,8 +971,8 @@ fn kernels_refused_for_every_kv_length_are_asked_for_by_the_graph_s_length() {
 /// gate and up in one ffn_up, Q scaled before the attention, NeoX rotation) decodes a layer as
 /// one kernel as llama does: the rewrite table reads its fused matrices as row slices
 /// (`ops::rewrite`). qwen3 (per-head Q and K norms) and qwen2 (Q, K and V biases) decode a
-/// layer as two: its Q, K and V with the heads' norms (RMS_NORM_QKV_HEAD_NORM_ROPE) or the
-/// biases (RMS_NORM_QKV_BIAS_ROPE), then the attention and the block. gemma2 (norms after the
+/// layer as one too, their norms or biases in its projection phase
+/// (DECODE_LAYER_HEAD_NORM_SWIGLU, DECODE_LAYER_BIAS_SWIGLU). gemma2 (norms after the
 /// attention and the block, softcaps, a sliding window) decodes in more kernels, which this
 /// prints; gemma3 too (gemma2's layout without softcaps, with qwen3's per-head norms: its Q,
 /// K and V in one kernel).
@@ -983,8 +983,8 @@ const TINY_LAYERS: u64 = 4;
 fn tiny_families_run_every_layer_op_through_the_emulated_iron_designs() {
     for (name, layer_kernel) in [
         ("tiny-phi3-f32", Some("DECODE_LAYER_SWIGLU")),
-        ("tiny-qwen2-f32", Some("RMS_NORM_QKV_BIAS_ROPE")),
-        ("tiny-qwen3-f32", Some("RMS_NORM_QKV_HEAD_NORM_ROPE")),
+        ("tiny-qwen2-f32", Some("DECODE_LAYER_BIAS_SWIGLU")),
+        ("tiny-qwen3-f32", Some("DECODE_LAYER_HEAD_NORM_SWIGLU")),
         ("tiny-gemma2-f32", None),
         ("tiny-gemma3-f32", Some("RMS_NORM_QKV_HEAD_NORM_ROPE")),
     ] {

@@ -86,7 +86,7 @@ def capabilities(target: str = "npu") -> dict:
             # (weights, x, out); all seven weights of the weights' type, x, n_attn, (the
             # factors,) n_ffn, Q, a, r1 and h f32, the positions i32, the mask f16; the cache
             # views K and V each of `kv_types`, the K and V rows each of `row_types`.
-            entry["type_combos"] = [list(c) for c in DECODE_LAYER_COMBOS]
+            entry["type_combos"] = [list(c) for c in DECODE_LAYER_COMBOS if c[0] in spec.types]
             entry["kv_types"] = list(FLASH_ATTN_FFN_KV_TYPES)
             entry["row_types"] = list(DECODE_LAYER_ROW_TYPES)
         elif spec.kind == "rms_norm_mul_mat":

@@ -1,5 +1,6 @@
-"""DECODE_LAYER_<glu> and DECODE_LAYER_FF_<glu>: a llama layer of one decode step as one program
-(designs/ffn.py): RMS_NORM_QKV_ROPE(_FF), then FLASH_ATTN_FFN_<glu> with q = Q and r0 = x.
+"""DECODE_LAYER[_BIAS|_HEAD_NORM](_FF)_<glu>: a llama, qwen2 or qwen3 layer of one decode step as
+one program (designs/ffn.py): RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE(_FF), then FLASH_ATTN_FFN_<glu>
+with q = Q and r0 = x.
 
 The request: inputs Wq [K, Mq], Wk [K, Mk], Wv [K, Mv] (RMS_NORM_QKV_ROPE's), x f32 [K, 1] (the
 layer's input and the residual r0), n_attn f32 [K], the positions i32, (_FF) the frequency
@@ -9,6 +10,23 @@ n_ffn f32 [K] (the seven weights of one type); `output` out f32 [K, 1]; `extra_o
 of this token), a f32 [Dv, Hq, 1, 1], r1 f32 [K, 1], h f32 [F, 1]; op_params: words 0..11
 RMS_NORM_QKV_ROPE's (ROPE's 0..10, the attention norm's eps), 12..14 FLASH_ATTN_EXT's scale,
 max_bias and logit_softcap, 15 the FFN norm's eps.
+
+The qwen variants take the projections' own inputs behind the positions (and factors), as
+their RMS_NORM_QKV op does: _BIAS Q's, K's and V's biases (qwen2), _HEAD_NORM Q's and K's head
+norm weights (qwen3), whose eps is op_params word 16. Each group's columns receive its own
+(`QkvGroup.tasks`): the head norm's weights among the rotation's constants, the bias values of
+the column's rows of every round behind them (the lone op's `bias_taps`), which each core keeps
+for its rows (mv_decode.h: one array, sized for the longest group). With biases the rounds
+are whole, as the lone ops plan them.
+
+Split heads: a NeoX rotation pairs rows half a head apart, and a head norm sums a whole head,
+so the lone ops give each core whole heads a round; heads of 128 rows (Qwen, Phi-4) do not fit
+a core beside the block's data that way. A group whose heads are a whole multiple of the
+program's nr then takes each head in `split` consecutive rounds of one core (`QkvGroup.row0`:
+consecutive cores split * nr rows apart, their W tiles and y objects strided so): the core
+keeps each round's scaled (and biased) sums in the head's slot and finishes the heads whole at
+the pass's last round, as the lone op does with the head in one round, bit for bit; then it
+hands out the pass's y objects. A task group holds whole passes (`units_per_task_group`).
 
 The program: the projection phase (`QkvPhase`), then FLASH_ATTN_FFN_<glu>'s four phases
 (plans_fa_ffn), all on the same shape (C columns, R cores per column, nr rows per core, kc
@@ -62,7 +80,7 @@ from .errors import RequestError, UnsupportedError
 from .plans import ROPE_PARAMS, MatmulSpec, _check_common
 from .plans_fa_ffn import fa_ffn_phases
 from .plans_ffn import FfnSpec, _replan
-from .plans_qkv import prepare_qkv
+from .plans_qkv import own_inputs, prepare_qkv
 from .request import Request, Tensor
 from .tiling import (
     SHIM_GROUP_TASKS,
@@ -70,13 +88,16 @@ from .tiling import (
     Tap,
     _byte_tap_ok,
     _rows_ok,
+    mv_bias_bytes,
     mv_rope_bytes,
     rope_array_floats,
 )
 
 PREFIX = "DECODE_LAYER_"
-FF_PREFIX = "DECODE_LAYER_FF_"
-# op_params: RMS_NORM_QKV_ROPE's 12 words, FLASH_ATTN_EXT's 3, the FFN norm's eps.
+# The projections' variants: what follows the prefix, and the RMS_NORM_QKV op it takes.
+QKV_KINDS = {"BIAS_": "RMS_NORM_QKV_BIAS_ROPE", "HEAD_NORM_": "RMS_NORM_QKV_HEAD_NORM_ROPE"}
+# op_params: RMS_NORM_QKV_ROPE's 12 words, FLASH_ATTN_EXT's 3, the FFN norm's eps; (_HEAD_NORM)
+# the head norm's eps.
 QKV_PARAMS = ROPE_PARAMS + 1
 PARAMS = QKV_PARAMS + 4
 # The projections in the order of their column groups.
@@ -103,6 +124,9 @@ class QkvGroup:
     name: str  # "q", "k" or "v"
     spec: MatmulSpec  # the lone op's spec, its plan on the program's R, nr, kc and its columns
     col0: int
+    # Rounds per head: a core's rows of `split` consecutive rounds are one head (`row0`), where
+    # the rotation's pairs or the head norm span more rows than a core's of a round.
+    split: int = 1
 
     @property
     def plan(self) -> GemvPlan:
@@ -118,21 +142,44 @@ class QkvGroup:
         return self.spec.rope is not None
 
     @property
+    def own_input(self) -> bool:
+        """Whether the group has an input of its own: its head norm's weights or its bias."""
+        r = self.spec.rope
+        return self.spec.bias is not None or (r is not None and r.head_norm is not None)
+
+    @property
     def units(self) -> int:
         """y objects of a core: rounds / pack."""
         return self.plan.rounds // self.pack
 
+    @property
+    def units_per_pass(self) -> int:
+        """y objects of a head's rounds (a split head's are handed out together)."""
+        return max(1, self.split // self.pack)
+
     def row0(self, col: int, i: int, rnd: int) -> int:
-        """The first row of core i of the group's column col in round rnd."""
+        """The first row of core i of the group's column col in round rnd: consecutive cores
+        nr rows apart; with `split` each core's rows of a pass of `split` rounds one head."""
         p = self.plan
-        return rnd * p.block + (col * p.rows + i) * p.rows_per_tile
+        nr, s = p.rows_per_tile, self.split
+        head = (col * p.rows + i) * s * nr
+        return (rnd // s) * s * p.block + head + (rnd % s) * nr
 
     # --- taps: W in W units (bytes for weights moved as bytes); x in f32; y in f32 words
     def w_taps(self, col: int, u: int) -> list[Tap]:
         """The W tiles of unit u of column col: one task per round (a round's stride may
-        exceed a DMA stride, as GemvPlan._w_tap's one-round tasks avoid)."""
+        exceed a DMA stride, as GemvPlan._w_tap's one-round tasks avoid); with `split` the
+        cores' tiles split * nr rows apart."""
         p = self.plan
-        return [p._w_tap(0, self.row0(col, 0, u * self.pack + s), 1) for s in range(self.pack)]
+        rounds = [self.row0(col, 0, u * self.pack + s) for s in range(self.pack)]
+        if self.split == 1:
+            return [p._w_tap(0, r, 1) for r in rounds]
+        K, R, nr, kc = p.K, p.rows, p.rows_per_tile, p.k_chunk
+        Kw, kcw, row = p.w_units(K), p.w_units(kc), p.row_stride
+        core = self.split * nr * row
+        if p.w_block_bytes and p.whole_rows:
+            return [Tap(r * row, (1, R, nr, Kw), (0, core, row, 1)) for r in rounds]
+        return [Tap(r * row, (K // kc, R, nr, kcw), (kcw, core, row, 1)) for r in rounds]
 
     def x_tap(self) -> Tap:
         """x's K chunks, once per round of the unit; with several tokens (`nx`) per K chunk
@@ -146,20 +193,38 @@ class QkvGroup:
         i's nr rows of each token (nx runs). f16 (pack 2): core i's nx nr words hold its nr
         rows of round 2u of each token, then of round 2u + 1 (mv_decode.h's store)."""
         p = self.plan
-        R, nr, block, nx = p.rows, p.rows_per_tile, p.block, p.nx
+        R, nr, nx = p.rows, p.rows_per_tile, p.nx
         first = self.row0(col, 0, u * self.pack)
         token = p.N  # the output's rows per token (dense)
+        core = self.split * nr  # rows between consecutive cores' first rows
         if self.pack == 1:
-            return Tap(first, (1, R, nx, nr), (0, nr, token, 1))
-        return Tap(first // 2, (R, 2, nx, nr // 2), (nr // 2, block // 2, token // 2, 1))
+            return Tap(first, (1, R, nx, nr), (0, core, token, 1))
+        second = self.row0(col, 0, u * self.pack + 1) - first
+        return Tap(first // 2, (R, 2, nx, nr // 2), (core // 2, second // 2, token // 2, 1))
+
+    def bias_taps(self, col: int) -> list[tuple[str, Tap]]:
+        """The column's bias values of every round behind the rotation's constants, as
+        GemvPlan.bias_taps, each round's R runs of nr values at the cores' rows (`row0`)."""
+        p = self.plan
+        if not p.bias or self.split == 1:
+            return p.bias_taps(col)
+        R, nr, s = p.rows, p.rows_per_tile, self.split
+        first = self.row0(col, 0, 0)
+        out = [("b", Tap(first, (p.rounds // s, s, R, nr), (s * p.block, nr, s * nr, 1)))]
+        pad = p.bias_objects * p.nx * p.k_chunk - p.rounds * R * nr
+        return out + [("x", tap) for tap in p._padding(pad)]
+
+    def prologue(self, col: int) -> list[tuple[str, Tap]]:
+        """Column col's fills ahead of its first x row, once per dispatch: n (padded from x's
+        first chunks), the rotation's constants (Q, K), the column's bias values (qwen2)."""
+        p = self.plan
+        return p.norm_taps() + (p.rope_taps() if self.rope else []) + self.bias_taps(col)
 
     def tasks(self, units: int | None = None) -> dict[str, int]:
         """DMA tasks of one of the group's columns in the phase (or in its first `units`
-        units): W one per round, x the prologue (n and its padding, the rotation's constants)
-        and one per unit, y one per unit."""
+        units): W one per round, x the prologue and one per unit, y one per unit."""
         u = self.units if units is None else min(units, self.units)
-        prologue = len(self.plan.norm_taps()) + (len(self.plan.rope_taps()) if self.rope else 0)
-        return {"W": u * self.pack, "x": prologue + u, "y": u}
+        return {"W": u * self.pack, "x": len(self.prologue(0)) + u, "y": u}
 
     @property
     def out_words(self) -> int:
@@ -198,13 +263,21 @@ class QkvPhase:
     def units_per_task_group(self) -> int:
         """Units the runtime sequence issues in one task group: as many as every column's
         shim tasks allow (its first group holds the prologue too), so that a group of
-        one-round units (Q's f32 rows) runs beside a group of two-round ones (f16 rows)."""
+        one-round units (Q's f32 rows) runs beside a group of two-round ones (f16 rows); whole
+        passes of split heads (their y objects are handed out at the pass's end, which a task
+        group's await must not wait for ahead of the pass's weights)."""
         fits = [
             u
             for u in range(1, self.units + 1)
             if all(sum(g.tasks(u).values()) <= SHIM_GROUP_TASKS for g in self.groups)
+            and all(u % g.units_per_pass == 0 or u >= g.units for g in self.groups)
         ]
         return max(fits, default=0)
+
+    @property
+    def split(self) -> int:
+        """Rounds per head of the groups that split their heads (1 where none does)."""
+        return max(g.split for g in self.groups)
 
     @property
     def task_groups(self) -> list[range]:
@@ -213,12 +286,22 @@ class QkvPhase:
         return [range(u, min(u + n, self.units)) for u in range(0, self.units, n)]
 
     @property
+    def bias_plan(self) -> GemvPlan | None:
+        """The plan of the group with the most rounds of bias values (every core's array is
+        sized for it; all share nr), or None without biases."""
+        plans = [g.plan for g in self.groups if g.plan.bias]
+        return max(plans, key=lambda p: p.rounds) if plans else None
+
+    @property
     def core_bytes(self) -> int:
         """Static data the phase adds to a core: the rotation's (rope_math.h's arrays, unless
-        the attention's q rows hold them, and the positions); n_attn shares n's array, the f16
-        groups the GLU's stash."""
+        the attention's q rows hold them, the head norm's weights and the positions), the bias
+        values, split heads; n_attn shares n's array, the f16 groups the GLU's stash."""
         shared = rope_array_floats(self.rope_rows) * 4 if self.rope_in_fa_q else 0
-        return mv_rope_bytes(self.rope_rows) - shared
+        bias = mv_bias_bytes(self.bias_plan) if self.bias_plan else 0
+        # Split heads: each token's head kept (mv_decode.h's g_dl_heads).
+        heads = self.q.plan.nx * self.rope_rows.head * 4 if self.split > 1 else 0
+        return mv_rope_bytes(self.rope_rows) - shared + bias + heads
 
     @property
     def tasks(self) -> dict[str, int]:
@@ -238,7 +321,7 @@ class QkvPhase:
 
     @property
     def defines(self) -> dict[str, int]:
-        return {
+        out = {
             "MV_DECODE": 1,
             "DL_EPS": self.eps,
             "DL_HEAD": self.rope_rows.head,
@@ -246,33 +329,46 @@ class QkvPhase:
             "DL_ROPE_IN_FA_Q": int(self.rope_in_fa_q),
             **self.defines_rope,
         }
+        if self.rope_rows.head_norm:
+            out.update(DL_HEAD_NORM=1, HEAD_NORM_EPS=self.q.spec.rope.head_eps)
+        if self.split > 1:
+            out["DL_SPLIT"] = self.split
+        if self.bias_plan:
+            p = self.bias_plan
+            out.update(
+                DL_BIAS=1, DL_BIAS_ROUNDS=p.rounds, DL_BIAS_COLUMN_ROWS=p.rows * p.rows_per_tile
+            )
+        return out
 
 
-def _group_plan(spec: MatmulSpec, shape: GemvPlan, columns: int, pack: int) -> GemvPlan | None:
-    """The lone op's plan moved onto the program's R, nr, kc over `columns` columns, or None
-    where it does not fit: whole rounds (whole pairs of them for f16 rows), whole rotation
-    pairs per core, DMA-whole W taps."""
+def _group_plan(spec: MatmulSpec, shape: GemvPlan, columns: int, pack: int) -> QkvGroup | None:
+    """The lone op's plan moved onto the program's R, nr, kc over `columns` columns (a group
+    at column 0), or None where it does not fit: whole rounds (whole pairs of them for f16
+    rows), whole rotation pairs (and heads) per core, else heads split over rounds (a head a
+    whole multiple of nr, N whole passes of them), DMA-whole W taps."""
     p = spec.plan
     R, nr, kc = shape.rows, shape.rows_per_tile, shape.k_chunk
     q = dataclasses.replace(p, columns=columns, rows=R, rows_per_tile=nr, k_chunk=kc)
+    if p.K % kc or (pack == 2 and nr % 2):
+        return None
+    split = 1
     if p.N % (q.block * pack) or not _rows_ok(p.N, columns, R, nr, p.rope):
-        return None
-    if pack == 2 and nr % 2:
-        return None
-    if p.K % kc:
-        return None
+        head = p.rope.head if p.rope else 0
+        split = head // nr if head > nr and head % nr == 0 else 0
+        if not split or p.N % (q.block * split) or (pack == 2 and split % 2):
+            return None
+    g = QkvGroup("", dataclasses.replace(spec, plan=q), 0, split)
     if spec.weight_bytes:
         # The group's W taps (QkvGroup.w_taps: one round each) differ only in their first row,
         # and _byte_tap_ok reads their offset modulo a DMA word: one tap per residue of it.
-        g = QkvGroup("", dataclasses.replace(spec, plan=q), 0)
-        firsts = {}
+        units = {}
         for col in range(columns):
-            for rnd in range(g.units * g.pack):
-                first = g.row0(col, 0, rnd)
-                firsts.setdefault((first * q.row_stride) % DMA_WORD, first)
-        if not all(_byte_tap_ok(q._w_tap(0, first, 1)) for first in firsts.values()):
+            for u in range(g.units):
+                first = g.row0(col, 0, u * g.pack)
+                units.setdefault((first * q.row_stride) % DMA_WORD, (col, u))
+        if not all(_byte_tap_ok(t) for c, u in units.values() for t in g.w_taps(c, u)):
             return None
-    return q
+    return g
 
 
 class QkvShapes:
@@ -284,17 +380,17 @@ class QkvShapes:
         self.why: dict[str, int] = {}
         self.cache: dict = {}
 
-    def _options(self, name: str, shape: GemvPlan) -> dict[int, GemvPlan]:
-        """Columns -> the group's plan, for every column count its rows fit."""
+    def _options(self, name: str, shape: GemvPlan) -> dict[int, QkvGroup]:
+        """Columns -> the group (at column 0), for every column count its rows fit."""
         key = (name, shape.rows, shape.rows_per_tile, shape.k_chunk)
         if key not in self.cache:
             spec = self.lone[name]
             pack = 2 if spec.f16_out else 1
             got = {}
             for c in range(1, self.arch.columns + 1):
-                q = _group_plan(spec, shape, c, pack)
-                if q is not None:
-                    got[c] = q
+                g = _group_plan(spec, shape, c, pack)
+                if g is not None:
+                    got[c] = dataclasses.replace(g, name=name)
             self.cache[key] = got
         return self.cache[key]
 
@@ -305,22 +401,23 @@ class QkvShapes:
             self.why["rows"] = self.why.get("rows", 0) + 1
             return None
         best, best_key = None, None
-        for cq, pq in opts[0].items():
-            for ck, pk in opts[1].items():
-                for cv, pv in opts[2].items():
+        for cq, gq in opts[0].items():
+            for ck, gk in opts[1].items():
+                for cv, gv in opts[2].items():
                     if cq + ck + cv > shape.columns:
                         continue
                     # The phase ends with its longest group; then the fewest columns busy.
-                    key = (max(pq.rounds, pk.rounds, pv.rounds), cq + ck + cv)
+                    rounds = max(g.plan.rounds for g in (gq, gk, gv))
+                    key = (rounds, cq + ck + cv)
                     if best_key is None or key < best_key:
-                        best, best_key = (pq, pk, pv), key
+                        best, best_key = (gq, gk, gv), key
         if best is None:
             self.why["columns"] = self.why.get("columns", 0) + 1
             return None
         groups, col0 = [], 0
-        for name, q in zip(NAMES, best):
-            groups.append(QkvGroup(name, dataclasses.replace(self.lone[name], plan=q), col0))
-            col0 += q.columns
+        for g in best:
+            groups.append(dataclasses.replace(g, col0=col0))
+            col0 += g.plan.columns
         rope = {k: v for k, v in self.lone["q"].core.defines.items() if k in ROPE_DEFINES}
         phase = QkvPhase(tuple(groups), self.eps, rope)
         if phase.units_per_task_group == 0:
@@ -349,7 +446,7 @@ class QkvShapes:
             "rows": (
                 "Q, K and V each whole rounds of R x nr rows per column (f16 rows: whole pairs "
                 "of rounds, nr even) on some count of columns, every core's rows whole "
-                "rotation pairs"
+                "rotation pairs (with head norms whole heads)"
             ),
             "columns": "the Q, K and V groups side by side within the program's columns",
             "tasks": f"a first task group within a shim's {SHIM_GROUP_TASKS} DMA tasks",
@@ -387,11 +484,14 @@ class DecodeSpec(FfnSpec):
     @property
     def sequence(self) -> list[tuple[str, int]]:
         """The request's operand order: Wq, Wk, Wv, x, n_attn, the positions, (the factors,)
-        k, v, the mask, W_o, W_g, W_u, W_d, n_ffn, out, Q, K rows, V rows, a, r1, h. The
-        positions and factors, k, v and the mask as f32 words (the x fifo's type); K and V
+        (the groups' own inputs: Q's, K's (and V's) head norm weights or biases,) k, v, the
+        mask, W_o, W_g, W_u, W_d, n_ffn, out, Q, K rows, V rows, a, r1, h. The positions,
+        factors and own inputs, k, v and the mask as f32 words (the x fifo's type); K and V
         rows as f32 words too (the y fifo's type: f16 rows travel packed in f32 objects)."""
         q, k, v = self.qkv.groups
-        qseq = q.spec.sequence  # W, x, n, the positions, (the factors,) Q
+        # W, x, n, the positions, (the factors,) (Q's own input,) Q
+        qseq = q.spec.sequence
+        own = [g.spec.sequence[-2] for g in (k, v) if g.own_input]
         wg, wu, _, n, h = self.up.sequence
         wd, _, _, out = self.down.sequence
         wo, a, _, r1 = self.attn.sequence
@@ -402,6 +502,7 @@ class DecodeSpec(FfnSpec):
             k.spec.sequence[0],
             v.spec.sequence[0],
             *qseq[1:-1],
+            *own,
             kc,
             vc,
             mask,
@@ -448,26 +549,41 @@ def q_heads_view(q: Tensor) -> Tensor:
     return Tensor(q.dtype, (D, T, H, 1), (4, 4 * D * H, 4 * D, 4 * D * H * T))
 
 
+def layer_parts(op: str) -> tuple[str, str]:
+    """The two ops a DECODE_LAYER[_BIAS|_HEAD_NORM](_FF)_<glu> replaces:
+    RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE(_FF) and FLASH_ATTN_FFN_<glu>."""
+    rest = op.removeprefix(PREFIX)
+    qkv = "RMS_NORM_QKV_ROPE"
+    for kind, name in QKV_KINDS.items():
+        if rest.startswith(kind):
+            rest, qkv = rest.removeprefix(kind), name
+    if rest.startswith("FF_"):
+        rest, qkv = rest.removeprefix("FF_"), qkv + "_FF"
+    return qkv, f"FLASH_ATTN_FFN_{rest}"
+
+
 def prepare_decode_layer(req: Request) -> DecodeSpec:
-    """DECODE_LAYER(_FF)_<glu> (see the module docstring)."""
+    """DECODE_LAYER[_BIAS|_HEAD_NORM](_FF)_<glu> (see the module docstring)."""
     spec, arch = _check_common(req, strided=True)  # the op, input count, op_params, types
     op = req.op
-    ff = op.startswith(FF_PREFIX)
-    glu = op[len(FF_PREFIX if ff else PREFIX) :]
+    qkv_op, fa_op = layer_parts(op)
+    ff = qkv_op.endswith("_FF")
+    parts = f"the backend runs {qkv_op} and {fa_op} instead"
     if len(req.extra_outputs) != 6:
         raise RequestError(
             f"{op} has seven outputs: out, then Q, K rows, V rows, a, r1 and h in extra_outputs"
         )
-    n_consts = 2 if ff else 1
+    n_consts = (2 if ff else 1) + own_inputs(qkv_op)
     wq, wk, wv, x, n_attn, *rest = req.inputs
     consts, (kc, vc, mask, wo, wg, wu, wd, n_ffn) = rest[:n_consts], rest[n_consts:]
     out, (q, kr, vr, a, r1, h) = req.output, req.extra_outputs
-    params = tuple(req.op_params) + (0,) * (PARAMS - len(req.op_params))
+    params = tuple(req.op_params) + (0,) * (PARAMS + 1 - len(req.op_params))
+    # RMS_NORM_QKV[_HEAD_NORM]_ROPE's words: ROPE's, the norm's eps, (the head norm's eps).
+    qkv_params = params[:QKV_PARAMS] + ((params[PARAMS],) if "_HEAD_NORM_" in qkv_op else ())
     if x.ne[2:] != (1, 1):
         raise UnsupportedError(
             f"{op}: x {list(x.ne)} is not [K, tokens]: the layer's program decodes tokens of "
-            f"one step; the backend runs RMS_NORM_QKV_ROPE{'_FF' if ff else ''} and "
-            f"FLASH_ATTN_FFN_{glu} instead"
+            f"one step; {parts}"
         )
     weights = (("Wq", wq), ("Wk", wk), ("Wv", wv), ("W_o", wo), ("W_g", wg), ("W_u", wu))
     for what, w in weights[1:] + (("W_d", wd),):
@@ -475,14 +591,13 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
             raise UnsupportedError(
                 f"{op}: {what} is {w.dtype}, Wq {wq.dtype}: every phase's weight tiles go "
                 f"through the cores' one W fifo (objects of one size) and one GEMV core object "
-                f"decodes them (one weight type); the backend runs "
-                f"RMS_NORM_QKV_ROPE{'_FF' if ff else ''} and FLASH_ATTN_FFN_{glu} instead"
+                f"decodes them (one weight type); {parts}"
             )
     qkv_req = Request(
         req.name,
         req.arch,
-        "RMS_NORM_QKV_ROPE" + ("_FF" if ff else ""),
-        params[:QKV_PARAMS],
+        qkv_op,
+        qkv_params,
         (wq, wk, wv, x, n_attn, *consts),
         q,
         (kr, vr),
@@ -494,8 +609,8 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
     fa_req = Request(
         req.name,
         req.arch,
-        f"FLASH_ATTN_FFN_{glu}",
-        params[QKV_PARAMS:],
+        fa_op,
+        params[QKV_PARAMS:PARAMS],
         (q_heads_view(q), kc, vc, mask, wo, x, wg, wu, wd, n_ffn),
         out,
         (a, r1, h),
@@ -521,9 +636,8 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
         def why():
             return (
                 f"{shapes.explain()}; over {tokens} tokens the layer takes the shape "
-                f"FLASH_ATTN_FFN_{glu} takes alone, {own} (columns, cores per column, rows per "
-                f"core, K chunk), where the projections' data must fit beside it; the backend "
-                f"runs RMS_NORM_QKV_ROPE{'_FF' if ff else ''} and FLASH_ATTN_FFN_{glu}"
+                f"{fa_op} takes alone, {own} (columns, cores per column, rows per core, K "
+                f"chunk), where the projections' data must fit beside it; {parts}"
             )
 
     attn, up, down = _replan(op, specs, arch, wg.dtype, extra_fn, why)

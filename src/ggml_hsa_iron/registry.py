@@ -233,8 +233,12 @@ _DECODE_LAYER_LIMITS = (
     "12 words, FLASH_ATTN_EXT's scale, max_bias, logit_softcap, the FFN norm's eps; outputs out "
     "f32 [K,1] and Q f32 [D,Hq,1], K rows [D,Hk,1] and V rows [Mv,1] (f32 or f16, dense), a, "
     "r1, h (extra_outputs). Q, K and V run side by side on groups of columns, each group whole "
-    "rounds (f16 rows: whole pairs of rounds, two rounds' f16 values per y object); one token "
-    "only; whatever RMS_NORM_QKV_ROPE(_FF) or FLASH_ATTN_FFN_<glu> refuses is refused"
+    "rounds (f16 rows: whole pairs of rounds, two rounds' f16 values per y object); up to 8 "
+    "tokens; whatever RMS_NORM_QKV_ROPE(_FF) or FLASH_ATTN_FFN_<glu> refuses is refused. "
+    "DECODE_LAYER_BIAS_<glu> (qwen2): RMS_NORM_QKV_BIAS_ROPE's Q, K and V biases f32 behind the "
+    "positions; DECODE_LAYER_HEAD_NORM_<glu> (qwen3): RMS_NORM_QKV_HEAD_NORM_ROPE's Q and K head "
+    "norm weights f32 [D] there, their eps op_params word 16 (every core's rows of a round whole "
+    "heads)"
 )
 
 _ROWS_LIMITS = (
@@ -388,13 +392,19 @@ def _flash_attn_glu(op: str) -> OpSpec:
     return OpSpec(op, FFN, 9, types, True, True, kind, limits, 4, outputs=3)
 
 
-def _decode_layer(op: str, ff: bool) -> OpSpec:
+def _decode_layer(op: str, ff: bool, own: int = 0) -> OpSpec:
     # FLASH_ATTN_FFN_<glu>'s types and i32 (the positions); inputs Wq, Wk, Wv, x, n_attn, the
-    # positions, (the factors,) k, v, mask, W_o, W_g, W_u, W_d, n_ffn; 16 op_params words;
-    # seven outputs (out, then Q, K rows, V rows, a, r1 and h).
+    # positions, (the factors,) (`own`: the biases or head norm weights,) k, v, mask, W_o, W_g,
+    # W_u, W_d, n_ffn; 16 op_params words (the head norm's eps a 17th); seven outputs (out, then
+    # Q, K rows, V rows, a, r1 and h).
     types = ("bf16", "f16", "f32", "i32") + QUANT_TYPES
+    if "_HEAD_NORM_" in op:
+        # Q's and K's rows of a round whole heads: q6_K's tiles of them do not fit a core
+        # beside the block's data (heads of 16 to 128 tried); the layer's two kernels take q6_K.
+        types = tuple(t for t in types if t != "q6_K")
     kind, limits = "decode_layer", _DECODE_LAYER_LIMITS
-    return OpSpec(op, FFN, 15 if ff else 14, types, True, True, kind, limits, 16, outputs=7)
+    inputs, params = 14 + ff + own, 17 if "_HEAD_NORM_" in op else 16
+    return OpSpec(op, FFN, inputs, types, True, True, kind, limits, params, outputs=7)
 
 
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
@@ -514,6 +524,10 @@ OPS: tuple[OpSpec, ...] = (
     # of the attention and the block, seven outputs (designs/ffn.py).
     *(_decode_layer(f"DECODE_LAYER_{glu}", False) for glu in _GLU_NAMES),
     *(_decode_layer(f"DECODE_LAYER_FF_{glu}", True) for glu in _GLU_NAMES),
+    # qwen2's layer (Q, K and V biases) and qwen3's (Q and K head norms); no _FF variants: the
+    # families have no frequency factors.
+    *(_decode_layer(f"DECODE_LAYER_BIAS_{glu}", False, 3) for glu in _GLU_NAMES),
+    *(_decode_layer(f"DECODE_LAYER_HEAD_NORM_{glu}", False, 2) for glu in _GLU_NAMES),
     # Row ops (designs/_rows.py): op_params eps (norms), scale and max_bias (SOFT_MAX).
     _rows("RMS_NORM", 1, ("f32",), 1),
     _rows("NORM", 1, ("f32",), 1),

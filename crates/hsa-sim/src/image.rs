@@ -91,6 +91,10 @@ impl TensorDesc {
     }
 }
 
+/// The most op_params words a description holds: ggml's 16, and one more for
+/// DECODE_LAYER_HEAD_NORM_<GLU> (the heads' eps after the words of a whole layer's kernels).
+pub const MAX_OP_PARAMS: usize = 17;
+
 /// The kernel description: the compile request and the image payload are the same JSON.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,9 +102,9 @@ pub struct KernelDesc {
     pub name: String,
     pub arch: String,
     pub op: String,
-    /// Up to 16 i32 (missing entries are 0); always written as 16.
+    /// Up to `MAX_OP_PARAMS` i32 (missing entries are 0); always written as that many.
     #[serde(default, deserialize_with = "de_params")]
-    pub op_params: [i32; 16],
+    pub op_params: [i32; MAX_OP_PARAMS],
     pub inputs: Vec<TensorDesc>,
     pub output: TensorDesc,
     /// The outputs after `output` of an op with several (`RMS_NORM_QKV_ROPE`: K and V), whose
@@ -118,15 +122,15 @@ pub struct KernelDesc {
     pub n_kv_step: Option<u32>,
 }
 
-fn de_params<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[i32; 16], D::Error> {
+fn de_params<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[i32; MAX_OP_PARAMS], D::Error> {
     let v: Vec<i32> = Vec::deserialize(d)?;
-    if v.len() > 16 {
+    if v.len() > MAX_OP_PARAMS {
         return Err(serde::de::Error::custom(format!(
-            "op_params has {} entries, at most 16 allowed",
+            "op_params has {} entries, at most {MAX_OP_PARAMS} allowed",
             v.len()
         )));
     }
-    let mut out = [0i32; 16];
+    let mut out = [0i32; MAX_OP_PARAMS];
     out[..v.len()].copy_from_slice(&v);
     Ok(out)
 }
@@ -159,12 +163,18 @@ impl KernelDesc {
             .chain(&self.extra_outputs)
     }
 
-    /// A DECODE_LAYER(_FF)_<GLU> description as the two kernels it replaces:
-    /// RMS_NORM_QKV_ROPE(_FF) (Wq, Wk, Wv, x, n_attn, positions[, factors] into Q, K rows, V
-    /// rows), then FLASH_ATTN_FFN_<GLU> with q = Q [D, Hq, T] viewed as [D, T, Hq, 1] (llama's
-    /// permuted view: the same bytes) and r0 = x.
-    pub fn decode_layer_parts(&self, ff: bool) -> Result<(KernelDesc, KernelDesc), String> {
-        let b = 6 + usize::from(ff);
+    /// A DECODE_LAYER[_BIAS|_HEAD_NORM][_FF]_<GLU> description as the two kernels it replaces:
+    /// RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE[_FF] (Wq, Wk, Wv, x, n_attn, positions[, factors][,
+    /// its biases or heads' norm weights] into Q, K rows, V rows; the heads' eps its
+    /// op_params[12], the layer's op_params[16]), then FLASH_ATTN_FFN_<GLU> with q = Q
+    /// [D, Hq, T] viewed as [D, T, Hq, 1] (llama's permuted view: the same bytes) and r0 = x.
+    pub fn decode_layer_parts(&self) -> Result<(KernelDesc, KernelDesc), String> {
+        let (qkv_op, attn_op) = Op::decode_layer_kernels(&self.op)
+            .ok_or_else(|| format!("{} is not a DECODE_LAYER op", self.op))?;
+        let Some(qkv_kernel @ Op::NormedQkv { head_norm, .. }) = Op::from_name(&qkv_op) else {
+            return Err(format!("{} is not a DECODE_LAYER op", self.op));
+        };
+        let b = qkv_kernel.arity();
         if self.inputs.len() != b + 8 || self.extra_outputs.len() != 6 {
             return Err(format!(
                 "{} takes {} inputs and has 7 outputs: out, Q, K rows, V rows, a, r1, h",
@@ -176,28 +186,18 @@ impl KernelDesc {
         let [q, k_rows, v_rows, a, r1, h] = self.extra_outputs.as_slice() else {
             unreachable!("checked above")
         };
-        let glu = self
-            .op
-            .strip_prefix(if ff {
-                "DECODE_LAYER_FF_"
-            } else {
-                "DECODE_LAYER_"
-            })
-            .ok_or_else(|| format!("{} is not a DECODE_LAYER op", self.op))?;
         let mut qkv = self.clone();
-        qkv.op = if ff {
-            "RMS_NORM_QKV_ROPE_FF"
-        } else {
-            "RMS_NORM_QKV_ROPE"
-        }
-        .into();
+        qkv.op = qkv_op;
         qkv.inputs = qkv_in.to_vec();
         qkv.output = q.clone();
         qkv.extra_outputs = vec![k_rows.clone(), v_rows.clone()];
-        qkv.op_params = [0; 16];
+        qkv.op_params = [0; MAX_OP_PARAMS];
         qkv.op_params[..12].copy_from_slice(&self.op_params[..12]);
+        if head_norm {
+            qkv.op_params[12] = self.op_params[16];
+        }
         let mut attn = self.clone();
-        attn.op = format!("FLASH_ATTN_FFN_{glu}");
+        attn.op = attn_op;
         let q4 = q.heads_view();
         attn.inputs = [&q4, &rest[0], &rest[1], &rest[2], &rest[3], &qkv_in[3]]
             .into_iter()
@@ -205,7 +205,7 @@ impl KernelDesc {
             .cloned()
             .collect();
         attn.extra_outputs = vec![a.clone(), r1.clone(), h.clone()];
-        attn.op_params = [0; 16];
+        attn.op_params = [0; MAX_OP_PARAMS];
         attn.op_params[..4].copy_from_slice(&self.op_params[12..16]);
         Ok((qkv, attn))
     }
@@ -221,7 +221,7 @@ impl KernelDesc {
             }
             | Op::AttnFfn(_)
             | Op::AttnGlu(_) => Some(1),
-            Op::DecodeLayer { ff, .. } => Some(6 + usize::from(ff)),
+            Op::DecodeLayer { .. } => op.layer_qkv().map(Op::arity),
             _ => None,
         }
     }
@@ -275,7 +275,7 @@ impl KernelDesc {
         part.inputs = qkvm.map(TensorDesc::clone).to_vec();
         part.output = a.clone();
         part.extra_outputs.clear();
-        part.op_params = [0; 16];
+        part.op_params = [0; MAX_OP_PARAMS];
         part.op_params[..3].copy_from_slice(&self.op_params[..3]);
         part.validate()?;
         let [dv, heads, rows, seqs] = a.ne;
@@ -499,7 +499,7 @@ impl KernelDesc {
                 .to_vec();
             part.output = self.output.clone();
             part.extra_outputs = vec![r1.clone(), h.clone()];
-            part.op_params = [0; 16];
+            part.op_params = [0; MAX_OP_PARAMS];
             part.op_params[0] = self.op_params[3];
             part.validate()?;
         } else if let Op::AttnGlu(_) = op {
@@ -517,7 +517,7 @@ impl KernelDesc {
             let flat = self.attention_part([q, k, v, mask], a)?;
             let mut part = self.clone();
             part.extra_outputs.clear();
-            part.op_params = [0; 16];
+            part.op_params = [0; MAX_OP_PARAMS];
             part.op = "MUL_MAT_ADD".into();
             part.inputs = [wo, &flat, r0].map(TensorDesc::clone).to_vec();
             part.output = r1.clone();
@@ -527,9 +527,9 @@ impl KernelDesc {
             part.output = self.output.clone();
             part.op_params[0] = self.op_params[3];
             part.validate()?;
-        } else if let Op::DecodeLayer { ff, .. } = op {
+        } else if let Op::DecodeLayer { .. } = op {
             // As the two kernels it replaces.
-            let (qkv, attn) = self.decode_layer_parts(ff).map_err(DescError::Invalid)?;
+            let (qkv, attn) = self.decode_layer_parts().map_err(DescError::Invalid)?;
             qkv.validate()?;
             attn.validate()?;
         } else if let Op::NormedQkv {
@@ -580,7 +580,7 @@ impl KernelDesc {
             part.inputs = vec![wv.clone(), x.clone(), n.clone()];
             part.inputs.extend(own.get(2).filter(|_| bias).cloned());
             part.output = self.extra_outputs[1].clone();
-            part.op_params = [0; 16];
+            part.op_params = [0; MAX_OP_PARAMS];
             part.op_params[0] = self.op_params[11];
             part.validate()?;
         } else if let Op::NormedMulMatRope {
@@ -1090,4 +1090,258 @@ pub fn check_insts(insts: &[u8], image: &[u8]) -> Result<(), String> {
         return Err("instruction stream does not belong to this PDI (payload hash differs)".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::OperandMem;
+    use crate::ops::UnaryOp;
+
+    /// A qwen decode layer in small (K 64, Q 2 heads of 32, one KV head, 16 cached rows, F 128):
+    /// `own` the Q/K/V kernel's own inputs, between the positions and the caches.
+    fn layer(op: &str, own: Vec<TensorDesc>, op_params: &[i32]) -> KernelDesc {
+        let f32 = |ne| TensorDesc::contiguous(ne, DType::F32);
+        let f16 = |ne| TensorDesc::contiguous(ne, DType::F16);
+        let mut inputs = vec![
+            f32([64, 64, 1, 1]),
+            f32([64, 32, 1, 1]),
+            f32([64, 32, 1, 1]),
+            f32([64, 1, 1, 1]),
+            f32([64, 1, 1, 1]),
+            TensorDesc::contiguous([1, 1, 1, 1], DType::I32),
+        ];
+        inputs.extend(own);
+        inputs.extend([
+            f16([32, 16, 1, 1]),
+            f16([32, 16, 1, 1]),
+            f16([16, 1, 1, 1]),
+            f32([64, 64, 1, 1]),
+            f32([64, 128, 1, 1]),
+            f32([64, 128, 1, 1]),
+            f32([128, 64, 1, 1]),
+            f32([64, 1, 1, 1]),
+        ]);
+        let mut params = [0; MAX_OP_PARAMS];
+        params[..op_params.len()].copy_from_slice(op_params);
+        KernelDesc {
+            name: "layer".into(),
+            arch: "aie2p".into(),
+            op: op.into(),
+            op_params: params,
+            inputs,
+            output: f32([64, 1, 1, 1]),
+            extra_outputs: vec![
+                f32([32, 2, 1, 1]),
+                f16([32, 1, 1, 1]),
+                f16([32, 1, 1, 1]),
+                f32([32, 2, 1, 1]),
+                f32([64, 1, 1, 1]),
+                f32([128, 1, 1, 1]),
+            ],
+            f16_as_bf16: false,
+            n_kv_step: None,
+        }
+    }
+
+    /// ROPE's words (n_dims 32), the attention norm's eps, FLASH_ATTN_EXT's scale, the FFN
+    /// norm's eps, and with a heads' norm its eps.
+    fn layer_params(head_norm: bool) -> Vec<i32> {
+        let bits = |v: f32| v.to_bits() as i32;
+        let mut p = vec![0, 32, 0, 0, 0, bits(10000.0), bits(1.0), 0, bits(1.0), 0, 0];
+        p.extend([bits(1e-5), bits(0.125), 0, 0, bits(2e-5)]);
+        if head_norm {
+            p.push(bits(1e-6));
+        }
+        p
+    }
+
+    #[test]
+    fn a_qwen_decode_layer_splits_into_its_q_k_v_kernel_and_its_attention() {
+        let f32 = |ne| TensorDesc::contiguous(ne, DType::F32);
+        for (op, qkv_op, own) in [
+            (
+                "DECODE_LAYER_BIAS_SWIGLU",
+                "RMS_NORM_QKV_BIAS_ROPE",
+                vec![f32([64, 1, 1, 1]), f32([32, 1, 1, 1]), f32([32, 1, 1, 1])],
+            ),
+            (
+                "DECODE_LAYER_HEAD_NORM_SWIGLU",
+                "RMS_NORM_QKV_HEAD_NORM_ROPE",
+                vec![f32([32, 1, 1, 1]), f32([32, 1, 1, 1])],
+            ),
+        ] {
+            let head_norm = qkv_op.contains("HEAD_NORM");
+            let desc = layer(op, own.clone(), &layer_params(head_norm));
+            assert_eq!(
+                desc.validate(),
+                Ok(Op::DecodeLayer {
+                    ff: false,
+                    head_norm,
+                    bias: !head_norm,
+                    act: UnaryOp::Silu,
+                }),
+                "{op}"
+            );
+            let (qkv, attn) = desc.decode_layer_parts().expect(op);
+            // The Q/K/V kernel: the layer's inputs up to its own ones, Q, K's and V's rows; its
+            // heads' eps is its word 12.
+            let b = 6 + own.len();
+            assert_eq!(qkv.op, qkv_op);
+            assert_eq!(qkv.inputs, desc.inputs[..b]);
+            assert_eq!(qkv.inputs[6..], own);
+            assert_eq!(qkv.output, desc.extra_outputs[0]);
+            assert_eq!(qkv.extra_outputs, desc.extra_outputs[1..3]);
+            assert_eq!(qkv.op_params[..12], desc.op_params[..12]);
+            let eps = if head_norm { desc.op_params[16] } else { 0 };
+            assert_eq!(qkv.op_params[12..], [eps, 0, 0, 0, 0]);
+            // The attention and the block: q = Q by heads, the caches, the mask and Wo, r0 = x,
+            // then Wg, Wu, Wd and n_ffn.
+            assert_eq!(attn.op, "FLASH_ATTN_FFN_SWIGLU");
+            let mut want = vec![desc.extra_outputs[0].heads_view()];
+            want.extend_from_slice(&desc.inputs[b..b + 4]);
+            want.push(desc.inputs[3].clone());
+            want.extend_from_slice(&desc.inputs[b + 4..]);
+            assert_eq!(attn.inputs, want);
+            assert_eq!(attn.output, desc.output);
+            assert_eq!(attn.extra_outputs, desc.extra_outputs[3..]);
+            assert_eq!(attn.op_params[..4], desc.op_params[12..16]);
+            assert!(attn.op_params[4..].iter().all(|&p| p == 0));
+        }
+        // Without its own inputs the layer is not a qwen one.
+        let desc = layer("DECODE_LAYER_BIAS_SWIGLU", vec![], &layer_params(false));
+        assert!(desc.decode_layer_parts().is_err());
+    }
+
+    /// Pseudo-random values in [-1, 1] for a dense operand of `t` (i32: the position 5).
+    fn bytes_of(t: &TensorDesc, seed: u32) -> Vec<u8> {
+        (0..t.nelements() as u32)
+            .flat_map(|i| {
+                let h = i.wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40_503);
+                let v = (h % 2001) as f32 / 1000.0 - 1.0;
+                match t.ty {
+                    DType::F32 => v.to_le_bytes().to_vec(),
+                    DType::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
+                    _ => 5i32.to_le_bytes().to_vec(),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_qwen_decode_layer_computes_what_its_two_kernels_do() {
+        let f32 = |ne| TensorDesc::contiguous(ne, DType::F32);
+        for (op, own) in [
+            (
+                "DECODE_LAYER_BIAS_SWIGLU",
+                vec![f32([64, 1, 1, 1]), f32([32, 1, 1, 1]), f32([32, 1, 1, 1])],
+            ),
+            (
+                "DECODE_LAYER_HEAD_NORM_SWIGLU",
+                vec![f32([32, 1, 1, 1]), f32([32, 1, 1, 1])],
+            ),
+        ] {
+            let desc = layer(op, own, &layer_params(op.contains("HEAD_NORM")));
+            let (qkv, attn) = desc.decode_layer_parts().expect(op);
+            let n_in = desc.inputs.len();
+            let b = n_in - 8;
+            let start: Vec<Vec<u8>> = desc
+                .operands()
+                .zip(0..)
+                .map(|(t, i)| bytes_of(t, i))
+                .collect();
+            // Runs `desc` over the operands `which` of `mem`; K's and V's rows are row 5 of
+            // their caches.
+            let run = |desc: &KernelDesc, mem: &mut [Vec<u8>], which: &[usize]| {
+                let at: Vec<OperandMem> = mem
+                    .iter_mut()
+                    .map(|m| OperandMem {
+                        addr: m.as_mut_ptr() as usize,
+                        len: m.len(),
+                    })
+                    .collect();
+                let operands: Vec<OperandMem> = which
+                    .iter()
+                    .map(|&i| match i.checked_sub(n_in + 2) {
+                        Some(c @ 0..=1) => OperandMem {
+                            addr: at[b + c].addr + 5 * 64,
+                            len: 64,
+                        },
+                        _ => at[i],
+                    })
+                    .collect();
+                let op = desc.validate().expect("valid");
+                // SAFETY: every operand is a live buffer of `mem` (K's and V's rows 64 bytes
+                // inside their caches' 1024), at least its tensor's extent long, and nothing
+                // else reads or writes `mem` during the call.
+                unsafe { crate::exec::execute(desc, op, &operands) }.expect("runs");
+            };
+            let mut merged = start.clone();
+            run(&desc, &mut merged, &(0..n_in + 7).collect::<Vec<_>>());
+            // The Q/K/V kernel, then the attention reading Q, the caches and x.
+            let mut parts = start.clone();
+            let qkv_ops: Vec<usize> = (0..b).chain(n_in + 1..n_in + 4).collect();
+            run(&qkv, &mut parts, &qkv_ops);
+            let mut attn_ops = vec![n_in + 1, b, b + 1, b + 2, b + 3, 3];
+            attn_ops.extend([
+                b + 4,
+                b + 5,
+                b + 6,
+                b + 7,
+                n_in,
+                n_in + 4,
+                n_in + 5,
+                n_in + 6,
+            ]);
+            run(&attn, &mut parts, &attn_ops);
+            assert_eq!(merged, parts, "{op}");
+            assert_ne!(merged[n_in], start[n_in], "{op}: the layer's output");
+            assert_ne!(merged[b][320..384], start[b][320..384], "{op}: K's row");
+        }
+    }
+
+    #[test]
+    fn decode_layer_names_read_as_their_two_kernels() {
+        let names = |qkv: &str, attn: &str| Some((qkv.to_owned(), attn.to_owned()));
+        let kernels = Op::decode_layer_kernels;
+        assert_eq!(
+            kernels("DECODE_LAYER_SWIGLU"),
+            names("RMS_NORM_QKV_ROPE", "FLASH_ATTN_FFN_SWIGLU")
+        );
+        assert_eq!(
+            kernels("DECODE_LAYER_FF_GEGLU_ERF"),
+            names("RMS_NORM_QKV_ROPE_FF", "FLASH_ATTN_FFN_GEGLU_ERF")
+        );
+        assert_eq!(
+            kernels("DECODE_LAYER_BIAS_REGLU"),
+            names("RMS_NORM_QKV_BIAS_ROPE", "FLASH_ATTN_FFN_REGLU")
+        );
+        assert_eq!(
+            kernels("DECODE_LAYER_HEAD_NORM_FF_GEGLU_QUICK"),
+            names(
+                "RMS_NORM_QKV_HEAD_NORM_ROPE_FF",
+                "FLASH_ATTN_FFN_GEGLU_QUICK"
+            )
+        );
+        assert_eq!(
+            Op::from_name("DECODE_LAYER_BIAS_FF_SWIGLU"),
+            Some(Op::DecodeLayer {
+                ff: true,
+                head_norm: false,
+                bias: true,
+                act: UnaryOp::Silu,
+            })
+        );
+        // Both own inputs, or the flags out of order: no such layer.
+        assert_eq!(Op::from_name("DECODE_LAYER_BIAS_HEAD_NORM_SWIGLU"), None);
+        assert_eq!(Op::from_name("DECODE_LAYER_FF_BIAS_SWIGLU"), None);
+        assert_eq!(
+            Op::from_name("DECODE_LAYER_HEAD_NORM_SWIGLU").map(Op::arity),
+            Some(16)
+        );
+        assert_eq!(
+            Op::from_name("DECODE_LAYER_BIAS_SWIGLU").map(Op::arity),
+            Some(17)
+        );
+    }
 }

@@ -39,7 +39,8 @@ fn capabilities_lists_ops() {
     );
     // Block-quantized types are for the weights of MUL_MAT and its fused forms (MUL_MAT_ADD,
     // MUL_MAT_<GLU>, RMS_NORM_MUL_MAT[_<GLU>|_ROPE], RMS_NORM_QKV_ROPE, RMS_NORM_FFN_<GLU>,
-    // FLASH_ATTN_FFN_<GLU>, FLASH_ATTN_GLU_<GLU>, DECODE_LAYER[_FF]_<GLU>) and no other op's.
+    // FLASH_ATTN_FFN_<GLU>, FLASH_ATTN_GLU_<GLU>, DECODE_LAYER[_BIAS|_HEAD_NORM][_FF]_<GLU>) and no
+    // other op's.
     for o in v["ops"].as_array().unwrap() {
         let quantized = o["types"].as_array().unwrap().contains(&"q4_K".into());
         let op = o["op"].as_str().unwrap();

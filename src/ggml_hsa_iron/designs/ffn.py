@@ -86,6 +86,7 @@ from .mul_mat import (
     _add_fill,
     _tap,
     _add_r,
+    _bias_prologue,
     _gemv_columns,
     _gemv_kern,
     _gemv_tiles,
@@ -173,52 +174,90 @@ def _fa_fill(fa, hs, r, chunks, tg, bufs, totals):
     return first + 3 * len(chunks) + last
 
 
-def _qkv_kernels(kern, x_tile, y_tile):
+def _qkv_kernels(kern, x_tile, y_tile, qkv):
     """DECODE_LAYER_<glu>'s projection functions besides the GLU's (mv_norm.h's y zero with a
-    new round; mv_decode.h's), in `_qkv_rounds`' order after the GLU's load, normed sums and
-    normed gate functions."""
-    return [
-        kern("_norm_zero", [y_tile]),
-        kern("_dl_rope_load", [x_tile]),
-        kern("_dl_scale_rope", [y_tile, np.int32]),
-        kern("_dl_scale", [y_tile]),
-        kern("_dl_store_f16", [y_tile, np.int32, np.int32]),
-    ]
+    new round; mv_decode.h's) by name, in the order the Worker takes them after the GLU's
+    load, normed sums and normed gate functions: with biases (qwen2) their load, with split
+    heads the keep, heads and emit functions."""
+    i32 = np.int32
+    fns = {
+        "norm_zero": kern("_norm_zero", [y_tile]),
+        "dl_load": kern("_dl_rope_load", [x_tile]),
+        "scale_rope": kern("_dl_scale_rope", [y_tile, i32, i32]),
+        "scale": kern("_dl_scale", [y_tile, i32]),
+        "store": kern("_dl_store_f16", [y_tile, i32, i32, i32]),
+    }
+    if qkv.bias_plan is not None:
+        fns["bias_load"] = kern("_dl_bias_load", [x_tile, i32, i32])
+    if qkv.split > 1:
+        fns["keep"] = kern("_dl_keep", [i32, i32])
+        fns["heads"] = kern("_dl_heads", [i32])
+        fns["emit"] = kern("_dl_emit", [y_tile, i32, i32])
+    return fns
 
 
-def _qkv_rounds(of_w, of_x, of_y, g, col, i, k_steps, fns):
-    """The projection phase on core i of column col of group g (plans_decode.QkvGroup): n_attn
-    kept, (Q, K) the rotation's constants kept, then per y object one round (f32 rows: normed
-    sums into y, scaled with the attention norm's eps, rotated at the round's global rows) or
-    two (f16 rows: normed sums into the stash, scaled, rotated, rounded to f16 into half s of
-    y). The rounds are unrolled: one step, a few rounds, each with its own first row."""
-    load, norm_mv, gate_zero, gate, norm_zero, dl_load, scale_rope, scale, store = fns
-    _norm_prologue(of_x, load, g.plan.norm_objects)
+def _qkv_rounds(of_w, of_x, of_y, g, col, i, k_steps, f):
+    """The projection phase on core i of column col of group g (plans_decode.QkvGroup), `f`
+    its functions by name (`_qkv_kernels`' and the GLU's load, norm_mv, gate_zero, gate):
+    n_attn kept, (Q, K) the rotation's constants kept (with the group's head norm weights),
+    (biases) the core's bias values of each round kept, then per y object one round (f32 rows:
+    normed sums into y, scaled with the attention norm's eps, the round's bias values added,
+    rotated at the round's global rows) or two (f16 rows: normed sums into the stash, scaled,
+    biased, rotated, rounded to f16 into half s of y). Split heads: per pass of `split`
+    rounds each round's normed sums into the stash, scaled, biased and kept in the head's
+    slot, the heads normalised and rotated whole, then handed out a y object per round (f32)
+    or two rounds (f16). The rounds are unrolled: one step, a few rounds, each with its own
+    first row and bias values."""
+    p = g.plan
+    _norm_prologue(of_x, f["load"], p.norm_objects)
     if g.rope:
-        _norm_prologue(of_x, dl_load, g.plan.rope_objects)
+        _norm_prologue(of_x, f["dl_load"], p.rope_objects)
+    if p.bias:
+        # The column's values of the group's rounds; the core's first row among them.
+        words = p.rounds * p.rows * p.rows_per_tile
+        _bias_prologue(of_x, f["bias_load"], p.bias_objects, i * p.rows_per_tile, words)
+
+    def bias_round(rnd):
+        return rnd if p.bias else -1
+
+    if g.split > 1:
+        s = g.split
+        for pss in range(p.rounds // s):
+            for j in range(s):
+                f["gate_zero"]()
+                _k_chunks(of_w, of_x, k_steps, f["gate"])
+                f["keep"](j, bias_round(pss * s + j))
+            f["heads"](g.row0(col, i, pss * s))
+            for j in range(0, s, g.pack):
+                y = of_y.acquire(1)
+                f["emit"](y, j, g.pack - 1)
+                of_y.release(1)
+        return
     for u in range(g.units):
         y = of_y.acquire(1)
         if g.pack == 1:
-            norm_zero(y)
-            _k_chunks(of_w, of_x, k_steps, norm_mv, y)
+            f["norm_zero"](y)
+            _k_chunks(of_w, of_x, k_steps, f["norm_mv"], y)
             if g.rope:
-                scale_rope(y, g.row0(col, i, u))
+                f["scale_rope"](y, g.row0(col, i, u), bias_round(u))
             else:
-                scale(y)
+                f["scale"](y, bias_round(u))
         else:
-            for s in range(g.pack):
-                gate_zero()
-                _k_chunks(of_w, of_x, k_steps, gate)
-                store(y, s, g.row0(col, i, u * g.pack + s) if g.rope else -1)
+            for h in range(g.pack):
+                rnd = u * g.pack + h
+                f["gate_zero"]()
+                _k_chunks(of_w, of_x, k_steps, f["gate"])
+                row0 = g.row0(col, i, rnd) if g.rope else -1
+                f["store"](y, h, row0, bias_round(rnd))
         of_y.release(1)
 
 
 def _qkv_fill(qkv, hs, units, tg, ws, ys, x, consts, totals, part=None):
     """The units of the projection phase, in task group tg, on every column of every group
-    that has them: per round the group's W tile, (unit 0) n_attn and the rotation's constants
-    ahead of x (`consts`: each source's buffer and words), x once per round of the unit, and
-    the drain of the unit's y objects into Q, K rows or V rows. `part` and the result:
-    mul_mat._add_fill's."""
+    that has them: per round the group's W tile, (unit 0) the column's prologue ahead of x
+    (n_attn, the rotation's constants, the bias values: `QkvGroup.prologue`; `consts`: per
+    group each source's buffer and words), x once per round of the unit, and the drain of the
+    unit's y objects into Q, K rows or V rows. `part` and the result: mul_mat._add_fill's."""
     tasks = {}
     for u in units:
         for j, g in enumerate(qkv.groups):
@@ -235,10 +274,8 @@ def _qkv_fill(qkv, hs, units, tg, ws, ys, x, consts, totals, part=None):
                 if part == "w":
                     continue
                 if u == 0:
-                    # n (padded from x's first chunks), then the rotation's constants.
-                    prologue = g.plan.norm_taps() + (g.plan.rope_taps() if g.rope else [])
-                    for name, tap in prologue:
-                        buf, total = consts[name]
+                    for name, tap in g.prologue(c):
+                        buf, total = consts[j][name]
                         hx.fill(buf, tap=_tap(total, tap), group=tg)
                         tasks[col] = tasks.get(col, 0) + 1
                 hx.fill(x, tap=_tap(totals["x"], g.x_tap()), group=tg)
@@ -299,7 +336,8 @@ def _ffn(spec):
     # DECODE_LAYER_<glu>: the projection phase ahead of the attention.
     qkv = getattr(spec, "qkv", None)
     if qkv is not None:
-        kernels += _qkv_kernels(kern, x_tile, y_tile)
+        qkv_kernels = _qkv_kernels(kern, x_tile, y_tile, qkv)
+        kernels += list(qkv_kernels.values())
     # FLASH_ATTN_GLU_<glu> has no phase 2.
     rounds1 = up.tiles_per_core
     rounds2, k2 = (down.tiles_per_core, down.plan.k_steps) if down is not None else (0, 0)
@@ -316,9 +354,11 @@ def _ffn(spec):
             # The projection phase: its functions, then the core's group (-1: no rows in it),
             # its column within the group and its row.
             *attention, gi, gcol, i = attention
-            q_fns, attention = attention[5:10], attention[:5] + attention[10:]
+            n = len(qkv_kernels)  # behind the attention's five
+            q_fns, attention = attention[5 : 5 + n], attention[:5] + attention[5 + n :]
             if gi >= 0:
-                fns = (load, up_mv, gate_zero, gate, *q_fns)
+                glu_fns = {"load": load, "norm_mv": up_mv, "gate_zero": gate_zero, "gate": gate}
+                fns = {**glu_fns, **dict(zip(qkv_kernels, q_fns))}
                 _qkv_rounds(of_w, of_x, of_y, qkv.groups[gi], gcol, i, k1, fns)
         if attention:
             # The attention phase: per KV head of the column, the heads' outputs as rows of a.
@@ -403,19 +443,27 @@ def _ffn(spec):
         _ahead(fa_groups(Q, Kb, V, M, Wo, R0, Wg, Wu, None, Nbuf, None, A, R1, H, hs))
 
     def sequence_decode(*args):
-        # Wq, Wk, Wv, x, n_attn, the positions, (the factors,) k, v, the mask, W_o, W_g, W_u,
-        # W_d, n_ffn, out, Q, K rows, V rows, a, r1, h; then the shim endpoints.
+        # Wq, Wk, Wv, x, n_attn, the positions, (the factors,) (the groups' own inputs: head
+        # norm weights or biases,) k, v, the mask, W_o, W_g, W_u, W_d, n_ffn, out, Q, K rows,
+        # V rows, a, r1, h; then the shim endpoints.
         n_args = len(seq_types)
         hs, args = args[n_args:], args[:n_args]
-        nc = n_args - 20  # the positions, (the factors)
+        nc = n_args - 20  # the positions, (the factors,) (the own inputs)
         Wq, Wk, Wv, X, Na = args[:5]
-        cs = args[5 : 5 + nc]
+        cs = list(zip(args[5 : 5 + nc], [n for _, n in spec.sequence][5 : 5 + nc]))
         Kc, Vc, M, Wo, Wg, Wu, Wd, Nf, Out, Qo, Kr, Vr, A, R1, H = args[5 + nc :]
         counts = [n for _, n in spec.sequence]
-        # The x channel's sources: n_attn, its padding from x, the rotation's constants.
-        consts = {"pos": (cs[0], counts[5]), "n": (Na, counts[4]), "x": (X, counts[3])}
-        if nc == 2:
-            consts["ff"] = (cs[1], counts[6])
+        # The x channel's sources: n_attn, its padding from x, the rotation's constants; each
+        # group's own input (its head norm's weights "hn" or its bias "b").
+        n_own = sum(g.own_input for g in qkv.groups)
+        shared, own = cs[: nc - n_own], iter(cs[nc - n_own :])
+        common = {"pos": shared[0], "n": (Na, counts[4]), "x": (X, counts[3])}
+        if len(shared) == 2:
+            common["ff"] = shared[1]
+        consts = []
+        for g in qkv.groups:
+            mine = next(own) if g.own_input else None
+            consts.append({**common, "hn": mine, "b": mine})
         totals = {"w": counts[:3], "x": counts[3]}
         # The projection phase: task groups of as many units (y objects of a core) as the
         # shims' tasks allow (QkvPhase.task_groups), the drains of Q, K rows and V rows. The
@@ -493,8 +541,9 @@ def ggml_op_mul_mat_add_rms_norm_ffn_geglu_quick(spec):
 
 
 def _decode_layer(spec):
-    """DECODE_LAYER(_FF)_<glu>: RMS_NORM_QKV_ROPE(_FF), then FLASH_ATTN_FFN_<glu> of q = Q and
-    r0 = x, one program (see the module docstring and plans_decode)."""
+    """DECODE_LAYER[_BIAS|_HEAD_NORM](_FF)_<glu>: RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE(_FF), then
+    FLASH_ATTN_FFN_<glu> of q = Q and r0 = x, one program (see the module docstring and
+    plans_decode)."""
     return _ffn(spec)
 
 
@@ -598,4 +647,54 @@ def ggml_op_decode_layer_geglu_quick(spec):
 
 def ggml_op_decode_layer_ff_geglu_quick(spec):
     """DECODE_LAYER_FF_GEGLU_QUICK: a decode step's layer, the GLU gelu_quick, Q's and K's theta divided by the frequency factors."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_bias_reglu(spec):
+    """DECODE_LAYER_BIAS_REGLU: a decode step's layer, the GLU relu, Q's, K's and V's biases added (qwen2)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_bias_geglu(spec):
+    """DECODE_LAYER_BIAS_GEGLU: a decode step's layer, the GLU gelu (tanh approximation), Q's, K's and V's biases added (qwen2)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_bias_swiglu(spec):
+    """DECODE_LAYER_BIAS_SWIGLU: a decode step's layer, the GLU silu, Q's, K's and V's biases added (qwen2)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_bias_geglu_erf(spec):
+    """DECODE_LAYER_BIAS_GEGLU_ERF: a decode step's layer, the GLU gelu_erf, Q's, K's and V's biases added (qwen2)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_bias_geglu_quick(spec):
+    """DECODE_LAYER_BIAS_GEGLU_QUICK: a decode step's layer, the GLU gelu_quick, Q's, K's and V's biases added (qwen2)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_head_norm_reglu(spec):
+    """DECODE_LAYER_HEAD_NORM_REGLU: a decode step's layer, the GLU relu, Q's and K's heads normalised (qwen3)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_head_norm_geglu(spec):
+    """DECODE_LAYER_HEAD_NORM_GEGLU: a decode step's layer, the GLU gelu (tanh approximation), Q's and K's heads normalised (qwen3)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_head_norm_swiglu(spec):
+    """DECODE_LAYER_HEAD_NORM_SWIGLU: a decode step's layer, the GLU silu, Q's and K's heads normalised (qwen3)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_head_norm_geglu_erf(spec):
+    """DECODE_LAYER_HEAD_NORM_GEGLU_ERF: a decode step's layer, the GLU gelu_erf, Q's and K's heads normalised (qwen3)."""
+    return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_head_norm_geglu_quick(spec):
+    """DECODE_LAYER_HEAD_NORM_GEGLU_QUICK: a decode step's layer, the GLU gelu_quick, Q's and K's heads normalised (qwen3)."""
     return _decode_layer(spec)

@@ -429,7 +429,7 @@ def _gemv_group(spec, col0=0, suffix="", core=None):
         if rope_fn is not None:
             _norm_prologue(of_x, rope_fn, p.rope_objects)
         if bias_fn is not None:
-            _bias_prologue(of_x, bias_fn, bias_row, p.bias_objects)
+            _bias_prologue(of_x, bias_fn, p.bias_objects, bias_row)
         for _ in range_(rounds):
             y = of_y.acquire(1)
             zero_fn(y)
@@ -460,7 +460,7 @@ def _gemv_group(spec, col0=0, suffix="", core=None):
         if rope_fn is not None:
             _norm_prologue(of_x, rope_fn, p.rope_objects)
         if bias_fn is not None:
-            _bias_prologue(of_x, bias_fn, bias_row, p.bias_objects)
+            _bias_prologue(of_x, bias_fn, p.bias_objects, bias_row)
         for _ in range_(rounds):
             zero_fn()
             _k_chunks(of_w, of_x, k_steps, stash_fn)
@@ -696,12 +696,13 @@ def _norm_prologue(of_x, load_fn, objects):
         of_x.release(1)
 
 
-def _bias_prologue(of_x, load_fn, row, objects):
+def _bias_prologue(of_x, load_fn, objects, *args):
     """Once per dispatch, behind the constants: the column's bias values of every round, of
-    which the core keeps its own (`row`: its first row in the column's block of a round)."""
+    which the core keeps its own (`args`: its first row in the column's block of a round, then
+    whatever else `load_fn` takes)."""
     for _ in range_(objects):
         b = of_x.acquire(1)
-        load_fn(b, row)
+        load_fn(b, *args)
         of_x.release(1)
 
 

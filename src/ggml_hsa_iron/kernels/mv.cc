@@ -15,7 +15,7 @@
 // rope_math.h's defines: the fused RMS_NORM_MUL_MAT_ROPE(_FF) epilogue, each round's rows
 // rotated as ggml's ROPE after the norm's scale (mv_rope.h; f32 y, or f16 with MV_OUT_F16).
 // MV_DECODE=1 with MV_GLU, MV_NORM, DL_EPS, DL_HEAD, DL_FF_WORDS and rope_math.h's defines:
-// DECODE_LAYER(_FF)_<glu>'s projection phase (mv_decode.h).
+// DECODE_LAYER[_BIAS|_HEAD_NORM](_FF)_<glu>'s projection phase (mv_decode.h).
 // Floats: bf16 x bf16 uses the native bf16 multiply-accumulate into f32
 // accumulators, and so does bf16 W against f32 x with MV_X_BF16=1 (x rounded to bf16 once per
 // call, as ggml's CPU backend rounds it); other float pairs are widened to f32. Integers:
@@ -215,11 +215,15 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) { accumulate(w, x, y); }
 #include "mv_rope.h"
 #endif
 #if MV_DECODE
-// DECODE_LAYER(_FF)_<glu>'s projection phase: see mv_decode.h.
+// DECODE_LAYER[_BIAS|_HEAD_NORM](_FF)_<glu>'s projection phase: see mv_decode.h.
 #define GGML_MV_DL_ROPE_LOAD ggml_mv_dl_rope_load
+#define GGML_MV_DL_BIAS_LOAD ggml_mv_dl_bias_load
 #define GGML_MV_DL_SCALE_ROPE ggml_mv_dl_scale_rope
 #define GGML_MV_DL_SCALE ggml_mv_dl_scale
 #define GGML_MV_DL_STORE_F16 ggml_mv_dl_store_f16
+#define GGML_MV_DL_KEEP ggml_mv_dl_keep
+#define GGML_MV_DL_HEADS ggml_mv_dl_heads
+#define GGML_MV_DL_EMIT ggml_mv_dl_emit
 #include "mv_decode.h"
 #endif
 #endif

@@ -24,9 +24,7 @@
 // off the block (GemvPlan's rounds); a pass is one token, or with MV_NX the MV_NX tokens whose
 // runs of MV_ROWS values y holds, each rotated by its own position.
 // With MV_ROPE_HEAD_NORM (qwen3's Q and K norms) each head of the round's rows is first
-// RMS-normalised and multiplied by the head norm's weights, as ggml's RMS_NORM over the head's
-// D values then MUL by a row of D compute it (eps HEAD_NORM_EPS, f32 bits); the plan makes
-// every core's rows of a round whole heads.
+// RMS-normalised and multiplied by the head norm's weights (mv_head_norm.h; eps HEAD_NORM_EPS).
 // Defines: MV_ROPE_HEAD (D), MV_ROPE_N (the product's rows, D * H), MV_ROPE_BLOCK (the rows of
 // a round over the array), MV_ROPE_TOKENS (x rows per dispatch), and rope_math.h's.
 // Static data (per core): rope_math.h's arrays and the positions; the plan counts
@@ -52,35 +50,14 @@ constexpr int ROPE_OBJECTS = (ROPE_WORDS + ROPE_OBJECT_WORDS - 1) / ROPE_OBJECT_
 static_assert(MV_ROPE_BLOCK <= MV_ROPE_N, "a round within the rows");
 static_assert(N_DIMS <= MV_ROPE_HEAD, "the rotated dimensions within a head");
 
-static_assert(!MV_ROPE_HEAD_NORM || MV_ROWS % MV_ROPE_HEAD == 0, "a core's rows whole heads");
-
 static int32_t g_rope_positions[MV_ROPE_TOKENS];
 static int32_t g_rope_loaded; // constants objects kept this dispatch (mod ROPE_OBJECTS)
 static int32_t g_rope_round;  // rounds rotated this dispatch
 
 #if MV_ROPE_HEAD_NORM
-alignas(64) static float g_head_norm[(MV_ROPE_HEAD + VEC - 1) / VEC * VEC];
-
-// Each of the MV_ROWS rows' heads: v *= 1 / sqrt(mean(v^2) + eps), then v *= the weights (the
-// two roundings of ggml's RMS_NORM and MUL).
-static void head_norm_rows(float *v) {
-  const float eps = __builtin_bit_cast(float, (uint32_t)HEAD_NORM_EPS);
-  for (int h = 0; h < MV_ROWS; h += MV_ROPE_HEAD) {
-    float *r = v + h;
-    vf ss = splat(0.0f);
-    for (int i = 0; i < MV_ROPE_HEAD; i += VEC) {
-      const int n = MV_ROPE_HEAD - i < (int)VEC ? MV_ROPE_HEAD - i : (int)VEC;
-      const vf a = load_part_zero(r + i, n);
-      ss = add(ss, mul(a, a));
-    }
-    const vf mean = mul(splat(aie::reduce_add(ss)), 1.0f / MV_ROPE_HEAD);
-    const vf s = recip(sqrt(add(mean, splat(eps))));
-    for (int i = 0; i < MV_ROPE_HEAD; i += VEC) {
-      const int n = MV_ROPE_HEAD - i < (int)VEC ? MV_ROPE_HEAD - i : (int)VEC;
-      store_part(r + i, mul(mul(load_part(r + i, n), s), load_part(g_head_norm + i, n)), n);
-    }
-  }
-}
+static_assert(MV_ROWS % MV_ROPE_HEAD == 0, "a core's rows whole heads");
+#define HEAD_NORM_D MV_ROPE_HEAD
+#include "mv_head_norm.h"
 #endif
 
 // The round's MV_ROWS rows (global rows row0 ..) of the product of each token of the pass, in
@@ -94,7 +71,7 @@ static void rope_rows(float *v, int32_t offset) {
   for (int t = 0; t < MV_NX; ++t) {
     float *run = v + t * MV_ROWS;
 #if MV_ROPE_HEAD_NORM
-    head_norm_rows(run);
+    head_norm_rows(run, MV_ROWS);
 #endif
     rope_rows_at(run, row0, g_rope_positions[pass * MV_NX + t], MV_ROPE_HEAD, MV_ROWS);
   }

@@ -282,11 +282,15 @@ void ggml_mvq(int8_t *w, float *x, float *y) { accumulate(w, x, y); }
 #include "mv_rope.h"
 #endif
 #if MV_DECODE
-// DECODE_LAYER(_FF)_<glu>'s projection phase: see mv_decode.h.
+// DECODE_LAYER[_BIAS|_HEAD_NORM](_FF)_<glu>'s projection phase: see mv_decode.h.
 #define GGML_MV_DL_ROPE_LOAD ggml_mvq_dl_rope_load
+#define GGML_MV_DL_BIAS_LOAD ggml_mvq_dl_bias_load
 #define GGML_MV_DL_SCALE_ROPE ggml_mvq_dl_scale_rope
 #define GGML_MV_DL_SCALE ggml_mvq_dl_scale
 #define GGML_MV_DL_STORE_F16 ggml_mvq_dl_store_f16
+#define GGML_MV_DL_KEEP ggml_mvq_dl_keep
+#define GGML_MV_DL_HEADS ggml_mvq_dl_heads
+#define GGML_MV_DL_EMIT ggml_mvq_dl_emit
 #include "mv_decode.h"
 #endif
 #endif

@@ -1,5 +1,6 @@
-"""DECODE_LAYER(_FF)_<glu>: a llama layer of one decode step in one program (plans_decode.py,
-designs/ffn.py): its plans at Llama-3.2-1B's and the tiny llama's shapes, its refusals, the
+"""DECODE_LAYER[_BIAS|_HEAD_NORM](_FF)_<glu>: a llama (qwen2, qwen3) layer of one decode step in
+one program (plans_decode.py, designs/ffn.py): its plans at Llama-3.2-1B's, the qwen shapes and
+the tiny llama's shapes, its refusals, the
 recorded synchronisation (Q, K rows and V rows complete before the attention reads them), and
 end to end in the emulation: the projections bit for bit against the lone kernels on the same
 shape, the new token's K and V rows inside the cache views the attention reads, a, r1, h and out
@@ -29,14 +30,17 @@ HAVE_NUMPY = np is not None
 # (K, n_head, n_head_kv, D, F, n_kv)
 LLAMA = (2048, 32, 8, 64, 8192, 256)
 TINY = (256, 4, 2, 64, 512, 256)
+QWEN3_0_6B = (1024, 16, 8, 128, 3072, 256)
+QWEN2_5_1_5B = (1536, 12, 2, 128, 8960, 256)
 GLUS = ("REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK")
 # The runtime-sequence arguments without the factors (the op's operand order).
 ARGS = "Wq Wk Wv x n_attn pos k v mask Wo Wg Wu Wd n_ffn out Q Kr Vr a r1 h".split()
 
 
-def layer_tensors(wt, K, H, Hk, D, F, n_kv, ff=False, kv="f16", rows=None, T=1, **over):
+def layer_tensors(wt, K, H, Hk, D, F, n_kv, ff=False, kv="f16", rows=None, T=1, kind="", **over):
     """(inputs, output, extra_outputs) of a decode layer: the cache of n_kv + 32 rows (llama's
-    layout, KV heads interleaved in a row), K and V rows of `rows` (default the cache's type).
+    layout, KV heads interleaved in a row), K and V rows of `rows` (default the cache's type);
+    `kind` "BIAS" (Q's, K's and V's biases) or "HEAD_NORM" (Q's and K's head norm weights).
     `over`: per-input type overrides (wv, wd)."""
     rows = rows or kv
     Mq, Mk = D * H, D * Hk
@@ -49,6 +53,8 @@ def layer_tensors(wt, K, H, Hk, D, F, n_kv, ff=False, kv="f16", rows=None, T=1, 
         tensor("i32", [T]),
     ]
     ins += [tensor("f32", [D // 2])] if ff else []
+    ins += [tensor("f32", [M]) for M in (Mq, Mk, Mk)] if kind == "BIAS" else []
+    ins += [tensor("f32", [D])] * 2 if kind == "HEAD_NORM" else []
     ins += [cache_view(kv, D, n_kv, Hk, n_kv + 32), cache_view(kv, D, n_kv, Hk, n_kv + 32)]
     ins += [tensor("f16", [n_kv, 64]), tensor(wt, [Mq, K]), tensor(wt, [K, F])]
     ins += [tensor(wt, [K, F]), tensor(over.get("wd", wt), [F, K]), tensor("f32", [K])]
@@ -63,16 +69,21 @@ def layer_tensors(wt, K, H, Hk, D, F, n_kv, ff=False, kv="f16", rows=None, T=1, 
     return ins, tensor("f32", [K, T]), extras
 
 
-def layer_params(D, mode=0, scale=0.125, max_bias=0.0, softcap=0.0):
-    return rope_params(D, mode) + [f32_bits(scale), f32_bits(max_bias), f32_bits(softcap), EPS_BITS]
+def layer_params(D, mode=0, scale=0.125, max_bias=0.0, softcap=0.0, kind=""):
+    fa = [f32_bits(scale), f32_bits(max_bias), f32_bits(softcap), EPS_BITS]
+    # The head norm's eps last (qwen3's 1e-6).
+    return rope_params(D, mode) + fa + ([f32_bits(1e-6)] if kind == "HEAD_NORM" else [])
 
 
 def layer_request(glu, wt, dims, arch="aie2p", ff=False, kv="f16", rows=None, T=1, **kw):
-    """The request; `n_kv_step`: n_kv given at dispatch in these steps, dims' n_kv the most."""
-    ins, out, extras = layer_tensors(wt, *dims, ff=ff, kv=kv, rows=rows, T=T, **kw.pop("w", {}))
-    op = f"DECODE_LAYER_{'FF_' if ff else ''}{glu}"
+    """The request; `n_kv_step`: n_kv given at dispatch in these steps, dims' n_kv the most;
+    `kind`: "", "BIAS" or "HEAD_NORM" (the op's variant)."""
+    kind = kw.pop("kind", "")
+    over = kw.pop("w", {})
+    ins, out, extras = layer_tensors(wt, *dims, ff=ff, kv=kv, rows=rows, T=T, kind=kind, **over)
+    op = f"DECODE_LAYER_{kind + '_' if kind else ''}{'FF_' if ff else ''}{glu}"
     step = kw.pop("n_kv_step", 0)
-    params = kw.pop("op_params", None) or layer_params(dims[3], **kw)
+    params = kw.pop("op_params", None) or layer_params(dims[3], kind=kind, **kw)
     text = request_json(op, ins, out, arch, op_params=params, extra_outputs=extras)
     if not step:
         return text
@@ -135,9 +146,38 @@ class DecodeLayerPlanTest(unittest.TestCase):
         spec = layer_spec("SWIGLU", "f32", TINY, kv="f32")
         self.assertEqual({g.pack for g in spec.qkv.groups}, {1})
 
+    def test_qwen_layers(self):
+        # qwen2 (NeoX): each group's bias values kept for its rounds, the array sized for the
+        # longest group; the three biases follow the positions. Heads of 128 rows: Q's and K's
+        # cores take theirs in two rounds of 64.
+        spec = layer_spec("SWIGLU", "q4_0", QWEN2_5_1_5B, kind="BIAS", mode=2)
+        self.assertEqual(shape(spec), (6, 2, 64, 256))
+        self.assertEqual(groups(spec), [("q", 0, 3, 4, 1), ("k", 3, 1, 2, 2), ("v", 4, 1, 2, 2)])
+        self.assertEqual([g.split for g in spec.qkv.groups], [2, 2, 1])
+        d = spec.core.defines
+        self.assertEqual((d["DL_BIAS"], d["DL_BIAS_ROUNDS"], d["DL_BIAS_COLUMN_ROWS"]), (1, 4, 128))
+        self.assertEqual(d["DL_SPLIT"], 2)
+        self.assertEqual(len(spec.sequence), 24)
+        self.assertEqual([n for _, n in spec.sequence[6:9]], [1536, 256, 256])
+        for g in spec.qkv.groups:
+            self.assertIn("b", [n for n, _ in g.prologue(0)])
+        # qwen3: Q's and K's head norm weights among the rotation's constants.
+        spec = layer_spec("SWIGLU", "q4_0", QWEN3_0_6B, kind="HEAD_NORM", mode=2)
+        self.assertEqual(shape(spec), (8, 2, 64, 256))
+        self.assertEqual(groups(spec), [("q", 0, 4, 4, 1), ("k", 4, 2, 4, 2), ("v", 6, 2, 4, 2)])
+        self.assertEqual((spec.core.defines["DL_HEAD_NORM"], spec.core.defines["DL_SPLIT"]), (1, 2))
+        self.assertNotIn("DL_BIAS", spec.core.defines)
+        self.assertEqual(len(spec.sequence), 23)
+        self.assertIn("hn", [n for n, _ in spec.qkv.q.prologue(0)])
+        # A task group holds whole heads: their y objects leave at the head's last round.
+        self.assertEqual(spec.qkv.units_per_task_group % 2, 0)
+
     def test_the_taps_write_each_row_once(self):
-        for kv in ("f16", "f32"):
-            spec = layer_spec("SWIGLU", "q4_0", LLAMA, kv=kv)
+        # Llama-3.2-1B's heads whole in a core's round, Qwen3-0.6B's split over two.
+        cases = [(LLAMA, 0, kv) for kv in ("f16", "f32")] + [(QWEN3_0_6B, 2, "f16")]
+        for dims, mode, kv in cases:
+            spec = layer_spec("SWIGLU", "q4_0", dims, kv=kv, mode=mode)
+            self.assertEqual(spec.qkv.split, 2 if mode else 1)
             for g in spec.qkv.groups:
                 words = []
                 for c in range(g.plan.columns):
@@ -150,6 +190,16 @@ class DecodeLayerPlanTest(unittest.TestCase):
                                     off += d * t.strides[2]
                                     words += range(off, off + t.sizes[3])
                 self.assertEqual(sorted(words), list(range(g.out_words)), (kv, g.name))
+                # And every W unit (dense rows) is read once.
+                units = []
+                for c in range(g.plan.columns):
+                    for u in range(g.units):
+                        for t in g.w_taps(c, u):
+                            for idx in np.ndindex(*t.sizes[:3]):
+                                off = t.offset + sum(i * st for i, st in zip(idx, t.strides))
+                                units += range(off, off + t.sizes[3])
+                n_units = g.plan.N * g.plan.row_stride
+                self.assertEqual(sorted(units), list(range(n_units)), (dims, g.name))
 
     def test_limits_count_every_phase(self):
         from ggml_hsa_iron.plans_ffn import ffn_core_bytes, program_tasks
@@ -255,9 +305,12 @@ class DecodeLayerRecordTest(unittest.TestCase):
 
 class LayerCase:
     """One request's operands: weights (fast_weights), x and n (util_norm's), the caches of
-    `kv` (masked keys' rows NaN, never read), the T tokens at cache rows `row` ..."""
+    `kv` (masked keys' rows NaN, never read), the T tokens at cache rows `row` ...; `kind`'s
+    own inputs (biases, head norm weights) per projection."""
 
-    def __init__(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, masked=5, pos=7, n=0, T=1):
+    def __init__(
+        self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, masked=5, pos=7, n=0, T=1, **kw
+    ):
         from ggml_hsa_iron.tests.test_flash_attn import _np_type, place
         from ggml_hsa_iron.tests.util_ffn import fast_weights
         from ggml_hsa_iron.tests.util_norm import norm_inputs
@@ -266,7 +319,8 @@ class LayerCase:
         self.dims, self.glu, self.wt, self.kv, self.arch, self.T = dims, glu, wt, kv, arch, T
         step = 256 if n else 0
         self.n = n or n_kv
-        req = layer_request(glu, wt, dims, arch, ff=ff, kv=kv, n_kv_step=step, T=T)
+        kind = kw.get("kind", "")
+        req = layer_request(glu, wt, dims, arch, ff=ff, kv=kv, n_kv_step=step, T=T, **kw)
         self.req = parse_request(req)
         self.spec = prepare(self.req)
         nrng = np.random.default_rng(seed)
@@ -279,7 +333,12 @@ class LayerCase:
         # Each token its own position (a unified cache's sequences), not in order.
         self.pos = np.array([pos + 5 * ((3 * t) % T) for t in range(T)], np.int32)
         self.ff = np.array(llama3_ff(D), np.float32) if ff else None
-        kt, vt, mt = self.req.inputs[6 + ff : 9 + ff]
+        # Each projection's own input: its bias (qwen2), its head norm's weights (qwen3: Q, K).
+        own = {"BIAS": [D * H, D * Hk, D * Hk], "HEAD_NORM": [D, D]}.get(kind, [])
+        self.own = [nrng.uniform(-1, 1, m).astype(np.float32) for m in own]
+        if kind == "HEAD_NORM":
+            self.own = [nrng.uniform(0.2, 2, m).astype(np.float32) for m in own]
+        kt, vt, mt = self.req.inputs[6 + ff + len(own) : 9 + ff + len(own)]
         self.kt, self.vt = kt, vt
         k = nrng.standard_normal((1, Hk, n_kv, D)).astype(_np_type(kv))
         v = nrng.standard_normal((1, Hk, n_kv, D)).astype(_np_type(kv))
@@ -314,6 +373,7 @@ class LayerCase:
         outs = [new_buffer(sizes[i]) for i in (-7, -6)] + [kr, vr]
         outs += [new_buffer(sizes[i]) for i in (-3, -2, -1)]
         ins = [w["Wq"], w["Wk"], w["Wv"], buffer_of(self.x), buffer_of(self.n_attn), *consts]
+        ins += [buffer_of(o) for o in self.own]
         ins += [kc, vc, m, w["Wo"], w["Wg"], w["Wu"], w["Wd"], buffer_of(self.n_ffn)]
         return ins + outs
 
@@ -325,13 +385,24 @@ class LayerCase:
         return args
 
     def lone(self, g, args):
-        """The bytes of projection g computed by its lone kernel (RMS_NORM_MUL_MAT_ROPE(_FF),
-        RMS_NORM_MUL_MAT) planned on the group's shape."""
+        """The bytes of projection g computed by its lone kernel
+        (RMS_NORM_MUL_MAT[_BIAS|_HEAD_NORM]_ROPE(_FF), RMS_NORM_MUL_MAT[_BIAS]) planned on the
+        group's shape; a group splitting its heads over rounds on one core of a column whose
+        rows of a round are a head (the lone kernel holds its heads whole)."""
+        import dataclasses
+
         from ggml_hsa_iron.tests.util_emu_seq import arg_bytes, new_buffer, run_spec_in_order
 
-        w = args[("q", "k", "v").index(g.name)]
+        if g.split > 1:
+            p = g.plan
+            whole = dataclasses.replace(p, columns=1, rows=1, rows_per_tile=p.rope.head)
+            g = dataclasses.replace(g, spec=dataclasses.replace(g.spec, plan=whole), split=1)
+
+        j = ("q", "k", "v").index(g.name)
         nc = 2 if self.ff is not None else 1
-        ins = [w, args[3], args[4]] + (args[5 : 5 + nc] if g.rope else [])
+        ins = [args[j], args[3], args[4]] + (args[5 : 5 + nc] if g.rope else [])
+        if g.own_input:
+            ins.append(args[5 + nc + j])
         out = new_buffer(arg_bytes(g.spec)[-1])
         run_spec_in_order(g.spec, [*ins, out])
         return out
@@ -339,14 +410,15 @@ class LayerCase:
 
 @unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
 class DecodeLayerEmulationTest(unittest.TestCase):
-    def check(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, n=0, T=1):
+    def check(self, glu, wt, dims, arch, ff=False, kv="f16", seed=0, n=0, T=1, **kw):
+        """kw: layer_request's `kind` and `mode` (the rotation's)."""
         from ggml_hsa_iron.tests.test_flash_attn import _np_type, reference
         from ggml_hsa_iron.tests.util_ffn import check_add, check_h
 
-        case = LayerCase(glu, wt, dims, arch, ff=ff, kv=kv, seed=seed, n=n, T=T)
+        case = LayerCase(glu, wt, dims, arch, ff=ff, kv=kv, seed=seed, n=n, T=T, **kw)
         args = case.run()
         K, H, Hk, D, F, n_kv = dims
-        what = f"{glu} {wt} {dims} {arch} ff={ff} kv={kv} n={n} T={T}"
+        what = f"{kw} {glu} {wt} {dims} {arch} ff={ff} kv={kv} n={n} T={T}"
         q_arg, kr_arg, vr_arg = args[-6], args[-5], args[-4]
         # The projections: bit for bit the lone kernels' on the same shape.
         for g, got in zip(case.spec.qkv.groups, (q_arg, kr_arg, vr_arg)):
@@ -408,6 +480,27 @@ class DecodeLayerEmulationTest(unittest.TestCase):
         self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=63, T=3)
         # Eight at the 1B shape: the rotation's arrays in the attention's q rows.
         self.check("SWIGLU", "q4_0", LLAMA, "aie2p", seed=64, T=8)
+
+    def test_qwen_layers(self):
+        """qwen2's layer (Q, K and V biases) and qwen3's (Q's and K's head norms), NeoX
+        rotations as theirs: each projection bit for bit its lone RMS_NORM_MUL_MAT_BIAS(_ROPE)
+        or RMS_NORM_MUL_MAT_HEAD_NORM_ROPE kernel on the group's shape (where the group splits
+        its heads over rounds, on one core holding a head a round); several tokens; the real
+        shapes, whose heads of 128 rows each core takes in two rounds of 64."""
+        self.check("SWIGLU", "q4_0", TINY, "aie2p", seed=70, kind="BIAS", mode=2)
+        self.check("SWIGLU", "q4_0", TINY, "aie2", seed=71, kind="BIAS", kv="f32", mode=2)
+        self.check("SWIGLU", "q8_0", TINY, "aie2", seed=72, kind="BIAS", T=3, mode=2)
+        self.check("SWIGLU", "q4_0", TINY, "aie2p", seed=73, kind="HEAD_NORM", mode=2)
+        self.check("GEGLU", "q8_0", TINY, "aie2", seed=74, kind="HEAD_NORM", kv="f32", T=2)
+        self.check("SWIGLU", "q4_0", QWEN2_5_1_5B, "aie2", seed=75, kind="BIAS", mode=2)
+        self.check("SWIGLU", "q4_0", QWEN3_0_6B, "aie2p", seed=76, kind="HEAD_NORM", mode=2)
+
+    def test_neox_heads_split_over_rounds(self):
+        # phi3's NeoX rotation, its pairs half a head apart: the tiny model's cores take their
+        # heads in two rounds of 32 rows.
+        spec = layer_spec("SWIGLU", "q4_0", TINY, mode=2)
+        self.assertEqual([g.split for g in spec.qkv.groups], [2, 2, 1])
+        self.check("SWIGLU", "q4_0", TINY, "aie2p", seed=77, mode=2)
 
     def test_run_time_n_kv_in_chunks(self):
         # A 16384-row cache whose scores take chunks of keys (nc of them for every n_kv: each

@@ -61,6 +61,7 @@ OWN_METHODS = {
     "x_tap",
     "y_tap",
     "row0",
+    "prologue",
     "group_of",
     "index",
     "append",

@@ -1197,7 +1197,7 @@ pub fn merge_qkv<'a>(
 }
 
 /// A llama decode layer's two kernels (the Q/K/V merge and the attention with the block after
-/// it) as one `DECODE_LAYER[_FF]_<GLU>` kernel.
+/// it) as one `DECODE_LAYER[_BIAS|_HEAD_NORM][_FF]_<GLU>` kernel.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerMerge {
     /// Where it runs: the node of the `FLASH_ATTN_FFN_<GLU>` kernel.
@@ -1211,11 +1211,14 @@ pub struct LayerMerge {
 }
 
 /// The merge of the Q/K/V kernel `merge` at node `merge_at` (`operands`: its operands up to Q's
-/// output; K's and V's rows, which the SET_ROWS nodes `set_rows` name, follow) with the `FLASH_ATTN_FFN_<GLU>` kernel after it whose q is Q, whose residual is the
-/// layer's input x and whose k and v read those caches, as one `DECODE_LAYER[_FF]_<GLU>` kernel
-/// at the attention's node. Only when nothing runs between the two but those SET_ROWS (the
+/// output; K's and V's rows, which the SET_ROWS nodes `set_rows` name, follow) with the
+/// `FLASH_ATTN_FFN_<GLU>` kernel after it whose q is Q, whose residual is the layer's input x
+/// and whose k and v read those caches, as one `DECODE_LAYER[_BIAS|_HEAD_NORM][_FF]_<GLU>`
+/// kernel at the attention's node (the Q/K/V kernel's biases or heads' norm weights among its
+/// inputs, as that kernel's). Only when nothing runs between the two but those SET_ROWS (the
 /// views, and the nodes the attention's kernel covers, run nothing): the Q/K/V kernel then runs
-/// later than planned with no node in between to see the difference. `None` otherwise.
+/// later than planned with no node in between to see the difference. `None` otherwise, and for
+/// a layer the catalogue has no kernel of (qwen's with frequency factors).
 pub fn merge_layer<'a>(
     nodes: &[Node],
     planned: impl Fn(usize) -> Planned<'a>,
@@ -1224,12 +1227,10 @@ pub fn merge_layer<'a>(
     operands: &[Tensor],
     set_rows: [usize; 2],
 ) -> Option<LayerMerge> {
-    // The layer kernel has no heads' norm and no biases (qwen3's and qwen2's layers run as the
-    // two kernels).
     let Some(Fused::RmsNormQkvRope {
         ff,
-        head_norm: false,
-        bias: false,
+        head_norm,
+        bias,
     }) = Fused::of(&merge.op)
     else {
         return None;
@@ -1246,7 +1247,13 @@ pub fn merge_layer<'a>(
     let [q, k, v, mask, wo, r0, wg, wu, wd, n, out, a, r1, h] = ops else {
         return None;
     };
-    let op = Fused::DecodeLayer { ff, glu }.entry()?;
+    let op = Fused::DecodeLayer {
+        ff,
+        head_norm,
+        bias,
+        glu,
+    }
+    .entry()?;
     // A decode step's tokens (a prompt keeps its two kernels, which split into pieces).
     let q_is_q = views_heads_of(q, q_out) && q_out.ne[2] <= STEP_TOKENS;
     let caches = k.overlaps(&nodes[set_rows[0]].dst) && v.overlaps(&nodes[set_rows[1]].dst);
@@ -1260,6 +1267,10 @@ pub fn merge_layer<'a>(
     let mut attention = ffn.op_params.clone();
     attention.resize(4, 0);
     op_params.extend(attention);
+    if head_norm {
+        // The heads' eps, the Q/K/V kernel's word 12, after the attention's words.
+        op_params.push(merge.op_params.get(12).copied().unwrap_or(0));
+    }
     let mut inputs = merge.inputs.clone();
     inputs.extend_from_slice(&ffn.inputs[1..5]);
     inputs.extend_from_slice(&ffn.inputs[6..]);
@@ -2707,11 +2718,24 @@ pub(super) mod tests {
         between: Node,
         covered: bool,
     ) -> (Vec<Node>, Vec<Option<Plan>>, QkvMerge) {
+        layer_of(q, r0, between, covered, None)
+    }
+
+    /// `layer` whose Q/K/V kernel has its own inputs (`own`): qwen2's biases (Q's at 0x17000,
+    /// K's at 0x18000, V's at 0x19000) or qwen3's head norm weights (Q's at 0x17000, K's at
+    /// 0x18000, the heads' eps 1e-6).
+    fn layer_of(
+        q: u64,
+        r0: u64,
+        between: Node,
+        covered: bool,
+        own: Option<&str>,
+    ) -> (Vec<Node>, Vec<Option<Plan>>, QkvMerge) {
         let f32 = |ne, addr| tensor(DType::F32, ne, addr);
         let f16 = |ne, addr| tensor(DType::F16, ne, addr);
         let x = f32([64, 1, 1, 1], 0x1000);
         let q_out = f32([32, 2, 1, 1], 0xb000);
-        let qkv_inputs = vec![
+        let mut qkv_inputs = vec![
             f32([64, 64, 1, 1], 0x10000),
             f32([64, 32, 1, 1], 0x11000),
             f32([64, 32, 1, 1], 0x12000),
@@ -2719,13 +2743,30 @@ pub(super) mod tests {
             f32([64, 1, 1, 1], 0x2000),
             tensor(DType::I32, [1, 1, 1, 1], 0x3000),
         ];
+        let mut op_params = vec![0, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1e-5f32.to_bits() as i32];
+        let op = match own {
+            Some("bias") => {
+                qkv_inputs.extend([
+                    f32([64, 1, 1, 1], 0x17000),
+                    f32([32, 1, 1, 1], 0x18000),
+                    f32([32, 1, 1, 1], 0x19000),
+                ]);
+                "RMS_NORM_QKV_BIAS_ROPE"
+            }
+            Some("head_norm") => {
+                qkv_inputs.extend([f32([32, 1, 1, 1], 0x17000), f32([32, 1, 1, 1], 0x18000)]);
+                op_params.push(1e-6f32.to_bits() as i32);
+                "RMS_NORM_QKV_HEAD_NORM_ROPE"
+            }
+            _ => "RMS_NORM_QKV_ROPE",
+        };
         let layout = |ts: &[Tensor]| ts.iter().map(as_layout).collect::<Vec<_>>();
         let merge = QkvMerge {
             members: [0, 1, 2],
             at: 2,
             desc: KernelDesc {
-                op: "RMS_NORM_QKV_ROPE".into(),
-                op_params: vec![0, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1e-5f32.to_bits() as i32],
+                op: op.into(),
+                op_params,
                 inputs: layout(&qkv_inputs),
                 output: as_layout(&q_out),
                 extra_outputs: layout(&[f16([32, 1, 1, 1], 0x8000), f16([32, 1, 1, 1], 0x9000)]),
@@ -2859,6 +2900,63 @@ pub(super) mod tests {
             [&qkv[..], &attn[..], &outs[..]].concat()
         );
         assert_eq!(addrs(&layer.after_rows), [0xc000, 0xd000, 0xe000]);
+    }
+
+    #[test]
+    fn a_qwen_decode_layer_s_kernels_merge_with_their_biases_or_their_heads_norms() {
+        let f32 = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
+        let relu = |dst, src| node(Op::Unary(UnaryOp::Relu), dst, vec![src]);
+        let quiet = || relu(f32(0xf000), f32(0xf100));
+        let addrs = |ts: &[Tensor]| ts.iter().map(|t| t.addr).collect::<Vec<_>>();
+        let shared = [0x10000, 0x11000, 0x12000, 0x1000, 0x2000, 0x3000];
+        // The Q/K/V kernel's own inputs stay where its inputs have them: before the
+        // attention's.
+        let rest = [
+            0x8000, 0x9000, 0xa000, 0x13000, 0x14000, 0x15000, 0x16000, 0x4000, 0x7000, 0xb000,
+        ];
+        // qwen2: Q's, K's and V's biases.
+        let (nodes, steps, merge) = layer_of(0xb000, 0x1000, quiet(), true, Some("bias"));
+        let layer = layer_merge(&nodes, &steps, &merge).expect("merges");
+        assert_eq!(layer.desc.op, "DECODE_LAYER_BIAS_SWIGLU");
+        assert_eq!(layer.desc.op_params.len(), 16);
+        assert_eq!(layer.desc.op_params[12], 0.125f32.to_bits() as i32);
+        assert_eq!(layer.desc.op_params[15], 1e-5f32.to_bits() as i32);
+        assert_eq!(layer.desc.inputs.len(), 17);
+        let biases = [0x17000, 0x18000, 0x19000];
+        assert_eq!(
+            addrs(&layer.before_rows),
+            [&shared[..], &biases[..], &rest[..]].concat()
+        );
+        assert_eq!(addrs(&layer.after_rows), [0xc000, 0xd000, 0xe000]);
+        // qwen3: Q's and K's head norm weights, and the heads' eps after the attention's words.
+        let (nodes, steps, merge) = layer_of(0xb000, 0x1000, quiet(), true, Some("head_norm"));
+        let layer = layer_merge(&nodes, &steps, &merge).expect("merges");
+        assert_eq!(layer.desc.op, "DECODE_LAYER_HEAD_NORM_SWIGLU");
+        assert_eq!(layer.desc.op_params.len(), 17);
+        assert_eq!(layer.desc.op_params[..12], merge.desc.op_params[..12]);
+        assert_eq!(layer.desc.op_params[12], 0.125f32.to_bits() as i32);
+        assert_eq!(layer.desc.op_params[16], 1e-6f32.to_bits() as i32);
+        assert_eq!(layer.desc.inputs.len(), 16);
+        let norms = [0x17000, 0x18000];
+        assert_eq!(
+            addrs(&layer.before_rows),
+            [&shared[..], &norms[..], &rest[..]].concat()
+        );
+        // Each operand of the merged kernel is what its description says: the inputs, then
+        // the outputs before K's and V's rows.
+        let layouts: Vec<Layout> = layer.before_rows.iter().map(as_layout).collect();
+        let described: Vec<Layout> = layer
+            .desc
+            .inputs
+            .iter()
+            .chain([&layer.desc.output, &layer.desc.extra_outputs[0]])
+            .cloned()
+            .collect();
+        assert_eq!(layouts, described);
+        // A qwen layer with frequency factors has no kernel of its own: it stays two.
+        let (nodes, steps, mut merge) = layer_of(0xb000, 0x1000, quiet(), true, Some("bias"));
+        merge.desc.op = "RMS_NORM_QKV_BIAS_ROPE_FF".into();
+        assert!(layer_merge(&nodes, &steps, &merge).is_none());
     }
 
     #[test]

@@ -76,8 +76,14 @@ pub enum Fused {
         head_norm: bool,
         bias: bool,
     },
-    /// `DECODE_LAYER[_FF]_<GLU>`: the Q/K/V kernel, then the attention and the block.
-    DecodeLayer { ff: bool, glu: Glu },
+    /// `DECODE_LAYER[_BIAS][_HEAD_NORM][_FF]_<GLU>`: the Q/K/V kernel (`RmsNormQkvRope` of the
+    /// same `ff`, `head_norm` and `bias`), then the attention and the block.
+    DecodeLayer {
+        ff: bool,
+        head_norm: bool,
+        bias: bool,
+        glu: Glu,
+    },
 }
 
 impl Fused {
@@ -108,24 +114,39 @@ impl Fused {
                 head_norm,
                 bias,
             } => format!("RMS_NORM_QKV{}_ROPE{}", extra(bias, head_norm), ff(f)),
-            Fused::DecodeLayer { ff: f, glu } => format!("DECODE_LAYER{}_{}", ff(f), glu.name()),
+            Fused::DecodeLayer {
+                ff: f,
+                head_norm,
+                bias,
+                glu,
+            } => format!(
+                "DECODE_LAYER{}{}_{}",
+                extra(bias, head_norm),
+                ff(f),
+                glu.name()
+            ),
         }
     }
 
     /// The fused kernel a kernel op name is, if it is one.
     pub fn of(op: &str) -> Option<Fused> {
+        /// Whether `rest` starts with `prefix`, and what follows it.
+        fn flag<'a>(rest: &'a str, prefix: &str) -> (bool, &'a str) {
+            match rest.strip_prefix(prefix) {
+                Some(r) => (true, r),
+                None => (false, rest),
+            }
+        }
         let glu = |prefix: &str| op.strip_prefix(prefix).and_then(Glu::of);
+        // `<stem>[_BIAS][_HEAD_NORM]`: (bias, head_norm, the rest).
+        let own = |stem: &str| {
+            let (bias, rest) = flag(op.strip_prefix(stem)?, "_BIAS");
+            let (head_norm, rest) = flag(rest, "_HEAD_NORM");
+            Some((bias, head_norm, rest))
+        };
         // `<stem>[_BIAS][_HEAD_NORM]_ROPE[_FF]`: (bias, head_norm, ff).
         let rotated = |stem: &str| {
-            let rest = op.strip_prefix(stem)?;
-            let (bias, rest) = match rest.strip_prefix("_BIAS") {
-                Some(r) => (true, r),
-                None => (false, rest),
-            };
-            let (head_norm, rest) = match rest.strip_prefix("_HEAD_NORM") {
-                Some(r) => (true, r),
-                None => (false, rest),
-            };
+            let (bias, head_norm, rest) = own(stem)?;
             match rest {
                 "_ROPE" => Some((bias, head_norm, false)),
                 "_ROPE_FF" => Some((bias, head_norm, true)),
@@ -151,18 +172,27 @@ impl Fused {
                 bias,
             });
         }
-        if let Some(g) = glu("DECODE_LAYER_FF_") {
-            return Some(Fused::DecodeLayer { ff: true, glu: g });
+        // `DECODE_LAYER[_BIAS][_HEAD_NORM][_FF]_<GLU>`.
+        if let Some((bias, head_norm, rest)) = own("DECODE_LAYER") {
+            let (ff, rest) = flag(rest, "_FF");
+            return rest
+                .strip_prefix('_')
+                .and_then(Glu::of)
+                .map(|glu| Fused::DecodeLayer {
+                    ff,
+                    head_norm,
+                    bias,
+                    glu,
+                });
         }
         type Family = fn(Glu) -> Fused;
-        let families: [(&str, Family); 7] = [
+        let families: [(&str, Family); 6] = [
             ("MUL_MAT_ADD_RMS_NORM_FFN_", Fused::MulMatAddRmsNormFfn),
             ("RMS_NORM_MUL_MAT_", Fused::RmsNormMulMatGlu),
             ("RMS_NORM_FFN_", Fused::RmsNormFfn),
             ("FLASH_ATTN_FFN_", Fused::FlashAttnFfn),
             ("FLASH_ATTN_GLU_", Fused::FlashAttnGlu),
             ("MUL_MAT_", Fused::MulMatGlu),
-            ("DECODE_LAYER_", |glu| Fused::DecodeLayer { ff: false, glu }),
         ];
         families
             .into_iter()
@@ -174,8 +204,14 @@ impl Fused {
     pub fn kv_inputs(self) -> Option<usize> {
         match self {
             Fused::FlashAttnFfn(_) | Fused::FlashAttnGlu(_) => Some(1),
-            // Wq, Wk, Wv, x, n_attn, the positions, (the factors,) k, v, the mask, ...
-            Fused::DecodeLayer { ff, .. } => Some(6 + usize::from(ff)),
+            // Wq, Wk, Wv, x, n_attn, the positions, (the factors,) (the Q/K/V kernel's own
+            // inputs: three biases or two heads' norm weights,) k, v, the mask, ...
+            Fused::DecodeLayer {
+                ff,
+                head_norm,
+                bias,
+                ..
+            } => Some(6 + usize::from(ff) + 2 * usize::from(head_norm) + 3 * usize::from(bias)),
             _ => None,
         }
     }
@@ -200,9 +236,10 @@ mod tests {
                 fused += 1;
             }
         }
-        // Every family with each of its parameters.
+        // Every family with each of its parameters (DECODE_LAYER: plain and _FF, _BIAS and
+        // _HEAD_NORM).
         let glus = Glu::ALL.len();
-        assert_eq!(fused, 6 * glus + 2 * glus + 2 + 6 + 6);
+        assert_eq!(fused, 6 * glus + 4 * glus + 2 + 6 + 6);
         assert_eq!(Fused::of("MUL_MAT"), None);
         assert_eq!(Fused::of("MUL_MAT_ADD"), None);
         assert_eq!(Fused::of("RMS_NORM_MUL_MAT_ROPE_X"), None);

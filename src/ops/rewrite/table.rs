@@ -184,9 +184,9 @@ pub const REWRITES: &[Rewrite] = &[
         build: qkv_merge,
     },
     Rewrite {
-        name: "DECODE_LAYER[_FF]_<GLU>",
+        name: "DECODE_LAYER[_BIAS|_HEAD_NORM][_FF]_<GLU>",
         stage: Stage::Layers,
-        anchor: "an RMS_NORM_QKV_ROPE[_FF] kernel",
+        anchor: "an RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE[_FF] kernel",
         absorbs: "K's and V's SET_ROWS and the FLASH_ATTN_FFN_<GLU> kernel reading Q and the \
                   caches",
         build: layer_merge,

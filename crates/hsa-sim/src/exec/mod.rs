@@ -785,20 +785,27 @@ pub unsafe fn execute(
                 }
             }
         }
-        Op::DecodeLayer { ff, act } => {
+        Op::DecodeLayer {
+            ff,
+            head_norm,
+            bias,
+            act,
+        } => {
             let [q, k_rows, v_rows, a, r1, h] = extra.as_mut_slice() else {
                 return Err(format!(
                     "kernel {}: Q, K rows, V rows, a, r1 and h outputs expected",
                     desc.name
                 ));
             };
+            // The Q/K/V kernel's op_params (the heads' eps its word 12).
+            let (qkv, _) = desc.decode_layer_parts()?;
             normed_qkv(
                 &bufs,
-                (ff, false, false),
-                &desc.op_params,
+                (ff, head_norm, bias),
+                &qkv.op_params,
                 [q, k_rows, v_rows],
             );
-            let b = 6 + usize::from(ff);
+            let b = qkv.inputs.len();
             // The attention reads the caches with this token's rows in them: where the rows
             // lie inside a cache view, its copy takes them.
             let mut caches = bufs.split_off(b);
@@ -938,11 +945,6 @@ pub unsafe fn execute(
     Ok(stats_of(desc, op))
 }
 
-/// Whether `op` takes RoPE frequency factors (DECODE_LAYER_FF_<GLU>).
-fn op_ff(op: Op) -> bool {
-    matches!(op, Op::DecodeLayer { ff: true, .. })
-}
-
 /// What running `desc` moves and computes (the cost model's input), without running it.
 pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
     let bytes_read = desc.inputs.iter().map(TensorDesc::data_bytes).sum();
@@ -961,20 +963,11 @@ pub fn stats_of(desc: &KernelDesc, op: Op) -> ExecStats {
             r1.nelements() * op.flops_per_element(ka)
                 + h.nelements() * Op::NormedFfn(act).flops_per_element(k)
                 + desc.output.nelements() * (2 * f + 1)
-        } else if let (Op::DecodeLayer { ff, act }, Ok((qkv, attn))) =
-            (op, desc.decode_layer_parts(op_ff(op)))
+        } else if let (Op::DecodeLayer { act, .. }, Some(qkv_op), Ok((qkv, attn))) =
+            (op, op.layer_qkv(), desc.decode_layer_parts())
         {
             // As the two kernels it replaces.
-            stats_of(
-                &qkv,
-                Op::NormedQkv {
-                    ff,
-                    head_norm: false,
-                    bias: false,
-                },
-            )
-            .flops
-                + stats_of(&attn, Op::AttnFfn(act)).flops
+            stats_of(&qkv, qkv_op).flops + stats_of(&attn, Op::AttnFfn(act)).flops
         } else if let (Op::AttnFfn(act), [a, r1, h]) = (op, desc.extra_outputs.as_slice()) {
             // The attention as FlashAttnExt's, then the projection and the block.
             let (q, k) = (&desc.inputs[0], &desc.inputs[1]);

@@ -155,7 +155,7 @@ pub fn desc(
         name: name.into(),
         arch: arch.into(),
         op: op.into(),
-        op_params: [0; 16],
+        op_params: [0; image::MAX_OP_PARAMS],
         inputs,
         output,
         extra_outputs: Vec::new(),
