@@ -148,14 +148,21 @@ class QkvGroup:
         return self.spec.bias is not None or (r is not None and r.head_norm is not None)
 
     @property
+    def rounds_per_unit(self) -> int:
+        """Rounds a unit of the runtime sequence covers (one W task each, one x task and one y
+        drain for them all): a y object's (`pack`), or a split head's rounds with f32 rows
+        (their y objects drained with one tap)."""
+        return self.split if self.split > 1 and self.pack == 1 else self.pack
+
+    @property
     def units(self) -> int:
-        """y objects of a core: rounds / pack."""
-        return self.plan.rounds // self.pack
+        """Units of a core: rounds / rounds_per_unit."""
+        return self.plan.rounds // self.rounds_per_unit
 
     @property
     def units_per_pass(self) -> int:
-        """y objects of a head's rounds (a split head's are handed out together)."""
-        return max(1, self.split // self.pack)
+        """Units of a head's rounds (a split head's y objects are handed out together)."""
+        return max(1, self.split // self.rounds_per_unit)
 
     def row0(self, col: int, i: int, rnd: int) -> int:
         """The first row of core i of the group's column col in round rnd: consecutive cores
@@ -171,7 +178,8 @@ class QkvGroup:
         exceed a DMA stride, as GemvPlan._w_tap's one-round tasks avoid); with `split` the
         cores' tiles split * nr rows apart."""
         p = self.plan
-        rounds = [self.row0(col, 0, u * self.pack + s) for s in range(self.pack)]
+        n = self.rounds_per_unit
+        rounds = [self.row0(col, 0, u * n + s) for s in range(n)]
         if self.split == 1:
             return [p._w_tap(0, r, 1) for r in rounds]
         K, R, nr, kc = p.K, p.rows, p.rows_per_tile, p.k_chunk
@@ -186,19 +194,22 @@ class QkvGroup:
         each token's (the lone GEMV's order)."""
         p = self.plan
         kc = p.k_chunk
-        return Tap(0, (self.pack, p.K // kc, p.nx, kc), (0, kc, p.x_row, 1))
+        return Tap(0, (self.rounds_per_unit, p.K // kc, p.nx, kc), (0, kc, p.x_row, 1))
 
     def y_tap(self, col: int, u: int) -> Tap:
-        """The joined y object of unit u of column col, as f32 words of the output. f32: core
-        i's nr rows of each token (nx runs). f16 (pack 2): core i's nx nr words hold its nr
-        rows of round 2u of each token, then of round 2u + 1 (mv_decode.h's store)."""
+        """The joined y objects of unit u of column col, as f32 words of the output. f32: core
+        i's nr rows of each token (nx runs), one object a round of the unit. f16 (pack 2): core
+        i's nx nr words hold its nr rows of round 2u of each token, then of round 2u + 1
+        (mv_decode.h's store)."""
         p = self.plan
         R, nr, nx = p.rows, p.rows_per_tile, p.nx
-        first = self.row0(col, 0, u * self.pack)
+        first = self.row0(col, 0, u * self.rounds_per_unit)
         token = p.N  # the output's rows per token (dense)
         core = self.split * nr  # rows between consecutive cores' first rows
         if self.pack == 1:
-            return Tap(first, (1, R, nx, nr), (0, core, token, 1))
+            # A split head's rounds: one object each, nr rows apart.
+            n = self.rounds_per_unit
+            return Tap(first, (n, R, nx, nr), (nr if n > 1 else 0, core, token, 1))
         second = self.row0(col, 0, u * self.pack + 1) - first
         return Tap(first // 2, (R, 2, nx, nr // 2), (core // 2, second // 2, token // 2, 1))
 
@@ -224,7 +235,7 @@ class QkvGroup:
         """DMA tasks of one of the group's columns in the phase (or in its first `units`
         units): W one per round, x the prologue and one per unit, y one per unit."""
         u = self.units if units is None else min(units, self.units)
-        return {"W": u * self.pack, "x": len(self.prologue(0)) + u, "y": u}
+        return {"W": u * self.rounds_per_unit, "x": len(self.prologue(0)) + u, "y": u}
 
     @property
     def out_words(self) -> int:
@@ -359,14 +370,13 @@ def _group_plan(spec: MatmulSpec, shape: GemvPlan, columns: int, pack: int) -> Q
             return None
     g = QkvGroup("", dataclasses.replace(spec, plan=q), 0, split)
     if spec.weight_bytes:
-        # The group's W taps (QkvGroup.w_taps: one round each) differ only in their first row,
-        # and _byte_tap_ok reads their offset modulo a DMA word: one tap per residue of it.
-        units = {}
+        # _byte_tap_ok reads a W tap's offset modulo a DMA word: one tap per residue and shape.
+        taps = {}
         for col in range(columns):
             for u in range(g.units):
-                first = g.row0(col, 0, u * g.pack)
-                units.setdefault((first * q.row_stride) % DMA_WORD, (col, u))
-        if not all(_byte_tap_ok(t) for c, u in units.values() for t in g.w_taps(c, u)):
+                for t in g.w_taps(col, u):
+                    taps.setdefault((t.offset % DMA_WORD, t.sizes, t.strides), t)
+        if not all(_byte_tap_ok(t) for t in taps.values()):
             return None
     return g
 

@@ -450,9 +450,9 @@ def _ffn(spec):
         hs, args = args[n_args:], args[:n_args]
         nc = n_args - 20  # the positions, (the factors,) (the own inputs)
         Wq, Wk, Wv, X, Na = args[:5]
-        cs = list(zip(args[5 : 5 + nc], [n for _, n in spec.sequence][5 : 5 + nc]))
         Kc, Vc, M, Wo, Wg, Wu, Wd, Nf, Out, Qo, Kr, Vr, A, R1, H = args[5 + nc :]
         counts = [n for _, n in spec.sequence]
+        cs = list(zip(args[5 : 5 + nc], counts[5 : 5 + nc]))  # (buffer, words)
         # The x channel's sources: n_attn, its padding from x, the rotation's constants; each
         # group's own input (its head norm's weights "hn" or its bias "b").
         n_own = sum(g.own_input for g in qkv.groups)

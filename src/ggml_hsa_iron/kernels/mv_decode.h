@@ -92,19 +92,12 @@ void GGML_MV_DL_ROPE_LOAD(float *c) {
   const int32_t first = g_dl_loaded * DL_OBJECT_WORDS;
   if (g_dl_loaded == 0)
     g_valid = false; // a new dispatch: its positions
-  for (int32_t j = 0; j < DL_OBJECT_WORDS && first + j < DL_WORDS; ++j) {
-    int32_t w;
-    __builtin_memcpy(&w, c + j, sizeof w); // the word's bits (positions are i32)
-    const int32_t i = first + j;
-    if (i < FF_WORDS)
-      g_ff[i] = __builtin_bit_cast(float, w);
+  const int32_t n = DL_WORDS - first < DL_OBJECT_WORDS ? DL_WORDS - first : DL_OBJECT_WORDS;
 #if DL_HEAD_NORM
-    else if (i < FF_WORDS + DL_HEAD_NORM_WORDS)
-      g_head_norm[i - FF_WORDS] = __builtin_bit_cast(float, w);
+  rope_keep_words(c, first, n, DL_HEAD_NORM_WORDS, g_head_norm, g_dl_positions);
+#else
+  rope_keep_words(c, first, n, 0, nullptr, g_dl_positions);
 #endif
-    else
-      g_dl_positions[i - FF_WORDS - DL_HEAD_NORM_WORDS] = w;
-  }
   g_dl_loaded = (g_dl_loaded + 1) % DL_OBJECTS;
 }
 
@@ -146,14 +139,15 @@ static inline void dl_bias_runs(float *v, int32_t round) {
 #endif
 }
 
-// Each token's run of v, global rows row0 .., rotated by its position.
-static inline void dl_rope_runs(float *v, int32_t row0) {
+// Each token's run of `rows` values of v (whole heads with DL_HEAD_NORM), global rows row0 ..,
+// normalised (DL_HEAD_NORM) and rotated by its position.
+static inline void dl_rope_runs(float *v, int32_t row0, int rows = MV_ROWS) {
   set_ggml_rounding();
   for (int t = 0; t < MV_NX; ++t) {
 #if DL_HEAD_NORM
-    head_norm_rows(v + t * MV_ROWS, MV_ROWS);
+    head_norm_rows(v + t * rows, rows);
 #endif
-    rope_rows_at(v + t * MV_ROWS, row0, g_dl_positions[t], DL_HEAD, MV_ROWS);
+    rope_rows_at(v + t * rows, row0, g_dl_positions[t], DL_HEAD, rows);
   }
 }
 
@@ -199,15 +193,7 @@ void GGML_MV_DL_KEEP(int32_t slot, int32_t round) {
 }
 
 // Each token's head (global rows row0 ..) normalised and rotated.
-void GGML_MV_DL_HEADS(int32_t row0) {
-  set_ggml_rounding();
-  for (int t = 0; t < MV_NX; ++t) {
-#if DL_HEAD_NORM
-    head_norm_rows(g_dl_heads + t * DL_HEAD, DL_HEAD);
-#endif
-    rope_rows_at(g_dl_heads + t * DL_HEAD, row0, g_dl_positions[t], DL_HEAD, DL_HEAD);
-  }
-}
+void GGML_MV_DL_HEADS(int32_t row0) { dl_rope_runs(g_dl_heads, row0, DL_HEAD); }
 
 // Slot `slot` of each token's head into y: f32, token t's MV_ROWS values at t * MV_ROWS; or
 // (f16) slots `slot` and `slot` + 1 rounded to f16, GGML_MV_DL_STORE_F16's layout.

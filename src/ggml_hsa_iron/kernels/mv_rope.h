@@ -84,19 +84,13 @@ void GGML_MV_ROPE_LOAD(float *c) {
     g_valid = false;
     g_rope_round = 0;
   }
-  for (int32_t j = 0; j < ROPE_OBJECT_WORDS && first + j < ROPE_WORDS; ++j) {
-    int32_t w;
-    __builtin_memcpy(&w, c + j, sizeof w); // the word's bits (positions are i32)
-    const int32_t i = first + j;
-    if (i < FF_WORDS)
-      g_ff[i] = __builtin_bit_cast(float, w);
+  const int32_t left = ROPE_WORDS - first;
+  const int32_t n = left < ROPE_OBJECT_WORDS ? left : ROPE_OBJECT_WORDS;
 #if MV_ROPE_HEAD_NORM
-    else if (i < FF_WORDS + HEAD_NORM_WORDS)
-      g_head_norm[i - FF_WORDS] = __builtin_bit_cast(float, w);
+  rope_keep_words(c, first, n, HEAD_NORM_WORDS, g_head_norm, g_rope_positions);
+#else
+  rope_keep_words(c, first, n, 0, nullptr, g_rope_positions);
 #endif
-    else
-      g_rope_positions[i - FF_WORDS - HEAD_NORM_WORDS] = w;
-  }
   g_rope_loaded = (g_rope_loaded + 1) % ROPE_OBJECTS;
 }
 

@@ -5,6 +5,10 @@
 //
 //   rope_rows_at(v, row0, p, head, rows)   v's `rows` values, global rows row0 .., rotated
 //                                          in place by position p (heads of `head` rows)
+//   rope_keep_words(c, first, n, hn, hn_dst, positions)  words first .. first + n - 1 of a
+//                                          dispatch's rotation constants, from c, kept: the
+//                                          FF_WORDS factors, `hn` head norm weights (into
+//                                          hn_dst), then the tokens' positions
 
 static void rope_rows_at(float *v, int32_t row0, int32_t p, int32_t head, int32_t rows) {
   if (!g_valid || p != g_pos)
@@ -33,5 +37,20 @@ static void rope_rows_at(float *v, int32_t row0, int32_t p, int32_t head, int32_
         v[b] = g_b[i];
       }
     }
+  }
+}
+
+static void rope_keep_words(const float *c, int32_t first, int32_t n, int32_t hn, float *hn_dst,
+                            int32_t *positions) {
+  for (int32_t j = 0; j < n; ++j) {
+    int32_t w;
+    __builtin_memcpy(&w, c + j, sizeof w); // the word's bits (positions are i32)
+    const int32_t i = first + j;
+    if (i < FF_WORDS)
+      g_ff[i] = __builtin_bit_cast(float, w);
+    else if (i < FF_WORDS + hn)
+      hn_dst[i - FF_WORDS] = __builtin_bit_cast(float, w);
+    else
+      positions[i - FF_WORDS - hn] = w;
   }
 }

@@ -20,6 +20,7 @@ from ggml_hsa_iron.errors import RequestError, UnsupportedError
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import parse_request
 from ggml_hsa_iron.tiling import rope_array_floats
+from ggml_hsa_iron.tests import sample
 from ggml_hsa_iron.tests.test_flash_attn import cache_view, f32_bits
 from ggml_hsa_iron.tests.test_rms_norm_mul_mat_rope import llama3_ff, rope_params
 from ggml_hsa_iron.tests.util import request_json, tensor
@@ -147,16 +148,18 @@ class DecodeLayerPlanTest(unittest.TestCase):
         self.assertEqual({g.pack for g in spec.qkv.groups}, {1})
 
     def test_qwen_layers(self):
-        # qwen2 (NeoX): each group's bias values kept for its rounds, the array sized for the
-        # longest group; the three biases follow the positions. Heads of 128 rows: Q's and K's
-        # cores take theirs in two rounds of 64.
+        # qwen2 (NeoX) on the block's own shape: each group's bias values kept for its rounds,
+        # the array sized for the longest group; the three biases follow the positions. Heads
+        # of 128 rows: Q's and K's cores take theirs in four rounds of 32, Q's drained with one
+        # tap a head.
         spec = layer_spec("SWIGLU", "q4_0", QWEN2_5_1_5B, kind="BIAS", mode=2)
-        self.assertEqual(shape(spec), (6, 2, 64, 256))
-        self.assertEqual(groups(spec), [("q", 0, 3, 4, 1), ("k", 3, 1, 2, 2), ("v", 4, 1, 2, 2)])
-        self.assertEqual([g.split for g in spec.qkv.groups], [2, 2, 1])
+        self.assertEqual(shape(spec), (8, 2, 32, 256))
+        self.assertEqual(groups(spec), [("q", 0, 6, 4, 1), ("k", 6, 1, 4, 2), ("v", 7, 1, 4, 2)])
+        self.assertEqual([g.split for g in spec.qkv.groups], [4, 4, 1])
+        self.assertEqual([g.rounds_per_unit for g in spec.qkv.groups], [4, 2, 2])
         d = spec.core.defines
-        self.assertEqual((d["DL_BIAS"], d["DL_BIAS_ROUNDS"], d["DL_BIAS_COLUMN_ROWS"]), (1, 4, 128))
-        self.assertEqual(d["DL_SPLIT"], 2)
+        self.assertEqual((d["DL_BIAS"], d["DL_BIAS_ROUNDS"], d["DL_BIAS_COLUMN_ROWS"]), (1, 4, 64))
+        self.assertEqual(d["DL_SPLIT"], 4)
         self.assertEqual(len(spec.sequence), 24)
         self.assertEqual([n for _, n in spec.sequence[6:9]], [1536, 256, 256])
         for g in spec.qkv.groups:
@@ -173,11 +176,17 @@ class DecodeLayerPlanTest(unittest.TestCase):
         self.assertEqual(spec.qkv.units_per_task_group % 2, 0)
 
     def test_the_taps_write_each_row_once(self):
-        # Llama-3.2-1B's heads whole in a core's round, Qwen3-0.6B's split over two.
-        cases = [(LLAMA, 0, kv) for kv in ("f16", "f32")] + [(QWEN3_0_6B, 2, "f16")]
-        for dims, mode, kv in cases:
+        # Llama-3.2-1B's heads whole in a core's round, Qwen3-0.6B's split over two, Qwen2.5's
+        # over four.
+        cases = [(LLAMA, 0, kv, 1) for kv in ("f16", "f32")]
+        cases += [
+            (QWEN3_0_6B, 2, "f16", 2),
+            (QWEN2_5_1_5B, 2, "f16", 4),
+            (QWEN2_5_1_5B, 2, "f32", 4),
+        ]
+        for dims, mode, kv, split in cases:
             spec = layer_spec("SWIGLU", "q4_0", dims, kv=kv, mode=mode)
-            self.assertEqual(spec.qkv.split, 2 if mode else 1)
+            self.assertEqual(spec.qkv.split, split)
             for g in spec.qkv.groups:
                 words = []
                 for c in range(g.plan.columns):
@@ -486,20 +495,26 @@ class DecodeLayerEmulationTest(unittest.TestCase):
         rotations as theirs: each projection bit for bit its lone RMS_NORM_MUL_MAT_BIAS(_ROPE)
         or RMS_NORM_MUL_MAT_HEAD_NORM_ROPE kernel on the group's shape (where the group splits
         its heads over rounds, on one core holding a head a round); several tokens; the real
-        shapes, whose heads of 128 rows each core takes in two rounds of 64."""
+        shapes, whose heads of 128 rows each core takes in two rounds of 64 or four of 32."""
         self.check("SWIGLU", "q4_0", TINY, "aie2p", seed=70, kind="BIAS", mode=2)
         self.check("SWIGLU", "q4_0", TINY, "aie2", seed=71, kind="BIAS", kv="f32", mode=2)
         self.check("SWIGLU", "q8_0", TINY, "aie2", seed=72, kind="BIAS", T=3, mode=2)
         self.check("SWIGLU", "q4_0", TINY, "aie2p", seed=73, kind="HEAD_NORM", mode=2)
         self.check("GEGLU", "q8_0", TINY, "aie2", seed=74, kind="HEAD_NORM", kv="f32", T=2)
-        self.check("SWIGLU", "q4_0", QWEN2_5_1_5B, "aie2", seed=75, kind="BIAS", mode=2)
-        self.check("SWIGLU", "q4_0", QWEN3_0_6B, "aie2p", seed=76, kind="HEAD_NORM", mode=2)
+        # The real shapes, a share of them a run (tests/sample.py).
+        real = [
+            (QWEN2_5_1_5B, "aie2", 75, "BIAS"),
+            (QWEN2_5_1_5B, "aie2p", 78, "BIAS"),
+            (QWEN3_0_6B, "aie2p", 76, "HEAD_NORM"),
+        ]
+        for dims, arch, seed, kind in sample.pick(real):
+            self.check("SWIGLU", "q4_0", dims, arch, seed=seed, kind=kind, mode=2)
 
     def test_neox_heads_split_over_rounds(self):
         # phi3's NeoX rotation, its pairs half a head apart: the tiny model's cores take their
-        # heads in two rounds of 32 rows.
+        # heads in four rounds of 16 rows.
         spec = layer_spec("SWIGLU", "q4_0", TINY, mode=2)
-        self.assertEqual([g.split for g in spec.qkv.groups], [2, 2, 1])
+        self.assertEqual([g.split for g in spec.qkv.groups], [4, 4, 1])
         self.check("SWIGLU", "q4_0", TINY, "aie2p", seed=77, mode=2)
 
     def test_run_time_n_kv_in_chunks(self):
