@@ -67,6 +67,7 @@ OWN_METHODS = {
     "append",
     "extend",
     "items",
+    "values",
     "copy",
     "write_text",
     "is_file",
