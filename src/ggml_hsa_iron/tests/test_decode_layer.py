@@ -496,19 +496,20 @@ class DecodeLayerEmulationTest(unittest.TestCase):
         or RMS_NORM_MUL_MAT_HEAD_NORM_ROPE kernel on the group's shape (where the group splits
         its heads over rounds, on one core holding a head a round); several tokens; the real
         shapes, whose heads of 128 rows each core takes in two rounds of 64 or four of 32."""
-        self.check("SWIGLU", "q4_0", TINY, "aie2p", seed=70, kind="BIAS", mode=2)
-        self.check("SWIGLU", "q4_0", TINY, "aie2", seed=71, kind="BIAS", kv="f32", mode=2)
-        self.check("SWIGLU", "q8_0", TINY, "aie2", seed=72, kind="BIAS", T=3, mode=2)
-        self.check("SWIGLU", "q4_0", TINY, "aie2p", seed=73, kind="HEAD_NORM", mode=2)
-        self.check("GEGLU", "q8_0", TINY, "aie2", seed=74, kind="HEAD_NORM", kv="f32", T=2)
-        # The real shapes, a share of them a run (tests/sample.py).
-        real = [
-            (QWEN2_5_1_5B, "aie2", 75, "BIAS"),
-            (QWEN2_5_1_5B, "aie2p", 78, "BIAS"),
-            (QWEN3_0_6B, "aie2p", 76, "HEAD_NORM"),
+        # A share of the cases a run (tests/sample.py), every one over the rotation.
+        cases = [
+            (("SWIGLU", "q4_0", TINY, "aie2p"), dict(seed=70, kind="BIAS", mode=2)),
+            (("SWIGLU", "q4_0", TINY, "aie2"), dict(seed=71, kind="BIAS", kv="f32", mode=2)),
+            (("SWIGLU", "q8_0", TINY, "aie2"), dict(seed=72, kind="BIAS", T=3, mode=2)),
+            (("SWIGLU", "q4_0", TINY, "aie2p"), dict(seed=73, kind="HEAD_NORM", mode=2)),
+            (("GEGLU", "q8_0", TINY, "aie2"), dict(seed=74, kind="HEAD_NORM", kv="f32", T=2)),
+            (("SWIGLU", "q4_0", QWEN2_5_1_5B, "aie2"), dict(seed=75, kind="BIAS", mode=2)),
+            (("SWIGLU", "q4_0", QWEN2_5_1_5B, "aie2p"), dict(seed=78, kind="BIAS", mode=2)),
+            (("SWIGLU", "q4_0", QWEN3_0_6B, "aie2p"), dict(seed=76, kind="HEAD_NORM", mode=2)),
         ]
-        for dims, arch, seed, kind in sample.pick(real):
-            self.check("SWIGLU", "q4_0", dims, arch, seed=seed, kind=kind, mode=2)
+        for args, kw in sample.pick(cases):
+            with self.subTest(args=args[1:], **kw):
+                self.check(*args, **kw)
 
     def test_neox_heads_split_over_rounds(self):
         # phi3's NeoX rotation, its pairs half a head apart: the tiny model's cores take their
