@@ -174,7 +174,7 @@ def main() -> int:
         "backend would run it: one layer kernel where the IRON package takes it, else its",
         "two kernels, which switch PDI at every command (each switch charged as the cost",
         "model's chained command with a new PDI; one layer kernel keeps its PDI loaded). Heads",
-        "of 128 rows (Phi-4-mini, the qwen shapes) are each a core's rows of two rounds: NeoX",
+        "of 128 rows (Phi-4-mini, the qwen shapes) are each a core's rows of two or four rounds: NeoX",
         "pairs and qwen3's head norms need a head whole on one core. qwen2's layer adds its Q, K",
         "and V biases, qwen3's normalises Q's and K's heads, in the same kernel. The block's",
         "cores per column must divide its q heads per KV head",

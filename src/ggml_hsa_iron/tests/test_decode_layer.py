@@ -344,9 +344,8 @@ class LayerCase:
         self.ff = np.array(llama3_ff(D), np.float32) if ff else None
         # Each projection's own input: its bias (qwen2), its head norm's weights (qwen3: Q, K).
         own = {"BIAS": [D * H, D * Hk, D * Hk], "HEAD_NORM": [D, D]}.get(kind, [])
-        self.own = [nrng.uniform(-1, 1, m).astype(np.float32) for m in own]
-        if kind == "HEAD_NORM":
-            self.own = [nrng.uniform(0.2, 2, m).astype(np.float32) for m in own]
+        lo, hi = (0.2, 2) if kind == "HEAD_NORM" else (-1, 1)
+        self.own = [nrng.uniform(lo, hi, m).astype(np.float32) for m in own]
         kt, vt, mt = self.req.inputs[6 + ff + len(own) : 9 + ff + len(own)]
         self.kt, self.vt = kt, vt
         k = nrng.standard_normal((1, Hk, n_kv, D)).astype(_np_type(kv))
