@@ -72,10 +72,10 @@ beside the block's own shape; and where no shape fits every phase.
 """
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from .archs import Arch
-from .dtypes import DMA_WORD
 from .errors import RequestError, UnsupportedError
 from .plans import ROPE_PARAMS, MatmulSpec, _check_common
 from .plans_fa_ffn import fa_ffn_phases
@@ -235,7 +235,11 @@ class QkvGroup:
         """DMA tasks of one of the group's columns in the phase (or in its first `units`
         units): W one per round, x the prologue and one per unit, y one per unit."""
         u = self.units if units is None else min(units, self.units)
-        return {"W": u * self.rounds_per_unit, "x": len(self.prologue(0)) + u, "y": u}
+        return {"W": u * self.rounds_per_unit, "x": self.prologue_tasks + u, "y": u}
+
+    @functools.cached_property
+    def prologue_tasks(self) -> int:
+        return len(self.prologue(0))
 
     @property
     def out_words(self) -> int:
@@ -277,13 +281,21 @@ class QkvPhase:
         one-round units (Q's f32 rows) runs beside a group of two-round ones (f16 rows); whole
         passes of split heads (their y objects are handed out at the pass's end, which a task
         group's await must not wait for ahead of the pass's weights)."""
-        fits = [
+        # The most units within the shim's tasks (a group's tasks grow with its units) ...
+        lo, hi = 0, self.units
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if all(sum(g.tasks(mid).values()) <= SHIM_GROUP_TASKS for g in self.groups):
+                lo = mid
+            else:
+                hi = mid - 1
+        # ... that are whole passes.
+        passes = (
             u
-            for u in range(1, self.units + 1)
-            if all(sum(g.tasks(u).values()) <= SHIM_GROUP_TASKS for g in self.groups)
-            and all(u % g.units_per_pass == 0 or u >= g.units for g in self.groups)
-        ]
-        return max(fits, default=0)
+            for u in range(lo, 0, -1)
+            if all(u % g.units_per_pass == 0 or u >= g.units for g in self.groups)
+        )
+        return next(passes, 0)
 
     @property
     def split(self) -> int:
@@ -352,31 +364,35 @@ class QkvPhase:
         return out
 
 
-def _group_plan(spec: MatmulSpec, shape: GemvPlan, columns: int, pack: int) -> QkvGroup | None:
+def _group_plan(
+    name: str, spec: MatmulSpec, shape: GemvPlan, columns: int, pack: int
+) -> QkvGroup | None:
     """The lone op's plan moved onto the program's R, nr, kc over `columns` columns (a group
     at column 0), or None where it does not fit: whole rounds (whole pairs of them for f16
     rows), whole rotation pairs (and heads) per core, else heads split over rounds (a head a
     whole multiple of nr, N whole passes of them), DMA-whole W taps."""
     p = spec.plan
     R, nr, kc = shape.rows, shape.rows_per_tile, shape.k_chunk
-    q = dataclasses.replace(p, columns=columns, rows=R, rows_per_tile=nr, k_chunk=kc)
     if p.K % kc or (pack == 2 and nr % 2):
         return None
-    split = 1
-    if p.N % (q.block * pack) or not _rows_ok(p.N, columns, R, nr, p.rope):
+    split, block = 1, columns * R * nr
+    if p.N % (block * pack) or not _rows_ok(p.N, columns, R, nr, p.rope):
         head = p.rope.head if p.rope else 0
         split = head // nr if head > nr and head % nr == 0 else 0
-        if not split or p.N % (q.block * split) or (pack == 2 and split % 2):
+        if not split or p.N % (block * split) or (pack == 2 and split % 2):
             return None
-    g = QkvGroup("", dataclasses.replace(spec, plan=q), 0, split)
+    q = dataclasses.replace(p, columns=columns, rows=R, rows_per_tile=nr, k_chunk=kc)
+    g = QkvGroup(name, dataclasses.replace(spec, plan=q), 0, split)
     if spec.weight_bytes:
-        # _byte_tap_ok reads a W tap's offset modulo a DMA word: one tap per residue and shape.
-        taps = {}
-        for col in range(columns):
-            for u in range(g.units):
-                for t in g.w_taps(col, u):
-                    taps.setdefault((t.offset % DMA_WORD, t.sizes, t.strides), t)
-        if not all(_byte_tap_ok(t) for t in taps.values()):
+        # Every W tap has the first one's sizes and strides; its offset (row0 rows) is a sum
+        # of the steps to the next round, the next pass of split rounds and the next column,
+        # each of which is also some tap's whole offset: those taps are DMA-whole iff all are.
+        first, rounds = g.w_taps(0, 0)[0], g.units * g.rounds_per_unit
+        reached = [(rounds > 1, g.row0(0, 0, 1)), (rounds > split, g.row0(0, 0, split))]
+        reached.append((columns > 1, g.row0(1, 0, 0)))
+        row = q.row_stride
+        taps = [first] + [dataclasses.replace(first, offset=r * row) for ok, r in reached if ok]
+        if not all(_byte_tap_ok(t) for t in taps):
             return None
     return g
 
@@ -398,14 +414,20 @@ class QkvShapes:
             pack = 2 if spec.f16_out else 1
             got = {}
             for c in range(1, self.arch.columns + 1):
-                g = _group_plan(spec, shape, c, pack)
+                g = _group_plan(name, spec, shape, c, pack)
                 if g is not None:
-                    got[c] = dataclasses.replace(g, name=name)
+                    got[c] = g
             self.cache[key] = got
         return self.cache[key]
 
     def phase(self, shape: GemvPlan) -> QkvPhase | None:
         """The projection phase on `shape` (its columns the program's), or None."""
+        key = ("phase", shape.rows, shape.rows_per_tile, shape.k_chunk, shape.columns)
+        if key not in self.cache:
+            self.cache[key] = self._phase(shape)
+        return self.cache[key]
+
+    def _phase(self, shape: GemvPlan) -> QkvPhase | None:
         opts = [self._options(n, shape) for n in NAMES]
         if not all(opts):
             self.why["rows"] = self.why.get("rows", 0) + 1

@@ -31,7 +31,6 @@ from ggml_hsa_iron.tiling import GLU_GROUP_ROUNDS, MAX_TASKS_PER_CHANNEL, stash_
 from ggml_hsa_iron.tests import host_program
 from ggml_hsa_iron.tests.host_program import CXX
 from ggml_hsa_iron.tests.test_kernels_host import HERE, KERNELS
-from ggml_hsa_iron.tests.test_mvq_host import kernel_values, random_block
 from ggml_hsa_iron.tests.util import request_json, tensor
 from ggml_hsa_iron.tests.util_matmul import check_structure
 
@@ -39,6 +38,7 @@ try:
     import numpy as np
     from ml_dtypes import bfloat16
 
+    from ggml_hsa_iron.tests import util_blocks
     from ggml_hsa_iron.tests.test_rope_glu_host import glu_ref
     from ggml_hsa_iron.tests.util_emu import run_request
 
@@ -257,12 +257,12 @@ def _weights(ty, rows, K, rng):
     the decoder forms them (block_decode.h)."""
     if ty in ("f32", "bf16"):
         npt = np.float32 if ty == "f32" else bfloat16
-        w = np.asarray([rng.uniform(-0.2, 0.2) for _ in range(rows * K)], np.float32).astype(npt)
+        g = np.random.default_rng(rng.getrandbits(64))
+        w = g.uniform(-0.2, 0.2, rows * K).astype(np.float32).astype(npt)
         return w.tobytes(), w.astype(np.float64).reshape(rows, K)
-    block = DTYPES[ty].block
-    blocks = [random_block(ty, rng) for _ in range(rows * K // block)]
-    vals = np.asarray([v for b in blocks for v in kernel_values(ty, b)], np.float64)
-    return b"".join(blocks), vals.reshape(rows, K)
+    blocks = util_blocks.random_blocks(ty, rows * K // DTYPES[ty].block, rng)
+    vals = util_blocks.kernel_values(ty, blocks).astype(np.float64)
+    return blocks.tobytes(), vals.reshape(rows, K)
 
 
 # An upper bound of |act'(g)| (gelu's peaks at about 1.13, gelu_quick's at 1.09).

@@ -233,3 +233,38 @@ class MvqHostTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class NumpyReadingTest(unittest.TestCase):
+    """util_blocks (the model-sized tests' numpy reading of the blocks) against this file's
+    per-value reading, bit for bit, on random blocks and on blocks of extreme fields."""
+
+    def test_equals_the_per_value_reading(self):
+        try:
+            import numpy as np
+
+            from ggml_hsa_iron.tests import util_blocks
+        except ImportError:
+            self.skipTest("numpy is installed by scripts/check-iron.sh")
+        rng = random.Random(7)
+        for ty in ("f16", *VECTOR_BLOCKS, "q4_K", "q5_K", "q6_K"):
+            with self.subTest(ty=ty):
+                drawn = util_blocks.random_blocks(ty, 64, rng)
+                # Every byte random, scales included (infinities, NaN, subnormals).
+                wild = [
+                    bytes(rng.randrange(256) for _ in range(DTYPES[ty].size)) for _ in range(64)
+                ]
+                blocks = (
+                    [bytes(b) for b in drawn] + [random_block(ty, rng) for _ in range(16)] + wild
+                )
+                got = util_blocks.kernel_values(
+                    ty, np.frombuffer(b"".join(blocks), np.uint8).reshape(len(blocks), -1)
+                )
+                want = np.asarray([kernel_values(ty, b) for b in blocks], np.float32)
+                self.assertEqual(got.shape, want.shape)
+                same = (got.view(np.uint32) == want.view(np.uint32)) | (
+                    np.isnan(got) & np.isnan(want)
+                )
+                self.assertTrue(
+                    same.all(), (ty, np.argwhere(~same)[:3], got[~same][:3], want[~same][:3])
+                )
