@@ -42,10 +42,11 @@ step python3 -m ruff check --config "$PKG/ruff.toml" "$PKG"
 step python3 -m ruff format --check --config "$PKG/ruff.toml" "$PKG"
 step python3 -m compileall -q "$PKG"
 # The test modules one process each, as many at once as there are cores (most of their time is
-# g++ building the emulated cores, one compiler at a time per module); a failing module's whole
-# output is printed, the others' one summary line each.
+# g++ building the emulated cores, one compiler at a time per module), the largest files first:
+# they are the slowest modules, and started last one of them would run alone at the end. A
+# failing module's whole output is printed, the others' one summary line each.
 unit_tests() {
-  ls "$PKG"/tests/test_*.py | PKG=$PKG xargs -P "$(nproc)" -n 1 sh -c '
+  ls -S "$PKG"/tests/test_*.py | PKG=$PKG xargs -P "$(nproc)" -n 1 sh -c '
     m=$(basename "$1" .py)
     if out=$(python3 -m unittest discover -s "$PKG/tests" -p "$m.py" 2>&1); then
       echo "$m: $(echo "$out" | grep -E "^Ran ")"

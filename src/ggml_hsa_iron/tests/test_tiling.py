@@ -32,6 +32,7 @@ from ggml_hsa_iron.tiling import (
 )
 
 from ggml_hsa_iron.tests.util import request_json, tensor
+from ggml_hsa_iron.tests.util_emu import walk_array
 from ggml_hsa_iron.tests.util_matmul import check_structure, gemm_streams, gemv_streams
 
 AIE2, AIE2P = ARCHS["aie2"], ARCHS["aie2p"]
@@ -77,6 +78,12 @@ class ArithmeticTest(unittest.TestCase):
     def test_walk(self):
         self.assertEqual(walk([(2, 3), (3, 1)]), [0, 1, 2, 3, 4, 5])
         self.assertEqual(walk([(2, 1), (2, 2)]), [0, 2, 1, 3])
+
+    def test_the_emulations_walk_array_is_the_walk(self):
+        rng = np.random.default_rng(5)
+        for _ in range(200):
+            dims = [(int(s), int(t)) for s, t in rng.integers(0, 6, size=(rng.integers(1, 5), 2))]
+            self.assertEqual(walk_array(dims).tolist(), walk(dims), dims)
 
 
 class EltwisePlanTest(unittest.TestCase):

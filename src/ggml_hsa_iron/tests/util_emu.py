@@ -35,13 +35,20 @@ from ggml_hsa_iron.emu.compile import build_program
 from ggml_hsa_iron.emu.params import instantiate
 from ggml_hsa_iron.plans import prepare
 from ggml_hsa_iron.request import parse_request
-from ggml_hsa_iron.tiling import walk
+
+
+def walk_array(dims) -> np.ndarray:
+    """tiling.walk(dims) as an int64 array, built by broadcasting (a model-sized tap visits
+    millions of elements, which the list takes seconds to enumerate)."""
+    offsets = np.zeros(1, dtype=np.int64)
+    for size, stride in dims:
+        offsets = (offsets[:, None] + np.arange(size, dtype=np.int64) * stride).reshape(-1)
+    return offsets
 
 
 def _tap_bytes(tap: dict, elem_bytes: int) -> np.ndarray:
     """Byte offsets (in the argument) a tap visits, in order."""
-    dims = list(zip(tap["sizes"], tap["strides"]))
-    elems = np.asarray(walk(dims), dtype=np.int64) + tap["offset"]
+    elems = walk_array(zip(tap["sizes"], tap["strides"])) + tap["offset"]
     return (elems[:, None] * elem_bytes + np.arange(elem_bytes)[None, :]).reshape(-1)
 
 
