@@ -410,6 +410,13 @@ class GemmPlan:
             return Tap(self.b_units(off0) + first * Kb, (count, 1, 1, n * Kb), (step, 0, 0, 1))
         return Tap(self.b_units(off0) + first * Kb, (count, K // k, n, kb), (step, kb, Kb, 1))
 
+    def b_taps(self, batches):
+        """src0's taps of `tasks(batches)`, each once: every M block reads the same ones."""
+        for off0, _, _ in batches:
+            for n0, count in self.n_tasks():
+                for col in range(self.columns):
+                    yield self._b_tap(off0, n0 + col * self.n, count)
+
     def tasks(self, batches) -> list[list[tuple[Tap | None, Tap, Tap]]]:
         """The runtime sequence: task groups, each an (A, B, C) tap per array column, A None
         where the column carries no A feed.
@@ -633,8 +640,7 @@ def plan_gemm_blocks(
                                 continue
                             if not _gemm_dma_ok(plan, len(batches)):
                                 continue
-                            taps = plan.tasks(batches)
-                            if not all(_byte_tap_ok(b) for g in taps for _, b, _ in g):
+                            if not all(_byte_tap_ok(b) for b in plan.b_taps(batches)):
                                 continue
                             cost = gemm_cycles(plan, compute, 4, row_bytes, 4, arch)
                             key = (cost, a_split, -(m * n * k))
