@@ -78,11 +78,11 @@ pub fn generate(path: &Path) -> Result<String, String> {
                 "a host op has no simulator executor or IRON design".into()
             ));
         }
-        // A kernel takes at most 24 operands, an output among them (`MAX_OPERANDS`,
-        // src/backend/stream.rs); hsa-sim's kernel description holds at most 17 op_params words
-        // (`image::MAX_OP_PARAMS`: DECODE_LAYER_HEAD_NORM_<GLU>'s).
-        if e.inputs == 0 || e.inputs > 23 || e.params > 17 {
-            return Err(bad("inputs must be 1..=23 and params 0..=17".into()));
+        // A kernel takes at most 27 operands, an output among them (`MAX_OPERANDS`,
+        // src/backend/stream.rs); hsa-sim's kernel description holds at most 19 op_params words
+        // (`image::MAX_OP_PARAMS`: DECODE_LAYER_HEAD_NORM_POST_NORM_<GLU>'s).
+        if e.inputs == 0 || e.inputs > 26 || e.params > 19 {
+            return Err(bad("inputs must be 1..=26 and params 0..=19".into()));
         }
         if let Some(a) = e.iron.iter().find(|a| !ARCHS.contains(&a.as_str())) {
             return Err(bad(format!("unknown arch {a:?} (expected {ARCHS:?})")));

@@ -976,39 +976,37 @@ fn kernels_refused_for_every_kv_length_are_asked_for_by_the_graph_s_length() {
 /// (`ops::rewrite`). qwen3 (per-head Q and K norms) and qwen2 (Q, K and V biases) decode a
 /// layer as one too, their norms or biases in its projection phase
 /// (DECODE_LAYER_HEAD_NORM_SWIGLU, DECODE_LAYER_BIAS_SWIGLU). gemma2 (norms after the
-/// attention and the block, softcaps, a sliding window) decodes in more kernels, which this
-/// prints; gemma3 too (gemma2's layout without softcaps, with qwen3's per-head norms: its Q,
-/// K and V in one kernel).
+/// attention's projection and after the block, softcaps, a sliding window) decodes a layer as
+/// one kernel with its post norms as phases of their own (DECODE_LAYER_POST_NORM_GEGLU); gemma3
+/// (gemma2's layout without softcaps, with qwen3's per-head norms) too
+/// (DECODE_LAYER_HEAD_NORM_POST_NORM_GEGLU).
 /// Layers of the tiny models (`scripts/models/make_tiny_llama.py`).
 const TINY_LAYERS: u64 = 4;
 
 #[test]
 fn tiny_families_run_every_layer_op_through_the_emulated_iron_designs() {
-    for (name, layer_kernel) in [
-        ("tiny-phi3-f32", Some("DECODE_LAYER_SWIGLU")),
-        ("tiny-qwen2-f32", Some("DECODE_LAYER_BIAS_SWIGLU")),
-        ("tiny-qwen3-f32", Some("DECODE_LAYER_HEAD_NORM_SWIGLU")),
-        ("tiny-gemma2-f32", None),
-        ("tiny-gemma3-f32", Some("RMS_NORM_QKV_HEAD_NORM_ROPE")),
+    for (name, kernel) in [
+        ("tiny-phi3-f32", "DECODE_LAYER_SWIGLU"),
+        ("tiny-qwen2-f32", "DECODE_LAYER_BIAS_SWIGLU"),
+        ("tiny-qwen3-f32", "DECODE_LAYER_HEAD_NORM_SWIGLU"),
+        ("tiny-gemma2-f32", "DECODE_LAYER_POST_NORM_GEGLU"),
+        ("tiny-gemma3-f32", "DECODE_LAYER_HEAD_NORM_POST_NORM_GEGLU"),
     ] {
         let Some((log, counters, stats, tokens)) = tiny_llama_emulated(name) else {
             return;
         };
         assert_all_layer_ops_emulated(name, &log, &counters, &stats);
         let c = read_json(&counters);
-        let kernel = layer_kernel.unwrap_or("DECODE_LAYER_SWIGLU");
         let layers = c["emulated_ops"][kernel].as_u64().unwrap_or(0);
         println!("{name}: {layers} decode layers ran {kernel}");
-        if layer_kernel.is_some() {
-            // Every layer of every decode step (each generated token but the first, which
-            // the prompt's graph gives).
-            let want = TINY_LAYERS * (tokens as u64 - 1);
-            assert_eq!(
-                layers, want,
-                "{name}: {kernel} ran {layers} times, not once per decode layer: {}",
-                c["emulated_ops"]
-            );
-        }
+        // Every layer of every decode step (each generated token but the first, which the
+        // prompt's graph gives).
+        let want = TINY_LAYERS * (tokens as u64 - 1);
+        assert_eq!(
+            layers, want,
+            "{name}: {kernel} ran {layers} times, not once per decode layer: {}",
+            c["emulated_ops"]
+        );
     }
 }
 

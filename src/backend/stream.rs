@@ -35,8 +35,9 @@ use crate::ops::{self, Memory, Node, RowScatter, Tensor};
 pub const MAX_PACKETS_PER_DOORBELL: usize = 32;
 /// Distinct PDIs ROCR caches per queue.
 pub const MAX_PDIS_PER_QUEUE: usize = 32;
-/// Operands one kernel may take (inputs plus outputs): DECODE_LAYER_BIAS_<GLU> takes 24.
-pub const MAX_OPERANDS: usize = 24;
+/// Operands one kernel may take (inputs plus outputs): DECODE_LAYER_HEAD_NORM_POST_NORM_<GLU>
+/// takes 27.
+pub const MAX_OPERANDS: usize = 27;
 
 const _: () = assert!(MAX_PACKETS_PER_DOORBELL as u32 <= QUEUE_SIZE);
 

@@ -96,6 +96,8 @@ from .tiling import (
 PREFIX = "DECODE_LAYER_"
 # The projections' variants: what follows the prefix, and the RMS_NORM_QKV op it takes.
 QKV_KINDS = {"BIAS_": "RMS_NORM_QKV_BIAS_ROPE", "HEAD_NORM_": "RMS_NORM_QKV_HEAD_NORM_ROPE"}
+# gemma's norms after the attention's projection and after the block (behind the kind).
+POST_NORM = "POST_NORM_"
 # op_params: RMS_NORM_QKV_ROPE's 12 words, FLASH_ATTN_EXT's 3, the FFN norm's eps; (_HEAD_NORM)
 # the head norm's eps.
 QKV_PARAMS = ROPE_PARAMS + 1
@@ -256,6 +258,9 @@ class QkvPhase:
     defines_rope: dict  # rope_math.h's defines (the lone Q op's)
     # The rotation's arrays kept in the attention's q rows (which are loaded after this phase).
     rope_in_fa_q: bool = False
+    # _POST_NORM: the eps (f32 bits) of the norms after the attention's projection and after
+    # the block, whose phases (mv_post_norm.h) keep a sum and two runs of a core's rows.
+    post_eps: tuple[int, int] | None = None
 
     @property
     def q(self) -> QkvGroup:
@@ -324,7 +329,8 @@ class QkvPhase:
         bias = mv_bias_bytes(self.bias_plan) if self.bias_plan else 0
         # Split heads: each token's head kept (mv_decode.h's g_dl_heads).
         heads = self.q.plan.nx * self.rope_rows.head * 4 if self.split > 1 else 0
-        return mv_rope_bytes(self.rope_rows) - shared + bias + heads
+        post = post_norm_bytes(self.q.plan.rows_per_tile) if self.post_eps else 0
+        return mv_rope_bytes(self.rope_rows) - shared + bias + heads + post
 
     @property
     def tasks(self) -> dict[str, int]:
@@ -356,12 +362,21 @@ class QkvPhase:
             out.update(DL_HEAD_NORM=1, HEAD_NORM_EPS=self.q.spec.rope.head_eps)
         if self.split > 1:
             out["DL_SPLIT"] = self.split
+        if self.post_eps:
+            attn, ffn = self.post_eps
+            out.update(DL_POST_NORM=1, DL_POST_EPS_ATTN=attn, DL_POST_EPS_FFN=ffn)
         if self.bias_plan:
             p = self.bias_plan
             out.update(
                 DL_BIAS=1, DL_BIAS_ROUNDS=p.rounds, DL_BIAS_COLUMN_ROWS=p.rows * p.rows_per_tile
             )
         return out
+
+
+def post_norm_bytes(nr: int) -> int:
+    """mv_post_norm.h's static data: the sum of squares (a vector), a core's rows of the
+    projection and of the norm's weights (whole vectors each), the chunk counter."""
+    return 64 + 2 * -(-nr // 16) * 64 + 4
 
 
 def _group_plan(
@@ -401,8 +416,9 @@ class QkvShapes:
     """The projection phase on the candidate shapes of plans_ffn.plan_phases (with the
     attention's `FaShapes`), remembering why the ones that do not fit were refused."""
 
-    def __init__(self, lone: dict[str, MatmulSpec], eps: int, fa_shapes, arch: Arch):
+    def __init__(self, lone: dict[str, MatmulSpec], eps: int, fa_shapes, arch: Arch, post_eps=None):
         self.lone, self.eps, self.fa, self.arch = lone, eps, fa_shapes, arch
+        self.post_eps = post_eps
         self.why: dict[str, int] = {}
         self.cache: dict = {}
 
@@ -451,7 +467,7 @@ class QkvShapes:
             groups.append(dataclasses.replace(g, col0=col0))
             col0 += g.plan.columns
         rope = {k: v for k, v in self.lone["q"].core.defines.items() if k in ROPE_DEFINES}
-        phase = QkvPhase(tuple(groups), self.eps, rope)
+        phase = QkvPhase(tuple(groups), self.eps, rope, post_eps=self.post_eps)
         if phase.units_per_task_group == 0:
             self.why["tasks"] = self.why.get("tasks", 0) + 1
             return None
@@ -529,6 +545,9 @@ class DecodeSpec(FfnSpec):
         wo, a, _, r1 = self.attn.sequence
         _, kc, vc, mask = self.fa.sequence
         outs = [qseq[-1]] + [("f32", g.out_words) for g in (k, v)]
+        # _POST_NORM: the norms' weights behind n_ffn, the projections o and d behind h.
+        post_in = [n, n] if self.qkv.post_eps else []
+        post_out = [r1, r1] if self.qkv.post_eps else []
         return [
             qseq[0],
             k.spec.sequence[0],
@@ -543,11 +562,13 @@ class DecodeSpec(FfnSpec):
             wu,
             wd,
             n,
+            *post_in,
             out,
             *outs,
             a,
             r1,
             h,
+            *post_out,
         ]
 
     @property
@@ -560,13 +581,36 @@ class DecodeSpec(FfnSpec):
         its count of task groups (each group ends with an await): how a timing of the program
         splits into its phases."""
         o, gate_up, down = self.tasks()
-        return [
+        head = [
             ("Q, K, V", len(self.qkv.task_groups)),
             ("attention", len(self.fa.column_heads(0)) * len(self.fa.round_groups)),
-            ("O + residual", len(o)),
-            ("norm, gate, up", len(gate_up)),
-            ("down + residual", len(down)),
         ]
+        if not self.qkv.post_eps:
+            return head + [
+                ("O + residual", len(o)),
+                ("norm, gate, up", len(gate_up)),
+                ("down + residual", len(down)),
+            ]
+        post = 1 + len(self.post_norm_rounds())  # the squares' group, then a group a round
+        return head + [
+            ("O", len(o)),
+            ("O's norm + residual", post),
+            ("norm, gate, up", len(gate_up)),
+            ("down", len(down)),
+            ("down's norm + residual", post),
+        ]
+
+    def post_norm_rounds(self) -> list[list[tuple[Tap, Tap | None]]]:
+        """_POST_NORM: the rounds of a norm-add phase (the output projection's rounds: K rows
+        of one token, whole rounds), each a task group: per column the tap of the column's
+        rows of the round, which reads them from p, n and r and writes them alike ([K] rows),
+        and the padding of each such x object (p's first values; None when R*nr == kc)."""
+        o = self.tasks()[0]
+        rounds = []
+        for group in o:
+            for i in range(len(group[0][3])):
+                rounds.append([(rs[i], pad) for _, _, _, rs, pad in group])
+        return rounds
 
 
 def _shape(p: GemvPlan) -> tuple[int, int, int, int]:
@@ -583,15 +627,31 @@ def q_heads_view(q: Tensor) -> Tensor:
 
 def layer_parts(op: str) -> tuple[str, str]:
     """The two ops a DECODE_LAYER[_BIAS|_HEAD_NORM](_FF)_<glu> replaces:
-    RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE(_FF) and FLASH_ATTN_FFN_<glu>."""
+    RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE(_FF) and FLASH_ATTN_FFN_<glu> (_POST_NORM: whose GEMV
+    phases the layer runs without their residuals, beside its norm-add phases)."""
     rest = op.removeprefix(PREFIX)
     qkv = "RMS_NORM_QKV_ROPE"
     for kind, name in QKV_KINDS.items():
         if rest.startswith(kind):
             rest, qkv = rest.removeprefix(kind), name
+    rest = rest.removeprefix(POST_NORM)
     if rest.startswith("FF_"):
         rest, qkv = rest.removeprefix("FF_"), qkv + "_FF"
     return qkv, f"FLASH_ATTN_FFN_{rest}"
+
+
+def _check_post_norm(op: str, x: Tensor, tensors, parts: str) -> None:
+    """_POST_NORM's own operands: the norms' weights f32 [K], o and d dense f32 [K, 1]; one
+    token (a norm-add phase's x objects hold one row's values)."""
+    K, T = x.ne[0], x.ne[1]
+    if T != 1:
+        raise UnsupportedError(
+            f"{op}: {T} tokens; the norm-add phases take one token's rows; {parts}"
+        )
+    n_pa, n_pf, o, d = tensors
+    for what, t in (("n_post_attn", n_pa), ("n_post_ffn", n_pf), ("o", o), ("d", d)):
+        if t.dtype != "f32" or t.ne[0] != K or t.nelements != K or not t.is_dense():
+            raise RequestError(f"{op}: {what} must be dense f32 of {K} values, not {t}")
 
 
 def prepare_decode_layer(req: Request) -> DecodeSpec:
@@ -601,15 +661,21 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
     qkv_op, fa_op = layer_parts(op)
     ff = qkv_op.endswith("_FF")
     parts = f"the backend runs {qkv_op} and {fa_op} instead"
-    if len(req.extra_outputs) != 6:
-        raise RequestError(
-            f"{op} has seven outputs: out, then Q, K rows, V rows, a, r1 and h in extra_outputs"
-        )
+    if len(req.extra_outputs) != (8 if POST_NORM in op else 6):
+        outs = "a, r1, h, o and d" if POST_NORM in op else "a, r1 and h"
+        raise RequestError(f"{op}: outputs out, then Q, K rows, V rows, {outs} in extra_outputs")
     n_consts = (2 if ff else 1) + own_inputs(qkv_op)
     wq, wk, wv, x, n_attn, *rest = req.inputs
+    post = POST_NORM in op
+    # _POST_NORM: the two norms' weights behind n_ffn, o and d behind h.
+    if post:
+        *rest, n_pa, n_pf = rest
     consts, (kc, vc, mask, wo, wg, wu, wd, n_ffn) = rest[:n_consts], rest[n_consts:]
-    out, (q, kr, vr, a, r1, h) = req.output, req.extra_outputs
-    params = tuple(req.op_params) + (0,) * (PARAMS + 1 - len(req.op_params))
+    if post:
+        out, (q, kr, vr, a, r1, h, o, d) = req.output, req.extra_outputs
+    else:
+        out, (q, kr, vr, a, r1, h) = req.output, req.extra_outputs
+    params = tuple(req.op_params) + (0,) * (PARAMS + 3 - len(req.op_params))
     # RMS_NORM_QKV[_HEAD_NORM]_ROPE's words: ROPE's, the norm's eps, (the head norm's eps).
     qkv_params = params[:QKV_PARAMS] + ((params[PARAMS],) if "_HEAD_NORM_" in qkv_op else ())
     if x.ne[2:] != (1, 1):
@@ -617,6 +683,8 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
             f"{op}: x {list(x.ne)} is not [K, tokens]: the layer's program decodes tokens of "
             f"one step; {parts}"
         )
+    if post:
+        _check_post_norm(op, x, (n_pa, n_pf, o, d), parts)
     weights = (("Wq", wq), ("Wk", wk), ("Wv", wv), ("W_o", wo), ("W_g", wg), ("W_u", wu))
     for what, w in weights[1:] + (("W_d", wd),):
         if w.dtype != wq.dtype:
@@ -652,7 +720,9 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
         _, specs, fa_shapes = fa_ffn_phases(fa_req)
     except UnsupportedError as e:
         raise UnsupportedError(f"{op}: {e}") from None
-    shapes = QkvShapes({g.name: g.spec for g in lone.groups}, params[ROPE_PARAMS], fa_shapes, arch)
+    post_eps = (params[PARAMS + 1], params[PARAMS + 2]) if post else None
+    lone_specs = {g.name: g.spec for g in lone.groups}
+    shapes = QkvShapes(lone_specs, params[ROPE_PARAMS], fa_shapes, arch, post_eps)
     extra_fn, why = shapes, shapes.explain
     tokens = x.ne[1]
     if tokens > 1:

@@ -238,7 +238,11 @@ _DECODE_LAYER_LIMITS = (
     "DECODE_LAYER_BIAS_<glu> (qwen2): RMS_NORM_QKV_BIAS_ROPE's Q, K and V biases f32 behind the "
     "positions; DECODE_LAYER_HEAD_NORM_<glu> (qwen3): RMS_NORM_QKV_HEAD_NORM_ROPE's Q and K head "
     "norm weights f32 [D] there, their eps op_params word 16 (every core's rows of a round whole "
-    "heads)"
+    "heads). DECODE_LAYER[_HEAD_NORM]_POST_NORM_<glu> (gemma2, gemma3): the norms after the "
+    "attention's projection and after the block, each r' = rms_norm(p) * n + r, as phases of "
+    "their own (the projection p written whole first); inputs n_post_attn and n_post_ffn f32 [K] "
+    "behind n_ffn, op_params words 17 and 18 their eps, outputs o and d (the projections) behind "
+    "h; one token"
 )
 
 _ROWS_LIMITS = (
@@ -403,8 +407,11 @@ def _decode_layer(op: str, ff: bool, own: int = 0) -> OpSpec:
         # beside the block's data (heads of 16 to 128 tried); the layer's two kernels take q6_K.
         types = tuple(t for t in types if t != "q6_K")
     kind, limits = "decode_layer", _DECODE_LAYER_LIMITS
-    inputs, params = 14 + ff + own, 17 if "_HEAD_NORM_" in op else 16
-    return OpSpec(op, FFN, inputs, types, True, True, kind, limits, params, outputs=7)
+    inputs, params, outputs = 14 + ff + own, 17 if "_HEAD_NORM_" in op else 16, 7
+    if "_POST_NORM_" in op:
+        # The two post norms' weights, their eps (words 17 and 18), o and d.
+        inputs, params, outputs = inputs + 2, 19, outputs + 2
+    return OpSpec(op, FFN, inputs, types, True, True, kind, limits, params, outputs=outputs)
 
 
 def _unary(op: str, types, params: int = 0, limits: str = _ELTWISE_LIMITS) -> OpSpec:
@@ -528,6 +535,10 @@ OPS: tuple[OpSpec, ...] = (
     # families have no frequency factors.
     *(_decode_layer(f"DECODE_LAYER_BIAS_{glu}", False, 3) for glu in _GLU_NAMES),
     *(_decode_layer(f"DECODE_LAYER_HEAD_NORM_{glu}", False, 2) for glu in _GLU_NAMES),
+    # gemma2's layer and gemma3's (with qwen3's head norms): the norms after the attention's
+    # projection and after the block, nine outputs.
+    *(_decode_layer(f"DECODE_LAYER_POST_NORM_{glu}", False) for glu in _GLU_NAMES),
+    *(_decode_layer(f"DECODE_LAYER_HEAD_NORM_POST_NORM_{glu}", False, 2) for glu in _GLU_NAMES),
     # Row ops (designs/_rows.py): op_params eps (norms), scale and max_bias (SOFT_MAX).
     _rows("RMS_NORM", 1, ("f32",), 1),
     _rows("NORM", 1, ("f32",), 1),

@@ -91,9 +91,10 @@ impl TensorDesc {
     }
 }
 
-/// The most op_params words a description holds: ggml's 16, and one more for
-/// DECODE_LAYER_HEAD_NORM_<GLU> (the heads' eps after the words of a whole layer's kernels).
-pub const MAX_OP_PARAMS: usize = 17;
+/// The most op_params words a description holds: ggml's 16, and three more for
+/// DECODE_LAYER_HEAD_NORM_POST_NORM_<GLU> (the heads' eps and the two post norms' after the
+/// words of a whole layer's kernels).
+pub const MAX_OP_PARAMS: usize = 19;
 
 /// The kernel description: the compile request and the image payload are the same JSON.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +169,9 @@ impl KernelDesc {
     /// its biases or heads' norm weights] into Q, K rows, V rows; the heads' eps its
     /// op_params[12], the layer's op_params[16]), then FLASH_ATTN_FFN_<GLU> with q = Q
     /// [D, Hq, T] viewed as [D, T, Hq, 1] (llama's permuted view: the same bytes) and r0 = x.
+    /// With post norms (gemma's `_POST_NORM_`) the attention part covers the attention and
+    /// the block as their shapes (its inputs and outputs but the norms' weights, o and d, which
+    /// `post_norm_operands` checks).
     pub fn decode_layer_parts(&self) -> Result<(KernelDesc, KernelDesc), String> {
         let (qkv_op, attn_op) = Op::decode_layer_kernels(&self.op)
             .ok_or_else(|| format!("{} is not a DECODE_LAYER op", self.op))?;
@@ -175,15 +179,19 @@ impl KernelDesc {
             return Err(format!("{} is not a DECODE_LAYER op", self.op));
         };
         let b = qkv_kernel.arity();
-        if self.inputs.len() != b + 8 || self.extra_outputs.len() != 6 {
+        let post = 2 * usize::from(self.op.contains("_POST_NORM_"));
+        if self.inputs.len() != b + 8 + post || self.extra_outputs.len() != 6 + post {
             return Err(format!(
-                "{} takes {} inputs and has 7 outputs: out, Q, K rows, V rows, a, r1, h",
+                "{} takes {} inputs and has {} outputs: out, Q, K rows, V rows, a, r1, h{}",
                 self.op,
-                b + 8
+                b + 8 + post,
+                7 + post,
+                if post > 0 { ", o, d" } else { "" }
             ));
         }
         let (qkv_in, rest) = self.inputs.split_at(b);
-        let [q, k_rows, v_rows, a, r1, h] = self.extra_outputs.as_slice() else {
+        let rest = &rest[..rest.len() - post];
+        let [q, k_rows, v_rows, a, r1, h, ..] = self.extra_outputs.as_slice() else {
             unreachable!("checked above")
         };
         let mut qkv = self.clone();
@@ -527,11 +535,28 @@ impl KernelDesc {
             part.output = self.output.clone();
             part.op_params[0] = self.op_params[3];
             part.validate()?;
-        } else if let Op::DecodeLayer { .. } = op {
+        } else if let Op::DecodeLayer { post_norm, .. } = op {
             // As the two kernels it replaces.
             let (qkv, attn) = self.decode_layer_parts().map_err(DescError::Invalid)?;
             qkv.validate()?;
             attn.validate()?;
+            if post_norm {
+                // The norms' weights [K], o and d as r1: dense f32 of one token's K values.
+                let r1 = &attn.extra_outputs[1];
+                let k = r1.ne[0];
+                let weights = &self.inputs[self.inputs.len() - 2..];
+                let projections = &self.extra_outputs[6..];
+                let dense_f32 = |t: &TensorDesc| {
+                    t.ty == crate::ops::DType::F32 && t.ne[0] == k && t.nelements() == k as u64
+                };
+                if r1.nelements() != k as u64 || !weights.iter().chain(projections).all(dense_f32) {
+                    return inv(format!(
+                        "{}: the post norms' weights, o and d must be f32 of one token's {k} \
+                         values",
+                        self.op
+                    ));
+                }
+            }
         } else if let Op::NormedQkv {
             ff,
             head_norm,
@@ -1179,6 +1204,7 @@ mod tests {
                     ff: false,
                     head_norm,
                     bias: !head_norm,
+                    post_norm: false,
                     act: UnaryOp::Silu,
                 }),
                 "{op}"
@@ -1194,7 +1220,7 @@ mod tests {
             assert_eq!(qkv.extra_outputs, desc.extra_outputs[1..3]);
             assert_eq!(qkv.op_params[..12], desc.op_params[..12]);
             let eps = if head_norm { desc.op_params[16] } else { 0 };
-            assert_eq!(qkv.op_params[12..], [eps, 0, 0, 0, 0]);
+            assert_eq!(qkv.op_params[12..], [eps, 0, 0, 0, 0, 0, 0]);
             // The attention and the block: q = Q by heads, the caches, the mask and Wo, r0 = x,
             // then Wg, Wu, Wd and n_ffn.
             assert_eq!(attn.op, "FLASH_ATTN_FFN_SWIGLU");
@@ -1228,6 +1254,159 @@ mod tests {
             .collect()
     }
 
+    /// Runs `desc` over the operands `which` of `mem` (a small layer's, `layer`: n_in inputs,
+    /// the caches at b and b + 1); K's and V's rows (operands n_in + 2 and n_in + 3) are row 5
+    /// of their caches.
+    fn run_layer_part(
+        desc: &KernelDesc,
+        mem: &mut [Vec<u8>],
+        which: &[usize],
+        n_in: usize,
+        b: usize,
+    ) {
+        let at: Vec<OperandMem> = mem
+            .iter_mut()
+            .map(|m| OperandMem {
+                addr: m.as_mut_ptr() as usize,
+                len: m.len(),
+            })
+            .collect();
+        let operands: Vec<OperandMem> = which
+            .iter()
+            .map(|&i| match i.checked_sub(n_in + 2) {
+                Some(c @ 0..=1) => OperandMem {
+                    addr: at[b + c].addr + 5 * 64,
+                    len: 64,
+                },
+                _ => at[i],
+            })
+            .collect();
+        let op = desc.validate().expect("valid");
+        // SAFETY: every operand is a live buffer of `mem` (K's and V's rows 64 bytes inside
+        // their caches' 1024), at least its tensor's extent long, and nothing else reads or
+        // writes `mem` during the call.
+        unsafe { crate::exec::execute(desc, op, &operands) }.expect("runs");
+    }
+
+    #[test]
+    fn a_gemma_decode_layer_computes_what_its_kernels_do() {
+        let f32 = |ne| TensorDesc::contiguous(ne, DType::F32);
+        let bits = |v: f32| v.to_bits() as i32;
+        for (op, own) in [
+            ("DECODE_LAYER_POST_NORM_GEGLU", vec![]),
+            (
+                "DECODE_LAYER_HEAD_NORM_POST_NORM_GEGLU",
+                vec![f32([32, 1, 1, 1]), f32([32, 1, 1, 1])],
+            ),
+        ] {
+            let head_norm = op.contains("HEAD_NORM");
+            let mut params = layer_params(head_norm);
+            params[14] = bits(50.0); // gemma2's logit softcap
+            params.resize(17, 0);
+            params.extend([bits(1e-6), bits(2e-6)]);
+            let mut desc = layer(op, own, &params);
+            // The two post norms' weights; o and d.
+            desc.inputs.extend([f32([64, 1, 1, 1]), f32([64, 1, 1, 1])]);
+            desc.extra_outputs
+                .extend([f32([64, 1, 1, 1]), f32([64, 1, 1, 1])]);
+            let (qkv, attn) = desc.decode_layer_parts().expect(op);
+            let n_in = desc.inputs.len();
+            let b = n_in - 10;
+            let start: Vec<Vec<u8>> = desc
+                .operands()
+                .zip(0..)
+                .map(|(t, i)| bytes_of(t, i))
+                .collect();
+            let run = |desc: &KernelDesc, mem: &mut [Vec<u8>], which: &[usize]| {
+                run_layer_part(desc, mem, which, n_in, b)
+            };
+            let mut merged = start.clone();
+            run(&desc, &mut merged, &(0..n_in + 9).collect::<Vec<_>>());
+            // The kernels the backend ran before: Q/K/V, the attention, O, its norm and the
+            // residual, the block's gate and up, its down projection, its norm and residual.
+            let (out, q, a, r1, h, o, d) = (
+                n_in,
+                n_in + 1,
+                n_in + 4,
+                n_in + 5,
+                n_in + 6,
+                n_in + 7,
+                n_in + 8,
+            );
+            let part =
+                |name: &str, inputs: Vec<TensorDesc>, output: &TensorDesc, eps: Option<i32>| {
+                    let mut p = desc.clone();
+                    p.op = name.into();
+                    p.inputs = inputs;
+                    p.output = output.clone();
+                    p.extra_outputs.clear();
+                    p.op_params = [0; MAX_OP_PARAMS];
+                    if let Some(eps) = eps {
+                        p.op_params[0] = eps;
+                    }
+                    p
+                };
+            let mut fa = part(
+                "FLASH_ATTN_EXT_MASK",
+                attn.inputs[..4].to_vec(),
+                &attn.extra_outputs[0],
+                None,
+            );
+            fa.op_params[..3].copy_from_slice(&desc.op_params[12..15]);
+            let (x, n_ffn) = (&desc.inputs[3], &desc.inputs[b + 7]);
+            let [wo, wg, wu, wd] = [3, 4, 5, 6].map(|i| desc.inputs[b + i].clone());
+            let [n_pa, n_pf] = [8, 9].map(|i| desc.inputs[b + i].clone());
+            let ext = &desc.extra_outputs;
+            let flat_a = f32([64, 1, 1, 1]);
+            let steps: Vec<(KernelDesc, Vec<usize>)> = vec![
+                (qkv, (0..b).chain(q..q + 3).collect()),
+                (fa, vec![q, b, b + 1, b + 2, a]),
+                (
+                    part("MUL_MAT", vec![wo, flat_a], &ext[6], None),
+                    vec![b + 3, a, o],
+                ),
+                (
+                    part(
+                        "RMS_NORM_MUL_ADD",
+                        vec![ext[6].clone(), x.clone(), n_pa],
+                        &ext[4],
+                        Some(desc.op_params[17]),
+                    ),
+                    vec![o, 3, b + 8, r1],
+                ),
+                (
+                    part(
+                        "RMS_NORM_MUL_MAT_GEGLU",
+                        vec![wg, wu, ext[4].clone(), n_ffn.clone()],
+                        &ext[5],
+                        Some(desc.op_params[15]),
+                    ),
+                    vec![b + 4, b + 5, r1, b + 7, h],
+                ),
+                (
+                    part("MUL_MAT", vec![wd, ext[5].clone()], &ext[7], None),
+                    vec![b + 6, h, d],
+                ),
+                (
+                    part(
+                        "RMS_NORM_MUL_ADD",
+                        vec![ext[7].clone(), ext[4].clone(), n_pf],
+                        &desc.output,
+                        Some(desc.op_params[18]),
+                    ),
+                    vec![d, r1, b + 9, out],
+                ),
+            ];
+            let mut parts = start.clone();
+            for (kernel, operands) in &steps {
+                run(kernel, &mut parts, operands);
+            }
+            assert_eq!(merged, parts, "{op}");
+            assert_ne!(merged[out], start[out], "{op}: the layer's output");
+            assert_ne!(merged[o], start[o], "{op}: o");
+        }
+    }
+
     #[test]
     fn a_qwen_decode_layer_computes_what_its_two_kernels_do() {
         let f32 = |ne| TensorDesc::contiguous(ne, DType::F32);
@@ -1250,31 +1429,8 @@ mod tests {
                 .zip(0..)
                 .map(|(t, i)| bytes_of(t, i))
                 .collect();
-            // Runs `desc` over the operands `which` of `mem`; K's and V's rows are row 5 of
-            // their caches.
             let run = |desc: &KernelDesc, mem: &mut [Vec<u8>], which: &[usize]| {
-                let at: Vec<OperandMem> = mem
-                    .iter_mut()
-                    .map(|m| OperandMem {
-                        addr: m.as_mut_ptr() as usize,
-                        len: m.len(),
-                    })
-                    .collect();
-                let operands: Vec<OperandMem> = which
-                    .iter()
-                    .map(|&i| match i.checked_sub(n_in + 2) {
-                        Some(c @ 0..=1) => OperandMem {
-                            addr: at[b + c].addr + 5 * 64,
-                            len: 64,
-                        },
-                        _ => at[i],
-                    })
-                    .collect();
-                let op = desc.validate().expect("valid");
-                // SAFETY: every operand is a live buffer of `mem` (K's and V's rows 64 bytes
-                // inside their caches' 1024), at least its tensor's extent long, and nothing
-                // else reads or writes `mem` during the call.
-                unsafe { crate::exec::execute(desc, op, &operands) }.expect("runs");
+                run_layer_part(desc, mem, which, n_in, b)
             };
             let mut merged = start.clone();
             run(&desc, &mut merged, &(0..n_in + 7).collect::<Vec<_>>());
@@ -1329,9 +1485,30 @@ mod tests {
                 ff: true,
                 head_norm: false,
                 bias: true,
+                post_norm: false,
                 act: UnaryOp::Silu,
             })
         );
+        // gemma's: the post norms behind the heads' norm, two more inputs and outputs; not
+        // with biases or frequency factors (no such family).
+        assert_eq!(
+            kernels("DECODE_LAYER_HEAD_NORM_POST_NORM_GEGLU"),
+            names("RMS_NORM_QKV_HEAD_NORM_ROPE", "FLASH_ATTN_FFN_GEGLU")
+        );
+        let gemma3 = Op::from_name("DECODE_LAYER_HEAD_NORM_POST_NORM_GEGLU");
+        assert_eq!(
+            gemma3,
+            Some(Op::DecodeLayer {
+                ff: false,
+                head_norm: true,
+                bias: false,
+                post_norm: true,
+                act: UnaryOp::Gelu,
+            })
+        );
+        assert_eq!(gemma3.map(|op| (op.arity(), op.outputs())), Some((18, 9)));
+        assert_eq!(Op::from_name("DECODE_LAYER_BIAS_POST_NORM_GEGLU"), None);
+        assert_eq!(Op::from_name("DECODE_LAYER_POST_NORM_FF_GEGLU"), None);
         // Both own inputs, or the flags out of order: no such layer.
         assert_eq!(Op::from_name("DECODE_LAYER_BIAS_HEAD_NORM_SWIGLU"), None);
         assert_eq!(Op::from_name("DECODE_LAYER_FF_BIAS_SWIGLU"), None);

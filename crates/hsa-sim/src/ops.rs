@@ -235,11 +235,16 @@ pub enum Op {
     /// cache views seeing the new rows; inputs `NormedQkv`'s, then k, v, mask, Wo, Wg, Wu, Wd,
     /// n_ffn; outputs the layer's output, then Q, K rows, V rows, a, r1 and h; op_params
     /// `NormedQkv`'s first twelve, FLASH_ATTN_EXT's three, the FFN norm's eps, then with
-    /// `head_norm` the heads' eps (`NormedQkv`'s op_params[12]).
+    /// `head_norm` the heads' eps (`NormedQkv`'s op_params[12]). `post_norm` (gemma's layers):
+    /// the attention's projection and the block's down projection each without its residual
+    /// (o and d), then r1 = rms_norm(o) · n_post_attn + r0 and out = rms_norm(d) · n_post_ffn +
+    /// r1 (`RmsNormMulAdd`'s); the two norms' weights are the last inputs, o and d the last
+    /// outputs, their eps op_params[17] and [18].
     DecodeLayer {
         ff: bool,
         head_norm: bool,
         bias: bool,
+        post_norm: bool,
         act: UnaryOp,
     },
     /// ggml's ARGMAX: per row of an f32 matrix, the i32 index of its largest value (the last
@@ -441,6 +446,7 @@ impl Op {
             "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_ERF" => Some(Op::ProjectedFfn(UnaryOp::GeluErf)),
             "MUL_MAT_ADD_RMS_NORM_FFN_GEGLU_QUICK" => Some(Op::ProjectedFfn(UnaryOp::GeluQuick)),
             name if name.starts_with("DECODE_LAYER_") => {
+                let post_norm = name.contains("_POST_NORM_");
                 let (qkv, attn) = Op::decode_layer_kernels(name)?;
                 match (Op::from_name(&qkv)?, Op::from_name(&attn)?) {
                     (
@@ -450,10 +456,11 @@ impl Op {
                             bias,
                         },
                         Op::AttnFfn(act),
-                    ) => Some(Op::DecodeLayer {
+                    ) if !(post_norm && (ff || bias)) => Some(Op::DecodeLayer {
                         ff,
                         head_norm,
                         bias,
+                        post_norm,
                         act,
                     }),
                     _ => None,
@@ -498,15 +505,17 @@ impl Op {
         }
     }
 
-    /// The names of the two kernels a `DECODE_LAYER[_BIAS|_HEAD_NORM][_FF]_<GLU>` name merges:
-    /// `RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE[_FF]` and `FLASH_ATTN_FFN_<GLU>` (not necessarily
-    /// ops: `from_name` says).
+    /// The names of the two kernels a `DECODE_LAYER[_BIAS|_HEAD_NORM][_POST_NORM][_FF]_<GLU>`
+    /// name merges: `RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE[_FF]` and `FLASH_ATTN_FFN_<GLU>` (not
+    /// necessarily ops: `from_name` says; with post norms the second is the shape of the
+    /// attention and the block, whose residuals come after the norms).
     pub fn decode_layer_kernels(name: &str) -> Option<(String, String)> {
         let rest = name.strip_prefix("DECODE_LAYER_")?;
         let (own, rest) = [("_BIAS", "BIAS_"), ("_HEAD_NORM", "HEAD_NORM_")]
             .into_iter()
             .find_map(|(own, prefix)| Some((own, rest.strip_prefix(prefix)?)))
             .unwrap_or(("", rest));
+        let rest = rest.strip_prefix("POST_NORM_").unwrap_or(rest);
         let (ff, glu) = match rest.strip_prefix("FF_") {
             Some(glu) => ("_FF", glu),
             None => ("", rest),
@@ -540,7 +549,7 @@ impl Op {
         match self {
             Op::CopyRows => 0,
             Op::AttnFfn(_) => 4,
-            Op::DecodeLayer { .. } => 7,
+            Op::DecodeLayer { post_norm, .. } => 7 + 2 * usize::from(post_norm),
             Op::NormedQkv { .. } | Op::ProjectedFfn(_) | Op::AttnGlu(_) => 3,
             Op::NormedFfn(_) => 2,
             _ => 1,
@@ -577,7 +586,9 @@ impl Op {
             Op::AttnFfn(_) => 10,
             Op::AttnGlu(_) => 9,
             // The Q/K/V kernel's, then k, v, mask, Wo, Wg, Wu, Wd, n_ffn.
-            Op::DecodeLayer { .. } => self.layer_qkv().map_or(0, Op::arity) + 8,
+            Op::DecodeLayer { post_norm, .. } => {
+                self.layer_qkv().map_or(0, Op::arity) + 8 + 2 * usize::from(post_norm)
+            }
             Op::FlashAttnExt { mask, sinks } => 3 + usize::from(mask) + usize::from(sinks),
             _ => 1,
         }
@@ -679,6 +690,16 @@ impl Op {
             "DECODE_LAYER_HEAD_NORM_SWIGLU",
             "DECODE_LAYER_HEAD_NORM_GEGLU_ERF",
             "DECODE_LAYER_HEAD_NORM_GEGLU_QUICK",
+            "DECODE_LAYER_POST_NORM_REGLU",
+            "DECODE_LAYER_POST_NORM_GEGLU",
+            "DECODE_LAYER_POST_NORM_SWIGLU",
+            "DECODE_LAYER_POST_NORM_GEGLU_ERF",
+            "DECODE_LAYER_POST_NORM_GEGLU_QUICK",
+            "DECODE_LAYER_HEAD_NORM_POST_NORM_REGLU",
+            "DECODE_LAYER_HEAD_NORM_POST_NORM_GEGLU",
+            "DECODE_LAYER_HEAD_NORM_POST_NORM_SWIGLU",
+            "DECODE_LAYER_HEAD_NORM_POST_NORM_GEGLU_ERF",
+            "DECODE_LAYER_HEAD_NORM_POST_NORM_GEGLU_QUICK",
         ]);
         v.extend(["SET_ROWS", "DUP", "CPY", "CONT", "CPY_ROWS"]);
         v
@@ -847,7 +868,7 @@ impl Op {
             Op::ProjectedFfn(_) => "op_params[0] = eps (f32 bit pattern); inputs[0] = Wo [Ka, K], inputs[1] = a f32 [Ka, N] (the attention output), inputs[2] = r0 f32 (repeated over [K, N]), inputs[3..6] = Wg, Wu [K, F] and Wd [F, K] (the four weights of one type), inputs[6] = n f32 [K]; output f32 [K, N] = Wd . h + r1, extra outputs r1 f32 [K, N] = Wo . a + r0 and h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n",
             Op::AttnFfn(_) => "op_params[0..3] = FLASH_ATTN_EXT's scale, max_bias, logit_softcap, op_params[3] = eps (f32 bit patterns); inputs[0..4] = q, k, v, mask as FLASH_ATTN_EXT_MASK's, inputs[4] = Wo [Ka, K] (Ka = Dv * n_head), inputs[5] = r0 f32 (repeated over [K, N]), inputs[6..9] = Wg, Wu [K, F] and Wd [F, K] (the four weights of one type), inputs[9] = n f32 [K]; output f32 [K, N] = Wd . h + r1, extra outputs a f32 [Dv, n_head, n_q, n_seq] = the attention, r1 f32 [K, N] = Wo . a + r0 (a viewed as [Ka, N]) and h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n",
             Op::AttnGlu(_) => "as FLASH_ATTN_FFN_<GLU>'s without Wd: op_params[0..3] = FLASH_ATTN_EXT's scale, max_bias, logit_softcap, op_params[3] = eps; inputs[0..4] = q, k, v, mask as FLASH_ATTN_EXT_MASK's, inputs[4] = Wo [Ka, K], inputs[5] = r0 f32, inputs[6..8] = Wg, Wu [K, F] (the three weights of one type), inputs[8] = n f32 [K]; output h f32 [F, N] = act(Wg . y) * (Wu . y), y = rms_norm(r1) * n, extra outputs a f32 [Dv, n_head, n_q, n_seq] = the attention and r1 f32 [K, N] = Wo . a + r0 (a viewed as [Ka, N])",
-            Op::DecodeLayer { .. } => "op_params[0..12] = RMS_NORM_QKV_ROPE's (ROPE's op_params, then the attention norm's eps), op_params[12..15] = FLASH_ATTN_EXT's scale, max_bias, logit_softcap, op_params[15] = the FFN norm's eps, DECODE_LAYER_HEAD_NORM_<GLU>: op_params[16] = the heads' eps (f32 bit patterns); inputs Wq, Wk, Wv, x f32 [K, 1], n_attn f32 [K], positions i32, [frequency factors f32,] [DECODE_LAYER_BIAS_<GLU>: Q's, K's and V's biases f32; DECODE_LAYER_HEAD_NORM_<GLU>: Q's and K's head norm weights f32 [D],] k and v (KV-cache views as FLASH_ATTN_EXT's), mask f16, Wo, Wg, Wu, Wd, n_ffn f32 [K] (the seven weights of one type in the IRON design); output f32 [K, 1] = the layer's output; extra outputs Q f32 [D, Hq, 1] (rotated), K rows and V rows (this token's cache rows, f32/f16/bf16), a f32 [Dv, Hq, 1, 1], r1 f32 [K, 1], h f32 [F, 1]: RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE, then FLASH_ATTN_FFN_<GLU> with q = Q and r0 = x, the attention reading the cache with the new rows",
+            Op::DecodeLayer { .. } => "op_params[0..12] = RMS_NORM_QKV_ROPE's (ROPE's op_params, then the attention norm's eps), op_params[12..15] = FLASH_ATTN_EXT's scale, max_bias, logit_softcap, op_params[15] = the FFN norm's eps, DECODE_LAYER_HEAD_NORM_<GLU>: op_params[16] = the heads' eps (f32 bit patterns); inputs Wq, Wk, Wv, x f32 [K, 1], n_attn f32 [K], positions i32, [frequency factors f32,] [DECODE_LAYER_BIAS_<GLU>: Q's, K's and V's biases f32; DECODE_LAYER_HEAD_NORM_<GLU>: Q's and K's head norm weights f32 [D],] k and v (KV-cache views as FLASH_ATTN_EXT's), mask f16, Wo, Wg, Wu, Wd, n_ffn f32 [K] (the seven weights of one type in the IRON design); output f32 [K, 1] = the layer's output; extra outputs Q f32 [D, Hq, 1] (rotated), K rows and V rows (this token's cache rows, f32/f16/bf16), a f32 [Dv, Hq, 1, 1], r1 f32 [K, 1], h f32 [F, 1]: RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE, then FLASH_ATTN_FFN_<GLU> with q = Q and r0 = x, the attention reading the cache with the new rows; DECODE_LAYER[_HEAD_NORM]_POST_NORM_<GLU> (gemma): then inputs n_post_attn and n_post_ffn f32 [K], extra outputs o and d f32 [K, 1], op_params[17] and [18] their eps: o = Wo . a, r1 = rms_norm(o) * n_post_attn + x, d = Wd . h, out = rms_norm(d) * n_post_ffn + r1",
             Op::ArgMax => "unused; input f32 [N, R], output i32 [R]: the index of each row's largest value (the last among equals)",
             Op::CountEqual => "unused; inputs two i32 tensors of one shape, output i64 [1]: how many elements are equal",
             Op::FlashAttnExt { .. } => "op_params[0] = scale, op_params[1] = max_bias, op_params[2] = logit_softcap (f32 bit patterns); inputs q f32 [D, n_q, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq_kv] and v [Dv, n_kv, n_head_kv, n_seq_kv] f32/f16/bf16 (n_head a multiple of n_head_kv), [mask f16 [>= n_kv, >= n_q, n_head/r2, n_seq/r3]], [sinks f32 [n_head]]; output f32 [Dv, n_head, n_q, n_seq]",

@@ -101,13 +101,66 @@ from .mul_mat import (
 
 def _add_rounds(of_w, of_x, of_y, rounds, k_steps, zero, mv, add, r_offset):
     """A MUL_MAT_ADD phase's rounds on a core: the rows' sums into y, then the object behind
-    the round's x chunks, the column's r values, added to them (mul_mat._gemv_group's)."""
+    the round's x chunks, the column's r values, added to them (mul_mat._gemv_group's); with
+    `add` None the sums alone (a projection whose post norm follows)."""
     for _ in range_(rounds):
         y = of_y.acquire(1)
         zero(y)
         _k_chunks(of_w, of_x, k_steps, mv, y)
-        _add_r(of_x, add, y, r_offset)
+        if add is not None:
+            _add_r(of_x, add, y, r_offset)
         of_y.release(1)
+
+
+def _post_norm_rounds(of_x, of_y, rounds, k_steps, f, r_offset, norm):
+    """A norm-add phase on a core (mv_post_norm.h, `f` its functions by name): the projection
+    p's K chunks, their squares summed; then per round the column's values of p and of the
+    norm's weights, the core's kept, and the residual's: y = rms_norm(p) * n + r for the core's
+    rows. `norm`: 0 the norm after the attention's projection, 1 after the block."""
+    for _ in range_(k_steps):
+        x = of_x.acquire(1)
+        f["pn_squares"](x)
+        of_x.release(1)
+    for _ in range_(rounds):
+        for which in (0, 1):
+            x = of_x.acquire(1)
+            f["pn_keep"](x, which, r_offset)
+            of_x.release(1)
+        y = of_y.acquire(1)
+        r = of_x.acquire(1)
+        f["pn_out"](r, y, r_offset, norm)
+        of_x.release(1)
+        of_y.release(1)
+
+
+def _post_norm_fills(spec, hs, P, Nbuf, Rbuf, Y):
+    """A norm-add phase's task groups for `_ahead` (y = rms_norm(P) * Nbuf + Rbuf into Y, all
+    [K] of one token): every column's P in K chunks, in a group of its own (awaited before
+    any row is written: Y may take P's memory), then a group a round (DecodeSpec.
+    post_norm_rounds): per column the round's rows of P, of Nbuf and of Rbuf, each padded to
+    an x object, and the drain of Y's."""
+    K = spec.up.plan.K
+    cols = range(spec.up.plan.columns)
+
+    def squares(tg):
+        for col in cols:
+            hs[3 * col + 1].fill(P, tap=_tap(K, spec.up.plan.norm_tap()), group=tg, wait=True)
+        return 1
+
+    def one_round(tg, taps):
+        for col, (rows, pad) in enumerate(taps):
+            _, hx, hy = hs[3 * col : 3 * col + 3]
+            for buf in (P, Nbuf, Rbuf):
+                hx.fill(buf, tap=_tap(K, rows), group=tg)
+                if pad is not None:
+                    hx.fill(P, tap=_tap(K, pad), group=tg)
+            hy.drain(Y, tap=_tap(K, rows), group=tg, wait=True)
+        return 3 * (1 + (taps[0][1] is not None)) + 1
+
+    groups = [(lambda tg: 0, squares)]
+    for taps in spec.post_norm_rounds():
+        groups.append((lambda tg: 0, lambda tg, taps=taps: one_round(tg, taps)))
+    return groups
 
 
 def _fa_kernels(kern, x_tile, y_tile):
@@ -193,6 +246,10 @@ def _qkv_kernels(kern, x_tile, y_tile, qkv):
         fns["keep"] = kern("_dl_keep", [i32, i32])
         fns["heads"] = kern("_dl_heads", [i32])
         fns["emit"] = kern("_dl_emit", [y_tile, i32, i32])
+    if qkv.post_eps:
+        fns["pn_squares"] = kern("_pn_squares", [x_tile])
+        fns["pn_keep"] = kern("_pn_keep", [x_tile, i32, i32])
+        fns["pn_out"] = kern("_pn_out", [x_tile, y_tile, i32, i32])
     return fns
 
 
@@ -338,6 +395,9 @@ def _ffn(spec):
     if qkv is not None:
         qkv_kernels = _qkv_kernels(kern, x_tile, y_tile, qkv)
         kernels += list(qkv_kernels.values())
+    # DECODE_LAYER[_HEAD_NORM]_POST_NORM_<glu>: phases 0 and 2 without their residuals, each
+    # followed by a norm-add phase.
+    post = qkv is not None and qkv.post_eps is not None
     # FLASH_ATTN_GLU_<glu> has no phase 2.
     rounds1 = up.tiles_per_core
     rounds2, k2 = (down.tiles_per_core, down.plan.k_steps) if down is not None else (0, 0)
@@ -350,31 +410,38 @@ def _ffn(spec):
         # rest: FLASH_ATTN_FFN_<glu>'s attention functions, the core's first q word and its
         # column's rounds of that phase; then the core's offset in the r objects.
         *attention, r_offset = rest
+        dl = {}
         if qkv is not None:
             # The projection phase: its functions, then the core's group (-1: no rows in it),
             # its column within the group and its row.
             *attention, gi, gcol, i = attention
             n = len(qkv_kernels)  # behind the attention's five
             q_fns, attention = attention[5 : 5 + n], attention[:5] + attention[5 + n :]
+            dl = dict(zip(qkv_kernels, q_fns))
             if gi >= 0:
                 glu_fns = {"load": load, "norm_mv": up_mv, "gate_zero": gate_zero, "gate": gate}
-                fns = {**glu_fns, **dict(zip(qkv_kernels, q_fns))}
-                _qkv_rounds(of_w, of_x, of_y, qkv.groups[gi], gcol, i, k1, fns)
+                _qkv_rounds(of_w, of_x, of_y, qkv.groups[gi], gcol, i, k1, {**glu_fns, **dl})
         if attention:
             # The attention phase: per KV head of the column, the heads' outputs as rows of a.
             *fns, first, fa_rounds = attention
             if fa_rounds:
                 _fa_rounds(of_x, of_y, fa, fa_rounds, *fns, first)
         if rounds0:
-            # Phase 0, MUL_MAT_ADD's dispatch over a: W_o's rows' sums + r0: rows of r1.
-            _add_rounds(of_w, of_x, of_y, rounds0, k0, zero, mv, add, r_offset)
+            # Phase 0, MUL_MAT_ADD's dispatch over a: W_o's rows' sums + r0: rows of r1. With
+            # post norms the sums (rows of o), then r1 = rms_norm(o) * n_post_attn + r0.
+            _add_rounds(of_w, of_x, of_y, rounds0, k0, zero, mv, None if post else add, r_offset)
+            if post:
+                _post_norm_rounds(of_x, of_y, rounds0, k1, dl, r_offset, 0)
         # Phase 1, RMS_NORM_MUL_MAT_<glu>'s dispatch: n kept, then per round the gate rows'
         # sums in the stash, the up rows' in y, both scaled, y = act(stash) * y: rows of h.
         glu_fns = (gate_zero, gate, zero, up_mv, glu, load, scale)
         _glu_rounds(of_w, of_x, of_y, rounds1, k1, *glu_fns, norm_objects=p1.norm_objects)
-        # Phase 2, MUL_MAT_ADD's rounds over h: the down rows' sums + r: rows of out.
+        # Phase 2, MUL_MAT_ADD's rounds over h: the down rows' sums + r: rows of out. With
+        # post norms the sums (rows of d), then out = rms_norm(d) * n_post_ffn + r1.
         if rounds2:
-            _add_rounds(of_w, of_x, of_y, rounds2, k2, zero, mv, add, r_offset)
+            _add_rounds(of_w, of_x, of_y, rounds2, k2, zero, mv, None if post else add, r_offset)
+            if post:
+                _post_norm_rounds(of_x, of_y, rounds0, k1, dl, r_offset, 1)
 
     # Per column: W split over the R cores, x to every core, the cores' y joined; the same fifos
     # carry every phase's objects. Core i of a column adds r's values i * nr ...
@@ -421,19 +488,33 @@ def _ffn(spec):
     def sequence_attn(Wo, A, R0, Wg, Wu, Wd, Nbuf, Out, R1, H, *hs):
         _ahead(attn_groups(Wo, A, R0, Wg, Wu, Wd, Nbuf, Out, R1, H, hs))
 
-    def fa_groups(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nbuf, Out, A, R1, H, hs):
+    def attention_groups(Q, Kb, V, M, A, hs):
         # The attention phase: task groups of a round's chunks (a KV head per column), a's
         # rows drained with the round's last; it has no W fills, so phase 0's go out while it
-        # runs. Then phase 0 over a.
+        # runs.
         totals = dict(zip(("q", "k", "v", "mask"), (n for _, n in fa.sequence)))
         totals["a"] = attn.plan.K * fa.tokens
         bufs = (Q, Kb, V, M, A)
-        groups = [
+        return [
             (lambda tg: 0, lambda tg, r=r, g=g: _fa_fill(fa, hs, r, g, tg, bufs, totals))
             for r in range(len(fa.column_heads(0)))
             for g in fa.round_groups
         ]
+
+    def fa_groups(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nbuf, Out, A, R1, H, hs):
+        # The attention phase, then phase 0 over a.
+        groups = attention_groups(Q, Kb, V, M, A, hs)
         return groups + attn_groups(Wo, A, R0, Wg, Wu, Wd, Nbuf, Out, R1, H, hs)
+
+    def post_norm_groups(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nf, Npa, Npf, Out, A, R1, H, Po, Pd, hs):
+        # gemma's layer after its projections: the attention, phase 0 writing o, r1 =
+        # rms_norm(o) * n_post_attn + r0, phase 1 over r1, phase 2 writing d, out =
+        # rms_norm(d) * n_post_ffn + r1.
+        groups = attention_groups(Q, Kb, V, M, A, hs)
+        groups += [_parts(_add_fill, (attn, hs, group), (Wo, A, None, Po)) for group in groups0[0]]
+        groups += _post_norm_fills(spec, hs, Po, Npa, R0, R1)
+        groups += phases(Wg, Wu, Wd, R1, Nf, None, Pd, H, hs)
+        return groups + _post_norm_fills(spec, hs, Pd, Npf, R1, Out)
 
     def sequence_fa(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nbuf, Out, A, R1, H, *hs):
         _ahead(fa_groups(Q, Kb, V, M, Wo, R0, Wg, Wu, Wd, Nbuf, Out, A, R1, H, hs))
@@ -448,9 +529,15 @@ def _ffn(spec):
         # V rows, a, r1, h; then the shim endpoints.
         n_args = len(seq_types)
         hs, args = args[n_args:], args[:n_args]
-        nc = n_args - 20  # the positions, (the factors,) (the own inputs)
+        # The positions, (the factors,) (the own inputs): behind the 20 other arguments, 24
+        # with post norms (their weights, o and d).
+        nc = n_args - (24 if post else 20)
         Wq, Wk, Wv, X, Na = args[:5]
-        Kc, Vc, M, Wo, Wg, Wu, Wd, Nf, Out, Qo, Kr, Vr, A, R1, H = args[5 + nc :]
+        if post:
+            tail = args[5 + nc :]
+            Kc, Vc, M, Wo, Wg, Wu, Wd, Nf, Npa, Npf, Out, Qo, Kr, Vr, A, R1, H, Po, Pd = tail
+        else:
+            Kc, Vc, M, Wo, Wg, Wu, Wd, Nf, Out, Qo, Kr, Vr, A, R1, H = args[5 + nc :]
         counts = [n for _, n in spec.sequence]
         cs = list(zip(args[5 : 5 + nc], counts[5 : 5 + nc]))  # (buffer, words)
         # The x channel's sources: n_attn, its padding from x, the rotation's constants; each
@@ -471,7 +558,11 @@ def _ffn(spec):
         # rows; r0 is x.
         head = ((Wq, Wk, Wv), (Qo, Kr, Vr), X, consts, totals)
         groups = [_parts(_qkv_fill, (qkv, hs, units), head) for units in qkv.task_groups]
-        rest = fa_groups(Qo, Kc, Vc, M, Wo, X, Wg, Wu, Wd, Nf, Out, A, R1, H, hs)
+        if post:
+            bufs = (Qo, Kc, Vc, M, Wo, X, Wg, Wu, Wd, Nf, Npa, Npf, Out, A, R1, H, Po, Pd, hs)
+            rest = post_norm_groups(*bufs)
+        else:
+            rest = fa_groups(Qo, Kc, Vc, M, Wo, X, Wg, Wu, Wd, Nf, Out, A, R1, H, hs)
         _ahead(groups + rest)
 
     seq_fn = (
@@ -698,3 +789,63 @@ def ggml_op_decode_layer_head_norm_geglu_erf(spec):
 def ggml_op_decode_layer_head_norm_geglu_quick(spec):
     """DECODE_LAYER_HEAD_NORM_GEGLU_QUICK: a decode step's layer, the GLU gelu_quick, Q's and K's heads normalised (qwen3)."""
     return _decode_layer(spec)
+
+
+def ggml_op_decode_layer_post_norm_reglu(spec):
+    """DECODE_LAYER_POST_NORM_REGLU: gemma2's layer, the GLU relu: the norms after the
+    attention's projection and after the block as norm-add phases."""
+    return _ffn(spec)
+
+
+def ggml_op_decode_layer_head_norm_post_norm_reglu(spec):
+    """DECODE_LAYER_HEAD_NORM_POST_NORM_REGLU: gemma3's layer (qwen3's head norms besides), the GLU
+    relu."""
+    return _ffn(spec)
+
+
+def ggml_op_decode_layer_post_norm_geglu(spec):
+    """DECODE_LAYER_POST_NORM_GEGLU: gemma2's layer, the GLU gelu (tanh approximation: gemma's): the norms after the
+    attention's projection and after the block as norm-add phases."""
+    return _ffn(spec)
+
+
+def ggml_op_decode_layer_head_norm_post_norm_geglu(spec):
+    """DECODE_LAYER_HEAD_NORM_POST_NORM_GEGLU: gemma3's layer (qwen3's head norms besides), the GLU
+    gelu (tanh approximation: gemma's)."""
+    return _ffn(spec)
+
+
+def ggml_op_decode_layer_post_norm_swiglu(spec):
+    """DECODE_LAYER_POST_NORM_SWIGLU: gemma2's layer, the GLU silu: the norms after the
+    attention's projection and after the block as norm-add phases."""
+    return _ffn(spec)
+
+
+def ggml_op_decode_layer_head_norm_post_norm_swiglu(spec):
+    """DECODE_LAYER_HEAD_NORM_POST_NORM_SWIGLU: gemma3's layer (qwen3's head norms besides), the GLU
+    silu."""
+    return _ffn(spec)
+
+
+def ggml_op_decode_layer_post_norm_geglu_erf(spec):
+    """DECODE_LAYER_POST_NORM_GEGLU_ERF: gemma2's layer, the GLU gelu_erf: the norms after the
+    attention's projection and after the block as norm-add phases."""
+    return _ffn(spec)
+
+
+def ggml_op_decode_layer_head_norm_post_norm_geglu_erf(spec):
+    """DECODE_LAYER_HEAD_NORM_POST_NORM_GEGLU_ERF: gemma3's layer (qwen3's head norms besides), the GLU
+    gelu_erf."""
+    return _ffn(spec)
+
+
+def ggml_op_decode_layer_post_norm_geglu_quick(spec):
+    """DECODE_LAYER_POST_NORM_GEGLU_QUICK: gemma2's layer, the GLU gelu_quick: the norms after the
+    attention's projection and after the block as norm-add phases."""
+    return _ffn(spec)
+
+
+def ggml_op_decode_layer_head_norm_post_norm_geglu_quick(spec):
+    """DECODE_LAYER_HEAD_NORM_POST_NORM_GEGLU_QUICK: gemma3's layer (qwen3's head norms besides), the GLU
+    gelu_quick."""
+    return _ffn(spec)

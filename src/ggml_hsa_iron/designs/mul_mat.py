@@ -512,7 +512,8 @@ def _gemv_fill(spec, hs, group, tg, W, X, Y, prologue=(), bias=None):
 def _add_fill(spec, hs, group, tg, W, X, Rbuf, Y, part=None):
     """One task group of MUL_MAT_ADD's GEMV (`GemvPlan.tasks` with `add`): per column the W fill
     of a run of rounds, per round on the x channel the x row's K chunks, the column's r values
-    of the round's rows and the padding of that object (x's first values), and the y drain.
+    of the round's rows and the padding of that object (x's first values; neither with `Rbuf`
+    None: y = W . x alone), and the y drain.
     `part` "w": the W fills only (tg None: counted, not issued), "rest": the others only
     (designs/ffn.py's `_ahead`). Returns the most tasks it issued on one column's shim."""
     totals = [count for _, count in spec.sequence]  # W, x, r, dst
@@ -527,8 +528,11 @@ def _add_fill(spec, hs, group, tg, W, X, Rbuf, Y, part=None):
         if part != "w":
             for r in rs:
                 hx.fill(X, tap=_tap(totals[1], x), group=tg)
+                n += 1
+                if Rbuf is None:
+                    continue  # the GEMV alone (a layer's projection before its post norm)
                 hx.fill(Rbuf, tap=_tap(totals[2], r), group=tg)
-                n += 2
+                n += 1
                 if pad is not None:
                     hx.fill(X, tap=_tap(totals[1], pad), group=tg)
                     n += 1

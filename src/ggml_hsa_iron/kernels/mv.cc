@@ -15,7 +15,8 @@
 // rope_math.h's defines: the fused RMS_NORM_MUL_MAT_ROPE(_FF) epilogue, each round's rows
 // rotated as ggml's ROPE after the norm's scale (mv_rope.h; f32 y, or f16 with MV_OUT_F16).
 // MV_DECODE=1 with MV_GLU, MV_NORM, DL_EPS, DL_HEAD, DL_FF_WORDS and rope_math.h's defines:
-// DECODE_LAYER[_BIAS|_HEAD_NORM](_FF)_<glu>'s projection phase (mv_decode.h).
+// DECODE_LAYER[_BIAS|_HEAD_NORM](_FF)_<glu>'s projection phase (mv_decode.h); with DL_POST_NORM=1
+// and DL_POST_EPS_ATTN, DL_POST_EPS_FFN gemma's norm-add phases (mv_post_norm.h).
 // Floats: bf16 x bf16 uses the native bf16 multiply-accumulate into f32
 // accumulators, and so does bf16 W against f32 x with MV_X_BF16=1 (x rounded to bf16 once per
 // call, as ggml's CPU backend rounds it); other float pairs are widened to f32. Integers:
@@ -225,6 +226,13 @@ void ggml_mv(W_T *w, X_T *x, Y_T *y) { accumulate(w, x, y); }
 #define GGML_MV_DL_HEADS ggml_mv_dl_heads
 #define GGML_MV_DL_EMIT ggml_mv_dl_emit
 #include "mv_decode.h"
+#endif
+#if DL_POST_NORM
+// DECODE_LAYER[_HEAD_NORM]_POST_NORM_<glu>'s norm-add phases: see mv_post_norm.h.
+#define GGML_MV_PN_SQUARES ggml_mv_pn_squares
+#define GGML_MV_PN_KEEP ggml_mv_pn_keep
+#define GGML_MV_PN_OUT ggml_mv_pn_out
+#include "mv_post_norm.h"
 #endif
 #endif
 

@@ -293,6 +293,13 @@ void ggml_mvq(int8_t *w, float *x, float *y) { accumulate(w, x, y); }
 #define GGML_MV_DL_EMIT ggml_mvq_dl_emit
 #include "mv_decode.h"
 #endif
+#if DL_POST_NORM
+// DECODE_LAYER[_HEAD_NORM]_POST_NORM_<glu>'s norm-add phases: see mv_post_norm.h.
+#define GGML_MV_PN_SQUARES ggml_mvq_pn_squares
+#define GGML_MV_PN_KEEP ggml_mvq_pn_keep
+#define GGML_MV_PN_OUT ggml_mvq_pn_out
+#include "mv_post_norm.h"
+#endif
 #endif
 
 } // extern "C"

@@ -104,7 +104,11 @@ FA_FFN = [f"FLASH_ATTN_FFN_{op}" for op in GLU]
 FA_GLU = [f"FLASH_ATTN_GLU_{op}" for op in GLU]
 # A decode step's layer: RMS_NORM_QKV_ROPE(_FF) ahead of FLASH_ATTN_FFN_<glu> (seven outputs);
 # qwen2's with the biases, qwen3's with the head norms (no _FF variants).
-DECODE = [f"DECODE_LAYER_{ff}{op}" for op in GLU for ff in ("", "FF_", "BIAS_", "HEAD_NORM_")]
+DECODE = [
+    f"DECODE_LAYER_{kind}{op}"
+    for op in GLU
+    for kind in ("", "FF_", "BIAS_", "HEAD_NORM_", "POST_NORM_", "HEAD_NORM_POST_NORM_")
+]
 ROPE = ["ROPE", "ROPE_FF"]
 # The copies and the KV-cache write (f32/f16/bf16; SET_ROWS' i32/i64 indices).
 COPIES = ["DUP", "CPY", "CONT"]
@@ -358,8 +362,10 @@ class CapabilitiesTest(unittest.TestCase):
             o = ops[op]
             got = (o["inputs"], o["outputs"], o["broadcast"], o["noncontiguous"])
             own = 3 if "_BIAS_" in op else 2 if "_HEAD_NORM_" in op else 0
-            want = 14 + ("_FF_" in op) + own
-            self.assertEqual(got, (want, 7, True, True), op)
+            # gemma's post norms: their weights, o and d.
+            post = 2 * ("_POST_NORM_" in op)
+            want = 14 + ("_FF_" in op) + own + post
+            self.assertEqual(got, (want, 7 + post, True, True), op)
             self.assertEqual(o["kernel_source"], "ffn.py")
             combos = ops["FLASH_ATTN_FFN_SWIGLU"]["type_combos"]
             if "_HEAD_NORM_" in op:
@@ -370,7 +376,8 @@ class CapabilitiesTest(unittest.TestCase):
             self.assertEqual(sorted(o["row_types"]), ["f16", "f32"], op)
         for s in registry.OPS:
             if s.kind == "decode_layer":
-                self.assertEqual(s.params, 17 if "_HEAD_NORM_" in s.op else 16, s.op)
+                want = 19 if "_POST_NORM_" in s.op else 17 if "_HEAD_NORM_" in s.op else 16
+                self.assertEqual(s.params, want, s.op)
         with_f16 = {o["op"] for o in ops.values() if "f16" in o["types"]}
         self.assertTrue(
             set(
@@ -610,9 +617,10 @@ class CapabilitiesTest(unittest.TestCase):
                             ff = "_FF_" in spec.op
                             glu = spec.op.rsplit("LAYER_", 1)[1].removeprefix("FF_")
                             kind = ""
-                            for k in ("BIAS", "HEAD_NORM"):
+                            for k in ("BIAS", "HEAD_NORM_POST_NORM", "HEAD_NORM", "POST_NORM"):
                                 if glu.startswith(k + "_"):
                                     kind, glu = k, glu.removeprefix(k + "_")
+                                    break
                             dims = (512, 8, 2, 64, 1024, 256)
                             req = layer_request(
                                 glu, s0, dims, arch, ff=ff, kv=kv, rows=rows, kind=kind

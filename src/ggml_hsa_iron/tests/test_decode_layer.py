@@ -33,7 +33,11 @@ LLAMA = (2048, 32, 8, 64, 8192, 256)
 TINY = (256, 4, 2, 64, 512, 256)
 QWEN3_0_6B = (1024, 16, 8, 128, 3072, 256)
 QWEN2_5_1_5B = (1536, 12, 2, 128, 8960, 256)
+GEMMA3_1B = (1152, 4, 1, 256, 6912, 256)
+GEMMA2_2B = (2304, 8, 4, 256, 9216, 256)
 GLUS = ("REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK")
+# The post norms' eps (after the attention's projection, after the block).
+POST_EPS = (1e-6, 1e-5)
 # The runtime-sequence arguments without the factors (the op's operand order).
 ARGS = "Wq Wk Wv x n_attn pos k v mask Wo Wg Wu Wd n_ffn out Q Kr Vr a r1 h".split()
 
@@ -41,8 +45,9 @@ ARGS = "Wq Wk Wv x n_attn pos k v mask Wo Wg Wu Wd n_ffn out Q Kr Vr a r1 h".spl
 def layer_tensors(wt, K, H, Hk, D, F, n_kv, ff=False, kv="f16", rows=None, T=1, kind="", **over):
     """(inputs, output, extra_outputs) of a decode layer: the cache of n_kv + 32 rows (llama's
     layout, KV heads interleaved in a row), K and V rows of `rows` (default the cache's type);
-    `kind` "BIAS" (Q's, K's and V's biases) or "HEAD_NORM" (Q's and K's head norm weights).
-    `over`: per-input type overrides (wv, wd)."""
+    `kind` "BIAS" (Q's, K's and V's biases) or "HEAD_NORM" (Q's and K's head norm weights),
+    with "POST_NORM" (gemma's norms after the attention's projection and after the block: their
+    weights behind n_ffn, o and d behind h). `over`: per-input type overrides (wv, wd)."""
     rows = rows or kv
     Mq, Mk = D * H, D * Hk
     ins = [
@@ -55,10 +60,11 @@ def layer_tensors(wt, K, H, Hk, D, F, n_kv, ff=False, kv="f16", rows=None, T=1, 
     ]
     ins += [tensor("f32", [D // 2])] if ff else []
     ins += [tensor("f32", [M]) for M in (Mq, Mk, Mk)] if kind == "BIAS" else []
-    ins += [tensor("f32", [D])] * 2 if kind == "HEAD_NORM" else []
+    ins += [tensor("f32", [D])] * 2 if kind.startswith("HEAD_NORM") else []
     ins += [cache_view(kv, D, n_kv, Hk, n_kv + 32), cache_view(kv, D, n_kv, Hk, n_kv + 32)]
     ins += [tensor("f16", [n_kv, 64]), tensor(wt, [Mq, K]), tensor(wt, [K, F])]
     ins += [tensor(wt, [K, F]), tensor(over.get("wd", wt), [F, K]), tensor("f32", [K])]
+    ins += [tensor("f32", [K])] * 2 if "POST_NORM" in kind else []
     extras = [
         tensor("f32", [D, H, T]),
         tensor(rows, [D, Hk, T]),
@@ -67,13 +73,17 @@ def layer_tensors(wt, K, H, Hk, D, F, n_kv, ff=False, kv="f16", rows=None, T=1, 
         tensor("f32", [K, T]),
         tensor("f32", [F, T]),
     ]
+    extras += [tensor("f32", [K, T])] * 2 if "POST_NORM" in kind else []
     return ins, tensor("f32", [K, T]), extras
 
 
 def layer_params(D, mode=0, scale=0.125, max_bias=0.0, softcap=0.0, kind=""):
     fa = [f32_bits(scale), f32_bits(max_bias), f32_bits(softcap), EPS_BITS]
-    # The head norm's eps last (qwen3's 1e-6).
-    return rope_params(D, mode) + fa + ([f32_bits(1e-6)] if kind == "HEAD_NORM" else [])
+    # The head norm's eps (qwen3's 1e-6), then the post norms' (gemma's 1e-6, 1e-5).
+    head = [f32_bits(1e-6)] if kind.startswith("HEAD_NORM") else []
+    if "POST_NORM" in kind:
+        head = (head or [0]) + [f32_bits(POST_EPS[0]), f32_bits(POST_EPS[1])]
+    return rope_params(D, mode) + fa + head
 
 
 def layer_request(glu, wt, dims, arch="aie2p", ff=False, kv="f16", rows=None, T=1, **kw):
@@ -240,6 +250,20 @@ class DecodeLayerPlanTest(unittest.TestCase):
         self.assertFalse(spec.qkv.rope_in_fa_q)
         self.assertEqual(spec.core.defines["DL_ROPE_IN_FA_Q"], 0)
 
+    def test_gemma_layers(self):
+        # Gemma 3 1B's shape takes the one program on aie2p; its post norms' phases a round
+        # each after the squares' group. Several tokens, and Gemma 2 2B's heads of 256 rows in
+        # the attention beside two q heads per KV head, are refused (the layer's kernels run).
+        spec = layer_spec("GEGLU", "q4_0", GEMMA3_1B, kind="HEAD_NORM_POST_NORM", mode=2)
+        names = [name for name, _ in spec.sequence_phases()]
+        self.assertEqual(names[2:], ["O", "O's norm + residual", "norm, gate, up", "down",
+                                     "down's norm + residual"])  # fmt: skip
+        self.assertEqual(spec.core.defines["DL_POST_NORM"], 1)
+        self.assertEqual(len(spec.sequence), 27)
+        for dims, kw in ((TINY, dict(T=2)), (GEMMA2_2B, {})):
+            with self.assertRaises(UnsupportedError):
+                layer_spec("GEGLU", "q4_0", dims, kind="POST_NORM", mode=2, **kw)
+
     def test_refusals(self):
         # f32 weights take their tokens one at a time, the attention's objects all of them.
         with self.assertRaisesRegex(UnsupportedError, "one at a time"):
@@ -312,6 +336,22 @@ class DecodeLayerRecordTest(unittest.TestCase):
                 self.assertLess(first_fill("Wo"), awaits[ends[1] - 1])
 
 
+def check_post_norm(test, p, n, r, got, eps, what):
+    """got [T, K] against rms_norm(p) * n + r (RMS_NORM_MUL_ADD's nodes) of p [T, K], within
+    f32 rounding of its sums and steps."""
+    p64 = p.astype(np.float64)
+    s = 1 / np.sqrt((p64 * p64).mean(axis=-1, keepdims=True) + eps)
+    normed = p64 * s * n
+    want = normed + r
+    tol = (np.abs(normed) + np.abs(r)) * 2.0**-20 + 1e-30
+    bad = ~(np.abs(got.astype(np.float64) - want) <= tol)
+    if bad.any():
+        test.fail(
+            f"{what}: {int(bad.sum())} of {got.size} wrong, first at "
+            f"{np.argwhere(bad)[0]}: {got[bad][0]} vs {want[bad][0]}"
+        )
+
+
 class LayerCase:
     """One request's operands: weights (fast_weights), x and n (util_norm's), the caches of
     `kv` (masked keys' rows NaN, never read), the T tokens at cache rows `row` ...; `kind`'s
@@ -343,9 +383,13 @@ class LayerCase:
         self.pos = np.array([pos + 5 * ((3 * t) % T) for t in range(T)], np.int32)
         self.ff = np.array(llama3_ff(D), np.float32) if ff else None
         # Each projection's own input: its bias (qwen2), its head norm's weights (qwen3: Q, K).
-        own = {"BIAS": [D * H, D * Hk, D * Hk], "HEAD_NORM": [D, D]}.get(kind, [])
-        lo, hi = (0.2, 2) if kind == "HEAD_NORM" else (-1, 1)
+        own = {"BIAS": [D * H, D * Hk, D * Hk], "HEAD_NORM": [D, D]}.get(
+            kind.removesuffix("_POST_NORM"), []
+        )
+        lo, hi = (0.2, 2) if kind.startswith("HEAD_NORM") else (-1, 1)
         self.own = [nrng.uniform(lo, hi, m).astype(np.float32) for m in own]
+        # gemma's post norms' weights.
+        self.post = [norm_inputs(nrng, 1, K)[1] for _ in range(2 * ("POST_NORM" in kind))]
         kt, vt, mt = self.req.inputs[6 + ff + len(own) : 9 + ff + len(own)]
         self.kt, self.vt = kt, vt
         k = nrng.standard_normal((1, Hk, n_kv, D)).astype(_np_type(kv))
@@ -378,11 +422,14 @@ class LayerCase:
         nb1 = self.kt.nb[1]
         kr = kc[self.row * nb1 : (self.row + self.T) * nb1]
         vr = vc[self.row * nb1 : (self.row + self.T) * nb1]
-        outs = [new_buffer(sizes[i]) for i in (-7, -6)] + [kr, vr]
-        outs += [new_buffer(sizes[i]) for i in (-3, -2, -1)]
+        # out, Q, then (K rows, V rows), a, r1, h (, o, d).
+        extra = 2 * bool(self.post)
+        outs = [new_buffer(sizes[i - extra]) for i in (-7, -6)] + [kr, vr]
+        outs += [new_buffer(sizes[i]) for i in range(-3 - extra, 0)]
         ins = [w["Wq"], w["Wk"], w["Wv"], buffer_of(self.x), buffer_of(self.n_attn), *consts]
         ins += [buffer_of(o) for o in self.own]
         ins += [kc, vc, m, w["Wo"], w["Wg"], w["Wu"], w["Wd"], buffer_of(self.n_ffn)]
+        ins += [buffer_of(n) for n in self.post]
         return ins + outs
 
     def run(self):
@@ -427,6 +474,10 @@ class DecodeLayerEmulationTest(unittest.TestCase):
         args = case.run()
         K, H, Hk, D, F, n_kv = dims
         what = f"{kw} {glu} {wt} {dims} {arch} ff={ff} kv={kv} n={n} T={T}"
+        # gemma's post norms: o and d behind the other outputs.
+        od = [np.frombuffer(b.tobytes(), np.float32).copy() for b in args[len(args) - 2 :]]
+        if case.post:
+            args = args[:-2]
         q_arg, kr_arg, vr_arg = args[-6], args[-5], args[-4]
         # The projections: bit for bit the lone kernels' on the same shape.
         for g, got in zip(case.spec.qkv.groups, (q_arg, kr_arg, vr_arg)):
@@ -452,9 +503,17 @@ class DecodeLayerEmulationTest(unittest.TestCase):
         self.assertLess(err, 2e-5 * max(1.0, np.abs(ref).max()), f"a of {what}: {err}")
         wo, wg, wu, wd = (case.w[n][1] for n in ("Wo", "Wg", "Wu", "Wd"))
         a, r1, h, out = (t.reshape(T, -1) for t in (a, r1, h, out))
-        check_add(self, wt, a, wo, case.x, r1, f"r1 of {what}")
+        if not case.post:
+            check_add(self, wt, a, wo, case.x, r1, f"r1 of {what}")
+            check_h(self, glu, wt, r1, case.n_ffn, wg, wu, h, f"h of {what}")
+            check_add(self, wt, h, wd, r1, out, f"out of {what}")
+            return
+        o, d = (t.reshape(T, -1) for t in od)
+        check_add(self, wt, a, wo, np.zeros_like(o), o, f"o of {what}")
+        check_post_norm(self, o, case.post[0], case.x, r1, POST_EPS[0], f"r1 of {what}")
         check_h(self, glu, wt, r1, case.n_ffn, wg, wu, h, f"h of {what}")
-        check_add(self, wt, h, wd, r1, out, f"out of {what}")
+        check_add(self, wt, h, wd, np.zeros_like(d), d, f"d of {what}")
+        check_post_norm(self, d, case.post[1], r1, out, POST_EPS[1], f"out of {what}")
 
     def test_tiny_llama(self):
         for i, arch in enumerate(("aie2p", "aie2")):
@@ -509,6 +568,22 @@ class DecodeLayerEmulationTest(unittest.TestCase):
         for args, kw in sample.pick(cases):
             with self.subTest(args=args[1:], **kw):
                 self.check(*args, **kw)
+
+    def test_gemma_layers(self):
+        """gemma2's layer (the norms after the attention's projection and after the block, a
+        softcap on the scores) and gemma3's (with qwen3's head norms), NeoX rotations and
+        GEGLU as theirs: o, r1, h, d and out against numpy; the tiny shapes on both archs and
+        Gemma 3 1B's on aie2p."""
+        cases = [
+            (("GEGLU", "q4_0", TINY, "aie2p"), dict(seed=80, kind="POST_NORM", softcap=50.0)),
+            (("GEGLU", "q8_0", TINY, "aie2"), dict(seed=81, kind="POST_NORM", kv="f32")),
+            (("GEGLU", "q4_0", TINY, "aie2"), dict(seed=82, kind="HEAD_NORM_POST_NORM")),
+            (("GEGLU", "q8_0", TINY, "aie2p"), dict(seed=83, kind="HEAD_NORM_POST_NORM")),
+            (("GEGLU", "q4_0", GEMMA3_1B, "aie2p"), dict(seed=84, kind="HEAD_NORM_POST_NORM")),
+        ]
+        for args, kw in sample.pick(cases):
+            with self.subTest(args=args[1:], **kw):
+                self.check(*args, mode=2, **kw)
 
     def test_neox_heads_split_over_rounds(self):
         # phi3's NeoX rotation, its pairs half a head apart: the tiny model's cores take their

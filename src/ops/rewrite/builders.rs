@@ -1206,8 +1206,10 @@ pub struct LayerMerge {
     /// Its operands before K's and V's cache rows (known when the graph runs): its inputs, its
     /// output and Q.
     pub before_rows: Vec<Tensor>,
-    /// Its operands after them: a, r1 and h.
+    /// Its operands after them: a, r1 and h (and o and d with post norms).
     pub after_rows: Vec<Tensor>,
+    /// The nodes of the kernels it takes over besides the Q/K/V kernel's and `at`'s.
+    pub absorbed: Vec<usize>,
 }
 
 /// The merge of the Q/K/V kernel `merge` at node `merge_at` (`operands`: its operands up to Q's
@@ -1221,7 +1223,7 @@ pub struct LayerMerge {
 /// a layer the catalogue has no kernel of (qwen's with frequency factors).
 pub fn merge_layer<'a>(
     nodes: &[Node],
-    planned: impl Fn(usize) -> Planned<'a>,
+    planned: &dyn Fn(usize) -> Planned<'a>,
     merge_at: usize,
     merge: &KernelDesc,
     operands: &[Tensor],
@@ -1251,6 +1253,7 @@ pub fn merge_layer<'a>(
         ff,
         head_norm,
         bias,
+        post_norm: false,
         glu,
     }
     .entry()?;
@@ -1294,6 +1297,141 @@ pub fn merge_layer<'a>(
         desc,
         before_rows,
         after_rows: vec![a.clone(), r1.clone(), h.clone()],
+        absorbed: Vec::new(),
+    })
+}
+
+/// The merge of the Q/K/V kernel `merge` at node `merge_at` (as for `merge_layer`) with the six
+/// kernels that run after it in gemma2's and gemma3's layers: the attention (a
+/// `FLASH_ATTN_EXT_MASK` kernel whose q is Q and whose k and v read the caches the SET_ROWS
+/// `set_rows` write), the output projection (`MUL_MAT` of its whole output: o), the norm after
+/// it with the residual (`RMS_NORM_MUL_ADD`: r1 = rms_norm(o) * n_post_attn + x), the block's
+/// gate and up (`RMS_NORM_MUL_MAT_<GLU>` of r1: h), its down projection (`MUL_MAT`: d) and the
+/// norm after it with the residual (`RMS_NORM_MUL_ADD`: out = rms_norm(d) * n_post_ffn + r1), as
+/// one `DECODE_LAYER[_HEAD_NORM]_POST_NORM_<GLU>` kernel at the last one's node. Only when
+/// those kernels are exactly what runs after the Q/K/V kernel but the SET_ROWS, each reading
+/// the one before's result whole, and each norm's output is its projection's or its residual's
+/// memory or apart from both (the kernel writes a round's rows after reading them). The kernel
+/// writes every intermediate (a, o, r1, h, d) where the kernels did, in their order, so later
+/// readers see what they would have. `None` otherwise.
+pub fn merge_post_norm_layer<'a>(
+    nodes: &[Node],
+    planned: &dyn Fn(usize) -> Planned<'a>,
+    merge_at: usize,
+    merge: &KernelDesc,
+    operands: &[Tensor],
+    set_rows: [usize; 2],
+) -> Option<LayerMerge> {
+    let Some(Fused::RmsNormQkvRope {
+        ff,
+        head_norm,
+        bias,
+    }) = Fused::of(&merge.op)
+    else {
+        return None;
+    };
+    let x = operands.get(3)?;
+    let q_out = operands.last()?;
+    let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
+    let kernels = (merge_at + 1..nodes.len())
+        .filter(|&j| runs(j) && !set_rows.contains(&j))
+        .take(6)
+        .map(|j| match planned(j) {
+            Planned::Kernel(desc, ops) => Some((j, desc, ops)),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let [(f, fa, fa_ops), (p, proj, proj_ops), (n1, post1, post1_ops), (g, glu, glu_ops), (dn, down, down_ops), (at, post2, post2_ops)] =
+        kernels.as_slice()
+    else {
+        return None;
+    };
+    let Some(Fused::RmsNormMulMatGlu(act)) = Fused::of(&glu.op) else {
+        return None;
+    };
+    let ops = [
+        (fa, catalogue::FLASH_ATTN_EXT_MASK.name),
+        (proj, catalogue::MUL_MAT.name),
+        (post1, catalogue::RMS_NORM_MUL_ADD.name),
+        (down, catalogue::MUL_MAT.name),
+        (post2, catalogue::RMS_NORM_MUL_ADD.name),
+    ];
+    if ops.iter().any(|(d, name)| d.op != *name) {
+        return None;
+    }
+    let [q, k, v, mask, a] = <&[Tensor; 5]>::try_from(*fa_ops).ok()?;
+    let (
+        [wo, a_in, o],
+        [o_in, r0, n_pa, r1],
+        [wg, wu, x1, n_ffn, h],
+        [wd, h_in, d],
+        [d_in, r1_in, n_pf, out],
+    ) = (
+        <&[Tensor; 3]>::try_from(*proj_ops).ok()?,
+        <&[Tensor; 4]>::try_from(*post1_ops).ok()?,
+        <&[Tensor; 5]>::try_from(*glu_ops).ok()?,
+        <&[Tensor; 3]>::try_from(*down_ops).ok()?,
+        <&[Tensor; 4]>::try_from(*post2_ops).ok()?,
+    );
+    let op = Fused::DecodeLayer {
+        ff,
+        head_norm,
+        bias,
+        post_norm: true,
+        glu: act,
+    }
+    .entry()?;
+    let q_is_q = views_heads_of(q, q_out) && q_out.ne[2] <= STEP_TOKENS;
+    let caches = k.overlaps(&nodes[set_rows[0]].dst) && v.overlaps(&nodes[set_rows[1]].dst);
+    let whole_a =
+        a_in.addr == a.addr && a_in.bytes == a.bytes && a_in.is_contiguous() && a.is_contiguous();
+    let chained = same(o_in, o) && same(r0, x) && same(x1, r1) && same(h_in, h);
+    let chained = chained && same(d_in, d) && same(r1_in, r1);
+    // A norm's output over its projection or its residual exactly, or apart from both.
+    let apart = |out: &Tensor, p: &Tensor, r: &Tensor| {
+        [p, r].iter().all(|t| same(out, t) || !out.overlaps(t))
+    };
+    if !q_is_q || !caches || !whole_a || !chained || !apart(r1, o, r0) || !apart(out, d, r1) {
+        return None;
+    }
+    let word = |d: &KernelDesc, i: usize| d.op_params.get(i).copied().unwrap_or(0);
+    let mut op_params = merge.op_params.clone();
+    op_params.resize(12, 0);
+    op_params.extend((0..3).map(|i| word(fa, i)));
+    op_params.push(word(glu, 0));
+    // The heads' eps (the Q/K/V kernel's word 12, or 0), then the two post norms' eps.
+    op_params.push(if head_norm { word(merge, 12) } else { 0 });
+    op_params.extend([word(post1, 0), word(post2, 0)]);
+    let mut inputs = merge.inputs.clone();
+    inputs.extend_from_slice(&fa.inputs[1..4]);
+    inputs.push(proj.inputs[0].clone());
+    inputs.extend_from_slice(&glu.inputs[..2]);
+    inputs.push(down.inputs[0].clone());
+    inputs.push(glu.inputs[3].clone());
+    inputs.extend([post1.inputs[2].clone(), post2.inputs[2].clone()]);
+    let mut extra_outputs = vec![merge.output.clone()];
+    extra_outputs.extend_from_slice(&merge.extra_outputs);
+    extra_outputs.extend([fa, post1, glu, proj, down].map(|d| d.output.clone()));
+    let descs = [merge, *fa, *proj, *post1, *glu, *down, *post2];
+    let desc = KernelDesc {
+        op: op.name.to_owned(),
+        op_params,
+        inputs,
+        output: post2.output.clone(),
+        extra_outputs,
+        f16_as_bf16: descs.iter().any(|d| d.f16_as_bf16),
+        n_kv_step: fa.n_kv_step,
+    };
+    let qkv_inputs = &operands[..operands.len() - 1];
+    let mut before_rows = qkv_inputs.to_vec();
+    before_rows
+        .extend([k, v, mask, wo, wg, wu, wd, n_ffn, n_pa, n_pf, out, q_out].map(Tensor::clone));
+    Some(LayerMerge {
+        at: *at,
+        desc,
+        before_rows,
+        after_rows: [a, r1, h, o, d].map(Tensor::clone).to_vec(),
+        absorbed: vec![*f, *p, *n1, *g, *dn],
     })
 }
 
@@ -2849,7 +2987,7 @@ pub(super) mod tests {
         };
         merge_layer(
             nodes,
-            planned,
+            &planned,
             merge.at,
             &merge.desc,
             &merge.operands,

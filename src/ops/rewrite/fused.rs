@@ -76,12 +76,15 @@ pub enum Fused {
         head_norm: bool,
         bias: bool,
     },
-    /// `DECODE_LAYER[_BIAS][_HEAD_NORM][_FF]_<GLU>`: the Q/K/V kernel (`RmsNormQkvRope` of the
-    /// same `ff`, `head_norm` and `bias`), then the attention and the block.
+    /// `DECODE_LAYER[_BIAS][_HEAD_NORM][_POST_NORM][_FF]_<GLU>`: the Q/K/V kernel
+    /// (`RmsNormQkvRope` of the same `ff`, `head_norm` and `bias`), then the attention and the
+    /// block (`post_norm`: gemma's, with norms after the attention's projection and after the
+    /// block, each before its residual).
     DecodeLayer {
         ff: bool,
         head_norm: bool,
         bias: bool,
+        post_norm: bool,
         glu: Glu,
     },
 }
@@ -118,10 +121,12 @@ impl Fused {
                 ff: f,
                 head_norm,
                 bias,
+                post_norm,
                 glu,
             } => format!(
-                "DECODE_LAYER{}{}_{}",
+                "DECODE_LAYER{}{}{}_{}",
                 extra(bias, head_norm),
+                if post_norm { "_POST_NORM" } else { "" },
                 ff(f),
                 glu.name()
             ),
@@ -172,8 +177,9 @@ impl Fused {
                 bias,
             });
         }
-        // `DECODE_LAYER[_BIAS][_HEAD_NORM][_FF]_<GLU>`.
+        // `DECODE_LAYER[_BIAS][_HEAD_NORM][_POST_NORM][_FF]_<GLU>`.
         if let Some((bias, head_norm, rest)) = own("DECODE_LAYER") {
+            let (post_norm, rest) = flag(rest, "_POST_NORM");
             let (ff, rest) = flag(rest, "_FF");
             return rest
                 .strip_prefix('_')
@@ -182,6 +188,7 @@ impl Fused {
                     ff,
                     head_norm,
                     bias,
+                    post_norm,
                     glu,
                 });
         }
@@ -237,9 +244,9 @@ mod tests {
             }
         }
         // Every family with each of its parameters (DECODE_LAYER: plain and _FF, _BIAS and
-        // _HEAD_NORM).
+        // _HEAD_NORM, _POST_NORM and _HEAD_NORM_POST_NORM).
         let glus = Glu::ALL.len();
-        assert_eq!(fused, 6 * glus + 4 * glus + 2 + 6 + 6);
+        assert_eq!(fused, 6 * glus + 6 * glus + 2 + 6 + 6);
         assert_eq!(Fused::of("MUL_MAT"), None);
         assert_eq!(Fused::of("MUL_MAT_ADD"), None);
         assert_eq!(Fused::of("RMS_NORM_MUL_MAT_ROPE_X"), None);

@@ -3,6 +3,7 @@
 
 use super::builders as b;
 use super::{CacheRows, Graph, Planned, Rewritten};
+use crate::kernels::KernelDesc;
 use crate::ops::plan::Plan;
 use crate::ops::scatter::RowScatter;
 use crate::ops::tensor::{Node, Op, Tensor};
@@ -189,7 +190,17 @@ pub const REWRITES: &[Rewrite] = &[
         anchor: "an RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE[_FF] kernel",
         absorbs: "K's and V's SET_ROWS and the FLASH_ATTN_FFN_<GLU> kernel reading Q and the \
                   caches",
-        build: layer_merge,
+        build: |g, at| layer_merge(g, at, b::merge_layer),
+    },
+    Rewrite {
+        name: "DECODE_LAYER[_HEAD_NORM]_POST_NORM_<GLU>",
+        stage: Stage::Layers,
+        anchor: "an RMS_NORM_QKV[_HEAD_NORM]_ROPE kernel",
+        absorbs: "K's and V's SET_ROWS and gemma's kernels after them: the FLASH_ATTN_EXT_MASK \
+                  reading Q and the caches, the output projection's MUL_MAT, its norm and \
+                  residual (RMS_NORM_MUL_ADD), the block's RMS_NORM_MUL_MAT_<GLU>, its down \
+                  projection's MUL_MAT and their norm and residual (RMS_NORM_MUL_ADD)",
+        build: |g, at| layer_merge(g, at, b::merge_post_norm_layer),
     },
 ];
 
@@ -442,23 +453,37 @@ fn qkv_merge(g: &Graph, v: usize) -> Vec<Rewritten> {
     }]
 }
 
-fn layer_merge(g: &Graph, at: usize) -> Vec<Rewritten> {
+/// The builder's signature of a decode layer's merge (`b::merge_layer`'s).
+type LayerBuilder = for<'a> fn(
+    &[Node],
+    &dyn Fn(usize) -> Planned<'a>,
+    usize,
+    &KernelDesc,
+    &[Tensor],
+    [usize; 2],
+) -> Option<b::LayerMerge>;
+
+/// A decode layer's kernels into one, as `merge` finds them after the Q/K/V kernel at `at`
+/// (which writes K's and V's cache rows).
+fn layer_merge(g: &Graph, at: usize, merge: LayerBuilder) -> Vec<Rewritten> {
     let (Planned::Kernel(desc, operands), [k_rows, v_rows]) = (g.planned(at), g.steps.rows(at))
     else {
         return Vec::new();
     };
     let qkv_operands = &operands[..operands.len() - 2];
     let set_rows = [k_rows.set_rows, v_rows.set_rows];
-    let Some(layer) = b::merge_layer(g.nodes, |k| g.planned(k), at, desc, qkv_operands, set_rows)
-    else {
+    let planned = |k: usize| g.planned(k);
+    let Some(layer) = merge(g.nodes, &planned, at, desc, qkv_operands, set_rows) else {
         return Vec::new();
     };
     let mut operands = layer.before_rows;
     let rows = append_rows(&mut operands, [k_rows, v_rows]);
     operands.extend(layer.after_rows);
+    let mut covers = vec![at, set_rows[0], set_rows[1]];
+    covers.extend(layer.absorbed);
     vec![Rewritten {
         at: layer.at,
-        covers: vec![at, set_rows[0], set_rows[1]],
+        covers,
         desc: layer.desc,
         operands,
         rows,

@@ -477,12 +477,29 @@ struct Ffn<'b, 'a> {
 /// MUL_MAT_ADD_RMS_NORM_FFN_<GLU> with a viewed as [Ka, N], as the two kernels it replaces
 /// compute them; `params` the attention's scale, max_bias and softcap, then the norm's eps;
 /// `down` Wd and the output. Without it (FLASH_ATTN_GLU_<GLU>) the block stops at h.
+/// gemma's norms after the attention's projection and after the block (`DecodeLayer`'s
+/// `post_norm`): their weights and eps (f32 bits), and the projections before them, o and d.
+struct PostNorms<'b, 'a> {
+    n_attn: &'b Buf<'a>,
+    n_ffn: &'b Buf<'a>,
+    eps: [i32; 2],
+    o: &'b mut Buf<'a>,
+    d: &'b mut Buf<'a>,
+}
+
+/// `out` = rms_norm(p) * n + r, ggml-cpu's nodes (`RmsNormMulAdd`'s), p written first.
+fn post_norm_add(p: &Buf<'_>, n: &Buf<'_>, eps: i32, r: &Buf<'_>, out: &mut Buf<'_>) {
+    rms_norm_mul(p, n, eps, out);
+    add_repeated(out, r);
+}
+
 fn attention_ffn(
     [q, k, v, mask]: [&Buf<'_>; 4],
     f: Ffn<'_, '_>,
     params: &[i32],
     [a, r1, h]: [&mut Buf<'_>; 3],
     down: Option<(&Buf<'_>, &mut Buf<'_>)>,
+    mut post: Option<PostNorms<'_, '_>>,
 ) {
     let bits = |i: usize| f32::from_bits(params[i] as u32);
     let attention = attn::Params {
@@ -498,14 +515,30 @@ fn attention_ffn(
         bytes: a.bytes.clone(),
         as_bf16: false,
     };
-    mul_mat(f.wo, &a2, r1);
-    add_repeated(r1, f.r0);
+    match post.as_mut() {
+        Some(p) => {
+            mul_mat(f.wo, &a2, p.o);
+            post_norm_add(p.o, p.n_attn, p.eps[0], f.r0, r1);
+        }
+        None => {
+            mul_mat(f.wo, &a2, r1);
+            add_repeated(r1, f.r0);
+        }
+    }
     let yt = TensorDesc::contiguous(r1.t.ne, crate::ops::DType::F32);
     let y = normed(r1, f.n, params[3], &yt);
     glu_products(f.wg, f.wu, &y, f.act, h);
     if let Some((wd, out)) = down {
-        mul_mat(wd, h, out);
-        add_repeated(out, r1);
+        match post {
+            Some(p) => {
+                mul_mat(wd, h, p.d);
+                post_norm_add(p.d, p.n_ffn, p.eps[1], r1, out);
+            }
+            None => {
+                mul_mat(wd, h, out);
+                add_repeated(out, r1);
+            }
+        }
     }
 }
 
@@ -772,10 +805,15 @@ pub unsafe fn execute(
             let qkvm = [&bufs[0], &bufs[1], &bufs[2], &bufs[3]];
             let params = &desc.op_params[..4];
             match (extra.as_mut_slice(), down) {
-                ([a, r1, h], true) => {
-                    attention_ffn(qkvm, ffn, params, [a, r1, h], Some((&bufs[8], &mut out)))
-                }
-                ([a, r1], false) => attention_ffn(qkvm, ffn, params, [a, r1, &mut out], None),
+                ([a, r1, h], true) => attention_ffn(
+                    qkvm,
+                    ffn,
+                    params,
+                    [a, r1, h],
+                    Some((&bufs[8], &mut out)),
+                    None,
+                ),
+                ([a, r1], false) => attention_ffn(qkvm, ffn, params, [a, r1, &mut out], None, None),
                 _ => {
                     return Err(format!(
                         "kernel {}: {} outputs expected",
@@ -789,13 +827,21 @@ pub unsafe fn execute(
             ff,
             head_norm,
             bias,
+            post_norm,
             act,
         } => {
-            let [q, k_rows, v_rows, a, r1, h] = extra.as_mut_slice() else {
-                return Err(format!(
-                    "kernel {}: Q, K rows, V rows, a, r1 and h outputs expected",
-                    desc.name
-                ));
+            let (q, k_rows, v_rows, a, r1, h, od) = match extra.as_mut_slice() {
+                [q, k_rows, v_rows, a, r1, h] if !post_norm => (q, k_rows, v_rows, a, r1, h, None),
+                [q, k_rows, v_rows, a, r1, h, o, d] if post_norm => {
+                    (q, k_rows, v_rows, a, r1, h, Some((o, d)))
+                }
+                _ => {
+                    return Err(format!(
+                        "kernel {}: Q, K rows, V rows, a, r1 and h outputs expected (then o and \
+                         d with post norms)",
+                        desc.name
+                    ))
+                }
             };
             // The Q/K/V kernel's op_params (the heads' eps its word 12).
             let (qkv, _) = desc.decode_layer_parts()?;
@@ -829,12 +875,29 @@ pub unsafe fn execute(
                 bytes: q.bytes.clone(),
                 as_bf16: false,
             };
-            let [k, v, mask, wo, wg, wu, wd, n] = &caches[..] else {
+            let [k, v, mask, wo, wg, wu, wd, n, norms @ ..] = &caches[..] else {
                 return Err(format!(
                     "kernel {}: {} inputs expected",
                     desc.name,
                     op.arity()
                 ));
+            };
+            let post = match (od, norms) {
+                (Some((o, d)), [n_attn, n_ffn]) => Some(PostNorms {
+                    n_attn,
+                    n_ffn,
+                    eps: [desc.op_params[17], desc.op_params[18]],
+                    o,
+                    d,
+                }),
+                (None, []) => None,
+                _ => {
+                    return Err(format!(
+                        "kernel {}: {} inputs expected",
+                        desc.name,
+                        op.arity()
+                    ))
+                }
             };
             let ffn = Ffn {
                 wo,
@@ -851,6 +914,7 @@ pub unsafe fn execute(
                 &params,
                 [a, r1, h],
                 Some((wd, &mut out)),
+                post,
             );
         }
         Op::MulMatAdd => {
