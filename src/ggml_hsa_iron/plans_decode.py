@@ -1,6 +1,6 @@
-"""DECODE_LAYER[_BIAS|_HEAD_NORM](_FF)_<glu>: a llama, qwen2 or qwen3 layer of one decode step as
-one program (designs/ffn.py): RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE(_FF), then FLASH_ATTN_FFN_<glu>
-with q = Q and r0 = x.
+"""DECODE_LAYER[_BIAS|_HEAD_NORM][_POST_NORM](_FF)_<glu>: a llama, qwen2, qwen3, gemma2 or gemma3
+layer of one decode step as one program (designs/ffn.py): RMS_NORM_QKV[_BIAS|_HEAD_NORM]_ROPE(_FF),
+then FLASH_ATTN_FFN_<glu> with q = Q and r0 = x.
 
 The request: inputs Wq [K, Mq], Wk [K, Mk], Wv [K, Mv] (RMS_NORM_QKV_ROPE's), x f32 [K, 1] (the
 layer's input and the residual r0), n_attn f32 [K], the positions i32, (_FF) the frequency
@@ -18,6 +18,13 @@ norm weights (qwen3), whose eps is op_params word 16. Each group's columns recei
 the column's rows of every round behind them (the lone op's `bias_taps`), which each core keeps
 for its rows (mv_decode.h: one array, sized for the longest group). With biases the rounds
 are whole, as the lone ops plan them.
+
+_POST_NORM (gemma2; gemma3 with _HEAD_NORM): the norms after the attention's projection and
+after the block, r1 = rms_norm(o) * n_post_attn + x and out = rms_norm(d) * n_post_ffn + r1,
+as phases of their own behind the projections, which then write o and d without their
+residuals (designs/ffn.py; `post_norm_rounds`). Inputs n_post_attn and n_post_ffn f32 [K]
+behind n_ffn, outputs o and d f32 [K, 1] behind h, op_params words 17 and 18 the norms' eps
+(word 16 the head norm's, or 0). One token: a norm-add phase's x objects hold one row's values.
 
 Split heads: a NeoX rotation pairs rows half a head apart, and a head norm sums a whole head,
 so the lone ops give each core whole heads a round; heads of 128 rows (Qwen, Phi-4) do not fit

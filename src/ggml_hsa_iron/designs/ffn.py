@@ -68,10 +68,20 @@ nothing. Every task group ends with
 FLASH_ATTN_GLU_<glu>: FLASH_ATTN_FFN_<glu> without phase 2 (a W_d of another weight type runs as
 its own MUL_MAT_ADD after it): the attention, phase 0 and phase 1, writing h, a and r1.
 
+DECODE_LAYER[_HEAD_NORM]_POST_NORM_<glu> (gemma2, gemma3; plans_decode): the layer with norms
+after the attention's projection and after the block, each r' = rms_norm(p) * n + r. Phase 0
+and phase 2 then run without their residuals (`_add_rounds` and `_add_fill` without r), writing
+o and d, and each is followed by a norm-add phase (`_post_norm_rounds`, mv_post_norm.h) on the
+same fifos: a task group of its own carries p's K chunks to every core (awaited before any row
+is written, so the output may take p's memory), each core summing their squares; then a task
+group per round carries the column's values of the round's rows of p, of the norm's weights and
+of the residual, each padded to an x object, and drains the cores' rows of r' (r1, then out).
+Phase 1 reads r1 as before.
+
 Runtime-sequence arguments (the request's order): W_g, W_u, W_d, x, n, r, out, h;
 MUL_MAT_ADD_RMS_NORM_FFN_<glu>: W_o, a, r0, W_g, W_u, W_d, n, out, r1, h; FLASH_ATTN_FFN_<glu>:
 q, k, v, mask, W_o, r0, W_g, W_u, W_d, n, out, a, r1, h; FLASH_ATTN_GLU_<glu>: q, k, v, mask,
-W_o, r0, W_g, W_u, n, h, a, r1.
+W_o, r0, W_g, W_u, n, h, a, r1; DECODE_LAYER's in plans_decode.DecodeSpec.sequence.
 """
 
 import numpy as np

@@ -3040,6 +3040,181 @@ pub(super) mod tests {
         assert_eq!(addrs(&layer.after_rows), [0xc000, 0xd000, 0xe000]);
     }
 
+    /// gemma2's layer after its Q/K/V kernel (`layer`'s at node 2, K's and V's SET_ROWS at 3
+    /// and 4): the attention (5), O (6), its norm and the residual x (7), the block's gate and
+    /// up (8), its down projection (9), its norm and the residual r1 (10). `r1` is r1's address
+    /// (0xd000 apart from the rest); `between`, a kernel running between 7 and 8.
+    fn post_norm_layer(r1: u64, between: bool) -> (Vec<Node>, Vec<Option<Plan>>, QkvMerge) {
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let f16 = |ne, addr| tensor(DType::F16, ne, addr);
+        let quiet = node(Op::Unary(UnaryOp::Relu), f32([64, 1, 1, 1], 0xf000), vec![]);
+        let (mut nodes, mut steps, merge) = layer(0xb000, 0x1000, quiet, true);
+        nodes.truncate(5);
+        steps.truncate(5);
+        let v = |n: usize| vec![0; n];
+        let kernel = |op: &str, params: Vec<i32>, ops: Vec<Tensor>| {
+            let (ins, out) = ops.split_at(ops.len() - 1);
+            Plan::Kernel {
+                desc: KernelDesc {
+                    op: op.into(),
+                    op_params: params,
+                    inputs: ins.iter().map(as_layout).collect(),
+                    output: as_layout(&out[0]),
+                    extra_outputs: Vec::new(),
+                    f16_as_bf16: false,
+                    n_kv_step: None,
+                },
+                operands: ops,
+            }
+        };
+        let eps = |e: f32| vec![e.to_bits() as i32];
+        let (a, o, h, d, out) = (0xc000, 0x20000, 0xe000, 0x21000, 0x7000);
+        let x = f32([64, 1, 1, 1], 0x1000);
+        let r1t = f32([64, 1, 1, 1], r1);
+        let mut q = f32([32, 1, 2, 1], 0xb000);
+        q.nb = [4, 128, 128, 256];
+        let chain = [
+            kernel(
+                "FLASH_ATTN_EXT_MASK",
+                vec![0.125f32.to_bits() as i32, 0, 50f32.to_bits() as i32],
+                vec![
+                    q,
+                    f16([32, 16, 1, 1], 0x8000),
+                    f16([32, 16, 1, 1], 0x9000),
+                    f16([16, 1, 1, 1], 0xa000),
+                    f32([32, 2, 1, 1], a),
+                ],
+            ),
+            kernel(
+                "MUL_MAT",
+                v(0),
+                vec![
+                    f32([64, 64, 1, 1], 0x13000),
+                    f32([64, 1, 1, 1], a),
+                    f32([64, 1, 1, 1], o),
+                ],
+            ),
+            kernel(
+                "RMS_NORM_MUL_ADD",
+                eps(1e-6),
+                vec![
+                    f32([64, 1, 1, 1], o),
+                    x.clone(),
+                    f32([64, 1, 1, 1], 0x22000),
+                    r1t.clone(),
+                ],
+            ),
+            kernel(
+                "RMS_NORM_MUL_MAT_GEGLU",
+                eps(1e-5),
+                vec![
+                    f32([64, 128, 1, 1], 0x14000),
+                    f32([64, 128, 1, 1], 0x15000),
+                    r1t.clone(),
+                    f32([64, 1, 1, 1], 0x4000),
+                    f32([128, 1, 1, 1], h),
+                ],
+            ),
+            kernel(
+                "MUL_MAT",
+                v(0),
+                vec![
+                    f32([128, 64, 1, 1], 0x16000),
+                    f32([128, 1, 1, 1], h),
+                    f32([64, 1, 1, 1], d),
+                ],
+            ),
+            kernel(
+                "RMS_NORM_MUL_ADD",
+                eps(2e-6),
+                vec![
+                    f32([64, 1, 1, 1], d),
+                    r1t,
+                    f32([64, 1, 1, 1], 0x23000),
+                    f32([64, 1, 1, 1], out),
+                ],
+            ),
+        ];
+        for (i, plan) in chain.into_iter().enumerate() {
+            let Plan::Kernel { operands, .. } = &plan else {
+                unreachable!()
+            };
+            nodes.push(node(Op::MulMat, operands.last().unwrap().clone(), vec![]));
+            steps.push(Some(plan));
+            if between && i == 2 {
+                let (dst, src) = (f32([64, 1, 1, 1], 0xf000), f32([64, 1, 1, 1], 0xf100));
+                let relu = node(Op::Unary(UnaryOp::Relu), dst, vec![src]);
+                steps.push(Some(crate::ops::plan(&relu).unwrap()));
+                nodes.push(relu);
+            }
+        }
+        (nodes, steps, merge)
+    }
+
+    fn post_norm_merge(
+        nodes: &[Node],
+        steps: &[Option<Plan>],
+        merge: &QkvMerge,
+    ) -> Option<LayerMerge> {
+        let planned = |k: usize| match &steps[k] {
+            Some(Plan::Kernel { desc, operands }) => Planned::Kernel(desc, operands),
+            Some(Plan::Skip) => Planned::Nothing,
+            None => Planned::Covered,
+            _ => Planned::Elsewhere,
+        };
+        merge_post_norm_layer(
+            nodes,
+            &planned,
+            merge.at,
+            &merge.desc,
+            &merge.operands,
+            [3, 4],
+        )
+    }
+
+    #[test]
+    fn a_gemma_decode_layer_s_kernels_merge_with_its_post_norms() {
+        let (nodes, steps, merge) = post_norm_layer(0xd000, false);
+        let layer = post_norm_merge(&nodes, &steps, &merge).expect("merges");
+        assert_eq!(layer.at, 10);
+        assert_eq!(layer.desc.op, "DECODE_LAYER_POST_NORM_GEGLU");
+        let bits = |v: f32| v.to_bits() as i32;
+        assert_eq!(
+            layer.desc.op_params[12..],
+            [
+                bits(0.125),
+                0,
+                bits(50.0),
+                bits(1e-5),
+                0,
+                bits(1e-6),
+                bits(2e-6)
+            ]
+        );
+        assert_eq!(layer.desc.inputs.len(), 16);
+        assert_eq!(layer.desc.extra_outputs.len(), 8);
+        assert_eq!(layer.absorbed, [5, 6, 7, 8, 9]);
+        let addrs = |ts: &[Tensor]| ts.iter().map(|t| t.addr).collect::<Vec<_>>();
+        let qkv = [0x10000, 0x11000, 0x12000, 0x1000, 0x2000, 0x3000];
+        let rest = [
+            0x8000, 0x9000, 0xa000, 0x13000, 0x14000, 0x15000, 0x16000, 0x4000, 0x22000, 0x23000,
+            0x7000, 0xb000,
+        ];
+        assert_eq!(addrs(&layer.before_rows), [&qkv[..], &rest[..]].concat());
+        assert_eq!(
+            addrs(&layer.after_rows),
+            [0xc000, 0xd000, 0xe000, 0x20000, 0x21000]
+        );
+        // r1 in the residual's memory (the ADD in place) merges; over part of o, or with a
+        // kernel running between the norms, it does not.
+        let (nodes, steps, merge) = post_norm_layer(0x1000, false);
+        assert!(post_norm_merge(&nodes, &steps, &merge).is_some());
+        let (nodes, steps, merge) = post_norm_layer(0x20010, false);
+        assert!(post_norm_merge(&nodes, &steps, &merge).is_none());
+        let (nodes, steps, merge) = post_norm_layer(0xd000, true);
+        assert!(post_norm_merge(&nodes, &steps, &merge).is_none());
+    }
+
     #[test]
     fn a_qwen_decode_layer_s_kernels_merge_with_their_biases_or_their_heads_norms() {
         let f32 = |addr| tensor(DType::F32, [64, 1, 1, 1], addr);
