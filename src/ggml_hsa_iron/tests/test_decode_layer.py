@@ -255,6 +255,9 @@ class DecodeLayerPlanTest(unittest.TestCase):
         # each after the squares' group. Several tokens, and Gemma 2 2B's heads of 256 rows in
         # the attention beside two q heads per KV head, are refused (the layer's kernels run).
         spec = layer_spec("GEGLU", "q4_0", GEMMA3_1B, kind="HEAD_NORM_POST_NORM", mode=2)
+        # One core per column: K's one head of 256 rows is whole on one core of its column
+        # (NeoX pairs, the head norm), and every core of a group's column has rows.
+        self.assertEqual(shape(spec), (6, 1, 64, 128))
         names = [name for name, _ in spec.sequence_phases()]
         self.assertEqual(names[2:], ["O", "O's norm + residual", "norm, gate, up", "down",
                                      "down's norm + residual"])  # fmt: skip
