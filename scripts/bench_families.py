@@ -70,7 +70,7 @@ FAMILIES = [
     ("qwen2", "tiny-qwen2-f32", 2, ("Qwen2.5-1.5B", 28, (1536, 12, 2, 128, 8960, N_KV), (151936, 1536), layer("bias", mode=2))),
     # FastFlowLM's published Qwen3 figure is of this shape (66.5 t/s decode, Krackan).
     ("qwen3", "tiny-qwen3-f32", 2, ("Qwen3-0.6B", 28, (1024, 16, 8, 128, 3072, N_KV), (151936, 1024), layer("head_norm", mode=2))),
-    # Gemma 2 2B's attention (two q heads of 256 per KV head) is refused by the layer design.
+    # Gemma 2 2B's layer is refused by the layer design (its projection phase's heads of 256).
     ("gemma2", "tiny-gemma2-f32", 6, ("Gemma-2-2B", 26, (2304, 8, 4, 256, 9216, N_KV), (256000, 2304), layer("post_norm", mode=2, glu="GEGLU"))),
     ("gemma3", "tiny-gemma3-f32", 3, ("Gemma-3-1B", 26, (1152, 4, 1, 256, 6912, N_KV), (262144, 1152), layer("head_norm_post_norm", mode=2, glu="GEGLU"))),
 ]
@@ -190,8 +190,9 @@ def main() -> int:
         "their GEGLU block's: the norms after the attention's projection and after the block",
         "each take a phase of their own (the whole projection's sum of squares first, then its",
         "rows normalised, weighted and added to the residual), gemma3's Q and K head norms run",
-        "as qwen3's. Gemma 2 2B's attention (two q heads of 256 rows per KV head) is declined",
-        "by the layer design, which then runs as its seven kernels (not timed here). Gemma 3",
+        "as qwen3's. Gemma 2 2B's layer is declined by the layer design (its Q and K heads of",
+        "256 rows, split over rounds of one core, fit no shape of the projection phase within a",
+        "shim's DMA tasks) and runs as its seven kernels (not timed here). Gemma 3",
         "1B's layer runs on one core per column (6 x 1, 64 rows a core): its one KV head of 256",
         "rows must be whole on one core (NeoX pairs rows half a head apart, the head norm sums",
         "the head), and the projection phase's groups give every core of a column rows, so K's",

@@ -252,8 +252,8 @@ class DecodeLayerPlanTest(unittest.TestCase):
 
     def test_gemma_layers(self):
         # Gemma 3 1B's shape takes the one program on aie2p; its post norms' phases a round
-        # each after the squares' group. Several tokens, and Gemma 2 2B's heads of 256 rows in
-        # the attention beside two q heads per KV head, are refused (the layer's kernels run).
+        # each after the squares' group. Several tokens, and Gemma 2 2B's Q and K heads of 256
+        # rows (no shape of the projection phase), are refused (the layer's kernels run).
         spec = layer_spec("GEGLU", "q4_0", GEMMA3_1B, kind="HEAD_NORM_POST_NORM", mode=2)
         # One core per column: K's one head of 256 rows is whole on one core of its column
         # (NeoX pairs, the head norm), and every core of a group's column has rows.
