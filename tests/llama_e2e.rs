@@ -1203,14 +1203,15 @@ fn assert_no_node_on_the_cpu(tag: &str, stats: &Path) {
 
 /// The gate for a step of several tokens: a decode layer kernel (`DECODE_LAYER_SWIGLU`) ran
 /// over `tokens` tokens at once (its name carries the positions' operand, i32 of `tokens`).
-fn assert_layer_kernel_of_tokens(tag: &str, counters: &Path, tokens: usize) {
+/// The run dispatched a decode layer kernel (its name starting with `layer`) over `tokens`.
+fn assert_layer_kernel_of_tokens(tag: &str, counters: &Path, layer: &str, tokens: usize) {
     let c = read_json(counters);
     let kernels = c["kernels"].as_object().expect("per-kernel counters");
     let positions = format!("-i32_{tokens}-");
     assert!(
         kernels
             .keys()
-            .any(|k| k.starts_with("decode_layer_swiglu-") && k.contains(&positions)),
+            .any(|k| k.starts_with(layer) && k.contains(&positions)),
         "{tag}: no decode layer kernel of {tokens} tokens: {:?}",
         kernels.keys().collect::<Vec<_>>()
     );
@@ -1267,7 +1268,7 @@ fn several_sequences_decode_side_by_side_with_the_cpu_s_logits() {
         // another), and the attention (each sequence's tokens against its own cache) with the
         // block after it another.
         if cache.contains(&"--kv-unified") {
-            assert_layer_kernel_of_tokens(&tag, &counters, 4);
+            assert_layer_kernel_of_tokens(&tag, &counters, "decode_layer_swiglu-", 4);
         } else {
             let emulated = &read_json(&counters)["emulated_ops"];
             for op in ["RMS_NORM_QKV_ROPE", "FLASH_ATTN_FFN_SWIGLU", "CPY_ROWS"] {
@@ -1322,14 +1323,19 @@ fn several_sequences_decode_side_by_side_with_the_cpu_s_logits() {
 /// f32 tiny llama drafted by the
 /// Q4_0 one, both on HSA0, drafts of up to 4 tokens) writes the text HSA0 gives without a draft
 /// (llama-simple): its verification batches, the drafts it rejects and the cache rows it drops
-/// after them change nothing.
+/// after them change nothing. The tiny gemma3 Q4_0 the same way in batches of 3: each layer one
+/// kernel over the batch with its norms after the attention's projection and after the block.
 #[test]
 fn verification_batches_of_several_tokens_match_one_token_at_a_time() {
     const STEPS: usize = 13;
     let Some(bin) = dl_bin() else {
         return;
     };
-    let (Some(q4_0), Some(f32_model)) = (model("tiny-llama-q4_0"), model("tiny-llama-f32")) else {
+    let (Some(q4_0), Some(f32_model), Some(gemma3)) = (
+        model("tiny-llama-q4_0"),
+        model("tiny-llama-f32"),
+        model("tiny-gemma3-q4_0"),
+    ) else {
         return;
     };
     let Some(speculative) = require(
@@ -1351,10 +1357,33 @@ fn verification_batches_of_several_tokens_match_one_token_at_a_time() {
     let (run, logits) = greedy_run(&bin, &q4_0, LONG_PROMPT, &batched, RUN_TIMEOUT);
     let npu = parse_greedy(&run, &logits);
     assert_all_layer_ops_emulated("batches of 3 tokens", &npu.log, &counters, &stats);
-    assert_layer_kernel_of_tokens("batches of 3 tokens", &counters, 3);
+    assert_layer_kernel_of_tokens("batches of 3 tokens", &counters, "decode_layer_swiglu-", 3);
     let worst = worst_step_nmse(&npu, &cpu);
     println!("batches of 3 tokens, teacher-forced: worst step NMSE {worst:.3e}");
     assert!(worst <= MAX_QUANTIZED_LOGITS_NMSE, "NMSE {worst:.3e}");
+
+    let (genv, gcounters, gstats) = emu_env("verify-gemma3");
+    let (run, logits) = greedy_run(
+        &bin,
+        &gemma3,
+        LONG_PROMPT,
+        &args(None, &[], &[]),
+        RUN_TIMEOUT,
+    );
+    let cpu = parse_greedy(&run, &logits);
+    let batched = args(Some(&genv), &cpu.tokens, &["--batch", "3"]);
+    let (run, logits) = greedy_run(&bin, &gemma3, LONG_PROMPT, &batched, RUN_TIMEOUT);
+    let npu = parse_greedy(&run, &logits);
+    let tag = "tiny gemma3, batches of 3 tokens";
+    assert_all_layer_ops_emulated(tag, &npu.log, &gcounters, &gstats);
+    let layer = "decode_layer_head_norm_post_norm_geglu-";
+    assert_layer_kernel_of_tokens(tag, &gcounters, layer, 3);
+    let worst = worst_step_nmse(&npu, &cpu);
+    println!("{tag}, teacher-forced: worst step NMSE {worst:.3e}");
+    assert!(
+        worst <= MAX_QUANTIZED_LOGITS_NMSE,
+        "{tag}: NMSE {worst:.3e}"
+    );
 
     let prompt = "Once upon a time";
     let mut cmd = Command::new(&speculative);

@@ -23,8 +23,9 @@ _POST_NORM (gemma2; gemma3 with _HEAD_NORM): the norms after the attention's pro
 after the block, r1 = rms_norm(o) * n_post_attn + x and out = rms_norm(d) * n_post_ffn + r1,
 as phases of their own behind the projections, which then write o and d without their
 residuals (designs/ffn.py; `post_norm_rounds`). Inputs n_post_attn and n_post_ffn f32 [K]
-behind n_ffn, outputs o and d f32 [K, 1] behind h, op_params words 17 and 18 the norms' eps
-(word 16 the head norm's, or 0). One token: a norm-add phase's x objects hold one row's values.
+behind n_ffn, outputs o and d f32 [K, T] behind h, op_params words 17 and 18 the norms' eps
+(word 16 the head norm's, or 0). Over several tokens a norm-add phase's x objects hold a run
+of each token's values, as MUL_MAT_ADD's r objects do.
 
 Split heads: a NeoX rotation pairs rows half a head apart, and a head norm sums a whole head,
 so the lone ops give each core whole heads a round; heads of 128 rows (Qwen, Phi-4) do not fit
@@ -336,7 +337,8 @@ class QkvPhase:
         bias = mv_bias_bytes(self.bias_plan) if self.bias_plan else 0
         # Split heads: each token's head kept (mv_decode.h's g_dl_heads).
         heads = self.q.plan.nx * self.rope_rows.head * 4 if self.split > 1 else 0
-        post = post_norm_bytes(self.q.plan.rows_per_tile) if self.post_eps else 0
+        p = self.q.plan
+        post = post_norm_bytes(p.rows_per_tile, p.nx) if self.post_eps else 0
         return mv_rope_bytes(self.rope_rows) - shared + bias + heads + post
 
     @property
@@ -380,10 +382,10 @@ class QkvPhase:
         return out
 
 
-def post_norm_bytes(nr: int) -> int:
-    """mv_post_norm.h's static data: the sum of squares (a vector), a core's rows of the
-    projection and of the norm's weights (whole vectors each), the chunk counter."""
-    return 64 + 2 * -(-nr // 16) * 64 + 4
+def post_norm_bytes(nr: int, nx: int) -> int:
+    """mv_post_norm.h's static data: per token the sum of squares (a vector) and a core's rows
+    of the projection and of the norm's weights (whole vectors each); the chunk counter."""
+    return nx * (64 + 2 * -(-nr // 16) * 64) + 4
 
 
 def _group_plan(
@@ -607,16 +609,33 @@ class DecodeSpec(FfnSpec):
             ("down's norm + residual", post),
         ]
 
-    def post_norm_rounds(self) -> list[list[tuple[Tap, Tap | None]]]:
-        """_POST_NORM: the rounds of a norm-add phase (the output projection's rounds: K rows
-        of one token, whole rounds), each a task group: per column the tap of the column's
-        rows of the round, which reads them from p, n and r and writes them alike ([K] rows),
-        and the padding of each such x object (p's first values; None when R*nr == kc)."""
-        o = self.tasks()[0]
+    def post_norm_squares(self) -> Tap:
+        """_POST_NORM: a norm-add phase's first task on every column: p [K, T] in K chunks, per
+        chunk each token's (the x objects of the GEMV over T tokens)."""
+        p = self.up.plan
+        K, kc = p.K, p.k_chunk
+        return Tap(0, (1, K // kc, p.nx, kc), (0, kc, K, 1))
+
+    def post_norm_rounds(self) -> list[list[tuple[Tap, Tap, Tap, Tap | None]]]:
+        """_POST_NORM: the rounds of a norm-add phase (the output projection's rounds: whole
+        rounds of K rows), each a task group: per column the taps of the column's rows of the
+        round in p and r ([K, T]: a run per token, as MUL_MAT_ADD's r object) and in n ([K],
+        its run repeated per token), the drain of the cores' rows (y objects of nr rows per
+        token), and the padding of each x object (p's first values; None when R*nr == kc)."""
+        p = self.attn.plan
+        R, nr, nx, K = p.rows, p.rows_per_tile, p.nx, p.N
         rounds = []
-        for group in o:
+        for group in self.tasks()[0]:
             for i in range(len(group[0][3])):
-                rounds.append([(rs[i], pad) for _, _, _, rs, pad in group])
+                cols = []
+                for _, _, _, rs, pad in group:
+                    rows = rs[i]
+                    # The weights' run once per token: a shim task repeats by its outermost
+                    # dimension only.
+                    n = Tap(rows.offset, (nx, 1, 1, R * nr), (0, 0, 0, 1))
+                    y = rows if nx == 1 else Tap(rows.offset, (1, R, nx, nr), (0, nr, K, 1))
+                    cols.append((rows, n, y, pad))
+                rounds.append(cols)
         return rounds
 
 
@@ -647,18 +666,18 @@ def layer_parts(op: str) -> tuple[str, str]:
     return qkv, f"FLASH_ATTN_FFN_{rest}"
 
 
-def _check_post_norm(op: str, x: Tensor, tensors, parts: str) -> None:
-    """_POST_NORM's own operands: the norms' weights f32 [K], o and d dense f32 [K, 1]; one
-    token (a norm-add phase's x objects hold one row's values)."""
+def _check_post_norm(op: str, x: Tensor, tensors) -> None:
+    """_POST_NORM's own operands: the norms' weights f32 [K], o and d dense f32 [K, T] as x."""
     K, T = x.ne[0], x.ne[1]
-    if T != 1:
-        raise UnsupportedError(
-            f"{op}: {T} tokens; the norm-add phases take one token's rows; {parts}"
-        )
     n_pa, n_pf, o, d = tensors
-    for what, t in (("n_post_attn", n_pa), ("n_post_ffn", n_pf), ("o", o), ("d", d)):
-        if t.dtype != "f32" or t.ne[0] != K or t.nelements != K or not t.is_dense():
-            raise RequestError(f"{op}: {what} must be dense f32 of {K} values, not {t}")
+    for what, t, n in (
+        ("n_post_attn", n_pa, K),
+        ("n_post_ffn", n_pf, K),
+        ("o", o, K * T),
+        ("d", d, K * T),
+    ):
+        if t.dtype != "f32" or t.ne[0] != K or t.nelements != n or not t.is_dense():
+            raise RequestError(f"{op}: {what} must be dense f32 of {n} values, not {t}")
 
 
 def prepare_decode_layer(req: Request) -> DecodeSpec:
@@ -691,7 +710,7 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
             f"one step; {parts}"
         )
     if post:
-        _check_post_norm(op, x, (n_pa, n_pf, o, d), parts)
+        _check_post_norm(op, x, (n_pa, n_pf, o, d))
     weights = (("Wq", wq), ("Wk", wk), ("Wv", wv), ("W_o", wo), ("W_g", wg), ("W_u", wu))
     for what, w in weights[1:] + (("W_d", wd),):
         if w.dtype != wq.dtype:

@@ -242,7 +242,7 @@ _DECODE_LAYER_LIMITS = (
     "attention's projection and after the block, each r' = rms_norm(p) * n + r, as phases of "
     "their own (the projection p written whole first); inputs n_post_attn and n_post_ffn f32 [K] "
     "behind n_ffn, op_params words 17 and 18 their eps, outputs o and d (the projections) behind "
-    "h; one token"
+    "h"
 )
 
 _ROWS_LIMITS = (

@@ -541,18 +541,19 @@ impl KernelDesc {
             qkv.validate()?;
             attn.validate()?;
             if post_norm {
-                // The norms' weights [K], o and d as r1: dense f32 of one token's K values.
+                // The norms' weights [K]; o and d as r1 [K, T]: dense f32.
                 let r1 = &attn.extra_outputs[1];
                 let k = r1.ne[0];
+                let dense_f32 = |t: &TensorDesc, n: u64| {
+                    t.ty == crate::ops::DType::F32 && t.ne[0] == k && t.nelements() == n
+                };
                 let weights = &self.inputs[self.inputs.len() - 2..];
                 let projections = &self.extra_outputs[6..];
-                let dense_f32 = |t: &TensorDesc| {
-                    t.ty == crate::ops::DType::F32 && t.ne[0] == k && t.nelements() == k as u64
-                };
-                if r1.nelements() != k as u64 || !weights.iter().chain(projections).all(dense_f32) {
+                if !weights.iter().all(|t| dense_f32(t, k as u64))
+                    || !projections.iter().all(|t| dense_f32(t, r1.nelements()))
+                {
                     return inv(format!(
-                        "{}: the post norms' weights, o and d must be f32 of one token's {k} \
-                         values",
+                        "{}: the post norms' weights must be f32 [{k}], o and d f32 as r1",
                         self.op
                     ));
                 }

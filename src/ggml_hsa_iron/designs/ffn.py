@@ -75,8 +75,9 @@ o and d, and each is followed by a norm-add phase (`_post_norm_rounds`, mv_post_
 same fifos: a task group of its own carries p's K chunks to every core (awaited before any row
 is written, so the output may take p's memory), each core summing their squares; then a task
 group per round carries the column's values of the round's rows of p, of the norm's weights and
-of the residual, each padded to an x object, and drains the cores' rows of r' (r1, then out).
-Phase 1 reads r1 as before.
+of the residual, each padded to an x object (a run per token, as MUL_MAT_ADD's r object; the
+weights' run repeated), and drains the cores' rows of r' (r1, then out). Phase 1 reads r1 as
+before.
 
 Runtime-sequence arguments (the request's order): W_g, W_u, W_d, x, n, r, out, h;
 MUL_MAT_ADD_RMS_NORM_FFN_<glu>: W_o, a, r0, W_g, W_u, W_d, n, out, r1, h; FLASH_ATTN_FFN_<glu>:
@@ -144,28 +145,28 @@ def _post_norm_rounds(of_x, of_y, rounds, k_steps, f, r_offset, norm):
 
 
 def _post_norm_fills(spec, hs, P, Nbuf, Rbuf, Y):
-    """A norm-add phase's task groups for `_ahead` (y = rms_norm(P) * Nbuf + Rbuf into Y, all
-    [K] of one token): every column's P in K chunks, in a group of its own (awaited before
-    any row is written: Y may take P's memory), then a group a round (DecodeSpec.
-    post_norm_rounds): per column the round's rows of P, of Nbuf and of Rbuf, each padded to
-    an x object, and the drain of Y's."""
-    K = spec.up.plan.K
-    cols = range(spec.up.plan.columns)
+    """A norm-add phase's task groups for `_ahead` (y = rms_norm(P) * Nbuf + Rbuf into Y; P,
+    Rbuf and Y [K, T], Nbuf [K]): every column's P in K chunks (`post_norm_squares`), in a
+    group of its own (awaited before any row is written: Y may take P's memory), then a group
+    a round (DecodeSpec.post_norm_rounds): per column the round's rows of P, of Nbuf and of
+    Rbuf, each padded to an x object, and the drain of Y's."""
+    p = spec.up.plan
+    K, KT = p.K, p.K * p.nx
 
     def squares(tg):
-        for col in cols:
-            hs[3 * col + 1].fill(P, tap=_tap(K, spec.up.plan.norm_tap()), group=tg, wait=True)
+        for col in range(p.columns):
+            hs[3 * col + 1].fill(P, tap=_tap(KT, spec.post_norm_squares()), group=tg, wait=True)
         return 1
 
     def one_round(tg, taps):
-        for col, (rows, pad) in enumerate(taps):
+        for col, (rows, n, y, pad) in enumerate(taps):
             _, hx, hy = hs[3 * col : 3 * col + 3]
-            for buf in (P, Nbuf, Rbuf):
-                hx.fill(buf, tap=_tap(K, rows), group=tg)
+            for buf, total, tap in ((P, KT, rows), (Nbuf, K, n), (Rbuf, KT, rows)):
+                hx.fill(buf, tap=_tap(total, tap), group=tg)
                 if pad is not None:
-                    hx.fill(P, tap=_tap(K, pad), group=tg)
-            hy.drain(Y, tap=_tap(K, rows), group=tg, wait=True)
-        return 3 * (1 + (taps[0][1] is not None)) + 1
+                    hx.fill(P, tap=_tap(KT, pad), group=tg)
+            hy.drain(Y, tap=_tap(KT, y), group=tg, wait=True)
+        return 3 * (1 + (taps[0][3] is not None)) + 1
 
     groups = [(lambda tg: 0, squares)]
     for taps in spec.post_norm_rounds():

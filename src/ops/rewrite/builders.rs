@@ -540,9 +540,13 @@ fn split<'a>(
 /// The fold of the SCALE kernel computing q, the first input of the attention kernel planned
 /// at node `at` (phi3 scales Q before the attention and passes it a scale of 1), into the
 /// attention's own scale: its q is the SCALE's input and its scale the product of both
-/// (ggml scales the scores q . k, and a bias-free SCALE of q scales each of them alike). Only
-/// when nothing but the attention reads the scaled q, the application does not, and no node
-/// in between writes the SCALE's input. It covers the SCALE's node. `None` otherwise.
+/// (ggml scales the scores q . k, and a bias-free SCALE of q scales each of them alike). q may
+/// be a view of the scaled tensor's bytes (llama's permuted q of several tokens): the attention
+/// then reads the SCALE's input through the same view. Only when nothing but the attention
+/// reads the scaled q, the application does not, no node in between writes the SCALE's input,
+/// and the attention's output is apart from that input or exactly its memory, head by head
+/// (gemma's attention output in the memory of Q, dead once scaled: each query row is read
+/// before the row of its output is written). It covers the SCALE's node. `None` otherwise.
 pub fn fold_scale_into_attention<'a>(
     nodes: &[Node],
     at: usize,
@@ -564,8 +568,10 @@ pub fn fold_scale_into_attention<'a>(
     let f32_dense = |t: &Tensor| t.dtype == DType::F32 && t.is_contiguous();
     let exact = scaled.addr == q.addr
         && scaled.bytes == q.bytes
-        && x.bytes == q.bytes
-        && [q, x, scaled].into_iter().all(f32_dense);
+        && q.dtype == DType::F32
+        && x.ne == scaled.ne
+        && x.nb == scaled.nb
+        && [x, scaled].into_iter().all(f32_dense);
     let no_bias = scale
         .op_params
         .get(1)
@@ -575,9 +581,11 @@ pub fn fold_scale_into_attention<'a>(
         return None;
     }
     let runs = |j: usize| !matches!(planned(j), Planned::Nothing | Planned::Covered);
+    // The output over x: [Dv, H, T] dense over x's [D, H, T], each row where its query's is.
+    let over_x = out.addr == x.addr && out.ne == x.ne && out.nb == x.nb && f32_dense(out);
     if read_elsewhere(nodes, scaled, k, at, runs)
         || written_in(nodes, k + 1..at, &[x], runs)
-        || out.overlaps(x)
+        || (out.overlaps(x) && !over_x)
     {
         return None;
     }
@@ -3591,6 +3599,54 @@ pub(super) mod tests {
         let f32 = |addr| tensor(DType::F32, [16, 2, 1, 1], addr);
         let reader = node(Op::Unary(UnaryOp::Relu), f32(0x4000), vec![f32(0x2000)]);
         let (nodes, steps) = scaled_attention(0.0, vec![reader]);
+        assert!(fold_scale_into_attention(&nodes, 1, |k| as_planned(&steps[k])).is_none());
+    }
+
+    #[test]
+    fn a_permuted_q_of_several_tokens_folds_its_scale_and_may_share_q_s_memory() {
+        // gemma: Q [16, 2 heads, 3 tokens] at 0x1000 scaled into 0x2000, the attention's q its
+        // permuted view [16, 3, 2], the output [16, 2, 3] at `out`.
+        let f32 = |ne, addr| tensor(DType::F32, ne, addr);
+        let f16 = |ne, addr| tensor(DType::F16, ne, addr);
+        let attention_at = |out: u64| {
+            let scaled = f32([16, 2, 3, 1], 0x2000);
+            let mut scale = node(Op::Scale, scaled.clone(), vec![f32([16, 2, 3, 1], 0x1000)]);
+            scale.op_params[0] = 0.25f32.to_bits() as i32;
+            let mut q = f32([16, 3, 2, 1], 0x2000);
+            q.nb = [4, scaled.nb[2], scaled.nb[1], scaled.nb[3]];
+            let inputs = vec![
+                q,
+                f16([16, 8, 1, 1], 0x10000),
+                f16([16, 8, 1, 1], 0x11000),
+                f16([8, 3, 1, 1], 0x12000),
+            ];
+            let out = f32([16, 2, 3, 1], out);
+            let attention = Plan::Kernel {
+                desc: KernelDesc {
+                    op: "FLASH_ATTN_EXT_MASK".into(),
+                    op_params: vec![0.5f32.to_bits() as i32, 0, 0],
+                    inputs: inputs.iter().map(as_layout).collect(),
+                    output: as_layout(&out),
+                    extra_outputs: Vec::new(),
+                    f16_as_bf16: false,
+                    n_kv_step: None,
+                },
+                operands: [&inputs[..], std::slice::from_ref(&out)].concat(),
+            };
+            let steps = vec![Some(crate::ops::plan(&scale).unwrap()), Some(attention)];
+            (vec![scale, node(Op::FlashAttnExt, out, inputs)], steps)
+        };
+        for out in [0x3000, 0x1000] {
+            let (nodes, steps) = attention_at(out);
+            let fold = fold_scale_into_attention(&nodes, 1, |k| as_planned(&steps[k]));
+            let q = fold.expect("folds").operands[0].clone();
+            assert_eq!(
+                (q.addr, q.ne, q.nb),
+                (0x1000, [16, 3, 2, 1], [4, 128, 64, 384])
+            );
+        }
+        // The output over part of Q: no.
+        let (nodes, steps) = attention_at(0x1040);
         assert!(fold_scale_into_attention(&nodes, 1, |k| as_planned(&steps[k])).is_none());
     }
 }
