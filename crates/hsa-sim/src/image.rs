@@ -1289,6 +1289,20 @@ mod tests {
         unsafe { crate::exec::execute(desc, op, &operands) }.expect("runs");
     }
 
+    /// A small layer's operands' first bytes, and the memory after the layer `desc` ran over
+    /// all of them (n_in inputs, the caches at b and b + 1).
+    fn layer_run(desc: &KernelDesc, n_in: usize, b: usize) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        let start: Vec<Vec<u8>> = desc
+            .operands()
+            .zip(0..)
+            .map(|(t, i)| bytes_of(t, i))
+            .collect();
+        let mut merged = start.clone();
+        let all: Vec<usize> = (0..desc.operands().count()).collect();
+        run_layer_part(desc, &mut merged, &all, n_in, b);
+        (start, merged)
+    }
+
     #[test]
     fn a_gemma_decode_layer_computes_what_its_kernels_do() {
         let f32 = |ne| TensorDesc::contiguous(ne, DType::F32);
@@ -1313,16 +1327,10 @@ mod tests {
             let (qkv, attn) = desc.decode_layer_parts().expect(op);
             let n_in = desc.inputs.len();
             let b = n_in - 10;
-            let start: Vec<Vec<u8>> = desc
-                .operands()
-                .zip(0..)
-                .map(|(t, i)| bytes_of(t, i))
-                .collect();
+            let (start, merged) = layer_run(&desc, n_in, b);
             let run = |desc: &KernelDesc, mem: &mut [Vec<u8>], which: &[usize]| {
                 run_layer_part(desc, mem, which, n_in, b)
             };
-            let mut merged = start.clone();
-            run(&desc, &mut merged, &(0..n_in + 9).collect::<Vec<_>>());
             // The kernels the backend ran before: Q/K/V, the attention, O, its norm and the
             // residual, the block's gate and up, its down projection, its norm and residual.
             let (out, q, a, r1, h, o, d) = (
@@ -1425,16 +1433,10 @@ mod tests {
             let (qkv, attn) = desc.decode_layer_parts().expect(op);
             let n_in = desc.inputs.len();
             let b = n_in - 8;
-            let start: Vec<Vec<u8>> = desc
-                .operands()
-                .zip(0..)
-                .map(|(t, i)| bytes_of(t, i))
-                .collect();
+            let (start, merged) = layer_run(&desc, n_in, b);
             let run = |desc: &KernelDesc, mem: &mut [Vec<u8>], which: &[usize]| {
                 run_layer_part(desc, mem, which, n_in, b)
             };
-            let mut merged = start.clone();
-            run(&desc, &mut merged, &(0..n_in + 7).collect::<Vec<_>>());
             // The Q/K/V kernel, then the attention reading Q, the caches and x.
             let mut parts = start.clone();
             let qkv_ops: Vec<usize> = (0..b).chain(n_in + 1..n_in + 4).collect();
