@@ -63,6 +63,8 @@ OWN_METHODS = {
     "row0",
     "prologue",
     "group_of",
+    "post_norm_squares",  # DecodeSpec (DECODE_LAYER[_HEAD_NORM]_POST_NORM_<glu>): the norm-add
+    "post_norm_rounds",  # phases' taps
     "index",
     "append",
     "extend",
