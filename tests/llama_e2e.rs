@@ -1345,45 +1345,43 @@ fn verification_batches_of_several_tokens_match_one_token_at_a_time() {
         return;
     };
     let (env, counters, stats) = emu_env("verify");
-    let args = |env, forced, extra| GreedyArgs {
-        plugin_env: env,
-        forced,
-        extra,
-        n_predict: Some(STEPS),
-    };
-    let (run, logits) = greedy_run(&bin, &q4_0, LONG_PROMPT, &args(None, &[], &[]), RUN_TIMEOUT);
-    let cpu = parse_greedy(&run, &logits);
-    let batched = args(Some(&env), &cpu.tokens, &["--batch", "3"]);
-    let (run, logits) = greedy_run(&bin, &q4_0, LONG_PROMPT, &batched, RUN_TIMEOUT);
-    let npu = parse_greedy(&run, &logits);
-    assert_all_layer_ops_emulated("batches of 3 tokens", &npu.log, &counters, &stats);
-    assert_layer_kernel_of_tokens("batches of 3 tokens", &counters, "decode_layer_swiglu-", 3);
-    let worst = worst_step_nmse(&npu, &cpu);
-    println!("batches of 3 tokens, teacher-forced: worst step NMSE {worst:.3e}");
-    assert!(worst <= MAX_QUANTIZED_LOGITS_NMSE, "NMSE {worst:.3e}");
-
-    let (genv, gcounters, gstats) = emu_env("verify-gemma3");
-    let (run, logits) = greedy_run(
-        &bin,
-        &gemma3,
-        LONG_PROMPT,
-        &args(None, &[], &[]),
-        RUN_TIMEOUT,
-    );
-    let cpu = parse_greedy(&run, &logits);
-    let batched = args(Some(&genv), &cpu.tokens, &["--batch", "3"]);
-    let (run, logits) = greedy_run(&bin, &gemma3, LONG_PROMPT, &batched, RUN_TIMEOUT);
-    let npu = parse_greedy(&run, &logits);
-    let tag = "tiny gemma3, batches of 3 tokens";
-    assert_all_layer_ops_emulated(tag, &npu.log, &gcounters, &gstats);
-    let layer = "decode_layer_head_norm_post_norm_geglu-";
-    assert_layer_kernel_of_tokens(tag, &gcounters, layer, 3);
-    let worst = worst_step_nmse(&npu, &cpu);
-    println!("{tag}, teacher-forced: worst step NMSE {worst:.3e}");
-    assert!(
-        worst <= MAX_QUANTIZED_LOGITS_NMSE,
-        "{tag}: NMSE {worst:.3e}"
-    );
+    let gemma3_env = emu_env("verify-gemma3");
+    let cases = [
+        (
+            "batches of 3 tokens",
+            &q4_0,
+            (&env, &counters, &stats),
+            "decode_layer_swiglu-",
+        ),
+        (
+            "tiny gemma3, batches of 3 tokens",
+            &gemma3,
+            (&gemma3_env.0, &gemma3_env.1, &gemma3_env.2),
+            "decode_layer_head_norm_post_norm_geglu-",
+        ),
+    ];
+    for (tag, model, (env, counters, stats), layer) in cases {
+        let args = |env, forced, extra| GreedyArgs {
+            plugin_env: env,
+            forced,
+            extra,
+            n_predict: Some(STEPS),
+        };
+        let (run, logits) =
+            greedy_run(&bin, model, LONG_PROMPT, &args(None, &[], &[]), RUN_TIMEOUT);
+        let cpu = parse_greedy(&run, &logits);
+        let batched = args(Some(env), &cpu.tokens, &["--batch", "3"]);
+        let (run, logits) = greedy_run(&bin, model, LONG_PROMPT, &batched, RUN_TIMEOUT);
+        let npu = parse_greedy(&run, &logits);
+        assert_all_layer_ops_emulated(tag, &npu.log, counters, stats);
+        assert_layer_kernel_of_tokens(tag, counters, layer, 3);
+        let worst = worst_step_nmse(&npu, &cpu);
+        println!("{tag}, teacher-forced: worst step NMSE {worst:.3e}");
+        assert!(
+            worst <= MAX_QUANTIZED_LOGITS_NMSE,
+            "{tag}: NMSE {worst:.3e}"
+        );
+    }
 
     let prompt = "Once upon a time";
     let mut cmd = Command::new(&speculative);

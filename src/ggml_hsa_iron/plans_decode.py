@@ -383,9 +383,9 @@ class QkvPhase:
 
 
 def post_norm_bytes(nr: int, nx: int) -> int:
-    """mv_post_norm.h's static data: per token the sum of squares (a vector) and a core's rows
-    of the projection and of the norm's weights (whole vectors each); the chunk counter."""
-    return nx * (64 + 2 * -(-nr // 16) * 64) + 4
+    """mv_post_norm.h's static data: per token a core's rows of the projection and of the
+    norm's weights (whole vectors each); the chunk counter (the sums are mv_norm.h's)."""
+    return nx * 2 * -(-nr // 16) * 64 + 4
 
 
 def _group_plan(
@@ -687,20 +687,17 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
     qkv_op, fa_op = layer_parts(op)
     ff = qkv_op.endswith("_FF")
     parts = f"the backend runs {qkv_op} and {fa_op} instead"
-    if len(req.extra_outputs) != (8 if POST_NORM in op else 6):
-        outs = "a, r1, h, o and d" if POST_NORM in op else "a, r1 and h"
+    post = POST_NORM in op
+    if len(req.extra_outputs) != (8 if post else 6):
+        outs = "a, r1, h, o and d" if post else "a, r1 and h"
         raise RequestError(f"{op}: outputs out, then Q, K rows, V rows, {outs} in extra_outputs")
     n_consts = (2 if ff else 1) + own_inputs(qkv_op)
     wq, wk, wv, x, n_attn, *rest = req.inputs
-    post = POST_NORM in op
     # _POST_NORM: the two norms' weights behind n_ffn, o and d behind h.
     if post:
         *rest, n_pa, n_pf = rest
     consts, (kc, vc, mask, wo, wg, wu, wd, n_ffn) = rest[:n_consts], rest[n_consts:]
-    if post:
-        out, (q, kr, vr, a, r1, h, o, d) = req.output, req.extra_outputs
-    else:
-        out, (q, kr, vr, a, r1, h) = req.output, req.extra_outputs
+    out, (q, kr, vr, a, r1, h, *od) = req.output, req.extra_outputs
     params = tuple(req.op_params) + (0,) * (PARAMS + 3 - len(req.op_params))
     # RMS_NORM_QKV[_HEAD_NORM]_ROPE's words: ROPE's, the norm's eps, (the head norm's eps).
     qkv_params = params[:QKV_PARAMS] + ((params[PARAMS],) if "_HEAD_NORM_" in qkv_op else ())
@@ -710,7 +707,7 @@ def prepare_decode_layer(req: Request) -> DecodeSpec:
             f"one step; {parts}"
         )
     if post:
-        _check_post_norm(op, x, (n_pa, n_pf, o, d))
+        _check_post_norm(op, x, (n_pa, n_pf, *od))
     weights = (("Wq", wq), ("Wk", wk), ("Wv", wv), ("W_o", wo), ("W_g", wg), ("W_u", wu))
     for what, w in weights[1:] + (("W_d", wd),):
         if w.dtype != wq.dtype:

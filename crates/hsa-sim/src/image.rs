@@ -1328,9 +1328,6 @@ mod tests {
             let n_in = desc.inputs.len();
             let b = n_in - 10;
             let (start, merged) = layer_run(&desc, n_in, b);
-            let run = |desc: &KernelDesc, mem: &mut [Vec<u8>], which: &[usize]| {
-                run_layer_part(desc, mem, which, n_in, b)
-            };
             // The kernels the backend ran before: Q/K/V, the attention, O, its norm and the
             // residual, the block's gate and up, its down projection, its norm and residual.
             let (out, q, a, r1, h, o, d) = (
@@ -1408,7 +1405,7 @@ mod tests {
             ];
             let mut parts = start.clone();
             for (kernel, operands) in &steps {
-                run(kernel, &mut parts, operands);
+                run_layer_part(kernel, &mut parts, operands, n_in, b);
             }
             assert_eq!(merged, parts, "{op}");
             assert_ne!(merged[out], start[out], "{op}: the layer's output");
@@ -1434,13 +1431,10 @@ mod tests {
             let n_in = desc.inputs.len();
             let b = n_in - 8;
             let (start, merged) = layer_run(&desc, n_in, b);
-            let run = |desc: &KernelDesc, mem: &mut [Vec<u8>], which: &[usize]| {
-                run_layer_part(desc, mem, which, n_in, b)
-            };
             // The Q/K/V kernel, then the attention reading Q, the caches and x.
             let mut parts = start.clone();
             let qkv_ops: Vec<usize> = (0..b).chain(n_in + 1..n_in + 4).collect();
-            run(&qkv, &mut parts, &qkv_ops);
+            run_layer_part(&qkv, &mut parts, &qkv_ops, n_in, b);
             let mut attn_ops = vec![n_in + 1, b, b + 1, b + 2, b + 3, 3];
             attn_ops.extend([
                 b + 4,
@@ -1452,7 +1446,7 @@ mod tests {
                 n_in + 5,
                 n_in + 6,
             ]);
-            run(&attn, &mut parts, &attn_ops);
+            run_layer_part(&attn, &mut parts, &attn_ops, n_in, b);
             assert_eq!(merged, parts, "{op}");
             assert_ne!(merged[n_in], start[n_in], "{op}: the layer's output");
             assert_ne!(merged[b][320..384], start[b][320..384], "{op}: K's row");

@@ -15,7 +15,9 @@
 //                                    r[t][off + j], s = 1 / sqrt(sum / K + eps) with the eps of
 //                                    `norm` (0 attention, 1 block)
 // The arithmetic is RMS_NORM_MUL_ADD's row kernel (rows.cc): squares summed in VEC lanes in
-// order (the same lanes where MV_KC is whole vectors), each result rounded to f32.
+// order (the same lanes where MV_KC is whole vectors), each result rounded to f32. The sums go
+// to mv_norm.h's per-row sums and s is its norm_s_of: a norm-add phase runs between the rounds
+// of the layer's norms (each of which starts its sums anew), so the two never hold sums at once.
 
 #if MV_NX > 1 && !defined(MV_ADD_ROWS)
 #error "the post norms over several tokens need MV_ADD_ROWS, a token's values in a round's object"
@@ -25,7 +27,6 @@
 #endif
 
 constexpr int PN_ROWS_PAD = (MV_ROWS + (int)VEC - 1) / (int)VEC * (int)VEC;
-alignas(64) static float g_pn_ss[MV_NX][VEC];
 alignas(64) static float g_pn_rows[2][MV_NX][PN_ROWS_PAD]; // p's rows, n's rows
 static int32_t g_pn_chunk;                                 // p's chunks summed this phase
 
@@ -33,7 +34,8 @@ void GGML_MV_PN_SQUARES(float *x_rows) {
   set_ggml_rounding();
   for (int t = 0; t < MV_NX; ++t) {
     const float *x = x_rows + t * MV_KC;
-    vf ss = g_pn_chunk == 0 ? splat(0.0f) : load_aligned(g_pn_ss[t]);
+    float *sums = g_norm_ss + t * VEC;
+    vf ss = g_pn_chunk == 0 ? splat(0.0f) : load_aligned(sums);
     for (int i = 0; i < NORM_BODY; i += VEC) {
       vf v = load_aligned(x + i);
       ss = add(ss, mul(v, v));
@@ -42,7 +44,7 @@ void GGML_MV_PN_SQUARES(float *x_rows) {
       vf v = load_part_zero(x + NORM_BODY, MV_KC - NORM_BODY);
       ss = add(ss, mul(v, v));
     }
-    store_aligned(g_pn_ss[t], ss);
+    store_aligned(sums, ss);
   }
   g_pn_chunk = (g_pn_chunk + 1) % NORM_STEPS;
 }
@@ -59,12 +61,9 @@ void GGML_MV_PN_KEEP(float *x, int32_t which, int32_t offset) {
 }
 
 void GGML_MV_PN_OUT(float *r, float *y, int32_t offset, int32_t norm) {
-  set_ggml_rounding();
   const uint32_t eps_bits = norm ? (uint32_t)DL_POST_EPS_FFN : (uint32_t)DL_POST_EPS_ATTN;
-  const vf eps = splat(__builtin_bit_cast(float, eps_bits));
   for (int t = 0; t < MV_NX; ++t) {
-    const vf mean = mul(splat(aie::reduce_add(load_aligned(g_pn_ss[t]))), 1.0f / MV_NORM_K);
-    const vf s = recip(sqrt(add(mean, eps)));
+    const vf s = norm_s_of(eps_bits, t);
     const float *p = g_pn_rows[0][t], *w = g_pn_rows[1][t];
     const float *rt = r + t * MV_ADD_ROWS + offset;
     float *yt = y + t * MV_ROWS;

@@ -473,10 +473,6 @@ struct Ffn<'b, 'a> {
     act: crate::ops::UnaryOp,
 }
 
-/// FLASH_ATTN_FFN_<GLU>: FLASH_ATTN_EXT_MASK of `[q, k, v, mask]` into a, then
-/// MUL_MAT_ADD_RMS_NORM_FFN_<GLU> with a viewed as [Ka, N], as the two kernels it replaces
-/// compute them; `params` the attention's scale, max_bias and softcap, then the norm's eps;
-/// `down` Wd and the output. Without it (FLASH_ATTN_GLU_<GLU>) the block stops at h.
 /// gemma's norms after the attention's projection and after the block (`DecodeLayer`'s
 /// `post_norm`): their weights and eps (f32 bits), and the projections before them, o and d.
 struct PostNorms<'b, 'a> {
@@ -487,12 +483,17 @@ struct PostNorms<'b, 'a> {
     d: &'b mut Buf<'a>,
 }
 
-/// `out` = rms_norm(p) * n + r, ggml-cpu's nodes (`RmsNormMulAdd`'s), p written first.
-fn post_norm_add(p: &Buf<'_>, n: &Buf<'_>, eps: i32, r: &Buf<'_>, out: &mut Buf<'_>) {
+/// RMS_NORM_MUL_ADD: `out` = rms_norm(p) * n + r as ggml-cpu's three nodes compute it (the
+/// norm times n rounded to f32, then plus r; r of out's shape or repeated over it).
+fn rms_norm_mul_add(p: &Buf<'_>, n: &Buf<'_>, eps: i32, r: &Buf<'_>, out: &mut Buf<'_>) {
     rms_norm_mul(p, n, eps, out);
     add_repeated(out, r);
 }
 
+/// FLASH_ATTN_FFN_<GLU>: FLASH_ATTN_EXT_MASK of `[q, k, v, mask]` into a, then
+/// MUL_MAT_ADD_RMS_NORM_FFN_<GLU> with a viewed as [Ka, N], as the two kernels it replaces
+/// compute them; `params` the attention's scale, max_bias and softcap, then the norm's eps;
+/// `down` Wd and the output. Without it (FLASH_ATTN_GLU_<GLU>) the block stops at h.
 fn attention_ffn(
     [q, k, v, mask]: [&Buf<'_>; 4],
     f: Ffn<'_, '_>,
@@ -518,7 +519,7 @@ fn attention_ffn(
     match post.as_mut() {
         Some(p) => {
             mul_mat(f.wo, &a2, p.o);
-            post_norm_add(p.o, p.n_attn, p.eps[0], f.r0, r1);
+            rms_norm_mul_add(p.o, p.n_attn, p.eps[0], f.r0, r1);
         }
         None => {
             mul_mat(f.wo, &a2, r1);
@@ -532,7 +533,7 @@ fn attention_ffn(
         match post {
             Some(p) => {
                 mul_mat(wd, h, p.d);
-                post_norm_add(p.d, p.n_ffn, p.eps[1], r1, out);
+                rms_norm_mul_add(p.d, p.n_ffn, p.eps[1], r1, out);
             }
             None => {
                 mul_mat(wd, h, out);
@@ -830,18 +831,14 @@ pub unsafe fn execute(
             post_norm,
             act,
         } => {
-            let (q, k_rows, v_rows, a, r1, h, od) = match extra.as_mut_slice() {
-                [q, k_rows, v_rows, a, r1, h] if !post_norm => (q, k_rows, v_rows, a, r1, h, None),
-                [q, k_rows, v_rows, a, r1, h, o, d] if post_norm => {
-                    (q, k_rows, v_rows, a, r1, h, Some((o, d)))
-                }
-                _ => {
-                    return Err(format!(
-                        "kernel {}: Q, K rows, V rows, a, r1 and h outputs expected (then o and \
-                         d with post norms)",
-                        desc.name
-                    ))
-                }
+            // With post norms o and d follow h.
+            let layer_outputs = extra.len().min(6);
+            let (outs, od) = extra.split_at_mut(layer_outputs);
+            let [q, k_rows, v_rows, a, r1, h] = outs else {
+                return Err(format!(
+                    "kernel {}: Q, K rows, V rows, a, r1 and h outputs expected",
+                    desc.name
+                ));
             };
             // The Q/K/V kernel's op_params (the heads' eps its word 12).
             let (qkv, _) = desc.decode_layer_parts()?;
@@ -883,19 +880,20 @@ pub unsafe fn execute(
                 ));
             };
             let post = match (od, norms) {
-                (Some((o, d)), [n_attn, n_ffn]) => Some(PostNorms {
+                ([o, d], [n_attn, n_ffn]) if post_norm => Some(PostNorms {
                     n_attn,
                     n_ffn,
                     eps: [desc.op_params[17], desc.op_params[18]],
                     o,
                     d,
                 }),
-                (None, []) => None,
+                ([], []) if !post_norm => None,
                 _ => {
                     return Err(format!(
-                        "kernel {}: {} inputs expected",
+                        "kernel {}: {} inputs and {} outputs expected",
                         desc.name,
-                        op.arity()
+                        op.arity(),
+                        op.outputs()
                     ))
                 }
             };
@@ -941,10 +939,7 @@ pub unsafe fn execute(
             rms_norm_mul(&bufs[0], &bufs[1], desc.op_params[0], &mut out);
         }
         Op::RmsNormMulAdd => {
-            // ggml-cpu's three nodes: the norm times w rounded to f32, then plus r.
-            rms_norm_mul(&bufs[0], &bufs[2], desc.op_params[0], &mut out);
-            let r = &bufs[1];
-            for_each_index(out.t.ne, |i| out.set(i, out.get(i) + r.get(i)));
+            rms_norm_mul_add(&bufs[0], &bufs[2], desc.op_params[0], &bufs[1], &mut out);
         }
         Op::Copy => {
             // Both sides walked in logical order: the k-th element of one is the k-th of the
