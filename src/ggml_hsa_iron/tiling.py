@@ -29,6 +29,7 @@ MAX_REPEAT = 64  # outer repeat count of one shim DMA task
 MAX_WRAP = 1023  # largest wrap of an inner DMA dimension
 MAX_TASKS_PER_CHANNEL = 1024  # runtime-sequence DMA tasks per shim channel
 MAX_STRIDE_WORDS = 1 << 20  # largest stride of a shim DMA dimension, in 32-bit words
+MEMTILE_IN_CHANNELS = 6  # input (S2MM) DMA channels of a memory tile (AM020)
 ITERATION_OVERHEAD = 256  # element-equivalents one object FIFO round trip costs
 BCAST_MAX_BYTES = 8192  # largest broadcast operand kept resident in a compute tile
 VECTOR_ELEMS = 16  # lanes of the element-wise vector loops
@@ -356,16 +357,38 @@ class GemmPlan:
         return self.rows // self.a_feeds
 
     def a_feed_column(self, feed: int) -> int:
-        """The column whose shim and memory tile carry A feed `feed`."""
+        """The column whose shim and memory tile carry A feed `feed` (its first channel)."""
         return feed * self.columns // self.a_feeds
+
+    @property
+    def a_channels(self) -> int:
+        """Shim channels per A feed: 2 where a feed carries one array row, the columns leave
+        each feed two shims (the next column's second channel is otherwise idle) and the
+        weights go straight to the cores (moved as bytes), so that the feed's memory tile has
+        input channels for two streams beside the C join's R: each channel then carries half
+        of the tile's m rows, which the memory tile joins. The A bytes are the same; the A
+        feeds' channels, which bind the prompt's GEMMs, carry half of them each."""
+        two = self.a_feed_rows == 1 and self.columns >= 2 * self.a_feeds
+        fits = self.w_block_bytes and self.rows + 2 <= MEMTILE_IN_CHANNELS
+        return 2 if two and fits and self.m % (2 * self.r) == 0 else 1
+
+    def a_channel_of(self, column: int) -> tuple[int, int] | None:
+        """(feed, channel) whose A stream the shim of `column` carries, or None."""
+        for g in range(self.a_feeds):
+            ch = column - self.a_feed_column(g)
+            if 0 <= ch < self.a_channels:
+                return g, ch
+        return None
 
     @property
     def tiles_per_core(self) -> int:
         return self.m_rounds * self.n_rounds
 
     def a_dims(self) -> list[tuple[int, int]]:
-        """Memory tile -> core walk of an m x a_k row-major A tile into r x s blocks."""
-        m, k, r, s = self.m, self.a_k, self.r, self.s
+        """Memory tile -> core walk of an m x a_k row-major A tile into r x s blocks; with
+        two A channels, of each channel's m / 2 rows (IRON walks a join's output one input's
+        segment at a time, and the r-row groups of the first half come first either way)."""
+        m, k, r, s = self.m // self.a_channels, self.a_k, self.r, self.s
         return [(m // r, r * k), (k // s, s), (r, k), (s, 1)]
 
     def b_dims(self) -> list[tuple[int, int]]:
@@ -423,14 +446,14 @@ class GemmPlan:
 
         `batches` are the (src0, src1, dst) element offsets of the matrix products. A feed
         (src1) streams its a_feed_rows * m rows x a_k per A tile to its memory tile, once per
-        N round; B (src0) n rows x k per K step for the column's N block (bytes of whole blocks
+        N round (each of its `a_channels` shims its part of the rows); B (src0) n rows x k per K step for the column's N block (bytes of whole blocks
         when moved as bytes, src0's offset converted to bytes); C (dst) takes (R*m) x n per
         round.
         """
         K, N, C, R = self.K, self.N, self.columns, self.rows
         m, n = self.m, self.n
-        feed_at = {self.a_feed_column(g): g for g in range(self.a_feeds)}
         fm = self.a_feed_rows * m
+        cm = fm // self.a_channels  # rows of an A object per channel
         groups = []
         for off0, off1, offd in batches:
             for row0 in self.m_starts():
@@ -439,10 +462,12 @@ class GemmPlan:
                     for col in range(C):
                         first = n0 + col * n
                         a = None
-                        if col in feed_at:
-                            a0 = off1 + (row0 + feed_at[col] * fm) * K
+                        feed = self.a_channel_of(col)
+                        if feed is not None:
+                            g, ch = feed
+                            a0 = off1 + (row0 + g * fm + ch * cm) * K
                             ak = self.a_k
-                            a = Tap(a0, (count, K // ak, fm, ak), (0, ak, K, 1))
+                            a = Tap(a0, (count, K // ak, cm, ak), (0, ak, K, 1))
                         b = self._b_tap(off0, first, count)
                         c = Tap(offd + row0 * N + first, (1, count, R * m, n), (0, C * n, N, 1))
                         group.append((a, b, c))
@@ -557,10 +582,10 @@ def gemm_cycles(
     b_tile = p.n * b_row_bytes // p.k_steps // p.a_split
     step = max(compute, a_tile // CHANNEL_BYTES, b_tile // CHANNEL_BYTES) + GEMM_K_OVERHEAD
     rounds = p.m_rounds * p.n_rounds
-    a_feed = rounds * p.a_feed_rows * p.m * p.K * a_size
+    a_feed = rounds * p.a_feed_rows * p.m * p.K * a_size // p.a_channels
     b_col = rounds * p.n * b_row_bytes
     c_col = rounds * p.rows * p.m * p.n * c_size
-    dram = a_feed * p.a_feeds + (b_col + c_col) * p.columns
+    dram = a_feed * p.a_feeds * p.a_channels + (b_col + c_col) * p.columns
     return int(
         max(
             p.tiles_per_core * p.k_steps * p.a_split * step,

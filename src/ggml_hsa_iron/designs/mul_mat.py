@@ -206,11 +206,25 @@ def _gemm(spec):
     b_blocks = None if spec.weight_bytes else p.b_dims()
 
     # A feeds: each streams fr consecutive array rows' tiles to its column's memory tile,
-    # which sends row i's part to the cores of row i in every column (GemmPlan.a_feeds).
-    fr = p.a_feed_rows
+    # which sends row i's part to the cores of row i in every column (GemmPlan.a_feeds). With
+    # two channels per feed (one array row each) the memory tile joins their halves of the
+    # tile's rows and sends the tile to the row's cores.
+    fr, ch = p.a_feed_rows, p.a_channels
     a_feeds, a_rows = {}, []
     for g in range(p.a_feeds):
         col = p.a_feed_column(g)
+        if ch > 1:
+            part = m * p.a_k // ch
+            row = ObjectFifo(a_tile, name=f"A_r{g}", to_stream=_walk(part, a_blocks))
+            subs = row.prod().join(
+                [j * part for j in range(ch)],
+                obj_types=[vector_type(part, a_t)] * ch,
+                names=[f"A_f{g}_{j}" for j in range(ch)],
+                tile=Tile(col, MEM_ROW),
+            )
+            a_rows.append(row)
+            a_feeds.update({col + j: sub for j, sub in enumerate(subs)})
+            continue
         fifo = ObjectFifo(vector_type(fr * m * p.a_k, a_t), name=f"A_f{g}")
         a_rows += fifo.cons().split(
             [i * m * p.a_k for i in range(fr)],

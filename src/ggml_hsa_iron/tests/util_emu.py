@@ -146,10 +146,11 @@ def _consumed(body) -> set:
     return out
 
 
-def _joins(prog, fifos, link_cons) -> None:
-    """Joins: one object of every sub-fifo makes one object of the parent."""
+def _joins(prog, fifos, link_cons, which) -> None:
+    """Joins (the link ids in `which`): one object of every sub-fifo makes one object of the
+    parent."""
     for link in prog["links"]:
-        if link["kind"] == "join":
+        if link["kind"] == "join" and link["id"] in which:
             parent = fifos[link["fifo"]]
             subs = [fifos[s] for s in link["subfifos"]]
             counts = {len(s.queues[link_cons(s.j["id"], link["id"])]) for s in subs}
@@ -201,14 +202,18 @@ def run_program(prog: dict, lib: bytes, args: list[np.ndarray]) -> None:
             path = Path(d) / f"core{i}.so"  # one copy per core: its own static data
             path.write_bytes(lib)
             cores.append(_Core(w, path, prog["kernels"], fifos))
-        # Workers reading a join's output (a combining core) run after the joins, the
-        # others before them.
-        joined = {link["fifo"] for link in prog["links"] if link["kind"] == "join"}
+        # Joins of the runtime sequence's fills run first; workers reading another join's
+        # output (a combining core) run after those joins, the others before them.
+        filled = {op["fifo"] for op in prog["sequence"] if op["op"] == "fill"}
+        joins = [link for link in prog["links"] if link["kind"] == "join"]
+        early = {link["id"] for link in joins if set(link["subfifos"]) <= filled}
+        _joins(prog, fifos, link_cons, early)
+        joined = {link["fifo"] for link in joins if link["id"] not in early}
         late = [c for c in cores if _consumed(c.w["body"]) & joined]
         for c in cores:
             if c not in late:
                 c.run(c.w["body"])
-        _joins(prog, fifos, link_cons)
+        _joins(prog, fifos, link_cons, {link["id"] for link in joins} - early)
         for c in late:
             c.run(c.w["body"])
         for c in cores:

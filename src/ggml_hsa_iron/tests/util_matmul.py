@@ -7,7 +7,8 @@ tile re-layouts `a_dims`/`b_dims`/`c_dims`), the way the DMAs move data:
   objects (A: a_feed_rows*m*a_k per feed, B: n*k, C: R*m*n; GEMV W: R*nr*kc, x: kc,
   y: R*nr);
 * an A feed's objects are split into a_feed_rows consecutive parts, each going
-  to the cores of its array row in every column; W objects are split into R
+  to the cores of its array row in every column (with two channels per feed, the
+  memory tile joins their halves, each re-laid in turn); W objects are split into R
   consecutive parts, one per core of the column; B and x objects go to every
   core of the column; C and y objects are joined from R consecutive parts;
 * `dims_to_stream` re-lays a part on its way: the core's element j is the
@@ -34,19 +35,29 @@ def gemm_streams(spec):
     R, m, n, ak = p.rows, p.m, p.n, p.a_k
     aw, cw = walk(p.a_dims()), walk(p.c_dims())
     bw = None if p.w_block_bytes else walk(p.b_dims())
-    fr = p.a_feed_rows
-    feed_of = {p.a_feed_column(g): g for g in range(p.a_feeds)}
+    fr, ch = p.a_feed_rows, p.a_channels
     cores = {(c, i): {"a": [], "b": [], "c": []} for c in range(p.columns) for i in range(R)}
     for group in spec.tasks():
-        for col, (a, b, c) in enumerate(group):
-            assert (a is not None) == (col in feed_of), "an A tap on a column without a feed"
-            for obj in _objects(a.indices() if a else [], fr * m * ak):
+        # Each feed's channels' objects (their parts of the rows), joined by its memory tile.
+        feeds = {}
+        for col, (a, _, _) in enumerate(group):
+            feed = p.a_channel_of(col)
+            assert (a is not None) == (feed is not None), "an A tap on a column without a feed"
+            if feed is not None:
+                feeds.setdefault(feed[0], {})[feed[1]] = _objects(a.indices(), fr * m * ak // ch)
+        for g, parts in feeds.items():
+            assert sorted(parts) == list(range(ch)), "a feed's channels without their tasks"
+            for pieces in zip(*(parts[j] for j in range(ch))):
+                # The join walks each channel's part with the same re-layout, in turn.
+                laid = [[piece[j] for j in aw] for piece in pieces]
+                obj = [v for piece in laid for v in piece] if ch > 1 else pieces[0]
                 for i in range(fr):
                     part = obj[i * m * ak : (i + 1) * m * ak]
                     # The feed's part i goes to array row g * fr + i in every column.
-                    row = feed_of[col] * fr + i
+                    tile = part if ch > 1 else [part[j] for j in aw]
                     for cc in range(p.columns):
-                        cores[(cc, row)]["a"].append([part[j] for j in aw])
+                        cores[(cc, g * fr + i)]["a"].append(tile)
+        for col, (_, b, c) in enumerate(group):
             for obj in _objects(b.indices(), p.b_tile):
                 # Weights moved as bytes reach the cores as read (rows of whole blocks).
                 blocked = obj if p.w_block_bytes else [obj[j] for j in bw]
