@@ -309,6 +309,10 @@ class GemmPlan:
     # A tiles per K step (weights moved as bytes): A comes in m x a_k tiles, a_k = k / a_split,
     # so that a K step of whole 256-value blocks does not need a 256-column A tile in the core.
     a_split: int = 1
+    # C tiles a core holds: 2 drain one tile while the next is computed; 1 where a second does
+    # not fit beside A and the weights (the core then waits for each tile's drain), so that a
+    # larger m decodes each weight tile for more rows.
+    c_depth: int = 2
 
     def b_units(self, elems: int) -> int:
         """B's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
@@ -548,16 +552,16 @@ GEMM_DECODE_ALU = 20
 
 
 def gemm_blocks_l1(
-    m: int, n: int, k: int, t: int, w_block: int, w_block_bytes: int, a_k: int
+    m: int, n: int, k: int, t: int, w_block: int, w_block_bytes: int, a_k: int, c_depth: int = 2
 ) -> int:
     """Core data memory of a GEMM over weights moved as bytes (mmq.cc): A (m x a_k f32,
-    rounded to bf16 in place), the weight bytes (n rows of k / w_block blocks) and C (m x n
-    f32), each double-buffered, and in the core's static data one decoded column block of an
-    A tile's columns (t x a_k bf16) and, where a block spans A tiles, the tile's blocks' scales
-    (32 bf16 each)."""
+    rounded to bf16 in place) and the weight bytes (n rows of k / w_block blocks), each
+    double-buffered, C (m x n f32) `c_depth` times, and in the core's static data one decoded
+    column block of an A tile's columns (t x a_k bf16) and, where a block spans A tiles, the
+    tile's blocks' scales (32 bf16 each)."""
     kw = k // w_block * w_block_bytes
     kept = n * (k // w_block) * 64 if a_k < w_block else 0
-    return 2 * m * a_k * 4 + 2 * n * kw + 2 * m * n * 4 + t * a_k * 2 + kept
+    return 2 * m * a_k * 4 + 2 * n * kw + c_depth * m * n * 4 + t * a_k * 2 + kept
 
 
 def gemm_blocks_memtile(p: GemmPlan) -> int:
@@ -576,20 +580,23 @@ def gemm_cycles(
 ) -> int:
     """A GEMM plan's cycles as the planners weigh them: the slowest of a core's kernel calls
     (one per A tile: its `compute` cycles, or its A tile or its share of B arriving over its
-    input channels), an A feed's, a column's B and C shim channels, and the DRAM all of them
-    share (`b_row_bytes`: one of B's rows of K)."""
+    input channels; with one C tile, each tile's drain besides), an A feed's shim channels and
+    the memory tile channel sending an array row its A tiles, a column's B and C shim channels,
+    and the DRAM all of them share (`b_row_bytes`: one of B's rows of K)."""
     a_tile = p.m * p.a_k * a_size
     b_tile = p.n * b_row_bytes // p.k_steps // p.a_split
     step = max(compute, a_tile // CHANNEL_BYTES, b_tile // CHANNEL_BYTES) + GEMM_K_OVERHEAD
+    drain = p.m * p.n * c_size // CHANNEL_BYTES if p.c_depth == 1 else 0
     rounds = p.m_rounds * p.n_rounds
-    a_feed = rounds * p.a_feed_rows * p.m * p.K * a_size // p.a_channels
+    a_row = rounds * p.m * p.K * a_size
+    a_feed = a_row * p.a_feed_rows // p.a_channels
     b_col = rounds * p.n * b_row_bytes
     c_col = rounds * p.rows * p.m * p.n * c_size
     dram = a_feed * p.a_feeds * p.a_channels + (b_col + c_col) * p.columns
     return int(
         max(
-            p.tiles_per_core * p.k_steps * p.a_split * step,
-            max(a_feed, b_col, c_col) / CHANNEL_BYTES,
+            p.tiles_per_core * (p.k_steps * p.a_split * step + drain),
+            max(a_row, a_feed, b_col, c_col) / CHANNEL_BYTES,
             dram / arch.dram_bytes_per_cycle,
         )
     )
@@ -645,7 +652,14 @@ def plan_gemm_blocks(
                     a_k = k // a_split
                     if a_split > GEMM_MAX_A_SPLIT or a_k % s:
                         continue
-                    if gemm_blocks_l1(m, n, k, t, w_block, w_block_bytes, a_k) > arch.l1_budget:
+                    # Two C tiles where they fit, else one.
+                    l1 = [
+                        d
+                        for d in (2, 1)
+                        if gemm_blocks_l1(m, n, k, t, w_block, w_block_bytes, a_k, d)
+                        <= arch.l1_budget
+                    ]
+                    if not l1:
                         continue
                     # Per A tile every core decodes its share of the column's n weight rows
                     # (vector ALU, beside the MACs) and rounds the tile to bf16.
@@ -659,7 +673,7 @@ def plan_gemm_blocks(
                                 continue
                             plan = GemmPlan(
                                 *(M, N, K, m, n, k, r, s, t, columns, rows),
-                                *(w_block, w_block_bytes, a_split),
+                                *(w_block, w_block_bytes, a_split, l1[0]),
                             )
                             if gemm_blocks_memtile(plan) > arch.memtile_bytes:
                                 continue

@@ -253,6 +253,7 @@ def _gemm(spec):
         )
         c_subs = c_fifo.prod().join(
             [i * m * n for i in range(R)],
+            depths=[p.c_depth] * R,
             obj_types=[c_tile] * R,
             names=[f"C_c{col}_r{i}" for i in range(R)],
             tile=mem,

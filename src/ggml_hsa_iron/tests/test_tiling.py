@@ -504,14 +504,14 @@ class ByteWeightsGemmTest(unittest.TestCase):
 
     @staticmethod
     def core_bytes(p, t):
-        # A (f32, m x a_k) and C (f32) tiles and the weight bytes, double-buffered, and
+        # A (f32, m x a_k) tiles and the weight bytes, double-buffered, C (f32) c_depth times, and
         # mmq.cc's static data, the t x a_k decoded bf16 block (A is rounded to bf16 in place)
         # and, for blocks spanning A tiles, 64 bytes of scales per block of the B tile: written
         # out here, not taken from the plan's own arithmetic.
         kw = p.k // p.w_block * p.w_block_bytes
         ak = p.k // p.a_split
         kept = 64 * p.n * (p.k // p.w_block) if ak < p.w_block else 0
-        return 2 * 4 * p.m * ak + 2 * p.n * kw + 2 * 4 * p.m * p.n + 2 * t * ak + kept
+        return 2 * 4 * p.m * ak + 2 * p.n * kw + p.c_depth * 4 * p.m * p.n + 2 * t * ak + kept
 
     def test_a_few_rows_take_one_gemv_decoding_each_tile_once(self):
         # A decode step of M tokens: W streamed once, its tiles decoded once for all M rows.
