@@ -313,6 +313,10 @@ class GemmPlan:
     # not fit beside A and the weights (the core then waits for each tile's drain), so that a
     # larger m decodes each weight tile for more rows.
     c_depth: int = 2
+    # Weight tiles a core holds (weights moved as bytes): 2 receive the next K step's while
+    # the cores decode this one's; 1 where a second does not fit (each K step then waits for
+    # its tile).
+    b_depth: int = 2
 
     def b_units(self, elems: int) -> int:
         """B's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
@@ -552,16 +556,24 @@ GEMM_DECODE_ALU = 20
 
 
 def gemm_blocks_l1(
-    m: int, n: int, k: int, t: int, w_block: int, w_block_bytes: int, a_k: int, c_depth: int = 2
+    m: int,
+    n: int,
+    k: int,
+    t: int,
+    w_block: int,
+    w_block_bytes: int,
+    a_k: int,
+    depths: tuple[int, int] = (2, 2),
 ) -> int:
     """Core data memory of a GEMM over weights moved as bytes (mmq.cc): A (m x a_k f32,
-    rounded to bf16 in place) and the weight bytes (n rows of k / w_block blocks), each
-    double-buffered, C (m x n f32) `c_depth` times, and in the core's static data one decoded
-    column block of an A tile's columns (t x a_k bf16) and, where a block spans A tiles, the
-    tile's blocks' scales (32 bf16 each)."""
+    rounded to bf16 in place) double-buffered, the weight bytes (n rows of k / w_block blocks)
+    and C (m x n f32) `depths` times each, and in the core's static data one decoded column
+    block of an A tile's columns (t x a_k bf16) and, where a block spans A tiles, the tile's
+    blocks' scales (32 bf16 each)."""
     kw = k // w_block * w_block_bytes
     kept = n * (k // w_block) * 64 if a_k < w_block else 0
-    return 2 * m * a_k * 4 + 2 * n * kw + c_depth * m * n * 4 + t * a_k * 2 + kept
+    b_depth, c_depth = depths
+    return 2 * m * a_k * 4 + b_depth * n * kw + c_depth * m * n * 4 + t * a_k * 2 + kept
 
 
 def gemm_blocks_memtile(p: GemmPlan) -> int:
@@ -587,6 +599,8 @@ def gemm_cycles(
     b_tile = p.n * b_row_bytes // p.k_steps // p.a_split
     step = max(compute, a_tile // CHANNEL_BYTES, b_tile // CHANNEL_BYTES) + GEMM_K_OVERHEAD
     drain = p.m * p.n * c_size // CHANNEL_BYTES if p.c_depth == 1 else 0
+    # One weight tile: each K step waits for its tile.
+    wait = p.n * b_row_bytes // p.k_steps // CHANNEL_BYTES if p.b_depth == 1 else 0
     rounds = p.m_rounds * p.n_rounds
     a_row = rounds * p.m * p.K * a_size
     a_feed = a_row * p.a_feed_rows // p.a_channels
@@ -595,7 +609,7 @@ def gemm_cycles(
     dram = a_feed * p.a_feeds * p.a_channels + (b_col + c_col) * p.columns
     return int(
         max(
-            p.tiles_per_core * (p.k_steps * p.a_split * step + drain),
+            p.tiles_per_core * (p.k_steps * (p.a_split * step + wait) + drain),
             max(a_row, a_feed, b_col, c_col) / CHANNEL_BYTES,
             dram / arch.dram_bytes_per_cycle,
         )
@@ -652,10 +666,11 @@ def plan_gemm_blocks(
                     a_k = k // a_split
                     if a_split > GEMM_MAX_A_SPLIT or a_k % s:
                         continue
-                    # Two C tiles where they fit, else one.
+                    # Two weight and two C tiles where they fit, else one C tile, else one
+                    # of each.
                     l1 = [
                         d
-                        for d in (2, 1)
+                        for d in ((2, 2), (2, 1), (1, 1))
                         if gemm_blocks_l1(m, n, k, t, w_block, w_block_bytes, a_k, d)
                         <= arch.l1_budget
                     ]
@@ -673,7 +688,7 @@ def plan_gemm_blocks(
                                 continue
                             plan = GemmPlan(
                                 *(M, N, K, m, n, k, r, s, t, columns, rows),
-                                *(w_block, w_block_bytes, a_split, l1[0]),
+                                *(w_block, w_block_bytes, a_split, *reversed(l1[0])),
                             )
                             if gemm_blocks_memtile(plan) > arch.memtile_bytes:
                                 continue

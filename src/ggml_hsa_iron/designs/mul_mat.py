@@ -238,7 +238,7 @@ def _gemm(spec):
     b_cols, c_cols, workers = [], [], []
     for col in range(C):
         mem = Tile(col, MEM_ROW)
-        b_fifo = ObjectFifo(b_tile, name=f"B_c{col}")
+        b_fifo = ObjectFifo(b_tile, depth=p.b_depth, name=f"B_c{col}")
         if spec.weight_bytes:
             # Blocks cannot be re-laid by the DMA (one block's bytes hold many values): the
             # weight bytes go from the shim to the column's cores as read, rows of whole blocks.

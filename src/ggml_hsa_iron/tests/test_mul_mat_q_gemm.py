@@ -106,6 +106,18 @@ class ByteWeightsGemmEmulationTest(unittest.TestCase):
                 self.assertTrue(p.shared_x)
                 self.assertEqual((p.columns, p.rows), (2 * spec.arch.columns - 1, 2))
 
+    def test_prompt_tiles_held_once(self):
+        # A prompt's GEMM on aie2p: each A feed over two shims joined by its memory tile, and
+        # m = 64 rows with one C tile (q4_0) or one C and one weight tile (q4_K), N off the
+        # grid.
+        for ty, (M, N, K), depths in (
+            ("q4_0", (512, 520, 256), (2, 1)),
+            ("q4_K", (512, 520, 256), (1, 1)),
+        ):
+            with self.subTest(ty=ty):
+                p = self.check(ty, "aie2p", M, N, K, seed=60).plan
+                self.assertEqual((p.m, p.a_channels, p.b_depth, p.c_depth), (64, 2, *depths))
+
     def test_more_k_steps(self):
         # K over several K steps: the C tile accumulates across them.
         spec = self.check("q4_0", "aie2p", 70, 136, 4096, seed=30)

@@ -504,14 +504,16 @@ class ByteWeightsGemmTest(unittest.TestCase):
 
     @staticmethod
     def core_bytes(p, t):
-        # A (f32, m x a_k) tiles and the weight bytes, double-buffered, C (f32) c_depth times, and
+        # A (f32, m x a_k) tiles double-buffered, the weight bytes b_depth and C (f32) c_depth
+        # times, and
         # mmq.cc's static data, the t x a_k decoded bf16 block (A is rounded to bf16 in place)
         # and, for blocks spanning A tiles, 64 bytes of scales per block of the B tile: written
         # out here, not taken from the plan's own arithmetic.
         kw = p.k // p.w_block * p.w_block_bytes
         ak = p.k // p.a_split
         kept = 64 * p.n * (p.k // p.w_block) if ak < p.w_block else 0
-        return 2 * 4 * p.m * ak + 2 * p.n * kw + p.c_depth * 4 * p.m * p.n + 2 * t * ak + kept
+        b, c = p.b_depth * p.n * kw, p.c_depth * 4 * p.m * p.n
+        return 2 * 4 * p.m * ak + b + c + 2 * t * ak + kept
 
     def test_a_few_rows_take_one_gemv_decoding_each_tile_once(self):
         # A decode step of M tokens: W streamed once, its tiles decoded once for all M rows.
@@ -653,9 +655,9 @@ class ByteWeightsGemmTest(unittest.TestCase):
         p = plan_gemm_blocks(64, 256, 4096, a.mmul["bf16"], q.block, q.size, a, batches)
         self.assertIsNotNone(p)
         # A core budget below the smallest tile (m 4, n 8, k 256 in A tiles of 32 columns:
-        # 1 KiB of A, 2.3 KiB of weights, C, 0.5 KiB decoded, 0.5 KiB of kept scales) refuses;
-        # a smaller budget shrinks the tile.
-        tiny = replace(a, l1_budget=4 * 1024)
+        # 1 KiB of A, 1.1 KiB of weights and 128 B of C held once each, 0.5 KiB decoded, 0.5
+        # KiB of kept scales: 3328 B) refuses; a smaller budget shrinks the tile.
+        tiny = replace(a, l1_budget=3 * 1024)
         self.assertIsNone(
             plan_gemm_blocks(64, 256, 4096, a.mmul["bf16"], q.block, q.size, tiny, batches)
         )
