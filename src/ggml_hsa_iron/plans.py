@@ -354,8 +354,6 @@ class MatmulSpec:
         )
         if self.weight_bytes and not self.gemv:
             d = {f"MVQ_{b.upper()}": 1, **gemm_tiles, "A_SPLIT": p.a_split}
-            if self.glu:
-                d.update(MMQ_GLU=1, **{f"GGML_OP_{self.glu}": 1})
             return CoreSource(GEMM_BLOCKS_SOURCE, "mmq.o", d)
         if self.weight_bytes:
             d = {
@@ -972,9 +970,7 @@ def _check_mul_mat_shapes(op: str, src0: Tensor, src1: Tensor, dst: Tensor) -> N
 
 def prepare_mul_mat_glu(req: Request) -> MatmulSpec:
     """MUL_MAT_<glu>: act(W_g . x) * (W_u . x), the GEMV design with two weight matrices per
-    round (GemvPlan.glu) for every src1 row; a prompt's rows of weights moved as bytes (dense,
-    more than a decode step's), the GEMM with two products per tile (GemmPlan.glu). Inputs:
-    W_g, W_u (one dtype, ne and nb), x."""
+    round (GemvPlan.glu) for every src1 row. Inputs: W_g, W_u (one dtype, ne and nb), x."""
     if len(req.inputs) == 3:
         gate, up, x = req.inputs
         if (gate.dtype, gate.ne, gate.nb) != (up.dtype, up.ne, up.nb):
@@ -999,13 +995,6 @@ def prepare_mul_mat_glu(req: Request) -> MatmulSpec:
     glu = spec.op[len("MUL_MAT_") :]
     if gate.dtype in BYTE_WEIGHTS:
         nx = rows_at_once(gate, x, dst)
-        if nx is None and M > 1 and all(t.is_dense() for t in (gate, x, dst)):
-            try:
-                plan = gemm_blocks_plan(gate, x, dst, arch, glu=True)
-            except UnsupportedError:
-                pass
-            else:
-                return MatmulSpec(req, arch, gate, x, dst, plan, "bf16", glu=glu)
         plan = None
         if nx is not None:
             # A few rows: each W tile decoded once for all of them (GemvPlan.nx).
@@ -1319,12 +1308,10 @@ def prepare_rms_norm_mul_mat_rope(req: Request, columns: int | None = None) -> M
     return dataclasses.replace(base, request=req, rope=rope)
 
 
-def gemm_blocks_plan(
-    src0: Tensor, src1: Tensor, dst: Tensor, arch: Arch, glu: bool = False
-) -> GemmPlan:
+def gemm_blocks_plan(src0: Tensor, src1: Tensor, dst: Tensor, arch: Arch) -> GemmPlan:
     """The GEMM plan of dense f16 / block-quantized weights (moved as bytes, decoded by
-    mmq.cc) times f32 src1 (`glu`: MUL_MAT_<glu>'s two products per tile), or
-    UnsupportedError saying why there is none (the caller then takes the GEMV)."""
+    mmq.cc) times f32 src1, or UnsupportedError saying why there is none (the caller then
+    takes the GEMV)."""
     K, N, M = src0.ne[0], src0.ne[1], src1.ne[1]
     r, s, t = arch.mmul["bf16"]
     qb, bb = src0.block, src0.size
@@ -1339,8 +1326,7 @@ def gemm_blocks_plan(
             f"{what}: K is not a multiple of a K step ({step}: whole {qb}-value blocks, "
             f"16-value decode groups, the microkernel's s = {s})"
         )
-    batches = _batches(src0, src1, dst)
-    plan = plan_gemm_blocks(M, N, K, arch.mmul["bf16"], qb, bb, arch, batches, glu=glu)
+    plan = plan_gemm_blocks(M, N, K, arch.mmul["bf16"], qb, bb, arch, _batches(src0, src1, dst))
     if plan is None:
         row = K // qb * bb
         raise UnsupportedError(

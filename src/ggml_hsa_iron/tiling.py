@@ -317,10 +317,6 @@ class GemmPlan:
     # the cores decode this one's; 1 where a second does not fit (each K step then waits for
     # its tile).
     b_depth: int = 2
-    # MUL_MAT_<glu> (weights moved as bytes): each tile is two products over the same A, the
-    # gate weights' and the up weights', joined by the GLU (mmq.cc's gate accumulator); per
-    # round A goes twice and B carries the gate tile's K steps, then the up tile's.
-    glu: bool = False
 
     def b_units(self, elems: int) -> int:
         """B's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
@@ -425,24 +421,12 @@ class GemmPlan:
         return block_starts(self.M, self.m_block)
 
     def n_tasks(self) -> list[tuple[int, int]]:
-        """(first column, rounds) of the task groups that walk the N rounds of one M block
-        (one B task each, or with `glu` two per round)."""
-        if self.glu:
-            # The gate and up tiles alternate per round: a B task per round and weight, a few
-            # rounds per task group (its shim tasks are held until it finishes).
-            return round_tasks(self.N, self.n_block, GLU_ROUNDS_PER_GROUP)
+        """(first column, rounds) of the DMA tasks that walk the N rounds of one M block."""
         if self.w_block_bytes and self.n_block * self.b_units(self.K) > MAX_STRIDE_WORDS * DMA_WORD:
             # Consecutive N rounds of the weights are further apart than a DMA stride
             # reaches: one round per task (no repeat, no stride).
             return round_tasks(self.N, self.n_block, 1)
         return round_tasks(self.N, self.n_block)
-
-    @property
-    def b_tasks(self) -> int:
-        """B tasks per M block and batch."""
-        if self.glu:
-            return 2 * self.n_rounds
-        return len(self.n_tasks())
 
     def _b_tap(self, off0: int, first: int, count: int) -> Tap:
         """src0's tap for the n rows from `first` over `count` N rounds, K step by K step."""
@@ -457,37 +441,22 @@ class GemmPlan:
             return Tap(self.b_units(off0) + first * Kb, (count, 1, 1, n * Kb), (step, 0, 0, 1))
         return Tap(self.b_units(off0) + first * Kb, (count, K // k, n, kb), (step, kb, Kb, 1))
 
-    def _b_taps(self, off0: int, first: int, count: int) -> list[tuple[int, Tap]]:
-        """(weight, tap) of the B tasks of one task group on one column: src0 (0) over its
-        `count` rounds, or with `glu` per round the gate weights' (0), then the up weights' (1)
-        (their offsets alike)."""
-        if not self.glu:
-            return [(0, self._b_tap(off0, first, count))]
-        out = []
-        for i in range(count):
-            tap = self._b_tap(off0, first + i * self.n_block, 1)
-            out += [(0, tap), (1, tap)]
-        return out
-
     def b_taps(self, batches):
         """src0's taps of `tasks(batches)`, each once: every M block reads the same ones."""
         for off0, _, _ in batches:
             for n0, count in self.n_tasks():
                 for col in range(self.columns):
-                    yield from (
-                        t for w, t in self._b_taps(off0, n0 + col * self.n, count) if w == 0
-                    )
+                    yield self._b_tap(off0, n0 + col * self.n, count)
 
-    def tasks(self, batches) -> list[list[tuple[Tap | None, list[tuple[int, Tap]], Tap]]]:
-        """The runtime sequence: task groups, each an (A, B, C) per array column: A's tap
-        (None where the column carries no A feed), B's (weight, tap) list (`_b_taps`) and C's
-        tap.
+    def tasks(self, batches) -> list[list[tuple[Tap | None, Tap, Tap]]]:
+        """The runtime sequence: task groups, each an (A, B, C) tap per array column, A None
+        where the column carries no A feed.
 
         `batches` are the (src0, src1, dst) element offsets of the matrix products. A feed
         (src1) streams its a_feed_rows * m rows x a_k per A tile to its memory tile, once per
-        N round, twice with `glu` (each of its `a_channels` shims its part of the rows); B
-        (src0) n rows x k per K step for the column's N block (bytes of whole blocks when
-        moved as bytes, src0's offset converted to bytes); C (dst) takes (R*m) x n per round.
+        N round (each of its `a_channels` shims its part of the rows); B (src0) n rows x k per K step for the column's N block (bytes of whole blocks
+        when moved as bytes, src0's offset converted to bytes); C (dst) takes (R*m) x n per
+        round.
         """
         K, N, C, R = self.K, self.N, self.columns, self.rows
         m, n = self.m, self.n
@@ -506,17 +475,14 @@ class GemmPlan:
                             g, ch = feed
                             a0 = off1 + (row0 + g * fm + ch * cm) * K
                             ak = self.a_k
-                            times = count * (2 if self.glu else 1)
-                            a = Tap(a0, (times, K // ak, cm, ak), (0, ak, K, 1))
-                        b = self._b_taps(off0, first, count)
+                            a = Tap(a0, (count, K // ak, cm, ak), (0, ak, K, 1))
+                        b = self._b_tap(off0, first, count)
                         c = Tap(offd + row0 * N + first, (1, count, R * m, n), (0, C * n, N, 1))
                         group.append((a, b, c))
                     groups.append(group)
         return groups
 
 
-# N rounds per task group of MUL_MAT_<glu>'s GEMM (two B tasks each on a column's channel).
-GLU_ROUNDS_PER_GROUP = 4
 _GEMM_M = (64, 32, 16, 8, 4)
 _GEMM_N = (64, 32, 16, 8)
 _GEMM_K = (128, 64, 32, 16, 8)
@@ -598,19 +564,16 @@ def gemm_blocks_l1(
     w_block_bytes: int,
     a_k: int,
     depths: tuple[int, int] = (2, 2),
-    glu: bool = False,
 ) -> int:
     """Core data memory of a GEMM over weights moved as bytes (mmq.cc): A (m x a_k f32,
     rounded to bf16 in place) double-buffered, the weight bytes (n rows of k / w_block blocks)
     and C (m x n f32) `depths` times each, and in the core's static data one decoded column
     block of an A tile's columns (t x a_k bf16) and, where a block spans A tiles, the tile's
-    blocks' scales (32 bf16 each); with `glu` the gate's m x n f32 accumulator."""
+    blocks' scales (32 bf16 each)."""
     kw = k // w_block * w_block_bytes
     kept = n * (k // w_block) * 64 if a_k < w_block else 0
     b_depth, c_depth = depths
-    gate = m * n * 4 if glu else 0
-    core = 2 * m * a_k * 4 + b_depth * n * kw + c_depth * m * n * 4 + gate
-    return core + t * a_k * 2 + kept
+    return 2 * m * a_k * 4 + b_depth * n * kw + c_depth * m * n * 4 + t * a_k * 2 + kept
 
 
 def gemm_blocks_memtile(p: GemmPlan) -> int:
@@ -631,9 +594,7 @@ def gemm_cycles(
     (one per A tile: its `compute` cycles, or its A tile or its share of B arriving over its
     input channels; with one C tile, each tile's drain besides), an A feed's shim channels and
     the memory tile channel sending an array row its A tiles, a column's B and C shim channels,
-    and the DRAM all of them share (`b_row_bytes`: one of B's rows of K). With `glu` every
-    tile is two products: A and B move twice per round, the cores' K steps twice."""
-    products = 2 if p.glu else 1
+    and the DRAM all of them share (`b_row_bytes`: one of B's rows of K)."""
     a_tile = p.m * p.a_k * a_size
     b_tile = p.n * b_row_bytes // p.k_steps // p.a_split
     step = max(compute, a_tile // CHANNEL_BYTES, b_tile // CHANNEL_BYTES) + GEMM_K_OVERHEAD
@@ -641,14 +602,14 @@ def gemm_cycles(
     # One weight tile: each K step waits for its tile.
     wait = p.n * b_row_bytes // p.k_steps // CHANNEL_BYTES if p.b_depth == 1 else 0
     rounds = p.m_rounds * p.n_rounds
-    a_row = products * rounds * p.m * p.K * a_size
+    a_row = rounds * p.m * p.K * a_size
     a_feed = a_row * p.a_feed_rows // p.a_channels
-    b_col = products * rounds * p.n * b_row_bytes
+    b_col = rounds * p.n * b_row_bytes
     c_col = rounds * p.rows * p.m * p.n * c_size
     dram = a_feed * p.a_feeds * p.a_channels + (b_col + c_col) * p.columns
     return int(
         max(
-            p.tiles_per_core * (products * p.k_steps * (p.a_split * step + wait) + drain),
+            p.tiles_per_core * (p.k_steps * (p.a_split * step + wait) + drain),
             max(a_row, a_feed, b_col, c_col) / CHANNEL_BYTES,
             dram / arch.dram_bytes_per_cycle,
         )
@@ -664,7 +625,6 @@ def plan_gemm_blocks(
     w_block_bytes: int,
     arch: Arch,
     batches,
-    glu: bool = False,
 ) -> GemmPlan | None:
     """The cheapest GEMM plan over weights moved as bytes (`w_block` elements in
     `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results, or
@@ -676,8 +636,7 @@ def plan_gemm_blocks(
     bytes whole words), or, with k = K, the n dense rows are one run of whole words (q6_K's
     210-byte rows, n even). A comes in a_split tiles of a_k columns per K step (whole 32-value
     pieces, f16: 16 values). Core memory (`gemm_blocks_l1`) within the 48 KiB budget, memory
-    tile (`gemm_blocks_memtile`) within its 512 KiB. `glu`: MUL_MAT_<glu>'s two products per
-    tile (GemmPlan.glu)."""
+    tile (`gemm_blocks_memtile`) within its 512 KiB."""
     r, s, t = mmul
     if K % w_block:
         return None
@@ -712,7 +671,7 @@ def plan_gemm_blocks(
                     l1 = [
                         d
                         for d in ((2, 2), (2, 1), (1, 1))
-                        if gemm_blocks_l1(m, n, k, t, w_block, w_block_bytes, a_k, d, glu)
+                        if gemm_blocks_l1(m, n, k, t, w_block, w_block_bytes, a_k, d)
                         <= arch.l1_budget
                     ]
                     if not l1:
@@ -730,7 +689,6 @@ def plan_gemm_blocks(
                             plan = GemmPlan(
                                 *(M, N, K, m, n, k, r, s, t, columns, rows),
                                 *(w_block, w_block_bytes, a_split, *reversed(l1[0])),
-                                glu=glu,
                             )
                             if gemm_blocks_memtile(plan) > arch.memtile_bytes:
                                 continue
@@ -749,7 +707,7 @@ def plan_gemm_blocks(
 def _gemm_dma_ok(p: GemmPlan, batches: int) -> bool:
     if p.K // p.a_k > MAX_WRAP or p.rows * p.m > MAX_WRAP or p.n > MAX_WRAP:
         return False
-    tasks = batches * p.m_rounds * p.b_tasks
+    tasks = batches * p.m_rounds * len(p.n_tasks())
     return tasks <= MAX_TASKS_PER_CHANNEL
 
 

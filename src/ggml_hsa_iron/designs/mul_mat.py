@@ -185,38 +185,20 @@ def _gemm(spec):
     # mmq takes which of the K step's a_split A tiles it is given.
     part_arg = [np.int32] if spec.weight_bytes else []
     matmul = Kernel(fn, obj, [a_tile, b_tile, c_tile, *part_arg])
-    # MUL_MAT_<glu> (GemmPlan.glu): the gate's products into the core's own accumulator, then
-    # the up products into C, then C = act(gate) * C.
-    glu_fns = []
-    if p.glu:
-        glu_fns = [
-            Kernel(f"{fn}_gate_zero", obj, []),
-            Kernel(f"{fn}_gate", obj, [a_tile, b_tile, np.int32]),
-            Kernel(f"{fn}_glu", obj, [c_tile]),
-        ]
     tiles = spec.tiles_per_core
     k_steps = p.k_steps
 
-    def k_steps_of(of_a, of_b, mm_fn, *c):
-        for _ in range_(k_steps):
-            b = of_b.acquire(1)
-            for part in range(p.a_split):
-                a = of_a.acquire(1)
-                mm_fn(a, b, *c, *([part] if part_arg else []))
-                of_a.release(1)
-            of_b.release(1)
-
-    def core_fn(of_a, of_b, of_c, zero_fn, mm_fn, *glu):
+    def core_fn(of_a, of_b, of_c, zero_fn, mm_fn):
         for _ in range_(tiles):
-            if glu:
-                gate_zero, gate, glu_fn = glu
-                gate_zero()
-                k_steps_of(of_a, of_b, gate)
             c = of_c.acquire(1)
             zero_fn(c)
-            k_steps_of(of_a, of_b, mm_fn, c)
-            if glu:
-                glu_fn(c)
+            for _ in range_(k_steps):
+                b = of_b.acquire(1)
+                for part in range(p.a_split):
+                    a = of_a.acquire(1)
+                    mm_fn(a, b, c, *([part] if part_arg else []))
+                    of_a.release(1)
+                of_b.release(1)
             of_c.release(1)
 
     # Memory tile re-layouts, (size, stride) outermost first (see GemmPlan).
@@ -280,7 +262,7 @@ def _gemm(spec):
         b_cols.append(b_fifo)
         c_cols.append(c_fifo)
         for i in range(R):
-            args = [a_rows[i].cons(), b_to_cores.cons(), c_subs[i].prod(), zero, matmul, *glu_fns]
+            args = [a_rows[i].cons(), b_to_cores.cons(), c_subs[i].prod(), zero, matmul]
             workers.append(Worker(core_fn, fn_args=args, tile=Tile(col, 2 + i)))
 
     totals = [count for _, count in spec.sequence]
@@ -295,21 +277,17 @@ def _gemm(spec):
         handles += [b_cols[col].prod(tile=shim), c_cols[col].cons(tile=shim)]
         slots.append((slot, col in a_feeds))
 
-    def sequence(*args):
-        # Task groups from GemmPlan.tasks: per column its A feed's (src1), B's (src0; W_g and
-        # W_u for MUL_MAT_<glu>) and C's (dst) access patterns of one M block and a run of N
-        # rounds.
-        nw = 2 if p.glu else 1
-        ws, (A, Cbuf), hs = args[:nw], args[nw : nw + 2], args[nw + 2 :]
+    def sequence(B, A, Cbuf, *hs):
+        # Task groups from GemmPlan.tasks: per column its A feed's (src1), B (src0) and C
+        # (dst) access patterns of one M block and a run of N rounds.
         for group in groups:
             tg = TaskGroup()
-            for (slot, fed), (a, bs, c) in zip(slots, group):
+            for (slot, fed), (a, b, c) in zip(slots, group):
                 if fed:
-                    hs[slot].fill(A, tap=_tap(totals[nw], a), group=tg)
+                    hs[slot].fill(A, tap=_tap(totals[1], a), group=tg)
                 hb, hc = hs[slot + fed], hs[slot + fed + 1]
-                for w, b in bs:
-                    hb.fill(ws[w], tap=_tap(totals[w], b), group=tg)
-                hc.drain(Cbuf, tap=_tap(totals[nw + 1], c), group=tg, wait=True)
+                hb.fill(B, tap=_tap(totals[0], b), group=tg)
+                hc.drain(Cbuf, tap=_tap(totals[2], c), group=tg, wait=True)
             tg.finish()
 
     rt = Runtime(sequence, [*seq_types, *handles])
@@ -856,35 +834,29 @@ def ggml_op_mul_mat_add(spec):
     return _gemv(spec)
 
 
-def _mul_mat_glu(spec):
-    """MUL_MAT_<glu>: the GEMV with the gate and up weights on one W fifo, or a prompt's GEMM
-    with two products per tile (see the module docstring)."""
-    return _gemv_glu(spec) if spec.gemv else _gemm(spec)
-
-
 def ggml_op_mul_mat_reglu(spec):
     """MUL_MAT_REGLU: relu(W_g . x) * (W_u . x) (ggml: x > 0 ? x * g : 0)."""
-    return _mul_mat_glu(spec)
+    return _gemv_glu(spec)
 
 
 def ggml_op_mul_mat_geglu(spec):
     """MUL_MAT_GEGLU: gelu(W_g . x) * (W_u . x), ggml's tanh approximation of gelu."""
-    return _mul_mat_glu(spec)
+    return _gemv_glu(spec)
 
 
 def ggml_op_mul_mat_swiglu(spec):
     """MUL_MAT_SWIGLU: silu(W_g . x) * (W_u . x)."""
-    return _mul_mat_glu(spec)
+    return _gemv_glu(spec)
 
 
 def ggml_op_mul_mat_geglu_erf(spec):
     """MUL_MAT_GEGLU_ERF: gelu_erf(W_g . x) * (W_u . x)."""
-    return _mul_mat_glu(spec)
+    return _gemv_glu(spec)
 
 
 def ggml_op_mul_mat_geglu_quick(spec):
     """MUL_MAT_GEGLU_QUICK: gelu_quick(W_g . x) * (W_u . x)."""
-    return _mul_mat_glu(spec)
+    return _gemv_glu(spec)
 
 
 def ggml_op_rms_norm_mul_mat(spec):

@@ -23,22 +23,14 @@
 // Precision: the GEMV's (mvq.cc): weights formed as its decoder forms them and activations
 // rounded to bf16 (round to nearest even), exact products summed in f32.
 //
-// MUL_MAT_<glu> (MMQ_GLU, with glu.h's GGML_OP_<glu>): a tile is two products over the same A,
-// the gate weights' summed into the core's own accumulator (`g_gate`, static data counted by
-// the plan), then the up weights' into C; then C = act(gate) * C, glu.h's op on f32 values as
-// the GLU kernel computes it.
-//
 // Defines: one of MVQ_<type> (block_decode.h); MM_R MM_S MM_T TILE_M TILE_N TILE_K; A_SPLIT
-// (default 1); MMQ_GLU and GGML_OP_<glu>.
+// (default 1).
 
 #include "ggml_aie.h"
 
 using namespace ggml_aie;
 
 #include "block_decode.h"
-#if MMQ_GLU
-#include "glu.h"
-#endif
 
 using MMUL = aie::mmul<MM_R, MM_S, MM_T, bfloat16, bfloat16>;
 
@@ -137,10 +129,8 @@ void ggml_mmq_zero(float *c) {
     aie::store_v(c + i, z);
 }
 
-} // extern "C"
-
 // A tile `part` (< A_SPLIT) of the K step: columns part * A_K .. of the B tile.
-static void mmq_tile(float *a, int8_t *b, float *c, int32_t part) {
+void ggml_mmq(float *a, int8_t *b, float *c, int32_t part) {
   // Round to nearest even, as ggml converts to bf16 (the reset mode, floor, would bias every
   // decoded weight and activation down).
   set_ggml_rounding();
@@ -173,24 +163,5 @@ static void mmq_tile(float *a, int8_t *b, float *c, int32_t part) {
     }
   }
 }
-
-extern "C" {
-
-void ggml_mmq(float *a, int8_t *b, float *c, int32_t part) { mmq_tile(a, b, c, part); }
-
-#if MMQ_GLU
-alignas(64) static float g_gate[TILE_M * TILE_N];
-
-void ggml_mmq_gate_zero() { ggml_mmq_zero(g_gate); }
-
-void ggml_mmq_gate(float *a, int8_t *b, int32_t part) { mmq_tile(a, b, g_gate, part); }
-
-// C = act(gate) * C, element by element (both tiles in the same blocked layout).
-void ggml_mmq_glu(float *c) {
-  set_ggml_rounding();
-  for (unsigned i = 0; i < TILE_M * TILE_N; i += VEC)
-    store_aligned(c + i, glu_op(load_aligned(g_gate + i), load_aligned(c + i)));
-}
-#endif
 
 } // extern "C"

@@ -189,13 +189,9 @@ class GluPlanTest(unittest.TestCase):
             self.assertEqual(s.core.defines[f"GGML_OP_{op}"], 1)
 
     def test_refusals(self):
-        # A long prefill batch of f32 weights (the GEMV): 2 W tasks per round and src1 row
-        # exceed a channel's 1024. Weights moved as bytes take the GEMM instead.
+        # A long prefill batch: 2 W tasks per round and src1 row exceed a channel's 1024.
         with self.assertRaisesRegex(UnsupportedError, "1024"):
-            glu_spec("SWIGLU", "f32", 512, 4096, 4096)
-        spec = glu_spec("SWIGLU", "q4_0", 512, 4096, 4096)
-        self.assertFalse(spec.gemv)
-        self.assertTrue(spec.plan.glu)
+            glu_spec("SWIGLU", "q4_0", 512, 4096, 4096)
         # bf16 weights with an odd K: rows do not start on 32-bit words.
         with self.assertRaises(UnsupportedError):
             glu_spec("SWIGLU", "bf16", 1, 64, 255)
@@ -411,20 +407,6 @@ class GluEmulationTest(unittest.TestCase):
         for i, (op, ty, M, N, K, arch) in enumerate(cases):
             with self.subTest(op=op, ty=ty, M=M, N=N, K=K, arch=arch):
                 self.check(op, ty, M, N, K, arch, seed=i)
-
-    def test_prompt_rows_take_the_gemm(self):
-        # More rows than a decode step, weights moved as bytes: the GEMM, two products per
-        # tile (the gate's into the core's accumulator), M and N off the grid, a batch.
-        cases = [
-            (("SWIGLU", "q4_0", 40, 72, 256, "aie2p"), {}),
-            (("GEGLU", "q4_K", 24, 40, 512, "aie2"), {}),
-            (("REGLU", "q8_0", 12, 36, 128, "aie2p"), dict(b2=2, r2=2)),
-            (("GEGLU_QUICK", "f16", 20, 48, 96, "aie2"), {}),
-        ]
-        for i, (args, kw) in enumerate(cases):
-            with self.subTest(args=args, **kw):
-                self.assertFalse(glu_spec(*args[:5], arch=args[5], **kw).gemv)
-                self.check(*args, **kw, seed=30 + i)
 
     def test_broadcast_batch_and_many_rounds(self):
         # Weights broadcast over x's batches (ggml: i02 = i12 / r2), and N large enough for

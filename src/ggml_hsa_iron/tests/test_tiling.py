@@ -281,9 +281,7 @@ class MatmulPlanTest(unittest.TestCase):
                 self.assertEqual(a_read, rounds * p.rows * p.m * K)
                 # Every weight is read once per M block.
                 if DTYPES[ty].block > 1 or ty == "bf16":
-                    b_read = sum(
-                        math.prod(b.sizes) for g in spec.tasks() for _, bs, _ in g for _, b in bs
-                    )
+                    b_read = sum(math.prod(b.sizes) for g in spec.tasks() for _, b, _ in g)
                     row = p.b_units(K) if p.w_block_bytes else K
                     self.assertEqual(b_read, len(p.m_starts()) * p.n_rounds * p.n_block * row)
 
@@ -566,10 +564,9 @@ class ByteWeightsGemmTest(unittest.TestCase):
                         self.assertLessEqual(mem, a.memtile_bytes)
                         self.assertEqual(spec.sequence[0], ("i8", N * K // block * size * b2))
                         for g in spec.tasks():
-                            for _, bs, _ in g:
-                                for _, b in bs:
-                                    self.assertEqual(b.offset % 4, 0)
-                                    self.assertEqual(b.sizes[3] % 4, 0)
+                            for _, b, _ in g:
+                                self.assertEqual(b.offset % 4, 0)
+                                self.assertEqual(b.sizes[3] % 4, 0)
                         writes = check_structure(spec, stream_of(spec))
                         self.assertGreaterEqual(writes, spec.dst.nelements)
 
@@ -613,10 +610,9 @@ class ByteWeightsGemmTest(unittest.TestCase):
         spec = mul_mat_spec("aie2p", "f16", "f32", 64, 4096, 14336)
         self.assertFalse(spec.gemv)
         for g in spec.tasks():
-            for _, bs, _ in g:
-                for _, b in bs:
-                    if b.sizes[0] > 1:
-                        self.assertLessEqual(b.strides[0], (1 << 20) * 4)
+            for _, b, _ in g:
+                if b.sizes[0] > 1:
+                    self.assertLessEqual(b.strides[0], (1 << 20) * 4)
 
     def test_refusals_fall_back_to_the_gemv_with_a_reason(self):
         from ggml_hsa_iron.plans import gemm_blocks_plan

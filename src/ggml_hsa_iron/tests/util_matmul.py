@@ -57,13 +57,12 @@ def gemm_streams(spec):
                     tile = part if ch > 1 else [part[j] for j in aw]
                     for cc in range(p.columns):
                         cores[(cc, g * fr + i)]["a"].append(tile)
-        for col, (_, bs, c) in enumerate(group):
-            for _, b in bs:  # (MUL_MAT_<glu>: the gate's and the up weights' taps in turn)
-                for obj in _objects(b.indices(), p.b_tile):
-                    # Weights moved as bytes reach the cores as read (rows of whole blocks).
-                    blocked = obj if p.w_block_bytes else [obj[j] for j in bw]
-                    for i in range(R):
-                        cores[(col, i)]["b"].append(blocked)
+        for col, (_, b, c) in enumerate(group):
+            for obj in _objects(b.indices(), p.b_tile):
+                # Weights moved as bytes reach the cores as read (rows of whole blocks).
+                blocked = obj if p.w_block_bytes else [obj[j] for j in bw]
+                for i in range(R):
+                    cores[(col, i)]["b"].append(blocked)
             for dest in _objects(c.indices(), R * m * n):
                 joined = [None] * (R * m * n)
                 for j, pos in enumerate(cw):
