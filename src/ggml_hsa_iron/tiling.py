@@ -454,9 +454,9 @@ class GemmPlan:
 
         `batches` are the (src0, src1, dst) element offsets of the matrix products. A feed
         (src1) streams its a_feed_rows * m rows x a_k per A tile to its memory tile, once per
-        N round (each of its `a_channels` shims its part of the rows); B (src0) n rows x k per K step for the column's N block (bytes of whole blocks
-        when moved as bytes, src0's offset converted to bytes); C (dst) takes (R*m) x n per
-        round.
+        N round (each of its `a_channels` shims its part of the rows); B (src0) n rows x k per
+        K step for the column's N block (bytes of whole blocks when moved as bytes, src0's
+        offset converted to bytes); C (dst) takes (R*m) x n per round.
         """
         K, N, C, R = self.K, self.N, self.columns, self.rows
         m, n = self.m, self.n
@@ -676,6 +676,7 @@ def plan_gemm_blocks(
                     ]
                     if not l1:
                         continue
+                    b_depth, c_depth = l1[0]
                     # Per A tile every core decodes its share of the column's n weight rows
                     # (vector ALU, beside the MACs) and rounds the tile to bf16.
                     macs = m * n * a_k // (r * s * t)
@@ -688,7 +689,9 @@ def plan_gemm_blocks(
                                 continue
                             plan = GemmPlan(
                                 *(M, N, K, m, n, k, r, s, t, columns, rows),
-                                *(w_block, w_block_bytes, a_split, *reversed(l1[0])),
+                                *(w_block, w_block_bytes, a_split),
+                                c_depth=c_depth,
+                                b_depth=b_depth,
                             )
                             if gemm_blocks_memtile(plan) > arch.memtile_bytes:
                                 continue
