@@ -64,8 +64,7 @@ exec "{}" "$@"
 "#,
         common::sim_artifact("hsa-sim-compile").display()
     );
-    std::fs::write(&path, script).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    common::write_script(&path, &script);
     path
 }
 

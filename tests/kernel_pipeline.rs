@@ -224,20 +224,14 @@ fn a_second_run_compiles_nothing_and_clearing_keeps_foreign_files() {
 fn slow_compiler(dir: &Path) -> (PathBuf, PathBuf) {
     let log = dir.join("compiles.log");
     let script = dir.join("slow-compiler.sh");
-    std::fs::write(
+    common::write_script(
         &script,
-        format!(
+        &format!(
             "#!/bin/sh\nif [ \"$1\" = compile ]; then basename \"$3\" >> '{}'; sleep 0.3; fi\nexec '{}' \"$@\"\n",
             log.display(),
             compiler().display()
         ),
-    )
-    .unwrap();
-    Command::new("chmod")
-        .arg("+x")
-        .arg(&script)
-        .status()
-        .unwrap();
+    );
     (script, log)
 }
 

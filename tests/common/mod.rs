@@ -63,25 +63,43 @@ pub fn scratch_dir(name: &str) -> PathBuf {
 /// rest with hsa-sim-compile; returns its command.
 pub fn compiler_declining(tag: &str, pattern: &str, message: &str, status: u8) -> String {
     let script = scratch_dir(tag).join("compiler.sh");
-    std::fs::write(
+    write_script(
         &script,
-        format!(
+        &format!(
             "#!/bin/sh\nif [ \"$1\" = compile ] && grep -q '{pattern}' \"$3\"; then\n  \
              echo '{message}' >&2; exit {status}\nfi\nexec '{}' \"$@\"\n",
             sim_artifact("hsa-sim-compile").display()
         ),
-    )
-    .unwrap();
-    let chmod = std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&script)
-        .status();
-    assert!(
-        chmod.is_ok_and(|s| s.success()),
-        "chmod {}",
-        script.display()
     );
     script.display().to_string()
+}
+
+/// Writes an executable script, replacing any one at `path` at once. The file is written by
+/// a child shell under a name of its own and then renamed: this process never holds a
+/// writable descriptor of it (a child another test thread forks meanwhile would inherit that
+/// descriptor until its exec, and running the script then fails with ETXTBSY), and a process
+/// running the script it replaces (two children sharing a wrapper) keeps reading the old one.
+pub fn write_script(path: &Path, text: &str) {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "cat > \"$1\" && chmod 755 \"$1\"", "sh"])
+        .arg(&tmp)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("sh");
+    child
+        .stdin
+        .take()
+        .expect("the shell's stdin")
+        .write_all(text.as_bytes())
+        .expect("write the script");
+    let status = child.wait().expect("sh");
+    assert!(status.success(), "writing {}", tmp.display());
+    std::fs::rename(&tmp, path).expect("the script in place");
 }
 
 /// A build output of the hsa-sim workspace member (`libhsa_runtime64.so`, `hsa-sim-compile`),
@@ -247,19 +265,15 @@ pub fn assert_kernels_built(dir: &std::path::Path, prefixes: &[&str]) {
 /// `op`; returns the script's path.
 pub fn declining_compiler(dir: &Path, op: &str) -> PathBuf {
     let wrapper = dir.join("compiler.sh");
-    std::fs::write(
+    write_script(
         &wrapper,
-        format!(
+        &format!(
             "#!/bin/sh\n\
              if [ \"$1\" = compile ] && grep -q '\"op\":\"{op}\"' \"$3\"; then\n\
              echo 'declined for the test' >&2; exit 2; fi\n\
              exec {} \"$@\"\n",
             sim_artifact("hsa-sim-compile").display()
         ),
-    )
-    .unwrap();
-    let mut perms = std::fs::metadata(&wrapper).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&wrapper, perms).unwrap();
+    );
     wrapper
 }

@@ -198,8 +198,8 @@ fn mutated_designs_fail() {
             "two strides of the A tap swapped",
             "tiling.py",
             vec![(
-                "(count, K // ak, fm, ak), (0, ak, K, 1))",
-                "(count, K // ak, fm, ak), (0, K, ak, 1))",
+                "(count, K // ak, cm, ak), (0, ak, K, 1))",
+                "(count, K // ak, cm, ak), (0, K, ak, 1))",
             )],
             &gemm,
             None,
