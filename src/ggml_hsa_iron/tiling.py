@@ -606,7 +606,7 @@ def gemm_cycles(
     a_feed = a_row * p.a_feed_rows // p.a_channels
     b_col = rounds * p.n * b_row_bytes
     c_col = rounds * p.rows * p.m * p.n * c_size
-    dram = a_feed * p.a_feeds * p.a_channels + (b_col + c_col) * p.columns
+    dram = a_row * p.rows + (b_col + c_col) * p.columns
     return int(
         max(
             p.tiles_per_core * (p.k_steps * (p.a_split * step + wait) + drain),
@@ -668,15 +668,18 @@ def plan_gemm_blocks(
                         continue
                     # Two weight and two C tiles where they fit, else one C tile, else one
                     # of each.
-                    l1 = [
-                        d
-                        for d in ((2, 2), (2, 1), (1, 1))
-                        if gemm_blocks_l1(m, n, k, t, w_block, w_block_bytes, a_k, d)
-                        <= arch.l1_budget
-                    ]
-                    if not l1:
+                    depths = next(
+                        (
+                            d
+                            for d in ((2, 2), (2, 1), (1, 1))
+                            if gemm_blocks_l1(m, n, k, t, w_block, w_block_bytes, a_k, d)
+                            <= arch.l1_budget
+                        ),
+                        None,
+                    )
+                    if depths is None:
                         continue
-                    b_depth, c_depth = l1[0]
+                    b_depth, c_depth = depths
                     # Per A tile every core decodes its share of the column's n weight rows
                     # (vector ALU, beside the MACs) and rounds the tile to bf16.
                     macs = m * n * a_k // (r * s * t)

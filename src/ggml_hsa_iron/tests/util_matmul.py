@@ -45,16 +45,14 @@ def gemm_streams(spec):
             assert (a is not None) == (feed is not None), "an A tap on a column without a feed"
             if feed is not None:
                 feeds.setdefault(feed[0], {})[feed[1]] = _objects(a.indices(), fr * m * ak // ch)
+        part = m * ak // ch  # a channel's share of one array row's tile
         for g, parts in feeds.items():
             assert sorted(parts) == list(range(ch)), "a feed's channels without their tasks"
-            for pieces in zip(*(parts[j] for j in range(ch))):
-                # The join walks each channel's part with the same re-layout, in turn.
-                laid = [[piece[j] for j in aw] for piece in pieces]
-                obj = [v for piece in laid for v in piece] if ch > 1 else pieces[0]
+            for objs in zip(*(parts[j] for j in range(ch))):
                 for i in range(fr):
-                    part = obj[i * m * ak : (i + 1) * m * ak]
-                    # The feed's part i goes to array row g * fr + i in every column.
-                    tile = part if ch > 1 else [part[j] for j in aw]
+                    # The feed's part i goes to array row g * fr + i in every column: each
+                    # channel's share of it re-laid in turn (a join walks its inputs alike).
+                    tile = [obj[i * part + j] for obj in objs for j in aw]
                     for cc in range(p.columns):
                         cores[(cc, g * fr + i)]["a"].append(tile)
         for col, (_, b, c) in enumerate(group):
