@@ -540,6 +540,7 @@ class ByteWeightsGemmTest(unittest.TestCase):
             (4, 8, 256, 2, 2, 1),  # the smallest GEMM (one batch of 4 rows takes the GEMV)
             (13, 44, 512, 1, 1, 1),  # M and N off the grid
             (9, 40, 256, 2, 2, 1),  # batches, src0 broadcast over src1's dimension 2
+            (64, 520, 256, 1, 1, 1),  # every column: two A channels per feed on aie2p
         ]
         for ty in self.TYPES:
             block, size = DTYPES[ty].block, DTYPES[ty].size
