@@ -105,12 +105,16 @@ AIE_INL static inline uint16_t bf16_round(float f, rounding_mode m) {
 // counter per loaded copy of the library, that is per core.
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
 // aie2 (AIE-ML, mlir-aie's aie2 mm.cc shapes): bf16 4x8x4, int8 4x8x8, int16
-// 4x4x4 MACs per mmul; 16 accumulator lanes per element-wise multiply.
+// 4x4x4 MACs per mmul; 16 accumulator lanes per element-wise float multiply.
 inline constexpr unsigned kMacsBf16 = 128, kMacsI8 = 256, kMacsI16 = 64, kMulLanes = 16;
 #else
 // aie2p (mlir-aie's aie2p mm.cc shapes): bf16 4x8x8, int8 8x8x8, int16 4x4x8.
 inline constexpr unsigned kMacsBf16 = 256, kMacsI8 = 512, kMacsI16 = 128, kMulLanes = 32;
 #endif
+// 16-bit integers: 32 lanes per element-wise multiply and per narrowing of their 32-bit
+// accumulator, on either arch (AIE-ML intrinsics, UG1583: mul_elem_32 of two v32int16 into a
+// v32acc32, srs_to_v32int16 and srs_to_v32int8 of a v32acc32, one instruction each).
+inline constexpr unsigned kIntLanes = 32;
 struct Slots {
   uint64_t load = 0, store = 0, mul = 0, alu = 0, scalar = 0;
 };
@@ -120,7 +124,9 @@ AIE_INL static inline uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b 
 AIE_INL static inline void count_load(uint64_t bytes) { g_slots.load += ceil_div(bytes, 32); }
 AIE_INL static inline void count_store(uint64_t bytes) { g_slots.store += ceil_div(bytes, 32); }
 AIE_INL static inline void count_alu(uint64_t bytes) { g_slots.alu += ceil_div(bytes, 64); }
-AIE_INL static inline void count_mul(uint64_t lanes) { g_slots.mul += ceil_div(lanes, kMulLanes); }
+AIE_INL static inline void count_mul(uint64_t lanes, uint64_t per_op = kMulLanes) {
+  g_slots.mul += ceil_div(lanes, per_op);
+}
 AIE_INL static inline void count_scalar(uint64_t n) { g_slots.scalar += n; }
 AIE_OP static inline void begin_call() { g_slots = Slots{}; }
 AIE_OP static inline void end_call() {
@@ -214,8 +220,12 @@ template <unsigned N> struct accum<acc32, N> {
     for (unsigned i = 0; i < N; ++i)
       v[i] = x.v[i];
   }
+  // To 8- or 16-bit lanes: one shift-round-saturate per kIntLanes lanes; else by the bytes.
   template <typename T> AIE_OP vector<T, N> to_vector(int shift = 0) const {
-    detail::count_alu(N * 4);
+    if constexpr (sizeof(T) <= 2)
+      detail::count_alu(detail::ceil_div(N, detail::kIntLanes) * 64);
+    else
+      detail::count_alu(N * 4);
     vector<T, N> r;
     for (unsigned i = 0; i < N; ++i)
       r.v[i] = (T)(int32_t)(v[i] >> shift);
@@ -326,10 +336,11 @@ template <unsigned N> AIE_OP accum<accfloat, N> mul(const vector<bfloat16, N> &a
     r.v[i] = (float)a.v[i] * (float)b.v[i];
   return r;
 }
-// Integers: exact products in the 32-bit accumulator, as many lanes per op as the float ones.
+// Integers: exact products in the 32-bit accumulator; 16-bit lanes kIntLanes per op, wider
+// ones as many as the float ones.
 template <typename T, unsigned N, typename = std::enable_if_t<std::is_integral_v<T>>>
 AIE_OP accum<acc32, N> mul(const vector<T, N> &a, const vector<T, N> &b) {
-  detail::count_mul(N);
+  detail::count_mul(N, sizeof(T) <= 2 ? detail::kIntLanes : detail::kMulLanes);
   accum<acc32, N> r;
   for (unsigned i = 0; i < N; ++i)
     r.v[i] = (int64_t)a.v[i] * (int64_t)b.v[i];
