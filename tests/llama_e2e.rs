@@ -897,6 +897,13 @@ fn prompts_run_as_kernels_of_power_of_two_rows_with_the_cpu_s_logits() {
         lengths[2] > 256,
         "the longest prompt must reach n_kv 512: {lengths:?}"
     );
+    // The down projections read the GLU's output as it wrote it for them, in bf16.
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("mul_mat-") && n.contains("-bf16_")),
+        "no product of bf16 activations: {names:#?}"
+    );
     let attention: Vec<&String> = names
         .iter()
         .filter(|n| n.starts_with("flash_attn_ext_mask-"))

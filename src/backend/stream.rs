@@ -28,7 +28,7 @@ use crate::hsa::signal::{Signal, DEVICE_TIMEOUT};
 use crate::kernels::KernelDesc;
 use crate::ops::host::HostOp;
 use crate::ops::rewrite::{self, Stage};
-use crate::ops::{self, Memory, Node, RowScatter, Tensor};
+use crate::ops::{self, Memory, Node, Plan, RowScatter, Tensor};
 
 /// Packets behind one doorbell: half the ring, and below the ~40 commands ROCR fits into one
 /// command chain.
@@ -358,8 +358,8 @@ impl Stream {
     fn plan_graph(&mut self, graph: &[Node]) -> Result<GraphPlan, ComputeError> {
         match self.plan_graph_moving(graph, true)? {
             Some(plan) => Ok(plan),
-            // A node reading a moved attention output runs on the CPU, which reads the graph's
-            // own memory: planned again without the move.
+            // A node writing or reading a moved output runs on the CPU, which reads the
+            // graph's own memory: planned again without the moves.
             None => Ok(self
                 .plan_graph_moving(graph, false)?
                 .expect("nothing moved")),
@@ -367,8 +367,9 @@ impl Stream {
     }
 
     /// Plans `graph`, with the attention outputs the block after them would clobber moved to
-    /// scratch memory when `moving` (`ops::relocate`); `None` when a node reading a moved
-    /// output ended up on the CPU.
+    /// scratch memory (`ops::relocate`) and a prompt's activations that only GEMMs read written
+    /// there as bf16 (`ops::bf16_activations`) when `moving`; `None` when a node writing or
+    /// reading a moved output ended up on the CPU.
     fn plan_graph_moving(
         &mut self,
         graph: &[Node],
@@ -382,15 +383,23 @@ impl Stream {
         } else {
             (Vec::new(), 0)
         };
-        let scratch = if moves.is_empty() {
+        // A prompt's activations that only GEMMs read, written as bf16 behind them.
+        let device = self.device;
+        let runs = |n: &Node| matches!(device.plan(n), Ok(Plan::Kernel { desc, .. }) if device.supports_kernel(&desc));
+        let (narrowed, narrowed_bytes) = if moving {
+            ops::bf16_activations::to_move(&nodes, runs)
+        } else {
+            (Vec::new(), 0)
+        };
+        let scratch = if moves.is_empty() && narrowed.is_empty() {
             None
         } else {
-            match self.device.alloc_buffer(bytes as usize) {
+            match self.device.alloc_buffer((bytes + narrowed_bytes) as usize) {
                 Ok(scratch) => Some(scratch),
                 Err(e) => {
                     crate::log::debug(&format!(
-                        "{}: no scratch memory for attention outputs ({e}); the layers they \
-                         end stay unfused",
+                        "{}: no scratch memory for attention outputs and bf16 activations \
+                         ({e}); the layers they end stay unfused, the activations f32",
                         self.device.name
                     ));
                     None
@@ -399,7 +408,9 @@ impl Stream {
         };
         let moved = scratch.as_ref().map(|s| {
             let memory = Memory::Device(self.device.index);
-            ops::relocate::relocate(&nodes, &moves, s.device_addr(), memory)
+            let nodes = ops::relocate::relocate(&nodes, &moves, s.device_addr(), memory);
+            let base = s.device_addr() + bytes;
+            ops::bf16_activations::narrow(&nodes, &narrowed, base, memory)
         });
         let nodes: &[Node] = moved.as_deref().unwrap_or(&nodes);
         let fallback = self.device.cpu_fallback;
@@ -428,11 +439,12 @@ impl Stream {
                 continue;
             }
             let on_cpu = |k: usize| matches!(steps[k], Step::Cpu(_));
-            if scratch.is_some()
-                && moves
-                    .iter()
-                    .any(|m| on_cpu(m.node) || m.readers.iter().any(|&r| on_cpu(r)))
-            {
+            let moved_on_cpu = moves
+                .iter()
+                .map(|m| (m.node, &m.readers))
+                .chain(narrowed.iter().map(|m| (m.node, &m.readers)))
+                .any(|(node, readers)| on_cpu(node) || readers.iter().any(|&r| on_cpu(r)));
+            if scratch.is_some() && moved_on_cpu {
                 return Ok(None);
             }
             // A forwarded gather one of whose readers runs on the CPU runs again: the CPU reads

@@ -354,6 +354,8 @@ class MatmulSpec:
         )
         if self.weight_bytes and not self.gemv:
             d = {f"MVQ_{b.upper()}": 1, **gemm_tiles, "A_SPLIT": p.a_split}
+            if a == "bf16":
+                d["A_BF16"] = 1
             return CoreSource(GEMM_BLOCKS_SOURCE, "mmq.o", d)
         if self.weight_bytes:
             d = {
@@ -1310,7 +1312,7 @@ def prepare_rms_norm_mul_mat_rope(req: Request, columns: int | None = None) -> M
 
 def gemm_blocks_plan(src0: Tensor, src1: Tensor, dst: Tensor, arch: Arch) -> GemmPlan:
     """The GEMM plan of dense f16 / block-quantized weights (moved as bytes, decoded by
-    mmq.cc) times f32 src1, or UnsupportedError saying why there is none (the caller then
+    mmq.cc) times f32 or bf16 src1, or UnsupportedError saying why there is none (the caller then
     takes the GEMV)."""
     K, N, M = src0.ne[0], src0.ne[1], src1.ne[1]
     r, s, t = arch.mmul["bf16"]
@@ -1326,7 +1328,8 @@ def gemm_blocks_plan(src0: Tensor, src1: Tensor, dst: Tensor, arch: Arch) -> Gem
             f"{what}: K is not a multiple of a K step ({step}: whole {qb}-value blocks, "
             f"16-value decode groups, the microkernel's s = {s})"
         )
-    plan = plan_gemm_blocks(M, N, K, arch.mmul["bf16"], qb, bb, arch, _batches(src0, src1, dst))
+    batches = _batches(src0, src1, dst)
+    plan = plan_gemm_blocks(M, N, K, arch.mmul["bf16"], qb, bb, arch, batches, src1.size)
     if plan is None:
         row = K // qb * bb
         raise UnsupportedError(
@@ -1394,6 +1397,14 @@ def prepare_mul_mat(req: Request, several_rows: bool = True) -> MatmulSpec:
         # A few src1 rows (a decode step of several tokens) of block-quantized weights: one
         # GEMV whose cores decode each W tile once for all of them (GemvPlan.nx), the weights
         # streamed once over every column, where the GEMM's M block would leave most cores idle.
+        if src1.dtype == "bf16":
+            # bf16 activations (a prompt's, produced so for its GEMMs): the GEMM only.
+            if M > 1 and dense:
+                return gemm_spec(gemm_blocks_plan(src0, src1, dst, arch), "bf16")
+            raise UnsupportedError(
+                f"MUL_MAT: bf16 activations with {src0.dtype} weights take the GEMM only "
+                f"(dense, M > 1; here M={M}); the GEMV reads f32 x"
+            )
         nx = rows_at_once(src0, src1, dst)
         if several_rows and nx is not None:
             plan = byte_gemv(nx=nx)
@@ -1608,7 +1619,7 @@ class RowSpec:
     Operands: x [L, ne1, ne2, ne3] (f32), then SOFT_MAX's mask (f32 or f16) and sinks
     (f32), or RMS_NORM_MUL's weight row (f32), or RMS_NORM_MUL_ADD's residual r (f32 of x's
     shape, in `mask`: its rows travel as a mask's) and weight row, then the output (x's
-    shape, or one i32 per row for ARGMAX).
+    shape, f32, RMS_NORM_MUL's also bf16; or one i32 per row for ARGMAX).
     """
 
     request: Request
@@ -1729,6 +1740,8 @@ class RowSpec:
             d["HAS_SINKS"] = 1
         if self.slopes:
             d["ALIBI_SLOPES"] = ",".join(f"0x{b:08x}u" for b in self.slopes)
+        if self.out.dtype == "bf16":
+            d["OUT_BF16"] = 1
         return CoreSource(ROWS_SOURCE, "rows.o", d)
 
     @property
@@ -1767,9 +1780,13 @@ def prepare_rows(req: Request) -> RowSpec:
     if op == "ARGMAX":
         if out.dtype != "i32" or out.nelements != rows:
             raise UnsupportedError("ARGMAX: one i32 index per f32 row")
+    elif op == "RMS_NORM_MUL" and out.dtype == "bf16" and out.ne == x.ne:
+        # A prompt's activations written for its GEMMs (the backend's bf16 activations).
+        if length % 2:
+            raise UnsupportedError(f"{op}: bf16 rows of an odd length ({length}) are not words")
     elif out.dtype != "f32" or out.ne != x.ne:
         raise UnsupportedError(f"{op}: the output must be f32 of input 0's shape")
-    streamed = length * 4 + (4 if op == "ARGMAX" else length * 4)
+    streamed = length * 4 + (4 if op == "ARGMAX" else length * out.size)
     resident = 0
     mask_split = None
     if mask is not None:

@@ -545,9 +545,10 @@ OPS: tuple[OpSpec, ...] = (
     _rows(
         "RMS_NORM_MUL",
         2,
-        ("f32",),
+        ("f32", "bf16"),
         1,
-        _ROWS_LIMITS + "; the weight is one f32 row, resident in every worker",
+        _ROWS_LIMITS + "; x and the weight f32, the output f32 or bf16 (rows of an even length); "
+        "the weight is one f32 row, resident in every worker",
     ),
     # The same plus a residual of x's shape (gemma's norms after the attention and the
     # block, ahead of the residual ADD): inputs x, r, the weight row; y = rms_norm(x) * w + r.
@@ -645,9 +646,11 @@ MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = (
     ("f32", "f32", "f32"),
     ("i8", "i8", "i32"),
     ("i16", "i16", "i32"),
-    # f16 and block-quantized weights (decoded to bf16 on the cores), f32 activations.
+    # f16 and block-quantized weights (decoded to bf16 on the cores), f32 activations, or
+    # bf16 ones (a prompt's activations written so for its GEMMs: the GEMM only).
     ("f16", "f32", "f32"),
     *((q, "f32", "f32") for q in QUANT_TYPES),
+    *((w, "bf16", "f32") for w in ("f16", *QUANT_TYPES)),
     # An f16 output (the backend's V projection written straight into the f16 KV cache):
     # the GEMV only, summed in f32 on the core and rounded once per value.
     *((w, "f32", "f16") for w in ("bf16", "f32", "f16", *QUANT_TYPES)),
@@ -656,7 +659,7 @@ MUL_MAT_COMBOS: tuple[tuple[str, str, str], ...] = (
 # (weights, x, dst) type triples of MUL_MAT_<glu>: MUL_MAT's with a float output (the GLU is
 # computed in f32); both weight inputs have the first type.
 MUL_MAT_GLU_COMBOS: tuple[tuple[str, str, str], ...] = tuple(
-    c for c in MUL_MAT_COMBOS if c[2] == "f32"
+    c for c in MUL_MAT_COMBOS if c[2] == "f32" and (c[1] == "f32" or c[0] == "bf16")
 )
 
 # (weights, x, dst) type triples of MUL_MAT_ADD (r is f32): MUL_MAT's with f32 x and dst.

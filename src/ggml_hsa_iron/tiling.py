@@ -317,6 +317,8 @@ class GemmPlan:
     # the cores decode this one's; 1 where a second does not fit (each K step then waits for
     # its tile).
     b_depth: int = 2
+    # Bytes of an A value (weights moved as bytes): 4 for f32 activations, 2 for bf16 ones.
+    a_size: int = 4
 
     def b_units(self, elems: int) -> int:
         """B's DMA units (elements, or bytes when moved as bytes) of `elems` weights."""
@@ -564,23 +566,25 @@ def gemm_blocks_l1(
     w_block_bytes: int,
     a_k: int,
     depths: tuple[int, int] = (2, 2),
+    a_size: int = 4,
 ) -> int:
     """Core data memory of a GEMM over weights moved as bytes (mmq.cc): A (m x a_k f32,
-    rounded to bf16 in place) double-buffered, the weight bytes (n rows of k / w_block blocks)
-    and C (m x n f32) `depths` times each, and in the core's static data one decoded column
-    block of an A tile's columns (t x a_k bf16) and, where a block spans A tiles, the tile's
-    blocks' scales (32 bf16 each)."""
+    rounded to bf16 in place, or bf16: `a_size` bytes a value) double-buffered, the weight
+    bytes (n rows of k / w_block blocks) and C (m x n f32) `depths` times each, and in the
+    core's static data one decoded column block of an A tile's columns (t x a_k bf16) and,
+    where a block spans A tiles, the tile's blocks' scales (32 bf16 each)."""
     kw = k // w_block * w_block_bytes
     kept = n * (k // w_block) * 64 if a_k < w_block else 0
     b_depth, c_depth = depths
-    return 2 * m * a_k * 4 + b_depth * n * kw + c_depth * m * n * 4 + t * a_k * 2 + kept
+    a = 2 * m * a_k * a_size
+    return a + b_depth * n * kw + c_depth * m * n * 4 + t * a_k * 2 + kept
 
 
 def gemm_blocks_memtile(p: GemmPlan) -> int:
     """Memory tile bytes of a column carrying an A feed: the A ring (a_feed_rows * m x a_k
-    f32) and the joined C ring (R*m x n f32), each double-buffered (the weights go from the
-    shim to the cores)."""
-    return 2 * p.a_feed_rows * p.m * p.a_k * 4 + 2 * p.rows * p.m * p.n * 4
+    values of a_size bytes) and the joined C ring (R*m x n f32), each double-buffered (the
+    weights go from the shim to the cores)."""
+    return 2 * p.a_feed_rows * p.m * p.a_k * p.a_size + 2 * p.rows * p.m * p.n * 4
 
 
 # Bytes per cycle of a DMA channel, shim, memory tile or core (AM020: 32 bits per cycle).
@@ -625,10 +629,11 @@ def plan_gemm_blocks(
     w_block_bytes: int,
     arch: Arch,
     batches,
+    a_size: int = 4,
 ) -> GemmPlan | None:
     """The cheapest GEMM plan over weights moved as bytes (`w_block` elements in
-    `w_block_bytes` bytes: f16, block-quantized types) with f32 activations and results, or
-    None. `batches` are the (src0, src1, dst) element offsets of the matrix products (src0's
+    `w_block_bytes` bytes: f16, block-quantized types) with f32 (`a_size` 4) or bf16 (2)
+    activations and f32 results, or None. `batches` are the (src0, src1, dst) element offsets of the matrix products (src0's
     are converted to bytes; every weight tap is checked for whole, aligned DMA words).
 
     A K step k is whole blocks (256 values for the K-quants), a multiple of 16 (the decoder's
@@ -672,7 +677,7 @@ def plan_gemm_blocks(
                         (
                             d
                             for d in ((2, 2), (2, 1), (1, 1))
-                            if gemm_blocks_l1(m, n, k, t, w_block, w_block_bytes, a_k, d)
+                            if gemm_blocks_l1(m, n, k, t, w_block, w_block_bytes, a_k, d, a_size)
                             <= arch.l1_budget
                         ),
                         None,
@@ -681,9 +686,10 @@ def plan_gemm_blocks(
                         continue
                     b_depth, c_depth = depths
                     # Per A tile every core decodes its share of the column's n weight rows
-                    # (vector ALU, beside the MACs) and rounds the tile to bf16.
+                    # (vector ALU, beside the MACs) and rounds an f32 tile to bf16.
                     macs = m * n * a_k // (r * s * t)
-                    compute = max(macs, n * a_k * GEMM_DECODE_ALU // 32 + m * a_k // VECTOR_ELEMS)
+                    rounding = m * a_k // VECTOR_ELEMS if a_size == 4 else 0
+                    compute = max(macs, n * a_k * GEMM_DECODE_ALU // 32 + rounding)
                     for rows in (4, 2, 1):
                         if rows > arch.compute_rows or rows * m > M:
                             continue
@@ -695,6 +701,7 @@ def plan_gemm_blocks(
                                 *(w_block, w_block_bytes, a_split),
                                 c_depth=c_depth,
                                 b_depth=b_depth,
+                                a_size=a_size,
                             )
                             if gemm_blocks_memtile(plan) > arch.memtile_bytes:
                                 continue
@@ -702,7 +709,7 @@ def plan_gemm_blocks(
                                 continue
                             if not all(_byte_tap_ok(b) for b in plan.b_taps(batches)):
                                 continue
-                            cost = gemm_cycles(plan, compute, 4, row_bytes, 4, arch)
+                            cost = gemm_cycles(plan, compute, a_size, row_bytes, 4, arch)
                             key = (cost, a_split, -(m * n * k))
                             if best_key is None or key < best_key:
                                 best, best_key = plan, key

@@ -10,8 +10,10 @@
 //! * [`pieces`]: kernels over many rows run over power-of-two counts of them.
 //! * [`forward`]: one-row GET_ROWS turned into views their readers read through.
 //! * [`relocate`]: attention outputs moved out of memory the block after them reuses.
+//! * [`bf16_activations`]: a prompt's activations that only GEMMs read, written as bf16.
 //! * [`host`]: the ops that run on the host (type-converting copies).
 
+pub mod bf16_activations;
 pub mod forward;
 pub mod host;
 pub mod pieces;

@@ -8,8 +8,10 @@
 //! query rows, an element-wise op's elements) computes any slice of them with the kernel of the
 //! slice's shape.
 //! So a kernel over R rows, R at least [`MIN_ROWS`] and not a power of two, runs as two: the
-//! largest power of two P ≤ R from row 0, then the next power of two Q ≥ R − P ending at row R
-//! (it computes some of P's rows again, with the same values).
+//! largest power of two P ≤ R from row 0, then the next power of two Q ≥ R − P, and at least
+//! [`MIN_ROWS`], ending at row R (it computes some of P's rows again, with the same values). A
+//! piece is thus a prompt's kernel as much as the whole is: a product over few rows would
+//! take another design (the GEMV of one row, which reads f32 activations only).
 //!
 //! A kernel one of whose outputs shares memory with an input (an in-place residual, an attention
 //! whose output ggml-alloc placed over its q) must not compute a row twice: it runs as the
@@ -91,7 +93,7 @@ fn spans(rows: i64, disjoint: bool) -> Vec<(i64, i64)> {
         return spans;
     }
     let p = below(rows);
-    let q = ((rows - p) as u64).next_power_of_two() as i64;
+    let q = (((rows - p) as u64).next_power_of_two() as i64).max(MIN_ROWS);
     vec![(0, p), (rows - q, q)]
 }
 
@@ -258,8 +260,8 @@ mod tests {
         for rows in [1, 8, 15, 16, 64, 512] {
             assert!(spans(rows, false).is_empty(), "{rows}");
         }
-        assert_eq!(spans(17, false), vec![(0, 16), (16, 1)]);
-        assert_eq!(spans(37, false), vec![(0, 32), (29, 8)]);
+        assert_eq!(spans(17, false), vec![(0, 16), (1, 16)]);
+        assert_eq!(spans(37, false), vec![(0, 32), (21, 16)]);
         assert_eq!(spans(100, false), vec![(0, 64), (36, 64)]);
         assert_eq!(spans(300, false), vec![(0, 256), (236, 64)]);
         assert_eq!(spans(511, false), vec![(0, 256), (255, 256)]);
@@ -279,6 +281,7 @@ mod tests {
                 let mut covered = vec![false; rows as usize];
                 for &(start, n) in &s {
                     assert!((n as u64).is_power_of_two(), "{rows}: {s:?}");
+                    assert!(disjoint || n >= MIN_ROWS, "{rows}: {s:?}");
                     assert!(start >= 0 && start + n <= rows, "{rows}: {s:?}");
                     for r in start..start + n {
                         assert!(!(disjoint && covered[r as usize]), "{rows}: {s:?}");

@@ -514,12 +514,15 @@ fn flash_attn_ext(node: &Node) -> Result<Plan, String> {
 /// One MUL_MAT kernel, operands as laid out in memory (the kernel walks their strides). The
 /// weights may be block-quantized in a type kernel descriptors can name (`kernels::DTYPES`)
 /// with rows of whole blocks (ggml's layout); the compiler's capabilities decide the rest.
+/// The activations are f32, or bf16 over f16 and block-quantized weights (a prompt's, written
+/// so for its GEMMs: [`super::bf16_activations`]).
 pub(super) fn mul_mat(w: &Tensor, x: &Tensor, dst: &Tensor) -> Result<Plan, String> {
+    let quantized = matches!(w.dtype, DType::Quant(_));
     let weights_ok = w.dtype.is_float()
-        || (matches!(w.dtype, DType::Quant(_))
-            && dtype_block(w.dtype.name()).is_some()
-            && w.has_whole_blocks());
-    if !weights_ok || x.dtype != DType::F32 || dst.dtype != DType::F32 {
+        || (quantized && dtype_block(w.dtype.name()).is_some() && w.has_whole_blocks());
+    let x_ok =
+        x.dtype == DType::F32 || (x.dtype == DType::Bf16 && (quantized || w.dtype == DType::F16));
+    if !weights_ok || !x_ok || dst.dtype != DType::F32 {
         return Err(format!(
             "MUL_MAT of {} weights and {} activations into {} is not supported",
             w.dtype, x.dtype, dst.dtype

@@ -1,10 +1,12 @@
 // mmq.cc: GEMM core functions of ggml_hsa_iron's MUL_MAT design for weights moved as the
-// bytes ggml stores them: f16 and the block-quantized types (f32 activations and results).
+// bytes ggml stores them: f16 and the block-quantized types (f32 or bf16 activations, f32
+// results).
 //
 // C[m x n] += A[m x a_k] . B[a_k x n] for one core tile and one A tile, with the bf16
 // aie::mmul microkernel of shape MM_R x MM_S x MM_T, as mm.cc does, except for B:
 //   A: blocks (i < m/r, kk < a_k/s), each r x s row-major, f32 (src1; re-laid by the memory
-//      tile as for mm.cc, rounded to bf16 here as mm.cc rounds f32 operands);
+//      tile as for mm.cc, rounded to bf16 here as mm.cc rounds f32 operands), or with A_BF16
+//      bf16 as it comes (half the bytes through every channel that carries A);
 //   B: TILE_N rows of TILE_K / QB whole blocks of BB bytes each, as ggml stores src0 (the
 //      memory tile cannot re-lay blocks: one block's bytes hold QB values), decoded here;
 //   C: blocks (i < m/r, j < n/t), each r x t row-major, f32.
@@ -24,7 +26,7 @@
 // rounded to bf16 (round to nearest even), exact products summed in f32.
 //
 // Defines: one of MVQ_<type> (block_decode.h); MM_R MM_S MM_T TILE_M TILE_N TILE_K; A_SPLIT
-// (default 1).
+// (default 1); A_BF16 (A tiles of bf16).
 
 #include "ggml_aie.h"
 
@@ -129,16 +131,26 @@ void ggml_mmq_zero(float *c) {
     aie::store_v(c + i, z);
 }
 
+#if A_BF16
+using a_type = bfloat16;
+#else
+using a_type = float;
+#endif
+
 // A tile `part` (< A_SPLIT) of the K step: columns part * A_K .. of the B tile.
-void ggml_mmq(float *a, int8_t *b, float *c, int32_t part) {
+void ggml_mmq(a_type *a, int8_t *b, float *c, int32_t part) {
   // Round to nearest even, as ggml converts to bf16 (the reset mode, floor, would bias every
   // decoded weight and activation down).
   set_ggml_rounding();
+#if A_BF16
+  const bfloat16 *ab = a;
+#else
   // A rounded to bf16 once, in place: the first half of the f32 tile's buffer (each vector
   // is written over values already read), kept in its r x s block layout.
   bfloat16 *ab = reinterpret_cast<bfloat16 *>(a);
   for (unsigned e = 0; e < TILE_M * A_K; e += VEC)
     aie::store_v(ab + e, narrow<bfloat16>(load_aligned(a + e)));
+#endif
   const uint8_t *wb = reinterpret_cast<const uint8_t *>(b);
   const BlockConsts k;
   constexpr unsigned NB = TILE_N / MM_T;

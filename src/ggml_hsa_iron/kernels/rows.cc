@@ -65,8 +65,16 @@ extern "C" void ggml_rows_begin(int32_t first_row) { next_row = first_row; }
 
 // ------------------------------------------------------------------------ norms
 
+// The output: f32, or with OUT_BF16 (RMS_NORM_MUL: a prompt's activations for its GEMMs) each
+// value rounded to bf16 once, to nearest even.
+#if OUT_BF16
+using out_t = bfloat16;
+#else
+using out_t = float;
+#endif
+
 // r: RMS_NORM_MUL_ADD's residual row (nullptr otherwise).
-static void norm_row(const float *x, const float *w, const float *r, float *y) {
+static void norm_row(const float *x, const float *w, const float *r, out_t *y) {
   const float eps = bits_to_float((uint32_t)OP_P0);
 #if defined(GGML_OP_RMS_NORM)
   // ggml: scale = 1 / sqrt(mean(x^2) + eps); y = x * scale.
@@ -139,7 +147,7 @@ static void norm_row(const float *x, const float *w, const float *r, float *y) {
 #endif
 }
 
-static void norm_block(const float *x, const float *r, const float *w, float *out) {
+static void norm_block(const float *x, const float *r, const float *w, out_t *out) {
   // f32 in and out, but aie2's f32 multiply splits its operands into bf16 pieces: round to
   // nearest even there as the split assumes (the reset mode truncates).
   set_ggml_rounding();
@@ -159,9 +167,9 @@ extern "C" void ggml_rows_weight(float *m) {
 }
 extern "C" void ggml_rows(float *x, float *r, float *out) { norm_block(x, r, weight_row, out); }
 #elif RMS_WEIGHT
-extern "C" void ggml_rows(float *x, float *w, float *out) { norm_block(x, nullptr, w, out); }
+extern "C" void ggml_rows(float *x, float *w, out_t *out) { norm_block(x, nullptr, w, out); }
 #else
-extern "C" void ggml_rows(float *x, float *out) { norm_block(x, nullptr, nullptr, out); }
+extern "C" void ggml_rows(float *x, out_t *out) { norm_block(x, nullptr, nullptr, out); }
 #endif
 
 #elif defined(GGML_OP_SOFT_MAX) || defined(GGML_OP_SOFT_MAX_MASK) ||                       \

@@ -26,7 +26,7 @@ from ggml_hsa_iron.tests.util import request_json, tensor
 try:
     import numpy as np
 
-    from ggml_hsa_iron.tests.test_mul_mat_strided import _random_rows, _reference
+    from ggml_hsa_iron.tests.test_mul_mat_strided import _bf16, _random_rows, _reference
     from ggml_hsa_iron.tests.util_emu import run_request
 
     HAVE_NUMPY = True
@@ -36,16 +36,20 @@ except ImportError:  # numpy and ml_dtypes are installed by scripts/check-iron.s
 
 @unittest.skipUnless(CXX and HAVE_NUMPY, "no host C++ compiler or numpy")
 class ByteWeightsGemmEmulationTest(unittest.TestCase):
-    def check(self, ty, arch, M, N, K, b2=1, r2=1, seed=0, gemv=False):
+    def check(self, ty, arch, M, N, K, b2=1, r2=1, seed=0, gemv=False, x="f32"):
         a = tensor(ty, [K, N, b2])
-        b = tensor("f32", [K, M, b2 * r2])
+        b = tensor(x, [K, M, b2 * r2])
         d = tensor("f32", [N, M, b2 * r2])
         text = request_json("MUL_MAT", [a, b], d, arch)
         spec = prepare(parse_request(text))
         self.assertEqual(spec.gemv, gemv, "the GEMV takes it" if gemv else "the GEMM takes it")
         rng = random.Random(seed)
         a_bytes, av = _random_rows(a, rng)
-        b_bytes, bv = _random_rows(b, rng)
+        b_bytes, bv = _random_rows(tensor("f32", list(b.ne)), rng)
+        if x == "bf16":
+            # bf16 activations: the f32 values rounded, stored as their top halves.
+            bv = _bf16(bv)
+            b_bytes = (bv.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
         got = np.frombuffer(run_request(text, [a_bytes, b_bytes]), np.float32)
         got = got.astype(np.float64).reshape(1, b2 * r2, M, N)
         want, err = _reference(a, b, av, bv, spec.weight_bytes or not gemv)
@@ -117,6 +121,20 @@ class ByteWeightsGemmEmulationTest(unittest.TestCase):
             with self.subTest(ty=ty):
                 p = self.check(ty, "aie2p", M, N, K, seed=60).plan
                 self.assertEqual((p.m, p.a_channels, p.b_depth, p.c_depth), (64, 2, *depths))
+
+    def test_bf16_activations(self):
+        # A prompt's activations written as bf16 for its GEMMs: the A tiles move half the
+        # bytes and the cores take them as they come; on aie2p over two shims per feed.
+        for ty, arch, (M, N, K) in (
+            ("q4_0", "aie2p", (512, 520, 256)),
+            ("q6_K", "aie2p", (128, 256, 512)),
+            ("q4_K", "aie2", (37, 72, 512)),
+            ("f16", "aie2", (21, 100, 96)),
+        ):
+            with self.subTest(ty=ty, arch=arch):
+                spec = self.check(ty, arch, M, N, K, seed=70, x="bf16")
+                self.assertEqual(spec.plan.a_size, 2)
+                self.assertEqual(spec.core.defines.get("A_BF16"), 1)
 
     def test_more_k_steps(self):
         # K over several K steps: the C tile accumulates across them.

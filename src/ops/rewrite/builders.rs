@@ -17,7 +17,8 @@ use crate::ops::tensor::{BinaryOp, DType, Node, Op, Tensor};
 /// over it; `later` are the graph's nodes after the MUL. One `RMS_NORM_MUL` kernel (x and the
 /// weight row into the MUL's output) replaces both when nothing else reads the norm's output
 /// and the application does not read it either (no graph output): ggml's own fusion rule.
-/// `None` when the pair does not fuse. Every operand is contiguous f32.
+/// `None` when the pair does not fuse. Every operand is contiguous f32, but the output may be
+/// bf16 (a prompt's activations for its GEMMs: `ops::bf16_activations`).
 pub fn fuse_rms_norm_mul(norm: &Node, mul: &Node, later: &[Node]) -> Option<Plan> {
     if norm.op != (Op::Norm { rms: true }) || mul.op != Op::Binary(BinaryOp::Mul) {
         return None;
@@ -26,7 +27,9 @@ pub fn fuse_rms_norm_mul(norm: &Node, mul: &Node, later: &[Node]) -> Option<Plan
     let (a, w, out) = (mul.src(0)?, mul.src(1)?, &mul.dst);
     let f32_dense = |t: &Tensor| t.dtype == DType::F32 && t.is_contiguous();
     let same = |p: &Tensor, q: &Tensor| p.addr == q.addr && p.ne == q.ne && p.dtype == q.dtype;
-    let fuses = [x, y, w, out].into_iter().all(f32_dense)
+    let out_ok = matches!(out.dtype, DType::F32 | DType::Bf16) && out.is_contiguous();
+    let fuses = [x, y, w].into_iter().all(f32_dense)
+        && out_ok
         && !norm.is_output
         && y.addr != 0
         && same(a, y)
