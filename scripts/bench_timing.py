@@ -24,14 +24,23 @@ ROOT = Path(__file__).resolve().parent.parent
 # then the output projection once (tied embeddings, vocabulary 128256).
 LAYERS = 16
 LAYER_MATMULS = [
-    ("Q, O", 2048, 2048, 2),
-    ("K, V", 512, 2048, 2),
-    ("gate, up", 8192, 2048, 2),
-    ("down", 2048, 8192, 1),
+    ("Q, O", 2048, 2048, 2, "f32"),
+    ("K, V", 512, 2048, 2, "f32"),
+    ("gate, up", 8192, 2048, 2, "f32"),
+    ("down", 2048, 8192, 1, "f32"),
 ]
-OUTPUT = ("output", 128256, 2048, None)
-# The prompt's GEMMs (its logits are its last token's), for these types.
+OUTPUT = ("output", 128256, 2048, None, "f32")
+# The prompt's GEMMs (its logits are its last token's), for these types, each with the
+# activations the backend gives it: bf16 where only GEMMs read them (the norms' outputs, the
+# GLU's: src/ops/bf16_activations.rs), f32 for O (the attention's output).
 PROMPT = 512
+PROMPT_MATMULS = [
+    ("Q", 2048, 2048, 1, "bf16"),
+    ("O", 2048, 2048, 1, "f32"),
+    ("K, V", 512, 2048, 2, "bf16"),
+    ("gate, up", 8192, 2048, 2, "bf16"),
+    ("down", 2048, 8192, 1, "bf16"),
+]
 PROMPT_TYPES = ["q4_0", "q8_0", "q4_K", "q6_K", "f16"]
 TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K", "f16", "bf16"]
 ARCHS = ["aie2p", "aie2"]
@@ -80,10 +89,13 @@ def binds(c: dict) -> str:
 def matmul_lines(
     args, work: Path, types: list[str], n: int, shapes: list
 ) -> tuple[list[str], dict]:
-    """Each (name, m, k, count per layer) MUL_MAT of n columns timed alone per weight type and
-    arch (count None: once per token or prompt, for its last token, n = 1), and their sum over
-    the layers: the table's lines and each shape's time by (type, arch, name)."""
-    head = " | ".join(f"{name} ({m} × {k})" for name, m, k, _ in shapes)
+    """Each (name, m, k, count per layer, activations' type) MUL_MAT of n columns timed alone
+    per weight type and arch (count None: once per token or prompt, for its last token, n = 1),
+    and their sum over the layers: the table's lines and each shape's time by (type, arch,
+    name)."""
+    head = " | ".join(
+        f"{name} ({m} × {k}{', bf16 x' if x == 'bf16' else ''})" for name, m, k, _, x in shapes
+    )
     unit = "token" if n == 1 else f"{n}-token prompt"
     times = {}
     lines = [
@@ -94,11 +106,11 @@ def matmul_lines(
         for arch in ARCHS:
             dram = cost_constants(arch)["bandwidth_bytes_per_s"] / 1e9
             cells, total_ns, roof_ns = [], 0.0, 0.0
-            for name, m, k, count in shapes:
+            for name, m, k, count, x in shapes:
                 cols = n if count else 1
-                d = work / f"{n}-{ty}-{arch}-{m}x{cols}x{k}"
+                d = work / f"{n}-{ty}-{arch}-{m}x{cols}x{k}-{x}"
                 d.mkdir()
-                c = run_direct(args, arch, f"type_a={ty},type_b=f32,m={m},n={cols},k={k}", d, dram)
+                c = run_direct(args, arch, f"type_a={ty},type_b={x},m={m},n={cols},k={k}", d, dram)
                 if c is None:
                     cells.append("declined")
                     total_ns = roof_ns = float("nan")
@@ -262,7 +274,7 @@ def q4_k_m_prompt_ns(times: dict, arch: str) -> float:
     q4_K, but V and down in q6_K in the layers use_more_bits picks, and the output in q6_K."""
     t = lambda ty, name: times[ty, arch, name]  # noqa: E731
     more = sum(use_more_bits(i, LAYERS) for i in range(LAYERS))
-    every = 2 * t("q4_K", "Q, O") + t("q4_K", "K, V") + 2 * t("q4_K", "gate, up")
+    every = t("q4_K", "Q") + t("q4_K", "O") + t("q4_K", "K, V") + 2 * t("q4_K", "gate, up")
     v_down = {ty: t(ty, "K, V") + t(ty, "down") for ty in ("q4_K", "q6_K")}
     return (
         LAYERS * every
@@ -396,8 +408,10 @@ def section(
         "",
         f"The GEMMs of a {PROMPT}-token prompt (pp{PROMPT}) of the same shape, each timed alone: the",
         "layers' projections over the prompt's columns, the output projection once (its last",
-        "token, as in decode). Attention, norms and dispatches are not in these sums: the t/s columns bound",
-        "prefill from above.",
+        "token, as in decode). Each reads the activations the backend gives it: bf16 where only",
+        "GEMMs read them (the norms' and the GLU's outputs, written so: Q, K, V, gate, up, down),",
+        "f32 for O (the attention's output). Attention, norms and dispatches are not in these sums:",
+        "the t/s columns bound prefill from above.",
         "",
         *prompt,
         "",
@@ -430,7 +444,7 @@ def main() -> int:
         layers, layer_phases = layer_lines(args, Path(work), output_ns)
         long_context = long_context_lines(args, Path(work), output_ns)
         prompt, prompt_ns = matmul_lines(
-            args, Path(work), PROMPT_TYPES, PROMPT, [*LAYER_MATMULS, OUTPUT]
+            args, Path(work), PROMPT_TYPES, PROMPT, [*PROMPT_MATMULS, OUTPUT]
         )
         attention = attention_lines(args, Path(work), prompt_ns)
     lines = section(calibration, decode, layers, layer_phases, long_context, prompt, attention)
