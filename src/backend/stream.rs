@@ -385,7 +385,10 @@ impl Stream {
         };
         // A prompt's activations that only GEMMs read, written as bf16 behind them.
         let device = self.device;
-        let runs = |n: &Node| matches!(device.plan(n), Ok(Plan::Kernel { desc, .. }) if device.supports_kernel(&desc));
+        let runs = |n: &Node| match device.plan(n) {
+            Ok(Plan::Kernel { desc, .. }) => device.supports_kernel(&desc),
+            _ => false,
+        };
         let (narrowed, narrowed_bytes) = if moving {
             ops::bf16_activations::to_move(&nodes, runs)
         } else {

@@ -350,10 +350,17 @@ fn biased_product(w: &Buf<'_>, y: &Buf<'_>, b: &Buf<'_>, out: &mut Buf<'_>) {
 }
 
 /// RMS_NORM then MUL by the weight row `n` as the two ggml nodes compute them (the norm
-/// rounded to f32, then the f32 product), into `y` (f32, x's shape); `eps` as f32 bits.
+/// rounded to f32, then the f32 product), into `y` (x's shape: f32, or bf16 rounded once from
+/// the f32 product); `eps` as f32 bits.
 fn rms_norm_mul(x: &Buf<'_>, n: &Buf<'_>, eps: i32, y: &mut Buf<'_>) {
-    norm_rows(x, y, f64::from(f32::from_bits(eps as u32)), true);
-    for_each_index(y.t.ne, |i| y.set(i, y.get(i) * n.get([i[0], 0, 0, 0])));
+    let nt = TensorDesc::contiguous(y.t.ne, crate::ops::DType::F32);
+    let mut normed = Buf {
+        t: &nt,
+        bytes: vec![0u8; nt.extent() as usize],
+        as_bf16: false,
+    };
+    norm_rows(x, &mut normed, f64::from(f32::from_bits(eps as u32)), true);
+    for_each_index(y.t.ne, |i| y.set(i, normed.get(i) * n.get([i[0], 0, 0, 0])));
 }
 
 /// ggml's RMS_NORM (`rms`) or NORM over each row, with sums in f64 as ggml-cpu keeps them.
