@@ -31,8 +31,9 @@ LAYER_MATMULS = [
 ]
 OUTPUT = ("output", 128256, 2048, None, "f32")
 # The prompt's GEMMs (its logits are its last token's), for these types, each with the
-# activations the backend gives it: bf16 where only GEMMs read them (the norms' outputs, the
-# GLU's: src/ops/bf16_activations.rs), f32 for O (the attention's output).
+# activations the backend gives it: over block-quantized weights bf16 where only GEMMs read
+# them (the norms' outputs, the GLU's: src/ops/bf16_activations.rs), f32 for O (the
+# attention's output) and over float weights.
 PROMPT = 512
 PROMPT_MATMULS = [
     ("Q", 2048, 2048, 1, "bf16"),
@@ -94,7 +95,8 @@ def matmul_lines(
     and their sum over the layers: the table's lines and each shape's time by (type, arch,
     name)."""
     head = " | ".join(
-        f"{name} ({m} × {k}{', bf16 x' if x == 'bf16' else ''})" for name, m, k, _, x in shapes
+        f"{name} ({m} × {k}{', bf16 x if quantized' if x == 'bf16' else ''})"
+        for name, m, k, _, x in shapes
     )
     unit = "token" if n == 1 else f"{n}-token prompt"
     times = {}
@@ -107,6 +109,7 @@ def matmul_lines(
             dram = cost_constants(arch)["bandwidth_bytes_per_s"] / 1e9
             cells, total_ns, roof_ns = [], 0.0, 0.0
             for name, m, k, count, x in shapes:
+                x = x if ty not in ("f32", "f16", "bf16") else "f32"
                 cols = n if count else 1
                 d = work / f"{n}-{ty}-{arch}-{m}x{cols}x{k}-{x}"
                 d.mkdir()
@@ -408,10 +411,10 @@ def section(
         "",
         f"The GEMMs of a {PROMPT}-token prompt (pp{PROMPT}) of the same shape, each timed alone: the",
         "layers' projections over the prompt's columns, the output projection once (its last",
-        "token, as in decode). Each reads the activations the backend gives it: bf16 where only",
-        "GEMMs read them (the norms' and the GLU's outputs, written so: Q, K, V, gate, up, down),",
-        "f32 for O (the attention's output). Attention, norms and dispatches are not in these sums:",
-        "the t/s columns bound prefill from above.",
+        "token, as in decode). Each reads the activations the backend gives it: over block-quantized",
+        "weights bf16 where only GEMMs read them (the norms' and the GLU's outputs, written so: Q, K,",
+        "V, gate, up, down), f32 for O (the attention's output) and over f16 weights. Attention,",
+        "norms and dispatches are not in these sums: the t/s columns bound prefill from above.",
         "",
         *prompt,
         "",

@@ -1,6 +1,6 @@
 //! A prompt's activations that only GEMMs read, written as bf16 into scratch memory.
 //!
-//! The prompt's GEMMs over weights moved as bytes (f16 and the block-quantized types) round
+//! The prompt's GEMMs over block-quantized weights (moved as bytes, decoded on the cores) round
 //! their activations to bf16 on the cores, and the activations' bytes bind them: the array's
 //! rows each receive every A tile once per N round, f32 through 4-byte-a-cycle channels
 //! (`docs/perf.md`, "The timing model"). A producer that writes bf16 halves those bytes with
@@ -8,7 +8,7 @@
 //!
 //! [`to_move`] finds such activations: the output of a node whose kernel can write bf16
 //! ([`PRODUCERS`]), of at least [`MIN_ROWS`] rows (a prompt's: a decode step's few rows take the
-//! GEMV, which reads f32), that nothing reads but MUL_MATs over weights moved as bytes (through
+//! GEMV, which reads f32), that nothing reads but MUL_MATs over block-quantized weights (through
 //! views), and that the application does not read. [`narrow`] gives each of them bf16 memory of
 //! its own (the stream's scratch buffer) and rewrites the producer, the views and the MUL_MATs
 //! to use it. Outputs whose lives do not overlap share scratch memory. The stream plans the
@@ -99,7 +99,7 @@ pub fn to_move(nodes: &[Node], plans: impl Fn(&Node) -> bool) -> (Vec<Move>, u64
 }
 
 /// The views of node `f`'s output and the MUL_MATs reading it (as their activations, over
-/// weights moved as bytes), up to the next write of its memory; `None` when anything else
+/// block-quantized weights), up to the next write of its memory; `None` when anything else
 /// reads it.
 fn gemm_readers(nodes: &[Node], f: usize) -> Option<Vec<usize>> {
     let a = &nodes[f].dst;
@@ -140,9 +140,11 @@ fn gemm_readers(nodes: &[Node], f: usize) -> Option<Vec<usize>> {
     (gemms > 0).then_some(readers)
 }
 
-/// Weights the GEMM moves as bytes and decodes on the cores: f16 and the block-quantized types.
+/// Block-quantized weights, which the GEMM moves as bytes and decodes on the cores. (f16
+/// weights, decoded so too, are left out: a few-row product of them may fuse with its GLU,
+/// which reads f32, and their GEMM is bound by its cores, so the bytes saved gain little.)
 fn moves_as_bytes(w: &Tensor) -> bool {
-    matches!(w.dtype, DType::F16 | DType::Quant(_))
+    matches!(w.dtype, DType::Quant(_))
 }
 
 /// `nodes` with each move's output as bf16 at `base + offset` in `memory` (the scratch
@@ -180,7 +182,7 @@ pub fn narrow(nodes: &[Node], moves: &[Move], base: u64, memory: Memory) -> Vec<
 mod tests {
     use super::*;
     use crate::ops::tensor::test_util::{node, tensor};
-    use crate::ops::{BinaryOp, UnaryOp};
+    use crate::ops::{QuantType, UnaryOp};
 
     const ROWS: i64 = 32;
 
@@ -201,10 +203,29 @@ mod tests {
         )
     }
 
-    /// A product of f16 weights (moved as bytes) by `x` into `out`.
+    /// q4_0 weights [64, 32] at 0x40000: rows of two 18-byte blocks.
+    fn q4_0() -> Tensor {
+        let q = QuantType {
+            name: "q4_0",
+            id: 2,
+            block: 32,
+            block_bytes: 18,
+            decode: true,
+            encode: true,
+        };
+        Tensor {
+            dtype: DType::Quant(q),
+            ne: [64, 32, 1, 1],
+            nb: [18, 36, 36 * 32, 36 * 32],
+            addr: 0x40000,
+            bytes: 36 * 32,
+            memory: Memory::Device(0),
+        }
+    }
+
+    /// A product of q4_0 weights by `x` into `out`.
     fn down(x: Tensor, out: u64) -> Node {
-        let w = tensor(DType::F16, [64, 32, 1, 1], 0x40000);
-        node(Op::MulMat, f32([32, ROWS, 1, 1], out), vec![w, x])
+        node(Op::MulMat, f32([32, ROWS, 1, 1], out), vec![q4_0(), x])
     }
 
     /// Two feed-forward blocks' GLUs into h at 0x10000 (0) and h2 at 0x20000 (1), a view of
@@ -282,16 +303,18 @@ mod tests {
         let mut nodes = first();
         for n in &mut nodes {
             for t in n.src.iter_mut().flatten().chain([&mut n.dst]) {
-                if t.ne[1] == ROWS {
+                if t.ne[1] == ROWS && t.dtype == DType::F32 {
                     *t = tensor(t.dtype, [t.ne[0], MIN_ROWS - 1, 1, 1], t.addr);
                 }
             }
         }
         assert!(to_move(&nodes, |_| true).0.is_empty());
-        // f32 weights (the GEMM rounds them on the cores as it comes).
-        let mut nodes = first();
-        nodes[2].src[0] = Some(f32([64, 32, 1, 1], 0x40000));
-        assert!(to_move(&nodes, |_| true).0.is_empty());
+        // f32 or f16 weights.
+        for w in [DType::F32, DType::F16] {
+            let mut nodes = first();
+            nodes[2].src[0] = Some(tensor(w, [64, 32, 1, 1], 0x40000));
+            assert!(to_move(&nodes, |_| true).0.is_empty());
+        }
         // A MUL_MAT the device would not run over bf16 activations.
         assert!(to_move(&first(), |n: &Node| n.op != Op::MulMat)
             .0

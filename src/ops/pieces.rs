@@ -8,10 +8,10 @@
 //! query rows, an element-wise op's elements) computes any slice of them with the kernel of the
 //! slice's shape.
 //! So a kernel over R rows, R at least [`MIN_ROWS`] and not a power of two, runs as two: the
-//! largest power of two P ≤ R from row 0, then the next power of two Q ≥ R − P, and at least
-//! [`MIN_ROWS`], ending at row R (it computes some of P's rows again, with the same values). A
-//! piece is thus a prompt's kernel as much as the whole is: a product over few rows would
-//! take another design (the GEMV of one row, which reads f32 activations only).
+//! largest power of two P ≤ R from row 0, then the next power of two Q ≥ R − P ending at row R
+//! (it computes some of P's rows again, with the same values). A product of bf16 activations
+//! takes Q ≥ [`MIN_ROWS`]: only the GEMM reads bf16 (a product of a few rows would take the
+//! GEMV, which reads f32).
 //!
 //! A kernel one of whose outputs shares memory with an input (an in-place residual, an attention
 //! whose output ggml-alloc placed over its q) must not compute a row twice: it runs as the
@@ -77,7 +77,7 @@ pub fn split_steps<K>(steps: &mut [Step<K>], alignment: u64) {
 }
 
 /// `(first row, rows)` of each piece of `rows` rows; empty when they run whole.
-fn spans(rows: i64, disjoint: bool) -> Vec<(i64, i64)> {
+fn spans(rows: i64, disjoint: bool, least: i64) -> Vec<(i64, i64)> {
     if rows < MIN_ROWS || (rows as u64).is_power_of_two() {
         return Vec::new();
     }
@@ -93,7 +93,7 @@ fn spans(rows: i64, disjoint: bool) -> Vec<(i64, i64)> {
         return spans;
     }
     let p = below(rows);
-    let q = (((rows - p) as u64).next_power_of_two() as i64).max(MIN_ROWS);
+    let q = (((rows - p) as u64).next_power_of_two() as i64).max(least);
     vec![(0, p), (rows - q, q)]
 }
 
@@ -171,7 +171,10 @@ fn pieces<K>(desc: &KernelDesc, operands: &[Tensor], alignment: u64) -> Vec<Piec
         return Vec::new();
     }
     let mut pieces = Vec::new();
-    for (start, size) in spans(rows, disjoint) {
+    // A product of bf16 activations: every piece a GEMM's (the GEMV reads f32 only).
+    let bf16_x = desc.op == "MUL_MAT" && desc.inputs.get(1).is_some_and(|x| x.dtype == "bf16");
+    let least = if bf16_x { MIN_ROWS } else { 1 };
+    for (start, size) in spans(rows, disjoint, least) {
         let slices: Vec<Option<(u64, u64)>> = (0..layouts.len())
             .map(|i| dims[i].map(|d| slice(layouts[i], &operands[i], d, start, size)))
             .collect();
@@ -258,22 +261,25 @@ mod tests {
     #[test]
     fn rows_split_into_at_most_two_powers_of_two_or_disjoint_ones() {
         for rows in [1, 8, 15, 16, 64, 512] {
-            assert!(spans(rows, false).is_empty(), "{rows}");
+            assert!(spans(rows, false, 1).is_empty(), "{rows}");
         }
-        assert_eq!(spans(17, false), vec![(0, 16), (1, 16)]);
-        assert_eq!(spans(37, false), vec![(0, 32), (21, 16)]);
-        assert_eq!(spans(100, false), vec![(0, 64), (36, 64)]);
-        assert_eq!(spans(300, false), vec![(0, 256), (236, 64)]);
-        assert_eq!(spans(511, false), vec![(0, 256), (255, 256)]);
+        assert_eq!(spans(17, false, 1), vec![(0, 16), (16, 1)]);
+        assert_eq!(spans(37, false, 1), vec![(0, 32), (29, 8)]);
+        assert_eq!(spans(100, false, 1), vec![(0, 64), (36, 64)]);
+        assert_eq!(spans(300, false, 1), vec![(0, 256), (236, 64)]);
+        assert_eq!(spans(511, false, 1), vec![(0, 256), (255, 256)]);
         assert_eq!(
-            spans(300, true),
+            spans(300, true, 1),
             vec![(0, 256), (256, 32), (288, 8), (296, 4)]
         );
-        assert_eq!(spans(100, true), vec![(0, 64), (64, 32), (96, 4)]);
+        assert_eq!(spans(100, true, 1), vec![(0, 64), (64, 32), (96, 4)]);
+        // A product of bf16 activations: the second piece a GEMM's too.
+        assert_eq!(spans(17, false, MIN_ROWS), vec![(0, 16), (1, 16)]);
+        assert_eq!(spans(37, false, MIN_ROWS), vec![(0, 32), (21, 16)]);
         // Every row is covered, nothing past the last one, every size a power of two.
         for rows in 16..=1100 {
-            for disjoint in [false, true] {
-                let s = spans(rows, disjoint);
+            for (disjoint, least) in [(false, 1), (false, MIN_ROWS), (true, 1)] {
+                let s = spans(rows, disjoint, least);
                 if (rows as u64).is_power_of_two() {
                     assert!(s.is_empty());
                     continue;
@@ -281,7 +287,7 @@ mod tests {
                 let mut covered = vec![false; rows as usize];
                 for &(start, n) in &s {
                     assert!((n as u64).is_power_of_two(), "{rows}: {s:?}");
-                    assert!(disjoint || n >= MIN_ROWS, "{rows}: {s:?}");
+                    assert!(n >= least, "{rows}: {s:?}");
                     assert!(start >= 0 && start + n <= rows, "{rows}: {s:?}");
                     for r in start..start + n {
                         assert!(!(disjoint && covered[r as usize]), "{rows}: {s:?}");
