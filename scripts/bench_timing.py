@@ -111,7 +111,8 @@ def matmul_lines(
             for name, m, k, count, x in shapes:
                 x = x if ty not in ("f32", "f16", "bf16") else "f32"
                 cols = n if count else 1
-                d = work / f"{n}-{ty}-{arch}-{m}x{cols}x{k}-{x}"
+                slug = "".join(ch if ch.isalnum() else "_" for ch in name)
+                d = work / f"{n}-{ty}-{arch}-{slug}-{m}x{cols}x{k}-{x}"
                 d.mkdir()
                 c = run_direct(args, arch, f"type_a={ty},type_b={x},m={m},n={cols},k={k}", d, dram)
                 if c is None:
