@@ -162,18 +162,7 @@ pub fn narrow(nodes: &[Node], moves: &[Move], base: u64, memory: Memory) -> Vec<
             memory,
             ..t.clone()
         };
-        out[m.node].dst = narrowed(&a);
-        for &r in &m.readers {
-            let node = &mut out[r];
-            for s in node.src.iter_mut().flatten() {
-                if s.overlaps(&a) {
-                    *s = narrowed(s);
-                }
-            }
-            if node.op == Op::Layout && node.dst.overlaps(&a) {
-                node.dst = narrowed(&node.dst);
-            }
-        }
+        super::relocate::move_output(&mut out, m.node, &m.readers, &a, narrowed);
     }
     out
 }
@@ -181,8 +170,8 @@ pub fn narrow(nodes: &[Node], moves: &[Move], base: u64, memory: Memory) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::tensor::test_util::{node, tensor};
-    use crate::ops::{QuantType, UnaryOp};
+    use crate::ops::tensor::test_util::{self, node, tensor};
+    use crate::ops::UnaryOp;
 
     const ROWS: i64 = 32;
 
@@ -205,16 +194,8 @@ mod tests {
 
     /// q4_0 weights [64, 32] at 0x40000: rows of two 18-byte blocks.
     fn q4_0() -> Tensor {
-        let q = QuantType {
-            name: "q4_0",
-            id: 2,
-            block: 32,
-            block_bytes: 18,
-            decode: true,
-            encode: true,
-        };
         Tensor {
-            dtype: DType::Quant(q),
+            dtype: test_util::q4_0(),
             ne: [64, 32, 1, 1],
             nb: [18, 36, 36 * 32, 36 * 32],
             addr: 0x40000,

@@ -101,20 +101,32 @@ pub fn relocate(nodes: &[Node], moves: &[Move], base: u64, memory: Memory) -> Ve
             memory,
             ..t.clone()
         };
-        out[m.node].dst = moved(&a);
-        for &r in &m.readers {
-            let node = &mut out[r];
-            for s in node.src.iter_mut().flatten() {
-                if s.overlaps(&a) {
-                    *s = moved(s);
-                }
-            }
-            if node.op == Op::Layout && node.dst.overlaps(&a) {
-                node.dst = moved(&node.dst);
-            }
-        }
+        move_output(&mut out, m.node, &m.readers, &a, moved);
     }
     out
+}
+
+/// Node `node`'s output `a` replaced by `moved(a)` in `out`, and every tensor of its `readers`
+/// over `a` (their sources, a view's output) by `moved` of it.
+pub(super) fn move_output(
+    out: &mut [Node],
+    node: usize,
+    readers: &[usize],
+    a: &Tensor,
+    moved: impl Fn(&Tensor) -> Tensor,
+) {
+    out[node].dst = moved(a);
+    for &r in readers {
+        let node = &mut out[r];
+        for s in node.src.iter_mut().flatten() {
+            if s.overlaps(a) {
+                *s = moved(s);
+            }
+        }
+        if node.op == Op::Layout && node.dst.overlaps(a) {
+            node.dst = moved(&node.dst);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -457,6 +457,18 @@ pub struct Node {
 pub(crate) mod test_util {
     use super::*;
 
+    /// ggml's q4_0: blocks of 32 values in 18 bytes.
+    pub fn q4_0() -> DType {
+        DType::Quant(QuantType {
+            name: "q4_0",
+            id: 2,
+            block: 32,
+            block_bytes: 18,
+            decode: true,
+            encode: true,
+        })
+    }
+
     /// A contiguous tensor of `dtype` and shape `ne` at `addr` in device 0's memory.
     pub fn tensor(dtype: DType, ne: [i64; 4], addr: u64) -> Tensor {
         let size = dtype.size().unwrap();

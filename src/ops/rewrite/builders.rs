@@ -1538,7 +1538,7 @@ pub(super) mod tests {
     use super::super::{Graph, Step, StepList, REWRITES};
     use super::*;
     use crate::ops::tensor::test_util::{node, tensor};
-    use crate::ops::tensor::{BinaryOp, DType, QuantType, UnaryOp};
+    use crate::ops::tensor::{BinaryOp, DType, UnaryOp};
 
     /// A run of nodes one kernel computes: the kernel, and how many nodes (the first and those
     /// right after it).
@@ -1746,15 +1746,7 @@ pub(super) mod tests {
 
     #[test]
     fn quantized_and_f16_weights_fuse_with_the_mul_mat_rules() {
-        let q4_0 = DType::Quant(QuantType {
-            name: "q4_0",
-            id: 2,
-            block: 32,
-            block_bytes: 18,
-            decode: true,
-            encode: true,
-        });
-        let nodes = feed_forward(q4_0, 1);
+        let nodes = feed_forward(crate::ops::tensor::test_util::q4_0(), 1);
         let (desc, _) = fused_operands(&nodes).expect("fuses");
         assert_eq!(desc.inputs[1].dtype, "q4_0");
         let f16 = feed_forward(DType::F16, 1);
