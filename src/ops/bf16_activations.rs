@@ -66,14 +66,20 @@ pub fn to_move(nodes: &[Node], plans: impl Fn(&Node) -> bool) -> (Vec<Move>, u64
         let Some(readers) = gemm_readers(nodes, f) else {
             continue;
         };
+        // The producer and its readers as the move leaves them (the rest of the graph is not
+        // copied: one check per candidate on the planning path).
+        let mut part: Vec<Node> = [f]
+            .iter()
+            .chain(&readers)
+            .map(|&i| nodes[i].clone())
+            .collect();
         let one = [Move {
-            node: f,
-            readers: readers.clone(),
+            node: 0,
+            readers: (1..part.len()).collect(),
             offset: 0,
         }];
-        let moved = narrow(nodes, &one, 0, a.memory);
-        let runs = |i: usize| nodes[i].op == Op::Layout || plans(&moved[i]);
-        if !plans(&moved[f]) || !readers.iter().all(|&r| runs(r)) {
+        part = narrow(&part, &one, 0, a.memory);
+        if !part.iter().all(|n| n.op == Op::Layout || plans(n)) {
             continue;
         }
         let bytes = (a.bytes / 2).next_multiple_of(ALIGN);
