@@ -69,6 +69,8 @@ from .tiling import (
 SOURCE = "flash_attn.cc"
 KV_TYPES = ("f32", "f16", "bf16")
 KV_CODE = {"f32": 0, "f16": 1, "bf16": 2}
+# aie2's bf16 pieces of a value of each K/V type (fa_rows::pieces): f16 two, bf16 one.
+KV_PIECES = {"f32": 3, "f16": 2, "bf16": 1}
 # DMA tasks a round's task group may hold on a shim tile until its finish() (tiling's
 # SHIM_GROUP_TASKS: the shim's 16 BDs less the designs' margin).
 SHIM_BDS = SHIM_GROUP_TASKS
@@ -450,10 +452,15 @@ class FlashAttnSpec(FlashAttnOperands, RunTimeLength):
     def static_bytes(self) -> int:
         """A core's static data: its gr q rows (one head's), accumulators and score rows, the
         running maxima and sums, a decoded K row and a batch of V rows (V_BATCH in
-        flash_attn.cc), the mask span and its skip table, the sinks and slopes."""
+        flash_attn.cc), the mask span and its skip table, the sinks and slopes; on aie2 the
+        bf16 pieces of the q rows, the K row, the V rows and the rows' probabilities."""
         g, dp, dvp, cp = self.gr, _vecs(self.d), _vecs(self.dv), _vecs(self.chunk)
         v_batch = next(b for b in (8, 4, 2, 1) if self.chunk % b == 0)
         words = g * (dp + dvp + cp + 2) + dp + v_batch * dvp
+        if self.arch.name == "aie2":
+            pk, pv = (KV_PIECES[t.dtype] for t in (self.k, self.v))
+            halves = (g + 1) * pk * dp + v_batch * pv * dvp + 3 * g * cp
+            words += -(-halves // 2)
         words += self.n_head * ((self.s_side is not None) + bool(self.slopes))
         if self.m_side is not None:
             words += self.m_side.words + VEC // 2

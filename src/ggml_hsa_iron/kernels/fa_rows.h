@@ -87,4 +87,55 @@ inline void decode_kv_row(const HalfPairs &h, const int32_t *row, float *dst) {
     decode_row<T, LEN>(row, dst);
 }
 
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+// aie2 multiplies bf16 only (ggml_aie.h's f32 mul splits both operands into three bf16 pieces
+// every time, with the ALU work of the splits). A K row and the q rows it meets are values of
+// K's type: f16 values are exactly two bf16 pieces, bf16 values one, so each is split once and
+// a q.k is the sum of the pieces' exact products in the f32 accumulator: f16 x f16 and
+// bf16 x bf16 exactly, f32 as mul (the smallest product dropped). A V row likewise times p
+// (any f32: three pieces).
+constexpr int pieces(int type) { return type == 2 ? 1 : type == 1 ? 2 : 3; }
+using bvec = aie::vector<bfloat16, VEC>;
+
+// n values of src (whole vectors) as N bf16 pieces, piece k at dst + k * stride.
+template <int N> inline void split(const float *src, int n, bfloat16 *dst, int stride) {
+  for (int i = 0; i < n; i += VEC) {
+    bvec p[3];
+    split3(load_aligned(src + i), p[0], p[1], p[2]);
+#pragma GCC unroll 3
+    for (int k = 0; k < N; ++k)
+      aie::store_v(dst + k * stride + i, p[k]);
+  }
+}
+
+// acc plus the products of a's PA pieces and b's PB whose orders sum to at most 3, smallest
+// first, each exact in the f32 accumulator. (Compile-time loops: the core's compiler unrolls
+// them into the multiplies alone.)
+template <int PA, int PB>
+inline void mac_pieces(aie::accum<accfloat, VEC> &acc, const bvec *a, const bvec *b) {
+#pragma GCC unroll 8
+  for (int order = PA + PB - 2; order >= 0; --order)
+#pragma GCC unroll 3
+    for (int x = 0; x < PA; ++x) {
+      const int y = order - x;
+      if (y >= 0 && y < PB && x + y <= 3)
+        acc = aie::mac(acc, a[x], b[y]);
+    }
+}
+
+// The products of a's and b's pieces summed (mac_pieces): one vector of VEC lanes' products.
+template <int PA, int PB> inline vf product(const bvec *a, const bvec *b) {
+  auto acc = aie::zeros<accfloat, VEC>();
+  mac_pieces<PA, PB>(acc, a, b);
+  return acc.template to_vector<float>();
+}
+
+// The N pieces of VEC values from p (piece k at p + k * stride).
+template <int N> inline void load_pieces(const bfloat16 *p, int stride, bvec *v) {
+#pragma GCC unroll 3
+  for (int k = 0; k < N; ++k)
+    v[k] = aie::load_v<VEC>(p + k * stride);
+}
+#endif
+
 } // namespace fa_rows

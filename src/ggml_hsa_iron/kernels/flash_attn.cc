@@ -44,9 +44,10 @@
 // softcap; + slope(head) * mask (keys whose mask is -inf are skipped, their V rows never used);
 // softmax with the sink as one more logit without a value; an empty row (every key masked,
 // no sink) is 0. Scores of a chunk share one rescaling of a row's accumulator (ggml rescales
-// per key: the same sums, rounded differently). Everything is f32 on the vector unit; each
-// row's arithmetic is that of a block of one row (a K or V row is decoded once per chunk for
-// the G rows, to the same f32 values).
+// per key: the same sums, rounded differently). Everything is f32 on the vector unit (on aie2,
+// which multiplies bf16 only, q.k and p V are sums of exact products of bf16 pieces: fa_rows.h);
+// each row's arithmetic is that of a block of one row (a K or V row is decoded once per chunk
+// for the G rows, to the same f32 values).
 
 #include "ggml_aie.h"
 
@@ -107,6 +108,17 @@ using fa_rows::NEG_INF;
 // V's, put back in order by ggml_fa_out.
 static constexpr bool K_PAIRS = fa_rows::in_pairs<FA_K_TYPE, FA_D>;
 static constexpr bool V_PAIRS = fa_rows::in_pairs<FA_V_TYPE, FA_DV>;
+
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+// aie2: q.k and p V from bf16 pieces (fa_rows::pieces): the q rows split once per block, a K
+// or V row once per chunk, a row's probabilities once per chunk.
+static constexpr int PK = fa_rows::pieces(FA_K_TYPE), PV = fa_rows::pieces(FA_V_TYPE);
+using fa_rows::bvec;
+alignas(64) static bfloat16 q_pieces[G * PK * DP];
+alignas(64) static bfloat16 k_pieces[PK * DP];
+alignas(64) static bfloat16 v_pieces[V_BATCH * PV * DVP];
+alignas(64) static bfloat16 p_pieces[G * 3 * CP];
+#endif
 
 // q rounded to K's type, as ggml-cpu converts q before the dot product.
 static inline float round_q(float x) { return fa_rows::round_q<FA_K_TYPE>(x); }
@@ -232,6 +244,11 @@ void ggml_fa_q(int32_t *b) {
       dst[K_PAIRS ? HalfPairs::slot(d) : d] =
           round_q(bits_to_float((uint32_t)b[row * FA_D + d - w0]));
   }
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+  if (o == FA_Q_OBJECTS - 1)
+    for (int g = 0; g < G; ++g)
+      fa_rows::split<PK>(q_rows + g * DP, DP, q_pieces + g * PK * DP, DP);
+#endif
 }
 
 void ggml_fa_side(int32_t *a) {
@@ -273,11 +290,13 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
     return;
   }
   // The raw dot products q.k of the chunk's rows with every row of the block: each K row
-  // decoded once, its vectors held in registers for all the rows (up to K_HELD of them;
-  // longer rows are loaded again for each row).
+  // decoded once (on aie2 split into pieces once), its vectors held in registers for all the
+  // rows (up to K_HELD of them; longer rows are loaded again for each row).
+#if !defined(__AIE_ARCH__) || __AIE_ARCH__ != 20
   constexpr int K_VECS = DP / (int)VEC;
   constexpr int K_HELD = 8;
   constexpr bool HOLD = K_VECS <= K_HELD;
+#endif
   for (int j = 0; j < FA_CHUNK; ++j) {
     bool key_seen = every_key;
     for (int g = 0; g < G && !key_seen; ++g)
@@ -285,6 +304,23 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
     if (!key_seen)
       continue;
     fa_rows::decode_kv_row<FA_K_TYPE, FA_D>(halves, a + j * K_ROW_WORDS, k_row);
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+    fa_rows::split<PK>(k_row, DP, k_pieces, DP);
+    for (int g = 0; g < G; ++g) {
+      if (seen[g] == SEEN_NONE || (seen[g] == SEEN_SOME && hidden(g, j)))
+        continue;
+      const bfloat16 *q = q_pieces + g * PK * DP;
+      auto s = aie::zeros<accfloat, VEC>();
+#pragma GCC unroll 8
+      for (int i = 0; i < DP; i += VEC) {
+        bvec kp[3], qp[3];
+        fa_rows::load_pieces<PK>(k_pieces + i, DP, kp);
+        fa_rows::load_pieces<PK>(q + i, DP, qp);
+        fa_rows::mac_pieces<PK, PK>(s, kp, qp);
+      }
+      scores[g * CP + j] = aie::reduce_add(s.template to_vector<float>());
+    }
+#else
     vf held[HOLD ? K_VECS : 1];
     if constexpr (HOLD)
 #pragma GCC unroll 8
@@ -300,27 +336,21 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
       if (seen[g] == SEEN_NONE || (seen[g] == SEEN_SOME && hidden(g, j)))
         continue;
       const float *q = q_rows + g * DP;
-#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
-      vf s = mul(k_vec(0), load_aligned(q));
-#pragma GCC unroll 8
-      for (int i = VEC; i < FA_D; i += VEC)
-        s = add(s, mul(k_vec(i / VEC), load_aligned(q + i)));
-      scores[g * CP + j] = aie::reduce_add(s);
-#else
       // The products rounded and summed lane by lane in the accumulator, as mul and add do.
       auto s = aie::mul(k_vec(0), load_aligned(q));
 #pragma GCC unroll 8
       for (int i = VEC; i < FA_D; i += VEC)
         s = aie::mac(s, k_vec(i / VEC), load_aligned(q + i));
       scores[g * CP + j] = aie::reduce_add(s.template to_vector<float>());
-#endif
     }
+#endif
   }
   // Per row: scaled, softcapped, masked scores and the chunk's maximum; a row that sees a key
   // of the chunk takes its new running maximum (a row whose chunk is all masked: its scores
   // become 0, it adds nothing).
   alignas(64) float new_max[GV];
   bool live[G];
+  const Factor scale_f = factor(splat(scale));
   bool any_p = false;
   for (int g = 0; g < G; ++g) {
     float *sc = scores + g * CP;
@@ -340,7 +370,7 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
 #pragma GCC unroll 8
     for (int j = 0; j < FA_CHUNK; j += VEC) {
       const int n = FA_CHUNK - j < (int)VEC ? FA_CHUNK - j : (int)VEC;
-      vf s = mul(load_aligned(sc + j), scale);
+      vf s = mul(load_aligned(sc + j), scale_f);
       if (float_bits(softcap) != 0)
         s = mul(tanh(s), softcap);
 #if HAS_MASK
@@ -394,9 +424,12 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
       aie::store_v(sc + j, p);
       psum = add(psum, p);
     }
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+    fa_rows::split<3>(sc, CP, p_pieces + g * 3 * CP, CP);
+#endif
     run_sum[g] = lane0(add(mul(splat(run_sum[g]), alpha[g]), splat(aie::reduce_add(psum))));
     run_max[g] = new_max[g];
-    const vf va = splat(alpha[g]);
+    const Factor va = factor(splat(alpha[g]));
     float *ag = acc + g * DVP;
 #pragma GCC unroll 8
     for (int i = 0; i < FA_DV; i += VEC)
@@ -413,9 +446,13 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
       used[j] = false;
       for (int g = 0; g < G && !used[j]; ++g)
         used[j] = float_bits(scores[g * CP + j0 + j]) != 0;
-      if (used[j])
+      if (used[j]) {
         fa_rows::decode_kv_row<FA_V_TYPE, FA_DV>(halves, b + (j0 + j) * V_ROW_WORDS,
                                                  v_rows + j * DVP);
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+        fa_rows::split<PV>(v_rows + j * DVP, DVP, v_pieces + j * PV * DVP, DVP);
+#endif
+      }
       any = any || used[j];
     }
     if (!any)
@@ -424,38 +461,37 @@ void ggml_fa_chunk(int32_t *a, int32_t *b) {
     for (int g = 0; g < G; ++g) {
       float *ag = acc + g * DVP;
       const float *pg = scores + g * CP + j0;
-#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
-      vf sum[NV];
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v)
-        sum[v] = aie::load_v<VEC>(ag + v * VEC);
-#else
-      // The products rounded and added in key order in the accumulator, as mul and add do.
+      // The products added in key order in the accumulator (on aie2p rounded, as mul and add
+      // do; on aie2 p's three pieces times the V row's, each exact).
       aie::accum<accfloat, VEC> sum[NV];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v)
         sum[v].from_vector(aie::load_v<VEC>(ag + v * VEC));
-#endif
 #pragma GCC unroll 8
       for (int j = 0; j < V_BATCH; ++j) {
         if (float_bits(pg[j]) == 0)
           continue; // this row: a masked key (its V row may be NaN) or a negligible one
+#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
+        const bfloat16 *pj = p_pieces + g * 3 * CP + j0 + j;
+        const bvec pp[3] = {aie::broadcast<bfloat16, VEC>(pj[0]),
+                            aie::broadcast<bfloat16, VEC>(pj[CP]),
+                            aie::broadcast<bfloat16, VEC>(pj[2 * CP])};
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+          bvec vp[3];
+          fa_rows::load_pieces<PV>(v_pieces + j * PV * DVP + v * VEC, DVP, vp);
+          fa_rows::mac_pieces<PV, 3>(sum[v], vp, pp);
+        }
+#else
         const vf p = splat(pg[j]);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v)
-#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
-          sum[v] = add(sum[v], mul(load_aligned(v_rows + j * DVP + v * VEC), p));
-#else
           sum[v] = aie::mac(sum[v], load_aligned(v_rows + j * DVP + v * VEC), p);
 #endif
       }
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v)
-#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
-        aie::store_v(ag + v * VEC, sum[v]);
-#else
         aie::store_v(ag + v * VEC, sum[v].template to_vector<float>());
-#endif
     }
   }
 }

@@ -140,10 +140,21 @@ inline void split3(vf a, aie::vector<bfloat16, VEC> &p0, aie::vector<bfloat16, V
   p2 = acc.template to_vector<bfloat16>();
 }
 
-inline vf mul(vf a, vf b) {
-  aie::vector<bfloat16, VEC> a0, a1, a2, b0, b1, b2;
+// A factor split once (split3) for the several products that share it (a polynomial's
+// argument).
+struct Factor {
+  aie::vector<bfloat16, VEC> b0, b1, b2;
+};
+inline Factor factor(vf b) {
+  Factor f;
+  split3(b, f.b0, f.b1, f.b2);
+  return f;
+}
+
+inline vf mul(vf a, const Factor &f) {
+  const auto &b0 = f.b0, &b1 = f.b1, &b2 = f.b2;
+  aie::vector<bfloat16, VEC> a0, a1, a2;
   split3(a, a0, a1, a2);
-  split3(b, b0, b1, b2);
   // Truncated pieces leave the omitted terms one sign: the two of order 2^-24 are kept, so
   // only a2 * b2 (2^-32 of the product) is dropped.
   auto acc = aie::mul(a2, b1);
@@ -159,8 +170,11 @@ inline vf mul(vf a, vf b) {
   const vi expo = splat_i(0x7f800000);
   return pick(aie::eq(aie::bit_and(bits(top), expo), expo), top, acc.template to_vector<float>());
 }
+inline vf mul(vf a, vf b) { return mul(a, factor(b)); }
 inline vf mul(vf a, float s) { return mul(a, aie::broadcast<float, VEC>(s)); }
 #else
+using Factor = vf; // aie2p multiplies f32: nothing to split
+inline Factor factor(vf b) { return b; }
 inline vf mul(vf a, vf b) { return aie::mul(a, b).template to_vector<float>(); }
 inline vf mul(vf a, float s) { return aie::mul(a, s).template to_vector<float>(); }
 #endif
@@ -220,10 +234,11 @@ inline vf exp_const(int i) { return load_aligned(kExp.v[i]); }
 
 // e^(f ln 2) for |f| <= 0.5 by a degree-7 polynomial (Horner).
 inline vf exp_poly(vf y) {
+  const Factor yf = factor(y);
   vf p = exp_const(ExpTable::C7);
 #pragma GCC unroll 8
   for (int c = ExpTable::C6; c <= ExpTable::C0; ++c)
-    p = fma(p, y, exp_const(c));
+    p = add(mul(p, yf), exp_const(c));
   return p;
 }
 

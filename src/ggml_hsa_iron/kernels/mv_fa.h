@@ -94,52 +94,12 @@ static int32_t g_fa_chunk, g_fa_np, g_fa_m_objects, g_fa_k_objects, g_fa_v_objec
 static inline bool fa_is_neg_inf(float x) { return fa_rows::float_bits(x) == fa_rows::NEG_INF; }
 
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
-// aie2 multiplies bf16 only (ggml_aie.h's f32 mul splits both operands into three bf16 pieces
-// every time). A K row and the q rows it meets are values of K's type: f16 values are exactly
-// two bf16 pieces, bf16 values one, so each is split once (q per round, K per key) and a q.k
-// is the sum of the pieces' exact products in the f32 accumulator: f16 x f16 and bf16 x bf16
-// exactly, f32 as mul (the smallest product dropped). A V row is split once per key; p (any
-// f32) into three pieces per key and row.
-constexpr int fa_pieces(int type) { return type == 2 ? 1 : type == 1 ? 2 : 3; }
-constexpr int FA_PK = fa_pieces(FA_K_TYPE), FA_PV = fa_pieces(FA_V_TYPE);
-using fa_bvec = aie::vector<bfloat16, VEC>;
+// aie2: q.k and p V from bf16 pieces (fa_rows::pieces), q split once per round, a K or V row
+// once per key, p into three pieces per key and row.
+constexpr int FA_PK = fa_rows::pieces(FA_K_TYPE), FA_PV = fa_rows::pieces(FA_V_TYPE);
+using fa_rows::bvec;
 alignas(64) static bfloat16 g_fa_qp[FA_R * FA_PK * FA_DP]; // per row its q pieces
 alignas(64) static bfloat16 g_fa_rp[3 * FA_ROWP];          // the current K or V row's pieces
-
-// n values of src (whole vectors) as `pieces` bf16 pieces, piece k at dst + k * stride.
-static void fa_split(const float *src, int n, int pieces, bfloat16 *dst, int stride) {
-  for (int i = 0; i < n; i += VEC) {
-    fa_bvec p0, p1, p2;
-    split3(load_aligned(src + i), p0, p1, p2);
-    aie::store_v(dst + i, p0);
-    if (pieces > 1)
-      aie::store_v(dst + stride + i, p1);
-    if (pieces > 2)
-      aie::store_v(dst + 2 * stride + i, p2);
-  }
-}
-
-// The sum of the products of a's pieces (pa vectors) and b's (pb) whose orders sum to at most
-// 3, smallest first, in the f32 accumulator: one vector of VEC lanes' products.
-static vf fa_product(const fa_bvec *a, int pa, const fa_bvec *b, int pb) {
-  aie::accum<accfloat, VEC> acc;
-  bool first = true;
-  for (int order = pa + pb - 2; order >= 0; --order)
-    for (int x = 0; x < pa; ++x) {
-      const int y = order - x;
-      if (y < 0 || y >= pb || x + y > 3)
-        continue;
-      acc = first ? aie::mul(a[x], b[y]) : aie::mac(acc, a[x], b[y]);
-      first = false;
-    }
-  return acc.template to_vector<float>();
-}
-
-// The pieces of VEC values from p (piece k at p + k * stride).
-static void fa_load_pieces(const bfloat16 *p, int pieces, int stride, fa_bvec *v) {
-  for (int k = 0; k < pieces; ++k)
-    v[k] = aie::load_v<VEC>(p + k * stride);
-}
 #endif
 
 // A chunk starts: no scores (every lane -inf until the mask words set the keys').
@@ -192,9 +152,10 @@ static void fa_softmax() {
     if (fa_rows::float_bits(m) != fa_rows::float_bits(old)) {
       // exp(old - m) < 1 (0 when old is -inf: nothing was added yet).
       const vf alpha = exp_nonpos(sub(splat(old), splat(m)));
+      const Factor alpha_f = factor(alpha);
       float *acc = g_fa_acc + t * FA_DVP;
       for (int i = 0; i < FA_DVP; i += VEC)
-        aie::store_v(acc + i, mul(load_aligned(acc + i), alpha));
+        aie::store_v(acc + i, mul(load_aligned(acc + i), alpha_f));
       g_fa_sum[t] *= lane0(alpha);
       g_fa_max[t] = m;
     }
@@ -226,7 +187,7 @@ void GGML_MV_FA_Q(float *x, int32_t first, int32_t n_kv) {
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
   if (o == FA_Q_OBJECTS - 1)
     for (int u = 0; u < FA_R; ++u)
-      fa_split(g_fa_q + u * FA_DP, FA_DP, FA_PK, g_fa_qp + u * FA_PK * FA_DP, FA_DP);
+      fa_rows::split<FA_PK>(g_fa_q + u * FA_DP, FA_DP, g_fa_qp + u * FA_PK * FA_DP, FA_DP);
 #endif
   g_fa_q_obj = (o + 1) % FA_Q_OBJECTS;
 }
@@ -268,15 +229,15 @@ static void fa_k_keys(const int32_t *rows, int key0, int keys) {
         continue;
       fa_rows::decode_kv_row<FA_K_TYPE, FA_D>(halves, rows + (j0 + j) * FA_K_ROW_WORDS, g_fa_row);
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
-      fa_split(g_fa_row, FA_DP, FA_PK, g_fa_rp, FA_ROWP);
+      fa_rows::split<FA_PK>(g_fa_row, FA_DP, g_fa_rp, FA_ROWP);
       for (int t = 0; t < FA_RS; ++t) {
         const bfloat16 *q = g_fa_qp + (g_fa_row0 + t) * FA_PK * FA_DP;
         vf s = splat(0.0f);
         for (int i = 0; i < FA_DP; i += VEC) {
-          fa_bvec kp[3], qp[3];
-          fa_load_pieces(g_fa_rp + i, FA_PK, FA_ROWP, kp);
-          fa_load_pieces(q + i, FA_PK, FA_DP, qp);
-          s = add(s, fa_product(kp, FA_PK, qp, FA_PK));
+          bvec kp[3], qp[3];
+          fa_rows::load_pieces<FA_PK>(g_fa_rp + i, FA_ROWP, kp);
+          fa_rows::load_pieces<FA_PK>(q + i, FA_DP, qp);
+          s = add(s, fa_rows::product<FA_PK, FA_PK>(kp, qp));
         }
         g_fa_dots[t * VEC + j] = aie::reduce_add(s);
       }
@@ -292,9 +253,10 @@ static void fa_k_keys(const int32_t *rows, int key0, int keys) {
       }
 #endif
     }
+    const Factor scale_f = factor(splat(scale));
     for (int t = 0; t < FA_RS; ++t) {
       float *sc = g_fa_s + t * FA_NP + key0 + j0;
-      vf s = mul(load_aligned(g_fa_dots + t * VEC), scale);
+      vf s = mul(load_aligned(g_fa_dots + t * VEC), scale_f);
       if (fa_rows::float_bits(softcap) != 0)
         s = mul(tanh(s), softcap);
       store_part(sc, add(s, load_part(sc, n)), n);
@@ -335,7 +297,7 @@ static void fa_v_keys(const int32_t *rows, int key0, int keys) {
       continue; // p = 0 for every row: a masked key (its V row may be NaN) or a negligible one
     fa_rows::decode_kv_row<FA_V_TYPE, FA_DV>(halves, rows + j * FA_V_ROW_WORDS, g_fa_row);
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
-    fa_split(g_fa_row, FA_DVP, FA_PV, g_fa_rp, FA_ROWP);
+    fa_rows::split<FA_PV>(g_fa_row, FA_DVP, g_fa_rp, FA_ROWP);
 #endif
     for (int t = 0; t < FA_RS; ++t) {
       const float pj = g_fa_s[t * FA_NP + key];
@@ -345,12 +307,12 @@ static void fa_v_keys(const int32_t *rows, int key0, int keys) {
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
       // p's three pieces (splat: the same for every part of the row) times the row's: p V_j
       // rounded once.
-      fa_bvec pp[3];
+      bvec pp[3];
       split3(splat(pj), pp[0], pp[1], pp[2]);
       for (int i = 0; i < FA_DVP; i += VEC) {
-        fa_bvec vp[3];
-        fa_load_pieces(g_fa_rp + i, FA_PV, FA_ROWP, vp);
-        aie::store_v(acc + i, add(aie::load_v<VEC>(acc + i), fa_product(vp, FA_PV, pp, 3)));
+        bvec vp[3];
+        fa_rows::load_pieces<FA_PV>(g_fa_rp + i, FA_ROWP, vp);
+        aie::store_v(acc + i, add(aie::load_v<VEC>(acc + i), fa_rows::product<FA_PV, 3>(vp, pp)));
       }
 #else
       const vf p = splat(pj);
