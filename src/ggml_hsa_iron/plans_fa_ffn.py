@@ -278,14 +278,13 @@ class FaPhase(RunTimeLength):
         its q row, the accumulators, the running maximum and sum; per token of one stream
         and head one chunk's scores and a vector of dot products; one decoded K or V row,
         eleven counters; with `pieces` (aie2) the bf16 pieces of each q row and of the
-        current row, three at most, and the three of each of a chunk's p_j."""
+        current row, three at most."""
         rows, v = self.tokens * self.gh, VECTOR_ELEMS
         floats = rows * (_vecs(self.d) + _vecs(self.dv) + 2)
         floats += self.stream_tokens * self.gh * (_vecs(self.chunk_max) + v)
         row = max(_vecs(self.d), _vecs(self.dv))
         floats += row
-        p_pieces = self.stream_tokens * self.gh * _vecs(self.chunk_max)
-        pieces = 3 * (rows * _vecs(self.d) + row + p_pieces) * 2 if self.pieces else 0
+        pieces = 3 * (rows * _vecs(self.d) + row) * 2 if self.pieces else 0
         return floats * F32 + pieces + 11 * 4
 
     @property

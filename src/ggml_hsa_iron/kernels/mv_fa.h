@@ -95,12 +95,11 @@ static inline bool fa_is_neg_inf(float x) { return fa_rows::float_bits(x) == fa_
 
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
 // aie2: q.k and p V from bf16 pieces (fa_rows::pieces), q split once per round, a K or V row
-// once per key, a chunk's p into three pieces once per row.
+// once per key, p into three pieces per key and row.
 constexpr int FA_PK = fa_rows::pieces(FA_K_TYPE), FA_PV = fa_rows::pieces(FA_V_TYPE);
 using fa_rows::bvec;
 alignas(64) static bfloat16 g_fa_qp[FA_R * FA_PK * FA_DP]; // per row its q pieces
 alignas(64) static bfloat16 g_fa_rp[3 * FA_ROWP];          // the current K or V row's pieces
-alignas(64) static bfloat16 g_fa_pp[FA_RS * 3 * FA_NP];     // a chunk's p_j, three pieces each
 #endif
 
 // A chunk starts: no scores (every lane -inf until the mask words set the keys').
@@ -166,9 +165,6 @@ static void fa_softmax() {
       aie::store_v(s + j, p);
       psum = add(psum, p);
     }
-#if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
-    fa_rows::split<3>(s, g_fa_np, g_fa_pp + r * 3 * FA_NP, FA_NP);
-#endif
     g_fa_sum[t] += aie::reduce_add(psum);
   }
 }
@@ -309,11 +305,11 @@ static void fa_v_keys(const int32_t *rows, int key0, int keys) {
         continue;
       float *acc = g_fa_acc + (g_fa_row0 + t) * FA_DVP;
 #if defined(__AIE_ARCH__) && __AIE_ARCH__ == 20
-      // p's three pieces (split with the chunk's) times the row's: p V_j rounded once.
-      const bfloat16 *pk = g_fa_pp + t * 3 * FA_NP + key;
-      const bvec pp[3] = {aie::broadcast<bfloat16, VEC>(pk[0]),
-                          aie::broadcast<bfloat16, VEC>(pk[FA_NP]),
-                          aie::broadcast<bfloat16, VEC>(pk[2 * FA_NP])};
+      // p's three pieces (splat: the same for every part of the row) times the row's: p V_j
+      // rounded once. (Split here rather than kept per chunk: their memory would shorten the
+      // chunks, which costs more at long contexts.)
+      bvec pp[3];
+      split3(splat(pj), pp[0], pp[1], pp[2]);
       for (int i = 0; i < FA_DVP; i += VEC) {
         bvec vp[3];
         fa_rows::load_pieces<FA_PV>(g_fa_rp + i, FA_ROWP, vp);
